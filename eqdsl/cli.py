@@ -1,0 +1,67 @@
+"""Command line: ``eqdsl inspect | generate | check``. Logic lives in the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SpecError
+
+DEFAULT_SPECS = Path("examples/specs")
+DEFAULT_OUT = Path("generated")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="eqdsl", description="Generate O(3)-equivariant tensor-product kernels from TOML specs.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="print the paths, weights, CG nonzeros and costs of a spec")
+    p.add_argument("spec", type=Path)
+    p = sub.add_parser("generate", help="write the generated packages of a spec into a directory")
+    p.add_argument("spec", type=Path)
+    p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: generated)")
+    p = sub.add_parser("check", help="fail if generated packages are stale")
+    p.add_argument("specs", type=Path, nargs="*", help=f"spec files (default: {DEFAULT_SPECS}/*.toml)")
+    p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="generated directory (default: generated)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    if args.command == "inspect":
+        from .lower import lower
+        from .spec import load_spec
+        from .summary import summarize
+
+        print("\n".join(summarize(s, lower(s)) for s in load_spec(args.spec)), end="")
+        return 0
+    from .codegen.generate import GenerateError, check, generate
+
+    if args.command == "generate":
+        try:
+            for path in generate(args.spec, args.out):
+                print(f"wrote {path}")
+        except GenerateError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    specs = args.specs or sorted(DEFAULT_SPECS.glob("*.toml"))
+    if not specs:
+        print(f"error: no spec files given and none in {DEFAULT_SPECS}", file=sys.stderr)
+        return 2
+    problems = check(specs, args.out)
+    if problems:
+        sys.stdout.write("".join(problems))
+        cmds = "; ".join(f"eqdsl generate {s.as_posix()} -o {args.out.as_posix()}" for s in specs)
+        print(f"\nerror: {len(problems)} generated file(s) are stale. Fix: {cmds}", file=sys.stderr)
+        return 1
+    print(f"{args.out}: fresh ({len(specs)} spec files)")
+    return 0

@@ -1,0 +1,1 @@
+"""Small shared glue imported by generated modules (no physics here)."""

@@ -1,0 +1,238 @@
+"""Spec files: TOML with one or more ``[[tensor_product]]`` tables.
+
+Parsing validates everything (keys, types, irreps, instructions against the irreps,
+names) and raises one ``SpecError`` naming the file, the table, the key and the reason.
+What comes out is a tuple of frozen ``TensorProductSpec`` with resolved instructions;
+nothing from the file reaches generated code without passing through here.
+
+Keys of a ``[[tensor_product]]`` table (README "Spec format" has a worked example):
+
+========================  =====================================  =====================
+key                       type / values                          default
+========================  =====================================  =====================
+name                      Python identifier, unique in the file  required
+irreps_in1, irreps_in2    e3nn irreps string                     required
+irreps_out                e3nn irreps (a filter for uvu/uvv/uuu) required
+mode                      uvw | uvu | uvv | uuu                  one of mode /
+instructions              list of [i1, i2, i_out, mode,          instructions required
+                          has_weight, path_weight?]
+irrep_normalization       component | norm | none                component
+path_normalization        element | path | none                  element
+shared_weights            bool                                   true (as e3nn)
+layout                    mul_ir | ir_mul                        mul_ir
+dtypes                    list of float32 | float64              [float32, float64]
+========================  =====================================  =====================
+
+The fused-convolution settings (``conv``) are reserved for a later version and refused
+with a clear message for now.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecError
+from .instructions import (
+    IRREP_NORMALIZATIONS,
+    MODES,
+    PATH_NORMALIZATIONS,
+    Instruction,
+    InstructionError,
+    check_instruction,
+    expand_mode,
+)
+from .irreps import Irreps, IrrepsError
+
+__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES"]
+
+LAYOUTS = ("mul_ir", "ir_mul")
+DTYPES = ("float32", "float64")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_KNOWN = {
+    "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
+    "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
+}
+_RESERVED = {"conv", "reduce", "deterministic"}
+
+
+@dataclass(frozen=True)
+class TensorProductSpec:
+    """One validated tensor product.
+
+    ``irreps_out`` is the resolved output (for ``uvu``/``uvv``/``uuu`` modes: one block
+    per path); ``irreps_out_filter`` is what the file said. ``instructions`` are resolved
+    e3nn instructions with the user's path weights.
+    """
+
+    name: str
+    irreps_in1: Irreps
+    irreps_in2: Irreps
+    irreps_out: Irreps
+    irreps_out_filter: Irreps
+    mode: str | None
+    instructions: tuple[Instruction, ...]
+    irrep_normalization: str = "component"
+    path_normalization: str = "element"
+    shared_weights: bool = True
+    layout: str = "mul_ir"
+    dtypes: tuple[str, ...] = DTYPES
+
+    def __str__(self) -> str:
+        how = f"mode={self.mode}" if self.mode else f"{len(self.instructions)} instructions"
+        return f"{self.name}: {self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} ({how}, {self.layout})"
+
+
+def load_spec(path: str | Path) -> tuple[TensorProductSpec, ...]:
+    """Read and validate a spec file. Raises ``SpecError`` (also for unreadable files)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(str(path), None, None, f"cannot read file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), None, None, "file is not UTF-8 text") from None
+    return parse_spec(text, str(path))
+
+
+def parse_spec(text: str, filename: str = "<spec>") -> tuple[TensorProductSpec, ...]:
+    """Validate spec text; ``filename`` is used in error messages only."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(filename, None, None, f"invalid TOML: {e}") from None
+    extra = sorted(set(data) - {"tensor_product"})
+    if extra:
+        raise SpecError(filename, None, extra[0], "unknown top-level key; expected [[tensor_product]] tables")
+    tables = data.get("tensor_product")
+    if tables is None:
+        raise SpecError(filename, None, "tensor_product", "missing: the file defines no [[tensor_product]] table")
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise SpecError(filename, None, "tensor_product", "must be an array of tables ([[tensor_product]])")
+    specs: list[TensorProductSpec] = []
+    seen: set[str] = set()
+    for idx, table in enumerate(tables):
+        spec = _parse_table(table, filename, idx)
+        if spec.name in seen:
+            raise SpecError(filename, f"tensor_product.{idx}", "name", f"duplicate name {spec.name!r}")
+        seen.add(spec.name)
+        specs.append(spec)
+    if not specs:
+        raise SpecError(filename, None, "tensor_product", "the file defines no tensor product")
+    return tuple(specs)
+
+
+def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
+    where = f"tensor_product.{idx}"
+
+    def fail(key: str | None, reason: str):
+        raise SpecError(filename, where, key, reason)
+
+    def get(key: str, typ, default=None, required: bool = False):
+        if key not in t:
+            if required:
+                fail(key, "missing required key")
+            return default
+        v = t[key]
+        if typ is bool:
+            ok = isinstance(v, bool)
+        elif typ is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, typ)
+        if not ok:
+            fail(key, f"expected {typ.__name__}, got {type(v).__name__} {v!r}")
+        return v
+
+    for key in t:
+        if key in _RESERVED:
+            fail(key, "the fused convolution settings are not supported by this version of eqdsl")
+        if key not in _KNOWN:
+            fail(key, f"unknown key; expected one of {', '.join(sorted(_KNOWN))}")
+
+    name = get("name", str, required=True)
+    if not _NAME_RE.match(name) or keyword.iskeyword(name):
+        fail("name", f"{name!r} is not a valid Python identifier (letters, digits, '_', starting with a letter)")
+    where = f"tensor_product.{idx} ({name})"
+
+    def irreps(key: str) -> Irreps:
+        try:
+            ir = Irreps(get(key, str, required=True))
+        except IrrepsError as e:
+            fail(key, str(e))
+        if not ir:
+            fail(key, "irreps must not be empty")
+        if any(mi.mul == 0 for mi in ir):
+            fail(key, "multiplicities must be positive")
+        return ir
+
+    in1, in2, out_filter = irreps("irreps_in1"), irreps("irreps_in2"), irreps("irreps_out")
+
+    def choice(key: str, options: tuple[str, ...], default: str) -> str:
+        v = get(key, str, default)
+        if v not in options:
+            fail(key, f"{v!r} is not one of {', '.join(options)}")
+        return v
+
+    irrep_norm = choice("irrep_normalization", IRREP_NORMALIZATIONS, "component")
+    path_norm = choice("path_normalization", PATH_NORMALIZATIONS, "element")
+    layout = choice("layout", LAYOUTS, "mul_ir")
+    shared = get("shared_weights", bool, True)
+    dtypes = get("dtypes", list, list(DTYPES))
+    if not dtypes or any(d not in DTYPES for d in dtypes) or len(set(dtypes)) != len(dtypes):
+        fail("dtypes", f"expected a non-empty list of distinct values from {', '.join(DTYPES)}, got {dtypes!r}")
+    dtypes = tuple(d for d in DTYPES if d in dtypes)
+
+    has_mode, has_ins = "mode" in t, "instructions" in t
+    if has_mode == has_ins:
+        fail("mode" if has_mode else None, "give exactly one of 'mode' or 'instructions'")
+    err: InstructionError | None = None
+    try:
+        if has_mode:
+            mode = choice("mode", MODES, "")
+            out, instructions = expand_mode(mode, in1, in2, out_filter)
+        else:
+            mode = None
+            out = out_filter
+            instructions = tuple(_parse_instruction(v, j, fail) for j, v in enumerate(get("instructions", list)))
+            if not instructions:
+                fail("instructions", "must list at least one instruction")
+            for ins in instructions:
+                check_instruction(ins, in1, in2, out)
+            dup = {i.as_tuple()[:4] for i in instructions}
+            if len(dup) != len(instructions):
+                fail("instructions", "the same (i_in1, i_in2, i_out, mode) appears twice")
+    except InstructionError as e:
+        err = e
+    if err is not None:  # raised outside the handler so the one-line error has no chained context
+        fail(err.key, err.reason)
+    return TensorProductSpec(
+        name=name, irreps_in1=in1, irreps_in2=in2, irreps_out=out, irreps_out_filter=out_filter,
+        mode=mode, instructions=instructions, irrep_normalization=irrep_norm,
+        path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
+    )
+
+
+def _parse_instruction(v, j: int, fail) -> Instruction:
+    key = f"instructions[{j}]"
+    if not isinstance(v, list) or len(v) not in (5, 6):
+        fail(key, "expected [i_in1, i_in2, i_out, mode, has_weight] or [..., path_weight]")
+    i1, i2, io, mode, hw = v[:5]
+    for x, what in ((i1, "i_in1"), (i2, "i_in2"), (io, "i_out")):
+        if not isinstance(x, int) or isinstance(x, bool):
+            fail(key, f"{what} must be an integer, got {x!r}")
+    if not isinstance(mode, str):
+        fail(key, f"mode must be a string, got {mode!r}")
+    if not isinstance(hw, bool):
+        fail(key, f"has_weight must be true or false, got {hw!r}")
+    pw = 1.0
+    if len(v) == 6:
+        pw = v[5]
+        if isinstance(pw, bool) or not isinstance(pw, (int, float)) or not math.isfinite(pw) or pw < 0:
+            fail(key, f"path_weight must be a finite number >= 0, got {pw!r}")
+        pw = float(pw)
+    return Instruction(i1, i2, io, mode, hw, pw)
