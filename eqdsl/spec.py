@@ -155,15 +155,20 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
             fail(key, f"unknown key; expected one of {', '.join(sorted(_KNOWN))}")
 
     name = get("name", str, required=True)
-    if not _NAME_RE.match(name) or keyword.iskeyword(name):
+    if not _NAME_RE.fullmatch(name) or keyword.iskeyword(name):
         fail("name", f"{name!r} is not a valid Python identifier (letters, digits, '_', starting with a letter)")
     where = f"tensor_product.{idx} ({name})"
 
     def irreps(key: str) -> Irreps:
+        text = get(key, str, required=True)
         try:
-            ir = Irreps(get(key, str, required=True))
+            ir = Irreps(text)
         except IrrepsError as e:
-            fail(key, str(e))
+            bad = str(e)
+        else:
+            bad = None
+        if bad is not None:  # raised outside the handler so the one-line error has no chained context
+            fail(key, bad)
         if not ir:
             fail(key, "irreps must not be empty")
         if any(mi.mul == 0 for mi in ir):

@@ -1,0 +1,25 @@
+"""Shared test setup.
+
+Helion (and Triton) read their flags when a kernel object is created, so the
+environment is set here, before anything imports helion or a generated module. Without
+a CUDA GPU (CI), Triton's interpreter runs the generated Triton code on CPU tensors
+(``TRITON_INTERPRET=1``); with one, the torch tests run compiled kernels on CUDA unless
+``EQDSL_TEST_INTERPRET=1``. Nothing is autotuned, and the inductor cache of this run
+lives in a temporary directory.
+"""
+
+import os
+import tempfile
+
+try:
+    import torch as _torch
+
+    _HAS_CUDA = _torch.cuda.is_available()
+except ImportError:  # a JAX-only environment
+    _HAS_CUDA = False
+
+if not _HAS_CUDA or os.environ.get("EQDSL_TEST_INTERPRET") == "1":
+    os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("HELION_AUTOTUNE_EFFORT", "none")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="eqdsl-inductor-"))
+os.environ.pop("HELION_INTERPRET", None)

@@ -1,0 +1,236 @@
+"""Force training through the generated ops, as an interatomic potential uses them.
+
+positions -> edge vectors -> e3nn spherical harmonics (x2) -> tensor product with node
+features gathered at the edge source (x1) and radial weights -> invariant energy;
+forces F = -dE/dx by autograd; the loss |F - F_ref|^2 differentiated with respect to
+the radial parameters (a gradient of a gradient through the tensor product).
+Everything is compared with the same model built from ``e3nn.o3.TensorProduct``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from genutil import build_package
+
+torch = pytest.importorskip("torch")
+o3 = pytest.importorskip("e3nn.o3")
+
+SPEC = """
+[[tensor_product]]
+name = "{name}"
+irreps_in1 = "3x0e+2x1o+2x2e"
+irreps_in2 = "0e+1o+2e"
+irreps_out = "0e+1o+2e"
+mode = "uvu"
+shared_weights = false
+layout = "{layout}"
+"""
+N_ATOMS, N_BASIS = 5, 4
+TOL = {"float64": 1e-9, "float32": 1e-4}
+
+
+@pytest.fixture(scope="module", params=["mul_ir", "ir_mul"])
+def pkg(request, tmp_path_factory):
+    name = f"forces_{request.param}"
+    return build_package(tmp_path_factory.mktemp("forces"), name, SPEC.format(name=name, layout=request.param))
+
+
+def _system(meta, seed=0):
+    rng = np.random.default_rng(seed)
+    pos = rng.uniform(0.0, 2.5, size=(N_ATOMS, 3))
+    src, dst = np.array([(i, j) for i in range(N_ATOMS) for j in range(N_ATOMS) if i != j]).T
+    feats = rng.standard_normal((N_ATOMS, meta.DIM_IN1))
+    theta = rng.standard_normal((N_BASIS, meta.WEIGHT_NUMEL)) / N_BASIS
+    f_ref = rng.standard_normal((N_ATOMS, 3))
+    return pos, src, dst, feats, theta, f_ref
+
+
+def _blocks(irreps: str):
+    out = []
+    for term in irreps.split("+"):
+        mul, ir = term.split("x")
+        out.append((int(mul), ir))
+    return out
+
+
+def _scalar_columns(meta):
+    """Columns of the output holding 0e components (same in both layouts: dim 1)."""
+    cols, off = [], 0
+    for mul, ir in _blocks(meta.IRREPS_OUT):
+        dim = 2 * int(ir[:-1]) + 1
+        if ir == "0e":
+            cols.extend(range(off, off + mul))
+        off += mul * dim
+    return np.array(cols)
+
+
+def _to_layout_perm(irreps: str, layout: str) -> np.ndarray:
+    """Index map p with x_layout = x_mul_ir[:, p]."""
+    idx, off = [], 0
+    for mul, ir in _blocks(irreps):
+        dim = 2 * int(ir[:-1]) + 1
+        block = np.arange(off, off + mul * dim).reshape(mul, dim)
+        idx.append((block if layout == "mul_ir" else block.T).reshape(-1))
+        off += mul * dim
+    return np.concatenate(idx)
+
+
+def torch_model(meta, tp, dtype):
+    """Energy(pos, theta) with the tensor product ``tp(x1, x2, w)`` in the package's layout."""
+    pos0, src, dst, feats, theta0, f_ref = _system(meta)
+    src_t, dst_t = torch.as_tensor(src), torch.as_tensor(dst)
+    p1 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT))
+    p2 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT))
+    h = torch.tensor(feats, dtype=dtype)[:, p1]
+    scal = torch.as_tensor(_scalar_columns(meta))
+    readout = torch.linspace(-1.0, 1.0, len(scal), dtype=dtype)
+    centers = torch.linspace(0.5, 4.0, N_BASIS, dtype=dtype)
+
+    def energy(pos, theta):
+        vec = pos[dst_t] - pos[src_t]
+        r = torch.linalg.norm(vec, dim=1)
+        x2 = o3.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component")[:, p2]
+        w = torch.exp(-((r[:, None] - centers) ** 2)) @ theta
+        out = tp(h[src_t], x2, w)
+        s = out[:, scal]
+        return (s @ readout).sum() + 0.5 * (s**2).sum()
+
+    pos = torch.tensor(pos0, dtype=dtype)
+    theta = torch.tensor(theta0, dtype=dtype)
+    return energy, pos, theta, torch.tensor(f_ref, dtype=dtype)
+
+
+def _e3nn_tp(meta, dtype):
+    tp = o3.TensorProduct(meta.IRREPS_IN1, meta.IRREPS_IN2, meta.IRREPS_OUT, meta.INSTRUCTIONS,
+                          irrep_normalization=meta.IRREP_NORMALIZATION, path_normalization=meta.PATH_NORMALIZATION,
+                          shared_weights=meta.SHARED_WEIGHTS, internal_weights=False).to(dtype)
+    if meta.LAYOUT == "mul_ir":
+        return tp
+    q1 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT)))
+    q2 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT)))
+    po = torch.as_tensor(_to_layout_perm(meta.IRREPS_OUT, meta.LAYOUT))
+    return lambda x1, x2, w: tp(x1[:, q1], x2[:, q2], w)[:, po]
+
+
+def energy_forces_grad(energy, pos, theta, f_ref):
+    pos = pos.clone().requires_grad_()
+    theta = theta.clone().requires_grad_()
+    e = energy(pos, theta)
+    forces = -torch.autograd.grad(e, pos, create_graph=True)[0]
+    loss = ((forces - f_ref) ** 2).sum()
+    (g_theta,) = torch.autograd.grad(loss, theta)
+    return e.detach(), forces.detach(), g_theta
+
+
+def _rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_torch_energy_forces_and_weight_gradient_match_e3nn(pkg, dtype_name):
+    torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
+    dtype = getattr(torch, dtype_name)
+    got = energy_forces_grad(*torch_model(pkg, torch_ops.tensor_product, dtype))
+    want = energy_forces_grad(*torch_model(pkg, _e3nn_tp(pkg, dtype), dtype))
+    for g, w, what in zip(got, want, ("energy", "forces", "d loss / d theta")):
+        assert _rel(g, w) <= TOL[dtype_name], what
+
+
+def test_torch_hessian_is_symmetric(pkg):
+    torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
+    energy, pos, theta, _ = torch_model(pkg, torch_ops.tensor_product, torch.float64)
+    hess = torch.autograd.functional.hessian(lambda p: energy(p, theta), pos).reshape(3 * N_ATOMS, 3 * N_ATOMS)
+    assert float((hess - hess.T).abs().max()) <= 1e-10 * float(hess.abs().max())
+    want = torch.autograd.functional.hessian(lambda p: torch_model(pkg, _e3nn_tp(pkg, torch.float64), torch.float64)[0](p, theta), pos)
+    assert _rel(hess, want.reshape(3 * N_ATOMS, 3 * N_ATOMS)) <= 1e-9
+
+
+def test_torch_forces_are_equivariant(pkg):
+    torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
+    energy, pos, theta, f_ref = torch_model(pkg, torch_ops.tensor_product, torch.float64)
+    rot = o3.rand_matrix(dtype=torch.float64)
+    for q in (rot, -rot):  # a rotation, then a rotation with inversion
+        e0, f0, _ = energy_forces_grad(energy, pos, theta, f_ref)
+        e1, f1, _ = energy_forces_grad(energy, pos @ q.T, theta, f_ref)
+        assert abs(float(e1 - e0)) <= 1e-10 * abs(float(e0))
+        assert _rel(f1, f0 @ q.T) <= 1e-9
+
+
+def test_make_fx_symbolic_trace_then_compile(pkg):
+    """NequIP/Nequix route: make_fx(tracing_mode='symbolic') of energy+forces, then compile."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
+    energy, pos, theta, _ = torch_model(pkg, torch_ops.tensor_product, torch.float64)
+
+    def energy_and_forces(p, th):
+        p = p.requires_grad_()
+        e = energy(p, th)
+        return e, -torch.autograd.grad(e, p, create_graph=True)[0]
+
+    gm = make_fx(energy_and_forces, tracing_mode="symbolic")(pos.clone(), theta)
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert any(pkg.__name__.split(".")[0] in t or "eqdsl" in t for t in targets), "generated ops missing from the trace"
+    assert not any("nonzero" in t or "item" in t or "_local_scalar_dense" in t for t in targets)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    e_c, f_c = compiled(pos.clone(), theta)
+    e_ref, f_ref = energy_and_forces(pos.clone(), theta)
+    assert _rel(e_c, e_ref.detach()) <= 1e-12 and _rel(f_c, f_ref.detach()) <= 1e-12
+
+
+# ----------------------------------------------------------------------------- jax
+
+
+def jax_model(meta, tp, dtype):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    e3nn_jax = pytest.importorskip("e3nn_jax")
+    pos0, src, dst, feats, theta0, f_ref = _system(meta)
+    p1 = _to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT)
+    p2 = _to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT)
+    h = jnp.asarray(feats[:, p1], dtype=dtype)
+    scal = _scalar_columns(meta)
+    readout = jnp.linspace(-1.0, 1.0, len(scal), dtype=dtype)
+    centers = jnp.linspace(0.5, 4.0, N_BASIS, dtype=dtype)
+
+    def energy(pos, theta):
+        vec = pos[dst] - pos[src]
+        r = jnp.linalg.norm(vec, axis=1)
+        x2 = e3nn_jax.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component").array[:, p2]
+        w = jnp.exp(-((r[:, None] - centers) ** 2)) @ theta
+        s = tp(h[src], x2, w)[:, scal]
+        return (s @ readout).sum() + 0.5 * (s**2).sum()
+
+    return energy, jnp.asarray(pos0, dtype=dtype), jnp.asarray(theta0, dtype=dtype), jnp.asarray(f_ref, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_jax_energy_forces_and_weight_gradient_match_e3nn(pkg, dtype_name):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jax_ops = importlib.import_module(pkg.__name__ + ".jax_ops")
+    energy, pos, theta, f_ref = jax_model(pkg, jax_ops.tensor_product, getattr(jax.numpy, dtype_name))
+
+    def loss(th, p):
+        forces = -jax.grad(energy)(p, th)
+        return ((forces - f_ref) ** 2).sum()
+
+    e = jax.jit(energy)(pos, theta)
+    forces = -jax.jit(jax.grad(energy))(pos, theta)
+    g_theta = jax.jit(jax.grad(loss))(theta, pos)
+    want = energy_forces_grad(*torch_model(pkg, _e3nn_tp(pkg, torch.float64), torch.float64))
+    for g, w, what in zip((e, forces, g_theta), want, ("energy", "forces", "d loss / d theta")):
+        assert _rel(torch.as_tensor(np.asarray(g, dtype=np.float64)), w) <= TOL[dtype_name], what
+
+
+def test_jax_hessian_is_symmetric(pkg):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jax_ops = importlib.import_module(pkg.__name__ + ".jax_ops")
+    energy, pos, theta, _ = jax_model(pkg, jax_ops.tensor_product, jax.numpy.float64)
+    hess = np.asarray(jax.jit(jax.jacrev(jax.grad(energy)))(pos, theta)).reshape(3 * N_ATOMS, 3 * N_ATOMS)
+    assert np.abs(hess - hess.T).max() <= 1e-10 * np.abs(hess).max()

@@ -1,0 +1,419 @@
+"""eqdsl.spec: every bad spec gives one SpecError naming file, table, key and reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eqdsl.errors import SpecError
+from eqdsl.instructions import Instruction
+from eqdsl.irreps import Irreps
+from eqdsl.lower import lower
+from eqdsl.spec import load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+FILE = "specs/bad.toml"
+TABLE = "tensor_product.0 (tp)"  # how errors name the first table once its name is known
+
+GOOD = {
+    "name": "tp",
+    "irreps_in1": "2x0e+2x1o",
+    "irreps_in2": "0e+1o",
+    "irreps_out": "0e+1o",
+    "mode": "uvu",
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def _toml(*tables: dict) -> str:
+    out = []
+    for t in tables:
+        out.append("[[tensor_product]]")
+        out.extend(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in t.items())
+    return "\n".join(out) + "\n"
+
+
+def _spec(**changes) -> dict:
+    t = dict(GOOD)
+    for k, v in changes.items():
+        if v is None:
+            t.pop(k, None)
+        else:
+            t[k] = v
+    return t
+
+
+def _error(text: str, filename: str = FILE) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, filename)
+    return _check_one_error(info.value, filename)
+
+
+def _check_one_error(err: SpecError, filename: str) -> SpecError:
+    assert type(err) is SpecError
+    msg = str(err)
+    assert "\n" not in msg and "\r" not in msg, f"not one line: {msg!r}"
+    assert msg.startswith(filename + ": ")
+    assert err.path == filename
+    assert err.reason and msg.endswith(err.reason)
+    # ONE error: nothing chained that a traceback would print
+    assert err.__cause__ is None
+    assert err.__context__ is None or err.__suppress_context__
+    return err
+
+
+def _assert_names(err: SpecError, table: str | None, key: str | None, *reason_words: str):
+    msg = str(err)
+    assert err.table == table, msg
+    assert err.key == key, msg
+    if table is not None:
+        assert f"[{table}]" in msg
+    if key is not None:
+        assert f" {key}: " in msg or f": {key}: " in msg, msg
+    for w in reason_words:
+        assert w in err.reason, msg
+
+
+# ---------------------------------------------------------------- the good case and defaults
+
+
+def test_good_spec_defaults():
+    (spec,) = parse_spec(_toml(GOOD), FILE)
+    assert spec.name == "tp"
+    assert spec.irrep_normalization == "component"
+    assert spec.path_normalization == "element"
+    assert spec.shared_weights is True
+    assert spec.layout == "mul_ir"
+    assert spec.dtypes == ("float32", "float64")
+    assert spec.mode == "uvu"
+    assert spec.irreps_in1 == Irreps("2x0e+2x1o") and spec.irreps_in2 == Irreps("1x0e+1x1o")
+    assert spec.irreps_out_filter == Irreps("0e+1o")
+    # uvu: one mul x ir_out block per path, in path order
+    # (0e x 0e -> 0e, 0e x 1o -> 1o, 1o x 0e -> 1o, 1o x 1o -> 0e; 1e and 2e are filtered out)
+    assert str(spec.irreps_out) == "2x0e+2x1o+2x1o+2x0e"
+    assert [i.as_tuple() for i in spec.instructions] == [
+        (0, 0, 0, "uvu", True, 1.0),
+        (0, 1, 1, "uvu", True, 1.0),
+        (1, 0, 2, "uvu", True, 1.0),
+        (1, 1, 3, "uvu", True, 1.0),
+    ]
+    assert "\n" not in str(spec)
+
+
+def test_good_spec_explicit_values():
+    t = _spec(
+        mode=None,
+        irreps_out="3x1e+2x0e",
+        instructions=[[1, 1, 0, "uvw", True], [0, 0, 1, "uvu", False, 0.5], [1, 1, 1, "uvu", True, 2]],
+        irrep_normalization="norm",
+        path_normalization="path",
+        shared_weights=False,
+        layout="ir_mul",
+        dtypes=["float64", "float32"],
+    )
+    (spec,) = parse_spec(_toml(t), FILE)
+    assert spec.mode is None
+    assert spec.irreps_out == spec.irreps_out_filter == Irreps("3x1e+2x0e")
+    assert spec.instructions == (
+        Instruction(1, 1, 0, "uvw", True, 1.0),
+        Instruction(0, 0, 1, "uvu", False, 0.5),
+        Instruction(1, 1, 1, "uvu", True, 2.0),
+    )
+    assert isinstance(spec.instructions[2].path_weight, float)
+    assert (spec.irrep_normalization, spec.path_normalization) == ("norm", "path")
+    assert spec.shared_weights is False and spec.layout == "ir_mul"
+    assert spec.dtypes == ("float32", "float64")  # canonical order
+
+
+def test_several_tables_keep_order_and_specs_are_frozen():
+    specs = parse_spec(_toml(_spec(name="a"), _spec(name="b", mode="uvw", irreps_out="3x1o")), FILE)
+    assert [s.name for s in specs] == ["a", "b"]
+    assert isinstance(specs, tuple)
+    with pytest.raises(AttributeError):
+        specs[0].name = "c"  # type: ignore[misc]
+
+
+def test_load_spec_reads_a_file(tmp_path):
+    p = tmp_path / "ok.toml"
+    p.write_text(_toml(GOOD), encoding="utf-8")
+    assert load_spec(p) == parse_spec(_toml(GOOD), str(p))
+
+
+# ---------------------------------------------------------------- bad tables
+
+# (changes to GOOD, key blamed, words of the reason)
+BAD_TABLES = {
+    "unknown key": (dict(colour="red"), "colour", ["unknown key"]),
+    "misspelt key": (dict(irrep_normalisation="norm"), "irrep_normalisation", ["unknown key"]),
+    "bad irreps string": (dict(irreps_in1="2x1q"), "irreps_in1", ["bad irreps"]),
+    "bad irreps in2": (dict(irreps_in2="1o+"), "irreps_in2", ["bad irreps"]),
+    "bad irreps out": (dict(irreps_out="1xo"), "irreps_out", ["bad irreps"]),
+    "empty irreps": (dict(irreps_in2=""), "irreps_in2", ["empty"]),
+    "zero multiplicity": (dict(irreps_in1="0x0e+1x1o"), "irreps_in1", ["positive"]),
+    "missing name": (dict(name=None), "name", ["missing"]),
+    "missing irreps_in1": (dict(irreps_in1=None), "irreps_in1", ["missing"]),
+    "missing irreps_in2": (dict(irreps_in2=None), "irreps_in2", ["missing"]),
+    "missing irreps_out": (dict(irreps_out=None), "irreps_out", ["missing"]),
+    "name wrong type": (dict(name=5), "name", ["expected str", "int"]),
+    "irreps wrong type": (dict(irreps_in1=["0e"]), "irreps_in1", ["expected str", "list"]),
+    "shared_weights wrong type": (dict(shared_weights="yes"), "shared_weights", ["expected bool"]),
+    "shared_weights int": (dict(shared_weights=1), "shared_weights", ["expected bool"]),
+    "mode wrong type": (dict(mode=1), "mode", ["expected str"]),
+    "layout wrong type": (dict(layout=1), "layout", ["expected str"]),
+    "dtypes wrong type": (dict(dtypes="float32"), "dtypes", ["expected list"]),
+    "instructions wrong type": (dict(mode=None, instructions="uvw"), "instructions", ["expected list"]),
+    "bad dtype": (dict(dtypes=["float16"]), "dtypes", ["float16"]),
+    "empty dtypes": (dict(dtypes=[]), "dtypes", ["non-empty"]),
+    "repeated dtype": (dict(dtypes=["float32", "float32"]), "dtypes", ["distinct"]),
+    "dtype not a string": (dict(dtypes=[32]), "dtypes", ["float32"]),
+    "bad layout": (dict(layout="mul_ir_mul"), "layout", ["mul_ir_mul", "mul_ir", "ir_mul"]),
+    "bad irrep_normalization": (dict(irrep_normalization="integral"), "irrep_normalization", ["integral", "component"]),
+    "bad path_normalization": (dict(path_normalization="fan_in"), "path_normalization", ["fan_in", "element"]),
+    "bad mode": (dict(mode="uvx"), "mode", ["uvx", "uvw"]),
+    "reserved conv": (dict(conv={"reduce": "sum"}), "conv", ["convolution"]),
+    "reserved reduce": (dict(reduce="sum"), "reduce", ["convolution"]),
+    "reserved deterministic": (dict(deterministic=True), "deterministic", ["convolution"]),
+    "both mode and instructions": (dict(instructions=[[0, 0, 0, "uvu", True]]), "mode", ["mode", "instructions"]),
+    "mode gives no path": (dict(irreps_in1="1o", irreps_in2="1o", irreps_out="0o"), "irreps_out", ["no path"]),
+    "uuu mode with no equal multiplicities": (
+        dict(irreps_in1="2x0e", irreps_in2="3x0e", irreps_out="0e", mode="uuu"), "irreps_out", ["no path"]),
+    # explicit instructions
+    "index out of range (out)": (dict(mode=None, instructions=[[0, 0, 5, "uvu", True]]), "instructions",
+                                 ["i_out=5", "out of range"]),
+    "index out of range (in1)": (dict(mode=None, instructions=[[2, 0, 0, "uvu", True]]), "instructions",
+                                 ["i_in1=2", "out of range"]),
+    "negative index": (dict(mode=None, instructions=[[0, -1, 0, "uvu", True]]), "instructions", ["out of range"]),
+    "parity violation": (dict(mode=None, irreps_out="2x0o", instructions=[[0, 0, 0, "uvu", True]]),
+                         "instructions", ["parity"]),
+    "triangle violation": (dict(mode=None, irreps_out="2x3e", instructions=[[1, 1, 0, "uvu", True]]),
+                           "instructions", ["triangle"]),
+    "triangle violation 0 x 1 -> 2": (dict(mode=None, irreps_out="2x2o", instructions=[[0, 1, 0, "uvu", True]]),
+                                      "instructions", ["triangle"]),
+    "uvu multiplicity mismatch": (dict(mode=None, irreps_out="3x0e", instructions=[[0, 0, 0, "uvu", True]]),
+                                  "instructions", ["uvu", "mul_in1 == mul_out"]),
+    "uvv multiplicity mismatch": (dict(mode=None, irreps_out="2x0e", instructions=[[0, 0, 0, "uvv", True]]),
+                                  "instructions", ["uvv", "mul_in2 == mul_out"]),
+    "uuu multiplicity mismatch in2": (dict(mode=None, irreps_out="2x0e", instructions=[[0, 0, 0, "uuu", True]]),
+                                      "instructions", ["uuu", "mul_in1 == mul_in2"]),
+    "uuu multiplicity mismatch out": (dict(mode=None, irreps_in2="2x0e", irreps_out="3x0e",
+                                           instructions=[[0, 0, 0, "uuu", True]]),
+                                      "instructions", ["uuu", "mul_in1 == mul_out"]),
+    "unknown instruction mode": (dict(mode=None, instructions=[[0, 0, 0, "uvx", True]]), "instructions", ["uvx"]),
+    "uvw without weight": (dict(mode=None, irreps_out="7x0e", instructions=[[0, 0, 0, "uvw", False]]),
+                           "instructions", ["has_weight"]),
+    "instruction too short": (dict(mode=None, instructions=[[0, 0, 0, "uvu"]]), "instructions[0]", ["expected"]),
+    "instruction too long": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True, 1.0, 2]]), "instructions[0]",
+                             ["expected"]),
+    "instruction not a list": (dict(mode=None, instructions=[{"i_in1": 0}]), "instructions[0]", ["expected"]),
+    "instruction index not int": (dict(mode=None, instructions=[[0, 0.0, 0, "uvu", True]]), "instructions[0]",
+                                  ["i_in2", "integer"]),
+    "instruction index bool": (dict(mode=None, instructions=[[True, 0, 0, "uvu", True]]), "instructions[0]",
+                               ["i_in1", "integer"]),
+    "instruction mode not str": (dict(mode=None, instructions=[[0, 0, 0, 3, True]]), "instructions[0]", ["mode"]),
+    "has_weight not bool": (dict(mode=None, instructions=[[0, 0, 0, "uvu", 1]]), "instructions[0]", ["has_weight"]),
+    "negative path_weight": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True, -1.0]]), "instructions[0]",
+                             ["path_weight"]),
+    "nan path_weight": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True, float("nan")]]), "instructions[0]",
+                        ["path_weight"]),
+    "inf path_weight": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True, float("inf")]]), "instructions[0]",
+                        ["path_weight"]),
+    "path_weight not a number": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True, "1"]]), "instructions[0]",
+                                 ["path_weight"]),
+    "second instruction is bad": (dict(mode=None, instructions=[[0, 0, 0, "uvu", True], [0, 0]]), "instructions[1]",
+                                  ["expected"]),
+    "duplicate instruction": (dict(mode=None, irreps_out="2x0e", instructions=[[0, 0, 0, "uvu", True], [0, 0, 0, "uvu", False]]),
+                              "instructions", ["twice"]),
+    "no instructions": (dict(mode=None, instructions=[]), "instructions", ["at least one"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_bad_table(case):
+    changes, key, words = BAD_TABLES[case]
+    err = _error(_toml(_spec(**changes)))
+    # errors found before the name is read (unknown and reserved keys, the name itself)
+    # name the table by its index only
+    early = key == "name" or "unknown key" in words or "convolution" in words
+    table = "tensor_product.0" if early else TABLE
+    _assert_names(err, table, key, *words)
+
+
+def test_neither_mode_nor_instructions():
+    err = _error(_toml(_spec(mode=None)))
+    assert err.table == TABLE
+    assert "mode" in str(err) and "instructions" in str(err) and "exactly one" in err.reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["import os", "1abc", "class", "None", "def", "a-b", "a.b", "_x", "", " tp", "tp ", "tp\n", "tp\nimport os",
+     "na\u00efve", "x;y", "tp\t"],
+)
+def test_non_identifier_name(name):
+    err = _error(_toml(_spec(name=name)))
+    _assert_names(err, "tensor_product.0", "name", "identifier", repr(name))
+
+
+def test_duplicate_name_names_second_table():
+    err = _error(_toml(_spec(name="a"), _spec(name="b"), _spec(name="a")))
+    _assert_names(err, "tensor_product.2", "name", "duplicate", "'a'")
+
+
+def test_error_in_later_table_names_it():
+    err = _error(_toml(_spec(name="a"), _spec(name="b", layout="xx")))
+    _assert_names(err, "tensor_product.1 (b)", "layout", "'xx'")
+
+
+# ---------------------------------------------------------------- bad files
+
+
+@pytest.mark.parametrize(
+    "text,key,words",
+    [
+        ("[[tensor_product]\nname = 'x'\n", None, ["invalid TOML"]),
+        ("[[tensor_product]]\nname = \n", None, ["invalid TOML"]),
+        ("[[tensor_product]]\nname = 'a'\nname = 'b'\n", None, ["invalid TOML"]),
+        ('"x\ny" = 1\n', None, ["invalid TOML"]),
+        ("", "tensor_product", ["no [[tensor_product]]"]),
+        ("# only a comment\n", "tensor_product", ["no [[tensor_product]]"]),
+        ("tensor_product = 3\n", "tensor_product", ["array of tables"]),
+        ("tensor_product = [1, 2]\n", "tensor_product", ["array of tables"]),
+        ("tensor_product = []\n", "tensor_product", ["no tensor product"]),
+        ("version = 2\n" + _toml(GOOD), "version", ["unknown top-level key"]),
+        ("[conv]\nreduce = 'sum'\n" + _toml(GOOD), "conv", ["unknown top-level key"]),
+    ],
+)
+def test_bad_file_level(text, key, words):
+    err = _error(text)
+    _assert_names(err, None, key, *words)
+
+
+def test_key_with_newline_stays_one_line():
+    err = _error('[[tensor_product]]\n"bad\\nkey" = 1\n')
+    assert "unknown key" in err.reason
+    assert "bad\\nkey" in str(err)  # shown escaped
+
+
+def test_unreadable_file(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(SpecError) as info:
+        load_spec(missing)
+    err = _check_one_error(info.value, str(missing))
+    _assert_names(err, None, None, "cannot read file")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path)  # a directory
+    _assert_names(_check_one_error(info.value, str(tmp_path)), None, None, "cannot read file")
+
+
+def test_non_utf8_file(tmp_path):
+    p = tmp_path / "latin1.toml"
+    p.write_bytes(_toml(_spec(name="caf")).encode() + b"# caf\xe9\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(p)
+    _assert_names(_check_one_error(info.value, str(p)), None, None, "UTF-8")
+
+
+def test_load_spec_names_the_file(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text(_toml(_spec(layout="row_major")), encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(p)
+    _assert_names(_check_one_error(info.value, str(p)), TABLE, "layout", "row_major")
+
+
+# ---------------------------------------------------------------- fuzz: only SpecError ever escapes
+
+_SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-3, 8),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from(["0e", "1o", "2x1o+1x0e", "3x0e", "uvw", "uvu", "uvv", "uuu", "float32", "mul_ir",
+                     "component", "path", "", "x", "1y", "tp", "class"]),
+)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=6), max_leaves=12)
+_KEYS = st.sampled_from(sorted(GOOD) + ["instructions", "irrep_normalization", "path_normalization",
+                                        "shared_weights", "layout", "dtypes", "conv", "other"])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_KEYS, _VALUES, max_size=5), st.booleans())
+def test_fuzzed_tables_only_raise_spec_error(changes, drop_mode):
+    t = dict(GOOD)
+    if drop_mode:
+        t.pop("mode")
+    t.update(changes)
+    try:
+        specs = parse_spec(_toml(t), FILE)
+    except SpecError as e:
+        _check_one_error(e, FILE)
+        assert e.table is None or e.table.startswith("tensor_product.0")
+        return
+    # anything accepted is a consistent spec
+    (spec,) = specs
+    assert spec.name.isidentifier()
+    assert spec.instructions
+    for ins in spec.instructions:
+        assert 0 <= ins.i_in1 < len(spec.irreps_in1)
+        assert 0 <= ins.i_in2 < len(spec.irreps_in2)
+        assert 0 <= ins.i_out < len(spec.irreps_out)
+        assert spec.irreps_out[ins.i_out].ir.allowed(spec.irreps_in1[ins.i_in1].ir, spec.irreps_in2[ins.i_in2].ir)
+    ir = lower(spec)  # whatever the parser accepts can be lowered
+    assert len(ir.paths) == len(spec.instructions)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "eqdsl", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[[tensor_product]\n",  # invalid TOML
+        _toml(_spec(colour="red")),
+        _toml(_spec(mode=None, irreps_out="2x3e", instructions=[[1, 1, 0, "uvu", True]])),
+        '[[tensor_product]]\n"bad\\nkey" = 1\n',
+        None,  # the file does not exist
+    ],
+    ids=["invalid-toml", "unknown-key", "triangle", "newline-key", "missing-file"],
+)
+def test_cli_inspect_bad_spec(tmp_path, content):
+    p = tmp_path / "bad.toml"
+    if content is not None:
+        p.write_text(content, encoding="utf-8")
+    r = _cli("inspect", str(p))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ")
+    assert str(p) in lines[0]
+    assert r.stdout == ""
