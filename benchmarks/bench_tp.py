@@ -330,7 +330,6 @@ class Impl:
     fb_reason: str = ""
     perms: dict = field(default_factory=dict)
     note: str = ""
-    weight_shape_shared: tuple | None = None  # reshape shared weights to this for the call
 
 
 def torch_fb(fn):
@@ -778,6 +777,7 @@ class Bench:
         self.t_start = time.perf_counter()
         self.results = []  # one dict per (problem, dtype, batch, direction, impl)
         self.builds = {}   # (impl, problem, dtype) -> list[Impl] | NotAvailable reason str
+        self.cueq_build_failures = set()
 
     def log(self, msg: str):
         print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", flush=True)
@@ -812,6 +812,9 @@ class Bench:
                         reasons.append(reason)
                 if not cands:
                     raise NotAvailable("; ".join(reasons) or "no method")
+                if reasons:
+                    self.log(f"  build {name} {prob.name} {dtype}: " + "; ".join(reasons))
+                    self.cueq_build_failures.update(r[:160] for r in reasons)
                 for c in cands:
                     c.note += f" (build failed before: {'; '.join(reasons)})" if reasons else ""
                 res = cands
@@ -1130,10 +1133,16 @@ class Bench:
                 print(f"  {tag} {impl}: {r} [{w}]")
         cq = sorted({(r["problem"], r["impl"], r.get("note", "").split(" (")[0]) for r in self.results
                      if r["impl"].startswith("cueq") and r["status"] == "ok"})
-        if cq:
-            print("cuEquivariance: " + "; ".join(f"{p} {n}" for p, _i, n in cq))
+        groups: dict = {}
+        for p, i, n in cq:
+            groups.setdefault(f"{i}: {n}", []).append(p)
+        for n, ps in groups.items():
+            print(f"cuEquivariance {n}: {', '.join(dict.fromkeys(ps))}")
+        for r in sorted(self.cueq_build_failures):
+            print(f"  cuEquivariance method not built: {r}")
+        how = "torch: CUDA events" if self.device.type == "cuda" else "torch: wall clock"
         print(f"Plain tensor product on {self.meta['device']}: median us per call "
-              f"(torch: CUDA events; jax: wall / block_until_ready); copy bandwidth "
+              f"({how}; jax: wall / block_until_ready); copy bandwidth "
               f"{self.copy_bw / 1e9:.0f} GB/s; floor = minimal bytes / copy bandwidth (us)", flush=True)
         print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
         for x in table:

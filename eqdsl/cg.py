@@ -15,10 +15,6 @@ Indices: ``C[i, j, k]`` with ``i`` over the ``2 l1 + 1`` components of ``l1``, `
 from __future__ import annotations
 
 import functools
-import os
-import pickle
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import sympy

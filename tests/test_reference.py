@@ -186,23 +186,70 @@ def test_reference_matches_e3nn(case, batch, seed):
             assert not got[:, b.offset : b.offset + b.size].any()
 
 
+def _wigner_d(irreps, rot: torch.Tensor, inversion: bool) -> np.ndarray:
+    """Block-diagonal representation of ``(-1)^inversion * rot`` on ``irreps`` (mul_ir), float64.
+
+    e3nn's ``D_from_matrix`` goes through ``torch.matrix_exp``, which on torch 2.13 CPU is only
+    ~1e-10 accurate in float64 for matrices of small norm (seen for ``exp(b X)`` with the l=1
+    generator X and 0.01 < b < 0.09: sin(b) off by 1.4e-10 at b = 0.0443), too coarse for a
+    1e-10 check. So each ``D^l`` is fitted instead from e3nn's (polynomial, exact to
+    rounding) spherical harmonics, ``Y(R x) = D^l(R) Y(x)``, and cross-checked against
+    ``D_from_matrix`` at the accuracy that one has.
+    """
+    with float64_default():
+        pts = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+        e3 = o3.Irreps(str(irreps))
+        reference = e3.D_from_matrix(-rot if inversion else rot).numpy()
+        blocks = []
+        for mul, ir in e3:
+            y = o3.spherical_harmonics(ir.l, pts, normalize=True).numpy()
+            y_rot = o3.spherical_harmonics(ir.l, pts @ rot.T, normalize=True).numpy()
+            dt, *_ = np.linalg.lstsq(y, y_rot, rcond=None)
+            np.testing.assert_allclose(y @ dt, y_rot, atol=1e-13)
+            d = dt.T * (ir.p if inversion else 1)
+            blocks.extend([d] * mul)
+    out = np.zeros((e3.dim, e3.dim))
+    k = 0
+    for d in blocks:
+        out[k : k + len(d), k : k + len(d)] = d
+        k += len(d)
+    np.testing.assert_allclose(out, reference, atol=1e-8)  # same basis and parity convention as e3nn
+    np.testing.assert_allclose(out @ out.T, np.eye(e3.dim), atol=1e-13)
+    return out
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp_cases(), st.booleans(), st.integers(0, 2**32 - 1))
 def test_reference_is_equivariant(case, inversion, seed):
     (spec,) = parse_spec(case.text, "random.toml")
     ir = lower(spec)
     x1, x2, w = _inputs(ir, 2, seed)
-    torch.manual_seed(seed % 2**31)
     with float64_default():
+        torch.manual_seed(seed % 2**31)
         rot = o3.rand_matrix()
-        if inversion:
-            rot = -rot
-        d1, d2, do = (o3.Irreps(str(irr)).D_from_matrix(rot).numpy()
-                      for irr in (spec.irreps_in1, spec.irreps_in2, spec.irreps_out))
-    assert d1.dtype == np.float64
+    d1, d2, do = (_wigner_d(irr, rot, inversion) for irr in (spec.irreps_in1, spec.irreps_in2, spec.irreps_out))
     out = _reference_mul_ir(ir, x1, x2, w)
     out_of_rotated = _reference_mul_ir(ir, x1 @ d1.T, x2 @ d2.T, w)
     np.testing.assert_allclose(out_of_rotated, out @ do.T, rtol=1e-10, atol=1e-10)
+
+
+def test_equivariance_check_sees_a_wrong_output_label():
+    """The same check fails if the output irreps are mislabelled (1e read as 1o, 2e as 2o)."""
+    (spec,) = parse_spec(
+        '[[tensor_product]]\nname = "t"\nirreps_in1 = "2x1o"\nirreps_in2 = "1o+2e"\nirreps_out = "3x1e"\n'
+        'mode = "uvw"\n'
+    )
+    ir = lower(spec)
+    x1, x2, w = _inputs(ir, 2, 1)
+    with float64_default():
+        torch.manual_seed(1)
+        rot = o3.rand_matrix()
+    d1, d2 = _wigner_d(spec.irreps_in1, rot, True), _wigner_d(spec.irreps_in2, rot, True)
+    good, bad = _wigner_d(spec.irreps_out, rot, True), _wigner_d("3x1o", rot, True)
+    out = _reference_mul_ir(ir, x1, x2, w)
+    rotated = _reference_mul_ir(ir, x1 @ d1.T, x2 @ d2.T, w)
+    np.testing.assert_allclose(rotated, out @ good.T, atol=1e-10)
+    assert np.abs(rotated - out @ bad.T).max() > 0.1
 
 
 def test_inversion_parity_is_seen():

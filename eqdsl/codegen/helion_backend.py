@@ -154,19 +154,18 @@ def _path_terms(ir: TensorProductIR, p: PathIR) -> int:
 
 
 def _split(ir: TensorProductIR, tuning: Tuning) -> list[list[int]]:
-    """Output blocks per kernel, in order, each kernel at most ``max_terms`` terms."""
-    groups: list[list[int]] = []
+    """Output blocks per kernel, in order: as few kernels as ``max_terms`` allows, balanced."""
+    costs = [max(1, sum(_path_terms(ir, p) for p in ir.paths_into(o))) for o in range(len(ir.out))]
+    n_kernels = -(-sum(costs) // tuning.max_terms)
+    target = sum(costs) / n_kernels
+    groups: list[list[int]] = [[]]
     cost = 0
-    for o in range(len(ir.out)):
-        c = sum(_path_terms(ir, p) for p in ir.paths_into(o))
-        if not ir.paths_into(o):
-            c = 1  # still written (zeros)
-        if groups and cost + c <= tuning.max_terms:
-            groups[-1].append(o)
-            cost += c
-        else:
-            groups.append([o])
-            cost = c
+    for o, c in enumerate(costs):
+        if groups[-1] and (cost + c > tuning.max_terms or cost >= target):
+            groups.append([])
+            cost = 0
+        groups[-1].append(o)
+        cost += c
     return groups
 
 

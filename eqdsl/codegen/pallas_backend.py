@@ -10,19 +10,42 @@ of two shapes, as the Triton lowering of Pallas wants, and contiguous over chann
 (DESIGN.md "What layout costs"). Weights get the same treatment per path: the channel
 index the kernel vectorizes over is innermost and padded to ``P``.
 
-Modes. Accumulators are ``(block_batch, P_out)`` tiles, one per output component:
+Four kernels, one four-linear form. A tensor product is the derivative of
+``F(x1, x2, W, g) = sum_z sum_paths W C x1 x2 g`` (``eqdsl.reference._SUBSCRIPTS``);
+the generated kernels are its four partial derivatives, each from the same IR in the
+same straight-line style (every CG nonzero one multiply-add with its literal
+coefficient, transposed as needed)::
 
-* ``uuu``: ``x1`` and ``x2`` components are both channel vectors; no loop.
-* ``uvu``: ``x1`` vectors times ``x2`` columns ``(block_batch, 1)`` at channel ``v``;
-  a ``fori_loop`` over ``v`` when ``mul2 > 1`` (static trip count).
-* ``uvv``: mirror image of ``uvu`` (loop over ``u``).
-* ``uvw``: columns of both inputs, times a weight row over ``w``; one ``fori_loop``
-  over ``(u, v)`` when ``mul1 * mul2 > 1``.
+    forward      (x1, x2, W) = dF/dg    (batch, out)
+    backward_x1  (g, x2, W)  = dF/dx1   (batch, in1)
+    backward_x2  (x1, g, W)  = dF/dx2   (batch, in2)
+    backward_w   (x1, x2, g) = dF/dW    (batch, weights), or summed over the batch
+                                         (per-program partial sums) when shared
 
-Every CG nonzero is one multiply-add with its coefficient as a literal (``repr``).
-Output blocks are grouped into kernels (paths grouped by ``i_out``); a spec whose
-unrolled body would exceed ``MAX_TERMS_PER_KERNEL`` nonzeros is split into several
-kernels over consecutive output blocks, each writing its own column range.
+Vectorization. In every mode the kernels vectorize over the channel of the path's
+weight row (its innermost, padded axis): ``w`` for ``uvw``, ``u`` for ``uvu`` and
+``uuu``, ``v`` for ``uvv``. Operands indexed by that channel are ``(block_batch, P)``
+vectors, read once per kernel; operands indexed by another channel are
+``(block_batch, 1)`` columns read in a ``fori_loop`` over that channel (static trip
+count; no loop when the multiplicity is 1):
+
+* an output indexed by the vector channel accumulates in registers, as the forward
+  (``uvu`` forward and ``backward_x1``, ``uvv`` forward and ``backward_x2``, ``uuu``,
+  ``uvw`` forward);
+* an output indexed by a looped channel is a reduction over the vector channel
+  (``jnp.sum(axis=1)``) written to lane ``u`` (or ``v``) of its accumulator with a
+  lane mask (``uvu`` ``backward_x2``, ``uvv`` ``backward_x1``, ``uvw``
+  ``backward_x1``/``backward_x2``); contractions that do not depend on the loop are
+  hoisted out of it (``h`` vectors);
+* ``backward_w`` stores one weight row per loop step (``uvw``: per ``(u, v)``).
+
+Padding. Operands are zero in padded rows and channels; every kernel then produces
+zeros there too (lane masks where a broadcast would not), so kernel outputs can be fed
+back as operands, as the derivatives of derivatives do.
+
+Kernels are grouped per output block (``backward_w``: per weighted path); a body
+whose unrolled terms would exceed ``MAX_TERMS_PER_KERNEL`` nonzeros is split into
+several kernels over consecutive output blocks, each writing its own column range.
 """
 
 from __future__ import annotations
@@ -30,7 +53,7 @@ from __future__ import annotations
 from ..ir import Block, PathIR, TensorProductIR
 from .render import render
 
-__all__ = ["render_files", "build_context", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS"]
+__all__ = ["render_files", "build_context", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS", "KINDS"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels.
 MAX_TERMS_PER_KERNEL = 1200
@@ -38,6 +61,24 @@ MAX_TERMS_PER_KERNEL = 1200
 # widest channel tile (512 -> 4 rows x 128 channels, the best first Pallas config seen).
 BLOCK_ELEMS = 512
 MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
+
+# Kernel kinds: (name, operand refs in argument order, the operand it computes).
+KINDS = (
+    ("fwd", ("x1", "x2", "w"), "g"),
+    ("bwd_x1", ("g", "x2", "w"), "x1"),
+    ("bwd_x2", ("x1", "g", "w"), "x2"),
+    ("bwd_w", ("x1", "x2", "g"), "w"),
+)
+# Channel index of each data operand, per mode (e3nn's einsum subscripts).
+_CHANNEL = {
+    "uvw": {"x1": "u", "x2": "v", "g": "w"},
+    "uvu": {"x1": "u", "x2": "v", "g": "u"},
+    "uvv": {"x1": "u", "x2": "v", "g": "v"},
+    "uuu": {"x1": "u", "x2": "u", "g": "u"},
+}
+# The channel a kernel vectorizes over: the innermost axis of the path's weight rows.
+_VECTOR = {"uvw": "w", "uvu": "u", "uvv": "v", "uuu": "u"}
+_DATA = ("x1", "x2", "g")
 
 
 def next_pow2(n: int) -> int:
@@ -78,7 +119,7 @@ def _weight_layout(ir: TensorProductIR, in1, in2, out) -> tuple[list[dict], int]
         else:  # uuu
             shape, perm, pad, rows = (m1,), (0,), in1[p.i_in1]["pad"], 1
         res.append({"path": p.index, "offset": p.weight_offset, "shape": shape, "perm": perm, "pad": pad,
-                    "ioffset": off, "numel": p.weight_numel})
+                    "ioffset": off, "numel": p.weight_numel, "width": rows * pad})
         off += rows * pad
     return res, off
 
@@ -98,149 +139,378 @@ def _layout_identity(blocks: list[dict], layout: str) -> bool:
     return all(b["mul"] == b["pad"] and (layout == "ir_mul" or b["mul"] == 1 or b["dim"] == 1) for b in blocks)
 
 
-def _terms(p: PathIR, k: int, a: list[str], b: list[str]) -> list[dict]:
-    """The multiply-adds of output component ``k``: sign, |coeff| literal, operand names."""
-    out = [{"sign": "- " if n.coeff < 0 else "+ ", "coeff": repr(abs(float(n.coeff))), "a": a[n.i], "b": b[n.j]}
-           for n in p.nonzeros if n.k == k]
-    if out and out[0]["sign"] == "+ ":
-        out[0]["sign"] = ""
+# ------------------------------------------------------------------ statements
+# A kernel body is a list of statements (plain dicts) that the template renders:
+# load, sum (a multi-line sum of terms), line, store, loop (a lax.fori_loop).
+
+
+def _load(name: str, ref: str, start, size: int, comment: str = "") -> dict:
+    return {"kind": "load", "name": name, "ref": ref, "start": str(start), "size": size, "comment": comment}
+
+
+def _sum(target: str, prefix: str, terms: list[str]) -> dict:
+    return {"kind": "sum", "target": target, "prefix": prefix, "terms": terms}
+
+
+def _line(text: str) -> dict:
+    return {"kind": "line", "text": text}
+
+
+def _store(start, size: int, value: str) -> dict:
+    return {"kind": "store", "start": str(start), "size": size, "value": value}
+
+
+def _loop(fn: str, var: str, count: int, carry: list[str], body: list[dict], prelude: tuple[str, ...] = ()) -> dict:
+    tup = "(" + ", ".join(carry) + ("," if len(carry) == 1 else "") + ")" if carry else "None"
+    return {"kind": "loop", "fn": fn, "var": var, "count": count, "carry": tup, "has_carry": bool(carry),
+            "prelude": list(prelude), "body": body}
+
+
+def _terms(nonzeros, factors) -> list[str]:
+    """``± coeff * f1 * f2 ...`` per nonzero; ``factors(n)`` names the operands of nonzero ``n``."""
+    out = []
+    for n in nonzeros:
+        t = " * ".join([repr(abs(float(n.coeff)))] + list(factors(n)))
+        out.append(("- " if n.coeff < 0 else ("+ " if out else "")) + t)
     return out
 
 
+def _plain_terms(products: list[str]) -> list[str]:
+    return [("+ " if i else "") + t for i, t in enumerate(products)]
+
+
+def _comp(n, op: str) -> int:
+    return {"x1": n.i, "x2": n.j, "g": n.k}[op]
+
+
+def _offset(base: int, index: str, scale: int) -> str:
+    """``base + index * scale`` as short source text."""
+    if index == "0":
+        return str(base)
+    return f"{base} + {index}" + (f" * {scale}" if scale != 1 else "")
+
+
+def _lanesum(expr: str, pad: int) -> str:
+    """Sum over the channel lanes, keeping a ``(rows, 1)`` column."""
+    return expr if pad == 1 else f"jnp.sum({expr}, axis=1, keepdims=True)"
+
+
 class _KernelBuilder:
-    """Builds the context of one kernel (a run of consecutive output blocks)."""
+    """Builds the context of one kernel of one kind over a run of output groups."""
 
-    def __init__(self, ir: TensorProductIR, in1, in2, out, wmap, number: int, out_blocks: list[int]):
-        self.ir, self.in1, self.in2, self.out, self.wmap = ir, in1, in2, out, wmap
+    def __init__(self, kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, groups: list[int]):
+        self.kind = kind
+        self.refs, self.target = next((r, t) for k, r, t in KINDS if k == kind)
+        self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.number = number
-        self.reads: set[str] = set()
-        self.out_blocks = out_blocks
-        col = 0
-        self.out_cols = {}
-        for o in out_blocks:
-            self.out_cols[o] = col
-            col += out[o]["dim"] * out[o]["pad"]
-        self.width = col
+        self.group_ids = groups
+        self.loaded: set[str] = set()
+        self.lanes: set[int] = set()
 
-    def vec(self, operand: str, blk: dict, m: int, reads: list) -> str:
-        """Hoisted (once per kernel) read of a whole component row ``(block_batch, P)``."""
-        name = f"{operand}_{blk['index']}_{m}"
-        if name not in self.reads:
-            self.reads.add(name)
-            reads.append({"name": name, "ref": f"{operand}_ref", "start": str(blk["ioffset"] + m * blk["pad"]),
-                          "size": blk["pad"], "comment": f"{operand} block {blk['index']} ({blk['desc']}), m={m}"})
+    # ---- operands
+    def _blk(self, op: str, p: PathIR) -> dict:
+        return self.blocks[op][{"x1": p.i_in1, "x2": p.i_in2, "g": p.i_out}[op]]
+
+    def vec(self, op: str, blk: dict, m: int, top: list) -> str:
+        """Hoisted (once per kernel) read of a whole component row ``(rows, P)``."""
+        name = f"{op}_{blk['index']}_{m}"
+        if name not in self.loaded:
+            self.loaded.add(name)
+            top.append(_load(name, f"{op}_ref", blk["ioffset"] + m * blk["pad"], blk["pad"],
+                             f"{op} block {blk['index']} ({blk['desc']}), m={m}"))
         return name
 
-    def path(self, p: PathIR, reads: list) -> dict:
-        b1, b2, bo = self.in1[p.i_in1], self.in2[p.i_in2], self.out[p.i_out]
-        m1, m2 = b1["mul"], b2["mul"]
-        loop_reads: list[dict] = []
-        prelude: list[str] = []
-        loop = None
-        if p.mode == "uuu":
-            a = [self.vec("x1", b1, i, reads) for i in range(b1["dim"])]
-            b = [self.vec("x2", b2, j, reads) for j in range(b2["dim"])]
-            wstart = "{}"
-        elif p.mode == "uvu" or (p.mode == "uvv"):
-            vec_op, vec_blk, col_op, col_blk, cnt, var = (
-                ("x1", b1, "x2", b2, m2, "v") if p.mode == "uvu" else ("x2", b2, "x1", b1, m1, "u"))
-            vecs = [self.vec(vec_op, vec_blk, i, reads) for i in range(vec_blk["dim"])]
-            if cnt == 1:
-                cols = [self.vec(col_op, col_blk, j, reads) for j in range(col_blk["dim"])]
-                wstart = "{}"
+    def col(self, op: str, blk: dict, m: int, var: str, count: int, top: list, body: list) -> str:
+        """Component ``m`` of ``op`` at channel ``var``: a ``(rows, 1)`` column read in the loop."""
+        if count == 1:
+            return self.vec(op, blk, m, top)
+        name = f"{op}c_{m}"
+        body.append(_load(name, f"{op}_ref", f"{blk['ioffset'] + m * blk['pad']} + {var}", 1,
+                          f"{op} block {blk['index']}, m={m}, channel {var}"))
+        return name
+
+    def lane(self, pad: int) -> str:
+        self.lanes.add(pad)
+        return f"lane_{pad}"
+
+    # ---- per path
+    def _info(self, p: PathIR) -> dict:
+        ch = _CHANNEL[p.mode]
+        blk = {op: self._blk(op, p) for op in _DATA}
+        count = {"u": blk["x1"]["mul"], "v": blk["x2"]["mul"], "w": blk["g"]["mul"]}
+        c = _VECTOR[p.mode]
+        cpad = blk["g"]["pad"] if c == "w" else (blk["x1"]["pad"] if c == "u" else blk["x2"]["pad"])
+        loopvars = [] if p.mode == "uuu" else [v for v in ("u", "v") if v != c]
+        return {"ch": ch, "blk": blk, "count": count, "c": c, "cpad": cpad, "loopvars": loopvars}
+
+    def _wrow(self, p: PathIR, info: dict, env: dict, base: int | None = None) -> str:
+        """Source text of the start column of the path's weight row (``env`` names the loop
+        variables in scope: ``u``, ``v`` or the flattened ``t``); ``base``: the path's first column."""
+        w = self.wmap[p.index]
+        if p.mode == "uvw":
+            m2 = info["count"]["v"]
+            u, v = env.get("u", "0"), env.get("v", "0")
+            if u == "0":
+                idx = v
+            elif v == "0":
+                idx = f"{u} * {m2}" if m2 != 1 else u
             else:
-                loop = {"var": var, "count": cnt}
-                cols = []
-                for j in range(col_blk["dim"]):
-                    name = f"{col_op}c_{j}"
-                    cols.append(name)
-                    loop_reads.append({"name": name, "ref": f"{col_op}_ref",
-                                       "start": f"{col_blk['ioffset'] + j * col_blk['pad']} + {var}", "size": 1,
-                                       "comment": f"{col_op} block {col_blk['index']}, m={j}, channel {var}"})
-                wstart = "{} + " + f"{var} * {vec_blk['pad']}"
-            a, b = (vecs, cols) if p.mode == "uvu" else (cols, vecs)
-        else:  # uvw
-            cnt = m1 * m2
-            if cnt > 1:
-                loop = {"var": "t", "count": cnt}
-                if m1 > 1 and m2 > 1:
-                    prelude = [f"u = t // {m2}", f"v = t % {m2}"]
-                else:
-                    prelude = ["u = t" if m1 > 1 else "v = t"]
-            a, b = [], []
-            for op, blk, names, var in (("x1", b1, a, "u"), ("x2", b2, b, "v")):
-                for j in range(blk["dim"]):
-                    if blk["mul"] == 1:
-                        names.append(self.vec(op, blk, j, reads))
-                    else:
-                        name = f"{op}c_{j}"
-                        names.append(name)
-                        loop_reads.append({"name": name, "ref": f"{op}_ref",
-                                           "start": f"{blk['ioffset'] + j * blk['pad']} + {var}", "size": 1,
-                                           "comment": f"{op} block {blk['index']}, m={j}, channel {var}"})
-            wstart = "{}" if cnt == 1 else "{} + " + f"t * {bo['pad']}"
-        weight = None
+                idx = f"({u} * {m2} + {v})"
+            if "t" in env:
+                idx = env["t"]
+        elif p.mode in ("uvu", "uvv"):
+            idx = env.get({"uvu": "v", "uvv": "u"}[p.mode], "0")
+        else:
+            idx = "0"
+        return _offset(w["ioffset"] if base is None else base, idx, info["cpad"])
+
+    def _flat_loop(self, info: dict) -> tuple[dict | None, dict, tuple[str, ...]]:
+        """One loop over the active loop channels (flattened ``t`` when both): (loop, env, prelude)."""
+        active = [v for v in info["loopvars"] if info["count"][v] > 1]
+        if not active:
+            return None, {}, ()
+        if len(active) == 1:
+            return {"var": active[0], "count": info["count"][active[0]]}, {active[0]: active[0]}, ()
+        m2 = info["count"]["v"]
+        return ({"var": "t", "count": info["count"]["u"] * m2}, {"u": "u", "v": "v", "t": "t"},
+                (f"u = t // {m2}", f"v = t % {m2}"))
+
+    def _desc(self, p: PathIR, info: dict) -> str:
+        b = info["blk"]
+        return (f"path {p.index}: x1[{p.i_in1}] {b['x1']['desc']} (x) x2[{p.i_in2}] {b['x2']['desc']} -> "
+                f"out[{p.i_out}] {b['g']['desc']}, {p.mode}, "
+                + (f"weights at {p.weight_offset}" if p.has_weight else "unweighted")
+                + f", {len(p.nonzeros)} nonzeros")
+
+    def _accs(self, blk: dict) -> list[str]:
+        return [f"acc_{blk['index']}_{m}" for m in range(blk["dim"])]
+
+    def path_into_acc(self, p: PathIR, top: list) -> None:
+        """Add path ``p``'s contribution to the accumulators of the target operand's block."""
+        info = self._info(p)
+        X = self.target
+        if info["ch"][X] == info["c"]:
+            self._vector_target(p, info, top)
+        else:
+            self._column_target(p, info, top)
+
+    def _operand_names(self, p, info, ops, env, top, body) -> dict:
+        names = {}
+        for op in ops:
+            blk, var = info["blk"][op], info["ch"][op]
+            if var == info["c"]:
+                names[op] = [self.vec(op, blk, m, top) for m in range(blk["dim"])]
+            else:
+                names[op] = [self.col(op, blk, m, env.get(var, "0"), info["count"][var], top, body)
+                             for m in range(blk["dim"])]
+        return names
+
+    def _vector_target(self, p: PathIR, info: dict, top: list) -> None:
+        """Target indexed by the vector channel: accumulate in registers (the forward's structure)."""
+        X, blkX = self.target, info["blk"][self.target]
+        others = [op for op in _DATA if op != X]
+        loop, env, prelude = self._flat_loop(info)
+        body: list[dict] = []
+        names = self._operand_names(p, info, others, env, top, body)
+        scale = ""
         if p.has_weight:
-            w = self.wmap[p.index]
-            weight = {"name": "w", "start": wstart.format(w["ioffset"]), "size": w["pad"]}
-        updates = []
-        for k in range(bo["dim"]):
-            terms = _terms(p, k, a, b)
-            if terms:
-                updates.append({"acc": f"acc_{p.i_out}_{k}", "terms": terms})
-        accs = [f"acc_{p.i_out}_{k}" for k in range(bo["dim"])]
-        acc_tuple = "(" + ", ".join(accs) + ("," if len(accs) == 1 else "") + ")"
+            body.append(_load("w", "w_ref", self._wrow(p, info, env), info["cpad"]))
+            scale = "w * "
+        accs = self._accs(blkX)
+        for m in range(blkX["dim"]):
+            nz = [n for n in p.nonzeros if _comp(n, X) == m]
+            if nz:
+                body.append(_sum(accs[m], f"{accs[m]} + {scale}",
+                                 _terms(nz, lambda n: [names[o][_comp(n, o)] for o in others])))
+        top.append(_line(f"# {self._desc(p, info)}"))
+        if loop is None:
+            top.extend(body)
+        else:
+            top.append(_loop(f"_path_{p.index}", loop["var"], loop["count"], accs, body, prelude))
+
+    def _column_target(self, p: PathIR, info: dict, top: list) -> None:
+        """Target indexed by a looped channel: reduce over the vector lanes, write lane ``u``/``v``."""
+        X, blkX = self.target, info["blk"][self.target]
+        padX = blkX["pad"]
+        others = [op for op in _DATA if op != X]
+        var = info["ch"][X]
+        cnt = info["count"][var]
+        accs = self._accs(blkX)
+        vecs = [op for op in others if info["ch"][op] == info["c"]]
+        top.append(_line(f"# {self._desc(p, info)}"))
+        if len(vecs) == 2:  # uvu backward_x2, uvv backward_x1
+            names = self._operand_names(p, info, vecs, {}, top, [])
+            hs = {}
+            for m in range(blkX["dim"]):
+                nz = [n for n in p.nonzeros if _comp(n, X) == m]
+                if nz:
+                    hs[m] = f"h{p.index}_{m}"
+                    top.append(_sum(hs[m], "", _terms(nz, lambda n: [names[o][_comp(n, o)] for o in vecs])))
+            body: list[dict] = []
+            if p.has_weight:
+                body.append(_load("w", "w_ref", self._wrow(p, info, {var: var} if cnt > 1 else {}), info["cpad"]))
+            for m, h in hs.items():
+                s = _lanesum(f"w * {h}" if p.has_weight else h, info["cpad"])
+                if cnt > 1 and p.has_weight:
+                    s = f"jnp.where({self.lane(padX)} == {var}, {s}, 0.0)"
+                elif cnt != padX:
+                    s = f"jnp.where({self.lane(padX)} < {cnt}, {s}, 0.0)"
+                body.append(_line(f"{accs[m]} = {accs[m]} + {s}"))
+            if cnt > 1 and p.has_weight:
+                top.append(_loop(f"_path_{p.index}", var, cnt, accs, body))
+            else:
+                top.extend(body)
+            return
+        # uvw backward_x1 / backward_x2: outer loop over the target's channel, inner over the other
+        other_var = "v" if var == "u" else "u"
+        ocnt = info["count"][other_var]
+        env = {v: v for v in ("u", "v") if info["count"][v] > 1}
+        inner: list[dict] = []
+        names = self._operand_names(p, info, others, env, top, inner)
+        gop = vecs[0]  # the output gradient, a vector over w
+        ks = sorted({_comp(n, gop) for n in p.nonzeros})
+        inner.append(_load("w", "w_ref", self._wrow(p, info, env), info["cpad"]))
+        for k in ks:
+            inner.append(_line(f"s_{k} = {_lanesum(f'w * {names[gop][k]}', info['cpad'])}"))
+        colop = next(op for op in others if op != gop)
+        cols = {}
+        for m in range(blkX["dim"]):
+            nz = [n for n in p.nonzeros if _comp(n, X) == m]
+            if nz:
+                cols[m] = f"c_{m}"
+                inner.append(_sum(cols[m], f"{cols[m]} + ",
+                                  _terms(nz, lambda n: [names[colop][_comp(n, colop)], f"s_{_comp(n, gop)}"])))
+        outer: list[dict] = [_line(f"{c} = jnp.zeros((rows, 1), dtype)") for c in cols.values()]
+        if ocnt > 1:
+            outer.append(_loop(f"_path_{p.index}_{other_var}", other_var, ocnt, list(cols.values()), inner))
+        else:
+            outer.extend(inner)
+        for m, c in cols.items():
+            v = f"jnp.where({self.lane(padX)} == {var}, {c}, 0.0)" if cnt > 1 else c
+            outer.append(_line(f"{accs[m]} = {accs[m]} + {v}"))
+        if cnt > 1:
+            top.append(_loop(f"_path_{p.index}", var, cnt, accs, outer))
+        else:
+            top.extend(outer)
+
+    def weight_rows(self, p: PathIR, top: list, col0: int) -> None:
+        """``backward_w`` of one weighted path: one row over the vector channel per loop step."""
+        info = self._info(p)
+        w = self.wmap[p.index]
+        base = w["ioffset"] - col0
+        vecs = [op for op in _DATA if info["ch"][op] == info["c"]]
+        cols = [op for op in _DATA if op not in vecs]
+        top.append(_line(f"# {self._desc(p, info)}"))
+        reduce = (lambda body: body.append(_line("r = jnp.sum(r, axis=0, keepdims=True)"))) \
+            if self.ir.shared_weights else (lambda body: None)
+        if not cols:  # uuu
+            names = self._operand_names(p, info, vecs, {}, top, [])
+            top.append(_sum("r", "", _terms(p.nonzeros, lambda n: [names[o][_comp(n, o)] for o in vecs])))
+            reduce(top)
+            top.append(_store(base, info["cpad"], "r"))
+            return
+        loop, env, prelude = self._flat_loop(info)
+        body: list[dict] = []
+        if len(vecs) == 2:  # uvu / uvv: contract the two vectors first, per component of the column operand
+            (cop,) = cols
+            vnames = self._operand_names(p, info, vecs, {}, top, [])
+            cnames = self._operand_names(p, info, cols, env, top, body)
+            prods = []
+            for m in range(info["blk"][cop]["dim"]):
+                nz = [n for n in p.nonzeros if _comp(n, cop) == m]
+                if nz:
+                    h = f"h{p.index}_{m}"
+                    top.append(_sum(h, "", _terms(nz, lambda n: [vnames[o][_comp(n, o)] for o in vecs])))
+                    prods.append(f"{h} * {cnames[cop][m]}")
+        else:  # uvw: contract the two columns first, per component of the output gradient
+            (gop,) = vecs
+            names = self._operand_names(p, info, _DATA, env, top, body)
+            prods = []
+            for k in range(info["blk"][gop]["dim"]):
+                nz = [n for n in p.nonzeros if _comp(n, gop) == k]
+                if nz:
+                    body.append(_sum(f"q_{k}", "", _terms(nz, lambda n: [names[o][_comp(n, o)] for o in cols])))
+                    prods.append(f"q_{k} * {names[gop][k]}")
+        body.append(_sum("r", "", _plain_terms(prods)))
+        reduce(body)
+        body.append(_store(self._wrow(p, info, env, base), info["cpad"], "r"))
+        if loop is None:
+            top.extend(body)
+        else:
+            top.append(_loop(f"_path_{p.index}", loop["var"], loop["count"], [], body, prelude))
+
+    # ---- whole kernel
+    def build(self) -> dict:
+        groups, col = [], 0
+        terms = 0
+        if self.kind == "bwd_w":
+            for pi in self.group_ids:
+                p = self.ir.paths[pi]
+                top: list[dict] = []
+                self.weight_rows(p, top, self.wmap[self.group_ids[0]]["ioffset"])
+                groups.append({"desc": f"weights of path {pi} ({self.wmap[pi]['width']} columns)", "body": top})
+                col += self.wmap[pi]["width"]
+                terms += len(p.nonzeros)
+            desc = f"Weighted paths {', '.join(map(str, self.group_ids))}"
+        else:
+            op = self.target
+            for b in self.group_ids:
+                blk = self.blocks[op][b]
+                paths = [p for p in self.ir.paths if {"g": p.i_out, "x1": p.i_in1, "x2": p.i_in2}[op] == b]
+                top = [_line(f"{a} = jnp.zeros((rows, {blk['pad']}), dtype)") for a in self._accs(blk)]
+                for p in paths:
+                    self.path_into_acc(p, top)
+                for m, a in enumerate(self._accs(blk)):
+                    top.append(_store(col + m * blk["pad"], blk["pad"], a))
+                col += blk["dim"] * blk["pad"]
+                terms += sum(len(p.nonzeros) for p in paths)
+                name = {"g": "out", "x1": "x1", "x2": "x2"}[op]
+                groups.append({"desc": f"{name} block {b} ({blk['desc']}): {len(paths)} path(s)", "body": top})
+            desc = f"{ {'g': 'Output', 'x1': 'x1', 'x2': 'x2'}[op]} blocks {', '.join(map(str, self.group_ids))}"
         return {
-            "index": p.index,
-            "desc": (f"path {p.index}: x1[{p.i_in1}] {b1['desc']} (x) x2[{p.i_in2}] {b2['desc']} -> out[{p.i_out}] "
-                     f"{bo['desc']}, {p.mode}, " + (f"weights at {p.weight_offset}" if p.has_weight else "unweighted")
-                     + f", {len(p.nonzeros)} nonzeros"),
-            "loop": loop,
-            "prelude": prelude,
-            "loop_reads": loop_reads,
-            "weight": weight,
-            "updates": updates,
-            "acc_tuple": acc_tuple,
-            "fn": f"_path_{p.index}",
+            "kind": self.kind,
+            "number": self.number,
+            "name": f"_tp_{self.kind}_kernel_{self.number}",
+            "refs": [f"{r}_ref" for r in self.refs],
+            "width": col,
+            "desc": f"{desc} ({col} columns); {terms} CG terms.",
+            "lanes": [{"name": f"lane_{p}", "pad": p} for p in sorted(self.lanes)],
+            "groups": groups,
+            "terms": terms,
         }
 
-    def build(self) -> dict:
-        reads_at: list[dict] = []
-        groups = []
-        for o in self.out_blocks:
-            bo = self.out[o]
-            reads: list[dict] = []
-            paths = [self.path(p, reads) for p in self.ir.paths_into(o)]
-            groups.append({
-                "index": o,
-                "desc": f"out block {o} ({bo['desc']}): {len(paths)} path(s)",
-                "reads": reads,
-                "accs": [{"name": f"acc_{o}_{k}", "pad": bo["pad"]} for k in range(bo["dim"])],
-                "stores": [{"name": f"acc_{o}_{k}", "start": self.out_cols[o] + k * bo["pad"], "size": bo["pad"]}
-                           for k in range(bo["dim"])],
-                "paths": paths,
-            })
-            reads_at.extend(reads)
-        return {"number": self.number, "name": f"_tp_fwd_kernel_{self.number}", "width": self.width,
-                "groups": groups, "out_blocks": self.out_blocks,
-                "terms": sum(len(p.nonzeros) for o in self.out_blocks for p in self.ir.paths_into(o))}
 
-
-def _split_outputs(ir: TensorProductIR) -> list[list[int]]:
-    """Consecutive runs of output blocks, balanced, each within ``MAX_TERMS_PER_KERNEL`` terms if possible."""
-    costs = [sum(len(p.nonzeros) for p in ir.paths_into(b.index)) for b in ir.out]
-    n = max(1, -(-sum(costs) // MAX_TERMS_PER_KERNEL))
-    target = sum(costs) / n
+def _split(costs: list[int]) -> list[list[int]]:
+    """Consecutive runs of groups, balanced, each within ``MAX_TERMS_PER_KERNEL`` terms if possible."""
+    total = sum(costs)
+    n = max(1, -(-total // MAX_TERMS_PER_KERNEL))
+    target = total / n
     runs, cur, cur_terms = [], [], 0
-    for b, t in zip(ir.out, costs):
+    for i, t in enumerate(costs):
         if cur and cur_terms + t > target and len(runs) < n - 1:
             runs.append(cur)
             cur, cur_terms = [], 0
-        cur.append(b.index)
+        cur.append(i)
         cur_terms += t
     if cur:
         runs.append(cur)
     return runs
+
+
+def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wl: list[dict], wmap: dict) -> list[dict]:
+    if kind == "bwd_w":
+        ids = [w["path"] for w in wl]
+        if not ids:
+            return []
+        runs = _split([len(ir.paths[i].nonzeros) for i in ids])
+        runs = [[ids[i] for i in run] for run in runs]
+    else:
+        op = {"fwd": "g", "bwd_x1": "x1", "bwd_x2": "x2"}[kind]
+        key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
+        costs = [sum(len(p.nonzeros) for p in ir.paths if getattr(p, key) == b["index"]) for b in blocks[op]]
+        runs = _split(costs)
+    # the lanes a kernel needs are known only after its body is built
+    return [_KernelBuilder(kind, ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
 
 
 def build_context(ir: TensorProductIR, header: str) -> dict:
@@ -249,7 +519,8 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
     out, do = _internal_blocks(ir.out)
     wl, wn = _weight_layout(ir, in1, in2, out)
     wmap = {w["path"]: w for w in wl}
-    kernels = [_KernelBuilder(ir, in1, in2, out, wmap, n, run).build() for n, run in enumerate(_split_outputs(ir))]
+    blocks = {"x1": in1, "x2": in2, "g": out}
+    kernels = {kind: _kernels(kind, ir, blocks, wl, wmap) for kind, _, _ in KINDS}
     widest = max(b["pad"] for b in in1 + in2 + out)
     block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
 
@@ -281,8 +552,10 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
         "weight_blocks": repr(tuple((w["offset"], w["shape"], w["perm"], w["pad"]) for w in wl)),
         "weights_identity": _weights_identity(wl) and wn == ir.weight_numel,
         "block_batch": block_batch,
-        "kernels": kernels,
-        "num_kernels": len(kernels),
+        "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]}
+                        for kind, _, _ in KINDS],
+        "kernels": [k for kind, _, _ in KINDS for k in kernels[kind]],
+        "num_kernels": {kind: len(kernels[kind]) for kind, _, _ in KINDS},
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),
         "num_paths": len(ir.paths),
