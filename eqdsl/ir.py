@@ -111,6 +111,9 @@ class TensorProductIR:
 
     ``bytes_per_batch`` maps each dtype of the spec to the bytes one batch element must
     move at least (x1, x2 and per-batch weights read once, out written once).
+    ``conv``: also generate the fused graph convolution ``out[dst[e]] += TP(x[src[e]],
+    edge_attr[e], w[e])`` with ``reduce`` (sum | mean over a node's in-edges) and
+    ``deterministic`` (dst-sorted segment reduction instead of atomics).
     """
 
     name: str
@@ -132,6 +135,9 @@ class TensorProductIR:
     paths: tuple[PathIR, ...]
     flops_per_batch: int
     bytes_per_batch: tuple[tuple[str, int], ...]
+    conv: bool = False
+    reduce: str = "sum"
+    deterministic: bool = False
 
     def paths_into(self, i_out: int) -> tuple[PathIR, ...]:
         return tuple(p for p in self.paths if p.i_out == i_out)

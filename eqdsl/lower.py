@@ -75,4 +75,7 @@ def lower(spec: TensorProductSpec) -> TensorProductIR:
         paths=tuple(paths),
         flops_per_batch=flops,
         bytes_per_batch=tuple((d, per_batch_elems * ITEMSIZE[d]) for d in spec.dtypes),
+        conv=spec.conv,
+        reduce=spec.reduce,
+        deterministic=spec.deterministic,
     )

@@ -11,7 +11,10 @@ import numpy as np
 
 from .ir import Block, PathIR, TensorProductIR
 
-__all__ = ["tensor_product_reference", "tensor_product_vjp_reference", "dense_cg", "block_view", "to_layout"]
+__all__ = [
+    "tensor_product_reference", "tensor_product_vjp_reference", "conv_reference", "conv_vjp_reference",
+    "dense_cg", "block_view", "to_layout",
+]
 
 
 def dense_cg(path: PathIR, d1: int, d2: int, do: int) -> np.ndarray:
@@ -132,3 +135,37 @@ def tensor_product_vjp_reference(ir: TensorProductIR, x1, x2, weights, grad_out)
     gx1 = _write_blocks(ir.in1, g1, batch, ir.dim_in1)
     gx2 = _write_blocks(ir.in2, g2, batch, ir.dim_in2)
     return gx1, gx2, (gw.sum(0) if ir.shared_weights else gw)
+
+
+def _degree_scale(ir: TensorProductIR, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Per-node factor of the reduction: 1 (sum) or 1 / max(in-degree, 1) (mean)."""
+    if ir.reduce == "sum":
+        return np.ones(num_nodes)
+    return 1.0 / np.maximum(np.bincount(dst, minlength=num_nodes), 1)
+
+
+def conv_reference(ir: TensorProductIR, node_features, edge_attr, weights, src, dst, num_nodes: int) -> np.ndarray:
+    """Fused graph convolution, float64: ``out[dst[e]] += TP(x[src[e]], edge_attr[e], w[e])``.
+
+    ``node_features`` ``(num_nodes, dim_in1)``, ``edge_attr`` ``(num_edges, dim_in2)``,
+    ``weights`` ``(weight_numel,)`` or ``(num_edges, weight_numel)``, ``src``/``dst``
+    integer ``(num_edges,)``. With ``ir.reduce == "mean"`` each node's sum is divided by
+    its in-degree (nodes without in-edges get 0). Returns ``(num_nodes, dim_out)``.
+    """
+    x = np.asarray(node_features, dtype=np.float64)
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    msgs = tensor_product_reference(ir, x[src], edge_attr, weights)
+    out = np.zeros((num_nodes, ir.dim_out))
+    np.add.at(out, dst, msgs)
+    return out * _degree_scale(ir, dst, num_nodes)[:, None]
+
+
+def conv_vjp_reference(ir: TensorProductIR, node_features, edge_attr, weights, src, dst, num_nodes: int, grad_out):
+    """Gradients of ``sum(grad_out * conv(...))``: ``(grad_nodes, grad_edge_attr, grad_weights)``."""
+    x = np.asarray(node_features, dtype=np.float64)
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    g = np.asarray(grad_out, dtype=np.float64) * _degree_scale(ir, dst, num_nodes)[:, None]
+    gx1, gx2, gw = tensor_product_vjp_reference(ir, x[src], edge_attr, weights, g[dst])
+    gx = np.zeros_like(x)
+    np.add.at(gx, src, gx1)
+    return gx, gx2, gw

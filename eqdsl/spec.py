@@ -21,10 +21,12 @@ path_normalization        element | path | none                  element
 shared_weights            bool                                   true (as e3nn)
 layout                    mul_ir | ir_mul                        mul_ir
 dtypes                    list of float32 | float64              [float32, float64]
+conv                      bool: also generate the fused graph    false
+                          convolution (gather -> TP -> scatter)
+reduce                    sum | mean (over a node's in-edges)    sum (needs conv)
+deterministic             bool: dst-sorted segment reduction,    false (needs conv)
+                          bitwise reproducible; else atomics
 ========================  =====================================  =====================
-
-The fused-convolution settings (``conv``) are reserved for a later version and refused
-with a clear message for now.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .instructions import (
 )
 from .irreps import Irreps, IrrepsError
 
-__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES"]
+__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS"]
 
 LAYOUTS = ("mul_ir", "ir_mul")
 DTYPES = ("float32", "float64")
@@ -56,8 +58,9 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _KNOWN = {
     "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
     "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
+    "conv", "reduce", "deterministic",
 }
-_RESERVED = {"conv", "reduce", "deterministic"}
+REDUCTIONS = ("sum", "mean")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class TensorProductSpec:
     shared_weights: bool = True
     layout: str = "mul_ir"
     dtypes: tuple[str, ...] = DTYPES
+    conv: bool = False
+    reduce: str = "sum"
+    deterministic: bool = False
 
     def __str__(self) -> str:
         how = f"mode={self.mode}" if self.mode else f"{len(self.instructions)} instructions"
@@ -149,8 +155,6 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         return v
 
     for key in t:
-        if key in _RESERVED:
-            fail(key, "the fused convolution settings are not supported by this version of eqdsl")
         if key not in _KNOWN:
             fail(key, f"unknown key; expected one of {', '.join(sorted(_KNOWN))}")
 
@@ -192,6 +196,13 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         fail("dtypes", f"expected a non-empty list of distinct values from {', '.join(DTYPES)}, got {dtypes!r}")
     dtypes = tuple(d for d in DTYPES if d in dtypes)
 
+    conv = get("conv", bool, False)
+    reduce = choice("reduce", REDUCTIONS, "sum")
+    deterministic = get("deterministic", bool, False)
+    for key in ("reduce", "deterministic"):
+        if key in t and not conv:
+            fail(key, "only applies to the fused convolution: set conv = true")
+
     has_mode, has_ins = "mode" in t, "instructions" in t
     if has_mode == has_ins:
         fail("mode" if has_mode else None, "give exactly one of 'mode' or 'instructions'")
@@ -219,6 +230,7 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         name=name, irreps_in1=in1, irreps_in2=in2, irreps_out=out, irreps_out_filter=out_filter,
         mode=mode, instructions=instructions, irrep_normalization=irrep_norm,
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
+        conv=conv, reduce=reduce, deterministic=deterministic,
     )
 
 

@@ -194,9 +194,11 @@ BAD_TABLES = {
     "bad irrep_normalization": (dict(irrep_normalization="integral"), "irrep_normalization", ["integral", "component"]),
     "bad path_normalization": (dict(path_normalization="fan_in"), "path_normalization", ["fan_in", "element"]),
     "bad mode": (dict(mode="uvx"), "mode", ["uvx", "uvw"]),
-    "reserved conv": (dict(conv={"reduce": "sum"}), "conv", ["convolution"]),
-    "reserved reduce": (dict(reduce="sum"), "reduce", ["convolution"]),
-    "reserved deterministic": (dict(deterministic=True), "deterministic", ["convolution"]),
+    "conv wrong type": (dict(conv={"reduce": "sum"}), "conv", ["expected bool"]),
+    "reduce without conv": (dict(reduce="sum"), "reduce", ["conv = true"]),
+    "deterministic without conv": (dict(deterministic=True), "deterministic", ["conv = true"]),
+    "bad reduce": (dict(conv=True, reduce="max"), "reduce", ["max", "sum", "mean"]),
+    "deterministic wrong type": (dict(conv=True, deterministic="yes"), "deterministic", ["expected bool"]),
     "both mode and instructions": (dict(instructions=[[0, 0, 0, "uvu", True]]), "mode", ["mode", "instructions"]),
     "mode gives no path": (dict(irreps_in1="1o", irreps_in2="1o", irreps_out="0o"), "irreps_out", ["no path"]),
     "uuu mode with no equal multiplicities": (
@@ -257,7 +259,7 @@ def test_bad_table(case):
     err = _error(_toml(_spec(**changes)))
     # errors found before the name is read (unknown and reserved keys, the name itself)
     # name the table by its index only
-    early = key == "name" or "unknown key" in words or "convolution" in words
+    early = key == "name" or "unknown key" in words
     table = "tensor_product.0" if early else TABLE
     _assert_names(err, table, key, *words)
 

@@ -2,24 +2,48 @@
 
 Every decision is made here and handed to the templates as plain strings and lists.
 
-Kernel structure (one or more kernels per tensor product, see ``_split``)::
+Four kernel families, one four-linear form. A tensor product is the derivative of
+``F(x1, x2, W, g) = sum_z sum_paths W C x1 x2 g`` (einsum subscripts per mode in
+``eqdsl.reference._SUBSCRIPTS``); the generated kernels are its four partial
+derivatives, each from the same IR in the same straight-line style (every CG nonzero
+one multiply-add with its literal coefficient, transposed as needed)::
 
-    for tile_b in hl.tile(batch):                       # the grid: batch tiles
-        <per-batch scalars>                              # x2[:, j, v] of uvu paths, x1[:, i, u] of uvv
-        for tile_c in hl.tile(M):                       # one loop per output multiplicity M
-            <channel-tiled loads>                        # each input component used, once
-            # output block o (mul M): accumulators acc<o>_<k> in registers
-            acc = acc + W * (c * a * b + ...)            # uvu / uvv / uuu: one line per (k, v|u)
-            for tile_r in hl.tile(M_in):                # uvw: reduction over the larger input
-                <reduction loads>
-                acc = acc + ((c * a * b + ...)[:, :, None] * W[..., tile_r, ..., tile_c]).sum(1)
-            out<o>[tile_b, k, tile_c] = acc              # each output component written once
+    tp_fwd_*     (x1, x2, W) = dF/dg    -> out (batch, dim_out)
+    tp_bwd_x1_*  (g, x2, W)  = dF/dx1   -> gx1 (batch, dim_in1)
+    tp_bwd_x2_*  (x1, g, W)  = dF/dx2   -> gx2 (batch, dim_in2)
+    tp_bwd_w_*   (x1, x2, g) = dF/dW    -> gw  (batch, weight_numel), or with shared
+                                           weights per-program partial sums over the
+                                           batch (summed by the op: deterministic)
+
+The first three compute an operand block (``(batch, 2l+1, mul)``); they share one
+generator (``_BlockKernel``): for the computed operand ``o`` and the two others ``a``
+and ``b`` of a path, the channel letters of the mode decide the loop structure::
+
+    for tile_b in hl.tile(batch):                      # the grid: batch tiles
+        <per-batch scalars>                             # operands unrolled over channels
+        for tile_c in hl.tile(M):                      # one loop per output multiplicity M
+            <channel-tiled loads>                       # each input component used, once
+            acc = acc + W * (c * a * b + ...)           # a, b indexed by o's channel (or one
+                                                        # of them unrolled over its channels)
+            for tile_r in hl.tile(M_r):                # a, b not indexed by o's channel:
+                <reduction loads>                       # reduce over one, unroll the other
+                t = (c * a * b + ...)                   # (uvw, or both share one channel:
+                acc = acc + (t * W[.., tile_r, .., tile_c]).sum(r)   # uvu dx2, uvv dx1)
+            out[tile_b, k, tile_c] = acc                # each output component written once
+
+``tp_bwd_w`` tiles over the channel of ``g`` (the innermost weight index for ``uvw``
+and ``uvv``) and unrolls the other one (``uvu``, ``uvv``) or tiles it too (``uvw``:
+an outer product per batch row, ``(tile_b, tile_r, tile_c)``). With shared weights each
+program reduces ``wsum_rows`` batch rows (a static loop of masked sub-tiles, so no
+data-dependent loop bound) into its own row of a ``(cdiv(batch, wsum_rows),
+weight_numel)`` buffer that the op sums: no atomics, the same bits every run.
 
 All operands reach the kernels as ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows
 (channel innermost, so every load and store of a component is contiguous over the
-channel tile). ``mul_ir`` operands are converted at the op boundary (see
-``templates/torch_ops.py.j2``). Block sizes are literals in the generated code and the
-config is pinned, so nothing is autotuned and a new batch size never recompiles.
+channel tile); weights in e3nn's order. ``mul_ir`` operands are converted outside the
+custom ops (see ``templates/torch_ops.py.j2``). Block sizes are literals in the
+generated code and the config is pinned, so nothing is autotuned and a new batch size
+never recompiles.
 """
 
 from __future__ import annotations
@@ -28,9 +52,10 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir import Block, PathIR, TensorProductIR
+from ..reference import _SUBSCRIPTS
 from .render import render
 
-__all__ = ["render_files", "Tuning", "kernel_context", "op_namespace"]
+__all__ = ["render_files", "Tuning", "kernel_context", "op_namespace", "FAMILIES", "wsum_rows"]
 
 
 @dataclass(frozen=True)
@@ -39,22 +64,48 @@ class Tuning:
 
     ``block_c`` is the channel tile: 32 float32 channels make one 128-byte line, so
     every component load/store of an ``ir_mul`` tile is one coalesced line.
-    ``block_b`` batch rows per program; smaller when a kernel holds per-batch ``uvw``
-    weight tiles of ``block_b * block_r * block_c`` elements. ``max_terms`` bounds the
-    unrolled multiply-adds in one kernel; output blocks beyond it go to another kernel
-    (each kernel re-reads the inputs it needs, never an output).
+    ``block_b`` batch rows per program; fewer (down to ``block_b_min``) when a kernel
+    holds 3-D ``(batch, r, c)`` tiles, so that they stay within ``tile_elems``.
+    ``block_r`` is the reduction tile when another channel is unrolled (``uvw``),
+    ``block_r_pair`` when both inputs share the reduced channel (nothing unrolled).
+    ``max_terms`` bounds the unrolled multiply-adds in one kernel; output blocks beyond
+    it go to another kernel (each kernel re-reads the inputs it needs, never an
+    output). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
+    a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
+    sums cost little next to the inputs they are computed from.
     """
 
     block_b: int = 16
-    block_b_uvw: int = 4
+    block_b_min: int = 4
+    tile_elems: int = 2048
     block_c: int = 32
     block_r: int = 16
+    block_r_pair: int = 32
     num_warps: int = 4
     num_stages: int = 1
     max_terms: int = 1024
+    wsum_min_rows: int = 64
+    wsum_max_rows: int = 1024
 
 
 DEFAULT_TUNING = Tuning()
+
+# Kernel families: (name, computed operand, operands in argument order).
+FAMILIES = (
+    ("fwd", "g", ("x1", "x2", "w")),
+    ("bwd_x1", "x1", ("g", "x2", "w")),
+    ("bwd_x2", "x2", ("x1", "g", "w")),
+    ("bwd_w", "w", ("x1", "x2", "g")),
+)
+# Kernel parameter prefix of each operand as an input (``x1_0``, ``g_3``, ``w5``) and
+# of each family's output (``out_3``, ``gx1_0``, ``gx2_1``, ``gw5``).
+_IN_PARAM = {"x1": "x1_", "x2": "x2_", "g": "g_", "w": "w"}
+_OUT_PARAM = {"fwd": "out_", "bwd_x1": "gx1_", "bwd_x2": "gx2_", "bwd_w": "gw"}
+# Tensor each parameter is a view of, in the generated op (``x1_0 = x1[:, ...]``).
+_IN_TENSOR = {"x1": "x1", "x2": "x2", "g": "g", "w": "weights"}
+_OUT_TENSOR = {"fwd": "out", "bwd_x1": "gx1", "bwd_x2": "gx2", "bwd_w": "gw"}
+# Prefix of the local names of loaded values (``a0_1``: x1 block 0 component 1).
+_LOCAL = {"x1": "a", "x2": "b", "g": "g"}
 
 
 def _pow2(n: int) -> int:
@@ -64,9 +115,44 @@ def _pow2(n: int) -> int:
     return p
 
 
+def _pow2_floor(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
 def op_namespace(name: str) -> str:
-    """``torch.library`` namespace of the generated op (the name is a validated identifier)."""
+    """``torch.library`` namespace of the generated ops (the name is a validated identifier)."""
     return "eqdsl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+# ------------------------------------------------------------------ path algebra
+
+
+def _blocks(ir: TensorProductIR, op: str) -> tuple[Block, ...]:
+    return {"x1": ir.in1, "x2": ir.in2, "g": ir.out}[op]
+
+
+def _bidx(p: PathIR, op: str) -> int:
+    return {"x1": p.i_in1, "x2": p.i_in2, "g": p.i_out}[op]
+
+
+def _block(ir: TensorProductIR, p: PathIR, op: str) -> Block:
+    return _blocks(ir, op)[_bidx(p, op)]
+
+
+def _comp(n, op: str) -> int:
+    return {"x1": n.i, "x2": n.j, "g": n.k}[op]
+
+
+def _letter(p: PathIR, op: str) -> str:
+    """Channel letter of operand ``op`` in the path's four-linear form."""
+    sw, s1, s2, so = _SUBSCRIPTS[p.mode]
+    return {"x1": s1[1], "x2": s2[1], "g": so[1], "w": sw[1:]}[op]
+
+
+# ------------------------------------------------------------------ formatting
 
 
 def _term(coeff: float, factors: list[str], first: bool) -> str:
@@ -79,6 +165,10 @@ def _term(coeff: float, factors: list[str], first: bool) -> str:
 def _sum(terms: list[tuple[float, list[str]]]) -> str:
     """``c0 * a * b + c1 * ...`` as one parenthesised expression, two terms a line if long."""
     parts = [_term(c, f, i == 0) for i, (c, f) in enumerate(terms)]
+    return _wrap(parts)
+
+
+def _wrap(parts: list[str]) -> str:
     one = " ".join(parts)
     if len(one) <= 80:
         return f"({one})"
@@ -89,21 +179,6 @@ def _sum(terms: list[tuple[float, list[str]]]) -> str:
 def _natural(name: str) -> tuple:
     """Sort key for generated names (``sb1_10_0`` after ``sb1_2_0``)."""
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
-
-
-@dataclass
-class _Kernel:
-    """Mutable builder for one kernel's context."""
-
-    ir: TensorProductIR
-    out_blocks: list[int]
-    tuning: Tuning
-    params_x1: set = field(default_factory=set)
-    params_x2: set = field(default_factory=set)
-    params_w: set = field(default_factory=set)
-    scalars: dict = field(default_factory=dict)  # name -> expr (insertion ordered)
-    terms: int = 0
-    has_uvw_batch_weights: bool = False
 
 
 def _ranges(xs: list[int]) -> str:
@@ -133,29 +208,38 @@ def _path_comment(ir: TensorProductIR, p: PathIR) -> str:
     )
 
 
-def _by_k(p: PathIR) -> dict[int, list]:
-    ks: dict[int, list] = {}
-    for n in p.nonzeros:
-        ks.setdefault(n.k, []).append(n)
-    return ks
+def _sorted_lines(d: dict[str, str]) -> list[str]:
+    return [f"{n} = {d[n]}" for n in sorted(d, key=_natural)]
 
 
-def _reduce_over_x1(ir: TensorProductIR, p: PathIR) -> bool:
-    """uvw: tile-loop over the larger input multiplicity, unroll the smaller."""
-    return ir.in1[p.i_in1].mul >= ir.in2[p.i_in2].mul
+# ------------------------------------------------------------------ kernel splitting
 
 
-def _path_terms(ir: TensorProductIR, p: PathIR) -> int:
-    m1, m2 = ir.in1[p.i_in1].mul, ir.in2[p.i_in2].mul
-    unroll = {"uvu": m2, "uvv": m1, "uuu": 1}.get(p.mode)
-    if unroll is None:
-        unroll = m2 if _reduce_over_x1(ir, p) else m1
-    return len(p.nonzeros) * unroll
+def _unroll(ir: TensorProductIR, p: PathIR, out_op: str) -> int:
+    """Channels unrolled per nonzero when computing operand ``out_op`` of path ``p``."""
+    others = [op for op in ("x1", "x2", "g") if op != out_op]
+    if out_op == "w":  # tile over g's channel; unroll x1 / x2 channels not shared with g
+        lg = _letter(p, "g")
+        free = [op for op in ("x1", "x2") if _letter(p, op) != lg]
+        if len(free) == 2:  # uvw: one reduced (tiled), the other unrolled
+            return min(_block(ir, p, op).mul for op in free)
+        return _block(ir, p, free[0]).mul if free else 1
+    lo = _letter(p, out_op)
+    la, lb = (_letter(p, op) for op in others)
+    if la == lo and lb == lo:
+        return 1
+    if la == lo or lb == lo:
+        return _block(ir, p, others[1] if la == lo else others[0]).mul
+    if la == lb:
+        return 1
+    return min(_block(ir, p, op).mul for op in others)
 
 
-def _split(ir: TensorProductIR, tuning: Tuning) -> list[list[int]]:
-    """Output blocks per kernel, in order: as few kernels as ``max_terms`` allows, balanced."""
-    costs = [max(1, sum(_path_terms(ir, p) for p in ir.paths_into(o))) for o in range(len(ir.out))]
+def _split(costs: list[int], tuning: Tuning) -> list[list[int]]:
+    """Indices of ``costs`` per kernel, in order: as few kernels as ``max_terms`` allows, balanced."""
+    if not costs:
+        return []
+    costs = [max(1, c) for c in costs]
     n_kernels = -(-sum(costs) // tuning.max_terms)
     target = sum(costs) / n_kernels
     groups: list[list[int]] = [[]]
@@ -169,157 +253,213 @@ def _split(ir: TensorProductIR, tuning: Tuning) -> list[list[int]]:
     return groups
 
 
-def _kernel_context(k: _Kernel, index: int) -> dict:
-    ir, t = k.ir, k.tuning
-    by_mul: dict[int, list[int]] = {}
-    for o in k.out_blocks:
-        by_mul.setdefault(ir.out[o].mul, []).append(o)
-    channel_groups = []
-    for mul, outs in by_mul.items():
-        loads: dict[str, str] = {}
-        out_ctx = []
-        for o in outs:
-            bo = ir.out[o]
-            accs = [f"acc{o}_{kk}" for kk in range(bo.dim)]
-            updates: list[str] = []
-            reductions: dict[tuple[str, int], dict] = {}
-            for p in ir.paths_into(o):
-                _emit_path(k, p, loads, updates, reductions)
-            stores = [f"out_{o}[tile_b, {kk}, tile_c] = acc{o}_{kk}" for kk in range(bo.dim)]
-            out_ctx.append(
-                {
-                    "comment": f"# output block {o}: {_block_label(bo)} ({_plural(len(ir.paths_into(o)), 'path')})",
-                    "accs": accs,
-                    "dtype_of": f"out_{o}",
-                    "updates": updates,
-                    "reductions": list(reductions.values()),
-                    "stores": stores,
-                }
-            )
-        channel_groups.append(
-            {
-                "mul": mul,
-                "block_c": min(_pow2(mul), t.block_c),
-                "loads": [f"{n} = {loads[n]}" for n in sorted(loads, key=_natural)],
-                "outs": out_ctx,
-            }
+def _block_b(tuning: Tuning, elems_3d: int) -> int:
+    """Batch rows per program: ``block_b``, fewer when 3-D tiles of ``elems_3d`` per row exist."""
+    if elems_3d <= 0:
+        return tuning.block_b
+    return max(tuning.block_b_min, min(tuning.block_b, _pow2_floor(max(1, tuning.tile_elems // elems_3d))))
+
+
+# ------------------------------------------------------------------ fwd, bwd_x1, bwd_x2
+
+
+@dataclass
+class _BlockKernel:
+    """Builder of one kernel that computes blocks of operand ``out_op`` (``g``, ``x1`` or ``x2``)."""
+
+    ir: TensorProductIR
+    family: str
+    out_op: str
+    in_ops: tuple[str, str]
+    out_blocks: list[int]
+    tuning: Tuning
+    params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set(), "w": set()})
+    scalars: dict = field(default_factory=dict)  # name -> expr (hoisted per batch tile)
+    elems_3d: int = 0
+
+    def paths_into(self, o: int) -> list[PathIR]:
+        return [p for p in self.ir.paths if _bidx(p, self.out_op) == o]
+
+    def context(self, index: int) -> dict:
+        ir, t = self.ir, self.tuning
+        blocks = _blocks(ir, self.out_op)
+        by_mul: dict[int, list[int]] = {}
+        for o in self.out_blocks:
+            by_mul.setdefault(blocks[o].mul, []).append(o)
+        groups = []
+        for mul, outs in by_mul.items():
+            g = {"mul": mul, "block_c": min(_pow2(mul), t.block_c), "loads": {}, "outs": [], "reductions": {}}
+            deferred = []
+            for o in outs:
+                bo = blocks[o]
+                paths = self.paths_into(o)
+                updates: list[str] = []
+                reduced = False
+                for p in paths:
+                    reduced |= self._emit(p, g, updates)
+                stores = [f"{_OUT_PARAM[self.family]}{o}[tile_b, {kk}, tile_c] = acc{o}_{kk}" for kk in range(bo.dim)]
+                g["outs"].append(
+                    {
+                        "comment": f"# {self.out_op} block {o}: {_block_label(bo)} ({_plural(len(paths), 'path')})",
+                        "accs": [f"acc{o}_{kk}" for kk in range(bo.dim)],
+                        "dtype_of": f"{_OUT_PARAM[self.family]}{o}",
+                        "updates": updates,
+                        "stores": [] if reduced else stores,
+                    }
+                )
+                if reduced:
+                    deferred += stores
+            g["loads"] = _sorted_lines(g["loads"])
+            g["reductions"] = [
+                dict(r, loads=_sorted_lines(r["loads"])) for r in g["reductions"].values()
+            ]
+            g["deferred_stores"] = deferred
+            groups.append(g)
+        params = (
+            [f"{_IN_PARAM[op]}{i}" for op in self.in_ops for i in sorted(self.params[op])]
+            + [f"w{i}" for i in sorted(self.params["w"])]
+            + [f"{_OUT_PARAM[self.family]}{o}" for o in self.out_blocks]
         )
-    params = (
-        [f"x1_{i}" for i in sorted(k.params_x1)]
-        + [f"x2_{i}" for i in sorted(k.params_x2)]
-        + [f"w{i}" for i in sorted(k.params_w)]
-        + [f"out_{o}" for o in k.out_blocks]
-    )
-    block_b = t.block_b_uvw if k.has_uvw_batch_weights else t.block_b
-    return {
-        "name": f"tp_fwd_{index}",
-        "doc": (
-            f"Output blocks {_ranges(k.out_blocks)}; "
-            f"paths {_ranges(sorted(p.index for o in k.out_blocks for p in ir.paths_into(o))) or 'none'}."
-        ),
-        "params": params,
-        "batch_param": params[0],
-        "block_b": block_b,
-        "num_warps": t.num_warps,
-        "num_stages": t.num_stages,
-        "scalars": [f"{n} = {k.scalars[n]}" for n in sorted(k.scalars, key=_natural)],
-        "channel_groups": channel_groups,
-        "x1_blocks": sorted(k.params_x1),
-        "x2_blocks": sorted(k.params_x2),
-        "weight_paths": sorted(k.params_w),
-        "out_blocks": list(k.out_blocks),
-    }
+        path_ids = sorted(p.index for o in self.out_blocks for p in self.paths_into(o))
+        return {
+            "name": f"tp_{self.family}_{index}",
+            "kind": "block",
+            "doc": (
+                f"{_DOC[self.family]}: {self.out_op} blocks {_ranges(self.out_blocks)}; "
+                f"paths {_ranges(path_ids) or 'none'}."
+            ),
+            "params": params,
+            "batch_param": params[0],
+            "block_b": _block_b(t, self.elems_3d),
+            "num_warps": t.num_warps,
+            "num_stages": t.num_stages,
+            "scalars": _sorted_lines(self.scalars),
+            "channel_groups": groups,
+        }
 
+    def _emit(self, p: PathIR, g: dict, updates: list[str]) -> bool:
+        """Add path ``p``'s updates to channel group ``g``; whether it went into a reduction loop."""
+        ir, t = self.ir, self.tuning
+        oo, (ao, bo) = self.out_op, self.in_ops
+        ab, bb = _block(ir, p, ao), _block(ir, p, bo)
+        ai, bi = _bidx(p, ao), _bidx(p, bo)
+        lo, la, lb = _letter(p, oo), _letter(p, ao), _letter(p, bo)
+        o = _bidx(p, oo)
+        by_o: dict[int, list[tuple[float, int, int]]] = {}
+        for n in p.nonzeros:
+            by_o.setdefault(_comp(n, oo), []).append((n.coeff, _comp(n, ao), _comp(n, bo)))
+        if not by_o:
+            return False  # a zero path weight: contributes nothing
+        self.params[ao].add(ai)
+        self.params[bo].add(bi)
+        if p.has_weight:
+            self.params["w"].add(p.index)
+        loads = g["loads"]
 
-def _emit_path(k: _Kernel, p: PathIR, loads: dict, updates: list, reductions: dict) -> None:
-    ir = k.ir
-    b1, b2 = ir.in1[p.i_in1], ir.in2[p.i_in2]
-    i1, i2, o = p.i_in1, p.i_in2, p.i_out
-    shared = ir.shared_weights
-    k.params_x1.add(i1)
-    k.params_x2.add(i2)
-    if p.has_weight:
-        k.params_w.add(p.index)
-    k.terms += _path_terms(ir, p)
-    ks = _by_k(p)
-    w = f"w{p.index}"
-
-    def tiled(op: str, blk: int, m: int) -> str:
-        name = f"{'a' if op == 'x1' else 'b'}{blk}_{m}"
-        loads.setdefault(name, f"{op}_{blk}[tile_b, {m}, tile_c]")
-        return name
-
-    def scalar(op: str, blk: int, m: int, ch: int) -> str:
-        name = f"s{'a' if op == 'x1' else 'b'}{blk}_{m}_{ch}"
-        k.scalars.setdefault(name, f"{op}_{blk}[tile_b, {m}, {ch}][:, None]")
-        return name
-
-    if not p.nonzeros:
-        return
-    updates.append(_path_comment(ir, p))
-    if p.mode == "uuu":
-        wexpr = (f"{w}[tile_b, tile_c]" if not shared else f"{w}[tile_c][None, :]") if p.has_weight else None
-        for kk, nzs in ks.items():
-            s = _sum([(n.coeff, [tiled("x1", i1, n.i), tiled("x2", i2, n.j)]) for n in nzs])
-            updates.append(_acc(o, kk, s, wexpr))
-    elif p.mode in ("uvu", "uvv"):
-        # uvu: channel u of x1 and out is tiled, v of x2 unrolled; uvv: the mirror image.
-        n_unroll = b2.mul if p.mode == "uvu" else b1.mul
-        for ch in range(n_unroll):
-            if p.mode == "uvu":
-                widx = f"tile_c, {ch}"
-            else:
-                widx = f"{ch}, tile_c"
-            wexpr = (f"{w}[tile_b, {widx}]" if not shared else f"{w}[{widx}][None, :]") if p.has_weight else None
-            for kk, nzs in ks.items():
-                if p.mode == "uvu":
-                    terms = [(n.coeff, [tiled("x1", i1, n.i), scalar("x2", i2, n.j, ch)]) for n in nzs]
-                else:
-                    terms = [(n.coeff, [scalar("x1", i1, n.i, ch), tiled("x2", i2, n.j)]) for n in nzs]
-                updates.append(_acc(o, kk, _sum(terms), wexpr))
-    elif p.mode == "uvw":
-        over_x1 = _reduce_over_x1(ir, p)
-        red_op, red_blk, red_b = ("x1", i1, b1) if over_x1 else ("x2", i2, b2)
-        key = (red_op, red_blk)
-        if key not in reductions:
-            reductions[key] = {
-                "comment": f"# reduction over the {red_b.mul} channels of {red_op} block {red_blk}",
-                "mul": red_b.mul,
-                "block_r": min(_pow2(red_b.mul), k.tuning.block_r),
-                "loads": {},
-                "updates": [],
-            }
-        red = reductions[key]
-        rloads = red["loads"]
-
-        def rtiled(op: str, blk: int, m: int) -> str:
-            name = f"r{'a' if op == 'x1' else 'b'}{blk}_{m}"
-            rloads.setdefault(name, f"{op}_{blk}[tile_b, {m}, tile_r]")
+        def tiled(op: str, blk: int, m: int) -> str:
+            name = f"{_LOCAL[op]}{blk}_{m}"
+            loads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]")
             return name
 
-        n_unroll = b2.mul if over_x1 else b1.mul
-        if p.has_weight and not shared:
-            k.has_uvw_batch_weights = True
-        red["updates"].append(_path_comment(ir, p))
-        for ch in range(n_unroll):
-            widx = f"tile_r, {ch}, tile_c" if over_x1 else f"{ch}, tile_r, tile_c"
-            for kk, nzs in ks.items():
-                if over_x1:
-                    terms = [(n.coeff, [rtiled("x1", i1, n.i), scalar("x2", i2, n.j, ch)]) for n in nzs]
-                else:
-                    terms = [(n.coeff, [scalar("x1", i1, n.i, ch), rtiled("x2", i2, n.j)]) for n in nzs]
-                # t: (tile_b, tile_r) products for this (v or u, k); then contract over tile_r
-                red["updates"].append(f"t = {_sum(terms)}")
-                if not p.has_weight:
-                    contrib = "t.sum(1)[:, None]"
-                elif shared:
-                    contrib = f"(t[:, :, None] * {w}[{widx}][None, :, :]).sum(1)"
-                else:
-                    contrib = f"(t[:, :, None] * {w}[tile_b, {widx}]).sum(1)"
-                red["updates"].append(f"acc{o}_{kk} = acc{o}_{kk} + {contrib}")
-        updates.pop()  # the path comment lives in the reduction loop
-    else:  # pragma: no cover - the spec validates modes
-        raise ValueError(f"unknown mode {p.mode!r}")
+        def scalar(op: str, blk: int, m: int, ch: int) -> str:
+            name = f"s{_LOCAL[op]}{blk}_{m}_{ch}"
+            self.scalars.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, {ch}][:, None]")
+            return name
+
+        comment = _path_comment(ir, p)
+        if la == lo and lb == lo:  # uuu: everything indexed by the output channel
+            wexpr = self._weight_row(p, {lo: "tile_c"})
+            updates.append(comment)
+            for kk, nzs in sorted(by_o.items()):
+                s = _sum([(c, [tiled(ao, ai, i), tiled(bo, bi, j)]) for c, i, j in nzs])
+                updates.append(_acc(o, kk, s, wexpr))
+        elif la == lo or lb == lo:  # one input shares the output channel, the other is unrolled
+            a_tiled = la == lo
+            lu, n_unroll = (lb, bb.mul) if a_tiled else (la, ab.mul)
+            updates.append(comment)
+            for ch in range(n_unroll):
+                wexpr = self._weight_row(p, {lo: "tile_c", lu: str(ch)})
+                for kk, nzs in sorted(by_o.items()):
+                    if a_tiled:
+                        terms = [(c, [tiled(ao, ai, i), scalar(bo, bi, j, ch)]) for c, i, j in nzs]
+                    else:
+                        terms = [(c, [scalar(ao, ai, i, ch), tiled(bo, bi, j)]) for c, i, j in nzs]
+                    updates.append(_acc(o, kk, _sum(terms), wexpr))
+        else:  # reduction over a channel the output does not carry
+            pair = la == lb
+            if pair:  # both inputs carry it (uvu dx2, uvv dx1): nothing unrolled
+                red_mul, block_r, lr = ab.mul, min(_pow2(ab.mul), t.block_r_pair), la
+                n_unroll, lu = 1, None
+            else:  # uvw: reduce over the larger input, unroll the smaller
+                over_a = ab.mul >= bb.mul
+                red_mul = ab.mul if over_a else bb.mul
+                block_r = min(_pow2(red_mul), t.block_r)
+                lr, lu = (la, lb) if over_a else (lb, la)
+                n_unroll = bb.mul if over_a else ab.mul
+            red = g["reductions"].setdefault(
+                (red_mul, block_r),
+                {
+                    "comment": f"# reduction over {red_mul} channels",
+                    "mul": red_mul,
+                    "block_r": block_r,
+                    "loads": {},
+                    "updates": [],
+                },
+            )
+            rloads = red["loads"]
+
+            def rtiled(op: str, blk: int, m: int) -> str:
+                name = f"r{_LOCAL[op]}{blk}_{m}"
+                rloads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]")
+                return name
+
+            red["updates"].append(comment)
+            for ch in range(n_unroll):
+                index = {lo: "tile_c", lr: "tile_r"}
+                if lu is not None:
+                    index[lu] = str(ch)
+                for kk, nzs in sorted(by_o.items()):
+                    if pair:
+                        terms = [(c, [rtiled(ao, ai, i), rtiled(bo, bi, j)]) for c, i, j in nzs]
+                    elif lr == la:
+                        terms = [(c, [rtiled(ao, ai, i), scalar(bo, bi, j, ch)]) for c, i, j in nzs]
+                    else:
+                        terms = [(c, [scalar(ao, ai, i, ch), rtiled(bo, bi, j)]) for c, i, j in nzs]
+                    # t: (tile_b, tile_r) products for this output component; then contract tile_r
+                    red["updates"].append(f"t = {_sum(terms)}")
+                    red["updates"].append(f"acc{o}_{kk} = acc{o}_{kk} + {self._contract(p, index, block_r)}")
+            return True
+        return False
+
+    def _weight_row(self, p: PathIR, index: dict[str, str]) -> str | None:
+        """Weight operand of an update indexed by ``tile_c`` (and unrolled channels): (b or 1, c)."""
+        if not p.has_weight:
+            return None
+        idx = ", ".join(index[letter] for letter in _letter(p, "w"))
+        if self.ir.shared_weights:
+            return f"w{p.index}[{idx}][None, :]"
+        return f"w{p.index}[tile_b, {idx}]"
+
+    def _contract(self, p: PathIR, index: dict[str, str], block_r: int) -> str:
+        """``sum_r t[b, r] W[.., r, .., c]`` as an expression of shape (b, c)."""
+        if not p.has_weight:
+            return "t.sum(1)[:, None]"
+        letters = _letter(p, "w")
+        idx = ", ".join(index[letter] for letter in letters)
+        tiles = [index[letter] for letter in letters if index[letter].startswith("tile_")]
+        texpr, axis = ("t[:, :, None]", 1) if tiles == ["tile_r", "tile_c"] else ("t[:, None, :]", 2)
+        if self.ir.shared_weights:
+            return f"({texpr} * w{p.index}[{idx}][None, :, :]).sum({axis})"
+        self.elems_3d = max(self.elems_3d, block_r * min(_pow2(_block(self.ir, p, self.out_op).mul), self.tuning.block_c))
+        return f"({texpr} * w{p.index}[tile_b, {idx}]).sum({axis})"
+
+
+_DOC = {
+    "fwd": "Forward (dF/dg)",
+    "bwd_x1": "Gradient with respect to x1 (dF/dx1)",
+    "bwd_x2": "Gradient with respect to x2 (dF/dx2)",
+    "bwd_w": "Gradient with respect to the weights (dF/dW)",
+}
 
 
 def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
@@ -327,45 +467,265 @@ def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
     return f"acc{o}_{k} = acc{o}_{k} + {rhs}"
 
 
-def _finish_reductions(ctx: dict) -> dict:
-    for g in ctx["channel_groups"]:
-        for oc in g["outs"]:
-            for r in oc["reductions"]:
-                r["loads"] = [f"{n} = {r['loads'][n]}" for n in sorted(r["loads"], key=_natural)]
-    return ctx
+def _block_family(ir: TensorProductIR, family: str, out_op: str, in_ops: tuple[str, str], tuning: Tuning) -> list[dict]:
+    n_out = len(_blocks(ir, out_op))
+    costs = [
+        sum(len(p.nonzeros) * _unroll(ir, p, out_op) for p in ir.paths if _bidx(p, out_op) == o) for o in range(n_out)
+    ]
+    return [
+        _BlockKernel(ir, family, out_op, in_ops, blocks, tuning).context(idx)
+        for idx, blocks in enumerate(_split(costs, tuning))
+    ]
 
 
-def kernel_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> list[dict]:
-    """Context of every forward kernel of ``ir``."""
-    out = []
-    for idx, blocks in enumerate(_split(ir, tuning)):
-        k = _Kernel(ir, blocks, tuning)
-        out.append(_finish_reductions(_kernel_context(k, idx)))
+# ------------------------------------------------------------------ bwd_w
+
+
+def wsum_rows(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> int:
+    """Batch rows one shared-weight ``bwd_w`` program reduces (one partial-sum row each).
+
+    A power of two at least twice ``weight_numel / (dim_in1 + dim_in2 + dim_out)``, so
+    the partial sums written cost at most about half of the inputs read, clamped to
+    ``[wsum_min_rows, wsum_max_rows]`` (more rows per program: fewer programs).
+    """
+    row = max(1, ir.dim_in1 + ir.dim_in2 + ir.dim_out)
+    want = _pow2(-(-2 * ir.weight_numel // row))
+    return max(tuning.wsum_min_rows, min(tuning.wsum_max_rows, want))
+
+
+@dataclass
+class _WeightKernel:
+    """Builder of one ``bwd_w`` kernel: the weight gradients of some weighted paths."""
+
+    ir: TensorProductIR
+    paths: list[PathIR]
+    tuning: Tuning
+    params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set()})
+    scalars: dict = field(default_factory=dict)  # per-batch mode: hoisted per batch tile
+    elems_3d: int = 0
+
+    @property
+    def shared(self) -> bool:
+        return self.ir.shared_weights
+
+    def _load(self, scope: dict, op: str, blk: int, m: int, chan: str, kind: str) -> str:
+        """Register a load of component ``m`` of ``op`` block ``blk`` in ``scope``; its local name.
+
+        ``kind``: ``c`` (channel tile), ``r`` (reduction tile) or ``s`` (one channel,
+        ``chan`` a literal, shaped ``(batch, 1)``).
+        """
+        self.params[op].add(blk)
+        name = {"c": "", "r": "r", "s": "s"}[kind] + f"{_LOCAL[op]}{blk}_{m}" + (f"_{chan}" if kind == "s" else "")
+        col = {"c": "tile_c", "r": "tile_r", "s": chan}[kind]
+        param = f"{_IN_PARAM[op]}{blk}"
+        if self.shared:  # inside the masked sub-tile loop of a partial sum
+            expr = (
+                f"hl.load({param}, [rows, {m}, {col}], extra_mask=ok)[:, None]"
+                if kind == "s"
+                else f"hl.load({param}, [rows, {m}, {col}], extra_mask=okc)"
+            )
+            scope.setdefault(name, expr)
+        elif kind == "s":
+            self.scalars.setdefault(name, f"{param}[tile_b, {m}, {col}][:, None]")
+        else:
+            scope.setdefault(name, f"{param}[tile_b, {m}, {col}]")
+        return name
+
+    def context(self, index: int, rows: int) -> dict:
+        ir, t = self.ir, self.tuning
+        by_mul: dict[int, list[PathIR]] = {}
+        for p in self.paths:
+            by_mul.setdefault(_block(ir, p, "g").mul, []).append(p)
+        groups = []
+        for mul, paths in by_mul.items():
+            block_c = min(_pow2(mul), t.block_c)
+            direct = {"loads": {}, "accs": [], "updates": [], "stores": []}
+            reductions: dict[tuple[int, int], dict] = {}
+            for p in paths:
+                self._emit(p, block_c, direct, reductions)
+            groups.append(
+                {
+                    "mul": mul,
+                    "block_c": block_c,
+                    "direct": dict(direct, loads=_sorted_lines(direct["loads"])) if direct["updates"] else None,
+                    "reductions": [dict(r, loads=_sorted_lines(r["loads"])) for r in reductions.values()],
+                }
+            )
+        params = [f"{_IN_PARAM[op]}{i}" for op in ("x1", "x2", "g") for i in sorted(self.params[op])] + [
+            f"gw{p.index}" for p in self.paths
+        ]
+        block_b = _block_b(t, self.elems_3d)
+        return {
+            "name": f"tp_bwd_w_{index}",
+            "kind": "wsum" if self.shared else "weight",
+            "doc": f"{_DOC['bwd_w']}: paths {_ranges([p.index for p in self.paths])}"
+            + (f"; sums over {rows} batch rows per program." if self.shared else "."),
+            "params": params,
+            "batch_param": params[0],
+            "shared": self.shared,
+            "rows": rows,
+            "block_b": block_b,
+            "num_warps": t.num_warps,
+            "num_stages": t.num_stages,
+            "scalars": _sorted_lines(self.scalars),
+            "channel_groups": groups,
+        }
+
+    def _emit(self, p: PathIR, block_c: int, direct: dict, reductions: dict) -> None:
+        ir, t = self.ir, self.tuning
+        b1, b2 = _block(ir, p, "x1"), _block(ir, p, "x2")
+        i1, i2, io = p.i_in1, p.i_in2, p.i_out
+        l1, l2, lg = _letter(p, "x1"), _letter(p, "x2"), _letter(p, "g")
+        wl = _letter(p, "w")
+        by_k: dict[int, list[tuple[float, int, int]]] = {}
+        for n in p.nonzeros:
+            by_k.setdefault(n.k, []).append((n.coeff, n.i, n.j))
+        bidx = "tile_p.id" if self.shared else "tile_b"
+        comment = _path_comment(ir, p)
+        if l1 != lg and l2 != lg:  # uvw: outer product over (r, c) per unrolled channel
+            over_1 = b1.mul >= b2.mul
+            red_mul = b1.mul if over_1 else b2.mul
+            block_r = min(_pow2(red_mul), t.block_r)
+            lr, lu = (l1, l2) if over_1 else (l2, l1)
+            n_unroll = b2.mul if over_1 else b1.mul
+            self.elems_3d = max(self.elems_3d, block_r * block_c)
+            red = reductions.setdefault(
+                (red_mul, block_r),
+                {
+                    "comment": f"# outer products over {red_mul} channels",
+                    "mul": red_mul,
+                    "block_r": block_r,
+                    "loads": {},
+                    "accs": [],
+                    "updates": [],
+                    "stores": [],
+                },
+            )
+            red["updates"].append(comment)
+            for ch in range(n_unroll):
+                index = {lg: "tile_c", lr: "tile_r", lu: str(ch)}
+                parts = []
+                for kk, nzs in by_k.items():
+                    if over_1:
+                        terms = [(c, [self._load(red["loads"], "x1", i1, i, "", "r"),
+                                      self._load(red["loads"], "x2", i2, j, str(ch), "s")]) for c, i, j in nzs]
+                    else:
+                        terms = [(c, [self._load(red["loads"], "x1", i1, i, str(ch), "s"),
+                                      self._load(red["loads"], "x2", i2, j, "", "r")]) for c, i, j in nzs]
+                    red["updates"].append(f"q{kk} = {_sum(terms)}")
+                    gk = self._load(red["loads"], "g", io, kk, "", "c")
+                    parts.append(f"q{kk}[:, :, None] * {gk}[:, None, :]")
+                self._finish(red, p, wl, index, parts, bidx, "[tile_r, tile_c]")
+            return
+        # uuu / uvu / uvv: tile over g's channel, unroll x1's or x2's if not g's
+        unroll_op = None if (l1 == lg and l2 == lg) else ("x2" if l1 == lg else "x1")
+        n_unroll = 1 if unroll_op is None else _block(ir, p, unroll_op).mul
+        direct["updates"].append(comment)
+        for ch in range(n_unroll):
+            index = {lg: "tile_c"}
+            if unroll_op is not None:
+                index[_letter(p, unroll_op)] = str(ch)
+            parts = []
+            for kk, nzs in by_k.items():
+                terms = []
+                for c, i, j in nzs:
+                    f1 = self._load(direct["loads"], "x1", i1, i, str(ch), "s" if unroll_op == "x1" else "c")
+                    f2 = self._load(direct["loads"], "x2", i2, j, str(ch), "s" if unroll_op == "x2" else "c")
+                    terms.append((c, [f1, f2]))
+                direct["updates"].append(f"q{kk} = {_sum(terms)}")
+                parts.append(f"q{kk} * {self._load(direct['loads'], 'g', io, kk, '', 'c')}")
+            self._finish(direct, p, wl, index, parts, bidx, "[tile_c]")
+
+    def _finish(self, scope: dict, p: PathIR, wl: str, index: dict, parts: list[str], bidx: str, shape: str) -> None:
+        idx = ", ".join(index[letter] for letter in wl)
+        target = f"gw{p.index}[{bidx}, {idx}]"
+        expr = _wrap([parts[0]] + [f"+ {x}" for x in parts[1:]])
+        if self.shared:
+            acc = f"acc{p.index}_{'_'.join(index[letter] for letter in wl if not index[letter].startswith('tile'))}".rstrip("_")
+            scope["accs"].append(f"{acc} = hl.zeros({shape}, dtype=gw{p.index}.dtype)")
+            scope["updates"].append(f"{acc} = {acc} + {expr}.sum(0)")
+            scope["stores"].append(f"{target} = {acc}")
+        else:
+            scope["updates"].append(f"{target} = {expr}")
+
+
+def _weight_family(ir: TensorProductIR, tuning: Tuning) -> list[dict]:
+    weighted = [p for p in ir.paths if p.has_weight and p.nonzeros]
+    costs = [len(p.nonzeros) * _unroll(ir, p, "w") for p in weighted]
+    rows = wsum_rows(ir, tuning)
+    return [
+        _WeightKernel(ir, [weighted[i] for i in idx], tuning).context(n, rows)
+        for n, idx in enumerate(_split(costs, tuning))
+    ]
+
+
+# ------------------------------------------------------------------ contexts and files
+
+
+def kernel_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``)."""
+    out = {}
+    for family, out_op, args in FAMILIES:
+        if family == "bwd_w":
+            out[family] = _weight_family(ir, tuning)
+        else:
+            out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), tuning)
     return out
 
 
-def _views(blocks: tuple[Block, ...], src: str, prefix: str) -> list[str]:
+def _views(blocks: tuple[Block, ...], src: str, prefix: str, used: set[str]) -> list[str]:
     return [
-        f"{prefix}_{b.index} = {src}[:, {b.offset}:{b.offset + b.size}].unflatten(1, ({b.dim}, {b.mul}))"
+        f"{prefix}{b.index} = {src}[:, {b.offset}:{b.offset + b.size}].unflatten(1, ({b.dim}, {b.mul}))"
         for b in blocks
+        if f"{prefix}{b.index}" in used
     ]
+
+
+def _weight_views(ir: TensorProductIR, src: str, prefix: str, batched: bool, used: set[str]) -> list[str]:
+    out = []
+    for p in ir.paths:
+        if not p.has_weight or f"{prefix}{p.index}" not in used:
+            continue
+        shape = ", ".join(str(s) for s in p.path_shape) + ("," if len(p.path_shape) == 1 else "")
+        lo, hi = p.weight_offset, p.weight_offset + p.weight_numel
+        if batched:
+            out.append(f"{prefix}{p.index} = {src}[:, {lo}:{hi}].unflatten(1, ({shape}))")
+        else:
+            out.append(f"{prefix}{p.index} = {src}[{lo}:{hi}].unflatten(0, ({shape}))")
+    return out
+
+
+def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
+    """Views and kernel calls of one family, for ``torch_ops.py``."""
+    used = {p for k in kernels for p in k["params"]}
+    views = []
+    for op in args:
+        if op == "w":
+            views += _weight_views(ir, "weights", "w", not ir.shared_weights, used)
+        else:
+            views += _views(_blocks(ir, op), _IN_TENSOR[op], _IN_PARAM[op], used)
+    out_op = dict((f, o) for f, o, _ in FAMILIES)[family]
+    if family == "bwd_w":
+        views += _weight_views(ir, "gw", "gw", True, used)
+    else:
+        views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used)
+    names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
+    return {
+        "name": family,
+        "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+        "views": views,
+        "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
+    }
 
 
 def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
     return any(b.mul > 1 and b.dim > 1 for b in blocks)
 
 
-def _weight_view(ir: TensorProductIR, p: PathIR) -> str:
-    shape = ", ".join(str(s) for s in p.path_shape)
-    lo, hi = p.weight_offset, p.weight_offset + p.weight_numel
-    if ir.shared_weights:
-        return f"w{p.index} = weights[{lo}:{hi}].unflatten(0, ({shape}{',' if len(p.path_shape) == 1 else ''}))"
-    return f"w{p.index} = weights[:, {lo}:{hi}].unflatten(1, ({shape}{',' if len(p.path_shape) == 1 else ''}))"
-
-
-def render_files(ir: TensorProductIR, header: str) -> dict[str, str]:
-    kernels = kernel_context(ir)
+def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
+    families = kernel_context(ir, tuning)
     convert = ir.layout == "mul_ir"
+    args = {f: a for f, _, a in FAMILIES}
     ops = {
         "name": ir.name,
         "namespace": op_namespace(ir.name),
@@ -377,21 +737,24 @@ def render_files(ir: TensorProductIR, header: str) -> dict[str, str]:
         "dim_in2": ir.dim_in2,
         "dim_out": ir.dim_out,
         "weight_numel": ir.weight_numel,
+        "wsum_rows": wsum_rows(ir, tuning),
+        # a weighted path without nonzeros (zero path weight) writes nothing: zero-fill
+        "zero_fill_w": any(p.has_weight and not p.nonzeros for p in ir.paths),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
         "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
         "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),
         "convert_in1": convert and _layouts_differ(ir.in1),
         "convert_in2": convert and _layouts_differ(ir.in2),
         "convert_out": convert and _layouts_differ(ir.out),
-        "x1_views": _views(ir.in1, "x1", "x1"),
-        "x2_views": _views(ir.in2, "x2", "x2"),
-        "out_views": _views(ir.out, "out", "out"),
-        "weight_views": [_weight_view(ir, p) for p in ir.paths if p.has_weight],
-        "kernels": kernels,
+        "launchers": {f: _launcher(ir, f, args[f], ks) for f, ks in families.items()},
         "n_paths": len(ir.paths),
     }
+    all_kernels = [k for f, _, _ in FAMILIES for k in families[f]]
     return {
-        "helion_kernels.py": render("helion_kernels.py.j2", header=header, name=ir.name, kernels=kernels, **_summary(ir)),
+        "helion_kernels.py": render(
+            "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels,
+            n_kernels={f: len(ks) for f, ks in families.items()}, **_summary(ir)
+        ),
         "torch_ops.py": render("torch_ops.py.j2", header=header, **ops),
     }
 

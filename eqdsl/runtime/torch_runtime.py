@@ -1,8 +1,10 @@
 """Glue shared by every generated ``torch_ops.py`` (no physics, no kernels).
 
 Input checks with one clear message per mistake, the device check (CUDA, or CPU
-through Triton's interpreter), and the ``mul_ir`` <-> ``ir_mul`` conversion done at the
-op boundary.
+through Triton's interpreter), the autograd wiring of the four kernel-layout ops
+(``register_autograd``: every derivative of every op is another of the four, so every
+order of derivative works), and the ``mul_ir`` <-> ``ir_mul`` conversion done outside
+the ops as a differentiable gather.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 
 import torch
 
-__all__ = ["check_inputs", "check_device", "LayoutPermutation", "DTYPES"]
+__all__ = ["check_inputs", "check_operands", "check_device", "register_autograd", "LayoutPermutation", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -68,6 +70,100 @@ def check_inputs(
         )
 
 
+def check_operands(
+    op: str,
+    operands: tuple[tuple[str, object, int | None], ...],
+    *,
+    weight_numel: int,
+    shared_weights: bool,
+    dtypes: tuple[torch.dtype, ...],
+) -> None:
+    """Checks of a kernel-layout op's arguments (``ir_mul`` rows, one dtype, one device).
+
+    ``operands`` is ``((name, tensor, width), ...)`` with ``width`` the row length of a
+    ``(batch, width)`` operand, or ``None`` for weights (``(weight_numel,)`` when
+    shared, else ``(batch, weight_numel)``). Raises ``TypeError`` / ``ValueError``.
+    """
+    for name, t, _ in operands:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
+    first = operands[0][1]
+    for name, t, _ in operands:
+        if t.dtype not in dtypes:
+            allowed = ", ".join(str(d) for d in dtypes)
+            raise TypeError(f"{op}: {name} must have dtype in ({allowed}), got {t.dtype}")
+        if t.dtype != first.dtype:
+            raise TypeError(f"{op}: all operands must share one dtype, got {name} {t.dtype} and {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"{op}: all operands must be on one device, got {name} on {t.device}, {first.device}")
+    batch = first.shape[0] if first.dim() >= 1 else None
+    for name, t, width in operands:
+        if width is None:
+            want = (weight_numel,) if shared_weights else (batch, weight_numel)
+        else:
+            want = (batch, width)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w) -> None:
+    """Wire the four derivatives of ``F(x1, x2, W, g)`` to each other.
+
+    ``fwd(x1, x2, W) = dF/dg``, ``bwd_x1(g, x2, W) = dF/dx1``, ``bwd_x2(x1, g, W) =
+    dF/dx2``, ``bwd_w(x1, x2, g) = dF/dW`` (custom ops). ``F`` is linear in each
+    argument, so the vector-Jacobian product of any of them with a cotangent ``h`` is
+    again one of the four with ``h`` in place of the argument it replaced; only the
+    gradients autograd asks for are computed.
+    """
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def fwd_backward(ctx, h):
+        x1, x2, w = ctx.saved_tensors
+        n1, n2, nw = ctx.needs_input_grad
+        return (
+            bwd_x1(h, x2, w) if n1 else None,
+            bwd_x2(x1, h, w) if n2 else None,
+            bwd_w(x1, x2, h) if nw else None,
+        )
+
+    def bwd_x1_backward(ctx, h):
+        g, x2, w = ctx.saved_tensors
+        ng, n2, nw = ctx.needs_input_grad
+        return (
+            fwd(h, x2, w) if ng else None,
+            bwd_x2(h, g, w) if n2 else None,
+            bwd_w(h, x2, g) if nw else None,
+        )
+
+    def bwd_x2_backward(ctx, h):
+        x1, g, w = ctx.saved_tensors
+        n1, ng, nw = ctx.needs_input_grad
+        return (
+            bwd_x1(g, h, w) if n1 else None,
+            fwd(x1, h, w) if ng else None,
+            bwd_w(x1, h, g) if nw else None,
+        )
+
+    def bwd_w_backward(ctx, h):
+        x1, x2, g = ctx.saved_tensors
+        n1, n2, ng = ctx.needs_input_grad
+        return (
+            bwd_x1(g, x2, h) if n1 else None,
+            bwd_x2(x1, g, h) if n2 else None,
+            fwd(x1, x2, h) if ng else None,
+        )
+
+    for op, backward in (
+        (fwd, fwd_backward),
+        (bwd_x1, bwd_x1_backward),
+        (bwd_x2, bwd_x2_backward),
+        (bwd_w, bwd_w_backward),
+    ):
+        op.register_autograd(backward, setup_context=setup_context)
+
+
 def check_device(op: str, device: torch.device) -> None:
     """Helion kernels run on CUDA, or on CPU through Triton's interpreter."""
     if device.type == "cuda":
@@ -83,12 +179,26 @@ def check_device(op: str, device: torch.device) -> None:
     raise RuntimeError(f"{op}: unsupported device {device}; use CUDA (or CPU with TRITON_INTERPRET=1)")
 
 
+class _Permute(torch.autograd.Function):
+    """``x[:, index]``; its derivative is the inverse gather (itself differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(index, inverse)
+        return torch.index_select(x, 1, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        index, inverse = ctx.saved_tensors
+        return _Permute.apply(grad, inverse, index), None, None
+
+
 class LayoutPermutation:
     """Column permutations between ``mul_ir`` and ``ir_mul`` rows of one irreps.
 
     ``blocks`` is ``((mul, 2l+1), ...)``. Each conversion is one ``index_select``
-    (a gather: read and write the whole operand once); index tensors are cached per
-    device.
+    (a gather: read and write the whole operand once) and so is its derivative (the
+    inverse gather, not an ``index_add``); index tensors are cached per device.
     """
 
     def __init__(self, blocks: tuple[tuple[int, int], ...]):
@@ -113,7 +223,7 @@ class LayoutPermutation:
         return idx
 
     def to_ir_mul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.index_select(x, 1, self._index("to_ir_mul", x.device))
+        return _Permute.apply(x, self._index("to_ir_mul", x.device), self._index("to_mul_ir", x.device))
 
     def to_mul_ir(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.index_select(x, 1, self._index("to_mul_ir", x.device))
+        return _Permute.apply(x, self._index("to_mul_ir", x.device), self._index("to_ir_mul", x.device))
