@@ -1,16 +1,22 @@
-"""The main job: spec -> generated kernels -> the edge tensor product on real structures.
+"""The main job: spec -> generated kernels -> an interaction layer on real structures.
 
-Generates the package of an example spec with ``eqdsl generate``, builds radius graphs
-of real structures shipped with ASE (molecules from ``ase.collections.g2`` and a bulk
-silicon supercell), embeds the edges with e3nn spherical harmonics (x2), gathers node
-features at the edge sources (x1), makes per-edge radial weights, and runs the generated
-op in PyTorch (Helion) and JAX (Pallas). Each result is compared with
-``e3nn.o3.TensorProduct`` built from the package's own metadata.
+1. ``eqdsl generate`` writes the package of an example spec (``conv = true``).
+2. Real structures that ship with ASE (molecules from ``ase.collections.g2``, a bulk
+   silicon supercell from ``ase.build.bulk``) become radius graphs (periodic where the
+   structure is).
+3. A NequIP/MACE-style interaction layer runs on each: edge vectors -> e3nn spherical
+   harmonics (edge_attr) and a Bessel radial basis with a smooth cutoff -> per-edge
+   weights; node features (one embedding per element) -> the generated fused
+   convolution ``out[dst] += TP(x[src], edge_attr, w)`` -> an invariant energy from the
+   scalar channels; forces ``F = -dE/dpositions`` by autograd.
+4. The same layer built from e3nn (gather + ``o3.TensorProduct`` + ``index_add``) is
+   the reference; the table gives the relative differences of energy and forces in
+   PyTorch (Helion) and JAX (Pallas), and the time per energy+forces call.
 
 Without a GPU, Helion kernels run in Triton's interpreter and Pallas kernels in
-interpret mode (correct but slow); with one they are compiled. The table says which.
+interpret mode (correct, slow); with one they are compiled. The output says which.
 
-Usage: ``python examples/main.py [--spec examples/specs/mace_large.toml] [--out build/kernels]``
+Usage: ``python examples/main.py [--spec examples/specs/nequip_water.toml] [--out build/kernels]``
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+N_BASIS = 8
+TOLERANCE = {"float32": 1e-4, "float64": 1e-9}  # relative to max |e3nn|
 
 
 def _has_cuda() -> bool:
@@ -37,122 +45,233 @@ def _has_cuda() -> bool:
         return False
 
 
-def structures(max_atoms_bulk: int = 16):
-    """``(label, ase.Atoms)`` of a few real structures shipped with ASE."""
+def structures(cutoff: float):
+    """``(label, atoms, src, dst, shifts)``: real structures and their radius graphs.
+
+    ``shifts`` are the periodic-image offsets (Å) so that an edge vector is
+    ``pos[dst] - pos[src] + shift`` (ASE ``neighbor_list``: i = src, j = dst).
+    """
     from ase.build import bulk
     from ase.collections import g2
+    from ase.neighborlist import neighbor_list
 
+    items = [(f"g2 {name}", g2[name]) for name in ("H2O", "CH3CH2OH", "C6H6")]
+    si = bulk("Si", "diamond", a=5.43, cubic=True).repeat((2, 1, 1))
+    items.append((f"bulk Si ({len(si)} atoms, periodic)", si))
     out = []
-    for name in ("H2O", "CH3CH2OH", "C6H6"):
-        atoms = g2[name]
-        out.append((f"g2 {name}", atoms))
-    si = bulk("Si", "diamond", a=5.43, cubic=True)  # 8 atoms
-    if max_atoms_bulk >= 16:
-        si = si.repeat((2, 1, 1))
-    out.append((f"bulk Si x{len(si)}", si))
+    for label, atoms in items:
+        i, j, d = neighbor_list("ijD", atoms, cutoff)
+        pos = atoms.get_positions()
+        shifts = d - (pos[j] - pos[i])
+        out.append((label, atoms, i.astype(np.int64), j.astype(np.int64), shifts))
     return out
 
 
-def radius_graph(atoms, cutoff: float):
-    """Directed edges (src, dst) and edge vectors (dst - src, Å) within ``cutoff``, with PBC."""
-    from ase.neighborlist import neighbor_list
+def _blocks(irreps: str):
+    for term in irreps.split("+"):
+        mul, ir = term.split("x")
+        yield int(mul), int(ir[:-1]), ir[-1]
 
-    src, dst, vec = neighbor_list("ijD", atoms, cutoff)
-    return src.astype(np.int64), dst.astype(np.int64), vec
+
+def _scalar_columns(irreps_out: str, layout: str) -> np.ndarray:
+    """Columns of the output that hold 0e components (any layout: dim 1 blocks)."""
+    cols, off = [], 0
+    for mul, l, p in _blocks(irreps_out):
+        if l == 0 and p == "e":
+            cols.extend(range(off, off + mul))
+        off += mul * (2 * l + 1)
+    return np.array(cols)
+
+
+def _layout_index(irreps: str, layout: str) -> np.ndarray:
+    """``x_layout = x_mul_ir[:, index]``."""
+    idx, off = [], 0
+    for mul, l, _ in _blocks(irreps):
+        block = np.arange(off, off + mul * (2 * l + 1)).reshape(mul, 2 * l + 1)
+        idx.append((block if layout == "mul_ir" else block.T).reshape(-1))
+        off += mul * (2 * l + 1)
+    return np.concatenate(idx)
+
+
+class Params:
+    """Fixed random parameters of the layer (shared by every implementation)."""
+
+    def __init__(self, meta, atoms_numbers: np.ndarray, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        species = sorted(set(int(z) for z in atoms_numbers))
+        table = {z: rng.standard_normal(meta.DIM_IN1) for z in species}
+        self.node_features = np.stack([table[int(z)] for z in atoms_numbers])  # e3nn layout (mul_ir)
+        self.theta = rng.standard_normal((N_BASIS, meta.WEIGHT_NUMEL)) / np.sqrt(N_BASIS)
+        cols = _scalar_columns(meta.IRREPS_OUT, "mul_ir")
+        self.readout = rng.standard_normal(len(cols)) / np.sqrt(max(len(cols), 1))
+
+
+def _radial(r, cutoff, xp):
+    """Bessel basis times a smooth polynomial cutoff (NequIP's radial embedding), ``xp`` = torch or jnp."""
+    n = xp.arange(1, N_BASIS + 1, dtype=r.dtype)
+    x = r[:, None] / cutoff
+    bessel = np.sqrt(2.0 / cutoff) * xp.sin(np.pi * n * x) / r[:, None]
+    p = 6.0
+    u = r / cutoff
+    env = 1.0 - (p + 1) * (p + 2) / 2 * u**p + p * (p + 2) * u ** (p + 1) - p * (p + 1) / 2 * u ** (p + 2)
+    return bessel * env[:, None]
+
+
+def torch_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, device):
+    """Energy(pos) of the layer in torch with ``conv(x, edge_attr, w, src, dst, n)``."""
+    import torch
+    from e3nn import o3
+
+    t = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
+    i1 = torch.as_tensor(_layout_index(meta.IRREPS_IN1, meta.LAYOUT), device=device)
+    i2 = torch.as_tensor(_layout_index(meta.IRREPS_IN2, meta.LAYOUT), device=device)
+    cols = torch.as_tensor(_scalar_columns(meta.IRREPS_OUT, meta.LAYOUT), device=device)
+    h, theta, readout, shift = t(params.node_features)[:, i1], t(params.theta), t(params.readout), t(shifts)
+    src_t, dst_t = torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device)
+    n = len(params.node_features)
+
+    def energy(pos):
+        vec = pos[dst_t] - pos[src_t] + shift
+        r = torch.linalg.norm(vec, dim=1)
+        edge_attr = o3.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component")[:, i2]
+        w = _radial(r, cutoff, torch) @ theta
+        out = conv(h, edge_attr, w, src_t, dst_t, n)
+        return (out[:, cols] @ readout).sum()
+
+    return energy
+
+
+def e3nn_conv(meta, dtype, device):
+    """gather + e3nn TensorProduct + index_add: the reference convolution (e3nn layout)."""
+    import torch
+    from e3nn import o3
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # exact coefficients, then cast
+    try:
+        tp = o3.TensorProduct(meta.IRREPS_IN1, meta.IRREPS_IN2, meta.IRREPS_OUT, meta.INSTRUCTIONS,
+                              irrep_normalization=meta.IRREP_NORMALIZATION, path_normalization=meta.PATH_NORMALIZATION,
+                              shared_weights=meta.SHARED_WEIGHTS, internal_weights=False)
+    finally:
+        torch.set_default_dtype(default)
+    tp = tp.to(device=device, dtype=dtype)
+    if meta.LAYOUT != "mul_ir":
+        raise SystemExit("the e3nn reference layer expects a mul_ir spec")
+
+    def conv(x, edge_attr, w, src, dst, n):
+        out = torch.zeros(n, tp.irreps_out.dim, dtype=x.dtype, device=x.device).index_add(0, dst, tp(x[src], edge_attr, w))
+        if meta.CONV_REDUCE == "mean":
+            out = out / torch.bincount(dst, minlength=n).clamp_min(1).to(x.dtype)[:, None]
+        return out
+
+    return conv
+
+
+def jax_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype):
+    import e3nn_jax
+    import jax.numpy as jnp
+
+    i1 = _layout_index(meta.IRREPS_IN1, meta.LAYOUT)
+    i2 = _layout_index(meta.IRREPS_IN2, meta.LAYOUT)
+    cols = _scalar_columns(meta.IRREPS_OUT, meta.LAYOUT)
+    h = jnp.asarray(params.node_features[:, i1], dtype)
+    theta, readout, shift = (jnp.asarray(a, dtype) for a in (params.theta, params.readout, shifts))
+    n = len(params.node_features)
+
+    def energy(pos):
+        vec = pos[dst] - pos[src] + shift
+        r = jnp.linalg.norm(vec, axis=1)
+        edge_attr = e3nn_jax.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component").array[:, i2]
+        w = _radial(r, cutoff, jnp) @ theta
+        out = conv(h, edge_attr, w, jnp.asarray(src), jnp.asarray(dst), n)
+        return (out[:, cols] @ readout).sum()
+
+    return energy
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300)) if b.size else 0.0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", default=str(ROOT / "examples/specs/mace_large.toml"))
+    ap.add_argument("--spec", default=str(ROOT / "examples/specs/nequip_water.toml"))
     ap.add_argument("--out", default=str(ROOT / "build/kernels"))
-    ap.add_argument("--cutoff", type=float, default=3.0, help="radius-graph cutoff in Å")
+    ap.add_argument("--cutoff", type=float, default=4.0, help="radius-graph cutoff in Å")
     args = ap.parse_args(argv)
 
     cuda = _has_cuda()
-    if not cuda:
-        # Must be set before the Helion kernel objects are created (at import).
+    if not cuda:  # read when the Helion kernel objects are created, at import
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("HELION_AUTOTUNE_EFFORT", "none")
     subprocess.run([sys.executable, "-m", "eqdsl", "generate", args.spec, "-o", args.out], check=True)
 
     import jax
     import torch
-    from e3nn import o3
 
     jax.config.update("jax_enable_x64", True)
     sys.path.insert(0, str(Path(args.out).resolve().parent))
-    pkg_root = Path(args.out).name
     from eqdsl.spec import load_spec
 
-    names = [s.name for s in load_spec(args.spec)]
     device = "cuda" if cuda else "cpu"
-    mode = "compiled (GPU)" if cuda else "interpreted (CPU: TRITON_INTERPRET=1, Pallas interpret=True)"
-    print(f"kernels: {mode}")
-    rows = [("tensor product", "structure", "atoms", "edges", "dtype", "torch rel err", "jax rel err", "ok", "torch ms", "jax ms")]
-    tolerance = {"float32": 1e-5, "float64": 1e-10}  # max |diff| / max |e3nn|
-    failures = 0
-    warm: set = set()
-    rng = np.random.default_rng(0)
-    for name in names:
-        meta = importlib.import_module(f"{pkg_root}.{name}")
-        torch_ops = importlib.import_module(f"{pkg_root}.{name}.torch_ops")
-        jax_ops = importlib.import_module(f"{pkg_root}.{name}.jax_ops")
-        if meta.LAYOUT != "mul_ir":
-            raise SystemExit(f"{name}: this example feeds e3nn-layout (mul_ir) data; spec layout is {meta.LAYOUT}")
-        # Built in float64 so its coefficients are exact to double precision; cast per dtype.
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        tp64 = o3.TensorProduct(
-            meta.IRREPS_IN1, meta.IRREPS_IN2, meta.IRREPS_OUT, meta.INSTRUCTIONS,
-            irrep_normalization=meta.IRREP_NORMALIZATION, path_normalization=meta.PATH_NORMALIZATION,
-            shared_weights=meta.SHARED_WEIGHTS, internal_weights=False,
-        ).to(device)
-        torch.set_default_dtype(default)
-        irreps_sh = o3.Irreps(meta.IRREPS_IN2)
-        for label, atoms in structures():
-            src, dst, vec = radius_graph(atoms, args.cutoff)
-            n, e = len(atoms), len(src)
+    print("kernels:", "compiled (GPU)" if cuda else "interpreted (CPU: TRITON_INTERPRET=1, Pallas interpret=True)")
+    header = ("layer", "structure", "atoms", "edges", "dtype", "torch dE", "torch dF", "jax dE", "jax dF", "ok",
+              "torch ms", "jax ms")
+    rows, failures = [header], 0
+    for spec in load_spec(args.spec):
+        if not spec.conv:
+            print(f"{spec.name}: conv = false in the spec, skipped")
+            continue
+        pkg = f"{Path(args.out).name}.{spec.name}"
+        meta = importlib.import_module(pkg)
+        torch_ops = importlib.import_module(pkg + ".torch_ops")
+        jax_ops = importlib.import_module(pkg + ".jax_ops")
+        for label, atoms, src, dst, shifts in structures(args.cutoff):
+            params = Params(meta, atoms.get_atomic_numbers())
             for dtype_name in meta.DTYPES:
                 tdt = getattr(torch, dtype_name)
-                feats = torch.tensor(rng.standard_normal((n, meta.DIM_IN1)), dtype=tdt, device=device)
-                edge_vec = torch.tensor(vec, dtype=tdt, device=device)
-                x1 = feats[torch.as_tensor(src, device=device)]
-                x2 = o3.spherical_harmonics(irreps_sh, edge_vec, normalize=True, normalization="component")
-                wshape = (meta.WEIGHT_NUMEL,) if meta.SHARED_WEIGHTS else (e, meta.WEIGHT_NUMEL)
-                w = torch.tensor(rng.standard_normal(wshape), dtype=tdt, device=device)
-                ref = tp64(x1.double(), x2.double(), w.double())  # float64 reference for every dtype
-                if (name, dtype_name) not in warm:  # compile once per dtype; later graph sizes reuse it
-                    torch_ops.tensor_product(x1, x2, w)
-                    warm.add((name, dtype_name))
+                pos0 = atoms.get_positions()
+
+                def energy_forces_torch(conv, dt):
+                    energy = torch_layer(meta, conv, params, src, dst, shifts, args.cutoff, dt, device)
+                    pos = torch.tensor(pos0, dtype=dt, device=device, requires_grad=True)
+                    e = energy(pos)
+                    (g,) = torch.autograd.grad(e, pos)
+                    return e.detach().cpu().numpy(), -g.cpu().numpy()
+
+                e_ref, f_ref = energy_forces_torch(e3nn_conv(meta, torch.float64, device), torch.float64)
+                energy_forces_torch(torch_ops.conv, tdt)  # compile / warm up
                 t0 = time.perf_counter()
-                out_t = torch_ops.tensor_product(x1, x2, w)
-                if cuda:
-                    torch.cuda.synchronize()
+                e_t, f_t = energy_forces_torch(torch_ops.conv, tdt)
                 t_torch = (time.perf_counter() - t0) * 1e3
-                jx = [jax.numpy.asarray(a.detach().cpu().numpy()) for a in (x1, x2, w)]
-                jfn = jax.jit(jax_ops.tensor_product)
-                jfn(*jx).block_until_ready()  # compile outside the timing
+
+                jdt = getattr(jax.numpy, dtype_name)
+                energy = jax_layer(meta, jax_ops.conv, params, src, dst, shifts, args.cutoff, jdt)
+                ef = jax.jit(jax.value_and_grad(energy))
+                pos_j = jax.numpy.asarray(pos0, jdt)
+                jax.block_until_ready(ef(pos_j))
                 t0 = time.perf_counter()
-                out_j = jfn(*jx).block_until_ready()
+                e_j, g_j = jax.block_until_ready(ef(pos_j))
                 t_jax = (time.perf_counter() - t0) * 1e3
-                ref_np = ref.detach().cpu().numpy()
-                scale = max(float(np.abs(ref_np).max()), 1e-300) if e else 1.0
-                d_t = float(np.abs(out_t.detach().cpu().numpy() - ref_np).max()) / scale if e else 0.0
-                d_j = float(np.abs(np.asarray(out_j) - ref_np).max()) / scale if e else 0.0
-                ok = max(d_t, d_j) <= tolerance[dtype_name]
+
+                errs = [_rel(e_t, e_ref), _rel(f_t, f_ref), _rel(e_j, e_ref), _rel(-np.asarray(g_j), f_ref)]
+                ok = max(errs) <= TOLERANCE[dtype_name]
                 failures += not ok
-                rows.append((name, label, str(n), str(e), dtype_name, f"{d_t:.1e}", f"{d_j:.1e}", "yes" if ok else "NO",
-                             f"{t_torch:.1f}", f"{t_jax:.1f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+                rows.append((spec.name, label, str(len(atoms)), str(len(src)), dtype_name, *(f"{x:.1e}" for x in errs),
+                             "yes" if ok else "NO", f"{t_torch:.1f}", f"{t_jax:.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for k, r in enumerate(rows):
         print("  ".join(c.rjust(wd) for c, wd in zip(r, widths)))
         if k == 0:
             print("  ".join("-" * wd for wd in widths))
-    print("(times are one call after warm-up; interpreted times measure the interpreter, not the kernel)")
+    print("dE, dF: max |difference| / max |e3nn| of energy and forces; times: one energy+forces call after warm-up"
+          + ("" if cuda else " (interpreted: they time the interpreter, not the kernels)"))
     if failures:
-        print(f"error: {failures} row(s) outside tolerance (float32 1e-5, float64 1e-10 relative to e3nn)", file=sys.stderr)
+        print(f"error: {failures} row(s) outside tolerance (float32 {TOLERANCE['float32']:g}, float64 "
+              f"{TOLERANCE['float64']:g})", file=sys.stderr)
         return 1
-    print("all rows within tolerance of e3nn (float32 1e-5, float64 1e-10, relative to max |e3nn|)")
+    print(f"all rows within tolerance of e3nn (float32 {TOLERANCE['float32']:g}, float64 {TOLERANCE['float64']:g})")
     return 0
 
 

@@ -105,6 +105,9 @@ def metadata_context(spec: TensorProductSpec, ir: TensorProductIR) -> dict:
         "dim_in1": ir.dim_in1,
         "dim_in2": ir.dim_in2,
         "dim_out": ir.dim_out,
+        "conv": repr(ir.conv),
+        "conv_reduce": repr(ir.reduce),
+        "conv_deterministic": repr(ir.deterministic),
     }
 
 

@@ -56,3 +56,7 @@ DTYPES = ('float32', 'float64')
 DIM_IN1 = 156
 DIM_IN2 = 9
 DIM_OUT = 156
+# fused graph convolution (torch_ops.conv / jax_ops.conv) when CONV is True
+CONV = False
+CONV_REDUCE = 'sum'
+CONV_DETERMINISTIC = False

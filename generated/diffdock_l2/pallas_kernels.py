@@ -60,15 +60,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
         w = w_ref[:, pl.ds(0 + u * 16, 16)]
-        acc_0_0 = acc_0_0 + w * (
-            0.11322770341445958 * x1c_0 * x2_0_0
-        )
-        acc_0_1 = acc_0_1 + w * (
-            0.11322770341445958 * x1c_1 * x2_0_0
-        )
-        acc_0_2 = acc_0_2 + w * (
-            0.11322770341445958 * x1c_2 * x2_0_0
-        )
+        acc_0_0 = acc_0_0 + w * (0.11322770341445958 * x1c_0 * x2_0_0)
+        acc_0_1 = acc_0_1 + w * (0.11322770341445958 * x1c_1 * x2_0_0)
+        acc_0_2 = acc_0_2 + w * (0.11322770341445958 * x1c_2 * x2_0_0)
         return (acc_0_0, acc_0_1, acc_0_2)
 
     (acc_0_0, acc_0_1, acc_0_2) = lax.fori_loop(0, 10, _path_0, (acc_0_0, acc_0_1, acc_0_2))
@@ -137,15 +131,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_0_0, acc_0_1, acc_0_2) = carry
         x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
         w = w_ref[:, pl.ds(5312 + u * 16, 16)]
-        acc_0_0 = acc_0_0 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_0
-        )
-        acc_0_1 = acc_0_1 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_1
-        )
-        acc_0_2 = acc_0_2 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_2
-        )
+        acc_0_0 = acc_0_0 + w * (0.11322770341445958 * x1c_0 * x2_1_0)
+        acc_0_1 = acc_0_1 + w * (0.11322770341445958 * x1c_0 * x2_1_1)
+        acc_0_2 = acc_0_2 + w * (0.11322770341445958 * x1c_0 * x2_1_2)
         return (acc_0_0, acc_0_1, acc_0_2)
 
     (acc_0_0, acc_0_1, acc_0_2) = lax.fori_loop(0, 48, _path_9, (acc_0_0, acc_0_1, acc_0_2))
@@ -188,15 +176,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
         w = w_ref[:, pl.ds(1120 + u * 16, 16)]
-        acc_1_0 = acc_1_0 + w * (
-            0.11322770341445958 * x1c_0 * x2_0_0
-        )
-        acc_1_1 = acc_1_1 + w * (
-            0.11322770341445958 * x1c_1 * x2_0_0
-        )
-        acc_1_2 = acc_1_2 + w * (
-            0.11322770341445958 * x1c_2 * x2_0_0
-        )
+        acc_1_0 = acc_1_0 + w * (0.11322770341445958 * x1c_0 * x2_0_0)
+        acc_1_1 = acc_1_1 + w * (0.11322770341445958 * x1c_1 * x2_0_0)
+        acc_1_2 = acc_1_2 + w * (0.11322770341445958 * x1c_2 * x2_0_0)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 10, _path_4, (acc_1_0, acc_1_1, acc_1_2))
@@ -234,15 +216,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_1_0, acc_1_1, acc_1_2) = carry
         x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
         w = w_ref[:, pl.ds(9152 + u * 16, 16)]
-        acc_1_0 = acc_1_0 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_0
-        )
-        acc_1_1 = acc_1_1 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_1
-        )
-        acc_1_2 = acc_1_2 + w * (
-            0.11322770341445958 * x1c_0 * x2_1_2
-        )
+        acc_1_0 = acc_1_0 + w * (0.11322770341445958 * x1c_0 * x2_1_0)
+        acc_1_1 = acc_1_1 + w * (0.11322770341445958 * x1c_0 * x2_1_1)
+        acc_1_2 = acc_1_2 + w * (0.11322770341445958 * x1c_0 * x2_1_2)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 48, _path_11, (acc_1_0, acc_1_1, acc_1_2))
@@ -274,9 +250,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_2_0,) = carry
         x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
         w = w_ref[:, pl.ds(2240 + u * 64, 64)]
-        acc_2_0 = acc_2_0 + w * (
-            0.13130643285972254 * x1c_0 * x2_0_0
-        )
+        acc_2_0 = acc_2_0 + w * (0.13130643285972254 * x1c_0 * x2_0_0)
         return (acc_2_0,)
 
     (acc_2_0,) = lax.fori_loop(0, 48, _path_8, (acc_2_0,))
@@ -306,9 +280,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_3_0,) = carry
         x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
         w = w_ref[:, pl.ds(6080 + u * 64, 64)]
-        acc_3_0 = acc_3_0 + w * (
-            0.13130643285972254 * x1c_0 * x2_0_0
-        )
+        acc_3_0 = acc_3_0 + w * (0.13130643285972254 * x1c_0 * x2_0_0)
         return (acc_3_0,)
 
     (acc_3_0,) = lax.fori_loop(0, 48, _path_10, (acc_3_0,))
@@ -341,15 +313,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11322770341445958 * x2_0_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11322770341445958 * x2_0_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11322770341445958 * x2_0_0 * s_2
-        )
+        c_0 = c_0 + (0.11322770341445958 * x2_0_0 * s_0)
+        c_1 = c_1 + (0.11322770341445958 * x2_0_0 * s_1)
+        c_2 = c_2 + (0.11322770341445958 * x2_0_0 * s_2)
         acc_0_0 = acc_0_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_0_1 = acc_0_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_0_2 = acc_0_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -401,15 +367,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_2 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(320 + u * 64, 64)]
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.07580980435789032 * x2_1_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.07580980435789032 * x2_1_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.07580980435789032 * x2_1_2 * s_0
-        )
+        c_0 = c_0 + (0.07580980435789032 * x2_1_0 * s_0)
+        c_1 = c_1 + (0.07580980435789032 * x2_1_1 * s_0)
+        c_2 = c_2 + (0.07580980435789032 * x2_1_2 * s_0)
         acc_0_0 = acc_0_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_0_1 = acc_0_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_0_2 = acc_0_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -474,15 +434,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11322770341445958 * x2_0_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11322770341445958 * x2_0_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11322770341445958 * x2_0_0 * s_2
-        )
+        c_0 = c_0 + (0.11322770341445958 * x2_0_0 * s_0)
+        c_1 = c_1 + (0.11322770341445958 * x2_0_0 * s_1)
+        c_2 = c_2 + (0.11322770341445958 * x2_0_0 * s_2)
         acc_1_0 = acc_1_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_1_1 = acc_1_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_1_2 = acc_1_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -528,15 +482,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_2 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(1440 + u * 64, 64)]
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.07580980435789032 * x2_1_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.07580980435789032 * x2_1_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.07580980435789032 * x2_1_2 * s_0
-        )
+        c_0 = c_0 + (0.07580980435789032 * x2_1_0 * s_0)
+        c_1 = c_1 + (0.07580980435789032 * x2_1_1 * s_0)
+        c_2 = c_2 + (0.07580980435789032 * x2_1_2 * s_0)
         acc_1_0 = acc_1_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_1_1 = acc_1_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_1_2 = acc_1_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -590,9 +538,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(2240 + u * 64, 64)]
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.13130643285972254 * x2_0_0 * s_0
-        )
+        c_0 = c_0 + (0.13130643285972254 * x2_0_0 * s_0)
         acc_2_0 = acc_2_0 + jnp.where(lane_64 == u, c_0, 0.0)
         return (acc_2_0,)
 
@@ -626,9 +572,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(6080 + u * 64, 64)]
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.13130643285972254 * x2_0_0 * s_0
-        )
+        c_0 = c_0 + (0.13130643285972254 * x2_0_0 * s_0)
         acc_3_0 = acc_3_0 + jnp.where(lane_64 == u, c_0, 0.0)
         return (acc_3_0,)
 
@@ -718,9 +662,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
         w = w_ref[:, pl.ds(2240 + u * 64, 64)]
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.13130643285972254 * x1c_0 * s_0
-        )
+        c_0 = c_0 + (0.13130643285972254 * x1c_0 * s_0)
         return (c_0,)
 
     (c_0,) = lax.fori_loop(0, 48, _path_8_u, (c_0,))
@@ -734,9 +676,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
         w = w_ref[:, pl.ds(6080 + u * 64, 64)]
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.13130643285972254 * x1c_0 * s_0
-        )
+        c_0 = c_0 + (0.13130643285972254 * x1c_0 * s_0)
         return (c_0,)
 
     (c_0,) = lax.fori_loop(0, 48, _path_10_u, (c_0,))
@@ -791,15 +731,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
         w = w_ref[:, pl.ds(320 + u * 64, 64)]
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.07580980435789032 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.07580980435789032 * x1c_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.07580980435789032 * x1c_2 * s_0
-        )
+        c_0 = c_0 + (0.07580980435789032 * x1c_0 * s_0)
+        c_1 = c_1 + (0.07580980435789032 * x1c_1 * s_0)
+        c_2 = c_2 + (0.07580980435789032 * x1c_2 * s_0)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 10, _path_2_u, (c_0, c_1, c_2))
@@ -850,15 +784,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
         w = w_ref[:, pl.ds(1440 + u * 64, 64)]
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.07580980435789032 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.07580980435789032 * x1c_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.07580980435789032 * x1c_2 * s_0
-        )
+        c_0 = c_0 + (0.07580980435789032 * x1c_0 * s_0)
+        c_1 = c_1 + (0.07580980435789032 * x1c_1 * s_0)
+        c_2 = c_2 + (0.07580980435789032 * x1c_2 * s_0)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 10, _path_6_u, (c_0, c_1, c_2))
@@ -877,15 +805,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11322770341445958 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11322770341445958 * x1c_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11322770341445958 * x1c_0 * s_2
-        )
+        c_0 = c_0 + (0.11322770341445958 * x1c_0 * s_0)
+        c_1 = c_1 + (0.11322770341445958 * x1c_0 * s_1)
+        c_2 = c_2 + (0.11322770341445958 * x1c_0 * s_2)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 48, _path_9_u, (c_0, c_1, c_2))
@@ -904,15 +826,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11322770341445958 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11322770341445958 * x1c_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11322770341445958 * x1c_0 * s_2
-        )
+        c_0 = c_0 + (0.11322770341445958 * x1c_0 * s_0)
+        c_1 = c_1 + (0.11322770341445958 * x1c_0 * s_1)
+        c_2 = c_2 + (0.11322770341445958 * x1c_0 * s_2)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 48, _path_11_u, (c_0, c_1, c_2))
@@ -1042,15 +958,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
         x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        q_0 = (
-            0.11322770341445958 * x1c_0 * x2_0_0
-        )
-        q_1 = (
-            0.11322770341445958 * x1c_1 * x2_0_0
-        )
-        q_2 = (
-            0.11322770341445958 * x1c_2 * x2_0_0
-        )
+        q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
+        q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
+        q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
         r = (
             q_0 * g_0_0
             + q_1 * g_0_1
@@ -1109,9 +1019,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + 0.07580980435789032 * x1c_1 * x2_1_1
             + 0.07580980435789032 * x1c_2 * x2_1_2
         )
-        r = (
-            q_0 * g_2_0
-        )
+        r = q_0 * g_2_0
         out_ref[:, pl.ds(320 + u * 64, 64)] = r
         return carry
 
@@ -1163,15 +1071,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
         x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        q_0 = (
-            0.11322770341445958 * x1c_0 * x2_0_0
-        )
-        q_1 = (
-            0.11322770341445958 * x1c_1 * x2_0_0
-        )
-        q_2 = (
-            0.11322770341445958 * x1c_2 * x2_0_0
-        )
+        q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
+        q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
+        q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
         r = (
             q_0 * g_1_0
             + q_1 * g_1_1
@@ -1224,9 +1126,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + 0.07580980435789032 * x1c_1 * x2_1_1
             + 0.07580980435789032 * x1c_2 * x2_1_2
         )
-        r = (
-            q_0 * g_3_0
-        )
+        r = q_0 * g_3_0
         out_ref[:, pl.ds(1440 + u * 64, 64)] = r
         return carry
 
@@ -1271,12 +1171,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_8(u, carry):
         x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        q_0 = (
-            0.13130643285972254 * x1c_0 * x2_0_0
-        )
-        r = (
-            q_0 * g_2_0
-        )
+        q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
+        r = q_0 * g_2_0
         out_ref[:, pl.ds(2240 + u * 64, 64)] = r
         return carry
 
@@ -1287,15 +1183,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_9(u, carry):
         x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        q_0 = (
-            0.11322770341445958 * x1c_0 * x2_1_0
-        )
-        q_1 = (
-            0.11322770341445958 * x1c_0 * x2_1_1
-        )
-        q_2 = (
-            0.11322770341445958 * x1c_0 * x2_1_2
-        )
+        q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
+        q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
+        q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
         r = (
             q_0 * g_0_0
             + q_1 * g_0_1
@@ -1311,12 +1201,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_10(u, carry):
         x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        q_0 = (
-            0.13130643285972254 * x1c_0 * x2_0_0
-        )
-        r = (
-            q_0 * g_3_0
-        )
+        q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
+        r = q_0 * g_3_0
         out_ref[:, pl.ds(6080 + u * 64, 64)] = r
         return carry
 
@@ -1327,15 +1213,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_11(u, carry):
         x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        q_0 = (
-            0.11322770341445958 * x1c_0 * x2_1_0
-        )
-        q_1 = (
-            0.11322770341445958 * x1c_0 * x2_1_1
-        )
-        q_2 = (
-            0.11322770341445958 * x1c_0 * x2_1_2
-        )
+        q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
+        q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
+        q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
         r = (
             q_0 * g_1_0
             + q_1 * g_1_1

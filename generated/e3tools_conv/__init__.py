@@ -40,3 +40,7 @@ DTYPES = ('float32', 'float64')
 DIM_IN1 = 112
 DIM_IN2 = 4
 DIM_OUT = 128
+# fused graph convolution (torch_ops.conv / jax_ops.conv) when CONV is True
+CONV = False
+CONV_REDUCE = 'sum'
+CONV_DETERMINISTIC = False

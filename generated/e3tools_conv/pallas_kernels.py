@@ -56,9 +56,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_0_0,) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
         w = w_ref[:, pl.ds(0 + u * 128, 128)]
-        acc_0_0 = acc_0_0 + w * (
-            0.11180339887498948 * x1c_0 * x2_0_0
-        )
+        acc_0_0 = acc_0_0 + w * (0.11180339887498948 * x1c_0 * x2_0_0)
         return (acc_0_0,)
 
     (acc_0_0,) = lax.fori_loop(0, 64, _path_0, (acc_0_0,))
@@ -93,15 +91,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         (acc_1_0, acc_1_1, acc_1_2) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
         w = w_ref[:, pl.ds(8192 + u * 16, 16)]
-        acc_1_0 = acc_1_0 + w * (
-            0.11180339887498948 * x1c_0 * x2_1_0
-        )
-        acc_1_1 = acc_1_1 + w * (
-            0.11180339887498948 * x1c_0 * x2_1_1
-        )
-        acc_1_2 = acc_1_2 + w * (
-            0.11180339887498948 * x1c_0 * x2_1_2
-        )
+        acc_1_0 = acc_1_0 + w * (0.11180339887498948 * x1c_0 * x2_1_0)
+        acc_1_1 = acc_1_1 + w * (0.11180339887498948 * x1c_0 * x2_1_1)
+        acc_1_2 = acc_1_2 + w * (0.11180339887498948 * x1c_0 * x2_1_2)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 64, _path_1, (acc_1_0, acc_1_1, acc_1_2))
@@ -113,15 +105,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
         w = w_ref[:, pl.ds(9216 + u * 16, 16)]
-        acc_1_0 = acc_1_0 + w * (
-            0.11180339887498948 * x1c_0 * x2_0_0
-        )
-        acc_1_1 = acc_1_1 + w * (
-            0.11180339887498948 * x1c_1 * x2_0_0
-        )
-        acc_1_2 = acc_1_2 + w * (
-            0.11180339887498948 * x1c_2 * x2_0_0
-        )
+        acc_1_0 = acc_1_0 + w * (0.11180339887498948 * x1c_0 * x2_0_0)
+        acc_1_1 = acc_1_1 + w * (0.11180339887498948 * x1c_1 * x2_0_0)
+        acc_1_2 = acc_1_2 + w * (0.11180339887498948 * x1c_2 * x2_0_0)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 16, _path_2, (acc_1_0, acc_1_1, acc_1_2))
@@ -148,9 +134,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(0 + u * 128, 128)]
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11180339887498948 * x2_0_0 * s_0
-        )
+        c_0 = c_0 + (0.11180339887498948 * x2_0_0 * s_0)
         acc_0_0 = acc_0_0 + jnp.where(lane_64 == u, c_0, 0.0)
         return (acc_0_0,)
 
@@ -196,15 +180,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11180339887498948 * x2_0_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11180339887498948 * x2_0_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11180339887498948 * x2_0_0 * s_2
-        )
+        c_0 = c_0 + (0.11180339887498948 * x2_0_0 * s_0)
+        c_1 = c_1 + (0.11180339887498948 * x2_0_0 * s_1)
+        c_2 = c_2 + (0.11180339887498948 * x2_0_0 * s_2)
         acc_1_0 = acc_1_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_1_1 = acc_1_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_1_2 = acc_1_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -220,15 +198,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_2 = jnp.zeros((rows, 1), dtype)
         w = w_ref[:, pl.ds(9472 + u * 128, 128)]
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.06454972243679027 * x2_1_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.06454972243679027 * x2_1_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.06454972243679027 * x2_1_2 * s_0
-        )
+        c_0 = c_0 + (0.06454972243679027 * x2_1_0 * s_0)
+        c_1 = c_1 + (0.06454972243679027 * x2_1_1 * s_0)
+        c_2 = c_2 + (0.06454972243679027 * x2_1_2 * s_0)
         acc_1_0 = acc_1_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_1_1 = acc_1_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_1_2 = acc_1_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -256,9 +228,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
         w = w_ref[:, pl.ds(0 + u * 128, 128)]
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11180339887498948 * x1c_0 * s_0
-        )
+        c_0 = c_0 + (0.11180339887498948 * x1c_0 * s_0)
         return (c_0,)
 
     (c_0,) = lax.fori_loop(0, 64, _path_0_u, (c_0,))
@@ -305,15 +275,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.11180339887498948 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.11180339887498948 * x1c_0 * s_1
-        )
-        c_2 = c_2 + (
-            0.11180339887498948 * x1c_0 * s_2
-        )
+        c_0 = c_0 + (0.11180339887498948 * x1c_0 * s_0)
+        c_1 = c_1 + (0.11180339887498948 * x1c_0 * s_1)
+        c_2 = c_2 + (0.11180339887498948 * x1c_0 * s_2)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 64, _path_1_u, (c_0, c_1, c_2))
@@ -332,15 +296,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
         w = w_ref[:, pl.ds(9472 + u * 128, 128)]
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (
-            0.06454972243679027 * x1c_0 * s_0
-        )
-        c_1 = c_1 + (
-            0.06454972243679027 * x1c_1 * s_0
-        )
-        c_2 = c_2 + (
-            0.06454972243679027 * x1c_2 * s_0
-        )
+        c_0 = c_0 + (0.06454972243679027 * x1c_0 * s_0)
+        c_1 = c_1 + (0.06454972243679027 * x1c_1 * s_0)
+        c_2 = c_2 + (0.06454972243679027 * x1c_2 * s_0)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 16, _path_3_u, (c_0, c_1, c_2))
@@ -364,12 +322,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_0(u, carry):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        q_0 = (
-            0.11180339887498948 * x1c_0 * x2_0_0
-        )
-        r = (
-            q_0 * g_0_0
-        )
+        q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
+        r = q_0 * g_0_0
         out_ref[:, pl.ds(0 + u * 128, 128)] = r
         return carry
 
@@ -386,15 +340,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     def _path_1(u, carry):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        q_0 = (
-            0.11180339887498948 * x1c_0 * x2_1_0
-        )
-        q_1 = (
-            0.11180339887498948 * x1c_0 * x2_1_1
-        )
-        q_2 = (
-            0.11180339887498948 * x1c_0 * x2_1_2
-        )
+        q_0 = 0.11180339887498948 * x1c_0 * x2_1_0
+        q_1 = 0.11180339887498948 * x1c_0 * x2_1_1
+        q_2 = 0.11180339887498948 * x1c_0 * x2_1_2
         r = (
             q_0 * g_1_0
             + q_1 * g_1_1
@@ -412,15 +360,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
         x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
-        q_0 = (
-            0.11180339887498948 * x1c_0 * x2_0_0
-        )
-        q_1 = (
-            0.11180339887498948 * x1c_1 * x2_0_0
-        )
-        q_2 = (
-            0.11180339887498948 * x1c_2 * x2_0_0
-        )
+        q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
+        q_1 = 0.11180339887498948 * x1c_1 * x2_0_0
+        q_2 = 0.11180339887498948 * x1c_2 * x2_0_0
         r = (
             q_0 * g_1_0
             + q_1 * g_1_1
@@ -443,9 +385,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + 0.06454972243679027 * x1c_1 * x2_1_1
             + 0.06454972243679027 * x1c_2 * x2_1_2
         )
-        r = (
-            q_0 * g_0_0
-        )
+        r = q_0 * g_0_0
         out_ref[:, pl.ds(9472 + u * 128, 128)] = r
         return carry
 

@@ -48,3 +48,7 @@ DTYPES = ('float32', 'float64')
 DIM_IN1 = 512
 DIM_IN2 = 16
 DIM_OUT = 3328
+# fused graph convolution (torch_ops.conv / jax_ops.conv) when CONV is True
+CONV = False
+CONV_REDUCE = 'sum'
+CONV_DETERMINISTIC = False

@@ -53,9 +53,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     # path 0: x1[0] 128x0e (x) x2[0] 1x0e -> out[0] 128x0e, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 128)]
-    acc_0_0 = acc_0_0 + w * (
-        1.0 * x1_0_0 * x2_0_0
-    )
+    acc_0_0 = acc_0_0 + w * (1.0 * x1_0_0 * x2_0_0)
     out_ref[:, pl.ds(0, 128)] = acc_0_0
 
     # out block 1 (128x1o): 1 path(s)
@@ -67,15 +65,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
     w = w_ref[:, pl.ds(128, 128)]
-    acc_1_0 = acc_1_0 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_0
-    )
-    acc_1_1 = acc_1_1 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_1
-    )
-    acc_1_2 = acc_1_2 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_2
-    )
+    acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
+    acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
+    acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
     out_ref[:, pl.ds(128, 128)] = acc_1_0
     out_ref[:, pl.ds(256, 128)] = acc_1_1
     out_ref[:, pl.ds(384, 128)] = acc_1_2
@@ -93,21 +85,11 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
     w = w_ref[:, pl.ds(256, 128)]
-    acc_2_0 = acc_2_0 + w * (
-        1.0 * x1_0_0 * x2_2_0
-    )
-    acc_2_1 = acc_2_1 + w * (
-        1.0 * x1_0_0 * x2_2_1
-    )
-    acc_2_2 = acc_2_2 + w * (
-        1.0 * x1_0_0 * x2_2_2
-    )
-    acc_2_3 = acc_2_3 + w * (
-        1.0 * x1_0_0 * x2_2_3
-    )
-    acc_2_4 = acc_2_4 + w * (
-        1.0 * x1_0_0 * x2_2_4
-    )
+    acc_2_0 = acc_2_0 + w * (1.0 * x1_0_0 * x2_2_0)
+    acc_2_1 = acc_2_1 + w * (1.0 * x1_0_0 * x2_2_1)
+    acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
+    acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
+    acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
     out_ref[:, pl.ds(512, 128)] = acc_2_0
     out_ref[:, pl.ds(640, 128)] = acc_2_1
     out_ref[:, pl.ds(768, 128)] = acc_2_2
@@ -123,15 +105,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
-    acc_3_0 = acc_3_0 + w * (
-        0.9999999999999999 * x1_1_0 * x2_0_0
-    )
-    acc_3_1 = acc_3_1 + w * (
-        0.9999999999999999 * x1_1_1 * x2_0_0
-    )
-    acc_3_2 = acc_3_2 + w * (
-        0.9999999999999999 * x1_1_2 * x2_0_0
-    )
+    acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x1_1_0 * x2_0_0)
+    acc_3_1 = acc_3_1 + w * (0.9999999999999999 * x1_1_1 * x2_0_0)
+    acc_3_2 = acc_3_2 + w * (0.9999999999999999 * x1_1_2 * x2_0_0)
     out_ref[:, pl.ds(1152, 128)] = acc_3_0
     out_ref[:, pl.ds(1280, 128)] = acc_3_1
     out_ref[:, pl.ds(1408, 128)] = acc_3_2
@@ -273,9 +249,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (128x0e), m=0
     # path 0: x1[0] 128x0e (x) x2[0] 1x0e -> out[0] 128x0e, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 128)]
-    acc_0_0 = acc_0_0 + w * (
-        1.0 * x2_0_0 * g_0_0
-    )
+    acc_0_0 = acc_0_0 + w * (1.0 * x2_0_0 * g_0_0)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -319,27 +293,15 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x1o), m=2
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
-    acc_1_0 = acc_1_0 + w * (
-        0.9999999999999999 * x2_0_0 * g_3_0
-    )
-    acc_1_1 = acc_1_1 + w * (
-        0.9999999999999999 * x2_0_0 * g_3_1
-    )
-    acc_1_2 = acc_1_2 + w * (
-        0.9999999999999999 * x2_0_0 * g_3_2
-    )
+    acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x2_0_0 * g_3_0)
+    acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x2_0_0 * g_3_1)
+    acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x2_0_0 * g_3_2)
     g_4_0 = g_ref[:, pl.ds(1536, 128)]  # g block 4 (128x0e), m=0
     # path 4: x1[1] 128x1o (x) x2[1] 1x1o -> out[4] 128x0e, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 128)]
-    acc_1_0 = acc_1_0 + w * (
-        0.5773502691896257 * x2_1_0 * g_4_0
-    )
-    acc_1_1 = acc_1_1 + w * (
-        0.5773502691896257 * x2_1_1 * g_4_0
-    )
-    acc_1_2 = acc_1_2 + w * (
-        0.5773502691896257 * x2_1_2 * g_4_0
-    )
+    acc_1_0 = acc_1_0 + w * (0.5773502691896257 * x2_1_0 * g_4_0)
+    acc_1_1 = acc_1_1 + w * (0.5773502691896257 * x2_1_1 * g_4_0)
+    acc_1_2 = acc_1_2 + w * (0.5773502691896257 * x2_1_2 * g_4_0)
     g_5_0 = g_ref[:, pl.ds(1664, 128)]  # g block 5 (128x2e), m=0
     g_5_1 = g_ref[:, pl.ds(1792, 128)]  # g block 5 (128x2e), m=1
     g_5_2 = g_ref[:, pl.ds(1920, 128)]  # g block 5 (128x2e), m=2
@@ -442,9 +404,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     # path 0: x1[0] 128x0e (x) x2[0] 1x0e -> out[0] 128x0e, uvu, weights at 0, 1 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
     g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (128x0e), m=0
-    h0_0 = (
-        1.0 * x1_0_0 * g_0_0
-    )
+    h0_0 = 1.0 * x1_0_0 * g_0_0
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
@@ -471,30 +431,18 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
     g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
     g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
-    h1_0 = (
-        0.9999999999999999 * x1_0_0 * g_1_0
-    )
-    h1_1 = (
-        0.9999999999999999 * x1_0_0 * g_1_1
-    )
-    h1_2 = (
-        0.9999999999999999 * x1_0_0 * g_1_2
-    )
+    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
+    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
+    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
     w = w_ref[:, pl.ds(128, 128)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h1_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 4: x1[1] 128x1o (x) x2[1] 1x1o -> out[4] 128x0e, uvu, weights at 512, 3 nonzeros
     g_4_0 = g_ref[:, pl.ds(1536, 128)]  # g block 4 (128x0e), m=0
-    h4_0 = (
-        0.5773502691896257 * x1_1_0 * g_4_0
-    )
-    h4_1 = (
-        0.5773502691896257 * x1_1_1 * g_4_0
-    )
-    h4_2 = (
-        0.5773502691896257 * x1_1_2 * g_4_0
-    )
+    h4_0 = 0.5773502691896257 * x1_1_0 * g_4_0
+    h4_1 = 0.5773502691896257 * x1_1_1 * g_4_0
+    h4_2 = 0.5773502691896257 * x1_1_2 * g_4_0
     w = w_ref[:, pl.ds(512, 128)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h4_1, axis=1, keepdims=True)
@@ -542,21 +490,11 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
     g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
     g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
-    h2_0 = (
-        1.0 * x1_0_0 * g_2_0
-    )
-    h2_1 = (
-        1.0 * x1_0_0 * g_2_1
-    )
-    h2_2 = (
-        1.0 * x1_0_0 * g_2_2
-    )
-    h2_3 = (
-        1.0 * x1_0_0 * g_2_3
-    )
-    h2_4 = (
-        1.0 * x1_0_0 * g_2_4
-    )
+    h2_0 = 1.0 * x1_0_0 * g_2_0
+    h2_1 = 1.0 * x1_0_0 * g_2_1
+    h2_2 = 1.0 * x1_0_0 * g_2_2
+    h2_3 = 1.0 * x1_0_0 * g_2_3
+    h2_4 = 1.0 * x1_0_0 * g_2_4
     w = w_ref[:, pl.ds(256, 128)]
     acc_2_0 = acc_2_0 + jnp.sum(w * h2_0, axis=1, keepdims=True)
     acc_2_1 = acc_2_1 + jnp.sum(w * h2_1, axis=1, keepdims=True)
@@ -676,12 +614,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
     g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (128x0e), m=0
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    h0_0 = (
-        1.0 * x1_0_0 * g_0_0
-    )
-    r = (
-        h0_0 * x2_0_0
-    )
+    h0_0 = 1.0 * x1_0_0 * g_0_0
+    r = h0_0 * x2_0_0
     out_ref[:, pl.ds(0, 128)] = r
 
     # weights of path 1 (128 columns)
@@ -692,15 +626,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    h1_0 = (
-        0.9999999999999999 * x1_0_0 * g_1_0
-    )
-    h1_1 = (
-        0.9999999999999999 * x1_0_0 * g_1_1
-    )
-    h1_2 = (
-        0.9999999999999999 * x1_0_0 * g_1_2
-    )
+    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
+    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
+    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
     r = (
         h1_0 * x2_1_0
         + h1_1 * x2_1_1
@@ -720,21 +648,11 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    h2_0 = (
-        1.0 * x1_0_0 * g_2_0
-    )
-    h2_1 = (
-        1.0 * x1_0_0 * g_2_1
-    )
-    h2_2 = (
-        1.0 * x1_0_0 * g_2_2
-    )
-    h2_3 = (
-        1.0 * x1_0_0 * g_2_3
-    )
-    h2_4 = (
-        1.0 * x1_0_0 * g_2_4
-    )
+    h2_0 = 1.0 * x1_0_0 * g_2_0
+    h2_1 = 1.0 * x1_0_0 * g_2_1
+    h2_2 = 1.0 * x1_0_0 * g_2_2
+    h2_3 = 1.0 * x1_0_0 * g_2_3
+    h2_4 = 1.0 * x1_0_0 * g_2_4
     r = (
         h2_0 * x2_2_0
         + h2_1 * x2_2_1
@@ -757,23 +675,15 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + 0.9999999999999999 * x1_1_1 * g_3_1
         + 0.9999999999999999 * x1_1_2 * g_3_2
     )
-    r = (
-        h3_0 * x2_0_0
-    )
+    r = h3_0 * x2_0_0
     out_ref[:, pl.ds(384, 128)] = r
 
     # weights of path 4 (128 columns)
     # path 4: x1[1] 128x1o (x) x2[1] 1x1o -> out[4] 128x0e, uvu, weights at 512, 3 nonzeros
     g_4_0 = g_ref[:, pl.ds(1536, 128)]  # g block 4 (128x0e), m=0
-    h4_0 = (
-        0.5773502691896257 * x1_1_0 * g_4_0
-    )
-    h4_1 = (
-        0.5773502691896257 * x1_1_1 * g_4_0
-    )
-    h4_2 = (
-        0.5773502691896257 * x1_1_2 * g_4_0
-    )
+    h4_0 = 0.5773502691896257 * x1_1_0 * g_4_0
+    h4_1 = 0.5773502691896257 * x1_1_1 * g_4_0
+    h4_2 = 0.5773502691896257 * x1_1_2 * g_4_0
     r = (
         h4_0 * x2_1_0
         + h4_1 * x2_1_1

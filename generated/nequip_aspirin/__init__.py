@@ -52,3 +52,7 @@ DTYPES = ('float32', 'float64')
 DIM_IN1 = 512
 DIM_IN2 = 4
 DIM_OUT = 1408
+# fused graph convolution (torch_ops.conv / jax_ops.conv) when CONV is True
+CONV = False
+CONV_REDUCE = 'sum'
+CONV_DETERMINISTIC = False

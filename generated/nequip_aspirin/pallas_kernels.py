@@ -53,9 +53,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 64)]
-    acc_0_0 = acc_0_0 + w * (
-        1.0 * x1_0_0 * x2_0_0
-    )
+    acc_0_0 = acc_0_0 + w * (1.0 * x1_0_0 * x2_0_0)
     out_ref[:, pl.ds(0, 64)] = acc_0_0
 
     # out block 1 (64x1e): 1 path(s)
@@ -67,15 +65,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
-    acc_1_0 = acc_1_0 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_0
-    )
-    acc_1_1 = acc_1_1 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_1
-    )
-    acc_1_2 = acc_1_2 + w * (
-        0.9999999999999999 * x1_0_0 * x2_1_2
-    )
+    acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
+    acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
+    acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
     out_ref[:, pl.ds(64, 64)] = acc_1_0
     out_ref[:, pl.ds(128, 64)] = acc_1_1
     out_ref[:, pl.ds(192, 64)] = acc_1_2
@@ -85,9 +77,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
-    acc_2_0 = acc_2_0 + w * (
-        1.0 * x1_1_0 * x2_0_0
-    )
+    acc_2_0 = acc_2_0 + w * (1.0 * x1_1_0 * x2_0_0)
     out_ref[:, pl.ds(256, 64)] = acc_2_0
 
     # out block 3 (64x1o): 1 path(s)
@@ -96,15 +86,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_2 = jnp.zeros((rows, 64), dtype)
     # path 3: x1[1] 64x0e (x) x2[1] 1x1o -> out[3] 64x1o, uvu, weights at 192, 3 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
-    acc_3_0 = acc_3_0 + w * (
-        0.9999999999999999 * x1_1_0 * x2_1_0
-    )
-    acc_3_1 = acc_3_1 + w * (
-        0.9999999999999999 * x1_1_0 * x2_1_1
-    )
-    acc_3_2 = acc_3_2 + w * (
-        0.9999999999999999 * x1_1_0 * x2_1_2
-    )
+    acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x1_1_0 * x2_1_0)
+    acc_3_1 = acc_3_1 + w * (0.9999999999999999 * x1_1_0 * x2_1_1)
+    acc_3_2 = acc_3_2 + w * (0.9999999999999999 * x1_1_0 * x2_1_2)
     out_ref[:, pl.ds(320, 64)] = acc_3_0
     out_ref[:, pl.ds(384, 64)] = acc_3_1
     out_ref[:, pl.ds(448, 64)] = acc_3_2
@@ -118,15 +102,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
-    acc_4_0 = acc_4_0 + w * (
-        0.9999999999999999 * x1_2_0 * x2_0_0
-    )
-    acc_4_1 = acc_4_1 + w * (
-        0.9999999999999999 * x1_2_1 * x2_0_0
-    )
-    acc_4_2 = acc_4_2 + w * (
-        0.9999999999999999 * x1_2_2 * x2_0_0
-    )
+    acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_2_0 * x2_0_0)
+    acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_2_1 * x2_0_0)
+    acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_2_2 * x2_0_0)
     out_ref[:, pl.ds(512, 64)] = acc_4_0
     out_ref[:, pl.ds(576, 64)] = acc_4_1
     out_ref[:, pl.ds(640, 64)] = acc_4_2
@@ -173,15 +151,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
     w = w_ref[:, pl.ds(448, 64)]
-    acc_7_0 = acc_7_0 + w * (
-        0.9999999999999999 * x1_3_0 * x2_0_0
-    )
-    acc_7_1 = acc_7_1 + w * (
-        0.9999999999999999 * x1_3_1 * x2_0_0
-    )
-    acc_7_2 = acc_7_2 + w * (
-        0.9999999999999999 * x1_3_2 * x2_0_0
-    )
+    acc_7_0 = acc_7_0 + w * (0.9999999999999999 * x1_3_0 * x2_0_0)
+    acc_7_1 = acc_7_1 + w * (0.9999999999999999 * x1_3_1 * x2_0_0)
+    acc_7_2 = acc_7_2 + w * (0.9999999999999999 * x1_3_2 * x2_0_0)
     out_ref[:, pl.ds(960, 64)] = acc_7_0
     out_ref[:, pl.ds(1024, 64)] = acc_7_1
     out_ref[:, pl.ds(1088, 64)] = acc_7_2
@@ -231,9 +203,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 64)]
-    acc_0_0 = acc_0_0 + w * (
-        1.0 * x2_0_0 * g_0_0
-    )
+    acc_0_0 = acc_0_0 + w * (1.0 * x2_0_0 * g_0_0)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -254,9 +224,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x0e), m=0
     # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
-    acc_1_0 = acc_1_0 + w * (
-        1.0 * x2_0_0 * g_2_0
-    )
+    acc_1_0 = acc_1_0 + w * (1.0 * x2_0_0 * g_2_0)
     g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
     g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
     g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
@@ -278,27 +246,15 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_4_2 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=2
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
-    acc_2_0 = acc_2_0 + w * (
-        0.9999999999999999 * x2_0_0 * g_4_0
-    )
-    acc_2_1 = acc_2_1 + w * (
-        0.9999999999999999 * x2_0_0 * g_4_1
-    )
-    acc_2_2 = acc_2_2 + w * (
-        0.9999999999999999 * x2_0_0 * g_4_2
-    )
+    acc_2_0 = acc_2_0 + w * (0.9999999999999999 * x2_0_0 * g_4_0)
+    acc_2_1 = acc_2_1 + w * (0.9999999999999999 * x2_0_0 * g_4_1)
+    acc_2_2 = acc_2_2 + w * (0.9999999999999999 * x2_0_0 * g_4_2)
     g_5_0 = g_ref[:, pl.ds(704, 64)]  # g block 5 (64x0e), m=0
     # path 5: x1[2] 64x1o (x) x2[1] 1x1o -> out[5] 64x0e, uvu, weights at 320, 3 nonzeros
     w = w_ref[:, pl.ds(320, 64)]
-    acc_2_0 = acc_2_0 + w * (
-        0.5773502691896257 * x2_1_0 * g_5_0
-    )
-    acc_2_1 = acc_2_1 + w * (
-        0.5773502691896257 * x2_1_1 * g_5_0
-    )
-    acc_2_2 = acc_2_2 + w * (
-        0.5773502691896257 * x2_1_2 * g_5_0
-    )
+    acc_2_0 = acc_2_0 + w * (0.5773502691896257 * x2_1_0 * g_5_0)
+    acc_2_1 = acc_2_1 + w * (0.5773502691896257 * x2_1_1 * g_5_0)
+    acc_2_2 = acc_2_2 + w * (0.5773502691896257 * x2_1_2 * g_5_0)
     g_6_0 = g_ref[:, pl.ds(768, 64)]  # g block 6 (64x1e), m=0
     g_6_1 = g_ref[:, pl.ds(832, 64)]  # g block 6 (64x1e), m=1
     g_6_2 = g_ref[:, pl.ds(896, 64)]  # g block 6 (64x1e), m=2
@@ -329,27 +285,15 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_7_2 = g_ref[:, pl.ds(1088, 64)]  # g block 7 (64x1e), m=2
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
     w = w_ref[:, pl.ds(448, 64)]
-    acc_3_0 = acc_3_0 + w * (
-        0.9999999999999999 * x2_0_0 * g_7_0
-    )
-    acc_3_1 = acc_3_1 + w * (
-        0.9999999999999999 * x2_0_0 * g_7_1
-    )
-    acc_3_2 = acc_3_2 + w * (
-        0.9999999999999999 * x2_0_0 * g_7_2
-    )
+    acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x2_0_0 * g_7_0)
+    acc_3_1 = acc_3_1 + w * (0.9999999999999999 * x2_0_0 * g_7_1)
+    acc_3_2 = acc_3_2 + w * (0.9999999999999999 * x2_0_0 * g_7_2)
     g_8_0 = g_ref[:, pl.ds(1152, 64)]  # g block 8 (64x0o), m=0
     # path 8: x1[3] 64x1e (x) x2[1] 1x1o -> out[8] 64x0o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
-    acc_3_0 = acc_3_0 + w * (
-        0.5773502691896257 * x2_1_0 * g_8_0
-    )
-    acc_3_1 = acc_3_1 + w * (
-        0.5773502691896257 * x2_1_1 * g_8_0
-    )
-    acc_3_2 = acc_3_2 + w * (
-        0.5773502691896257 * x2_1_2 * g_8_0
-    )
+    acc_3_0 = acc_3_0 + w * (0.5773502691896257 * x2_1_0 * g_8_0)
+    acc_3_1 = acc_3_1 + w * (0.5773502691896257 * x2_1_1 * g_8_0)
+    acc_3_2 = acc_3_2 + w * (0.5773502691896257 * x2_1_2 * g_8_0)
     g_9_0 = g_ref[:, pl.ds(1216, 64)]  # g block 9 (64x1o), m=0
     g_9_1 = g_ref[:, pl.ds(1280, 64)]  # g block 9 (64x1o), m=1
     g_9_2 = g_ref[:, pl.ds(1344, 64)]  # g block 9 (64x1o), m=2
@@ -382,17 +326,13 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
-    h0_0 = (
-        1.0 * x1_0_0 * g_0_0
-    )
+    h0_0 = 1.0 * x1_0_0 * g_0_0
     w = w_ref[:, pl.ds(0, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x0e), m=0
-    h2_0 = (
-        1.0 * x1_1_0 * g_2_0
-    )
+    h2_0 = 1.0 * x1_1_0 * g_2_0
     w = w_ref[:, pl.ds(128, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h2_0, axis=1, keepdims=True)
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
@@ -433,15 +373,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
     g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
     g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
-    h1_0 = (
-        0.9999999999999999 * x1_0_0 * g_1_0
-    )
-    h1_1 = (
-        0.9999999999999999 * x1_0_0 * g_1_1
-    )
-    h1_2 = (
-        0.9999999999999999 * x1_0_0 * g_1_2
-    )
+    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
+    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
+    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
     w = w_ref[:, pl.ds(64, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h1_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
@@ -450,30 +384,18 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
     g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
     g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
-    h3_0 = (
-        0.9999999999999999 * x1_1_0 * g_3_0
-    )
-    h3_1 = (
-        0.9999999999999999 * x1_1_0 * g_3_1
-    )
-    h3_2 = (
-        0.9999999999999999 * x1_1_0 * g_3_2
-    )
+    h3_0 = 0.9999999999999999 * x1_1_0 * g_3_0
+    h3_1 = 0.9999999999999999 * x1_1_0 * g_3_1
+    h3_2 = 0.9999999999999999 * x1_1_0 * g_3_2
     w = w_ref[:, pl.ds(192, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h3_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h3_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h3_2, axis=1, keepdims=True)
     # path 5: x1[2] 64x1o (x) x2[1] 1x1o -> out[5] 64x0e, uvu, weights at 320, 3 nonzeros
     g_5_0 = g_ref[:, pl.ds(704, 64)]  # g block 5 (64x0e), m=0
-    h5_0 = (
-        0.5773502691896257 * x1_2_0 * g_5_0
-    )
-    h5_1 = (
-        0.5773502691896257 * x1_2_1 * g_5_0
-    )
-    h5_2 = (
-        0.5773502691896257 * x1_2_2 * g_5_0
-    )
+    h5_0 = 0.5773502691896257 * x1_2_0 * g_5_0
+    h5_1 = 0.5773502691896257 * x1_2_1 * g_5_0
+    h5_2 = 0.5773502691896257 * x1_2_2 * g_5_0
     w = w_ref[:, pl.ds(320, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h5_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
@@ -500,15 +422,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
     # path 8: x1[3] 64x1e (x) x2[1] 1x1o -> out[8] 64x0o, uvu, weights at 512, 3 nonzeros
     g_8_0 = g_ref[:, pl.ds(1152, 64)]  # g block 8 (64x0o), m=0
-    h8_0 = (
-        0.5773502691896257 * x1_3_0 * g_8_0
-    )
-    h8_1 = (
-        0.5773502691896257 * x1_3_1 * g_8_0
-    )
-    h8_2 = (
-        0.5773502691896257 * x1_3_2 * g_8_0
-    )
+    h8_0 = 0.5773502691896257 * x1_3_0 * g_8_0
+    h8_1 = 0.5773502691896257 * x1_3_1 * g_8_0
+    h8_2 = 0.5773502691896257 * x1_3_2 * g_8_0
     w = w_ref[:, pl.ds(512, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h8_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h8_1, axis=1, keepdims=True)
@@ -548,12 +464,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    h0_0 = (
-        1.0 * x1_0_0 * g_0_0
-    )
-    r = (
-        h0_0 * x2_0_0
-    )
+    h0_0 = 1.0 * x1_0_0 * g_0_0
+    r = h0_0 * x2_0_0
     out_ref[:, pl.ds(0, 64)] = r
 
     # weights of path 1 (64 columns)
@@ -564,15 +476,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    h1_0 = (
-        0.9999999999999999 * x1_0_0 * g_1_0
-    )
-    h1_1 = (
-        0.9999999999999999 * x1_0_0 * g_1_1
-    )
-    h1_2 = (
-        0.9999999999999999 * x1_0_0 * g_1_2
-    )
+    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
+    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
+    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
     r = (
         h1_0 * x2_1_0
         + h1_1 * x2_1_1
@@ -584,12 +490,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x0e), m=0
-    h2_0 = (
-        1.0 * x1_1_0 * g_2_0
-    )
-    r = (
-        h2_0 * x2_0_0
-    )
+    h2_0 = 1.0 * x1_1_0 * g_2_0
+    r = h2_0 * x2_0_0
     out_ref[:, pl.ds(128, 64)] = r
 
     # weights of path 3 (64 columns)
@@ -597,15 +499,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
     g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
     g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
-    h3_0 = (
-        0.9999999999999999 * x1_1_0 * g_3_0
-    )
-    h3_1 = (
-        0.9999999999999999 * x1_1_0 * g_3_1
-    )
-    h3_2 = (
-        0.9999999999999999 * x1_1_0 * g_3_2
-    )
+    h3_0 = 0.9999999999999999 * x1_1_0 * g_3_0
+    h3_1 = 0.9999999999999999 * x1_1_0 * g_3_1
+    h3_2 = 0.9999999999999999 * x1_1_0 * g_3_2
     r = (
         h3_0 * x2_1_0
         + h3_1 * x2_1_1
@@ -626,23 +522,15 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + 0.9999999999999999 * x1_2_1 * g_4_1
         + 0.9999999999999999 * x1_2_2 * g_4_2
     )
-    r = (
-        h4_0 * x2_0_0
-    )
+    r = h4_0 * x2_0_0
     out_ref[:, pl.ds(256, 64)] = r
 
     # weights of path 5 (64 columns)
     # path 5: x1[2] 64x1o (x) x2[1] 1x1o -> out[5] 64x0e, uvu, weights at 320, 3 nonzeros
     g_5_0 = g_ref[:, pl.ds(704, 64)]  # g block 5 (64x0e), m=0
-    h5_0 = (
-        0.5773502691896257 * x1_2_0 * g_5_0
-    )
-    h5_1 = (
-        0.5773502691896257 * x1_2_1 * g_5_0
-    )
-    h5_2 = (
-        0.5773502691896257 * x1_2_2 * g_5_0
-    )
+    h5_0 = 0.5773502691896257 * x1_2_0 * g_5_0
+    h5_1 = 0.5773502691896257 * x1_2_1 * g_5_0
+    h5_2 = 0.5773502691896257 * x1_2_2 * g_5_0
     r = (
         h5_0 * x2_1_0
         + h5_1 * x2_1_1
@@ -687,23 +575,15 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + 0.9999999999999999 * x1_3_1 * g_7_1
         + 0.9999999999999999 * x1_3_2 * g_7_2
     )
-    r = (
-        h7_0 * x2_0_0
-    )
+    r = h7_0 * x2_0_0
     out_ref[:, pl.ds(448, 64)] = r
 
     # weights of path 8 (64 columns)
     # path 8: x1[3] 64x1e (x) x2[1] 1x1o -> out[8] 64x0o, uvu, weights at 512, 3 nonzeros
     g_8_0 = g_ref[:, pl.ds(1152, 64)]  # g block 8 (64x0o), m=0
-    h8_0 = (
-        0.5773502691896257 * x1_3_0 * g_8_0
-    )
-    h8_1 = (
-        0.5773502691896257 * x1_3_1 * g_8_0
-    )
-    h8_2 = (
-        0.5773502691896257 * x1_3_2 * g_8_0
-    )
+    h8_0 = 0.5773502691896257 * x1_3_0 * g_8_0
+    h8_1 = 0.5773502691896257 * x1_3_1 * g_8_0
+    h8_2 = 0.5773502691896257 * x1_3_2 * g_8_0
     r = (
         h8_0 * x2_1_0
         + h8_1 * x2_1_1

@@ -78,3 +78,7 @@ DTYPES = ('float32', 'float64')
 DIM_IN1 = 704
 DIM_IN2 = 16
 DIM_OUT = 5472
+# fused graph convolution (torch_ops.conv / jax_ops.conv) when CONV is True
+CONV = False
+CONV_REDUCE = 'sum'
+CONV_DETERMINISTIC = False
