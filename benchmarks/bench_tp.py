@@ -44,6 +44,7 @@ when OUT is set.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import importlib
 import importlib.metadata
@@ -768,6 +769,42 @@ def copy_bandwidth(device, log) -> float:
     return bw
 
 
+def matmul_flops(device, log, dtype_name: str = "float32"):
+    """FLOP/s of a large square matrix product (TF32 off: IEEE float32), median of 10.
+
+    The arithmetic ceiling of the roofline (benchmarks/report.py). 8192^3 on a GPU,
+    1024^3 on a CPU; random data (never zeros: they run faster than real data).
+    """
+    torch = import_torch()
+    td = getattr(torch, dtype_name)
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=td)
+    b = torch.randn(n, n, device=device, dtype=td)
+    samples = []
+    for _ in range(3):
+        c = a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            c = a @ b
+            e.record()
+            e.synchronize()
+            samples.append(s.elapsed_time(e) / 1e3)
+    else:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            c = a @ b
+            samples.append(time.perf_counter() - t0)
+    t = statistics.median(samples)
+    fl = 2 * n**3 / t
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    log(f"matmul {dtype_name} {n}^3 (tf32 {'on' if tf32 else 'off'}): {fl / 1e12:.1f} TFLOP/s ({t * 1e6:.0f} us)")
+    del a, b, c
+    return fl
+
+
 # ----------------------------------------------------------------------------- main loop
 
 
@@ -841,6 +878,11 @@ class Bench:
         self.meta = self.environment(device, impls, problems)
         self.copy_bw = copy_bandwidth(device, self.log)
         self.meta["copy_bandwidth_Bps"] = self.copy_bw
+        for dn in ("float32", "float64"):  # arithmetic ceilings of the roofline (report.py)
+            try:
+                self.meta[f"matmul_{dn}_flops"] = matmul_flops(device, self.log, dn)
+            except Exception as e:  # noqa: BLE001
+                self.log(f"matmul {dn}: {one_line(e)}")
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device.type == "cuda" else 32 << 20
         self.meta["l2_bytes"] = l2
         timer = Timer(device, args.target_ms or (20.0 if args.quick else 200.0), args.quick)
@@ -1015,7 +1057,8 @@ class Bench:
 
     def environment(self, device, impls, problems):
         meta = {"python": platform.python_version(), "device": "cpu", "impls": impls,
-                "problems": [p.name for p in problems], "argv": sys.argv[1:]}
+                "problems": [p.name for p in problems], "argv": sys.argv[1:],
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         torch = import_torch()
         meta["torch"] = torch.__version__
         if device.type == "cuda":
@@ -1082,6 +1125,8 @@ class Bench:
             floor_us = nbytes / self.copy_bw * 1e6
             row = {"problem": k[0], "dtype": k[1], "batch": k[2], "direction": k[3],
                    "floor_bytes": nbytes, "floor_us": floor_us,
+                   # nominal FLOPs: the IR's count; forward+backward = 4 x forward (three VJPs)
+                   "flops": prob.ir.flops_per_batch * k[2] * (1 if k[3] == "fwd" else 4),
                    "times_us": {i: t(rs[i]) for i in impls}, "cells": {i: cell(rs[i]) for i in impls}}
             sp = {}
             for mine in ("eqdsl_torch", "eqdsl_jax"):

@@ -22,6 +22,13 @@ coefficient, transposed as needed)::
     backward_w   (x1, x2, g) = dF/dW    (batch, weights), or summed over the batch
                                          (per-program partial sums) when shared
 
+Unweighted paths. With unweighted paths ``F = F_w(x1, x2, W, g) + F_u(x1, x2, g)`` is
+affine, not linear, in ``W``, so the VJP of ``backward_w`` (which is ``dF_w/dW``) needs the
+derivatives of ``F_w`` alone: for such specs the forward and the two input backwards
+are also generated over the weighted paths only (``forward_weighted``,
+``backward_x1_weighted``, ``backward_x2_weighted``); otherwise those are the same
+functions as the full ones.
+
 Vectorization. In every mode the kernels vectorize over the channel of the path's
 weight row (its innermost, padded axis): ``w`` for ``uvw``, ``u`` for ``uvu`` and
 ``uuu``, ``v`` for ``uvv``. Operands indexed by that channel are ``(block_batch, P)``
@@ -62,12 +69,17 @@ MAX_TERMS_PER_KERNEL = 1200
 BLOCK_ELEMS = 512
 MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
 
-# Kernel kinds: (name, operand refs in argument order, the operand it computes).
+# Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
+# paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone (see
+# the module docstring); they exist only when a spec mixes weighted and unweighted paths.
 KINDS = (
-    ("fwd", ("x1", "x2", "w"), "g"),
-    ("bwd_x1", ("g", "x2", "w"), "x1"),
-    ("bwd_x2", ("x1", "g", "w"), "x2"),
-    ("bwd_w", ("x1", "x2", "g"), "w"),
+    ("fwd", ("x1", "x2", "w"), "g", False),
+    ("bwd_x1", ("g", "x2", "w"), "x1", False),
+    ("bwd_x2", ("x1", "g", "w"), "x2", False),
+    ("bwd_w", ("x1", "x2", "g"), "w", True),
+    ("fwd_wo", ("x1", "x2", "w"), "g", True),
+    ("bwd_x1_wo", ("g", "x2", "w"), "x1", True),
+    ("bwd_x2_wo", ("x1", "g", "w"), "x2", True),
 )
 # Channel index of each data operand, per mode (e3nn's einsum subscripts).
 _CHANNEL = {
@@ -200,8 +212,9 @@ class _KernelBuilder:
 
     def __init__(self, kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, groups: list[int]):
         self.kind = kind
-        self.refs, self.target = next((r, t) for k, r, t in KINDS if k == kind)
+        self.refs, self.target, weighted_only = next((r, t, wo) for k, r, t, wo in KINDS if k == kind)
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
+        self.paths = [p for p in ir.paths if p.has_weight or not weighted_only]
         self.number = number
         self.group_ids = groups
         self.loaded: set[str] = set()
@@ -443,7 +456,7 @@ class _KernelBuilder:
     def build(self) -> dict:
         groups, col = [], 0
         terms = 0
-        if self.kind == "bwd_w":
+        if self.target == "w":
             for pi in self.group_ids:
                 p = self.ir.paths[pi]
                 top: list[dict] = []
@@ -456,7 +469,7 @@ class _KernelBuilder:
             op = self.target
             for b in self.group_ids:
                 blk = self.blocks[op][b]
-                paths = [p for p in self.ir.paths if {"g": p.i_out, "x1": p.i_in1, "x2": p.i_in2}[op] == b]
+                paths = [p for p in self.paths if {"g": p.i_out, "x1": p.i_in1, "x2": p.i_in2}[op] == b]
                 top = [_line(f"{a} = jnp.zeros((rows, {blk['pad']}), dtype)") for a in self._accs(blk)]
                 for p in paths:
                     self.path_into_acc(p, top)
@@ -498,16 +511,17 @@ def _split(costs: list[int]) -> list[list[int]]:
 
 
 def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wl: list[dict], wmap: dict) -> list[dict]:
-    if kind == "bwd_w":
+    _, _, op, weighted_only = next(k for k in KINDS if k[0] == kind)
+    paths = [p for p in ir.paths if p.has_weight or not weighted_only]
+    if not paths:  # nothing to compute: the launcher returns zeros
+        return []
+    if op == "w":
         ids = [w["path"] for w in wl]
-        if not ids:
-            return []
         runs = _split([len(ir.paths[i].nonzeros) for i in ids])
         runs = [[ids[i] for i in run] for run in runs]
     else:
-        op = {"fwd": "g", "bwd_x1": "x1", "bwd_x2": "x2"}[kind]
         key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
-        costs = [sum(len(p.nonzeros) for p in ir.paths if getattr(p, key) == b["index"]) for b in blocks[op]]
+        costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b["index"]) for b in blocks[op]]
         runs = _split(costs)
     # the lanes a kernel needs are known only after its body is built
     return [_KernelBuilder(kind, ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
@@ -520,7 +534,9 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
     wl, wn = _weight_layout(ir, in1, in2, out)
     wmap = {w["path"]: w for w in wl}
     blocks = {"x1": in1, "x2": in2, "g": out}
-    kernels = {kind: _kernels(kind, ir, blocks, wl, wmap) for kind, _, _ in KINDS}
+    mixed = any(p.has_weight for p in ir.paths) and not all(p.has_weight for p in ir.paths)
+    kinds = [k for k, _, _, _ in KINDS if mixed or not k.endswith("_wo")]
+    kernels = {kind: _kernels(kind, ir, blocks, wl, wmap) for kind in kinds}
     widest = max(b["pad"] for b in in1 + in2 + out)
     block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
 
@@ -552,10 +568,10 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
         "weight_blocks": repr(tuple((w["offset"], w["shape"], w["perm"], w["pad"]) for w in wl)),
         "weights_identity": _weights_identity(wl) and wn == ir.weight_numel,
         "block_batch": block_batch,
-        "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]}
-                        for kind, _, _ in KINDS],
-        "kernels": [k for kind, _, _ in KINDS for k in kernels[kind]],
-        "num_kernels": {kind: len(kernels[kind]) for kind, _, _ in KINDS},
+        "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
+        "kernels": [k for kind in kinds for k in kernels[kind]],
+        "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
+        "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),
         "num_paths": len(ir.paths),

@@ -207,18 +207,22 @@ def _concat(pieces):
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
-def launch_rows(name: str, kernels, args, *, shared_arg: int | None, block_batch: int, interpret: bool):
+def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | None, block_batch: int,
+                interpret: bool):
     """Run a kernel set whose output has one row per input row.
 
     ``args``: ``(rows, width)`` operands, blocked by ``block_batch`` rows, except
     ``args[shared_arg]`` (shared weights, ``(1, width)``), given whole to every program.
     ``kernels``: ``(kernel, output width)`` pairs; their outputs are concatenated over
-    columns. Grid: one program per ``block_batch`` rows.
+    columns (``out_width`` in all; no kernels: zeros). Grid: one program per
+    ``block_batch`` rows.
     """
     from jax.experimental import pallas as pl
 
     rows = next(a.shape[0] for i, a in enumerate(args) if i != shared_arg)
     _check_rows(rows, block_batch)
+    if not kernels:
+        return jnp.zeros((rows, out_width), args[0].dtype)
     row_block = lambda i: (i, 0)  # noqa: E731
     in_specs = [
         pl.BlockSpec((1, a.shape[1]), lambda i: (0, 0)) if k == shared_arg else pl.BlockSpec((block_batch, a.shape[1]), row_block)
@@ -240,14 +244,16 @@ def launch_rows(name: str, kernels, args, *, shared_arg: int | None, block_batch
     return _concat(pieces)
 
 
-def launch_weight_sum(name: str, kernels, args, *, block_batch: int, interpret: bool):
+def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: int, interpret: bool):
     """Run a ``backward_w`` kernel set with shared weights: every program writes the sum
     over its ``block_batch`` rows as one partial-sum row; the partial sums are added up
-    (in a fixed order) to one ``(1, width)`` row."""
+    (in a fixed order) to one ``(1, out_width)`` row (no kernels: zeros)."""
     from jax.experimental import pallas as pl
 
     rows = args[0].shape[0]
     _check_rows(rows, block_batch)
+    if not kernels:
+        return jnp.zeros((1, out_width), args[0].dtype)
     blocks = rows // block_batch
     pieces = []
     for kernel, width in kernels:
@@ -276,41 +282,49 @@ def launch_weight_sum(name: str, kernels, args, *, block_batch: int, interpret: 
 
 
 class TensorProductVJP(NamedTuple):
-    """The four kernels of a tensor product as mutually differentiating ``jax.custom_vjp``
+    """The kernels of a tensor product as mutually differentiating ``jax.custom_vjp``
     functions on kernel-layout arrays; each takes ``(a, b, c, block_batch, interpret)``
     (the last two static).
 
-    With ``F(x1, x2, W, g)`` the four-linear form of the tensor product::
+    With ``F(x1, x2, W, g) = F_w + F_u`` the form of the tensor product (``F_w`` over the
+    weighted paths, four-linear; ``F_u`` over the unweighted ones, independent of ``W``)::
 
         fwd(x1, x2, W)    = dF/dg     VJP(h): bwd_x1(h, x2, W), bwd_x2(x1, h, W), bwd_w(x1, x2, h)
         bwd_x1(g, x2, W)  = dF/dx1    VJP(h): fwd(h, x2, W),    bwd_x2(h, g, W),  bwd_w(h, x2, g)
         bwd_x2(x1, g, W)  = dF/dx2    VJP(h): bwd_x1(g, h, W),  fwd(x1, h, W),    bwd_w(x1, h, g)
-        bwd_w(x1, x2, g)  = dF/dW     VJP(h): bwd_x1(g, x2, h), bwd_x2(x1, g, h), fwd(x1, x2, h)
+        bwd_w(x1, x2, g)  = dF_w/dW   VJP(h): bwd_x1_w(g, x2, h), bwd_x2_w(x1, g, h), fwd_w(x1, x2, h)
 
-    so reverse-mode derivatives of every order are again these four kernels. Forward
-    mode (``jax.jvp``, ``jax.jacfwd``) is not available: JAX refuses it for
-    ``custom_vjp`` functions with a ``TypeError``.
+    where ``fwd_w``, ``bwd_x1_w``, ``bwd_x2_w`` are the same derivatives of ``F_w`` alone
+    (with the same rules among themselves and ``bwd_w``); when every path is weighted they
+    are ``fwd``, ``bwd_x1``, ``bwd_x2``. So reverse-mode derivatives of every order are
+    again these kernels. Forward mode (``jax.jvp``, ``jax.jacfwd``) is not available: JAX
+    refuses it for ``custom_vjp`` functions with a ``TypeError``.
     """
 
     fwd: Callable
     bwd_x1: Callable
     bwd_x2: Callable
     bwd_w: Callable
+    fwd_w: Callable
+    bwd_x1_w: Callable
+    bwd_x2_w: Callable
 
 
-def make_vjp_ops(forward, backward_x1, backward_x2, backward_w) -> TensorProductVJP:
-    """Wire four kernel launchers ``f(a, b, c, *, block_batch, interpret)`` into
-    ``TensorProductVJP`` (see there for the rules)."""
+def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -> TensorProductVJP:
+    """Wire kernel launchers ``f(a, b, c, *, block_batch, interpret)`` into
+    ``TensorProductVJP`` (see there for the rules). ``weighted``: the launchers
+    ``(forward, backward_x1, backward_x2)`` over the weighted paths only, or ``None``
+    when every path is weighted."""
 
     def wrap(launch):
         @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
         def op(a, b, c, block_batch, interpret):
             return launch(a, b, c, block_batch=block_batch, interpret=interpret)
 
-        op.__name__ = op.__qualname__ = launch.__name__
         return op
 
     fwd, bwd_x1, bwd_x2, bwd_w = (wrap(f) for f in (forward, backward_x1, backward_x2, backward_w))
+    fwd_w, bwd_x1_w, bwd_x2_w = (fwd, bwd_x1, bwd_x2) if weighted is None else (wrap(f) for f in weighted)
 
     def save(op):
         # The primal goes through ``op`` itself, not its launcher: under an outer level of
@@ -321,22 +335,30 @@ def make_vjp_ops(forward, backward_x1, backward_x2, backward_w) -> TensorProduct
 
         return rule
 
-    def fwd_bwd(bb, it, res, h):
-        x1, x2, w = res
-        return bwd_x1(h, x2, w, bb, it), bwd_x2(x1, h, w, bb, it), bwd_w(x1, x2, h, bb, it)
+    def family(f, b1, b2):
+        """VJP rules of the derivatives (f, b1, b2) of one form, with ``bwd_w`` its W-derivative."""
 
-    def bwd_x1_bwd(bb, it, res, h):
-        g, x2, w = res
-        return fwd(h, x2, w, bb, it), bwd_x2(h, g, w, bb, it), bwd_w(h, x2, g, bb, it)
+        def f_bwd(bb, it, res, h):
+            x1, x2, w = res
+            return b1(h, x2, w, bb, it), b2(x1, h, w, bb, it), bwd_w(x1, x2, h, bb, it)
 
-    def bwd_x2_bwd(bb, it, res, h):
-        x1, g, w = res
-        return bwd_x1(g, h, w, bb, it), fwd(x1, h, w, bb, it), bwd_w(x1, h, g, bb, it)
+        def b1_bwd(bb, it, res, h):
+            g, x2, w = res
+            return f(h, x2, w, bb, it), b2(h, g, w, bb, it), bwd_w(h, x2, g, bb, it)
+
+        def b2_bwd(bb, it, res, h):
+            x1, g, w = res
+            return b1(g, h, w, bb, it), f(x1, h, w, bb, it), bwd_w(x1, h, g, bb, it)
+
+        for op, rule in ((f, f_bwd), (b1, b1_bwd), (b2, b2_bwd)):
+            op.defvjp(save(op), rule)
 
     def bwd_w_bwd(bb, it, res, h):
         x1, x2, g = res
-        return bwd_x1(g, x2, h, bb, it), bwd_x2(x1, g, h, bb, it), fwd(x1, x2, h, bb, it)
+        return bwd_x1_w(g, x2, h, bb, it), bwd_x2_w(x1, g, h, bb, it), fwd_w(x1, x2, h, bb, it)
 
-    for op, rule in ((fwd, fwd_bwd), (bwd_x1, bwd_x1_bwd), (bwd_x2, bwd_x2_bwd), (bwd_w, bwd_w_bwd)):
-        op.defvjp(save(op), rule)
-    return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w)
+    family(fwd, bwd_x1, bwd_x2)
+    if weighted is not None:
+        family(fwd_w, bwd_x1_w, bwd_x2_w)
+    bwd_w.defvjp(save(bwd_w), bwd_w_bwd)
+    return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w)

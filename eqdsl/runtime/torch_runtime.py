@@ -13,7 +13,15 @@ import os
 
 import torch
 
-__all__ = ["check_inputs", "check_operands", "check_device", "register_autograd", "LayoutPermutation", "DTYPES"]
+__all__ = [
+    "check_inputs",
+    "check_operands",
+    "check_device",
+    "register_autograd",
+    "LayoutPermutation",
+    "permute_columns",
+    "DTYPES",
+]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -179,29 +187,47 @@ def check_device(op: str, device: torch.device) -> None:
     raise RuntimeError(f"{op}: unsupported device {device}; use CUDA (or CPU with TRITON_INTERPRET=1)")
 
 
-class _Permute(torch.autograd.Function):
-    """``x[:, index]``; its derivative is the inverse gather (itself differentiable)."""
+_PERMUTATIONS: dict[str, "LayoutPermutation"] = {}
 
-    @staticmethod
-    def forward(ctx, x, index, inverse):
-        ctx.save_for_backward(index, inverse)
-        return torch.index_select(x, 1, index)
 
-    @staticmethod
-    def backward(ctx, grad):
-        index, inverse = ctx.saved_tensors
-        return _Permute.apply(grad, inverse, index), None, None
+@torch.library.custom_op("eqdsl_runtime::permute_columns", mutates_args=())
+def permute_columns(x: torch.Tensor, key: str, to_ir_mul: bool) -> torch.Tensor:
+    """``x`` with its columns in the other layout (``LayoutPermutation`` ``key``): one gather.
+
+    A custom op, so that tracing (``make_fx``, ``torch.compile``) records one node and
+    never sees the cached index tensors, which only eager code creates.
+    """
+    return torch.index_select(x, 1, _PERMUTATIONS[key].index(to_ir_mul, x.device))
+
+
+@permute_columns.register_fake
+def _permute_columns_fake(x: torch.Tensor, key: str, to_ir_mul: bool) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _permute_columns_setup(ctx, inputs, output):
+    ctx.key, ctx.to_ir_mul = inputs[1], inputs[2]
+
+
+def _permute_columns_backward(ctx, grad):
+    # the derivative of a gather by a permutation is the inverse gather (not an index_add)
+    return permute_columns(grad, ctx.key, not ctx.to_ir_mul), None, None
+
+
+permute_columns.register_autograd(_permute_columns_backward, setup_context=_permute_columns_setup)
 
 
 class LayoutPermutation:
     """Column permutations between ``mul_ir`` and ``ir_mul`` rows of one irreps.
 
-    ``blocks`` is ``((mul, 2l+1), ...)``. Each conversion is one ``index_select``
-    (a gather: read and write the whole operand once) and so is its derivative (the
-    inverse gather, not an ``index_add``); index tensors are cached per device.
+    ``key`` names it (unique per generated operand, e.g. ``"eqdsl_foo.in1"``);
+    ``blocks`` is ``((mul, 2l+1), ...)``. Each conversion is one gather (read and write
+    the whole operand once), the ``eqdsl_runtime::permute_columns`` op, and so is its
+    derivative (the inverse gather), to any order. Index tensors are built in eager
+    code only and cached per device.
     """
 
-    def __init__(self, blocks: tuple[tuple[int, int], ...]):
+    def __init__(self, key: str, blocks: tuple[tuple[int, int], ...]):
         gather = []  # ir_mul position -> mul_ir position
         off = 0
         for mul, dim in blocks:
@@ -210,20 +236,22 @@ class LayoutPermutation:
         inverse = [0] * len(gather)
         for dst, src in enumerate(gather):
             inverse[src] = dst
-        self._to_ir_mul = gather
-        self._to_mul_ir = inverse
-        self._cache: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self.key = key
+        self.blocks = tuple(blocks)
+        self._lists = {True: gather, False: inverse}
+        self._cache: dict[tuple[bool, torch.device], torch.Tensor] = {}
+        _PERMUTATIONS[key] = self
 
-    def _index(self, which: str, device: torch.device) -> torch.Tensor:
-        key = (which, device)
-        idx = self._cache.get(key)
+    def index(self, to_ir_mul: bool, device: torch.device) -> torch.Tensor:
+        """Gather index (``ir_mul`` column -> ``mul_ir`` column when ``to_ir_mul``, else the inverse)."""
+        idx = self._cache.get((to_ir_mul, device))
         if idx is None:
-            idx = torch.tensor(getattr(self, "_" + which), dtype=torch.long, device=device)
-            self._cache[key] = idx
+            idx = torch.tensor(self._lists[to_ir_mul], dtype=torch.long, device=device)
+            self._cache[(to_ir_mul, device)] = idx
         return idx
 
     def to_ir_mul(self, x: torch.Tensor) -> torch.Tensor:
-        return _Permute.apply(x, self._index("to_ir_mul", x.device), self._index("to_mul_ir", x.device))
+        return permute_columns(x, self.key, True)
 
     def to_mul_ir(self, x: torch.Tensor) -> torch.Tensor:
-        return _Permute.apply(x, self._index("to_mul_ir", x.device), self._index("to_ir_mul", x.device))
+        return permute_columns(x, self.key, False)
