@@ -116,8 +116,9 @@ def check_vjp(b: Built, batch: int, dtype: str, *, block_batch=BB, seed=0):
 def test_backward_kernels_match_reference_mixed(specs, shared, layout):
     """All four modes, unweighted paths, mixed multiplicities; padded rows (BATCH % BB != 0)."""
     b = specs("mixed", shared, layout)
-    for dtype in ("float64", "float32"):
-        check_vjp(b, BATCH, dtype)
+    check_vjp(b, BATCH, "float64")
+    if shared == (layout == "ir_mul"):  # float32 on two of the four (each dtype compiles its own kernels)
+        check_vjp(b, BATCH, "float32")
 
 
 @pytest.mark.parametrize("shared,layout", [(False, "ir_mul"), (True, "mul_ir")])
@@ -127,36 +128,26 @@ def test_backward_kernels_match_reference_small(specs, shared, layout):
     check_vjp(b, 5, "float32", block_batch=None)  # default block: one program, most rows padded
 
 
-def test_jax_vjp_of_tensor_product_matches_reference(specs):
-    """The custom_vjp wiring at first order: jax.vjp(tensor_product) is the three kernels."""
-    for shared, layout in ((False, "mul_ir"), (True, "ir_mul")):
-        b = specs("mixed", shared, layout)
-        x1, x2, w = inputs(b.ir, BATCH)
-        g = grad_out(b.ir, BATCH)
-        out, f = jax.vjp(lambda a, c, d: b.ops.tensor_product(a, c, d, block_batch=BB), x1, x2, w)
-        assert rel_err(out, tensor_product_reference(b.ir, x1, x2, w)) <= 1e-12
-        for a, c in zip(f(jnp.asarray(g)), tensor_product_vjp_reference(b.ir, x1, x2, w, g)):
-            assert rel_err(a, c) <= 1e-12
-
-
 # ---------------------------------------------------------------- higher orders
 
 
 def _second_order(tp, args, r, vs):
-    """Gradient of <v, grad L> for L = sum(r * tp(args)**2): every kernel, cotangents substituted."""
+    """(grad L, grad <v, grad L>) for L = sum(r * tp(args)**2): first order through the
+    custom_vjp of the forward, second order through those of every kernel."""
     def loss(*a):
         return jnp.sum(r * tp(*a) ** 2)
 
     def gv(*a):
         return sum(jnp.vdot(v, gi) for v, gi in zip(vs, jax.grad(loss, argnums=(0, 1, 2))(*a)))
 
-    return jax.jit(jax.grad(gv, argnums=(0, 1, 2)))(*args)
+    return jax.jit(lambda *a: (jax.grad(loss, argnums=(0, 1, 2))(*a), jax.grad(gv, argnums=(0, 1, 2))(*a)))(*args)
 
 
 @pytest.mark.parametrize("name,shared,layout", [("mixed", False, "mul_ir"), ("mixed", True, "ir_mul"),
-                                                ("small", True, "mul_ir"), ("small", False, "ir_mul")])
-def test_second_order_matches_dense_jnp(specs, name, shared, layout):
-    """Hessian-vector products through the kernels equal those of dense einsums (float64)."""
+                                                ("small", True, "mul_ir")])
+def test_first_and_second_order_match_dense_jnp(specs, name, shared, layout):
+    """Gradients and Hessian-vector products through the kernels equal those of dense
+    einsums (float64); the first order is also checked against the numpy oracle."""
     b = specs(name, shared, layout)
     x1, x2, w = (jnp.asarray(a) for a in inputs(b.ir, BATCH, seed=3))
     rng = np.random.default_rng(4)
@@ -164,7 +155,11 @@ def test_second_order_matches_dense_jnp(specs, name, shared, layout):
     vs = [jnp.asarray(rng.normal(size=a.shape)) for a in (x1, x2, w)]
     got = _second_order(lambda a, c, d: b.ops.tensor_product(a, c, d, block_batch=BB), (x1, x2, w), r, vs)
     want = _second_order(lambda a, c, d: jnp_tensor_product(b.ir, a, c, d), (x1, x2, w), r, vs)
-    for a, c in zip(got, want):
+    out = tensor_product_reference(b.ir, *(np.asarray(t) for t in (x1, x2, w)))
+    oracle = tensor_product_vjp_reference(b.ir, x1, x2, w, 2 * np.asarray(r) * out)
+    for a, c, o in zip(got[0], want[0], oracle):
+        assert rel_err(a, o) <= 1e-12 and rel_err(c, o) <= 1e-12
+    for a, c in zip(got[1], want[1]):
         assert rel_err(a, c) <= 1e-10
 
 
@@ -254,8 +249,9 @@ def test_random_specs_backward_match_reference(root, kw, batch, dtype, block):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_jit_and_vmap_of_gradients(specs, shared):
-    """vmap over a leading axis of grad, of tensor_product_vjp, and of a second derivative."""
-    b = specs("mixed", shared, "ir_mul")
+    """vmap over a leading axis of grad, of tensor_product_vjp, and of a second derivative
+    (with unbatched shared weights their gradients are per mapped example, as JAX does)."""
+    b = specs("small", shared, "ir_mul")
     ir, n, batch = b.ir, 2, 5
     rng = np.random.default_rng(11)
     x1 = jnp.asarray(rng.normal(size=(n, batch, ir.dim_in1)))
@@ -288,12 +284,7 @@ def test_jit_and_vmap_of_gradients(specs, shared):
             lambda a, c, d: jnp.sum(jnp_tensor_product(ir, a, c, d) ** 2), argnums=1)(a, c, d) ** 2), argnums=(0, 2))
         d1, d3 = dense(x1[i], x2[i], wi(i))
         assert rel_err(hv[0][i], d1) <= 1e-10
-        if not shared:
-            assert rel_err(hv[1][i], d3) <= 1e-10
-    if shared:
-        d3 = sum(jax.grad(lambda d: jnp.sum(jax.grad(
-            lambda c: jnp.sum(jnp_tensor_product(ir, x1[i], c, d) ** 2))(x2[i]) ** 2))(w) for i in range(n))
-        assert hv[1].shape == w.shape and rel_err(hv[1], d3) <= 1e-10
+        assert rel_err(hv[1][i], d3) <= 1e-10
 
 
 def test_forward_mode_is_refused_clearly(specs):
@@ -353,7 +344,7 @@ def test_kernel_outputs_are_zero_in_padding(specs, shared):
 
 def test_shared_weight_reduction_over_several_launches(specs, monkeypatch):
     """The batch sum of shared-weight gradients, split over launches of one program each."""
-    b = specs("mixed", True, "mul_ir")
+    b = specs("small", True, "mul_ir")
     k = b.ops._kernels
     rows = 16
     (x1, x2, w, g), (a, c, d, e) = _packed(b, BATCH, rows, seed=2)

@@ -292,22 +292,23 @@ _PAR = {1: "e", -1: "o"}
 
 
 @st.composite
-def random_specs(draw):
-    """Random irreps (l <= 3, mul 1..5) and 1-3 explicit instructions of any mode."""
+def random_specs(draw, max_l=3, max_mul=5, max_instructions=3):
+    """Random irreps (l <= max_l, mul 1..max_mul) and 1..max_instructions explicit instructions of any mode."""
     def irreps(n_max):
         n = draw(st.integers(1, n_max))
-        return [(draw(st.integers(1, 5)), draw(st.integers(0, 3)), draw(st.sampled_from([1, -1]))) for _ in range(n)]
+        return [(draw(st.integers(1, max_mul)), draw(st.integers(0, max_l)), draw(st.sampled_from([1, -1])))
+                for _ in range(n)]
 
     in1, in2 = irreps(2), irreps(2)
     out: list[tuple[int, int, int]] = []
     instructions, seen = [], set()
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(1, max_instructions))):
         i1, i2 = draw(st.integers(0, len(in1) - 1)), draw(st.integers(0, len(in2) - 1))
         (m1, l1, p1), (m2, l2, p2) = in1[i1], in2[i2]
-        lo = draw(st.integers(abs(l1 - l2), min(l1 + l2, 3)))
+        lo = draw(st.integers(abs(l1 - l2), min(l1 + l2, max_l)))
         modes = ["uvw", "uvu", "uvv"] + (["uuu"] if m1 == m2 else [])
         mode = draw(st.sampled_from(modes))
-        mo = {"uvw": draw(st.integers(1, 4)), "uvu": m1, "uvv": m2, "uuu": m1}[mode]
+        mo = {"uvw": draw(st.integers(1, min(4, max_mul))), "uvu": m1, "uvv": m2, "uuu": m1}[mode]
         blk = (mo, lo, p1 * p2)
         if blk in out and draw(st.booleans()):
             io = out.index(blk)

@@ -156,7 +156,8 @@ def _letter(p: PathIR, op: str) -> str:
 
 
 def _term(coeff: float, factors: list[str], first: bool) -> str:
-    body = " * ".join([repr(abs(coeff))] + factors)
+    # a coefficient of exactly 1 is left out (exact either way; one multiply less)
+    body = " * ".join(([] if abs(coeff) == 1.0 else [repr(abs(coeff))]) + factors)
     if first:
         return ("-" if coeff < 0 else "") + body
     return ("- " if coeff < 0 else "+ ") + body
@@ -368,7 +369,7 @@ class _BlockKernel:
 
         comment = _path_comment(ir, p)
         if la == lo and lb == lo:  # uuu: everything indexed by the output channel
-            wexpr = self._weight_row(p, {lo: "tile_c"})
+            wexpr = self._weight_row(p, {lo: "tile_c"}, updates)
             updates.append(comment)
             for kk, nzs in sorted(by_o.items()):
                 s = _sum([(c, [tiled(ao, ai, i), tiled(bo, bi, j)]) for c, i, j in nzs])
@@ -378,7 +379,7 @@ class _BlockKernel:
             lu, n_unroll = (lb, bb.mul) if a_tiled else (la, ab.mul)
             updates.append(comment)
             for ch in range(n_unroll):
-                wexpr = self._weight_row(p, {lo: "tile_c", lu: str(ch)})
+                wexpr = self._weight_row(p, {lo: "tile_c", lu: str(ch)}, updates)
                 for kk, nzs in sorted(by_o.items()):
                     if a_tiled:
                         terms = [(c, [tiled(ao, ai, i), scalar(bo, bi, j, ch)]) for c, i, j in nzs]
@@ -427,31 +428,49 @@ class _BlockKernel:
                         terms = [(c, [scalar(ao, ai, i, ch), rtiled(bo, bi, j)]) for c, i, j in nzs]
                     # t: (tile_b, tile_r) products for this output component; then contract tile_r
                     red["updates"].append(f"t = {_sum(terms)}")
-                    red["updates"].append(f"acc{o}_{kk} = acc{o}_{kk} + {self._contract(p, index, block_r)}")
+                    contrib = self._contract(p, index, block_r, red["updates"])
+                    red["updates"].append(f"acc{o}_{kk} = acc{o}_{kk} + {contrib}")
             return True
         return False
 
-    def _weight_row(self, p: PathIR, index: dict[str, str]) -> str | None:
-        """Weight operand of an update indexed by ``tile_c`` (and unrolled channels): (b or 1, c)."""
+    def _weight_row(self, p: PathIR, index: dict[str, str], lines: list[str]) -> str | None:
+        """Weight factor of an update indexed by ``tile_c`` (and unrolled channels): (b or 1, c).
+
+        Loaded once (``wt<path>_<channel>``, the load appended to ``lines`` where first
+        needed), used by every component.
+        """
         if not p.has_weight:
             return None
-        idx = ", ".join(index[letter] for letter in _letter(p, "w"))
-        if self.ir.shared_weights:
-            return f"w{p.index}[{idx}][None, :]"
-        return f"w{p.index}[tile_b, {idx}]"
+        letters = _letter(p, "w")
+        idx = ", ".join(index[letter] for letter in letters)
+        name = "_".join([f"wt{p.index}"] + [index[x] for x in letters if not index[x].startswith("tile_")])
+        if not any(line.startswith(name + " = ") for line in lines):
+            src = f"w{p.index}[{idx}][None, :]" if self.ir.shared_weights else f"w{p.index}[tile_b, {idx}]"
+            lines.append(f"{name} = {src}")
+        return name
 
-    def _contract(self, p: PathIR, index: dict[str, str], block_r: int) -> str:
-        """``sum_r t[b, r] W[.., r, .., c]`` as an expression of shape (b, c)."""
+    def _contract(self, p: PathIR, index: dict[str, str], block_r: int, lines: list[str]) -> str:
+        """``sum_r t[b, r] W[.., r, .., c]`` as an expression of shape (b, c).
+
+        The weight tile is loaded once per reduction step (``wr<path>_<channel>``, the
+        load appended to ``lines`` where first needed).
+        """
         if not p.has_weight:
             return "t.sum(1)[:, None]"
         letters = _letter(p, "w")
         idx = ", ".join(index[letter] for letter in letters)
         tiles = [index[letter] for letter in letters if index[letter].startswith("tile_")]
         texpr, axis = ("t[:, :, None]", 1) if tiles == ["tile_r", "tile_c"] else ("t[:, None, :]", 2)
+        name = "_".join([f"wr{p.index}"] + [index[x] for x in letters if not index[x].startswith("tile_")])
         if self.ir.shared_weights:
-            return f"({texpr} * w{p.index}[{idx}][None, :, :]).sum({axis})"
-        self.elems_3d = max(self.elems_3d, block_r * min(_pow2(_block(self.ir, p, self.out_op).mul), self.tuning.block_c))
-        return f"({texpr} * w{p.index}[tile_b, {idx}]).sum({axis})"
+            src = f"w{p.index}[{idx}][None, :, :]"
+        else:
+            c = min(_pow2(_block(self.ir, p, self.out_op).mul), self.tuning.block_c)
+            self.elems_3d = max(self.elems_3d, block_r * c)
+            src = f"w{p.index}[tile_b, {idx}]"
+        if not any(line.startswith(name + " = ") for line in lines):
+            lines.insert(len(lines) - 1, f"{name} = {src}")  # before the ``t = ...`` line just added
+        return f"({texpr} * {name}).sum({axis})"
 
 
 _DOC = {

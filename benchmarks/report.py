@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""Write BENCHMARKS.md (and a roofline PNG) from the benchmark JSON files.
+
+    python benchmarks/report.py --tp bench_tp.json --conv bench_conv.json --latency bench_latency.json
+
+or the same files as positional arguments (each recognised by its contents). Every input
+is optional: a missing one gives a section that says so. Outputs: ``--out`` (default
+<repo>/BENCHMARKS.md) and ``--png`` (default <repo>/benchmarks/roofline.png, linked from
+the Markdown by its relative path).
+
+What the tables show, per problem: the median time of every implementation measured in
+that run, its speedup over each anchor measured in the same run (anchor time / its
+time: e3nn, cuEquivariance, e3nn-jax), achieved bandwidth (the fewest bytes the pass must
+move / time) and the fraction of the memory floor (floor time / time, where floor =
+those bytes / the copy bandwidth measured in the same run). The roofline plots achieved
+FLOP/s (nominal FLOPs from eqdsl.lower / time) against arithmetic intensity (nominal
+FLOPs / those bytes), under the measured copy-bandwidth and fp32 matrix-product ceilings,
+float32 points only.
+
+Needs only the standard library and matplotlib (numpy through it); eqdsl only for JSON
+files written before the benchmarks recorded FLOPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHORS = [("e3nn", "e3nn"), ("cueq", "cuEq"), ("e3nn_jax", "e3nn-jax")]
+IMPL_ORDER = ["eqdsl_torch", "eqdsl_jax", "e3nn", "e3nn_compile", "cueq", "cueq_irmul", "e3nn_jax"]
+IMPL_LABEL = {"eqdsl_torch": "eqdsl torch", "eqdsl_jax": "eqdsl jax", "e3nn": "e3nn", "e3nn_compile": "e3nn compiled",
+              "cueq": "cuEquivariance", "cueq_irmul": "cuEquivariance (ir_mul)", "e3nn_jax": "e3nn-jax"}
+COLORS = {"eqdsl_torch": "tab:red", "eqdsl_jax": "tab:orange", "e3nn": "tab:blue", "e3nn_compile": "tab:cyan",
+          "cueq": "tab:green", "cueq_irmul": "tab:olive", "e3nn_jax": "tab:purple"}
+META_KEYS = [("device", "device"), ("date", "date (UTC)"), ("copy_bandwidth_Bps", "copy bandwidth"),
+             ("matmul_float32_flops", "fp32 matmul (TF32 off)"), ("matmul_float64_flops", "fp64 matmul"),
+             ("python", "python"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"), ("jax", "jax"),
+             ("jaxlib", "jaxlib"), ("jax_backend", "jax backend"), ("e3nn", "e3nn"), ("e3nn_jax", "e3nn-jax"),
+             ("cuequivariance", "cuequivariance"), ("cuequivariance_torch", "cuequivariance-torch"),
+             ("cuequivariance_ops_torch", "cuequivariance-ops-torch"), ("argv", "arguments")]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", help="JSON files (kind recognised from the contents)")
+    p.add_argument("--tp", help="bench_tp.json")
+    p.add_argument("--conv", help="bench_conv.json")
+    p.add_argument("--latency", help="bench_latency.json (default: the latency section of --conv, if any)")
+    p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
+    return p.parse_args(argv)
+
+
+def kind_of(d: dict) -> str:
+    what = str(d.get("meta", {}).get("what", ""))
+    if "latency" in what or ("graph" in d and "rows" in d and "results" not in d):
+        return "latency"
+    if "convolution" in what or "graphs" in d:
+        return "conv"
+    return "tp"
+
+
+def load_inputs(args):
+    data = {}
+    for k in ("tp", "conv", "latency"):
+        if getattr(args, k):
+            data[k] = (getattr(args, k), json.loads(Path(getattr(args, k)).read_text(encoding="utf-8")))
+    for f in args.files:
+        d = json.loads(Path(f).read_text(encoding="utf-8"))
+        data.setdefault(kind_of(d), (f, d))
+    if "latency" not in data and "conv" in data and data["conv"][1].get("latency", {}).get("rows"):
+        lat = data["conv"][1]["latency"]
+        data["latency"] = (data["conv"][0] + " (latency section)",
+                           {"meta": data["conv"][1]["meta"], "graph": lat.get("graph"), "rows": lat["rows"]})
+    return data
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def fmt_us(t):
+    if t is None:
+        return "-"
+    return f"{t:.1f}" if t < 100 else f"{t:.0f}"
+
+
+def fmt_x(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def fmt_meta(key, v):
+    if v is None:
+        return "-"
+    if key == "copy_bandwidth_Bps":
+        return f"{v / 1e9:.0f} GB/s"
+    if key.startswith("matmul_"):
+        return f"{v / 1e12:.1f} TFLOP/s"
+    if key == "argv":
+        return "`" + " ".join(map(str, v)) + "`" if v else "(defaults)"
+    return str(v).replace("|", "/")
+
+
+_FLOPS_CACHE: dict = {}
+
+
+def nominal_flops(problem: str):
+    """flops_per_batch of a problem from its spec (for JSON files without FLOPs)."""
+    if problem in _FLOPS_CACHE:
+        return _FLOPS_CACHE[problem]
+    val = None
+    try:
+        sys.path.insert(0, str(ROOT))
+        from eqdsl.lower import lower
+        from eqdsl.spec import load_spec
+
+        for f in sorted((ROOT / "examples" / "specs").glob("*.toml")):
+            for s in load_spec(f):
+                if s.name == problem:
+                    val = lower(s).flops_per_batch
+    except Exception:  # noqa: BLE001
+        val = None
+    _FLOPS_CACHE[problem] = val
+    return val
+
+
+def row_flops(row, kind):
+    if row.get("flops"):
+        return row["flops"]
+    fpb = nominal_flops(row["problem"])
+    if fpb is None:
+        return None
+    n = row.get("batch") if kind == "tp" else row.get("num_edges")
+    if not isinstance(n, int):
+        return None
+    return fpb * n * (1 if row["direction"] == "fwd" else 4)
+
+
+def measurements(data, kind):
+    """Flat list of dicts: one per (row, impl) with time or status."""
+    if kind not in data:
+        return []
+    d = data[kind][1]
+    res_by = {}
+    for r in d.get("results", []):
+        cfg = r.get("graph", r.get("batch"))
+        res_by[(r["problem"], r["dtype"], cfg, r["direction"], r["impl"])] = r
+    impls = d.get("meta", {}).get("impls") or sorted({i for row in d.get("rows", []) for i in row.get("times_us", {})})
+    out = []
+    for row in d.get("rows", []):
+        cfg = row.get("graph", row.get("batch"))
+        flops = row_flops(row, kind)
+        for impl in impls:
+            r = res_by.get((row["problem"], row["dtype"], cfg, row["direction"], impl))
+            t = row.get("times_us", {}).get(impl)
+            m = {"kind": kind, "problem": row["problem"], "dtype": row["dtype"], "config": cfg,
+                 "direction": row["direction"], "impl": impl, "time_us": t, "floor_us": row.get("floor_us"),
+                 "floor_bytes": row.get("floor_bytes"), "flops": flops,
+                 "status": r["status"] if r else ("ok" if t is not None else "-"),
+                 "reason": (r or {}).get("reason", ""), "note": (r or {}).get("note", ""),
+                 "num_nodes": row.get("num_nodes"), "num_edges": row.get("num_edges")}
+            out.append(m)
+    return out
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def table(header, rows, align=None):
+    align = align or ["---:" if i else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def perf_tables(ms, kind, graphs=None):
+    """One table per problem: configuration x implementation rows."""
+    out = []
+    problems = list(dict.fromkeys(m["problem"] for m in ms))
+    for prob in problems:
+        pm = [m for m in ms if m["problem"] == prob]
+        out.append(f"### {prob}\n")
+        cfgs = list(dict.fromkeys((m["dtype"], m["config"], m["direction"]) for m in pm))
+        rows = []
+        for dtype, cfg, direction in cfgs:
+            cm = {m["impl"]: m for m in pm if (m["dtype"], m["config"], m["direction"]) == (dtype, cfg, direction)}
+            anchors = {a: cm[a]["time_us"] for a, _ in ANCHORS if a in cm and cm[a]["time_us"]}
+            first = True
+            for impl in sorted(cm, key=lambda i: IMPL_ORDER.index(i) if i in IMPL_ORDER else 99):
+                m = cm[impl]
+                if m["status"] != "ok" or not m["time_us"]:
+                    continue
+                t = m["time_us"]
+                ratios = [fmt_x(anchors[a] / t) if a in anchors and a != impl else "-" for a, _ in ANCHORS]
+                gbps = m["floor_bytes"] / (t * 1e-6) / 1e9 if m["floor_bytes"] else None
+                frac = m["floor_us"] / t if m["floor_us"] else None
+                if kind == "conv":
+                    cfg_s = f"{cfg} ({m['num_nodes']} / {m['num_edges']})"
+                else:
+                    cfg_s = f"{cfg}"
+                lead = [dtype, cfg_s, direction, fmt_us(m["floor_us"])] if first else ["", "", "", ""]
+                name = f"**{IMPL_LABEL.get(impl, impl)}**" if impl.startswith("eqdsl") else IMPL_LABEL.get(impl, impl)
+                rows.append(lead + [name, fmt_us(t), *ratios, "-" if gbps is None else f"{gbps:.0f}",
+                                    "-" if frac is None else f"{100 * frac:.0f}%"])
+                first = False
+            missing = [f"{IMPL_LABEL.get(i, i)}: {cm[i]['status']}" for i in cm if cm[i]["status"] != "ok"]
+            if first:  # nothing timed for this configuration
+                rows.append([dtype, str(cfg), direction, fmt_us(cm[next(iter(cm))]["floor_us"]) if cm else "-",
+                             "(none timed)", "-", "-", "-", "-", "-", "-"])
+            if missing:
+                rows.append(["", "", "", "", "<sub>not timed: " + ", ".join(missing) + "</sub>", "", "", "", "", "", ""])
+        cfg_name = "graph (nodes / edges)" if kind == "conv" else "batch"
+        out.append(table(["dtype", cfg_name, "direction", "floor µs", "implementation", "µs",
+                          *[f"vs {lbl}" for _, lbl in ANCHORS], "GB/s", "% of floor"], rows,
+                         ["---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"]))
+        out.append("")
+    notes = {}
+    for m in ms:
+        if m["status"] not in ("ok", "-"):
+            key = (m["impl"], m["status"], m["reason"])
+            notes.setdefault(key, []).append(f"{m['problem']}/{m['dtype']}/{m['config']}/{m['direction']}")
+    if notes:
+        out.append("Not timed (n/a: unavailable or failed; BAD: disagreed with e3nn in float64; skip: time budget):\n")
+        for (impl, st, reason), where in notes.items():
+            w = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+            out.append(f"- {st} **{IMPL_LABEL.get(impl, impl)}**: {reason or '?'} ({w})")
+        out.append("")
+    ran = sorted({(m["impl"], m["note"]) for m in ms if m["status"] == "ok" and m["impl"].startswith("cueq") and m["note"]})
+    if ran:
+        out.append("cuEquivariance method that ran: " + "; ".join(sorted({n for _, n in ran})) + "\n")
+    return out
+
+
+def env_section(data):
+    srcs = [k for k in ("tp", "conv", "latency") if k in data]
+    if not srcs:
+        return ["No benchmark JSON given.\n"]
+    metas = {k: data[k][1].get("meta", {}) for k in srcs}
+    header = ["", *[{"tp": "tensor product", "conv": "convolution", "latency": "latency"}[k] for k in srcs]]
+    rows = []
+    for key, label in META_KEYS:
+        vals = [metas[k].get(key) for k in srcs]
+        if all(v is None for v in vals):
+            continue
+        rows.append([label, *[fmt_meta(key, v) for v in vals]])
+    rows.append(["file", *[f"`{Path(data[k][0]).name}`" for k in srcs]])
+    return [table(header, rows, ["---", *["---"] * len(srcs)]), ""]
+
+
+def latency_section(data):
+    if "latency" not in data:
+        return ["No latency JSON given.\n"]
+    d = data["latency"][1]
+    g = d.get("graph") or {}
+    out = [f"{g.get('desc', '?')}, {g.get('num_edges', '?')} edges; problem "
+           f"{(d.get('rows') or [{}])[0].get('problem', '?')}, float32. Microseconds per call (medians).\n"]
+    rows, notes = [], []
+    for r in d.get("rows", []):
+        if r.get("status") == "ok":
+            rows.append([IMPL_LABEL.get(r["impl"], r["impl"]), r["direction"], fmt_us(r.get("wall_sync_us")),
+                         fmt_us(r.get("host_us")), fmt_us(r.get("pipelined_us")), fmt_us(r.get("cuda_event_us")),
+                         f"{r.get('rel_err', float('nan')):.1e}"])
+        else:
+            rows.append([IMPL_LABEL.get(r["impl"], r["impl"]), r["direction"], r.get("status"), "-", "-", "-", "-"])
+            notes.append(f"- {r.get('status')} **{IMPL_LABEL.get(r['impl'], r['impl'])}** {r['direction']}: "
+                         f"{r.get('reason', '')}")
+    out.append(table(["implementation", "direction", "wall per synchronized call", "host per call (no sync)",
+                      "pipelined per call", "CUDA events", "rel. error"], rows,
+                     ["---", "---", "---:", "---:", "---:", "---:", "---:"]))
+    out.append("")
+    out.append("wall: one call then synchronize, median; host: N calls back to back without synchronizing, host "
+               "time / N (what the Python side costs); pipelined: the same N calls and one synchronize / N; CUDA "
+               "events: device time of one synchronized call (torch only).\n")
+    out += notes + ([""] if notes else [])
+    return out
+
+
+# ----------------------------------------------------------------------------- roofline
+
+
+def roofline(data, ms, png: str):
+    """Plot float32 points; returns a short description or an error string."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+    except Exception as e:  # noqa: BLE001
+        return f"matplotlib unavailable ({type(e).__name__}: {e}): no plot"
+    meta = {}
+    for k in ("tp", "conv", "latency"):
+        if k in data:
+            for key in ("copy_bandwidth_Bps", "matmul_float32_flops", "device"):
+                meta.setdefault(key, data[k][1].get("meta", {}).get(key))
+    pts = [m for m in ms if m["status"] == "ok" and m["time_us"] and m["flops"] and m["floor_bytes"]
+           and m["dtype"] == "float32"]
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    xs = [m["flops"] / m["floor_bytes"] for m in pts] or [1.0]
+    xmin, xmax = min(xs) / 4, max(xs) * 4
+    bw, peak = meta.get("copy_bandwidth_Bps"), meta.get("matmul_float32_flops")
+    import numpy as np
+
+    grid = np.logspace(np.log10(xmin), np.log10(max(xmax, (peak / bw) * 2 if bw and peak else xmax)), 200)
+    if bw:
+        ax.plot(grid, bw * grid, "k--", lw=1, label=f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    if peak:
+        ax.axhline(peak, color="k", ls=":", lw=1, label=f"fp32 matmul (TF32 off) {peak / 1e12:.1f} TFLOP/s")
+    if bw and peak:
+        ax.plot(grid, np.minimum(bw * grid, peak), "k-", lw=2, alpha=0.25)
+    markers = {("tp", "fwd"): ("o", True), ("tp", "fwd+bwd"): ("o", False),
+               ("conv", "fwd"): ("s", True), ("conv", "fwd+bwd"): ("s", False)}
+    for m in pts:
+        x = m["flops"] / m["floor_bytes"]
+        y = m["flops"] / (m["time_us"] * 1e-6)
+        mk, filled = markers.get((m["kind"], m["direction"]), ("x", True))
+        c = COLORS.get(m["impl"], "gray")
+        ax.scatter([x], [y], marker=mk, s=36, facecolors=c if filled else "none", edgecolors=c, linewidths=1.2,
+                   alpha=0.85)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity, nominal FLOP / minimal byte (eqdsl.lower)")
+    ax.set_ylabel("achieved FLOP/s (nominal FLOPs / median time)")
+    ax.set_title(f"Roofline, float32, {meta.get('device') or '?'}")
+    impls = [i for i in IMPL_ORDER if any(m["impl"] == i for m in pts)]
+    handles = [Line2D([], [], marker="o", ls="", color=COLORS[i], label=IMPL_LABEL[i]) for i in impls]
+    handles += [Line2D([], [], marker="o", ls="", color="gray", label="tensor product, fwd"),
+                Line2D([], [], marker="o", ls="", mfc="none", color="gray", label="tensor product, fwd+bwd"),
+                Line2D([], [], marker="s", ls="", color="gray", label="convolution, fwd"),
+                Line2D([], [], marker="s", ls="", mfc="none", color="gray", label="convolution, fwd+bwd")]
+    h0, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=h0 + handles, fontsize=7, loc="lower right")
+    ax.grid(True, which="both", alpha=0.2)
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return f"{len(pts)} float32 points"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    data = load_inputs(args)
+    tp = measurements(data, "tp")
+    conv = measurements(data, "conv")
+    md = ["# Benchmarks", "",
+          "Written by `benchmarks/report.py` from the JSON files of `benchmarks/bench_tp.py` and "
+          "`benchmarks/bench_conv.py` (how to run them: `benchmarks/README.md`). Do not edit by hand: "
+          "rerun the benchmarks and the report.", ""]
+    dates = sorted({str(data[k][1].get("meta", {}).get("date")) for k in data if data[k][1].get("meta", {}).get("date")})
+    devs = sorted({str(data[k][1].get("meta", {}).get("device")) for k in data if data[k][1].get("meta", {}).get("device")})
+    md += [f"Device: {', '.join(devs) or '?'}; run: {', '.join(dates) or '?'}.", ""]
+    md += ["## Environment", ""] + env_section(data)
+    md += ["## How to read the tables", "",
+           "Times are medians of many calls after warm-up (torch: CUDA events around each call; JAX: wall clock "
+           "over groups of calls ended by `block_until_ready`), with inputs rotating over sets larger than the L2 "
+           "cache. Every implementation was first checked against e3nn in float64 (relative Frobenius error of the "
+           "output and of the three gradients, at most 1e-4 in float32 and 1e-9 in float64); one that disagreed is "
+           "BAD and was not timed. `vs X` = time of X / this time, X measured in the same run (above 1: faster "
+           "than X). The floor is the fewest bytes the pass must move (every input read once, every output "
+           "written once; forward+backward: 3x the inputs + 2x the output, plus the indices for the convolution) "
+           "over the copy bandwidth measured in the same run; GB/s = those bytes / time; % of floor = floor / "
+           "time.", ""]
+    png_rel = os.path.relpath(args.png, Path(args.out).resolve().parent)
+    desc = roofline(data, tp + conv, args.png)
+    md += ["## Roofline", "",
+           f"![roofline]({png_rel})", "",
+           f"[`{png_rel}`]({png_rel}): {desc}. x: nominal FLOPs (eqdsl.lower's `flops_per_batch` x batch or "
+           "edges; the convolution adds one add per edge and output component; forward+backward counted as 4x "
+           "the forward) over the minimal bytes of the floor; y: those FLOPs / median time. Lines: the copy "
+           "bandwidth and a large float32 matrix product with TF32 off, both measured in the same run. Filled "
+           "markers: forward; hollow: forward+backward; circles: plain tensor product; squares: fused "
+           "convolution.", ""]
+    md += ["## Plain tensor product", ""]
+    md += perf_tables(tp, "tp") if tp else ["No tensor-product JSON given.", ""]
+    md += ["## Fused convolution", ""]
+    if conv:
+        gi = data["conv"][1].get("graphs", {})
+        if gi:
+            md += ["Graphs (edges sorted by destination):", ""]
+            md += [f"- `{k}`: {v.get('desc')}, {v.get('num_edges')} edges, max in-degree {v.get('max_in_degree')} "
+                   f"({v.get('builder')})" for k, v in gi.items()]
+            md.append("")
+        md += perf_tables(conv, "conv")
+    else:
+        md += ["No convolution JSON given.", ""]
+    md += ["## Small-graph latency", ""] + latency_section(data)
+    Path(args.out).write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    print(f"wrote {args.out} and {args.png} ({desc})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
