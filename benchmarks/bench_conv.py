@@ -73,7 +73,7 @@ import bench_tp as bt  # noqa: E402  (the plain-TP harness: helpers reused, not 
 
 ROOT = bt.ROOT
 CONV_PROBLEMS = ["mace_large", "nequip_toluene"]
-QUICK_CPU_PROBLEMS = ["nequip_water", "mace_large"]
+QUICK_CPU_PROBLEMS = ["nequip_water"]  # the interpreter runs mace_large at seconds per call
 ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "cueq", "cueq_irmul", "e3nn_jax"]
 DEFAULT_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "cueq", "e3nn_jax"]
 LATENCY_IMPLS = ["eqdsl_torch", "eqdsl_jax", "cueq", "e3nn", "e3nn_jax"]
@@ -109,11 +109,11 @@ def parse_args(argv=None):
                    help="run the small-graph latency section first (default)")
     p.add_argument("--no-latency", dest="latency", action="store_false")
     p.add_argument("--latency-only", action="store_true", help="only the latency section")
-    p.add_argument("--latency-problem", default="mace_large")
+    p.add_argument("--latency-problem", default=None, help="default mace_large (--quick on CPU: nequip_water)")
     p.add_argument("--latency-impls", default=None, help="default " + ",".join(LATENCY_IMPLS))
     p.add_argument("--latency-directions", default="fwd,fwd+bwd")
     p.add_argument("--latency-calls", type=int, default=None, help="calls per latency measurement (default 200; "
-                   "--quick 10)")
+                   "--quick 20, on CPU 5)")
     p.add_argument("--generated", default=str(ROOT / "generated"))
     p.add_argument("--specs", default=str(ROOT / "examples" / "specs"))
     p.add_argument("--json", help="default $OUT/bench_conv.json when OUT is set")
@@ -558,7 +558,7 @@ def latency_time(call, framework, device, ncalls: int):
     time per call, and (torch on CUDA) CUDA-event time per call; microseconds."""
     torch = bt.import_torch()
     sync = sync_fn(framework, device)
-    for _ in range(max(10, ncalls // 10)):
+    for _ in range(max(3, ncalls // 10)):
         sync(call(0))
     wall = []
     for _ in range(ncalls):
@@ -623,6 +623,8 @@ class ConvBench(bt.Bench):
         args = self.args
         torch = bt.import_torch()
         probs = {p.name: p for p in problems}
+        if not args.latency_problem:
+            args.latency_problem = "nequip_water" if (args.quick and self.device.type != "cuda") else "mace_large"
         if args.latency_problem not in probs:
             probs.update({p.name: p for p in bt.load_problems(argparse.Namespace(
                 problems=args.latency_problem, quick=False, specs=args.specs, generated=args.generated), self.log)})
@@ -633,7 +635,7 @@ class ConvBench(bt.Bench):
         if self.device.type != "cuda" and not args.latency_impls:
             impls = [i for i in impls if not i.startswith("cueq")]
         directions = [d.strip() for d in args.latency_directions.split(",") if d.strip()]
-        ncalls = args.latency_calls or (10 if args.quick else 200)
+        ncalls = args.latency_calls or ((20 if self.device.type == "cuda" else 5) if args.quick else 200)
         dtype = "float32"
         tol = args.rtol32
         self.log(f"latency: {prob.name} {dtype}, {graph.desc}, {graph.num_edges} edges ({graph.builder}); "

@@ -799,8 +799,8 @@ def matmul_flops(device, log, dtype_name: str = "float32"):
             samples.append(time.perf_counter() - t0)
     t = statistics.median(samples)
     fl = 2 * n**3 / t
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    log(f"matmul {dtype_name} {n}^3 (tf32 {'on' if tf32 else 'off'}): {fl / 1e12:.1f} TFLOP/s ({t * 1e6:.0f} us)")
+    tf32 = f" (tf32 {'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'})" if dtype_name == "float32" else ""
+    log(f"matmul {dtype_name} {n}^3{tf32}: {fl / 1e12:.2f} TFLOP/s ({t * 1e6:.0f} us)")
     del a, b, c
     return fl
 

@@ -84,83 +84,91 @@ def tp_fwd_0(
                 ra1_1 = x1_1[tile_b, 1, tile_r]
                 ra1_2 = x1_1[tile_b, 2, tile_r]
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
+                wr0_0 = w0[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra0_0 * sb0_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
                 t = (0.11322770341445958 * ra0_1 * sb0_0_0)
-                acc0_1 = acc0_1 + (t[:, :, None] * w0[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_1 = acc0_1 + (t[:, :, None] * wr0_0).sum(1)
                 t = (0.11322770341445958 * ra0_2 * sb0_0_0)
-                acc0_2 = acc0_2 + (t[:, :, None] * w0[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_2 = acc0_2 + (t[:, :, None] * wr0_0).sum(1)
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
+                wr3_0 = w3[tile_b, tile_r, 0, tile_c]
                 t = (
                     -0.03580574370197164 * ra0_0 * sb2_2_0 - 0.062017367294604234 * ra0_0 * sb2_4_0
                     + 0.062017367294604234 * ra0_1 * sb2_1_0 + 0.062017367294604234 * ra0_2 * sb2_0_0
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w3[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr3_0).sum(1)
                 t = (
                     0.062017367294604234 * ra0_0 * sb2_1_0 + 0.07161148740394328 * ra0_1 * sb2_2_0
                     + 0.062017367294604234 * ra0_2 * sb2_3_0
                 )
-                acc0_1 = acc0_1 + (t[:, :, None] * w3[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_1 = acc0_1 + (t[:, :, None] * wr3_0).sum(1)
                 t = (
                     0.062017367294604234 * ra0_0 * sb2_0_0 + 0.062017367294604234 * ra0_1 * sb2_3_0
                     - 0.03580574370197164 * ra0_2 * sb2_2_0 + 0.062017367294604234 * ra0_2 * sb2_4_0
                 )
-                acc0_2 = acc0_2 + (t[:, :, None] * w3[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_2 = acc0_2 + (t[:, :, None] * wr3_0).sum(1)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
+                wr5_0 = w5[tile_b, tile_r, 0, tile_c]
                 t = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w5[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr5_0).sum(1)
                 t = (-0.08006407690254357 * ra1_0 * sb1_2_0 + 0.08006407690254357 * ra1_2 * sb1_0_0)
-                acc0_1 = acc0_1 + (t[:, :, None] * w5[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_1 = acc0_1 + (t[:, :, None] * wr5_0).sum(1)
                 t = (0.08006407690254357 * ra1_0 * sb1_1_0 - 0.08006407690254357 * ra1_1 * sb1_0_0)
-                acc0_2 = acc0_2 + (t[:, :, None] * w5[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_2 = acc0_2 + (t[:, :, None] * wr5_0).sum(1)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
+                wr1_0 = w1[tile_b, tile_r, 0, tile_c]
                 t = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
                 t = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_0).sum(1)
                 t = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                wr4_0 = w4[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra1_0 * sb0_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w4[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr4_0).sum(1)
                 t = (0.11322770341445958 * ra1_1 * sb0_0_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w4[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr4_0).sum(1)
                 t = (0.11322770341445958 * ra1_2 * sb0_0_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w4[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr4_0).sum(1)
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
+                wr7_0 = w7[tile_b, tile_r, 0, tile_c]
                 t = (
                     -0.03580574370197164 * ra1_0 * sb2_2_0 - 0.062017367294604234 * ra1_0 * sb2_4_0
                     + 0.062017367294604234 * ra1_1 * sb2_1_0 + 0.062017367294604234 * ra1_2 * sb2_0_0
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w7[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr7_0).sum(1)
                 t = (
                     0.062017367294604234 * ra1_0 * sb2_1_0 + 0.07161148740394328 * ra1_1 * sb2_2_0
                     + 0.062017367294604234 * ra1_2 * sb2_3_0
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w7[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr7_0).sum(1)
                 t = (
                     0.062017367294604234 * ra1_0 * sb2_0_0 + 0.062017367294604234 * ra1_1 * sb2_3_0
                     - 0.03580574370197164 * ra1_2 * sb2_2_0 + 0.062017367294604234 * ra1_2 * sb2_4_0
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w7[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr7_0).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 ra2_0 = x1_2[tile_b, 0, tile_r]
                 ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                wr9_0 = w9[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra2_0 * sb1_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w9[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr9_0).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sb1_1_0)
-                acc0_1 = acc0_1 + (t[:, :, None] * w9[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_1 = acc0_1 + (t[:, :, None] * wr9_0).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sb1_2_0)
-                acc0_2 = acc0_2 + (t[:, :, None] * w9[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc0_2 = acc0_2 + (t[:, :, None] * wr9_0).sum(1)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                wr11_0 = w11[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra3_0 * sb1_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sb1_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sb1_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_0).sum(1)
             out_0[tile_b, 0, tile_c] = acc0_0
             out_0[tile_b, 1, tile_c] = acc0_1
             out_0[tile_b, 2, tile_c] = acc0_2
@@ -181,27 +189,31 @@ def tp_fwd_0(
                 ra1_1 = x1_1[tile_b, 1, tile_r]
                 ra1_2 = x1_1[tile_b, 2, tile_r]
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                wr2_0 = w2[tile_b, tile_r, 0, tile_c]
                 t = (
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
                     + 0.07580980435789032 * ra0_2 * sb1_2_0
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w2[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr2_0).sum(1)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                wr6_0 = w6[tile_b, tile_r, 0, tile_c]
                 t = (
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w6[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr6_0).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 ra2_0 = x1_2[tile_b, 0, tile_r]
                 ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                wr8_0 = w8[tile_b, tile_r, 0, tile_c]
                 t = (0.13130643285972254 * ra2_0 * sb0_0_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w8[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr8_0).sum(1)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                wr10_0 = w10[tile_b, tile_r, 0, tile_c]
                 t = (0.13130643285972254 * ra3_0 * sb0_0_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * w10[tile_b, tile_r, 0, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr10_0).sum(1)
             out_2[tile_b, 0, tile_c] = acc2_0
             out_3[tile_b, 0, tile_c] = acc3_0
 
@@ -264,83 +276,91 @@ def tp_bwd_x1_0(
                 rg1_1 = g_1[tile_b, 1, tile_r]
                 rg1_2 = g_1[tile_b, 2, tile_r]
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
+                wr0_0 = w0[tile_b, tile_c, 0, tile_r]
                 t = (0.11322770341445958 * rg0_0 * sb0_0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * w0[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
                 t = (0.11322770341445958 * rg0_1 * sb0_0_0)
-                acc0_1 = acc0_1 + (t[:, None, :] * w0[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_1 = acc0_1 + (t[:, None, :] * wr0_0).sum(2)
                 t = (0.11322770341445958 * rg0_2 * sb0_0_0)
-                acc0_2 = acc0_2 + (t[:, None, :] * w0[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_2 = acc0_2 + (t[:, None, :] * wr0_0).sum(2)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
+                wr1_0 = w1[tile_b, tile_c, 0, tile_r]
                 t = (-0.08006407690254357 * rg1_1 * sb1_2_0 + 0.08006407690254357 * rg1_2 * sb1_1_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * w1[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_0 = acc0_0 + (t[:, None, :] * wr1_0).sum(2)
                 t = (0.08006407690254357 * rg1_0 * sb1_2_0 - 0.08006407690254357 * rg1_2 * sb1_0_0)
-                acc0_1 = acc0_1 + (t[:, None, :] * w1[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_1 = acc0_1 + (t[:, None, :] * wr1_0).sum(2)
                 t = (-0.08006407690254357 * rg1_0 * sb1_1_0 + 0.08006407690254357 * rg1_1 * sb1_0_0)
-                acc0_2 = acc0_2 + (t[:, None, :] * w1[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_2 = acc0_2 + (t[:, None, :] * wr1_0).sum(2)
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
+                wr3_0 = w3[tile_b, tile_c, 0, tile_r]
                 t = (
                     -0.03580574370197164 * rg0_0 * sb2_2_0 - 0.062017367294604234 * rg0_0 * sb2_4_0
                     + 0.062017367294604234 * rg0_1 * sb2_1_0 + 0.062017367294604234 * rg0_2 * sb2_0_0
                 )
-                acc0_0 = acc0_0 + (t[:, None, :] * w3[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_0 = acc0_0 + (t[:, None, :] * wr3_0).sum(2)
                 t = (
                     0.062017367294604234 * rg0_0 * sb2_1_0 + 0.07161148740394328 * rg0_1 * sb2_2_0
                     + 0.062017367294604234 * rg0_2 * sb2_3_0
                 )
-                acc0_1 = acc0_1 + (t[:, None, :] * w3[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_1 = acc0_1 + (t[:, None, :] * wr3_0).sum(2)
                 t = (
                     0.062017367294604234 * rg0_0 * sb2_0_0 + 0.062017367294604234 * rg0_1 * sb2_3_0
                     - 0.03580574370197164 * rg0_2 * sb2_2_0 + 0.062017367294604234 * rg0_2 * sb2_4_0
                 )
-                acc0_2 = acc0_2 + (t[:, None, :] * w3[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_2 = acc0_2 + (t[:, None, :] * wr3_0).sum(2)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                wr4_0 = w4[tile_b, tile_c, 0, tile_r]
                 t = (0.11322770341445958 * rg1_0 * sb0_0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w4[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr4_0).sum(2)
                 t = (0.11322770341445958 * rg1_1 * sb0_0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w4[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr4_0).sum(2)
                 t = (0.11322770341445958 * rg1_2 * sb0_0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w4[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr4_0).sum(2)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
+                wr5_0 = w5[tile_b, tile_c, 0, tile_r]
                 t = (-0.08006407690254357 * rg0_1 * sb1_2_0 + 0.08006407690254357 * rg0_2 * sb1_1_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w5[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
                 t = (0.08006407690254357 * rg0_0 * sb1_2_0 - 0.08006407690254357 * rg0_2 * sb1_0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w5[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr5_0).sum(2)
                 t = (-0.08006407690254357 * rg0_0 * sb1_1_0 + 0.08006407690254357 * rg0_1 * sb1_0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w5[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr5_0).sum(2)
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
+                wr7_0 = w7[tile_b, tile_c, 0, tile_r]
                 t = (
                     -0.03580574370197164 * rg1_0 * sb2_2_0 - 0.062017367294604234 * rg1_0 * sb2_4_0
                     + 0.062017367294604234 * rg1_1 * sb2_1_0 + 0.062017367294604234 * rg1_2 * sb2_0_0
                 )
-                acc1_0 = acc1_0 + (t[:, None, :] * w7[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr7_0).sum(2)
                 t = (
                     0.062017367294604234 * rg1_0 * sb2_1_0 + 0.07161148740394328 * rg1_1 * sb2_2_0
                     + 0.062017367294604234 * rg1_2 * sb2_3_0
                 )
-                acc1_1 = acc1_1 + (t[:, None, :] * w7[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr7_0).sum(2)
                 t = (
                     0.062017367294604234 * rg1_0 * sb2_0_0 + 0.062017367294604234 * rg1_1 * sb2_3_0
                     - 0.03580574370197164 * rg1_2 * sb2_2_0 + 0.062017367294604234 * rg1_2 * sb2_4_0
                 )
-                acc1_2 = acc1_2 + (t[:, None, :] * w7[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr7_0).sum(2)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 rg2_0 = g_2[tile_b, 0, tile_r]
                 rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                wr2_0 = w2[tile_b, tile_c, 0, tile_r]
                 t = (0.07580980435789032 * rg2_0 * sb1_0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * w2[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_0 = acc0_0 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.07580980435789032 * rg2_0 * sb1_1_0)
-                acc0_1 = acc0_1 + (t[:, None, :] * w2[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_1 = acc0_1 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.07580980435789032 * rg2_0 * sb1_2_0)
-                acc0_2 = acc0_2 + (t[:, None, :] * w2[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc0_2 = acc0_2 + (t[:, None, :] * wr2_0).sum(2)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                wr6_0 = w6[tile_b, tile_c, 0, tile_r]
                 t = (0.07580980435789032 * rg3_0 * sb1_0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * rg3_0 * sb1_1_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * rg3_0 * sb1_2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
             gx1_0[tile_b, 0, tile_c] = acc0_0
             gx1_0[tile_b, 1, tile_c] = acc0_1
             gx1_0[tile_b, 2, tile_c] = acc0_2
@@ -357,11 +377,13 @@ def tp_bwd_x1_0(
                 rg2_0 = g_2[tile_b, 0, tile_r]
                 rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                wr8_0 = w8[tile_b, tile_c, 0, tile_r]
                 t = (0.13130643285972254 * rg2_0 * sb0_0_0)
-                acc2_0 = acc2_0 + (t[:, None, :] * w8[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc2_0 = acc2_0 + (t[:, None, :] * wr8_0).sum(2)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                wr10_0 = w10[tile_b, tile_c, 0, tile_r]
                 t = (0.13130643285972254 * rg3_0 * sb0_0_0)
-                acc3_0 = acc3_0 + (t[:, None, :] * w10[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc3_0 = acc3_0 + (t[:, None, :] * wr10_0).sum(2)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 rg0_0 = g_0[tile_b, 0, tile_r]
@@ -371,17 +393,19 @@ def tp_bwd_x1_0(
                 rg1_1 = g_1[tile_b, 1, tile_r]
                 rg1_2 = g_1[tile_b, 2, tile_r]
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                wr9_0 = w9[tile_b, tile_c, 0, tile_r]
                 t = (
                     0.11322770341445958 * rg0_0 * sb1_0_0 + 0.11322770341445958 * rg0_1 * sb1_1_0
                     + 0.11322770341445958 * rg0_2 * sb1_2_0
                 )
-                acc2_0 = acc2_0 + (t[:, None, :] * w9[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc2_0 = acc2_0 + (t[:, None, :] * wr9_0).sum(2)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                wr11_0 = w11[tile_b, tile_c, 0, tile_r]
                 t = (
                     0.11322770341445958 * rg1_0 * sb1_0_0 + 0.11322770341445958 * rg1_1 * sb1_1_0
                     + 0.11322770341445958 * rg1_2 * sb1_2_0
                 )
-                acc3_0 = acc3_0 + (t[:, None, :] * w11[tile_b, tile_c, 0, tile_r]).sum(2)
+                acc3_0 = acc3_0 + (t[:, None, :] * wr11_0).sum(2)
             gx1_2[tile_b, 0, tile_c] = acc2_0
             gx1_3[tile_b, 0, tile_c] = acc3_0
 
@@ -655,491 +679,551 @@ def tp_bwd_x2_0(
                 ra1_1 = x1_1[tile_b, 1, tile_r]
                 ra1_2 = x1_1[tile_b, 2, tile_r]
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
+                wr0_0 = w0[tile_b, tile_r, tile_c, 0]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_0 + 0.11322770341445958 * ra0_1 * sg0_1_0
                     + 0.11322770341445958 * ra0_2 * sg0_2_0
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
+                wr0_1 = w0[tile_b, tile_r, tile_c, 1]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_1 + 0.11322770341445958 * ra0_1 * sg0_1_1
                     + 0.11322770341445958 * ra0_2 * sg0_2_1
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_1).sum(1)
+                wr0_2 = w0[tile_b, tile_r, tile_c, 2]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_2 + 0.11322770341445958 * ra0_1 * sg0_1_2
                     + 0.11322770341445958 * ra0_2 * sg0_2_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_2).sum(1)
+                wr0_3 = w0[tile_b, tile_r, tile_c, 3]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_3 + 0.11322770341445958 * ra0_1 * sg0_1_3
                     + 0.11322770341445958 * ra0_2 * sg0_2_3
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_3).sum(1)
+                wr0_4 = w0[tile_b, tile_r, tile_c, 4]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_4 + 0.11322770341445958 * ra0_1 * sg0_1_4
                     + 0.11322770341445958 * ra0_2 * sg0_2_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_4).sum(1)
+                wr0_5 = w0[tile_b, tile_r, tile_c, 5]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_5 + 0.11322770341445958 * ra0_1 * sg0_1_5
                     + 0.11322770341445958 * ra0_2 * sg0_2_5
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_5).sum(1)
+                wr0_6 = w0[tile_b, tile_r, tile_c, 6]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_6 + 0.11322770341445958 * ra0_1 * sg0_1_6
                     + 0.11322770341445958 * ra0_2 * sg0_2_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_6).sum(1)
+                wr0_7 = w0[tile_b, tile_r, tile_c, 7]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_7 + 0.11322770341445958 * ra0_1 * sg0_1_7
                     + 0.11322770341445958 * ra0_2 * sg0_2_7
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_7).sum(1)
+                wr0_8 = w0[tile_b, tile_r, tile_c, 8]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_8 + 0.11322770341445958 * ra0_1 * sg0_1_8
                     + 0.11322770341445958 * ra0_2 * sg0_2_8
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_8).sum(1)
+                wr0_9 = w0[tile_b, tile_r, tile_c, 9]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_9 + 0.11322770341445958 * ra0_1 * sg0_1_9
                     + 0.11322770341445958 * ra0_2 * sg0_2_9
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0_9).sum(1)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                wr4_0 = w4[tile_b, tile_r, tile_c, 0]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_0 + 0.11322770341445958 * ra1_1 * sg1_1_0
                     + 0.11322770341445958 * ra1_2 * sg1_2_0
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_0).sum(1)
+                wr4_1 = w4[tile_b, tile_r, tile_c, 1]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_1 + 0.11322770341445958 * ra1_1 * sg1_1_1
                     + 0.11322770341445958 * ra1_2 * sg1_2_1
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_1).sum(1)
+                wr4_2 = w4[tile_b, tile_r, tile_c, 2]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_2 + 0.11322770341445958 * ra1_1 * sg1_1_2
                     + 0.11322770341445958 * ra1_2 * sg1_2_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_2).sum(1)
+                wr4_3 = w4[tile_b, tile_r, tile_c, 3]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_3 + 0.11322770341445958 * ra1_1 * sg1_1_3
                     + 0.11322770341445958 * ra1_2 * sg1_2_3
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_3).sum(1)
+                wr4_4 = w4[tile_b, tile_r, tile_c, 4]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_4 + 0.11322770341445958 * ra1_1 * sg1_1_4
                     + 0.11322770341445958 * ra1_2 * sg1_2_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_4).sum(1)
+                wr4_5 = w4[tile_b, tile_r, tile_c, 5]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_5 + 0.11322770341445958 * ra1_1 * sg1_1_5
                     + 0.11322770341445958 * ra1_2 * sg1_2_5
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_5).sum(1)
+                wr4_6 = w4[tile_b, tile_r, tile_c, 6]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_6 + 0.11322770341445958 * ra1_1 * sg1_1_6
                     + 0.11322770341445958 * ra1_2 * sg1_2_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_6).sum(1)
+                wr4_7 = w4[tile_b, tile_r, tile_c, 7]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_7 + 0.11322770341445958 * ra1_1 * sg1_1_7
                     + 0.11322770341445958 * ra1_2 * sg1_2_7
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_7).sum(1)
+                wr4_8 = w4[tile_b, tile_r, tile_c, 8]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_8 + 0.11322770341445958 * ra1_1 * sg1_1_8
                     + 0.11322770341445958 * ra1_2 * sg1_2_8
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_8).sum(1)
+                wr4_9 = w4[tile_b, tile_r, tile_c, 9]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_9 + 0.11322770341445958 * ra1_1 * sg1_1_9
                     + 0.11322770341445958 * ra1_2 * sg1_2_9
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4_9).sum(1)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
+                wr1_0 = w1[tile_b, tile_r, tile_c, 0]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_0 - 0.08006407690254357 * ra0_1 * sg1_2_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_0 + 0.08006407690254357 * ra0_0 * sg1_2_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_0).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_0 - 0.08006407690254357 * ra0_0 * sg1_1_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
+                wr1_1 = w1[tile_b, tile_r, tile_c, 1]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_1 - 0.08006407690254357 * ra0_1 * sg1_2_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_1).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_1 + 0.08006407690254357 * ra0_0 * sg1_2_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_1).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_1 - 0.08006407690254357 * ra0_0 * sg1_1_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_1).sum(1)
+                wr1_2 = w1[tile_b, tile_r, tile_c, 2]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_2 - 0.08006407690254357 * ra0_1 * sg1_2_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_2).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_2 + 0.08006407690254357 * ra0_0 * sg1_2_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_2).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_2 - 0.08006407690254357 * ra0_0 * sg1_1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_2).sum(1)
+                wr1_3 = w1[tile_b, tile_r, tile_c, 3]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_3 - 0.08006407690254357 * ra0_1 * sg1_2_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_3).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_3 + 0.08006407690254357 * ra0_0 * sg1_2_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_3).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_3 - 0.08006407690254357 * ra0_0 * sg1_1_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_3).sum(1)
+                wr1_4 = w1[tile_b, tile_r, tile_c, 4]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_4 - 0.08006407690254357 * ra0_1 * sg1_2_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_4).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_4 + 0.08006407690254357 * ra0_0 * sg1_2_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_4).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_4 - 0.08006407690254357 * ra0_0 * sg1_1_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_4).sum(1)
+                wr1_5 = w1[tile_b, tile_r, tile_c, 5]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_5 - 0.08006407690254357 * ra0_1 * sg1_2_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_5).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_5 + 0.08006407690254357 * ra0_0 * sg1_2_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_5).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_5 - 0.08006407690254357 * ra0_0 * sg1_1_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_5).sum(1)
+                wr1_6 = w1[tile_b, tile_r, tile_c, 6]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_6 - 0.08006407690254357 * ra0_1 * sg1_2_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_6).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_6 + 0.08006407690254357 * ra0_0 * sg1_2_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_6).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_6 - 0.08006407690254357 * ra0_0 * sg1_1_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_6).sum(1)
+                wr1_7 = w1[tile_b, tile_r, tile_c, 7]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_7 - 0.08006407690254357 * ra0_1 * sg1_2_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_7).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_7 + 0.08006407690254357 * ra0_0 * sg1_2_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_7).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_7 - 0.08006407690254357 * ra0_0 * sg1_1_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_7).sum(1)
+                wr1_8 = w1[tile_b, tile_r, tile_c, 8]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_8 - 0.08006407690254357 * ra0_1 * sg1_2_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_8).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_8 + 0.08006407690254357 * ra0_0 * sg1_2_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_8).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_8 - 0.08006407690254357 * ra0_0 * sg1_1_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_8).sum(1)
+                wr1_9 = w1[tile_b, tile_r, tile_c, 9]
                 t = (0.08006407690254357 * ra0_2 * sg1_1_9 - 0.08006407690254357 * ra0_1 * sg1_2_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1_9).sum(1)
                 t = (-0.08006407690254357 * ra0_2 * sg1_0_9 + 0.08006407690254357 * ra0_0 * sg1_2_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1_9).sum(1)
                 t = (0.08006407690254357 * ra0_1 * sg1_0_9 - 0.08006407690254357 * ra0_0 * sg1_1_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1_9).sum(1)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
+                wr5_0 = w5[tile_b, tile_r, tile_c, 0]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_0 - 0.08006407690254357 * ra1_1 * sg0_2_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_0).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_0 + 0.08006407690254357 * ra1_0 * sg0_2_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_0).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_0 - 0.08006407690254357 * ra1_0 * sg0_1_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_0).sum(1)
+                wr5_1 = w5[tile_b, tile_r, tile_c, 1]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_1 - 0.08006407690254357 * ra1_1 * sg0_2_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_1).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_1 + 0.08006407690254357 * ra1_0 * sg0_2_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_1).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_1 - 0.08006407690254357 * ra1_0 * sg0_1_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_1).sum(1)
+                wr5_2 = w5[tile_b, tile_r, tile_c, 2]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_2 - 0.08006407690254357 * ra1_1 * sg0_2_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_2).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_2 + 0.08006407690254357 * ra1_0 * sg0_2_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_2).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_2 - 0.08006407690254357 * ra1_0 * sg0_1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_2).sum(1)
+                wr5_3 = w5[tile_b, tile_r, tile_c, 3]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_3 - 0.08006407690254357 * ra1_1 * sg0_2_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_3).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_3 + 0.08006407690254357 * ra1_0 * sg0_2_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_3).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_3 - 0.08006407690254357 * ra1_0 * sg0_1_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_3).sum(1)
+                wr5_4 = w5[tile_b, tile_r, tile_c, 4]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_4 - 0.08006407690254357 * ra1_1 * sg0_2_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_4).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_4 + 0.08006407690254357 * ra1_0 * sg0_2_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_4).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_4 - 0.08006407690254357 * ra1_0 * sg0_1_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_4).sum(1)
+                wr5_5 = w5[tile_b, tile_r, tile_c, 5]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_5 - 0.08006407690254357 * ra1_1 * sg0_2_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_5).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_5 + 0.08006407690254357 * ra1_0 * sg0_2_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_5).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_5 - 0.08006407690254357 * ra1_0 * sg0_1_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_5).sum(1)
+                wr5_6 = w5[tile_b, tile_r, tile_c, 6]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_6 - 0.08006407690254357 * ra1_1 * sg0_2_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_6).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_6 + 0.08006407690254357 * ra1_0 * sg0_2_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_6).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_6 - 0.08006407690254357 * ra1_0 * sg0_1_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_6).sum(1)
+                wr5_7 = w5[tile_b, tile_r, tile_c, 7]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_7 - 0.08006407690254357 * ra1_1 * sg0_2_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_7).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_7 + 0.08006407690254357 * ra1_0 * sg0_2_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_7).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_7 - 0.08006407690254357 * ra1_0 * sg0_1_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_7).sum(1)
+                wr5_8 = w5[tile_b, tile_r, tile_c, 8]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_8 - 0.08006407690254357 * ra1_1 * sg0_2_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_8).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_8 + 0.08006407690254357 * ra1_0 * sg0_2_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_8).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_8 - 0.08006407690254357 * ra1_0 * sg0_1_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_8).sum(1)
+                wr5_9 = w5[tile_b, tile_r, tile_c, 9]
                 t = (0.08006407690254357 * ra1_2 * sg0_1_9 - 0.08006407690254357 * ra1_1 * sg0_2_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5_9).sum(1)
                 t = (-0.08006407690254357 * ra1_2 * sg0_0_9 + 0.08006407690254357 * ra1_0 * sg0_2_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5_9).sum(1)
                 t = (0.08006407690254357 * ra1_1 * sg0_0_9 - 0.08006407690254357 * ra1_0 * sg0_1_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5_9).sum(1)
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
+                wr3_0 = w3[tile_b, tile_r, tile_c, 0]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_0 + 0.062017367294604234 * ra0_0 * sg0_2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_0).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_0 + 0.062017367294604234 * ra0_0 * sg0_1_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_0).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_0 + 0.07161148740394328 * ra0_1 * sg0_1_0
                     - 0.03580574370197164 * ra0_2 * sg0_2_0
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_0).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_0 + 0.062017367294604234 * ra0_1 * sg0_2_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_0).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_0 + 0.062017367294604234 * ra0_2 * sg0_2_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_0).sum(1)
+                wr3_1 = w3[tile_b, tile_r, tile_c, 1]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_1 + 0.062017367294604234 * ra0_0 * sg0_2_1)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_1).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_1 + 0.062017367294604234 * ra0_0 * sg0_1_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_1).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_1 + 0.07161148740394328 * ra0_1 * sg0_1_1
                     - 0.03580574370197164 * ra0_2 * sg0_2_1
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_1).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_1 + 0.062017367294604234 * ra0_1 * sg0_2_1)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_1).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_1 + 0.062017367294604234 * ra0_2 * sg0_2_1)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_1).sum(1)
+                wr3_2 = w3[tile_b, tile_r, tile_c, 2]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_2 + 0.062017367294604234 * ra0_0 * sg0_2_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_2).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_2 + 0.062017367294604234 * ra0_0 * sg0_1_2)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_2).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_2 + 0.07161148740394328 * ra0_1 * sg0_1_2
                     - 0.03580574370197164 * ra0_2 * sg0_2_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_2).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_2 + 0.062017367294604234 * ra0_1 * sg0_2_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_2).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_2 + 0.062017367294604234 * ra0_2 * sg0_2_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_2).sum(1)
+                wr3_3 = w3[tile_b, tile_r, tile_c, 3]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_3 + 0.062017367294604234 * ra0_0 * sg0_2_3)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_3).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_3 + 0.062017367294604234 * ra0_0 * sg0_1_3)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_3).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_3 + 0.07161148740394328 * ra0_1 * sg0_1_3
                     - 0.03580574370197164 * ra0_2 * sg0_2_3
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_3).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_3 + 0.062017367294604234 * ra0_1 * sg0_2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_3).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_3 + 0.062017367294604234 * ra0_2 * sg0_2_3)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_3).sum(1)
+                wr3_4 = w3[tile_b, tile_r, tile_c, 4]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_4 + 0.062017367294604234 * ra0_0 * sg0_2_4)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_4).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_4 + 0.062017367294604234 * ra0_0 * sg0_1_4)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_4).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_4 + 0.07161148740394328 * ra0_1 * sg0_1_4
                     - 0.03580574370197164 * ra0_2 * sg0_2_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_4).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_4 + 0.062017367294604234 * ra0_1 * sg0_2_4)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_4).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_4 + 0.062017367294604234 * ra0_2 * sg0_2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_4).sum(1)
+                wr3_5 = w3[tile_b, tile_r, tile_c, 5]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_5 + 0.062017367294604234 * ra0_0 * sg0_2_5)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_5).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_5 + 0.062017367294604234 * ra0_0 * sg0_1_5)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_5).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_5 + 0.07161148740394328 * ra0_1 * sg0_1_5
                     - 0.03580574370197164 * ra0_2 * sg0_2_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_5).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_5 + 0.062017367294604234 * ra0_1 * sg0_2_5)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_5).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_5 + 0.062017367294604234 * ra0_2 * sg0_2_5)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_5).sum(1)
+                wr3_6 = w3[tile_b, tile_r, tile_c, 6]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_6 + 0.062017367294604234 * ra0_0 * sg0_2_6)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_6).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_6 + 0.062017367294604234 * ra0_0 * sg0_1_6)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_6).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_6 + 0.07161148740394328 * ra0_1 * sg0_1_6
                     - 0.03580574370197164 * ra0_2 * sg0_2_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_6).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_6 + 0.062017367294604234 * ra0_1 * sg0_2_6)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_6).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_6 + 0.062017367294604234 * ra0_2 * sg0_2_6)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_6).sum(1)
+                wr3_7 = w3[tile_b, tile_r, tile_c, 7]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_7 + 0.062017367294604234 * ra0_0 * sg0_2_7)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_7).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_7 + 0.062017367294604234 * ra0_0 * sg0_1_7)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_7).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_7 + 0.07161148740394328 * ra0_1 * sg0_1_7
                     - 0.03580574370197164 * ra0_2 * sg0_2_7
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_7).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_7 + 0.062017367294604234 * ra0_1 * sg0_2_7)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_7).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_7 + 0.062017367294604234 * ra0_2 * sg0_2_7)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_7).sum(1)
+                wr3_8 = w3[tile_b, tile_r, tile_c, 8]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_8 + 0.062017367294604234 * ra0_0 * sg0_2_8)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_8).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_8 + 0.062017367294604234 * ra0_0 * sg0_1_8)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_8).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_8 + 0.07161148740394328 * ra0_1 * sg0_1_8
                     - 0.03580574370197164 * ra0_2 * sg0_2_8
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_8).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_8 + 0.062017367294604234 * ra0_1 * sg0_2_8)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_8).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_8 + 0.062017367294604234 * ra0_2 * sg0_2_8)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_8).sum(1)
+                wr3_9 = w3[tile_b, tile_r, tile_c, 9]
                 t = (0.062017367294604234 * ra0_2 * sg0_0_9 + 0.062017367294604234 * ra0_0 * sg0_2_9)
-                acc2_0 = acc2_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr3_9).sum(1)
                 t = (0.062017367294604234 * ra0_1 * sg0_0_9 + 0.062017367294604234 * ra0_0 * sg0_1_9)
-                acc2_1 = acc2_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr3_9).sum(1)
                 t = (
                     -0.03580574370197164 * ra0_0 * sg0_0_9 + 0.07161148740394328 * ra0_1 * sg0_1_9
                     - 0.03580574370197164 * ra0_2 * sg0_2_9
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr3_9).sum(1)
                 t = (0.062017367294604234 * ra0_2 * sg0_1_9 + 0.062017367294604234 * ra0_1 * sg0_2_9)
-                acc2_3 = acc2_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr3_9).sum(1)
                 t = (-0.062017367294604234 * ra0_0 * sg0_0_9 + 0.062017367294604234 * ra0_2 * sg0_2_9)
-                acc2_4 = acc2_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr3_9).sum(1)
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
+                wr7_0 = w7[tile_b, tile_r, tile_c, 0]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_0 + 0.062017367294604234 * ra1_0 * sg1_2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_0).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_0 + 0.062017367294604234 * ra1_0 * sg1_1_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_0).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_0 + 0.07161148740394328 * ra1_1 * sg1_1_0
                     - 0.03580574370197164 * ra1_2 * sg1_2_0
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_0).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_0 + 0.062017367294604234 * ra1_1 * sg1_2_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_0).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_0 + 0.062017367294604234 * ra1_2 * sg1_2_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_0).sum(1)
+                wr7_1 = w7[tile_b, tile_r, tile_c, 1]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_1 + 0.062017367294604234 * ra1_0 * sg1_2_1)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_1).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_1 + 0.062017367294604234 * ra1_0 * sg1_1_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_1).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_1 + 0.07161148740394328 * ra1_1 * sg1_1_1
                     - 0.03580574370197164 * ra1_2 * sg1_2_1
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_1).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_1 + 0.062017367294604234 * ra1_1 * sg1_2_1)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_1).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_1 + 0.062017367294604234 * ra1_2 * sg1_2_1)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_1).sum(1)
+                wr7_2 = w7[tile_b, tile_r, tile_c, 2]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_2 + 0.062017367294604234 * ra1_0 * sg1_2_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_2).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_2 + 0.062017367294604234 * ra1_0 * sg1_1_2)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_2).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_2 + 0.07161148740394328 * ra1_1 * sg1_1_2
                     - 0.03580574370197164 * ra1_2 * sg1_2_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_2).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_2 + 0.062017367294604234 * ra1_1 * sg1_2_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_2).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_2 + 0.062017367294604234 * ra1_2 * sg1_2_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_2).sum(1)
+                wr7_3 = w7[tile_b, tile_r, tile_c, 3]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_3 + 0.062017367294604234 * ra1_0 * sg1_2_3)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_3).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_3 + 0.062017367294604234 * ra1_0 * sg1_1_3)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_3).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_3 + 0.07161148740394328 * ra1_1 * sg1_1_3
                     - 0.03580574370197164 * ra1_2 * sg1_2_3
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_3).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_3 + 0.062017367294604234 * ra1_1 * sg1_2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_3).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_3 + 0.062017367294604234 * ra1_2 * sg1_2_3)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_3).sum(1)
+                wr7_4 = w7[tile_b, tile_r, tile_c, 4]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_4 + 0.062017367294604234 * ra1_0 * sg1_2_4)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_4).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_4 + 0.062017367294604234 * ra1_0 * sg1_1_4)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_4).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_4 + 0.07161148740394328 * ra1_1 * sg1_1_4
                     - 0.03580574370197164 * ra1_2 * sg1_2_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_4).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_4 + 0.062017367294604234 * ra1_1 * sg1_2_4)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_4).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_4 + 0.062017367294604234 * ra1_2 * sg1_2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_4).sum(1)
+                wr7_5 = w7[tile_b, tile_r, tile_c, 5]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_5 + 0.062017367294604234 * ra1_0 * sg1_2_5)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_5).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_5 + 0.062017367294604234 * ra1_0 * sg1_1_5)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_5).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_5 + 0.07161148740394328 * ra1_1 * sg1_1_5
                     - 0.03580574370197164 * ra1_2 * sg1_2_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_5).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_5 + 0.062017367294604234 * ra1_1 * sg1_2_5)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_5).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_5 + 0.062017367294604234 * ra1_2 * sg1_2_5)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_5).sum(1)
+                wr7_6 = w7[tile_b, tile_r, tile_c, 6]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_6 + 0.062017367294604234 * ra1_0 * sg1_2_6)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_6).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_6 + 0.062017367294604234 * ra1_0 * sg1_1_6)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_6).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_6 + 0.07161148740394328 * ra1_1 * sg1_1_6
                     - 0.03580574370197164 * ra1_2 * sg1_2_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_6).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_6 + 0.062017367294604234 * ra1_1 * sg1_2_6)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_6).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_6 + 0.062017367294604234 * ra1_2 * sg1_2_6)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_6).sum(1)
+                wr7_7 = w7[tile_b, tile_r, tile_c, 7]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_7 + 0.062017367294604234 * ra1_0 * sg1_2_7)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_7).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_7 + 0.062017367294604234 * ra1_0 * sg1_1_7)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_7).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_7 + 0.07161148740394328 * ra1_1 * sg1_1_7
                     - 0.03580574370197164 * ra1_2 * sg1_2_7
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_7).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_7 + 0.062017367294604234 * ra1_1 * sg1_2_7)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_7).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_7 + 0.062017367294604234 * ra1_2 * sg1_2_7)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_7).sum(1)
+                wr7_8 = w7[tile_b, tile_r, tile_c, 8]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_8 + 0.062017367294604234 * ra1_0 * sg1_2_8)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_8).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_8 + 0.062017367294604234 * ra1_0 * sg1_1_8)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_8).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_8 + 0.07161148740394328 * ra1_1 * sg1_1_8
                     - 0.03580574370197164 * ra1_2 * sg1_2_8
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_8).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_8 + 0.062017367294604234 * ra1_1 * sg1_2_8)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_8).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_8 + 0.062017367294604234 * ra1_2 * sg1_2_8)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_8).sum(1)
+                wr7_9 = w7[tile_b, tile_r, tile_c, 9]
                 t = (0.062017367294604234 * ra1_2 * sg1_0_9 + 0.062017367294604234 * ra1_0 * sg1_2_9)
-                acc2_0 = acc2_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr7_9).sum(1)
                 t = (0.062017367294604234 * ra1_1 * sg1_0_9 + 0.062017367294604234 * ra1_0 * sg1_1_9)
-                acc2_1 = acc2_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr7_9).sum(1)
                 t = (
                     -0.03580574370197164 * ra1_0 * sg1_0_9 + 0.07161148740394328 * ra1_1 * sg1_1_9
                     - 0.03580574370197164 * ra1_2 * sg1_2_9
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr7_9).sum(1)
                 t = (0.062017367294604234 * ra1_2 * sg1_1_9 + 0.062017367294604234 * ra1_1 * sg1_2_9)
-                acc2_3 = acc2_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr7_9).sum(1)
                 t = (-0.062017367294604234 * ra1_0 * sg1_0_9 + 0.062017367294604234 * ra1_2 * sg1_2_9)
-                acc2_4 = acc2_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr7_9).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 ra2_0 = x1_2[tile_b, 0, tile_r]
@@ -1147,443 +1231,579 @@ def tp_bwd_x2_0(
                 rg2_0 = g_2[tile_b, 0, tile_r]
                 rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                wr8_0 = w8[tile_b, tile_r, tile_c, 0]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_0).sum(1)
+                wr8_1 = w8[tile_b, tile_r, tile_c, 1]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_1)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_1).sum(1)
+                wr8_2 = w8[tile_b, tile_r, tile_c, 2]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_2)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_2).sum(1)
+                wr8_3 = w8[tile_b, tile_r, tile_c, 3]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_3)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_3).sum(1)
+                wr8_4 = w8[tile_b, tile_r, tile_c, 4]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_4)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_4).sum(1)
+                wr8_5 = w8[tile_b, tile_r, tile_c, 5]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_5)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_5).sum(1)
+                wr8_6 = w8[tile_b, tile_r, tile_c, 6]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_6)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_6).sum(1)
+                wr8_7 = w8[tile_b, tile_r, tile_c, 7]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_7)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_7).sum(1)
+                wr8_8 = w8[tile_b, tile_r, tile_c, 8]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_8)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_8).sum(1)
+                wr8_9 = w8[tile_b, tile_r, tile_c, 9]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_9)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_9).sum(1)
+                wr8_10 = w8[tile_b, tile_r, tile_c, 10]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_10)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 10]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_10).sum(1)
+                wr8_11 = w8[tile_b, tile_r, tile_c, 11]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_11)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 11]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_11).sum(1)
+                wr8_12 = w8[tile_b, tile_r, tile_c, 12]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_12)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 12]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_12).sum(1)
+                wr8_13 = w8[tile_b, tile_r, tile_c, 13]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_13)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 13]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_13).sum(1)
+                wr8_14 = w8[tile_b, tile_r, tile_c, 14]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_14)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 14]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_14).sum(1)
+                wr8_15 = w8[tile_b, tile_r, tile_c, 15]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_15)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 15]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_15).sum(1)
+                wr8_16 = w8[tile_b, tile_r, tile_c, 16]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_16)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 16]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_16).sum(1)
+                wr8_17 = w8[tile_b, tile_r, tile_c, 17]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_17)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 17]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_17).sum(1)
+                wr8_18 = w8[tile_b, tile_r, tile_c, 18]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_18)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 18]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_18).sum(1)
+                wr8_19 = w8[tile_b, tile_r, tile_c, 19]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_19)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 19]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_19).sum(1)
+                wr8_20 = w8[tile_b, tile_r, tile_c, 20]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_20)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 20]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_20).sum(1)
+                wr8_21 = w8[tile_b, tile_r, tile_c, 21]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_21)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 21]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_21).sum(1)
+                wr8_22 = w8[tile_b, tile_r, tile_c, 22]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_22)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 22]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_22).sum(1)
+                wr8_23 = w8[tile_b, tile_r, tile_c, 23]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_23)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 23]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_23).sum(1)
+                wr8_24 = w8[tile_b, tile_r, tile_c, 24]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_24)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 24]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_24).sum(1)
+                wr8_25 = w8[tile_b, tile_r, tile_c, 25]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_25)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 25]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_25).sum(1)
+                wr8_26 = w8[tile_b, tile_r, tile_c, 26]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_26)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 26]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_26).sum(1)
+                wr8_27 = w8[tile_b, tile_r, tile_c, 27]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_27)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 27]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_27).sum(1)
+                wr8_28 = w8[tile_b, tile_r, tile_c, 28]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_28)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 28]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_28).sum(1)
+                wr8_29 = w8[tile_b, tile_r, tile_c, 29]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_29)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 29]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_29).sum(1)
+                wr8_30 = w8[tile_b, tile_r, tile_c, 30]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_30)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 30]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_30).sum(1)
+                wr8_31 = w8[tile_b, tile_r, tile_c, 31]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_31)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 31]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_31).sum(1)
+                wr8_32 = w8[tile_b, tile_r, tile_c, 32]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_32)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 32]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_32).sum(1)
+                wr8_33 = w8[tile_b, tile_r, tile_c, 33]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_33)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 33]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_33).sum(1)
+                wr8_34 = w8[tile_b, tile_r, tile_c, 34]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_34)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 34]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_34).sum(1)
+                wr8_35 = w8[tile_b, tile_r, tile_c, 35]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_35)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 35]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_35).sum(1)
+                wr8_36 = w8[tile_b, tile_r, tile_c, 36]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_36)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 36]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_36).sum(1)
+                wr8_37 = w8[tile_b, tile_r, tile_c, 37]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_37)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 37]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_37).sum(1)
+                wr8_38 = w8[tile_b, tile_r, tile_c, 38]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_38)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 38]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_38).sum(1)
+                wr8_39 = w8[tile_b, tile_r, tile_c, 39]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_39)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 39]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_39).sum(1)
+                wr8_40 = w8[tile_b, tile_r, tile_c, 40]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_40)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 40]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_40).sum(1)
+                wr8_41 = w8[tile_b, tile_r, tile_c, 41]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_41)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 41]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_41).sum(1)
+                wr8_42 = w8[tile_b, tile_r, tile_c, 42]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_42)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 42]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_42).sum(1)
+                wr8_43 = w8[tile_b, tile_r, tile_c, 43]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_43)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 43]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_43).sum(1)
+                wr8_44 = w8[tile_b, tile_r, tile_c, 44]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_44)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 44]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_44).sum(1)
+                wr8_45 = w8[tile_b, tile_r, tile_c, 45]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_45)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 45]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_45).sum(1)
+                wr8_46 = w8[tile_b, tile_r, tile_c, 46]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_46)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 46]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_46).sum(1)
+                wr8_47 = w8[tile_b, tile_r, tile_c, 47]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_47)
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c, 47]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8_47).sum(1)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                wr10_0 = w10[tile_b, tile_r, tile_c, 0]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_0).sum(1)
+                wr10_1 = w10[tile_b, tile_r, tile_c, 1]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_1)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_1).sum(1)
+                wr10_2 = w10[tile_b, tile_r, tile_c, 2]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_2)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_2).sum(1)
+                wr10_3 = w10[tile_b, tile_r, tile_c, 3]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_3)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_3).sum(1)
+                wr10_4 = w10[tile_b, tile_r, tile_c, 4]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_4)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_4).sum(1)
+                wr10_5 = w10[tile_b, tile_r, tile_c, 5]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_5)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_5).sum(1)
+                wr10_6 = w10[tile_b, tile_r, tile_c, 6]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_6)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_6).sum(1)
+                wr10_7 = w10[tile_b, tile_r, tile_c, 7]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_7)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_7).sum(1)
+                wr10_8 = w10[tile_b, tile_r, tile_c, 8]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_8)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_8).sum(1)
+                wr10_9 = w10[tile_b, tile_r, tile_c, 9]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_9)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_9).sum(1)
+                wr10_10 = w10[tile_b, tile_r, tile_c, 10]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_10)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 10]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_10).sum(1)
+                wr10_11 = w10[tile_b, tile_r, tile_c, 11]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_11)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 11]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_11).sum(1)
+                wr10_12 = w10[tile_b, tile_r, tile_c, 12]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_12)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 12]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_12).sum(1)
+                wr10_13 = w10[tile_b, tile_r, tile_c, 13]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_13)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 13]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_13).sum(1)
+                wr10_14 = w10[tile_b, tile_r, tile_c, 14]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_14)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 14]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_14).sum(1)
+                wr10_15 = w10[tile_b, tile_r, tile_c, 15]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_15)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 15]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_15).sum(1)
+                wr10_16 = w10[tile_b, tile_r, tile_c, 16]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_16)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 16]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_16).sum(1)
+                wr10_17 = w10[tile_b, tile_r, tile_c, 17]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_17)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 17]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_17).sum(1)
+                wr10_18 = w10[tile_b, tile_r, tile_c, 18]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_18)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 18]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_18).sum(1)
+                wr10_19 = w10[tile_b, tile_r, tile_c, 19]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_19)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 19]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_19).sum(1)
+                wr10_20 = w10[tile_b, tile_r, tile_c, 20]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_20)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 20]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_20).sum(1)
+                wr10_21 = w10[tile_b, tile_r, tile_c, 21]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_21)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 21]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_21).sum(1)
+                wr10_22 = w10[tile_b, tile_r, tile_c, 22]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_22)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 22]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_22).sum(1)
+                wr10_23 = w10[tile_b, tile_r, tile_c, 23]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_23)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 23]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_23).sum(1)
+                wr10_24 = w10[tile_b, tile_r, tile_c, 24]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_24)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 24]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_24).sum(1)
+                wr10_25 = w10[tile_b, tile_r, tile_c, 25]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_25)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 25]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_25).sum(1)
+                wr10_26 = w10[tile_b, tile_r, tile_c, 26]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_26)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 26]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_26).sum(1)
+                wr10_27 = w10[tile_b, tile_r, tile_c, 27]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_27)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 27]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_27).sum(1)
+                wr10_28 = w10[tile_b, tile_r, tile_c, 28]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_28)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 28]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_28).sum(1)
+                wr10_29 = w10[tile_b, tile_r, tile_c, 29]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_29)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 29]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_29).sum(1)
+                wr10_30 = w10[tile_b, tile_r, tile_c, 30]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_30)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 30]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_30).sum(1)
+                wr10_31 = w10[tile_b, tile_r, tile_c, 31]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_31)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 31]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_31).sum(1)
+                wr10_32 = w10[tile_b, tile_r, tile_c, 32]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_32)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 32]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_32).sum(1)
+                wr10_33 = w10[tile_b, tile_r, tile_c, 33]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_33)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 33]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_33).sum(1)
+                wr10_34 = w10[tile_b, tile_r, tile_c, 34]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_34)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 34]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_34).sum(1)
+                wr10_35 = w10[tile_b, tile_r, tile_c, 35]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_35)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 35]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_35).sum(1)
+                wr10_36 = w10[tile_b, tile_r, tile_c, 36]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_36)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 36]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_36).sum(1)
+                wr10_37 = w10[tile_b, tile_r, tile_c, 37]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_37)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 37]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_37).sum(1)
+                wr10_38 = w10[tile_b, tile_r, tile_c, 38]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_38)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 38]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_38).sum(1)
+                wr10_39 = w10[tile_b, tile_r, tile_c, 39]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_39)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 39]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_39).sum(1)
+                wr10_40 = w10[tile_b, tile_r, tile_c, 40]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_40)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 40]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_40).sum(1)
+                wr10_41 = w10[tile_b, tile_r, tile_c, 41]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_41)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 41]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_41).sum(1)
+                wr10_42 = w10[tile_b, tile_r, tile_c, 42]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_42)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 42]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_42).sum(1)
+                wr10_43 = w10[tile_b, tile_r, tile_c, 43]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_43)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 43]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_43).sum(1)
+                wr10_44 = w10[tile_b, tile_r, tile_c, 44]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_44)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 44]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_44).sum(1)
+                wr10_45 = w10[tile_b, tile_r, tile_c, 45]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_45)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 45]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_45).sum(1)
+                wr10_46 = w10[tile_b, tile_r, tile_c, 46]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_46)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 46]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_46).sum(1)
+                wr10_47 = w10[tile_b, tile_r, tile_c, 47]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_47)
-                acc0_0 = acc0_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c, 47]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10_47).sum(1)
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                wr2_0 = w2[tile_b, 0, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_0 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.07580980435789032 * sa0_1_0 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.07580980435789032 * sa0_2_0 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_0).sum(2)
+                wr2_1 = w2[tile_b, 1, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_1 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_1).sum(2)
                 t = (0.07580980435789032 * sa0_1_1 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_1).sum(2)
                 t = (0.07580980435789032 * sa0_2_1 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_1).sum(2)
+                wr2_2 = w2[tile_b, 2, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_2 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_2).sum(2)
                 t = (0.07580980435789032 * sa0_1_2 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_2).sum(2)
                 t = (0.07580980435789032 * sa0_2_2 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_2).sum(2)
+                wr2_3 = w2[tile_b, 3, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_3 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_3).sum(2)
                 t = (0.07580980435789032 * sa0_1_3 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_3).sum(2)
                 t = (0.07580980435789032 * sa0_2_3 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_3).sum(2)
+                wr2_4 = w2[tile_b, 4, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_4 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_4).sum(2)
                 t = (0.07580980435789032 * sa0_1_4 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_4).sum(2)
                 t = (0.07580980435789032 * sa0_2_4 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_4).sum(2)
+                wr2_5 = w2[tile_b, 5, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_5 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_5).sum(2)
                 t = (0.07580980435789032 * sa0_1_5 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_5).sum(2)
                 t = (0.07580980435789032 * sa0_2_5 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_5).sum(2)
+                wr2_6 = w2[tile_b, 6, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_6 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_6).sum(2)
                 t = (0.07580980435789032 * sa0_1_6 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_6).sum(2)
                 t = (0.07580980435789032 * sa0_2_6 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_6).sum(2)
+                wr2_7 = w2[tile_b, 7, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_7 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_7).sum(2)
                 t = (0.07580980435789032 * sa0_1_7 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_7).sum(2)
                 t = (0.07580980435789032 * sa0_2_7 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_7).sum(2)
+                wr2_8 = w2[tile_b, 8, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_8 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_8).sum(2)
                 t = (0.07580980435789032 * sa0_1_8 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_8).sum(2)
                 t = (0.07580980435789032 * sa0_2_8 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_8).sum(2)
+                wr2_9 = w2[tile_b, 9, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_9 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w2[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr2_9).sum(2)
                 t = (0.07580980435789032 * sa0_1_9 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w2[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr2_9).sum(2)
                 t = (0.07580980435789032 * sa0_2_9 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w2[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr2_9).sum(2)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                wr6_0 = w6[tile_b, 0, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_0 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * sa1_1_0 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * sa1_2_0 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 0, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
+                wr6_1 = w6[tile_b, 1, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_1 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_1).sum(2)
                 t = (0.07580980435789032 * sa1_1_1 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_1).sum(2)
                 t = (0.07580980435789032 * sa1_2_1 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 1, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_1).sum(2)
+                wr6_2 = w6[tile_b, 2, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_2 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_2).sum(2)
                 t = (0.07580980435789032 * sa1_1_2 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_2).sum(2)
                 t = (0.07580980435789032 * sa1_2_2 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 2, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_2).sum(2)
+                wr6_3 = w6[tile_b, 3, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_3 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_3).sum(2)
                 t = (0.07580980435789032 * sa1_1_3 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_3).sum(2)
                 t = (0.07580980435789032 * sa1_2_3 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 3, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_3).sum(2)
+                wr6_4 = w6[tile_b, 4, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_4 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_4).sum(2)
                 t = (0.07580980435789032 * sa1_1_4 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_4).sum(2)
                 t = (0.07580980435789032 * sa1_2_4 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 4, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_4).sum(2)
+                wr6_5 = w6[tile_b, 5, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_5 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_5).sum(2)
                 t = (0.07580980435789032 * sa1_1_5 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_5).sum(2)
                 t = (0.07580980435789032 * sa1_2_5 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 5, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_5).sum(2)
+                wr6_6 = w6[tile_b, 6, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_6 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_6).sum(2)
                 t = (0.07580980435789032 * sa1_1_6 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_6).sum(2)
                 t = (0.07580980435789032 * sa1_2_6 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 6, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_6).sum(2)
+                wr6_7 = w6[tile_b, 7, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_7 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_7).sum(2)
                 t = (0.07580980435789032 * sa1_1_7 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_7).sum(2)
                 t = (0.07580980435789032 * sa1_2_7 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 7, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_7).sum(2)
+                wr6_8 = w6[tile_b, 8, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_8 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_8).sum(2)
                 t = (0.07580980435789032 * sa1_1_8 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_8).sum(2)
                 t = (0.07580980435789032 * sa1_2_8 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 8, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_8).sum(2)
+                wr6_9 = w6[tile_b, 9, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_9 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * w6[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_0 = acc1_0 + (t[:, None, :] * wr6_9).sum(2)
                 t = (0.07580980435789032 * sa1_1_9 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * w6[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_1 = acc1_1 + (t[:, None, :] * wr6_9).sum(2)
                 t = (0.07580980435789032 * sa1_2_9 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * w6[tile_b, 9, tile_c, tile_r]).sum(2)
+                acc1_2 = acc1_2 + (t[:, None, :] * wr6_9).sum(2)
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                wr9_0 = w9[tile_b, tile_r, tile_c, 0]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_0).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_0).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_0).sum(1)
+                wr9_1 = w9[tile_b, tile_r, tile_c, 1]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_1).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_1).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_1).sum(1)
+                wr9_2 = w9[tile_b, tile_r, tile_c, 2]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_2).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_2).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_2).sum(1)
+                wr9_3 = w9[tile_b, tile_r, tile_c, 3]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_3).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_3).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_3).sum(1)
+                wr9_4 = w9[tile_b, tile_r, tile_c, 4]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_4).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_4).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_4).sum(1)
+                wr9_5 = w9[tile_b, tile_r, tile_c, 5]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_5).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_5).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_5).sum(1)
+                wr9_6 = w9[tile_b, tile_r, tile_c, 6]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_6).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_6).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_6).sum(1)
+                wr9_7 = w9[tile_b, tile_r, tile_c, 7]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_7).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_7).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_7).sum(1)
+                wr9_8 = w9[tile_b, tile_r, tile_c, 8]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_8).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_8).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_8).sum(1)
+                wr9_9 = w9[tile_b, tile_r, tile_c, 9]
                 t = (0.11322770341445958 * ra2_0 * sg0_0_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9_9).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_1_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9_9).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sg0_2_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9_9).sum(1)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                wr11_0 = w11[tile_b, tile_r, tile_c, 0]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 0]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_0).sum(1)
+                wr11_1 = w11[tile_b, tile_r, tile_c, 1]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_1).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_1).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 1]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_1).sum(1)
+                wr11_2 = w11[tile_b, tile_r, tile_c, 2]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_2).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_2).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 2]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_2).sum(1)
+                wr11_3 = w11[tile_b, tile_r, tile_c, 3]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_3).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_3).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 3]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_3).sum(1)
+                wr11_4 = w11[tile_b, tile_r, tile_c, 4]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_4).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_4).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 4]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_4).sum(1)
+                wr11_5 = w11[tile_b, tile_r, tile_c, 5]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_5).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_5).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 5]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_5).sum(1)
+                wr11_6 = w11[tile_b, tile_r, tile_c, 6]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_6).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_6).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 6]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_6).sum(1)
+                wr11_7 = w11[tile_b, tile_r, tile_c, 7]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_7).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_7).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 7]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_7).sum(1)
+                wr11_8 = w11[tile_b, tile_r, tile_c, 8]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_8).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_8).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 8]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_8).sum(1)
+                wr11_9 = w11[tile_b, tile_r, tile_c, 9]
                 t = (0.11322770341445958 * ra3_0 * sg1_0_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11_9).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_1_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11_9).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sg1_2_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c, 9]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11_9).sum(1)
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1

@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 7128
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((10, 3), (10, 3), (48, 1), (48, 1)))
-_OUT = _rt.LayoutPermutation(((10, 3), (10, 3), (48, 1), (48, 1)))
+_IN1 = _rt.LayoutPermutation("eqdsl_diffdock_l2.in1", ((10, 3), (10, 3), (48, 1), (48, 1)))
+_OUT = _rt.LayoutPermutation("eqdsl_diffdock_l2.out", ((10, 3), (10, 3), (48, 1), (48, 1)))
 
 
 def _check(x1, x2, weights) -> None:

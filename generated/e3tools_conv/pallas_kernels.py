@@ -413,32 +413,38 @@ def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = Fals
     ``(1, IWEIGHT_NUMEL)`` if ``SHARED_WEIGHTS`` else ``(rows, IWEIGHT_NUMEL)``, one
     dtype, ``rows`` a multiple of ``block_batch``; returns ``(rows, IDIM_OUT)``.
     Grid: one program per ``block_batch`` rows (per kernel of the set)."""
-    return rt.launch_rows(NAME, FWD_KERNELS, (x1, x2, w), shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+    return _rows(FWD_KERNELS, IDIM_OUT, (x1, x2, w), block_batch, interpret)
 
 
 def backward_x1(g, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
     """``dF/dx1``: ``g`` ``(rows, IDIM_OUT)``, ``x2`` and ``w`` as in ``forward``;
     returns ``(rows, IDIM_IN1)``."""
-    return rt.launch_rows(NAME, BWD_X1_KERNELS, (g, x2, w), shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+    return _rows(BWD_X1_KERNELS, IDIM_IN1, (g, x2, w), block_batch, interpret)
 
 
 def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
     """``dF/dx2``: ``x1``, ``w`` as in ``forward``, ``g`` ``(rows, IDIM_OUT)``;
     returns ``(rows, IDIM_IN2)``."""
-    return rt.launch_rows(NAME, BWD_X2_KERNELS, (x1, g, w), shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+    return _rows(BWD_X2_KERNELS, IDIM_IN2, (x1, g, w), block_batch, interpret)
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
     """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
-    sums, then one sum: deterministic, no atomics)."""
-    if not BWD_W_KERNELS:  # no weighted path: the (dummy) weights get no gradient
-        return jnp.zeros((1 if SHARED_WEIGHTS else x1.shape[0], IWEIGHT_NUMEL), x1.dtype)
+    sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
-        return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), block_batch=block_batch,
-                                    interpret=interpret)
-    return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), shared_arg=None, block_batch=block_batch,
-                          interpret=interpret)
+        return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
+                                    block_batch=block_batch, interpret=interpret)
+    return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
+                          block_batch=block_batch, interpret=interpret)
+
+
+# Every path is weighted: the weighted part of F is all of it.
+forward_weighted = forward
+backward_x1_weighted = backward_x1
+backward_x2_weighted = backward_x2
+
+
+def _rows(kernels, width, args, block_batch, interpret):
+    return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
+                          block_batch=block_batch, interpret=interpret)

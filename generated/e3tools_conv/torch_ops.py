@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 7680
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((64, 1), (16, 3)))
-_OUT = _rt.LayoutPermutation(((80, 1), (16, 3)))
+_IN1 = _rt.LayoutPermutation("eqdsl_e3tools_conv.in1", ((64, 1), (16, 3)))
+_OUT = _rt.LayoutPermutation("eqdsl_e3tools_conv.out", ((80, 1), (16, 3)))
 
 
 def _check(x1, x2, weights) -> None:

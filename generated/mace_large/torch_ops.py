@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 2176
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((128, 1), (128, 3), (128, 5)))
-_OUT = _rt.LayoutPermutation(((128, 1), (128, 3), (128, 5), (128, 7), (128, 3), (128, 1), (128, 5), (128, 3), (128, 7), (128, 5), (128, 5), (128, 3), (128, 7), (128, 1), (128, 5), (128, 3), (128, 7)))
+_IN1 = _rt.LayoutPermutation("eqdsl_mace_large.in1", ((128, 1), (128, 3), (128, 5)))
+_OUT = _rt.LayoutPermutation("eqdsl_mace_large.out", ((128, 1), (128, 3), (128, 5), (128, 7), (128, 3), (128, 1), (128, 5), (128, 3), (128, 7), (128, 5), (128, 5), (128, 3), (128, 7), (128, 1), (128, 5), (128, 3), (128, 7)))
 
 
 def _check(x1, x2, weights) -> None:

@@ -80,16 +80,18 @@ def tp_fwd_0(
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * a0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_2_0)
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
             out_1[tile_b, 0, tile_c] = acc1_0
             out_1[tile_b, 1, tile_c] = acc1_1
             out_1[tile_b, 2, tile_c] = acc1_2
@@ -100,11 +102,12 @@ def tp_fwd_0(
             acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            acc2_0 = acc2_0 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_4_0)
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
             out_2[tile_b, 0, tile_c] = acc2_0
             out_2[tile_b, 1, tile_c] = acc2_1
             out_2[tile_b, 2, tile_c] = acc2_2
@@ -115,16 +118,18 @@ def tp_fwd_0(
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb0_0_0)
-            acc3_1 = acc3_1 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_1 * sb0_0_0)
-            acc3_2 = acc3_2 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_2 * sb0_0_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+            acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+            acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             out_3[tile_b, 1, tile_c] = acc3_1
             out_3[tile_b, 2, tile_c] = acc3_2
             # g block 4: 128x0e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            acc4_0 = acc4_0 + w4[tile_b, tile_c, 0] * (
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt4_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
@@ -136,14 +141,15 @@ def tp_fwd_0(
             acc5_3 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            acc5_0 = acc5_0 + w5[tile_b, tile_c, 0] * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            acc5_1 = acc5_1 + w5[tile_b, tile_c, 0] * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            acc5_2 = acc5_2 + w5[tile_b, tile_c, 0] * (
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+            acc5_1 = acc5_1 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+            acc5_2 = acc5_2 + wt5_0 * (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
                 - 0.408248290463863 * a1_2 * sb1_2_0
             )
-            acc5_3 = acc5_3 + w5[tile_b, tile_c, 0] * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            acc5_4 = acc5_4 + w5[tile_b, tile_c, 0] * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+            acc5_3 = acc5_3 + wt5_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+            acc5_4 = acc5_4 + wt5_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
             out_5[tile_b, 0, tile_c] = acc5_0
             out_5[tile_b, 1, tile_c] = acc5_1
             out_5[tile_b, 2, tile_c] = acc5_2
@@ -154,15 +160,16 @@ def tp_fwd_0(
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            acc6_0 = acc6_0 + w6[tile_b, tile_c, 0] * (
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt6_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            acc6_1 = acc6_1 + w6[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt6_0 * (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
             )
-            acc6_2 = acc6_2 + w6[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt6_0 * (
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
@@ -176,24 +183,25 @@ def tp_fwd_0(
             acc7_3 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_4 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            acc7_0 = acc7_0 + w7[tile_b, tile_c, 0] * (
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt7_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            acc7_1 = acc7_1 + w7[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt7_0 * (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
             )
-            acc7_2 = acc7_2 + w7[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt7_0 * (
                 0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
                 + 0.5345224838248488 * a1_2 * sb3_4_0
             )
-            acc7_3 = acc7_3 + w7[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt7_0 * (
                 0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
                 - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
             )
-            acc7_4 = acc7_4 + w7[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt7_0 * (
                 0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
@@ -281,17 +289,20 @@ def tp_bwd_x1_0(
             # x1 block 0: 128x0e (3 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * g0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            acc0_0 = acc0_0 + w1[tile_b, tile_c, 0] * (
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            acc0_0 = acc0_0 + w2[tile_b, tile_c, 0] * (
-                1.0 * g2_0 * sb2_0_0 + 1.0 * g2_1 * sb2_1_0
-                + 1.0 * g2_2 * sb2_2_0 + 1.0 * g2_3 * sb2_3_0
-                + 1.0 * g2_4 * sb2_4_0
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
             # x1 block 1: 128x1o (5 paths)
@@ -299,52 +310,57 @@ def tp_bwd_x1_0(
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * g3_0 * sb0_0_0)
-            acc1_1 = acc1_1 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * g3_1 * sb0_0_0)
-            acc1_2 = acc1_2 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * g3_2 * sb0_0_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt3_0 * (0.9999999999999999 * g3_0 * sb0_0_0)
+            acc1_1 = acc1_1 + wt3_0 * (0.9999999999999999 * g3_1 * sb0_0_0)
+            acc1_2 = acc1_2 + wt3_0 * (0.9999999999999999 * g3_2 * sb0_0_0)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w4[tile_b, tile_c, 0] * (0.5773502691896257 * g4_0 * sb1_0_0)
-            acc1_1 = acc1_1 + w4[tile_b, tile_c, 0] * (0.5773502691896257 * g4_0 * sb1_1_0)
-            acc1_2 = acc1_2 + w4[tile_b, tile_c, 0] * (0.5773502691896257 * g4_0 * sb1_2_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_2_0)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            acc1_0 = acc1_0 + w5[tile_b, tile_c, 0] * (
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt5_0 * (
                 0.7071067811865476 * g5_0 * sb1_2_0 + 0.7071067811865476 * g5_1 * sb1_1_0
                 - 0.408248290463863 * g5_2 * sb1_0_0 - 0.7071067811865476 * g5_4 * sb1_0_0
             )
-            acc1_1 = acc1_1 + w5[tile_b, tile_c, 0] * (
+            acc1_1 = acc1_1 + wt5_0 * (
                 0.7071067811865476 * g5_1 * sb1_0_0 + 0.816496580927726 * g5_2 * sb1_1_0
                 + 0.7071067811865476 * g5_3 * sb1_2_0
             )
-            acc1_2 = acc1_2 + w5[tile_b, tile_c, 0] * (
+            acc1_2 = acc1_2 + wt5_0 * (
                 0.7071067811865476 * g5_0 * sb1_0_0 - 0.408248290463863 * g5_2 * sb1_2_0
                 + 0.7071067811865476 * g5_3 * sb1_1_0 + 0.7071067811865476 * g5_4 * sb1_2_0
             )
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            acc1_0 = acc1_0 + w6[tile_b, tile_c, 0] * (
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt6_0 * (
                 -0.3162277660168379 * g6_0 * sb2_2_0 - 0.5477225575051661 * g6_0 * sb2_4_0
                 + 0.5477225575051661 * g6_1 * sb2_1_0 + 0.5477225575051661 * g6_2 * sb2_0_0
             )
-            acc1_1 = acc1_1 + w6[tile_b, tile_c, 0] * (
+            acc1_1 = acc1_1 + wt6_0 * (
                 0.5477225575051661 * g6_0 * sb2_1_0 + 0.6324555320336758 * g6_1 * sb2_2_0
                 + 0.5477225575051661 * g6_2 * sb2_3_0
             )
-            acc1_2 = acc1_2 + w6[tile_b, tile_c, 0] * (
+            acc1_2 = acc1_2 + wt6_0 * (
                 0.5477225575051661 * g6_0 * sb2_0_0 + 0.5477225575051661 * g6_1 * sb2_3_0
                 - 0.3162277660168379 * g6_2 * sb2_2_0 + 0.5477225575051661 * g6_2 * sb2_4_0
             )
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            acc1_0 = acc1_0 + w7[tile_b, tile_c, 0] * (
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt7_0 * (
                 -0.1543033499620919 * g7_0 * sb3_4_0 - 0.5976143046671969 * g7_0 * sb3_6_0
                 - 0.3779644730092272 * g7_1 * sb3_3_0 - 0.48795003647426666 * g7_1 * sb3_5_0
                 + 0.5345224838248488 * g7_2 * sb3_2_0 + 0.48795003647426666 * g7_3 * sb3_1_0
                 + 0.5976143046671969 * g7_4 * sb3_0_0 + 0.1543033499620919 * g7_4 * sb3_2_0
             )
-            acc1_1 = acc1_1 + w7[tile_b, tile_c, 0] * (
+            acc1_1 = acc1_1 + wt7_0 * (
                 0.48795003647426666 * g7_0 * sb3_1_0 + 0.6172133998483676 * g7_1 * sb3_2_0
                 + 0.6546536707079772 * g7_2 * sb3_3_0 + 0.6172133998483676 * g7_3 * sb3_4_0
                 + 0.48795003647426666 * g7_4 * sb3_5_0
             )
-            acc1_2 = acc1_2 + w7[tile_b, tile_c, 0] * (
+            acc1_2 = acc1_2 + wt7_0 * (
                 0.5976143046671969 * g7_0 * sb3_0_0 - 0.1543033499620919 * g7_0 * sb3_2_0
                 + 0.48795003647426666 * g7_1 * sb3_1_0 + 0.5345224838248488 * g7_2 * sb3_4_0
                 - 0.3779644730092272 * g7_3 * sb3_3_0 + 0.48795003647426666 * g7_3 * sb3_5_0
@@ -439,99 +455,107 @@ def tp_bwd_x2_0(
                 rg7_3 = g_7[tile_b, 3, tile_r]
                 rg7_4 = g_7[tile_b, 4, tile_r]
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                t = (1.0 * ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c]).sum(1)
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg3_0 + 0.9999999999999999 * ra1_1 * rg3_1
                     + 0.9999999999999999 * ra1_2 * rg3_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
                 t = (0.5773502691896257 * ra1_1 * rg4_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
                 t = (0.5773502691896257 * ra1_2 * rg4_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
                 # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg5_0 + 0.7071067811865476 * ra1_1 * rg5_1
                     - 0.408248290463863 * ra1_0 * rg5_2 - 0.7071067811865476 * ra1_0 * rg5_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
                 t = (
                     0.7071067811865476 * ra1_0 * rg5_1 + 0.816496580927726 * ra1_1 * rg5_2
                     + 0.7071067811865476 * ra1_2 * rg5_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
                 t = (
                     0.7071067811865476 * ra1_0 * rg5_0 - 0.408248290463863 * ra1_2 * rg5_2
                     + 0.7071067811865476 * ra1_1 * rg5_3 + 0.7071067811865476 * ra1_2 * rg5_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                t = (1.0 * ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
+                wr2 = w2[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg2_0)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_2)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_3)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_4)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
                 t = (0.5477225575051661 * ra1_1 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr6).sum(1)
                 t = (
                     -0.3162277660168379 * ra1_0 * rg6_0 + 0.6324555320336758 * ra1_1 * rg6_1
                     - 0.3162277660168379 * ra1_2 * rg6_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr6).sum(1)
                 t = (0.5477225575051661 * ra1_2 * rg6_1 + 0.5477225575051661 * ra1_1 * rg6_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr6).sum(1)
                 t = (-0.5477225575051661 * ra1_0 * rg6_0 + 0.5477225575051661 * ra1_2 * rg6_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
                 # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg7_0 + 0.5976143046671969 * ra1_0 * rg7_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
                 t = (
                     0.48795003647426666 * ra1_1 * rg7_0 + 0.48795003647426666 * ra1_2 * rg7_1
                     + 0.48795003647426666 * ra1_0 * rg7_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr7).sum(1)
                 t = (
                     -0.1543033499620919 * ra1_2 * rg7_0 + 0.6172133998483676 * ra1_1 * rg7_1
                     + 0.5345224838248488 * ra1_0 * rg7_2 + 0.1543033499620919 * ra1_0 * rg7_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr7).sum(1)
                 t = (
                     -0.3779644730092272 * ra1_0 * rg7_1 + 0.6546536707079772 * ra1_1 * rg7_2
                     - 0.3779644730092272 * ra1_2 * rg7_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr7).sum(1)
                 t = (
                     -0.1543033499620919 * ra1_0 * rg7_0 + 0.5345224838248488 * ra1_2 * rg7_2
                     + 0.6172133998483676 * ra1_1 * rg7_3 - 0.1543033499620919 * ra1_2 * rg7_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr7).sum(1)
                 t = (
                     -0.48795003647426666 * ra1_0 * rg7_1 + 0.48795003647426666 * ra1_2 * rg7_3
                     + 0.48795003647426666 * ra1_1 * rg7_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr7).sum(1)
                 t = (-0.5976143046671969 * ra1_0 * rg7_0 + 0.5976143046671969 * ra1_2 * rg7_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr7).sum(1)
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -628,7 +652,7 @@ def tp_bwd_w_0(
             g7_3 = g_7[tile_b, 3, tile_c]
             g7_4 = g_7[tile_b, 4, tile_c]
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (1.0 * a0_0 * sb0_0_0)
+            q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
@@ -636,11 +660,11 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (1.0 * a0_0 * sb2_0_0)
-            q1 = (1.0 * a0_0 * sb2_1_0)
-            q2 = (1.0 * a0_0 * sb2_2_0)
-            q3 = (1.0 * a0_0 * sb2_3_0)
-            q4 = (1.0 * a0_0 * sb2_4_0)
+            q0 = (a0_0 * sb2_0_0)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)

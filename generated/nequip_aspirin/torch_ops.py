@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 640
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((64, 1), (64, 1), (64, 3), (64, 3)))
-_OUT = _rt.LayoutPermutation(((64, 1), (64, 3), (64, 1), (64, 3), (64, 3), (64, 1), (64, 3), (64, 3), (64, 1), (64, 3)))
+_IN1 = _rt.LayoutPermutation("eqdsl_nequip_aspirin.in1", ((64, 1), (64, 1), (64, 3), (64, 3)))
+_OUT = _rt.LayoutPermutation("eqdsl_nequip_aspirin.out", ((64, 1), (64, 3), (64, 1), (64, 3), (64, 3), (64, 1), (64, 3), (64, 3), (64, 1), (64, 3)))
 
 
 def _check(x1, x2, weights) -> None:

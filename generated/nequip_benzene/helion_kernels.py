@@ -172,16 +172,18 @@ def tp_fwd_0(
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * a0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_2_0)
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
             out_1[tile_b, 0, tile_c] = acc1_0
             out_1[tile_b, 1, tile_c] = acc1_1
             out_1[tile_b, 2, tile_c] = acc1_2
@@ -192,11 +194,12 @@ def tp_fwd_0(
             acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            acc2_0 = acc2_0 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_4_0)
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
             out_2[tile_b, 0, tile_c] = acc2_0
             out_2[tile_b, 1, tile_c] = acc2_1
             out_2[tile_b, 2, tile_c] = acc2_2
@@ -211,13 +214,14 @@ def tp_fwd_0(
             acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            acc3_0 = acc3_0 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_0_0)
-            acc3_1 = acc3_1 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_1_0)
-            acc3_2 = acc3_2 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_2_0)
-            acc3_3 = acc3_3 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_3_0)
-            acc3_4 = acc3_4 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_4_0)
-            acc3_5 = acc3_5 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_5_0)
-            acc3_6 = acc3_6 + w3[tile_b, tile_c, 0] * (1.0000000000000002 * a0_0 * sb3_6_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
+            acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
+            acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
+            acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
+            acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
+            acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
+            acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             out_3[tile_b, 1, tile_c] = acc3_1
             out_3[tile_b, 2, tile_c] = acc3_2
@@ -228,16 +232,18 @@ def tp_fwd_0(
             # g block 4: 64x0e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            acc4_0 = acc4_0 + w4[tile_b, tile_c, 0] * (1.0 * a1_0 * sb0_0_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt4_0 * (a1_0 * sb0_0_0)
             out_4[tile_b, 0, tile_c] = acc4_0
             # g block 5: 64x1o (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             acc5_2 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            acc5_0 = acc5_0 + w5[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc5_1 = acc5_1 + w5[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc5_2 = acc5_2 + w5[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_2_0)
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+            acc5_1 = acc5_1 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+            acc5_2 = acc5_2 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
             out_5[tile_b, 0, tile_c] = acc5_0
             out_5[tile_b, 1, tile_c] = acc5_1
             out_5[tile_b, 2, tile_c] = acc5_2
@@ -248,11 +254,12 @@ def tp_fwd_0(
             acc6_3 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_4 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            acc6_0 = acc6_0 + w6[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_0_0)
-            acc6_1 = acc6_1 + w6[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_1_0)
-            acc6_2 = acc6_2 + w6[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_2_0)
-            acc6_3 = acc6_3 + w6[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_3_0)
-            acc6_4 = acc6_4 + w6[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_4_0)
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt6_0 * (a1_0 * sb2_0_0)
+            acc6_1 = acc6_1 + wt6_0 * (a1_0 * sb2_1_0)
+            acc6_2 = acc6_2 + wt6_0 * (a1_0 * sb2_2_0)
+            acc6_3 = acc6_3 + wt6_0 * (a1_0 * sb2_3_0)
+            acc6_4 = acc6_4 + wt6_0 * (a1_0 * sb2_4_0)
             out_6[tile_b, 0, tile_c] = acc6_0
             out_6[tile_b, 1, tile_c] = acc6_1
             out_6[tile_b, 2, tile_c] = acc6_2
@@ -267,13 +274,14 @@ def tp_fwd_0(
             acc7_5 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_6 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            acc7_0 = acc7_0 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_0_0)
-            acc7_1 = acc7_1 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_1_0)
-            acc7_2 = acc7_2 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_2_0)
-            acc7_3 = acc7_3 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_3_0)
-            acc7_4 = acc7_4 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_4_0)
-            acc7_5 = acc7_5 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_5_0)
-            acc7_6 = acc7_6 + w7[tile_b, tile_c, 0] * (1.0000000000000002 * a1_0 * sb3_6_0)
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_0_0)
+            acc7_1 = acc7_1 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_1_0)
+            acc7_2 = acc7_2 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_2_0)
+            acc7_3 = acc7_3 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_3_0)
+            acc7_4 = acc7_4 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_4_0)
+            acc7_5 = acc7_5 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_5_0)
+            acc7_6 = acc7_6 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_6_0)
             out_7[tile_b, 0, tile_c] = acc7_0
             out_7[tile_b, 1, tile_c] = acc7_1
             out_7[tile_b, 2, tile_c] = acc7_2
@@ -286,16 +294,18 @@ def tp_fwd_0(
             acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            acc8_0 = acc8_0 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc8_1 = acc8_1 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc8_2 = acc8_2 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * a2_2 * sb0_0_0)
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+            acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+            acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             out_8[tile_b, 0, tile_c] = acc8_0
             out_8[tile_b, 1, tile_c] = acc8_1
             out_8[tile_b, 2, tile_c] = acc8_2
             # g block 9: 64x0e (1 path)
             acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            acc9_0 = acc9_0 + w9[tile_b, tile_c, 0] * (
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc9_0 = acc9_0 + wt9_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
@@ -305,9 +315,10 @@ def tp_fwd_0(
             acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            acc10_0 = acc10_0 + w10[tile_b, tile_c, 0] * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc10_1 = acc10_1 + w10[tile_b, tile_c, 0] * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc10_2 = acc10_2 + w10[tile_b, tile_c, 0] * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            wt10_0 = w10[tile_b, tile_c, 0]
+            acc10_0 = acc10_0 + wt10_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            acc10_1 = acc10_1 + wt10_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            acc10_2 = acc10_2 + wt10_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
             out_10[tile_b, 0, tile_c] = acc10_0
             out_10[tile_b, 1, tile_c] = acc10_1
             out_10[tile_b, 2, tile_c] = acc10_2
@@ -318,14 +329,15 @@ def tp_fwd_0(
             acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            acc11_0 = acc11_0 + w11[tile_b, tile_c, 0] * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            acc11_1 = acc11_1 + w11[tile_b, tile_c, 0] * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            acc11_2 = acc11_2 + w11[tile_b, tile_c, 0] * (
+            wt11_0 = w11[tile_b, tile_c, 0]
+            acc11_0 = acc11_0 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            acc11_1 = acc11_1 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+            acc11_2 = acc11_2 + wt11_0 * (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
                 - 0.408248290463863 * a2_2 * sb1_2_0
             )
-            acc11_3 = acc11_3 + w11[tile_b, tile_c, 0] * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            acc11_4 = acc11_4 + w11[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+            acc11_3 = acc11_3 + wt11_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+            acc11_4 = acc11_4 + wt11_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
             out_11[tile_b, 0, tile_c] = acc11_0
             out_11[tile_b, 1, tile_c] = acc11_1
             out_11[tile_b, 2, tile_c] = acc11_2
@@ -336,15 +348,16 @@ def tp_fwd_0(
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            acc12_0 = acc12_0 + w12[tile_b, tile_c, 0] * (
+            wt12_0 = w12[tile_b, tile_c, 0]
+            acc12_0 = acc12_0 + wt12_0 * (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
-            acc12_1 = acc12_1 + w12[tile_b, tile_c, 0] * (
+            acc12_1 = acc12_1 + wt12_0 * (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
             )
-            acc12_2 = acc12_2 + w12[tile_b, tile_c, 0] * (
+            acc12_2 = acc12_2 + wt12_0 * (
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
@@ -358,20 +371,21 @@ def tp_fwd_0(
             acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            acc13_0 = acc13_0 + w13[tile_b, tile_c, 0] * (
+            wt13_0 = w13[tile_b, tile_c, 0]
+            acc13_0 = acc13_0 + wt13_0 * (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
-            acc13_1 = acc13_1 + w13[tile_b, tile_c, 0] * (
+            acc13_1 = acc13_1 + wt13_0 * (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
             )
-            acc13_2 = acc13_2 + w13[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            acc13_3 = acc13_3 + w13[tile_b, tile_c, 0] * (
+            acc13_2 = acc13_2 + wt13_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+            acc13_3 = acc13_3 + wt13_0 * (
                 0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
                 - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
             )
-            acc13_4 = acc13_4 + w13[tile_b, tile_c, 0] * (
+            acc13_4 = acc13_4 + wt13_0 * (
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
@@ -389,28 +403,29 @@ def tp_fwd_0(
             acc14_5 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             acc14_6 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            acc14_0 = acc14_0 + w14[tile_b, tile_c, 0] * (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
-            acc14_1 = acc14_1 + w14[tile_b, tile_c, 0] * (
+            wt14_0 = w14[tile_b, tile_c, 0]
+            acc14_0 = acc14_0 + wt14_0 * (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
+            acc14_1 = acc14_1 + wt14_0 * (
                 0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
                 + 0.5773502691896258 * a2_2 * sb2_1_0
             )
-            acc14_2 = acc14_2 + w14[tile_b, tile_c, 0] * (
+            acc14_2 = acc14_2 + wt14_0 * (
                 0.6324555320336759 * a2_0 * sb2_2_0 + 0.18257418583505539 * a2_0 * sb2_4_0
                 + 0.7302967433402215 * a2_1 * sb2_1_0 - 0.18257418583505539 * a2_2 * sb2_0_0
             )
-            acc14_3 = acc14_3 + w14[tile_b, tile_c, 0] * (
+            acc14_3 = acc14_3 + wt14_0 * (
                 -0.4472135954999579 * a2_0 * sb2_1_0 + 0.7745966692414835 * a2_1 * sb2_2_0
                 - 0.4472135954999579 * a2_2 * sb2_3_0
             )
-            acc14_4 = acc14_4 + w14[tile_b, tile_c, 0] * (
+            acc14_4 = acc14_4 + wt14_0 * (
                 -0.18257418583505539 * a2_0 * sb2_0_0 + 0.7302967433402215 * a2_1 * sb2_3_0
                 + 0.6324555320336759 * a2_2 * sb2_2_0 - 0.18257418583505539 * a2_2 * sb2_4_0
             )
-            acc14_5 = acc14_5 + w14[tile_b, tile_c, 0] * (
+            acc14_5 = acc14_5 + wt14_0 * (
                 -0.5773502691896258 * a2_0 * sb2_1_0 + 0.5773502691896258 * a2_1 * sb2_4_0
                 + 0.5773502691896258 * a2_2 * sb2_3_0
             )
-            acc14_6 = acc14_6 + w14[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
+            acc14_6 = acc14_6 + wt14_0 * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
             out_14[tile_b, 0, tile_c] = acc14_0
             out_14[tile_b, 1, tile_c] = acc14_1
             out_14[tile_b, 2, tile_c] = acc14_2
@@ -425,24 +440,25 @@ def tp_fwd_0(
             acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            acc15_0 = acc15_0 + w15[tile_b, tile_c, 0] * (
+            wt15_0 = w15[tile_b, tile_c, 0]
+            acc15_0 = acc15_0 + wt15_0 * (
                 -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
                 + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
                 - 0.1543033499620919 * a2_2 * sb3_2_0
             )
-            acc15_1 = acc15_1 + w15[tile_b, tile_c, 0] * (
+            acc15_1 = acc15_1 + wt15_0 * (
                 -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
                 + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
             )
-            acc15_2 = acc15_2 + w15[tile_b, tile_c, 0] * (
+            acc15_2 = acc15_2 + wt15_0 * (
                 0.5345224838248488 * a2_0 * sb3_2_0 + 0.6546536707079772 * a2_1 * sb3_3_0
                 + 0.5345224838248488 * a2_2 * sb3_4_0
             )
-            acc15_3 = acc15_3 + w15[tile_b, tile_c, 0] * (
+            acc15_3 = acc15_3 + wt15_0 * (
                 0.48795003647426666 * a2_0 * sb3_1_0 + 0.6172133998483676 * a2_1 * sb3_4_0
                 - 0.3779644730092272 * a2_2 * sb3_3_0 + 0.48795003647426666 * a2_2 * sb3_5_0
             )
-            acc15_4 = acc15_4 + w15[tile_b, tile_c, 0] * (
+            acc15_4 = acc15_4 + wt15_0 * (
                 0.5976143046671969 * a2_0 * sb3_0_0 + 0.1543033499620919 * a2_0 * sb3_2_0
                 + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
                 + 0.5976143046671969 * a2_2 * sb3_6_0
@@ -461,30 +477,31 @@ def tp_fwd_0(
             acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            acc16_0 = acc16_0 + w16[tile_b, tile_c, 0] * (
+            wt16_0 = w16[tile_b, tile_c, 0]
+            acc16_0 = acc16_0 + wt16_0 * (
                 0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
                 - 0.3535533905932738 * a2_2 * sb3_5_0
             )
-            acc16_1 = acc16_1 + w16[tile_b, tile_c, 0] * (
+            acc16_1 = acc16_1 + wt16_0 * (
                 -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
                 + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
                 - 0.3535533905932738 * a2_2 * sb3_6_0
             )
-            acc16_2 = acc16_2 + w16[tile_b, tile_c, 0] * (
+            acc16_2 = acc16_2 + wt16_0 * (
                 -0.45643546458763845 * a2_0 * sb3_1_0 + 0.2886751345948129 * a2_1 * sb3_4_0
                 - 0.7071067811865476 * a2_2 * sb3_3_0 - 0.45643546458763845 * a2_2 * sb3_5_0
             )
-            acc16_3 = acc16_3 + w16[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
-            acc16_4 = acc16_4 + w16[tile_b, tile_c, 0] * (
+            acc16_3 = acc16_3 + wt16_0 * (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
+            acc16_4 = acc16_4 + wt16_0 * (
                 0.7071067811865476 * a2_0 * sb3_3_0 - 0.45643546458763845 * a2_0 * sb3_5_0
                 - 0.2886751345948129 * a2_1 * sb3_2_0 + 0.45643546458763845 * a2_2 * sb3_1_0
             )
-            acc16_5 = acc16_5 + w16[tile_b, tile_c, 0] * (
+            acc16_5 = acc16_5 + wt16_0 * (
                 0.45643546458763845 * a2_0 * sb3_4_0 - 0.3535533905932738 * a2_0 * sb3_6_0
                 - 0.5773502691896258 * a2_1 * sb3_1_0 + 0.3535533905932738 * a2_2 * sb3_0_0
                 + 0.45643546458763845 * a2_2 * sb3_2_0
             )
-            acc16_6 = acc16_6 + w16[tile_b, tile_c, 0] * (
+            acc16_6 = acc16_6 + wt16_0 * (
                 0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
                 + 0.3535533905932738 * a2_2 * sb3_1_0
             )
@@ -500,16 +517,18 @@ def tp_fwd_0(
             acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            acc17_0 = acc17_0 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc17_1 = acc17_1 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc17_2 = acc17_2 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * a3_2 * sb0_0_0)
+            wt17_0 = w17[tile_b, tile_c, 0]
+            acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+            acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+            acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             out_17[tile_b, 0, tile_c] = acc17_0
             out_17[tile_b, 1, tile_c] = acc17_1
             out_17[tile_b, 2, tile_c] = acc17_2
             # g block 18: 64x0o (1 path)
             acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            acc18_0 = acc18_0 + w18[tile_b, tile_c, 0] * (
+            wt18_0 = w18[tile_b, tile_c, 0]
+            acc18_0 = acc18_0 + wt18_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
@@ -519,9 +538,10 @@ def tp_fwd_0(
             acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            acc19_0 = acc19_0 + w19[tile_b, tile_c, 0] * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc19_1 = acc19_1 + w19[tile_b, tile_c, 0] * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc19_2 = acc19_2 + w19[tile_b, tile_c, 0] * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            wt19_0 = w19[tile_b, tile_c, 0]
+            acc19_0 = acc19_0 + wt19_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            acc19_1 = acc19_1 + wt19_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+            acc19_2 = acc19_2 + wt19_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             out_19[tile_b, 0, tile_c] = acc19_0
             out_19[tile_b, 1, tile_c] = acc19_1
             out_19[tile_b, 2, tile_c] = acc19_2
@@ -532,14 +552,15 @@ def tp_fwd_0(
             acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            acc20_0 = acc20_0 + w20[tile_b, tile_c, 0] * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            acc20_1 = acc20_1 + w20[tile_b, tile_c, 0] * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            acc20_2 = acc20_2 + w20[tile_b, tile_c, 0] * (
+            wt20_0 = w20[tile_b, tile_c, 0]
+            acc20_0 = acc20_0 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            acc20_1 = acc20_1 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+            acc20_2 = acc20_2 + wt20_0 * (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
                 - 0.408248290463863 * a3_2 * sb1_2_0
             )
-            acc20_3 = acc20_3 + w20[tile_b, tile_c, 0] * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            acc20_4 = acc20_4 + w20[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+            acc20_3 = acc20_3 + wt20_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+            acc20_4 = acc20_4 + wt20_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
             out_20[tile_b, 0, tile_c] = acc20_0
             out_20[tile_b, 1, tile_c] = acc20_1
             out_20[tile_b, 2, tile_c] = acc20_2
@@ -550,15 +571,16 @@ def tp_fwd_0(
             acc21_1 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             acc21_2 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            acc21_0 = acc21_0 + w21[tile_b, tile_c, 0] * (
+            wt21_0 = w21[tile_b, tile_c, 0]
+            acc21_0 = acc21_0 + wt21_0 * (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
-            acc21_1 = acc21_1 + w21[tile_b, tile_c, 0] * (
+            acc21_1 = acc21_1 + wt21_0 * (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
             )
-            acc21_2 = acc21_2 + w21[tile_b, tile_c, 0] * (
+            acc21_2 = acc21_2 + wt21_0 * (
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
@@ -572,20 +594,21 @@ def tp_fwd_0(
             acc22_3 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             acc22_4 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            acc22_0 = acc22_0 + w22[tile_b, tile_c, 0] * (
+            wt22_0 = w22[tile_b, tile_c, 0]
+            acc22_0 = acc22_0 + wt22_0 * (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
-            acc22_1 = acc22_1 + w22[tile_b, tile_c, 0] * (
+            acc22_1 = acc22_1 + wt22_0 * (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
             )
-            acc22_2 = acc22_2 + w22[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            acc22_3 = acc22_3 + w22[tile_b, tile_c, 0] * (
+            acc22_2 = acc22_2 + wt22_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+            acc22_3 = acc22_3 + wt22_0 * (
                 0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
                 - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
             )
-            acc22_4 = acc22_4 + w22[tile_b, tile_c, 0] * (
+            acc22_4 = acc22_4 + wt22_0 * (
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
@@ -603,28 +626,29 @@ def tp_fwd_0(
             acc23_5 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             acc23_6 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            acc23_0 = acc23_0 + w23[tile_b, tile_c, 0] * (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
-            acc23_1 = acc23_1 + w23[tile_b, tile_c, 0] * (
+            wt23_0 = w23[tile_b, tile_c, 0]
+            acc23_0 = acc23_0 + wt23_0 * (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
+            acc23_1 = acc23_1 + wt23_0 * (
                 0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
                 + 0.5773502691896258 * a3_2 * sb2_1_0
             )
-            acc23_2 = acc23_2 + w23[tile_b, tile_c, 0] * (
+            acc23_2 = acc23_2 + wt23_0 * (
                 0.6324555320336759 * a3_0 * sb2_2_0 + 0.18257418583505539 * a3_0 * sb2_4_0
                 + 0.7302967433402215 * a3_1 * sb2_1_0 - 0.18257418583505539 * a3_2 * sb2_0_0
             )
-            acc23_3 = acc23_3 + w23[tile_b, tile_c, 0] * (
+            acc23_3 = acc23_3 + wt23_0 * (
                 -0.4472135954999579 * a3_0 * sb2_1_0 + 0.7745966692414835 * a3_1 * sb2_2_0
                 - 0.4472135954999579 * a3_2 * sb2_3_0
             )
-            acc23_4 = acc23_4 + w23[tile_b, tile_c, 0] * (
+            acc23_4 = acc23_4 + wt23_0 * (
                 -0.18257418583505539 * a3_0 * sb2_0_0 + 0.7302967433402215 * a3_1 * sb2_3_0
                 + 0.6324555320336759 * a3_2 * sb2_2_0 - 0.18257418583505539 * a3_2 * sb2_4_0
             )
-            acc23_5 = acc23_5 + w23[tile_b, tile_c, 0] * (
+            acc23_5 = acc23_5 + wt23_0 * (
                 -0.5773502691896258 * a3_0 * sb2_1_0 + 0.5773502691896258 * a3_1 * sb2_4_0
                 + 0.5773502691896258 * a3_2 * sb2_3_0
             )
-            acc23_6 = acc23_6 + w23[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
+            acc23_6 = acc23_6 + wt23_0 * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
             out_23[tile_b, 0, tile_c] = acc23_0
             out_23[tile_b, 1, tile_c] = acc23_1
             out_23[tile_b, 2, tile_c] = acc23_2
@@ -639,24 +663,25 @@ def tp_fwd_0(
             acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            acc24_0 = acc24_0 + w24[tile_b, tile_c, 0] * (
+            wt24_0 = w24[tile_b, tile_c, 0]
+            acc24_0 = acc24_0 + wt24_0 * (
                 -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
                 + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
                 - 0.1543033499620919 * a3_2 * sb3_2_0
             )
-            acc24_1 = acc24_1 + w24[tile_b, tile_c, 0] * (
+            acc24_1 = acc24_1 + wt24_0 * (
                 -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
                 + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
             )
-            acc24_2 = acc24_2 + w24[tile_b, tile_c, 0] * (
+            acc24_2 = acc24_2 + wt24_0 * (
                 0.5345224838248488 * a3_0 * sb3_2_0 + 0.6546536707079772 * a3_1 * sb3_3_0
                 + 0.5345224838248488 * a3_2 * sb3_4_0
             )
-            acc24_3 = acc24_3 + w24[tile_b, tile_c, 0] * (
+            acc24_3 = acc24_3 + wt24_0 * (
                 0.48795003647426666 * a3_0 * sb3_1_0 + 0.6172133998483676 * a3_1 * sb3_4_0
                 - 0.3779644730092272 * a3_2 * sb3_3_0 + 0.48795003647426666 * a3_2 * sb3_5_0
             )
-            acc24_4 = acc24_4 + w24[tile_b, tile_c, 0] * (
+            acc24_4 = acc24_4 + wt24_0 * (
                 0.5976143046671969 * a3_0 * sb3_0_0 + 0.1543033499620919 * a3_0 * sb3_2_0
                 + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
                 + 0.5976143046671969 * a3_2 * sb3_6_0
@@ -675,30 +700,31 @@ def tp_fwd_0(
             acc25_5 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             acc25_6 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            acc25_0 = acc25_0 + w25[tile_b, tile_c, 0] * (
+            wt25_0 = w25[tile_b, tile_c, 0]
+            acc25_0 = acc25_0 + wt25_0 * (
                 0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
                 - 0.3535533905932738 * a3_2 * sb3_5_0
             )
-            acc25_1 = acc25_1 + w25[tile_b, tile_c, 0] * (
+            acc25_1 = acc25_1 + wt25_0 * (
                 -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
                 + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
                 - 0.3535533905932738 * a3_2 * sb3_6_0
             )
-            acc25_2 = acc25_2 + w25[tile_b, tile_c, 0] * (
+            acc25_2 = acc25_2 + wt25_0 * (
                 -0.45643546458763845 * a3_0 * sb3_1_0 + 0.2886751345948129 * a3_1 * sb3_4_0
                 - 0.7071067811865476 * a3_2 * sb3_3_0 - 0.45643546458763845 * a3_2 * sb3_5_0
             )
-            acc25_3 = acc25_3 + w25[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
-            acc25_4 = acc25_4 + w25[tile_b, tile_c, 0] * (
+            acc25_3 = acc25_3 + wt25_0 * (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
+            acc25_4 = acc25_4 + wt25_0 * (
                 0.7071067811865476 * a3_0 * sb3_3_0 - 0.45643546458763845 * a3_0 * sb3_5_0
                 - 0.2886751345948129 * a3_1 * sb3_2_0 + 0.45643546458763845 * a3_2 * sb3_1_0
             )
-            acc25_5 = acc25_5 + w25[tile_b, tile_c, 0] * (
+            acc25_5 = acc25_5 + wt25_0 * (
                 0.45643546458763845 * a3_0 * sb3_4_0 - 0.3535533905932738 * a3_0 * sb3_6_0
                 - 0.5773502691896258 * a3_1 * sb3_1_0 + 0.3535533905932738 * a3_2 * sb3_0_0
                 + 0.45643546458763845 * a3_2 * sb3_2_0
             )
-            acc25_6 = acc25_6 + w25[tile_b, tile_c, 0] * (
+            acc25_6 = acc25_6 + wt25_0 * (
                 0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
                 + 0.3535533905932738 * a3_2 * sb3_1_0
             )
@@ -716,11 +742,12 @@ def tp_fwd_0(
             acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            acc26_0 = acc26_0 + w26[tile_b, tile_c, 0] * (1.0 * a4_0 * sb0_0_0)
-            acc26_1 = acc26_1 + w26[tile_b, tile_c, 0] * (1.0 * a4_1 * sb0_0_0)
-            acc26_2 = acc26_2 + w26[tile_b, tile_c, 0] * (1.0 * a4_2 * sb0_0_0)
-            acc26_3 = acc26_3 + w26[tile_b, tile_c, 0] * (1.0 * a4_3 * sb0_0_0)
-            acc26_4 = acc26_4 + w26[tile_b, tile_c, 0] * (1.0 * a4_4 * sb0_0_0)
+            wt26_0 = w26[tile_b, tile_c, 0]
+            acc26_0 = acc26_0 + wt26_0 * (a4_0 * sb0_0_0)
+            acc26_1 = acc26_1 + wt26_0 * (a4_1 * sb0_0_0)
+            acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
+            acc26_3 = acc26_3 + wt26_0 * (a4_3 * sb0_0_0)
+            acc26_4 = acc26_4 + wt26_0 * (a4_4 * sb0_0_0)
             out_26[tile_b, 0, tile_c] = acc26_0
             out_26[tile_b, 1, tile_c] = acc26_1
             out_26[tile_b, 2, tile_c] = acc26_2
@@ -731,15 +758,16 @@ def tp_fwd_0(
             acc27_1 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             acc27_2 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            acc27_0 = acc27_0 + w27[tile_b, tile_c, 0] * (
+            wt27_0 = w27[tile_b, tile_c, 0]
+            acc27_0 = acc27_0 + wt27_0 * (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
-            acc27_1 = acc27_1 + w27[tile_b, tile_c, 0] * (
+            acc27_1 = acc27_1 + wt27_0 * (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
             )
-            acc27_2 = acc27_2 + w27[tile_b, tile_c, 0] * (
+            acc27_2 = acc27_2 + wt27_0 * (
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
@@ -753,20 +781,21 @@ def tp_fwd_0(
             acc28_3 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             acc28_4 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            acc28_0 = acc28_0 + w28[tile_b, tile_c, 0] * (
+            wt28_0 = w28[tile_b, tile_c, 0]
+            acc28_0 = acc28_0 + wt28_0 * (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
-            acc28_1 = acc28_1 + w28[tile_b, tile_c, 0] * (
+            acc28_1 = acc28_1 + wt28_0 * (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
             )
-            acc28_2 = acc28_2 + w28[tile_b, tile_c, 0] * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            acc28_3 = acc28_3 + w28[tile_b, tile_c, 0] * (
+            acc28_2 = acc28_2 + wt28_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+            acc28_3 = acc28_3 + wt28_0 * (
                 -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
                 - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
             )
-            acc28_4 = acc28_4 + w28[tile_b, tile_c, 0] * (
+            acc28_4 = acc28_4 + wt28_0 * (
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
@@ -784,28 +813,29 @@ def tp_fwd_0(
             acc29_5 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             acc29_6 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            acc29_0 = acc29_0 + w29[tile_b, tile_c, 0] * (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
-            acc29_1 = acc29_1 + w29[tile_b, tile_c, 0] * (
+            wt29_0 = w29[tile_b, tile_c, 0]
+            acc29_0 = acc29_0 + wt29_0 * (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
+            acc29_1 = acc29_1 + wt29_0 * (
                 0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
                 + 0.5773502691896258 * a4_3 * sb1_0_0
             )
-            acc29_2 = acc29_2 + w29[tile_b, tile_c, 0] * (
+            acc29_2 = acc29_2 + wt29_0 * (
                 -0.18257418583505539 * a4_0 * sb1_2_0 + 0.7302967433402215 * a4_1 * sb1_1_0
                 + 0.6324555320336759 * a4_2 * sb1_0_0 + 0.18257418583505539 * a4_4 * sb1_0_0
             )
-            acc29_3 = acc29_3 + w29[tile_b, tile_c, 0] * (
+            acc29_3 = acc29_3 + wt29_0 * (
                 -0.4472135954999579 * a4_1 * sb1_0_0 + 0.7745966692414835 * a4_2 * sb1_1_0
                 - 0.4472135954999579 * a4_3 * sb1_2_0
             )
-            acc29_4 = acc29_4 + w29[tile_b, tile_c, 0] * (
+            acc29_4 = acc29_4 + wt29_0 * (
                 -0.18257418583505539 * a4_0 * sb1_0_0 + 0.6324555320336759 * a4_2 * sb1_2_0
                 + 0.7302967433402215 * a4_3 * sb1_1_0 - 0.18257418583505539 * a4_4 * sb1_2_0
             )
-            acc29_5 = acc29_5 + w29[tile_b, tile_c, 0] * (
+            acc29_5 = acc29_5 + wt29_0 * (
                 -0.5773502691896258 * a4_1 * sb1_0_0 + 0.5773502691896258 * a4_3 * sb1_2_0
                 + 0.5773502691896258 * a4_4 * sb1_1_0
             )
-            acc29_6 = acc29_6 + w29[tile_b, tile_c, 0] * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
+            acc29_6 = acc29_6 + wt29_0 * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
             out_29[tile_b, 0, tile_c] = acc29_0
             out_29[tile_b, 1, tile_c] = acc29_1
             out_29[tile_b, 2, tile_c] = acc29_2
@@ -816,7 +846,8 @@ def tp_fwd_0(
             # g block 30: 64x0o (1 path)
             acc30_0 = hl.zeros([tile_b, tile_c], dtype=out_30.dtype)
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            acc30_0 = acc30_0 + w30[tile_b, tile_c, 0] * (
+            wt30_0 = w30[tile_b, tile_c, 0]
+            acc30_0 = acc30_0 + wt30_0 * (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
@@ -827,16 +858,17 @@ def tp_fwd_0(
             acc31_1 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
             acc31_2 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            acc31_0 = acc31_0 + w31[tile_b, tile_c, 0] * (
+            wt31_0 = w31[tile_b, tile_c, 0]
+            acc31_0 = acc31_0 + wt31_0 * (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
-            acc31_1 = acc31_1 + w31[tile_b, tile_c, 0] * (
+            acc31_1 = acc31_1 + wt31_0 * (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
             )
-            acc31_2 = acc31_2 + w31[tile_b, tile_c, 0] * (
+            acc31_2 = acc31_2 + wt31_0 * (
                 0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
@@ -851,26 +883,27 @@ def tp_fwd_0(
             acc32_3 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
             acc32_4 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            acc32_0 = acc32_0 + w32[tile_b, tile_c, 0] * (
+            wt32_0 = w32[tile_b, tile_c, 0]
+            acc32_0 = acc32_0 + wt32_0 * (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
-            acc32_1 = acc32_1 + w32[tile_b, tile_c, 0] * (
+            acc32_1 = acc32_1 + wt32_0 * (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
                 + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
             )
-            acc32_2 = acc32_2 + w32[tile_b, tile_c, 0] * (
+            acc32_2 = acc32_2 + wt32_0 * (
                 -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
                 + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
                 - 0.5345224838248488 * a4_4 * sb2_4_0
             )
-            acc32_3 = acc32_3 + w32[tile_b, tile_c, 0] * (
+            acc32_3 = acc32_3 + wt32_0 * (
                 0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
                 + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
                 + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
             )
-            acc32_4 = acc32_4 + w32[tile_b, tile_c, 0] * (
+            acc32_4 = acc32_4 + wt32_0 * (
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
@@ -888,27 +921,28 @@ def tp_fwd_0(
             acc33_5 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
             acc33_6 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            acc33_0 = acc33_0 + w33[tile_b, tile_c, 0] * (
+            wt33_0 = w33[tile_b, tile_c, 0]
+            acc33_0 = acc33_0 + wt33_0 * (
                 0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
                 + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
             )
-            acc33_1 = acc33_1 + w33[tile_b, tile_c, 0] * (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
-            acc33_2 = acc33_2 + w33[tile_b, tile_c, 0] * (
+            acc33_1 = acc33_1 + wt33_0 * (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
+            acc33_2 = acc33_2 + wt33_0 * (
                 0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
                 + 0.4472135954999579 * a4_2 * sb2_3_0 - 0.4472135954999579 * a4_3 * sb2_2_0
                 - 0.38729833462074176 * a4_3 * sb2_4_0 + 0.38729833462074176 * a4_4 * sb2_3_0
             )
-            acc33_3 = acc33_3 + w33[tile_b, tile_c, 0] * (
+            acc33_3 = acc33_3 + wt33_0 * (
                 0.31622776601683794 * a4_0 * sb2_4_0 - 0.6324555320336759 * a4_1 * sb2_3_0
                 + 0.6324555320336759 * a4_3 * sb2_1_0 - 0.31622776601683794 * a4_4 * sb2_0_0
             )
-            acc33_4 = acc33_4 + w33[tile_b, tile_c, 0] * (
+            acc33_4 = acc33_4 + wt33_0 * (
                 -0.38729833462074176 * a4_0 * sb2_3_0 + 0.4472135954999579 * a4_1 * sb2_2_0
                 - 0.38729833462074176 * a4_1 * sb2_4_0 - 0.4472135954999579 * a4_2 * sb2_1_0
                 + 0.38729833462074176 * a4_3 * sb2_0_0 + 0.38729833462074176 * a4_4 * sb2_1_0
             )
-            acc33_5 = acc33_5 + w33[tile_b, tile_c, 0] * (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
-            acc33_6 = acc33_6 + w33[tile_b, tile_c, 0] * (
+            acc33_5 = acc33_5 + wt33_0 * (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
+            acc33_6 = acc33_6 + wt33_0 * (
                 0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
                 - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
             )
@@ -924,18 +958,19 @@ def tp_fwd_0(
             acc34_1 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
             acc34_2 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
             # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            acc34_0 = acc34_0 + w34[tile_b, tile_c, 0] * (
+            wt34_0 = w34[tile_b, tile_c, 0]
+            acc34_0 = acc34_0 + wt34_0 * (
                 -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
                 - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
                 + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
                 + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
             )
-            acc34_1 = acc34_1 + w34[tile_b, tile_c, 0] * (
+            acc34_1 = acc34_1 + wt34_0 * (
                 0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
                 + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
                 + 0.3779644730092272 * a4_4 * sb3_5_0
             )
-            acc34_2 = acc34_2 + w34[tile_b, tile_c, 0] * (
+            acc34_2 = acc34_2 + wt34_0 * (
                 0.4629100498862757 * a4_0 * sb3_0_0 - 0.11952286093343936 * a4_0 * sb3_2_0
                 + 0.3779644730092272 * a4_1 * sb3_1_0 + 0.4140393356054125 * a4_2 * sb3_4_0
                 - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
@@ -951,26 +986,27 @@ def tp_fwd_0(
             acc35_3 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
             acc35_4 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            acc35_0 = acc35_0 + w35[tile_b, tile_c, 0] * (
+            wt35_0 = w35[tile_b, tile_c, 0]
+            acc35_0 = acc35_0 + wt35_0 * (
                 0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
                 + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
                 + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
             )
-            acc35_1 = acc35_1 + w35[tile_b, tile_c, 0] * (
+            acc35_1 = acc35_1 + wt35_0 * (
                 -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
                 + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
                 - 0.3273268353539886 * a4_4 * sb3_4_0 - 0.42257712736425834 * a4_4 * sb3_6_0
             )
-            acc35_2 = acc35_2 + w35[tile_b, tile_c, 0] * (
+            acc35_2 = acc35_2 + wt35_0 * (
                 -0.5976143046671969 * a4_0 * sb3_5_0 - 0.3779644730092272 * a4_1 * sb3_4_0
                 + 0.3779644730092272 * a4_3 * sb3_2_0 + 0.5976143046671969 * a4_4 * sb3_1_0
             )
-            acc35_3 = acc35_3 + w35[tile_b, tile_c, 0] * (
+            acc35_3 = acc35_3 + wt35_0 * (
                 0.3273268353539886 * a4_0 * sb3_4_0 - 0.42257712736425834 * a4_0 * sb3_6_0
                 + 0.5345224838248488 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_2 * sb3_2_0
                 + 0.42257712736425834 * a4_4 * sb3_0_0 - 0.3273268353539886 * a4_4 * sb3_2_0
             )
-            acc35_4 = acc35_4 + w35[tile_b, tile_c, 0] * (
+            acc35_4 = acc35_4 + wt35_0 * (
                 -0.2672612419124244 * a4_0 * sb3_3_0 + 0.3273268353539886 * a4_1 * sb3_4_0
                 + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
                 - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
@@ -989,39 +1025,40 @@ def tp_fwd_0(
             acc36_5 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
             acc36_6 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            acc36_0 = acc36_0 + w36[tile_b, tile_c, 0] * (
+            wt36_0 = w36[tile_b, tile_c, 0]
+            acc36_0 = acc36_0 + wt36_0 * (
                 -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
                 - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
                 - 0.2886751345948129 * a4_4 * sb3_2_0
             )
-            acc36_1 = acc36_1 + w36[tile_b, tile_c, 0] * (
+            acc36_1 = acc36_1 + wt36_0 * (
                 -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
                 - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
                 + 0.3535533905932738 * a4_3 * sb3_2_0
             )
-            acc36_2 = acc36_2 + w36[tile_b, tile_c, 0] * (
+            acc36_2 = acc36_2 + wt36_0 * (
                 0.4472135954999579 * a4_0 * sb3_4_0 + 0.2886751345948129 * a4_0 * sb3_6_0
                 + 0.18257418583505539 * a4_1 * sb3_3_0 - 0.3535533905932738 * a4_1 * sb3_5_0
                 + 0.38729833462074176 * a4_2 * sb3_2_0 + 0.3535533905932738 * a4_3 * sb3_1_0
                 - 0.2886751345948129 * a4_4 * sb3_0_0 - 0.4472135954999579 * a4_4 * sb3_2_0
             )
-            acc36_3 = acc36_3 + w36[tile_b, tile_c, 0] * (
+            acc36_3 = acc36_3 + wt36_0 * (
                 -0.5773502691896258 * a4_0 * sb3_1_0 + 0.18257418583505539 * a4_1 * sb3_2_0
                 + 0.5163977794943223 * a4_2 * sb3_3_0 + 0.18257418583505539 * a4_3 * sb3_4_0
                 - 0.5773502691896258 * a4_4 * sb3_5_0
             )
-            acc36_4 = acc36_4 + w36[tile_b, tile_c, 0] * (
+            acc36_4 = acc36_4 + wt36_0 * (
                 -0.2886751345948129 * a4_0 * sb3_0_0 + 0.4472135954999579 * a4_0 * sb3_2_0
                 + 0.3535533905932738 * a4_1 * sb3_1_0 + 0.38729833462074176 * a4_2 * sb3_4_0
                 + 0.18257418583505539 * a4_3 * sb3_3_0 + 0.3535533905932738 * a4_3 * sb3_5_0
                 + 0.4472135954999579 * a4_4 * sb3_4_0 - 0.2886751345948129 * a4_4 * sb3_6_0
             )
-            acc36_5 = acc36_5 + w36[tile_b, tile_c, 0] * (
+            acc36_5 = acc36_5 + wt36_0 * (
                 0.45643546458763845 * a4_1 * sb3_0_0 - 0.3535533905932738 * a4_1 * sb3_2_0
                 + 0.3535533905932738 * a4_3 * sb3_4_0 + 0.45643546458763845 * a4_3 * sb3_6_0
                 - 0.5773502691896258 * a4_4 * sb3_3_0
             )
-            acc36_6 = acc36_6 + w36[tile_b, tile_c, 0] * (
+            acc36_6 = acc36_6 + wt36_0 * (
                 0.2886751345948129 * a4_0 * sb3_2_0 - 0.45643546458763845 * a4_1 * sb3_1_0
                 - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
                 - 0.2886751345948129 * a4_4 * sb3_4_0
@@ -1040,11 +1077,12 @@ def tp_fwd_0(
             acc37_3 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
             acc37_4 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            acc37_0 = acc37_0 + w37[tile_b, tile_c, 0] * (1.0 * a5_0 * sb0_0_0)
-            acc37_1 = acc37_1 + w37[tile_b, tile_c, 0] * (1.0 * a5_1 * sb0_0_0)
-            acc37_2 = acc37_2 + w37[tile_b, tile_c, 0] * (1.0 * a5_2 * sb0_0_0)
-            acc37_3 = acc37_3 + w37[tile_b, tile_c, 0] * (1.0 * a5_3 * sb0_0_0)
-            acc37_4 = acc37_4 + w37[tile_b, tile_c, 0] * (1.0 * a5_4 * sb0_0_0)
+            wt37_0 = w37[tile_b, tile_c, 0]
+            acc37_0 = acc37_0 + wt37_0 * (a5_0 * sb0_0_0)
+            acc37_1 = acc37_1 + wt37_0 * (a5_1 * sb0_0_0)
+            acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
+            acc37_3 = acc37_3 + wt37_0 * (a5_3 * sb0_0_0)
+            acc37_4 = acc37_4 + wt37_0 * (a5_4 * sb0_0_0)
             out_37[tile_b, 0, tile_c] = acc37_0
             out_37[tile_b, 1, tile_c] = acc37_1
             out_37[tile_b, 2, tile_c] = acc37_2
@@ -1055,15 +1093,16 @@ def tp_fwd_0(
             acc38_1 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
             acc38_2 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            acc38_0 = acc38_0 + w38[tile_b, tile_c, 0] * (
+            wt38_0 = w38[tile_b, tile_c, 0]
+            acc38_0 = acc38_0 + wt38_0 * (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
-            acc38_1 = acc38_1 + w38[tile_b, tile_c, 0] * (
+            acc38_1 = acc38_1 + wt38_0 * (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
             )
-            acc38_2 = acc38_2 + w38[tile_b, tile_c, 0] * (
+            acc38_2 = acc38_2 + wt38_0 * (
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
@@ -1077,20 +1116,21 @@ def tp_fwd_0(
             acc39_3 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
             acc39_4 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            acc39_0 = acc39_0 + w39[tile_b, tile_c, 0] * (
+            wt39_0 = w39[tile_b, tile_c, 0]
+            acc39_0 = acc39_0 + wt39_0 * (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
-            acc39_1 = acc39_1 + w39[tile_b, tile_c, 0] * (
+            acc39_1 = acc39_1 + wt39_0 * (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
             )
-            acc39_2 = acc39_2 + w39[tile_b, tile_c, 0] * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            acc39_3 = acc39_3 + w39[tile_b, tile_c, 0] * (
+            acc39_2 = acc39_2 + wt39_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+            acc39_3 = acc39_3 + wt39_0 * (
                 -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
                 - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
             )
-            acc39_4 = acc39_4 + w39[tile_b, tile_c, 0] * (
+            acc39_4 = acc39_4 + wt39_0 * (
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
@@ -1108,28 +1148,29 @@ def tp_fwd_0(
             acc40_5 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
             acc40_6 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            acc40_0 = acc40_0 + w40[tile_b, tile_c, 0] * (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
-            acc40_1 = acc40_1 + w40[tile_b, tile_c, 0] * (
+            wt40_0 = w40[tile_b, tile_c, 0]
+            acc40_0 = acc40_0 + wt40_0 * (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
+            acc40_1 = acc40_1 + wt40_0 * (
                 0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
                 + 0.5773502691896258 * a5_3 * sb1_0_0
             )
-            acc40_2 = acc40_2 + w40[tile_b, tile_c, 0] * (
+            acc40_2 = acc40_2 + wt40_0 * (
                 -0.18257418583505539 * a5_0 * sb1_2_0 + 0.7302967433402215 * a5_1 * sb1_1_0
                 + 0.6324555320336759 * a5_2 * sb1_0_0 + 0.18257418583505539 * a5_4 * sb1_0_0
             )
-            acc40_3 = acc40_3 + w40[tile_b, tile_c, 0] * (
+            acc40_3 = acc40_3 + wt40_0 * (
                 -0.4472135954999579 * a5_1 * sb1_0_0 + 0.7745966692414835 * a5_2 * sb1_1_0
                 - 0.4472135954999579 * a5_3 * sb1_2_0
             )
-            acc40_4 = acc40_4 + w40[tile_b, tile_c, 0] * (
+            acc40_4 = acc40_4 + wt40_0 * (
                 -0.18257418583505539 * a5_0 * sb1_0_0 + 0.6324555320336759 * a5_2 * sb1_2_0
                 + 0.7302967433402215 * a5_3 * sb1_1_0 - 0.18257418583505539 * a5_4 * sb1_2_0
             )
-            acc40_5 = acc40_5 + w40[tile_b, tile_c, 0] * (
+            acc40_5 = acc40_5 + wt40_0 * (
                 -0.5773502691896258 * a5_1 * sb1_0_0 + 0.5773502691896258 * a5_3 * sb1_2_0
                 + 0.5773502691896258 * a5_4 * sb1_1_0
             )
-            acc40_6 = acc40_6 + w40[tile_b, tile_c, 0] * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
+            acc40_6 = acc40_6 + wt40_0 * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
             out_40[tile_b, 0, tile_c] = acc40_0
             out_40[tile_b, 1, tile_c] = acc40_1
             out_40[tile_b, 2, tile_c] = acc40_2
@@ -1140,7 +1181,8 @@ def tp_fwd_0(
             # g block 41: 64x0e (1 path)
             acc41_0 = hl.zeros([tile_b, tile_c], dtype=out_41.dtype)
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            acc41_0 = acc41_0 + w41[tile_b, tile_c, 0] * (
+            wt41_0 = w41[tile_b, tile_c, 0]
+            acc41_0 = acc41_0 + wt41_0 * (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
@@ -1151,16 +1193,17 @@ def tp_fwd_0(
             acc42_1 = hl.zeros([tile_b, tile_c], dtype=out_42.dtype)
             acc42_2 = hl.zeros([tile_b, tile_c], dtype=out_42.dtype)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            acc42_0 = acc42_0 + w42[tile_b, tile_c, 0] * (
+            wt42_0 = w42[tile_b, tile_c, 0]
+            acc42_0 = acc42_0 + wt42_0 * (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
-            acc42_1 = acc42_1 + w42[tile_b, tile_c, 0] * (
+            acc42_1 = acc42_1 + wt42_0 * (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
             )
-            acc42_2 = acc42_2 + w42[tile_b, tile_c, 0] * (
+            acc42_2 = acc42_2 + wt42_0 * (
                 0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
@@ -1175,26 +1218,27 @@ def tp_fwd_0(
             acc43_3 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
             acc43_4 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            acc43_0 = acc43_0 + w43[tile_b, tile_c, 0] * (
+            wt43_0 = w43[tile_b, tile_c, 0]
+            acc43_0 = acc43_0 + wt43_0 * (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
-            acc43_1 = acc43_1 + w43[tile_b, tile_c, 0] * (
+            acc43_1 = acc43_1 + wt43_0 * (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
                 + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
             )
-            acc43_2 = acc43_2 + w43[tile_b, tile_c, 0] * (
+            acc43_2 = acc43_2 + wt43_0 * (
                 -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
                 + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
                 - 0.5345224838248488 * a5_4 * sb2_4_0
             )
-            acc43_3 = acc43_3 + w43[tile_b, tile_c, 0] * (
+            acc43_3 = acc43_3 + wt43_0 * (
                 0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
                 + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
                 + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
             )
-            acc43_4 = acc43_4 + w43[tile_b, tile_c, 0] * (
+            acc43_4 = acc43_4 + wt43_0 * (
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
@@ -1212,27 +1256,28 @@ def tp_fwd_0(
             acc44_5 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
             acc44_6 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            acc44_0 = acc44_0 + w44[tile_b, tile_c, 0] * (
+            wt44_0 = w44[tile_b, tile_c, 0]
+            acc44_0 = acc44_0 + wt44_0 * (
                 0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
                 + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
             )
-            acc44_1 = acc44_1 + w44[tile_b, tile_c, 0] * (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
-            acc44_2 = acc44_2 + w44[tile_b, tile_c, 0] * (
+            acc44_1 = acc44_1 + wt44_0 * (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
+            acc44_2 = acc44_2 + wt44_0 * (
                 0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
                 + 0.4472135954999579 * a5_2 * sb2_3_0 - 0.4472135954999579 * a5_3 * sb2_2_0
                 - 0.38729833462074176 * a5_3 * sb2_4_0 + 0.38729833462074176 * a5_4 * sb2_3_0
             )
-            acc44_3 = acc44_3 + w44[tile_b, tile_c, 0] * (
+            acc44_3 = acc44_3 + wt44_0 * (
                 0.31622776601683794 * a5_0 * sb2_4_0 - 0.6324555320336759 * a5_1 * sb2_3_0
                 + 0.6324555320336759 * a5_3 * sb2_1_0 - 0.31622776601683794 * a5_4 * sb2_0_0
             )
-            acc44_4 = acc44_4 + w44[tile_b, tile_c, 0] * (
+            acc44_4 = acc44_4 + wt44_0 * (
                 -0.38729833462074176 * a5_0 * sb2_3_0 + 0.4472135954999579 * a5_1 * sb2_2_0
                 - 0.38729833462074176 * a5_1 * sb2_4_0 - 0.4472135954999579 * a5_2 * sb2_1_0
                 + 0.38729833462074176 * a5_3 * sb2_0_0 + 0.38729833462074176 * a5_4 * sb2_1_0
             )
-            acc44_5 = acc44_5 + w44[tile_b, tile_c, 0] * (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
-            acc44_6 = acc44_6 + w44[tile_b, tile_c, 0] * (
+            acc44_5 = acc44_5 + wt44_0 * (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
+            acc44_6 = acc44_6 + wt44_0 * (
                 0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
                 - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
             )
@@ -1347,18 +1392,19 @@ def tp_fwd_1(
             acc45_1 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
             acc45_2 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            acc45_0 = acc45_0 + w45[tile_b, tile_c, 0] * (
+            wt45_0 = w45[tile_b, tile_c, 0]
+            acc45_0 = acc45_0 + wt45_0 * (
                 -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
                 - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
                 + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
                 + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
             )
-            acc45_1 = acc45_1 + w45[tile_b, tile_c, 0] * (
+            acc45_1 = acc45_1 + wt45_0 * (
                 0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
                 + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
                 + 0.3779644730092272 * a5_4 * sb3_5_0
             )
-            acc45_2 = acc45_2 + w45[tile_b, tile_c, 0] * (
+            acc45_2 = acc45_2 + wt45_0 * (
                 0.4629100498862757 * a5_0 * sb3_0_0 - 0.11952286093343936 * a5_0 * sb3_2_0
                 + 0.3779644730092272 * a5_1 * sb3_1_0 + 0.4140393356054125 * a5_2 * sb3_4_0
                 - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
@@ -1374,26 +1420,27 @@ def tp_fwd_1(
             acc46_3 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
             acc46_4 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            acc46_0 = acc46_0 + w46[tile_b, tile_c, 0] * (
+            wt46_0 = w46[tile_b, tile_c, 0]
+            acc46_0 = acc46_0 + wt46_0 * (
                 0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
                 + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
                 + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
             )
-            acc46_1 = acc46_1 + w46[tile_b, tile_c, 0] * (
+            acc46_1 = acc46_1 + wt46_0 * (
                 -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
                 + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
                 - 0.3273268353539886 * a5_4 * sb3_4_0 - 0.42257712736425834 * a5_4 * sb3_6_0
             )
-            acc46_2 = acc46_2 + w46[tile_b, tile_c, 0] * (
+            acc46_2 = acc46_2 + wt46_0 * (
                 -0.5976143046671969 * a5_0 * sb3_5_0 - 0.3779644730092272 * a5_1 * sb3_4_0
                 + 0.3779644730092272 * a5_3 * sb3_2_0 + 0.5976143046671969 * a5_4 * sb3_1_0
             )
-            acc46_3 = acc46_3 + w46[tile_b, tile_c, 0] * (
+            acc46_3 = acc46_3 + wt46_0 * (
                 0.3273268353539886 * a5_0 * sb3_4_0 - 0.42257712736425834 * a5_0 * sb3_6_0
                 + 0.5345224838248488 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_2 * sb3_2_0
                 + 0.42257712736425834 * a5_4 * sb3_0_0 - 0.3273268353539886 * a5_4 * sb3_2_0
             )
-            acc46_4 = acc46_4 + w46[tile_b, tile_c, 0] * (
+            acc46_4 = acc46_4 + wt46_0 * (
                 -0.2672612419124244 * a5_0 * sb3_3_0 + 0.3273268353539886 * a5_1 * sb3_4_0
                 + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
                 - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
@@ -1412,39 +1459,40 @@ def tp_fwd_1(
             acc47_5 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
             acc47_6 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            acc47_0 = acc47_0 + w47[tile_b, tile_c, 0] * (
+            wt47_0 = w47[tile_b, tile_c, 0]
+            acc47_0 = acc47_0 + wt47_0 * (
                 -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
                 - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
                 - 0.2886751345948129 * a5_4 * sb3_2_0
             )
-            acc47_1 = acc47_1 + w47[tile_b, tile_c, 0] * (
+            acc47_1 = acc47_1 + wt47_0 * (
                 -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
                 - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
                 + 0.3535533905932738 * a5_3 * sb3_2_0
             )
-            acc47_2 = acc47_2 + w47[tile_b, tile_c, 0] * (
+            acc47_2 = acc47_2 + wt47_0 * (
                 0.4472135954999579 * a5_0 * sb3_4_0 + 0.2886751345948129 * a5_0 * sb3_6_0
                 + 0.18257418583505539 * a5_1 * sb3_3_0 - 0.3535533905932738 * a5_1 * sb3_5_0
                 + 0.38729833462074176 * a5_2 * sb3_2_0 + 0.3535533905932738 * a5_3 * sb3_1_0
                 - 0.2886751345948129 * a5_4 * sb3_0_0 - 0.4472135954999579 * a5_4 * sb3_2_0
             )
-            acc47_3 = acc47_3 + w47[tile_b, tile_c, 0] * (
+            acc47_3 = acc47_3 + wt47_0 * (
                 -0.5773502691896258 * a5_0 * sb3_1_0 + 0.18257418583505539 * a5_1 * sb3_2_0
                 + 0.5163977794943223 * a5_2 * sb3_3_0 + 0.18257418583505539 * a5_3 * sb3_4_0
                 - 0.5773502691896258 * a5_4 * sb3_5_0
             )
-            acc47_4 = acc47_4 + w47[tile_b, tile_c, 0] * (
+            acc47_4 = acc47_4 + wt47_0 * (
                 -0.2886751345948129 * a5_0 * sb3_0_0 + 0.4472135954999579 * a5_0 * sb3_2_0
                 + 0.3535533905932738 * a5_1 * sb3_1_0 + 0.38729833462074176 * a5_2 * sb3_4_0
                 + 0.18257418583505539 * a5_3 * sb3_3_0 + 0.3535533905932738 * a5_3 * sb3_5_0
                 + 0.4472135954999579 * a5_4 * sb3_4_0 - 0.2886751345948129 * a5_4 * sb3_6_0
             )
-            acc47_5 = acc47_5 + w47[tile_b, tile_c, 0] * (
+            acc47_5 = acc47_5 + wt47_0 * (
                 0.45643546458763845 * a5_1 * sb3_0_0 - 0.3535533905932738 * a5_1 * sb3_2_0
                 + 0.3535533905932738 * a5_3 * sb3_4_0 + 0.45643546458763845 * a5_3 * sb3_6_0
                 - 0.5773502691896258 * a5_4 * sb3_3_0
             )
-            acc47_6 = acc47_6 + w47[tile_b, tile_c, 0] * (
+            acc47_6 = acc47_6 + wt47_0 * (
                 0.2886751345948129 * a5_0 * sb3_2_0 - 0.45643546458763845 * a5_1 * sb3_1_0
                 - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
                 - 0.2886751345948129 * a5_4 * sb3_4_0
@@ -1465,13 +1513,14 @@ def tp_fwd_1(
             acc48_5 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
             acc48_6 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            acc48_0 = acc48_0 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_0 * sb0_0_0)
-            acc48_1 = acc48_1 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_1 * sb0_0_0)
-            acc48_2 = acc48_2 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_2 * sb0_0_0)
-            acc48_3 = acc48_3 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_3 * sb0_0_0)
-            acc48_4 = acc48_4 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_4 * sb0_0_0)
-            acc48_5 = acc48_5 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_5 * sb0_0_0)
-            acc48_6 = acc48_6 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * a6_6 * sb0_0_0)
+            wt48_0 = w48[tile_b, tile_c, 0]
+            acc48_0 = acc48_0 + wt48_0 * (1.0000000000000002 * a6_0 * sb0_0_0)
+            acc48_1 = acc48_1 + wt48_0 * (1.0000000000000002 * a6_1 * sb0_0_0)
+            acc48_2 = acc48_2 + wt48_0 * (1.0000000000000002 * a6_2 * sb0_0_0)
+            acc48_3 = acc48_3 + wt48_0 * (1.0000000000000002 * a6_3 * sb0_0_0)
+            acc48_4 = acc48_4 + wt48_0 * (1.0000000000000002 * a6_4 * sb0_0_0)
+            acc48_5 = acc48_5 + wt48_0 * (1.0000000000000002 * a6_5 * sb0_0_0)
+            acc48_6 = acc48_6 + wt48_0 * (1.0000000000000002 * a6_6 * sb0_0_0)
             out_48[tile_b, 0, tile_c] = acc48_0
             out_48[tile_b, 1, tile_c] = acc48_1
             out_48[tile_b, 2, tile_c] = acc48_2
@@ -1486,24 +1535,25 @@ def tp_fwd_1(
             acc49_3 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
             acc49_4 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
             # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            acc49_0 = acc49_0 + w49[tile_b, tile_c, 0] * (
+            wt49_0 = w49[tile_b, tile_c, 0]
+            acc49_0 = acc49_0 + wt49_0 * (
                 0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
                 - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
                 - 0.5976143046671969 * a6_6 * sb1_0_0
             )
-            acc49_1 = acc49_1 + w49[tile_b, tile_c, 0] * (
+            acc49_1 = acc49_1 + wt49_0 * (
                 0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
                 - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
             )
-            acc49_2 = acc49_2 + w49[tile_b, tile_c, 0] * (
+            acc49_2 = acc49_2 + wt49_0 * (
                 0.5345224838248488 * a6_2 * sb1_0_0 + 0.6546536707079772 * a6_3 * sb1_1_0
                 + 0.5345224838248488 * a6_4 * sb1_2_0
             )
-            acc49_3 = acc49_3 + w49[tile_b, tile_c, 0] * (
+            acc49_3 = acc49_3 + wt49_0 * (
                 0.48795003647426666 * a6_1 * sb1_0_0 - 0.3779644730092272 * a6_3 * sb1_2_0
                 + 0.6172133998483676 * a6_4 * sb1_1_0 + 0.48795003647426666 * a6_5 * sb1_2_0
             )
-            acc49_4 = acc49_4 + w49[tile_b, tile_c, 0] * (
+            acc49_4 = acc49_4 + wt49_0 * (
                 0.5976143046671969 * a6_0 * sb1_0_0 + 0.1543033499620919 * a6_2 * sb1_0_0
                 - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
                 + 0.5976143046671969 * a6_6 * sb1_2_0
@@ -1522,30 +1572,31 @@ def tp_fwd_1(
             acc50_5 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
             acc50_6 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            acc50_0 = acc50_0 + w50[tile_b, tile_c, 0] * (
+            wt50_0 = w50[tile_b, tile_c, 0]
+            acc50_0 = acc50_0 + wt50_0 * (
                 -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
                 - 0.8660254037844387 * a6_6 * sb1_1_0
             )
-            acc50_1 = acc50_1 + w50[tile_b, tile_c, 0] * (
+            acc50_1 = acc50_1 + wt50_0 * (
                 0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
                 + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
                 + 0.3535533905932738 * a6_6 * sb1_2_0
             )
-            acc50_2 = acc50_2 + w50[tile_b, tile_c, 0] * (
+            acc50_2 = acc50_2 + wt50_0 * (
                 0.45643546458763845 * a6_1 * sb1_0_0 + 0.7071067811865476 * a6_3 * sb1_2_0
                 - 0.2886751345948129 * a6_4 * sb1_1_0 + 0.45643546458763845 * a6_5 * sb1_2_0
             )
-            acc50_3 = acc50_3 + w50[tile_b, tile_c, 0] * (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
-            acc50_4 = acc50_4 + w50[tile_b, tile_c, 0] * (
+            acc50_3 = acc50_3 + wt50_0 * (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
+            acc50_4 = acc50_4 + wt50_0 * (
                 -0.45643546458763845 * a6_1 * sb1_2_0 + 0.2886751345948129 * a6_2 * sb1_1_0
                 - 0.7071067811865476 * a6_3 * sb1_0_0 + 0.45643546458763845 * a6_5 * sb1_0_0
             )
-            acc50_5 = acc50_5 + w50[tile_b, tile_c, 0] * (
+            acc50_5 = acc50_5 + wt50_0 * (
                 -0.3535533905932738 * a6_0 * sb1_2_0 + 0.5773502691896258 * a6_1 * sb1_1_0
                 - 0.45643546458763845 * a6_2 * sb1_2_0 - 0.45643546458763845 * a6_4 * sb1_0_0
                 + 0.3535533905932738 * a6_6 * sb1_0_0
             )
-            acc50_6 = acc50_6 + w50[tile_b, tile_c, 0] * (
+            acc50_6 = acc50_6 + wt50_0 * (
                 0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
                 - 0.3535533905932738 * a6_5 * sb1_0_0
             )
@@ -1561,18 +1612,19 @@ def tp_fwd_1(
             acc51_1 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
             acc51_2 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
             # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            acc51_0 = acc51_0 + w51[tile_b, tile_c, 0] * (
+            wt51_0 = w51[tile_b, tile_c, 0]
+            acc51_0 = acc51_0 + wt51_0 * (
                 0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
                 + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
                 - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
                 - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
             )
-            acc51_1 = acc51_1 + w51[tile_b, tile_c, 0] * (
+            acc51_1 = acc51_1 + wt51_0 * (
                 0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
                 + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
                 + 0.3779644730092272 * a6_5 * sb2_4_0
             )
-            acc51_2 = acc51_2 + w51[tile_b, tile_c, 0] * (
+            acc51_2 = acc51_2 + wt51_0 * (
                 0.4629100498862757 * a6_0 * sb2_0_0 + 0.3779644730092272 * a6_1 * sb2_1_0
                 - 0.11952286093343936 * a6_2 * sb2_0_0 - 0.2927700218845599 * a6_3 * sb2_3_0
                 + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
@@ -1588,26 +1640,27 @@ def tp_fwd_1(
             acc52_3 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
             acc52_4 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            acc52_0 = acc52_0 + w52[tile_b, tile_c, 0] * (
+            wt52_0 = w52[tile_b, tile_c, 0]
+            acc52_0 = acc52_0 + wt52_0 * (
                 -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
                 - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
                 - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
             )
-            acc52_1 = acc52_1 + w52[tile_b, tile_c, 0] * (
+            acc52_1 = acc52_1 + wt52_0 * (
                 0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
                 + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
                 + 0.3273268353539886 * a6_4 * sb2_4_0 + 0.42257712736425834 * a6_6 * sb2_4_0
             )
-            acc52_2 = acc52_2 + w52[tile_b, tile_c, 0] * (
+            acc52_2 = acc52_2 + wt52_0 * (
                 -0.5976143046671969 * a6_1 * sb2_4_0 - 0.3779644730092272 * a6_2 * sb2_3_0
                 + 0.3779644730092272 * a6_4 * sb2_1_0 + 0.5976143046671969 * a6_5 * sb2_0_0
             )
-            acc52_3 = acc52_3 + w52[tile_b, tile_c, 0] * (
+            acc52_3 = acc52_3 + wt52_0 * (
                 -0.42257712736425834 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_2 * sb2_2_0
                 + 0.3273268353539886 * a6_2 * sb2_4_0 - 0.5345224838248488 * a6_3 * sb2_1_0
                 - 0.3273268353539886 * a6_4 * sb2_0_0 + 0.42257712736425834 * a6_6 * sb2_0_0
             )
-            acc52_4 = acc52_4 + w52[tile_b, tile_c, 0] * (
+            acc52_4 = acc52_4 + wt52_0 * (
                 0.42257712736425834 * a6_0 * sb2_3_0 + 0.5976143046671969 * a6_1 * sb2_2_0
                 - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
                 - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
@@ -1626,39 +1679,40 @@ def tp_fwd_1(
             acc53_5 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
             acc53_6 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            acc53_0 = acc53_0 + w53[tile_b, tile_c, 0] * (
+            wt53_0 = w53[tile_b, tile_c, 0]
+            acc53_0 = acc53_0 + wt53_0 * (
                 -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
                 - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
                 + 0.45643546458763845 * a6_5 * sb2_1_0
             )
-            acc53_1 = acc53_1 + w53[tile_b, tile_c, 0] * (
+            acc53_1 = acc53_1 + wt53_0 * (
                 0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
                 - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
                 - 0.45643546458763845 * a6_6 * sb2_1_0
             )
-            acc53_2 = acc53_2 + w53[tile_b, tile_c, 0] * (
+            acc53_2 = acc53_2 + wt53_0 * (
                 -0.2886751345948129 * a6_0 * sb2_4_0 + 0.3535533905932738 * a6_1 * sb2_3_0
                 + 0.38729833462074176 * a6_2 * sb2_2_0 - 0.4472135954999579 * a6_2 * sb2_4_0
                 + 0.18257418583505539 * a6_3 * sb2_1_0 + 0.4472135954999579 * a6_4 * sb2_0_0
                 - 0.3535533905932738 * a6_5 * sb2_1_0 + 0.2886751345948129 * a6_6 * sb2_0_0
             )
-            acc53_3 = acc53_3 + w53[tile_b, tile_c, 0] * (
+            acc53_3 = acc53_3 + wt53_0 * (
                 -0.5773502691896258 * a6_1 * sb2_0_0 + 0.18257418583505539 * a6_2 * sb2_1_0
                 + 0.5163977794943223 * a6_3 * sb2_2_0 + 0.18257418583505539 * a6_4 * sb2_3_0
                 - 0.5773502691896258 * a6_5 * sb2_4_0
             )
-            acc53_4 = acc53_4 + w53[tile_b, tile_c, 0] * (
+            acc53_4 = acc53_4 + wt53_0 * (
                 -0.2886751345948129 * a6_0 * sb2_0_0 + 0.3535533905932738 * a6_1 * sb2_1_0
                 + 0.4472135954999579 * a6_2 * sb2_0_0 + 0.18257418583505539 * a6_3 * sb2_3_0
                 + 0.38729833462074176 * a6_4 * sb2_2_0 + 0.4472135954999579 * a6_4 * sb2_4_0
                 + 0.3535533905932738 * a6_5 * sb2_3_0 - 0.2886751345948129 * a6_6 * sb2_4_0
             )
-            acc53_5 = acc53_5 + w53[tile_b, tile_c, 0] * (
+            acc53_5 = acc53_5 + wt53_0 * (
                 0.45643546458763845 * a6_0 * sb2_1_0 - 0.3535533905932738 * a6_2 * sb2_1_0
                 - 0.5773502691896258 * a6_3 * sb2_4_0 + 0.3535533905932738 * a6_4 * sb2_3_0
                 + 0.45643546458763845 * a6_6 * sb2_3_0
             )
-            acc53_6 = acc53_6 + w53[tile_b, tile_c, 0] * (
+            acc53_6 = acc53_6 + wt53_0 * (
                 -0.45643546458763845 * a6_1 * sb2_1_0 + 0.2886751345948129 * a6_2 * sb2_0_0
                 - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
                 - 0.6454972243679029 * a6_6 * sb2_2_0
@@ -1673,7 +1727,8 @@ def tp_fwd_1(
             # g block 54: 64x0e (1 path)
             acc54_0 = hl.zeros([tile_b, tile_c], dtype=out_54.dtype)
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            acc54_0 = acc54_0 + w54[tile_b, tile_c, 0] * (
+            wt54_0 = w54[tile_b, tile_c, 0]
+            acc54_0 = acc54_0 + wt54_0 * (
                 0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
                 + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
                 + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
@@ -1685,19 +1740,20 @@ def tp_fwd_1(
             acc55_1 = hl.zeros([tile_b, tile_c], dtype=out_55.dtype)
             acc55_2 = hl.zeros([tile_b, tile_c], dtype=out_55.dtype)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            acc55_0 = acc55_0 + w55[tile_b, tile_c, 0] * (
+            wt55_0 = w55[tile_b, tile_c, 0]
+            acc55_0 = acc55_0 + wt55_0 * (
                 -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
                 - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
                 + 0.4629100498862757 * a6_3 * sb3_4_0 - 0.4629100498862757 * a6_4 * sb3_3_0
                 + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
                 + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
             )
-            acc55_1 = acc55_1 + w55[tile_b, tile_c, 0] * (
+            acc55_1 = acc55_1 + wt55_0 * (
                 -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
                 - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
                 + 0.3779644730092272 * a6_5 * sb3_1_0 + 0.5669467095138409 * a6_6 * sb3_0_0
             )
-            acc55_2 = acc55_2 + w55[tile_b, tile_c, 0] * (
+            acc55_2 = acc55_2 + wt55_0 * (
                 0.23145502494313785 * a6_0 * sb3_5_0 + 0.2988071523335984 * a6_1 * sb3_4_0
                 + 0.23145502494313785 * a6_1 * sb3_6_0 + 0.4629100498862757 * a6_2 * sb3_3_0
                 + 0.2988071523335984 * a6_2 * sb3_5_0 - 0.4629100498862757 * a6_3 * sb3_2_0
@@ -1714,32 +1770,33 @@ def tp_fwd_1(
             acc56_3 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
             acc56_4 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            acc56_0 = acc56_0 + w56[tile_b, tile_c, 0] * (
+            wt56_0 = w56[tile_b, tile_c, 0]
+            acc56_0 = acc56_0 + wt56_0 * (
                 -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
                 + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
                 - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
                 + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
             )
-            acc56_1 = acc56_1 + w56[tile_b, tile_c, 0] * (
+            acc56_1 = acc56_1 + wt56_0 * (
                 0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
                 - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
                 - 0.29880715233359845 * a6_2 * sb3_5_0 + 0.1543033499620919 * a6_3 * sb3_2_0
                 + 0.29880715233359845 * a6_4 * sb3_1_0 + 0.3857583749052298 * a6_5 * sb3_0_0
                 - 0.29880715233359845 * a6_5 * sb3_2_0 - 0.3857583749052298 * a6_6 * sb3_1_0
             )
-            acc56_2 = acc56_2 + w56[tile_b, tile_c, 0] * (
+            acc56_2 = acc56_2 + wt56_0 * (
                 -0.545544725589981 * a6_0 * sb3_0_0 + 0.3273268353539886 * a6_2 * sb3_2_0
                 + 0.4364357804719848 * a6_3 * sb3_3_0 + 0.3273268353539886 * a6_4 * sb3_4_0
                 - 0.545544725589981 * a6_6 * sb3_6_0
             )
-            acc56_3 = acc56_3 + w56[tile_b, tile_c, 0] * (
+            acc56_3 = acc56_3 + wt56_0 * (
                 0.3857583749052298 * a6_0 * sb3_1_0 + 0.3857583749052298 * a6_1 * sb3_0_0
                 + 0.29880715233359845 * a6_1 * sb3_2_0 + 0.29880715233359845 * a6_2 * sb3_1_0
                 + 0.1543033499620919 * a6_3 * sb3_4_0 + 0.1543033499620919 * a6_4 * sb3_3_0
                 + 0.29880715233359845 * a6_4 * sb3_5_0 + 0.29880715233359845 * a6_5 * sb3_4_0
                 + 0.3857583749052298 * a6_5 * sb3_6_0 + 0.3857583749052298 * a6_6 * sb3_5_0
             )
-            acc56_4 = acc56_4 + w56[tile_b, tile_c, 0] * (
+            acc56_4 = acc56_4 + wt56_0 * (
                 -0.24397501823713333 * a6_0 * sb3_2_0 - 0.24397501823713333 * a6_2 * sb3_0_0
                 - 0.3779644730092272 * a6_2 * sb3_2_0 - 0.48795003647426666 * a6_3 * sb3_5_0
                 + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
@@ -1759,37 +1816,38 @@ def tp_fwd_1(
             acc57_5 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
             acc57_6 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            acc57_0 = acc57_0 + w57[tile_b, tile_c, 0] * (
+            wt57_0 = w57[tile_b, tile_c, 0]
+            acc57_0 = acc57_0 + wt57_0 * (
                 0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
                 - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
                 - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
             )
-            acc57_1 = acc57_1 + w57[tile_b, tile_c, 0] * (
+            acc57_1 = acc57_1 + wt57_0 * (
                 -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
                 + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
                 - 0.408248290463863 * a6_5 * sb3_3_0 - 0.408248290463863 * a6_6 * sb3_4_0
             )
-            acc57_2 = acc57_2 + w57[tile_b, tile_c, 0] * (
+            acc57_2 = acc57_2 + wt57_0 * (
                 0.408248290463863 * a6_0 * sb3_1_0 - 0.408248290463863 * a6_1 * sb3_0_0
                 + 0.408248290463863 * a6_3 * sb3_4_0 - 0.408248290463863 * a6_4 * sb3_3_0
                 - 0.408248290463863 * a6_5 * sb3_6_0 + 0.408248290463863 * a6_6 * sb3_5_0
             )
-            acc57_3 = acc57_3 + w57[tile_b, tile_c, 0] * (
+            acc57_3 = acc57_3 + wt57_0 * (
                 0.408248290463863 * a6_0 * sb3_6_0 - 0.408248290463863 * a6_1 * sb3_5_0
                 - 0.408248290463863 * a6_2 * sb3_4_0 + 0.408248290463863 * a6_4 * sb3_2_0
                 + 0.408248290463863 * a6_5 * sb3_1_0 - 0.408248290463863 * a6_6 * sb3_0_0
             )
-            acc57_4 = acc57_4 + w57[tile_b, tile_c, 0] * (
+            acc57_4 = acc57_4 + wt57_0 * (
                 -0.408248290463863 * a6_0 * sb3_5_0 - 0.408248290463863 * a6_1 * sb3_6_0
                 + 0.408248290463863 * a6_2 * sb3_3_0 - 0.408248290463863 * a6_3 * sb3_2_0
                 + 0.408248290463863 * a6_5 * sb3_0_0 + 0.408248290463863 * a6_6 * sb3_1_0
             )
-            acc57_5 = acc57_5 + w57[tile_b, tile_c, 0] * (
+            acc57_5 = acc57_5 + wt57_0 * (
                 0.408248290463863 * a6_0 * sb3_4_0 + 0.408248290463863 * a6_1 * sb3_3_0
                 + 0.408248290463863 * a6_2 * sb3_6_0 - 0.408248290463863 * a6_3 * sb3_1_0
                 - 0.408248290463863 * a6_4 * sb3_0_0 - 0.408248290463863 * a6_6 * sb3_2_0
             )
-            acc57_6 = acc57_6 + w57[tile_b, tile_c, 0] * (
+            acc57_6 = acc57_6 + wt57_0 * (
                 -0.408248290463863 * a6_0 * sb3_3_0 + 0.408248290463863 * a6_1 * sb3_4_0
                 - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
                 - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
@@ -1810,13 +1868,14 @@ def tp_fwd_1(
             acc58_5 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
             acc58_6 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            acc58_0 = acc58_0 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_0 * sb0_0_0)
-            acc58_1 = acc58_1 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_1 * sb0_0_0)
-            acc58_2 = acc58_2 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_2 * sb0_0_0)
-            acc58_3 = acc58_3 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_3 * sb0_0_0)
-            acc58_4 = acc58_4 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_4 * sb0_0_0)
-            acc58_5 = acc58_5 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_5 * sb0_0_0)
-            acc58_6 = acc58_6 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * a7_6 * sb0_0_0)
+            wt58_0 = w58[tile_b, tile_c, 0]
+            acc58_0 = acc58_0 + wt58_0 * (1.0000000000000002 * a7_0 * sb0_0_0)
+            acc58_1 = acc58_1 + wt58_0 * (1.0000000000000002 * a7_1 * sb0_0_0)
+            acc58_2 = acc58_2 + wt58_0 * (1.0000000000000002 * a7_2 * sb0_0_0)
+            acc58_3 = acc58_3 + wt58_0 * (1.0000000000000002 * a7_3 * sb0_0_0)
+            acc58_4 = acc58_4 + wt58_0 * (1.0000000000000002 * a7_4 * sb0_0_0)
+            acc58_5 = acc58_5 + wt58_0 * (1.0000000000000002 * a7_5 * sb0_0_0)
+            acc58_6 = acc58_6 + wt58_0 * (1.0000000000000002 * a7_6 * sb0_0_0)
             out_58[tile_b, 0, tile_c] = acc58_0
             out_58[tile_b, 1, tile_c] = acc58_1
             out_58[tile_b, 2, tile_c] = acc58_2
@@ -1831,24 +1890,25 @@ def tp_fwd_1(
             acc59_3 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
             acc59_4 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
             # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            acc59_0 = acc59_0 + w59[tile_b, tile_c, 0] * (
+            wt59_0 = w59[tile_b, tile_c, 0]
+            acc59_0 = acc59_0 + wt59_0 * (
                 0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
                 - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
                 - 0.5976143046671969 * a7_6 * sb1_0_0
             )
-            acc59_1 = acc59_1 + w59[tile_b, tile_c, 0] * (
+            acc59_1 = acc59_1 + wt59_0 * (
                 0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
                 - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
             )
-            acc59_2 = acc59_2 + w59[tile_b, tile_c, 0] * (
+            acc59_2 = acc59_2 + wt59_0 * (
                 0.5345224838248488 * a7_2 * sb1_0_0 + 0.6546536707079772 * a7_3 * sb1_1_0
                 + 0.5345224838248488 * a7_4 * sb1_2_0
             )
-            acc59_3 = acc59_3 + w59[tile_b, tile_c, 0] * (
+            acc59_3 = acc59_3 + wt59_0 * (
                 0.48795003647426666 * a7_1 * sb1_0_0 - 0.3779644730092272 * a7_3 * sb1_2_0
                 + 0.6172133998483676 * a7_4 * sb1_1_0 + 0.48795003647426666 * a7_5 * sb1_2_0
             )
-            acc59_4 = acc59_4 + w59[tile_b, tile_c, 0] * (
+            acc59_4 = acc59_4 + wt59_0 * (
                 0.5976143046671969 * a7_0 * sb1_0_0 + 0.1543033499620919 * a7_2 * sb1_0_0
                 - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
                 + 0.5976143046671969 * a7_6 * sb1_2_0
@@ -1867,30 +1927,31 @@ def tp_fwd_1(
             acc60_5 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
             acc60_6 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            acc60_0 = acc60_0 + w60[tile_b, tile_c, 0] * (
+            wt60_0 = w60[tile_b, tile_c, 0]
+            acc60_0 = acc60_0 + wt60_0 * (
                 -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
                 - 0.8660254037844387 * a7_6 * sb1_1_0
             )
-            acc60_1 = acc60_1 + w60[tile_b, tile_c, 0] * (
+            acc60_1 = acc60_1 + wt60_0 * (
                 0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
                 + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
                 + 0.3535533905932738 * a7_6 * sb1_2_0
             )
-            acc60_2 = acc60_2 + w60[tile_b, tile_c, 0] * (
+            acc60_2 = acc60_2 + wt60_0 * (
                 0.45643546458763845 * a7_1 * sb1_0_0 + 0.7071067811865476 * a7_3 * sb1_2_0
                 - 0.2886751345948129 * a7_4 * sb1_1_0 + 0.45643546458763845 * a7_5 * sb1_2_0
             )
-            acc60_3 = acc60_3 + w60[tile_b, tile_c, 0] * (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
-            acc60_4 = acc60_4 + w60[tile_b, tile_c, 0] * (
+            acc60_3 = acc60_3 + wt60_0 * (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
+            acc60_4 = acc60_4 + wt60_0 * (
                 -0.45643546458763845 * a7_1 * sb1_2_0 + 0.2886751345948129 * a7_2 * sb1_1_0
                 - 0.7071067811865476 * a7_3 * sb1_0_0 + 0.45643546458763845 * a7_5 * sb1_0_0
             )
-            acc60_5 = acc60_5 + w60[tile_b, tile_c, 0] * (
+            acc60_5 = acc60_5 + wt60_0 * (
                 -0.3535533905932738 * a7_0 * sb1_2_0 + 0.5773502691896258 * a7_1 * sb1_1_0
                 - 0.45643546458763845 * a7_2 * sb1_2_0 - 0.45643546458763845 * a7_4 * sb1_0_0
                 + 0.3535533905932738 * a7_6 * sb1_0_0
             )
-            acc60_6 = acc60_6 + w60[tile_b, tile_c, 0] * (
+            acc60_6 = acc60_6 + wt60_0 * (
                 0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
                 - 0.3535533905932738 * a7_5 * sb1_0_0
             )
@@ -1906,18 +1967,19 @@ def tp_fwd_1(
             acc61_1 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
             acc61_2 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
             # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            acc61_0 = acc61_0 + w61[tile_b, tile_c, 0] * (
+            wt61_0 = w61[tile_b, tile_c, 0]
+            acc61_0 = acc61_0 + wt61_0 * (
                 0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
                 + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
                 - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
                 - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
             )
-            acc61_1 = acc61_1 + w61[tile_b, tile_c, 0] * (
+            acc61_1 = acc61_1 + wt61_0 * (
                 0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
                 + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
                 + 0.3779644730092272 * a7_5 * sb2_4_0
             )
-            acc61_2 = acc61_2 + w61[tile_b, tile_c, 0] * (
+            acc61_2 = acc61_2 + wt61_0 * (
                 0.4629100498862757 * a7_0 * sb2_0_0 + 0.3779644730092272 * a7_1 * sb2_1_0
                 - 0.11952286093343936 * a7_2 * sb2_0_0 - 0.2927700218845599 * a7_3 * sb2_3_0
                 + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
@@ -1933,26 +1995,27 @@ def tp_fwd_1(
             acc62_3 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
             acc62_4 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            acc62_0 = acc62_0 + w62[tile_b, tile_c, 0] * (
+            wt62_0 = w62[tile_b, tile_c, 0]
+            acc62_0 = acc62_0 + wt62_0 * (
                 -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
                 - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
                 - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
             )
-            acc62_1 = acc62_1 + w62[tile_b, tile_c, 0] * (
+            acc62_1 = acc62_1 + wt62_0 * (
                 0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
                 + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
                 + 0.3273268353539886 * a7_4 * sb2_4_0 + 0.42257712736425834 * a7_6 * sb2_4_0
             )
-            acc62_2 = acc62_2 + w62[tile_b, tile_c, 0] * (
+            acc62_2 = acc62_2 + wt62_0 * (
                 -0.5976143046671969 * a7_1 * sb2_4_0 - 0.3779644730092272 * a7_2 * sb2_3_0
                 + 0.3779644730092272 * a7_4 * sb2_1_0 + 0.5976143046671969 * a7_5 * sb2_0_0
             )
-            acc62_3 = acc62_3 + w62[tile_b, tile_c, 0] * (
+            acc62_3 = acc62_3 + wt62_0 * (
                 -0.42257712736425834 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_2 * sb2_2_0
                 + 0.3273268353539886 * a7_2 * sb2_4_0 - 0.5345224838248488 * a7_3 * sb2_1_0
                 - 0.3273268353539886 * a7_4 * sb2_0_0 + 0.42257712736425834 * a7_6 * sb2_0_0
             )
-            acc62_4 = acc62_4 + w62[tile_b, tile_c, 0] * (
+            acc62_4 = acc62_4 + wt62_0 * (
                 0.42257712736425834 * a7_0 * sb2_3_0 + 0.5976143046671969 * a7_1 * sb2_2_0
                 - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
                 - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
@@ -1971,39 +2034,40 @@ def tp_fwd_1(
             acc63_5 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
             acc63_6 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            acc63_0 = acc63_0 + w63[tile_b, tile_c, 0] * (
+            wt63_0 = w63[tile_b, tile_c, 0]
+            acc63_0 = acc63_0 + wt63_0 * (
                 -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
                 - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
                 + 0.45643546458763845 * a7_5 * sb2_1_0
             )
-            acc63_1 = acc63_1 + w63[tile_b, tile_c, 0] * (
+            acc63_1 = acc63_1 + wt63_0 * (
                 0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
                 - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
                 - 0.45643546458763845 * a7_6 * sb2_1_0
             )
-            acc63_2 = acc63_2 + w63[tile_b, tile_c, 0] * (
+            acc63_2 = acc63_2 + wt63_0 * (
                 -0.2886751345948129 * a7_0 * sb2_4_0 + 0.3535533905932738 * a7_1 * sb2_3_0
                 + 0.38729833462074176 * a7_2 * sb2_2_0 - 0.4472135954999579 * a7_2 * sb2_4_0
                 + 0.18257418583505539 * a7_3 * sb2_1_0 + 0.4472135954999579 * a7_4 * sb2_0_0
                 - 0.3535533905932738 * a7_5 * sb2_1_0 + 0.2886751345948129 * a7_6 * sb2_0_0
             )
-            acc63_3 = acc63_3 + w63[tile_b, tile_c, 0] * (
+            acc63_3 = acc63_3 + wt63_0 * (
                 -0.5773502691896258 * a7_1 * sb2_0_0 + 0.18257418583505539 * a7_2 * sb2_1_0
                 + 0.5163977794943223 * a7_3 * sb2_2_0 + 0.18257418583505539 * a7_4 * sb2_3_0
                 - 0.5773502691896258 * a7_5 * sb2_4_0
             )
-            acc63_4 = acc63_4 + w63[tile_b, tile_c, 0] * (
+            acc63_4 = acc63_4 + wt63_0 * (
                 -0.2886751345948129 * a7_0 * sb2_0_0 + 0.3535533905932738 * a7_1 * sb2_1_0
                 + 0.4472135954999579 * a7_2 * sb2_0_0 + 0.18257418583505539 * a7_3 * sb2_3_0
                 + 0.38729833462074176 * a7_4 * sb2_2_0 + 0.4472135954999579 * a7_4 * sb2_4_0
                 + 0.3535533905932738 * a7_5 * sb2_3_0 - 0.2886751345948129 * a7_6 * sb2_4_0
             )
-            acc63_5 = acc63_5 + w63[tile_b, tile_c, 0] * (
+            acc63_5 = acc63_5 + wt63_0 * (
                 0.45643546458763845 * a7_0 * sb2_1_0 - 0.3535533905932738 * a7_2 * sb2_1_0
                 - 0.5773502691896258 * a7_3 * sb2_4_0 + 0.3535533905932738 * a7_4 * sb2_3_0
                 + 0.45643546458763845 * a7_6 * sb2_3_0
             )
-            acc63_6 = acc63_6 + w63[tile_b, tile_c, 0] * (
+            acc63_6 = acc63_6 + wt63_0 * (
                 -0.45643546458763845 * a7_1 * sb2_1_0 + 0.2886751345948129 * a7_2 * sb2_0_0
                 - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
                 - 0.6454972243679029 * a7_6 * sb2_2_0
@@ -2018,7 +2082,8 @@ def tp_fwd_1(
             # g block 64: 64x0o (1 path)
             acc64_0 = hl.zeros([tile_b, tile_c], dtype=out_64.dtype)
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            acc64_0 = acc64_0 + w64[tile_b, tile_c, 0] * (
+            wt64_0 = w64[tile_b, tile_c, 0]
+            acc64_0 = acc64_0 + wt64_0 * (
                 0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
                 + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
                 + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
@@ -2030,19 +2095,20 @@ def tp_fwd_1(
             acc65_1 = hl.zeros([tile_b, tile_c], dtype=out_65.dtype)
             acc65_2 = hl.zeros([tile_b, tile_c], dtype=out_65.dtype)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            acc65_0 = acc65_0 + w65[tile_b, tile_c, 0] * (
+            wt65_0 = w65[tile_b, tile_c, 0]
+            acc65_0 = acc65_0 + wt65_0 * (
                 -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
                 - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
                 + 0.4629100498862757 * a7_3 * sb3_4_0 - 0.4629100498862757 * a7_4 * sb3_3_0
                 + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
                 + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
             )
-            acc65_1 = acc65_1 + w65[tile_b, tile_c, 0] * (
+            acc65_1 = acc65_1 + wt65_0 * (
                 -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
                 - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
                 + 0.3779644730092272 * a7_5 * sb3_1_0 + 0.5669467095138409 * a7_6 * sb3_0_0
             )
-            acc65_2 = acc65_2 + w65[tile_b, tile_c, 0] * (
+            acc65_2 = acc65_2 + wt65_0 * (
                 0.23145502494313785 * a7_0 * sb3_5_0 + 0.2988071523335984 * a7_1 * sb3_4_0
                 + 0.23145502494313785 * a7_1 * sb3_6_0 + 0.4629100498862757 * a7_2 * sb3_3_0
                 + 0.2988071523335984 * a7_2 * sb3_5_0 - 0.4629100498862757 * a7_3 * sb3_2_0
@@ -2059,32 +2125,33 @@ def tp_fwd_1(
             acc66_3 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
             acc66_4 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            acc66_0 = acc66_0 + w66[tile_b, tile_c, 0] * (
+            wt66_0 = w66[tile_b, tile_c, 0]
+            acc66_0 = acc66_0 + wt66_0 * (
                 -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
                 + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
                 - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
                 + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
             )
-            acc66_1 = acc66_1 + w66[tile_b, tile_c, 0] * (
+            acc66_1 = acc66_1 + wt66_0 * (
                 0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
                 - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
                 - 0.29880715233359845 * a7_2 * sb3_5_0 + 0.1543033499620919 * a7_3 * sb3_2_0
                 + 0.29880715233359845 * a7_4 * sb3_1_0 + 0.3857583749052298 * a7_5 * sb3_0_0
                 - 0.29880715233359845 * a7_5 * sb3_2_0 - 0.3857583749052298 * a7_6 * sb3_1_0
             )
-            acc66_2 = acc66_2 + w66[tile_b, tile_c, 0] * (
+            acc66_2 = acc66_2 + wt66_0 * (
                 -0.545544725589981 * a7_0 * sb3_0_0 + 0.3273268353539886 * a7_2 * sb3_2_0
                 + 0.4364357804719848 * a7_3 * sb3_3_0 + 0.3273268353539886 * a7_4 * sb3_4_0
                 - 0.545544725589981 * a7_6 * sb3_6_0
             )
-            acc66_3 = acc66_3 + w66[tile_b, tile_c, 0] * (
+            acc66_3 = acc66_3 + wt66_0 * (
                 0.3857583749052298 * a7_0 * sb3_1_0 + 0.3857583749052298 * a7_1 * sb3_0_0
                 + 0.29880715233359845 * a7_1 * sb3_2_0 + 0.29880715233359845 * a7_2 * sb3_1_0
                 + 0.1543033499620919 * a7_3 * sb3_4_0 + 0.1543033499620919 * a7_4 * sb3_3_0
                 + 0.29880715233359845 * a7_4 * sb3_5_0 + 0.29880715233359845 * a7_5 * sb3_4_0
                 + 0.3857583749052298 * a7_5 * sb3_6_0 + 0.3857583749052298 * a7_6 * sb3_5_0
             )
-            acc66_4 = acc66_4 + w66[tile_b, tile_c, 0] * (
+            acc66_4 = acc66_4 + wt66_0 * (
                 -0.24397501823713333 * a7_0 * sb3_2_0 - 0.24397501823713333 * a7_2 * sb3_0_0
                 - 0.3779644730092272 * a7_2 * sb3_2_0 - 0.48795003647426666 * a7_3 * sb3_5_0
                 + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
@@ -2104,37 +2171,38 @@ def tp_fwd_1(
             acc67_5 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
             acc67_6 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            acc67_0 = acc67_0 + w67[tile_b, tile_c, 0] * (
+            wt67_0 = w67[tile_b, tile_c, 0]
+            acc67_0 = acc67_0 + wt67_0 * (
                 0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
                 - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
                 - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
             )
-            acc67_1 = acc67_1 + w67[tile_b, tile_c, 0] * (
+            acc67_1 = acc67_1 + wt67_0 * (
                 -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
                 + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0
                 - 0.408248290463863 * a7_5 * sb3_3_0 - 0.408248290463863 * a7_6 * sb3_4_0
             )
-            acc67_2 = acc67_2 + w67[tile_b, tile_c, 0] * (
+            acc67_2 = acc67_2 + wt67_0 * (
                 0.408248290463863 * a7_0 * sb3_1_0 - 0.408248290463863 * a7_1 * sb3_0_0
                 + 0.408248290463863 * a7_3 * sb3_4_0 - 0.408248290463863 * a7_4 * sb3_3_0
                 - 0.408248290463863 * a7_5 * sb3_6_0 + 0.408248290463863 * a7_6 * sb3_5_0
             )
-            acc67_3 = acc67_3 + w67[tile_b, tile_c, 0] * (
+            acc67_3 = acc67_3 + wt67_0 * (
                 0.408248290463863 * a7_0 * sb3_6_0 - 0.408248290463863 * a7_1 * sb3_5_0
                 - 0.408248290463863 * a7_2 * sb3_4_0 + 0.408248290463863 * a7_4 * sb3_2_0
                 + 0.408248290463863 * a7_5 * sb3_1_0 - 0.408248290463863 * a7_6 * sb3_0_0
             )
-            acc67_4 = acc67_4 + w67[tile_b, tile_c, 0] * (
+            acc67_4 = acc67_4 + wt67_0 * (
                 -0.408248290463863 * a7_0 * sb3_5_0 - 0.408248290463863 * a7_1 * sb3_6_0
                 + 0.408248290463863 * a7_2 * sb3_3_0 - 0.408248290463863 * a7_3 * sb3_2_0
                 + 0.408248290463863 * a7_5 * sb3_0_0 + 0.408248290463863 * a7_6 * sb3_1_0
             )
-            acc67_5 = acc67_5 + w67[tile_b, tile_c, 0] * (
+            acc67_5 = acc67_5 + wt67_0 * (
                 0.408248290463863 * a7_0 * sb3_4_0 + 0.408248290463863 * a7_1 * sb3_3_0
                 + 0.408248290463863 * a7_2 * sb3_6_0 - 0.408248290463863 * a7_3 * sb3_1_0
                 - 0.408248290463863 * a7_4 * sb3_0_0 - 0.408248290463863 * a7_6 * sb3_2_0
             )
-            acc67_6 = acc67_6 + w67[tile_b, tile_c, 0] * (
+            acc67_6 = acc67_6 + wt67_0 * (
                 -0.408248290463863 * a7_0 * sb3_3_0 + 0.408248290463863 * a7_1 * sb3_4_0
                 - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
                 - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
@@ -2494,20 +2562,24 @@ def tp_bwd_x1_0(
             # x1 block 0: 64x0o (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * g0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            acc0_0 = acc0_0 + w1[tile_b, tile_c, 0] * (
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            acc0_0 = acc0_0 + w2[tile_b, tile_c, 0] * (
-                1.0 * g2_0 * sb2_0_0 + 1.0 * g2_1 * sb2_1_0
-                + 1.0 * g2_2 * sb2_2_0 + 1.0 * g2_3 * sb2_3_0
-                + 1.0 * g2_4 * sb2_4_0
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
             )
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            acc0_0 = acc0_0 + w3[tile_b, tile_c, 0] * (
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
@@ -2517,20 +2589,24 @@ def tp_bwd_x1_0(
             # x1 block 1: 64x0e (4 paths)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            acc1_0 = acc1_0 + w4[tile_b, tile_c, 0] * (1.0 * g4_0 * sb0_0_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt4_0 * (g4_0 * sb0_0_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w5[tile_b, tile_c, 0] * (
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt5_0 * (
                 0.9999999999999999 * g5_0 * sb1_0_0 + 0.9999999999999999 * g5_1 * sb1_1_0
                 + 0.9999999999999999 * g5_2 * sb1_2_0
             )
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            acc1_0 = acc1_0 + w6[tile_b, tile_c, 0] * (
-                1.0 * g6_0 * sb2_0_0 + 1.0 * g6_1 * sb2_1_0
-                + 1.0 * g6_2 * sb2_2_0 + 1.0 * g6_3 * sb2_3_0
-                + 1.0 * g6_4 * sb2_4_0
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt6_0 * (
+                g6_0 * sb2_0_0 + g6_1 * sb2_1_0
+                + g6_2 * sb2_2_0 + g6_3 * sb2_3_0
+                + g6_4 * sb2_4_0
             )
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            acc1_0 = acc1_0 + w7[tile_b, tile_c, 0] * (
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt7_0 * (
                 1.0000000000000002 * g7_0 * sb3_0_0 + 1.0000000000000002 * g7_1 * sb3_1_0
                 + 1.0000000000000002 * g7_2 * sb3_2_0 + 1.0000000000000002 * g7_3 * sb3_3_0
                 + 1.0000000000000002 * g7_4 * sb3_4_0 + 1.0000000000000002 * g7_5 * sb3_5_0
@@ -2542,108 +2618,117 @@ def tp_bwd_x1_0(
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * g8_0 * sb0_0_0)
-            acc2_1 = acc2_1 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * g8_1 * sb0_0_0)
-            acc2_2 = acc2_2 + w8[tile_b, tile_c, 0] * (0.9999999999999999 * g8_2 * sb0_0_0)
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt8_0 * (0.9999999999999999 * g8_0 * sb0_0_0)
+            acc2_1 = acc2_1 + wt8_0 * (0.9999999999999999 * g8_1 * sb0_0_0)
+            acc2_2 = acc2_2 + wt8_0 * (0.9999999999999999 * g8_2 * sb0_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w9[tile_b, tile_c, 0] * (0.5773502691896257 * g9_0 * sb1_0_0)
-            acc2_1 = acc2_1 + w9[tile_b, tile_c, 0] * (0.5773502691896257 * g9_0 * sb1_1_0)
-            acc2_2 = acc2_2 + w9[tile_b, tile_c, 0] * (0.5773502691896257 * g9_0 * sb1_2_0)
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_0_0)
+            acc2_1 = acc2_1 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_1_0)
+            acc2_2 = acc2_2 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_2_0)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            acc2_0 = acc2_0 + w10[tile_b, tile_c, 0] * (-0.7071067811865475 * g10_1 * sb1_2_0 + 0.7071067811865475 * g10_2 * sb1_1_0)
-            acc2_1 = acc2_1 + w10[tile_b, tile_c, 0] * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
-            acc2_2 = acc2_2 + w10[tile_b, tile_c, 0] * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
+            wt10_0 = w10[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt10_0 * (-0.7071067811865475 * g10_1 * sb1_2_0 + 0.7071067811865475 * g10_2 * sb1_1_0)
+            acc2_1 = acc2_1 + wt10_0 * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
+            acc2_2 = acc2_2 + wt10_0 * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            acc2_0 = acc2_0 + w11[tile_b, tile_c, 0] * (
+            wt11_0 = w11[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt11_0 * (
                 0.7071067811865476 * g11_0 * sb1_2_0 + 0.7071067811865476 * g11_1 * sb1_1_0
                 - 0.408248290463863 * g11_2 * sb1_0_0 - 0.7071067811865476 * g11_4 * sb1_0_0
             )
-            acc2_1 = acc2_1 + w11[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt11_0 * (
                 0.7071067811865476 * g11_1 * sb1_0_0 + 0.816496580927726 * g11_2 * sb1_1_0
                 + 0.7071067811865476 * g11_3 * sb1_2_0
             )
-            acc2_2 = acc2_2 + w11[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt11_0 * (
                 0.7071067811865476 * g11_0 * sb1_0_0 - 0.408248290463863 * g11_2 * sb1_2_0
                 + 0.7071067811865476 * g11_3 * sb1_1_0 + 0.7071067811865476 * g11_4 * sb1_2_0
             )
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            acc2_0 = acc2_0 + w12[tile_b, tile_c, 0] * (
+            wt12_0 = w12[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt12_0 * (
                 -0.3162277660168379 * g12_0 * sb2_2_0 - 0.5477225575051661 * g12_0 * sb2_4_0
                 + 0.5477225575051661 * g12_1 * sb2_1_0 + 0.5477225575051661 * g12_2 * sb2_0_0
             )
-            acc2_1 = acc2_1 + w12[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt12_0 * (
                 0.5477225575051661 * g12_0 * sb2_1_0 + 0.6324555320336758 * g12_1 * sb2_2_0
                 + 0.5477225575051661 * g12_2 * sb2_3_0
             )
-            acc2_2 = acc2_2 + w12[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt12_0 * (
                 0.5477225575051661 * g12_0 * sb2_0_0 + 0.5477225575051661 * g12_1 * sb2_3_0
                 - 0.3162277660168379 * g12_2 * sb2_2_0 + 0.5477225575051661 * g12_2 * sb2_4_0
             )
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            acc2_0 = acc2_0 + w13[tile_b, tile_c, 0] * (
+            wt13_0 = w13[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt13_0 * (
                 0.408248290463863 * g13_0 * sb2_1_0 - 0.408248290463863 * g13_1 * sb2_0_0
                 - 0.7071067811865476 * g13_2 * sb2_3_0 + 0.7071067811865476 * g13_3 * sb2_2_0
                 - 0.408248290463863 * g13_3 * sb2_4_0 + 0.408248290463863 * g13_4 * sb2_3_0
             )
-            acc2_1 = acc2_1 + w13[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt13_0 * (
                 0.816496580927726 * g13_0 * sb2_4_0 + 0.408248290463863 * g13_1 * sb2_3_0
                 - 0.408248290463863 * g13_3 * sb2_1_0 - 0.816496580927726 * g13_4 * sb2_0_0
             )
-            acc2_2 = acc2_2 + w13[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt13_0 * (
                 -0.408248290463863 * g13_0 * sb2_3_0 - 0.7071067811865476 * g13_1 * sb2_2_0
                 - 0.408248290463863 * g13_1 * sb2_4_0 + 0.7071067811865476 * g13_2 * sb2_1_0
                 + 0.408248290463863 * g13_3 * sb2_0_0 + 0.408248290463863 * g13_4 * sb2_1_0
             )
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            acc2_0 = acc2_0 + w14[tile_b, tile_c, 0] * (
+            wt14_0 = w14[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt14_0 * (
                 0.7071067811865476 * g14_0 * sb2_4_0 + 0.5773502691896258 * g14_1 * sb2_3_0
                 + 0.6324555320336759 * g14_2 * sb2_2_0 + 0.18257418583505539 * g14_2 * sb2_4_0
                 - 0.4472135954999579 * g14_3 * sb2_1_0 - 0.18257418583505539 * g14_4 * sb2_0_0
                 - 0.5773502691896258 * g14_5 * sb2_1_0 - 0.7071067811865476 * g14_6 * sb2_0_0
             )
-            acc2_1 = acc2_1 + w14[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt14_0 * (
                 0.5773502691896258 * g14_1 * sb2_0_0 + 0.7302967433402215 * g14_2 * sb2_1_0
                 + 0.7745966692414835 * g14_3 * sb2_2_0 + 0.7302967433402215 * g14_4 * sb2_3_0
                 + 0.5773502691896258 * g14_5 * sb2_4_0
             )
-            acc2_2 = acc2_2 + w14[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt14_0 * (
                 0.7071067811865476 * g14_0 * sb2_0_0 + 0.5773502691896258 * g14_1 * sb2_1_0
                 - 0.18257418583505539 * g14_2 * sb2_0_0 - 0.4472135954999579 * g14_3 * sb2_3_0
                 + 0.6324555320336759 * g14_4 * sb2_2_0 - 0.18257418583505539 * g14_4 * sb2_4_0
                 + 0.5773502691896258 * g14_5 * sb2_3_0 + 0.7071067811865476 * g14_6 * sb2_4_0
             )
             # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            acc2_0 = acc2_0 + w15[tile_b, tile_c, 0] * (
+            wt15_0 = w15[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt15_0 * (
                 -0.1543033499620919 * g15_0 * sb3_4_0 - 0.5976143046671969 * g15_0 * sb3_6_0
                 - 0.3779644730092272 * g15_1 * sb3_3_0 - 0.48795003647426666 * g15_1 * sb3_5_0
                 + 0.5345224838248488 * g15_2 * sb3_2_0 + 0.48795003647426666 * g15_3 * sb3_1_0
                 + 0.5976143046671969 * g15_4 * sb3_0_0 + 0.1543033499620919 * g15_4 * sb3_2_0
             )
-            acc2_1 = acc2_1 + w15[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt15_0 * (
                 0.48795003647426666 * g15_0 * sb3_1_0 + 0.6172133998483676 * g15_1 * sb3_2_0
                 + 0.6546536707079772 * g15_2 * sb3_3_0 + 0.6172133998483676 * g15_3 * sb3_4_0
                 + 0.48795003647426666 * g15_4 * sb3_5_0
             )
-            acc2_2 = acc2_2 + w15[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt15_0 * (
                 0.5976143046671969 * g15_0 * sb3_0_0 - 0.1543033499620919 * g15_0 * sb3_2_0
                 + 0.48795003647426666 * g15_1 * sb3_1_0 + 0.5345224838248488 * g15_2 * sb3_4_0
                 - 0.3779644730092272 * g15_3 * sb3_3_0 + 0.48795003647426666 * g15_3 * sb3_5_0
                 - 0.1543033499620919 * g15_4 * sb3_4_0 + 0.5976143046671969 * g15_4 * sb3_6_0
             )
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            acc2_0 = acc2_0 + w16[tile_b, tile_c, 0] * (
+            wt16_0 = w16[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt16_0 * (
                 0.3535533905932738 * g16_0 * sb3_1_0 - 0.3535533905932738 * g16_1 * sb3_0_0
                 + 0.45643546458763845 * g16_1 * sb3_2_0 - 0.45643546458763845 * g16_2 * sb3_1_0
                 - 0.7071067811865476 * g16_3 * sb3_4_0 + 0.7071067811865476 * g16_4 * sb3_3_0
                 - 0.45643546458763845 * g16_4 * sb3_5_0 + 0.45643546458763845 * g16_5 * sb3_4_0
                 - 0.3535533905932738 * g16_5 * sb3_6_0 + 0.3535533905932738 * g16_6 * sb3_5_0
             )
-            acc2_1 = acc2_1 + w16[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt16_0 * (
                 0.8660254037844387 * g16_0 * sb3_6_0 + 0.5773502691896258 * g16_1 * sb3_5_0
                 + 0.2886751345948129 * g16_2 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_2_0
                 - 0.5773502691896258 * g16_5 * sb3_1_0 - 0.8660254037844387 * g16_6 * sb3_0_0
             )
-            acc2_2 = acc2_2 + w16[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt16_0 * (
                 -0.3535533905932738 * g16_0 * sb3_5_0 - 0.45643546458763845 * g16_1 * sb3_4_0
                 - 0.3535533905932738 * g16_1 * sb3_6_0 - 0.7071067811865476 * g16_2 * sb3_3_0
                 - 0.45643546458763845 * g16_2 * sb3_5_0 + 0.7071067811865476 * g16_3 * sb3_2_0
@@ -2658,108 +2743,117 @@ def tp_bwd_x1_0(
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * g17_0 * sb0_0_0)
-            acc3_1 = acc3_1 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * g17_1 * sb0_0_0)
-            acc3_2 = acc3_2 + w17[tile_b, tile_c, 0] * (0.9999999999999999 * g17_2 * sb0_0_0)
+            wt17_0 = w17[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt17_0 * (0.9999999999999999 * g17_0 * sb0_0_0)
+            acc3_1 = acc3_1 + wt17_0 * (0.9999999999999999 * g17_1 * sb0_0_0)
+            acc3_2 = acc3_2 + wt17_0 * (0.9999999999999999 * g17_2 * sb0_0_0)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w18[tile_b, tile_c, 0] * (0.5773502691896257 * g18_0 * sb1_0_0)
-            acc3_1 = acc3_1 + w18[tile_b, tile_c, 0] * (0.5773502691896257 * g18_0 * sb1_1_0)
-            acc3_2 = acc3_2 + w18[tile_b, tile_c, 0] * (0.5773502691896257 * g18_0 * sb1_2_0)
+            wt18_0 = w18[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_0_0)
+            acc3_1 = acc3_1 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_1_0)
+            acc3_2 = acc3_2 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_2_0)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            acc3_0 = acc3_0 + w19[tile_b, tile_c, 0] * (-0.7071067811865475 * g19_1 * sb1_2_0 + 0.7071067811865475 * g19_2 * sb1_1_0)
-            acc3_1 = acc3_1 + w19[tile_b, tile_c, 0] * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
-            acc3_2 = acc3_2 + w19[tile_b, tile_c, 0] * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
+            wt19_0 = w19[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt19_0 * (-0.7071067811865475 * g19_1 * sb1_2_0 + 0.7071067811865475 * g19_2 * sb1_1_0)
+            acc3_1 = acc3_1 + wt19_0 * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
+            acc3_2 = acc3_2 + wt19_0 * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            acc3_0 = acc3_0 + w20[tile_b, tile_c, 0] * (
+            wt20_0 = w20[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt20_0 * (
                 0.7071067811865476 * g20_0 * sb1_2_0 + 0.7071067811865476 * g20_1 * sb1_1_0
                 - 0.408248290463863 * g20_2 * sb1_0_0 - 0.7071067811865476 * g20_4 * sb1_0_0
             )
-            acc3_1 = acc3_1 + w20[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt20_0 * (
                 0.7071067811865476 * g20_1 * sb1_0_0 + 0.816496580927726 * g20_2 * sb1_1_0
                 + 0.7071067811865476 * g20_3 * sb1_2_0
             )
-            acc3_2 = acc3_2 + w20[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt20_0 * (
                 0.7071067811865476 * g20_0 * sb1_0_0 - 0.408248290463863 * g20_2 * sb1_2_0
                 + 0.7071067811865476 * g20_3 * sb1_1_0 + 0.7071067811865476 * g20_4 * sb1_2_0
             )
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            acc3_0 = acc3_0 + w21[tile_b, tile_c, 0] * (
+            wt21_0 = w21[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt21_0 * (
                 -0.3162277660168379 * g21_0 * sb2_2_0 - 0.5477225575051661 * g21_0 * sb2_4_0
                 + 0.5477225575051661 * g21_1 * sb2_1_0 + 0.5477225575051661 * g21_2 * sb2_0_0
             )
-            acc3_1 = acc3_1 + w21[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt21_0 * (
                 0.5477225575051661 * g21_0 * sb2_1_0 + 0.6324555320336758 * g21_1 * sb2_2_0
                 + 0.5477225575051661 * g21_2 * sb2_3_0
             )
-            acc3_2 = acc3_2 + w21[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt21_0 * (
                 0.5477225575051661 * g21_0 * sb2_0_0 + 0.5477225575051661 * g21_1 * sb2_3_0
                 - 0.3162277660168379 * g21_2 * sb2_2_0 + 0.5477225575051661 * g21_2 * sb2_4_0
             )
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            acc3_0 = acc3_0 + w22[tile_b, tile_c, 0] * (
+            wt22_0 = w22[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt22_0 * (
                 0.408248290463863 * g22_0 * sb2_1_0 - 0.408248290463863 * g22_1 * sb2_0_0
                 - 0.7071067811865476 * g22_2 * sb2_3_0 + 0.7071067811865476 * g22_3 * sb2_2_0
                 - 0.408248290463863 * g22_3 * sb2_4_0 + 0.408248290463863 * g22_4 * sb2_3_0
             )
-            acc3_1 = acc3_1 + w22[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt22_0 * (
                 0.816496580927726 * g22_0 * sb2_4_0 + 0.408248290463863 * g22_1 * sb2_3_0
                 - 0.408248290463863 * g22_3 * sb2_1_0 - 0.816496580927726 * g22_4 * sb2_0_0
             )
-            acc3_2 = acc3_2 + w22[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt22_0 * (
                 -0.408248290463863 * g22_0 * sb2_3_0 - 0.7071067811865476 * g22_1 * sb2_2_0
                 - 0.408248290463863 * g22_1 * sb2_4_0 + 0.7071067811865476 * g22_2 * sb2_1_0
                 + 0.408248290463863 * g22_3 * sb2_0_0 + 0.408248290463863 * g22_4 * sb2_1_0
             )
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            acc3_0 = acc3_0 + w23[tile_b, tile_c, 0] * (
+            wt23_0 = w23[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt23_0 * (
                 0.7071067811865476 * g23_0 * sb2_4_0 + 0.5773502691896258 * g23_1 * sb2_3_0
                 + 0.6324555320336759 * g23_2 * sb2_2_0 + 0.18257418583505539 * g23_2 * sb2_4_0
                 - 0.4472135954999579 * g23_3 * sb2_1_0 - 0.18257418583505539 * g23_4 * sb2_0_0
                 - 0.5773502691896258 * g23_5 * sb2_1_0 - 0.7071067811865476 * g23_6 * sb2_0_0
             )
-            acc3_1 = acc3_1 + w23[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt23_0 * (
                 0.5773502691896258 * g23_1 * sb2_0_0 + 0.7302967433402215 * g23_2 * sb2_1_0
                 + 0.7745966692414835 * g23_3 * sb2_2_0 + 0.7302967433402215 * g23_4 * sb2_3_0
                 + 0.5773502691896258 * g23_5 * sb2_4_0
             )
-            acc3_2 = acc3_2 + w23[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt23_0 * (
                 0.7071067811865476 * g23_0 * sb2_0_0 + 0.5773502691896258 * g23_1 * sb2_1_0
                 - 0.18257418583505539 * g23_2 * sb2_0_0 - 0.4472135954999579 * g23_3 * sb2_3_0
                 + 0.6324555320336759 * g23_4 * sb2_2_0 - 0.18257418583505539 * g23_4 * sb2_4_0
                 + 0.5773502691896258 * g23_5 * sb2_3_0 + 0.7071067811865476 * g23_6 * sb2_4_0
             )
             # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            acc3_0 = acc3_0 + w24[tile_b, tile_c, 0] * (
+            wt24_0 = w24[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt24_0 * (
                 -0.1543033499620919 * g24_0 * sb3_4_0 - 0.5976143046671969 * g24_0 * sb3_6_0
                 - 0.3779644730092272 * g24_1 * sb3_3_0 - 0.48795003647426666 * g24_1 * sb3_5_0
                 + 0.5345224838248488 * g24_2 * sb3_2_0 + 0.48795003647426666 * g24_3 * sb3_1_0
                 + 0.5976143046671969 * g24_4 * sb3_0_0 + 0.1543033499620919 * g24_4 * sb3_2_0
             )
-            acc3_1 = acc3_1 + w24[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt24_0 * (
                 0.48795003647426666 * g24_0 * sb3_1_0 + 0.6172133998483676 * g24_1 * sb3_2_0
                 + 0.6546536707079772 * g24_2 * sb3_3_0 + 0.6172133998483676 * g24_3 * sb3_4_0
                 + 0.48795003647426666 * g24_4 * sb3_5_0
             )
-            acc3_2 = acc3_2 + w24[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt24_0 * (
                 0.5976143046671969 * g24_0 * sb3_0_0 - 0.1543033499620919 * g24_0 * sb3_2_0
                 + 0.48795003647426666 * g24_1 * sb3_1_0 + 0.5345224838248488 * g24_2 * sb3_4_0
                 - 0.3779644730092272 * g24_3 * sb3_3_0 + 0.48795003647426666 * g24_3 * sb3_5_0
                 - 0.1543033499620919 * g24_4 * sb3_4_0 + 0.5976143046671969 * g24_4 * sb3_6_0
             )
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            acc3_0 = acc3_0 + w25[tile_b, tile_c, 0] * (
+            wt25_0 = w25[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt25_0 * (
                 0.3535533905932738 * g25_0 * sb3_1_0 - 0.3535533905932738 * g25_1 * sb3_0_0
                 + 0.45643546458763845 * g25_1 * sb3_2_0 - 0.45643546458763845 * g25_2 * sb3_1_0
                 - 0.7071067811865476 * g25_3 * sb3_4_0 + 0.7071067811865476 * g25_4 * sb3_3_0
                 - 0.45643546458763845 * g25_4 * sb3_5_0 + 0.45643546458763845 * g25_5 * sb3_4_0
                 - 0.3535533905932738 * g25_5 * sb3_6_0 + 0.3535533905932738 * g25_6 * sb3_5_0
             )
-            acc3_1 = acc3_1 + w25[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt25_0 * (
                 0.8660254037844387 * g25_0 * sb3_6_0 + 0.5773502691896258 * g25_1 * sb3_5_0
                 + 0.2886751345948129 * g25_2 * sb3_4_0 - 0.2886751345948129 * g25_4 * sb3_2_0
                 - 0.5773502691896258 * g25_5 * sb3_1_0 - 0.8660254037844387 * g25_6 * sb3_0_0
             )
-            acc3_2 = acc3_2 + w25[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt25_0 * (
                 -0.3535533905932738 * g25_0 * sb3_5_0 - 0.45643546458763845 * g25_1 * sb3_4_0
                 - 0.3535533905932738 * g25_1 * sb3_6_0 - 0.7071067811865476 * g25_2 * sb3_3_0
                 - 0.45643546458763845 * g25_2 * sb3_5_0 + 0.7071067811865476 * g25_3 * sb3_2_0
@@ -2776,209 +2870,220 @@ def tp_bwd_x1_0(
             acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            acc4_0 = acc4_0 + w26[tile_b, tile_c, 0] * (1.0 * g26_0 * sb0_0_0)
-            acc4_1 = acc4_1 + w26[tile_b, tile_c, 0] * (1.0 * g26_1 * sb0_0_0)
-            acc4_2 = acc4_2 + w26[tile_b, tile_c, 0] * (1.0 * g26_2 * sb0_0_0)
-            acc4_3 = acc4_3 + w26[tile_b, tile_c, 0] * (1.0 * g26_3 * sb0_0_0)
-            acc4_4 = acc4_4 + w26[tile_b, tile_c, 0] * (1.0 * g26_4 * sb0_0_0)
+            wt26_0 = w26[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt26_0 * (g26_0 * sb0_0_0)
+            acc4_1 = acc4_1 + wt26_0 * (g26_1 * sb0_0_0)
+            acc4_2 = acc4_2 + wt26_0 * (g26_2 * sb0_0_0)
+            acc4_3 = acc4_3 + wt26_0 * (g26_3 * sb0_0_0)
+            acc4_4 = acc4_4 + wt26_0 * (g26_4 * sb0_0_0)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            acc4_0 = acc4_0 + w27[tile_b, tile_c, 0] * (0.5477225575051661 * g27_0 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_0_0)
-            acc4_1 = acc4_1 + w27[tile_b, tile_c, 0] * (0.5477225575051661 * g27_0 * sb1_1_0 + 0.5477225575051661 * g27_1 * sb1_0_0)
-            acc4_2 = acc4_2 + w27[tile_b, tile_c, 0] * (
+            wt27_0 = w27[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_0_0)
+            acc4_1 = acc4_1 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_1_0 + 0.5477225575051661 * g27_1 * sb1_0_0)
+            acc4_2 = acc4_2 + wt27_0 * (
                 -0.3162277660168379 * g27_0 * sb1_0_0 + 0.6324555320336758 * g27_1 * sb1_1_0
                 - 0.3162277660168379 * g27_2 * sb1_2_0
             )
-            acc4_3 = acc4_3 + w27[tile_b, tile_c, 0] * (0.5477225575051661 * g27_1 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_1_0)
-            acc4_4 = acc4_4 + w27[tile_b, tile_c, 0] * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
+            acc4_3 = acc4_3 + wt27_0 * (0.5477225575051661 * g27_1 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_1_0)
+            acc4_4 = acc4_4 + wt27_0 * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            acc4_0 = acc4_0 + w28[tile_b, tile_c, 0] * (
+            wt28_0 = w28[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt28_0 * (
                 0.408248290463863 * g28_1 * sb1_0_0 - 0.408248290463863 * g28_3 * sb1_2_0
                 + 0.816496580927726 * g28_4 * sb1_1_0
             )
-            acc4_1 = acc4_1 + w28[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt28_0 * (
                 -0.408248290463863 * g28_0 * sb1_0_0 - 0.7071067811865476 * g28_2 * sb1_2_0
                 + 0.408248290463863 * g28_3 * sb1_1_0 - 0.408248290463863 * g28_4 * sb1_2_0
             )
-            acc4_2 = acc4_2 + w28[tile_b, tile_c, 0] * (0.7071067811865476 * g28_1 * sb1_2_0 - 0.7071067811865476 * g28_3 * sb1_0_0)
-            acc4_3 = acc4_3 + w28[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt28_0 * (0.7071067811865476 * g28_1 * sb1_2_0 - 0.7071067811865476 * g28_3 * sb1_0_0)
+            acc4_3 = acc4_3 + wt28_0 * (
                 0.408248290463863 * g28_0 * sb1_2_0 - 0.408248290463863 * g28_1 * sb1_1_0
                 + 0.7071067811865476 * g28_2 * sb1_0_0 - 0.408248290463863 * g28_4 * sb1_0_0
             )
-            acc4_4 = acc4_4 + w28[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt28_0 * (
                 -0.816496580927726 * g28_0 * sb1_1_0 + 0.408248290463863 * g28_1 * sb1_2_0
                 + 0.408248290463863 * g28_3 * sb1_0_0
             )
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            acc4_0 = acc4_0 + w29[tile_b, tile_c, 0] * (
+            wt29_0 = w29[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt29_0 * (
                 0.7071067811865476 * g29_0 * sb1_2_0 + 0.5773502691896258 * g29_1 * sb1_1_0
                 - 0.18257418583505539 * g29_2 * sb1_2_0 - 0.18257418583505539 * g29_4 * sb1_0_0
                 - 0.7071067811865476 * g29_6 * sb1_0_0
             )
-            acc4_1 = acc4_1 + w29[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt29_0 * (
                 0.5773502691896258 * g29_1 * sb1_2_0 + 0.7302967433402215 * g29_2 * sb1_1_0
                 - 0.4472135954999579 * g29_3 * sb1_0_0 - 0.5773502691896258 * g29_5 * sb1_0_0
             )
-            acc4_2 = acc4_2 + w29[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt29_0 * (
                 0.6324555320336759 * g29_2 * sb1_0_0 + 0.7745966692414835 * g29_3 * sb1_1_0
                 + 0.6324555320336759 * g29_4 * sb1_2_0
             )
-            acc4_3 = acc4_3 + w29[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt29_0 * (
                 0.5773502691896258 * g29_1 * sb1_0_0 - 0.4472135954999579 * g29_3 * sb1_2_0
                 + 0.7302967433402215 * g29_4 * sb1_1_0 + 0.5773502691896258 * g29_5 * sb1_2_0
             )
-            acc4_4 = acc4_4 + w29[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt29_0 * (
                 0.7071067811865476 * g29_0 * sb1_0_0 + 0.18257418583505539 * g29_2 * sb1_0_0
                 - 0.18257418583505539 * g29_4 * sb1_2_0 + 0.5773502691896258 * g29_5 * sb1_1_0
                 + 0.7071067811865476 * g29_6 * sb1_2_0
             )
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            acc4_0 = acc4_0 + w30[tile_b, tile_c, 0] * (0.4472135954999579 * g30_0 * sb2_0_0)
-            acc4_1 = acc4_1 + w30[tile_b, tile_c, 0] * (0.4472135954999579 * g30_0 * sb2_1_0)
-            acc4_2 = acc4_2 + w30[tile_b, tile_c, 0] * (0.4472135954999579 * g30_0 * sb2_2_0)
-            acc4_3 = acc4_3 + w30[tile_b, tile_c, 0] * (0.4472135954999579 * g30_0 * sb2_3_0)
-            acc4_4 = acc4_4 + w30[tile_b, tile_c, 0] * (0.4472135954999579 * g30_0 * sb2_4_0)
+            wt30_0 = w30[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_0_0)
+            acc4_1 = acc4_1 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_1_0)
+            acc4_2 = acc4_2 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_2_0)
+            acc4_3 = acc4_3 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_3_0)
+            acc4_4 = acc4_4 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_4_0)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            acc4_0 = acc4_0 + w31[tile_b, tile_c, 0] * (
+            wt31_0 = w31[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt31_0 * (
                 -0.3162277660168379 * g31_0 * sb2_1_0 - 0.6324555320336758 * g31_1 * sb2_4_0
                 + 0.3162277660168379 * g31_2 * sb2_3_0
             )
-            acc4_1 = acc4_1 + w31[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt31_0 * (
                 0.3162277660168379 * g31_0 * sb2_0_0 - 0.3162277660168379 * g31_1 * sb2_3_0
                 + 0.5477225575051661 * g31_2 * sb2_2_0 + 0.3162277660168379 * g31_2 * sb2_4_0
             )
-            acc4_2 = acc4_2 + w31[tile_b, tile_c, 0] * (0.5477225575051661 * g31_0 * sb2_3_0 - 0.5477225575051661 * g31_2 * sb2_1_0)
-            acc4_3 = acc4_3 + w31[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt31_0 * (0.5477225575051661 * g31_0 * sb2_3_0 - 0.5477225575051661 * g31_2 * sb2_1_0)
+            acc4_3 = acc4_3 + wt31_0 * (
                 -0.5477225575051661 * g31_0 * sb2_2_0 + 0.3162277660168379 * g31_0 * sb2_4_0
                 + 0.3162277660168379 * g31_1 * sb2_1_0 - 0.3162277660168379 * g31_2 * sb2_0_0
             )
-            acc4_4 = acc4_4 + w31[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt31_0 * (
                 -0.3162277660168379 * g31_0 * sb2_3_0 + 0.6324555320336758 * g31_1 * sb2_0_0
                 - 0.3162277660168379 * g31_2 * sb2_1_0
             )
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            acc4_0 = acc4_0 + w32[tile_b, tile_c, 0] * (
+            wt32_0 = w32[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt32_0 * (
                 -0.5345224838248488 * g32_0 * sb2_2_0 + 0.4629100498862757 * g32_1 * sb2_3_0
                 - 0.5345224838248488 * g32_2 * sb2_0_0 + 0.4629100498862757 * g32_3 * sb2_1_0
             )
-            acc4_1 = acc4_1 + w32[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt32_0 * (
                 0.4629100498862757 * g32_0 * sb2_3_0 + 0.2672612419124244 * g32_1 * sb2_2_0
                 - 0.4629100498862757 * g32_1 * sb2_4_0 + 0.2672612419124244 * g32_2 * sb2_1_0
                 + 0.4629100498862757 * g32_3 * sb2_0_0 - 0.4629100498862757 * g32_4 * sb2_1_0
             )
-            acc4_2 = acc4_2 + w32[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt32_0 * (
                 -0.5345224838248488 * g32_0 * sb2_0_0 + 0.2672612419124244 * g32_1 * sb2_1_0
                 + 0.5345224838248488 * g32_2 * sb2_2_0 + 0.2672612419124244 * g32_3 * sb2_3_0
                 - 0.5345224838248488 * g32_4 * sb2_4_0
             )
-            acc4_3 = acc4_3 + w32[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt32_0 * (
                 0.4629100498862757 * g32_0 * sb2_1_0 + 0.4629100498862757 * g32_1 * sb2_0_0
                 + 0.2672612419124244 * g32_2 * sb2_3_0 + 0.2672612419124244 * g32_3 * sb2_2_0
                 + 0.4629100498862757 * g32_3 * sb2_4_0 + 0.4629100498862757 * g32_4 * sb2_3_0
             )
-            acc4_4 = acc4_4 + w32[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt32_0 * (
                 -0.4629100498862757 * g32_1 * sb2_1_0 - 0.5345224838248488 * g32_2 * sb2_4_0
                 + 0.4629100498862757 * g32_3 * sb2_3_0 - 0.5345224838248488 * g32_4 * sb2_2_0
             )
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            acc4_0 = acc4_0 + w33[tile_b, tile_c, 0] * (
+            wt33_0 = w33[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt33_0 * (
                 0.5000000000000001 * g33_0 * sb2_1_0 + 0.38729833462074176 * g33_2 * sb2_1_0
                 + 0.31622776601683794 * g33_3 * sb2_4_0 - 0.38729833462074176 * g33_4 * sb2_3_0
                 + 0.7071067811865476 * g33_5 * sb2_2_0 + 0.5000000000000001 * g33_6 * sb2_3_0
             )
-            acc4_1 = acc4_1 + w33[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt33_0 * (
                 -0.5000000000000001 * g33_0 * sb2_0_0 - 0.38729833462074176 * g33_2 * sb2_0_0
                 - 0.6324555320336759 * g33_3 * sb2_3_0 + 0.4472135954999579 * g33_4 * sb2_2_0
                 - 0.38729833462074176 * g33_4 * sb2_4_0 - 0.5000000000000001 * g33_6 * sb2_4_0
             )
-            acc4_2 = acc4_2 + w33[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt33_0 * (
                 0.7071067811865476 * g33_1 * sb2_4_0 + 0.4472135954999579 * g33_2 * sb2_3_0
                 - 0.4472135954999579 * g33_4 * sb2_1_0 - 0.7071067811865476 * g33_5 * sb2_0_0
             )
-            acc4_3 = acc4_3 + w33[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt33_0 * (
                 0.5000000000000001 * g33_0 * sb2_4_0 - 0.4472135954999579 * g33_2 * sb2_2_0
                 - 0.38729833462074176 * g33_2 * sb2_4_0 + 0.6324555320336759 * g33_3 * sb2_1_0
                 + 0.38729833462074176 * g33_4 * sb2_0_0 - 0.5000000000000001 * g33_6 * sb2_0_0
             )
-            acc4_4 = acc4_4 + w33[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt33_0 * (
                 -0.5000000000000001 * g33_0 * sb2_3_0 - 0.7071067811865476 * g33_1 * sb2_2_0
                 + 0.38729833462074176 * g33_2 * sb2_3_0 - 0.31622776601683794 * g33_3 * sb2_0_0
                 + 0.38729833462074176 * g33_4 * sb2_1_0 + 0.5000000000000001 * g33_6 * sb2_1_0
             )
             # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            acc4_0 = acc4_0 + w34[tile_b, tile_c, 0] * (
+            wt34_0 = w34[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt34_0 * (
                 -0.11952286093343936 * g34_0 * sb3_4_0 - 0.4629100498862757 * g34_0 * sb3_6_0
                 + 0.3779644730092272 * g34_1 * sb3_1_0 + 0.4629100498862757 * g34_2 * sb3_0_0
                 - 0.11952286093343936 * g34_2 * sb3_2_0
             )
-            acc4_1 = acc4_1 + w34[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt34_0 * (
                 -0.2927700218845599 * g34_0 * sb3_3_0 - 0.3779644730092272 * g34_0 * sb3_5_0
                 + 0.47809144373375745 * g34_1 * sb3_2_0 + 0.3779644730092272 * g34_2 * sb3_1_0
             )
-            acc4_2 = acc4_2 + w34[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt34_0 * (
                 0.4140393356054125 * g34_0 * sb3_2_0 + 0.50709255283711 * g34_1 * sb3_3_0
                 + 0.4140393356054125 * g34_2 * sb3_4_0
             )
-            acc4_3 = acc4_3 + w34[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt34_0 * (
                 0.3779644730092272 * g34_0 * sb3_1_0 + 0.47809144373375745 * g34_1 * sb3_4_0
                 - 0.2927700218845599 * g34_2 * sb3_3_0 + 0.3779644730092272 * g34_2 * sb3_5_0
             )
-            acc4_4 = acc4_4 + w34[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt34_0 * (
                 0.4629100498862757 * g34_0 * sb3_0_0 + 0.11952286093343936 * g34_0 * sb3_2_0
                 + 0.3779644730092272 * g34_1 * sb3_5_0 - 0.11952286093343936 * g34_2 * sb3_4_0
                 + 0.4629100498862757 * g34_2 * sb3_6_0
             )
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            acc4_0 = acc4_0 + w35[tile_b, tile_c, 0] * (
+            wt35_0 = w35[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt35_0 * (
                 -0.42257712736425834 * g35_1 * sb3_0_0 - 0.3273268353539886 * g35_1 * sb3_2_0
                 - 0.5976143046671969 * g35_2 * sb3_5_0 + 0.3273268353539886 * g35_3 * sb3_4_0
                 - 0.42257712736425834 * g35_3 * sb3_6_0 - 0.2672612419124244 * g35_4 * sb3_3_0
             )
-            acc4_1 = acc4_1 + w35[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt35_0 * (
                 0.42257712736425834 * g35_0 * sb3_0_0 + 0.3273268353539886 * g35_0 * sb3_2_0
                 - 0.3779644730092272 * g35_2 * sb3_4_0 + 0.5345224838248488 * g35_3 * sb3_3_0
                 + 0.3273268353539886 * g35_4 * sb3_4_0 + 0.42257712736425834 * g35_4 * sb3_6_0
             )
-            acc4_2 = acc4_2 + w35[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt35_0 * (
                 0.5976143046671969 * g35_0 * sb3_5_0 + 0.3779644730092272 * g35_1 * sb3_4_0
                 - 0.3779644730092272 * g35_3 * sb3_2_0 - 0.5976143046671969 * g35_4 * sb3_1_0
             )
-            acc4_3 = acc4_3 + w35[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt35_0 * (
                 -0.3273268353539886 * g35_0 * sb3_4_0 + 0.42257712736425834 * g35_0 * sb3_6_0
                 - 0.5345224838248488 * g35_1 * sb3_3_0 + 0.3779644730092272 * g35_2 * sb3_2_0
                 - 0.42257712736425834 * g35_4 * sb3_0_0 + 0.3273268353539886 * g35_4 * sb3_2_0
             )
-            acc4_4 = acc4_4 + w35[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt35_0 * (
                 0.2672612419124244 * g35_0 * sb3_3_0 - 0.3273268353539886 * g35_1 * sb3_4_0
                 - 0.42257712736425834 * g35_1 * sb3_6_0 + 0.5976143046671969 * g35_2 * sb3_1_0
                 + 0.42257712736425834 * g35_3 * sb3_0_0 - 0.3273268353539886 * g35_3 * sb3_2_0
             )
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            acc4_0 = acc4_0 + w36[tile_b, tile_c, 0] * (
+            wt36_0 = w36[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt36_0 * (
                 -0.2886751345948129 * g36_0 * sb3_4_0 - 0.5773502691896258 * g36_1 * sb3_3_0
                 + 0.4472135954999579 * g36_2 * sb3_4_0 + 0.2886751345948129 * g36_2 * sb3_6_0
                 - 0.5773502691896258 * g36_3 * sb3_1_0 - 0.2886751345948129 * g36_4 * sb3_0_0
                 + 0.4472135954999579 * g36_4 * sb3_2_0 + 0.2886751345948129 * g36_6 * sb3_2_0
             )
-            acc4_1 = acc4_1 + w36[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt36_0 * (
                 0.45643546458763845 * g36_0 * sb3_5_0 + 0.3535533905932738 * g36_1 * sb3_4_0
                 - 0.45643546458763845 * g36_1 * sb3_6_0 + 0.18257418583505539 * g36_2 * sb3_3_0
                 - 0.3535533905932738 * g36_2 * sb3_5_0 + 0.18257418583505539 * g36_3 * sb3_2_0
                 + 0.3535533905932738 * g36_4 * sb3_1_0 + 0.45643546458763845 * g36_5 * sb3_0_0
                 - 0.3535533905932738 * g36_5 * sb3_2_0 - 0.45643546458763845 * g36_6 * sb3_1_0
             )
-            acc4_2 = acc4_2 + w36[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt36_0 * (
                 -0.6454972243679029 * g36_0 * sb3_0_0 + 0.38729833462074176 * g36_2 * sb3_2_0
                 + 0.5163977794943223 * g36_3 * sb3_3_0 + 0.38729833462074176 * g36_4 * sb3_4_0
                 - 0.6454972243679029 * g36_6 * sb3_6_0
             )
-            acc4_3 = acc4_3 + w36[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt36_0 * (
                 0.45643546458763845 * g36_0 * sb3_1_0 + 0.45643546458763845 * g36_1 * sb3_0_0
                 + 0.3535533905932738 * g36_1 * sb3_2_0 + 0.3535533905932738 * g36_2 * sb3_1_0
                 + 0.18257418583505539 * g36_3 * sb3_4_0 + 0.18257418583505539 * g36_4 * sb3_3_0
                 + 0.3535533905932738 * g36_4 * sb3_5_0 + 0.3535533905932738 * g36_5 * sb3_4_0
                 + 0.45643546458763845 * g36_5 * sb3_6_0 + 0.45643546458763845 * g36_6 * sb3_5_0
             )
-            acc4_4 = acc4_4 + w36[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt36_0 * (
                 -0.2886751345948129 * g36_0 * sb3_2_0 - 0.2886751345948129 * g36_2 * sb3_0_0
                 - 0.4472135954999579 * g36_2 * sb3_2_0 - 0.5773502691896258 * g36_3 * sb3_5_0
                 + 0.4472135954999579 * g36_4 * sb3_4_0 - 0.2886751345948129 * g36_4 * sb3_6_0
@@ -2996,209 +3101,220 @@ def tp_bwd_x1_0(
             acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            acc5_0 = acc5_0 + w37[tile_b, tile_c, 0] * (1.0 * g37_0 * sb0_0_0)
-            acc5_1 = acc5_1 + w37[tile_b, tile_c, 0] * (1.0 * g37_1 * sb0_0_0)
-            acc5_2 = acc5_2 + w37[tile_b, tile_c, 0] * (1.0 * g37_2 * sb0_0_0)
-            acc5_3 = acc5_3 + w37[tile_b, tile_c, 0] * (1.0 * g37_3 * sb0_0_0)
-            acc5_4 = acc5_4 + w37[tile_b, tile_c, 0] * (1.0 * g37_4 * sb0_0_0)
+            wt37_0 = w37[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt37_0 * (g37_0 * sb0_0_0)
+            acc5_1 = acc5_1 + wt37_0 * (g37_1 * sb0_0_0)
+            acc5_2 = acc5_2 + wt37_0 * (g37_2 * sb0_0_0)
+            acc5_3 = acc5_3 + wt37_0 * (g37_3 * sb0_0_0)
+            acc5_4 = acc5_4 + wt37_0 * (g37_4 * sb0_0_0)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            acc5_0 = acc5_0 + w38[tile_b, tile_c, 0] * (0.5477225575051661 * g38_0 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_0_0)
-            acc5_1 = acc5_1 + w38[tile_b, tile_c, 0] * (0.5477225575051661 * g38_0 * sb1_1_0 + 0.5477225575051661 * g38_1 * sb1_0_0)
-            acc5_2 = acc5_2 + w38[tile_b, tile_c, 0] * (
+            wt38_0 = w38[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_0_0)
+            acc5_1 = acc5_1 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_1_0 + 0.5477225575051661 * g38_1 * sb1_0_0)
+            acc5_2 = acc5_2 + wt38_0 * (
                 -0.3162277660168379 * g38_0 * sb1_0_0 + 0.6324555320336758 * g38_1 * sb1_1_0
                 - 0.3162277660168379 * g38_2 * sb1_2_0
             )
-            acc5_3 = acc5_3 + w38[tile_b, tile_c, 0] * (0.5477225575051661 * g38_1 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_1_0)
-            acc5_4 = acc5_4 + w38[tile_b, tile_c, 0] * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
+            acc5_3 = acc5_3 + wt38_0 * (0.5477225575051661 * g38_1 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_1_0)
+            acc5_4 = acc5_4 + wt38_0 * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            acc5_0 = acc5_0 + w39[tile_b, tile_c, 0] * (
+            wt39_0 = w39[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt39_0 * (
                 0.408248290463863 * g39_1 * sb1_0_0 - 0.408248290463863 * g39_3 * sb1_2_0
                 + 0.816496580927726 * g39_4 * sb1_1_0
             )
-            acc5_1 = acc5_1 + w39[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt39_0 * (
                 -0.408248290463863 * g39_0 * sb1_0_0 - 0.7071067811865476 * g39_2 * sb1_2_0
                 + 0.408248290463863 * g39_3 * sb1_1_0 - 0.408248290463863 * g39_4 * sb1_2_0
             )
-            acc5_2 = acc5_2 + w39[tile_b, tile_c, 0] * (0.7071067811865476 * g39_1 * sb1_2_0 - 0.7071067811865476 * g39_3 * sb1_0_0)
-            acc5_3 = acc5_3 + w39[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt39_0 * (0.7071067811865476 * g39_1 * sb1_2_0 - 0.7071067811865476 * g39_3 * sb1_0_0)
+            acc5_3 = acc5_3 + wt39_0 * (
                 0.408248290463863 * g39_0 * sb1_2_0 - 0.408248290463863 * g39_1 * sb1_1_0
                 + 0.7071067811865476 * g39_2 * sb1_0_0 - 0.408248290463863 * g39_4 * sb1_0_0
             )
-            acc5_4 = acc5_4 + w39[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt39_0 * (
                 -0.816496580927726 * g39_0 * sb1_1_0 + 0.408248290463863 * g39_1 * sb1_2_0
                 + 0.408248290463863 * g39_3 * sb1_0_0
             )
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            acc5_0 = acc5_0 + w40[tile_b, tile_c, 0] * (
+            wt40_0 = w40[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt40_0 * (
                 0.7071067811865476 * g40_0 * sb1_2_0 + 0.5773502691896258 * g40_1 * sb1_1_0
                 - 0.18257418583505539 * g40_2 * sb1_2_0 - 0.18257418583505539 * g40_4 * sb1_0_0
                 - 0.7071067811865476 * g40_6 * sb1_0_0
             )
-            acc5_1 = acc5_1 + w40[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt40_0 * (
                 0.5773502691896258 * g40_1 * sb1_2_0 + 0.7302967433402215 * g40_2 * sb1_1_0
                 - 0.4472135954999579 * g40_3 * sb1_0_0 - 0.5773502691896258 * g40_5 * sb1_0_0
             )
-            acc5_2 = acc5_2 + w40[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt40_0 * (
                 0.6324555320336759 * g40_2 * sb1_0_0 + 0.7745966692414835 * g40_3 * sb1_1_0
                 + 0.6324555320336759 * g40_4 * sb1_2_0
             )
-            acc5_3 = acc5_3 + w40[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt40_0 * (
                 0.5773502691896258 * g40_1 * sb1_0_0 - 0.4472135954999579 * g40_3 * sb1_2_0
                 + 0.7302967433402215 * g40_4 * sb1_1_0 + 0.5773502691896258 * g40_5 * sb1_2_0
             )
-            acc5_4 = acc5_4 + w40[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt40_0 * (
                 0.7071067811865476 * g40_0 * sb1_0_0 + 0.18257418583505539 * g40_2 * sb1_0_0
                 - 0.18257418583505539 * g40_4 * sb1_2_0 + 0.5773502691896258 * g40_5 * sb1_1_0
                 + 0.7071067811865476 * g40_6 * sb1_2_0
             )
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            acc5_0 = acc5_0 + w41[tile_b, tile_c, 0] * (0.4472135954999579 * g41_0 * sb2_0_0)
-            acc5_1 = acc5_1 + w41[tile_b, tile_c, 0] * (0.4472135954999579 * g41_0 * sb2_1_0)
-            acc5_2 = acc5_2 + w41[tile_b, tile_c, 0] * (0.4472135954999579 * g41_0 * sb2_2_0)
-            acc5_3 = acc5_3 + w41[tile_b, tile_c, 0] * (0.4472135954999579 * g41_0 * sb2_3_0)
-            acc5_4 = acc5_4 + w41[tile_b, tile_c, 0] * (0.4472135954999579 * g41_0 * sb2_4_0)
+            wt41_0 = w41[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_0_0)
+            acc5_1 = acc5_1 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_1_0)
+            acc5_2 = acc5_2 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_2_0)
+            acc5_3 = acc5_3 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_3_0)
+            acc5_4 = acc5_4 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_4_0)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            acc5_0 = acc5_0 + w42[tile_b, tile_c, 0] * (
+            wt42_0 = w42[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt42_0 * (
                 -0.3162277660168379 * g42_0 * sb2_1_0 - 0.6324555320336758 * g42_1 * sb2_4_0
                 + 0.3162277660168379 * g42_2 * sb2_3_0
             )
-            acc5_1 = acc5_1 + w42[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt42_0 * (
                 0.3162277660168379 * g42_0 * sb2_0_0 - 0.3162277660168379 * g42_1 * sb2_3_0
                 + 0.5477225575051661 * g42_2 * sb2_2_0 + 0.3162277660168379 * g42_2 * sb2_4_0
             )
-            acc5_2 = acc5_2 + w42[tile_b, tile_c, 0] * (0.5477225575051661 * g42_0 * sb2_3_0 - 0.5477225575051661 * g42_2 * sb2_1_0)
-            acc5_3 = acc5_3 + w42[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt42_0 * (0.5477225575051661 * g42_0 * sb2_3_0 - 0.5477225575051661 * g42_2 * sb2_1_0)
+            acc5_3 = acc5_3 + wt42_0 * (
                 -0.5477225575051661 * g42_0 * sb2_2_0 + 0.3162277660168379 * g42_0 * sb2_4_0
                 + 0.3162277660168379 * g42_1 * sb2_1_0 - 0.3162277660168379 * g42_2 * sb2_0_0
             )
-            acc5_4 = acc5_4 + w42[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt42_0 * (
                 -0.3162277660168379 * g42_0 * sb2_3_0 + 0.6324555320336758 * g42_1 * sb2_0_0
                 - 0.3162277660168379 * g42_2 * sb2_1_0
             )
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            acc5_0 = acc5_0 + w43[tile_b, tile_c, 0] * (
+            wt43_0 = w43[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt43_0 * (
                 -0.5345224838248488 * g43_0 * sb2_2_0 + 0.4629100498862757 * g43_1 * sb2_3_0
                 - 0.5345224838248488 * g43_2 * sb2_0_0 + 0.4629100498862757 * g43_3 * sb2_1_0
             )
-            acc5_1 = acc5_1 + w43[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt43_0 * (
                 0.4629100498862757 * g43_0 * sb2_3_0 + 0.2672612419124244 * g43_1 * sb2_2_0
                 - 0.4629100498862757 * g43_1 * sb2_4_0 + 0.2672612419124244 * g43_2 * sb2_1_0
                 + 0.4629100498862757 * g43_3 * sb2_0_0 - 0.4629100498862757 * g43_4 * sb2_1_0
             )
-            acc5_2 = acc5_2 + w43[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt43_0 * (
                 -0.5345224838248488 * g43_0 * sb2_0_0 + 0.2672612419124244 * g43_1 * sb2_1_0
                 + 0.5345224838248488 * g43_2 * sb2_2_0 + 0.2672612419124244 * g43_3 * sb2_3_0
                 - 0.5345224838248488 * g43_4 * sb2_4_0
             )
-            acc5_3 = acc5_3 + w43[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt43_0 * (
                 0.4629100498862757 * g43_0 * sb2_1_0 + 0.4629100498862757 * g43_1 * sb2_0_0
                 + 0.2672612419124244 * g43_2 * sb2_3_0 + 0.2672612419124244 * g43_3 * sb2_2_0
                 + 0.4629100498862757 * g43_3 * sb2_4_0 + 0.4629100498862757 * g43_4 * sb2_3_0
             )
-            acc5_4 = acc5_4 + w43[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt43_0 * (
                 -0.4629100498862757 * g43_1 * sb2_1_0 - 0.5345224838248488 * g43_2 * sb2_4_0
                 + 0.4629100498862757 * g43_3 * sb2_3_0 - 0.5345224838248488 * g43_4 * sb2_2_0
             )
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            acc5_0 = acc5_0 + w44[tile_b, tile_c, 0] * (
+            wt44_0 = w44[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt44_0 * (
                 0.5000000000000001 * g44_0 * sb2_1_0 + 0.38729833462074176 * g44_2 * sb2_1_0
                 + 0.31622776601683794 * g44_3 * sb2_4_0 - 0.38729833462074176 * g44_4 * sb2_3_0
                 + 0.7071067811865476 * g44_5 * sb2_2_0 + 0.5000000000000001 * g44_6 * sb2_3_0
             )
-            acc5_1 = acc5_1 + w44[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt44_0 * (
                 -0.5000000000000001 * g44_0 * sb2_0_0 - 0.38729833462074176 * g44_2 * sb2_0_0
                 - 0.6324555320336759 * g44_3 * sb2_3_0 + 0.4472135954999579 * g44_4 * sb2_2_0
                 - 0.38729833462074176 * g44_4 * sb2_4_0 - 0.5000000000000001 * g44_6 * sb2_4_0
             )
-            acc5_2 = acc5_2 + w44[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt44_0 * (
                 0.7071067811865476 * g44_1 * sb2_4_0 + 0.4472135954999579 * g44_2 * sb2_3_0
                 - 0.4472135954999579 * g44_4 * sb2_1_0 - 0.7071067811865476 * g44_5 * sb2_0_0
             )
-            acc5_3 = acc5_3 + w44[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt44_0 * (
                 0.5000000000000001 * g44_0 * sb2_4_0 - 0.4472135954999579 * g44_2 * sb2_2_0
                 - 0.38729833462074176 * g44_2 * sb2_4_0 + 0.6324555320336759 * g44_3 * sb2_1_0
                 + 0.38729833462074176 * g44_4 * sb2_0_0 - 0.5000000000000001 * g44_6 * sb2_0_0
             )
-            acc5_4 = acc5_4 + w44[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt44_0 * (
                 -0.5000000000000001 * g44_0 * sb2_3_0 - 0.7071067811865476 * g44_1 * sb2_2_0
                 + 0.38729833462074176 * g44_2 * sb2_3_0 - 0.31622776601683794 * g44_3 * sb2_0_0
                 + 0.38729833462074176 * g44_4 * sb2_1_0 + 0.5000000000000001 * g44_6 * sb2_1_0
             )
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            acc5_0 = acc5_0 + w45[tile_b, tile_c, 0] * (
+            wt45_0 = w45[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt45_0 * (
                 -0.11952286093343936 * g45_0 * sb3_4_0 - 0.4629100498862757 * g45_0 * sb3_6_0
                 + 0.3779644730092272 * g45_1 * sb3_1_0 + 0.4629100498862757 * g45_2 * sb3_0_0
                 - 0.11952286093343936 * g45_2 * sb3_2_0
             )
-            acc5_1 = acc5_1 + w45[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt45_0 * (
                 -0.2927700218845599 * g45_0 * sb3_3_0 - 0.3779644730092272 * g45_0 * sb3_5_0
                 + 0.47809144373375745 * g45_1 * sb3_2_0 + 0.3779644730092272 * g45_2 * sb3_1_0
             )
-            acc5_2 = acc5_2 + w45[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt45_0 * (
                 0.4140393356054125 * g45_0 * sb3_2_0 + 0.50709255283711 * g45_1 * sb3_3_0
                 + 0.4140393356054125 * g45_2 * sb3_4_0
             )
-            acc5_3 = acc5_3 + w45[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt45_0 * (
                 0.3779644730092272 * g45_0 * sb3_1_0 + 0.47809144373375745 * g45_1 * sb3_4_0
                 - 0.2927700218845599 * g45_2 * sb3_3_0 + 0.3779644730092272 * g45_2 * sb3_5_0
             )
-            acc5_4 = acc5_4 + w45[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt45_0 * (
                 0.4629100498862757 * g45_0 * sb3_0_0 + 0.11952286093343936 * g45_0 * sb3_2_0
                 + 0.3779644730092272 * g45_1 * sb3_5_0 - 0.11952286093343936 * g45_2 * sb3_4_0
                 + 0.4629100498862757 * g45_2 * sb3_6_0
             )
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            acc5_0 = acc5_0 + w46[tile_b, tile_c, 0] * (
+            wt46_0 = w46[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt46_0 * (
                 -0.42257712736425834 * g46_1 * sb3_0_0 - 0.3273268353539886 * g46_1 * sb3_2_0
                 - 0.5976143046671969 * g46_2 * sb3_5_0 + 0.3273268353539886 * g46_3 * sb3_4_0
                 - 0.42257712736425834 * g46_3 * sb3_6_0 - 0.2672612419124244 * g46_4 * sb3_3_0
             )
-            acc5_1 = acc5_1 + w46[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt46_0 * (
                 0.42257712736425834 * g46_0 * sb3_0_0 + 0.3273268353539886 * g46_0 * sb3_2_0
                 - 0.3779644730092272 * g46_2 * sb3_4_0 + 0.5345224838248488 * g46_3 * sb3_3_0
                 + 0.3273268353539886 * g46_4 * sb3_4_0 + 0.42257712736425834 * g46_4 * sb3_6_0
             )
-            acc5_2 = acc5_2 + w46[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt46_0 * (
                 0.5976143046671969 * g46_0 * sb3_5_0 + 0.3779644730092272 * g46_1 * sb3_4_0
                 - 0.3779644730092272 * g46_3 * sb3_2_0 - 0.5976143046671969 * g46_4 * sb3_1_0
             )
-            acc5_3 = acc5_3 + w46[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt46_0 * (
                 -0.3273268353539886 * g46_0 * sb3_4_0 + 0.42257712736425834 * g46_0 * sb3_6_0
                 - 0.5345224838248488 * g46_1 * sb3_3_0 + 0.3779644730092272 * g46_2 * sb3_2_0
                 - 0.42257712736425834 * g46_4 * sb3_0_0 + 0.3273268353539886 * g46_4 * sb3_2_0
             )
-            acc5_4 = acc5_4 + w46[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt46_0 * (
                 0.2672612419124244 * g46_0 * sb3_3_0 - 0.3273268353539886 * g46_1 * sb3_4_0
                 - 0.42257712736425834 * g46_1 * sb3_6_0 + 0.5976143046671969 * g46_2 * sb3_1_0
                 + 0.42257712736425834 * g46_3 * sb3_0_0 - 0.3273268353539886 * g46_3 * sb3_2_0
             )
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            acc5_0 = acc5_0 + w47[tile_b, tile_c, 0] * (
+            wt47_0 = w47[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt47_0 * (
                 -0.2886751345948129 * g47_0 * sb3_4_0 - 0.5773502691896258 * g47_1 * sb3_3_0
                 + 0.4472135954999579 * g47_2 * sb3_4_0 + 0.2886751345948129 * g47_2 * sb3_6_0
                 - 0.5773502691896258 * g47_3 * sb3_1_0 - 0.2886751345948129 * g47_4 * sb3_0_0
                 + 0.4472135954999579 * g47_4 * sb3_2_0 + 0.2886751345948129 * g47_6 * sb3_2_0
             )
-            acc5_1 = acc5_1 + w47[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt47_0 * (
                 0.45643546458763845 * g47_0 * sb3_5_0 + 0.3535533905932738 * g47_1 * sb3_4_0
                 - 0.45643546458763845 * g47_1 * sb3_6_0 + 0.18257418583505539 * g47_2 * sb3_3_0
                 - 0.3535533905932738 * g47_2 * sb3_5_0 + 0.18257418583505539 * g47_3 * sb3_2_0
                 + 0.3535533905932738 * g47_4 * sb3_1_0 + 0.45643546458763845 * g47_5 * sb3_0_0
                 - 0.3535533905932738 * g47_5 * sb3_2_0 - 0.45643546458763845 * g47_6 * sb3_1_0
             )
-            acc5_2 = acc5_2 + w47[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt47_0 * (
                 -0.6454972243679029 * g47_0 * sb3_0_0 + 0.38729833462074176 * g47_2 * sb3_2_0
                 + 0.5163977794943223 * g47_3 * sb3_3_0 + 0.38729833462074176 * g47_4 * sb3_4_0
                 - 0.6454972243679029 * g47_6 * sb3_6_0
             )
-            acc5_3 = acc5_3 + w47[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt47_0 * (
                 0.45643546458763845 * g47_0 * sb3_1_0 + 0.45643546458763845 * g47_1 * sb3_0_0
                 + 0.3535533905932738 * g47_1 * sb3_2_0 + 0.3535533905932738 * g47_2 * sb3_1_0
                 + 0.18257418583505539 * g47_3 * sb3_4_0 + 0.18257418583505539 * g47_4 * sb3_3_0
                 + 0.3535533905932738 * g47_4 * sb3_5_0 + 0.3535533905932738 * g47_5 * sb3_4_0
                 + 0.45643546458763845 * g47_5 * sb3_6_0 + 0.45643546458763845 * g47_6 * sb3_5_0
             )
-            acc5_4 = acc5_4 + w47[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt47_0 * (
                 -0.2886751345948129 * g47_0 * sb3_2_0 - 0.2886751345948129 * g47_2 * sb3_0_0
                 - 0.4472135954999579 * g47_2 * sb3_2_0 - 0.5773502691896258 * g47_3 * sb3_5_0
                 + 0.4472135954999579 * g47_4 * sb3_4_0 - 0.2886751345948129 * g47_4 * sb3_6_0
@@ -3391,256 +3507,266 @@ def tp_bwd_x1_1(
             acc6_5 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
             acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            acc6_0 = acc6_0 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_0 * sb0_0_0)
-            acc6_1 = acc6_1 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_1 * sb0_0_0)
-            acc6_2 = acc6_2 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_2 * sb0_0_0)
-            acc6_3 = acc6_3 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_3 * sb0_0_0)
-            acc6_4 = acc6_4 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_4 * sb0_0_0)
-            acc6_5 = acc6_5 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_5 * sb0_0_0)
-            acc6_6 = acc6_6 + w48[tile_b, tile_c, 0] * (1.0000000000000002 * g48_6 * sb0_0_0)
+            wt48_0 = w48[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt48_0 * (1.0000000000000002 * g48_0 * sb0_0_0)
+            acc6_1 = acc6_1 + wt48_0 * (1.0000000000000002 * g48_1 * sb0_0_0)
+            acc6_2 = acc6_2 + wt48_0 * (1.0000000000000002 * g48_2 * sb0_0_0)
+            acc6_3 = acc6_3 + wt48_0 * (1.0000000000000002 * g48_3 * sb0_0_0)
+            acc6_4 = acc6_4 + wt48_0 * (1.0000000000000002 * g48_4 * sb0_0_0)
+            acc6_5 = acc6_5 + wt48_0 * (1.0000000000000002 * g48_5 * sb0_0_0)
+            acc6_6 = acc6_6 + wt48_0 * (1.0000000000000002 * g48_6 * sb0_0_0)
             # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            acc6_0 = acc6_0 + w49[tile_b, tile_c, 0] * (0.5976143046671969 * g49_0 * sb1_2_0 + 0.5976143046671969 * g49_4 * sb1_0_0)
-            acc6_1 = acc6_1 + w49[tile_b, tile_c, 0] * (
+            wt49_0 = w49[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt49_0 * (0.5976143046671969 * g49_0 * sb1_2_0 + 0.5976143046671969 * g49_4 * sb1_0_0)
+            acc6_1 = acc6_1 + wt49_0 * (
                 0.48795003647426666 * g49_0 * sb1_1_0 + 0.48795003647426666 * g49_1 * sb1_2_0
                 + 0.48795003647426666 * g49_3 * sb1_0_0
             )
-            acc6_2 = acc6_2 + w49[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt49_0 * (
                 -0.1543033499620919 * g49_0 * sb1_2_0 + 0.6172133998483676 * g49_1 * sb1_1_0
                 + 0.5345224838248488 * g49_2 * sb1_0_0 + 0.1543033499620919 * g49_4 * sb1_0_0
             )
-            acc6_3 = acc6_3 + w49[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt49_0 * (
                 -0.3779644730092272 * g49_1 * sb1_0_0 + 0.6546536707079772 * g49_2 * sb1_1_0
                 - 0.3779644730092272 * g49_3 * sb1_2_0
             )
-            acc6_4 = acc6_4 + w49[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt49_0 * (
                 -0.1543033499620919 * g49_0 * sb1_0_0 + 0.5345224838248488 * g49_2 * sb1_2_0
                 + 0.6172133998483676 * g49_3 * sb1_1_0 - 0.1543033499620919 * g49_4 * sb1_2_0
             )
-            acc6_5 = acc6_5 + w49[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt49_0 * (
                 -0.48795003647426666 * g49_1 * sb1_0_0 + 0.48795003647426666 * g49_3 * sb1_2_0
                 + 0.48795003647426666 * g49_4 * sb1_1_0
             )
-            acc6_6 = acc6_6 + w49[tile_b, tile_c, 0] * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
+            acc6_6 = acc6_6 + wt49_0 * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            acc6_0 = acc6_0 + w50[tile_b, tile_c, 0] * (
+            wt50_0 = w50[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt50_0 * (
                 0.3535533905932738 * g50_1 * sb1_0_0 - 0.3535533905932738 * g50_5 * sb1_2_0
                 + 0.8660254037844387 * g50_6 * sb1_1_0
             )
-            acc6_1 = acc6_1 + w50[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt50_0 * (
                 -0.3535533905932738 * g50_0 * sb1_0_0 + 0.45643546458763845 * g50_2 * sb1_0_0
                 - 0.45643546458763845 * g50_4 * sb1_2_0 + 0.5773502691896258 * g50_5 * sb1_1_0
                 - 0.3535533905932738 * g50_6 * sb1_2_0
             )
-            acc6_2 = acc6_2 + w50[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt50_0 * (
                 -0.45643546458763845 * g50_1 * sb1_0_0 - 0.7071067811865476 * g50_3 * sb1_2_0
                 + 0.2886751345948129 * g50_4 * sb1_1_0 - 0.45643546458763845 * g50_5 * sb1_2_0
             )
-            acc6_3 = acc6_3 + w50[tile_b, tile_c, 0] * (0.7071067811865476 * g50_2 * sb1_2_0 - 0.7071067811865476 * g50_4 * sb1_0_0)
-            acc6_4 = acc6_4 + w50[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt50_0 * (0.7071067811865476 * g50_2 * sb1_2_0 - 0.7071067811865476 * g50_4 * sb1_0_0)
+            acc6_4 = acc6_4 + wt50_0 * (
                 0.45643546458763845 * g50_1 * sb1_2_0 - 0.2886751345948129 * g50_2 * sb1_1_0
                 + 0.7071067811865476 * g50_3 * sb1_0_0 - 0.45643546458763845 * g50_5 * sb1_0_0
             )
-            acc6_5 = acc6_5 + w50[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt50_0 * (
                 0.3535533905932738 * g50_0 * sb1_2_0 - 0.5773502691896258 * g50_1 * sb1_1_0
                 + 0.45643546458763845 * g50_2 * sb1_2_0 + 0.45643546458763845 * g50_4 * sb1_0_0
                 - 0.3535533905932738 * g50_6 * sb1_0_0
             )
-            acc6_6 = acc6_6 + w50[tile_b, tile_c, 0] * (
+            acc6_6 = acc6_6 + wt50_0 * (
                 -0.8660254037844387 * g50_0 * sb1_1_0 + 0.3535533905932738 * g50_1 * sb1_2_0
                 + 0.3535533905932738 * g50_5 * sb1_0_0
             )
             # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            acc6_0 = acc6_0 + w51[tile_b, tile_c, 0] * (0.4629100498862757 * g51_0 * sb2_4_0 + 0.4629100498862757 * g51_2 * sb2_0_0)
-            acc6_1 = acc6_1 + w51[tile_b, tile_c, 0] * (
+            wt51_0 = w51[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt51_0 * (0.4629100498862757 * g51_0 * sb2_4_0 + 0.4629100498862757 * g51_2 * sb2_0_0)
+            acc6_1 = acc6_1 + wt51_0 * (
                 0.3779644730092272 * g51_0 * sb2_3_0 + 0.3779644730092272 * g51_1 * sb2_0_0
                 + 0.3779644730092272 * g51_2 * sb2_1_0
             )
-            acc6_2 = acc6_2 + w51[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt51_0 * (
                 0.4140393356054125 * g51_0 * sb2_2_0 + 0.11952286093343936 * g51_0 * sb2_4_0
                 + 0.47809144373375745 * g51_1 * sb2_1_0 - 0.11952286093343936 * g51_2 * sb2_0_0
             )
-            acc6_3 = acc6_3 + w51[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt51_0 * (
                 -0.2927700218845599 * g51_0 * sb2_1_0 + 0.50709255283711 * g51_1 * sb2_2_0
                 - 0.2927700218845599 * g51_2 * sb2_3_0
             )
-            acc6_4 = acc6_4 + w51[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt51_0 * (
                 -0.11952286093343936 * g51_0 * sb2_0_0 + 0.47809144373375745 * g51_1 * sb2_3_0
                 + 0.4140393356054125 * g51_2 * sb2_2_0 - 0.11952286093343936 * g51_2 * sb2_4_0
             )
-            acc6_5 = acc6_5 + w51[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt51_0 * (
                 -0.3779644730092272 * g51_0 * sb2_1_0 + 0.3779644730092272 * g51_1 * sb2_4_0
                 + 0.3779644730092272 * g51_2 * sb2_3_0
             )
-            acc6_6 = acc6_6 + w51[tile_b, tile_c, 0] * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
+            acc6_6 = acc6_6 + wt51_0 * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            acc6_0 = acc6_0 + w52[tile_b, tile_c, 0] * (
+            wt52_0 = w52[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt52_0 * (
                 -0.42257712736425834 * g52_0 * sb2_1_0 + 0.42257712736425834 * g52_1 * sb2_0_0
                 - 0.42257712736425834 * g52_3 * sb2_4_0 + 0.42257712736425834 * g52_4 * sb2_3_0
             )
-            acc6_1 = acc6_1 + w52[tile_b, tile_c, 0] * (-0.5976143046671969 * g52_2 * sb2_4_0 + 0.5976143046671969 * g52_4 * sb2_2_0)
-            acc6_2 = acc6_2 + w52[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt52_0 * (-0.5976143046671969 * g52_2 * sb2_4_0 + 0.5976143046671969 * g52_4 * sb2_2_0)
+            acc6_2 = acc6_2 + wt52_0 * (
                 -0.3273268353539886 * g52_0 * sb2_1_0 + 0.3273268353539886 * g52_1 * sb2_0_0
                 - 0.3779644730092272 * g52_2 * sb2_3_0 + 0.3779644730092272 * g52_3 * sb2_2_0
                 + 0.3273268353539886 * g52_3 * sb2_4_0 - 0.3273268353539886 * g52_4 * sb2_3_0
             )
-            acc6_3 = acc6_3 + w52[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt52_0 * (
                 -0.2672612419124244 * g52_0 * sb2_4_0 + 0.5345224838248488 * g52_1 * sb2_3_0
                 - 0.5345224838248488 * g52_3 * sb2_1_0 + 0.2672612419124244 * g52_4 * sb2_0_0
             )
-            acc6_4 = acc6_4 + w52[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt52_0 * (
                 0.3273268353539886 * g52_0 * sb2_3_0 - 0.3779644730092272 * g52_1 * sb2_2_0
                 + 0.3273268353539886 * g52_1 * sb2_4_0 + 0.3779644730092272 * g52_2 * sb2_1_0
                 - 0.3273268353539886 * g52_3 * sb2_0_0 - 0.3273268353539886 * g52_4 * sb2_1_0
             )
-            acc6_5 = acc6_5 + w52[tile_b, tile_c, 0] * (-0.5976143046671969 * g52_0 * sb2_2_0 + 0.5976143046671969 * g52_2 * sb2_0_0)
-            acc6_6 = acc6_6 + w52[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt52_0 * (-0.5976143046671969 * g52_0 * sb2_2_0 + 0.5976143046671969 * g52_2 * sb2_0_0)
+            acc6_6 = acc6_6 + wt52_0 * (
                 -0.42257712736425834 * g52_0 * sb2_3_0 + 0.42257712736425834 * g52_1 * sb2_4_0
                 + 0.42257712736425834 * g52_3 * sb2_0_0 - 0.42257712736425834 * g52_4 * sb2_1_0
             )
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            acc6_0 = acc6_0 + w53[tile_b, tile_c, 0] * (
+            wt53_0 = w53[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt53_0 * (
                 -0.6454972243679029 * g53_0 * sb2_2_0 + 0.45643546458763845 * g53_1 * sb2_3_0
                 - 0.2886751345948129 * g53_2 * sb2_4_0 - 0.2886751345948129 * g53_4 * sb2_0_0
                 + 0.45643546458763845 * g53_5 * sb2_1_0
             )
-            acc6_1 = acc6_1 + w53[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt53_0 * (
                 0.45643546458763845 * g53_0 * sb2_3_0 + 0.3535533905932738 * g53_2 * sb2_3_0
                 - 0.5773502691896258 * g53_3 * sb2_0_0 + 0.3535533905932738 * g53_4 * sb2_1_0
                 - 0.45643546458763845 * g53_6 * sb2_1_0
             )
-            acc6_2 = acc6_2 + w53[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt53_0 * (
                 -0.2886751345948129 * g53_0 * sb2_4_0 + 0.3535533905932738 * g53_1 * sb2_3_0
                 + 0.38729833462074176 * g53_2 * sb2_2_0 - 0.4472135954999579 * g53_2 * sb2_4_0
                 + 0.18257418583505539 * g53_3 * sb2_1_0 + 0.4472135954999579 * g53_4 * sb2_0_0
                 - 0.3535533905932738 * g53_5 * sb2_1_0 + 0.2886751345948129 * g53_6 * sb2_0_0
             )
-            acc6_3 = acc6_3 + w53[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt53_0 * (
                 -0.5773502691896258 * g53_1 * sb2_0_0 + 0.18257418583505539 * g53_2 * sb2_1_0
                 + 0.5163977794943223 * g53_3 * sb2_2_0 + 0.18257418583505539 * g53_4 * sb2_3_0
                 - 0.5773502691896258 * g53_5 * sb2_4_0
             )
-            acc6_4 = acc6_4 + w53[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt53_0 * (
                 -0.2886751345948129 * g53_0 * sb2_0_0 + 0.3535533905932738 * g53_1 * sb2_1_0
                 + 0.4472135954999579 * g53_2 * sb2_0_0 + 0.18257418583505539 * g53_3 * sb2_3_0
                 + 0.38729833462074176 * g53_4 * sb2_2_0 + 0.4472135954999579 * g53_4 * sb2_4_0
                 + 0.3535533905932738 * g53_5 * sb2_3_0 - 0.2886751345948129 * g53_6 * sb2_4_0
             )
-            acc6_5 = acc6_5 + w53[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt53_0 * (
                 0.45643546458763845 * g53_0 * sb2_1_0 - 0.3535533905932738 * g53_2 * sb2_1_0
                 - 0.5773502691896258 * g53_3 * sb2_4_0 + 0.3535533905932738 * g53_4 * sb2_3_0
                 + 0.45643546458763845 * g53_6 * sb2_3_0
             )
-            acc6_6 = acc6_6 + w53[tile_b, tile_c, 0] * (
+            acc6_6 = acc6_6 + wt53_0 * (
                 -0.45643546458763845 * g53_1 * sb2_1_0 + 0.2886751345948129 * g53_2 * sb2_0_0
                 - 0.2886751345948129 * g53_4 * sb2_4_0 + 0.45643546458763845 * g53_5 * sb2_3_0
                 - 0.6454972243679029 * g53_6 * sb2_2_0
             )
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            acc6_0 = acc6_0 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_0_0)
-            acc6_1 = acc6_1 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_1_0)
-            acc6_2 = acc6_2 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_2_0)
-            acc6_3 = acc6_3 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_3_0)
-            acc6_4 = acc6_4 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_4_0)
-            acc6_5 = acc6_5 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_5_0)
-            acc6_6 = acc6_6 + w54[tile_b, tile_c, 0] * (0.37796447300922725 * g54_0 * sb3_6_0)
+            wt54_0 = w54[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_0_0)
+            acc6_1 = acc6_1 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_1_0)
+            acc6_2 = acc6_2 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_2_0)
+            acc6_3 = acc6_3 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_3_0)
+            acc6_4 = acc6_4 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_4_0)
+            acc6_5 = acc6_5 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_5_0)
+            acc6_6 = acc6_6 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_6_0)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            acc6_0 = acc6_0 + w55[tile_b, tile_c, 0] * (
+            wt55_0 = w55[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt55_0 * (
                 -0.23145502494313785 * g55_0 * sb3_1_0 - 0.5669467095138409 * g55_1 * sb3_6_0
                 + 0.23145502494313785 * g55_2 * sb3_5_0
             )
-            acc6_1 = acc6_1 + w55[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt55_0 * (
                 0.23145502494313785 * g55_0 * sb3_0_0 - 0.2988071523335984 * g55_0 * sb3_2_0
                 - 0.3779644730092272 * g55_1 * sb3_5_0 + 0.2988071523335984 * g55_2 * sb3_4_0
                 + 0.23145502494313785 * g55_2 * sb3_6_0
             )
-            acc6_2 = acc6_2 + w55[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt55_0 * (
                 0.2988071523335984 * g55_0 * sb3_1_0 - 0.1889822365046136 * g55_1 * sb3_4_0
                 + 0.4629100498862757 * g55_2 * sb3_3_0 + 0.2988071523335984 * g55_2 * sb3_5_0
             )
-            acc6_3 = acc6_3 + w55[tile_b, tile_c, 0] * (0.4629100498862757 * g55_0 * sb3_4_0 - 0.4629100498862757 * g55_2 * sb3_2_0)
-            acc6_4 = acc6_4 + w55[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt55_0 * (0.4629100498862757 * g55_0 * sb3_4_0 - 0.4629100498862757 * g55_2 * sb3_2_0)
+            acc6_4 = acc6_4 + wt55_0 * (
                 -0.4629100498862757 * g55_0 * sb3_3_0 + 0.2988071523335984 * g55_0 * sb3_5_0
                 + 0.1889822365046136 * g55_1 * sb3_2_0 - 0.2988071523335984 * g55_2 * sb3_1_0
             )
-            acc6_5 = acc6_5 + w55[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt55_0 * (
                 -0.2988071523335984 * g55_0 * sb3_4_0 + 0.23145502494313785 * g55_0 * sb3_6_0
                 + 0.3779644730092272 * g55_1 * sb3_1_0 - 0.23145502494313785 * g55_2 * sb3_0_0
                 - 0.2988071523335984 * g55_2 * sb3_2_0
             )
-            acc6_6 = acc6_6 + w55[tile_b, tile_c, 0] * (
+            acc6_6 = acc6_6 + wt55_0 * (
                 -0.23145502494313785 * g55_0 * sb3_5_0 + 0.5669467095138409 * g55_1 * sb3_0_0
                 - 0.23145502494313785 * g55_2 * sb3_1_0
             )
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            acc6_0 = acc6_0 + w56[tile_b, tile_c, 0] * (
+            wt56_0 = w56[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt56_0 * (
                 -0.24397501823713333 * g56_0 * sb3_4_0 + 0.3857583749052298 * g56_1 * sb3_5_0
                 - 0.545544725589981 * g56_2 * sb3_0_0 + 0.3857583749052298 * g56_3 * sb3_1_0
                 - 0.24397501823713333 * g56_4 * sb3_2_0
             )
-            acc6_1 = acc6_1 + w56[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt56_0 * (
                 -0.48795003647426666 * g56_0 * sb3_3_0 + 0.29880715233359845 * g56_1 * sb3_4_0
                 - 0.3857583749052298 * g56_1 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_0_0
                 + 0.29880715233359845 * g56_3 * sb3_2_0
             )
-            acc6_2 = acc6_2 + w56[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt56_0 * (
                 0.3779644730092272 * g56_0 * sb3_4_0 + 0.24397501823713333 * g56_0 * sb3_6_0
                 + 0.1543033499620919 * g56_1 * sb3_3_0 - 0.29880715233359845 * g56_1 * sb3_5_0
                 + 0.3273268353539886 * g56_2 * sb3_2_0 + 0.29880715233359845 * g56_3 * sb3_1_0
                 - 0.24397501823713333 * g56_4 * sb3_0_0 - 0.3779644730092272 * g56_4 * sb3_2_0
             )
-            acc6_3 = acc6_3 + w56[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt56_0 * (
                 -0.48795003647426666 * g56_0 * sb3_1_0 + 0.1543033499620919 * g56_1 * sb3_2_0
                 + 0.4364357804719848 * g56_2 * sb3_3_0 + 0.1543033499620919 * g56_3 * sb3_4_0
                 - 0.48795003647426666 * g56_4 * sb3_5_0
             )
-            acc6_4 = acc6_4 + w56[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt56_0 * (
                 -0.24397501823713333 * g56_0 * sb3_0_0 + 0.3779644730092272 * g56_0 * sb3_2_0
                 + 0.29880715233359845 * g56_1 * sb3_1_0 + 0.3273268353539886 * g56_2 * sb3_4_0
                 + 0.1543033499620919 * g56_3 * sb3_3_0 + 0.29880715233359845 * g56_3 * sb3_5_0
                 + 0.3779644730092272 * g56_4 * sb3_4_0 - 0.24397501823713333 * g56_4 * sb3_6_0
             )
-            acc6_5 = acc6_5 + w56[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt56_0 * (
                 0.3857583749052298 * g56_1 * sb3_0_0 - 0.29880715233359845 * g56_1 * sb3_2_0
                 + 0.29880715233359845 * g56_3 * sb3_4_0 + 0.3857583749052298 * g56_3 * sb3_6_0
                 - 0.48795003647426666 * g56_4 * sb3_3_0
             )
-            acc6_6 = acc6_6 + w56[tile_b, tile_c, 0] * (
+            acc6_6 = acc6_6 + wt56_0 * (
                 0.24397501823713333 * g56_0 * sb3_2_0 - 0.3857583749052298 * g56_1 * sb3_1_0
                 - 0.545544725589981 * g56_2 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_5_0
                 - 0.24397501823713333 * g56_4 * sb3_4_0
             )
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            acc6_0 = acc6_0 + w57[tile_b, tile_c, 0] * (
+            wt57_0 = w57[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt57_0 * (
                 -0.408248290463863 * g57_1 * sb3_2_0 + 0.408248290463863 * g57_2 * sb3_1_0
                 + 0.408248290463863 * g57_3 * sb3_6_0 - 0.408248290463863 * g57_4 * sb3_5_0
                 + 0.408248290463863 * g57_5 * sb3_4_0 - 0.408248290463863 * g57_6 * sb3_3_0
             )
-            acc6_1 = acc6_1 + w57[tile_b, tile_c, 0] * (
+            acc6_1 = acc6_1 + wt57_0 * (
                 0.408248290463863 * g57_0 * sb3_2_0 - 0.408248290463863 * g57_2 * sb3_0_0
                 - 0.408248290463863 * g57_3 * sb3_5_0 - 0.408248290463863 * g57_4 * sb3_6_0
                 + 0.408248290463863 * g57_5 * sb3_3_0 + 0.408248290463863 * g57_6 * sb3_4_0
             )
-            acc6_2 = acc6_2 + w57[tile_b, tile_c, 0] * (
+            acc6_2 = acc6_2 + wt57_0 * (
                 -0.408248290463863 * g57_0 * sb3_1_0 + 0.408248290463863 * g57_1 * sb3_0_0
                 - 0.408248290463863 * g57_3 * sb3_4_0 + 0.408248290463863 * g57_4 * sb3_3_0
                 + 0.408248290463863 * g57_5 * sb3_6_0 - 0.408248290463863 * g57_6 * sb3_5_0
             )
-            acc6_3 = acc6_3 + w57[tile_b, tile_c, 0] * (
+            acc6_3 = acc6_3 + wt57_0 * (
                 -0.408248290463863 * g57_0 * sb3_6_0 + 0.408248290463863 * g57_1 * sb3_5_0
                 + 0.408248290463863 * g57_2 * sb3_4_0 - 0.408248290463863 * g57_4 * sb3_2_0
                 - 0.408248290463863 * g57_5 * sb3_1_0 + 0.408248290463863 * g57_6 * sb3_0_0
             )
-            acc6_4 = acc6_4 + w57[tile_b, tile_c, 0] * (
+            acc6_4 = acc6_4 + wt57_0 * (
                 0.408248290463863 * g57_0 * sb3_5_0 + 0.408248290463863 * g57_1 * sb3_6_0
                 - 0.408248290463863 * g57_2 * sb3_3_0 + 0.408248290463863 * g57_3 * sb3_2_0
                 - 0.408248290463863 * g57_5 * sb3_0_0 - 0.408248290463863 * g57_6 * sb3_1_0
             )
-            acc6_5 = acc6_5 + w57[tile_b, tile_c, 0] * (
+            acc6_5 = acc6_5 + wt57_0 * (
                 -0.408248290463863 * g57_0 * sb3_4_0 - 0.408248290463863 * g57_1 * sb3_3_0
                 - 0.408248290463863 * g57_2 * sb3_6_0 + 0.408248290463863 * g57_3 * sb3_1_0
                 + 0.408248290463863 * g57_4 * sb3_0_0 + 0.408248290463863 * g57_6 * sb3_2_0
             )
-            acc6_6 = acc6_6 + w57[tile_b, tile_c, 0] * (
+            acc6_6 = acc6_6 + wt57_0 * (
                 0.408248290463863 * g57_0 * sb3_3_0 - 0.408248290463863 * g57_1 * sb3_4_0
                 + 0.408248290463863 * g57_2 * sb3_5_0 - 0.408248290463863 * g57_3 * sb3_0_0
                 + 0.408248290463863 * g57_4 * sb3_1_0 - 0.408248290463863 * g57_5 * sb3_2_0
@@ -3661,256 +3787,266 @@ def tp_bwd_x1_1(
             acc7_5 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
             acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            acc7_0 = acc7_0 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_0 * sb0_0_0)
-            acc7_1 = acc7_1 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_1 * sb0_0_0)
-            acc7_2 = acc7_2 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_2 * sb0_0_0)
-            acc7_3 = acc7_3 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_3 * sb0_0_0)
-            acc7_4 = acc7_4 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_4 * sb0_0_0)
-            acc7_5 = acc7_5 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_5 * sb0_0_0)
-            acc7_6 = acc7_6 + w58[tile_b, tile_c, 0] * (1.0000000000000002 * g58_6 * sb0_0_0)
+            wt58_0 = w58[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt58_0 * (1.0000000000000002 * g58_0 * sb0_0_0)
+            acc7_1 = acc7_1 + wt58_0 * (1.0000000000000002 * g58_1 * sb0_0_0)
+            acc7_2 = acc7_2 + wt58_0 * (1.0000000000000002 * g58_2 * sb0_0_0)
+            acc7_3 = acc7_3 + wt58_0 * (1.0000000000000002 * g58_3 * sb0_0_0)
+            acc7_4 = acc7_4 + wt58_0 * (1.0000000000000002 * g58_4 * sb0_0_0)
+            acc7_5 = acc7_5 + wt58_0 * (1.0000000000000002 * g58_5 * sb0_0_0)
+            acc7_6 = acc7_6 + wt58_0 * (1.0000000000000002 * g58_6 * sb0_0_0)
             # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            acc7_0 = acc7_0 + w59[tile_b, tile_c, 0] * (0.5976143046671969 * g59_0 * sb1_2_0 + 0.5976143046671969 * g59_4 * sb1_0_0)
-            acc7_1 = acc7_1 + w59[tile_b, tile_c, 0] * (
+            wt59_0 = w59[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt59_0 * (0.5976143046671969 * g59_0 * sb1_2_0 + 0.5976143046671969 * g59_4 * sb1_0_0)
+            acc7_1 = acc7_1 + wt59_0 * (
                 0.48795003647426666 * g59_0 * sb1_1_0 + 0.48795003647426666 * g59_1 * sb1_2_0
                 + 0.48795003647426666 * g59_3 * sb1_0_0
             )
-            acc7_2 = acc7_2 + w59[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt59_0 * (
                 -0.1543033499620919 * g59_0 * sb1_2_0 + 0.6172133998483676 * g59_1 * sb1_1_0
                 + 0.5345224838248488 * g59_2 * sb1_0_0 + 0.1543033499620919 * g59_4 * sb1_0_0
             )
-            acc7_3 = acc7_3 + w59[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt59_0 * (
                 -0.3779644730092272 * g59_1 * sb1_0_0 + 0.6546536707079772 * g59_2 * sb1_1_0
                 - 0.3779644730092272 * g59_3 * sb1_2_0
             )
-            acc7_4 = acc7_4 + w59[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt59_0 * (
                 -0.1543033499620919 * g59_0 * sb1_0_0 + 0.5345224838248488 * g59_2 * sb1_2_0
                 + 0.6172133998483676 * g59_3 * sb1_1_0 - 0.1543033499620919 * g59_4 * sb1_2_0
             )
-            acc7_5 = acc7_5 + w59[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt59_0 * (
                 -0.48795003647426666 * g59_1 * sb1_0_0 + 0.48795003647426666 * g59_3 * sb1_2_0
                 + 0.48795003647426666 * g59_4 * sb1_1_0
             )
-            acc7_6 = acc7_6 + w59[tile_b, tile_c, 0] * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
+            acc7_6 = acc7_6 + wt59_0 * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            acc7_0 = acc7_0 + w60[tile_b, tile_c, 0] * (
+            wt60_0 = w60[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt60_0 * (
                 0.3535533905932738 * g60_1 * sb1_0_0 - 0.3535533905932738 * g60_5 * sb1_2_0
                 + 0.8660254037844387 * g60_6 * sb1_1_0
             )
-            acc7_1 = acc7_1 + w60[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt60_0 * (
                 -0.3535533905932738 * g60_0 * sb1_0_0 + 0.45643546458763845 * g60_2 * sb1_0_0
                 - 0.45643546458763845 * g60_4 * sb1_2_0 + 0.5773502691896258 * g60_5 * sb1_1_0
                 - 0.3535533905932738 * g60_6 * sb1_2_0
             )
-            acc7_2 = acc7_2 + w60[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt60_0 * (
                 -0.45643546458763845 * g60_1 * sb1_0_0 - 0.7071067811865476 * g60_3 * sb1_2_0
                 + 0.2886751345948129 * g60_4 * sb1_1_0 - 0.45643546458763845 * g60_5 * sb1_2_0
             )
-            acc7_3 = acc7_3 + w60[tile_b, tile_c, 0] * (0.7071067811865476 * g60_2 * sb1_2_0 - 0.7071067811865476 * g60_4 * sb1_0_0)
-            acc7_4 = acc7_4 + w60[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt60_0 * (0.7071067811865476 * g60_2 * sb1_2_0 - 0.7071067811865476 * g60_4 * sb1_0_0)
+            acc7_4 = acc7_4 + wt60_0 * (
                 0.45643546458763845 * g60_1 * sb1_2_0 - 0.2886751345948129 * g60_2 * sb1_1_0
                 + 0.7071067811865476 * g60_3 * sb1_0_0 - 0.45643546458763845 * g60_5 * sb1_0_0
             )
-            acc7_5 = acc7_5 + w60[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt60_0 * (
                 0.3535533905932738 * g60_0 * sb1_2_0 - 0.5773502691896258 * g60_1 * sb1_1_0
                 + 0.45643546458763845 * g60_2 * sb1_2_0 + 0.45643546458763845 * g60_4 * sb1_0_0
                 - 0.3535533905932738 * g60_6 * sb1_0_0
             )
-            acc7_6 = acc7_6 + w60[tile_b, tile_c, 0] * (
+            acc7_6 = acc7_6 + wt60_0 * (
                 -0.8660254037844387 * g60_0 * sb1_1_0 + 0.3535533905932738 * g60_1 * sb1_2_0
                 + 0.3535533905932738 * g60_5 * sb1_0_0
             )
             # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            acc7_0 = acc7_0 + w61[tile_b, tile_c, 0] * (0.4629100498862757 * g61_0 * sb2_4_0 + 0.4629100498862757 * g61_2 * sb2_0_0)
-            acc7_1 = acc7_1 + w61[tile_b, tile_c, 0] * (
+            wt61_0 = w61[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt61_0 * (0.4629100498862757 * g61_0 * sb2_4_0 + 0.4629100498862757 * g61_2 * sb2_0_0)
+            acc7_1 = acc7_1 + wt61_0 * (
                 0.3779644730092272 * g61_0 * sb2_3_0 + 0.3779644730092272 * g61_1 * sb2_0_0
                 + 0.3779644730092272 * g61_2 * sb2_1_0
             )
-            acc7_2 = acc7_2 + w61[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt61_0 * (
                 0.4140393356054125 * g61_0 * sb2_2_0 + 0.11952286093343936 * g61_0 * sb2_4_0
                 + 0.47809144373375745 * g61_1 * sb2_1_0 - 0.11952286093343936 * g61_2 * sb2_0_0
             )
-            acc7_3 = acc7_3 + w61[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt61_0 * (
                 -0.2927700218845599 * g61_0 * sb2_1_0 + 0.50709255283711 * g61_1 * sb2_2_0
                 - 0.2927700218845599 * g61_2 * sb2_3_0
             )
-            acc7_4 = acc7_4 + w61[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt61_0 * (
                 -0.11952286093343936 * g61_0 * sb2_0_0 + 0.47809144373375745 * g61_1 * sb2_3_0
                 + 0.4140393356054125 * g61_2 * sb2_2_0 - 0.11952286093343936 * g61_2 * sb2_4_0
             )
-            acc7_5 = acc7_5 + w61[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt61_0 * (
                 -0.3779644730092272 * g61_0 * sb2_1_0 + 0.3779644730092272 * g61_1 * sb2_4_0
                 + 0.3779644730092272 * g61_2 * sb2_3_0
             )
-            acc7_6 = acc7_6 + w61[tile_b, tile_c, 0] * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
+            acc7_6 = acc7_6 + wt61_0 * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            acc7_0 = acc7_0 + w62[tile_b, tile_c, 0] * (
+            wt62_0 = w62[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt62_0 * (
                 -0.42257712736425834 * g62_0 * sb2_1_0 + 0.42257712736425834 * g62_1 * sb2_0_0
                 - 0.42257712736425834 * g62_3 * sb2_4_0 + 0.42257712736425834 * g62_4 * sb2_3_0
             )
-            acc7_1 = acc7_1 + w62[tile_b, tile_c, 0] * (-0.5976143046671969 * g62_2 * sb2_4_0 + 0.5976143046671969 * g62_4 * sb2_2_0)
-            acc7_2 = acc7_2 + w62[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt62_0 * (-0.5976143046671969 * g62_2 * sb2_4_0 + 0.5976143046671969 * g62_4 * sb2_2_0)
+            acc7_2 = acc7_2 + wt62_0 * (
                 -0.3273268353539886 * g62_0 * sb2_1_0 + 0.3273268353539886 * g62_1 * sb2_0_0
                 - 0.3779644730092272 * g62_2 * sb2_3_0 + 0.3779644730092272 * g62_3 * sb2_2_0
                 + 0.3273268353539886 * g62_3 * sb2_4_0 - 0.3273268353539886 * g62_4 * sb2_3_0
             )
-            acc7_3 = acc7_3 + w62[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt62_0 * (
                 -0.2672612419124244 * g62_0 * sb2_4_0 + 0.5345224838248488 * g62_1 * sb2_3_0
                 - 0.5345224838248488 * g62_3 * sb2_1_0 + 0.2672612419124244 * g62_4 * sb2_0_0
             )
-            acc7_4 = acc7_4 + w62[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt62_0 * (
                 0.3273268353539886 * g62_0 * sb2_3_0 - 0.3779644730092272 * g62_1 * sb2_2_0
                 + 0.3273268353539886 * g62_1 * sb2_4_0 + 0.3779644730092272 * g62_2 * sb2_1_0
                 - 0.3273268353539886 * g62_3 * sb2_0_0 - 0.3273268353539886 * g62_4 * sb2_1_0
             )
-            acc7_5 = acc7_5 + w62[tile_b, tile_c, 0] * (-0.5976143046671969 * g62_0 * sb2_2_0 + 0.5976143046671969 * g62_2 * sb2_0_0)
-            acc7_6 = acc7_6 + w62[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt62_0 * (-0.5976143046671969 * g62_0 * sb2_2_0 + 0.5976143046671969 * g62_2 * sb2_0_0)
+            acc7_6 = acc7_6 + wt62_0 * (
                 -0.42257712736425834 * g62_0 * sb2_3_0 + 0.42257712736425834 * g62_1 * sb2_4_0
                 + 0.42257712736425834 * g62_3 * sb2_0_0 - 0.42257712736425834 * g62_4 * sb2_1_0
             )
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            acc7_0 = acc7_0 + w63[tile_b, tile_c, 0] * (
+            wt63_0 = w63[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt63_0 * (
                 -0.6454972243679029 * g63_0 * sb2_2_0 + 0.45643546458763845 * g63_1 * sb2_3_0
                 - 0.2886751345948129 * g63_2 * sb2_4_0 - 0.2886751345948129 * g63_4 * sb2_0_0
                 + 0.45643546458763845 * g63_5 * sb2_1_0
             )
-            acc7_1 = acc7_1 + w63[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt63_0 * (
                 0.45643546458763845 * g63_0 * sb2_3_0 + 0.3535533905932738 * g63_2 * sb2_3_0
                 - 0.5773502691896258 * g63_3 * sb2_0_0 + 0.3535533905932738 * g63_4 * sb2_1_0
                 - 0.45643546458763845 * g63_6 * sb2_1_0
             )
-            acc7_2 = acc7_2 + w63[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt63_0 * (
                 -0.2886751345948129 * g63_0 * sb2_4_0 + 0.3535533905932738 * g63_1 * sb2_3_0
                 + 0.38729833462074176 * g63_2 * sb2_2_0 - 0.4472135954999579 * g63_2 * sb2_4_0
                 + 0.18257418583505539 * g63_3 * sb2_1_0 + 0.4472135954999579 * g63_4 * sb2_0_0
                 - 0.3535533905932738 * g63_5 * sb2_1_0 + 0.2886751345948129 * g63_6 * sb2_0_0
             )
-            acc7_3 = acc7_3 + w63[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt63_0 * (
                 -0.5773502691896258 * g63_1 * sb2_0_0 + 0.18257418583505539 * g63_2 * sb2_1_0
                 + 0.5163977794943223 * g63_3 * sb2_2_0 + 0.18257418583505539 * g63_4 * sb2_3_0
                 - 0.5773502691896258 * g63_5 * sb2_4_0
             )
-            acc7_4 = acc7_4 + w63[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt63_0 * (
                 -0.2886751345948129 * g63_0 * sb2_0_0 + 0.3535533905932738 * g63_1 * sb2_1_0
                 + 0.4472135954999579 * g63_2 * sb2_0_0 + 0.18257418583505539 * g63_3 * sb2_3_0
                 + 0.38729833462074176 * g63_4 * sb2_2_0 + 0.4472135954999579 * g63_4 * sb2_4_0
                 + 0.3535533905932738 * g63_5 * sb2_3_0 - 0.2886751345948129 * g63_6 * sb2_4_0
             )
-            acc7_5 = acc7_5 + w63[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt63_0 * (
                 0.45643546458763845 * g63_0 * sb2_1_0 - 0.3535533905932738 * g63_2 * sb2_1_0
                 - 0.5773502691896258 * g63_3 * sb2_4_0 + 0.3535533905932738 * g63_4 * sb2_3_0
                 + 0.45643546458763845 * g63_6 * sb2_3_0
             )
-            acc7_6 = acc7_6 + w63[tile_b, tile_c, 0] * (
+            acc7_6 = acc7_6 + wt63_0 * (
                 -0.45643546458763845 * g63_1 * sb2_1_0 + 0.2886751345948129 * g63_2 * sb2_0_0
                 - 0.2886751345948129 * g63_4 * sb2_4_0 + 0.45643546458763845 * g63_5 * sb2_3_0
                 - 0.6454972243679029 * g63_6 * sb2_2_0
             )
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            acc7_0 = acc7_0 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_0_0)
-            acc7_1 = acc7_1 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_1_0)
-            acc7_2 = acc7_2 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_2_0)
-            acc7_3 = acc7_3 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_3_0)
-            acc7_4 = acc7_4 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_4_0)
-            acc7_5 = acc7_5 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_5_0)
-            acc7_6 = acc7_6 + w64[tile_b, tile_c, 0] * (0.37796447300922725 * g64_0 * sb3_6_0)
+            wt64_0 = w64[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_0_0)
+            acc7_1 = acc7_1 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_1_0)
+            acc7_2 = acc7_2 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_2_0)
+            acc7_3 = acc7_3 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_3_0)
+            acc7_4 = acc7_4 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_4_0)
+            acc7_5 = acc7_5 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_5_0)
+            acc7_6 = acc7_6 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_6_0)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            acc7_0 = acc7_0 + w65[tile_b, tile_c, 0] * (
+            wt65_0 = w65[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt65_0 * (
                 -0.23145502494313785 * g65_0 * sb3_1_0 - 0.5669467095138409 * g65_1 * sb3_6_0
                 + 0.23145502494313785 * g65_2 * sb3_5_0
             )
-            acc7_1 = acc7_1 + w65[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt65_0 * (
                 0.23145502494313785 * g65_0 * sb3_0_0 - 0.2988071523335984 * g65_0 * sb3_2_0
                 - 0.3779644730092272 * g65_1 * sb3_5_0 + 0.2988071523335984 * g65_2 * sb3_4_0
                 + 0.23145502494313785 * g65_2 * sb3_6_0
             )
-            acc7_2 = acc7_2 + w65[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt65_0 * (
                 0.2988071523335984 * g65_0 * sb3_1_0 - 0.1889822365046136 * g65_1 * sb3_4_0
                 + 0.4629100498862757 * g65_2 * sb3_3_0 + 0.2988071523335984 * g65_2 * sb3_5_0
             )
-            acc7_3 = acc7_3 + w65[tile_b, tile_c, 0] * (0.4629100498862757 * g65_0 * sb3_4_0 - 0.4629100498862757 * g65_2 * sb3_2_0)
-            acc7_4 = acc7_4 + w65[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt65_0 * (0.4629100498862757 * g65_0 * sb3_4_0 - 0.4629100498862757 * g65_2 * sb3_2_0)
+            acc7_4 = acc7_4 + wt65_0 * (
                 -0.4629100498862757 * g65_0 * sb3_3_0 + 0.2988071523335984 * g65_0 * sb3_5_0
                 + 0.1889822365046136 * g65_1 * sb3_2_0 - 0.2988071523335984 * g65_2 * sb3_1_0
             )
-            acc7_5 = acc7_5 + w65[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt65_0 * (
                 -0.2988071523335984 * g65_0 * sb3_4_0 + 0.23145502494313785 * g65_0 * sb3_6_0
                 + 0.3779644730092272 * g65_1 * sb3_1_0 - 0.23145502494313785 * g65_2 * sb3_0_0
                 - 0.2988071523335984 * g65_2 * sb3_2_0
             )
-            acc7_6 = acc7_6 + w65[tile_b, tile_c, 0] * (
+            acc7_6 = acc7_6 + wt65_0 * (
                 -0.23145502494313785 * g65_0 * sb3_5_0 + 0.5669467095138409 * g65_1 * sb3_0_0
                 - 0.23145502494313785 * g65_2 * sb3_1_0
             )
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            acc7_0 = acc7_0 + w66[tile_b, tile_c, 0] * (
+            wt66_0 = w66[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt66_0 * (
                 -0.24397501823713333 * g66_0 * sb3_4_0 + 0.3857583749052298 * g66_1 * sb3_5_0
                 - 0.545544725589981 * g66_2 * sb3_0_0 + 0.3857583749052298 * g66_3 * sb3_1_0
                 - 0.24397501823713333 * g66_4 * sb3_2_0
             )
-            acc7_1 = acc7_1 + w66[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt66_0 * (
                 -0.48795003647426666 * g66_0 * sb3_3_0 + 0.29880715233359845 * g66_1 * sb3_4_0
                 - 0.3857583749052298 * g66_1 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_0_0
                 + 0.29880715233359845 * g66_3 * sb3_2_0
             )
-            acc7_2 = acc7_2 + w66[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt66_0 * (
                 0.3779644730092272 * g66_0 * sb3_4_0 + 0.24397501823713333 * g66_0 * sb3_6_0
                 + 0.1543033499620919 * g66_1 * sb3_3_0 - 0.29880715233359845 * g66_1 * sb3_5_0
                 + 0.3273268353539886 * g66_2 * sb3_2_0 + 0.29880715233359845 * g66_3 * sb3_1_0
                 - 0.24397501823713333 * g66_4 * sb3_0_0 - 0.3779644730092272 * g66_4 * sb3_2_0
             )
-            acc7_3 = acc7_3 + w66[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt66_0 * (
                 -0.48795003647426666 * g66_0 * sb3_1_0 + 0.1543033499620919 * g66_1 * sb3_2_0
                 + 0.4364357804719848 * g66_2 * sb3_3_0 + 0.1543033499620919 * g66_3 * sb3_4_0
                 - 0.48795003647426666 * g66_4 * sb3_5_0
             )
-            acc7_4 = acc7_4 + w66[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt66_0 * (
                 -0.24397501823713333 * g66_0 * sb3_0_0 + 0.3779644730092272 * g66_0 * sb3_2_0
                 + 0.29880715233359845 * g66_1 * sb3_1_0 + 0.3273268353539886 * g66_2 * sb3_4_0
                 + 0.1543033499620919 * g66_3 * sb3_3_0 + 0.29880715233359845 * g66_3 * sb3_5_0
                 + 0.3779644730092272 * g66_4 * sb3_4_0 - 0.24397501823713333 * g66_4 * sb3_6_0
             )
-            acc7_5 = acc7_5 + w66[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt66_0 * (
                 0.3857583749052298 * g66_1 * sb3_0_0 - 0.29880715233359845 * g66_1 * sb3_2_0
                 + 0.29880715233359845 * g66_3 * sb3_4_0 + 0.3857583749052298 * g66_3 * sb3_6_0
                 - 0.48795003647426666 * g66_4 * sb3_3_0
             )
-            acc7_6 = acc7_6 + w66[tile_b, tile_c, 0] * (
+            acc7_6 = acc7_6 + wt66_0 * (
                 0.24397501823713333 * g66_0 * sb3_2_0 - 0.3857583749052298 * g66_1 * sb3_1_0
                 - 0.545544725589981 * g66_2 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_5_0
                 - 0.24397501823713333 * g66_4 * sb3_4_0
             )
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            acc7_0 = acc7_0 + w67[tile_b, tile_c, 0] * (
+            wt67_0 = w67[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt67_0 * (
                 -0.408248290463863 * g67_1 * sb3_2_0 + 0.408248290463863 * g67_2 * sb3_1_0
                 + 0.408248290463863 * g67_3 * sb3_6_0 - 0.408248290463863 * g67_4 * sb3_5_0
                 + 0.408248290463863 * g67_5 * sb3_4_0 - 0.408248290463863 * g67_6 * sb3_3_0
             )
-            acc7_1 = acc7_1 + w67[tile_b, tile_c, 0] * (
+            acc7_1 = acc7_1 + wt67_0 * (
                 0.408248290463863 * g67_0 * sb3_2_0 - 0.408248290463863 * g67_2 * sb3_0_0
                 - 0.408248290463863 * g67_3 * sb3_5_0 - 0.408248290463863 * g67_4 * sb3_6_0
                 + 0.408248290463863 * g67_5 * sb3_3_0 + 0.408248290463863 * g67_6 * sb3_4_0
             )
-            acc7_2 = acc7_2 + w67[tile_b, tile_c, 0] * (
+            acc7_2 = acc7_2 + wt67_0 * (
                 -0.408248290463863 * g67_0 * sb3_1_0 + 0.408248290463863 * g67_1 * sb3_0_0
                 - 0.408248290463863 * g67_3 * sb3_4_0 + 0.408248290463863 * g67_4 * sb3_3_0
                 + 0.408248290463863 * g67_5 * sb3_6_0 - 0.408248290463863 * g67_6 * sb3_5_0
             )
-            acc7_3 = acc7_3 + w67[tile_b, tile_c, 0] * (
+            acc7_3 = acc7_3 + wt67_0 * (
                 -0.408248290463863 * g67_0 * sb3_6_0 + 0.408248290463863 * g67_1 * sb3_5_0
                 + 0.408248290463863 * g67_2 * sb3_4_0 - 0.408248290463863 * g67_4 * sb3_2_0
                 - 0.408248290463863 * g67_5 * sb3_1_0 + 0.408248290463863 * g67_6 * sb3_0_0
             )
-            acc7_4 = acc7_4 + w67[tile_b, tile_c, 0] * (
+            acc7_4 = acc7_4 + wt67_0 * (
                 0.408248290463863 * g67_0 * sb3_5_0 + 0.408248290463863 * g67_1 * sb3_6_0
                 - 0.408248290463863 * g67_2 * sb3_3_0 + 0.408248290463863 * g67_3 * sb3_2_0
                 - 0.408248290463863 * g67_5 * sb3_0_0 - 0.408248290463863 * g67_6 * sb3_1_0
             )
-            acc7_5 = acc7_5 + w67[tile_b, tile_c, 0] * (
+            acc7_5 = acc7_5 + wt67_0 * (
                 -0.408248290463863 * g67_0 * sb3_4_0 - 0.408248290463863 * g67_1 * sb3_3_0
                 - 0.408248290463863 * g67_2 * sb3_6_0 + 0.408248290463863 * g67_3 * sb3_1_0
                 + 0.408248290463863 * g67_4 * sb3_0_0 + 0.408248290463863 * g67_6 * sb3_2_0
             )
-            acc7_6 = acc7_6 + w67[tile_b, tile_c, 0] * (
+            acc7_6 = acc7_6 + wt67_0 * (
                 0.408248290463863 * g67_0 * sb3_3_0 - 0.408248290463863 * g67_1 * sb3_4_0
                 + 0.408248290463863 * g67_2 * sb3_5_0 - 0.408248290463863 * g67_3 * sb3_0_0
                 + 0.408248290463863 * g67_4 * sb3_1_0 - 0.408248290463863 * g67_5 * sb3_2_0
@@ -4299,259 +4435,283 @@ def tp_bwd_x2_0(
                 rg63_5 = g_63[tile_b, 5, tile_r]
                 rg63_6 = g_63[tile_b, 6, tile_r]
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                t = (1.0 * ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c]).sum(1)
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                t = (1.0 * ra1_0 * rg4_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg4_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
                 # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg8_0 + 0.9999999999999999 * ra2_1 * rg8_1
                     + 0.9999999999999999 * ra2_2 * rg8_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8).sum(1)
                 # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg17_0 + 0.9999999999999999 * ra3_1 * rg17_1
                     + 0.9999999999999999 * ra3_2 * rg17_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
                 # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
-                    1.0 * ra4_0 * rg26_0 + 1.0 * ra4_1 * rg26_1
-                    + 1.0 * ra4_2 * rg26_2 + 1.0 * ra4_3 * rg26_3
-                    + 1.0 * ra4_4 * rg26_4
+                    ra4_0 * rg26_0 + ra4_1 * rg26_1
+                    + ra4_2 * rg26_2 + ra4_3 * rg26_3
+                    + ra4_4 * rg26_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w26[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr26).sum(1)
                 # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+                wr37 = w37[tile_b, tile_r, tile_c]
                 t = (
-                    1.0 * ra5_0 * rg37_0 + 1.0 * ra5_1 * rg37_1
-                    + 1.0 * ra5_2 * rg37_2 + 1.0 * ra5_3 * rg37_3
-                    + 1.0 * ra5_4 * rg37_4
+                    ra5_0 * rg37_0 + ra5_1 * rg37_1
+                    + ra5_2 * rg37_2 + ra5_3 * rg37_3
+                    + ra5_4 * rg37_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w37[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr37).sum(1)
                 # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+                wr48 = w48[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra6_0 * rg48_0 + 1.0000000000000002 * ra6_1 * rg48_1
                     + 1.0000000000000002 * ra6_2 * rg48_2 + 1.0000000000000002 * ra6_3 * rg48_3
                     + 1.0000000000000002 * ra6_4 * rg48_4 + 1.0000000000000002 * ra6_5 * rg48_5
                     + 1.0000000000000002 * ra6_6 * rg48_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w48[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr48).sum(1)
                 # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+                wr58 = w58[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra7_0 * rg58_0 + 1.0000000000000002 * ra7_1 * rg58_1
                     + 1.0000000000000002 * ra7_2 * rg58_2 + 1.0000000000000002 * ra7_3 * rg58_3
                     + 1.0000000000000002 * ra7_4 * rg58_4 + 1.0000000000000002 * ra7_5 * rg58_5
                     + 1.0000000000000002 * ra7_6 * rg58_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w58[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr58).sum(1)
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg5_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg5_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg9_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
                 t = (0.5773502691896257 * ra2_1 * rg9_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
                 t = (0.5773502691896257 * ra2_2 * rg9_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
                 # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg10_1 - 0.7071067811865475 * ra2_1 * rg10_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr10).sum(1)
                 t = (-0.7071067811865475 * ra2_2 * rg10_0 + 0.7071067811865475 * ra2_0 * rg10_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr10).sum(1)
                 t = (0.7071067811865475 * ra2_1 * rg10_0 - 0.7071067811865475 * ra2_0 * rg10_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg11_0 + 0.7071067811865476 * ra2_1 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_2 - 0.7071067811865476 * ra2_0 * rg11_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr11).sum(1)
                 t = (
                     0.7071067811865476 * ra2_0 * rg11_1 + 0.816496580927726 * ra2_1 * rg11_2
                     + 0.7071067811865476 * ra2_2 * rg11_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr11).sum(1)
                 t = (
                     0.7071067811865476 * ra2_0 * rg11_0 - 0.408248290463863 * ra2_2 * rg11_2
                     + 0.7071067811865476 * ra2_1 * rg11_3 + 0.7071067811865476 * ra2_2 * rg11_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
                 # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg18_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w18[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr18).sum(1)
                 t = (0.5773502691896257 * ra3_1 * rg18_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w18[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr18).sum(1)
                 t = (0.5773502691896257 * ra3_2 * rg18_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w18[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr18).sum(1)
                 # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg19_1 - 0.7071067811865475 * ra3_1 * rg19_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
                 t = (-0.7071067811865475 * ra3_2 * rg19_0 + 0.7071067811865475 * ra3_0 * rg19_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr19).sum(1)
                 t = (0.7071067811865475 * ra3_1 * rg19_0 - 0.7071067811865475 * ra3_0 * rg19_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg20_0 + 0.7071067811865476 * ra3_1 * rg20_1
                     - 0.408248290463863 * ra3_0 * rg20_2 - 0.7071067811865476 * ra3_0 * rg20_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr20).sum(1)
                 t = (
                     0.7071067811865476 * ra3_0 * rg20_1 + 0.816496580927726 * ra3_1 * rg20_2
                     + 0.7071067811865476 * ra3_2 * rg20_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr20).sum(1)
                 t = (
                     0.7071067811865476 * ra3_0 * rg20_0 - 0.408248290463863 * ra3_2 * rg20_2
                     + 0.7071067811865476 * ra3_1 * rg20_3 + 0.7071067811865476 * ra3_2 * rg20_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
                 # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg27_0 - 0.5477225575051661 * ra4_4 * rg27_0
                     + 0.5477225575051661 * ra4_1 * rg27_1 + 0.5477225575051661 * ra4_0 * rg27_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr27).sum(1)
                 t = (
                     0.5477225575051661 * ra4_1 * rg27_0 + 0.6324555320336758 * ra4_2 * rg27_1
                     + 0.5477225575051661 * ra4_3 * rg27_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr27).sum(1)
                 t = (
                     0.5477225575051661 * ra4_0 * rg27_0 + 0.5477225575051661 * ra4_3 * rg27_1
                     - 0.3162277660168379 * ra4_2 * rg27_2 + 0.5477225575051661 * ra4_4 * rg27_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg28_0 + 0.408248290463863 * ra4_0 * rg28_1
                     + 0.7071067811865476 * ra4_3 * rg28_2 - 0.7071067811865476 * ra4_2 * rg28_3
                     + 0.408248290463863 * ra4_4 * rg28_3 - 0.408248290463863 * ra4_3 * rg28_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr28).sum(1)
                 t = (
                     -0.816496580927726 * ra4_4 * rg28_0 - 0.408248290463863 * ra4_3 * rg28_1
                     + 0.408248290463863 * ra4_1 * rg28_3 + 0.816496580927726 * ra4_0 * rg28_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr28).sum(1)
                 t = (
                     0.408248290463863 * ra4_3 * rg28_0 + 0.7071067811865476 * ra4_2 * rg28_1
                     + 0.408248290463863 * ra4_4 * rg28_1 - 0.7071067811865476 * ra4_1 * rg28_2
                     - 0.408248290463863 * ra4_0 * rg28_3 - 0.408248290463863 * ra4_1 * rg28_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
+                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra4_4 * rg29_0 + 0.5773502691896258 * ra4_3 * rg29_1
                     + 0.6324555320336759 * ra4_2 * rg29_2 + 0.18257418583505539 * ra4_4 * rg29_2
                     - 0.4472135954999579 * ra4_1 * rg29_3 - 0.18257418583505539 * ra4_0 * rg29_4
                     - 0.5773502691896258 * ra4_1 * rg29_5 - 0.7071067811865476 * ra4_0 * rg29_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     0.5773502691896258 * ra4_0 * rg29_1 + 0.7302967433402215 * ra4_1 * rg29_2
                     + 0.7745966692414835 * ra4_2 * rg29_3 + 0.7302967433402215 * ra4_3 * rg29_4
                     + 0.5773502691896258 * ra4_4 * rg29_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     0.7071067811865476 * ra4_0 * rg29_0 + 0.5773502691896258 * ra4_1 * rg29_1
                     - 0.18257418583505539 * ra4_0 * rg29_2 - 0.4472135954999579 * ra4_3 * rg29_3
                     + 0.6324555320336759 * ra4_2 * rg29_4 - 0.18257418583505539 * ra4_4 * rg29_4
                     + 0.5773502691896258 * ra4_3 * rg29_5 + 0.7071067811865476 * ra4_4 * rg29_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr29).sum(1)
                 # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+                wr38 = w38[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg38_0 - 0.5477225575051661 * ra5_4 * rg38_0
                     + 0.5477225575051661 * ra5_1 * rg38_1 + 0.5477225575051661 * ra5_0 * rg38_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w38[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr38).sum(1)
                 t = (
                     0.5477225575051661 * ra5_1 * rg38_0 + 0.6324555320336758 * ra5_2 * rg38_1
                     + 0.5477225575051661 * ra5_3 * rg38_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w38[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr38).sum(1)
                 t = (
                     0.5477225575051661 * ra5_0 * rg38_0 + 0.5477225575051661 * ra5_3 * rg38_1
                     - 0.3162277660168379 * ra5_2 * rg38_2 + 0.5477225575051661 * ra5_4 * rg38_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w38[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr38).sum(1)
                 # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+                wr39 = w39[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg39_0 + 0.408248290463863 * ra5_0 * rg39_1
                     + 0.7071067811865476 * ra5_3 * rg39_2 - 0.7071067811865476 * ra5_2 * rg39_3
                     + 0.408248290463863 * ra5_4 * rg39_3 - 0.408248290463863 * ra5_3 * rg39_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w39[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr39).sum(1)
                 t = (
                     -0.816496580927726 * ra5_4 * rg39_0 - 0.408248290463863 * ra5_3 * rg39_1
                     + 0.408248290463863 * ra5_1 * rg39_3 + 0.816496580927726 * ra5_0 * rg39_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w39[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr39).sum(1)
                 t = (
                     0.408248290463863 * ra5_3 * rg39_0 + 0.7071067811865476 * ra5_2 * rg39_1
                     + 0.408248290463863 * ra5_4 * rg39_1 - 0.7071067811865476 * ra5_1 * rg39_2
                     - 0.408248290463863 * ra5_0 * rg39_3 - 0.408248290463863 * ra5_1 * rg39_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w39[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr39).sum(1)
                 # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
+                wr40 = w40[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra5_4 * rg40_0 + 0.5773502691896258 * ra5_3 * rg40_1
                     + 0.6324555320336759 * ra5_2 * rg40_2 + 0.18257418583505539 * ra5_4 * rg40_2
                     - 0.4472135954999579 * ra5_1 * rg40_3 - 0.18257418583505539 * ra5_0 * rg40_4
                     - 0.5773502691896258 * ra5_1 * rg40_5 - 0.7071067811865476 * ra5_0 * rg40_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w40[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr40).sum(1)
                 t = (
                     0.5773502691896258 * ra5_0 * rg40_1 + 0.7302967433402215 * ra5_1 * rg40_2
                     + 0.7745966692414835 * ra5_2 * rg40_3 + 0.7302967433402215 * ra5_3 * rg40_4
                     + 0.5773502691896258 * ra5_4 * rg40_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w40[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr40).sum(1)
                 t = (
                     0.7071067811865476 * ra5_0 * rg40_0 + 0.5773502691896258 * ra5_1 * rg40_1
                     - 0.18257418583505539 * ra5_0 * rg40_2 - 0.4472135954999579 * ra5_3 * rg40_3
                     + 0.6324555320336759 * ra5_2 * rg40_4 - 0.18257418583505539 * ra5_4 * rg40_4
                     + 0.5773502691896258 * ra5_3 * rg40_5 + 0.7071067811865476 * ra5_4 * rg40_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w40[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr40).sum(1)
                 # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
+                wr49 = w49[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra6_4 * rg49_0 - 0.5976143046671969 * ra6_6 * rg49_0
                     - 0.3779644730092272 * ra6_3 * rg49_1 - 0.48795003647426666 * ra6_5 * rg49_1
                     + 0.5345224838248488 * ra6_2 * rg49_2 + 0.48795003647426666 * ra6_1 * rg49_3
                     + 0.5976143046671969 * ra6_0 * rg49_4 + 0.1543033499620919 * ra6_2 * rg49_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w49[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr49).sum(1)
                 t = (
                     0.48795003647426666 * ra6_1 * rg49_0 + 0.6172133998483676 * ra6_2 * rg49_1
                     + 0.6546536707079772 * ra6_3 * rg49_2 + 0.6172133998483676 * ra6_4 * rg49_3
                     + 0.48795003647426666 * ra6_5 * rg49_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w49[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr49).sum(1)
                 t = (
                     0.5976143046671969 * ra6_0 * rg49_0 - 0.1543033499620919 * ra6_2 * rg49_0
                     + 0.48795003647426666 * ra6_1 * rg49_1 + 0.5345224838248488 * ra6_4 * rg49_2
                     - 0.3779644730092272 * ra6_3 * rg49_3 + 0.48795003647426666 * ra6_5 * rg49_3
                     - 0.1543033499620919 * ra6_4 * rg49_4 + 0.5976143046671969 * ra6_6 * rg49_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w49[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr49).sum(1)
                 # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
+                wr50 = w50[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra6_1 * rg50_0 + 0.3535533905932738 * ra6_0 * rg50_1
                     - 0.45643546458763845 * ra6_2 * rg50_1 + 0.45643546458763845 * ra6_1 * rg50_2
@@ -4559,13 +4719,13 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra6_5 * rg50_4 - 0.45643546458763845 * ra6_4 * rg50_5
                     + 0.3535533905932738 * ra6_6 * rg50_5 - 0.3535533905932738 * ra6_5 * rg50_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w50[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr50).sum(1)
                 t = (
                     -0.8660254037844387 * ra6_6 * rg50_0 - 0.5773502691896258 * ra6_5 * rg50_1
                     - 0.2886751345948129 * ra6_4 * rg50_2 + 0.2886751345948129 * ra6_2 * rg50_4
                     + 0.5773502691896258 * ra6_1 * rg50_5 + 0.8660254037844387 * ra6_0 * rg50_6
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w50[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr50).sum(1)
                 t = (
                     0.3535533905932738 * ra6_5 * rg50_0 + 0.45643546458763845 * ra6_4 * rg50_1
                     + 0.3535533905932738 * ra6_6 * rg50_1 + 0.7071067811865476 * ra6_3 * rg50_2
@@ -4573,29 +4733,31 @@ def tp_bwd_x2_0(
                     - 0.45643546458763845 * ra6_1 * rg50_4 - 0.3535533905932738 * ra6_0 * rg50_5
                     - 0.45643546458763845 * ra6_2 * rg50_5 - 0.3535533905932738 * ra6_1 * rg50_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w50[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr50).sum(1)
                 # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
+                wr59 = w59[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra7_4 * rg59_0 - 0.5976143046671969 * ra7_6 * rg59_0
                     - 0.3779644730092272 * ra7_3 * rg59_1 - 0.48795003647426666 * ra7_5 * rg59_1
                     + 0.5345224838248488 * ra7_2 * rg59_2 + 0.48795003647426666 * ra7_1 * rg59_3
                     + 0.5976143046671969 * ra7_0 * rg59_4 + 0.1543033499620919 * ra7_2 * rg59_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w59[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr59).sum(1)
                 t = (
                     0.48795003647426666 * ra7_1 * rg59_0 + 0.6172133998483676 * ra7_2 * rg59_1
                     + 0.6546536707079772 * ra7_3 * rg59_2 + 0.6172133998483676 * ra7_4 * rg59_3
                     + 0.48795003647426666 * ra7_5 * rg59_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w59[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr59).sum(1)
                 t = (
                     0.5976143046671969 * ra7_0 * rg59_0 - 0.1543033499620919 * ra7_2 * rg59_0
                     + 0.48795003647426666 * ra7_1 * rg59_1 + 0.5345224838248488 * ra7_4 * rg59_2
                     - 0.3779644730092272 * ra7_3 * rg59_3 + 0.48795003647426666 * ra7_5 * rg59_3
                     - 0.1543033499620919 * ra7_4 * rg59_4 + 0.5976143046671969 * ra7_6 * rg59_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w59[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr59).sum(1)
                 # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
+                wr60 = w60[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra7_1 * rg60_0 + 0.3535533905932738 * ra7_0 * rg60_1
                     - 0.45643546458763845 * ra7_2 * rg60_1 + 0.45643546458763845 * ra7_1 * rg60_2
@@ -4603,13 +4765,13 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra7_5 * rg60_4 - 0.45643546458763845 * ra7_4 * rg60_5
                     + 0.3535533905932738 * ra7_6 * rg60_5 - 0.3535533905932738 * ra7_5 * rg60_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w60[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr60).sum(1)
                 t = (
                     -0.8660254037844387 * ra7_6 * rg60_0 - 0.5773502691896258 * ra7_5 * rg60_1
                     - 0.2886751345948129 * ra7_4 * rg60_2 + 0.2886751345948129 * ra7_2 * rg60_4
                     + 0.5773502691896258 * ra7_1 * rg60_5 + 0.8660254037844387 * ra7_0 * rg60_6
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w60[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr60).sum(1)
                 t = (
                     0.3535533905932738 * ra7_5 * rg60_0 + 0.45643546458763845 * ra7_4 * rg60_1
                     + 0.3535533905932738 * ra7_6 * rg60_1 + 0.7071067811865476 * ra7_3 * rg60_2
@@ -4617,411 +4779,430 @@ def tp_bwd_x2_0(
                     - 0.45643546458763845 * ra7_1 * rg60_4 - 0.3535533905932738 * ra7_0 * rg60_5
                     - 0.45643546458763845 * ra7_2 * rg60_5 - 0.3535533905932738 * ra7_1 * rg60_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w60[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr60).sum(1)
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-                t = (1.0 * ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
+                wr2 = w2[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg2_0)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_2)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_3)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_4)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-                t = (1.0 * ra1_0 * rg6_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg6_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg6_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg6_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg6_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                wr6 = w6[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg6_0)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
+                t = (ra1_0 * rg6_1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr6).sum(1)
+                t = (ra1_0 * rg6_2)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr6).sum(1)
+                t = (ra1_0 * rg6_3)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr6).sum(1)
+                t = (ra1_0 * rg6_4)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
                 # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr12).sum(1)
                 t = (0.5477225575051661 * ra2_1 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr12).sum(1)
                 t = (
                     -0.3162277660168379 * ra2_0 * rg12_0 + 0.6324555320336758 * ra2_1 * rg12_1
                     - 0.3162277660168379 * ra2_2 * rg12_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr12).sum(1)
                 t = (0.5477225575051661 * ra2_2 * rg12_1 + 0.5477225575051661 * ra2_1 * rg12_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr12).sum(1)
                 t = (-0.5477225575051661 * ra2_0 * rg12_0 + 0.5477225575051661 * ra2_2 * rg12_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr12).sum(1)
                 # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg13_1 + 0.408248290463863 * ra2_2 * rg13_3
                     - 0.816496580927726 * ra2_1 * rg13_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
                 t = (
                     0.408248290463863 * ra2_0 * rg13_0 + 0.7071067811865476 * ra2_2 * rg13_2
                     - 0.408248290463863 * ra2_1 * rg13_3 + 0.408248290463863 * ra2_2 * rg13_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr13).sum(1)
                 t = (-0.7071067811865476 * ra2_2 * rg13_1 + 0.7071067811865476 * ra2_0 * rg13_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr13).sum(1)
                 t = (
                     -0.408248290463863 * ra2_2 * rg13_0 + 0.408248290463863 * ra2_1 * rg13_1
                     - 0.7071067811865476 * ra2_0 * rg13_2 + 0.408248290463863 * ra2_0 * rg13_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr13).sum(1)
                 t = (
                     0.816496580927726 * ra2_1 * rg13_0 - 0.408248290463863 * ra2_2 * rg13_1
                     - 0.408248290463863 * ra2_0 * rg13_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg14_0 + 0.5773502691896258 * ra2_1 * rg14_1
                     - 0.18257418583505539 * ra2_2 * rg14_2 - 0.18257418583505539 * ra2_0 * rg14_4
                     - 0.7071067811865476 * ra2_0 * rg14_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr14).sum(1)
                 t = (
                     0.5773502691896258 * ra2_2 * rg14_1 + 0.7302967433402215 * ra2_1 * rg14_2
                     - 0.4472135954999579 * ra2_0 * rg14_3 - 0.5773502691896258 * ra2_0 * rg14_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr14).sum(1)
                 t = (
                     0.6324555320336759 * ra2_0 * rg14_2 + 0.7745966692414835 * ra2_1 * rg14_3
                     + 0.6324555320336759 * ra2_2 * rg14_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr14).sum(1)
                 t = (
                     0.5773502691896258 * ra2_0 * rg14_1 - 0.4472135954999579 * ra2_2 * rg14_3
                     + 0.7302967433402215 * ra2_1 * rg14_4 + 0.5773502691896258 * ra2_2 * rg14_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr14).sum(1)
                 t = (
                     0.7071067811865476 * ra2_0 * rg14_0 + 0.18257418583505539 * ra2_0 * rg14_2
                     - 0.18257418583505539 * ra2_2 * rg14_4 + 0.5773502691896258 * ra2_1 * rg14_5
                     + 0.7071067811865476 * ra2_2 * rg14_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
                 # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
                 t = (0.5477225575051661 * ra3_1 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr21).sum(1)
                 t = (
                     -0.3162277660168379 * ra3_0 * rg21_0 + 0.6324555320336758 * ra3_1 * rg21_1
                     - 0.3162277660168379 * ra3_2 * rg21_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr21).sum(1)
                 t = (0.5477225575051661 * ra3_2 * rg21_1 + 0.5477225575051661 * ra3_1 * rg21_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr21).sum(1)
                 t = (-0.5477225575051661 * ra3_0 * rg21_0 + 0.5477225575051661 * ra3_2 * rg21_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg22_1 + 0.408248290463863 * ra3_2 * rg22_3
                     - 0.816496580927726 * ra3_1 * rg22_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     0.408248290463863 * ra3_0 * rg22_0 + 0.7071067811865476 * ra3_2 * rg22_2
                     - 0.408248290463863 * ra3_1 * rg22_3 + 0.408248290463863 * ra3_2 * rg22_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr22).sum(1)
                 t = (-0.7071067811865476 * ra3_2 * rg22_1 + 0.7071067811865476 * ra3_0 * rg22_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     -0.408248290463863 * ra3_2 * rg22_0 + 0.408248290463863 * ra3_1 * rg22_1
                     - 0.7071067811865476 * ra3_0 * rg22_2 + 0.408248290463863 * ra3_0 * rg22_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     0.816496580927726 * ra3_1 * rg22_0 - 0.408248290463863 * ra3_2 * rg22_1
                     - 0.408248290463863 * ra3_0 * rg22_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg23_0 + 0.5773502691896258 * ra3_1 * rg23_1
                     - 0.18257418583505539 * ra3_2 * rg23_2 - 0.18257418583505539 * ra3_0 * rg23_4
                     - 0.7071067811865476 * ra3_0 * rg23_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.5773502691896258 * ra3_2 * rg23_1 + 0.7302967433402215 * ra3_1 * rg23_2
                     - 0.4472135954999579 * ra3_0 * rg23_3 - 0.5773502691896258 * ra3_0 * rg23_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.6324555320336759 * ra3_0 * rg23_2 + 0.7745966692414835 * ra3_1 * rg23_3
                     + 0.6324555320336759 * ra3_2 * rg23_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.5773502691896258 * ra3_0 * rg23_1 - 0.4472135954999579 * ra3_2 * rg23_3
                     + 0.7302967433402215 * ra3_1 * rg23_4 + 0.5773502691896258 * ra3_2 * rg23_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.7071067811865476 * ra3_0 * rg23_0 + 0.18257418583505539 * ra3_0 * rg23_2
                     - 0.18257418583505539 * ra3_2 * rg23_4 + 0.5773502691896258 * ra3_1 * rg23_5
                     + 0.7071067811865476 * ra3_2 * rg23_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
                 # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+                wr30 = w30[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg30_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w30[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr30).sum(1)
                 t = (0.4472135954999579 * ra4_1 * rg30_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w30[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr30).sum(1)
                 t = (0.4472135954999579 * ra4_2 * rg30_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * w30[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr30).sum(1)
                 t = (0.4472135954999579 * ra4_3 * rg30_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w30[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr30).sum(1)
                 t = (0.4472135954999579 * ra4_4 * rg30_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w30[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr30).sum(1)
                 # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+                wr31 = w31[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg31_0 + 0.6324555320336758 * ra4_4 * rg31_1
                     - 0.3162277660168379 * ra4_3 * rg31_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w31[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr31).sum(1)
                 t = (
                     -0.3162277660168379 * ra4_0 * rg31_0 + 0.3162277660168379 * ra4_3 * rg31_1
                     - 0.5477225575051661 * ra4_2 * rg31_2 - 0.3162277660168379 * ra4_4 * rg31_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w31[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr31).sum(1)
                 t = (-0.5477225575051661 * ra4_3 * rg31_0 + 0.5477225575051661 * ra4_1 * rg31_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w31[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr31).sum(1)
                 t = (
                     0.5477225575051661 * ra4_2 * rg31_0 - 0.3162277660168379 * ra4_4 * rg31_0
                     - 0.3162277660168379 * ra4_1 * rg31_1 + 0.3162277660168379 * ra4_0 * rg31_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w31[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr31).sum(1)
                 t = (
                     0.3162277660168379 * ra4_3 * rg31_0 - 0.6324555320336758 * ra4_0 * rg31_1
                     + 0.3162277660168379 * ra4_1 * rg31_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w31[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr31).sum(1)
                 # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+                wr32 = w32[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg32_0 + 0.4629100498862757 * ra4_3 * rg32_1
                     - 0.5345224838248488 * ra4_0 * rg32_2 + 0.4629100498862757 * ra4_1 * rg32_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w32[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr32).sum(1)
                 t = (
                     0.4629100498862757 * ra4_3 * rg32_0 + 0.2672612419124244 * ra4_2 * rg32_1
                     - 0.4629100498862757 * ra4_4 * rg32_1 + 0.2672612419124244 * ra4_1 * rg32_2
                     + 0.4629100498862757 * ra4_0 * rg32_3 - 0.4629100498862757 * ra4_1 * rg32_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w32[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr32).sum(1)
                 t = (
                     -0.5345224838248488 * ra4_0 * rg32_0 + 0.2672612419124244 * ra4_1 * rg32_1
                     + 0.5345224838248488 * ra4_2 * rg32_2 + 0.2672612419124244 * ra4_3 * rg32_3
                     - 0.5345224838248488 * ra4_4 * rg32_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w32[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr32).sum(1)
                 t = (
                     0.4629100498862757 * ra4_1 * rg32_0 + 0.4629100498862757 * ra4_0 * rg32_1
                     + 0.2672612419124244 * ra4_3 * rg32_2 + 0.2672612419124244 * ra4_2 * rg32_3
                     + 0.4629100498862757 * ra4_4 * rg32_3 + 0.4629100498862757 * ra4_3 * rg32_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w32[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr32).sum(1)
                 t = (
                     -0.4629100498862757 * ra4_1 * rg32_1 - 0.5345224838248488 * ra4_4 * rg32_2
                     + 0.4629100498862757 * ra4_3 * rg32_3 - 0.5345224838248488 * ra4_2 * rg32_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w32[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr32).sum(1)
                 # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
+                wr33 = w33[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra4_1 * rg33_0 - 0.38729833462074176 * ra4_1 * rg33_2
                     - 0.31622776601683794 * ra4_4 * rg33_3 + 0.38729833462074176 * ra4_3 * rg33_4
                     - 0.7071067811865476 * ra4_2 * rg33_5 - 0.5000000000000001 * ra4_3 * rg33_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w33[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr33).sum(1)
                 t = (
                     0.5000000000000001 * ra4_0 * rg33_0 + 0.38729833462074176 * ra4_0 * rg33_2
                     + 0.6324555320336759 * ra4_3 * rg33_3 - 0.4472135954999579 * ra4_2 * rg33_4
                     + 0.38729833462074176 * ra4_4 * rg33_4 + 0.5000000000000001 * ra4_4 * rg33_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w33[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr33).sum(1)
                 t = (
                     -0.7071067811865476 * ra4_4 * rg33_1 - 0.4472135954999579 * ra4_3 * rg33_2
                     + 0.4472135954999579 * ra4_1 * rg33_4 + 0.7071067811865476 * ra4_0 * rg33_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w33[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr33).sum(1)
                 t = (
                     -0.5000000000000001 * ra4_4 * rg33_0 + 0.4472135954999579 * ra4_2 * rg33_2
                     + 0.38729833462074176 * ra4_4 * rg33_2 - 0.6324555320336759 * ra4_1 * rg33_3
                     - 0.38729833462074176 * ra4_0 * rg33_4 + 0.5000000000000001 * ra4_0 * rg33_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w33[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr33).sum(1)
                 t = (
                     0.5000000000000001 * ra4_3 * rg33_0 + 0.7071067811865476 * ra4_2 * rg33_1
                     - 0.38729833462074176 * ra4_3 * rg33_2 + 0.31622776601683794 * ra4_0 * rg33_3
                     - 0.38729833462074176 * ra4_1 * rg33_4 - 0.5000000000000001 * ra4_1 * rg33_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w33[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr33).sum(1)
                 # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                wr41 = w41[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg41_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w41[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr41).sum(1)
                 t = (0.4472135954999579 * ra5_1 * rg41_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w41[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr41).sum(1)
                 t = (0.4472135954999579 * ra5_2 * rg41_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * w41[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr41).sum(1)
                 t = (0.4472135954999579 * ra5_3 * rg41_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w41[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr41).sum(1)
                 t = (0.4472135954999579 * ra5_4 * rg41_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w41[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr41).sum(1)
                 # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+                wr42 = w42[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg42_0 + 0.6324555320336758 * ra5_4 * rg42_1
                     - 0.3162277660168379 * ra5_3 * rg42_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w42[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr42).sum(1)
                 t = (
                     -0.3162277660168379 * ra5_0 * rg42_0 + 0.3162277660168379 * ra5_3 * rg42_1
                     - 0.5477225575051661 * ra5_2 * rg42_2 - 0.3162277660168379 * ra5_4 * rg42_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w42[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr42).sum(1)
                 t = (-0.5477225575051661 * ra5_3 * rg42_0 + 0.5477225575051661 * ra5_1 * rg42_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w42[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr42).sum(1)
                 t = (
                     0.5477225575051661 * ra5_2 * rg42_0 - 0.3162277660168379 * ra5_4 * rg42_0
                     - 0.3162277660168379 * ra5_1 * rg42_1 + 0.3162277660168379 * ra5_0 * rg42_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w42[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr42).sum(1)
                 t = (
                     0.3162277660168379 * ra5_3 * rg42_0 - 0.6324555320336758 * ra5_0 * rg42_1
                     + 0.3162277660168379 * ra5_1 * rg42_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w42[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr42).sum(1)
                 # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+                wr43 = w43[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg43_0 + 0.4629100498862757 * ra5_3 * rg43_1
                     - 0.5345224838248488 * ra5_0 * rg43_2 + 0.4629100498862757 * ra5_1 * rg43_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w43[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr43).sum(1)
                 t = (
                     0.4629100498862757 * ra5_3 * rg43_0 + 0.2672612419124244 * ra5_2 * rg43_1
                     - 0.4629100498862757 * ra5_4 * rg43_1 + 0.2672612419124244 * ra5_1 * rg43_2
                     + 0.4629100498862757 * ra5_0 * rg43_3 - 0.4629100498862757 * ra5_1 * rg43_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w43[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr43).sum(1)
                 t = (
                     -0.5345224838248488 * ra5_0 * rg43_0 + 0.2672612419124244 * ra5_1 * rg43_1
                     + 0.5345224838248488 * ra5_2 * rg43_2 + 0.2672612419124244 * ra5_3 * rg43_3
                     - 0.5345224838248488 * ra5_4 * rg43_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w43[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr43).sum(1)
                 t = (
                     0.4629100498862757 * ra5_1 * rg43_0 + 0.4629100498862757 * ra5_0 * rg43_1
                     + 0.2672612419124244 * ra5_3 * rg43_2 + 0.2672612419124244 * ra5_2 * rg43_3
                     + 0.4629100498862757 * ra5_4 * rg43_3 + 0.4629100498862757 * ra5_3 * rg43_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w43[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr43).sum(1)
                 t = (
                     -0.4629100498862757 * ra5_1 * rg43_1 - 0.5345224838248488 * ra5_4 * rg43_2
                     + 0.4629100498862757 * ra5_3 * rg43_3 - 0.5345224838248488 * ra5_2 * rg43_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w43[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr43).sum(1)
                 # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
+                wr44 = w44[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra5_1 * rg44_0 - 0.38729833462074176 * ra5_1 * rg44_2
                     - 0.31622776601683794 * ra5_4 * rg44_3 + 0.38729833462074176 * ra5_3 * rg44_4
                     - 0.7071067811865476 * ra5_2 * rg44_5 - 0.5000000000000001 * ra5_3 * rg44_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w44[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr44).sum(1)
                 t = (
                     0.5000000000000001 * ra5_0 * rg44_0 + 0.38729833462074176 * ra5_0 * rg44_2
                     + 0.6324555320336759 * ra5_3 * rg44_3 - 0.4472135954999579 * ra5_2 * rg44_4
                     + 0.38729833462074176 * ra5_4 * rg44_4 + 0.5000000000000001 * ra5_4 * rg44_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w44[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr44).sum(1)
                 t = (
                     -0.7071067811865476 * ra5_4 * rg44_1 - 0.4472135954999579 * ra5_3 * rg44_2
                     + 0.4472135954999579 * ra5_1 * rg44_4 + 0.7071067811865476 * ra5_0 * rg44_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w44[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr44).sum(1)
                 t = (
                     -0.5000000000000001 * ra5_4 * rg44_0 + 0.4472135954999579 * ra5_2 * rg44_2
                     + 0.38729833462074176 * ra5_4 * rg44_2 - 0.6324555320336759 * ra5_1 * rg44_3
                     - 0.38729833462074176 * ra5_0 * rg44_4 + 0.5000000000000001 * ra5_0 * rg44_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w44[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr44).sum(1)
                 t = (
                     0.5000000000000001 * ra5_3 * rg44_0 + 0.7071067811865476 * ra5_2 * rg44_1
                     - 0.38729833462074176 * ra5_3 * rg44_2 + 0.31622776601683794 * ra5_0 * rg44_3
                     - 0.38729833462074176 * ra5_1 * rg44_4 - 0.5000000000000001 * ra5_1 * rg44_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w44[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr44).sum(1)
                 # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
+                wr51 = w51[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra6_4 * rg51_0 - 0.4629100498862757 * ra6_6 * rg51_0
                     + 0.3779644730092272 * ra6_1 * rg51_1 + 0.4629100498862757 * ra6_0 * rg51_2
                     - 0.11952286093343936 * ra6_2 * rg51_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w51[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr51).sum(1)
                 t = (
                     -0.2927700218845599 * ra6_3 * rg51_0 - 0.3779644730092272 * ra6_5 * rg51_0
                     + 0.47809144373375745 * ra6_2 * rg51_1 + 0.3779644730092272 * ra6_1 * rg51_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w51[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr51).sum(1)
                 t = (
                     0.4140393356054125 * ra6_2 * rg51_0 + 0.50709255283711 * ra6_3 * rg51_1
                     + 0.4140393356054125 * ra6_4 * rg51_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w51[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr51).sum(1)
                 t = (
                     0.3779644730092272 * ra6_1 * rg51_0 + 0.47809144373375745 * ra6_4 * rg51_1
                     - 0.2927700218845599 * ra6_3 * rg51_2 + 0.3779644730092272 * ra6_5 * rg51_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w51[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr51).sum(1)
                 t = (
                     0.4629100498862757 * ra6_0 * rg51_0 + 0.11952286093343936 * ra6_2 * rg51_0
                     + 0.3779644730092272 * ra6_5 * rg51_1 - 0.11952286093343936 * ra6_4 * rg51_2
                     + 0.4629100498862757 * ra6_6 * rg51_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w51[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr51).sum(1)
                 # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
+                wr52 = w52[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra6_0 * rg52_1 + 0.3273268353539886 * ra6_2 * rg52_1
                     + 0.5976143046671969 * ra6_5 * rg52_2 - 0.3273268353539886 * ra6_4 * rg52_3
                     + 0.42257712736425834 * ra6_6 * rg52_3 + 0.2672612419124244 * ra6_3 * rg52_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w52[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr52).sum(1)
                 t = (
                     -0.42257712736425834 * ra6_0 * rg52_0 - 0.3273268353539886 * ra6_2 * rg52_0
                     + 0.3779644730092272 * ra6_4 * rg52_2 - 0.5345224838248488 * ra6_3 * rg52_3
                     - 0.3273268353539886 * ra6_4 * rg52_4 - 0.42257712736425834 * ra6_6 * rg52_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w52[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr52).sum(1)
                 t = (
                     -0.5976143046671969 * ra6_5 * rg52_0 - 0.3779644730092272 * ra6_4 * rg52_1
                     + 0.3779644730092272 * ra6_2 * rg52_3 + 0.5976143046671969 * ra6_1 * rg52_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w52[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr52).sum(1)
                 t = (
                     0.3273268353539886 * ra6_4 * rg52_0 - 0.42257712736425834 * ra6_6 * rg52_0
                     + 0.5345224838248488 * ra6_3 * rg52_1 - 0.3779644730092272 * ra6_2 * rg52_2
                     + 0.42257712736425834 * ra6_0 * rg52_4 - 0.3273268353539886 * ra6_2 * rg52_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w52[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr52).sum(1)
                 t = (
                     -0.2672612419124244 * ra6_3 * rg52_0 + 0.3273268353539886 * ra6_4 * rg52_1
                     + 0.42257712736425834 * ra6_6 * rg52_1 - 0.5976143046671969 * ra6_1 * rg52_2
                     - 0.42257712736425834 * ra6_0 * rg52_3 + 0.3273268353539886 * ra6_2 * rg52_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w52[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr52).sum(1)
                 # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
+                wr53 = w53[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra6_4 * rg53_0 - 0.5773502691896258 * ra6_3 * rg53_1
                     + 0.4472135954999579 * ra6_4 * rg53_2 + 0.2886751345948129 * ra6_6 * rg53_2
                     - 0.5773502691896258 * ra6_1 * rg53_3 - 0.2886751345948129 * ra6_0 * rg53_4
                     + 0.4472135954999579 * ra6_2 * rg53_4 + 0.2886751345948129 * ra6_2 * rg53_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w53[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr53).sum(1)
                 t = (
                     0.45643546458763845 * ra6_5 * rg53_0 + 0.3535533905932738 * ra6_4 * rg53_1
                     - 0.45643546458763845 * ra6_6 * rg53_1 + 0.18257418583505539 * ra6_3 * rg53_2
@@ -5029,13 +5210,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra6_1 * rg53_4 + 0.45643546458763845 * ra6_0 * rg53_5
                     - 0.3535533905932738 * ra6_2 * rg53_5 - 0.45643546458763845 * ra6_1 * rg53_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w53[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr53).sum(1)
                 t = (
                     -0.6454972243679029 * ra6_0 * rg53_0 + 0.38729833462074176 * ra6_2 * rg53_2
                     + 0.5163977794943223 * ra6_3 * rg53_3 + 0.38729833462074176 * ra6_4 * rg53_4
                     - 0.6454972243679029 * ra6_6 * rg53_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w53[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr53).sum(1)
                 t = (
                     0.45643546458763845 * ra6_1 * rg53_0 + 0.45643546458763845 * ra6_0 * rg53_1
                     + 0.3535533905932738 * ra6_2 * rg53_1 + 0.3535533905932738 * ra6_1 * rg53_2
@@ -5043,80 +5224,83 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra6_5 * rg53_4 + 0.3535533905932738 * ra6_4 * rg53_5
                     + 0.45643546458763845 * ra6_6 * rg53_5 + 0.45643546458763845 * ra6_5 * rg53_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w53[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr53).sum(1)
                 t = (
                     -0.2886751345948129 * ra6_2 * rg53_0 - 0.2886751345948129 * ra6_0 * rg53_2
                     - 0.4472135954999579 * ra6_2 * rg53_2 - 0.5773502691896258 * ra6_5 * rg53_3
                     + 0.4472135954999579 * ra6_4 * rg53_4 - 0.2886751345948129 * ra6_6 * rg53_4
                     - 0.5773502691896258 * ra6_3 * rg53_5 - 0.2886751345948129 * ra6_4 * rg53_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w53[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr53).sum(1)
                 # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
+                wr61 = w61[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra7_4 * rg61_0 - 0.4629100498862757 * ra7_6 * rg61_0
                     + 0.3779644730092272 * ra7_1 * rg61_1 + 0.4629100498862757 * ra7_0 * rg61_2
                     - 0.11952286093343936 * ra7_2 * rg61_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w61[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr61).sum(1)
                 t = (
                     -0.2927700218845599 * ra7_3 * rg61_0 - 0.3779644730092272 * ra7_5 * rg61_0
                     + 0.47809144373375745 * ra7_2 * rg61_1 + 0.3779644730092272 * ra7_1 * rg61_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w61[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr61).sum(1)
                 t = (
                     0.4140393356054125 * ra7_2 * rg61_0 + 0.50709255283711 * ra7_3 * rg61_1
                     + 0.4140393356054125 * ra7_4 * rg61_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w61[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr61).sum(1)
                 t = (
                     0.3779644730092272 * ra7_1 * rg61_0 + 0.47809144373375745 * ra7_4 * rg61_1
                     - 0.2927700218845599 * ra7_3 * rg61_2 + 0.3779644730092272 * ra7_5 * rg61_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w61[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr61).sum(1)
                 t = (
                     0.4629100498862757 * ra7_0 * rg61_0 + 0.11952286093343936 * ra7_2 * rg61_0
                     + 0.3779644730092272 * ra7_5 * rg61_1 - 0.11952286093343936 * ra7_4 * rg61_2
                     + 0.4629100498862757 * ra7_6 * rg61_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w61[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr61).sum(1)
                 # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
+                wr62 = w62[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra7_0 * rg62_1 + 0.3273268353539886 * ra7_2 * rg62_1
                     + 0.5976143046671969 * ra7_5 * rg62_2 - 0.3273268353539886 * ra7_4 * rg62_3
                     + 0.42257712736425834 * ra7_6 * rg62_3 + 0.2672612419124244 * ra7_3 * rg62_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w62[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr62).sum(1)
                 t = (
                     -0.42257712736425834 * ra7_0 * rg62_0 - 0.3273268353539886 * ra7_2 * rg62_0
                     + 0.3779644730092272 * ra7_4 * rg62_2 - 0.5345224838248488 * ra7_3 * rg62_3
                     - 0.3273268353539886 * ra7_4 * rg62_4 - 0.42257712736425834 * ra7_6 * rg62_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w62[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr62).sum(1)
                 t = (
                     -0.5976143046671969 * ra7_5 * rg62_0 - 0.3779644730092272 * ra7_4 * rg62_1
                     + 0.3779644730092272 * ra7_2 * rg62_3 + 0.5976143046671969 * ra7_1 * rg62_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w62[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr62).sum(1)
                 t = (
                     0.3273268353539886 * ra7_4 * rg62_0 - 0.42257712736425834 * ra7_6 * rg62_0
                     + 0.5345224838248488 * ra7_3 * rg62_1 - 0.3779644730092272 * ra7_2 * rg62_2
                     + 0.42257712736425834 * ra7_0 * rg62_4 - 0.3273268353539886 * ra7_2 * rg62_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w62[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr62).sum(1)
                 t = (
                     -0.2672612419124244 * ra7_3 * rg62_0 + 0.3273268353539886 * ra7_4 * rg62_1
                     + 0.42257712736425834 * ra7_6 * rg62_1 - 0.5976143046671969 * ra7_1 * rg62_2
                     - 0.42257712736425834 * ra7_0 * rg62_3 + 0.3273268353539886 * ra7_2 * rg62_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w62[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr62).sum(1)
                 # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
+                wr63 = w63[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra7_4 * rg63_0 - 0.5773502691896258 * ra7_3 * rg63_1
                     + 0.4472135954999579 * ra7_4 * rg63_2 + 0.2886751345948129 * ra7_6 * rg63_2
                     - 0.5773502691896258 * ra7_1 * rg63_3 - 0.2886751345948129 * ra7_0 * rg63_4
                     + 0.4472135954999579 * ra7_2 * rg63_4 + 0.2886751345948129 * ra7_2 * rg63_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w63[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr63).sum(1)
                 t = (
                     0.45643546458763845 * ra7_5 * rg63_0 + 0.3535533905932738 * ra7_4 * rg63_1
                     - 0.45643546458763845 * ra7_6 * rg63_1 + 0.18257418583505539 * ra7_3 * rg63_2
@@ -5124,13 +5308,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra7_1 * rg63_4 + 0.45643546458763845 * ra7_0 * rg63_5
                     - 0.3535533905932738 * ra7_2 * rg63_5 - 0.45643546458763845 * ra7_1 * rg63_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w63[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr63).sum(1)
                 t = (
                     -0.6454972243679029 * ra7_0 * rg63_0 + 0.38729833462074176 * ra7_2 * rg63_2
                     + 0.5163977794943223 * ra7_3 * rg63_3 + 0.38729833462074176 * ra7_4 * rg63_4
                     - 0.6454972243679029 * ra7_6 * rg63_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w63[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr63).sum(1)
                 t = (
                     0.45643546458763845 * ra7_1 * rg63_0 + 0.45643546458763845 * ra7_0 * rg63_1
                     + 0.3535533905932738 * ra7_2 * rg63_1 + 0.3535533905932738 * ra7_1 * rg63_2
@@ -5138,14 +5322,14 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra7_5 * rg63_4 + 0.3535533905932738 * ra7_4 * rg63_5
                     + 0.45643546458763845 * ra7_6 * rg63_5 + 0.45643546458763845 * ra7_5 * rg63_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w63[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr63).sum(1)
                 t = (
                     -0.2886751345948129 * ra7_2 * rg63_0 - 0.2886751345948129 * ra7_0 * rg63_2
                     - 0.4472135954999579 * ra7_2 * rg63_2 - 0.5773502691896258 * ra7_5 * rg63_3
                     + 0.4472135954999579 * ra7_4 * rg63_4 - 0.2886751345948129 * ra7_6 * rg63_4
                     - 0.5773502691896258 * ra7_3 * rg63_5 - 0.2886751345948129 * ra7_4 * rg63_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w63[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr63).sum(1)
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -5358,655 +5542,675 @@ def tp_bwd_x2_1(
                 rg67_5 = g_67[tile_b, 5, tile_r]
                 rg67_6 = g_67[tile_b, 6, tile_r]
                 # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
                 # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
+                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra1_0 * rg7_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr7).sum(1)
                 t = (1.0000000000000002 * ra1_0 * rg7_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr7).sum(1)
                 # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra2_2 * rg15_0 + 0.5976143046671969 * ra2_0 * rg15_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     0.48795003647426666 * ra2_1 * rg15_0 + 0.48795003647426666 * ra2_2 * rg15_1
                     + 0.48795003647426666 * ra2_0 * rg15_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     -0.1543033499620919 * ra2_2 * rg15_0 + 0.6172133998483676 * ra2_1 * rg15_1
                     + 0.5345224838248488 * ra2_0 * rg15_2 + 0.1543033499620919 * ra2_0 * rg15_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     -0.3779644730092272 * ra2_0 * rg15_1 + 0.6546536707079772 * ra2_1 * rg15_2
                     - 0.3779644730092272 * ra2_2 * rg15_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     -0.1543033499620919 * ra2_0 * rg15_0 + 0.5345224838248488 * ra2_2 * rg15_2
                     + 0.6172133998483676 * ra2_1 * rg15_3 - 0.1543033499620919 * ra2_2 * rg15_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     -0.48795003647426666 * ra2_0 * rg15_1 + 0.48795003647426666 * ra2_2 * rg15_3
                     + 0.48795003647426666 * ra2_1 * rg15_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr15).sum(1)
                 t = (-0.5976143046671969 * ra2_0 * rg15_0 + 0.5976143046671969 * ra2_2 * rg15_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
+                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra2_0 * rg16_1 + 0.3535533905932738 * ra2_2 * rg16_5
                     - 0.8660254037844387 * ra2_1 * rg16_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     0.3535533905932738 * ra2_0 * rg16_0 - 0.45643546458763845 * ra2_0 * rg16_2
                     + 0.45643546458763845 * ra2_2 * rg16_4 - 0.5773502691896258 * ra2_1 * rg16_5
                     + 0.3535533905932738 * ra2_2 * rg16_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     0.45643546458763845 * ra2_0 * rg16_1 + 0.7071067811865476 * ra2_2 * rg16_3
                     - 0.2886751345948129 * ra2_1 * rg16_4 + 0.45643546458763845 * ra2_2 * rg16_5
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr16).sum(1)
                 t = (-0.7071067811865476 * ra2_2 * rg16_2 + 0.7071067811865476 * ra2_0 * rg16_4)
-                acc3_3 = acc3_3 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     -0.45643546458763845 * ra2_2 * rg16_1 + 0.2886751345948129 * ra2_1 * rg16_2
                     - 0.7071067811865476 * ra2_0 * rg16_3 + 0.45643546458763845 * ra2_0 * rg16_5
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     -0.3535533905932738 * ra2_2 * rg16_0 + 0.5773502691896258 * ra2_1 * rg16_1
                     - 0.45643546458763845 * ra2_2 * rg16_2 - 0.45643546458763845 * ra2_0 * rg16_4
                     + 0.3535533905932738 * ra2_0 * rg16_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     0.8660254037844387 * ra2_1 * rg16_0 - 0.3535533905932738 * ra2_2 * rg16_1
                     - 0.3535533905932738 * ra2_0 * rg16_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
                 # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
+                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra3_2 * rg24_0 + 0.5976143046671969 * ra3_0 * rg24_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr24).sum(1)
                 t = (
                     0.48795003647426666 * ra3_1 * rg24_0 + 0.48795003647426666 * ra3_2 * rg24_1
                     + 0.48795003647426666 * ra3_0 * rg24_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr24).sum(1)
                 t = (
                     -0.1543033499620919 * ra3_2 * rg24_0 + 0.6172133998483676 * ra3_1 * rg24_1
                     + 0.5345224838248488 * ra3_0 * rg24_2 + 0.1543033499620919 * ra3_0 * rg24_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr24).sum(1)
                 t = (
                     -0.3779644730092272 * ra3_0 * rg24_1 + 0.6546536707079772 * ra3_1 * rg24_2
                     - 0.3779644730092272 * ra3_2 * rg24_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr24).sum(1)
                 t = (
                     -0.1543033499620919 * ra3_0 * rg24_0 + 0.5345224838248488 * ra3_2 * rg24_2
                     + 0.6172133998483676 * ra3_1 * rg24_3 - 0.1543033499620919 * ra3_2 * rg24_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr24).sum(1)
                 t = (
                     -0.48795003647426666 * ra3_0 * rg24_1 + 0.48795003647426666 * ra3_2 * rg24_3
                     + 0.48795003647426666 * ra3_1 * rg24_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr24).sum(1)
                 t = (-0.5976143046671969 * ra3_0 * rg24_0 + 0.5976143046671969 * ra3_2 * rg24_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr24).sum(1)
                 # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
+                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra3_0 * rg25_1 + 0.3535533905932738 * ra3_2 * rg25_5
                     - 0.8660254037844387 * ra3_1 * rg25_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     0.3535533905932738 * ra3_0 * rg25_0 - 0.45643546458763845 * ra3_0 * rg25_2
                     + 0.45643546458763845 * ra3_2 * rg25_4 - 0.5773502691896258 * ra3_1 * rg25_5
                     + 0.3535533905932738 * ra3_2 * rg25_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     0.45643546458763845 * ra3_0 * rg25_1 + 0.7071067811865476 * ra3_2 * rg25_3
                     - 0.2886751345948129 * ra3_1 * rg25_4 + 0.45643546458763845 * ra3_2 * rg25_5
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr25).sum(1)
                 t = (-0.7071067811865476 * ra3_2 * rg25_2 + 0.7071067811865476 * ra3_0 * rg25_4)
-                acc3_3 = acc3_3 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     -0.45643546458763845 * ra3_2 * rg25_1 + 0.2886751345948129 * ra3_1 * rg25_2
                     - 0.7071067811865476 * ra3_0 * rg25_3 + 0.45643546458763845 * ra3_0 * rg25_5
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     -0.3535533905932738 * ra3_2 * rg25_0 + 0.5773502691896258 * ra3_1 * rg25_1
                     - 0.45643546458763845 * ra3_2 * rg25_2 - 0.45643546458763845 * ra3_0 * rg25_4
                     + 0.3535533905932738 * ra3_0 * rg25_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     0.8660254037844387 * ra3_1 * rg25_0 - 0.3535533905932738 * ra3_2 * rg25_1
                     - 0.3535533905932738 * ra3_0 * rg25_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr25).sum(1)
                 # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
+                wr34 = w34[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra4_4 * rg34_0 + 0.4629100498862757 * ra4_0 * rg34_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr34).sum(1)
                 t = (
                     0.3779644730092272 * ra4_3 * rg34_0 + 0.3779644730092272 * ra4_0 * rg34_1
                     + 0.3779644730092272 * ra4_1 * rg34_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr34).sum(1)
                 t = (
                     0.4140393356054125 * ra4_2 * rg34_0 + 0.11952286093343936 * ra4_4 * rg34_0
                     + 0.47809144373375745 * ra4_1 * rg34_1 - 0.11952286093343936 * ra4_0 * rg34_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr34).sum(1)
                 t = (
                     -0.2927700218845599 * ra4_1 * rg34_0 + 0.50709255283711 * ra4_2 * rg34_1
                     - 0.2927700218845599 * ra4_3 * rg34_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr34).sum(1)
                 t = (
                     -0.11952286093343936 * ra4_0 * rg34_0 + 0.47809144373375745 * ra4_3 * rg34_1
                     + 0.4140393356054125 * ra4_2 * rg34_2 - 0.11952286093343936 * ra4_4 * rg34_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr34).sum(1)
                 t = (
                     -0.3779644730092272 * ra4_1 * rg34_0 + 0.3779644730092272 * ra4_4 * rg34_1
                     + 0.3779644730092272 * ra4_3 * rg34_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr34).sum(1)
                 t = (-0.4629100498862757 * ra4_0 * rg34_0 + 0.4629100498862757 * ra4_4 * rg34_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * w34[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr34).sum(1)
                 # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
+                wr35 = w35[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra4_1 * rg35_0 - 0.42257712736425834 * ra4_0 * rg35_1
                     + 0.42257712736425834 * ra4_4 * rg35_3 - 0.42257712736425834 * ra4_3 * rg35_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr35).sum(1)
                 t = (0.5976143046671969 * ra4_4 * rg35_2 - 0.5976143046671969 * ra4_2 * rg35_4)
-                acc3_1 = acc3_1 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr35).sum(1)
                 t = (
                     0.3273268353539886 * ra4_1 * rg35_0 - 0.3273268353539886 * ra4_0 * rg35_1
                     + 0.3779644730092272 * ra4_3 * rg35_2 - 0.3779644730092272 * ra4_2 * rg35_3
                     - 0.3273268353539886 * ra4_4 * rg35_3 + 0.3273268353539886 * ra4_3 * rg35_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr35).sum(1)
                 t = (
                     0.2672612419124244 * ra4_4 * rg35_0 - 0.5345224838248488 * ra4_3 * rg35_1
                     + 0.5345224838248488 * ra4_1 * rg35_3 - 0.2672612419124244 * ra4_0 * rg35_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr35).sum(1)
                 t = (
                     -0.3273268353539886 * ra4_3 * rg35_0 + 0.3779644730092272 * ra4_2 * rg35_1
                     - 0.3273268353539886 * ra4_4 * rg35_1 - 0.3779644730092272 * ra4_1 * rg35_2
                     + 0.3273268353539886 * ra4_0 * rg35_3 + 0.3273268353539886 * ra4_1 * rg35_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr35).sum(1)
                 t = (0.5976143046671969 * ra4_2 * rg35_0 - 0.5976143046671969 * ra4_0 * rg35_2)
-                acc3_5 = acc3_5 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr35).sum(1)
                 t = (
                     0.42257712736425834 * ra4_3 * rg35_0 - 0.42257712736425834 * ra4_4 * rg35_1
                     - 0.42257712736425834 * ra4_0 * rg35_3 + 0.42257712736425834 * ra4_1 * rg35_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w35[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr35).sum(1)
                 # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
+                wr36 = w36[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra4_2 * rg36_0 + 0.45643546458763845 * ra4_3 * rg36_1
                     - 0.2886751345948129 * ra4_4 * rg36_2 - 0.2886751345948129 * ra4_0 * rg36_4
                     + 0.45643546458763845 * ra4_1 * rg36_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     0.45643546458763845 * ra4_3 * rg36_0 + 0.3535533905932738 * ra4_3 * rg36_2
                     - 0.5773502691896258 * ra4_0 * rg36_3 + 0.3535533905932738 * ra4_1 * rg36_4
                     - 0.45643546458763845 * ra4_1 * rg36_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     -0.2886751345948129 * ra4_4 * rg36_0 + 0.3535533905932738 * ra4_3 * rg36_1
                     + 0.38729833462074176 * ra4_2 * rg36_2 - 0.4472135954999579 * ra4_4 * rg36_2
                     + 0.18257418583505539 * ra4_1 * rg36_3 + 0.4472135954999579 * ra4_0 * rg36_4
                     - 0.3535533905932738 * ra4_1 * rg36_5 + 0.2886751345948129 * ra4_0 * rg36_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     -0.5773502691896258 * ra4_0 * rg36_1 + 0.18257418583505539 * ra4_1 * rg36_2
                     + 0.5163977794943223 * ra4_2 * rg36_3 + 0.18257418583505539 * ra4_3 * rg36_4
                     - 0.5773502691896258 * ra4_4 * rg36_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     -0.2886751345948129 * ra4_0 * rg36_0 + 0.3535533905932738 * ra4_1 * rg36_1
                     + 0.4472135954999579 * ra4_0 * rg36_2 + 0.18257418583505539 * ra4_3 * rg36_3
                     + 0.38729833462074176 * ra4_2 * rg36_4 + 0.4472135954999579 * ra4_4 * rg36_4
                     + 0.3535533905932738 * ra4_3 * rg36_5 - 0.2886751345948129 * ra4_4 * rg36_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     0.45643546458763845 * ra4_1 * rg36_0 - 0.3535533905932738 * ra4_1 * rg36_2
                     - 0.5773502691896258 * ra4_4 * rg36_3 + 0.3535533905932738 * ra4_3 * rg36_4
                     + 0.45643546458763845 * ra4_3 * rg36_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr36).sum(1)
                 t = (
                     -0.45643546458763845 * ra4_1 * rg36_1 + 0.2886751345948129 * ra4_0 * rg36_2
                     - 0.2886751345948129 * ra4_4 * rg36_4 + 0.45643546458763845 * ra4_3 * rg36_5
                     - 0.6454972243679029 * ra4_2 * rg36_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w36[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr36).sum(1)
                 # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+                wr45 = w45[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra5_4 * rg45_0 + 0.4629100498862757 * ra5_0 * rg45_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr45).sum(1)
                 t = (
                     0.3779644730092272 * ra5_3 * rg45_0 + 0.3779644730092272 * ra5_0 * rg45_1
                     + 0.3779644730092272 * ra5_1 * rg45_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr45).sum(1)
                 t = (
                     0.4140393356054125 * ra5_2 * rg45_0 + 0.11952286093343936 * ra5_4 * rg45_0
                     + 0.47809144373375745 * ra5_1 * rg45_1 - 0.11952286093343936 * ra5_0 * rg45_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr45).sum(1)
                 t = (
                     -0.2927700218845599 * ra5_1 * rg45_0 + 0.50709255283711 * ra5_2 * rg45_1
                     - 0.2927700218845599 * ra5_3 * rg45_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr45).sum(1)
                 t = (
                     -0.11952286093343936 * ra5_0 * rg45_0 + 0.47809144373375745 * ra5_3 * rg45_1
                     + 0.4140393356054125 * ra5_2 * rg45_2 - 0.11952286093343936 * ra5_4 * rg45_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr45).sum(1)
                 t = (
                     -0.3779644730092272 * ra5_1 * rg45_0 + 0.3779644730092272 * ra5_4 * rg45_1
                     + 0.3779644730092272 * ra5_3 * rg45_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr45).sum(1)
                 t = (-0.4629100498862757 * ra5_0 * rg45_0 + 0.4629100498862757 * ra5_4 * rg45_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * w45[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr45).sum(1)
                 # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
+                wr46 = w46[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra5_1 * rg46_0 - 0.42257712736425834 * ra5_0 * rg46_1
                     + 0.42257712736425834 * ra5_4 * rg46_3 - 0.42257712736425834 * ra5_3 * rg46_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr46).sum(1)
                 t = (0.5976143046671969 * ra5_4 * rg46_2 - 0.5976143046671969 * ra5_2 * rg46_4)
-                acc3_1 = acc3_1 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr46).sum(1)
                 t = (
                     0.3273268353539886 * ra5_1 * rg46_0 - 0.3273268353539886 * ra5_0 * rg46_1
                     + 0.3779644730092272 * ra5_3 * rg46_2 - 0.3779644730092272 * ra5_2 * rg46_3
                     - 0.3273268353539886 * ra5_4 * rg46_3 + 0.3273268353539886 * ra5_3 * rg46_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr46).sum(1)
                 t = (
                     0.2672612419124244 * ra5_4 * rg46_0 - 0.5345224838248488 * ra5_3 * rg46_1
                     + 0.5345224838248488 * ra5_1 * rg46_3 - 0.2672612419124244 * ra5_0 * rg46_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr46).sum(1)
                 t = (
                     -0.3273268353539886 * ra5_3 * rg46_0 + 0.3779644730092272 * ra5_2 * rg46_1
                     - 0.3273268353539886 * ra5_4 * rg46_1 - 0.3779644730092272 * ra5_1 * rg46_2
                     + 0.3273268353539886 * ra5_0 * rg46_3 + 0.3273268353539886 * ra5_1 * rg46_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr46).sum(1)
                 t = (0.5976143046671969 * ra5_2 * rg46_0 - 0.5976143046671969 * ra5_0 * rg46_2)
-                acc3_5 = acc3_5 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr46).sum(1)
                 t = (
                     0.42257712736425834 * ra5_3 * rg46_0 - 0.42257712736425834 * ra5_4 * rg46_1
                     - 0.42257712736425834 * ra5_0 * rg46_3 + 0.42257712736425834 * ra5_1 * rg46_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w46[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr46).sum(1)
                 # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
+                wr47 = w47[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra5_2 * rg47_0 + 0.45643546458763845 * ra5_3 * rg47_1
                     - 0.2886751345948129 * ra5_4 * rg47_2 - 0.2886751345948129 * ra5_0 * rg47_4
                     + 0.45643546458763845 * ra5_1 * rg47_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     0.45643546458763845 * ra5_3 * rg47_0 + 0.3535533905932738 * ra5_3 * rg47_2
                     - 0.5773502691896258 * ra5_0 * rg47_3 + 0.3535533905932738 * ra5_1 * rg47_4
                     - 0.45643546458763845 * ra5_1 * rg47_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     -0.2886751345948129 * ra5_4 * rg47_0 + 0.3535533905932738 * ra5_3 * rg47_1
                     + 0.38729833462074176 * ra5_2 * rg47_2 - 0.4472135954999579 * ra5_4 * rg47_2
                     + 0.18257418583505539 * ra5_1 * rg47_3 + 0.4472135954999579 * ra5_0 * rg47_4
                     - 0.3535533905932738 * ra5_1 * rg47_5 + 0.2886751345948129 * ra5_0 * rg47_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     -0.5773502691896258 * ra5_0 * rg47_1 + 0.18257418583505539 * ra5_1 * rg47_2
                     + 0.5163977794943223 * ra5_2 * rg47_3 + 0.18257418583505539 * ra5_3 * rg47_4
                     - 0.5773502691896258 * ra5_4 * rg47_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     -0.2886751345948129 * ra5_0 * rg47_0 + 0.3535533905932738 * ra5_1 * rg47_1
                     + 0.4472135954999579 * ra5_0 * rg47_2 + 0.18257418583505539 * ra5_3 * rg47_3
                     + 0.38729833462074176 * ra5_2 * rg47_4 + 0.4472135954999579 * ra5_4 * rg47_4
                     + 0.3535533905932738 * ra5_3 * rg47_5 - 0.2886751345948129 * ra5_4 * rg47_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     0.45643546458763845 * ra5_1 * rg47_0 - 0.3535533905932738 * ra5_1 * rg47_2
                     - 0.5773502691896258 * ra5_4 * rg47_3 + 0.3535533905932738 * ra5_3 * rg47_4
                     + 0.45643546458763845 * ra5_3 * rg47_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr47).sum(1)
                 t = (
                     -0.45643546458763845 * ra5_1 * rg47_1 + 0.2886751345948129 * ra5_0 * rg47_2
                     - 0.2886751345948129 * ra5_4 * rg47_4 + 0.45643546458763845 * ra5_3 * rg47_5
                     - 0.6454972243679029 * ra5_2 * rg47_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w47[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr47).sum(1)
                 # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+                wr54 = w54[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra6_0 * rg54_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_1 * rg54_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_2 * rg54_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_3 * rg54_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_4 * rg54_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_5 * rg54_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr54).sum(1)
                 t = (0.37796447300922725 * ra6_6 * rg54_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * w54[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr54).sum(1)
                 # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
+                wr55 = w55[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra6_1 * rg55_0 + 0.5669467095138409 * ra6_6 * rg55_1
                     - 0.23145502494313785 * ra6_5 * rg55_2
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr55).sum(1)
                 t = (
                     -0.23145502494313785 * ra6_0 * rg55_0 + 0.2988071523335984 * ra6_2 * rg55_0
                     + 0.3779644730092272 * ra6_5 * rg55_1 - 0.2988071523335984 * ra6_4 * rg55_2
                     - 0.23145502494313785 * ra6_6 * rg55_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr55).sum(1)
                 t = (
                     -0.2988071523335984 * ra6_1 * rg55_0 + 0.1889822365046136 * ra6_4 * rg55_1
                     - 0.4629100498862757 * ra6_3 * rg55_2 - 0.2988071523335984 * ra6_5 * rg55_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr55).sum(1)
                 t = (-0.4629100498862757 * ra6_4 * rg55_0 + 0.4629100498862757 * ra6_2 * rg55_2)
-                acc3_3 = acc3_3 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr55).sum(1)
                 t = (
                     0.4629100498862757 * ra6_3 * rg55_0 - 0.2988071523335984 * ra6_5 * rg55_0
                     - 0.1889822365046136 * ra6_2 * rg55_1 + 0.2988071523335984 * ra6_1 * rg55_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr55).sum(1)
                 t = (
                     0.2988071523335984 * ra6_4 * rg55_0 - 0.23145502494313785 * ra6_6 * rg55_0
                     - 0.3779644730092272 * ra6_1 * rg55_1 + 0.23145502494313785 * ra6_0 * rg55_2
                     + 0.2988071523335984 * ra6_2 * rg55_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr55).sum(1)
                 t = (
                     0.23145502494313785 * ra6_5 * rg55_0 - 0.5669467095138409 * ra6_0 * rg55_1
                     + 0.23145502494313785 * ra6_1 * rg55_2
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w55[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr55).sum(1)
                 # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
+                wr56 = w56[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra6_4 * rg56_0 + 0.3857583749052298 * ra6_5 * rg56_1
                     - 0.545544725589981 * ra6_0 * rg56_2 + 0.3857583749052298 * ra6_1 * rg56_3
                     - 0.24397501823713333 * ra6_2 * rg56_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     -0.48795003647426666 * ra6_3 * rg56_0 + 0.29880715233359845 * ra6_4 * rg56_1
                     - 0.3857583749052298 * ra6_6 * rg56_1 + 0.3857583749052298 * ra6_0 * rg56_3
                     + 0.29880715233359845 * ra6_2 * rg56_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     0.3779644730092272 * ra6_4 * rg56_0 + 0.24397501823713333 * ra6_6 * rg56_0
                     + 0.1543033499620919 * ra6_3 * rg56_1 - 0.29880715233359845 * ra6_5 * rg56_1
                     + 0.3273268353539886 * ra6_2 * rg56_2 + 0.29880715233359845 * ra6_1 * rg56_3
                     - 0.24397501823713333 * ra6_0 * rg56_4 - 0.3779644730092272 * ra6_2 * rg56_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     -0.48795003647426666 * ra6_1 * rg56_0 + 0.1543033499620919 * ra6_2 * rg56_1
                     + 0.4364357804719848 * ra6_3 * rg56_2 + 0.1543033499620919 * ra6_4 * rg56_3
                     - 0.48795003647426666 * ra6_5 * rg56_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     -0.24397501823713333 * ra6_0 * rg56_0 + 0.3779644730092272 * ra6_2 * rg56_0
                     + 0.29880715233359845 * ra6_1 * rg56_1 + 0.3273268353539886 * ra6_4 * rg56_2
                     + 0.1543033499620919 * ra6_3 * rg56_3 + 0.29880715233359845 * ra6_5 * rg56_3
                     + 0.3779644730092272 * ra6_4 * rg56_4 - 0.24397501823713333 * ra6_6 * rg56_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     0.3857583749052298 * ra6_0 * rg56_1 - 0.29880715233359845 * ra6_2 * rg56_1
                     + 0.29880715233359845 * ra6_4 * rg56_3 + 0.3857583749052298 * ra6_6 * rg56_3
                     - 0.48795003647426666 * ra6_3 * rg56_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr56).sum(1)
                 t = (
                     0.24397501823713333 * ra6_2 * rg56_0 - 0.3857583749052298 * ra6_1 * rg56_1
                     - 0.545544725589981 * ra6_6 * rg56_2 + 0.3857583749052298 * ra6_5 * rg56_3
                     - 0.24397501823713333 * ra6_4 * rg56_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w56[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr56).sum(1)
                 # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
+                wr57 = w57[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra6_2 * rg57_1 - 0.408248290463863 * ra6_1 * rg57_2
                     - 0.408248290463863 * ra6_6 * rg57_3 + 0.408248290463863 * ra6_5 * rg57_4
                     - 0.408248290463863 * ra6_4 * rg57_5 + 0.408248290463863 * ra6_3 * rg57_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     -0.408248290463863 * ra6_2 * rg57_0 + 0.408248290463863 * ra6_0 * rg57_2
                     + 0.408248290463863 * ra6_5 * rg57_3 + 0.408248290463863 * ra6_6 * rg57_4
                     - 0.408248290463863 * ra6_3 * rg57_5 - 0.408248290463863 * ra6_4 * rg57_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     0.408248290463863 * ra6_1 * rg57_0 - 0.408248290463863 * ra6_0 * rg57_1
                     + 0.408248290463863 * ra6_4 * rg57_3 - 0.408248290463863 * ra6_3 * rg57_4
                     - 0.408248290463863 * ra6_6 * rg57_5 + 0.408248290463863 * ra6_5 * rg57_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     0.408248290463863 * ra6_6 * rg57_0 - 0.408248290463863 * ra6_5 * rg57_1
                     - 0.408248290463863 * ra6_4 * rg57_2 + 0.408248290463863 * ra6_2 * rg57_4
                     + 0.408248290463863 * ra6_1 * rg57_5 - 0.408248290463863 * ra6_0 * rg57_6
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     -0.408248290463863 * ra6_5 * rg57_0 - 0.408248290463863 * ra6_6 * rg57_1
                     + 0.408248290463863 * ra6_3 * rg57_2 - 0.408248290463863 * ra6_2 * rg57_3
                     + 0.408248290463863 * ra6_0 * rg57_5 + 0.408248290463863 * ra6_1 * rg57_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     0.408248290463863 * ra6_4 * rg57_0 + 0.408248290463863 * ra6_3 * rg57_1
                     + 0.408248290463863 * ra6_6 * rg57_2 - 0.408248290463863 * ra6_1 * rg57_3
                     - 0.408248290463863 * ra6_0 * rg57_4 - 0.408248290463863 * ra6_2 * rg57_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr57).sum(1)
                 t = (
                     -0.408248290463863 * ra6_3 * rg57_0 + 0.408248290463863 * ra6_4 * rg57_1
                     - 0.408248290463863 * ra6_5 * rg57_2 + 0.408248290463863 * ra6_0 * rg57_3
                     - 0.408248290463863 * ra6_1 * rg57_4 + 0.408248290463863 * ra6_2 * rg57_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w57[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr57).sum(1)
                 # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
+                wr64 = w64[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra7_0 * rg64_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_1 * rg64_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_2 * rg64_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_3 * rg64_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_4 * rg64_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_5 * rg64_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr64).sum(1)
                 t = (0.37796447300922725 * ra7_6 * rg64_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * w64[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr64).sum(1)
                 # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
+                wr65 = w65[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra7_1 * rg65_0 + 0.5669467095138409 * ra7_6 * rg65_1
                     - 0.23145502494313785 * ra7_5 * rg65_2
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr65).sum(1)
                 t = (
                     -0.23145502494313785 * ra7_0 * rg65_0 + 0.2988071523335984 * ra7_2 * rg65_0
                     + 0.3779644730092272 * ra7_5 * rg65_1 - 0.2988071523335984 * ra7_4 * rg65_2
                     - 0.23145502494313785 * ra7_6 * rg65_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr65).sum(1)
                 t = (
                     -0.2988071523335984 * ra7_1 * rg65_0 + 0.1889822365046136 * ra7_4 * rg65_1
                     - 0.4629100498862757 * ra7_3 * rg65_2 - 0.2988071523335984 * ra7_5 * rg65_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr65).sum(1)
                 t = (-0.4629100498862757 * ra7_4 * rg65_0 + 0.4629100498862757 * ra7_2 * rg65_2)
-                acc3_3 = acc3_3 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr65).sum(1)
                 t = (
                     0.4629100498862757 * ra7_3 * rg65_0 - 0.2988071523335984 * ra7_5 * rg65_0
                     - 0.1889822365046136 * ra7_2 * rg65_1 + 0.2988071523335984 * ra7_1 * rg65_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr65).sum(1)
                 t = (
                     0.2988071523335984 * ra7_4 * rg65_0 - 0.23145502494313785 * ra7_6 * rg65_0
                     - 0.3779644730092272 * ra7_1 * rg65_1 + 0.23145502494313785 * ra7_0 * rg65_2
                     + 0.2988071523335984 * ra7_2 * rg65_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr65).sum(1)
                 t = (
                     0.23145502494313785 * ra7_5 * rg65_0 - 0.5669467095138409 * ra7_0 * rg65_1
                     + 0.23145502494313785 * ra7_1 * rg65_2
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w65[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr65).sum(1)
                 # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
+                wr66 = w66[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra7_4 * rg66_0 + 0.3857583749052298 * ra7_5 * rg66_1
                     - 0.545544725589981 * ra7_0 * rg66_2 + 0.3857583749052298 * ra7_1 * rg66_3
                     - 0.24397501823713333 * ra7_2 * rg66_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     -0.48795003647426666 * ra7_3 * rg66_0 + 0.29880715233359845 * ra7_4 * rg66_1
                     - 0.3857583749052298 * ra7_6 * rg66_1 + 0.3857583749052298 * ra7_0 * rg66_3
                     + 0.29880715233359845 * ra7_2 * rg66_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     0.3779644730092272 * ra7_4 * rg66_0 + 0.24397501823713333 * ra7_6 * rg66_0
                     + 0.1543033499620919 * ra7_3 * rg66_1 - 0.29880715233359845 * ra7_5 * rg66_1
                     + 0.3273268353539886 * ra7_2 * rg66_2 + 0.29880715233359845 * ra7_1 * rg66_3
                     - 0.24397501823713333 * ra7_0 * rg66_4 - 0.3779644730092272 * ra7_2 * rg66_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     -0.48795003647426666 * ra7_1 * rg66_0 + 0.1543033499620919 * ra7_2 * rg66_1
                     + 0.4364357804719848 * ra7_3 * rg66_2 + 0.1543033499620919 * ra7_4 * rg66_3
                     - 0.48795003647426666 * ra7_5 * rg66_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     -0.24397501823713333 * ra7_0 * rg66_0 + 0.3779644730092272 * ra7_2 * rg66_0
                     + 0.29880715233359845 * ra7_1 * rg66_1 + 0.3273268353539886 * ra7_4 * rg66_2
                     + 0.1543033499620919 * ra7_3 * rg66_3 + 0.29880715233359845 * ra7_5 * rg66_3
                     + 0.3779644730092272 * ra7_4 * rg66_4 - 0.24397501823713333 * ra7_6 * rg66_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     0.3857583749052298 * ra7_0 * rg66_1 - 0.29880715233359845 * ra7_2 * rg66_1
                     + 0.29880715233359845 * ra7_4 * rg66_3 + 0.3857583749052298 * ra7_6 * rg66_3
                     - 0.48795003647426666 * ra7_3 * rg66_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr66).sum(1)
                 t = (
                     0.24397501823713333 * ra7_2 * rg66_0 - 0.3857583749052298 * ra7_1 * rg66_1
                     - 0.545544725589981 * ra7_6 * rg66_2 + 0.3857583749052298 * ra7_5 * rg66_3
                     - 0.24397501823713333 * ra7_4 * rg66_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w66[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr66).sum(1)
                 # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
+                wr67 = w67[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra7_2 * rg67_1 - 0.408248290463863 * ra7_1 * rg67_2
                     - 0.408248290463863 * ra7_6 * rg67_3 + 0.408248290463863 * ra7_5 * rg67_4
                     - 0.408248290463863 * ra7_4 * rg67_5 + 0.408248290463863 * ra7_3 * rg67_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_0 = acc3_0 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     -0.408248290463863 * ra7_2 * rg67_0 + 0.408248290463863 * ra7_0 * rg67_2
                     + 0.408248290463863 * ra7_5 * rg67_3 + 0.408248290463863 * ra7_6 * rg67_4
                     - 0.408248290463863 * ra7_3 * rg67_5 - 0.408248290463863 * ra7_4 * rg67_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_1 = acc3_1 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     0.408248290463863 * ra7_1 * rg67_0 - 0.408248290463863 * ra7_0 * rg67_1
                     + 0.408248290463863 * ra7_4 * rg67_3 - 0.408248290463863 * ra7_3 * rg67_4
                     - 0.408248290463863 * ra7_6 * rg67_5 + 0.408248290463863 * ra7_5 * rg67_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_2 = acc3_2 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     0.408248290463863 * ra7_6 * rg67_0 - 0.408248290463863 * ra7_5 * rg67_1
                     - 0.408248290463863 * ra7_4 * rg67_2 + 0.408248290463863 * ra7_2 * rg67_4
                     + 0.408248290463863 * ra7_1 * rg67_5 - 0.408248290463863 * ra7_0 * rg67_6
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_3 = acc3_3 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     -0.408248290463863 * ra7_5 * rg67_0 - 0.408248290463863 * ra7_6 * rg67_1
                     + 0.408248290463863 * ra7_3 * rg67_2 - 0.408248290463863 * ra7_2 * rg67_3
                     + 0.408248290463863 * ra7_0 * rg67_5 + 0.408248290463863 * ra7_1 * rg67_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_4 = acc3_4 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     0.408248290463863 * ra7_4 * rg67_0 + 0.408248290463863 * ra7_3 * rg67_1
                     + 0.408248290463863 * ra7_6 * rg67_2 - 0.408248290463863 * ra7_1 * rg67_3
                     - 0.408248290463863 * ra7_0 * rg67_4 - 0.408248290463863 * ra7_2 * rg67_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_5 = acc3_5 + (t[:, :, None] * wr67).sum(1)
                 t = (
                     -0.408248290463863 * ra7_3 * rg67_0 + 0.408248290463863 * ra7_4 * rg67_1
                     - 0.408248290463863 * ra7_5 * rg67_2 + 0.408248290463863 * ra7_0 * rg67_3
                     - 0.408248290463863 * ra7_1 * rg67_4 + 0.408248290463863 * ra7_2 * rg67_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * w67[tile_b, tile_r, tile_c]).sum(1)
+                acc3_6 = acc3_6 + (t[:, :, None] * wr67).sum(1)
             gx2_3[tile_b, 0, tile_c] = acc3_0
             gx2_3[tile_b, 1, tile_c] = acc3_1
             gx2_3[tile_b, 2, tile_c] = acc3_2
@@ -6357,7 +6561,7 @@ def tp_bwd_w_0(
             g44_5 = g_44[tile_b, 5, tile_c]
             g44_6 = g_44[tile_b, 6, tile_c]
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (1.0 * a0_0 * sb0_0_0)
+            q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
@@ -6365,11 +6569,11 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (1.0 * a0_0 * sb2_0_0)
-            q1 = (1.0 * a0_0 * sb2_1_0)
-            q2 = (1.0 * a0_0 * sb2_2_0)
-            q3 = (1.0 * a0_0 * sb2_3_0)
-            q4 = (1.0 * a0_0 * sb2_4_0)
+            q0 = (a0_0 * sb2_0_0)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
@@ -6386,7 +6590,7 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            q0 = (1.0 * a1_0 * sb0_0_0)
+            q0 = (a1_0 * sb0_0_0)
             gw4[tile_b, tile_c, 0] = (q0 * g4_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
@@ -6394,11 +6598,11 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            q0 = (1.0 * a1_0 * sb2_0_0)
-            q1 = (1.0 * a1_0 * sb2_1_0)
-            q2 = (1.0 * a1_0 * sb2_2_0)
-            q3 = (1.0 * a1_0 * sb2_3_0)
-            q4 = (1.0 * a1_0 * sb2_4_0)
+            q0 = (a1_0 * sb2_0_0)
+            q1 = (a1_0 * sb2_1_0)
+            q2 = (a1_0 * sb2_2_0)
+            q3 = (a1_0 * sb2_3_0)
+            q4 = (a1_0 * sb2_4_0)
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a1_0 * sb3_0_0)
@@ -6707,11 +6911,11 @@ def tp_bwd_w_0(
                 + q6 * g25_6
             )
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            q0 = (1.0 * a4_0 * sb0_0_0)
-            q1 = (1.0 * a4_1 * sb0_0_0)
-            q2 = (1.0 * a4_2 * sb0_0_0)
-            q3 = (1.0 * a4_3 * sb0_0_0)
-            q4 = (1.0 * a4_4 * sb0_0_0)
+            q0 = (a4_0 * sb0_0_0)
+            q1 = (a4_1 * sb0_0_0)
+            q2 = (a4_2 * sb0_0_0)
+            q3 = (a4_3 * sb0_0_0)
+            q4 = (a4_4 * sb0_0_0)
             gw26[tile_b, tile_c, 0] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
@@ -6944,11 +7148,11 @@ def tp_bwd_w_0(
                 + q6 * g36_6
             )
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            q0 = (1.0 * a5_0 * sb0_0_0)
-            q1 = (1.0 * a5_1 * sb0_0_0)
-            q2 = (1.0 * a5_2 * sb0_0_0)
-            q3 = (1.0 * a5_3 * sb0_0_0)
-            q4 = (1.0 * a5_4 * sb0_0_0)
+            q0 = (a5_0 * sb0_0_0)
+            q1 = (a5_1 * sb0_0_0)
+            q2 = (a5_2 * sb0_0_0)
+            q3 = (a5_3 * sb0_0_0)
+            q4 = (a5_4 * sb0_0_0)
             gw37[tile_b, tile_c, 0] = (q0 * g37_0 + q1 * g37_1 + q2 * g37_2 + q3 * g37_3 + q4 * g37_4)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (

@@ -134,16 +134,18 @@ def tp_fwd_0(
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * a0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_2_0)
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
             out_1[tile_b, 0, tile_c] = acc1_0
             out_1[tile_b, 1, tile_c] = acc1_1
             out_1[tile_b, 2, tile_c] = acc1_2
@@ -154,11 +156,12 @@ def tp_fwd_0(
             acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            acc2_0 = acc2_0 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + w2[tile_b, tile_c, 0] * (1.0 * a0_0 * sb2_4_0)
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
             out_2[tile_b, 0, tile_c] = acc2_0
             out_2[tile_b, 1, tile_c] = acc2_1
             out_2[tile_b, 2, tile_c] = acc2_2
@@ -167,16 +170,18 @@ def tp_fwd_0(
             # g block 3: 64x0e (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            acc3_0 = acc3_0 + w3[tile_b, tile_c, 0] * (1.0 * a1_0 * sb0_0_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             # g block 4: 64x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            acc4_0 = acc4_0 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc4_1 = acc4_1 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc4_2 = acc4_2 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_2_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
             out_4[tile_b, 0, tile_c] = acc4_0
             out_4[tile_b, 1, tile_c] = acc4_1
             out_4[tile_b, 2, tile_c] = acc4_2
@@ -187,11 +192,12 @@ def tp_fwd_0(
             acc5_3 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            acc5_0 = acc5_0 + w5[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_0_0)
-            acc5_1 = acc5_1 + w5[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_1_0)
-            acc5_2 = acc5_2 + w5[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_2_0)
-            acc5_3 = acc5_3 + w5[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_3_0)
-            acc5_4 = acc5_4 + w5[tile_b, tile_c, 0] * (1.0 * a1_0 * sb2_4_0)
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
+            acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
+            acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
+            acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
+            acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
             out_5[tile_b, 0, tile_c] = acc5_0
             out_5[tile_b, 1, tile_c] = acc5_1
             out_5[tile_b, 2, tile_c] = acc5_2
@@ -202,16 +208,18 @@ def tp_fwd_0(
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            acc6_0 = acc6_0 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc6_1 = acc6_1 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc6_2 = acc6_2 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * a2_2 * sb0_0_0)
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+            acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+            acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             out_6[tile_b, 0, tile_c] = acc6_0
             out_6[tile_b, 1, tile_c] = acc6_1
             out_6[tile_b, 2, tile_c] = acc6_2
             # g block 7: 64x0e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            acc7_0 = acc7_0 + w7[tile_b, tile_c, 0] * (
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt7_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
@@ -221,9 +229,10 @@ def tp_fwd_0(
             acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            acc8_0 = acc8_0 + w8[tile_b, tile_c, 0] * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc8_1 = acc8_1 + w8[tile_b, tile_c, 0] * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc8_2 = acc8_2 + w8[tile_b, tile_c, 0] * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
             out_8[tile_b, 0, tile_c] = acc8_0
             out_8[tile_b, 1, tile_c] = acc8_1
             out_8[tile_b, 2, tile_c] = acc8_2
@@ -234,14 +243,15 @@ def tp_fwd_0(
             acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            acc9_0 = acc9_0 + w9[tile_b, tile_c, 0] * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            acc9_1 = acc9_1 + w9[tile_b, tile_c, 0] * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            acc9_2 = acc9_2 + w9[tile_b, tile_c, 0] * (
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+            acc9_2 = acc9_2 + wt9_0 * (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
                 - 0.408248290463863 * a2_2 * sb1_2_0
             )
-            acc9_3 = acc9_3 + w9[tile_b, tile_c, 0] * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            acc9_4 = acc9_4 + w9[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+            acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+            acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
             out_9[tile_b, 0, tile_c] = acc9_0
             out_9[tile_b, 1, tile_c] = acc9_1
             out_9[tile_b, 2, tile_c] = acc9_2
@@ -252,15 +262,16 @@ def tp_fwd_0(
             acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            acc10_0 = acc10_0 + w10[tile_b, tile_c, 0] * (
+            wt10_0 = w10[tile_b, tile_c, 0]
+            acc10_0 = acc10_0 + wt10_0 * (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
-            acc10_1 = acc10_1 + w10[tile_b, tile_c, 0] * (
+            acc10_1 = acc10_1 + wt10_0 * (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
             )
-            acc10_2 = acc10_2 + w10[tile_b, tile_c, 0] * (
+            acc10_2 = acc10_2 + wt10_0 * (
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
@@ -274,20 +285,21 @@ def tp_fwd_0(
             acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            acc11_0 = acc11_0 + w11[tile_b, tile_c, 0] * (
+            wt11_0 = w11[tile_b, tile_c, 0]
+            acc11_0 = acc11_0 + wt11_0 * (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
-            acc11_1 = acc11_1 + w11[tile_b, tile_c, 0] * (
+            acc11_1 = acc11_1 + wt11_0 * (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
             )
-            acc11_2 = acc11_2 + w11[tile_b, tile_c, 0] * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            acc11_3 = acc11_3 + w11[tile_b, tile_c, 0] * (
+            acc11_2 = acc11_2 + wt11_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+            acc11_3 = acc11_3 + wt11_0 * (
                 0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
                 - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
             )
-            acc11_4 = acc11_4 + w11[tile_b, tile_c, 0] * (
+            acc11_4 = acc11_4 + wt11_0 * (
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
@@ -301,16 +313,18 @@ def tp_fwd_0(
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            acc12_0 = acc12_0 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc12_1 = acc12_1 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc12_2 = acc12_2 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * a3_2 * sb0_0_0)
+            wt12_0 = w12[tile_b, tile_c, 0]
+            acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+            acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+            acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             out_12[tile_b, 0, tile_c] = acc12_0
             out_12[tile_b, 1, tile_c] = acc12_1
             out_12[tile_b, 2, tile_c] = acc12_2
             # g block 13: 64x0o (1 path)
             acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            acc13_0 = acc13_0 + w13[tile_b, tile_c, 0] * (
+            wt13_0 = w13[tile_b, tile_c, 0]
+            acc13_0 = acc13_0 + wt13_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
@@ -320,9 +334,10 @@ def tp_fwd_0(
             acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            acc14_0 = acc14_0 + w14[tile_b, tile_c, 0] * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc14_1 = acc14_1 + w14[tile_b, tile_c, 0] * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc14_2 = acc14_2 + w14[tile_b, tile_c, 0] * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            wt14_0 = w14[tile_b, tile_c, 0]
+            acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+            acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             out_14[tile_b, 0, tile_c] = acc14_0
             out_14[tile_b, 1, tile_c] = acc14_1
             out_14[tile_b, 2, tile_c] = acc14_2
@@ -333,14 +348,15 @@ def tp_fwd_0(
             acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            acc15_0 = acc15_0 + w15[tile_b, tile_c, 0] * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            acc15_1 = acc15_1 + w15[tile_b, tile_c, 0] * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            acc15_2 = acc15_2 + w15[tile_b, tile_c, 0] * (
+            wt15_0 = w15[tile_b, tile_c, 0]
+            acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+            acc15_2 = acc15_2 + wt15_0 * (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
                 - 0.408248290463863 * a3_2 * sb1_2_0
             )
-            acc15_3 = acc15_3 + w15[tile_b, tile_c, 0] * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            acc15_4 = acc15_4 + w15[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+            acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+            acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
             out_15[tile_b, 0, tile_c] = acc15_0
             out_15[tile_b, 1, tile_c] = acc15_1
             out_15[tile_b, 2, tile_c] = acc15_2
@@ -351,15 +367,16 @@ def tp_fwd_0(
             acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            acc16_0 = acc16_0 + w16[tile_b, tile_c, 0] * (
+            wt16_0 = w16[tile_b, tile_c, 0]
+            acc16_0 = acc16_0 + wt16_0 * (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
-            acc16_1 = acc16_1 + w16[tile_b, tile_c, 0] * (
+            acc16_1 = acc16_1 + wt16_0 * (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
             )
-            acc16_2 = acc16_2 + w16[tile_b, tile_c, 0] * (
+            acc16_2 = acc16_2 + wt16_0 * (
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
@@ -373,20 +390,21 @@ def tp_fwd_0(
             acc17_3 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             acc17_4 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            acc17_0 = acc17_0 + w17[tile_b, tile_c, 0] * (
+            wt17_0 = w17[tile_b, tile_c, 0]
+            acc17_0 = acc17_0 + wt17_0 * (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
-            acc17_1 = acc17_1 + w17[tile_b, tile_c, 0] * (
+            acc17_1 = acc17_1 + wt17_0 * (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
             )
-            acc17_2 = acc17_2 + w17[tile_b, tile_c, 0] * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            acc17_3 = acc17_3 + w17[tile_b, tile_c, 0] * (
+            acc17_2 = acc17_2 + wt17_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+            acc17_3 = acc17_3 + wt17_0 * (
                 0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
                 - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
             )
-            acc17_4 = acc17_4 + w17[tile_b, tile_c, 0] * (
+            acc17_4 = acc17_4 + wt17_0 * (
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
@@ -402,11 +420,12 @@ def tp_fwd_0(
             acc18_3 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            acc18_0 = acc18_0 + w18[tile_b, tile_c, 0] * (1.0 * a4_0 * sb0_0_0)
-            acc18_1 = acc18_1 + w18[tile_b, tile_c, 0] * (1.0 * a4_1 * sb0_0_0)
-            acc18_2 = acc18_2 + w18[tile_b, tile_c, 0] * (1.0 * a4_2 * sb0_0_0)
-            acc18_3 = acc18_3 + w18[tile_b, tile_c, 0] * (1.0 * a4_3 * sb0_0_0)
-            acc18_4 = acc18_4 + w18[tile_b, tile_c, 0] * (1.0 * a4_4 * sb0_0_0)
+            wt18_0 = w18[tile_b, tile_c, 0]
+            acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
+            acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
+            acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
+            acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
+            acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
             out_18[tile_b, 0, tile_c] = acc18_0
             out_18[tile_b, 1, tile_c] = acc18_1
             out_18[tile_b, 2, tile_c] = acc18_2
@@ -417,15 +436,16 @@ def tp_fwd_0(
             acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            acc19_0 = acc19_0 + w19[tile_b, tile_c, 0] * (
+            wt19_0 = w19[tile_b, tile_c, 0]
+            acc19_0 = acc19_0 + wt19_0 * (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
-            acc19_1 = acc19_1 + w19[tile_b, tile_c, 0] * (
+            acc19_1 = acc19_1 + wt19_0 * (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
             )
-            acc19_2 = acc19_2 + w19[tile_b, tile_c, 0] * (
+            acc19_2 = acc19_2 + wt19_0 * (
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
@@ -439,20 +459,21 @@ def tp_fwd_0(
             acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            acc20_0 = acc20_0 + w20[tile_b, tile_c, 0] * (
+            wt20_0 = w20[tile_b, tile_c, 0]
+            acc20_0 = acc20_0 + wt20_0 * (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
-            acc20_1 = acc20_1 + w20[tile_b, tile_c, 0] * (
+            acc20_1 = acc20_1 + wt20_0 * (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
             )
-            acc20_2 = acc20_2 + w20[tile_b, tile_c, 0] * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            acc20_3 = acc20_3 + w20[tile_b, tile_c, 0] * (
+            acc20_2 = acc20_2 + wt20_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+            acc20_3 = acc20_3 + wt20_0 * (
                 -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
                 - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
             )
-            acc20_4 = acc20_4 + w20[tile_b, tile_c, 0] * (
+            acc20_4 = acc20_4 + wt20_0 * (
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
@@ -464,7 +485,8 @@ def tp_fwd_0(
             # g block 21: 64x0o (1 path)
             acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            acc21_0 = acc21_0 + w21[tile_b, tile_c, 0] * (
+            wt21_0 = w21[tile_b, tile_c, 0]
+            acc21_0 = acc21_0 + wt21_0 * (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
@@ -475,16 +497,17 @@ def tp_fwd_0(
             acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            acc22_0 = acc22_0 + w22[tile_b, tile_c, 0] * (
+            wt22_0 = w22[tile_b, tile_c, 0]
+            acc22_0 = acc22_0 + wt22_0 * (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
-            acc22_1 = acc22_1 + w22[tile_b, tile_c, 0] * (
+            acc22_1 = acc22_1 + wt22_0 * (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
             )
-            acc22_2 = acc22_2 + w22[tile_b, tile_c, 0] * (
+            acc22_2 = acc22_2 + wt22_0 * (
                 0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
@@ -499,26 +522,27 @@ def tp_fwd_0(
             acc23_3 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             acc23_4 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            acc23_0 = acc23_0 + w23[tile_b, tile_c, 0] * (
+            wt23_0 = w23[tile_b, tile_c, 0]
+            acc23_0 = acc23_0 + wt23_0 * (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
-            acc23_1 = acc23_1 + w23[tile_b, tile_c, 0] * (
+            acc23_1 = acc23_1 + wt23_0 * (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
                 + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
             )
-            acc23_2 = acc23_2 + w23[tile_b, tile_c, 0] * (
+            acc23_2 = acc23_2 + wt23_0 * (
                 -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
                 + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
                 - 0.5345224838248488 * a4_4 * sb2_4_0
             )
-            acc23_3 = acc23_3 + w23[tile_b, tile_c, 0] * (
+            acc23_3 = acc23_3 + wt23_0 * (
                 0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
                 + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
                 + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
             )
-            acc23_4 = acc23_4 + w23[tile_b, tile_c, 0] * (
+            acc23_4 = acc23_4 + wt23_0 * (
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
@@ -534,11 +558,12 @@ def tp_fwd_0(
             acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            acc24_0 = acc24_0 + w24[tile_b, tile_c, 0] * (1.0 * a5_0 * sb0_0_0)
-            acc24_1 = acc24_1 + w24[tile_b, tile_c, 0] * (1.0 * a5_1 * sb0_0_0)
-            acc24_2 = acc24_2 + w24[tile_b, tile_c, 0] * (1.0 * a5_2 * sb0_0_0)
-            acc24_3 = acc24_3 + w24[tile_b, tile_c, 0] * (1.0 * a5_3 * sb0_0_0)
-            acc24_4 = acc24_4 + w24[tile_b, tile_c, 0] * (1.0 * a5_4 * sb0_0_0)
+            wt24_0 = w24[tile_b, tile_c, 0]
+            acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
+            acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
+            acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
+            acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
+            acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
             out_24[tile_b, 0, tile_c] = acc24_0
             out_24[tile_b, 1, tile_c] = acc24_1
             out_24[tile_b, 2, tile_c] = acc24_2
@@ -549,15 +574,16 @@ def tp_fwd_0(
             acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             acc25_2 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            acc25_0 = acc25_0 + w25[tile_b, tile_c, 0] * (
+            wt25_0 = w25[tile_b, tile_c, 0]
+            acc25_0 = acc25_0 + wt25_0 * (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
-            acc25_1 = acc25_1 + w25[tile_b, tile_c, 0] * (
+            acc25_1 = acc25_1 + wt25_0 * (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
             )
-            acc25_2 = acc25_2 + w25[tile_b, tile_c, 0] * (
+            acc25_2 = acc25_2 + wt25_0 * (
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
@@ -571,20 +597,21 @@ def tp_fwd_0(
             acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            acc26_0 = acc26_0 + w26[tile_b, tile_c, 0] * (
+            wt26_0 = w26[tile_b, tile_c, 0]
+            acc26_0 = acc26_0 + wt26_0 * (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
-            acc26_1 = acc26_1 + w26[tile_b, tile_c, 0] * (
+            acc26_1 = acc26_1 + wt26_0 * (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
             )
-            acc26_2 = acc26_2 + w26[tile_b, tile_c, 0] * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            acc26_3 = acc26_3 + w26[tile_b, tile_c, 0] * (
+            acc26_2 = acc26_2 + wt26_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+            acc26_3 = acc26_3 + wt26_0 * (
                 -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
                 - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
             )
-            acc26_4 = acc26_4 + w26[tile_b, tile_c, 0] * (
+            acc26_4 = acc26_4 + wt26_0 * (
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
@@ -596,7 +623,8 @@ def tp_fwd_0(
             # g block 27: 64x0e (1 path)
             acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            acc27_0 = acc27_0 + w27[tile_b, tile_c, 0] * (
+            wt27_0 = w27[tile_b, tile_c, 0]
+            acc27_0 = acc27_0 + wt27_0 * (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
@@ -607,16 +635,17 @@ def tp_fwd_0(
             acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             acc28_2 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            acc28_0 = acc28_0 + w28[tile_b, tile_c, 0] * (
+            wt28_0 = w28[tile_b, tile_c, 0]
+            acc28_0 = acc28_0 + wt28_0 * (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
-            acc28_1 = acc28_1 + w28[tile_b, tile_c, 0] * (
+            acc28_1 = acc28_1 + wt28_0 * (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
             )
-            acc28_2 = acc28_2 + w28[tile_b, tile_c, 0] * (
+            acc28_2 = acc28_2 + wt28_0 * (
                 0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
@@ -631,26 +660,27 @@ def tp_fwd_0(
             acc29_3 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             acc29_4 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            acc29_0 = acc29_0 + w29[tile_b, tile_c, 0] * (
+            wt29_0 = w29[tile_b, tile_c, 0]
+            acc29_0 = acc29_0 + wt29_0 * (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
-            acc29_1 = acc29_1 + w29[tile_b, tile_c, 0] * (
+            acc29_1 = acc29_1 + wt29_0 * (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
                 + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
             )
-            acc29_2 = acc29_2 + w29[tile_b, tile_c, 0] * (
+            acc29_2 = acc29_2 + wt29_0 * (
                 -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
                 + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
                 - 0.5345224838248488 * a5_4 * sb2_4_0
             )
-            acc29_3 = acc29_3 + w29[tile_b, tile_c, 0] * (
+            acc29_3 = acc29_3 + wt29_0 * (
                 0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
                 + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
                 + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
             )
-            acc29_4 = acc29_4 + w29[tile_b, tile_c, 0] * (
+            acc29_4 = acc29_4 + wt29_0 * (
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
@@ -853,33 +883,39 @@ def tp_bwd_x1_0(
             # x1 block 0: 64x0o (3 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * g0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            acc0_0 = acc0_0 + w1[tile_b, tile_c, 0] * (
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            acc0_0 = acc0_0 + w2[tile_b, tile_c, 0] * (
-                1.0 * g2_0 * sb2_0_0 + 1.0 * g2_1 * sb2_1_0
-                + 1.0 * g2_2 * sb2_2_0 + 1.0 * g2_3 * sb2_3_0
-                + 1.0 * g2_4 * sb2_4_0
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
             # x1 block 1: 64x0e (3 paths)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            acc1_0 = acc1_0 + w3[tile_b, tile_c, 0] * (1.0 * g3_0 * sb0_0_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w4[tile_b, tile_c, 0] * (
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt4_0 * (
                 0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
                 + 0.9999999999999999 * g4_2 * sb1_2_0
             )
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            acc1_0 = acc1_0 + w5[tile_b, tile_c, 0] * (
-                1.0 * g5_0 * sb2_0_0 + 1.0 * g5_1 * sb2_1_0
-                + 1.0 * g5_2 * sb2_2_0 + 1.0 * g5_3 * sb2_3_0
-                + 1.0 * g5_4 * sb2_4_0
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt5_0 * (
+                g5_0 * sb2_0_0 + g5_1 * sb2_1_0
+                + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
+                + g5_4 * sb2_4_0
             )
             gx1_1[tile_b, 0, tile_c] = acc1_0
             # x1 block 2: 64x1o (6 paths)
@@ -887,54 +923,60 @@ def tp_bwd_x1_0(
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * g6_0 * sb0_0_0)
-            acc2_1 = acc2_1 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * g6_1 * sb0_0_0)
-            acc2_2 = acc2_2 + w6[tile_b, tile_c, 0] * (0.9999999999999999 * g6_2 * sb0_0_0)
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
+            acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
+            acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w7[tile_b, tile_c, 0] * (0.5773502691896257 * g7_0 * sb1_0_0)
-            acc2_1 = acc2_1 + w7[tile_b, tile_c, 0] * (0.5773502691896257 * g7_0 * sb1_1_0)
-            acc2_2 = acc2_2 + w7[tile_b, tile_c, 0] * (0.5773502691896257 * g7_0 * sb1_2_0)
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
+            acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
+            acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            acc2_0 = acc2_0 + w8[tile_b, tile_c, 0] * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
-            acc2_1 = acc2_1 + w8[tile_b, tile_c, 0] * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
-            acc2_2 = acc2_2 + w8[tile_b, tile_c, 0] * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
+            acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
+            acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            acc2_0 = acc2_0 + w9[tile_b, tile_c, 0] * (
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt9_0 * (
                 0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
                 - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
             )
-            acc2_1 = acc2_1 + w9[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt9_0 * (
                 0.7071067811865476 * g9_1 * sb1_0_0 + 0.816496580927726 * g9_2 * sb1_1_0
                 + 0.7071067811865476 * g9_3 * sb1_2_0
             )
-            acc2_2 = acc2_2 + w9[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt9_0 * (
                 0.7071067811865476 * g9_0 * sb1_0_0 - 0.408248290463863 * g9_2 * sb1_2_0
                 + 0.7071067811865476 * g9_3 * sb1_1_0 + 0.7071067811865476 * g9_4 * sb1_2_0
             )
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            acc2_0 = acc2_0 + w10[tile_b, tile_c, 0] * (
+            wt10_0 = w10[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt10_0 * (
                 -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
                 + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
             )
-            acc2_1 = acc2_1 + w10[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt10_0 * (
                 0.5477225575051661 * g10_0 * sb2_1_0 + 0.6324555320336758 * g10_1 * sb2_2_0
                 + 0.5477225575051661 * g10_2 * sb2_3_0
             )
-            acc2_2 = acc2_2 + w10[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt10_0 * (
                 0.5477225575051661 * g10_0 * sb2_0_0 + 0.5477225575051661 * g10_1 * sb2_3_0
                 - 0.3162277660168379 * g10_2 * sb2_2_0 + 0.5477225575051661 * g10_2 * sb2_4_0
             )
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            acc2_0 = acc2_0 + w11[tile_b, tile_c, 0] * (
+            wt11_0 = w11[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt11_0 * (
                 0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
                 - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
                 - 0.408248290463863 * g11_3 * sb2_4_0 + 0.408248290463863 * g11_4 * sb2_3_0
             )
-            acc2_1 = acc2_1 + w11[tile_b, tile_c, 0] * (
+            acc2_1 = acc2_1 + wt11_0 * (
                 0.816496580927726 * g11_0 * sb2_4_0 + 0.408248290463863 * g11_1 * sb2_3_0
                 - 0.408248290463863 * g11_3 * sb2_1_0 - 0.816496580927726 * g11_4 * sb2_0_0
             )
-            acc2_2 = acc2_2 + w11[tile_b, tile_c, 0] * (
+            acc2_2 = acc2_2 + wt11_0 * (
                 -0.408248290463863 * g11_0 * sb2_3_0 - 0.7071067811865476 * g11_1 * sb2_2_0
                 - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
                 + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
@@ -947,54 +989,60 @@ def tp_bwd_x1_0(
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * g12_0 * sb0_0_0)
-            acc3_1 = acc3_1 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * g12_1 * sb0_0_0)
-            acc3_2 = acc3_2 + w12[tile_b, tile_c, 0] * (0.9999999999999999 * g12_2 * sb0_0_0)
+            wt12_0 = w12[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
+            acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
+            acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w13[tile_b, tile_c, 0] * (0.5773502691896257 * g13_0 * sb1_0_0)
-            acc3_1 = acc3_1 + w13[tile_b, tile_c, 0] * (0.5773502691896257 * g13_0 * sb1_1_0)
-            acc3_2 = acc3_2 + w13[tile_b, tile_c, 0] * (0.5773502691896257 * g13_0 * sb1_2_0)
+            wt13_0 = w13[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
+            acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
+            acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            acc3_0 = acc3_0 + w14[tile_b, tile_c, 0] * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
-            acc3_1 = acc3_1 + w14[tile_b, tile_c, 0] * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
-            acc3_2 = acc3_2 + w14[tile_b, tile_c, 0] * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
+            wt14_0 = w14[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
+            acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
+            acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            acc3_0 = acc3_0 + w15[tile_b, tile_c, 0] * (
+            wt15_0 = w15[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt15_0 * (
                 0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
                 - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
             )
-            acc3_1 = acc3_1 + w15[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt15_0 * (
                 0.7071067811865476 * g15_1 * sb1_0_0 + 0.816496580927726 * g15_2 * sb1_1_0
                 + 0.7071067811865476 * g15_3 * sb1_2_0
             )
-            acc3_2 = acc3_2 + w15[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt15_0 * (
                 0.7071067811865476 * g15_0 * sb1_0_0 - 0.408248290463863 * g15_2 * sb1_2_0
                 + 0.7071067811865476 * g15_3 * sb1_1_0 + 0.7071067811865476 * g15_4 * sb1_2_0
             )
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            acc3_0 = acc3_0 + w16[tile_b, tile_c, 0] * (
+            wt16_0 = w16[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt16_0 * (
                 -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
                 + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
             )
-            acc3_1 = acc3_1 + w16[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt16_0 * (
                 0.5477225575051661 * g16_0 * sb2_1_0 + 0.6324555320336758 * g16_1 * sb2_2_0
                 + 0.5477225575051661 * g16_2 * sb2_3_0
             )
-            acc3_2 = acc3_2 + w16[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt16_0 * (
                 0.5477225575051661 * g16_0 * sb2_0_0 + 0.5477225575051661 * g16_1 * sb2_3_0
                 - 0.3162277660168379 * g16_2 * sb2_2_0 + 0.5477225575051661 * g16_2 * sb2_4_0
             )
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            acc3_0 = acc3_0 + w17[tile_b, tile_c, 0] * (
+            wt17_0 = w17[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt17_0 * (
                 0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
                 - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
                 - 0.408248290463863 * g17_3 * sb2_4_0 + 0.408248290463863 * g17_4 * sb2_3_0
             )
-            acc3_1 = acc3_1 + w17[tile_b, tile_c, 0] * (
+            acc3_1 = acc3_1 + wt17_0 * (
                 0.816496580927726 * g17_0 * sb2_4_0 + 0.408248290463863 * g17_1 * sb2_3_0
                 - 0.408248290463863 * g17_3 * sb2_1_0 - 0.816496580927726 * g17_4 * sb2_0_0
             )
-            acc3_2 = acc3_2 + w17[tile_b, tile_c, 0] * (
+            acc3_2 = acc3_2 + wt17_0 * (
                 -0.408248290463863 * g17_0 * sb2_3_0 - 0.7071067811865476 * g17_1 * sb2_2_0
                 - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
                 + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
@@ -1009,83 +1057,89 @@ def tp_bwd_x1_0(
             acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            acc4_0 = acc4_0 + w18[tile_b, tile_c, 0] * (1.0 * g18_0 * sb0_0_0)
-            acc4_1 = acc4_1 + w18[tile_b, tile_c, 0] * (1.0 * g18_1 * sb0_0_0)
-            acc4_2 = acc4_2 + w18[tile_b, tile_c, 0] * (1.0 * g18_2 * sb0_0_0)
-            acc4_3 = acc4_3 + w18[tile_b, tile_c, 0] * (1.0 * g18_3 * sb0_0_0)
-            acc4_4 = acc4_4 + w18[tile_b, tile_c, 0] * (1.0 * g18_4 * sb0_0_0)
+            wt18_0 = w18[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
+            acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
+            acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
+            acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
+            acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            acc4_0 = acc4_0 + w19[tile_b, tile_c, 0] * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
-            acc4_1 = acc4_1 + w19[tile_b, tile_c, 0] * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
-            acc4_2 = acc4_2 + w19[tile_b, tile_c, 0] * (
+            wt19_0 = w19[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
+            acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
+            acc4_2 = acc4_2 + wt19_0 * (
                 -0.3162277660168379 * g19_0 * sb1_0_0 + 0.6324555320336758 * g19_1 * sb1_1_0
                 - 0.3162277660168379 * g19_2 * sb1_2_0
             )
-            acc4_3 = acc4_3 + w19[tile_b, tile_c, 0] * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
-            acc4_4 = acc4_4 + w19[tile_b, tile_c, 0] * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
+            acc4_3 = acc4_3 + wt19_0 * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
+            acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            acc4_0 = acc4_0 + w20[tile_b, tile_c, 0] * (
+            wt20_0 = w20[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt20_0 * (
                 0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
                 + 0.816496580927726 * g20_4 * sb1_1_0
             )
-            acc4_1 = acc4_1 + w20[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt20_0 * (
                 -0.408248290463863 * g20_0 * sb1_0_0 - 0.7071067811865476 * g20_2 * sb1_2_0
                 + 0.408248290463863 * g20_3 * sb1_1_0 - 0.408248290463863 * g20_4 * sb1_2_0
             )
-            acc4_2 = acc4_2 + w20[tile_b, tile_c, 0] * (0.7071067811865476 * g20_1 * sb1_2_0 - 0.7071067811865476 * g20_3 * sb1_0_0)
-            acc4_3 = acc4_3 + w20[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt20_0 * (0.7071067811865476 * g20_1 * sb1_2_0 - 0.7071067811865476 * g20_3 * sb1_0_0)
+            acc4_3 = acc4_3 + wt20_0 * (
                 0.408248290463863 * g20_0 * sb1_2_0 - 0.408248290463863 * g20_1 * sb1_1_0
                 + 0.7071067811865476 * g20_2 * sb1_0_0 - 0.408248290463863 * g20_4 * sb1_0_0
             )
-            acc4_4 = acc4_4 + w20[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt20_0 * (
                 -0.816496580927726 * g20_0 * sb1_1_0 + 0.408248290463863 * g20_1 * sb1_2_0
                 + 0.408248290463863 * g20_3 * sb1_0_0
             )
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            acc4_0 = acc4_0 + w21[tile_b, tile_c, 0] * (0.4472135954999579 * g21_0 * sb2_0_0)
-            acc4_1 = acc4_1 + w21[tile_b, tile_c, 0] * (0.4472135954999579 * g21_0 * sb2_1_0)
-            acc4_2 = acc4_2 + w21[tile_b, tile_c, 0] * (0.4472135954999579 * g21_0 * sb2_2_0)
-            acc4_3 = acc4_3 + w21[tile_b, tile_c, 0] * (0.4472135954999579 * g21_0 * sb2_3_0)
-            acc4_4 = acc4_4 + w21[tile_b, tile_c, 0] * (0.4472135954999579 * g21_0 * sb2_4_0)
+            wt21_0 = w21[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
+            acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
+            acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
+            acc4_3 = acc4_3 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_3_0)
+            acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            acc4_0 = acc4_0 + w22[tile_b, tile_c, 0] * (
+            wt22_0 = w22[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt22_0 * (
                 -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
                 + 0.3162277660168379 * g22_2 * sb2_3_0
             )
-            acc4_1 = acc4_1 + w22[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt22_0 * (
                 0.3162277660168379 * g22_0 * sb2_0_0 - 0.3162277660168379 * g22_1 * sb2_3_0
                 + 0.5477225575051661 * g22_2 * sb2_2_0 + 0.3162277660168379 * g22_2 * sb2_4_0
             )
-            acc4_2 = acc4_2 + w22[tile_b, tile_c, 0] * (0.5477225575051661 * g22_0 * sb2_3_0 - 0.5477225575051661 * g22_2 * sb2_1_0)
-            acc4_3 = acc4_3 + w22[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt22_0 * (0.5477225575051661 * g22_0 * sb2_3_0 - 0.5477225575051661 * g22_2 * sb2_1_0)
+            acc4_3 = acc4_3 + wt22_0 * (
                 -0.5477225575051661 * g22_0 * sb2_2_0 + 0.3162277660168379 * g22_0 * sb2_4_0
                 + 0.3162277660168379 * g22_1 * sb2_1_0 - 0.3162277660168379 * g22_2 * sb2_0_0
             )
-            acc4_4 = acc4_4 + w22[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt22_0 * (
                 -0.3162277660168379 * g22_0 * sb2_3_0 + 0.6324555320336758 * g22_1 * sb2_0_0
                 - 0.3162277660168379 * g22_2 * sb2_1_0
             )
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            acc4_0 = acc4_0 + w23[tile_b, tile_c, 0] * (
+            wt23_0 = w23[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt23_0 * (
                 -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
                 - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
             )
-            acc4_1 = acc4_1 + w23[tile_b, tile_c, 0] * (
+            acc4_1 = acc4_1 + wt23_0 * (
                 0.4629100498862757 * g23_0 * sb2_3_0 + 0.2672612419124244 * g23_1 * sb2_2_0
                 - 0.4629100498862757 * g23_1 * sb2_4_0 + 0.2672612419124244 * g23_2 * sb2_1_0
                 + 0.4629100498862757 * g23_3 * sb2_0_0 - 0.4629100498862757 * g23_4 * sb2_1_0
             )
-            acc4_2 = acc4_2 + w23[tile_b, tile_c, 0] * (
+            acc4_2 = acc4_2 + wt23_0 * (
                 -0.5345224838248488 * g23_0 * sb2_0_0 + 0.2672612419124244 * g23_1 * sb2_1_0
                 + 0.5345224838248488 * g23_2 * sb2_2_0 + 0.2672612419124244 * g23_3 * sb2_3_0
                 - 0.5345224838248488 * g23_4 * sb2_4_0
             )
-            acc4_3 = acc4_3 + w23[tile_b, tile_c, 0] * (
+            acc4_3 = acc4_3 + wt23_0 * (
                 0.4629100498862757 * g23_0 * sb2_1_0 + 0.4629100498862757 * g23_1 * sb2_0_0
                 + 0.2672612419124244 * g23_2 * sb2_3_0 + 0.2672612419124244 * g23_3 * sb2_2_0
                 + 0.4629100498862757 * g23_3 * sb2_4_0 + 0.4629100498862757 * g23_4 * sb2_3_0
             )
-            acc4_4 = acc4_4 + w23[tile_b, tile_c, 0] * (
+            acc4_4 = acc4_4 + wt23_0 * (
                 -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
                 + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
             )
@@ -1101,83 +1155,89 @@ def tp_bwd_x1_0(
             acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            acc5_0 = acc5_0 + w24[tile_b, tile_c, 0] * (1.0 * g24_0 * sb0_0_0)
-            acc5_1 = acc5_1 + w24[tile_b, tile_c, 0] * (1.0 * g24_1 * sb0_0_0)
-            acc5_2 = acc5_2 + w24[tile_b, tile_c, 0] * (1.0 * g24_2 * sb0_0_0)
-            acc5_3 = acc5_3 + w24[tile_b, tile_c, 0] * (1.0 * g24_3 * sb0_0_0)
-            acc5_4 = acc5_4 + w24[tile_b, tile_c, 0] * (1.0 * g24_4 * sb0_0_0)
+            wt24_0 = w24[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
+            acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
+            acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
+            acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
+            acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            acc5_0 = acc5_0 + w25[tile_b, tile_c, 0] * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
-            acc5_1 = acc5_1 + w25[tile_b, tile_c, 0] * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
-            acc5_2 = acc5_2 + w25[tile_b, tile_c, 0] * (
+            wt25_0 = w25[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
+            acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
+            acc5_2 = acc5_2 + wt25_0 * (
                 -0.3162277660168379 * g25_0 * sb1_0_0 + 0.6324555320336758 * g25_1 * sb1_1_0
                 - 0.3162277660168379 * g25_2 * sb1_2_0
             )
-            acc5_3 = acc5_3 + w25[tile_b, tile_c, 0] * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
-            acc5_4 = acc5_4 + w25[tile_b, tile_c, 0] * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
+            acc5_3 = acc5_3 + wt25_0 * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
+            acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            acc5_0 = acc5_0 + w26[tile_b, tile_c, 0] * (
+            wt26_0 = w26[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt26_0 * (
                 0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
                 + 0.816496580927726 * g26_4 * sb1_1_0
             )
-            acc5_1 = acc5_1 + w26[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt26_0 * (
                 -0.408248290463863 * g26_0 * sb1_0_0 - 0.7071067811865476 * g26_2 * sb1_2_0
                 + 0.408248290463863 * g26_3 * sb1_1_0 - 0.408248290463863 * g26_4 * sb1_2_0
             )
-            acc5_2 = acc5_2 + w26[tile_b, tile_c, 0] * (0.7071067811865476 * g26_1 * sb1_2_0 - 0.7071067811865476 * g26_3 * sb1_0_0)
-            acc5_3 = acc5_3 + w26[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt26_0 * (0.7071067811865476 * g26_1 * sb1_2_0 - 0.7071067811865476 * g26_3 * sb1_0_0)
+            acc5_3 = acc5_3 + wt26_0 * (
                 0.408248290463863 * g26_0 * sb1_2_0 - 0.408248290463863 * g26_1 * sb1_1_0
                 + 0.7071067811865476 * g26_2 * sb1_0_0 - 0.408248290463863 * g26_4 * sb1_0_0
             )
-            acc5_4 = acc5_4 + w26[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt26_0 * (
                 -0.816496580927726 * g26_0 * sb1_1_0 + 0.408248290463863 * g26_1 * sb1_2_0
                 + 0.408248290463863 * g26_3 * sb1_0_0
             )
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            acc5_0 = acc5_0 + w27[tile_b, tile_c, 0] * (0.4472135954999579 * g27_0 * sb2_0_0)
-            acc5_1 = acc5_1 + w27[tile_b, tile_c, 0] * (0.4472135954999579 * g27_0 * sb2_1_0)
-            acc5_2 = acc5_2 + w27[tile_b, tile_c, 0] * (0.4472135954999579 * g27_0 * sb2_2_0)
-            acc5_3 = acc5_3 + w27[tile_b, tile_c, 0] * (0.4472135954999579 * g27_0 * sb2_3_0)
-            acc5_4 = acc5_4 + w27[tile_b, tile_c, 0] * (0.4472135954999579 * g27_0 * sb2_4_0)
+            wt27_0 = w27[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
+            acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
+            acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
+            acc5_3 = acc5_3 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_3_0)
+            acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            acc5_0 = acc5_0 + w28[tile_b, tile_c, 0] * (
+            wt28_0 = w28[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt28_0 * (
                 -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
                 + 0.3162277660168379 * g28_2 * sb2_3_0
             )
-            acc5_1 = acc5_1 + w28[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt28_0 * (
                 0.3162277660168379 * g28_0 * sb2_0_0 - 0.3162277660168379 * g28_1 * sb2_3_0
                 + 0.5477225575051661 * g28_2 * sb2_2_0 + 0.3162277660168379 * g28_2 * sb2_4_0
             )
-            acc5_2 = acc5_2 + w28[tile_b, tile_c, 0] * (0.5477225575051661 * g28_0 * sb2_3_0 - 0.5477225575051661 * g28_2 * sb2_1_0)
-            acc5_3 = acc5_3 + w28[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt28_0 * (0.5477225575051661 * g28_0 * sb2_3_0 - 0.5477225575051661 * g28_2 * sb2_1_0)
+            acc5_3 = acc5_3 + wt28_0 * (
                 -0.5477225575051661 * g28_0 * sb2_2_0 + 0.3162277660168379 * g28_0 * sb2_4_0
                 + 0.3162277660168379 * g28_1 * sb2_1_0 - 0.3162277660168379 * g28_2 * sb2_0_0
             )
-            acc5_4 = acc5_4 + w28[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt28_0 * (
                 -0.3162277660168379 * g28_0 * sb2_3_0 + 0.6324555320336758 * g28_1 * sb2_0_0
                 - 0.3162277660168379 * g28_2 * sb2_1_0
             )
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            acc5_0 = acc5_0 + w29[tile_b, tile_c, 0] * (
+            wt29_0 = w29[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt29_0 * (
                 -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
                 - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
             )
-            acc5_1 = acc5_1 + w29[tile_b, tile_c, 0] * (
+            acc5_1 = acc5_1 + wt29_0 * (
                 0.4629100498862757 * g29_0 * sb2_3_0 + 0.2672612419124244 * g29_1 * sb2_2_0
                 - 0.4629100498862757 * g29_1 * sb2_4_0 + 0.2672612419124244 * g29_2 * sb2_1_0
                 + 0.4629100498862757 * g29_3 * sb2_0_0 - 0.4629100498862757 * g29_4 * sb2_1_0
             )
-            acc5_2 = acc5_2 + w29[tile_b, tile_c, 0] * (
+            acc5_2 = acc5_2 + wt29_0 * (
                 -0.5345224838248488 * g29_0 * sb2_0_0 + 0.2672612419124244 * g29_1 * sb2_1_0
                 + 0.5345224838248488 * g29_2 * sb2_2_0 + 0.2672612419124244 * g29_3 * sb2_3_0
                 - 0.5345224838248488 * g29_4 * sb2_4_0
             )
-            acc5_3 = acc5_3 + w29[tile_b, tile_c, 0] * (
+            acc5_3 = acc5_3 + wt29_0 * (
                 0.4629100498862757 * g29_0 * sb2_1_0 + 0.4629100498862757 * g29_1 * sb2_0_0
                 + 0.2672612419124244 * g29_2 * sb2_3_0 + 0.2672612419124244 * g29_3 * sb2_2_0
                 + 0.4629100498862757 * g29_3 * sb2_4_0 + 0.4629100498862757 * g29_4 * sb2_3_0
             )
-            acc5_4 = acc5_4 + w29[tile_b, tile_c, 0] * (
+            acc5_4 = acc5_4 + wt29_0 * (
                 -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
                 + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
             )
@@ -1401,401 +1461,431 @@ def tp_bwd_x2_0(
                 rg29_3 = g_29[tile_b, 3, tile_r]
                 rg29_4 = g_29[tile_b, 4, tile_r]
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                t = (1.0 * ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c]).sum(1)
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                t = (1.0 * ra1_0 * rg3_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                wr3 = w3[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg3_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
                     + 0.9999999999999999 * ra2_2 * rg6_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
                     + 0.9999999999999999 * ra3_2 * rg12_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w12[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
-                    1.0 * ra4_0 * rg18_0 + 1.0 * ra4_1 * rg18_1
-                    + 1.0 * ra4_2 * rg18_2 + 1.0 * ra4_3 * rg18_3
-                    + 1.0 * ra4_4 * rg18_4
+                    ra4_0 * rg18_0 + ra4_1 * rg18_1
+                    + ra4_2 * rg18_2 + ra4_3 * rg18_3
+                    + ra4_4 * rg18_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w18[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
-                    1.0 * ra5_0 * rg24_0 + 1.0 * ra5_1 * rg24_1
-                    + 1.0 * ra5_2 * rg24_2 + 1.0 * ra5_3 * rg24_3
-                    + 1.0 * ra5_4 * rg24_4
+                    ra5_0 * rg24_0 + ra5_1 * rg24_1
+                    + ra5_2 * rg24_2 + ra5_3 * rg24_3
+                    + ra5_4 * rg24_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w24[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
                 t = (0.5773502691896257 * ra2_1 * rg7_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr7).sum(1)
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
                     + 0.7071067811865476 * ra2_2 * rg9_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_0 - 0.408248290463863 * ra2_2 * rg9_2
                     + 0.7071067811865476 * ra2_1 * rg9_3 + 0.7071067811865476 * ra2_2 * rg9_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr13).sum(1)
                 t = (0.5773502691896257 * ra3_1 * rg13_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr13).sum(1)
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w13[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr14).sum(1)
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w14[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
                     + 0.7071067811865476 * ra3_2 * rg15_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr15).sum(1)
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_0 - 0.408248290463863 * ra3_2 * rg15_2
                     + 0.7071067811865476 * ra3_1 * rg15_3 + 0.7071067811865476 * ra3_2 * rg15_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w15[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
                     + 0.5477225575051661 * ra4_1 * rg19_1 + 0.5477225575051661 * ra4_0 * rg19_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
                 t = (
                     0.5477225575051661 * ra4_1 * rg19_0 + 0.6324555320336758 * ra4_2 * rg19_1
                     + 0.5477225575051661 * ra4_3 * rg19_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr19).sum(1)
                 t = (
                     0.5477225575051661 * ra4_0 * rg19_0 + 0.5477225575051661 * ra4_3 * rg19_1
                     - 0.3162277660168379 * ra4_2 * rg19_2 + 0.5477225575051661 * ra4_4 * rg19_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w19[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
                     + 0.7071067811865476 * ra4_3 * rg20_2 - 0.7071067811865476 * ra4_2 * rg20_3
                     + 0.408248290463863 * ra4_4 * rg20_3 - 0.408248290463863 * ra4_3 * rg20_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr20).sum(1)
                 t = (
                     -0.816496580927726 * ra4_4 * rg20_0 - 0.408248290463863 * ra4_3 * rg20_1
                     + 0.408248290463863 * ra4_1 * rg20_3 + 0.816496580927726 * ra4_0 * rg20_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr20).sum(1)
                 t = (
                     0.408248290463863 * ra4_3 * rg20_0 + 0.7071067811865476 * ra4_2 * rg20_1
                     + 0.408248290463863 * ra4_4 * rg20_1 - 0.7071067811865476 * ra4_1 * rg20_2
                     - 0.408248290463863 * ra4_0 * rg20_3 - 0.408248290463863 * ra4_1 * rg20_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w20[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
                     + 0.5477225575051661 * ra5_1 * rg25_1 + 0.5477225575051661 * ra5_0 * rg25_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     0.5477225575051661 * ra5_1 * rg25_0 + 0.6324555320336758 * ra5_2 * rg25_1
                     + 0.5477225575051661 * ra5_3 * rg25_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr25).sum(1)
                 t = (
                     0.5477225575051661 * ra5_0 * rg25_0 + 0.5477225575051661 * ra5_3 * rg25_1
                     - 0.3162277660168379 * ra5_2 * rg25_2 + 0.5477225575051661 * ra5_4 * rg25_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w25[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
                     + 0.7071067811865476 * ra5_3 * rg26_2 - 0.7071067811865476 * ra5_2 * rg26_3
                     + 0.408248290463863 * ra5_4 * rg26_3 - 0.408248290463863 * ra5_3 * rg26_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * w26[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr26).sum(1)
                 t = (
                     -0.816496580927726 * ra5_4 * rg26_0 - 0.408248290463863 * ra5_3 * rg26_1
                     + 0.408248290463863 * ra5_1 * rg26_3 + 0.816496580927726 * ra5_0 * rg26_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * w26[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr26).sum(1)
                 t = (
                     0.408248290463863 * ra5_3 * rg26_0 + 0.7071067811865476 * ra5_2 * rg26_1
                     + 0.408248290463863 * ra5_4 * rg26_1 - 0.7071067811865476 * ra5_1 * rg26_2
                     - 0.408248290463863 * ra5_0 * rg26_3 - 0.408248290463863 * ra5_1 * rg26_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * w26[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-                t = (1.0 * ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
+                wr2 = w2[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg2_0)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_2)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_3)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                t = (ra0_0 * rg2_4)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-                t = (1.0 * ra1_0 * rg5_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg5_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg5_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg5_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
-                t = (1.0 * ra1_0 * rg5_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                wr5 = w5[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg5_0)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr5).sum(1)
+                t = (ra1_0 * rg5_1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr5).sum(1)
+                t = (ra1_0 * rg5_2)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr5).sum(1)
+                t = (ra1_0 * rg5_3)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr5).sum(1)
+                t = (ra1_0 * rg5_4)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr5).sum(1)
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr10).sum(1)
                 t = (
                     -0.3162277660168379 * ra2_0 * rg10_0 + 0.6324555320336758 * ra2_1 * rg10_1
                     - 0.3162277660168379 * ra2_2 * rg10_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr10).sum(1)
                 t = (0.5477225575051661 * ra2_2 * rg10_1 + 0.5477225575051661 * ra2_1 * rg10_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr10).sum(1)
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w10[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr11).sum(1)
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
                     - 0.408248290463863 * ra2_1 * rg11_3 + 0.408248290463863 * ra2_2 * rg11_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr11).sum(1)
                 t = (-0.7071067811865476 * ra2_2 * rg11_1 + 0.7071067811865476 * ra2_0 * rg11_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr11).sum(1)
                 t = (
                     -0.408248290463863 * ra2_2 * rg11_0 + 0.408248290463863 * ra2_1 * rg11_1
                     - 0.7071067811865476 * ra2_0 * rg11_2 + 0.408248290463863 * ra2_0 * rg11_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr11).sum(1)
                 t = (
                     0.816496580927726 * ra2_1 * rg11_0 - 0.408248290463863 * ra2_2 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w11[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr11).sum(1)
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr16).sum(1)
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr16).sum(1)
                 t = (
                     -0.3162277660168379 * ra3_0 * rg16_0 + 0.6324555320336758 * ra3_1 * rg16_1
                     - 0.3162277660168379 * ra3_2 * rg16_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr16).sum(1)
                 t = (0.5477225575051661 * ra3_2 * rg16_1 + 0.5477225575051661 * ra3_1 * rg16_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr16).sum(1)
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * w16[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr16).sum(1)
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
                     - 0.408248290463863 * ra3_1 * rg17_3 + 0.408248290463863 * ra3_2 * rg17_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr17).sum(1)
                 t = (-0.7071067811865476 * ra3_2 * rg17_1 + 0.7071067811865476 * ra3_0 * rg17_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr17).sum(1)
                 t = (
                     -0.408248290463863 * ra3_2 * rg17_0 + 0.408248290463863 * ra3_1 * rg17_1
                     - 0.7071067811865476 * ra3_0 * rg17_2 + 0.408248290463863 * ra3_0 * rg17_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr17).sum(1)
                 t = (
                     0.816496580927726 * ra3_1 * rg17_0 - 0.408248290463863 * ra3_2 * rg17_1
                     - 0.408248290463863 * ra3_0 * rg17_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w17[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
                 t = (0.4472135954999579 * ra4_1 * rg21_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr21).sum(1)
                 t = (0.4472135954999579 * ra4_2 * rg21_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr21).sum(1)
                 t = (0.4472135954999579 * ra4_3 * rg21_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr21).sum(1)
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w21[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
                     - 0.3162277660168379 * ra4_3 * rg22_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     -0.3162277660168379 * ra4_0 * rg22_0 + 0.3162277660168379 * ra4_3 * rg22_1
                     - 0.5477225575051661 * ra4_2 * rg22_2 - 0.3162277660168379 * ra4_4 * rg22_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr22).sum(1)
                 t = (-0.5477225575051661 * ra4_3 * rg22_0 + 0.5477225575051661 * ra4_1 * rg22_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     0.5477225575051661 * ra4_2 * rg22_0 - 0.3162277660168379 * ra4_4 * rg22_0
                     - 0.3162277660168379 * ra4_1 * rg22_1 + 0.3162277660168379 * ra4_0 * rg22_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr22).sum(1)
                 t = (
                     0.3162277660168379 * ra4_3 * rg22_0 - 0.6324555320336758 * ra4_0 * rg22_1
                     + 0.3162277660168379 * ra4_1 * rg22_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w22[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
                     - 0.4629100498862757 * ra4_4 * rg23_1 + 0.2672612419124244 * ra4_1 * rg23_2
                     + 0.4629100498862757 * ra4_0 * rg23_3 - 0.4629100498862757 * ra4_1 * rg23_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     -0.5345224838248488 * ra4_0 * rg23_0 + 0.2672612419124244 * ra4_1 * rg23_1
                     + 0.5345224838248488 * ra4_2 * rg23_2 + 0.2672612419124244 * ra4_3 * rg23_3
                     - 0.5345224838248488 * ra4_4 * rg23_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     0.4629100498862757 * ra4_1 * rg23_0 + 0.4629100498862757 * ra4_0 * rg23_1
                     + 0.2672612419124244 * ra4_3 * rg23_2 + 0.2672612419124244 * ra4_2 * rg23_3
                     + 0.4629100498862757 * ra4_4 * rg23_3 + 0.4629100498862757 * ra4_3 * rg23_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr23).sum(1)
                 t = (
                     -0.4629100498862757 * ra4_1 * rg23_1 - 0.5345224838248488 * ra4_4 * rg23_2
                     + 0.4629100498862757 * ra4_3 * rg23_3 - 0.5345224838248488 * ra4_2 * rg23_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w23[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
                 t = (0.4472135954999579 * ra5_1 * rg27_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr27).sum(1)
                 t = (0.4472135954999579 * ra5_2 * rg27_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr27).sum(1)
                 t = (0.4472135954999579 * ra5_3 * rg27_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr27).sum(1)
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * w27[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
                     - 0.3162277660168379 * ra5_3 * rg28_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr28).sum(1)
                 t = (
                     -0.3162277660168379 * ra5_0 * rg28_0 + 0.3162277660168379 * ra5_3 * rg28_1
                     - 0.5477225575051661 * ra5_2 * rg28_2 - 0.3162277660168379 * ra5_4 * rg28_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr28).sum(1)
                 t = (-0.5477225575051661 * ra5_3 * rg28_0 + 0.5477225575051661 * ra5_1 * rg28_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr28).sum(1)
                 t = (
                     0.5477225575051661 * ra5_2 * rg28_0 - 0.3162277660168379 * ra5_4 * rg28_0
                     - 0.3162277660168379 * ra5_1 * rg28_1 + 0.3162277660168379 * ra5_0 * rg28_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr28).sum(1)
                 t = (
                     0.3162277660168379 * ra5_3 * rg28_0 - 0.6324555320336758 * ra5_0 * rg28_1
                     + 0.3162277660168379 * ra5_1 * rg28_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w28[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc2_0 = acc2_0 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
                     - 0.4629100498862757 * ra5_4 * rg29_1 + 0.2672612419124244 * ra5_1 * rg29_2
                     + 0.4629100498862757 * ra5_0 * rg29_3 - 0.4629100498862757 * ra5_1 * rg29_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc2_1 = acc2_1 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     -0.5345224838248488 * ra5_0 * rg29_0 + 0.2672612419124244 * ra5_1 * rg29_1
                     + 0.5345224838248488 * ra5_2 * rg29_2 + 0.2672612419124244 * ra5_3 * rg29_3
                     - 0.5345224838248488 * ra5_4 * rg29_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc2_2 = acc2_2 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     0.4629100498862757 * ra5_1 * rg29_0 + 0.4629100498862757 * ra5_0 * rg29_1
                     + 0.2672612419124244 * ra5_3 * rg29_2 + 0.2672612419124244 * ra5_2 * rg29_3
                     + 0.4629100498862757 * ra5_4 * rg29_3 + 0.4629100498862757 * ra5_3 * rg29_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc2_3 = acc2_3 + (t[:, :, None] * wr29).sum(1)
                 t = (
                     -0.4629100498862757 * ra5_1 * rg29_1 - 0.5345224838248488 * ra5_4 * rg29_2
                     + 0.4629100498862757 * ra5_3 * rg29_3 - 0.5345224838248488 * ra5_2 * rg29_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * w29[tile_b, tile_r, tile_c]).sum(1)
+                acc2_4 = acc2_4 + (t[:, :, None] * wr29).sum(1)
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -2015,7 +2105,7 @@ def tp_bwd_w_0(
             g29_3 = g_29[tile_b, 3, tile_c]
             g29_4 = g_29[tile_b, 4, tile_c]
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (1.0 * a0_0 * sb0_0_0)
+            q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
@@ -2023,14 +2113,14 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (1.0 * a0_0 * sb2_0_0)
-            q1 = (1.0 * a0_0 * sb2_1_0)
-            q2 = (1.0 * a0_0 * sb2_2_0)
-            q3 = (1.0 * a0_0 * sb2_3_0)
-            q4 = (1.0 * a0_0 * sb2_4_0)
+            q0 = (a0_0 * sb2_0_0)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            q0 = (1.0 * a1_0 * sb0_0_0)
+            q0 = (a1_0 * sb0_0_0)
             gw3[tile_b, tile_c, 0] = (q0 * g3_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
@@ -2038,11 +2128,11 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            q0 = (1.0 * a1_0 * sb2_0_0)
-            q1 = (1.0 * a1_0 * sb2_1_0)
-            q2 = (1.0 * a1_0 * sb2_2_0)
-            q3 = (1.0 * a1_0 * sb2_3_0)
-            q4 = (1.0 * a1_0 * sb2_4_0)
+            q0 = (a1_0 * sb2_0_0)
+            q1 = (a1_0 * sb2_1_0)
+            q2 = (a1_0 * sb2_2_0)
+            q3 = (a1_0 * sb2_3_0)
+            q4 = (a1_0 * sb2_4_0)
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
@@ -2163,11 +2253,11 @@ def tp_bwd_w_0(
             )
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            q0 = (1.0 * a4_0 * sb0_0_0)
-            q1 = (1.0 * a4_1 * sb0_0_0)
-            q2 = (1.0 * a4_2 * sb0_0_0)
-            q3 = (1.0 * a4_3 * sb0_0_0)
-            q4 = (1.0 * a4_4 * sb0_0_0)
+            q0 = (a4_0 * sb0_0_0)
+            q1 = (a4_1 * sb0_0_0)
+            q2 = (a4_2 * sb0_0_0)
+            q3 = (a4_3 * sb0_0_0)
+            q4 = (a4_4 * sb0_0_0)
             gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
@@ -2251,11 +2341,11 @@ def tp_bwd_w_0(
             )
             gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            q0 = (1.0 * a5_0 * sb0_0_0)
-            q1 = (1.0 * a5_1 * sb0_0_0)
-            q2 = (1.0 * a5_2 * sb0_0_0)
-            q3 = (1.0 * a5_3 * sb0_0_0)
-            q4 = (1.0 * a5_4 * sb0_0_0)
+            q0 = (a5_0 * sb0_0_0)
+            q1 = (a5_1 * sb0_0_0)
+            q2 = (a5_2 * sb0_0_0)
+            q3 = (a5_3 * sb0_0_0)
+            q4 = (a5_4 * sb0_0_0)
             gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (

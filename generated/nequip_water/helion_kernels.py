@@ -76,32 +76,36 @@ def tp_fwd_0(
             # g block 0: 32x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * a0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 32x1e (1 path)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + w1[tile_b, tile_c, 0] * (0.9999999999999999 * a0_0 * sb1_2_0)
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
             out_1[tile_b, 0, tile_c] = acc1_0
             out_1[tile_b, 1, tile_c] = acc1_1
             out_1[tile_b, 2, tile_c] = acc1_2
             # g block 2: 32x0e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            acc2_0 = acc2_0 + w2[tile_b, tile_c, 0] * (1.0 * a1_0 * sb0_0_0)
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
             out_2[tile_b, 0, tile_c] = acc2_0
             # g block 3: 32x1o (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc3_1 = acc3_1 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc3_2 = acc3_2 + w3[tile_b, tile_c, 0] * (0.9999999999999999 * a1_0 * sb1_2_0)
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+            acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+            acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             out_3[tile_b, 1, tile_c] = acc3_1
             out_3[tile_b, 2, tile_c] = acc3_2
@@ -110,16 +114,18 @@ def tp_fwd_0(
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            acc4_0 = acc4_0 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc4_1 = acc4_1 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc4_2 = acc4_2 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * a2_2 * sb0_0_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             out_4[tile_b, 0, tile_c] = acc4_0
             out_4[tile_b, 1, tile_c] = acc4_1
             out_4[tile_b, 2, tile_c] = acc4_2
             # g block 5: 32x0e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            acc5_0 = acc5_0 + w5[tile_b, tile_c, 0] * (
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
@@ -129,9 +135,10 @@ def tp_fwd_0(
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            acc6_0 = acc6_0 + w6[tile_b, tile_c, 0] * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc6_1 = acc6_1 + w6[tile_b, tile_c, 0] * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc6_2 = acc6_2 + w6[tile_b, tile_c, 0] * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
             out_6[tile_b, 0, tile_c] = acc6_0
             out_6[tile_b, 1, tile_c] = acc6_1
             out_6[tile_b, 2, tile_c] = acc6_2
@@ -140,16 +147,18 @@ def tp_fwd_0(
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            acc7_0 = acc7_0 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc7_1 = acc7_1 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc7_2 = acc7_2 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * a3_2 * sb0_0_0)
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+            acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+            acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             out_7[tile_b, 0, tile_c] = acc7_0
             out_7[tile_b, 1, tile_c] = acc7_1
             out_7[tile_b, 2, tile_c] = acc7_2
             # g block 8: 32x0o (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            acc8_0 = acc8_0 + w8[tile_b, tile_c, 0] * (
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc8_0 = acc8_0 + wt8_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
@@ -159,9 +168,10 @@ def tp_fwd_0(
             acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            acc9_0 = acc9_0 + w9[tile_b, tile_c, 0] * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc9_1 = acc9_1 + w9[tile_b, tile_c, 0] * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc9_2 = acc9_2 + w9[tile_b, tile_c, 0] * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+            acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             out_9[tile_b, 0, tile_c] = acc9_0
             out_9[tile_b, 1, tile_c] = acc9_1
             out_9[tile_b, 2, tile_c] = acc9_2
@@ -231,9 +241,11 @@ def tp_bwd_x1_0(
             # x1 block 0: 32x0o (2 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            acc0_0 = acc0_0 + w0[tile_b, tile_c, 0] * (1.0 * g0_0 * sb0_0_0)
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            acc0_0 = acc0_0 + w1[tile_b, tile_c, 0] * (
+            wt1_0 = w1[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
@@ -241,9 +253,11 @@ def tp_bwd_x1_0(
             # x1 block 1: 32x0e (2 paths)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            acc1_0 = acc1_0 + w2[tile_b, tile_c, 0] * (1.0 * g2_0 * sb0_0_0)
+            wt2_0 = w2[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            acc1_0 = acc1_0 + w3[tile_b, tile_c, 0] * (
+            wt3_0 = w3[tile_b, tile_c, 0]
+            acc1_0 = acc1_0 + wt3_0 * (
                 0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
                 + 0.9999999999999999 * g3_2 * sb1_2_0
             )
@@ -253,17 +267,20 @@ def tp_bwd_x1_0(
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * g4_0 * sb0_0_0)
-            acc2_1 = acc2_1 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * g4_1 * sb0_0_0)
-            acc2_2 = acc2_2 + w4[tile_b, tile_c, 0] * (0.9999999999999999 * g4_2 * sb0_0_0)
+            wt4_0 = w4[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+            acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+            acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            acc2_0 = acc2_0 + w5[tile_b, tile_c, 0] * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc2_1 = acc2_1 + w5[tile_b, tile_c, 0] * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc2_2 = acc2_2 + w5[tile_b, tile_c, 0] * (0.5773502691896257 * g5_0 * sb1_2_0)
+            wt5_0 = w5[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+            acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+            acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            acc2_0 = acc2_0 + w6[tile_b, tile_c, 0] * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
-            acc2_1 = acc2_1 + w6[tile_b, tile_c, 0] * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
-            acc2_2 = acc2_2 + w6[tile_b, tile_c, 0] * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
+            wt6_0 = w6[tile_b, tile_c, 0]
+            acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
+            acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
+            acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
             gx1_2[tile_b, 0, tile_c] = acc2_0
             gx1_2[tile_b, 1, tile_c] = acc2_1
             gx1_2[tile_b, 2, tile_c] = acc2_2
@@ -272,17 +289,20 @@ def tp_bwd_x1_0(
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * g7_0 * sb0_0_0)
-            acc3_1 = acc3_1 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * g7_1 * sb0_0_0)
-            acc3_2 = acc3_2 + w7[tile_b, tile_c, 0] * (0.9999999999999999 * g7_2 * sb0_0_0)
+            wt7_0 = w7[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
+            acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
+            acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            acc3_0 = acc3_0 + w8[tile_b, tile_c, 0] * (0.5773502691896257 * g8_0 * sb1_0_0)
-            acc3_1 = acc3_1 + w8[tile_b, tile_c, 0] * (0.5773502691896257 * g8_0 * sb1_1_0)
-            acc3_2 = acc3_2 + w8[tile_b, tile_c, 0] * (0.5773502691896257 * g8_0 * sb1_2_0)
+            wt8_0 = w8[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
+            acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
+            acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            acc3_0 = acc3_0 + w9[tile_b, tile_c, 0] * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
-            acc3_1 = acc3_1 + w9[tile_b, tile_c, 0] * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
-            acc3_2 = acc3_2 + w9[tile_b, tile_c, 0] * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
+            wt9_0 = w9[tile_b, tile_c, 0]
+            acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
+            acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
+            acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
             gx1_3[tile_b, 0, tile_c] = acc3_0
             gx1_3[tile_b, 1, tile_c] = acc3_1
             gx1_3[tile_b, 2, tile_c] = acc3_2
@@ -362,65 +382,75 @@ def tp_bwd_x2_0(
                 rg9_1 = g_9[tile_b, 1, tile_r]
                 rg9_2 = g_9[tile_b, 2, tile_r]
                 # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-                t = (1.0 * ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w0[tile_b, tile_r, tile_c]).sum(1)
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-                t = (1.0 * ra1_0 * rg2_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * w2[tile_b, tile_r, tile_c]).sum(1)
+                wr2 = w2[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg2_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr2).sum(1)
                 # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
+                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
                     + 0.9999999999999999 * ra2_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w4[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
                 # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
+                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
                     + 0.9999999999999999 * ra3_2 * rg7_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * w7[tile_b, tile_r, tile_c]).sum(1)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr7).sum(1)
                 # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
+                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w1[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
+                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr3).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg3_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr3).sum(1)
                 t = (0.9999999999999999 * ra1_0 * rg3_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * w3[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr3).sum(1)
                 # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
+                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
                 t = (0.5773502691896257 * ra2_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
                 t = (0.5773502691896257 * ra2_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w5[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
+                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
                 t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
                 t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w6[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
                 # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
+                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg8_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
                 t = (0.5773502691896257 * ra3_1 * rg8_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
                 t = (0.5773502691896257 * ra3_2 * rg8_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * w8[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
+                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
                 t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
                 t = (0.7071067811865475 * ra3_1 * rg9_0 - 0.7071067811865475 * ra3_0 * rg9_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * w9[tile_b, tile_r, tile_c]).sum(1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -497,7 +527,7 @@ def tp_bwd_w_0(
             g9_1 = g_9[tile_b, 1, tile_c]
             g9_2 = g_9[tile_b, 2, tile_c]
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            q0 = (1.0 * a0_0 * sb0_0_0)
+            q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
@@ -505,7 +535,7 @@ def tp_bwd_w_0(
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            q0 = (1.0 * a1_0 * sb0_0_0)
+            q0 = (a1_0 * sb0_0_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)

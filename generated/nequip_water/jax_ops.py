@@ -14,7 +14,8 @@ forces and their gradients, Hessians by ``jacrev(grad(.))``): the tensor product
 the derivative of a four-linear form ``F(x1, x2, W, g)``, and its four partial
 derivatives are four generated Pallas kernels (``pallas_kernels.forward``,
 ``backward_x1``, ``backward_x2``, ``backward_w``), each a ``jax.custom_vjp`` function
-whose VJP is made of the others (``eqdsl.runtime.jax_runtime.TensorProductVJP``).
+whose VJP is made of the others (``eqdsl.runtime.jax_runtime.TensorProductVJP``;
+with unweighted paths also over the weighted paths only, for the VJP of ``backward_w``).
 ``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the three backward kernels
 directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 ``jax.hessian``, which is ``jacfwd(jacrev)``) is not supported: JAX raises
@@ -71,7 +72,9 @@ BYTES_PER_BATCH = {'float32': 5136, 'float64': 10272}
 
 
 # The four kernels on kernel-layout arrays, differentiable to any order in reverse mode.
-KERNEL_OPS = rt.make_vjp_ops(_kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w)
+KERNEL_OPS = rt.make_vjp_ops(
+    _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
+)
 
 
 def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batch: int | None = None):

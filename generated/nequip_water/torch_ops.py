@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 320
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((32, 1), (32, 1), (32, 3), (32, 3)))
-_OUT = _rt.LayoutPermutation(((32, 1), (32, 3), (32, 1), (32, 3), (32, 3), (32, 1), (32, 3), (32, 3), (32, 1), (32, 3)))
+_IN1 = _rt.LayoutPermutation("eqdsl_nequip_water.in1", ((32, 1), (32, 1), (32, 3), (32, 3)))
+_OUT = _rt.LayoutPermutation("eqdsl_nequip_water.out", ((32, 1), (32, 3), (32, 1), (32, 3), (32, 3), (32, 1), (32, 3), (32, 3), (32, 1), (32, 3)))
 
 
 def _check(x1, x2, weights) -> None:

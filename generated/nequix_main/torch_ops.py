@@ -56,8 +56,8 @@ WEIGHT_NUMEL = 1312
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation(((128, 1), (64, 3), (32, 5), (32, 7)))
-_OUT = _rt.LayoutPermutation(((128, 1), (128, 3), (128, 5), (128, 7), (64, 3), (64, 1), (64, 5), (64, 3), (64, 7), (64, 5), (32, 5), (32, 3), (32, 7), (32, 1), (32, 5), (32, 3), (32, 7), (32, 7), (32, 5), (32, 3), (32, 7), (32, 1), (32, 5)))
+_IN1 = _rt.LayoutPermutation("eqdsl_nequix_main.in1", ((128, 1), (64, 3), (32, 5), (32, 7)))
+_OUT = _rt.LayoutPermutation("eqdsl_nequix_main.out", ((128, 1), (128, 3), (128, 5), (128, 7), (64, 3), (64, 1), (64, 5), (64, 3), (64, 7), (64, 5), (32, 5), (32, 3), (32, 7), (32, 1), (32, 5), (32, 3), (32, 7), (32, 7), (32, 5), (32, 3), (32, 7), (32, 1), (32, 5)))
 
 
 def _check(x1, x2, weights) -> None:

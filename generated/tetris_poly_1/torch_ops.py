@@ -58,7 +58,7 @@ LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
 # batch rows per partial sum of the shared-weight gradient (one row of partials each)
 WSUM_ROWS = 64
-_OUT = _rt.LayoutPermutation(((64, 1), (24, 3), (24, 3), (16, 5), (16, 5)))
+_OUT = _rt.LayoutPermutation("eqdsl_tetris_poly_1.out", ((64, 1), (24, 3), (24, 3), (16, 5), (16, 5)))
 
 
 def _check(x1, x2, weights) -> None:
