@@ -208,21 +208,25 @@ def diamond_graph(label: str, element: str, reps, cutoff: float) -> Graph:
 
 
 def _diamond_pairs_scipy(a: float, reps, cutoff: float):
-    """Same graph as ase's neighbor_list for a periodic box larger than twice the cutoff."""
+    """The graph ase's neighbor_list gives (pairs i -> j within the cutoff, over every periodic
+    image, self excluded only at zero shift), from a cKDTree over the tiled images."""
     from scipy.spatial import cKDTree
 
-    basis = np.array([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0]], float)
-    basis = np.concatenate([basis, basis + 0.25])  # ase's atom order within the cubic cell
+    fcc = np.array([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0]], float)
+    basis = np.stack([fcc, fcc + 0.25], axis=1).reshape(8, 3)  # ase's atom order within the cubic cell
     cells = np.array([(x, y, z) for x in range(reps[0]) for y in range(reps[1]) for z in range(reps[2])], float)
     pos = ((cells[:, None, :] + basis[None]) * a).reshape(-1, 3)
-    box = np.array(reps, float) * a
-    if 2 * cutoff >= box.min():
-        raise NotAvailable("box too small for the scipy fallback (install ase)")
-    tree = cKDTree(np.mod(pos, box), boxsize=box)
-    pairs = tree.query_pairs(cutoff, output_type="ndarray")
-    i = np.concatenate([pairs[:, 0], pairs[:, 1]])
-    j = np.concatenate([pairs[:, 1], pairs[:, 0]])
-    return i, j, len(pos)
+    n, box = len(pos), np.array(reps, float) * a
+    k = np.ceil(cutoff / box).astype(int)
+    shifts = np.array([(x, y, z) for x in range(-k[0], k[0] + 1) for y in range(-k[1], k[1] + 1)
+                       for z in range(-k[2], k[2] + 1)], float)
+    zero = int(np.flatnonzero((shifts == 0).all(1))[0])
+    tree = cKDTree((pos[None] + (shifts * box)[:, None, :]).reshape(-1, 3))
+    hits = tree.query_ball_point(pos, cutoff)
+    i = np.repeat(np.arange(n), [len(h) for h in hits])
+    jt = np.concatenate([np.asarray(h, dtype=np.int64) for h in hits])
+    keep = ~((jt % n == i) & (jt // n == zero))
+    return i[keep], (jt % n)[keep], n
 
 
 def build_graphs(args, on_gpu: bool) -> list:

@@ -66,12 +66,23 @@ def kind_of(d: dict) -> str:
 
 def load_inputs(args):
     data = {}
+
+    def read(path):
+        try:
+            return json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"warning: {path}: {type(e).__name__}: {e}; its section will say so", file=sys.stderr)
+            return None
+
     for k in ("tp", "conv", "latency"):
         if getattr(args, k):
-            data[k] = (getattr(args, k), json.loads(Path(getattr(args, k)).read_text(encoding="utf-8")))
+            d = read(getattr(args, k))
+            if d is not None:
+                data[k] = (getattr(args, k), d)
     for f in args.files:
-        d = json.loads(Path(f).read_text(encoding="utf-8"))
-        data.setdefault(kind_of(d), (f, d))
+        d = read(f)
+        if d is not None:
+            data.setdefault(kind_of(d), (f, d))
     if "latency" not in data and "conv" in data and data["conv"][1].get("latency", {}).get("rows"):
         lat = data["conv"][1]["latency"]
         data["latency"] = (data["conv"][0] + " (latency section)",

@@ -479,7 +479,8 @@ class _KernelBuilder:
                 terms += sum(len(p.nonzeros) for p in paths)
                 name = {"g": "out", "x1": "x1", "x2": "x2"}[op]
                 groups.append({"desc": f"{name} block {b} ({blk['desc']}): {len(paths)} path(s)", "body": top})
-            desc = f"{ {'g': 'Output', 'x1': 'x1', 'x2': 'x2'}[op]} blocks {', '.join(map(str, self.group_ids))}"
+            what = {"g": "Output", "x1": "x1", "x2": "x2"}[op]
+            desc = f"{what} blocks {', '.join(map(str, self.group_ids))}"
         return {
             "kind": self.kind,
             "number": self.number,

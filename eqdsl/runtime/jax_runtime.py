@@ -225,7 +225,8 @@ def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | N
         return jnp.zeros((rows, out_width), args[0].dtype)
     row_block = lambda i: (i, 0)  # noqa: E731
     in_specs = [
-        pl.BlockSpec((1, a.shape[1]), lambda i: (0, 0)) if k == shared_arg else pl.BlockSpec((block_batch, a.shape[1]), row_block)
+        pl.BlockSpec((1, a.shape[1]), lambda i: (0, 0)) if k == shared_arg
+        else pl.BlockSpec((block_batch, a.shape[1]), row_block)
         for k, a in enumerate(args)
     ]
     pieces = []
