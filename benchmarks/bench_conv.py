@@ -334,7 +334,7 @@ class ConvReference:
         if g is not None and scale is not None:
             g = g * scale
         ir = prob.ir
-        chunk = max(256, (1 << 25) // max(1, ir.dim_out + ir.dim_in1 + ir.weight_numel))
+        chunk = max(256, (1 << 26) // max(1, ir.dim_out + ir.dim_in1 + ir.weight_numel))
         out = torch.zeros(n, ir.dim_out, dtype=torch.float64, device=dev)
         gx = torch.zeros_like(x) if need_grads else None
         gea = torch.empty_like(ea) if need_grads else None

@@ -55,7 +55,7 @@ from ..ir import Block, PathIR, TensorProductIR
 from ..reference import _SUBSCRIPTS
 from .render import render
 
-__all__ = ["render_files", "Tuning", "kernel_context", "op_namespace", "FAMILIES", "wsum_rows"]
+__all__ = ["render_files", "Tuning", "kernel_context", "op_namespace", "FAMILIES", "LINEAR_FAMILIES", "wsum_rows"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,15 @@ FAMILIES = (
     ("bwd_x2", "x2", ("x1", "g", "w")),
     ("bwd_w", "w", ("x1", "x2", "g")),
 )
+# Unweighted paths make F affine, not linear, in W: where a weight *cotangent* takes the
+# place of W (the derivatives of bwd_w), only the weighted paths may contribute. Specs
+# with unweighted paths get these three more families, over the weighted paths only.
+LINEAR_FAMILIES = (
+    ("fwd_lin", "g", ("x1", "x2", "w")),
+    ("bwd_x1_lin", "x1", ("g", "x2", "w")),
+    ("bwd_x2_lin", "x2", ("x1", "g", "w")),
+)
+_ALL_FAMILIES = FAMILIES + LINEAR_FAMILIES
 # Kernel parameter prefix of each operand as an input (``x1_0``, ``g_3``, ``w5``) and
 # of each family's output (``out_3``, ``gx1_0``, ``gx2_1``, ``gw5``).
 _IN_PARAM = {"x1": "x1_", "x2": "x2_", "g": "g_", "w": "w"}
@@ -104,6 +113,8 @@ _OUT_PARAM = {"fwd": "out_", "bwd_x1": "gx1_", "bwd_x2": "gx2_", "bwd_w": "gw"}
 # Tensor each parameter is a view of, in the generated op (``x1_0 = x1[:, ...]``).
 _IN_TENSOR = {"x1": "x1", "x2": "x2", "g": "g", "w": "weights"}
 _OUT_TENSOR = {"fwd": "out", "bwd_x1": "gx1", "bwd_x2": "gx2", "bwd_w": "gw"}
+for _f in ("fwd", "bwd_x1", "bwd_x2"):
+    _OUT_PARAM[_f + "_lin"], _OUT_TENSOR[_f + "_lin"] = _OUT_PARAM[_f], _OUT_TENSOR[_f]
 # Prefix of the local names of loaded values (``a0_1``: x1 block 0 component 1).
 _LOCAL = {"x1": "a", "x2": "b", "g": "g"}
 
@@ -279,7 +290,7 @@ class _BlockKernel:
     elems_3d: int = 0
 
     def paths_into(self, o: int) -> list[PathIR]:
-        return [p for p in self.ir.paths if _bidx(p, self.out_op) == o]
+        return _paths_into(self.ir, self.family, self.out_op, o)
 
     def context(self, index: int) -> dict:
         ir, t = self.ir, self.tuning
@@ -478,7 +489,21 @@ _DOC = {
     "bwd_x1": "Gradient with respect to x1 (dF/dx1)",
     "bwd_x2": "Gradient with respect to x2 (dF/dx2)",
     "bwd_w": "Gradient with respect to the weights (dF/dW)",
+    "fwd_lin": "Forward of the weighted paths only (dF_W/dg)",
+    "bwd_x1_lin": "Gradient with respect to x1, weighted paths only (dF_W/dx1)",
+    "bwd_x2_lin": "Gradient with respect to x2, weighted paths only (dF_W/dx2)",
 }
+
+
+def _paths_into(ir: TensorProductIR, family: str, out_op: str, o: int) -> list[PathIR]:
+    """Paths contributing to block ``o`` of ``out_op`` in ``family`` (``*_lin``: weighted only)."""
+    lin = family.endswith("_lin")
+    return [p for p in ir.paths if _bidx(p, out_op) == o and (p.has_weight or not lin)]
+
+
+def has_unweighted(ir: TensorProductIR) -> bool:
+    """Whether some unweighted path contributes (then ``F`` is affine in ``W``: ``*_lin`` kernels)."""
+    return any(not p.has_weight and p.nonzeros for p in ir.paths)
 
 
 def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
@@ -489,7 +514,8 @@ def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
 def _block_family(ir: TensorProductIR, family: str, out_op: str, in_ops: tuple[str, str], tuning: Tuning) -> list[dict]:
     n_out = len(_blocks(ir, out_op))
     costs = [
-        sum(len(p.nonzeros) * _unroll(ir, p, out_op) for p in ir.paths if _bidx(p, out_op) == o) for o in range(n_out)
+        sum(len(p.nonzeros) * _unroll(ir, p, out_op) for p in _paths_into(ir, family, out_op, o))
+        for o in range(n_out)
     ]
     return [
         _BlockKernel(ir, family, out_op, in_ops, blocks, tuning).context(idx)
@@ -682,9 +708,10 @@ def _weight_family(ir: TensorProductIR, tuning: Tuning) -> list[dict]:
 
 
 def kernel_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict[str, list[dict]]:
-    """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``)."""
+    """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
+    and ``*_lin`` when some path is unweighted)."""
     out = {}
-    for family, out_op, args in FAMILIES:
+    for family, out_op, args in FAMILIES + (LINEAR_FAMILIES if has_unweighted(ir) else ()):
         if family == "bwd_w":
             out[family] = _weight_family(ir, tuning)
         else:
@@ -723,7 +750,7 @@ def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: 
             views += _weight_views(ir, "weights", "w", not ir.shared_weights, used)
         else:
             views += _views(_blocks(ir, op), _IN_TENSOR[op], _IN_PARAM[op], used)
-    out_op = dict((f, o) for f, o, _ in FAMILIES)[family]
+    out_op = dict((f, o) for f, o, _ in _ALL_FAMILIES)[family]
     if family == "bwd_w":
         views += _weight_views(ir, "gw", "gw", True, used)
     else:
@@ -737,6 +764,32 @@ def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: 
     }
 
 
+_DIM = {"x1": "DIM_IN1", "x2": "DIM_IN2", "g": "DIM_OUT", "w": None}
+_OP_DOC = {
+    "fwd": "``out = dF/dg (x1, x2, weights)``: the tensor product of ``ir_mul`` rows.",
+    "bwd_x1": "``dF/dx1 (g, x2, weights)`` (``ir_mul`` rows).",
+    "bwd_x2": "``dF/dx2 (x1, g, weights)`` (``ir_mul`` rows).",
+    "fwd_lin": "``dF_W/dg (x1, x2, weights)``: the weighted paths of the tensor product only.",
+    "bwd_x1_lin": "``dF_W/dx1 (g, x2, weights)``: weighted paths only.",
+    "bwd_x2_lin": "``dF_W/dx2 (x1, g, weights)``: weighted paths only.",
+}
+
+
+def _block_op(family: str) -> dict:
+    """A custom op computing operand blocks (``fwd``, ``bwd_x1``, ``bwd_x2``, ``*_lin``), for ``torch_ops.py``."""
+    out_op, args = {f: (o, a) for f, o, a in _ALL_FAMILIES}[family]
+    names = [_IN_TENSOR[a] for a in args]
+    return {
+        "name": family,
+        "doc": _OP_DOC[family],
+        "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+        "operands": ", ".join(f'("{n}", {n}, {_DIM[a]})' for n, a in zip(names, args)),
+        "first": names[0],
+        "out_dim": _DIM[out_op],
+        "contiguous": ", ".join(f"{n}.contiguous()" for n in names),
+    }
+
+
 def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
     return any(b.mul > 1 and b.dim > 1 for b in blocks)
 
@@ -744,7 +797,7 @@ def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
 def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
     families = kernel_context(ir, tuning)
     convert = ir.layout == "mul_ir"
-    args = {f: a for f, _, a in FAMILIES}
+    args = {f: a for f, _, a in _ALL_FAMILIES}
     ops = {
         "name": ir.name,
         "namespace": op_namespace(ir.name),
@@ -766,9 +819,11 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
         "convert_in2": convert and _layouts_differ(ir.in2),
         "convert_out": convert and _layouts_differ(ir.out),
         "launchers": {f: _launcher(ir, f, args[f], ks) for f, ks in families.items()},
+        "block_ops": [_block_op(f) for f in families if f != "bwd_w"],
+        "linear_ops": "fwd_lin" in families,
         "n_paths": len(ir.paths),
     }
-    all_kernels = [k for f, _, _ in FAMILIES for k in families[f]]
+    all_kernels = [k for ks in families.values() for k in ks]
     return {
         "helion_kernels.py": render(
             "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels,

@@ -547,6 +547,9 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
     return {
         "header": header,
         "name": ir.name,
+        "conv": ir.conv,
+        "reduce": ir.reduce,
+        "deterministic": ir.deterministic,
         "summary": str(ir),
         "layout": ir.layout,
         "shared_weights": ir.shared_weights,

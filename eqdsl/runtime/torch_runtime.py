@@ -114,62 +114,71 @@ def check_operands(
             raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
 
 
-def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w) -> None:
-    """Wire the four derivatives of ``F(x1, x2, W, g)`` to each other.
+def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
+    """Wire the derivatives of ``F(x1, x2, W, g) = sum W C x1 x2 g`` to each other.
 
     ``fwd(x1, x2, W) = dF/dg``, ``bwd_x1(g, x2, W) = dF/dx1``, ``bwd_x2(x1, g, W) =
-    dF/dx2``, ``bwd_w(x1, x2, g) = dF/dW`` (custom ops). ``F`` is linear in each
-    argument, so the vector-Jacobian product of any of them with a cotangent ``h`` is
-    again one of the four with ``h`` in place of the argument it replaced; only the
+    dF/dx2``, ``bwd_w(x1, x2, g) = dF/dW`` (custom ops). ``F`` is linear in ``x1``,
+    ``x2`` and ``g``, so the vector-Jacobian product of any of them with a cotangent
+    ``h`` is again one of them with ``h`` in place of the argument it replaced; only the
     gradients autograd asks for are computed.
+
+    Unweighted paths (weight 1) make ``F`` affine in ``W``, not linear:
+    ``<h, dF/dW> = F_W(x1, x2, h, g)`` with ``F_W`` the weighted paths alone. So the
+    derivatives of ``bwd_w`` call ``linear = (fwd_lin, bwd_x1_lin, bwd_x2_lin)``, the
+    three operand derivatives of ``F_W`` (themselves wired the same way); without
+    unweighted paths ``F_W = F`` and ``linear`` is ``None``.
     """
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
 
-    def fwd_backward(ctx, h):
-        x1, x2, w = ctx.saved_tensors
-        n1, n2, nw = ctx.needs_input_grad
-        return (
-            bwd_x1(h, x2, w) if n1 else None,
-            bwd_x2(x1, h, w) if n2 else None,
-            bwd_w(x1, x2, h) if nw else None,
-        )
+    def wire(fwd_, bwd_x1_, bwd_x2_):
+        def fwd_backward(ctx, h):
+            x1, x2, w = ctx.saved_tensors
+            n1, n2, nw = ctx.needs_input_grad
+            return (
+                bwd_x1_(h, x2, w) if n1 else None,
+                bwd_x2_(x1, h, w) if n2 else None,
+                bwd_w(x1, x2, h) if nw else None,
+            )
 
-    def bwd_x1_backward(ctx, h):
-        g, x2, w = ctx.saved_tensors
-        ng, n2, nw = ctx.needs_input_grad
-        return (
-            fwd(h, x2, w) if ng else None,
-            bwd_x2(h, g, w) if n2 else None,
-            bwd_w(h, x2, g) if nw else None,
-        )
+        def bwd_x1_backward(ctx, h):
+            g, x2, w = ctx.saved_tensors
+            ng, n2, nw = ctx.needs_input_grad
+            return (
+                fwd_(h, x2, w) if ng else None,
+                bwd_x2_(h, g, w) if n2 else None,
+                bwd_w(h, x2, g) if nw else None,
+            )
 
-    def bwd_x2_backward(ctx, h):
-        x1, g, w = ctx.saved_tensors
-        n1, ng, nw = ctx.needs_input_grad
-        return (
-            bwd_x1(g, h, w) if n1 else None,
-            fwd(x1, h, w) if ng else None,
-            bwd_w(x1, h, g) if nw else None,
-        )
+        def bwd_x2_backward(ctx, h):
+            x1, g, w = ctx.saved_tensors
+            n1, ng, nw = ctx.needs_input_grad
+            return (
+                bwd_x1_(g, h, w) if n1 else None,
+                fwd_(x1, h, w) if ng else None,
+                bwd_w(x1, h, g) if nw else None,
+            )
+
+        for op, backward in ((fwd_, fwd_backward), (bwd_x1_, bwd_x1_backward), (bwd_x2_, bwd_x2_backward)):
+            op.register_autograd(backward, setup_context=setup_context)
+
+    wire(fwd, bwd_x1, bwd_x2)
+    if linear is not None:
+        wire(*linear)
+    fwd_w, bwd_x1_w, bwd_x2_w = linear if linear is not None else (fwd, bwd_x1, bwd_x2)
 
     def bwd_w_backward(ctx, h):
         x1, x2, g = ctx.saved_tensors
         n1, n2, ng = ctx.needs_input_grad
         return (
-            bwd_x1(g, x2, h) if n1 else None,
-            bwd_x2(x1, g, h) if n2 else None,
-            fwd(x1, x2, h) if ng else None,
+            bwd_x1_w(g, x2, h) if n1 else None,
+            bwd_x2_w(x1, g, h) if n2 else None,
+            fwd_w(x1, x2, h) if ng else None,
         )
 
-    for op, backward in (
-        (fwd, fwd_backward),
-        (bwd_x1, bwd_x1_backward),
-        (bwd_x2, bwd_x2_backward),
-        (bwd_w, bwd_w_backward),
-    ):
-        op.register_autograd(backward, setup_context=setup_context)
+    bwd_w.register_autograd(bwd_w_backward, setup_context=setup_context)
 
 
 def check_device(op: str, device: torch.device) -> None:
