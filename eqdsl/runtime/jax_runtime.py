@@ -17,11 +17,13 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 __all__ = [
     "check_inputs", "check_grad_out", "check_block_batch", "round_up", "bucket", "pack", "unpack", "pack_weights",
     "unpack_weights", "use_interpret", "compiler_params", "launch_rows", "launch_weight_sum", "TensorProductVJP",
-    "make_vjp_ops",
+    "make_vjp_ops", "make_conv_vjp_ops", "ConvGraph", "conv_graph", "check_conv_inputs", "launch_segments",
+    "launch_edges", "PaddedGraph", "pad_graph",
 ]
 
 NUM_WARPS = 4
@@ -316,23 +318,46 @@ def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -
     ``TensorProductVJP`` (see there for the rules). ``weighted``: the launchers
     ``(forward, backward_x1, backward_x2)`` over the weighted paths only, or ``None``
     when every path is weighted."""
+    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=False)
+
+
+def make_conv_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -> TensorProductVJP:
+    """``make_vjp_ops`` for the fused convolution: launchers
+    ``f(a, b, c, graph, *, block_batch, interpret)`` with a ``ConvGraph`` (integer arrays,
+    not differentiated: its cotangent is ``None``); the ops take
+    ``(a, b, c, graph, block, interpret)``. The same rules hold because the convolution
+    ``F_conv(x, y, W, G) = sum_e F(x[src_e], y_e, W_e, G[dst_e])`` is the same four-linear
+    form composed with gathers: ``fwd`` gathers ``x`` by ``src`` and reduces into ``dst``,
+    ``bwd_x1`` gathers ``G`` by ``dst`` and reduces into ``src``, ``bwd_x2`` and
+    ``bwd_w`` are per edge (``bwd_w`` summed over the edges with shared weights)."""
+    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=True)
+
+
+def _wire(launchers, weighted, *, graph: bool) -> TensorProductVJP:
+    ng = 1 if graph else 0  # number of non-differentiated pass-through arguments (the graph)
 
     def wrap(launch):
-        @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-        def op(a, b, c, block_batch, interpret):
-            return launch(a, b, c, block_batch=block_batch, interpret=interpret)
+        if graph:
+            @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+            def op(a, b, c, g, block_batch, interpret):
+                return launch(a, b, c, g, block_batch=block_batch, interpret=interpret)
+        else:
+            @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+            def op(a, b, c, block_batch, interpret):
+                return launch(a, b, c, block_batch=block_batch, interpret=interpret)
 
         return op
 
-    fwd, bwd_x1, bwd_x2, bwd_w = (wrap(f) for f in (forward, backward_x1, backward_x2, backward_w))
+    fwd, bwd_x1, bwd_x2, bwd_w = (wrap(f) for f in launchers)
     fwd_w, bwd_x1_w, bwd_x2_w = (fwd, bwd_x1, bwd_x2) if weighted is None else (wrap(f) for f in weighted)
+    nones = (None,) * ng
 
     def save(op):
         # The primal goes through ``op`` itself, not its launcher: under an outer level of
         # differentiation (grad of grad) the forward rule is traced by that level, which
         # must see the custom rule again (a bare pallas_call has no derivative).
-        def rule(a, b, c, block_batch, interpret):
-            return op(a, b, c, block_batch, interpret), (a, b, c)
+        def rule(*args):
+            return op(*args), args[:-2]
 
         return rule
 
@@ -340,26 +365,350 @@ def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -
         """VJP rules of the derivatives (f, b1, b2) of one form, with ``bwd_w`` its W-derivative."""
 
         def f_bwd(bb, it, res, h):
-            x1, x2, w = res
-            return b1(h, x2, w, bb, it), b2(x1, h, w, bb, it), bwd_w(x1, x2, h, bb, it)
+            x1, x2, w, *ex = res
+            return (b1(h, x2, w, *ex, bb, it), b2(x1, h, w, *ex, bb, it), bwd_w(x1, x2, h, *ex, bb, it)) + nones
 
         def b1_bwd(bb, it, res, h):
-            g, x2, w = res
-            return f(h, x2, w, bb, it), b2(h, g, w, bb, it), bwd_w(h, x2, g, bb, it)
+            g, x2, w, *ex = res
+            return (f(h, x2, w, *ex, bb, it), b2(h, g, w, *ex, bb, it), bwd_w(h, x2, g, *ex, bb, it)) + nones
 
         def b2_bwd(bb, it, res, h):
-            x1, g, w = res
-            return b1(g, h, w, bb, it), f(x1, h, w, bb, it), bwd_w(x1, h, g, bb, it)
+            x1, g, w, *ex = res
+            return (b1(g, h, w, *ex, bb, it), f(x1, h, w, *ex, bb, it), bwd_w(x1, h, g, *ex, bb, it)) + nones
 
         for op, rule in ((f, f_bwd), (b1, b1_bwd), (b2, b2_bwd)):
             op.defvjp(save(op), rule)
 
     def bwd_w_bwd(bb, it, res, h):
-        x1, x2, g = res
-        return bwd_x1_w(g, x2, h, bb, it), bwd_x2_w(x1, g, h, bb, it), fwd_w(x1, x2, h, bb, it)
+        x1, x2, g, *ex = res
+        return (bwd_x1_w(g, x2, h, *ex, bb, it), bwd_x2_w(x1, g, h, *ex, bb, it),
+                fwd_w(x1, x2, h, *ex, bb, it)) + nones
 
     family(fwd, bwd_x1, bwd_x2)
     if weighted is not None:
         family(fwd_w, bwd_x1_w, bwd_x2_w)
     bwd_w.defvjp(save(bwd_w), bwd_w_bwd)
     return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w)
+
+
+# ------------------------------------------------------------------ fused graph convolution
+#
+# ``conv(x, y, W)[n] = sum_{e: dst_e = n} TP(x[src_e], y_e, W_e)`` reuses the generated
+# kernel bodies of the plain tensor product unchanged: a body only reads
+# ``ref[:, pl.ds(start, size)]`` column tiles of its operands (and ``ref.shape[0]``) and
+# writes ``out_ref[:, pl.ds(start, size)] = tile``. The conv kernels hand it
+#
+# * ``_Gather`` operands, whose column tiles are gathered rows ``ref[idx, pl.ds(...)]``
+#   (node rows by ``src``/``dst``, edge rows by the sort permutation) with the rows of
+#   invalid edges zeroed, and
+# * for the reductions an ``_Accumulate`` output, which adds the column sum of each
+#   stored ``(edges, size)`` tile to the node's ``(1, size)`` output row.
+#
+# So no per-edge message ever reaches HBM: the gathers and the reduction happen inside
+# one kernel. The reduction is over dst-sorted (or src-sorted) CSR segments: one program
+# per node walks its contiguous edge range in tiles of ``block_edges`` edges (a
+# ``fori_loop`` with a trip count read from the row pointers), accumulating in a fixed
+# order: deterministic, bitwise reproducible, free of atomics.
+
+
+class ConvGraph(NamedTuple):
+    """Integer arrays describing a graph for the conv kernels (``rows`` = padded edge
+    count, ``N`` = num_nodes). Invalid edges (an index out of ``[0, N)``, or padding
+    rows) carry the sentinel ``N`` in ``src`` and ``dst``: they are in no segment and
+    their gathered node rows are zero, so they contribute nothing.
+
+    ``src``, ``dst`` ``(rows,)``; ``perm_dst`` the stable argsort of ``dst`` and
+    ``rowptr_dst`` ``(N + 1,)`` its CSR row pointers, ``gather_dst = src[perm_dst]``;
+    ``perm_src``, ``rowptr_src``, ``gather_src = dst[perm_src]`` the same sorted by
+    ``src``; ``inv_degree`` ``(N,)`` ``1 / max(in-degree, 1)`` (float)."""
+
+    src: jax.Array
+    dst: jax.Array
+    perm_dst: jax.Array
+    rowptr_dst: jax.Array
+    gather_dst: jax.Array
+    perm_src: jax.Array
+    rowptr_src: jax.Array
+    gather_src: jax.Array
+    inv_degree: jax.Array
+
+
+def conv_graph(src, dst, num_nodes: int, rows: int, dtype) -> ConvGraph:
+    """Sort and index a graph (jit-friendly jnp: two stable argsorts, two searchsorted)."""
+    n = num_nodes
+    src, dst = src.astype(jnp.int32), dst.astype(jnp.int32)
+    valid = (src >= 0) & (src < n) & (dst >= 0) & (dst < n)
+    src = jnp.where(valid, src, n)
+    dst = jnp.where(valid, dst, n)
+    pad = rows - src.shape[0]
+    if pad:
+        src = jnp.pad(src, (0, pad), constant_values=n)
+        dst = jnp.pad(dst, (0, pad), constant_values=n)
+    nodes = jnp.arange(n + 1, dtype=jnp.int32)
+
+    def csr(key, other):
+        perm = jnp.argsort(key, stable=True).astype(jnp.int32)
+        rowptr = jnp.searchsorted(key[perm], nodes, side="left").astype(jnp.int32)
+        return perm, rowptr, other[perm]
+
+    pd, rd, gd = csr(dst, src)
+    ps, rs, gs = csr(src, dst)
+    degree = rd[1:] - rd[:-1]
+    inv = 1.0 / jnp.maximum(degree, 1).astype(dtype)
+    return ConvGraph(src, dst, pd, rd, gd, ps, rs, gs, inv)
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *, dim_in1: int, dim_in2: int,
+                      weight_numel: int, shared_weights: bool, dtypes: tuple[str, ...], check: bool = True):
+    """Check a conv call; ``ValueError`` / ``TypeError`` naming the argument.
+
+    Always (also under ``jax.jit``, at trace time): ``num_nodes`` a non-negative Python
+    int equal to ``node_features.shape[0]``; shapes ``(num_nodes, dim_in1)``,
+    ``(num_edges, dim_in2)``, weights ``(num_edges, numel)`` or ``(numel,)`` if shared;
+    ``src``/``dst`` integer ``(num_edges,)``; float dtypes of the spec, one dtype.
+    With ``check`` and concrete (non-traced) ``src``/``dst``: every index in
+    ``[0, num_nodes)`` (one device-to-host copy of the indices; pass ``check=False`` in
+    hot loops). Traced indices cannot be checked: out-of-range edges are dropped.
+    """
+    if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
+        raise TypeError(f"num_nodes must be a Python int (static), got {type(num_nodes).__name__}")
+    num_nodes = int(num_nodes)
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    x = _as_array(node_features, "node_features")
+    y = _as_array(edge_attr, "edge_attr")
+    w = _as_array(weights, "weights")
+    src, dst = _as_array(src, "src"), _as_array(dst, "dst")
+    if x.ndim != 2 or x.shape[1] != dim_in1:
+        raise ValueError(f"node_features must have shape (num_nodes, {dim_in1}), got {tuple(x.shape)}")
+    if x.shape[0] != num_nodes:
+        raise ValueError(f"num_nodes={num_nodes} but node_features has {x.shape[0]} rows; they must match")
+    if y.ndim != 2 or y.shape[1] != dim_in2:
+        raise ValueError(f"edge_attr must have shape (num_edges, {dim_in2}), got {tuple(y.shape)}")
+    num_edges = y.shape[0]
+    for name, idx in (("src", src), ("dst", dst)):
+        if not jnp.issubdtype(idx.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an integer index array, got dtype {idx.dtype}")
+        if tuple(idx.shape) != (num_edges,):
+            raise ValueError(f"{name} must have shape (num_edges,) = ({num_edges},) like edge_attr, "
+                             f"got {tuple(idx.shape)}")
+    want = (weight_numel,) if shared_weights else (num_edges, weight_numel)
+    if tuple(w.shape) != want:
+        kind = "shared weights" if shared_weights else "per-edge weights"
+        raise ValueError(f"weights ({kind}) must have shape {want}, got {tuple(w.shape)}")
+    for name, a in (("node_features", x), ("edge_attr", y), ("weights", w)):
+        if str(a.dtype) not in dtypes:
+            raise TypeError(f"{name} has dtype {a.dtype}; this tensor product supports {', '.join(dtypes)}")
+    if not x.dtype == y.dtype == w.dtype:
+        raise TypeError(f"node_features, edge_attr and weights must have one dtype, got {x.dtype}, {y.dtype}, {w.dtype}")
+    if check and num_edges:
+        for name, idx in (("src", src), ("dst", dst)):
+            if _is_concrete(idx):
+                v = np.asarray(idx)
+                lo, hi = int(v.min()), int(v.max())
+                if lo < 0 or hi >= num_nodes:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(f"{name} holds index {bad}, out of range for num_nodes={num_nodes}")
+    return x, y, w, src, dst, num_nodes
+
+
+class _Gather:
+    """Operand of a generated kernel body whose rows are gathered: ``self[:, cols]`` is
+    ``ref[idx, cols]`` with the rows where ``mask`` is false zeroed."""
+
+    def __init__(self, ref, idx, mask):
+        self.ref, self.idx, self.mask = ref, idx, mask
+        self.shape = (idx.shape[0], ref.shape[1])
+        self.dtype = ref.dtype
+
+    def __getitem__(self, key):
+        _, cols = key
+        return jnp.where(self.mask, self.ref[self.idx, cols], 0)
+
+
+class _Accumulate:
+    """Output of a generated kernel body that reduces: storing an ``(edges, size)`` tile
+    adds its column sums to the ``(1, width)`` output row."""
+
+    def __init__(self, ref):
+        self.ref, self.shape, self.dtype = ref, ref.shape, ref.dtype
+
+    def __setitem__(self, key, value):
+        self.ref[key] = self.ref[key] + jnp.sum(value, axis=0, keepdims=True)
+
+
+def _full_spec(a):
+    from jax.experimental import pallas as pl
+
+    nd = a.ndim
+    return pl.BlockSpec(tuple(a.shape), lambda i: (0,) * nd)
+
+
+def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | None, perm, rowptr, gather,
+                    num_nodes: int, out_width: int, block_edges: int, interpret: bool):
+    """Reduction kernels (``conv`` forward, ``conv`` backward_x1): one program per node ``n``
+    sums the kernel body over the edges ``perm[rowptr[n]:rowptr[n + 1]]`` (sorted order), in
+    tiles of ``block_edges``. ``args[node_arg]`` is a node array gathered by ``gather``
+    (``(rows,)``, in sorted order); the others are edge arrays gathered by ``perm``, except
+    ``args[shared_arg]`` (shared weights, ``(1, width)``). Returns ``(num_nodes, out_width)``."""
+    from jax.experimental import pallas as pl
+
+    if not kernels:
+        return jnp.zeros((num_nodes, out_width), args[0].dtype)
+    rows = perm.shape[0]
+    be = block_edges
+
+    def make(body):
+        def kernel(rowptr_ref, perm_ref, gather_ref, *refs):
+            *ins, out_ref = refs
+            i = pl.program_id(0)
+            start, end = rowptr_ref[i], rowptr_ref[i + 1]
+            out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
+            lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
+
+            def tile(t, carry):
+                e = start + t * be + lanes
+                ec = jnp.minimum(e, rows - 1)
+                eid = perm_ref[ec]
+                nid = gather_ref[ec]
+                mask = ((e < end) & (nid < num_nodes))[:, None]
+                ops = []
+                for k, r in enumerate(ins):
+                    if k == shared_arg:
+                        ops.append(r)
+                    elif k == node_arg:
+                        ops.append(_Gather(r, jnp.minimum(nid, num_nodes - 1), mask))
+                    else:
+                        ops.append(_Gather(r, eid, mask))
+                body(*ops, _Accumulate(out_ref))
+                return carry
+
+            lax.fori_loop(0, (end - start + be - 1) // be, tile, 0)
+
+        kernel.__name__ = body.__name__
+        return kernel
+
+    operands = (rowptr, perm, gather, *args)
+    pieces = []
+    for body, width in kernels:
+        call = pl.pallas_call(
+            make(body),
+            out_shape=jax.ShapeDtypeStruct((num_nodes, width), args[0].dtype),
+            grid=(num_nodes,),
+            in_specs=[_full_spec(a) for a in operands],
+            out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret),
+            name=name + "_conv" + body.__name__,
+        )
+        pieces.append(call(*operands))
+    return _concat(pieces)
+
+
+def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, shared_out: bool,
+                 num_nodes: int, out_width: int, block_edges: int, interpret: bool):
+    """Per-edge kernels (``conv`` backward_x2 and backward_w): one program per
+    ``block_edges`` edges (original order). ``gathers``: ``{arg: index (rows,)}`` for the
+    node arrays among ``args`` (gathered rows, zero where the index is the sentinel
+    ``num_nodes``); the other args are ``(rows, width)`` edge arrays, except
+    ``args[shared_arg]``. Returns ``(rows, out_width)``, or with ``shared_out`` the
+    ``(1, out_width)`` sum over edges (per-program partial sums, then one sum in a fixed
+    order: deterministic)."""
+    from jax.experimental import pallas as pl
+
+    gather_args = sorted(gathers)
+    rows = gathers[gather_args[0]].shape[0]
+    _check_rows(rows, block_edges)
+    if not kernels:
+        return jnp.zeros((1 if shared_out else rows, out_width), args[0].dtype)
+    be, blocks = block_edges, rows // block_edges
+    ni = len(gather_args)
+
+    def make(body):
+        def kernel(*refs):
+            idx_refs, ins, out_ref = refs[:ni], refs[ni:-1], refs[-1]
+            ops = []
+            for k, r in enumerate(ins):
+                if k in gathers:
+                    nid = idx_refs[gather_args.index(k)][...]
+                    ops.append(_Gather(r, jnp.minimum(nid, num_nodes - 1), (nid < num_nodes)[:, None]))
+                else:
+                    ops.append(r)
+            body(*ops, out_ref)
+
+        kernel.__name__ = body.__name__
+        return kernel
+
+    in_specs = [pl.BlockSpec((be,), lambda i: (i,)) for _ in gather_args]
+    for k, a in enumerate(args):
+        if k in gathers or k == shared_arg:
+            in_specs.append(_full_spec(a))
+        else:
+            in_specs.append(pl.BlockSpec((be, a.shape[1]), lambda i: (i, 0)))
+    operands = (*(gathers[k] for k in gather_args), *args)
+    pieces = []
+    for body, width in kernels:
+        call = pl.pallas_call(
+            make(body),
+            out_shape=jax.ShapeDtypeStruct((blocks if shared_out else rows, width), args[0].dtype),
+            grid=(blocks,),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((1 if shared_out else be, width), lambda i: (i, 0)),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret),
+            name=name + "_conv" + body.__name__,
+        )
+        out = call(*operands)
+        pieces.append(jnp.sum(out, axis=0, keepdims=True) if shared_out else out)
+    return _concat(pieces)
+
+
+class PaddedGraph(NamedTuple):
+    """A graph padded to bucket sizes by ``pad_graph`` (see there)."""
+
+    node_features: jax.Array
+    edge_attr: jax.Array
+    weights: jax.Array
+    src: jax.Array
+    dst: jax.Array
+    num_nodes: int
+    num_real_nodes: int
+    num_real_edges: int
+    node_mask: jax.Array
+    edge_mask: jax.Array
+
+
+def pad_graph(node_features, edge_attr, weights, src, dst, num_nodes: int, *, shared_weights: bool,
+              min_nodes: int = 16, min_edges: int = 64) -> PaddedGraph:
+    """Pad a graph to bucket sizes so that ``jax.jit``-compiled code sees few shapes.
+
+    Nodes are padded to ``bucket(num_nodes + 1, min_nodes)`` rows (at least one dummy
+    node), edges to ``bucket(num_edges, min_edges)`` (powers of two up to 65536, then
+    multiples of 65536: less than 2x the work, a handful of distinct shapes over a
+    whole MD run). Padded nodes have zero features; padded edges point from and to the
+    last (dummy) node and carry zero ``edge_attr`` and zero weights, so the rows of the
+    real nodes of ``conv(...)`` and all gradients with respect to real inputs are
+    unchanged (also with ``reduce = "mean"``: only the dummy node's degree changes).
+    Take ``out[:num_real_nodes]`` or multiply by ``node_mask``. Call it outside ``jit``
+    (the sizes are Python ints)."""
+    n, e = int(num_nodes), int(np.shape(src)[0])
+    n_pad, e_pad = bucket(n + 1, min_nodes), bucket(e, min_edges)
+    dummy = n_pad - 1
+    arrays = (node_features, edge_attr, weights, src, dst)
+    # host arrays are padded with numpy: eager jnp ops would compile once per input shape
+    xp = jnp if any(isinstance(a, jax.Array) for a in arrays) else np
+    x = xp.pad(xp.asarray(node_features), ((0, n_pad - n), (0, 0)))
+    y = xp.pad(xp.asarray(edge_attr), ((0, e_pad - e), (0, 0)))
+    w = xp.asarray(weights)
+    if not shared_weights:
+        w = xp.pad(w, ((0, e_pad - e), (0, 0)))
+    s, d = xp.asarray(src), xp.asarray(dst)
+    if not np.issubdtype(s.dtype, np.integer) or not np.issubdtype(d.dtype, np.integer):
+        raise TypeError(f"src and dst must be integer index arrays, got dtypes {s.dtype}, {d.dtype}")
+    s = xp.pad(s, (0, e_pad - e), constant_values=dummy)
+    d = xp.pad(d, (0, e_pad - e), constant_values=dummy)
+    return PaddedGraph(x, y, w, s, d, n_pad, n, e, np.arange(n_pad) < n, np.arange(e_pad) < e)

@@ -33,6 +33,45 @@ default 4); padded rows are computed and dropped. Each distinct padded
 batch size compiles once; callers whose batch changes every step (molecular dynamics)
 should pad to a few bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``)
 and mask, so that the kernels are not recompiled for every size.
+
+Fused graph convolution. ``conv(node_features, edge_attr, weights, src, dst, num_nodes)``
+computes ``out[dst[e]] += TP(node_features[src[e]], edge_attr[e], weights[e])`` over the
+edges, without writing any per-edge message to HBM: the gathers by
+``src``/``dst`` and the reduction happen inside the Pallas kernels, which run the same
+generated kernel bodies as ``tensor_product``. The reduction is over dst-sorted CSR
+segments (a stable ``argsort`` of ``dst`` and ``searchsorted`` row pointers, computed
+in jnp inside the jitted call): one program per node sums its edges in tiles of
+``block_edges`` in a fixed order and writes its row: deterministic, bitwise
+reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
+Pallas atomic-add variant is not provided: on the CPU, interpret mode loses duplicate
+indices in ``atomic_add`` (jax#24117), so it could not be tested there, and Mosaic GPU
+has no per-element atomic add to global memory.
+
+Gradients: with ``G`` the output cotangent, the four conv kernels are the
+derivatives of ``F_conv = sum_e F(x[src_e], y_e, W_e, G[dst_e])``: forward (gather
+``x`` by ``src``, reduce into ``dst``), backward_x1 (gather ``G`` by ``dst``, reduce
+into ``src``, edges sorted by ``src``: a second stable permutation), backward_x2 and
+backward_w (per edge, gathers only; shared weights: per-program partial sums, then one
+sum). They are wired like ``KERNEL_OPS`` (``CONV_OPS``), so reverse mode works to any
+order (energy -> forces -> their gradients).
+
+Checks: shapes, dtypes and ``num_nodes`` (a Python int that must equal
+``node_features.shape[0]``) are checked always, at trace time under ``jax.jit``.
+With ``check=True`` (default) and concrete ``src``/``dst`` (an eager call, or index
+arrays closed over as constants) every index is checked to lie in
+``[0, num_nodes)`` (a device-to-host copy; ``check=False`` skips it in hot loops).
+Traced indices cannot be checked: an edge with an out-of-range ``src`` or ``dst`` is
+then dropped (it contributes nothing, and nothing is read or written out of bounds).
+
+No recompilation: ``num_nodes`` and the edge count are static shapes, so every new
+graph size compiles anew. ``pad_graph(...)`` pads nodes to ``bucket(num_nodes + 1)``
+(one dummy node at least) and edges to ``bucket(num_edges)`` (powers of two from 64
+up to 65536, then multiples of 65536); padded edges go from and to the dummy node with
+zero ``edge_attr`` and weights, so the real rows and every gradient with respect to
+real inputs are unchanged. Measured (CPU, interpret mode, one ``jax.jit`` of an energy
+and its gradients through ``conv``, 20 random graphs of 20 to 200 nodes and 60 to 2000
+edges, host inputs): 20 XLA compilations without the helper (57 s), 10 with it (one per
+distinct (node bucket, edge bucket) pair; 23 s); a longer run stays at that bound.
 """
 
 from __future__ import annotations
@@ -46,7 +85,7 @@ from eqdsl.runtime import jax_runtime as rt
 
 from . import pallas_kernels as _kernels
 
-__all__ = ["tensor_product", "tensor_product_vjp", "KERNEL_OPS"]
+__all__ = ["tensor_product", "tensor_product_vjp", "KERNEL_OPS", "conv", "pad_graph", "CONV_OPS"]
 
 DIM_IN1 = 1152
 DIM_IN2 = 16
@@ -149,3 +188,94 @@ def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpre
         rt.unpack(gb, IN2_BLOCKS, LAYOUT, batch, identity=IN2_IDENTITY),
         rt.unpack_weights(gw, WEIGHT_BLOCKS, WEIGHT_NUMEL, SHARED_WEIGHTS, batch, identity=WEIGHTS_IDENTITY),
     )
+
+
+# ------------------------------------------------------------------ fused graph convolution
+
+REDUCE = "sum"
+DETERMINISTIC = False
+
+
+def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
+    shared = 2 if SHARED_WEIGHTS else None
+
+    def forward(a, b, c, graph, *, block_batch, interpret):
+        return rt.launch_segments(_kernels.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
+                                  perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
+                                  num_nodes=a.shape[0], out_width=_kernels.IDIM_OUT, block_edges=block_batch,
+                                  interpret=interpret)
+
+    def backward_x1(g, b, c, graph, *, block_batch, interpret):
+        return rt.launch_segments(_kernels.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
+                                  perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
+                                  num_nodes=g.shape[0], out_width=_kernels.IDIM_IN1, block_edges=block_batch,
+                                  interpret=interpret)
+
+    def backward_x2(a, g, c, graph, *, block_batch, interpret):
+        return rt.launch_edges(_kernels.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
+                               shared_arg=shared, shared_out=False, num_nodes=a.shape[0],
+                               out_width=_kernels.IDIM_IN2, block_edges=block_batch, interpret=interpret)
+
+    return forward, backward_x1, backward_x2
+
+
+def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
+    return rt.launch_edges(_kernels.NAME, _kernels.BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
+                           shared_arg=None, shared_out=SHARED_WEIGHTS, num_nodes=a.shape[0],
+                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch, interpret=interpret)
+
+
+# The four conv kernels on kernel-layout arrays and a ``ConvGraph``, differentiable to any
+# order in reverse mode (``rt.make_conv_vjp_ops``).
+CONV_OPS = rt.make_conv_vjp_ops(
+    *_conv_launchers(_kernels.FWD_KERNELS, _kernels.BWD_X1_KERNELS, _kernels.BWD_X2_KERNELS), _conv_backward_w,
+)
+
+
+def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: bool = True,
+         interpret: bool | None = None, block_edges: int | None = None):
+    """Fused graph convolution: ``out[n] = sum_{e: dst[e] = n} TP(node_features[src[e]], edge_attr[e], weights[e])``.
+
+    ``node_features`` ``(num_nodes, 1152)``, ``edge_attr`` ``(num_edges, 16)``,
+    ``weights`` ``(num_edges, 2176)`` (per edge), one dtype of ('float32', 'float64');
+    ``src``, ``dst`` integer ``(num_edges,)``; ``num_nodes`` a Python int equal to
+    ``node_features.shape[0]``. Returns ``(num_nodes, 9088)`` in the ``mul_ir`` layout.
+    Reduction: dst-sorted segments, deterministic and atomic-free (module docstring; a
+    Pallas atomic variant is not provided because interpret mode on the CPU loses
+    duplicate atomic indices, jax#24117). ``check``: check index values when they are
+    concrete (raises ``ValueError`` naming ``src``/``dst``); under ``jax.jit`` with traced
+    indices out-of-range edges are dropped. ``interpret``: Pallas interpret mode
+    (default: on the CPU). ``block_edges``: edges per tile (a power of two).
+    Differentiable in reverse mode to any order. Use ``pad_graph`` to avoid a
+    compilation per graph size.
+    """
+    x, y, w, src, dst, num_nodes = rt.check_conv_inputs(
+        node_features, edge_attr, weights, src, dst, num_nodes, dim_in1=DIM_IN1, dim_in2=DIM_IN2,
+        weight_numel=WEIGHT_NUMEL, shared_weights=SHARED_WEIGHTS, dtypes=DTYPES, check=check,
+    )
+    if num_nodes == 0:
+        return jnp.zeros((0, DIM_OUT), x.dtype)
+    block = rt.check_block_batch(block_edges, _kernels.BLOCK_BATCH)
+    return _conv(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=rt.use_interpret(interpret))
+
+
+def pad_graph(node_features, edge_attr, weights, src, dst, num_nodes: int, *, min_nodes: int = 16,
+              min_edges: int = 64) -> rt.PaddedGraph:
+    """Pad a graph to bucket sizes (``eqdsl.runtime.jax_runtime.pad_graph``): call
+    ``conv(p.node_features, p.edge_attr, p.weights, p.src, p.dst, p.num_nodes)`` on the
+    result ``p`` and keep the first ``p.num_real_nodes`` rows (or mask by
+    ``p.node_mask``). Few distinct shapes, hence few compilations."""
+    return rt.pad_graph(node_features, edge_attr, weights, src, dst, num_nodes, shared_weights=SHARED_WEIGHTS,
+                        min_nodes=min_nodes, min_edges=min_edges)
+
+
+@functools.partial(jax.jit, static_argnames=("num_nodes", "block", "interpret"))
+def _conv(x, y, w, src, dst, *, num_nodes: int, block: int, interpret: bool):
+    rows = max(rt.round_up(y.shape[0], block), block)
+    graph = rt.conv_graph(src, dst, num_nodes, rows, x.dtype)
+    a = rt.pack(x, IN1_BLOCKS, LAYOUT, num_nodes, identity=IN1_IDENTITY)
+    b = rt.pack(y, IN2_BLOCKS, LAYOUT, rows, identity=IN2_IDENTITY)
+    c = rt.pack_weights(w, WEIGHT_BLOCKS, _kernels.IWEIGHT_NUMEL, SHARED_WEIGHTS, rows, identity=WEIGHTS_IDENTITY)
+    out = rt.unpack(CONV_OPS.fwd(a, b, c, graph, block, interpret), OUT_BLOCKS, LAYOUT, num_nodes,
+                    identity=OUT_IDENTITY)
+    return out

@@ -12,7 +12,7 @@ tensor product is the derivative ``dF/dg`` of ``F(x1, x2, W, g) = sum W C x1 x2 
 four custom ops, one per derivative of ``F``, each launching its generated Helion
 kernels on ``ir_mul`` rows::
 
-    fwd(x1, x2, weights)  -> out  (fwd_op)
+    fwd(x1, x2, weights)   -> out     (fwd_op)
     bwd_x1(g, x2, weights) -> dF/dx1  (bwd_x1_op)
     bwd_x2(x1, g, weights) -> dF/dx2  (bwd_x2_op)
     bwd_w(x1, x2, g)       -> dF/dW   (bwd_w_op)
@@ -213,10 +213,10 @@ def fwd_op(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.T
     """``out = dF/dg (x1, x2, weights)``: the tensor product of ``ir_mul`` rows."""
     _check_operands("fwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None))
     _rt.check_device("eqdsl_nequip_water::fwd", x1.device)
-    out = x1.new_empty((x1.shape[0], DIM_OUT))
+    result = x1.new_empty((x1.shape[0], DIM_OUT))
     if x1.shape[0] > 0:
-        _launch_fwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), out)
-    return out
+        _launch_fwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), result)
+    return result
 
 
 @fwd_op.register_fake
@@ -230,10 +230,10 @@ def bwd_x1_op(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch
     """``dF/dx1 (g, x2, weights)`` (``ir_mul`` rows)."""
     _check_operands("bwd_x1", ("g", g, DIM_OUT), ("x2", x2, DIM_IN2), ("weights", weights, None))
     _rt.check_device("eqdsl_nequip_water::bwd_x1", g.device)
-    gx1 = g.new_empty((g.shape[0], DIM_IN1))
+    result = g.new_empty((g.shape[0], DIM_IN1))
     if g.shape[0] > 0:
-        _launch_bwd_x1(g.contiguous(), x2.contiguous(), weights.contiguous(), gx1)
-    return gx1
+        _launch_bwd_x1(g.contiguous(), x2.contiguous(), weights.contiguous(), result)
+    return result
 
 
 @bwd_x1_op.register_fake
@@ -247,10 +247,10 @@ def bwd_x2_op(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch
     """``dF/dx2 (x1, g, weights)`` (``ir_mul`` rows)."""
     _check_operands("bwd_x2", ("x1", x1, DIM_IN1), ("g", g, DIM_OUT), ("weights", weights, None))
     _rt.check_device("eqdsl_nequip_water::bwd_x2", x1.device)
-    gx2 = x1.new_empty((x1.shape[0], DIM_IN2))
+    result = x1.new_empty((x1.shape[0], DIM_IN2))
     if x1.shape[0] > 0:
-        _launch_bwd_x2(x1.contiguous(), g.contiguous(), weights.contiguous(), gx2)
-    return gx2
+        _launch_bwd_x2(x1.contiguous(), g.contiguous(), weights.contiguous(), result)
+    return result
 
 
 @bwd_x2_op.register_fake
