@@ -567,7 +567,12 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
             *ins, out_ref = refs
             i = pl.program_id(0)
             start, end = rowptr_ref[i], rowptr_ref[i + 1]
-            out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
+            # zero the row in power-of-two column chunks (the Triton lowering wants pow2 shapes)
+            col, width = 0, out_ref.shape[1]
+            while col < width:
+                size = 1 << ((width - col).bit_length() - 1)
+                out_ref[:, pl.ds(col, size)] = jnp.zeros((1, size), out_ref.dtype)
+                col += size
             lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
 
             def tile(t, carry):
