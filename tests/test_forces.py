@@ -219,9 +219,12 @@ def test_jax_energy_forces_and_weight_gradient_match_e3nn(pkg, dtype_name):
         forces = -jax.grad(energy)(p, th)
         return ((forces - f_ref) ** 2).sum()
 
-    e = jax.jit(energy)(pos, theta)
-    forces = -jax.jit(jax.grad(energy))(pos, theta)
-    g_theta = jax.jit(jax.grad(loss))(theta, pos)
+    # The model's own matmuls (radial basis, readout) in full float32: on a GPU jax's
+    # default precision would use tf32 there, which is not what is under test.
+    with jax.default_matmul_precision("highest"):
+        e = jax.jit(energy)(pos, theta)
+        forces = -jax.jit(jax.grad(energy))(pos, theta)
+        g_theta = jax.jit(jax.grad(loss))(theta, pos)
     want = energy_forces_grad(*torch_model(pkg, _e3nn_tp(pkg, torch.float64), torch.float64))
     for g, w, what in zip((e, forces, g_theta), want, ("energy", "forces", "d loss / d theta")):
         assert _rel(torch.as_tensor(np.asarray(g, dtype=np.float64)), w) <= TOL[dtype_name], what

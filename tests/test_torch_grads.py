@@ -10,8 +10,11 @@ the others. Checked here:
   every mode, both layouts, shared and per-batch weights, unweighted paths, a user path
   weight, mixed multiplicities, batch sizes that are not a multiple of any tile (and,
   with shared weights, more than one partial-sum program);
+* the ``*_lin`` kernels (weighted paths only: unweighted paths make ``F`` affine in
+  ``W``, and the derivatives of ``bwd_w`` must leave them out) against the oracle of
+  the weighted paths;
 * autograd through ``tensor_product`` (layout conversion included) against the oracle,
-  a third derivative against e3nn, and ``gradcheck`` / ``gradgradcheck`` in float64 on
+  third derivatives against e3nn, and ``gradcheck`` / ``gradgradcheck`` in float64 on
   fixed and hypothesis-drawn specs;
 * ``torch.library.opcheck`` of the four ops and of the layout op;
 * no recompilation for a new batch size, in any kernel.
@@ -23,6 +26,7 @@ compare all four kernels with the oracle for every example spec.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import os
@@ -49,25 +53,26 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "specs").g
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 _counter = itertools.count()
 
-# Every mode, an unweighted uvu (dx2: a reduction over the shared channel) and uvv (dx1:
-# the same), a user path weight, uvw reducing over x1 (2 >= 2) and over x2 (3 > 2),
-# several paths into one output block, two output blocks of the same irrep.
+# Every mode; an unweighted uvu (its dx2 reduces over the channel x1 and g share) and
+# uvv (dx1: the same); a user path weight; uvw reducing over x2 (3 > 2: a masked tile)
+# and over x1 (1 >= 1); several paths into one output block; two output blocks of one
+# irrep; an output block that differs between layouts (2x1e). Multiplicities stay
+# small: each kernel compiles in a few seconds.
 MODES_INSTRUCTIONS = [
     (0, 0, 0, "uvw", True, None),
-    (1, 1, 0, "uvw", True, None),
+    (1, 1, 4, "uvw", True, None),
     (0, 1, 1, "uvv", True, None),
     (1, 0, 1, "uvw", True, 0.5),
     (1, 0, 2, "uvu", False, None),
     (0, 1, 2, "uvv", False, None),
     (1, 1, 3, "uuu", True, None),
 ]
+IRREPS = dict(in1="2x0e+1x1o", in2="3x0e+1x1o", out="1x0e+1x1o+1x1o+1x1e+2x1e")
 FIXED = {
     # shared weights, e3nn's layout
-    "shared_mul_ir": dict(in1="2x0e+2x1o", in2="3x0e+2x1o", out="2x0e+2x1o+2x1o+2x1e",
-                          instructions=MODES_INSTRUCTIONS, shared=True, layout="mul_ir"),
+    "shared_mul_ir": dict(IRREPS, instructions=MODES_INSTRUCTIONS, shared=True, layout="mul_ir"),
     # per-batch weights, channel-innermost layout, norm / path normalizations
-    "batch_ir_mul": dict(in1="2x0e+2x1o", in2="3x0e+2x1o", out="2x0e+2x1o+2x1o+2x1e",
-                         instructions=MODES_INSTRUCTIONS, shared=False, layout="ir_mul",
+    "batch_ir_mul": dict(IRREPS, instructions=MODES_INSTRUCTIONS, shared=False, layout="ir_mul",
                          irrep_norm="norm", path_norm="path"),
 }
 # 19 rows: 16 + 3 (and 4 x 4 + 3 for kernels with 3-D tiles); 70 rows with shared
@@ -110,8 +115,13 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1.0))
 
 
-def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE):
-    """The four kernel ops on ``ir_mul`` rows; results back in the IR's layout, float64 numpy."""
+def weighted_only(ir):
+    """The IR of ``F_W``: the weighted paths alone (what the ``*_lin`` kernels compute)."""
+    return dataclasses.replace(ir, paths=tuple(p for p in ir.paths if p.has_weight))
+
+
+def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE, lin=False):
+    """The kernel ops (``*_lin`` if ``lin``) on ``ir_mul`` rows; results in the IR's layout, float64 numpy."""
     def t(a, blocks):
         a = to_layout(a, blocks, ir.layout, "ir_mul") if blocks is not None else a
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
@@ -122,23 +132,26 @@ def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE):
         return to_layout(r, blocks, "ir_mul", ir.layout) if blocks is not None else r
 
     a, b, c, wt = t(x1, ir.in1), t(x2, ir.in2), t(g, ir.out), t(w, None)
+    sfx = "_lin" if lin else ""
     return (
-        back(ops.fwd_op(a, b, wt), ir.out),
-        back(ops.bwd_x1_op(c, b, wt), ir.in1),
-        back(ops.bwd_x2_op(a, c, wt), ir.in2),
+        back(getattr(ops, f"fwd{sfx}_op")(a, b, wt), ir.out),
+        back(getattr(ops, f"bwd_x1{sfx}_op")(c, b, wt), ir.in1),
+        back(getattr(ops, f"bwd_x2{sfx}_op")(a, c, wt), ir.in2),
         back(ops.bwd_w_op(a, b, c), None),
     )
 
 
-def check_kernels(ir, ops, dtype, batch, seed=0, device=DEVICE) -> float:
+def check_kernels(ir, ops, dtype, batch, seed=0, device=DEVICE, lin=False) -> float:
+    """All kernels against the oracle; with ``lin`` the ``*_lin`` ones against ``F_W``'s."""
     x1, x2, w, g = numpy_inputs(ir, batch, seed)
-    want = (tensor_product_reference(ir, x1, x2, w), *tensor_product_vjp_reference(ir, x1, x2, w, g))
-    got = kernel_results(ir, ops, x1, x2, w, g, dtype, device)
+    ref_ir = weighted_only(ir) if lin else ir
+    want = (tensor_product_reference(ref_ir, x1, x2, w), *tensor_product_vjp_reference(ref_ir, x1, x2, w, g))
+    got = kernel_results(ir, ops, x1, x2, w, g, dtype, device, lin)
     errs = {}
     for name, a, b in zip(("fwd", "bwd_x1", "bwd_x2", "bwd_w"), got, want):
         assert a.shape == b.shape, (name, a.shape, b.shape)
         errs[name] = rel_err(a, b)
-    assert max(errs.values()) <= TOL[dtype], f"{ir.name} {dtype} batch {batch}: {errs}"
+    assert max(errs.values()) <= TOL[dtype], f"{ir.name} {dtype} batch {batch} lin={lin}: {errs}"
     return max(errs.values())
 
 
@@ -154,6 +167,8 @@ def torch_inputs(ir, batch, seed=0, dtype=torch.float64, device=DEVICE):
 def test_kernels_match_reference(key, dtype, grad_root):
     pkg, ops, ir = fixed(key, grad_root)
     check_kernels(ir, ops, dtype, BATCH[key])
+    if dtype == torch.float64:  # the weighted-only kernels (same generator; float64 suffices)
+        check_kernels(ir, ops, dtype, BATCH[key], lin=True)
 
 
 def test_autograd_matches_reference(grad_root):
@@ -181,28 +196,37 @@ def test_only_needed_gradients_are_computed(grad_root, monkeypatch):
     assert called == ["bwd_x2"]
 
 
-def test_third_derivative_matches_e3nn(grad_root):
-    """d/dW of d/dx2 of d/dx1 of <c, TP>: fwd -> bwd_x1 -> bwd_x2 -> bwd_w, against e3nn."""
+def test_third_derivatives_match_e3nn(grad_root):
+    """Two chains of three derivatives of ``<c, TP>``, against e3nn.
+
+    d/dx1 -> d/dx2 -> d/dW runs fwd -> bwd_x1 -> bwd_x2 -> bwd_w; d/dW -> d/dx2 -> d/dx1
+    runs fwd -> bwd_w -> bwd_x2_lin -> bwd_x1_lin (the spec has unweighted paths, which
+    must not contribute once a weight cotangent stands in for the weights).
+    """
     pkg, ops, ir = fixed("shared_mul_ir", grad_root)
     x1, x2, w, c = torch_inputs(ir, 7, seed=3)
     rng = torch.Generator().manual_seed(0)
-    d = torch.randn(x1.shape, generator=rng, dtype=torch.float64).to(DEVICE)
-    e = torch.randn(x2.shape, generator=rng, dtype=torch.float64).to(DEVICE)
+    d1, d2, dw = (torch.randn(t.shape, generator=rng, dtype=torch.float64).to(DEVICE) for t in (x1, x2, w))
 
-    def third(tp):
+    def chains(tp):
         a, b, ww = (t.clone().requires_grad_() for t in (x1, x2, w))
         (g1,) = torch.autograd.grad((tp(a, b, ww) * c).sum(), a, create_graph=True)
-        (g2,) = torch.autograd.grad((g1 * d).sum(), b, create_graph=True)
-        (g3,) = torch.autograd.grad((g2 * e).sum(), ww)
-        return g3
+        (g2,) = torch.autograd.grad((g1 * d1).sum(), b, create_graph=True)
+        (g3,) = torch.autograd.grad((g2 * d2).sum(), ww)
+        a, b, ww = (t.clone().requires_grad_() for t in (x1, x2, w))
+        (h1,) = torch.autograd.grad((tp(a, b, ww) * c).sum(), ww, create_graph=True)
+        (h2,) = torch.autograd.grad((h1 * dw).sum(), b, create_graph=True)
+        (h3,) = torch.autograd.grad((h2 * d2).sum(), a)
+        return g3, h3
 
-    got, want = third(ops.tensor_product), third(e3nn_tp(pkg).to(DEVICE))
-    assert rel_err(got.cpu().numpy(), want.cpu().numpy()) <= 1e-10
+    got, want = chains(ops.tensor_product), chains(e3nn_tp(pkg).to(DEVICE))
+    for a, b in zip(got, want):
+        assert rel_err(a.cpu().numpy(), b.cpu().numpy()) <= 1e-10
 
 
-@pytest.mark.parametrize("key", sorted(FIXED))
-def test_gradcheck_and_gradgradcheck(key, grad_root):
-    pkg, ops, ir = fixed(key, grad_root)
+def test_gradcheck_and_gradgradcheck(grad_root):
+    # (shared weights: the third derivatives above, exactly against e3nn; and the random specs)
+    pkg, ops, ir = fixed("batch_ir_mul", grad_root)
     x1, x2, w, _ = torch_inputs(ir, 3, seed=4)
     args = tuple(t.requires_grad_() for t in (x1, x2, w))
     assert torch.autograd.gradcheck(ops.tensor_product, args, fast_mode=True)
@@ -217,6 +241,8 @@ def test_random_specs_gradcheck(kw, tmp_path_factory):
     pkg, ops = build(root, spec_text(name, kw.pop("in1"), kw.pop("in2"), kw.pop("out"), **kw), name)
     ir = lower(load_spec(root / f"{name}.toml")[0])
     check_kernels(ir, ops, torch.float64, 5, seed=5)
+    if hasattr(ops, "fwd_lin_op"):
+        check_kernels(ir, ops, torch.float64, 5, seed=5, lin=True)
     x1, x2, w, _ = torch_inputs(ir, 2, seed=6)
     args = tuple(t.requires_grad_() for t in (x1, x2, w))
     assert torch.autograd.gradcheck(ops.tensor_product, args, fast_mode=True)
@@ -235,7 +261,7 @@ def test_opcheck(grad_root):
         (ns.bwd_x1, (g, x2, w)),
         (ns.bwd_x2, (x1, g, w)),
         (ns.bwd_w, (x1, x2, g)),
-        (torch.ops.eqdsl_runtime.permute_columns, (x1, f"eqdsl_{ir.name}.in1", True)),
+        (torch.ops.eqdsl_runtime.permute_columns, (g, f"eqdsl_{ir.name}.out", True)),
     ):
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
         torch.library.opcheck(op, args)
@@ -266,11 +292,13 @@ def test_batch_zero(grad_root):
 def test_new_batch_size_does_not_recompile(grad_root):
     pkg, ops, ir = fixed("batch_ir_mul", grad_root)
     kernels = [getattr(ops._k, n) for n in dir(ops._k) if n.startswith("tp_")]
-    assert len(kernels) == 4
-    check_kernels(ir, ops, torch.float64, 19)
+    assert len(kernels) == 7  # fwd, bwd_x1, bwd_x2, bwd_w and the three *_lin
+    for lin in (False, True):
+        check_kernels(ir, ops, torch.float64, 19, lin=lin)
     before = [len(k._bound_kernels) for k in kernels]
     for batch in (3, 17):
-        check_kernels(ir, ops, torch.float64, batch, seed=batch)
+        for lin in (False, True):
+            check_kernels(ir, ops, torch.float64, batch, seed=batch, lin=lin)
     assert [len(k._bound_kernels) for k in kernels] == before
 
 
@@ -295,7 +323,9 @@ def test_examples_all_kernels_on_gpu(spec_path, tmp_path):
                 importlib.import_module(spec.name)
                 ops = importlib.import_module(f"{spec.name}.torch_ops")
             for dtype in (torch.float64, torch.float32):
-                errs = [check_kernels(ir, ops, dtype, b, seed=b, device="cuda") for b in (1, 1000, 4099)]
+                lins = (False, True) if hasattr(ops, "fwd_lin_op") else (False,)
+                errs = [check_kernels(ir, ops, dtype, b, seed=b, device="cuda", lin=lin)
+                        for b in (1, 1000, 4099) for lin in lins]
                 print(f"{spec.name} {dtype}: max relative error of fwd/bwd_x1/bwd_x2/bwd_w {max(errs):.3g}")
     finally:
         sys.path.remove(str(out))
@@ -311,3 +341,4 @@ def test_gradgradcheck_on_gpu(key, grad_root):
     assert torch.autograd.gradcheck(ops.tensor_product, args, fast_mode=True)
     assert torch.autograd.gradgradcheck(ops.tensor_product, args, fast_mode=True)
     check_kernels(ir, ops, torch.float32, 4099, device="cuda")
+    check_kernels(ir, ops, torch.float64, 4099, device="cuda", lin=True)

@@ -1,0 +1,249 @@
+"""Helion (PyTorch) fused graph convolution: ``TensorProductIR`` -> ``helion_conv_kernels.py`` + ``torch_conv.py``.
+
+Only for specs with ``conv = true``. ``out[dst[e]] += TP(x[src[e]], edge_attr[e], w[e])``
+is the derivative ``dF/dg`` of the four-linear form of the tensor product with the
+node operands gathered per edge::
+
+    F(x, y, W, G) = sum_e sum_paths W[e] C x[src[e]] y[e] G[dst[e]]
+
+so the convolution and its derivatives are the four kernel families of
+``helion_backend`` (built by its ``kernel_context``, not copied) with the row index of
+each operand rewritten (``x1_<i>[tile_b, ...]`` -> ``x1_<i>[s_idx, ...]``)::
+
+    conv_fwd    (x, y, W) -> out (num_nodes, dim_out)  gather x by src, scatter into dst
+    conv_bwd_x  (G, y, W) -> gx  (num_nodes, dim_in1)  gather G by dst, scatter into src
+    conv_bwd_y  (x, G, W) -> gy  (num_edges, dim_in2)  gathers only
+    conv_bwd_w  (x, y, G) -> gw  (num_edges, weight_numel), or with shared weights
+                                 per-program partial sums (summed by the op)
+
+plus ``*_lin`` variants of the first three over the weighted paths only when some path
+is unweighted (``F`` is then affine in ``W``; the derivatives of ``conv_bwd_w`` use them).
+No per-edge message ever reaches memory: the gather of node rows and the scatter into
+nodes happen inside the kernels.
+
+The scatter is either ``hl.atomic_add`` into a zeroed output (``deterministic =
+false``), or (``deterministic = true``) a segment reduction: edges stably sorted by the
+scatter index, CSR row pointers, one program per node looping over its edge range
+(``hl.tile(start, end)``, a data-dependent bound) in a fixed order, accumulating in
+registers and writing each node row once: the same bits every run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..ir import TensorProductIR
+from . import helion_backend as hb
+from .render import render
+
+__all__ = ["render_files", "conv_kernel_context", "CONV_FAMILIES"]
+
+# TP family -> (conv op name, how the computed operand is written)
+#   scatter_src / scatter_dst: a node operand, scattered by that index; edge: one row per edge
+CONV_FAMILIES = {
+    "fwd": ("fwd", "dst"),
+    "bwd_x1": ("bwd_x", "src"),
+    "bwd_x2": ("bwd_y", "edge"),
+    "bwd_w": ("bwd_w", "edge"),
+    "fwd_lin": ("fwd_lin", "dst"),
+    "bwd_x1_lin": ("bwd_x_lin", "src"),
+    "bwd_x2_lin": ("bwd_y_lin", "edge"),
+}
+# conv op -> argument names (the tensors of the generated op)
+_ARGS = {
+    "fwd": ("x", "y", "weights"),
+    "bwd_x": ("g", "y", "weights"),
+    "bwd_y": ("x", "g", "weights"),
+    "bwd_w": ("x", "y", "g"),
+}
+# tensor names the TP launcher views are built from -> conv op argument names
+_TP_TENSOR = {"x1": "x", "x2": "y", "g": "g", "weights": "weights"}
+# size of the computed operand's rows / row length, per conv op
+_OUT = {
+    "fwd": ("num_nodes", "DIM_OUT"),
+    "bwd_x": ("num_nodes", "DIM_IN1"),
+    "bwd_y": ("num_edges", "DIM_IN2"),
+}
+_DOC = {
+    "fwd": "Fused convolution (dF/dG): gather x by src, scatter into dst",
+    "bwd_x": "Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src",
+    "bwd_y": "Gradient with respect to the edge attributes (dF/dy), one row per edge",
+    "bwd_w": "Gradient with respect to the weights (dF/dW)",
+}
+
+_STORE = re.compile(r"^(\w+)\[tile_b, (\d+), tile_c\] = (\w+)$")
+
+
+def _base(op: str) -> str:
+    return op[: -len("_lin")] if op.endswith("_lin") else op
+
+
+def _rewrite(text: str, edge: str) -> str:
+    """Row indices of a TP kernel line for the convolution.
+
+    ``x1`` (node features) rows come from ``s_idx``, ``g`` (node cotangents) rows from
+    ``d_idx``, ``x2`` / weights rows from ``edge`` (``tile_b`` or the sorted ``eid``).
+    """
+    text = re.sub(r"\b(x1_\d+)\[tile_b,", r"\1[s_idx,", text)
+    text = re.sub(r"\b(g_\d+)\[tile_b,", r"\1[d_idx,", text)
+    text = re.sub(r"hl\.load\((x1_\d+), \[rows,", r"hl.load(\1, [srows,", text)
+    text = re.sub(r"hl\.load\((g_\d+), \[rows,", r"hl.load(\1, [drows,", text)
+    if edge != "tile_b":
+        text = re.sub(r"\b(x2_\d+|w\d+)\[tile_b,", rf"\1[{edge},", text)
+    return text
+
+
+def _uses(lines: list[str], name: str) -> bool:
+    pat = re.compile(rf"\b{name}\b")
+    return any(pat.search(s) for s in lines)
+
+
+def _all_lines(k: dict) -> list[str]:
+    out = list(k.get("scalars", []))
+    for g in k["channel_groups"]:
+        if "loads" in g:  # block kernels
+            out += g["loads"] + g.get("deferred_stores", [])
+            for oc in g["outs"]:
+                out += oc["updates"] + oc["stores"]
+            for r in g["reductions"]:
+                out += r["loads"] + r["updates"]
+        else:  # weight kernels
+            scopes = ([g["direct"]] if g["direct"] else []) + g["reductions"]
+            for s in scopes:
+                out += s["loads"] + s["updates"] + s.get("accs", []) + s.get("stores", [])
+    return out
+
+
+def _convert(k: dict, family: str, deterministic: bool) -> dict:
+    """A TP kernel context -> the convolution's (rewritten lines, graph parameters, grid)."""
+    op, scatter = CONV_FAMILIES[family]
+    segment = deterministic and scatter != "edge"
+    edge = "eid" if segment else "tile_b"
+    rw = lambda s: _rewrite(s, edge)  # noqa: E731
+    k = dict(k, name=k["name"].replace("tp_", "conv_", 1), doc=_DOC[_base(op)] + ": " + k["doc"].split(": ", 1)[1])
+    k["scalars"] = [rw(s) for s in k.get("scalars", [])]
+    scatter_idx = {"dst": "d_idx", "src": "s_idx"}.get(scatter)
+    groups = []
+    for g in k["channel_groups"]:
+        g = dict(g)
+        if "outs" in g:  # fwd / bwd_x1 / bwd_x2 families
+            g["loads"] = [rw(s) for s in g["loads"]]
+            g["reductions"] = [dict(r, loads=[rw(s) for s in r["loads"]], updates=[rw(s) for s in r["updates"]])
+                               for r in g["reductions"]]
+            outs, finals = [], []
+
+            def store(line: str) -> str:
+                m = _STORE.match(line)
+                if scatter == "edge":
+                    return line
+                assert m, line
+                param, comp, acc = m.groups()
+                if segment:  # masked rows (past the node's edge range) contribute nothing
+                    tot = "tot" + acc[len("acc"):]
+                    finals.append({"init": f"{tot} = hl.zeros([tile_c], dtype={param}.dtype)",
+                                   "store": f"{param}[node, {comp}, tile_c] = {tot}"})
+                    return f"{tot} = {tot} + torch.where(ok, {acc}, 0).sum(0)"
+                return f"hl.atomic_add({param}, [{scatter_idx}, {comp}, tile_c], {acc})"
+
+            for oc in g["outs"]:
+                outs.append(dict(oc, updates=[rw(s) for s in oc["updates"]], stores=[store(s) for s in oc["stores"]]))
+            g["deferred_stores"] = [store(s) for s in g["deferred_stores"]]
+            g["outs"] = outs
+            g["finals"] = finals
+        else:  # bwd_w
+            def scope(s: dict | None) -> dict | None:
+                if s is None:
+                    return None
+                return dict(s, **{key: [rw(x) for x in s[key]] for key in ("loads", "updates", "accs", "stores")})
+
+            g["direct"] = scope(g["direct"])
+            g["reductions"] = [scope(r) for r in g["reductions"]]
+        groups.append(g)
+    k["channel_groups"] = groups
+    lines = _all_lines(k)
+    uses_s, uses_d = _uses(lines, "s_idx") or _uses(lines, "srows"), _uses(lines, "d_idx") or _uses(lines, "drows")
+    if segment:
+        gather = "src" if scatter == "dst" else "dst"  # the other end of each edge
+        graph = ["order", "ptr", gather]
+        k["kind"] = "segment"
+        k["index_lines"] = [f"{'s_idx' if gather == 'src' else 'd_idx'} = {gather}[eid]"]
+        k["out_param"] = next(p for p in k["params"] if p.startswith(("out_", "gx1_")))
+    else:
+        graph = ["src", "dst"]
+        k["kind"] = {"block": "atomic" if scatter != "edge" else "edge"}.get(k["kind"], k["kind"])
+        k["index_lines"] = ([f"s_idx = src[tile_b]"] if uses_s else []) + ([f"d_idx = dst[tile_b]"] if uses_d else [])
+        k["row_lines"] = ([f"srows = hl.load(src, [rows], extra_mask=ok)"] if uses_s else []) + (
+            [f"drows = hl.load(dst, [rows], extra_mask=ok)"] if uses_d else []
+        )
+    k["graph"] = graph
+    k["params"] = graph + k["params"]
+    return k
+
+
+def conv_kernel_context(ir: TensorProductIR, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Kernel contexts of the convolution, per conv op (``fwd``, ``bwd_x``, ``bwd_y``, ``bwd_w``, ``*_lin``)."""
+    return {
+        CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic) for k in ks]
+        for f, ks in hb.kernel_context(ir, tuning).items()
+    }
+
+
+def _launcher(ir: TensorProductIR, family: str, kernels: list[dict]) -> dict:
+    args = {f: a for f, _, a in hb._ALL_FAMILIES}[family]
+    tp = hb._launcher(ir, family, args, kernels)
+    views = []
+    for v in tp["views"]:
+        lhs, rhs = v.split(" = ", 1)
+        src, rest = rhs.split("[", 1)
+        views.append(f"{lhs} = {_TP_TENSOR.get(src, src)}[{rest}")
+    op = CONV_FAMILIES[family][0]
+    names = list(_ARGS[_base(op)]) + [{"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}[_base(op)]]
+    # the TP launcher names the computed operand out / gx1 / gx2 / gw
+    views = [re.sub(r"= (gx1|gx2)\[", "= " + names[-1] + "[", v) for v in views]
+    return {
+        "name": op,
+        "views": views,
+        "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
+        "tensors": names,
+    }
+
+
+def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, str]:
+    if not ir.conv:
+        return {}
+    tp_families = hb.kernel_context(ir, tuning)
+    families = {CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic) for k in ks] for f, ks in tp_families.items()}
+    launchers = {CONV_FAMILIES[f][0]: _launcher(ir, f, families[CONV_FAMILIES[f][0]]) for f in tp_families}
+    convert = ir.layout == "mul_ir"
+    ctx = {
+        "name": ir.name,
+        "namespace": hb.op_namespace(ir.name),
+        "layout": ir.layout,
+        "dtypes": list(ir.dtypes),
+        "torch_dtypes": "(" + ", ".join(f"torch.{d}" for d in ir.dtypes) + ("," if len(ir.dtypes) == 1 else "") + ")",
+        "shared_weights": ir.shared_weights,
+        "dim_in1": ir.dim_in1,
+        "dim_in2": ir.dim_in2,
+        "dim_out": ir.dim_out,
+        "weight_numel": ir.weight_numel,
+        "wsum_rows": hb.wsum_rows(ir, tuning),
+        "zero_fill_w": any(p.has_weight and not p.nonzeros for p in ir.paths),
+        "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
+        "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
+        "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),
+        "convert_in1": convert and hb._layouts_differ(ir.in1),
+        "convert_in2": convert and hb._layouts_differ(ir.in2),
+        "convert_out": convert and hb._layouts_differ(ir.out),
+        "launchers": launchers,
+        "linear_ops": "fwd_lin" in families,
+        "reduce": ir.reduce,
+        "deterministic": ir.deterministic,
+    }
+    kernels = [k for ks in families.values() for k in ks]
+    return {
+        "helion_conv_kernels.py": render(
+            "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
+            deterministic=ir.deterministic, n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
+        ),
+        "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
+    }
