@@ -93,7 +93,7 @@ def test_matches_reference_and_gradients_of_every_order(pkgs, variant):
     (double backward goes through bwd_x/bwd_y/bwd_w and, with unweighted paths, the *_lin ops)."""
     conv, ir = pkgs[variant]
     rng = np.random.default_rng(0)
-    n, e = 4, 7  # node 3 may be isolated; 7 edges: a partial tile
+    n, e = 3, 5  # a node may be isolated; 5 edges: a partial tile
     src, dst = graph(rng, n, e)
     s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
     x, y, w = tensors(ir, rng, n, e, grad=True)
@@ -150,13 +150,13 @@ def test_new_graph_sizes_do_not_recompile(pkgs, variant):
 
 
 def test_deterministic_is_bitwise_reproducible(pkgs):
-    """Many edges into few nodes in float32: forward and node-feature gradient identical every run."""
+    """Many edges into few nodes: forward and all gradients identical every run."""
     conv, ir = pkgs["tc_det_shared"]
     rng = np.random.default_rng(3)
-    n, e = 3, 50
+    n, e = 3, 40
     src, dst = graph(rng, n, e)
     s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
-    x, y, w = tensors(ir, rng, n, e, dtype=torch.float32, grad=True)
+    x, y, w = tensors(ir, rng, n, e, grad=True)
     runs = []
     for _ in range(3):
         out = conv.conv(x, y, w, s, d, n)
@@ -168,7 +168,7 @@ def test_deterministic_is_bitwise_reproducible(pkgs):
     # a permutation of the edge list sums each node's edges in another order, still close
     p = torch.as_tensor(rng.permutation(e), device=DEVICE)
     out2 = conv.conv(x, y[p], w, s[p], d[p], n)
-    torch.testing.assert_close(out2, runs[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out2, runs[0][0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
