@@ -15,7 +15,13 @@ one multiply-add with its literal coefficient, transposed as needed)::
                                            weights per-program partial sums over the
                                            batch (summed by the op: deterministic)
 
-The first three compute an operand block (``(batch, 2l+1, mul)``); they share one
+Unweighted paths (weight 1) make ``F`` affine in ``W``, not linear: where a weight
+*cotangent* takes the place of ``W`` (the derivatives of ``bwd_w``), they must not
+contribute. Specs with unweighted paths therefore also get ``tp_fwd_lin_*``,
+``tp_bwd_x1_lin_*`` and ``tp_bwd_x2_lin_*``: the same over the weighted paths only (the
+derivatives of ``F_W``); ``eqdsl.runtime.torch_runtime.register_autograd`` wires them.
+
+The operand kernels compute an operand block (``(batch, 2l+1, mul)``); they share one
 generator (``_BlockKernel``): for the computed operand ``o`` and the two others ``a``
 and ``b`` of a path, the channel letters of the mode decide the loop structure::
 
@@ -35,7 +41,8 @@ and ``b`` of a path, the channel letters of the mode decide the loop structure::
 and ``uvv``) and unrolls the other one (``uvu``, ``uvv``) or tiles it too (``uvw``:
 an outer product per batch row, ``(tile_b, tile_r, tile_c)``). With shared weights each
 program reduces ``wsum_rows`` batch rows (a static loop of masked sub-tiles, so no
-data-dependent loop bound) into its own row of a ``(cdiv(batch, wsum_rows),
+data-dependent loop bound: Triton's interpreter cannot run a loop whose bound is an
+argument, triton#9171 with numpy >= 2.4) into its own row of a ``(cdiv(batch, wsum_rows),
 weight_numel)`` buffer that the op sums: no atomics, the same bits every run.
 
 All operands reach the kernels as ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows
@@ -55,7 +62,16 @@ from ..ir import Block, PathIR, TensorProductIR
 from ..reference import _SUBSCRIPTS
 from .render import render
 
-__all__ = ["render_files", "Tuning", "kernel_context", "op_namespace", "FAMILIES", "LINEAR_FAMILIES", "wsum_rows"]
+__all__ = [
+    "render_files",
+    "Tuning",
+    "kernel_context",
+    "op_namespace",
+    "has_unweighted",
+    "wsum_rows",
+    "FAMILIES",
+    "LINEAR_FAMILIES",
+]
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ any order work (forces, then their gradient with respect to the weights).
 
 Layout: the kernels read and write ``ir_mul`` rows (channel innermost: every component
 load/store is contiguous over a channel tile). ``mul_ir`` operands are converted
-outside the ops with one differentiable gather each (out; their gradients are
-the inverse gathers): one extra read and write of each converted operand (weights and
-blocks with one channel or one component are never converted), much less than strided
-per-component access in the kernel (23% of bandwidth against 92% measured on an H100
-for mace_large). Derivatives of any order stay in ``ir_mul`` between the ops.
+outside the kernel ops, once, with one gather each (out; the op
+``eqdsl_runtime::permute_columns``, whose derivative is the inverse gather): one extra
+read and write of each converted operand (weights and blocks with one channel or one
+component are never converted), much less than strided per-component access in the
+kernel (23% of bandwidth against 92% measured on an H100 for mace_large). Derivatives
+of any order stay in ``ir_mul`` between the kernel ops.
 """
 
 import torch
