@@ -838,6 +838,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
         "block_ops": [_block_op(f) for f in families if f != "bwd_w"],
         "linear_ops": "fwd_lin" in families,
         "n_paths": len(ir.paths),
+        "conv": ir.conv,
     }
     all_kernels = [k for ks in families.values() for k in ks]
     return {

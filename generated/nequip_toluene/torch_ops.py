@@ -37,9 +37,11 @@ import torch
 from eqdsl.runtime import torch_runtime as _rt
 
 from . import helion_kernels as _k
+from .torch_conv import conv  # fused graph convolution (helion_conv_kernels.py)
 
 __all__ = [
     "tensor_product",
+    "conv",
     "fwd_op",
     "bwd_x1_op",
     "bwd_x2_op",
