@@ -109,6 +109,8 @@ class Params:
 def _radial(r, cutoff, xp):
     """Bessel basis times a smooth polynomial cutoff (NequIP's radial embedding), ``xp`` = torch or jnp."""
     n = xp.arange(1, N_BASIS + 1, dtype=r.dtype)
+    if hasattr(n, "to"):  # torch: on the positions' device
+        n = n.to(r.device)
     x = r[:, None] / cutoff
     bessel = np.sqrt(2.0 / cutoff) * xp.sin(np.pi * n * x) / r[:, None]
     p = 6.0
