@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def _radial(r, cutoff, xp):
     if hasattr(n, "to"):  # torch: on the positions' device
         n = n.to(r.device)
     x = r[:, None] / cutoff
-    bessel = np.sqrt(2.0 / cutoff) * xp.sin(np.pi * n * x) / r[:, None]
+    # Python floats only: a numpy float64 scalar would promote float32 jax arrays to float64.
+    bessel = math.sqrt(2.0 / cutoff) * xp.sin(math.pi * n * x) / r[:, None]
     p = 6.0
     u = r / cutoff
     env = 1.0 - (p + 1) * (p + 2) / 2 * u**p + p * (p + 2) * u ** (p + 1) - p * (p + 1) / 2 * u ** (p + 2)
