@@ -58,7 +58,9 @@ def structures(cutoff: float):
 
     items = [(f"g2 {name}", g2[name]) for name in ("H2O", "CH3CH2OH", "C6H6")]
     si = bulk("Si", "diamond", a=5.43, cubic=True).repeat((2, 1, 1))
-    items.append((f"bulk Si ({len(si)} atoms, periodic)", si))
+    # A thermal snapshot: in the perfect crystal every force vanishes by symmetry.
+    si.rattle(stdev=0.05, seed=0)
+    items.append((f"bulk Si ({len(si)} atoms, periodic, rattled)", si))
     out = []
     for label, atoms in items:
         i, j, d = neighbor_list("ijD", atoms, cutoff)
