@@ -810,11 +810,9 @@ def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
     return any(b.mul > 1 and b.dim > 1 for b in blocks)
 
 
-def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
-    families = kernel_context(ir, tuning)
-    convert = ir.layout == "mul_ir"
-    args = {f: a for f, _, a in _ALL_FAMILIES}
-    ops = {
+def op_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict:
+    """Template values shared by the generated op modules (``torch_ops``, ``torch_conv``)."""
+    return {
         "name": ir.name,
         "namespace": op_namespace(ir.name),
         "layout": ir.layout,
@@ -828,6 +826,15 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
         "wsum_rows": wsum_rows(ir, tuning),
         # a weighted path without nonzeros (zero path weight) writes nothing: zero-fill
         "zero_fill_w": any(p.has_weight and not p.nonzeros for p in ir.paths),
+    }
+
+
+def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
+    families = kernel_context(ir, tuning)
+    convert = ir.layout == "mul_ir"
+    args = {f: a for f, _, a in _ALL_FAMILIES}
+    ops = {
+        **op_context(ir, tuning),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
         "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
         "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),

@@ -216,18 +216,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAUL
     launchers = {CONV_FAMILIES[f][0]: _launcher(ir, f, families[CONV_FAMILIES[f][0]]) for f in tp_families}
     convert = ir.layout == "mul_ir"
     ctx = {
-        "name": ir.name,
-        "namespace": hb.op_namespace(ir.name),
-        "layout": ir.layout,
-        "dtypes": list(ir.dtypes),
-        "torch_dtypes": "(" + ", ".join(f"torch.{d}" for d in ir.dtypes) + ("," if len(ir.dtypes) == 1 else "") + ")",
-        "shared_weights": ir.shared_weights,
-        "dim_in1": ir.dim_in1,
-        "dim_in2": ir.dim_in2,
-        "dim_out": ir.dim_out,
-        "weight_numel": ir.weight_numel,
-        "wsum_rows": hb.wsum_rows(ir, tuning),
-        "zero_fill_w": any(p.has_weight and not p.nonzeros for p in ir.paths),
+        **hb.op_context(ir, tuning),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
         "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
         "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),
