@@ -217,6 +217,11 @@ def main(argv=None) -> int:
     import torch
 
     jax.config.update("jax_enable_x64", True)
+    # The comparison is against float64 e3nn: float32 matmuls outside the kernels (radial
+    # MLP, readout) must not drop to TF32, which both frameworks may use on a GPU.
+    jax.config.update("jax_default_matmul_precision", "highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     sys.path.insert(0, str(Path(args.out).resolve().parent))
     from eqdsl.spec import load_spec
 

@@ -10,6 +10,7 @@ Everything is compared with the same model built from ``e3nn.o3.TensorProduct``.
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -31,6 +32,8 @@ layout = "{layout}"
 """
 N_ATOMS, N_BASIS = 5, 4
 TOL = {"float64": 1e-9, "float32": 1e-4}
+# Compiled kernels on a GPU (conftest.py leaves TRITON_INTERPRET unset there), else the interpreter on CPU.
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
 
 @pytest.fixture(scope="module", params=["mul_ir", "ir_mul"])
@@ -82,21 +85,21 @@ def _to_layout_perm(irreps: str, layout: str) -> np.ndarray:
 def torch_model(meta, tp, dtype, rot=None):
     """Energy(pos, theta) with the tensor product ``tp(x1, x2, w)`` in the package's layout."""
     pos0, src, dst, feats, theta0, f_ref = _system(meta)
-    src_t, dst_t = torch.as_tensor(src), torch.as_tensor(dst)
-    p1 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT))
-    p2 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT))
-    feats_t = torch.tensor(feats, dtype=torch.float64)
+    src_t, dst_t = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
+    p1 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT), device=DEVICE)
+    p2 = torch.as_tensor(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT), device=DEVICE)
+    feats_t = torch.tensor(feats, dtype=torch.float64, device=DEVICE)
     if rot is not None:  # node features rotate with the positions
         old = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)  # e3nn builds its Wigner D in the default dtype
         try:
-            feats_t = feats_t @ o3.Irreps(meta.IRREPS_IN1).D_from_matrix(rot).T
+            feats_t = feats_t @ o3.Irreps(meta.IRREPS_IN1).D_from_matrix(rot.cpu()).T.to(DEVICE)
         finally:
             torch.set_default_dtype(old)
     h = feats_t.to(dtype)[:, p1]
-    scal = torch.as_tensor(_scalar_columns(meta))
-    readout = torch.linspace(-1.0, 1.0, len(scal), dtype=dtype)
-    centers = torch.linspace(0.5, 4.0, N_BASIS, dtype=dtype)
+    scal = torch.as_tensor(_scalar_columns(meta), device=DEVICE)
+    readout = torch.linspace(-1.0, 1.0, len(scal), dtype=dtype, device=DEVICE)
+    centers = torch.linspace(0.5, 4.0, N_BASIS, dtype=dtype, device=DEVICE)
 
     def energy(pos, theta):
         vec = pos[dst_t] - pos[src_t]
@@ -107,20 +110,20 @@ def torch_model(meta, tp, dtype, rot=None):
         s = out[:, scal]
         return (s @ readout).sum() + 0.5 * (s**2).sum()
 
-    pos = torch.tensor(pos0, dtype=dtype)
-    theta = torch.tensor(theta0, dtype=dtype)
-    return energy, pos, theta, torch.tensor(f_ref, dtype=dtype)
+    pos = torch.tensor(pos0, dtype=dtype, device=DEVICE)
+    theta = torch.tensor(theta0, dtype=dtype, device=DEVICE)
+    return energy, pos, theta, torch.tensor(f_ref, dtype=dtype, device=DEVICE)
 
 
 def _e3nn_tp(meta, dtype):
     tp = o3.TensorProduct(meta.IRREPS_IN1, meta.IRREPS_IN2, meta.IRREPS_OUT, meta.INSTRUCTIONS,
                           irrep_normalization=meta.IRREP_NORMALIZATION, path_normalization=meta.PATH_NORMALIZATION,
-                          shared_weights=meta.SHARED_WEIGHTS, internal_weights=False).to(dtype)
+                          shared_weights=meta.SHARED_WEIGHTS, internal_weights=False).to(dtype=dtype, device=DEVICE)
     if meta.LAYOUT == "mul_ir":
         return tp
-    q1 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT)))
-    q2 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT)))
-    po = torch.as_tensor(_to_layout_perm(meta.IRREPS_OUT, meta.LAYOUT))
+    q1 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN1, meta.LAYOUT)), device=DEVICE)
+    q2 = torch.as_tensor(np.argsort(_to_layout_perm(meta.IRREPS_IN2, meta.LAYOUT)), device=DEVICE)
+    po = torch.as_tensor(_to_layout_perm(meta.IRREPS_OUT, meta.LAYOUT), device=DEVICE)
     return lambda x1, x2, w: tp(x1[:, q1], x2[:, q2], w)[:, po]
 
 
@@ -160,7 +163,7 @@ def test_torch_hessian_is_symmetric(pkg):
 def test_torch_forces_are_equivariant(pkg):
     torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
     energy, pos, theta, f_ref = torch_model(pkg, torch_ops.tensor_product, torch.float64)
-    rot = o3.rand_matrix(dtype=torch.float64)
+    rot = o3.rand_matrix(dtype=torch.float64).to(DEVICE)
     for q in (rot, -rot):  # a rotation, then a rotation with inversion
         e0, f0, _ = energy_forces_grad(energy, pos, theta, f_ref)
         energy_q = torch_model(pkg, torch_ops.tensor_product, torch.float64, rot=q)[0]
