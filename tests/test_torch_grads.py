@@ -1,7 +1,7 @@
 """Gradients of the generated PyTorch ops, to second order and beyond (CPU: Triton's interpreter).
 
 The tensor product is ``dF/dg`` of ``F(x1, x2, W, g) = sum W C x1 x2 g``; each package
-has four custom ops (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``) on ``ir_mul`` rows,
+has four custom ops (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``) on rows in ``KERNEL_LAYOUT``,
 each the derivative of ``F`` with respect to one argument and differentiable through
 the others. Checked here:
 
@@ -121,15 +121,17 @@ def weighted_only(ir):
 
 
 def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE, lin=False):
-    """The kernel ops (``*_lin`` if ``lin``) on ``ir_mul`` rows; results in the IR's layout, float64 numpy."""
+    """The kernel ops (``*_lin`` if ``lin``) on rows in their layout; results in the IR's layout, float64 numpy."""
+    kl = ops.KERNEL_LAYOUT
+
     def t(a, blocks):
-        a = to_layout(a, blocks, ir.layout, "ir_mul") if blocks is not None else a
+        a = to_layout(a, blocks, ir.layout, kl) if blocks is not None else a
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
     def back(r, blocks):
         assert r.dtype == dtype
         r = r.detach().double().cpu().numpy()
-        return to_layout(r, blocks, "ir_mul", ir.layout) if blocks is not None else r
+        return to_layout(r, blocks, kl, ir.layout) if blocks is not None else r
 
     a, b, c, wt = t(x1, ir.in1), t(x2, ir.in2), t(g, ir.out), t(w, None)
     sfx = "_lin" if lin else ""
@@ -261,10 +263,15 @@ def test_opcheck(grad_root):
         (ns.bwd_x1, (g, x2, w)),
         (ns.bwd_x2, (x1, g, w)),
         (ns.bwd_w, (x1, x2, g)),
-        (torch.ops.eqdsl_runtime.permute_columns, (g, f"eqdsl_{ir.name}.out", True)),
     ):
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
         torch.library.opcheck(op, args)
+    # the layout conversion op of the convolution's boundary
+    from eqdsl.runtime.torch_runtime import LayoutPermutation
+
+    perm = LayoutPermutation(f"test_opcheck.{ir.name}.out", tuple((b.mul, b.dim) for b in ir.out))
+    op = torch.ops.eqdsl_runtime.permute_columns
+    torch.library.opcheck(op, (g.clone().requires_grad_(), perm.key, True))
 
 
 def test_ops_reject_bad_operands(grad_root):

@@ -235,12 +235,12 @@ def test_torch_compile_fullgraph(gen_root):
 
 
 def test_op_is_registered(gen_root):
-    """The forward op (``ir_mul`` rows) is registered with a fake implementation."""
+    """The forward op (rows in ``KERNEL_LAYOUT``) is registered with a fake implementation."""
     pkg, ops = fixed("uvu_batch", gen_root)
     op = torch.ops.eqdsl_t_uvu_batch.fwd
     x1, x2, w = random_inputs(pkg, 4, seed=9)
-    a = convert(x1, pkg.IRREPS_IN1, "mul_ir", "ir_mul")
-    b = convert(x2, pkg.IRREPS_IN2, "mul_ir", "ir_mul")
+    a = convert(x1, pkg.IRREPS_IN1, "mul_ir", ops.KERNEL_LAYOUT)
+    b = convert(x2, pkg.IRREPS_IN2, "mul_ir", ops.KERNEL_LAYOUT)
     torch.library.opcheck(op, (a, b, w), test_utils=("test_schema", "test_faketensor"))
 
 

@@ -149,6 +149,51 @@ def _pow2_floor(n: int) -> int:
     return p
 
 
+def _split_tree(var: str, names: list[str]) -> list[str]:
+    """Lines unpacking ``var`` (trailing dims ``2 x ... x 2``, flat order ``names``) with ``hl.split``.
+
+    ``hl.split`` halves the last (least significant) dim: even flat indices, then odd.
+    """
+    even, odd = names[0::2], names[1::2]
+    if len(names) == 2:
+        return [f"{even[0]}, {odd[0]} = hl.split({var})"]
+    lines = [f"{var}e, {var}o = hl.split({var})"]
+    return lines + _split_tree(var + "e", even) + _split_tree(var + "o", odd)
+
+
+def _join_tree(names: list[str]) -> str:
+    """Inverse of ``_split_tree``: one expression joining ``names`` (a power of two of them)."""
+    if len(names) == 1:
+        return names[0]
+    return f"hl.join({_join_tree(names[0::2])}, {_join_tree(names[1::2])})"
+
+
+def _native_load(param: str, local: str, dim: int, tile: str) -> list[str]:
+    """A ``mul_ir`` block tile read as one ``(batch, channels, 2l+1)`` load, split on chip.
+
+    The components of a channel are adjacent in ``mul_ir``, so one masked 3-D load
+    (last dim padded to a power of two) reads whole contiguous runs; ``hl.split``
+    (a register shuffle) then gives one ``(batch, channels)`` tile per component, the
+    shape the unrolled products use. Per-component loads would stride by ``2l+1``.
+    """
+    pad = _pow2(dim)
+    lines = [
+        f"{local} = hl.load({param}, [tile_b, {tile}, hl.arange({pad})], extra_mask=(hl.arange({pad}) < {dim})[None, None, :])",
+        f"{local}t = {local}.reshape([tile_b, {tile}{', 2' * (pad.bit_length() - 1)}])",
+    ]
+    return lines + _split_tree(f"{local}t", [f"{local}_{m}" for m in range(pad)])
+
+
+def _native_store(param: str, accs: list[str], dim: int) -> list[str]:
+    """Components ``accs`` of a ``mul_ir`` block joined on chip and written in one masked store."""
+    pad = _pow2(dim)
+    joined = _join_tree(accs + [accs[0]] * (pad - dim))  # padding lanes are masked off
+    return [
+        f"hl.store({param}, [tile_b, tile_c, hl.arange({pad})], ({joined}).reshape([tile_b, tile_c, {pad}]), "
+        f"extra_mask=(hl.arange({pad}) < {dim})[None, None, :])"
+    ]
+
+
 def op_namespace(name: str) -> str:
     """``torch.library`` namespace of the generated ops (the name is a validated identifier)."""
     return "eqdsl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
@@ -236,8 +281,12 @@ def _path_comment(ir: TensorProductIR, p: PathIR) -> str:
     )
 
 
-def _sorted_lines(d: dict[str, str]) -> list[str]:
-    return [f"{n} = {d[n]}" for n in sorted(d, key=_natural)]
+def _sorted_lines(d: dict[str, str | list[str]]) -> list[str]:
+    """``name = expr`` per entry in natural order; a list value is a block of lines as is."""
+    out: list[str] = []
+    for n in sorted(d, key=_natural):
+        out += d[n] if isinstance(d[n], list) else [f"{n} = {d[n]}"]
+    return out
 
 
 # ------------------------------------------------------------------ kernel splitting
@@ -301,6 +350,7 @@ class _BlockKernel:
     in_ops: tuple[str, str]
     out_blocks: list[int]
     tuning: Tuning
+    native: bool = False  # mul_ir operands read and written in place (see _native_load)
     params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set(), "w": set()})
     scalars: dict = field(default_factory=dict)  # name -> expr (hoisted per batch tile)
     elems_3d: int = 0
@@ -325,7 +375,10 @@ class _BlockKernel:
                 reduced = False
                 for p in paths:
                     reduced |= self._emit(p, g, updates)
-                stores = [f"{_OUT_PARAM[self.family]}{o}[tile_b, {kk}, tile_c] = acc{o}_{kk}" for kk in range(bo.dim)]
+                if _is_native(self.native, bo):
+                    stores = _native_store(f"{_OUT_PARAM[self.family]}{o}", [f"acc{o}_{kk}" for kk in range(bo.dim)], bo.dim)
+                else:
+                    stores = [f"{_OUT_PARAM[self.family]}{o}[tile_b, {kk}, tile_c] = acc{o}_{kk}" for kk in range(bo.dim)]
                 g["outs"].append(
                     {
                         "comment": f"# {self.out_op} block {o}: {_block_label(bo)} ({_plural(len(paths), 'path')})",
@@ -386,12 +439,17 @@ class _BlockKernel:
 
         def tiled(op: str, blk: int, m: int) -> str:
             name = f"{_LOCAL[op]}{blk}_{m}"
-            loads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]")
+            b = _blocks(ir, op)[blk]
+            if _is_native(self.native, b):
+                loads.setdefault(f"{_LOCAL[op]}{blk}", _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c"))
+            else:
+                loads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]")
             return name
 
         def scalar(op: str, blk: int, m: int, ch: int) -> str:
             name = f"s{_LOCAL[op]}{blk}_{m}_{ch}"
-            self.scalars.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, {ch}][:, None]")
+            idx = f"{ch}, {m}" if _is_native(self.native, _blocks(ir, op)[blk]) else f"{m}, {ch}"
+            self.scalars.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {idx}][:, None]")
             return name
 
         comment = _path_comment(ir, p)
@@ -438,7 +496,12 @@ class _BlockKernel:
 
             def rtiled(op: str, blk: int, m: int) -> str:
                 name = f"r{_LOCAL[op]}{blk}_{m}"
-                rloads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]")
+                b = _blocks(ir, op)[blk]
+                if _is_native(self.native, b):
+                    local = f"r{_LOCAL[op]}{blk}"
+                    rloads.setdefault(local, _native_load(f"{_IN_PARAM[op]}{blk}", local, b.dim, "tile_r"))
+                else:
+                    rloads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]")
                 return name
 
             red["updates"].append(comment)
@@ -527,14 +590,21 @@ def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
     return f"acc{o}_{k} = acc{o}_{k} + {rhs}"
 
 
-def _block_family(ir: TensorProductIR, family: str, out_op: str, in_ops: tuple[str, str], tuning: Tuning) -> list[dict]:
+def _is_native(native: bool, b: Block) -> bool:
+    """Whether block ``b`` is accessed in ``mul_ir`` order in a native kernel (layouts differ)."""
+    return native and b.mul > 1 and b.dim > 1
+
+
+def _block_family(
+    ir: TensorProductIR, family: str, out_op: str, in_ops: tuple[str, str], tuning: Tuning, native: bool
+) -> list[dict]:
     n_out = len(_blocks(ir, out_op))
     costs = [
         sum(len(p.nonzeros) * _unroll(ir, p, out_op) for p in _paths_into(ir, family, out_op, o))
         for o in range(n_out)
     ]
     return [
-        _BlockKernel(ir, family, out_op, in_ops, blocks, tuning).context(idx)
+        _BlockKernel(ir, family, out_op, in_ops, blocks, tuning, native).context(idx)
         for idx, blocks in enumerate(_split(costs, tuning))
     ]
 
@@ -561,6 +631,7 @@ class _WeightKernel:
     ir: TensorProductIR
     paths: list[PathIR]
     tuning: Tuning
+    native: bool = False  # mul_ir operands read in place (see _native_load)
     params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set()})
     scalars: dict = field(default_factory=dict)  # per-batch mode: hoisted per batch tile
     elems_3d: int = 0
@@ -579,17 +650,23 @@ class _WeightKernel:
         name = {"c": "", "r": "r", "s": "s"}[kind] + f"{_LOCAL[op]}{blk}_{m}" + (f"_{chan}" if kind == "s" else "")
         col = {"c": "tile_c", "r": "tile_r", "s": chan}[kind]
         param = f"{_IN_PARAM[op]}{blk}"
-        if self.shared:  # inside the masked sub-tile loop of a partial sum
+        b = _blocks(self.ir, op)[blk]
+        native = _is_native(self.native, b)
+        idx = f"{col}, {m}" if native else f"{m}, {col}"
+        if self.shared:  # inside the masked sub-tile loop of a partial sum (mul_ir: strided reads)
             expr = (
-                f"hl.load({param}, [rows, {m}, {col}], extra_mask=ok)[:, None]"
+                f"hl.load({param}, [rows, {idx}], extra_mask=ok)[:, None]"
                 if kind == "s"
-                else f"hl.load({param}, [rows, {m}, {col}], extra_mask=okc)"
+                else f"hl.load({param}, [rows, {idx}], extra_mask=okc)"
             )
             scope.setdefault(name, expr)
         elif kind == "s":
-            self.scalars.setdefault(name, f"{param}[tile_b, {m}, {col}][:, None]")
+            self.scalars.setdefault(name, f"{param}[tile_b, {idx}][:, None]")
+        elif native:
+            local = name[: -len(f"_{m}")]
+            scope.setdefault(local, _native_load(param, local, b.dim, col))
         else:
-            scope.setdefault(name, f"{param}[tile_b, {m}, {col}]")
+            scope.setdefault(name, f"{param}[tile_b, {idx}]")
         return name
 
     def context(self, index: int, rows: int) -> dict:
@@ -710,12 +787,12 @@ class _WeightKernel:
             scope["updates"].append(f"{target} = {expr}")
 
 
-def _weight_family(ir: TensorProductIR, tuning: Tuning) -> list[dict]:
+def _weight_family(ir: TensorProductIR, tuning: Tuning, native: bool) -> list[dict]:
     weighted = [p for p in ir.paths if p.has_weight and p.nonzeros]
     costs = [len(p.nonzeros) * _unroll(ir, p, "w") for p in weighted]
     rows = wsum_rows(ir, tuning)
     return [
-        _WeightKernel(ir, [weighted[i] for i in idx], tuning).context(n, rows)
+        _WeightKernel(ir, [weighted[i] for i in idx], tuning, native).context(n, rows)
         for n, idx in enumerate(_split(costs, tuning))
     ]
 
@@ -723,21 +800,30 @@ def _weight_family(ir: TensorProductIR, tuning: Tuning) -> list[dict]:
 # ------------------------------------------------------------------ contexts and files
 
 
-def kernel_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict[str, list[dict]]:
+def kernel_context(
+    ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING, native: bool = False
+) -> dict[str, list[dict]]:
     """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
-    and ``*_lin`` when some path is unweighted)."""
+    and ``*_lin`` when some path is unweighted).
+
+    ``native``: a ``mul_ir`` spec's blocks are read and written in ``mul_ir`` order, as
+    ``(batch, mul, 2l+1)`` views (``_native_load`` / ``_native_store``); otherwise every
+    operand is a ``(batch, 2l+1, mul)`` view of ``ir_mul`` rows.
+    """
+    native = native and ir.layout == "mul_ir"
     out = {}
     for family, out_op, args in FAMILIES + (LINEAR_FAMILIES if has_unweighted(ir) else ()):
         if family == "bwd_w":
-            out[family] = _weight_family(ir, tuning)
+            out[family] = _weight_family(ir, tuning, native)
         else:
-            out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), tuning)
+            out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), tuning, native)
     return out
 
 
-def _views(blocks: tuple[Block, ...], src: str, prefix: str, used: set[str]) -> list[str]:
+def _views(blocks: tuple[Block, ...], src: str, prefix: str, used: set[str], native: bool) -> list[str]:
     return [
-        f"{prefix}{b.index} = {src}[:, {b.offset}:{b.offset + b.size}].unflatten(1, ({b.dim}, {b.mul}))"
+        f"{prefix}{b.index} = {src}[:, {b.offset}:{b.offset + b.size}].unflatten(1, "
+        + (f"({b.mul}, {b.dim}))" if _is_native(native, b) else f"({b.dim}, {b.mul}))")
         for b in blocks
         if f"{prefix}{b.index}" in used
     ]
@@ -757,7 +843,7 @@ def _weight_views(ir: TensorProductIR, src: str, prefix: str, batched: bool, use
     return out
 
 
-def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
+def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool) -> dict:
     """Views and kernel calls of one family, for ``torch_ops.py``."""
     used = {p for k in kernels for p in k["params"]}
     views = []
@@ -765,12 +851,12 @@ def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: 
         if op == "w":
             views += _weight_views(ir, "weights", "w", not ir.shared_weights, used)
         else:
-            views += _views(_blocks(ir, op), _IN_TENSOR[op], _IN_PARAM[op], used)
+            views += _views(_blocks(ir, op), _IN_TENSOR[op], _IN_PARAM[op], used, native)
     out_op = dict((f, o) for f, o, _ in _ALL_FAMILIES)[family]
     if family == "bwd_w":
         views += _weight_views(ir, "gw", "gw", True, used)
     else:
-        views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used)
+        views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used, native)
     names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
     return {
         "name": family,
@@ -782,22 +868,22 @@ def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: 
 
 _DIM = {"x1": "DIM_IN1", "x2": "DIM_IN2", "g": "DIM_OUT", "w": None}
 _OP_DOC = {
-    "fwd": "``out = dF/dg (x1, x2, weights)``: the tensor product of ``ir_mul`` rows.",
-    "bwd_x1": "``dF/dx1 (g, x2, weights)`` (``ir_mul`` rows).",
-    "bwd_x2": "``dF/dx2 (x1, g, weights)`` (``ir_mul`` rows).",
+    "fwd": "``out = dF/dg (x1, x2, weights)``: the tensor product of ``{layout}`` rows.",
+    "bwd_x1": "``dF/dx1 (g, x2, weights)`` (``{layout}`` rows).",
+    "bwd_x2": "``dF/dx2 (x1, g, weights)`` (``{layout}`` rows).",
     "fwd_lin": "``dF_W/dg (x1, x2, weights)``: the weighted paths of the tensor product only.",
     "bwd_x1_lin": "``dF_W/dx1 (g, x2, weights)``: weighted paths only.",
     "bwd_x2_lin": "``dF_W/dx2 (x1, g, weights)``: weighted paths only.",
 }
 
 
-def _block_op(family: str) -> dict:
+def _block_op(family: str, layout: str) -> dict:
     """A custom op computing operand blocks (``fwd``, ``bwd_x1``, ``bwd_x2``, ``*_lin``), for ``torch_ops.py``."""
     out_op, args = {f: (o, a) for f, o, a in _ALL_FAMILIES}[family]
     names = [_IN_TENSOR[a] for a in args]
     return {
         "name": family,
-        "doc": _OP_DOC[family],
+        "doc": _OP_DOC[family].format(layout=layout),
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
         "operands": ", ".join(f'("{n}", {n}, {_DIM[a]})' for n, a in zip(names, args)),
         "first": names[0],
@@ -830,8 +916,11 @@ def op_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict:
 
 
 def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
-    families = kernel_context(ir, tuning)
-    convert = ir.layout == "mul_ir"
+    # The plain tensor product reads and writes mul_ir in place; the convolution's kernels
+    # (helion_conv) still run on ir_mul rows converted at its boundary.
+    native = ir.layout == "mul_ir"
+    families = kernel_context(ir, tuning, native)
+    convert = False
     args = {f: a for f, _, a in _ALL_FAMILIES}
     ops = {
         **op_context(ir, tuning),
@@ -841,8 +930,10 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
         "convert_in1": convert and _layouts_differ(ir.in1),
         "convert_in2": convert and _layouts_differ(ir.in2),
         "convert_out": convert and _layouts_differ(ir.out),
-        "launchers": {f: _launcher(ir, f, args[f], ks) for f, ks in families.items()},
-        "block_ops": [_block_op(f) for f in families if f != "bwd_w"],
+        "launchers": {f: _launcher(ir, f, args[f], ks, native) for f, ks in families.items()},
+        "native": native,
+        "kernel_layout": "mul_ir" if native else "ir_mul",
+        "block_ops": [_block_op(f, "mul_ir" if native else "ir_mul") for f in families if f != "bwd_w"],
         "linear_ops": "fwd_lin" in families,
         "n_paths": len(ir.paths),
         "conv": ir.conv,

@@ -190,7 +190,7 @@ def conv_kernel_context(ir: TensorProductIR, tuning: hb.Tuning = hb.DEFAULT_TUNI
 
 def _launcher(ir: TensorProductIR, family: str, kernels: list[dict]) -> dict:
     args = {f: a for f, _, a in hb._ALL_FAMILIES}[family]
-    tp = hb._launcher(ir, family, args, kernels)
+    tp = hb._launcher(ir, family, args, kernels, False)
     views = []
     for v in tp["views"]:
         lhs, rhs = v.split(" = ", 1)

@@ -77,12 +77,16 @@ def tp_fwd_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra0_1 = x1_0[tile_b, 1, tile_r]
-                ra0_2 = x1_0[tile_b, 2, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
+                ra0te, ra0to = hl.split(ra0t)
+                ra0_0, ra0_2 = hl.split(ra0te)
+                ra0_1, ra0_3 = hl.split(ra0to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra0_0 * sb0_0_0)
@@ -169,12 +173,8 @@ def tp_fwd_0(
                 acc1_1 = acc1_1 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11_0).sum(1)
-            out_0[tile_b, 0, tile_c] = acc0_0
-            out_0[tile_b, 1, tile_c] = acc0_1
-            out_0[tile_b, 2, tile_c] = acc0_2
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_0, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(48, block_size=32):
             # g block 2: 48x0e (2 paths)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -182,12 +182,16 @@ def tp_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra0_1 = x1_0[tile_b, 1, tile_r]
-                ra0_2 = x1_0[tile_b, 2, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
+                ra0te, ra0to = hl.split(ra0t)
+                ra0_0, ra0_2 = hl.split(ra0te)
+                ra0_1, ra0_3 = hl.split(ra0to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, 0, tile_c]
                 t = (
@@ -269,12 +273,16 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg0_1 = g_0[tile_b, 1, tile_r]
-                rg0_2 = g_0[tile_b, 2, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
+                rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
+                rg0te, rg0to = hl.split(rg0t)
+                rg0_0, rg0_2 = hl.split(rg0te)
+                rg0_1, rg0_3 = hl.split(rg0to)
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_c, 0, tile_r]
                 t = (0.11322770341445958 * rg0_0 * sb0_0_0)
@@ -361,12 +369,8 @@ def tp_bwd_x1_0(
                 acc1_1 = acc1_1 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * rg3_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
-            gx1_0[tile_b, 0, tile_c] = acc0_0
-            gx1_0[tile_b, 1, tile_c] = acc0_1
-            gx1_0[tile_b, 2, tile_c] = acc0_2
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(gx1_0, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(48, block_size=32):
             # x1 block 2: 48x0e (2 paths)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
@@ -386,12 +390,16 @@ def tp_bwd_x1_0(
                 acc3_0 = acc3_0 + (t[:, None, :] * wr10_0).sum(2)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg0_1 = g_0[tile_b, 1, tile_r]
-                rg0_2 = g_0[tile_b, 2, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
+                rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
+                rg0te, rg0to = hl.split(rg0t)
+                rg0_0, rg0_2 = hl.split(rg0te)
+                rg0_1, rg0_3 = hl.split(rg0to)
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
                 wr9_0 = w9[tile_b, tile_c, 0, tile_r]
                 t = (
@@ -442,125 +450,125 @@ def tp_bwd_x2_0(
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-2; paths 0-11."""
     for tile_b in hl.tile(x1_0.size(0), block_size=16):
         sa0_0_0 = x1_0[tile_b, 0, 0][:, None]
-        sa0_0_1 = x1_0[tile_b, 0, 1][:, None]
-        sa0_0_2 = x1_0[tile_b, 0, 2][:, None]
-        sa0_0_3 = x1_0[tile_b, 0, 3][:, None]
-        sa0_0_4 = x1_0[tile_b, 0, 4][:, None]
-        sa0_0_5 = x1_0[tile_b, 0, 5][:, None]
-        sa0_0_6 = x1_0[tile_b, 0, 6][:, None]
-        sa0_0_7 = x1_0[tile_b, 0, 7][:, None]
-        sa0_0_8 = x1_0[tile_b, 0, 8][:, None]
-        sa0_0_9 = x1_0[tile_b, 0, 9][:, None]
-        sa0_1_0 = x1_0[tile_b, 1, 0][:, None]
+        sa0_0_1 = x1_0[tile_b, 1, 0][:, None]
+        sa0_0_2 = x1_0[tile_b, 2, 0][:, None]
+        sa0_0_3 = x1_0[tile_b, 3, 0][:, None]
+        sa0_0_4 = x1_0[tile_b, 4, 0][:, None]
+        sa0_0_5 = x1_0[tile_b, 5, 0][:, None]
+        sa0_0_6 = x1_0[tile_b, 6, 0][:, None]
+        sa0_0_7 = x1_0[tile_b, 7, 0][:, None]
+        sa0_0_8 = x1_0[tile_b, 8, 0][:, None]
+        sa0_0_9 = x1_0[tile_b, 9, 0][:, None]
+        sa0_1_0 = x1_0[tile_b, 0, 1][:, None]
         sa0_1_1 = x1_0[tile_b, 1, 1][:, None]
-        sa0_1_2 = x1_0[tile_b, 1, 2][:, None]
-        sa0_1_3 = x1_0[tile_b, 1, 3][:, None]
-        sa0_1_4 = x1_0[tile_b, 1, 4][:, None]
-        sa0_1_5 = x1_0[tile_b, 1, 5][:, None]
-        sa0_1_6 = x1_0[tile_b, 1, 6][:, None]
-        sa0_1_7 = x1_0[tile_b, 1, 7][:, None]
-        sa0_1_8 = x1_0[tile_b, 1, 8][:, None]
-        sa0_1_9 = x1_0[tile_b, 1, 9][:, None]
-        sa0_2_0 = x1_0[tile_b, 2, 0][:, None]
-        sa0_2_1 = x1_0[tile_b, 2, 1][:, None]
+        sa0_1_2 = x1_0[tile_b, 2, 1][:, None]
+        sa0_1_3 = x1_0[tile_b, 3, 1][:, None]
+        sa0_1_4 = x1_0[tile_b, 4, 1][:, None]
+        sa0_1_5 = x1_0[tile_b, 5, 1][:, None]
+        sa0_1_6 = x1_0[tile_b, 6, 1][:, None]
+        sa0_1_7 = x1_0[tile_b, 7, 1][:, None]
+        sa0_1_8 = x1_0[tile_b, 8, 1][:, None]
+        sa0_1_9 = x1_0[tile_b, 9, 1][:, None]
+        sa0_2_0 = x1_0[tile_b, 0, 2][:, None]
+        sa0_2_1 = x1_0[tile_b, 1, 2][:, None]
         sa0_2_2 = x1_0[tile_b, 2, 2][:, None]
-        sa0_2_3 = x1_0[tile_b, 2, 3][:, None]
-        sa0_2_4 = x1_0[tile_b, 2, 4][:, None]
-        sa0_2_5 = x1_0[tile_b, 2, 5][:, None]
-        sa0_2_6 = x1_0[tile_b, 2, 6][:, None]
-        sa0_2_7 = x1_0[tile_b, 2, 7][:, None]
-        sa0_2_8 = x1_0[tile_b, 2, 8][:, None]
-        sa0_2_9 = x1_0[tile_b, 2, 9][:, None]
+        sa0_2_3 = x1_0[tile_b, 3, 2][:, None]
+        sa0_2_4 = x1_0[tile_b, 4, 2][:, None]
+        sa0_2_5 = x1_0[tile_b, 5, 2][:, None]
+        sa0_2_6 = x1_0[tile_b, 6, 2][:, None]
+        sa0_2_7 = x1_0[tile_b, 7, 2][:, None]
+        sa0_2_8 = x1_0[tile_b, 8, 2][:, None]
+        sa0_2_9 = x1_0[tile_b, 9, 2][:, None]
         sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_0_1 = x1_1[tile_b, 0, 1][:, None]
-        sa1_0_2 = x1_1[tile_b, 0, 2][:, None]
-        sa1_0_3 = x1_1[tile_b, 0, 3][:, None]
-        sa1_0_4 = x1_1[tile_b, 0, 4][:, None]
-        sa1_0_5 = x1_1[tile_b, 0, 5][:, None]
-        sa1_0_6 = x1_1[tile_b, 0, 6][:, None]
-        sa1_0_7 = x1_1[tile_b, 0, 7][:, None]
-        sa1_0_8 = x1_1[tile_b, 0, 8][:, None]
-        sa1_0_9 = x1_1[tile_b, 0, 9][:, None]
-        sa1_1_0 = x1_1[tile_b, 1, 0][:, None]
+        sa1_0_1 = x1_1[tile_b, 1, 0][:, None]
+        sa1_0_2 = x1_1[tile_b, 2, 0][:, None]
+        sa1_0_3 = x1_1[tile_b, 3, 0][:, None]
+        sa1_0_4 = x1_1[tile_b, 4, 0][:, None]
+        sa1_0_5 = x1_1[tile_b, 5, 0][:, None]
+        sa1_0_6 = x1_1[tile_b, 6, 0][:, None]
+        sa1_0_7 = x1_1[tile_b, 7, 0][:, None]
+        sa1_0_8 = x1_1[tile_b, 8, 0][:, None]
+        sa1_0_9 = x1_1[tile_b, 9, 0][:, None]
+        sa1_1_0 = x1_1[tile_b, 0, 1][:, None]
         sa1_1_1 = x1_1[tile_b, 1, 1][:, None]
-        sa1_1_2 = x1_1[tile_b, 1, 2][:, None]
-        sa1_1_3 = x1_1[tile_b, 1, 3][:, None]
-        sa1_1_4 = x1_1[tile_b, 1, 4][:, None]
-        sa1_1_5 = x1_1[tile_b, 1, 5][:, None]
-        sa1_1_6 = x1_1[tile_b, 1, 6][:, None]
-        sa1_1_7 = x1_1[tile_b, 1, 7][:, None]
-        sa1_1_8 = x1_1[tile_b, 1, 8][:, None]
-        sa1_1_9 = x1_1[tile_b, 1, 9][:, None]
-        sa1_2_0 = x1_1[tile_b, 2, 0][:, None]
-        sa1_2_1 = x1_1[tile_b, 2, 1][:, None]
+        sa1_1_2 = x1_1[tile_b, 2, 1][:, None]
+        sa1_1_3 = x1_1[tile_b, 3, 1][:, None]
+        sa1_1_4 = x1_1[tile_b, 4, 1][:, None]
+        sa1_1_5 = x1_1[tile_b, 5, 1][:, None]
+        sa1_1_6 = x1_1[tile_b, 6, 1][:, None]
+        sa1_1_7 = x1_1[tile_b, 7, 1][:, None]
+        sa1_1_8 = x1_1[tile_b, 8, 1][:, None]
+        sa1_1_9 = x1_1[tile_b, 9, 1][:, None]
+        sa1_2_0 = x1_1[tile_b, 0, 2][:, None]
+        sa1_2_1 = x1_1[tile_b, 1, 2][:, None]
         sa1_2_2 = x1_1[tile_b, 2, 2][:, None]
-        sa1_2_3 = x1_1[tile_b, 2, 3][:, None]
-        sa1_2_4 = x1_1[tile_b, 2, 4][:, None]
-        sa1_2_5 = x1_1[tile_b, 2, 5][:, None]
-        sa1_2_6 = x1_1[tile_b, 2, 6][:, None]
-        sa1_2_7 = x1_1[tile_b, 2, 7][:, None]
-        sa1_2_8 = x1_1[tile_b, 2, 8][:, None]
-        sa1_2_9 = x1_1[tile_b, 2, 9][:, None]
+        sa1_2_3 = x1_1[tile_b, 3, 2][:, None]
+        sa1_2_4 = x1_1[tile_b, 4, 2][:, None]
+        sa1_2_5 = x1_1[tile_b, 5, 2][:, None]
+        sa1_2_6 = x1_1[tile_b, 6, 2][:, None]
+        sa1_2_7 = x1_1[tile_b, 7, 2][:, None]
+        sa1_2_8 = x1_1[tile_b, 8, 2][:, None]
+        sa1_2_9 = x1_1[tile_b, 9, 2][:, None]
         sg0_0_0 = g_0[tile_b, 0, 0][:, None]
-        sg0_0_1 = g_0[tile_b, 0, 1][:, None]
-        sg0_0_2 = g_0[tile_b, 0, 2][:, None]
-        sg0_0_3 = g_0[tile_b, 0, 3][:, None]
-        sg0_0_4 = g_0[tile_b, 0, 4][:, None]
-        sg0_0_5 = g_0[tile_b, 0, 5][:, None]
-        sg0_0_6 = g_0[tile_b, 0, 6][:, None]
-        sg0_0_7 = g_0[tile_b, 0, 7][:, None]
-        sg0_0_8 = g_0[tile_b, 0, 8][:, None]
-        sg0_0_9 = g_0[tile_b, 0, 9][:, None]
-        sg0_1_0 = g_0[tile_b, 1, 0][:, None]
+        sg0_0_1 = g_0[tile_b, 1, 0][:, None]
+        sg0_0_2 = g_0[tile_b, 2, 0][:, None]
+        sg0_0_3 = g_0[tile_b, 3, 0][:, None]
+        sg0_0_4 = g_0[tile_b, 4, 0][:, None]
+        sg0_0_5 = g_0[tile_b, 5, 0][:, None]
+        sg0_0_6 = g_0[tile_b, 6, 0][:, None]
+        sg0_0_7 = g_0[tile_b, 7, 0][:, None]
+        sg0_0_8 = g_0[tile_b, 8, 0][:, None]
+        sg0_0_9 = g_0[tile_b, 9, 0][:, None]
+        sg0_1_0 = g_0[tile_b, 0, 1][:, None]
         sg0_1_1 = g_0[tile_b, 1, 1][:, None]
-        sg0_1_2 = g_0[tile_b, 1, 2][:, None]
-        sg0_1_3 = g_0[tile_b, 1, 3][:, None]
-        sg0_1_4 = g_0[tile_b, 1, 4][:, None]
-        sg0_1_5 = g_0[tile_b, 1, 5][:, None]
-        sg0_1_6 = g_0[tile_b, 1, 6][:, None]
-        sg0_1_7 = g_0[tile_b, 1, 7][:, None]
-        sg0_1_8 = g_0[tile_b, 1, 8][:, None]
-        sg0_1_9 = g_0[tile_b, 1, 9][:, None]
-        sg0_2_0 = g_0[tile_b, 2, 0][:, None]
-        sg0_2_1 = g_0[tile_b, 2, 1][:, None]
+        sg0_1_2 = g_0[tile_b, 2, 1][:, None]
+        sg0_1_3 = g_0[tile_b, 3, 1][:, None]
+        sg0_1_4 = g_0[tile_b, 4, 1][:, None]
+        sg0_1_5 = g_0[tile_b, 5, 1][:, None]
+        sg0_1_6 = g_0[tile_b, 6, 1][:, None]
+        sg0_1_7 = g_0[tile_b, 7, 1][:, None]
+        sg0_1_8 = g_0[tile_b, 8, 1][:, None]
+        sg0_1_9 = g_0[tile_b, 9, 1][:, None]
+        sg0_2_0 = g_0[tile_b, 0, 2][:, None]
+        sg0_2_1 = g_0[tile_b, 1, 2][:, None]
         sg0_2_2 = g_0[tile_b, 2, 2][:, None]
-        sg0_2_3 = g_0[tile_b, 2, 3][:, None]
-        sg0_2_4 = g_0[tile_b, 2, 4][:, None]
-        sg0_2_5 = g_0[tile_b, 2, 5][:, None]
-        sg0_2_6 = g_0[tile_b, 2, 6][:, None]
-        sg0_2_7 = g_0[tile_b, 2, 7][:, None]
-        sg0_2_8 = g_0[tile_b, 2, 8][:, None]
-        sg0_2_9 = g_0[tile_b, 2, 9][:, None]
+        sg0_2_3 = g_0[tile_b, 3, 2][:, None]
+        sg0_2_4 = g_0[tile_b, 4, 2][:, None]
+        sg0_2_5 = g_0[tile_b, 5, 2][:, None]
+        sg0_2_6 = g_0[tile_b, 6, 2][:, None]
+        sg0_2_7 = g_0[tile_b, 7, 2][:, None]
+        sg0_2_8 = g_0[tile_b, 8, 2][:, None]
+        sg0_2_9 = g_0[tile_b, 9, 2][:, None]
         sg1_0_0 = g_1[tile_b, 0, 0][:, None]
-        sg1_0_1 = g_1[tile_b, 0, 1][:, None]
-        sg1_0_2 = g_1[tile_b, 0, 2][:, None]
-        sg1_0_3 = g_1[tile_b, 0, 3][:, None]
-        sg1_0_4 = g_1[tile_b, 0, 4][:, None]
-        sg1_0_5 = g_1[tile_b, 0, 5][:, None]
-        sg1_0_6 = g_1[tile_b, 0, 6][:, None]
-        sg1_0_7 = g_1[tile_b, 0, 7][:, None]
-        sg1_0_8 = g_1[tile_b, 0, 8][:, None]
-        sg1_0_9 = g_1[tile_b, 0, 9][:, None]
-        sg1_1_0 = g_1[tile_b, 1, 0][:, None]
+        sg1_0_1 = g_1[tile_b, 1, 0][:, None]
+        sg1_0_2 = g_1[tile_b, 2, 0][:, None]
+        sg1_0_3 = g_1[tile_b, 3, 0][:, None]
+        sg1_0_4 = g_1[tile_b, 4, 0][:, None]
+        sg1_0_5 = g_1[tile_b, 5, 0][:, None]
+        sg1_0_6 = g_1[tile_b, 6, 0][:, None]
+        sg1_0_7 = g_1[tile_b, 7, 0][:, None]
+        sg1_0_8 = g_1[tile_b, 8, 0][:, None]
+        sg1_0_9 = g_1[tile_b, 9, 0][:, None]
+        sg1_1_0 = g_1[tile_b, 0, 1][:, None]
         sg1_1_1 = g_1[tile_b, 1, 1][:, None]
-        sg1_1_2 = g_1[tile_b, 1, 2][:, None]
-        sg1_1_3 = g_1[tile_b, 1, 3][:, None]
-        sg1_1_4 = g_1[tile_b, 1, 4][:, None]
-        sg1_1_5 = g_1[tile_b, 1, 5][:, None]
-        sg1_1_6 = g_1[tile_b, 1, 6][:, None]
-        sg1_1_7 = g_1[tile_b, 1, 7][:, None]
-        sg1_1_8 = g_1[tile_b, 1, 8][:, None]
-        sg1_1_9 = g_1[tile_b, 1, 9][:, None]
-        sg1_2_0 = g_1[tile_b, 2, 0][:, None]
-        sg1_2_1 = g_1[tile_b, 2, 1][:, None]
+        sg1_1_2 = g_1[tile_b, 2, 1][:, None]
+        sg1_1_3 = g_1[tile_b, 3, 1][:, None]
+        sg1_1_4 = g_1[tile_b, 4, 1][:, None]
+        sg1_1_5 = g_1[tile_b, 5, 1][:, None]
+        sg1_1_6 = g_1[tile_b, 6, 1][:, None]
+        sg1_1_7 = g_1[tile_b, 7, 1][:, None]
+        sg1_1_8 = g_1[tile_b, 8, 1][:, None]
+        sg1_1_9 = g_1[tile_b, 9, 1][:, None]
+        sg1_2_0 = g_1[tile_b, 0, 2][:, None]
+        sg1_2_1 = g_1[tile_b, 1, 2][:, None]
         sg1_2_2 = g_1[tile_b, 2, 2][:, None]
-        sg1_2_3 = g_1[tile_b, 2, 3][:, None]
-        sg1_2_4 = g_1[tile_b, 2, 4][:, None]
-        sg1_2_5 = g_1[tile_b, 2, 5][:, None]
-        sg1_2_6 = g_1[tile_b, 2, 6][:, None]
-        sg1_2_7 = g_1[tile_b, 2, 7][:, None]
-        sg1_2_8 = g_1[tile_b, 2, 8][:, None]
-        sg1_2_9 = g_1[tile_b, 2, 9][:, None]
+        sg1_2_3 = g_1[tile_b, 3, 2][:, None]
+        sg1_2_4 = g_1[tile_b, 4, 2][:, None]
+        sg1_2_5 = g_1[tile_b, 5, 2][:, None]
+        sg1_2_6 = g_1[tile_b, 6, 2][:, None]
+        sg1_2_7 = g_1[tile_b, 7, 2][:, None]
+        sg1_2_8 = g_1[tile_b, 8, 2][:, None]
+        sg1_2_9 = g_1[tile_b, 9, 2][:, None]
         sg2_0_0 = g_2[tile_b, 0, 0][:, None]
         sg2_0_1 = g_2[tile_b, 0, 1][:, None]
         sg2_0_2 = g_2[tile_b, 0, 2][:, None]
@@ -672,12 +680,16 @@ def tp_bwd_x2_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra0_1 = x1_0[tile_b, 1, tile_r]
-                ra0_2 = x1_0[tile_b, 2, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
+                ra0te, ra0to = hl.split(ra0t)
+                ra0_0, ra0_2 = hl.split(ra0te)
+                ra0_1, ra0_3 = hl.split(ra0to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_r, tile_c, 0]
                 t = (
@@ -1858,18 +1870,26 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(10, block_size=16):
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
-                g0_1 = g_0[tile_b, 1, tile_c]
-                g0_2 = g_0[tile_b, 2, tile_c]
-                g1_0 = g_1[tile_b, 0, tile_c]
-                g1_1 = g_1[tile_b, 1, tile_c]
-                g1_2 = g_1[tile_b, 2, tile_c]
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra0_1 = x1_0[tile_b, 1, tile_r]
-                ra0_2 = x1_0[tile_b, 2, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g0t = g0.reshape([tile_b, tile_c, 2, 2])
+                g0te, g0to = hl.split(g0t)
+                g0_0, g0_2 = hl.split(g0te)
+                g0_1, g0_3 = hl.split(g0to)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
+                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
+                ra0te, ra0to = hl.split(ra0t)
+                ra0_0, ra0_2 = hl.split(ra0te)
+                ra0_1, ra0_3 = hl.split(ra0to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 q0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
                 q1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
@@ -1938,12 +1958,16 @@ def tp_bwd_w_0(
                 )
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
-                g0_1 = g_0[tile_b, 1, tile_c]
-                g0_2 = g_0[tile_b, 2, tile_c]
-                g1_0 = g_1[tile_b, 0, tile_c]
-                g1_1 = g_1[tile_b, 1, tile_c]
-                g1_2 = g_1[tile_b, 2, tile_c]
+                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g0t = g0.reshape([tile_b, tile_c, 2, 2])
+                g0te, g0to = hl.split(g0t)
+                g0_0, g0_2 = hl.split(g0te)
+                g0_1, g0_3 = hl.split(g0to)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 ra2_0 = x1_2[tile_b, 0, tile_r]
                 ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
@@ -1967,12 +1991,16 @@ def tp_bwd_w_0(
             for tile_r in hl.tile(10, block_size=16):
                 g2_0 = g_2[tile_b, 0, tile_c]
                 g3_0 = g_3[tile_b, 0, tile_c]
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra0_1 = x1_0[tile_b, 1, tile_r]
-                ra0_2 = x1_0[tile_b, 2, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
+                ra0te, ra0to = hl.split(ra0t)
+                ra0_0, ra0_2 = hl.split(ra0te)
+                ra0_1, ra0_3 = hl.split(ra0to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 q0 = (
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0

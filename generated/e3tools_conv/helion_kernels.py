@@ -60,9 +60,11 @@ def tp_fwd_0(
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 wr3_0 = w3[tile_b, tile_r, 0, tile_c]
                 t = (
@@ -89,9 +91,11 @@ def tp_fwd_0(
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, 0, tile_c]
                 t = (0.11180339887498948 * ra1_0 * sb0_0_0)
@@ -100,9 +104,7 @@ def tp_fwd_0(
                 acc1_1 = acc1_1 + (t[:, :, None] * wr2_0).sum(1)
                 t = (0.11180339887498948 * ra1_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr2_0).sum(1)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -139,9 +141,11 @@ def tp_bwd_x1_0(
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
                 wr1_0 = w1[tile_b, tile_c, 0, tile_r]
                 t = (
@@ -157,9 +161,11 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_c, 0, tile_r]
                 t = (0.11180339887498948 * rg1_0 * sb0_0_0)
@@ -179,9 +185,7 @@ def tp_bwd_x1_0(
                 acc1_1 = acc1_1 + (t[:, None, :] * wr3_0).sum(2)
                 t = (0.06454972243679027 * rg0_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -267,101 +271,101 @@ def tp_bwd_x2_0(
         sa0_0_62 = x1_0[tile_b, 0, 62][:, None]
         sa0_0_63 = x1_0[tile_b, 0, 63][:, None]
         sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_0_1 = x1_1[tile_b, 0, 1][:, None]
-        sa1_0_2 = x1_1[tile_b, 0, 2][:, None]
-        sa1_0_3 = x1_1[tile_b, 0, 3][:, None]
-        sa1_0_4 = x1_1[tile_b, 0, 4][:, None]
-        sa1_0_5 = x1_1[tile_b, 0, 5][:, None]
-        sa1_0_6 = x1_1[tile_b, 0, 6][:, None]
-        sa1_0_7 = x1_1[tile_b, 0, 7][:, None]
-        sa1_0_8 = x1_1[tile_b, 0, 8][:, None]
-        sa1_0_9 = x1_1[tile_b, 0, 9][:, None]
-        sa1_0_10 = x1_1[tile_b, 0, 10][:, None]
-        sa1_0_11 = x1_1[tile_b, 0, 11][:, None]
-        sa1_0_12 = x1_1[tile_b, 0, 12][:, None]
-        sa1_0_13 = x1_1[tile_b, 0, 13][:, None]
-        sa1_0_14 = x1_1[tile_b, 0, 14][:, None]
-        sa1_0_15 = x1_1[tile_b, 0, 15][:, None]
-        sa1_1_0 = x1_1[tile_b, 1, 0][:, None]
+        sa1_0_1 = x1_1[tile_b, 1, 0][:, None]
+        sa1_0_2 = x1_1[tile_b, 2, 0][:, None]
+        sa1_0_3 = x1_1[tile_b, 3, 0][:, None]
+        sa1_0_4 = x1_1[tile_b, 4, 0][:, None]
+        sa1_0_5 = x1_1[tile_b, 5, 0][:, None]
+        sa1_0_6 = x1_1[tile_b, 6, 0][:, None]
+        sa1_0_7 = x1_1[tile_b, 7, 0][:, None]
+        sa1_0_8 = x1_1[tile_b, 8, 0][:, None]
+        sa1_0_9 = x1_1[tile_b, 9, 0][:, None]
+        sa1_0_10 = x1_1[tile_b, 10, 0][:, None]
+        sa1_0_11 = x1_1[tile_b, 11, 0][:, None]
+        sa1_0_12 = x1_1[tile_b, 12, 0][:, None]
+        sa1_0_13 = x1_1[tile_b, 13, 0][:, None]
+        sa1_0_14 = x1_1[tile_b, 14, 0][:, None]
+        sa1_0_15 = x1_1[tile_b, 15, 0][:, None]
+        sa1_1_0 = x1_1[tile_b, 0, 1][:, None]
         sa1_1_1 = x1_1[tile_b, 1, 1][:, None]
-        sa1_1_2 = x1_1[tile_b, 1, 2][:, None]
-        sa1_1_3 = x1_1[tile_b, 1, 3][:, None]
-        sa1_1_4 = x1_1[tile_b, 1, 4][:, None]
-        sa1_1_5 = x1_1[tile_b, 1, 5][:, None]
-        sa1_1_6 = x1_1[tile_b, 1, 6][:, None]
-        sa1_1_7 = x1_1[tile_b, 1, 7][:, None]
-        sa1_1_8 = x1_1[tile_b, 1, 8][:, None]
-        sa1_1_9 = x1_1[tile_b, 1, 9][:, None]
-        sa1_1_10 = x1_1[tile_b, 1, 10][:, None]
-        sa1_1_11 = x1_1[tile_b, 1, 11][:, None]
-        sa1_1_12 = x1_1[tile_b, 1, 12][:, None]
-        sa1_1_13 = x1_1[tile_b, 1, 13][:, None]
-        sa1_1_14 = x1_1[tile_b, 1, 14][:, None]
-        sa1_1_15 = x1_1[tile_b, 1, 15][:, None]
-        sa1_2_0 = x1_1[tile_b, 2, 0][:, None]
-        sa1_2_1 = x1_1[tile_b, 2, 1][:, None]
+        sa1_1_2 = x1_1[tile_b, 2, 1][:, None]
+        sa1_1_3 = x1_1[tile_b, 3, 1][:, None]
+        sa1_1_4 = x1_1[tile_b, 4, 1][:, None]
+        sa1_1_5 = x1_1[tile_b, 5, 1][:, None]
+        sa1_1_6 = x1_1[tile_b, 6, 1][:, None]
+        sa1_1_7 = x1_1[tile_b, 7, 1][:, None]
+        sa1_1_8 = x1_1[tile_b, 8, 1][:, None]
+        sa1_1_9 = x1_1[tile_b, 9, 1][:, None]
+        sa1_1_10 = x1_1[tile_b, 10, 1][:, None]
+        sa1_1_11 = x1_1[tile_b, 11, 1][:, None]
+        sa1_1_12 = x1_1[tile_b, 12, 1][:, None]
+        sa1_1_13 = x1_1[tile_b, 13, 1][:, None]
+        sa1_1_14 = x1_1[tile_b, 14, 1][:, None]
+        sa1_1_15 = x1_1[tile_b, 15, 1][:, None]
+        sa1_2_0 = x1_1[tile_b, 0, 2][:, None]
+        sa1_2_1 = x1_1[tile_b, 1, 2][:, None]
         sa1_2_2 = x1_1[tile_b, 2, 2][:, None]
-        sa1_2_3 = x1_1[tile_b, 2, 3][:, None]
-        sa1_2_4 = x1_1[tile_b, 2, 4][:, None]
-        sa1_2_5 = x1_1[tile_b, 2, 5][:, None]
-        sa1_2_6 = x1_1[tile_b, 2, 6][:, None]
-        sa1_2_7 = x1_1[tile_b, 2, 7][:, None]
-        sa1_2_8 = x1_1[tile_b, 2, 8][:, None]
-        sa1_2_9 = x1_1[tile_b, 2, 9][:, None]
-        sa1_2_10 = x1_1[tile_b, 2, 10][:, None]
-        sa1_2_11 = x1_1[tile_b, 2, 11][:, None]
-        sa1_2_12 = x1_1[tile_b, 2, 12][:, None]
-        sa1_2_13 = x1_1[tile_b, 2, 13][:, None]
-        sa1_2_14 = x1_1[tile_b, 2, 14][:, None]
-        sa1_2_15 = x1_1[tile_b, 2, 15][:, None]
+        sa1_2_3 = x1_1[tile_b, 3, 2][:, None]
+        sa1_2_4 = x1_1[tile_b, 4, 2][:, None]
+        sa1_2_5 = x1_1[tile_b, 5, 2][:, None]
+        sa1_2_6 = x1_1[tile_b, 6, 2][:, None]
+        sa1_2_7 = x1_1[tile_b, 7, 2][:, None]
+        sa1_2_8 = x1_1[tile_b, 8, 2][:, None]
+        sa1_2_9 = x1_1[tile_b, 9, 2][:, None]
+        sa1_2_10 = x1_1[tile_b, 10, 2][:, None]
+        sa1_2_11 = x1_1[tile_b, 11, 2][:, None]
+        sa1_2_12 = x1_1[tile_b, 12, 2][:, None]
+        sa1_2_13 = x1_1[tile_b, 13, 2][:, None]
+        sa1_2_14 = x1_1[tile_b, 14, 2][:, None]
+        sa1_2_15 = x1_1[tile_b, 15, 2][:, None]
         sg1_0_0 = g_1[tile_b, 0, 0][:, None]
-        sg1_0_1 = g_1[tile_b, 0, 1][:, None]
-        sg1_0_2 = g_1[tile_b, 0, 2][:, None]
-        sg1_0_3 = g_1[tile_b, 0, 3][:, None]
-        sg1_0_4 = g_1[tile_b, 0, 4][:, None]
-        sg1_0_5 = g_1[tile_b, 0, 5][:, None]
-        sg1_0_6 = g_1[tile_b, 0, 6][:, None]
-        sg1_0_7 = g_1[tile_b, 0, 7][:, None]
-        sg1_0_8 = g_1[tile_b, 0, 8][:, None]
-        sg1_0_9 = g_1[tile_b, 0, 9][:, None]
-        sg1_0_10 = g_1[tile_b, 0, 10][:, None]
-        sg1_0_11 = g_1[tile_b, 0, 11][:, None]
-        sg1_0_12 = g_1[tile_b, 0, 12][:, None]
-        sg1_0_13 = g_1[tile_b, 0, 13][:, None]
-        sg1_0_14 = g_1[tile_b, 0, 14][:, None]
-        sg1_0_15 = g_1[tile_b, 0, 15][:, None]
-        sg1_1_0 = g_1[tile_b, 1, 0][:, None]
+        sg1_0_1 = g_1[tile_b, 1, 0][:, None]
+        sg1_0_2 = g_1[tile_b, 2, 0][:, None]
+        sg1_0_3 = g_1[tile_b, 3, 0][:, None]
+        sg1_0_4 = g_1[tile_b, 4, 0][:, None]
+        sg1_0_5 = g_1[tile_b, 5, 0][:, None]
+        sg1_0_6 = g_1[tile_b, 6, 0][:, None]
+        sg1_0_7 = g_1[tile_b, 7, 0][:, None]
+        sg1_0_8 = g_1[tile_b, 8, 0][:, None]
+        sg1_0_9 = g_1[tile_b, 9, 0][:, None]
+        sg1_0_10 = g_1[tile_b, 10, 0][:, None]
+        sg1_0_11 = g_1[tile_b, 11, 0][:, None]
+        sg1_0_12 = g_1[tile_b, 12, 0][:, None]
+        sg1_0_13 = g_1[tile_b, 13, 0][:, None]
+        sg1_0_14 = g_1[tile_b, 14, 0][:, None]
+        sg1_0_15 = g_1[tile_b, 15, 0][:, None]
+        sg1_1_0 = g_1[tile_b, 0, 1][:, None]
         sg1_1_1 = g_1[tile_b, 1, 1][:, None]
-        sg1_1_2 = g_1[tile_b, 1, 2][:, None]
-        sg1_1_3 = g_1[tile_b, 1, 3][:, None]
-        sg1_1_4 = g_1[tile_b, 1, 4][:, None]
-        sg1_1_5 = g_1[tile_b, 1, 5][:, None]
-        sg1_1_6 = g_1[tile_b, 1, 6][:, None]
-        sg1_1_7 = g_1[tile_b, 1, 7][:, None]
-        sg1_1_8 = g_1[tile_b, 1, 8][:, None]
-        sg1_1_9 = g_1[tile_b, 1, 9][:, None]
-        sg1_1_10 = g_1[tile_b, 1, 10][:, None]
-        sg1_1_11 = g_1[tile_b, 1, 11][:, None]
-        sg1_1_12 = g_1[tile_b, 1, 12][:, None]
-        sg1_1_13 = g_1[tile_b, 1, 13][:, None]
-        sg1_1_14 = g_1[tile_b, 1, 14][:, None]
-        sg1_1_15 = g_1[tile_b, 1, 15][:, None]
-        sg1_2_0 = g_1[tile_b, 2, 0][:, None]
-        sg1_2_1 = g_1[tile_b, 2, 1][:, None]
+        sg1_1_2 = g_1[tile_b, 2, 1][:, None]
+        sg1_1_3 = g_1[tile_b, 3, 1][:, None]
+        sg1_1_4 = g_1[tile_b, 4, 1][:, None]
+        sg1_1_5 = g_1[tile_b, 5, 1][:, None]
+        sg1_1_6 = g_1[tile_b, 6, 1][:, None]
+        sg1_1_7 = g_1[tile_b, 7, 1][:, None]
+        sg1_1_8 = g_1[tile_b, 8, 1][:, None]
+        sg1_1_9 = g_1[tile_b, 9, 1][:, None]
+        sg1_1_10 = g_1[tile_b, 10, 1][:, None]
+        sg1_1_11 = g_1[tile_b, 11, 1][:, None]
+        sg1_1_12 = g_1[tile_b, 12, 1][:, None]
+        sg1_1_13 = g_1[tile_b, 13, 1][:, None]
+        sg1_1_14 = g_1[tile_b, 14, 1][:, None]
+        sg1_1_15 = g_1[tile_b, 15, 1][:, None]
+        sg1_2_0 = g_1[tile_b, 0, 2][:, None]
+        sg1_2_1 = g_1[tile_b, 1, 2][:, None]
         sg1_2_2 = g_1[tile_b, 2, 2][:, None]
-        sg1_2_3 = g_1[tile_b, 2, 3][:, None]
-        sg1_2_4 = g_1[tile_b, 2, 4][:, None]
-        sg1_2_5 = g_1[tile_b, 2, 5][:, None]
-        sg1_2_6 = g_1[tile_b, 2, 6][:, None]
-        sg1_2_7 = g_1[tile_b, 2, 7][:, None]
-        sg1_2_8 = g_1[tile_b, 2, 8][:, None]
-        sg1_2_9 = g_1[tile_b, 2, 9][:, None]
-        sg1_2_10 = g_1[tile_b, 2, 10][:, None]
-        sg1_2_11 = g_1[tile_b, 2, 11][:, None]
-        sg1_2_12 = g_1[tile_b, 2, 12][:, None]
-        sg1_2_13 = g_1[tile_b, 2, 13][:, None]
-        sg1_2_14 = g_1[tile_b, 2, 14][:, None]
-        sg1_2_15 = g_1[tile_b, 2, 15][:, None]
+        sg1_2_3 = g_1[tile_b, 3, 2][:, None]
+        sg1_2_4 = g_1[tile_b, 4, 2][:, None]
+        sg1_2_5 = g_1[tile_b, 5, 2][:, None]
+        sg1_2_6 = g_1[tile_b, 6, 2][:, None]
+        sg1_2_7 = g_1[tile_b, 7, 2][:, None]
+        sg1_2_8 = g_1[tile_b, 8, 2][:, None]
+        sg1_2_9 = g_1[tile_b, 9, 2][:, None]
+        sg1_2_10 = g_1[tile_b, 10, 2][:, None]
+        sg1_2_11 = g_1[tile_b, 11, 2][:, None]
+        sg1_2_12 = g_1[tile_b, 12, 2][:, None]
+        sg1_2_13 = g_1[tile_b, 13, 2][:, None]
+        sg1_2_14 = g_1[tile_b, 14, 2][:, None]
+        sg1_2_15 = g_1[tile_b, 15, 2][:, None]
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (2 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
@@ -680,9 +684,11 @@ def tp_bwd_x2_0(
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_15).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, tile_c, 0]
                 t = (
@@ -935,9 +941,11 @@ def tp_bwd_w_0(
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 g0_0 = g_0[tile_b, 0, tile_c]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 q0 = (
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
@@ -947,9 +955,11 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(16, block_size=16):
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                g1_0 = g_1[tile_b, 0, tile_c]
-                g1_1 = g_1[tile_b, 1, tile_c]
-                g1_2 = g_1[tile_b, 2, tile_c]
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
                 q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
@@ -961,12 +971,16 @@ def tp_bwd_w_0(
                 )
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                g1_0 = g_1[tile_b, 0, tile_c]
-                g1_1 = g_1[tile_b, 1, tile_c]
-                g1_2 = g_1[tile_b, 2, tile_c]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 q0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
                 q1 = (0.11180339887498948 * ra1_1 * sb0_0_0)

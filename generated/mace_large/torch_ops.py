@@ -10,7 +10,7 @@ out ``(batch, 9088)``; dtypes float32, float64. Same numbers as
 ``tensor_product`` checks its inputs and calls ``torch.ops.eqdsl_mace_large.fwd``. The
 tensor product is the derivative ``dF/dg`` of ``F(x1, x2, W, g) = sum W C x1 x2 g``;
 four custom ops, one per derivative of ``F``, each launching its generated Helion
-kernels on ``ir_mul`` rows::
+kernels on ``mul_ir`` rows::
 
     fwd(x1, x2, weights)   -> out     (fwd_op)
     bwd_x1(g, x2, weights) -> dF/dx1  (bwd_x1_op)
@@ -22,14 +22,11 @@ Each has a fake implementation (``torch.compile(fullgraph=True)`` and
 of the others (``eqdsl.runtime.torch_runtime.register_autograd``), so gradients of
 any order work (forces, then their gradient with respect to the weights).
 
-Layout: the kernels read and write ``ir_mul`` rows (channel innermost: every component
-load/store is contiguous over a channel tile). ``mul_ir`` operands are converted
-outside the kernel ops, once, with one gather each (x1, out; the op
-``eqdsl_runtime::permute_columns``, whose derivative is the inverse gather): one extra
-read and write of each converted operand (weights and blocks with one channel or one
-component are never converted), much less than strided per-component access in the
-kernel (23% of bandwidth against 92% measured on an H100 for mace_large). Derivatives
-of any order stay in ``ir_mul`` between the kernel ops.
+Layout: the kernels read and write ``mul_ir`` rows in place (no conversion). A block
+tile is loaded as ``(batch, channels, 2l+1)``, components adjacent in memory, so each
+load and store moves contiguous runs; the components are separated and re-joined in
+registers (``hl.split`` / ``hl.join``). Reading one component at a time instead would
+stride by ``2l+1`` (23% of bandwidth against 92% measured on an H100 for mace_large).
 """
 
 import torch
@@ -58,9 +55,8 @@ DIM_OUT = 9088
 WEIGHT_NUMEL = 2176
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
+KERNEL_LAYOUT = "mul_ir"  # rows the kernel ops (fwd_op, ...) take and return
 DTYPES = (torch.float32, torch.float64)
-_IN1 = _rt.LayoutPermutation("eqdsl_mace_large.in1", ((128, 1), (128, 3), (128, 5)))
-_OUT = _rt.LayoutPermutation("eqdsl_mace_large.out", ((128, 1), (128, 3), (128, 5), (128, 7), (128, 3), (128, 1), (128, 5), (128, 3), (128, 7), (128, 5), (128, 5), (128, 3), (128, 7), (128, 1), (128, 5), (128, 3), (128, 7)))
 
 
 def _check(x1, x2, weights) -> None:
@@ -88,10 +84,10 @@ def _check_operands(op: str, *operands) -> None:
 
 
 def _launch_fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> None:
-    """Launch the ``fwd`` kernels (contiguous ``ir_mul`` rows, batch > 0)."""
+    """Launch the ``fwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     x1_0 = x1[:, 0:128].unflatten(1, (1, 128))
-    x1_1 = x1[:, 128:512].unflatten(1, (3, 128))
-    x1_2 = x1[:, 512:1152].unflatten(1, (5, 128))
+    x1_1 = x1[:, 128:512].unflatten(1, (128, 3))
+    x1_2 = x1[:, 512:1152].unflatten(1, (128, 5))
     x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
     x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
     x2_2 = x2[:, 4:9].unflatten(1, (5, 1))
@@ -114,44 +110,44 @@ def _launch_fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: 
     w15 = weights[:, 1920:2048].unflatten(1, (128, 1))
     w16 = weights[:, 2048:2176].unflatten(1, (128, 1))
     out_0 = out[:, 0:128].unflatten(1, (1, 128))
-    out_1 = out[:, 128:512].unflatten(1, (3, 128))
-    out_2 = out[:, 512:1152].unflatten(1, (5, 128))
-    out_3 = out[:, 1152:2048].unflatten(1, (7, 128))
-    out_4 = out[:, 2048:2432].unflatten(1, (3, 128))
+    out_1 = out[:, 128:512].unflatten(1, (128, 3))
+    out_2 = out[:, 512:1152].unflatten(1, (128, 5))
+    out_3 = out[:, 1152:2048].unflatten(1, (128, 7))
+    out_4 = out[:, 2048:2432].unflatten(1, (128, 3))
     out_5 = out[:, 2432:2560].unflatten(1, (1, 128))
-    out_6 = out[:, 2560:3200].unflatten(1, (5, 128))
-    out_7 = out[:, 3200:3584].unflatten(1, (3, 128))
-    out_8 = out[:, 3584:4480].unflatten(1, (7, 128))
-    out_9 = out[:, 4480:5120].unflatten(1, (5, 128))
-    out_10 = out[:, 5120:5760].unflatten(1, (5, 128))
-    out_11 = out[:, 5760:6144].unflatten(1, (3, 128))
-    out_12 = out[:, 6144:7040].unflatten(1, (7, 128))
+    out_6 = out[:, 2560:3200].unflatten(1, (128, 5))
+    out_7 = out[:, 3200:3584].unflatten(1, (128, 3))
+    out_8 = out[:, 3584:4480].unflatten(1, (128, 7))
+    out_9 = out[:, 4480:5120].unflatten(1, (128, 5))
+    out_10 = out[:, 5120:5760].unflatten(1, (128, 5))
+    out_11 = out[:, 5760:6144].unflatten(1, (128, 3))
+    out_12 = out[:, 6144:7040].unflatten(1, (128, 7))
     out_13 = out[:, 7040:7168].unflatten(1, (1, 128))
-    out_14 = out[:, 7168:7808].unflatten(1, (5, 128))
-    out_15 = out[:, 7808:8192].unflatten(1, (3, 128))
-    out_16 = out[:, 8192:9088].unflatten(1, (7, 128))
+    out_14 = out[:, 7168:7808].unflatten(1, (128, 5))
+    out_15 = out[:, 7808:8192].unflatten(1, (128, 3))
+    out_16 = out[:, 8192:9088].unflatten(1, (128, 7))
     _k.tp_fwd_0(x1_0, x1_1, x1_2, x2_0, x2_1, x2_2, x2_3, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, out_0, out_1, out_2, out_3, out_4, out_5, out_6, out_7, out_8, out_9, out_10, out_11, out_12, out_13, out_14, out_15, out_16)
 
 
 def _launch_bwd_x1(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor) -> None:
-    """Launch the ``bwd_x1`` kernels (contiguous ``ir_mul`` rows, batch > 0)."""
+    """Launch the ``bwd_x1`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     g_0 = g[:, 0:128].unflatten(1, (1, 128))
-    g_1 = g[:, 128:512].unflatten(1, (3, 128))
-    g_2 = g[:, 512:1152].unflatten(1, (5, 128))
-    g_3 = g[:, 1152:2048].unflatten(1, (7, 128))
-    g_4 = g[:, 2048:2432].unflatten(1, (3, 128))
+    g_1 = g[:, 128:512].unflatten(1, (128, 3))
+    g_2 = g[:, 512:1152].unflatten(1, (128, 5))
+    g_3 = g[:, 1152:2048].unflatten(1, (128, 7))
+    g_4 = g[:, 2048:2432].unflatten(1, (128, 3))
     g_5 = g[:, 2432:2560].unflatten(1, (1, 128))
-    g_6 = g[:, 2560:3200].unflatten(1, (5, 128))
-    g_7 = g[:, 3200:3584].unflatten(1, (3, 128))
-    g_8 = g[:, 3584:4480].unflatten(1, (7, 128))
-    g_9 = g[:, 4480:5120].unflatten(1, (5, 128))
-    g_10 = g[:, 5120:5760].unflatten(1, (5, 128))
-    g_11 = g[:, 5760:6144].unflatten(1, (3, 128))
-    g_12 = g[:, 6144:7040].unflatten(1, (7, 128))
+    g_6 = g[:, 2560:3200].unflatten(1, (128, 5))
+    g_7 = g[:, 3200:3584].unflatten(1, (128, 3))
+    g_8 = g[:, 3584:4480].unflatten(1, (128, 7))
+    g_9 = g[:, 4480:5120].unflatten(1, (128, 5))
+    g_10 = g[:, 5120:5760].unflatten(1, (128, 5))
+    g_11 = g[:, 5760:6144].unflatten(1, (128, 3))
+    g_12 = g[:, 6144:7040].unflatten(1, (128, 7))
     g_13 = g[:, 7040:7168].unflatten(1, (1, 128))
-    g_14 = g[:, 7168:7808].unflatten(1, (5, 128))
-    g_15 = g[:, 7808:8192].unflatten(1, (3, 128))
-    g_16 = g[:, 8192:9088].unflatten(1, (7, 128))
+    g_14 = g[:, 7168:7808].unflatten(1, (128, 5))
+    g_15 = g[:, 7808:8192].unflatten(1, (128, 3))
+    g_16 = g[:, 8192:9088].unflatten(1, (128, 7))
     x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
     x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
     x2_2 = x2[:, 4:9].unflatten(1, (5, 1))
@@ -174,33 +170,33 @@ def _launch_bwd_x1(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1
     w15 = weights[:, 1920:2048].unflatten(1, (128, 1))
     w16 = weights[:, 2048:2176].unflatten(1, (128, 1))
     gx1_0 = gx1[:, 0:128].unflatten(1, (1, 128))
-    gx1_1 = gx1[:, 128:512].unflatten(1, (3, 128))
-    gx1_2 = gx1[:, 512:1152].unflatten(1, (5, 128))
+    gx1_1 = gx1[:, 128:512].unflatten(1, (128, 3))
+    gx1_2 = gx1[:, 512:1152].unflatten(1, (128, 5))
     _k.tp_bwd_x1_0(g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7, g_8, g_9, g_10, g_11, g_12, g_13, g_14, g_15, g_16, x2_0, x2_1, x2_2, x2_3, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, gx1_0, gx1_1, gx1_2)
 
 
 def _launch_bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2: torch.Tensor) -> None:
-    """Launch the ``bwd_x2`` kernels (contiguous ``ir_mul`` rows, batch > 0)."""
+    """Launch the ``bwd_x2`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     x1_0 = x1[:, 0:128].unflatten(1, (1, 128))
-    x1_1 = x1[:, 128:512].unflatten(1, (3, 128))
-    x1_2 = x1[:, 512:1152].unflatten(1, (5, 128))
+    x1_1 = x1[:, 128:512].unflatten(1, (128, 3))
+    x1_2 = x1[:, 512:1152].unflatten(1, (128, 5))
     g_0 = g[:, 0:128].unflatten(1, (1, 128))
-    g_1 = g[:, 128:512].unflatten(1, (3, 128))
-    g_2 = g[:, 512:1152].unflatten(1, (5, 128))
-    g_3 = g[:, 1152:2048].unflatten(1, (7, 128))
-    g_4 = g[:, 2048:2432].unflatten(1, (3, 128))
+    g_1 = g[:, 128:512].unflatten(1, (128, 3))
+    g_2 = g[:, 512:1152].unflatten(1, (128, 5))
+    g_3 = g[:, 1152:2048].unflatten(1, (128, 7))
+    g_4 = g[:, 2048:2432].unflatten(1, (128, 3))
     g_5 = g[:, 2432:2560].unflatten(1, (1, 128))
-    g_6 = g[:, 2560:3200].unflatten(1, (5, 128))
-    g_7 = g[:, 3200:3584].unflatten(1, (3, 128))
-    g_8 = g[:, 3584:4480].unflatten(1, (7, 128))
-    g_9 = g[:, 4480:5120].unflatten(1, (5, 128))
-    g_10 = g[:, 5120:5760].unflatten(1, (5, 128))
-    g_11 = g[:, 5760:6144].unflatten(1, (3, 128))
-    g_12 = g[:, 6144:7040].unflatten(1, (7, 128))
+    g_6 = g[:, 2560:3200].unflatten(1, (128, 5))
+    g_7 = g[:, 3200:3584].unflatten(1, (128, 3))
+    g_8 = g[:, 3584:4480].unflatten(1, (128, 7))
+    g_9 = g[:, 4480:5120].unflatten(1, (128, 5))
+    g_10 = g[:, 5120:5760].unflatten(1, (128, 5))
+    g_11 = g[:, 5760:6144].unflatten(1, (128, 3))
+    g_12 = g[:, 6144:7040].unflatten(1, (128, 7))
     g_13 = g[:, 7040:7168].unflatten(1, (1, 128))
-    g_14 = g[:, 7168:7808].unflatten(1, (5, 128))
-    g_15 = g[:, 7808:8192].unflatten(1, (3, 128))
-    g_16 = g[:, 8192:9088].unflatten(1, (7, 128))
+    g_14 = g[:, 7168:7808].unflatten(1, (128, 5))
+    g_15 = g[:, 7808:8192].unflatten(1, (128, 3))
+    g_16 = g[:, 8192:9088].unflatten(1, (128, 7))
     w0 = weights[:, 0:128].unflatten(1, (128, 1))
     w1 = weights[:, 128:256].unflatten(1, (128, 1))
     w2 = weights[:, 256:384].unflatten(1, (128, 1))
@@ -226,31 +222,31 @@ def _launch_bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2
 
 
 def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor) -> None:
-    """Launch the ``bwd_w`` kernels (contiguous ``ir_mul`` rows, batch > 0)."""
+    """Launch the ``bwd_w`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     x1_0 = x1[:, 0:128].unflatten(1, (1, 128))
-    x1_1 = x1[:, 128:512].unflatten(1, (3, 128))
-    x1_2 = x1[:, 512:1152].unflatten(1, (5, 128))
+    x1_1 = x1[:, 128:512].unflatten(1, (128, 3))
+    x1_2 = x1[:, 512:1152].unflatten(1, (128, 5))
     x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
     x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
     x2_2 = x2[:, 4:9].unflatten(1, (5, 1))
     x2_3 = x2[:, 9:16].unflatten(1, (7, 1))
     g_0 = g[:, 0:128].unflatten(1, (1, 128))
-    g_1 = g[:, 128:512].unflatten(1, (3, 128))
-    g_2 = g[:, 512:1152].unflatten(1, (5, 128))
-    g_3 = g[:, 1152:2048].unflatten(1, (7, 128))
-    g_4 = g[:, 2048:2432].unflatten(1, (3, 128))
+    g_1 = g[:, 128:512].unflatten(1, (128, 3))
+    g_2 = g[:, 512:1152].unflatten(1, (128, 5))
+    g_3 = g[:, 1152:2048].unflatten(1, (128, 7))
+    g_4 = g[:, 2048:2432].unflatten(1, (128, 3))
     g_5 = g[:, 2432:2560].unflatten(1, (1, 128))
-    g_6 = g[:, 2560:3200].unflatten(1, (5, 128))
-    g_7 = g[:, 3200:3584].unflatten(1, (3, 128))
-    g_8 = g[:, 3584:4480].unflatten(1, (7, 128))
-    g_9 = g[:, 4480:5120].unflatten(1, (5, 128))
-    g_10 = g[:, 5120:5760].unflatten(1, (5, 128))
-    g_11 = g[:, 5760:6144].unflatten(1, (3, 128))
-    g_12 = g[:, 6144:7040].unflatten(1, (7, 128))
+    g_6 = g[:, 2560:3200].unflatten(1, (128, 5))
+    g_7 = g[:, 3200:3584].unflatten(1, (128, 3))
+    g_8 = g[:, 3584:4480].unflatten(1, (128, 7))
+    g_9 = g[:, 4480:5120].unflatten(1, (128, 5))
+    g_10 = g[:, 5120:5760].unflatten(1, (128, 5))
+    g_11 = g[:, 5760:6144].unflatten(1, (128, 3))
+    g_12 = g[:, 6144:7040].unflatten(1, (128, 7))
     g_13 = g[:, 7040:7168].unflatten(1, (1, 128))
-    g_14 = g[:, 7168:7808].unflatten(1, (5, 128))
-    g_15 = g[:, 7808:8192].unflatten(1, (3, 128))
-    g_16 = g[:, 8192:9088].unflatten(1, (7, 128))
+    g_14 = g[:, 7168:7808].unflatten(1, (128, 5))
+    g_15 = g[:, 7808:8192].unflatten(1, (128, 3))
+    g_16 = g[:, 8192:9088].unflatten(1, (128, 7))
     gw0 = gw[:, 0:128].unflatten(1, (128, 1))
     gw1 = gw[:, 128:256].unflatten(1, (128, 1))
     gw2 = gw[:, 256:384].unflatten(1, (128, 1))
@@ -273,7 +269,7 @@ def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch
 
 @torch.library.custom_op("eqdsl_mace_large::fwd", mutates_args=())
 def fwd_op(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``out = dF/dg (x1, x2, weights)``: the tensor product of ``ir_mul`` rows."""
+    """``out = dF/dg (x1, x2, weights)``: the tensor product of ``mul_ir`` rows."""
     _check_operands("fwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None))
     _rt.check_device("eqdsl_mace_large::fwd", x1.device)
     result = x1.new_empty((x1.shape[0], DIM_OUT))
@@ -290,7 +286,7 @@ def _fwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torc
 
 @torch.library.custom_op("eqdsl_mace_large::bwd_x1", mutates_args=())
 def bwd_x1_op(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``dF/dx1 (g, x2, weights)`` (``ir_mul`` rows)."""
+    """``dF/dx1 (g, x2, weights)`` (``mul_ir`` rows)."""
     _check_operands("bwd_x1", ("g", g, DIM_OUT), ("x2", x2, DIM_IN2), ("weights", weights, None))
     _rt.check_device("eqdsl_mace_large::bwd_x1", g.device)
     result = g.new_empty((g.shape[0], DIM_IN1))
@@ -307,7 +303,7 @@ def _bwd_x1_fake(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> to
 
 @torch.library.custom_op("eqdsl_mace_large::bwd_x2", mutates_args=())
 def bwd_x2_op(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``dF/dx2 (x1, g, weights)`` (``ir_mul`` rows)."""
+    """``dF/dx2 (x1, g, weights)`` (``mul_ir`` rows)."""
     _check_operands("bwd_x2", ("x1", x1, DIM_IN1), ("g", g, DIM_OUT), ("weights", weights, None))
     _rt.check_device("eqdsl_mace_large::bwd_x2", x1.device)
     result = x1.new_empty((x1.shape[0], DIM_IN2))
@@ -349,5 +345,4 @@ def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
     Differentiable to any order with respect to all three arguments.
     """
     _check(x1, x2, weights)
-    x1 = _IN1.to_ir_mul(x1)
-    return _OUT.to_mul_ir(fwd_op(x1, x2, weights))
+    return fwd_op(x1, x2, weights)

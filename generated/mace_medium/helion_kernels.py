@@ -74,9 +74,11 @@ def tp_fwd_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
@@ -92,9 +94,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -108,11 +108,7 @@ def tp_fwd_0(
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
-            out_2[tile_b, 3, tile_c] = acc2_3
-            out_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x1o (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
@@ -122,9 +118,7 @@ def tp_fwd_0(
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
+            hl.store(out_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 4: 128x0e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
@@ -150,11 +144,7 @@ def tp_fwd_0(
             )
             acc5_3 = acc5_3 + wt5_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc5_4 = acc5_4 + wt5_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            out_5[tile_b, 0, tile_c] = acc5_0
-            out_5[tile_b, 1, tile_c] = acc5_1
-            out_5[tile_b, 2, tile_c] = acc5_2
-            out_5[tile_b, 3, tile_c] = acc5_3
-            out_5[tile_b, 4, tile_c] = acc5_4
+            hl.store(out_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 6: 128x1o (1 path)
             acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
@@ -173,9 +163,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
+            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 128x2e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
@@ -206,11 +194,7 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            out_7[tile_b, 0, tile_c] = acc7_0
-            out_7[tile_b, 1, tile_c] = acc7_1
-            out_7[tile_b, 2, tile_c] = acc7_2
-            out_7[tile_b, 3, tile_c] = acc7_3
-            out_7[tile_b, 4, tile_c] = acc7_4
+            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -261,31 +245,49 @@ def tp_bwd_x1_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
             g4_0 = g_4[tile_b, 0, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g5_3 = g_5[tile_b, 3, tile_c]
-            g5_4 = g_5[tile_b, 4, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             # x1 block 0: 128x0e (3 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
@@ -366,9 +368,7 @@ def tp_bwd_x1_0(
                 - 0.3779644730092272 * g7_3 * sb3_3_0 + 0.48795003647426666 * g7_3 * sb3_5_0
                 - 0.1543033499620919 * g7_4 * sb3_4_0 + 0.5976143046671969 * g7_4 * sb3_6_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -425,35 +425,55 @@ def tp_bwd_x2_0(
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
-                rg2_3 = g_2[tile_b, 3, tile_r]
-                rg2_4 = g_2[tile_b, 4, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3_0, rg3_2 = hl.split(rg3te)
+                rg3_1, rg3_3 = hl.split(rg3to)
                 rg4_0 = g_4[tile_b, 0, tile_r]
-                rg5_0 = g_5[tile_b, 0, tile_r]
-                rg5_1 = g_5[tile_b, 1, tile_r]
-                rg5_2 = g_5[tile_b, 2, tile_r]
-                rg5_3 = g_5[tile_b, 3, tile_r]
-                rg5_4 = g_5[tile_b, 4, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg7_1 = g_7[tile_b, 1, tile_r]
-                rg7_2 = g_7[tile_b, 2, tile_r]
-                rg7_3 = g_7[tile_b, 3, tile_r]
-                rg7_4 = g_7[tile_b, 4, tile_r]
+                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
+                rg5te, rg5to = hl.split(rg5t)
+                rg5tee, rg5teo = hl.split(rg5te)
+                rg5_0, rg5_4 = hl.split(rg5tee)
+                rg5_2, rg5_6 = hl.split(rg5teo)
+                rg5toe, rg5too = hl.split(rg5to)
+                rg5_1, rg5_5 = hl.split(rg5toe)
+                rg5_3, rg5_7 = hl.split(rg5too)
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7tee, rg7teo = hl.split(rg7te)
+                rg7_0, rg7_4 = hl.split(rg7tee)
+                rg7_2, rg7_6 = hl.split(rg7teo)
+                rg7toe, rg7too = hl.split(rg7to)
+                rg7_1, rg7_5 = hl.split(rg7toe)
+                rg7_3, rg7_7 = hl.split(rg7too)
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -622,35 +642,55 @@ def tp_bwd_w_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
             g4_0 = g_4[tile_b, 0, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g5_3 = g_5[tile_b, 3, tile_c]
-            g5_4 = g_5[tile_b, 4, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)

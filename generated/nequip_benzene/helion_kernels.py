@@ -153,22 +153,34 @@ def tp_fwd_0(
         for tile_c in hl.tile(64, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a4_0 = x1_4[tile_b, 0, tile_c]
-            a4_1 = x1_4[tile_b, 1, tile_c]
-            a4_2 = x1_4[tile_b, 2, tile_c]
-            a4_3 = x1_4[tile_b, 3, tile_c]
-            a4_4 = x1_4[tile_b, 4, tile_c]
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
@@ -184,9 +196,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 64x2o (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -200,11 +210,7 @@ def tp_fwd_0(
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
-            out_2[tile_b, 3, tile_c] = acc2_3
-            out_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 64x3e (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
@@ -222,13 +228,7 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
-            out_3[tile_b, 3, tile_c] = acc3_3
-            out_3[tile_b, 4, tile_c] = acc3_4
-            out_3[tile_b, 5, tile_c] = acc3_5
-            out_3[tile_b, 6, tile_c] = acc3_6
+            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 4: 64x0e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
@@ -244,9 +244,7 @@ def tp_fwd_0(
             acc5_0 = acc5_0 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc5_1 = acc5_1 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc5_2 = acc5_2 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            out_5[tile_b, 0, tile_c] = acc5_0
-            out_5[tile_b, 1, tile_c] = acc5_1
-            out_5[tile_b, 2, tile_c] = acc5_2
+            hl.store(out_5, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc5_0, acc5_2), hl.join(acc5_1, acc5_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 6: 64x2e (1 path)
             acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
@@ -260,11 +258,7 @@ def tp_fwd_0(
             acc6_2 = acc6_2 + wt6_0 * (a1_0 * sb2_2_0)
             acc6_3 = acc6_3 + wt6_0 * (a1_0 * sb2_3_0)
             acc6_4 = acc6_4 + wt6_0 * (a1_0 * sb2_4_0)
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
-            out_6[tile_b, 3, tile_c] = acc6_3
-            out_6[tile_b, 4, tile_c] = acc6_4
+            hl.store(out_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 7: 64x3o (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
@@ -282,13 +276,7 @@ def tp_fwd_0(
             acc7_4 = acc7_4 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_4_0)
             acc7_5 = acc7_5 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_5_0)
             acc7_6 = acc7_6 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_6_0)
-            out_7[tile_b, 0, tile_c] = acc7_0
-            out_7[tile_b, 1, tile_c] = acc7_1
-            out_7[tile_b, 2, tile_c] = acc7_2
-            out_7[tile_b, 3, tile_c] = acc7_3
-            out_7[tile_b, 4, tile_c] = acc7_4
-            out_7[tile_b, 5, tile_c] = acc7_5
-            out_7[tile_b, 6, tile_c] = acc7_6
+            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 8: 64x1o (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
@@ -298,9 +286,7 @@ def tp_fwd_0(
             acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            out_8[tile_b, 0, tile_c] = acc8_0
-            out_8[tile_b, 1, tile_c] = acc8_1
-            out_8[tile_b, 2, tile_c] = acc8_2
+            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x0e (1 path)
             acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
@@ -319,9 +305,7 @@ def tp_fwd_0(
             acc10_0 = acc10_0 + wt10_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc10_1 = acc10_1 + wt10_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc10_2 = acc10_2 + wt10_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            out_10[tile_b, 0, tile_c] = acc10_0
-            out_10[tile_b, 1, tile_c] = acc10_1
-            out_10[tile_b, 2, tile_c] = acc10_2
+            hl.store(out_10, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 11: 64x2e (1 path)
             acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
@@ -338,11 +322,7 @@ def tp_fwd_0(
             )
             acc11_3 = acc11_3 + wt11_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             acc11_4 = acc11_4 + wt11_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            out_11[tile_b, 0, tile_c] = acc11_0
-            out_11[tile_b, 1, tile_c] = acc11_1
-            out_11[tile_b, 2, tile_c] = acc11_2
-            out_11[tile_b, 3, tile_c] = acc11_3
-            out_11[tile_b, 4, tile_c] = acc11_4
+            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x1o (1 path)
             acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
@@ -361,9 +341,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            out_12[tile_b, 0, tile_c] = acc12_0
-            out_12[tile_b, 1, tile_c] = acc12_1
-            out_12[tile_b, 2, tile_c] = acc12_2
+            hl.store(out_12, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 13: 64x2o (1 path)
             acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
@@ -389,11 +367,7 @@ def tp_fwd_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            out_13[tile_b, 0, tile_c] = acc13_0
-            out_13[tile_b, 1, tile_c] = acc13_1
-            out_13[tile_b, 2, tile_c] = acc13_2
-            out_13[tile_b, 3, tile_c] = acc13_3
-            out_13[tile_b, 4, tile_c] = acc13_4
+            hl.store(out_13, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 14: 64x3o (1 path)
             acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
@@ -426,13 +400,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_2 * sb2_3_0
             )
             acc14_6 = acc14_6 + wt14_0 * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
-            out_14[tile_b, 0, tile_c] = acc14_0
-            out_14[tile_b, 1, tile_c] = acc14_1
-            out_14[tile_b, 2, tile_c] = acc14_2
-            out_14[tile_b, 3, tile_c] = acc14_3
-            out_14[tile_b, 4, tile_c] = acc14_4
-            out_14[tile_b, 5, tile_c] = acc14_5
-            out_14[tile_b, 6, tile_c] = acc14_6
+            hl.store(out_14, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_6)), hl.join(hl.join(acc14_1, acc14_5), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 15: 64x2e (1 path)
             acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
@@ -463,11 +431,7 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
                 + 0.5976143046671969 * a2_2 * sb3_6_0
             )
-            out_15[tile_b, 0, tile_c] = acc15_0
-            out_15[tile_b, 1, tile_c] = acc15_1
-            out_15[tile_b, 2, tile_c] = acc15_2
-            out_15[tile_b, 3, tile_c] = acc15_3
-            out_15[tile_b, 4, tile_c] = acc15_4
+            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 64x3e (1 path)
             acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
@@ -505,13 +469,7 @@ def tp_fwd_0(
                 0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
                 + 0.3535533905932738 * a2_2 * sb3_1_0
             )
-            out_16[tile_b, 0, tile_c] = acc16_0
-            out_16[tile_b, 1, tile_c] = acc16_1
-            out_16[tile_b, 2, tile_c] = acc16_2
-            out_16[tile_b, 3, tile_c] = acc16_3
-            out_16[tile_b, 4, tile_c] = acc16_4
-            out_16[tile_b, 5, tile_c] = acc16_5
-            out_16[tile_b, 6, tile_c] = acc16_6
+            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 64x1e (1 path)
             acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
@@ -521,9 +479,7 @@ def tp_fwd_0(
             acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            out_17[tile_b, 0, tile_c] = acc17_0
-            out_17[tile_b, 1, tile_c] = acc17_1
-            out_17[tile_b, 2, tile_c] = acc17_2
+            hl.store(out_17, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc17_0, acc17_2), hl.join(acc17_1, acc17_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 18: 64x0o (1 path)
             acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
@@ -542,9 +498,7 @@ def tp_fwd_0(
             acc19_0 = acc19_0 + wt19_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc19_1 = acc19_1 + wt19_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc19_2 = acc19_2 + wt19_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            out_19[tile_b, 0, tile_c] = acc19_0
-            out_19[tile_b, 1, tile_c] = acc19_1
-            out_19[tile_b, 2, tile_c] = acc19_2
+            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 64x2o (1 path)
             acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
@@ -561,11 +515,7 @@ def tp_fwd_0(
             )
             acc20_3 = acc20_3 + wt20_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             acc20_4 = acc20_4 + wt20_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            out_20[tile_b, 0, tile_c] = acc20_0
-            out_20[tile_b, 1, tile_c] = acc20_1
-            out_20[tile_b, 2, tile_c] = acc20_2
-            out_20[tile_b, 3, tile_c] = acc20_3
-            out_20[tile_b, 4, tile_c] = acc20_4
+            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 21: 64x1e (1 path)
             acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             acc21_1 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
@@ -584,9 +534,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            out_21[tile_b, 0, tile_c] = acc21_0
-            out_21[tile_b, 1, tile_c] = acc21_1
-            out_21[tile_b, 2, tile_c] = acc21_2
+            hl.store(out_21, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 22: 64x2e (1 path)
             acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
@@ -612,11 +560,7 @@ def tp_fwd_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            out_22[tile_b, 0, tile_c] = acc22_0
-            out_22[tile_b, 1, tile_c] = acc22_1
-            out_22[tile_b, 2, tile_c] = acc22_2
-            out_22[tile_b, 3, tile_c] = acc22_3
-            out_22[tile_b, 4, tile_c] = acc22_4
+            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 23: 64x3e (1 path)
             acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
@@ -649,13 +593,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a3_2 * sb2_3_0
             )
             acc23_6 = acc23_6 + wt23_0 * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
-            out_23[tile_b, 0, tile_c] = acc23_0
-            out_23[tile_b, 1, tile_c] = acc23_1
-            out_23[tile_b, 2, tile_c] = acc23_2
-            out_23[tile_b, 3, tile_c] = acc23_3
-            out_23[tile_b, 4, tile_c] = acc23_4
-            out_23[tile_b, 5, tile_c] = acc23_5
-            out_23[tile_b, 6, tile_c] = acc23_6
+            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 24: 64x2o (1 path)
             acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
@@ -686,11 +624,7 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
                 + 0.5976143046671969 * a3_2 * sb3_6_0
             )
-            out_24[tile_b, 0, tile_c] = acc24_0
-            out_24[tile_b, 1, tile_c] = acc24_1
-            out_24[tile_b, 2, tile_c] = acc24_2
-            out_24[tile_b, 3, tile_c] = acc24_3
-            out_24[tile_b, 4, tile_c] = acc24_4
+            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 25: 64x3o (1 path)
             acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
@@ -728,13 +662,7 @@ def tp_fwd_0(
                 0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
                 + 0.3535533905932738 * a3_2 * sb3_1_0
             )
-            out_25[tile_b, 0, tile_c] = acc25_0
-            out_25[tile_b, 1, tile_c] = acc25_1
-            out_25[tile_b, 2, tile_c] = acc25_2
-            out_25[tile_b, 3, tile_c] = acc25_3
-            out_25[tile_b, 4, tile_c] = acc25_4
-            out_25[tile_b, 5, tile_c] = acc25_5
-            out_25[tile_b, 6, tile_c] = acc25_6
+            hl.store(out_25, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_6)), hl.join(hl.join(acc25_1, acc25_5), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 26: 64x2o (1 path)
             acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
@@ -748,11 +676,7 @@ def tp_fwd_0(
             acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
             acc26_3 = acc26_3 + wt26_0 * (a4_3 * sb0_0_0)
             acc26_4 = acc26_4 + wt26_0 * (a4_4 * sb0_0_0)
-            out_26[tile_b, 0, tile_c] = acc26_0
-            out_26[tile_b, 1, tile_c] = acc26_1
-            out_26[tile_b, 2, tile_c] = acc26_2
-            out_26[tile_b, 3, tile_c] = acc26_3
-            out_26[tile_b, 4, tile_c] = acc26_4
+            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 27: 64x1e (1 path)
             acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             acc27_1 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
@@ -771,9 +695,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            out_27[tile_b, 0, tile_c] = acc27_0
-            out_27[tile_b, 1, tile_c] = acc27_1
-            out_27[tile_b, 2, tile_c] = acc27_2
+            hl.store(out_27, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 28: 64x2e (1 path)
             acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
@@ -799,11 +721,7 @@ def tp_fwd_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            out_28[tile_b, 0, tile_c] = acc28_0
-            out_28[tile_b, 1, tile_c] = acc28_1
-            out_28[tile_b, 2, tile_c] = acc28_2
-            out_28[tile_b, 3, tile_c] = acc28_3
-            out_28[tile_b, 4, tile_c] = acc28_4
+            hl.store(out_28, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 29: 64x3e (1 path)
             acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
@@ -836,13 +754,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a4_4 * sb1_1_0
             )
             acc29_6 = acc29_6 + wt29_0 * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
-            out_29[tile_b, 0, tile_c] = acc29_0
-            out_29[tile_b, 1, tile_c] = acc29_1
-            out_29[tile_b, 2, tile_c] = acc29_2
-            out_29[tile_b, 3, tile_c] = acc29_3
-            out_29[tile_b, 4, tile_c] = acc29_4
-            out_29[tile_b, 5, tile_c] = acc29_5
-            out_29[tile_b, 6, tile_c] = acc29_6
+            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 30: 64x0o (1 path)
             acc30_0 = hl.zeros([tile_b, tile_c], dtype=out_30.dtype)
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
@@ -873,9 +785,7 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            out_31[tile_b, 0, tile_c] = acc31_0
-            out_31[tile_b, 1, tile_c] = acc31_1
-            out_31[tile_b, 2, tile_c] = acc31_2
+            hl.store(out_31, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 32: 64x2o (1 path)
             acc32_0 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
             acc32_1 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
@@ -907,11 +817,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            out_32[tile_b, 0, tile_c] = acc32_0
-            out_32[tile_b, 1, tile_c] = acc32_1
-            out_32[tile_b, 2, tile_c] = acc32_2
-            out_32[tile_b, 3, tile_c] = acc32_3
-            out_32[tile_b, 4, tile_c] = acc32_4
+            hl.store(out_32, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 33: 64x3o (1 path)
             acc33_0 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
             acc33_1 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
@@ -946,13 +852,7 @@ def tp_fwd_0(
                 0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
                 - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
             )
-            out_33[tile_b, 0, tile_c] = acc33_0
-            out_33[tile_b, 1, tile_c] = acc33_1
-            out_33[tile_b, 2, tile_c] = acc33_2
-            out_33[tile_b, 3, tile_c] = acc33_3
-            out_33[tile_b, 4, tile_c] = acc33_4
-            out_33[tile_b, 5, tile_c] = acc33_5
-            out_33[tile_b, 6, tile_c] = acc33_6
+            hl.store(out_33, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 34: 64x1e (1 path)
             acc34_0 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
             acc34_1 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
@@ -976,9 +876,7 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
                 - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
             )
-            out_34[tile_b, 0, tile_c] = acc34_0
-            out_34[tile_b, 1, tile_c] = acc34_1
-            out_34[tile_b, 2, tile_c] = acc34_2
+            hl.store(out_34, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc34_0, acc34_2), hl.join(acc34_1, acc34_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 35: 64x2e (1 path)
             acc35_0 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
             acc35_1 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
@@ -1011,11 +909,7 @@ def tp_fwd_0(
                 + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
                 - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
             )
-            out_35[tile_b, 0, tile_c] = acc35_0
-            out_35[tile_b, 1, tile_c] = acc35_1
-            out_35[tile_b, 2, tile_c] = acc35_2
-            out_35[tile_b, 3, tile_c] = acc35_3
-            out_35[tile_b, 4, tile_c] = acc35_4
+            hl.store(out_35, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc35_0, acc35_4), hl.join(acc35_2, acc35_0)), hl.join(hl.join(acc35_1, acc35_0), hl.join(acc35_3, acc35_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 36: 64x3e (1 path)
             acc36_0 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
             acc36_1 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
@@ -1063,13 +957,7 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
                 - 0.2886751345948129 * a4_4 * sb3_4_0
             )
-            out_36[tile_b, 0, tile_c] = acc36_0
-            out_36[tile_b, 1, tile_c] = acc36_1
-            out_36[tile_b, 2, tile_c] = acc36_2
-            out_36[tile_b, 3, tile_c] = acc36_3
-            out_36[tile_b, 4, tile_c] = acc36_4
-            out_36[tile_b, 5, tile_c] = acc36_5
-            out_36[tile_b, 6, tile_c] = acc36_6
+            hl.store(out_36, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc36_0, acc36_4), hl.join(acc36_2, acc36_6)), hl.join(hl.join(acc36_1, acc36_5), hl.join(acc36_3, acc36_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 37: 64x2e (1 path)
             acc37_0 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
             acc37_1 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
@@ -1083,11 +971,7 @@ def tp_fwd_0(
             acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
             acc37_3 = acc37_3 + wt37_0 * (a5_3 * sb0_0_0)
             acc37_4 = acc37_4 + wt37_0 * (a5_4 * sb0_0_0)
-            out_37[tile_b, 0, tile_c] = acc37_0
-            out_37[tile_b, 1, tile_c] = acc37_1
-            out_37[tile_b, 2, tile_c] = acc37_2
-            out_37[tile_b, 3, tile_c] = acc37_3
-            out_37[tile_b, 4, tile_c] = acc37_4
+            hl.store(out_37, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc37_0, acc37_4), hl.join(acc37_2, acc37_0)), hl.join(hl.join(acc37_1, acc37_0), hl.join(acc37_3, acc37_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 38: 64x1o (1 path)
             acc38_0 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
             acc38_1 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
@@ -1106,9 +990,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            out_38[tile_b, 0, tile_c] = acc38_0
-            out_38[tile_b, 1, tile_c] = acc38_1
-            out_38[tile_b, 2, tile_c] = acc38_2
+            hl.store(out_38, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc38_0, acc38_2), hl.join(acc38_1, acc38_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 39: 64x2o (1 path)
             acc39_0 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
             acc39_1 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
@@ -1134,11 +1016,7 @@ def tp_fwd_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            out_39[tile_b, 0, tile_c] = acc39_0
-            out_39[tile_b, 1, tile_c] = acc39_1
-            out_39[tile_b, 2, tile_c] = acc39_2
-            out_39[tile_b, 3, tile_c] = acc39_3
-            out_39[tile_b, 4, tile_c] = acc39_4
+            hl.store(out_39, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc39_0, acc39_4), hl.join(acc39_2, acc39_0)), hl.join(hl.join(acc39_1, acc39_0), hl.join(acc39_3, acc39_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 40: 64x3o (1 path)
             acc40_0 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
             acc40_1 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
@@ -1171,13 +1049,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a5_4 * sb1_1_0
             )
             acc40_6 = acc40_6 + wt40_0 * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
-            out_40[tile_b, 0, tile_c] = acc40_0
-            out_40[tile_b, 1, tile_c] = acc40_1
-            out_40[tile_b, 2, tile_c] = acc40_2
-            out_40[tile_b, 3, tile_c] = acc40_3
-            out_40[tile_b, 4, tile_c] = acc40_4
-            out_40[tile_b, 5, tile_c] = acc40_5
-            out_40[tile_b, 6, tile_c] = acc40_6
+            hl.store(out_40, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc40_0, acc40_4), hl.join(acc40_2, acc40_6)), hl.join(hl.join(acc40_1, acc40_5), hl.join(acc40_3, acc40_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 41: 64x0e (1 path)
             acc41_0 = hl.zeros([tile_b, tile_c], dtype=out_41.dtype)
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
@@ -1208,9 +1080,7 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            out_42[tile_b, 0, tile_c] = acc42_0
-            out_42[tile_b, 1, tile_c] = acc42_1
-            out_42[tile_b, 2, tile_c] = acc42_2
+            hl.store(out_42, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc42_0, acc42_2), hl.join(acc42_1, acc42_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 43: 64x2e (1 path)
             acc43_0 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
             acc43_1 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
@@ -1242,11 +1112,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            out_43[tile_b, 0, tile_c] = acc43_0
-            out_43[tile_b, 1, tile_c] = acc43_1
-            out_43[tile_b, 2, tile_c] = acc43_2
-            out_43[tile_b, 3, tile_c] = acc43_3
-            out_43[tile_b, 4, tile_c] = acc43_4
+            hl.store(out_43, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc43_0, acc43_4), hl.join(acc43_2, acc43_0)), hl.join(hl.join(acc43_1, acc43_0), hl.join(acc43_3, acc43_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 44: 64x3e (1 path)
             acc44_0 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
             acc44_1 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
@@ -1281,13 +1147,7 @@ def tp_fwd_0(
                 0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
                 - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
             )
-            out_44[tile_b, 0, tile_c] = acc44_0
-            out_44[tile_b, 1, tile_c] = acc44_1
-            out_44[tile_b, 2, tile_c] = acc44_2
-            out_44[tile_b, 3, tile_c] = acc44_3
-            out_44[tile_b, 4, tile_c] = acc44_4
-            out_44[tile_b, 5, tile_c] = acc44_5
-            out_44[tile_b, 6, tile_c] = acc44_6
+            hl.store(out_44, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc44_0, acc44_4), hl.join(acc44_2, acc44_6)), hl.join(hl.join(acc44_1, acc44_5), hl.join(acc44_3, acc44_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1368,25 +1228,33 @@ def tp_fwd_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
-            a6_0 = x1_6[tile_b, 0, tile_c]
-            a6_1 = x1_6[tile_b, 1, tile_c]
-            a6_2 = x1_6[tile_b, 2, tile_c]
-            a6_3 = x1_6[tile_b, 3, tile_c]
-            a6_4 = x1_6[tile_b, 4, tile_c]
-            a6_5 = x1_6[tile_b, 5, tile_c]
-            a6_6 = x1_6[tile_b, 6, tile_c]
-            a7_0 = x1_7[tile_b, 0, tile_c]
-            a7_1 = x1_7[tile_b, 1, tile_c]
-            a7_2 = x1_7[tile_b, 2, tile_c]
-            a7_3 = x1_7[tile_b, 3, tile_c]
-            a7_4 = x1_7[tile_b, 4, tile_c]
-            a7_5 = x1_7[tile_b, 5, tile_c]
-            a7_6 = x1_7[tile_b, 6, tile_c]
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
+            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+            a6te, a6to = hl.split(a6t)
+            a6tee, a6teo = hl.split(a6te)
+            a6_0, a6_4 = hl.split(a6tee)
+            a6_2, a6_6 = hl.split(a6teo)
+            a6toe, a6too = hl.split(a6to)
+            a6_1, a6_5 = hl.split(a6toe)
+            a6_3, a6_7 = hl.split(a6too)
+            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+            a7te, a7to = hl.split(a7t)
+            a7tee, a7teo = hl.split(a7te)
+            a7_0, a7_4 = hl.split(a7tee)
+            a7_2, a7_6 = hl.split(a7teo)
+            a7toe, a7too = hl.split(a7to)
+            a7_1, a7_5 = hl.split(a7toe)
+            a7_3, a7_7 = hl.split(a7too)
             # g block 45: 64x1o (1 path)
             acc45_0 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
             acc45_1 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
@@ -1410,9 +1278,7 @@ def tp_fwd_1(
                 - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
                 - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
             )
-            out_45[tile_b, 0, tile_c] = acc45_0
-            out_45[tile_b, 1, tile_c] = acc45_1
-            out_45[tile_b, 2, tile_c] = acc45_2
+            hl.store(out_45, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc45_0, acc45_2), hl.join(acc45_1, acc45_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 46: 64x2o (1 path)
             acc46_0 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
             acc46_1 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
@@ -1445,11 +1311,7 @@ def tp_fwd_1(
                 + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
                 - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
             )
-            out_46[tile_b, 0, tile_c] = acc46_0
-            out_46[tile_b, 1, tile_c] = acc46_1
-            out_46[tile_b, 2, tile_c] = acc46_2
-            out_46[tile_b, 3, tile_c] = acc46_3
-            out_46[tile_b, 4, tile_c] = acc46_4
+            hl.store(out_46, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc46_0, acc46_4), hl.join(acc46_2, acc46_0)), hl.join(hl.join(acc46_1, acc46_0), hl.join(acc46_3, acc46_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 47: 64x3o (1 path)
             acc47_0 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
             acc47_1 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
@@ -1497,13 +1359,7 @@ def tp_fwd_1(
                 - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
                 - 0.2886751345948129 * a5_4 * sb3_4_0
             )
-            out_47[tile_b, 0, tile_c] = acc47_0
-            out_47[tile_b, 1, tile_c] = acc47_1
-            out_47[tile_b, 2, tile_c] = acc47_2
-            out_47[tile_b, 3, tile_c] = acc47_3
-            out_47[tile_b, 4, tile_c] = acc47_4
-            out_47[tile_b, 5, tile_c] = acc47_5
-            out_47[tile_b, 6, tile_c] = acc47_6
+            hl.store(out_47, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc47_0, acc47_4), hl.join(acc47_2, acc47_6)), hl.join(hl.join(acc47_1, acc47_5), hl.join(acc47_3, acc47_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 48: 64x3o (1 path)
             acc48_0 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
             acc48_1 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
@@ -1521,13 +1377,7 @@ def tp_fwd_1(
             acc48_4 = acc48_4 + wt48_0 * (1.0000000000000002 * a6_4 * sb0_0_0)
             acc48_5 = acc48_5 + wt48_0 * (1.0000000000000002 * a6_5 * sb0_0_0)
             acc48_6 = acc48_6 + wt48_0 * (1.0000000000000002 * a6_6 * sb0_0_0)
-            out_48[tile_b, 0, tile_c] = acc48_0
-            out_48[tile_b, 1, tile_c] = acc48_1
-            out_48[tile_b, 2, tile_c] = acc48_2
-            out_48[tile_b, 3, tile_c] = acc48_3
-            out_48[tile_b, 4, tile_c] = acc48_4
-            out_48[tile_b, 5, tile_c] = acc48_5
-            out_48[tile_b, 6, tile_c] = acc48_6
+            hl.store(out_48, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc48_0, acc48_4), hl.join(acc48_2, acc48_6)), hl.join(hl.join(acc48_1, acc48_5), hl.join(acc48_3, acc48_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 49: 64x2e (1 path)
             acc49_0 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
             acc49_1 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
@@ -1558,11 +1408,7 @@ def tp_fwd_1(
                 - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
                 + 0.5976143046671969 * a6_6 * sb1_2_0
             )
-            out_49[tile_b, 0, tile_c] = acc49_0
-            out_49[tile_b, 1, tile_c] = acc49_1
-            out_49[tile_b, 2, tile_c] = acc49_2
-            out_49[tile_b, 3, tile_c] = acc49_3
-            out_49[tile_b, 4, tile_c] = acc49_4
+            hl.store(out_49, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc49_0, acc49_4), hl.join(acc49_2, acc49_0)), hl.join(hl.join(acc49_1, acc49_0), hl.join(acc49_3, acc49_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 50: 64x3e (1 path)
             acc50_0 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
             acc50_1 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
@@ -1600,13 +1446,7 @@ def tp_fwd_1(
                 0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
                 - 0.3535533905932738 * a6_5 * sb1_0_0
             )
-            out_50[tile_b, 0, tile_c] = acc50_0
-            out_50[tile_b, 1, tile_c] = acc50_1
-            out_50[tile_b, 2, tile_c] = acc50_2
-            out_50[tile_b, 3, tile_c] = acc50_3
-            out_50[tile_b, 4, tile_c] = acc50_4
-            out_50[tile_b, 5, tile_c] = acc50_5
-            out_50[tile_b, 6, tile_c] = acc50_6
+            hl.store(out_50, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc50_0, acc50_4), hl.join(acc50_2, acc50_6)), hl.join(hl.join(acc50_1, acc50_5), hl.join(acc50_3, acc50_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 51: 64x1o (1 path)
             acc51_0 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
             acc51_1 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
@@ -1630,9 +1470,7 @@ def tp_fwd_1(
                 + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
                 + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
             )
-            out_51[tile_b, 0, tile_c] = acc51_0
-            out_51[tile_b, 1, tile_c] = acc51_1
-            out_51[tile_b, 2, tile_c] = acc51_2
+            hl.store(out_51, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc51_0, acc51_2), hl.join(acc51_1, acc51_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 52: 64x2o (1 path)
             acc52_0 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
             acc52_1 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
@@ -1665,11 +1503,7 @@ def tp_fwd_1(
                 - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
                 - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
             )
-            out_52[tile_b, 0, tile_c] = acc52_0
-            out_52[tile_b, 1, tile_c] = acc52_1
-            out_52[tile_b, 2, tile_c] = acc52_2
-            out_52[tile_b, 3, tile_c] = acc52_3
-            out_52[tile_b, 4, tile_c] = acc52_4
+            hl.store(out_52, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc52_0, acc52_4), hl.join(acc52_2, acc52_0)), hl.join(hl.join(acc52_1, acc52_0), hl.join(acc52_3, acc52_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 53: 64x3o (1 path)
             acc53_0 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
             acc53_1 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
@@ -1717,13 +1551,7 @@ def tp_fwd_1(
                 - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
                 - 0.6454972243679029 * a6_6 * sb2_2_0
             )
-            out_53[tile_b, 0, tile_c] = acc53_0
-            out_53[tile_b, 1, tile_c] = acc53_1
-            out_53[tile_b, 2, tile_c] = acc53_2
-            out_53[tile_b, 3, tile_c] = acc53_3
-            out_53[tile_b, 4, tile_c] = acc53_4
-            out_53[tile_b, 5, tile_c] = acc53_5
-            out_53[tile_b, 6, tile_c] = acc53_6
+            hl.store(out_53, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc53_0, acc53_4), hl.join(acc53_2, acc53_6)), hl.join(hl.join(acc53_1, acc53_5), hl.join(acc53_3, acc53_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 54: 64x0e (1 path)
             acc54_0 = hl.zeros([tile_b, tile_c], dtype=out_54.dtype)
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
@@ -1760,9 +1588,7 @@ def tp_fwd_1(
                 - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
                 - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
             )
-            out_55[tile_b, 0, tile_c] = acc55_0
-            out_55[tile_b, 1, tile_c] = acc55_1
-            out_55[tile_b, 2, tile_c] = acc55_2
+            hl.store(out_55, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc55_0, acc55_2), hl.join(acc55_1, acc55_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 56: 64x2e (1 path)
             acc56_0 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
             acc56_1 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
@@ -1802,11 +1628,7 @@ def tp_fwd_1(
                 + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
                 - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
             )
-            out_56[tile_b, 0, tile_c] = acc56_0
-            out_56[tile_b, 1, tile_c] = acc56_1
-            out_56[tile_b, 2, tile_c] = acc56_2
-            out_56[tile_b, 3, tile_c] = acc56_3
-            out_56[tile_b, 4, tile_c] = acc56_4
+            hl.store(out_56, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc56_0, acc56_4), hl.join(acc56_2, acc56_0)), hl.join(hl.join(acc56_1, acc56_0), hl.join(acc56_3, acc56_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 57: 64x3e (1 path)
             acc57_0 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
             acc57_1 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
@@ -1852,13 +1674,7 @@ def tp_fwd_1(
                 - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
                 - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
             )
-            out_57[tile_b, 0, tile_c] = acc57_0
-            out_57[tile_b, 1, tile_c] = acc57_1
-            out_57[tile_b, 2, tile_c] = acc57_2
-            out_57[tile_b, 3, tile_c] = acc57_3
-            out_57[tile_b, 4, tile_c] = acc57_4
-            out_57[tile_b, 5, tile_c] = acc57_5
-            out_57[tile_b, 6, tile_c] = acc57_6
+            hl.store(out_57, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc57_0, acc57_4), hl.join(acc57_2, acc57_6)), hl.join(hl.join(acc57_1, acc57_5), hl.join(acc57_3, acc57_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 58: 64x3e (1 path)
             acc58_0 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
             acc58_1 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
@@ -1876,13 +1692,7 @@ def tp_fwd_1(
             acc58_4 = acc58_4 + wt58_0 * (1.0000000000000002 * a7_4 * sb0_0_0)
             acc58_5 = acc58_5 + wt58_0 * (1.0000000000000002 * a7_5 * sb0_0_0)
             acc58_6 = acc58_6 + wt58_0 * (1.0000000000000002 * a7_6 * sb0_0_0)
-            out_58[tile_b, 0, tile_c] = acc58_0
-            out_58[tile_b, 1, tile_c] = acc58_1
-            out_58[tile_b, 2, tile_c] = acc58_2
-            out_58[tile_b, 3, tile_c] = acc58_3
-            out_58[tile_b, 4, tile_c] = acc58_4
-            out_58[tile_b, 5, tile_c] = acc58_5
-            out_58[tile_b, 6, tile_c] = acc58_6
+            hl.store(out_58, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc58_0, acc58_4), hl.join(acc58_2, acc58_6)), hl.join(hl.join(acc58_1, acc58_5), hl.join(acc58_3, acc58_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 59: 64x2o (1 path)
             acc59_0 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
             acc59_1 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
@@ -1913,11 +1723,7 @@ def tp_fwd_1(
                 - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
                 + 0.5976143046671969 * a7_6 * sb1_2_0
             )
-            out_59[tile_b, 0, tile_c] = acc59_0
-            out_59[tile_b, 1, tile_c] = acc59_1
-            out_59[tile_b, 2, tile_c] = acc59_2
-            out_59[tile_b, 3, tile_c] = acc59_3
-            out_59[tile_b, 4, tile_c] = acc59_4
+            hl.store(out_59, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc59_0, acc59_4), hl.join(acc59_2, acc59_0)), hl.join(hl.join(acc59_1, acc59_0), hl.join(acc59_3, acc59_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 60: 64x3o (1 path)
             acc60_0 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
             acc60_1 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
@@ -1955,13 +1761,7 @@ def tp_fwd_1(
                 0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
                 - 0.3535533905932738 * a7_5 * sb1_0_0
             )
-            out_60[tile_b, 0, tile_c] = acc60_0
-            out_60[tile_b, 1, tile_c] = acc60_1
-            out_60[tile_b, 2, tile_c] = acc60_2
-            out_60[tile_b, 3, tile_c] = acc60_3
-            out_60[tile_b, 4, tile_c] = acc60_4
-            out_60[tile_b, 5, tile_c] = acc60_5
-            out_60[tile_b, 6, tile_c] = acc60_6
+            hl.store(out_60, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc60_0, acc60_4), hl.join(acc60_2, acc60_6)), hl.join(hl.join(acc60_1, acc60_5), hl.join(acc60_3, acc60_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 61: 64x1e (1 path)
             acc61_0 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
             acc61_1 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
@@ -1985,9 +1785,7 @@ def tp_fwd_1(
                 + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
                 + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
             )
-            out_61[tile_b, 0, tile_c] = acc61_0
-            out_61[tile_b, 1, tile_c] = acc61_1
-            out_61[tile_b, 2, tile_c] = acc61_2
+            hl.store(out_61, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc61_0, acc61_2), hl.join(acc61_1, acc61_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 62: 64x2e (1 path)
             acc62_0 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
             acc62_1 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
@@ -2020,11 +1818,7 @@ def tp_fwd_1(
                 - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
                 - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
             )
-            out_62[tile_b, 0, tile_c] = acc62_0
-            out_62[tile_b, 1, tile_c] = acc62_1
-            out_62[tile_b, 2, tile_c] = acc62_2
-            out_62[tile_b, 3, tile_c] = acc62_3
-            out_62[tile_b, 4, tile_c] = acc62_4
+            hl.store(out_62, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc62_0, acc62_4), hl.join(acc62_2, acc62_0)), hl.join(hl.join(acc62_1, acc62_0), hl.join(acc62_3, acc62_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 63: 64x3e (1 path)
             acc63_0 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
             acc63_1 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
@@ -2072,13 +1866,7 @@ def tp_fwd_1(
                 - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
                 - 0.6454972243679029 * a7_6 * sb2_2_0
             )
-            out_63[tile_b, 0, tile_c] = acc63_0
-            out_63[tile_b, 1, tile_c] = acc63_1
-            out_63[tile_b, 2, tile_c] = acc63_2
-            out_63[tile_b, 3, tile_c] = acc63_3
-            out_63[tile_b, 4, tile_c] = acc63_4
-            out_63[tile_b, 5, tile_c] = acc63_5
-            out_63[tile_b, 6, tile_c] = acc63_6
+            hl.store(out_63, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc63_0, acc63_4), hl.join(acc63_2, acc63_6)), hl.join(hl.join(acc63_1, acc63_5), hl.join(acc63_3, acc63_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 64: 64x0o (1 path)
             acc64_0 = hl.zeros([tile_b, tile_c], dtype=out_64.dtype)
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
@@ -2115,9 +1903,7 @@ def tp_fwd_1(
                 - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
                 - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
             )
-            out_65[tile_b, 0, tile_c] = acc65_0
-            out_65[tile_b, 1, tile_c] = acc65_1
-            out_65[tile_b, 2, tile_c] = acc65_2
+            hl.store(out_65, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc65_0, acc65_2), hl.join(acc65_1, acc65_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 66: 64x2o (1 path)
             acc66_0 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
             acc66_1 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
@@ -2157,11 +1943,7 @@ def tp_fwd_1(
                 + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
                 - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
             )
-            out_66[tile_b, 0, tile_c] = acc66_0
-            out_66[tile_b, 1, tile_c] = acc66_1
-            out_66[tile_b, 2, tile_c] = acc66_2
-            out_66[tile_b, 3, tile_c] = acc66_3
-            out_66[tile_b, 4, tile_c] = acc66_4
+            hl.store(out_66, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc66_0, acc66_4), hl.join(acc66_2, acc66_0)), hl.join(hl.join(acc66_1, acc66_0), hl.join(acc66_3, acc66_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 67: 64x3o (1 path)
             acc67_0 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
             acc67_1 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
@@ -2207,13 +1989,7 @@ def tp_fwd_1(
                 - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
                 - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
             )
-            out_67[tile_b, 0, tile_c] = acc67_0
-            out_67[tile_b, 1, tile_c] = acc67_1
-            out_67[tile_b, 2, tile_c] = acc67_2
-            out_67[tile_b, 3, tile_c] = acc67_3
-            out_67[tile_b, 4, tile_c] = acc67_4
-            out_67[tile_b, 5, tile_c] = acc67_5
-            out_67[tile_b, 6, tile_c] = acc67_6
+            hl.store(out_67, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc67_0, acc67_4), hl.join(acc67_2, acc67_6)), hl.join(hl.join(acc67_1, acc67_5), hl.join(acc67_3, acc67_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -2348,217 +2124,333 @@ def tp_bwd_x1_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             g4_0 = g_4[tile_b, 0, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g6_3 = g_6[tile_b, 3, tile_c]
-            g6_4 = g_6[tile_b, 4, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
-            g7_5 = g_7[tile_b, 5, tile_c]
-            g7_6 = g_7[tile_b, 6, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5_0, g5_2 = hl.split(g5te)
+            g5_1, g5_3 = hl.split(g5to)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             g9_0 = g_9[tile_b, 0, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g13_1 = g_13[tile_b, 1, tile_c]
-            g13_2 = g_13[tile_b, 2, tile_c]
-            g13_3 = g_13[tile_b, 3, tile_c]
-            g13_4 = g_13[tile_b, 4, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g14_3 = g_14[tile_b, 3, tile_c]
-            g14_4 = g_14[tile_b, 4, tile_c]
-            g14_5 = g_14[tile_b, 5, tile_c]
-            g14_6 = g_14[tile_b, 6, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17_0, g17_2 = hl.split(g17te)
+            g17_1, g17_3 = hl.split(g17to)
             g18_0 = g_18[tile_b, 0, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g21_1 = g_21[tile_b, 1, tile_c]
-            g21_2 = g_21[tile_b, 2, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g23_5 = g_23[tile_b, 5, tile_c]
-            g23_6 = g_23[tile_b, 6, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g25_3 = g_25[tile_b, 3, tile_c]
-            g25_4 = g_25[tile_b, 4, tile_c]
-            g25_5 = g_25[tile_b, 5, tile_c]
-            g25_6 = g_25[tile_b, 6, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g27_1 = g_27[tile_b, 1, tile_c]
-            g27_2 = g_27[tile_b, 2, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g28_3 = g_28[tile_b, 3, tile_c]
-            g28_4 = g_28[tile_b, 4, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
-            g29_5 = g_29[tile_b, 5, tile_c]
-            g29_6 = g_29[tile_b, 6, tile_c]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             g30_0 = g_30[tile_b, 0, tile_c]
-            g31_0 = g_31[tile_b, 0, tile_c]
-            g31_1 = g_31[tile_b, 1, tile_c]
-            g31_2 = g_31[tile_b, 2, tile_c]
-            g32_0 = g_32[tile_b, 0, tile_c]
-            g32_1 = g_32[tile_b, 1, tile_c]
-            g32_2 = g_32[tile_b, 2, tile_c]
-            g32_3 = g_32[tile_b, 3, tile_c]
-            g32_4 = g_32[tile_b, 4, tile_c]
-            g33_0 = g_33[tile_b, 0, tile_c]
-            g33_1 = g_33[tile_b, 1, tile_c]
-            g33_2 = g_33[tile_b, 2, tile_c]
-            g33_3 = g_33[tile_b, 3, tile_c]
-            g33_4 = g_33[tile_b, 4, tile_c]
-            g33_5 = g_33[tile_b, 5, tile_c]
-            g33_6 = g_33[tile_b, 6, tile_c]
-            g34_0 = g_34[tile_b, 0, tile_c]
-            g34_1 = g_34[tile_b, 1, tile_c]
-            g34_2 = g_34[tile_b, 2, tile_c]
-            g35_0 = g_35[tile_b, 0, tile_c]
-            g35_1 = g_35[tile_b, 1, tile_c]
-            g35_2 = g_35[tile_b, 2, tile_c]
-            g35_3 = g_35[tile_b, 3, tile_c]
-            g35_4 = g_35[tile_b, 4, tile_c]
-            g36_0 = g_36[tile_b, 0, tile_c]
-            g36_1 = g_36[tile_b, 1, tile_c]
-            g36_2 = g_36[tile_b, 2, tile_c]
-            g36_3 = g_36[tile_b, 3, tile_c]
-            g36_4 = g_36[tile_b, 4, tile_c]
-            g36_5 = g_36[tile_b, 5, tile_c]
-            g36_6 = g_36[tile_b, 6, tile_c]
-            g37_0 = g_37[tile_b, 0, tile_c]
-            g37_1 = g_37[tile_b, 1, tile_c]
-            g37_2 = g_37[tile_b, 2, tile_c]
-            g37_3 = g_37[tile_b, 3, tile_c]
-            g37_4 = g_37[tile_b, 4, tile_c]
-            g38_0 = g_38[tile_b, 0, tile_c]
-            g38_1 = g_38[tile_b, 1, tile_c]
-            g38_2 = g_38[tile_b, 2, tile_c]
-            g39_0 = g_39[tile_b, 0, tile_c]
-            g39_1 = g_39[tile_b, 1, tile_c]
-            g39_2 = g_39[tile_b, 2, tile_c]
-            g39_3 = g_39[tile_b, 3, tile_c]
-            g39_4 = g_39[tile_b, 4, tile_c]
-            g40_0 = g_40[tile_b, 0, tile_c]
-            g40_1 = g_40[tile_b, 1, tile_c]
-            g40_2 = g_40[tile_b, 2, tile_c]
-            g40_3 = g_40[tile_b, 3, tile_c]
-            g40_4 = g_40[tile_b, 4, tile_c]
-            g40_5 = g_40[tile_b, 5, tile_c]
-            g40_6 = g_40[tile_b, 6, tile_c]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
+            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g34t = g34.reshape([tile_b, tile_c, 2, 2])
+            g34te, g34to = hl.split(g34t)
+            g34_0, g34_2 = hl.split(g34te)
+            g34_1, g34_3 = hl.split(g34to)
+            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+            g35te, g35to = hl.split(g35t)
+            g35tee, g35teo = hl.split(g35te)
+            g35_0, g35_4 = hl.split(g35tee)
+            g35_2, g35_6 = hl.split(g35teo)
+            g35toe, g35too = hl.split(g35to)
+            g35_1, g35_5 = hl.split(g35toe)
+            g35_3, g35_7 = hl.split(g35too)
+            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+            g36te, g36to = hl.split(g36t)
+            g36tee, g36teo = hl.split(g36te)
+            g36_0, g36_4 = hl.split(g36tee)
+            g36_2, g36_6 = hl.split(g36teo)
+            g36toe, g36too = hl.split(g36to)
+            g36_1, g36_5 = hl.split(g36toe)
+            g36_3, g36_7 = hl.split(g36too)
+            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+            g37te, g37to = hl.split(g37t)
+            g37tee, g37teo = hl.split(g37te)
+            g37_0, g37_4 = hl.split(g37tee)
+            g37_2, g37_6 = hl.split(g37teo)
+            g37toe, g37too = hl.split(g37to)
+            g37_1, g37_5 = hl.split(g37toe)
+            g37_3, g37_7 = hl.split(g37too)
+            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g38t = g38.reshape([tile_b, tile_c, 2, 2])
+            g38te, g38to = hl.split(g38t)
+            g38_0, g38_2 = hl.split(g38te)
+            g38_1, g38_3 = hl.split(g38to)
+            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+            g39te, g39to = hl.split(g39t)
+            g39tee, g39teo = hl.split(g39te)
+            g39_0, g39_4 = hl.split(g39tee)
+            g39_2, g39_6 = hl.split(g39teo)
+            g39toe, g39too = hl.split(g39to)
+            g39_1, g39_5 = hl.split(g39toe)
+            g39_3, g39_7 = hl.split(g39too)
+            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+            g40te, g40to = hl.split(g40t)
+            g40tee, g40teo = hl.split(g40te)
+            g40_0, g40_4 = hl.split(g40tee)
+            g40_2, g40_6 = hl.split(g40teo)
+            g40toe, g40too = hl.split(g40to)
+            g40_1, g40_5 = hl.split(g40toe)
+            g40_3, g40_7 = hl.split(g40too)
             g41_0 = g_41[tile_b, 0, tile_c]
-            g42_0 = g_42[tile_b, 0, tile_c]
-            g42_1 = g_42[tile_b, 1, tile_c]
-            g42_2 = g_42[tile_b, 2, tile_c]
-            g43_0 = g_43[tile_b, 0, tile_c]
-            g43_1 = g_43[tile_b, 1, tile_c]
-            g43_2 = g_43[tile_b, 2, tile_c]
-            g43_3 = g_43[tile_b, 3, tile_c]
-            g43_4 = g_43[tile_b, 4, tile_c]
-            g44_0 = g_44[tile_b, 0, tile_c]
-            g44_1 = g_44[tile_b, 1, tile_c]
-            g44_2 = g_44[tile_b, 2, tile_c]
-            g44_3 = g_44[tile_b, 3, tile_c]
-            g44_4 = g_44[tile_b, 4, tile_c]
-            g44_5 = g_44[tile_b, 5, tile_c]
-            g44_6 = g_44[tile_b, 6, tile_c]
-            g45_0 = g_45[tile_b, 0, tile_c]
-            g45_1 = g_45[tile_b, 1, tile_c]
-            g45_2 = g_45[tile_b, 2, tile_c]
-            g46_0 = g_46[tile_b, 0, tile_c]
-            g46_1 = g_46[tile_b, 1, tile_c]
-            g46_2 = g_46[tile_b, 2, tile_c]
-            g46_3 = g_46[tile_b, 3, tile_c]
-            g46_4 = g_46[tile_b, 4, tile_c]
-            g47_0 = g_47[tile_b, 0, tile_c]
-            g47_1 = g_47[tile_b, 1, tile_c]
-            g47_2 = g_47[tile_b, 2, tile_c]
-            g47_3 = g_47[tile_b, 3, tile_c]
-            g47_4 = g_47[tile_b, 4, tile_c]
-            g47_5 = g_47[tile_b, 5, tile_c]
-            g47_6 = g_47[tile_b, 6, tile_c]
+            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g42t = g42.reshape([tile_b, tile_c, 2, 2])
+            g42te, g42to = hl.split(g42t)
+            g42_0, g42_2 = hl.split(g42te)
+            g42_1, g42_3 = hl.split(g42to)
+            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+            g43te, g43to = hl.split(g43t)
+            g43tee, g43teo = hl.split(g43te)
+            g43_0, g43_4 = hl.split(g43tee)
+            g43_2, g43_6 = hl.split(g43teo)
+            g43toe, g43too = hl.split(g43to)
+            g43_1, g43_5 = hl.split(g43toe)
+            g43_3, g43_7 = hl.split(g43too)
+            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+            g44te, g44to = hl.split(g44t)
+            g44tee, g44teo = hl.split(g44te)
+            g44_0, g44_4 = hl.split(g44tee)
+            g44_2, g44_6 = hl.split(g44teo)
+            g44toe, g44too = hl.split(g44to)
+            g44_1, g44_5 = hl.split(g44toe)
+            g44_3, g44_7 = hl.split(g44too)
+            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g45t = g45.reshape([tile_b, tile_c, 2, 2])
+            g45te, g45to = hl.split(g45t)
+            g45_0, g45_2 = hl.split(g45te)
+            g45_1, g45_3 = hl.split(g45to)
+            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+            g46te, g46to = hl.split(g46t)
+            g46tee, g46teo = hl.split(g46te)
+            g46_0, g46_4 = hl.split(g46tee)
+            g46_2, g46_6 = hl.split(g46teo)
+            g46toe, g46too = hl.split(g46to)
+            g46_1, g46_5 = hl.split(g46toe)
+            g46_3, g46_7 = hl.split(g46too)
+            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+            g47te, g47to = hl.split(g47t)
+            g47tee, g47teo = hl.split(g47te)
+            g47_0, g47_4 = hl.split(g47tee)
+            g47_2, g47_6 = hl.split(g47teo)
+            g47toe, g47too = hl.split(g47to)
+            g47_1, g47_5 = hl.split(g47toe)
+            g47_3, g47_7 = hl.split(g47too)
             # x1 block 0: 64x0o (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
@@ -2735,9 +2627,7 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g16_4 * sb3_1_0 + 0.3535533905932738 * g16_5 * sb3_0_0
                 + 0.45643546458763845 * g16_5 * sb3_2_0 + 0.3535533905932738 * g16_6 * sb3_1_0
             )
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
+            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 64x1e (9 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
@@ -2860,9 +2750,7 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g25_4 * sb3_1_0 + 0.3535533905932738 * g25_5 * sb3_0_0
                 + 0.45643546458763845 * g25_5 * sb3_2_0 + 0.3535533905932738 * g25_6 * sb3_1_0
             )
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
+            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 4: 64x2o (11 paths)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
@@ -3089,11 +2977,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g36_4 * sb3_4_0 - 0.2886751345948129 * g36_4 * sb3_6_0
                 - 0.5773502691896258 * g36_5 * sb3_3_0 - 0.2886751345948129 * g36_6 * sb3_4_0
             )
-            gx1_4[tile_b, 0, tile_c] = acc4_0
-            gx1_4[tile_b, 1, tile_c] = acc4_1
-            gx1_4[tile_b, 2, tile_c] = acc4_2
-            gx1_4[tile_b, 3, tile_c] = acc4_3
-            gx1_4[tile_b, 4, tile_c] = acc4_4
+            hl.store(gx1_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 5: 64x2e (11 paths)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
@@ -3320,11 +3204,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g47_4 * sb3_4_0 - 0.2886751345948129 * g47_4 * sb3_6_0
                 - 0.5773502691896258 * g47_5 * sb3_3_0 - 0.2886751345948129 * g47_6 * sb3_4_0
             )
-            gx1_5[tile_b, 0, tile_c] = acc5_0
-            gx1_5[tile_b, 1, tile_c] = acc5_1
-            gx1_5[tile_b, 2, tile_c] = acc5_2
-            gx1_5[tile_b, 3, tile_c] = acc5_3
-            gx1_5[tile_b, 4, tile_c] = acc5_4
+            hl.store(gx1_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -3398,106 +3278,154 @@ def tp_bwd_x1_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            g48_0 = g_48[tile_b, 0, tile_c]
-            g48_1 = g_48[tile_b, 1, tile_c]
-            g48_2 = g_48[tile_b, 2, tile_c]
-            g48_3 = g_48[tile_b, 3, tile_c]
-            g48_4 = g_48[tile_b, 4, tile_c]
-            g48_5 = g_48[tile_b, 5, tile_c]
-            g48_6 = g_48[tile_b, 6, tile_c]
-            g49_0 = g_49[tile_b, 0, tile_c]
-            g49_1 = g_49[tile_b, 1, tile_c]
-            g49_2 = g_49[tile_b, 2, tile_c]
-            g49_3 = g_49[tile_b, 3, tile_c]
-            g49_4 = g_49[tile_b, 4, tile_c]
-            g50_0 = g_50[tile_b, 0, tile_c]
-            g50_1 = g_50[tile_b, 1, tile_c]
-            g50_2 = g_50[tile_b, 2, tile_c]
-            g50_3 = g_50[tile_b, 3, tile_c]
-            g50_4 = g_50[tile_b, 4, tile_c]
-            g50_5 = g_50[tile_b, 5, tile_c]
-            g50_6 = g_50[tile_b, 6, tile_c]
-            g51_0 = g_51[tile_b, 0, tile_c]
-            g51_1 = g_51[tile_b, 1, tile_c]
-            g51_2 = g_51[tile_b, 2, tile_c]
-            g52_0 = g_52[tile_b, 0, tile_c]
-            g52_1 = g_52[tile_b, 1, tile_c]
-            g52_2 = g_52[tile_b, 2, tile_c]
-            g52_3 = g_52[tile_b, 3, tile_c]
-            g52_4 = g_52[tile_b, 4, tile_c]
-            g53_0 = g_53[tile_b, 0, tile_c]
-            g53_1 = g_53[tile_b, 1, tile_c]
-            g53_2 = g_53[tile_b, 2, tile_c]
-            g53_3 = g_53[tile_b, 3, tile_c]
-            g53_4 = g_53[tile_b, 4, tile_c]
-            g53_5 = g_53[tile_b, 5, tile_c]
-            g53_6 = g_53[tile_b, 6, tile_c]
+            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+            g48te, g48to = hl.split(g48t)
+            g48tee, g48teo = hl.split(g48te)
+            g48_0, g48_4 = hl.split(g48tee)
+            g48_2, g48_6 = hl.split(g48teo)
+            g48toe, g48too = hl.split(g48to)
+            g48_1, g48_5 = hl.split(g48toe)
+            g48_3, g48_7 = hl.split(g48too)
+            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+            g49te, g49to = hl.split(g49t)
+            g49tee, g49teo = hl.split(g49te)
+            g49_0, g49_4 = hl.split(g49tee)
+            g49_2, g49_6 = hl.split(g49teo)
+            g49toe, g49too = hl.split(g49to)
+            g49_1, g49_5 = hl.split(g49toe)
+            g49_3, g49_7 = hl.split(g49too)
+            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+            g50te, g50to = hl.split(g50t)
+            g50tee, g50teo = hl.split(g50te)
+            g50_0, g50_4 = hl.split(g50tee)
+            g50_2, g50_6 = hl.split(g50teo)
+            g50toe, g50too = hl.split(g50to)
+            g50_1, g50_5 = hl.split(g50toe)
+            g50_3, g50_7 = hl.split(g50too)
+            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g51t = g51.reshape([tile_b, tile_c, 2, 2])
+            g51te, g51to = hl.split(g51t)
+            g51_0, g51_2 = hl.split(g51te)
+            g51_1, g51_3 = hl.split(g51to)
+            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+            g52te, g52to = hl.split(g52t)
+            g52tee, g52teo = hl.split(g52te)
+            g52_0, g52_4 = hl.split(g52tee)
+            g52_2, g52_6 = hl.split(g52teo)
+            g52toe, g52too = hl.split(g52to)
+            g52_1, g52_5 = hl.split(g52toe)
+            g52_3, g52_7 = hl.split(g52too)
+            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+            g53te, g53to = hl.split(g53t)
+            g53tee, g53teo = hl.split(g53te)
+            g53_0, g53_4 = hl.split(g53tee)
+            g53_2, g53_6 = hl.split(g53teo)
+            g53toe, g53too = hl.split(g53to)
+            g53_1, g53_5 = hl.split(g53toe)
+            g53_3, g53_7 = hl.split(g53too)
             g54_0 = g_54[tile_b, 0, tile_c]
-            g55_0 = g_55[tile_b, 0, tile_c]
-            g55_1 = g_55[tile_b, 1, tile_c]
-            g55_2 = g_55[tile_b, 2, tile_c]
-            g56_0 = g_56[tile_b, 0, tile_c]
-            g56_1 = g_56[tile_b, 1, tile_c]
-            g56_2 = g_56[tile_b, 2, tile_c]
-            g56_3 = g_56[tile_b, 3, tile_c]
-            g56_4 = g_56[tile_b, 4, tile_c]
-            g57_0 = g_57[tile_b, 0, tile_c]
-            g57_1 = g_57[tile_b, 1, tile_c]
-            g57_2 = g_57[tile_b, 2, tile_c]
-            g57_3 = g_57[tile_b, 3, tile_c]
-            g57_4 = g_57[tile_b, 4, tile_c]
-            g57_5 = g_57[tile_b, 5, tile_c]
-            g57_6 = g_57[tile_b, 6, tile_c]
-            g58_0 = g_58[tile_b, 0, tile_c]
-            g58_1 = g_58[tile_b, 1, tile_c]
-            g58_2 = g_58[tile_b, 2, tile_c]
-            g58_3 = g_58[tile_b, 3, tile_c]
-            g58_4 = g_58[tile_b, 4, tile_c]
-            g58_5 = g_58[tile_b, 5, tile_c]
-            g58_6 = g_58[tile_b, 6, tile_c]
-            g59_0 = g_59[tile_b, 0, tile_c]
-            g59_1 = g_59[tile_b, 1, tile_c]
-            g59_2 = g_59[tile_b, 2, tile_c]
-            g59_3 = g_59[tile_b, 3, tile_c]
-            g59_4 = g_59[tile_b, 4, tile_c]
-            g60_0 = g_60[tile_b, 0, tile_c]
-            g60_1 = g_60[tile_b, 1, tile_c]
-            g60_2 = g_60[tile_b, 2, tile_c]
-            g60_3 = g_60[tile_b, 3, tile_c]
-            g60_4 = g_60[tile_b, 4, tile_c]
-            g60_5 = g_60[tile_b, 5, tile_c]
-            g60_6 = g_60[tile_b, 6, tile_c]
-            g61_0 = g_61[tile_b, 0, tile_c]
-            g61_1 = g_61[tile_b, 1, tile_c]
-            g61_2 = g_61[tile_b, 2, tile_c]
-            g62_0 = g_62[tile_b, 0, tile_c]
-            g62_1 = g_62[tile_b, 1, tile_c]
-            g62_2 = g_62[tile_b, 2, tile_c]
-            g62_3 = g_62[tile_b, 3, tile_c]
-            g62_4 = g_62[tile_b, 4, tile_c]
-            g63_0 = g_63[tile_b, 0, tile_c]
-            g63_1 = g_63[tile_b, 1, tile_c]
-            g63_2 = g_63[tile_b, 2, tile_c]
-            g63_3 = g_63[tile_b, 3, tile_c]
-            g63_4 = g_63[tile_b, 4, tile_c]
-            g63_5 = g_63[tile_b, 5, tile_c]
-            g63_6 = g_63[tile_b, 6, tile_c]
+            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g55t = g55.reshape([tile_b, tile_c, 2, 2])
+            g55te, g55to = hl.split(g55t)
+            g55_0, g55_2 = hl.split(g55te)
+            g55_1, g55_3 = hl.split(g55to)
+            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+            g56te, g56to = hl.split(g56t)
+            g56tee, g56teo = hl.split(g56te)
+            g56_0, g56_4 = hl.split(g56tee)
+            g56_2, g56_6 = hl.split(g56teo)
+            g56toe, g56too = hl.split(g56to)
+            g56_1, g56_5 = hl.split(g56toe)
+            g56_3, g56_7 = hl.split(g56too)
+            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+            g57te, g57to = hl.split(g57t)
+            g57tee, g57teo = hl.split(g57te)
+            g57_0, g57_4 = hl.split(g57tee)
+            g57_2, g57_6 = hl.split(g57teo)
+            g57toe, g57too = hl.split(g57to)
+            g57_1, g57_5 = hl.split(g57toe)
+            g57_3, g57_7 = hl.split(g57too)
+            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+            g58te, g58to = hl.split(g58t)
+            g58tee, g58teo = hl.split(g58te)
+            g58_0, g58_4 = hl.split(g58tee)
+            g58_2, g58_6 = hl.split(g58teo)
+            g58toe, g58too = hl.split(g58to)
+            g58_1, g58_5 = hl.split(g58toe)
+            g58_3, g58_7 = hl.split(g58too)
+            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+            g59te, g59to = hl.split(g59t)
+            g59tee, g59teo = hl.split(g59te)
+            g59_0, g59_4 = hl.split(g59tee)
+            g59_2, g59_6 = hl.split(g59teo)
+            g59toe, g59too = hl.split(g59to)
+            g59_1, g59_5 = hl.split(g59toe)
+            g59_3, g59_7 = hl.split(g59too)
+            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+            g60te, g60to = hl.split(g60t)
+            g60tee, g60teo = hl.split(g60te)
+            g60_0, g60_4 = hl.split(g60tee)
+            g60_2, g60_6 = hl.split(g60teo)
+            g60toe, g60too = hl.split(g60to)
+            g60_1, g60_5 = hl.split(g60toe)
+            g60_3, g60_7 = hl.split(g60too)
+            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g61t = g61.reshape([tile_b, tile_c, 2, 2])
+            g61te, g61to = hl.split(g61t)
+            g61_0, g61_2 = hl.split(g61te)
+            g61_1, g61_3 = hl.split(g61to)
+            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+            g62te, g62to = hl.split(g62t)
+            g62tee, g62teo = hl.split(g62te)
+            g62_0, g62_4 = hl.split(g62tee)
+            g62_2, g62_6 = hl.split(g62teo)
+            g62toe, g62too = hl.split(g62to)
+            g62_1, g62_5 = hl.split(g62toe)
+            g62_3, g62_7 = hl.split(g62too)
+            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+            g63te, g63to = hl.split(g63t)
+            g63tee, g63teo = hl.split(g63te)
+            g63_0, g63_4 = hl.split(g63tee)
+            g63_2, g63_6 = hl.split(g63teo)
+            g63toe, g63too = hl.split(g63to)
+            g63_1, g63_5 = hl.split(g63toe)
+            g63_3, g63_7 = hl.split(g63too)
             g64_0 = g_64[tile_b, 0, tile_c]
-            g65_0 = g_65[tile_b, 0, tile_c]
-            g65_1 = g_65[tile_b, 1, tile_c]
-            g65_2 = g_65[tile_b, 2, tile_c]
-            g66_0 = g_66[tile_b, 0, tile_c]
-            g66_1 = g_66[tile_b, 1, tile_c]
-            g66_2 = g_66[tile_b, 2, tile_c]
-            g66_3 = g_66[tile_b, 3, tile_c]
-            g66_4 = g_66[tile_b, 4, tile_c]
-            g67_0 = g_67[tile_b, 0, tile_c]
-            g67_1 = g_67[tile_b, 1, tile_c]
-            g67_2 = g_67[tile_b, 2, tile_c]
-            g67_3 = g_67[tile_b, 3, tile_c]
-            g67_4 = g_67[tile_b, 4, tile_c]
-            g67_5 = g_67[tile_b, 5, tile_c]
-            g67_6 = g_67[tile_b, 6, tile_c]
+            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g65t = g65.reshape([tile_b, tile_c, 2, 2])
+            g65te, g65to = hl.split(g65t)
+            g65_0, g65_2 = hl.split(g65te)
+            g65_1, g65_3 = hl.split(g65to)
+            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+            g66te, g66to = hl.split(g66t)
+            g66tee, g66teo = hl.split(g66te)
+            g66_0, g66_4 = hl.split(g66tee)
+            g66_2, g66_6 = hl.split(g66teo)
+            g66toe, g66too = hl.split(g66to)
+            g66_1, g66_5 = hl.split(g66toe)
+            g66_3, g66_7 = hl.split(g66too)
+            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+            g67te, g67to = hl.split(g67t)
+            g67tee, g67teo = hl.split(g67te)
+            g67_0, g67_4 = hl.split(g67tee)
+            g67_2, g67_6 = hl.split(g67teo)
+            g67toe, g67too = hl.split(g67to)
+            g67_1, g67_5 = hl.split(g67toe)
+            g67_3, g67_7 = hl.split(g67too)
             # x1 block 6: 64x3o (10 paths)
             acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
@@ -3771,13 +3699,7 @@ def tp_bwd_x1_1(
                 + 0.408248290463863 * g57_2 * sb3_5_0 - 0.408248290463863 * g57_3 * sb3_0_0
                 + 0.408248290463863 * g57_4 * sb3_1_0 - 0.408248290463863 * g57_5 * sb3_2_0
             )
-            gx1_6[tile_b, 0, tile_c] = acc6_0
-            gx1_6[tile_b, 1, tile_c] = acc6_1
-            gx1_6[tile_b, 2, tile_c] = acc6_2
-            gx1_6[tile_b, 3, tile_c] = acc6_3
-            gx1_6[tile_b, 4, tile_c] = acc6_4
-            gx1_6[tile_b, 5, tile_c] = acc6_5
-            gx1_6[tile_b, 6, tile_c] = acc6_6
+            hl.store(gx1_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_6)), hl.join(hl.join(acc6_1, acc6_5), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # x1 block 7: 64x3e (10 paths)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
@@ -4051,13 +3973,7 @@ def tp_bwd_x1_1(
                 + 0.408248290463863 * g67_2 * sb3_5_0 - 0.408248290463863 * g67_3 * sb3_0_0
                 + 0.408248290463863 * g67_4 * sb3_1_0 - 0.408248290463863 * g67_5 * sb3_2_0
             )
-            gx1_7[tile_b, 0, tile_c] = acc7_0
-            gx1_7[tile_b, 1, tile_c] = acc7_1
-            gx1_7[tile_b, 2, tile_c] = acc7_2
-            gx1_7[tile_b, 3, tile_c] = acc7_3
-            gx1_7[tile_b, 4, tile_c] = acc7_4
-            gx1_7[tile_b, 5, tile_c] = acc7_5
-            gx1_7[tile_b, 6, tile_c] = acc7_6
+            hl.store(gx1_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -4192,248 +4108,380 @@ def tp_bwd_x2_0(
             for tile_r in hl.tile(64, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra4_0 = x1_4[tile_b, 0, tile_r]
-                ra4_1 = x1_4[tile_b, 1, tile_r]
-                ra4_2 = x1_4[tile_b, 2, tile_r]
-                ra4_3 = x1_4[tile_b, 3, tile_r]
-                ra4_4 = x1_4[tile_b, 4, tile_r]
-                ra5_0 = x1_5[tile_b, 0, tile_r]
-                ra5_1 = x1_5[tile_b, 1, tile_r]
-                ra5_2 = x1_5[tile_b, 2, tile_r]
-                ra5_3 = x1_5[tile_b, 3, tile_r]
-                ra5_4 = x1_5[tile_b, 4, tile_r]
-                ra6_0 = x1_6[tile_b, 0, tile_r]
-                ra6_1 = x1_6[tile_b, 1, tile_r]
-                ra6_2 = x1_6[tile_b, 2, tile_r]
-                ra6_3 = x1_6[tile_b, 3, tile_r]
-                ra6_4 = x1_6[tile_b, 4, tile_r]
-                ra6_5 = x1_6[tile_b, 5, tile_r]
-                ra6_6 = x1_6[tile_b, 6, tile_r]
-                ra7_0 = x1_7[tile_b, 0, tile_r]
-                ra7_1 = x1_7[tile_b, 1, tile_r]
-                ra7_2 = x1_7[tile_b, 2, tile_r]
-                ra7_3 = x1_7[tile_b, 3, tile_r]
-                ra7_4 = x1_7[tile_b, 4, tile_r]
-                ra7_5 = x1_7[tile_b, 5, tile_r]
-                ra7_6 = x1_7[tile_b, 6, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2_0, ra2_2 = hl.split(ra2te)
+                ra2_1, ra2_3 = hl.split(ra2to)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3_0, ra3_2 = hl.split(ra3te)
+                ra3_1, ra3_3 = hl.split(ra3to)
+                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
+                ra4te, ra4to = hl.split(ra4t)
+                ra4tee, ra4teo = hl.split(ra4te)
+                ra4_0, ra4_4 = hl.split(ra4tee)
+                ra4_2, ra4_6 = hl.split(ra4teo)
+                ra4toe, ra4too = hl.split(ra4to)
+                ra4_1, ra4_5 = hl.split(ra4toe)
+                ra4_3, ra4_7 = hl.split(ra4too)
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
+                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
+                ra6te, ra6to = hl.split(ra6t)
+                ra6tee, ra6teo = hl.split(ra6te)
+                ra6_0, ra6_4 = hl.split(ra6tee)
+                ra6_2, ra6_6 = hl.split(ra6teo)
+                ra6toe, ra6too = hl.split(ra6to)
+                ra6_1, ra6_5 = hl.split(ra6toe)
+                ra6_3, ra6_7 = hl.split(ra6too)
+                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
+                ra7te, ra7to = hl.split(ra7t)
+                ra7tee, ra7teo = hl.split(ra7te)
+                ra7_0, ra7_4 = hl.split(ra7tee)
+                ra7_2, ra7_6 = hl.split(ra7teo)
+                ra7toe, ra7too = hl.split(ra7to)
+                ra7_1, ra7_5 = hl.split(ra7toe)
+                ra7_3, ra7_7 = hl.split(ra7too)
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
-                rg2_3 = g_2[tile_b, 3, tile_r]
-                rg2_4 = g_2[tile_b, 4, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 rg4_0 = g_4[tile_b, 0, tile_r]
-                rg5_0 = g_5[tile_b, 0, tile_r]
-                rg5_1 = g_5[tile_b, 1, tile_r]
-                rg5_2 = g_5[tile_b, 2, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
-                rg6_3 = g_6[tile_b, 3, tile_r]
-                rg6_4 = g_6[tile_b, 4, tile_r]
-                rg8_0 = g_8[tile_b, 0, tile_r]
-                rg8_1 = g_8[tile_b, 1, tile_r]
-                rg8_2 = g_8[tile_b, 2, tile_r]
+                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg5t = rg5.reshape([tile_b, tile_r, 2, 2])
+                rg5te, rg5to = hl.split(rg5t)
+                rg5_0, rg5_2 = hl.split(rg5te)
+                rg5_1, rg5_3 = hl.split(rg5to)
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6tee, rg6teo = hl.split(rg6te)
+                rg6_0, rg6_4 = hl.split(rg6tee)
+                rg6_2, rg6_6 = hl.split(rg6teo)
+                rg6toe, rg6too = hl.split(rg6to)
+                rg6_1, rg6_5 = hl.split(rg6toe)
+                rg6_3, rg6_7 = hl.split(rg6too)
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
                 rg9_0 = g_9[tile_b, 0, tile_r]
-                rg10_0 = g_10[tile_b, 0, tile_r]
-                rg10_1 = g_10[tile_b, 1, tile_r]
-                rg10_2 = g_10[tile_b, 2, tile_r]
-                rg11_0 = g_11[tile_b, 0, tile_r]
-                rg11_1 = g_11[tile_b, 1, tile_r]
-                rg11_2 = g_11[tile_b, 2, tile_r]
-                rg11_3 = g_11[tile_b, 3, tile_r]
-                rg11_4 = g_11[tile_b, 4, tile_r]
-                rg12_0 = g_12[tile_b, 0, tile_r]
-                rg12_1 = g_12[tile_b, 1, tile_r]
-                rg12_2 = g_12[tile_b, 2, tile_r]
-                rg13_0 = g_13[tile_b, 0, tile_r]
-                rg13_1 = g_13[tile_b, 1, tile_r]
-                rg13_2 = g_13[tile_b, 2, tile_r]
-                rg13_3 = g_13[tile_b, 3, tile_r]
-                rg13_4 = g_13[tile_b, 4, tile_r]
-                rg14_0 = g_14[tile_b, 0, tile_r]
-                rg14_1 = g_14[tile_b, 1, tile_r]
-                rg14_2 = g_14[tile_b, 2, tile_r]
-                rg14_3 = g_14[tile_b, 3, tile_r]
-                rg14_4 = g_14[tile_b, 4, tile_r]
-                rg14_5 = g_14[tile_b, 5, tile_r]
-                rg14_6 = g_14[tile_b, 6, tile_r]
-                rg17_0 = g_17[tile_b, 0, tile_r]
-                rg17_1 = g_17[tile_b, 1, tile_r]
-                rg17_2 = g_17[tile_b, 2, tile_r]
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10_0, rg10_2 = hl.split(rg10te)
+                rg10_1, rg10_3 = hl.split(rg10to)
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12_0, rg12_2 = hl.split(rg12te)
+                rg12_1, rg12_3 = hl.split(rg12to)
+                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
+                rg13te, rg13to = hl.split(rg13t)
+                rg13tee, rg13teo = hl.split(rg13te)
+                rg13_0, rg13_4 = hl.split(rg13tee)
+                rg13_2, rg13_6 = hl.split(rg13teo)
+                rg13toe, rg13too = hl.split(rg13to)
+                rg13_1, rg13_5 = hl.split(rg13toe)
+                rg13_3, rg13_7 = hl.split(rg13too)
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14tee, rg14teo = hl.split(rg14te)
+                rg14_0, rg14_4 = hl.split(rg14tee)
+                rg14_2, rg14_6 = hl.split(rg14teo)
+                rg14toe, rg14too = hl.split(rg14to)
+                rg14_1, rg14_5 = hl.split(rg14toe)
+                rg14_3, rg14_7 = hl.split(rg14too)
+                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg17t = rg17.reshape([tile_b, tile_r, 2, 2])
+                rg17te, rg17to = hl.split(rg17t)
+                rg17_0, rg17_2 = hl.split(rg17te)
+                rg17_1, rg17_3 = hl.split(rg17to)
                 rg18_0 = g_18[tile_b, 0, tile_r]
-                rg19_0 = g_19[tile_b, 0, tile_r]
-                rg19_1 = g_19[tile_b, 1, tile_r]
-                rg19_2 = g_19[tile_b, 2, tile_r]
-                rg20_0 = g_20[tile_b, 0, tile_r]
-                rg20_1 = g_20[tile_b, 1, tile_r]
-                rg20_2 = g_20[tile_b, 2, tile_r]
-                rg20_3 = g_20[tile_b, 3, tile_r]
-                rg20_4 = g_20[tile_b, 4, tile_r]
-                rg21_0 = g_21[tile_b, 0, tile_r]
-                rg21_1 = g_21[tile_b, 1, tile_r]
-                rg21_2 = g_21[tile_b, 2, tile_r]
-                rg22_0 = g_22[tile_b, 0, tile_r]
-                rg22_1 = g_22[tile_b, 1, tile_r]
-                rg22_2 = g_22[tile_b, 2, tile_r]
-                rg22_3 = g_22[tile_b, 3, tile_r]
-                rg22_4 = g_22[tile_b, 4, tile_r]
-                rg23_0 = g_23[tile_b, 0, tile_r]
-                rg23_1 = g_23[tile_b, 1, tile_r]
-                rg23_2 = g_23[tile_b, 2, tile_r]
-                rg23_3 = g_23[tile_b, 3, tile_r]
-                rg23_4 = g_23[tile_b, 4, tile_r]
-                rg23_5 = g_23[tile_b, 5, tile_r]
-                rg23_6 = g_23[tile_b, 6, tile_r]
-                rg26_0 = g_26[tile_b, 0, tile_r]
-                rg26_1 = g_26[tile_b, 1, tile_r]
-                rg26_2 = g_26[tile_b, 2, tile_r]
-                rg26_3 = g_26[tile_b, 3, tile_r]
-                rg26_4 = g_26[tile_b, 4, tile_r]
-                rg27_0 = g_27[tile_b, 0, tile_r]
-                rg27_1 = g_27[tile_b, 1, tile_r]
-                rg27_2 = g_27[tile_b, 2, tile_r]
-                rg28_0 = g_28[tile_b, 0, tile_r]
-                rg28_1 = g_28[tile_b, 1, tile_r]
-                rg28_2 = g_28[tile_b, 2, tile_r]
-                rg28_3 = g_28[tile_b, 3, tile_r]
-                rg28_4 = g_28[tile_b, 4, tile_r]
-                rg29_0 = g_29[tile_b, 0, tile_r]
-                rg29_1 = g_29[tile_b, 1, tile_r]
-                rg29_2 = g_29[tile_b, 2, tile_r]
-                rg29_3 = g_29[tile_b, 3, tile_r]
-                rg29_4 = g_29[tile_b, 4, tile_r]
-                rg29_5 = g_29[tile_b, 5, tile_r]
-                rg29_6 = g_29[tile_b, 6, tile_r]
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
+                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
+                rg21te, rg21to = hl.split(rg21t)
+                rg21_0, rg21_2 = hl.split(rg21te)
+                rg21_1, rg21_3 = hl.split(rg21to)
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
+                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
+                rg26te, rg26to = hl.split(rg26t)
+                rg26tee, rg26teo = hl.split(rg26te)
+                rg26_0, rg26_4 = hl.split(rg26tee)
+                rg26_2, rg26_6 = hl.split(rg26teo)
+                rg26toe, rg26too = hl.split(rg26to)
+                rg26_1, rg26_5 = hl.split(rg26toe)
+                rg26_3, rg26_7 = hl.split(rg26too)
+                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
+                rg27te, rg27to = hl.split(rg27t)
+                rg27_0, rg27_2 = hl.split(rg27te)
+                rg27_1, rg27_3 = hl.split(rg27to)
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28tee, rg28teo = hl.split(rg28te)
+                rg28_0, rg28_4 = hl.split(rg28tee)
+                rg28_2, rg28_6 = hl.split(rg28teo)
+                rg28toe, rg28too = hl.split(rg28to)
+                rg28_1, rg28_5 = hl.split(rg28toe)
+                rg28_3, rg28_7 = hl.split(rg28too)
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 rg30_0 = g_30[tile_b, 0, tile_r]
-                rg31_0 = g_31[tile_b, 0, tile_r]
-                rg31_1 = g_31[tile_b, 1, tile_r]
-                rg31_2 = g_31[tile_b, 2, tile_r]
-                rg32_0 = g_32[tile_b, 0, tile_r]
-                rg32_1 = g_32[tile_b, 1, tile_r]
-                rg32_2 = g_32[tile_b, 2, tile_r]
-                rg32_3 = g_32[tile_b, 3, tile_r]
-                rg32_4 = g_32[tile_b, 4, tile_r]
-                rg33_0 = g_33[tile_b, 0, tile_r]
-                rg33_1 = g_33[tile_b, 1, tile_r]
-                rg33_2 = g_33[tile_b, 2, tile_r]
-                rg33_3 = g_33[tile_b, 3, tile_r]
-                rg33_4 = g_33[tile_b, 4, tile_r]
-                rg33_5 = g_33[tile_b, 5, tile_r]
-                rg33_6 = g_33[tile_b, 6, tile_r]
-                rg37_0 = g_37[tile_b, 0, tile_r]
-                rg37_1 = g_37[tile_b, 1, tile_r]
-                rg37_2 = g_37[tile_b, 2, tile_r]
-                rg37_3 = g_37[tile_b, 3, tile_r]
-                rg37_4 = g_37[tile_b, 4, tile_r]
-                rg38_0 = g_38[tile_b, 0, tile_r]
-                rg38_1 = g_38[tile_b, 1, tile_r]
-                rg38_2 = g_38[tile_b, 2, tile_r]
-                rg39_0 = g_39[tile_b, 0, tile_r]
-                rg39_1 = g_39[tile_b, 1, tile_r]
-                rg39_2 = g_39[tile_b, 2, tile_r]
-                rg39_3 = g_39[tile_b, 3, tile_r]
-                rg39_4 = g_39[tile_b, 4, tile_r]
-                rg40_0 = g_40[tile_b, 0, tile_r]
-                rg40_1 = g_40[tile_b, 1, tile_r]
-                rg40_2 = g_40[tile_b, 2, tile_r]
-                rg40_3 = g_40[tile_b, 3, tile_r]
-                rg40_4 = g_40[tile_b, 4, tile_r]
-                rg40_5 = g_40[tile_b, 5, tile_r]
-                rg40_6 = g_40[tile_b, 6, tile_r]
+                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
+                rg31te, rg31to = hl.split(rg31t)
+                rg31_0, rg31_2 = hl.split(rg31te)
+                rg31_1, rg31_3 = hl.split(rg31to)
+                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
+                rg32te, rg32to = hl.split(rg32t)
+                rg32tee, rg32teo = hl.split(rg32te)
+                rg32_0, rg32_4 = hl.split(rg32tee)
+                rg32_2, rg32_6 = hl.split(rg32teo)
+                rg32toe, rg32too = hl.split(rg32to)
+                rg32_1, rg32_5 = hl.split(rg32toe)
+                rg32_3, rg32_7 = hl.split(rg32too)
+                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
+                rg33te, rg33to = hl.split(rg33t)
+                rg33tee, rg33teo = hl.split(rg33te)
+                rg33_0, rg33_4 = hl.split(rg33tee)
+                rg33_2, rg33_6 = hl.split(rg33teo)
+                rg33toe, rg33too = hl.split(rg33to)
+                rg33_1, rg33_5 = hl.split(rg33toe)
+                rg33_3, rg33_7 = hl.split(rg33too)
+                rg37 = hl.load(g_37, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg37t = rg37.reshape([tile_b, tile_r, 2, 2, 2])
+                rg37te, rg37to = hl.split(rg37t)
+                rg37tee, rg37teo = hl.split(rg37te)
+                rg37_0, rg37_4 = hl.split(rg37tee)
+                rg37_2, rg37_6 = hl.split(rg37teo)
+                rg37toe, rg37too = hl.split(rg37to)
+                rg37_1, rg37_5 = hl.split(rg37toe)
+                rg37_3, rg37_7 = hl.split(rg37too)
+                rg38 = hl.load(g_38, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg38t = rg38.reshape([tile_b, tile_r, 2, 2])
+                rg38te, rg38to = hl.split(rg38t)
+                rg38_0, rg38_2 = hl.split(rg38te)
+                rg38_1, rg38_3 = hl.split(rg38to)
+                rg39 = hl.load(g_39, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg39t = rg39.reshape([tile_b, tile_r, 2, 2, 2])
+                rg39te, rg39to = hl.split(rg39t)
+                rg39tee, rg39teo = hl.split(rg39te)
+                rg39_0, rg39_4 = hl.split(rg39tee)
+                rg39_2, rg39_6 = hl.split(rg39teo)
+                rg39toe, rg39too = hl.split(rg39to)
+                rg39_1, rg39_5 = hl.split(rg39toe)
+                rg39_3, rg39_7 = hl.split(rg39too)
+                rg40 = hl.load(g_40, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg40t = rg40.reshape([tile_b, tile_r, 2, 2, 2])
+                rg40te, rg40to = hl.split(rg40t)
+                rg40tee, rg40teo = hl.split(rg40te)
+                rg40_0, rg40_4 = hl.split(rg40tee)
+                rg40_2, rg40_6 = hl.split(rg40teo)
+                rg40toe, rg40too = hl.split(rg40to)
+                rg40_1, rg40_5 = hl.split(rg40toe)
+                rg40_3, rg40_7 = hl.split(rg40too)
                 rg41_0 = g_41[tile_b, 0, tile_r]
-                rg42_0 = g_42[tile_b, 0, tile_r]
-                rg42_1 = g_42[tile_b, 1, tile_r]
-                rg42_2 = g_42[tile_b, 2, tile_r]
-                rg43_0 = g_43[tile_b, 0, tile_r]
-                rg43_1 = g_43[tile_b, 1, tile_r]
-                rg43_2 = g_43[tile_b, 2, tile_r]
-                rg43_3 = g_43[tile_b, 3, tile_r]
-                rg43_4 = g_43[tile_b, 4, tile_r]
-                rg44_0 = g_44[tile_b, 0, tile_r]
-                rg44_1 = g_44[tile_b, 1, tile_r]
-                rg44_2 = g_44[tile_b, 2, tile_r]
-                rg44_3 = g_44[tile_b, 3, tile_r]
-                rg44_4 = g_44[tile_b, 4, tile_r]
-                rg44_5 = g_44[tile_b, 5, tile_r]
-                rg44_6 = g_44[tile_b, 6, tile_r]
-                rg48_0 = g_48[tile_b, 0, tile_r]
-                rg48_1 = g_48[tile_b, 1, tile_r]
-                rg48_2 = g_48[tile_b, 2, tile_r]
-                rg48_3 = g_48[tile_b, 3, tile_r]
-                rg48_4 = g_48[tile_b, 4, tile_r]
-                rg48_5 = g_48[tile_b, 5, tile_r]
-                rg48_6 = g_48[tile_b, 6, tile_r]
-                rg49_0 = g_49[tile_b, 0, tile_r]
-                rg49_1 = g_49[tile_b, 1, tile_r]
-                rg49_2 = g_49[tile_b, 2, tile_r]
-                rg49_3 = g_49[tile_b, 3, tile_r]
-                rg49_4 = g_49[tile_b, 4, tile_r]
-                rg50_0 = g_50[tile_b, 0, tile_r]
-                rg50_1 = g_50[tile_b, 1, tile_r]
-                rg50_2 = g_50[tile_b, 2, tile_r]
-                rg50_3 = g_50[tile_b, 3, tile_r]
-                rg50_4 = g_50[tile_b, 4, tile_r]
-                rg50_5 = g_50[tile_b, 5, tile_r]
-                rg50_6 = g_50[tile_b, 6, tile_r]
-                rg51_0 = g_51[tile_b, 0, tile_r]
-                rg51_1 = g_51[tile_b, 1, tile_r]
-                rg51_2 = g_51[tile_b, 2, tile_r]
-                rg52_0 = g_52[tile_b, 0, tile_r]
-                rg52_1 = g_52[tile_b, 1, tile_r]
-                rg52_2 = g_52[tile_b, 2, tile_r]
-                rg52_3 = g_52[tile_b, 3, tile_r]
-                rg52_4 = g_52[tile_b, 4, tile_r]
-                rg53_0 = g_53[tile_b, 0, tile_r]
-                rg53_1 = g_53[tile_b, 1, tile_r]
-                rg53_2 = g_53[tile_b, 2, tile_r]
-                rg53_3 = g_53[tile_b, 3, tile_r]
-                rg53_4 = g_53[tile_b, 4, tile_r]
-                rg53_5 = g_53[tile_b, 5, tile_r]
-                rg53_6 = g_53[tile_b, 6, tile_r]
-                rg58_0 = g_58[tile_b, 0, tile_r]
-                rg58_1 = g_58[tile_b, 1, tile_r]
-                rg58_2 = g_58[tile_b, 2, tile_r]
-                rg58_3 = g_58[tile_b, 3, tile_r]
-                rg58_4 = g_58[tile_b, 4, tile_r]
-                rg58_5 = g_58[tile_b, 5, tile_r]
-                rg58_6 = g_58[tile_b, 6, tile_r]
-                rg59_0 = g_59[tile_b, 0, tile_r]
-                rg59_1 = g_59[tile_b, 1, tile_r]
-                rg59_2 = g_59[tile_b, 2, tile_r]
-                rg59_3 = g_59[tile_b, 3, tile_r]
-                rg59_4 = g_59[tile_b, 4, tile_r]
-                rg60_0 = g_60[tile_b, 0, tile_r]
-                rg60_1 = g_60[tile_b, 1, tile_r]
-                rg60_2 = g_60[tile_b, 2, tile_r]
-                rg60_3 = g_60[tile_b, 3, tile_r]
-                rg60_4 = g_60[tile_b, 4, tile_r]
-                rg60_5 = g_60[tile_b, 5, tile_r]
-                rg60_6 = g_60[tile_b, 6, tile_r]
-                rg61_0 = g_61[tile_b, 0, tile_r]
-                rg61_1 = g_61[tile_b, 1, tile_r]
-                rg61_2 = g_61[tile_b, 2, tile_r]
-                rg62_0 = g_62[tile_b, 0, tile_r]
-                rg62_1 = g_62[tile_b, 1, tile_r]
-                rg62_2 = g_62[tile_b, 2, tile_r]
-                rg62_3 = g_62[tile_b, 3, tile_r]
-                rg62_4 = g_62[tile_b, 4, tile_r]
-                rg63_0 = g_63[tile_b, 0, tile_r]
-                rg63_1 = g_63[tile_b, 1, tile_r]
-                rg63_2 = g_63[tile_b, 2, tile_r]
-                rg63_3 = g_63[tile_b, 3, tile_r]
-                rg63_4 = g_63[tile_b, 4, tile_r]
-                rg63_5 = g_63[tile_b, 5, tile_r]
-                rg63_6 = g_63[tile_b, 6, tile_r]
+                rg42 = hl.load(g_42, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg42t = rg42.reshape([tile_b, tile_r, 2, 2])
+                rg42te, rg42to = hl.split(rg42t)
+                rg42_0, rg42_2 = hl.split(rg42te)
+                rg42_1, rg42_3 = hl.split(rg42to)
+                rg43 = hl.load(g_43, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg43t = rg43.reshape([tile_b, tile_r, 2, 2, 2])
+                rg43te, rg43to = hl.split(rg43t)
+                rg43tee, rg43teo = hl.split(rg43te)
+                rg43_0, rg43_4 = hl.split(rg43tee)
+                rg43_2, rg43_6 = hl.split(rg43teo)
+                rg43toe, rg43too = hl.split(rg43to)
+                rg43_1, rg43_5 = hl.split(rg43toe)
+                rg43_3, rg43_7 = hl.split(rg43too)
+                rg44 = hl.load(g_44, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg44t = rg44.reshape([tile_b, tile_r, 2, 2, 2])
+                rg44te, rg44to = hl.split(rg44t)
+                rg44tee, rg44teo = hl.split(rg44te)
+                rg44_0, rg44_4 = hl.split(rg44tee)
+                rg44_2, rg44_6 = hl.split(rg44teo)
+                rg44toe, rg44too = hl.split(rg44to)
+                rg44_1, rg44_5 = hl.split(rg44toe)
+                rg44_3, rg44_7 = hl.split(rg44too)
+                rg48 = hl.load(g_48, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg48t = rg48.reshape([tile_b, tile_r, 2, 2, 2])
+                rg48te, rg48to = hl.split(rg48t)
+                rg48tee, rg48teo = hl.split(rg48te)
+                rg48_0, rg48_4 = hl.split(rg48tee)
+                rg48_2, rg48_6 = hl.split(rg48teo)
+                rg48toe, rg48too = hl.split(rg48to)
+                rg48_1, rg48_5 = hl.split(rg48toe)
+                rg48_3, rg48_7 = hl.split(rg48too)
+                rg49 = hl.load(g_49, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg49t = rg49.reshape([tile_b, tile_r, 2, 2, 2])
+                rg49te, rg49to = hl.split(rg49t)
+                rg49tee, rg49teo = hl.split(rg49te)
+                rg49_0, rg49_4 = hl.split(rg49tee)
+                rg49_2, rg49_6 = hl.split(rg49teo)
+                rg49toe, rg49too = hl.split(rg49to)
+                rg49_1, rg49_5 = hl.split(rg49toe)
+                rg49_3, rg49_7 = hl.split(rg49too)
+                rg50 = hl.load(g_50, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg50t = rg50.reshape([tile_b, tile_r, 2, 2, 2])
+                rg50te, rg50to = hl.split(rg50t)
+                rg50tee, rg50teo = hl.split(rg50te)
+                rg50_0, rg50_4 = hl.split(rg50tee)
+                rg50_2, rg50_6 = hl.split(rg50teo)
+                rg50toe, rg50too = hl.split(rg50to)
+                rg50_1, rg50_5 = hl.split(rg50toe)
+                rg50_3, rg50_7 = hl.split(rg50too)
+                rg51 = hl.load(g_51, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg51t = rg51.reshape([tile_b, tile_r, 2, 2])
+                rg51te, rg51to = hl.split(rg51t)
+                rg51_0, rg51_2 = hl.split(rg51te)
+                rg51_1, rg51_3 = hl.split(rg51to)
+                rg52 = hl.load(g_52, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg52t = rg52.reshape([tile_b, tile_r, 2, 2, 2])
+                rg52te, rg52to = hl.split(rg52t)
+                rg52tee, rg52teo = hl.split(rg52te)
+                rg52_0, rg52_4 = hl.split(rg52tee)
+                rg52_2, rg52_6 = hl.split(rg52teo)
+                rg52toe, rg52too = hl.split(rg52to)
+                rg52_1, rg52_5 = hl.split(rg52toe)
+                rg52_3, rg52_7 = hl.split(rg52too)
+                rg53 = hl.load(g_53, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg53t = rg53.reshape([tile_b, tile_r, 2, 2, 2])
+                rg53te, rg53to = hl.split(rg53t)
+                rg53tee, rg53teo = hl.split(rg53te)
+                rg53_0, rg53_4 = hl.split(rg53tee)
+                rg53_2, rg53_6 = hl.split(rg53teo)
+                rg53toe, rg53too = hl.split(rg53to)
+                rg53_1, rg53_5 = hl.split(rg53toe)
+                rg53_3, rg53_7 = hl.split(rg53too)
+                rg58 = hl.load(g_58, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg58t = rg58.reshape([tile_b, tile_r, 2, 2, 2])
+                rg58te, rg58to = hl.split(rg58t)
+                rg58tee, rg58teo = hl.split(rg58te)
+                rg58_0, rg58_4 = hl.split(rg58tee)
+                rg58_2, rg58_6 = hl.split(rg58teo)
+                rg58toe, rg58too = hl.split(rg58to)
+                rg58_1, rg58_5 = hl.split(rg58toe)
+                rg58_3, rg58_7 = hl.split(rg58too)
+                rg59 = hl.load(g_59, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg59t = rg59.reshape([tile_b, tile_r, 2, 2, 2])
+                rg59te, rg59to = hl.split(rg59t)
+                rg59tee, rg59teo = hl.split(rg59te)
+                rg59_0, rg59_4 = hl.split(rg59tee)
+                rg59_2, rg59_6 = hl.split(rg59teo)
+                rg59toe, rg59too = hl.split(rg59to)
+                rg59_1, rg59_5 = hl.split(rg59toe)
+                rg59_3, rg59_7 = hl.split(rg59too)
+                rg60 = hl.load(g_60, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg60t = rg60.reshape([tile_b, tile_r, 2, 2, 2])
+                rg60te, rg60to = hl.split(rg60t)
+                rg60tee, rg60teo = hl.split(rg60te)
+                rg60_0, rg60_4 = hl.split(rg60tee)
+                rg60_2, rg60_6 = hl.split(rg60teo)
+                rg60toe, rg60too = hl.split(rg60to)
+                rg60_1, rg60_5 = hl.split(rg60toe)
+                rg60_3, rg60_7 = hl.split(rg60too)
+                rg61 = hl.load(g_61, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg61t = rg61.reshape([tile_b, tile_r, 2, 2])
+                rg61te, rg61to = hl.split(rg61t)
+                rg61_0, rg61_2 = hl.split(rg61te)
+                rg61_1, rg61_3 = hl.split(rg61to)
+                rg62 = hl.load(g_62, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg62t = rg62.reshape([tile_b, tile_r, 2, 2, 2])
+                rg62te, rg62to = hl.split(rg62t)
+                rg62tee, rg62teo = hl.split(rg62te)
+                rg62_0, rg62_4 = hl.split(rg62tee)
+                rg62_2, rg62_6 = hl.split(rg62teo)
+                rg62toe, rg62too = hl.split(rg62to)
+                rg62_1, rg62_5 = hl.split(rg62toe)
+                rg62_3, rg62_7 = hl.split(rg62too)
+                rg63 = hl.load(g_63, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg63t = rg63.reshape([tile_b, tile_r, 2, 2, 2])
+                rg63te, rg63to = hl.split(rg63t)
+                rg63tee, rg63teo = hl.split(rg63te)
+                rg63_0, rg63_4 = hl.split(rg63tee)
+                rg63_2, rg63_6 = hl.split(rg63teo)
+                rg63toe, rg63too = hl.split(rg63to)
+                rg63_1, rg63_5 = hl.split(rg63toe)
+                rg63_3, rg63_7 = hl.split(rg63too)
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -5411,136 +5459,200 @@ def tp_bwd_x2_1(
             for tile_r in hl.tile(64, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra4_0 = x1_4[tile_b, 0, tile_r]
-                ra4_1 = x1_4[tile_b, 1, tile_r]
-                ra4_2 = x1_4[tile_b, 2, tile_r]
-                ra4_3 = x1_4[tile_b, 3, tile_r]
-                ra4_4 = x1_4[tile_b, 4, tile_r]
-                ra5_0 = x1_5[tile_b, 0, tile_r]
-                ra5_1 = x1_5[tile_b, 1, tile_r]
-                ra5_2 = x1_5[tile_b, 2, tile_r]
-                ra5_3 = x1_5[tile_b, 3, tile_r]
-                ra5_4 = x1_5[tile_b, 4, tile_r]
-                ra6_0 = x1_6[tile_b, 0, tile_r]
-                ra6_1 = x1_6[tile_b, 1, tile_r]
-                ra6_2 = x1_6[tile_b, 2, tile_r]
-                ra6_3 = x1_6[tile_b, 3, tile_r]
-                ra6_4 = x1_6[tile_b, 4, tile_r]
-                ra6_5 = x1_6[tile_b, 5, tile_r]
-                ra6_6 = x1_6[tile_b, 6, tile_r]
-                ra7_0 = x1_7[tile_b, 0, tile_r]
-                ra7_1 = x1_7[tile_b, 1, tile_r]
-                ra7_2 = x1_7[tile_b, 2, tile_r]
-                ra7_3 = x1_7[tile_b, 3, tile_r]
-                ra7_4 = x1_7[tile_b, 4, tile_r]
-                ra7_5 = x1_7[tile_b, 5, tile_r]
-                ra7_6 = x1_7[tile_b, 6, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg3_3 = g_3[tile_b, 3, tile_r]
-                rg3_4 = g_3[tile_b, 4, tile_r]
-                rg3_5 = g_3[tile_b, 5, tile_r]
-                rg3_6 = g_3[tile_b, 6, tile_r]
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg7_1 = g_7[tile_b, 1, tile_r]
-                rg7_2 = g_7[tile_b, 2, tile_r]
-                rg7_3 = g_7[tile_b, 3, tile_r]
-                rg7_4 = g_7[tile_b, 4, tile_r]
-                rg7_5 = g_7[tile_b, 5, tile_r]
-                rg7_6 = g_7[tile_b, 6, tile_r]
-                rg15_0 = g_15[tile_b, 0, tile_r]
-                rg15_1 = g_15[tile_b, 1, tile_r]
-                rg15_2 = g_15[tile_b, 2, tile_r]
-                rg15_3 = g_15[tile_b, 3, tile_r]
-                rg15_4 = g_15[tile_b, 4, tile_r]
-                rg16_0 = g_16[tile_b, 0, tile_r]
-                rg16_1 = g_16[tile_b, 1, tile_r]
-                rg16_2 = g_16[tile_b, 2, tile_r]
-                rg16_3 = g_16[tile_b, 3, tile_r]
-                rg16_4 = g_16[tile_b, 4, tile_r]
-                rg16_5 = g_16[tile_b, 5, tile_r]
-                rg16_6 = g_16[tile_b, 6, tile_r]
-                rg24_0 = g_24[tile_b, 0, tile_r]
-                rg24_1 = g_24[tile_b, 1, tile_r]
-                rg24_2 = g_24[tile_b, 2, tile_r]
-                rg24_3 = g_24[tile_b, 3, tile_r]
-                rg24_4 = g_24[tile_b, 4, tile_r]
-                rg25_0 = g_25[tile_b, 0, tile_r]
-                rg25_1 = g_25[tile_b, 1, tile_r]
-                rg25_2 = g_25[tile_b, 2, tile_r]
-                rg25_3 = g_25[tile_b, 3, tile_r]
-                rg25_4 = g_25[tile_b, 4, tile_r]
-                rg25_5 = g_25[tile_b, 5, tile_r]
-                rg25_6 = g_25[tile_b, 6, tile_r]
-                rg34_0 = g_34[tile_b, 0, tile_r]
-                rg34_1 = g_34[tile_b, 1, tile_r]
-                rg34_2 = g_34[tile_b, 2, tile_r]
-                rg35_0 = g_35[tile_b, 0, tile_r]
-                rg35_1 = g_35[tile_b, 1, tile_r]
-                rg35_2 = g_35[tile_b, 2, tile_r]
-                rg35_3 = g_35[tile_b, 3, tile_r]
-                rg35_4 = g_35[tile_b, 4, tile_r]
-                rg36_0 = g_36[tile_b, 0, tile_r]
-                rg36_1 = g_36[tile_b, 1, tile_r]
-                rg36_2 = g_36[tile_b, 2, tile_r]
-                rg36_3 = g_36[tile_b, 3, tile_r]
-                rg36_4 = g_36[tile_b, 4, tile_r]
-                rg36_5 = g_36[tile_b, 5, tile_r]
-                rg36_6 = g_36[tile_b, 6, tile_r]
-                rg45_0 = g_45[tile_b, 0, tile_r]
-                rg45_1 = g_45[tile_b, 1, tile_r]
-                rg45_2 = g_45[tile_b, 2, tile_r]
-                rg46_0 = g_46[tile_b, 0, tile_r]
-                rg46_1 = g_46[tile_b, 1, tile_r]
-                rg46_2 = g_46[tile_b, 2, tile_r]
-                rg46_3 = g_46[tile_b, 3, tile_r]
-                rg46_4 = g_46[tile_b, 4, tile_r]
-                rg47_0 = g_47[tile_b, 0, tile_r]
-                rg47_1 = g_47[tile_b, 1, tile_r]
-                rg47_2 = g_47[tile_b, 2, tile_r]
-                rg47_3 = g_47[tile_b, 3, tile_r]
-                rg47_4 = g_47[tile_b, 4, tile_r]
-                rg47_5 = g_47[tile_b, 5, tile_r]
-                rg47_6 = g_47[tile_b, 6, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2_0, ra2_2 = hl.split(ra2te)
+                ra2_1, ra2_3 = hl.split(ra2to)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3_0, ra3_2 = hl.split(ra3te)
+                ra3_1, ra3_3 = hl.split(ra3to)
+                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
+                ra4te, ra4to = hl.split(ra4t)
+                ra4tee, ra4teo = hl.split(ra4te)
+                ra4_0, ra4_4 = hl.split(ra4tee)
+                ra4_2, ra4_6 = hl.split(ra4teo)
+                ra4toe, ra4too = hl.split(ra4to)
+                ra4_1, ra4_5 = hl.split(ra4toe)
+                ra4_3, ra4_7 = hl.split(ra4too)
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
+                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
+                ra6te, ra6to = hl.split(ra6t)
+                ra6tee, ra6teo = hl.split(ra6te)
+                ra6_0, ra6_4 = hl.split(ra6tee)
+                ra6_2, ra6_6 = hl.split(ra6teo)
+                ra6toe, ra6too = hl.split(ra6to)
+                ra6_1, ra6_5 = hl.split(ra6toe)
+                ra6_3, ra6_7 = hl.split(ra6too)
+                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
+                ra7te, ra7to = hl.split(ra7t)
+                ra7tee, ra7teo = hl.split(ra7te)
+                ra7_0, ra7_4 = hl.split(ra7tee)
+                ra7_2, ra7_6 = hl.split(ra7teo)
+                ra7toe, ra7too = hl.split(ra7to)
+                ra7_1, ra7_5 = hl.split(ra7toe)
+                ra7_3, ra7_7 = hl.split(ra7too)
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7tee, rg7teo = hl.split(rg7te)
+                rg7_0, rg7_4 = hl.split(rg7tee)
+                rg7_2, rg7_6 = hl.split(rg7teo)
+                rg7toe, rg7too = hl.split(rg7to)
+                rg7_1, rg7_5 = hl.split(rg7toe)
+                rg7_3, rg7_7 = hl.split(rg7too)
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
+                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
+                rg24te, rg24to = hl.split(rg24t)
+                rg24tee, rg24teo = hl.split(rg24te)
+                rg24_0, rg24_4 = hl.split(rg24tee)
+                rg24_2, rg24_6 = hl.split(rg24teo)
+                rg24toe, rg24too = hl.split(rg24to)
+                rg24_1, rg24_5 = hl.split(rg24toe)
+                rg24_3, rg24_7 = hl.split(rg24too)
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25tee, rg25teo = hl.split(rg25te)
+                rg25_0, rg25_4 = hl.split(rg25tee)
+                rg25_2, rg25_6 = hl.split(rg25teo)
+                rg25toe, rg25too = hl.split(rg25to)
+                rg25_1, rg25_5 = hl.split(rg25toe)
+                rg25_3, rg25_7 = hl.split(rg25too)
+                rg34 = hl.load(g_34, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg34t = rg34.reshape([tile_b, tile_r, 2, 2])
+                rg34te, rg34to = hl.split(rg34t)
+                rg34_0, rg34_2 = hl.split(rg34te)
+                rg34_1, rg34_3 = hl.split(rg34to)
+                rg35 = hl.load(g_35, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg35t = rg35.reshape([tile_b, tile_r, 2, 2, 2])
+                rg35te, rg35to = hl.split(rg35t)
+                rg35tee, rg35teo = hl.split(rg35te)
+                rg35_0, rg35_4 = hl.split(rg35tee)
+                rg35_2, rg35_6 = hl.split(rg35teo)
+                rg35toe, rg35too = hl.split(rg35to)
+                rg35_1, rg35_5 = hl.split(rg35toe)
+                rg35_3, rg35_7 = hl.split(rg35too)
+                rg36 = hl.load(g_36, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg36t = rg36.reshape([tile_b, tile_r, 2, 2, 2])
+                rg36te, rg36to = hl.split(rg36t)
+                rg36tee, rg36teo = hl.split(rg36te)
+                rg36_0, rg36_4 = hl.split(rg36tee)
+                rg36_2, rg36_6 = hl.split(rg36teo)
+                rg36toe, rg36too = hl.split(rg36to)
+                rg36_1, rg36_5 = hl.split(rg36toe)
+                rg36_3, rg36_7 = hl.split(rg36too)
+                rg45 = hl.load(g_45, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg45t = rg45.reshape([tile_b, tile_r, 2, 2])
+                rg45te, rg45to = hl.split(rg45t)
+                rg45_0, rg45_2 = hl.split(rg45te)
+                rg45_1, rg45_3 = hl.split(rg45to)
+                rg46 = hl.load(g_46, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg46t = rg46.reshape([tile_b, tile_r, 2, 2, 2])
+                rg46te, rg46to = hl.split(rg46t)
+                rg46tee, rg46teo = hl.split(rg46te)
+                rg46_0, rg46_4 = hl.split(rg46tee)
+                rg46_2, rg46_6 = hl.split(rg46teo)
+                rg46toe, rg46too = hl.split(rg46to)
+                rg46_1, rg46_5 = hl.split(rg46toe)
+                rg46_3, rg46_7 = hl.split(rg46too)
+                rg47 = hl.load(g_47, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg47t = rg47.reshape([tile_b, tile_r, 2, 2, 2])
+                rg47te, rg47to = hl.split(rg47t)
+                rg47tee, rg47teo = hl.split(rg47te)
+                rg47_0, rg47_4 = hl.split(rg47tee)
+                rg47_2, rg47_6 = hl.split(rg47teo)
+                rg47toe, rg47too = hl.split(rg47to)
+                rg47_1, rg47_5 = hl.split(rg47toe)
+                rg47_3, rg47_7 = hl.split(rg47too)
                 rg54_0 = g_54[tile_b, 0, tile_r]
-                rg55_0 = g_55[tile_b, 0, tile_r]
-                rg55_1 = g_55[tile_b, 1, tile_r]
-                rg55_2 = g_55[tile_b, 2, tile_r]
-                rg56_0 = g_56[tile_b, 0, tile_r]
-                rg56_1 = g_56[tile_b, 1, tile_r]
-                rg56_2 = g_56[tile_b, 2, tile_r]
-                rg56_3 = g_56[tile_b, 3, tile_r]
-                rg56_4 = g_56[tile_b, 4, tile_r]
-                rg57_0 = g_57[tile_b, 0, tile_r]
-                rg57_1 = g_57[tile_b, 1, tile_r]
-                rg57_2 = g_57[tile_b, 2, tile_r]
-                rg57_3 = g_57[tile_b, 3, tile_r]
-                rg57_4 = g_57[tile_b, 4, tile_r]
-                rg57_5 = g_57[tile_b, 5, tile_r]
-                rg57_6 = g_57[tile_b, 6, tile_r]
+                rg55 = hl.load(g_55, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg55t = rg55.reshape([tile_b, tile_r, 2, 2])
+                rg55te, rg55to = hl.split(rg55t)
+                rg55_0, rg55_2 = hl.split(rg55te)
+                rg55_1, rg55_3 = hl.split(rg55to)
+                rg56 = hl.load(g_56, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg56t = rg56.reshape([tile_b, tile_r, 2, 2, 2])
+                rg56te, rg56to = hl.split(rg56t)
+                rg56tee, rg56teo = hl.split(rg56te)
+                rg56_0, rg56_4 = hl.split(rg56tee)
+                rg56_2, rg56_6 = hl.split(rg56teo)
+                rg56toe, rg56too = hl.split(rg56to)
+                rg56_1, rg56_5 = hl.split(rg56toe)
+                rg56_3, rg56_7 = hl.split(rg56too)
+                rg57 = hl.load(g_57, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg57t = rg57.reshape([tile_b, tile_r, 2, 2, 2])
+                rg57te, rg57to = hl.split(rg57t)
+                rg57tee, rg57teo = hl.split(rg57te)
+                rg57_0, rg57_4 = hl.split(rg57tee)
+                rg57_2, rg57_6 = hl.split(rg57teo)
+                rg57toe, rg57too = hl.split(rg57to)
+                rg57_1, rg57_5 = hl.split(rg57toe)
+                rg57_3, rg57_7 = hl.split(rg57too)
                 rg64_0 = g_64[tile_b, 0, tile_r]
-                rg65_0 = g_65[tile_b, 0, tile_r]
-                rg65_1 = g_65[tile_b, 1, tile_r]
-                rg65_2 = g_65[tile_b, 2, tile_r]
-                rg66_0 = g_66[tile_b, 0, tile_r]
-                rg66_1 = g_66[tile_b, 1, tile_r]
-                rg66_2 = g_66[tile_b, 2, tile_r]
-                rg66_3 = g_66[tile_b, 3, tile_r]
-                rg66_4 = g_66[tile_b, 4, tile_r]
-                rg67_0 = g_67[tile_b, 0, tile_r]
-                rg67_1 = g_67[tile_b, 1, tile_r]
-                rg67_2 = g_67[tile_b, 2, tile_r]
-                rg67_3 = g_67[tile_b, 3, tile_r]
-                rg67_4 = g_67[tile_b, 4, tile_r]
-                rg67_5 = g_67[tile_b, 5, tile_r]
-                rg67_6 = g_67[tile_b, 6, tile_r]
+                rg65 = hl.load(g_65, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg65t = rg65.reshape([tile_b, tile_r, 2, 2])
+                rg65te, rg65to = hl.split(rg65t)
+                rg65_0, rg65_2 = hl.split(rg65te)
+                rg65_1, rg65_3 = hl.split(rg65to)
+                rg66 = hl.load(g_66, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg66t = rg66.reshape([tile_b, tile_r, 2, 2, 2])
+                rg66te, rg66to = hl.split(rg66t)
+                rg66tee, rg66teo = hl.split(rg66te)
+                rg66_0, rg66_4 = hl.split(rg66tee)
+                rg66_2, rg66_6 = hl.split(rg66teo)
+                rg66toe, rg66too = hl.split(rg66to)
+                rg66_1, rg66_5 = hl.split(rg66toe)
+                rg66_3, rg66_7 = hl.split(rg66too)
+                rg67 = hl.load(g_67, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg67t = rg67.reshape([tile_b, tile_r, 2, 2, 2])
+                rg67te, rg67to = hl.split(rg67t)
+                rg67tee, rg67teo = hl.split(rg67te)
+                rg67_0, rg67_4 = hl.split(rg67tee)
+                rg67_2, rg67_6 = hl.split(rg67teo)
+                rg67toe, rg67too = hl.split(rg67to)
+                rg67_1, rg67_5 = hl.split(rg67toe)
+                rg67_3, rg67_7 = hl.split(rg67too)
                 # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
@@ -6347,219 +6459,339 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(64, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a4_0 = x1_4[tile_b, 0, tile_c]
-            a4_1 = x1_4[tile_b, 1, tile_c]
-            a4_2 = x1_4[tile_b, 2, tile_c]
-            a4_3 = x1_4[tile_b, 3, tile_c]
-            a4_4 = x1_4[tile_b, 4, tile_c]
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             g4_0 = g_4[tile_b, 0, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g6_3 = g_6[tile_b, 3, tile_c]
-            g6_4 = g_6[tile_b, 4, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
-            g7_5 = g_7[tile_b, 5, tile_c]
-            g7_6 = g_7[tile_b, 6, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5_0, g5_2 = hl.split(g5te)
+            g5_1, g5_3 = hl.split(g5to)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             g9_0 = g_9[tile_b, 0, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g13_1 = g_13[tile_b, 1, tile_c]
-            g13_2 = g_13[tile_b, 2, tile_c]
-            g13_3 = g_13[tile_b, 3, tile_c]
-            g13_4 = g_13[tile_b, 4, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g14_3 = g_14[tile_b, 3, tile_c]
-            g14_4 = g_14[tile_b, 4, tile_c]
-            g14_5 = g_14[tile_b, 5, tile_c]
-            g14_6 = g_14[tile_b, 6, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17_0, g17_2 = hl.split(g17te)
+            g17_1, g17_3 = hl.split(g17to)
             g18_0 = g_18[tile_b, 0, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g21_1 = g_21[tile_b, 1, tile_c]
-            g21_2 = g_21[tile_b, 2, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g23_5 = g_23[tile_b, 5, tile_c]
-            g23_6 = g_23[tile_b, 6, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g25_3 = g_25[tile_b, 3, tile_c]
-            g25_4 = g_25[tile_b, 4, tile_c]
-            g25_5 = g_25[tile_b, 5, tile_c]
-            g25_6 = g_25[tile_b, 6, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g27_1 = g_27[tile_b, 1, tile_c]
-            g27_2 = g_27[tile_b, 2, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g28_3 = g_28[tile_b, 3, tile_c]
-            g28_4 = g_28[tile_b, 4, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
-            g29_5 = g_29[tile_b, 5, tile_c]
-            g29_6 = g_29[tile_b, 6, tile_c]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             g30_0 = g_30[tile_b, 0, tile_c]
-            g31_0 = g_31[tile_b, 0, tile_c]
-            g31_1 = g_31[tile_b, 1, tile_c]
-            g31_2 = g_31[tile_b, 2, tile_c]
-            g32_0 = g_32[tile_b, 0, tile_c]
-            g32_1 = g_32[tile_b, 1, tile_c]
-            g32_2 = g_32[tile_b, 2, tile_c]
-            g32_3 = g_32[tile_b, 3, tile_c]
-            g32_4 = g_32[tile_b, 4, tile_c]
-            g33_0 = g_33[tile_b, 0, tile_c]
-            g33_1 = g_33[tile_b, 1, tile_c]
-            g33_2 = g_33[tile_b, 2, tile_c]
-            g33_3 = g_33[tile_b, 3, tile_c]
-            g33_4 = g_33[tile_b, 4, tile_c]
-            g33_5 = g_33[tile_b, 5, tile_c]
-            g33_6 = g_33[tile_b, 6, tile_c]
-            g34_0 = g_34[tile_b, 0, tile_c]
-            g34_1 = g_34[tile_b, 1, tile_c]
-            g34_2 = g_34[tile_b, 2, tile_c]
-            g35_0 = g_35[tile_b, 0, tile_c]
-            g35_1 = g_35[tile_b, 1, tile_c]
-            g35_2 = g_35[tile_b, 2, tile_c]
-            g35_3 = g_35[tile_b, 3, tile_c]
-            g35_4 = g_35[tile_b, 4, tile_c]
-            g36_0 = g_36[tile_b, 0, tile_c]
-            g36_1 = g_36[tile_b, 1, tile_c]
-            g36_2 = g_36[tile_b, 2, tile_c]
-            g36_3 = g_36[tile_b, 3, tile_c]
-            g36_4 = g_36[tile_b, 4, tile_c]
-            g36_5 = g_36[tile_b, 5, tile_c]
-            g36_6 = g_36[tile_b, 6, tile_c]
-            g37_0 = g_37[tile_b, 0, tile_c]
-            g37_1 = g_37[tile_b, 1, tile_c]
-            g37_2 = g_37[tile_b, 2, tile_c]
-            g37_3 = g_37[tile_b, 3, tile_c]
-            g37_4 = g_37[tile_b, 4, tile_c]
-            g38_0 = g_38[tile_b, 0, tile_c]
-            g38_1 = g_38[tile_b, 1, tile_c]
-            g38_2 = g_38[tile_b, 2, tile_c]
-            g39_0 = g_39[tile_b, 0, tile_c]
-            g39_1 = g_39[tile_b, 1, tile_c]
-            g39_2 = g_39[tile_b, 2, tile_c]
-            g39_3 = g_39[tile_b, 3, tile_c]
-            g39_4 = g_39[tile_b, 4, tile_c]
-            g40_0 = g_40[tile_b, 0, tile_c]
-            g40_1 = g_40[tile_b, 1, tile_c]
-            g40_2 = g_40[tile_b, 2, tile_c]
-            g40_3 = g_40[tile_b, 3, tile_c]
-            g40_4 = g_40[tile_b, 4, tile_c]
-            g40_5 = g_40[tile_b, 5, tile_c]
-            g40_6 = g_40[tile_b, 6, tile_c]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
+            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g34t = g34.reshape([tile_b, tile_c, 2, 2])
+            g34te, g34to = hl.split(g34t)
+            g34_0, g34_2 = hl.split(g34te)
+            g34_1, g34_3 = hl.split(g34to)
+            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+            g35te, g35to = hl.split(g35t)
+            g35tee, g35teo = hl.split(g35te)
+            g35_0, g35_4 = hl.split(g35tee)
+            g35_2, g35_6 = hl.split(g35teo)
+            g35toe, g35too = hl.split(g35to)
+            g35_1, g35_5 = hl.split(g35toe)
+            g35_3, g35_7 = hl.split(g35too)
+            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+            g36te, g36to = hl.split(g36t)
+            g36tee, g36teo = hl.split(g36te)
+            g36_0, g36_4 = hl.split(g36tee)
+            g36_2, g36_6 = hl.split(g36teo)
+            g36toe, g36too = hl.split(g36to)
+            g36_1, g36_5 = hl.split(g36toe)
+            g36_3, g36_7 = hl.split(g36too)
+            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+            g37te, g37to = hl.split(g37t)
+            g37tee, g37teo = hl.split(g37te)
+            g37_0, g37_4 = hl.split(g37tee)
+            g37_2, g37_6 = hl.split(g37teo)
+            g37toe, g37too = hl.split(g37to)
+            g37_1, g37_5 = hl.split(g37toe)
+            g37_3, g37_7 = hl.split(g37too)
+            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g38t = g38.reshape([tile_b, tile_c, 2, 2])
+            g38te, g38to = hl.split(g38t)
+            g38_0, g38_2 = hl.split(g38te)
+            g38_1, g38_3 = hl.split(g38to)
+            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+            g39te, g39to = hl.split(g39t)
+            g39tee, g39teo = hl.split(g39te)
+            g39_0, g39_4 = hl.split(g39tee)
+            g39_2, g39_6 = hl.split(g39teo)
+            g39toe, g39too = hl.split(g39to)
+            g39_1, g39_5 = hl.split(g39toe)
+            g39_3, g39_7 = hl.split(g39too)
+            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+            g40te, g40to = hl.split(g40t)
+            g40tee, g40teo = hl.split(g40te)
+            g40_0, g40_4 = hl.split(g40tee)
+            g40_2, g40_6 = hl.split(g40teo)
+            g40toe, g40too = hl.split(g40to)
+            g40_1, g40_5 = hl.split(g40toe)
+            g40_3, g40_7 = hl.split(g40too)
             g41_0 = g_41[tile_b, 0, tile_c]
-            g42_0 = g_42[tile_b, 0, tile_c]
-            g42_1 = g_42[tile_b, 1, tile_c]
-            g42_2 = g_42[tile_b, 2, tile_c]
-            g43_0 = g_43[tile_b, 0, tile_c]
-            g43_1 = g_43[tile_b, 1, tile_c]
-            g43_2 = g_43[tile_b, 2, tile_c]
-            g43_3 = g_43[tile_b, 3, tile_c]
-            g43_4 = g_43[tile_b, 4, tile_c]
-            g44_0 = g_44[tile_b, 0, tile_c]
-            g44_1 = g_44[tile_b, 1, tile_c]
-            g44_2 = g_44[tile_b, 2, tile_c]
-            g44_3 = g_44[tile_b, 3, tile_c]
-            g44_4 = g_44[tile_b, 4, tile_c]
-            g44_5 = g_44[tile_b, 5, tile_c]
-            g44_6 = g_44[tile_b, 6, tile_c]
+            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g42t = g42.reshape([tile_b, tile_c, 2, 2])
+            g42te, g42to = hl.split(g42t)
+            g42_0, g42_2 = hl.split(g42te)
+            g42_1, g42_3 = hl.split(g42to)
+            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+            g43te, g43to = hl.split(g43t)
+            g43tee, g43teo = hl.split(g43te)
+            g43_0, g43_4 = hl.split(g43tee)
+            g43_2, g43_6 = hl.split(g43teo)
+            g43toe, g43too = hl.split(g43to)
+            g43_1, g43_5 = hl.split(g43toe)
+            g43_3, g43_7 = hl.split(g43too)
+            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+            g44te, g44to = hl.split(g44t)
+            g44tee, g44teo = hl.split(g44te)
+            g44_0, g44_4 = hl.split(g44tee)
+            g44_2, g44_6 = hl.split(g44teo)
+            g44toe, g44too = hl.split(g44to)
+            g44_1, g44_5 = hl.split(g44toe)
+            g44_3, g44_7 = hl.split(g44too)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -7375,140 +7607,204 @@ def tp_bwd_w_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
-            a6_0 = x1_6[tile_b, 0, tile_c]
-            a6_1 = x1_6[tile_b, 1, tile_c]
-            a6_2 = x1_6[tile_b, 2, tile_c]
-            a6_3 = x1_6[tile_b, 3, tile_c]
-            a6_4 = x1_6[tile_b, 4, tile_c]
-            a6_5 = x1_6[tile_b, 5, tile_c]
-            a6_6 = x1_6[tile_b, 6, tile_c]
-            a7_0 = x1_7[tile_b, 0, tile_c]
-            a7_1 = x1_7[tile_b, 1, tile_c]
-            a7_2 = x1_7[tile_b, 2, tile_c]
-            a7_3 = x1_7[tile_b, 3, tile_c]
-            a7_4 = x1_7[tile_b, 4, tile_c]
-            a7_5 = x1_7[tile_b, 5, tile_c]
-            a7_6 = x1_7[tile_b, 6, tile_c]
-            g45_0 = g_45[tile_b, 0, tile_c]
-            g45_1 = g_45[tile_b, 1, tile_c]
-            g45_2 = g_45[tile_b, 2, tile_c]
-            g46_0 = g_46[tile_b, 0, tile_c]
-            g46_1 = g_46[tile_b, 1, tile_c]
-            g46_2 = g_46[tile_b, 2, tile_c]
-            g46_3 = g_46[tile_b, 3, tile_c]
-            g46_4 = g_46[tile_b, 4, tile_c]
-            g47_0 = g_47[tile_b, 0, tile_c]
-            g47_1 = g_47[tile_b, 1, tile_c]
-            g47_2 = g_47[tile_b, 2, tile_c]
-            g47_3 = g_47[tile_b, 3, tile_c]
-            g47_4 = g_47[tile_b, 4, tile_c]
-            g47_5 = g_47[tile_b, 5, tile_c]
-            g47_6 = g_47[tile_b, 6, tile_c]
-            g48_0 = g_48[tile_b, 0, tile_c]
-            g48_1 = g_48[tile_b, 1, tile_c]
-            g48_2 = g_48[tile_b, 2, tile_c]
-            g48_3 = g_48[tile_b, 3, tile_c]
-            g48_4 = g_48[tile_b, 4, tile_c]
-            g48_5 = g_48[tile_b, 5, tile_c]
-            g48_6 = g_48[tile_b, 6, tile_c]
-            g49_0 = g_49[tile_b, 0, tile_c]
-            g49_1 = g_49[tile_b, 1, tile_c]
-            g49_2 = g_49[tile_b, 2, tile_c]
-            g49_3 = g_49[tile_b, 3, tile_c]
-            g49_4 = g_49[tile_b, 4, tile_c]
-            g50_0 = g_50[tile_b, 0, tile_c]
-            g50_1 = g_50[tile_b, 1, tile_c]
-            g50_2 = g_50[tile_b, 2, tile_c]
-            g50_3 = g_50[tile_b, 3, tile_c]
-            g50_4 = g_50[tile_b, 4, tile_c]
-            g50_5 = g_50[tile_b, 5, tile_c]
-            g50_6 = g_50[tile_b, 6, tile_c]
-            g51_0 = g_51[tile_b, 0, tile_c]
-            g51_1 = g_51[tile_b, 1, tile_c]
-            g51_2 = g_51[tile_b, 2, tile_c]
-            g52_0 = g_52[tile_b, 0, tile_c]
-            g52_1 = g_52[tile_b, 1, tile_c]
-            g52_2 = g_52[tile_b, 2, tile_c]
-            g52_3 = g_52[tile_b, 3, tile_c]
-            g52_4 = g_52[tile_b, 4, tile_c]
-            g53_0 = g_53[tile_b, 0, tile_c]
-            g53_1 = g_53[tile_b, 1, tile_c]
-            g53_2 = g_53[tile_b, 2, tile_c]
-            g53_3 = g_53[tile_b, 3, tile_c]
-            g53_4 = g_53[tile_b, 4, tile_c]
-            g53_5 = g_53[tile_b, 5, tile_c]
-            g53_6 = g_53[tile_b, 6, tile_c]
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
+            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+            a6te, a6to = hl.split(a6t)
+            a6tee, a6teo = hl.split(a6te)
+            a6_0, a6_4 = hl.split(a6tee)
+            a6_2, a6_6 = hl.split(a6teo)
+            a6toe, a6too = hl.split(a6to)
+            a6_1, a6_5 = hl.split(a6toe)
+            a6_3, a6_7 = hl.split(a6too)
+            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+            a7te, a7to = hl.split(a7t)
+            a7tee, a7teo = hl.split(a7te)
+            a7_0, a7_4 = hl.split(a7tee)
+            a7_2, a7_6 = hl.split(a7teo)
+            a7toe, a7too = hl.split(a7to)
+            a7_1, a7_5 = hl.split(a7toe)
+            a7_3, a7_7 = hl.split(a7too)
+            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g45t = g45.reshape([tile_b, tile_c, 2, 2])
+            g45te, g45to = hl.split(g45t)
+            g45_0, g45_2 = hl.split(g45te)
+            g45_1, g45_3 = hl.split(g45to)
+            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+            g46te, g46to = hl.split(g46t)
+            g46tee, g46teo = hl.split(g46te)
+            g46_0, g46_4 = hl.split(g46tee)
+            g46_2, g46_6 = hl.split(g46teo)
+            g46toe, g46too = hl.split(g46to)
+            g46_1, g46_5 = hl.split(g46toe)
+            g46_3, g46_7 = hl.split(g46too)
+            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+            g47te, g47to = hl.split(g47t)
+            g47tee, g47teo = hl.split(g47te)
+            g47_0, g47_4 = hl.split(g47tee)
+            g47_2, g47_6 = hl.split(g47teo)
+            g47toe, g47too = hl.split(g47to)
+            g47_1, g47_5 = hl.split(g47toe)
+            g47_3, g47_7 = hl.split(g47too)
+            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+            g48te, g48to = hl.split(g48t)
+            g48tee, g48teo = hl.split(g48te)
+            g48_0, g48_4 = hl.split(g48tee)
+            g48_2, g48_6 = hl.split(g48teo)
+            g48toe, g48too = hl.split(g48to)
+            g48_1, g48_5 = hl.split(g48toe)
+            g48_3, g48_7 = hl.split(g48too)
+            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+            g49te, g49to = hl.split(g49t)
+            g49tee, g49teo = hl.split(g49te)
+            g49_0, g49_4 = hl.split(g49tee)
+            g49_2, g49_6 = hl.split(g49teo)
+            g49toe, g49too = hl.split(g49to)
+            g49_1, g49_5 = hl.split(g49toe)
+            g49_3, g49_7 = hl.split(g49too)
+            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+            g50te, g50to = hl.split(g50t)
+            g50tee, g50teo = hl.split(g50te)
+            g50_0, g50_4 = hl.split(g50tee)
+            g50_2, g50_6 = hl.split(g50teo)
+            g50toe, g50too = hl.split(g50to)
+            g50_1, g50_5 = hl.split(g50toe)
+            g50_3, g50_7 = hl.split(g50too)
+            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g51t = g51.reshape([tile_b, tile_c, 2, 2])
+            g51te, g51to = hl.split(g51t)
+            g51_0, g51_2 = hl.split(g51te)
+            g51_1, g51_3 = hl.split(g51to)
+            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+            g52te, g52to = hl.split(g52t)
+            g52tee, g52teo = hl.split(g52te)
+            g52_0, g52_4 = hl.split(g52tee)
+            g52_2, g52_6 = hl.split(g52teo)
+            g52toe, g52too = hl.split(g52to)
+            g52_1, g52_5 = hl.split(g52toe)
+            g52_3, g52_7 = hl.split(g52too)
+            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+            g53te, g53to = hl.split(g53t)
+            g53tee, g53teo = hl.split(g53te)
+            g53_0, g53_4 = hl.split(g53tee)
+            g53_2, g53_6 = hl.split(g53teo)
+            g53toe, g53too = hl.split(g53to)
+            g53_1, g53_5 = hl.split(g53toe)
+            g53_3, g53_7 = hl.split(g53too)
             g54_0 = g_54[tile_b, 0, tile_c]
-            g55_0 = g_55[tile_b, 0, tile_c]
-            g55_1 = g_55[tile_b, 1, tile_c]
-            g55_2 = g_55[tile_b, 2, tile_c]
-            g56_0 = g_56[tile_b, 0, tile_c]
-            g56_1 = g_56[tile_b, 1, tile_c]
-            g56_2 = g_56[tile_b, 2, tile_c]
-            g56_3 = g_56[tile_b, 3, tile_c]
-            g56_4 = g_56[tile_b, 4, tile_c]
-            g57_0 = g_57[tile_b, 0, tile_c]
-            g57_1 = g_57[tile_b, 1, tile_c]
-            g57_2 = g_57[tile_b, 2, tile_c]
-            g57_3 = g_57[tile_b, 3, tile_c]
-            g57_4 = g_57[tile_b, 4, tile_c]
-            g57_5 = g_57[tile_b, 5, tile_c]
-            g57_6 = g_57[tile_b, 6, tile_c]
-            g58_0 = g_58[tile_b, 0, tile_c]
-            g58_1 = g_58[tile_b, 1, tile_c]
-            g58_2 = g_58[tile_b, 2, tile_c]
-            g58_3 = g_58[tile_b, 3, tile_c]
-            g58_4 = g_58[tile_b, 4, tile_c]
-            g58_5 = g_58[tile_b, 5, tile_c]
-            g58_6 = g_58[tile_b, 6, tile_c]
-            g59_0 = g_59[tile_b, 0, tile_c]
-            g59_1 = g_59[tile_b, 1, tile_c]
-            g59_2 = g_59[tile_b, 2, tile_c]
-            g59_3 = g_59[tile_b, 3, tile_c]
-            g59_4 = g_59[tile_b, 4, tile_c]
-            g60_0 = g_60[tile_b, 0, tile_c]
-            g60_1 = g_60[tile_b, 1, tile_c]
-            g60_2 = g_60[tile_b, 2, tile_c]
-            g60_3 = g_60[tile_b, 3, tile_c]
-            g60_4 = g_60[tile_b, 4, tile_c]
-            g60_5 = g_60[tile_b, 5, tile_c]
-            g60_6 = g_60[tile_b, 6, tile_c]
-            g61_0 = g_61[tile_b, 0, tile_c]
-            g61_1 = g_61[tile_b, 1, tile_c]
-            g61_2 = g_61[tile_b, 2, tile_c]
-            g62_0 = g_62[tile_b, 0, tile_c]
-            g62_1 = g_62[tile_b, 1, tile_c]
-            g62_2 = g_62[tile_b, 2, tile_c]
-            g62_3 = g_62[tile_b, 3, tile_c]
-            g62_4 = g_62[tile_b, 4, tile_c]
-            g63_0 = g_63[tile_b, 0, tile_c]
-            g63_1 = g_63[tile_b, 1, tile_c]
-            g63_2 = g_63[tile_b, 2, tile_c]
-            g63_3 = g_63[tile_b, 3, tile_c]
-            g63_4 = g_63[tile_b, 4, tile_c]
-            g63_5 = g_63[tile_b, 5, tile_c]
-            g63_6 = g_63[tile_b, 6, tile_c]
+            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g55t = g55.reshape([tile_b, tile_c, 2, 2])
+            g55te, g55to = hl.split(g55t)
+            g55_0, g55_2 = hl.split(g55te)
+            g55_1, g55_3 = hl.split(g55to)
+            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+            g56te, g56to = hl.split(g56t)
+            g56tee, g56teo = hl.split(g56te)
+            g56_0, g56_4 = hl.split(g56tee)
+            g56_2, g56_6 = hl.split(g56teo)
+            g56toe, g56too = hl.split(g56to)
+            g56_1, g56_5 = hl.split(g56toe)
+            g56_3, g56_7 = hl.split(g56too)
+            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+            g57te, g57to = hl.split(g57t)
+            g57tee, g57teo = hl.split(g57te)
+            g57_0, g57_4 = hl.split(g57tee)
+            g57_2, g57_6 = hl.split(g57teo)
+            g57toe, g57too = hl.split(g57to)
+            g57_1, g57_5 = hl.split(g57toe)
+            g57_3, g57_7 = hl.split(g57too)
+            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+            g58te, g58to = hl.split(g58t)
+            g58tee, g58teo = hl.split(g58te)
+            g58_0, g58_4 = hl.split(g58tee)
+            g58_2, g58_6 = hl.split(g58teo)
+            g58toe, g58too = hl.split(g58to)
+            g58_1, g58_5 = hl.split(g58toe)
+            g58_3, g58_7 = hl.split(g58too)
+            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+            g59te, g59to = hl.split(g59t)
+            g59tee, g59teo = hl.split(g59te)
+            g59_0, g59_4 = hl.split(g59tee)
+            g59_2, g59_6 = hl.split(g59teo)
+            g59toe, g59too = hl.split(g59to)
+            g59_1, g59_5 = hl.split(g59toe)
+            g59_3, g59_7 = hl.split(g59too)
+            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+            g60te, g60to = hl.split(g60t)
+            g60tee, g60teo = hl.split(g60te)
+            g60_0, g60_4 = hl.split(g60tee)
+            g60_2, g60_6 = hl.split(g60teo)
+            g60toe, g60too = hl.split(g60to)
+            g60_1, g60_5 = hl.split(g60toe)
+            g60_3, g60_7 = hl.split(g60too)
+            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g61t = g61.reshape([tile_b, tile_c, 2, 2])
+            g61te, g61to = hl.split(g61t)
+            g61_0, g61_2 = hl.split(g61te)
+            g61_1, g61_3 = hl.split(g61to)
+            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+            g62te, g62to = hl.split(g62t)
+            g62tee, g62teo = hl.split(g62te)
+            g62_0, g62_4 = hl.split(g62tee)
+            g62_2, g62_6 = hl.split(g62teo)
+            g62toe, g62too = hl.split(g62to)
+            g62_1, g62_5 = hl.split(g62toe)
+            g62_3, g62_7 = hl.split(g62too)
+            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+            g63te, g63to = hl.split(g63t)
+            g63tee, g63teo = hl.split(g63te)
+            g63_0, g63_4 = hl.split(g63tee)
+            g63_2, g63_6 = hl.split(g63teo)
+            g63toe, g63too = hl.split(g63to)
+            g63_1, g63_5 = hl.split(g63toe)
+            g63_3, g63_7 = hl.split(g63too)
             g64_0 = g_64[tile_b, 0, tile_c]
-            g65_0 = g_65[tile_b, 0, tile_c]
-            g65_1 = g_65[tile_b, 1, tile_c]
-            g65_2 = g_65[tile_b, 2, tile_c]
-            g66_0 = g_66[tile_b, 0, tile_c]
-            g66_1 = g_66[tile_b, 1, tile_c]
-            g66_2 = g_66[tile_b, 2, tile_c]
-            g66_3 = g_66[tile_b, 3, tile_c]
-            g66_4 = g_66[tile_b, 4, tile_c]
-            g67_0 = g_67[tile_b, 0, tile_c]
-            g67_1 = g_67[tile_b, 1, tile_c]
-            g67_2 = g_67[tile_b, 2, tile_c]
-            g67_3 = g_67[tile_b, 3, tile_c]
-            g67_4 = g_67[tile_b, 4, tile_c]
-            g67_5 = g_67[tile_b, 5, tile_c]
-            g67_6 = g_67[tile_b, 6, tile_c]
+            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g65t = g65.reshape([tile_b, tile_c, 2, 2])
+            g65te, g65to = hl.split(g65t)
+            g65_0, g65_2 = hl.split(g65te)
+            g65_1, g65_3 = hl.split(g65to)
+            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+            g66te, g66to = hl.split(g66t)
+            g66tee, g66teo = hl.split(g66te)
+            g66_0, g66_4 = hl.split(g66tee)
+            g66_2, g66_6 = hl.split(g66teo)
+            g66toe, g66too = hl.split(g66to)
+            g66_1, g66_5 = hl.split(g66toe)
+            g66_3, g66_7 = hl.split(g66too)
+            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+            g67te, g67to = hl.split(g67t)
+            g67tee, g67teo = hl.split(g67te)
+            g67_0, g67_4 = hl.split(g67tee)
+            g67_2, g67_6 = hl.split(g67teo)
+            g67toe, g67too = hl.split(g67to)
+            g67_1, g67_5 = hl.split(g67toe)
+            g67_3, g67_7 = hl.split(g67too)
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
             q0 = (
                 -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0

@@ -115,22 +115,34 @@ def tp_fwd_0(
         for tile_c in hl.tile(64, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a4_0 = x1_4[tile_b, 0, tile_c]
-            a4_1 = x1_4[tile_b, 1, tile_c]
-            a4_2 = x1_4[tile_b, 2, tile_c]
-            a4_3 = x1_4[tile_b, 3, tile_c]
-            a4_4 = x1_4[tile_b, 4, tile_c]
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
@@ -146,9 +158,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 64x2o (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -162,11 +172,7 @@ def tp_fwd_0(
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
-            out_2[tile_b, 3, tile_c] = acc2_3
-            out_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 64x0e (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
@@ -182,9 +188,7 @@ def tp_fwd_0(
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            out_4[tile_b, 0, tile_c] = acc4_0
-            out_4[tile_b, 1, tile_c] = acc4_1
-            out_4[tile_b, 2, tile_c] = acc4_2
+            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x2e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
@@ -198,11 +202,7 @@ def tp_fwd_0(
             acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
-            out_5[tile_b, 0, tile_c] = acc5_0
-            out_5[tile_b, 1, tile_c] = acc5_1
-            out_5[tile_b, 2, tile_c] = acc5_2
-            out_5[tile_b, 3, tile_c] = acc5_3
-            out_5[tile_b, 4, tile_c] = acc5_4
+            hl.store(out_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 6: 64x1o (1 path)
             acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
@@ -212,9 +212,7 @@ def tp_fwd_0(
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
+            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 64x0e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
@@ -233,9 +231,7 @@ def tp_fwd_0(
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            out_8[tile_b, 0, tile_c] = acc8_0
-            out_8[tile_b, 1, tile_c] = acc8_1
-            out_8[tile_b, 2, tile_c] = acc8_2
+            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x2e (1 path)
             acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
@@ -252,11 +248,7 @@ def tp_fwd_0(
             )
             acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            out_9[tile_b, 0, tile_c] = acc9_0
-            out_9[tile_b, 1, tile_c] = acc9_1
-            out_9[tile_b, 2, tile_c] = acc9_2
-            out_9[tile_b, 3, tile_c] = acc9_3
-            out_9[tile_b, 4, tile_c] = acc9_4
+            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 10: 64x1o (1 path)
             acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
@@ -275,9 +267,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            out_10[tile_b, 0, tile_c] = acc10_0
-            out_10[tile_b, 1, tile_c] = acc10_1
-            out_10[tile_b, 2, tile_c] = acc10_2
+            hl.store(out_10, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 11: 64x2o (1 path)
             acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
@@ -303,11 +293,7 @@ def tp_fwd_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            out_11[tile_b, 0, tile_c] = acc11_0
-            out_11[tile_b, 1, tile_c] = acc11_1
-            out_11[tile_b, 2, tile_c] = acc11_2
-            out_11[tile_b, 3, tile_c] = acc11_3
-            out_11[tile_b, 4, tile_c] = acc11_4
+            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x1e (1 path)
             acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
@@ -317,9 +303,7 @@ def tp_fwd_0(
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            out_12[tile_b, 0, tile_c] = acc12_0
-            out_12[tile_b, 1, tile_c] = acc12_1
-            out_12[tile_b, 2, tile_c] = acc12_2
+            hl.store(out_12, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 13: 64x0o (1 path)
             acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
@@ -338,9 +322,7 @@ def tp_fwd_0(
             acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            out_14[tile_b, 0, tile_c] = acc14_0
-            out_14[tile_b, 1, tile_c] = acc14_1
-            out_14[tile_b, 2, tile_c] = acc14_2
+            hl.store(out_14, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 15: 64x2o (1 path)
             acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
@@ -357,11 +339,7 @@ def tp_fwd_0(
             )
             acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            out_15[tile_b, 0, tile_c] = acc15_0
-            out_15[tile_b, 1, tile_c] = acc15_1
-            out_15[tile_b, 2, tile_c] = acc15_2
-            out_15[tile_b, 3, tile_c] = acc15_3
-            out_15[tile_b, 4, tile_c] = acc15_4
+            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 64x1e (1 path)
             acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
@@ -380,9 +358,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            out_16[tile_b, 0, tile_c] = acc16_0
-            out_16[tile_b, 1, tile_c] = acc16_1
-            out_16[tile_b, 2, tile_c] = acc16_2
+            hl.store(out_16, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc16_0, acc16_2), hl.join(acc16_1, acc16_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 17: 64x2e (1 path)
             acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
@@ -408,11 +384,7 @@ def tp_fwd_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            out_17[tile_b, 0, tile_c] = acc17_0
-            out_17[tile_b, 1, tile_c] = acc17_1
-            out_17[tile_b, 2, tile_c] = acc17_2
-            out_17[tile_b, 3, tile_c] = acc17_3
-            out_17[tile_b, 4, tile_c] = acc17_4
+            hl.store(out_17, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_0)), hl.join(hl.join(acc17_1, acc17_0), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 18: 64x2o (1 path)
             acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
@@ -426,11 +398,7 @@ def tp_fwd_0(
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
             acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
             acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
-            out_18[tile_b, 0, tile_c] = acc18_0
-            out_18[tile_b, 1, tile_c] = acc18_1
-            out_18[tile_b, 2, tile_c] = acc18_2
-            out_18[tile_b, 3, tile_c] = acc18_3
-            out_18[tile_b, 4, tile_c] = acc18_4
+            hl.store(out_18, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 19: 64x1e (1 path)
             acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
@@ -449,9 +417,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            out_19[tile_b, 0, tile_c] = acc19_0
-            out_19[tile_b, 1, tile_c] = acc19_1
-            out_19[tile_b, 2, tile_c] = acc19_2
+            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 64x2e (1 path)
             acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
@@ -477,11 +443,7 @@ def tp_fwd_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            out_20[tile_b, 0, tile_c] = acc20_0
-            out_20[tile_b, 1, tile_c] = acc20_1
-            out_20[tile_b, 2, tile_c] = acc20_2
-            out_20[tile_b, 3, tile_c] = acc20_3
-            out_20[tile_b, 4, tile_c] = acc20_4
+            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 21: 64x0o (1 path)
             acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
@@ -512,9 +474,7 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            out_22[tile_b, 0, tile_c] = acc22_0
-            out_22[tile_b, 1, tile_c] = acc22_1
-            out_22[tile_b, 2, tile_c] = acc22_2
+            hl.store(out_22, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc22_0, acc22_2), hl.join(acc22_1, acc22_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 23: 64x2o (1 path)
             acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
@@ -546,11 +506,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            out_23[tile_b, 0, tile_c] = acc23_0
-            out_23[tile_b, 1, tile_c] = acc23_1
-            out_23[tile_b, 2, tile_c] = acc23_2
-            out_23[tile_b, 3, tile_c] = acc23_3
-            out_23[tile_b, 4, tile_c] = acc23_4
+            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_0)), hl.join(hl.join(acc23_1, acc23_0), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 24: 64x2e (1 path)
             acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
@@ -564,11 +520,7 @@ def tp_fwd_0(
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
             acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
             acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
-            out_24[tile_b, 0, tile_c] = acc24_0
-            out_24[tile_b, 1, tile_c] = acc24_1
-            out_24[tile_b, 2, tile_c] = acc24_2
-            out_24[tile_b, 3, tile_c] = acc24_3
-            out_24[tile_b, 4, tile_c] = acc24_4
+            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 25: 64x1o (1 path)
             acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
@@ -587,9 +539,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            out_25[tile_b, 0, tile_c] = acc25_0
-            out_25[tile_b, 1, tile_c] = acc25_1
-            out_25[tile_b, 2, tile_c] = acc25_2
+            hl.store(out_25, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc25_0, acc25_2), hl.join(acc25_1, acc25_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 26: 64x2o (1 path)
             acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
@@ -615,11 +565,7 @@ def tp_fwd_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            out_26[tile_b, 0, tile_c] = acc26_0
-            out_26[tile_b, 1, tile_c] = acc26_1
-            out_26[tile_b, 2, tile_c] = acc26_2
-            out_26[tile_b, 3, tile_c] = acc26_3
-            out_26[tile_b, 4, tile_c] = acc26_4
+            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 27: 64x0e (1 path)
             acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
@@ -650,9 +596,7 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            out_28[tile_b, 0, tile_c] = acc28_0
-            out_28[tile_b, 1, tile_c] = acc28_1
-            out_28[tile_b, 2, tile_c] = acc28_2
+            hl.store(out_28, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc28_0, acc28_2), hl.join(acc28_1, acc28_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 29: 64x2e (1 path)
             acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
@@ -684,11 +628,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            out_29[tile_b, 0, tile_c] = acc29_0
-            out_29[tile_b, 1, tile_c] = acc29_1
-            out_29[tile_b, 2, tile_c] = acc29_2
-            out_29[tile_b, 3, tile_c] = acc29_3
-            out_29[tile_b, 4, tile_c] = acc29_4
+            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_0)), hl.join(hl.join(acc29_1, acc29_0), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -779,107 +719,179 @@ def tp_bwd_x1_0(
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
             g3_0 = g_3[tile_b, 0, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g5_3 = g_5[tile_b, 3, tile_c]
-            g5_4 = g_5[tile_b, 4, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
             g7_0 = g_7[tile_b, 0, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             g13_0 = g_13[tile_b, 0, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
-            g17_3 = g_17[tile_b, 3, tile_c]
-            g17_4 = g_17[tile_b, 4, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g18_3 = g_18[tile_b, 3, tile_c]
-            g18_4 = g_18[tile_b, 4, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16_0, g16_2 = hl.split(g16te)
+            g16_1, g16_3 = hl.split(g16to)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             g21_0 = g_21[tile_b, 0, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22_0, g22_2 = hl.split(g22te)
+            g22_1, g22_3 = hl.split(g22to)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25_0, g25_2 = hl.split(g25te)
+            g25_1, g25_3 = hl.split(g25to)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             g27_0 = g_27[tile_b, 0, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28_0, g28_2 = hl.split(g28te)
+            g28_1, g28_3 = hl.split(g28to)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             # x1 block 0: 64x0o (3 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
@@ -981,9 +993,7 @@ def tp_bwd_x1_0(
                 - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
                 + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
             )
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
+            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 64x1e (6 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
@@ -1047,9 +1057,7 @@ def tp_bwd_x1_0(
                 - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
                 + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
             )
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
+            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 4: 64x2o (6 paths)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
@@ -1143,11 +1151,7 @@ def tp_bwd_x1_0(
                 -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
                 + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
             )
-            gx1_4[tile_b, 0, tile_c] = acc4_0
-            gx1_4[tile_b, 1, tile_c] = acc4_1
-            gx1_4[tile_b, 2, tile_c] = acc4_2
-            gx1_4[tile_b, 3, tile_c] = acc4_3
-            gx1_4[tile_b, 4, tile_c] = acc4_4
+            hl.store(gx1_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 5: 64x2e (6 paths)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
@@ -1241,11 +1245,7 @@ def tp_bwd_x1_0(
                 -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
                 + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
             )
-            gx1_5[tile_b, 0, tile_c] = acc5_0
-            gx1_5[tile_b, 1, tile_c] = acc5_1
-            gx1_5[tile_b, 2, tile_c] = acc5_2
-            gx1_5[tile_b, 3, tile_c] = acc5_3
-            gx1_5[tile_b, 4, tile_c] = acc5_4
+            hl.store(gx1_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -1342,124 +1342,208 @@ def tp_bwd_x2_0(
             for tile_r in hl.tile(64, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra4_0 = x1_4[tile_b, 0, tile_r]
-                ra4_1 = x1_4[tile_b, 1, tile_r]
-                ra4_2 = x1_4[tile_b, 2, tile_r]
-                ra4_3 = x1_4[tile_b, 3, tile_r]
-                ra4_4 = x1_4[tile_b, 4, tile_r]
-                ra5_0 = x1_5[tile_b, 0, tile_r]
-                ra5_1 = x1_5[tile_b, 1, tile_r]
-                ra5_2 = x1_5[tile_b, 2, tile_r]
-                ra5_3 = x1_5[tile_b, 3, tile_r]
-                ra5_4 = x1_5[tile_b, 4, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2_0, ra2_2 = hl.split(ra2te)
+                ra2_1, ra2_3 = hl.split(ra2to)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3_0, ra3_2 = hl.split(ra3te)
+                ra3_1, ra3_3 = hl.split(ra3to)
+                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
+                ra4te, ra4to = hl.split(ra4t)
+                ra4tee, ra4teo = hl.split(ra4te)
+                ra4_0, ra4_4 = hl.split(ra4tee)
+                ra4_2, ra4_6 = hl.split(ra4teo)
+                ra4toe, ra4too = hl.split(ra4to)
+                ra4_1, ra4_5 = hl.split(ra4toe)
+                ra4_3, ra4_7 = hl.split(ra4too)
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
-                rg2_3 = g_2[tile_b, 3, tile_r]
-                rg2_4 = g_2[tile_b, 4, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 rg3_0 = g_3[tile_b, 0, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
-                rg5_0 = g_5[tile_b, 0, tile_r]
-                rg5_1 = g_5[tile_b, 1, tile_r]
-                rg5_2 = g_5[tile_b, 2, tile_r]
-                rg5_3 = g_5[tile_b, 3, tile_r]
-                rg5_4 = g_5[tile_b, 4, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
+                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
+                rg5te, rg5to = hl.split(rg5t)
+                rg5tee, rg5teo = hl.split(rg5te)
+                rg5_0, rg5_4 = hl.split(rg5tee)
+                rg5_2, rg5_6 = hl.split(rg5teo)
+                rg5toe, rg5too = hl.split(rg5to)
+                rg5_1, rg5_5 = hl.split(rg5toe)
+                rg5_3, rg5_7 = hl.split(rg5too)
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
                 rg7_0 = g_7[tile_b, 0, tile_r]
-                rg8_0 = g_8[tile_b, 0, tile_r]
-                rg8_1 = g_8[tile_b, 1, tile_r]
-                rg8_2 = g_8[tile_b, 2, tile_r]
-                rg9_0 = g_9[tile_b, 0, tile_r]
-                rg9_1 = g_9[tile_b, 1, tile_r]
-                rg9_2 = g_9[tile_b, 2, tile_r]
-                rg9_3 = g_9[tile_b, 3, tile_r]
-                rg9_4 = g_9[tile_b, 4, tile_r]
-                rg10_0 = g_10[tile_b, 0, tile_r]
-                rg10_1 = g_10[tile_b, 1, tile_r]
-                rg10_2 = g_10[tile_b, 2, tile_r]
-                rg11_0 = g_11[tile_b, 0, tile_r]
-                rg11_1 = g_11[tile_b, 1, tile_r]
-                rg11_2 = g_11[tile_b, 2, tile_r]
-                rg11_3 = g_11[tile_b, 3, tile_r]
-                rg11_4 = g_11[tile_b, 4, tile_r]
-                rg12_0 = g_12[tile_b, 0, tile_r]
-                rg12_1 = g_12[tile_b, 1, tile_r]
-                rg12_2 = g_12[tile_b, 2, tile_r]
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10_0, rg10_2 = hl.split(rg10te)
+                rg10_1, rg10_3 = hl.split(rg10to)
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12_0, rg12_2 = hl.split(rg12te)
+                rg12_1, rg12_3 = hl.split(rg12to)
                 rg13_0 = g_13[tile_b, 0, tile_r]
-                rg14_0 = g_14[tile_b, 0, tile_r]
-                rg14_1 = g_14[tile_b, 1, tile_r]
-                rg14_2 = g_14[tile_b, 2, tile_r]
-                rg15_0 = g_15[tile_b, 0, tile_r]
-                rg15_1 = g_15[tile_b, 1, tile_r]
-                rg15_2 = g_15[tile_b, 2, tile_r]
-                rg15_3 = g_15[tile_b, 3, tile_r]
-                rg15_4 = g_15[tile_b, 4, tile_r]
-                rg16_0 = g_16[tile_b, 0, tile_r]
-                rg16_1 = g_16[tile_b, 1, tile_r]
-                rg16_2 = g_16[tile_b, 2, tile_r]
-                rg17_0 = g_17[tile_b, 0, tile_r]
-                rg17_1 = g_17[tile_b, 1, tile_r]
-                rg17_2 = g_17[tile_b, 2, tile_r]
-                rg17_3 = g_17[tile_b, 3, tile_r]
-                rg17_4 = g_17[tile_b, 4, tile_r]
-                rg18_0 = g_18[tile_b, 0, tile_r]
-                rg18_1 = g_18[tile_b, 1, tile_r]
-                rg18_2 = g_18[tile_b, 2, tile_r]
-                rg18_3 = g_18[tile_b, 3, tile_r]
-                rg18_4 = g_18[tile_b, 4, tile_r]
-                rg19_0 = g_19[tile_b, 0, tile_r]
-                rg19_1 = g_19[tile_b, 1, tile_r]
-                rg19_2 = g_19[tile_b, 2, tile_r]
-                rg20_0 = g_20[tile_b, 0, tile_r]
-                rg20_1 = g_20[tile_b, 1, tile_r]
-                rg20_2 = g_20[tile_b, 2, tile_r]
-                rg20_3 = g_20[tile_b, 3, tile_r]
-                rg20_4 = g_20[tile_b, 4, tile_r]
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14_0, rg14_2 = hl.split(rg14te)
+                rg14_1, rg14_3 = hl.split(rg14to)
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16_0, rg16_2 = hl.split(rg16te)
+                rg16_1, rg16_3 = hl.split(rg16to)
+                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
+                rg17te, rg17to = hl.split(rg17t)
+                rg17tee, rg17teo = hl.split(rg17te)
+                rg17_0, rg17_4 = hl.split(rg17tee)
+                rg17_2, rg17_6 = hl.split(rg17teo)
+                rg17toe, rg17too = hl.split(rg17to)
+                rg17_1, rg17_5 = hl.split(rg17toe)
+                rg17_3, rg17_7 = hl.split(rg17too)
+                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
+                rg18te, rg18to = hl.split(rg18t)
+                rg18tee, rg18teo = hl.split(rg18te)
+                rg18_0, rg18_4 = hl.split(rg18tee)
+                rg18_2, rg18_6 = hl.split(rg18teo)
+                rg18toe, rg18too = hl.split(rg18to)
+                rg18_1, rg18_5 = hl.split(rg18toe)
+                rg18_3, rg18_7 = hl.split(rg18too)
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 rg21_0 = g_21[tile_b, 0, tile_r]
-                rg22_0 = g_22[tile_b, 0, tile_r]
-                rg22_1 = g_22[tile_b, 1, tile_r]
-                rg22_2 = g_22[tile_b, 2, tile_r]
-                rg23_0 = g_23[tile_b, 0, tile_r]
-                rg23_1 = g_23[tile_b, 1, tile_r]
-                rg23_2 = g_23[tile_b, 2, tile_r]
-                rg23_3 = g_23[tile_b, 3, tile_r]
-                rg23_4 = g_23[tile_b, 4, tile_r]
-                rg24_0 = g_24[tile_b, 0, tile_r]
-                rg24_1 = g_24[tile_b, 1, tile_r]
-                rg24_2 = g_24[tile_b, 2, tile_r]
-                rg24_3 = g_24[tile_b, 3, tile_r]
-                rg24_4 = g_24[tile_b, 4, tile_r]
-                rg25_0 = g_25[tile_b, 0, tile_r]
-                rg25_1 = g_25[tile_b, 1, tile_r]
-                rg25_2 = g_25[tile_b, 2, tile_r]
-                rg26_0 = g_26[tile_b, 0, tile_r]
-                rg26_1 = g_26[tile_b, 1, tile_r]
-                rg26_2 = g_26[tile_b, 2, tile_r]
-                rg26_3 = g_26[tile_b, 3, tile_r]
-                rg26_4 = g_26[tile_b, 4, tile_r]
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22_0, rg22_2 = hl.split(rg22te)
+                rg22_1, rg22_3 = hl.split(rg22to)
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
+                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
+                rg24te, rg24to = hl.split(rg24t)
+                rg24tee, rg24teo = hl.split(rg24te)
+                rg24_0, rg24_4 = hl.split(rg24tee)
+                rg24_2, rg24_6 = hl.split(rg24teo)
+                rg24toe, rg24too = hl.split(rg24to)
+                rg24_1, rg24_5 = hl.split(rg24toe)
+                rg24_3, rg24_7 = hl.split(rg24too)
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25_0, rg25_2 = hl.split(rg25te)
+                rg25_1, rg25_3 = hl.split(rg25to)
+                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
+                rg26te, rg26to = hl.split(rg26t)
+                rg26tee, rg26teo = hl.split(rg26te)
+                rg26_0, rg26_4 = hl.split(rg26tee)
+                rg26_2, rg26_6 = hl.split(rg26teo)
+                rg26toe, rg26too = hl.split(rg26to)
+                rg26_1, rg26_5 = hl.split(rg26toe)
+                rg26_3, rg26_7 = hl.split(rg26too)
                 rg27_0 = g_27[tile_b, 0, tile_r]
-                rg28_0 = g_28[tile_b, 0, tile_r]
-                rg28_1 = g_28[tile_b, 1, tile_r]
-                rg28_2 = g_28[tile_b, 2, tile_r]
-                rg29_0 = g_29[tile_b, 0, tile_r]
-                rg29_1 = g_29[tile_b, 1, tile_r]
-                rg29_2 = g_29[tile_b, 2, tile_r]
-                rg29_3 = g_29[tile_b, 3, tile_r]
-                rg29_4 = g_29[tile_b, 4, tile_r]
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28_0, rg28_2 = hl.split(rg28te)
+                rg28_1, rg28_3 = hl.split(rg28to)
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -1986,124 +2070,208 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(64, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a4_0 = x1_4[tile_b, 0, tile_c]
-            a4_1 = x1_4[tile_b, 1, tile_c]
-            a4_2 = x1_4[tile_b, 2, tile_c]
-            a4_3 = x1_4[tile_b, 3, tile_c]
-            a4_4 = x1_4[tile_b, 4, tile_c]
-            a5_0 = x1_5[tile_b, 0, tile_c]
-            a5_1 = x1_5[tile_b, 1, tile_c]
-            a5_2 = x1_5[tile_b, 2, tile_c]
-            a5_3 = x1_5[tile_b, 3, tile_c]
-            a5_4 = x1_5[tile_b, 4, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
             g3_0 = g_3[tile_b, 0, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g5_1 = g_5[tile_b, 1, tile_c]
-            g5_2 = g_5[tile_b, 2, tile_c]
-            g5_3 = g_5[tile_b, 3, tile_c]
-            g5_4 = g_5[tile_b, 4, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
             g7_0 = g_7[tile_b, 0, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             g13_0 = g_13[tile_b, 0, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
-            g17_3 = g_17[tile_b, 3, tile_c]
-            g17_4 = g_17[tile_b, 4, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g18_3 = g_18[tile_b, 3, tile_c]
-            g18_4 = g_18[tile_b, 4, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16_0, g16_2 = hl.split(g16te)
+            g16_1, g16_3 = hl.split(g16to)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             g21_0 = g_21[tile_b, 0, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22_0, g22_2 = hl.split(g22te)
+            g22_1, g22_3 = hl.split(g22to)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25_0, g25_2 = hl.split(g25te)
+            g25_1, g25_3 = hl.split(g25to)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             g27_0 = g_27[tile_b, 0, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28_0, g28_2 = hl.split(g28te)
+            g28_1, g28_3 = hl.split(g28to)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)

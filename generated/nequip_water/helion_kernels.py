@@ -67,12 +67,16 @@ def tp_fwd_0(
         for tile_c in hl.tile(32, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             # g block 0: 32x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
@@ -88,9 +92,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 32x0e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
@@ -106,9 +108,7 @@ def tp_fwd_0(
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
+            hl.store(out_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 4: 32x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
@@ -118,9 +118,7 @@ def tp_fwd_0(
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            out_4[tile_b, 0, tile_c] = acc4_0
-            out_4[tile_b, 1, tile_c] = acc4_1
-            out_4[tile_b, 2, tile_c] = acc4_2
+            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 32x0e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
@@ -139,9 +137,7 @@ def tp_fwd_0(
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
+            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 32x1e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
@@ -151,9 +147,7 @@ def tp_fwd_0(
             acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            out_7[tile_b, 0, tile_c] = acc7_0
-            out_7[tile_b, 1, tile_c] = acc7_1
-            out_7[tile_b, 2, tile_c] = acc7_2
+            hl.store(out_7, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 32x0o (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
@@ -172,9 +166,7 @@ def tp_fwd_0(
             acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            out_9[tile_b, 0, tile_c] = acc9_0
-            out_9[tile_b, 1, tile_c] = acc9_1
-            out_9[tile_b, 2, tile_c] = acc9_2
+            hl.store(out_9, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -217,27 +209,39 @@ def tp_bwd_x1_0(
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(32, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
             g2_0 = g_2[tile_b, 0, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             g8_0 = g_8[tile_b, 0, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9_0, g9_2 = hl.split(g9te)
+            g9_1, g9_3 = hl.split(g9to)
             # x1 block 0: 32x0o (2 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
@@ -281,9 +285,7 @@ def tp_bwd_x1_0(
             acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
+            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 32x1e (3 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
@@ -303,9 +305,7 @@ def tp_bwd_x1_0(
             acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
+            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -353,34 +353,50 @@ def tp_bwd_x2_0(
             for tile_r in hl.tile(32, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2_0, ra2_2 = hl.split(ra2te)
+                ra2_1, ra2_3 = hl.split(ra2to)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3_0, ra3_2 = hl.split(ra3te)
+                ra3_1, ra3_3 = hl.split(ra3to)
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 rg2_0 = g_2[tile_b, 0, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3_0, rg3_2 = hl.split(rg3te)
+                rg3_1, rg3_3 = hl.split(rg3to)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg7_1 = g_7[tile_b, 1, tile_r]
-                rg7_2 = g_7[tile_b, 2, tile_r]
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7_0, rg7_2 = hl.split(rg7te)
+                rg7_1, rg7_3 = hl.split(rg7to)
                 rg8_0 = g_8[tile_b, 0, tile_r]
-                rg9_0 = g_9[tile_b, 0, tile_r]
-                rg9_1 = g_9[tile_b, 1, tile_r]
-                rg9_2 = g_9[tile_b, 2, tile_r]
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9_0, rg9_2 = hl.split(rg9te)
+                rg9_1, rg9_3 = hl.split(rg9to)
                 # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -498,34 +514,50 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(32, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             a1_0 = x1_1[tile_b, 0, tile_c]
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
             g2_0 = g_2[tile_b, 0, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             g8_0 = g_8[tile_b, 0, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9_0, g9_2 = hl.split(g9te)
+            g9_1, g9_3 = hl.split(g9to)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)

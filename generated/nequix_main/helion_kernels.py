@@ -121,9 +121,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -137,11 +135,7 @@ def tp_fwd_0(
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
-            out_2[tile_b, 3, tile_c] = acc2_3
-            out_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x3o (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
@@ -159,17 +153,13 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
-            out_3[tile_b, 3, tile_c] = acc3_3
-            out_3[tile_b, 4, tile_c] = acc3_4
-            out_3[tile_b, 5, tile_c] = acc3_5
-            out_3[tile_b, 6, tile_c] = acc3_6
+            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
@@ -179,9 +169,7 @@ def tp_fwd_0(
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            out_4[tile_b, 0, tile_c] = acc4_0
-            out_4[tile_b, 1, tile_c] = acc4_1
-            out_4[tile_b, 2, tile_c] = acc4_2
+            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x0e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
@@ -207,11 +195,7 @@ def tp_fwd_0(
             )
             acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
-            out_6[tile_b, 3, tile_c] = acc6_3
-            out_6[tile_b, 4, tile_c] = acc6_4
+            hl.store(out_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 7: 64x1o (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
@@ -230,9 +214,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            out_7[tile_b, 0, tile_c] = acc7_0
-            out_7[tile_b, 1, tile_c] = acc7_1
-            out_7[tile_b, 2, tile_c] = acc7_2
+            hl.store(out_7, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 64x3o (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
@@ -265,13 +247,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            out_8[tile_b, 0, tile_c] = acc8_0
-            out_8[tile_b, 1, tile_c] = acc8_1
-            out_8[tile_b, 2, tile_c] = acc8_2
-            out_8[tile_b, 3, tile_c] = acc8_3
-            out_8[tile_b, 4, tile_c] = acc8_4
-            out_8[tile_b, 5, tile_c] = acc8_5
-            out_8[tile_b, 6, tile_c] = acc8_6
+            hl.store(out_8, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 9: 64x2e (1 path)
             acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
@@ -302,24 +278,26 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            out_9[tile_b, 0, tile_c] = acc9_0
-            out_9[tile_b, 1, tile_c] = acc9_1
-            out_9[tile_b, 2, tile_c] = acc9_2
-            out_9[tile_b, 3, tile_c] = acc9_3
-            out_9[tile_b, 4, tile_c] = acc9_4
+            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a2_3 = x1_2[tile_b, 3, tile_c]
-            a2_4 = x1_2[tile_b, 4, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a3_3 = x1_3[tile_b, 3, tile_c]
-            a3_4 = x1_3[tile_b, 4, tile_c]
-            a3_5 = x1_3[tile_b, 5, tile_c]
-            a3_6 = x1_3[tile_b, 6, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             # g block 10: 32x2e (1 path)
             acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
@@ -333,11 +311,7 @@ def tp_fwd_0(
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            out_10[tile_b, 0, tile_c] = acc10_0
-            out_10[tile_b, 1, tile_c] = acc10_1
-            out_10[tile_b, 2, tile_c] = acc10_2
-            out_10[tile_b, 3, tile_c] = acc10_3
-            out_10[tile_b, 4, tile_c] = acc10_4
+            hl.store(out_10, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 11: 32x1o (1 path)
             acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
@@ -356,9 +330,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            out_11[tile_b, 0, tile_c] = acc11_0
-            out_11[tile_b, 1, tile_c] = acc11_1
-            out_11[tile_b, 2, tile_c] = acc11_2
+            hl.store(out_11, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 12: 32x3o (1 path)
             acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
@@ -391,13 +363,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            out_12[tile_b, 0, tile_c] = acc12_0
-            out_12[tile_b, 1, tile_c] = acc12_1
-            out_12[tile_b, 2, tile_c] = acc12_2
-            out_12[tile_b, 3, tile_c] = acc12_3
-            out_12[tile_b, 4, tile_c] = acc12_4
-            out_12[tile_b, 5, tile_c] = acc12_5
-            out_12[tile_b, 6, tile_c] = acc12_6
+            hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 13: 32x0e (1 path)
             acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
@@ -439,11 +405,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            out_14[tile_b, 0, tile_c] = acc14_0
-            out_14[tile_b, 1, tile_c] = acc14_1
-            out_14[tile_b, 2, tile_c] = acc14_2
-            out_14[tile_b, 3, tile_c] = acc14_3
-            out_14[tile_b, 4, tile_c] = acc14_4
+            hl.store(out_14, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 15: 32x1o (1 path)
             acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
@@ -467,9 +429,7 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            out_15[tile_b, 0, tile_c] = acc15_0
-            out_15[tile_b, 1, tile_c] = acc15_1
-            out_15[tile_b, 2, tile_c] = acc15_2
+            hl.store(out_15, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 16: 32x3o (1 path)
             acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
@@ -517,13 +477,7 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            out_16[tile_b, 0, tile_c] = acc16_0
-            out_16[tile_b, 1, tile_c] = acc16_1
-            out_16[tile_b, 2, tile_c] = acc16_2
-            out_16[tile_b, 3, tile_c] = acc16_3
-            out_16[tile_b, 4, tile_c] = acc16_4
-            out_16[tile_b, 5, tile_c] = acc16_5
-            out_16[tile_b, 6, tile_c] = acc16_6
+            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 32x3o (1 path)
             acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
@@ -541,13 +495,7 @@ def tp_fwd_0(
             acc17_4 = acc17_4 + wt17_0 * (1.0000000000000002 * a3_4 * sb0_0_0)
             acc17_5 = acc17_5 + wt17_0 * (1.0000000000000002 * a3_5 * sb0_0_0)
             acc17_6 = acc17_6 + wt17_0 * (1.0000000000000002 * a3_6 * sb0_0_0)
-            out_17[tile_b, 0, tile_c] = acc17_0
-            out_17[tile_b, 1, tile_c] = acc17_1
-            out_17[tile_b, 2, tile_c] = acc17_2
-            out_17[tile_b, 3, tile_c] = acc17_3
-            out_17[tile_b, 4, tile_c] = acc17_4
-            out_17[tile_b, 5, tile_c] = acc17_5
-            out_17[tile_b, 6, tile_c] = acc17_6
+            hl.store(out_17, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_6)), hl.join(hl.join(acc17_1, acc17_5), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 18: 32x2e (1 path)
             acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
@@ -578,11 +526,7 @@ def tp_fwd_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            out_18[tile_b, 0, tile_c] = acc18_0
-            out_18[tile_b, 1, tile_c] = acc18_1
-            out_18[tile_b, 2, tile_c] = acc18_2
-            out_18[tile_b, 3, tile_c] = acc18_3
-            out_18[tile_b, 4, tile_c] = acc18_4
+            hl.store(out_18, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 19: 32x1o (1 path)
             acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
@@ -606,9 +550,7 @@ def tp_fwd_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            out_19[tile_b, 0, tile_c] = acc19_0
-            out_19[tile_b, 1, tile_c] = acc19_1
-            out_19[tile_b, 2, tile_c] = acc19_2
+            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 32x3o (1 path)
             acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
@@ -656,13 +598,7 @@ def tp_fwd_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            out_20[tile_b, 0, tile_c] = acc20_0
-            out_20[tile_b, 1, tile_c] = acc20_1
-            out_20[tile_b, 2, tile_c] = acc20_2
-            out_20[tile_b, 3, tile_c] = acc20_3
-            out_20[tile_b, 4, tile_c] = acc20_4
-            out_20[tile_b, 5, tile_c] = acc20_5
-            out_20[tile_b, 6, tile_c] = acc20_6
+            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 21: 32x0e (1 path)
             acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
@@ -713,11 +649,7 @@ def tp_fwd_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            out_22[tile_b, 0, tile_c] = acc22_0
-            out_22[tile_b, 1, tile_c] = acc22_1
-            out_22[tile_b, 2, tile_c] = acc22_2
-            out_22[tile_b, 3, tile_c] = acc22_3
-            out_22[tile_b, 4, tile_c] = acc22_4
+            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -800,21 +732,29 @@ def tp_bwd_x1_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             # x1 block 0: 128x0e (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
@@ -843,30 +783,44 @@ def tp_bwd_x1_0(
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g6_3 = g_6[tile_b, 3, tile_c]
-            g6_4 = g_6[tile_b, 4, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g8_3 = g_8[tile_b, 3, tile_c]
-            g8_4 = g_8[tile_b, 4, tile_c]
-            g8_5 = g_8[tile_b, 5, tile_c]
-            g8_6 = g_8[tile_b, 6, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             # x1 block 1: 64x1o (6 paths)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
@@ -947,69 +901,97 @@ def tp_bwd_x1_0(
                 - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
                 - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g10_3 = g_10[tile_b, 3, tile_c]
-            g10_4 = g_10[tile_b, 4, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g12_3 = g_12[tile_b, 3, tile_c]
-            g12_4 = g_12[tile_b, 4, tile_c]
-            g12_5 = g_12[tile_b, 5, tile_c]
-            g12_6 = g_12[tile_b, 6, tile_c]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             g13_0 = g_13[tile_b, 0, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g14_3 = g_14[tile_b, 3, tile_c]
-            g14_4 = g_14[tile_b, 4, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
-            g17_3 = g_17[tile_b, 3, tile_c]
-            g17_4 = g_17[tile_b, 4, tile_c]
-            g17_5 = g_17[tile_b, 5, tile_c]
-            g17_6 = g_17[tile_b, 6, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g18_3 = g_18[tile_b, 3, tile_c]
-            g18_4 = g_18[tile_b, 4, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g20_5 = g_20[tile_b, 5, tile_c]
-            g20_6 = g_20[tile_b, 6, tile_c]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             g21_0 = g_21[tile_b, 0, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             # x1 block 2: 32x2e (7 paths)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
@@ -1146,11 +1128,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
                 - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
             )
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
-            gx1_2[tile_b, 3, tile_c] = acc2_3
-            gx1_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(gx1_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 3: 32x3o (6 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
@@ -1303,13 +1281,7 @@ def tp_bwd_x1_0(
                 - 0.545544725589981 * g22_2 * sb3_6_0 + 0.3857583749052298 * g22_3 * sb3_5_0
                 - 0.24397501823713333 * g22_4 * sb3_4_0
             )
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
-            gx1_3[tile_b, 3, tile_c] = acc3_3
-            gx1_3[tile_b, 4, tile_c] = acc3_4
-            gx1_3[tile_b, 5, tile_c] = acc3_5
-            gx1_3[tile_b, 6, tile_c] = acc3_6
+            hl.store(gx1_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1399,21 +1371,29 @@ def tp_bwd_x2_0(
             for tile_r in hl.tile(128, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
-                rg2_3 = g_2[tile_b, 3, tile_r]
-                rg2_4 = g_2[tile_b, 4, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg3_3 = g_3[tile_b, 3, tile_r]
-                rg3_4 = g_3[tile_b, 4, tile_r]
-                rg3_5 = g_3[tile_b, 5, tile_r]
-                rg3_6 = g_3[tile_b, 6, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -1456,33 +1436,49 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
-                rg6_3 = g_6[tile_b, 3, tile_r]
-                rg6_4 = g_6[tile_b, 4, tile_r]
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg7_1 = g_7[tile_b, 1, tile_r]
-                rg7_2 = g_7[tile_b, 2, tile_r]
-                rg8_0 = g_8[tile_b, 0, tile_r]
-                rg8_1 = g_8[tile_b, 1, tile_r]
-                rg8_2 = g_8[tile_b, 2, tile_r]
-                rg8_3 = g_8[tile_b, 3, tile_r]
-                rg8_4 = g_8[tile_b, 4, tile_r]
-                rg8_5 = g_8[tile_b, 5, tile_r]
-                rg8_6 = g_8[tile_b, 6, tile_r]
-                rg9_0 = g_9[tile_b, 0, tile_r]
-                rg9_1 = g_9[tile_b, 1, tile_r]
-                rg9_2 = g_9[tile_b, 2, tile_r]
-                rg9_3 = g_9[tile_b, 3, tile_r]
-                rg9_4 = g_9[tile_b, 4, tile_r]
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6tee, rg6teo = hl.split(rg6te)
+                rg6_0, rg6_4 = hl.split(rg6tee)
+                rg6_2, rg6_6 = hl.split(rg6teo)
+                rg6toe, rg6too = hl.split(rg6to)
+                rg6_1, rg6_5 = hl.split(rg6toe)
+                rg6_3, rg6_7 = hl.split(rg6too)
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7_0, rg7_2 = hl.split(rg7te)
+                rg7_1, rg7_3 = hl.split(rg7to)
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8tee, rg8teo = hl.split(rg8te)
+                rg8_0, rg8_4 = hl.split(rg8tee)
+                rg8_2, rg8_6 = hl.split(rg8teo)
+                rg8toe, rg8too = hl.split(rg8to)
+                rg8_1, rg8_5 = hl.split(rg8toe)
+                rg8_3, rg8_7 = hl.split(rg8too)
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
                 # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
@@ -1592,77 +1588,113 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra2_3 = x1_2[tile_b, 3, tile_r]
-                ra2_4 = x1_2[tile_b, 4, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra3_3 = x1_3[tile_b, 3, tile_r]
-                ra3_4 = x1_3[tile_b, 4, tile_r]
-                ra3_5 = x1_3[tile_b, 5, tile_r]
-                ra3_6 = x1_3[tile_b, 6, tile_r]
-                rg10_0 = g_10[tile_b, 0, tile_r]
-                rg10_1 = g_10[tile_b, 1, tile_r]
-                rg10_2 = g_10[tile_b, 2, tile_r]
-                rg10_3 = g_10[tile_b, 3, tile_r]
-                rg10_4 = g_10[tile_b, 4, tile_r]
-                rg11_0 = g_11[tile_b, 0, tile_r]
-                rg11_1 = g_11[tile_b, 1, tile_r]
-                rg11_2 = g_11[tile_b, 2, tile_r]
-                rg12_0 = g_12[tile_b, 0, tile_r]
-                rg12_1 = g_12[tile_b, 1, tile_r]
-                rg12_2 = g_12[tile_b, 2, tile_r]
-                rg12_3 = g_12[tile_b, 3, tile_r]
-                rg12_4 = g_12[tile_b, 4, tile_r]
-                rg12_5 = g_12[tile_b, 5, tile_r]
-                rg12_6 = g_12[tile_b, 6, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2tee, ra2teo = hl.split(ra2te)
+                ra2_0, ra2_4 = hl.split(ra2tee)
+                ra2_2, ra2_6 = hl.split(ra2teo)
+                ra2toe, ra2too = hl.split(ra2to)
+                ra2_1, ra2_5 = hl.split(ra2toe)
+                ra2_3, ra2_7 = hl.split(ra2too)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3tee, ra3teo = hl.split(ra3te)
+                ra3_0, ra3_4 = hl.split(ra3tee)
+                ra3_2, ra3_6 = hl.split(ra3teo)
+                ra3toe, ra3too = hl.split(ra3to)
+                ra3_1, ra3_5 = hl.split(ra3toe)
+                ra3_3, ra3_7 = hl.split(ra3too)
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10tee, rg10teo = hl.split(rg10te)
+                rg10_0, rg10_4 = hl.split(rg10tee)
+                rg10_2, rg10_6 = hl.split(rg10teo)
+                rg10toe, rg10too = hl.split(rg10to)
+                rg10_1, rg10_5 = hl.split(rg10toe)
+                rg10_3, rg10_7 = hl.split(rg10too)
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11_0, rg11_2 = hl.split(rg11te)
+                rg11_1, rg11_3 = hl.split(rg11to)
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12tee, rg12teo = hl.split(rg12te)
+                rg12_0, rg12_4 = hl.split(rg12tee)
+                rg12_2, rg12_6 = hl.split(rg12teo)
+                rg12toe, rg12too = hl.split(rg12to)
+                rg12_1, rg12_5 = hl.split(rg12toe)
+                rg12_3, rg12_7 = hl.split(rg12too)
                 rg13_0 = g_13[tile_b, 0, tile_r]
-                rg14_0 = g_14[tile_b, 0, tile_r]
-                rg14_1 = g_14[tile_b, 1, tile_r]
-                rg14_2 = g_14[tile_b, 2, tile_r]
-                rg14_3 = g_14[tile_b, 3, tile_r]
-                rg14_4 = g_14[tile_b, 4, tile_r]
-                rg15_0 = g_15[tile_b, 0, tile_r]
-                rg15_1 = g_15[tile_b, 1, tile_r]
-                rg15_2 = g_15[tile_b, 2, tile_r]
-                rg16_0 = g_16[tile_b, 0, tile_r]
-                rg16_1 = g_16[tile_b, 1, tile_r]
-                rg16_2 = g_16[tile_b, 2, tile_r]
-                rg16_3 = g_16[tile_b, 3, tile_r]
-                rg16_4 = g_16[tile_b, 4, tile_r]
-                rg16_5 = g_16[tile_b, 5, tile_r]
-                rg16_6 = g_16[tile_b, 6, tile_r]
-                rg17_0 = g_17[tile_b, 0, tile_r]
-                rg17_1 = g_17[tile_b, 1, tile_r]
-                rg17_2 = g_17[tile_b, 2, tile_r]
-                rg17_3 = g_17[tile_b, 3, tile_r]
-                rg17_4 = g_17[tile_b, 4, tile_r]
-                rg17_5 = g_17[tile_b, 5, tile_r]
-                rg17_6 = g_17[tile_b, 6, tile_r]
-                rg18_0 = g_18[tile_b, 0, tile_r]
-                rg18_1 = g_18[tile_b, 1, tile_r]
-                rg18_2 = g_18[tile_b, 2, tile_r]
-                rg18_3 = g_18[tile_b, 3, tile_r]
-                rg18_4 = g_18[tile_b, 4, tile_r]
-                rg19_0 = g_19[tile_b, 0, tile_r]
-                rg19_1 = g_19[tile_b, 1, tile_r]
-                rg19_2 = g_19[tile_b, 2, tile_r]
-                rg20_0 = g_20[tile_b, 0, tile_r]
-                rg20_1 = g_20[tile_b, 1, tile_r]
-                rg20_2 = g_20[tile_b, 2, tile_r]
-                rg20_3 = g_20[tile_b, 3, tile_r]
-                rg20_4 = g_20[tile_b, 4, tile_r]
-                rg20_5 = g_20[tile_b, 5, tile_r]
-                rg20_6 = g_20[tile_b, 6, tile_r]
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14tee, rg14teo = hl.split(rg14te)
+                rg14_0, rg14_4 = hl.split(rg14tee)
+                rg14_2, rg14_6 = hl.split(rg14teo)
+                rg14toe, rg14too = hl.split(rg14to)
+                rg14_1, rg14_5 = hl.split(rg14toe)
+                rg14_3, rg14_7 = hl.split(rg14too)
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15_0, rg15_2 = hl.split(rg15te)
+                rg15_1, rg15_3 = hl.split(rg15to)
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
+                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
+                rg17te, rg17to = hl.split(rg17t)
+                rg17tee, rg17teo = hl.split(rg17te)
+                rg17_0, rg17_4 = hl.split(rg17tee)
+                rg17_2, rg17_6 = hl.split(rg17teo)
+                rg17toe, rg17too = hl.split(rg17to)
+                rg17_1, rg17_5 = hl.split(rg17toe)
+                rg17_3, rg17_7 = hl.split(rg17too)
+                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
+                rg18te, rg18to = hl.split(rg18t)
+                rg18tee, rg18teo = hl.split(rg18te)
+                rg18_0, rg18_4 = hl.split(rg18tee)
+                rg18_2, rg18_6 = hl.split(rg18teo)
+                rg18toe, rg18too = hl.split(rg18to)
+                rg18_1, rg18_5 = hl.split(rg18toe)
+                rg18_3, rg18_7 = hl.split(rg18too)
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 rg21_0 = g_21[tile_b, 0, tile_r]
-                rg22_0 = g_22[tile_b, 0, tile_r]
-                rg22_1 = g_22[tile_b, 1, tile_r]
-                rg22_2 = g_22[tile_b, 2, tile_r]
-                rg22_3 = g_22[tile_b, 3, tile_r]
-                rg22_4 = g_22[tile_b, 4, tile_r]
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
                 # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
@@ -2088,21 +2120,29 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(128, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -2133,33 +2173,49 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g6_3 = g_6[tile_b, 3, tile_c]
-            g6_4 = g_6[tile_b, 4, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g8_3 = g_8[tile_b, 3, tile_c]
-            g8_4 = g_8[tile_b, 4, tile_c]
-            g8_5 = g_8[tile_b, 5, tile_c]
-            g8_6 = g_8[tile_b, 6, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
@@ -2249,77 +2305,113 @@ def tp_bwd_w_0(
             )
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
         for tile_c in hl.tile(32, block_size=32):
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a2_3 = x1_2[tile_b, 3, tile_c]
-            a2_4 = x1_2[tile_b, 4, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a3_3 = x1_3[tile_b, 3, tile_c]
-            a3_4 = x1_3[tile_b, 4, tile_c]
-            a3_5 = x1_3[tile_b, 5, tile_c]
-            a3_6 = x1_3[tile_b, 6, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g10_3 = g_10[tile_b, 3, tile_c]
-            g10_4 = g_10[tile_b, 4, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g12_3 = g_12[tile_b, 3, tile_c]
-            g12_4 = g_12[tile_b, 4, tile_c]
-            g12_5 = g_12[tile_b, 5, tile_c]
-            g12_6 = g_12[tile_b, 6, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             g13_0 = g_13[tile_b, 0, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g14_3 = g_14[tile_b, 3, tile_c]
-            g14_4 = g_14[tile_b, 4, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g17_1 = g_17[tile_b, 1, tile_c]
-            g17_2 = g_17[tile_b, 2, tile_c]
-            g17_3 = g_17[tile_b, 3, tile_c]
-            g17_4 = g_17[tile_b, 4, tile_c]
-            g17_5 = g_17[tile_b, 5, tile_c]
-            g17_6 = g_17[tile_b, 6, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g18_3 = g_18[tile_b, 3, tile_c]
-            g18_4 = g_18[tile_b, 4, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g20_5 = g_20[tile_b, 5, tile_c]
-            g20_6 = g_20[tile_b, 6, tile_c]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             g21_0 = g_21[tile_b, 0, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
             q1 = (a2_1 * sb0_0_0)

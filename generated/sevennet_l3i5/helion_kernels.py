@@ -143,9 +143,7 @@ def tp_fwd_0(
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
@@ -159,11 +157,7 @@ def tp_fwd_0(
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
-            out_2[tile_b, 3, tile_c] = acc2_3
-            out_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x3e (1 path)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
@@ -181,17 +175,13 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
-            out_3[tile_b, 3, tile_c] = acc3_3
-            out_3[tile_b, 4, tile_c] = acc3_4
-            out_3[tile_b, 5, tile_c] = acc3_5
-            out_3[tile_b, 6, tile_c] = acc3_6
+            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
@@ -201,9 +191,7 @@ def tp_fwd_0(
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            out_4[tile_b, 0, tile_c] = acc4_0
-            out_4[tile_b, 1, tile_c] = acc4_1
-            out_4[tile_b, 2, tile_c] = acc4_2
+            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x0e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
             # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
@@ -222,9 +210,7 @@ def tp_fwd_0(
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a1_1 * sb1_2_0 - 0.7071067811865475 * a1_2 * sb1_1_0)
             acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a1_0 * sb1_2_0 + 0.7071067811865475 * a1_2 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a1_0 * sb1_1_0 - 0.7071067811865475 * a1_1 * sb1_0_0)
-            out_6[tile_b, 0, tile_c] = acc6_0
-            out_6[tile_b, 1, tile_c] = acc6_1
-            out_6[tile_b, 2, tile_c] = acc6_2
+            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 64x2e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
@@ -241,11 +227,7 @@ def tp_fwd_0(
             )
             acc7_3 = acc7_3 + wt7_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc7_4 = acc7_4 + wt7_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            out_7[tile_b, 0, tile_c] = acc7_0
-            out_7[tile_b, 1, tile_c] = acc7_1
-            out_7[tile_b, 2, tile_c] = acc7_2
-            out_7[tile_b, 3, tile_c] = acc7_3
-            out_7[tile_b, 4, tile_c] = acc7_4
+            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 8: 64x1e (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
@@ -264,9 +246,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            out_8[tile_b, 0, tile_c] = acc8_0
-            out_8[tile_b, 1, tile_c] = acc8_1
-            out_8[tile_b, 2, tile_c] = acc8_2
+            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x2e (1 path)
             acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
             acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
@@ -292,11 +272,7 @@ def tp_fwd_0(
                 0.408248290463863 * a1_0 * sb2_3_0 - 0.816496580927726 * a1_1 * sb2_0_0
                 + 0.408248290463863 * a1_2 * sb2_1_0
             )
-            out_9[tile_b, 0, tile_c] = acc9_0
-            out_9[tile_b, 1, tile_c] = acc9_1
-            out_9[tile_b, 2, tile_c] = acc9_2
-            out_9[tile_b, 3, tile_c] = acc9_3
-            out_9[tile_b, 4, tile_c] = acc9_4
+            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 10: 64x3e (1 path)
             acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
@@ -329,13 +305,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc10_6 = acc10_6 + wt10_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            out_10[tile_b, 0, tile_c] = acc10_0
-            out_10[tile_b, 1, tile_c] = acc10_1
-            out_10[tile_b, 2, tile_c] = acc10_2
-            out_10[tile_b, 3, tile_c] = acc10_3
-            out_10[tile_b, 4, tile_c] = acc10_4
-            out_10[tile_b, 5, tile_c] = acc10_5
-            out_10[tile_b, 6, tile_c] = acc10_6
+            hl.store(out_10, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_6)), hl.join(hl.join(acc10_1, acc10_5), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 11: 64x2e (1 path)
             acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
             acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
@@ -366,11 +336,7 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            out_11[tile_b, 0, tile_c] = acc11_0
-            out_11[tile_b, 1, tile_c] = acc11_1
-            out_11[tile_b, 2, tile_c] = acc11_2
-            out_11[tile_b, 3, tile_c] = acc11_3
-            out_11[tile_b, 4, tile_c] = acc11_4
+            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x3e (1 path)
             acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
@@ -408,26 +374,26 @@ def tp_fwd_0(
                 0.3535533905932738 * a1_0 * sb3_5_0 - 0.8660254037844387 * a1_1 * sb3_0_0
                 + 0.3535533905932738 * a1_2 * sb3_1_0
             )
-            out_12[tile_b, 0, tile_c] = acc12_0
-            out_12[tile_b, 1, tile_c] = acc12_1
-            out_12[tile_b, 2, tile_c] = acc12_2
-            out_12[tile_b, 3, tile_c] = acc12_3
-            out_12[tile_b, 4, tile_c] = acc12_4
-            out_12[tile_b, 5, tile_c] = acc12_5
-            out_12[tile_b, 6, tile_c] = acc12_6
+            hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a2_3 = x1_2[tile_b, 3, tile_c]
-            a2_4 = x1_2[tile_b, 4, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a3_3 = x1_3[tile_b, 3, tile_c]
-            a3_4 = x1_3[tile_b, 4, tile_c]
-            a3_5 = x1_3[tile_b, 5, tile_c]
-            a3_6 = x1_3[tile_b, 6, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             # g block 13: 32x2e (1 path)
             acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
             acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
@@ -441,11 +407,7 @@ def tp_fwd_0(
             acc13_2 = acc13_2 + wt13_0 * (a2_2 * sb0_0_0)
             acc13_3 = acc13_3 + wt13_0 * (a2_3 * sb0_0_0)
             acc13_4 = acc13_4 + wt13_0 * (a2_4 * sb0_0_0)
-            out_13[tile_b, 0, tile_c] = acc13_0
-            out_13[tile_b, 1, tile_c] = acc13_1
-            out_13[tile_b, 2, tile_c] = acc13_2
-            out_13[tile_b, 3, tile_c] = acc13_3
-            out_13[tile_b, 4, tile_c] = acc13_4
+            hl.store(out_13, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 14: 32x1e (1 path)
             acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
             acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
@@ -464,9 +426,7 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            out_14[tile_b, 0, tile_c] = acc14_0
-            out_14[tile_b, 1, tile_c] = acc14_1
-            out_14[tile_b, 2, tile_c] = acc14_2
+            hl.store(out_14, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 15: 32x2e (1 path)
             acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
             acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
@@ -492,11 +452,7 @@ def tp_fwd_0(
                 0.816496580927726 * a2_0 * sb1_1_0 - 0.408248290463863 * a2_1 * sb1_2_0
                 - 0.408248290463863 * a2_3 * sb1_0_0
             )
-            out_15[tile_b, 0, tile_c] = acc15_0
-            out_15[tile_b, 1, tile_c] = acc15_1
-            out_15[tile_b, 2, tile_c] = acc15_2
-            out_15[tile_b, 3, tile_c] = acc15_3
-            out_15[tile_b, 4, tile_c] = acc15_4
+            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 32x3e (1 path)
             acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
             acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
@@ -529,13 +485,7 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc16_6 = acc16_6 + wt16_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            out_16[tile_b, 0, tile_c] = acc16_0
-            out_16[tile_b, 1, tile_c] = acc16_1
-            out_16[tile_b, 2, tile_c] = acc16_2
-            out_16[tile_b, 3, tile_c] = acc16_3
-            out_16[tile_b, 4, tile_c] = acc16_4
-            out_16[tile_b, 5, tile_c] = acc16_5
-            out_16[tile_b, 6, tile_c] = acc16_6
+            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 32x0e (1 path)
             acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
@@ -566,9 +516,7 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a2_1 * sb2_4_0 - 0.5477225575051661 * a2_2 * sb2_1_0
                 - 0.3162277660168379 * a2_3 * sb2_0_0 - 0.3162277660168379 * a2_4 * sb2_1_0
             )
-            out_18[tile_b, 0, tile_c] = acc18_0
-            out_18[tile_b, 1, tile_c] = acc18_1
-            out_18[tile_b, 2, tile_c] = acc18_2
+            hl.store(out_18, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc18_0, acc18_2), hl.join(acc18_1, acc18_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 19: 32x2e (1 path)
             acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
             acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
@@ -600,11 +548,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            out_19[tile_b, 0, tile_c] = acc19_0
-            out_19[tile_b, 1, tile_c] = acc19_1
-            out_19[tile_b, 2, tile_c] = acc19_2
-            out_19[tile_b, 3, tile_c] = acc19_3
-            out_19[tile_b, 4, tile_c] = acc19_4
+            hl.store(out_19, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc19_0, acc19_4), hl.join(acc19_2, acc19_0)), hl.join(hl.join(acc19_1, acc19_0), hl.join(acc19_3, acc19_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 20: 32x3e (1 path)
             acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
             acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
@@ -639,13 +583,7 @@ def tp_fwd_0(
                 0.5000000000000001 * a2_0 * sb2_3_0 - 0.5000000000000001 * a2_1 * sb2_4_0
                 - 0.5000000000000001 * a2_3 * sb2_0_0 + 0.5000000000000001 * a2_4 * sb2_1_0
             )
-            out_20[tile_b, 0, tile_c] = acc20_0
-            out_20[tile_b, 1, tile_c] = acc20_1
-            out_20[tile_b, 2, tile_c] = acc20_2
-            out_20[tile_b, 3, tile_c] = acc20_3
-            out_20[tile_b, 4, tile_c] = acc20_4
-            out_20[tile_b, 5, tile_c] = acc20_5
-            out_20[tile_b, 6, tile_c] = acc20_6
+            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 21: 32x1e (1 path)
             acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
             acc21_1 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
@@ -669,9 +607,7 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            out_21[tile_b, 0, tile_c] = acc21_0
-            out_21[tile_b, 1, tile_c] = acc21_1
-            out_21[tile_b, 2, tile_c] = acc21_2
+            hl.store(out_21, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 22: 32x2e (1 path)
             acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
             acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
@@ -704,11 +640,7 @@ def tp_fwd_0(
                 + 0.42257712736425834 * a2_1 * sb3_6_0 - 0.5976143046671969 * a2_2 * sb3_1_0
                 - 0.42257712736425834 * a2_3 * sb3_0_0 + 0.3273268353539886 * a2_3 * sb3_2_0
             )
-            out_22[tile_b, 0, tile_c] = acc22_0
-            out_22[tile_b, 1, tile_c] = acc22_1
-            out_22[tile_b, 2, tile_c] = acc22_2
-            out_22[tile_b, 3, tile_c] = acc22_3
-            out_22[tile_b, 4, tile_c] = acc22_4
+            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 23: 32x3e (1 path)
             acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
             acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
@@ -756,13 +688,7 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            out_23[tile_b, 0, tile_c] = acc23_0
-            out_23[tile_b, 1, tile_c] = acc23_1
-            out_23[tile_b, 2, tile_c] = acc23_2
-            out_23[tile_b, 3, tile_c] = acc23_3
-            out_23[tile_b, 4, tile_c] = acc23_4
-            out_23[tile_b, 5, tile_c] = acc23_5
-            out_23[tile_b, 6, tile_c] = acc23_6
+            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 24: 32x3e (1 path)
             acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
@@ -780,13 +706,7 @@ def tp_fwd_0(
             acc24_4 = acc24_4 + wt24_0 * (1.0000000000000002 * a3_4 * sb0_0_0)
             acc24_5 = acc24_5 + wt24_0 * (1.0000000000000002 * a3_5 * sb0_0_0)
             acc24_6 = acc24_6 + wt24_0 * (1.0000000000000002 * a3_6 * sb0_0_0)
-            out_24[tile_b, 0, tile_c] = acc24_0
-            out_24[tile_b, 1, tile_c] = acc24_1
-            out_24[tile_b, 2, tile_c] = acc24_2
-            out_24[tile_b, 3, tile_c] = acc24_3
-            out_24[tile_b, 4, tile_c] = acc24_4
-            out_24[tile_b, 5, tile_c] = acc24_5
-            out_24[tile_b, 6, tile_c] = acc24_6
+            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_6)), hl.join(hl.join(acc24_1, acc24_5), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 25: 32x2e (1 path)
             acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
             acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
@@ -817,11 +737,7 @@ def tp_fwd_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            out_25[tile_b, 0, tile_c] = acc25_0
-            out_25[tile_b, 1, tile_c] = acc25_1
-            out_25[tile_b, 2, tile_c] = acc25_2
-            out_25[tile_b, 3, tile_c] = acc25_3
-            out_25[tile_b, 4, tile_c] = acc25_4
+            hl.store(out_25, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_0)), hl.join(hl.join(acc25_1, acc25_0), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 26: 32x3e (1 path)
             acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
@@ -859,13 +775,7 @@ def tp_fwd_0(
                 0.8660254037844387 * a3_0 * sb1_1_0 - 0.3535533905932738 * a3_1 * sb1_2_0
                 - 0.3535533905932738 * a3_5 * sb1_0_0
             )
-            out_26[tile_b, 0, tile_c] = acc26_0
-            out_26[tile_b, 1, tile_c] = acc26_1
-            out_26[tile_b, 2, tile_c] = acc26_2
-            out_26[tile_b, 3, tile_c] = acc26_3
-            out_26[tile_b, 4, tile_c] = acc26_4
-            out_26[tile_b, 5, tile_c] = acc26_5
-            out_26[tile_b, 6, tile_c] = acc26_6
+            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_6)), hl.join(hl.join(acc26_1, acc26_5), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 27: 32x1e (1 path)
             acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
             acc27_1 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
@@ -889,9 +799,7 @@ def tp_fwd_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            out_27[tile_b, 0, tile_c] = acc27_0
-            out_27[tile_b, 1, tile_c] = acc27_1
-            out_27[tile_b, 2, tile_c] = acc27_2
+            hl.store(out_27, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 28: 32x2e (1 path)
             acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
             acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
@@ -924,11 +832,7 @@ def tp_fwd_0(
                 - 0.3273268353539886 * a3_2 * sb2_3_0 + 0.2672612419124244 * a3_3 * sb2_0_0
                 - 0.3273268353539886 * a3_4 * sb2_1_0 - 0.42257712736425834 * a3_6 * sb2_1_0
             )
-            out_28[tile_b, 0, tile_c] = acc28_0
-            out_28[tile_b, 1, tile_c] = acc28_1
-            out_28[tile_b, 2, tile_c] = acc28_2
-            out_28[tile_b, 3, tile_c] = acc28_3
-            out_28[tile_b, 4, tile_c] = acc28_4
+            hl.store(out_28, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 29: 32x3e (1 path)
             acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
             acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
@@ -976,13 +880,7 @@ def tp_fwd_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            out_29[tile_b, 0, tile_c] = acc29_0
-            out_29[tile_b, 1, tile_c] = acc29_1
-            out_29[tile_b, 2, tile_c] = acc29_2
-            out_29[tile_b, 3, tile_c] = acc29_3
-            out_29[tile_b, 4, tile_c] = acc29_4
-            out_29[tile_b, 5, tile_c] = acc29_5
-            out_29[tile_b, 6, tile_c] = acc29_6
+            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 30: 32x0e (1 path)
             acc30_0 = hl.zeros([tile_b, tile_c], dtype=out_30.dtype)
             # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
@@ -1019,9 +917,7 @@ def tp_fwd_0(
                 - 0.2988071523335984 * a3_4 * sb3_1_0 - 0.23145502494313785 * a3_5 * sb3_0_0
                 - 0.2988071523335984 * a3_5 * sb3_2_0 - 0.23145502494313785 * a3_6 * sb3_1_0
             )
-            out_31[tile_b, 0, tile_c] = acc31_0
-            out_31[tile_b, 1, tile_c] = acc31_1
-            out_31[tile_b, 2, tile_c] = acc31_2
+            hl.store(out_31, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 32: 32x2e (1 path)
             acc32_0 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
             acc32_1 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
@@ -1061,11 +957,7 @@ def tp_fwd_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            out_32[tile_b, 0, tile_c] = acc32_0
-            out_32[tile_b, 1, tile_c] = acc32_1
-            out_32[tile_b, 2, tile_c] = acc32_2
-            out_32[tile_b, 3, tile_c] = acc32_3
-            out_32[tile_b, 4, tile_c] = acc32_4
+            hl.store(out_32, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 33: 32x3e (1 path)
             acc33_0 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
             acc33_1 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
@@ -1111,13 +1003,7 @@ def tp_fwd_0(
                 - 0.408248290463863 * a3_2 * sb3_5_0 + 0.408248290463863 * a3_3 * sb3_0_0
                 - 0.408248290463863 * a3_4 * sb3_1_0 + 0.408248290463863 * a3_5 * sb3_2_0
             )
-            out_33[tile_b, 0, tile_c] = acc33_0
-            out_33[tile_b, 1, tile_c] = acc33_1
-            out_33[tile_b, 2, tile_c] = acc33_2
-            out_33[tile_b, 3, tile_c] = acc33_3
-            out_33[tile_b, 4, tile_c] = acc33_4
-            out_33[tile_b, 5, tile_c] = acc33_5
-            out_33[tile_b, 6, tile_c] = acc33_6
+            hl.store(out_33, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1222,21 +1108,29 @@ def tp_bwd_x1_0(
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             # x1 block 0: 128x0e (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
@@ -1265,45 +1159,67 @@ def tp_bwd_x1_0(
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g10_3 = g_10[tile_b, 3, tile_c]
-            g10_4 = g_10[tile_b, 4, tile_c]
-            g10_5 = g_10[tile_b, 5, tile_c]
-            g10_6 = g_10[tile_b, 6, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g12_3 = g_12[tile_b, 3, tile_c]
-            g12_4 = g_12[tile_b, 4, tile_c]
-            g12_5 = g_12[tile_b, 5, tile_c]
-            g12_6 = g_12[tile_b, 6, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             # x1 block 1: 64x1e (9 paths)
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
@@ -1426,111 +1342,161 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g12_4 * sb3_1_0 + 0.3535533905932738 * g12_5 * sb3_0_0
                 + 0.45643546458763845 * g12_5 * sb3_2_0 + 0.3535533905932738 * g12_6 * sb3_1_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
+            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g13_1 = g_13[tile_b, 1, tile_c]
-            g13_2 = g_13[tile_b, 2, tile_c]
-            g13_3 = g_13[tile_b, 3, tile_c]
-            g13_4 = g_13[tile_b, 4, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             g17_0 = g_17[tile_b, 0, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g19_3 = g_19[tile_b, 3, tile_c]
-            g19_4 = g_19[tile_b, 4, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g20_5 = g_20[tile_b, 5, tile_c]
-            g20_6 = g_20[tile_b, 6, tile_c]
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g21_1 = g_21[tile_b, 1, tile_c]
-            g21_2 = g_21[tile_b, 2, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g23_5 = g_23[tile_b, 5, tile_c]
-            g23_6 = g_23[tile_b, 6, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g24_5 = g_24[tile_b, 5, tile_c]
-            g24_6 = g_24[tile_b, 6, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g25_3 = g_25[tile_b, 3, tile_c]
-            g25_4 = g_25[tile_b, 4, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
-            g26_5 = g_26[tile_b, 5, tile_c]
-            g26_6 = g_26[tile_b, 6, tile_c]
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g27_1 = g_27[tile_b, 1, tile_c]
-            g27_2 = g_27[tile_b, 2, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g28_3 = g_28[tile_b, 3, tile_c]
-            g28_4 = g_28[tile_b, 4, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
-            g29_5 = g_29[tile_b, 5, tile_c]
-            g29_6 = g_29[tile_b, 6, tile_c]
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18_0, g18_2 = hl.split(g18te)
+            g18_1, g18_3 = hl.split(g18to)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19tee, g19teo = hl.split(g19te)
+            g19_0, g19_4 = hl.split(g19tee)
+            g19_2, g19_6 = hl.split(g19teo)
+            g19toe, g19too = hl.split(g19to)
+            g19_1, g19_5 = hl.split(g19toe)
+            g19_3, g19_7 = hl.split(g19too)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             g30_0 = g_30[tile_b, 0, tile_c]
-            g31_0 = g_31[tile_b, 0, tile_c]
-            g31_1 = g_31[tile_b, 1, tile_c]
-            g31_2 = g_31[tile_b, 2, tile_c]
-            g32_0 = g_32[tile_b, 0, tile_c]
-            g32_1 = g_32[tile_b, 1, tile_c]
-            g32_2 = g_32[tile_b, 2, tile_c]
-            g32_3 = g_32[tile_b, 3, tile_c]
-            g32_4 = g_32[tile_b, 4, tile_c]
-            g33_0 = g_33[tile_b, 0, tile_c]
-            g33_1 = g_33[tile_b, 1, tile_c]
-            g33_2 = g_33[tile_b, 2, tile_c]
-            g33_3 = g_33[tile_b, 3, tile_c]
-            g33_4 = g_33[tile_b, 4, tile_c]
-            g33_5 = g_33[tile_b, 5, tile_c]
-            g33_6 = g_33[tile_b, 6, tile_c]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             # x1 block 2: 32x2e (11 paths)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
@@ -1757,11 +1723,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g23_4 * sb3_4_0 - 0.2886751345948129 * g23_4 * sb3_6_0
                 - 0.5773502691896258 * g23_5 * sb3_3_0 - 0.2886751345948129 * g23_6 * sb3_4_0
             )
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
-            gx1_2[tile_b, 3, tile_c] = acc2_3
-            gx1_2[tile_b, 4, tile_c] = acc2_4
+            hl.store(gx1_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 3: 32x3e (10 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
@@ -2035,13 +1997,7 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g33_2 * sb3_5_0 - 0.408248290463863 * g33_3 * sb3_0_0
                 + 0.408248290463863 * g33_4 * sb3_1_0 - 0.408248290463863 * g33_5 * sb3_2_0
             )
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
-            gx1_3[tile_b, 3, tile_c] = acc3_3
-            gx1_3[tile_b, 4, tile_c] = acc3_4
-            gx1_3[tile_b, 5, tile_c] = acc3_5
-            gx1_3[tile_b, 6, tile_c] = acc3_6
+            hl.store(gx1_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -2153,21 +2109,29 @@ def tp_bwd_x2_0(
             for tile_r in hl.tile(128, block_size=32):
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
-                rg2_3 = g_2[tile_b, 3, tile_r]
-                rg2_4 = g_2[tile_b, 4, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg3_3 = g_3[tile_b, 3, tile_r]
-                rg3_4 = g_3[tile_b, 4, tile_r]
-                rg3_5 = g_3[tile_b, 5, tile_r]
-                rg3_6 = g_3[tile_b, 6, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
@@ -2210,48 +2174,72 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                rg6_0 = g_6[tile_b, 0, tile_r]
-                rg6_1 = g_6[tile_b, 1, tile_r]
-                rg6_2 = g_6[tile_b, 2, tile_r]
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg7_1 = g_7[tile_b, 1, tile_r]
-                rg7_2 = g_7[tile_b, 2, tile_r]
-                rg7_3 = g_7[tile_b, 3, tile_r]
-                rg7_4 = g_7[tile_b, 4, tile_r]
-                rg8_0 = g_8[tile_b, 0, tile_r]
-                rg8_1 = g_8[tile_b, 1, tile_r]
-                rg8_2 = g_8[tile_b, 2, tile_r]
-                rg9_0 = g_9[tile_b, 0, tile_r]
-                rg9_1 = g_9[tile_b, 1, tile_r]
-                rg9_2 = g_9[tile_b, 2, tile_r]
-                rg9_3 = g_9[tile_b, 3, tile_r]
-                rg9_4 = g_9[tile_b, 4, tile_r]
-                rg10_0 = g_10[tile_b, 0, tile_r]
-                rg10_1 = g_10[tile_b, 1, tile_r]
-                rg10_2 = g_10[tile_b, 2, tile_r]
-                rg10_3 = g_10[tile_b, 3, tile_r]
-                rg10_4 = g_10[tile_b, 4, tile_r]
-                rg10_5 = g_10[tile_b, 5, tile_r]
-                rg10_6 = g_10[tile_b, 6, tile_r]
-                rg11_0 = g_11[tile_b, 0, tile_r]
-                rg11_1 = g_11[tile_b, 1, tile_r]
-                rg11_2 = g_11[tile_b, 2, tile_r]
-                rg11_3 = g_11[tile_b, 3, tile_r]
-                rg11_4 = g_11[tile_b, 4, tile_r]
-                rg12_0 = g_12[tile_b, 0, tile_r]
-                rg12_1 = g_12[tile_b, 1, tile_r]
-                rg12_2 = g_12[tile_b, 2, tile_r]
-                rg12_3 = g_12[tile_b, 3, tile_r]
-                rg12_4 = g_12[tile_b, 4, tile_r]
-                rg12_5 = g_12[tile_b, 5, tile_r]
-                rg12_6 = g_12[tile_b, 6, tile_r]
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7tee, rg7teo = hl.split(rg7te)
+                rg7_0, rg7_4 = hl.split(rg7tee)
+                rg7_2, rg7_6 = hl.split(rg7teo)
+                rg7toe, rg7too = hl.split(rg7to)
+                rg7_1, rg7_5 = hl.split(rg7toe)
+                rg7_3, rg7_7 = hl.split(rg7too)
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10tee, rg10teo = hl.split(rg10te)
+                rg10_0, rg10_4 = hl.split(rg10tee)
+                rg10_2, rg10_6 = hl.split(rg10teo)
+                rg10toe, rg10too = hl.split(rg10to)
+                rg10_1, rg10_5 = hl.split(rg10toe)
+                rg10_3, rg10_7 = hl.split(rg10too)
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12tee, rg12teo = hl.split(rg12te)
+                rg12_0, rg12_4 = hl.split(rg12tee)
+                rg12_2, rg12_6 = hl.split(rg12teo)
+                rg12toe, rg12too = hl.split(rg12to)
+                rg12_1, rg12_5 = hl.split(rg12toe)
+                rg12_3, rg12_7 = hl.split(rg12too)
                 # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
@@ -2429,119 +2417,177 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr12).sum(1)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra2_3 = x1_2[tile_b, 3, tile_r]
-                ra2_4 = x1_2[tile_b, 4, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra3_3 = x1_3[tile_b, 3, tile_r]
-                ra3_4 = x1_3[tile_b, 4, tile_r]
-                ra3_5 = x1_3[tile_b, 5, tile_r]
-                ra3_6 = x1_3[tile_b, 6, tile_r]
-                rg13_0 = g_13[tile_b, 0, tile_r]
-                rg13_1 = g_13[tile_b, 1, tile_r]
-                rg13_2 = g_13[tile_b, 2, tile_r]
-                rg13_3 = g_13[tile_b, 3, tile_r]
-                rg13_4 = g_13[tile_b, 4, tile_r]
-                rg14_0 = g_14[tile_b, 0, tile_r]
-                rg14_1 = g_14[tile_b, 1, tile_r]
-                rg14_2 = g_14[tile_b, 2, tile_r]
-                rg15_0 = g_15[tile_b, 0, tile_r]
-                rg15_1 = g_15[tile_b, 1, tile_r]
-                rg15_2 = g_15[tile_b, 2, tile_r]
-                rg15_3 = g_15[tile_b, 3, tile_r]
-                rg15_4 = g_15[tile_b, 4, tile_r]
-                rg16_0 = g_16[tile_b, 0, tile_r]
-                rg16_1 = g_16[tile_b, 1, tile_r]
-                rg16_2 = g_16[tile_b, 2, tile_r]
-                rg16_3 = g_16[tile_b, 3, tile_r]
-                rg16_4 = g_16[tile_b, 4, tile_r]
-                rg16_5 = g_16[tile_b, 5, tile_r]
-                rg16_6 = g_16[tile_b, 6, tile_r]
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2tee, ra2teo = hl.split(ra2te)
+                ra2_0, ra2_4 = hl.split(ra2tee)
+                ra2_2, ra2_6 = hl.split(ra2teo)
+                ra2toe, ra2too = hl.split(ra2to)
+                ra2_1, ra2_5 = hl.split(ra2toe)
+                ra2_3, ra2_7 = hl.split(ra2too)
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3tee, ra3teo = hl.split(ra3te)
+                ra3_0, ra3_4 = hl.split(ra3tee)
+                ra3_2, ra3_6 = hl.split(ra3teo)
+                ra3toe, ra3too = hl.split(ra3to)
+                ra3_1, ra3_5 = hl.split(ra3toe)
+                ra3_3, ra3_7 = hl.split(ra3too)
+                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
+                rg13te, rg13to = hl.split(rg13t)
+                rg13tee, rg13teo = hl.split(rg13te)
+                rg13_0, rg13_4 = hl.split(rg13tee)
+                rg13_2, rg13_6 = hl.split(rg13teo)
+                rg13toe, rg13too = hl.split(rg13to)
+                rg13_1, rg13_5 = hl.split(rg13toe)
+                rg13_3, rg13_7 = hl.split(rg13too)
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14_0, rg14_2 = hl.split(rg14te)
+                rg14_1, rg14_3 = hl.split(rg14to)
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
                 rg17_0 = g_17[tile_b, 0, tile_r]
-                rg18_0 = g_18[tile_b, 0, tile_r]
-                rg18_1 = g_18[tile_b, 1, tile_r]
-                rg18_2 = g_18[tile_b, 2, tile_r]
-                rg19_0 = g_19[tile_b, 0, tile_r]
-                rg19_1 = g_19[tile_b, 1, tile_r]
-                rg19_2 = g_19[tile_b, 2, tile_r]
-                rg19_3 = g_19[tile_b, 3, tile_r]
-                rg19_4 = g_19[tile_b, 4, tile_r]
-                rg20_0 = g_20[tile_b, 0, tile_r]
-                rg20_1 = g_20[tile_b, 1, tile_r]
-                rg20_2 = g_20[tile_b, 2, tile_r]
-                rg20_3 = g_20[tile_b, 3, tile_r]
-                rg20_4 = g_20[tile_b, 4, tile_r]
-                rg20_5 = g_20[tile_b, 5, tile_r]
-                rg20_6 = g_20[tile_b, 6, tile_r]
-                rg21_0 = g_21[tile_b, 0, tile_r]
-                rg21_1 = g_21[tile_b, 1, tile_r]
-                rg21_2 = g_21[tile_b, 2, tile_r]
-                rg22_0 = g_22[tile_b, 0, tile_r]
-                rg22_1 = g_22[tile_b, 1, tile_r]
-                rg22_2 = g_22[tile_b, 2, tile_r]
-                rg22_3 = g_22[tile_b, 3, tile_r]
-                rg22_4 = g_22[tile_b, 4, tile_r]
-                rg23_0 = g_23[tile_b, 0, tile_r]
-                rg23_1 = g_23[tile_b, 1, tile_r]
-                rg23_2 = g_23[tile_b, 2, tile_r]
-                rg23_3 = g_23[tile_b, 3, tile_r]
-                rg23_4 = g_23[tile_b, 4, tile_r]
-                rg23_5 = g_23[tile_b, 5, tile_r]
-                rg23_6 = g_23[tile_b, 6, tile_r]
-                rg24_0 = g_24[tile_b, 0, tile_r]
-                rg24_1 = g_24[tile_b, 1, tile_r]
-                rg24_2 = g_24[tile_b, 2, tile_r]
-                rg24_3 = g_24[tile_b, 3, tile_r]
-                rg24_4 = g_24[tile_b, 4, tile_r]
-                rg24_5 = g_24[tile_b, 5, tile_r]
-                rg24_6 = g_24[tile_b, 6, tile_r]
-                rg25_0 = g_25[tile_b, 0, tile_r]
-                rg25_1 = g_25[tile_b, 1, tile_r]
-                rg25_2 = g_25[tile_b, 2, tile_r]
-                rg25_3 = g_25[tile_b, 3, tile_r]
-                rg25_4 = g_25[tile_b, 4, tile_r]
-                rg26_0 = g_26[tile_b, 0, tile_r]
-                rg26_1 = g_26[tile_b, 1, tile_r]
-                rg26_2 = g_26[tile_b, 2, tile_r]
-                rg26_3 = g_26[tile_b, 3, tile_r]
-                rg26_4 = g_26[tile_b, 4, tile_r]
-                rg26_5 = g_26[tile_b, 5, tile_r]
-                rg26_6 = g_26[tile_b, 6, tile_r]
-                rg27_0 = g_27[tile_b, 0, tile_r]
-                rg27_1 = g_27[tile_b, 1, tile_r]
-                rg27_2 = g_27[tile_b, 2, tile_r]
-                rg28_0 = g_28[tile_b, 0, tile_r]
-                rg28_1 = g_28[tile_b, 1, tile_r]
-                rg28_2 = g_28[tile_b, 2, tile_r]
-                rg28_3 = g_28[tile_b, 3, tile_r]
-                rg28_4 = g_28[tile_b, 4, tile_r]
-                rg29_0 = g_29[tile_b, 0, tile_r]
-                rg29_1 = g_29[tile_b, 1, tile_r]
-                rg29_2 = g_29[tile_b, 2, tile_r]
-                rg29_3 = g_29[tile_b, 3, tile_r]
-                rg29_4 = g_29[tile_b, 4, tile_r]
-                rg29_5 = g_29[tile_b, 5, tile_r]
-                rg29_6 = g_29[tile_b, 6, tile_r]
+                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg18t = rg18.reshape([tile_b, tile_r, 2, 2])
+                rg18te, rg18to = hl.split(rg18t)
+                rg18_0, rg18_2 = hl.split(rg18te)
+                rg18_1, rg18_3 = hl.split(rg18to)
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19tee, rg19teo = hl.split(rg19te)
+                rg19_0, rg19_4 = hl.split(rg19tee)
+                rg19_2, rg19_6 = hl.split(rg19teo)
+                rg19toe, rg19too = hl.split(rg19to)
+                rg19_1, rg19_5 = hl.split(rg19toe)
+                rg19_3, rg19_7 = hl.split(rg19too)
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
+                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
+                rg21te, rg21to = hl.split(rg21t)
+                rg21_0, rg21_2 = hl.split(rg21te)
+                rg21_1, rg21_3 = hl.split(rg21to)
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
+                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
+                rg24te, rg24to = hl.split(rg24t)
+                rg24tee, rg24teo = hl.split(rg24te)
+                rg24_0, rg24_4 = hl.split(rg24tee)
+                rg24_2, rg24_6 = hl.split(rg24teo)
+                rg24toe, rg24too = hl.split(rg24to)
+                rg24_1, rg24_5 = hl.split(rg24toe)
+                rg24_3, rg24_7 = hl.split(rg24too)
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25tee, rg25teo = hl.split(rg25te)
+                rg25_0, rg25_4 = hl.split(rg25tee)
+                rg25_2, rg25_6 = hl.split(rg25teo)
+                rg25toe, rg25too = hl.split(rg25to)
+                rg25_1, rg25_5 = hl.split(rg25toe)
+                rg25_3, rg25_7 = hl.split(rg25too)
+                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
+                rg26te, rg26to = hl.split(rg26t)
+                rg26tee, rg26teo = hl.split(rg26te)
+                rg26_0, rg26_4 = hl.split(rg26tee)
+                rg26_2, rg26_6 = hl.split(rg26teo)
+                rg26toe, rg26too = hl.split(rg26to)
+                rg26_1, rg26_5 = hl.split(rg26toe)
+                rg26_3, rg26_7 = hl.split(rg26too)
+                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
+                rg27te, rg27to = hl.split(rg27t)
+                rg27_0, rg27_2 = hl.split(rg27te)
+                rg27_1, rg27_3 = hl.split(rg27to)
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28tee, rg28teo = hl.split(rg28te)
+                rg28_0, rg28_4 = hl.split(rg28tee)
+                rg28_2, rg28_6 = hl.split(rg28teo)
+                rg28toe, rg28too = hl.split(rg28to)
+                rg28_1, rg28_5 = hl.split(rg28toe)
+                rg28_3, rg28_7 = hl.split(rg28too)
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 rg30_0 = g_30[tile_b, 0, tile_r]
-                rg31_0 = g_31[tile_b, 0, tile_r]
-                rg31_1 = g_31[tile_b, 1, tile_r]
-                rg31_2 = g_31[tile_b, 2, tile_r]
-                rg32_0 = g_32[tile_b, 0, tile_r]
-                rg32_1 = g_32[tile_b, 1, tile_r]
-                rg32_2 = g_32[tile_b, 2, tile_r]
-                rg32_3 = g_32[tile_b, 3, tile_r]
-                rg32_4 = g_32[tile_b, 4, tile_r]
-                rg33_0 = g_33[tile_b, 0, tile_r]
-                rg33_1 = g_33[tile_b, 1, tile_r]
-                rg33_2 = g_33[tile_b, 2, tile_r]
-                rg33_3 = g_33[tile_b, 3, tile_r]
-                rg33_4 = g_33[tile_b, 4, tile_r]
-                rg33_5 = g_33[tile_b, 5, tile_r]
-                rg33_6 = g_33[tile_b, 6, tile_r]
+                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
+                rg31te, rg31to = hl.split(rg31t)
+                rg31_0, rg31_2 = hl.split(rg31te)
+                rg31_1, rg31_3 = hl.split(rg31to)
+                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
+                rg32te, rg32to = hl.split(rg32t)
+                rg32tee, rg32teo = hl.split(rg32te)
+                rg32_0, rg32_4 = hl.split(rg32tee)
+                rg32_2, rg32_6 = hl.split(rg32teo)
+                rg32toe, rg32too = hl.split(rg32to)
+                rg32_1, rg32_5 = hl.split(rg32toe)
+                rg32_3, rg32_7 = hl.split(rg32too)
+                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
+                rg33te, rg33to = hl.split(rg33t)
+                rg33tee, rg33teo = hl.split(rg33te)
+                rg33_0, rg33_4 = hl.split(rg33tee)
+                rg33_2, rg33_6 = hl.split(rg33teo)
+                rg33toe, rg33too = hl.split(rg33to)
+                rg33_1, rg33_5 = hl.split(rg33toe)
+                rg33_3, rg33_7 = hl.split(rg33too)
                 # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (
@@ -3231,21 +3277,29 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(128, block_size=32):
             a0_0 = x1_0[tile_b, 0, tile_c]
             g0_0 = g_0[tile_b, 0, tile_c]
-            g1_0 = g_1[tile_b, 0, tile_c]
-            g1_1 = g_1[tile_b, 1, tile_c]
-            g1_2 = g_1[tile_b, 2, tile_c]
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g2_1 = g_2[tile_b, 1, tile_c]
-            g2_2 = g_2[tile_b, 2, tile_c]
-            g2_3 = g_2[tile_b, 3, tile_c]
-            g2_4 = g_2[tile_b, 4, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g3_1 = g_3[tile_b, 1, tile_c]
-            g3_2 = g_3[tile_b, 2, tile_c]
-            g3_3 = g_3[tile_b, 3, tile_c]
-            g3_4 = g_3[tile_b, 4, tile_c]
-            g3_5 = g_3[tile_b, 5, tile_c]
-            g3_6 = g_3[tile_b, 6, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -3276,48 +3330,72 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a1_1 = x1_1[tile_b, 1, tile_c]
-            a1_2 = x1_1[tile_b, 2, tile_c]
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g4_1 = g_4[tile_b, 1, tile_c]
-            g4_2 = g_4[tile_b, 2, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             g5_0 = g_5[tile_b, 0, tile_c]
-            g6_0 = g_6[tile_b, 0, tile_c]
-            g6_1 = g_6[tile_b, 1, tile_c]
-            g6_2 = g_6[tile_b, 2, tile_c]
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g7_1 = g_7[tile_b, 1, tile_c]
-            g7_2 = g_7[tile_b, 2, tile_c]
-            g7_3 = g_7[tile_b, 3, tile_c]
-            g7_4 = g_7[tile_b, 4, tile_c]
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g8_1 = g_8[tile_b, 1, tile_c]
-            g8_2 = g_8[tile_b, 2, tile_c]
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g9_1 = g_9[tile_b, 1, tile_c]
-            g9_2 = g_9[tile_b, 2, tile_c]
-            g9_3 = g_9[tile_b, 3, tile_c]
-            g9_4 = g_9[tile_b, 4, tile_c]
-            g10_0 = g_10[tile_b, 0, tile_c]
-            g10_1 = g_10[tile_b, 1, tile_c]
-            g10_2 = g_10[tile_b, 2, tile_c]
-            g10_3 = g_10[tile_b, 3, tile_c]
-            g10_4 = g_10[tile_b, 4, tile_c]
-            g10_5 = g_10[tile_b, 5, tile_c]
-            g10_6 = g_10[tile_b, 6, tile_c]
-            g11_0 = g_11[tile_b, 0, tile_c]
-            g11_1 = g_11[tile_b, 1, tile_c]
-            g11_2 = g_11[tile_b, 2, tile_c]
-            g11_3 = g_11[tile_b, 3, tile_c]
-            g11_4 = g_11[tile_b, 4, tile_c]
-            g12_0 = g_12[tile_b, 0, tile_c]
-            g12_1 = g_12[tile_b, 1, tile_c]
-            g12_2 = g_12[tile_b, 2, tile_c]
-            g12_3 = g_12[tile_b, 3, tile_c]
-            g12_4 = g_12[tile_b, 4, tile_c]
-            g12_5 = g_12[tile_b, 5, tile_c]
-            g12_6 = g_12[tile_b, 6, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
@@ -3465,119 +3543,177 @@ def tp_bwd_w_0(
                 + q6 * g12_6
             )
         for tile_c in hl.tile(32, block_size=32):
-            a2_0 = x1_2[tile_b, 0, tile_c]
-            a2_1 = x1_2[tile_b, 1, tile_c]
-            a2_2 = x1_2[tile_b, 2, tile_c]
-            a2_3 = x1_2[tile_b, 3, tile_c]
-            a2_4 = x1_2[tile_b, 4, tile_c]
-            a3_0 = x1_3[tile_b, 0, tile_c]
-            a3_1 = x1_3[tile_b, 1, tile_c]
-            a3_2 = x1_3[tile_b, 2, tile_c]
-            a3_3 = x1_3[tile_b, 3, tile_c]
-            a3_4 = x1_3[tile_b, 4, tile_c]
-            a3_5 = x1_3[tile_b, 5, tile_c]
-            a3_6 = x1_3[tile_b, 6, tile_c]
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g13_1 = g_13[tile_b, 1, tile_c]
-            g13_2 = g_13[tile_b, 2, tile_c]
-            g13_3 = g_13[tile_b, 3, tile_c]
-            g13_4 = g_13[tile_b, 4, tile_c]
-            g14_0 = g_14[tile_b, 0, tile_c]
-            g14_1 = g_14[tile_b, 1, tile_c]
-            g14_2 = g_14[tile_b, 2, tile_c]
-            g15_0 = g_15[tile_b, 0, tile_c]
-            g15_1 = g_15[tile_b, 1, tile_c]
-            g15_2 = g_15[tile_b, 2, tile_c]
-            g15_3 = g_15[tile_b, 3, tile_c]
-            g15_4 = g_15[tile_b, 4, tile_c]
-            g16_0 = g_16[tile_b, 0, tile_c]
-            g16_1 = g_16[tile_b, 1, tile_c]
-            g16_2 = g_16[tile_b, 2, tile_c]
-            g16_3 = g_16[tile_b, 3, tile_c]
-            g16_4 = g_16[tile_b, 4, tile_c]
-            g16_5 = g_16[tile_b, 5, tile_c]
-            g16_6 = g_16[tile_b, 6, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             g17_0 = g_17[tile_b, 0, tile_c]
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g18_1 = g_18[tile_b, 1, tile_c]
-            g18_2 = g_18[tile_b, 2, tile_c]
-            g19_0 = g_19[tile_b, 0, tile_c]
-            g19_1 = g_19[tile_b, 1, tile_c]
-            g19_2 = g_19[tile_b, 2, tile_c]
-            g19_3 = g_19[tile_b, 3, tile_c]
-            g19_4 = g_19[tile_b, 4, tile_c]
-            g20_0 = g_20[tile_b, 0, tile_c]
-            g20_1 = g_20[tile_b, 1, tile_c]
-            g20_2 = g_20[tile_b, 2, tile_c]
-            g20_3 = g_20[tile_b, 3, tile_c]
-            g20_4 = g_20[tile_b, 4, tile_c]
-            g20_5 = g_20[tile_b, 5, tile_c]
-            g20_6 = g_20[tile_b, 6, tile_c]
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g21_1 = g_21[tile_b, 1, tile_c]
-            g21_2 = g_21[tile_b, 2, tile_c]
-            g22_0 = g_22[tile_b, 0, tile_c]
-            g22_1 = g_22[tile_b, 1, tile_c]
-            g22_2 = g_22[tile_b, 2, tile_c]
-            g22_3 = g_22[tile_b, 3, tile_c]
-            g22_4 = g_22[tile_b, 4, tile_c]
-            g23_0 = g_23[tile_b, 0, tile_c]
-            g23_1 = g_23[tile_b, 1, tile_c]
-            g23_2 = g_23[tile_b, 2, tile_c]
-            g23_3 = g_23[tile_b, 3, tile_c]
-            g23_4 = g_23[tile_b, 4, tile_c]
-            g23_5 = g_23[tile_b, 5, tile_c]
-            g23_6 = g_23[tile_b, 6, tile_c]
-            g24_0 = g_24[tile_b, 0, tile_c]
-            g24_1 = g_24[tile_b, 1, tile_c]
-            g24_2 = g_24[tile_b, 2, tile_c]
-            g24_3 = g_24[tile_b, 3, tile_c]
-            g24_4 = g_24[tile_b, 4, tile_c]
-            g24_5 = g_24[tile_b, 5, tile_c]
-            g24_6 = g_24[tile_b, 6, tile_c]
-            g25_0 = g_25[tile_b, 0, tile_c]
-            g25_1 = g_25[tile_b, 1, tile_c]
-            g25_2 = g_25[tile_b, 2, tile_c]
-            g25_3 = g_25[tile_b, 3, tile_c]
-            g25_4 = g_25[tile_b, 4, tile_c]
-            g26_0 = g_26[tile_b, 0, tile_c]
-            g26_1 = g_26[tile_b, 1, tile_c]
-            g26_2 = g_26[tile_b, 2, tile_c]
-            g26_3 = g_26[tile_b, 3, tile_c]
-            g26_4 = g_26[tile_b, 4, tile_c]
-            g26_5 = g_26[tile_b, 5, tile_c]
-            g26_6 = g_26[tile_b, 6, tile_c]
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g27_1 = g_27[tile_b, 1, tile_c]
-            g27_2 = g_27[tile_b, 2, tile_c]
-            g28_0 = g_28[tile_b, 0, tile_c]
-            g28_1 = g_28[tile_b, 1, tile_c]
-            g28_2 = g_28[tile_b, 2, tile_c]
-            g28_3 = g_28[tile_b, 3, tile_c]
-            g28_4 = g_28[tile_b, 4, tile_c]
-            g29_0 = g_29[tile_b, 0, tile_c]
-            g29_1 = g_29[tile_b, 1, tile_c]
-            g29_2 = g_29[tile_b, 2, tile_c]
-            g29_3 = g_29[tile_b, 3, tile_c]
-            g29_4 = g_29[tile_b, 4, tile_c]
-            g29_5 = g_29[tile_b, 5, tile_c]
-            g29_6 = g_29[tile_b, 6, tile_c]
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18_0, g18_2 = hl.split(g18te)
+            g18_1, g18_3 = hl.split(g18to)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19tee, g19teo = hl.split(g19te)
+            g19_0, g19_4 = hl.split(g19tee)
+            g19_2, g19_6 = hl.split(g19teo)
+            g19toe, g19too = hl.split(g19to)
+            g19_1, g19_5 = hl.split(g19toe)
+            g19_3, g19_7 = hl.split(g19too)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             g30_0 = g_30[tile_b, 0, tile_c]
-            g31_0 = g_31[tile_b, 0, tile_c]
-            g31_1 = g_31[tile_b, 1, tile_c]
-            g31_2 = g_31[tile_b, 2, tile_c]
-            g32_0 = g_32[tile_b, 0, tile_c]
-            g32_1 = g_32[tile_b, 1, tile_c]
-            g32_2 = g_32[tile_b, 2, tile_c]
-            g32_3 = g_32[tile_b, 3, tile_c]
-            g32_4 = g_32[tile_b, 4, tile_c]
-            g33_0 = g_33[tile_b, 0, tile_c]
-            g33_1 = g_33[tile_b, 1, tile_c]
-            g33_2 = g_33[tile_b, 2, tile_c]
-            g33_3 = g_33[tile_b, 3, tile_c]
-            g33_4 = g_33[tile_b, 4, tile_c]
-            g33_5 = g_33[tile_b, 5, tile_c]
-            g33_6 = g_33[tile_b, 6, tile_c]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
             q1 = (a2_1 * sb0_0_0)

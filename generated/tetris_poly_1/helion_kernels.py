@@ -309,12 +309,8 @@ def tp_fwd_0(
                     + 0.15430334996209194 * ra3_5 * sb2_3_0 + 0.18898223650461363 * ra3_6 * sb2_4_0
                 )
                 acc2_2 = acc2_2 + (t[:, :, None] * wr19_0).sum(1)
-            out_1[tile_b, 0, tile_c] = acc1_0
-            out_1[tile_b, 1, tile_c] = acc1_1
-            out_1[tile_b, 2, tile_c] = acc1_2
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_2[tile_b, 1, tile_c] = acc2_1
-            out_2[tile_b, 2, tile_c] = acc2_2
+            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(16, block_size=16):
             # g block 3: 16x2e (7 paths)
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
@@ -621,16 +617,8 @@ def tp_fwd_0(
                     - 0.1636634176769943 * ra3_4 * sb2_1_0 - 0.21128856368212917 * ra3_6 * sb2_1_0
                 )
                 acc4_4 = acc4_4 + (t[:, :, None] * wr20_0).sum(1)
-            out_3[tile_b, 0, tile_c] = acc3_0
-            out_3[tile_b, 1, tile_c] = acc3_1
-            out_3[tile_b, 2, tile_c] = acc3_2
-            out_3[tile_b, 3, tile_c] = acc3_3
-            out_3[tile_b, 4, tile_c] = acc3_4
-            out_4[tile_b, 0, tile_c] = acc4_0
-            out_4[tile_b, 1, tile_c] = acc4_1
-            out_4[tile_b, 2, tile_c] = acc4_2
-            out_4[tile_b, 3, tile_c] = acc4_3
-            out_4[tile_b, 4, tile_c] = acc4_4
+            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_0)), hl.join(hl.join(acc3_1, acc3_0), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -760,12 +748,16 @@ def tp_bwd_x1_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr21_0).sum(2)
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2_0, rg2_2 = hl.split(rg2te)
+                rg2_1, rg2_3 = hl.split(rg2to)
                 # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
                 wr1_0 = w1[tile_c, 0, tile_r][None, :, :]
                 t = (
@@ -943,16 +935,24 @@ def tp_bwd_x1_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr22_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg3_3 = g_3[tile_b, 3, tile_r]
-                rg3_4 = g_3[tile_b, 4, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
-                rg4_3 = g_4[tile_b, 3, tile_r]
-                rg4_4 = g_4[tile_b, 4, tile_r]
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4tee, rg4teo = hl.split(rg4te)
+                rg4_0, rg4_4 = hl.split(rg4tee)
+                rg4_2, rg4_6 = hl.split(rg4teo)
+                rg4toe, rg4too = hl.split(rg4to)
+                rg4_1, rg4_5 = hl.split(rg4toe)
+                rg4_3, rg4_7 = hl.split(rg4too)
                 # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
                 wr2_0 = w2[tile_c, 0, tile_r][None, :, :]
                 t = (
@@ -1371,12 +1371,16 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr21_0).sum(2)
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
-                rg1_0 = g_1[tile_b, 0, tile_r]
-                rg1_1 = g_1[tile_b, 1, tile_r]
-                rg1_2 = g_1[tile_b, 2, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg2_1 = g_2[tile_b, 1, tile_r]
-                rg2_2 = g_2[tile_b, 2, tile_r]
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2_0, rg2_2 = hl.split(rg2te)
+                rg2_1, rg2_3 = hl.split(rg2to)
                 # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
                 wr3_0 = w3[0, tile_c, tile_r][None, :, :]
                 t = (
@@ -1554,16 +1558,24 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr22_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg3_1 = g_3[tile_b, 1, tile_r]
-                rg3_2 = g_3[tile_b, 2, tile_r]
-                rg3_3 = g_3[tile_b, 3, tile_r]
-                rg3_4 = g_3[tile_b, 4, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg4_1 = g_4[tile_b, 1, tile_r]
-                rg4_2 = g_4[tile_b, 2, tile_r]
-                rg4_3 = g_4[tile_b, 3, tile_r]
-                rg4_4 = g_4[tile_b, 4, tile_r]
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4tee, rg4teo = hl.split(rg4te)
+                rg4_0, rg4_4 = hl.split(rg4tee)
+                rg4_2, rg4_6 = hl.split(rg4teo)
+                rg4toe, rg4too = hl.split(rg4to)
+                rg4_1, rg4_5 = hl.split(rg4toe)
+                rg4_3, rg4_7 = hl.split(rg4too)
                 # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
                 wr10_0 = w10[0, tile_c, tile_r][None, :, :]
                 t = (
@@ -1989,12 +2001,12 @@ def tp_bwd_w_0(
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
-                    g1_0 = hl.load(g_1, [rows, 0, tile_c], extra_mask=okc)
-                    g1_1 = hl.load(g_1, [rows, 1, tile_c], extra_mask=okc)
-                    g1_2 = hl.load(g_1, [rows, 2, tile_c], extra_mask=okc)
-                    g2_0 = hl.load(g_2, [rows, 0, tile_c], extra_mask=okc)
-                    g2_1 = hl.load(g_2, [rows, 1, tile_c], extra_mask=okc)
-                    g2_2 = hl.load(g_2, [rows, 2, tile_c], extra_mask=okc)
+                    g1_0 = hl.load(g_1, [rows, tile_c, 0], extra_mask=okc)
+                    g1_1 = hl.load(g_1, [rows, tile_c, 1], extra_mask=okc)
+                    g1_2 = hl.load(g_1, [rows, tile_c, 2], extra_mask=okc)
+                    g2_0 = hl.load(g_2, [rows, tile_c, 0], extra_mask=okc)
+                    g2_1 = hl.load(g_2, [rows, tile_c, 1], extra_mask=okc)
+                    g2_2 = hl.load(g_2, [rows, tile_c, 2], extra_mask=okc)
                     ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
                     ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
                     ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
@@ -2199,16 +2211,16 @@ def tp_bwd_w_0(
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
-                    g3_0 = hl.load(g_3, [rows, 0, tile_c], extra_mask=okc)
-                    g3_1 = hl.load(g_3, [rows, 1, tile_c], extra_mask=okc)
-                    g3_2 = hl.load(g_3, [rows, 2, tile_c], extra_mask=okc)
-                    g3_3 = hl.load(g_3, [rows, 3, tile_c], extra_mask=okc)
-                    g3_4 = hl.load(g_3, [rows, 4, tile_c], extra_mask=okc)
-                    g4_0 = hl.load(g_4, [rows, 0, tile_c], extra_mask=okc)
-                    g4_1 = hl.load(g_4, [rows, 1, tile_c], extra_mask=okc)
-                    g4_2 = hl.load(g_4, [rows, 2, tile_c], extra_mask=okc)
-                    g4_3 = hl.load(g_4, [rows, 3, tile_c], extra_mask=okc)
-                    g4_4 = hl.load(g_4, [rows, 4, tile_c], extra_mask=okc)
+                    g3_0 = hl.load(g_3, [rows, tile_c, 0], extra_mask=okc)
+                    g3_1 = hl.load(g_3, [rows, tile_c, 1], extra_mask=okc)
+                    g3_2 = hl.load(g_3, [rows, tile_c, 2], extra_mask=okc)
+                    g3_3 = hl.load(g_3, [rows, tile_c, 3], extra_mask=okc)
+                    g3_4 = hl.load(g_3, [rows, tile_c, 4], extra_mask=okc)
+                    g4_0 = hl.load(g_4, [rows, tile_c, 0], extra_mask=okc)
+                    g4_1 = hl.load(g_4, [rows, tile_c, 1], extra_mask=okc)
+                    g4_2 = hl.load(g_4, [rows, tile_c, 2], extra_mask=okc)
+                    g4_3 = hl.load(g_4, [rows, tile_c, 3], extra_mask=okc)
+                    g4_4 = hl.load(g_4, [rows, tile_c, 4], extra_mask=okc)
                     ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
                     ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
                     ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
