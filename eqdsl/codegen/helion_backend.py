@@ -28,11 +28,11 @@ and ``b`` of a path, the channel letters of the mode decide the loop structure::
     for tile_b in hl.tile(batch):                      # the grid: batch tiles
         <per-batch scalars>                             # operands unrolled over channels
         for tile_c in hl.tile(M):                      # one loop per output multiplicity M
-            <channel-tiled loads>                       # each input component used, once
+            <channel-tiled loads>                       # each input tile loaded once, at its first use
             acc = acc + W * (c * a * b + ...)           # a, b indexed by o's channel (or one
                                                         # of them unrolled over its channels)
             for tile_r in hl.tile(M_r):                # a, b not indexed by o's channel:
-                <reduction loads>                       # reduce over one, unroll the other
+                <reduction loads>                       # reduce over one, unroll the other (first use)
                 t = (c * a * b + ...)                   # (uvw, or both share one channel:
                 acc = acc + (t * W[.., tile_r, .., tile_c]).sum(r)   # uvu dx2, uvv dx1)
             out[tile_b, k, tile_c] = acc                # each output component written once
@@ -435,15 +435,17 @@ class _BlockKernel:
         self.params[bo].add(bi)
         if p.has_weight:
             self.params["w"].add(p.index)
-        loads = g["loads"]
+        loaded = g.setdefault("loaded", set())
 
         def tiled(op: str, blk: int, m: int) -> str:
+            # loaded where first used, not hoisted: fewer tiles live at once (registers)
             name = f"{_LOCAL[op]}{blk}_{m}"
             b = _blocks(ir, op)[blk]
             if _is_native(self.native, b):
-                loads.setdefault(f"{_LOCAL[op]}{blk}", _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c"))
+                _once(loaded, updates, f"{_LOCAL[op]}{blk}",
+                      _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c"))
             else:
-                loads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]")
+                _once(loaded, updates, name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]"])
             return name
 
         def scalar(op: str, blk: int, m: int, ch: int) -> str:
@@ -492,16 +494,17 @@ class _BlockKernel:
                     "updates": [],
                 },
             )
-            rloads = red["loads"]
+            rloaded = red.setdefault("loaded", set())
+            rlines = red["updates"]
 
             def rtiled(op: str, blk: int, m: int) -> str:
                 name = f"r{_LOCAL[op]}{blk}_{m}"
                 b = _blocks(ir, op)[blk]
                 if _is_native(self.native, b):
                     local = f"r{_LOCAL[op]}{blk}"
-                    rloads.setdefault(local, _native_load(f"{_IN_PARAM[op]}{blk}", local, b.dim, "tile_r"))
+                    _once(rloaded, rlines, local, _native_load(f"{_IN_PARAM[op]}{blk}", local, b.dim, "tile_r"))
                 else:
-                    rloads.setdefault(name, f"{_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]")
+                    _once(rloaded, rlines, name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]"])
                 return name
 
             red["updates"].append(comment)
@@ -590,6 +593,13 @@ def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
     return f"acc{o}_{k} = acc{o}_{k} + {rhs}"
 
 
+def _once(done: set, lines: list[str], key: str, new: list[str]) -> None:
+    """Append ``new`` to ``lines`` the first time ``key`` is seen (a load at its first use)."""
+    if key not in done:
+        done.add(key)
+        lines.extend(new)
+
+
 def _is_native(native: bool, b: Block) -> bool:
     """Whether block ``b`` is accessed in ``mul_ir`` order in a native kernel (layouts differ)."""
     return native and b.mul > 1 and b.dim > 1
@@ -659,14 +669,14 @@ class _WeightKernel:
                 if kind == "s"
                 else f"hl.load({param}, [rows, {idx}], extra_mask=okc)"
             )
-            scope.setdefault(name, expr)
+            _once(scope.setdefault("loaded", set()), scope["updates"], name, [f"{name} = {expr}"])
         elif kind == "s":
             self.scalars.setdefault(name, f"{param}[tile_b, {idx}][:, None]")
-        elif native:
+        elif native:  # loaded where first used (fewer tiles live at once)
             local = name[: -len(f"_{m}")]
-            scope.setdefault(local, _native_load(param, local, b.dim, col))
+            _once(scope.setdefault("loaded", set()), scope["updates"], local, _native_load(param, local, b.dim, col))
         else:
-            scope.setdefault(name, f"{param}[tile_b, {idx}]")
+            _once(scope.setdefault("loaded", set()), scope["updates"], name, [f"{name} = {param}[tile_b, {idx}]"])
         return name
 
     def context(self, index: int, rows: int) -> dict:
@@ -745,13 +755,13 @@ class _WeightKernel:
                 parts = []
                 for kk, nzs in by_k.items():
                     if over_1:
-                        terms = [(c, [self._load(red["loads"], "x1", i1, i, "", "r"),
-                                      self._load(red["loads"], "x2", i2, j, str(ch), "s")]) for c, i, j in nzs]
+                        terms = [(c, [self._load(red, "x1", i1, i, "", "r"),
+                                      self._load(red, "x2", i2, j, str(ch), "s")]) for c, i, j in nzs]
                     else:
-                        terms = [(c, [self._load(red["loads"], "x1", i1, i, str(ch), "s"),
-                                      self._load(red["loads"], "x2", i2, j, "", "r")]) for c, i, j in nzs]
+                        terms = [(c, [self._load(red, "x1", i1, i, str(ch), "s"),
+                                      self._load(red, "x2", i2, j, "", "r")]) for c, i, j in nzs]
                     red["updates"].append(f"q{kk} = {_sum(terms)}")
-                    gk = self._load(red["loads"], "g", io, kk, "", "c")
+                    gk = self._load(red, "g", io, kk, "", "c")
                     parts.append(f"q{kk}[:, :, None] * {gk}[:, None, :]")
                 self._finish(red, p, wl, index, parts, bidx, "[tile_r, tile_c]")
             return
@@ -767,11 +777,11 @@ class _WeightKernel:
             for kk, nzs in by_k.items():
                 terms = []
                 for c, i, j in nzs:
-                    f1 = self._load(direct["loads"], "x1", i1, i, str(ch), "s" if unroll_op == "x1" else "c")
-                    f2 = self._load(direct["loads"], "x2", i2, j, str(ch), "s" if unroll_op == "x2" else "c")
+                    f1 = self._load(direct, "x1", i1, i, str(ch), "s" if unroll_op == "x1" else "c")
+                    f2 = self._load(direct, "x2", i2, j, str(ch), "s" if unroll_op == "x2" else "c")
                     terms.append((c, [f1, f2]))
                 direct["updates"].append(f"q{kk} = {_sum(terms)}")
-                parts.append(f"q{kk} * {self._load(direct['loads'], 'g', io, kk, '', 'c')}")
+                parts.append(f"q{kk} * {self._load(direct, 'g', io, kk, '', 'c')}")
             self._finish(direct, p, wl, index, parts, bidx, "[tile_c]")
 
     def _finish(self, scope: dict, p: PathIR, wl: str, index: dict, parts: list[str], bidx: str, shape: str) -> None:

@@ -77,17 +77,12 @@ def tp_fwd_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
-                ra1te, ra1to = hl.split(ra1t)
-                ra1_0, ra1_2 = hl.split(ra1te)
-                ra1_1, ra1_3 = hl.split(ra1to)
-                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
@@ -113,6 +108,11 @@ def tp_fwd_0(
                 )
                 acc0_2 = acc0_2 + (t[:, :, None] * wr3_0).sum(1)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 wr5_0 = w5[tile_b, tile_r, 0, tile_c]
                 t = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr5_0).sum(1)
@@ -155,9 +155,8 @@ def tp_fwd_0(
                 acc1_2 = acc1_2 + (t[:, :, None] * wr7_0).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
                 wr9_0 = w9[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr9_0).sum(1)
@@ -166,6 +165,7 @@ def tp_fwd_0(
                 t = (0.11322770341445958 * ra2_0 * sb1_2_0)
                 acc0_2 = acc0_2 + (t[:, :, None] * wr9_0).sum(1)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
                 wr11_0 = w11[tile_b, tile_r, 0, tile_c]
                 t = (0.11322770341445958 * ra3_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr11_0).sum(1)
@@ -182,17 +182,12 @@ def tp_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
-                ra1te, ra1to = hl.split(ra1t)
-                ra1_0, ra1_2 = hl.split(ra1te)
-                ra1_1, ra1_3 = hl.split(ra1to)
-                # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, 0, tile_c]
                 t = (
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
@@ -200,6 +195,11 @@ def tp_fwd_0(
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2_0).sum(1)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 wr6_0 = w6[tile_b, tile_r, 0, tile_c]
                 t = (
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
@@ -208,13 +208,13 @@ def tp_fwd_0(
                 acc3_0 = acc3_0 + (t[:, :, None] * wr6_0).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
                 wr8_0 = w8[tile_b, tile_r, 0, tile_c]
                 t = (0.13130643285972254 * ra2_0 * sb0_0_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr8_0).sum(1)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
                 wr10_0 = w10[tile_b, tile_r, 0, tile_c]
                 t = (0.13130643285972254 * ra3_0 * sb0_0_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr10_0).sum(1)
@@ -273,17 +273,12 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
                 rg0te, rg0to = hl.split(rg0t)
                 rg0_0, rg0_2 = hl.split(rg0te)
                 rg0_1, rg0_3 = hl.split(rg0to)
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_c, 0, tile_r]
                 t = (0.11322770341445958 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
@@ -292,6 +287,11 @@ def tp_bwd_x1_0(
                 t = (0.11322770341445958 * rg0_2 * sb0_0_0)
                 acc0_2 = acc0_2 + (t[:, None, :] * wr0_0).sum(2)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr1_0 = w1[tile_b, tile_c, 0, tile_r]
                 t = (-0.08006407690254357 * rg1_1 * sb1_2_0 + 0.08006407690254357 * rg1_2 * sb1_1_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr1_0).sum(2)
@@ -351,9 +351,8 @@ def tp_bwd_x1_0(
                 acc1_2 = acc1_2 + (t[:, None, :] * wr7_0).sum(2)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                rg2_0 = g_2[tile_b, 0, tile_r]
                 wr2_0 = w2[tile_b, tile_c, 0, tile_r]
                 t = (0.07580980435789032 * rg2_0 * sb1_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr2_0).sum(2)
@@ -362,6 +361,7 @@ def tp_bwd_x1_0(
                 t = (0.07580980435789032 * rg2_0 * sb1_2_0)
                 acc0_2 = acc0_2 + (t[:, None, :] * wr2_0).sum(2)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                rg3_0 = g_3[tile_b, 0, tile_r]
                 wr6_0 = w6[tile_b, tile_c, 0, tile_r]
                 t = (0.07580980435789032 * rg3_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
@@ -378,29 +378,24 @@ def tp_bwd_x1_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                rg2_0 = g_2[tile_b, 0, tile_r]
                 wr8_0 = w8[tile_b, tile_c, 0, tile_r]
                 t = (0.13130643285972254 * rg2_0 * sb0_0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr8_0).sum(2)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                rg3_0 = g_3[tile_b, 0, tile_r]
                 wr10_0 = w10[tile_b, tile_c, 0, tile_r]
                 t = (0.13130643285972254 * rg3_0 * sb0_0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr10_0).sum(2)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
                 rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
                 rg0te, rg0to = hl.split(rg0t)
                 rg0_0, rg0_2 = hl.split(rg0te)
                 rg0_1, rg0_3 = hl.split(rg0to)
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
                 wr9_0 = w9[tile_b, tile_c, 0, tile_r]
                 t = (
                     0.11322770341445958 * rg0_0 * sb1_0_0 + 0.11322770341445958 * rg0_1 * sb1_1_0
@@ -408,6 +403,11 @@ def tp_bwd_x1_0(
                 )
                 acc2_0 = acc2_0 + (t[:, None, :] * wr9_0).sum(2)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr11_0 = w11[tile_b, tile_c, 0, tile_r]
                 t = (
                     0.11322770341445958 * rg1_0 * sb1_0_0 + 0.11322770341445958 * rg1_1 * sb1_1_0
@@ -680,17 +680,12 @@ def tp_bwd_x2_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
-                ra1te, ra1to = hl.split(ra1t)
-                ra1_0, ra1_2 = hl.split(ra1te)
-                ra1_1, ra1_3 = hl.split(ra1to)
-                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 wr0_0 = w0[tile_b, tile_r, tile_c, 0]
                 t = (
                     0.11322770341445958 * ra0_0 * sg0_0_0 + 0.11322770341445958 * ra0_1 * sg0_1_0
@@ -752,6 +747,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_9).sum(1)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 wr4_0 = w4[tile_b, tile_r, tile_c, 0]
                 t = (
                     0.11322770341445958 * ra1_0 * sg1_0_0 + 0.11322770341445958 * ra1_1 * sg1_1_0
@@ -1238,11 +1238,8 @@ def tp_bwd_x2_0(
                 acc2_4 = acc2_4 + (t[:, :, None] * wr7_9).sum(1)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
                 wr8_0 = w8[tile_b, tile_r, tile_c, 0]
                 t = (0.13130643285972254 * ra2_0 * sg2_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr8_0).sum(1)
@@ -1388,6 +1385,7 @@ def tp_bwd_x2_0(
                 t = (0.13130643285972254 * ra2_0 * sg2_0_47)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr8_47).sum(1)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
                 wr10_0 = w10[tile_b, tile_r, tile_c, 0]
                 t = (0.13130643285972254 * ra3_0 * sg3_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr10_0).sum(1)
@@ -1533,6 +1531,7 @@ def tp_bwd_x2_0(
                 t = (0.13130643285972254 * ra3_0 * sg3_0_47)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr10_47).sum(1)
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                rg2_0 = g_2[tile_b, 0, tile_r]
                 wr2_0 = w2[tile_b, 0, tile_c, tile_r]
                 t = (0.07580980435789032 * sa0_0_0 * rg2_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr2_0).sum(2)
@@ -1604,6 +1603,7 @@ def tp_bwd_x2_0(
                 t = (0.07580980435789032 * sa0_2_9 * rg2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr2_9).sum(2)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                rg3_0 = g_3[tile_b, 0, tile_r]
                 wr6_0 = w6[tile_b, 0, tile_c, tile_r]
                 t = (0.07580980435789032 * sa1_0_0 * rg3_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
@@ -1870,28 +1870,18 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(10, block_size=16):
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g0t = g0.reshape([tile_b, tile_c, 2, 2])
-                g0te, g0to = hl.split(g0t)
-                g0_0, g0_2 = hl.split(g0te)
-                g0_1, g0_3 = hl.split(g0to)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
+                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
-                ra1te, ra1to = hl.split(ra1t)
-                ra1_0, ra1_2 = hl.split(ra1te)
-                ra1_1, ra1_3 = hl.split(ra1to)
-                # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 q0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
+                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g0t = g0.reshape([tile_b, tile_c, 2, 2])
+                g0te, g0to = hl.split(g0t)
+                g0_0, g0_2 = hl.split(g0te)
+                g0_1, g0_3 = hl.split(g0to)
                 q1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
                 q2 = (0.11322770341445958 * ra0_2 * sb0_0_0)
                 gw0[tile_b, tile_r, 0, tile_c] = (
@@ -1900,6 +1890,11 @@ def tp_bwd_w_0(
                 )
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
                 q0 = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 q1 = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
                 q2 = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
@@ -1924,6 +1919,11 @@ def tp_bwd_w_0(
                     + q2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
+                ra1te, ra1to = hl.split(ra1t)
+                ra1_0, ra1_2 = hl.split(ra1te)
+                ra1_1, ra1_3 = hl.split(ra1to)
                 q0 = (0.11322770341445958 * ra1_0 * sb0_0_0)
                 q1 = (0.11322770341445958 * ra1_1 * sb0_0_0)
                 q2 = (0.11322770341445958 * ra1_2 * sb0_0_0)
@@ -1958,20 +1958,14 @@ def tp_bwd_w_0(
                 )
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
+                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
+                q0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 g0t = g0.reshape([tile_b, tile_c, 2, 2])
                 g0te, g0to = hl.split(g0t)
                 g0_0, g0_2 = hl.split(g0te)
                 g0_1, g0_3 = hl.split(g0to)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                q0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 q1 = (0.11322770341445958 * ra2_0 * sb1_1_0)
                 q2 = (0.11322770341445958 * ra2_0 * sb1_2_0)
                 gw9[tile_b, tile_r, 0, tile_c] = (
@@ -1979,7 +1973,13 @@ def tp_bwd_w_0(
                     + q2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
                 q0 = (0.11322770341445958 * ra3_0 * sb1_0_0)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 q1 = (0.11322770341445958 * ra3_0 * sb1_1_0)
                 q2 = (0.11322770341445958 * ra3_0 * sb1_2_0)
                 gw11[tile_b, tile_r, 0, tile_c] = (
@@ -1989,39 +1989,39 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(48, block_size=32):
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                g2_0 = g_2[tile_b, 0, tile_c]
-                g3_0 = g_3[tile_b, 0, tile_c]
+                # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
+                q0 = (
+                    0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
+                    + 0.07580980435789032 * ra0_2 * sb1_2_0
+                )
+                g2_0 = g_2[tile_b, 0, tile_c]
+                gw2[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
+                # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
-                q0 = (
-                    0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
-                    + 0.07580980435789032 * ra0_2 * sb1_2_0
-                )
-                gw2[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
-                # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
                 q0 = (
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
                 )
+                g3_0 = g_3[tile_b, 0, tile_c]
                 gw6[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                g2_0 = g_2[tile_b, 0, tile_c]
-                g3_0 = g_3[tile_b, 0, tile_c]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
                 q0 = (0.13130643285972254 * ra2_0 * sb0_0_0)
+                g2_0 = g_2[tile_b, 0, tile_c]
                 gw8[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
                 q0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
+                g3_0 = g_3[tile_b, 0, tile_c]
                 gw10[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])

@@ -53,19 +53,19 @@ def tp_fwd_0(
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr0_0 = w0[tile_b, tile_r, 0, tile_c]
                 t = (0.11180339887498948 * ra0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 wr3_0 = w3[tile_b, tile_r, 0, tile_c]
                 t = (
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
@@ -80,8 +80,8 @@ def tp_fwd_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr1_0 = w1[tile_b, tile_r, 0, tile_c]
                 t = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
@@ -91,12 +91,12 @@ def tp_fwd_0(
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, 0, tile_c]
                 t = (0.11180339887498948 * ra1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr2_0).sum(1)
@@ -134,19 +134,19 @@ def tp_bwd_x1_0(
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
+                rg0_0 = g_0[tile_b, 0, tile_r]
                 wr0_0 = w0[tile_b, tile_c, 0, tile_r]
                 t = (0.11180339887498948 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
                 wr1_0 = w1[tile_b, tile_c, 0, tile_r]
                 t = (
                     0.11180339887498948 * rg1_0 * sb1_0_0 + 0.11180339887498948 * rg1_1 * sb1_1_0
@@ -161,12 +161,12 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_c, 0, tile_r]
                 t = (0.11180339887498948 * rg1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr2_0).sum(2)
@@ -176,8 +176,8 @@ def tp_bwd_x1_0(
                 acc1_2 = acc1_2 + (t[:, None, :] * wr2_0).sum(2)
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
+                rg0_0 = g_0[tile_b, 0, tile_r]
                 wr3_0 = w3[tile_b, tile_c, 0, tile_r]
                 t = (0.06454972243679027 * rg0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr3_0).sum(2)
@@ -375,8 +375,8 @@ def tp_bwd_x2_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
+                rg0_0 = g_0[tile_b, 0, tile_r]
                 wr0_0 = w0[tile_b, 0, tile_c, tile_r]
                 t = (0.11180339887498948 * sa0_0_0 * rg0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
@@ -684,12 +684,12 @@ def tp_bwd_x2_0(
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_15).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 wr2_0 = w2[tile_b, tile_r, tile_c, 0]
                 t = (
                     0.11180339887498948 * ra1_0 * sg1_0_0 + 0.11180339887498948 * ra1_1 * sg1_1_0
@@ -788,8 +788,8 @@ def tp_bwd_x2_0(
                 acc0_0 = acc0_0 + (t[:, :, None] * wr2_15).sum(1)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr1_0 = w1[tile_b, tile_r, tile_c, 0]
                 t = (0.11180339887498948 * ra0_0 * sg1_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
@@ -933,36 +933,36 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(80, block_size=32):
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
-                ra0_0 = x1_0[tile_b, 0, tile_r]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 q0 = (0.11180339887498948 * ra0_0 * sb0_0_0)
+                g0_0 = g_0[tile_b, 0, tile_c]
                 gw0[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
+                # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 q0 = (
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
                     + 0.06454972243679027 * ra1_2 * sb1_2_0
                 )
+                g0_0 = g_0[tile_b, 0, tile_c]
                 gw3[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
         for tile_c in hl.tile(16, block_size=16):
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
+                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
+                q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 g1t = g1.reshape([tile_b, tile_c, 2, 2])
                 g1te, g1to = hl.split(g1t)
                 g1_0, g1_2 = hl.split(g1te)
                 g1_1, g1_3 = hl.split(g1to)
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 q1 = (0.11180339887498948 * ra0_0 * sb1_1_0)
                 q2 = (0.11180339887498948 * ra0_0 * sb1_2_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
@@ -971,18 +971,18 @@ def tp_bwd_w_0(
                 )
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
+                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 q0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 q1 = (0.11180339887498948 * ra1_1 * sb0_0_0)
                 q2 = (0.11180339887498948 * ra1_2 * sb0_0_0)
                 gw2[tile_b, tile_r, 0, tile_c] = (

@@ -93,19 +93,11 @@ def conv_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a1_1 = x1_1[s_idx, 1, tile_c]
-            a1_2 = x1_1[s_idx, 2, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a2_3 = x1_2[s_idx, 3, tile_c]
-            a2_4 = x1_2[s_idx, 4, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[s_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
             # g block 1: 128x1o (1 path)
@@ -168,8 +160,11 @@ def conv_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            a1_0 = x1_1[s_idx, 0, tile_c]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+            a1_1 = x1_1[s_idx, 1, tile_c]
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+            a1_2 = x1_1[s_idx, 2, tile_c]
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
             hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
             hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
@@ -307,10 +302,15 @@ def conv_fwd_0(
             acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            a2_0 = x1_2[s_idx, 0, tile_c]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
+            a2_1 = x1_2[s_idx, 1, tile_c]
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
+            a2_2 = x1_2[s_idx, 2, tile_c]
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
+            a2_3 = x1_2[s_idx, 3, tile_c]
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
+            a2_4 = x1_2[s_idx, 4, tile_c]
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
             hl.atomic_add(out_10, [d_idx, 0, tile_c], acc10_0)
             hl.atomic_add(out_10, [d_idx, 1, tile_c], acc10_1)
@@ -575,90 +575,28 @@ def conv_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
-            g3_3 = g_3[d_idx, 3, tile_c]
-            g3_4 = g_3[d_idx, 4, tile_c]
-            g3_5 = g_3[d_idx, 5, tile_c]
-            g3_6 = g_3[d_idx, 6, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g6_3 = g_6[d_idx, 3, tile_c]
-            g6_4 = g_6[d_idx, 4, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g7_1 = g_7[d_idx, 1, tile_c]
-            g7_2 = g_7[d_idx, 2, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
-            g8_3 = g_8[d_idx, 3, tile_c]
-            g8_4 = g_8[d_idx, 4, tile_c]
-            g8_5 = g_8[d_idx, 5, tile_c]
-            g8_6 = g_8[d_idx, 6, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_3 = g_9[d_idx, 3, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
-            g10_0 = g_10[d_idx, 0, tile_c]
-            g10_1 = g_10[d_idx, 1, tile_c]
-            g10_2 = g_10[d_idx, 2, tile_c]
-            g10_3 = g_10[d_idx, 3, tile_c]
-            g10_4 = g_10[d_idx, 4, tile_c]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_1 = g_11[d_idx, 1, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
-            g12_0 = g_12[d_idx, 0, tile_c]
-            g12_1 = g_12[d_idx, 1, tile_c]
-            g12_2 = g_12[d_idx, 2, tile_c]
-            g12_3 = g_12[d_idx, 3, tile_c]
-            g12_4 = g_12[d_idx, 4, tile_c]
-            g12_5 = g_12[d_idx, 5, tile_c]
-            g12_6 = g_12[d_idx, 6, tile_c]
-            g13_0 = g_13[d_idx, 0, tile_c]
-            g14_0 = g_14[d_idx, 0, tile_c]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
-            g14_3 = g_14[d_idx, 3, tile_c]
-            g14_4 = g_14[d_idx, 4, tile_c]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
-            g16_3 = g_16[d_idx, 3, tile_c]
-            g16_4 = g_16[d_idx, 4, tile_c]
-            g16_5 = g_16[d_idx, 5, tile_c]
-            g16_6 = g_16[d_idx, 6, tile_c]
             # x1 block 0: 128x0e (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            g0_0 = g_0[d_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             wt1_0 = w1[tile_b, tile_c, 0]
+            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_2 = g_1[d_idx, 2, tile_c]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
+            g2_0 = g_2[d_idx, 0, tile_c]
+            g2_1 = g_2[d_idx, 1, tile_c]
+            g2_2 = g_2[d_idx, 2, tile_c]
+            g2_3 = g_2[d_idx, 3, tile_c]
+            g2_4 = g_2[d_idx, 4, tile_c]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
@@ -666,6 +604,13 @@ def conv_bwd_x1_0(
             )
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            g3_0 = g_3[d_idx, 0, tile_c]
+            g3_1 = g_3[d_idx, 1, tile_c]
+            g3_2 = g_3[d_idx, 2, tile_c]
+            g3_3 = g_3[d_idx, 3, tile_c]
+            g3_4 = g_3[d_idx, 4, tile_c]
+            g3_5 = g_3[d_idx, 5, tile_c]
+            g3_6 = g_3[d_idx, 6, tile_c]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
@@ -679,20 +624,29 @@ def conv_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4_0 = g_4[d_idx, 0, tile_c]
             acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+            g4_1 = g_4[d_idx, 1, tile_c]
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+            g4_2 = g_4[d_idx, 2, tile_c]
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5_0 = g_5[d_idx, 0, tile_c]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6_0 = g_6[d_idx, 0, tile_c]
+            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_2 = g_6[d_idx, 2, tile_c]
+            g6_4 = g_6[d_idx, 4, tile_c]
             acc1_0 = acc1_0 + wt6_0 * (
                 0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
                 - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
             )
+            g6_3 = g_6[d_idx, 3, tile_c]
             acc1_1 = acc1_1 + wt6_0 * (
                 0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
                 + 0.7071067811865476 * g6_3 * sb1_2_0
@@ -703,6 +657,9 @@ def conv_bwd_x1_0(
             )
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7_0 = g_7[d_idx, 0, tile_c]
+            g7_1 = g_7[d_idx, 1, tile_c]
+            g7_2 = g_7[d_idx, 2, tile_c]
             acc1_0 = acc1_0 + wt7_0 * (
                 -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
                 + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
@@ -717,6 +674,13 @@ def conv_bwd_x1_0(
             )
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8_0 = g_8[d_idx, 0, tile_c]
+            g8_1 = g_8[d_idx, 1, tile_c]
+            g8_2 = g_8[d_idx, 2, tile_c]
+            g8_3 = g_8[d_idx, 3, tile_c]
+            g8_4 = g_8[d_idx, 4, tile_c]
+            g8_5 = g_8[d_idx, 5, tile_c]
+            g8_6 = g_8[d_idx, 6, tile_c]
             acc1_0 = acc1_0 + wt8_0 * (
                 0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
                 + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
@@ -736,6 +700,11 @@ def conv_bwd_x1_0(
             )
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_2 = g_9[d_idx, 2, tile_c]
+            g9_3 = g_9[d_idx, 3, tile_c]
+            g9_4 = g_9[d_idx, 4, tile_c]
             acc1_0 = acc1_0 + wt9_0 * (
                 -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
                 - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
@@ -764,14 +733,22 @@ def conv_bwd_x1_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10_0 = g_10[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
+            g10_1 = g_10[d_idx, 1, tile_c]
             acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
+            g10_2 = g_10[d_idx, 2, tile_c]
             acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
+            g10_3 = g_10[d_idx, 3, tile_c]
             acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
+            g10_4 = g_10[d_idx, 4, tile_c]
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11_0 = g_11[d_idx, 0, tile_c]
+            g11_2 = g_11[d_idx, 2, tile_c]
             acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
+            g11_1 = g_11[d_idx, 1, tile_c]
             acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
             acc2_2 = acc2_2 + wt11_0 * (
                 -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
@@ -781,11 +758,18 @@ def conv_bwd_x1_0(
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12_0 = g_12[d_idx, 0, tile_c]
+            g12_1 = g_12[d_idx, 1, tile_c]
+            g12_2 = g_12[d_idx, 2, tile_c]
+            g12_4 = g_12[d_idx, 4, tile_c]
+            g12_6 = g_12[d_idx, 6, tile_c]
             acc2_0 = acc2_0 + wt12_0 * (
                 0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
                 - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
                 - 0.7071067811865476 * g12_6 * sb1_0_0
             )
+            g12_3 = g_12[d_idx, 3, tile_c]
+            g12_5 = g_12[d_idx, 5, tile_c]
             acc2_1 = acc2_1 + wt12_0 * (
                 0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
                 - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
@@ -805,6 +789,7 @@ def conv_bwd_x1_0(
             )
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13_0 = g_13[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
@@ -812,10 +797,15 @@ def conv_bwd_x1_0(
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14_0 = g_14[d_idx, 0, tile_c]
+            g14_1 = g_14[d_idx, 1, tile_c]
+            g14_2 = g_14[d_idx, 2, tile_c]
+            g14_3 = g_14[d_idx, 3, tile_c]
             acc2_0 = acc2_0 + wt14_0 * (
                 -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
                 - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
             )
+            g14_4 = g_14[d_idx, 4, tile_c]
             acc2_1 = acc2_1 + wt14_0 * (
                 0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
                 - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
@@ -837,6 +827,9 @@ def conv_bwd_x1_0(
             )
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15_0 = g_15[d_idx, 0, tile_c]
+            g15_1 = g_15[d_idx, 1, tile_c]
+            g15_2 = g_15[d_idx, 2, tile_c]
             acc2_0 = acc2_0 + wt15_0 * (
                 -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
                 + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
@@ -861,12 +854,19 @@ def conv_bwd_x1_0(
             )
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16_0 = g_16[d_idx, 0, tile_c]
+            g16_1 = g_16[d_idx, 1, tile_c]
+            g16_2 = g_16[d_idx, 2, tile_c]
+            g16_3 = g_16[d_idx, 3, tile_c]
+            g16_4 = g_16[d_idx, 4, tile_c]
+            g16_6 = g_16[d_idx, 6, tile_c]
             acc2_0 = acc2_0 + wt16_0 * (
                 -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
                 + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
                 - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
                 + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
             )
+            g16_5 = g_16[d_idx, 5, tile_c]
             acc2_1 = acc2_1 + wt16_0 * (
                 0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
                 - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
@@ -975,91 +975,19 @@ def conv_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
-                ra0_0 = x1_0[s_idx, 0, tile_r]
-                ra1_0 = x1_1[s_idx, 0, tile_r]
-                ra1_1 = x1_1[s_idx, 1, tile_r]
-                ra1_2 = x1_1[s_idx, 2, tile_r]
-                ra2_0 = x1_2[s_idx, 0, tile_r]
-                ra2_1 = x1_2[s_idx, 1, tile_r]
-                ra2_2 = x1_2[s_idx, 2, tile_r]
-                ra2_3 = x1_2[s_idx, 3, tile_r]
-                ra2_4 = x1_2[s_idx, 4, tile_r]
-                rg0_0 = g_0[d_idx, 0, tile_r]
-                rg1_0 = g_1[d_idx, 0, tile_r]
-                rg1_1 = g_1[d_idx, 1, tile_r]
-                rg1_2 = g_1[d_idx, 2, tile_r]
-                rg2_0 = g_2[d_idx, 0, tile_r]
-                rg2_1 = g_2[d_idx, 1, tile_r]
-                rg2_2 = g_2[d_idx, 2, tile_r]
-                rg2_3 = g_2[d_idx, 3, tile_r]
-                rg2_4 = g_2[d_idx, 4, tile_r]
-                rg3_0 = g_3[d_idx, 0, tile_r]
-                rg3_1 = g_3[d_idx, 1, tile_r]
-                rg3_2 = g_3[d_idx, 2, tile_r]
-                rg3_3 = g_3[d_idx, 3, tile_r]
-                rg3_4 = g_3[d_idx, 4, tile_r]
-                rg3_5 = g_3[d_idx, 5, tile_r]
-                rg3_6 = g_3[d_idx, 6, tile_r]
-                rg4_0 = g_4[d_idx, 0, tile_r]
-                rg4_1 = g_4[d_idx, 1, tile_r]
-                rg4_2 = g_4[d_idx, 2, tile_r]
-                rg5_0 = g_5[d_idx, 0, tile_r]
-                rg6_0 = g_6[d_idx, 0, tile_r]
-                rg6_1 = g_6[d_idx, 1, tile_r]
-                rg6_2 = g_6[d_idx, 2, tile_r]
-                rg6_3 = g_6[d_idx, 3, tile_r]
-                rg6_4 = g_6[d_idx, 4, tile_r]
-                rg7_0 = g_7[d_idx, 0, tile_r]
-                rg7_1 = g_7[d_idx, 1, tile_r]
-                rg7_2 = g_7[d_idx, 2, tile_r]
-                rg8_0 = g_8[d_idx, 0, tile_r]
-                rg8_1 = g_8[d_idx, 1, tile_r]
-                rg8_2 = g_8[d_idx, 2, tile_r]
-                rg8_3 = g_8[d_idx, 3, tile_r]
-                rg8_4 = g_8[d_idx, 4, tile_r]
-                rg8_5 = g_8[d_idx, 5, tile_r]
-                rg8_6 = g_8[d_idx, 6, tile_r]
-                rg9_0 = g_9[d_idx, 0, tile_r]
-                rg9_1 = g_9[d_idx, 1, tile_r]
-                rg9_2 = g_9[d_idx, 2, tile_r]
-                rg9_3 = g_9[d_idx, 3, tile_r]
-                rg9_4 = g_9[d_idx, 4, tile_r]
-                rg10_0 = g_10[d_idx, 0, tile_r]
-                rg10_1 = g_10[d_idx, 1, tile_r]
-                rg10_2 = g_10[d_idx, 2, tile_r]
-                rg10_3 = g_10[d_idx, 3, tile_r]
-                rg10_4 = g_10[d_idx, 4, tile_r]
-                rg11_0 = g_11[d_idx, 0, tile_r]
-                rg11_1 = g_11[d_idx, 1, tile_r]
-                rg11_2 = g_11[d_idx, 2, tile_r]
-                rg12_0 = g_12[d_idx, 0, tile_r]
-                rg12_1 = g_12[d_idx, 1, tile_r]
-                rg12_2 = g_12[d_idx, 2, tile_r]
-                rg12_3 = g_12[d_idx, 3, tile_r]
-                rg12_4 = g_12[d_idx, 4, tile_r]
-                rg12_5 = g_12[d_idx, 5, tile_r]
-                rg12_6 = g_12[d_idx, 6, tile_r]
-                rg13_0 = g_13[d_idx, 0, tile_r]
-                rg14_0 = g_14[d_idx, 0, tile_r]
-                rg14_1 = g_14[d_idx, 1, tile_r]
-                rg14_2 = g_14[d_idx, 2, tile_r]
-                rg14_3 = g_14[d_idx, 3, tile_r]
-                rg14_4 = g_14[d_idx, 4, tile_r]
-                rg15_0 = g_15[d_idx, 0, tile_r]
-                rg15_1 = g_15[d_idx, 1, tile_r]
-                rg15_2 = g_15[d_idx, 2, tile_r]
-                rg16_0 = g_16[d_idx, 0, tile_r]
-                rg16_1 = g_16[d_idx, 1, tile_r]
-                rg16_2 = g_16[d_idx, 2, tile_r]
-                rg16_3 = g_16[d_idx, 3, tile_r]
-                rg16_4 = g_16[d_idx, 4, tile_r]
-                rg16_5 = g_16[d_idx, 5, tile_r]
-                rg16_6 = g_16[d_idx, 6, tile_r]
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+                ra0_0 = x1_0[s_idx, 0, tile_r]
+                rg0_0 = g_0[d_idx, 0, tile_r]
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+                ra1_0 = x1_1[s_idx, 0, tile_r]
+                rg4_0 = g_4[d_idx, 0, tile_r]
+                ra1_1 = x1_1[s_idx, 1, tile_r]
+                rg4_1 = g_4[d_idx, 1, tile_r]
+                ra1_2 = x1_1[s_idx, 2, tile_r]
+                rg4_2 = g_4[d_idx, 2, tile_r]
                 wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
@@ -1067,6 +995,16 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
                 # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+                ra2_0 = x1_2[s_idx, 0, tile_r]
+                rg10_0 = g_10[d_idx, 0, tile_r]
+                ra2_1 = x1_2[s_idx, 1, tile_r]
+                rg10_1 = g_10[d_idx, 1, tile_r]
+                ra2_2 = x1_2[s_idx, 2, tile_r]
+                rg10_2 = g_10[d_idx, 2, tile_r]
+                ra2_3 = x1_2[s_idx, 3, tile_r]
+                rg10_3 = g_10[d_idx, 3, tile_r]
+                ra2_4 = x1_2[s_idx, 4, tile_r]
+                rg10_4 = g_10[d_idx, 4, tile_r]
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     ra2_0 * rg10_0 + ra2_1 * rg10_1
@@ -1075,14 +1013,18 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+                rg1_0 = g_1[d_idx, 0, tile_r]
                 wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                rg1_1 = g_1[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                rg1_2 = g_1[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+                rg5_0 = g_5[d_idx, 0, tile_r]
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
@@ -1091,12 +1033,17 @@ def conv_bwd_x2_0(
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+                rg6_0 = g_6[d_idx, 0, tile_r]
+                rg6_1 = g_6[d_idx, 1, tile_r]
+                rg6_2 = g_6[d_idx, 2, tile_r]
+                rg6_4 = g_6[d_idx, 4, tile_r]
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
                 acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                rg6_3 = g_6[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
                     + 0.7071067811865476 * ra1_2 * rg6_3
@@ -1108,6 +1055,9 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
                 # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+                rg11_0 = g_11[d_idx, 0, tile_r]
+                rg11_1 = g_11[d_idx, 1, tile_r]
+                rg11_2 = g_11[d_idx, 2, tile_r]
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
@@ -1125,6 +1075,13 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
                 # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+                rg12_0 = g_12[d_idx, 0, tile_r]
+                rg12_1 = g_12[d_idx, 1, tile_r]
+                rg12_2 = g_12[d_idx, 2, tile_r]
+                rg12_3 = g_12[d_idx, 3, tile_r]
+                rg12_4 = g_12[d_idx, 4, tile_r]
+                rg12_5 = g_12[d_idx, 5, tile_r]
+                rg12_6 = g_12[d_idx, 6, tile_r]
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
@@ -1147,21 +1104,29 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr12).sum(1)
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+                rg2_0 = g_2[d_idx, 0, tile_r]
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                rg2_1 = g_2[d_idx, 1, tile_r]
                 t = (ra0_0 * rg2_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                rg2_2 = g_2[d_idx, 2, tile_r]
                 t = (ra0_0 * rg2_2)
                 acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                rg2_3 = g_2[d_idx, 3, tile_r]
                 t = (ra0_0 * rg2_3)
                 acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                rg2_4 = g_2[d_idx, 4, tile_r]
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+                rg7_0 = g_7[d_idx, 0, tile_r]
+                rg7_2 = g_7[d_idx, 2, tile_r]
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr7).sum(1)
+                rg7_1 = g_7[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr7).sum(1)
                 t = (
@@ -1174,6 +1139,11 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+                rg8_0 = g_8[d_idx, 0, tile_r]
+                rg8_1 = g_8[d_idx, 1, tile_r]
+                rg8_2 = g_8[d_idx, 2, tile_r]
+                rg8_4 = g_8[d_idx, 4, tile_r]
+                rg8_6 = g_8[d_idx, 6, tile_r]
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
@@ -1181,6 +1151,8 @@ def conv_bwd_x2_0(
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr8).sum(1)
+                rg8_3 = g_8[d_idx, 3, tile_r]
+                rg8_5 = g_8[d_idx, 5, tile_r]
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
                     - 0.4472135954999579 * ra1_0 * rg8_3 - 0.5773502691896258 * ra1_0 * rg8_5
@@ -1203,6 +1175,7 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
                 # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+                rg13_0 = g_13[d_idx, 0, tile_r]
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
@@ -1215,12 +1188,17 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+                rg14_0 = g_14[d_idx, 0, tile_r]
+                rg14_1 = g_14[d_idx, 1, tile_r]
+                rg14_2 = g_14[d_idx, 2, tile_r]
+                rg14_3 = g_14[d_idx, 3, tile_r]
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr14).sum(1)
+                rg14_4 = g_14[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
                     - 0.4629100498862757 * ra2_4 * rg14_1 + 0.2672612419124244 * ra2_1 * rg14_2
@@ -1245,30 +1223,42 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+                rg3_0 = g_3[d_idx, 0, tile_r]
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
+                rg3_1 = g_3[d_idx, 1, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
+                rg3_2 = g_3[d_idx, 2, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
                 acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
+                rg3_3 = g_3[d_idx, 3, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
                 acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
+                rg3_4 = g_3[d_idx, 4, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
                 acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
+                rg3_5 = g_3[d_idx, 5, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
                 acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
+                rg3_6 = g_3[d_idx, 6, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
                 # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+                rg9_0 = g_9[d_idx, 0, tile_r]
+                rg9_4 = g_9[d_idx, 4, tile_r]
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr9).sum(1)
+                rg9_1 = g_9[d_idx, 1, tile_r]
+                rg9_3 = g_9[d_idx, 3, tile_r]
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
                     + 0.48795003647426666 * ra1_0 * rg9_3
                 )
                 acc3_1 = acc3_1 + (t[:, :, None] * wr9).sum(1)
+                rg9_2 = g_9[d_idx, 2, tile_r]
                 t = (
                     -0.1543033499620919 * ra1_2 * rg9_0 + 0.6172133998483676 * ra1_1 * rg9_1
                     + 0.5345224838248488 * ra1_0 * rg9_2 + 0.1543033499620919 * ra1_0 * rg9_4
@@ -1292,9 +1282,12 @@ def conv_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
                 # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+                rg15_0 = g_15[d_idx, 0, tile_r]
+                rg15_2 = g_15[d_idx, 2, tile_r]
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
+                rg15_1 = g_15[d_idx, 1, tile_r]
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
                     + 0.3779644730092272 * ra2_1 * rg15_2
@@ -1323,6 +1316,11 @@ def conv_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+                rg16_0 = g_16[d_idx, 0, tile_r]
+                rg16_1 = g_16[d_idx, 1, tile_r]
+                rg16_2 = g_16[d_idx, 2, tile_r]
+                rg16_4 = g_16[d_idx, 4, tile_r]
+                rg16_5 = g_16[d_idx, 5, tile_r]
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
@@ -1330,6 +1328,8 @@ def conv_bwd_x2_0(
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
                 acc3_0 = acc3_0 + (t[:, :, None] * wr16).sum(1)
+                rg16_3 = g_16[d_idx, 3, tile_r]
+                rg16_6 = g_16[d_idx, 6, tile_r]
                 t = (
                     0.45643546458763845 * ra2_3 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_2
                     - 0.5773502691896258 * ra2_0 * rg16_3 + 0.3535533905932738 * ra2_1 * rg16_4
@@ -1456,109 +1456,46 @@ def conv_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a1_1 = x1_1[s_idx, 1, tile_c]
-            a1_2 = x1_1[s_idx, 2, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a2_3 = x1_2[s_idx, 3, tile_c]
-            a2_4 = x1_2[s_idx, 4, tile_c]
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
-            g3_3 = g_3[d_idx, 3, tile_c]
-            g3_4 = g_3[d_idx, 4, tile_c]
-            g3_5 = g_3[d_idx, 5, tile_c]
-            g3_6 = g_3[d_idx, 6, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g6_3 = g_6[d_idx, 3, tile_c]
-            g6_4 = g_6[d_idx, 4, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g7_1 = g_7[d_idx, 1, tile_c]
-            g7_2 = g_7[d_idx, 2, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
-            g8_3 = g_8[d_idx, 3, tile_c]
-            g8_4 = g_8[d_idx, 4, tile_c]
-            g8_5 = g_8[d_idx, 5, tile_c]
-            g8_6 = g_8[d_idx, 6, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_3 = g_9[d_idx, 3, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
-            g10_0 = g_10[d_idx, 0, tile_c]
-            g10_1 = g_10[d_idx, 1, tile_c]
-            g10_2 = g_10[d_idx, 2, tile_c]
-            g10_3 = g_10[d_idx, 3, tile_c]
-            g10_4 = g_10[d_idx, 4, tile_c]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_1 = g_11[d_idx, 1, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
-            g12_0 = g_12[d_idx, 0, tile_c]
-            g12_1 = g_12[d_idx, 1, tile_c]
-            g12_2 = g_12[d_idx, 2, tile_c]
-            g12_3 = g_12[d_idx, 3, tile_c]
-            g12_4 = g_12[d_idx, 4, tile_c]
-            g12_5 = g_12[d_idx, 5, tile_c]
-            g12_6 = g_12[d_idx, 6, tile_c]
-            g13_0 = g_13[d_idx, 0, tile_c]
-            g14_0 = g_14[d_idx, 0, tile_c]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
-            g14_3 = g_14[d_idx, 3, tile_c]
-            g14_4 = g_14[d_idx, 4, tile_c]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
-            g16_3 = g_16[d_idx, 3, tile_c]
-            g16_4 = g_16[d_idx, 4, tile_c]
-            g16_5 = g_16[d_idx, 5, tile_c]
-            g16_6 = g_16[d_idx, 6, tile_c]
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            a0_0 = x1_0[s_idx, 0, tile_c]
             q0 = (a0_0 * sb0_0_0)
+            g0_0 = g_0[d_idx, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+            g1_0 = g_1[d_idx, 0, tile_c]
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            g1_1 = g_1[d_idx, 1, tile_c]
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            g1_2 = g_1[d_idx, 2, tile_c]
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
+            g2_0 = g_2[d_idx, 0, tile_c]
             q1 = (a0_0 * sb2_1_0)
+            g2_1 = g_2[d_idx, 1, tile_c]
             q2 = (a0_0 * sb2_2_0)
+            g2_2 = g_2[d_idx, 2, tile_c]
             q3 = (a0_0 * sb2_3_0)
+            g2_3 = g_2[d_idx, 3, tile_c]
             q4 = (a0_0 * sb2_4_0)
+            g2_4 = g_2[d_idx, 4, tile_c]
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
+            g3_0 = g_3[d_idx, 0, tile_c]
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
+            g3_1 = g_3[d_idx, 1, tile_c]
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
+            g3_2 = g_3[d_idx, 2, tile_c]
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
+            g3_3 = g_3[d_idx, 3, tile_c]
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
+            g3_4 = g_3[d_idx, 4, tile_c]
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
+            g3_5 = g_3[d_idx, 5, tile_c]
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
+            g3_6 = g_3[d_idx, 6, tile_c]
             gw3[tile_b, tile_c, 0] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
@@ -1566,63 +1503,85 @@ def conv_bwd_w_0(
                 + q6 * g3_6
             )
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+            a1_0 = x1_1[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
+            g4_0 = g_4[d_idx, 0, tile_c]
+            a1_1 = x1_1[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+            g4_1 = g_4[d_idx, 1, tile_c]
+            a1_2 = x1_1[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+            g4_2 = g_4[d_idx, 2, tile_c]
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
+            g5_0 = g_5[d_idx, 0, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+            g6_0 = g_6[d_idx, 0, tile_c]
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+            g6_1 = g_6[d_idx, 1, tile_c]
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
                 - 0.408248290463863 * a1_2 * sb1_2_0
             )
+            g6_2 = g_6[d_idx, 2, tile_c]
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+            g6_3 = g_6[d_idx, 3, tile_c]
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+            g6_4 = g_6[d_idx, 4, tile_c]
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
+            g7_0 = g_7[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
             )
+            g7_1 = g_7[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
+            g7_2 = g_7[d_idx, 2, tile_c]
             gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+            g8_0 = g_8[d_idx, 0, tile_c]
             q1 = (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
                 + 0.5773502691896258 * a1_2 * sb2_1_0
             )
+            g8_1 = g_8[d_idx, 1, tile_c]
             q2 = (
                 0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
                 + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
             )
+            g8_2 = g_8[d_idx, 2, tile_c]
             q3 = (
                 -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
                 - 0.4472135954999579 * a1_2 * sb2_3_0
             )
+            g8_3 = g_8[d_idx, 3, tile_c]
             q4 = (
                 -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
                 + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
             )
+            g8_4 = g_8[d_idx, 4, tile_c]
             q5 = (
                 -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
+            g8_5 = g_8[d_idx, 5, tile_c]
             q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+            g8_6 = g_8[d_idx, 6, tile_c]
             gw8[tile_b, tile_c, 0] = (
                 q0 * g8_0 + q1 * g8_1
                 + q2 * g8_2 + q3 * g8_3
@@ -1635,68 +1594,93 @@ def conv_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
+            g9_0 = g_9[d_idx, 0, tile_c]
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
             )
+            g9_1 = g_9[d_idx, 1, tile_c]
             q2 = (
                 0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
                 + 0.5345224838248488 * a1_2 * sb3_4_0
             )
+            g9_2 = g_9[d_idx, 2, tile_c]
             q3 = (
                 0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
                 - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
             )
+            g9_3 = g_9[d_idx, 3, tile_c]
             q4 = (
                 0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
+            g9_4 = g_9[d_idx, 4, tile_c]
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+            a2_0 = x1_2[s_idx, 0, tile_c]
             q0 = (a2_0 * sb0_0_0)
+            g10_0 = g_10[d_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
             q1 = (a2_1 * sb0_0_0)
+            g10_1 = g_10[d_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
             q2 = (a2_2 * sb0_0_0)
+            g10_2 = g_10[d_idx, 2, tile_c]
+            a2_3 = x1_2[s_idx, 3, tile_c]
             q3 = (a2_3 * sb0_0_0)
+            g10_3 = g_10[d_idx, 3, tile_c]
+            a2_4 = x1_2[s_idx, 4, tile_c]
             q4 = (a2_4 * sb0_0_0)
+            g10_4 = g_10[d_idx, 4, tile_c]
             gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
+            g11_0 = g_11[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
                 + 0.5477225575051661 * a2_3 * sb1_2_0
             )
+            g11_1 = g_11[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
+            g11_2 = g_11[d_idx, 2, tile_c]
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+            g12_0 = g_12[d_idx, 0, tile_c]
             q1 = (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
                 + 0.5773502691896258 * a2_3 * sb1_0_0
             )
+            g12_1 = g_12[d_idx, 1, tile_c]
             q2 = (
                 -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
                 + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
             )
+            g12_2 = g_12[d_idx, 2, tile_c]
             q3 = (
                 -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
                 - 0.4472135954999579 * a2_3 * sb1_2_0
             )
+            g12_3 = g_12[d_idx, 3, tile_c]
             q4 = (
                 -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
                 + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
             )
+            g12_4 = g_12[d_idx, 4, tile_c]
             q5 = (
                 -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
+            g12_5 = g_12[d_idx, 5, tile_c]
             q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+            g12_6 = g_12[d_idx, 6, tile_c]
             gw12[tile_b, tile_c, 0] = (
                 q0 * g12_0 + q1 * g12_1
                 + q2 * g12_2 + q3 * g12_3
@@ -1709,31 +1693,37 @@ def conv_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
+            g13_0 = g_13[d_idx, 0, tile_c]
             gw13[tile_b, tile_c, 0] = (q0 * g13_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
+            g14_0 = g_14[d_idx, 0, tile_c]
             q1 = (
                 0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
                 - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
                 + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
             )
+            g14_1 = g_14[d_idx, 1, tile_c]
             q2 = (
                 -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
                 + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
                 - 0.5345224838248488 * a2_4 * sb2_4_0
             )
+            g14_2 = g_14[d_idx, 2, tile_c]
             q3 = (
                 0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
                 + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
                 + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
             )
+            g14_3 = g_14[d_idx, 3, tile_c]
             q4 = (
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
+            g14_4 = g_14[d_idx, 4, tile_c]
             gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
             q0 = (
@@ -1742,17 +1732,20 @@ def conv_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
+            g15_0 = g_15[d_idx, 0, tile_c]
             q1 = (
                 0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
                 + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
                 + 0.3779644730092272 * a2_4 * sb3_5_0
             )
+            g15_1 = g_15[d_idx, 1, tile_c]
             q2 = (
                 0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
                 + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
+            g15_2 = g_15[d_idx, 2, tile_c]
             gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
             q0 = (
@@ -1760,38 +1753,45 @@ def conv_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
+            g16_0 = g_16[d_idx, 0, tile_c]
             q1 = (
                 -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
                 - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
                 + 0.3535533905932738 * a2_3 * sb3_2_0
             )
+            g16_1 = g_16[d_idx, 1, tile_c]
             q2 = (
                 0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
                 + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
                 + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
             )
+            g16_2 = g_16[d_idx, 2, tile_c]
             q3 = (
                 -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
                 + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
                 - 0.5773502691896258 * a2_4 * sb3_5_0
             )
+            g16_3 = g_16[d_idx, 3, tile_c]
             q4 = (
                 -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
                 + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
                 + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
                 + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
             )
+            g16_4 = g_16[d_idx, 4, tile_c]
             q5 = (
                 0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
                 + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
                 - 0.5773502691896258 * a2_4 * sb3_3_0
             )
+            g16_5 = g_16[d_idx, 5, tile_c]
             q6 = (
                 0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
+            g16_6 = g_16[d_idx, 6, tile_c]
             gw16[tile_b, tile_c, 0] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3

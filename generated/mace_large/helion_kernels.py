@@ -92,25 +92,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2tee, a2teo = hl.split(a2te)
-            a2_0, a2_4 = hl.split(a2tee)
-            a2_2, a2_6 = hl.split(a2teo)
-            a2toe, a2too = hl.split(a2to)
-            a2_1, a2_5 = hl.split(a2toe)
-            a2_3, a2_7 = hl.split(a2too)
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
@@ -161,6 +147,11 @@ def tp_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -282,6 +273,15 @@ def tp_fwd_0(
             acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
@@ -522,12 +522,25 @@ def tp_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # x1 block 0: 128x0e (4 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -537,6 +550,13 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
+            )
+            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+            wt3_0 = w3[tile_b, tile_c, 0]
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -546,111 +566,6 @@ def tp_bwd_x1_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
@@ -664,16 +579,31 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5_0 = g_5[tile_b, 0, tile_c]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
             acc1_0 = acc1_0 + wt6_0 * (
                 0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
                 - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
@@ -688,6 +618,11 @@ def tp_bwd_x1_0(
             )
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             acc1_0 = acc1_0 + wt7_0 * (
                 -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
                 + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
@@ -702,6 +637,15 @@ def tp_bwd_x1_0(
             )
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
             acc1_0 = acc1_0 + wt8_0 * (
                 0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
                 + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
@@ -721,6 +665,15 @@ def tp_bwd_x1_0(
             )
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             acc1_0 = acc1_0 + wt9_0 * (
                 -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
                 - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
@@ -747,6 +700,15 @@ def tp_bwd_x1_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
             acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
@@ -754,6 +716,11 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
             acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
             acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
             acc2_2 = acc2_2 + wt11_0 * (
@@ -764,6 +731,15 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             acc2_0 = acc2_0 + wt12_0 * (
                 0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
                 - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
@@ -788,6 +764,7 @@ def tp_bwd_x1_0(
             )
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13_0 = g_13[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
@@ -795,6 +772,15 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             acc2_0 = acc2_0 + wt14_0 * (
                 -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
                 - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
@@ -820,6 +806,11 @@ def tp_bwd_x1_0(
             )
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
             acc2_0 = acc2_0 + wt15_0 * (
                 -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
                 + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
@@ -844,6 +835,15 @@ def tp_bwd_x1_0(
             )
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             acc2_0 = acc2_0 + wt16_0 * (
                 -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
                 + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
@@ -950,12 +950,30 @@ def tp_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
+                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
+                rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
+                    + 0.9999999999999999 * ra1_2 * rg4_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
@@ -965,68 +983,6 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
-                rg2te, rg2to = hl.split(rg2t)
-                rg2tee, rg2teo = hl.split(rg2te)
-                rg2_0, rg2_4 = hl.split(rg2tee)
-                rg2_2, rg2_6 = hl.split(rg2teo)
-                rg2toe, rg2too = hl.split(rg2to)
-                rg2_1, rg2_5 = hl.split(rg2toe)
-                rg2_3, rg2_7 = hl.split(rg2too)
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
-                rg3te, rg3to = hl.split(rg3t)
-                rg3tee, rg3teo = hl.split(rg3te)
-                rg3_0, rg3_4 = hl.split(rg3tee)
-                rg3_2, rg3_6 = hl.split(rg3teo)
-                rg3toe, rg3too = hl.split(rg3to)
-                rg3_1, rg3_5 = hl.split(rg3toe)
-                rg3_3, rg3_7 = hl.split(rg3too)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
-                rg4te, rg4to = hl.split(rg4t)
-                rg4_0, rg4_2 = hl.split(rg4te)
-                rg4_1, rg4_3 = hl.split(rg4to)
-                rg5_0 = g_5[tile_b, 0, tile_r]
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
-                rg6te, rg6to = hl.split(rg6t)
-                rg6tee, rg6teo = hl.split(rg6te)
-                rg6_0, rg6_4 = hl.split(rg6tee)
-                rg6_2, rg6_6 = hl.split(rg6teo)
-                rg6toe, rg6too = hl.split(rg6to)
-                rg6_1, rg6_5 = hl.split(rg6toe)
-                rg6_3, rg6_7 = hl.split(rg6too)
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
-                rg7te, rg7to = hl.split(rg7t)
-                rg7_0, rg7_2 = hl.split(rg7te)
-                rg7_1, rg7_3 = hl.split(rg7to)
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
-                rg8te, rg8to = hl.split(rg8t)
-                rg8tee, rg8teo = hl.split(rg8te)
-                rg8_0, rg8_4 = hl.split(rg8tee)
-                rg8_2, rg8_6 = hl.split(rg8teo)
-                rg8toe, rg8too = hl.split(rg8to)
-                rg8_1, rg8_5 = hl.split(rg8toe)
-                rg8_3, rg8_7 = hl.split(rg8too)
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
-                rg9te, rg9to = hl.split(rg9t)
-                rg9tee, rg9teo = hl.split(rg9te)
-                rg9_0, rg9_4 = hl.split(rg9tee)
-                rg9_2, rg9_6 = hl.split(rg9teo)
-                rg9toe, rg9too = hl.split(rg9to)
-                rg9_1, rg9_5 = hl.split(rg9toe)
-                rg9_3, rg9_7 = hl.split(rg9too)
                 rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
@@ -1036,56 +992,6 @@ def tp_bwd_x2_0(
                 rg10toe, rg10too = hl.split(rg10to)
                 rg10_1, rg10_5 = hl.split(rg10toe)
                 rg10_3, rg10_7 = hl.split(rg10too)
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
-                rg11te, rg11to = hl.split(rg11t)
-                rg11_0, rg11_2 = hl.split(rg11te)
-                rg11_1, rg11_3 = hl.split(rg11to)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
-                rg12te, rg12to = hl.split(rg12t)
-                rg12tee, rg12teo = hl.split(rg12te)
-                rg12_0, rg12_4 = hl.split(rg12tee)
-                rg12_2, rg12_6 = hl.split(rg12teo)
-                rg12toe, rg12too = hl.split(rg12to)
-                rg12_1, rg12_5 = hl.split(rg12toe)
-                rg12_3, rg12_7 = hl.split(rg12too)
-                rg13_0 = g_13[tile_b, 0, tile_r]
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
-                rg14te, rg14to = hl.split(rg14t)
-                rg14tee, rg14teo = hl.split(rg14te)
-                rg14_0, rg14_4 = hl.split(rg14tee)
-                rg14_2, rg14_6 = hl.split(rg14teo)
-                rg14toe, rg14too = hl.split(rg14to)
-                rg14_1, rg14_5 = hl.split(rg14toe)
-                rg14_3, rg14_7 = hl.split(rg14too)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
-                rg15te, rg15to = hl.split(rg15t)
-                rg15_0, rg15_2 = hl.split(rg15te)
-                rg15_1, rg15_3 = hl.split(rg15to)
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
-                rg16te, rg16to = hl.split(rg16t)
-                rg16tee, rg16teo = hl.split(rg16te)
-                rg16_0, rg16_4 = hl.split(rg16tee)
-                rg16_2, rg16_6 = hl.split(rg16teo)
-                rg16toe, rg16too = hl.split(rg16to)
-                rg16_1, rg16_5 = hl.split(rg16toe)
-                rg16_3, rg16_7 = hl.split(rg16too)
-                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-                wr4 = w4[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
-                    + 0.9999999999999999 * ra1_2 * rg4_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
-                # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     ra2_0 * rg10_0 + ra2_1 * rg10_1
@@ -1094,6 +1000,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
@@ -1102,6 +1013,7 @@ def tp_bwd_x2_0(
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+                rg5_0 = g_5[tile_b, 0, tile_r]
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
@@ -1110,6 +1022,15 @@ def tp_bwd_x2_0(
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6tee, rg6teo = hl.split(rg6te)
+                rg6_0, rg6_4 = hl.split(rg6tee)
+                rg6_2, rg6_6 = hl.split(rg6teo)
+                rg6toe, rg6too = hl.split(rg6to)
+                rg6_1, rg6_5 = hl.split(rg6toe)
+                rg6_3, rg6_7 = hl.split(rg6too)
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
@@ -1127,6 +1048,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
                 # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11_0, rg11_2 = hl.split(rg11te)
+                rg11_1, rg11_3 = hl.split(rg11to)
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
@@ -1144,6 +1070,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
                 # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12tee, rg12teo = hl.split(rg12te)
+                rg12_0, rg12_4 = hl.split(rg12tee)
+                rg12_2, rg12_6 = hl.split(rg12teo)
+                rg12toe, rg12too = hl.split(rg12to)
+                rg12_1, rg12_5 = hl.split(rg12toe)
+                rg12_3, rg12_7 = hl.split(rg12too)
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
@@ -1166,6 +1101,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr12).sum(1)
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -1178,6 +1122,11 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7_0, rg7_2 = hl.split(rg7te)
+                rg7_1, rg7_3 = hl.split(rg7to)
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr7).sum(1)
@@ -1193,6 +1142,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8tee, rg8teo = hl.split(rg8te)
+                rg8_0, rg8_4 = hl.split(rg8tee)
+                rg8_2, rg8_6 = hl.split(rg8teo)
+                rg8toe, rg8too = hl.split(rg8to)
+                rg8_1, rg8_5 = hl.split(rg8toe)
+                rg8_3, rg8_7 = hl.split(rg8too)
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
@@ -1222,6 +1180,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
                 # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+                rg13_0 = g_13[tile_b, 0, tile_r]
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
@@ -1234,6 +1193,15 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14tee, rg14teo = hl.split(rg14te)
+                rg14_0, rg14_4 = hl.split(rg14tee)
+                rg14_2, rg14_6 = hl.split(rg14teo)
+                rg14toe, rg14too = hl.split(rg14to)
+                rg14_1, rg14_5 = hl.split(rg14toe)
+                rg14_3, rg14_7 = hl.split(rg14too)
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
@@ -1264,6 +1232,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
@@ -1280,6 +1257,15 @@ def tp_bwd_x2_0(
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
                 # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr9).sum(1)
@@ -1311,6 +1297,11 @@ def tp_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
                 # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15_0, rg15_2 = hl.split(rg15te)
+                rg15_1, rg15_3 = hl.split(rg15to)
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
@@ -1342,6 +1333,15 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
@@ -1471,27 +1471,23 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2tee, a2teo = hl.split(a2te)
-            a2_0, a2_4 = hl.split(a2tee)
-            a2_2, a2_6 = hl.split(a2teo)
-            a2toe, a2too = hl.split(a2to)
-            a2_1, a2_5 = hl.split(a2toe)
-            a2_3, a2_7 = hl.split(a2too)
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -1501,6 +1497,13 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -1510,108 +1513,6 @@ def tp_bwd_w_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
@@ -1625,7 +1526,17 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
@@ -1634,9 +1545,19 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
+            g5_0 = g_5[tile_b, 0, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
@@ -1650,6 +1571,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
@@ -1661,6 +1587,15 @@ def tp_bwd_w_0(
             gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
             q1 = (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
                 + 0.5773502691896258 * a1_2 * sb2_1_0
@@ -1694,6 +1629,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
@@ -1713,7 +1657,25 @@ def tp_bwd_w_0(
             )
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
             q0 = (a2_0 * sb0_0_0)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
             q1 = (a2_1 * sb0_0_0)
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
@@ -1724,6 +1686,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
             q1 = (
                 0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
                 + 0.5477225575051661 * a2_3 * sb1_2_0
@@ -1735,6 +1702,15 @@ def tp_bwd_w_0(
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             q1 = (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
                 + 0.5773502691896258 * a2_3 * sb1_0_0
@@ -1768,12 +1744,22 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
+            g13_0 = g_13[tile_b, 0, tile_c]
             gw13[tile_b, tile_c, 0] = (q0 * g13_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             q1 = (
                 0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
                 - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
@@ -1801,6 +1787,11 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
             q1 = (
                 0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
                 + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
@@ -1819,6 +1810,15 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             q1 = (
                 -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
                 - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0

@@ -73,16 +73,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
@@ -115,6 +110,11 @@ def tp_fwd_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -244,12 +244,25 @@ def tp_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # x1 block 0: 128x0e (3 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -259,48 +272,6 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            # x1 block 0: 128x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
@@ -313,16 +284,31 @@ def tp_bwd_x1_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
             acc1_0 = acc1_0 + wt3_0 * (0.9999999999999999 * g3_0 * sb0_0_0)
             acc1_1 = acc1_1 + wt3_0 * (0.9999999999999999 * g3_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt3_0 * (0.9999999999999999 * g3_2 * sb0_0_0)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4_0 = g_4[tile_b, 0, tile_c]
             acc1_0 = acc1_0 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_2_0)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
             acc1_0 = acc1_0 + wt5_0 * (
                 0.7071067811865476 * g5_0 * sb1_2_0 + 0.7071067811865476 * g5_1 * sb1_1_0
                 - 0.408248290463863 * g5_2 * sb1_0_0 - 0.7071067811865476 * g5_4 * sb1_0_0
@@ -337,6 +323,11 @@ def tp_bwd_x1_0(
             )
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
             acc1_0 = acc1_0 + wt6_0 * (
                 -0.3162277660168379 * g6_0 * sb2_2_0 - 0.5477225575051661 * g6_0 * sb2_4_0
                 + 0.5477225575051661 * g6_1 * sb2_1_0 + 0.5477225575051661 * g6_2 * sb2_0_0
@@ -351,6 +342,15 @@ def tp_bwd_x1_0(
             )
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             acc1_0 = acc1_0 + wt7_0 * (
                 -0.1543033499620919 * g7_0 * sb3_4_0 - 0.5976143046671969 * g7_0 * sb3_6_0
                 - 0.3779644730092272 * g7_1 * sb3_3_0 - 0.48795003647426666 * g7_1 * sb3_5_0
@@ -424,33 +424,52 @@ def tp_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
+                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
+                rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
-                rg2te, rg2to = hl.split(rg2t)
-                rg2tee, rg2teo = hl.split(rg2te)
-                rg2_0, rg2_4 = hl.split(rg2tee)
-                rg2_2, rg2_6 = hl.split(rg2teo)
-                rg2toe, rg2too = hl.split(rg2to)
-                rg2_1, rg2_5 = hl.split(rg2toe)
-                rg2_3, rg2_7 = hl.split(rg2too)
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
                 rg3_1, rg3_3 = hl.split(rg3to)
+                wr3 = w3[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra1_0 * rg3_0 + 0.9999999999999999 * ra1_1 * rg3_1
+                    + 0.9999999999999999 * ra1_2 * rg3_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
+                # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
+                wr1 = w1[tile_b, tile_r, tile_c]
+                t = (0.9999999999999999 * ra0_0 * rg1_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_2)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
                 rg4_0 = g_4[tile_b, 0, tile_r]
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (0.5773502691896257 * ra1_0 * rg4_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
+                t = (0.5773502691896257 * ra1_1 * rg4_0)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
+                t = (0.5773502691896257 * ra1_2 * rg4_0)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
+                # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
                 rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
                 rg5te, rg5to = hl.split(rg5t)
@@ -460,48 +479,6 @@ def tp_bwd_x2_0(
                 rg5toe, rg5too = hl.split(rg5to)
                 rg5_1, rg5_5 = hl.split(rg5toe)
                 rg5_3, rg5_7 = hl.split(rg5too)
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
-                rg6te, rg6to = hl.split(rg6t)
-                rg6_0, rg6_2 = hl.split(rg6te)
-                rg6_1, rg6_3 = hl.split(rg6to)
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
-                rg7te, rg7to = hl.split(rg7t)
-                rg7tee, rg7teo = hl.split(rg7te)
-                rg7_0, rg7_4 = hl.split(rg7tee)
-                rg7_2, rg7_6 = hl.split(rg7teo)
-                rg7toe, rg7too = hl.split(rg7to)
-                rg7_1, rg7_5 = hl.split(rg7toe)
-                rg7_3, rg7_7 = hl.split(rg7too)
-                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-                wr3 = w3[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra1_0 * rg3_0 + 0.9999999999999999 * ra1_1 * rg3_1
-                    + 0.9999999999999999 * ra1_2 * rg3_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
-                # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                wr1 = w1[tile_b, tile_r, tile_c]
-                t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
-                # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-                wr4 = w4[tile_b, tile_r, tile_c]
-                t = (0.5773502691896257 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
-                t = (0.5773502691896257 * ra1_1 * rg4_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
-                t = (0.5773502691896257 * ra1_2 * rg4_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
-                # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg5_0 + 0.7071067811865476 * ra1_1 * rg5_1
@@ -519,6 +496,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -531,6 +517,11 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
@@ -546,6 +537,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg6_0 + 0.5477225575051661 * ra1_2 * rg6_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
                 # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7tee, rg7teo = hl.split(rg7te)
+                rg7_0, rg7_4 = hl.split(rg7tee)
+                rg7_2, rg7_6 = hl.split(rg7teo)
+                rg7toe, rg7too = hl.split(rg7to)
+                rg7_1, rg7_5 = hl.split(rg7toe)
+                rg7_3, rg7_7 = hl.split(rg7too)
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg7_0 + 0.5976143046671969 * ra1_0 * rg7_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
@@ -641,18 +641,23 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -662,12 +667,35 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
+            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3_0, g3_2 = hl.split(g3te)
             g3_1, g3_3 = hl.split(g3to)
+            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+            q0 = (
+                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+                + 0.5773502691896257 * a1_2 * sb1_2_0
+            )
             g4_0 = g_4[tile_b, 0, tile_c]
+            gw4[tile_b, tile_c, 0] = (q0 * g4_0)
+            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
@@ -677,48 +705,6 @@ def tp_bwd_w_0(
             g5toe, g5too = hl.split(g5to)
             g5_1, g5_5 = hl.split(g5toe)
             g5_3, g5_7 = hl.split(g5too)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
-            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
@@ -732,6 +718,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
@@ -747,6 +738,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0

@@ -151,40 +151,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
@@ -233,6 +204,7 @@ def tp_fwd_0(
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            a1_0 = x1_1[tile_b, 0, tile_c]
             acc4_0 = acc4_0 + wt4_0 * (a1_0 * sb0_0_0)
             out_4[tile_b, 0, tile_c] = acc4_0
             # g block 5: 64x1o (1 path)
@@ -283,6 +255,11 @@ def tp_fwd_0(
             acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
             acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
@@ -476,6 +453,11 @@ def tp_fwd_0(
             acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
@@ -671,6 +653,15 @@ def tp_fwd_0(
             acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt26_0 = w26[tile_b, tile_c, 0]
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
             acc26_0 = acc26_0 + wt26_0 * (a4_0 * sb0_0_0)
             acc26_1 = acc26_1 + wt26_0 * (a4_1 * sb0_0_0)
             acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
@@ -966,6 +957,15 @@ def tp_fwd_0(
             acc37_4 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt37_0 = w37[tile_b, tile_c, 0]
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             acc37_0 = acc37_0 + wt37_0 * (a5_0 * sb0_0_0)
             acc37_1 = acc37_1 + wt37_0 * (a5_1 * sb0_0_0)
             acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
@@ -1228,6 +1228,12 @@ def tp_fwd_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # g block 45: 64x1o (1 path)
+            acc45_0 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
+            acc45_1 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
+            acc45_2 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
+            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+            wt45_0 = w45[tile_b, tile_c, 0]
             a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
@@ -1237,30 +1243,6 @@ def tp_fwd_1(
             a5toe, a5too = hl.split(a5to)
             a5_1, a5_5 = hl.split(a5toe)
             a5_3, a5_7 = hl.split(a5too)
-            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
-            a6te, a6to = hl.split(a6t)
-            a6tee, a6teo = hl.split(a6te)
-            a6_0, a6_4 = hl.split(a6tee)
-            a6_2, a6_6 = hl.split(a6teo)
-            a6toe, a6too = hl.split(a6to)
-            a6_1, a6_5 = hl.split(a6toe)
-            a6_3, a6_7 = hl.split(a6too)
-            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
-            a7te, a7to = hl.split(a7t)
-            a7tee, a7teo = hl.split(a7te)
-            a7_0, a7_4 = hl.split(a7tee)
-            a7_2, a7_6 = hl.split(a7teo)
-            a7toe, a7too = hl.split(a7to)
-            a7_1, a7_5 = hl.split(a7toe)
-            a7_3, a7_7 = hl.split(a7too)
-            # g block 45: 64x1o (1 path)
-            acc45_0 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
-            acc45_1 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
-            acc45_2 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
-            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            wt45_0 = w45[tile_b, tile_c, 0]
             acc45_0 = acc45_0 + wt45_0 * (
                 -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
                 - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
@@ -1370,6 +1352,15 @@ def tp_fwd_1(
             acc48_6 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
             wt48_0 = w48[tile_b, tile_c, 0]
+            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+            a6te, a6to = hl.split(a6t)
+            a6tee, a6teo = hl.split(a6te)
+            a6_0, a6_4 = hl.split(a6tee)
+            a6_2, a6_6 = hl.split(a6teo)
+            a6toe, a6too = hl.split(a6to)
+            a6_1, a6_5 = hl.split(a6toe)
+            a6_3, a6_7 = hl.split(a6too)
             acc48_0 = acc48_0 + wt48_0 * (1.0000000000000002 * a6_0 * sb0_0_0)
             acc48_1 = acc48_1 + wt48_0 * (1.0000000000000002 * a6_1 * sb0_0_0)
             acc48_2 = acc48_2 + wt48_0 * (1.0000000000000002 * a6_2 * sb0_0_0)
@@ -1685,6 +1676,15 @@ def tp_fwd_1(
             acc58_6 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
             wt58_0 = w58[tile_b, tile_c, 0]
+            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+            a7te, a7to = hl.split(a7t)
+            a7tee, a7teo = hl.split(a7te)
+            a7_0, a7_4 = hl.split(a7tee)
+            a7_2, a7_6 = hl.split(a7teo)
+            a7toe, a7too = hl.split(a7to)
+            a7_1, a7_5 = hl.split(a7toe)
+            a7_3, a7_7 = hl.split(a7too)
             acc58_0 = acc58_0 + wt58_0 * (1.0000000000000002 * a7_0 * sb0_0_0)
             acc58_1 = acc58_1 + wt58_0 * (1.0000000000000002 * a7_1 * sb0_0_0)
             acc58_2 = acc58_2 + wt58_0 * (1.0000000000000002 * a7_2 * sb0_0_0)
@@ -2123,12 +2123,25 @@ def tp_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # x1 block 0: 64x0o (4 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -2138,6 +2151,13 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
+            )
+            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+            wt3_0 = w3[tile_b, tile_c, 0]
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -2147,330 +2167,6 @@ def tp_bwd_x1_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5_0, g5_2 = hl.split(g5te)
-            g5_1, g5_3 = hl.split(g5to)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
-            g13te, g13to = hl.split(g13t)
-            g13tee, g13teo = hl.split(g13te)
-            g13_0, g13_4 = hl.split(g13tee)
-            g13_2, g13_6 = hl.split(g13teo)
-            g13toe, g13too = hl.split(g13to)
-            g13_1, g13_5 = hl.split(g13toe)
-            g13_3, g13_7 = hl.split(g13too)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17_0, g17_2 = hl.split(g17te)
-            g17_1, g17_3 = hl.split(g17to)
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            g30_0 = g_30[tile_b, 0, tile_c]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g34t = g34.reshape([tile_b, tile_c, 2, 2])
-            g34te, g34to = hl.split(g34t)
-            g34_0, g34_2 = hl.split(g34te)
-            g34_1, g34_3 = hl.split(g34to)
-            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
-            g35te, g35to = hl.split(g35t)
-            g35tee, g35teo = hl.split(g35te)
-            g35_0, g35_4 = hl.split(g35tee)
-            g35_2, g35_6 = hl.split(g35teo)
-            g35toe, g35too = hl.split(g35to)
-            g35_1, g35_5 = hl.split(g35toe)
-            g35_3, g35_7 = hl.split(g35too)
-            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
-            g36te, g36to = hl.split(g36t)
-            g36tee, g36teo = hl.split(g36te)
-            g36_0, g36_4 = hl.split(g36tee)
-            g36_2, g36_6 = hl.split(g36teo)
-            g36toe, g36too = hl.split(g36to)
-            g36_1, g36_5 = hl.split(g36toe)
-            g36_3, g36_7 = hl.split(g36too)
-            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
-            g37te, g37to = hl.split(g37t)
-            g37tee, g37teo = hl.split(g37te)
-            g37_0, g37_4 = hl.split(g37tee)
-            g37_2, g37_6 = hl.split(g37teo)
-            g37toe, g37too = hl.split(g37to)
-            g37_1, g37_5 = hl.split(g37toe)
-            g37_3, g37_7 = hl.split(g37too)
-            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g38t = g38.reshape([tile_b, tile_c, 2, 2])
-            g38te, g38to = hl.split(g38t)
-            g38_0, g38_2 = hl.split(g38te)
-            g38_1, g38_3 = hl.split(g38to)
-            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
-            g39te, g39to = hl.split(g39t)
-            g39tee, g39teo = hl.split(g39te)
-            g39_0, g39_4 = hl.split(g39tee)
-            g39_2, g39_6 = hl.split(g39teo)
-            g39toe, g39too = hl.split(g39to)
-            g39_1, g39_5 = hl.split(g39toe)
-            g39_3, g39_7 = hl.split(g39too)
-            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
-            g40te, g40to = hl.split(g40t)
-            g40tee, g40teo = hl.split(g40te)
-            g40_0, g40_4 = hl.split(g40tee)
-            g40_2, g40_6 = hl.split(g40teo)
-            g40toe, g40too = hl.split(g40to)
-            g40_1, g40_5 = hl.split(g40toe)
-            g40_3, g40_7 = hl.split(g40too)
-            g41_0 = g_41[tile_b, 0, tile_c]
-            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g42t = g42.reshape([tile_b, tile_c, 2, 2])
-            g42te, g42to = hl.split(g42t)
-            g42_0, g42_2 = hl.split(g42te)
-            g42_1, g42_3 = hl.split(g42to)
-            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
-            g43te, g43to = hl.split(g43t)
-            g43tee, g43teo = hl.split(g43te)
-            g43_0, g43_4 = hl.split(g43tee)
-            g43_2, g43_6 = hl.split(g43teo)
-            g43toe, g43too = hl.split(g43to)
-            g43_1, g43_5 = hl.split(g43toe)
-            g43_3, g43_7 = hl.split(g43too)
-            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
-            g44te, g44to = hl.split(g44t)
-            g44tee, g44teo = hl.split(g44te)
-            g44_0, g44_4 = hl.split(g44tee)
-            g44_2, g44_6 = hl.split(g44teo)
-            g44toe, g44too = hl.split(g44to)
-            g44_1, g44_5 = hl.split(g44toe)
-            g44_3, g44_7 = hl.split(g44too)
-            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g45t = g45.reshape([tile_b, tile_c, 2, 2])
-            g45te, g45to = hl.split(g45t)
-            g45_0, g45_2 = hl.split(g45te)
-            g45_1, g45_3 = hl.split(g45to)
-            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
-            g46te, g46to = hl.split(g46t)
-            g46tee, g46teo = hl.split(g46te)
-            g46_0, g46_4 = hl.split(g46tee)
-            g46_2, g46_6 = hl.split(g46teo)
-            g46toe, g46too = hl.split(g46to)
-            g46_1, g46_5 = hl.split(g46toe)
-            g46_3, g46_7 = hl.split(g46too)
-            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
-            g47te, g47to = hl.split(g47t)
-            g47tee, g47teo = hl.split(g47te)
-            g47_0, g47_4 = hl.split(g47tee)
-            g47_2, g47_6 = hl.split(g47teo)
-            g47toe, g47too = hl.split(g47to)
-            g47_1, g47_5 = hl.split(g47toe)
-            g47_3, g47_7 = hl.split(g47too)
-            # x1 block 0: 64x0o (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
@@ -2482,15 +2178,30 @@ def tp_bwd_x1_0(
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4_0 = g_4[tile_b, 0, tile_c]
             acc1_0 = acc1_0 + wt4_0 * (g4_0 * sb0_0_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5_0, g5_2 = hl.split(g5te)
+            g5_1, g5_3 = hl.split(g5to)
             acc1_0 = acc1_0 + wt5_0 * (
                 0.9999999999999999 * g5_0 * sb1_0_0 + 0.9999999999999999 * g5_1 * sb1_1_0
                 + 0.9999999999999999 * g5_2 * sb1_2_0
             )
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
             acc1_0 = acc1_0 + wt6_0 * (
                 g6_0 * sb2_0_0 + g6_1 * sb2_1_0
                 + g6_2 * sb2_2_0 + g6_3 * sb2_3_0
@@ -2498,6 +2209,15 @@ def tp_bwd_x1_0(
             )
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             acc1_0 = acc1_0 + wt7_0 * (
                 1.0000000000000002 * g7_0 * sb3_0_0 + 1.0000000000000002 * g7_1 * sb3_1_0
                 + 1.0000000000000002 * g7_2 * sb3_2_0 + 1.0000000000000002 * g7_3 * sb3_3_0
@@ -2511,21 +2231,41 @@ def tp_bwd_x1_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             acc2_0 = acc2_0 + wt8_0 * (0.9999999999999999 * g8_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt8_0 * (0.9999999999999999 * g8_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt8_0 * (0.9999999999999999 * g8_2 * sb0_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9_0 = g_9[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_2_0)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
             acc2_0 = acc2_0 + wt10_0 * (-0.7071067811865475 * g10_1 * sb1_2_0 + 0.7071067811865475 * g10_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt10_0 * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt10_0 * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             acc2_0 = acc2_0 + wt11_0 * (
                 0.7071067811865476 * g11_0 * sb1_2_0 + 0.7071067811865476 * g11_1 * sb1_1_0
                 - 0.408248290463863 * g11_2 * sb1_0_0 - 0.7071067811865476 * g11_4 * sb1_0_0
@@ -2540,6 +2280,11 @@ def tp_bwd_x1_0(
             )
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             acc2_0 = acc2_0 + wt12_0 * (
                 -0.3162277660168379 * g12_0 * sb2_2_0 - 0.5477225575051661 * g12_0 * sb2_4_0
                 + 0.5477225575051661 * g12_1 * sb2_1_0 + 0.5477225575051661 * g12_2 * sb2_0_0
@@ -2554,6 +2299,15 @@ def tp_bwd_x1_0(
             )
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
             acc2_0 = acc2_0 + wt13_0 * (
                 0.408248290463863 * g13_0 * sb2_1_0 - 0.408248290463863 * g13_1 * sb2_0_0
                 - 0.7071067811865476 * g13_2 * sb2_3_0 + 0.7071067811865476 * g13_3 * sb2_2_0
@@ -2570,6 +2324,15 @@ def tp_bwd_x1_0(
             )
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             acc2_0 = acc2_0 + wt14_0 * (
                 0.7071067811865476 * g14_0 * sb2_4_0 + 0.5773502691896258 * g14_1 * sb2_3_0
                 + 0.6324555320336759 * g14_2 * sb2_2_0 + 0.18257418583505539 * g14_2 * sb2_4_0
@@ -2589,6 +2352,15 @@ def tp_bwd_x1_0(
             )
             # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             acc2_0 = acc2_0 + wt15_0 * (
                 -0.1543033499620919 * g15_0 * sb3_4_0 - 0.5976143046671969 * g15_0 * sb3_6_0
                 - 0.3779644730092272 * g15_1 * sb3_3_0 - 0.48795003647426666 * g15_1 * sb3_5_0
@@ -2608,6 +2380,15 @@ def tp_bwd_x1_0(
             )
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             acc2_0 = acc2_0 + wt16_0 * (
                 0.3535533905932738 * g16_0 * sb3_1_0 - 0.3535533905932738 * g16_1 * sb3_0_0
                 + 0.45643546458763845 * g16_1 * sb3_2_0 - 0.45643546458763845 * g16_2 * sb3_1_0
@@ -2634,21 +2415,41 @@ def tp_bwd_x1_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17_0, g17_2 = hl.split(g17te)
+            g17_1, g17_3 = hl.split(g17to)
             acc3_0 = acc3_0 + wt17_0 * (0.9999999999999999 * g17_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt17_0 * (0.9999999999999999 * g17_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt17_0 * (0.9999999999999999 * g17_2 * sb0_0_0)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            g18_0 = g_18[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_2_0)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             wt19_0 = w19[tile_b, tile_c, 0]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             acc3_0 = acc3_0 + wt19_0 * (-0.7071067811865475 * g19_1 * sb1_2_0 + 0.7071067811865475 * g19_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt19_0 * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt19_0 * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             wt20_0 = w20[tile_b, tile_c, 0]
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             acc3_0 = acc3_0 + wt20_0 * (
                 0.7071067811865476 * g20_0 * sb1_2_0 + 0.7071067811865476 * g20_1 * sb1_1_0
                 - 0.408248290463863 * g20_2 * sb1_0_0 - 0.7071067811865476 * g20_4 * sb1_0_0
@@ -2663,6 +2464,11 @@ def tp_bwd_x1_0(
             )
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             wt21_0 = w21[tile_b, tile_c, 0]
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
             acc3_0 = acc3_0 + wt21_0 * (
                 -0.3162277660168379 * g21_0 * sb2_2_0 - 0.5477225575051661 * g21_0 * sb2_4_0
                 + 0.5477225575051661 * g21_1 * sb2_1_0 + 0.5477225575051661 * g21_2 * sb2_0_0
@@ -2677,6 +2483,15 @@ def tp_bwd_x1_0(
             )
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             wt22_0 = w22[tile_b, tile_c, 0]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             acc3_0 = acc3_0 + wt22_0 * (
                 0.408248290463863 * g22_0 * sb2_1_0 - 0.408248290463863 * g22_1 * sb2_0_0
                 - 0.7071067811865476 * g22_2 * sb2_3_0 + 0.7071067811865476 * g22_3 * sb2_2_0
@@ -2693,6 +2508,15 @@ def tp_bwd_x1_0(
             )
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             wt23_0 = w23[tile_b, tile_c, 0]
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             acc3_0 = acc3_0 + wt23_0 * (
                 0.7071067811865476 * g23_0 * sb2_4_0 + 0.5773502691896258 * g23_1 * sb2_3_0
                 + 0.6324555320336759 * g23_2 * sb2_2_0 + 0.18257418583505539 * g23_2 * sb2_4_0
@@ -2712,6 +2536,15 @@ def tp_bwd_x1_0(
             )
             # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             acc3_0 = acc3_0 + wt24_0 * (
                 -0.1543033499620919 * g24_0 * sb3_4_0 - 0.5976143046671969 * g24_0 * sb3_6_0
                 - 0.3779644730092272 * g24_1 * sb3_3_0 - 0.48795003647426666 * g24_1 * sb3_5_0
@@ -2731,6 +2564,15 @@ def tp_bwd_x1_0(
             )
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
             wt25_0 = w25[tile_b, tile_c, 0]
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
             acc3_0 = acc3_0 + wt25_0 * (
                 0.3535533905932738 * g25_0 * sb3_1_0 - 0.3535533905932738 * g25_1 * sb3_0_0
                 + 0.45643546458763845 * g25_1 * sb3_2_0 - 0.45643546458763845 * g25_2 * sb3_1_0
@@ -2759,6 +2601,15 @@ def tp_bwd_x1_0(
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt26_0 = w26[tile_b, tile_c, 0]
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             acc4_0 = acc4_0 + wt26_0 * (g26_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt26_0 * (g26_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt26_0 * (g26_2 * sb0_0_0)
@@ -2766,6 +2617,11 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt26_0 * (g26_4 * sb0_0_0)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             wt27_0 = w27[tile_b, tile_c, 0]
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
             acc4_0 = acc4_0 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_0_0)
             acc4_1 = acc4_1 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_1_0 + 0.5477225575051661 * g27_1 * sb1_0_0)
             acc4_2 = acc4_2 + wt27_0 * (
@@ -2776,6 +2632,15 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt27_0 * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             wt28_0 = w28[tile_b, tile_c, 0]
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
             acc4_0 = acc4_0 + wt28_0 * (
                 0.408248290463863 * g28_1 * sb1_0_0 - 0.408248290463863 * g28_3 * sb1_2_0
                 + 0.816496580927726 * g28_4 * sb1_1_0
@@ -2795,6 +2660,15 @@ def tp_bwd_x1_0(
             )
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
             wt29_0 = w29[tile_b, tile_c, 0]
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             acc4_0 = acc4_0 + wt29_0 * (
                 0.7071067811865476 * g29_0 * sb1_2_0 + 0.5773502691896258 * g29_1 * sb1_1_0
                 - 0.18257418583505539 * g29_2 * sb1_2_0 - 0.18257418583505539 * g29_4 * sb1_0_0
@@ -2819,6 +2693,7 @@ def tp_bwd_x1_0(
             )
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             wt30_0 = w30[tile_b, tile_c, 0]
+            g30_0 = g_30[tile_b, 0, tile_c]
             acc4_0 = acc4_0 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_2_0)
@@ -2826,6 +2701,11 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_4_0)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             wt31_0 = w31[tile_b, tile_c, 0]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
             acc4_0 = acc4_0 + wt31_0 * (
                 -0.3162277660168379 * g31_0 * sb2_1_0 - 0.6324555320336758 * g31_1 * sb2_4_0
                 + 0.3162277660168379 * g31_2 * sb2_3_0
@@ -2845,6 +2725,15 @@ def tp_bwd_x1_0(
             )
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             wt32_0 = w32[tile_b, tile_c, 0]
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
             acc4_0 = acc4_0 + wt32_0 * (
                 -0.5345224838248488 * g32_0 * sb2_2_0 + 0.4629100498862757 * g32_1 * sb2_3_0
                 - 0.5345224838248488 * g32_2 * sb2_0_0 + 0.4629100498862757 * g32_3 * sb2_1_0
@@ -2870,6 +2759,15 @@ def tp_bwd_x1_0(
             )
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
             wt33_0 = w33[tile_b, tile_c, 0]
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             acc4_0 = acc4_0 + wt33_0 * (
                 0.5000000000000001 * g33_0 * sb2_1_0 + 0.38729833462074176 * g33_2 * sb2_1_0
                 + 0.31622776601683794 * g33_3 * sb2_4_0 - 0.38729833462074176 * g33_4 * sb2_3_0
@@ -2896,6 +2794,11 @@ def tp_bwd_x1_0(
             )
             # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
             wt34_0 = w34[tile_b, tile_c, 0]
+            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g34t = g34.reshape([tile_b, tile_c, 2, 2])
+            g34te, g34to = hl.split(g34t)
+            g34_0, g34_2 = hl.split(g34te)
+            g34_1, g34_3 = hl.split(g34to)
             acc4_0 = acc4_0 + wt34_0 * (
                 -0.11952286093343936 * g34_0 * sb3_4_0 - 0.4629100498862757 * g34_0 * sb3_6_0
                 + 0.3779644730092272 * g34_1 * sb3_1_0 + 0.4629100498862757 * g34_2 * sb3_0_0
@@ -2920,6 +2823,15 @@ def tp_bwd_x1_0(
             )
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
             wt35_0 = w35[tile_b, tile_c, 0]
+            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+            g35te, g35to = hl.split(g35t)
+            g35tee, g35teo = hl.split(g35te)
+            g35_0, g35_4 = hl.split(g35tee)
+            g35_2, g35_6 = hl.split(g35teo)
+            g35toe, g35too = hl.split(g35to)
+            g35_1, g35_5 = hl.split(g35toe)
+            g35_3, g35_7 = hl.split(g35too)
             acc4_0 = acc4_0 + wt35_0 * (
                 -0.42257712736425834 * g35_1 * sb3_0_0 - 0.3273268353539886 * g35_1 * sb3_2_0
                 - 0.5976143046671969 * g35_2 * sb3_5_0 + 0.3273268353539886 * g35_3 * sb3_4_0
@@ -2946,6 +2858,15 @@ def tp_bwd_x1_0(
             )
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
             wt36_0 = w36[tile_b, tile_c, 0]
+            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+            g36te, g36to = hl.split(g36t)
+            g36tee, g36teo = hl.split(g36te)
+            g36_0, g36_4 = hl.split(g36tee)
+            g36_2, g36_6 = hl.split(g36teo)
+            g36toe, g36too = hl.split(g36to)
+            g36_1, g36_5 = hl.split(g36toe)
+            g36_3, g36_7 = hl.split(g36too)
             acc4_0 = acc4_0 + wt36_0 * (
                 -0.2886751345948129 * g36_0 * sb3_4_0 - 0.5773502691896258 * g36_1 * sb3_3_0
                 + 0.4472135954999579 * g36_2 * sb3_4_0 + 0.2886751345948129 * g36_2 * sb3_6_0
@@ -2986,6 +2907,15 @@ def tp_bwd_x1_0(
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt37_0 = w37[tile_b, tile_c, 0]
+            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+            g37te, g37to = hl.split(g37t)
+            g37tee, g37teo = hl.split(g37te)
+            g37_0, g37_4 = hl.split(g37tee)
+            g37_2, g37_6 = hl.split(g37teo)
+            g37toe, g37too = hl.split(g37to)
+            g37_1, g37_5 = hl.split(g37toe)
+            g37_3, g37_7 = hl.split(g37too)
             acc5_0 = acc5_0 + wt37_0 * (g37_0 * sb0_0_0)
             acc5_1 = acc5_1 + wt37_0 * (g37_1 * sb0_0_0)
             acc5_2 = acc5_2 + wt37_0 * (g37_2 * sb0_0_0)
@@ -2993,6 +2923,11 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt37_0 * (g37_4 * sb0_0_0)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             wt38_0 = w38[tile_b, tile_c, 0]
+            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g38t = g38.reshape([tile_b, tile_c, 2, 2])
+            g38te, g38to = hl.split(g38t)
+            g38_0, g38_2 = hl.split(g38te)
+            g38_1, g38_3 = hl.split(g38to)
             acc5_0 = acc5_0 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_0_0)
             acc5_1 = acc5_1 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_1_0 + 0.5477225575051661 * g38_1 * sb1_0_0)
             acc5_2 = acc5_2 + wt38_0 * (
@@ -3003,6 +2938,15 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt38_0 * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             wt39_0 = w39[tile_b, tile_c, 0]
+            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+            g39te, g39to = hl.split(g39t)
+            g39tee, g39teo = hl.split(g39te)
+            g39_0, g39_4 = hl.split(g39tee)
+            g39_2, g39_6 = hl.split(g39teo)
+            g39toe, g39too = hl.split(g39to)
+            g39_1, g39_5 = hl.split(g39toe)
+            g39_3, g39_7 = hl.split(g39too)
             acc5_0 = acc5_0 + wt39_0 * (
                 0.408248290463863 * g39_1 * sb1_0_0 - 0.408248290463863 * g39_3 * sb1_2_0
                 + 0.816496580927726 * g39_4 * sb1_1_0
@@ -3022,6 +2966,15 @@ def tp_bwd_x1_0(
             )
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
             wt40_0 = w40[tile_b, tile_c, 0]
+            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+            g40te, g40to = hl.split(g40t)
+            g40tee, g40teo = hl.split(g40te)
+            g40_0, g40_4 = hl.split(g40tee)
+            g40_2, g40_6 = hl.split(g40teo)
+            g40toe, g40too = hl.split(g40to)
+            g40_1, g40_5 = hl.split(g40toe)
+            g40_3, g40_7 = hl.split(g40too)
             acc5_0 = acc5_0 + wt40_0 * (
                 0.7071067811865476 * g40_0 * sb1_2_0 + 0.5773502691896258 * g40_1 * sb1_1_0
                 - 0.18257418583505539 * g40_2 * sb1_2_0 - 0.18257418583505539 * g40_4 * sb1_0_0
@@ -3046,6 +2999,7 @@ def tp_bwd_x1_0(
             )
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             wt41_0 = w41[tile_b, tile_c, 0]
+            g41_0 = g_41[tile_b, 0, tile_c]
             acc5_0 = acc5_0 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_2_0)
@@ -3053,6 +3007,11 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_4_0)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             wt42_0 = w42[tile_b, tile_c, 0]
+            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g42t = g42.reshape([tile_b, tile_c, 2, 2])
+            g42te, g42to = hl.split(g42t)
+            g42_0, g42_2 = hl.split(g42te)
+            g42_1, g42_3 = hl.split(g42to)
             acc5_0 = acc5_0 + wt42_0 * (
                 -0.3162277660168379 * g42_0 * sb2_1_0 - 0.6324555320336758 * g42_1 * sb2_4_0
                 + 0.3162277660168379 * g42_2 * sb2_3_0
@@ -3072,6 +3031,15 @@ def tp_bwd_x1_0(
             )
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             wt43_0 = w43[tile_b, tile_c, 0]
+            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+            g43te, g43to = hl.split(g43t)
+            g43tee, g43teo = hl.split(g43te)
+            g43_0, g43_4 = hl.split(g43tee)
+            g43_2, g43_6 = hl.split(g43teo)
+            g43toe, g43too = hl.split(g43to)
+            g43_1, g43_5 = hl.split(g43toe)
+            g43_3, g43_7 = hl.split(g43too)
             acc5_0 = acc5_0 + wt43_0 * (
                 -0.5345224838248488 * g43_0 * sb2_2_0 + 0.4629100498862757 * g43_1 * sb2_3_0
                 - 0.5345224838248488 * g43_2 * sb2_0_0 + 0.4629100498862757 * g43_3 * sb2_1_0
@@ -3097,6 +3065,15 @@ def tp_bwd_x1_0(
             )
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
             wt44_0 = w44[tile_b, tile_c, 0]
+            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+            g44te, g44to = hl.split(g44t)
+            g44tee, g44teo = hl.split(g44te)
+            g44_0, g44_4 = hl.split(g44tee)
+            g44_2, g44_6 = hl.split(g44teo)
+            g44toe, g44too = hl.split(g44to)
+            g44_1, g44_5 = hl.split(g44toe)
+            g44_3, g44_7 = hl.split(g44too)
             acc5_0 = acc5_0 + wt44_0 * (
                 0.5000000000000001 * g44_0 * sb2_1_0 + 0.38729833462074176 * g44_2 * sb2_1_0
                 + 0.31622776601683794 * g44_3 * sb2_4_0 - 0.38729833462074176 * g44_4 * sb2_3_0
@@ -3123,6 +3100,11 @@ def tp_bwd_x1_0(
             )
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
             wt45_0 = w45[tile_b, tile_c, 0]
+            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g45t = g45.reshape([tile_b, tile_c, 2, 2])
+            g45te, g45to = hl.split(g45t)
+            g45_0, g45_2 = hl.split(g45te)
+            g45_1, g45_3 = hl.split(g45to)
             acc5_0 = acc5_0 + wt45_0 * (
                 -0.11952286093343936 * g45_0 * sb3_4_0 - 0.4629100498862757 * g45_0 * sb3_6_0
                 + 0.3779644730092272 * g45_1 * sb3_1_0 + 0.4629100498862757 * g45_2 * sb3_0_0
@@ -3147,6 +3129,15 @@ def tp_bwd_x1_0(
             )
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
             wt46_0 = w46[tile_b, tile_c, 0]
+            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+            g46te, g46to = hl.split(g46t)
+            g46tee, g46teo = hl.split(g46te)
+            g46_0, g46_4 = hl.split(g46tee)
+            g46_2, g46_6 = hl.split(g46teo)
+            g46toe, g46too = hl.split(g46to)
+            g46_1, g46_5 = hl.split(g46toe)
+            g46_3, g46_7 = hl.split(g46too)
             acc5_0 = acc5_0 + wt46_0 * (
                 -0.42257712736425834 * g46_1 * sb3_0_0 - 0.3273268353539886 * g46_1 * sb3_2_0
                 - 0.5976143046671969 * g46_2 * sb3_5_0 + 0.3273268353539886 * g46_3 * sb3_4_0
@@ -3173,6 +3164,15 @@ def tp_bwd_x1_0(
             )
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
             wt47_0 = w47[tile_b, tile_c, 0]
+            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+            g47te, g47to = hl.split(g47t)
+            g47tee, g47teo = hl.split(g47te)
+            g47_0, g47_4 = hl.split(g47tee)
+            g47_2, g47_6 = hl.split(g47teo)
+            g47toe, g47too = hl.split(g47to)
+            g47_1, g47_5 = hl.split(g47toe)
+            g47_3, g47_7 = hl.split(g47too)
             acc5_0 = acc5_0 + wt47_0 * (
                 -0.2886751345948129 * g47_0 * sb3_4_0 - 0.5773502691896258 * g47_1 * sb3_3_0
                 + 0.4472135954999579 * g47_2 * sb3_4_0 + 0.2886751345948129 * g47_2 * sb3_6_0
@@ -3278,154 +3278,6 @@ def tp_bwd_x1_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
-            g48te, g48to = hl.split(g48t)
-            g48tee, g48teo = hl.split(g48te)
-            g48_0, g48_4 = hl.split(g48tee)
-            g48_2, g48_6 = hl.split(g48teo)
-            g48toe, g48too = hl.split(g48to)
-            g48_1, g48_5 = hl.split(g48toe)
-            g48_3, g48_7 = hl.split(g48too)
-            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
-            g49te, g49to = hl.split(g49t)
-            g49tee, g49teo = hl.split(g49te)
-            g49_0, g49_4 = hl.split(g49tee)
-            g49_2, g49_6 = hl.split(g49teo)
-            g49toe, g49too = hl.split(g49to)
-            g49_1, g49_5 = hl.split(g49toe)
-            g49_3, g49_7 = hl.split(g49too)
-            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
-            g50te, g50to = hl.split(g50t)
-            g50tee, g50teo = hl.split(g50te)
-            g50_0, g50_4 = hl.split(g50tee)
-            g50_2, g50_6 = hl.split(g50teo)
-            g50toe, g50too = hl.split(g50to)
-            g50_1, g50_5 = hl.split(g50toe)
-            g50_3, g50_7 = hl.split(g50too)
-            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g51t = g51.reshape([tile_b, tile_c, 2, 2])
-            g51te, g51to = hl.split(g51t)
-            g51_0, g51_2 = hl.split(g51te)
-            g51_1, g51_3 = hl.split(g51to)
-            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
-            g52te, g52to = hl.split(g52t)
-            g52tee, g52teo = hl.split(g52te)
-            g52_0, g52_4 = hl.split(g52tee)
-            g52_2, g52_6 = hl.split(g52teo)
-            g52toe, g52too = hl.split(g52to)
-            g52_1, g52_5 = hl.split(g52toe)
-            g52_3, g52_7 = hl.split(g52too)
-            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
-            g53te, g53to = hl.split(g53t)
-            g53tee, g53teo = hl.split(g53te)
-            g53_0, g53_4 = hl.split(g53tee)
-            g53_2, g53_6 = hl.split(g53teo)
-            g53toe, g53too = hl.split(g53to)
-            g53_1, g53_5 = hl.split(g53toe)
-            g53_3, g53_7 = hl.split(g53too)
-            g54_0 = g_54[tile_b, 0, tile_c]
-            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g55t = g55.reshape([tile_b, tile_c, 2, 2])
-            g55te, g55to = hl.split(g55t)
-            g55_0, g55_2 = hl.split(g55te)
-            g55_1, g55_3 = hl.split(g55to)
-            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
-            g56te, g56to = hl.split(g56t)
-            g56tee, g56teo = hl.split(g56te)
-            g56_0, g56_4 = hl.split(g56tee)
-            g56_2, g56_6 = hl.split(g56teo)
-            g56toe, g56too = hl.split(g56to)
-            g56_1, g56_5 = hl.split(g56toe)
-            g56_3, g56_7 = hl.split(g56too)
-            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
-            g57te, g57to = hl.split(g57t)
-            g57tee, g57teo = hl.split(g57te)
-            g57_0, g57_4 = hl.split(g57tee)
-            g57_2, g57_6 = hl.split(g57teo)
-            g57toe, g57too = hl.split(g57to)
-            g57_1, g57_5 = hl.split(g57toe)
-            g57_3, g57_7 = hl.split(g57too)
-            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
-            g58te, g58to = hl.split(g58t)
-            g58tee, g58teo = hl.split(g58te)
-            g58_0, g58_4 = hl.split(g58tee)
-            g58_2, g58_6 = hl.split(g58teo)
-            g58toe, g58too = hl.split(g58to)
-            g58_1, g58_5 = hl.split(g58toe)
-            g58_3, g58_7 = hl.split(g58too)
-            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
-            g59te, g59to = hl.split(g59t)
-            g59tee, g59teo = hl.split(g59te)
-            g59_0, g59_4 = hl.split(g59tee)
-            g59_2, g59_6 = hl.split(g59teo)
-            g59toe, g59too = hl.split(g59to)
-            g59_1, g59_5 = hl.split(g59toe)
-            g59_3, g59_7 = hl.split(g59too)
-            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
-            g60te, g60to = hl.split(g60t)
-            g60tee, g60teo = hl.split(g60te)
-            g60_0, g60_4 = hl.split(g60tee)
-            g60_2, g60_6 = hl.split(g60teo)
-            g60toe, g60too = hl.split(g60to)
-            g60_1, g60_5 = hl.split(g60toe)
-            g60_3, g60_7 = hl.split(g60too)
-            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g61t = g61.reshape([tile_b, tile_c, 2, 2])
-            g61te, g61to = hl.split(g61t)
-            g61_0, g61_2 = hl.split(g61te)
-            g61_1, g61_3 = hl.split(g61to)
-            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
-            g62te, g62to = hl.split(g62t)
-            g62tee, g62teo = hl.split(g62te)
-            g62_0, g62_4 = hl.split(g62tee)
-            g62_2, g62_6 = hl.split(g62teo)
-            g62toe, g62too = hl.split(g62to)
-            g62_1, g62_5 = hl.split(g62toe)
-            g62_3, g62_7 = hl.split(g62too)
-            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
-            g63te, g63to = hl.split(g63t)
-            g63tee, g63teo = hl.split(g63te)
-            g63_0, g63_4 = hl.split(g63tee)
-            g63_2, g63_6 = hl.split(g63teo)
-            g63toe, g63too = hl.split(g63to)
-            g63_1, g63_5 = hl.split(g63toe)
-            g63_3, g63_7 = hl.split(g63too)
-            g64_0 = g_64[tile_b, 0, tile_c]
-            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g65t = g65.reshape([tile_b, tile_c, 2, 2])
-            g65te, g65to = hl.split(g65t)
-            g65_0, g65_2 = hl.split(g65te)
-            g65_1, g65_3 = hl.split(g65to)
-            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
-            g66te, g66to = hl.split(g66t)
-            g66tee, g66teo = hl.split(g66te)
-            g66_0, g66_4 = hl.split(g66tee)
-            g66_2, g66_6 = hl.split(g66teo)
-            g66toe, g66too = hl.split(g66to)
-            g66_1, g66_5 = hl.split(g66toe)
-            g66_3, g66_7 = hl.split(g66too)
-            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
-            g67te, g67to = hl.split(g67t)
-            g67tee, g67teo = hl.split(g67te)
-            g67_0, g67_4 = hl.split(g67tee)
-            g67_2, g67_6 = hl.split(g67teo)
-            g67toe, g67too = hl.split(g67to)
-            g67_1, g67_5 = hl.split(g67toe)
-            g67_3, g67_7 = hl.split(g67too)
             # x1 block 6: 64x3o (10 paths)
             acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
             acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
@@ -3436,6 +3288,15 @@ def tp_bwd_x1_1(
             acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
             wt48_0 = w48[tile_b, tile_c, 0]
+            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+            g48te, g48to = hl.split(g48t)
+            g48tee, g48teo = hl.split(g48te)
+            g48_0, g48_4 = hl.split(g48tee)
+            g48_2, g48_6 = hl.split(g48teo)
+            g48toe, g48too = hl.split(g48to)
+            g48_1, g48_5 = hl.split(g48toe)
+            g48_3, g48_7 = hl.split(g48too)
             acc6_0 = acc6_0 + wt48_0 * (1.0000000000000002 * g48_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt48_0 * (1.0000000000000002 * g48_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt48_0 * (1.0000000000000002 * g48_2 * sb0_0_0)
@@ -3445,6 +3306,15 @@ def tp_bwd_x1_1(
             acc6_6 = acc6_6 + wt48_0 * (1.0000000000000002 * g48_6 * sb0_0_0)
             # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
             wt49_0 = w49[tile_b, tile_c, 0]
+            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+            g49te, g49to = hl.split(g49t)
+            g49tee, g49teo = hl.split(g49te)
+            g49_0, g49_4 = hl.split(g49tee)
+            g49_2, g49_6 = hl.split(g49teo)
+            g49toe, g49too = hl.split(g49to)
+            g49_1, g49_5 = hl.split(g49toe)
+            g49_3, g49_7 = hl.split(g49too)
             acc6_0 = acc6_0 + wt49_0 * (0.5976143046671969 * g49_0 * sb1_2_0 + 0.5976143046671969 * g49_4 * sb1_0_0)
             acc6_1 = acc6_1 + wt49_0 * (
                 0.48795003647426666 * g49_0 * sb1_1_0 + 0.48795003647426666 * g49_1 * sb1_2_0
@@ -3469,6 +3339,15 @@ def tp_bwd_x1_1(
             acc6_6 = acc6_6 + wt49_0 * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
             wt50_0 = w50[tile_b, tile_c, 0]
+            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+            g50te, g50to = hl.split(g50t)
+            g50tee, g50teo = hl.split(g50te)
+            g50_0, g50_4 = hl.split(g50tee)
+            g50_2, g50_6 = hl.split(g50teo)
+            g50toe, g50too = hl.split(g50to)
+            g50_1, g50_5 = hl.split(g50toe)
+            g50_3, g50_7 = hl.split(g50too)
             acc6_0 = acc6_0 + wt50_0 * (
                 0.3535533905932738 * g50_1 * sb1_0_0 - 0.3535533905932738 * g50_5 * sb1_2_0
                 + 0.8660254037844387 * g50_6 * sb1_1_0
@@ -3498,6 +3377,11 @@ def tp_bwd_x1_1(
             )
             # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
             wt51_0 = w51[tile_b, tile_c, 0]
+            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g51t = g51.reshape([tile_b, tile_c, 2, 2])
+            g51te, g51to = hl.split(g51t)
+            g51_0, g51_2 = hl.split(g51te)
+            g51_1, g51_3 = hl.split(g51to)
             acc6_0 = acc6_0 + wt51_0 * (0.4629100498862757 * g51_0 * sb2_4_0 + 0.4629100498862757 * g51_2 * sb2_0_0)
             acc6_1 = acc6_1 + wt51_0 * (
                 0.3779644730092272 * g51_0 * sb2_3_0 + 0.3779644730092272 * g51_1 * sb2_0_0
@@ -3522,6 +3406,15 @@ def tp_bwd_x1_1(
             acc6_6 = acc6_6 + wt51_0 * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
             wt52_0 = w52[tile_b, tile_c, 0]
+            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+            g52te, g52to = hl.split(g52t)
+            g52tee, g52teo = hl.split(g52te)
+            g52_0, g52_4 = hl.split(g52tee)
+            g52_2, g52_6 = hl.split(g52teo)
+            g52toe, g52too = hl.split(g52to)
+            g52_1, g52_5 = hl.split(g52toe)
+            g52_3, g52_7 = hl.split(g52too)
             acc6_0 = acc6_0 + wt52_0 * (
                 -0.42257712736425834 * g52_0 * sb2_1_0 + 0.42257712736425834 * g52_1 * sb2_0_0
                 - 0.42257712736425834 * g52_3 * sb2_4_0 + 0.42257712736425834 * g52_4 * sb2_3_0
@@ -3548,6 +3441,15 @@ def tp_bwd_x1_1(
             )
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
             wt53_0 = w53[tile_b, tile_c, 0]
+            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+            g53te, g53to = hl.split(g53t)
+            g53tee, g53teo = hl.split(g53te)
+            g53_0, g53_4 = hl.split(g53tee)
+            g53_2, g53_6 = hl.split(g53teo)
+            g53toe, g53too = hl.split(g53to)
+            g53_1, g53_5 = hl.split(g53toe)
+            g53_3, g53_7 = hl.split(g53too)
             acc6_0 = acc6_0 + wt53_0 * (
                 -0.6454972243679029 * g53_0 * sb2_2_0 + 0.45643546458763845 * g53_1 * sb2_3_0
                 - 0.2886751345948129 * g53_2 * sb2_4_0 - 0.2886751345948129 * g53_4 * sb2_0_0
@@ -3587,6 +3489,7 @@ def tp_bwd_x1_1(
             )
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
             wt54_0 = w54[tile_b, tile_c, 0]
+            g54_0 = g_54[tile_b, 0, tile_c]
             acc6_0 = acc6_0 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_0_0)
             acc6_1 = acc6_1 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_1_0)
             acc6_2 = acc6_2 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_2_0)
@@ -3596,6 +3499,11 @@ def tp_bwd_x1_1(
             acc6_6 = acc6_6 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_6_0)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
             wt55_0 = w55[tile_b, tile_c, 0]
+            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g55t = g55.reshape([tile_b, tile_c, 2, 2])
+            g55te, g55to = hl.split(g55t)
+            g55_0, g55_2 = hl.split(g55te)
+            g55_1, g55_3 = hl.split(g55to)
             acc6_0 = acc6_0 + wt55_0 * (
                 -0.23145502494313785 * g55_0 * sb3_1_0 - 0.5669467095138409 * g55_1 * sb3_6_0
                 + 0.23145502494313785 * g55_2 * sb3_5_0
@@ -3625,6 +3533,15 @@ def tp_bwd_x1_1(
             )
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
             wt56_0 = w56[tile_b, tile_c, 0]
+            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+            g56te, g56to = hl.split(g56t)
+            g56tee, g56teo = hl.split(g56te)
+            g56_0, g56_4 = hl.split(g56tee)
+            g56_2, g56_6 = hl.split(g56teo)
+            g56toe, g56too = hl.split(g56to)
+            g56_1, g56_5 = hl.split(g56toe)
+            g56_3, g56_7 = hl.split(g56too)
             acc6_0 = acc6_0 + wt56_0 * (
                 -0.24397501823713333 * g56_0 * sb3_4_0 + 0.3857583749052298 * g56_1 * sb3_5_0
                 - 0.545544725589981 * g56_2 * sb3_0_0 + 0.3857583749052298 * g56_3 * sb3_1_0
@@ -3664,6 +3581,15 @@ def tp_bwd_x1_1(
             )
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
             wt57_0 = w57[tile_b, tile_c, 0]
+            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+            g57te, g57to = hl.split(g57t)
+            g57tee, g57teo = hl.split(g57te)
+            g57_0, g57_4 = hl.split(g57tee)
+            g57_2, g57_6 = hl.split(g57teo)
+            g57toe, g57too = hl.split(g57to)
+            g57_1, g57_5 = hl.split(g57toe)
+            g57_3, g57_7 = hl.split(g57too)
             acc6_0 = acc6_0 + wt57_0 * (
                 -0.408248290463863 * g57_1 * sb3_2_0 + 0.408248290463863 * g57_2 * sb3_1_0
                 + 0.408248290463863 * g57_3 * sb3_6_0 - 0.408248290463863 * g57_4 * sb3_5_0
@@ -3710,6 +3636,15 @@ def tp_bwd_x1_1(
             acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
             wt58_0 = w58[tile_b, tile_c, 0]
+            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+            g58te, g58to = hl.split(g58t)
+            g58tee, g58teo = hl.split(g58te)
+            g58_0, g58_4 = hl.split(g58tee)
+            g58_2, g58_6 = hl.split(g58teo)
+            g58toe, g58too = hl.split(g58to)
+            g58_1, g58_5 = hl.split(g58toe)
+            g58_3, g58_7 = hl.split(g58too)
             acc7_0 = acc7_0 + wt58_0 * (1.0000000000000002 * g58_0 * sb0_0_0)
             acc7_1 = acc7_1 + wt58_0 * (1.0000000000000002 * g58_1 * sb0_0_0)
             acc7_2 = acc7_2 + wt58_0 * (1.0000000000000002 * g58_2 * sb0_0_0)
@@ -3719,6 +3654,15 @@ def tp_bwd_x1_1(
             acc7_6 = acc7_6 + wt58_0 * (1.0000000000000002 * g58_6 * sb0_0_0)
             # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
             wt59_0 = w59[tile_b, tile_c, 0]
+            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+            g59te, g59to = hl.split(g59t)
+            g59tee, g59teo = hl.split(g59te)
+            g59_0, g59_4 = hl.split(g59tee)
+            g59_2, g59_6 = hl.split(g59teo)
+            g59toe, g59too = hl.split(g59to)
+            g59_1, g59_5 = hl.split(g59toe)
+            g59_3, g59_7 = hl.split(g59too)
             acc7_0 = acc7_0 + wt59_0 * (0.5976143046671969 * g59_0 * sb1_2_0 + 0.5976143046671969 * g59_4 * sb1_0_0)
             acc7_1 = acc7_1 + wt59_0 * (
                 0.48795003647426666 * g59_0 * sb1_1_0 + 0.48795003647426666 * g59_1 * sb1_2_0
@@ -3743,6 +3687,15 @@ def tp_bwd_x1_1(
             acc7_6 = acc7_6 + wt59_0 * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
             wt60_0 = w60[tile_b, tile_c, 0]
+            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+            g60te, g60to = hl.split(g60t)
+            g60tee, g60teo = hl.split(g60te)
+            g60_0, g60_4 = hl.split(g60tee)
+            g60_2, g60_6 = hl.split(g60teo)
+            g60toe, g60too = hl.split(g60to)
+            g60_1, g60_5 = hl.split(g60toe)
+            g60_3, g60_7 = hl.split(g60too)
             acc7_0 = acc7_0 + wt60_0 * (
                 0.3535533905932738 * g60_1 * sb1_0_0 - 0.3535533905932738 * g60_5 * sb1_2_0
                 + 0.8660254037844387 * g60_6 * sb1_1_0
@@ -3772,6 +3725,11 @@ def tp_bwd_x1_1(
             )
             # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
             wt61_0 = w61[tile_b, tile_c, 0]
+            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g61t = g61.reshape([tile_b, tile_c, 2, 2])
+            g61te, g61to = hl.split(g61t)
+            g61_0, g61_2 = hl.split(g61te)
+            g61_1, g61_3 = hl.split(g61to)
             acc7_0 = acc7_0 + wt61_0 * (0.4629100498862757 * g61_0 * sb2_4_0 + 0.4629100498862757 * g61_2 * sb2_0_0)
             acc7_1 = acc7_1 + wt61_0 * (
                 0.3779644730092272 * g61_0 * sb2_3_0 + 0.3779644730092272 * g61_1 * sb2_0_0
@@ -3796,6 +3754,15 @@ def tp_bwd_x1_1(
             acc7_6 = acc7_6 + wt61_0 * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
             wt62_0 = w62[tile_b, tile_c, 0]
+            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+            g62te, g62to = hl.split(g62t)
+            g62tee, g62teo = hl.split(g62te)
+            g62_0, g62_4 = hl.split(g62tee)
+            g62_2, g62_6 = hl.split(g62teo)
+            g62toe, g62too = hl.split(g62to)
+            g62_1, g62_5 = hl.split(g62toe)
+            g62_3, g62_7 = hl.split(g62too)
             acc7_0 = acc7_0 + wt62_0 * (
                 -0.42257712736425834 * g62_0 * sb2_1_0 + 0.42257712736425834 * g62_1 * sb2_0_0
                 - 0.42257712736425834 * g62_3 * sb2_4_0 + 0.42257712736425834 * g62_4 * sb2_3_0
@@ -3822,6 +3789,15 @@ def tp_bwd_x1_1(
             )
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
             wt63_0 = w63[tile_b, tile_c, 0]
+            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+            g63te, g63to = hl.split(g63t)
+            g63tee, g63teo = hl.split(g63te)
+            g63_0, g63_4 = hl.split(g63tee)
+            g63_2, g63_6 = hl.split(g63teo)
+            g63toe, g63too = hl.split(g63to)
+            g63_1, g63_5 = hl.split(g63toe)
+            g63_3, g63_7 = hl.split(g63too)
             acc7_0 = acc7_0 + wt63_0 * (
                 -0.6454972243679029 * g63_0 * sb2_2_0 + 0.45643546458763845 * g63_1 * sb2_3_0
                 - 0.2886751345948129 * g63_2 * sb2_4_0 - 0.2886751345948129 * g63_4 * sb2_0_0
@@ -3861,6 +3837,7 @@ def tp_bwd_x1_1(
             )
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
             wt64_0 = w64[tile_b, tile_c, 0]
+            g64_0 = g_64[tile_b, 0, tile_c]
             acc7_0 = acc7_0 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_0_0)
             acc7_1 = acc7_1 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_1_0)
             acc7_2 = acc7_2 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_2_0)
@@ -3870,6 +3847,11 @@ def tp_bwd_x1_1(
             acc7_6 = acc7_6 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_6_0)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
             wt65_0 = w65[tile_b, tile_c, 0]
+            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g65t = g65.reshape([tile_b, tile_c, 2, 2])
+            g65te, g65to = hl.split(g65t)
+            g65_0, g65_2 = hl.split(g65te)
+            g65_1, g65_3 = hl.split(g65to)
             acc7_0 = acc7_0 + wt65_0 * (
                 -0.23145502494313785 * g65_0 * sb3_1_0 - 0.5669467095138409 * g65_1 * sb3_6_0
                 + 0.23145502494313785 * g65_2 * sb3_5_0
@@ -3899,6 +3881,15 @@ def tp_bwd_x1_1(
             )
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
             wt66_0 = w66[tile_b, tile_c, 0]
+            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+            g66te, g66to = hl.split(g66t)
+            g66tee, g66teo = hl.split(g66te)
+            g66_0, g66_4 = hl.split(g66tee)
+            g66_2, g66_6 = hl.split(g66teo)
+            g66toe, g66too = hl.split(g66to)
+            g66_1, g66_5 = hl.split(g66toe)
+            g66_3, g66_7 = hl.split(g66too)
             acc7_0 = acc7_0 + wt66_0 * (
                 -0.24397501823713333 * g66_0 * sb3_4_0 + 0.3857583749052298 * g66_1 * sb3_5_0
                 - 0.545544725589981 * g66_2 * sb3_0_0 + 0.3857583749052298 * g66_3 * sb3_1_0
@@ -3938,6 +3929,15 @@ def tp_bwd_x1_1(
             )
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
             wt67_0 = w67[tile_b, tile_c, 0]
+            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+            g67te, g67to = hl.split(g67t)
+            g67tee, g67teo = hl.split(g67te)
+            g67_0, g67_4 = hl.split(g67tee)
+            g67_2, g67_6 = hl.split(g67teo)
+            g67toe, g67too = hl.split(g67to)
+            g67_1, g67_5 = hl.split(g67toe)
+            g67_3, g67_7 = hl.split(g67too)
             acc7_0 = acc7_0 + wt67_0 * (
                 -0.408248290463863 * g67_1 * sb3_2_0 + 0.408248290463863 * g67_2 * sb3_1_0
                 + 0.408248290463863 * g67_3 * sb3_6_0 - 0.408248290463863 * g67_4 * sb3_5_0
@@ -4106,18 +4106,53 @@ def tp_bwd_x2_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
+                # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
+                rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
+                rg4_0 = g_4[tile_b, 0, tile_r]
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg4_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
+                wr8 = w8[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra2_0 * rg8_0 + 0.9999999999999999 * ra2_1 * rg8_1
+                    + 0.9999999999999999 * ra2_2 * rg8_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr8).sum(1)
+                # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
+                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg17t = rg17.reshape([tile_b, tile_r, 2, 2])
+                rg17te, rg17to = hl.split(rg17t)
+                rg17_0, rg17_2 = hl.split(rg17te)
+                rg17_1, rg17_3 = hl.split(rg17to)
+                wr17 = w17[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra3_0 * rg17_0 + 0.9999999999999999 * ra3_1 * rg17_1
+                    + 0.9999999999999999 * ra3_2 * rg17_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
+                # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
                 ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
                 ra4te, ra4to = hl.split(ra4t)
@@ -4127,149 +4162,6 @@ def tp_bwd_x2_0(
                 ra4toe, ra4too = hl.split(ra4to)
                 ra4_1, ra4_5 = hl.split(ra4toe)
                 ra4_3, ra4_7 = hl.split(ra4too)
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
-                ra5te, ra5to = hl.split(ra5t)
-                ra5tee, ra5teo = hl.split(ra5te)
-                ra5_0, ra5_4 = hl.split(ra5tee)
-                ra5_2, ra5_6 = hl.split(ra5teo)
-                ra5toe, ra5too = hl.split(ra5to)
-                ra5_1, ra5_5 = hl.split(ra5toe)
-                ra5_3, ra5_7 = hl.split(ra5too)
-                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
-                ra6te, ra6to = hl.split(ra6t)
-                ra6tee, ra6teo = hl.split(ra6te)
-                ra6_0, ra6_4 = hl.split(ra6tee)
-                ra6_2, ra6_6 = hl.split(ra6teo)
-                ra6toe, ra6too = hl.split(ra6to)
-                ra6_1, ra6_5 = hl.split(ra6toe)
-                ra6_3, ra6_7 = hl.split(ra6too)
-                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
-                ra7te, ra7to = hl.split(ra7t)
-                ra7tee, ra7teo = hl.split(ra7te)
-                ra7_0, ra7_4 = hl.split(ra7tee)
-                ra7_2, ra7_6 = hl.split(ra7teo)
-                ra7toe, ra7too = hl.split(ra7to)
-                ra7_1, ra7_5 = hl.split(ra7toe)
-                ra7_3, ra7_7 = hl.split(ra7too)
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
-                rg2te, rg2to = hl.split(rg2t)
-                rg2tee, rg2teo = hl.split(rg2te)
-                rg2_0, rg2_4 = hl.split(rg2tee)
-                rg2_2, rg2_6 = hl.split(rg2teo)
-                rg2toe, rg2too = hl.split(rg2to)
-                rg2_1, rg2_5 = hl.split(rg2toe)
-                rg2_3, rg2_7 = hl.split(rg2too)
-                rg4_0 = g_4[tile_b, 0, tile_r]
-                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg5t = rg5.reshape([tile_b, tile_r, 2, 2])
-                rg5te, rg5to = hl.split(rg5t)
-                rg5_0, rg5_2 = hl.split(rg5te)
-                rg5_1, rg5_3 = hl.split(rg5to)
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
-                rg6te, rg6to = hl.split(rg6t)
-                rg6tee, rg6teo = hl.split(rg6te)
-                rg6_0, rg6_4 = hl.split(rg6tee)
-                rg6_2, rg6_6 = hl.split(rg6teo)
-                rg6toe, rg6too = hl.split(rg6to)
-                rg6_1, rg6_5 = hl.split(rg6toe)
-                rg6_3, rg6_7 = hl.split(rg6too)
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
-                rg8te, rg8to = hl.split(rg8t)
-                rg8_0, rg8_2 = hl.split(rg8te)
-                rg8_1, rg8_3 = hl.split(rg8to)
-                rg9_0 = g_9[tile_b, 0, tile_r]
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
-                rg10te, rg10to = hl.split(rg10t)
-                rg10_0, rg10_2 = hl.split(rg10te)
-                rg10_1, rg10_3 = hl.split(rg10to)
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
-                rg11te, rg11to = hl.split(rg11t)
-                rg11tee, rg11teo = hl.split(rg11te)
-                rg11_0, rg11_4 = hl.split(rg11tee)
-                rg11_2, rg11_6 = hl.split(rg11teo)
-                rg11toe, rg11too = hl.split(rg11to)
-                rg11_1, rg11_5 = hl.split(rg11toe)
-                rg11_3, rg11_7 = hl.split(rg11too)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
-                rg12te, rg12to = hl.split(rg12t)
-                rg12_0, rg12_2 = hl.split(rg12te)
-                rg12_1, rg12_3 = hl.split(rg12to)
-                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
-                rg13te, rg13to = hl.split(rg13t)
-                rg13tee, rg13teo = hl.split(rg13te)
-                rg13_0, rg13_4 = hl.split(rg13tee)
-                rg13_2, rg13_6 = hl.split(rg13teo)
-                rg13toe, rg13too = hl.split(rg13to)
-                rg13_1, rg13_5 = hl.split(rg13toe)
-                rg13_3, rg13_7 = hl.split(rg13too)
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
-                rg14te, rg14to = hl.split(rg14t)
-                rg14tee, rg14teo = hl.split(rg14te)
-                rg14_0, rg14_4 = hl.split(rg14tee)
-                rg14_2, rg14_6 = hl.split(rg14teo)
-                rg14toe, rg14too = hl.split(rg14to)
-                rg14_1, rg14_5 = hl.split(rg14toe)
-                rg14_3, rg14_7 = hl.split(rg14too)
-                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg17t = rg17.reshape([tile_b, tile_r, 2, 2])
-                rg17te, rg17to = hl.split(rg17t)
-                rg17_0, rg17_2 = hl.split(rg17te)
-                rg17_1, rg17_3 = hl.split(rg17to)
-                rg18_0 = g_18[tile_b, 0, tile_r]
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
-                rg19te, rg19to = hl.split(rg19t)
-                rg19_0, rg19_2 = hl.split(rg19te)
-                rg19_1, rg19_3 = hl.split(rg19to)
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
-                rg20te, rg20to = hl.split(rg20t)
-                rg20tee, rg20teo = hl.split(rg20te)
-                rg20_0, rg20_4 = hl.split(rg20tee)
-                rg20_2, rg20_6 = hl.split(rg20teo)
-                rg20toe, rg20too = hl.split(rg20to)
-                rg20_1, rg20_5 = hl.split(rg20toe)
-                rg20_3, rg20_7 = hl.split(rg20too)
-                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
-                rg21te, rg21to = hl.split(rg21t)
-                rg21_0, rg21_2 = hl.split(rg21te)
-                rg21_1, rg21_3 = hl.split(rg21to)
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
-                rg22te, rg22to = hl.split(rg22t)
-                rg22tee, rg22teo = hl.split(rg22te)
-                rg22_0, rg22_4 = hl.split(rg22tee)
-                rg22_2, rg22_6 = hl.split(rg22teo)
-                rg22toe, rg22too = hl.split(rg22to)
-                rg22_1, rg22_5 = hl.split(rg22toe)
-                rg22_3, rg22_7 = hl.split(rg22too)
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
-                rg23te, rg23to = hl.split(rg23t)
-                rg23tee, rg23teo = hl.split(rg23te)
-                rg23_0, rg23_4 = hl.split(rg23tee)
-                rg23_2, rg23_6 = hl.split(rg23teo)
-                rg23toe, rg23too = hl.split(rg23to)
-                rg23_1, rg23_5 = hl.split(rg23toe)
-                rg23_3, rg23_7 = hl.split(rg23too)
                 rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
                 rg26te, rg26to = hl.split(rg26t)
@@ -4279,53 +4171,23 @@ def tp_bwd_x2_0(
                 rg26toe, rg26too = hl.split(rg26to)
                 rg26_1, rg26_5 = hl.split(rg26toe)
                 rg26_3, rg26_7 = hl.split(rg26too)
-                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
-                rg27te, rg27to = hl.split(rg27t)
-                rg27_0, rg27_2 = hl.split(rg27te)
-                rg27_1, rg27_3 = hl.split(rg27to)
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
-                rg28te, rg28to = hl.split(rg28t)
-                rg28tee, rg28teo = hl.split(rg28te)
-                rg28_0, rg28_4 = hl.split(rg28tee)
-                rg28_2, rg28_6 = hl.split(rg28teo)
-                rg28toe, rg28too = hl.split(rg28to)
-                rg28_1, rg28_5 = hl.split(rg28toe)
-                rg28_3, rg28_7 = hl.split(rg28too)
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
-                rg29te, rg29to = hl.split(rg29t)
-                rg29tee, rg29teo = hl.split(rg29te)
-                rg29_0, rg29_4 = hl.split(rg29tee)
-                rg29_2, rg29_6 = hl.split(rg29teo)
-                rg29toe, rg29too = hl.split(rg29to)
-                rg29_1, rg29_5 = hl.split(rg29toe)
-                rg29_3, rg29_7 = hl.split(rg29too)
-                rg30_0 = g_30[tile_b, 0, tile_r]
-                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
-                rg31te, rg31to = hl.split(rg31t)
-                rg31_0, rg31_2 = hl.split(rg31te)
-                rg31_1, rg31_3 = hl.split(rg31to)
-                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
-                rg32te, rg32to = hl.split(rg32t)
-                rg32tee, rg32teo = hl.split(rg32te)
-                rg32_0, rg32_4 = hl.split(rg32tee)
-                rg32_2, rg32_6 = hl.split(rg32teo)
-                rg32toe, rg32too = hl.split(rg32to)
-                rg32_1, rg32_5 = hl.split(rg32toe)
-                rg32_3, rg32_7 = hl.split(rg32too)
-                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
-                rg33te, rg33to = hl.split(rg33t)
-                rg33tee, rg33teo = hl.split(rg33te)
-                rg33_0, rg33_4 = hl.split(rg33tee)
-                rg33_2, rg33_6 = hl.split(rg33teo)
-                rg33toe, rg33too = hl.split(rg33to)
-                rg33_1, rg33_5 = hl.split(rg33toe)
-                rg33_3, rg33_7 = hl.split(rg33too)
+                wr26 = w26[tile_b, tile_r, tile_c]
+                t = (
+                    ra4_0 * rg26_0 + ra4_1 * rg26_1
+                    + ra4_2 * rg26_2 + ra4_3 * rg26_3
+                    + ra4_4 * rg26_4
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr26).sum(1)
+                # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
                 rg37 = hl.load(g_37, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg37t = rg37.reshape([tile_b, tile_r, 2, 2, 2])
                 rg37te, rg37to = hl.split(rg37t)
@@ -4335,53 +4197,23 @@ def tp_bwd_x2_0(
                 rg37toe, rg37too = hl.split(rg37to)
                 rg37_1, rg37_5 = hl.split(rg37toe)
                 rg37_3, rg37_7 = hl.split(rg37too)
-                rg38 = hl.load(g_38, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg38t = rg38.reshape([tile_b, tile_r, 2, 2])
-                rg38te, rg38to = hl.split(rg38t)
-                rg38_0, rg38_2 = hl.split(rg38te)
-                rg38_1, rg38_3 = hl.split(rg38to)
-                rg39 = hl.load(g_39, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg39t = rg39.reshape([tile_b, tile_r, 2, 2, 2])
-                rg39te, rg39to = hl.split(rg39t)
-                rg39tee, rg39teo = hl.split(rg39te)
-                rg39_0, rg39_4 = hl.split(rg39tee)
-                rg39_2, rg39_6 = hl.split(rg39teo)
-                rg39toe, rg39too = hl.split(rg39to)
-                rg39_1, rg39_5 = hl.split(rg39toe)
-                rg39_3, rg39_7 = hl.split(rg39too)
-                rg40 = hl.load(g_40, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg40t = rg40.reshape([tile_b, tile_r, 2, 2, 2])
-                rg40te, rg40to = hl.split(rg40t)
-                rg40tee, rg40teo = hl.split(rg40te)
-                rg40_0, rg40_4 = hl.split(rg40tee)
-                rg40_2, rg40_6 = hl.split(rg40teo)
-                rg40toe, rg40too = hl.split(rg40to)
-                rg40_1, rg40_5 = hl.split(rg40toe)
-                rg40_3, rg40_7 = hl.split(rg40too)
-                rg41_0 = g_41[tile_b, 0, tile_r]
-                rg42 = hl.load(g_42, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg42t = rg42.reshape([tile_b, tile_r, 2, 2])
-                rg42te, rg42to = hl.split(rg42t)
-                rg42_0, rg42_2 = hl.split(rg42te)
-                rg42_1, rg42_3 = hl.split(rg42to)
-                rg43 = hl.load(g_43, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg43t = rg43.reshape([tile_b, tile_r, 2, 2, 2])
-                rg43te, rg43to = hl.split(rg43t)
-                rg43tee, rg43teo = hl.split(rg43te)
-                rg43_0, rg43_4 = hl.split(rg43tee)
-                rg43_2, rg43_6 = hl.split(rg43teo)
-                rg43toe, rg43too = hl.split(rg43to)
-                rg43_1, rg43_5 = hl.split(rg43toe)
-                rg43_3, rg43_7 = hl.split(rg43too)
-                rg44 = hl.load(g_44, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg44t = rg44.reshape([tile_b, tile_r, 2, 2, 2])
-                rg44te, rg44to = hl.split(rg44t)
-                rg44tee, rg44teo = hl.split(rg44te)
-                rg44_0, rg44_4 = hl.split(rg44tee)
-                rg44_2, rg44_6 = hl.split(rg44teo)
-                rg44toe, rg44too = hl.split(rg44to)
-                rg44_1, rg44_5 = hl.split(rg44toe)
-                rg44_3, rg44_7 = hl.split(rg44too)
+                wr37 = w37[tile_b, tile_r, tile_c]
+                t = (
+                    ra5_0 * rg37_0 + ra5_1 * rg37_1
+                    + ra5_2 * rg37_2 + ra5_3 * rg37_3
+                    + ra5_4 * rg37_4
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr37).sum(1)
+                # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
+                ra6te, ra6to = hl.split(ra6t)
+                ra6tee, ra6teo = hl.split(ra6te)
+                ra6_0, ra6_4 = hl.split(ra6tee)
+                ra6_2, ra6_6 = hl.split(ra6teo)
+                ra6toe, ra6too = hl.split(ra6to)
+                ra6_1, ra6_5 = hl.split(ra6toe)
+                ra6_3, ra6_7 = hl.split(ra6too)
                 rg48 = hl.load(g_48, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg48t = rg48.reshape([tile_b, tile_r, 2, 2, 2])
                 rg48te, rg48to = hl.split(rg48t)
@@ -4391,136 +4223,6 @@ def tp_bwd_x2_0(
                 rg48toe, rg48too = hl.split(rg48to)
                 rg48_1, rg48_5 = hl.split(rg48toe)
                 rg48_3, rg48_7 = hl.split(rg48too)
-                rg49 = hl.load(g_49, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg49t = rg49.reshape([tile_b, tile_r, 2, 2, 2])
-                rg49te, rg49to = hl.split(rg49t)
-                rg49tee, rg49teo = hl.split(rg49te)
-                rg49_0, rg49_4 = hl.split(rg49tee)
-                rg49_2, rg49_6 = hl.split(rg49teo)
-                rg49toe, rg49too = hl.split(rg49to)
-                rg49_1, rg49_5 = hl.split(rg49toe)
-                rg49_3, rg49_7 = hl.split(rg49too)
-                rg50 = hl.load(g_50, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg50t = rg50.reshape([tile_b, tile_r, 2, 2, 2])
-                rg50te, rg50to = hl.split(rg50t)
-                rg50tee, rg50teo = hl.split(rg50te)
-                rg50_0, rg50_4 = hl.split(rg50tee)
-                rg50_2, rg50_6 = hl.split(rg50teo)
-                rg50toe, rg50too = hl.split(rg50to)
-                rg50_1, rg50_5 = hl.split(rg50toe)
-                rg50_3, rg50_7 = hl.split(rg50too)
-                rg51 = hl.load(g_51, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg51t = rg51.reshape([tile_b, tile_r, 2, 2])
-                rg51te, rg51to = hl.split(rg51t)
-                rg51_0, rg51_2 = hl.split(rg51te)
-                rg51_1, rg51_3 = hl.split(rg51to)
-                rg52 = hl.load(g_52, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg52t = rg52.reshape([tile_b, tile_r, 2, 2, 2])
-                rg52te, rg52to = hl.split(rg52t)
-                rg52tee, rg52teo = hl.split(rg52te)
-                rg52_0, rg52_4 = hl.split(rg52tee)
-                rg52_2, rg52_6 = hl.split(rg52teo)
-                rg52toe, rg52too = hl.split(rg52to)
-                rg52_1, rg52_5 = hl.split(rg52toe)
-                rg52_3, rg52_7 = hl.split(rg52too)
-                rg53 = hl.load(g_53, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg53t = rg53.reshape([tile_b, tile_r, 2, 2, 2])
-                rg53te, rg53to = hl.split(rg53t)
-                rg53tee, rg53teo = hl.split(rg53te)
-                rg53_0, rg53_4 = hl.split(rg53tee)
-                rg53_2, rg53_6 = hl.split(rg53teo)
-                rg53toe, rg53too = hl.split(rg53to)
-                rg53_1, rg53_5 = hl.split(rg53toe)
-                rg53_3, rg53_7 = hl.split(rg53too)
-                rg58 = hl.load(g_58, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg58t = rg58.reshape([tile_b, tile_r, 2, 2, 2])
-                rg58te, rg58to = hl.split(rg58t)
-                rg58tee, rg58teo = hl.split(rg58te)
-                rg58_0, rg58_4 = hl.split(rg58tee)
-                rg58_2, rg58_6 = hl.split(rg58teo)
-                rg58toe, rg58too = hl.split(rg58to)
-                rg58_1, rg58_5 = hl.split(rg58toe)
-                rg58_3, rg58_7 = hl.split(rg58too)
-                rg59 = hl.load(g_59, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg59t = rg59.reshape([tile_b, tile_r, 2, 2, 2])
-                rg59te, rg59to = hl.split(rg59t)
-                rg59tee, rg59teo = hl.split(rg59te)
-                rg59_0, rg59_4 = hl.split(rg59tee)
-                rg59_2, rg59_6 = hl.split(rg59teo)
-                rg59toe, rg59too = hl.split(rg59to)
-                rg59_1, rg59_5 = hl.split(rg59toe)
-                rg59_3, rg59_7 = hl.split(rg59too)
-                rg60 = hl.load(g_60, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg60t = rg60.reshape([tile_b, tile_r, 2, 2, 2])
-                rg60te, rg60to = hl.split(rg60t)
-                rg60tee, rg60teo = hl.split(rg60te)
-                rg60_0, rg60_4 = hl.split(rg60tee)
-                rg60_2, rg60_6 = hl.split(rg60teo)
-                rg60toe, rg60too = hl.split(rg60to)
-                rg60_1, rg60_5 = hl.split(rg60toe)
-                rg60_3, rg60_7 = hl.split(rg60too)
-                rg61 = hl.load(g_61, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg61t = rg61.reshape([tile_b, tile_r, 2, 2])
-                rg61te, rg61to = hl.split(rg61t)
-                rg61_0, rg61_2 = hl.split(rg61te)
-                rg61_1, rg61_3 = hl.split(rg61to)
-                rg62 = hl.load(g_62, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg62t = rg62.reshape([tile_b, tile_r, 2, 2, 2])
-                rg62te, rg62to = hl.split(rg62t)
-                rg62tee, rg62teo = hl.split(rg62te)
-                rg62_0, rg62_4 = hl.split(rg62tee)
-                rg62_2, rg62_6 = hl.split(rg62teo)
-                rg62toe, rg62too = hl.split(rg62to)
-                rg62_1, rg62_5 = hl.split(rg62toe)
-                rg62_3, rg62_7 = hl.split(rg62too)
-                rg63 = hl.load(g_63, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg63t = rg63.reshape([tile_b, tile_r, 2, 2, 2])
-                rg63te, rg63to = hl.split(rg63t)
-                rg63tee, rg63teo = hl.split(rg63te)
-                rg63_0, rg63_4 = hl.split(rg63tee)
-                rg63_2, rg63_6 = hl.split(rg63teo)
-                rg63toe, rg63too = hl.split(rg63to)
-                rg63_1, rg63_5 = hl.split(rg63toe)
-                rg63_3, rg63_7 = hl.split(rg63too)
-                # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                wr4 = w4[tile_b, tile_r, tile_c]
-                t = (ra1_0 * rg4_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
-                # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                wr8 = w8[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra2_0 * rg8_0 + 0.9999999999999999 * ra2_1 * rg8_1
-                    + 0.9999999999999999 * ra2_2 * rg8_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8).sum(1)
-                # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                wr17 = w17[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra3_0 * rg17_0 + 0.9999999999999999 * ra3_1 * rg17_1
-                    + 0.9999999999999999 * ra3_2 * rg17_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
-                # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-                wr26 = w26[tile_b, tile_r, tile_c]
-                t = (
-                    ra4_0 * rg26_0 + ra4_1 * rg26_1
-                    + ra4_2 * rg26_2 + ra4_3 * rg26_3
-                    + ra4_4 * rg26_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr26).sum(1)
-                # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-                wr37 = w37[tile_b, tile_r, tile_c]
-                t = (
-                    ra5_0 * rg37_0 + ra5_1 * rg37_1
-                    + ra5_2 * rg37_2 + ra5_3 * rg37_3
-                    + ra5_4 * rg37_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr37).sum(1)
-                # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
                 wr48 = w48[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra6_0 * rg48_0 + 1.0000000000000002 * ra6_1 * rg48_1
@@ -4530,6 +4232,24 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr48).sum(1)
                 # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
+                ra7te, ra7to = hl.split(ra7t)
+                ra7tee, ra7teo = hl.split(ra7te)
+                ra7_0, ra7_4 = hl.split(ra7tee)
+                ra7_2, ra7_6 = hl.split(ra7teo)
+                ra7toe, ra7too = hl.split(ra7to)
+                ra7_1, ra7_5 = hl.split(ra7toe)
+                ra7_3, ra7_7 = hl.split(ra7too)
+                rg58 = hl.load(g_58, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg58t = rg58.reshape([tile_b, tile_r, 2, 2, 2])
+                rg58te, rg58to = hl.split(rg58t)
+                rg58tee, rg58teo = hl.split(rg58te)
+                rg58_0, rg58_4 = hl.split(rg58tee)
+                rg58_2, rg58_6 = hl.split(rg58teo)
+                rg58toe, rg58too = hl.split(rg58to)
+                rg58_1, rg58_5 = hl.split(rg58toe)
+                rg58_3, rg58_7 = hl.split(rg58too)
                 wr58 = w58[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra7_0 * rg58_0 + 1.0000000000000002 * ra7_1 * rg58_1
@@ -4539,6 +4259,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr58).sum(1)
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
@@ -4547,6 +4272,11 @@ def tp_bwd_x2_0(
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg5t = rg5.reshape([tile_b, tile_r, 2, 2])
+                rg5te, rg5to = hl.split(rg5t)
+                rg5_0, rg5_2 = hl.split(rg5te)
+                rg5_1, rg5_3 = hl.split(rg5to)
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg5_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
@@ -4555,6 +4285,7 @@ def tp_bwd_x2_0(
                 t = (0.9999999999999999 * ra1_0 * rg5_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
                 # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                rg9_0 = g_9[tile_b, 0, tile_r]
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg9_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
@@ -4563,6 +4294,11 @@ def tp_bwd_x2_0(
                 t = (0.5773502691896257 * ra2_2 * rg9_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
                 # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10_0, rg10_2 = hl.split(rg10te)
+                rg10_1, rg10_3 = hl.split(rg10to)
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg10_1 - 0.7071067811865475 * ra2_1 * rg10_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr10).sum(1)
@@ -4571,6 +4307,15 @@ def tp_bwd_x2_0(
                 t = (0.7071067811865475 * ra2_1 * rg10_0 - 0.7071067811865475 * ra2_0 * rg10_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg11_0 + 0.7071067811865476 * ra2_1 * rg11_1
@@ -4588,6 +4333,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
                 # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+                rg18_0 = g_18[tile_b, 0, tile_r]
                 wr18 = w18[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg18_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr18).sum(1)
@@ -4596,6 +4342,11 @@ def tp_bwd_x2_0(
                 t = (0.5773502691896257 * ra3_2 * rg18_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr18).sum(1)
                 # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
                 wr19 = w19[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg19_1 - 0.7071067811865475 * ra3_1 * rg19_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
@@ -4604,6 +4355,15 @@ def tp_bwd_x2_0(
                 t = (0.7071067811865475 * ra3_1 * rg19_0 - 0.7071067811865475 * ra3_0 * rg19_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg20_0 + 0.7071067811865476 * ra3_1 * rg20_1
@@ -4621,6 +4381,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
                 # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
+                rg27te, rg27to = hl.split(rg27t)
+                rg27_0, rg27_2 = hl.split(rg27te)
+                rg27_1, rg27_3 = hl.split(rg27to)
                 wr27 = w27[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg27_0 - 0.5477225575051661 * ra4_4 * rg27_0
@@ -4638,6 +4403,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28tee, rg28teo = hl.split(rg28te)
+                rg28_0, rg28_4 = hl.split(rg28tee)
+                rg28_2, rg28_6 = hl.split(rg28teo)
+                rg28toe, rg28too = hl.split(rg28to)
+                rg28_1, rg28_5 = hl.split(rg28toe)
+                rg28_3, rg28_7 = hl.split(rg28too)
                 wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg28_0 + 0.408248290463863 * ra4_0 * rg28_1
@@ -4657,6 +4431,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra4_4 * rg29_0 + 0.5773502691896258 * ra4_3 * rg29_1
@@ -4679,6 +4462,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr29).sum(1)
                 # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+                rg38 = hl.load(g_38, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg38t = rg38.reshape([tile_b, tile_r, 2, 2])
+                rg38te, rg38to = hl.split(rg38t)
+                rg38_0, rg38_2 = hl.split(rg38te)
+                rg38_1, rg38_3 = hl.split(rg38to)
                 wr38 = w38[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg38_0 - 0.5477225575051661 * ra5_4 * rg38_0
@@ -4696,6 +4484,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr38).sum(1)
                 # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+                rg39 = hl.load(g_39, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg39t = rg39.reshape([tile_b, tile_r, 2, 2, 2])
+                rg39te, rg39to = hl.split(rg39t)
+                rg39tee, rg39teo = hl.split(rg39te)
+                rg39_0, rg39_4 = hl.split(rg39tee)
+                rg39_2, rg39_6 = hl.split(rg39teo)
+                rg39toe, rg39too = hl.split(rg39to)
+                rg39_1, rg39_5 = hl.split(rg39toe)
+                rg39_3, rg39_7 = hl.split(rg39too)
                 wr39 = w39[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg39_0 + 0.408248290463863 * ra5_0 * rg39_1
@@ -4715,6 +4512,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr39).sum(1)
                 # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
+                rg40 = hl.load(g_40, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg40t = rg40.reshape([tile_b, tile_r, 2, 2, 2])
+                rg40te, rg40to = hl.split(rg40t)
+                rg40tee, rg40teo = hl.split(rg40te)
+                rg40_0, rg40_4 = hl.split(rg40tee)
+                rg40_2, rg40_6 = hl.split(rg40teo)
+                rg40toe, rg40too = hl.split(rg40to)
+                rg40_1, rg40_5 = hl.split(rg40toe)
+                rg40_3, rg40_7 = hl.split(rg40too)
                 wr40 = w40[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra5_4 * rg40_0 + 0.5773502691896258 * ra5_3 * rg40_1
@@ -4737,6 +4543,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr40).sum(1)
                 # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
+                rg49 = hl.load(g_49, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg49t = rg49.reshape([tile_b, tile_r, 2, 2, 2])
+                rg49te, rg49to = hl.split(rg49t)
+                rg49tee, rg49teo = hl.split(rg49te)
+                rg49_0, rg49_4 = hl.split(rg49tee)
+                rg49_2, rg49_6 = hl.split(rg49teo)
+                rg49toe, rg49too = hl.split(rg49to)
+                rg49_1, rg49_5 = hl.split(rg49toe)
+                rg49_3, rg49_7 = hl.split(rg49too)
                 wr49 = w49[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra6_4 * rg49_0 - 0.5976143046671969 * ra6_6 * rg49_0
@@ -4759,6 +4574,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr49).sum(1)
                 # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
+                rg50 = hl.load(g_50, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg50t = rg50.reshape([tile_b, tile_r, 2, 2, 2])
+                rg50te, rg50to = hl.split(rg50t)
+                rg50tee, rg50teo = hl.split(rg50te)
+                rg50_0, rg50_4 = hl.split(rg50tee)
+                rg50_2, rg50_6 = hl.split(rg50teo)
+                rg50toe, rg50too = hl.split(rg50to)
+                rg50_1, rg50_5 = hl.split(rg50toe)
+                rg50_3, rg50_7 = hl.split(rg50too)
                 wr50 = w50[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra6_1 * rg50_0 + 0.3535533905932738 * ra6_0 * rg50_1
@@ -4783,6 +4607,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr50).sum(1)
                 # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
+                rg59 = hl.load(g_59, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg59t = rg59.reshape([tile_b, tile_r, 2, 2, 2])
+                rg59te, rg59to = hl.split(rg59t)
+                rg59tee, rg59teo = hl.split(rg59te)
+                rg59_0, rg59_4 = hl.split(rg59tee)
+                rg59_2, rg59_6 = hl.split(rg59teo)
+                rg59toe, rg59too = hl.split(rg59to)
+                rg59_1, rg59_5 = hl.split(rg59toe)
+                rg59_3, rg59_7 = hl.split(rg59too)
                 wr59 = w59[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra7_4 * rg59_0 - 0.5976143046671969 * ra7_6 * rg59_0
@@ -4805,6 +4638,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr59).sum(1)
                 # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
+                rg60 = hl.load(g_60, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg60t = rg60.reshape([tile_b, tile_r, 2, 2, 2])
+                rg60te, rg60to = hl.split(rg60t)
+                rg60tee, rg60teo = hl.split(rg60te)
+                rg60_0, rg60_4 = hl.split(rg60tee)
+                rg60_2, rg60_6 = hl.split(rg60teo)
+                rg60toe, rg60too = hl.split(rg60to)
+                rg60_1, rg60_5 = hl.split(rg60toe)
+                rg60_3, rg60_7 = hl.split(rg60too)
                 wr60 = w60[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra7_1 * rg60_0 + 0.3535533905932738 * ra7_0 * rg60_1
@@ -4829,6 +4671,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr60).sum(1)
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -4841,6 +4692,15 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6tee, rg6teo = hl.split(rg6te)
+                rg6_0, rg6_4 = hl.split(rg6tee)
+                rg6_2, rg6_6 = hl.split(rg6teo)
+                rg6toe, rg6too = hl.split(rg6to)
+                rg6_1, rg6_5 = hl.split(rg6toe)
+                rg6_3, rg6_7 = hl.split(rg6too)
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg6_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
@@ -4853,6 +4713,11 @@ def tp_bwd_x2_0(
                 t = (ra1_0 * rg6_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
                 # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12_0, rg12_2 = hl.split(rg12te)
+                rg12_1, rg12_3 = hl.split(rg12to)
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr12).sum(1)
@@ -4868,6 +4733,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg12_0 + 0.5477225575051661 * ra2_2 * rg12_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr12).sum(1)
                 # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
+                rg13te, rg13to = hl.split(rg13t)
+                rg13tee, rg13teo = hl.split(rg13te)
+                rg13_0, rg13_4 = hl.split(rg13tee)
+                rg13_2, rg13_6 = hl.split(rg13teo)
+                rg13toe, rg13too = hl.split(rg13to)
+                rg13_1, rg13_5 = hl.split(rg13toe)
+                rg13_3, rg13_7 = hl.split(rg13too)
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg13_1 + 0.408248290463863 * ra2_2 * rg13_3
@@ -4892,6 +4766,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14tee, rg14teo = hl.split(rg14te)
+                rg14_0, rg14_4 = hl.split(rg14tee)
+                rg14_2, rg14_6 = hl.split(rg14teo)
+                rg14toe, rg14too = hl.split(rg14to)
+                rg14_1, rg14_5 = hl.split(rg14toe)
+                rg14_3, rg14_7 = hl.split(rg14too)
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg14_0 + 0.5773502691896258 * ra2_1 * rg14_1
@@ -4921,6 +4804,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
                 # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
+                rg21te, rg21to = hl.split(rg21t)
+                rg21_0, rg21_2 = hl.split(rg21te)
+                rg21_1, rg21_3 = hl.split(rg21to)
                 wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
@@ -4936,6 +4824,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg21_0 + 0.5477225575051661 * ra3_2 * rg21_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
                 wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg22_1 + 0.408248290463863 * ra3_2 * rg22_3
@@ -4960,6 +4857,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
                 wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg23_0 + 0.5773502691896258 * ra3_1 * rg23_1
@@ -4989,6 +4895,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
                 # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+                rg30_0 = g_30[tile_b, 0, tile_r]
                 wr30 = w30[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg30_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr30).sum(1)
@@ -5001,6 +4908,11 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg30_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr30).sum(1)
                 # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
+                rg31te, rg31to = hl.split(rg31t)
+                rg31_0, rg31_2 = hl.split(rg31te)
+                rg31_1, rg31_3 = hl.split(rg31to)
                 wr31 = w31[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg31_0 + 0.6324555320336758 * ra4_4 * rg31_1
@@ -5025,6 +4937,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr31).sum(1)
                 # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
+                rg32te, rg32to = hl.split(rg32t)
+                rg32tee, rg32teo = hl.split(rg32te)
+                rg32_0, rg32_4 = hl.split(rg32tee)
+                rg32_2, rg32_6 = hl.split(rg32teo)
+                rg32toe, rg32too = hl.split(rg32to)
+                rg32_1, rg32_5 = hl.split(rg32toe)
+                rg32_3, rg32_7 = hl.split(rg32too)
                 wr32 = w32[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg32_0 + 0.4629100498862757 * ra4_3 * rg32_1
@@ -5055,6 +4976,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr32).sum(1)
                 # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
+                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
+                rg33te, rg33to = hl.split(rg33t)
+                rg33tee, rg33teo = hl.split(rg33te)
+                rg33_0, rg33_4 = hl.split(rg33tee)
+                rg33_2, rg33_6 = hl.split(rg33teo)
+                rg33toe, rg33too = hl.split(rg33to)
+                rg33_1, rg33_5 = hl.split(rg33toe)
+                rg33_3, rg33_7 = hl.split(rg33too)
                 wr33 = w33[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra4_1 * rg33_0 - 0.38729833462074176 * ra4_1 * rg33_2
@@ -5086,6 +5016,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr33).sum(1)
                 # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                rg41_0 = g_41[tile_b, 0, tile_r]
                 wr41 = w41[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg41_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr41).sum(1)
@@ -5098,6 +5029,11 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg41_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr41).sum(1)
                 # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+                rg42 = hl.load(g_42, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg42t = rg42.reshape([tile_b, tile_r, 2, 2])
+                rg42te, rg42to = hl.split(rg42t)
+                rg42_0, rg42_2 = hl.split(rg42te)
+                rg42_1, rg42_3 = hl.split(rg42to)
                 wr42 = w42[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg42_0 + 0.6324555320336758 * ra5_4 * rg42_1
@@ -5122,6 +5058,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr42).sum(1)
                 # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+                rg43 = hl.load(g_43, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg43t = rg43.reshape([tile_b, tile_r, 2, 2, 2])
+                rg43te, rg43to = hl.split(rg43t)
+                rg43tee, rg43teo = hl.split(rg43te)
+                rg43_0, rg43_4 = hl.split(rg43tee)
+                rg43_2, rg43_6 = hl.split(rg43teo)
+                rg43toe, rg43too = hl.split(rg43to)
+                rg43_1, rg43_5 = hl.split(rg43toe)
+                rg43_3, rg43_7 = hl.split(rg43too)
                 wr43 = w43[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg43_0 + 0.4629100498862757 * ra5_3 * rg43_1
@@ -5152,6 +5097,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr43).sum(1)
                 # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
+                rg44 = hl.load(g_44, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg44t = rg44.reshape([tile_b, tile_r, 2, 2, 2])
+                rg44te, rg44to = hl.split(rg44t)
+                rg44tee, rg44teo = hl.split(rg44te)
+                rg44_0, rg44_4 = hl.split(rg44tee)
+                rg44_2, rg44_6 = hl.split(rg44teo)
+                rg44toe, rg44too = hl.split(rg44to)
+                rg44_1, rg44_5 = hl.split(rg44toe)
+                rg44_3, rg44_7 = hl.split(rg44too)
                 wr44 = w44[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra5_1 * rg44_0 - 0.38729833462074176 * ra5_1 * rg44_2
@@ -5183,6 +5137,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr44).sum(1)
                 # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
+                rg51 = hl.load(g_51, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg51t = rg51.reshape([tile_b, tile_r, 2, 2])
+                rg51te, rg51to = hl.split(rg51t)
+                rg51_0, rg51_2 = hl.split(rg51te)
+                rg51_1, rg51_3 = hl.split(rg51to)
                 wr51 = w51[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra6_4 * rg51_0 - 0.4629100498862757 * ra6_6 * rg51_0
@@ -5212,6 +5171,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr51).sum(1)
                 # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
+                rg52 = hl.load(g_52, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg52t = rg52.reshape([tile_b, tile_r, 2, 2, 2])
+                rg52te, rg52to = hl.split(rg52t)
+                rg52tee, rg52teo = hl.split(rg52te)
+                rg52_0, rg52_4 = hl.split(rg52tee)
+                rg52_2, rg52_6 = hl.split(rg52teo)
+                rg52toe, rg52too = hl.split(rg52to)
+                rg52_1, rg52_5 = hl.split(rg52toe)
+                rg52_3, rg52_7 = hl.split(rg52too)
                 wr52 = w52[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra6_0 * rg52_1 + 0.3273268353539886 * ra6_2 * rg52_1
@@ -5243,6 +5211,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr52).sum(1)
                 # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
+                rg53 = hl.load(g_53, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg53t = rg53.reshape([tile_b, tile_r, 2, 2, 2])
+                rg53te, rg53to = hl.split(rg53t)
+                rg53tee, rg53teo = hl.split(rg53te)
+                rg53_0, rg53_4 = hl.split(rg53tee)
+                rg53_2, rg53_6 = hl.split(rg53teo)
+                rg53toe, rg53too = hl.split(rg53to)
+                rg53_1, rg53_5 = hl.split(rg53toe)
+                rg53_3, rg53_7 = hl.split(rg53too)
                 wr53 = w53[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra6_4 * rg53_0 - 0.5773502691896258 * ra6_3 * rg53_1
@@ -5281,6 +5258,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr53).sum(1)
                 # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
+                rg61 = hl.load(g_61, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg61t = rg61.reshape([tile_b, tile_r, 2, 2])
+                rg61te, rg61to = hl.split(rg61t)
+                rg61_0, rg61_2 = hl.split(rg61te)
+                rg61_1, rg61_3 = hl.split(rg61to)
                 wr61 = w61[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra7_4 * rg61_0 - 0.4629100498862757 * ra7_6 * rg61_0
@@ -5310,6 +5292,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr61).sum(1)
                 # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
+                rg62 = hl.load(g_62, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg62t = rg62.reshape([tile_b, tile_r, 2, 2, 2])
+                rg62te, rg62to = hl.split(rg62t)
+                rg62tee, rg62teo = hl.split(rg62te)
+                rg62_0, rg62_4 = hl.split(rg62tee)
+                rg62_2, rg62_6 = hl.split(rg62teo)
+                rg62toe, rg62too = hl.split(rg62to)
+                rg62_1, rg62_5 = hl.split(rg62toe)
+                rg62_3, rg62_7 = hl.split(rg62too)
                 wr62 = w62[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra7_0 * rg62_1 + 0.3273268353539886 * ra7_2 * rg62_1
@@ -5341,6 +5332,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr62).sum(1)
                 # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
+                rg63 = hl.load(g_63, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg63t = rg63.reshape([tile_b, tile_r, 2, 2, 2])
+                rg63te, rg63to = hl.split(rg63t)
+                rg63tee, rg63teo = hl.split(rg63te)
+                rg63_0, rg63_4 = hl.split(rg63tee)
+                rg63_2, rg63_6 = hl.split(rg63teo)
+                rg63toe, rg63too = hl.split(rg63to)
+                rg63_1, rg63_5 = hl.split(rg63toe)
+                rg63_3, rg63_7 = hl.split(rg63too)
                 wr63 = w63[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra7_4 * rg63_0 - 0.5773502691896258 * ra7_3 * rg63_1
@@ -5457,54 +5457,8 @@ def tp_bwd_x2_1(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
+                # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
-                ra2te, ra2to = hl.split(ra2t)
-                ra2_0, ra2_2 = hl.split(ra2te)
-                ra2_1, ra2_3 = hl.split(ra2to)
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
-                ra3te, ra3to = hl.split(ra3t)
-                ra3_0, ra3_2 = hl.split(ra3te)
-                ra3_1, ra3_3 = hl.split(ra3to)
-                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
-                ra4te, ra4to = hl.split(ra4t)
-                ra4tee, ra4teo = hl.split(ra4te)
-                ra4_0, ra4_4 = hl.split(ra4tee)
-                ra4_2, ra4_6 = hl.split(ra4teo)
-                ra4toe, ra4too = hl.split(ra4to)
-                ra4_1, ra4_5 = hl.split(ra4toe)
-                ra4_3, ra4_7 = hl.split(ra4too)
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
-                ra5te, ra5to = hl.split(ra5t)
-                ra5tee, ra5teo = hl.split(ra5te)
-                ra5_0, ra5_4 = hl.split(ra5tee)
-                ra5_2, ra5_6 = hl.split(ra5teo)
-                ra5toe, ra5too = hl.split(ra5to)
-                ra5_1, ra5_5 = hl.split(ra5toe)
-                ra5_3, ra5_7 = hl.split(ra5too)
-                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
-                ra6te, ra6to = hl.split(ra6t)
-                ra6tee, ra6teo = hl.split(ra6te)
-                ra6_0, ra6_4 = hl.split(ra6tee)
-                ra6_2, ra6_6 = hl.split(ra6teo)
-                ra6toe, ra6too = hl.split(ra6to)
-                ra6_1, ra6_5 = hl.split(ra6toe)
-                ra6_3, ra6_7 = hl.split(ra6too)
-                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
-                ra7te, ra7to = hl.split(ra7t)
-                ra7tee, ra7teo = hl.split(ra7te)
-                ra7_0, ra7_4 = hl.split(ra7tee)
-                ra7_2, ra7_6 = hl.split(ra7teo)
-                ra7toe, ra7too = hl.split(ra7to)
-                ra7_1, ra7_5 = hl.split(ra7toe)
-                ra7_3, ra7_7 = hl.split(ra7too)
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
@@ -5514,146 +5468,6 @@ def tp_bwd_x2_1(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
-                rg7te, rg7to = hl.split(rg7t)
-                rg7tee, rg7teo = hl.split(rg7te)
-                rg7_0, rg7_4 = hl.split(rg7tee)
-                rg7_2, rg7_6 = hl.split(rg7teo)
-                rg7toe, rg7too = hl.split(rg7to)
-                rg7_1, rg7_5 = hl.split(rg7toe)
-                rg7_3, rg7_7 = hl.split(rg7too)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
-                rg15te, rg15to = hl.split(rg15t)
-                rg15tee, rg15teo = hl.split(rg15te)
-                rg15_0, rg15_4 = hl.split(rg15tee)
-                rg15_2, rg15_6 = hl.split(rg15teo)
-                rg15toe, rg15too = hl.split(rg15to)
-                rg15_1, rg15_5 = hl.split(rg15toe)
-                rg15_3, rg15_7 = hl.split(rg15too)
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
-                rg16te, rg16to = hl.split(rg16t)
-                rg16tee, rg16teo = hl.split(rg16te)
-                rg16_0, rg16_4 = hl.split(rg16tee)
-                rg16_2, rg16_6 = hl.split(rg16teo)
-                rg16toe, rg16too = hl.split(rg16to)
-                rg16_1, rg16_5 = hl.split(rg16toe)
-                rg16_3, rg16_7 = hl.split(rg16too)
-                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
-                rg24te, rg24to = hl.split(rg24t)
-                rg24tee, rg24teo = hl.split(rg24te)
-                rg24_0, rg24_4 = hl.split(rg24tee)
-                rg24_2, rg24_6 = hl.split(rg24teo)
-                rg24toe, rg24too = hl.split(rg24to)
-                rg24_1, rg24_5 = hl.split(rg24toe)
-                rg24_3, rg24_7 = hl.split(rg24too)
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
-                rg25te, rg25to = hl.split(rg25t)
-                rg25tee, rg25teo = hl.split(rg25te)
-                rg25_0, rg25_4 = hl.split(rg25tee)
-                rg25_2, rg25_6 = hl.split(rg25teo)
-                rg25toe, rg25too = hl.split(rg25to)
-                rg25_1, rg25_5 = hl.split(rg25toe)
-                rg25_3, rg25_7 = hl.split(rg25too)
-                rg34 = hl.load(g_34, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg34t = rg34.reshape([tile_b, tile_r, 2, 2])
-                rg34te, rg34to = hl.split(rg34t)
-                rg34_0, rg34_2 = hl.split(rg34te)
-                rg34_1, rg34_3 = hl.split(rg34to)
-                rg35 = hl.load(g_35, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg35t = rg35.reshape([tile_b, tile_r, 2, 2, 2])
-                rg35te, rg35to = hl.split(rg35t)
-                rg35tee, rg35teo = hl.split(rg35te)
-                rg35_0, rg35_4 = hl.split(rg35tee)
-                rg35_2, rg35_6 = hl.split(rg35teo)
-                rg35toe, rg35too = hl.split(rg35to)
-                rg35_1, rg35_5 = hl.split(rg35toe)
-                rg35_3, rg35_7 = hl.split(rg35too)
-                rg36 = hl.load(g_36, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg36t = rg36.reshape([tile_b, tile_r, 2, 2, 2])
-                rg36te, rg36to = hl.split(rg36t)
-                rg36tee, rg36teo = hl.split(rg36te)
-                rg36_0, rg36_4 = hl.split(rg36tee)
-                rg36_2, rg36_6 = hl.split(rg36teo)
-                rg36toe, rg36too = hl.split(rg36to)
-                rg36_1, rg36_5 = hl.split(rg36toe)
-                rg36_3, rg36_7 = hl.split(rg36too)
-                rg45 = hl.load(g_45, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg45t = rg45.reshape([tile_b, tile_r, 2, 2])
-                rg45te, rg45to = hl.split(rg45t)
-                rg45_0, rg45_2 = hl.split(rg45te)
-                rg45_1, rg45_3 = hl.split(rg45to)
-                rg46 = hl.load(g_46, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg46t = rg46.reshape([tile_b, tile_r, 2, 2, 2])
-                rg46te, rg46to = hl.split(rg46t)
-                rg46tee, rg46teo = hl.split(rg46te)
-                rg46_0, rg46_4 = hl.split(rg46tee)
-                rg46_2, rg46_6 = hl.split(rg46teo)
-                rg46toe, rg46too = hl.split(rg46to)
-                rg46_1, rg46_5 = hl.split(rg46toe)
-                rg46_3, rg46_7 = hl.split(rg46too)
-                rg47 = hl.load(g_47, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg47t = rg47.reshape([tile_b, tile_r, 2, 2, 2])
-                rg47te, rg47to = hl.split(rg47t)
-                rg47tee, rg47teo = hl.split(rg47te)
-                rg47_0, rg47_4 = hl.split(rg47tee)
-                rg47_2, rg47_6 = hl.split(rg47teo)
-                rg47toe, rg47too = hl.split(rg47to)
-                rg47_1, rg47_5 = hl.split(rg47toe)
-                rg47_3, rg47_7 = hl.split(rg47too)
-                rg54_0 = g_54[tile_b, 0, tile_r]
-                rg55 = hl.load(g_55, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg55t = rg55.reshape([tile_b, tile_r, 2, 2])
-                rg55te, rg55to = hl.split(rg55t)
-                rg55_0, rg55_2 = hl.split(rg55te)
-                rg55_1, rg55_3 = hl.split(rg55to)
-                rg56 = hl.load(g_56, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg56t = rg56.reshape([tile_b, tile_r, 2, 2, 2])
-                rg56te, rg56to = hl.split(rg56t)
-                rg56tee, rg56teo = hl.split(rg56te)
-                rg56_0, rg56_4 = hl.split(rg56tee)
-                rg56_2, rg56_6 = hl.split(rg56teo)
-                rg56toe, rg56too = hl.split(rg56to)
-                rg56_1, rg56_5 = hl.split(rg56toe)
-                rg56_3, rg56_7 = hl.split(rg56too)
-                rg57 = hl.load(g_57, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg57t = rg57.reshape([tile_b, tile_r, 2, 2, 2])
-                rg57te, rg57to = hl.split(rg57t)
-                rg57tee, rg57teo = hl.split(rg57te)
-                rg57_0, rg57_4 = hl.split(rg57tee)
-                rg57_2, rg57_6 = hl.split(rg57teo)
-                rg57toe, rg57too = hl.split(rg57to)
-                rg57_1, rg57_5 = hl.split(rg57toe)
-                rg57_3, rg57_7 = hl.split(rg57too)
-                rg64_0 = g_64[tile_b, 0, tile_r]
-                rg65 = hl.load(g_65, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg65t = rg65.reshape([tile_b, tile_r, 2, 2])
-                rg65te, rg65to = hl.split(rg65t)
-                rg65_0, rg65_2 = hl.split(rg65te)
-                rg65_1, rg65_3 = hl.split(rg65to)
-                rg66 = hl.load(g_66, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg66t = rg66.reshape([tile_b, tile_r, 2, 2, 2])
-                rg66te, rg66to = hl.split(rg66t)
-                rg66tee, rg66teo = hl.split(rg66te)
-                rg66_0, rg66_4 = hl.split(rg66tee)
-                rg66_2, rg66_6 = hl.split(rg66teo)
-                rg66toe, rg66too = hl.split(rg66to)
-                rg66_1, rg66_5 = hl.split(rg66toe)
-                rg66_3, rg66_7 = hl.split(rg66too)
-                rg67 = hl.load(g_67, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg67t = rg67.reshape([tile_b, tile_r, 2, 2, 2])
-                rg67te, rg67to = hl.split(rg67t)
-                rg67tee, rg67teo = hl.split(rg67te)
-                rg67_0, rg67_4 = hl.split(rg67tee)
-                rg67_2, rg67_6 = hl.split(rg67teo)
-                rg67toe, rg67too = hl.split(rg67to)
-                rg67_1, rg67_5 = hl.split(rg67toe)
-                rg67_3, rg67_7 = hl.split(rg67too)
-                # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
@@ -5670,6 +5484,16 @@ def tp_bwd_x2_1(
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
                 # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
+                ra1_0 = x1_1[tile_b, 0, tile_r]
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7tee, rg7teo = hl.split(rg7te)
+                rg7_0, rg7_4 = hl.split(rg7tee)
+                rg7_2, rg7_6 = hl.split(rg7teo)
+                rg7toe, rg7too = hl.split(rg7to)
+                rg7_1, rg7_5 = hl.split(rg7toe)
+                rg7_3, rg7_7 = hl.split(rg7too)
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra1_0 * rg7_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
@@ -5686,6 +5510,20 @@ def tp_bwd_x2_1(
                 t = (1.0000000000000002 * ra1_0 * rg7_6)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr7).sum(1)
                 # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
+                ra2te, ra2to = hl.split(ra2t)
+                ra2_0, ra2_2 = hl.split(ra2te)
+                ra2_1, ra2_3 = hl.split(ra2to)
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra2_2 * rg15_0 + 0.5976143046671969 * ra2_0 * rg15_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
@@ -5717,6 +5555,15 @@ def tp_bwd_x2_1(
                 t = (-0.5976143046671969 * ra2_0 * rg15_0 + 0.5976143046671969 * ra2_2 * rg15_4)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra2_0 * rg16_1 + 0.3535533905932738 * ra2_2 * rg16_5
@@ -5753,6 +5600,20 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
                 # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3_0, ra3_2 = hl.split(ra3te)
+                ra3_1, ra3_3 = hl.split(ra3to)
+                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
+                rg24te, rg24to = hl.split(rg24t)
+                rg24tee, rg24teo = hl.split(rg24te)
+                rg24_0, rg24_4 = hl.split(rg24tee)
+                rg24_2, rg24_6 = hl.split(rg24teo)
+                rg24toe, rg24too = hl.split(rg24to)
+                rg24_1, rg24_5 = hl.split(rg24toe)
+                rg24_3, rg24_7 = hl.split(rg24too)
                 wr24 = w24[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra3_2 * rg24_0 + 0.5976143046671969 * ra3_0 * rg24_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr24).sum(1)
@@ -5784,6 +5645,15 @@ def tp_bwd_x2_1(
                 t = (-0.5976143046671969 * ra3_0 * rg24_0 + 0.5976143046671969 * ra3_2 * rg24_4)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr24).sum(1)
                 # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25tee, rg25teo = hl.split(rg25te)
+                rg25_0, rg25_4 = hl.split(rg25tee)
+                rg25_2, rg25_6 = hl.split(rg25teo)
+                rg25toe, rg25too = hl.split(rg25to)
+                rg25_1, rg25_5 = hl.split(rg25toe)
+                rg25_3, rg25_7 = hl.split(rg25too)
                 wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra3_0 * rg25_1 + 0.3535533905932738 * ra3_2 * rg25_5
@@ -5820,6 +5690,20 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr25).sum(1)
                 # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
+                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
+                ra4te, ra4to = hl.split(ra4t)
+                ra4tee, ra4teo = hl.split(ra4te)
+                ra4_0, ra4_4 = hl.split(ra4tee)
+                ra4_2, ra4_6 = hl.split(ra4teo)
+                ra4toe, ra4too = hl.split(ra4to)
+                ra4_1, ra4_5 = hl.split(ra4toe)
+                ra4_3, ra4_7 = hl.split(ra4too)
+                rg34 = hl.load(g_34, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg34t = rg34.reshape([tile_b, tile_r, 2, 2])
+                rg34te, rg34to = hl.split(rg34t)
+                rg34_0, rg34_2 = hl.split(rg34te)
+                rg34_1, rg34_3 = hl.split(rg34to)
                 wr34 = w34[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra4_4 * rg34_0 + 0.4629100498862757 * ra4_0 * rg34_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr34).sum(1)
@@ -5851,6 +5735,15 @@ def tp_bwd_x2_1(
                 t = (-0.4629100498862757 * ra4_0 * rg34_0 + 0.4629100498862757 * ra4_4 * rg34_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr34).sum(1)
                 # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
+                rg35 = hl.load(g_35, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg35t = rg35.reshape([tile_b, tile_r, 2, 2, 2])
+                rg35te, rg35to = hl.split(rg35t)
+                rg35tee, rg35teo = hl.split(rg35te)
+                rg35_0, rg35_4 = hl.split(rg35tee)
+                rg35_2, rg35_6 = hl.split(rg35teo)
+                rg35toe, rg35too = hl.split(rg35to)
+                rg35_1, rg35_5 = hl.split(rg35toe)
+                rg35_3, rg35_7 = hl.split(rg35too)
                 wr35 = w35[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra4_1 * rg35_0 - 0.42257712736425834 * ra4_0 * rg35_1
@@ -5884,6 +5777,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr35).sum(1)
                 # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
+                rg36 = hl.load(g_36, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg36t = rg36.reshape([tile_b, tile_r, 2, 2, 2])
+                rg36te, rg36to = hl.split(rg36t)
+                rg36tee, rg36teo = hl.split(rg36te)
+                rg36_0, rg36_4 = hl.split(rg36tee)
+                rg36_2, rg36_6 = hl.split(rg36teo)
+                rg36toe, rg36too = hl.split(rg36to)
+                rg36_1, rg36_5 = hl.split(rg36toe)
+                rg36_3, rg36_7 = hl.split(rg36too)
                 wr36 = w36[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra4_2 * rg36_0 + 0.45643546458763845 * ra4_3 * rg36_1
@@ -5930,6 +5832,20 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr36).sum(1)
                 # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
+                rg45 = hl.load(g_45, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg45t = rg45.reshape([tile_b, tile_r, 2, 2])
+                rg45te, rg45to = hl.split(rg45t)
+                rg45_0, rg45_2 = hl.split(rg45te)
+                rg45_1, rg45_3 = hl.split(rg45to)
                 wr45 = w45[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra5_4 * rg45_0 + 0.4629100498862757 * ra5_0 * rg45_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr45).sum(1)
@@ -5961,6 +5877,15 @@ def tp_bwd_x2_1(
                 t = (-0.4629100498862757 * ra5_0 * rg45_0 + 0.4629100498862757 * ra5_4 * rg45_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr45).sum(1)
                 # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
+                rg46 = hl.load(g_46, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg46t = rg46.reshape([tile_b, tile_r, 2, 2, 2])
+                rg46te, rg46to = hl.split(rg46t)
+                rg46tee, rg46teo = hl.split(rg46te)
+                rg46_0, rg46_4 = hl.split(rg46tee)
+                rg46_2, rg46_6 = hl.split(rg46teo)
+                rg46toe, rg46too = hl.split(rg46to)
+                rg46_1, rg46_5 = hl.split(rg46toe)
+                rg46_3, rg46_7 = hl.split(rg46too)
                 wr46 = w46[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra5_1 * rg46_0 - 0.42257712736425834 * ra5_0 * rg46_1
@@ -5994,6 +5919,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr46).sum(1)
                 # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
+                rg47 = hl.load(g_47, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg47t = rg47.reshape([tile_b, tile_r, 2, 2, 2])
+                rg47te, rg47to = hl.split(rg47t)
+                rg47tee, rg47teo = hl.split(rg47te)
+                rg47_0, rg47_4 = hl.split(rg47tee)
+                rg47_2, rg47_6 = hl.split(rg47teo)
+                rg47toe, rg47too = hl.split(rg47to)
+                rg47_1, rg47_5 = hl.split(rg47toe)
+                rg47_3, rg47_7 = hl.split(rg47too)
                 wr47 = w47[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra5_2 * rg47_0 + 0.45643546458763845 * ra5_3 * rg47_1
@@ -6040,6 +5974,16 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr47).sum(1)
                 # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
+                ra6te, ra6to = hl.split(ra6t)
+                ra6tee, ra6teo = hl.split(ra6te)
+                ra6_0, ra6_4 = hl.split(ra6tee)
+                ra6_2, ra6_6 = hl.split(ra6teo)
+                ra6toe, ra6too = hl.split(ra6to)
+                ra6_1, ra6_5 = hl.split(ra6toe)
+                ra6_3, ra6_7 = hl.split(ra6too)
+                rg54_0 = g_54[tile_b, 0, tile_r]
                 wr54 = w54[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra6_0 * rg54_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr54).sum(1)
@@ -6056,6 +6000,11 @@ def tp_bwd_x2_1(
                 t = (0.37796447300922725 * ra6_6 * rg54_0)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr54).sum(1)
                 # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
+                rg55 = hl.load(g_55, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg55t = rg55.reshape([tile_b, tile_r, 2, 2])
+                rg55te, rg55to = hl.split(rg55t)
+                rg55_0, rg55_2 = hl.split(rg55te)
+                rg55_1, rg55_3 = hl.split(rg55to)
                 wr55 = w55[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra6_1 * rg55_0 + 0.5669467095138409 * ra6_6 * rg55_1
@@ -6092,6 +6041,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr55).sum(1)
                 # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
+                rg56 = hl.load(g_56, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg56t = rg56.reshape([tile_b, tile_r, 2, 2, 2])
+                rg56te, rg56to = hl.split(rg56t)
+                rg56tee, rg56teo = hl.split(rg56te)
+                rg56_0, rg56_4 = hl.split(rg56tee)
+                rg56_2, rg56_6 = hl.split(rg56teo)
+                rg56toe, rg56too = hl.split(rg56to)
+                rg56_1, rg56_5 = hl.split(rg56toe)
+                rg56_3, rg56_7 = hl.split(rg56too)
                 wr56 = w56[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra6_4 * rg56_0 + 0.3857583749052298 * ra6_5 * rg56_1
@@ -6138,6 +6096,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr56).sum(1)
                 # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
+                rg57 = hl.load(g_57, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg57t = rg57.reshape([tile_b, tile_r, 2, 2, 2])
+                rg57te, rg57to = hl.split(rg57t)
+                rg57tee, rg57teo = hl.split(rg57te)
+                rg57_0, rg57_4 = hl.split(rg57tee)
+                rg57_2, rg57_6 = hl.split(rg57teo)
+                rg57toe, rg57too = hl.split(rg57to)
+                rg57_1, rg57_5 = hl.split(rg57toe)
+                rg57_3, rg57_7 = hl.split(rg57too)
                 wr57 = w57[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra6_2 * rg57_1 - 0.408248290463863 * ra6_1 * rg57_2
@@ -6182,6 +6149,16 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr57).sum(1)
                 # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
+                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
+                ra7te, ra7to = hl.split(ra7t)
+                ra7tee, ra7teo = hl.split(ra7te)
+                ra7_0, ra7_4 = hl.split(ra7tee)
+                ra7_2, ra7_6 = hl.split(ra7teo)
+                ra7toe, ra7too = hl.split(ra7to)
+                ra7_1, ra7_5 = hl.split(ra7toe)
+                ra7_3, ra7_7 = hl.split(ra7too)
+                rg64_0 = g_64[tile_b, 0, tile_r]
                 wr64 = w64[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra7_0 * rg64_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr64).sum(1)
@@ -6198,6 +6175,11 @@ def tp_bwd_x2_1(
                 t = (0.37796447300922725 * ra7_6 * rg64_0)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr64).sum(1)
                 # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
+                rg65 = hl.load(g_65, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg65t = rg65.reshape([tile_b, tile_r, 2, 2])
+                rg65te, rg65to = hl.split(rg65t)
+                rg65_0, rg65_2 = hl.split(rg65te)
+                rg65_1, rg65_3 = hl.split(rg65to)
                 wr65 = w65[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra7_1 * rg65_0 + 0.5669467095138409 * ra7_6 * rg65_1
@@ -6234,6 +6216,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr65).sum(1)
                 # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
+                rg66 = hl.load(g_66, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg66t = rg66.reshape([tile_b, tile_r, 2, 2, 2])
+                rg66te, rg66to = hl.split(rg66t)
+                rg66tee, rg66teo = hl.split(rg66te)
+                rg66_0, rg66_4 = hl.split(rg66tee)
+                rg66_2, rg66_6 = hl.split(rg66teo)
+                rg66toe, rg66too = hl.split(rg66to)
+                rg66_1, rg66_5 = hl.split(rg66toe)
+                rg66_3, rg66_7 = hl.split(rg66too)
                 wr66 = w66[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra7_4 * rg66_0 + 0.3857583749052298 * ra7_5 * rg66_1
@@ -6280,6 +6271,15 @@ def tp_bwd_x2_1(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr66).sum(1)
                 # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
+                rg67 = hl.load(g_67, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg67t = rg67.reshape([tile_b, tile_r, 2, 2, 2])
+                rg67te, rg67to = hl.split(rg67t)
+                rg67tee, rg67teo = hl.split(rg67te)
+                rg67_0, rg67_4 = hl.split(rg67tee)
+                rg67_2, rg67_6 = hl.split(rg67teo)
+                rg67toe, rg67too = hl.split(rg67to)
+                rg67_1, rg67_5 = hl.split(rg67toe)
+                rg67_3, rg67_7 = hl.split(rg67too)
                 wr67 = w67[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra7_2 * rg67_1 - 0.408248290463863 * ra7_1 * rg67_2
@@ -6457,42 +6457,23 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -6502,6 +6483,13 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -6511,304 +6499,6 @@ def tp_bwd_w_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            g4_0 = g_4[tile_b, 0, tile_c]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5_0, g5_2 = hl.split(g5te)
-            g5_1, g5_3 = hl.split(g5to)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            g9_0 = g_9[tile_b, 0, tile_c]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
-            g13te, g13to = hl.split(g13t)
-            g13tee, g13teo = hl.split(g13te)
-            g13_0, g13_4 = hl.split(g13tee)
-            g13_2, g13_6 = hl.split(g13teo)
-            g13toe, g13too = hl.split(g13to)
-            g13_1, g13_5 = hl.split(g13toe)
-            g13_3, g13_7 = hl.split(g13too)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17_0, g17_2 = hl.split(g17te)
-            g17_1, g17_3 = hl.split(g17to)
-            g18_0 = g_18[tile_b, 0, tile_c]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            g30_0 = g_30[tile_b, 0, tile_c]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g34t = g34.reshape([tile_b, tile_c, 2, 2])
-            g34te, g34to = hl.split(g34t)
-            g34_0, g34_2 = hl.split(g34te)
-            g34_1, g34_3 = hl.split(g34to)
-            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
-            g35te, g35to = hl.split(g35t)
-            g35tee, g35teo = hl.split(g35te)
-            g35_0, g35_4 = hl.split(g35tee)
-            g35_2, g35_6 = hl.split(g35teo)
-            g35toe, g35too = hl.split(g35to)
-            g35_1, g35_5 = hl.split(g35toe)
-            g35_3, g35_7 = hl.split(g35too)
-            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
-            g36te, g36to = hl.split(g36t)
-            g36tee, g36teo = hl.split(g36te)
-            g36_0, g36_4 = hl.split(g36tee)
-            g36_2, g36_6 = hl.split(g36teo)
-            g36toe, g36too = hl.split(g36to)
-            g36_1, g36_5 = hl.split(g36toe)
-            g36_3, g36_7 = hl.split(g36too)
-            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
-            g37te, g37to = hl.split(g37t)
-            g37tee, g37teo = hl.split(g37te)
-            g37_0, g37_4 = hl.split(g37tee)
-            g37_2, g37_6 = hl.split(g37teo)
-            g37toe, g37too = hl.split(g37to)
-            g37_1, g37_5 = hl.split(g37toe)
-            g37_3, g37_7 = hl.split(g37too)
-            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g38t = g38.reshape([tile_b, tile_c, 2, 2])
-            g38te, g38to = hl.split(g38t)
-            g38_0, g38_2 = hl.split(g38te)
-            g38_1, g38_3 = hl.split(g38to)
-            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
-            g39te, g39to = hl.split(g39t)
-            g39tee, g39teo = hl.split(g39te)
-            g39_0, g39_4 = hl.split(g39tee)
-            g39_2, g39_6 = hl.split(g39teo)
-            g39toe, g39too = hl.split(g39to)
-            g39_1, g39_5 = hl.split(g39toe)
-            g39_3, g39_7 = hl.split(g39too)
-            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
-            g40te, g40to = hl.split(g40t)
-            g40tee, g40teo = hl.split(g40te)
-            g40_0, g40_4 = hl.split(g40tee)
-            g40_2, g40_6 = hl.split(g40teo)
-            g40toe, g40too = hl.split(g40to)
-            g40_1, g40_5 = hl.split(g40toe)
-            g40_3, g40_7 = hl.split(g40too)
-            g41_0 = g_41[tile_b, 0, tile_c]
-            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g42t = g42.reshape([tile_b, tile_c, 2, 2])
-            g42te, g42to = hl.split(g42t)
-            g42_0, g42_2 = hl.split(g42te)
-            g42_1, g42_3 = hl.split(g42to)
-            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
-            g43te, g43to = hl.split(g43t)
-            g43tee, g43teo = hl.split(g43te)
-            g43_0, g43_4 = hl.split(g43tee)
-            g43_2, g43_6 = hl.split(g43teo)
-            g43toe, g43too = hl.split(g43to)
-            g43_1, g43_5 = hl.split(g43toe)
-            g43_3, g43_7 = hl.split(g43too)
-            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
-            g44te, g44to = hl.split(g44t)
-            g44tee, g44teo = hl.split(g44te)
-            g44_0, g44_4 = hl.split(g44tee)
-            g44_2, g44_6 = hl.split(g44teo)
-            g44toe, g44too = hl.split(g44to)
-            g44_1, g44_5 = hl.split(g44toe)
-            g44_3, g44_7 = hl.split(g44too)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
@@ -6822,15 +6512,31 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            a1_0 = x1_1[tile_b, 0, tile_c]
             q0 = (a1_0 * sb0_0_0)
+            g4_0 = g_4[tile_b, 0, tile_c]
             gw4[tile_b, tile_c, 0] = (q0 * g4_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5_0, g5_2 = hl.split(g5te)
+            g5_1, g5_3 = hl.split(g5to)
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             q0 = (a1_0 * sb2_0_0)
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6tee, g6teo = hl.split(g6te)
+            g6_0, g6_4 = hl.split(g6tee)
+            g6_2, g6_6 = hl.split(g6teo)
+            g6toe, g6too = hl.split(g6to)
+            g6_1, g6_5 = hl.split(g6toe)
+            g6_3, g6_7 = hl.split(g6too)
             q1 = (a1_0 * sb2_1_0)
             q2 = (a1_0 * sb2_2_0)
             q3 = (a1_0 * sb2_3_0)
@@ -6838,6 +6544,15 @@ def tp_bwd_w_0(
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a1_0 * sb3_0_0)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
             q1 = (1.0000000000000002 * a1_0 * sb3_1_0)
             q2 = (1.0000000000000002 * a1_0 * sb3_2_0)
             q3 = (1.0000000000000002 * a1_0 * sb3_3_0)
@@ -6851,7 +6566,17 @@ def tp_bwd_w_0(
                 + q6 * g7_6
             )
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
             gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
@@ -6860,14 +6585,29 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
+            g9_0 = g_9[tile_b, 0, tile_c]
             gw9[tile_b, tile_c, 0] = (q0 * g9_0)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
             gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
@@ -6881,6 +6621,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             q1 = (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
@@ -6895,6 +6640,15 @@ def tp_bwd_w_0(
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
+            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
             q1 = (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
@@ -6911,6 +6665,15 @@ def tp_bwd_w_0(
             gw13[tile_b, tile_c, 0] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             q1 = (
                 0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
                 + 0.5773502691896258 * a2_2 * sb2_1_0
@@ -6944,6 +6707,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
                 - 0.1543033499620919 * a2_2 * sb3_2_0
             )
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             q1 = (
                 -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
                 + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
@@ -6967,6 +6739,15 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
                 - 0.3535533905932738 * a2_2 * sb3_5_0
             )
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             q1 = (
                 -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
                 + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
@@ -6997,7 +6778,17 @@ def tp_bwd_w_0(
                 + q6 * g16_6
             )
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17_0, g17_2 = hl.split(g17te)
+            g17_1, g17_3 = hl.split(g17to)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2)
@@ -7006,14 +6797,29 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
+            g18_0 = g_18[tile_b, 0, tile_c]
             gw18[tile_b, tile_c, 0] = (q0 * g18_0)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
@@ -7027,6 +6833,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
             q1 = (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
@@ -7041,6 +6852,15 @@ def tp_bwd_w_0(
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             q1 = (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
@@ -7057,6 +6877,15 @@ def tp_bwd_w_0(
             gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             q1 = (
                 0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
                 + 0.5773502691896258 * a3_2 * sb2_1_0
@@ -7090,6 +6919,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
                 - 0.1543033499620919 * a3_2 * sb3_2_0
             )
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             q1 = (
                 -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
                 + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
@@ -7113,6 +6951,15 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
                 - 0.3535533905932738 * a3_2 * sb3_5_0
             )
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
             q1 = (
                 -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
                 + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
@@ -7143,7 +6990,25 @@ def tp_bwd_w_0(
                 + q6 * g25_6
             )
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
             q0 = (a4_0 * sb0_0_0)
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             q1 = (a4_1 * sb0_0_0)
             q2 = (a4_2 * sb0_0_0)
             q3 = (a4_3 * sb0_0_0)
@@ -7154,6 +7019,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
             q1 = (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
@@ -7168,6 +7038,15 @@ def tp_bwd_w_0(
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
             q1 = (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
@@ -7184,6 +7063,15 @@ def tp_bwd_w_0(
             gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             q1 = (
                 0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
                 + 0.5773502691896258 * a4_3 * sb1_0_0
@@ -7217,6 +7105,7 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
+            g30_0 = g_30[tile_b, 0, tile_c]
             gw30[tile_b, tile_c, 0] = (q0 * g30_0)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
@@ -7224,6 +7113,11 @@ def tp_bwd_w_0(
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
             q1 = (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
@@ -7239,6 +7133,15 @@ def tp_bwd_w_0(
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
             q1 = (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
@@ -7264,6 +7167,15 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
                 + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
             )
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             q1 = (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
             q2 = (
                 0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
@@ -7297,6 +7209,11 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
                 + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
             )
+            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g34t = g34.reshape([tile_b, tile_c, 2, 2])
+            g34te, g34to = hl.split(g34t)
+            g34_0, g34_2 = hl.split(g34te)
+            g34_1, g34_3 = hl.split(g34to)
             q1 = (
                 0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
                 + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
@@ -7315,6 +7232,15 @@ def tp_bwd_w_0(
                 + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
                 + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
             )
+            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+            g35te, g35to = hl.split(g35t)
+            g35tee, g35teo = hl.split(g35te)
+            g35_0, g35_4 = hl.split(g35tee)
+            g35_2, g35_6 = hl.split(g35teo)
+            g35toe, g35too = hl.split(g35to)
+            g35_1, g35_5 = hl.split(g35toe)
+            g35_3, g35_7 = hl.split(g35too)
             q1 = (
                 -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
                 + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
@@ -7341,6 +7267,15 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
                 - 0.2886751345948129 * a4_4 * sb3_2_0
             )
+            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+            g36te, g36to = hl.split(g36t)
+            g36tee, g36teo = hl.split(g36te)
+            g36_0, g36_4 = hl.split(g36tee)
+            g36_2, g36_6 = hl.split(g36teo)
+            g36toe, g36too = hl.split(g36to)
+            g36_1, g36_5 = hl.split(g36toe)
+            g36_3, g36_7 = hl.split(g36too)
             q1 = (
                 -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
                 - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
@@ -7380,7 +7315,25 @@ def tp_bwd_w_0(
                 + q6 * g36_6
             )
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             q0 = (a5_0 * sb0_0_0)
+            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+            g37te, g37to = hl.split(g37t)
+            g37tee, g37teo = hl.split(g37te)
+            g37_0, g37_4 = hl.split(g37tee)
+            g37_2, g37_6 = hl.split(g37teo)
+            g37toe, g37too = hl.split(g37to)
+            g37_1, g37_5 = hl.split(g37toe)
+            g37_3, g37_7 = hl.split(g37too)
             q1 = (a5_1 * sb0_0_0)
             q2 = (a5_2 * sb0_0_0)
             q3 = (a5_3 * sb0_0_0)
@@ -7391,6 +7344,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
+            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g38t = g38.reshape([tile_b, tile_c, 2, 2])
+            g38te, g38to = hl.split(g38t)
+            g38_0, g38_2 = hl.split(g38te)
+            g38_1, g38_3 = hl.split(g38to)
             q1 = (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
@@ -7405,6 +7363,15 @@ def tp_bwd_w_0(
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
+            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+            g39te, g39to = hl.split(g39t)
+            g39tee, g39teo = hl.split(g39te)
+            g39_0, g39_4 = hl.split(g39tee)
+            g39_2, g39_6 = hl.split(g39teo)
+            g39toe, g39too = hl.split(g39to)
+            g39_1, g39_5 = hl.split(g39toe)
+            g39_3, g39_7 = hl.split(g39too)
             q1 = (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
@@ -7421,6 +7388,15 @@ def tp_bwd_w_0(
             gw39[tile_b, tile_c, 0] = (q0 * g39_0 + q1 * g39_1 + q2 * g39_2 + q3 * g39_3 + q4 * g39_4)
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
+            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+            g40te, g40to = hl.split(g40t)
+            g40tee, g40teo = hl.split(g40te)
+            g40_0, g40_4 = hl.split(g40tee)
+            g40_2, g40_6 = hl.split(g40teo)
+            g40toe, g40too = hl.split(g40to)
+            g40_1, g40_5 = hl.split(g40toe)
+            g40_3, g40_7 = hl.split(g40too)
             q1 = (
                 0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
                 + 0.5773502691896258 * a5_3 * sb1_0_0
@@ -7454,6 +7430,7 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
+            g41_0 = g_41[tile_b, 0, tile_c]
             gw41[tile_b, tile_c, 0] = (q0 * g41_0)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
@@ -7461,6 +7438,11 @@ def tp_bwd_w_0(
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
+            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g42t = g42.reshape([tile_b, tile_c, 2, 2])
+            g42te, g42to = hl.split(g42t)
+            g42_0, g42_2 = hl.split(g42te)
+            g42_1, g42_3 = hl.split(g42to)
             q1 = (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
@@ -7476,6 +7458,15 @@ def tp_bwd_w_0(
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
+            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+            g43te, g43to = hl.split(g43t)
+            g43tee, g43teo = hl.split(g43te)
+            g43_0, g43_4 = hl.split(g43tee)
+            g43_2, g43_6 = hl.split(g43teo)
+            g43toe, g43too = hl.split(g43to)
+            g43_1, g43_5 = hl.split(g43toe)
+            g43_3, g43_7 = hl.split(g43too)
             q1 = (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
@@ -7501,6 +7492,15 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
                 + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
             )
+            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+            g44te, g44to = hl.split(g44t)
+            g44tee, g44teo = hl.split(g44te)
+            g44_0, g44_4 = hl.split(g44tee)
+            g44_2, g44_6 = hl.split(g44teo)
+            g44toe, g44too = hl.split(g44to)
+            g44_1, g44_5 = hl.split(g44toe)
+            g44_3, g44_7 = hl.split(g44too)
             q1 = (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
             q2 = (
                 0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
@@ -7607,6 +7607,7 @@ def tp_bwd_w_1(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
             a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
@@ -7616,202 +7617,17 @@ def tp_bwd_w_1(
             a5toe, a5too = hl.split(a5to)
             a5_1, a5_5 = hl.split(a5toe)
             a5_3, a5_7 = hl.split(a5too)
-            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
-            a6te, a6to = hl.split(a6t)
-            a6tee, a6teo = hl.split(a6te)
-            a6_0, a6_4 = hl.split(a6tee)
-            a6_2, a6_6 = hl.split(a6teo)
-            a6toe, a6too = hl.split(a6to)
-            a6_1, a6_5 = hl.split(a6toe)
-            a6_3, a6_7 = hl.split(a6too)
-            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
-            a7te, a7to = hl.split(a7t)
-            a7tee, a7teo = hl.split(a7te)
-            a7_0, a7_4 = hl.split(a7tee)
-            a7_2, a7_6 = hl.split(a7teo)
-            a7toe, a7too = hl.split(a7to)
-            a7_1, a7_5 = hl.split(a7toe)
-            a7_3, a7_7 = hl.split(a7too)
-            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g45t = g45.reshape([tile_b, tile_c, 2, 2])
-            g45te, g45to = hl.split(g45t)
-            g45_0, g45_2 = hl.split(g45te)
-            g45_1, g45_3 = hl.split(g45to)
-            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
-            g46te, g46to = hl.split(g46t)
-            g46tee, g46teo = hl.split(g46te)
-            g46_0, g46_4 = hl.split(g46tee)
-            g46_2, g46_6 = hl.split(g46teo)
-            g46toe, g46too = hl.split(g46to)
-            g46_1, g46_5 = hl.split(g46toe)
-            g46_3, g46_7 = hl.split(g46too)
-            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
-            g47te, g47to = hl.split(g47t)
-            g47tee, g47teo = hl.split(g47te)
-            g47_0, g47_4 = hl.split(g47tee)
-            g47_2, g47_6 = hl.split(g47teo)
-            g47toe, g47too = hl.split(g47to)
-            g47_1, g47_5 = hl.split(g47toe)
-            g47_3, g47_7 = hl.split(g47too)
-            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
-            g48te, g48to = hl.split(g48t)
-            g48tee, g48teo = hl.split(g48te)
-            g48_0, g48_4 = hl.split(g48tee)
-            g48_2, g48_6 = hl.split(g48teo)
-            g48toe, g48too = hl.split(g48to)
-            g48_1, g48_5 = hl.split(g48toe)
-            g48_3, g48_7 = hl.split(g48too)
-            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
-            g49te, g49to = hl.split(g49t)
-            g49tee, g49teo = hl.split(g49te)
-            g49_0, g49_4 = hl.split(g49tee)
-            g49_2, g49_6 = hl.split(g49teo)
-            g49toe, g49too = hl.split(g49to)
-            g49_1, g49_5 = hl.split(g49toe)
-            g49_3, g49_7 = hl.split(g49too)
-            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
-            g50te, g50to = hl.split(g50t)
-            g50tee, g50teo = hl.split(g50te)
-            g50_0, g50_4 = hl.split(g50tee)
-            g50_2, g50_6 = hl.split(g50teo)
-            g50toe, g50too = hl.split(g50to)
-            g50_1, g50_5 = hl.split(g50toe)
-            g50_3, g50_7 = hl.split(g50too)
-            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g51t = g51.reshape([tile_b, tile_c, 2, 2])
-            g51te, g51to = hl.split(g51t)
-            g51_0, g51_2 = hl.split(g51te)
-            g51_1, g51_3 = hl.split(g51to)
-            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
-            g52te, g52to = hl.split(g52t)
-            g52tee, g52teo = hl.split(g52te)
-            g52_0, g52_4 = hl.split(g52tee)
-            g52_2, g52_6 = hl.split(g52teo)
-            g52toe, g52too = hl.split(g52to)
-            g52_1, g52_5 = hl.split(g52toe)
-            g52_3, g52_7 = hl.split(g52too)
-            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
-            g53te, g53to = hl.split(g53t)
-            g53tee, g53teo = hl.split(g53te)
-            g53_0, g53_4 = hl.split(g53tee)
-            g53_2, g53_6 = hl.split(g53teo)
-            g53toe, g53too = hl.split(g53to)
-            g53_1, g53_5 = hl.split(g53toe)
-            g53_3, g53_7 = hl.split(g53too)
-            g54_0 = g_54[tile_b, 0, tile_c]
-            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g55t = g55.reshape([tile_b, tile_c, 2, 2])
-            g55te, g55to = hl.split(g55t)
-            g55_0, g55_2 = hl.split(g55te)
-            g55_1, g55_3 = hl.split(g55to)
-            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
-            g56te, g56to = hl.split(g56t)
-            g56tee, g56teo = hl.split(g56te)
-            g56_0, g56_4 = hl.split(g56tee)
-            g56_2, g56_6 = hl.split(g56teo)
-            g56toe, g56too = hl.split(g56to)
-            g56_1, g56_5 = hl.split(g56toe)
-            g56_3, g56_7 = hl.split(g56too)
-            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
-            g57te, g57to = hl.split(g57t)
-            g57tee, g57teo = hl.split(g57te)
-            g57_0, g57_4 = hl.split(g57tee)
-            g57_2, g57_6 = hl.split(g57teo)
-            g57toe, g57too = hl.split(g57to)
-            g57_1, g57_5 = hl.split(g57toe)
-            g57_3, g57_7 = hl.split(g57too)
-            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
-            g58te, g58to = hl.split(g58t)
-            g58tee, g58teo = hl.split(g58te)
-            g58_0, g58_4 = hl.split(g58tee)
-            g58_2, g58_6 = hl.split(g58teo)
-            g58toe, g58too = hl.split(g58to)
-            g58_1, g58_5 = hl.split(g58toe)
-            g58_3, g58_7 = hl.split(g58too)
-            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
-            g59te, g59to = hl.split(g59t)
-            g59tee, g59teo = hl.split(g59te)
-            g59_0, g59_4 = hl.split(g59tee)
-            g59_2, g59_6 = hl.split(g59teo)
-            g59toe, g59too = hl.split(g59to)
-            g59_1, g59_5 = hl.split(g59toe)
-            g59_3, g59_7 = hl.split(g59too)
-            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
-            g60te, g60to = hl.split(g60t)
-            g60tee, g60teo = hl.split(g60te)
-            g60_0, g60_4 = hl.split(g60tee)
-            g60_2, g60_6 = hl.split(g60teo)
-            g60toe, g60too = hl.split(g60to)
-            g60_1, g60_5 = hl.split(g60toe)
-            g60_3, g60_7 = hl.split(g60too)
-            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g61t = g61.reshape([tile_b, tile_c, 2, 2])
-            g61te, g61to = hl.split(g61t)
-            g61_0, g61_2 = hl.split(g61te)
-            g61_1, g61_3 = hl.split(g61to)
-            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
-            g62te, g62to = hl.split(g62t)
-            g62tee, g62teo = hl.split(g62te)
-            g62_0, g62_4 = hl.split(g62tee)
-            g62_2, g62_6 = hl.split(g62teo)
-            g62toe, g62too = hl.split(g62to)
-            g62_1, g62_5 = hl.split(g62toe)
-            g62_3, g62_7 = hl.split(g62too)
-            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
-            g63te, g63to = hl.split(g63t)
-            g63tee, g63teo = hl.split(g63te)
-            g63_0, g63_4 = hl.split(g63tee)
-            g63_2, g63_6 = hl.split(g63teo)
-            g63toe, g63too = hl.split(g63to)
-            g63_1, g63_5 = hl.split(g63toe)
-            g63_3, g63_7 = hl.split(g63too)
-            g64_0 = g_64[tile_b, 0, tile_c]
-            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g65t = g65.reshape([tile_b, tile_c, 2, 2])
-            g65te, g65to = hl.split(g65t)
-            g65_0, g65_2 = hl.split(g65te)
-            g65_1, g65_3 = hl.split(g65to)
-            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
-            g66te, g66to = hl.split(g66t)
-            g66tee, g66teo = hl.split(g66te)
-            g66_0, g66_4 = hl.split(g66tee)
-            g66_2, g66_6 = hl.split(g66teo)
-            g66toe, g66too = hl.split(g66to)
-            g66_1, g66_5 = hl.split(g66toe)
-            g66_3, g66_7 = hl.split(g66too)
-            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
-            g67te, g67to = hl.split(g67t)
-            g67tee, g67teo = hl.split(g67te)
-            g67_0, g67_4 = hl.split(g67tee)
-            g67_2, g67_6 = hl.split(g67teo)
-            g67toe, g67too = hl.split(g67to)
-            g67_1, g67_5 = hl.split(g67toe)
-            g67_3, g67_7 = hl.split(g67too)
-            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
             q0 = (
                 -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
                 - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
                 + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
                 + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
             )
+            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g45t = g45.reshape([tile_b, tile_c, 2, 2])
+            g45te, g45to = hl.split(g45t)
+            g45_0, g45_2 = hl.split(g45te)
+            g45_1, g45_3 = hl.split(g45to)
             q1 = (
                 0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
                 + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
@@ -7830,6 +7646,15 @@ def tp_bwd_w_1(
                 + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
                 + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
             )
+            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+            g46te, g46to = hl.split(g46t)
+            g46tee, g46teo = hl.split(g46te)
+            g46_0, g46_4 = hl.split(g46tee)
+            g46_2, g46_6 = hl.split(g46teo)
+            g46toe, g46too = hl.split(g46to)
+            g46_1, g46_5 = hl.split(g46toe)
+            g46_3, g46_7 = hl.split(g46too)
             q1 = (
                 -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
                 + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
@@ -7856,6 +7681,15 @@ def tp_bwd_w_1(
                 - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
                 - 0.2886751345948129 * a5_4 * sb3_2_0
             )
+            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+            g47te, g47to = hl.split(g47t)
+            g47tee, g47teo = hl.split(g47te)
+            g47_0, g47_4 = hl.split(g47tee)
+            g47_2, g47_6 = hl.split(g47teo)
+            g47toe, g47too = hl.split(g47to)
+            g47_1, g47_5 = hl.split(g47toe)
+            g47_3, g47_7 = hl.split(g47too)
             q1 = (
                 -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
                 - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
@@ -7895,7 +7729,25 @@ def tp_bwd_w_1(
                 + q6 * g47_6
             )
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+            a6te, a6to = hl.split(a6t)
+            a6tee, a6teo = hl.split(a6te)
+            a6_0, a6_4 = hl.split(a6tee)
+            a6_2, a6_6 = hl.split(a6teo)
+            a6toe, a6too = hl.split(a6to)
+            a6_1, a6_5 = hl.split(a6toe)
+            a6_3, a6_7 = hl.split(a6too)
             q0 = (1.0000000000000002 * a6_0 * sb0_0_0)
+            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+            g48te, g48to = hl.split(g48t)
+            g48tee, g48teo = hl.split(g48te)
+            g48_0, g48_4 = hl.split(g48tee)
+            g48_2, g48_6 = hl.split(g48teo)
+            g48toe, g48too = hl.split(g48to)
+            g48_1, g48_5 = hl.split(g48toe)
+            g48_3, g48_7 = hl.split(g48too)
             q1 = (1.0000000000000002 * a6_1 * sb0_0_0)
             q2 = (1.0000000000000002 * a6_2 * sb0_0_0)
             q3 = (1.0000000000000002 * a6_3 * sb0_0_0)
@@ -7914,6 +7766,15 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
                 - 0.5976143046671969 * a6_6 * sb1_0_0
             )
+            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+            g49te, g49to = hl.split(g49t)
+            g49tee, g49teo = hl.split(g49te)
+            g49_0, g49_4 = hl.split(g49tee)
+            g49_2, g49_6 = hl.split(g49teo)
+            g49toe, g49too = hl.split(g49to)
+            g49_1, g49_5 = hl.split(g49toe)
+            g49_3, g49_7 = hl.split(g49too)
             q1 = (
                 0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
                 - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
@@ -7937,6 +7798,15 @@ def tp_bwd_w_1(
                 -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
                 - 0.8660254037844387 * a6_6 * sb1_1_0
             )
+            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+            g50te, g50to = hl.split(g50t)
+            g50tee, g50teo = hl.split(g50te)
+            g50_0, g50_4 = hl.split(g50tee)
+            g50_2, g50_6 = hl.split(g50teo)
+            g50toe, g50too = hl.split(g50to)
+            g50_1, g50_5 = hl.split(g50toe)
+            g50_3, g50_7 = hl.split(g50too)
             q1 = (
                 0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
                 + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
@@ -7973,6 +7843,11 @@ def tp_bwd_w_1(
                 - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
                 - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
             )
+            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g51t = g51.reshape([tile_b, tile_c, 2, 2])
+            g51te, g51to = hl.split(g51t)
+            g51_0, g51_2 = hl.split(g51te)
+            g51_1, g51_3 = hl.split(g51to)
             q1 = (
                 0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
                 + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
@@ -7991,6 +7866,15 @@ def tp_bwd_w_1(
                 - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
                 - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
             )
+            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+            g52te, g52to = hl.split(g52t)
+            g52tee, g52teo = hl.split(g52te)
+            g52_0, g52_4 = hl.split(g52tee)
+            g52_2, g52_6 = hl.split(g52teo)
+            g52toe, g52too = hl.split(g52to)
+            g52_1, g52_5 = hl.split(g52toe)
+            g52_3, g52_7 = hl.split(g52too)
             q1 = (
                 0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
                 + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
@@ -8017,6 +7901,15 @@ def tp_bwd_w_1(
                 - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
                 + 0.45643546458763845 * a6_5 * sb2_1_0
             )
+            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+            g53te, g53to = hl.split(g53t)
+            g53tee, g53teo = hl.split(g53te)
+            g53_0, g53_4 = hl.split(g53tee)
+            g53_2, g53_6 = hl.split(g53teo)
+            g53toe, g53too = hl.split(g53to)
+            g53_1, g53_5 = hl.split(g53toe)
+            g53_3, g53_7 = hl.split(g53too)
             q1 = (
                 0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
                 - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
@@ -8062,6 +7955,7 @@ def tp_bwd_w_1(
                 + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
                 + 0.37796447300922725 * a6_6 * sb3_6_0
             )
+            g54_0 = g_54[tile_b, 0, tile_c]
             gw54[tile_b, tile_c, 0] = (q0 * g54_0)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
             q0 = (
@@ -8071,6 +7965,11 @@ def tp_bwd_w_1(
                 + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
                 + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
             )
+            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g55t = g55.reshape([tile_b, tile_c, 2, 2])
+            g55te, g55to = hl.split(g55t)
+            g55_0, g55_2 = hl.split(g55te)
+            g55_1, g55_3 = hl.split(g55to)
             q1 = (
                 -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
                 - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
@@ -8091,6 +7990,15 @@ def tp_bwd_w_1(
                 - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
                 + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
             )
+            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+            g56te, g56to = hl.split(g56t)
+            g56tee, g56teo = hl.split(g56te)
+            g56_0, g56_4 = hl.split(g56tee)
+            g56_2, g56_6 = hl.split(g56teo)
+            g56toe, g56too = hl.split(g56to)
+            g56_1, g56_5 = hl.split(g56toe)
+            g56_3, g56_7 = hl.split(g56too)
             q1 = (
                 0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
                 - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
@@ -8123,6 +8031,15 @@ def tp_bwd_w_1(
                 - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
                 - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
             )
+            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+            g57te, g57to = hl.split(g57t)
+            g57tee, g57teo = hl.split(g57te)
+            g57_0, g57_4 = hl.split(g57tee)
+            g57_2, g57_6 = hl.split(g57teo)
+            g57toe, g57too = hl.split(g57to)
+            g57_1, g57_5 = hl.split(g57toe)
+            g57_3, g57_7 = hl.split(g57too)
             q1 = (
                 -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
                 + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
@@ -8160,7 +8077,25 @@ def tp_bwd_w_1(
                 + q6 * g57_6
             )
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+            a7te, a7to = hl.split(a7t)
+            a7tee, a7teo = hl.split(a7te)
+            a7_0, a7_4 = hl.split(a7tee)
+            a7_2, a7_6 = hl.split(a7teo)
+            a7toe, a7too = hl.split(a7to)
+            a7_1, a7_5 = hl.split(a7toe)
+            a7_3, a7_7 = hl.split(a7too)
             q0 = (1.0000000000000002 * a7_0 * sb0_0_0)
+            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+            g58te, g58to = hl.split(g58t)
+            g58tee, g58teo = hl.split(g58te)
+            g58_0, g58_4 = hl.split(g58tee)
+            g58_2, g58_6 = hl.split(g58teo)
+            g58toe, g58too = hl.split(g58to)
+            g58_1, g58_5 = hl.split(g58toe)
+            g58_3, g58_7 = hl.split(g58too)
             q1 = (1.0000000000000002 * a7_1 * sb0_0_0)
             q2 = (1.0000000000000002 * a7_2 * sb0_0_0)
             q3 = (1.0000000000000002 * a7_3 * sb0_0_0)
@@ -8179,6 +8114,15 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
                 - 0.5976143046671969 * a7_6 * sb1_0_0
             )
+            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+            g59te, g59to = hl.split(g59t)
+            g59tee, g59teo = hl.split(g59te)
+            g59_0, g59_4 = hl.split(g59tee)
+            g59_2, g59_6 = hl.split(g59teo)
+            g59toe, g59too = hl.split(g59to)
+            g59_1, g59_5 = hl.split(g59toe)
+            g59_3, g59_7 = hl.split(g59too)
             q1 = (
                 0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
                 - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
@@ -8202,6 +8146,15 @@ def tp_bwd_w_1(
                 -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
                 - 0.8660254037844387 * a7_6 * sb1_1_0
             )
+            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+            g60te, g60to = hl.split(g60t)
+            g60tee, g60teo = hl.split(g60te)
+            g60_0, g60_4 = hl.split(g60tee)
+            g60_2, g60_6 = hl.split(g60teo)
+            g60toe, g60too = hl.split(g60to)
+            g60_1, g60_5 = hl.split(g60toe)
+            g60_3, g60_7 = hl.split(g60too)
             q1 = (
                 0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
                 + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
@@ -8238,6 +8191,11 @@ def tp_bwd_w_1(
                 - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
                 - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
             )
+            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g61t = g61.reshape([tile_b, tile_c, 2, 2])
+            g61te, g61to = hl.split(g61t)
+            g61_0, g61_2 = hl.split(g61te)
+            g61_1, g61_3 = hl.split(g61to)
             q1 = (
                 0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
                 + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
@@ -8256,6 +8214,15 @@ def tp_bwd_w_1(
                 - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
                 - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
             )
+            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+            g62te, g62to = hl.split(g62t)
+            g62tee, g62teo = hl.split(g62te)
+            g62_0, g62_4 = hl.split(g62tee)
+            g62_2, g62_6 = hl.split(g62teo)
+            g62toe, g62too = hl.split(g62to)
+            g62_1, g62_5 = hl.split(g62toe)
+            g62_3, g62_7 = hl.split(g62too)
             q1 = (
                 0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
                 + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
@@ -8282,6 +8249,15 @@ def tp_bwd_w_1(
                 - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
                 + 0.45643546458763845 * a7_5 * sb2_1_0
             )
+            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+            g63te, g63to = hl.split(g63t)
+            g63tee, g63teo = hl.split(g63te)
+            g63_0, g63_4 = hl.split(g63tee)
+            g63_2, g63_6 = hl.split(g63teo)
+            g63toe, g63too = hl.split(g63to)
+            g63_1, g63_5 = hl.split(g63toe)
+            g63_3, g63_7 = hl.split(g63too)
             q1 = (
                 0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
                 - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
@@ -8327,6 +8303,7 @@ def tp_bwd_w_1(
                 + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
                 + 0.37796447300922725 * a7_6 * sb3_6_0
             )
+            g64_0 = g_64[tile_b, 0, tile_c]
             gw64[tile_b, tile_c, 0] = (q0 * g64_0)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
             q0 = (
@@ -8336,6 +8313,11 @@ def tp_bwd_w_1(
                 + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
                 + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
             )
+            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g65t = g65.reshape([tile_b, tile_c, 2, 2])
+            g65te, g65to = hl.split(g65t)
+            g65_0, g65_2 = hl.split(g65te)
+            g65_1, g65_3 = hl.split(g65to)
             q1 = (
                 -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
                 - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
@@ -8356,6 +8338,15 @@ def tp_bwd_w_1(
                 - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
                 + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
             )
+            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+            g66te, g66to = hl.split(g66t)
+            g66tee, g66teo = hl.split(g66te)
+            g66_0, g66_4 = hl.split(g66tee)
+            g66_2, g66_6 = hl.split(g66teo)
+            g66toe, g66too = hl.split(g66to)
+            g66_1, g66_5 = hl.split(g66toe)
+            g66_3, g66_7 = hl.split(g66too)
             q1 = (
                 0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
                 - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
@@ -8388,6 +8379,15 @@ def tp_bwd_w_1(
                 - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
                 - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
             )
+            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+            g67te, g67to = hl.split(g67t)
+            g67tee, g67teo = hl.split(g67te)
+            g67_0, g67_4 = hl.split(g67tee)
+            g67_2, g67_6 = hl.split(g67teo)
+            g67toe, g67too = hl.split(g67to)
+            g67_1, g67_5 = hl.split(g67toe)
+            g67_3, g67_7 = hl.split(g67too)
             q1 = (
                 -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
                 + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0

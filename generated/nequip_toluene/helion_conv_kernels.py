@@ -114,28 +114,11 @@ def conv_fwd_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
-            a4_0 = x1_4[s_idx, 0, tile_c]
-            a4_1 = x1_4[s_idx, 1, tile_c]
-            a4_2 = x1_4[s_idx, 2, tile_c]
-            a4_3 = x1_4[s_idx, 3, tile_c]
-            a4_4 = x1_4[s_idx, 4, tile_c]
-            a5_0 = x1_5[s_idx, 0, tile_c]
-            a5_1 = x1_5[s_idx, 1, tile_c]
-            a5_2 = x1_5[s_idx, 2, tile_c]
-            a5_3 = x1_5[s_idx, 3, tile_c]
-            a5_4 = x1_5[s_idx, 4, tile_c]
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[s_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
             # g block 1: 64x1e (1 path)
@@ -172,6 +155,7 @@ def conv_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            a1_0 = x1_1[s_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
             hl.atomic_add(out_3, [d_idx, 0, tile_c], acc3_0)
             # g block 4: 64x1o (1 path)
@@ -210,8 +194,11 @@ def conv_fwd_0(
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            a2_0 = x1_2[s_idx, 0, tile_c]
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+            a2_1 = x1_2[s_idx, 1, tile_c]
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+            a2_2 = x1_2[s_idx, 2, tile_c]
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             hl.atomic_add(out_6, [d_idx, 0, tile_c], acc6_0)
             hl.atomic_add(out_6, [d_idx, 1, tile_c], acc6_1)
@@ -315,8 +302,11 @@ def conv_fwd_0(
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            a3_0 = x1_3[s_idx, 0, tile_c]
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+            a3_1 = x1_3[s_idx, 1, tile_c]
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+            a3_2 = x1_3[s_idx, 2, tile_c]
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             hl.atomic_add(out_12, [d_idx, 0, tile_c], acc12_0)
             hl.atomic_add(out_12, [d_idx, 1, tile_c], acc12_1)
@@ -422,10 +412,15 @@ def conv_fwd_0(
             acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            a4_0 = x1_4[s_idx, 0, tile_c]
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
+            a4_1 = x1_4[s_idx, 1, tile_c]
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
+            a4_2 = x1_4[s_idx, 2, tile_c]
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
+            a4_3 = x1_4[s_idx, 3, tile_c]
             acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
+            a4_4 = x1_4[s_idx, 4, tile_c]
             acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
             hl.atomic_add(out_18, [d_idx, 0, tile_c], acc18_0)
             hl.atomic_add(out_18, [d_idx, 1, tile_c], acc18_1)
@@ -560,10 +555,15 @@ def conv_fwd_0(
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            a5_0 = x1_5[s_idx, 0, tile_c]
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
+            a5_1 = x1_5[s_idx, 1, tile_c]
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
+            a5_2 = x1_5[s_idx, 2, tile_c]
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
+            a5_3 = x1_5[s_idx, 3, tile_c]
             acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
+            a5_4 = x1_5[s_idx, 4, tile_c]
             acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
             hl.atomic_add(out_24, [d_idx, 0, tile_c], acc24_0)
             hl.atomic_add(out_24, [d_idx, 1, tile_c], acc24_1)
@@ -783,121 +783,28 @@ def conv_bwd_x1_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g5_1 = g_5[d_idx, 1, tile_c]
-            g5_2 = g_5[d_idx, 2, tile_c]
-            g5_3 = g_5[d_idx, 3, tile_c]
-            g5_4 = g_5[d_idx, 4, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_3 = g_9[d_idx, 3, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
-            g10_0 = g_10[d_idx, 0, tile_c]
-            g10_1 = g_10[d_idx, 1, tile_c]
-            g10_2 = g_10[d_idx, 2, tile_c]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_1 = g_11[d_idx, 1, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
-            g11_3 = g_11[d_idx, 3, tile_c]
-            g11_4 = g_11[d_idx, 4, tile_c]
-            g12_0 = g_12[d_idx, 0, tile_c]
-            g12_1 = g_12[d_idx, 1, tile_c]
-            g12_2 = g_12[d_idx, 2, tile_c]
-            g13_0 = g_13[d_idx, 0, tile_c]
-            g14_0 = g_14[d_idx, 0, tile_c]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
-            g15_3 = g_15[d_idx, 3, tile_c]
-            g15_4 = g_15[d_idx, 4, tile_c]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
-            g17_0 = g_17[d_idx, 0, tile_c]
-            g17_1 = g_17[d_idx, 1, tile_c]
-            g17_2 = g_17[d_idx, 2, tile_c]
-            g17_3 = g_17[d_idx, 3, tile_c]
-            g17_4 = g_17[d_idx, 4, tile_c]
-            g18_0 = g_18[d_idx, 0, tile_c]
-            g18_1 = g_18[d_idx, 1, tile_c]
-            g18_2 = g_18[d_idx, 2, tile_c]
-            g18_3 = g_18[d_idx, 3, tile_c]
-            g18_4 = g_18[d_idx, 4, tile_c]
-            g19_0 = g_19[d_idx, 0, tile_c]
-            g19_1 = g_19[d_idx, 1, tile_c]
-            g19_2 = g_19[d_idx, 2, tile_c]
-            g20_0 = g_20[d_idx, 0, tile_c]
-            g20_1 = g_20[d_idx, 1, tile_c]
-            g20_2 = g_20[d_idx, 2, tile_c]
-            g20_3 = g_20[d_idx, 3, tile_c]
-            g20_4 = g_20[d_idx, 4, tile_c]
-            g21_0 = g_21[d_idx, 0, tile_c]
-            g22_0 = g_22[d_idx, 0, tile_c]
-            g22_1 = g_22[d_idx, 1, tile_c]
-            g22_2 = g_22[d_idx, 2, tile_c]
-            g23_0 = g_23[d_idx, 0, tile_c]
-            g23_1 = g_23[d_idx, 1, tile_c]
-            g23_2 = g_23[d_idx, 2, tile_c]
-            g23_3 = g_23[d_idx, 3, tile_c]
-            g23_4 = g_23[d_idx, 4, tile_c]
-            g24_0 = g_24[d_idx, 0, tile_c]
-            g24_1 = g_24[d_idx, 1, tile_c]
-            g24_2 = g_24[d_idx, 2, tile_c]
-            g24_3 = g_24[d_idx, 3, tile_c]
-            g24_4 = g_24[d_idx, 4, tile_c]
-            g25_0 = g_25[d_idx, 0, tile_c]
-            g25_1 = g_25[d_idx, 1, tile_c]
-            g25_2 = g_25[d_idx, 2, tile_c]
-            g26_0 = g_26[d_idx, 0, tile_c]
-            g26_1 = g_26[d_idx, 1, tile_c]
-            g26_2 = g_26[d_idx, 2, tile_c]
-            g26_3 = g_26[d_idx, 3, tile_c]
-            g26_4 = g_26[d_idx, 4, tile_c]
-            g27_0 = g_27[d_idx, 0, tile_c]
-            g28_0 = g_28[d_idx, 0, tile_c]
-            g28_1 = g_28[d_idx, 1, tile_c]
-            g28_2 = g_28[d_idx, 2, tile_c]
-            g29_0 = g_29[d_idx, 0, tile_c]
-            g29_1 = g_29[d_idx, 1, tile_c]
-            g29_2 = g_29[d_idx, 2, tile_c]
-            g29_3 = g_29[d_idx, 3, tile_c]
-            g29_4 = g_29[d_idx, 4, tile_c]
             # x1 block 0: 64x0o (3 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            g0_0 = g_0[d_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             wt1_0 = w1[tile_b, tile_c, 0]
+            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_2 = g_1[d_idx, 2, tile_c]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
+            g2_0 = g_2[d_idx, 0, tile_c]
+            g2_1 = g_2[d_idx, 1, tile_c]
+            g2_2 = g_2[d_idx, 2, tile_c]
+            g2_3 = g_2[d_idx, 3, tile_c]
+            g2_4 = g_2[d_idx, 4, tile_c]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
@@ -908,15 +815,24 @@ def conv_bwd_x1_0(
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            g3_0 = g_3[d_idx, 0, tile_c]
             acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4_0 = g_4[d_idx, 0, tile_c]
+            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_2 = g_4[d_idx, 2, tile_c]
             acc1_0 = acc1_0 + wt4_0 * (
                 0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
                 + 0.9999999999999999 * g4_2 * sb1_2_0
             )
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5_0 = g_5[d_idx, 0, tile_c]
+            g5_1 = g_5[d_idx, 1, tile_c]
+            g5_2 = g_5[d_idx, 2, tile_c]
+            g5_3 = g_5[d_idx, 3, tile_c]
+            g5_4 = g_5[d_idx, 4, tile_c]
             acc1_0 = acc1_0 + wt5_0 * (
                 g5_0 * sb2_0_0 + g5_1 * sb2_1_0
                 + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
@@ -929,25 +845,37 @@ def conv_bwd_x1_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6_0 = g_6[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
+            g6_1 = g_6[d_idx, 1, tile_c]
             acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
+            g6_2 = g_6[d_idx, 2, tile_c]
             acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7_0 = g_7[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8_1 = g_8[d_idx, 1, tile_c]
+            g8_2 = g_8[d_idx, 2, tile_c]
             acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
+            g8_0 = g_8[d_idx, 0, tile_c]
             acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_2 = g_9[d_idx, 2, tile_c]
+            g9_4 = g_9[d_idx, 4, tile_c]
             acc2_0 = acc2_0 + wt9_0 * (
                 0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
                 - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
             )
+            g9_3 = g_9[d_idx, 3, tile_c]
             acc2_1 = acc2_1 + wt9_0 * (
                 0.7071067811865476 * g9_1 * sb1_0_0 + 0.816496580927726 * g9_2 * sb1_1_0
                 + 0.7071067811865476 * g9_3 * sb1_2_0
@@ -958,6 +886,9 @@ def conv_bwd_x1_0(
             )
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10_0 = g_10[d_idx, 0, tile_c]
+            g10_1 = g_10[d_idx, 1, tile_c]
+            g10_2 = g_10[d_idx, 2, tile_c]
             acc2_0 = acc2_0 + wt10_0 * (
                 -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
                 + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
@@ -972,6 +903,11 @@ def conv_bwd_x1_0(
             )
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11_0 = g_11[d_idx, 0, tile_c]
+            g11_1 = g_11[d_idx, 1, tile_c]
+            g11_2 = g_11[d_idx, 2, tile_c]
+            g11_3 = g_11[d_idx, 3, tile_c]
+            g11_4 = g_11[d_idx, 4, tile_c]
             acc2_0 = acc2_0 + wt11_0 * (
                 0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
                 - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
@@ -995,25 +931,37 @@ def conv_bwd_x1_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12_0 = g_12[d_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
+            g12_1 = g_12[d_idx, 1, tile_c]
             acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
+            g12_2 = g_12[d_idx, 2, tile_c]
             acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13_0 = g_13[d_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14_1 = g_14[d_idx, 1, tile_c]
+            g14_2 = g_14[d_idx, 2, tile_c]
             acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
+            g14_0 = g_14[d_idx, 0, tile_c]
             acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15_0 = g_15[d_idx, 0, tile_c]
+            g15_1 = g_15[d_idx, 1, tile_c]
+            g15_2 = g_15[d_idx, 2, tile_c]
+            g15_4 = g_15[d_idx, 4, tile_c]
             acc3_0 = acc3_0 + wt15_0 * (
                 0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
                 - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
             )
+            g15_3 = g_15[d_idx, 3, tile_c]
             acc3_1 = acc3_1 + wt15_0 * (
                 0.7071067811865476 * g15_1 * sb1_0_0 + 0.816496580927726 * g15_2 * sb1_1_0
                 + 0.7071067811865476 * g15_3 * sb1_2_0
@@ -1024,6 +972,9 @@ def conv_bwd_x1_0(
             )
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16_0 = g_16[d_idx, 0, tile_c]
+            g16_1 = g_16[d_idx, 1, tile_c]
+            g16_2 = g_16[d_idx, 2, tile_c]
             acc3_0 = acc3_0 + wt16_0 * (
                 -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
                 + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
@@ -1038,6 +989,11 @@ def conv_bwd_x1_0(
             )
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            g17_0 = g_17[d_idx, 0, tile_c]
+            g17_1 = g_17[d_idx, 1, tile_c]
+            g17_2 = g_17[d_idx, 2, tile_c]
+            g17_3 = g_17[d_idx, 3, tile_c]
+            g17_4 = g_17[d_idx, 4, tile_c]
             acc3_0 = acc3_0 + wt17_0 * (
                 0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
                 - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
@@ -1063,14 +1019,22 @@ def conv_bwd_x1_0(
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            g18_0 = g_18[d_idx, 0, tile_c]
             acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
+            g18_1 = g_18[d_idx, 1, tile_c]
             acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
+            g18_2 = g_18[d_idx, 2, tile_c]
             acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
+            g18_3 = g_18[d_idx, 3, tile_c]
             acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
+            g18_4 = g_18[d_idx, 4, tile_c]
             acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             wt19_0 = w19[tile_b, tile_c, 0]
+            g19_0 = g_19[d_idx, 0, tile_c]
+            g19_2 = g_19[d_idx, 2, tile_c]
             acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
+            g19_1 = g_19[d_idx, 1, tile_c]
             acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
             acc4_2 = acc4_2 + wt19_0 * (
                 -0.3162277660168379 * g19_0 * sb1_0_0 + 0.6324555320336758 * g19_1 * sb1_1_0
@@ -1080,10 +1044,15 @@ def conv_bwd_x1_0(
             acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             wt20_0 = w20[tile_b, tile_c, 0]
+            g20_1 = g_20[d_idx, 1, tile_c]
+            g20_3 = g_20[d_idx, 3, tile_c]
+            g20_4 = g_20[d_idx, 4, tile_c]
             acc4_0 = acc4_0 + wt20_0 * (
                 0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
                 + 0.816496580927726 * g20_4 * sb1_1_0
             )
+            g20_0 = g_20[d_idx, 0, tile_c]
+            g20_2 = g_20[d_idx, 2, tile_c]
             acc4_1 = acc4_1 + wt20_0 * (
                 -0.408248290463863 * g20_0 * sb1_0_0 - 0.7071067811865476 * g20_2 * sb1_2_0
                 + 0.408248290463863 * g20_3 * sb1_1_0 - 0.408248290463863 * g20_4 * sb1_2_0
@@ -1099,6 +1068,7 @@ def conv_bwd_x1_0(
             )
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             wt21_0 = w21[tile_b, tile_c, 0]
+            g21_0 = g_21[d_idx, 0, tile_c]
             acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
@@ -1106,6 +1076,9 @@ def conv_bwd_x1_0(
             acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             wt22_0 = w22[tile_b, tile_c, 0]
+            g22_0 = g_22[d_idx, 0, tile_c]
+            g22_1 = g_22[d_idx, 1, tile_c]
+            g22_2 = g_22[d_idx, 2, tile_c]
             acc4_0 = acc4_0 + wt22_0 * (
                 -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
                 + 0.3162277660168379 * g22_2 * sb2_3_0
@@ -1125,10 +1098,15 @@ def conv_bwd_x1_0(
             )
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             wt23_0 = w23[tile_b, tile_c, 0]
+            g23_0 = g_23[d_idx, 0, tile_c]
+            g23_1 = g_23[d_idx, 1, tile_c]
+            g23_2 = g_23[d_idx, 2, tile_c]
+            g23_3 = g_23[d_idx, 3, tile_c]
             acc4_0 = acc4_0 + wt23_0 * (
                 -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
                 - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
             )
+            g23_4 = g_23[d_idx, 4, tile_c]
             acc4_1 = acc4_1 + wt23_0 * (
                 0.4629100498862757 * g23_0 * sb2_3_0 + 0.2672612419124244 * g23_1 * sb2_2_0
                 - 0.4629100498862757 * g23_1 * sb2_4_0 + 0.2672612419124244 * g23_2 * sb2_1_0
@@ -1161,14 +1139,22 @@ def conv_bwd_x1_0(
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            g24_0 = g_24[d_idx, 0, tile_c]
             acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
+            g24_1 = g_24[d_idx, 1, tile_c]
             acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
+            g24_2 = g_24[d_idx, 2, tile_c]
             acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
+            g24_3 = g_24[d_idx, 3, tile_c]
             acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
+            g24_4 = g_24[d_idx, 4, tile_c]
             acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             wt25_0 = w25[tile_b, tile_c, 0]
+            g25_0 = g_25[d_idx, 0, tile_c]
+            g25_2 = g_25[d_idx, 2, tile_c]
             acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
+            g25_1 = g_25[d_idx, 1, tile_c]
             acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
             acc5_2 = acc5_2 + wt25_0 * (
                 -0.3162277660168379 * g25_0 * sb1_0_0 + 0.6324555320336758 * g25_1 * sb1_1_0
@@ -1178,10 +1164,15 @@ def conv_bwd_x1_0(
             acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             wt26_0 = w26[tile_b, tile_c, 0]
+            g26_1 = g_26[d_idx, 1, tile_c]
+            g26_3 = g_26[d_idx, 3, tile_c]
+            g26_4 = g_26[d_idx, 4, tile_c]
             acc5_0 = acc5_0 + wt26_0 * (
                 0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
                 + 0.816496580927726 * g26_4 * sb1_1_0
             )
+            g26_0 = g_26[d_idx, 0, tile_c]
+            g26_2 = g_26[d_idx, 2, tile_c]
             acc5_1 = acc5_1 + wt26_0 * (
                 -0.408248290463863 * g26_0 * sb1_0_0 - 0.7071067811865476 * g26_2 * sb1_2_0
                 + 0.408248290463863 * g26_3 * sb1_1_0 - 0.408248290463863 * g26_4 * sb1_2_0
@@ -1197,6 +1188,7 @@ def conv_bwd_x1_0(
             )
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             wt27_0 = w27[tile_b, tile_c, 0]
+            g27_0 = g_27[d_idx, 0, tile_c]
             acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
@@ -1204,6 +1196,9 @@ def conv_bwd_x1_0(
             acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             wt28_0 = w28[tile_b, tile_c, 0]
+            g28_0 = g_28[d_idx, 0, tile_c]
+            g28_1 = g_28[d_idx, 1, tile_c]
+            g28_2 = g_28[d_idx, 2, tile_c]
             acc5_0 = acc5_0 + wt28_0 * (
                 -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
                 + 0.3162277660168379 * g28_2 * sb2_3_0
@@ -1223,10 +1218,15 @@ def conv_bwd_x1_0(
             )
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             wt29_0 = w29[tile_b, tile_c, 0]
+            g29_0 = g_29[d_idx, 0, tile_c]
+            g29_1 = g_29[d_idx, 1, tile_c]
+            g29_2 = g_29[d_idx, 2, tile_c]
+            g29_3 = g_29[d_idx, 3, tile_c]
             acc5_0 = acc5_0 + wt29_0 * (
                 -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
                 - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
             )
+            g29_4 = g_29[d_idx, 4, tile_c]
             acc5_1 = acc5_1 + wt29_0 * (
                 0.4629100498862757 * g29_0 * sb2_3_0 + 0.2672612419124244 * g29_1 * sb2_2_0
                 - 0.4629100498862757 * g29_1 * sb2_4_0 + 0.2672612419124244 * g29_2 * sb2_1_0
@@ -1349,135 +1349,25 @@ def conv_bwd_x2_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
-                ra0_0 = x1_0[s_idx, 0, tile_r]
-                ra1_0 = x1_1[s_idx, 0, tile_r]
-                ra2_0 = x1_2[s_idx, 0, tile_r]
-                ra2_1 = x1_2[s_idx, 1, tile_r]
-                ra2_2 = x1_2[s_idx, 2, tile_r]
-                ra3_0 = x1_3[s_idx, 0, tile_r]
-                ra3_1 = x1_3[s_idx, 1, tile_r]
-                ra3_2 = x1_3[s_idx, 2, tile_r]
-                ra4_0 = x1_4[s_idx, 0, tile_r]
-                ra4_1 = x1_4[s_idx, 1, tile_r]
-                ra4_2 = x1_4[s_idx, 2, tile_r]
-                ra4_3 = x1_4[s_idx, 3, tile_r]
-                ra4_4 = x1_4[s_idx, 4, tile_r]
-                ra5_0 = x1_5[s_idx, 0, tile_r]
-                ra5_1 = x1_5[s_idx, 1, tile_r]
-                ra5_2 = x1_5[s_idx, 2, tile_r]
-                ra5_3 = x1_5[s_idx, 3, tile_r]
-                ra5_4 = x1_5[s_idx, 4, tile_r]
-                rg0_0 = g_0[d_idx, 0, tile_r]
-                rg1_0 = g_1[d_idx, 0, tile_r]
-                rg1_1 = g_1[d_idx, 1, tile_r]
-                rg1_2 = g_1[d_idx, 2, tile_r]
-                rg2_0 = g_2[d_idx, 0, tile_r]
-                rg2_1 = g_2[d_idx, 1, tile_r]
-                rg2_2 = g_2[d_idx, 2, tile_r]
-                rg2_3 = g_2[d_idx, 3, tile_r]
-                rg2_4 = g_2[d_idx, 4, tile_r]
-                rg3_0 = g_3[d_idx, 0, tile_r]
-                rg4_0 = g_4[d_idx, 0, tile_r]
-                rg4_1 = g_4[d_idx, 1, tile_r]
-                rg4_2 = g_4[d_idx, 2, tile_r]
-                rg5_0 = g_5[d_idx, 0, tile_r]
-                rg5_1 = g_5[d_idx, 1, tile_r]
-                rg5_2 = g_5[d_idx, 2, tile_r]
-                rg5_3 = g_5[d_idx, 3, tile_r]
-                rg5_4 = g_5[d_idx, 4, tile_r]
-                rg6_0 = g_6[d_idx, 0, tile_r]
-                rg6_1 = g_6[d_idx, 1, tile_r]
-                rg6_2 = g_6[d_idx, 2, tile_r]
-                rg7_0 = g_7[d_idx, 0, tile_r]
-                rg8_0 = g_8[d_idx, 0, tile_r]
-                rg8_1 = g_8[d_idx, 1, tile_r]
-                rg8_2 = g_8[d_idx, 2, tile_r]
-                rg9_0 = g_9[d_idx, 0, tile_r]
-                rg9_1 = g_9[d_idx, 1, tile_r]
-                rg9_2 = g_9[d_idx, 2, tile_r]
-                rg9_3 = g_9[d_idx, 3, tile_r]
-                rg9_4 = g_9[d_idx, 4, tile_r]
-                rg10_0 = g_10[d_idx, 0, tile_r]
-                rg10_1 = g_10[d_idx, 1, tile_r]
-                rg10_2 = g_10[d_idx, 2, tile_r]
-                rg11_0 = g_11[d_idx, 0, tile_r]
-                rg11_1 = g_11[d_idx, 1, tile_r]
-                rg11_2 = g_11[d_idx, 2, tile_r]
-                rg11_3 = g_11[d_idx, 3, tile_r]
-                rg11_4 = g_11[d_idx, 4, tile_r]
-                rg12_0 = g_12[d_idx, 0, tile_r]
-                rg12_1 = g_12[d_idx, 1, tile_r]
-                rg12_2 = g_12[d_idx, 2, tile_r]
-                rg13_0 = g_13[d_idx, 0, tile_r]
-                rg14_0 = g_14[d_idx, 0, tile_r]
-                rg14_1 = g_14[d_idx, 1, tile_r]
-                rg14_2 = g_14[d_idx, 2, tile_r]
-                rg15_0 = g_15[d_idx, 0, tile_r]
-                rg15_1 = g_15[d_idx, 1, tile_r]
-                rg15_2 = g_15[d_idx, 2, tile_r]
-                rg15_3 = g_15[d_idx, 3, tile_r]
-                rg15_4 = g_15[d_idx, 4, tile_r]
-                rg16_0 = g_16[d_idx, 0, tile_r]
-                rg16_1 = g_16[d_idx, 1, tile_r]
-                rg16_2 = g_16[d_idx, 2, tile_r]
-                rg17_0 = g_17[d_idx, 0, tile_r]
-                rg17_1 = g_17[d_idx, 1, tile_r]
-                rg17_2 = g_17[d_idx, 2, tile_r]
-                rg17_3 = g_17[d_idx, 3, tile_r]
-                rg17_4 = g_17[d_idx, 4, tile_r]
-                rg18_0 = g_18[d_idx, 0, tile_r]
-                rg18_1 = g_18[d_idx, 1, tile_r]
-                rg18_2 = g_18[d_idx, 2, tile_r]
-                rg18_3 = g_18[d_idx, 3, tile_r]
-                rg18_4 = g_18[d_idx, 4, tile_r]
-                rg19_0 = g_19[d_idx, 0, tile_r]
-                rg19_1 = g_19[d_idx, 1, tile_r]
-                rg19_2 = g_19[d_idx, 2, tile_r]
-                rg20_0 = g_20[d_idx, 0, tile_r]
-                rg20_1 = g_20[d_idx, 1, tile_r]
-                rg20_2 = g_20[d_idx, 2, tile_r]
-                rg20_3 = g_20[d_idx, 3, tile_r]
-                rg20_4 = g_20[d_idx, 4, tile_r]
-                rg21_0 = g_21[d_idx, 0, tile_r]
-                rg22_0 = g_22[d_idx, 0, tile_r]
-                rg22_1 = g_22[d_idx, 1, tile_r]
-                rg22_2 = g_22[d_idx, 2, tile_r]
-                rg23_0 = g_23[d_idx, 0, tile_r]
-                rg23_1 = g_23[d_idx, 1, tile_r]
-                rg23_2 = g_23[d_idx, 2, tile_r]
-                rg23_3 = g_23[d_idx, 3, tile_r]
-                rg23_4 = g_23[d_idx, 4, tile_r]
-                rg24_0 = g_24[d_idx, 0, tile_r]
-                rg24_1 = g_24[d_idx, 1, tile_r]
-                rg24_2 = g_24[d_idx, 2, tile_r]
-                rg24_3 = g_24[d_idx, 3, tile_r]
-                rg24_4 = g_24[d_idx, 4, tile_r]
-                rg25_0 = g_25[d_idx, 0, tile_r]
-                rg25_1 = g_25[d_idx, 1, tile_r]
-                rg25_2 = g_25[d_idx, 2, tile_r]
-                rg26_0 = g_26[d_idx, 0, tile_r]
-                rg26_1 = g_26[d_idx, 1, tile_r]
-                rg26_2 = g_26[d_idx, 2, tile_r]
-                rg26_3 = g_26[d_idx, 3, tile_r]
-                rg26_4 = g_26[d_idx, 4, tile_r]
-                rg27_0 = g_27[d_idx, 0, tile_r]
-                rg28_0 = g_28[d_idx, 0, tile_r]
-                rg28_1 = g_28[d_idx, 1, tile_r]
-                rg28_2 = g_28[d_idx, 2, tile_r]
-                rg29_0 = g_29[d_idx, 0, tile_r]
-                rg29_1 = g_29[d_idx, 1, tile_r]
-                rg29_2 = g_29[d_idx, 2, tile_r]
-                rg29_3 = g_29[d_idx, 3, tile_r]
-                rg29_4 = g_29[d_idx, 4, tile_r]
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+                ra0_0 = x1_0[s_idx, 0, tile_r]
+                rg0_0 = g_0[d_idx, 0, tile_r]
                 wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+                ra1_0 = x1_1[s_idx, 0, tile_r]
+                rg3_0 = g_3[d_idx, 0, tile_r]
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg3_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+                ra2_0 = x1_2[s_idx, 0, tile_r]
+                rg6_0 = g_6[d_idx, 0, tile_r]
+                ra2_1 = x1_2[s_idx, 1, tile_r]
+                rg6_1 = g_6[d_idx, 1, tile_r]
+                ra2_2 = x1_2[s_idx, 2, tile_r]
+                rg6_2 = g_6[d_idx, 2, tile_r]
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
@@ -1485,6 +1375,12 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+                ra3_0 = x1_3[s_idx, 0, tile_r]
+                rg12_0 = g_12[d_idx, 0, tile_r]
+                ra3_1 = x1_3[s_idx, 1, tile_r]
+                rg12_1 = g_12[d_idx, 1, tile_r]
+                ra3_2 = x1_3[s_idx, 2, tile_r]
+                rg12_2 = g_12[d_idx, 2, tile_r]
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
@@ -1492,6 +1388,16 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+                ra4_0 = x1_4[s_idx, 0, tile_r]
+                rg18_0 = g_18[d_idx, 0, tile_r]
+                ra4_1 = x1_4[s_idx, 1, tile_r]
+                rg18_1 = g_18[d_idx, 1, tile_r]
+                ra4_2 = x1_4[s_idx, 2, tile_r]
+                rg18_2 = g_18[d_idx, 2, tile_r]
+                ra4_3 = x1_4[s_idx, 3, tile_r]
+                rg18_3 = g_18[d_idx, 3, tile_r]
+                ra4_4 = x1_4[s_idx, 4, tile_r]
+                rg18_4 = g_18[d_idx, 4, tile_r]
                 wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     ra4_0 * rg18_0 + ra4_1 * rg18_1
@@ -1500,6 +1406,16 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+                ra5_0 = x1_5[s_idx, 0, tile_r]
+                rg24_0 = g_24[d_idx, 0, tile_r]
+                ra5_1 = x1_5[s_idx, 1, tile_r]
+                rg24_1 = g_24[d_idx, 1, tile_r]
+                ra5_2 = x1_5[s_idx, 2, tile_r]
+                rg24_2 = g_24[d_idx, 2, tile_r]
+                ra5_3 = x1_5[s_idx, 3, tile_r]
+                rg24_3 = g_24[d_idx, 3, tile_r]
+                ra5_4 = x1_5[s_idx, 4, tile_r]
+                rg24_4 = g_24[d_idx, 4, tile_r]
                 wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     ra5_0 * rg24_0 + ra5_1 * rg24_1
@@ -1508,22 +1424,29 @@ def conv_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+                rg1_0 = g_1[d_idx, 0, tile_r]
                 wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                rg1_1 = g_1[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                rg1_2 = g_1[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+                rg4_0 = g_4[d_idx, 0, tile_r]
                 wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
+                rg4_1 = g_4[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
+                rg4_2 = g_4[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                rg7_0 = g_7[d_idx, 0, tile_r]
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
@@ -1532,20 +1455,28 @@ def conv_bwd_x2_0(
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+                rg8_1 = g_8[d_idx, 1, tile_r]
+                rg8_2 = g_8[d_idx, 2, tile_r]
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
+                rg8_0 = g_8[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+                rg9_0 = g_9[d_idx, 0, tile_r]
+                rg9_1 = g_9[d_idx, 1, tile_r]
+                rg9_2 = g_9[d_idx, 2, tile_r]
+                rg9_4 = g_9[d_idx, 4, tile_r]
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
                 acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                rg9_3 = g_9[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
                     + 0.7071067811865476 * ra2_2 * rg9_3
@@ -1557,6 +1488,7 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+                rg13_0 = g_13[d_idx, 0, tile_r]
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr13).sum(1)
@@ -1565,20 +1497,28 @@ def conv_bwd_x2_0(
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+                rg14_1 = g_14[d_idx, 1, tile_r]
+                rg14_2 = g_14[d_idx, 2, tile_r]
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
+                rg14_0 = g_14[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr14).sum(1)
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+                rg15_0 = g_15[d_idx, 0, tile_r]
+                rg15_1 = g_15[d_idx, 1, tile_r]
+                rg15_2 = g_15[d_idx, 2, tile_r]
+                rg15_4 = g_15[d_idx, 4, tile_r]
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
                 acc1_0 = acc1_0 + (t[:, :, None] * wr15).sum(1)
+                rg15_3 = g_15[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
                     + 0.7071067811865476 * ra3_2 * rg15_3
@@ -1590,6 +1530,9 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+                rg19_0 = g_19[d_idx, 0, tile_r]
+                rg19_1 = g_19[d_idx, 1, tile_r]
+                rg19_2 = g_19[d_idx, 2, tile_r]
                 wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
@@ -1607,6 +1550,11 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+                rg20_0 = g_20[d_idx, 0, tile_r]
+                rg20_1 = g_20[d_idx, 1, tile_r]
+                rg20_2 = g_20[d_idx, 2, tile_r]
+                rg20_3 = g_20[d_idx, 3, tile_r]
+                rg20_4 = g_20[d_idx, 4, tile_r]
                 wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
@@ -1626,6 +1574,9 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+                rg25_0 = g_25[d_idx, 0, tile_r]
+                rg25_1 = g_25[d_idx, 1, tile_r]
+                rg25_2 = g_25[d_idx, 2, tile_r]
                 wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
@@ -1643,6 +1594,11 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+                rg26_0 = g_26[d_idx, 0, tile_r]
+                rg26_1 = g_26[d_idx, 1, tile_r]
+                rg26_2 = g_26[d_idx, 2, tile_r]
+                rg26_3 = g_26[d_idx, 3, tile_r]
+                rg26_4 = g_26[d_idx, 4, tile_r]
                 wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
@@ -1662,33 +1618,46 @@ def conv_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+                rg2_0 = g_2[d_idx, 0, tile_r]
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                rg2_1 = g_2[d_idx, 1, tile_r]
                 t = (ra0_0 * rg2_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                rg2_2 = g_2[d_idx, 2, tile_r]
                 t = (ra0_0 * rg2_2)
                 acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                rg2_3 = g_2[d_idx, 3, tile_r]
                 t = (ra0_0 * rg2_3)
                 acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                rg2_4 = g_2[d_idx, 4, tile_r]
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+                rg5_0 = g_5[d_idx, 0, tile_r]
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg5_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr5).sum(1)
+                rg5_1 = g_5[d_idx, 1, tile_r]
                 t = (ra1_0 * rg5_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr5).sum(1)
+                rg5_2 = g_5[d_idx, 2, tile_r]
                 t = (ra1_0 * rg5_2)
                 acc2_2 = acc2_2 + (t[:, :, None] * wr5).sum(1)
+                rg5_3 = g_5[d_idx, 3, tile_r]
                 t = (ra1_0 * rg5_3)
                 acc2_3 = acc2_3 + (t[:, :, None] * wr5).sum(1)
+                rg5_4 = g_5[d_idx, 4, tile_r]
                 t = (ra1_0 * rg5_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr5).sum(1)
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                rg10_0 = g_10[d_idx, 0, tile_r]
+                rg10_2 = g_10[d_idx, 2, tile_r]
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
+                rg10_1 = g_10[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr10).sum(1)
                 t = (
@@ -1701,12 +1670,17 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+                rg11_1 = g_11[d_idx, 1, tile_r]
+                rg11_3 = g_11[d_idx, 3, tile_r]
+                rg11_4 = g_11[d_idx, 4, tile_r]
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr11).sum(1)
+                rg11_0 = g_11[d_idx, 0, tile_r]
+                rg11_2 = g_11[d_idx, 2, tile_r]
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
                     - 0.408248290463863 * ra2_1 * rg11_3 + 0.408248290463863 * ra2_2 * rg11_4
@@ -1725,9 +1699,12 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr11).sum(1)
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                rg16_0 = g_16[d_idx, 0, tile_r]
+                rg16_2 = g_16[d_idx, 2, tile_r]
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr16).sum(1)
+                rg16_1 = g_16[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
                 acc2_1 = acc2_1 + (t[:, :, None] * wr16).sum(1)
                 t = (
@@ -1740,12 +1717,17 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr16).sum(1)
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                rg17_1 = g_17[d_idx, 1, tile_r]
+                rg17_3 = g_17[d_idx, 3, tile_r]
+                rg17_4 = g_17[d_idx, 4, tile_r]
                 wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
+                rg17_0 = g_17[d_idx, 0, tile_r]
+                rg17_2 = g_17[d_idx, 2, tile_r]
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
                     - 0.408248290463863 * ra3_1 * rg17_3 + 0.408248290463863 * ra3_2 * rg17_4
@@ -1764,6 +1746,7 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+                rg21_0 = g_21[d_idx, 0, tile_r]
                 wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
@@ -1776,6 +1759,9 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+                rg22_0 = g_22[d_idx, 0, tile_r]
+                rg22_1 = g_22[d_idx, 1, tile_r]
+                rg22_2 = g_22[d_idx, 2, tile_r]
                 wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
@@ -1800,12 +1786,17 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+                rg23_0 = g_23[d_idx, 0, tile_r]
+                rg23_1 = g_23[d_idx, 1, tile_r]
+                rg23_2 = g_23[d_idx, 2, tile_r]
+                rg23_3 = g_23[d_idx, 3, tile_r]
                 wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
+                rg23_4 = g_23[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
                     - 0.4629100498862757 * ra4_4 * rg23_1 + 0.2672612419124244 * ra4_1 * rg23_2
@@ -1830,6 +1821,7 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                rg27_0 = g_27[d_idx, 0, tile_r]
                 wr27 = w27[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
@@ -1842,6 +1834,9 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+                rg28_0 = g_28[d_idx, 0, tile_r]
+                rg28_1 = g_28[d_idx, 1, tile_r]
+                rg28_2 = g_28[d_idx, 2, tile_r]
                 wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
@@ -1866,12 +1861,17 @@ def conv_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+                rg29_0 = g_29[d_idx, 0, tile_r]
+                rg29_1 = g_29[d_idx, 1, tile_r]
+                rg29_2 = g_29[d_idx, 2, tile_r]
+                rg29_3 = g_29[d_idx, 3, tile_r]
                 wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr29).sum(1)
+                rg29_4 = g_29[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
                     - 0.4629100498862757 * ra5_4 * rg29_1 + 0.2672612419124244 * ra5_1 * rg29_2
@@ -1997,313 +1997,277 @@ def conv_bwd_w_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
-            a4_0 = x1_4[s_idx, 0, tile_c]
-            a4_1 = x1_4[s_idx, 1, tile_c]
-            a4_2 = x1_4[s_idx, 2, tile_c]
-            a4_3 = x1_4[s_idx, 3, tile_c]
-            a4_4 = x1_4[s_idx, 4, tile_c]
-            a5_0 = x1_5[s_idx, 0, tile_c]
-            a5_1 = x1_5[s_idx, 1, tile_c]
-            a5_2 = x1_5[s_idx, 2, tile_c]
-            a5_3 = x1_5[s_idx, 3, tile_c]
-            a5_4 = x1_5[s_idx, 4, tile_c]
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g5_1 = g_5[d_idx, 1, tile_c]
-            g5_2 = g_5[d_idx, 2, tile_c]
-            g5_3 = g_5[d_idx, 3, tile_c]
-            g5_4 = g_5[d_idx, 4, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_3 = g_9[d_idx, 3, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
-            g10_0 = g_10[d_idx, 0, tile_c]
-            g10_1 = g_10[d_idx, 1, tile_c]
-            g10_2 = g_10[d_idx, 2, tile_c]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_1 = g_11[d_idx, 1, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
-            g11_3 = g_11[d_idx, 3, tile_c]
-            g11_4 = g_11[d_idx, 4, tile_c]
-            g12_0 = g_12[d_idx, 0, tile_c]
-            g12_1 = g_12[d_idx, 1, tile_c]
-            g12_2 = g_12[d_idx, 2, tile_c]
-            g13_0 = g_13[d_idx, 0, tile_c]
-            g14_0 = g_14[d_idx, 0, tile_c]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
-            g15_3 = g_15[d_idx, 3, tile_c]
-            g15_4 = g_15[d_idx, 4, tile_c]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
-            g17_0 = g_17[d_idx, 0, tile_c]
-            g17_1 = g_17[d_idx, 1, tile_c]
-            g17_2 = g_17[d_idx, 2, tile_c]
-            g17_3 = g_17[d_idx, 3, tile_c]
-            g17_4 = g_17[d_idx, 4, tile_c]
-            g18_0 = g_18[d_idx, 0, tile_c]
-            g18_1 = g_18[d_idx, 1, tile_c]
-            g18_2 = g_18[d_idx, 2, tile_c]
-            g18_3 = g_18[d_idx, 3, tile_c]
-            g18_4 = g_18[d_idx, 4, tile_c]
-            g19_0 = g_19[d_idx, 0, tile_c]
-            g19_1 = g_19[d_idx, 1, tile_c]
-            g19_2 = g_19[d_idx, 2, tile_c]
-            g20_0 = g_20[d_idx, 0, tile_c]
-            g20_1 = g_20[d_idx, 1, tile_c]
-            g20_2 = g_20[d_idx, 2, tile_c]
-            g20_3 = g_20[d_idx, 3, tile_c]
-            g20_4 = g_20[d_idx, 4, tile_c]
-            g21_0 = g_21[d_idx, 0, tile_c]
-            g22_0 = g_22[d_idx, 0, tile_c]
-            g22_1 = g_22[d_idx, 1, tile_c]
-            g22_2 = g_22[d_idx, 2, tile_c]
-            g23_0 = g_23[d_idx, 0, tile_c]
-            g23_1 = g_23[d_idx, 1, tile_c]
-            g23_2 = g_23[d_idx, 2, tile_c]
-            g23_3 = g_23[d_idx, 3, tile_c]
-            g23_4 = g_23[d_idx, 4, tile_c]
-            g24_0 = g_24[d_idx, 0, tile_c]
-            g24_1 = g_24[d_idx, 1, tile_c]
-            g24_2 = g_24[d_idx, 2, tile_c]
-            g24_3 = g_24[d_idx, 3, tile_c]
-            g24_4 = g_24[d_idx, 4, tile_c]
-            g25_0 = g_25[d_idx, 0, tile_c]
-            g25_1 = g_25[d_idx, 1, tile_c]
-            g25_2 = g_25[d_idx, 2, tile_c]
-            g26_0 = g_26[d_idx, 0, tile_c]
-            g26_1 = g_26[d_idx, 1, tile_c]
-            g26_2 = g_26[d_idx, 2, tile_c]
-            g26_3 = g_26[d_idx, 3, tile_c]
-            g26_4 = g_26[d_idx, 4, tile_c]
-            g27_0 = g_27[d_idx, 0, tile_c]
-            g28_0 = g_28[d_idx, 0, tile_c]
-            g28_1 = g_28[d_idx, 1, tile_c]
-            g28_2 = g_28[d_idx, 2, tile_c]
-            g29_0 = g_29[d_idx, 0, tile_c]
-            g29_1 = g_29[d_idx, 1, tile_c]
-            g29_2 = g_29[d_idx, 2, tile_c]
-            g29_3 = g_29[d_idx, 3, tile_c]
-            g29_4 = g_29[d_idx, 4, tile_c]
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            a0_0 = x1_0[s_idx, 0, tile_c]
             q0 = (a0_0 * sb0_0_0)
+            g0_0 = g_0[d_idx, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+            g1_0 = g_1[d_idx, 0, tile_c]
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            g1_1 = g_1[d_idx, 1, tile_c]
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            g1_2 = g_1[d_idx, 2, tile_c]
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
+            g2_0 = g_2[d_idx, 0, tile_c]
             q1 = (a0_0 * sb2_1_0)
+            g2_1 = g_2[d_idx, 1, tile_c]
             q2 = (a0_0 * sb2_2_0)
+            g2_2 = g_2[d_idx, 2, tile_c]
             q3 = (a0_0 * sb2_3_0)
+            g2_3 = g_2[d_idx, 3, tile_c]
             q4 = (a0_0 * sb2_4_0)
+            g2_4 = g_2[d_idx, 4, tile_c]
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            a1_0 = x1_1[s_idx, 0, tile_c]
             q0 = (a1_0 * sb0_0_0)
+            g3_0 = g_3[d_idx, 0, tile_c]
             gw3[tile_b, tile_c, 0] = (q0 * g3_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+            g4_0 = g_4[d_idx, 0, tile_c]
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+            g4_1 = g_4[d_idx, 1, tile_c]
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+            g4_2 = g_4[d_idx, 2, tile_c]
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             q0 = (a1_0 * sb2_0_0)
+            g5_0 = g_5[d_idx, 0, tile_c]
             q1 = (a1_0 * sb2_1_0)
+            g5_1 = g_5[d_idx, 1, tile_c]
             q2 = (a1_0 * sb2_2_0)
+            g5_2 = g_5[d_idx, 2, tile_c]
             q3 = (a1_0 * sb2_3_0)
+            g5_3 = g_5[d_idx, 3, tile_c]
             q4 = (a1_0 * sb2_4_0)
+            g5_4 = g_5[d_idx, 4, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            a2_0 = x1_2[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+            g6_0 = g_6[d_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
+            g6_1 = g_6[d_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+            g6_2 = g_6[d_idx, 2, tile_c]
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
+            g7_0 = g_7[d_idx, 0, tile_c]
             gw7[tile_b, tile_c, 0] = (q0 * g7_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            g8_0 = g_8[d_idx, 0, tile_c]
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            g8_1 = g_8[d_idx, 1, tile_c]
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            g8_2 = g_8[d_idx, 2, tile_c]
             gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            g9_0 = g_9[d_idx, 0, tile_c]
             q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+            g9_1 = g_9[d_idx, 1, tile_c]
             q2 = (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
                 - 0.408248290463863 * a2_2 * sb1_2_0
             )
+            g9_2 = g_9[d_idx, 2, tile_c]
             q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+            g9_3 = g_9[d_idx, 3, tile_c]
             q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+            g9_4 = g_9[d_idx, 4, tile_c]
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
+            g10_0 = g_10[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
             )
+            g10_1 = g_10[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
+            g10_2 = g_10[d_idx, 2, tile_c]
             gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
+            g11_0 = g_11[d_idx, 0, tile_c]
             q1 = (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
             )
+            g11_1 = g_11[d_idx, 1, tile_c]
             q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+            g11_2 = g_11[d_idx, 2, tile_c]
             q3 = (
                 0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
                 - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
             )
+            g11_3 = g_11[d_idx, 3, tile_c]
             q4 = (
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
+            g11_4 = g_11[d_idx, 4, tile_c]
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            a3_0 = x1_3[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+            g12_0 = g_12[d_idx, 0, tile_c]
+            a3_1 = x1_3[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
+            g12_1 = g_12[d_idx, 1, tile_c]
+            a3_2 = x1_3[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
+            g12_2 = g_12[d_idx, 2, tile_c]
             gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
+            g13_0 = g_13[d_idx, 0, tile_c]
             gw13[tile_b, tile_c, 0] = (q0 * g13_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            g14_0 = g_14[d_idx, 0, tile_c]
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+            g14_1 = g_14[d_idx, 1, tile_c]
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            g14_2 = g_14[d_idx, 2, tile_c]
             gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            g15_0 = g_15[d_idx, 0, tile_c]
             q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+            g15_1 = g_15[d_idx, 1, tile_c]
             q2 = (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
                 - 0.408248290463863 * a3_2 * sb1_2_0
             )
+            g15_2 = g_15[d_idx, 2, tile_c]
             q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+            g15_3 = g_15[d_idx, 3, tile_c]
             q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+            g15_4 = g_15[d_idx, 4, tile_c]
             gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
+            g16_0 = g_16[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
             )
+            g16_1 = g_16[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
+            g16_2 = g_16[d_idx, 2, tile_c]
             gw16[tile_b, tile_c, 0] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
+            g17_0 = g_17[d_idx, 0, tile_c]
             q1 = (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
             )
+            g17_1 = g_17[d_idx, 1, tile_c]
             q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+            g17_2 = g_17[d_idx, 2, tile_c]
             q3 = (
                 0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
                 - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
             )
+            g17_3 = g_17[d_idx, 3, tile_c]
             q4 = (
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
+            g17_4 = g_17[d_idx, 4, tile_c]
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+            a4_0 = x1_4[s_idx, 0, tile_c]
             q0 = (a4_0 * sb0_0_0)
+            g18_0 = g_18[d_idx, 0, tile_c]
+            a4_1 = x1_4[s_idx, 1, tile_c]
             q1 = (a4_1 * sb0_0_0)
+            g18_1 = g_18[d_idx, 1, tile_c]
+            a4_2 = x1_4[s_idx, 2, tile_c]
             q2 = (a4_2 * sb0_0_0)
+            g18_2 = g_18[d_idx, 2, tile_c]
+            a4_3 = x1_4[s_idx, 3, tile_c]
             q3 = (a4_3 * sb0_0_0)
+            g18_3 = g_18[d_idx, 3, tile_c]
+            a4_4 = x1_4[s_idx, 4, tile_c]
             q4 = (a4_4 * sb0_0_0)
+            g18_4 = g_18[d_idx, 4, tile_c]
             gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
+            g19_0 = g_19[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
             )
+            g19_1 = g_19[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
+            g19_2 = g_19[d_idx, 2, tile_c]
             gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
+            g20_0 = g_20[d_idx, 0, tile_c]
             q1 = (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
             )
+            g20_1 = g_20[d_idx, 1, tile_c]
             q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+            g20_2 = g_20[d_idx, 2, tile_c]
             q3 = (
                 -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
                 - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
             )
+            g20_3 = g_20[d_idx, 3, tile_c]
             q4 = (
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
+            g20_4 = g_20[d_idx, 4, tile_c]
             gw20[tile_b, tile_c, 0] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             q0 = (
@@ -2311,6 +2275,7 @@ def conv_bwd_w_0(
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
+            g21_0 = g_21[d_idx, 0, tile_c]
             gw21[tile_b, tile_c, 0] = (q0 * g21_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
@@ -2318,80 +2283,106 @@ def conv_bwd_w_0(
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
+            g22_0 = g_22[d_idx, 0, tile_c]
             q1 = (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
             )
+            g22_1 = g_22[d_idx, 1, tile_c]
             q2 = (
                 0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
+            g22_2 = g_22[d_idx, 2, tile_c]
             gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
+            g23_0 = g_23[d_idx, 0, tile_c]
             q1 = (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
                 + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
             )
+            g23_1 = g_23[d_idx, 1, tile_c]
             q2 = (
                 -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
                 + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
                 - 0.5345224838248488 * a4_4 * sb2_4_0
             )
+            g23_2 = g_23[d_idx, 2, tile_c]
             q3 = (
                 0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
                 + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
                 + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
             )
+            g23_3 = g_23[d_idx, 3, tile_c]
             q4 = (
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
+            g23_4 = g_23[d_idx, 4, tile_c]
             gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+            a5_0 = x1_5[s_idx, 0, tile_c]
             q0 = (a5_0 * sb0_0_0)
+            g24_0 = g_24[d_idx, 0, tile_c]
+            a5_1 = x1_5[s_idx, 1, tile_c]
             q1 = (a5_1 * sb0_0_0)
+            g24_1 = g_24[d_idx, 1, tile_c]
+            a5_2 = x1_5[s_idx, 2, tile_c]
             q2 = (a5_2 * sb0_0_0)
+            g24_2 = g_24[d_idx, 2, tile_c]
+            a5_3 = x1_5[s_idx, 3, tile_c]
             q3 = (a5_3 * sb0_0_0)
+            g24_3 = g_24[d_idx, 3, tile_c]
+            a5_4 = x1_5[s_idx, 4, tile_c]
             q4 = (a5_4 * sb0_0_0)
+            g24_4 = g_24[d_idx, 4, tile_c]
             gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
+            g25_0 = g_25[d_idx, 0, tile_c]
             q1 = (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
             )
+            g25_1 = g_25[d_idx, 1, tile_c]
             q2 = (
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
+            g25_2 = g_25[d_idx, 2, tile_c]
             gw25[tile_b, tile_c, 0] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
+            g26_0 = g_26[d_idx, 0, tile_c]
             q1 = (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
             )
+            g26_1 = g_26[d_idx, 1, tile_c]
             q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+            g26_2 = g_26[d_idx, 2, tile_c]
             q3 = (
                 -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
                 - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
             )
+            g26_3 = g_26[d_idx, 3, tile_c]
             q4 = (
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
+            g26_4 = g_26[d_idx, 4, tile_c]
             gw26[tile_b, tile_c, 0] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             q0 = (
@@ -2399,6 +2390,7 @@ def conv_bwd_w_0(
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
+            g27_0 = g_27[d_idx, 0, tile_c]
             gw27[tile_b, tile_c, 0] = (q0 * g27_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
@@ -2406,38 +2398,46 @@ def conv_bwd_w_0(
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
+            g28_0 = g_28[d_idx, 0, tile_c]
             q1 = (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
             )
+            g28_1 = g_28[d_idx, 1, tile_c]
             q2 = (
                 0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
+            g28_2 = g_28[d_idx, 2, tile_c]
             gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
+            g29_0 = g_29[d_idx, 0, tile_c]
             q1 = (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
                 + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
             )
+            g29_1 = g_29[d_idx, 1, tile_c]
             q2 = (
                 -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
                 + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
                 - 0.5345224838248488 * a5_4 * sb2_4_0
             )
+            g29_2 = g_29[d_idx, 2, tile_c]
             q3 = (
                 0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
                 + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
                 + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
             )
+            g29_3 = g_29[d_idx, 3, tile_c]
             q4 = (
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
+            g29_4 = g_29[d_idx, 4, tile_c]
             gw29[tile_b, tile_c, 0] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)

@@ -113,40 +113,11 @@ def tp_fwd_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
@@ -177,6 +148,7 @@ def tp_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            a1_0 = x1_1[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             # g block 4: 64x1o (1 path)
@@ -209,6 +181,11 @@ def tp_fwd_0(
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
@@ -300,6 +277,11 @@ def tp_fwd_0(
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
@@ -393,6 +375,15 @@ def tp_fwd_0(
             acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
@@ -515,6 +506,15 @@ def tp_fwd_0(
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
@@ -718,12 +718,25 @@ def tp_bwd_x1_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # x1 block 0: 64x0o (3 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -733,178 +746,6 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
-            g3_0 = g_3[tile_b, 0, tile_c]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            g7_0 = g_7[tile_b, 0, tile_c]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16_0, g16_2 = hl.split(g16te)
-            g16_1, g16_3 = hl.split(g16to)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22_0, g22_2 = hl.split(g22te)
-            g22_1, g22_3 = hl.split(g22to)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25_0, g25_2 = hl.split(g25te)
-            g25_1, g25_3 = hl.split(g25to)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28_0, g28_2 = hl.split(g28te)
-            g28_1, g28_3 = hl.split(g28to)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            # x1 block 0: 64x0o (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
@@ -915,15 +756,30 @@ def tp_bwd_x1_0(
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
+            g3_0 = g_3[tile_b, 0, tile_c]
             acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
             acc1_0 = acc1_0 + wt4_0 * (
                 0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
                 + 0.9999999999999999 * g4_2 * sb1_2_0
             )
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
+            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
             acc1_0 = acc1_0 + wt5_0 * (
                 g5_0 * sb2_0_0 + g5_1 * sb2_1_0
                 + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
@@ -936,21 +792,41 @@ def tp_bwd_x1_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
             acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7_0 = g_7[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             acc2_0 = acc2_0 + wt9_0 * (
                 0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
                 - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
@@ -965,6 +841,11 @@ def tp_bwd_x1_0(
             )
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
             acc2_0 = acc2_0 + wt10_0 * (
                 -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
                 + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
@@ -979,6 +860,15 @@ def tp_bwd_x1_0(
             )
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             acc2_0 = acc2_0 + wt11_0 * (
                 0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
                 - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
@@ -1000,21 +890,41 @@ def tp_bwd_x1_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13_0 = g_13[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
             acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             acc3_0 = acc3_0 + wt15_0 * (
                 0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
                 - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
@@ -1029,6 +939,11 @@ def tp_bwd_x1_0(
             )
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16_0, g16_2 = hl.split(g16te)
+            g16_1, g16_3 = hl.split(g16to)
             acc3_0 = acc3_0 + wt16_0 * (
                 -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
                 + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
@@ -1043,6 +958,15 @@ def tp_bwd_x1_0(
             )
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
             acc3_0 = acc3_0 + wt17_0 * (
                 0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
                 - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
@@ -1066,6 +990,15 @@ def tp_bwd_x1_0(
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
             acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
@@ -1073,6 +1006,11 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             wt19_0 = w19[tile_b, tile_c, 0]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
             acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
             acc4_2 = acc4_2 + wt19_0 * (
@@ -1083,6 +1021,15 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             wt20_0 = w20[tile_b, tile_c, 0]
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             acc4_0 = acc4_0 + wt20_0 * (
                 0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
                 + 0.816496580927726 * g20_4 * sb1_1_0
@@ -1102,6 +1049,7 @@ def tp_bwd_x1_0(
             )
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             wt21_0 = w21[tile_b, tile_c, 0]
+            g21_0 = g_21[tile_b, 0, tile_c]
             acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
@@ -1109,6 +1057,11 @@ def tp_bwd_x1_0(
             acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             wt22_0 = w22[tile_b, tile_c, 0]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22_0, g22_2 = hl.split(g22te)
+            g22_1, g22_3 = hl.split(g22to)
             acc4_0 = acc4_0 + wt22_0 * (
                 -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
                 + 0.3162277660168379 * g22_2 * sb2_3_0
@@ -1128,6 +1081,15 @@ def tp_bwd_x1_0(
             )
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             wt23_0 = w23[tile_b, tile_c, 0]
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             acc4_0 = acc4_0 + wt23_0 * (
                 -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
                 - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
@@ -1160,6 +1122,15 @@ def tp_bwd_x1_0(
             acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
             acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
             acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
@@ -1167,6 +1138,11 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             wt25_0 = w25[tile_b, tile_c, 0]
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25_0, g25_2 = hl.split(g25te)
+            g25_1, g25_3 = hl.split(g25to)
             acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
             acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
             acc5_2 = acc5_2 + wt25_0 * (
@@ -1177,6 +1153,15 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             wt26_0 = w26[tile_b, tile_c, 0]
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             acc5_0 = acc5_0 + wt26_0 * (
                 0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
                 + 0.816496580927726 * g26_4 * sb1_1_0
@@ -1196,6 +1181,7 @@ def tp_bwd_x1_0(
             )
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             wt27_0 = w27[tile_b, tile_c, 0]
+            g27_0 = g_27[tile_b, 0, tile_c]
             acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
@@ -1203,6 +1189,11 @@ def tp_bwd_x1_0(
             acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             wt28_0 = w28[tile_b, tile_c, 0]
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28_0, g28_2 = hl.split(g28te)
+            g28_1, g28_3 = hl.split(g28to)
             acc5_0 = acc5_0 + wt28_0 * (
                 -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
                 + 0.3162277660168379 * g28_2 * sb2_3_0
@@ -1222,6 +1213,15 @@ def tp_bwd_x1_0(
             )
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             wt29_0 = w29[tile_b, tile_c, 0]
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             acc5_0 = acc5_0 + wt29_0 * (
                 -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
                 - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
@@ -1340,18 +1340,53 @@ def tp_bwd_x2_0(
             acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
+                # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
+                rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
+                rg3_0 = g_3[tile_b, 0, tile_r]
+                wr3 = w3[tile_b, tile_r, tile_c]
+                t = (ra1_0 * rg3_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
+                # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
+                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
+                rg6te, rg6to = hl.split(rg6t)
+                rg6_0, rg6_2 = hl.split(rg6te)
+                rg6_1, rg6_3 = hl.split(rg6to)
+                wr6 = w6[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
+                    + 0.9999999999999999 * ra2_2 * rg6_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
+                # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12_0, rg12_2 = hl.split(rg12te)
+                rg12_1, rg12_3 = hl.split(rg12to)
+                wr12 = w12[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
+                    + 0.9999999999999999 * ra3_2 * rg12_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
+                # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
                 ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
                 ra4te, ra4to = hl.split(ra4t)
@@ -1361,113 +1396,6 @@ def tp_bwd_x2_0(
                 ra4toe, ra4too = hl.split(ra4to)
                 ra4_1, ra4_5 = hl.split(ra4toe)
                 ra4_3, ra4_7 = hl.split(ra4too)
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
-                ra5te, ra5to = hl.split(ra5t)
-                ra5tee, ra5teo = hl.split(ra5te)
-                ra5_0, ra5_4 = hl.split(ra5tee)
-                ra5_2, ra5_6 = hl.split(ra5teo)
-                ra5toe, ra5too = hl.split(ra5to)
-                ra5_1, ra5_5 = hl.split(ra5toe)
-                ra5_3, ra5_7 = hl.split(ra5too)
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
-                rg2te, rg2to = hl.split(rg2t)
-                rg2tee, rg2teo = hl.split(rg2te)
-                rg2_0, rg2_4 = hl.split(rg2tee)
-                rg2_2, rg2_6 = hl.split(rg2teo)
-                rg2toe, rg2too = hl.split(rg2to)
-                rg2_1, rg2_5 = hl.split(rg2toe)
-                rg2_3, rg2_7 = hl.split(rg2too)
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
-                rg4te, rg4to = hl.split(rg4t)
-                rg4_0, rg4_2 = hl.split(rg4te)
-                rg4_1, rg4_3 = hl.split(rg4to)
-                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
-                rg5te, rg5to = hl.split(rg5t)
-                rg5tee, rg5teo = hl.split(rg5te)
-                rg5_0, rg5_4 = hl.split(rg5tee)
-                rg5_2, rg5_6 = hl.split(rg5teo)
-                rg5toe, rg5too = hl.split(rg5to)
-                rg5_1, rg5_5 = hl.split(rg5toe)
-                rg5_3, rg5_7 = hl.split(rg5too)
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
-                rg6te, rg6to = hl.split(rg6t)
-                rg6_0, rg6_2 = hl.split(rg6te)
-                rg6_1, rg6_3 = hl.split(rg6to)
-                rg7_0 = g_7[tile_b, 0, tile_r]
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
-                rg8te, rg8to = hl.split(rg8t)
-                rg8_0, rg8_2 = hl.split(rg8te)
-                rg8_1, rg8_3 = hl.split(rg8to)
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
-                rg9te, rg9to = hl.split(rg9t)
-                rg9tee, rg9teo = hl.split(rg9te)
-                rg9_0, rg9_4 = hl.split(rg9tee)
-                rg9_2, rg9_6 = hl.split(rg9teo)
-                rg9toe, rg9too = hl.split(rg9to)
-                rg9_1, rg9_5 = hl.split(rg9toe)
-                rg9_3, rg9_7 = hl.split(rg9too)
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
-                rg10te, rg10to = hl.split(rg10t)
-                rg10_0, rg10_2 = hl.split(rg10te)
-                rg10_1, rg10_3 = hl.split(rg10to)
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
-                rg11te, rg11to = hl.split(rg11t)
-                rg11tee, rg11teo = hl.split(rg11te)
-                rg11_0, rg11_4 = hl.split(rg11tee)
-                rg11_2, rg11_6 = hl.split(rg11teo)
-                rg11toe, rg11too = hl.split(rg11to)
-                rg11_1, rg11_5 = hl.split(rg11toe)
-                rg11_3, rg11_7 = hl.split(rg11too)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
-                rg12te, rg12to = hl.split(rg12t)
-                rg12_0, rg12_2 = hl.split(rg12te)
-                rg12_1, rg12_3 = hl.split(rg12to)
-                rg13_0 = g_13[tile_b, 0, tile_r]
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
-                rg14te, rg14to = hl.split(rg14t)
-                rg14_0, rg14_2 = hl.split(rg14te)
-                rg14_1, rg14_3 = hl.split(rg14to)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
-                rg15te, rg15to = hl.split(rg15t)
-                rg15tee, rg15teo = hl.split(rg15te)
-                rg15_0, rg15_4 = hl.split(rg15tee)
-                rg15_2, rg15_6 = hl.split(rg15teo)
-                rg15toe, rg15too = hl.split(rg15to)
-                rg15_1, rg15_5 = hl.split(rg15toe)
-                rg15_3, rg15_7 = hl.split(rg15too)
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg16t = rg16.reshape([tile_b, tile_r, 2, 2])
-                rg16te, rg16to = hl.split(rg16t)
-                rg16_0, rg16_2 = hl.split(rg16te)
-                rg16_1, rg16_3 = hl.split(rg16to)
-                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
-                rg17te, rg17to = hl.split(rg17t)
-                rg17tee, rg17teo = hl.split(rg17te)
-                rg17_0, rg17_4 = hl.split(rg17tee)
-                rg17_2, rg17_6 = hl.split(rg17teo)
-                rg17toe, rg17too = hl.split(rg17to)
-                rg17_1, rg17_5 = hl.split(rg17toe)
-                rg17_3, rg17_7 = hl.split(rg17too)
                 rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
                 rg18te, rg18to = hl.split(rg18t)
@@ -1477,35 +1405,23 @@ def tp_bwd_x2_0(
                 rg18toe, rg18too = hl.split(rg18to)
                 rg18_1, rg18_5 = hl.split(rg18toe)
                 rg18_3, rg18_7 = hl.split(rg18too)
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
-                rg19te, rg19to = hl.split(rg19t)
-                rg19_0, rg19_2 = hl.split(rg19te)
-                rg19_1, rg19_3 = hl.split(rg19to)
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
-                rg20te, rg20to = hl.split(rg20t)
-                rg20tee, rg20teo = hl.split(rg20te)
-                rg20_0, rg20_4 = hl.split(rg20tee)
-                rg20_2, rg20_6 = hl.split(rg20teo)
-                rg20toe, rg20too = hl.split(rg20to)
-                rg20_1, rg20_5 = hl.split(rg20toe)
-                rg20_3, rg20_7 = hl.split(rg20too)
-                rg21_0 = g_21[tile_b, 0, tile_r]
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg22t = rg22.reshape([tile_b, tile_r, 2, 2])
-                rg22te, rg22to = hl.split(rg22t)
-                rg22_0, rg22_2 = hl.split(rg22te)
-                rg22_1, rg22_3 = hl.split(rg22to)
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
-                rg23te, rg23to = hl.split(rg23t)
-                rg23tee, rg23teo = hl.split(rg23te)
-                rg23_0, rg23_4 = hl.split(rg23tee)
-                rg23_2, rg23_6 = hl.split(rg23teo)
-                rg23toe, rg23too = hl.split(rg23to)
-                rg23_1, rg23_5 = hl.split(rg23toe)
-                rg23_3, rg23_7 = hl.split(rg23too)
+                wr18 = w18[tile_b, tile_r, tile_c]
+                t = (
+                    ra4_0 * rg18_0 + ra4_1 * rg18_1
+                    + ra4_2 * rg18_2 + ra4_3 * rg18_3
+                    + ra4_4 * rg18_4
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
+                # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
+                ra5te, ra5to = hl.split(ra5t)
+                ra5tee, ra5teo = hl.split(ra5te)
+                ra5_0, ra5_4 = hl.split(ra5tee)
+                ra5_2, ra5_6 = hl.split(ra5teo)
+                ra5toe, ra5too = hl.split(ra5to)
+                ra5_1, ra5_5 = hl.split(ra5toe)
+                ra5_3, ra5_7 = hl.split(ra5too)
                 rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
                 rg24te, rg24to = hl.split(rg24t)
@@ -1515,66 +1431,6 @@ def tp_bwd_x2_0(
                 rg24toe, rg24too = hl.split(rg24to)
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg25t = rg25.reshape([tile_b, tile_r, 2, 2])
-                rg25te, rg25to = hl.split(rg25t)
-                rg25_0, rg25_2 = hl.split(rg25te)
-                rg25_1, rg25_3 = hl.split(rg25to)
-                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
-                rg26te, rg26to = hl.split(rg26t)
-                rg26tee, rg26teo = hl.split(rg26te)
-                rg26_0, rg26_4 = hl.split(rg26tee)
-                rg26_2, rg26_6 = hl.split(rg26teo)
-                rg26toe, rg26too = hl.split(rg26to)
-                rg26_1, rg26_5 = hl.split(rg26toe)
-                rg26_3, rg26_7 = hl.split(rg26too)
-                rg27_0 = g_27[tile_b, 0, tile_r]
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg28t = rg28.reshape([tile_b, tile_r, 2, 2])
-                rg28te, rg28to = hl.split(rg28t)
-                rg28_0, rg28_2 = hl.split(rg28te)
-                rg28_1, rg28_3 = hl.split(rg28to)
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
-                rg29te, rg29to = hl.split(rg29t)
-                rg29tee, rg29teo = hl.split(rg29te)
-                rg29_0, rg29_4 = hl.split(rg29tee)
-                rg29_2, rg29_6 = hl.split(rg29teo)
-                rg29toe, rg29too = hl.split(rg29to)
-                rg29_1, rg29_5 = hl.split(rg29toe)
-                rg29_3, rg29_7 = hl.split(rg29too)
-                # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                wr3 = w3[tile_b, tile_r, tile_c]
-                t = (ra1_0 * rg3_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
-                # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                wr6 = w6[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
-                    + 0.9999999999999999 * ra2_2 * rg6_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
-                # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                wr12 = w12[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
-                    + 0.9999999999999999 * ra3_2 * rg12_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
-                # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-                wr18 = w18[tile_b, tile_r, tile_c]
-                t = (
-                    ra4_0 * rg18_0 + ra4_1 * rg18_1
-                    + ra4_2 * rg18_2 + ra4_3 * rg18_3
-                    + ra4_4 * rg18_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
-                # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
                 wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     ra5_0 * rg24_0 + ra5_1 * rg24_1
@@ -1583,6 +1439,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
@@ -1591,6 +1452,11 @@ def tp_bwd_x2_0(
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4_0, rg4_2 = hl.split(rg4te)
+                rg4_1, rg4_3 = hl.split(rg4to)
                 wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
@@ -1599,6 +1465,7 @@ def tp_bwd_x2_0(
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                rg7_0 = g_7[tile_b, 0, tile_r]
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
@@ -1607,6 +1474,11 @@ def tp_bwd_x2_0(
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
@@ -1615,6 +1487,15 @@ def tp_bwd_x2_0(
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
@@ -1632,6 +1513,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+                rg13_0 = g_13[tile_b, 0, tile_r]
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr13).sum(1)
@@ -1640,6 +1522,11 @@ def tp_bwd_x2_0(
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14_0, rg14_2 = hl.split(rg14te)
+                rg14_1, rg14_3 = hl.split(rg14to)
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
@@ -1648,6 +1535,15 @@ def tp_bwd_x2_0(
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
@@ -1665,6 +1561,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
                 wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
@@ -1682,6 +1583,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
@@ -1701,6 +1611,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25_0, rg25_2 = hl.split(rg25te)
+                rg25_1, rg25_3 = hl.split(rg25to)
                 wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
@@ -1718,6 +1633,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
+                rg26te, rg26to = hl.split(rg26t)
+                rg26tee, rg26teo = hl.split(rg26te)
+                rg26_0, rg26_4 = hl.split(rg26tee)
+                rg26_2, rg26_6 = hl.split(rg26teo)
+                rg26toe, rg26too = hl.split(rg26to)
+                rg26_1, rg26_5 = hl.split(rg26toe)
+                rg26_3, rg26_7 = hl.split(rg26too)
                 wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
@@ -1737,6 +1661,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
+                rg2te, rg2to = hl.split(rg2t)
+                rg2tee, rg2teo = hl.split(rg2te)
+                rg2_0, rg2_4 = hl.split(rg2tee)
+                rg2_2, rg2_6 = hl.split(rg2teo)
+                rg2toe, rg2too = hl.split(rg2to)
+                rg2_1, rg2_5 = hl.split(rg2toe)
+                rg2_3, rg2_7 = hl.split(rg2too)
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -1749,6 +1682,15 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
+                rg5te, rg5to = hl.split(rg5t)
+                rg5tee, rg5teo = hl.split(rg5te)
+                rg5_0, rg5_4 = hl.split(rg5tee)
+                rg5_2, rg5_6 = hl.split(rg5teo)
+                rg5toe, rg5too = hl.split(rg5to)
+                rg5_1, rg5_5 = hl.split(rg5toe)
+                rg5_3, rg5_7 = hl.split(rg5too)
                 wr5 = w5[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg5_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr5).sum(1)
@@ -1761,6 +1703,11 @@ def tp_bwd_x2_0(
                 t = (ra1_0 * rg5_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr5).sum(1)
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10_0, rg10_2 = hl.split(rg10te)
+                rg10_1, rg10_3 = hl.split(rg10to)
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
@@ -1776,6 +1723,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
@@ -1800,6 +1756,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr11).sum(1)
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16_0, rg16_2 = hl.split(rg16te)
+                rg16_1, rg16_3 = hl.split(rg16to)
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr16).sum(1)
@@ -1815,6 +1776,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr16).sum(1)
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
+                rg17te, rg17to = hl.split(rg17t)
+                rg17tee, rg17teo = hl.split(rg17te)
+                rg17_0, rg17_4 = hl.split(rg17tee)
+                rg17_2, rg17_6 = hl.split(rg17teo)
+                rg17toe, rg17too = hl.split(rg17to)
+                rg17_1, rg17_5 = hl.split(rg17toe)
+                rg17_3, rg17_7 = hl.split(rg17too)
                 wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
@@ -1839,6 +1809,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+                rg21_0 = g_21[tile_b, 0, tile_r]
                 wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
@@ -1851,6 +1822,11 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22_0, rg22_2 = hl.split(rg22te)
+                rg22_1, rg22_3 = hl.split(rg22to)
                 wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
@@ -1875,6 +1851,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
                 wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
@@ -1905,6 +1890,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                rg27_0 = g_27[tile_b, 0, tile_r]
                 wr27 = w27[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
@@ -1917,6 +1903,11 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28_0, rg28_2 = hl.split(rg28te)
+                rg28_1, rg28_3 = hl.split(rg28to)
                 wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
@@ -1941,6 +1932,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
@@ -2068,42 +2068,23 @@ def tp_bwd_w_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -2113,12 +2094,28 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            a1_0 = x1_1[tile_b, 0, tile_c]
+            q0 = (a1_0 * sb0_0_0)
             g3_0 = g_3[tile_b, 0, tile_c]
+            gw3[tile_b, tile_c, 0] = (q0 * g3_0)
+            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+            q0 = (a1_0 * sb2_0_0)
             g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
@@ -2128,17 +2125,45 @@ def tp_bwd_w_0(
             g5toe, g5too = hl.split(g5to)
             g5_1, g5_5 = hl.split(g5toe)
             g5_3, g5_7 = hl.split(g5too)
+            q1 = (a1_0 * sb2_1_0)
+            q2 = (a1_0 * sb2_2_0)
+            q3 = (a1_0 * sb2_3_0)
+            q4 = (a1_0 * sb2_4_0)
+            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
+            q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
+            q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+            q0 = (
+                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+                + 0.5773502691896257 * a2_2 * sb1_2_0
+            )
             g7_0 = g_7[tile_b, 0, tile_c]
+            gw7[tile_b, tile_c, 0] = (q0 * g7_0)
+            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+            q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
             g8_1, g8_3 = hl.split(g8to)
+            q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
             g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
@@ -2148,178 +2173,6 @@ def tp_bwd_w_0(
             g9toe, g9too = hl.split(g9to)
             g9_1, g9_5 = hl.split(g9toe)
             g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16_0, g16_2 = hl.split(g16te)
-            g16_1, g16_3 = hl.split(g16to)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22_0, g22_2 = hl.split(g22te)
-            g22_1, g22_3 = hl.split(g22to)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25_0, g25_2 = hl.split(g25te)
-            g25_1, g25_3 = hl.split(g25to)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27_0 = g_27[tile_b, 0, tile_c]
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28_0, g28_2 = hl.split(g28te)
-            g28_1, g28_3 = hl.split(g28to)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            q0 = (a1_0 * sb0_0_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0)
-            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            q0 = (a1_0 * sb2_0_0)
-            q1 = (a1_0 * sb2_1_0)
-            q2 = (a1_0 * sb2_2_0)
-            q3 = (a1_0 * sb2_3_0)
-            q4 = (a1_0 * sb2_4_0)
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
-            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
-            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0)
-            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
-            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
             q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
@@ -2333,6 +2186,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
             q1 = (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
@@ -2347,6 +2205,15 @@ def tp_bwd_w_0(
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             q1 = (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
@@ -2362,7 +2229,17 @@ def tp_bwd_w_0(
             )
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
             gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
@@ -2371,14 +2248,29 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
+            g13_0 = g_13[tile_b, 0, tile_c]
             gw13[tile_b, tile_c, 0] = (q0 * g13_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
@@ -2392,6 +2284,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16_0, g16_2 = hl.split(g16te)
+            g16_1, g16_3 = hl.split(g16to)
             q1 = (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
@@ -2406,6 +2303,15 @@ def tp_bwd_w_0(
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
             q1 = (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
@@ -2421,7 +2327,25 @@ def tp_bwd_w_0(
             )
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
             q0 = (a4_0 * sb0_0_0)
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
             q1 = (a4_1 * sb0_0_0)
             q2 = (a4_2 * sb0_0_0)
             q3 = (a4_3 * sb0_0_0)
@@ -2432,6 +2356,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             q1 = (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
@@ -2446,6 +2375,15 @@ def tp_bwd_w_0(
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             q1 = (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
@@ -2466,6 +2404,7 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
+            g21_0 = g_21[tile_b, 0, tile_c]
             gw21[tile_b, tile_c, 0] = (q0 * g21_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
@@ -2473,6 +2412,11 @@ def tp_bwd_w_0(
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22_0, g22_2 = hl.split(g22te)
+            g22_1, g22_3 = hl.split(g22to)
             q1 = (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
@@ -2488,6 +2432,15 @@ def tp_bwd_w_0(
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             q1 = (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
@@ -2509,7 +2462,25 @@ def tp_bwd_w_0(
             )
             gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             q0 = (a5_0 * sb0_0_0)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             q1 = (a5_1 * sb0_0_0)
             q2 = (a5_2 * sb0_0_0)
             q3 = (a5_3 * sb0_0_0)
@@ -2520,6 +2491,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25_0, g25_2 = hl.split(g25te)
+            g25_1, g25_3 = hl.split(g25to)
             q1 = (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
@@ -2534,6 +2510,15 @@ def tp_bwd_w_0(
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             q1 = (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
@@ -2554,6 +2539,7 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
+            g27_0 = g_27[tile_b, 0, tile_c]
             gw27[tile_b, tile_c, 0] = (q0 * g27_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
@@ -2561,6 +2547,11 @@ def tp_bwd_w_0(
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28_0, g28_2 = hl.split(g28te)
+            g28_1, g28_3 = hl.split(g28to)
             q1 = (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
@@ -2576,6 +2567,15 @@ def tp_bwd_w_0(
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             q1 = (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0

@@ -105,11 +105,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
@@ -155,17 +155,17 @@ def tp_fwd_0(
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
             hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -280,6 +280,14 @@ def tp_fwd_0(
             )
             hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
+            # g block 10: 32x2e (1 path)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt10_0 = w10[tile_b, tile_c, 0]
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -289,23 +297,6 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
-            # g block 10: 32x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
@@ -488,6 +479,15 @@ def tp_fwd_0(
             acc17_6 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             acc17_0 = acc17_0 + wt17_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -731,12 +731,25 @@ def tp_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # x1 block 0: 128x0e (4 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -746,6 +759,13 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
+            )
+            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+            wt3_0 = w3[tile_b, tile_c, 0]
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -755,26 +775,6 @@ def tp_bwd_x1_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
@@ -783,12 +783,28 @@ def tp_bwd_x1_0(
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
+            # x1 block 1: 64x1o (6 paths)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            wt4_0 = w4[tile_b, tile_c, 0]
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+            wt5_0 = w5[tile_b, tile_c, 0]
             g5_0 = g_5[tile_b, 0, tile_c]
+            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
+            # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+            wt6_0 = w6[tile_b, tile_c, 0]
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
@@ -798,45 +814,6 @@ def tp_bwd_x1_0(
             g6toe, g6too = hl.split(g6to)
             g6_1, g6_5 = hl.split(g6toe)
             g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            # x1 block 1: 64x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
-            # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
             acc1_0 = acc1_0 + wt6_0 * (
                 0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
                 - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
@@ -851,6 +828,11 @@ def tp_bwd_x1_0(
             )
             # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             acc1_0 = acc1_0 + wt7_0 * (
                 -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
                 + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
@@ -865,6 +847,15 @@ def tp_bwd_x1_0(
             )
             # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
             acc1_0 = acc1_0 + wt8_0 * (
                 0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
                 + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
@@ -884,6 +875,15 @@ def tp_bwd_x1_0(
             )
             # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             acc1_0 = acc1_0 + wt9_0 * (
                 -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
                 - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
@@ -903,6 +903,14 @@ def tp_bwd_x1_0(
             )
             hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
+            # x1 block 2: 32x2e (7 paths)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt10_0 = w10[tile_b, tile_c, 0]
             g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
@@ -912,94 +920,6 @@ def tp_bwd_x1_0(
             g10toe, g10too = hl.split(g10to)
             g10_1, g10_5 = hl.split(g10toe)
             g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            # x1 block 2: 32x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
             acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
@@ -1007,6 +927,11 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
             acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
             acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
             acc2_2 = acc2_2 + wt11_0 * (
@@ -1017,6 +942,15 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             acc2_0 = acc2_0 + wt12_0 * (
                 0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
                 - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
@@ -1041,6 +975,7 @@ def tp_bwd_x1_0(
             )
             # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
             wt13_0 = w13[tile_b, tile_c, 0]
+            g13_0 = g_13[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
@@ -1048,6 +983,15 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             acc2_0 = acc2_0 + wt14_0 * (
                 -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
                 - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
@@ -1073,6 +1017,11 @@ def tp_bwd_x1_0(
             )
             # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
             acc2_0 = acc2_0 + wt15_0 * (
                 -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
                 + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
@@ -1097,6 +1046,15 @@ def tp_bwd_x1_0(
             )
             # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             acc2_0 = acc2_0 + wt16_0 * (
                 -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
                 + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
@@ -1139,6 +1097,15 @@ def tp_bwd_x1_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
             acc3_0 = acc3_0 + wt17_0 * (1.0000000000000002 * g17_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt17_0 * (1.0000000000000002 * g17_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt17_0 * (1.0000000000000002 * g17_2 * sb0_0_0)
@@ -1148,6 +1115,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt17_0 * (1.0000000000000002 * g17_6 * sb0_0_0)
             # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
             acc3_0 = acc3_0 + wt18_0 * (0.5976143046671969 * g18_0 * sb1_2_0 + 0.5976143046671969 * g18_4 * sb1_0_0)
             acc3_1 = acc3_1 + wt18_0 * (
                 0.48795003647426666 * g18_0 * sb1_1_0 + 0.48795003647426666 * g18_1 * sb1_2_0
@@ -1172,6 +1148,11 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt18_0 * (-0.5976143046671969 * g18_0 * sb1_0_0 + 0.5976143046671969 * g18_4 * sb1_2_0)
             # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
             wt19_0 = w19[tile_b, tile_c, 0]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             acc3_0 = acc3_0 + wt19_0 * (0.4629100498862757 * g19_0 * sb2_4_0 + 0.4629100498862757 * g19_2 * sb2_0_0)
             acc3_1 = acc3_1 + wt19_0 * (
                 0.3779644730092272 * g19_0 * sb2_3_0 + 0.3779644730092272 * g19_1 * sb2_0_0
@@ -1196,6 +1177,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt19_0 * (-0.4629100498862757 * g19_0 * sb2_0_0 + 0.4629100498862757 * g19_2 * sb2_4_0)
             # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
             wt20_0 = w20[tile_b, tile_c, 0]
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             acc3_0 = acc3_0 + wt20_0 * (
                 -0.6454972243679029 * g20_0 * sb2_2_0 + 0.45643546458763845 * g20_1 * sb2_3_0
                 - 0.2886751345948129 * g20_2 * sb2_4_0 - 0.2886751345948129 * g20_4 * sb2_0_0
@@ -1235,6 +1225,7 @@ def tp_bwd_x1_0(
             )
             # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
             wt21_0 = w21[tile_b, tile_c, 0]
+            g21_0 = g_21[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_2_0)
@@ -1244,6 +1235,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_6_0)
             # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
             wt22_0 = w22[tile_b, tile_c, 0]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             acc3_0 = acc3_0 + wt22_0 * (
                 -0.24397501823713333 * g22_0 * sb3_4_0 + 0.3857583749052298 * g22_1 * sb3_5_0
                 - 0.545544725589981 * g22_2 * sb3_0_0 + 0.3857583749052298 * g22_3 * sb3_1_0
@@ -1369,13 +1369,26 @@ def tp_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
+                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
+                wr1 = w1[tile_b, tile_r, tile_c]
+                t = (0.9999999999999999 * ra0_0 * rg1_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_2)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
@@ -1385,28 +1398,6 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
-                rg3te, rg3to = hl.split(rg3t)
-                rg3tee, rg3teo = hl.split(rg3te)
-                rg3_0, rg3_4 = hl.split(rg3tee)
-                rg3_2, rg3_6 = hl.split(rg3teo)
-                rg3toe, rg3too = hl.split(rg3to)
-                rg3_1, rg3_5 = hl.split(rg3toe)
-                rg3_3, rg3_7 = hl.split(rg3too)
-                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                wr1 = w1[tile_b, tile_r, tile_c]
-                t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
-                # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -1419,6 +1410,15 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
@@ -1436,6 +1436,7 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
+                # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
@@ -1446,7 +1447,22 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
+                    + 0.9999999999999999 * ra1_2 * rg4_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[tile_b, 0, tile_r]
+                wr5 = w5[tile_b, tile_r, tile_c]
+                t = (0.5773502691896257 * ra1_0 * rg5_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                t = (0.5773502691896257 * ra1_1 * rg5_0)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                t = (0.5773502691896257 * ra1_2 * rg5_0)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
@@ -1456,45 +1472,6 @@ def tp_bwd_x2_0(
                 rg6toe, rg6too = hl.split(rg6to)
                 rg6_1, rg6_5 = hl.split(rg6toe)
                 rg6_3, rg6_7 = hl.split(rg6too)
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
-                rg7te, rg7to = hl.split(rg7t)
-                rg7_0, rg7_2 = hl.split(rg7te)
-                rg7_1, rg7_3 = hl.split(rg7to)
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
-                rg8te, rg8to = hl.split(rg8t)
-                rg8tee, rg8teo = hl.split(rg8te)
-                rg8_0, rg8_4 = hl.split(rg8tee)
-                rg8_2, rg8_6 = hl.split(rg8teo)
-                rg8toe, rg8too = hl.split(rg8to)
-                rg8_1, rg8_5 = hl.split(rg8toe)
-                rg8_3, rg8_7 = hl.split(rg8too)
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
-                rg9te, rg9to = hl.split(rg9t)
-                rg9tee, rg9teo = hl.split(rg9te)
-                rg9_0, rg9_4 = hl.split(rg9tee)
-                rg9_2, rg9_6 = hl.split(rg9teo)
-                rg9toe, rg9too = hl.split(rg9to)
-                rg9_1, rg9_5 = hl.split(rg9toe)
-                rg9_3, rg9_7 = hl.split(rg9too)
-                # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                wr4 = w4[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
-                    + 0.9999999999999999 * ra1_2 * rg4_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
-                # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                wr5 = w5[tile_b, tile_r, tile_c]
-                t = (0.5773502691896257 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
-                t = (0.5773502691896257 * ra1_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
-                t = (0.5773502691896257 * ra1_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
-                # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
@@ -1512,6 +1489,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
                 # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
+                rg7te, rg7to = hl.split(rg7t)
+                rg7_0, rg7_2 = hl.split(rg7te)
+                rg7_1, rg7_3 = hl.split(rg7to)
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr7).sum(1)
@@ -1527,6 +1509,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8tee, rg8teo = hl.split(rg8te)
+                rg8_0, rg8_4 = hl.split(rg8tee)
+                rg8_2, rg8_6 = hl.split(rg8teo)
+                rg8toe, rg8too = hl.split(rg8to)
+                rg8_1, rg8_5 = hl.split(rg8toe)
+                rg8_3, rg8_7 = hl.split(rg8too)
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
@@ -1556,6 +1547,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr9).sum(1)
@@ -1588,6 +1588,7 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
+                # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
@@ -1597,15 +1598,6 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
-                ra3te, ra3to = hl.split(ra3t)
-                ra3tee, ra3teo = hl.split(ra3te)
-                ra3_0, ra3_4 = hl.split(ra3tee)
-                ra3_2, ra3_6 = hl.split(ra3teo)
-                ra3toe, ra3too = hl.split(ra3to)
-                ra3_1, ra3_5 = hl.split(ra3toe)
-                ra3_3, ra3_7 = hl.split(ra3too)
                 rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
@@ -1615,44 +1607,23 @@ def tp_bwd_x2_0(
                 rg10toe, rg10too = hl.split(rg10to)
                 rg10_1, rg10_5 = hl.split(rg10toe)
                 rg10_3, rg10_7 = hl.split(rg10too)
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
-                rg11te, rg11to = hl.split(rg11t)
-                rg11_0, rg11_2 = hl.split(rg11te)
-                rg11_1, rg11_3 = hl.split(rg11to)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
-                rg12te, rg12to = hl.split(rg12t)
-                rg12tee, rg12teo = hl.split(rg12te)
-                rg12_0, rg12_4 = hl.split(rg12tee)
-                rg12_2, rg12_6 = hl.split(rg12teo)
-                rg12toe, rg12too = hl.split(rg12to)
-                rg12_1, rg12_5 = hl.split(rg12toe)
-                rg12_3, rg12_7 = hl.split(rg12too)
-                rg13_0 = g_13[tile_b, 0, tile_r]
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
-                rg14te, rg14to = hl.split(rg14t)
-                rg14tee, rg14teo = hl.split(rg14te)
-                rg14_0, rg14_4 = hl.split(rg14tee)
-                rg14_2, rg14_6 = hl.split(rg14teo)
-                rg14toe, rg14too = hl.split(rg14to)
-                rg14_1, rg14_5 = hl.split(rg14toe)
-                rg14_3, rg14_7 = hl.split(rg14too)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
-                rg15te, rg15to = hl.split(rg15t)
-                rg15_0, rg15_2 = hl.split(rg15te)
-                rg15_1, rg15_3 = hl.split(rg15to)
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
-                rg16te, rg16to = hl.split(rg16t)
-                rg16tee, rg16teo = hl.split(rg16te)
-                rg16_0, rg16_4 = hl.split(rg16tee)
-                rg16_2, rg16_6 = hl.split(rg16teo)
-                rg16toe, rg16too = hl.split(rg16to)
-                rg16_1, rg16_5 = hl.split(rg16toe)
-                rg16_3, rg16_7 = hl.split(rg16too)
+                wr10 = w10[tile_b, tile_r, tile_c]
+                t = (
+                    ra2_0 * rg10_0 + ra2_1 * rg10_1
+                    + ra2_2 * rg10_2 + ra2_3 * rg10_3
+                    + ra2_4 * rg10_4
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
+                # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3tee, ra3teo = hl.split(ra3te)
+                ra3_0, ra3_4 = hl.split(ra3tee)
+                ra3_2, ra3_6 = hl.split(ra3teo)
+                ra3toe, ra3too = hl.split(ra3to)
+                ra3_1, ra3_5 = hl.split(ra3toe)
+                ra3_3, ra3_7 = hl.split(ra3too)
                 rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
                 rg17te, rg17to = hl.split(rg17t)
@@ -1662,48 +1633,6 @@ def tp_bwd_x2_0(
                 rg17toe, rg17too = hl.split(rg17to)
                 rg17_1, rg17_5 = hl.split(rg17toe)
                 rg17_3, rg17_7 = hl.split(rg17too)
-                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
-                rg18te, rg18to = hl.split(rg18t)
-                rg18tee, rg18teo = hl.split(rg18te)
-                rg18_0, rg18_4 = hl.split(rg18tee)
-                rg18_2, rg18_6 = hl.split(rg18teo)
-                rg18toe, rg18too = hl.split(rg18to)
-                rg18_1, rg18_5 = hl.split(rg18toe)
-                rg18_3, rg18_7 = hl.split(rg18too)
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
-                rg19te, rg19to = hl.split(rg19t)
-                rg19_0, rg19_2 = hl.split(rg19te)
-                rg19_1, rg19_3 = hl.split(rg19to)
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
-                rg20te, rg20to = hl.split(rg20t)
-                rg20tee, rg20teo = hl.split(rg20te)
-                rg20_0, rg20_4 = hl.split(rg20tee)
-                rg20_2, rg20_6 = hl.split(rg20teo)
-                rg20toe, rg20too = hl.split(rg20to)
-                rg20_1, rg20_5 = hl.split(rg20toe)
-                rg20_3, rg20_7 = hl.split(rg20too)
-                rg21_0 = g_21[tile_b, 0, tile_r]
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
-                rg22te, rg22to = hl.split(rg22t)
-                rg22tee, rg22teo = hl.split(rg22te)
-                rg22_0, rg22_4 = hl.split(rg22tee)
-                rg22_2, rg22_6 = hl.split(rg22teo)
-                rg22toe, rg22too = hl.split(rg22to)
-                rg22_1, rg22_5 = hl.split(rg22toe)
-                rg22_3, rg22_7 = hl.split(rg22too)
-                # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-                wr10 = w10[tile_b, tile_r, tile_c]
-                t = (
-                    ra2_0 * rg10_0 + ra2_1 * rg10_1
-                    + ra2_2 * rg10_2 + ra2_3 * rg10_3
-                    + ra2_4 * rg10_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
-                # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
                 wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra3_0 * rg17_0 + 1.0000000000000002 * ra3_1 * rg17_1
@@ -1713,6 +1642,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
                 # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11_0, rg11_2 = hl.split(rg11te)
+                rg11_1, rg11_3 = hl.split(rg11to)
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
@@ -1730,6 +1664,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
                 # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12tee, rg12teo = hl.split(rg12te)
+                rg12_0, rg12_4 = hl.split(rg12tee)
+                rg12_2, rg12_6 = hl.split(rg12teo)
+                rg12toe, rg12too = hl.split(rg12to)
+                rg12_1, rg12_5 = hl.split(rg12toe)
+                rg12_3, rg12_7 = hl.split(rg12too)
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
@@ -1752,6 +1695,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr12).sum(1)
                 # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
+                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
+                rg18te, rg18to = hl.split(rg18t)
+                rg18tee, rg18teo = hl.split(rg18te)
+                rg18_0, rg18_4 = hl.split(rg18tee)
+                rg18_2, rg18_6 = hl.split(rg18teo)
+                rg18toe, rg18too = hl.split(rg18to)
+                rg18_1, rg18_5 = hl.split(rg18toe)
+                rg18_3, rg18_7 = hl.split(rg18too)
                 wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra3_4 * rg18_0 - 0.5976143046671969 * ra3_6 * rg18_0
@@ -1774,6 +1726,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr18).sum(1)
                 # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
+                rg13_0 = g_13[tile_b, 0, tile_r]
                 wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
@@ -1786,6 +1739,15 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
                 # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14tee, rg14teo = hl.split(rg14te)
+                rg14_0, rg14_4 = hl.split(rg14tee)
+                rg14_2, rg14_6 = hl.split(rg14teo)
+                rg14toe, rg14too = hl.split(rg14to)
+                rg14_1, rg14_5 = hl.split(rg14toe)
+                rg14_3, rg14_7 = hl.split(rg14too)
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
@@ -1816,6 +1778,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
                 # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19_0, rg19_2 = hl.split(rg19te)
+                rg19_1, rg19_3 = hl.split(rg19to)
                 wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra3_4 * rg19_0 - 0.4629100498862757 * ra3_6 * rg19_0
@@ -1845,6 +1812,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra3_4 * rg20_0 - 0.5773502691896258 * ra3_3 * rg20_1
@@ -1883,6 +1859,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr20).sum(1)
                 # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15_0, rg15_2 = hl.split(rg15te)
+                rg15_1, rg15_3 = hl.split(rg15to)
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
@@ -1914,6 +1895,15 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
@@ -1960,6 +1950,7 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
                 # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
+                rg21_0 = g_21[tile_b, 0, tile_r]
                 wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra3_0 * rg21_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr21).sum(1)
@@ -1976,6 +1967,15 @@ def tp_bwd_x2_0(
                 t = (0.37796447300922725 * ra3_6 * rg21_0)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
                 wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra3_4 * rg22_0 + 0.3857583749052298 * ra3_5 * rg22_1
@@ -2118,13 +2118,23 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -2134,6 +2144,13 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -2143,23 +2160,6 @@ def tp_bwd_w_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
@@ -2173,17 +2173,30 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
+            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
+            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+            q0 = (
+                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+                + 0.5773502691896257 * a1_2 * sb1_2_0
+            )
             g5_0 = g_5[tile_b, 0, tile_c]
+            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
@@ -2193,42 +2206,6 @@ def tp_bwd_w_0(
             g6toe, g6too = hl.split(g6to)
             g6_1, g6_5 = hl.split(g6toe)
             g6_3, g6_7 = hl.split(g6too)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
-            # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
@@ -2242,6 +2219,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
@@ -2253,6 +2235,15 @@ def tp_bwd_w_0(
             gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8tee, g8teo = hl.split(g8te)
+            g8_0, g8_4 = hl.split(g8tee)
+            g8_2, g8_6 = hl.split(g8teo)
+            g8toe, g8too = hl.split(g8to)
+            g8_1, g8_5 = hl.split(g8toe)
+            g8_3, g8_7 = hl.split(g8too)
             q1 = (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
                 + 0.5773502691896258 * a1_2 * sb2_1_0
@@ -2286,6 +2277,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
@@ -2305,6 +2305,7 @@ def tp_bwd_w_0(
             )
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
         for tile_c in hl.tile(32, block_size=32):
+            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -2314,15 +2315,7 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
+            q0 = (a2_0 * sb0_0_0)
             g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
@@ -2332,88 +2325,6 @@ def tp_bwd_w_0(
             g10toe, g10too = hl.split(g10to)
             g10_1, g10_5 = hl.split(g10toe)
             g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            g13_0 = g_13[tile_b, 0, tile_c]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21_0 = g_21[tile_b, 0, tile_c]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            q0 = (a2_0 * sb0_0_0)
             q1 = (a2_1 * sb0_0_0)
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
@@ -2424,6 +2335,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11_0, g11_2 = hl.split(g11te)
+            g11_1, g11_3 = hl.split(g11to)
             q1 = (
                 0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
                 + 0.5477225575051661 * a2_3 * sb1_2_0
@@ -2435,6 +2351,15 @@ def tp_bwd_w_0(
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             q1 = (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
                 + 0.5773502691896258 * a2_3 * sb1_0_0
@@ -2468,12 +2393,22 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
+            g13_0 = g_13[tile_b, 0, tile_c]
             gw13[tile_b, tile_c, 0] = (q0 * g13_0)
             # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14tee, g14teo = hl.split(g14te)
+            g14_0, g14_4 = hl.split(g14tee)
+            g14_2, g14_6 = hl.split(g14teo)
+            g14toe, g14too = hl.split(g14to)
+            g14_1, g14_5 = hl.split(g14toe)
+            g14_3, g14_7 = hl.split(g14too)
             q1 = (
                 0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
                 - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
@@ -2501,6 +2436,11 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15_0, g15_2 = hl.split(g15te)
+            g15_1, g15_3 = hl.split(g15to)
             q1 = (
                 0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
                 + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
@@ -2519,6 +2459,15 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             q1 = (
                 -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
                 - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
@@ -2558,7 +2507,25 @@ def tp_bwd_w_0(
                 + q6 * g16_6
             )
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
+            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
             q1 = (1.0000000000000002 * a3_1 * sb0_0_0)
             q2 = (1.0000000000000002 * a3_2 * sb0_0_0)
             q3 = (1.0000000000000002 * a3_3 * sb0_0_0)
@@ -2577,6 +2544,15 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
                 - 0.5976143046671969 * a3_6 * sb1_0_0
             )
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
             q1 = (
                 0.48795003647426666 * a3_1 * sb1_2_0 + 0.6172133998483676 * a3_2 * sb1_1_0
                 - 0.3779644730092272 * a3_3 * sb1_0_0 - 0.48795003647426666 * a3_5 * sb1_0_0
@@ -2602,6 +2578,11 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a3_3 * sb2_1_0 - 0.11952286093343936 * a3_4 * sb2_0_0
                 - 0.3779644730092272 * a3_5 * sb2_1_0 - 0.4629100498862757 * a3_6 * sb2_0_0
             )
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
             q1 = (
                 0.3779644730092272 * a3_1 * sb2_0_0 + 0.47809144373375745 * a3_2 * sb2_1_0
                 + 0.50709255283711 * a3_3 * sb2_2_0 + 0.47809144373375745 * a3_4 * sb2_3_0
@@ -2620,6 +2601,15 @@ def tp_bwd_w_0(
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
                 + 0.45643546458763845 * a3_5 * sb2_1_0
             )
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             q1 = (
                 0.45643546458763845 * a3_0 * sb2_3_0 + 0.3535533905932738 * a3_2 * sb2_3_0
                 - 0.5773502691896258 * a3_3 * sb2_0_0 + 0.3535533905932738 * a3_4 * sb2_1_0
@@ -2665,6 +2655,7 @@ def tp_bwd_w_0(
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
+            g21_0 = g_21[tile_b, 0, tile_c]
             gw21[tile_b, tile_c, 0] = (q0 * g21_0)
             # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
             q0 = (
@@ -2673,6 +2664,15 @@ def tp_bwd_w_0(
                 - 0.48795003647426666 * a3_3 * sb3_1_0 - 0.24397501823713333 * a3_4 * sb3_0_0
                 + 0.3779644730092272 * a3_4 * sb3_2_0 + 0.24397501823713333 * a3_6 * sb3_2_0
             )
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             q1 = (
                 0.3857583749052298 * a3_0 * sb3_5_0 + 0.29880715233359845 * a3_1 * sb3_4_0
                 - 0.3857583749052298 * a3_1 * sb3_6_0 + 0.1543033499620919 * a3_2 * sb3_3_0

@@ -127,11 +127,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
+            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1e (1 path)
@@ -177,17 +177,17 @@ def tp_fwd_0(
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
             hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -376,6 +376,14 @@ def tp_fwd_0(
             )
             hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
+            # g block 13: 32x2e (1 path)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt13_0 = w13[tile_b, tile_c, 0]
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -385,23 +393,6 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
-            # g block 13: 32x2e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
             acc13_0 = acc13_0 + wt13_0 * (a2_0 * sb0_0_0)
             acc13_1 = acc13_1 + wt13_0 * (a2_1 * sb0_0_0)
             acc13_2 = acc13_2 + wt13_0 * (a2_2 * sb0_0_0)
@@ -699,6 +690,15 @@ def tp_fwd_0(
             acc24_6 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             acc24_0 = acc24_0 + wt24_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -1107,12 +1107,25 @@ def tp_bwd_x1_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # x1 block 0: 128x0e (4 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            acc0_0 = acc0_0 + wt1_0 * (
+                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+                + 0.9999999999999999 * g1_2 * sb1_2_0
+            )
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            wt2_0 = w2[tile_b, tile_c, 0]
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -1122,6 +1135,13 @@ def tp_bwd_x1_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            acc0_0 = acc0_0 + wt2_0 * (
+                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+                + g2_4 * sb2_4_0
+            )
+            # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
+            wt3_0 = w3[tile_b, tile_c, 0]
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -1131,26 +1151,6 @@ def tp_bwd_x1_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
@@ -1159,17 +1159,38 @@ def tp_bwd_x1_0(
             )
             gx1_0[tile_b, 0, tile_c] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
+            # x1 block 1: 64x1e (9 paths)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            wt4_0 = w4[tile_b, tile_c, 0]
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+            # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
+            wt5_0 = w5[tile_b, tile_c, 0]
             g5_0 = g_5[tile_b, 0, tile_c]
+            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
+            # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
+            wt6_0 = w6[tile_b, tile_c, 0]
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
+            acc1_0 = acc1_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
+            acc1_1 = acc1_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
+            acc1_2 = acc1_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
+            # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
+            wt7_0 = w7[tile_b, tile_c, 0]
             g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
@@ -1179,68 +1200,6 @@ def tp_bwd_x1_0(
             g7toe, g7too = hl.split(g7to)
             g7_1, g7_5 = hl.split(g7toe)
             g7_3, g7_7 = hl.split(g7too)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            # x1 block 1: 64x1e (9 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
-            # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
-            # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            acc1_0 = acc1_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
-            acc1_1 = acc1_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
-            acc1_2 = acc1_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
-            # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
             acc1_0 = acc1_0 + wt7_0 * (
                 0.7071067811865476 * g7_0 * sb1_2_0 + 0.7071067811865476 * g7_1 * sb1_1_0
                 - 0.408248290463863 * g7_2 * sb1_0_0 - 0.7071067811865476 * g7_4 * sb1_0_0
@@ -1255,6 +1214,11 @@ def tp_bwd_x1_0(
             )
             # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             acc1_0 = acc1_0 + wt8_0 * (
                 -0.3162277660168379 * g8_0 * sb2_2_0 - 0.5477225575051661 * g8_0 * sb2_4_0
                 + 0.5477225575051661 * g8_1 * sb2_1_0 + 0.5477225575051661 * g8_2 * sb2_0_0
@@ -1269,6 +1233,15 @@ def tp_bwd_x1_0(
             )
             # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             acc1_0 = acc1_0 + wt9_0 * (
                 0.408248290463863 * g9_0 * sb2_1_0 - 0.408248290463863 * g9_1 * sb2_0_0
                 - 0.7071067811865476 * g9_2 * sb2_3_0 + 0.7071067811865476 * g9_3 * sb2_2_0
@@ -1285,6 +1258,15 @@ def tp_bwd_x1_0(
             )
             # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
             acc1_0 = acc1_0 + wt10_0 * (
                 0.7071067811865476 * g10_0 * sb2_4_0 + 0.5773502691896258 * g10_1 * sb2_3_0
                 + 0.6324555320336759 * g10_2 * sb2_2_0 + 0.18257418583505539 * g10_2 * sb2_4_0
@@ -1304,6 +1286,15 @@ def tp_bwd_x1_0(
             )
             # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
             wt11_0 = w11[tile_b, tile_c, 0]
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             acc1_0 = acc1_0 + wt11_0 * (
                 -0.1543033499620919 * g11_0 * sb3_4_0 - 0.5976143046671969 * g11_0 * sb3_6_0
                 - 0.3779644730092272 * g11_1 * sb3_3_0 - 0.48795003647426666 * g11_1 * sb3_5_0
@@ -1323,6 +1314,15 @@ def tp_bwd_x1_0(
             )
             # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             acc1_0 = acc1_0 + wt12_0 * (
                 0.3535533905932738 * g12_0 * sb3_1_0 - 0.3535533905932738 * g12_1 * sb3_0_0
                 + 0.45643546458763845 * g12_1 * sb3_2_0 - 0.45643546458763845 * g12_2 * sb3_1_0
@@ -1344,6 +1344,14 @@ def tp_bwd_x1_0(
             )
             hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
+            # x1 block 2: 32x2e (11 paths)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt13_0 = w13[tile_b, tile_c, 0]
             g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
@@ -1353,158 +1361,6 @@ def tp_bwd_x1_0(
             g13toe, g13too = hl.split(g13to)
             g13_1, g13_5 = hl.split(g13toe)
             g13_3, g13_7 = hl.split(g13too)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18_0, g18_2 = hl.split(g18te)
-            g18_1, g18_3 = hl.split(g18to)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19tee, g19teo = hl.split(g19te)
-            g19_0, g19_4 = hl.split(g19tee)
-            g19_2, g19_6 = hl.split(g19teo)
-            g19toe, g19too = hl.split(g19to)
-            g19_1, g19_5 = hl.split(g19toe)
-            g19_3, g19_7 = hl.split(g19too)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            g30_0 = g_30[tile_b, 0, tile_c]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            # x1 block 2: 32x2e (11 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
             acc2_0 = acc2_0 + wt13_0 * (g13_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt13_0 * (g13_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt13_0 * (g13_2 * sb0_0_0)
@@ -1512,6 +1368,11 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt13_0 * (g13_4 * sb0_0_0)
             # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
             wt14_0 = w14[tile_b, tile_c, 0]
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
             acc2_0 = acc2_0 + wt14_0 * (0.5477225575051661 * g14_0 * sb1_2_0 + 0.5477225575051661 * g14_2 * sb1_0_0)
             acc2_1 = acc2_1 + wt14_0 * (0.5477225575051661 * g14_0 * sb1_1_0 + 0.5477225575051661 * g14_1 * sb1_0_0)
             acc2_2 = acc2_2 + wt14_0 * (
@@ -1522,6 +1383,15 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt14_0 * (-0.5477225575051661 * g14_0 * sb1_0_0 + 0.5477225575051661 * g14_2 * sb1_2_0)
             # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
             wt15_0 = w15[tile_b, tile_c, 0]
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             acc2_0 = acc2_0 + wt15_0 * (
                 0.408248290463863 * g15_1 * sb1_0_0 - 0.408248290463863 * g15_3 * sb1_2_0
                 + 0.816496580927726 * g15_4 * sb1_1_0
@@ -1541,6 +1411,15 @@ def tp_bwd_x1_0(
             )
             # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
             wt16_0 = w16[tile_b, tile_c, 0]
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             acc2_0 = acc2_0 + wt16_0 * (
                 0.7071067811865476 * g16_0 * sb1_2_0 + 0.5773502691896258 * g16_1 * sb1_1_0
                 - 0.18257418583505539 * g16_2 * sb1_2_0 - 0.18257418583505539 * g16_4 * sb1_0_0
@@ -1565,6 +1444,7 @@ def tp_bwd_x1_0(
             )
             # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
+            g17_0 = g_17[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_2_0)
@@ -1572,6 +1452,11 @@ def tp_bwd_x1_0(
             acc2_4 = acc2_4 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_4_0)
             # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18_0, g18_2 = hl.split(g18te)
+            g18_1, g18_3 = hl.split(g18to)
             acc2_0 = acc2_0 + wt18_0 * (
                 -0.3162277660168379 * g18_0 * sb2_1_0 - 0.6324555320336758 * g18_1 * sb2_4_0
                 + 0.3162277660168379 * g18_2 * sb2_3_0
@@ -1591,6 +1476,15 @@ def tp_bwd_x1_0(
             )
             # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
             wt19_0 = w19[tile_b, tile_c, 0]
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19tee, g19teo = hl.split(g19te)
+            g19_0, g19_4 = hl.split(g19tee)
+            g19_2, g19_6 = hl.split(g19teo)
+            g19toe, g19too = hl.split(g19to)
+            g19_1, g19_5 = hl.split(g19toe)
+            g19_3, g19_7 = hl.split(g19too)
             acc2_0 = acc2_0 + wt19_0 * (
                 -0.5345224838248488 * g19_0 * sb2_2_0 + 0.4629100498862757 * g19_1 * sb2_3_0
                 - 0.5345224838248488 * g19_2 * sb2_0_0 + 0.4629100498862757 * g19_3 * sb2_1_0
@@ -1616,6 +1510,15 @@ def tp_bwd_x1_0(
             )
             # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
             wt20_0 = w20[tile_b, tile_c, 0]
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             acc2_0 = acc2_0 + wt20_0 * (
                 0.5000000000000001 * g20_0 * sb2_1_0 + 0.38729833462074176 * g20_2 * sb2_1_0
                 + 0.31622776601683794 * g20_3 * sb2_4_0 - 0.38729833462074176 * g20_4 * sb2_3_0
@@ -1642,6 +1545,11 @@ def tp_bwd_x1_0(
             )
             # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
             wt21_0 = w21[tile_b, tile_c, 0]
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
             acc2_0 = acc2_0 + wt21_0 * (
                 -0.11952286093343936 * g21_0 * sb3_4_0 - 0.4629100498862757 * g21_0 * sb3_6_0
                 + 0.3779644730092272 * g21_1 * sb3_1_0 + 0.4629100498862757 * g21_2 * sb3_0_0
@@ -1666,6 +1574,15 @@ def tp_bwd_x1_0(
             )
             # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
             wt22_0 = w22[tile_b, tile_c, 0]
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             acc2_0 = acc2_0 + wt22_0 * (
                 -0.42257712736425834 * g22_1 * sb3_0_0 - 0.3273268353539886 * g22_1 * sb3_2_0
                 - 0.5976143046671969 * g22_2 * sb3_5_0 + 0.3273268353539886 * g22_3 * sb3_4_0
@@ -1692,6 +1609,15 @@ def tp_bwd_x1_0(
             )
             # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
             wt23_0 = w23[tile_b, tile_c, 0]
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             acc2_0 = acc2_0 + wt23_0 * (
                 -0.2886751345948129 * g23_0 * sb3_4_0 - 0.5773502691896258 * g23_1 * sb3_3_0
                 + 0.4472135954999579 * g23_2 * sb3_4_0 + 0.2886751345948129 * g23_2 * sb3_6_0
@@ -1734,6 +1660,15 @@ def tp_bwd_x1_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             acc3_0 = acc3_0 + wt24_0 * (1.0000000000000002 * g24_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt24_0 * (1.0000000000000002 * g24_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt24_0 * (1.0000000000000002 * g24_2 * sb0_0_0)
@@ -1743,6 +1678,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt24_0 * (1.0000000000000002 * g24_6 * sb0_0_0)
             # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
             wt25_0 = w25[tile_b, tile_c, 0]
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
             acc3_0 = acc3_0 + wt25_0 * (0.5976143046671969 * g25_0 * sb1_2_0 + 0.5976143046671969 * g25_4 * sb1_0_0)
             acc3_1 = acc3_1 + wt25_0 * (
                 0.48795003647426666 * g25_0 * sb1_1_0 + 0.48795003647426666 * g25_1 * sb1_2_0
@@ -1767,6 +1711,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt25_0 * (-0.5976143046671969 * g25_0 * sb1_0_0 + 0.5976143046671969 * g25_4 * sb1_2_0)
             # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
             wt26_0 = w26[tile_b, tile_c, 0]
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             acc3_0 = acc3_0 + wt26_0 * (
                 0.3535533905932738 * g26_1 * sb1_0_0 - 0.3535533905932738 * g26_5 * sb1_2_0
                 + 0.8660254037844387 * g26_6 * sb1_1_0
@@ -1796,6 +1749,11 @@ def tp_bwd_x1_0(
             )
             # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
             wt27_0 = w27[tile_b, tile_c, 0]
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
             acc3_0 = acc3_0 + wt27_0 * (0.4629100498862757 * g27_0 * sb2_4_0 + 0.4629100498862757 * g27_2 * sb2_0_0)
             acc3_1 = acc3_1 + wt27_0 * (
                 0.3779644730092272 * g27_0 * sb2_3_0 + 0.3779644730092272 * g27_1 * sb2_0_0
@@ -1820,6 +1778,15 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt27_0 * (-0.4629100498862757 * g27_0 * sb2_0_0 + 0.4629100498862757 * g27_2 * sb2_4_0)
             # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
             wt28_0 = w28[tile_b, tile_c, 0]
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
             acc3_0 = acc3_0 + wt28_0 * (
                 -0.42257712736425834 * g28_0 * sb2_1_0 + 0.42257712736425834 * g28_1 * sb2_0_0
                 - 0.42257712736425834 * g28_3 * sb2_4_0 + 0.42257712736425834 * g28_4 * sb2_3_0
@@ -1846,6 +1813,15 @@ def tp_bwd_x1_0(
             )
             # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
             wt29_0 = w29[tile_b, tile_c, 0]
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             acc3_0 = acc3_0 + wt29_0 * (
                 -0.6454972243679029 * g29_0 * sb2_2_0 + 0.45643546458763845 * g29_1 * sb2_3_0
                 - 0.2886751345948129 * g29_2 * sb2_4_0 - 0.2886751345948129 * g29_4 * sb2_0_0
@@ -1885,6 +1861,7 @@ def tp_bwd_x1_0(
             )
             # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
             wt30_0 = w30[tile_b, tile_c, 0]
+            g30_0 = g_30[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_2_0)
@@ -1894,6 +1871,11 @@ def tp_bwd_x1_0(
             acc3_6 = acc3_6 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_6_0)
             # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
             wt31_0 = w31[tile_b, tile_c, 0]
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
             acc3_0 = acc3_0 + wt31_0 * (
                 -0.23145502494313785 * g31_0 * sb3_1_0 - 0.5669467095138409 * g31_1 * sb3_6_0
                 + 0.23145502494313785 * g31_2 * sb3_5_0
@@ -1923,6 +1905,15 @@ def tp_bwd_x1_0(
             )
             # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
             wt32_0 = w32[tile_b, tile_c, 0]
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
             acc3_0 = acc3_0 + wt32_0 * (
                 -0.24397501823713333 * g32_0 * sb3_4_0 + 0.3857583749052298 * g32_1 * sb3_5_0
                 - 0.545544725589981 * g32_2 * sb3_0_0 + 0.3857583749052298 * g32_3 * sb3_1_0
@@ -1962,6 +1953,15 @@ def tp_bwd_x1_0(
             )
             # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
             wt33_0 = w33[tile_b, tile_c, 0]
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             acc3_0 = acc3_0 + wt33_0 * (
                 -0.408248290463863 * g33_1 * sb3_2_0 + 0.408248290463863 * g33_2 * sb3_1_0
                 + 0.408248290463863 * g33_3 * sb3_6_0 - 0.408248290463863 * g33_4 * sb3_5_0
@@ -2107,13 +2107,26 @@ def tp_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
+                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
+                wr0 = w0[tile_b, tile_r, tile_c]
+                t = (ra0_0 * rg0_0)
+                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
+                wr1 = w1[tile_b, tile_r, tile_c]
+                t = (0.9999999999999999 * ra0_0 * rg1_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_1)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                t = (0.9999999999999999 * ra0_0 * rg1_2)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
@@ -2123,28 +2136,6 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
-                rg3te, rg3to = hl.split(rg3t)
-                rg3tee, rg3teo = hl.split(rg3te)
-                rg3_0, rg3_4 = hl.split(rg3tee)
-                rg3_2, rg3_6 = hl.split(rg3teo)
-                rg3toe, rg3too = hl.split(rg3to)
-                rg3_1, rg3_5 = hl.split(rg3toe)
-                rg3_3, rg3_7 = hl.split(rg3too)
-                # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                wr0 = w0[tile_b, tile_r, tile_c]
-                t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
-                # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-                wr1 = w1[tile_b, tile_r, tile_c]
-                t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
-                t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
-                # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
@@ -2157,6 +2148,15 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
                 # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
+                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
+                rg3te, rg3to = hl.split(rg3t)
+                rg3tee, rg3teo = hl.split(rg3te)
+                rg3_0, rg3_4 = hl.split(rg3tee)
+                rg3_2, rg3_6 = hl.split(rg3teo)
+                rg3toe, rg3too = hl.split(rg3to)
+                rg3_1, rg3_5 = hl.split(rg3toe)
+                rg3_3, rg3_7 = hl.split(rg3too)
                 wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
@@ -2174,6 +2174,7 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
+                # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
@@ -2184,12 +2185,35 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
+                wr4 = w4[tile_b, tile_r, tile_c]
+                t = (
+                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
+                    + 0.9999999999999999 * ra1_2 * rg4_2
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[tile_b, 0, tile_r]
+                wr5 = w5[tile_b, tile_r, tile_c]
+                t = (0.5773502691896257 * ra1_0 * rg5_0)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                t = (0.5773502691896257 * ra1_1 * rg5_0)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                t = (0.5773502691896257 * ra1_2 * rg5_0)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
+                wr6 = w6[tile_b, tile_r, tile_c]
+                t = (0.7071067811865475 * ra1_2 * rg6_1 - 0.7071067811865475 * ra1_1 * rg6_2)
+                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                t = (-0.7071067811865475 * ra1_2 * rg6_0 + 0.7071067811865475 * ra1_0 * rg6_2)
+                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                t = (0.7071067811865475 * ra1_1 * rg6_0 - 0.7071067811865475 * ra1_0 * rg6_1)
+                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
                 rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
@@ -2199,71 +2223,6 @@ def tp_bwd_x2_0(
                 rg7toe, rg7too = hl.split(rg7to)
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
-                rg8te, rg8to = hl.split(rg8t)
-                rg8_0, rg8_2 = hl.split(rg8te)
-                rg8_1, rg8_3 = hl.split(rg8to)
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
-                rg9te, rg9to = hl.split(rg9t)
-                rg9tee, rg9teo = hl.split(rg9te)
-                rg9_0, rg9_4 = hl.split(rg9tee)
-                rg9_2, rg9_6 = hl.split(rg9teo)
-                rg9toe, rg9too = hl.split(rg9to)
-                rg9_1, rg9_5 = hl.split(rg9toe)
-                rg9_3, rg9_7 = hl.split(rg9too)
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
-                rg10te, rg10to = hl.split(rg10t)
-                rg10tee, rg10teo = hl.split(rg10te)
-                rg10_0, rg10_4 = hl.split(rg10tee)
-                rg10_2, rg10_6 = hl.split(rg10teo)
-                rg10toe, rg10too = hl.split(rg10to)
-                rg10_1, rg10_5 = hl.split(rg10toe)
-                rg10_3, rg10_7 = hl.split(rg10too)
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
-                rg11te, rg11to = hl.split(rg11t)
-                rg11tee, rg11teo = hl.split(rg11te)
-                rg11_0, rg11_4 = hl.split(rg11tee)
-                rg11_2, rg11_6 = hl.split(rg11teo)
-                rg11toe, rg11too = hl.split(rg11to)
-                rg11_1, rg11_5 = hl.split(rg11toe)
-                rg11_3, rg11_7 = hl.split(rg11too)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
-                rg12te, rg12to = hl.split(rg12t)
-                rg12tee, rg12teo = hl.split(rg12te)
-                rg12_0, rg12_4 = hl.split(rg12tee)
-                rg12_2, rg12_6 = hl.split(rg12teo)
-                rg12toe, rg12too = hl.split(rg12to)
-                rg12_1, rg12_5 = hl.split(rg12toe)
-                rg12_3, rg12_7 = hl.split(rg12too)
-                # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                wr4 = w4[tile_b, tile_r, tile_c]
-                t = (
-                    0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
-                    + 0.9999999999999999 * ra1_2 * rg4_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
-                # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-                wr5 = w5[tile_b, tile_r, tile_c]
-                t = (0.5773502691896257 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
-                t = (0.5773502691896257 * ra1_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
-                t = (0.5773502691896257 * ra1_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
-                # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-                wr6 = w6[tile_b, tile_r, tile_c]
-                t = (0.7071067811865475 * ra1_2 * rg6_1 - 0.7071067811865475 * ra1_1 * rg6_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
-                t = (-0.7071067811865475 * ra1_2 * rg6_0 + 0.7071067811865475 * ra1_0 * rg6_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
-                t = (0.7071067811865475 * ra1_1 * rg6_0 - 0.7071067811865475 * ra1_0 * rg6_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
-                # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
                 wr7 = w7[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg7_0 + 0.7071067811865476 * ra1_1 * rg7_1
@@ -2281,6 +2240,11 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
                 # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
+                rg8te, rg8to = hl.split(rg8t)
+                rg8_0, rg8_2 = hl.split(rg8te)
+                rg8_1, rg8_3 = hl.split(rg8to)
                 wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg8_0 + 0.5477225575051661 * ra1_0 * rg8_2)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr8).sum(1)
@@ -2296,6 +2260,15 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg8_0 + 0.5477225575051661 * ra1_2 * rg8_2)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
                 # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
+                rg9te, rg9to = hl.split(rg9t)
+                rg9tee, rg9teo = hl.split(rg9te)
+                rg9_0, rg9_4 = hl.split(rg9tee)
+                rg9_2, rg9_6 = hl.split(rg9teo)
+                rg9toe, rg9too = hl.split(rg9to)
+                rg9_1, rg9_5 = hl.split(rg9toe)
+                rg9_3, rg9_7 = hl.split(rg9too)
                 wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra1_0 * rg9_1 + 0.408248290463863 * ra1_2 * rg9_3
@@ -2320,6 +2293,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr9).sum(1)
                 # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
+                rg10te, rg10to = hl.split(rg10t)
+                rg10tee, rg10teo = hl.split(rg10te)
+                rg10_0, rg10_4 = hl.split(rg10tee)
+                rg10_2, rg10_6 = hl.split(rg10teo)
+                rg10toe, rg10too = hl.split(rg10to)
+                rg10_1, rg10_5 = hl.split(rg10toe)
+                rg10_3, rg10_7 = hl.split(rg10too)
                 wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg10_0 + 0.5773502691896258 * ra1_1 * rg10_1
@@ -2349,6 +2331,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
                 # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
+                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
+                rg11te, rg11to = hl.split(rg11t)
+                rg11tee, rg11teo = hl.split(rg11te)
+                rg11_0, rg11_4 = hl.split(rg11tee)
+                rg11_2, rg11_6 = hl.split(rg11teo)
+                rg11toe, rg11too = hl.split(rg11to)
+                rg11_1, rg11_5 = hl.split(rg11toe)
+                rg11_3, rg11_7 = hl.split(rg11too)
                 wr11 = w11[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg11_0 + 0.5976143046671969 * ra1_0 * rg11_4)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr11).sum(1)
@@ -2380,6 +2371,15 @@ def tp_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg11_0 + 0.5976143046671969 * ra1_2 * rg11_4)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr11).sum(1)
                 # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
+                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
+                rg12te, rg12to = hl.split(rg12t)
+                rg12tee, rg12teo = hl.split(rg12te)
+                rg12_0, rg12_4 = hl.split(rg12tee)
+                rg12_2, rg12_6 = hl.split(rg12teo)
+                rg12toe, rg12too = hl.split(rg12to)
+                rg12_1, rg12_5 = hl.split(rg12toe)
+                rg12_3, rg12_7 = hl.split(rg12too)
                 wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra1_0 * rg12_1 + 0.3535533905932738 * ra1_2 * rg12_5
@@ -2417,6 +2417,7 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, :, None] * wr12).sum(1)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
+                # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
@@ -2426,15 +2427,6 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
-                ra3te, ra3to = hl.split(ra3t)
-                ra3tee, ra3teo = hl.split(ra3te)
-                ra3_0, ra3_4 = hl.split(ra3tee)
-                ra3_2, ra3_6 = hl.split(ra3teo)
-                ra3toe, ra3too = hl.split(ra3to)
-                ra3_1, ra3_5 = hl.split(ra3toe)
-                ra3_3, ra3_7 = hl.split(ra3too)
                 rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
                 rg13te, rg13to = hl.split(rg13t)
@@ -2444,76 +2436,23 @@ def tp_bwd_x2_0(
                 rg13toe, rg13too = hl.split(rg13to)
                 rg13_1, rg13_5 = hl.split(rg13toe)
                 rg13_3, rg13_7 = hl.split(rg13too)
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
-                rg14te, rg14to = hl.split(rg14t)
-                rg14_0, rg14_2 = hl.split(rg14te)
-                rg14_1, rg14_3 = hl.split(rg14to)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
-                rg15te, rg15to = hl.split(rg15t)
-                rg15tee, rg15teo = hl.split(rg15te)
-                rg15_0, rg15_4 = hl.split(rg15tee)
-                rg15_2, rg15_6 = hl.split(rg15teo)
-                rg15toe, rg15too = hl.split(rg15to)
-                rg15_1, rg15_5 = hl.split(rg15toe)
-                rg15_3, rg15_7 = hl.split(rg15too)
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
-                rg16te, rg16to = hl.split(rg16t)
-                rg16tee, rg16teo = hl.split(rg16te)
-                rg16_0, rg16_4 = hl.split(rg16tee)
-                rg16_2, rg16_6 = hl.split(rg16teo)
-                rg16toe, rg16too = hl.split(rg16to)
-                rg16_1, rg16_5 = hl.split(rg16toe)
-                rg16_3, rg16_7 = hl.split(rg16too)
-                rg17_0 = g_17[tile_b, 0, tile_r]
-                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg18t = rg18.reshape([tile_b, tile_r, 2, 2])
-                rg18te, rg18to = hl.split(rg18t)
-                rg18_0, rg18_2 = hl.split(rg18te)
-                rg18_1, rg18_3 = hl.split(rg18to)
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg19t = rg19.reshape([tile_b, tile_r, 2, 2, 2])
-                rg19te, rg19to = hl.split(rg19t)
-                rg19tee, rg19teo = hl.split(rg19te)
-                rg19_0, rg19_4 = hl.split(rg19tee)
-                rg19_2, rg19_6 = hl.split(rg19teo)
-                rg19toe, rg19too = hl.split(rg19to)
-                rg19_1, rg19_5 = hl.split(rg19toe)
-                rg19_3, rg19_7 = hl.split(rg19too)
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
-                rg20te, rg20to = hl.split(rg20t)
-                rg20tee, rg20teo = hl.split(rg20te)
-                rg20_0, rg20_4 = hl.split(rg20tee)
-                rg20_2, rg20_6 = hl.split(rg20teo)
-                rg20toe, rg20too = hl.split(rg20to)
-                rg20_1, rg20_5 = hl.split(rg20toe)
-                rg20_3, rg20_7 = hl.split(rg20too)
-                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
-                rg21te, rg21to = hl.split(rg21t)
-                rg21_0, rg21_2 = hl.split(rg21te)
-                rg21_1, rg21_3 = hl.split(rg21to)
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
-                rg22te, rg22to = hl.split(rg22t)
-                rg22tee, rg22teo = hl.split(rg22te)
-                rg22_0, rg22_4 = hl.split(rg22tee)
-                rg22_2, rg22_6 = hl.split(rg22teo)
-                rg22toe, rg22too = hl.split(rg22to)
-                rg22_1, rg22_5 = hl.split(rg22toe)
-                rg22_3, rg22_7 = hl.split(rg22too)
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
-                rg23te, rg23to = hl.split(rg23t)
-                rg23tee, rg23teo = hl.split(rg23te)
-                rg23_0, rg23_4 = hl.split(rg23tee)
-                rg23_2, rg23_6 = hl.split(rg23teo)
-                rg23toe, rg23too = hl.split(rg23to)
-                rg23_1, rg23_5 = hl.split(rg23toe)
-                rg23_3, rg23_7 = hl.split(rg23too)
+                wr13 = w13[tile_b, tile_r, tile_c]
+                t = (
+                    ra2_0 * rg13_0 + ra2_1 * rg13_1
+                    + ra2_2 * rg13_2 + ra2_3 * rg13_3
+                    + ra2_4 * rg13_4
+                )
+                acc0_0 = acc0_0 + (t[:, :, None] * wr13).sum(1)
+                # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
+                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
+                ra3te, ra3to = hl.split(ra3t)
+                ra3tee, ra3teo = hl.split(ra3te)
+                ra3_0, ra3_4 = hl.split(ra3tee)
+                ra3_2, ra3_6 = hl.split(ra3teo)
+                ra3toe, ra3too = hl.split(ra3to)
+                ra3_1, ra3_5 = hl.split(ra3toe)
+                ra3_3, ra3_7 = hl.split(ra3too)
                 rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
                 rg24te, rg24to = hl.split(rg24t)
@@ -2523,80 +2462,6 @@ def tp_bwd_x2_0(
                 rg24toe, rg24too = hl.split(rg24to)
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
-                rg25te, rg25to = hl.split(rg25t)
-                rg25tee, rg25teo = hl.split(rg25te)
-                rg25_0, rg25_4 = hl.split(rg25tee)
-                rg25_2, rg25_6 = hl.split(rg25teo)
-                rg25toe, rg25too = hl.split(rg25to)
-                rg25_1, rg25_5 = hl.split(rg25toe)
-                rg25_3, rg25_7 = hl.split(rg25too)
-                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
-                rg26te, rg26to = hl.split(rg26t)
-                rg26tee, rg26teo = hl.split(rg26te)
-                rg26_0, rg26_4 = hl.split(rg26tee)
-                rg26_2, rg26_6 = hl.split(rg26teo)
-                rg26toe, rg26too = hl.split(rg26to)
-                rg26_1, rg26_5 = hl.split(rg26toe)
-                rg26_3, rg26_7 = hl.split(rg26too)
-                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
-                rg27te, rg27to = hl.split(rg27t)
-                rg27_0, rg27_2 = hl.split(rg27te)
-                rg27_1, rg27_3 = hl.split(rg27to)
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
-                rg28te, rg28to = hl.split(rg28t)
-                rg28tee, rg28teo = hl.split(rg28te)
-                rg28_0, rg28_4 = hl.split(rg28tee)
-                rg28_2, rg28_6 = hl.split(rg28teo)
-                rg28toe, rg28too = hl.split(rg28to)
-                rg28_1, rg28_5 = hl.split(rg28toe)
-                rg28_3, rg28_7 = hl.split(rg28too)
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
-                rg29te, rg29to = hl.split(rg29t)
-                rg29tee, rg29teo = hl.split(rg29te)
-                rg29_0, rg29_4 = hl.split(rg29tee)
-                rg29_2, rg29_6 = hl.split(rg29teo)
-                rg29toe, rg29too = hl.split(rg29to)
-                rg29_1, rg29_5 = hl.split(rg29toe)
-                rg29_3, rg29_7 = hl.split(rg29too)
-                rg30_0 = g_30[tile_b, 0, tile_r]
-                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
-                rg31te, rg31to = hl.split(rg31t)
-                rg31_0, rg31_2 = hl.split(rg31te)
-                rg31_1, rg31_3 = hl.split(rg31to)
-                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
-                rg32te, rg32to = hl.split(rg32t)
-                rg32tee, rg32teo = hl.split(rg32te)
-                rg32_0, rg32_4 = hl.split(rg32tee)
-                rg32_2, rg32_6 = hl.split(rg32teo)
-                rg32toe, rg32too = hl.split(rg32to)
-                rg32_1, rg32_5 = hl.split(rg32toe)
-                rg32_3, rg32_7 = hl.split(rg32too)
-                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
-                rg33te, rg33to = hl.split(rg33t)
-                rg33tee, rg33teo = hl.split(rg33te)
-                rg33_0, rg33_4 = hl.split(rg33tee)
-                rg33_2, rg33_6 = hl.split(rg33teo)
-                rg33toe, rg33too = hl.split(rg33to)
-                rg33_1, rg33_5 = hl.split(rg33toe)
-                rg33_3, rg33_7 = hl.split(rg33too)
-                # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-                wr13 = w13[tile_b, tile_r, tile_c]
-                t = (
-                    ra2_0 * rg13_0 + ra2_1 * rg13_1
-                    + ra2_2 * rg13_2 + ra2_3 * rg13_3
-                    + ra2_4 * rg13_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr13).sum(1)
-                # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
                 wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra3_0 * rg24_0 + 1.0000000000000002 * ra3_1 * rg24_1
@@ -2606,6 +2471,11 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
                 # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
+                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
+                rg14te, rg14to = hl.split(rg14t)
+                rg14_0, rg14_2 = hl.split(rg14te)
+                rg14_1, rg14_3 = hl.split(rg14to)
                 wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg14_0 - 0.5477225575051661 * ra2_4 * rg14_0
@@ -2623,6 +2493,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
                 # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
+                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
+                rg15te, rg15to = hl.split(rg15t)
+                rg15tee, rg15teo = hl.split(rg15te)
+                rg15_0, rg15_4 = hl.split(rg15tee)
+                rg15_2, rg15_6 = hl.split(rg15teo)
+                rg15toe, rg15too = hl.split(rg15to)
+                rg15_1, rg15_5 = hl.split(rg15toe)
+                rg15_3, rg15_7 = hl.split(rg15too)
                 wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_1 * rg15_0 + 0.408248290463863 * ra2_0 * rg15_1
@@ -2642,6 +2521,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
                 # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
+                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
+                rg16te, rg16to = hl.split(rg16t)
+                rg16tee, rg16teo = hl.split(rg16te)
+                rg16_0, rg16_4 = hl.split(rg16tee)
+                rg16_2, rg16_6 = hl.split(rg16teo)
+                rg16toe, rg16too = hl.split(rg16to)
+                rg16_1, rg16_5 = hl.split(rg16toe)
+                rg16_3, rg16_7 = hl.split(rg16too)
                 wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg16_0 + 0.5773502691896258 * ra2_3 * rg16_1
@@ -2664,6 +2552,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr16).sum(1)
                 # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
+                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
+                rg25te, rg25to = hl.split(rg25t)
+                rg25tee, rg25teo = hl.split(rg25te)
+                rg25_0, rg25_4 = hl.split(rg25tee)
+                rg25_2, rg25_6 = hl.split(rg25teo)
+                rg25toe, rg25too = hl.split(rg25to)
+                rg25_1, rg25_5 = hl.split(rg25toe)
+                rg25_3, rg25_7 = hl.split(rg25too)
                 wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra3_4 * rg25_0 - 0.5976143046671969 * ra3_6 * rg25_0
@@ -2686,6 +2583,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
                 # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
+                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
+                rg26te, rg26to = hl.split(rg26t)
+                rg26tee, rg26teo = hl.split(rg26te)
+                rg26_0, rg26_4 = hl.split(rg26tee)
+                rg26_2, rg26_6 = hl.split(rg26teo)
+                rg26toe, rg26too = hl.split(rg26to)
+                rg26_1, rg26_5 = hl.split(rg26toe)
+                rg26_3, rg26_7 = hl.split(rg26too)
                 wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra3_1 * rg26_0 + 0.3535533905932738 * ra3_0 * rg26_1
@@ -2710,6 +2616,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
                 # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
+                rg17_0 = g_17[tile_b, 0, tile_r]
                 wr17 = w17[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg17_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
@@ -2722,6 +2629,11 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg17_0)
                 acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
                 # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
+                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg18t = rg18.reshape([tile_b, tile_r, 2, 2])
+                rg18te, rg18to = hl.split(rg18t)
+                rg18_0, rg18_2 = hl.split(rg18te)
+                rg18_1, rg18_3 = hl.split(rg18to)
                 wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra2_1 * rg18_0 + 0.6324555320336758 * ra2_4 * rg18_1
@@ -2746,6 +2658,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr18).sum(1)
                 # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
+                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg19t = rg19.reshape([tile_b, tile_r, 2, 2, 2])
+                rg19te, rg19to = hl.split(rg19t)
+                rg19tee, rg19teo = hl.split(rg19te)
+                rg19_0, rg19_4 = hl.split(rg19tee)
+                rg19_2, rg19_6 = hl.split(rg19teo)
+                rg19toe, rg19too = hl.split(rg19to)
+                rg19_1, rg19_5 = hl.split(rg19toe)
+                rg19_3, rg19_7 = hl.split(rg19too)
                 wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg19_0 + 0.4629100498862757 * ra2_3 * rg19_1
@@ -2776,6 +2697,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr19).sum(1)
                 # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
+                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
+                rg20te, rg20to = hl.split(rg20t)
+                rg20tee, rg20teo = hl.split(rg20te)
+                rg20_0, rg20_4 = hl.split(rg20tee)
+                rg20_2, rg20_6 = hl.split(rg20teo)
+                rg20toe, rg20too = hl.split(rg20to)
+                rg20_1, rg20_5 = hl.split(rg20toe)
+                rg20_3, rg20_7 = hl.split(rg20too)
                 wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra2_1 * rg20_0 - 0.38729833462074176 * ra2_1 * rg20_2
@@ -2807,6 +2737,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr20).sum(1)
                 # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
+                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
+                rg27te, rg27to = hl.split(rg27t)
+                rg27_0, rg27_2 = hl.split(rg27te)
+                rg27_1, rg27_3 = hl.split(rg27to)
                 wr27 = w27[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra3_4 * rg27_0 - 0.4629100498862757 * ra3_6 * rg27_0
@@ -2836,6 +2771,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
                 # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
+                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
+                rg28te, rg28to = hl.split(rg28t)
+                rg28tee, rg28teo = hl.split(rg28te)
+                rg28_0, rg28_4 = hl.split(rg28tee)
+                rg28_2, rg28_6 = hl.split(rg28teo)
+                rg28toe, rg28too = hl.split(rg28to)
+                rg28_1, rg28_5 = hl.split(rg28toe)
+                rg28_3, rg28_7 = hl.split(rg28too)
                 wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra3_0 * rg28_1 + 0.3273268353539886 * ra3_2 * rg28_1
@@ -2867,6 +2811,15 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
                 # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
+                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
+                rg29te, rg29to = hl.split(rg29t)
+                rg29tee, rg29teo = hl.split(rg29te)
+                rg29_0, rg29_4 = hl.split(rg29tee)
+                rg29_2, rg29_6 = hl.split(rg29teo)
+                rg29toe, rg29too = hl.split(rg29to)
+                rg29_1, rg29_5 = hl.split(rg29toe)
+                rg29_3, rg29_7 = hl.split(rg29too)
                 wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra3_4 * rg29_0 - 0.5773502691896258 * ra3_3 * rg29_1
@@ -2905,6 +2858,11 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, :, None] * wr29).sum(1)
                 # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
+                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
+                rg21te, rg21to = hl.split(rg21t)
+                rg21_0, rg21_2 = hl.split(rg21te)
+                rg21_1, rg21_3 = hl.split(rg21to)
                 wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg21_0 + 0.4629100498862757 * ra2_0 * rg21_2)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr21).sum(1)
@@ -2936,6 +2894,15 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg21_0 + 0.4629100498862757 * ra2_4 * rg21_2)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr21).sum(1)
                 # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
+                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
+                rg22te, rg22to = hl.split(rg22t)
+                rg22tee, rg22teo = hl.split(rg22te)
+                rg22_0, rg22_4 = hl.split(rg22tee)
+                rg22_2, rg22_6 = hl.split(rg22teo)
+                rg22toe, rg22too = hl.split(rg22to)
+                rg22_1, rg22_5 = hl.split(rg22toe)
+                rg22_3, rg22_7 = hl.split(rg22too)
                 wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra2_1 * rg22_0 - 0.42257712736425834 * ra2_0 * rg22_1
@@ -2969,6 +2936,15 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr22).sum(1)
                 # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
+                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
+                rg23te, rg23to = hl.split(rg23t)
+                rg23tee, rg23teo = hl.split(rg23te)
+                rg23_0, rg23_4 = hl.split(rg23tee)
+                rg23_2, rg23_6 = hl.split(rg23teo)
+                rg23toe, rg23too = hl.split(rg23to)
+                rg23_1, rg23_5 = hl.split(rg23toe)
+                rg23_3, rg23_7 = hl.split(rg23too)
                 wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg23_0 + 0.45643546458763845 * ra2_3 * rg23_1
@@ -3015,6 +2991,7 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr23).sum(1)
                 # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
+                rg30_0 = g_30[tile_b, 0, tile_r]
                 wr30 = w30[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra3_0 * rg30_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr30).sum(1)
@@ -3031,6 +3008,11 @@ def tp_bwd_x2_0(
                 t = (0.37796447300922725 * ra3_6 * rg30_0)
                 acc3_6 = acc3_6 + (t[:, :, None] * wr30).sum(1)
                 # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
+                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
+                rg31te, rg31to = hl.split(rg31t)
+                rg31_0, rg31_2 = hl.split(rg31te)
+                rg31_1, rg31_3 = hl.split(rg31to)
                 wr31 = w31[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra3_1 * rg31_0 + 0.5669467095138409 * ra3_6 * rg31_1
@@ -3067,6 +3049,15 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr31).sum(1)
                 # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
+                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
+                rg32te, rg32to = hl.split(rg32t)
+                rg32tee, rg32teo = hl.split(rg32te)
+                rg32_0, rg32_4 = hl.split(rg32tee)
+                rg32_2, rg32_6 = hl.split(rg32teo)
+                rg32toe, rg32too = hl.split(rg32to)
+                rg32_1, rg32_5 = hl.split(rg32toe)
+                rg32_3, rg32_7 = hl.split(rg32too)
                 wr32 = w32[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra3_4 * rg32_0 + 0.3857583749052298 * ra3_5 * rg32_1
@@ -3113,6 +3104,15 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, :, None] * wr32).sum(1)
                 # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
+                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
+                rg33te, rg33to = hl.split(rg33t)
+                rg33tee, rg33teo = hl.split(rg33te)
+                rg33_0, rg33_4 = hl.split(rg33tee)
+                rg33_2, rg33_6 = hl.split(rg33teo)
+                rg33toe, rg33too = hl.split(rg33to)
+                rg33_1, rg33_5 = hl.split(rg33toe)
+                rg33_3, rg33_7 = hl.split(rg33too)
                 wr33 = w33[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra3_2 * rg33_1 - 0.408248290463863 * ra3_1 * rg33_2
@@ -3275,13 +3275,23 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            q0 = (a0_0 * sb2_0_0)
             g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
@@ -3291,6 +3301,13 @@ def tp_bwd_w_0(
             g2toe, g2too = hl.split(g2to)
             g2_1, g2_5 = hl.split(g2toe)
             g2_3, g2_7 = hl.split(g2too)
+            q1 = (a0_0 * sb2_1_0)
+            q2 = (a0_0 * sb2_2_0)
+            q3 = (a0_0 * sb2_3_0)
+            q4 = (a0_0 * sb2_4_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
+            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
@@ -3300,23 +3317,6 @@ def tp_bwd_w_0(
             g3toe, g3too = hl.split(g3to)
             g3_1, g3_5 = hl.split(g3toe)
             g3_3, g3_7 = hl.split(g3too)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
@@ -3330,22 +3330,40 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
+            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
+            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
+            q0 = (
+                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+                + 0.5773502691896257 * a1_2 * sb1_2_0
+            )
             g5_0 = g_5[tile_b, 0, tile_c]
+            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
+            q0 = (0.7071067811865475 * a1_1 * sb1_2_0 - 0.7071067811865475 * a1_2 * sb1_1_0)
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
+            q1 = (-0.7071067811865475 * a1_0 * sb1_2_0 + 0.7071067811865475 * a1_2 * sb1_0_0)
+            q2 = (0.7071067811865475 * a1_0 * sb1_1_0 - 0.7071067811865475 * a1_1 * sb1_0_0)
+            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
+            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
@@ -3355,65 +3373,6 @@ def tp_bwd_w_0(
             g7toe, g7too = hl.split(g7to)
             g7_1, g7_5 = hl.split(g7toe)
             g7_3, g7_7 = hl.split(g7too)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
-            # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a1_1 * sb1_2_0 - 0.7071067811865475 * a1_2 * sb1_1_0)
-            q1 = (-0.7071067811865475 * a1_0 * sb1_2_0 + 0.7071067811865475 * a1_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a1_0 * sb1_1_0 - 0.7071067811865475 * a1_1 * sb1_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
-            # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
@@ -3427,6 +3386,11 @@ def tp_bwd_w_0(
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
+            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
@@ -3441,6 +3405,15 @@ def tp_bwd_w_0(
                 0.408248290463863 * a1_0 * sb2_1_0 + 0.816496580927726 * a1_1 * sb2_4_0
                 - 0.408248290463863 * a1_2 * sb2_3_0
             )
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
             q1 = (
                 -0.408248290463863 * a1_0 * sb2_0_0 + 0.408248290463863 * a1_1 * sb2_3_0
                 - 0.7071067811865476 * a1_2 * sb2_2_0 - 0.408248290463863 * a1_2 * sb2_4_0
@@ -3457,6 +3430,15 @@ def tp_bwd_w_0(
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
             q1 = (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
                 + 0.5773502691896258 * a1_2 * sb2_1_0
@@ -3490,6 +3472,15 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
+            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
@@ -3513,6 +3504,15 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a1_0 * sb3_1_0 + 0.8660254037844387 * a1_1 * sb3_6_0
                 - 0.3535533905932738 * a1_2 * sb3_5_0
             )
+            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
             q1 = (
                 -0.3535533905932738 * a1_0 * sb3_0_0 + 0.45643546458763845 * a1_0 * sb3_2_0
                 + 0.5773502691896258 * a1_1 * sb3_5_0 - 0.45643546458763845 * a1_2 * sb3_4_0
@@ -3543,6 +3543,7 @@ def tp_bwd_w_0(
                 + q6 * g12_6
             )
         for tile_c in hl.tile(32, block_size=32):
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -3552,15 +3553,7 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
+            q0 = (a2_0 * sb0_0_0)
             g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
@@ -3570,152 +3563,6 @@ def tp_bwd_w_0(
             g13toe, g13too = hl.split(g13to)
             g13_1, g13_5 = hl.split(g13toe)
             g13_3, g13_7 = hl.split(g13too)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            g17_0 = g_17[tile_b, 0, tile_c]
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18_0, g18_2 = hl.split(g18te)
-            g18_1, g18_3 = hl.split(g18to)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19tee, g19teo = hl.split(g19te)
-            g19_0, g19_4 = hl.split(g19tee)
-            g19_2, g19_6 = hl.split(g19teo)
-            g19toe, g19too = hl.split(g19to)
-            g19_1, g19_5 = hl.split(g19toe)
-            g19_3, g19_7 = hl.split(g19too)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            g30_0 = g_30[tile_b, 0, tile_c]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            q0 = (a2_0 * sb0_0_0)
             q1 = (a2_1 * sb0_0_0)
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
@@ -3726,6 +3573,11 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
+            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
             q1 = (
                 0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
                 + 0.5477225575051661 * a2_3 * sb1_2_0
@@ -3740,6 +3592,15 @@ def tp_bwd_w_0(
                 -0.408248290463863 * a2_1 * sb1_0_0 + 0.408248290463863 * a2_3 * sb1_2_0
                 - 0.816496580927726 * a2_4 * sb1_1_0
             )
+            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
             q1 = (
                 0.408248290463863 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0
                 - 0.408248290463863 * a2_3 * sb1_1_0 + 0.408248290463863 * a2_4 * sb1_2_0
@@ -3756,6 +3617,15 @@ def tp_bwd_w_0(
             gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
             q1 = (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
                 + 0.5773502691896258 * a2_3 * sb1_0_0
@@ -3789,6 +3659,7 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
+            g17_0 = g_17[tile_b, 0, tile_c]
             gw17[tile_b, tile_c, 0] = (q0 * g17_0)
             # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
             q0 = (
@@ -3796,6 +3667,11 @@ def tp_bwd_w_0(
                 + 0.5477225575051661 * a2_2 * sb2_3_0 - 0.5477225575051661 * a2_3 * sb2_2_0
                 + 0.3162277660168379 * a2_3 * sb2_4_0 - 0.3162277660168379 * a2_4 * sb2_3_0
             )
+            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18_0, g18_2 = hl.split(g18te)
+            g18_1, g18_3 = hl.split(g18to)
             q1 = (
                 -0.6324555320336758 * a2_0 * sb2_4_0 - 0.3162277660168379 * a2_1 * sb2_3_0
                 + 0.3162277660168379 * a2_3 * sb2_1_0 + 0.6324555320336758 * a2_4 * sb2_0_0
@@ -3811,6 +3687,15 @@ def tp_bwd_w_0(
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
+            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19tee, g19teo = hl.split(g19te)
+            g19_0, g19_4 = hl.split(g19tee)
+            g19_2, g19_6 = hl.split(g19teo)
+            g19toe, g19too = hl.split(g19to)
+            g19_1, g19_5 = hl.split(g19toe)
+            g19_3, g19_7 = hl.split(g19too)
             q1 = (
                 0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
                 - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
@@ -3836,6 +3721,15 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a2_0 * sb2_1_0 - 0.5000000000000001 * a2_1 * sb2_0_0
                 + 0.5000000000000001 * a2_3 * sb2_4_0 - 0.5000000000000001 * a2_4 * sb2_3_0
             )
+            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
             q1 = (0.7071067811865476 * a2_2 * sb2_4_0 - 0.7071067811865476 * a2_4 * sb2_2_0)
             q2 = (
                 0.38729833462074176 * a2_0 * sb2_1_0 - 0.38729833462074176 * a2_1 * sb2_0_0
@@ -3869,6 +3763,11 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
+            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
             q1 = (
                 0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
                 + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
@@ -3887,6 +3786,15 @@ def tp_bwd_w_0(
                 + 0.5976143046671969 * a2_2 * sb3_5_0 - 0.3273268353539886 * a2_3 * sb3_4_0
                 + 0.42257712736425834 * a2_3 * sb3_6_0 + 0.2672612419124244 * a2_4 * sb3_3_0
             )
+            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
             q1 = (
                 -0.42257712736425834 * a2_0 * sb3_0_0 - 0.3273268353539886 * a2_0 * sb3_2_0
                 + 0.3779644730092272 * a2_2 * sb3_4_0 - 0.5345224838248488 * a2_3 * sb3_3_0
@@ -3913,6 +3821,15 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
+            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
             q1 = (
                 -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
                 - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
@@ -3952,7 +3869,25 @@ def tp_bwd_w_0(
                 + q6 * g23_6
             )
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
+            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
             q1 = (1.0000000000000002 * a3_1 * sb0_0_0)
             q2 = (1.0000000000000002 * a3_2 * sb0_0_0)
             q3 = (1.0000000000000002 * a3_3 * sb0_0_0)
@@ -3971,6 +3906,15 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
                 - 0.5976143046671969 * a3_6 * sb1_0_0
             )
+            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
             q1 = (
                 0.48795003647426666 * a3_1 * sb1_2_0 + 0.6172133998483676 * a3_2 * sb1_1_0
                 - 0.3779644730092272 * a3_3 * sb1_0_0 - 0.48795003647426666 * a3_5 * sb1_0_0
@@ -3994,6 +3938,15 @@ def tp_bwd_w_0(
                 -0.3535533905932738 * a3_1 * sb1_0_0 + 0.3535533905932738 * a3_5 * sb1_2_0
                 - 0.8660254037844387 * a3_6 * sb1_1_0
             )
+            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
             q1 = (
                 0.3535533905932738 * a3_0 * sb1_0_0 - 0.45643546458763845 * a3_2 * sb1_0_0
                 + 0.45643546458763845 * a3_4 * sb1_2_0 - 0.5773502691896258 * a3_5 * sb1_1_0
@@ -4030,6 +3983,11 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a3_3 * sb2_1_0 - 0.11952286093343936 * a3_4 * sb2_0_0
                 - 0.3779644730092272 * a3_5 * sb2_1_0 - 0.4629100498862757 * a3_6 * sb2_0_0
             )
+            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
             q1 = (
                 0.3779644730092272 * a3_1 * sb2_0_0 + 0.47809144373375745 * a3_2 * sb2_1_0
                 + 0.50709255283711 * a3_3 * sb2_2_0 + 0.47809144373375745 * a3_4 * sb2_3_0
@@ -4048,6 +4006,15 @@ def tp_bwd_w_0(
                 - 0.2672612419124244 * a3_3 * sb2_4_0 + 0.3273268353539886 * a3_4 * sb2_3_0
                 - 0.5976143046671969 * a3_5 * sb2_2_0 - 0.42257712736425834 * a3_6 * sb2_3_0
             )
+            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
             q1 = (
                 0.42257712736425834 * a3_0 * sb2_0_0 + 0.3273268353539886 * a3_2 * sb2_0_0
                 + 0.5345224838248488 * a3_3 * sb2_3_0 - 0.3779644730092272 * a3_4 * sb2_2_0
@@ -4074,6 +4041,15 @@ def tp_bwd_w_0(
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
                 + 0.45643546458763845 * a3_5 * sb2_1_0
             )
+            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
             q1 = (
                 0.45643546458763845 * a3_0 * sb2_3_0 + 0.3535533905932738 * a3_2 * sb2_3_0
                 - 0.5773502691896258 * a3_3 * sb2_0_0 + 0.3535533905932738 * a3_4 * sb2_1_0
@@ -4119,6 +4095,7 @@ def tp_bwd_w_0(
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
+            g30_0 = g_30[tile_b, 0, tile_c]
             gw30[tile_b, tile_c, 0] = (q0 * g30_0)
             # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
             q0 = (
@@ -4128,6 +4105,11 @@ def tp_bwd_w_0(
                 + 0.2988071523335984 * a3_4 * sb3_5_0 - 0.2988071523335984 * a3_5 * sb3_4_0
                 + 0.23145502494313785 * a3_5 * sb3_6_0 - 0.23145502494313785 * a3_6 * sb3_5_0
             )
+            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
             q1 = (
                 -0.5669467095138409 * a3_0 * sb3_6_0 - 0.3779644730092272 * a3_1 * sb3_5_0
                 - 0.1889822365046136 * a3_2 * sb3_4_0 + 0.1889822365046136 * a3_4 * sb3_2_0
@@ -4148,6 +4130,15 @@ def tp_bwd_w_0(
                 - 0.48795003647426666 * a3_3 * sb3_1_0 - 0.24397501823713333 * a3_4 * sb3_0_0
                 + 0.3779644730092272 * a3_4 * sb3_2_0 + 0.24397501823713333 * a3_6 * sb3_2_0
             )
+            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
             q1 = (
                 0.3857583749052298 * a3_0 * sb3_5_0 + 0.29880715233359845 * a3_1 * sb3_4_0
                 - 0.3857583749052298 * a3_1 * sb3_6_0 + 0.1543033499620919 * a3_2 * sb3_3_0
@@ -4180,6 +4171,15 @@ def tp_bwd_w_0(
                 - 0.408248290463863 * a3_3 * sb3_6_0 + 0.408248290463863 * a3_4 * sb3_5_0
                 - 0.408248290463863 * a3_5 * sb3_4_0 + 0.408248290463863 * a3_6 * sb3_3_0
             )
+            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
             q1 = (
                 -0.408248290463863 * a3_0 * sb3_2_0 + 0.408248290463863 * a3_2 * sb3_0_0
                 + 0.408248290463863 * a3_3 * sb3_5_0 + 0.408248290463863 * a3_4 * sb3_6_0

@@ -92,27 +92,15 @@ def tp_fwd_0(
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # reduction over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra2_3 = x1_2[tile_b, 3, tile_r]
-                ra2_4 = x1_2[tile_b, 4, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra3_3 = x1_3[tile_b, 3, tile_r]
-                ra3_4 = x1_3[tile_b, 4, tile_r]
-                ra3_5 = x1_3[tile_b, 5, tile_r]
-                ra3_6 = x1_3[tile_b, 6, tile_r]
                 # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr0_0 = w0[tile_r, 0, tile_c][None, :, :]
                 t = (0.5 * ra0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
                 # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                ra1_0 = x1_1[tile_b, 0, tile_r]
+                ra1_1 = x1_1[tile_b, 1, tile_r]
+                ra1_2 = x1_1[tile_b, 2, tile_r]
                 wr4_0 = w4[tile_r, 0, tile_c][None, :, :]
                 t = (
                     0.28867513459481287 * ra1_0 * sb1_0_0 + 0.28867513459481287 * ra1_1 * sb1_1_0
@@ -120,6 +108,11 @@ def tp_fwd_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr4_0).sum(1)
                 # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
+                ra2_1 = x1_2[tile_b, 1, tile_r]
+                ra2_2 = x1_2[tile_b, 2, tile_r]
+                ra2_3 = x1_2[tile_b, 3, tile_r]
+                ra2_4 = x1_2[tile_b, 4, tile_r]
                 wr13_0 = w13[tile_r, 0, tile_c][None, :, :]
                 t = (
                     0.22360679774997896 * ra2_0 * sb2_0_0 + 0.22360679774997896 * ra2_1 * sb2_1_0
@@ -128,6 +121,13 @@ def tp_fwd_0(
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr13_0).sum(1)
                 # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_1 = x1_3[tile_b, 1, tile_r]
+                ra3_2 = x1_3[tile_b, 2, tile_r]
+                ra3_3 = x1_3[tile_b, 3, tile_r]
+                ra3_4 = x1_3[tile_b, 4, tile_r]
+                ra3_5 = x1_3[tile_b, 5, tile_r]
+                ra3_6 = x1_3[tile_b, 6, tile_r]
                 wr21_0 = w21[tile_r, 0, tile_c][None, :, :]
                 t = (
                     0.18898223650461363 * ra3_0 * sb3_0_0 + 0.18898223650461363 * ra3_1 * sb3_1_0
@@ -148,31 +148,23 @@ def tp_fwd_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # reduction over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
+                # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
                 ra1_1 = x1_1[tile_b, 1, tile_r]
                 ra1_2 = x1_1[tile_b, 2, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra2_3 = x1_2[tile_b, 3, tile_r]
-                ra2_4 = x1_2[tile_b, 4, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra3_3 = x1_3[tile_b, 3, tile_r]
-                ra3_4 = x1_3[tile_b, 4, tile_r]
-                ra3_5 = x1_3[tile_b, 5, tile_r]
-                ra3_6 = x1_3[tile_b, 6, tile_r]
-                # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
                 wr5_0 = w5[tile_r, 0, tile_c][None, :, :]
                 t = (0.408248290463863 * ra1_1 * sb1_2_0 - 0.408248290463863 * ra1_2 * sb1_1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr5_0).sum(1)
+                ra1_0 = x1_1[tile_b, 0, tile_r]
                 t = (-0.408248290463863 * ra1_0 * sb1_2_0 + 0.408248290463863 * ra1_2 * sb1_0_0)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr5_0).sum(1)
                 t = (0.408248290463863 * ra1_0 * sb1_1_0 - 0.408248290463863 * ra1_1 * sb1_0_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr5_0).sum(1)
                 # path 14: uvw 1x2e x 1x2e -> 24x1e, 16 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
+                ra2_1 = x1_2[tile_b, 1, tile_r]
+                ra2_2 = x1_2[tile_b, 2, tile_r]
+                ra2_3 = x1_2[tile_b, 3, tile_r]
+                ra2_4 = x1_2[tile_b, 4, tile_r]
                 wr14_0 = w14[tile_r, 0, tile_c][None, :, :]
                 t = (
                     -0.18257418583505536 * ra2_0 * sb2_1_0 + 0.18257418583505536 * ra2_1 * sb2_0_0
@@ -192,6 +184,13 @@ def tp_fwd_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr14_0).sum(1)
                 # path 22: uvw 1x3o x 1x3o -> 24x1e, 26 nonzeros, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_1 = x1_3[tile_b, 1, tile_r]
+                ra3_2 = x1_3[tile_b, 2, tile_r]
+                ra3_3 = x1_3[tile_b, 3, tile_r]
+                ra3_4 = x1_3[tile_b, 4, tile_r]
+                ra3_5 = x1_3[tile_b, 5, tile_r]
+                ra3_6 = x1_3[tile_b, 6, tile_r]
                 wr22_0 = w22[tile_r, 0, tile_c][None, :, :]
                 t = (
                     -0.1336306209562122 * ra3_0 * sb3_1_0 + 0.1336306209562122 * ra3_1 * sb3_0_0
@@ -216,6 +215,7 @@ def tp_fwd_0(
                 )
                 acc1_2 = acc1_2 + (t[:, :, None] * wr22_0).sum(1)
                 # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr1_0 = w1[tile_r, 0, tile_c][None, :, :]
                 t = (0.408248290463863 * ra0_0 * sb1_0_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr1_0).sum(1)
@@ -326,23 +326,8 @@ def tp_fwd_0(
             acc4_4 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # reduction over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                ra1_1 = x1_1[tile_b, 1, tile_r]
-                ra1_2 = x1_1[tile_b, 2, tile_r]
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                ra2_1 = x1_2[tile_b, 1, tile_r]
-                ra2_2 = x1_2[tile_b, 2, tile_r]
-                ra2_3 = x1_2[tile_b, 3, tile_r]
-                ra2_4 = x1_2[tile_b, 4, tile_r]
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                ra3_1 = x1_3[tile_b, 1, tile_r]
-                ra3_2 = x1_3[tile_b, 2, tile_r]
-                ra3_3 = x1_3[tile_b, 3, tile_r]
-                ra3_4 = x1_3[tile_b, 4, tile_r]
-                ra3_5 = x1_3[tile_b, 5, tile_r]
-                ra3_6 = x1_3[tile_b, 6, tile_r]
                 # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
                 wr2_0 = w2[tile_r, 0, tile_c][None, :, :]
                 t = (0.3779644730092272 * ra0_0 * sb2_0_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr2_0).sum(1)
@@ -355,9 +340,12 @@ def tp_fwd_0(
                 t = (0.3779644730092272 * ra0_0 * sb2_4_0)
                 acc3_4 = acc3_4 + (t[:, :, None] * wr2_0).sum(1)
                 # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
+                ra1_0 = x1_1[tile_b, 0, tile_r]
+                ra1_2 = x1_1[tile_b, 2, tile_r]
                 wr6_0 = w6[tile_r, 0, tile_c][None, :, :]
                 t = (0.2672612419124244 * ra1_0 * sb1_2_0 + 0.2672612419124244 * ra1_2 * sb1_0_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr6_0).sum(1)
+                ra1_1 = x1_1[tile_b, 1, tile_r]
                 t = (0.2672612419124244 * ra1_0 * sb1_1_0 + 0.2672612419124244 * ra1_1 * sb1_0_0)
                 acc3_1 = acc3_1 + (t[:, :, None] * wr6_0).sum(1)
                 t = (
@@ -399,15 +387,20 @@ def tp_fwd_0(
                 )
                 acc3_4 = acc3_4 + (t[:, :, None] * wr9_0).sum(1)
                 # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
                 wr10_0 = w10[tile_r, 0, tile_c][None, :, :]
                 t = (0.3779644730092272 * ra2_0 * sb0_0_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr10_0).sum(1)
+                ra2_1 = x1_2[tile_b, 1, tile_r]
                 t = (0.3779644730092272 * ra2_1 * sb0_0_0)
                 acc3_1 = acc3_1 + (t[:, :, None] * wr10_0).sum(1)
+                ra2_2 = x1_2[tile_b, 2, tile_r]
                 t = (0.3779644730092272 * ra2_2 * sb0_0_0)
                 acc3_2 = acc3_2 + (t[:, :, None] * wr10_0).sum(1)
+                ra2_3 = x1_2[tile_b, 3, tile_r]
                 t = (0.3779644730092272 * ra2_3 * sb0_0_0)
                 acc3_3 = acc3_3 + (t[:, :, None] * wr10_0).sum(1)
+                ra2_4 = x1_2[tile_b, 4, tile_r]
                 t = (0.3779644730092272 * ra2_4 * sb0_0_0)
                 acc3_4 = acc3_4 + (t[:, :, None] * wr10_0).sum(1)
                 # path 15: uvw 1x2e x 1x2e -> 16x2e, 25 nonzeros, weighted
@@ -441,6 +434,11 @@ def tp_fwd_0(
                 )
                 acc3_4 = acc3_4 + (t[:, :, None] * wr15_0).sum(1)
                 # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
+                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_1 = x1_3[tile_b, 1, tile_r]
+                ra3_2 = x1_3[tile_b, 2, tile_r]
+                ra3_4 = x1_3[tile_b, 4, tile_r]
+                ra3_6 = x1_3[tile_b, 6, tile_r]
                 wr18_0 = w18[tile_r, 0, tile_c][None, :, :]
                 t = (
                     0.22587697572631282 * ra3_0 * sb1_2_0 + 0.18442777839082938 * ra3_1 * sb1_1_0
@@ -448,6 +446,8 @@ def tp_fwd_0(
                     - 0.22587697572631282 * ra3_6 * sb1_0_0
                 )
                 acc3_0 = acc3_0 + (t[:, :, None] * wr18_0).sum(1)
+                ra3_3 = x1_3[tile_b, 3, tile_r]
+                ra3_5 = x1_3[tile_b, 5, tile_r]
                 t = (
                     0.18442777839082938 * ra3_1 * sb1_2_0 + 0.23328473740792172 * ra3_2 * sb1_1_0
                     - 0.14285714285714285 * ra3_3 * sb1_0_0 - 0.18442777839082938 * ra3_5 * sb1_0_0
@@ -705,8 +705,8 @@ def tp_bwd_x1_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
                 # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+                rg0_0 = g_0[tile_b, 0, tile_r]
                 wr0_0 = w0[tile_c, 0, tile_r][None, :, :]
                 t = (0.5 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
@@ -748,17 +748,12 @@ def tp_bwd_x1_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr21_0).sum(2)
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
+                # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2_0, rg2_2 = hl.split(rg2te)
                 rg2_1, rg2_3 = hl.split(rg2to)
-                # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
                 wr1_0 = w1[tile_c, 0, tile_r][None, :, :]
                 t = (
                     0.408248290463863 * rg2_0 * sb1_0_0 + 0.408248290463863 * rg2_1 * sb1_1_0
@@ -774,6 +769,11 @@ def tp_bwd_x1_0(
                 t = (0.408248290463863 * rg2_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
                 # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr5_0 = w5[tile_c, 0, tile_r][None, :, :]
                 t = (-0.408248290463863 * rg1_1 * sb1_2_0 + 0.408248290463863 * rg1_2 * sb1_1_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
@@ -935,6 +935,7 @@ def tp_bwd_x1_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr22_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
@@ -944,16 +945,6 @@ def tp_bwd_x1_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
-                rg4te, rg4to = hl.split(rg4t)
-                rg4tee, rg4teo = hl.split(rg4te)
-                rg4_0, rg4_4 = hl.split(rg4tee)
-                rg4_2, rg4_6 = hl.split(rg4teo)
-                rg4toe, rg4too = hl.split(rg4to)
-                rg4_1, rg4_5 = hl.split(rg4toe)
-                rg4_3, rg4_7 = hl.split(rg4too)
-                # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
                 wr2_0 = w2[tile_c, 0, tile_r][None, :, :]
                 t = (
                     0.3779644730092272 * rg3_0 * sb2_0_0 + 0.3779644730092272 * rg3_1 * sb2_1_0
@@ -979,6 +970,15 @@ def tp_bwd_x1_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
                 # path 8: uvw 1x1o x 1x2e -> 16x2o, 16 nonzeros, weighted
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4tee, rg4teo = hl.split(rg4te)
+                rg4_0, rg4_4 = hl.split(rg4tee)
+                rg4_2, rg4_6 = hl.split(rg4teo)
+                rg4toe, rg4too = hl.split(rg4to)
+                rg4_1, rg4_5 = hl.split(rg4toe)
+                rg4_3, rg4_7 = hl.split(rg4too)
                 wr8_0 = w8[tile_c, 0, tile_r][None, :, :]
                 t = (
                     0.2041241452319315 * rg4_0 * sb2_1_0 - 0.2041241452319315 * rg4_1 * sb2_0_0
@@ -1328,8 +1328,8 @@ def tp_bwd_x2_0(
             acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                rg0_0 = g_0[tile_b, 0, tile_r]
                 # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+                rg0_0 = g_0[tile_b, 0, tile_r]
                 wr0_0 = w0[0, tile_c, tile_r][None, :, :]
                 t = (0.5 * sa0_0_0 * rg0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
@@ -1371,17 +1371,12 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr21_0).sum(2)
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
-                rg1te, rg1to = hl.split(rg1t)
-                rg1_0, rg1_2 = hl.split(rg1te)
-                rg1_1, rg1_3 = hl.split(rg1to)
+                # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2_0, rg2_2 = hl.split(rg2te)
                 rg2_1, rg2_3 = hl.split(rg2to)
-                # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
                 wr3_0 = w3[0, tile_c, tile_r][None, :, :]
                 t = (
                     0.408248290463863 * sa1_0_0 * rg2_0 + 0.408248290463863 * sa1_1_0 * rg2_1
@@ -1397,6 +1392,11 @@ def tp_bwd_x2_0(
                 t = (0.408248290463863 * sa0_0_0 * rg2_2)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr1_0).sum(2)
                 # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
+                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
+                rg1te, rg1to = hl.split(rg1t)
+                rg1_0, rg1_2 = hl.split(rg1te)
+                rg1_1, rg1_3 = hl.split(rg1to)
                 wr5_0 = w5[0, tile_c, tile_r][None, :, :]
                 t = (0.408248290463863 * sa1_2_0 * rg1_1 - 0.408248290463863 * sa1_1_0 * rg1_2)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
@@ -1558,6 +1558,7 @@ def tp_bwd_x2_0(
                 acc3_6 = acc3_6 + (t[:, None, :] * wr22_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
@@ -1567,16 +1568,6 @@ def tp_bwd_x2_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
-                rg4te, rg4to = hl.split(rg4t)
-                rg4tee, rg4teo = hl.split(rg4te)
-                rg4_0, rg4_4 = hl.split(rg4tee)
-                rg4_2, rg4_6 = hl.split(rg4teo)
-                rg4toe, rg4too = hl.split(rg4to)
-                rg4_1, rg4_5 = hl.split(rg4toe)
-                rg4_3, rg4_7 = hl.split(rg4too)
-                # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
                 wr10_0 = w10[0, tile_c, tile_r][None, :, :]
                 t = (
                     0.3779644730092272 * sa2_0_0 * rg3_0 + 0.3779644730092272 * sa2_1_0 * rg3_1
@@ -1602,6 +1593,15 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
                 # path 12: uvw 1x2e x 1x1o -> 16x2o, 16 nonzeros, weighted
+                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
+                rg4te, rg4to = hl.split(rg4t)
+                rg4tee, rg4teo = hl.split(rg4te)
+                rg4_0, rg4_4 = hl.split(rg4tee)
+                rg4_2, rg4_6 = hl.split(rg4teo)
+                rg4toe, rg4too = hl.split(rg4to)
+                rg4_1, rg4_5 = hl.split(rg4toe)
+                rg4_3, rg4_7 = hl.split(rg4too)
                 wr12_0 = w12[0, tile_c, tile_r][None, :, :]
                 t = (
                     -0.2041241452319315 * sa2_1_0 * rg4_0 + 0.2041241452319315 * sa2_0_0 * rg4_1
@@ -1924,49 +1924,35 @@ def tp_bwd_w_0(
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
-                    g0_0 = hl.load(g_0, [rows, 0, tile_c], extra_mask=okc)
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
                     # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.5 * ra0_0 * sb0_0_0)
+                    g0_0 = hl.load(g_0, [rows, 0, tile_c], extra_mask=okc)
                     acc0_0 = acc0_0 + (q0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
+                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
+                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
                     q0 = (
                         0.28867513459481287 * ra1_0 * sb1_0_0 + 0.28867513459481287 * ra1_1 * sb1_1_0
                         + 0.28867513459481287 * ra1_2 * sb1_2_0
                     )
                     acc4_0 = acc4_0 + (q0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
+                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
+                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
+                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
+                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
+                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
+                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
+                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
+                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
                     q0 = (
                         0.22360679774997896 * ra2_0 * sb2_0_0 + 0.22360679774997896 * ra2_1 * sb2_1_0
                         + 0.22360679774997896 * ra2_2 * sb2_2_0 + 0.22360679774997896 * ra2_3 * sb2_3_0
@@ -1974,6 +1960,20 @@ def tp_bwd_w_0(
                     )
                     acc13_0 = acc13_0 + (q0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
+                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
+                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
+                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
+                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
+                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
+                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
+                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
+                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
+                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
+                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
+                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
+                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
                     q0 = (
                         0.18898223650461363 * ra3_0 * sb3_0_0 + 0.18898223650461363 * ra3_1 * sb3_1_0
                         + 0.18898223650461363 * ra3_2 * sb3_2_0 + 0.18898223650461363 * ra3_3 * sb3_3_0
@@ -2001,55 +2001,28 @@ def tp_bwd_w_0(
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
-                    g1_0 = hl.load(g_1, [rows, tile_c, 0], extra_mask=okc)
-                    g1_1 = hl.load(g_1, [rows, tile_c, 1], extra_mask=okc)
-                    g1_2 = hl.load(g_1, [rows, tile_c, 2], extra_mask=okc)
-                    g2_0 = hl.load(g_2, [rows, tile_c, 0], extra_mask=okc)
-                    g2_1 = hl.load(g_2, [rows, tile_c, 1], extra_mask=okc)
-                    g2_2 = hl.load(g_2, [rows, tile_c, 2], extra_mask=okc)
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
                     # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
+                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.408248290463863 * ra0_0 * sb1_0_0)
+                    g2_0 = hl.load(g_2, [rows, tile_c, 0], extra_mask=okc)
+                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
                     q1 = (0.408248290463863 * ra0_0 * sb1_1_0)
+                    g2_1 = hl.load(g_2, [rows, tile_c, 1], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
                     q2 = (0.408248290463863 * ra0_0 * sb1_2_0)
+                    g2_2 = hl.load(g_2, [rows, tile_c, 2], extra_mask=okc)
                     acc1_0 = acc1_0 + (
                         q0[:, :, None] * g2_0[:, None, :] + q1[:, :, None] * g2_1[:, None, :]
                         + q2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
+                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.408248290463863 * ra1_0 * sb0_0_0)
+                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
                     q1 = (0.408248290463863 * ra1_1 * sb0_0_0)
+                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
                     q2 = (0.408248290463863 * ra1_2 * sb0_0_0)
                     acc3_0 = acc3_0 + (
                         q0[:, :, None] * g2_0[:, None, :] + q1[:, :, None] * g2_1[:, None, :]
@@ -2057,17 +2030,25 @@ def tp_bwd_w_0(
                     ).sum(0)
                     # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
                     q0 = (0.408248290463863 * ra1_1 * sb1_2_0 - 0.408248290463863 * ra1_2 * sb1_1_0)
+                    g1_0 = hl.load(g_1, [rows, tile_c, 0], extra_mask=okc)
                     q1 = (-0.408248290463863 * ra1_0 * sb1_2_0 + 0.408248290463863 * ra1_2 * sb1_0_0)
+                    g1_1 = hl.load(g_1, [rows, tile_c, 1], extra_mask=okc)
                     q2 = (0.408248290463863 * ra1_0 * sb1_1_0 - 0.408248290463863 * ra1_1 * sb1_0_0)
+                    g1_2 = hl.load(g_1, [rows, tile_c, 2], extra_mask=okc)
                     acc5_0 = acc5_0 + (
                         q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
                         + q2[:, :, None] * g1_2[:, None, :]
                     ).sum(0)
                     # path 7: uvw 1x1o x 1x2e -> 24x1o, 11 nonzeros, weighted
+                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
+                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
+                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
+                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (
                         -0.12909944487358055 * ra1_0 * sb2_2_0 - 0.223606797749979 * ra1_0 * sb2_4_0
                         + 0.223606797749979 * ra1_1 * sb2_1_0 + 0.223606797749979 * ra1_2 * sb2_0_0
                     )
+                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
                     q1 = (
                         0.223606797749979 * ra1_0 * sb2_1_0 + 0.2581988897471611 * ra1_1 * sb2_2_0
                         + 0.223606797749979 * ra1_2 * sb2_3_0
@@ -2081,10 +2062,15 @@ def tp_bwd_w_0(
                         + q2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 11: uvw 1x2e x 1x1o -> 24x1o, 11 nonzeros, weighted
+                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
+                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
+                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
+                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
                     q0 = (
                         0.223606797749979 * ra2_0 * sb1_2_0 + 0.223606797749979 * ra2_1 * sb1_1_0
                         - 0.12909944487358055 * ra2_2 * sb1_0_0 - 0.223606797749979 * ra2_4 * sb1_0_0
                     )
+                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
                     q1 = (
                         0.223606797749979 * ra2_1 * sb1_0_0 + 0.2581988897471611 * ra2_2 * sb1_1_0
                         + 0.223606797749979 * ra2_3 * sb1_2_0
@@ -2117,6 +2103,13 @@ def tp_bwd_w_0(
                         + q2[:, :, None] * g1_2[:, None, :]
                     ).sum(0)
                     # path 16: uvw 1x2e x 1x3o -> 24x1o, 21 nonzeros, weighted
+                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
+                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
+                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
+                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
+                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
+                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
+                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (
                         -0.048795003647426664 * ra2_0 * sb3_4_0 - 0.18898223650461363 * ra2_0 * sb3_6_0
                         - 0.11952286093343936 * ra2_1 * sb3_3_0 - 0.15430334996209194 * ra2_1 * sb3_5_0
@@ -2139,6 +2132,13 @@ def tp_bwd_w_0(
                         + q2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 19: uvw 1x3o x 1x2e -> 24x1o, 21 nonzeros, weighted
+                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
+                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
+                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
+                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
+                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
+                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
+                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
                     q0 = (
                         0.18898223650461363 * ra3_0 * sb2_4_0 + 0.15430334996209194 * ra3_1 * sb2_3_0
                         + 0.16903085094570333 * ra3_2 * sb2_2_0 + 0.048795003647426664 * ra3_2 * sb2_4_0
@@ -2211,61 +2211,36 @@ def tp_bwd_w_0(
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
-                    g3_0 = hl.load(g_3, [rows, tile_c, 0], extra_mask=okc)
-                    g3_1 = hl.load(g_3, [rows, tile_c, 1], extra_mask=okc)
-                    g3_2 = hl.load(g_3, [rows, tile_c, 2], extra_mask=okc)
-                    g3_3 = hl.load(g_3, [rows, tile_c, 3], extra_mask=okc)
-                    g3_4 = hl.load(g_3, [rows, tile_c, 4], extra_mask=okc)
-                    g4_0 = hl.load(g_4, [rows, tile_c, 0], extra_mask=okc)
-                    g4_1 = hl.load(g_4, [rows, tile_c, 1], extra_mask=okc)
-                    g4_2 = hl.load(g_4, [rows, tile_c, 2], extra_mask=okc)
-                    g4_3 = hl.load(g_4, [rows, tile_c, 3], extra_mask=okc)
-                    g4_4 = hl.load(g_4, [rows, tile_c, 4], extra_mask=okc)
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
                     # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
+                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
+                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.3779644730092272 * ra0_0 * sb2_0_0)
+                    g3_0 = hl.load(g_3, [rows, tile_c, 0], extra_mask=okc)
+                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
                     q1 = (0.3779644730092272 * ra0_0 * sb2_1_0)
+                    g3_1 = hl.load(g_3, [rows, tile_c, 1], extra_mask=okc)
+                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
                     q2 = (0.3779644730092272 * ra0_0 * sb2_2_0)
+                    g3_2 = hl.load(g_3, [rows, tile_c, 2], extra_mask=okc)
+                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
                     q3 = (0.3779644730092272 * ra0_0 * sb2_3_0)
+                    g3_3 = hl.load(g_3, [rows, tile_c, 3], extra_mask=okc)
+                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
                     q4 = (0.3779644730092272 * ra0_0 * sb2_4_0)
+                    g3_4 = hl.load(g_3, [rows, tile_c, 4], extra_mask=okc)
                     acc2_0 = acc2_0 + (
                         q0[:, :, None] * g3_0[:, None, :] + q1[:, :, None] * g3_1[:, None, :]
                         + q2[:, :, None] * g3_2[:, None, :] + q3[:, :, None] * g3_3[:, None, :]
                         + q4[:, :, None] * g3_4[:, None, :]
                     ).sum(0)
                     # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
+                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
+                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.2672612419124244 * ra1_0 * sb1_2_0 + 0.2672612419124244 * ra1_2 * sb1_0_0)
+                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
+                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
                     q1 = (0.2672612419124244 * ra1_0 * sb1_1_0 + 0.2672612419124244 * ra1_1 * sb1_0_0)
                     q2 = (
                         -0.1543033499620919 * ra1_0 * sb1_0_0 + 0.3086066999241838 * ra1_1 * sb1_1_0
@@ -2283,30 +2258,42 @@ def tp_bwd_w_0(
                         0.2041241452319315 * ra1_0 * sb2_1_0 + 0.408248290463863 * ra1_1 * sb2_4_0
                         - 0.2041241452319315 * ra1_2 * sb2_3_0
                     )
+                    g4_0 = hl.load(g_4, [rows, tile_c, 0], extra_mask=okc)
                     q1 = (
                         -0.2041241452319315 * ra1_0 * sb2_0_0 + 0.2041241452319315 * ra1_1 * sb2_3_0
                         - 0.3535533905932738 * ra1_2 * sb2_2_0 - 0.2041241452319315 * ra1_2 * sb2_4_0
                     )
+                    g4_1 = hl.load(g_4, [rows, tile_c, 1], extra_mask=okc)
                     q2 = (-0.3535533905932738 * ra1_0 * sb2_3_0 + 0.3535533905932738 * ra1_2 * sb2_1_0)
+                    g4_2 = hl.load(g_4, [rows, tile_c, 2], extra_mask=okc)
                     q3 = (
                         0.3535533905932738 * ra1_0 * sb2_2_0 - 0.2041241452319315 * ra1_0 * sb2_4_0
                         - 0.2041241452319315 * ra1_1 * sb2_1_0 + 0.2041241452319315 * ra1_2 * sb2_0_0
                     )
+                    g4_3 = hl.load(g_4, [rows, tile_c, 3], extra_mask=okc)
                     q4 = (
                         0.2041241452319315 * ra1_0 * sb2_3_0 - 0.408248290463863 * ra1_1 * sb2_0_0
                         + 0.2041241452319315 * ra1_2 * sb2_1_0
                     )
+                    g4_4 = hl.load(g_4, [rows, tile_c, 4], extra_mask=okc)
                     acc8_0 = acc8_0 + (
                         q0[:, :, None] * g4_0[:, None, :] + q1[:, :, None] * g4_1[:, None, :]
                         + q2[:, :, None] * g4_2[:, None, :] + q3[:, :, None] * g4_3[:, None, :]
                         + q4[:, :, None] * g4_4[:, None, :]
                     ).sum(0)
                     # path 9: uvw 1x1o x 1x3o -> 16x2e, 21 nonzeros, weighted
+                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
+                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
+                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
+                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
+                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
                     q0 = (
                         -0.05832118435198043 * ra1_0 * sb3_4_0 - 0.22587697572631282 * ra1_0 * sb3_6_0
                         + 0.18442777839082938 * ra1_1 * sb3_1_0 + 0.22587697572631282 * ra1_2 * sb3_0_0
                         - 0.05832118435198043 * ra1_2 * sb3_2_0
                     )
+                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
+                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
                     q1 = (
                         -0.14285714285714285 * ra1_0 * sb3_3_0 - 0.18442777839082938 * ra1_0 * sb3_5_0
                         + 0.23328473740792172 * ra1_1 * sb3_2_0 + 0.18442777839082938 * ra1_2 * sb3_1_0
@@ -2330,10 +2317,16 @@ def tp_bwd_w_0(
                         + q4[:, :, None] * g3_4[:, None, :]
                     ).sum(0)
                     # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
+                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
                     q0 = (0.3779644730092272 * ra2_0 * sb0_0_0)
+                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
                     q1 = (0.3779644730092272 * ra2_1 * sb0_0_0)
+                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
                     q2 = (0.3779644730092272 * ra2_2 * sb0_0_0)
+                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
                     q3 = (0.3779644730092272 * ra2_3 * sb0_0_0)
+                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
                     q4 = (0.3779644730092272 * ra2_4 * sb0_0_0)
                     acc10_0 = acc10_0 + (
                         q0[:, :, None] * g3_0[:, None, :] + q1[:, :, None] * g3_1[:, None, :]
@@ -2423,11 +2416,18 @@ def tp_bwd_w_0(
                         + q4[:, :, None] * g4_4[:, None, :]
                     ).sum(0)
                     # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
+                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
+                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
+                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
+                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
+                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
                     q0 = (
                         0.22587697572631282 * ra3_0 * sb1_2_0 + 0.18442777839082938 * ra3_1 * sb1_1_0
                         - 0.05832118435198043 * ra3_2 * sb1_2_0 - 0.05832118435198043 * ra3_4 * sb1_0_0
                         - 0.22587697572631282 * ra3_6 * sb1_0_0
                     )
+                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
+                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
                     q1 = (
                         0.18442777839082938 * ra3_1 * sb1_2_0 + 0.23328473740792172 * ra3_2 * sb1_1_0
                         - 0.14285714285714285 * ra3_3 * sb1_0_0 - 0.18442777839082938 * ra3_5 * sb1_0_0
