@@ -86,7 +86,9 @@ class Tuning:
     ``block_r_pair`` when both inputs share the reduced channel (nothing unrolled).
     ``max_terms`` bounds the unrolled multiply-adds in one kernel; output blocks beyond
     it go to another kernel (each kernel re-reads the inputs it needs, never an
-    output). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
+    output). An input operand whose channel-tiled components (padded) number at most
+    ``hoist_components`` is loaded at the top of the channel loop (loads issued together);
+    a larger one is loaded where each tile is first used (fewer tiles live at once). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
     a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
     sums cost little next to the inputs they are computed from.
     """
@@ -100,6 +102,7 @@ class Tuning:
     num_warps: int = 4
     num_stages: int = 1
     max_terms: int = 1024
+    hoist_components: int = 32
     wsum_min_rows: int = 64
     wsum_max_rows: int = 1024
 
@@ -392,7 +395,10 @@ class _BlockKernel:
                     deferred += stores
             g["loads"] = _sorted_lines(g["loads"])
             g["reductions"] = [
-                dict(r, loads=_sorted_lines(r["loads"])) for r in g["reductions"].values()
+                dict(r, loads=_sorted_lines(r["loads"]), updates=r["updates"] + [
+                    f"{acc} = {acc} + {part}.sum(1)[:, None]" for part, acc in r.get("partials", {}).items()
+                ])
+                for r in g["reductions"].values()
             ]
             g["deferred_stores"] = deferred
             groups.append(g)
@@ -438,14 +444,17 @@ class _BlockKernel:
         loaded = g.setdefault("loaded", set())
 
         def tiled(op: str, blk: int, m: int) -> str:
-            # loaded where first used, not hoisted: fewer tiles live at once (registers)
             name = f"{_LOCAL[op]}{blk}_{m}"
             b = _blocks(ir, op)[blk]
+            hoist = _hoisted(ir, op, self.native, t)
             if _is_native(self.native, b):
-                _once(loaded, updates, f"{_LOCAL[op]}{blk}",
-                      _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c"))
+                key, lines = f"{_LOCAL[op]}{blk}", _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c")
             else:
-                _once(loaded, updates, name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]"])
+                key, lines = name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]"]
+            if hoist:
+                g["loads"].setdefault(key, lines)
+            else:
+                _once(loaded, updates, key, lines)
             return name
 
         def scalar(op: str, blk: int, m: int, ch: int) -> str:
@@ -521,10 +530,35 @@ class _BlockKernel:
                         terms = [(c, [scalar(ao, ai, i, ch), rtiled(bo, bi, j)]) for c, i, j in nzs]
                     # t: (tile_b, tile_r) products for this output component; then contract tile_r
                     red["updates"].append(f"t = {_sum(terms)}")
+                    if pair and _block(ir, p, oo).mul == 1:
+                        self._partial(p, red, lo, lr, f"s{o}_{kk}", f"acc{o}_{kk}")
+                        continue
                     contrib = self._contract(p, index, block_r, red["updates"])
                     red["updates"].append(f"acc{o}_{kk} = acc{o}_{kk} + {contrib}")
             return True
         return False
+
+    def _partial(self, p: PathIR, red: dict, lo: str, lr: str, part: str, acc: str) -> None:
+        """Add ``t * W`` to the ``(batch, r)`` partial sum ``part`` of a one-channel output.
+
+        Contracted once per reduction step, after every path (``acc += part.sum(1)``),
+        not once per path and component: a cross-lane sum costs far more than an add.
+        """
+        lines = red["updates"]
+        if p.has_weight:
+            idx = ", ".join({lo: "0", lr: "tile_r"}[x] for x in _letter(p, "w"))
+            wname = f"wq{p.index}"
+            src = f"w{p.index}[{idx}][None, :]" if self.ir.shared_weights else f"w{p.index}[tile_b, {idx}]"
+            _once(red.setdefault("loaded", set()), lines, wname, [f"{wname} = {src}"])
+            term = f"t * {wname}"
+        else:
+            term = "t"
+        partials = red.setdefault("partials", {})
+        if part in partials:
+            lines.append(f"{part} = {part} + {term}")
+        else:
+            partials[part] = acc
+            lines.append(f"{part} = {term}")
 
     def _weight_row(self, p: PathIR, index: dict[str, str], lines: list[str]) -> str | None:
         """Weight factor of an update indexed by ``tile_c`` (and unrolled channels): (b or 1, c).
@@ -591,6 +625,12 @@ def has_unweighted(ir: TensorProductIR) -> bool:
 def _acc(o: int, k: int, s: str, wexpr: str | None) -> str:
     rhs = f"{wexpr} * {s}" if wexpr else s
     return f"acc{o}_{k} = acc{o}_{k} + {rhs}"
+
+
+def _hoisted(ir: TensorProductIR, op: str, native: bool, tuning: Tuning) -> bool:
+    """Whether operand ``op``'s channel tiles are loaded together at the top of the loop."""
+    n = sum(_pow2(b.dim) if _is_native(native, b) else b.dim for b in _blocks(ir, op) if b.mul > 1)
+    return n <= tuning.hoist_components
 
 
 def _once(done: set, lines: list[str], key: str, new: list[str]) -> None:
@@ -672,11 +712,15 @@ class _WeightKernel:
             _once(scope.setdefault("loaded", set()), scope["updates"], name, [f"{name} = {expr}"])
         elif kind == "s":
             self.scalars.setdefault(name, f"{param}[tile_b, {idx}][:, None]")
-        elif native:  # loaded where first used (fewer tiles live at once)
-            local = name[: -len(f"_{m}")]
-            _once(scope.setdefault("loaded", set()), scope["updates"], local, _native_load(param, local, b.dim, col))
         else:
-            _once(scope.setdefault("loaded", set()), scope["updates"], name, [f"{name} = {param}[tile_b, {idx}]"])
+            key, lines = name, [f"{name} = {param}[tile_b, {idx}]"]
+            if native:
+                key = name[: -len(f"_{m}")]
+                lines = _native_load(param, key, b.dim, col)
+            if kind == "c" and _hoisted(self.ir, op, self.native, self.tuning):
+                scope["loads"].setdefault(key, lines)
+            else:
+                _once(scope.setdefault("loaded", set()), scope["updates"], key, lines)
         return name
 
     def context(self, index: int, rows: int) -> dict:

@@ -1870,6 +1870,16 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(10, block_size=16):
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g0t = g0.reshape([tile_b, tile_c, 2, 2])
+                g0te, g0to = hl.split(g0t)
+                g0_0, g0_2 = hl.split(g0te)
+                g0_1, g0_3 = hl.split(g0to)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
@@ -1877,11 +1887,6 @@ def tp_bwd_w_0(
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
                 q0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
-                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g0t = g0.reshape([tile_b, tile_c, 2, 2])
-                g0te, g0to = hl.split(g0t)
-                g0_0, g0_2 = hl.split(g0te)
-                g0_1, g0_3 = hl.split(g0to)
                 q1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
                 q2 = (0.11322770341445958 * ra0_2 * sb0_0_0)
                 gw0[tile_b, tile_r, 0, tile_c] = (
@@ -1890,11 +1895,6 @@ def tp_bwd_w_0(
                 )
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
                 q0 = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 q1 = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
                 q2 = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
@@ -1958,14 +1958,19 @@ def tp_bwd_w_0(
                 )
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                q0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 g0t = g0.reshape([tile_b, tile_c, 2, 2])
                 g0te, g0to = hl.split(g0t)
                 g0_0, g0_2 = hl.split(g0te)
                 g0_1, g0_3 = hl.split(g0to)
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
+                # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
+                ra2_0 = x1_2[tile_b, 0, tile_r]
+                q0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 q1 = (0.11322770341445958 * ra2_0 * sb1_1_0)
                 q2 = (0.11322770341445958 * ra2_0 * sb1_2_0)
                 gw9[tile_b, tile_r, 0, tile_c] = (
@@ -1975,11 +1980,6 @@ def tp_bwd_w_0(
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
                 ra3_0 = x1_3[tile_b, 0, tile_r]
                 q0 = (0.11322770341445958 * ra3_0 * sb1_0_0)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 q1 = (0.11322770341445958 * ra3_0 * sb1_1_0)
                 q2 = (0.11322770341445958 * ra3_0 * sb1_2_0)
                 gw11[tile_b, tile_r, 0, tile_c] = (
@@ -1989,6 +1989,8 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(48, block_size=32):
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
+                g2_0 = g_2[tile_b, 0, tile_c]
+                g3_0 = g_3[tile_b, 0, tile_c]
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
@@ -1999,7 +2001,6 @@ def tp_bwd_w_0(
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
                     + 0.07580980435789032 * ra0_2 * sb1_2_0
                 )
-                g2_0 = g_2[tile_b, 0, tile_c]
                 gw2[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
@@ -2011,17 +2012,16 @@ def tp_bwd_w_0(
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
                 )
-                g3_0 = g_3[tile_b, 0, tile_c]
                 gw6[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
+                g2_0 = g_2[tile_b, 0, tile_c]
+                g3_0 = g_3[tile_b, 0, tile_c]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
                 ra2_0 = x1_2[tile_b, 0, tile_r]
                 q0 = (0.13130643285972254 * ra2_0 * sb0_0_0)
-                g2_0 = g_2[tile_b, 0, tile_c]
                 gw8[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
                 ra3_0 = x1_3[tile_b, 0, tile_r]
                 q0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
-                g3_0 = g_3[tile_b, 0, tile_c]
                 gw10[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])

@@ -933,13 +933,14 @@ def tp_bwd_w_0(
         for tile_c in hl.tile(80, block_size=32):
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
+                g0_0 = g_0[tile_b, 0, tile_c]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 q0 = (0.11180339887498948 * ra0_0 * sb0_0_0)
-                g0_0 = g_0[tile_b, 0, tile_c]
                 gw0[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                g0_0 = g_0[tile_b, 0, tile_c]
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
@@ -950,19 +951,18 @@ def tp_bwd_w_0(
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
                     + 0.06454972243679027 * ra1_2 * sb1_2_0
                 )
-                g0_0 = g_0[tile_b, 0, tile_c]
                 gw3[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
         for tile_c in hl.tile(16, block_size=16):
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 g1t = g1.reshape([tile_b, tile_c, 2, 2])
                 g1te, g1to = hl.split(g1t)
                 g1_0, g1_2 = hl.split(g1te)
                 g1_1, g1_3 = hl.split(g1to)
+                # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
+                ra0_0 = x1_0[tile_b, 0, tile_r]
+                q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 q1 = (0.11180339887498948 * ra0_0 * sb1_1_0)
                 q2 = (0.11180339887498948 * ra0_0 * sb1_2_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
@@ -971,6 +971,11 @@ def tp_bwd_w_0(
                 )
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
+                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                g1t = g1.reshape([tile_b, tile_c, 2, 2])
+                g1te, g1to = hl.split(g1t)
+                g1_0, g1_2 = hl.split(g1te)
+                g1_1, g1_3 = hl.split(g1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
@@ -978,11 +983,6 @@ def tp_bwd_w_0(
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
                 q0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 q1 = (0.11180339887498948 * ra1_1 * sb0_0_0)
                 q2 = (0.11180339887498948 * ra1_2 * sb0_0_0)
                 gw2[tile_b, tile_r, 0, tile_c] = (

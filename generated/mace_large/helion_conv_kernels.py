@@ -93,11 +93,19 @@ def conv_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            a0_0 = x1_0[s_idx, 0, tile_c]
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a1_1 = x1_1[s_idx, 1, tile_c]
+            a1_2 = x1_1[s_idx, 2, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a2_3 = x1_2[s_idx, 3, tile_c]
+            a2_4 = x1_2[s_idx, 4, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[s_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
             # g block 1: 128x1o (1 path)
@@ -160,11 +168,8 @@ def conv_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            a1_0 = x1_1[s_idx, 0, tile_c]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
-            a1_1 = x1_1[s_idx, 1, tile_c]
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
-            a1_2 = x1_1[s_idx, 2, tile_c]
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
             hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
             hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
@@ -302,15 +307,10 @@ def conv_fwd_0(
             acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             wt10_0 = w10[tile_b, tile_c, 0]
-            a2_0 = x1_2[s_idx, 0, tile_c]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
-            a2_1 = x1_2[s_idx, 1, tile_c]
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
-            a2_2 = x1_2[s_idx, 2, tile_c]
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
-            a2_3 = x1_2[s_idx, 3, tile_c]
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
-            a2_4 = x1_2[s_idx, 4, tile_c]
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
             hl.atomic_add(out_10, [d_idx, 0, tile_c], acc10_0)
             hl.atomic_add(out_10, [d_idx, 1, tile_c], acc10_1)
@@ -978,9 +978,9 @@ def conv_bwd_x2_0(
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[s_idx, 0, tile_r]
                 rg0_0 = g_0[d_idx, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
                 ra1_0 = x1_1[s_idx, 0, tile_r]
                 rg4_0 = g_4[d_idx, 0, tile_r]
@@ -988,12 +988,12 @@ def conv_bwd_x2_0(
                 rg4_1 = g_4[d_idx, 1, tile_r]
                 ra1_2 = x1_1[s_idx, 2, tile_r]
                 rg4_2 = g_4[d_idx, 2, tile_r]
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq4
                 # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
                 ra2_0 = x1_2[s_idx, 0, tile_r]
                 rg10_0 = g_10[d_idx, 0, tile_r]
@@ -1005,75 +1005,75 @@ def conv_bwd_x2_0(
                 rg10_3 = g_10[d_idx, 3, tile_r]
                 ra2_4 = x1_2[s_idx, 4, tile_r]
                 rg10_4 = g_10[d_idx, 4, tile_r]
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     ra2_0 * rg10_0 + ra2_1 * rg10_1
                     + ra2_2 * rg10_2 + ra2_3 * rg10_3
                     + ra2_4 * rg10_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq10
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
                 rg1_0 = g_1[d_idx, 0, tile_r]
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 rg1_1 = g_1[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 rg1_2 = g_1[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[d_idx, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = s1_2 + t * wq5
                 # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
                 rg6_0 = g_6[d_idx, 0, tile_r]
                 rg6_1 = g_6[d_idx, 1, tile_r]
                 rg6_2 = g_6[d_idx, 2, tile_r]
                 rg6_4 = g_6[d_idx, 4, tile_r]
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq6
                 rg6_3 = g_6[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
                     + 0.7071067811865476 * ra1_2 * rg6_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                s1_1 = s1_1 + t * wq6
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_0 - 0.408248290463863 * ra1_2 * rg6_2
                     + 0.7071067811865476 * ra1_1 * rg6_3 + 0.7071067811865476 * ra1_2 * rg6_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                s1_2 = s1_2 + t * wq6
                 # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
                 rg11_0 = g_11[d_idx, 0, tile_r]
                 rg11_1 = g_11[d_idx, 1, tile_r]
                 rg11_2 = g_11[d_idx, 2, tile_r]
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
                     + 0.5477225575051661 * ra2_1 * rg11_1 + 0.5477225575051661 * ra2_0 * rg11_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq11
                 t = (
                     0.5477225575051661 * ra2_1 * rg11_0 + 0.6324555320336758 * ra2_2 * rg11_1
                     + 0.5477225575051661 * ra2_3 * rg11_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11).sum(1)
+                s1_1 = s1_1 + t * wq11
                 t = (
                     0.5477225575051661 * ra2_0 * rg11_0 + 0.5477225575051661 * ra2_3 * rg11_1
                     - 0.3162277660168379 * ra2_2 * rg11_2 + 0.5477225575051661 * ra2_4 * rg11_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
+                s1_2 = s1_2 + t * wq11
                 # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
                 rg12_0 = g_12[d_idx, 0, tile_r]
                 rg12_1 = g_12[d_idx, 1, tile_r]
@@ -1082,252 +1082,252 @@ def conv_bwd_x2_0(
                 rg12_4 = g_12[d_idx, 4, tile_r]
                 rg12_5 = g_12[d_idx, 5, tile_r]
                 rg12_6 = g_12[d_idx, 6, tile_r]
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
                     + 0.6324555320336759 * ra2_2 * rg12_2 + 0.18257418583505539 * ra2_4 * rg12_2
                     - 0.4472135954999579 * ra2_1 * rg12_3 - 0.18257418583505539 * ra2_0 * rg12_4
                     - 0.5773502691896258 * ra2_1 * rg12_5 - 0.7071067811865476 * ra2_0 * rg12_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq12
                 t = (
                     0.5773502691896258 * ra2_0 * rg12_1 + 0.7302967433402215 * ra2_1 * rg12_2
                     + 0.7745966692414835 * ra2_2 * rg12_3 + 0.7302967433402215 * ra2_3 * rg12_4
                     + 0.5773502691896258 * ra2_4 * rg12_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr12).sum(1)
+                s1_1 = s1_1 + t * wq12
                 t = (
                     0.7071067811865476 * ra2_0 * rg12_0 + 0.5773502691896258 * ra2_1 * rg12_1
                     - 0.18257418583505539 * ra2_0 * rg12_2 - 0.4472135954999579 * ra2_3 * rg12_3
                     + 0.6324555320336759 * ra2_2 * rg12_4 - 0.18257418583505539 * ra2_4 * rg12_4
                     + 0.5773502691896258 * ra2_3 * rg12_5 + 0.7071067811865476 * ra2_4 * rg12_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr12).sum(1)
+                s1_2 = s1_2 + t * wq12
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2_0 = g_2[d_idx, 0, tile_r]
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 rg2_1 = g_2[d_idx, 1, tile_r]
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 rg2_2 = g_2[d_idx, 2, tile_r]
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 rg2_3 = g_2[d_idx, 3, tile_r]
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 rg2_4 = g_2[d_idx, 4, tile_r]
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
                 rg7_0 = g_7[d_idx, 0, tile_r]
                 rg7_2 = g_7[d_idx, 2, tile_r]
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq7
                 rg7_1 = g_7[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7).sum(1)
+                s2_1 = s2_1 + t * wq7
                 t = (
                     -0.3162277660168379 * ra1_0 * rg7_0 + 0.6324555320336758 * ra1_1 * rg7_1
                     - 0.3162277660168379 * ra1_2 * rg7_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7).sum(1)
+                s2_2 = s2_2 + t * wq7
                 t = (0.5477225575051661 * ra1_2 * rg7_1 + 0.5477225575051661 * ra1_1 * rg7_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7).sum(1)
+                s2_3 = s2_3 + t * wq7
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7).sum(1)
+                s2_4 = s2_4 + t * wq7
                 # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
                 rg8_0 = g_8[d_idx, 0, tile_r]
                 rg8_1 = g_8[d_idx, 1, tile_r]
                 rg8_2 = g_8[d_idx, 2, tile_r]
                 rg8_4 = g_8[d_idx, 4, tile_r]
                 rg8_6 = g_8[d_idx, 6, tile_r]
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
                     - 0.18257418583505539 * ra1_2 * rg8_2 - 0.18257418583505539 * ra1_0 * rg8_4
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq8
                 rg8_3 = g_8[d_idx, 3, tile_r]
                 rg8_5 = g_8[d_idx, 5, tile_r]
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
                     - 0.4472135954999579 * ra1_0 * rg8_3 - 0.5773502691896258 * ra1_0 * rg8_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr8).sum(1)
+                s2_1 = s2_1 + t * wq8
                 t = (
                     0.6324555320336759 * ra1_0 * rg8_2 + 0.7745966692414835 * ra1_1 * rg8_3
                     + 0.6324555320336759 * ra1_2 * rg8_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr8).sum(1)
+                s2_2 = s2_2 + t * wq8
                 t = (
                     0.5773502691896258 * ra1_0 * rg8_1 - 0.4472135954999579 * ra1_2 * rg8_3
                     + 0.7302967433402215 * ra1_1 * rg8_4 + 0.5773502691896258 * ra1_2 * rg8_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr8).sum(1)
+                s2_3 = s2_3 + t * wq8
                 t = (
                     0.7071067811865476 * ra1_0 * rg8_0 + 0.18257418583505539 * ra1_0 * rg8_2
                     - 0.18257418583505539 * ra1_2 * rg8_4 + 0.5773502691896258 * ra1_1 * rg8_5
                     + 0.7071067811865476 * ra1_2 * rg8_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
+                s2_4 = s2_4 + t * wq8
                 # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
                 rg13_0 = g_13[d_idx, 0, tile_r]
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq13
                 t = (0.4472135954999579 * ra2_1 * rg13_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr13).sum(1)
+                s2_1 = s2_1 + t * wq13
                 t = (0.4472135954999579 * ra2_2 * rg13_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr13).sum(1)
+                s2_2 = s2_2 + t * wq13
                 t = (0.4472135954999579 * ra2_3 * rg13_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr13).sum(1)
+                s2_3 = s2_3 + t * wq13
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
+                s2_4 = s2_4 + t * wq13
                 # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
                 rg14_0 = g_14[d_idx, 0, tile_r]
                 rg14_1 = g_14[d_idx, 1, tile_r]
                 rg14_2 = g_14[d_idx, 2, tile_r]
                 rg14_3 = g_14[d_idx, 3, tile_r]
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq14
                 rg14_4 = g_14[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
                     - 0.4629100498862757 * ra2_4 * rg14_1 + 0.2672612419124244 * ra2_1 * rg14_2
                     + 0.4629100498862757 * ra2_0 * rg14_3 - 0.4629100498862757 * ra2_1 * rg14_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr14).sum(1)
+                s2_1 = s2_1 + t * wq14
                 t = (
                     -0.5345224838248488 * ra2_0 * rg14_0 + 0.2672612419124244 * ra2_1 * rg14_1
                     + 0.5345224838248488 * ra2_2 * rg14_2 + 0.2672612419124244 * ra2_3 * rg14_3
                     - 0.5345224838248488 * ra2_4 * rg14_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr14).sum(1)
+                s2_2 = s2_2 + t * wq14
                 t = (
                     0.4629100498862757 * ra2_1 * rg14_0 + 0.4629100498862757 * ra2_0 * rg14_1
                     + 0.2672612419124244 * ra2_3 * rg14_2 + 0.2672612419124244 * ra2_2 * rg14_3
                     + 0.4629100498862757 * ra2_4 * rg14_3 + 0.4629100498862757 * ra2_3 * rg14_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr14).sum(1)
+                s2_3 = s2_3 + t * wq14
                 t = (
                     -0.4629100498862757 * ra2_1 * rg14_1 - 0.5345224838248488 * ra2_4 * rg14_2
                     + 0.4629100498862757 * ra2_3 * rg14_3 - 0.5345224838248488 * ra2_2 * rg14_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
+                s2_4 = s2_4 + t * wq14
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
                 rg3_0 = g_3[d_idx, 0, tile_r]
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s3_0 = t * wq3
                 rg3_1 = g_3[d_idx, 1, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
+                s3_1 = t * wq3
                 rg3_2 = g_3[d_idx, 2, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
+                s3_2 = t * wq3
                 rg3_3 = g_3[d_idx, 3, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
+                s3_3 = t * wq3
                 rg3_4 = g_3[d_idx, 4, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
+                s3_4 = t * wq3
                 rg3_5 = g_3[d_idx, 5, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
+                s3_5 = t * wq3
                 rg3_6 = g_3[d_idx, 6, tile_r]
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
+                s3_6 = t * wq3
                 # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
                 rg9_0 = g_9[d_idx, 0, tile_r]
                 rg9_4 = g_9[d_idx, 4, tile_r]
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq9
                 rg9_1 = g_9[d_idx, 1, tile_r]
                 rg9_3 = g_9[d_idx, 3, tile_r]
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
                     + 0.48795003647426666 * ra1_0 * rg9_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr9).sum(1)
+                s3_1 = s3_1 + t * wq9
                 rg9_2 = g_9[d_idx, 2, tile_r]
                 t = (
                     -0.1543033499620919 * ra1_2 * rg9_0 + 0.6172133998483676 * ra1_1 * rg9_1
                     + 0.5345224838248488 * ra1_0 * rg9_2 + 0.1543033499620919 * ra1_0 * rg9_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr9).sum(1)
+                s3_2 = s3_2 + t * wq9
                 t = (
                     -0.3779644730092272 * ra1_0 * rg9_1 + 0.6546536707079772 * ra1_1 * rg9_2
                     - 0.3779644730092272 * ra1_2 * rg9_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr9).sum(1)
+                s3_3 = s3_3 + t * wq9
                 t = (
                     -0.1543033499620919 * ra1_0 * rg9_0 + 0.5345224838248488 * ra1_2 * rg9_2
                     + 0.6172133998483676 * ra1_1 * rg9_3 - 0.1543033499620919 * ra1_2 * rg9_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr9).sum(1)
+                s3_4 = s3_4 + t * wq9
                 t = (
                     -0.48795003647426666 * ra1_0 * rg9_1 + 0.48795003647426666 * ra1_2 * rg9_3
                     + 0.48795003647426666 * ra1_1 * rg9_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr9).sum(1)
+                s3_5 = s3_5 + t * wq9
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
+                s3_6 = s3_6 + t * wq9
                 # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
                 rg15_0 = g_15[d_idx, 0, tile_r]
                 rg15_2 = g_15[d_idx, 2, tile_r]
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq15
                 rg15_1 = g_15[d_idx, 1, tile_r]
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
                     + 0.3779644730092272 * ra2_1 * rg15_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr15).sum(1)
+                s3_1 = s3_1 + t * wq15
                 t = (
                     0.4140393356054125 * ra2_2 * rg15_0 + 0.11952286093343936 * ra2_4 * rg15_0
                     + 0.47809144373375745 * ra2_1 * rg15_1 - 0.11952286093343936 * ra2_0 * rg15_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr15).sum(1)
+                s3_2 = s3_2 + t * wq15
                 t = (
                     -0.2927700218845599 * ra2_1 * rg15_0 + 0.50709255283711 * ra2_2 * rg15_1
                     - 0.2927700218845599 * ra2_3 * rg15_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr15).sum(1)
+                s3_3 = s3_3 + t * wq15
                 t = (
                     -0.11952286093343936 * ra2_0 * rg15_0 + 0.47809144373375745 * ra2_3 * rg15_1
                     + 0.4140393356054125 * ra2_2 * rg15_2 - 0.11952286093343936 * ra2_4 * rg15_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr15).sum(1)
+                s3_4 = s3_4 + t * wq15
                 t = (
                     -0.3779644730092272 * ra2_1 * rg15_0 + 0.3779644730092272 * ra2_4 * rg15_1
                     + 0.3779644730092272 * ra2_3 * rg15_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr15).sum(1)
+                s3_5 = s3_5 + t * wq15
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
+                s3_6 = s3_6 + t * wq15
                 # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
                 rg16_0 = g_16[d_idx, 0, tile_r]
                 rg16_1 = g_16[d_idx, 1, tile_r]
                 rg16_2 = g_16[d_idx, 2, tile_r]
                 rg16_4 = g_16[d_idx, 4, tile_r]
                 rg16_5 = g_16[d_idx, 5, tile_r]
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
                     - 0.2886751345948129 * ra2_4 * rg16_2 - 0.2886751345948129 * ra2_0 * rg16_4
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq16
                 rg16_3 = g_16[d_idx, 3, tile_r]
                 rg16_6 = g_16[d_idx, 6, tile_r]
                 t = (
@@ -1335,39 +1335,55 @@ def conv_bwd_x2_0(
                     - 0.5773502691896258 * ra2_0 * rg16_3 + 0.3535533905932738 * ra2_1 * rg16_4
                     - 0.45643546458763845 * ra2_1 * rg16_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr16).sum(1)
+                s3_1 = s3_1 + t * wq16
                 t = (
                     -0.2886751345948129 * ra2_4 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_1
                     + 0.38729833462074176 * ra2_2 * rg16_2 - 0.4472135954999579 * ra2_4 * rg16_2
                     + 0.18257418583505539 * ra2_1 * rg16_3 + 0.4472135954999579 * ra2_0 * rg16_4
                     - 0.3535533905932738 * ra2_1 * rg16_5 + 0.2886751345948129 * ra2_0 * rg16_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr16).sum(1)
+                s3_2 = s3_2 + t * wq16
                 t = (
                     -0.5773502691896258 * ra2_0 * rg16_1 + 0.18257418583505539 * ra2_1 * rg16_2
                     + 0.5163977794943223 * ra2_2 * rg16_3 + 0.18257418583505539 * ra2_3 * rg16_4
                     - 0.5773502691896258 * ra2_4 * rg16_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr16).sum(1)
+                s3_3 = s3_3 + t * wq16
                 t = (
                     -0.2886751345948129 * ra2_0 * rg16_0 + 0.3535533905932738 * ra2_1 * rg16_1
                     + 0.4472135954999579 * ra2_0 * rg16_2 + 0.18257418583505539 * ra2_3 * rg16_3
                     + 0.38729833462074176 * ra2_2 * rg16_4 + 0.4472135954999579 * ra2_4 * rg16_4
                     + 0.3535533905932738 * ra2_3 * rg16_5 - 0.2886751345948129 * ra2_4 * rg16_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr16).sum(1)
+                s3_4 = s3_4 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_1 * rg16_0 - 0.3535533905932738 * ra2_1 * rg16_2
                     - 0.5773502691896258 * ra2_4 * rg16_3 + 0.3535533905932738 * ra2_3 * rg16_4
                     + 0.45643546458763845 * ra2_3 * rg16_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr16).sum(1)
+                s3_5 = s3_5 + t * wq16
                 t = (
                     -0.45643546458763845 * ra2_1 * rg16_1 + 0.2886751345948129 * ra2_0 * rg16_2
                     - 0.2886751345948129 * ra2_4 * rg16_4 + 0.45643546458763845 * ra2_3 * rg16_5
                     - 0.6454972243679029 * ra2_2 * rg16_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
+                s3_6 = s3_6 + t * wq16
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -1456,8 +1472,16 @@ def conv_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[s_idx, 0, tile_c]
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a1_1 = x1_1[s_idx, 1, tile_c]
+            a1_2 = x1_1[s_idx, 2, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a2_3 = x1_2[s_idx, 3, tile_c]
+            a2_4 = x1_2[s_idx, 4, tile_c]
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[d_idx, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -1503,13 +1527,10 @@ def conv_bwd_w_0(
                 + q6 * g3_6
             )
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            a1_0 = x1_1[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g4_0 = g_4[d_idx, 0, tile_c]
-            a1_1 = x1_1[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             g4_1 = g_4[d_idx, 1, tile_c]
-            a1_2 = x1_1[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
             g4_2 = g_4[d_idx, 2, tile_c]
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
@@ -1618,19 +1639,14 @@ def conv_bwd_w_0(
             g9_4 = g_9[d_idx, 4, tile_c]
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            a2_0 = x1_2[s_idx, 0, tile_c]
             q0 = (a2_0 * sb0_0_0)
             g10_0 = g_10[d_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
             q1 = (a2_1 * sb0_0_0)
             g10_1 = g_10[d_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
             q2 = (a2_2 * sb0_0_0)
             g10_2 = g_10[d_idx, 2, tile_c]
-            a2_3 = x1_2[s_idx, 3, tile_c]
             q3 = (a2_3 * sb0_0_0)
             g10_3 = g_10[d_idx, 3, tile_c]
-            a2_4 = x1_2[s_idx, 4, tile_c]
             q4 = (a2_4 * sb0_0_0)
             g10_4 = g_10[d_idx, 4, tile_c]
             gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)

@@ -73,11 +73,16 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            a0_0 = x1_0[tile_b, 0, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
@@ -110,11 +115,6 @@ def tp_fwd_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -427,9 +427,9 @@ def tp_bwd_x2_0(
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
@@ -441,34 +441,34 @@ def tp_bwd_x2_0(
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
                 rg3_1, rg3_3 = hl.split(rg3to)
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg3_0 + 0.9999999999999999 * ra1_1 * rg3_1
                     + 0.9999999999999999 * ra1_2 * rg3_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq3
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
                 rg4_0 = g_4[tile_b, 0, tile_r]
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq4
                 t = (0.5773502691896257 * ra1_1 * rg4_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
+                s1_1 = s1_1 + t * wq4
                 t = (0.5773502691896257 * ra1_2 * rg4_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
+                s1_2 = s1_2 + t * wq4
                 # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
                 rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
@@ -479,22 +479,22 @@ def tp_bwd_x2_0(
                 rg5toe, rg5too = hl.split(rg5to)
                 rg5_1, rg5_5 = hl.split(rg5toe)
                 rg5_3, rg5_7 = hl.split(rg5too)
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg5_0 + 0.7071067811865476 * ra1_1 * rg5_1
                     - 0.408248290463863 * ra1_0 * rg5_2 - 0.7071067811865476 * ra1_0 * rg5_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq5
                 t = (
                     0.7071067811865476 * ra1_0 * rg5_1 + 0.816496580927726 * ra1_1 * rg5_2
                     + 0.7071067811865476 * ra1_2 * rg5_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = s1_1 + t * wq5
                 t = (
                     0.7071067811865476 * ra1_0 * rg5_0 - 0.408248290463863 * ra1_2 * rg5_2
                     + 0.7071067811865476 * ra1_1 * rg5_3 + 0.7071067811865476 * ra1_2 * rg5_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = s1_2 + t * wq5
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
@@ -505,37 +505,37 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq6
                 t = (0.5477225575051661 * ra1_1 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr6).sum(1)
+                s2_1 = s2_1 + t * wq6
                 t = (
                     -0.3162277660168379 * ra1_0 * rg6_0 + 0.6324555320336758 * ra1_1 * rg6_1
                     - 0.3162277660168379 * ra1_2 * rg6_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr6).sum(1)
+                s2_2 = s2_2 + t * wq6
                 t = (0.5477225575051661 * ra1_2 * rg6_1 + 0.5477225575051661 * ra1_1 * rg6_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr6).sum(1)
+                s2_3 = s2_3 + t * wq6
                 t = (-0.5477225575051661 * ra1_0 * rg6_0 + 0.5477225575051661 * ra1_2 * rg6_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
+                s2_4 = s2_4 + t * wq6
                 # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
                 rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
@@ -546,36 +546,52 @@ def tp_bwd_x2_0(
                 rg7toe, rg7too = hl.split(rg7to)
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg7_0 + 0.5976143046671969 * ra1_0 * rg7_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s3_0 = t * wq7
                 t = (
                     0.48795003647426666 * ra1_1 * rg7_0 + 0.48795003647426666 * ra1_2 * rg7_1
                     + 0.48795003647426666 * ra1_0 * rg7_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr7).sum(1)
+                s3_1 = t * wq7
                 t = (
                     -0.1543033499620919 * ra1_2 * rg7_0 + 0.6172133998483676 * ra1_1 * rg7_1
                     + 0.5345224838248488 * ra1_0 * rg7_2 + 0.1543033499620919 * ra1_0 * rg7_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr7).sum(1)
+                s3_2 = t * wq7
                 t = (
                     -0.3779644730092272 * ra1_0 * rg7_1 + 0.6546536707079772 * ra1_1 * rg7_2
                     - 0.3779644730092272 * ra1_2 * rg7_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr7).sum(1)
+                s3_3 = t * wq7
                 t = (
                     -0.1543033499620919 * ra1_0 * rg7_0 + 0.5345224838248488 * ra1_2 * rg7_2
                     + 0.6172133998483676 * ra1_1 * rg7_3 - 0.1543033499620919 * ra1_2 * rg7_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr7).sum(1)
+                s3_4 = t * wq7
                 t = (
                     -0.48795003647426666 * ra1_0 * rg7_1 + 0.48795003647426666 * ra1_2 * rg7_3
                     + 0.48795003647426666 * ra1_1 * rg7_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr7).sum(1)
+                s3_5 = t * wq7
                 t = (-0.5976143046671969 * ra1_0 * rg7_0 + 0.5976143046671969 * ra1_2 * rg7_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr7).sum(1)
+                s3_6 = t * wq7
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -641,8 +657,13 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -673,11 +694,6 @@ def tp_bwd_w_0(
             q4 = (a0_0 * sb2_4_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])

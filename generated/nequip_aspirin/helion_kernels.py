@@ -65,11 +65,22 @@ def tp_fwd_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            a0_0 = x1_0[tile_b, 0, tile_c]
+            a1_0 = x1_1[tile_b, 0, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
@@ -86,7 +97,6 @@ def tp_fwd_0(
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
-            a1_0 = x1_1[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
             out_2[tile_b, 0, tile_c] = acc2_0
             # g block 3: 64x1o (1 path)
@@ -105,11 +115,6 @@ def tp_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
@@ -139,11 +144,6 @@ def tp_fwd_0(
             acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
             acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
@@ -208,19 +208,47 @@ def tp_bwd_x1_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            # x1 block 0: 64x0o (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
             g0_0 = g_0[tile_b, 0, tile_c]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
             g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
+            g2_0 = g_2[tile_b, 0, tile_c]
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
+            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
+            g5_0 = g_5[tile_b, 0, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
+            g8_0 = g_8[tile_b, 0, tile_c]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9_0, g9_2 = hl.split(g9te)
+            g9_1, g9_3 = hl.split(g9to)
+            # x1 block 0: 64x0o (2 paths)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            wt0_0 = w0[tile_b, tile_c, 0]
+            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            wt1_0 = w1[tile_b, tile_c, 0]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
@@ -230,15 +258,9 @@ def tp_bwd_x1_0(
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
-            g2_0 = g_2[tile_b, 0, tile_c]
             acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
             # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
             acc1_0 = acc1_0 + wt3_0 * (
                 0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
                 + 0.9999999999999999 * g3_2 * sb1_2_0
@@ -250,27 +272,16 @@ def tp_bwd_x1_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
             acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[tile_b, 0, tile_c]
             acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
             acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
@@ -281,27 +292,16 @@ def tp_bwd_x1_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
             acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
             # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
-            g8_0 = g_8[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
             # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9_0, g9_2 = hl.split(g9te)
-            g9_1, g9_3 = hl.split(g9to)
             acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
@@ -354,15 +354,15 @@ def tp_bwd_x2_0(
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
                 rg2_0 = g_2[tile_b, 0, tile_r]
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg2_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq2
                 # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
@@ -374,12 +374,12 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
                     + 0.9999999999999999 * ra2_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq4
                 # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
@@ -391,82 +391,86 @@ def tp_bwd_x2_0(
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
                 rg7_1, rg7_3 = hl.split(rg7to)
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
                     + 0.9999999999999999 * ra3_2 * rg7_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq7
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
                 rg3_1, rg3_3 = hl.split(rg3to)
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq3
                 t = (0.9999999999999999 * ra1_0 * rg3_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr3).sum(1)
+                s1_1 = s1_1 + t * wq3
                 t = (0.9999999999999999 * ra1_0 * rg3_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr3).sum(1)
+                s1_2 = s1_2 + t * wq3
                 # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra2_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra2_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = s1_2 + t * wq5
                 # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq6
                 t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                s1_2 = s1_2 + t * wq6
                 # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
                 rg8_0 = g_8[tile_b, 0, tile_r]
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg8_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq8
                 t = (0.5773502691896257 * ra3_1 * rg8_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
+                s1_1 = s1_1 + t * wq8
                 t = (0.5773502691896257 * ra3_2 * rg8_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
+                s1_2 = s1_2 + t * wq8
                 # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
                 rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9_0, rg9_2 = hl.split(rg9te)
                 rg9_1, rg9_3 = hl.split(rg9to)
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq9
                 t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
+                s1_1 = s1_1 + t * wq9
                 t = (0.7071067811865475 * ra3_1 * rg9_0 - 0.7071067811865475 * ra3_0 * rg9_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
+                s1_2 = s1_2 + t * wq9
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -512,48 +516,70 @@ def tp_bwd_w_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             a1_0 = x1_1[tile_b, 0, tile_c]
-            q0 = (a1_0 * sb0_0_0)
-            g2_0 = g_2[tile_b, 0, tile_c]
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0)
-            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
-            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            g0_0 = g_0[tile_b, 0, tile_c]
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            g2_0 = g_2[tile_b, 0, tile_c]
+            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3_0, g3_2 = hl.split(g3te)
+            g3_1, g3_3 = hl.split(g3to)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
+            g5_0 = g_5[tile_b, 0, tile_c]
+            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7_0, g7_2 = hl.split(g7te)
+            g7_1, g7_3 = hl.split(g7to)
+            g8_0 = g_8[tile_b, 0, tile_c]
+            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9_0, g9_2 = hl.split(g9te)
+            g9_1, g9_3 = hl.split(g9to)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            q0 = (a0_0 * sb0_0_0)
+            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            q0 = (a1_0 * sb0_0_0)
+            gw2[tile_b, tile_c, 0] = (q0 * g2_0)
+            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
@@ -562,30 +588,14 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            g5_0 = g_5[tile_b, 0, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0)
             # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
             gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
@@ -594,15 +604,9 @@ def tp_bwd_w_0(
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            g8_0 = g_8[tile_b, 0, tile_c]
             gw8[tile_b, tile_c, 0] = (q0 * g8_0)
             # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9_0, g9_2 = hl.split(g9te)
-            g9_1, g9_3 = hl.split(g9to)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)

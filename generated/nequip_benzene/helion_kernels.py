@@ -4109,15 +4109,15 @@ def tp_bwd_x2_0(
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
                 rg4_0 = g_4[tile_b, 0, tile_r]
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg4_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq4
                 # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
@@ -4129,12 +4129,12 @@ def tp_bwd_x2_0(
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
                 rg8_1, rg8_3 = hl.split(rg8to)
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg8_0 + 0.9999999999999999 * ra2_1 * rg8_1
                     + 0.9999999999999999 * ra2_2 * rg8_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq8
                 # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
@@ -4146,12 +4146,12 @@ def tp_bwd_x2_0(
                 rg17te, rg17to = hl.split(rg17t)
                 rg17_0, rg17_2 = hl.split(rg17te)
                 rg17_1, rg17_3 = hl.split(rg17to)
-                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg17_0 + 0.9999999999999999 * ra3_1 * rg17_1
                     + 0.9999999999999999 * ra3_2 * rg17_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
+                wq17 = w17[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq17
                 # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
                 ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4171,13 +4171,13 @@ def tp_bwd_x2_0(
                 rg26toe, rg26too = hl.split(rg26to)
                 rg26_1, rg26_5 = hl.split(rg26toe)
                 rg26_3, rg26_7 = hl.split(rg26too)
-                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     ra4_0 * rg26_0 + ra4_1 * rg26_1
                     + ra4_2 * rg26_2 + ra4_3 * rg26_3
                     + ra4_4 * rg26_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr26).sum(1)
+                wq26 = w26[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq26
                 # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
                 ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4197,13 +4197,13 @@ def tp_bwd_x2_0(
                 rg37toe, rg37too = hl.split(rg37to)
                 rg37_1, rg37_5 = hl.split(rg37toe)
                 rg37_3, rg37_7 = hl.split(rg37too)
-                wr37 = w37[tile_b, tile_r, tile_c]
                 t = (
                     ra5_0 * rg37_0 + ra5_1 * rg37_1
                     + ra5_2 * rg37_2 + ra5_3 * rg37_3
                     + ra5_4 * rg37_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr37).sum(1)
+                wq37 = w37[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq37
                 # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
                 ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4223,14 +4223,14 @@ def tp_bwd_x2_0(
                 rg48toe, rg48too = hl.split(rg48to)
                 rg48_1, rg48_5 = hl.split(rg48toe)
                 rg48_3, rg48_7 = hl.split(rg48too)
-                wr48 = w48[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra6_0 * rg48_0 + 1.0000000000000002 * ra6_1 * rg48_1
                     + 1.0000000000000002 * ra6_2 * rg48_2 + 1.0000000000000002 * ra6_3 * rg48_3
                     + 1.0000000000000002 * ra6_4 * rg48_4 + 1.0000000000000002 * ra6_5 * rg48_5
                     + 1.0000000000000002 * ra6_6 * rg48_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr48).sum(1)
+                wq48 = w48[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq48
                 # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
                 ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4250,62 +4250,62 @@ def tp_bwd_x2_0(
                 rg58toe, rg58too = hl.split(rg58to)
                 rg58_1, rg58_5 = hl.split(rg58toe)
                 rg58_3, rg58_7 = hl.split(rg58too)
-                wr58 = w58[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra7_0 * rg58_0 + 1.0000000000000002 * ra7_1 * rg58_1
                     + 1.0000000000000002 * ra7_2 * rg58_2 + 1.0000000000000002 * ra7_3 * rg58_3
                     + 1.0000000000000002 * ra7_4 * rg58_4 + 1.0000000000000002 * ra7_5 * rg58_5
                     + 1.0000000000000002 * ra7_6 * rg58_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr58).sum(1)
+                wq58 = w58[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq58
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
                 rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2])
                 rg5te, rg5to = hl.split(rg5t)
                 rg5_0, rg5_2 = hl.split(rg5te)
                 rg5_1, rg5_3 = hl.split(rg5to)
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq5
                 t = (0.9999999999999999 * ra1_0 * rg5_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = s1_1 + t * wq5
                 t = (0.9999999999999999 * ra1_0 * rg5_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = s1_2 + t * wq5
                 # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg9_0 = g_9[tile_b, 0, tile_r]
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg9_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq9
                 t = (0.5773502691896257 * ra2_1 * rg9_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
+                s1_1 = s1_1 + t * wq9
                 t = (0.5773502691896257 * ra2_2 * rg9_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
+                s1_2 = s1_2 + t * wq9
                 # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
                 rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10_0, rg10_2 = hl.split(rg10te)
                 rg10_1, rg10_3 = hl.split(rg10to)
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg10_1 - 0.7071067811865475 * ra2_1 * rg10_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq10
                 t = (-0.7071067811865475 * ra2_2 * rg10_0 + 0.7071067811865475 * ra2_0 * rg10_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr10).sum(1)
+                s1_1 = s1_1 + t * wq10
                 t = (0.7071067811865475 * ra2_1 * rg10_0 - 0.7071067811865475 * ra2_0 * rg10_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr10).sum(1)
+                s1_2 = s1_2 + t * wq10
                 # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4316,44 +4316,44 @@ def tp_bwd_x2_0(
                 rg11toe, rg11too = hl.split(rg11to)
                 rg11_1, rg11_5 = hl.split(rg11toe)
                 rg11_3, rg11_7 = hl.split(rg11too)
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg11_0 + 0.7071067811865476 * ra2_1 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_2 - 0.7071067811865476 * ra2_0 * rg11_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq11
                 t = (
                     0.7071067811865476 * ra2_0 * rg11_1 + 0.816496580927726 * ra2_1 * rg11_2
                     + 0.7071067811865476 * ra2_2 * rg11_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11).sum(1)
+                s1_1 = s1_1 + t * wq11
                 t = (
                     0.7071067811865476 * ra2_0 * rg11_0 - 0.408248290463863 * ra2_2 * rg11_2
                     + 0.7071067811865476 * ra2_1 * rg11_3 + 0.7071067811865476 * ra2_2 * rg11_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
+                s1_2 = s1_2 + t * wq11
                 # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
                 rg18_0 = g_18[tile_b, 0, tile_r]
-                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg18_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr18).sum(1)
+                wq18 = w18[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq18
                 t = (0.5773502691896257 * ra3_1 * rg18_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr18).sum(1)
+                s1_1 = s1_1 + t * wq18
                 t = (0.5773502691896257 * ra3_2 * rg18_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr18).sum(1)
+                s1_2 = s1_2 + t * wq18
                 # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
                 rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
                 rg19_1, rg19_3 = hl.split(rg19to)
-                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg19_1 - 0.7071067811865475 * ra3_1 * rg19_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
+                wq19 = w19[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq19
                 t = (-0.7071067811865475 * ra3_2 * rg19_0 + 0.7071067811865475 * ra3_0 * rg19_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr19).sum(1)
+                s1_1 = s1_1 + t * wq19
                 t = (0.7071067811865475 * ra3_1 * rg19_0 - 0.7071067811865475 * ra3_0 * rg19_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
+                s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
                 rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4364,44 +4364,44 @@ def tp_bwd_x2_0(
                 rg20toe, rg20too = hl.split(rg20to)
                 rg20_1, rg20_5 = hl.split(rg20toe)
                 rg20_3, rg20_7 = hl.split(rg20too)
-                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg20_0 + 0.7071067811865476 * ra3_1 * rg20_1
                     - 0.408248290463863 * ra3_0 * rg20_2 - 0.7071067811865476 * ra3_0 * rg20_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr20).sum(1)
+                wq20 = w20[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq20
                 t = (
                     0.7071067811865476 * ra3_0 * rg20_1 + 0.816496580927726 * ra3_1 * rg20_2
                     + 0.7071067811865476 * ra3_2 * rg20_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr20).sum(1)
+                s1_1 = s1_1 + t * wq20
                 t = (
                     0.7071067811865476 * ra3_0 * rg20_0 - 0.408248290463863 * ra3_2 * rg20_2
                     + 0.7071067811865476 * ra3_1 * rg20_3 + 0.7071067811865476 * ra3_2 * rg20_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
+                s1_2 = s1_2 + t * wq20
                 # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
                 rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
                 rg27te, rg27to = hl.split(rg27t)
                 rg27_0, rg27_2 = hl.split(rg27te)
                 rg27_1, rg27_3 = hl.split(rg27to)
-                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg27_0 - 0.5477225575051661 * ra4_4 * rg27_0
                     + 0.5477225575051661 * ra4_1 * rg27_1 + 0.5477225575051661 * ra4_0 * rg27_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr27).sum(1)
+                wq27 = w27[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq27
                 t = (
                     0.5477225575051661 * ra4_1 * rg27_0 + 0.6324555320336758 * ra4_2 * rg27_1
                     + 0.5477225575051661 * ra4_3 * rg27_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr27).sum(1)
+                s1_1 = s1_1 + t * wq27
                 t = (
                     0.5477225575051661 * ra4_0 * rg27_0 + 0.5477225575051661 * ra4_3 * rg27_1
                     - 0.3162277660168379 * ra4_2 * rg27_2 + 0.5477225575051661 * ra4_4 * rg27_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr27).sum(1)
+                s1_2 = s1_2 + t * wq27
                 # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
                 rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4412,24 +4412,24 @@ def tp_bwd_x2_0(
                 rg28toe, rg28too = hl.split(rg28to)
                 rg28_1, rg28_5 = hl.split(rg28toe)
                 rg28_3, rg28_7 = hl.split(rg28too)
-                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg28_0 + 0.408248290463863 * ra4_0 * rg28_1
                     + 0.7071067811865476 * ra4_3 * rg28_2 - 0.7071067811865476 * ra4_2 * rg28_3
                     + 0.408248290463863 * ra4_4 * rg28_3 - 0.408248290463863 * ra4_3 * rg28_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr28).sum(1)
+                wq28 = w28[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq28
                 t = (
                     -0.816496580927726 * ra4_4 * rg28_0 - 0.408248290463863 * ra4_3 * rg28_1
                     + 0.408248290463863 * ra4_1 * rg28_3 + 0.816496580927726 * ra4_0 * rg28_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr28).sum(1)
+                s1_1 = s1_1 + t * wq28
                 t = (
                     0.408248290463863 * ra4_3 * rg28_0 + 0.7071067811865476 * ra4_2 * rg28_1
                     + 0.408248290463863 * ra4_4 * rg28_1 - 0.7071067811865476 * ra4_1 * rg28_2
                     - 0.408248290463863 * ra4_0 * rg28_3 - 0.408248290463863 * ra4_1 * rg28_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr28).sum(1)
+                s1_2 = s1_2 + t * wq28
                 # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
                 rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4440,49 +4440,49 @@ def tp_bwd_x2_0(
                 rg29toe, rg29too = hl.split(rg29to)
                 rg29_1, rg29_5 = hl.split(rg29toe)
                 rg29_3, rg29_7 = hl.split(rg29too)
-                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra4_4 * rg29_0 + 0.5773502691896258 * ra4_3 * rg29_1
                     + 0.6324555320336759 * ra4_2 * rg29_2 + 0.18257418583505539 * ra4_4 * rg29_2
                     - 0.4472135954999579 * ra4_1 * rg29_3 - 0.18257418583505539 * ra4_0 * rg29_4
                     - 0.5773502691896258 * ra4_1 * rg29_5 - 0.7071067811865476 * ra4_0 * rg29_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr29).sum(1)
+                wq29 = w29[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq29
                 t = (
                     0.5773502691896258 * ra4_0 * rg29_1 + 0.7302967433402215 * ra4_1 * rg29_2
                     + 0.7745966692414835 * ra4_2 * rg29_3 + 0.7302967433402215 * ra4_3 * rg29_4
                     + 0.5773502691896258 * ra4_4 * rg29_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr29).sum(1)
+                s1_1 = s1_1 + t * wq29
                 t = (
                     0.7071067811865476 * ra4_0 * rg29_0 + 0.5773502691896258 * ra4_1 * rg29_1
                     - 0.18257418583505539 * ra4_0 * rg29_2 - 0.4472135954999579 * ra4_3 * rg29_3
                     + 0.6324555320336759 * ra4_2 * rg29_4 - 0.18257418583505539 * ra4_4 * rg29_4
                     + 0.5773502691896258 * ra4_3 * rg29_5 + 0.7071067811865476 * ra4_4 * rg29_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr29).sum(1)
+                s1_2 = s1_2 + t * wq29
                 # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
                 rg38 = hl.load(g_38, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg38t = rg38.reshape([tile_b, tile_r, 2, 2])
                 rg38te, rg38to = hl.split(rg38t)
                 rg38_0, rg38_2 = hl.split(rg38te)
                 rg38_1, rg38_3 = hl.split(rg38to)
-                wr38 = w38[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg38_0 - 0.5477225575051661 * ra5_4 * rg38_0
                     + 0.5477225575051661 * ra5_1 * rg38_1 + 0.5477225575051661 * ra5_0 * rg38_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr38).sum(1)
+                wq38 = w38[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq38
                 t = (
                     0.5477225575051661 * ra5_1 * rg38_0 + 0.6324555320336758 * ra5_2 * rg38_1
                     + 0.5477225575051661 * ra5_3 * rg38_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr38).sum(1)
+                s1_1 = s1_1 + t * wq38
                 t = (
                     0.5477225575051661 * ra5_0 * rg38_0 + 0.5477225575051661 * ra5_3 * rg38_1
                     - 0.3162277660168379 * ra5_2 * rg38_2 + 0.5477225575051661 * ra5_4 * rg38_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr38).sum(1)
+                s1_2 = s1_2 + t * wq38
                 # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
                 rg39 = hl.load(g_39, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg39t = rg39.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4493,24 +4493,24 @@ def tp_bwd_x2_0(
                 rg39toe, rg39too = hl.split(rg39to)
                 rg39_1, rg39_5 = hl.split(rg39toe)
                 rg39_3, rg39_7 = hl.split(rg39too)
-                wr39 = w39[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg39_0 + 0.408248290463863 * ra5_0 * rg39_1
                     + 0.7071067811865476 * ra5_3 * rg39_2 - 0.7071067811865476 * ra5_2 * rg39_3
                     + 0.408248290463863 * ra5_4 * rg39_3 - 0.408248290463863 * ra5_3 * rg39_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr39).sum(1)
+                wq39 = w39[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq39
                 t = (
                     -0.816496580927726 * ra5_4 * rg39_0 - 0.408248290463863 * ra5_3 * rg39_1
                     + 0.408248290463863 * ra5_1 * rg39_3 + 0.816496580927726 * ra5_0 * rg39_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr39).sum(1)
+                s1_1 = s1_1 + t * wq39
                 t = (
                     0.408248290463863 * ra5_3 * rg39_0 + 0.7071067811865476 * ra5_2 * rg39_1
                     + 0.408248290463863 * ra5_4 * rg39_1 - 0.7071067811865476 * ra5_1 * rg39_2
                     - 0.408248290463863 * ra5_0 * rg39_3 - 0.408248290463863 * ra5_1 * rg39_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr39).sum(1)
+                s1_2 = s1_2 + t * wq39
                 # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
                 rg40 = hl.load(g_40, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg40t = rg40.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4521,27 +4521,27 @@ def tp_bwd_x2_0(
                 rg40toe, rg40too = hl.split(rg40to)
                 rg40_1, rg40_5 = hl.split(rg40toe)
                 rg40_3, rg40_7 = hl.split(rg40too)
-                wr40 = w40[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra5_4 * rg40_0 + 0.5773502691896258 * ra5_3 * rg40_1
                     + 0.6324555320336759 * ra5_2 * rg40_2 + 0.18257418583505539 * ra5_4 * rg40_2
                     - 0.4472135954999579 * ra5_1 * rg40_3 - 0.18257418583505539 * ra5_0 * rg40_4
                     - 0.5773502691896258 * ra5_1 * rg40_5 - 0.7071067811865476 * ra5_0 * rg40_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr40).sum(1)
+                wq40 = w40[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq40
                 t = (
                     0.5773502691896258 * ra5_0 * rg40_1 + 0.7302967433402215 * ra5_1 * rg40_2
                     + 0.7745966692414835 * ra5_2 * rg40_3 + 0.7302967433402215 * ra5_3 * rg40_4
                     + 0.5773502691896258 * ra5_4 * rg40_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr40).sum(1)
+                s1_1 = s1_1 + t * wq40
                 t = (
                     0.7071067811865476 * ra5_0 * rg40_0 + 0.5773502691896258 * ra5_1 * rg40_1
                     - 0.18257418583505539 * ra5_0 * rg40_2 - 0.4472135954999579 * ra5_3 * rg40_3
                     + 0.6324555320336759 * ra5_2 * rg40_4 - 0.18257418583505539 * ra5_4 * rg40_4
                     + 0.5773502691896258 * ra5_3 * rg40_5 + 0.7071067811865476 * ra5_4 * rg40_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr40).sum(1)
+                s1_2 = s1_2 + t * wq40
                 # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
                 rg49 = hl.load(g_49, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg49t = rg49.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4552,27 +4552,27 @@ def tp_bwd_x2_0(
                 rg49toe, rg49too = hl.split(rg49to)
                 rg49_1, rg49_5 = hl.split(rg49toe)
                 rg49_3, rg49_7 = hl.split(rg49too)
-                wr49 = w49[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra6_4 * rg49_0 - 0.5976143046671969 * ra6_6 * rg49_0
                     - 0.3779644730092272 * ra6_3 * rg49_1 - 0.48795003647426666 * ra6_5 * rg49_1
                     + 0.5345224838248488 * ra6_2 * rg49_2 + 0.48795003647426666 * ra6_1 * rg49_3
                     + 0.5976143046671969 * ra6_0 * rg49_4 + 0.1543033499620919 * ra6_2 * rg49_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr49).sum(1)
+                wq49 = w49[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq49
                 t = (
                     0.48795003647426666 * ra6_1 * rg49_0 + 0.6172133998483676 * ra6_2 * rg49_1
                     + 0.6546536707079772 * ra6_3 * rg49_2 + 0.6172133998483676 * ra6_4 * rg49_3
                     + 0.48795003647426666 * ra6_5 * rg49_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr49).sum(1)
+                s1_1 = s1_1 + t * wq49
                 t = (
                     0.5976143046671969 * ra6_0 * rg49_0 - 0.1543033499620919 * ra6_2 * rg49_0
                     + 0.48795003647426666 * ra6_1 * rg49_1 + 0.5345224838248488 * ra6_4 * rg49_2
                     - 0.3779644730092272 * ra6_3 * rg49_3 + 0.48795003647426666 * ra6_5 * rg49_3
                     - 0.1543033499620919 * ra6_4 * rg49_4 + 0.5976143046671969 * ra6_6 * rg49_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr49).sum(1)
+                s1_2 = s1_2 + t * wq49
                 # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
                 rg50 = hl.load(g_50, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg50t = rg50.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4583,7 +4583,6 @@ def tp_bwd_x2_0(
                 rg50toe, rg50too = hl.split(rg50to)
                 rg50_1, rg50_5 = hl.split(rg50toe)
                 rg50_3, rg50_7 = hl.split(rg50too)
-                wr50 = w50[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra6_1 * rg50_0 + 0.3535533905932738 * ra6_0 * rg50_1
                     - 0.45643546458763845 * ra6_2 * rg50_1 + 0.45643546458763845 * ra6_1 * rg50_2
@@ -4591,13 +4590,14 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra6_5 * rg50_4 - 0.45643546458763845 * ra6_4 * rg50_5
                     + 0.3535533905932738 * ra6_6 * rg50_5 - 0.3535533905932738 * ra6_5 * rg50_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr50).sum(1)
+                wq50 = w50[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq50
                 t = (
                     -0.8660254037844387 * ra6_6 * rg50_0 - 0.5773502691896258 * ra6_5 * rg50_1
                     - 0.2886751345948129 * ra6_4 * rg50_2 + 0.2886751345948129 * ra6_2 * rg50_4
                     + 0.5773502691896258 * ra6_1 * rg50_5 + 0.8660254037844387 * ra6_0 * rg50_6
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr50).sum(1)
+                s1_1 = s1_1 + t * wq50
                 t = (
                     0.3535533905932738 * ra6_5 * rg50_0 + 0.45643546458763845 * ra6_4 * rg50_1
                     + 0.3535533905932738 * ra6_6 * rg50_1 + 0.7071067811865476 * ra6_3 * rg50_2
@@ -4605,7 +4605,7 @@ def tp_bwd_x2_0(
                     - 0.45643546458763845 * ra6_1 * rg50_4 - 0.3535533905932738 * ra6_0 * rg50_5
                     - 0.45643546458763845 * ra6_2 * rg50_5 - 0.3535533905932738 * ra6_1 * rg50_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr50).sum(1)
+                s1_2 = s1_2 + t * wq50
                 # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
                 rg59 = hl.load(g_59, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg59t = rg59.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4616,27 +4616,27 @@ def tp_bwd_x2_0(
                 rg59toe, rg59too = hl.split(rg59to)
                 rg59_1, rg59_5 = hl.split(rg59toe)
                 rg59_3, rg59_7 = hl.split(rg59too)
-                wr59 = w59[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra7_4 * rg59_0 - 0.5976143046671969 * ra7_6 * rg59_0
                     - 0.3779644730092272 * ra7_3 * rg59_1 - 0.48795003647426666 * ra7_5 * rg59_1
                     + 0.5345224838248488 * ra7_2 * rg59_2 + 0.48795003647426666 * ra7_1 * rg59_3
                     + 0.5976143046671969 * ra7_0 * rg59_4 + 0.1543033499620919 * ra7_2 * rg59_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr59).sum(1)
+                wq59 = w59[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq59
                 t = (
                     0.48795003647426666 * ra7_1 * rg59_0 + 0.6172133998483676 * ra7_2 * rg59_1
                     + 0.6546536707079772 * ra7_3 * rg59_2 + 0.6172133998483676 * ra7_4 * rg59_3
                     + 0.48795003647426666 * ra7_5 * rg59_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr59).sum(1)
+                s1_1 = s1_1 + t * wq59
                 t = (
                     0.5976143046671969 * ra7_0 * rg59_0 - 0.1543033499620919 * ra7_2 * rg59_0
                     + 0.48795003647426666 * ra7_1 * rg59_1 + 0.5345224838248488 * ra7_4 * rg59_2
                     - 0.3779644730092272 * ra7_3 * rg59_3 + 0.48795003647426666 * ra7_5 * rg59_3
                     - 0.1543033499620919 * ra7_4 * rg59_4 + 0.5976143046671969 * ra7_6 * rg59_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr59).sum(1)
+                s1_2 = s1_2 + t * wq59
                 # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
                 rg60 = hl.load(g_60, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg60t = rg60.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4647,7 +4647,6 @@ def tp_bwd_x2_0(
                 rg60toe, rg60too = hl.split(rg60to)
                 rg60_1, rg60_5 = hl.split(rg60toe)
                 rg60_3, rg60_7 = hl.split(rg60too)
-                wr60 = w60[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra7_1 * rg60_0 + 0.3535533905932738 * ra7_0 * rg60_1
                     - 0.45643546458763845 * ra7_2 * rg60_1 + 0.45643546458763845 * ra7_1 * rg60_2
@@ -4655,13 +4654,14 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra7_5 * rg60_4 - 0.45643546458763845 * ra7_4 * rg60_5
                     + 0.3535533905932738 * ra7_6 * rg60_5 - 0.3535533905932738 * ra7_5 * rg60_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr60).sum(1)
+                wq60 = w60[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq60
                 t = (
                     -0.8660254037844387 * ra7_6 * rg60_0 - 0.5773502691896258 * ra7_5 * rg60_1
                     - 0.2886751345948129 * ra7_4 * rg60_2 + 0.2886751345948129 * ra7_2 * rg60_4
                     + 0.5773502691896258 * ra7_1 * rg60_5 + 0.8660254037844387 * ra7_0 * rg60_6
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr60).sum(1)
+                s1_1 = s1_1 + t * wq60
                 t = (
                     0.3535533905932738 * ra7_5 * rg60_0 + 0.45643546458763845 * ra7_4 * rg60_1
                     + 0.3535533905932738 * ra7_6 * rg60_1 + 0.7071067811865476 * ra7_3 * rg60_2
@@ -4669,7 +4669,7 @@ def tp_bwd_x2_0(
                     - 0.45643546458763845 * ra7_1 * rg60_4 - 0.3535533905932738 * ra7_0 * rg60_5
                     - 0.45643546458763845 * ra7_2 * rg60_5 - 0.3535533905932738 * ra7_1 * rg60_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr60).sum(1)
+                s1_2 = s1_2 + t * wq60
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4680,17 +4680,17 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4701,37 +4701,37 @@ def tp_bwd_x2_0(
                 rg6toe, rg6too = hl.split(rg6to)
                 rg6_1, rg6_5 = hl.split(rg6toe)
                 rg6_3, rg6_7 = hl.split(rg6too)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg6_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq6
                 t = (ra1_0 * rg6_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr6).sum(1)
+                s2_1 = s2_1 + t * wq6
                 t = (ra1_0 * rg6_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr6).sum(1)
+                s2_2 = s2_2 + t * wq6
                 t = (ra1_0 * rg6_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr6).sum(1)
+                s2_3 = s2_3 + t * wq6
                 t = (ra1_0 * rg6_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr6).sum(1)
+                s2_4 = s2_4 + t * wq6
                 # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
                 rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12_0, rg12_2 = hl.split(rg12te)
                 rg12_1, rg12_3 = hl.split(rg12to)
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq12
                 t = (0.5477225575051661 * ra2_1 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr12).sum(1)
+                s2_1 = s2_1 + t * wq12
                 t = (
                     -0.3162277660168379 * ra2_0 * rg12_0 + 0.6324555320336758 * ra2_1 * rg12_1
                     - 0.3162277660168379 * ra2_2 * rg12_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr12).sum(1)
+                s2_2 = s2_2 + t * wq12
                 t = (0.5477225575051661 * ra2_2 * rg12_1 + 0.5477225575051661 * ra2_1 * rg12_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr12).sum(1)
+                s2_3 = s2_3 + t * wq12
                 t = (-0.5477225575051661 * ra2_0 * rg12_0 + 0.5477225575051661 * ra2_2 * rg12_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr12).sum(1)
+                s2_4 = s2_4 + t * wq12
                 # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
                 rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4742,29 +4742,29 @@ def tp_bwd_x2_0(
                 rg13toe, rg13too = hl.split(rg13to)
                 rg13_1, rg13_5 = hl.split(rg13toe)
                 rg13_3, rg13_7 = hl.split(rg13too)
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg13_1 + 0.408248290463863 * ra2_2 * rg13_3
                     - 0.816496580927726 * ra2_1 * rg13_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq13
                 t = (
                     0.408248290463863 * ra2_0 * rg13_0 + 0.7071067811865476 * ra2_2 * rg13_2
                     - 0.408248290463863 * ra2_1 * rg13_3 + 0.408248290463863 * ra2_2 * rg13_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr13).sum(1)
+                s2_1 = s2_1 + t * wq13
                 t = (-0.7071067811865476 * ra2_2 * rg13_1 + 0.7071067811865476 * ra2_0 * rg13_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr13).sum(1)
+                s2_2 = s2_2 + t * wq13
                 t = (
                     -0.408248290463863 * ra2_2 * rg13_0 + 0.408248290463863 * ra2_1 * rg13_1
                     - 0.7071067811865476 * ra2_0 * rg13_2 + 0.408248290463863 * ra2_0 * rg13_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr13).sum(1)
+                s2_3 = s2_3 + t * wq13
                 t = (
                     0.816496580927726 * ra2_1 * rg13_0 - 0.408248290463863 * ra2_2 * rg13_1
                     - 0.408248290463863 * ra2_0 * rg13_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
+                s2_4 = s2_4 + t * wq13
                 # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
                 rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4775,54 +4775,54 @@ def tp_bwd_x2_0(
                 rg14toe, rg14too = hl.split(rg14to)
                 rg14_1, rg14_5 = hl.split(rg14toe)
                 rg14_3, rg14_7 = hl.split(rg14too)
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg14_0 + 0.5773502691896258 * ra2_1 * rg14_1
                     - 0.18257418583505539 * ra2_2 * rg14_2 - 0.18257418583505539 * ra2_0 * rg14_4
                     - 0.7071067811865476 * ra2_0 * rg14_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq14
                 t = (
                     0.5773502691896258 * ra2_2 * rg14_1 + 0.7302967433402215 * ra2_1 * rg14_2
                     - 0.4472135954999579 * ra2_0 * rg14_3 - 0.5773502691896258 * ra2_0 * rg14_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr14).sum(1)
+                s2_1 = s2_1 + t * wq14
                 t = (
                     0.6324555320336759 * ra2_0 * rg14_2 + 0.7745966692414835 * ra2_1 * rg14_3
                     + 0.6324555320336759 * ra2_2 * rg14_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr14).sum(1)
+                s2_2 = s2_2 + t * wq14
                 t = (
                     0.5773502691896258 * ra2_0 * rg14_1 - 0.4472135954999579 * ra2_2 * rg14_3
                     + 0.7302967433402215 * ra2_1 * rg14_4 + 0.5773502691896258 * ra2_2 * rg14_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr14).sum(1)
+                s2_3 = s2_3 + t * wq14
                 t = (
                     0.7071067811865476 * ra2_0 * rg14_0 + 0.18257418583505539 * ra2_0 * rg14_2
                     - 0.18257418583505539 * ra2_2 * rg14_4 + 0.5773502691896258 * ra2_1 * rg14_5
                     + 0.7071067811865476 * ra2_2 * rg14_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
+                s2_4 = s2_4 + t * wq14
                 # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
                 rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
                 rg21te, rg21to = hl.split(rg21t)
                 rg21_0, rg21_2 = hl.split(rg21te)
                 rg21_1, rg21_3 = hl.split(rg21to)
-                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
+                wq21 = w21[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq21
                 t = (0.5477225575051661 * ra3_1 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr21).sum(1)
+                s2_1 = s2_1 + t * wq21
                 t = (
                     -0.3162277660168379 * ra3_0 * rg21_0 + 0.6324555320336758 * ra3_1 * rg21_1
                     - 0.3162277660168379 * ra3_2 * rg21_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr21).sum(1)
+                s2_2 = s2_2 + t * wq21
                 t = (0.5477225575051661 * ra3_2 * rg21_1 + 0.5477225575051661 * ra3_1 * rg21_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr21).sum(1)
+                s2_3 = s2_3 + t * wq21
                 t = (-0.5477225575051661 * ra3_0 * rg21_0 + 0.5477225575051661 * ra3_2 * rg21_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
+                s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
                 rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4833,29 +4833,29 @@ def tp_bwd_x2_0(
                 rg22toe, rg22too = hl.split(rg22to)
                 rg22_1, rg22_5 = hl.split(rg22toe)
                 rg22_3, rg22_7 = hl.split(rg22too)
-                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg22_1 + 0.408248290463863 * ra3_2 * rg22_3
                     - 0.816496580927726 * ra3_1 * rg22_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr22).sum(1)
+                wq22 = w22[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq22
                 t = (
                     0.408248290463863 * ra3_0 * rg22_0 + 0.7071067811865476 * ra3_2 * rg22_2
                     - 0.408248290463863 * ra3_1 * rg22_3 + 0.408248290463863 * ra3_2 * rg22_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr22).sum(1)
+                s2_1 = s2_1 + t * wq22
                 t = (-0.7071067811865476 * ra3_2 * rg22_1 + 0.7071067811865476 * ra3_0 * rg22_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr22).sum(1)
+                s2_2 = s2_2 + t * wq22
                 t = (
                     -0.408248290463863 * ra3_2 * rg22_0 + 0.408248290463863 * ra3_1 * rg22_1
                     - 0.7071067811865476 * ra3_0 * rg22_2 + 0.408248290463863 * ra3_0 * rg22_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr22).sum(1)
+                s2_3 = s2_3 + t * wq22
                 t = (
                     0.816496580927726 * ra3_1 * rg22_0 - 0.408248290463863 * ra3_2 * rg22_1
                     - 0.408248290463863 * ra3_0 * rg22_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
+                s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
                 rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4866,76 +4866,76 @@ def tp_bwd_x2_0(
                 rg23toe, rg23too = hl.split(rg23to)
                 rg23_1, rg23_5 = hl.split(rg23toe)
                 rg23_3, rg23_7 = hl.split(rg23too)
-                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg23_0 + 0.5773502691896258 * ra3_1 * rg23_1
                     - 0.18257418583505539 * ra3_2 * rg23_2 - 0.18257418583505539 * ra3_0 * rg23_4
                     - 0.7071067811865476 * ra3_0 * rg23_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
+                wq23 = w23[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq23
                 t = (
                     0.5773502691896258 * ra3_2 * rg23_1 + 0.7302967433402215 * ra3_1 * rg23_2
                     - 0.4472135954999579 * ra3_0 * rg23_3 - 0.5773502691896258 * ra3_0 * rg23_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr23).sum(1)
+                s2_1 = s2_1 + t * wq23
                 t = (
                     0.6324555320336759 * ra3_0 * rg23_2 + 0.7745966692414835 * ra3_1 * rg23_3
                     + 0.6324555320336759 * ra3_2 * rg23_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr23).sum(1)
+                s2_2 = s2_2 + t * wq23
                 t = (
                     0.5773502691896258 * ra3_0 * rg23_1 - 0.4472135954999579 * ra3_2 * rg23_3
                     + 0.7302967433402215 * ra3_1 * rg23_4 + 0.5773502691896258 * ra3_2 * rg23_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr23).sum(1)
+                s2_3 = s2_3 + t * wq23
                 t = (
                     0.7071067811865476 * ra3_0 * rg23_0 + 0.18257418583505539 * ra3_0 * rg23_2
                     - 0.18257418583505539 * ra3_2 * rg23_4 + 0.5773502691896258 * ra3_1 * rg23_5
                     + 0.7071067811865476 * ra3_2 * rg23_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
+                s2_4 = s2_4 + t * wq23
                 # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
                 rg30_0 = g_30[tile_b, 0, tile_r]
-                wr30 = w30[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg30_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr30).sum(1)
+                wq30 = w30[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq30
                 t = (0.4472135954999579 * ra4_1 * rg30_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr30).sum(1)
+                s2_1 = s2_1 + t * wq30
                 t = (0.4472135954999579 * ra4_2 * rg30_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr30).sum(1)
+                s2_2 = s2_2 + t * wq30
                 t = (0.4472135954999579 * ra4_3 * rg30_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr30).sum(1)
+                s2_3 = s2_3 + t * wq30
                 t = (0.4472135954999579 * ra4_4 * rg30_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr30).sum(1)
+                s2_4 = s2_4 + t * wq30
                 # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
                 rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
                 rg31te, rg31to = hl.split(rg31t)
                 rg31_0, rg31_2 = hl.split(rg31te)
                 rg31_1, rg31_3 = hl.split(rg31to)
-                wr31 = w31[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg31_0 + 0.6324555320336758 * ra4_4 * rg31_1
                     - 0.3162277660168379 * ra4_3 * rg31_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr31).sum(1)
+                wq31 = w31[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq31
                 t = (
                     -0.3162277660168379 * ra4_0 * rg31_0 + 0.3162277660168379 * ra4_3 * rg31_1
                     - 0.5477225575051661 * ra4_2 * rg31_2 - 0.3162277660168379 * ra4_4 * rg31_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr31).sum(1)
+                s2_1 = s2_1 + t * wq31
                 t = (-0.5477225575051661 * ra4_3 * rg31_0 + 0.5477225575051661 * ra4_1 * rg31_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr31).sum(1)
+                s2_2 = s2_2 + t * wq31
                 t = (
                     0.5477225575051661 * ra4_2 * rg31_0 - 0.3162277660168379 * ra4_4 * rg31_0
                     - 0.3162277660168379 * ra4_1 * rg31_1 + 0.3162277660168379 * ra4_0 * rg31_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr31).sum(1)
+                s2_3 = s2_3 + t * wq31
                 t = (
                     0.3162277660168379 * ra4_3 * rg31_0 - 0.6324555320336758 * ra4_0 * rg31_1
                     + 0.3162277660168379 * ra4_1 * rg31_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr31).sum(1)
+                s2_4 = s2_4 + t * wq31
                 # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
                 rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4946,35 +4946,35 @@ def tp_bwd_x2_0(
                 rg32toe, rg32too = hl.split(rg32to)
                 rg32_1, rg32_5 = hl.split(rg32toe)
                 rg32_3, rg32_7 = hl.split(rg32too)
-                wr32 = w32[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg32_0 + 0.4629100498862757 * ra4_3 * rg32_1
                     - 0.5345224838248488 * ra4_0 * rg32_2 + 0.4629100498862757 * ra4_1 * rg32_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr32).sum(1)
+                wq32 = w32[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq32
                 t = (
                     0.4629100498862757 * ra4_3 * rg32_0 + 0.2672612419124244 * ra4_2 * rg32_1
                     - 0.4629100498862757 * ra4_4 * rg32_1 + 0.2672612419124244 * ra4_1 * rg32_2
                     + 0.4629100498862757 * ra4_0 * rg32_3 - 0.4629100498862757 * ra4_1 * rg32_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr32).sum(1)
+                s2_1 = s2_1 + t * wq32
                 t = (
                     -0.5345224838248488 * ra4_0 * rg32_0 + 0.2672612419124244 * ra4_1 * rg32_1
                     + 0.5345224838248488 * ra4_2 * rg32_2 + 0.2672612419124244 * ra4_3 * rg32_3
                     - 0.5345224838248488 * ra4_4 * rg32_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr32).sum(1)
+                s2_2 = s2_2 + t * wq32
                 t = (
                     0.4629100498862757 * ra4_1 * rg32_0 + 0.4629100498862757 * ra4_0 * rg32_1
                     + 0.2672612419124244 * ra4_3 * rg32_2 + 0.2672612419124244 * ra4_2 * rg32_3
                     + 0.4629100498862757 * ra4_4 * rg32_3 + 0.4629100498862757 * ra4_3 * rg32_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr32).sum(1)
+                s2_3 = s2_3 + t * wq32
                 t = (
                     -0.4629100498862757 * ra4_1 * rg32_1 - 0.5345224838248488 * ra4_4 * rg32_2
                     + 0.4629100498862757 * ra4_3 * rg32_3 - 0.5345224838248488 * ra4_2 * rg32_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr32).sum(1)
+                s2_4 = s2_4 + t * wq32
                 # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
                 rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
@@ -4985,78 +4985,78 @@ def tp_bwd_x2_0(
                 rg33toe, rg33too = hl.split(rg33to)
                 rg33_1, rg33_5 = hl.split(rg33toe)
                 rg33_3, rg33_7 = hl.split(rg33too)
-                wr33 = w33[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra4_1 * rg33_0 - 0.38729833462074176 * ra4_1 * rg33_2
                     - 0.31622776601683794 * ra4_4 * rg33_3 + 0.38729833462074176 * ra4_3 * rg33_4
                     - 0.7071067811865476 * ra4_2 * rg33_5 - 0.5000000000000001 * ra4_3 * rg33_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr33).sum(1)
+                wq33 = w33[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq33
                 t = (
                     0.5000000000000001 * ra4_0 * rg33_0 + 0.38729833462074176 * ra4_0 * rg33_2
                     + 0.6324555320336759 * ra4_3 * rg33_3 - 0.4472135954999579 * ra4_2 * rg33_4
                     + 0.38729833462074176 * ra4_4 * rg33_4 + 0.5000000000000001 * ra4_4 * rg33_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr33).sum(1)
+                s2_1 = s2_1 + t * wq33
                 t = (
                     -0.7071067811865476 * ra4_4 * rg33_1 - 0.4472135954999579 * ra4_3 * rg33_2
                     + 0.4472135954999579 * ra4_1 * rg33_4 + 0.7071067811865476 * ra4_0 * rg33_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr33).sum(1)
+                s2_2 = s2_2 + t * wq33
                 t = (
                     -0.5000000000000001 * ra4_4 * rg33_0 + 0.4472135954999579 * ra4_2 * rg33_2
                     + 0.38729833462074176 * ra4_4 * rg33_2 - 0.6324555320336759 * ra4_1 * rg33_3
                     - 0.38729833462074176 * ra4_0 * rg33_4 + 0.5000000000000001 * ra4_0 * rg33_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr33).sum(1)
+                s2_3 = s2_3 + t * wq33
                 t = (
                     0.5000000000000001 * ra4_3 * rg33_0 + 0.7071067811865476 * ra4_2 * rg33_1
                     - 0.38729833462074176 * ra4_3 * rg33_2 + 0.31622776601683794 * ra4_0 * rg33_3
                     - 0.38729833462074176 * ra4_1 * rg33_4 - 0.5000000000000001 * ra4_1 * rg33_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr33).sum(1)
+                s2_4 = s2_4 + t * wq33
                 # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
                 rg41_0 = g_41[tile_b, 0, tile_r]
-                wr41 = w41[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg41_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr41).sum(1)
+                wq41 = w41[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq41
                 t = (0.4472135954999579 * ra5_1 * rg41_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr41).sum(1)
+                s2_1 = s2_1 + t * wq41
                 t = (0.4472135954999579 * ra5_2 * rg41_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr41).sum(1)
+                s2_2 = s2_2 + t * wq41
                 t = (0.4472135954999579 * ra5_3 * rg41_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr41).sum(1)
+                s2_3 = s2_3 + t * wq41
                 t = (0.4472135954999579 * ra5_4 * rg41_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr41).sum(1)
+                s2_4 = s2_4 + t * wq41
                 # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
                 rg42 = hl.load(g_42, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg42t = rg42.reshape([tile_b, tile_r, 2, 2])
                 rg42te, rg42to = hl.split(rg42t)
                 rg42_0, rg42_2 = hl.split(rg42te)
                 rg42_1, rg42_3 = hl.split(rg42to)
-                wr42 = w42[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg42_0 + 0.6324555320336758 * ra5_4 * rg42_1
                     - 0.3162277660168379 * ra5_3 * rg42_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr42).sum(1)
+                wq42 = w42[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq42
                 t = (
                     -0.3162277660168379 * ra5_0 * rg42_0 + 0.3162277660168379 * ra5_3 * rg42_1
                     - 0.5477225575051661 * ra5_2 * rg42_2 - 0.3162277660168379 * ra5_4 * rg42_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr42).sum(1)
+                s2_1 = s2_1 + t * wq42
                 t = (-0.5477225575051661 * ra5_3 * rg42_0 + 0.5477225575051661 * ra5_1 * rg42_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr42).sum(1)
+                s2_2 = s2_2 + t * wq42
                 t = (
                     0.5477225575051661 * ra5_2 * rg42_0 - 0.3162277660168379 * ra5_4 * rg42_0
                     - 0.3162277660168379 * ra5_1 * rg42_1 + 0.3162277660168379 * ra5_0 * rg42_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr42).sum(1)
+                s2_3 = s2_3 + t * wq42
                 t = (
                     0.3162277660168379 * ra5_3 * rg42_0 - 0.6324555320336758 * ra5_0 * rg42_1
                     + 0.3162277660168379 * ra5_1 * rg42_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr42).sum(1)
+                s2_4 = s2_4 + t * wq42
                 # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
                 rg43 = hl.load(g_43, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg43t = rg43.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5067,35 +5067,35 @@ def tp_bwd_x2_0(
                 rg43toe, rg43too = hl.split(rg43to)
                 rg43_1, rg43_5 = hl.split(rg43toe)
                 rg43_3, rg43_7 = hl.split(rg43too)
-                wr43 = w43[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg43_0 + 0.4629100498862757 * ra5_3 * rg43_1
                     - 0.5345224838248488 * ra5_0 * rg43_2 + 0.4629100498862757 * ra5_1 * rg43_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr43).sum(1)
+                wq43 = w43[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq43
                 t = (
                     0.4629100498862757 * ra5_3 * rg43_0 + 0.2672612419124244 * ra5_2 * rg43_1
                     - 0.4629100498862757 * ra5_4 * rg43_1 + 0.2672612419124244 * ra5_1 * rg43_2
                     + 0.4629100498862757 * ra5_0 * rg43_3 - 0.4629100498862757 * ra5_1 * rg43_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr43).sum(1)
+                s2_1 = s2_1 + t * wq43
                 t = (
                     -0.5345224838248488 * ra5_0 * rg43_0 + 0.2672612419124244 * ra5_1 * rg43_1
                     + 0.5345224838248488 * ra5_2 * rg43_2 + 0.2672612419124244 * ra5_3 * rg43_3
                     - 0.5345224838248488 * ra5_4 * rg43_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr43).sum(1)
+                s2_2 = s2_2 + t * wq43
                 t = (
                     0.4629100498862757 * ra5_1 * rg43_0 + 0.4629100498862757 * ra5_0 * rg43_1
                     + 0.2672612419124244 * ra5_3 * rg43_2 + 0.2672612419124244 * ra5_2 * rg43_3
                     + 0.4629100498862757 * ra5_4 * rg43_3 + 0.4629100498862757 * ra5_3 * rg43_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr43).sum(1)
+                s2_3 = s2_3 + t * wq43
                 t = (
                     -0.4629100498862757 * ra5_1 * rg43_1 - 0.5345224838248488 * ra5_4 * rg43_2
                     + 0.4629100498862757 * ra5_3 * rg43_3 - 0.5345224838248488 * ra5_2 * rg43_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr43).sum(1)
+                s2_4 = s2_4 + t * wq43
                 # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
                 rg44 = hl.load(g_44, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg44t = rg44.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5106,70 +5106,70 @@ def tp_bwd_x2_0(
                 rg44toe, rg44too = hl.split(rg44to)
                 rg44_1, rg44_5 = hl.split(rg44toe)
                 rg44_3, rg44_7 = hl.split(rg44too)
-                wr44 = w44[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra5_1 * rg44_0 - 0.38729833462074176 * ra5_1 * rg44_2
                     - 0.31622776601683794 * ra5_4 * rg44_3 + 0.38729833462074176 * ra5_3 * rg44_4
                     - 0.7071067811865476 * ra5_2 * rg44_5 - 0.5000000000000001 * ra5_3 * rg44_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr44).sum(1)
+                wq44 = w44[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq44
                 t = (
                     0.5000000000000001 * ra5_0 * rg44_0 + 0.38729833462074176 * ra5_0 * rg44_2
                     + 0.6324555320336759 * ra5_3 * rg44_3 - 0.4472135954999579 * ra5_2 * rg44_4
                     + 0.38729833462074176 * ra5_4 * rg44_4 + 0.5000000000000001 * ra5_4 * rg44_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr44).sum(1)
+                s2_1 = s2_1 + t * wq44
                 t = (
                     -0.7071067811865476 * ra5_4 * rg44_1 - 0.4472135954999579 * ra5_3 * rg44_2
                     + 0.4472135954999579 * ra5_1 * rg44_4 + 0.7071067811865476 * ra5_0 * rg44_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr44).sum(1)
+                s2_2 = s2_2 + t * wq44
                 t = (
                     -0.5000000000000001 * ra5_4 * rg44_0 + 0.4472135954999579 * ra5_2 * rg44_2
                     + 0.38729833462074176 * ra5_4 * rg44_2 - 0.6324555320336759 * ra5_1 * rg44_3
                     - 0.38729833462074176 * ra5_0 * rg44_4 + 0.5000000000000001 * ra5_0 * rg44_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr44).sum(1)
+                s2_3 = s2_3 + t * wq44
                 t = (
                     0.5000000000000001 * ra5_3 * rg44_0 + 0.7071067811865476 * ra5_2 * rg44_1
                     - 0.38729833462074176 * ra5_3 * rg44_2 + 0.31622776601683794 * ra5_0 * rg44_3
                     - 0.38729833462074176 * ra5_1 * rg44_4 - 0.5000000000000001 * ra5_1 * rg44_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr44).sum(1)
+                s2_4 = s2_4 + t * wq44
                 # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
                 rg51 = hl.load(g_51, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg51t = rg51.reshape([tile_b, tile_r, 2, 2])
                 rg51te, rg51to = hl.split(rg51t)
                 rg51_0, rg51_2 = hl.split(rg51te)
                 rg51_1, rg51_3 = hl.split(rg51to)
-                wr51 = w51[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra6_4 * rg51_0 - 0.4629100498862757 * ra6_6 * rg51_0
                     + 0.3779644730092272 * ra6_1 * rg51_1 + 0.4629100498862757 * ra6_0 * rg51_2
                     - 0.11952286093343936 * ra6_2 * rg51_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr51).sum(1)
+                wq51 = w51[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq51
                 t = (
                     -0.2927700218845599 * ra6_3 * rg51_0 - 0.3779644730092272 * ra6_5 * rg51_0
                     + 0.47809144373375745 * ra6_2 * rg51_1 + 0.3779644730092272 * ra6_1 * rg51_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr51).sum(1)
+                s2_1 = s2_1 + t * wq51
                 t = (
                     0.4140393356054125 * ra6_2 * rg51_0 + 0.50709255283711 * ra6_3 * rg51_1
                     + 0.4140393356054125 * ra6_4 * rg51_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr51).sum(1)
+                s2_2 = s2_2 + t * wq51
                 t = (
                     0.3779644730092272 * ra6_1 * rg51_0 + 0.47809144373375745 * ra6_4 * rg51_1
                     - 0.2927700218845599 * ra6_3 * rg51_2 + 0.3779644730092272 * ra6_5 * rg51_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr51).sum(1)
+                s2_3 = s2_3 + t * wq51
                 t = (
                     0.4629100498862757 * ra6_0 * rg51_0 + 0.11952286093343936 * ra6_2 * rg51_0
                     + 0.3779644730092272 * ra6_5 * rg51_1 - 0.11952286093343936 * ra6_4 * rg51_2
                     + 0.4629100498862757 * ra6_6 * rg51_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr51).sum(1)
+                s2_4 = s2_4 + t * wq51
                 # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
                 rg52 = hl.load(g_52, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg52t = rg52.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5180,36 +5180,36 @@ def tp_bwd_x2_0(
                 rg52toe, rg52too = hl.split(rg52to)
                 rg52_1, rg52_5 = hl.split(rg52toe)
                 rg52_3, rg52_7 = hl.split(rg52too)
-                wr52 = w52[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra6_0 * rg52_1 + 0.3273268353539886 * ra6_2 * rg52_1
                     + 0.5976143046671969 * ra6_5 * rg52_2 - 0.3273268353539886 * ra6_4 * rg52_3
                     + 0.42257712736425834 * ra6_6 * rg52_3 + 0.2672612419124244 * ra6_3 * rg52_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr52).sum(1)
+                wq52 = w52[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq52
                 t = (
                     -0.42257712736425834 * ra6_0 * rg52_0 - 0.3273268353539886 * ra6_2 * rg52_0
                     + 0.3779644730092272 * ra6_4 * rg52_2 - 0.5345224838248488 * ra6_3 * rg52_3
                     - 0.3273268353539886 * ra6_4 * rg52_4 - 0.42257712736425834 * ra6_6 * rg52_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr52).sum(1)
+                s2_1 = s2_1 + t * wq52
                 t = (
                     -0.5976143046671969 * ra6_5 * rg52_0 - 0.3779644730092272 * ra6_4 * rg52_1
                     + 0.3779644730092272 * ra6_2 * rg52_3 + 0.5976143046671969 * ra6_1 * rg52_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr52).sum(1)
+                s2_2 = s2_2 + t * wq52
                 t = (
                     0.3273268353539886 * ra6_4 * rg52_0 - 0.42257712736425834 * ra6_6 * rg52_0
                     + 0.5345224838248488 * ra6_3 * rg52_1 - 0.3779644730092272 * ra6_2 * rg52_2
                     + 0.42257712736425834 * ra6_0 * rg52_4 - 0.3273268353539886 * ra6_2 * rg52_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr52).sum(1)
+                s2_3 = s2_3 + t * wq52
                 t = (
                     -0.2672612419124244 * ra6_3 * rg52_0 + 0.3273268353539886 * ra6_4 * rg52_1
                     + 0.42257712736425834 * ra6_6 * rg52_1 - 0.5976143046671969 * ra6_1 * rg52_2
                     - 0.42257712736425834 * ra6_0 * rg52_3 + 0.3273268353539886 * ra6_2 * rg52_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr52).sum(1)
+                s2_4 = s2_4 + t * wq52
                 # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
                 rg53 = hl.load(g_53, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg53t = rg53.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5220,14 +5220,14 @@ def tp_bwd_x2_0(
                 rg53toe, rg53too = hl.split(rg53to)
                 rg53_1, rg53_5 = hl.split(rg53toe)
                 rg53_3, rg53_7 = hl.split(rg53too)
-                wr53 = w53[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra6_4 * rg53_0 - 0.5773502691896258 * ra6_3 * rg53_1
                     + 0.4472135954999579 * ra6_4 * rg53_2 + 0.2886751345948129 * ra6_6 * rg53_2
                     - 0.5773502691896258 * ra6_1 * rg53_3 - 0.2886751345948129 * ra6_0 * rg53_4
                     + 0.4472135954999579 * ra6_2 * rg53_4 + 0.2886751345948129 * ra6_2 * rg53_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr53).sum(1)
+                wq53 = w53[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq53
                 t = (
                     0.45643546458763845 * ra6_5 * rg53_0 + 0.3535533905932738 * ra6_4 * rg53_1
                     - 0.45643546458763845 * ra6_6 * rg53_1 + 0.18257418583505539 * ra6_3 * rg53_2
@@ -5235,13 +5235,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra6_1 * rg53_4 + 0.45643546458763845 * ra6_0 * rg53_5
                     - 0.3535533905932738 * ra6_2 * rg53_5 - 0.45643546458763845 * ra6_1 * rg53_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr53).sum(1)
+                s2_1 = s2_1 + t * wq53
                 t = (
                     -0.6454972243679029 * ra6_0 * rg53_0 + 0.38729833462074176 * ra6_2 * rg53_2
                     + 0.5163977794943223 * ra6_3 * rg53_3 + 0.38729833462074176 * ra6_4 * rg53_4
                     - 0.6454972243679029 * ra6_6 * rg53_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr53).sum(1)
+                s2_2 = s2_2 + t * wq53
                 t = (
                     0.45643546458763845 * ra6_1 * rg53_0 + 0.45643546458763845 * ra6_0 * rg53_1
                     + 0.3535533905932738 * ra6_2 * rg53_1 + 0.3535533905932738 * ra6_1 * rg53_2
@@ -5249,48 +5249,48 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra6_5 * rg53_4 + 0.3535533905932738 * ra6_4 * rg53_5
                     + 0.45643546458763845 * ra6_6 * rg53_5 + 0.45643546458763845 * ra6_5 * rg53_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr53).sum(1)
+                s2_3 = s2_3 + t * wq53
                 t = (
                     -0.2886751345948129 * ra6_2 * rg53_0 - 0.2886751345948129 * ra6_0 * rg53_2
                     - 0.4472135954999579 * ra6_2 * rg53_2 - 0.5773502691896258 * ra6_5 * rg53_3
                     + 0.4472135954999579 * ra6_4 * rg53_4 - 0.2886751345948129 * ra6_6 * rg53_4
                     - 0.5773502691896258 * ra6_3 * rg53_5 - 0.2886751345948129 * ra6_4 * rg53_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr53).sum(1)
+                s2_4 = s2_4 + t * wq53
                 # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
                 rg61 = hl.load(g_61, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg61t = rg61.reshape([tile_b, tile_r, 2, 2])
                 rg61te, rg61to = hl.split(rg61t)
                 rg61_0, rg61_2 = hl.split(rg61te)
                 rg61_1, rg61_3 = hl.split(rg61to)
-                wr61 = w61[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra7_4 * rg61_0 - 0.4629100498862757 * ra7_6 * rg61_0
                     + 0.3779644730092272 * ra7_1 * rg61_1 + 0.4629100498862757 * ra7_0 * rg61_2
                     - 0.11952286093343936 * ra7_2 * rg61_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr61).sum(1)
+                wq61 = w61[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq61
                 t = (
                     -0.2927700218845599 * ra7_3 * rg61_0 - 0.3779644730092272 * ra7_5 * rg61_0
                     + 0.47809144373375745 * ra7_2 * rg61_1 + 0.3779644730092272 * ra7_1 * rg61_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr61).sum(1)
+                s2_1 = s2_1 + t * wq61
                 t = (
                     0.4140393356054125 * ra7_2 * rg61_0 + 0.50709255283711 * ra7_3 * rg61_1
                     + 0.4140393356054125 * ra7_4 * rg61_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr61).sum(1)
+                s2_2 = s2_2 + t * wq61
                 t = (
                     0.3779644730092272 * ra7_1 * rg61_0 + 0.47809144373375745 * ra7_4 * rg61_1
                     - 0.2927700218845599 * ra7_3 * rg61_2 + 0.3779644730092272 * ra7_5 * rg61_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr61).sum(1)
+                s2_3 = s2_3 + t * wq61
                 t = (
                     0.4629100498862757 * ra7_0 * rg61_0 + 0.11952286093343936 * ra7_2 * rg61_0
                     + 0.3779644730092272 * ra7_5 * rg61_1 - 0.11952286093343936 * ra7_4 * rg61_2
                     + 0.4629100498862757 * ra7_6 * rg61_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr61).sum(1)
+                s2_4 = s2_4 + t * wq61
                 # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
                 rg62 = hl.load(g_62, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg62t = rg62.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5301,36 +5301,36 @@ def tp_bwd_x2_0(
                 rg62toe, rg62too = hl.split(rg62to)
                 rg62_1, rg62_5 = hl.split(rg62toe)
                 rg62_3, rg62_7 = hl.split(rg62too)
-                wr62 = w62[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra7_0 * rg62_1 + 0.3273268353539886 * ra7_2 * rg62_1
                     + 0.5976143046671969 * ra7_5 * rg62_2 - 0.3273268353539886 * ra7_4 * rg62_3
                     + 0.42257712736425834 * ra7_6 * rg62_3 + 0.2672612419124244 * ra7_3 * rg62_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr62).sum(1)
+                wq62 = w62[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq62
                 t = (
                     -0.42257712736425834 * ra7_0 * rg62_0 - 0.3273268353539886 * ra7_2 * rg62_0
                     + 0.3779644730092272 * ra7_4 * rg62_2 - 0.5345224838248488 * ra7_3 * rg62_3
                     - 0.3273268353539886 * ra7_4 * rg62_4 - 0.42257712736425834 * ra7_6 * rg62_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr62).sum(1)
+                s2_1 = s2_1 + t * wq62
                 t = (
                     -0.5976143046671969 * ra7_5 * rg62_0 - 0.3779644730092272 * ra7_4 * rg62_1
                     + 0.3779644730092272 * ra7_2 * rg62_3 + 0.5976143046671969 * ra7_1 * rg62_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr62).sum(1)
+                s2_2 = s2_2 + t * wq62
                 t = (
                     0.3273268353539886 * ra7_4 * rg62_0 - 0.42257712736425834 * ra7_6 * rg62_0
                     + 0.5345224838248488 * ra7_3 * rg62_1 - 0.3779644730092272 * ra7_2 * rg62_2
                     + 0.42257712736425834 * ra7_0 * rg62_4 - 0.3273268353539886 * ra7_2 * rg62_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr62).sum(1)
+                s2_3 = s2_3 + t * wq62
                 t = (
                     -0.2672612419124244 * ra7_3 * rg62_0 + 0.3273268353539886 * ra7_4 * rg62_1
                     + 0.42257712736425834 * ra7_6 * rg62_1 - 0.5976143046671969 * ra7_1 * rg62_2
                     - 0.42257712736425834 * ra7_0 * rg62_3 + 0.3273268353539886 * ra7_2 * rg62_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr62).sum(1)
+                s2_4 = s2_4 + t * wq62
                 # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
                 rg63 = hl.load(g_63, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg63t = rg63.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5341,14 +5341,14 @@ def tp_bwd_x2_0(
                 rg63toe, rg63too = hl.split(rg63to)
                 rg63_1, rg63_5 = hl.split(rg63toe)
                 rg63_3, rg63_7 = hl.split(rg63too)
-                wr63 = w63[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra7_4 * rg63_0 - 0.5773502691896258 * ra7_3 * rg63_1
                     + 0.4472135954999579 * ra7_4 * rg63_2 + 0.2886751345948129 * ra7_6 * rg63_2
                     - 0.5773502691896258 * ra7_1 * rg63_3 - 0.2886751345948129 * ra7_0 * rg63_4
                     + 0.4472135954999579 * ra7_2 * rg63_4 + 0.2886751345948129 * ra7_2 * rg63_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr63).sum(1)
+                wq63 = w63[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq63
                 t = (
                     0.45643546458763845 * ra7_5 * rg63_0 + 0.3535533905932738 * ra7_4 * rg63_1
                     - 0.45643546458763845 * ra7_6 * rg63_1 + 0.18257418583505539 * ra7_3 * rg63_2
@@ -5356,13 +5356,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra7_1 * rg63_4 + 0.45643546458763845 * ra7_0 * rg63_5
                     - 0.3535533905932738 * ra7_2 * rg63_5 - 0.45643546458763845 * ra7_1 * rg63_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr63).sum(1)
+                s2_1 = s2_1 + t * wq63
                 t = (
                     -0.6454972243679029 * ra7_0 * rg63_0 + 0.38729833462074176 * ra7_2 * rg63_2
                     + 0.5163977794943223 * ra7_3 * rg63_3 + 0.38729833462074176 * ra7_4 * rg63_4
                     - 0.6454972243679029 * ra7_6 * rg63_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr63).sum(1)
+                s2_2 = s2_2 + t * wq63
                 t = (
                     0.45643546458763845 * ra7_1 * rg63_0 + 0.45643546458763845 * ra7_0 * rg63_1
                     + 0.3535533905932738 * ra7_2 * rg63_1 + 0.3535533905932738 * ra7_1 * rg63_2
@@ -5370,14 +5370,23 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra7_5 * rg63_4 + 0.3535533905932738 * ra7_4 * rg63_5
                     + 0.45643546458763845 * ra7_6 * rg63_5 + 0.45643546458763845 * ra7_5 * rg63_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr63).sum(1)
+                s2_3 = s2_3 + t * wq63
                 t = (
                     -0.2886751345948129 * ra7_2 * rg63_0 - 0.2886751345948129 * ra7_0 * rg63_2
                     - 0.4472135954999579 * ra7_2 * rg63_2 - 0.5773502691896258 * ra7_5 * rg63_3
                     + 0.4472135954999579 * ra7_4 * rg63_4 - 0.2886751345948129 * ra7_6 * rg63_4
                     - 0.5773502691896258 * ra7_3 * rg63_5 - 0.2886751345948129 * ra7_4 * rg63_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr63).sum(1)
+                s2_4 = s2_4 + t * wq63
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -5468,21 +5477,21 @@ def tp_bwd_x2_1(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
+                s3_1 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
+                s3_2 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
+                s3_3 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
+                s3_4 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
+                s3_5 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
+                s3_6 = t * wq3
                 # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
                 rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
@@ -5494,21 +5503,21 @@ def tp_bwd_x2_1(
                 rg7toe, rg7too = hl.split(rg7to)
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra1_0 * rg7_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr7).sum(1)
+                s3_1 = s3_1 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr7).sum(1)
+                s3_2 = s3_2 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr7).sum(1)
+                s3_3 = s3_3 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr7).sum(1)
+                s3_4 = s3_4 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr7).sum(1)
+                s3_5 = s3_5 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr7).sum(1)
+                s3_6 = s3_6 + t * wq7
                 # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
@@ -5524,36 +5533,36 @@ def tp_bwd_x2_1(
                 rg15toe, rg15too = hl.split(rg15to)
                 rg15_1, rg15_5 = hl.split(rg15toe)
                 rg15_3, rg15_7 = hl.split(rg15too)
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra2_2 * rg15_0 + 0.5976143046671969 * ra2_0 * rg15_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq15
                 t = (
                     0.48795003647426666 * ra2_1 * rg15_0 + 0.48795003647426666 * ra2_2 * rg15_1
                     + 0.48795003647426666 * ra2_0 * rg15_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr15).sum(1)
+                s3_1 = s3_1 + t * wq15
                 t = (
                     -0.1543033499620919 * ra2_2 * rg15_0 + 0.6172133998483676 * ra2_1 * rg15_1
                     + 0.5345224838248488 * ra2_0 * rg15_2 + 0.1543033499620919 * ra2_0 * rg15_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr15).sum(1)
+                s3_2 = s3_2 + t * wq15
                 t = (
                     -0.3779644730092272 * ra2_0 * rg15_1 + 0.6546536707079772 * ra2_1 * rg15_2
                     - 0.3779644730092272 * ra2_2 * rg15_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr15).sum(1)
+                s3_3 = s3_3 + t * wq15
                 t = (
                     -0.1543033499620919 * ra2_0 * rg15_0 + 0.5345224838248488 * ra2_2 * rg15_2
                     + 0.6172133998483676 * ra2_1 * rg15_3 - 0.1543033499620919 * ra2_2 * rg15_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr15).sum(1)
+                s3_4 = s3_4 + t * wq15
                 t = (
                     -0.48795003647426666 * ra2_0 * rg15_1 + 0.48795003647426666 * ra2_2 * rg15_3
                     + 0.48795003647426666 * ra2_1 * rg15_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr15).sum(1)
+                s3_5 = s3_5 + t * wq15
                 t = (-0.5976143046671969 * ra2_0 * rg15_0 + 0.5976143046671969 * ra2_2 * rg15_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
+                s3_6 = s3_6 + t * wq15
                 # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
                 rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5564,41 +5573,41 @@ def tp_bwd_x2_1(
                 rg16toe, rg16too = hl.split(rg16to)
                 rg16_1, rg16_5 = hl.split(rg16toe)
                 rg16_3, rg16_7 = hl.split(rg16too)
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra2_0 * rg16_1 + 0.3535533905932738 * ra2_2 * rg16_5
                     - 0.8660254037844387 * ra2_1 * rg16_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq16
                 t = (
                     0.3535533905932738 * ra2_0 * rg16_0 - 0.45643546458763845 * ra2_0 * rg16_2
                     + 0.45643546458763845 * ra2_2 * rg16_4 - 0.5773502691896258 * ra2_1 * rg16_5
                     + 0.3535533905932738 * ra2_2 * rg16_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr16).sum(1)
+                s3_1 = s3_1 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_0 * rg16_1 + 0.7071067811865476 * ra2_2 * rg16_3
                     - 0.2886751345948129 * ra2_1 * rg16_4 + 0.45643546458763845 * ra2_2 * rg16_5
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr16).sum(1)
+                s3_2 = s3_2 + t * wq16
                 t = (-0.7071067811865476 * ra2_2 * rg16_2 + 0.7071067811865476 * ra2_0 * rg16_4)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr16).sum(1)
+                s3_3 = s3_3 + t * wq16
                 t = (
                     -0.45643546458763845 * ra2_2 * rg16_1 + 0.2886751345948129 * ra2_1 * rg16_2
                     - 0.7071067811865476 * ra2_0 * rg16_3 + 0.45643546458763845 * ra2_0 * rg16_5
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr16).sum(1)
+                s3_4 = s3_4 + t * wq16
                 t = (
                     -0.3535533905932738 * ra2_2 * rg16_0 + 0.5773502691896258 * ra2_1 * rg16_1
                     - 0.45643546458763845 * ra2_2 * rg16_2 - 0.45643546458763845 * ra2_0 * rg16_4
                     + 0.3535533905932738 * ra2_0 * rg16_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr16).sum(1)
+                s3_5 = s3_5 + t * wq16
                 t = (
                     0.8660254037844387 * ra2_1 * rg16_0 - 0.3535533905932738 * ra2_2 * rg16_1
                     - 0.3535533905932738 * ra2_0 * rg16_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
+                s3_6 = s3_6 + t * wq16
                 # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
@@ -5614,36 +5623,36 @@ def tp_bwd_x2_1(
                 rg24toe, rg24too = hl.split(rg24to)
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
-                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra3_2 * rg24_0 + 0.5976143046671969 * ra3_0 * rg24_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr24).sum(1)
+                wq24 = w24[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq24
                 t = (
                     0.48795003647426666 * ra3_1 * rg24_0 + 0.48795003647426666 * ra3_2 * rg24_1
                     + 0.48795003647426666 * ra3_0 * rg24_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr24).sum(1)
+                s3_1 = s3_1 + t * wq24
                 t = (
                     -0.1543033499620919 * ra3_2 * rg24_0 + 0.6172133998483676 * ra3_1 * rg24_1
                     + 0.5345224838248488 * ra3_0 * rg24_2 + 0.1543033499620919 * ra3_0 * rg24_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr24).sum(1)
+                s3_2 = s3_2 + t * wq24
                 t = (
                     -0.3779644730092272 * ra3_0 * rg24_1 + 0.6546536707079772 * ra3_1 * rg24_2
                     - 0.3779644730092272 * ra3_2 * rg24_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr24).sum(1)
+                s3_3 = s3_3 + t * wq24
                 t = (
                     -0.1543033499620919 * ra3_0 * rg24_0 + 0.5345224838248488 * ra3_2 * rg24_2
                     + 0.6172133998483676 * ra3_1 * rg24_3 - 0.1543033499620919 * ra3_2 * rg24_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr24).sum(1)
+                s3_4 = s3_4 + t * wq24
                 t = (
                     -0.48795003647426666 * ra3_0 * rg24_1 + 0.48795003647426666 * ra3_2 * rg24_3
                     + 0.48795003647426666 * ra3_1 * rg24_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr24).sum(1)
+                s3_5 = s3_5 + t * wq24
                 t = (-0.5976143046671969 * ra3_0 * rg24_0 + 0.5976143046671969 * ra3_2 * rg24_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr24).sum(1)
+                s3_6 = s3_6 + t * wq24
                 # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
                 rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5654,41 +5663,41 @@ def tp_bwd_x2_1(
                 rg25toe, rg25too = hl.split(rg25to)
                 rg25_1, rg25_5 = hl.split(rg25toe)
                 rg25_3, rg25_7 = hl.split(rg25too)
-                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra3_0 * rg25_1 + 0.3535533905932738 * ra3_2 * rg25_5
                     - 0.8660254037844387 * ra3_1 * rg25_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr25).sum(1)
+                wq25 = w25[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq25
                 t = (
                     0.3535533905932738 * ra3_0 * rg25_0 - 0.45643546458763845 * ra3_0 * rg25_2
                     + 0.45643546458763845 * ra3_2 * rg25_4 - 0.5773502691896258 * ra3_1 * rg25_5
                     + 0.3535533905932738 * ra3_2 * rg25_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr25).sum(1)
+                s3_1 = s3_1 + t * wq25
                 t = (
                     0.45643546458763845 * ra3_0 * rg25_1 + 0.7071067811865476 * ra3_2 * rg25_3
                     - 0.2886751345948129 * ra3_1 * rg25_4 + 0.45643546458763845 * ra3_2 * rg25_5
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr25).sum(1)
+                s3_2 = s3_2 + t * wq25
                 t = (-0.7071067811865476 * ra3_2 * rg25_2 + 0.7071067811865476 * ra3_0 * rg25_4)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr25).sum(1)
+                s3_3 = s3_3 + t * wq25
                 t = (
                     -0.45643546458763845 * ra3_2 * rg25_1 + 0.2886751345948129 * ra3_1 * rg25_2
                     - 0.7071067811865476 * ra3_0 * rg25_3 + 0.45643546458763845 * ra3_0 * rg25_5
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr25).sum(1)
+                s3_4 = s3_4 + t * wq25
                 t = (
                     -0.3535533905932738 * ra3_2 * rg25_0 + 0.5773502691896258 * ra3_1 * rg25_1
                     - 0.45643546458763845 * ra3_2 * rg25_2 - 0.45643546458763845 * ra3_0 * rg25_4
                     + 0.3535533905932738 * ra3_0 * rg25_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr25).sum(1)
+                s3_5 = s3_5 + t * wq25
                 t = (
                     0.8660254037844387 * ra3_1 * rg25_0 - 0.3535533905932738 * ra3_2 * rg25_1
                     - 0.3535533905932738 * ra3_0 * rg25_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr25).sum(1)
+                s3_6 = s3_6 + t * wq25
                 # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
                 ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5704,36 +5713,36 @@ def tp_bwd_x2_1(
                 rg34te, rg34to = hl.split(rg34t)
                 rg34_0, rg34_2 = hl.split(rg34te)
                 rg34_1, rg34_3 = hl.split(rg34to)
-                wr34 = w34[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra4_4 * rg34_0 + 0.4629100498862757 * ra4_0 * rg34_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr34).sum(1)
+                wq34 = w34[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq34
                 t = (
                     0.3779644730092272 * ra4_3 * rg34_0 + 0.3779644730092272 * ra4_0 * rg34_1
                     + 0.3779644730092272 * ra4_1 * rg34_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr34).sum(1)
+                s3_1 = s3_1 + t * wq34
                 t = (
                     0.4140393356054125 * ra4_2 * rg34_0 + 0.11952286093343936 * ra4_4 * rg34_0
                     + 0.47809144373375745 * ra4_1 * rg34_1 - 0.11952286093343936 * ra4_0 * rg34_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr34).sum(1)
+                s3_2 = s3_2 + t * wq34
                 t = (
                     -0.2927700218845599 * ra4_1 * rg34_0 + 0.50709255283711 * ra4_2 * rg34_1
                     - 0.2927700218845599 * ra4_3 * rg34_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr34).sum(1)
+                s3_3 = s3_3 + t * wq34
                 t = (
                     -0.11952286093343936 * ra4_0 * rg34_0 + 0.47809144373375745 * ra4_3 * rg34_1
                     + 0.4140393356054125 * ra4_2 * rg34_2 - 0.11952286093343936 * ra4_4 * rg34_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr34).sum(1)
+                s3_4 = s3_4 + t * wq34
                 t = (
                     -0.3779644730092272 * ra4_1 * rg34_0 + 0.3779644730092272 * ra4_4 * rg34_1
                     + 0.3779644730092272 * ra4_3 * rg34_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr34).sum(1)
+                s3_5 = s3_5 + t * wq34
                 t = (-0.4629100498862757 * ra4_0 * rg34_0 + 0.4629100498862757 * ra4_4 * rg34_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr34).sum(1)
+                s3_6 = s3_6 + t * wq34
                 # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
                 rg35 = hl.load(g_35, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg35t = rg35.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5744,38 +5753,38 @@ def tp_bwd_x2_1(
                 rg35toe, rg35too = hl.split(rg35to)
                 rg35_1, rg35_5 = hl.split(rg35toe)
                 rg35_3, rg35_7 = hl.split(rg35too)
-                wr35 = w35[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra4_1 * rg35_0 - 0.42257712736425834 * ra4_0 * rg35_1
                     + 0.42257712736425834 * ra4_4 * rg35_3 - 0.42257712736425834 * ra4_3 * rg35_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr35).sum(1)
+                wq35 = w35[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq35
                 t = (0.5976143046671969 * ra4_4 * rg35_2 - 0.5976143046671969 * ra4_2 * rg35_4)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr35).sum(1)
+                s3_1 = s3_1 + t * wq35
                 t = (
                     0.3273268353539886 * ra4_1 * rg35_0 - 0.3273268353539886 * ra4_0 * rg35_1
                     + 0.3779644730092272 * ra4_3 * rg35_2 - 0.3779644730092272 * ra4_2 * rg35_3
                     - 0.3273268353539886 * ra4_4 * rg35_3 + 0.3273268353539886 * ra4_3 * rg35_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr35).sum(1)
+                s3_2 = s3_2 + t * wq35
                 t = (
                     0.2672612419124244 * ra4_4 * rg35_0 - 0.5345224838248488 * ra4_3 * rg35_1
                     + 0.5345224838248488 * ra4_1 * rg35_3 - 0.2672612419124244 * ra4_0 * rg35_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr35).sum(1)
+                s3_3 = s3_3 + t * wq35
                 t = (
                     -0.3273268353539886 * ra4_3 * rg35_0 + 0.3779644730092272 * ra4_2 * rg35_1
                     - 0.3273268353539886 * ra4_4 * rg35_1 - 0.3779644730092272 * ra4_1 * rg35_2
                     + 0.3273268353539886 * ra4_0 * rg35_3 + 0.3273268353539886 * ra4_1 * rg35_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr35).sum(1)
+                s3_4 = s3_4 + t * wq35
                 t = (0.5976143046671969 * ra4_2 * rg35_0 - 0.5976143046671969 * ra4_0 * rg35_2)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr35).sum(1)
+                s3_5 = s3_5 + t * wq35
                 t = (
                     0.42257712736425834 * ra4_3 * rg35_0 - 0.42257712736425834 * ra4_4 * rg35_1
                     - 0.42257712736425834 * ra4_0 * rg35_3 + 0.42257712736425834 * ra4_1 * rg35_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr35).sum(1)
+                s3_6 = s3_6 + t * wq35
                 # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
                 rg36 = hl.load(g_36, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg36t = rg36.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5786,51 +5795,51 @@ def tp_bwd_x2_1(
                 rg36toe, rg36too = hl.split(rg36to)
                 rg36_1, rg36_5 = hl.split(rg36toe)
                 rg36_3, rg36_7 = hl.split(rg36too)
-                wr36 = w36[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra4_2 * rg36_0 + 0.45643546458763845 * ra4_3 * rg36_1
                     - 0.2886751345948129 * ra4_4 * rg36_2 - 0.2886751345948129 * ra4_0 * rg36_4
                     + 0.45643546458763845 * ra4_1 * rg36_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr36).sum(1)
+                wq36 = w36[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq36
                 t = (
                     0.45643546458763845 * ra4_3 * rg36_0 + 0.3535533905932738 * ra4_3 * rg36_2
                     - 0.5773502691896258 * ra4_0 * rg36_3 + 0.3535533905932738 * ra4_1 * rg36_4
                     - 0.45643546458763845 * ra4_1 * rg36_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr36).sum(1)
+                s3_1 = s3_1 + t * wq36
                 t = (
                     -0.2886751345948129 * ra4_4 * rg36_0 + 0.3535533905932738 * ra4_3 * rg36_1
                     + 0.38729833462074176 * ra4_2 * rg36_2 - 0.4472135954999579 * ra4_4 * rg36_2
                     + 0.18257418583505539 * ra4_1 * rg36_3 + 0.4472135954999579 * ra4_0 * rg36_4
                     - 0.3535533905932738 * ra4_1 * rg36_5 + 0.2886751345948129 * ra4_0 * rg36_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr36).sum(1)
+                s3_2 = s3_2 + t * wq36
                 t = (
                     -0.5773502691896258 * ra4_0 * rg36_1 + 0.18257418583505539 * ra4_1 * rg36_2
                     + 0.5163977794943223 * ra4_2 * rg36_3 + 0.18257418583505539 * ra4_3 * rg36_4
                     - 0.5773502691896258 * ra4_4 * rg36_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr36).sum(1)
+                s3_3 = s3_3 + t * wq36
                 t = (
                     -0.2886751345948129 * ra4_0 * rg36_0 + 0.3535533905932738 * ra4_1 * rg36_1
                     + 0.4472135954999579 * ra4_0 * rg36_2 + 0.18257418583505539 * ra4_3 * rg36_3
                     + 0.38729833462074176 * ra4_2 * rg36_4 + 0.4472135954999579 * ra4_4 * rg36_4
                     + 0.3535533905932738 * ra4_3 * rg36_5 - 0.2886751345948129 * ra4_4 * rg36_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr36).sum(1)
+                s3_4 = s3_4 + t * wq36
                 t = (
                     0.45643546458763845 * ra4_1 * rg36_0 - 0.3535533905932738 * ra4_1 * rg36_2
                     - 0.5773502691896258 * ra4_4 * rg36_3 + 0.3535533905932738 * ra4_3 * rg36_4
                     + 0.45643546458763845 * ra4_3 * rg36_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr36).sum(1)
+                s3_5 = s3_5 + t * wq36
                 t = (
                     -0.45643546458763845 * ra4_1 * rg36_1 + 0.2886751345948129 * ra4_0 * rg36_2
                     - 0.2886751345948129 * ra4_4 * rg36_4 + 0.45643546458763845 * ra4_3 * rg36_5
                     - 0.6454972243679029 * ra4_2 * rg36_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr36).sum(1)
+                s3_6 = s3_6 + t * wq36
                 # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
                 ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5846,36 +5855,36 @@ def tp_bwd_x2_1(
                 rg45te, rg45to = hl.split(rg45t)
                 rg45_0, rg45_2 = hl.split(rg45te)
                 rg45_1, rg45_3 = hl.split(rg45to)
-                wr45 = w45[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra5_4 * rg45_0 + 0.4629100498862757 * ra5_0 * rg45_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr45).sum(1)
+                wq45 = w45[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq45
                 t = (
                     0.3779644730092272 * ra5_3 * rg45_0 + 0.3779644730092272 * ra5_0 * rg45_1
                     + 0.3779644730092272 * ra5_1 * rg45_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr45).sum(1)
+                s3_1 = s3_1 + t * wq45
                 t = (
                     0.4140393356054125 * ra5_2 * rg45_0 + 0.11952286093343936 * ra5_4 * rg45_0
                     + 0.47809144373375745 * ra5_1 * rg45_1 - 0.11952286093343936 * ra5_0 * rg45_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr45).sum(1)
+                s3_2 = s3_2 + t * wq45
                 t = (
                     -0.2927700218845599 * ra5_1 * rg45_0 + 0.50709255283711 * ra5_2 * rg45_1
                     - 0.2927700218845599 * ra5_3 * rg45_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr45).sum(1)
+                s3_3 = s3_3 + t * wq45
                 t = (
                     -0.11952286093343936 * ra5_0 * rg45_0 + 0.47809144373375745 * ra5_3 * rg45_1
                     + 0.4140393356054125 * ra5_2 * rg45_2 - 0.11952286093343936 * ra5_4 * rg45_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr45).sum(1)
+                s3_4 = s3_4 + t * wq45
                 t = (
                     -0.3779644730092272 * ra5_1 * rg45_0 + 0.3779644730092272 * ra5_4 * rg45_1
                     + 0.3779644730092272 * ra5_3 * rg45_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr45).sum(1)
+                s3_5 = s3_5 + t * wq45
                 t = (-0.4629100498862757 * ra5_0 * rg45_0 + 0.4629100498862757 * ra5_4 * rg45_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr45).sum(1)
+                s3_6 = s3_6 + t * wq45
                 # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
                 rg46 = hl.load(g_46, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg46t = rg46.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5886,38 +5895,38 @@ def tp_bwd_x2_1(
                 rg46toe, rg46too = hl.split(rg46to)
                 rg46_1, rg46_5 = hl.split(rg46toe)
                 rg46_3, rg46_7 = hl.split(rg46too)
-                wr46 = w46[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra5_1 * rg46_0 - 0.42257712736425834 * ra5_0 * rg46_1
                     + 0.42257712736425834 * ra5_4 * rg46_3 - 0.42257712736425834 * ra5_3 * rg46_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr46).sum(1)
+                wq46 = w46[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq46
                 t = (0.5976143046671969 * ra5_4 * rg46_2 - 0.5976143046671969 * ra5_2 * rg46_4)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr46).sum(1)
+                s3_1 = s3_1 + t * wq46
                 t = (
                     0.3273268353539886 * ra5_1 * rg46_0 - 0.3273268353539886 * ra5_0 * rg46_1
                     + 0.3779644730092272 * ra5_3 * rg46_2 - 0.3779644730092272 * ra5_2 * rg46_3
                     - 0.3273268353539886 * ra5_4 * rg46_3 + 0.3273268353539886 * ra5_3 * rg46_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr46).sum(1)
+                s3_2 = s3_2 + t * wq46
                 t = (
                     0.2672612419124244 * ra5_4 * rg46_0 - 0.5345224838248488 * ra5_3 * rg46_1
                     + 0.5345224838248488 * ra5_1 * rg46_3 - 0.2672612419124244 * ra5_0 * rg46_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr46).sum(1)
+                s3_3 = s3_3 + t * wq46
                 t = (
                     -0.3273268353539886 * ra5_3 * rg46_0 + 0.3779644730092272 * ra5_2 * rg46_1
                     - 0.3273268353539886 * ra5_4 * rg46_1 - 0.3779644730092272 * ra5_1 * rg46_2
                     + 0.3273268353539886 * ra5_0 * rg46_3 + 0.3273268353539886 * ra5_1 * rg46_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr46).sum(1)
+                s3_4 = s3_4 + t * wq46
                 t = (0.5976143046671969 * ra5_2 * rg46_0 - 0.5976143046671969 * ra5_0 * rg46_2)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr46).sum(1)
+                s3_5 = s3_5 + t * wq46
                 t = (
                     0.42257712736425834 * ra5_3 * rg46_0 - 0.42257712736425834 * ra5_4 * rg46_1
                     - 0.42257712736425834 * ra5_0 * rg46_3 + 0.42257712736425834 * ra5_1 * rg46_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr46).sum(1)
+                s3_6 = s3_6 + t * wq46
                 # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
                 rg47 = hl.load(g_47, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg47t = rg47.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5928,51 +5937,51 @@ def tp_bwd_x2_1(
                 rg47toe, rg47too = hl.split(rg47to)
                 rg47_1, rg47_5 = hl.split(rg47toe)
                 rg47_3, rg47_7 = hl.split(rg47too)
-                wr47 = w47[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra5_2 * rg47_0 + 0.45643546458763845 * ra5_3 * rg47_1
                     - 0.2886751345948129 * ra5_4 * rg47_2 - 0.2886751345948129 * ra5_0 * rg47_4
                     + 0.45643546458763845 * ra5_1 * rg47_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr47).sum(1)
+                wq47 = w47[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq47
                 t = (
                     0.45643546458763845 * ra5_3 * rg47_0 + 0.3535533905932738 * ra5_3 * rg47_2
                     - 0.5773502691896258 * ra5_0 * rg47_3 + 0.3535533905932738 * ra5_1 * rg47_4
                     - 0.45643546458763845 * ra5_1 * rg47_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr47).sum(1)
+                s3_1 = s3_1 + t * wq47
                 t = (
                     -0.2886751345948129 * ra5_4 * rg47_0 + 0.3535533905932738 * ra5_3 * rg47_1
                     + 0.38729833462074176 * ra5_2 * rg47_2 - 0.4472135954999579 * ra5_4 * rg47_2
                     + 0.18257418583505539 * ra5_1 * rg47_3 + 0.4472135954999579 * ra5_0 * rg47_4
                     - 0.3535533905932738 * ra5_1 * rg47_5 + 0.2886751345948129 * ra5_0 * rg47_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr47).sum(1)
+                s3_2 = s3_2 + t * wq47
                 t = (
                     -0.5773502691896258 * ra5_0 * rg47_1 + 0.18257418583505539 * ra5_1 * rg47_2
                     + 0.5163977794943223 * ra5_2 * rg47_3 + 0.18257418583505539 * ra5_3 * rg47_4
                     - 0.5773502691896258 * ra5_4 * rg47_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr47).sum(1)
+                s3_3 = s3_3 + t * wq47
                 t = (
                     -0.2886751345948129 * ra5_0 * rg47_0 + 0.3535533905932738 * ra5_1 * rg47_1
                     + 0.4472135954999579 * ra5_0 * rg47_2 + 0.18257418583505539 * ra5_3 * rg47_3
                     + 0.38729833462074176 * ra5_2 * rg47_4 + 0.4472135954999579 * ra5_4 * rg47_4
                     + 0.3535533905932738 * ra5_3 * rg47_5 - 0.2886751345948129 * ra5_4 * rg47_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr47).sum(1)
+                s3_4 = s3_4 + t * wq47
                 t = (
                     0.45643546458763845 * ra5_1 * rg47_0 - 0.3535533905932738 * ra5_1 * rg47_2
                     - 0.5773502691896258 * ra5_4 * rg47_3 + 0.3535533905932738 * ra5_3 * rg47_4
                     + 0.45643546458763845 * ra5_3 * rg47_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr47).sum(1)
+                s3_5 = s3_5 + t * wq47
                 t = (
                     -0.45643546458763845 * ra5_1 * rg47_1 + 0.2886751345948129 * ra5_0 * rg47_2
                     - 0.2886751345948129 * ra5_4 * rg47_4 + 0.45643546458763845 * ra5_3 * rg47_5
                     - 0.6454972243679029 * ra5_2 * rg47_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr47).sum(1)
+                s3_6 = s3_6 + t * wq47
                 # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
                 ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
@@ -5984,62 +5993,62 @@ def tp_bwd_x2_1(
                 ra6_1, ra6_5 = hl.split(ra6toe)
                 ra6_3, ra6_7 = hl.split(ra6too)
                 rg54_0 = g_54[tile_b, 0, tile_r]
-                wr54 = w54[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra6_0 * rg54_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr54).sum(1)
+                wq54 = w54[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq54
                 t = (0.37796447300922725 * ra6_1 * rg54_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr54).sum(1)
+                s3_1 = s3_1 + t * wq54
                 t = (0.37796447300922725 * ra6_2 * rg54_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr54).sum(1)
+                s3_2 = s3_2 + t * wq54
                 t = (0.37796447300922725 * ra6_3 * rg54_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr54).sum(1)
+                s3_3 = s3_3 + t * wq54
                 t = (0.37796447300922725 * ra6_4 * rg54_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr54).sum(1)
+                s3_4 = s3_4 + t * wq54
                 t = (0.37796447300922725 * ra6_5 * rg54_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr54).sum(1)
+                s3_5 = s3_5 + t * wq54
                 t = (0.37796447300922725 * ra6_6 * rg54_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr54).sum(1)
+                s3_6 = s3_6 + t * wq54
                 # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
                 rg55 = hl.load(g_55, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg55t = rg55.reshape([tile_b, tile_r, 2, 2])
                 rg55te, rg55to = hl.split(rg55t)
                 rg55_0, rg55_2 = hl.split(rg55te)
                 rg55_1, rg55_3 = hl.split(rg55to)
-                wr55 = w55[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra6_1 * rg55_0 + 0.5669467095138409 * ra6_6 * rg55_1
                     - 0.23145502494313785 * ra6_5 * rg55_2
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr55).sum(1)
+                wq55 = w55[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq55
                 t = (
                     -0.23145502494313785 * ra6_0 * rg55_0 + 0.2988071523335984 * ra6_2 * rg55_0
                     + 0.3779644730092272 * ra6_5 * rg55_1 - 0.2988071523335984 * ra6_4 * rg55_2
                     - 0.23145502494313785 * ra6_6 * rg55_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr55).sum(1)
+                s3_1 = s3_1 + t * wq55
                 t = (
                     -0.2988071523335984 * ra6_1 * rg55_0 + 0.1889822365046136 * ra6_4 * rg55_1
                     - 0.4629100498862757 * ra6_3 * rg55_2 - 0.2988071523335984 * ra6_5 * rg55_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr55).sum(1)
+                s3_2 = s3_2 + t * wq55
                 t = (-0.4629100498862757 * ra6_4 * rg55_0 + 0.4629100498862757 * ra6_2 * rg55_2)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr55).sum(1)
+                s3_3 = s3_3 + t * wq55
                 t = (
                     0.4629100498862757 * ra6_3 * rg55_0 - 0.2988071523335984 * ra6_5 * rg55_0
                     - 0.1889822365046136 * ra6_2 * rg55_1 + 0.2988071523335984 * ra6_1 * rg55_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr55).sum(1)
+                s3_4 = s3_4 + t * wq55
                 t = (
                     0.2988071523335984 * ra6_4 * rg55_0 - 0.23145502494313785 * ra6_6 * rg55_0
                     - 0.3779644730092272 * ra6_1 * rg55_1 + 0.23145502494313785 * ra6_0 * rg55_2
                     + 0.2988071523335984 * ra6_2 * rg55_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr55).sum(1)
+                s3_5 = s3_5 + t * wq55
                 t = (
                     0.23145502494313785 * ra6_5 * rg55_0 - 0.5669467095138409 * ra6_0 * rg55_1
                     + 0.23145502494313785 * ra6_1 * rg55_2
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr55).sum(1)
+                s3_6 = s3_6 + t * wq55
                 # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
                 rg56 = hl.load(g_56, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg56t = rg56.reshape([tile_b, tile_r, 2, 2, 2])
@@ -6050,51 +6059,51 @@ def tp_bwd_x2_1(
                 rg56toe, rg56too = hl.split(rg56to)
                 rg56_1, rg56_5 = hl.split(rg56toe)
                 rg56_3, rg56_7 = hl.split(rg56too)
-                wr56 = w56[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra6_4 * rg56_0 + 0.3857583749052298 * ra6_5 * rg56_1
                     - 0.545544725589981 * ra6_0 * rg56_2 + 0.3857583749052298 * ra6_1 * rg56_3
                     - 0.24397501823713333 * ra6_2 * rg56_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr56).sum(1)
+                wq56 = w56[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq56
                 t = (
                     -0.48795003647426666 * ra6_3 * rg56_0 + 0.29880715233359845 * ra6_4 * rg56_1
                     - 0.3857583749052298 * ra6_6 * rg56_1 + 0.3857583749052298 * ra6_0 * rg56_3
                     + 0.29880715233359845 * ra6_2 * rg56_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr56).sum(1)
+                s3_1 = s3_1 + t * wq56
                 t = (
                     0.3779644730092272 * ra6_4 * rg56_0 + 0.24397501823713333 * ra6_6 * rg56_0
                     + 0.1543033499620919 * ra6_3 * rg56_1 - 0.29880715233359845 * ra6_5 * rg56_1
                     + 0.3273268353539886 * ra6_2 * rg56_2 + 0.29880715233359845 * ra6_1 * rg56_3
                     - 0.24397501823713333 * ra6_0 * rg56_4 - 0.3779644730092272 * ra6_2 * rg56_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr56).sum(1)
+                s3_2 = s3_2 + t * wq56
                 t = (
                     -0.48795003647426666 * ra6_1 * rg56_0 + 0.1543033499620919 * ra6_2 * rg56_1
                     + 0.4364357804719848 * ra6_3 * rg56_2 + 0.1543033499620919 * ra6_4 * rg56_3
                     - 0.48795003647426666 * ra6_5 * rg56_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr56).sum(1)
+                s3_3 = s3_3 + t * wq56
                 t = (
                     -0.24397501823713333 * ra6_0 * rg56_0 + 0.3779644730092272 * ra6_2 * rg56_0
                     + 0.29880715233359845 * ra6_1 * rg56_1 + 0.3273268353539886 * ra6_4 * rg56_2
                     + 0.1543033499620919 * ra6_3 * rg56_3 + 0.29880715233359845 * ra6_5 * rg56_3
                     + 0.3779644730092272 * ra6_4 * rg56_4 - 0.24397501823713333 * ra6_6 * rg56_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr56).sum(1)
+                s3_4 = s3_4 + t * wq56
                 t = (
                     0.3857583749052298 * ra6_0 * rg56_1 - 0.29880715233359845 * ra6_2 * rg56_1
                     + 0.29880715233359845 * ra6_4 * rg56_3 + 0.3857583749052298 * ra6_6 * rg56_3
                     - 0.48795003647426666 * ra6_3 * rg56_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr56).sum(1)
+                s3_5 = s3_5 + t * wq56
                 t = (
                     0.24397501823713333 * ra6_2 * rg56_0 - 0.3857583749052298 * ra6_1 * rg56_1
                     - 0.545544725589981 * ra6_6 * rg56_2 + 0.3857583749052298 * ra6_5 * rg56_3
                     - 0.24397501823713333 * ra6_4 * rg56_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr56).sum(1)
+                s3_6 = s3_6 + t * wq56
                 # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
                 rg57 = hl.load(g_57, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg57t = rg57.reshape([tile_b, tile_r, 2, 2, 2])
@@ -6105,49 +6114,49 @@ def tp_bwd_x2_1(
                 rg57toe, rg57too = hl.split(rg57to)
                 rg57_1, rg57_5 = hl.split(rg57toe)
                 rg57_3, rg57_7 = hl.split(rg57too)
-                wr57 = w57[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra6_2 * rg57_1 - 0.408248290463863 * ra6_1 * rg57_2
                     - 0.408248290463863 * ra6_6 * rg57_3 + 0.408248290463863 * ra6_5 * rg57_4
                     - 0.408248290463863 * ra6_4 * rg57_5 + 0.408248290463863 * ra6_3 * rg57_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr57).sum(1)
+                wq57 = w57[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq57
                 t = (
                     -0.408248290463863 * ra6_2 * rg57_0 + 0.408248290463863 * ra6_0 * rg57_2
                     + 0.408248290463863 * ra6_5 * rg57_3 + 0.408248290463863 * ra6_6 * rg57_4
                     - 0.408248290463863 * ra6_3 * rg57_5 - 0.408248290463863 * ra6_4 * rg57_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr57).sum(1)
+                s3_1 = s3_1 + t * wq57
                 t = (
                     0.408248290463863 * ra6_1 * rg57_0 - 0.408248290463863 * ra6_0 * rg57_1
                     + 0.408248290463863 * ra6_4 * rg57_3 - 0.408248290463863 * ra6_3 * rg57_4
                     - 0.408248290463863 * ra6_6 * rg57_5 + 0.408248290463863 * ra6_5 * rg57_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr57).sum(1)
+                s3_2 = s3_2 + t * wq57
                 t = (
                     0.408248290463863 * ra6_6 * rg57_0 - 0.408248290463863 * ra6_5 * rg57_1
                     - 0.408248290463863 * ra6_4 * rg57_2 + 0.408248290463863 * ra6_2 * rg57_4
                     + 0.408248290463863 * ra6_1 * rg57_5 - 0.408248290463863 * ra6_0 * rg57_6
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr57).sum(1)
+                s3_3 = s3_3 + t * wq57
                 t = (
                     -0.408248290463863 * ra6_5 * rg57_0 - 0.408248290463863 * ra6_6 * rg57_1
                     + 0.408248290463863 * ra6_3 * rg57_2 - 0.408248290463863 * ra6_2 * rg57_3
                     + 0.408248290463863 * ra6_0 * rg57_5 + 0.408248290463863 * ra6_1 * rg57_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr57).sum(1)
+                s3_4 = s3_4 + t * wq57
                 t = (
                     0.408248290463863 * ra6_4 * rg57_0 + 0.408248290463863 * ra6_3 * rg57_1
                     + 0.408248290463863 * ra6_6 * rg57_2 - 0.408248290463863 * ra6_1 * rg57_3
                     - 0.408248290463863 * ra6_0 * rg57_4 - 0.408248290463863 * ra6_2 * rg57_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr57).sum(1)
+                s3_5 = s3_5 + t * wq57
                 t = (
                     -0.408248290463863 * ra6_3 * rg57_0 + 0.408248290463863 * ra6_4 * rg57_1
                     - 0.408248290463863 * ra6_5 * rg57_2 + 0.408248290463863 * ra6_0 * rg57_3
                     - 0.408248290463863 * ra6_1 * rg57_4 + 0.408248290463863 * ra6_2 * rg57_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr57).sum(1)
+                s3_6 = s3_6 + t * wq57
                 # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
                 ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
@@ -6159,62 +6168,62 @@ def tp_bwd_x2_1(
                 ra7_1, ra7_5 = hl.split(ra7toe)
                 ra7_3, ra7_7 = hl.split(ra7too)
                 rg64_0 = g_64[tile_b, 0, tile_r]
-                wr64 = w64[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra7_0 * rg64_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr64).sum(1)
+                wq64 = w64[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq64
                 t = (0.37796447300922725 * ra7_1 * rg64_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr64).sum(1)
+                s3_1 = s3_1 + t * wq64
                 t = (0.37796447300922725 * ra7_2 * rg64_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr64).sum(1)
+                s3_2 = s3_2 + t * wq64
                 t = (0.37796447300922725 * ra7_3 * rg64_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr64).sum(1)
+                s3_3 = s3_3 + t * wq64
                 t = (0.37796447300922725 * ra7_4 * rg64_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr64).sum(1)
+                s3_4 = s3_4 + t * wq64
                 t = (0.37796447300922725 * ra7_5 * rg64_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr64).sum(1)
+                s3_5 = s3_5 + t * wq64
                 t = (0.37796447300922725 * ra7_6 * rg64_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr64).sum(1)
+                s3_6 = s3_6 + t * wq64
                 # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
                 rg65 = hl.load(g_65, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg65t = rg65.reshape([tile_b, tile_r, 2, 2])
                 rg65te, rg65to = hl.split(rg65t)
                 rg65_0, rg65_2 = hl.split(rg65te)
                 rg65_1, rg65_3 = hl.split(rg65to)
-                wr65 = w65[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra7_1 * rg65_0 + 0.5669467095138409 * ra7_6 * rg65_1
                     - 0.23145502494313785 * ra7_5 * rg65_2
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr65).sum(1)
+                wq65 = w65[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq65
                 t = (
                     -0.23145502494313785 * ra7_0 * rg65_0 + 0.2988071523335984 * ra7_2 * rg65_0
                     + 0.3779644730092272 * ra7_5 * rg65_1 - 0.2988071523335984 * ra7_4 * rg65_2
                     - 0.23145502494313785 * ra7_6 * rg65_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr65).sum(1)
+                s3_1 = s3_1 + t * wq65
                 t = (
                     -0.2988071523335984 * ra7_1 * rg65_0 + 0.1889822365046136 * ra7_4 * rg65_1
                     - 0.4629100498862757 * ra7_3 * rg65_2 - 0.2988071523335984 * ra7_5 * rg65_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr65).sum(1)
+                s3_2 = s3_2 + t * wq65
                 t = (-0.4629100498862757 * ra7_4 * rg65_0 + 0.4629100498862757 * ra7_2 * rg65_2)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr65).sum(1)
+                s3_3 = s3_3 + t * wq65
                 t = (
                     0.4629100498862757 * ra7_3 * rg65_0 - 0.2988071523335984 * ra7_5 * rg65_0
                     - 0.1889822365046136 * ra7_2 * rg65_1 + 0.2988071523335984 * ra7_1 * rg65_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr65).sum(1)
+                s3_4 = s3_4 + t * wq65
                 t = (
                     0.2988071523335984 * ra7_4 * rg65_0 - 0.23145502494313785 * ra7_6 * rg65_0
                     - 0.3779644730092272 * ra7_1 * rg65_1 + 0.23145502494313785 * ra7_0 * rg65_2
                     + 0.2988071523335984 * ra7_2 * rg65_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr65).sum(1)
+                s3_5 = s3_5 + t * wq65
                 t = (
                     0.23145502494313785 * ra7_5 * rg65_0 - 0.5669467095138409 * ra7_0 * rg65_1
                     + 0.23145502494313785 * ra7_1 * rg65_2
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr65).sum(1)
+                s3_6 = s3_6 + t * wq65
                 # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
                 rg66 = hl.load(g_66, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg66t = rg66.reshape([tile_b, tile_r, 2, 2, 2])
@@ -6225,51 +6234,51 @@ def tp_bwd_x2_1(
                 rg66toe, rg66too = hl.split(rg66to)
                 rg66_1, rg66_5 = hl.split(rg66toe)
                 rg66_3, rg66_7 = hl.split(rg66too)
-                wr66 = w66[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra7_4 * rg66_0 + 0.3857583749052298 * ra7_5 * rg66_1
                     - 0.545544725589981 * ra7_0 * rg66_2 + 0.3857583749052298 * ra7_1 * rg66_3
                     - 0.24397501823713333 * ra7_2 * rg66_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr66).sum(1)
+                wq66 = w66[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq66
                 t = (
                     -0.48795003647426666 * ra7_3 * rg66_0 + 0.29880715233359845 * ra7_4 * rg66_1
                     - 0.3857583749052298 * ra7_6 * rg66_1 + 0.3857583749052298 * ra7_0 * rg66_3
                     + 0.29880715233359845 * ra7_2 * rg66_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr66).sum(1)
+                s3_1 = s3_1 + t * wq66
                 t = (
                     0.3779644730092272 * ra7_4 * rg66_0 + 0.24397501823713333 * ra7_6 * rg66_0
                     + 0.1543033499620919 * ra7_3 * rg66_1 - 0.29880715233359845 * ra7_5 * rg66_1
                     + 0.3273268353539886 * ra7_2 * rg66_2 + 0.29880715233359845 * ra7_1 * rg66_3
                     - 0.24397501823713333 * ra7_0 * rg66_4 - 0.3779644730092272 * ra7_2 * rg66_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr66).sum(1)
+                s3_2 = s3_2 + t * wq66
                 t = (
                     -0.48795003647426666 * ra7_1 * rg66_0 + 0.1543033499620919 * ra7_2 * rg66_1
                     + 0.4364357804719848 * ra7_3 * rg66_2 + 0.1543033499620919 * ra7_4 * rg66_3
                     - 0.48795003647426666 * ra7_5 * rg66_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr66).sum(1)
+                s3_3 = s3_3 + t * wq66
                 t = (
                     -0.24397501823713333 * ra7_0 * rg66_0 + 0.3779644730092272 * ra7_2 * rg66_0
                     + 0.29880715233359845 * ra7_1 * rg66_1 + 0.3273268353539886 * ra7_4 * rg66_2
                     + 0.1543033499620919 * ra7_3 * rg66_3 + 0.29880715233359845 * ra7_5 * rg66_3
                     + 0.3779644730092272 * ra7_4 * rg66_4 - 0.24397501823713333 * ra7_6 * rg66_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr66).sum(1)
+                s3_4 = s3_4 + t * wq66
                 t = (
                     0.3857583749052298 * ra7_0 * rg66_1 - 0.29880715233359845 * ra7_2 * rg66_1
                     + 0.29880715233359845 * ra7_4 * rg66_3 + 0.3857583749052298 * ra7_6 * rg66_3
                     - 0.48795003647426666 * ra7_3 * rg66_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr66).sum(1)
+                s3_5 = s3_5 + t * wq66
                 t = (
                     0.24397501823713333 * ra7_2 * rg66_0 - 0.3857583749052298 * ra7_1 * rg66_1
                     - 0.545544725589981 * ra7_6 * rg66_2 + 0.3857583749052298 * ra7_5 * rg66_3
                     - 0.24397501823713333 * ra7_4 * rg66_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr66).sum(1)
+                s3_6 = s3_6 + t * wq66
                 # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
                 rg67 = hl.load(g_67, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg67t = rg67.reshape([tile_b, tile_r, 2, 2, 2])
@@ -6280,49 +6289,56 @@ def tp_bwd_x2_1(
                 rg67toe, rg67too = hl.split(rg67to)
                 rg67_1, rg67_5 = hl.split(rg67toe)
                 rg67_3, rg67_7 = hl.split(rg67too)
-                wr67 = w67[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra7_2 * rg67_1 - 0.408248290463863 * ra7_1 * rg67_2
                     - 0.408248290463863 * ra7_6 * rg67_3 + 0.408248290463863 * ra7_5 * rg67_4
                     - 0.408248290463863 * ra7_4 * rg67_5 + 0.408248290463863 * ra7_3 * rg67_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr67).sum(1)
+                wq67 = w67[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq67
                 t = (
                     -0.408248290463863 * ra7_2 * rg67_0 + 0.408248290463863 * ra7_0 * rg67_2
                     + 0.408248290463863 * ra7_5 * rg67_3 + 0.408248290463863 * ra7_6 * rg67_4
                     - 0.408248290463863 * ra7_3 * rg67_5 - 0.408248290463863 * ra7_4 * rg67_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr67).sum(1)
+                s3_1 = s3_1 + t * wq67
                 t = (
                     0.408248290463863 * ra7_1 * rg67_0 - 0.408248290463863 * ra7_0 * rg67_1
                     + 0.408248290463863 * ra7_4 * rg67_3 - 0.408248290463863 * ra7_3 * rg67_4
                     - 0.408248290463863 * ra7_6 * rg67_5 + 0.408248290463863 * ra7_5 * rg67_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr67).sum(1)
+                s3_2 = s3_2 + t * wq67
                 t = (
                     0.408248290463863 * ra7_6 * rg67_0 - 0.408248290463863 * ra7_5 * rg67_1
                     - 0.408248290463863 * ra7_4 * rg67_2 + 0.408248290463863 * ra7_2 * rg67_4
                     + 0.408248290463863 * ra7_1 * rg67_5 - 0.408248290463863 * ra7_0 * rg67_6
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr67).sum(1)
+                s3_3 = s3_3 + t * wq67
                 t = (
                     -0.408248290463863 * ra7_5 * rg67_0 - 0.408248290463863 * ra7_6 * rg67_1
                     + 0.408248290463863 * ra7_3 * rg67_2 - 0.408248290463863 * ra7_2 * rg67_3
                     + 0.408248290463863 * ra7_0 * rg67_5 + 0.408248290463863 * ra7_1 * rg67_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr67).sum(1)
+                s3_4 = s3_4 + t * wq67
                 t = (
                     0.408248290463863 * ra7_4 * rg67_0 + 0.408248290463863 * ra7_3 * rg67_1
                     + 0.408248290463863 * ra7_6 * rg67_2 - 0.408248290463863 * ra7_1 * rg67_3
                     - 0.408248290463863 * ra7_0 * rg67_4 - 0.408248290463863 * ra7_2 * rg67_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr67).sum(1)
+                s3_5 = s3_5 + t * wq67
                 t = (
                     -0.408248290463863 * ra7_3 * rg67_0 + 0.408248290463863 * ra7_4 * rg67_1
                     - 0.408248290463863 * ra7_5 * rg67_2 + 0.408248290463863 * ra7_0 * rg67_3
                     - 0.408248290463863 * ra7_1 * rg67_4 + 0.408248290463863 * ra7_2 * rg67_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr67).sum(1)
+                s3_6 = s3_6 + t * wq67
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             gx2_3[tile_b, 0, tile_c] = acc3_0
             gx2_3[tile_b, 1, tile_c] = acc3_1
             gx2_3[tile_b, 2, tile_c] = acc3_2

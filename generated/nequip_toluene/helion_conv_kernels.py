@@ -114,11 +114,28 @@ def conv_fwd_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            a0_0 = x1_0[s_idx, 0, tile_c]
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a3_0 = x1_3[s_idx, 0, tile_c]
+            a3_1 = x1_3[s_idx, 1, tile_c]
+            a3_2 = x1_3[s_idx, 2, tile_c]
+            a4_0 = x1_4[s_idx, 0, tile_c]
+            a4_1 = x1_4[s_idx, 1, tile_c]
+            a4_2 = x1_4[s_idx, 2, tile_c]
+            a4_3 = x1_4[s_idx, 3, tile_c]
+            a4_4 = x1_4[s_idx, 4, tile_c]
+            a5_0 = x1_5[s_idx, 0, tile_c]
+            a5_1 = x1_5[s_idx, 1, tile_c]
+            a5_2 = x1_5[s_idx, 2, tile_c]
+            a5_3 = x1_5[s_idx, 3, tile_c]
+            a5_4 = x1_5[s_idx, 4, tile_c]
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[s_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
             # g block 1: 64x1e (1 path)
@@ -155,7 +172,6 @@ def conv_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
-            a1_0 = x1_1[s_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
             hl.atomic_add(out_3, [d_idx, 0, tile_c], acc3_0)
             # g block 4: 64x1o (1 path)
@@ -194,11 +210,8 @@ def conv_fwd_0(
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
-            a2_0 = x1_2[s_idx, 0, tile_c]
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            a2_1 = x1_2[s_idx, 1, tile_c]
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            a2_2 = x1_2[s_idx, 2, tile_c]
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             hl.atomic_add(out_6, [d_idx, 0, tile_c], acc6_0)
             hl.atomic_add(out_6, [d_idx, 1, tile_c], acc6_1)
@@ -302,11 +315,8 @@ def conv_fwd_0(
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
-            a3_0 = x1_3[s_idx, 0, tile_c]
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            a3_1 = x1_3[s_idx, 1, tile_c]
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            a3_2 = x1_3[s_idx, 2, tile_c]
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             hl.atomic_add(out_12, [d_idx, 0, tile_c], acc12_0)
             hl.atomic_add(out_12, [d_idx, 1, tile_c], acc12_1)
@@ -412,15 +422,10 @@ def conv_fwd_0(
             acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
-            a4_0 = x1_4[s_idx, 0, tile_c]
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
-            a4_1 = x1_4[s_idx, 1, tile_c]
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
-            a4_2 = x1_4[s_idx, 2, tile_c]
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
-            a4_3 = x1_4[s_idx, 3, tile_c]
             acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
-            a4_4 = x1_4[s_idx, 4, tile_c]
             acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
             hl.atomic_add(out_18, [d_idx, 0, tile_c], acc18_0)
             hl.atomic_add(out_18, [d_idx, 1, tile_c], acc18_1)
@@ -555,15 +560,10 @@ def conv_fwd_0(
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
-            a5_0 = x1_5[s_idx, 0, tile_c]
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
-            a5_1 = x1_5[s_idx, 1, tile_c]
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
-            a5_2 = x1_5[s_idx, 2, tile_c]
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
-            a5_3 = x1_5[s_idx, 3, tile_c]
             acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
-            a5_4 = x1_5[s_idx, 4, tile_c]
             acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
             hl.atomic_add(out_24, [d_idx, 0, tile_c], acc24_0)
             hl.atomic_add(out_24, [d_idx, 1, tile_c], acc24_1)
@@ -1352,15 +1352,15 @@ def conv_bwd_x2_0(
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[s_idx, 0, tile_r]
                 rg0_0 = g_0[d_idx, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[s_idx, 0, tile_r]
                 rg3_0 = g_3[d_idx, 0, tile_r]
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg3_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq3
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2_0 = x1_2[s_idx, 0, tile_r]
                 rg6_0 = g_6[d_idx, 0, tile_r]
@@ -1368,12 +1368,12 @@ def conv_bwd_x2_0(
                 rg6_1 = g_6[d_idx, 1, tile_r]
                 ra2_2 = x1_2[s_idx, 2, tile_r]
                 rg6_2 = g_6[d_idx, 2, tile_r]
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
                     + 0.9999999999999999 * ra2_2 * rg6_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq6
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3_0 = x1_3[s_idx, 0, tile_r]
                 rg12_0 = g_12[d_idx, 0, tile_r]
@@ -1381,12 +1381,12 @@ def conv_bwd_x2_0(
                 rg12_1 = g_12[d_idx, 1, tile_r]
                 ra3_2 = x1_3[s_idx, 2, tile_r]
                 rg12_2 = g_12[d_idx, 2, tile_r]
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
                     + 0.9999999999999999 * ra3_2 * rg12_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq12
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
                 ra4_0 = x1_4[s_idx, 0, tile_r]
                 rg18_0 = g_18[d_idx, 0, tile_r]
@@ -1398,13 +1398,13 @@ def conv_bwd_x2_0(
                 rg18_3 = g_18[d_idx, 3, tile_r]
                 ra4_4 = x1_4[s_idx, 4, tile_r]
                 rg18_4 = g_18[d_idx, 4, tile_r]
-                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     ra4_0 * rg18_0 + ra4_1 * rg18_1
                     + ra4_2 * rg18_2 + ra4_3 * rg18_3
                     + ra4_4 * rg18_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
+                wq18 = w18[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq18
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
                 ra5_0 = x1_5[s_idx, 0, tile_r]
                 rg24_0 = g_24[d_idx, 0, tile_r]
@@ -1416,485 +1416,494 @@ def conv_bwd_x2_0(
                 rg24_3 = g_24[d_idx, 3, tile_r]
                 ra5_4 = x1_5[s_idx, 4, tile_r]
                 rg24_4 = g_24[d_idx, 4, tile_r]
-                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     ra5_0 * rg24_0 + ra5_1 * rg24_1
                     + ra5_2 * rg24_2 + ra5_3 * rg24_3
                     + ra5_4 * rg24_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
+                wq24 = w24[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq24
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
                 rg1_0 = g_1[d_idx, 0, tile_r]
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 rg1_1 = g_1[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 rg1_2 = g_1[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
                 rg4_0 = g_4[d_idx, 0, tile_r]
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq4
                 rg4_1 = g_4[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
+                s1_1 = s1_1 + t * wq4
                 rg4_2 = g_4[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
+                s1_2 = s1_2 + t * wq4
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg7_0 = g_7[d_idx, 0, tile_r]
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq7
                 t = (0.5773502691896257 * ra2_1 * rg7_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr7).sum(1)
+                s1_1 = s1_1 + t * wq7
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
+                s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
                 rg8_1 = g_8[d_idx, 1, tile_r]
                 rg8_2 = g_8[d_idx, 2, tile_r]
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq8
                 rg8_0 = g_8[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
+                s1_1 = s1_1 + t * wq8
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
+                s1_2 = s1_2 + t * wq8
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 rg9_0 = g_9[d_idx, 0, tile_r]
                 rg9_1 = g_9[d_idx, 1, tile_r]
                 rg9_2 = g_9[d_idx, 2, tile_r]
                 rg9_4 = g_9[d_idx, 4, tile_r]
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq9
                 rg9_3 = g_9[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
                     + 0.7071067811865476 * ra2_2 * rg9_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
+                s1_1 = s1_1 + t * wq9
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_0 - 0.408248290463863 * ra2_2 * rg9_2
                     + 0.7071067811865476 * ra2_1 * rg9_3 + 0.7071067811865476 * ra2_2 * rg9_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
+                s1_2 = s1_2 + t * wq9
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
                 rg13_0 = g_13[d_idx, 0, tile_r]
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq13
                 t = (0.5773502691896257 * ra3_1 * rg13_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr13).sum(1)
+                s1_1 = s1_1 + t * wq13
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr13).sum(1)
+                s1_2 = s1_2 + t * wq13
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
                 rg14_1 = g_14[d_idx, 1, tile_r]
                 rg14_2 = g_14[d_idx, 2, tile_r]
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq14
                 rg14_0 = g_14[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr14).sum(1)
+                s1_1 = s1_1 + t * wq14
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
+                s1_2 = s1_2 + t * wq14
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
                 rg15_0 = g_15[d_idx, 0, tile_r]
                 rg15_1 = g_15[d_idx, 1, tile_r]
                 rg15_2 = g_15[d_idx, 2, tile_r]
                 rg15_4 = g_15[d_idx, 4, tile_r]
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq15
                 rg15_3 = g_15[d_idx, 3, tile_r]
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
                     + 0.7071067811865476 * ra3_2 * rg15_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr15).sum(1)
+                s1_1 = s1_1 + t * wq15
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_0 - 0.408248290463863 * ra3_2 * rg15_2
                     + 0.7071067811865476 * ra3_1 * rg15_3 + 0.7071067811865476 * ra3_2 * rg15_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
+                s1_2 = s1_2 + t * wq15
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
                 rg19_0 = g_19[d_idx, 0, tile_r]
                 rg19_1 = g_19[d_idx, 1, tile_r]
                 rg19_2 = g_19[d_idx, 2, tile_r]
-                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
                     + 0.5477225575051661 * ra4_1 * rg19_1 + 0.5477225575051661 * ra4_0 * rg19_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
+                wq19 = w19[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_1 * rg19_0 + 0.6324555320336758 * ra4_2 * rg19_1
                     + 0.5477225575051661 * ra4_3 * rg19_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr19).sum(1)
+                s1_1 = s1_1 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_0 * rg19_0 + 0.5477225575051661 * ra4_3 * rg19_1
                     - 0.3162277660168379 * ra4_2 * rg19_2 + 0.5477225575051661 * ra4_4 * rg19_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
+                s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
                 rg20_0 = g_20[d_idx, 0, tile_r]
                 rg20_1 = g_20[d_idx, 1, tile_r]
                 rg20_2 = g_20[d_idx, 2, tile_r]
                 rg20_3 = g_20[d_idx, 3, tile_r]
                 rg20_4 = g_20[d_idx, 4, tile_r]
-                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
                     + 0.7071067811865476 * ra4_3 * rg20_2 - 0.7071067811865476 * ra4_2 * rg20_3
                     + 0.408248290463863 * ra4_4 * rg20_3 - 0.408248290463863 * ra4_3 * rg20_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr20).sum(1)
+                wq20 = w20[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq20
                 t = (
                     -0.816496580927726 * ra4_4 * rg20_0 - 0.408248290463863 * ra4_3 * rg20_1
                     + 0.408248290463863 * ra4_1 * rg20_3 + 0.816496580927726 * ra4_0 * rg20_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr20).sum(1)
+                s1_1 = s1_1 + t * wq20
                 t = (
                     0.408248290463863 * ra4_3 * rg20_0 + 0.7071067811865476 * ra4_2 * rg20_1
                     + 0.408248290463863 * ra4_4 * rg20_1 - 0.7071067811865476 * ra4_1 * rg20_2
                     - 0.408248290463863 * ra4_0 * rg20_3 - 0.408248290463863 * ra4_1 * rg20_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
+                s1_2 = s1_2 + t * wq20
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
                 rg25_0 = g_25[d_idx, 0, tile_r]
                 rg25_1 = g_25[d_idx, 1, tile_r]
                 rg25_2 = g_25[d_idx, 2, tile_r]
-                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
                     + 0.5477225575051661 * ra5_1 * rg25_1 + 0.5477225575051661 * ra5_0 * rg25_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr25).sum(1)
+                wq25 = w25[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_1 * rg25_0 + 0.6324555320336758 * ra5_2 * rg25_1
                     + 0.5477225575051661 * ra5_3 * rg25_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr25).sum(1)
+                s1_1 = s1_1 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_0 * rg25_0 + 0.5477225575051661 * ra5_3 * rg25_1
                     - 0.3162277660168379 * ra5_2 * rg25_2 + 0.5477225575051661 * ra5_4 * rg25_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
+                s1_2 = s1_2 + t * wq25
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
                 rg26_0 = g_26[d_idx, 0, tile_r]
                 rg26_1 = g_26[d_idx, 1, tile_r]
                 rg26_2 = g_26[d_idx, 2, tile_r]
                 rg26_3 = g_26[d_idx, 3, tile_r]
                 rg26_4 = g_26[d_idx, 4, tile_r]
-                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
                     + 0.7071067811865476 * ra5_3 * rg26_2 - 0.7071067811865476 * ra5_2 * rg26_3
                     + 0.408248290463863 * ra5_4 * rg26_3 - 0.408248290463863 * ra5_3 * rg26_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr26).sum(1)
+                wq26 = w26[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq26
                 t = (
                     -0.816496580927726 * ra5_4 * rg26_0 - 0.408248290463863 * ra5_3 * rg26_1
                     + 0.408248290463863 * ra5_1 * rg26_3 + 0.816496580927726 * ra5_0 * rg26_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr26).sum(1)
+                s1_1 = s1_1 + t * wq26
                 t = (
                     0.408248290463863 * ra5_3 * rg26_0 + 0.7071067811865476 * ra5_2 * rg26_1
                     + 0.408248290463863 * ra5_4 * rg26_1 - 0.7071067811865476 * ra5_1 * rg26_2
                     - 0.408248290463863 * ra5_0 * rg26_3 - 0.408248290463863 * ra5_1 * rg26_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
+                s1_2 = s1_2 + t * wq26
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
                 rg2_0 = g_2[d_idx, 0, tile_r]
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 rg2_1 = g_2[d_idx, 1, tile_r]
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 rg2_2 = g_2[d_idx, 2, tile_r]
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 rg2_3 = g_2[d_idx, 3, tile_r]
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 rg2_4 = g_2[d_idx, 4, tile_r]
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
                 rg5_0 = g_5[d_idx, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg5_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq5
                 rg5_1 = g_5[d_idx, 1, tile_r]
                 t = (ra1_0 * rg5_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr5).sum(1)
+                s2_1 = s2_1 + t * wq5
                 rg5_2 = g_5[d_idx, 2, tile_r]
                 t = (ra1_0 * rg5_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr5).sum(1)
+                s2_2 = s2_2 + t * wq5
                 rg5_3 = g_5[d_idx, 3, tile_r]
                 t = (ra1_0 * rg5_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr5).sum(1)
+                s2_3 = s2_3 + t * wq5
                 rg5_4 = g_5[d_idx, 4, tile_r]
                 t = (ra1_0 * rg5_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr5).sum(1)
+                s2_4 = s2_4 + t * wq5
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
                 rg10_0 = g_10[d_idx, 0, tile_r]
                 rg10_2 = g_10[d_idx, 2, tile_r]
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq10
                 rg10_1 = g_10[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr10).sum(1)
+                s2_1 = s2_1 + t * wq10
                 t = (
                     -0.3162277660168379 * ra2_0 * rg10_0 + 0.6324555320336758 * ra2_1 * rg10_1
                     - 0.3162277660168379 * ra2_2 * rg10_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr10).sum(1)
+                s2_2 = s2_2 + t * wq10
                 t = (0.5477225575051661 * ra2_2 * rg10_1 + 0.5477225575051661 * ra2_1 * rg10_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr10).sum(1)
+                s2_3 = s2_3 + t * wq10
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
+                s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
                 rg11_1 = g_11[d_idx, 1, tile_r]
                 rg11_3 = g_11[d_idx, 3, tile_r]
                 rg11_4 = g_11[d_idx, 4, tile_r]
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq11
                 rg11_0 = g_11[d_idx, 0, tile_r]
                 rg11_2 = g_11[d_idx, 2, tile_r]
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
                     - 0.408248290463863 * ra2_1 * rg11_3 + 0.408248290463863 * ra2_2 * rg11_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr11).sum(1)
+                s2_1 = s2_1 + t * wq11
                 t = (-0.7071067811865476 * ra2_2 * rg11_1 + 0.7071067811865476 * ra2_0 * rg11_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr11).sum(1)
+                s2_2 = s2_2 + t * wq11
                 t = (
                     -0.408248290463863 * ra2_2 * rg11_0 + 0.408248290463863 * ra2_1 * rg11_1
                     - 0.7071067811865476 * ra2_0 * rg11_2 + 0.408248290463863 * ra2_0 * rg11_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr11).sum(1)
+                s2_3 = s2_3 + t * wq11
                 t = (
                     0.816496580927726 * ra2_1 * rg11_0 - 0.408248290463863 * ra2_2 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr11).sum(1)
+                s2_4 = s2_4 + t * wq11
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
                 rg16_0 = g_16[d_idx, 0, tile_r]
                 rg16_2 = g_16[d_idx, 2, tile_r]
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq16
                 rg16_1 = g_16[d_idx, 1, tile_r]
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr16).sum(1)
+                s2_1 = s2_1 + t * wq16
                 t = (
                     -0.3162277660168379 * ra3_0 * rg16_0 + 0.6324555320336758 * ra3_1 * rg16_1
                     - 0.3162277660168379 * ra3_2 * rg16_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr16).sum(1)
+                s2_2 = s2_2 + t * wq16
                 t = (0.5477225575051661 * ra3_2 * rg16_1 + 0.5477225575051661 * ra3_1 * rg16_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr16).sum(1)
+                s2_3 = s2_3 + t * wq16
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr16).sum(1)
+                s2_4 = s2_4 + t * wq16
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
                 rg17_1 = g_17[d_idx, 1, tile_r]
                 rg17_3 = g_17[d_idx, 3, tile_r]
                 rg17_4 = g_17[d_idx, 4, tile_r]
-                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
+                wq17 = w17[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq17
                 rg17_0 = g_17[d_idx, 0, tile_r]
                 rg17_2 = g_17[d_idx, 2, tile_r]
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
                     - 0.408248290463863 * ra3_1 * rg17_3 + 0.408248290463863 * ra3_2 * rg17_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr17).sum(1)
+                s2_1 = s2_1 + t * wq17
                 t = (-0.7071067811865476 * ra3_2 * rg17_1 + 0.7071067811865476 * ra3_0 * rg17_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr17).sum(1)
+                s2_2 = s2_2 + t * wq17
                 t = (
                     -0.408248290463863 * ra3_2 * rg17_0 + 0.408248290463863 * ra3_1 * rg17_1
                     - 0.7071067811865476 * ra3_0 * rg17_2 + 0.408248290463863 * ra3_0 * rg17_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr17).sum(1)
+                s2_3 = s2_3 + t * wq17
                 t = (
                     0.816496580927726 * ra3_1 * rg17_0 - 0.408248290463863 * ra3_2 * rg17_1
                     - 0.408248290463863 * ra3_0 * rg17_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
+                s2_4 = s2_4 + t * wq17
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
                 rg21_0 = g_21[d_idx, 0, tile_r]
-                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
+                wq21 = w21[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq21
                 t = (0.4472135954999579 * ra4_1 * rg21_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr21).sum(1)
+                s2_1 = s2_1 + t * wq21
                 t = (0.4472135954999579 * ra4_2 * rg21_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr21).sum(1)
+                s2_2 = s2_2 + t * wq21
                 t = (0.4472135954999579 * ra4_3 * rg21_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr21).sum(1)
+                s2_3 = s2_3 + t * wq21
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
+                s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
                 rg22_0 = g_22[d_idx, 0, tile_r]
                 rg22_1 = g_22[d_idx, 1, tile_r]
                 rg22_2 = g_22[d_idx, 2, tile_r]
-                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
                     - 0.3162277660168379 * ra4_3 * rg22_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr22).sum(1)
+                wq22 = w22[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq22
                 t = (
                     -0.3162277660168379 * ra4_0 * rg22_0 + 0.3162277660168379 * ra4_3 * rg22_1
                     - 0.5477225575051661 * ra4_2 * rg22_2 - 0.3162277660168379 * ra4_4 * rg22_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr22).sum(1)
+                s2_1 = s2_1 + t * wq22
                 t = (-0.5477225575051661 * ra4_3 * rg22_0 + 0.5477225575051661 * ra4_1 * rg22_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr22).sum(1)
+                s2_2 = s2_2 + t * wq22
                 t = (
                     0.5477225575051661 * ra4_2 * rg22_0 - 0.3162277660168379 * ra4_4 * rg22_0
                     - 0.3162277660168379 * ra4_1 * rg22_1 + 0.3162277660168379 * ra4_0 * rg22_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr22).sum(1)
+                s2_3 = s2_3 + t * wq22
                 t = (
                     0.3162277660168379 * ra4_3 * rg22_0 - 0.6324555320336758 * ra4_0 * rg22_1
                     + 0.3162277660168379 * ra4_1 * rg22_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
+                s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
                 rg23_0 = g_23[d_idx, 0, tile_r]
                 rg23_1 = g_23[d_idx, 1, tile_r]
                 rg23_2 = g_23[d_idx, 2, tile_r]
                 rg23_3 = g_23[d_idx, 3, tile_r]
-                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
+                wq23 = w23[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq23
                 rg23_4 = g_23[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
                     - 0.4629100498862757 * ra4_4 * rg23_1 + 0.2672612419124244 * ra4_1 * rg23_2
                     + 0.4629100498862757 * ra4_0 * rg23_3 - 0.4629100498862757 * ra4_1 * rg23_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr23).sum(1)
+                s2_1 = s2_1 + t * wq23
                 t = (
                     -0.5345224838248488 * ra4_0 * rg23_0 + 0.2672612419124244 * ra4_1 * rg23_1
                     + 0.5345224838248488 * ra4_2 * rg23_2 + 0.2672612419124244 * ra4_3 * rg23_3
                     - 0.5345224838248488 * ra4_4 * rg23_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr23).sum(1)
+                s2_2 = s2_2 + t * wq23
                 t = (
                     0.4629100498862757 * ra4_1 * rg23_0 + 0.4629100498862757 * ra4_0 * rg23_1
                     + 0.2672612419124244 * ra4_3 * rg23_2 + 0.2672612419124244 * ra4_2 * rg23_3
                     + 0.4629100498862757 * ra4_4 * rg23_3 + 0.4629100498862757 * ra4_3 * rg23_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr23).sum(1)
+                s2_3 = s2_3 + t * wq23
                 t = (
                     -0.4629100498862757 * ra4_1 * rg23_1 - 0.5345224838248488 * ra4_4 * rg23_2
                     + 0.4629100498862757 * ra4_3 * rg23_3 - 0.5345224838248488 * ra4_2 * rg23_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
+                s2_4 = s2_4 + t * wq23
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
                 rg27_0 = g_27[d_idx, 0, tile_r]
-                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
+                wq27 = w27[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq27
                 t = (0.4472135954999579 * ra5_1 * rg27_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr27).sum(1)
+                s2_1 = s2_1 + t * wq27
                 t = (0.4472135954999579 * ra5_2 * rg27_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr27).sum(1)
+                s2_2 = s2_2 + t * wq27
                 t = (0.4472135954999579 * ra5_3 * rg27_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr27).sum(1)
+                s2_3 = s2_3 + t * wq27
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
+                s2_4 = s2_4 + t * wq27
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
                 rg28_0 = g_28[d_idx, 0, tile_r]
                 rg28_1 = g_28[d_idx, 1, tile_r]
                 rg28_2 = g_28[d_idx, 2, tile_r]
-                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
                     - 0.3162277660168379 * ra5_3 * rg28_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr28).sum(1)
+                wq28 = w28[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq28
                 t = (
                     -0.3162277660168379 * ra5_0 * rg28_0 + 0.3162277660168379 * ra5_3 * rg28_1
                     - 0.5477225575051661 * ra5_2 * rg28_2 - 0.3162277660168379 * ra5_4 * rg28_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr28).sum(1)
+                s2_1 = s2_1 + t * wq28
                 t = (-0.5477225575051661 * ra5_3 * rg28_0 + 0.5477225575051661 * ra5_1 * rg28_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr28).sum(1)
+                s2_2 = s2_2 + t * wq28
                 t = (
                     0.5477225575051661 * ra5_2 * rg28_0 - 0.3162277660168379 * ra5_4 * rg28_0
                     - 0.3162277660168379 * ra5_1 * rg28_1 + 0.3162277660168379 * ra5_0 * rg28_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr28).sum(1)
+                s2_3 = s2_3 + t * wq28
                 t = (
                     0.3162277660168379 * ra5_3 * rg28_0 - 0.6324555320336758 * ra5_0 * rg28_1
                     + 0.3162277660168379 * ra5_1 * rg28_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
+                s2_4 = s2_4 + t * wq28
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
                 rg29_0 = g_29[d_idx, 0, tile_r]
                 rg29_1 = g_29[d_idx, 1, tile_r]
                 rg29_2 = g_29[d_idx, 2, tile_r]
                 rg29_3 = g_29[d_idx, 3, tile_r]
-                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr29).sum(1)
+                wq29 = w29[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq29
                 rg29_4 = g_29[d_idx, 4, tile_r]
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
                     - 0.4629100498862757 * ra5_4 * rg29_1 + 0.2672612419124244 * ra5_1 * rg29_2
                     + 0.4629100498862757 * ra5_0 * rg29_3 - 0.4629100498862757 * ra5_1 * rg29_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr29).sum(1)
+                s2_1 = s2_1 + t * wq29
                 t = (
                     -0.5345224838248488 * ra5_0 * rg29_0 + 0.2672612419124244 * ra5_1 * rg29_1
                     + 0.5345224838248488 * ra5_2 * rg29_2 + 0.2672612419124244 * ra5_3 * rg29_3
                     - 0.5345224838248488 * ra5_4 * rg29_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr29).sum(1)
+                s2_2 = s2_2 + t * wq29
                 t = (
                     0.4629100498862757 * ra5_1 * rg29_0 + 0.4629100498862757 * ra5_0 * rg29_1
                     + 0.2672612419124244 * ra5_3 * rg29_2 + 0.2672612419124244 * ra5_2 * rg29_3
                     + 0.4629100498862757 * ra5_4 * rg29_3 + 0.4629100498862757 * ra5_3 * rg29_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr29).sum(1)
+                s2_3 = s2_3 + t * wq29
                 t = (
                     -0.4629100498862757 * ra5_1 * rg29_1 - 0.5345224838248488 * ra5_4 * rg29_2
                     + 0.4629100498862757 * ra5_3 * rg29_3 - 0.5345224838248488 * ra5_2 * rg29_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr29).sum(1)
+                s2_4 = s2_4 + t * wq29
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -1997,8 +2006,25 @@ def conv_bwd_w_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             a0_0 = x1_0[s_idx, 0, tile_c]
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a3_0 = x1_3[s_idx, 0, tile_c]
+            a3_1 = x1_3[s_idx, 1, tile_c]
+            a3_2 = x1_3[s_idx, 2, tile_c]
+            a4_0 = x1_4[s_idx, 0, tile_c]
+            a4_1 = x1_4[s_idx, 1, tile_c]
+            a4_2 = x1_4[s_idx, 2, tile_c]
+            a4_3 = x1_4[s_idx, 3, tile_c]
+            a4_4 = x1_4[s_idx, 4, tile_c]
+            a5_0 = x1_5[s_idx, 0, tile_c]
+            a5_1 = x1_5[s_idx, 1, tile_c]
+            a5_2 = x1_5[s_idx, 2, tile_c]
+            a5_3 = x1_5[s_idx, 3, tile_c]
+            a5_4 = x1_5[s_idx, 4, tile_c]
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[d_idx, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -2023,7 +2049,6 @@ def conv_bwd_w_0(
             g2_4 = g_2[d_idx, 4, tile_c]
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            a1_0 = x1_1[s_idx, 0, tile_c]
             q0 = (a1_0 * sb0_0_0)
             g3_0 = g_3[d_idx, 0, tile_c]
             gw3[tile_b, tile_c, 0] = (q0 * g3_0)
@@ -2048,13 +2073,10 @@ def conv_bwd_w_0(
             g5_4 = g_5[d_idx, 4, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            a2_0 = x1_2[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             g6_0 = g_6[d_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             g6_1 = g_6[d_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
             g6_2 = g_6[d_idx, 2, tile_c]
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
@@ -2130,13 +2152,10 @@ def conv_bwd_w_0(
             g11_4 = g_11[d_idx, 4, tile_c]
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            a3_0 = x1_3[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
             g12_0 = g_12[d_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             g12_1 = g_12[d_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
             g12_2 = g_12[d_idx, 2, tile_c]
             gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
@@ -2212,19 +2231,14 @@ def conv_bwd_w_0(
             g17_4 = g_17[d_idx, 4, tile_c]
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            a4_0 = x1_4[s_idx, 0, tile_c]
             q0 = (a4_0 * sb0_0_0)
             g18_0 = g_18[d_idx, 0, tile_c]
-            a4_1 = x1_4[s_idx, 1, tile_c]
             q1 = (a4_1 * sb0_0_0)
             g18_1 = g_18[d_idx, 1, tile_c]
-            a4_2 = x1_4[s_idx, 2, tile_c]
             q2 = (a4_2 * sb0_0_0)
             g18_2 = g_18[d_idx, 2, tile_c]
-            a4_3 = x1_4[s_idx, 3, tile_c]
             q3 = (a4_3 * sb0_0_0)
             g18_3 = g_18[d_idx, 3, tile_c]
-            a4_4 = x1_4[s_idx, 4, tile_c]
             q4 = (a4_4 * sb0_0_0)
             g18_4 = g_18[d_idx, 4, tile_c]
             gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
@@ -2327,19 +2341,14 @@ def conv_bwd_w_0(
             g23_4 = g_23[d_idx, 4, tile_c]
             gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            a5_0 = x1_5[s_idx, 0, tile_c]
             q0 = (a5_0 * sb0_0_0)
             g24_0 = g_24[d_idx, 0, tile_c]
-            a5_1 = x1_5[s_idx, 1, tile_c]
             q1 = (a5_1 * sb0_0_0)
             g24_1 = g_24[d_idx, 1, tile_c]
-            a5_2 = x1_5[s_idx, 2, tile_c]
             q2 = (a5_2 * sb0_0_0)
             g24_2 = g_24[d_idx, 2, tile_c]
-            a5_3 = x1_5[s_idx, 3, tile_c]
             q3 = (a5_3 * sb0_0_0)
             g24_3 = g_24[d_idx, 3, tile_c]
-            a5_4 = x1_5[s_idx, 4, tile_c]
             q4 = (a5_4 * sb0_0_0)
             g24_4 = g_24[d_idx, 4, tile_c]
             gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)

@@ -113,11 +113,40 @@ def tp_fwd_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
+            a0_0 = x1_0[tile_b, 0, tile_c]
+            a1_0 = x1_1[tile_b, 0, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 64x1e (1 path)
@@ -148,7 +177,6 @@ def tp_fwd_0(
             acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
-            a1_0 = x1_1[tile_b, 0, tile_c]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
             out_3[tile_b, 0, tile_c] = acc3_0
             # g block 4: 64x1o (1 path)
@@ -181,11 +209,6 @@ def tp_fwd_0(
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
@@ -277,11 +300,6 @@ def tp_fwd_0(
             acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt12_0 = w12[tile_b, tile_c, 0]
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
@@ -375,15 +393,6 @@ def tp_fwd_0(
             acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             wt18_0 = w18[tile_b, tile_c, 0]
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
@@ -506,15 +515,6 @@ def tp_fwd_0(
             acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
@@ -1343,15 +1343,15 @@ def tp_bwd_x2_0(
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[tile_b, 0, tile_r]
                 rg3_0 = g_3[tile_b, 0, tile_r]
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg3_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq3
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
                 ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
@@ -1363,12 +1363,12 @@ def tp_bwd_x2_0(
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
                     + 0.9999999999999999 * ra2_2 * rg6_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq6
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
@@ -1380,12 +1380,12 @@ def tp_bwd_x2_0(
                 rg12te, rg12to = hl.split(rg12t)
                 rg12_0, rg12_2 = hl.split(rg12te)
                 rg12_1, rg12_3 = hl.split(rg12to)
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
                     + 0.9999999999999999 * ra3_2 * rg12_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq12
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
                 ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1405,13 +1405,13 @@ def tp_bwd_x2_0(
                 rg18toe, rg18too = hl.split(rg18to)
                 rg18_1, rg18_5 = hl.split(rg18toe)
                 rg18_3, rg18_7 = hl.split(rg18too)
-                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     ra4_0 * rg18_0 + ra4_1 * rg18_1
                     + ra4_2 * rg18_2 + ra4_3 * rg18_3
                     + ra4_4 * rg18_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr18).sum(1)
+                wq18 = w18[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq18
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
                 ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1431,61 +1431,61 @@ def tp_bwd_x2_0(
                 rg24toe, rg24too = hl.split(rg24to)
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
-                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     ra5_0 * rg24_0 + ra5_1 * rg24_1
                     + ra5_2 * rg24_2 + ra5_3 * rg24_3
                     + ra5_4 * rg24_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
+                wq24 = w24[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq24
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
                 rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq4
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr4).sum(1)
+                s1_1 = s1_1 + t * wq4
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr4).sum(1)
+                s1_2 = s1_2 + t * wq4
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg7_0 = g_7[tile_b, 0, tile_r]
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq7
                 t = (0.5773502691896257 * ra2_1 * rg7_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr7).sum(1)
+                s1_1 = s1_1 + t * wq7
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
+                s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
                 rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
                 rg8_1, rg8_3 = hl.split(rg8to)
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq8
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
+                s1_1 = s1_1 + t * wq8
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
+                s1_2 = s1_2 + t * wq8
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1496,44 +1496,44 @@ def tp_bwd_x2_0(
                 rg9toe, rg9too = hl.split(rg9to)
                 rg9_1, rg9_5 = hl.split(rg9toe)
                 rg9_3, rg9_7 = hl.split(rg9too)
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq9
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
                     + 0.7071067811865476 * ra2_2 * rg9_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
+                s1_1 = s1_1 + t * wq9
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_0 - 0.408248290463863 * ra2_2 * rg9_2
                     + 0.7071067811865476 * ra2_1 * rg9_3 + 0.7071067811865476 * ra2_2 * rg9_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
+                s1_2 = s1_2 + t * wq9
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
                 rg13_0 = g_13[tile_b, 0, tile_r]
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq13
                 t = (0.5773502691896257 * ra3_1 * rg13_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr13).sum(1)
+                s1_1 = s1_1 + t * wq13
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr13).sum(1)
+                s1_2 = s1_2 + t * wq13
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
                 rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14_0, rg14_2 = hl.split(rg14te)
                 rg14_1, rg14_3 = hl.split(rg14to)
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq14
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr14).sum(1)
+                s1_1 = s1_1 + t * wq14
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
+                s1_2 = s1_2 + t * wq14
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
                 rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1544,44 +1544,44 @@ def tp_bwd_x2_0(
                 rg15toe, rg15too = hl.split(rg15to)
                 rg15_1, rg15_5 = hl.split(rg15toe)
                 rg15_3, rg15_7 = hl.split(rg15too)
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq15
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
                     + 0.7071067811865476 * ra3_2 * rg15_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr15).sum(1)
+                s1_1 = s1_1 + t * wq15
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_0 - 0.408248290463863 * ra3_2 * rg15_2
                     + 0.7071067811865476 * ra3_1 * rg15_3 + 0.7071067811865476 * ra3_2 * rg15_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
+                s1_2 = s1_2 + t * wq15
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
                 rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
                 rg19_1, rg19_3 = hl.split(rg19to)
-                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
                     + 0.5477225575051661 * ra4_1 * rg19_1 + 0.5477225575051661 * ra4_0 * rg19_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr19).sum(1)
+                wq19 = w19[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_1 * rg19_0 + 0.6324555320336758 * ra4_2 * rg19_1
                     + 0.5477225575051661 * ra4_3 * rg19_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr19).sum(1)
+                s1_1 = s1_1 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_0 * rg19_0 + 0.5477225575051661 * ra4_3 * rg19_1
                     - 0.3162277660168379 * ra4_2 * rg19_2 + 0.5477225575051661 * ra4_4 * rg19_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr19).sum(1)
+                s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
                 rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1592,46 +1592,46 @@ def tp_bwd_x2_0(
                 rg20toe, rg20too = hl.split(rg20to)
                 rg20_1, rg20_5 = hl.split(rg20toe)
                 rg20_3, rg20_7 = hl.split(rg20too)
-                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
                     + 0.7071067811865476 * ra4_3 * rg20_2 - 0.7071067811865476 * ra4_2 * rg20_3
                     + 0.408248290463863 * ra4_4 * rg20_3 - 0.408248290463863 * ra4_3 * rg20_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr20).sum(1)
+                wq20 = w20[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq20
                 t = (
                     -0.816496580927726 * ra4_4 * rg20_0 - 0.408248290463863 * ra4_3 * rg20_1
                     + 0.408248290463863 * ra4_1 * rg20_3 + 0.816496580927726 * ra4_0 * rg20_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr20).sum(1)
+                s1_1 = s1_1 + t * wq20
                 t = (
                     0.408248290463863 * ra4_3 * rg20_0 + 0.7071067811865476 * ra4_2 * rg20_1
                     + 0.408248290463863 * ra4_4 * rg20_1 - 0.7071067811865476 * ra4_1 * rg20_2
                     - 0.408248290463863 * ra4_0 * rg20_3 - 0.408248290463863 * ra4_1 * rg20_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr20).sum(1)
+                s1_2 = s1_2 + t * wq20
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
                 rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2])
                 rg25te, rg25to = hl.split(rg25t)
                 rg25_0, rg25_2 = hl.split(rg25te)
                 rg25_1, rg25_3 = hl.split(rg25to)
-                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
                     + 0.5477225575051661 * ra5_1 * rg25_1 + 0.5477225575051661 * ra5_0 * rg25_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr25).sum(1)
+                wq25 = w25[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_1 * rg25_0 + 0.6324555320336758 * ra5_2 * rg25_1
                     + 0.5477225575051661 * ra5_3 * rg25_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr25).sum(1)
+                s1_1 = s1_1 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_0 * rg25_0 + 0.5477225575051661 * ra5_3 * rg25_1
                     - 0.3162277660168379 * ra5_2 * rg25_2 + 0.5477225575051661 * ra5_4 * rg25_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
+                s1_2 = s1_2 + t * wq25
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
                 rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1642,24 +1642,24 @@ def tp_bwd_x2_0(
                 rg26toe, rg26too = hl.split(rg26to)
                 rg26_1, rg26_5 = hl.split(rg26toe)
                 rg26_3, rg26_7 = hl.split(rg26too)
-                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
                     + 0.7071067811865476 * ra5_3 * rg26_2 - 0.7071067811865476 * ra5_2 * rg26_3
                     + 0.408248290463863 * ra5_4 * rg26_3 - 0.408248290463863 * ra5_3 * rg26_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr26).sum(1)
+                wq26 = w26[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq26
                 t = (
                     -0.816496580927726 * ra5_4 * rg26_0 - 0.408248290463863 * ra5_3 * rg26_1
                     + 0.408248290463863 * ra5_1 * rg26_3 + 0.816496580927726 * ra5_0 * rg26_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr26).sum(1)
+                s1_1 = s1_1 + t * wq26
                 t = (
                     0.408248290463863 * ra5_3 * rg26_0 + 0.7071067811865476 * ra5_2 * rg26_1
                     + 0.408248290463863 * ra5_4 * rg26_1 - 0.7071067811865476 * ra5_1 * rg26_2
                     - 0.408248290463863 * ra5_0 * rg26_3 - 0.408248290463863 * ra5_1 * rg26_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
+                s1_2 = s1_2 + t * wq26
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1670,17 +1670,17 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
                 rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1691,37 +1691,37 @@ def tp_bwd_x2_0(
                 rg5toe, rg5too = hl.split(rg5to)
                 rg5_1, rg5_5 = hl.split(rg5toe)
                 rg5_3, rg5_7 = hl.split(rg5too)
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg5_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq5
                 t = (ra1_0 * rg5_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr5).sum(1)
+                s2_1 = s2_1 + t * wq5
                 t = (ra1_0 * rg5_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr5).sum(1)
+                s2_2 = s2_2 + t * wq5
                 t = (ra1_0 * rg5_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr5).sum(1)
+                s2_3 = s2_3 + t * wq5
                 t = (ra1_0 * rg5_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr5).sum(1)
+                s2_4 = s2_4 + t * wq5
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
                 rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10_0, rg10_2 = hl.split(rg10te)
                 rg10_1, rg10_3 = hl.split(rg10to)
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq10
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr10).sum(1)
+                s2_1 = s2_1 + t * wq10
                 t = (
                     -0.3162277660168379 * ra2_0 * rg10_0 + 0.6324555320336758 * ra2_1 * rg10_1
                     - 0.3162277660168379 * ra2_2 * rg10_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr10).sum(1)
+                s2_2 = s2_2 + t * wq10
                 t = (0.5477225575051661 * ra2_2 * rg10_1 + 0.5477225575051661 * ra2_1 * rg10_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr10).sum(1)
+                s2_3 = s2_3 + t * wq10
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
+                s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
                 rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1732,49 +1732,49 @@ def tp_bwd_x2_0(
                 rg11toe, rg11too = hl.split(rg11to)
                 rg11_1, rg11_5 = hl.split(rg11toe)
                 rg11_3, rg11_7 = hl.split(rg11too)
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq11
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
                     - 0.408248290463863 * ra2_1 * rg11_3 + 0.408248290463863 * ra2_2 * rg11_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr11).sum(1)
+                s2_1 = s2_1 + t * wq11
                 t = (-0.7071067811865476 * ra2_2 * rg11_1 + 0.7071067811865476 * ra2_0 * rg11_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr11).sum(1)
+                s2_2 = s2_2 + t * wq11
                 t = (
                     -0.408248290463863 * ra2_2 * rg11_0 + 0.408248290463863 * ra2_1 * rg11_1
                     - 0.7071067811865476 * ra2_0 * rg11_2 + 0.408248290463863 * ra2_0 * rg11_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr11).sum(1)
+                s2_3 = s2_3 + t * wq11
                 t = (
                     0.816496580927726 * ra2_1 * rg11_0 - 0.408248290463863 * ra2_2 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr11).sum(1)
+                s2_4 = s2_4 + t * wq11
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
                 rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16_0, rg16_2 = hl.split(rg16te)
                 rg16_1, rg16_3 = hl.split(rg16to)
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq16
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr16).sum(1)
+                s2_1 = s2_1 + t * wq16
                 t = (
                     -0.3162277660168379 * ra3_0 * rg16_0 + 0.6324555320336758 * ra3_1 * rg16_1
                     - 0.3162277660168379 * ra3_2 * rg16_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr16).sum(1)
+                s2_2 = s2_2 + t * wq16
                 t = (0.5477225575051661 * ra3_2 * rg16_1 + 0.5477225575051661 * ra3_1 * rg16_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr16).sum(1)
+                s2_3 = s2_3 + t * wq16
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr16).sum(1)
+                s2_4 = s2_4 + t * wq16
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
                 rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1785,71 +1785,71 @@ def tp_bwd_x2_0(
                 rg17toe, rg17too = hl.split(rg17to)
                 rg17_1, rg17_5 = hl.split(rg17toe)
                 rg17_3, rg17_7 = hl.split(rg17too)
-                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
+                wq17 = w17[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq17
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
                     - 0.408248290463863 * ra3_1 * rg17_3 + 0.408248290463863 * ra3_2 * rg17_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr17).sum(1)
+                s2_1 = s2_1 + t * wq17
                 t = (-0.7071067811865476 * ra3_2 * rg17_1 + 0.7071067811865476 * ra3_0 * rg17_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr17).sum(1)
+                s2_2 = s2_2 + t * wq17
                 t = (
                     -0.408248290463863 * ra3_2 * rg17_0 + 0.408248290463863 * ra3_1 * rg17_1
                     - 0.7071067811865476 * ra3_0 * rg17_2 + 0.408248290463863 * ra3_0 * rg17_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr17).sum(1)
+                s2_3 = s2_3 + t * wq17
                 t = (
                     0.816496580927726 * ra3_1 * rg17_0 - 0.408248290463863 * ra3_2 * rg17_1
                     - 0.408248290463863 * ra3_0 * rg17_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
+                s2_4 = s2_4 + t * wq17
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
                 rg21_0 = g_21[tile_b, 0, tile_r]
-                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr21).sum(1)
+                wq21 = w21[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq21
                 t = (0.4472135954999579 * ra4_1 * rg21_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr21).sum(1)
+                s2_1 = s2_1 + t * wq21
                 t = (0.4472135954999579 * ra4_2 * rg21_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr21).sum(1)
+                s2_2 = s2_2 + t * wq21
                 t = (0.4472135954999579 * ra4_3 * rg21_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr21).sum(1)
+                s2_3 = s2_3 + t * wq21
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr21).sum(1)
+                s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
                 rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2])
                 rg22te, rg22to = hl.split(rg22t)
                 rg22_0, rg22_2 = hl.split(rg22te)
                 rg22_1, rg22_3 = hl.split(rg22to)
-                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
                     - 0.3162277660168379 * ra4_3 * rg22_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr22).sum(1)
+                wq22 = w22[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq22
                 t = (
                     -0.3162277660168379 * ra4_0 * rg22_0 + 0.3162277660168379 * ra4_3 * rg22_1
                     - 0.5477225575051661 * ra4_2 * rg22_2 - 0.3162277660168379 * ra4_4 * rg22_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr22).sum(1)
+                s2_1 = s2_1 + t * wq22
                 t = (-0.5477225575051661 * ra4_3 * rg22_0 + 0.5477225575051661 * ra4_1 * rg22_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr22).sum(1)
+                s2_2 = s2_2 + t * wq22
                 t = (
                     0.5477225575051661 * ra4_2 * rg22_0 - 0.3162277660168379 * ra4_4 * rg22_0
                     - 0.3162277660168379 * ra4_1 * rg22_1 + 0.3162277660168379 * ra4_0 * rg22_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr22).sum(1)
+                s2_3 = s2_3 + t * wq22
                 t = (
                     0.3162277660168379 * ra4_3 * rg22_0 - 0.6324555320336758 * ra4_0 * rg22_1
                     + 0.3162277660168379 * ra4_1 * rg22_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr22).sum(1)
+                s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
                 rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1860,77 +1860,77 @@ def tp_bwd_x2_0(
                 rg23toe, rg23too = hl.split(rg23to)
                 rg23_1, rg23_5 = hl.split(rg23toe)
                 rg23_3, rg23_7 = hl.split(rg23too)
-                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr23).sum(1)
+                wq23 = w23[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq23
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
                     - 0.4629100498862757 * ra4_4 * rg23_1 + 0.2672612419124244 * ra4_1 * rg23_2
                     + 0.4629100498862757 * ra4_0 * rg23_3 - 0.4629100498862757 * ra4_1 * rg23_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr23).sum(1)
+                s2_1 = s2_1 + t * wq23
                 t = (
                     -0.5345224838248488 * ra4_0 * rg23_0 + 0.2672612419124244 * ra4_1 * rg23_1
                     + 0.5345224838248488 * ra4_2 * rg23_2 + 0.2672612419124244 * ra4_3 * rg23_3
                     - 0.5345224838248488 * ra4_4 * rg23_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr23).sum(1)
+                s2_2 = s2_2 + t * wq23
                 t = (
                     0.4629100498862757 * ra4_1 * rg23_0 + 0.4629100498862757 * ra4_0 * rg23_1
                     + 0.2672612419124244 * ra4_3 * rg23_2 + 0.2672612419124244 * ra4_2 * rg23_3
                     + 0.4629100498862757 * ra4_4 * rg23_3 + 0.4629100498862757 * ra4_3 * rg23_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr23).sum(1)
+                s2_3 = s2_3 + t * wq23
                 t = (
                     -0.4629100498862757 * ra4_1 * rg23_1 - 0.5345224838248488 * ra4_4 * rg23_2
                     + 0.4629100498862757 * ra4_3 * rg23_3 - 0.5345224838248488 * ra4_2 * rg23_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr23).sum(1)
+                s2_4 = s2_4 + t * wq23
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
                 rg27_0 = g_27[tile_b, 0, tile_r]
-                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
+                wq27 = w27[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq27
                 t = (0.4472135954999579 * ra5_1 * rg27_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr27).sum(1)
+                s2_1 = s2_1 + t * wq27
                 t = (0.4472135954999579 * ra5_2 * rg27_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr27).sum(1)
+                s2_2 = s2_2 + t * wq27
                 t = (0.4472135954999579 * ra5_3 * rg27_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr27).sum(1)
+                s2_3 = s2_3 + t * wq27
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
+                s2_4 = s2_4 + t * wq27
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
                 rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2])
                 rg28te, rg28to = hl.split(rg28t)
                 rg28_0, rg28_2 = hl.split(rg28te)
                 rg28_1, rg28_3 = hl.split(rg28to)
-                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
                     - 0.3162277660168379 * ra5_3 * rg28_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr28).sum(1)
+                wq28 = w28[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq28
                 t = (
                     -0.3162277660168379 * ra5_0 * rg28_0 + 0.3162277660168379 * ra5_3 * rg28_1
                     - 0.5477225575051661 * ra5_2 * rg28_2 - 0.3162277660168379 * ra5_4 * rg28_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr28).sum(1)
+                s2_1 = s2_1 + t * wq28
                 t = (-0.5477225575051661 * ra5_3 * rg28_0 + 0.5477225575051661 * ra5_1 * rg28_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr28).sum(1)
+                s2_2 = s2_2 + t * wq28
                 t = (
                     0.5477225575051661 * ra5_2 * rg28_0 - 0.3162277660168379 * ra5_4 * rg28_0
                     - 0.3162277660168379 * ra5_1 * rg28_1 + 0.3162277660168379 * ra5_0 * rg28_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr28).sum(1)
+                s2_3 = s2_3 + t * wq28
                 t = (
                     0.3162277660168379 * ra5_3 * rg28_0 - 0.6324555320336758 * ra5_0 * rg28_1
                     + 0.3162277660168379 * ra5_1 * rg28_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
+                s2_4 = s2_4 + t * wq28
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
                 rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1941,35 +1941,44 @@ def tp_bwd_x2_0(
                 rg29toe, rg29too = hl.split(rg29to)
                 rg29_1, rg29_5 = hl.split(rg29toe)
                 rg29_3, rg29_7 = hl.split(rg29too)
-                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr29).sum(1)
+                wq29 = w29[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq29
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
                     - 0.4629100498862757 * ra5_4 * rg29_1 + 0.2672612419124244 * ra5_1 * rg29_2
                     + 0.4629100498862757 * ra5_0 * rg29_3 - 0.4629100498862757 * ra5_1 * rg29_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr29).sum(1)
+                s2_1 = s2_1 + t * wq29
                 t = (
                     -0.5345224838248488 * ra5_0 * rg29_0 + 0.2672612419124244 * ra5_1 * rg29_1
                     + 0.5345224838248488 * ra5_2 * rg29_2 + 0.2672612419124244 * ra5_3 * rg29_3
                     - 0.5345224838248488 * ra5_4 * rg29_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr29).sum(1)
+                s2_2 = s2_2 + t * wq29
                 t = (
                     0.4629100498862757 * ra5_1 * rg29_0 + 0.4629100498862757 * ra5_0 * rg29_1
                     + 0.2672612419124244 * ra5_3 * rg29_2 + 0.2672612419124244 * ra5_2 * rg29_3
                     + 0.4629100498862757 * ra5_4 * rg29_3 + 0.4629100498862757 * ra5_3 * rg29_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr29).sum(1)
+                s2_3 = s2_3 + t * wq29
                 t = (
                     -0.4629100498862757 * ra5_1 * rg29_1 - 0.5345224838248488 * ra5_4 * rg29_2
                     + 0.4629100498862757 * ra5_3 * rg29_3 - 0.5345224838248488 * ra5_2 * rg29_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr29).sum(1)
+                s2_4 = s2_4 + t * wq29
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -2068,8 +2077,37 @@ def tp_bwd_w_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            a1_0 = x1_1[tile_b, 0, tile_c]
+            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -2100,7 +2138,6 @@ def tp_bwd_w_0(
             q4 = (a0_0 * sb2_4_0)
             gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            a1_0 = x1_1[tile_b, 0, tile_c]
             q0 = (a1_0 * sb0_0_0)
             g3_0 = g_3[tile_b, 0, tile_c]
             gw3[tile_b, tile_c, 0] = (q0 * g3_0)
@@ -2131,11 +2168,6 @@ def tp_bwd_w_0(
             q4 = (a1_0 * sb2_4_0)
             gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
@@ -2229,11 +2261,6 @@ def tp_bwd_w_0(
             )
             gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
             g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2])
@@ -2327,15 +2354,6 @@ def tp_bwd_w_0(
             )
             gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
             q0 = (a4_0 * sb0_0_0)
             g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
@@ -2462,15 +2480,6 @@ def tp_bwd_w_0(
             )
             gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
             q0 = (a5_0 * sb0_0_0)
             g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])

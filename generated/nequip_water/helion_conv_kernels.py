@@ -66,11 +66,18 @@ def conv_fwd_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(32, block_size=32):
+            a0_0 = x1_0[s_idx, 0, tile_c]
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a3_0 = x1_3[s_idx, 0, tile_c]
+            a3_1 = x1_3[s_idx, 1, tile_c]
+            a3_2 = x1_3[s_idx, 2, tile_c]
             # g block 0: 32x0o (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[s_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
             # g block 1: 32x1e (1 path)
@@ -89,7 +96,6 @@ def conv_fwd_0(
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
-            a1_0 = x1_1[s_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
             hl.atomic_add(out_2, [d_idx, 0, tile_c], acc2_0)
             # g block 3: 32x1o (1 path)
@@ -110,11 +116,8 @@ def conv_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            a2_0 = x1_2[s_idx, 0, tile_c]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            a2_1 = x1_2[s_idx, 1, tile_c]
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            a2_2 = x1_2[s_idx, 2, tile_c]
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
             hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
             hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
@@ -146,11 +149,8 @@ def conv_fwd_0(
             acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
-            a3_0 = x1_3[s_idx, 0, tile_c]
             acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            a3_1 = x1_3[s_idx, 1, tile_c]
             acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            a3_2 = x1_3[s_idx, 2, tile_c]
             acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
             hl.atomic_add(out_7, [d_idx, 0, tile_c], acc7_0)
             hl.atomic_add(out_7, [d_idx, 1, tile_c], acc7_1)
@@ -221,17 +221,35 @@ def conv_bwd_x1_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(32, block_size=32):
+            g0_0 = g_0[d_idx, 0, tile_c]
+            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_2 = g_1[d_idx, 2, tile_c]
+            g2_0 = g_2[d_idx, 0, tile_c]
+            g3_0 = g_3[d_idx, 0, tile_c]
+            g3_1 = g_3[d_idx, 1, tile_c]
+            g3_2 = g_3[d_idx, 2, tile_c]
+            g4_0 = g_4[d_idx, 0, tile_c]
+            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_2 = g_4[d_idx, 2, tile_c]
+            g5_0 = g_5[d_idx, 0, tile_c]
+            g6_0 = g_6[d_idx, 0, tile_c]
+            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_2 = g_6[d_idx, 2, tile_c]
+            g7_0 = g_7[d_idx, 0, tile_c]
+            g7_1 = g_7[d_idx, 1, tile_c]
+            g7_2 = g_7[d_idx, 2, tile_c]
+            g8_0 = g_8[d_idx, 0, tile_c]
+            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_2 = g_9[d_idx, 2, tile_c]
             # x1 block 0: 32x0o (2 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[d_idx, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             wt1_0 = w1[tile_b, tile_c, 0]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
@@ -241,13 +259,9 @@ def conv_bwd_x1_0(
             acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
             wt2_0 = w2[tile_b, tile_c, 0]
-            g2_0 = g_2[d_idx, 0, tile_c]
             acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             wt3_0 = w3[tile_b, tile_c, 0]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
             acc1_0 = acc1_0 + wt3_0 * (
                 0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
                 + 0.9999999999999999 * g3_2 * sb1_2_0
@@ -259,24 +273,17 @@ def conv_bwd_x1_0(
             acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            g4_0 = g_4[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            g4_1 = g_4[d_idx, 1, tile_c]
             acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            g4_2 = g_4[d_idx, 2, tile_c]
             acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
             wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[d_idx, 0, tile_c]
             acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
             wt6_0 = w6[tile_b, tile_c, 0]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
             acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
-            g6_0 = g_6[d_idx, 0, tile_c]
             acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
             hl.atomic_add(gx1_2, [s_idx, 0, tile_c], acc2_0)
@@ -288,24 +295,17 @@ def conv_bwd_x1_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
             wt7_0 = w7[tile_b, tile_c, 0]
-            g7_0 = g_7[d_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
-            g7_1 = g_7[d_idx, 1, tile_c]
             acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
-            g7_2 = g_7[d_idx, 2, tile_c]
             acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
             wt8_0 = w8[tile_b, tile_c, 0]
-            g8_0 = g_8[d_idx, 0, tile_c]
             acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
             wt9_0 = w9[tile_b, tile_c, 0]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
             acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
-            g9_0 = g_9[d_idx, 0, tile_c]
             acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
             hl.atomic_add(gx1_3, [s_idx, 0, tile_c], acc3_0)
@@ -363,15 +363,15 @@ def conv_bwd_x2_0(
                 # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
                 ra0_0 = x1_0[s_idx, 0, tile_r]
                 rg0_0 = g_0[d_idx, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
                 ra1_0 = x1_1[s_idx, 0, tile_r]
                 rg2_0 = g_2[d_idx, 0, tile_r]
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra1_0 * rg2_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq2
                 # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
                 ra2_0 = x1_2[s_idx, 0, tile_r]
                 rg4_0 = g_4[d_idx, 0, tile_r]
@@ -379,12 +379,12 @@ def conv_bwd_x2_0(
                 rg4_1 = g_4[d_idx, 1, tile_r]
                 ra2_2 = x1_2[s_idx, 2, tile_r]
                 rg4_2 = g_4[d_idx, 2, tile_r]
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
                     + 0.9999999999999999 * ra2_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq4
                 # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
                 ra3_0 = x1_3[s_idx, 0, tile_r]
                 rg7_0 = g_7[d_idx, 0, tile_r]
@@ -392,74 +392,78 @@ def conv_bwd_x2_0(
                 rg7_1 = g_7[d_idx, 1, tile_r]
                 ra3_2 = x1_3[s_idx, 2, tile_r]
                 rg7_2 = g_7[d_idx, 2, tile_r]
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
                     + 0.9999999999999999 * ra3_2 * rg7_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq7
                 # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
                 rg1_0 = g_1[d_idx, 0, tile_r]
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 rg1_1 = g_1[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 rg1_2 = g_1[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
                 rg3_0 = g_3[d_idx, 0, tile_r]
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra1_0 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq3
                 rg3_1 = g_3[d_idx, 1, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg3_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr3).sum(1)
+                s1_1 = s1_1 + t * wq3
                 rg3_2 = g_3[d_idx, 2, tile_r]
                 t = (0.9999999999999999 * ra1_0 * rg3_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr3).sum(1)
+                s1_2 = s1_2 + t * wq3
                 # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[d_idx, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra2_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra2_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra2_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = s1_2 + t * wq5
                 # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
                 rg6_1 = g_6[d_idx, 1, tile_r]
                 rg6_2 = g_6[d_idx, 2, tile_r]
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq6
                 rg6_0 = g_6[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                s1_2 = s1_2 + t * wq6
                 # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
                 rg8_0 = g_8[d_idx, 0, tile_r]
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra3_0 * rg8_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq8
                 t = (0.5773502691896257 * ra3_1 * rg8_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr8).sum(1)
+                s1_1 = s1_1 + t * wq8
                 t = (0.5773502691896257 * ra3_2 * rg8_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr8).sum(1)
+                s1_2 = s1_2 + t * wq8
                 # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
                 rg9_1 = g_9[d_idx, 1, tile_r]
                 rg9_2 = g_9[d_idx, 2, tile_r]
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq9
                 rg9_0 = g_9[d_idx, 0, tile_r]
                 t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9).sum(1)
+                s1_1 = s1_1 + t * wq9
                 t = (0.7071067811865475 * ra3_1 * rg9_0 - 0.7071067811865475 * ra3_0 * rg9_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9).sum(1)
+                s1_2 = s1_2 + t * wq9
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -509,81 +513,81 @@ def conv_bwd_w_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             a0_0 = x1_0[s_idx, 0, tile_c]
-            q0 = (a0_0 * sb0_0_0)
+            a1_0 = x1_1[s_idx, 0, tile_c]
+            a2_0 = x1_2[s_idx, 0, tile_c]
+            a2_1 = x1_2[s_idx, 1, tile_c]
+            a2_2 = x1_2[s_idx, 2, tile_c]
+            a3_0 = x1_3[s_idx, 0, tile_c]
+            a3_1 = x1_3[s_idx, 1, tile_c]
+            a3_2 = x1_3[s_idx, 2, tile_c]
             g0_0 = g_0[d_idx, 0, tile_c]
+            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_2 = g_1[d_idx, 2, tile_c]
+            g2_0 = g_2[d_idx, 0, tile_c]
+            g3_0 = g_3[d_idx, 0, tile_c]
+            g3_1 = g_3[d_idx, 1, tile_c]
+            g3_2 = g_3[d_idx, 2, tile_c]
+            g4_0 = g_4[d_idx, 0, tile_c]
+            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_2 = g_4[d_idx, 2, tile_c]
+            g5_0 = g_5[d_idx, 0, tile_c]
+            g6_0 = g_6[d_idx, 0, tile_c]
+            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_2 = g_6[d_idx, 2, tile_c]
+            g7_0 = g_7[d_idx, 0, tile_c]
+            g7_1 = g_7[d_idx, 1, tile_c]
+            g7_2 = g_7[d_idx, 2, tile_c]
+            g8_0 = g_8[d_idx, 0, tile_c]
+            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_2 = g_9[d_idx, 2, tile_c]
+            # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
+            q0 = (a0_0 * sb0_0_0)
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1_0 = g_1[d_idx, 0, tile_c]
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            g1_1 = g_1[d_idx, 1, tile_c]
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            g1_2 = g_1[d_idx, 2, tile_c]
             gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            a1_0 = x1_1[s_idx, 0, tile_c]
             q0 = (a1_0 * sb0_0_0)
-            g2_0 = g_2[d_idx, 0, tile_c]
             gw2[tile_b, tile_c, 0] = (q0 * g2_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g3_0 = g_3[d_idx, 0, tile_c]
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            g3_1 = g_3[d_idx, 1, tile_c]
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            g3_2 = g_3[d_idx, 2, tile_c]
             gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            a2_0 = x1_2[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g4_0 = g_4[d_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            g4_1 = g_4[d_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            g4_2 = g_4[d_idx, 2, tile_c]
             gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            g5_0 = g_5[d_idx, 0, tile_c]
             gw5[tile_b, tile_c, 0] = (q0 * g5_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g6_0 = g_6[d_idx, 0, tile_c]
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            g6_1 = g_6[d_idx, 1, tile_c]
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            g6_2 = g_6[d_idx, 2, tile_c]
             gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            a3_0 = x1_3[s_idx, 0, tile_c]
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g7_0 = g_7[d_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-            g7_1 = g_7[d_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            g7_2 = g_7[d_idx, 2, tile_c]
             gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            g8_0 = g_8[d_idx, 0, tile_c]
             gw8[tile_b, tile_c, 0] = (q0 * g8_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g9_0 = g_9[d_idx, 0, tile_c]
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            g9_1 = g_9[d_idx, 1, tile_c]
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            g9_2 = g_9[d_idx, 2, tile_c]
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)

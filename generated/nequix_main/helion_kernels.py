@@ -105,11 +105,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            a0_0 = x1_0[tile_b, 0, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1o (1 path)
@@ -155,17 +155,17 @@ def tp_fwd_0(
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
             hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -280,14 +280,6 @@ def tp_fwd_0(
             )
             hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            # g block 10: 32x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -297,6 +289,23 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            # g block 10: 32x2e (1 path)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt10_0 = w10[tile_b, tile_c, 0]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
@@ -479,15 +488,6 @@ def tp_fwd_0(
             acc17_6 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
             wt17_0 = w17[tile_b, tile_c, 0]
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
             acc17_0 = acc17_0 + wt17_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -1372,22 +1372,22 @@ def tp_bwd_x2_0(
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1398,17 +1398,17 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1419,21 +1419,37 @@ def tp_bwd_x2_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
+                s3_1 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
+                s3_2 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
+                s3_3 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
+                s3_4 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
+                s3_5 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
+                s3_6 = t * wq3
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
@@ -1447,21 +1463,21 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = t * wq4
                 # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = t * wq5
                 # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1472,42 +1488,42 @@ def tp_bwd_x2_0(
                 rg6toe, rg6too = hl.split(rg6to)
                 rg6_1, rg6_5 = hl.split(rg6toe)
                 rg6_3, rg6_7 = hl.split(rg6too)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq6
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
                     + 0.7071067811865476 * ra1_2 * rg6_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                s1_1 = s1_1 + t * wq6
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_0 - 0.408248290463863 * ra1_2 * rg6_2
                     + 0.7071067811865476 * ra1_1 * rg6_3 + 0.7071067811865476 * ra1_2 * rg6_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                s1_2 = s1_2 + t * wq6
                 # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
                 rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
                 rg7_1, rg7_3 = hl.split(rg7to)
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s2_0 = t * wq7
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7).sum(1)
+                s2_1 = t * wq7
                 t = (
                     -0.3162277660168379 * ra1_0 * rg7_0 + 0.6324555320336758 * ra1_1 * rg7_1
                     - 0.3162277660168379 * ra1_2 * rg7_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7).sum(1)
+                s2_2 = t * wq7
                 t = (0.5477225575051661 * ra1_2 * rg7_1 + 0.5477225575051661 * ra1_1 * rg7_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7).sum(1)
+                s2_3 = t * wq7
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7).sum(1)
+                s2_4 = t * wq7
                 # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
                 rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1518,34 +1534,34 @@ def tp_bwd_x2_0(
                 rg8toe, rg8too = hl.split(rg8to)
                 rg8_1, rg8_5 = hl.split(rg8toe)
                 rg8_3, rg8_7 = hl.split(rg8too)
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
                     - 0.18257418583505539 * ra1_2 * rg8_2 - 0.18257418583505539 * ra1_0 * rg8_4
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq8
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
                     - 0.4472135954999579 * ra1_0 * rg8_3 - 0.5773502691896258 * ra1_0 * rg8_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr8).sum(1)
+                s2_1 = s2_1 + t * wq8
                 t = (
                     0.6324555320336759 * ra1_0 * rg8_2 + 0.7745966692414835 * ra1_1 * rg8_3
                     + 0.6324555320336759 * ra1_2 * rg8_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr8).sum(1)
+                s2_2 = s2_2 + t * wq8
                 t = (
                     0.5773502691896258 * ra1_0 * rg8_1 - 0.4472135954999579 * ra1_2 * rg8_3
                     + 0.7302967433402215 * ra1_1 * rg8_4 + 0.5773502691896258 * ra1_2 * rg8_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr8).sum(1)
+                s2_3 = s2_3 + t * wq8
                 t = (
                     0.7071067811865476 * ra1_0 * rg8_0 + 0.18257418583505539 * ra1_0 * rg8_2
                     - 0.18257418583505539 * ra1_2 * rg8_4 + 0.5773502691896258 * ra1_1 * rg8_5
                     + 0.7071067811865476 * ra1_2 * rg8_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
+                s2_4 = s2_4 + t * wq8
                 # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
                 rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1556,36 +1572,52 @@ def tp_bwd_x2_0(
                 rg9toe, rg9too = hl.split(rg9to)
                 rg9_1, rg9_5 = hl.split(rg9toe)
                 rg9_3, rg9_7 = hl.split(rg9too)
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s3_0 = t * wq9
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
                     + 0.48795003647426666 * ra1_0 * rg9_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr9).sum(1)
+                s3_1 = t * wq9
                 t = (
                     -0.1543033499620919 * ra1_2 * rg9_0 + 0.6172133998483676 * ra1_1 * rg9_1
                     + 0.5345224838248488 * ra1_0 * rg9_2 + 0.1543033499620919 * ra1_0 * rg9_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr9).sum(1)
+                s3_2 = t * wq9
                 t = (
                     -0.3779644730092272 * ra1_0 * rg9_1 + 0.6546536707079772 * ra1_1 * rg9_2
                     - 0.3779644730092272 * ra1_2 * rg9_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr9).sum(1)
+                s3_3 = t * wq9
                 t = (
                     -0.1543033499620919 * ra1_0 * rg9_0 + 0.5345224838248488 * ra1_2 * rg9_2
                     + 0.6172133998483676 * ra1_1 * rg9_3 - 0.1543033499620919 * ra1_2 * rg9_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr9).sum(1)
+                s3_4 = t * wq9
                 t = (
                     -0.48795003647426666 * ra1_0 * rg9_1 + 0.48795003647426666 * ra1_2 * rg9_3
                     + 0.48795003647426666 * ra1_1 * rg9_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr9).sum(1)
+                s3_5 = t * wq9
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr9).sum(1)
+                s3_6 = t * wq9
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
@@ -1607,13 +1639,13 @@ def tp_bwd_x2_0(
                 rg10toe, rg10too = hl.split(rg10to)
                 rg10_1, rg10_5 = hl.split(rg10toe)
                 rg10_3, rg10_7 = hl.split(rg10too)
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     ra2_0 * rg10_0 + ra2_1 * rg10_1
                     + ra2_2 * rg10_2 + ra2_3 * rg10_3
                     + ra2_4 * rg10_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s0_0 = t * wq10
                 # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1633,36 +1665,36 @@ def tp_bwd_x2_0(
                 rg17toe, rg17too = hl.split(rg17to)
                 rg17_1, rg17_5 = hl.split(rg17toe)
                 rg17_3, rg17_7 = hl.split(rg17too)
-                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra3_0 * rg17_0 + 1.0000000000000002 * ra3_1 * rg17_1
                     + 1.0000000000000002 * ra3_2 * rg17_2 + 1.0000000000000002 * ra3_3 * rg17_3
                     + 1.0000000000000002 * ra3_4 * rg17_4 + 1.0000000000000002 * ra3_5 * rg17_5
                     + 1.0000000000000002 * ra3_6 * rg17_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr17).sum(1)
+                wq17 = w17[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq17
                 # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
                 rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11_0, rg11_2 = hl.split(rg11te)
                 rg11_1, rg11_3 = hl.split(rg11to)
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
                     + 0.5477225575051661 * ra2_1 * rg11_1 + 0.5477225575051661 * ra2_0 * rg11_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s1_0 = t * wq11
                 t = (
                     0.5477225575051661 * ra2_1 * rg11_0 + 0.6324555320336758 * ra2_2 * rg11_1
                     + 0.5477225575051661 * ra2_3 * rg11_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11).sum(1)
+                s1_1 = t * wq11
                 t = (
                     0.5477225575051661 * ra2_0 * rg11_0 + 0.5477225575051661 * ra2_3 * rg11_1
                     - 0.3162277660168379 * ra2_2 * rg11_2 + 0.5477225575051661 * ra2_4 * rg11_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11).sum(1)
+                s1_2 = t * wq11
                 # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
                 rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1673,27 +1705,27 @@ def tp_bwd_x2_0(
                 rg12toe, rg12too = hl.split(rg12to)
                 rg12_1, rg12_5 = hl.split(rg12toe)
                 rg12_3, rg12_7 = hl.split(rg12too)
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
                     + 0.6324555320336759 * ra2_2 * rg12_2 + 0.18257418583505539 * ra2_4 * rg12_2
                     - 0.4472135954999579 * ra2_1 * rg12_3 - 0.18257418583505539 * ra2_0 * rg12_4
                     - 0.5773502691896258 * ra2_1 * rg12_5 - 0.7071067811865476 * ra2_0 * rg12_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq12
                 t = (
                     0.5773502691896258 * ra2_0 * rg12_1 + 0.7302967433402215 * ra2_1 * rg12_2
                     + 0.7745966692414835 * ra2_2 * rg12_3 + 0.7302967433402215 * ra2_3 * rg12_4
                     + 0.5773502691896258 * ra2_4 * rg12_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr12).sum(1)
+                s1_1 = s1_1 + t * wq12
                 t = (
                     0.7071067811865476 * ra2_0 * rg12_0 + 0.5773502691896258 * ra2_1 * rg12_1
                     - 0.18257418583505539 * ra2_0 * rg12_2 - 0.4472135954999579 * ra2_3 * rg12_3
                     + 0.6324555320336759 * ra2_2 * rg12_4 - 0.18257418583505539 * ra2_4 * rg12_4
                     + 0.5773502691896258 * ra2_3 * rg12_5 + 0.7071067811865476 * ra2_4 * rg12_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr12).sum(1)
+                s1_2 = s1_2 + t * wq12
                 # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
                 rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1704,40 +1736,40 @@ def tp_bwd_x2_0(
                 rg18toe, rg18too = hl.split(rg18to)
                 rg18_1, rg18_5 = hl.split(rg18toe)
                 rg18_3, rg18_7 = hl.split(rg18too)
-                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra3_4 * rg18_0 - 0.5976143046671969 * ra3_6 * rg18_0
                     - 0.3779644730092272 * ra3_3 * rg18_1 - 0.48795003647426666 * ra3_5 * rg18_1
                     + 0.5345224838248488 * ra3_2 * rg18_2 + 0.48795003647426666 * ra3_1 * rg18_3
                     + 0.5976143046671969 * ra3_0 * rg18_4 + 0.1543033499620919 * ra3_2 * rg18_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr18).sum(1)
+                wq18 = w18[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq18
                 t = (
                     0.48795003647426666 * ra3_1 * rg18_0 + 0.6172133998483676 * ra3_2 * rg18_1
                     + 0.6546536707079772 * ra3_3 * rg18_2 + 0.6172133998483676 * ra3_4 * rg18_3
                     + 0.48795003647426666 * ra3_5 * rg18_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr18).sum(1)
+                s1_1 = s1_1 + t * wq18
                 t = (
                     0.5976143046671969 * ra3_0 * rg18_0 - 0.1543033499620919 * ra3_2 * rg18_0
                     + 0.48795003647426666 * ra3_1 * rg18_1 + 0.5345224838248488 * ra3_4 * rg18_2
                     - 0.3779644730092272 * ra3_3 * rg18_3 + 0.48795003647426666 * ra3_5 * rg18_3
                     - 0.1543033499620919 * ra3_4 * rg18_4 + 0.5976143046671969 * ra3_6 * rg18_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr18).sum(1)
+                s1_2 = s1_2 + t * wq18
                 # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
                 rg13_0 = g_13[tile_b, 0, tile_r]
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s2_0 = t * wq13
                 t = (0.4472135954999579 * ra2_1 * rg13_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr13).sum(1)
+                s2_1 = t * wq13
                 t = (0.4472135954999579 * ra2_2 * rg13_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr13).sum(1)
+                s2_2 = t * wq13
                 t = (0.4472135954999579 * ra2_3 * rg13_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr13).sum(1)
+                s2_3 = t * wq13
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr13).sum(1)
+                s2_4 = t * wq13
                 # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
                 rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1748,69 +1780,69 @@ def tp_bwd_x2_0(
                 rg14toe, rg14too = hl.split(rg14to)
                 rg14_1, rg14_5 = hl.split(rg14toe)
                 rg14_3, rg14_7 = hl.split(rg14too)
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq14
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
                     - 0.4629100498862757 * ra2_4 * rg14_1 + 0.2672612419124244 * ra2_1 * rg14_2
                     + 0.4629100498862757 * ra2_0 * rg14_3 - 0.4629100498862757 * ra2_1 * rg14_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr14).sum(1)
+                s2_1 = s2_1 + t * wq14
                 t = (
                     -0.5345224838248488 * ra2_0 * rg14_0 + 0.2672612419124244 * ra2_1 * rg14_1
                     + 0.5345224838248488 * ra2_2 * rg14_2 + 0.2672612419124244 * ra2_3 * rg14_3
                     - 0.5345224838248488 * ra2_4 * rg14_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr14).sum(1)
+                s2_2 = s2_2 + t * wq14
                 t = (
                     0.4629100498862757 * ra2_1 * rg14_0 + 0.4629100498862757 * ra2_0 * rg14_1
                     + 0.2672612419124244 * ra2_3 * rg14_2 + 0.2672612419124244 * ra2_2 * rg14_3
                     + 0.4629100498862757 * ra2_4 * rg14_3 + 0.4629100498862757 * ra2_3 * rg14_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr14).sum(1)
+                s2_3 = s2_3 + t * wq14
                 t = (
                     -0.4629100498862757 * ra2_1 * rg14_1 - 0.5345224838248488 * ra2_4 * rg14_2
                     + 0.4629100498862757 * ra2_3 * rg14_3 - 0.5345224838248488 * ra2_2 * rg14_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr14).sum(1)
+                s2_4 = s2_4 + t * wq14
                 # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
                 rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
                 rg19_1, rg19_3 = hl.split(rg19to)
-                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra3_4 * rg19_0 - 0.4629100498862757 * ra3_6 * rg19_0
                     + 0.3779644730092272 * ra3_1 * rg19_1 + 0.4629100498862757 * ra3_0 * rg19_2
                     - 0.11952286093343936 * ra3_2 * rg19_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr19).sum(1)
+                wq19 = w19[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq19
                 t = (
                     -0.2927700218845599 * ra3_3 * rg19_0 - 0.3779644730092272 * ra3_5 * rg19_0
                     + 0.47809144373375745 * ra3_2 * rg19_1 + 0.3779644730092272 * ra3_1 * rg19_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr19).sum(1)
+                s2_1 = s2_1 + t * wq19
                 t = (
                     0.4140393356054125 * ra3_2 * rg19_0 + 0.50709255283711 * ra3_3 * rg19_1
                     + 0.4140393356054125 * ra3_4 * rg19_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr19).sum(1)
+                s2_2 = s2_2 + t * wq19
                 t = (
                     0.3779644730092272 * ra3_1 * rg19_0 + 0.47809144373375745 * ra3_4 * rg19_1
                     - 0.2927700218845599 * ra3_3 * rg19_2 + 0.3779644730092272 * ra3_5 * rg19_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr19).sum(1)
+                s2_3 = s2_3 + t * wq19
                 t = (
                     0.4629100498862757 * ra3_0 * rg19_0 + 0.11952286093343936 * ra3_2 * rg19_0
                     + 0.3779644730092272 * ra3_5 * rg19_1 - 0.11952286093343936 * ra3_4 * rg19_2
                     + 0.4629100498862757 * ra3_6 * rg19_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr19).sum(1)
+                s2_4 = s2_4 + t * wq19
                 # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
                 rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1821,14 +1853,14 @@ def tp_bwd_x2_0(
                 rg20toe, rg20too = hl.split(rg20to)
                 rg20_1, rg20_5 = hl.split(rg20toe)
                 rg20_3, rg20_7 = hl.split(rg20too)
-                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra3_4 * rg20_0 - 0.5773502691896258 * ra3_3 * rg20_1
                     + 0.4472135954999579 * ra3_4 * rg20_2 + 0.2886751345948129 * ra3_6 * rg20_2
                     - 0.5773502691896258 * ra3_1 * rg20_3 - 0.2886751345948129 * ra3_0 * rg20_4
                     + 0.4472135954999579 * ra3_2 * rg20_4 + 0.2886751345948129 * ra3_2 * rg20_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr20).sum(1)
+                wq20 = w20[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq20
                 t = (
                     0.45643546458763845 * ra3_5 * rg20_0 + 0.3535533905932738 * ra3_4 * rg20_1
                     - 0.45643546458763845 * ra3_6 * rg20_1 + 0.18257418583505539 * ra3_3 * rg20_2
@@ -1836,13 +1868,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra3_1 * rg20_4 + 0.45643546458763845 * ra3_0 * rg20_5
                     - 0.3535533905932738 * ra3_2 * rg20_5 - 0.45643546458763845 * ra3_1 * rg20_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr20).sum(1)
+                s2_1 = s2_1 + t * wq20
                 t = (
                     -0.6454972243679029 * ra3_0 * rg20_0 + 0.38729833462074176 * ra3_2 * rg20_2
                     + 0.5163977794943223 * ra3_3 * rg20_3 + 0.38729833462074176 * ra3_4 * rg20_4
                     - 0.6454972243679029 * ra3_6 * rg20_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr20).sum(1)
+                s2_2 = s2_2 + t * wq20
                 t = (
                     0.45643546458763845 * ra3_1 * rg20_0 + 0.45643546458763845 * ra3_0 * rg20_1
                     + 0.3535533905932738 * ra3_2 * rg20_1 + 0.3535533905932738 * ra3_1 * rg20_2
@@ -1850,50 +1882,50 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra3_5 * rg20_4 + 0.3535533905932738 * ra3_4 * rg20_5
                     + 0.45643546458763845 * ra3_6 * rg20_5 + 0.45643546458763845 * ra3_5 * rg20_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr20).sum(1)
+                s2_3 = s2_3 + t * wq20
                 t = (
                     -0.2886751345948129 * ra3_2 * rg20_0 - 0.2886751345948129 * ra3_0 * rg20_2
                     - 0.4472135954999579 * ra3_2 * rg20_2 - 0.5773502691896258 * ra3_5 * rg20_3
                     + 0.4472135954999579 * ra3_4 * rg20_4 - 0.2886751345948129 * ra3_6 * rg20_4
                     - 0.5773502691896258 * ra3_3 * rg20_5 - 0.2886751345948129 * ra3_4 * rg20_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr20).sum(1)
+                s2_4 = s2_4 + t * wq20
                 # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
                 rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15_0, rg15_2 = hl.split(rg15te)
                 rg15_1, rg15_3 = hl.split(rg15to)
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s3_0 = t * wq15
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
                     + 0.3779644730092272 * ra2_1 * rg15_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr15).sum(1)
+                s3_1 = t * wq15
                 t = (
                     0.4140393356054125 * ra2_2 * rg15_0 + 0.11952286093343936 * ra2_4 * rg15_0
                     + 0.47809144373375745 * ra2_1 * rg15_1 - 0.11952286093343936 * ra2_0 * rg15_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr15).sum(1)
+                s3_2 = t * wq15
                 t = (
                     -0.2927700218845599 * ra2_1 * rg15_0 + 0.50709255283711 * ra2_2 * rg15_1
                     - 0.2927700218845599 * ra2_3 * rg15_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr15).sum(1)
+                s3_3 = t * wq15
                 t = (
                     -0.11952286093343936 * ra2_0 * rg15_0 + 0.47809144373375745 * ra2_3 * rg15_1
                     + 0.4140393356054125 * ra2_2 * rg15_2 - 0.11952286093343936 * ra2_4 * rg15_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr15).sum(1)
+                s3_4 = t * wq15
                 t = (
                     -0.3779644730092272 * ra2_1 * rg15_0 + 0.3779644730092272 * ra2_4 * rg15_1
                     + 0.3779644730092272 * ra2_3 * rg15_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr15).sum(1)
+                s3_5 = t * wq15
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr15).sum(1)
+                s3_6 = t * wq15
                 # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
                 rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1904,68 +1936,68 @@ def tp_bwd_x2_0(
                 rg16toe, rg16too = hl.split(rg16to)
                 rg16_1, rg16_5 = hl.split(rg16toe)
                 rg16_3, rg16_7 = hl.split(rg16too)
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
                     - 0.2886751345948129 * ra2_4 * rg16_2 - 0.2886751345948129 * ra2_0 * rg16_4
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_3 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_2
                     - 0.5773502691896258 * ra2_0 * rg16_3 + 0.3535533905932738 * ra2_1 * rg16_4
                     - 0.45643546458763845 * ra2_1 * rg16_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr16).sum(1)
+                s3_1 = s3_1 + t * wq16
                 t = (
                     -0.2886751345948129 * ra2_4 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_1
                     + 0.38729833462074176 * ra2_2 * rg16_2 - 0.4472135954999579 * ra2_4 * rg16_2
                     + 0.18257418583505539 * ra2_1 * rg16_3 + 0.4472135954999579 * ra2_0 * rg16_4
                     - 0.3535533905932738 * ra2_1 * rg16_5 + 0.2886751345948129 * ra2_0 * rg16_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr16).sum(1)
+                s3_2 = s3_2 + t * wq16
                 t = (
                     -0.5773502691896258 * ra2_0 * rg16_1 + 0.18257418583505539 * ra2_1 * rg16_2
                     + 0.5163977794943223 * ra2_2 * rg16_3 + 0.18257418583505539 * ra2_3 * rg16_4
                     - 0.5773502691896258 * ra2_4 * rg16_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr16).sum(1)
+                s3_3 = s3_3 + t * wq16
                 t = (
                     -0.2886751345948129 * ra2_0 * rg16_0 + 0.3535533905932738 * ra2_1 * rg16_1
                     + 0.4472135954999579 * ra2_0 * rg16_2 + 0.18257418583505539 * ra2_3 * rg16_3
                     + 0.38729833462074176 * ra2_2 * rg16_4 + 0.4472135954999579 * ra2_4 * rg16_4
                     + 0.3535533905932738 * ra2_3 * rg16_5 - 0.2886751345948129 * ra2_4 * rg16_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr16).sum(1)
+                s3_4 = s3_4 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_1 * rg16_0 - 0.3535533905932738 * ra2_1 * rg16_2
                     - 0.5773502691896258 * ra2_4 * rg16_3 + 0.3535533905932738 * ra2_3 * rg16_4
                     + 0.45643546458763845 * ra2_3 * rg16_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr16).sum(1)
+                s3_5 = s3_5 + t * wq16
                 t = (
                     -0.45643546458763845 * ra2_1 * rg16_1 + 0.2886751345948129 * ra2_0 * rg16_2
                     - 0.2886751345948129 * ra2_4 * rg16_4 + 0.45643546458763845 * ra2_3 * rg16_5
                     - 0.6454972243679029 * ra2_2 * rg16_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr16).sum(1)
+                s3_6 = s3_6 + t * wq16
                 # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
                 rg21_0 = g_21[tile_b, 0, tile_r]
-                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra3_0 * rg21_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr21).sum(1)
+                wq21 = w21[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq21
                 t = (0.37796447300922725 * ra3_1 * rg21_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr21).sum(1)
+                s3_1 = s3_1 + t * wq21
                 t = (0.37796447300922725 * ra3_2 * rg21_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr21).sum(1)
+                s3_2 = s3_2 + t * wq21
                 t = (0.37796447300922725 * ra3_3 * rg21_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr21).sum(1)
+                s3_3 = s3_3 + t * wq21
                 t = (0.37796447300922725 * ra3_4 * rg21_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr21).sum(1)
+                s3_4 = s3_4 + t * wq21
                 t = (0.37796447300922725 * ra3_5 * rg21_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr21).sum(1)
+                s3_5 = s3_5 + t * wq21
                 t = (0.37796447300922725 * ra3_6 * rg21_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr21).sum(1)
+                s3_6 = s3_6 + t * wq21
                 # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
                 rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
@@ -1976,51 +2008,67 @@ def tp_bwd_x2_0(
                 rg22toe, rg22too = hl.split(rg22to)
                 rg22_1, rg22_5 = hl.split(rg22toe)
                 rg22_3, rg22_7 = hl.split(rg22too)
-                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra3_4 * rg22_0 + 0.3857583749052298 * ra3_5 * rg22_1
                     - 0.545544725589981 * ra3_0 * rg22_2 + 0.3857583749052298 * ra3_1 * rg22_3
                     - 0.24397501823713333 * ra3_2 * rg22_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr22).sum(1)
+                wq22 = w22[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq22
                 t = (
                     -0.48795003647426666 * ra3_3 * rg22_0 + 0.29880715233359845 * ra3_4 * rg22_1
                     - 0.3857583749052298 * ra3_6 * rg22_1 + 0.3857583749052298 * ra3_0 * rg22_3
                     + 0.29880715233359845 * ra3_2 * rg22_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr22).sum(1)
+                s3_1 = s3_1 + t * wq22
                 t = (
                     0.3779644730092272 * ra3_4 * rg22_0 + 0.24397501823713333 * ra3_6 * rg22_0
                     + 0.1543033499620919 * ra3_3 * rg22_1 - 0.29880715233359845 * ra3_5 * rg22_1
                     + 0.3273268353539886 * ra3_2 * rg22_2 + 0.29880715233359845 * ra3_1 * rg22_3
                     - 0.24397501823713333 * ra3_0 * rg22_4 - 0.3779644730092272 * ra3_2 * rg22_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr22).sum(1)
+                s3_2 = s3_2 + t * wq22
                 t = (
                     -0.48795003647426666 * ra3_1 * rg22_0 + 0.1543033499620919 * ra3_2 * rg22_1
                     + 0.4364357804719848 * ra3_3 * rg22_2 + 0.1543033499620919 * ra3_4 * rg22_3
                     - 0.48795003647426666 * ra3_5 * rg22_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr22).sum(1)
+                s3_3 = s3_3 + t * wq22
                 t = (
                     -0.24397501823713333 * ra3_0 * rg22_0 + 0.3779644730092272 * ra3_2 * rg22_0
                     + 0.29880715233359845 * ra3_1 * rg22_1 + 0.3273268353539886 * ra3_4 * rg22_2
                     + 0.1543033499620919 * ra3_3 * rg22_3 + 0.29880715233359845 * ra3_5 * rg22_3
                     + 0.3779644730092272 * ra3_4 * rg22_4 - 0.24397501823713333 * ra3_6 * rg22_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr22).sum(1)
+                s3_4 = s3_4 + t * wq22
                 t = (
                     0.3857583749052298 * ra3_0 * rg22_1 - 0.29880715233359845 * ra3_2 * rg22_1
                     + 0.29880715233359845 * ra3_4 * rg22_3 + 0.3857583749052298 * ra3_6 * rg22_3
                     - 0.48795003647426666 * ra3_3 * rg22_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr22).sum(1)
+                s3_5 = s3_5 + t * wq22
                 t = (
                     0.24397501823713333 * ra3_2 * rg22_0 - 0.3857583749052298 * ra3_1 * rg22_1
                     - 0.545544725589981 * ra3_6 * rg22_2 + 0.3857583749052298 * ra3_5 * rg22_3
                     - 0.24397501823713333 * ra3_4 * rg22_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr22).sum(1)
+                s3_6 = s3_6 + t * wq22
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -2118,8 +2166,8 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -2173,12 +2221,12 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
+            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
@@ -2305,7 +2353,6 @@ def tp_bwd_w_0(
             )
             gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
         for tile_c in hl.tile(32, block_size=32):
-            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -2315,6 +2362,16 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
             g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
@@ -2507,15 +2564,6 @@ def tp_bwd_w_0(
                 + q6 * g16_6
             )
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
             g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])

@@ -127,11 +127,11 @@ def tp_fwd_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
+            a0_0 = x1_0[tile_b, 0, tile_c]
             # g block 0: 128x0e (1 path)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
             out_0[tile_b, 0, tile_c] = acc0_0
             # g block 1: 128x1e (1 path)
@@ -177,17 +177,17 @@ def tp_fwd_0(
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
             hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
+            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1e (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt4_0 = w4[tile_b, tile_c, 0]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
@@ -376,14 +376,6 @@ def tp_fwd_0(
             )
             hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            # g block 13: 32x2e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -393,6 +385,23 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            # g block 13: 32x2e (1 path)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            wt13_0 = w13[tile_b, tile_c, 0]
             acc13_0 = acc13_0 + wt13_0 * (a2_0 * sb0_0_0)
             acc13_1 = acc13_1 + wt13_0 * (a2_1 * sb0_0_0)
             acc13_2 = acc13_2 + wt13_0 * (a2_2 * sb0_0_0)
@@ -690,15 +699,6 @@ def tp_fwd_0(
             acc24_6 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
             wt24_0 = w24[tile_b, tile_c, 0]
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
             acc24_0 = acc24_0 + wt24_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -2110,22 +2110,22 @@ def tp_bwd_x2_0(
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0 = w0[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0).sum(1)
+                wq0 = w0[tile_b, tile_r, 0]
+                s0_0 = t * wq0
                 # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
                 rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1 = w1[tile_b, tile_r, tile_c]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1).sum(1)
+                wq1 = w1[tile_b, tile_r, 0]
+                s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1).sum(1)
+                s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1).sum(1)
+                s1_2 = t * wq1
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
                 rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2136,17 +2136,17 @@ def tp_bwd_x2_0(
                 rg2toe, rg2too = hl.split(rg2to)
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
-                wr2 = w2[tile_b, tile_r, tile_c]
                 t = (ra0_0 * rg2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr2).sum(1)
+                wq2 = w2[tile_b, tile_r, 0]
+                s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr2).sum(1)
+                s2_1 = t * wq2
                 t = (ra0_0 * rg2_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr2).sum(1)
+                s2_2 = t * wq2
                 t = (ra0_0 * rg2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr2).sum(1)
+                s2_3 = t * wq2
                 t = (ra0_0 * rg2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr2).sum(1)
+                s2_4 = t * wq2
                 # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
                 rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2157,21 +2157,37 @@ def tp_bwd_x2_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                wr3 = w3[tile_b, tile_r, tile_c]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr3).sum(1)
+                wq3 = w3[tile_b, tile_r, 0]
+                s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr3).sum(1)
+                s3_1 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr3).sum(1)
+                s3_2 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr3).sum(1)
+                s3_3 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr3).sum(1)
+                s3_4 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr3).sum(1)
+                s3_5 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr3).sum(1)
+                s3_6 = t * wq3
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
@@ -2185,34 +2201,34 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
-                wr4 = w4[tile_b, tile_r, tile_c]
                 t = (
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4).sum(1)
+                wq4 = w4[tile_b, tile_r, 0]
+                s0_0 = t * wq4
                 # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g_5[tile_b, 0, tile_r]
-                wr5 = w5[tile_b, tile_r, tile_c]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5).sum(1)
+                wq5 = w5[tile_b, tile_r, 0]
+                s1_0 = t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5).sum(1)
+                s1_1 = t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5).sum(1)
+                s1_2 = t * wq5
                 # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
                 rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
-                wr6 = w6[tile_b, tile_r, tile_c]
                 t = (0.7071067811865475 * ra1_2 * rg6_1 - 0.7071067811865475 * ra1_1 * rg6_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr6).sum(1)
+                wq6 = w6[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq6
                 t = (-0.7071067811865475 * ra1_2 * rg6_0 + 0.7071067811865475 * ra1_0 * rg6_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr6).sum(1)
+                s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra1_1 * rg6_0 - 0.7071067811865475 * ra1_0 * rg6_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr6).sum(1)
+                s1_2 = s1_2 + t * wq6
                 # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
                 rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2223,42 +2239,42 @@ def tp_bwd_x2_0(
                 rg7toe, rg7too = hl.split(rg7to)
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
-                wr7 = w7[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg7_0 + 0.7071067811865476 * ra1_1 * rg7_1
                     - 0.408248290463863 * ra1_0 * rg7_2 - 0.7071067811865476 * ra1_0 * rg7_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr7).sum(1)
+                wq7 = w7[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq7
                 t = (
                     0.7071067811865476 * ra1_0 * rg7_1 + 0.816496580927726 * ra1_1 * rg7_2
                     + 0.7071067811865476 * ra1_2 * rg7_3
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr7).sum(1)
+                s1_1 = s1_1 + t * wq7
                 t = (
                     0.7071067811865476 * ra1_0 * rg7_0 - 0.408248290463863 * ra1_2 * rg7_2
                     + 0.7071067811865476 * ra1_1 * rg7_3 + 0.7071067811865476 * ra1_2 * rg7_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr7).sum(1)
+                s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
                 rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
                 rg8_1, rg8_3 = hl.split(rg8to)
-                wr8 = w8[tile_b, tile_r, tile_c]
                 t = (0.5477225575051661 * ra1_2 * rg8_0 + 0.5477225575051661 * ra1_0 * rg8_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr8).sum(1)
+                wq8 = w8[tile_b, tile_r, 0]
+                s2_0 = t * wq8
                 t = (0.5477225575051661 * ra1_1 * rg8_0 + 0.5477225575051661 * ra1_0 * rg8_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr8).sum(1)
+                s2_1 = t * wq8
                 t = (
                     -0.3162277660168379 * ra1_0 * rg8_0 + 0.6324555320336758 * ra1_1 * rg8_1
                     - 0.3162277660168379 * ra1_2 * rg8_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr8).sum(1)
+                s2_2 = t * wq8
                 t = (0.5477225575051661 * ra1_2 * rg8_1 + 0.5477225575051661 * ra1_1 * rg8_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr8).sum(1)
+                s2_3 = t * wq8
                 t = (-0.5477225575051661 * ra1_0 * rg8_0 + 0.5477225575051661 * ra1_2 * rg8_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr8).sum(1)
+                s2_4 = t * wq8
                 # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
                 rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2269,29 +2285,29 @@ def tp_bwd_x2_0(
                 rg9toe, rg9too = hl.split(rg9to)
                 rg9_1, rg9_5 = hl.split(rg9toe)
                 rg9_3, rg9_7 = hl.split(rg9too)
-                wr9 = w9[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra1_0 * rg9_1 + 0.408248290463863 * ra1_2 * rg9_3
                     - 0.816496580927726 * ra1_1 * rg9_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr9).sum(1)
+                wq9 = w9[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq9
                 t = (
                     0.408248290463863 * ra1_0 * rg9_0 + 0.7071067811865476 * ra1_2 * rg9_2
                     - 0.408248290463863 * ra1_1 * rg9_3 + 0.408248290463863 * ra1_2 * rg9_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr9).sum(1)
+                s2_1 = s2_1 + t * wq9
                 t = (-0.7071067811865476 * ra1_2 * rg9_1 + 0.7071067811865476 * ra1_0 * rg9_3)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr9).sum(1)
+                s2_2 = s2_2 + t * wq9
                 t = (
                     -0.408248290463863 * ra1_2 * rg9_0 + 0.408248290463863 * ra1_1 * rg9_1
                     - 0.7071067811865476 * ra1_0 * rg9_2 + 0.408248290463863 * ra1_0 * rg9_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr9).sum(1)
+                s2_3 = s2_3 + t * wq9
                 t = (
                     0.816496580927726 * ra1_1 * rg9_0 - 0.408248290463863 * ra1_2 * rg9_1
                     - 0.408248290463863 * ra1_0 * rg9_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr9).sum(1)
+                s2_4 = s2_4 + t * wq9
                 # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
                 rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2302,34 +2318,34 @@ def tp_bwd_x2_0(
                 rg10toe, rg10too = hl.split(rg10to)
                 rg10_1, rg10_5 = hl.split(rg10toe)
                 rg10_3, rg10_7 = hl.split(rg10too)
-                wr10 = w10[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra1_2 * rg10_0 + 0.5773502691896258 * ra1_1 * rg10_1
                     - 0.18257418583505539 * ra1_2 * rg10_2 - 0.18257418583505539 * ra1_0 * rg10_4
                     - 0.7071067811865476 * ra1_0 * rg10_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr10).sum(1)
+                wq10 = w10[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq10
                 t = (
                     0.5773502691896258 * ra1_2 * rg10_1 + 0.7302967433402215 * ra1_1 * rg10_2
                     - 0.4472135954999579 * ra1_0 * rg10_3 - 0.5773502691896258 * ra1_0 * rg10_5
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr10).sum(1)
+                s2_1 = s2_1 + t * wq10
                 t = (
                     0.6324555320336759 * ra1_0 * rg10_2 + 0.7745966692414835 * ra1_1 * rg10_3
                     + 0.6324555320336759 * ra1_2 * rg10_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr10).sum(1)
+                s2_2 = s2_2 + t * wq10
                 t = (
                     0.5773502691896258 * ra1_0 * rg10_1 - 0.4472135954999579 * ra1_2 * rg10_3
                     + 0.7302967433402215 * ra1_1 * rg10_4 + 0.5773502691896258 * ra1_2 * rg10_5
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr10).sum(1)
+                s2_3 = s2_3 + t * wq10
                 t = (
                     0.7071067811865476 * ra1_0 * rg10_0 + 0.18257418583505539 * ra1_0 * rg10_2
                     - 0.18257418583505539 * ra1_2 * rg10_4 + 0.5773502691896258 * ra1_1 * rg10_5
                     + 0.7071067811865476 * ra1_2 * rg10_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr10).sum(1)
+                s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
                 rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2340,36 +2356,36 @@ def tp_bwd_x2_0(
                 rg11toe, rg11too = hl.split(rg11to)
                 rg11_1, rg11_5 = hl.split(rg11toe)
                 rg11_3, rg11_7 = hl.split(rg11too)
-                wr11 = w11[tile_b, tile_r, tile_c]
                 t = (0.5976143046671969 * ra1_2 * rg11_0 + 0.5976143046671969 * ra1_0 * rg11_4)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr11).sum(1)
+                wq11 = w11[tile_b, tile_r, 0]
+                s3_0 = t * wq11
                 t = (
                     0.48795003647426666 * ra1_1 * rg11_0 + 0.48795003647426666 * ra1_2 * rg11_1
                     + 0.48795003647426666 * ra1_0 * rg11_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr11).sum(1)
+                s3_1 = t * wq11
                 t = (
                     -0.1543033499620919 * ra1_2 * rg11_0 + 0.6172133998483676 * ra1_1 * rg11_1
                     + 0.5345224838248488 * ra1_0 * rg11_2 + 0.1543033499620919 * ra1_0 * rg11_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr11).sum(1)
+                s3_2 = t * wq11
                 t = (
                     -0.3779644730092272 * ra1_0 * rg11_1 + 0.6546536707079772 * ra1_1 * rg11_2
                     - 0.3779644730092272 * ra1_2 * rg11_3
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr11).sum(1)
+                s3_3 = t * wq11
                 t = (
                     -0.1543033499620919 * ra1_0 * rg11_0 + 0.5345224838248488 * ra1_2 * rg11_2
                     + 0.6172133998483676 * ra1_1 * rg11_3 - 0.1543033499620919 * ra1_2 * rg11_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr11).sum(1)
+                s3_4 = t * wq11
                 t = (
                     -0.48795003647426666 * ra1_0 * rg11_1 + 0.48795003647426666 * ra1_2 * rg11_3
                     + 0.48795003647426666 * ra1_1 * rg11_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr11).sum(1)
+                s3_5 = t * wq11
                 t = (-0.5976143046671969 * ra1_0 * rg11_0 + 0.5976143046671969 * ra1_2 * rg11_4)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr11).sum(1)
+                s3_6 = t * wq11
                 # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
                 rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2380,41 +2396,57 @@ def tp_bwd_x2_0(
                 rg12toe, rg12too = hl.split(rg12to)
                 rg12_1, rg12_5 = hl.split(rg12toe)
                 rg12_3, rg12_7 = hl.split(rg12too)
-                wr12 = w12[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra1_0 * rg12_1 + 0.3535533905932738 * ra1_2 * rg12_5
                     - 0.8660254037844387 * ra1_1 * rg12_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr12).sum(1)
+                wq12 = w12[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq12
                 t = (
                     0.3535533905932738 * ra1_0 * rg12_0 - 0.45643546458763845 * ra1_0 * rg12_2
                     + 0.45643546458763845 * ra1_2 * rg12_4 - 0.5773502691896258 * ra1_1 * rg12_5
                     + 0.3535533905932738 * ra1_2 * rg12_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr12).sum(1)
+                s3_1 = s3_1 + t * wq12
                 t = (
                     0.45643546458763845 * ra1_0 * rg12_1 + 0.7071067811865476 * ra1_2 * rg12_3
                     - 0.2886751345948129 * ra1_1 * rg12_4 + 0.45643546458763845 * ra1_2 * rg12_5
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr12).sum(1)
+                s3_2 = s3_2 + t * wq12
                 t = (-0.7071067811865476 * ra1_2 * rg12_2 + 0.7071067811865476 * ra1_0 * rg12_4)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr12).sum(1)
+                s3_3 = s3_3 + t * wq12
                 t = (
                     -0.45643546458763845 * ra1_2 * rg12_1 + 0.2886751345948129 * ra1_1 * rg12_2
                     - 0.7071067811865476 * ra1_0 * rg12_3 + 0.45643546458763845 * ra1_0 * rg12_5
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr12).sum(1)
+                s3_4 = s3_4 + t * wq12
                 t = (
                     -0.3535533905932738 * ra1_2 * rg12_0 + 0.5773502691896258 * ra1_1 * rg12_1
                     - 0.45643546458763845 * ra1_2 * rg12_2 - 0.45643546458763845 * ra1_0 * rg12_4
                     + 0.3535533905932738 * ra1_0 * rg12_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr12).sum(1)
+                s3_5 = s3_5 + t * wq12
                 t = (
                     0.8660254037844387 * ra1_1 * rg12_0 - 0.3535533905932738 * ra1_2 * rg12_1
                     - 0.3535533905932738 * ra1_0 * rg12_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr12).sum(1)
+                s3_6 = s3_6 + t * wq12
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
@@ -2436,13 +2468,13 @@ def tp_bwd_x2_0(
                 rg13toe, rg13too = hl.split(rg13to)
                 rg13_1, rg13_5 = hl.split(rg13toe)
                 rg13_3, rg13_7 = hl.split(rg13too)
-                wr13 = w13[tile_b, tile_r, tile_c]
                 t = (
                     ra2_0 * rg13_0 + ra2_1 * rg13_1
                     + ra2_2 * rg13_2 + ra2_3 * rg13_3
                     + ra2_4 * rg13_4
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr13).sum(1)
+                wq13 = w13[tile_b, tile_r, 0]
+                s0_0 = t * wq13
                 # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
                 ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2462,36 +2494,36 @@ def tp_bwd_x2_0(
                 rg24toe, rg24too = hl.split(rg24to)
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
-                wr24 = w24[tile_b, tile_r, tile_c]
                 t = (
                     1.0000000000000002 * ra3_0 * rg24_0 + 1.0000000000000002 * ra3_1 * rg24_1
                     + 1.0000000000000002 * ra3_2 * rg24_2 + 1.0000000000000002 * ra3_3 * rg24_3
                     + 1.0000000000000002 * ra3_4 * rg24_4 + 1.0000000000000002 * ra3_5 * rg24_5
                     + 1.0000000000000002 * ra3_6 * rg24_6
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr24).sum(1)
+                wq24 = w24[tile_b, tile_r, 0]
+                s0_0 = s0_0 + t * wq24
                 # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
                 rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14_0, rg14_2 = hl.split(rg14te)
                 rg14_1, rg14_3 = hl.split(rg14to)
-                wr14 = w14[tile_b, tile_r, tile_c]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg14_0 - 0.5477225575051661 * ra2_4 * rg14_0
                     + 0.5477225575051661 * ra2_1 * rg14_1 + 0.5477225575051661 * ra2_0 * rg14_2
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr14).sum(1)
+                wq14 = w14[tile_b, tile_r, 0]
+                s1_0 = t * wq14
                 t = (
                     0.5477225575051661 * ra2_1 * rg14_0 + 0.6324555320336758 * ra2_2 * rg14_1
                     + 0.5477225575051661 * ra2_3 * rg14_2
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr14).sum(1)
+                s1_1 = t * wq14
                 t = (
                     0.5477225575051661 * ra2_0 * rg14_0 + 0.5477225575051661 * ra2_3 * rg14_1
                     - 0.3162277660168379 * ra2_2 * rg14_2 + 0.5477225575051661 * ra2_4 * rg14_2
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr14).sum(1)
+                s1_2 = t * wq14
                 # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
                 rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2502,24 +2534,24 @@ def tp_bwd_x2_0(
                 rg15toe, rg15too = hl.split(rg15to)
                 rg15_1, rg15_5 = hl.split(rg15toe)
                 rg15_3, rg15_7 = hl.split(rg15too)
-                wr15 = w15[tile_b, tile_r, tile_c]
                 t = (
                     -0.408248290463863 * ra2_1 * rg15_0 + 0.408248290463863 * ra2_0 * rg15_1
                     + 0.7071067811865476 * ra2_3 * rg15_2 - 0.7071067811865476 * ra2_2 * rg15_3
                     + 0.408248290463863 * ra2_4 * rg15_3 - 0.408248290463863 * ra2_3 * rg15_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr15).sum(1)
+                wq15 = w15[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq15
                 t = (
                     -0.816496580927726 * ra2_4 * rg15_0 - 0.408248290463863 * ra2_3 * rg15_1
                     + 0.408248290463863 * ra2_1 * rg15_3 + 0.816496580927726 * ra2_0 * rg15_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr15).sum(1)
+                s1_1 = s1_1 + t * wq15
                 t = (
                     0.408248290463863 * ra2_3 * rg15_0 + 0.7071067811865476 * ra2_2 * rg15_1
                     + 0.408248290463863 * ra2_4 * rg15_1 - 0.7071067811865476 * ra2_1 * rg15_2
                     - 0.408248290463863 * ra2_0 * rg15_3 - 0.408248290463863 * ra2_1 * rg15_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr15).sum(1)
+                s1_2 = s1_2 + t * wq15
                 # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
                 rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2530,27 +2562,27 @@ def tp_bwd_x2_0(
                 rg16toe, rg16too = hl.split(rg16to)
                 rg16_1, rg16_5 = hl.split(rg16toe)
                 rg16_3, rg16_7 = hl.split(rg16too)
-                wr16 = w16[tile_b, tile_r, tile_c]
                 t = (
                     0.7071067811865476 * ra2_4 * rg16_0 + 0.5773502691896258 * ra2_3 * rg16_1
                     + 0.6324555320336759 * ra2_2 * rg16_2 + 0.18257418583505539 * ra2_4 * rg16_2
                     - 0.4472135954999579 * ra2_1 * rg16_3 - 0.18257418583505539 * ra2_0 * rg16_4
                     - 0.5773502691896258 * ra2_1 * rg16_5 - 0.7071067811865476 * ra2_0 * rg16_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr16).sum(1)
+                wq16 = w16[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq16
                 t = (
                     0.5773502691896258 * ra2_0 * rg16_1 + 0.7302967433402215 * ra2_1 * rg16_2
                     + 0.7745966692414835 * ra2_2 * rg16_3 + 0.7302967433402215 * ra2_3 * rg16_4
                     + 0.5773502691896258 * ra2_4 * rg16_5
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr16).sum(1)
+                s1_1 = s1_1 + t * wq16
                 t = (
                     0.7071067811865476 * ra2_0 * rg16_0 + 0.5773502691896258 * ra2_1 * rg16_1
                     - 0.18257418583505539 * ra2_0 * rg16_2 - 0.4472135954999579 * ra2_3 * rg16_3
                     + 0.6324555320336759 * ra2_2 * rg16_4 - 0.18257418583505539 * ra2_4 * rg16_4
                     + 0.5773502691896258 * ra2_3 * rg16_5 + 0.7071067811865476 * ra2_4 * rg16_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr16).sum(1)
+                s1_2 = s1_2 + t * wq16
                 # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
                 rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2561,27 +2593,27 @@ def tp_bwd_x2_0(
                 rg25toe, rg25too = hl.split(rg25to)
                 rg25_1, rg25_5 = hl.split(rg25toe)
                 rg25_3, rg25_7 = hl.split(rg25too)
-                wr25 = w25[tile_b, tile_r, tile_c]
                 t = (
                     -0.1543033499620919 * ra3_4 * rg25_0 - 0.5976143046671969 * ra3_6 * rg25_0
                     - 0.3779644730092272 * ra3_3 * rg25_1 - 0.48795003647426666 * ra3_5 * rg25_1
                     + 0.5345224838248488 * ra3_2 * rg25_2 + 0.48795003647426666 * ra3_1 * rg25_3
                     + 0.5976143046671969 * ra3_0 * rg25_4 + 0.1543033499620919 * ra3_2 * rg25_4
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr25).sum(1)
+                wq25 = w25[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq25
                 t = (
                     0.48795003647426666 * ra3_1 * rg25_0 + 0.6172133998483676 * ra3_2 * rg25_1
                     + 0.6546536707079772 * ra3_3 * rg25_2 + 0.6172133998483676 * ra3_4 * rg25_3
                     + 0.48795003647426666 * ra3_5 * rg25_4
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr25).sum(1)
+                s1_1 = s1_1 + t * wq25
                 t = (
                     0.5976143046671969 * ra3_0 * rg25_0 - 0.1543033499620919 * ra3_2 * rg25_0
                     + 0.48795003647426666 * ra3_1 * rg25_1 + 0.5345224838248488 * ra3_4 * rg25_2
                     - 0.3779644730092272 * ra3_3 * rg25_3 + 0.48795003647426666 * ra3_5 * rg25_3
                     - 0.1543033499620919 * ra3_4 * rg25_4 + 0.5976143046671969 * ra3_6 * rg25_4
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr25).sum(1)
+                s1_2 = s1_2 + t * wq25
                 # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
                 rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2592,7 +2624,6 @@ def tp_bwd_x2_0(
                 rg26toe, rg26too = hl.split(rg26to)
                 rg26_1, rg26_5 = hl.split(rg26toe)
                 rg26_3, rg26_7 = hl.split(rg26too)
-                wr26 = w26[tile_b, tile_r, tile_c]
                 t = (
                     -0.3535533905932738 * ra3_1 * rg26_0 + 0.3535533905932738 * ra3_0 * rg26_1
                     - 0.45643546458763845 * ra3_2 * rg26_1 + 0.45643546458763845 * ra3_1 * rg26_2
@@ -2600,13 +2631,14 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra3_5 * rg26_4 - 0.45643546458763845 * ra3_4 * rg26_5
                     + 0.3535533905932738 * ra3_6 * rg26_5 - 0.3535533905932738 * ra3_5 * rg26_6
                 )
-                acc1_0 = acc1_0 + (t[:, :, None] * wr26).sum(1)
+                wq26 = w26[tile_b, tile_r, 0]
+                s1_0 = s1_0 + t * wq26
                 t = (
                     -0.8660254037844387 * ra3_6 * rg26_0 - 0.5773502691896258 * ra3_5 * rg26_1
                     - 0.2886751345948129 * ra3_4 * rg26_2 + 0.2886751345948129 * ra3_2 * rg26_4
                     + 0.5773502691896258 * ra3_1 * rg26_5 + 0.8660254037844387 * ra3_0 * rg26_6
                 )
-                acc1_1 = acc1_1 + (t[:, :, None] * wr26).sum(1)
+                s1_1 = s1_1 + t * wq26
                 t = (
                     0.3535533905932738 * ra3_5 * rg26_0 + 0.45643546458763845 * ra3_4 * rg26_1
                     + 0.3535533905932738 * ra3_6 * rg26_1 + 0.7071067811865476 * ra3_3 * rg26_2
@@ -2614,49 +2646,49 @@ def tp_bwd_x2_0(
                     - 0.45643546458763845 * ra3_1 * rg26_4 - 0.3535533905932738 * ra3_0 * rg26_5
                     - 0.45643546458763845 * ra3_2 * rg26_5 - 0.3535533905932738 * ra3_1 * rg26_6
                 )
-                acc1_2 = acc1_2 + (t[:, :, None] * wr26).sum(1)
+                s1_2 = s1_2 + t * wq26
                 # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
                 rg17_0 = g_17[tile_b, 0, tile_r]
-                wr17 = w17[tile_b, tile_r, tile_c]
                 t = (0.4472135954999579 * ra2_0 * rg17_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr17).sum(1)
+                wq17 = w17[tile_b, tile_r, 0]
+                s2_0 = t * wq17
                 t = (0.4472135954999579 * ra2_1 * rg17_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr17).sum(1)
+                s2_1 = t * wq17
                 t = (0.4472135954999579 * ra2_2 * rg17_0)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr17).sum(1)
+                s2_2 = t * wq17
                 t = (0.4472135954999579 * ra2_3 * rg17_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr17).sum(1)
+                s2_3 = t * wq17
                 t = (0.4472135954999579 * ra2_4 * rg17_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr17).sum(1)
+                s2_4 = t * wq17
                 # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
                 rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2])
                 rg18te, rg18to = hl.split(rg18t)
                 rg18_0, rg18_2 = hl.split(rg18te)
                 rg18_1, rg18_3 = hl.split(rg18to)
-                wr18 = w18[tile_b, tile_r, tile_c]
                 t = (
                     0.3162277660168379 * ra2_1 * rg18_0 + 0.6324555320336758 * ra2_4 * rg18_1
                     - 0.3162277660168379 * ra2_3 * rg18_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr18).sum(1)
+                wq18 = w18[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq18
                 t = (
                     -0.3162277660168379 * ra2_0 * rg18_0 + 0.3162277660168379 * ra2_3 * rg18_1
                     - 0.5477225575051661 * ra2_2 * rg18_2 - 0.3162277660168379 * ra2_4 * rg18_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr18).sum(1)
+                s2_1 = s2_1 + t * wq18
                 t = (-0.5477225575051661 * ra2_3 * rg18_0 + 0.5477225575051661 * ra2_1 * rg18_2)
-                acc2_2 = acc2_2 + (t[:, :, None] * wr18).sum(1)
+                s2_2 = s2_2 + t * wq18
                 t = (
                     0.5477225575051661 * ra2_2 * rg18_0 - 0.3162277660168379 * ra2_4 * rg18_0
                     - 0.3162277660168379 * ra2_1 * rg18_1 + 0.3162277660168379 * ra2_0 * rg18_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr18).sum(1)
+                s2_3 = s2_3 + t * wq18
                 t = (
                     0.3162277660168379 * ra2_3 * rg18_0 - 0.6324555320336758 * ra2_0 * rg18_1
                     + 0.3162277660168379 * ra2_1 * rg18_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr18).sum(1)
+                s2_4 = s2_4 + t * wq18
                 # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
                 rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2667,35 +2699,35 @@ def tp_bwd_x2_0(
                 rg19toe, rg19too = hl.split(rg19to)
                 rg19_1, rg19_5 = hl.split(rg19toe)
                 rg19_3, rg19_7 = hl.split(rg19too)
-                wr19 = w19[tile_b, tile_r, tile_c]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg19_0 + 0.4629100498862757 * ra2_3 * rg19_1
                     - 0.5345224838248488 * ra2_0 * rg19_2 + 0.4629100498862757 * ra2_1 * rg19_3
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr19).sum(1)
+                wq19 = w19[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq19
                 t = (
                     0.4629100498862757 * ra2_3 * rg19_0 + 0.2672612419124244 * ra2_2 * rg19_1
                     - 0.4629100498862757 * ra2_4 * rg19_1 + 0.2672612419124244 * ra2_1 * rg19_2
                     + 0.4629100498862757 * ra2_0 * rg19_3 - 0.4629100498862757 * ra2_1 * rg19_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr19).sum(1)
+                s2_1 = s2_1 + t * wq19
                 t = (
                     -0.5345224838248488 * ra2_0 * rg19_0 + 0.2672612419124244 * ra2_1 * rg19_1
                     + 0.5345224838248488 * ra2_2 * rg19_2 + 0.2672612419124244 * ra2_3 * rg19_3
                     - 0.5345224838248488 * ra2_4 * rg19_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr19).sum(1)
+                s2_2 = s2_2 + t * wq19
                 t = (
                     0.4629100498862757 * ra2_1 * rg19_0 + 0.4629100498862757 * ra2_0 * rg19_1
                     + 0.2672612419124244 * ra2_3 * rg19_2 + 0.2672612419124244 * ra2_2 * rg19_3
                     + 0.4629100498862757 * ra2_4 * rg19_3 + 0.4629100498862757 * ra2_3 * rg19_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr19).sum(1)
+                s2_3 = s2_3 + t * wq19
                 t = (
                     -0.4629100498862757 * ra2_1 * rg19_1 - 0.5345224838248488 * ra2_4 * rg19_2
                     + 0.4629100498862757 * ra2_3 * rg19_3 - 0.5345224838248488 * ra2_2 * rg19_4
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr19).sum(1)
+                s2_4 = s2_4 + t * wq19
                 # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
                 rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2706,70 +2738,70 @@ def tp_bwd_x2_0(
                 rg20toe, rg20too = hl.split(rg20to)
                 rg20_1, rg20_5 = hl.split(rg20toe)
                 rg20_3, rg20_7 = hl.split(rg20too)
-                wr20 = w20[tile_b, tile_r, tile_c]
                 t = (
                     -0.5000000000000001 * ra2_1 * rg20_0 - 0.38729833462074176 * ra2_1 * rg20_2
                     - 0.31622776601683794 * ra2_4 * rg20_3 + 0.38729833462074176 * ra2_3 * rg20_4
                     - 0.7071067811865476 * ra2_2 * rg20_5 - 0.5000000000000001 * ra2_3 * rg20_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr20).sum(1)
+                wq20 = w20[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq20
                 t = (
                     0.5000000000000001 * ra2_0 * rg20_0 + 0.38729833462074176 * ra2_0 * rg20_2
                     + 0.6324555320336759 * ra2_3 * rg20_3 - 0.4472135954999579 * ra2_2 * rg20_4
                     + 0.38729833462074176 * ra2_4 * rg20_4 + 0.5000000000000001 * ra2_4 * rg20_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr20).sum(1)
+                s2_1 = s2_1 + t * wq20
                 t = (
                     -0.7071067811865476 * ra2_4 * rg20_1 - 0.4472135954999579 * ra2_3 * rg20_2
                     + 0.4472135954999579 * ra2_1 * rg20_4 + 0.7071067811865476 * ra2_0 * rg20_5
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr20).sum(1)
+                s2_2 = s2_2 + t * wq20
                 t = (
                     -0.5000000000000001 * ra2_4 * rg20_0 + 0.4472135954999579 * ra2_2 * rg20_2
                     + 0.38729833462074176 * ra2_4 * rg20_2 - 0.6324555320336759 * ra2_1 * rg20_3
                     - 0.38729833462074176 * ra2_0 * rg20_4 + 0.5000000000000001 * ra2_0 * rg20_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr20).sum(1)
+                s2_3 = s2_3 + t * wq20
                 t = (
                     0.5000000000000001 * ra2_3 * rg20_0 + 0.7071067811865476 * ra2_2 * rg20_1
                     - 0.38729833462074176 * ra2_3 * rg20_2 + 0.31622776601683794 * ra2_0 * rg20_3
                     - 0.38729833462074176 * ra2_1 * rg20_4 - 0.5000000000000001 * ra2_1 * rg20_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr20).sum(1)
+                s2_4 = s2_4 + t * wq20
                 # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
                 rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
                 rg27te, rg27to = hl.split(rg27t)
                 rg27_0, rg27_2 = hl.split(rg27te)
                 rg27_1, rg27_3 = hl.split(rg27to)
-                wr27 = w27[tile_b, tile_r, tile_c]
                 t = (
                     -0.11952286093343936 * ra3_4 * rg27_0 - 0.4629100498862757 * ra3_6 * rg27_0
                     + 0.3779644730092272 * ra3_1 * rg27_1 + 0.4629100498862757 * ra3_0 * rg27_2
                     - 0.11952286093343936 * ra3_2 * rg27_2
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr27).sum(1)
+                wq27 = w27[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq27
                 t = (
                     -0.2927700218845599 * ra3_3 * rg27_0 - 0.3779644730092272 * ra3_5 * rg27_0
                     + 0.47809144373375745 * ra3_2 * rg27_1 + 0.3779644730092272 * ra3_1 * rg27_2
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr27).sum(1)
+                s2_1 = s2_1 + t * wq27
                 t = (
                     0.4140393356054125 * ra3_2 * rg27_0 + 0.50709255283711 * ra3_3 * rg27_1
                     + 0.4140393356054125 * ra3_4 * rg27_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr27).sum(1)
+                s2_2 = s2_2 + t * wq27
                 t = (
                     0.3779644730092272 * ra3_1 * rg27_0 + 0.47809144373375745 * ra3_4 * rg27_1
                     - 0.2927700218845599 * ra3_3 * rg27_2 + 0.3779644730092272 * ra3_5 * rg27_2
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr27).sum(1)
+                s2_3 = s2_3 + t * wq27
                 t = (
                     0.4629100498862757 * ra3_0 * rg27_0 + 0.11952286093343936 * ra3_2 * rg27_0
                     + 0.3779644730092272 * ra3_5 * rg27_1 - 0.11952286093343936 * ra3_4 * rg27_2
                     + 0.4629100498862757 * ra3_6 * rg27_2
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr27).sum(1)
+                s2_4 = s2_4 + t * wq27
                 # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
                 rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2780,36 +2812,36 @@ def tp_bwd_x2_0(
                 rg28toe, rg28too = hl.split(rg28to)
                 rg28_1, rg28_5 = hl.split(rg28toe)
                 rg28_3, rg28_7 = hl.split(rg28too)
-                wr28 = w28[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra3_0 * rg28_1 + 0.3273268353539886 * ra3_2 * rg28_1
                     + 0.5976143046671969 * ra3_5 * rg28_2 - 0.3273268353539886 * ra3_4 * rg28_3
                     + 0.42257712736425834 * ra3_6 * rg28_3 + 0.2672612419124244 * ra3_3 * rg28_4
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr28).sum(1)
+                wq28 = w28[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq28
                 t = (
                     -0.42257712736425834 * ra3_0 * rg28_0 - 0.3273268353539886 * ra3_2 * rg28_0
                     + 0.3779644730092272 * ra3_4 * rg28_2 - 0.5345224838248488 * ra3_3 * rg28_3
                     - 0.3273268353539886 * ra3_4 * rg28_4 - 0.42257712736425834 * ra3_6 * rg28_4
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr28).sum(1)
+                s2_1 = s2_1 + t * wq28
                 t = (
                     -0.5976143046671969 * ra3_5 * rg28_0 - 0.3779644730092272 * ra3_4 * rg28_1
                     + 0.3779644730092272 * ra3_2 * rg28_3 + 0.5976143046671969 * ra3_1 * rg28_4
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr28).sum(1)
+                s2_2 = s2_2 + t * wq28
                 t = (
                     0.3273268353539886 * ra3_4 * rg28_0 - 0.42257712736425834 * ra3_6 * rg28_0
                     + 0.5345224838248488 * ra3_3 * rg28_1 - 0.3779644730092272 * ra3_2 * rg28_2
                     + 0.42257712736425834 * ra3_0 * rg28_4 - 0.3273268353539886 * ra3_2 * rg28_4
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr28).sum(1)
+                s2_3 = s2_3 + t * wq28
                 t = (
                     -0.2672612419124244 * ra3_3 * rg28_0 + 0.3273268353539886 * ra3_4 * rg28_1
                     + 0.42257712736425834 * ra3_6 * rg28_1 - 0.5976143046671969 * ra3_1 * rg28_2
                     - 0.42257712736425834 * ra3_0 * rg28_3 + 0.3273268353539886 * ra3_2 * rg28_3
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr28).sum(1)
+                s2_4 = s2_4 + t * wq28
                 # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
                 rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2820,14 +2852,14 @@ def tp_bwd_x2_0(
                 rg29toe, rg29too = hl.split(rg29to)
                 rg29_1, rg29_5 = hl.split(rg29toe)
                 rg29_3, rg29_7 = hl.split(rg29too)
-                wr29 = w29[tile_b, tile_r, tile_c]
                 t = (
                     -0.2886751345948129 * ra3_4 * rg29_0 - 0.5773502691896258 * ra3_3 * rg29_1
                     + 0.4472135954999579 * ra3_4 * rg29_2 + 0.2886751345948129 * ra3_6 * rg29_2
                     - 0.5773502691896258 * ra3_1 * rg29_3 - 0.2886751345948129 * ra3_0 * rg29_4
                     + 0.4472135954999579 * ra3_2 * rg29_4 + 0.2886751345948129 * ra3_2 * rg29_6
                 )
-                acc2_0 = acc2_0 + (t[:, :, None] * wr29).sum(1)
+                wq29 = w29[tile_b, tile_r, 0]
+                s2_0 = s2_0 + t * wq29
                 t = (
                     0.45643546458763845 * ra3_5 * rg29_0 + 0.3535533905932738 * ra3_4 * rg29_1
                     - 0.45643546458763845 * ra3_6 * rg29_1 + 0.18257418583505539 * ra3_3 * rg29_2
@@ -2835,13 +2867,13 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra3_1 * rg29_4 + 0.45643546458763845 * ra3_0 * rg29_5
                     - 0.3535533905932738 * ra3_2 * rg29_5 - 0.45643546458763845 * ra3_1 * rg29_6
                 )
-                acc2_1 = acc2_1 + (t[:, :, None] * wr29).sum(1)
+                s2_1 = s2_1 + t * wq29
                 t = (
                     -0.6454972243679029 * ra3_0 * rg29_0 + 0.38729833462074176 * ra3_2 * rg29_2
                     + 0.5163977794943223 * ra3_3 * rg29_3 + 0.38729833462074176 * ra3_4 * rg29_4
                     - 0.6454972243679029 * ra3_6 * rg29_6
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr29).sum(1)
+                s2_2 = s2_2 + t * wq29
                 t = (
                     0.45643546458763845 * ra3_1 * rg29_0 + 0.45643546458763845 * ra3_0 * rg29_1
                     + 0.3535533905932738 * ra3_2 * rg29_1 + 0.3535533905932738 * ra3_1 * rg29_2
@@ -2849,50 +2881,50 @@ def tp_bwd_x2_0(
                     + 0.3535533905932738 * ra3_5 * rg29_4 + 0.3535533905932738 * ra3_4 * rg29_5
                     + 0.45643546458763845 * ra3_6 * rg29_5 + 0.45643546458763845 * ra3_5 * rg29_6
                 )
-                acc2_3 = acc2_3 + (t[:, :, None] * wr29).sum(1)
+                s2_3 = s2_3 + t * wq29
                 t = (
                     -0.2886751345948129 * ra3_2 * rg29_0 - 0.2886751345948129 * ra3_0 * rg29_2
                     - 0.4472135954999579 * ra3_2 * rg29_2 - 0.5773502691896258 * ra3_5 * rg29_3
                     + 0.4472135954999579 * ra3_4 * rg29_4 - 0.2886751345948129 * ra3_6 * rg29_4
                     - 0.5773502691896258 * ra3_3 * rg29_5 - 0.2886751345948129 * ra3_4 * rg29_6
                 )
-                acc2_4 = acc2_4 + (t[:, :, None] * wr29).sum(1)
+                s2_4 = s2_4 + t * wq29
                 # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
                 rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
                 rg21te, rg21to = hl.split(rg21t)
                 rg21_0, rg21_2 = hl.split(rg21te)
                 rg21_1, rg21_3 = hl.split(rg21to)
-                wr21 = w21[tile_b, tile_r, tile_c]
                 t = (0.4629100498862757 * ra2_4 * rg21_0 + 0.4629100498862757 * ra2_0 * rg21_2)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr21).sum(1)
+                wq21 = w21[tile_b, tile_r, 0]
+                s3_0 = t * wq21
                 t = (
                     0.3779644730092272 * ra2_3 * rg21_0 + 0.3779644730092272 * ra2_0 * rg21_1
                     + 0.3779644730092272 * ra2_1 * rg21_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr21).sum(1)
+                s3_1 = t * wq21
                 t = (
                     0.4140393356054125 * ra2_2 * rg21_0 + 0.11952286093343936 * ra2_4 * rg21_0
                     + 0.47809144373375745 * ra2_1 * rg21_1 - 0.11952286093343936 * ra2_0 * rg21_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr21).sum(1)
+                s3_2 = t * wq21
                 t = (
                     -0.2927700218845599 * ra2_1 * rg21_0 + 0.50709255283711 * ra2_2 * rg21_1
                     - 0.2927700218845599 * ra2_3 * rg21_2
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr21).sum(1)
+                s3_3 = t * wq21
                 t = (
                     -0.11952286093343936 * ra2_0 * rg21_0 + 0.47809144373375745 * ra2_3 * rg21_1
                     + 0.4140393356054125 * ra2_2 * rg21_2 - 0.11952286093343936 * ra2_4 * rg21_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr21).sum(1)
+                s3_4 = t * wq21
                 t = (
                     -0.3779644730092272 * ra2_1 * rg21_0 + 0.3779644730092272 * ra2_4 * rg21_1
                     + 0.3779644730092272 * ra2_3 * rg21_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr21).sum(1)
+                s3_5 = t * wq21
                 t = (-0.4629100498862757 * ra2_0 * rg21_0 + 0.4629100498862757 * ra2_4 * rg21_2)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr21).sum(1)
+                s3_6 = t * wq21
                 # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
                 rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2903,38 +2935,38 @@ def tp_bwd_x2_0(
                 rg22toe, rg22too = hl.split(rg22to)
                 rg22_1, rg22_5 = hl.split(rg22toe)
                 rg22_3, rg22_7 = hl.split(rg22too)
-                wr22 = w22[tile_b, tile_r, tile_c]
                 t = (
                     0.42257712736425834 * ra2_1 * rg22_0 - 0.42257712736425834 * ra2_0 * rg22_1
                     + 0.42257712736425834 * ra2_4 * rg22_3 - 0.42257712736425834 * ra2_3 * rg22_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr22).sum(1)
+                wq22 = w22[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq22
                 t = (0.5976143046671969 * ra2_4 * rg22_2 - 0.5976143046671969 * ra2_2 * rg22_4)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr22).sum(1)
+                s3_1 = s3_1 + t * wq22
                 t = (
                     0.3273268353539886 * ra2_1 * rg22_0 - 0.3273268353539886 * ra2_0 * rg22_1
                     + 0.3779644730092272 * ra2_3 * rg22_2 - 0.3779644730092272 * ra2_2 * rg22_3
                     - 0.3273268353539886 * ra2_4 * rg22_3 + 0.3273268353539886 * ra2_3 * rg22_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr22).sum(1)
+                s3_2 = s3_2 + t * wq22
                 t = (
                     0.2672612419124244 * ra2_4 * rg22_0 - 0.5345224838248488 * ra2_3 * rg22_1
                     + 0.5345224838248488 * ra2_1 * rg22_3 - 0.2672612419124244 * ra2_0 * rg22_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr22).sum(1)
+                s3_3 = s3_3 + t * wq22
                 t = (
                     -0.3273268353539886 * ra2_3 * rg22_0 + 0.3779644730092272 * ra2_2 * rg22_1
                     - 0.3273268353539886 * ra2_4 * rg22_1 - 0.3779644730092272 * ra2_1 * rg22_2
                     + 0.3273268353539886 * ra2_0 * rg22_3 + 0.3273268353539886 * ra2_1 * rg22_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr22).sum(1)
+                s3_4 = s3_4 + t * wq22
                 t = (0.5976143046671969 * ra2_2 * rg22_0 - 0.5976143046671969 * ra2_0 * rg22_2)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr22).sum(1)
+                s3_5 = s3_5 + t * wq22
                 t = (
                     0.42257712736425834 * ra2_3 * rg22_0 - 0.42257712736425834 * ra2_4 * rg22_1
                     - 0.42257712736425834 * ra2_0 * rg22_3 + 0.42257712736425834 * ra2_1 * rg22_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr22).sum(1)
+                s3_6 = s3_6 + t * wq22
                 # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
                 rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
@@ -2945,109 +2977,109 @@ def tp_bwd_x2_0(
                 rg23toe, rg23too = hl.split(rg23to)
                 rg23_1, rg23_5 = hl.split(rg23toe)
                 rg23_3, rg23_7 = hl.split(rg23too)
-                wr23 = w23[tile_b, tile_r, tile_c]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg23_0 + 0.45643546458763845 * ra2_3 * rg23_1
                     - 0.2886751345948129 * ra2_4 * rg23_2 - 0.2886751345948129 * ra2_0 * rg23_4
                     + 0.45643546458763845 * ra2_1 * rg23_5
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr23).sum(1)
+                wq23 = w23[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq23
                 t = (
                     0.45643546458763845 * ra2_3 * rg23_0 + 0.3535533905932738 * ra2_3 * rg23_2
                     - 0.5773502691896258 * ra2_0 * rg23_3 + 0.3535533905932738 * ra2_1 * rg23_4
                     - 0.45643546458763845 * ra2_1 * rg23_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr23).sum(1)
+                s3_1 = s3_1 + t * wq23
                 t = (
                     -0.2886751345948129 * ra2_4 * rg23_0 + 0.3535533905932738 * ra2_3 * rg23_1
                     + 0.38729833462074176 * ra2_2 * rg23_2 - 0.4472135954999579 * ra2_4 * rg23_2
                     + 0.18257418583505539 * ra2_1 * rg23_3 + 0.4472135954999579 * ra2_0 * rg23_4
                     - 0.3535533905932738 * ra2_1 * rg23_5 + 0.2886751345948129 * ra2_0 * rg23_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr23).sum(1)
+                s3_2 = s3_2 + t * wq23
                 t = (
                     -0.5773502691896258 * ra2_0 * rg23_1 + 0.18257418583505539 * ra2_1 * rg23_2
                     + 0.5163977794943223 * ra2_2 * rg23_3 + 0.18257418583505539 * ra2_3 * rg23_4
                     - 0.5773502691896258 * ra2_4 * rg23_5
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr23).sum(1)
+                s3_3 = s3_3 + t * wq23
                 t = (
                     -0.2886751345948129 * ra2_0 * rg23_0 + 0.3535533905932738 * ra2_1 * rg23_1
                     + 0.4472135954999579 * ra2_0 * rg23_2 + 0.18257418583505539 * ra2_3 * rg23_3
                     + 0.38729833462074176 * ra2_2 * rg23_4 + 0.4472135954999579 * ra2_4 * rg23_4
                     + 0.3535533905932738 * ra2_3 * rg23_5 - 0.2886751345948129 * ra2_4 * rg23_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr23).sum(1)
+                s3_4 = s3_4 + t * wq23
                 t = (
                     0.45643546458763845 * ra2_1 * rg23_0 - 0.3535533905932738 * ra2_1 * rg23_2
                     - 0.5773502691896258 * ra2_4 * rg23_3 + 0.3535533905932738 * ra2_3 * rg23_4
                     + 0.45643546458763845 * ra2_3 * rg23_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr23).sum(1)
+                s3_5 = s3_5 + t * wq23
                 t = (
                     -0.45643546458763845 * ra2_1 * rg23_1 + 0.2886751345948129 * ra2_0 * rg23_2
                     - 0.2886751345948129 * ra2_4 * rg23_4 + 0.45643546458763845 * ra2_3 * rg23_5
                     - 0.6454972243679029 * ra2_2 * rg23_6
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr23).sum(1)
+                s3_6 = s3_6 + t * wq23
                 # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
                 rg30_0 = g_30[tile_b, 0, tile_r]
-                wr30 = w30[tile_b, tile_r, tile_c]
                 t = (0.37796447300922725 * ra3_0 * rg30_0)
-                acc3_0 = acc3_0 + (t[:, :, None] * wr30).sum(1)
+                wq30 = w30[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq30
                 t = (0.37796447300922725 * ra3_1 * rg30_0)
-                acc3_1 = acc3_1 + (t[:, :, None] * wr30).sum(1)
+                s3_1 = s3_1 + t * wq30
                 t = (0.37796447300922725 * ra3_2 * rg30_0)
-                acc3_2 = acc3_2 + (t[:, :, None] * wr30).sum(1)
+                s3_2 = s3_2 + t * wq30
                 t = (0.37796447300922725 * ra3_3 * rg30_0)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr30).sum(1)
+                s3_3 = s3_3 + t * wq30
                 t = (0.37796447300922725 * ra3_4 * rg30_0)
-                acc3_4 = acc3_4 + (t[:, :, None] * wr30).sum(1)
+                s3_4 = s3_4 + t * wq30
                 t = (0.37796447300922725 * ra3_5 * rg30_0)
-                acc3_5 = acc3_5 + (t[:, :, None] * wr30).sum(1)
+                s3_5 = s3_5 + t * wq30
                 t = (0.37796447300922725 * ra3_6 * rg30_0)
-                acc3_6 = acc3_6 + (t[:, :, None] * wr30).sum(1)
+                s3_6 = s3_6 + t * wq30
                 # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
                 rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
                 rg31te, rg31to = hl.split(rg31t)
                 rg31_0, rg31_2 = hl.split(rg31te)
                 rg31_1, rg31_3 = hl.split(rg31to)
-                wr31 = w31[tile_b, tile_r, tile_c]
                 t = (
                     0.23145502494313785 * ra3_1 * rg31_0 + 0.5669467095138409 * ra3_6 * rg31_1
                     - 0.23145502494313785 * ra3_5 * rg31_2
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr31).sum(1)
+                wq31 = w31[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq31
                 t = (
                     -0.23145502494313785 * ra3_0 * rg31_0 + 0.2988071523335984 * ra3_2 * rg31_0
                     + 0.3779644730092272 * ra3_5 * rg31_1 - 0.2988071523335984 * ra3_4 * rg31_2
                     - 0.23145502494313785 * ra3_6 * rg31_2
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr31).sum(1)
+                s3_1 = s3_1 + t * wq31
                 t = (
                     -0.2988071523335984 * ra3_1 * rg31_0 + 0.1889822365046136 * ra3_4 * rg31_1
                     - 0.4629100498862757 * ra3_3 * rg31_2 - 0.2988071523335984 * ra3_5 * rg31_2
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr31).sum(1)
+                s3_2 = s3_2 + t * wq31
                 t = (-0.4629100498862757 * ra3_4 * rg31_0 + 0.4629100498862757 * ra3_2 * rg31_2)
-                acc3_3 = acc3_3 + (t[:, :, None] * wr31).sum(1)
+                s3_3 = s3_3 + t * wq31
                 t = (
                     0.4629100498862757 * ra3_3 * rg31_0 - 0.2988071523335984 * ra3_5 * rg31_0
                     - 0.1889822365046136 * ra3_2 * rg31_1 + 0.2988071523335984 * ra3_1 * rg31_2
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr31).sum(1)
+                s3_4 = s3_4 + t * wq31
                 t = (
                     0.2988071523335984 * ra3_4 * rg31_0 - 0.23145502494313785 * ra3_6 * rg31_0
                     - 0.3779644730092272 * ra3_1 * rg31_1 + 0.23145502494313785 * ra3_0 * rg31_2
                     + 0.2988071523335984 * ra3_2 * rg31_2
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr31).sum(1)
+                s3_5 = s3_5 + t * wq31
                 t = (
                     0.23145502494313785 * ra3_5 * rg31_0 - 0.5669467095138409 * ra3_0 * rg31_1
                     + 0.23145502494313785 * ra3_1 * rg31_2
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr31).sum(1)
+                s3_6 = s3_6 + t * wq31
                 # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
                 rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
@@ -3058,51 +3090,51 @@ def tp_bwd_x2_0(
                 rg32toe, rg32too = hl.split(rg32to)
                 rg32_1, rg32_5 = hl.split(rg32toe)
                 rg32_3, rg32_7 = hl.split(rg32too)
-                wr32 = w32[tile_b, tile_r, tile_c]
                 t = (
                     -0.24397501823713333 * ra3_4 * rg32_0 + 0.3857583749052298 * ra3_5 * rg32_1
                     - 0.545544725589981 * ra3_0 * rg32_2 + 0.3857583749052298 * ra3_1 * rg32_3
                     - 0.24397501823713333 * ra3_2 * rg32_4
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr32).sum(1)
+                wq32 = w32[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq32
                 t = (
                     -0.48795003647426666 * ra3_3 * rg32_0 + 0.29880715233359845 * ra3_4 * rg32_1
                     - 0.3857583749052298 * ra3_6 * rg32_1 + 0.3857583749052298 * ra3_0 * rg32_3
                     + 0.29880715233359845 * ra3_2 * rg32_3
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr32).sum(1)
+                s3_1 = s3_1 + t * wq32
                 t = (
                     0.3779644730092272 * ra3_4 * rg32_0 + 0.24397501823713333 * ra3_6 * rg32_0
                     + 0.1543033499620919 * ra3_3 * rg32_1 - 0.29880715233359845 * ra3_5 * rg32_1
                     + 0.3273268353539886 * ra3_2 * rg32_2 + 0.29880715233359845 * ra3_1 * rg32_3
                     - 0.24397501823713333 * ra3_0 * rg32_4 - 0.3779644730092272 * ra3_2 * rg32_4
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr32).sum(1)
+                s3_2 = s3_2 + t * wq32
                 t = (
                     -0.48795003647426666 * ra3_1 * rg32_0 + 0.1543033499620919 * ra3_2 * rg32_1
                     + 0.4364357804719848 * ra3_3 * rg32_2 + 0.1543033499620919 * ra3_4 * rg32_3
                     - 0.48795003647426666 * ra3_5 * rg32_4
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr32).sum(1)
+                s3_3 = s3_3 + t * wq32
                 t = (
                     -0.24397501823713333 * ra3_0 * rg32_0 + 0.3779644730092272 * ra3_2 * rg32_0
                     + 0.29880715233359845 * ra3_1 * rg32_1 + 0.3273268353539886 * ra3_4 * rg32_2
                     + 0.1543033499620919 * ra3_3 * rg32_3 + 0.29880715233359845 * ra3_5 * rg32_3
                     + 0.3779644730092272 * ra3_4 * rg32_4 - 0.24397501823713333 * ra3_6 * rg32_4
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr32).sum(1)
+                s3_4 = s3_4 + t * wq32
                 t = (
                     0.3857583749052298 * ra3_0 * rg32_1 - 0.29880715233359845 * ra3_2 * rg32_1
                     + 0.29880715233359845 * ra3_4 * rg32_3 + 0.3857583749052298 * ra3_6 * rg32_3
                     - 0.48795003647426666 * ra3_3 * rg32_4
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr32).sum(1)
+                s3_5 = s3_5 + t * wq32
                 t = (
                     0.24397501823713333 * ra3_2 * rg32_0 - 0.3857583749052298 * ra3_1 * rg32_1
                     - 0.545544725589981 * ra3_6 * rg32_2 + 0.3857583749052298 * ra3_5 * rg32_3
                     - 0.24397501823713333 * ra3_4 * rg32_4
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr32).sum(1)
+                s3_6 = s3_6 + t * wq32
                 # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
                 rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
@@ -3113,49 +3145,65 @@ def tp_bwd_x2_0(
                 rg33toe, rg33too = hl.split(rg33to)
                 rg33_1, rg33_5 = hl.split(rg33toe)
                 rg33_3, rg33_7 = hl.split(rg33too)
-                wr33 = w33[tile_b, tile_r, tile_c]
                 t = (
                     0.408248290463863 * ra3_2 * rg33_1 - 0.408248290463863 * ra3_1 * rg33_2
                     - 0.408248290463863 * ra3_6 * rg33_3 + 0.408248290463863 * ra3_5 * rg33_4
                     - 0.408248290463863 * ra3_4 * rg33_5 + 0.408248290463863 * ra3_3 * rg33_6
                 )
-                acc3_0 = acc3_0 + (t[:, :, None] * wr33).sum(1)
+                wq33 = w33[tile_b, tile_r, 0]
+                s3_0 = s3_0 + t * wq33
                 t = (
                     -0.408248290463863 * ra3_2 * rg33_0 + 0.408248290463863 * ra3_0 * rg33_2
                     + 0.408248290463863 * ra3_5 * rg33_3 + 0.408248290463863 * ra3_6 * rg33_4
                     - 0.408248290463863 * ra3_3 * rg33_5 - 0.408248290463863 * ra3_4 * rg33_6
                 )
-                acc3_1 = acc3_1 + (t[:, :, None] * wr33).sum(1)
+                s3_1 = s3_1 + t * wq33
                 t = (
                     0.408248290463863 * ra3_1 * rg33_0 - 0.408248290463863 * ra3_0 * rg33_1
                     + 0.408248290463863 * ra3_4 * rg33_3 - 0.408248290463863 * ra3_3 * rg33_4
                     - 0.408248290463863 * ra3_6 * rg33_5 + 0.408248290463863 * ra3_5 * rg33_6
                 )
-                acc3_2 = acc3_2 + (t[:, :, None] * wr33).sum(1)
+                s3_2 = s3_2 + t * wq33
                 t = (
                     0.408248290463863 * ra3_6 * rg33_0 - 0.408248290463863 * ra3_5 * rg33_1
                     - 0.408248290463863 * ra3_4 * rg33_2 + 0.408248290463863 * ra3_2 * rg33_4
                     + 0.408248290463863 * ra3_1 * rg33_5 - 0.408248290463863 * ra3_0 * rg33_6
                 )
-                acc3_3 = acc3_3 + (t[:, :, None] * wr33).sum(1)
+                s3_3 = s3_3 + t * wq33
                 t = (
                     -0.408248290463863 * ra3_5 * rg33_0 - 0.408248290463863 * ra3_6 * rg33_1
                     + 0.408248290463863 * ra3_3 * rg33_2 - 0.408248290463863 * ra3_2 * rg33_3
                     + 0.408248290463863 * ra3_0 * rg33_5 + 0.408248290463863 * ra3_1 * rg33_6
                 )
-                acc3_4 = acc3_4 + (t[:, :, None] * wr33).sum(1)
+                s3_4 = s3_4 + t * wq33
                 t = (
                     0.408248290463863 * ra3_4 * rg33_0 + 0.408248290463863 * ra3_3 * rg33_1
                     + 0.408248290463863 * ra3_6 * rg33_2 - 0.408248290463863 * ra3_1 * rg33_3
                     - 0.408248290463863 * ra3_0 * rg33_4 - 0.408248290463863 * ra3_2 * rg33_6
                 )
-                acc3_5 = acc3_5 + (t[:, :, None] * wr33).sum(1)
+                s3_5 = s3_5 + t * wq33
                 t = (
                     -0.408248290463863 * ra3_3 * rg33_0 + 0.408248290463863 * ra3_4 * rg33_1
                     - 0.408248290463863 * ra3_5 * rg33_2 + 0.408248290463863 * ra3_0 * rg33_3
                     - 0.408248290463863 * ra3_1 * rg33_4 + 0.408248290463863 * ra3_2 * rg33_5
                 )
-                acc3_6 = acc3_6 + (t[:, :, None] * wr33).sum(1)
+                s3_6 = s3_6 + t * wq33
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
+                acc3_0 = acc3_0 + s3_0.sum(1)[:, None]
+                acc3_1 = acc3_1 + s3_1.sum(1)[:, None]
+                acc3_2 = acc3_2 + s3_2.sum(1)[:, None]
+                acc3_3 = acc3_3 + s3_3.sum(1)[:, None]
+                acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
+                acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
+                acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -3275,8 +3323,8 @@ def tp_bwd_w_0(
         sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
         sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             a0_0 = x1_0[tile_b, 0, tile_c]
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
             g0_0 = g_0[tile_b, 0, tile_c]
             gw0[tile_b, tile_c, 0] = (q0 * g0_0)
@@ -3330,12 +3378,12 @@ def tp_bwd_w_0(
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
+            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
             g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
@@ -3543,7 +3591,6 @@ def tp_bwd_w_0(
                 + q6 * g12_6
             )
         for tile_c in hl.tile(32, block_size=32):
-            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
@@ -3553,6 +3600,16 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
+            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
             g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
@@ -3869,15 +3926,6 @@ def tp_bwd_w_0(
                 + q6 * g23_6
             )
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3tee, a3teo = hl.split(a3te)
-            a3_0, a3_4 = hl.split(a3tee)
-            a3_2, a3_6 = hl.split(a3teo)
-            a3toe, a3too = hl.split(a3to)
-            a3_1, a3_5 = hl.split(a3toe)
-            a3_3, a3_7 = hl.split(a3too)
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
             g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
