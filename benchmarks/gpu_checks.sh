@@ -2,6 +2,7 @@
 # GPU correctness checks in one device call (see benchmarks/README.md):
 #   bash benchmarks/gpu_checks.sh STEP...   with STEP in main, forces, jax_grads,
 #   torch_grads, conv, ops; each step has its own time limit (seconds, STEP=LIMIT).
+#   EQDSL_K="expr" selects gradient tests by name (pytest -k), e.g. a few example specs.
 # Logs go to $OUT/<step>.log; a summary line per step is printed last.
 set -u
 T0=$(date +%s)
@@ -17,8 +18,8 @@ for arg in "$@"; do
   case $step in
     main) cmd=(python3 examples/main.py) ;;
     forces) cmd=(python3 -m pytest -q -x -p no:cacheprovider tests/test_forces.py) ;;
-    jax_grads) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_jax_grads.py) ;;
-    torch_grads) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_grads.py) ;;
+    jax_grads) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_jax_grads.py ${EQDSL_K:+-k "$EQDSL_K"}) ;;
+    torch_grads) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_grads.py ${EQDSL_K:+-k "$EQDSL_K"}) ;;
     conv) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_conv.py tests/test_jax_conv.py) ;;
     ops) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_ops.py tests/test_jax_ops.py) ;;
     *) echo "unknown step $step"; continue ;;
