@@ -239,7 +239,7 @@ def test_jax_energy_forces_and_weight_gradient_match_e3nn(pkg, dtype_name):
         g_theta = jax.jit(jax.grad(loss))(theta, pos)
     want = energy_forces_grad(*torch_model(pkg, _e3nn_tp(pkg, torch.float64), torch.float64))
     for g, w, what in zip((e, forces, g_theta), want, ("energy", "forces", "d loss / d theta")):
-        assert _rel(torch.as_tensor(np.asarray(g, dtype=np.float64)), w) <= TOL[dtype_name], what
+        assert _rel(torch.as_tensor(np.asarray(g, dtype=np.float64)), w.cpu()) <= TOL[dtype_name], what
 
 
 def test_jax_hessian_is_symmetric(pkg):
