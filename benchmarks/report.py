@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--tp", help="bench_tp.json")
     p.add_argument("--conv", help="bench_conv.json")
     p.add_argument("--latency", help="bench_latency.json (default: the latency section of --conv, if any)")
+    p.add_argument("--notes", help="a Markdown file inserted as the 'Notes on these runs' section")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
     return p.parse_args(argv)
@@ -367,6 +368,8 @@ def main(argv=None):
     dates = sorted({str(data[k][1].get("meta", {}).get("date")) for k in data if data[k][1].get("meta", {}).get("date")})
     devs = sorted({str(data[k][1].get("meta", {}).get("device")) for k in data if data[k][1].get("meta", {}).get("device")})
     md += [f"Device: {', '.join(devs) or '?'}; run: {', '.join(dates) or '?'}.", ""]
+    if args.notes:
+        md += ["## Notes on these runs", "", Path(args.notes).read_text(encoding="utf-8").strip(), ""]
     md += ["## Environment", ""] + env_section(data)
     md += ["## How to read the tables", "",
            "Times are medians of many calls after warm-up (torch: CUDA events around each call; JAX: wall clock "
