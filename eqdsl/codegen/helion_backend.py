@@ -91,8 +91,9 @@ class Tuning:
     ``max_terms`` bounds the unrolled multiply-adds in one kernel; output blocks beyond
     it go to another kernel (each kernel re-reads the inputs it needs, never an
     output). An input operand whose channel-tiled components (padded) number at most
-    ``hoist_components`` is loaded at the top of the channel loop (loads issued together);
-    a larger one is loaded where each tile is first used (fewer tiles live at once). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
+    ``hoist_components`` is loaded at the top of the channel loop (loads issued
+    together); a larger one is loaded where each tile is first used (fewer tiles live
+    at once). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
     a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
     sums cost little next to the inputs they are computed from.
     """
@@ -448,18 +449,12 @@ class _BlockKernel:
         loaded = g.setdefault("loaded", set())
 
         def tiled(op: str, blk: int, m: int) -> str:
-            name = f"{_LOCAL[op]}{blk}_{m}"
-            b = _blocks(ir, op)[blk]
-            hoist = _hoisted(ir, op, self.native, t)
-            if _is_native(self.native, b):
-                key, lines = f"{_LOCAL[op]}{blk}", _native_load(f"{_IN_PARAM[op]}{blk}", f"{_LOCAL[op]}{blk}", b.dim, "tile_c")
-            else:
-                key, lines = name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_c]"]
-            if hoist:
+            key, lines = _tile_load(ir, op, blk, m, self.native, f"{_LOCAL[op]}{blk}", "tile_c")
+            if _hoisted(ir, op, self.native, t):
                 g["loads"].setdefault(key, lines)
             else:
                 _once(loaded, updates, key, lines)
-            return name
+            return f"{_LOCAL[op]}{blk}_{m}"
 
         def scalar(op: str, blk: int, m: int, ch: int) -> str:
             name = f"s{_LOCAL[op]}{blk}_{m}_{ch}"
@@ -511,14 +506,8 @@ class _BlockKernel:
             rlines = red["updates"]
 
             def rtiled(op: str, blk: int, m: int) -> str:
-                name = f"r{_LOCAL[op]}{blk}_{m}"
-                b = _blocks(ir, op)[blk]
-                if _is_native(self.native, b):
-                    local = f"r{_LOCAL[op]}{blk}"
-                    _once(rloaded, rlines, local, _native_load(f"{_IN_PARAM[op]}{blk}", local, b.dim, "tile_r"))
-                else:
-                    _once(rloaded, rlines, name, [f"{name} = {_IN_PARAM[op]}{blk}[tile_b, {m}, tile_r]"])
-                return name
+                _once(rloaded, rlines, *_tile_load(ir, op, blk, m, self.native, f"r{_LOCAL[op]}{blk}", "tile_r"))
+                return f"r{_LOCAL[op]}{blk}_{m}"
 
             red["updates"].append(comment)
             for ch in range(n_unroll):
@@ -637,6 +626,19 @@ def _hoisted(ir: TensorProductIR, op: str, native: bool, tuning: Tuning) -> bool
     return n <= tuning.hoist_components
 
 
+def _tile_load(ir: TensorProductIR, op: str, blk: int, m: int, native: bool, local: str, tile: str) -> tuple[str, list[str]]:
+    """``(key, lines)`` loading component ``m`` of ``op`` block ``blk`` over ``tile`` as ``{local}_{m}``.
+
+    A native ``mul_ir`` block loads all its components at once (key ``local``); an
+    ``ir_mul`` view loads one component (key ``{local}_{m}``).
+    """
+    b = _blocks(ir, op)[blk]
+    param = f"{_IN_PARAM[op]}{blk}"
+    if _is_native(native, b):
+        return local, _native_load(param, local, b.dim, tile)
+    return f"{local}_{m}", [f"{local}_{m} = {param}[tile_b, {m}, {tile}]"]
+
+
 def _once(done: set, lines: list[str], key: str, new: list[str]) -> None:
     """Append ``new`` to ``lines`` the first time ``key`` is seen (a load at its first use)."""
     if key not in done:
@@ -717,10 +719,7 @@ class _WeightKernel:
         elif kind == "s":
             self.scalars.setdefault(name, f"{param}[tile_b, {idx}][:, None]")
         else:
-            key, lines = name, [f"{name} = {param}[tile_b, {idx}]"]
-            if native:
-                key = name[: -len(f"_{m}")]
-                lines = _native_load(param, key, b.dim, col)
+            key, lines = _tile_load(self.ir, op, blk, m, self.native, name[: -len(f"_{m}")], col)
             if kind == "c" and _hoisted(self.ir, op, self.native, self.tuning):
                 scope["loads"].setdefault(key, lines)
             else:
@@ -977,21 +976,15 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
     # The plain tensor product reads and writes mul_ir in place; the convolution's kernels
     # (helion_conv) still run on ir_mul rows converted at its boundary.
     native = ir.layout == "mul_ir"
+    kernel_layout = ir.layout
     families = kernel_context(ir, tuning, native)
-    convert = False
     args = {f: a for f, _, a in _ALL_FAMILIES}
     ops = {
         **op_context(ir, tuning),
-        "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
-        "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
-        "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),
-        "convert_in1": convert and _layouts_differ(ir.in1),
-        "convert_in2": convert and _layouts_differ(ir.in2),
-        "convert_out": convert and _layouts_differ(ir.out),
         "launchers": {f: _launcher(ir, f, args[f], ks, native) for f, ks in families.items()},
         "native": native,
-        "kernel_layout": "mul_ir" if native else "ir_mul",
-        "block_ops": [_block_op(f, "mul_ir" if native else "ir_mul") for f in families if f != "bwd_w"],
+        "kernel_layout": kernel_layout,
+        "block_ops": [_block_op(f, kernel_layout) for f in families if f != "bwd_w"],
         "linear_ops": "fwd_lin" in families,
         "n_paths": len(ir.paths),
         "conv": ir.conv,
