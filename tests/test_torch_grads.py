@@ -120,8 +120,12 @@ def weighted_only(ir):
     return dataclasses.replace(ir, paths=tuple(p for p in ir.paths if p.has_weight))
 
 
-def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE, lin=False):
-    """The kernel ops (``*_lin`` if ``lin``) on rows in their layout; results in the IR's layout, float64 numpy."""
+KERNEL_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
+
+
+def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE, lin=False, names=KERNEL_OPS):
+    """The kernel ops ``names`` (``*_lin`` if ``lin``) on rows in their layout; results in the
+    IR's layout, float64 numpy, as a tuple in the order of ``names``."""
     kl = ops.KERNEL_LAYOUT
 
     def t(a, blocks):
@@ -135,22 +139,26 @@ def kernel_results(ir, ops, x1, x2, w, g, dtype, device=DEVICE, lin=False):
 
     a, b, c, wt = t(x1, ir.in1), t(x2, ir.in2), t(g, ir.out), t(w, None)
     sfx = "_lin" if lin else ""
-    return (
-        back(getattr(ops, f"fwd{sfx}_op")(a, b, wt), ir.out),
-        back(getattr(ops, f"bwd_x1{sfx}_op")(c, b, wt), ir.in1),
-        back(getattr(ops, f"bwd_x2{sfx}_op")(a, c, wt), ir.in2),
-        back(ops.bwd_w_op(a, b, c), None),
-    )
+    run = {
+        "fwd": lambda: back(getattr(ops, f"fwd{sfx}_op")(a, b, wt), ir.out),
+        "bwd_x1": lambda: back(getattr(ops, f"bwd_x1{sfx}_op")(c, b, wt), ir.in1),
+        "bwd_x2": lambda: back(getattr(ops, f"bwd_x2{sfx}_op")(a, c, wt), ir.in2),
+        "bwd_w": lambda: back(ops.bwd_w_op(a, b, c), None),
+    }
+    return tuple(run[n]() for n in names)
 
 
-def check_kernels(ir, ops, dtype, batch, seed=0, device=DEVICE, lin=False) -> float:
-    """All kernels against the oracle; with ``lin`` the ``*_lin`` ones against ``F_W``'s."""
+def check_kernels(ir, ops, dtype, batch, seed=0, device=DEVICE, lin=False, names=KERNEL_OPS) -> float:
+    """The kernels ``names`` (default all four) against the oracle; with ``lin`` the ``*_lin``
+    ones against ``F_W``'s."""
     x1, x2, w, g = numpy_inputs(ir, batch, seed)
     ref_ir = weighted_only(ir) if lin else ir
-    want = (tensor_product_reference(ref_ir, x1, x2, w), *tensor_product_vjp_reference(ref_ir, x1, x2, w, g))
-    got = kernel_results(ir, ops, x1, x2, w, g, dtype, device, lin)
+    want = dict(zip(KERNEL_OPS, (tensor_product_reference(ref_ir, x1, x2, w),
+                                 *tensor_product_vjp_reference(ref_ir, x1, x2, w, g))))
+    got = kernel_results(ir, ops, x1, x2, w, g, dtype, device, lin, names)
     errs = {}
-    for name, a, b in zip(("fwd", "bwd_x1", "bwd_x2", "bwd_w"), got, want):
+    for name, a in zip(names, got):
+        b = want[name]
         assert a.shape == b.shape, (name, a.shape, b.shape)
         errs[name] = rel_err(a, b)
     assert max(errs.values()) <= TOL[dtype], f"{ir.name} {dtype} batch {batch} lin={lin}: {errs}"
@@ -314,9 +322,12 @@ def test_new_batch_size_does_not_recompile(grad_root):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET, reason="needs a CUDA GPU (compiled kernels)")
+@pytest.mark.parametrize("op", KERNEL_OPS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_examples_all_kernels_on_gpu(spec_path, tmp_path):
-    """All four kernels of every example against the oracle, float64 and float32, on CUDA."""
+def test_examples_all_kernels_on_gpu(spec_path, dtype, op, tmp_path):
+    """Each kernel of every example against the oracle on CUDA (one dtype and kernel op per
+    test, so the device run can compile them in parallel processes)."""
     out = tmp_path / "gen"
     files = generate_files(spec_path, out)
     write_package(out, files)
@@ -329,11 +340,10 @@ def test_examples_all_kernels_on_gpu(spec_path, tmp_path):
             else:
                 importlib.import_module(spec.name)
                 ops = importlib.import_module(f"{spec.name}.torch_ops")
-            for dtype in (torch.float64, torch.float32):
-                lins = (False, True) if hasattr(ops, "fwd_lin_op") else (False,)
-                errs = [check_kernels(ir, ops, dtype, b, seed=b, device="cuda", lin=lin)
-                        for b in (1, 1000, 4099) for lin in lins]
-                print(f"{spec.name} {dtype}: max relative error of fwd/bwd_x1/bwd_x2/bwd_w {max(errs):.3g}")
+            lins = (False, True) if hasattr(ops, "fwd_lin_op") else (False,)
+            errs = [check_kernels(ir, ops, dtype, b, seed=b, device="cuda", lin=lin, names=(op,))
+                    for b in (1, 1000, 4099) for lin in lins]
+            print(f"{spec.name} {dtype}: max relative error of {op} {max(errs):.3g}")
     finally:
         sys.path.remove(str(out))
 

@@ -492,6 +492,18 @@ class _BlockKernel:
                 block_r = min(_pow2(red_mul), t.block_r)
                 lr, lu = (la, lb) if over_a else (lb, la)
                 n_unroll = bb.mul if over_a else ab.mul
+            if red_mul == 1:
+                # One channel to reduce over (e.g. tetris' 1x l inputs): a direct update of
+                # per-row scalars times the weight row. A loop over a single-channel 3-D tile
+                # only adds cross-lane sums (and is the shape that miscompiled in float32).
+                updates.append(comment)
+                for ch in range(n_unroll):
+                    chans = {lr: 0} if lu is None else {lr: 0, lu: ch}
+                    wexpr = self._weight_row(p, {lo: "tile_c", **{k: str(v) for k, v in chans.items()}}, updates)
+                    for kk, nzs in sorted(by_o.items()):
+                        terms = [(c, [scalar(ao, ai, i, chans[la]), scalar(bo, bi, j, chans[lb])]) for c, i, j in nzs]
+                        updates.append(_acc(o, kk, _sum(terms), wexpr))
+                return False
             red = g["reductions"].setdefault(
                 (red_mul, block_r),
                 {
@@ -510,6 +522,23 @@ class _BlockKernel:
                 return f"r{_LOCAL[op]}{blk}_{m}"
 
             red["updates"].append(comment)
+            if not pair and p.has_weight and n_unroll > 1 and _block(ir, p, oo).mul == 1:
+                # A one-channel output fed by two channel-carrying inputs (uvw dF/dx2 of an
+                # edge TP: sum over u and w): contract the weight with the unrolled input's
+                # channel in an inner loop first (h[b, r, m] = sum_s W[b, r, s] v[b, s, m]),
+                # so the cross-lane sums count per component, not per unrolled channel.
+                r_is_a = lr == la
+                vop, vblk = (bo, bi) if r_is_a else (ao, ai)
+                vcomps = sorted({j if r_is_a else i for nzs in by_o.values() for _, i, j in nzs})
+                h = self._weight_vector(p, red, (lo, lr, lu), (vop, vblk, n_unroll), vcomps, block_r, o)
+                for kk, nzs in sorted(by_o.items()):
+                    if r_is_a:
+                        terms = [(c, [rtiled(ao, ai, i), h[j]]) for c, i, j in nzs]
+                    else:
+                        terms = [(c, [h[i], rtiled(bo, bi, j)]) for c, i, j in nzs]
+                    red["updates"].append(f"t = {_sum(terms)}")
+                    self._partial(p, red, lo, lr, f"s{o}_{kk}", f"acc{o}_{kk}", weighted=False)
+                return True
             for ch in range(n_unroll):
                 index = {lo: "tile_c", lr: "tile_r"}
                 if lu is not None:
@@ -531,14 +560,47 @@ class _BlockKernel:
             return True
         return False
 
-    def _partial(self, p: PathIR, red: dict, lo: str, lr: str, part: str, acc: str) -> None:
-        """Add ``t * W`` to the ``(batch, r)`` partial sum ``part`` of a one-channel output.
+    def _weight_vector(self, p: PathIR, red: dict, letters: tuple[str, str, str], vec: tuple[str, int, int],
+                       comps: list[int], block_r: int, o: int) -> dict[int, str]:
+        """``h[m] = sum_s W[b, r, s] v[b, s, m]`` for each component ``m`` of ``vec``, as ``(batch, r)`` tiles.
+
+        ``letters``: the output's, the reduced and the contracted channel's letters;
+        ``vec``: the operand carrying the contracted channel (op, block, multiplicity).
+        Emitted as an inner ``tile_s`` loop in the reduction step; returns the names.
+        """
+        ir, t = self.ir, self.tuning
+        lo, lr, ls = letters
+        vop, vblk, mul = vec
+        block_s = min(_pow2(mul), t.block_r)
+        self.elems_3d = max(self.elems_3d, block_r * block_s)
+        wl = _letter(p, "w")
+        idx = ", ".join({lo: "0", lr: "tile_r", ls: "tile_s"}[x] for x in wl)
+        r_first = wl.index(lr) < wl.index(ls)
+        wname = f"ws{p.index}"
+        body = [f"{wname} = " + (f"w{p.index}[{idx}][None, :, :]" if ir.shared_weights else f"w{p.index}[tile_b, {idx}]")]
+        loaded: set = set()
+        local = f"v{_LOCAL[vop]}{vblk}"
+        names = {m: f"acch{p.index}_{m}" for m in comps}
+        for m in comps:
+            _once(loaded, body, *_tile_load(ir, vop, vblk, m, self.native, local, "tile_s"))
+            prod = f"{wname} * {local}_{m}[:, None, :]" if r_first else f"{wname} * {local}_{m}[:, :, None]"
+            body.append(f"{names[m]} = {names[m]} + ({prod}).sum({2 if r_first else 1})")
+        dtype = f"{_OUT_PARAM[self.family]}{o}.dtype"
+        red["updates"] += [f"{n} = hl.zeros([tile_b, tile_r], dtype={dtype})" for n in names.values()]
+        red["updates"].append(
+            f"for tile_s in hl.tile({mul}, block_size={block_s}):\n" + "\n".join("    " + line for line in body)
+        )
+        return names
+
+    def _partial(self, p: PathIR, red: dict, lo: str, lr: str, part: str, acc: str, weighted: bool = True) -> None:
+        """Add ``t * W`` (``t`` if not ``weighted``) to the ``(batch, r)`` partial sum ``part``
+        of a one-channel output.
 
         Contracted once per reduction step, after every path (``acc += part.sum(1)``),
         not once per path and component: a cross-lane sum costs far more than an add.
         """
         lines = red["updates"]
-        if p.has_weight:
+        if p.has_weight and weighted:
             idx = ", ".join({lo: "0", lr: "tile_r"}[x] for x in _letter(p, "w"))
             wname = f"wq{p.index}"
             src = f"w{p.index}[{idx}][None, :]" if self.ir.shared_weights else f"w{p.index}[tile_b, {idx}]"
@@ -742,7 +804,11 @@ class _WeightKernel:
                 {
                     "mul": mul,
                     "block_c": block_c,
-                    "direct": dict(direct, loads=_sorted_lines(direct["loads"])) if direct["updates"] else None,
+                    "direct": (
+                        dict(direct, loads=_sorted_lines(direct["loads"]))
+                        if direct["updates"] or direct["loads"]
+                        else None
+                    ),
                     "reductions": [dict(r, loads=_sorted_lines(r["loads"])) for r in reductions.values()],
                 }
             )
@@ -807,9 +873,12 @@ class _WeightKernel:
                     else:
                         terms = [(c, [self._load(red, "x1", i1, i, str(ch), "s"),
                                       self._load(red, "x2", i2, j, "", "r")]) for c, i, j in nzs]
-                    red["updates"].append(f"q{kk} = {_sum(terms)}")
-                    gk = self._load(red, "g", io, kk, "", "c")
-                    parts.append(f"q{kk}[:, :, None] * {gk}[:, None, :]")
+                    red["updates"].append(f"o{kk} = {_sum(terms)}")
+                    # g's channel tile does not depend on tile_r: per-row weights load it in
+                    # the channel loop (once, and under the same name as the direct paths);
+                    # shared weights reload it in the reduction loop's own row sub-tiles.
+                    gk = self._load(red if self.shared else direct, "g", io, kk, "", "c")
+                    parts.append(f"o{kk}[:, :, None] * {gk}[:, None, :]")
                 self._finish(red, p, wl, index, parts, bidx, "[tile_r, tile_c]")
             return
         # uuu / uvu / uvv: tile over g's channel, unroll x1's or x2's if not g's

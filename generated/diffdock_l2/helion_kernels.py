@@ -448,223 +448,7 @@ def tp_bwd_x2_0(
     gx2_2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-2; paths 0-11."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sa0_0_0 = x1_0[tile_b, 0, 0][:, None]
-        sa0_0_1 = x1_0[tile_b, 1, 0][:, None]
-        sa0_0_2 = x1_0[tile_b, 2, 0][:, None]
-        sa0_0_3 = x1_0[tile_b, 3, 0][:, None]
-        sa0_0_4 = x1_0[tile_b, 4, 0][:, None]
-        sa0_0_5 = x1_0[tile_b, 5, 0][:, None]
-        sa0_0_6 = x1_0[tile_b, 6, 0][:, None]
-        sa0_0_7 = x1_0[tile_b, 7, 0][:, None]
-        sa0_0_8 = x1_0[tile_b, 8, 0][:, None]
-        sa0_0_9 = x1_0[tile_b, 9, 0][:, None]
-        sa0_1_0 = x1_0[tile_b, 0, 1][:, None]
-        sa0_1_1 = x1_0[tile_b, 1, 1][:, None]
-        sa0_1_2 = x1_0[tile_b, 2, 1][:, None]
-        sa0_1_3 = x1_0[tile_b, 3, 1][:, None]
-        sa0_1_4 = x1_0[tile_b, 4, 1][:, None]
-        sa0_1_5 = x1_0[tile_b, 5, 1][:, None]
-        sa0_1_6 = x1_0[tile_b, 6, 1][:, None]
-        sa0_1_7 = x1_0[tile_b, 7, 1][:, None]
-        sa0_1_8 = x1_0[tile_b, 8, 1][:, None]
-        sa0_1_9 = x1_0[tile_b, 9, 1][:, None]
-        sa0_2_0 = x1_0[tile_b, 0, 2][:, None]
-        sa0_2_1 = x1_0[tile_b, 1, 2][:, None]
-        sa0_2_2 = x1_0[tile_b, 2, 2][:, None]
-        sa0_2_3 = x1_0[tile_b, 3, 2][:, None]
-        sa0_2_4 = x1_0[tile_b, 4, 2][:, None]
-        sa0_2_5 = x1_0[tile_b, 5, 2][:, None]
-        sa0_2_6 = x1_0[tile_b, 6, 2][:, None]
-        sa0_2_7 = x1_0[tile_b, 7, 2][:, None]
-        sa0_2_8 = x1_0[tile_b, 8, 2][:, None]
-        sa0_2_9 = x1_0[tile_b, 9, 2][:, None]
-        sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_0_1 = x1_1[tile_b, 1, 0][:, None]
-        sa1_0_2 = x1_1[tile_b, 2, 0][:, None]
-        sa1_0_3 = x1_1[tile_b, 3, 0][:, None]
-        sa1_0_4 = x1_1[tile_b, 4, 0][:, None]
-        sa1_0_5 = x1_1[tile_b, 5, 0][:, None]
-        sa1_0_6 = x1_1[tile_b, 6, 0][:, None]
-        sa1_0_7 = x1_1[tile_b, 7, 0][:, None]
-        sa1_0_8 = x1_1[tile_b, 8, 0][:, None]
-        sa1_0_9 = x1_1[tile_b, 9, 0][:, None]
-        sa1_1_0 = x1_1[tile_b, 0, 1][:, None]
-        sa1_1_1 = x1_1[tile_b, 1, 1][:, None]
-        sa1_1_2 = x1_1[tile_b, 2, 1][:, None]
-        sa1_1_3 = x1_1[tile_b, 3, 1][:, None]
-        sa1_1_4 = x1_1[tile_b, 4, 1][:, None]
-        sa1_1_5 = x1_1[tile_b, 5, 1][:, None]
-        sa1_1_6 = x1_1[tile_b, 6, 1][:, None]
-        sa1_1_7 = x1_1[tile_b, 7, 1][:, None]
-        sa1_1_8 = x1_1[tile_b, 8, 1][:, None]
-        sa1_1_9 = x1_1[tile_b, 9, 1][:, None]
-        sa1_2_0 = x1_1[tile_b, 0, 2][:, None]
-        sa1_2_1 = x1_1[tile_b, 1, 2][:, None]
-        sa1_2_2 = x1_1[tile_b, 2, 2][:, None]
-        sa1_2_3 = x1_1[tile_b, 3, 2][:, None]
-        sa1_2_4 = x1_1[tile_b, 4, 2][:, None]
-        sa1_2_5 = x1_1[tile_b, 5, 2][:, None]
-        sa1_2_6 = x1_1[tile_b, 6, 2][:, None]
-        sa1_2_7 = x1_1[tile_b, 7, 2][:, None]
-        sa1_2_8 = x1_1[tile_b, 8, 2][:, None]
-        sa1_2_9 = x1_1[tile_b, 9, 2][:, None]
-        sg0_0_0 = g_0[tile_b, 0, 0][:, None]
-        sg0_0_1 = g_0[tile_b, 1, 0][:, None]
-        sg0_0_2 = g_0[tile_b, 2, 0][:, None]
-        sg0_0_3 = g_0[tile_b, 3, 0][:, None]
-        sg0_0_4 = g_0[tile_b, 4, 0][:, None]
-        sg0_0_5 = g_0[tile_b, 5, 0][:, None]
-        sg0_0_6 = g_0[tile_b, 6, 0][:, None]
-        sg0_0_7 = g_0[tile_b, 7, 0][:, None]
-        sg0_0_8 = g_0[tile_b, 8, 0][:, None]
-        sg0_0_9 = g_0[tile_b, 9, 0][:, None]
-        sg0_1_0 = g_0[tile_b, 0, 1][:, None]
-        sg0_1_1 = g_0[tile_b, 1, 1][:, None]
-        sg0_1_2 = g_0[tile_b, 2, 1][:, None]
-        sg0_1_3 = g_0[tile_b, 3, 1][:, None]
-        sg0_1_4 = g_0[tile_b, 4, 1][:, None]
-        sg0_1_5 = g_0[tile_b, 5, 1][:, None]
-        sg0_1_6 = g_0[tile_b, 6, 1][:, None]
-        sg0_1_7 = g_0[tile_b, 7, 1][:, None]
-        sg0_1_8 = g_0[tile_b, 8, 1][:, None]
-        sg0_1_9 = g_0[tile_b, 9, 1][:, None]
-        sg0_2_0 = g_0[tile_b, 0, 2][:, None]
-        sg0_2_1 = g_0[tile_b, 1, 2][:, None]
-        sg0_2_2 = g_0[tile_b, 2, 2][:, None]
-        sg0_2_3 = g_0[tile_b, 3, 2][:, None]
-        sg0_2_4 = g_0[tile_b, 4, 2][:, None]
-        sg0_2_5 = g_0[tile_b, 5, 2][:, None]
-        sg0_2_6 = g_0[tile_b, 6, 2][:, None]
-        sg0_2_7 = g_0[tile_b, 7, 2][:, None]
-        sg0_2_8 = g_0[tile_b, 8, 2][:, None]
-        sg0_2_9 = g_0[tile_b, 9, 2][:, None]
-        sg1_0_0 = g_1[tile_b, 0, 0][:, None]
-        sg1_0_1 = g_1[tile_b, 1, 0][:, None]
-        sg1_0_2 = g_1[tile_b, 2, 0][:, None]
-        sg1_0_3 = g_1[tile_b, 3, 0][:, None]
-        sg1_0_4 = g_1[tile_b, 4, 0][:, None]
-        sg1_0_5 = g_1[tile_b, 5, 0][:, None]
-        sg1_0_6 = g_1[tile_b, 6, 0][:, None]
-        sg1_0_7 = g_1[tile_b, 7, 0][:, None]
-        sg1_0_8 = g_1[tile_b, 8, 0][:, None]
-        sg1_0_9 = g_1[tile_b, 9, 0][:, None]
-        sg1_1_0 = g_1[tile_b, 0, 1][:, None]
-        sg1_1_1 = g_1[tile_b, 1, 1][:, None]
-        sg1_1_2 = g_1[tile_b, 2, 1][:, None]
-        sg1_1_3 = g_1[tile_b, 3, 1][:, None]
-        sg1_1_4 = g_1[tile_b, 4, 1][:, None]
-        sg1_1_5 = g_1[tile_b, 5, 1][:, None]
-        sg1_1_6 = g_1[tile_b, 6, 1][:, None]
-        sg1_1_7 = g_1[tile_b, 7, 1][:, None]
-        sg1_1_8 = g_1[tile_b, 8, 1][:, None]
-        sg1_1_9 = g_1[tile_b, 9, 1][:, None]
-        sg1_2_0 = g_1[tile_b, 0, 2][:, None]
-        sg1_2_1 = g_1[tile_b, 1, 2][:, None]
-        sg1_2_2 = g_1[tile_b, 2, 2][:, None]
-        sg1_2_3 = g_1[tile_b, 3, 2][:, None]
-        sg1_2_4 = g_1[tile_b, 4, 2][:, None]
-        sg1_2_5 = g_1[tile_b, 5, 2][:, None]
-        sg1_2_6 = g_1[tile_b, 6, 2][:, None]
-        sg1_2_7 = g_1[tile_b, 7, 2][:, None]
-        sg1_2_8 = g_1[tile_b, 8, 2][:, None]
-        sg1_2_9 = g_1[tile_b, 9, 2][:, None]
-        sg2_0_0 = g_2[tile_b, 0, 0][:, None]
-        sg2_0_1 = g_2[tile_b, 0, 1][:, None]
-        sg2_0_2 = g_2[tile_b, 0, 2][:, None]
-        sg2_0_3 = g_2[tile_b, 0, 3][:, None]
-        sg2_0_4 = g_2[tile_b, 0, 4][:, None]
-        sg2_0_5 = g_2[tile_b, 0, 5][:, None]
-        sg2_0_6 = g_2[tile_b, 0, 6][:, None]
-        sg2_0_7 = g_2[tile_b, 0, 7][:, None]
-        sg2_0_8 = g_2[tile_b, 0, 8][:, None]
-        sg2_0_9 = g_2[tile_b, 0, 9][:, None]
-        sg2_0_10 = g_2[tile_b, 0, 10][:, None]
-        sg2_0_11 = g_2[tile_b, 0, 11][:, None]
-        sg2_0_12 = g_2[tile_b, 0, 12][:, None]
-        sg2_0_13 = g_2[tile_b, 0, 13][:, None]
-        sg2_0_14 = g_2[tile_b, 0, 14][:, None]
-        sg2_0_15 = g_2[tile_b, 0, 15][:, None]
-        sg2_0_16 = g_2[tile_b, 0, 16][:, None]
-        sg2_0_17 = g_2[tile_b, 0, 17][:, None]
-        sg2_0_18 = g_2[tile_b, 0, 18][:, None]
-        sg2_0_19 = g_2[tile_b, 0, 19][:, None]
-        sg2_0_20 = g_2[tile_b, 0, 20][:, None]
-        sg2_0_21 = g_2[tile_b, 0, 21][:, None]
-        sg2_0_22 = g_2[tile_b, 0, 22][:, None]
-        sg2_0_23 = g_2[tile_b, 0, 23][:, None]
-        sg2_0_24 = g_2[tile_b, 0, 24][:, None]
-        sg2_0_25 = g_2[tile_b, 0, 25][:, None]
-        sg2_0_26 = g_2[tile_b, 0, 26][:, None]
-        sg2_0_27 = g_2[tile_b, 0, 27][:, None]
-        sg2_0_28 = g_2[tile_b, 0, 28][:, None]
-        sg2_0_29 = g_2[tile_b, 0, 29][:, None]
-        sg2_0_30 = g_2[tile_b, 0, 30][:, None]
-        sg2_0_31 = g_2[tile_b, 0, 31][:, None]
-        sg2_0_32 = g_2[tile_b, 0, 32][:, None]
-        sg2_0_33 = g_2[tile_b, 0, 33][:, None]
-        sg2_0_34 = g_2[tile_b, 0, 34][:, None]
-        sg2_0_35 = g_2[tile_b, 0, 35][:, None]
-        sg2_0_36 = g_2[tile_b, 0, 36][:, None]
-        sg2_0_37 = g_2[tile_b, 0, 37][:, None]
-        sg2_0_38 = g_2[tile_b, 0, 38][:, None]
-        sg2_0_39 = g_2[tile_b, 0, 39][:, None]
-        sg2_0_40 = g_2[tile_b, 0, 40][:, None]
-        sg2_0_41 = g_2[tile_b, 0, 41][:, None]
-        sg2_0_42 = g_2[tile_b, 0, 42][:, None]
-        sg2_0_43 = g_2[tile_b, 0, 43][:, None]
-        sg2_0_44 = g_2[tile_b, 0, 44][:, None]
-        sg2_0_45 = g_2[tile_b, 0, 45][:, None]
-        sg2_0_46 = g_2[tile_b, 0, 46][:, None]
-        sg2_0_47 = g_2[tile_b, 0, 47][:, None]
-        sg3_0_0 = g_3[tile_b, 0, 0][:, None]
-        sg3_0_1 = g_3[tile_b, 0, 1][:, None]
-        sg3_0_2 = g_3[tile_b, 0, 2][:, None]
-        sg3_0_3 = g_3[tile_b, 0, 3][:, None]
-        sg3_0_4 = g_3[tile_b, 0, 4][:, None]
-        sg3_0_5 = g_3[tile_b, 0, 5][:, None]
-        sg3_0_6 = g_3[tile_b, 0, 6][:, None]
-        sg3_0_7 = g_3[tile_b, 0, 7][:, None]
-        sg3_0_8 = g_3[tile_b, 0, 8][:, None]
-        sg3_0_9 = g_3[tile_b, 0, 9][:, None]
-        sg3_0_10 = g_3[tile_b, 0, 10][:, None]
-        sg3_0_11 = g_3[tile_b, 0, 11][:, None]
-        sg3_0_12 = g_3[tile_b, 0, 12][:, None]
-        sg3_0_13 = g_3[tile_b, 0, 13][:, None]
-        sg3_0_14 = g_3[tile_b, 0, 14][:, None]
-        sg3_0_15 = g_3[tile_b, 0, 15][:, None]
-        sg3_0_16 = g_3[tile_b, 0, 16][:, None]
-        sg3_0_17 = g_3[tile_b, 0, 17][:, None]
-        sg3_0_18 = g_3[tile_b, 0, 18][:, None]
-        sg3_0_19 = g_3[tile_b, 0, 19][:, None]
-        sg3_0_20 = g_3[tile_b, 0, 20][:, None]
-        sg3_0_21 = g_3[tile_b, 0, 21][:, None]
-        sg3_0_22 = g_3[tile_b, 0, 22][:, None]
-        sg3_0_23 = g_3[tile_b, 0, 23][:, None]
-        sg3_0_24 = g_3[tile_b, 0, 24][:, None]
-        sg3_0_25 = g_3[tile_b, 0, 25][:, None]
-        sg3_0_26 = g_3[tile_b, 0, 26][:, None]
-        sg3_0_27 = g_3[tile_b, 0, 27][:, None]
-        sg3_0_28 = g_3[tile_b, 0, 28][:, None]
-        sg3_0_29 = g_3[tile_b, 0, 29][:, None]
-        sg3_0_30 = g_3[tile_b, 0, 30][:, None]
-        sg3_0_31 = g_3[tile_b, 0, 31][:, None]
-        sg3_0_32 = g_3[tile_b, 0, 32][:, None]
-        sg3_0_33 = g_3[tile_b, 0, 33][:, None]
-        sg3_0_34 = g_3[tile_b, 0, 34][:, None]
-        sg3_0_35 = g_3[tile_b, 0, 35][:, None]
-        sg3_0_36 = g_3[tile_b, 0, 36][:, None]
-        sg3_0_37 = g_3[tile_b, 0, 37][:, None]
-        sg3_0_38 = g_3[tile_b, 0, 38][:, None]
-        sg3_0_39 = g_3[tile_b, 0, 39][:, None]
-        sg3_0_40 = g_3[tile_b, 0, 40][:, None]
-        sg3_0_41 = g_3[tile_b, 0, 41][:, None]
-        sg3_0_42 = g_3[tile_b, 0, 42][:, None]
-        sg3_0_43 = g_3[tile_b, 0, 43][:, None]
-        sg3_0_44 = g_3[tile_b, 0, 44][:, None]
-        sg3_0_45 = g_3[tile_b, 0, 45][:, None]
-        sg3_0_46 = g_3[tile_b, 0, 46][:, None]
-        sg3_0_47 = g_3[tile_b, 0, 47][:, None]
+    for tile_b in hl.tile(x1_0.size(0), block_size=8):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
@@ -681,1141 +465,262 @@ def tp_bwd_x2_0(
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
+                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch0_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch0_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws0 = w0[tile_b, tile_r, 0, tile_s]
+                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
+                    vg0te, vg0to = hl.split(vg0t)
+                    vg0_0, vg0_2 = hl.split(vg0te)
+                    vg0_1, vg0_3 = hl.split(vg0to)
+                    acch0_0 = acch0_0 + (ws0 * vg0_0[:, None, :]).sum(2)
+                    acch0_1 = acch0_1 + (ws0 * vg0_1[:, None, :]).sum(2)
+                    acch0_2 = acch0_2 + (ws0 * vg0_2[:, None, :]).sum(2)
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                wr0_0 = w0[tile_b, tile_r, tile_c, 0]
                 t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_0 + 0.11322770341445958 * ra0_1 * sg0_1_0
-                    + 0.11322770341445958 * ra0_2 * sg0_2_0
+                    0.11322770341445958 * ra0_0 * acch0_0 + 0.11322770341445958 * ra0_1 * acch0_1
+                    + 0.11322770341445958 * ra0_2 * acch0_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
-                wr0_1 = w0[tile_b, tile_r, tile_c, 1]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_1 + 0.11322770341445958 * ra0_1 * sg0_1_1
-                    + 0.11322770341445958 * ra0_2 * sg0_2_1
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_1).sum(1)
-                wr0_2 = w0[tile_b, tile_r, tile_c, 2]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_2 + 0.11322770341445958 * ra0_1 * sg0_1_2
-                    + 0.11322770341445958 * ra0_2 * sg0_2_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_2).sum(1)
-                wr0_3 = w0[tile_b, tile_r, tile_c, 3]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_3 + 0.11322770341445958 * ra0_1 * sg0_1_3
-                    + 0.11322770341445958 * ra0_2 * sg0_2_3
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_3).sum(1)
-                wr0_4 = w0[tile_b, tile_r, tile_c, 4]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_4 + 0.11322770341445958 * ra0_1 * sg0_1_4
-                    + 0.11322770341445958 * ra0_2 * sg0_2_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_4).sum(1)
-                wr0_5 = w0[tile_b, tile_r, tile_c, 5]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_5 + 0.11322770341445958 * ra0_1 * sg0_1_5
-                    + 0.11322770341445958 * ra0_2 * sg0_2_5
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_5).sum(1)
-                wr0_6 = w0[tile_b, tile_r, tile_c, 6]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_6 + 0.11322770341445958 * ra0_1 * sg0_1_6
-                    + 0.11322770341445958 * ra0_2 * sg0_2_6
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_6).sum(1)
-                wr0_7 = w0[tile_b, tile_r, tile_c, 7]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_7 + 0.11322770341445958 * ra0_1 * sg0_1_7
-                    + 0.11322770341445958 * ra0_2 * sg0_2_7
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_7).sum(1)
-                wr0_8 = w0[tile_b, tile_r, tile_c, 8]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_8 + 0.11322770341445958 * ra0_1 * sg0_1_8
-                    + 0.11322770341445958 * ra0_2 * sg0_2_8
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_8).sum(1)
-                wr0_9 = w0[tile_b, tile_r, tile_c, 9]
-                t = (
-                    0.11322770341445958 * ra0_0 * sg0_0_9 + 0.11322770341445958 * ra0_1 * sg0_1_9
-                    + 0.11322770341445958 * ra0_2 * sg0_2_9
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr0_9).sum(1)
+                s0_0 = t
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
+                acch4_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch4_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch4_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws4 = w4[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch4_0 = acch4_0 + (ws4 * vg1_0[:, None, :]).sum(2)
+                    acch4_1 = acch4_1 + (ws4 * vg1_1[:, None, :]).sum(2)
+                    acch4_2 = acch4_2 + (ws4 * vg1_2[:, None, :]).sum(2)
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr4_0 = w4[tile_b, tile_r, tile_c, 0]
                 t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_0 + 0.11322770341445958 * ra1_1 * sg1_1_0
-                    + 0.11322770341445958 * ra1_2 * sg1_2_0
+                    0.11322770341445958 * ra1_0 * acch4_0 + 0.11322770341445958 * ra1_1 * acch4_1
+                    + 0.11322770341445958 * ra1_2 * acch4_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_0).sum(1)
-                wr4_1 = w4[tile_b, tile_r, tile_c, 1]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_1 + 0.11322770341445958 * ra1_1 * sg1_1_1
-                    + 0.11322770341445958 * ra1_2 * sg1_2_1
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_1).sum(1)
-                wr4_2 = w4[tile_b, tile_r, tile_c, 2]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_2 + 0.11322770341445958 * ra1_1 * sg1_1_2
-                    + 0.11322770341445958 * ra1_2 * sg1_2_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_2).sum(1)
-                wr4_3 = w4[tile_b, tile_r, tile_c, 3]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_3 + 0.11322770341445958 * ra1_1 * sg1_1_3
-                    + 0.11322770341445958 * ra1_2 * sg1_2_3
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_3).sum(1)
-                wr4_4 = w4[tile_b, tile_r, tile_c, 4]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_4 + 0.11322770341445958 * ra1_1 * sg1_1_4
-                    + 0.11322770341445958 * ra1_2 * sg1_2_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_4).sum(1)
-                wr4_5 = w4[tile_b, tile_r, tile_c, 5]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_5 + 0.11322770341445958 * ra1_1 * sg1_1_5
-                    + 0.11322770341445958 * ra1_2 * sg1_2_5
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_5).sum(1)
-                wr4_6 = w4[tile_b, tile_r, tile_c, 6]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_6 + 0.11322770341445958 * ra1_1 * sg1_1_6
-                    + 0.11322770341445958 * ra1_2 * sg1_2_6
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_6).sum(1)
-                wr4_7 = w4[tile_b, tile_r, tile_c, 7]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_7 + 0.11322770341445958 * ra1_1 * sg1_1_7
-                    + 0.11322770341445958 * ra1_2 * sg1_2_7
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_7).sum(1)
-                wr4_8 = w4[tile_b, tile_r, tile_c, 8]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_8 + 0.11322770341445958 * ra1_1 * sg1_1_8
-                    + 0.11322770341445958 * ra1_2 * sg1_2_8
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_8).sum(1)
-                wr4_9 = w4[tile_b, tile_r, tile_c, 9]
-                t = (
-                    0.11322770341445958 * ra1_0 * sg1_0_9 + 0.11322770341445958 * ra1_1 * sg1_1_9
-                    + 0.11322770341445958 * ra1_2 * sg1_2_9
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr4_9).sum(1)
+                s0_0 = s0_0 + t
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
-                wr1_0 = w1[tile_b, tile_r, tile_c, 0]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_0 - 0.08006407690254357 * ra0_1 * sg1_2_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_0 + 0.08006407690254357 * ra0_0 * sg1_2_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_0).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_0 - 0.08006407690254357 * ra0_0 * sg1_1_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
-                wr1_1 = w1[tile_b, tile_r, tile_c, 1]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_1 - 0.08006407690254357 * ra0_1 * sg1_2_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_1).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_1 + 0.08006407690254357 * ra0_0 * sg1_2_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_1).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_1 - 0.08006407690254357 * ra0_0 * sg1_1_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_1).sum(1)
-                wr1_2 = w1[tile_b, tile_r, tile_c, 2]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_2 - 0.08006407690254357 * ra0_1 * sg1_2_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_2).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_2 + 0.08006407690254357 * ra0_0 * sg1_2_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_2).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_2 - 0.08006407690254357 * ra0_0 * sg1_1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_2).sum(1)
-                wr1_3 = w1[tile_b, tile_r, tile_c, 3]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_3 - 0.08006407690254357 * ra0_1 * sg1_2_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_3).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_3 + 0.08006407690254357 * ra0_0 * sg1_2_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_3).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_3 - 0.08006407690254357 * ra0_0 * sg1_1_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_3).sum(1)
-                wr1_4 = w1[tile_b, tile_r, tile_c, 4]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_4 - 0.08006407690254357 * ra0_1 * sg1_2_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_4).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_4 + 0.08006407690254357 * ra0_0 * sg1_2_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_4).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_4 - 0.08006407690254357 * ra0_0 * sg1_1_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_4).sum(1)
-                wr1_5 = w1[tile_b, tile_r, tile_c, 5]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_5 - 0.08006407690254357 * ra0_1 * sg1_2_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_5).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_5 + 0.08006407690254357 * ra0_0 * sg1_2_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_5).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_5 - 0.08006407690254357 * ra0_0 * sg1_1_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_5).sum(1)
-                wr1_6 = w1[tile_b, tile_r, tile_c, 6]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_6 - 0.08006407690254357 * ra0_1 * sg1_2_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_6).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_6 + 0.08006407690254357 * ra0_0 * sg1_2_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_6).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_6 - 0.08006407690254357 * ra0_0 * sg1_1_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_6).sum(1)
-                wr1_7 = w1[tile_b, tile_r, tile_c, 7]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_7 - 0.08006407690254357 * ra0_1 * sg1_2_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_7).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_7 + 0.08006407690254357 * ra0_0 * sg1_2_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_7).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_7 - 0.08006407690254357 * ra0_0 * sg1_1_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_7).sum(1)
-                wr1_8 = w1[tile_b, tile_r, tile_c, 8]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_8 - 0.08006407690254357 * ra0_1 * sg1_2_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_8).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_8 + 0.08006407690254357 * ra0_0 * sg1_2_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_8).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_8 - 0.08006407690254357 * ra0_0 * sg1_1_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_8).sum(1)
-                wr1_9 = w1[tile_b, tile_r, tile_c, 9]
-                t = (0.08006407690254357 * ra0_2 * sg1_1_9 - 0.08006407690254357 * ra0_1 * sg1_2_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_9).sum(1)
-                t = (-0.08006407690254357 * ra0_2 * sg1_0_9 + 0.08006407690254357 * ra0_0 * sg1_2_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_9).sum(1)
-                t = (0.08006407690254357 * ra0_1 * sg1_0_9 - 0.08006407690254357 * ra0_0 * sg1_1_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_9).sum(1)
+                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws1 = w1[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch1_0 = acch1_0 + (ws1 * vg1_0[:, None, :]).sum(2)
+                    acch1_1 = acch1_1 + (ws1 * vg1_1[:, None, :]).sum(2)
+                    acch1_2 = acch1_2 + (ws1 * vg1_2[:, None, :]).sum(2)
+                t = (0.08006407690254357 * ra0_2 * acch1_1 - 0.08006407690254357 * ra0_1 * acch1_2)
+                s1_0 = t
+                t = (-0.08006407690254357 * ra0_2 * acch1_0 + 0.08006407690254357 * ra0_0 * acch1_2)
+                s1_1 = t
+                t = (0.08006407690254357 * ra0_1 * acch1_0 - 0.08006407690254357 * ra0_0 * acch1_1)
+                s1_2 = t
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
-                wr5_0 = w5[tile_b, tile_r, tile_c, 0]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_0 - 0.08006407690254357 * ra1_1 * sg0_2_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_0).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_0 + 0.08006407690254357 * ra1_0 * sg0_2_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_0).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_0 - 0.08006407690254357 * ra1_0 * sg0_1_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_0).sum(1)
-                wr5_1 = w5[tile_b, tile_r, tile_c, 1]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_1 - 0.08006407690254357 * ra1_1 * sg0_2_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_1).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_1 + 0.08006407690254357 * ra1_0 * sg0_2_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_1).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_1 - 0.08006407690254357 * ra1_0 * sg0_1_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_1).sum(1)
-                wr5_2 = w5[tile_b, tile_r, tile_c, 2]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_2 - 0.08006407690254357 * ra1_1 * sg0_2_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_2).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_2 + 0.08006407690254357 * ra1_0 * sg0_2_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_2).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_2 - 0.08006407690254357 * ra1_0 * sg0_1_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_2).sum(1)
-                wr5_3 = w5[tile_b, tile_r, tile_c, 3]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_3 - 0.08006407690254357 * ra1_1 * sg0_2_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_3).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_3 + 0.08006407690254357 * ra1_0 * sg0_2_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_3).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_3 - 0.08006407690254357 * ra1_0 * sg0_1_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_3).sum(1)
-                wr5_4 = w5[tile_b, tile_r, tile_c, 4]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_4 - 0.08006407690254357 * ra1_1 * sg0_2_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_4).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_4 + 0.08006407690254357 * ra1_0 * sg0_2_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_4).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_4 - 0.08006407690254357 * ra1_0 * sg0_1_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_4).sum(1)
-                wr5_5 = w5[tile_b, tile_r, tile_c, 5]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_5 - 0.08006407690254357 * ra1_1 * sg0_2_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_5).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_5 + 0.08006407690254357 * ra1_0 * sg0_2_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_5).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_5 - 0.08006407690254357 * ra1_0 * sg0_1_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_5).sum(1)
-                wr5_6 = w5[tile_b, tile_r, tile_c, 6]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_6 - 0.08006407690254357 * ra1_1 * sg0_2_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_6).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_6 + 0.08006407690254357 * ra1_0 * sg0_2_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_6).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_6 - 0.08006407690254357 * ra1_0 * sg0_1_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_6).sum(1)
-                wr5_7 = w5[tile_b, tile_r, tile_c, 7]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_7 - 0.08006407690254357 * ra1_1 * sg0_2_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_7).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_7 + 0.08006407690254357 * ra1_0 * sg0_2_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_7).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_7 - 0.08006407690254357 * ra1_0 * sg0_1_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_7).sum(1)
-                wr5_8 = w5[tile_b, tile_r, tile_c, 8]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_8 - 0.08006407690254357 * ra1_1 * sg0_2_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_8).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_8 + 0.08006407690254357 * ra1_0 * sg0_2_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_8).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_8 - 0.08006407690254357 * ra1_0 * sg0_1_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_8).sum(1)
-                wr5_9 = w5[tile_b, tile_r, tile_c, 9]
-                t = (0.08006407690254357 * ra1_2 * sg0_1_9 - 0.08006407690254357 * ra1_1 * sg0_2_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr5_9).sum(1)
-                t = (-0.08006407690254357 * ra1_2 * sg0_0_9 + 0.08006407690254357 * ra1_0 * sg0_2_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr5_9).sum(1)
-                t = (0.08006407690254357 * ra1_1 * sg0_0_9 - 0.08006407690254357 * ra1_0 * sg0_1_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr5_9).sum(1)
+                acch5_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch5_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch5_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws5 = w5[tile_b, tile_r, 0, tile_s]
+                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
+                    vg0te, vg0to = hl.split(vg0t)
+                    vg0_0, vg0_2 = hl.split(vg0te)
+                    vg0_1, vg0_3 = hl.split(vg0to)
+                    acch5_0 = acch5_0 + (ws5 * vg0_0[:, None, :]).sum(2)
+                    acch5_1 = acch5_1 + (ws5 * vg0_1[:, None, :]).sum(2)
+                    acch5_2 = acch5_2 + (ws5 * vg0_2[:, None, :]).sum(2)
+                t = (0.08006407690254357 * ra1_2 * acch5_1 - 0.08006407690254357 * ra1_1 * acch5_2)
+                s1_0 = s1_0 + t
+                t = (-0.08006407690254357 * ra1_2 * acch5_0 + 0.08006407690254357 * ra1_0 * acch5_2)
+                s1_1 = s1_1 + t
+                t = (0.08006407690254357 * ra1_1 * acch5_0 - 0.08006407690254357 * ra1_0 * acch5_1)
+                s1_2 = s1_2 + t
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
-                wr3_0 = w3[tile_b, tile_r, tile_c, 0]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_0 + 0.062017367294604234 * ra0_0 * sg0_2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_0).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_0 + 0.062017367294604234 * ra0_0 * sg0_1_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_0).sum(1)
+                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws3 = w3[tile_b, tile_r, 0, tile_s]
+                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
+                    vg0te, vg0to = hl.split(vg0t)
+                    vg0_0, vg0_2 = hl.split(vg0te)
+                    vg0_1, vg0_3 = hl.split(vg0to)
+                    acch3_0 = acch3_0 + (ws3 * vg0_0[:, None, :]).sum(2)
+                    acch3_1 = acch3_1 + (ws3 * vg0_1[:, None, :]).sum(2)
+                    acch3_2 = acch3_2 + (ws3 * vg0_2[:, None, :]).sum(2)
+                t = (0.062017367294604234 * ra0_2 * acch3_0 + 0.062017367294604234 * ra0_0 * acch3_2)
+                s2_0 = t
+                t = (0.062017367294604234 * ra0_1 * acch3_0 + 0.062017367294604234 * ra0_0 * acch3_1)
+                s2_1 = t
                 t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_0 + 0.07161148740394328 * ra0_1 * sg0_1_0
-                    - 0.03580574370197164 * ra0_2 * sg0_2_0
+                    -0.03580574370197164 * ra0_0 * acch3_0 + 0.07161148740394328 * ra0_1 * acch3_1
+                    - 0.03580574370197164 * ra0_2 * acch3_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_0).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_0 + 0.062017367294604234 * ra0_1 * sg0_2_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_0).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_0 + 0.062017367294604234 * ra0_2 * sg0_2_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_0).sum(1)
-                wr3_1 = w3[tile_b, tile_r, tile_c, 1]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_1 + 0.062017367294604234 * ra0_0 * sg0_2_1)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_1).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_1 + 0.062017367294604234 * ra0_0 * sg0_1_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_1).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_1 + 0.07161148740394328 * ra0_1 * sg0_1_1
-                    - 0.03580574370197164 * ra0_2 * sg0_2_1
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_1).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_1 + 0.062017367294604234 * ra0_1 * sg0_2_1)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_1).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_1 + 0.062017367294604234 * ra0_2 * sg0_2_1)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_1).sum(1)
-                wr3_2 = w3[tile_b, tile_r, tile_c, 2]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_2 + 0.062017367294604234 * ra0_0 * sg0_2_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_2).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_2 + 0.062017367294604234 * ra0_0 * sg0_1_2)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_2).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_2 + 0.07161148740394328 * ra0_1 * sg0_1_2
-                    - 0.03580574370197164 * ra0_2 * sg0_2_2
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_2).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_2 + 0.062017367294604234 * ra0_1 * sg0_2_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_2).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_2 + 0.062017367294604234 * ra0_2 * sg0_2_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_2).sum(1)
-                wr3_3 = w3[tile_b, tile_r, tile_c, 3]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_3 + 0.062017367294604234 * ra0_0 * sg0_2_3)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_3).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_3 + 0.062017367294604234 * ra0_0 * sg0_1_3)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_3).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_3 + 0.07161148740394328 * ra0_1 * sg0_1_3
-                    - 0.03580574370197164 * ra0_2 * sg0_2_3
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_3).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_3 + 0.062017367294604234 * ra0_1 * sg0_2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_3).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_3 + 0.062017367294604234 * ra0_2 * sg0_2_3)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_3).sum(1)
-                wr3_4 = w3[tile_b, tile_r, tile_c, 4]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_4 + 0.062017367294604234 * ra0_0 * sg0_2_4)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_4).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_4 + 0.062017367294604234 * ra0_0 * sg0_1_4)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_4).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_4 + 0.07161148740394328 * ra0_1 * sg0_1_4
-                    - 0.03580574370197164 * ra0_2 * sg0_2_4
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_4).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_4 + 0.062017367294604234 * ra0_1 * sg0_2_4)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_4).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_4 + 0.062017367294604234 * ra0_2 * sg0_2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_4).sum(1)
-                wr3_5 = w3[tile_b, tile_r, tile_c, 5]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_5 + 0.062017367294604234 * ra0_0 * sg0_2_5)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_5).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_5 + 0.062017367294604234 * ra0_0 * sg0_1_5)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_5).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_5 + 0.07161148740394328 * ra0_1 * sg0_1_5
-                    - 0.03580574370197164 * ra0_2 * sg0_2_5
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_5).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_5 + 0.062017367294604234 * ra0_1 * sg0_2_5)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_5).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_5 + 0.062017367294604234 * ra0_2 * sg0_2_5)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_5).sum(1)
-                wr3_6 = w3[tile_b, tile_r, tile_c, 6]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_6 + 0.062017367294604234 * ra0_0 * sg0_2_6)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_6).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_6 + 0.062017367294604234 * ra0_0 * sg0_1_6)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_6).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_6 + 0.07161148740394328 * ra0_1 * sg0_1_6
-                    - 0.03580574370197164 * ra0_2 * sg0_2_6
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_6).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_6 + 0.062017367294604234 * ra0_1 * sg0_2_6)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_6).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_6 + 0.062017367294604234 * ra0_2 * sg0_2_6)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_6).sum(1)
-                wr3_7 = w3[tile_b, tile_r, tile_c, 7]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_7 + 0.062017367294604234 * ra0_0 * sg0_2_7)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_7).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_7 + 0.062017367294604234 * ra0_0 * sg0_1_7)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_7).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_7 + 0.07161148740394328 * ra0_1 * sg0_1_7
-                    - 0.03580574370197164 * ra0_2 * sg0_2_7
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_7).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_7 + 0.062017367294604234 * ra0_1 * sg0_2_7)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_7).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_7 + 0.062017367294604234 * ra0_2 * sg0_2_7)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_7).sum(1)
-                wr3_8 = w3[tile_b, tile_r, tile_c, 8]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_8 + 0.062017367294604234 * ra0_0 * sg0_2_8)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_8).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_8 + 0.062017367294604234 * ra0_0 * sg0_1_8)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_8).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_8 + 0.07161148740394328 * ra0_1 * sg0_1_8
-                    - 0.03580574370197164 * ra0_2 * sg0_2_8
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_8).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_8 + 0.062017367294604234 * ra0_1 * sg0_2_8)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_8).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_8 + 0.062017367294604234 * ra0_2 * sg0_2_8)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_8).sum(1)
-                wr3_9 = w3[tile_b, tile_r, tile_c, 9]
-                t = (0.062017367294604234 * ra0_2 * sg0_0_9 + 0.062017367294604234 * ra0_0 * sg0_2_9)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr3_9).sum(1)
-                t = (0.062017367294604234 * ra0_1 * sg0_0_9 + 0.062017367294604234 * ra0_0 * sg0_1_9)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr3_9).sum(1)
-                t = (
-                    -0.03580574370197164 * ra0_0 * sg0_0_9 + 0.07161148740394328 * ra0_1 * sg0_1_9
-                    - 0.03580574370197164 * ra0_2 * sg0_2_9
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr3_9).sum(1)
-                t = (0.062017367294604234 * ra0_2 * sg0_1_9 + 0.062017367294604234 * ra0_1 * sg0_2_9)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr3_9).sum(1)
-                t = (-0.062017367294604234 * ra0_0 * sg0_0_9 + 0.062017367294604234 * ra0_2 * sg0_2_9)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr3_9).sum(1)
+                s2_2 = t
+                t = (0.062017367294604234 * ra0_2 * acch3_1 + 0.062017367294604234 * ra0_1 * acch3_2)
+                s2_3 = t
+                t = (-0.062017367294604234 * ra0_0 * acch3_0 + 0.062017367294604234 * ra0_2 * acch3_2)
+                s2_4 = t
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
-                wr7_0 = w7[tile_b, tile_r, tile_c, 0]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_0 + 0.062017367294604234 * ra1_0 * sg1_2_0)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_0).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_0 + 0.062017367294604234 * ra1_0 * sg1_1_0)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_0).sum(1)
+                acch7_0 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch7_1 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch7_2 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws7 = w7[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch7_0 = acch7_0 + (ws7 * vg1_0[:, None, :]).sum(2)
+                    acch7_1 = acch7_1 + (ws7 * vg1_1[:, None, :]).sum(2)
+                    acch7_2 = acch7_2 + (ws7 * vg1_2[:, None, :]).sum(2)
+                t = (0.062017367294604234 * ra1_2 * acch7_0 + 0.062017367294604234 * ra1_0 * acch7_2)
+                s2_0 = s2_0 + t
+                t = (0.062017367294604234 * ra1_1 * acch7_0 + 0.062017367294604234 * ra1_0 * acch7_1)
+                s2_1 = s2_1 + t
                 t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_0 + 0.07161148740394328 * ra1_1 * sg1_1_0
-                    - 0.03580574370197164 * ra1_2 * sg1_2_0
+                    -0.03580574370197164 * ra1_0 * acch7_0 + 0.07161148740394328 * ra1_1 * acch7_1
+                    - 0.03580574370197164 * ra1_2 * acch7_2
                 )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_0).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_0 + 0.062017367294604234 * ra1_1 * sg1_2_0)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_0).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_0 + 0.062017367294604234 * ra1_2 * sg1_2_0)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_0).sum(1)
-                wr7_1 = w7[tile_b, tile_r, tile_c, 1]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_1 + 0.062017367294604234 * ra1_0 * sg1_2_1)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_1).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_1 + 0.062017367294604234 * ra1_0 * sg1_1_1)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_1).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_1 + 0.07161148740394328 * ra1_1 * sg1_1_1
-                    - 0.03580574370197164 * ra1_2 * sg1_2_1
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_1).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_1 + 0.062017367294604234 * ra1_1 * sg1_2_1)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_1).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_1 + 0.062017367294604234 * ra1_2 * sg1_2_1)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_1).sum(1)
-                wr7_2 = w7[tile_b, tile_r, tile_c, 2]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_2 + 0.062017367294604234 * ra1_0 * sg1_2_2)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_2).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_2 + 0.062017367294604234 * ra1_0 * sg1_1_2)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_2).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_2 + 0.07161148740394328 * ra1_1 * sg1_1_2
-                    - 0.03580574370197164 * ra1_2 * sg1_2_2
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_2).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_2 + 0.062017367294604234 * ra1_1 * sg1_2_2)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_2).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_2 + 0.062017367294604234 * ra1_2 * sg1_2_2)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_2).sum(1)
-                wr7_3 = w7[tile_b, tile_r, tile_c, 3]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_3 + 0.062017367294604234 * ra1_0 * sg1_2_3)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_3).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_3 + 0.062017367294604234 * ra1_0 * sg1_1_3)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_3).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_3 + 0.07161148740394328 * ra1_1 * sg1_1_3
-                    - 0.03580574370197164 * ra1_2 * sg1_2_3
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_3).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_3 + 0.062017367294604234 * ra1_1 * sg1_2_3)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_3).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_3 + 0.062017367294604234 * ra1_2 * sg1_2_3)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_3).sum(1)
-                wr7_4 = w7[tile_b, tile_r, tile_c, 4]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_4 + 0.062017367294604234 * ra1_0 * sg1_2_4)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_4).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_4 + 0.062017367294604234 * ra1_0 * sg1_1_4)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_4).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_4 + 0.07161148740394328 * ra1_1 * sg1_1_4
-                    - 0.03580574370197164 * ra1_2 * sg1_2_4
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_4).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_4 + 0.062017367294604234 * ra1_1 * sg1_2_4)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_4).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_4 + 0.062017367294604234 * ra1_2 * sg1_2_4)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_4).sum(1)
-                wr7_5 = w7[tile_b, tile_r, tile_c, 5]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_5 + 0.062017367294604234 * ra1_0 * sg1_2_5)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_5).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_5 + 0.062017367294604234 * ra1_0 * sg1_1_5)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_5).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_5 + 0.07161148740394328 * ra1_1 * sg1_1_5
-                    - 0.03580574370197164 * ra1_2 * sg1_2_5
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_5).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_5 + 0.062017367294604234 * ra1_1 * sg1_2_5)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_5).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_5 + 0.062017367294604234 * ra1_2 * sg1_2_5)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_5).sum(1)
-                wr7_6 = w7[tile_b, tile_r, tile_c, 6]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_6 + 0.062017367294604234 * ra1_0 * sg1_2_6)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_6).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_6 + 0.062017367294604234 * ra1_0 * sg1_1_6)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_6).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_6 + 0.07161148740394328 * ra1_1 * sg1_1_6
-                    - 0.03580574370197164 * ra1_2 * sg1_2_6
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_6).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_6 + 0.062017367294604234 * ra1_1 * sg1_2_6)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_6).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_6 + 0.062017367294604234 * ra1_2 * sg1_2_6)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_6).sum(1)
-                wr7_7 = w7[tile_b, tile_r, tile_c, 7]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_7 + 0.062017367294604234 * ra1_0 * sg1_2_7)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_7).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_7 + 0.062017367294604234 * ra1_0 * sg1_1_7)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_7).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_7 + 0.07161148740394328 * ra1_1 * sg1_1_7
-                    - 0.03580574370197164 * ra1_2 * sg1_2_7
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_7).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_7 + 0.062017367294604234 * ra1_1 * sg1_2_7)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_7).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_7 + 0.062017367294604234 * ra1_2 * sg1_2_7)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_7).sum(1)
-                wr7_8 = w7[tile_b, tile_r, tile_c, 8]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_8 + 0.062017367294604234 * ra1_0 * sg1_2_8)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_8).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_8 + 0.062017367294604234 * ra1_0 * sg1_1_8)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_8).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_8 + 0.07161148740394328 * ra1_1 * sg1_1_8
-                    - 0.03580574370197164 * ra1_2 * sg1_2_8
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_8).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_8 + 0.062017367294604234 * ra1_1 * sg1_2_8)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_8).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_8 + 0.062017367294604234 * ra1_2 * sg1_2_8)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_8).sum(1)
-                wr7_9 = w7[tile_b, tile_r, tile_c, 9]
-                t = (0.062017367294604234 * ra1_2 * sg1_0_9 + 0.062017367294604234 * ra1_0 * sg1_2_9)
-                acc2_0 = acc2_0 + (t[:, :, None] * wr7_9).sum(1)
-                t = (0.062017367294604234 * ra1_1 * sg1_0_9 + 0.062017367294604234 * ra1_0 * sg1_1_9)
-                acc2_1 = acc2_1 + (t[:, :, None] * wr7_9).sum(1)
-                t = (
-                    -0.03580574370197164 * ra1_0 * sg1_0_9 + 0.07161148740394328 * ra1_1 * sg1_1_9
-                    - 0.03580574370197164 * ra1_2 * sg1_2_9
-                )
-                acc2_2 = acc2_2 + (t[:, :, None] * wr7_9).sum(1)
-                t = (0.062017367294604234 * ra1_2 * sg1_1_9 + 0.062017367294604234 * ra1_1 * sg1_2_9)
-                acc2_3 = acc2_3 + (t[:, :, None] * wr7_9).sum(1)
-                t = (-0.062017367294604234 * ra1_0 * sg1_0_9 + 0.062017367294604234 * ra1_2 * sg1_2_9)
-                acc2_4 = acc2_4 + (t[:, :, None] * wr7_9).sum(1)
+                s2_2 = s2_2 + t
+                t = (0.062017367294604234 * ra1_2 * acch7_1 + 0.062017367294604234 * ra1_1 * acch7_2)
+                s2_3 = s2_3 + t
+                t = (-0.062017367294604234 * ra1_0 * acch7_0 + 0.062017367294604234 * ra1_2 * acch7_2)
+                s2_4 = s2_4 + t
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
+                acc2_0 = acc2_0 + s2_0.sum(1)[:, None]
+                acc2_1 = acc2_1 + s2_1.sum(1)[:, None]
+                acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
+                acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
+                acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
+                acch8_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(48, block_size=16):
+                    ws8 = w8[tile_b, tile_r, 0, tile_s]
+                    vg2_0 = g_2[tile_b, 0, tile_s]
+                    acch8_0 = acch8_0 + (ws8 * vg2_0[:, None, :]).sum(2)
                 ra2_0 = x1_2[tile_b, 0, tile_r]
-                wr8_0 = w8[tile_b, tile_r, tile_c, 0]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_0).sum(1)
-                wr8_1 = w8[tile_b, tile_r, tile_c, 1]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_1)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_1).sum(1)
-                wr8_2 = w8[tile_b, tile_r, tile_c, 2]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_2)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_2).sum(1)
-                wr8_3 = w8[tile_b, tile_r, tile_c, 3]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_3)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_3).sum(1)
-                wr8_4 = w8[tile_b, tile_r, tile_c, 4]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_4)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_4).sum(1)
-                wr8_5 = w8[tile_b, tile_r, tile_c, 5]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_5)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_5).sum(1)
-                wr8_6 = w8[tile_b, tile_r, tile_c, 6]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_6)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_6).sum(1)
-                wr8_7 = w8[tile_b, tile_r, tile_c, 7]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_7)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_7).sum(1)
-                wr8_8 = w8[tile_b, tile_r, tile_c, 8]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_8)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_8).sum(1)
-                wr8_9 = w8[tile_b, tile_r, tile_c, 9]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_9)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_9).sum(1)
-                wr8_10 = w8[tile_b, tile_r, tile_c, 10]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_10)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_10).sum(1)
-                wr8_11 = w8[tile_b, tile_r, tile_c, 11]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_11)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_11).sum(1)
-                wr8_12 = w8[tile_b, tile_r, tile_c, 12]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_12)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_12).sum(1)
-                wr8_13 = w8[tile_b, tile_r, tile_c, 13]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_13)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_13).sum(1)
-                wr8_14 = w8[tile_b, tile_r, tile_c, 14]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_14)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_14).sum(1)
-                wr8_15 = w8[tile_b, tile_r, tile_c, 15]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_15)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_15).sum(1)
-                wr8_16 = w8[tile_b, tile_r, tile_c, 16]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_16)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_16).sum(1)
-                wr8_17 = w8[tile_b, tile_r, tile_c, 17]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_17)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_17).sum(1)
-                wr8_18 = w8[tile_b, tile_r, tile_c, 18]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_18)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_18).sum(1)
-                wr8_19 = w8[tile_b, tile_r, tile_c, 19]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_19)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_19).sum(1)
-                wr8_20 = w8[tile_b, tile_r, tile_c, 20]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_20)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_20).sum(1)
-                wr8_21 = w8[tile_b, tile_r, tile_c, 21]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_21)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_21).sum(1)
-                wr8_22 = w8[tile_b, tile_r, tile_c, 22]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_22)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_22).sum(1)
-                wr8_23 = w8[tile_b, tile_r, tile_c, 23]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_23)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_23).sum(1)
-                wr8_24 = w8[tile_b, tile_r, tile_c, 24]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_24)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_24).sum(1)
-                wr8_25 = w8[tile_b, tile_r, tile_c, 25]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_25)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_25).sum(1)
-                wr8_26 = w8[tile_b, tile_r, tile_c, 26]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_26)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_26).sum(1)
-                wr8_27 = w8[tile_b, tile_r, tile_c, 27]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_27)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_27).sum(1)
-                wr8_28 = w8[tile_b, tile_r, tile_c, 28]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_28)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_28).sum(1)
-                wr8_29 = w8[tile_b, tile_r, tile_c, 29]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_29)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_29).sum(1)
-                wr8_30 = w8[tile_b, tile_r, tile_c, 30]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_30)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_30).sum(1)
-                wr8_31 = w8[tile_b, tile_r, tile_c, 31]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_31)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_31).sum(1)
-                wr8_32 = w8[tile_b, tile_r, tile_c, 32]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_32)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_32).sum(1)
-                wr8_33 = w8[tile_b, tile_r, tile_c, 33]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_33)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_33).sum(1)
-                wr8_34 = w8[tile_b, tile_r, tile_c, 34]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_34)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_34).sum(1)
-                wr8_35 = w8[tile_b, tile_r, tile_c, 35]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_35)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_35).sum(1)
-                wr8_36 = w8[tile_b, tile_r, tile_c, 36]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_36)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_36).sum(1)
-                wr8_37 = w8[tile_b, tile_r, tile_c, 37]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_37)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_37).sum(1)
-                wr8_38 = w8[tile_b, tile_r, tile_c, 38]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_38)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_38).sum(1)
-                wr8_39 = w8[tile_b, tile_r, tile_c, 39]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_39)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_39).sum(1)
-                wr8_40 = w8[tile_b, tile_r, tile_c, 40]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_40)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_40).sum(1)
-                wr8_41 = w8[tile_b, tile_r, tile_c, 41]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_41)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_41).sum(1)
-                wr8_42 = w8[tile_b, tile_r, tile_c, 42]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_42)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_42).sum(1)
-                wr8_43 = w8[tile_b, tile_r, tile_c, 43]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_43)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_43).sum(1)
-                wr8_44 = w8[tile_b, tile_r, tile_c, 44]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_44)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_44).sum(1)
-                wr8_45 = w8[tile_b, tile_r, tile_c, 45]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_45)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_45).sum(1)
-                wr8_46 = w8[tile_b, tile_r, tile_c, 46]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_46)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_46).sum(1)
-                wr8_47 = w8[tile_b, tile_r, tile_c, 47]
-                t = (0.13130643285972254 * ra2_0 * sg2_0_47)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr8_47).sum(1)
+                t = (0.13130643285972254 * ra2_0 * acch8_0)
+                s0_0 = t
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
+                acch10_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(48, block_size=16):
+                    ws10 = w10[tile_b, tile_r, 0, tile_s]
+                    vg3_0 = g_3[tile_b, 0, tile_s]
+                    acch10_0 = acch10_0 + (ws10 * vg3_0[:, None, :]).sum(2)
                 ra3_0 = x1_3[tile_b, 0, tile_r]
-                wr10_0 = w10[tile_b, tile_r, tile_c, 0]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_0)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_0).sum(1)
-                wr10_1 = w10[tile_b, tile_r, tile_c, 1]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_1)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_1).sum(1)
-                wr10_2 = w10[tile_b, tile_r, tile_c, 2]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_2)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_2).sum(1)
-                wr10_3 = w10[tile_b, tile_r, tile_c, 3]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_3)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_3).sum(1)
-                wr10_4 = w10[tile_b, tile_r, tile_c, 4]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_4)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_4).sum(1)
-                wr10_5 = w10[tile_b, tile_r, tile_c, 5]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_5)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_5).sum(1)
-                wr10_6 = w10[tile_b, tile_r, tile_c, 6]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_6)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_6).sum(1)
-                wr10_7 = w10[tile_b, tile_r, tile_c, 7]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_7)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_7).sum(1)
-                wr10_8 = w10[tile_b, tile_r, tile_c, 8]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_8)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_8).sum(1)
-                wr10_9 = w10[tile_b, tile_r, tile_c, 9]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_9)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_9).sum(1)
-                wr10_10 = w10[tile_b, tile_r, tile_c, 10]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_10)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_10).sum(1)
-                wr10_11 = w10[tile_b, tile_r, tile_c, 11]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_11)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_11).sum(1)
-                wr10_12 = w10[tile_b, tile_r, tile_c, 12]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_12)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_12).sum(1)
-                wr10_13 = w10[tile_b, tile_r, tile_c, 13]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_13)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_13).sum(1)
-                wr10_14 = w10[tile_b, tile_r, tile_c, 14]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_14)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_14).sum(1)
-                wr10_15 = w10[tile_b, tile_r, tile_c, 15]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_15)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_15).sum(1)
-                wr10_16 = w10[tile_b, tile_r, tile_c, 16]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_16)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_16).sum(1)
-                wr10_17 = w10[tile_b, tile_r, tile_c, 17]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_17)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_17).sum(1)
-                wr10_18 = w10[tile_b, tile_r, tile_c, 18]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_18)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_18).sum(1)
-                wr10_19 = w10[tile_b, tile_r, tile_c, 19]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_19)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_19).sum(1)
-                wr10_20 = w10[tile_b, tile_r, tile_c, 20]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_20)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_20).sum(1)
-                wr10_21 = w10[tile_b, tile_r, tile_c, 21]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_21)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_21).sum(1)
-                wr10_22 = w10[tile_b, tile_r, tile_c, 22]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_22)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_22).sum(1)
-                wr10_23 = w10[tile_b, tile_r, tile_c, 23]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_23)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_23).sum(1)
-                wr10_24 = w10[tile_b, tile_r, tile_c, 24]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_24)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_24).sum(1)
-                wr10_25 = w10[tile_b, tile_r, tile_c, 25]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_25)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_25).sum(1)
-                wr10_26 = w10[tile_b, tile_r, tile_c, 26]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_26)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_26).sum(1)
-                wr10_27 = w10[tile_b, tile_r, tile_c, 27]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_27)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_27).sum(1)
-                wr10_28 = w10[tile_b, tile_r, tile_c, 28]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_28)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_28).sum(1)
-                wr10_29 = w10[tile_b, tile_r, tile_c, 29]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_29)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_29).sum(1)
-                wr10_30 = w10[tile_b, tile_r, tile_c, 30]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_30)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_30).sum(1)
-                wr10_31 = w10[tile_b, tile_r, tile_c, 31]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_31)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_31).sum(1)
-                wr10_32 = w10[tile_b, tile_r, tile_c, 32]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_32)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_32).sum(1)
-                wr10_33 = w10[tile_b, tile_r, tile_c, 33]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_33)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_33).sum(1)
-                wr10_34 = w10[tile_b, tile_r, tile_c, 34]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_34)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_34).sum(1)
-                wr10_35 = w10[tile_b, tile_r, tile_c, 35]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_35)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_35).sum(1)
-                wr10_36 = w10[tile_b, tile_r, tile_c, 36]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_36)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_36).sum(1)
-                wr10_37 = w10[tile_b, tile_r, tile_c, 37]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_37)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_37).sum(1)
-                wr10_38 = w10[tile_b, tile_r, tile_c, 38]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_38)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_38).sum(1)
-                wr10_39 = w10[tile_b, tile_r, tile_c, 39]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_39)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_39).sum(1)
-                wr10_40 = w10[tile_b, tile_r, tile_c, 40]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_40)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_40).sum(1)
-                wr10_41 = w10[tile_b, tile_r, tile_c, 41]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_41)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_41).sum(1)
-                wr10_42 = w10[tile_b, tile_r, tile_c, 42]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_42)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_42).sum(1)
-                wr10_43 = w10[tile_b, tile_r, tile_c, 43]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_43)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_43).sum(1)
-                wr10_44 = w10[tile_b, tile_r, tile_c, 44]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_44)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_44).sum(1)
-                wr10_45 = w10[tile_b, tile_r, tile_c, 45]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_45)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_45).sum(1)
-                wr10_46 = w10[tile_b, tile_r, tile_c, 46]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_46)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_46).sum(1)
-                wr10_47 = w10[tile_b, tile_r, tile_c, 47]
-                t = (0.13130643285972254 * ra3_0 * sg3_0_47)
-                acc0_0 = acc0_0 + (t[:, :, None] * wr10_47).sum(1)
+                t = (0.13130643285972254 * ra3_0 * acch10_0)
+                s0_0 = s0_0 + t
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
+                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws2 = w2[tile_b, tile_s, 0, tile_r]
+                    va0 = hl.load(x1_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    va0t = va0.reshape([tile_b, tile_s, 2, 2])
+                    va0te, va0to = hl.split(va0t)
+                    va0_0, va0_2 = hl.split(va0te)
+                    va0_1, va0_3 = hl.split(va0to)
+                    acch2_0 = acch2_0 + (ws2 * va0_0[:, :, None]).sum(1)
+                    acch2_1 = acch2_1 + (ws2 * va0_1[:, :, None]).sum(1)
+                    acch2_2 = acch2_2 + (ws2 * va0_2[:, :, None]).sum(1)
                 rg2_0 = g_2[tile_b, 0, tile_r]
-                wr2_0 = w2[tile_b, 0, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_0 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_0).sum(2)
-                t = (0.07580980435789032 * sa0_1_0 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_0).sum(2)
-                t = (0.07580980435789032 * sa0_2_0 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_0).sum(2)
-                wr2_1 = w2[tile_b, 1, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_1 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_1).sum(2)
-                t = (0.07580980435789032 * sa0_1_1 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_1).sum(2)
-                t = (0.07580980435789032 * sa0_2_1 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_1).sum(2)
-                wr2_2 = w2[tile_b, 2, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_2 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_2).sum(2)
-                t = (0.07580980435789032 * sa0_1_2 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_2).sum(2)
-                t = (0.07580980435789032 * sa0_2_2 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_2).sum(2)
-                wr2_3 = w2[tile_b, 3, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_3 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_3).sum(2)
-                t = (0.07580980435789032 * sa0_1_3 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_3).sum(2)
-                t = (0.07580980435789032 * sa0_2_3 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_3).sum(2)
-                wr2_4 = w2[tile_b, 4, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_4 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_4).sum(2)
-                t = (0.07580980435789032 * sa0_1_4 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_4).sum(2)
-                t = (0.07580980435789032 * sa0_2_4 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_4).sum(2)
-                wr2_5 = w2[tile_b, 5, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_5 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_5).sum(2)
-                t = (0.07580980435789032 * sa0_1_5 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_5).sum(2)
-                t = (0.07580980435789032 * sa0_2_5 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_5).sum(2)
-                wr2_6 = w2[tile_b, 6, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_6 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_6).sum(2)
-                t = (0.07580980435789032 * sa0_1_6 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_6).sum(2)
-                t = (0.07580980435789032 * sa0_2_6 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_6).sum(2)
-                wr2_7 = w2[tile_b, 7, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_7 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_7).sum(2)
-                t = (0.07580980435789032 * sa0_1_7 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_7).sum(2)
-                t = (0.07580980435789032 * sa0_2_7 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_7).sum(2)
-                wr2_8 = w2[tile_b, 8, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_8 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_8).sum(2)
-                t = (0.07580980435789032 * sa0_1_8 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_8).sum(2)
-                t = (0.07580980435789032 * sa0_2_8 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_8).sum(2)
-                wr2_9 = w2[tile_b, 9, tile_c, tile_r]
-                t = (0.07580980435789032 * sa0_0_9 * rg2_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr2_9).sum(2)
-                t = (0.07580980435789032 * sa0_1_9 * rg2_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr2_9).sum(2)
-                t = (0.07580980435789032 * sa0_2_9 * rg2_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr2_9).sum(2)
+                t = (0.07580980435789032 * acch2_0 * rg2_0)
+                s1_0 = t
+                t = (0.07580980435789032 * acch2_1 * rg2_0)
+                s1_1 = t
+                t = (0.07580980435789032 * acch2_2 * rg2_0)
+                s1_2 = t
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
+                acch6_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch6_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch6_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws6 = w6[tile_b, tile_s, 0, tile_r]
+                    va1 = hl.load(x1_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    va1t = va1.reshape([tile_b, tile_s, 2, 2])
+                    va1te, va1to = hl.split(va1t)
+                    va1_0, va1_2 = hl.split(va1te)
+                    va1_1, va1_3 = hl.split(va1to)
+                    acch6_0 = acch6_0 + (ws6 * va1_0[:, :, None]).sum(1)
+                    acch6_1 = acch6_1 + (ws6 * va1_1[:, :, None]).sum(1)
+                    acch6_2 = acch6_2 + (ws6 * va1_2[:, :, None]).sum(1)
                 rg3_0 = g_3[tile_b, 0, tile_r]
-                wr6_0 = w6[tile_b, 0, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_0 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
-                t = (0.07580980435789032 * sa1_1_0 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_0).sum(2)
-                t = (0.07580980435789032 * sa1_2_0 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
-                wr6_1 = w6[tile_b, 1, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_1 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_1).sum(2)
-                t = (0.07580980435789032 * sa1_1_1 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_1).sum(2)
-                t = (0.07580980435789032 * sa1_2_1 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_1).sum(2)
-                wr6_2 = w6[tile_b, 2, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_2 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_2).sum(2)
-                t = (0.07580980435789032 * sa1_1_2 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_2).sum(2)
-                t = (0.07580980435789032 * sa1_2_2 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_2).sum(2)
-                wr6_3 = w6[tile_b, 3, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_3 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_3).sum(2)
-                t = (0.07580980435789032 * sa1_1_3 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_3).sum(2)
-                t = (0.07580980435789032 * sa1_2_3 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_3).sum(2)
-                wr6_4 = w6[tile_b, 4, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_4 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_4).sum(2)
-                t = (0.07580980435789032 * sa1_1_4 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_4).sum(2)
-                t = (0.07580980435789032 * sa1_2_4 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_4).sum(2)
-                wr6_5 = w6[tile_b, 5, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_5 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_5).sum(2)
-                t = (0.07580980435789032 * sa1_1_5 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_5).sum(2)
-                t = (0.07580980435789032 * sa1_2_5 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_5).sum(2)
-                wr6_6 = w6[tile_b, 6, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_6 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_6).sum(2)
-                t = (0.07580980435789032 * sa1_1_6 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_6).sum(2)
-                t = (0.07580980435789032 * sa1_2_6 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_6).sum(2)
-                wr6_7 = w6[tile_b, 7, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_7 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_7).sum(2)
-                t = (0.07580980435789032 * sa1_1_7 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_7).sum(2)
-                t = (0.07580980435789032 * sa1_2_7 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_7).sum(2)
-                wr6_8 = w6[tile_b, 8, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_8 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_8).sum(2)
-                t = (0.07580980435789032 * sa1_1_8 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_8).sum(2)
-                t = (0.07580980435789032 * sa1_2_8 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_8).sum(2)
-                wr6_9 = w6[tile_b, 9, tile_c, tile_r]
-                t = (0.07580980435789032 * sa1_0_9 * rg3_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr6_9).sum(2)
-                t = (0.07580980435789032 * sa1_1_9 * rg3_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr6_9).sum(2)
-                t = (0.07580980435789032 * sa1_2_9 * rg3_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr6_9).sum(2)
+                t = (0.07580980435789032 * acch6_0 * rg3_0)
+                s1_0 = s1_0 + t
+                t = (0.07580980435789032 * acch6_1 * rg3_0)
+                s1_1 = s1_1 + t
+                t = (0.07580980435789032 * acch6_2 * rg3_0)
+                s1_2 = s1_2 + t
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                wr9_0 = w9[tile_b, tile_r, tile_c, 0]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_0).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_0).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_0).sum(1)
-                wr9_1 = w9[tile_b, tile_r, tile_c, 1]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_1).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_1).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_1).sum(1)
-                wr9_2 = w9[tile_b, tile_r, tile_c, 2]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_2).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_2).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_2).sum(1)
-                wr9_3 = w9[tile_b, tile_r, tile_c, 3]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_3).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_3).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_3).sum(1)
-                wr9_4 = w9[tile_b, tile_r, tile_c, 4]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_4).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_4).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_4).sum(1)
-                wr9_5 = w9[tile_b, tile_r, tile_c, 5]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_5).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_5).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_5).sum(1)
-                wr9_6 = w9[tile_b, tile_r, tile_c, 6]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_6).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_6).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_6).sum(1)
-                wr9_7 = w9[tile_b, tile_r, tile_c, 7]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_7).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_7).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_7).sum(1)
-                wr9_8 = w9[tile_b, tile_r, tile_c, 8]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_8).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_8).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_8).sum(1)
-                wr9_9 = w9[tile_b, tile_r, tile_c, 9]
-                t = (0.11322770341445958 * ra2_0 * sg0_0_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr9_9).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_1_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr9_9).sum(1)
-                t = (0.11322770341445958 * ra2_0 * sg0_2_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr9_9).sum(1)
+                acch9_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch9_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch9_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws9 = w9[tile_b, tile_r, 0, tile_s]
+                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
+                    vg0te, vg0to = hl.split(vg0t)
+                    vg0_0, vg0_2 = hl.split(vg0te)
+                    vg0_1, vg0_3 = hl.split(vg0to)
+                    acch9_0 = acch9_0 + (ws9 * vg0_0[:, None, :]).sum(2)
+                    acch9_1 = acch9_1 + (ws9 * vg0_1[:, None, :]).sum(2)
+                    acch9_2 = acch9_2 + (ws9 * vg0_2[:, None, :]).sum(2)
+                t = (0.11322770341445958 * ra2_0 * acch9_0)
+                s1_0 = s1_0 + t
+                t = (0.11322770341445958 * ra2_0 * acch9_1)
+                s1_1 = s1_1 + t
+                t = (0.11322770341445958 * ra2_0 * acch9_2)
+                s1_2 = s1_2 + t
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
-                wr11_0 = w11[tile_b, tile_r, tile_c, 0]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_0).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_0).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_0).sum(1)
-                wr11_1 = w11[tile_b, tile_r, tile_c, 1]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_1).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_1).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_1).sum(1)
-                wr11_2 = w11[tile_b, tile_r, tile_c, 2]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_2).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_2).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_2).sum(1)
-                wr11_3 = w11[tile_b, tile_r, tile_c, 3]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_3).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_3).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_3).sum(1)
-                wr11_4 = w11[tile_b, tile_r, tile_c, 4]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_4).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_4).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_4).sum(1)
-                wr11_5 = w11[tile_b, tile_r, tile_c, 5]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_5).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_5).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_5).sum(1)
-                wr11_6 = w11[tile_b, tile_r, tile_c, 6]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_6).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_6).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_6).sum(1)
-                wr11_7 = w11[tile_b, tile_r, tile_c, 7]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_7).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_7).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_7).sum(1)
-                wr11_8 = w11[tile_b, tile_r, tile_c, 8]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_8).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_8).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_8).sum(1)
-                wr11_9 = w11[tile_b, tile_r, tile_c, 9]
-                t = (0.11322770341445958 * ra3_0 * sg1_0_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr11_9).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_1_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr11_9).sum(1)
-                t = (0.11322770341445958 * ra3_0 * sg1_2_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr11_9).sum(1)
+                acch11_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch11_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch11_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(10, block_size=16):
+                    ws11 = w11[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch11_0 = acch11_0 + (ws11 * vg1_0[:, None, :]).sum(2)
+                    acch11_1 = acch11_1 + (ws11 * vg1_1[:, None, :]).sum(2)
+                    acch11_2 = acch11_2 + (ws11 * vg1_2[:, None, :]).sum(2)
+                t = (0.11322770341445958 * ra3_0 * acch11_0)
+                s1_0 = s1_0 + t
+                t = (0.11322770341445958 * ra3_0 * acch11_1)
+                s1_1 = s1_1 + t
+                t = (0.11322770341445958 * ra3_0 * acch11_2)
+                s1_2 = s1_2 + t
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -1868,55 +773,55 @@ def tp_bwd_w_0(
         sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
         sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
         for tile_c in hl.tile(10, block_size=16):
+            g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g0t = g0.reshape([tile_b, tile_c, 2, 2])
+            g0te, g0to = hl.split(g0t)
+            g0_0, g0_2 = hl.split(g0te)
+            g0_1, g0_3 = hl.split(g0to)
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g0t = g0.reshape([tile_b, tile_c, 2, 2])
-                g0te, g0to = hl.split(g0t)
-                g0_0, g0_2 = hl.split(g0te)
-                g0_1, g0_3 = hl.split(g0to)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                q0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
-                q1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
-                q2 = (0.11322770341445958 * ra0_2 * sb0_0_0)
+                o0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
+                o1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
+                o2 = (0.11322770341445958 * ra0_2 * sb0_0_0)
                 gw0[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g0_0[:, None, :] + q1[:, :, None] * g0_1[:, None, :]
-                    + q2[:, :, None] * g0_2[:, None, :]
+                    o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
+                    + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
-                q0 = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
-                q1 = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
-                q2 = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
+                o0 = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
+                o1 = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
+                o2 = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
-                q0 = (
+                o0 = (
                     -0.03580574370197164 * ra0_0 * sb2_2_0 - 0.062017367294604234 * ra0_0 * sb2_4_0
                     + 0.062017367294604234 * ra0_1 * sb2_1_0 + 0.062017367294604234 * ra0_2 * sb2_0_0
                 )
-                q1 = (
+                o1 = (
                     0.062017367294604234 * ra0_0 * sb2_1_0 + 0.07161148740394328 * ra0_1 * sb2_2_0
                     + 0.062017367294604234 * ra0_2 * sb2_3_0
                 )
-                q2 = (
+                o2 = (
                     0.062017367294604234 * ra0_0 * sb2_0_0 + 0.062017367294604234 * ra0_1 * sb2_3_0
                     - 0.03580574370197164 * ra0_2 * sb2_2_0 + 0.062017367294604234 * ra0_2 * sb2_4_0
                 )
                 gw3[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g0_0[:, None, :] + q1[:, :, None] * g0_1[:, None, :]
-                    + q2[:, :, None] * g0_2[:, None, :]
+                    o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
+                    + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
@@ -1924,104 +829,92 @@ def tp_bwd_w_0(
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                q0 = (0.11322770341445958 * ra1_0 * sb0_0_0)
-                q1 = (0.11322770341445958 * ra1_1 * sb0_0_0)
-                q2 = (0.11322770341445958 * ra1_2 * sb0_0_0)
+                o0 = (0.11322770341445958 * ra1_0 * sb0_0_0)
+                o1 = (0.11322770341445958 * ra1_1 * sb0_0_0)
+                o2 = (0.11322770341445958 * ra1_2 * sb0_0_0)
                 gw4[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
-                q0 = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
-                q1 = (-0.08006407690254357 * ra1_0 * sb1_2_0 + 0.08006407690254357 * ra1_2 * sb1_0_0)
-                q2 = (0.08006407690254357 * ra1_0 * sb1_1_0 - 0.08006407690254357 * ra1_1 * sb1_0_0)
+                o0 = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
+                o1 = (-0.08006407690254357 * ra1_0 * sb1_2_0 + 0.08006407690254357 * ra1_2 * sb1_0_0)
+                o2 = (0.08006407690254357 * ra1_0 * sb1_1_0 - 0.08006407690254357 * ra1_1 * sb1_0_0)
                 gw5[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g0_0[:, None, :] + q1[:, :, None] * g0_1[:, None, :]
-                    + q2[:, :, None] * g0_2[:, None, :]
+                    o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
+                    + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
-                q0 = (
+                o0 = (
                     -0.03580574370197164 * ra1_0 * sb2_2_0 - 0.062017367294604234 * ra1_0 * sb2_4_0
                     + 0.062017367294604234 * ra1_1 * sb2_1_0 + 0.062017367294604234 * ra1_2 * sb2_0_0
                 )
-                q1 = (
+                o1 = (
                     0.062017367294604234 * ra1_0 * sb2_1_0 + 0.07161148740394328 * ra1_1 * sb2_2_0
                     + 0.062017367294604234 * ra1_2 * sb2_3_0
                 )
-                q2 = (
+                o2 = (
                     0.062017367294604234 * ra1_0 * sb2_0_0 + 0.062017367294604234 * ra1_1 * sb2_3_0
                     - 0.03580574370197164 * ra1_2 * sb2_2_0 + 0.062017367294604234 * ra1_2 * sb2_4_0
                 )
                 gw7[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g0t = g0.reshape([tile_b, tile_c, 2, 2])
-                g0te, g0to = hl.split(g0t)
-                g0_0, g0_2 = hl.split(g0te)
-                g0_1, g0_3 = hl.split(g0to)
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
                 ra2_0 = x1_2[tile_b, 0, tile_r]
-                q0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
-                q1 = (0.11322770341445958 * ra2_0 * sb1_1_0)
-                q2 = (0.11322770341445958 * ra2_0 * sb1_2_0)
+                o0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
+                o1 = (0.11322770341445958 * ra2_0 * sb1_1_0)
+                o2 = (0.11322770341445958 * ra2_0 * sb1_2_0)
                 gw9[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g0_0[:, None, :] + q1[:, :, None] * g0_1[:, None, :]
-                    + q2[:, :, None] * g0_2[:, None, :]
+                    o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
+                    + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
                 ra3_0 = x1_3[tile_b, 0, tile_r]
-                q0 = (0.11322770341445958 * ra3_0 * sb1_0_0)
-                q1 = (0.11322770341445958 * ra3_0 * sb1_1_0)
-                q2 = (0.11322770341445958 * ra3_0 * sb1_2_0)
+                o0 = (0.11322770341445958 * ra3_0 * sb1_0_0)
+                o1 = (0.11322770341445958 * ra3_0 * sb1_1_0)
+                o2 = (0.11322770341445958 * ra3_0 * sb1_2_0)
                 gw11[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )
         for tile_c in hl.tile(48, block_size=32):
+            g2_0 = g_2[tile_b, 0, tile_c]
+            g3_0 = g_3[tile_b, 0, tile_c]
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
-                g2_0 = g_2[tile_b, 0, tile_c]
-                g3_0 = g_3[tile_b, 0, tile_c]
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
                 ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                q0 = (
+                o0 = (
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
                     + 0.07580980435789032 * ra0_2 * sb1_2_0
                 )
-                gw2[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
+                gw2[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g2_0[:, None, :])
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                q0 = (
+                o0 = (
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
                 )
-                gw6[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])
+                gw6[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g3_0[:, None, :])
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
-                g2_0 = g_2[tile_b, 0, tile_c]
-                g3_0 = g_3[tile_b, 0, tile_c]
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
                 ra2_0 = x1_2[tile_b, 0, tile_r]
-                q0 = (0.13130643285972254 * ra2_0 * sb0_0_0)
-                gw8[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g2_0[:, None, :])
+                o0 = (0.13130643285972254 * ra2_0 * sb0_0_0)
+                gw8[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g2_0[:, None, :])
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
                 ra3_0 = x1_3[tile_b, 0, tile_r]
-                q0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
-                gw10[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g3_0[:, None, :])
+                o0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
+                gw10[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g3_0[:, None, :])

@@ -205,167 +205,7 @@ def tp_bwd_x2_0(
     gx2_1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0, 1; paths 0-3."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sa0_0_0 = x1_0[tile_b, 0, 0][:, None]
-        sa0_0_1 = x1_0[tile_b, 0, 1][:, None]
-        sa0_0_2 = x1_0[tile_b, 0, 2][:, None]
-        sa0_0_3 = x1_0[tile_b, 0, 3][:, None]
-        sa0_0_4 = x1_0[tile_b, 0, 4][:, None]
-        sa0_0_5 = x1_0[tile_b, 0, 5][:, None]
-        sa0_0_6 = x1_0[tile_b, 0, 6][:, None]
-        sa0_0_7 = x1_0[tile_b, 0, 7][:, None]
-        sa0_0_8 = x1_0[tile_b, 0, 8][:, None]
-        sa0_0_9 = x1_0[tile_b, 0, 9][:, None]
-        sa0_0_10 = x1_0[tile_b, 0, 10][:, None]
-        sa0_0_11 = x1_0[tile_b, 0, 11][:, None]
-        sa0_0_12 = x1_0[tile_b, 0, 12][:, None]
-        sa0_0_13 = x1_0[tile_b, 0, 13][:, None]
-        sa0_0_14 = x1_0[tile_b, 0, 14][:, None]
-        sa0_0_15 = x1_0[tile_b, 0, 15][:, None]
-        sa0_0_16 = x1_0[tile_b, 0, 16][:, None]
-        sa0_0_17 = x1_0[tile_b, 0, 17][:, None]
-        sa0_0_18 = x1_0[tile_b, 0, 18][:, None]
-        sa0_0_19 = x1_0[tile_b, 0, 19][:, None]
-        sa0_0_20 = x1_0[tile_b, 0, 20][:, None]
-        sa0_0_21 = x1_0[tile_b, 0, 21][:, None]
-        sa0_0_22 = x1_0[tile_b, 0, 22][:, None]
-        sa0_0_23 = x1_0[tile_b, 0, 23][:, None]
-        sa0_0_24 = x1_0[tile_b, 0, 24][:, None]
-        sa0_0_25 = x1_0[tile_b, 0, 25][:, None]
-        sa0_0_26 = x1_0[tile_b, 0, 26][:, None]
-        sa0_0_27 = x1_0[tile_b, 0, 27][:, None]
-        sa0_0_28 = x1_0[tile_b, 0, 28][:, None]
-        sa0_0_29 = x1_0[tile_b, 0, 29][:, None]
-        sa0_0_30 = x1_0[tile_b, 0, 30][:, None]
-        sa0_0_31 = x1_0[tile_b, 0, 31][:, None]
-        sa0_0_32 = x1_0[tile_b, 0, 32][:, None]
-        sa0_0_33 = x1_0[tile_b, 0, 33][:, None]
-        sa0_0_34 = x1_0[tile_b, 0, 34][:, None]
-        sa0_0_35 = x1_0[tile_b, 0, 35][:, None]
-        sa0_0_36 = x1_0[tile_b, 0, 36][:, None]
-        sa0_0_37 = x1_0[tile_b, 0, 37][:, None]
-        sa0_0_38 = x1_0[tile_b, 0, 38][:, None]
-        sa0_0_39 = x1_0[tile_b, 0, 39][:, None]
-        sa0_0_40 = x1_0[tile_b, 0, 40][:, None]
-        sa0_0_41 = x1_0[tile_b, 0, 41][:, None]
-        sa0_0_42 = x1_0[tile_b, 0, 42][:, None]
-        sa0_0_43 = x1_0[tile_b, 0, 43][:, None]
-        sa0_0_44 = x1_0[tile_b, 0, 44][:, None]
-        sa0_0_45 = x1_0[tile_b, 0, 45][:, None]
-        sa0_0_46 = x1_0[tile_b, 0, 46][:, None]
-        sa0_0_47 = x1_0[tile_b, 0, 47][:, None]
-        sa0_0_48 = x1_0[tile_b, 0, 48][:, None]
-        sa0_0_49 = x1_0[tile_b, 0, 49][:, None]
-        sa0_0_50 = x1_0[tile_b, 0, 50][:, None]
-        sa0_0_51 = x1_0[tile_b, 0, 51][:, None]
-        sa0_0_52 = x1_0[tile_b, 0, 52][:, None]
-        sa0_0_53 = x1_0[tile_b, 0, 53][:, None]
-        sa0_0_54 = x1_0[tile_b, 0, 54][:, None]
-        sa0_0_55 = x1_0[tile_b, 0, 55][:, None]
-        sa0_0_56 = x1_0[tile_b, 0, 56][:, None]
-        sa0_0_57 = x1_0[tile_b, 0, 57][:, None]
-        sa0_0_58 = x1_0[tile_b, 0, 58][:, None]
-        sa0_0_59 = x1_0[tile_b, 0, 59][:, None]
-        sa0_0_60 = x1_0[tile_b, 0, 60][:, None]
-        sa0_0_61 = x1_0[tile_b, 0, 61][:, None]
-        sa0_0_62 = x1_0[tile_b, 0, 62][:, None]
-        sa0_0_63 = x1_0[tile_b, 0, 63][:, None]
-        sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_0_1 = x1_1[tile_b, 1, 0][:, None]
-        sa1_0_2 = x1_1[tile_b, 2, 0][:, None]
-        sa1_0_3 = x1_1[tile_b, 3, 0][:, None]
-        sa1_0_4 = x1_1[tile_b, 4, 0][:, None]
-        sa1_0_5 = x1_1[tile_b, 5, 0][:, None]
-        sa1_0_6 = x1_1[tile_b, 6, 0][:, None]
-        sa1_0_7 = x1_1[tile_b, 7, 0][:, None]
-        sa1_0_8 = x1_1[tile_b, 8, 0][:, None]
-        sa1_0_9 = x1_1[tile_b, 9, 0][:, None]
-        sa1_0_10 = x1_1[tile_b, 10, 0][:, None]
-        sa1_0_11 = x1_1[tile_b, 11, 0][:, None]
-        sa1_0_12 = x1_1[tile_b, 12, 0][:, None]
-        sa1_0_13 = x1_1[tile_b, 13, 0][:, None]
-        sa1_0_14 = x1_1[tile_b, 14, 0][:, None]
-        sa1_0_15 = x1_1[tile_b, 15, 0][:, None]
-        sa1_1_0 = x1_1[tile_b, 0, 1][:, None]
-        sa1_1_1 = x1_1[tile_b, 1, 1][:, None]
-        sa1_1_2 = x1_1[tile_b, 2, 1][:, None]
-        sa1_1_3 = x1_1[tile_b, 3, 1][:, None]
-        sa1_1_4 = x1_1[tile_b, 4, 1][:, None]
-        sa1_1_5 = x1_1[tile_b, 5, 1][:, None]
-        sa1_1_6 = x1_1[tile_b, 6, 1][:, None]
-        sa1_1_7 = x1_1[tile_b, 7, 1][:, None]
-        sa1_1_8 = x1_1[tile_b, 8, 1][:, None]
-        sa1_1_9 = x1_1[tile_b, 9, 1][:, None]
-        sa1_1_10 = x1_1[tile_b, 10, 1][:, None]
-        sa1_1_11 = x1_1[tile_b, 11, 1][:, None]
-        sa1_1_12 = x1_1[tile_b, 12, 1][:, None]
-        sa1_1_13 = x1_1[tile_b, 13, 1][:, None]
-        sa1_1_14 = x1_1[tile_b, 14, 1][:, None]
-        sa1_1_15 = x1_1[tile_b, 15, 1][:, None]
-        sa1_2_0 = x1_1[tile_b, 0, 2][:, None]
-        sa1_2_1 = x1_1[tile_b, 1, 2][:, None]
-        sa1_2_2 = x1_1[tile_b, 2, 2][:, None]
-        sa1_2_3 = x1_1[tile_b, 3, 2][:, None]
-        sa1_2_4 = x1_1[tile_b, 4, 2][:, None]
-        sa1_2_5 = x1_1[tile_b, 5, 2][:, None]
-        sa1_2_6 = x1_1[tile_b, 6, 2][:, None]
-        sa1_2_7 = x1_1[tile_b, 7, 2][:, None]
-        sa1_2_8 = x1_1[tile_b, 8, 2][:, None]
-        sa1_2_9 = x1_1[tile_b, 9, 2][:, None]
-        sa1_2_10 = x1_1[tile_b, 10, 2][:, None]
-        sa1_2_11 = x1_1[tile_b, 11, 2][:, None]
-        sa1_2_12 = x1_1[tile_b, 12, 2][:, None]
-        sa1_2_13 = x1_1[tile_b, 13, 2][:, None]
-        sa1_2_14 = x1_1[tile_b, 14, 2][:, None]
-        sa1_2_15 = x1_1[tile_b, 15, 2][:, None]
-        sg1_0_0 = g_1[tile_b, 0, 0][:, None]
-        sg1_0_1 = g_1[tile_b, 1, 0][:, None]
-        sg1_0_2 = g_1[tile_b, 2, 0][:, None]
-        sg1_0_3 = g_1[tile_b, 3, 0][:, None]
-        sg1_0_4 = g_1[tile_b, 4, 0][:, None]
-        sg1_0_5 = g_1[tile_b, 5, 0][:, None]
-        sg1_0_6 = g_1[tile_b, 6, 0][:, None]
-        sg1_0_7 = g_1[tile_b, 7, 0][:, None]
-        sg1_0_8 = g_1[tile_b, 8, 0][:, None]
-        sg1_0_9 = g_1[tile_b, 9, 0][:, None]
-        sg1_0_10 = g_1[tile_b, 10, 0][:, None]
-        sg1_0_11 = g_1[tile_b, 11, 0][:, None]
-        sg1_0_12 = g_1[tile_b, 12, 0][:, None]
-        sg1_0_13 = g_1[tile_b, 13, 0][:, None]
-        sg1_0_14 = g_1[tile_b, 14, 0][:, None]
-        sg1_0_15 = g_1[tile_b, 15, 0][:, None]
-        sg1_1_0 = g_1[tile_b, 0, 1][:, None]
-        sg1_1_1 = g_1[tile_b, 1, 1][:, None]
-        sg1_1_2 = g_1[tile_b, 2, 1][:, None]
-        sg1_1_3 = g_1[tile_b, 3, 1][:, None]
-        sg1_1_4 = g_1[tile_b, 4, 1][:, None]
-        sg1_1_5 = g_1[tile_b, 5, 1][:, None]
-        sg1_1_6 = g_1[tile_b, 6, 1][:, None]
-        sg1_1_7 = g_1[tile_b, 7, 1][:, None]
-        sg1_1_8 = g_1[tile_b, 8, 1][:, None]
-        sg1_1_9 = g_1[tile_b, 9, 1][:, None]
-        sg1_1_10 = g_1[tile_b, 10, 1][:, None]
-        sg1_1_11 = g_1[tile_b, 11, 1][:, None]
-        sg1_1_12 = g_1[tile_b, 12, 1][:, None]
-        sg1_1_13 = g_1[tile_b, 13, 1][:, None]
-        sg1_1_14 = g_1[tile_b, 14, 1][:, None]
-        sg1_1_15 = g_1[tile_b, 15, 1][:, None]
-        sg1_2_0 = g_1[tile_b, 0, 2][:, None]
-        sg1_2_1 = g_1[tile_b, 1, 2][:, None]
-        sg1_2_2 = g_1[tile_b, 2, 2][:, None]
-        sg1_2_3 = g_1[tile_b, 3, 2][:, None]
-        sg1_2_4 = g_1[tile_b, 4, 2][:, None]
-        sg1_2_5 = g_1[tile_b, 5, 2][:, None]
-        sg1_2_6 = g_1[tile_b, 6, 2][:, None]
-        sg1_2_7 = g_1[tile_b, 7, 2][:, None]
-        sg1_2_8 = g_1[tile_b, 8, 2][:, None]
-        sg1_2_9 = g_1[tile_b, 9, 2][:, None]
-        sg1_2_10 = g_1[tile_b, 10, 2][:, None]
-        sg1_2_11 = g_1[tile_b, 11, 2][:, None]
-        sg1_2_12 = g_1[tile_b, 12, 2][:, None]
-        sg1_2_13 = g_1[tile_b, 13, 2][:, None]
-        sg1_2_14 = g_1[tile_b, 14, 2][:, None]
-        sg1_2_15 = g_1[tile_b, 15, 2][:, None]
+    for tile_b in hl.tile(x1_0.size(0), block_size=8):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (2 paths)
             acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
@@ -376,532 +216,91 @@ def tp_bwd_x2_0(
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
+                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(64, block_size=16):
+                    ws0 = w0[tile_b, tile_s, 0, tile_r]
+                    va0_0 = x1_0[tile_b, 0, tile_s]
+                    acch0_0 = acch0_0 + (ws0 * va0_0[:, :, None]).sum(1)
                 rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0_0 = w0[tile_b, 0, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_0 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
-                wr0_1 = w0[tile_b, 1, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_1 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_1).sum(2)
-                wr0_2 = w0[tile_b, 2, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_2 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_2).sum(2)
-                wr0_3 = w0[tile_b, 3, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_3 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_3).sum(2)
-                wr0_4 = w0[tile_b, 4, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_4 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_4).sum(2)
-                wr0_5 = w0[tile_b, 5, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_5 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_5).sum(2)
-                wr0_6 = w0[tile_b, 6, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_6 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_6).sum(2)
-                wr0_7 = w0[tile_b, 7, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_7 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_7).sum(2)
-                wr0_8 = w0[tile_b, 8, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_8 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_8).sum(2)
-                wr0_9 = w0[tile_b, 9, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_9 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_9).sum(2)
-                wr0_10 = w0[tile_b, 10, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_10 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_10).sum(2)
-                wr0_11 = w0[tile_b, 11, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_11 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_11).sum(2)
-                wr0_12 = w0[tile_b, 12, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_12 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_12).sum(2)
-                wr0_13 = w0[tile_b, 13, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_13 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_13).sum(2)
-                wr0_14 = w0[tile_b, 14, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_14 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_14).sum(2)
-                wr0_15 = w0[tile_b, 15, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_15 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_15).sum(2)
-                wr0_16 = w0[tile_b, 16, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_16 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_16).sum(2)
-                wr0_17 = w0[tile_b, 17, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_17 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_17).sum(2)
-                wr0_18 = w0[tile_b, 18, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_18 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_18).sum(2)
-                wr0_19 = w0[tile_b, 19, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_19 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_19).sum(2)
-                wr0_20 = w0[tile_b, 20, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_20 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_20).sum(2)
-                wr0_21 = w0[tile_b, 21, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_21 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_21).sum(2)
-                wr0_22 = w0[tile_b, 22, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_22 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_22).sum(2)
-                wr0_23 = w0[tile_b, 23, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_23 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_23).sum(2)
-                wr0_24 = w0[tile_b, 24, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_24 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_24).sum(2)
-                wr0_25 = w0[tile_b, 25, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_25 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_25).sum(2)
-                wr0_26 = w0[tile_b, 26, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_26 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_26).sum(2)
-                wr0_27 = w0[tile_b, 27, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_27 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_27).sum(2)
-                wr0_28 = w0[tile_b, 28, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_28 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_28).sum(2)
-                wr0_29 = w0[tile_b, 29, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_29 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_29).sum(2)
-                wr0_30 = w0[tile_b, 30, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_30 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_30).sum(2)
-                wr0_31 = w0[tile_b, 31, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_31 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_31).sum(2)
-                wr0_32 = w0[tile_b, 32, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_32 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_32).sum(2)
-                wr0_33 = w0[tile_b, 33, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_33 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_33).sum(2)
-                wr0_34 = w0[tile_b, 34, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_34 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_34).sum(2)
-                wr0_35 = w0[tile_b, 35, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_35 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_35).sum(2)
-                wr0_36 = w0[tile_b, 36, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_36 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_36).sum(2)
-                wr0_37 = w0[tile_b, 37, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_37 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_37).sum(2)
-                wr0_38 = w0[tile_b, 38, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_38 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_38).sum(2)
-                wr0_39 = w0[tile_b, 39, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_39 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_39).sum(2)
-                wr0_40 = w0[tile_b, 40, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_40 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_40).sum(2)
-                wr0_41 = w0[tile_b, 41, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_41 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_41).sum(2)
-                wr0_42 = w0[tile_b, 42, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_42 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_42).sum(2)
-                wr0_43 = w0[tile_b, 43, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_43 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_43).sum(2)
-                wr0_44 = w0[tile_b, 44, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_44 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_44).sum(2)
-                wr0_45 = w0[tile_b, 45, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_45 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_45).sum(2)
-                wr0_46 = w0[tile_b, 46, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_46 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_46).sum(2)
-                wr0_47 = w0[tile_b, 47, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_47 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_47).sum(2)
-                wr0_48 = w0[tile_b, 48, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_48 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_48).sum(2)
-                wr0_49 = w0[tile_b, 49, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_49 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_49).sum(2)
-                wr0_50 = w0[tile_b, 50, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_50 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_50).sum(2)
-                wr0_51 = w0[tile_b, 51, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_51 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_51).sum(2)
-                wr0_52 = w0[tile_b, 52, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_52 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_52).sum(2)
-                wr0_53 = w0[tile_b, 53, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_53 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_53).sum(2)
-                wr0_54 = w0[tile_b, 54, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_54 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_54).sum(2)
-                wr0_55 = w0[tile_b, 55, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_55 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_55).sum(2)
-                wr0_56 = w0[tile_b, 56, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_56 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_56).sum(2)
-                wr0_57 = w0[tile_b, 57, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_57 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_57).sum(2)
-                wr0_58 = w0[tile_b, 58, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_58 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_58).sum(2)
-                wr0_59 = w0[tile_b, 59, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_59 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_59).sum(2)
-                wr0_60 = w0[tile_b, 60, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_60 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_60).sum(2)
-                wr0_61 = w0[tile_b, 61, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_61 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_61).sum(2)
-                wr0_62 = w0[tile_b, 62, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_62 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_62).sum(2)
-                wr0_63 = w0[tile_b, 63, tile_c, tile_r]
-                t = (0.11180339887498948 * sa0_0_63 * rg0_0)
-                acc0_0 = acc0_0 + (t[:, None, :] * wr0_63).sum(2)
+                t = (0.11180339887498948 * acch0_0 * rg0_0)
+                s0_0 = t
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
-                wr3_0 = w3[tile_b, 0, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_0 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_0).sum(2)
-                t = (0.06454972243679027 * sa1_1_0 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_0).sum(2)
-                t = (0.06454972243679027 * sa1_2_0 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
-                wr3_1 = w3[tile_b, 1, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_1 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_1).sum(2)
-                t = (0.06454972243679027 * sa1_1_1 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_1).sum(2)
-                t = (0.06454972243679027 * sa1_2_1 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_1).sum(2)
-                wr3_2 = w3[tile_b, 2, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_2 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_2).sum(2)
-                t = (0.06454972243679027 * sa1_1_2 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_2).sum(2)
-                t = (0.06454972243679027 * sa1_2_2 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_2).sum(2)
-                wr3_3 = w3[tile_b, 3, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_3 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_3).sum(2)
-                t = (0.06454972243679027 * sa1_1_3 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_3).sum(2)
-                t = (0.06454972243679027 * sa1_2_3 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_3).sum(2)
-                wr3_4 = w3[tile_b, 4, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_4 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_4).sum(2)
-                t = (0.06454972243679027 * sa1_1_4 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_4).sum(2)
-                t = (0.06454972243679027 * sa1_2_4 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_4).sum(2)
-                wr3_5 = w3[tile_b, 5, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_5 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_5).sum(2)
-                t = (0.06454972243679027 * sa1_1_5 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_5).sum(2)
-                t = (0.06454972243679027 * sa1_2_5 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_5).sum(2)
-                wr3_6 = w3[tile_b, 6, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_6 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_6).sum(2)
-                t = (0.06454972243679027 * sa1_1_6 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_6).sum(2)
-                t = (0.06454972243679027 * sa1_2_6 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_6).sum(2)
-                wr3_7 = w3[tile_b, 7, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_7 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_7).sum(2)
-                t = (0.06454972243679027 * sa1_1_7 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_7).sum(2)
-                t = (0.06454972243679027 * sa1_2_7 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_7).sum(2)
-                wr3_8 = w3[tile_b, 8, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_8 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_8).sum(2)
-                t = (0.06454972243679027 * sa1_1_8 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_8).sum(2)
-                t = (0.06454972243679027 * sa1_2_8 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_8).sum(2)
-                wr3_9 = w3[tile_b, 9, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_9 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_9).sum(2)
-                t = (0.06454972243679027 * sa1_1_9 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_9).sum(2)
-                t = (0.06454972243679027 * sa1_2_9 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_9).sum(2)
-                wr3_10 = w3[tile_b, 10, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_10 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_10).sum(2)
-                t = (0.06454972243679027 * sa1_1_10 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_10).sum(2)
-                t = (0.06454972243679027 * sa1_2_10 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_10).sum(2)
-                wr3_11 = w3[tile_b, 11, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_11 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_11).sum(2)
-                t = (0.06454972243679027 * sa1_1_11 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_11).sum(2)
-                t = (0.06454972243679027 * sa1_2_11 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_11).sum(2)
-                wr3_12 = w3[tile_b, 12, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_12 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_12).sum(2)
-                t = (0.06454972243679027 * sa1_1_12 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_12).sum(2)
-                t = (0.06454972243679027 * sa1_2_12 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_12).sum(2)
-                wr3_13 = w3[tile_b, 13, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_13 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_13).sum(2)
-                t = (0.06454972243679027 * sa1_1_13 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_13).sum(2)
-                t = (0.06454972243679027 * sa1_2_13 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_13).sum(2)
-                wr3_14 = w3[tile_b, 14, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_14 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_14).sum(2)
-                t = (0.06454972243679027 * sa1_1_14 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_14).sum(2)
-                t = (0.06454972243679027 * sa1_2_14 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_14).sum(2)
-                wr3_15 = w3[tile_b, 15, tile_c, tile_r]
-                t = (0.06454972243679027 * sa1_0_15 * rg0_0)
-                acc1_0 = acc1_0 + (t[:, None, :] * wr3_15).sum(2)
-                t = (0.06454972243679027 * sa1_1_15 * rg0_0)
-                acc1_1 = acc1_1 + (t[:, None, :] * wr3_15).sum(2)
-                t = (0.06454972243679027 * sa1_2_15 * rg0_0)
-                acc1_2 = acc1_2 + (t[:, None, :] * wr3_15).sum(2)
+                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(16, block_size=16):
+                    ws3 = w3[tile_b, tile_s, 0, tile_r]
+                    va1 = hl.load(x1_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    va1t = va1.reshape([tile_b, tile_s, 2, 2])
+                    va1te, va1to = hl.split(va1t)
+                    va1_0, va1_2 = hl.split(va1te)
+                    va1_1, va1_3 = hl.split(va1to)
+                    acch3_0 = acch3_0 + (ws3 * va1_0[:, :, None]).sum(1)
+                    acch3_1 = acch3_1 + (ws3 * va1_1[:, :, None]).sum(1)
+                    acch3_2 = acch3_2 + (ws3 * va1_2[:, :, None]).sum(1)
+                t = (0.06454972243679027 * acch3_0 * rg0_0)
+                s1_0 = t
+                t = (0.06454972243679027 * acch3_1 * rg0_0)
+                s1_1 = t
+                t = (0.06454972243679027 * acch3_2 * rg0_0)
+                s1_2 = t
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
+                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                for tile_s in hl.tile(16, block_size=16):
+                    ws2 = w2[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch2_0 = acch2_0 + (ws2 * vg1_0[:, None, :]).sum(2)
+                    acch2_1 = acch2_1 + (ws2 * vg1_1[:, None, :]).sum(2)
+                    acch2_2 = acch2_2 + (ws2 * vg1_2[:, None, :]).sum(2)
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr2_0 = w2[tile_b, tile_r, tile_c, 0]
                 t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_0 + 0.11180339887498948 * ra1_1 * sg1_1_0
-                    + 0.11180339887498948 * ra1_2 * sg1_2_0
+                    0.11180339887498948 * ra1_0 * acch2_0 + 0.11180339887498948 * ra1_1 * acch2_1
+                    + 0.11180339887498948 * ra1_2 * acch2_2
                 )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_0).sum(1)
-                wr2_1 = w2[tile_b, tile_r, tile_c, 1]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_1 + 0.11180339887498948 * ra1_1 * sg1_1_1
-                    + 0.11180339887498948 * ra1_2 * sg1_2_1
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_1).sum(1)
-                wr2_2 = w2[tile_b, tile_r, tile_c, 2]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_2 + 0.11180339887498948 * ra1_1 * sg1_1_2
-                    + 0.11180339887498948 * ra1_2 * sg1_2_2
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_2).sum(1)
-                wr2_3 = w2[tile_b, tile_r, tile_c, 3]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_3 + 0.11180339887498948 * ra1_1 * sg1_1_3
-                    + 0.11180339887498948 * ra1_2 * sg1_2_3
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_3).sum(1)
-                wr2_4 = w2[tile_b, tile_r, tile_c, 4]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_4 + 0.11180339887498948 * ra1_1 * sg1_1_4
-                    + 0.11180339887498948 * ra1_2 * sg1_2_4
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_4).sum(1)
-                wr2_5 = w2[tile_b, tile_r, tile_c, 5]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_5 + 0.11180339887498948 * ra1_1 * sg1_1_5
-                    + 0.11180339887498948 * ra1_2 * sg1_2_5
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_5).sum(1)
-                wr2_6 = w2[tile_b, tile_r, tile_c, 6]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_6 + 0.11180339887498948 * ra1_1 * sg1_1_6
-                    + 0.11180339887498948 * ra1_2 * sg1_2_6
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_6).sum(1)
-                wr2_7 = w2[tile_b, tile_r, tile_c, 7]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_7 + 0.11180339887498948 * ra1_1 * sg1_1_7
-                    + 0.11180339887498948 * ra1_2 * sg1_2_7
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_7).sum(1)
-                wr2_8 = w2[tile_b, tile_r, tile_c, 8]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_8 + 0.11180339887498948 * ra1_1 * sg1_1_8
-                    + 0.11180339887498948 * ra1_2 * sg1_2_8
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_8).sum(1)
-                wr2_9 = w2[tile_b, tile_r, tile_c, 9]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_9 + 0.11180339887498948 * ra1_1 * sg1_1_9
-                    + 0.11180339887498948 * ra1_2 * sg1_2_9
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_9).sum(1)
-                wr2_10 = w2[tile_b, tile_r, tile_c, 10]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_10 + 0.11180339887498948 * ra1_1 * sg1_1_10
-                    + 0.11180339887498948 * ra1_2 * sg1_2_10
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_10).sum(1)
-                wr2_11 = w2[tile_b, tile_r, tile_c, 11]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_11 + 0.11180339887498948 * ra1_1 * sg1_1_11
-                    + 0.11180339887498948 * ra1_2 * sg1_2_11
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_11).sum(1)
-                wr2_12 = w2[tile_b, tile_r, tile_c, 12]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_12 + 0.11180339887498948 * ra1_1 * sg1_1_12
-                    + 0.11180339887498948 * ra1_2 * sg1_2_12
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_12).sum(1)
-                wr2_13 = w2[tile_b, tile_r, tile_c, 13]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_13 + 0.11180339887498948 * ra1_1 * sg1_1_13
-                    + 0.11180339887498948 * ra1_2 * sg1_2_13
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_13).sum(1)
-                wr2_14 = w2[tile_b, tile_r, tile_c, 14]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_14 + 0.11180339887498948 * ra1_1 * sg1_1_14
-                    + 0.11180339887498948 * ra1_2 * sg1_2_14
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_14).sum(1)
-                wr2_15 = w2[tile_b, tile_r, tile_c, 15]
-                t = (
-                    0.11180339887498948 * ra1_0 * sg1_0_15 + 0.11180339887498948 * ra1_1 * sg1_1_15
-                    + 0.11180339887498948 * ra1_2 * sg1_2_15
-                )
-                acc0_0 = acc0_0 + (t[:, :, None] * wr2_15).sum(1)
+                s0_0 = t
+                acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
+                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                for tile_s in hl.tile(16, block_size=16):
+                    ws1 = w1[tile_b, tile_r, 0, tile_s]
+                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
+                    vg1te, vg1to = hl.split(vg1t)
+                    vg1_0, vg1_2 = hl.split(vg1te)
+                    vg1_1, vg1_3 = hl.split(vg1to)
+                    acch1_0 = acch1_0 + (ws1 * vg1_0[:, None, :]).sum(2)
+                    acch1_1 = acch1_1 + (ws1 * vg1_1[:, None, :]).sum(2)
+                    acch1_2 = acch1_2 + (ws1 * vg1_2[:, None, :]).sum(2)
                 ra0_0 = x1_0[tile_b, 0, tile_r]
-                wr1_0 = w1[tile_b, tile_r, tile_c, 0]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_0)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_0)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_0).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_0)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
-                wr1_1 = w1[tile_b, tile_r, tile_c, 1]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_1)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_1).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_1)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_1).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_1)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_1).sum(1)
-                wr1_2 = w1[tile_b, tile_r, tile_c, 2]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_2)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_2).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_2)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_2).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_2)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_2).sum(1)
-                wr1_3 = w1[tile_b, tile_r, tile_c, 3]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_3)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_3).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_3)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_3).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_3)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_3).sum(1)
-                wr1_4 = w1[tile_b, tile_r, tile_c, 4]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_4)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_4).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_4)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_4).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_4)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_4).sum(1)
-                wr1_5 = w1[tile_b, tile_r, tile_c, 5]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_5)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_5).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_5)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_5).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_5)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_5).sum(1)
-                wr1_6 = w1[tile_b, tile_r, tile_c, 6]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_6)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_6).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_6)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_6).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_6)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_6).sum(1)
-                wr1_7 = w1[tile_b, tile_r, tile_c, 7]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_7)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_7).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_7)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_7).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_7)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_7).sum(1)
-                wr1_8 = w1[tile_b, tile_r, tile_c, 8]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_8)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_8).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_8)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_8).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_8)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_8).sum(1)
-                wr1_9 = w1[tile_b, tile_r, tile_c, 9]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_9)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_9).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_9)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_9).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_9)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_9).sum(1)
-                wr1_10 = w1[tile_b, tile_r, tile_c, 10]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_10)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_10).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_10)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_10).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_10)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_10).sum(1)
-                wr1_11 = w1[tile_b, tile_r, tile_c, 11]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_11)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_11).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_11)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_11).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_11)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_11).sum(1)
-                wr1_12 = w1[tile_b, tile_r, tile_c, 12]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_12)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_12).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_12)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_12).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_12)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_12).sum(1)
-                wr1_13 = w1[tile_b, tile_r, tile_c, 13]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_13)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_13).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_13)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_13).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_13)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_13).sum(1)
-                wr1_14 = w1[tile_b, tile_r, tile_c, 14]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_14)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_14).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_14)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_14).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_14)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_14).sum(1)
-                wr1_15 = w1[tile_b, tile_r, tile_c, 15]
-                t = (0.11180339887498948 * ra0_0 * sg1_0_15)
-                acc1_0 = acc1_0 + (t[:, :, None] * wr1_15).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_1_15)
-                acc1_1 = acc1_1 + (t[:, :, None] * wr1_15).sum(1)
-                t = (0.11180339887498948 * ra0_0 * sg1_2_15)
-                acc1_2 = acc1_2 + (t[:, :, None] * wr1_15).sum(1)
+                t = (0.11180339887498948 * ra0_0 * acch1_0)
+                s1_0 = t
+                t = (0.11180339887498948 * ra0_0 * acch1_1)
+                s1_1 = t
+                t = (0.11180339887498948 * ra0_0 * acch1_2)
+                s1_2 = t
+                acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
+                acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
+                acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
             gx2_0[tile_b, 0, tile_c] = acc0_0
             gx2_1[tile_b, 0, tile_c] = acc1_0
             gx2_1[tile_b, 1, tile_c] = acc1_1
@@ -931,61 +330,55 @@ def tp_bwd_w_0(
         sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
         sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
         for tile_c in hl.tile(80, block_size=32):
+            g0_0 = g_0[tile_b, 0, tile_c]
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
-                q0 = (0.11180339887498948 * ra0_0 * sb0_0_0)
-                gw0[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
+                o0 = (0.11180339887498948 * ra0_0 * sb0_0_0)
+                gw0[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g0_0[:, None, :])
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                g0_0 = g_0[tile_b, 0, tile_c]
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                q0 = (
+                o0 = (
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
                     + 0.06454972243679027 * ra1_2 * sb1_2_0
                 )
-                gw3[tile_b, tile_r, 0, tile_c] = (q0[:, :, None] * g0_0[:, None, :])
+                gw3[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g0_0[:, None, :])
         for tile_c in hl.tile(16, block_size=16):
+            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
                 ra0_0 = x1_0[tile_b, 0, tile_r]
-                q0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
-                q1 = (0.11180339887498948 * ra0_0 * sb1_1_0)
-                q2 = (0.11180339887498948 * ra0_0 * sb1_2_0)
+                o0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
+                o1 = (0.11180339887498948 * ra0_0 * sb1_1_0)
+                o2 = (0.11180339887498948 * ra0_0 * sb1_2_0)
                 gw1[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
-                g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
-                g1t = g1.reshape([tile_b, tile_c, 2, 2])
-                g1te, g1to = hl.split(g1t)
-                g1_0, g1_2 = hl.split(g1te)
-                g1_1, g1_3 = hl.split(g1to)
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
                 ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                q0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
-                q1 = (0.11180339887498948 * ra1_1 * sb0_0_0)
-                q2 = (0.11180339887498948 * ra1_2 * sb0_0_0)
+                o0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
+                o1 = (0.11180339887498948 * ra1_1 * sb0_0_0)
+                o2 = (0.11180339887498948 * ra1_2 * sb0_0_0)
                 gw2[tile_b, tile_r, 0, tile_c] = (
-                    q0[:, :, None] * g1_0[:, None, :] + q1[:, :, None] * g1_1[:, None, :]
-                    + q2[:, :, None] * g1_2[:, None, :]
+                    o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
+                    + o2[:, :, None] * g1_2[:, None, :]
                 )

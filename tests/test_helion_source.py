@@ -1,0 +1,93 @@
+"""Static checks of the generated Helion source that the CPU interpreter cannot make.
+
+Triton compiles a ``for`` loop with the names assigned before it and reassigned inside it
+as loop-carried values whose type (shape) must not change. The interpreter runs such code
+happily, so a reused temporary name (e.g. a ``(batch, channel)`` product before a
+reduction loop and a ``(batch, reduction)`` one inside it) only fails when the kernel is
+compiled for a GPU. The generator names its temporaries so that the only loop-carried
+names are its accumulators (``acc*``) and the sub-tile row helpers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from eqdsl.codegen.generate import generate_files
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples" / "specs").glob("*.toml"))
+CARRIED_OK = {"rows", "ok", "okc"}
+
+# Every mode, uvw reductions over x1 and over x2, several channel groups (from test_torch_grads).
+MODES = (
+    '[[0, 0, 0, "uvw", true], [1, 1, 4, "uvw", true], [0, 1, 1, "uvv", true], '
+    '[1, 0, 1, "uvw", true, 0.5], [1, 0, 2, "uvu", false], [0, 1, 2, "uvv", false], '
+    '[1, 1, 3, "uuu", true]]'
+)
+
+
+def _assigned(nodes) -> set[str]:
+    return {
+        t.id
+        for node in nodes
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Assign)
+        for t in sub.targets
+        if isinstance(t, ast.Name)
+    }
+
+
+def _reassigned_in_loops(body, outer: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """(line, name) for each name a ``for`` body assigns that was assigned before the loop."""
+    bad, seen = [], set(outer)
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            bad += [(stmt.lineno, n) for n in sorted(_assigned(stmt.body) & seen)
+                    if n not in CARRIED_OK and not n.startswith("acc")]
+            bad += _reassigned_in_loops(stmt.body, frozenset(seen))
+        else:
+            seen |= _assigned([stmt])
+    return bad
+
+
+def _kernel_sources(spec_path: Path, out: Path) -> dict[str, str]:
+    return {rel: text for rel, text in generate_files(spec_path, out).items()
+            if rel.endswith(("helion_kernels.py", "helion_conv_kernels.py"))}
+
+
+def _check(sources: dict[str, str]) -> None:
+    assert sources
+    for rel, text in sources.items():
+        for fn in ast.parse(text).body:
+            if isinstance(fn, ast.FunctionDef):
+                assert not _reassigned_in_loops(fn.body), (rel, fn.name, _reassigned_in_loops(fn.body)[:5])
+
+
+def test_checker_flags_a_reused_temporary():
+    src = "def k():\n    q0 = a\n    for t in r:\n        q0 = b\n        acc0 = acc0 + q0\n"
+    assert _reassigned_in_loops(ast.parse(src).body[0].body) == [(3, "q0")]
+
+
+@pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_carry_only_accumulators(spec_path, tmp_path):
+    _check(_kernel_sources(spec_path, tmp_path / "gen"))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_every_mode_carries_only_accumulators(shared, layout, tmp_path):
+    spec = tmp_path / "modes.toml"
+    spec.write_text(
+        "[[tensor_product]]\n"
+        'name = "modes"\n'
+        'irreps_in1 = "2x0e+1x1o"\n'
+        'irreps_in2 = "3x0e+1x1o"\n'
+        'irreps_out = "1x0e+1x1o+1x1o+1x1e+2x1e"\n'
+        f"instructions = {MODES}\n"
+        f"shared_weights = {'true' if shared else 'false'}\n"
+        f'layout = "{layout}"\n'
+    )
+    _check(_kernel_sources(spec, tmp_path / "gen"))
