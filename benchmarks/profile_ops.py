@@ -3,7 +3,8 @@
 
 For each problem (``generated/<name>/torch_ops.py``), float32, one batch size: the first
 call of each kernel op (``fwd_op``, ``bwd_x1_op``, ``bwd_x2_op``, ``bwd_w_op``; compile
-time included) and its median time over CUDA events, with the bytes the op must move
+time included), its median time over per-call CUDA events, the host time per call and the
+device time per call of 50 calls queued back to back, with the bytes the op must move
 (each operand read once, the result written once) over that time and the fraction of
 the copy bandwidth measured in the same run. Run on a GPU (one device call)::
 
@@ -42,6 +43,32 @@ def median_us(fn, reps: int = 50) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
+def host_and_queued_us(fn, reps: int = 50) -> tuple[float, float]:
+    """Host seconds per call (Python, dispatch, launch; no synchronization inside the loop) and
+    the device time per call of ``reps`` calls queued back to back (one event pair).
+
+    When the host time exceeds the kernel time the GPU waits for each launch, and a per-call
+    event pair measures the host, not the kernel.
+    """
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    host = (time.perf_counter() - t0) / reps * 1e6
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) / reps * 1e3
+
+
+class _NoLaunch:
+    """Stands in for a generated kernel module: every kernel is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
 def copy_gbps() -> float:
     a = torch.empty(2**28, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
@@ -58,7 +85,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     bw = copy_gbps()
     print(f"device {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s, batch {args.batch}, float32")
-    rows = [("problem", "op", "first call s", "us", "MB moved", "GB/s", "% of copy")]
+    rows = [("problem", "op", "first call s", "us", "host us", "queued us", "MB moved", "GB/s", "% of copy")]
     for name in args.problems.split(","):
         ops = importlib.import_module(f"generated.{name}.torch_ops")
         n, f = args.batch, torch.float32
@@ -79,10 +106,18 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             us = median_us(fn)
+            host, queued = host_and_queued_us(fn)
             mb = sum(sizes[o] for o in operands) * 4 / 1e6
-            rows.append((name, op, f"{first:.1f}", f"{us:.1f}", f"{mb:.0f}", f"{mb / us * 1e3:.0f}",
+            rows.append((name, op, f"{first:.1f}", f"{us:.1f}", f"{host:.1f}", f"{queued:.1f}", f"{mb:.0f}", f"{mb / us * 1e3:.0f}",
                          f"{100 * mb / us * 1e3 / bw:.0f}"))
             print("  ".join(rows[-1]), flush=True)
+            if op == "fwd_op":  # the same call with the kernel launch stubbed out: views, checks, dispatch
+                real, ops._k = ops._k, _NoLaunch()
+                try:
+                    host_views, _ = host_and_queued_us(fn)
+                finally:
+                    ops._k = real
+                print(f"{name} fwd_op host us without the kernel launch (views, checks, dispatch): {host_views:.1f}")
             if args.ncu:
                 torch.cuda.synchronize()
                 torch.cuda.profiler.start()
