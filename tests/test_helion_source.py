@@ -91,3 +91,55 @@ def test_every_mode_carries_only_accumulators(shared, layout, tmp_path):
         f'layout = "{layout}"\n'
     )
     _check(_kernel_sources(spec, tmp_path / "gen"))
+
+
+# ---------------------------------------------------------------- flat_access (whole-row kernels)
+
+from eqdsl.codegen.flat_access import View, flat_params, flatten_kernels  # noqa: E402
+
+VIEWS = {
+    "x1_2": View("x1_2", "x1", 64, (32, 3), True),     # mul_ir block 32x1o at column 64
+    "x1_0": View("x1_0", "x1", 0, (1, 32), True),      # ir_mul-shaped 32x0e
+    "w3": View("w3", "weights", 96, (4, 8), False),     # shared weights, (u, w)
+    "gw3": View("gw3", "gw", 96, (4, 8), True),
+}
+
+
+def test_flat_index_folds_literals_and_broadcasts_tiles():
+    src = "a = x1_2[tile_b, 5, 1][:, None]\nb = x1_0[tile_b, 0, tile_c]\nc = w3[tile_r, tile_c][None, :, :]\n"
+    assert flatten_kernels(src, VIEWS) == (
+        "a = x1[tile_b, 80][:, None]\n"
+        "b = x1[tile_b, tile_c.index]\n"
+        "c = weights[96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]][None, :, :]\n"
+    )
+
+
+def test_flat_load_store_size_and_dtype():
+    src = ("n = x1_2.size(0)\nz = hl.zeros([tile_b], dtype=gw3.dtype)\n"
+           "v = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=m)\n"
+           "hl.store(gw3, [rows, 1, tile_c], v)\n")
+    assert flatten_kernels(src, VIEWS) == (
+        "n = x1.size(0)\nz = hl.zeros([tile_b], dtype=gw.dtype)\n"
+        "v = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=m)\n"
+        "hl.store(gw, [rows, 104 + tile_c.index], v)\n"
+    )
+
+
+def test_flat_params_dedupe_in_order_and_unknown_index_is_an_error():
+    assert flat_params(["x1_2", "x1_0", "x2_0", "w3"], VIEWS) == ["x1", "x2_0", "weights"]
+    with pytest.raises(ValueError, match="cannot fold"):
+        flatten_kernels("a = x1_2[tile_b, k, 0]\n", VIEWS)
+    with pytest.raises(ValueError, match="indices for shape"):
+        flatten_kernels("a = x1_2[tile_b, 0]\n", VIEWS)
+
+
+@pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_plain_tp_kernels_take_whole_rows(spec_path, tmp_path):
+    """No per-block view is left in the plain tensor product's kernels or launchers."""
+    files = generate_files(spec_path, tmp_path / "gen")
+    for rel, text in files.items():
+        if rel.endswith("helion_kernels.py"):
+            params = {a.arg for fn in ast.parse(text).body if isinstance(fn, ast.FunctionDef) for a in fn.args.args}
+            assert params <= {"x1", "x2", "weights", "g", "out", "gx1", "gx2", "gw"}, (rel, params)
+        if rel.endswith("/torch_ops.py"):
+            assert "unflatten" not in text, rel

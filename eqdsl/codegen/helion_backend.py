@@ -45,14 +45,17 @@ data-dependent loop bound: Triton's interpreter cannot run a loop whose bound is
 argument, triton#9171 with numpy >= 2.4) into its own row of a ``(cdiv(batch, wsum_rows),
 weight_numel)`` buffer that the op sums: no atomics, the same bits every run.
 
-Operands reach the kernels as per-block views, weights in e3nn's order. ``ir_mul``
+The emitters index operands as per-block views, weights in e3nn's order. ``ir_mul``
 blocks are ``(batch, 2l+1, mul)`` views: every component tile is contiguous over the
 channels. ``mul_ir`` blocks (with ``native``, the plain tensor product) are ``(batch,
 mul, 2l+1)`` views read and written in place: one masked ``(batch, channels, 2l+1)``
 load split into components on chip (``_native_load``), and outputs joined into one
 store (``_native_store``); per-component access would stride by ``2l+1`` (23% of the
-copy bandwidth against 92%, DESIGN.md). The convolution's kernels take ``ir_mul`` rows
-converted at their boundary (``templates/torch_conv.py.j2``). Block sizes are literals in the
+copy bandwidth against 92%, DESIGN.md). The plain tensor product's kernels then take
+whole rows: ``flat_access`` folds each view access into column arithmetic on the
+``(batch, dim)`` operands (building the views on the host cost more than the kernel,
+see there). The convolution's kernels still take views of ``ir_mul`` rows converted at
+their boundary (``templates/torch_conv.py.j2``). Block sizes are literals in the
 generated code and the config is pinned, so nothing is autotuned and a new batch size
 never recompiles.
 """
@@ -64,6 +67,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Block, PathIR, TensorProductIR
 from ..reference import _SUBSCRIPTS
+from .flat_access import View, flat_params, flatten_kernels
 from .render import render
 
 __all__ = [
@@ -969,8 +973,41 @@ def _weight_views(ir: TensorProductIR, src: str, prefix: str, batched: bool, use
     return out
 
 
-def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool) -> dict:
-    """Views and kernel calls of one family, for ``torch_ops.py``."""
+def view_map(ir: TensorProductIR, native: bool) -> dict[str, View]:
+    """Every per-block view the kernel emitters index (``x1_0``, ``w3``, ``out_2``, ``gw5``, ...),
+    by name: what ``_launcher`` builds on the host, or ``flat_access`` folds into columns."""
+    views: dict[str, View] = {}
+
+    def blocks(op: str, prefix: str, base: str) -> None:
+        for b in _blocks(ir, op):
+            shape = (b.mul, b.dim) if _is_native(native, b) else (b.dim, b.mul)
+            views[f"{prefix}{b.index}"] = View(f"{prefix}{b.index}", base, b.offset, shape, True)
+
+    for op in ("x1", "x2", "g"):
+        blocks(op, _IN_PARAM[op], _IN_TENSOR[op])
+    for family, out_op in (("fwd", "g"), ("bwd_x1", "x1"), ("bwd_x2", "x2")):
+        blocks(out_op, _OUT_PARAM[family], _OUT_TENSOR[family])
+    for p in ir.paths:
+        if p.has_weight:
+            shape = tuple(p.path_shape)
+            views[f"w{p.index}"] = View(f"w{p.index}", "weights", p.weight_offset, shape, not ir.shared_weights)
+            views[f"gw{p.index}"] = View(f"gw{p.index}", "gw", p.weight_offset, shape, True)
+    return views
+
+
+def _launcher(
+    ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool, flat: bool = False
+) -> dict:
+    """Views and kernel calls of one family, for ``torch_ops.py`` (``flat``: the kernels take
+    whole rows, already rewritten by ``_flatten``; no views)."""
+    names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
+    if flat:
+        return {
+            "name": family,
+            "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+            "views": [],
+            "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
+        }
     used = {p for k in kernels for p in k["params"]}
     views = []
     for op in args:
@@ -983,7 +1020,6 @@ def _launcher(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: 
         views += _weight_views(ir, "gw", "gw", True, used)
     else:
         views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used, native)
-    names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
     return {
         "name": family,
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
@@ -1046,11 +1082,12 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
     # (helion_conv) still run on ir_mul rows converted at its boundary.
     native = ir.layout == "mul_ir"
     kernel_layout = ir.layout
-    families = kernel_context(ir, tuning, native)
+    views = view_map(ir, native)
+    families = {f: [_flatten(k, views) for k in ks] for f, ks in kernel_context(ir, tuning, native).items()}
     args = {f: a for f, _, a in _ALL_FAMILIES}
     ops = {
         **op_context(ir, tuning),
-        "launchers": {f: _launcher(ir, f, args[f], ks, native) for f, ks in families.items()},
+        "launchers": {f: _launcher(ir, f, args[f], ks, native, flat=True) for f, ks in families.items()},
         "native": native,
         "kernel_layout": kernel_layout,
         "block_ops": [_block_op(f, kernel_layout) for f in families if f != "bwd_w"],
@@ -1059,13 +1096,21 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
         "conv": ir.conv,
     }
     all_kernels = [k for ks in families.values() for k in ks]
+    kernels_py = render(
+        "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels,
+        n_kernels={f: len(ks) for f, ks in families.items()}, **_summary(ir)
+    )
     return {
-        "helion_kernels.py": render(
-            "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels,
-            n_kernels={f: len(ks) for f, ks in families.items()}, **_summary(ir)
-        ),
+        "helion_kernels.py": flatten_kernels(kernels_py, views),
         "torch_ops.py": render("torch_ops.py.j2", header=header, **ops),
     }
+
+
+def _flatten(kernel: dict, views: dict[str, View]) -> dict:
+    """A kernel context taking whole rows: parameters are the views' base tensors
+    (``flat_access``); the body is rewritten after rendering."""
+    bp = kernel["batch_param"]
+    return dict(kernel, params=flat_params(kernel["params"], views), batch_param=views[bp].base if bp in views else bp)
 
 
 def _summary(ir: TensorProductIR) -> dict:

@@ -31,59 +31,40 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-3; paths 0-11."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(10, block_size=16):
             # g block 0: 10x1o (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
-            acc0_1 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
-            acc0_2 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc0_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc0_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # g block 1: 10x1e (4 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
-                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0 = hl.load(x1, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                wr0_0 = w0[tile_b, tile_r, 0, tile_c]
+                wr0_0 = weights[tile_b, tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.11322770341445958 * ra0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
                 t = (0.11322770341445958 * ra0_1 * sb0_0_0)
@@ -91,7 +72,7 @@ def tp_fwd_0(
                 t = (0.11322770341445958 * ra0_2 * sb0_0_0)
                 acc0_2 = acc0_2 + (t[:, :, None] * wr0_0).sum(1)
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
-                wr3_0 = w3[tile_b, tile_r, 0, tile_c]
+                wr3_0 = weights[tile_b, 680 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (
                     -0.03580574370197164 * ra0_0 * sb2_2_0 - 0.062017367294604234 * ra0_0 * sb2_4_0
                     + 0.062017367294604234 * ra0_1 * sb2_1_0 + 0.062017367294604234 * ra0_2 * sb2_0_0
@@ -108,12 +89,12 @@ def tp_fwd_0(
                 )
                 acc0_2 = acc0_2 + (t[:, :, None] * wr3_0).sum(1)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr5_0 = w5[tile_b, tile_r, 0, tile_c]
+                wr5_0 = weights[tile_b, 880 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr5_0).sum(1)
                 t = (-0.08006407690254357 * ra1_0 * sb1_2_0 + 0.08006407690254357 * ra1_2 * sb1_0_0)
@@ -121,7 +102,7 @@ def tp_fwd_0(
                 t = (0.08006407690254357 * ra1_0 * sb1_1_0 - 0.08006407690254357 * ra1_1 * sb1_0_0)
                 acc0_2 = acc0_2 + (t[:, :, None] * wr5_0).sum(1)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
-                wr1_0 = w1[tile_b, tile_r, 0, tile_c]
+                wr1_0 = weights[tile_b, 100 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
                 t = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
@@ -129,7 +110,7 @@ def tp_fwd_0(
                 t = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr1_0).sum(1)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
-                wr4_0 = w4[tile_b, tile_r, 0, tile_c]
+                wr4_0 = weights[tile_b, 780 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.11322770341445958 * ra1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr4_0).sum(1)
                 t = (0.11322770341445958 * ra1_1 * sb0_0_0)
@@ -137,7 +118,7 @@ def tp_fwd_0(
                 t = (0.11322770341445958 * ra1_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr4_0).sum(1)
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
-                wr7_0 = w7[tile_b, tile_r, 0, tile_c]
+                wr7_0 = weights[tile_b, 1460 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (
                     -0.03580574370197164 * ra1_0 * sb2_2_0 - 0.062017367294604234 * ra1_0 * sb2_4_0
                     + 0.062017367294604234 * ra1_1 * sb2_1_0 + 0.062017367294604234 * ra1_2 * sb2_0_0
@@ -156,8 +137,8 @@ def tp_fwd_0(
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                wr9_0 = w9[tile_b, tile_r, 0, tile_c]
+                ra2_0 = x1[tile_b, 60 + tile_r.index]
+                wr9_0 = weights[tile_b, 3864 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr9_0).sum(1)
                 t = (0.11322770341445958 * ra2_0 * sb1_1_0)
@@ -165,42 +146,42 @@ def tp_fwd_0(
                 t = (0.11322770341445958 * ra2_0 * sb1_2_0)
                 acc0_2 = acc0_2 + (t[:, :, None] * wr9_0).sum(1)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                wr11_0 = w11[tile_b, tile_r, 0, tile_c]
+                ra3_0 = x1[tile_b, 108 + tile_r.index]
+                wr11_0 = weights[tile_b, 6648 + tile_r.index[:, None] * 10 + tile_c.index[None, :]]
                 t = (0.11322770341445958 * ra3_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sb1_1_0)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr11_0).sum(1)
                 t = (0.11322770341445958 * ra3_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr11_0).sum(1)
-            hl.store(out_0, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 30 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(48, block_size=32):
             # g block 2: 48x0e (2 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # g block 3: 48x0o (2 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
-                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0 = hl.load(x1, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
                 ra0_1, ra0_3 = hl.split(ra0to)
-                wr2_0 = w2[tile_b, tile_r, 0, tile_c]
+                wr2_0 = weights[tile_b, 200 + tile_r.index[:, None] * 48 + tile_c.index[None, :]]
                 t = (
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
                     + 0.07580980435789032 * ra0_2 * sb1_2_0
                 )
                 acc2_0 = acc2_0 + (t[:, :, None] * wr2_0).sum(1)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr6_0 = w6[tile_b, tile_r, 0, tile_c]
+                wr6_0 = weights[tile_b, 980 + tile_r.index[:, None] * 48 + tile_c.index[None, :]]
                 t = (
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
@@ -209,17 +190,17 @@ def tp_fwd_0(
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
-                ra2_0 = x1_2[tile_b, 0, tile_r]
-                wr8_0 = w8[tile_b, tile_r, 0, tile_c]
+                ra2_0 = x1[tile_b, 60 + tile_r.index]
+                wr8_0 = weights[tile_b, 1560 + tile_r.index[:, None] * 48 + tile_c.index[None, :]]
                 t = (0.13130643285972254 * ra2_0 * sb0_0_0)
                 acc2_0 = acc2_0 + (t[:, :, None] * wr8_0).sum(1)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
-                ra3_0 = x1_3[tile_b, 0, tile_r]
-                wr10_0 = w10[tile_b, tile_r, 0, tile_c]
+                ra3_0 = x1[tile_b, 108 + tile_r.index]
+                wr10_0 = weights[tile_b, 4344 + tile_r.index[:, None] * 48 + tile_c.index[None, :]]
                 t = (0.13130643285972254 * ra3_0 * sb0_0_0)
                 acc3_0 = acc3_0 + (t[:, :, None] * wr10_0).sum(1)
-            out_2[tile_b, 0, tile_c] = acc2_0
-            out_3[tile_b, 0, tile_c] = acc3_0
+            out[tile_b, 60 + tile_c.index] = acc2_0
+            out[tile_b, 108 + tile_c.index] = acc3_0
 
 
 @helion.kernel(
@@ -227,59 +208,40 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-11."""
-    for tile_b in hl.tile(g_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(10, block_size=16):
             # x1 block 0: 10x1o (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            acc0_1 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
-            acc0_2 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc0_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc0_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # x1 block 1: 10x1e (4 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
-                rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg0 = hl.load(g, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
                 rg0te, rg0to = hl.split(rg0t)
                 rg0_0, rg0_2 = hl.split(rg0te)
                 rg0_1, rg0_3 = hl.split(rg0to)
-                wr0_0 = w0[tile_b, tile_c, 0, tile_r]
+                wr0_0 = weights[tile_b, tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (0.11322770341445958 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
                 t = (0.11322770341445958 * rg0_1 * sb0_0_0)
@@ -287,12 +249,12 @@ def tp_bwd_x1_0(
                 t = (0.11322770341445958 * rg0_2 * sb0_0_0)
                 acc0_2 = acc0_2 + (t[:, None, :] * wr0_0).sum(2)
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1_0 = w1[tile_b, tile_c, 0, tile_r]
+                wr1_0 = weights[tile_b, 100 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (-0.08006407690254357 * rg1_1 * sb1_2_0 + 0.08006407690254357 * rg1_2 * sb1_1_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr1_0).sum(2)
                 t = (0.08006407690254357 * rg1_0 * sb1_2_0 - 0.08006407690254357 * rg1_2 * sb1_0_0)
@@ -300,7 +262,7 @@ def tp_bwd_x1_0(
                 t = (-0.08006407690254357 * rg1_0 * sb1_1_0 + 0.08006407690254357 * rg1_1 * sb1_0_0)
                 acc0_2 = acc0_2 + (t[:, None, :] * wr1_0).sum(2)
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
-                wr3_0 = w3[tile_b, tile_c, 0, tile_r]
+                wr3_0 = weights[tile_b, 680 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (
                     -0.03580574370197164 * rg0_0 * sb2_2_0 - 0.062017367294604234 * rg0_0 * sb2_4_0
                     + 0.062017367294604234 * rg0_1 * sb2_1_0 + 0.062017367294604234 * rg0_2 * sb2_0_0
@@ -317,7 +279,7 @@ def tp_bwd_x1_0(
                 )
                 acc0_2 = acc0_2 + (t[:, None, :] * wr3_0).sum(2)
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
-                wr4_0 = w4[tile_b, tile_c, 0, tile_r]
+                wr4_0 = weights[tile_b, 780 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (0.11322770341445958 * rg1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr4_0).sum(2)
                 t = (0.11322770341445958 * rg1_1 * sb0_0_0)
@@ -325,7 +287,7 @@ def tp_bwd_x1_0(
                 t = (0.11322770341445958 * rg1_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr4_0).sum(2)
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
-                wr5_0 = w5[tile_b, tile_c, 0, tile_r]
+                wr5_0 = weights[tile_b, 880 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (-0.08006407690254357 * rg0_1 * sb1_2_0 + 0.08006407690254357 * rg0_2 * sb1_1_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
                 t = (0.08006407690254357 * rg0_0 * sb1_2_0 - 0.08006407690254357 * rg0_2 * sb1_0_0)
@@ -333,7 +295,7 @@ def tp_bwd_x1_0(
                 t = (-0.08006407690254357 * rg0_0 * sb1_1_0 + 0.08006407690254357 * rg0_1 * sb1_0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr5_0).sum(2)
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
-                wr7_0 = w7[tile_b, tile_c, 0, tile_r]
+                wr7_0 = weights[tile_b, 1460 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (
                     -0.03580574370197164 * rg1_0 * sb2_2_0 - 0.062017367294604234 * rg1_0 * sb2_4_0
                     + 0.062017367294604234 * rg1_1 * sb2_1_0 + 0.062017367294604234 * rg1_2 * sb2_0_0
@@ -352,8 +314,8 @@ def tp_bwd_x1_0(
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                wr2_0 = w2[tile_b, tile_c, 0, tile_r]
+                rg2_0 = g[tile_b, 60 + tile_r.index]
+                wr2_0 = weights[tile_b, 200 + tile_c.index[:, None] * 48 + tile_r.index[None, :]]
                 t = (0.07580980435789032 * rg2_0 * sb1_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.07580980435789032 * rg2_0 * sb1_1_0)
@@ -361,61 +323,61 @@ def tp_bwd_x1_0(
                 t = (0.07580980435789032 * rg2_0 * sb1_2_0)
                 acc0_2 = acc0_2 + (t[:, None, :] * wr2_0).sum(2)
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                wr6_0 = w6[tile_b, tile_c, 0, tile_r]
+                rg3_0 = g[tile_b, 108 + tile_r.index]
+                wr6_0 = weights[tile_b, 980 + tile_c.index[:, None] * 48 + tile_r.index[None, :]]
                 t = (0.07580980435789032 * rg3_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * rg3_0 * sb1_1_0)
                 acc1_1 = acc1_1 + (t[:, None, :] * wr6_0).sum(2)
                 t = (0.07580980435789032 * rg3_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
-            hl.store(gx1_0, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc0_0, acc0_2), hl.join(acc0_1, acc0_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 30 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(48, block_size=32):
             # x1 block 2: 48x0e (2 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # x1 block 3: 48x0o (2 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
-                rg2_0 = g_2[tile_b, 0, tile_r]
-                wr8_0 = w8[tile_b, tile_c, 0, tile_r]
+                rg2_0 = g[tile_b, 60 + tile_r.index]
+                wr8_0 = weights[tile_b, 1560 + tile_c.index[:, None] * 48 + tile_r.index[None, :]]
                 t = (0.13130643285972254 * rg2_0 * sb0_0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr8_0).sum(2)
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
-                rg3_0 = g_3[tile_b, 0, tile_r]
-                wr10_0 = w10[tile_b, tile_c, 0, tile_r]
+                rg3_0 = g[tile_b, 108 + tile_r.index]
+                wr10_0 = weights[tile_b, 4344 + tile_c.index[:, None] * 48 + tile_r.index[None, :]]
                 t = (0.13130643285972254 * rg3_0 * sb0_0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr10_0).sum(2)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                rg0 = hl.load(g_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg0 = hl.load(g, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg0t = rg0.reshape([tile_b, tile_r, 2, 2])
                 rg0te, rg0to = hl.split(rg0t)
                 rg0_0, rg0_2 = hl.split(rg0te)
                 rg0_1, rg0_3 = hl.split(rg0to)
-                wr9_0 = w9[tile_b, tile_c, 0, tile_r]
+                wr9_0 = weights[tile_b, 3864 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (
                     0.11322770341445958 * rg0_0 * sb1_0_0 + 0.11322770341445958 * rg0_1 * sb1_1_0
                     + 0.11322770341445958 * rg0_2 * sb1_2_0
                 )
                 acc2_0 = acc2_0 + (t[:, None, :] * wr9_0).sum(2)
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr11_0 = w11[tile_b, tile_c, 0, tile_r]
+                wr11_0 = weights[tile_b, 6648 + tile_c.index[:, None] * 10 + tile_r.index[None, :]]
                 t = (
                     0.11322770341445958 * rg1_0 * sb1_0_0 + 0.11322770341445958 * rg1_1 * sb1_1_0
                     + 0.11322770341445958 * rg1_2 * sb1_2_0
                 )
                 acc3_0 = acc3_0 + (t[:, None, :] * wr11_0).sum(2)
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_3[tile_b, 0, tile_c] = acc3_0
+            gx1[tile_b, 60 + tile_c.index] = acc2_0
+            gx1[tile_b, 108 + tile_c.index] = acc3_0
 
 
 @helion.kernel(
@@ -423,54 +385,35 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-2; paths 0-11."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=8):
+    for tile_b in hl.tile(x1.size(0), block_size=8):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (2 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
-                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch0_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch0_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch0_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch0_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws0 = w0[tile_b, tile_r, 0, tile_s]
-                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws0 = weights[tile_b, tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg0 = hl.load(g, [tile_b, tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
                     vg0te, vg0to = hl.split(vg0t)
                     vg0_0, vg0_2 = hl.split(vg0te)
@@ -478,7 +421,7 @@ def tp_bwd_x2_0(
                     acch0_0 = acch0_0 + (ws0 * vg0_0[:, None, :]).sum(2)
                     acch0_1 = acch0_1 + (ws0 * vg0_1[:, None, :]).sum(2)
                     acch0_2 = acch0_2 + (ws0 * vg0_2[:, None, :]).sum(2)
-                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0 = hl.load(x1, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
@@ -489,12 +432,12 @@ def tp_bwd_x2_0(
                 )
                 s0_0 = t
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
-                acch4_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch4_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch4_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch4_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch4_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch4_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws4 = w4[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws4 = weights[tile_b, 780 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 30 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -502,7 +445,7 @@ def tp_bwd_x2_0(
                     acch4_0 = acch4_0 + (ws4 * vg1_0[:, None, :]).sum(2)
                     acch4_1 = acch4_1 + (ws4 * vg1_1[:, None, :]).sum(2)
                     acch4_2 = acch4_2 + (ws4 * vg1_2[:, None, :]).sum(2)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -513,12 +456,12 @@ def tp_bwd_x2_0(
                 )
                 s0_0 = s0_0 + t
                 # path 1: uvw 10x1o x 1x1o -> 10x1e, 6 nonzeros, weighted
-                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws1 = w1[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws1 = weights[tile_b, 100 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 30 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -533,12 +476,12 @@ def tp_bwd_x2_0(
                 t = (0.08006407690254357 * ra0_1 * acch1_0 - 0.08006407690254357 * ra0_0 * acch1_1)
                 s1_2 = t
                 # path 5: uvw 10x1e x 1x1o -> 10x1o, 6 nonzeros, weighted
-                acch5_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch5_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch5_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch5_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch5_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch5_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws5 = w5[tile_b, tile_r, 0, tile_s]
-                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws5 = weights[tile_b, 880 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg0 = hl.load(g, [tile_b, tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
                     vg0te, vg0to = hl.split(vg0t)
                     vg0_0, vg0_2 = hl.split(vg0te)
@@ -553,12 +496,12 @@ def tp_bwd_x2_0(
                 t = (0.08006407690254357 * ra1_1 * acch5_0 - 0.08006407690254357 * ra1_0 * acch5_1)
                 s1_2 = s1_2 + t
                 # path 3: uvw 10x1o x 1x2e -> 10x1o, 11 nonzeros, weighted
-                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
-                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
-                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws3 = w3[tile_b, tile_r, 0, tile_s]
-                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws3 = weights[tile_b, 680 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg0 = hl.load(g, [tile_b, tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
                     vg0te, vg0to = hl.split(vg0t)
                     vg0_0, vg0_2 = hl.split(vg0te)
@@ -580,12 +523,12 @@ def tp_bwd_x2_0(
                 t = (-0.062017367294604234 * ra0_0 * acch3_0 + 0.062017367294604234 * ra0_2 * acch3_2)
                 s2_4 = t
                 # path 7: uvw 10x1e x 1x2e -> 10x1e, 11 nonzeros, weighted
-                acch7_0 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
-                acch7_1 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
-                acch7_2 = hl.zeros([tile_b, tile_r], dtype=gx2_2.dtype)
+                acch7_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch7_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch7_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws7 = w7[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws7 = weights[tile_b, 1460 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 30 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -618,30 +561,30 @@ def tp_bwd_x2_0(
             # reduction over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
-                acch8_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch8_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(48, block_size=16):
-                    ws8 = w8[tile_b, tile_r, 0, tile_s]
-                    vg2_0 = g_2[tile_b, 0, tile_s]
+                    ws8 = weights[tile_b, 1560 + tile_r.index[:, None] * 48 + tile_s.index[None, :]]
+                    vg2_0 = g[tile_b, 60 + tile_s.index]
                     acch8_0 = acch8_0 + (ws8 * vg2_0[:, None, :]).sum(2)
-                ra2_0 = x1_2[tile_b, 0, tile_r]
+                ra2_0 = x1[tile_b, 60 + tile_r.index]
                 t = (0.13130643285972254 * ra2_0 * acch8_0)
                 s0_0 = t
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
-                acch10_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch10_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(48, block_size=16):
-                    ws10 = w10[tile_b, tile_r, 0, tile_s]
-                    vg3_0 = g_3[tile_b, 0, tile_s]
+                    ws10 = weights[tile_b, 4344 + tile_r.index[:, None] * 48 + tile_s.index[None, :]]
+                    vg3_0 = g[tile_b, 108 + tile_s.index]
                     acch10_0 = acch10_0 + (ws10 * vg3_0[:, None, :]).sum(2)
-                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_0 = x1[tile_b, 108 + tile_r.index]
                 t = (0.13130643285972254 * ra3_0 * acch10_0)
                 s0_0 = s0_0 + t
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
-                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws2 = w2[tile_b, tile_s, 0, tile_r]
-                    va0 = hl.load(x1_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws2 = weights[tile_b, 200 + tile_s.index[:, None] * 48 + tile_r.index[None, :]]
+                    va0 = hl.load(x1, [tile_b, tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     va0t = va0.reshape([tile_b, tile_s, 2, 2])
                     va0te, va0to = hl.split(va0t)
                     va0_0, va0_2 = hl.split(va0te)
@@ -649,7 +592,7 @@ def tp_bwd_x2_0(
                     acch2_0 = acch2_0 + (ws2 * va0_0[:, :, None]).sum(1)
                     acch2_1 = acch2_1 + (ws2 * va0_1[:, :, None]).sum(1)
                     acch2_2 = acch2_2 + (ws2 * va0_2[:, :, None]).sum(1)
-                rg2_0 = g_2[tile_b, 0, tile_r]
+                rg2_0 = g[tile_b, 60 + tile_r.index]
                 t = (0.07580980435789032 * acch2_0 * rg2_0)
                 s1_0 = t
                 t = (0.07580980435789032 * acch2_1 * rg2_0)
@@ -657,12 +600,12 @@ def tp_bwd_x2_0(
                 t = (0.07580980435789032 * acch2_2 * rg2_0)
                 s1_2 = t
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
-                acch6_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch6_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch6_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch6_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch6_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch6_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws6 = w6[tile_b, tile_s, 0, tile_r]
-                    va1 = hl.load(x1_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws6 = weights[tile_b, 980 + tile_s.index[:, None] * 48 + tile_r.index[None, :]]
+                    va1 = hl.load(x1, [tile_b, 30 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     va1t = va1.reshape([tile_b, tile_s, 2, 2])
                     va1te, va1to = hl.split(va1t)
                     va1_0, va1_2 = hl.split(va1te)
@@ -670,7 +613,7 @@ def tp_bwd_x2_0(
                     acch6_0 = acch6_0 + (ws6 * va1_0[:, :, None]).sum(1)
                     acch6_1 = acch6_1 + (ws6 * va1_1[:, :, None]).sum(1)
                     acch6_2 = acch6_2 + (ws6 * va1_2[:, :, None]).sum(1)
-                rg3_0 = g_3[tile_b, 0, tile_r]
+                rg3_0 = g[tile_b, 108 + tile_r.index]
                 t = (0.07580980435789032 * acch6_0 * rg3_0)
                 s1_0 = s1_0 + t
                 t = (0.07580980435789032 * acch6_1 * rg3_0)
@@ -678,12 +621,12 @@ def tp_bwd_x2_0(
                 t = (0.07580980435789032 * acch6_2 * rg3_0)
                 s1_2 = s1_2 + t
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                acch9_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch9_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch9_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch9_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch9_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch9_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws9 = w9[tile_b, tile_r, 0, tile_s]
-                    vg0 = hl.load(g_0, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws9 = weights[tile_b, 3864 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg0 = hl.load(g, [tile_b, tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg0t = vg0.reshape([tile_b, tile_s, 2, 2])
                     vg0te, vg0to = hl.split(vg0t)
                     vg0_0, vg0_2 = hl.split(vg0te)
@@ -698,12 +641,12 @@ def tp_bwd_x2_0(
                 t = (0.11322770341445958 * ra2_0 * acch9_2)
                 s1_2 = s1_2 + t
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
-                acch11_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch11_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch11_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch11_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch11_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch11_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(10, block_size=16):
-                    ws11 = w11[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws11 = weights[tile_b, 6648 + tile_r.index[:, None] * 10 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 30 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -721,15 +664,15 @@ def tp_bwd_x2_0(
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
                 acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
                 acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
 
 
 @helion.kernel(
@@ -737,48 +680,29 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-11."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(10, block_size=16):
-            g0 = hl.load(g_0, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g0 = hl.load(g, [tile_b, tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g0t = g0.reshape([tile_b, tile_c, 2, 2])
             g0te, g0to = hl.split(g0t)
             g0_0, g0_2 = hl.split(g0te)
             g0_1, g0_3 = hl.split(g0to)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 30 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -786,7 +710,7 @@ def tp_bwd_w_0(
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 0: uvw 10x1o x 1x0e -> 10x1o, 3 nonzeros, weighted
-                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0 = hl.load(x1, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
@@ -794,7 +718,7 @@ def tp_bwd_w_0(
                 o0 = (0.11322770341445958 * ra0_0 * sb0_0_0)
                 o1 = (0.11322770341445958 * ra0_1 * sb0_0_0)
                 o2 = (0.11322770341445958 * ra0_2 * sb0_0_0)
-                gw0[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
                     + o2[:, :, None] * g0_2[:, None, :]
                 )
@@ -802,7 +726,7 @@ def tp_bwd_w_0(
                 o0 = (0.08006407690254357 * ra0_1 * sb1_2_0 - 0.08006407690254357 * ra0_2 * sb1_1_0)
                 o1 = (-0.08006407690254357 * ra0_0 * sb1_2_0 + 0.08006407690254357 * ra0_2 * sb1_0_0)
                 o2 = (0.08006407690254357 * ra0_0 * sb1_1_0 - 0.08006407690254357 * ra0_1 * sb1_0_0)
-                gw1[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 100 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )
@@ -819,12 +743,12 @@ def tp_bwd_w_0(
                     0.062017367294604234 * ra0_0 * sb2_0_0 + 0.062017367294604234 * ra0_1 * sb2_3_0
                     - 0.03580574370197164 * ra0_2 * sb2_2_0 + 0.062017367294604234 * ra0_2 * sb2_4_0
                 )
-                gw3[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 680 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
                     + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 4: uvw 10x1e x 1x0e -> 10x1e, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -832,7 +756,7 @@ def tp_bwd_w_0(
                 o0 = (0.11322770341445958 * ra1_0 * sb0_0_0)
                 o1 = (0.11322770341445958 * ra1_1 * sb0_0_0)
                 o2 = (0.11322770341445958 * ra1_2 * sb0_0_0)
-                gw4[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 780 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )
@@ -840,7 +764,7 @@ def tp_bwd_w_0(
                 o0 = (0.08006407690254357 * ra1_1 * sb1_2_0 - 0.08006407690254357 * ra1_2 * sb1_1_0)
                 o1 = (-0.08006407690254357 * ra1_0 * sb1_2_0 + 0.08006407690254357 * ra1_2 * sb1_0_0)
                 o2 = (0.08006407690254357 * ra1_0 * sb1_1_0 - 0.08006407690254357 * ra1_1 * sb1_0_0)
-                gw5[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 880 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
                     + o2[:, :, None] * g0_2[:, None, :]
                 )
@@ -857,37 +781,37 @@ def tp_bwd_w_0(
                     0.062017367294604234 * ra1_0 * sb2_0_0 + 0.062017367294604234 * ra1_1 * sb2_3_0
                     - 0.03580574370197164 * ra1_2 * sb2_2_0 + 0.062017367294604234 * ra1_2 * sb2_4_0
                 )
-                gw7[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 1460 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 9: uvw 48x0e x 1x1o -> 10x1o, 3 nonzeros, weighted
-                ra2_0 = x1_2[tile_b, 0, tile_r]
+                ra2_0 = x1[tile_b, 60 + tile_r.index]
                 o0 = (0.11322770341445958 * ra2_0 * sb1_0_0)
                 o1 = (0.11322770341445958 * ra2_0 * sb1_1_0)
                 o2 = (0.11322770341445958 * ra2_0 * sb1_2_0)
-                gw9[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 3864 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g0_0[:, None, :] + o1[:, :, None] * g0_1[:, None, :]
                     + o2[:, :, None] * g0_2[:, None, :]
                 )
                 # path 11: uvw 48x0o x 1x1o -> 10x1e, 3 nonzeros, weighted
-                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_0 = x1[tile_b, 108 + tile_r.index]
                 o0 = (0.11322770341445958 * ra3_0 * sb1_0_0)
                 o1 = (0.11322770341445958 * ra3_0 * sb1_1_0)
                 o2 = (0.11322770341445958 * ra3_0 * sb1_2_0)
-                gw11[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 6648 + tile_r.index[:, None] * 10 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )
         for tile_c in hl.tile(48, block_size=32):
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g3_0 = g_3[tile_b, 0, tile_c]
+            g2_0 = g[tile_b, 60 + tile_c.index]
+            g3_0 = g[tile_b, 108 + tile_c.index]
             # outer products over 10 channels
             for tile_r in hl.tile(10, block_size=16):
                 # path 2: uvw 10x1o x 1x1o -> 48x0e, 3 nonzeros, weighted
-                ra0 = hl.load(x1_0, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra0 = hl.load(x1, [tile_b, tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra0t = ra0.reshape([tile_b, tile_r, 2, 2])
                 ra0te, ra0to = hl.split(ra0t)
                 ra0_0, ra0_2 = hl.split(ra0te)
@@ -896,9 +820,9 @@ def tp_bwd_w_0(
                     0.07580980435789032 * ra0_0 * sb1_0_0 + 0.07580980435789032 * ra0_1 * sb1_1_0
                     + 0.07580980435789032 * ra0_2 * sb1_2_0
                 )
-                gw2[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g2_0[:, None, :])
+                gw[tile_b, 200 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g2_0[:, None, :])
                 # path 6: uvw 10x1e x 1x1o -> 48x0o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 30 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -907,14 +831,14 @@ def tp_bwd_w_0(
                     0.07580980435789032 * ra1_0 * sb1_0_0 + 0.07580980435789032 * ra1_1 * sb1_1_0
                     + 0.07580980435789032 * ra1_2 * sb1_2_0
                 )
-                gw6[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g3_0[:, None, :])
+                gw[tile_b, 980 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g3_0[:, None, :])
             # outer products over 48 channels
             for tile_r in hl.tile(48, block_size=16):
                 # path 8: uvw 48x0e x 1x0e -> 48x0e, 1 nonzero, weighted
-                ra2_0 = x1_2[tile_b, 0, tile_r]
+                ra2_0 = x1[tile_b, 60 + tile_r.index]
                 o0 = (0.13130643285972254 * ra2_0 * sb0_0_0)
-                gw8[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g2_0[:, None, :])
+                gw[tile_b, 1560 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g2_0[:, None, :])
                 # path 10: uvw 48x0o x 1x0e -> 48x0o, 1 nonzero, weighted
-                ra3_0 = x1_3[tile_b, 0, tile_r]
+                ra3_0 = x1[tile_b, 108 + tile_r.index]
                 o0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
-                gw10[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g3_0[:, None, :])
+                gw[tile_b, 4344 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g3_0[:, None, :])

@@ -31,58 +31,52 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0, 1; paths 0-3."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(80, block_size=32):
             # g block 0: 80x0e (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                wr0_0 = w0[tile_b, tile_r, 0, tile_c]
+                ra0_0 = x1[tile_b, tile_r.index]
+                wr0_0 = weights[tile_b, tile_r.index[:, None] * 80 + tile_c.index[None, :]]
                 t = (0.11180339887498948 * ra0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, :, None] * wr0_0).sum(1)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr3_0 = w3[tile_b, tile_r, 0, tile_c]
+                wr3_0 = weights[tile_b, 6400 + tile_r.index[:, None] * 80 + tile_c.index[None, :]]
                 t = (
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
                     + 0.06454972243679027 * ra1_2 * sb1_2_0
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr3_0).sum(1)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
         for tile_c in hl.tile(16, block_size=16):
             # g block 1: 16x1o (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                wr1_0 = w1[tile_b, tile_r, 0, tile_c]
+                ra0_0 = x1[tile_b, tile_r.index]
+                wr1_0 = weights[tile_b, 5120 + tile_r.index[:, None] * 16 + tile_c.index[None, :]]
                 t = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr1_0).sum(1)
                 t = (0.11180339887498948 * ra0_0 * sb1_1_0)
@@ -92,19 +86,19 @@ def tp_fwd_0(
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                wr2_0 = w2[tile_b, tile_r, 0, tile_c]
+                wr2_0 = weights[tile_b, 6144 + tile_r.index[:, None] * 16 + tile_c.index[None, :]]
                 t = (0.11180339887498948 * ra1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, :, None] * wr2_0).sum(1)
                 t = (0.11180339887498948 * ra1_1 * sb0_0_0)
                 acc1_1 = acc1_1 + (t[:, :, None] * wr2_0).sum(1)
                 t = (0.11180339887498948 * ra1_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, :, None] * wr2_0).sum(1)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 80 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -112,62 +106,56 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0, 1; paths 0-3."""
-    for tile_b in hl.tile(g_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 0: 64x0e (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0_0 = w0[tile_b, tile_c, 0, tile_r]
+                rg0_0 = g[tile_b, tile_r.index]
+                wr0_0 = weights[tile_b, tile_c.index[:, None] * 80 + tile_r.index[None, :]]
                 t = (0.11180339887498948 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 80 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr1_0 = w1[tile_b, tile_c, 0, tile_r]
+                wr1_0 = weights[tile_b, 5120 + tile_c.index[:, None] * 16 + tile_r.index[None, :]]
                 t = (
                     0.11180339887498948 * rg1_0 * sb1_0_0 + 0.11180339887498948 * rg1_1 * sb1_1_0
                     + 0.11180339887498948 * rg1_2 * sb1_2_0
                 )
                 acc0_0 = acc0_0 + (t[:, None, :] * wr1_0).sum(2)
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
         for tile_c in hl.tile(16, block_size=16):
             # x1 block 1: 16x1o (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 80 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr2_0 = w2[tile_b, tile_c, 0, tile_r]
+                wr2_0 = weights[tile_b, 6144 + tile_c.index[:, None] * 16 + tile_r.index[None, :]]
                 t = (0.11180339887498948 * rg1_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.11180339887498948 * rg1_1 * sb0_0_0)
@@ -177,15 +165,15 @@ def tp_bwd_x1_0(
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                wr3_0 = w3[tile_b, tile_c, 0, tile_r]
+                rg0_0 = g[tile_b, tile_r.index]
+                wr3_0 = weights[tile_b, 6400 + tile_c.index[:, None] * 80 + tile_r.index[None, :]]
                 t = (0.06454972243679027 * rg0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr3_0).sum(2)
                 t = (0.06454972243679027 * rg0_0 * sb1_1_0)
                 acc1_1 = acc1_1 + (t[:, None, :] * wr3_0).sum(2)
                 t = (0.06454972243679027 * rg0_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -193,44 +181,38 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0, 1; paths 0-3."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=8):
+    for tile_b in hl.tile(x1.size(0), block_size=8):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 80 channels
             for tile_r in hl.tile(80, block_size=16):
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
-                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch0_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(64, block_size=16):
-                    ws0 = w0[tile_b, tile_s, 0, tile_r]
-                    va0_0 = x1_0[tile_b, 0, tile_s]
+                    ws0 = weights[tile_b, tile_s.index[:, None] * 80 + tile_r.index[None, :]]
+                    va0_0 = x1[tile_b, tile_s.index]
                     acch0_0 = acch0_0 + (ws0 * va0_0[:, :, None]).sum(1)
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (0.11180339887498948 * acch0_0 * rg0_0)
                 s0_0 = t
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
-                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch3_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch3_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch3_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(16, block_size=16):
-                    ws3 = w3[tile_b, tile_s, 0, tile_r]
-                    va1 = hl.load(x1_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws3 = weights[tile_b, 6400 + tile_s.index[:, None] * 80 + tile_r.index[None, :]]
+                    va1 = hl.load(x1, [tile_b, 64 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     va1t = va1.reshape([tile_b, tile_s, 2, 2])
                     va1te, va1to = hl.split(va1t)
                     va1_0, va1_2 = hl.split(va1te)
@@ -251,12 +233,12 @@ def tp_bwd_x2_0(
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
-                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
-                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2_0.dtype)
+                acch2_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch2_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch2_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(16, block_size=16):
-                    ws2 = w2[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws2 = weights[tile_b, 6144 + tile_r.index[:, None] * 16 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 80 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -264,7 +246,7 @@ def tp_bwd_x2_0(
                     acch2_0 = acch2_0 + (ws2 * vg1_0[:, None, :]).sum(2)
                     acch2_1 = acch2_1 + (ws2 * vg1_1[:, None, :]).sum(2)
                     acch2_2 = acch2_2 + (ws2 * vg1_2[:, None, :]).sum(2)
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -278,12 +260,12 @@ def tp_bwd_x2_0(
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
-                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2_1.dtype)
+                acch1_0 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch1_1 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
+                acch1_2 = hl.zeros([tile_b, tile_r], dtype=gx2.dtype)
                 for tile_s in hl.tile(16, block_size=16):
-                    ws1 = w1[tile_b, tile_r, 0, tile_s]
-                    vg1 = hl.load(g_1, [tile_b, tile_s, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                    ws1 = weights[tile_b, 5120 + tile_r.index[:, None] * 16 + tile_s.index[None, :]]
+                    vg1 = hl.load(g, [tile_b, 80 + tile_s.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                     vg1t = vg1.reshape([tile_b, tile_s, 2, 2])
                     vg1te, vg1to = hl.split(vg1t)
                     vg1_0, vg1_2 = hl.split(vg1te)
@@ -291,7 +273,7 @@ def tp_bwd_x2_0(
                     acch1_0 = acch1_0 + (ws1 * vg1_0[:, None, :]).sum(2)
                     acch1_1 = acch1_1 + (ws1 * vg1_1[:, None, :]).sum(2)
                     acch1_2 = acch1_2 + (ws1 * vg1_2[:, None, :]).sum(2)
-                ra0_0 = x1_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
                 t = (0.11180339887498948 * ra0_0 * acch1_0)
                 s1_0 = t
                 t = (0.11180339887498948 * ra0_0 * acch1_1)
@@ -301,10 +283,10 @@ def tp_bwd_x2_0(
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
                 acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
                 acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
 
 
 @helion.kernel(
@@ -312,35 +294,29 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-3."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=4):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=4):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(80, block_size=32):
-            g0_0 = g_0[tile_b, 0, tile_c]
+            g0_0 = g[tile_b, tile_c.index]
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 0: uvw 64x0e x 1x0e -> 80x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
                 o0 = (0.11180339887498948 * ra0_0 * sb0_0_0)
-                gw0[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g0_0[:, None, :])
+                gw[tile_b, tile_r.index[:, None] * 80 + tile_c.index[None, :]] = (o0[:, :, None] * g0_0[:, None, :])
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -349,9 +325,9 @@ def tp_bwd_w_0(
                     0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
                     + 0.06454972243679027 * ra1_2 * sb1_2_0
                 )
-                gw3[tile_b, tile_r, 0, tile_c] = (o0[:, :, None] * g0_0[:, None, :])
+                gw[tile_b, 6400 + tile_r.index[:, None] * 80 + tile_c.index[None, :]] = (o0[:, :, None] * g0_0[:, None, :])
         for tile_c in hl.tile(16, block_size=16):
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 80 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -359,18 +335,18 @@ def tp_bwd_w_0(
             # outer products over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 1: uvw 64x0e x 1x1o -> 16x1o, 3 nonzeros, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
                 o0 = (0.11180339887498948 * ra0_0 * sb1_0_0)
                 o1 = (0.11180339887498948 * ra0_0 * sb1_1_0)
                 o2 = (0.11180339887498948 * ra0_0 * sb1_2_0)
-                gw1[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 5120 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )
             # outer products over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 16x1o x 1x0e -> 16x1o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
@@ -378,7 +354,7 @@ def tp_bwd_w_0(
                 o0 = (0.11180339887498948 * ra1_0 * sb0_0_0)
                 o1 = (0.11180339887498948 * ra1_1 * sb0_0_0)
                 o2 = (0.11180339887498948 * ra1_2 * sb0_0_0)
-                gw2[tile_b, tile_r, 0, tile_c] = (
+                gw[tile_b, 6144 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = (
                     o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                     + o2[:, :, None] * g1_2[:, None, :]
                 )

@@ -83,62 +83,22 @@ def _check_operands(op: str, *operands) -> None:
 
 def _launch_fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> None:
     """Launch the ``fwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
-    x1_0 = x1[:, 0:64].unflatten(1, (1, 64))
-    x1_1 = x1[:, 64:112].unflatten(1, (16, 3))
-    x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
-    x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
-    w0 = weights[:, 0:5120].unflatten(1, (64, 1, 80))
-    w1 = weights[:, 5120:6144].unflatten(1, (64, 1, 16))
-    w2 = weights[:, 6144:6400].unflatten(1, (16, 1, 16))
-    w3 = weights[:, 6400:7680].unflatten(1, (16, 1, 80))
-    out_0 = out[:, 0:80].unflatten(1, (1, 80))
-    out_1 = out[:, 80:128].unflatten(1, (16, 3))
-    _k.tp_fwd_0(x1_0, x1_1, x2_0, x2_1, w0, w1, w2, w3, out_0, out_1)
+    _k.tp_fwd_0(x1, x2, weights, out)
 
 
 def _launch_bwd_x1(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor) -> None:
     """Launch the ``bwd_x1`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
-    g_0 = g[:, 0:80].unflatten(1, (1, 80))
-    g_1 = g[:, 80:128].unflatten(1, (16, 3))
-    x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
-    x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
-    w0 = weights[:, 0:5120].unflatten(1, (64, 1, 80))
-    w1 = weights[:, 5120:6144].unflatten(1, (64, 1, 16))
-    w2 = weights[:, 6144:6400].unflatten(1, (16, 1, 16))
-    w3 = weights[:, 6400:7680].unflatten(1, (16, 1, 80))
-    gx1_0 = gx1[:, 0:64].unflatten(1, (1, 64))
-    gx1_1 = gx1[:, 64:112].unflatten(1, (16, 3))
-    _k.tp_bwd_x1_0(g_0, g_1, x2_0, x2_1, w0, w1, w2, w3, gx1_0, gx1_1)
+    _k.tp_bwd_x1_0(g, x2, weights, gx1)
 
 
 def _launch_bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2: torch.Tensor) -> None:
     """Launch the ``bwd_x2`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
-    x1_0 = x1[:, 0:64].unflatten(1, (1, 64))
-    x1_1 = x1[:, 64:112].unflatten(1, (16, 3))
-    g_0 = g[:, 0:80].unflatten(1, (1, 80))
-    g_1 = g[:, 80:128].unflatten(1, (16, 3))
-    w0 = weights[:, 0:5120].unflatten(1, (64, 1, 80))
-    w1 = weights[:, 5120:6144].unflatten(1, (64, 1, 16))
-    w2 = weights[:, 6144:6400].unflatten(1, (16, 1, 16))
-    w3 = weights[:, 6400:7680].unflatten(1, (16, 1, 80))
-    gx2_0 = gx2[:, 0:1].unflatten(1, (1, 1))
-    gx2_1 = gx2[:, 1:4].unflatten(1, (3, 1))
-    _k.tp_bwd_x2_0(x1_0, x1_1, g_0, g_1, w0, w1, w2, w3, gx2_0, gx2_1)
+    _k.tp_bwd_x2_0(x1, g, weights, gx2)
 
 
 def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor) -> None:
     """Launch the ``bwd_w`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
-    x1_0 = x1[:, 0:64].unflatten(1, (1, 64))
-    x1_1 = x1[:, 64:112].unflatten(1, (16, 3))
-    x2_0 = x2[:, 0:1].unflatten(1, (1, 1))
-    x2_1 = x2[:, 1:4].unflatten(1, (3, 1))
-    g_0 = g[:, 0:80].unflatten(1, (1, 80))
-    g_1 = g[:, 80:128].unflatten(1, (16, 3))
-    gw0 = gw[:, 0:5120].unflatten(1, (64, 1, 80))
-    gw1 = gw[:, 5120:6144].unflatten(1, (64, 1, 16))
-    gw2 = gw[:, 6144:6400].unflatten(1, (16, 1, 16))
-    gw3 = gw[:, 6400:7680].unflatten(1, (16, 1, 80))
-    _k.tp_bwd_w_0(x1_0, x1_1, x2_0, x2_1, g_0, g_1, gw0, gw1, gw2, gw3)
+    _k.tp_bwd_w_0(x1, x2, g, gw)
 
 
 @torch.library.custom_op("eqdsl_e3tools_conv::fwd", mutates_args=())

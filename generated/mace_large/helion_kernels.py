@@ -31,74 +31,37 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-16; paths 0-16."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -108,45 +71,45 @@ def tp_fwd_0(
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
             # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
@@ -154,34 +117,34 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 4: 128x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 128x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            out_5[tile_b, 0, tile_c] = acc5_0
+            out[tile_b, 2432 + tile_c.index] = acc5_0
             # g block 6: 128x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (
@@ -190,13 +153,13 @@ def tp_fwd_0(
             )
             acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 7: 128x1o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
@@ -209,17 +172,17 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            hl.store(out_7, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 128x3o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 1024 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
             acc8_1 = acc8_1 + wt8_0 * (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
@@ -242,15 +205,15 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.store(out_8, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 9: 128x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 1152 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
@@ -273,27 +236,27 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 10: 128x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 1280 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            hl.store(out_10, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 11: 128x1o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 1408 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
@@ -306,17 +269,17 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            hl.store(out_11, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 12: 128x3o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 1536 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
             acc12_1 = acc12_1 + wt12_0 * (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
@@ -339,25 +302,25 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 13: 128x0e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 1664 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            out_13[tile_b, 0, tile_c] = acc13_0
+            out[tile_b, 7040 + tile_c.index] = acc13_0
             # g block 14: 128x2e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 1792 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
@@ -381,13 +344,13 @@ def tp_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            hl.store(out_14, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 15: 128x1o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 1920 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
                 - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
@@ -405,17 +368,17 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            hl.store(out_15, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 16: 128x3o (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 2048 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
@@ -453,7 +416,7 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -461,76 +424,39 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-2; paths 0-16."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
             # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -540,8 +466,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -556,8 +482,8 @@ def tp_bwd_x1_0(
                 + g2_4 * sb2_4_0
             )
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -572,14 +498,14 @@ def tp_bwd_x1_0(
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
                 + 1.0000000000000002 * g3_6 * sb3_6_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
             # x1 block 1: 128x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
@@ -588,14 +514,14 @@ def tp_bwd_x1_0(
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[tile_b, 0, tile_c]
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
+            g5_0 = g[tile_b, 2432 + tile_c.index]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -617,8 +543,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
             )
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
+            g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
@@ -636,8 +562,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
             )
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt8_0 = weights[tile_b, 1024 + tile_c.index]
+            g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8tee, g8teo = hl.split(g8te)
@@ -664,8 +590,8 @@ def tp_bwd_x1_0(
                 + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
             )
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt9_0 = weights[tile_b, 1152 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -691,16 +617,16 @@ def tp_bwd_x1_0(
                 - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
                 - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
             )
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 2: 128x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt10_0 = weights[tile_b, 1280 + tile_c.index]
+            g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -715,8 +641,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt11_0 = weights[tile_b, 1408 + tile_c.index]
+            g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11_0, g11_2 = hl.split(g11te)
@@ -730,8 +656,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt12_0 = weights[tile_b, 1536 + tile_c.index]
+            g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -763,16 +689,16 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g12_6 * sb1_2_0
             )
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13_0 = g_13[tile_b, 0, tile_c]
+            wt13_0 = weights[tile_b, 1664 + tile_c.index]
+            g13_0 = g[tile_b, 7040 + tile_c.index]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt14_0 = weights[tile_b, 1792 + tile_c.index]
+            g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -805,8 +731,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
             )
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt15_0 = weights[tile_b, 1920 + tile_c.index]
+            g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15_0, g15_2 = hl.split(g15te)
@@ -834,8 +760,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g15_2 * sb3_6_0
             )
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt16_0 = weights[tile_b, 2048 + tile_c.index]
+            g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -875,7 +801,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
                 - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
             )
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -883,86 +809,49 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-3; paths 0-16."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (5 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (5 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 3: 1x3o (4 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 2048 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
@@ -971,10 +860,10 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 512 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2tee, ra2teo = hl.split(ra2te)
@@ -983,7 +872,7 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg10 = hl.load(g, [tile_b, 5120 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10tee, rg10teo = hl.split(rg10te)
@@ -997,32 +886,32 @@ def tp_bwd_x2_0(
                     + ra2_2 * rg10_2 + ra2_3 * rg10_3
                     + ra2_4 * rg10_4
                 )
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 1280 + tile_r.index]
                 s0_0 = s0_0 + t * wq10
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 128 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[tile_b, 0, tile_r]
+                rg5_0 = g[tile_b, 2432 + tile_r.index]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
                 s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 s1_2 = s1_2 + t * wq5
                 # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 2560 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6tee, rg6teo = hl.split(rg6te)
@@ -1035,7 +924,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 768 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
@@ -1048,7 +937,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq6
                 # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg11 = hl.load(g, [tile_b, 5760 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11_0, rg11_2 = hl.split(rg11te)
@@ -1057,7 +946,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
                     + 0.5477225575051661 * ra2_1 * rg11_1 + 0.5477225575051661 * ra2_0 * rg11_2
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 1408 + tile_r.index]
                 s1_0 = s1_0 + t * wq11
                 t = (
                     0.5477225575051661 * ra2_1 * rg11_0 + 0.6324555320336758 * ra2_2 * rg11_1
@@ -1070,7 +959,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq11
                 # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12 = hl.load(g, [tile_b, 6144 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12tee, rg12teo = hl.split(rg12te)
@@ -1085,7 +974,7 @@ def tp_bwd_x2_0(
                     - 0.4472135954999579 * ra2_1 * rg12_3 - 0.18257418583505539 * ra2_0 * rg12_4
                     - 0.5773502691896258 * ra2_1 * rg12_5 - 0.7071067811865476 * ra2_0 * rg12_6
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 1536 + tile_r.index]
                 s1_0 = s1_0 + t * wq12
                 t = (
                     0.5773502691896258 * ra2_0 * rg12_1 + 0.7302967433402215 * ra2_1 * rg12_2
@@ -1101,7 +990,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq12
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -1111,7 +1000,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 256 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -1122,13 +1011,13 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7 = hl.load(g, [tile_b, 3200 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
                 rg7_1, rg7_3 = hl.split(rg7to)
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 896 + tile_r.index]
                 s2_0 = s2_0 + t * wq7
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
                 s2_1 = s2_1 + t * wq7
@@ -1142,7 +1031,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 s2_4 = s2_4 + t * wq7
                 # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg8 = hl.load(g, [tile_b, 3584 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8tee, rg8teo = hl.split(rg8te)
@@ -1156,7 +1045,7 @@ def tp_bwd_x2_0(
                     - 0.18257418583505539 * ra1_2 * rg8_2 - 0.18257418583505539 * ra1_0 * rg8_4
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 1024 + tile_r.index]
                 s2_0 = s2_0 + t * wq8
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
@@ -1180,9 +1069,9 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq8
                 # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-                rg13_0 = g_13[tile_b, 0, tile_r]
+                rg13_0 = g[tile_b, 7040 + tile_r.index]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 1664 + tile_r.index]
                 s2_0 = s2_0 + t * wq13
                 t = (0.4472135954999579 * ra2_1 * rg13_0)
                 s2_1 = s2_1 + t * wq13
@@ -1193,7 +1082,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 s2_4 = s2_4 + t * wq13
                 # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg14 = hl.load(g, [tile_b, 7168 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14tee, rg14teo = hl.split(rg14te)
@@ -1206,7 +1095,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 1792 + tile_r.index]
                 s2_0 = s2_0 + t * wq14
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
@@ -1232,7 +1121,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq14
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 1152 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -1242,7 +1131,7 @@ def tp_bwd_x2_0(
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 384 + tile_r.index]
                 s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 s3_1 = t * wq3
@@ -1257,7 +1146,7 @@ def tp_bwd_x2_0(
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 s3_6 = t * wq3
                 # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9 = hl.load(g, [tile_b, 4480 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9tee, rg9teo = hl.split(rg9te)
@@ -1267,7 +1156,7 @@ def tp_bwd_x2_0(
                 rg9_1, rg9_5 = hl.split(rg9toe)
                 rg9_3, rg9_7 = hl.split(rg9too)
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 1152 + tile_r.index]
                 s3_0 = s3_0 + t * wq9
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
@@ -1297,13 +1186,13 @@ def tp_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
                 s3_6 = s3_6 + t * wq9
                 # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg15 = hl.load(g, [tile_b, 7808 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15_0, rg15_2 = hl.split(rg15te)
                 rg15_1, rg15_3 = hl.split(rg15to)
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 1920 + tile_r.index]
                 s3_0 = s3_0 + t * wq15
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
@@ -1333,7 +1222,7 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 s3_6 = s3_6 + t * wq15
                 # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16 = hl.load(g, [tile_b, 8192 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16tee, rg16teo = hl.split(rg16te)
@@ -1347,7 +1236,7 @@ def tp_bwd_x2_0(
                     - 0.2886751345948129 * ra2_4 * rg16_2 - 0.2886751345948129 * ra2_0 * rg16_4
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 2048 + tile_r.index]
                 s3_0 = s3_0 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_3 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_2
@@ -1403,22 +1292,22 @@ def tp_bwd_x2_0(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -1426,74 +1315,37 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-16."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -1504,21 +1356,21 @@ def tp_bwd_w_0(
             a2_3, a2_7 = hl.split(a2too)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -1531,10 +1383,10 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -1549,7 +1401,7 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw3[tile_b, tile_c, 0] = (
+            gw[tile_b, 384 + tile_c.index] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
                 + q4 * g3_4 + q5 * g3_5
@@ -1557,24 +1409,24 @@ def tp_bwd_w_0(
             )
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            g5_0 = g_5[tile_b, 0, tile_c]
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            g5_0 = g[tile_b, 2432 + tile_c.index]
+            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -1590,13 +1442,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
@@ -1609,10 +1461,10 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8tee, g8teo = hl.split(g8te)
@@ -1642,7 +1494,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            gw8[tile_b, tile_c, 0] = (
+            gw[tile_b, 1024 + tile_c.index] = (
                 q0 * g8_0 + q1 * g8_1
                 + q2 * g8_2 + q3 * g8_3
                 + q4 * g8_4 + q5 * g8_5
@@ -1654,7 +1506,7 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -1680,10 +1532,10 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -1696,13 +1548,13 @@ def tp_bwd_w_0(
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
             q4 = (a2_4 * sb0_0_0)
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11_0, g11_2 = hl.split(g11te)
@@ -1715,10 +1567,10 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
+            gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -1748,7 +1600,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            gw12[tile_b, tile_c, 0] = (
+            gw[tile_b, 1536 + tile_c.index] = (
                 q0 * g12_0 + q1 * g12_1
                 + q2 * g12_2 + q3 * g12_3
                 + q4 * g12_4 + q5 * g12_5
@@ -1760,14 +1612,14 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            g13_0 = g_13[tile_b, 0, tile_c]
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0)
+            g13_0 = g[tile_b, 7040 + tile_c.index]
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -1795,7 +1647,7 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
+            gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
             q0 = (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
@@ -1803,7 +1655,7 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15_0, g15_2 = hl.split(g15te)
@@ -1819,14 +1671,14 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
+            gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -1867,7 +1719,7 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            gw16[tile_b, tile_c, 0] = (
+            gw[tile_b, 2048 + tile_c.index] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3
                 + q4 * g16_4 + q5 * g16_5

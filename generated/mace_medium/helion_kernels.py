@@ -31,111 +31,93 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-7; paths 0-7."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x1o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 4: 128x0e (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            out_4[tile_b, 0, tile_c] = acc4_0
+            out[tile_b, 1536 + tile_c.index] = acc4_0
             # g block 5: 128x2e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             acc5_1 = acc5_1 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             acc5_2 = acc5_2 + wt5_0 * (
@@ -144,13 +126,13 @@ def tp_fwd_0(
             )
             acc5_3 = acc5_3 + wt5_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc5_4 = acc5_4 + wt5_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 6: 128x1o (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
@@ -163,15 +145,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 128x2e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
@@ -194,7 +176,7 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -202,57 +184,39 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0, 1; paths 0-7."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
             # x1 block 0: 128x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -262,8 +226,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -277,14 +241,14 @@ def tp_bwd_x1_0(
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
                 + g2_4 * sb2_4_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
             # x1 block 1: 128x1o (5 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3_0, g3_2 = hl.split(g3te)
@@ -293,14 +257,14 @@ def tp_bwd_x1_0(
             acc1_1 = acc1_1 + wt3_0 * (0.9999999999999999 * g3_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt3_0 * (0.9999999999999999 * g3_2 * sb0_0_0)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4_0 = g_4[tile_b, 0, tile_c]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
+            g4_0 = g[tile_b, 1536 + tile_c.index]
             acc1_0 = acc1_0 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_2_0)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
+            g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5tee, g5teo = hl.split(g5te)
@@ -322,8 +286,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g5_3 * sb1_1_0 + 0.7071067811865476 * g5_4 * sb1_2_0
             )
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
@@ -341,8 +305,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g6_2 * sb2_2_0 + 0.5477225575051661 * g6_2 * sb2_4_0
             )
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
+            g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -368,7 +332,7 @@ def tp_bwd_x1_0(
                 - 0.3779644730092272 * g7_3 * sb3_3_0 + 0.48795003647426666 * g7_3 * sb3_5_0
                 - 0.1543033499620919 * g7_4 * sb3_4_0 + 0.5976143046671969 * g7_4 * sb3_6_0
             )
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -376,67 +340,49 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-3; paths 0-7."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (3 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (2 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 3: 1x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 1152 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
@@ -445,32 +391,32 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra1_0 * rg3_0 + 0.9999999999999999 * ra1_1 * rg3_1
                     + 0.9999999999999999 * ra1_2 * rg3_2
                 )
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 384 + tile_r.index]
                 s0_0 = s0_0 + t * wq3
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 128 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-                rg4_0 = g_4[tile_b, 0, tile_r]
+                rg4_0 = g[tile_b, 1536 + tile_r.index]
                 t = (0.5773502691896257 * ra1_0 * rg4_0)
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 512 + tile_r.index]
                 s1_0 = s1_0 + t * wq4
                 t = (0.5773502691896257 * ra1_1 * rg4_0)
                 s1_1 = s1_1 + t * wq4
                 t = (0.5773502691896257 * ra1_2 * rg4_0)
                 s1_2 = s1_2 + t * wq4
                 # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg5 = hl.load(g, [tile_b, 1664 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
                 rg5te, rg5to = hl.split(rg5t)
                 rg5tee, rg5teo = hl.split(rg5te)
@@ -483,7 +429,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra1_2 * rg5_0 + 0.7071067811865476 * ra1_1 * rg5_1
                     - 0.408248290463863 * ra1_0 * rg5_2 - 0.7071067811865476 * ra1_0 * rg5_4
                 )
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (
                     0.7071067811865476 * ra1_0 * rg5_1 + 0.816496580927726 * ra1_1 * rg5_2
@@ -496,7 +442,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq5
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -506,7 +452,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 256 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -517,13 +463,13 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 2304 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
                 t = (0.5477225575051661 * ra1_2 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_2)
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 768 + tile_r.index]
                 s2_0 = s2_0 + t * wq6
                 t = (0.5477225575051661 * ra1_1 * rg6_0 + 0.5477225575051661 * ra1_0 * rg6_1)
                 s2_1 = s2_1 + t * wq6
@@ -537,7 +483,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg6_0 + 0.5477225575051661 * ra1_2 * rg6_2)
                 s2_4 = s2_4 + t * wq6
                 # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg7 = hl.load(g, [tile_b, 2688 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7tee, rg7teo = hl.split(rg7te)
@@ -547,7 +493,7 @@ def tp_bwd_x2_0(
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
                 t = (0.5976143046671969 * ra1_2 * rg7_0 + 0.5976143046671969 * ra1_0 * rg7_4)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 896 + tile_r.index]
                 s3_0 = t * wq7
                 t = (
                     0.48795003647426666 * ra1_1 * rg7_0 + 0.48795003647426666 * ra1_2 * rg7_1
@@ -592,22 +538,22 @@ def tp_bwd_x2_0(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -615,71 +561,53 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-7."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -692,27 +620,27 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3_0, g3_2 = hl.split(g3te)
             g3_1, g3_3 = hl.split(g3to)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+            gw[tile_b, 384 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
             # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            g4_0 = g_4[tile_b, 0, tile_c]
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0)
+            g4_0 = g[tile_b, 1536 + tile_c.index]
+            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0)
             # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5tee, g5teo = hl.split(g5te)
@@ -728,13 +656,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
@@ -747,14 +675,14 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
             q0 = (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -780,4 +708,4 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
+            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)

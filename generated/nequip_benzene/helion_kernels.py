@@ -31,167 +31,71 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    w34: torch.Tensor,
-    w35: torch.Tensor,
-    w36: torch.Tensor,
-    w37: torch.Tensor,
-    w38: torch.Tensor,
-    w39: torch.Tensor,
-    w40: torch.Tensor,
-    w41: torch.Tensor,
-    w42: torch.Tensor,
-    w43: torch.Tensor,
-    w44: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
-    out_17: torch.Tensor,
-    out_18: torch.Tensor,
-    out_19: torch.Tensor,
-    out_20: torch.Tensor,
-    out_21: torch.Tensor,
-    out_22: torch.Tensor,
-    out_23: torch.Tensor,
-    out_24: torch.Tensor,
-    out_25: torch.Tensor,
-    out_26: torch.Tensor,
-    out_27: torch.Tensor,
-    out_28: torch.Tensor,
-    out_29: torch.Tensor,
-    out_30: torch.Tensor,
-    out_31: torch.Tensor,
-    out_32: torch.Tensor,
-    out_33: torch.Tensor,
-    out_34: torch.Tensor,
-    out_35: torch.Tensor,
-    out_36: torch.Tensor,
-    out_37: torch.Tensor,
-    out_38: torch.Tensor,
-    out_39: torch.Tensor,
-    out_40: torch.Tensor,
-    out_41: torch.Tensor,
-    out_42: torch.Tensor,
-    out_43: torch.Tensor,
-    out_44: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-44; paths 0-44."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            a0_0 = x1[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 64x2o (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 64x3e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
@@ -199,48 +103,48 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 4: 64x0e (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            a1_0 = x1_1[tile_b, 0, tile_c]
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
+            a1_0 = x1[tile_b, 64 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (a1_0 * sb0_0_0)
-            out_4[tile_b, 0, tile_c] = acc4_0
+            out[tile_b, 1024 + tile_c.index] = acc4_0
             # g block 5: 64x1o (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc5_1 = acc5_1 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc5_2 = acc5_2 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out_5, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc5_0, acc5_2), hl.join(acc5_1, acc5_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc5_0, acc5_2), hl.join(acc5_1, acc5_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 6: 64x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (a1_0 * sb2_0_0)
             acc6_1 = acc6_1 + wt6_0 * (a1_0 * sb2_1_0)
             acc6_2 = acc6_2 + wt6_0 * (a1_0 * sb2_2_0)
             acc6_3 = acc6_3 + wt6_0 * (a1_0 * sb2_3_0)
             acc6_4 = acc6_4 + wt6_0 * (a1_0 * sb2_4_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 7: 64x3o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_5 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_6 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_0_0)
             acc7_1 = acc7_1 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_1_0)
             acc7_2 = acc7_2 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_2_0)
@@ -248,14 +152,14 @@ def tp_fwd_0(
             acc7_4 = acc7_4 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_4_0)
             acc7_5 = acc7_5 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_5_0)
             acc7_6 = acc7_6 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_6_0)
-            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 8: 64x1o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
+            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
@@ -263,34 +167,34 @@ def tp_fwd_0(
             acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x0e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            out_9[tile_b, 0, tile_c] = acc9_0
+            out[tile_b, 2240 + tile_c.index] = acc9_0
             # g block 10: 64x1e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc10_1 = acc10_1 + wt10_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc10_2 = acc10_2 + wt10_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out_10, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 11: 64x2e (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
             acc11_1 = acc11_1 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
             acc11_2 = acc11_2 + wt11_0 * (
@@ -299,13 +203,13 @@ def tp_fwd_0(
             )
             acc11_3 = acc11_3 + wt11_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             acc11_4 = acc11_4 + wt11_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x1o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
@@ -318,15 +222,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            hl.store(out_12, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 13: 64x2o (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
@@ -344,17 +248,17 @@ def tp_fwd_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            hl.store(out_13, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 14: 64x3o (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_5 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_6 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
             acc14_1 = acc14_1 + wt14_0 * (
                 0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
@@ -377,15 +281,15 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_2 * sb2_3_0
             )
             acc14_6 = acc14_6 + wt14_0 * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
-            hl.store(out_14, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_6)), hl.join(hl.join(acc14_1, acc14_5), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_6)), hl.join(hl.join(acc14_1, acc14_5), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 15: 64x2e (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (
                 -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
                 + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
@@ -408,17 +312,17 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
                 + 0.5976143046671969 * a2_2 * sb3_6_0
             )
-            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 64x3e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
                 - 0.3535533905932738 * a2_2 * sb3_5_0
@@ -446,14 +350,14 @@ def tp_fwd_0(
                 0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
                 + 0.3535533905932738 * a2_2 * sb3_1_0
             )
-            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 64x1e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
+            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
@@ -461,34 +365,34 @@ def tp_fwd_0(
             acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out_17, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc17_0, acc17_2), hl.join(acc17_1, acc17_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc17_0, acc17_2), hl.join(acc17_1, acc17_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 18: 64x0o (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
             acc18_0 = acc18_0 + wt18_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            out_18[tile_b, 0, tile_c] = acc18_0
+            out[tile_b, 4736 + tile_c.index] = acc18_0
             # g block 19: 64x1o (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
             acc19_0 = acc19_0 + wt19_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc19_1 = acc19_1 + wt19_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc19_2 = acc19_2 + wt19_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 64x2o (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
             acc20_0 = acc20_0 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
             acc20_1 = acc20_1 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
             acc20_2 = acc20_2 + wt20_0 * (
@@ -497,13 +401,13 @@ def tp_fwd_0(
             )
             acc20_3 = acc20_3 + wt20_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             acc20_4 = acc20_4 + wt20_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 21: 64x1e (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
-            acc21_1 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
-            acc21_2 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc21_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc21_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
             acc21_0 = acc21_0 + wt21_0 * (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
@@ -516,15 +420,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            hl.store(out_21, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 22: 64x2e (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
             acc22_0 = acc22_0 + wt22_0 * (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
@@ -542,17 +446,17 @@ def tp_fwd_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 23: 64x3e (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_5 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_6 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
+            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
             acc23_0 = acc23_0 + wt23_0 * (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
             acc23_1 = acc23_1 + wt23_0 * (
                 0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
@@ -575,15 +479,15 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a3_2 * sb2_3_0
             )
             acc23_6 = acc23_6 + wt23_0 * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
-            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 24: 64x2o (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
+            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
             acc24_0 = acc24_0 + wt24_0 * (
                 -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
                 + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
@@ -606,17 +510,17 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
                 + 0.5976143046671969 * a3_2 * sb3_6_0
             )
-            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 25: 64x3o (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_3 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_4 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_5 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_6 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
+            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
             acc25_0 = acc25_0 + wt25_0 * (
                 0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
                 - 0.3535533905932738 * a3_2 * sb3_5_0
@@ -644,16 +548,16 @@ def tp_fwd_0(
                 0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
                 + 0.3535533905932738 * a3_2 * sb3_1_0
             )
-            hl.store(out_25, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_6)), hl.join(hl.join(acc25_1, acc25_5), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_6)), hl.join(hl.join(acc25_1, acc25_5), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 26: 64x2o (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
+            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
+            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
             a4te, a4to = hl.split(a4t)
             a4tee, a4teo = hl.split(a4te)
@@ -667,13 +571,13 @@ def tp_fwd_0(
             acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
             acc26_3 = acc26_3 + wt26_0 * (a4_3 * sb0_0_0)
             acc26_4 = acc26_4 + wt26_0 * (a4_4 * sb0_0_0)
-            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 27: 64x1e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
-            acc27_1 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
-            acc27_2 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
+            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc27_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc27_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
             acc27_0 = acc27_0 + wt27_0 * (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
@@ -686,15 +590,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            hl.store(out_27, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 28: 64x2e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_3 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_4 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
+            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
             acc28_0 = acc28_0 + wt28_0 * (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
@@ -712,17 +616,17 @@ def tp_fwd_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            hl.store(out_28, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 29: 64x3e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_5 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_6 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
+            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
             acc29_0 = acc29_0 + wt29_0 * (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
             acc29_1 = acc29_1 + wt29_0 * (
                 0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
@@ -745,23 +649,23 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a4_4 * sb1_1_0
             )
             acc29_6 = acc29_6 + wt29_0 * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
-            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 30: 64x0o (1 path)
-            acc30_0 = hl.zeros([tile_b, tile_c], dtype=out_30.dtype)
+            acc30_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt30_0 = w30[tile_b, tile_c, 0]
+            wt30_0 = weights[tile_b, 1920 + tile_c.index]
             acc30_0 = acc30_0 + wt30_0 * (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            out_30[tile_b, 0, tile_c] = acc30_0
+            out[tile_b, 8320 + tile_c.index] = acc30_0
             # g block 31: 64x1o (1 path)
-            acc31_0 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
-            acc31_1 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
-            acc31_2 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
+            acc31_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc31_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc31_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt31_0 = w31[tile_b, tile_c, 0]
+            wt31_0 = weights[tile_b, 1984 + tile_c.index]
             acc31_0 = acc31_0 + wt31_0 * (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
@@ -776,15 +680,15 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            hl.store(out_31, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 32: 64x2o (1 path)
-            acc32_0 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_1 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_2 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_3 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_4 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
+            acc32_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt32_0 = w32[tile_b, tile_c, 0]
+            wt32_0 = weights[tile_b, 2048 + tile_c.index]
             acc32_0 = acc32_0 + wt32_0 * (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
@@ -808,17 +712,17 @@ def tp_fwd_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            hl.store(out_32, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 33: 64x3o (1 path)
-            acc33_0 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_1 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_2 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_3 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_4 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_5 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_6 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
+            acc33_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            wt33_0 = w33[tile_b, tile_c, 0]
+            wt33_0 = weights[tile_b, 2112 + tile_c.index]
             acc33_0 = acc33_0 + wt33_0 * (
                 0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
                 + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
@@ -843,13 +747,13 @@ def tp_fwd_0(
                 0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
                 - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
             )
-            hl.store(out_33, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 34: 64x1e (1 path)
-            acc34_0 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
-            acc34_1 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
-            acc34_2 = hl.zeros([tile_b, tile_c], dtype=out_34.dtype)
+            acc34_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc34_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc34_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            wt34_0 = w34[tile_b, tile_c, 0]
+            wt34_0 = weights[tile_b, 2176 + tile_c.index]
             acc34_0 = acc34_0 + wt34_0 * (
                 -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
                 - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
@@ -867,15 +771,15 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
                 - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
             )
-            hl.store(out_34, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc34_0, acc34_2), hl.join(acc34_1, acc34_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc34_0, acc34_2), hl.join(acc34_1, acc34_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 35: 64x2e (1 path)
-            acc35_0 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
-            acc35_1 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
-            acc35_2 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
-            acc35_3 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
-            acc35_4 = hl.zeros([tile_b, tile_c], dtype=out_35.dtype)
+            acc35_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc35_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc35_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc35_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc35_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            wt35_0 = w35[tile_b, tile_c, 0]
+            wt35_0 = weights[tile_b, 2240 + tile_c.index]
             acc35_0 = acc35_0 + wt35_0 * (
                 0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
                 + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
@@ -900,17 +804,17 @@ def tp_fwd_0(
                 + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
                 - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
             )
-            hl.store(out_35, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc35_0, acc35_4), hl.join(acc35_2, acc35_0)), hl.join(hl.join(acc35_1, acc35_0), hl.join(acc35_3, acc35_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc35_0, acc35_4), hl.join(acc35_2, acc35_0)), hl.join(hl.join(acc35_1, acc35_0), hl.join(acc35_3, acc35_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 36: 64x3e (1 path)
-            acc36_0 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_1 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_2 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_3 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_4 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_5 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
-            acc36_6 = hl.zeros([tile_b, tile_c], dtype=out_36.dtype)
+            acc36_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc36_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            wt36_0 = w36[tile_b, tile_c, 0]
+            wt36_0 = weights[tile_b, 2304 + tile_c.index]
             acc36_0 = acc36_0 + wt36_0 * (
                 -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
                 - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
@@ -948,16 +852,16 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
                 - 0.2886751345948129 * a4_4 * sb3_4_0
             )
-            hl.store(out_36, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc36_0, acc36_4), hl.join(acc36_2, acc36_6)), hl.join(hl.join(acc36_1, acc36_5), hl.join(acc36_3, acc36_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc36_0, acc36_4), hl.join(acc36_2, acc36_6)), hl.join(hl.join(acc36_1, acc36_5), hl.join(acc36_3, acc36_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 37: 64x2e (1 path)
-            acc37_0 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
-            acc37_1 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
-            acc37_2 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
-            acc37_3 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
-            acc37_4 = hl.zeros([tile_b, tile_c], dtype=out_37.dtype)
+            acc37_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc37_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc37_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc37_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc37_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt37_0 = w37[tile_b, tile_c, 0]
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt37_0 = weights[tile_b, 2368 + tile_c.index]
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -971,13 +875,13 @@ def tp_fwd_0(
             acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
             acc37_3 = acc37_3 + wt37_0 * (a5_3 * sb0_0_0)
             acc37_4 = acc37_4 + wt37_0 * (a5_4 * sb0_0_0)
-            hl.store(out_37, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc37_0, acc37_4), hl.join(acc37_2, acc37_0)), hl.join(hl.join(acc37_1, acc37_0), hl.join(acc37_3, acc37_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc37_0, acc37_4), hl.join(acc37_2, acc37_0)), hl.join(hl.join(acc37_1, acc37_0), hl.join(acc37_3, acc37_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 38: 64x1o (1 path)
-            acc38_0 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
-            acc38_1 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
-            acc38_2 = hl.zeros([tile_b, tile_c], dtype=out_38.dtype)
+            acc38_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc38_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc38_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt38_0 = w38[tile_b, tile_c, 0]
+            wt38_0 = weights[tile_b, 2432 + tile_c.index]
             acc38_0 = acc38_0 + wt38_0 * (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
@@ -990,15 +894,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            hl.store(out_38, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc38_0, acc38_2), hl.join(acc38_1, acc38_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc38_0, acc38_2), hl.join(acc38_1, acc38_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 39: 64x2o (1 path)
-            acc39_0 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
-            acc39_1 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
-            acc39_2 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
-            acc39_3 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
-            acc39_4 = hl.zeros([tile_b, tile_c], dtype=out_39.dtype)
+            acc39_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc39_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc39_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc39_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc39_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt39_0 = w39[tile_b, tile_c, 0]
+            wt39_0 = weights[tile_b, 2496 + tile_c.index]
             acc39_0 = acc39_0 + wt39_0 * (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
@@ -1016,17 +920,17 @@ def tp_fwd_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            hl.store(out_39, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc39_0, acc39_4), hl.join(acc39_2, acc39_0)), hl.join(hl.join(acc39_1, acc39_0), hl.join(acc39_3, acc39_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc39_0, acc39_4), hl.join(acc39_2, acc39_0)), hl.join(hl.join(acc39_1, acc39_0), hl.join(acc39_3, acc39_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 40: 64x3o (1 path)
-            acc40_0 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_1 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_2 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_3 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_4 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_5 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
-            acc40_6 = hl.zeros([tile_b, tile_c], dtype=out_40.dtype)
+            acc40_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc40_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            wt40_0 = w40[tile_b, tile_c, 0]
+            wt40_0 = weights[tile_b, 2560 + tile_c.index]
             acc40_0 = acc40_0 + wt40_0 * (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
             acc40_1 = acc40_1 + wt40_0 * (
                 0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
@@ -1049,23 +953,23 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a5_4 * sb1_1_0
             )
             acc40_6 = acc40_6 + wt40_0 * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
-            hl.store(out_40, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc40_0, acc40_4), hl.join(acc40_2, acc40_6)), hl.join(hl.join(acc40_1, acc40_5), hl.join(acc40_3, acc40_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc40_0, acc40_4), hl.join(acc40_2, acc40_6)), hl.join(hl.join(acc40_1, acc40_5), hl.join(acc40_3, acc40_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 41: 64x0e (1 path)
-            acc41_0 = hl.zeros([tile_b, tile_c], dtype=out_41.dtype)
+            acc41_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt41_0 = w41[tile_b, tile_c, 0]
+            wt41_0 = weights[tile_b, 2624 + tile_c.index]
             acc41_0 = acc41_0 + wt41_0 * (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            out_41[tile_b, 0, tile_c] = acc41_0
+            out[tile_b, 11584 + tile_c.index] = acc41_0
             # g block 42: 64x1e (1 path)
-            acc42_0 = hl.zeros([tile_b, tile_c], dtype=out_42.dtype)
-            acc42_1 = hl.zeros([tile_b, tile_c], dtype=out_42.dtype)
-            acc42_2 = hl.zeros([tile_b, tile_c], dtype=out_42.dtype)
+            acc42_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc42_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc42_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt42_0 = w42[tile_b, tile_c, 0]
+            wt42_0 = weights[tile_b, 2688 + tile_c.index]
             acc42_0 = acc42_0 + wt42_0 * (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
@@ -1080,15 +984,15 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            hl.store(out_42, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc42_0, acc42_2), hl.join(acc42_1, acc42_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc42_0, acc42_2), hl.join(acc42_1, acc42_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 43: 64x2e (1 path)
-            acc43_0 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
-            acc43_1 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
-            acc43_2 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
-            acc43_3 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
-            acc43_4 = hl.zeros([tile_b, tile_c], dtype=out_43.dtype)
+            acc43_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc43_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc43_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc43_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc43_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt43_0 = w43[tile_b, tile_c, 0]
+            wt43_0 = weights[tile_b, 2752 + tile_c.index]
             acc43_0 = acc43_0 + wt43_0 * (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
@@ -1112,17 +1016,17 @@ def tp_fwd_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            hl.store(out_43, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc43_0, acc43_4), hl.join(acc43_2, acc43_0)), hl.join(hl.join(acc43_1, acc43_0), hl.join(acc43_3, acc43_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc43_0, acc43_4), hl.join(acc43_2, acc43_0)), hl.join(hl.join(acc43_1, acc43_0), hl.join(acc43_3, acc43_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 44: 64x3e (1 path)
-            acc44_0 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_1 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_2 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_3 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_4 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_5 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
-            acc44_6 = hl.zeros([tile_b, tile_c], dtype=out_44.dtype)
+            acc44_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc44_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            wt44_0 = w44[tile_b, tile_c, 0]
+            wt44_0 = weights[tile_b, 2816 + tile_c.index]
             acc44_0 = acc44_0 + wt44_0 * (
                 0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
                 + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
@@ -1147,7 +1051,7 @@ def tp_fwd_0(
                 0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
                 - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
             )
-            hl.store(out_44, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc44_0, acc44_4), hl.join(acc44_2, acc44_6)), hl.join(hl.join(acc44_1, acc44_5), hl.join(acc44_3, acc44_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc44_0, acc44_4), hl.join(acc44_2, acc44_6)), hl.join(hl.join(acc44_1, acc44_5), hl.join(acc44_3, acc44_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1155,86 +1059,37 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_1(
-    x1_5: torch.Tensor,
-    x1_6: torch.Tensor,
-    x1_7: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w45: torch.Tensor,
-    w46: torch.Tensor,
-    w47: torch.Tensor,
-    w48: torch.Tensor,
-    w49: torch.Tensor,
-    w50: torch.Tensor,
-    w51: torch.Tensor,
-    w52: torch.Tensor,
-    w53: torch.Tensor,
-    w54: torch.Tensor,
-    w55: torch.Tensor,
-    w56: torch.Tensor,
-    w57: torch.Tensor,
-    w58: torch.Tensor,
-    w59: torch.Tensor,
-    w60: torch.Tensor,
-    w61: torch.Tensor,
-    w62: torch.Tensor,
-    w63: torch.Tensor,
-    w64: torch.Tensor,
-    w65: torch.Tensor,
-    w66: torch.Tensor,
-    w67: torch.Tensor,
-    out_45: torch.Tensor,
-    out_46: torch.Tensor,
-    out_47: torch.Tensor,
-    out_48: torch.Tensor,
-    out_49: torch.Tensor,
-    out_50: torch.Tensor,
-    out_51: torch.Tensor,
-    out_52: torch.Tensor,
-    out_53: torch.Tensor,
-    out_54: torch.Tensor,
-    out_55: torch.Tensor,
-    out_56: torch.Tensor,
-    out_57: torch.Tensor,
-    out_58: torch.Tensor,
-    out_59: torch.Tensor,
-    out_60: torch.Tensor,
-    out_61: torch.Tensor,
-    out_62: torch.Tensor,
-    out_63: torch.Tensor,
-    out_64: torch.Tensor,
-    out_65: torch.Tensor,
-    out_66: torch.Tensor,
-    out_67: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 45-67; paths 45-67."""
-    for tile_b in hl.tile(x1_5.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # g block 45: 64x1o (1 path)
-            acc45_0 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
-            acc45_1 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
-            acc45_2 = hl.zeros([tile_b, tile_c], dtype=out_45.dtype)
+            acc45_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc45_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc45_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            wt45_0 = w45[tile_b, tile_c, 0]
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt45_0 = weights[tile_b, 2880 + tile_c.index]
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -1260,15 +1115,15 @@ def tp_fwd_1(
                 - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
                 - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
             )
-            hl.store(out_45, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc45_0, acc45_2), hl.join(acc45_1, acc45_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc45_0, acc45_2), hl.join(acc45_1, acc45_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 46: 64x2o (1 path)
-            acc46_0 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
-            acc46_1 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
-            acc46_2 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
-            acc46_3 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
-            acc46_4 = hl.zeros([tile_b, tile_c], dtype=out_46.dtype)
+            acc46_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc46_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc46_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc46_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc46_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            wt46_0 = w46[tile_b, tile_c, 0]
+            wt46_0 = weights[tile_b, 2944 + tile_c.index]
             acc46_0 = acc46_0 + wt46_0 * (
                 0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
                 + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
@@ -1293,17 +1148,17 @@ def tp_fwd_1(
                 + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
                 - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
             )
-            hl.store(out_46, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc46_0, acc46_4), hl.join(acc46_2, acc46_0)), hl.join(hl.join(acc46_1, acc46_0), hl.join(acc46_3, acc46_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc46_0, acc46_4), hl.join(acc46_2, acc46_0)), hl.join(hl.join(acc46_1, acc46_0), hl.join(acc46_3, acc46_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 47: 64x3o (1 path)
-            acc47_0 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_1 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_2 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_3 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_4 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_5 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
-            acc47_6 = hl.zeros([tile_b, tile_c], dtype=out_47.dtype)
+            acc47_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc47_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            wt47_0 = w47[tile_b, tile_c, 0]
+            wt47_0 = weights[tile_b, 3008 + tile_c.index]
             acc47_0 = acc47_0 + wt47_0 * (
                 -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
                 - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
@@ -1341,18 +1196,18 @@ def tp_fwd_1(
                 - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
                 - 0.2886751345948129 * a5_4 * sb3_4_0
             )
-            hl.store(out_47, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc47_0, acc47_4), hl.join(acc47_2, acc47_6)), hl.join(hl.join(acc47_1, acc47_5), hl.join(acc47_3, acc47_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc47_0, acc47_4), hl.join(acc47_2, acc47_6)), hl.join(hl.join(acc47_1, acc47_5), hl.join(acc47_3, acc47_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 48: 64x3o (1 path)
-            acc48_0 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_1 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_2 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_3 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_4 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_5 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
-            acc48_6 = hl.zeros([tile_b, tile_c], dtype=out_48.dtype)
+            acc48_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc48_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            wt48_0 = w48[tile_b, tile_c, 0]
-            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt48_0 = weights[tile_b, 3072 + tile_c.index]
+            a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
             a6te, a6to = hl.split(a6t)
             a6tee, a6teo = hl.split(a6te)
@@ -1368,15 +1223,15 @@ def tp_fwd_1(
             acc48_4 = acc48_4 + wt48_0 * (1.0000000000000002 * a6_4 * sb0_0_0)
             acc48_5 = acc48_5 + wt48_0 * (1.0000000000000002 * a6_5 * sb0_0_0)
             acc48_6 = acc48_6 + wt48_0 * (1.0000000000000002 * a6_6 * sb0_0_0)
-            hl.store(out_48, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc48_0, acc48_4), hl.join(acc48_2, acc48_6)), hl.join(hl.join(acc48_1, acc48_5), hl.join(acc48_3, acc48_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc48_0, acc48_4), hl.join(acc48_2, acc48_6)), hl.join(hl.join(acc48_1, acc48_5), hl.join(acc48_3, acc48_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 49: 64x2e (1 path)
-            acc49_0 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
-            acc49_1 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
-            acc49_2 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
-            acc49_3 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
-            acc49_4 = hl.zeros([tile_b, tile_c], dtype=out_49.dtype)
+            acc49_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc49_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc49_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc49_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc49_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            wt49_0 = w49[tile_b, tile_c, 0]
+            wt49_0 = weights[tile_b, 3136 + tile_c.index]
             acc49_0 = acc49_0 + wt49_0 * (
                 0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
                 - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
@@ -1399,17 +1254,17 @@ def tp_fwd_1(
                 - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
                 + 0.5976143046671969 * a6_6 * sb1_2_0
             )
-            hl.store(out_49, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc49_0, acc49_4), hl.join(acc49_2, acc49_0)), hl.join(hl.join(acc49_1, acc49_0), hl.join(acc49_3, acc49_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc49_0, acc49_4), hl.join(acc49_2, acc49_0)), hl.join(hl.join(acc49_1, acc49_0), hl.join(acc49_3, acc49_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 50: 64x3e (1 path)
-            acc50_0 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_1 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_2 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_3 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_4 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_5 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
-            acc50_6 = hl.zeros([tile_b, tile_c], dtype=out_50.dtype)
+            acc50_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc50_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            wt50_0 = w50[tile_b, tile_c, 0]
+            wt50_0 = weights[tile_b, 3200 + tile_c.index]
             acc50_0 = acc50_0 + wt50_0 * (
                 -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
                 - 0.8660254037844387 * a6_6 * sb1_1_0
@@ -1437,13 +1292,13 @@ def tp_fwd_1(
                 0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
                 - 0.3535533905932738 * a6_5 * sb1_0_0
             )
-            hl.store(out_50, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc50_0, acc50_4), hl.join(acc50_2, acc50_6)), hl.join(hl.join(acc50_1, acc50_5), hl.join(acc50_3, acc50_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc50_0, acc50_4), hl.join(acc50_2, acc50_6)), hl.join(hl.join(acc50_1, acc50_5), hl.join(acc50_3, acc50_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 51: 64x1o (1 path)
-            acc51_0 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
-            acc51_1 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
-            acc51_2 = hl.zeros([tile_b, tile_c], dtype=out_51.dtype)
+            acc51_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc51_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc51_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            wt51_0 = w51[tile_b, tile_c, 0]
+            wt51_0 = weights[tile_b, 3264 + tile_c.index]
             acc51_0 = acc51_0 + wt51_0 * (
                 0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
                 + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
@@ -1461,15 +1316,15 @@ def tp_fwd_1(
                 + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
                 + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
             )
-            hl.store(out_51, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc51_0, acc51_2), hl.join(acc51_1, acc51_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc51_0, acc51_2), hl.join(acc51_1, acc51_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 52: 64x2o (1 path)
-            acc52_0 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
-            acc52_1 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
-            acc52_2 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
-            acc52_3 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
-            acc52_4 = hl.zeros([tile_b, tile_c], dtype=out_52.dtype)
+            acc52_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc52_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc52_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc52_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc52_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            wt52_0 = w52[tile_b, tile_c, 0]
+            wt52_0 = weights[tile_b, 3328 + tile_c.index]
             acc52_0 = acc52_0 + wt52_0 * (
                 -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
                 - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
@@ -1494,17 +1349,17 @@ def tp_fwd_1(
                 - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
                 - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
             )
-            hl.store(out_52, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc52_0, acc52_4), hl.join(acc52_2, acc52_0)), hl.join(hl.join(acc52_1, acc52_0), hl.join(acc52_3, acc52_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc52_0, acc52_4), hl.join(acc52_2, acc52_0)), hl.join(hl.join(acc52_1, acc52_0), hl.join(acc52_3, acc52_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 53: 64x3o (1 path)
-            acc53_0 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_1 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_2 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_3 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_4 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_5 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
-            acc53_6 = hl.zeros([tile_b, tile_c], dtype=out_53.dtype)
+            acc53_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc53_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            wt53_0 = w53[tile_b, tile_c, 0]
+            wt53_0 = weights[tile_b, 3392 + tile_c.index]
             acc53_0 = acc53_0 + wt53_0 * (
                 -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
                 - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
@@ -1542,24 +1397,24 @@ def tp_fwd_1(
                 - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
                 - 0.6454972243679029 * a6_6 * sb2_2_0
             )
-            hl.store(out_53, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc53_0, acc53_4), hl.join(acc53_2, acc53_6)), hl.join(hl.join(acc53_1, acc53_5), hl.join(acc53_3, acc53_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc53_0, acc53_4), hl.join(acc53_2, acc53_6)), hl.join(hl.join(acc53_1, acc53_5), hl.join(acc53_3, acc53_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 54: 64x0e (1 path)
-            acc54_0 = hl.zeros([tile_b, tile_c], dtype=out_54.dtype)
+            acc54_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            wt54_0 = w54[tile_b, tile_c, 0]
+            wt54_0 = weights[tile_b, 3456 + tile_c.index]
             acc54_0 = acc54_0 + wt54_0 * (
                 0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
                 + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
                 + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
                 + 0.37796447300922725 * a6_6 * sb3_6_0
             )
-            out_54[tile_b, 0, tile_c] = acc54_0
+            out[tile_b, 15744 + tile_c.index] = acc54_0
             # g block 55: 64x1e (1 path)
-            acc55_0 = hl.zeros([tile_b, tile_c], dtype=out_55.dtype)
-            acc55_1 = hl.zeros([tile_b, tile_c], dtype=out_55.dtype)
-            acc55_2 = hl.zeros([tile_b, tile_c], dtype=out_55.dtype)
+            acc55_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc55_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc55_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            wt55_0 = w55[tile_b, tile_c, 0]
+            wt55_0 = weights[tile_b, 3520 + tile_c.index]
             acc55_0 = acc55_0 + wt55_0 * (
                 -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
                 - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
@@ -1579,15 +1434,15 @@ def tp_fwd_1(
                 - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
                 - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
             )
-            hl.store(out_55, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc55_0, acc55_2), hl.join(acc55_1, acc55_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc55_0, acc55_2), hl.join(acc55_1, acc55_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 56: 64x2e (1 path)
-            acc56_0 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
-            acc56_1 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
-            acc56_2 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
-            acc56_3 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
-            acc56_4 = hl.zeros([tile_b, tile_c], dtype=out_56.dtype)
+            acc56_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc56_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc56_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc56_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc56_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            wt56_0 = w56[tile_b, tile_c, 0]
+            wt56_0 = weights[tile_b, 3584 + tile_c.index]
             acc56_0 = acc56_0 + wt56_0 * (
                 -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
                 + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
@@ -1619,17 +1474,17 @@ def tp_fwd_1(
                 + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
                 - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
             )
-            hl.store(out_56, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc56_0, acc56_4), hl.join(acc56_2, acc56_0)), hl.join(hl.join(acc56_1, acc56_0), hl.join(acc56_3, acc56_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc56_0, acc56_4), hl.join(acc56_2, acc56_0)), hl.join(hl.join(acc56_1, acc56_0), hl.join(acc56_3, acc56_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 57: 64x3e (1 path)
-            acc57_0 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_1 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_2 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_3 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_4 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_5 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
-            acc57_6 = hl.zeros([tile_b, tile_c], dtype=out_57.dtype)
+            acc57_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc57_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            wt57_0 = w57[tile_b, tile_c, 0]
+            wt57_0 = weights[tile_b, 3648 + tile_c.index]
             acc57_0 = acc57_0 + wt57_0 * (
                 0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
                 - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
@@ -1665,18 +1520,18 @@ def tp_fwd_1(
                 - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
                 - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
             )
-            hl.store(out_57, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc57_0, acc57_4), hl.join(acc57_2, acc57_6)), hl.join(hl.join(acc57_1, acc57_5), hl.join(acc57_3, acc57_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc57_0, acc57_4), hl.join(acc57_2, acc57_6)), hl.join(hl.join(acc57_1, acc57_5), hl.join(acc57_3, acc57_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 58: 64x3e (1 path)
-            acc58_0 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_1 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_2 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_3 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_4 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_5 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
-            acc58_6 = hl.zeros([tile_b, tile_c], dtype=out_58.dtype)
+            acc58_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc58_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            wt58_0 = w58[tile_b, tile_c, 0]
-            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt58_0 = weights[tile_b, 3712 + tile_c.index]
+            a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
             a7te, a7to = hl.split(a7t)
             a7tee, a7teo = hl.split(a7te)
@@ -1692,15 +1547,15 @@ def tp_fwd_1(
             acc58_4 = acc58_4 + wt58_0 * (1.0000000000000002 * a7_4 * sb0_0_0)
             acc58_5 = acc58_5 + wt58_0 * (1.0000000000000002 * a7_5 * sb0_0_0)
             acc58_6 = acc58_6 + wt58_0 * (1.0000000000000002 * a7_6 * sb0_0_0)
-            hl.store(out_58, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc58_0, acc58_4), hl.join(acc58_2, acc58_6)), hl.join(hl.join(acc58_1, acc58_5), hl.join(acc58_3, acc58_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc58_0, acc58_4), hl.join(acc58_2, acc58_6)), hl.join(hl.join(acc58_1, acc58_5), hl.join(acc58_3, acc58_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 59: 64x2o (1 path)
-            acc59_0 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
-            acc59_1 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
-            acc59_2 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
-            acc59_3 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
-            acc59_4 = hl.zeros([tile_b, tile_c], dtype=out_59.dtype)
+            acc59_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc59_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc59_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc59_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc59_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            wt59_0 = w59[tile_b, tile_c, 0]
+            wt59_0 = weights[tile_b, 3776 + tile_c.index]
             acc59_0 = acc59_0 + wt59_0 * (
                 0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
                 - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
@@ -1723,17 +1578,17 @@ def tp_fwd_1(
                 - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
                 + 0.5976143046671969 * a7_6 * sb1_2_0
             )
-            hl.store(out_59, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc59_0, acc59_4), hl.join(acc59_2, acc59_0)), hl.join(hl.join(acc59_1, acc59_0), hl.join(acc59_3, acc59_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc59_0, acc59_4), hl.join(acc59_2, acc59_0)), hl.join(hl.join(acc59_1, acc59_0), hl.join(acc59_3, acc59_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 60: 64x3o (1 path)
-            acc60_0 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_1 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_2 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_3 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_4 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_5 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
-            acc60_6 = hl.zeros([tile_b, tile_c], dtype=out_60.dtype)
+            acc60_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc60_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            wt60_0 = w60[tile_b, tile_c, 0]
+            wt60_0 = weights[tile_b, 3840 + tile_c.index]
             acc60_0 = acc60_0 + wt60_0 * (
                 -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
                 - 0.8660254037844387 * a7_6 * sb1_1_0
@@ -1761,13 +1616,13 @@ def tp_fwd_1(
                 0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
                 - 0.3535533905932738 * a7_5 * sb1_0_0
             )
-            hl.store(out_60, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc60_0, acc60_4), hl.join(acc60_2, acc60_6)), hl.join(hl.join(acc60_1, acc60_5), hl.join(acc60_3, acc60_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc60_0, acc60_4), hl.join(acc60_2, acc60_6)), hl.join(hl.join(acc60_1, acc60_5), hl.join(acc60_3, acc60_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 61: 64x1e (1 path)
-            acc61_0 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
-            acc61_1 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
-            acc61_2 = hl.zeros([tile_b, tile_c], dtype=out_61.dtype)
+            acc61_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc61_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc61_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            wt61_0 = w61[tile_b, tile_c, 0]
+            wt61_0 = weights[tile_b, 3904 + tile_c.index]
             acc61_0 = acc61_0 + wt61_0 * (
                 0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
                 + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
@@ -1785,15 +1640,15 @@ def tp_fwd_1(
                 + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
                 + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
             )
-            hl.store(out_61, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc61_0, acc61_2), hl.join(acc61_1, acc61_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc61_0, acc61_2), hl.join(acc61_1, acc61_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 62: 64x2e (1 path)
-            acc62_0 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
-            acc62_1 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
-            acc62_2 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
-            acc62_3 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
-            acc62_4 = hl.zeros([tile_b, tile_c], dtype=out_62.dtype)
+            acc62_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc62_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc62_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc62_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc62_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            wt62_0 = w62[tile_b, tile_c, 0]
+            wt62_0 = weights[tile_b, 3968 + tile_c.index]
             acc62_0 = acc62_0 + wt62_0 * (
                 -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
                 - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
@@ -1818,17 +1673,17 @@ def tp_fwd_1(
                 - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
                 - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
             )
-            hl.store(out_62, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc62_0, acc62_4), hl.join(acc62_2, acc62_0)), hl.join(hl.join(acc62_1, acc62_0), hl.join(acc62_3, acc62_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc62_0, acc62_4), hl.join(acc62_2, acc62_0)), hl.join(hl.join(acc62_1, acc62_0), hl.join(acc62_3, acc62_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 63: 64x3e (1 path)
-            acc63_0 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_1 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_2 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_3 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_4 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_5 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
-            acc63_6 = hl.zeros([tile_b, tile_c], dtype=out_63.dtype)
+            acc63_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc63_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            wt63_0 = w63[tile_b, tile_c, 0]
+            wt63_0 = weights[tile_b, 4032 + tile_c.index]
             acc63_0 = acc63_0 + wt63_0 * (
                 -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
                 - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
@@ -1866,24 +1721,24 @@ def tp_fwd_1(
                 - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
                 - 0.6454972243679029 * a7_6 * sb2_2_0
             )
-            hl.store(out_63, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc63_0, acc63_4), hl.join(acc63_2, acc63_6)), hl.join(hl.join(acc63_1, acc63_5), hl.join(acc63_3, acc63_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc63_0, acc63_4), hl.join(acc63_2, acc63_6)), hl.join(hl.join(acc63_1, acc63_5), hl.join(acc63_3, acc63_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 64: 64x0o (1 path)
-            acc64_0 = hl.zeros([tile_b, tile_c], dtype=out_64.dtype)
+            acc64_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            wt64_0 = w64[tile_b, tile_c, 0]
+            wt64_0 = weights[tile_b, 4096 + tile_c.index]
             acc64_0 = acc64_0 + wt64_0 * (
                 0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
                 + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
                 + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
                 + 0.37796447300922725 * a7_6 * sb3_6_0
             )
-            out_64[tile_b, 0, tile_c] = acc64_0
+            out[tile_b, 18944 + tile_c.index] = acc64_0
             # g block 65: 64x1o (1 path)
-            acc65_0 = hl.zeros([tile_b, tile_c], dtype=out_65.dtype)
-            acc65_1 = hl.zeros([tile_b, tile_c], dtype=out_65.dtype)
-            acc65_2 = hl.zeros([tile_b, tile_c], dtype=out_65.dtype)
+            acc65_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc65_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc65_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            wt65_0 = w65[tile_b, tile_c, 0]
+            wt65_0 = weights[tile_b, 4160 + tile_c.index]
             acc65_0 = acc65_0 + wt65_0 * (
                 -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
                 - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
@@ -1903,15 +1758,15 @@ def tp_fwd_1(
                 - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
                 - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
             )
-            hl.store(out_65, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc65_0, acc65_2), hl.join(acc65_1, acc65_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc65_0, acc65_2), hl.join(acc65_1, acc65_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 66: 64x2o (1 path)
-            acc66_0 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
-            acc66_1 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
-            acc66_2 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
-            acc66_3 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
-            acc66_4 = hl.zeros([tile_b, tile_c], dtype=out_66.dtype)
+            acc66_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc66_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc66_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc66_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc66_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            wt66_0 = w66[tile_b, tile_c, 0]
+            wt66_0 = weights[tile_b, 4224 + tile_c.index]
             acc66_0 = acc66_0 + wt66_0 * (
                 -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
                 + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
@@ -1943,17 +1798,17 @@ def tp_fwd_1(
                 + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
                 - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
             )
-            hl.store(out_66, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc66_0, acc66_4), hl.join(acc66_2, acc66_0)), hl.join(hl.join(acc66_1, acc66_0), hl.join(acc66_3, acc66_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc66_0, acc66_4), hl.join(acc66_2, acc66_0)), hl.join(hl.join(acc66_1, acc66_0), hl.join(acc66_3, acc66_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 67: 64x3o (1 path)
-            acc67_0 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_1 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_2 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_3 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_4 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_5 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
-            acc67_6 = hl.zeros([tile_b, tile_c], dtype=out_67.dtype)
+            acc67_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc67_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            wt67_0 = w67[tile_b, tile_c, 0]
+            wt67_0 = weights[tile_b, 4288 + tile_c.index]
             acc67_0 = acc67_0 + wt67_0 * (
                 0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
                 - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
@@ -1989,7 +1844,7 @@ def tp_fwd_1(
                 - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
                 - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
             )
-            hl.store(out_67, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc67_0, acc67_4), hl.join(acc67_2, acc67_6)), hl.join(hl.join(acc67_1, acc67_5), hl.join(acc67_3, acc67_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc67_0, acc67_4), hl.join(acc67_2, acc67_6)), hl.join(hl.join(acc67_1, acc67_5), hl.join(acc67_3, acc67_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1997,141 +1852,39 @@ def tp_fwd_1(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    g_34: torch.Tensor,
-    g_35: torch.Tensor,
-    g_36: torch.Tensor,
-    g_37: torch.Tensor,
-    g_38: torch.Tensor,
-    g_39: torch.Tensor,
-    g_40: torch.Tensor,
-    g_41: torch.Tensor,
-    g_42: torch.Tensor,
-    g_43: torch.Tensor,
-    g_44: torch.Tensor,
-    g_45: torch.Tensor,
-    g_46: torch.Tensor,
-    g_47: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    w34: torch.Tensor,
-    w35: torch.Tensor,
-    w36: torch.Tensor,
-    w37: torch.Tensor,
-    w38: torch.Tensor,
-    w39: torch.Tensor,
-    w40: torch.Tensor,
-    w41: torch.Tensor,
-    w42: torch.Tensor,
-    w43: torch.Tensor,
-    w44: torch.Tensor,
-    w45: torch.Tensor,
-    w46: torch.Tensor,
-    w47: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
-    gx1_4: torch.Tensor,
-    gx1_5: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-5; paths 0-47."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 0: 64x0o (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -2141,8 +1894,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -2157,8 +1910,8 @@ def tp_bwd_x1_0(
                 + g2_4 * sb2_4_0
             )
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -2173,16 +1926,16 @@ def tp_bwd_x1_0(
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
                 + 1.0000000000000002 * g3_6 * sb3_6_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
             # x1 block 1: 64x0e (4 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4_0 = g_4[tile_b, 0, tile_c]
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
+            g4_0 = g[tile_b, 1024 + tile_c.index]
             acc1_0 = acc1_0 + wt4_0 * (g4_0 * sb0_0_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
+            g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5_0, g5_2 = hl.split(g5te)
@@ -2192,8 +1945,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g5_2 * sb1_2_0
             )
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -2208,8 +1961,8 @@ def tp_bwd_x1_0(
                 + g6_4 * sb2_4_0
             )
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
+            g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -2224,14 +1977,14 @@ def tp_bwd_x1_0(
                 + 1.0000000000000002 * g7_4 * sb3_4_0 + 1.0000000000000002 * g7_5 * sb3_5_0
                 + 1.0000000000000002 * g7_6 * sb3_6_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
+            gx1[tile_b, 64 + tile_c.index] = acc1_0
             # x1 block 2: 64x1o (9 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
+            g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
@@ -2240,14 +1993,14 @@ def tp_bwd_x1_0(
             acc2_1 = acc2_1 + wt8_0 * (0.9999999999999999 * g8_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt8_0 * (0.9999999999999999 * g8_2 * sb0_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9_0 = g_9[tile_b, 0, tile_c]
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
+            g9_0 = g[tile_b, 2240 + tile_c.index]
             acc2_0 = acc2_0 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_2_0)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
+            g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10_0, g10_2 = hl.split(g10te)
@@ -2256,8 +2009,8 @@ def tp_bwd_x1_0(
             acc2_1 = acc2_1 + wt10_0 * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt10_0 * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
+            g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -2279,8 +2032,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g11_3 * sb1_1_0 + 0.7071067811865476 * g11_4 * sb1_2_0
             )
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
+            g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12_0, g12_2 = hl.split(g12te)
@@ -2298,8 +2051,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g12_2 * sb2_2_0 + 0.5477225575051661 * g12_2 * sb2_4_0
             )
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
+            g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
             g13tee, g13teo = hl.split(g13te)
@@ -2323,8 +2076,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g13_3 * sb2_0_0 + 0.408248290463863 * g13_4 * sb2_1_0
             )
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
+            g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -2351,8 +2104,8 @@ def tp_bwd_x1_0(
                 + 0.5773502691896258 * g14_5 * sb2_3_0 + 0.7071067811865476 * g14_6 * sb2_4_0
             )
             # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
+            g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -2379,8 +2132,8 @@ def tp_bwd_x1_0(
                 - 0.1543033499620919 * g15_4 * sb3_4_0 + 0.5976143046671969 * g15_4 * sb3_6_0
             )
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
+            g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -2408,14 +2161,14 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g16_4 * sb3_1_0 + 0.3535533905932738 * g16_5 * sb3_0_0
                 + 0.45643546458763845 * g16_5 * sb3_2_0 + 0.3535533905932738 * g16_6 * sb3_1_0
             )
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 64x1e (9 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
+            g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17_0, g17_2 = hl.split(g17te)
@@ -2424,14 +2177,14 @@ def tp_bwd_x1_0(
             acc3_1 = acc3_1 + wt17_0 * (0.9999999999999999 * g17_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt17_0 * (0.9999999999999999 * g17_2 * sb0_0_0)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
-            g18_0 = g_18[tile_b, 0, tile_c]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
+            g18_0 = g[tile_b, 4736 + tile_c.index]
             acc3_0 = acc3_0 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_2_0)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
+            g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
@@ -2440,8 +2193,8 @@ def tp_bwd_x1_0(
             acc3_1 = acc3_1 + wt19_0 * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt19_0 * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
+            g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -2463,8 +2216,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g20_3 * sb1_1_0 + 0.7071067811865476 * g20_4 * sb1_2_0
             )
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
+            g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g21t = g21.reshape([tile_b, tile_c, 2, 2])
             g21te, g21to = hl.split(g21t)
             g21_0, g21_2 = hl.split(g21te)
@@ -2482,8 +2235,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g21_2 * sb2_2_0 + 0.5477225575051661 * g21_2 * sb2_4_0
             )
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
+            g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -2507,8 +2260,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g22_3 * sb2_0_0 + 0.408248290463863 * g22_4 * sb2_1_0
             )
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
+            g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -2535,8 +2288,8 @@ def tp_bwd_x1_0(
                 + 0.5773502691896258 * g23_5 * sb2_3_0 + 0.7071067811865476 * g23_6 * sb2_4_0
             )
             # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
+            g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -2563,8 +2316,8 @@ def tp_bwd_x1_0(
                 - 0.1543033499620919 * g24_4 * sb3_4_0 + 0.5976143046671969 * g24_4 * sb3_6_0
             )
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
+            g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25tee, g25teo = hl.split(g25te)
@@ -2592,16 +2345,16 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g25_4 * sb3_1_0 + 0.3535533905932738 * g25_5 * sb3_0_0
                 + 0.45643546458763845 * g25_5 * sb3_2_0 + 0.3535533905932738 * g25_6 * sb3_1_0
             )
-            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 4: 64x2o (11 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
+            g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -2616,8 +2369,8 @@ def tp_bwd_x1_0(
             acc4_3 = acc4_3 + wt26_0 * (g26_3 * sb0_0_0)
             acc4_4 = acc4_4 + wt26_0 * (g26_4 * sb0_0_0)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
+            g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g27t = g27.reshape([tile_b, tile_c, 2, 2])
             g27te, g27to = hl.split(g27t)
             g27_0, g27_2 = hl.split(g27te)
@@ -2631,8 +2384,8 @@ def tp_bwd_x1_0(
             acc4_3 = acc4_3 + wt27_0 * (0.5477225575051661 * g27_1 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_1_0)
             acc4_4 = acc4_4 + wt27_0 * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
+            g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28tee, g28teo = hl.split(g28te)
@@ -2659,8 +2412,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g28_3 * sb1_0_0
             )
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
+            g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -2692,16 +2445,16 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g29_6 * sb1_2_0
             )
             # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt30_0 = w30[tile_b, tile_c, 0]
-            g30_0 = g_30[tile_b, 0, tile_c]
+            wt30_0 = weights[tile_b, 1920 + tile_c.index]
+            g30_0 = g[tile_b, 8320 + tile_c.index]
             acc4_0 = acc4_0 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_2_0)
             acc4_3 = acc4_3 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_3_0)
             acc4_4 = acc4_4 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_4_0)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt31_0 = w31[tile_b, tile_c, 0]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt31_0 = weights[tile_b, 1984 + tile_c.index]
+            g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g31t = g31.reshape([tile_b, tile_c, 2, 2])
             g31te, g31to = hl.split(g31t)
             g31_0, g31_2 = hl.split(g31te)
@@ -2724,8 +2477,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g31_2 * sb2_1_0
             )
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt32_0 = w32[tile_b, tile_c, 0]
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt32_0 = weights[tile_b, 2048 + tile_c.index]
+            g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
             g32te, g32to = hl.split(g32t)
             g32tee, g32teo = hl.split(g32te)
@@ -2758,8 +2511,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g32_3 * sb2_3_0 - 0.5345224838248488 * g32_4 * sb2_2_0
             )
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            wt33_0 = w33[tile_b, tile_c, 0]
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt33_0 = weights[tile_b, 2112 + tile_c.index]
+            g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
             g33te, g33to = hl.split(g33t)
             g33tee, g33teo = hl.split(g33te)
@@ -2793,8 +2546,8 @@ def tp_bwd_x1_0(
                 + 0.38729833462074176 * g33_4 * sb2_1_0 + 0.5000000000000001 * g33_6 * sb2_1_0
             )
             # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            wt34_0 = w34[tile_b, tile_c, 0]
-            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt34_0 = weights[tile_b, 2176 + tile_c.index]
+            g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g34t = g34.reshape([tile_b, tile_c, 2, 2])
             g34te, g34to = hl.split(g34t)
             g34_0, g34_2 = hl.split(g34te)
@@ -2822,8 +2575,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g34_2 * sb3_6_0
             )
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            wt35_0 = w35[tile_b, tile_c, 0]
-            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt35_0 = weights[tile_b, 2240 + tile_c.index]
+            g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
             g35te, g35to = hl.split(g35t)
             g35tee, g35teo = hl.split(g35te)
@@ -2857,8 +2610,8 @@ def tp_bwd_x1_0(
                 + 0.42257712736425834 * g35_3 * sb3_0_0 - 0.3273268353539886 * g35_3 * sb3_2_0
             )
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            wt36_0 = w36[tile_b, tile_c, 0]
-            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt36_0 = weights[tile_b, 2304 + tile_c.index]
+            g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
             g36te, g36to = hl.split(g36t)
             g36tee, g36teo = hl.split(g36te)
@@ -2898,16 +2651,16 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g36_4 * sb3_4_0 - 0.2886751345948129 * g36_4 * sb3_6_0
                 - 0.5773502691896258 * g36_5 * sb3_3_0 - 0.2886751345948129 * g36_6 * sb3_4_0
             )
-            hl.store(gx1_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 5: 64x2e (11 paths)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt37_0 = w37[tile_b, tile_c, 0]
-            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt37_0 = weights[tile_b, 2368 + tile_c.index]
+            g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
             g37te, g37to = hl.split(g37t)
             g37tee, g37teo = hl.split(g37te)
@@ -2922,8 +2675,8 @@ def tp_bwd_x1_0(
             acc5_3 = acc5_3 + wt37_0 * (g37_3 * sb0_0_0)
             acc5_4 = acc5_4 + wt37_0 * (g37_4 * sb0_0_0)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt38_0 = w38[tile_b, tile_c, 0]
-            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt38_0 = weights[tile_b, 2432 + tile_c.index]
+            g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g38t = g38.reshape([tile_b, tile_c, 2, 2])
             g38te, g38to = hl.split(g38t)
             g38_0, g38_2 = hl.split(g38te)
@@ -2937,8 +2690,8 @@ def tp_bwd_x1_0(
             acc5_3 = acc5_3 + wt38_0 * (0.5477225575051661 * g38_1 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_1_0)
             acc5_4 = acc5_4 + wt38_0 * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt39_0 = w39[tile_b, tile_c, 0]
-            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt39_0 = weights[tile_b, 2496 + tile_c.index]
+            g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
             g39te, g39to = hl.split(g39t)
             g39tee, g39teo = hl.split(g39te)
@@ -2965,8 +2718,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g39_3 * sb1_0_0
             )
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            wt40_0 = w40[tile_b, tile_c, 0]
-            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt40_0 = weights[tile_b, 2560 + tile_c.index]
+            g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
             g40te, g40to = hl.split(g40t)
             g40tee, g40teo = hl.split(g40te)
@@ -2998,16 +2751,16 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g40_6 * sb1_2_0
             )
             # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt41_0 = w41[tile_b, tile_c, 0]
-            g41_0 = g_41[tile_b, 0, tile_c]
+            wt41_0 = weights[tile_b, 2624 + tile_c.index]
+            g41_0 = g[tile_b, 11584 + tile_c.index]
             acc5_0 = acc5_0 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_4_0)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt42_0 = w42[tile_b, tile_c, 0]
-            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt42_0 = weights[tile_b, 2688 + tile_c.index]
+            g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g42t = g42.reshape([tile_b, tile_c, 2, 2])
             g42te, g42to = hl.split(g42t)
             g42_0, g42_2 = hl.split(g42te)
@@ -3030,8 +2783,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g42_2 * sb2_1_0
             )
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt43_0 = w43[tile_b, tile_c, 0]
-            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt43_0 = weights[tile_b, 2752 + tile_c.index]
+            g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
             g43te, g43to = hl.split(g43t)
             g43tee, g43teo = hl.split(g43te)
@@ -3064,8 +2817,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g43_3 * sb2_3_0 - 0.5345224838248488 * g43_4 * sb2_2_0
             )
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            wt44_0 = w44[tile_b, tile_c, 0]
-            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt44_0 = weights[tile_b, 2816 + tile_c.index]
+            g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
             g44te, g44to = hl.split(g44t)
             g44tee, g44teo = hl.split(g44te)
@@ -3099,8 +2852,8 @@ def tp_bwd_x1_0(
                 + 0.38729833462074176 * g44_4 * sb2_1_0 + 0.5000000000000001 * g44_6 * sb2_1_0
             )
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            wt45_0 = w45[tile_b, tile_c, 0]
-            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt45_0 = weights[tile_b, 2880 + tile_c.index]
+            g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g45t = g45.reshape([tile_b, tile_c, 2, 2])
             g45te, g45to = hl.split(g45t)
             g45_0, g45_2 = hl.split(g45te)
@@ -3128,8 +2881,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g45_2 * sb3_6_0
             )
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            wt46_0 = w46[tile_b, tile_c, 0]
-            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt46_0 = weights[tile_b, 2944 + tile_c.index]
+            g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
             g46te, g46to = hl.split(g46t)
             g46tee, g46teo = hl.split(g46te)
@@ -3163,8 +2916,8 @@ def tp_bwd_x1_0(
                 + 0.42257712736425834 * g46_3 * sb3_0_0 - 0.3273268353539886 * g46_3 * sb3_2_0
             )
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            wt47_0 = w47[tile_b, tile_c, 0]
-            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt47_0 = weights[tile_b, 3008 + tile_c.index]
+            g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
             g47te, g47to = hl.split(g47t)
             g47tee, g47teo = hl.split(g47te)
@@ -3204,7 +2957,7 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g47_4 * sb3_4_0 - 0.2886751345948129 * g47_4 * sb3_6_0
                 - 0.5773502691896258 * g47_5 * sb3_3_0 - 0.2886751345948129 * g47_6 * sb3_4_0
             )
-            hl.store(gx1_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -3212,83 +2965,41 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_1(
-    g_48: torch.Tensor,
-    g_49: torch.Tensor,
-    g_50: torch.Tensor,
-    g_51: torch.Tensor,
-    g_52: torch.Tensor,
-    g_53: torch.Tensor,
-    g_54: torch.Tensor,
-    g_55: torch.Tensor,
-    g_56: torch.Tensor,
-    g_57: torch.Tensor,
-    g_58: torch.Tensor,
-    g_59: torch.Tensor,
-    g_60: torch.Tensor,
-    g_61: torch.Tensor,
-    g_62: torch.Tensor,
-    g_63: torch.Tensor,
-    g_64: torch.Tensor,
-    g_65: torch.Tensor,
-    g_66: torch.Tensor,
-    g_67: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w48: torch.Tensor,
-    w49: torch.Tensor,
-    w50: torch.Tensor,
-    w51: torch.Tensor,
-    w52: torch.Tensor,
-    w53: torch.Tensor,
-    w54: torch.Tensor,
-    w55: torch.Tensor,
-    w56: torch.Tensor,
-    w57: torch.Tensor,
-    w58: torch.Tensor,
-    w59: torch.Tensor,
-    w60: torch.Tensor,
-    w61: torch.Tensor,
-    w62: torch.Tensor,
-    w63: torch.Tensor,
-    w64: torch.Tensor,
-    w65: torch.Tensor,
-    w66: torch.Tensor,
-    w67: torch.Tensor,
-    gx1_6: torch.Tensor,
-    gx1_7: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 6, 7; paths 48-67."""
-    for tile_b in hl.tile(g_48.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 6: 64x3o (10 paths)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_5 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
-            acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            wt48_0 = w48[tile_b, tile_c, 0]
-            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt48_0 = weights[tile_b, 3072 + tile_c.index]
+            g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
             g48te, g48to = hl.split(g48t)
             g48tee, g48teo = hl.split(g48te)
@@ -3305,8 +3016,8 @@ def tp_bwd_x1_1(
             acc6_5 = acc6_5 + wt48_0 * (1.0000000000000002 * g48_5 * sb0_0_0)
             acc6_6 = acc6_6 + wt48_0 * (1.0000000000000002 * g48_6 * sb0_0_0)
             # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            wt49_0 = w49[tile_b, tile_c, 0]
-            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt49_0 = weights[tile_b, 3136 + tile_c.index]
+            g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
             g49te, g49to = hl.split(g49t)
             g49tee, g49teo = hl.split(g49te)
@@ -3338,8 +3049,8 @@ def tp_bwd_x1_1(
             )
             acc6_6 = acc6_6 + wt49_0 * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            wt50_0 = w50[tile_b, tile_c, 0]
-            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt50_0 = weights[tile_b, 3200 + tile_c.index]
+            g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
             g50te, g50to = hl.split(g50t)
             g50tee, g50teo = hl.split(g50te)
@@ -3376,8 +3087,8 @@ def tp_bwd_x1_1(
                 + 0.3535533905932738 * g50_5 * sb1_0_0
             )
             # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            wt51_0 = w51[tile_b, tile_c, 0]
-            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt51_0 = weights[tile_b, 3264 + tile_c.index]
+            g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g51t = g51.reshape([tile_b, tile_c, 2, 2])
             g51te, g51to = hl.split(g51t)
             g51_0, g51_2 = hl.split(g51te)
@@ -3405,8 +3116,8 @@ def tp_bwd_x1_1(
             )
             acc6_6 = acc6_6 + wt51_0 * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            wt52_0 = w52[tile_b, tile_c, 0]
-            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt52_0 = weights[tile_b, 3328 + tile_c.index]
+            g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
             g52te, g52to = hl.split(g52t)
             g52tee, g52teo = hl.split(g52te)
@@ -3440,8 +3151,8 @@ def tp_bwd_x1_1(
                 + 0.42257712736425834 * g52_3 * sb2_0_0 - 0.42257712736425834 * g52_4 * sb2_1_0
             )
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            wt53_0 = w53[tile_b, tile_c, 0]
-            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt53_0 = weights[tile_b, 3392 + tile_c.index]
+            g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
             g53te, g53to = hl.split(g53t)
             g53tee, g53teo = hl.split(g53te)
@@ -3488,8 +3199,8 @@ def tp_bwd_x1_1(
                 - 0.6454972243679029 * g53_6 * sb2_2_0
             )
             # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            wt54_0 = w54[tile_b, tile_c, 0]
-            g54_0 = g_54[tile_b, 0, tile_c]
+            wt54_0 = weights[tile_b, 3456 + tile_c.index]
+            g54_0 = g[tile_b, 15744 + tile_c.index]
             acc6_0 = acc6_0 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_0_0)
             acc6_1 = acc6_1 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_1_0)
             acc6_2 = acc6_2 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_2_0)
@@ -3498,8 +3209,8 @@ def tp_bwd_x1_1(
             acc6_5 = acc6_5 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_5_0)
             acc6_6 = acc6_6 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_6_0)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            wt55_0 = w55[tile_b, tile_c, 0]
-            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt55_0 = weights[tile_b, 3520 + tile_c.index]
+            g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g55t = g55.reshape([tile_b, tile_c, 2, 2])
             g55te, g55to = hl.split(g55t)
             g55_0, g55_2 = hl.split(g55te)
@@ -3532,8 +3243,8 @@ def tp_bwd_x1_1(
                 - 0.23145502494313785 * g55_2 * sb3_1_0
             )
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            wt56_0 = w56[tile_b, tile_c, 0]
-            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt56_0 = weights[tile_b, 3584 + tile_c.index]
+            g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
             g56te, g56to = hl.split(g56t)
             g56tee, g56teo = hl.split(g56te)
@@ -3580,8 +3291,8 @@ def tp_bwd_x1_1(
                 - 0.24397501823713333 * g56_4 * sb3_4_0
             )
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            wt57_0 = w57[tile_b, tile_c, 0]
-            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt57_0 = weights[tile_b, 3648 + tile_c.index]
+            g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
             g57te, g57to = hl.split(g57t)
             g57tee, g57teo = hl.split(g57te)
@@ -3625,18 +3336,18 @@ def tp_bwd_x1_1(
                 + 0.408248290463863 * g57_2 * sb3_5_0 - 0.408248290463863 * g57_3 * sb3_0_0
                 + 0.408248290463863 * g57_4 * sb3_1_0 - 0.408248290463863 * g57_5 * sb3_2_0
             )
-            hl.store(gx1_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_6)), hl.join(hl.join(acc6_1, acc6_5), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(gx1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_6)), hl.join(hl.join(acc6_1, acc6_5), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # x1 block 7: 64x3e (10 paths)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_5 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
-            acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            wt58_0 = w58[tile_b, tile_c, 0]
-            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt58_0 = weights[tile_b, 3712 + tile_c.index]
+            g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
             g58te, g58to = hl.split(g58t)
             g58tee, g58teo = hl.split(g58te)
@@ -3653,8 +3364,8 @@ def tp_bwd_x1_1(
             acc7_5 = acc7_5 + wt58_0 * (1.0000000000000002 * g58_5 * sb0_0_0)
             acc7_6 = acc7_6 + wt58_0 * (1.0000000000000002 * g58_6 * sb0_0_0)
             # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            wt59_0 = w59[tile_b, tile_c, 0]
-            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt59_0 = weights[tile_b, 3776 + tile_c.index]
+            g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
             g59te, g59to = hl.split(g59t)
             g59tee, g59teo = hl.split(g59te)
@@ -3686,8 +3397,8 @@ def tp_bwd_x1_1(
             )
             acc7_6 = acc7_6 + wt59_0 * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            wt60_0 = w60[tile_b, tile_c, 0]
-            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt60_0 = weights[tile_b, 3840 + tile_c.index]
+            g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
             g60te, g60to = hl.split(g60t)
             g60tee, g60teo = hl.split(g60te)
@@ -3724,8 +3435,8 @@ def tp_bwd_x1_1(
                 + 0.3535533905932738 * g60_5 * sb1_0_0
             )
             # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            wt61_0 = w61[tile_b, tile_c, 0]
-            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt61_0 = weights[tile_b, 3904 + tile_c.index]
+            g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g61t = g61.reshape([tile_b, tile_c, 2, 2])
             g61te, g61to = hl.split(g61t)
             g61_0, g61_2 = hl.split(g61te)
@@ -3753,8 +3464,8 @@ def tp_bwd_x1_1(
             )
             acc7_6 = acc7_6 + wt61_0 * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            wt62_0 = w62[tile_b, tile_c, 0]
-            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt62_0 = weights[tile_b, 3968 + tile_c.index]
+            g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
             g62te, g62to = hl.split(g62t)
             g62tee, g62teo = hl.split(g62te)
@@ -3788,8 +3499,8 @@ def tp_bwd_x1_1(
                 + 0.42257712736425834 * g62_3 * sb2_0_0 - 0.42257712736425834 * g62_4 * sb2_1_0
             )
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            wt63_0 = w63[tile_b, tile_c, 0]
-            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt63_0 = weights[tile_b, 4032 + tile_c.index]
+            g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
             g63te, g63to = hl.split(g63t)
             g63tee, g63teo = hl.split(g63te)
@@ -3836,8 +3547,8 @@ def tp_bwd_x1_1(
                 - 0.6454972243679029 * g63_6 * sb2_2_0
             )
             # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            wt64_0 = w64[tile_b, tile_c, 0]
-            g64_0 = g_64[tile_b, 0, tile_c]
+            wt64_0 = weights[tile_b, 4096 + tile_c.index]
+            g64_0 = g[tile_b, 18944 + tile_c.index]
             acc7_0 = acc7_0 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_0_0)
             acc7_1 = acc7_1 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_1_0)
             acc7_2 = acc7_2 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_2_0)
@@ -3846,8 +3557,8 @@ def tp_bwd_x1_1(
             acc7_5 = acc7_5 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_5_0)
             acc7_6 = acc7_6 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_6_0)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            wt65_0 = w65[tile_b, tile_c, 0]
-            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt65_0 = weights[tile_b, 4160 + tile_c.index]
+            g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g65t = g65.reshape([tile_b, tile_c, 2, 2])
             g65te, g65to = hl.split(g65t)
             g65_0, g65_2 = hl.split(g65te)
@@ -3880,8 +3591,8 @@ def tp_bwd_x1_1(
                 - 0.23145502494313785 * g65_2 * sb3_1_0
             )
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            wt66_0 = w66[tile_b, tile_c, 0]
-            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt66_0 = weights[tile_b, 4224 + tile_c.index]
+            g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
             g66te, g66to = hl.split(g66t)
             g66tee, g66teo = hl.split(g66te)
@@ -3928,8 +3639,8 @@ def tp_bwd_x1_1(
                 - 0.24397501823713333 * g66_4 * sb3_4_0
             )
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            wt67_0 = w67[tile_b, tile_c, 0]
-            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt67_0 = weights[tile_b, 4288 + tile_c.index]
+            g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
             g67te, g67to = hl.split(g67t)
             g67tee, g67teo = hl.split(g67te)
@@ -3973,7 +3684,7 @@ def tp_bwd_x1_1(
                 + 0.408248290463863 * g67_2 * sb3_5_0 - 0.408248290463863 * g67_3 * sb3_0_0
                 + 0.408248290463863 * g67_4 * sb3_1_0 - 0.408248290463863 * g67_5 * sb3_2_0
             )
-            hl.store(gx1_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(gx1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -3981,150 +3692,47 @@ def tp_bwd_x1_1(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x1_6: torch.Tensor,
-    x1_7: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    g_37: torch.Tensor,
-    g_38: torch.Tensor,
-    g_39: torch.Tensor,
-    g_40: torch.Tensor,
-    g_41: torch.Tensor,
-    g_42: torch.Tensor,
-    g_43: torch.Tensor,
-    g_44: torch.Tensor,
-    g_48: torch.Tensor,
-    g_49: torch.Tensor,
-    g_50: torch.Tensor,
-    g_51: torch.Tensor,
-    g_52: torch.Tensor,
-    g_53: torch.Tensor,
-    g_58: torch.Tensor,
-    g_59: torch.Tensor,
-    g_60: torch.Tensor,
-    g_61: torch.Tensor,
-    g_62: torch.Tensor,
-    g_63: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    w37: torch.Tensor,
-    w38: torch.Tensor,
-    w39: torch.Tensor,
-    w40: torch.Tensor,
-    w41: torch.Tensor,
-    w42: torch.Tensor,
-    w43: torch.Tensor,
-    w44: torch.Tensor,
-    w48: torch.Tensor,
-    w49: torch.Tensor,
-    w50: torch.Tensor,
-    w51: torch.Tensor,
-    w52: torch.Tensor,
-    w53: torch.Tensor,
-    w58: torch.Tensor,
-    w59: torch.Tensor,
-    w60: torch.Tensor,
-    w61: torch.Tensor,
-    w62: torch.Tensor,
-    w63: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-2; paths 0-2, 4-6, 8-14, 17-23, 26-33, 37-44, 48-53, 58-63."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (8 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (18 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (22 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                rg4_0 = g_4[tile_b, 0, tile_r]
+                ra1_0 = x1[tile_b, 64 + tile_r.index]
+                rg4_0 = g[tile_b, 1024 + tile_r.index]
                 t = (ra1_0 * rg4_0)
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 256 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8 = hl.load(g, [tile_b, 2048 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
@@ -4133,15 +3741,15 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra2_0 * rg8_0 + 0.9999999999999999 * ra2_1 * rg8_1
                     + 0.9999999999999999 * ra2_2 * rg8_2
                 )
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 512 + tile_r.index]
                 s0_0 = s0_0 + t * wq8
                 # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 320 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
-                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg17 = hl.load(g, [tile_b, 4544 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg17t = rg17.reshape([tile_b, tile_r, 2, 2])
                 rg17te, rg17to = hl.split(rg17t)
                 rg17_0, rg17_2 = hl.split(rg17te)
@@ -4150,10 +3758,10 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra3_0 * rg17_0 + 0.9999999999999999 * ra3_1 * rg17_1
                     + 0.9999999999999999 * ra3_2 * rg17_2
                 )
-                wq17 = w17[tile_b, tile_r, 0]
+                wq17 = weights[tile_b, 1088 + tile_r.index]
                 s0_0 = s0_0 + t * wq17
                 # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4 = hl.load(x1, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
                 ra4te, ra4to = hl.split(ra4t)
                 ra4tee, ra4teo = hl.split(ra4te)
@@ -4162,7 +3770,7 @@ def tp_bwd_x2_0(
                 ra4toe, ra4too = hl.split(ra4to)
                 ra4_1, ra4_5 = hl.split(ra4toe)
                 ra4_3, ra4_7 = hl.split(ra4too)
-                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg26 = hl.load(g, [tile_b, 7040 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
                 rg26te, rg26to = hl.split(rg26t)
                 rg26tee, rg26teo = hl.split(rg26te)
@@ -4176,10 +3784,10 @@ def tp_bwd_x2_0(
                     + ra4_2 * rg26_2 + ra4_3 * rg26_3
                     + ra4_4 * rg26_4
                 )
-                wq26 = w26[tile_b, tile_r, 0]
+                wq26 = weights[tile_b, 1664 + tile_r.index]
                 s0_0 = s0_0 + t * wq26
                 # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5 = hl.load(x1, [tile_b, 832 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
                 ra5te, ra5to = hl.split(ra5t)
                 ra5tee, ra5teo = hl.split(ra5te)
@@ -4188,7 +3796,7 @@ def tp_bwd_x2_0(
                 ra5toe, ra5too = hl.split(ra5to)
                 ra5_1, ra5_5 = hl.split(ra5toe)
                 ra5_3, ra5_7 = hl.split(ra5too)
-                rg37 = hl.load(g_37, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg37 = hl.load(g, [tile_b, 10304 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg37t = rg37.reshape([tile_b, tile_r, 2, 2, 2])
                 rg37te, rg37to = hl.split(rg37t)
                 rg37tee, rg37teo = hl.split(rg37te)
@@ -4202,10 +3810,10 @@ def tp_bwd_x2_0(
                     + ra5_2 * rg37_2 + ra5_3 * rg37_3
                     + ra5_4 * rg37_4
                 )
-                wq37 = w37[tile_b, tile_r, 0]
+                wq37 = weights[tile_b, 2368 + tile_r.index]
                 s0_0 = s0_0 + t * wq37
                 # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6 = hl.load(x1, [tile_b, 1152 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
                 ra6te, ra6to = hl.split(ra6t)
                 ra6tee, ra6teo = hl.split(ra6te)
@@ -4214,7 +3822,7 @@ def tp_bwd_x2_0(
                 ra6toe, ra6too = hl.split(ra6to)
                 ra6_1, ra6_5 = hl.split(ra6toe)
                 ra6_3, ra6_7 = hl.split(ra6too)
-                rg48 = hl.load(g_48, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg48 = hl.load(g, [tile_b, 13568 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg48t = rg48.reshape([tile_b, tile_r, 2, 2, 2])
                 rg48te, rg48to = hl.split(rg48t)
                 rg48tee, rg48teo = hl.split(rg48te)
@@ -4229,10 +3837,10 @@ def tp_bwd_x2_0(
                     + 1.0000000000000002 * ra6_4 * rg48_4 + 1.0000000000000002 * ra6_5 * rg48_5
                     + 1.0000000000000002 * ra6_6 * rg48_6
                 )
-                wq48 = w48[tile_b, tile_r, 0]
+                wq48 = weights[tile_b, 3072 + tile_r.index]
                 s0_0 = s0_0 + t * wq48
                 # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7 = hl.load(x1, [tile_b, 1600 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
                 ra7te, ra7to = hl.split(ra7t)
                 ra7tee, ra7teo = hl.split(ra7te)
@@ -4241,7 +3849,7 @@ def tp_bwd_x2_0(
                 ra7toe, ra7too = hl.split(ra7to)
                 ra7_1, ra7_5 = hl.split(ra7toe)
                 ra7_3, ra7_7 = hl.split(ra7too)
-                rg58 = hl.load(g_58, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg58 = hl.load(g, [tile_b, 16768 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg58t = rg58.reshape([tile_b, tile_r, 2, 2, 2])
                 rg58te, rg58to = hl.split(rg58t)
                 rg58tee, rg58teo = hl.split(rg58te)
@@ -4256,58 +3864,58 @@ def tp_bwd_x2_0(
                     + 1.0000000000000002 * ra7_4 * rg58_4 + 1.0000000000000002 * ra7_5 * rg58_5
                     + 1.0000000000000002 * ra7_6 * rg58_6
                 )
-                wq58 = w58[tile_b, tile_r, 0]
+                wq58 = weights[tile_b, 3712 + tile_r.index]
                 s0_0 = s0_0 + t * wq58
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 64 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg5 = hl.load(g, [tile_b, 1088 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2])
                 rg5te, rg5to = hl.split(rg5t)
                 rg5_0, rg5_2 = hl.split(rg5te)
                 rg5_1, rg5_3 = hl.split(rg5to)
                 t = (0.9999999999999999 * ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 320 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (0.9999999999999999 * ra1_0 * rg5_1)
                 s1_1 = s1_1 + t * wq5
                 t = (0.9999999999999999 * ra1_0 * rg5_2)
                 s1_2 = s1_2 + t * wq5
                 # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                rg9_0 = g_9[tile_b, 0, tile_r]
+                rg9_0 = g[tile_b, 2240 + tile_r.index]
                 t = (0.5773502691896257 * ra2_0 * rg9_0)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
                 t = (0.5773502691896257 * ra2_1 * rg9_0)
                 s1_1 = s1_1 + t * wq9
                 t = (0.5773502691896257 * ra2_2 * rg9_0)
                 s1_2 = s1_2 + t * wq9
                 # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10 = hl.load(g, [tile_b, 2304 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10_0, rg10_2 = hl.split(rg10te)
                 rg10_1, rg10_3 = hl.split(rg10to)
                 t = (0.7071067811865475 * ra2_2 * rg10_1 - 0.7071067811865475 * ra2_1 * rg10_2)
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq10
                 t = (-0.7071067811865475 * ra2_2 * rg10_0 + 0.7071067811865475 * ra2_0 * rg10_2)
                 s1_1 = s1_1 + t * wq10
                 t = (0.7071067811865475 * ra2_1 * rg10_0 - 0.7071067811865475 * ra2_0 * rg10_1)
                 s1_2 = s1_2 + t * wq10
                 # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11 = hl.load(g, [tile_b, 2496 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11tee, rg11teo = hl.split(rg11te)
@@ -4320,7 +3928,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra2_2 * rg11_0 + 0.7071067811865476 * ra2_1 * rg11_1
                     - 0.408248290463863 * ra2_0 * rg11_2 - 0.7071067811865476 * ra2_0 * rg11_4
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 704 + tile_r.index]
                 s1_0 = s1_0 + t * wq11
                 t = (
                     0.7071067811865476 * ra2_0 * rg11_1 + 0.816496580927726 * ra2_1 * rg11_2
@@ -4333,29 +3941,29 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq11
                 # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-                rg18_0 = g_18[tile_b, 0, tile_r]
+                rg18_0 = g[tile_b, 4736 + tile_r.index]
                 t = (0.5773502691896257 * ra3_0 * rg18_0)
-                wq18 = w18[tile_b, tile_r, 0]
+                wq18 = weights[tile_b, 1152 + tile_r.index]
                 s1_0 = s1_0 + t * wq18
                 t = (0.5773502691896257 * ra3_1 * rg18_0)
                 s1_1 = s1_1 + t * wq18
                 t = (0.5773502691896257 * ra3_2 * rg18_0)
                 s1_2 = s1_2 + t * wq18
                 # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19 = hl.load(g, [tile_b, 4800 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
                 rg19_1, rg19_3 = hl.split(rg19to)
                 t = (0.7071067811865475 * ra3_2 * rg19_1 - 0.7071067811865475 * ra3_1 * rg19_2)
-                wq19 = w19[tile_b, tile_r, 0]
+                wq19 = weights[tile_b, 1216 + tile_r.index]
                 s1_0 = s1_0 + t * wq19
                 t = (-0.7071067811865475 * ra3_2 * rg19_0 + 0.7071067811865475 * ra3_0 * rg19_2)
                 s1_1 = s1_1 + t * wq19
                 t = (0.7071067811865475 * ra3_1 * rg19_0 - 0.7071067811865475 * ra3_0 * rg19_1)
                 s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20 = hl.load(g, [tile_b, 4992 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
                 rg20te, rg20to = hl.split(rg20t)
                 rg20tee, rg20teo = hl.split(rg20te)
@@ -4368,7 +3976,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra3_2 * rg20_0 + 0.7071067811865476 * ra3_1 * rg20_1
                     - 0.408248290463863 * ra3_0 * rg20_2 - 0.7071067811865476 * ra3_0 * rg20_4
                 )
-                wq20 = w20[tile_b, tile_r, 0]
+                wq20 = weights[tile_b, 1280 + tile_r.index]
                 s1_0 = s1_0 + t * wq20
                 t = (
                     0.7071067811865476 * ra3_0 * rg20_1 + 0.816496580927726 * ra3_1 * rg20_2
@@ -4381,7 +3989,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq20
                 # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27 = hl.load(g, [tile_b, 7360 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
                 rg27te, rg27to = hl.split(rg27t)
                 rg27_0, rg27_2 = hl.split(rg27te)
@@ -4390,7 +3998,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra4_2 * rg27_0 - 0.5477225575051661 * ra4_4 * rg27_0
                     + 0.5477225575051661 * ra4_1 * rg27_1 + 0.5477225575051661 * ra4_0 * rg27_2
                 )
-                wq27 = w27[tile_b, tile_r, 0]
+                wq27 = weights[tile_b, 1728 + tile_r.index]
                 s1_0 = s1_0 + t * wq27
                 t = (
                     0.5477225575051661 * ra4_1 * rg27_0 + 0.6324555320336758 * ra4_2 * rg27_1
@@ -4403,7 +4011,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq27
                 # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28 = hl.load(g, [tile_b, 7552 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
                 rg28te, rg28to = hl.split(rg28t)
                 rg28tee, rg28teo = hl.split(rg28te)
@@ -4417,7 +4025,7 @@ def tp_bwd_x2_0(
                     + 0.7071067811865476 * ra4_3 * rg28_2 - 0.7071067811865476 * ra4_2 * rg28_3
                     + 0.408248290463863 * ra4_4 * rg28_3 - 0.408248290463863 * ra4_3 * rg28_4
                 )
-                wq28 = w28[tile_b, tile_r, 0]
+                wq28 = weights[tile_b, 1792 + tile_r.index]
                 s1_0 = s1_0 + t * wq28
                 t = (
                     -0.816496580927726 * ra4_4 * rg28_0 - 0.408248290463863 * ra4_3 * rg28_1
@@ -4431,7 +4039,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq28
                 # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29 = hl.load(g, [tile_b, 7872 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
                 rg29te, rg29to = hl.split(rg29t)
                 rg29tee, rg29teo = hl.split(rg29te)
@@ -4446,7 +4054,7 @@ def tp_bwd_x2_0(
                     - 0.4472135954999579 * ra4_1 * rg29_3 - 0.18257418583505539 * ra4_0 * rg29_4
                     - 0.5773502691896258 * ra4_1 * rg29_5 - 0.7071067811865476 * ra4_0 * rg29_6
                 )
-                wq29 = w29[tile_b, tile_r, 0]
+                wq29 = weights[tile_b, 1856 + tile_r.index]
                 s1_0 = s1_0 + t * wq29
                 t = (
                     0.5773502691896258 * ra4_0 * rg29_1 + 0.7302967433402215 * ra4_1 * rg29_2
@@ -4462,7 +4070,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq29
                 # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-                rg38 = hl.load(g_38, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg38 = hl.load(g, [tile_b, 10624 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg38t = rg38.reshape([tile_b, tile_r, 2, 2])
                 rg38te, rg38to = hl.split(rg38t)
                 rg38_0, rg38_2 = hl.split(rg38te)
@@ -4471,7 +4079,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra5_2 * rg38_0 - 0.5477225575051661 * ra5_4 * rg38_0
                     + 0.5477225575051661 * ra5_1 * rg38_1 + 0.5477225575051661 * ra5_0 * rg38_2
                 )
-                wq38 = w38[tile_b, tile_r, 0]
+                wq38 = weights[tile_b, 2432 + tile_r.index]
                 s1_0 = s1_0 + t * wq38
                 t = (
                     0.5477225575051661 * ra5_1 * rg38_0 + 0.6324555320336758 * ra5_2 * rg38_1
@@ -4484,7 +4092,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq38
                 # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-                rg39 = hl.load(g_39, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg39 = hl.load(g, [tile_b, 10816 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg39t = rg39.reshape([tile_b, tile_r, 2, 2, 2])
                 rg39te, rg39to = hl.split(rg39t)
                 rg39tee, rg39teo = hl.split(rg39te)
@@ -4498,7 +4106,7 @@ def tp_bwd_x2_0(
                     + 0.7071067811865476 * ra5_3 * rg39_2 - 0.7071067811865476 * ra5_2 * rg39_3
                     + 0.408248290463863 * ra5_4 * rg39_3 - 0.408248290463863 * ra5_3 * rg39_4
                 )
-                wq39 = w39[tile_b, tile_r, 0]
+                wq39 = weights[tile_b, 2496 + tile_r.index]
                 s1_0 = s1_0 + t * wq39
                 t = (
                     -0.816496580927726 * ra5_4 * rg39_0 - 0.408248290463863 * ra5_3 * rg39_1
@@ -4512,7 +4120,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq39
                 # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-                rg40 = hl.load(g_40, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg40 = hl.load(g, [tile_b, 11136 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg40t = rg40.reshape([tile_b, tile_r, 2, 2, 2])
                 rg40te, rg40to = hl.split(rg40t)
                 rg40tee, rg40teo = hl.split(rg40te)
@@ -4527,7 +4135,7 @@ def tp_bwd_x2_0(
                     - 0.4472135954999579 * ra5_1 * rg40_3 - 0.18257418583505539 * ra5_0 * rg40_4
                     - 0.5773502691896258 * ra5_1 * rg40_5 - 0.7071067811865476 * ra5_0 * rg40_6
                 )
-                wq40 = w40[tile_b, tile_r, 0]
+                wq40 = weights[tile_b, 2560 + tile_r.index]
                 s1_0 = s1_0 + t * wq40
                 t = (
                     0.5773502691896258 * ra5_0 * rg40_1 + 0.7302967433402215 * ra5_1 * rg40_2
@@ -4543,7 +4151,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq40
                 # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-                rg49 = hl.load(g_49, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg49 = hl.load(g, [tile_b, 14016 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg49t = rg49.reshape([tile_b, tile_r, 2, 2, 2])
                 rg49te, rg49to = hl.split(rg49t)
                 rg49tee, rg49teo = hl.split(rg49te)
@@ -4558,7 +4166,7 @@ def tp_bwd_x2_0(
                     + 0.5345224838248488 * ra6_2 * rg49_2 + 0.48795003647426666 * ra6_1 * rg49_3
                     + 0.5976143046671969 * ra6_0 * rg49_4 + 0.1543033499620919 * ra6_2 * rg49_4
                 )
-                wq49 = w49[tile_b, tile_r, 0]
+                wq49 = weights[tile_b, 3136 + tile_r.index]
                 s1_0 = s1_0 + t * wq49
                 t = (
                     0.48795003647426666 * ra6_1 * rg49_0 + 0.6172133998483676 * ra6_2 * rg49_1
@@ -4574,7 +4182,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq49
                 # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-                rg50 = hl.load(g_50, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg50 = hl.load(g, [tile_b, 14336 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg50t = rg50.reshape([tile_b, tile_r, 2, 2, 2])
                 rg50te, rg50to = hl.split(rg50t)
                 rg50tee, rg50teo = hl.split(rg50te)
@@ -4590,7 +4198,7 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra6_5 * rg50_4 - 0.45643546458763845 * ra6_4 * rg50_5
                     + 0.3535533905932738 * ra6_6 * rg50_5 - 0.3535533905932738 * ra6_5 * rg50_6
                 )
-                wq50 = w50[tile_b, tile_r, 0]
+                wq50 = weights[tile_b, 3200 + tile_r.index]
                 s1_0 = s1_0 + t * wq50
                 t = (
                     -0.8660254037844387 * ra6_6 * rg50_0 - 0.5773502691896258 * ra6_5 * rg50_1
@@ -4607,7 +4215,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq50
                 # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-                rg59 = hl.load(g_59, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg59 = hl.load(g, [tile_b, 17216 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg59t = rg59.reshape([tile_b, tile_r, 2, 2, 2])
                 rg59te, rg59to = hl.split(rg59t)
                 rg59tee, rg59teo = hl.split(rg59te)
@@ -4622,7 +4230,7 @@ def tp_bwd_x2_0(
                     + 0.5345224838248488 * ra7_2 * rg59_2 + 0.48795003647426666 * ra7_1 * rg59_3
                     + 0.5976143046671969 * ra7_0 * rg59_4 + 0.1543033499620919 * ra7_2 * rg59_4
                 )
-                wq59 = w59[tile_b, tile_r, 0]
+                wq59 = weights[tile_b, 3776 + tile_r.index]
                 s1_0 = s1_0 + t * wq59
                 t = (
                     0.48795003647426666 * ra7_1 * rg59_0 + 0.6172133998483676 * ra7_2 * rg59_1
@@ -4638,7 +4246,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq59
                 # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-                rg60 = hl.load(g_60, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg60 = hl.load(g, [tile_b, 17536 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg60t = rg60.reshape([tile_b, tile_r, 2, 2, 2])
                 rg60te, rg60to = hl.split(rg60t)
                 rg60tee, rg60teo = hl.split(rg60te)
@@ -4654,7 +4262,7 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra7_5 * rg60_4 - 0.45643546458763845 * ra7_4 * rg60_5
                     + 0.3535533905932738 * ra7_6 * rg60_5 - 0.3535533905932738 * ra7_5 * rg60_6
                 )
-                wq60 = w60[tile_b, tile_r, 0]
+                wq60 = weights[tile_b, 3840 + tile_r.index]
                 s1_0 = s1_0 + t * wq60
                 t = (
                     -0.8660254037844387 * ra7_6 * rg60_0 - 0.5773502691896258 * ra7_5 * rg60_1
@@ -4671,7 +4279,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq60
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 256 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -4681,7 +4289,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 128 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -4692,7 +4300,7 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 1280 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6tee, rg6teo = hl.split(rg6te)
@@ -4702,7 +4310,7 @@ def tp_bwd_x2_0(
                 rg6_1, rg6_5 = hl.split(rg6toe)
                 rg6_3, rg6_7 = hl.split(rg6too)
                 t = (ra1_0 * rg6_0)
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 384 + tile_r.index]
                 s2_0 = s2_0 + t * wq6
                 t = (ra1_0 * rg6_1)
                 s2_1 = s2_1 + t * wq6
@@ -4713,13 +4321,13 @@ def tp_bwd_x2_0(
                 t = (ra1_0 * rg6_4)
                 s2_4 = s2_4 + t * wq6
                 # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12 = hl.load(g, [tile_b, 2816 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12_0, rg12_2 = hl.split(rg12te)
                 rg12_1, rg12_3 = hl.split(rg12to)
                 t = (0.5477225575051661 * ra2_2 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_2)
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 768 + tile_r.index]
                 s2_0 = s2_0 + t * wq12
                 t = (0.5477225575051661 * ra2_1 * rg12_0 + 0.5477225575051661 * ra2_0 * rg12_1)
                 s2_1 = s2_1 + t * wq12
@@ -4733,7 +4341,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg12_0 + 0.5477225575051661 * ra2_2 * rg12_2)
                 s2_4 = s2_4 + t * wq12
                 # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg13 = hl.load(g, [tile_b, 3008 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
                 rg13te, rg13to = hl.split(rg13t)
                 rg13tee, rg13teo = hl.split(rg13te)
@@ -4746,7 +4354,7 @@ def tp_bwd_x2_0(
                     -0.408248290463863 * ra2_0 * rg13_1 + 0.408248290463863 * ra2_2 * rg13_3
                     - 0.816496580927726 * ra2_1 * rg13_4
                 )
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 832 + tile_r.index]
                 s2_0 = s2_0 + t * wq13
                 t = (
                     0.408248290463863 * ra2_0 * rg13_0 + 0.7071067811865476 * ra2_2 * rg13_2
@@ -4766,7 +4374,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq13
                 # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg14 = hl.load(g, [tile_b, 3328 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14tee, rg14teo = hl.split(rg14te)
@@ -4780,7 +4388,7 @@ def tp_bwd_x2_0(
                     - 0.18257418583505539 * ra2_2 * rg14_2 - 0.18257418583505539 * ra2_0 * rg14_4
                     - 0.7071067811865476 * ra2_0 * rg14_6
                 )
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 896 + tile_r.index]
                 s2_0 = s2_0 + t * wq14
                 t = (
                     0.5773502691896258 * ra2_2 * rg14_1 + 0.7302967433402215 * ra2_1 * rg14_2
@@ -4804,13 +4412,13 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq14
                 # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21 = hl.load(g, [tile_b, 5312 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
                 rg21te, rg21to = hl.split(rg21t)
                 rg21_0, rg21_2 = hl.split(rg21te)
                 rg21_1, rg21_3 = hl.split(rg21to)
                 t = (0.5477225575051661 * ra3_2 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_2)
-                wq21 = w21[tile_b, tile_r, 0]
+                wq21 = weights[tile_b, 1344 + tile_r.index]
                 s2_0 = s2_0 + t * wq21
                 t = (0.5477225575051661 * ra3_1 * rg21_0 + 0.5477225575051661 * ra3_0 * rg21_1)
                 s2_1 = s2_1 + t * wq21
@@ -4824,7 +4432,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg21_0 + 0.5477225575051661 * ra3_2 * rg21_2)
                 s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22 = hl.load(g, [tile_b, 5504 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
                 rg22te, rg22to = hl.split(rg22t)
                 rg22tee, rg22teo = hl.split(rg22te)
@@ -4837,7 +4445,7 @@ def tp_bwd_x2_0(
                     -0.408248290463863 * ra3_0 * rg22_1 + 0.408248290463863 * ra3_2 * rg22_3
                     - 0.816496580927726 * ra3_1 * rg22_4
                 )
-                wq22 = w22[tile_b, tile_r, 0]
+                wq22 = weights[tile_b, 1408 + tile_r.index]
                 s2_0 = s2_0 + t * wq22
                 t = (
                     0.408248290463863 * ra3_0 * rg22_0 + 0.7071067811865476 * ra3_2 * rg22_2
@@ -4857,7 +4465,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23 = hl.load(g, [tile_b, 5824 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
                 rg23te, rg23to = hl.split(rg23t)
                 rg23tee, rg23teo = hl.split(rg23te)
@@ -4871,7 +4479,7 @@ def tp_bwd_x2_0(
                     - 0.18257418583505539 * ra3_2 * rg23_2 - 0.18257418583505539 * ra3_0 * rg23_4
                     - 0.7071067811865476 * ra3_0 * rg23_6
                 )
-                wq23 = w23[tile_b, tile_r, 0]
+                wq23 = weights[tile_b, 1472 + tile_r.index]
                 s2_0 = s2_0 + t * wq23
                 t = (
                     0.5773502691896258 * ra3_2 * rg23_1 + 0.7302967433402215 * ra3_1 * rg23_2
@@ -4895,9 +4503,9 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq23
                 # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-                rg30_0 = g_30[tile_b, 0, tile_r]
+                rg30_0 = g[tile_b, 8320 + tile_r.index]
                 t = (0.4472135954999579 * ra4_0 * rg30_0)
-                wq30 = w30[tile_b, tile_r, 0]
+                wq30 = weights[tile_b, 1920 + tile_r.index]
                 s2_0 = s2_0 + t * wq30
                 t = (0.4472135954999579 * ra4_1 * rg30_0)
                 s2_1 = s2_1 + t * wq30
@@ -4908,7 +4516,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg30_0)
                 s2_4 = s2_4 + t * wq30
                 # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31 = hl.load(g, [tile_b, 8384 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
                 rg31te, rg31to = hl.split(rg31t)
                 rg31_0, rg31_2 = hl.split(rg31te)
@@ -4917,7 +4525,7 @@ def tp_bwd_x2_0(
                     0.3162277660168379 * ra4_1 * rg31_0 + 0.6324555320336758 * ra4_4 * rg31_1
                     - 0.3162277660168379 * ra4_3 * rg31_2
                 )
-                wq31 = w31[tile_b, tile_r, 0]
+                wq31 = weights[tile_b, 1984 + tile_r.index]
                 s2_0 = s2_0 + t * wq31
                 t = (
                     -0.3162277660168379 * ra4_0 * rg31_0 + 0.3162277660168379 * ra4_3 * rg31_1
@@ -4937,7 +4545,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq31
                 # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32 = hl.load(g, [tile_b, 8576 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
                 rg32te, rg32to = hl.split(rg32t)
                 rg32tee, rg32teo = hl.split(rg32te)
@@ -4950,7 +4558,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra4_2 * rg32_0 + 0.4629100498862757 * ra4_3 * rg32_1
                     - 0.5345224838248488 * ra4_0 * rg32_2 + 0.4629100498862757 * ra4_1 * rg32_3
                 )
-                wq32 = w32[tile_b, tile_r, 0]
+                wq32 = weights[tile_b, 2048 + tile_r.index]
                 s2_0 = s2_0 + t * wq32
                 t = (
                     0.4629100498862757 * ra4_3 * rg32_0 + 0.2672612419124244 * ra4_2 * rg32_1
@@ -4976,7 +4584,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq32
                 # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33 = hl.load(g, [tile_b, 8896 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
                 rg33te, rg33to = hl.split(rg33t)
                 rg33tee, rg33teo = hl.split(rg33te)
@@ -4990,7 +4598,7 @@ def tp_bwd_x2_0(
                     - 0.31622776601683794 * ra4_4 * rg33_3 + 0.38729833462074176 * ra4_3 * rg33_4
                     - 0.7071067811865476 * ra4_2 * rg33_5 - 0.5000000000000001 * ra4_3 * rg33_6
                 )
-                wq33 = w33[tile_b, tile_r, 0]
+                wq33 = weights[tile_b, 2112 + tile_r.index]
                 s2_0 = s2_0 + t * wq33
                 t = (
                     0.5000000000000001 * ra4_0 * rg33_0 + 0.38729833462074176 * ra4_0 * rg33_2
@@ -5016,9 +4624,9 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq33
                 # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                rg41_0 = g_41[tile_b, 0, tile_r]
+                rg41_0 = g[tile_b, 11584 + tile_r.index]
                 t = (0.4472135954999579 * ra5_0 * rg41_0)
-                wq41 = w41[tile_b, tile_r, 0]
+                wq41 = weights[tile_b, 2624 + tile_r.index]
                 s2_0 = s2_0 + t * wq41
                 t = (0.4472135954999579 * ra5_1 * rg41_0)
                 s2_1 = s2_1 + t * wq41
@@ -5029,7 +4637,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg41_0)
                 s2_4 = s2_4 + t * wq41
                 # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-                rg42 = hl.load(g_42, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg42 = hl.load(g, [tile_b, 11648 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg42t = rg42.reshape([tile_b, tile_r, 2, 2])
                 rg42te, rg42to = hl.split(rg42t)
                 rg42_0, rg42_2 = hl.split(rg42te)
@@ -5038,7 +4646,7 @@ def tp_bwd_x2_0(
                     0.3162277660168379 * ra5_1 * rg42_0 + 0.6324555320336758 * ra5_4 * rg42_1
                     - 0.3162277660168379 * ra5_3 * rg42_2
                 )
-                wq42 = w42[tile_b, tile_r, 0]
+                wq42 = weights[tile_b, 2688 + tile_r.index]
                 s2_0 = s2_0 + t * wq42
                 t = (
                     -0.3162277660168379 * ra5_0 * rg42_0 + 0.3162277660168379 * ra5_3 * rg42_1
@@ -5058,7 +4666,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq42
                 # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-                rg43 = hl.load(g_43, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg43 = hl.load(g, [tile_b, 11840 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg43t = rg43.reshape([tile_b, tile_r, 2, 2, 2])
                 rg43te, rg43to = hl.split(rg43t)
                 rg43tee, rg43teo = hl.split(rg43te)
@@ -5071,7 +4679,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra5_2 * rg43_0 + 0.4629100498862757 * ra5_3 * rg43_1
                     - 0.5345224838248488 * ra5_0 * rg43_2 + 0.4629100498862757 * ra5_1 * rg43_3
                 )
-                wq43 = w43[tile_b, tile_r, 0]
+                wq43 = weights[tile_b, 2752 + tile_r.index]
                 s2_0 = s2_0 + t * wq43
                 t = (
                     0.4629100498862757 * ra5_3 * rg43_0 + 0.2672612419124244 * ra5_2 * rg43_1
@@ -5097,7 +4705,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq43
                 # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-                rg44 = hl.load(g_44, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg44 = hl.load(g, [tile_b, 12160 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg44t = rg44.reshape([tile_b, tile_r, 2, 2, 2])
                 rg44te, rg44to = hl.split(rg44t)
                 rg44tee, rg44teo = hl.split(rg44te)
@@ -5111,7 +4719,7 @@ def tp_bwd_x2_0(
                     - 0.31622776601683794 * ra5_4 * rg44_3 + 0.38729833462074176 * ra5_3 * rg44_4
                     - 0.7071067811865476 * ra5_2 * rg44_5 - 0.5000000000000001 * ra5_3 * rg44_6
                 )
-                wq44 = w44[tile_b, tile_r, 0]
+                wq44 = weights[tile_b, 2816 + tile_r.index]
                 s2_0 = s2_0 + t * wq44
                 t = (
                     0.5000000000000001 * ra5_0 * rg44_0 + 0.38729833462074176 * ra5_0 * rg44_2
@@ -5137,7 +4745,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq44
                 # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-                rg51 = hl.load(g_51, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg51 = hl.load(g, [tile_b, 14784 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg51t = rg51.reshape([tile_b, tile_r, 2, 2])
                 rg51te, rg51to = hl.split(rg51t)
                 rg51_0, rg51_2 = hl.split(rg51te)
@@ -5147,7 +4755,7 @@ def tp_bwd_x2_0(
                     + 0.3779644730092272 * ra6_1 * rg51_1 + 0.4629100498862757 * ra6_0 * rg51_2
                     - 0.11952286093343936 * ra6_2 * rg51_2
                 )
-                wq51 = w51[tile_b, tile_r, 0]
+                wq51 = weights[tile_b, 3264 + tile_r.index]
                 s2_0 = s2_0 + t * wq51
                 t = (
                     -0.2927700218845599 * ra6_3 * rg51_0 - 0.3779644730092272 * ra6_5 * rg51_0
@@ -5171,7 +4779,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq51
                 # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-                rg52 = hl.load(g_52, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg52 = hl.load(g, [tile_b, 14976 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg52t = rg52.reshape([tile_b, tile_r, 2, 2, 2])
                 rg52te, rg52to = hl.split(rg52t)
                 rg52tee, rg52teo = hl.split(rg52te)
@@ -5185,7 +4793,7 @@ def tp_bwd_x2_0(
                     + 0.5976143046671969 * ra6_5 * rg52_2 - 0.3273268353539886 * ra6_4 * rg52_3
                     + 0.42257712736425834 * ra6_6 * rg52_3 + 0.2672612419124244 * ra6_3 * rg52_4
                 )
-                wq52 = w52[tile_b, tile_r, 0]
+                wq52 = weights[tile_b, 3328 + tile_r.index]
                 s2_0 = s2_0 + t * wq52
                 t = (
                     -0.42257712736425834 * ra6_0 * rg52_0 - 0.3273268353539886 * ra6_2 * rg52_0
@@ -5211,7 +4819,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq52
                 # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-                rg53 = hl.load(g_53, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg53 = hl.load(g, [tile_b, 15296 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg53t = rg53.reshape([tile_b, tile_r, 2, 2, 2])
                 rg53te, rg53to = hl.split(rg53t)
                 rg53tee, rg53teo = hl.split(rg53te)
@@ -5226,7 +4834,7 @@ def tp_bwd_x2_0(
                     - 0.5773502691896258 * ra6_1 * rg53_3 - 0.2886751345948129 * ra6_0 * rg53_4
                     + 0.4472135954999579 * ra6_2 * rg53_4 + 0.2886751345948129 * ra6_2 * rg53_6
                 )
-                wq53 = w53[tile_b, tile_r, 0]
+                wq53 = weights[tile_b, 3392 + tile_r.index]
                 s2_0 = s2_0 + t * wq53
                 t = (
                     0.45643546458763845 * ra6_5 * rg53_0 + 0.3535533905932738 * ra6_4 * rg53_1
@@ -5258,7 +4866,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq53
                 # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-                rg61 = hl.load(g_61, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg61 = hl.load(g, [tile_b, 17984 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg61t = rg61.reshape([tile_b, tile_r, 2, 2])
                 rg61te, rg61to = hl.split(rg61t)
                 rg61_0, rg61_2 = hl.split(rg61te)
@@ -5268,7 +4876,7 @@ def tp_bwd_x2_0(
                     + 0.3779644730092272 * ra7_1 * rg61_1 + 0.4629100498862757 * ra7_0 * rg61_2
                     - 0.11952286093343936 * ra7_2 * rg61_2
                 )
-                wq61 = w61[tile_b, tile_r, 0]
+                wq61 = weights[tile_b, 3904 + tile_r.index]
                 s2_0 = s2_0 + t * wq61
                 t = (
                     -0.2927700218845599 * ra7_3 * rg61_0 - 0.3779644730092272 * ra7_5 * rg61_0
@@ -5292,7 +4900,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq61
                 # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-                rg62 = hl.load(g_62, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg62 = hl.load(g, [tile_b, 18176 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg62t = rg62.reshape([tile_b, tile_r, 2, 2, 2])
                 rg62te, rg62to = hl.split(rg62t)
                 rg62tee, rg62teo = hl.split(rg62te)
@@ -5306,7 +4914,7 @@ def tp_bwd_x2_0(
                     + 0.5976143046671969 * ra7_5 * rg62_2 - 0.3273268353539886 * ra7_4 * rg62_3
                     + 0.42257712736425834 * ra7_6 * rg62_3 + 0.2672612419124244 * ra7_3 * rg62_4
                 )
-                wq62 = w62[tile_b, tile_r, 0]
+                wq62 = weights[tile_b, 3968 + tile_r.index]
                 s2_0 = s2_0 + t * wq62
                 t = (
                     -0.42257712736425834 * ra7_0 * rg62_0 - 0.3273268353539886 * ra7_2 * rg62_0
@@ -5332,7 +4940,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq62
                 # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-                rg63 = hl.load(g_63, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg63 = hl.load(g, [tile_b, 18496 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg63t = rg63.reshape([tile_b, tile_r, 2, 2, 2])
                 rg63te, rg63to = hl.split(rg63t)
                 rg63tee, rg63teo = hl.split(rg63te)
@@ -5347,7 +4955,7 @@ def tp_bwd_x2_0(
                     - 0.5773502691896258 * ra7_1 * rg63_3 - 0.2886751345948129 * ra7_0 * rg63_4
                     + 0.4472135954999579 * ra7_2 * rg63_4 + 0.2886751345948129 * ra7_2 * rg63_6
                 )
-                wq63 = w63[tile_b, tile_r, 0]
+                wq63 = weights[tile_b, 4032 + tile_r.index]
                 s2_0 = s2_0 + t * wq63
                 t = (
                     0.45643546458763845 * ra7_5 * rg63_0 + 0.3535533905932738 * ra7_4 * rg63_1
@@ -5387,15 +4995,15 @@ def tp_bwd_x2_0(
                 acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
                 acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
                 acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
 
 
 @helion.kernel(
@@ -5403,72 +5011,27 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_1(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x1_6: torch.Tensor,
-    x1_7: torch.Tensor,
-    g_3: torch.Tensor,
-    g_7: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_34: torch.Tensor,
-    g_35: torch.Tensor,
-    g_36: torch.Tensor,
-    g_45: torch.Tensor,
-    g_46: torch.Tensor,
-    g_47: torch.Tensor,
-    g_54: torch.Tensor,
-    g_55: torch.Tensor,
-    g_56: torch.Tensor,
-    g_57: torch.Tensor,
-    g_64: torch.Tensor,
-    g_65: torch.Tensor,
-    g_66: torch.Tensor,
-    g_67: torch.Tensor,
-    w3: torch.Tensor,
-    w7: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w34: torch.Tensor,
-    w35: torch.Tensor,
-    w36: torch.Tensor,
-    w45: torch.Tensor,
-    w46: torch.Tensor,
-    w47: torch.Tensor,
-    w54: torch.Tensor,
-    w55: torch.Tensor,
-    w56: torch.Tensor,
-    w57: torch.Tensor,
-    w64: torch.Tensor,
-    w65: torch.Tensor,
-    w66: torch.Tensor,
-    w67: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 3; paths 3, 7, 15, 16, 24, 25, 34-36, 45-47, 54-57, 64-67."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 3: 1x3o (20 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg3 = hl.load(g, [tile_b, 576 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -5478,7 +5041,7 @@ def tp_bwd_x2_1(
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 192 + tile_r.index]
                 s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 s3_1 = t * wq3
@@ -5493,8 +5056,8 @@ def tp_bwd_x2_1(
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 s3_6 = t * wq3
                 # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra1_0 = x1[tile_b, 64 + tile_r.index]
+                rg7 = hl.load(g, [tile_b, 1600 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7tee, rg7teo = hl.split(rg7te)
@@ -5504,7 +5067,7 @@ def tp_bwd_x2_1(
                 rg7_1, rg7_5 = hl.split(rg7toe)
                 rg7_3, rg7_7 = hl.split(rg7too)
                 t = (1.0000000000000002 * ra1_0 * rg7_0)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 448 + tile_r.index]
                 s3_0 = s3_0 + t * wq7
                 t = (1.0000000000000002 * ra1_0 * rg7_1)
                 s3_1 = s3_1 + t * wq7
@@ -5519,12 +5082,12 @@ def tp_bwd_x2_1(
                 t = (1.0000000000000002 * ra1_0 * rg7_6)
                 s3_6 = s3_6 + t * wq7
                 # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15 = hl.load(g, [tile_b, 3776 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15tee, rg15teo = hl.split(rg15te)
@@ -5534,7 +5097,7 @@ def tp_bwd_x2_1(
                 rg15_1, rg15_5 = hl.split(rg15toe)
                 rg15_3, rg15_7 = hl.split(rg15too)
                 t = (0.5976143046671969 * ra2_2 * rg15_0 + 0.5976143046671969 * ra2_0 * rg15_4)
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 960 + tile_r.index]
                 s3_0 = s3_0 + t * wq15
                 t = (
                     0.48795003647426666 * ra2_1 * rg15_0 + 0.48795003647426666 * ra2_2 * rg15_1
@@ -5564,7 +5127,7 @@ def tp_bwd_x2_1(
                 t = (-0.5976143046671969 * ra2_0 * rg15_0 + 0.5976143046671969 * ra2_2 * rg15_4)
                 s3_6 = s3_6 + t * wq15
                 # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16 = hl.load(g, [tile_b, 4096 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16tee, rg16teo = hl.split(rg16te)
@@ -5577,7 +5140,7 @@ def tp_bwd_x2_1(
                     -0.3535533905932738 * ra2_0 * rg16_1 + 0.3535533905932738 * ra2_2 * rg16_5
                     - 0.8660254037844387 * ra2_1 * rg16_6
                 )
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 1024 + tile_r.index]
                 s3_0 = s3_0 + t * wq16
                 t = (
                     0.3535533905932738 * ra2_0 * rg16_0 - 0.45643546458763845 * ra2_0 * rg16_2
@@ -5609,12 +5172,12 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq16
                 # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 320 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
-                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg24 = hl.load(g, [tile_b, 6272 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
                 rg24te, rg24to = hl.split(rg24t)
                 rg24tee, rg24teo = hl.split(rg24te)
@@ -5624,7 +5187,7 @@ def tp_bwd_x2_1(
                 rg24_1, rg24_5 = hl.split(rg24toe)
                 rg24_3, rg24_7 = hl.split(rg24too)
                 t = (0.5976143046671969 * ra3_2 * rg24_0 + 0.5976143046671969 * ra3_0 * rg24_4)
-                wq24 = w24[tile_b, tile_r, 0]
+                wq24 = weights[tile_b, 1536 + tile_r.index]
                 s3_0 = s3_0 + t * wq24
                 t = (
                     0.48795003647426666 * ra3_1 * rg24_0 + 0.48795003647426666 * ra3_2 * rg24_1
@@ -5654,7 +5217,7 @@ def tp_bwd_x2_1(
                 t = (-0.5976143046671969 * ra3_0 * rg24_0 + 0.5976143046671969 * ra3_2 * rg24_4)
                 s3_6 = s3_6 + t * wq24
                 # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg25 = hl.load(g, [tile_b, 6592 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
                 rg25te, rg25to = hl.split(rg25t)
                 rg25tee, rg25teo = hl.split(rg25te)
@@ -5667,7 +5230,7 @@ def tp_bwd_x2_1(
                     -0.3535533905932738 * ra3_0 * rg25_1 + 0.3535533905932738 * ra3_2 * rg25_5
                     - 0.8660254037844387 * ra3_1 * rg25_6
                 )
-                wq25 = w25[tile_b, tile_r, 0]
+                wq25 = weights[tile_b, 1600 + tile_r.index]
                 s3_0 = s3_0 + t * wq25
                 t = (
                     0.3535533905932738 * ra3_0 * rg25_0 - 0.45643546458763845 * ra3_0 * rg25_2
@@ -5699,7 +5262,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq25
                 # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4 = hl.load(x1, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
                 ra4te, ra4to = hl.split(ra4t)
                 ra4tee, ra4teo = hl.split(ra4te)
@@ -5708,13 +5271,13 @@ def tp_bwd_x2_1(
                 ra4toe, ra4too = hl.split(ra4to)
                 ra4_1, ra4_5 = hl.split(ra4toe)
                 ra4_3, ra4_7 = hl.split(ra4too)
-                rg34 = hl.load(g_34, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg34 = hl.load(g, [tile_b, 9344 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg34t = rg34.reshape([tile_b, tile_r, 2, 2])
                 rg34te, rg34to = hl.split(rg34t)
                 rg34_0, rg34_2 = hl.split(rg34te)
                 rg34_1, rg34_3 = hl.split(rg34to)
                 t = (0.4629100498862757 * ra4_4 * rg34_0 + 0.4629100498862757 * ra4_0 * rg34_2)
-                wq34 = w34[tile_b, tile_r, 0]
+                wq34 = weights[tile_b, 2176 + tile_r.index]
                 s3_0 = s3_0 + t * wq34
                 t = (
                     0.3779644730092272 * ra4_3 * rg34_0 + 0.3779644730092272 * ra4_0 * rg34_1
@@ -5744,7 +5307,7 @@ def tp_bwd_x2_1(
                 t = (-0.4629100498862757 * ra4_0 * rg34_0 + 0.4629100498862757 * ra4_4 * rg34_2)
                 s3_6 = s3_6 + t * wq34
                 # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-                rg35 = hl.load(g_35, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg35 = hl.load(g, [tile_b, 9536 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg35t = rg35.reshape([tile_b, tile_r, 2, 2, 2])
                 rg35te, rg35to = hl.split(rg35t)
                 rg35tee, rg35teo = hl.split(rg35te)
@@ -5757,7 +5320,7 @@ def tp_bwd_x2_1(
                     0.42257712736425834 * ra4_1 * rg35_0 - 0.42257712736425834 * ra4_0 * rg35_1
                     + 0.42257712736425834 * ra4_4 * rg35_3 - 0.42257712736425834 * ra4_3 * rg35_4
                 )
-                wq35 = w35[tile_b, tile_r, 0]
+                wq35 = weights[tile_b, 2240 + tile_r.index]
                 s3_0 = s3_0 + t * wq35
                 t = (0.5976143046671969 * ra4_4 * rg35_2 - 0.5976143046671969 * ra4_2 * rg35_4)
                 s3_1 = s3_1 + t * wq35
@@ -5786,7 +5349,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq35
                 # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-                rg36 = hl.load(g_36, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg36 = hl.load(g, [tile_b, 9856 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg36t = rg36.reshape([tile_b, tile_r, 2, 2, 2])
                 rg36te, rg36to = hl.split(rg36t)
                 rg36tee, rg36teo = hl.split(rg36te)
@@ -5800,7 +5363,7 @@ def tp_bwd_x2_1(
                     - 0.2886751345948129 * ra4_4 * rg36_2 - 0.2886751345948129 * ra4_0 * rg36_4
                     + 0.45643546458763845 * ra4_1 * rg36_5
                 )
-                wq36 = w36[tile_b, tile_r, 0]
+                wq36 = weights[tile_b, 2304 + tile_r.index]
                 s3_0 = s3_0 + t * wq36
                 t = (
                     0.45643546458763845 * ra4_3 * rg36_0 + 0.3535533905932738 * ra4_3 * rg36_2
@@ -5841,7 +5404,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq36
                 # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5 = hl.load(x1, [tile_b, 832 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
                 ra5te, ra5to = hl.split(ra5t)
                 ra5tee, ra5teo = hl.split(ra5te)
@@ -5850,13 +5413,13 @@ def tp_bwd_x2_1(
                 ra5toe, ra5too = hl.split(ra5to)
                 ra5_1, ra5_5 = hl.split(ra5toe)
                 ra5_3, ra5_7 = hl.split(ra5too)
-                rg45 = hl.load(g_45, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg45 = hl.load(g, [tile_b, 12608 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg45t = rg45.reshape([tile_b, tile_r, 2, 2])
                 rg45te, rg45to = hl.split(rg45t)
                 rg45_0, rg45_2 = hl.split(rg45te)
                 rg45_1, rg45_3 = hl.split(rg45to)
                 t = (0.4629100498862757 * ra5_4 * rg45_0 + 0.4629100498862757 * ra5_0 * rg45_2)
-                wq45 = w45[tile_b, tile_r, 0]
+                wq45 = weights[tile_b, 2880 + tile_r.index]
                 s3_0 = s3_0 + t * wq45
                 t = (
                     0.3779644730092272 * ra5_3 * rg45_0 + 0.3779644730092272 * ra5_0 * rg45_1
@@ -5886,7 +5449,7 @@ def tp_bwd_x2_1(
                 t = (-0.4629100498862757 * ra5_0 * rg45_0 + 0.4629100498862757 * ra5_4 * rg45_2)
                 s3_6 = s3_6 + t * wq45
                 # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-                rg46 = hl.load(g_46, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg46 = hl.load(g, [tile_b, 12800 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg46t = rg46.reshape([tile_b, tile_r, 2, 2, 2])
                 rg46te, rg46to = hl.split(rg46t)
                 rg46tee, rg46teo = hl.split(rg46te)
@@ -5899,7 +5462,7 @@ def tp_bwd_x2_1(
                     0.42257712736425834 * ra5_1 * rg46_0 - 0.42257712736425834 * ra5_0 * rg46_1
                     + 0.42257712736425834 * ra5_4 * rg46_3 - 0.42257712736425834 * ra5_3 * rg46_4
                 )
-                wq46 = w46[tile_b, tile_r, 0]
+                wq46 = weights[tile_b, 2944 + tile_r.index]
                 s3_0 = s3_0 + t * wq46
                 t = (0.5976143046671969 * ra5_4 * rg46_2 - 0.5976143046671969 * ra5_2 * rg46_4)
                 s3_1 = s3_1 + t * wq46
@@ -5928,7 +5491,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq46
                 # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-                rg47 = hl.load(g_47, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg47 = hl.load(g, [tile_b, 13120 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg47t = rg47.reshape([tile_b, tile_r, 2, 2, 2])
                 rg47te, rg47to = hl.split(rg47t)
                 rg47tee, rg47teo = hl.split(rg47te)
@@ -5942,7 +5505,7 @@ def tp_bwd_x2_1(
                     - 0.2886751345948129 * ra5_4 * rg47_2 - 0.2886751345948129 * ra5_0 * rg47_4
                     + 0.45643546458763845 * ra5_1 * rg47_5
                 )
-                wq47 = w47[tile_b, tile_r, 0]
+                wq47 = weights[tile_b, 3008 + tile_r.index]
                 s3_0 = s3_0 + t * wq47
                 t = (
                     0.45643546458763845 * ra5_3 * rg47_0 + 0.3535533905932738 * ra5_3 * rg47_2
@@ -5983,7 +5546,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq47
                 # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-                ra6 = hl.load(x1_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra6 = hl.load(x1, [tile_b, 1152 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra6t = ra6.reshape([tile_b, tile_r, 2, 2, 2])
                 ra6te, ra6to = hl.split(ra6t)
                 ra6tee, ra6teo = hl.split(ra6te)
@@ -5992,9 +5555,9 @@ def tp_bwd_x2_1(
                 ra6toe, ra6too = hl.split(ra6to)
                 ra6_1, ra6_5 = hl.split(ra6toe)
                 ra6_3, ra6_7 = hl.split(ra6too)
-                rg54_0 = g_54[tile_b, 0, tile_r]
+                rg54_0 = g[tile_b, 15744 + tile_r.index]
                 t = (0.37796447300922725 * ra6_0 * rg54_0)
-                wq54 = w54[tile_b, tile_r, 0]
+                wq54 = weights[tile_b, 3456 + tile_r.index]
                 s3_0 = s3_0 + t * wq54
                 t = (0.37796447300922725 * ra6_1 * rg54_0)
                 s3_1 = s3_1 + t * wq54
@@ -6009,7 +5572,7 @@ def tp_bwd_x2_1(
                 t = (0.37796447300922725 * ra6_6 * rg54_0)
                 s3_6 = s3_6 + t * wq54
                 # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-                rg55 = hl.load(g_55, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg55 = hl.load(g, [tile_b, 15808 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg55t = rg55.reshape([tile_b, tile_r, 2, 2])
                 rg55te, rg55to = hl.split(rg55t)
                 rg55_0, rg55_2 = hl.split(rg55te)
@@ -6018,7 +5581,7 @@ def tp_bwd_x2_1(
                     0.23145502494313785 * ra6_1 * rg55_0 + 0.5669467095138409 * ra6_6 * rg55_1
                     - 0.23145502494313785 * ra6_5 * rg55_2
                 )
-                wq55 = w55[tile_b, tile_r, 0]
+                wq55 = weights[tile_b, 3520 + tile_r.index]
                 s3_0 = s3_0 + t * wq55
                 t = (
                     -0.23145502494313785 * ra6_0 * rg55_0 + 0.2988071523335984 * ra6_2 * rg55_0
@@ -6050,7 +5613,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq55
                 # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-                rg56 = hl.load(g_56, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg56 = hl.load(g, [tile_b, 16000 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg56t = rg56.reshape([tile_b, tile_r, 2, 2, 2])
                 rg56te, rg56to = hl.split(rg56t)
                 rg56tee, rg56teo = hl.split(rg56te)
@@ -6064,7 +5627,7 @@ def tp_bwd_x2_1(
                     - 0.545544725589981 * ra6_0 * rg56_2 + 0.3857583749052298 * ra6_1 * rg56_3
                     - 0.24397501823713333 * ra6_2 * rg56_4
                 )
-                wq56 = w56[tile_b, tile_r, 0]
+                wq56 = weights[tile_b, 3584 + tile_r.index]
                 s3_0 = s3_0 + t * wq56
                 t = (
                     -0.48795003647426666 * ra6_3 * rg56_0 + 0.29880715233359845 * ra6_4 * rg56_1
@@ -6105,7 +5668,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq56
                 # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-                rg57 = hl.load(g_57, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg57 = hl.load(g, [tile_b, 16320 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg57t = rg57.reshape([tile_b, tile_r, 2, 2, 2])
                 rg57te, rg57to = hl.split(rg57t)
                 rg57tee, rg57teo = hl.split(rg57te)
@@ -6119,7 +5682,7 @@ def tp_bwd_x2_1(
                     - 0.408248290463863 * ra6_6 * rg57_3 + 0.408248290463863 * ra6_5 * rg57_4
                     - 0.408248290463863 * ra6_4 * rg57_5 + 0.408248290463863 * ra6_3 * rg57_6
                 )
-                wq57 = w57[tile_b, tile_r, 0]
+                wq57 = weights[tile_b, 3648 + tile_r.index]
                 s3_0 = s3_0 + t * wq57
                 t = (
                     -0.408248290463863 * ra6_2 * rg57_0 + 0.408248290463863 * ra6_0 * rg57_2
@@ -6158,7 +5721,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq57
                 # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-                ra7 = hl.load(x1_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra7 = hl.load(x1, [tile_b, 1600 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra7t = ra7.reshape([tile_b, tile_r, 2, 2, 2])
                 ra7te, ra7to = hl.split(ra7t)
                 ra7tee, ra7teo = hl.split(ra7te)
@@ -6167,9 +5730,9 @@ def tp_bwd_x2_1(
                 ra7toe, ra7too = hl.split(ra7to)
                 ra7_1, ra7_5 = hl.split(ra7toe)
                 ra7_3, ra7_7 = hl.split(ra7too)
-                rg64_0 = g_64[tile_b, 0, tile_r]
+                rg64_0 = g[tile_b, 18944 + tile_r.index]
                 t = (0.37796447300922725 * ra7_0 * rg64_0)
-                wq64 = w64[tile_b, tile_r, 0]
+                wq64 = weights[tile_b, 4096 + tile_r.index]
                 s3_0 = s3_0 + t * wq64
                 t = (0.37796447300922725 * ra7_1 * rg64_0)
                 s3_1 = s3_1 + t * wq64
@@ -6184,7 +5747,7 @@ def tp_bwd_x2_1(
                 t = (0.37796447300922725 * ra7_6 * rg64_0)
                 s3_6 = s3_6 + t * wq64
                 # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-                rg65 = hl.load(g_65, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg65 = hl.load(g, [tile_b, 19008 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg65t = rg65.reshape([tile_b, tile_r, 2, 2])
                 rg65te, rg65to = hl.split(rg65t)
                 rg65_0, rg65_2 = hl.split(rg65te)
@@ -6193,7 +5756,7 @@ def tp_bwd_x2_1(
                     0.23145502494313785 * ra7_1 * rg65_0 + 0.5669467095138409 * ra7_6 * rg65_1
                     - 0.23145502494313785 * ra7_5 * rg65_2
                 )
-                wq65 = w65[tile_b, tile_r, 0]
+                wq65 = weights[tile_b, 4160 + tile_r.index]
                 s3_0 = s3_0 + t * wq65
                 t = (
                     -0.23145502494313785 * ra7_0 * rg65_0 + 0.2988071523335984 * ra7_2 * rg65_0
@@ -6225,7 +5788,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq65
                 # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-                rg66 = hl.load(g_66, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg66 = hl.load(g, [tile_b, 19200 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg66t = rg66.reshape([tile_b, tile_r, 2, 2, 2])
                 rg66te, rg66to = hl.split(rg66t)
                 rg66tee, rg66teo = hl.split(rg66te)
@@ -6239,7 +5802,7 @@ def tp_bwd_x2_1(
                     - 0.545544725589981 * ra7_0 * rg66_2 + 0.3857583749052298 * ra7_1 * rg66_3
                     - 0.24397501823713333 * ra7_2 * rg66_4
                 )
-                wq66 = w66[tile_b, tile_r, 0]
+                wq66 = weights[tile_b, 4224 + tile_r.index]
                 s3_0 = s3_0 + t * wq66
                 t = (
                     -0.48795003647426666 * ra7_3 * rg66_0 + 0.29880715233359845 * ra7_4 * rg66_1
@@ -6280,7 +5843,7 @@ def tp_bwd_x2_1(
                 )
                 s3_6 = s3_6 + t * wq66
                 # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-                rg67 = hl.load(g_67, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg67 = hl.load(g, [tile_b, 19520 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg67t = rg67.reshape([tile_b, tile_r, 2, 2, 2])
                 rg67te, rg67to = hl.split(rg67t)
                 rg67tee, rg67teo = hl.split(rg67te)
@@ -6294,7 +5857,7 @@ def tp_bwd_x2_1(
                     - 0.408248290463863 * ra7_6 * rg67_3 + 0.408248290463863 * ra7_5 * rg67_4
                     - 0.408248290463863 * ra7_4 * rg67_5 + 0.408248290463863 * ra7_3 * rg67_6
                 )
-                wq67 = w67[tile_b, tile_r, 0]
+                wq67 = weights[tile_b, 4288 + tile_r.index]
                 s3_0 = s3_0 + t * wq67
                 t = (
                     -0.408248290463863 * ra7_2 * rg67_0 + 0.408248290463863 * ra7_0 * rg67_2
@@ -6339,13 +5902,13 @@ def tp_bwd_x2_1(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -6353,144 +5916,48 @@ def tp_bwd_x2_1(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    g_34: torch.Tensor,
-    g_35: torch.Tensor,
-    g_36: torch.Tensor,
-    g_37: torch.Tensor,
-    g_38: torch.Tensor,
-    g_39: torch.Tensor,
-    g_40: torch.Tensor,
-    g_41: torch.Tensor,
-    g_42: torch.Tensor,
-    g_43: torch.Tensor,
-    g_44: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
-    gw23: torch.Tensor,
-    gw24: torch.Tensor,
-    gw25: torch.Tensor,
-    gw26: torch.Tensor,
-    gw27: torch.Tensor,
-    gw28: torch.Tensor,
-    gw29: torch.Tensor,
-    gw30: torch.Tensor,
-    gw31: torch.Tensor,
-    gw32: torch.Tensor,
-    gw33: torch.Tensor,
-    gw34: torch.Tensor,
-    gw35: torch.Tensor,
-    gw36: torch.Tensor,
-    gw37: torch.Tensor,
-    gw38: torch.Tensor,
-    gw39: torch.Tensor,
-    gw40: torch.Tensor,
-    gw41: torch.Tensor,
-    gw42: torch.Tensor,
-    gw43: torch.Tensor,
-    gw44: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-44."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            a0_0 = x1[tile_b, tile_c.index]
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -6503,10 +5970,10 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -6521,30 +5988,30 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw3[tile_b, tile_c, 0] = (
+            gw[tile_b, 192 + tile_c.index] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
                 + q4 * g3_4 + q5 * g3_5
                 + q6 * g3_6
             )
             # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            a1_0 = x1_1[tile_b, 0, tile_c]
+            a1_0 = x1[tile_b, 64 + tile_c.index]
             q0 = (a1_0 * sb0_0_0)
-            g4_0 = g_4[tile_b, 0, tile_c]
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0)
+            g4_0 = g[tile_b, 1024 + tile_c.index]
+            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0)
             # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5_0, g5_2 = hl.split(g5te)
             g5_1, g5_3 = hl.split(g5to)
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
+            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
             # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             q0 = (a1_0 * sb2_0_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -6557,10 +6024,10 @@ def tp_bwd_w_0(
             q2 = (a1_0 * sb2_2_0)
             q3 = (a1_0 * sb2_3_0)
             q4 = (a1_0 * sb2_4_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a1_0 * sb3_0_0)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -6575,47 +6042,47 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a1_0 * sb3_4_0)
             q5 = (1.0000000000000002 * a1_0 * sb3_5_0)
             q6 = (1.0000000000000002 * a1_0 * sb3_6_0)
-            gw7[tile_b, tile_c, 0] = (
+            gw[tile_b, 448 + tile_c.index] = (
                 q0 * g7_0 + q1 * g7_1
                 + q2 * g7_2 + q3 * g7_3
                 + q4 * g7_4 + q5 * g7_5
                 + q6 * g7_6
             )
             # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
             g8_1, g8_3 = hl.split(g8to)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
             # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            g9_0 = g_9[tile_b, 0, tile_c]
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0)
+            g9_0 = g[tile_b, 2240 + tile_c.index]
+            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0)
             # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10_0, g10_2 = hl.split(g10te)
             g10_1, g10_3 = hl.split(g10to)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
+            gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
             # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -6631,13 +6098,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+            gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12_0, g12_2 = hl.split(g12te)
@@ -6650,13 +6117,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
+            gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
             # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
             g13tee, g13teo = hl.split(g13te)
@@ -6678,10 +6145,10 @@ def tp_bwd_w_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
+            gw[tile_b, 832 + tile_c.index] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
             # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -6711,7 +6178,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a2_2 * sb2_3_0
             )
             q6 = (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
-            gw14[tile_b, tile_c, 0] = (
+            gw[tile_b, 896 + tile_c.index] = (
                 q0 * g14_0 + q1 * g14_1
                 + q2 * g14_2 + q3 * g14_3
                 + q4 * g14_4 + q5 * g14_5
@@ -6723,7 +6190,7 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
                 - 0.1543033499620919 * a2_2 * sb3_2_0
             )
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -6749,13 +6216,13 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
                 + 0.5976143046671969 * a2_2 * sb3_6_0
             )
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+            gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
             q0 = (
                 0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
                 - 0.3535533905932738 * a2_2 * sb3_5_0
             )
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -6787,47 +6254,47 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
                 + 0.3535533905932738 * a2_2 * sb3_1_0
             )
-            gw16[tile_b, tile_c, 0] = (
+            gw[tile_b, 1024 + tile_c.index] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3
                 + q4 * g16_4 + q5 * g16_5
                 + q6 * g16_6
             )
             # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
             a3_1, a3_3 = hl.split(a3to)
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17_0, g17_2 = hl.split(g17te)
             g17_1, g17_3 = hl.split(g17to)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2)
+            gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2)
             # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            g18_0 = g_18[tile_b, 0, tile_c]
-            gw18[tile_b, tile_c, 0] = (q0 * g18_0)
+            g18_0 = g[tile_b, 4736 + tile_c.index]
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0)
             # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
             g19_1, g19_3 = hl.split(g19to)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+            gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -6843,13 +6310,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            gw20[tile_b, tile_c, 0] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
             # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g21t = g21.reshape([tile_b, tile_c, 2, 2])
             g21te, g21to = hl.split(g21t)
             g21_0, g21_2 = hl.split(g21te)
@@ -6862,13 +6329,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            gw21[tile_b, tile_c, 0] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
+            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
             # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -6890,10 +6357,10 @@ def tp_bwd_w_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
+            gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
             # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -6923,7 +6390,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a3_2 * sb2_3_0
             )
             q6 = (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
-            gw23[tile_b, tile_c, 0] = (
+            gw[tile_b, 1472 + tile_c.index] = (
                 q0 * g23_0 + q1 * g23_1
                 + q2 * g23_2 + q3 * g23_3
                 + q4 * g23_4 + q5 * g23_5
@@ -6935,7 +6402,7 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
                 - 0.1543033499620919 * a3_2 * sb3_2_0
             )
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -6961,13 +6428,13 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
                 + 0.5976143046671969 * a3_2 * sb3_6_0
             )
-            gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
+            gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
             # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
             q0 = (
                 0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
                 - 0.3535533905932738 * a3_2 * sb3_5_0
             )
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25tee, g25teo = hl.split(g25te)
@@ -6999,14 +6466,14 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
                 + 0.3535533905932738 * a3_2 * sb3_1_0
             )
-            gw25[tile_b, tile_c, 0] = (
+            gw[tile_b, 1600 + tile_c.index] = (
                 q0 * g25_0 + q1 * g25_1
                 + q2 * g25_2 + q3 * g25_3
                 + q4 * g25_4 + q5 * g25_5
                 + q6 * g25_6
             )
             # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
             a4te, a4to = hl.split(a4t)
             a4tee, a4teo = hl.split(a4te)
@@ -7016,7 +6483,7 @@ def tp_bwd_w_0(
             a4_1, a4_5 = hl.split(a4toe)
             a4_3, a4_7 = hl.split(a4too)
             q0 = (a4_0 * sb0_0_0)
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -7029,13 +6496,13 @@ def tp_bwd_w_0(
             q2 = (a4_2 * sb0_0_0)
             q3 = (a4_3 * sb0_0_0)
             q4 = (a4_4 * sb0_0_0)
-            gw26[tile_b, tile_c, 0] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
             # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g27t = g27.reshape([tile_b, tile_c, 2, 2])
             g27te, g27to = hl.split(g27t)
             g27_0, g27_2 = hl.split(g27te)
@@ -7048,13 +6515,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            gw27[tile_b, tile_c, 0] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
+            gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
             # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28tee, g28teo = hl.split(g28te)
@@ -7076,10 +6543,10 @@ def tp_bwd_w_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
+            gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
             # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -7109,7 +6576,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a4_4 * sb1_1_0
             )
             q6 = (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
-            gw29[tile_b, tile_c, 0] = (
+            gw[tile_b, 1856 + tile_c.index] = (
                 q0 * g29_0 + q1 * g29_1
                 + q2 * g29_2 + q3 * g29_3
                 + q4 * g29_4 + q5 * g29_5
@@ -7121,15 +6588,15 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            g30_0 = g_30[tile_b, 0, tile_c]
-            gw30[tile_b, tile_c, 0] = (q0 * g30_0)
+            g30_0 = g[tile_b, 8320 + tile_c.index]
+            gw[tile_b, 1920 + tile_c.index] = (q0 * g30_0)
             # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g31t = g31.reshape([tile_b, tile_c, 2, 2])
             g31te, g31to = hl.split(g31t)
             g31_0, g31_2 = hl.split(g31te)
@@ -7143,13 +6610,13 @@ def tp_bwd_w_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            gw31[tile_b, tile_c, 0] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
+            gw[tile_b, 1984 + tile_c.index] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
             # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
             g32te, g32to = hl.split(g32t)
             g32tee, g32teo = hl.split(g32te)
@@ -7177,13 +6644,13 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            gw32[tile_b, tile_c, 0] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
+            gw[tile_b, 2048 + tile_c.index] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
             # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
             q0 = (
                 0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
                 + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
             )
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
             g33te, g33to = hl.split(g33t)
             g33tee, g33teo = hl.split(g33te)
@@ -7212,7 +6679,7 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
                 - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
             )
-            gw33[tile_b, tile_c, 0] = (
+            gw[tile_b, 2112 + tile_c.index] = (
                 q0 * g33_0 + q1 * g33_1
                 + q2 * g33_2 + q3 * g33_3
                 + q4 * g33_4 + q5 * g33_5
@@ -7225,7 +6692,7 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
                 + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
             )
-            g34 = hl.load(g_34, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g34t = g34.reshape([tile_b, tile_c, 2, 2])
             g34te, g34to = hl.split(g34t)
             g34_0, g34_2 = hl.split(g34te)
@@ -7241,14 +6708,14 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
                 - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
             )
-            gw34[tile_b, tile_c, 0] = (q0 * g34_0 + q1 * g34_1 + q2 * g34_2)
+            gw[tile_b, 2176 + tile_c.index] = (q0 * g34_0 + q1 * g34_1 + q2 * g34_2)
             # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
             q0 = (
                 0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
                 + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
                 + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
             )
-            g35 = hl.load(g_35, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
             g35te, g35to = hl.split(g35t)
             g35tee, g35teo = hl.split(g35te)
@@ -7276,14 +6743,14 @@ def tp_bwd_w_0(
                 + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
                 - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
             )
-            gw35[tile_b, tile_c, 0] = (q0 * g35_0 + q1 * g35_1 + q2 * g35_2 + q3 * g35_3 + q4 * g35_4)
+            gw[tile_b, 2240 + tile_c.index] = (q0 * g35_0 + q1 * g35_1 + q2 * g35_2 + q3 * g35_3 + q4 * g35_4)
             # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
                 - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
                 - 0.2886751345948129 * a4_4 * sb3_2_0
             )
-            g36 = hl.load(g_36, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
             g36te, g36to = hl.split(g36t)
             g36tee, g36teo = hl.split(g36te)
@@ -7324,14 +6791,14 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
                 - 0.2886751345948129 * a4_4 * sb3_4_0
             )
-            gw36[tile_b, tile_c, 0] = (
+            gw[tile_b, 2304 + tile_c.index] = (
                 q0 * g36_0 + q1 * g36_1
                 + q2 * g36_2 + q3 * g36_3
                 + q4 * g36_4 + q5 * g36_5
                 + q6 * g36_6
             )
             # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -7341,7 +6808,7 @@ def tp_bwd_w_0(
             a5_1, a5_5 = hl.split(a5toe)
             a5_3, a5_7 = hl.split(a5too)
             q0 = (a5_0 * sb0_0_0)
-            g37 = hl.load(g_37, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
             g37te, g37to = hl.split(g37t)
             g37tee, g37teo = hl.split(g37te)
@@ -7354,13 +6821,13 @@ def tp_bwd_w_0(
             q2 = (a5_2 * sb0_0_0)
             q3 = (a5_3 * sb0_0_0)
             q4 = (a5_4 * sb0_0_0)
-            gw37[tile_b, tile_c, 0] = (q0 * g37_0 + q1 * g37_1 + q2 * g37_2 + q3 * g37_3 + q4 * g37_4)
+            gw[tile_b, 2368 + tile_c.index] = (q0 * g37_0 + q1 * g37_1 + q2 * g37_2 + q3 * g37_3 + q4 * g37_4)
             # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
-            g38 = hl.load(g_38, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g38t = g38.reshape([tile_b, tile_c, 2, 2])
             g38te, g38to = hl.split(g38t)
             g38_0, g38_2 = hl.split(g38te)
@@ -7373,13 +6840,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            gw38[tile_b, tile_c, 0] = (q0 * g38_0 + q1 * g38_1 + q2 * g38_2)
+            gw[tile_b, 2432 + tile_c.index] = (q0 * g38_0 + q1 * g38_1 + q2 * g38_2)
             # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
-            g39 = hl.load(g_39, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
             g39te, g39to = hl.split(g39t)
             g39tee, g39teo = hl.split(g39te)
@@ -7401,10 +6868,10 @@ def tp_bwd_w_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            gw39[tile_b, tile_c, 0] = (q0 * g39_0 + q1 * g39_1 + q2 * g39_2 + q3 * g39_3 + q4 * g39_4)
+            gw[tile_b, 2496 + tile_c.index] = (q0 * g39_0 + q1 * g39_1 + q2 * g39_2 + q3 * g39_3 + q4 * g39_4)
             # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
-            g40 = hl.load(g_40, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
             g40te, g40to = hl.split(g40t)
             g40tee, g40teo = hl.split(g40te)
@@ -7434,7 +6901,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a5_4 * sb1_1_0
             )
             q6 = (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
-            gw40[tile_b, tile_c, 0] = (
+            gw[tile_b, 2560 + tile_c.index] = (
                 q0 * g40_0 + q1 * g40_1
                 + q2 * g40_2 + q3 * g40_3
                 + q4 * g40_4 + q5 * g40_5
@@ -7446,15 +6913,15 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            g41_0 = g_41[tile_b, 0, tile_c]
-            gw41[tile_b, tile_c, 0] = (q0 * g41_0)
+            g41_0 = g[tile_b, 11584 + tile_c.index]
+            gw[tile_b, 2624 + tile_c.index] = (q0 * g41_0)
             # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
-            g42 = hl.load(g_42, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g42t = g42.reshape([tile_b, tile_c, 2, 2])
             g42te, g42to = hl.split(g42t)
             g42_0, g42_2 = hl.split(g42te)
@@ -7468,13 +6935,13 @@ def tp_bwd_w_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            gw42[tile_b, tile_c, 0] = (q0 * g42_0 + q1 * g42_1 + q2 * g42_2)
+            gw[tile_b, 2688 + tile_c.index] = (q0 * g42_0 + q1 * g42_1 + q2 * g42_2)
             # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
-            g43 = hl.load(g_43, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
             g43te, g43to = hl.split(g43t)
             g43tee, g43teo = hl.split(g43te)
@@ -7502,13 +6969,13 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            gw43[tile_b, tile_c, 0] = (q0 * g43_0 + q1 * g43_1 + q2 * g43_2 + q3 * g43_3 + q4 * g43_4)
+            gw[tile_b, 2752 + tile_c.index] = (q0 * g43_0 + q1 * g43_1 + q2 * g43_2 + q3 * g43_3 + q4 * g43_4)
             # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
             q0 = (
                 0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
                 + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
             )
-            g44 = hl.load(g_44, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
             g44te, g44to = hl.split(g44t)
             g44tee, g44teo = hl.split(g44te)
@@ -7537,7 +7004,7 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
                 - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
             )
-            gw44[tile_b, tile_c, 0] = (
+            gw[tile_b, 2816 + tile_c.index] = (
                 q0 * g44_0 + q1 * g44_1
                 + q2 * g44_2 + q3 * g44_3
                 + q4 * g44_4 + q5 * g44_5
@@ -7550,81 +7017,32 @@ def tp_bwd_w_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_1(
-    x1_5: torch.Tensor,
-    x1_6: torch.Tensor,
-    x1_7: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_45: torch.Tensor,
-    g_46: torch.Tensor,
-    g_47: torch.Tensor,
-    g_48: torch.Tensor,
-    g_49: torch.Tensor,
-    g_50: torch.Tensor,
-    g_51: torch.Tensor,
-    g_52: torch.Tensor,
-    g_53: torch.Tensor,
-    g_54: torch.Tensor,
-    g_55: torch.Tensor,
-    g_56: torch.Tensor,
-    g_57: torch.Tensor,
-    g_58: torch.Tensor,
-    g_59: torch.Tensor,
-    g_60: torch.Tensor,
-    g_61: torch.Tensor,
-    g_62: torch.Tensor,
-    g_63: torch.Tensor,
-    g_64: torch.Tensor,
-    g_65: torch.Tensor,
-    g_66: torch.Tensor,
-    g_67: torch.Tensor,
-    gw45: torch.Tensor,
-    gw46: torch.Tensor,
-    gw47: torch.Tensor,
-    gw48: torch.Tensor,
-    gw49: torch.Tensor,
-    gw50: torch.Tensor,
-    gw51: torch.Tensor,
-    gw52: torch.Tensor,
-    gw53: torch.Tensor,
-    gw54: torch.Tensor,
-    gw55: torch.Tensor,
-    gw56: torch.Tensor,
-    gw57: torch.Tensor,
-    gw58: torch.Tensor,
-    gw59: torch.Tensor,
-    gw60: torch.Tensor,
-    gw61: torch.Tensor,
-    gw62: torch.Tensor,
-    gw63: torch.Tensor,
-    gw64: torch.Tensor,
-    gw65: torch.Tensor,
-    gw66: torch.Tensor,
-    gw67: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 45-67."""
-    for tile_b in hl.tile(x1_5.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -7639,7 +7057,7 @@ def tp_bwd_w_1(
                 + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
                 + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
             )
-            g45 = hl.load(g_45, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g45t = g45.reshape([tile_b, tile_c, 2, 2])
             g45te, g45to = hl.split(g45t)
             g45_0, g45_2 = hl.split(g45te)
@@ -7655,14 +7073,14 @@ def tp_bwd_w_1(
                 - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
                 - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
             )
-            gw45[tile_b, tile_c, 0] = (q0 * g45_0 + q1 * g45_1 + q2 * g45_2)
+            gw[tile_b, 2880 + tile_c.index] = (q0 * g45_0 + q1 * g45_1 + q2 * g45_2)
             # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
             q0 = (
                 0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
                 + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
                 + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
             )
-            g46 = hl.load(g_46, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
             g46te, g46to = hl.split(g46t)
             g46tee, g46teo = hl.split(g46te)
@@ -7690,14 +7108,14 @@ def tp_bwd_w_1(
                 + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
                 - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
             )
-            gw46[tile_b, tile_c, 0] = (q0 * g46_0 + q1 * g46_1 + q2 * g46_2 + q3 * g46_3 + q4 * g46_4)
+            gw[tile_b, 2944 + tile_c.index] = (q0 * g46_0 + q1 * g46_1 + q2 * g46_2 + q3 * g46_3 + q4 * g46_4)
             # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
                 - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
                 - 0.2886751345948129 * a5_4 * sb3_2_0
             )
-            g47 = hl.load(g_47, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
             g47te, g47to = hl.split(g47t)
             g47tee, g47teo = hl.split(g47te)
@@ -7738,14 +7156,14 @@ def tp_bwd_w_1(
                 - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
                 - 0.2886751345948129 * a5_4 * sb3_4_0
             )
-            gw47[tile_b, tile_c, 0] = (
+            gw[tile_b, 3008 + tile_c.index] = (
                 q0 * g47_0 + q1 * g47_1
                 + q2 * g47_2 + q3 * g47_3
                 + q4 * g47_4 + q5 * g47_5
                 + q6 * g47_6
             )
             # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            a6 = hl.load(x1_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
             a6te, a6to = hl.split(a6t)
             a6tee, a6teo = hl.split(a6te)
@@ -7755,7 +7173,7 @@ def tp_bwd_w_1(
             a6_1, a6_5 = hl.split(a6toe)
             a6_3, a6_7 = hl.split(a6too)
             q0 = (1.0000000000000002 * a6_0 * sb0_0_0)
-            g48 = hl.load(g_48, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
             g48te, g48to = hl.split(g48t)
             g48tee, g48teo = hl.split(g48te)
@@ -7770,7 +7188,7 @@ def tp_bwd_w_1(
             q4 = (1.0000000000000002 * a6_4 * sb0_0_0)
             q5 = (1.0000000000000002 * a6_5 * sb0_0_0)
             q6 = (1.0000000000000002 * a6_6 * sb0_0_0)
-            gw48[tile_b, tile_c, 0] = (
+            gw[tile_b, 3072 + tile_c.index] = (
                 q0 * g48_0 + q1 * g48_1
                 + q2 * g48_2 + q3 * g48_3
                 + q4 * g48_4 + q5 * g48_5
@@ -7782,7 +7200,7 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
                 - 0.5976143046671969 * a6_6 * sb1_0_0
             )
-            g49 = hl.load(g_49, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
             g49te, g49to = hl.split(g49t)
             g49tee, g49teo = hl.split(g49te)
@@ -7808,13 +7226,13 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
                 + 0.5976143046671969 * a6_6 * sb1_2_0
             )
-            gw49[tile_b, tile_c, 0] = (q0 * g49_0 + q1 * g49_1 + q2 * g49_2 + q3 * g49_3 + q4 * g49_4)
+            gw[tile_b, 3136 + tile_c.index] = (q0 * g49_0 + q1 * g49_1 + q2 * g49_2 + q3 * g49_3 + q4 * g49_4)
             # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
             q0 = (
                 -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
                 - 0.8660254037844387 * a6_6 * sb1_1_0
             )
-            g50 = hl.load(g_50, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
             g50te, g50to = hl.split(g50t)
             g50tee, g50teo = hl.split(g50te)
@@ -7846,7 +7264,7 @@ def tp_bwd_w_1(
                 0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
                 - 0.3535533905932738 * a6_5 * sb1_0_0
             )
-            gw50[tile_b, tile_c, 0] = (
+            gw[tile_b, 3200 + tile_c.index] = (
                 q0 * g50_0 + q1 * g50_1
                 + q2 * g50_2 + q3 * g50_3
                 + q4 * g50_4 + q5 * g50_5
@@ -7859,7 +7277,7 @@ def tp_bwd_w_1(
                 - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
                 - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
             )
-            g51 = hl.load(g_51, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g51t = g51.reshape([tile_b, tile_c, 2, 2])
             g51te, g51to = hl.split(g51t)
             g51_0, g51_2 = hl.split(g51te)
@@ -7875,14 +7293,14 @@ def tp_bwd_w_1(
                 + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
                 + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
             )
-            gw51[tile_b, tile_c, 0] = (q0 * g51_0 + q1 * g51_1 + q2 * g51_2)
+            gw[tile_b, 3264 + tile_c.index] = (q0 * g51_0 + q1 * g51_1 + q2 * g51_2)
             # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
             q0 = (
                 -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
                 - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
                 - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
             )
-            g52 = hl.load(g_52, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
             g52te, g52to = hl.split(g52t)
             g52tee, g52teo = hl.split(g52te)
@@ -7910,14 +7328,14 @@ def tp_bwd_w_1(
                 - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
                 - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
             )
-            gw52[tile_b, tile_c, 0] = (q0 * g52_0 + q1 * g52_1 + q2 * g52_2 + q3 * g52_3 + q4 * g52_4)
+            gw[tile_b, 3328 + tile_c.index] = (q0 * g52_0 + q1 * g52_1 + q2 * g52_2 + q3 * g52_3 + q4 * g52_4)
             # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
             q0 = (
                 -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
                 - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
                 + 0.45643546458763845 * a6_5 * sb2_1_0
             )
-            g53 = hl.load(g_53, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
             g53te, g53to = hl.split(g53t)
             g53tee, g53teo = hl.split(g53te)
@@ -7958,7 +7376,7 @@ def tp_bwd_w_1(
                 - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
                 - 0.6454972243679029 * a6_6 * sb2_2_0
             )
-            gw53[tile_b, tile_c, 0] = (
+            gw[tile_b, 3392 + tile_c.index] = (
                 q0 * g53_0 + q1 * g53_1
                 + q2 * g53_2 + q3 * g53_3
                 + q4 * g53_4 + q5 * g53_5
@@ -7971,8 +7389,8 @@ def tp_bwd_w_1(
                 + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
                 + 0.37796447300922725 * a6_6 * sb3_6_0
             )
-            g54_0 = g_54[tile_b, 0, tile_c]
-            gw54[tile_b, tile_c, 0] = (q0 * g54_0)
+            g54_0 = g[tile_b, 15744 + tile_c.index]
+            gw[tile_b, 3456 + tile_c.index] = (q0 * g54_0)
             # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
             q0 = (
                 -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
@@ -7981,7 +7399,7 @@ def tp_bwd_w_1(
                 + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
                 + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
             )
-            g55 = hl.load(g_55, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g55t = g55.reshape([tile_b, tile_c, 2, 2])
             g55te, g55to = hl.split(g55t)
             g55_0, g55_2 = hl.split(g55te)
@@ -7998,7 +7416,7 @@ def tp_bwd_w_1(
                 - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
                 - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
             )
-            gw55[tile_b, tile_c, 0] = (q0 * g55_0 + q1 * g55_1 + q2 * g55_2)
+            gw[tile_b, 3520 + tile_c.index] = (q0 * g55_0 + q1 * g55_1 + q2 * g55_2)
             # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
             q0 = (
                 -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
@@ -8006,7 +7424,7 @@ def tp_bwd_w_1(
                 - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
                 + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
             )
-            g56 = hl.load(g_56, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
             g56te, g56to = hl.split(g56t)
             g56tee, g56teo = hl.split(g56te)
@@ -8040,14 +7458,14 @@ def tp_bwd_w_1(
                 + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
                 - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
             )
-            gw56[tile_b, tile_c, 0] = (q0 * g56_0 + q1 * g56_1 + q2 * g56_2 + q3 * g56_3 + q4 * g56_4)
+            gw[tile_b, 3584 + tile_c.index] = (q0 * g56_0 + q1 * g56_1 + q2 * g56_2 + q3 * g56_3 + q4 * g56_4)
             # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
                 - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
                 - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
             )
-            g57 = hl.load(g_57, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
             g57te, g57to = hl.split(g57t)
             g57tee, g57teo = hl.split(g57te)
@@ -8086,14 +7504,14 @@ def tp_bwd_w_1(
                 - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
                 - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
             )
-            gw57[tile_b, tile_c, 0] = (
+            gw[tile_b, 3648 + tile_c.index] = (
                 q0 * g57_0 + q1 * g57_1
                 + q2 * g57_2 + q3 * g57_3
                 + q4 * g57_4 + q5 * g57_5
                 + q6 * g57_6
             )
             # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            a7 = hl.load(x1_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
             a7te, a7to = hl.split(a7t)
             a7tee, a7teo = hl.split(a7te)
@@ -8103,7 +7521,7 @@ def tp_bwd_w_1(
             a7_1, a7_5 = hl.split(a7toe)
             a7_3, a7_7 = hl.split(a7too)
             q0 = (1.0000000000000002 * a7_0 * sb0_0_0)
-            g58 = hl.load(g_58, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
             g58te, g58to = hl.split(g58t)
             g58tee, g58teo = hl.split(g58te)
@@ -8118,7 +7536,7 @@ def tp_bwd_w_1(
             q4 = (1.0000000000000002 * a7_4 * sb0_0_0)
             q5 = (1.0000000000000002 * a7_5 * sb0_0_0)
             q6 = (1.0000000000000002 * a7_6 * sb0_0_0)
-            gw58[tile_b, tile_c, 0] = (
+            gw[tile_b, 3712 + tile_c.index] = (
                 q0 * g58_0 + q1 * g58_1
                 + q2 * g58_2 + q3 * g58_3
                 + q4 * g58_4 + q5 * g58_5
@@ -8130,7 +7548,7 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
                 - 0.5976143046671969 * a7_6 * sb1_0_0
             )
-            g59 = hl.load(g_59, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
             g59te, g59to = hl.split(g59t)
             g59tee, g59teo = hl.split(g59te)
@@ -8156,13 +7574,13 @@ def tp_bwd_w_1(
                 - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
                 + 0.5976143046671969 * a7_6 * sb1_2_0
             )
-            gw59[tile_b, tile_c, 0] = (q0 * g59_0 + q1 * g59_1 + q2 * g59_2 + q3 * g59_3 + q4 * g59_4)
+            gw[tile_b, 3776 + tile_c.index] = (q0 * g59_0 + q1 * g59_1 + q2 * g59_2 + q3 * g59_3 + q4 * g59_4)
             # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
             q0 = (
                 -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
                 - 0.8660254037844387 * a7_6 * sb1_1_0
             )
-            g60 = hl.load(g_60, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
             g60te, g60to = hl.split(g60t)
             g60tee, g60teo = hl.split(g60te)
@@ -8194,7 +7612,7 @@ def tp_bwd_w_1(
                 0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
                 - 0.3535533905932738 * a7_5 * sb1_0_0
             )
-            gw60[tile_b, tile_c, 0] = (
+            gw[tile_b, 3840 + tile_c.index] = (
                 q0 * g60_0 + q1 * g60_1
                 + q2 * g60_2 + q3 * g60_3
                 + q4 * g60_4 + q5 * g60_5
@@ -8207,7 +7625,7 @@ def tp_bwd_w_1(
                 - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
                 - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
             )
-            g61 = hl.load(g_61, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g61t = g61.reshape([tile_b, tile_c, 2, 2])
             g61te, g61to = hl.split(g61t)
             g61_0, g61_2 = hl.split(g61te)
@@ -8223,14 +7641,14 @@ def tp_bwd_w_1(
                 + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
                 + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
             )
-            gw61[tile_b, tile_c, 0] = (q0 * g61_0 + q1 * g61_1 + q2 * g61_2)
+            gw[tile_b, 3904 + tile_c.index] = (q0 * g61_0 + q1 * g61_1 + q2 * g61_2)
             # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
             q0 = (
                 -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
                 - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
                 - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
             )
-            g62 = hl.load(g_62, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
             g62te, g62to = hl.split(g62t)
             g62tee, g62teo = hl.split(g62te)
@@ -8258,14 +7676,14 @@ def tp_bwd_w_1(
                 - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
                 - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
             )
-            gw62[tile_b, tile_c, 0] = (q0 * g62_0 + q1 * g62_1 + q2 * g62_2 + q3 * g62_3 + q4 * g62_4)
+            gw[tile_b, 3968 + tile_c.index] = (q0 * g62_0 + q1 * g62_1 + q2 * g62_2 + q3 * g62_3 + q4 * g62_4)
             # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
             q0 = (
                 -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
                 - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
                 + 0.45643546458763845 * a7_5 * sb2_1_0
             )
-            g63 = hl.load(g_63, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
             g63te, g63to = hl.split(g63t)
             g63tee, g63teo = hl.split(g63te)
@@ -8306,7 +7724,7 @@ def tp_bwd_w_1(
                 - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
                 - 0.6454972243679029 * a7_6 * sb2_2_0
             )
-            gw63[tile_b, tile_c, 0] = (
+            gw[tile_b, 4032 + tile_c.index] = (
                 q0 * g63_0 + q1 * g63_1
                 + q2 * g63_2 + q3 * g63_3
                 + q4 * g63_4 + q5 * g63_5
@@ -8319,8 +7737,8 @@ def tp_bwd_w_1(
                 + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
                 + 0.37796447300922725 * a7_6 * sb3_6_0
             )
-            g64_0 = g_64[tile_b, 0, tile_c]
-            gw64[tile_b, tile_c, 0] = (q0 * g64_0)
+            g64_0 = g[tile_b, 18944 + tile_c.index]
+            gw[tile_b, 4096 + tile_c.index] = (q0 * g64_0)
             # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
             q0 = (
                 -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
@@ -8329,7 +7747,7 @@ def tp_bwd_w_1(
                 + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
                 + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
             )
-            g65 = hl.load(g_65, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g65t = g65.reshape([tile_b, tile_c, 2, 2])
             g65te, g65to = hl.split(g65t)
             g65_0, g65_2 = hl.split(g65te)
@@ -8346,7 +7764,7 @@ def tp_bwd_w_1(
                 - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
                 - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
             )
-            gw65[tile_b, tile_c, 0] = (q0 * g65_0 + q1 * g65_1 + q2 * g65_2)
+            gw[tile_b, 4160 + tile_c.index] = (q0 * g65_0 + q1 * g65_1 + q2 * g65_2)
             # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
             q0 = (
                 -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
@@ -8354,7 +7772,7 @@ def tp_bwd_w_1(
                 - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
                 + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
             )
-            g66 = hl.load(g_66, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
             g66te, g66to = hl.split(g66t)
             g66tee, g66teo = hl.split(g66te)
@@ -8388,14 +7806,14 @@ def tp_bwd_w_1(
                 + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
                 - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
             )
-            gw66[tile_b, tile_c, 0] = (q0 * g66_0 + q1 * g66_1 + q2 * g66_2 + q3 * g66_3 + q4 * g66_4)
+            gw[tile_b, 4224 + tile_c.index] = (q0 * g66_0 + q1 * g66_1 + q2 * g66_2 + q3 * g66_3 + q4 * g66_4)
             # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
                 - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
                 - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
             )
-            g67 = hl.load(g_67, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
             g67te, g67to = hl.split(g67t)
             g67tee, g67teo = hl.split(g67te)
@@ -8434,7 +7852,7 @@ def tp_bwd_w_1(
                 - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
                 - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
             )
-            gw67[tile_b, tile_c, 0] = (
+            gw[tile_b, 4288 + tile_c.index] = (
                 q0 * g67_0 + q1 * g67_1
                 + q2 * g67_2 + q3 * g67_3
                 + q4 * g67_4 + q5 * g67_5

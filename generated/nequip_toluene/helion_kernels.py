@@ -31,101 +31,36 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
-    out_17: torch.Tensor,
-    out_18: torch.Tensor,
-    out_19: torch.Tensor,
-    out_20: torch.Tensor,
-    out_21: torch.Tensor,
-    out_22: torch.Tensor,
-    out_23: torch.Tensor,
-    out_24: torch.Tensor,
-    out_25: torch.Tensor,
-    out_26: torch.Tensor,
-    out_27: torch.Tensor,
-    out_28: torch.Tensor,
-    out_29: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-29; paths 0-29."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1_0 = x1[tile_b, 64 + tile_c.index]
+            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
             a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
             a4te, a4to = hl.split(a4t)
             a4tee, a4teo = hl.split(a4te)
@@ -134,7 +69,7 @@ def tp_fwd_0(
             a4toe, a4too = hl.split(a4to)
             a4_1, a4_5 = hl.split(a4toe)
             a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -144,102 +79,102 @@ def tp_fwd_0(
             a5_1, a5_5 = hl.split(a5toe)
             a5_3, a5_7 = hl.split(a5too)
             # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 64x2o (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 64x0e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
-            out_3[tile_b, 0, tile_c] = acc3_0
+            out[tile_b, 576 + tile_c.index] = acc3_0
             # g block 4: 64x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x2e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
-            hl.store(out_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 6: 64x1o (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 64x0e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            out_7[tile_b, 0, tile_c] = acc7_0
+            out[tile_b, 1344 + tile_c.index] = acc7_0
             # g block 8: 64x1e (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
             acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
             acc9_2 = acc9_2 + wt9_0 * (
@@ -248,13 +183,13 @@ def tp_fwd_0(
             )
             acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 10: 64x1o (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
@@ -267,15 +202,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            hl.store(out_10, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 11: 64x2o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
@@ -293,44 +228,44 @@ def tp_fwd_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x1e (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out_12, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 13: 64x0o (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            out_13[tile_b, 0, tile_c] = acc13_0
+            out[tile_b, 2624 + tile_c.index] = acc13_0
             # g block 14: 64x1o (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out_14, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 15: 64x2o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
             acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
             acc15_2 = acc15_2 + wt15_0 * (
@@ -339,13 +274,13 @@ def tp_fwd_0(
             )
             acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 64x1e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
@@ -358,15 +293,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            hl.store(out_16, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc16_0, acc16_2), hl.join(acc16_1, acc16_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc16_0, acc16_2), hl.join(acc16_1, acc16_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 17: 64x2e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
             acc17_0 = acc17_0 + wt17_0 * (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
@@ -384,27 +319,27 @@ def tp_fwd_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            hl.store(out_17, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_0)), hl.join(hl.join(acc17_1, acc17_0), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_0)), hl.join(hl.join(acc17_1, acc17_0), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 18: 64x2o (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
             acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
             acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
-            hl.store(out_18, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 19: 64x1e (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
             acc19_0 = acc19_0 + wt19_0 * (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
@@ -417,15 +352,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 64x2e (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
             acc20_0 = acc20_0 + wt20_0 * (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
@@ -443,23 +378,23 @@ def tp_fwd_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 21: 64x0o (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
             acc21_0 = acc21_0 + wt21_0 * (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            out_21[tile_b, 0, tile_c] = acc21_0
+            out[tile_b, 4544 + tile_c.index] = acc21_0
             # g block 22: 64x1o (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
             acc22_0 = acc22_0 + wt22_0 * (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
@@ -474,15 +409,15 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            hl.store(out_22, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc22_0, acc22_2), hl.join(acc22_1, acc22_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc22_0, acc22_2), hl.join(acc22_1, acc22_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 23: 64x2o (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
+            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
             acc23_0 = acc23_0 + wt23_0 * (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
@@ -506,27 +441,27 @@ def tp_fwd_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_0)), hl.join(hl.join(acc23_1, acc23_0), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_0)), hl.join(hl.join(acc23_1, acc23_0), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 24: 64x2e (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
+            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
             acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
             acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
-            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 25: 64x1o (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
+            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
             acc25_0 = acc25_0 + wt25_0 * (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
@@ -539,15 +474,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            hl.store(out_25, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc25_0, acc25_2), hl.join(acc25_1, acc25_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc25_0, acc25_2), hl.join(acc25_1, acc25_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 26: 64x2o (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
+            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
             acc26_0 = acc26_0 + wt26_0 * (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
@@ -565,23 +500,23 @@ def tp_fwd_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 27: 64x0e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
+            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
             acc27_0 = acc27_0 + wt27_0 * (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            out_27[tile_b, 0, tile_c] = acc27_0
+            out[tile_b, 5952 + tile_c.index] = acc27_0
             # g block 28: 64x1e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
+            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
             acc28_0 = acc28_0 + wt28_0 * (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
@@ -596,15 +531,15 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            hl.store(out_28, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc28_0, acc28_2), hl.join(acc28_1, acc28_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc28_0, acc28_2), hl.join(acc28_1, acc28_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 29: 64x2e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
+            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
             acc29_0 = acc29_0 + wt29_0 * (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
@@ -628,7 +563,7 @@ def tp_fwd_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_0)), hl.join(hl.join(acc29_1, acc29_0), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_0)), hl.join(hl.join(acc29_1, acc29_0), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -636,97 +571,32 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
-    gx1_4: torch.Tensor,
-    gx1_5: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-5; paths 0-29."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 0: 64x0o (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -736,8 +606,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -751,16 +621,16 @@ def tp_bwd_x1_0(
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
                 + g2_4 * sb2_4_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
             # x1 block 1: 64x0e (3 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3_0 = g_3[tile_b, 0, tile_c]
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
+            g3_0 = g[tile_b, 576 + tile_c.index]
             acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
+            g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
@@ -770,8 +640,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g4_2 * sb1_2_0
             )
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
+            g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5tee, g5teo = hl.split(g5te)
@@ -785,14 +655,14 @@ def tp_bwd_x1_0(
                 + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
                 + g5_4 * sb2_4_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
+            gx1[tile_b, 64 + tile_c.index] = acc1_0
             # x1 block 2: 64x1o (6 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
@@ -801,14 +671,14 @@ def tp_bwd_x1_0(
             acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7_0 = g_7[tile_b, 0, tile_c]
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
+            g7_0 = g[tile_b, 1344 + tile_c.index]
             acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
+            g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
@@ -817,8 +687,8 @@ def tp_bwd_x1_0(
             acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -840,8 +710,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g9_3 * sb1_1_0 + 0.7071067811865476 * g9_4 * sb1_2_0
             )
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
+            g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10_0, g10_2 = hl.split(g10te)
@@ -859,8 +729,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g10_2 * sb2_2_0 + 0.5477225575051661 * g10_2 * sb2_4_0
             )
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
+            g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -883,14 +753,14 @@ def tp_bwd_x1_0(
                 - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
                 + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
             )
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 64x1e (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
+            g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12_0, g12_2 = hl.split(g12te)
@@ -899,14 +769,14 @@ def tp_bwd_x1_0(
             acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13_0 = g_13[tile_b, 0, tile_c]
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
+            g13_0 = g[tile_b, 2624 + tile_c.index]
             acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
+            g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14_0, g14_2 = hl.split(g14te)
@@ -915,8 +785,8 @@ def tp_bwd_x1_0(
             acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
+            g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -938,8 +808,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g15_3 * sb1_1_0 + 0.7071067811865476 * g15_4 * sb1_2_0
             )
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
+            g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16_0, g16_2 = hl.split(g16te)
@@ -957,8 +827,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g16_2 * sb2_2_0 + 0.5477225575051661 * g16_2 * sb2_4_0
             )
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
+            g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17tee, g17teo = hl.split(g17te)
@@ -981,16 +851,16 @@ def tp_bwd_x1_0(
                 - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
                 + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
             )
-            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 4: 64x2o (6 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
+            g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18tee, g18teo = hl.split(g18te)
@@ -1005,8 +875,8 @@ def tp_bwd_x1_0(
             acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
             acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
+            g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
@@ -1020,8 +890,8 @@ def tp_bwd_x1_0(
             acc4_3 = acc4_3 + wt19_0 * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
             acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
+            g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -1048,16 +918,16 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g20_3 * sb1_0_0
             )
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
-            g21_0 = g_21[tile_b, 0, tile_c]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
+            g21_0 = g[tile_b, 4544 + tile_c.index]
             acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
             acc4_3 = acc4_3 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_3_0)
             acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
+            g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22_0, g22_2 = hl.split(g22te)
@@ -1080,8 +950,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g22_2 * sb2_1_0
             )
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
+            g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -1113,16 +983,16 @@ def tp_bwd_x1_0(
                 -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
                 + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
             )
-            hl.store(gx1_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 5: 64x2e (6 paths)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
+            g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -1137,8 +1007,8 @@ def tp_bwd_x1_0(
             acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
             acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
+            g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25_0, g25_2 = hl.split(g25te)
@@ -1152,8 +1022,8 @@ def tp_bwd_x1_0(
             acc5_3 = acc5_3 + wt25_0 * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
             acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
+            g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -1180,16 +1050,16 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g26_3 * sb1_0_0
             )
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
-            g27_0 = g_27[tile_b, 0, tile_c]
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
+            g27_0 = g[tile_b, 5952 + tile_c.index]
             acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
+            g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28_0, g28_2 = hl.split(g28te)
@@ -1212,8 +1082,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g28_2 * sb2_1_0
             )
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
+            g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -1245,7 +1115,7 @@ def tp_bwd_x1_0(
                 -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
                 + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
             )
-            hl.store(gx1_5, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -1253,112 +1123,47 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-2; paths 0-29."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (6 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (12 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (12 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                rg3_0 = g_3[tile_b, 0, tile_r]
+                ra1_0 = x1[tile_b, 64 + tile_r.index]
+                rg3_0 = g[tile_b, 576 + tile_r.index]
                 t = (ra1_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 192 + tile_r.index]
                 s0_0 = s0_0 + t * wq3
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 1152 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
@@ -1367,15 +1172,15 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
                     + 0.9999999999999999 * ra2_2 * rg6_2
                 )
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 384 + tile_r.index]
                 s0_0 = s0_0 + t * wq6
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 320 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg12 = hl.load(g, [tile_b, 2432 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12_0, rg12_2 = hl.split(rg12te)
@@ -1384,10 +1189,10 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
                     + 0.9999999999999999 * ra3_2 * rg12_2
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 768 + tile_r.index]
                 s0_0 = s0_0 + t * wq12
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-                ra4 = hl.load(x1_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra4 = hl.load(x1, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra4t = ra4.reshape([tile_b, tile_r, 2, 2, 2])
                 ra4te, ra4to = hl.split(ra4t)
                 ra4tee, ra4teo = hl.split(ra4te)
@@ -1396,7 +1201,7 @@ def tp_bwd_x2_0(
                 ra4toe, ra4too = hl.split(ra4to)
                 ra4_1, ra4_5 = hl.split(ra4toe)
                 ra4_3, ra4_7 = hl.split(ra4too)
-                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg18 = hl.load(g, [tile_b, 3712 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
                 rg18te, rg18to = hl.split(rg18t)
                 rg18tee, rg18teo = hl.split(rg18te)
@@ -1410,10 +1215,10 @@ def tp_bwd_x2_0(
                     + ra4_2 * rg18_2 + ra4_3 * rg18_3
                     + ra4_4 * rg18_4
                 )
-                wq18 = w18[tile_b, tile_r, 0]
+                wq18 = weights[tile_b, 1152 + tile_r.index]
                 s0_0 = s0_0 + t * wq18
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-                ra5 = hl.load(x1_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra5 = hl.load(x1, [tile_b, 832 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra5t = ra5.reshape([tile_b, tile_r, 2, 2, 2])
                 ra5te, ra5to = hl.split(ra5t)
                 ra5tee, ra5teo = hl.split(ra5te)
@@ -1422,7 +1227,7 @@ def tp_bwd_x2_0(
                 ra5toe, ra5too = hl.split(ra5to)
                 ra5_1, ra5_5 = hl.split(ra5toe)
                 ra5_3, ra5_7 = hl.split(ra5too)
-                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg24 = hl.load(g, [tile_b, 5120 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
                 rg24te, rg24to = hl.split(rg24t)
                 rg24tee, rg24teo = hl.split(rg24te)
@@ -1436,58 +1241,58 @@ def tp_bwd_x2_0(
                     + ra5_2 * rg24_2 + ra5_3 * rg24_3
                     + ra5_4 * rg24_4
                 )
-                wq24 = w24[tile_b, tile_r, 0]
+                wq24 = weights[tile_b, 1536 + tile_r.index]
                 s0_0 = s0_0 + t * wq24
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 64 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 640 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 256 + tile_r.index]
                 s1_0 = s1_0 + t * wq4
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
                 s1_1 = s1_1 + t * wq4
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
                 s1_2 = s1_2 + t * wq4
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                rg7_0 = g_7[tile_b, 0, tile_r]
+                rg7_0 = g[tile_b, 1344 + tile_r.index]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 448 + tile_r.index]
                 s1_0 = s1_0 + t * wq7
                 t = (0.5773502691896257 * ra2_1 * rg7_0)
                 s1_1 = s1_1 + t * wq7
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
                 s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8 = hl.load(g, [tile_b, 1408 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
                 rg8_1, rg8_3 = hl.split(rg8to)
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 512 + tile_r.index]
                 s1_0 = s1_0 + t * wq8
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
                 s1_1 = s1_1 + t * wq8
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
                 s1_2 = s1_2 + t * wq8
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9 = hl.load(g, [tile_b, 1600 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9tee, rg9teo = hl.split(rg9te)
@@ -1500,7 +1305,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
@@ -1513,29 +1318,29 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq9
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-                rg13_0 = g_13[tile_b, 0, tile_r]
+                rg13_0 = g[tile_b, 2624 + tile_r.index]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 832 + tile_r.index]
                 s1_0 = s1_0 + t * wq13
                 t = (0.5773502691896257 * ra3_1 * rg13_0)
                 s1_1 = s1_1 + t * wq13
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
                 s1_2 = s1_2 + t * wq13
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14 = hl.load(g, [tile_b, 2688 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14_0, rg14_2 = hl.split(rg14te)
                 rg14_1, rg14_3 = hl.split(rg14to)
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 896 + tile_r.index]
                 s1_0 = s1_0 + t * wq14
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
                 s1_1 = s1_1 + t * wq14
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
                 s1_2 = s1_2 + t * wq14
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15 = hl.load(g, [tile_b, 2880 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15tee, rg15teo = hl.split(rg15te)
@@ -1548,7 +1353,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 960 + tile_r.index]
                 s1_0 = s1_0 + t * wq15
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
@@ -1561,7 +1366,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq15
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19 = hl.load(g, [tile_b, 4032 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
@@ -1570,7 +1375,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
                     + 0.5477225575051661 * ra4_1 * rg19_1 + 0.5477225575051661 * ra4_0 * rg19_2
                 )
-                wq19 = w19[tile_b, tile_r, 0]
+                wq19 = weights[tile_b, 1216 + tile_r.index]
                 s1_0 = s1_0 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_1 * rg19_0 + 0.6324555320336758 * ra4_2 * rg19_1
@@ -1583,7 +1388,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg20 = hl.load(g, [tile_b, 4224 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
                 rg20te, rg20to = hl.split(rg20t)
                 rg20tee, rg20teo = hl.split(rg20te)
@@ -1597,7 +1402,7 @@ def tp_bwd_x2_0(
                     + 0.7071067811865476 * ra4_3 * rg20_2 - 0.7071067811865476 * ra4_2 * rg20_3
                     + 0.408248290463863 * ra4_4 * rg20_3 - 0.408248290463863 * ra4_3 * rg20_4
                 )
-                wq20 = w20[tile_b, tile_r, 0]
+                wq20 = weights[tile_b, 1280 + tile_r.index]
                 s1_0 = s1_0 + t * wq20
                 t = (
                     -0.816496580927726 * ra4_4 * rg20_0 - 0.408248290463863 * ra4_3 * rg20_1
@@ -1611,7 +1416,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq20
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg25 = hl.load(g, [tile_b, 5440 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2])
                 rg25te, rg25to = hl.split(rg25t)
                 rg25_0, rg25_2 = hl.split(rg25te)
@@ -1620,7 +1425,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
                     + 0.5477225575051661 * ra5_1 * rg25_1 + 0.5477225575051661 * ra5_0 * rg25_2
                 )
-                wq25 = w25[tile_b, tile_r, 0]
+                wq25 = weights[tile_b, 1600 + tile_r.index]
                 s1_0 = s1_0 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_1 * rg25_0 + 0.6324555320336758 * ra5_2 * rg25_1
@@ -1633,7 +1438,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq25
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg26 = hl.load(g, [tile_b, 5632 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
                 rg26te, rg26to = hl.split(rg26t)
                 rg26tee, rg26teo = hl.split(rg26te)
@@ -1647,7 +1452,7 @@ def tp_bwd_x2_0(
                     + 0.7071067811865476 * ra5_3 * rg26_2 - 0.7071067811865476 * ra5_2 * rg26_3
                     + 0.408248290463863 * ra5_4 * rg26_3 - 0.408248290463863 * ra5_3 * rg26_4
                 )
-                wq26 = w26[tile_b, tile_r, 0]
+                wq26 = weights[tile_b, 1664 + tile_r.index]
                 s1_0 = s1_0 + t * wq26
                 t = (
                     -0.816496580927726 * ra5_4 * rg26_0 - 0.408248290463863 * ra5_3 * rg26_1
@@ -1661,7 +1466,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq26
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 256 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -1671,7 +1476,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 128 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -1682,7 +1487,7 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-                rg5 = hl.load(g_5, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg5 = hl.load(g, [tile_b, 832 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg5t = rg5.reshape([tile_b, tile_r, 2, 2, 2])
                 rg5te, rg5to = hl.split(rg5t)
                 rg5tee, rg5teo = hl.split(rg5te)
@@ -1692,7 +1497,7 @@ def tp_bwd_x2_0(
                 rg5_1, rg5_5 = hl.split(rg5toe)
                 rg5_3, rg5_7 = hl.split(rg5too)
                 t = (ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 320 + tile_r.index]
                 s2_0 = s2_0 + t * wq5
                 t = (ra1_0 * rg5_1)
                 s2_1 = s2_1 + t * wq5
@@ -1703,13 +1508,13 @@ def tp_bwd_x2_0(
                 t = (ra1_0 * rg5_4)
                 s2_4 = s2_4 + t * wq5
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg10 = hl.load(g, [tile_b, 1920 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10_0, rg10_2 = hl.split(rg10te)
                 rg10_1, rg10_3 = hl.split(rg10to)
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 640 + tile_r.index]
                 s2_0 = s2_0 + t * wq10
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
                 s2_1 = s2_1 + t * wq10
@@ -1723,7 +1528,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
                 s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11 = hl.load(g, [tile_b, 2112 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11tee, rg11teo = hl.split(rg11te)
@@ -1736,7 +1541,7 @@ def tp_bwd_x2_0(
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 704 + tile_r.index]
                 s2_0 = s2_0 + t * wq11
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
@@ -1756,13 +1561,13 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq11
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg16 = hl.load(g, [tile_b, 3200 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16_0, rg16_2 = hl.split(rg16te)
                 rg16_1, rg16_3 = hl.split(rg16to)
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 1024 + tile_r.index]
                 s2_0 = s2_0 + t * wq16
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
                 s2_1 = s2_1 + t * wq16
@@ -1776,7 +1581,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
                 s2_4 = s2_4 + t * wq16
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg17 = hl.load(g, [tile_b, 3392 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
                 rg17te, rg17to = hl.split(rg17t)
                 rg17tee, rg17teo = hl.split(rg17te)
@@ -1789,7 +1594,7 @@ def tp_bwd_x2_0(
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
-                wq17 = w17[tile_b, tile_r, 0]
+                wq17 = weights[tile_b, 1088 + tile_r.index]
                 s2_0 = s2_0 + t * wq17
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
@@ -1809,9 +1614,9 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq17
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-                rg21_0 = g_21[tile_b, 0, tile_r]
+                rg21_0 = g[tile_b, 4544 + tile_r.index]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
-                wq21 = w21[tile_b, tile_r, 0]
+                wq21 = weights[tile_b, 1344 + tile_r.index]
                 s2_0 = s2_0 + t * wq21
                 t = (0.4472135954999579 * ra4_1 * rg21_0)
                 s2_1 = s2_1 + t * wq21
@@ -1822,7 +1627,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
                 s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg22 = hl.load(g, [tile_b, 4608 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2])
                 rg22te, rg22to = hl.split(rg22t)
                 rg22_0, rg22_2 = hl.split(rg22te)
@@ -1831,7 +1636,7 @@ def tp_bwd_x2_0(
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
                     - 0.3162277660168379 * ra4_3 * rg22_2
                 )
-                wq22 = w22[tile_b, tile_r, 0]
+                wq22 = weights[tile_b, 1408 + tile_r.index]
                 s2_0 = s2_0 + t * wq22
                 t = (
                     -0.3162277660168379 * ra4_0 * rg22_0 + 0.3162277660168379 * ra4_3 * rg22_1
@@ -1851,7 +1656,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg23 = hl.load(g, [tile_b, 4800 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
                 rg23te, rg23to = hl.split(rg23t)
                 rg23tee, rg23teo = hl.split(rg23te)
@@ -1864,7 +1669,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
-                wq23 = w23[tile_b, tile_r, 0]
+                wq23 = weights[tile_b, 1472 + tile_r.index]
                 s2_0 = s2_0 + t * wq23
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
@@ -1890,9 +1695,9 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq23
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                rg27_0 = g_27[tile_b, 0, tile_r]
+                rg27_0 = g[tile_b, 5952 + tile_r.index]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
-                wq27 = w27[tile_b, tile_r, 0]
+                wq27 = weights[tile_b, 1728 + tile_r.index]
                 s2_0 = s2_0 + t * wq27
                 t = (0.4472135954999579 * ra5_1 * rg27_0)
                 s2_1 = s2_1 + t * wq27
@@ -1903,7 +1708,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
                 s2_4 = s2_4 + t * wq27
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg28 = hl.load(g, [tile_b, 6016 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2])
                 rg28te, rg28to = hl.split(rg28t)
                 rg28_0, rg28_2 = hl.split(rg28te)
@@ -1912,7 +1717,7 @@ def tp_bwd_x2_0(
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
                     - 0.3162277660168379 * ra5_3 * rg28_2
                 )
-                wq28 = w28[tile_b, tile_r, 0]
+                wq28 = weights[tile_b, 1792 + tile_r.index]
                 s2_0 = s2_0 + t * wq28
                 t = (
                     -0.3162277660168379 * ra5_0 * rg28_0 + 0.3162277660168379 * ra5_3 * rg28_1
@@ -1932,7 +1737,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq28
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg29 = hl.load(g, [tile_b, 6208 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
                 rg29te, rg29to = hl.split(rg29t)
                 rg29tee, rg29teo = hl.split(rg29te)
@@ -1945,7 +1750,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
-                wq29 = w29[tile_b, tile_r, 0]
+                wq29 = weights[tile_b, 1856 + tile_r.index]
                 s2_0 = s2_0 + t * wq29
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
@@ -1979,15 +1784,15 @@ def tp_bwd_x2_0(
                 acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
                 acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
                 acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
 
 
 @helion.kernel(
@@ -1995,101 +1800,36 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
-    gw23: torch.Tensor,
-    gw24: torch.Tensor,
-    gw25: torch.Tensor,
-    gw26: torch.Tensor,
-    gw27: torch.Tensor,
-    gw28: torch.Tensor,
-    gw29: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-29."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1_0 = x1[tile_b, 64 + tile_c.index]
+            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
             a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1_4, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
             a4te, a4to = hl.split(a4t)
             a4tee, a4teo = hl.split(a4te)
@@ -2098,7 +1838,7 @@ def tp_bwd_w_0(
             a4toe, a4too = hl.split(a4to)
             a4_1, a4_5 = hl.split(a4toe)
             a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
             a5te, a5to = hl.split(a5t)
             a5tee, a5teo = hl.split(a5te)
@@ -2109,21 +1849,21 @@ def tp_bwd_w_0(
             a5_3, a5_7 = hl.split(a5too)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -2136,24 +1876,24 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             q0 = (a1_0 * sb0_0_0)
-            g3_0 = g_3[tile_b, 0, tile_c]
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0)
+            g3_0 = g[tile_b, 576 + tile_c.index]
+            gw[tile_b, 192 + tile_c.index] = (q0 * g3_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             q0 = (a1_0 * sb2_0_0)
-            g5 = hl.load(g_5, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
             g5te, g5to = hl.split(g5t)
             g5tee, g5teo = hl.split(g5te)
@@ -2166,37 +1906,37 @@ def tp_bwd_w_0(
             q2 = (a1_0 * sb2_2_0)
             q3 = (a1_0 * sb2_3_0)
             q4 = (a1_0 * sb2_4_0)
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            g7_0 = g_7[tile_b, 0, tile_c]
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0)
+            g7_0 = g[tile_b, 1344 + tile_c.index]
+            gw[tile_b, 448 + tile_c.index] = (q0 * g7_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
             g8_1, g8_3 = hl.split(g8to)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -2212,13 +1952,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10_0, g10_2 = hl.split(g10te)
@@ -2231,13 +1971,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
+            gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -2259,37 +1999,37 @@ def tp_bwd_w_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+            gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12_0, g12_2 = hl.split(g12te)
             g12_1, g12_3 = hl.split(g12to)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
+            gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            g13_0 = g_13[tile_b, 0, tile_c]
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0)
+            g13_0 = g[tile_b, 2624 + tile_c.index]
+            gw[tile_b, 832 + tile_c.index] = (q0 * g13_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14_0, g14_2 = hl.split(g14te)
             g14_1, g14_3 = hl.split(g14to)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
+            gw[tile_b, 896 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -2305,13 +2045,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+            gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16_0, g16_2 = hl.split(g16te)
@@ -2324,13 +2064,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            gw16[tile_b, tile_c, 0] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
+            gw[tile_b, 1024 + tile_c.index] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17tee, g17teo = hl.split(g17te)
@@ -2352,10 +2092,10 @@ def tp_bwd_w_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
+            gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             q0 = (a4_0 * sb0_0_0)
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18tee, g18teo = hl.split(g18te)
@@ -2368,13 +2108,13 @@ def tp_bwd_w_0(
             q2 = (a4_2 * sb0_0_0)
             q3 = (a4_3 * sb0_0_0)
             q4 = (a4_4 * sb0_0_0)
-            gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
@@ -2387,13 +2127,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+            gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -2415,22 +2155,22 @@ def tp_bwd_w_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            gw20[tile_b, tile_c, 0] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             q0 = (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            g21_0 = g_21[tile_b, 0, tile_c]
-            gw21[tile_b, tile_c, 0] = (q0 * g21_0)
+            g21_0 = g[tile_b, 4544 + tile_c.index]
+            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22_0, g22_2 = hl.split(g22te)
@@ -2444,13 +2184,13 @@ def tp_bwd_w_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
+            gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -2478,10 +2218,10 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
+            gw[tile_b, 1472 + tile_c.index] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             q0 = (a5_0 * sb0_0_0)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -2494,13 +2234,13 @@ def tp_bwd_w_0(
             q2 = (a5_2 * sb0_0_0)
             q3 = (a5_3 * sb0_0_0)
             q4 = (a5_4 * sb0_0_0)
-            gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
+            gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25_0, g25_2 = hl.split(g25te)
@@ -2513,13 +2253,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            gw25[tile_b, tile_c, 0] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
+            gw[tile_b, 1600 + tile_c.index] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -2541,22 +2281,22 @@ def tp_bwd_w_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            gw26[tile_b, tile_c, 0] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             q0 = (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            g27_0 = g_27[tile_b, 0, tile_c]
-            gw27[tile_b, tile_c, 0] = (q0 * g27_0)
+            g27_0 = g[tile_b, 5952 + tile_c.index]
+            gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28_0, g28_2 = hl.split(g28te)
@@ -2570,13 +2310,13 @@ def tp_bwd_w_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
+            gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -2604,4 +2344,4 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            gw29[tile_b, tile_c, 0] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
+            gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)

@@ -31,142 +31,120 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-9; paths 0-9."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1_0 = x1[tile_b, 32 + tile_c.index]
+            a2 = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
             a3_1, a3_3 = hl.split(a3to)
             # g block 0: 32x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 32x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 32 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 32 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 32x0e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 64 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
-            out_2[tile_b, 0, tile_c] = acc2_0
+            out[tile_b, 128 + tile_c.index] = acc2_0
             # g block 3: 32x1o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 96 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 4: 32x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 128 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 32x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 160 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            out_5[tile_b, 0, tile_c] = acc5_0
+            out[tile_b, 352 + tile_c.index] = acc5_0
             # g block 6: 32x1e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 192 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 32x1e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 224 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out_7, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 480 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 32x0o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 256 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            out_8[tile_b, 0, tile_c] = acc8_0
+            out[tile_b, 576 + tile_c.index] = acc8_0
             # g block 9: 32x1o (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 288 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out_9, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -174,138 +152,116 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-9."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            g0_0 = g_0[tile_b, 0, tile_c]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g0_0 = g[tile_b, tile_c.index]
+            g1 = hl.load(g, [tile_b, 32 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g2_0 = g[tile_b, 128 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3_0, g3_2 = hl.split(g3te)
             g3_1, g3_3 = hl.split(g3to)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5_0 = g[tile_b, 352 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7 = hl.load(g, [tile_b, 480 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
             g7_1, g7_3 = hl.split(g7to)
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8_0 = g[tile_b, 576 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9_0, g9_2 = hl.split(g9te)
             g9_1, g9_3 = hl.split(g9to)
             # x1 block 0: 32x0o (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 32 + tile_c.index]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
             # x1 block 1: 32x0e (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 64 + tile_c.index]
             acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 96 + tile_c.index]
             acc1_0 = acc1_0 + wt3_0 * (
                 0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
                 + 0.9999999999999999 * g3_2 * sb1_2_0
             )
-            gx1_1[tile_b, 0, tile_c] = acc1_0
+            gx1[tile_b, 32 + tile_c.index] = acc1_0
             # x1 block 2: 32x1o (3 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 128 + tile_c.index]
             acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 160 + tile_c.index]
             acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 192 + tile_c.index]
             acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # x1 block 3: 32x1e (3 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 224 + tile_c.index]
             acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 256 + tile_c.index]
             acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 288 + tile_c.index]
             acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
-            hl.store(gx1_3, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -313,63 +269,41 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0, 1; paths 0-9."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-                ra1_0 = x1_1[tile_b, 0, tile_r]
-                rg2_0 = g_2[tile_b, 0, tile_r]
+                ra1_0 = x1[tile_b, 32 + tile_r.index]
+                rg2_0 = g[tile_b, 128 + tile_r.index]
                 t = (ra1_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 64 + tile_r.index]
                 s0_0 = s0_0 + t * wq2
                 # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2_0, ra2_2 = hl.split(ra2te)
                 ra2_1, ra2_3 = hl.split(ra2to)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 256 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
@@ -378,15 +312,15 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
                     + 0.9999999999999999 * ra2_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 128 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 160 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3_0, ra3_2 = hl.split(ra3te)
                 ra3_1, ra3_3 = hl.split(ra3to)
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7 = hl.load(g, [tile_b, 480 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
@@ -395,73 +329,73 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
                     + 0.9999999999999999 * ra3_2 * rg7_2
                 )
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 224 + tile_r.index]
                 s0_0 = s0_0 + t * wq7
                 # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 32 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 32 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 160 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
                 rg3_1, rg3_3 = hl.split(rg3to)
                 t = (0.9999999999999999 * ra1_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 96 + tile_r.index]
                 s1_0 = s1_0 + t * wq3
                 t = (0.9999999999999999 * ra1_0 * rg3_1)
                 s1_1 = s1_1 + t * wq3
                 t = (0.9999999999999999 * ra1_0 * rg3_2)
                 s1_2 = s1_2 + t * wq3
                 # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[tile_b, 0, tile_r]
+                rg5_0 = g[tile_b, 352 + tile_r.index]
                 t = (0.5773502691896257 * ra2_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 160 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra2_1 * rg5_0)
                 s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra2_2 * rg5_0)
                 s1_2 = s1_2 + t * wq5
                 # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 384 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
                 t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 192 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
                 t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
                 s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
                 s1_2 = s1_2 + t * wq6
                 # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-                rg8_0 = g_8[tile_b, 0, tile_r]
+                rg8_0 = g[tile_b, 576 + tile_r.index]
                 t = (0.5773502691896257 * ra3_0 * rg8_0)
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 256 + tile_r.index]
                 s1_0 = s1_0 + t * wq8
                 t = (0.5773502691896257 * ra3_1 * rg8_0)
                 s1_1 = s1_1 + t * wq8
                 t = (0.5773502691896257 * ra3_2 * rg8_0)
                 s1_2 = s1_2 + t * wq8
                 # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg9 = hl.load(g, [tile_b, 608 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9_0, rg9_2 = hl.split(rg9te)
                 rg9_1, rg9_3 = hl.split(rg9to)
                 t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 288 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
                 t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
                 s1_1 = s1_1 + t * wq9
@@ -471,10 +405,10 @@ def tp_bwd_x2_0(
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
                 acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
                 acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
 
 
 @helion.kernel(
@@ -482,131 +416,109 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-9."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
-            a1_0 = x1_1[tile_b, 0, tile_c]
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a0_0 = x1[tile_b, tile_c.index]
+            a1_0 = x1[tile_b, 32 + tile_c.index]
+            a2 = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2_0, a2_2 = hl.split(a2te)
             a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3_0, a3_2 = hl.split(a3te)
             a3_1, a3_3 = hl.split(a3to)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g0_0 = g[tile_b, tile_c.index]
+            g1 = hl.load(g, [tile_b, 32 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
-            g2_0 = g_2[tile_b, 0, tile_c]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g2_0 = g[tile_b, 128 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3_0, g3_2 = hl.split(g3te)
             g3_1, g3_3 = hl.split(g3to)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g_5[tile_b, 0, tile_c]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g5_0 = g[tile_b, 352 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7 = hl.load(g, [tile_b, 480 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
             g7_1, g7_3 = hl.split(g7to)
-            g8_0 = g_8[tile_b, 0, tile_c]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8_0 = g[tile_b, 576 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9_0, g9_2 = hl.split(g9te)
             g9_1, g9_3 = hl.split(g9to)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 32 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
             q0 = (a1_0 * sb0_0_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0)
+            gw[tile_b, 64 + tile_c.index] = (q0 * g2_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+            gw[tile_b, 96 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            gw[tile_b, 160 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            gw[tile_b, 192 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+            gw[tile_b, 224 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g8_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
+            gw[tile_b, 288 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)

@@ -31,121 +31,71 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
-    out_17: torch.Tensor,
-    out_18: torch.Tensor,
-    out_19: torch.Tensor,
-    out_20: torch.Tensor,
-    out_21: torch.Tensor,
-    out_22: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-22; paths 0-22."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            a0_0 = x1[tile_b, tile_c.index]
             # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
@@ -153,40 +103,40 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 576 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            out_5[tile_b, 0, tile_c] = acc5_0
+            out[tile_b, 2240 + tile_c.index] = acc5_0
             # g block 6: 64x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 640 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (
@@ -195,13 +145,13 @@ def tp_fwd_0(
             )
             acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 7: 64x1o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 704 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
@@ -214,17 +164,17 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            hl.store(out_7, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 64x3o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 768 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
             acc8_1 = acc8_1 + wt8_0 * (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
@@ -247,15 +197,15 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.store(out_8, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 2816 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 9: 64x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 832 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
@@ -278,9 +228,9 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3264 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -289,7 +239,7 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3tee, a3teo = hl.split(a3te)
@@ -299,25 +249,25 @@ def tp_fwd_0(
             a3_1, a3_5 = hl.split(a3toe)
             a3_3, a3_7 = hl.split(a3too)
             # g block 10: 32x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 896 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            hl.store(out_10, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3584 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 11: 32x1o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 928 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
@@ -330,17 +280,17 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            hl.store(out_11, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 3744 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 12: 32x3o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 960 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
             acc12_1 = acc12_1 + wt12_0 * (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
@@ -363,25 +313,25 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 3840 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 13: 32x0e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 992 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            out_13[tile_b, 0, tile_c] = acc13_0
+            out[tile_b, 4064 + tile_c.index] = acc13_0
             # g block 14: 32x2e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 1024 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
@@ -405,13 +355,13 @@ def tp_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            hl.store(out_14, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4096 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 15: 32x1o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 1056 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
                 - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
@@ -429,17 +379,17 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            hl.store(out_15, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 16: 32x3o (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 1088 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
@@ -477,17 +427,17 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 4352 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 32x3o (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_5 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_6 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
+            wt17_0 = weights[tile_b, 1120 + tile_c.index]
             acc17_0 = acc17_0 + wt17_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc17_1 = acc17_1 + wt17_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc17_2 = acc17_2 + wt17_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -495,15 +445,15 @@ def tp_fwd_0(
             acc17_4 = acc17_4 + wt17_0 * (1.0000000000000002 * a3_4 * sb0_0_0)
             acc17_5 = acc17_5 + wt17_0 * (1.0000000000000002 * a3_5 * sb0_0_0)
             acc17_6 = acc17_6 + wt17_0 * (1.0000000000000002 * a3_6 * sb0_0_0)
-            hl.store(out_17, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_6)), hl.join(hl.join(acc17_1, acc17_5), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 4576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_6)), hl.join(hl.join(acc17_1, acc17_5), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 18: 32x2e (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
             acc18_0 = acc18_0 + wt18_0 * (
                 0.5976143046671969 * a3_0 * sb1_2_0 + 0.48795003647426666 * a3_1 * sb1_1_0
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
@@ -526,13 +476,13 @@ def tp_fwd_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            hl.store(out_18, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 19: 32x1o (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
+            wt19_0 = weights[tile_b, 1184 + tile_c.index]
             acc19_0 = acc19_0 + wt19_0 * (
                 0.4629100498862757 * a3_0 * sb2_4_0 + 0.3779644730092272 * a3_1 * sb2_3_0
                 + 0.4140393356054125 * a3_2 * sb2_2_0 + 0.11952286093343936 * a3_2 * sb2_4_0
@@ -550,17 +500,17 @@ def tp_fwd_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            hl.store(out_19, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 20: 32x3o (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_5 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_6 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
+            wt20_0 = weights[tile_b, 1216 + tile_c.index]
             acc20_0 = acc20_0 + wt20_0 * (
                 -0.6454972243679029 * a3_0 * sb2_2_0 + 0.45643546458763845 * a3_1 * sb2_3_0
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
@@ -598,26 +548,26 @@ def tp_fwd_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 5056 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 21: 32x0e (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
+            wt21_0 = weights[tile_b, 1248 + tile_c.index]
             acc21_0 = acc21_0 + wt21_0 * (
                 0.37796447300922725 * a3_0 * sb3_0_0 + 0.37796447300922725 * a3_1 * sb3_1_0
                 + 0.37796447300922725 * a3_2 * sb3_2_0 + 0.37796447300922725 * a3_3 * sb3_3_0
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
-            out_21[tile_b, 0, tile_c] = acc21_0
+            out[tile_b, 5280 + tile_c.index] = acc21_0
             # g block 22: 32x2e (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
+            wt22_0 = weights[tile_b, 1280 + tile_c.index]
             acc22_0 = acc22_0 + wt22_0 * (
                 -0.24397501823713333 * a3_0 * sb3_4_0 - 0.48795003647426666 * a3_1 * sb3_3_0
                 + 0.3779644730092272 * a3_2 * sb3_4_0 + 0.24397501823713333 * a3_2 * sb3_6_0
@@ -649,7 +599,7 @@ def tp_fwd_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -657,89 +607,39 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-22."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
             # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -749,8 +649,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -765,8 +665,8 @@ def tp_bwd_x1_0(
                 + g2_4 * sb2_4_0
             )
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -781,15 +681,15 @@ def tp_bwd_x1_0(
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
                 + 1.0000000000000002 * g3_6 * sb3_6_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 1: 64x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
@@ -798,14 +698,14 @@ def tp_bwd_x1_0(
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[tile_b, 0, tile_c]
+            wt5_0 = weights[tile_b, 576 + tile_c.index]
+            g5_0 = g[tile_b, 2240 + tile_c.index]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt6_0 = weights[tile_b, 640 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -827,8 +727,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
             )
             # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt7_0 = weights[tile_b, 704 + tile_c.index]
+            g7 = hl.load(g, [tile_b, 2624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
@@ -846,8 +746,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
             )
             # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt8_0 = weights[tile_b, 768 + tile_c.index]
+            g8 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8tee, g8teo = hl.split(g8te)
@@ -874,8 +774,8 @@ def tp_bwd_x1_0(
                 + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
             )
             # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt9_0 = weights[tile_b, 832 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 3264 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -901,17 +801,17 @@ def tp_bwd_x1_0(
                 - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
                 - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
             )
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
             # x1 block 2: 32x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt10_0 = weights[tile_b, 896 + tile_c.index]
+            g10 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -926,8 +826,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt11_0 = weights[tile_b, 928 + tile_c.index]
+            g11 = hl.load(g, [tile_b, 3744 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11_0, g11_2 = hl.split(g11te)
@@ -941,8 +841,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt12_0 = weights[tile_b, 960 + tile_c.index]
+            g12 = hl.load(g, [tile_b, 3840 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -974,16 +874,16 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g12_6 * sb1_2_0
             )
             # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13_0 = g_13[tile_b, 0, tile_c]
+            wt13_0 = weights[tile_b, 992 + tile_c.index]
+            g13_0 = g[tile_b, 4064 + tile_c.index]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt14_0 = weights[tile_b, 1024 + tile_c.index]
+            g14 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -1016,8 +916,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
             )
             # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt15_0 = weights[tile_b, 1056 + tile_c.index]
+            g15 = hl.load(g, [tile_b, 4256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15_0, g15_2 = hl.split(g15te)
@@ -1045,8 +945,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g15_2 * sb3_6_0
             )
             # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt16_0 = weights[tile_b, 1088 + tile_c.index]
+            g16 = hl.load(g, [tile_b, 4352 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -1086,18 +986,18 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
                 - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
             )
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 3: 32x3o (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt17_0 = weights[tile_b, 1120 + tile_c.index]
+            g17 = hl.load(g, [tile_b, 4576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17tee, g17teo = hl.split(g17te)
@@ -1114,8 +1014,8 @@ def tp_bwd_x1_0(
             acc3_5 = acc3_5 + wt17_0 * (1.0000000000000002 * g17_5 * sb0_0_0)
             acc3_6 = acc3_6 + wt17_0 * (1.0000000000000002 * g17_6 * sb0_0_0)
             # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
+            g18 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18tee, g18teo = hl.split(g18te)
@@ -1147,8 +1047,8 @@ def tp_bwd_x1_0(
             )
             acc3_6 = acc3_6 + wt18_0 * (-0.5976143046671969 * g18_0 * sb1_0_0 + 0.5976143046671969 * g18_4 * sb1_2_0)
             # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt19_0 = weights[tile_b, 1184 + tile_c.index]
+            g19 = hl.load(g, [tile_b, 4960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
@@ -1176,8 +1076,8 @@ def tp_bwd_x1_0(
             )
             acc3_6 = acc3_6 + wt19_0 * (-0.4629100498862757 * g19_0 * sb2_0_0 + 0.4629100498862757 * g19_2 * sb2_4_0)
             # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt20_0 = weights[tile_b, 1216 + tile_c.index]
+            g20 = hl.load(g, [tile_b, 5056 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -1224,8 +1124,8 @@ def tp_bwd_x1_0(
                 - 0.6454972243679029 * g20_6 * sb2_2_0
             )
             # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
-            g21_0 = g_21[tile_b, 0, tile_c]
+            wt21_0 = weights[tile_b, 1248 + tile_c.index]
+            g21_0 = g[tile_b, 5280 + tile_c.index]
             acc3_0 = acc3_0 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_2_0)
@@ -1234,8 +1134,8 @@ def tp_bwd_x1_0(
             acc3_5 = acc3_5 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt21_0 * (0.37796447300922725 * g21_0 * sb3_6_0)
             # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt22_0 = weights[tile_b, 1280 + tile_c.index]
+            g22 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -1281,7 +1181,7 @@ def tp_bwd_x1_0(
                 - 0.545544725589981 * g22_2 * sb3_6_0 + 0.3857583749052298 * g22_3 * sb3_5_0
                 - 0.24397501823713333 * g22_4 * sb3_4_0
             )
-            hl.store(gx1_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(gx1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1289,107 +1189,57 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-3; paths 0-22."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 3: 1x3o (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 128 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -1399,7 +1249,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 256 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -1410,7 +1260,7 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 1152 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -1420,7 +1270,7 @@ def tp_bwd_x2_0(
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 384 + tile_r.index]
                 s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 s3_1 = t * wq3
@@ -1453,12 +1303,12 @@ def tp_bwd_x2_0(
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 2048 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
@@ -1467,19 +1317,19 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 512 + tile_r.index]
                 s0_0 = t * wq4
                 # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[tile_b, 0, tile_r]
+                rg5_0 = g[tile_b, 2240 + tile_r.index]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
                 s1_1 = t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 s1_2 = t * wq5
                 # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 2304 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6tee, rg6teo = hl.split(rg6te)
@@ -1492,7 +1342,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
@@ -1505,13 +1355,13 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq6
                 # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg7 = hl.load(g, [tile_b, 2624 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
                 rg7_1, rg7_3 = hl.split(rg7to)
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 704 + tile_r.index]
                 s2_0 = t * wq7
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
                 s2_1 = t * wq7
@@ -1525,7 +1375,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 s2_4 = t * wq7
                 # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg8 = hl.load(g, [tile_b, 2816 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8tee, rg8teo = hl.split(rg8te)
@@ -1539,7 +1389,7 @@ def tp_bwd_x2_0(
                     - 0.18257418583505539 * ra1_2 * rg8_2 - 0.18257418583505539 * ra1_0 * rg8_4
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 768 + tile_r.index]
                 s2_0 = s2_0 + t * wq8
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
@@ -1563,7 +1413,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq8
                 # path 9: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9 = hl.load(g, [tile_b, 3264 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9tee, rg9teo = hl.split(rg9te)
@@ -1573,7 +1423,7 @@ def tp_bwd_x2_0(
                 rg9_1, rg9_5 = hl.split(rg9toe)
                 rg9_3, rg9_7 = hl.split(rg9too)
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 832 + tile_r.index]
                 s3_0 = t * wq9
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
@@ -1621,7 +1471,7 @@ def tp_bwd_x2_0(
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 320 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2tee, ra2teo = hl.split(ra2te)
@@ -1630,7 +1480,7 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg10 = hl.load(g, [tile_b, 3584 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10tee, rg10teo = hl.split(rg10te)
@@ -1644,10 +1494,10 @@ def tp_bwd_x2_0(
                     + ra2_2 * rg10_2 + ra2_3 * rg10_3
                     + ra2_4 * rg10_4
                 )
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 896 + tile_r.index]
                 s0_0 = t * wq10
                 # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 480 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3tee, ra3teo = hl.split(ra3te)
@@ -1656,7 +1506,7 @@ def tp_bwd_x2_0(
                 ra3toe, ra3too = hl.split(ra3to)
                 ra3_1, ra3_5 = hl.split(ra3toe)
                 ra3_3, ra3_7 = hl.split(ra3too)
-                rg17 = hl.load(g_17, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg17 = hl.load(g, [tile_b, 4576 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg17t = rg17.reshape([tile_b, tile_r, 2, 2, 2])
                 rg17te, rg17to = hl.split(rg17t)
                 rg17tee, rg17teo = hl.split(rg17te)
@@ -1671,10 +1521,10 @@ def tp_bwd_x2_0(
                     + 1.0000000000000002 * ra3_4 * rg17_4 + 1.0000000000000002 * ra3_5 * rg17_5
                     + 1.0000000000000002 * ra3_6 * rg17_6
                 )
-                wq17 = w17[tile_b, tile_r, 0]
+                wq17 = weights[tile_b, 1120 + tile_r.index]
                 s0_0 = s0_0 + t * wq17
                 # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg11 = hl.load(g, [tile_b, 3744 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11_0, rg11_2 = hl.split(rg11te)
@@ -1683,7 +1533,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
                     + 0.5477225575051661 * ra2_1 * rg11_1 + 0.5477225575051661 * ra2_0 * rg11_2
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 928 + tile_r.index]
                 s1_0 = t * wq11
                 t = (
                     0.5477225575051661 * ra2_1 * rg11_0 + 0.6324555320336758 * ra2_2 * rg11_1
@@ -1696,7 +1546,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = t * wq11
                 # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12 = hl.load(g, [tile_b, 3840 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12tee, rg12teo = hl.split(rg12te)
@@ -1711,7 +1561,7 @@ def tp_bwd_x2_0(
                     - 0.4472135954999579 * ra2_1 * rg12_3 - 0.18257418583505539 * ra2_0 * rg12_4
                     - 0.5773502691896258 * ra2_1 * rg12_5 - 0.7071067811865476 * ra2_0 * rg12_6
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 960 + tile_r.index]
                 s1_0 = s1_0 + t * wq12
                 t = (
                     0.5773502691896258 * ra2_0 * rg12_1 + 0.7302967433402215 * ra2_1 * rg12_2
@@ -1727,7 +1577,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq12
                 # path 18: uvu 32x3o x 1x1o -> 32x2e, 21 nonzeros, weighted
-                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg18 = hl.load(g, [tile_b, 4800 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2, 2])
                 rg18te, rg18to = hl.split(rg18t)
                 rg18tee, rg18teo = hl.split(rg18te)
@@ -1742,7 +1592,7 @@ def tp_bwd_x2_0(
                     + 0.5345224838248488 * ra3_2 * rg18_2 + 0.48795003647426666 * ra3_1 * rg18_3
                     + 0.5976143046671969 * ra3_0 * rg18_4 + 0.1543033499620919 * ra3_2 * rg18_4
                 )
-                wq18 = w18[tile_b, tile_r, 0]
+                wq18 = weights[tile_b, 1152 + tile_r.index]
                 s1_0 = s1_0 + t * wq18
                 t = (
                     0.48795003647426666 * ra3_1 * rg18_0 + 0.6172133998483676 * ra3_2 * rg18_1
@@ -1758,9 +1608,9 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq18
                 # path 13: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-                rg13_0 = g_13[tile_b, 0, tile_r]
+                rg13_0 = g[tile_b, 4064 + tile_r.index]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 992 + tile_r.index]
                 s2_0 = t * wq13
                 t = (0.4472135954999579 * ra2_1 * rg13_0)
                 s2_1 = t * wq13
@@ -1771,7 +1621,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 s2_4 = t * wq13
                 # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg14 = hl.load(g, [tile_b, 4096 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14tee, rg14teo = hl.split(rg14te)
@@ -1784,7 +1634,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 1024 + tile_r.index]
                 s2_0 = s2_0 + t * wq14
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
@@ -1810,7 +1660,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq14
                 # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg19 = hl.load(g, [tile_b, 4960 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19_0, rg19_2 = hl.split(rg19te)
@@ -1820,7 +1670,7 @@ def tp_bwd_x2_0(
                     + 0.3779644730092272 * ra3_1 * rg19_1 + 0.4629100498862757 * ra3_0 * rg19_2
                     - 0.11952286093343936 * ra3_2 * rg19_2
                 )
-                wq19 = w19[tile_b, tile_r, 0]
+                wq19 = weights[tile_b, 1184 + tile_r.index]
                 s2_0 = s2_0 + t * wq19
                 t = (
                     -0.2927700218845599 * ra3_3 * rg19_0 - 0.3779644730092272 * ra3_5 * rg19_0
@@ -1844,7 +1694,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq19
                 # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20 = hl.load(g, [tile_b, 5056 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
                 rg20te, rg20to = hl.split(rg20t)
                 rg20tee, rg20teo = hl.split(rg20te)
@@ -1859,7 +1709,7 @@ def tp_bwd_x2_0(
                     - 0.5773502691896258 * ra3_1 * rg20_3 - 0.2886751345948129 * ra3_0 * rg20_4
                     + 0.4472135954999579 * ra3_2 * rg20_4 + 0.2886751345948129 * ra3_2 * rg20_6
                 )
-                wq20 = w20[tile_b, tile_r, 0]
+                wq20 = weights[tile_b, 1216 + tile_r.index]
                 s2_0 = s2_0 + t * wq20
                 t = (
                     0.45643546458763845 * ra3_5 * rg20_0 + 0.3535533905932738 * ra3_4 * rg20_1
@@ -1891,13 +1741,13 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq20
                 # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg15 = hl.load(g, [tile_b, 4256 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15_0, rg15_2 = hl.split(rg15te)
                 rg15_1, rg15_3 = hl.split(rg15to)
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 1056 + tile_r.index]
                 s3_0 = t * wq15
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
@@ -1927,7 +1777,7 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 s3_6 = t * wq15
                 # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16 = hl.load(g, [tile_b, 4352 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16tee, rg16teo = hl.split(rg16te)
@@ -1941,7 +1791,7 @@ def tp_bwd_x2_0(
                     - 0.2886751345948129 * ra2_4 * rg16_2 - 0.2886751345948129 * ra2_0 * rg16_4
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 1088 + tile_r.index]
                 s3_0 = s3_0 + t * wq16
                 t = (
                     0.45643546458763845 * ra2_3 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_2
@@ -1982,9 +1832,9 @@ def tp_bwd_x2_0(
                 )
                 s3_6 = s3_6 + t * wq16
                 # path 21: uvu 32x3o x 1x3o -> 32x0e, 7 nonzeros, weighted
-                rg21_0 = g_21[tile_b, 0, tile_r]
+                rg21_0 = g[tile_b, 5280 + tile_r.index]
                 t = (0.37796447300922725 * ra3_0 * rg21_0)
-                wq21 = w21[tile_b, tile_r, 0]
+                wq21 = weights[tile_b, 1248 + tile_r.index]
                 s3_0 = s3_0 + t * wq21
                 t = (0.37796447300922725 * ra3_1 * rg21_0)
                 s3_1 = s3_1 + t * wq21
@@ -1999,7 +1849,7 @@ def tp_bwd_x2_0(
                 t = (0.37796447300922725 * ra3_6 * rg21_0)
                 s3_6 = s3_6 + t * wq21
                 # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22 = hl.load(g, [tile_b, 5312 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
                 rg22te, rg22to = hl.split(rg22t)
                 rg22tee, rg22teo = hl.split(rg22te)
@@ -2013,7 +1863,7 @@ def tp_bwd_x2_0(
                     - 0.545544725589981 * ra3_0 * rg22_2 + 0.3857583749052298 * ra3_1 * rg22_3
                     - 0.24397501823713333 * ra3_2 * rg22_4
                 )
-                wq22 = w22[tile_b, tile_r, 0]
+                wq22 = weights[tile_b, 1280 + tile_r.index]
                 s3_0 = s3_0 + t * wq22
                 t = (
                     -0.48795003647426666 * ra3_3 * rg22_0 + 0.29880715233359845 * ra3_4 * rg22_1
@@ -2069,22 +1919,22 @@ def tp_bwd_x2_0(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -2092,98 +1942,48 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-22."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            a0_0 = x1[tile_b, tile_c.index]
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -2196,10 +1996,10 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -2214,38 +2014,38 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw3[tile_b, tile_c, 0] = (
+            gw[tile_b, 384 + tile_c.index] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
                 + q4 * g3_4 + q5 * g3_5
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            g5_0 = g_5[tile_b, 0, tile_c]
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            g5_0 = g[tile_b, 2240 + tile_c.index]
+            gw[tile_b, 576 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6tee, g6teo = hl.split(g6te)
@@ -2261,13 +2061,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+            gw[tile_b, 640 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g7 = hl.load(g, [tile_b, 2624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7_0, g7_2 = hl.split(g7te)
@@ -2280,10 +2080,10 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+            gw[tile_b, 704 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g8 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8tee, g8teo = hl.split(g8te)
@@ -2313,7 +2113,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            gw8[tile_b, tile_c, 0] = (
+            gw[tile_b, 768 + tile_c.index] = (
                 q0 * g8_0 + q1 * g8_1
                 + q2 * g8_2 + q3 * g8_3
                 + q4 * g8_4 + q5 * g8_5
@@ -2325,7 +2125,7 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9 = hl.load(g, [tile_b, 3264 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -2351,9 +2151,9 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            gw[tile_b, 832 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
         for tile_c in hl.tile(32, block_size=32):
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -2362,7 +2162,7 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3tee, a3teo = hl.split(a3te)
@@ -2373,7 +2173,7 @@ def tp_bwd_w_0(
             a3_3, a3_7 = hl.split(a3too)
             # path 10: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g10 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -2386,13 +2186,13 @@ def tp_bwd_w_0(
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
             q4 = (a2_4 * sb0_0_0)
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
+            gw[tile_b, 896 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
             # path 11: uvu 32x2e x 1x1o -> 32x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g11 = hl.load(g, [tile_b, 3744 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11_0, g11_2 = hl.split(g11te)
@@ -2405,10 +2205,10 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
+            gw[tile_b, 928 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 32x2e x 1x1o -> 32x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12 = hl.load(g, [tile_b, 3840 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -2438,7 +2238,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            gw12[tile_b, tile_c, 0] = (
+            gw[tile_b, 960 + tile_c.index] = (
                 q0 * g12_0 + q1 * g12_1
                 + q2 * g12_2 + q3 * g12_3
                 + q4 * g12_4 + q5 * g12_5
@@ -2450,14 +2250,14 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            g13_0 = g_13[tile_b, 0, tile_c]
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0)
+            g13_0 = g[tile_b, 4064 + tile_c.index]
+            gw[tile_b, 992 + tile_c.index] = (q0 * g13_0)
             # path 14: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g14 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14tee, g14teo = hl.split(g14te)
@@ -2485,7 +2285,7 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
+            gw[tile_b, 1024 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
             # path 15: uvu 32x2e x 1x3o -> 32x1o, 21 nonzeros, weighted
             q0 = (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
@@ -2493,7 +2293,7 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g15 = hl.load(g, [tile_b, 4256 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15_0, g15_2 = hl.split(g15te)
@@ -2509,14 +2309,14 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
+            gw[tile_b, 1056 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
             # path 16: uvu 32x2e x 1x3o -> 32x3o, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16 = hl.load(g, [tile_b, 4352 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -2557,7 +2357,7 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            gw16[tile_b, tile_c, 0] = (
+            gw[tile_b, 1088 + tile_c.index] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3
                 + q4 * g16_4 + q5 * g16_5
@@ -2565,7 +2365,7 @@ def tp_bwd_w_0(
             )
             # path 17: uvu 32x3o x 1x0e -> 32x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
-            g17 = hl.load(g_17, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g17 = hl.load(g, [tile_b, 4576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
             g17te, g17to = hl.split(g17t)
             g17tee, g17teo = hl.split(g17te)
@@ -2580,7 +2380,7 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a3_4 * sb0_0_0)
             q5 = (1.0000000000000002 * a3_5 * sb0_0_0)
             q6 = (1.0000000000000002 * a3_6 * sb0_0_0)
-            gw17[tile_b, tile_c, 0] = (
+            gw[tile_b, 1120 + tile_c.index] = (
                 q0 * g17_0 + q1 * g17_1
                 + q2 * g17_2 + q3 * g17_3
                 + q4 * g17_4 + q5 * g17_5
@@ -2592,7 +2392,7 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
                 - 0.5976143046671969 * a3_6 * sb1_0_0
             )
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18tee, g18teo = hl.split(g18te)
@@ -2618,7 +2418,7 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
             # path 19: uvu 32x3o x 1x2e -> 32x1o, 21 nonzeros, weighted
             q0 = (
                 0.4629100498862757 * a3_0 * sb2_4_0 + 0.3779644730092272 * a3_1 * sb2_3_0
@@ -2626,7 +2426,7 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a3_3 * sb2_1_0 - 0.11952286093343936 * a3_4 * sb2_0_0
                 - 0.3779644730092272 * a3_5 * sb2_1_0 - 0.4629100498862757 * a3_6 * sb2_0_0
             )
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19 = hl.load(g, [tile_b, 4960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19_0, g19_2 = hl.split(g19te)
@@ -2642,14 +2442,14 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+            gw[tile_b, 1184 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 32x3o x 1x2e -> 32x3o, 41 nonzeros, weighted
             q0 = (
                 -0.6454972243679029 * a3_0 * sb2_2_0 + 0.45643546458763845 * a3_1 * sb2_3_0
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
                 + 0.45643546458763845 * a3_5 * sb2_1_0
             )
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20 = hl.load(g, [tile_b, 5056 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -2690,7 +2490,7 @@ def tp_bwd_w_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            gw20[tile_b, tile_c, 0] = (
+            gw[tile_b, 1216 + tile_c.index] = (
                 q0 * g20_0 + q1 * g20_1
                 + q2 * g20_2 + q3 * g20_3
                 + q4 * g20_4 + q5 * g20_5
@@ -2703,8 +2503,8 @@ def tp_bwd_w_0(
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
-            g21_0 = g_21[tile_b, 0, tile_c]
-            gw21[tile_b, tile_c, 0] = (q0 * g21_0)
+            g21_0 = g[tile_b, 5280 + tile_c.index]
+            gw[tile_b, 1248 + tile_c.index] = (q0 * g21_0)
             # path 22: uvu 32x3o x 1x3o -> 32x2e, 41 nonzeros, weighted
             q0 = (
                 -0.24397501823713333 * a3_0 * sb3_4_0 - 0.48795003647426666 * a3_1 * sb3_3_0
@@ -2712,7 +2512,7 @@ def tp_bwd_w_0(
                 - 0.48795003647426666 * a3_3 * sb3_1_0 - 0.24397501823713333 * a3_4 * sb3_0_0
                 + 0.3779644730092272 * a3_4 * sb3_2_0 + 0.24397501823713333 * a3_6 * sb3_2_0
             )
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -2746,4 +2546,4 @@ def tp_bwd_w_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)

@@ -31,143 +31,71 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
-    out_17: torch.Tensor,
-    out_18: torch.Tensor,
-    out_19: torch.Tensor,
-    out_20: torch.Tensor,
-    out_21: torch.Tensor,
-    out_22: torch.Tensor,
-    out_23: torch.Tensor,
-    out_24: torch.Tensor,
-    out_25: torch.Tensor,
-    out_26: torch.Tensor,
-    out_27: torch.Tensor,
-    out_28: torch.Tensor,
-    out_29: torch.Tensor,
-    out_30: torch.Tensor,
-    out_31: torch.Tensor,
-    out_32: torch.Tensor,
-    out_33: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-33; paths 0-33."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            a0_0 = x1[tile_b, tile_c.index]
             # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
             # g block 1: 128x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 3: 128x3e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
@@ -175,50 +103,50 @@ def tp_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # g block 4: 64x1e (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out_4, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 576 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            out_5[tile_b, 0, tile_c] = acc5_0
+            out[tile_b, 2240 + tile_c.index] = acc5_0
             # g block 6: 64x1e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 640 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a1_1 * sb1_2_0 - 0.7071067811865475 * a1_2 * sb1_1_0)
             acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a1_0 * sb1_2_0 + 0.7071067811865475 * a1_2 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a1_0 * sb1_1_0 - 0.7071067811865475 * a1_1 * sb1_0_0)
-            hl.store(out_6, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 64x2e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 704 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             acc7_1 = acc7_1 + wt7_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             acc7_2 = acc7_2 + wt7_0 * (
@@ -227,13 +155,13 @@ def tp_fwd_0(
             )
             acc7_3 = acc7_3 + wt7_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc7_4 = acc7_4 + wt7_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out_7, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 8: 64x1e (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 768 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
@@ -246,15 +174,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            hl.store(out_8, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 9: 64x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 832 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (
                 0.408248290463863 * a1_0 * sb2_1_0 + 0.816496580927726 * a1_1 * sb2_4_0
                 - 0.408248290463863 * a1_2 * sb2_3_0
@@ -272,17 +200,17 @@ def tp_fwd_0(
                 0.408248290463863 * a1_0 * sb2_3_0 - 0.816496580927726 * a1_1 * sb2_0_0
                 + 0.408248290463863 * a1_2 * sb2_1_0
             )
-            hl.store(out_9, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 10: 64x3e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_5 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_6 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 896 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
             acc10_1 = acc10_1 + wt10_0 * (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
@@ -305,15 +233,15 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc10_6 = acc10_6 + wt10_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.store(out_10, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_6)), hl.join(hl.join(acc10_1, acc10_5), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_6)), hl.join(hl.join(acc10_1, acc10_5), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 11: 64x2e (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 960 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
@@ -336,17 +264,17 @@ def tp_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            hl.store(out_11, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 12: 64x3e (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 1024 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (
                 0.3535533905932738 * a1_0 * sb3_1_0 + 0.8660254037844387 * a1_1 * sb3_6_0
                 - 0.3535533905932738 * a1_2 * sb3_5_0
@@ -374,9 +302,9 @@ def tp_fwd_0(
                 0.3535533905932738 * a1_0 * sb3_5_0 - 0.8660254037844387 * a1_1 * sb3_0_0
                 + 0.3535533905932738 * a1_2 * sb3_1_0
             )
-            hl.store(out_12, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -385,7 +313,7 @@ def tp_fwd_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3tee, a3teo = hl.split(a3te)
@@ -395,25 +323,25 @@ def tp_fwd_0(
             a3_1, a3_5 = hl.split(a3toe)
             a3_3, a3_7 = hl.split(a3too)
             # g block 13: 32x2e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
-            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 1088 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (a2_0 * sb0_0_0)
             acc13_1 = acc13_1 + wt13_0 * (a2_1 * sb0_0_0)
             acc13_2 = acc13_2 + wt13_0 * (a2_2 * sb0_0_0)
             acc13_3 = acc13_3 + wt13_0 * (a2_3 * sb0_0_0)
             acc13_4 = acc13_4 + wt13_0 * (a2_4 * sb0_0_0)
-            hl.store(out_13, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4544 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 14: 32x1e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 1120 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
@@ -426,15 +354,15 @@ def tp_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            hl.store(out_14, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 4704 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 15: 32x2e (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 1152 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (
                 -0.408248290463863 * a2_1 * sb1_0_0 + 0.408248290463863 * a2_3 * sb1_2_0
                 - 0.816496580927726 * a2_4 * sb1_1_0
@@ -452,17 +380,17 @@ def tp_fwd_0(
                 0.816496580927726 * a2_0 * sb1_1_0 - 0.408248290463863 * a2_1 * sb1_2_0
                 - 0.408248290463863 * a2_3 * sb1_0_0
             )
-            hl.store(out_15, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 16: 32x3e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 1184 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
             acc16_1 = acc16_1 + wt16_0 * (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
@@ -485,23 +413,23 @@ def tp_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc16_6 = acc16_6 + wt16_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.store(out_16, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 4960 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 17: 32x0e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
+            wt17_0 = weights[tile_b, 1216 + tile_c.index]
             acc17_0 = acc17_0 + wt17_0 * (
                 0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            out_17[tile_b, 0, tile_c] = acc17_0
+            out[tile_b, 5184 + tile_c.index] = acc17_0
             # g block 18: 32x1e (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
+            wt18_0 = weights[tile_b, 1248 + tile_c.index]
             acc18_0 = acc18_0 + wt18_0 * (
                 -0.3162277660168379 * a2_0 * sb2_1_0 + 0.3162277660168379 * a2_1 * sb2_0_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0 - 0.5477225575051661 * a2_3 * sb2_2_0
@@ -516,15 +444,15 @@ def tp_fwd_0(
                 + 0.3162277660168379 * a2_1 * sb2_4_0 - 0.5477225575051661 * a2_2 * sb2_1_0
                 - 0.3162277660168379 * a2_3 * sb2_0_0 - 0.3162277660168379 * a2_4 * sb2_1_0
             )
-            hl.store(out_18, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc18_0, acc18_2), hl.join(acc18_1, acc18_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 5216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc18_0, acc18_2), hl.join(acc18_1, acc18_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 19: 32x2e (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_3 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_4 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
+            wt19_0 = weights[tile_b, 1280 + tile_c.index]
             acc19_0 = acc19_0 + wt19_0 * (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
@@ -548,17 +476,17 @@ def tp_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            hl.store(out_19, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc19_0, acc19_4), hl.join(acc19_2, acc19_0)), hl.join(hl.join(acc19_1, acc19_0), hl.join(acc19_3, acc19_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc19_0, acc19_4), hl.join(acc19_2, acc19_0)), hl.join(hl.join(acc19_1, acc19_0), hl.join(acc19_3, acc19_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 20: 32x3e (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_5 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_6 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
+            wt20_0 = weights[tile_b, 1312 + tile_c.index]
             acc20_0 = acc20_0 + wt20_0 * (
                 0.5000000000000001 * a2_0 * sb2_1_0 - 0.5000000000000001 * a2_1 * sb2_0_0
                 + 0.5000000000000001 * a2_3 * sb2_4_0 - 0.5000000000000001 * a2_4 * sb2_3_0
@@ -583,13 +511,13 @@ def tp_fwd_0(
                 0.5000000000000001 * a2_0 * sb2_3_0 - 0.5000000000000001 * a2_1 * sb2_4_0
                 - 0.5000000000000001 * a2_3 * sb2_0_0 + 0.5000000000000001 * a2_4 * sb2_1_0
             )
-            hl.store(out_20, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 5472 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_6)), hl.join(hl.join(acc20_1, acc20_5), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 21: 32x1e (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
-            acc21_1 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
-            acc21_2 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc21_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc21_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
             acc21_0 = acc21_0 + wt21_0 * (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
                 - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
@@ -607,15 +535,15 @@ def tp_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            hl.store(out_21, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 5696 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 22: 32x2e (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
+            wt22_0 = weights[tile_b, 1376 + tile_c.index]
             acc22_0 = acc22_0 + wt22_0 * (
                 0.42257712736425834 * a2_1 * sb3_0_0 + 0.3273268353539886 * a2_1 * sb3_2_0
                 + 0.5976143046671969 * a2_2 * sb3_5_0 - 0.3273268353539886 * a2_3 * sb3_4_0
@@ -640,17 +568,17 @@ def tp_fwd_0(
                 + 0.42257712736425834 * a2_1 * sb3_6_0 - 0.5976143046671969 * a2_2 * sb3_1_0
                 - 0.42257712736425834 * a2_3 * sb3_0_0 + 0.3273268353539886 * a2_3 * sb3_2_0
             )
-            hl.store(out_22, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 5792 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 23: 32x3e (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_5 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_6 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
+            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
+            wt23_0 = weights[tile_b, 1408 + tile_c.index]
             acc23_0 = acc23_0 + wt23_0 * (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
@@ -688,17 +616,17 @@ def tp_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            hl.store(out_23, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 5952 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 24: 32x3e (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_5 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_6 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
+            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
+            wt24_0 = weights[tile_b, 1440 + tile_c.index]
             acc24_0 = acc24_0 + wt24_0 * (1.0000000000000002 * a3_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (1.0000000000000002 * a3_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (1.0000000000000002 * a3_2 * sb0_0_0)
@@ -706,15 +634,15 @@ def tp_fwd_0(
             acc24_4 = acc24_4 + wt24_0 * (1.0000000000000002 * a3_4 * sb0_0_0)
             acc24_5 = acc24_5 + wt24_0 * (1.0000000000000002 * a3_5 * sb0_0_0)
             acc24_6 = acc24_6 + wt24_0 * (1.0000000000000002 * a3_6 * sb0_0_0)
-            hl.store(out_24, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_6)), hl.join(hl.join(acc24_1, acc24_5), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 6176 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_6)), hl.join(hl.join(acc24_1, acc24_5), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 25: 32x2e (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_3 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_4 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
+            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
+            wt25_0 = weights[tile_b, 1472 + tile_c.index]
             acc25_0 = acc25_0 + wt25_0 * (
                 0.5976143046671969 * a3_0 * sb1_2_0 + 0.48795003647426666 * a3_1 * sb1_1_0
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
@@ -737,17 +665,17 @@ def tp_fwd_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            hl.store(out_25, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_0)), hl.join(hl.join(acc25_1, acc25_0), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 6400 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_0)), hl.join(hl.join(acc25_1, acc25_0), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 26: 32x3e (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_5 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_6 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
+            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
+            wt26_0 = weights[tile_b, 1504 + tile_c.index]
             acc26_0 = acc26_0 + wt26_0 * (
                 -0.3535533905932738 * a3_1 * sb1_0_0 + 0.3535533905932738 * a3_5 * sb1_2_0
                 - 0.8660254037844387 * a3_6 * sb1_1_0
@@ -775,13 +703,13 @@ def tp_fwd_0(
                 0.8660254037844387 * a3_0 * sb1_1_0 - 0.3535533905932738 * a3_1 * sb1_2_0
                 - 0.3535533905932738 * a3_5 * sb1_0_0
             )
-            hl.store(out_26, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_6)), hl.join(hl.join(acc26_1, acc26_5), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 6560 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_6)), hl.join(hl.join(acc26_1, acc26_5), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 27: 32x1e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
-            acc27_1 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
-            acc27_2 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
+            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc27_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc27_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
+            wt27_0 = weights[tile_b, 1536 + tile_c.index]
             acc27_0 = acc27_0 + wt27_0 * (
                 0.4629100498862757 * a3_0 * sb2_4_0 + 0.3779644730092272 * a3_1 * sb2_3_0
                 + 0.4140393356054125 * a3_2 * sb2_2_0 + 0.11952286093343936 * a3_2 * sb2_4_0
@@ -799,15 +727,15 @@ def tp_fwd_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            hl.store(out_27, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 6784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 28: 32x2e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_3 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_4 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
+            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
+            wt28_0 = weights[tile_b, 1568 + tile_c.index]
             acc28_0 = acc28_0 + wt28_0 * (
                 -0.42257712736425834 * a3_0 * sb2_1_0 - 0.3273268353539886 * a3_2 * sb2_1_0
                 - 0.2672612419124244 * a3_3 * sb2_4_0 + 0.3273268353539886 * a3_4 * sb2_3_0
@@ -832,17 +760,17 @@ def tp_fwd_0(
                 - 0.3273268353539886 * a3_2 * sb2_3_0 + 0.2672612419124244 * a3_3 * sb2_0_0
                 - 0.3273268353539886 * a3_4 * sb2_1_0 - 0.42257712736425834 * a3_6 * sb2_1_0
             )
-            hl.store(out_28, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 6880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 29: 32x3e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_5 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_6 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
+            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
+            wt29_0 = weights[tile_b, 1600 + tile_c.index]
             acc29_0 = acc29_0 + wt29_0 * (
                 -0.6454972243679029 * a3_0 * sb2_2_0 + 0.45643546458763845 * a3_1 * sb2_3_0
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
@@ -880,24 +808,24 @@ def tp_fwd_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            hl.store(out_29, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 7040 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
             # g block 30: 32x0e (1 path)
-            acc30_0 = hl.zeros([tile_b, tile_c], dtype=out_30.dtype)
+            acc30_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
-            wt30_0 = w30[tile_b, tile_c, 0]
+            wt30_0 = weights[tile_b, 1632 + tile_c.index]
             acc30_0 = acc30_0 + wt30_0 * (
                 0.37796447300922725 * a3_0 * sb3_0_0 + 0.37796447300922725 * a3_1 * sb3_1_0
                 + 0.37796447300922725 * a3_2 * sb3_2_0 + 0.37796447300922725 * a3_3 * sb3_3_0
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
-            out_30[tile_b, 0, tile_c] = acc30_0
+            out[tile_b, 7264 + tile_c.index] = acc30_0
             # g block 31: 32x1e (1 path)
-            acc31_0 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
-            acc31_1 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
-            acc31_2 = hl.zeros([tile_b, tile_c], dtype=out_31.dtype)
+            acc31_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc31_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc31_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
-            wt31_0 = w31[tile_b, tile_c, 0]
+            wt31_0 = weights[tile_b, 1664 + tile_c.index]
             acc31_0 = acc31_0 + wt31_0 * (
                 -0.23145502494313785 * a3_0 * sb3_1_0 + 0.23145502494313785 * a3_1 * sb3_0_0
                 - 0.2988071523335984 * a3_1 * sb3_2_0 + 0.2988071523335984 * a3_2 * sb3_1_0
@@ -917,15 +845,15 @@ def tp_fwd_0(
                 - 0.2988071523335984 * a3_4 * sb3_1_0 - 0.23145502494313785 * a3_5 * sb3_0_0
                 - 0.2988071523335984 * a3_5 * sb3_2_0 - 0.23145502494313785 * a3_6 * sb3_1_0
             )
-            hl.store(out_31, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 7296 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 32: 32x2e (1 path)
-            acc32_0 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_1 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_2 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_3 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
-            acc32_4 = hl.zeros([tile_b, tile_c], dtype=out_32.dtype)
+            acc32_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc32_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
-            wt32_0 = w32[tile_b, tile_c, 0]
+            wt32_0 = weights[tile_b, 1696 + tile_c.index]
             acc32_0 = acc32_0 + wt32_0 * (
                 -0.24397501823713333 * a3_0 * sb3_4_0 - 0.48795003647426666 * a3_1 * sb3_3_0
                 + 0.3779644730092272 * a3_2 * sb3_4_0 + 0.24397501823713333 * a3_2 * sb3_6_0
@@ -957,17 +885,17 @@ def tp_fwd_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            hl.store(out_32, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 7392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 33: 32x3e (1 path)
-            acc33_0 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_1 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_2 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_3 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_4 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_5 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
-            acc33_6 = hl.zeros([tile_b, tile_c], dtype=out_33.dtype)
+            acc33_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc33_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
-            wt33_0 = w33[tile_b, tile_c, 0]
+            wt33_0 = weights[tile_b, 1728 + tile_c.index]
             acc33_0 = acc33_0 + wt33_0 * (
                 0.408248290463863 * a3_1 * sb3_2_0 - 0.408248290463863 * a3_2 * sb3_1_0
                 - 0.408248290463863 * a3_3 * sb3_6_0 + 0.408248290463863 * a3_4 * sb3_5_0
@@ -1003,7 +931,7 @@ def tp_fwd_0(
                 - 0.408248290463863 * a3_2 * sb3_5_0 + 0.408248290463863 * a3_3 * sb3_0_0
                 - 0.408248290463863 * a3_4 * sb3_1_0 + 0.408248290463863 * a3_5 * sb3_2_0
             )
-            hl.store(out_33, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(out, [tile_b, 7552 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1011,111 +939,39 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-33."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
             # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[tile_b, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
@@ -1125,8 +981,8 @@ def tp_bwd_x1_0(
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -1141,8 +997,8 @@ def tp_bwd_x1_0(
                 + g2_4 * sb2_4_0
             )
             # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -1157,15 +1013,15 @@ def tp_bwd_x1_0(
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
                 + 1.0000000000000002 * g3_6 * sb3_6_0
             )
-            gx1_0[tile_b, 0, tile_c] = acc0_0
+            gx1[tile_b, tile_c.index] = acc0_0
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 1: 64x1e (9 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
@@ -1174,14 +1030,14 @@ def tp_bwd_x1_0(
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[tile_b, 0, tile_c]
+            wt5_0 = weights[tile_b, 576 + tile_c.index]
+            g5_0 = g[tile_b, 2240 + tile_c.index]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt6_0 = weights[tile_b, 640 + tile_c.index]
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
@@ -1190,8 +1046,8 @@ def tp_bwd_x1_0(
             acc1_1 = acc1_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc1_2 = acc1_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
             # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt7_0 = weights[tile_b, 704 + tile_c.index]
+            g7 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -1213,8 +1069,8 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g7_3 * sb1_1_0 + 0.7071067811865476 * g7_4 * sb1_2_0
             )
             # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt8_0 = weights[tile_b, 768 + tile_c.index]
+            g8 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
@@ -1232,8 +1088,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g8_2 * sb2_2_0 + 0.5477225575051661 * g8_2 * sb2_4_0
             )
             # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt9_0 = weights[tile_b, 832 + tile_c.index]
+            g9 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -1257,8 +1113,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g9_3 * sb2_0_0 + 0.408248290463863 * g9_4 * sb2_1_0
             )
             # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt10_0 = weights[tile_b, 896 + tile_c.index]
+            g10 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -1285,8 +1141,8 @@ def tp_bwd_x1_0(
                 + 0.5773502691896258 * g10_5 * sb2_3_0 + 0.7071067811865476 * g10_6 * sb2_4_0
             )
             # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt11_0 = weights[tile_b, 960 + tile_c.index]
+            g11 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -1313,8 +1169,8 @@ def tp_bwd_x1_0(
                 - 0.1543033499620919 * g11_4 * sb3_4_0 + 0.5976143046671969 * g11_4 * sb3_6_0
             )
             # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt12_0 = weights[tile_b, 1024 + tile_c.index]
+            g12 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -1342,17 +1198,17 @@ def tp_bwd_x1_0(
                 + 0.45643546458763845 * g12_4 * sb3_1_0 + 0.3535533905932738 * g12_5 * sb3_0_0
                 + 0.45643546458763845 * g12_5 * sb3_2_0 + 0.3535533905932738 * g12_6 * sb3_1_0
             )
-            hl.store(gx1_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(32, block_size=32):
             # x1 block 2: 32x2e (11 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt13_0 = weights[tile_b, 1088 + tile_c.index]
+            g13 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
             g13tee, g13teo = hl.split(g13te)
@@ -1367,8 +1223,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt13_0 * (g13_3 * sb0_0_0)
             acc2_4 = acc2_4 + wt13_0 * (g13_4 * sb0_0_0)
             # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt14_0 = weights[tile_b, 1120 + tile_c.index]
+            g14 = hl.load(g, [tile_b, 4704 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14_0, g14_2 = hl.split(g14te)
@@ -1382,8 +1238,8 @@ def tp_bwd_x1_0(
             acc2_3 = acc2_3 + wt14_0 * (0.5477225575051661 * g14_1 * sb1_2_0 + 0.5477225575051661 * g14_2 * sb1_1_0)
             acc2_4 = acc2_4 + wt14_0 * (-0.5477225575051661 * g14_0 * sb1_0_0 + 0.5477225575051661 * g14_2 * sb1_2_0)
             # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt15_0 = weights[tile_b, 1152 + tile_c.index]
+            g15 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -1410,8 +1266,8 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g15_3 * sb1_0_0
             )
             # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt16_0 = weights[tile_b, 1184 + tile_c.index]
+            g16 = hl.load(g, [tile_b, 4960 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -1443,16 +1299,16 @@ def tp_bwd_x1_0(
                 + 0.7071067811865476 * g16_6 * sb1_2_0
             )
             # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            g17_0 = g_17[tile_b, 0, tile_c]
+            wt17_0 = weights[tile_b, 1216 + tile_c.index]
+            g17_0 = g[tile_b, 5184 + tile_c.index]
             acc2_0 = acc2_0 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt17_0 * (0.4472135954999579 * g17_0 * sb2_4_0)
             # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt18_0 = weights[tile_b, 1248 + tile_c.index]
+            g18 = hl.load(g, [tile_b, 5216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18_0, g18_2 = hl.split(g18te)
@@ -1475,8 +1331,8 @@ def tp_bwd_x1_0(
                 - 0.3162277660168379 * g18_2 * sb2_1_0
             )
             # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt19_0 = weights[tile_b, 1280 + tile_c.index]
+            g19 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19tee, g19teo = hl.split(g19te)
@@ -1509,8 +1365,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g19_3 * sb2_3_0 - 0.5345224838248488 * g19_4 * sb2_2_0
             )
             # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt20_0 = weights[tile_b, 1312 + tile_c.index]
+            g20 = hl.load(g, [tile_b, 5472 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -1544,8 +1400,8 @@ def tp_bwd_x1_0(
                 + 0.38729833462074176 * g20_4 * sb2_1_0 + 0.5000000000000001 * g20_6 * sb2_1_0
             )
             # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
+            g21 = hl.load(g, [tile_b, 5696 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g21t = g21.reshape([tile_b, tile_c, 2, 2])
             g21te, g21to = hl.split(g21t)
             g21_0, g21_2 = hl.split(g21te)
@@ -1573,8 +1429,8 @@ def tp_bwd_x1_0(
                 + 0.4629100498862757 * g21_2 * sb3_6_0
             )
             # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt22_0 = weights[tile_b, 1376 + tile_c.index]
+            g22 = hl.load(g, [tile_b, 5792 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -1608,8 +1464,8 @@ def tp_bwd_x1_0(
                 + 0.42257712736425834 * g22_3 * sb3_0_0 - 0.3273268353539886 * g22_3 * sb3_2_0
             )
             # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt23_0 = weights[tile_b, 1408 + tile_c.index]
+            g23 = hl.load(g, [tile_b, 5952 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -1649,18 +1505,18 @@ def tp_bwd_x1_0(
                 + 0.4472135954999579 * g23_4 * sb3_4_0 - 0.2886751345948129 * g23_4 * sb3_6_0
                 - 0.5773502691896258 * g23_5 * sb3_3_0 - 0.2886751345948129 * g23_6 * sb3_4_0
             )
-            hl.store(gx1_2, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # x1 block 3: 32x3e (10 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt24_0 = weights[tile_b, 1440 + tile_c.index]
+            g24 = hl.load(g, [tile_b, 6176 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -1677,8 +1533,8 @@ def tp_bwd_x1_0(
             acc3_5 = acc3_5 + wt24_0 * (1.0000000000000002 * g24_5 * sb0_0_0)
             acc3_6 = acc3_6 + wt24_0 * (1.0000000000000002 * g24_6 * sb0_0_0)
             # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt25_0 = weights[tile_b, 1472 + tile_c.index]
+            g25 = hl.load(g, [tile_b, 6400 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25tee, g25teo = hl.split(g25te)
@@ -1710,8 +1566,8 @@ def tp_bwd_x1_0(
             )
             acc3_6 = acc3_6 + wt25_0 * (-0.5976143046671969 * g25_0 * sb1_0_0 + 0.5976143046671969 * g25_4 * sb1_2_0)
             # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt26_0 = weights[tile_b, 1504 + tile_c.index]
+            g26 = hl.load(g, [tile_b, 6560 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -1748,8 +1604,8 @@ def tp_bwd_x1_0(
                 + 0.3535533905932738 * g26_5 * sb1_0_0
             )
             # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt27_0 = weights[tile_b, 1536 + tile_c.index]
+            g27 = hl.load(g, [tile_b, 6784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g27t = g27.reshape([tile_b, tile_c, 2, 2])
             g27te, g27to = hl.split(g27t)
             g27_0, g27_2 = hl.split(g27te)
@@ -1777,8 +1633,8 @@ def tp_bwd_x1_0(
             )
             acc3_6 = acc3_6 + wt27_0 * (-0.4629100498862757 * g27_0 * sb2_0_0 + 0.4629100498862757 * g27_2 * sb2_4_0)
             # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt28_0 = weights[tile_b, 1568 + tile_c.index]
+            g28 = hl.load(g, [tile_b, 6880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28tee, g28teo = hl.split(g28te)
@@ -1812,8 +1668,8 @@ def tp_bwd_x1_0(
                 + 0.42257712736425834 * g28_3 * sb2_0_0 - 0.42257712736425834 * g28_4 * sb2_1_0
             )
             # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt29_0 = weights[tile_b, 1600 + tile_c.index]
+            g29 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -1860,8 +1716,8 @@ def tp_bwd_x1_0(
                 - 0.6454972243679029 * g29_6 * sb2_2_0
             )
             # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
-            wt30_0 = w30[tile_b, tile_c, 0]
-            g30_0 = g_30[tile_b, 0, tile_c]
+            wt30_0 = weights[tile_b, 1632 + tile_c.index]
+            g30_0 = g[tile_b, 7264 + tile_c.index]
             acc3_0 = acc3_0 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_2_0)
@@ -1870,8 +1726,8 @@ def tp_bwd_x1_0(
             acc3_5 = acc3_5 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt30_0 * (0.37796447300922725 * g30_0 * sb3_6_0)
             # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
-            wt31_0 = w31[tile_b, tile_c, 0]
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            wt31_0 = weights[tile_b, 1664 + tile_c.index]
+            g31 = hl.load(g, [tile_b, 7296 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g31t = g31.reshape([tile_b, tile_c, 2, 2])
             g31te, g31to = hl.split(g31t)
             g31_0, g31_2 = hl.split(g31te)
@@ -1904,8 +1760,8 @@ def tp_bwd_x1_0(
                 - 0.23145502494313785 * g31_2 * sb3_1_0
             )
             # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
-            wt32_0 = w32[tile_b, tile_c, 0]
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            wt32_0 = weights[tile_b, 1696 + tile_c.index]
+            g32 = hl.load(g, [tile_b, 7392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
             g32te, g32to = hl.split(g32t)
             g32tee, g32teo = hl.split(g32te)
@@ -1952,8 +1808,8 @@ def tp_bwd_x1_0(
                 - 0.24397501823713333 * g32_4 * sb3_4_0
             )
             # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
-            wt33_0 = w33[tile_b, tile_c, 0]
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            wt33_0 = weights[tile_b, 1728 + tile_c.index]
+            g33 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
             g33te, g33to = hl.split(g33t)
             g33tee, g33teo = hl.split(g33te)
@@ -1997,7 +1853,7 @@ def tp_bwd_x1_0(
                 + 0.408248290463863 * g33_2 * sb3_5_0 - 0.408248290463863 * g33_3 * sb3_0_0
                 + 0.408248290463863 * g33_4 * sb3_1_0 - 0.408248290463863 * g33_5 * sb3_2_0
             )
-            hl.store(gx1_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hl.store(gx1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -2005,129 +1861,57 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    w30: torch.Tensor,
-    w31: torch.Tensor,
-    w32: torch.Tensor,
-    w33: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-3; paths 0-33."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
+    for tile_b in hl.tile(x1.size(0), block_size=16):
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1e (9 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (11 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 3: 1x3e (10 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[tile_b, 0, tile_r]
-                rg0_0 = g_0[tile_b, 0, tile_r]
+                ra0_0 = x1[tile_b, tile_r.index]
+                rg0_0 = g[tile_b, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 128 + tile_r.index]
                 s1_0 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 512 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2tee, rg2teo = hl.split(rg2te)
@@ -2137,7 +1921,7 @@ def tp_bwd_x2_0(
                 rg2_1, rg2_5 = hl.split(rg2toe)
                 rg2_3, rg2_7 = hl.split(rg2too)
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 256 + tile_r.index]
                 s2_0 = t * wq2
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
@@ -2148,7 +1932,7 @@ def tp_bwd_x2_0(
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 1152 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -2158,7 +1942,7 @@ def tp_bwd_x2_0(
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 384 + tile_r.index]
                 s3_0 = t * wq3
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 s3_1 = t * wq3
@@ -2191,12 +1975,12 @@ def tp_bwd_x2_0(
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                ra1 = hl.load(x1_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                ra1 = hl.load(x1, [tile_b, 128 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 ra1t = ra1.reshape([tile_b, tile_r, 2, 2])
                 ra1te, ra1to = hl.split(ra1t)
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 2048 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
@@ -2205,32 +1989,32 @@ def tp_bwd_x2_0(
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 512 + tile_r.index]
                 s0_0 = t * wq4
                 # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[tile_b, 0, tile_r]
+                rg5_0 = g[tile_b, 2240 + tile_r.index]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
                 s1_1 = t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 s1_2 = t * wq5
                 # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
-                rg6 = hl.load(g_6, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg6 = hl.load(g, [tile_b, 2304 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg6t = rg6.reshape([tile_b, tile_r, 2, 2])
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
                 t = (0.7071067811865475 * ra1_2 * rg6_1 - 0.7071067811865475 * ra1_1 * rg6_2)
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
                 t = (-0.7071067811865475 * ra1_2 * rg6_0 + 0.7071067811865475 * ra1_0 * rg6_2)
                 s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra1_1 * rg6_0 - 0.7071067811865475 * ra1_0 * rg6_1)
                 s1_2 = s1_2 + t * wq6
                 # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
-                rg7 = hl.load(g_7, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg7 = hl.load(g, [tile_b, 2496 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg7t = rg7.reshape([tile_b, tile_r, 2, 2, 2])
                 rg7te, rg7to = hl.split(rg7t)
                 rg7tee, rg7teo = hl.split(rg7te)
@@ -2243,7 +2027,7 @@ def tp_bwd_x2_0(
                     0.7071067811865476 * ra1_2 * rg7_0 + 0.7071067811865476 * ra1_1 * rg7_1
                     - 0.408248290463863 * ra1_0 * rg7_2 - 0.7071067811865476 * ra1_0 * rg7_4
                 )
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 704 + tile_r.index]
                 s1_0 = s1_0 + t * wq7
                 t = (
                     0.7071067811865476 * ra1_0 * rg7_1 + 0.816496580927726 * ra1_1 * rg7_2
@@ -2256,13 +2040,13 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-                rg8 = hl.load(g_8, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg8 = hl.load(g, [tile_b, 2816 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg8t = rg8.reshape([tile_b, tile_r, 2, 2])
                 rg8te, rg8to = hl.split(rg8t)
                 rg8_0, rg8_2 = hl.split(rg8te)
                 rg8_1, rg8_3 = hl.split(rg8to)
                 t = (0.5477225575051661 * ra1_2 * rg8_0 + 0.5477225575051661 * ra1_0 * rg8_2)
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 768 + tile_r.index]
                 s2_0 = t * wq8
                 t = (0.5477225575051661 * ra1_1 * rg8_0 + 0.5477225575051661 * ra1_0 * rg8_1)
                 s2_1 = t * wq8
@@ -2276,7 +2060,7 @@ def tp_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg8_0 + 0.5477225575051661 * ra1_2 * rg8_2)
                 s2_4 = t * wq8
                 # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-                rg9 = hl.load(g_9, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg9 = hl.load(g, [tile_b, 3008 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg9t = rg9.reshape([tile_b, tile_r, 2, 2, 2])
                 rg9te, rg9to = hl.split(rg9t)
                 rg9tee, rg9teo = hl.split(rg9te)
@@ -2289,7 +2073,7 @@ def tp_bwd_x2_0(
                     -0.408248290463863 * ra1_0 * rg9_1 + 0.408248290463863 * ra1_2 * rg9_3
                     - 0.816496580927726 * ra1_1 * rg9_4
                 )
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 832 + tile_r.index]
                 s2_0 = s2_0 + t * wq9
                 t = (
                     0.408248290463863 * ra1_0 * rg9_0 + 0.7071067811865476 * ra1_2 * rg9_2
@@ -2309,7 +2093,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq9
                 # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-                rg10 = hl.load(g_10, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg10 = hl.load(g, [tile_b, 3328 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg10t = rg10.reshape([tile_b, tile_r, 2, 2, 2])
                 rg10te, rg10to = hl.split(rg10t)
                 rg10tee, rg10teo = hl.split(rg10te)
@@ -2323,7 +2107,7 @@ def tp_bwd_x2_0(
                     - 0.18257418583505539 * ra1_2 * rg10_2 - 0.18257418583505539 * ra1_0 * rg10_4
                     - 0.7071067811865476 * ra1_0 * rg10_6
                 )
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 896 + tile_r.index]
                 s2_0 = s2_0 + t * wq10
                 t = (
                     0.5773502691896258 * ra1_2 * rg10_1 + 0.7302967433402215 * ra1_1 * rg10_2
@@ -2347,7 +2131,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
-                rg11 = hl.load(g_11, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg11 = hl.load(g, [tile_b, 3776 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg11t = rg11.reshape([tile_b, tile_r, 2, 2, 2])
                 rg11te, rg11to = hl.split(rg11t)
                 rg11tee, rg11teo = hl.split(rg11te)
@@ -2357,7 +2141,7 @@ def tp_bwd_x2_0(
                 rg11_1, rg11_5 = hl.split(rg11toe)
                 rg11_3, rg11_7 = hl.split(rg11too)
                 t = (0.5976143046671969 * ra1_2 * rg11_0 + 0.5976143046671969 * ra1_0 * rg11_4)
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 960 + tile_r.index]
                 s3_0 = t * wq11
                 t = (
                     0.48795003647426666 * ra1_1 * rg11_0 + 0.48795003647426666 * ra1_2 * rg11_1
@@ -2387,7 +2171,7 @@ def tp_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg11_0 + 0.5976143046671969 * ra1_2 * rg11_4)
                 s3_6 = t * wq11
                 # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
-                rg12 = hl.load(g_12, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg12 = hl.load(g, [tile_b, 4096 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg12t = rg12.reshape([tile_b, tile_r, 2, 2, 2])
                 rg12te, rg12to = hl.split(rg12t)
                 rg12tee, rg12teo = hl.split(rg12te)
@@ -2400,7 +2184,7 @@ def tp_bwd_x2_0(
                     -0.3535533905932738 * ra1_0 * rg12_1 + 0.3535533905932738 * ra1_2 * rg12_5
                     - 0.8660254037844387 * ra1_1 * rg12_6
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 1024 + tile_r.index]
                 s3_0 = s3_0 + t * wq12
                 t = (
                     0.3535533905932738 * ra1_0 * rg12_0 - 0.45643546458763845 * ra1_0 * rg12_2
@@ -2450,7 +2234,7 @@ def tp_bwd_x2_0(
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
-                ra2 = hl.load(x1_2, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                ra2 = hl.load(x1, [tile_b, 320 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 ra2t = ra2.reshape([tile_b, tile_r, 2, 2, 2])
                 ra2te, ra2to = hl.split(ra2t)
                 ra2tee, ra2teo = hl.split(ra2te)
@@ -2459,7 +2243,7 @@ def tp_bwd_x2_0(
                 ra2toe, ra2too = hl.split(ra2to)
                 ra2_1, ra2_5 = hl.split(ra2toe)
                 ra2_3, ra2_7 = hl.split(ra2too)
-                rg13 = hl.load(g_13, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg13 = hl.load(g, [tile_b, 4544 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg13t = rg13.reshape([tile_b, tile_r, 2, 2, 2])
                 rg13te, rg13to = hl.split(rg13t)
                 rg13tee, rg13teo = hl.split(rg13te)
@@ -2473,10 +2257,10 @@ def tp_bwd_x2_0(
                     + ra2_2 * rg13_2 + ra2_3 * rg13_3
                     + ra2_4 * rg13_4
                 )
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 1088 + tile_r.index]
                 s0_0 = t * wq13
                 # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
-                ra3 = hl.load(x1_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                ra3 = hl.load(x1, [tile_b, 480 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 ra3t = ra3.reshape([tile_b, tile_r, 2, 2, 2])
                 ra3te, ra3to = hl.split(ra3t)
                 ra3tee, ra3teo = hl.split(ra3te)
@@ -2485,7 +2269,7 @@ def tp_bwd_x2_0(
                 ra3toe, ra3too = hl.split(ra3to)
                 ra3_1, ra3_5 = hl.split(ra3toe)
                 ra3_3, ra3_7 = hl.split(ra3too)
-                rg24 = hl.load(g_24, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg24 = hl.load(g, [tile_b, 6176 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg24t = rg24.reshape([tile_b, tile_r, 2, 2, 2])
                 rg24te, rg24to = hl.split(rg24t)
                 rg24tee, rg24teo = hl.split(rg24te)
@@ -2500,10 +2284,10 @@ def tp_bwd_x2_0(
                     + 1.0000000000000002 * ra3_4 * rg24_4 + 1.0000000000000002 * ra3_5 * rg24_5
                     + 1.0000000000000002 * ra3_6 * rg24_6
                 )
-                wq24 = w24[tile_b, tile_r, 0]
+                wq24 = weights[tile_b, 1440 + tile_r.index]
                 s0_0 = s0_0 + t * wq24
                 # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
-                rg14 = hl.load(g_14, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg14 = hl.load(g, [tile_b, 4704 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg14t = rg14.reshape([tile_b, tile_r, 2, 2])
                 rg14te, rg14to = hl.split(rg14t)
                 rg14_0, rg14_2 = hl.split(rg14te)
@@ -2512,7 +2296,7 @@ def tp_bwd_x2_0(
                     -0.3162277660168379 * ra2_2 * rg14_0 - 0.5477225575051661 * ra2_4 * rg14_0
                     + 0.5477225575051661 * ra2_1 * rg14_1 + 0.5477225575051661 * ra2_0 * rg14_2
                 )
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 1120 + tile_r.index]
                 s1_0 = t * wq14
                 t = (
                     0.5477225575051661 * ra2_1 * rg14_0 + 0.6324555320336758 * ra2_2 * rg14_1
@@ -2525,7 +2309,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = t * wq14
                 # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
-                rg15 = hl.load(g_15, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg15 = hl.load(g, [tile_b, 4800 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg15t = rg15.reshape([tile_b, tile_r, 2, 2, 2])
                 rg15te, rg15to = hl.split(rg15t)
                 rg15tee, rg15teo = hl.split(rg15te)
@@ -2539,7 +2323,7 @@ def tp_bwd_x2_0(
                     + 0.7071067811865476 * ra2_3 * rg15_2 - 0.7071067811865476 * ra2_2 * rg15_3
                     + 0.408248290463863 * ra2_4 * rg15_3 - 0.408248290463863 * ra2_3 * rg15_4
                 )
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 1152 + tile_r.index]
                 s1_0 = s1_0 + t * wq15
                 t = (
                     -0.816496580927726 * ra2_4 * rg15_0 - 0.408248290463863 * ra2_3 * rg15_1
@@ -2553,7 +2337,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq15
                 # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
-                rg16 = hl.load(g_16, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg16 = hl.load(g, [tile_b, 4960 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg16t = rg16.reshape([tile_b, tile_r, 2, 2, 2])
                 rg16te, rg16to = hl.split(rg16t)
                 rg16tee, rg16teo = hl.split(rg16te)
@@ -2568,7 +2352,7 @@ def tp_bwd_x2_0(
                     - 0.4472135954999579 * ra2_1 * rg16_3 - 0.18257418583505539 * ra2_0 * rg16_4
                     - 0.5773502691896258 * ra2_1 * rg16_5 - 0.7071067811865476 * ra2_0 * rg16_6
                 )
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 1184 + tile_r.index]
                 s1_0 = s1_0 + t * wq16
                 t = (
                     0.5773502691896258 * ra2_0 * rg16_1 + 0.7302967433402215 * ra2_1 * rg16_2
@@ -2584,7 +2368,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq16
                 # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
-                rg25 = hl.load(g_25, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg25 = hl.load(g, [tile_b, 6400 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg25t = rg25.reshape([tile_b, tile_r, 2, 2, 2])
                 rg25te, rg25to = hl.split(rg25t)
                 rg25tee, rg25teo = hl.split(rg25te)
@@ -2599,7 +2383,7 @@ def tp_bwd_x2_0(
                     + 0.5345224838248488 * ra3_2 * rg25_2 + 0.48795003647426666 * ra3_1 * rg25_3
                     + 0.5976143046671969 * ra3_0 * rg25_4 + 0.1543033499620919 * ra3_2 * rg25_4
                 )
-                wq25 = w25[tile_b, tile_r, 0]
+                wq25 = weights[tile_b, 1472 + tile_r.index]
                 s1_0 = s1_0 + t * wq25
                 t = (
                     0.48795003647426666 * ra3_1 * rg25_0 + 0.6172133998483676 * ra3_2 * rg25_1
@@ -2615,7 +2399,7 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq25
                 # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
-                rg26 = hl.load(g_26, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg26 = hl.load(g, [tile_b, 6560 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg26t = rg26.reshape([tile_b, tile_r, 2, 2, 2])
                 rg26te, rg26to = hl.split(rg26t)
                 rg26tee, rg26teo = hl.split(rg26te)
@@ -2631,7 +2415,7 @@ def tp_bwd_x2_0(
                     + 0.45643546458763845 * ra3_5 * rg26_4 - 0.45643546458763845 * ra3_4 * rg26_5
                     + 0.3535533905932738 * ra3_6 * rg26_5 - 0.3535533905932738 * ra3_5 * rg26_6
                 )
-                wq26 = w26[tile_b, tile_r, 0]
+                wq26 = weights[tile_b, 1504 + tile_r.index]
                 s1_0 = s1_0 + t * wq26
                 t = (
                     -0.8660254037844387 * ra3_6 * rg26_0 - 0.5773502691896258 * ra3_5 * rg26_1
@@ -2648,9 +2432,9 @@ def tp_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq26
                 # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
-                rg17_0 = g_17[tile_b, 0, tile_r]
+                rg17_0 = g[tile_b, 5184 + tile_r.index]
                 t = (0.4472135954999579 * ra2_0 * rg17_0)
-                wq17 = w17[tile_b, tile_r, 0]
+                wq17 = weights[tile_b, 1216 + tile_r.index]
                 s2_0 = t * wq17
                 t = (0.4472135954999579 * ra2_1 * rg17_0)
                 s2_1 = t * wq17
@@ -2661,7 +2445,7 @@ def tp_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg17_0)
                 s2_4 = t * wq17
                 # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
-                rg18 = hl.load(g_18, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg18 = hl.load(g, [tile_b, 5216 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg18t = rg18.reshape([tile_b, tile_r, 2, 2])
                 rg18te, rg18to = hl.split(rg18t)
                 rg18_0, rg18_2 = hl.split(rg18te)
@@ -2670,7 +2454,7 @@ def tp_bwd_x2_0(
                     0.3162277660168379 * ra2_1 * rg18_0 + 0.6324555320336758 * ra2_4 * rg18_1
                     - 0.3162277660168379 * ra2_3 * rg18_2
                 )
-                wq18 = w18[tile_b, tile_r, 0]
+                wq18 = weights[tile_b, 1248 + tile_r.index]
                 s2_0 = s2_0 + t * wq18
                 t = (
                     -0.3162277660168379 * ra2_0 * rg18_0 + 0.3162277660168379 * ra2_3 * rg18_1
@@ -2690,7 +2474,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq18
                 # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
-                rg19 = hl.load(g_19, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg19 = hl.load(g, [tile_b, 5312 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg19t = rg19.reshape([tile_b, tile_r, 2, 2, 2])
                 rg19te, rg19to = hl.split(rg19t)
                 rg19tee, rg19teo = hl.split(rg19te)
@@ -2703,7 +2487,7 @@ def tp_bwd_x2_0(
                     -0.5345224838248488 * ra2_2 * rg19_0 + 0.4629100498862757 * ra2_3 * rg19_1
                     - 0.5345224838248488 * ra2_0 * rg19_2 + 0.4629100498862757 * ra2_1 * rg19_3
                 )
-                wq19 = w19[tile_b, tile_r, 0]
+                wq19 = weights[tile_b, 1280 + tile_r.index]
                 s2_0 = s2_0 + t * wq19
                 t = (
                     0.4629100498862757 * ra2_3 * rg19_0 + 0.2672612419124244 * ra2_2 * rg19_1
@@ -2729,7 +2513,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq19
                 # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
-                rg20 = hl.load(g_20, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg20 = hl.load(g, [tile_b, 5472 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg20t = rg20.reshape([tile_b, tile_r, 2, 2, 2])
                 rg20te, rg20to = hl.split(rg20t)
                 rg20tee, rg20teo = hl.split(rg20te)
@@ -2743,7 +2527,7 @@ def tp_bwd_x2_0(
                     - 0.31622776601683794 * ra2_4 * rg20_3 + 0.38729833462074176 * ra2_3 * rg20_4
                     - 0.7071067811865476 * ra2_2 * rg20_5 - 0.5000000000000001 * ra2_3 * rg20_6
                 )
-                wq20 = w20[tile_b, tile_r, 0]
+                wq20 = weights[tile_b, 1312 + tile_r.index]
                 s2_0 = s2_0 + t * wq20
                 t = (
                     0.5000000000000001 * ra2_0 * rg20_0 + 0.38729833462074176 * ra2_0 * rg20_2
@@ -2769,7 +2553,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq20
                 # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
-                rg27 = hl.load(g_27, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg27 = hl.load(g, [tile_b, 6784 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg27t = rg27.reshape([tile_b, tile_r, 2, 2])
                 rg27te, rg27to = hl.split(rg27t)
                 rg27_0, rg27_2 = hl.split(rg27te)
@@ -2779,7 +2563,7 @@ def tp_bwd_x2_0(
                     + 0.3779644730092272 * ra3_1 * rg27_1 + 0.4629100498862757 * ra3_0 * rg27_2
                     - 0.11952286093343936 * ra3_2 * rg27_2
                 )
-                wq27 = w27[tile_b, tile_r, 0]
+                wq27 = weights[tile_b, 1536 + tile_r.index]
                 s2_0 = s2_0 + t * wq27
                 t = (
                     -0.2927700218845599 * ra3_3 * rg27_0 - 0.3779644730092272 * ra3_5 * rg27_0
@@ -2803,7 +2587,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq27
                 # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
-                rg28 = hl.load(g_28, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg28 = hl.load(g, [tile_b, 6880 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg28t = rg28.reshape([tile_b, tile_r, 2, 2, 2])
                 rg28te, rg28to = hl.split(rg28t)
                 rg28tee, rg28teo = hl.split(rg28te)
@@ -2817,7 +2601,7 @@ def tp_bwd_x2_0(
                     + 0.5976143046671969 * ra3_5 * rg28_2 - 0.3273268353539886 * ra3_4 * rg28_3
                     + 0.42257712736425834 * ra3_6 * rg28_3 + 0.2672612419124244 * ra3_3 * rg28_4
                 )
-                wq28 = w28[tile_b, tile_r, 0]
+                wq28 = weights[tile_b, 1568 + tile_r.index]
                 s2_0 = s2_0 + t * wq28
                 t = (
                     -0.42257712736425834 * ra3_0 * rg28_0 - 0.3273268353539886 * ra3_2 * rg28_0
@@ -2843,7 +2627,7 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq28
                 # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
-                rg29 = hl.load(g_29, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg29 = hl.load(g, [tile_b, 7040 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg29t = rg29.reshape([tile_b, tile_r, 2, 2, 2])
                 rg29te, rg29to = hl.split(rg29t)
                 rg29tee, rg29teo = hl.split(rg29te)
@@ -2858,7 +2642,7 @@ def tp_bwd_x2_0(
                     - 0.5773502691896258 * ra3_1 * rg29_3 - 0.2886751345948129 * ra3_0 * rg29_4
                     + 0.4472135954999579 * ra3_2 * rg29_4 + 0.2886751345948129 * ra3_2 * rg29_6
                 )
-                wq29 = w29[tile_b, tile_r, 0]
+                wq29 = weights[tile_b, 1600 + tile_r.index]
                 s2_0 = s2_0 + t * wq29
                 t = (
                     0.45643546458763845 * ra3_5 * rg29_0 + 0.3535533905932738 * ra3_4 * rg29_1
@@ -2890,13 +2674,13 @@ def tp_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq29
                 # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
-                rg21 = hl.load(g_21, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg21 = hl.load(g, [tile_b, 5696 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg21t = rg21.reshape([tile_b, tile_r, 2, 2])
                 rg21te, rg21to = hl.split(rg21t)
                 rg21_0, rg21_2 = hl.split(rg21te)
                 rg21_1, rg21_3 = hl.split(rg21to)
                 t = (0.4629100498862757 * ra2_4 * rg21_0 + 0.4629100498862757 * ra2_0 * rg21_2)
-                wq21 = w21[tile_b, tile_r, 0]
+                wq21 = weights[tile_b, 1344 + tile_r.index]
                 s3_0 = t * wq21
                 t = (
                     0.3779644730092272 * ra2_3 * rg21_0 + 0.3779644730092272 * ra2_0 * rg21_1
@@ -2926,7 +2710,7 @@ def tp_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg21_0 + 0.4629100498862757 * ra2_4 * rg21_2)
                 s3_6 = t * wq21
                 # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
-                rg22 = hl.load(g_22, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg22 = hl.load(g, [tile_b, 5792 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg22t = rg22.reshape([tile_b, tile_r, 2, 2, 2])
                 rg22te, rg22to = hl.split(rg22t)
                 rg22tee, rg22teo = hl.split(rg22te)
@@ -2939,7 +2723,7 @@ def tp_bwd_x2_0(
                     0.42257712736425834 * ra2_1 * rg22_0 - 0.42257712736425834 * ra2_0 * rg22_1
                     + 0.42257712736425834 * ra2_4 * rg22_3 - 0.42257712736425834 * ra2_3 * rg22_4
                 )
-                wq22 = w22[tile_b, tile_r, 0]
+                wq22 = weights[tile_b, 1376 + tile_r.index]
                 s3_0 = s3_0 + t * wq22
                 t = (0.5976143046671969 * ra2_4 * rg22_2 - 0.5976143046671969 * ra2_2 * rg22_4)
                 s3_1 = s3_1 + t * wq22
@@ -2968,7 +2752,7 @@ def tp_bwd_x2_0(
                 )
                 s3_6 = s3_6 + t * wq22
                 # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
-                rg23 = hl.load(g_23, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg23 = hl.load(g, [tile_b, 5952 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg23t = rg23.reshape([tile_b, tile_r, 2, 2, 2])
                 rg23te, rg23to = hl.split(rg23t)
                 rg23tee, rg23teo = hl.split(rg23te)
@@ -2982,7 +2766,7 @@ def tp_bwd_x2_0(
                     - 0.2886751345948129 * ra2_4 * rg23_2 - 0.2886751345948129 * ra2_0 * rg23_4
                     + 0.45643546458763845 * ra2_1 * rg23_5
                 )
-                wq23 = w23[tile_b, tile_r, 0]
+                wq23 = weights[tile_b, 1408 + tile_r.index]
                 s3_0 = s3_0 + t * wq23
                 t = (
                     0.45643546458763845 * ra2_3 * rg23_0 + 0.3535533905932738 * ra2_3 * rg23_2
@@ -3023,9 +2807,9 @@ def tp_bwd_x2_0(
                 )
                 s3_6 = s3_6 + t * wq23
                 # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
-                rg30_0 = g_30[tile_b, 0, tile_r]
+                rg30_0 = g[tile_b, 7264 + tile_r.index]
                 t = (0.37796447300922725 * ra3_0 * rg30_0)
-                wq30 = w30[tile_b, tile_r, 0]
+                wq30 = weights[tile_b, 1632 + tile_r.index]
                 s3_0 = s3_0 + t * wq30
                 t = (0.37796447300922725 * ra3_1 * rg30_0)
                 s3_1 = s3_1 + t * wq30
@@ -3040,7 +2824,7 @@ def tp_bwd_x2_0(
                 t = (0.37796447300922725 * ra3_6 * rg30_0)
                 s3_6 = s3_6 + t * wq30
                 # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
-                rg31 = hl.load(g_31, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg31 = hl.load(g, [tile_b, 7296 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg31t = rg31.reshape([tile_b, tile_r, 2, 2])
                 rg31te, rg31to = hl.split(rg31t)
                 rg31_0, rg31_2 = hl.split(rg31te)
@@ -3049,7 +2833,7 @@ def tp_bwd_x2_0(
                     0.23145502494313785 * ra3_1 * rg31_0 + 0.5669467095138409 * ra3_6 * rg31_1
                     - 0.23145502494313785 * ra3_5 * rg31_2
                 )
-                wq31 = w31[tile_b, tile_r, 0]
+                wq31 = weights[tile_b, 1664 + tile_r.index]
                 s3_0 = s3_0 + t * wq31
                 t = (
                     -0.23145502494313785 * ra3_0 * rg31_0 + 0.2988071523335984 * ra3_2 * rg31_0
@@ -3081,7 +2865,7 @@ def tp_bwd_x2_0(
                 )
                 s3_6 = s3_6 + t * wq31
                 # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
-                rg32 = hl.load(g_32, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg32 = hl.load(g, [tile_b, 7392 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg32t = rg32.reshape([tile_b, tile_r, 2, 2, 2])
                 rg32te, rg32to = hl.split(rg32t)
                 rg32tee, rg32teo = hl.split(rg32te)
@@ -3095,7 +2879,7 @@ def tp_bwd_x2_0(
                     - 0.545544725589981 * ra3_0 * rg32_2 + 0.3857583749052298 * ra3_1 * rg32_3
                     - 0.24397501823713333 * ra3_2 * rg32_4
                 )
-                wq32 = w32[tile_b, tile_r, 0]
+                wq32 = weights[tile_b, 1696 + tile_r.index]
                 s3_0 = s3_0 + t * wq32
                 t = (
                     -0.48795003647426666 * ra3_3 * rg32_0 + 0.29880715233359845 * ra3_4 * rg32_1
@@ -3136,7 +2920,7 @@ def tp_bwd_x2_0(
                 )
                 s3_6 = s3_6 + t * wq32
                 # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
-                rg33 = hl.load(g_33, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+                rg33 = hl.load(g, [tile_b, 7552 + tile_r.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
                 rg33t = rg33.reshape([tile_b, tile_r, 2, 2, 2])
                 rg33te, rg33to = hl.split(rg33t)
                 rg33tee, rg33teo = hl.split(rg33te)
@@ -3150,7 +2934,7 @@ def tp_bwd_x2_0(
                     - 0.408248290463863 * ra3_6 * rg33_3 + 0.408248290463863 * ra3_5 * rg33_4
                     - 0.408248290463863 * ra3_4 * rg33_5 + 0.408248290463863 * ra3_3 * rg33_6
                 )
-                wq33 = w33[tile_b, tile_r, 0]
+                wq33 = weights[tile_b, 1728 + tile_r.index]
                 s3_0 = s3_0 + t * wq33
                 t = (
                     -0.408248290463863 * ra3_2 * rg33_0 + 0.408248290463863 * ra3_0 * rg33_2
@@ -3204,22 +2988,22 @@ def tp_bwd_x2_0(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -3227,120 +3011,48 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    g_30: torch.Tensor,
-    g_31: torch.Tensor,
-    g_32: torch.Tensor,
-    g_33: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
-    gw23: torch.Tensor,
-    gw24: torch.Tensor,
-    gw25: torch.Tensor,
-    gw26: torch.Tensor,
-    gw27: torch.Tensor,
-    gw28: torch.Tensor,
-    gw29: torch.Tensor,
-    gw30: torch.Tensor,
-    gw31: torch.Tensor,
-    gw32: torch.Tensor,
-    gw33: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-33."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[tile_b, 0, tile_c]
+            a0_0 = x1[tile_b, tile_c.index]
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[tile_b, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[tile_b, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
             g1te, g1to = hl.split(g1t)
             g1_0, g1_2 = hl.split(g1te)
             g1_1, g1_3 = hl.split(g1to)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
             g2te, g2to = hl.split(g2t)
             g2tee, g2teo = hl.split(g2te)
@@ -3353,10 +3065,10 @@ def tp_bwd_w_0(
             q2 = (a0_0 * sb2_2_0)
             q3 = (a0_0 * sb2_3_0)
             q4 = (a0_0 * sb2_4_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
             g3te, g3to = hl.split(g3t)
             g3tee, g3teo = hl.split(g3te)
@@ -3371,48 +3083,48 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw3[tile_b, tile_c, 0] = (
+            gw[tile_b, 384 + tile_c.index] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
                 + q4 * g3_4 + q5 * g3_5
                 + q6 * g3_6
             )
         for tile_c in hl.tile(64, block_size=32):
-            a1 = hl.load(x1_1, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a1t = a1.reshape([tile_b, tile_c, 2, 2])
             a1te, a1to = hl.split(a1t)
             a1_0, a1_2 = hl.split(a1te)
             a1_1, a1_3 = hl.split(a1to)
             # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4 = hl.load(g_4, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g4t = g4.reshape([tile_b, tile_c, 2, 2])
             g4te, g4to = hl.split(g4t)
             g4_0, g4_2 = hl.split(g4te)
             g4_1, g4_3 = hl.split(g4to)
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            g5_0 = g_5[tile_b, 0, tile_c]
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            g5_0 = g[tile_b, 2240 + tile_c.index]
+            gw[tile_b, 576 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a1_1 * sb1_2_0 - 0.7071067811865475 * a1_2 * sb1_1_0)
-            g6 = hl.load(g_6, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
             g6te, g6to = hl.split(g6t)
             g6_0, g6_2 = hl.split(g6te)
             g6_1, g6_3 = hl.split(g6to)
             q1 = (-0.7071067811865475 * a1_0 * sb1_2_0 + 0.7071067811865475 * a1_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a1_0 * sb1_1_0 - 0.7071067811865475 * a1_1 * sb1_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            gw[tile_b, 640 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g7 = hl.load(g_7, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
             g7te, g7to = hl.split(g7t)
             g7tee, g7teo = hl.split(g7te)
@@ -3428,13 +3140,13 @@ def tp_bwd_w_0(
             )
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
+            gw[tile_b, 704 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
             # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            g8 = hl.load(g_8, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g8t = g8.reshape([tile_b, tile_c, 2, 2])
             g8te, g8to = hl.split(g8t)
             g8_0, g8_2 = hl.split(g8te)
@@ -3447,13 +3159,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+            gw[tile_b, 768 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
             # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a1_0 * sb2_1_0 + 0.816496580927726 * a1_1 * sb2_4_0
                 - 0.408248290463863 * a1_2 * sb2_3_0
             )
-            g9 = hl.load(g_9, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
             g9te, g9to = hl.split(g9t)
             g9tee, g9teo = hl.split(g9te)
@@ -3475,10 +3187,10 @@ def tp_bwd_w_0(
                 0.408248290463863 * a1_0 * sb2_3_0 - 0.816496580927726 * a1_1 * sb2_0_0
                 + 0.408248290463863 * a1_2 * sb2_1_0
             )
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            gw[tile_b, 832 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g10 = hl.load(g_10, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
             g10te, g10to = hl.split(g10t)
             g10tee, g10teo = hl.split(g10te)
@@ -3508,7 +3220,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            gw10[tile_b, tile_c, 0] = (
+            gw[tile_b, 896 + tile_c.index] = (
                 q0 * g10_0 + q1 * g10_1
                 + q2 * g10_2 + q3 * g10_3
                 + q4 * g10_4 + q5 * g10_5
@@ -3520,7 +3232,7 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            g11 = hl.load(g_11, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
             g11te, g11to = hl.split(g11t)
             g11tee, g11teo = hl.split(g11te)
@@ -3546,13 +3258,13 @@ def tp_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+            gw[tile_b, 960 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
             q0 = (
                 0.3535533905932738 * a1_0 * sb3_1_0 + 0.8660254037844387 * a1_1 * sb3_6_0
                 - 0.3535533905932738 * a1_2 * sb3_5_0
             )
-            g12 = hl.load(g_12, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
             g12te, g12to = hl.split(g12t)
             g12tee, g12teo = hl.split(g12te)
@@ -3584,14 +3296,14 @@ def tp_bwd_w_0(
                 0.3535533905932738 * a1_0 * sb3_5_0 - 0.8660254037844387 * a1_1 * sb3_0_0
                 + 0.3535533905932738 * a1_2 * sb3_1_0
             )
-            gw12[tile_b, tile_c, 0] = (
+            gw[tile_b, 1024 + tile_c.index] = (
                 q0 * g12_0 + q1 * g12_1
                 + q2 * g12_2 + q3 * g12_3
                 + q4 * g12_4 + q5 * g12_5
                 + q6 * g12_6
             )
         for tile_c in hl.tile(32, block_size=32):
-            a2 = hl.load(x1_2, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
             a2te, a2to = hl.split(a2t)
             a2tee, a2teo = hl.split(a2te)
@@ -3600,7 +3312,7 @@ def tp_bwd_w_0(
             a2toe, a2too = hl.split(a2to)
             a2_1, a2_5 = hl.split(a2toe)
             a2_3, a2_7 = hl.split(a2too)
-            a3 = hl.load(x1_3, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3 = hl.load(x1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
             a3te, a3to = hl.split(a3t)
             a3tee, a3teo = hl.split(a3te)
@@ -3611,7 +3323,7 @@ def tp_bwd_w_0(
             a3_3, a3_7 = hl.split(a3too)
             # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
-            g13 = hl.load(g_13, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
             g13te, g13to = hl.split(g13t)
             g13tee, g13teo = hl.split(g13te)
@@ -3624,13 +3336,13 @@ def tp_bwd_w_0(
             q2 = (a2_2 * sb0_0_0)
             q3 = (a2_3 * sb0_0_0)
             q4 = (a2_4 * sb0_0_0)
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
+            gw[tile_b, 1088 + tile_c.index] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
             # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
-            g14 = hl.load(g_14, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14 = hl.load(g, [tile_b, 4704 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g14t = g14.reshape([tile_b, tile_c, 2, 2])
             g14te, g14to = hl.split(g14t)
             g14_0, g14_2 = hl.split(g14te)
@@ -3643,13 +3355,13 @@ def tp_bwd_w_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
+            gw[tile_b, 1120 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
             # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a2_1 * sb1_0_0 + 0.408248290463863 * a2_3 * sb1_2_0
                 - 0.816496580927726 * a2_4 * sb1_1_0
             )
-            g15 = hl.load(g_15, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
             g15te, g15to = hl.split(g15t)
             g15tee, g15teo = hl.split(g15te)
@@ -3671,10 +3383,10 @@ def tp_bwd_w_0(
                 0.816496580927726 * a2_0 * sb1_1_0 - 0.408248290463863 * a2_1 * sb1_2_0
                 - 0.408248290463863 * a2_3 * sb1_0_0
             )
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g16 = hl.load(g_16, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16 = hl.load(g, [tile_b, 4960 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
             g16te, g16to = hl.split(g16t)
             g16tee, g16teo = hl.split(g16te)
@@ -3704,7 +3416,7 @@ def tp_bwd_w_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            gw16[tile_b, tile_c, 0] = (
+            gw[tile_b, 1184 + tile_c.index] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3
                 + q4 * g16_4 + q5 * g16_5
@@ -3716,15 +3428,15 @@ def tp_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            g17_0 = g_17[tile_b, 0, tile_c]
-            gw17[tile_b, tile_c, 0] = (q0 * g17_0)
+            g17_0 = g[tile_b, 5184 + tile_c.index]
+            gw[tile_b, 1216 + tile_c.index] = (q0 * g17_0)
             # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a2_0 * sb2_1_0 + 0.3162277660168379 * a2_1 * sb2_0_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0 - 0.5477225575051661 * a2_3 * sb2_2_0
                 + 0.3162277660168379 * a2_3 * sb2_4_0 - 0.3162277660168379 * a2_4 * sb2_3_0
             )
-            g18 = hl.load(g_18, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18 = hl.load(g, [tile_b, 5216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g18t = g18.reshape([tile_b, tile_c, 2, 2])
             g18te, g18to = hl.split(g18t)
             g18_0, g18_2 = hl.split(g18te)
@@ -3738,13 +3450,13 @@ def tp_bwd_w_0(
                 + 0.3162277660168379 * a2_1 * sb2_4_0 - 0.5477225575051661 * a2_2 * sb2_1_0
                 - 0.3162277660168379 * a2_3 * sb2_0_0 - 0.3162277660168379 * a2_4 * sb2_1_0
             )
-            gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2)
+            gw[tile_b, 1248 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2)
             # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
-            g19 = hl.load(g_19, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
             g19te, g19to = hl.split(g19t)
             g19tee, g19teo = hl.split(g19te)
@@ -3772,13 +3484,13 @@ def tp_bwd_w_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2 + q3 * g19_3 + q4 * g19_4)
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2 + q3 * g19_3 + q4 * g19_4)
             # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
             q0 = (
                 0.5000000000000001 * a2_0 * sb2_1_0 - 0.5000000000000001 * a2_1 * sb2_0_0
                 + 0.5000000000000001 * a2_3 * sb2_4_0 - 0.5000000000000001 * a2_4 * sb2_3_0
             )
-            g20 = hl.load(g_20, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20 = hl.load(g, [tile_b, 5472 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
             g20te, g20to = hl.split(g20t)
             g20tee, g20teo = hl.split(g20te)
@@ -3807,7 +3519,7 @@ def tp_bwd_w_0(
                 0.5000000000000001 * a2_0 * sb2_3_0 - 0.5000000000000001 * a2_1 * sb2_4_0
                 - 0.5000000000000001 * a2_3 * sb2_0_0 + 0.5000000000000001 * a2_4 * sb2_1_0
             )
-            gw20[tile_b, tile_c, 0] = (
+            gw[tile_b, 1312 + tile_c.index] = (
                 q0 * g20_0 + q1 * g20_1
                 + q2 * g20_2 + q3 * g20_3
                 + q4 * g20_4 + q5 * g20_5
@@ -3820,7 +3532,7 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
-            g21 = hl.load(g_21, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21 = hl.load(g, [tile_b, 5696 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g21t = g21.reshape([tile_b, tile_c, 2, 2])
             g21te, g21to = hl.split(g21t)
             g21_0, g21_2 = hl.split(g21te)
@@ -3836,14 +3548,14 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            gw21[tile_b, tile_c, 0] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
+            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
             # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
             q0 = (
                 0.42257712736425834 * a2_1 * sb3_0_0 + 0.3273268353539886 * a2_1 * sb3_2_0
                 + 0.5976143046671969 * a2_2 * sb3_5_0 - 0.3273268353539886 * a2_3 * sb3_4_0
                 + 0.42257712736425834 * a2_3 * sb3_6_0 + 0.2672612419124244 * a2_4 * sb3_3_0
             )
-            g22 = hl.load(g_22, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22 = hl.load(g, [tile_b, 5792 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
             g22te, g22to = hl.split(g22t)
             g22tee, g22teo = hl.split(g22te)
@@ -3871,14 +3583,14 @@ def tp_bwd_w_0(
                 + 0.42257712736425834 * a2_1 * sb3_6_0 - 0.5976143046671969 * a2_2 * sb3_1_0
                 - 0.42257712736425834 * a2_3 * sb3_0_0 + 0.3273268353539886 * a2_3 * sb3_2_0
             )
-            gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
+            gw[tile_b, 1376 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
             # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
-            g23 = hl.load(g_23, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23 = hl.load(g, [tile_b, 5952 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
             g23te, g23to = hl.split(g23t)
             g23tee, g23teo = hl.split(g23te)
@@ -3919,7 +3631,7 @@ def tp_bwd_w_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            gw23[tile_b, tile_c, 0] = (
+            gw[tile_b, 1408 + tile_c.index] = (
                 q0 * g23_0 + q1 * g23_1
                 + q2 * g23_2 + q3 * g23_3
                 + q4 * g23_4 + q5 * g23_5
@@ -3927,7 +3639,7 @@ def tp_bwd_w_0(
             )
             # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a3_0 * sb0_0_0)
-            g24 = hl.load(g_24, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24 = hl.load(g, [tile_b, 6176 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
             g24te, g24to = hl.split(g24t)
             g24tee, g24teo = hl.split(g24te)
@@ -3942,7 +3654,7 @@ def tp_bwd_w_0(
             q4 = (1.0000000000000002 * a3_4 * sb0_0_0)
             q5 = (1.0000000000000002 * a3_5 * sb0_0_0)
             q6 = (1.0000000000000002 * a3_6 * sb0_0_0)
-            gw24[tile_b, tile_c, 0] = (
+            gw[tile_b, 1440 + tile_c.index] = (
                 q0 * g24_0 + q1 * g24_1
                 + q2 * g24_2 + q3 * g24_3
                 + q4 * g24_4 + q5 * g24_5
@@ -3954,7 +3666,7 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_2 * sb1_2_0 - 0.1543033499620919 * a3_4 * sb1_0_0
                 - 0.5976143046671969 * a3_6 * sb1_0_0
             )
-            g25 = hl.load(g_25, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25 = hl.load(g, [tile_b, 6400 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
             g25te, g25to = hl.split(g25t)
             g25tee, g25teo = hl.split(g25te)
@@ -3980,13 +3692,13 @@ def tp_bwd_w_0(
                 - 0.1543033499620919 * a3_4 * sb1_2_0 + 0.48795003647426666 * a3_5 * sb1_1_0
                 + 0.5976143046671969 * a3_6 * sb1_2_0
             )
-            gw25[tile_b, tile_c, 0] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2 + q3 * g25_3 + q4 * g25_4)
+            gw[tile_b, 1472 + tile_c.index] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2 + q3 * g25_3 + q4 * g25_4)
             # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
             q0 = (
                 -0.3535533905932738 * a3_1 * sb1_0_0 + 0.3535533905932738 * a3_5 * sb1_2_0
                 - 0.8660254037844387 * a3_6 * sb1_1_0
             )
-            g26 = hl.load(g_26, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26 = hl.load(g, [tile_b, 6560 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
             g26te, g26to = hl.split(g26t)
             g26tee, g26teo = hl.split(g26te)
@@ -4018,7 +3730,7 @@ def tp_bwd_w_0(
                 0.8660254037844387 * a3_0 * sb1_1_0 - 0.3535533905932738 * a3_1 * sb1_2_0
                 - 0.3535533905932738 * a3_5 * sb1_0_0
             )
-            gw26[tile_b, tile_c, 0] = (
+            gw[tile_b, 1504 + tile_c.index] = (
                 q0 * g26_0 + q1 * g26_1
                 + q2 * g26_2 + q3 * g26_3
                 + q4 * g26_4 + q5 * g26_5
@@ -4031,7 +3743,7 @@ def tp_bwd_w_0(
                 - 0.2927700218845599 * a3_3 * sb2_1_0 - 0.11952286093343936 * a3_4 * sb2_0_0
                 - 0.3779644730092272 * a3_5 * sb2_1_0 - 0.4629100498862757 * a3_6 * sb2_0_0
             )
-            g27 = hl.load(g_27, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27 = hl.load(g, [tile_b, 6784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g27t = g27.reshape([tile_b, tile_c, 2, 2])
             g27te, g27to = hl.split(g27t)
             g27_0, g27_2 = hl.split(g27te)
@@ -4047,14 +3759,14 @@ def tp_bwd_w_0(
                 + 0.4140393356054125 * a3_4 * sb2_2_0 - 0.11952286093343936 * a3_4 * sb2_4_0
                 + 0.3779644730092272 * a3_5 * sb2_3_0 + 0.4629100498862757 * a3_6 * sb2_4_0
             )
-            gw27[tile_b, tile_c, 0] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
+            gw[tile_b, 1536 + tile_c.index] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
             # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
             q0 = (
                 -0.42257712736425834 * a3_0 * sb2_1_0 - 0.3273268353539886 * a3_2 * sb2_1_0
                 - 0.2672612419124244 * a3_3 * sb2_4_0 + 0.3273268353539886 * a3_4 * sb2_3_0
                 - 0.5976143046671969 * a3_5 * sb2_2_0 - 0.42257712736425834 * a3_6 * sb2_3_0
             )
-            g28 = hl.load(g_28, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28 = hl.load(g, [tile_b, 6880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
             g28te, g28to = hl.split(g28t)
             g28tee, g28teo = hl.split(g28te)
@@ -4082,14 +3794,14 @@ def tp_bwd_w_0(
                 - 0.3273268353539886 * a3_2 * sb2_3_0 + 0.2672612419124244 * a3_3 * sb2_0_0
                 - 0.3273268353539886 * a3_4 * sb2_1_0 - 0.42257712736425834 * a3_6 * sb2_1_0
             )
-            gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
+            gw[tile_b, 1568 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
             # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
             q0 = (
                 -0.6454972243679029 * a3_0 * sb2_2_0 + 0.45643546458763845 * a3_1 * sb2_3_0
                 - 0.2886751345948129 * a3_2 * sb2_4_0 - 0.2886751345948129 * a3_4 * sb2_0_0
                 + 0.45643546458763845 * a3_5 * sb2_1_0
             )
-            g29 = hl.load(g_29, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
             g29te, g29to = hl.split(g29t)
             g29tee, g29teo = hl.split(g29te)
@@ -4130,7 +3842,7 @@ def tp_bwd_w_0(
                 - 0.2886751345948129 * a3_4 * sb2_4_0 + 0.45643546458763845 * a3_5 * sb2_3_0
                 - 0.6454972243679029 * a3_6 * sb2_2_0
             )
-            gw29[tile_b, tile_c, 0] = (
+            gw[tile_b, 1600 + tile_c.index] = (
                 q0 * g29_0 + q1 * g29_1
                 + q2 * g29_2 + q3 * g29_3
                 + q4 * g29_4 + q5 * g29_5
@@ -4143,8 +3855,8 @@ def tp_bwd_w_0(
                 + 0.37796447300922725 * a3_4 * sb3_4_0 + 0.37796447300922725 * a3_5 * sb3_5_0
                 + 0.37796447300922725 * a3_6 * sb3_6_0
             )
-            g30_0 = g_30[tile_b, 0, tile_c]
-            gw30[tile_b, tile_c, 0] = (q0 * g30_0)
+            g30_0 = g[tile_b, 7264 + tile_c.index]
+            gw[tile_b, 1632 + tile_c.index] = (q0 * g30_0)
             # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
             q0 = (
                 -0.23145502494313785 * a3_0 * sb3_1_0 + 0.23145502494313785 * a3_1 * sb3_0_0
@@ -4153,7 +3865,7 @@ def tp_bwd_w_0(
                 + 0.2988071523335984 * a3_4 * sb3_5_0 - 0.2988071523335984 * a3_5 * sb3_4_0
                 + 0.23145502494313785 * a3_5 * sb3_6_0 - 0.23145502494313785 * a3_6 * sb3_5_0
             )
-            g31 = hl.load(g_31, [tile_b, tile_c, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31 = hl.load(g, [tile_b, 7296 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g31t = g31.reshape([tile_b, tile_c, 2, 2])
             g31te, g31to = hl.split(g31t)
             g31_0, g31_2 = hl.split(g31te)
@@ -4170,7 +3882,7 @@ def tp_bwd_w_0(
                 - 0.2988071523335984 * a3_4 * sb3_1_0 - 0.23145502494313785 * a3_5 * sb3_0_0
                 - 0.2988071523335984 * a3_5 * sb3_2_0 - 0.23145502494313785 * a3_6 * sb3_1_0
             )
-            gw31[tile_b, tile_c, 0] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
             # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
             q0 = (
                 -0.24397501823713333 * a3_0 * sb3_4_0 - 0.48795003647426666 * a3_1 * sb3_3_0
@@ -4178,7 +3890,7 @@ def tp_bwd_w_0(
                 - 0.48795003647426666 * a3_3 * sb3_1_0 - 0.24397501823713333 * a3_4 * sb3_0_0
                 + 0.3779644730092272 * a3_4 * sb3_2_0 + 0.24397501823713333 * a3_6 * sb3_2_0
             )
-            g32 = hl.load(g_32, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32 = hl.load(g, [tile_b, 7392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
             g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
             g32te, g32to = hl.split(g32t)
             g32tee, g32teo = hl.split(g32te)
@@ -4212,14 +3924,14 @@ def tp_bwd_w_0(
                 + 0.3779644730092272 * a3_4 * sb3_4_0 - 0.24397501823713333 * a3_4 * sb3_6_0
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
-            gw32[tile_b, tile_c, 0] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
+            gw[tile_b, 1696 + tile_c.index] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
             # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a3_1 * sb3_2_0 - 0.408248290463863 * a3_2 * sb3_1_0
                 - 0.408248290463863 * a3_3 * sb3_6_0 + 0.408248290463863 * a3_4 * sb3_5_0
                 - 0.408248290463863 * a3_5 * sb3_4_0 + 0.408248290463863 * a3_6 * sb3_3_0
             )
-            g33 = hl.load(g_33, [tile_b, tile_c, hl.arange(8)], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
             g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
             g33te, g33to = hl.split(g33t)
             g33tee, g33teo = hl.split(g33te)
@@ -4258,7 +3970,7 @@ def tp_bwd_w_0(
                 - 0.408248290463863 * a3_2 * sb3_5_0 + 0.408248290463863 * a3_3 * sb3_0_0
                 - 0.408248290463863 * a3_4 * sb3_1_0 + 0.408248290463863 * a3_5 * sb3_2_0
             )
-            gw33[tile_b, tile_c, 0] = (
+            gw[tile_b, 1728 + tile_c.index] = (
                 q0 * g33_0 + q1 * g33_1
                 + q2 * g33_2 + q3 * g33_3
                 + q4 * g33_4 + q5 * g33_5

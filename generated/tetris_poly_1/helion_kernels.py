@@ -31,118 +31,85 @@ import torch
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_fwd_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-4; paths 0-23."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sa0_0_0 = x1_0[tile_b, 0, 0][:, None]
-        sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_1_0 = x1_1[tile_b, 1, 0][:, None]
-        sa1_2_0 = x1_1[tile_b, 2, 0][:, None]
-        sa2_0_0 = x1_2[tile_b, 0, 0][:, None]
-        sa2_1_0 = x1_2[tile_b, 1, 0][:, None]
-        sa2_2_0 = x1_2[tile_b, 2, 0][:, None]
-        sa2_3_0 = x1_2[tile_b, 3, 0][:, None]
-        sa2_4_0 = x1_2[tile_b, 4, 0][:, None]
-        sa3_0_0 = x1_3[tile_b, 0, 0][:, None]
-        sa3_1_0 = x1_3[tile_b, 1, 0][:, None]
-        sa3_2_0 = x1_3[tile_b, 2, 0][:, None]
-        sa3_3_0 = x1_3[tile_b, 3, 0][:, None]
-        sa3_4_0 = x1_3[tile_b, 4, 0][:, None]
-        sa3_5_0 = x1_3[tile_b, 5, 0][:, None]
-        sa3_6_0 = x1_3[tile_b, 6, 0][:, None]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sa0_0_0 = x1[tile_b, 0][:, None]
+        sa1_0_0 = x1[tile_b, 1][:, None]
+        sa1_1_0 = x1[tile_b, 2][:, None]
+        sa1_2_0 = x1[tile_b, 3][:, None]
+        sa2_0_0 = x1[tile_b, 4][:, None]
+        sa2_1_0 = x1[tile_b, 5][:, None]
+        sa2_2_0 = x1[tile_b, 6][:, None]
+        sa2_3_0 = x1[tile_b, 7][:, None]
+        sa2_4_0 = x1[tile_b, 8][:, None]
+        sa3_0_0 = x1[tile_b, 9][:, None]
+        sa3_1_0 = x1[tile_b, 10][:, None]
+        sa3_2_0 = x1[tile_b, 11][:, None]
+        sa3_3_0 = x1[tile_b, 12][:, None]
+        sa3_4_0 = x1[tile_b, 13][:, None]
+        sa3_5_0 = x1[tile_b, 14][:, None]
+        sa3_6_0 = x1[tile_b, 15][:, None]
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # g block 0: 64x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt0_0_0 = w0[0, 0, tile_c][None, :]
+            wt0_0_0 = weights[tile_c.index][None, :]
             acc0_0 = acc0_0 + wt0_0_0 * (0.5 * sa0_0_0 * sb0_0_0)
             # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt4_0_0 = w4[0, 0, tile_c][None, :]
+            wt4_0_0 = weights[128 + tile_c.index][None, :]
             acc0_0 = acc0_0 + wt4_0_0 * (
                 0.28867513459481287 * sa1_0_0 * sb1_0_0 + 0.28867513459481287 * sa1_1_0 * sb1_1_0
                 + 0.28867513459481287 * sa1_2_0 * sb1_2_0
             )
             # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt13_0_0 = w13[0, 0, tile_c][None, :]
+            wt13_0_0 = weights[344 + tile_c.index][None, :]
             acc0_0 = acc0_0 + wt13_0_0 * (
                 0.22360679774997896 * sa2_0_0 * sb2_0_0 + 0.22360679774997896 * sa2_1_0 * sb2_1_0
                 + 0.22360679774997896 * sa2_2_0 * sb2_2_0 + 0.22360679774997896 * sa2_3_0 * sb2_3_0
                 + 0.22360679774997896 * sa2_4_0 * sb2_4_0
             )
             # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            wt21_0_0 = w21[0, 0, tile_c][None, :]
+            wt21_0_0 = weights[544 + tile_c.index][None, :]
             acc0_0 = acc0_0 + wt21_0_0 * (
                 0.18898223650461363 * sa3_0_0 * sb3_0_0 + 0.18898223650461363 * sa3_1_0 * sb3_1_0
                 + 0.18898223650461363 * sa3_2_0 * sb3_2_0 + 0.18898223650461363 * sa3_3_0 * sb3_3_0
                 + 0.18898223650461363 * sa3_4_0 * sb3_4_0 + 0.18898223650461363 * sa3_5_0 * sb3_5_0
                 + 0.18898223650461363 * sa3_6_0 * sb3_6_0
             )
-            out_0[tile_b, 0, tile_c] = acc0_0
+            out[tile_b, tile_c.index] = acc0_0
         for tile_c in hl.tile(24, block_size=32):
             # g block 1: 24x1e (3 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
-            wt5_0_0 = w5[0, 0, tile_c][None, :]
+            wt5_0_0 = weights[192 + tile_c.index][None, :]
             acc1_0 = acc1_0 + wt5_0_0 * (0.408248290463863 * sa1_1_0 * sb1_2_0 - 0.408248290463863 * sa1_2_0 * sb1_1_0)
             acc1_1 = acc1_1 + wt5_0_0 * (-0.408248290463863 * sa1_0_0 * sb1_2_0 + 0.408248290463863 * sa1_2_0 * sb1_0_0)
             acc1_2 = acc1_2 + wt5_0_0 * (0.408248290463863 * sa1_0_0 * sb1_1_0 - 0.408248290463863 * sa1_1_0 * sb1_0_0)
             # path 14: uvw 1x2e x 1x2e -> 24x1e, 16 nonzeros, weighted
-            wt14_0_0 = w14[0, 0, tile_c][None, :]
+            wt14_0_0 = weights[408 + tile_c.index][None, :]
             acc1_0 = acc1_0 + wt14_0_0 * (
                 -0.18257418583505536 * sa2_0_0 * sb2_1_0 + 0.18257418583505536 * sa2_1_0 * sb2_0_0
                 + 0.31622776601683794 * sa2_2_0 * sb2_3_0 - 0.31622776601683794 * sa2_3_0 * sb2_2_0
@@ -158,7 +125,7 @@ def tp_fwd_0(
                 - 0.18257418583505536 * sa2_3_0 * sb2_0_0 - 0.18257418583505536 * sa2_4_0 * sb2_1_0
             )
             # path 22: uvw 1x3o x 1x3o -> 24x1e, 26 nonzeros, weighted
-            wt22_0_0 = w22[0, 0, tile_c][None, :]
+            wt22_0_0 = weights[608 + tile_c.index][None, :]
             acc1_0 = acc1_0 + wt22_0_0 * (
                 -0.1336306209562122 * sa3_0_0 * sb3_1_0 + 0.1336306209562122 * sa3_1_0 * sb3_0_0
                 - 0.17251638983558856 * sa3_1_0 * sb3_2_0 + 0.17251638983558856 * sa3_2_0 * sb3_1_0
@@ -178,23 +145,23 @@ def tp_fwd_0(
                 - 0.17251638983558856 * sa3_4_0 * sb3_1_0 - 0.1336306209562122 * sa3_5_0 * sb3_0_0
                 - 0.17251638983558856 * sa3_5_0 * sb3_2_0 - 0.1336306209562122 * sa3_6_0 * sb3_1_0
             )
-            hl.store(out_1, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 24x1o (6 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
-            wt1_0_0 = w1[0, 0, tile_c][None, :]
+            wt1_0_0 = weights[64 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt1_0_0 * (0.408248290463863 * sa0_0_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt1_0_0 * (0.408248290463863 * sa0_0_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt1_0_0 * (0.408248290463863 * sa0_0_0 * sb1_2_0)
             # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
-            wt3_0_0 = w3[0, 0, tile_c][None, :]
+            wt3_0_0 = weights[104 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt3_0_0 * (0.408248290463863 * sa1_0_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt3_0_0 * (0.408248290463863 * sa1_1_0 * sb0_0_0)
             acc2_2 = acc2_2 + wt3_0_0 * (0.408248290463863 * sa1_2_0 * sb0_0_0)
             # path 7: uvw 1x1o x 1x2e -> 24x1o, 11 nonzeros, weighted
-            wt7_0_0 = w7[0, 0, tile_c][None, :]
+            wt7_0_0 = weights[232 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt7_0_0 * (
                 -0.12909944487358055 * sa1_0_0 * sb2_2_0 - 0.223606797749979 * sa1_0_0 * sb2_4_0
                 + 0.223606797749979 * sa1_1_0 * sb2_1_0 + 0.223606797749979 * sa1_2_0 * sb2_0_0
@@ -208,7 +175,7 @@ def tp_fwd_0(
                 - 0.12909944487358055 * sa1_2_0 * sb2_2_0 + 0.223606797749979 * sa1_2_0 * sb2_4_0
             )
             # path 11: uvw 1x2e x 1x1o -> 24x1o, 11 nonzeros, weighted
-            wt11_0_0 = w11[0, 0, tile_c][None, :]
+            wt11_0_0 = weights[304 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt11_0_0 * (
                 0.223606797749979 * sa2_0_0 * sb1_2_0 + 0.223606797749979 * sa2_1_0 * sb1_1_0
                 - 0.12909944487358055 * sa2_2_0 * sb1_0_0 - 0.223606797749979 * sa2_4_0 * sb1_0_0
@@ -222,7 +189,7 @@ def tp_fwd_0(
                 + 0.223606797749979 * sa2_3_0 * sb1_1_0 + 0.223606797749979 * sa2_4_0 * sb1_2_0
             )
             # path 16: uvw 1x2e x 1x3o -> 24x1o, 21 nonzeros, weighted
-            wt16_0_0 = w16[0, 0, tile_c][None, :]
+            wt16_0_0 = weights[448 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt16_0_0 * (
                 -0.048795003647426664 * sa2_0_0 * sb3_4_0 - 0.18898223650461363 * sa2_0_0 * sb3_6_0
                 - 0.11952286093343936 * sa2_1_0 * sb3_3_0 - 0.15430334996209194 * sa2_1_0 * sb3_5_0
@@ -241,7 +208,7 @@ def tp_fwd_0(
                 - 0.048795003647426664 * sa2_4_0 * sb3_4_0 + 0.18898223650461363 * sa2_4_0 * sb3_6_0
             )
             # path 19: uvw 1x3o x 1x2e -> 24x1o, 21 nonzeros, weighted
-            wt19_0_0 = w19[0, 0, tile_c][None, :]
+            wt19_0_0 = weights[504 + tile_c.index][None, :]
             acc2_0 = acc2_0 + wt19_0_0 * (
                 0.18898223650461363 * sa3_0_0 * sb2_4_0 + 0.15430334996209194 * sa3_1_0 * sb2_3_0
                 + 0.16903085094570333 * sa3_2_0 * sb2_2_0 + 0.048795003647426664 * sa3_2_0 * sb2_4_0
@@ -259,23 +226,23 @@ def tp_fwd_0(
                 + 0.16903085094570333 * sa3_4_0 * sb2_2_0 - 0.048795003647426664 * sa3_4_0 * sb2_4_0
                 + 0.15430334996209194 * sa3_5_0 * sb2_3_0 + 0.18898223650461363 * sa3_6_0 * sb2_4_0
             )
-            hl.store(out_2, [tile_b, tile_c, hl.arange(4)], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hl.store(out, [tile_b, 136 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         for tile_c in hl.tile(16, block_size=16):
             # g block 3: 16x2e (7 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
-            wt2_0_0 = w2[0, 0, tile_c][None, :]
+            wt2_0_0 = weights[88 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt2_0_0 * (0.3779644730092272 * sa0_0_0 * sb2_0_0)
             acc3_1 = acc3_1 + wt2_0_0 * (0.3779644730092272 * sa0_0_0 * sb2_1_0)
             acc3_2 = acc3_2 + wt2_0_0 * (0.3779644730092272 * sa0_0_0 * sb2_2_0)
             acc3_3 = acc3_3 + wt2_0_0 * (0.3779644730092272 * sa0_0_0 * sb2_3_0)
             acc3_4 = acc3_4 + wt2_0_0 * (0.3779644730092272 * sa0_0_0 * sb2_4_0)
             # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
-            wt6_0_0 = w6[0, 0, tile_c][None, :]
+            wt6_0_0 = weights[216 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt6_0_0 * (0.2672612419124244 * sa1_0_0 * sb1_2_0 + 0.2672612419124244 * sa1_2_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt6_0_0 * (0.2672612419124244 * sa1_0_0 * sb1_1_0 + 0.2672612419124244 * sa1_1_0 * sb1_0_0)
             acc3_2 = acc3_2 + wt6_0_0 * (
@@ -285,7 +252,7 @@ def tp_fwd_0(
             acc3_3 = acc3_3 + wt6_0_0 * (0.2672612419124244 * sa1_1_0 * sb1_2_0 + 0.2672612419124244 * sa1_2_0 * sb1_1_0)
             acc3_4 = acc3_4 + wt6_0_0 * (-0.2672612419124244 * sa1_0_0 * sb1_0_0 + 0.2672612419124244 * sa1_2_0 * sb1_2_0)
             # path 9: uvw 1x1o x 1x3o -> 16x2e, 21 nonzeros, weighted
-            wt9_0_0 = w9[0, 0, tile_c][None, :]
+            wt9_0_0 = weights[272 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt9_0_0 * (
                 -0.05832118435198043 * sa1_0_0 * sb3_4_0 - 0.22587697572631282 * sa1_0_0 * sb3_6_0
                 + 0.18442777839082938 * sa1_1_0 * sb3_1_0 + 0.22587697572631282 * sa1_2_0 * sb3_0_0
@@ -309,14 +276,14 @@ def tp_fwd_0(
                 + 0.22587697572631282 * sa1_2_0 * sb3_6_0
             )
             # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
-            wt10_0_0 = w10[0, 0, tile_c][None, :]
+            wt10_0_0 = weights[288 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt10_0_0 * (0.3779644730092272 * sa2_0_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt10_0_0 * (0.3779644730092272 * sa2_1_0 * sb0_0_0)
             acc3_2 = acc3_2 + wt10_0_0 * (0.3779644730092272 * sa2_2_0 * sb0_0_0)
             acc3_3 = acc3_3 + wt10_0_0 * (0.3779644730092272 * sa2_3_0 * sb0_0_0)
             acc3_4 = acc3_4 + wt10_0_0 * (0.3779644730092272 * sa2_4_0 * sb0_0_0)
             # path 15: uvw 1x2e x 1x2e -> 16x2e, 25 nonzeros, weighted
-            wt15_0_0 = w15[0, 0, tile_c][None, :]
+            wt15_0_0 = weights[432 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt15_0_0 * (
                 -0.20203050891044214 * sa2_0_0 * sb2_2_0 + 0.17496355305594127 * sa2_1_0 * sb2_3_0
                 - 0.20203050891044214 * sa2_2_0 * sb2_0_0 + 0.17496355305594127 * sa2_3_0 * sb2_1_0
@@ -341,7 +308,7 @@ def tp_fwd_0(
                 + 0.17496355305594127 * sa2_3_0 * sb2_3_0 - 0.20203050891044214 * sa2_4_0 * sb2_2_0
             )
             # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
-            wt18_0_0 = w18[0, 0, tile_c][None, :]
+            wt18_0_0 = weights[488 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt18_0_0 * (
                 0.22587697572631282 * sa3_0_0 * sb1_2_0 + 0.18442777839082938 * sa3_1_0 * sb1_1_0
                 - 0.05832118435198043 * sa3_2_0 * sb1_2_0 - 0.05832118435198043 * sa3_4_0 * sb1_0_0
@@ -365,7 +332,7 @@ def tp_fwd_0(
                 + 0.22587697572631282 * sa3_6_0 * sb1_2_0
             )
             # path 23: uvw 1x3o x 1x3o -> 16x2e, 41 nonzeros, weighted
-            wt23_0_0 = w23[0, 0, tile_c][None, :]
+            wt23_0_0 = weights[632 + tile_c.index][None, :]
             acc3_0 = acc3_0 + wt23_0_0 * (
                 -0.09221388919541469 * sa3_0_0 * sb3_4_0 - 0.18442777839082938 * sa3_1_0 * sb3_3_0
                 + 0.14285714285714285 * sa3_2_0 * sb3_4_0 + 0.09221388919541469 * sa3_2_0 * sb3_6_0
@@ -397,15 +364,15 @@ def tp_fwd_0(
                 + 0.14285714285714285 * sa3_4_0 * sb3_4_0 - 0.09221388919541469 * sa3_4_0 * sb3_6_0
                 - 0.18442777839082938 * sa3_5_0 * sb3_3_0 - 0.09221388919541469 * sa3_6_0 * sb3_4_0
             )
-            hl.store(out_3, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_0)), hl.join(hl.join(acc3_1, acc3_0), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_0)), hl.join(hl.join(acc3_1, acc3_0), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
             # g block 4: 16x2o (4 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvw 1x1o x 1x2e -> 16x2o, 16 nonzeros, weighted
-            wt8_0_0 = w8[0, 0, tile_c][None, :]
+            wt8_0_0 = weights[256 + tile_c.index][None, :]
             acc4_0 = acc4_0 + wt8_0_0 * (
                 0.2041241452319315 * sa1_0_0 * sb2_1_0 + 0.408248290463863 * sa1_1_0 * sb2_4_0
                 - 0.2041241452319315 * sa1_2_0 * sb2_3_0
@@ -424,7 +391,7 @@ def tp_fwd_0(
                 + 0.2041241452319315 * sa1_2_0 * sb2_1_0
             )
             # path 12: uvw 1x2e x 1x1o -> 16x2o, 16 nonzeros, weighted
-            wt12_0_0 = w12[0, 0, tile_c][None, :]
+            wt12_0_0 = weights[328 + tile_c.index][None, :]
             acc4_0 = acc4_0 + wt12_0_0 * (
                 -0.2041241452319315 * sa2_1_0 * sb1_0_0 + 0.2041241452319315 * sa2_3_0 * sb1_2_0
                 - 0.408248290463863 * sa2_4_0 * sb1_1_0
@@ -443,7 +410,7 @@ def tp_fwd_0(
                 - 0.2041241452319315 * sa2_3_0 * sb1_0_0
             )
             # path 17: uvw 1x2e x 1x3o -> 16x2o, 28 nonzeros, weighted
-            wt17_0_0 = w17[0, 0, tile_c][None, :]
+            wt17_0_0 = weights[472 + tile_c.index][None, :]
             acc4_0 = acc4_0 + wt17_0_0 * (
                 0.21128856368212917 * sa2_1_0 * sb3_0_0 + 0.1636634176769943 * sa2_1_0 * sb3_2_0
                 + 0.29880715233359845 * sa2_2_0 * sb3_5_0 - 0.1636634176769943 * sa2_3_0 * sb3_4_0
@@ -469,7 +436,7 @@ def tp_fwd_0(
                 - 0.21128856368212917 * sa2_3_0 * sb3_0_0 + 0.1636634176769943 * sa2_3_0 * sb3_2_0
             )
             # path 20: uvw 1x3o x 1x2e -> 16x2o, 28 nonzeros, weighted
-            wt20_0_0 = w20[0, 0, tile_c][None, :]
+            wt20_0_0 = weights[528 + tile_c.index][None, :]
             acc4_0 = acc4_0 + wt20_0_0 * (
                 -0.21128856368212917 * sa3_0_0 * sb2_1_0 - 0.1636634176769943 * sa3_2_0 * sb2_1_0
                 - 0.1336306209562122 * sa3_3_0 * sb2_4_0 + 0.1636634176769943 * sa3_4_0 * sb2_3_0
@@ -494,7 +461,7 @@ def tp_fwd_0(
                 - 0.1636634176769943 * sa3_2_0 * sb2_3_0 + 0.1336306209562122 * sa3_3_0 * sb2_0_0
                 - 0.1636634176769943 * sa3_4_0 * sb2_1_0 - 0.21128856368212917 * sa3_6_0 * sb2_1_0
             )
-            hl.store(out_4, [tile_b, tile_c, hl.arange(8)], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hl.store(out, [tile_b, 288 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -502,92 +469,59 @@ def tp_fwd_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x1_0(
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    x2: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-23."""
-    for tile_b in hl.tile(g_0.size(0), block_size=16):
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(g.size(0), block_size=16):
+        sb0_0_0 = x2[tile_b, 0][:, None]
+        sb1_0_0 = x2[tile_b, 1][:, None]
+        sb1_1_0 = x2[tile_b, 2][:, None]
+        sb1_2_0 = x2[tile_b, 3][:, None]
+        sb2_0_0 = x2[tile_b, 4][:, None]
+        sb2_1_0 = x2[tile_b, 5][:, None]
+        sb2_2_0 = x2[tile_b, 6][:, None]
+        sb2_3_0 = x2[tile_b, 7][:, None]
+        sb2_4_0 = x2[tile_b, 8][:, None]
+        sb3_0_0 = x2[tile_b, 9][:, None]
+        sb3_1_0 = x2[tile_b, 10][:, None]
+        sb3_2_0 = x2[tile_b, 11][:, None]
+        sb3_3_0 = x2[tile_b, 12][:, None]
+        sb3_4_0 = x2[tile_b, 13][:, None]
+        sb3_5_0 = x2[tile_b, 14][:, None]
+        sb3_6_0 = x2[tile_b, 15][:, None]
         for tile_c in hl.tile(1, block_size=1):
             # x1 block 0: 1x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # x1 block 1: 1x1o (7 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # x1 block 2: 1x2e (8 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # x1 block 3: 1x3o (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0_0 = w0[tile_c, 0, tile_r][None, :, :]
+                rg0_0 = g[tile_b, tile_r.index]
+                wr0_0 = weights[tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.5 * rg0_0 * sb0_0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
                 # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                wr4_0 = w4[tile_c, 0, tile_r][None, :, :]
+                wr4_0 = weights[128 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.28867513459481287 * rg0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr4_0).sum(2)
                 t = (0.28867513459481287 * rg0_0 * sb1_1_0)
@@ -595,7 +529,7 @@ def tp_bwd_x1_0(
                 t = (0.28867513459481287 * rg0_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr4_0).sum(2)
                 # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                wr13_0 = w13[tile_c, 0, tile_r][None, :, :]
+                wr13_0 = weights[344 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.22360679774997896 * rg0_0 * sb2_0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr13_0).sum(2)
                 t = (0.22360679774997896 * rg0_0 * sb2_1_0)
@@ -607,7 +541,7 @@ def tp_bwd_x1_0(
                 t = (0.22360679774997896 * rg0_0 * sb2_4_0)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr13_0).sum(2)
                 # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-                wr21_0 = w21[tile_c, 0, tile_r][None, :, :]
+                wr21_0 = weights[544 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.18898223650461363 * rg0_0 * sb3_0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr21_0).sum(2)
                 t = (0.18898223650461363 * rg0_0 * sb3_1_0)
@@ -625,19 +559,19 @@ def tp_bwd_x1_0(
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
                 # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 136 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2_0, rg2_2 = hl.split(rg2te)
                 rg2_1, rg2_3 = hl.split(rg2to)
-                wr1_0 = w1[tile_c, 0, tile_r][None, :, :]
+                wr1_0 = weights[64 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.408248290463863 * rg2_0 * sb1_0_0 + 0.408248290463863 * rg2_1 * sb1_1_0
                     + 0.408248290463863 * rg2_2 * sb1_2_0
                 )
                 acc0_0 = acc0_0 + (t[:, None, :] * wr1_0).sum(2)
                 # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
-                wr3_0 = w3[tile_c, 0, tile_r][None, :, :]
+                wr3_0 = weights[104 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.408248290463863 * rg2_0 * sb0_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr3_0).sum(2)
                 t = (0.408248290463863 * rg2_1 * sb0_0_0)
@@ -645,12 +579,12 @@ def tp_bwd_x1_0(
                 t = (0.408248290463863 * rg2_2 * sb0_0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
                 # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr5_0 = w5[tile_c, 0, tile_r][None, :, :]
+                wr5_0 = weights[192 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (-0.408248290463863 * rg1_1 * sb1_2_0 + 0.408248290463863 * rg1_2 * sb1_1_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
                 t = (0.408248290463863 * rg1_0 * sb1_2_0 - 0.408248290463863 * rg1_2 * sb1_0_0)
@@ -658,7 +592,7 @@ def tp_bwd_x1_0(
                 t = (-0.408248290463863 * rg1_0 * sb1_1_0 + 0.408248290463863 * rg1_1 * sb1_0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr5_0).sum(2)
                 # path 7: uvw 1x1o x 1x2e -> 24x1o, 11 nonzeros, weighted
-                wr7_0 = w7[tile_c, 0, tile_r][None, :, :]
+                wr7_0 = weights[232 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.12909944487358055 * rg2_0 * sb2_2_0 - 0.223606797749979 * rg2_0 * sb2_4_0
                     + 0.223606797749979 * rg2_1 * sb2_1_0 + 0.223606797749979 * rg2_2 * sb2_0_0
@@ -675,7 +609,7 @@ def tp_bwd_x1_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr7_0).sum(2)
                 # path 11: uvw 1x2e x 1x1o -> 24x1o, 11 nonzeros, weighted
-                wr11_0 = w11[tile_c, 0, tile_r][None, :, :]
+                wr11_0 = weights[304 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.223606797749979 * rg2_0 * sb1_2_0 + 0.223606797749979 * rg2_2 * sb1_0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr11_0).sum(2)
                 t = (0.223606797749979 * rg2_0 * sb1_1_0 + 0.223606797749979 * rg2_1 * sb1_0_0)
@@ -690,7 +624,7 @@ def tp_bwd_x1_0(
                 t = (-0.223606797749979 * rg2_0 * sb1_0_0 + 0.223606797749979 * rg2_2 * sb1_2_0)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr11_0).sum(2)
                 # path 14: uvw 1x2e x 1x2e -> 24x1e, 16 nonzeros, weighted
-                wr14_0 = w14[tile_c, 0, tile_r][None, :, :]
+                wr14_0 = weights[408 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.18257418583505536 * rg1_0 * sb2_1_0 - 0.3651483716701107 * rg1_1 * sb2_4_0
                     + 0.18257418583505536 * rg1_2 * sb2_3_0
@@ -714,7 +648,7 @@ def tp_bwd_x1_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr14_0).sum(2)
                 # path 16: uvw 1x2e x 1x3o -> 24x1o, 21 nonzeros, weighted
-                wr16_0 = w16[tile_c, 0, tile_r][None, :, :]
+                wr16_0 = weights[448 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.048795003647426664 * rg2_0 * sb3_4_0 - 0.18898223650461363 * rg2_0 * sb3_6_0
                     + 0.15430334996209194 * rg2_1 * sb3_1_0 + 0.18898223650461363 * rg2_2 * sb3_0_0
@@ -743,7 +677,7 @@ def tp_bwd_x1_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr16_0).sum(2)
                 # path 19: uvw 1x3o x 1x2e -> 24x1o, 21 nonzeros, weighted
-                wr19_0 = w19[tile_c, 0, tile_r][None, :, :]
+                wr19_0 = weights[504 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.18898223650461363 * rg2_0 * sb2_4_0 + 0.18898223650461363 * rg2_2 * sb2_0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr19_0).sum(2)
                 t = (
@@ -774,7 +708,7 @@ def tp_bwd_x1_0(
                 t = (-0.18898223650461363 * rg2_0 * sb2_0_0 + 0.18898223650461363 * rg2_2 * sb2_4_0)
                 acc3_6 = acc3_6 + (t[:, None, :] * wr19_0).sum(2)
                 # path 22: uvw 1x3o x 1x3o -> 24x1e, 26 nonzeros, weighted
-                wr22_0 = w22[tile_c, 0, tile_r][None, :, :]
+                wr22_0 = weights[608 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.1336306209562122 * rg1_0 * sb3_1_0 - 0.3273268353539886 * rg1_1 * sb3_6_0
                     + 0.1336306209562122 * rg1_2 * sb3_5_0
@@ -812,7 +746,7 @@ def tp_bwd_x1_0(
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 208 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -821,7 +755,7 @@ def tp_bwd_x1_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                wr2_0 = w2[tile_c, 0, tile_r][None, :, :]
+                wr2_0 = weights[88 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.3779644730092272 * rg3_0 * sb2_0_0 + 0.3779644730092272 * rg3_1 * sb2_1_0
                     + 0.3779644730092272 * rg3_2 * sb2_2_0 + 0.3779644730092272 * rg3_3 * sb2_3_0
@@ -829,7 +763,7 @@ def tp_bwd_x1_0(
                 )
                 acc0_0 = acc0_0 + (t[:, None, :] * wr2_0).sum(2)
                 # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
-                wr6_0 = w6[tile_c, 0, tile_r][None, :, :]
+                wr6_0 = weights[216 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.2672612419124244 * rg3_0 * sb1_2_0 + 0.2672612419124244 * rg3_1 * sb1_1_0
                     - 0.1543033499620919 * rg3_2 * sb1_0_0 - 0.2672612419124244 * rg3_4 * sb1_0_0
@@ -846,7 +780,7 @@ def tp_bwd_x1_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
                 # path 8: uvw 1x1o x 1x2e -> 16x2o, 16 nonzeros, weighted
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 288 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4tee, rg4teo = hl.split(rg4te)
@@ -855,7 +789,7 @@ def tp_bwd_x1_0(
                 rg4toe, rg4too = hl.split(rg4to)
                 rg4_1, rg4_5 = hl.split(rg4toe)
                 rg4_3, rg4_7 = hl.split(rg4too)
-                wr8_0 = w8[tile_c, 0, tile_r][None, :, :]
+                wr8_0 = weights[256 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.2041241452319315 * rg4_0 * sb2_1_0 - 0.2041241452319315 * rg4_1 * sb2_0_0
                     - 0.3535533905932738 * rg4_2 * sb2_3_0 + 0.3535533905932738 * rg4_3 * sb2_2_0
@@ -874,7 +808,7 @@ def tp_bwd_x1_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr8_0).sum(2)
                 # path 9: uvw 1x1o x 1x3o -> 16x2e, 21 nonzeros, weighted
-                wr9_0 = w9[tile_c, 0, tile_r][None, :, :]
+                wr9_0 = weights[272 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.05832118435198043 * rg3_0 * sb3_4_0 - 0.22587697572631282 * rg3_0 * sb3_6_0
                     - 0.14285714285714285 * rg3_1 * sb3_3_0 - 0.18442777839082938 * rg3_1 * sb3_5_0
@@ -896,7 +830,7 @@ def tp_bwd_x1_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr9_0).sum(2)
                 # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
-                wr10_0 = w10[tile_c, 0, tile_r][None, :, :]
+                wr10_0 = weights[288 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (0.3779644730092272 * rg3_0 * sb0_0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr10_0).sum(2)
                 t = (0.3779644730092272 * rg3_1 * sb0_0_0)
@@ -908,7 +842,7 @@ def tp_bwd_x1_0(
                 t = (0.3779644730092272 * rg3_4 * sb0_0_0)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr10_0).sum(2)
                 # path 12: uvw 1x2e x 1x1o -> 16x2o, 16 nonzeros, weighted
-                wr12_0 = w12[tile_c, 0, tile_r][None, :, :]
+                wr12_0 = weights[328 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.2041241452319315 * rg4_1 * sb1_0_0 - 0.2041241452319315 * rg4_3 * sb1_2_0
                     + 0.408248290463863 * rg4_4 * sb1_1_0
@@ -932,7 +866,7 @@ def tp_bwd_x1_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr12_0).sum(2)
                 # path 15: uvw 1x2e x 1x2e -> 16x2e, 25 nonzeros, weighted
-                wr15_0 = w15[tile_c, 0, tile_r][None, :, :]
+                wr15_0 = weights[432 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.20203050891044214 * rg3_0 * sb2_2_0 + 0.17496355305594127 * rg3_1 * sb2_3_0
                     - 0.20203050891044214 * rg3_2 * sb2_0_0 + 0.17496355305594127 * rg3_3 * sb2_1_0
@@ -962,7 +896,7 @@ def tp_bwd_x1_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr15_0).sum(2)
                 # path 17: uvw 1x2e x 1x3o -> 16x2o, 28 nonzeros, weighted
-                wr17_0 = w17[tile_c, 0, tile_r][None, :, :]
+                wr17_0 = weights[472 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.21128856368212917 * rg4_1 * sb3_0_0 - 0.1636634176769943 * rg4_1 * sb3_2_0
                     - 0.29880715233359845 * rg4_2 * sb3_5_0 + 0.1636634176769943 * rg4_3 * sb3_4_0
@@ -993,7 +927,7 @@ def tp_bwd_x1_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr17_0).sum(2)
                 # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
-                wr18_0 = w18[tile_c, 0, tile_r][None, :, :]
+                wr18_0 = weights[488 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (0.22587697572631282 * rg3_0 * sb1_2_0 + 0.22587697572631282 * rg3_4 * sb1_0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr18_0).sum(2)
                 t = (
@@ -1024,7 +958,7 @@ def tp_bwd_x1_0(
                 t = (-0.22587697572631282 * rg3_0 * sb1_0_0 + 0.22587697572631282 * rg3_4 * sb1_2_0)
                 acc3_6 = acc3_6 + (t[:, None, :] * wr18_0).sum(2)
                 # path 20: uvw 1x3o x 1x2e -> 16x2o, 28 nonzeros, weighted
-                wr20_0 = w20[tile_c, 0, tile_r][None, :, :]
+                wr20_0 = weights[528 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.21128856368212917 * rg4_0 * sb2_1_0 + 0.21128856368212917 * rg4_1 * sb2_0_0
                     - 0.21128856368212917 * rg4_3 * sb2_4_0 + 0.21128856368212917 * rg4_4 * sb2_3_0
@@ -1057,7 +991,7 @@ def tp_bwd_x1_0(
                 )
                 acc3_6 = acc3_6 + (t[:, None, :] * wr20_0).sum(2)
                 # path 23: uvw 1x3o x 1x3o -> 16x2e, 41 nonzeros, weighted
-                wr23_0 = w23[tile_c, 0, tile_r][None, :, :]
+                wr23_0 = weights[632 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.09221388919541469 * rg3_0 * sb3_4_0 + 0.1458029608799511 * rg3_1 * sb3_5_0
                     - 0.20619652471058064 * rg3_2 * sb3_0_0 + 0.1458029608799511 * rg3_3 * sb3_1_0
@@ -1102,22 +1036,22 @@ def tp_bwd_x1_0(
                     - 0.09221388919541469 * rg3_4 * sb3_4_0
                 )
                 acc3_6 = acc3_6 + (t[:, None, :] * wr23_0).sum(2)
-            gx1_0[tile_b, 0, tile_c] = acc0_0
-            gx1_1[tile_b, 0, tile_c] = acc1_0
-            gx1_1[tile_b, 1, tile_c] = acc1_1
-            gx1_1[tile_b, 2, tile_c] = acc1_2
-            gx1_2[tile_b, 0, tile_c] = acc2_0
-            gx1_2[tile_b, 1, tile_c] = acc2_1
-            gx1_2[tile_b, 2, tile_c] = acc2_2
-            gx1_2[tile_b, 3, tile_c] = acc2_3
-            gx1_2[tile_b, 4, tile_c] = acc2_4
-            gx1_3[tile_b, 0, tile_c] = acc3_0
-            gx1_3[tile_b, 1, tile_c] = acc3_1
-            gx1_3[tile_b, 2, tile_c] = acc3_2
-            gx1_3[tile_b, 3, tile_c] = acc3_3
-            gx1_3[tile_b, 4, tile_c] = acc3_4
-            gx1_3[tile_b, 5, tile_c] = acc3_5
-            gx1_3[tile_b, 6, tile_c] = acc3_6
+            gx1[tile_b, tile_c.index] = acc0_0
+            gx1[tile_b, 1 + tile_c.index] = acc1_0
+            gx1[tile_b, 2 + tile_c.index] = acc1_1
+            gx1[tile_b, 3 + tile_c.index] = acc1_2
+            gx1[tile_b, 4 + tile_c.index] = acc2_0
+            gx1[tile_b, 5 + tile_c.index] = acc2_1
+            gx1[tile_b, 6 + tile_c.index] = acc2_2
+            gx1[tile_b, 7 + tile_c.index] = acc2_3
+            gx1[tile_b, 8 + tile_c.index] = acc2_4
+            gx1[tile_b, 9 + tile_c.index] = acc3_0
+            gx1[tile_b, 10 + tile_c.index] = acc3_1
+            gx1[tile_b, 11 + tile_c.index] = acc3_2
+            gx1[tile_b, 12 + tile_c.index] = acc3_3
+            gx1[tile_b, 13 + tile_c.index] = acc3_4
+            gx1[tile_b, 14 + tile_c.index] = acc3_5
+            gx1[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -1125,92 +1059,59 @@ def tp_bwd_x1_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x1: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx2: torch.Tensor,
 ) -> None:
     """Gradient with respect to x2 (dF/dx2): x2 blocks 0-3; paths 0-23."""
-    for tile_b in hl.tile(x1_0.size(0), block_size=16):
-        sa0_0_0 = x1_0[tile_b, 0, 0][:, None]
-        sa1_0_0 = x1_1[tile_b, 0, 0][:, None]
-        sa1_1_0 = x1_1[tile_b, 1, 0][:, None]
-        sa1_2_0 = x1_1[tile_b, 2, 0][:, None]
-        sa2_0_0 = x1_2[tile_b, 0, 0][:, None]
-        sa2_1_0 = x1_2[tile_b, 1, 0][:, None]
-        sa2_2_0 = x1_2[tile_b, 2, 0][:, None]
-        sa2_3_0 = x1_2[tile_b, 3, 0][:, None]
-        sa2_4_0 = x1_2[tile_b, 4, 0][:, None]
-        sa3_0_0 = x1_3[tile_b, 0, 0][:, None]
-        sa3_1_0 = x1_3[tile_b, 1, 0][:, None]
-        sa3_2_0 = x1_3[tile_b, 2, 0][:, None]
-        sa3_3_0 = x1_3[tile_b, 3, 0][:, None]
-        sa3_4_0 = x1_3[tile_b, 4, 0][:, None]
-        sa3_5_0 = x1_3[tile_b, 5, 0][:, None]
-        sa3_6_0 = x1_3[tile_b, 6, 0][:, None]
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sa0_0_0 = x1[tile_b, 0][:, None]
+        sa1_0_0 = x1[tile_b, 1][:, None]
+        sa1_1_0 = x1[tile_b, 2][:, None]
+        sa1_2_0 = x1[tile_b, 3][:, None]
+        sa2_0_0 = x1[tile_b, 4][:, None]
+        sa2_1_0 = x1[tile_b, 5][:, None]
+        sa2_2_0 = x1[tile_b, 6][:, None]
+        sa2_3_0 = x1[tile_b, 7][:, None]
+        sa2_4_0 = x1[tile_b, 8][:, None]
+        sa3_0_0 = x1[tile_b, 9][:, None]
+        sa3_1_0 = x1[tile_b, 10][:, None]
+        sa3_2_0 = x1[tile_b, 11][:, None]
+        sa3_3_0 = x1[tile_b, 12][:, None]
+        sa3_4_0 = x1[tile_b, 13][:, None]
+        sa3_5_0 = x1[tile_b, 14][:, None]
+        sa3_6_0 = x1[tile_b, 15][:, None]
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 1: 1x1o (7 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 2: 1x2e (8 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # x2 block 3: 1x3o (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=16):
                 # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                rg0_0 = g_0[tile_b, 0, tile_r]
-                wr0_0 = w0[0, tile_c, tile_r][None, :, :]
+                rg0_0 = g[tile_b, tile_r.index]
+                wr0_0 = weights[tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.5 * sa0_0_0 * rg0_0)
                 acc0_0 = acc0_0 + (t[:, None, :] * wr0_0).sum(2)
                 # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                wr4_0 = w4[0, tile_c, tile_r][None, :, :]
+                wr4_0 = weights[128 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.28867513459481287 * sa1_0_0 * rg0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr4_0).sum(2)
                 t = (0.28867513459481287 * sa1_1_0 * rg0_0)
@@ -1218,7 +1119,7 @@ def tp_bwd_x2_0(
                 t = (0.28867513459481287 * sa1_2_0 * rg0_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr4_0).sum(2)
                 # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                wr13_0 = w13[0, tile_c, tile_r][None, :, :]
+                wr13_0 = weights[344 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.22360679774997896 * sa2_0_0 * rg0_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr13_0).sum(2)
                 t = (0.22360679774997896 * sa2_1_0 * rg0_0)
@@ -1230,7 +1131,7 @@ def tp_bwd_x2_0(
                 t = (0.22360679774997896 * sa2_4_0 * rg0_0)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr13_0).sum(2)
                 # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-                wr21_0 = w21[0, tile_c, tile_r][None, :, :]
+                wr21_0 = weights[544 + tile_c.index[:, None] * 64 + tile_r.index[None, :]][None, :, :]
                 t = (0.18898223650461363 * sa3_0_0 * rg0_0)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr21_0).sum(2)
                 t = (0.18898223650461363 * sa3_1_0 * rg0_0)
@@ -1248,19 +1149,19 @@ def tp_bwd_x2_0(
             # reduction over 24 channels
             for tile_r in hl.tile(24, block_size=16):
                 # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
-                rg2 = hl.load(g_2, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg2 = hl.load(g, [tile_b, 136 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg2t = rg2.reshape([tile_b, tile_r, 2, 2])
                 rg2te, rg2to = hl.split(rg2t)
                 rg2_0, rg2_2 = hl.split(rg2te)
                 rg2_1, rg2_3 = hl.split(rg2to)
-                wr3_0 = w3[0, tile_c, tile_r][None, :, :]
+                wr3_0 = weights[104 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.408248290463863 * sa1_0_0 * rg2_0 + 0.408248290463863 * sa1_1_0 * rg2_1
                     + 0.408248290463863 * sa1_2_0 * rg2_2
                 )
                 acc0_0 = acc0_0 + (t[:, None, :] * wr3_0).sum(2)
                 # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
-                wr1_0 = w1[0, tile_c, tile_r][None, :, :]
+                wr1_0 = weights[64 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.408248290463863 * sa0_0_0 * rg2_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr1_0).sum(2)
                 t = (0.408248290463863 * sa0_0_0 * rg2_1)
@@ -1268,12 +1169,12 @@ def tp_bwd_x2_0(
                 t = (0.408248290463863 * sa0_0_0 * rg2_2)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr1_0).sum(2)
                 # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
-                rg1 = hl.load(g_1, [tile_b, tile_r, hl.arange(4)], extra_mask=(hl.arange(4) < 3)[None, None, :])
+                rg1 = hl.load(g, [tile_b, 64 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
                 rg1t = rg1.reshape([tile_b, tile_r, 2, 2])
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                wr5_0 = w5[0, tile_c, tile_r][None, :, :]
+                wr5_0 = weights[192 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.408248290463863 * sa1_2_0 * rg1_1 - 0.408248290463863 * sa1_1_0 * rg1_2)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr5_0).sum(2)
                 t = (-0.408248290463863 * sa1_2_0 * rg1_0 + 0.408248290463863 * sa1_0_0 * rg1_2)
@@ -1281,7 +1182,7 @@ def tp_bwd_x2_0(
                 t = (0.408248290463863 * sa1_1_0 * rg1_0 - 0.408248290463863 * sa1_0_0 * rg1_1)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr5_0).sum(2)
                 # path 11: uvw 1x2e x 1x1o -> 24x1o, 11 nonzeros, weighted
-                wr11_0 = w11[0, tile_c, tile_r][None, :, :]
+                wr11_0 = weights[304 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.12909944487358055 * sa2_2_0 * rg2_0 - 0.223606797749979 * sa2_4_0 * rg2_0
                     + 0.223606797749979 * sa2_1_0 * rg2_1 + 0.223606797749979 * sa2_0_0 * rg2_2
@@ -1298,7 +1199,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr11_0).sum(2)
                 # path 7: uvw 1x1o x 1x2e -> 24x1o, 11 nonzeros, weighted
-                wr7_0 = w7[0, tile_c, tile_r][None, :, :]
+                wr7_0 = weights[232 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.223606797749979 * sa1_2_0 * rg2_0 + 0.223606797749979 * sa1_0_0 * rg2_2)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr7_0).sum(2)
                 t = (0.223606797749979 * sa1_1_0 * rg2_0 + 0.223606797749979 * sa1_0_0 * rg2_1)
@@ -1313,7 +1214,7 @@ def tp_bwd_x2_0(
                 t = (-0.223606797749979 * sa1_0_0 * rg2_0 + 0.223606797749979 * sa1_2_0 * rg2_2)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr7_0).sum(2)
                 # path 14: uvw 1x2e x 1x2e -> 24x1e, 16 nonzeros, weighted
-                wr14_0 = w14[0, tile_c, tile_r][None, :, :]
+                wr14_0 = weights[408 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.18257418583505536 * sa2_1_0 * rg1_0 + 0.3651483716701107 * sa2_4_0 * rg1_1
                     - 0.18257418583505536 * sa2_3_0 * rg1_2
@@ -1337,7 +1238,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr14_0).sum(2)
                 # path 19: uvw 1x3o x 1x2e -> 24x1o, 21 nonzeros, weighted
-                wr19_0 = w19[0, tile_c, tile_r][None, :, :]
+                wr19_0 = weights[504 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.048795003647426664 * sa3_4_0 * rg2_0 - 0.18898223650461363 * sa3_6_0 * rg2_0
                     + 0.15430334996209194 * sa3_1_0 * rg2_1 + 0.18898223650461363 * sa3_0_0 * rg2_2
@@ -1366,7 +1267,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr19_0).sum(2)
                 # path 16: uvw 1x2e x 1x3o -> 24x1o, 21 nonzeros, weighted
-                wr16_0 = w16[0, tile_c, tile_r][None, :, :]
+                wr16_0 = weights[448 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (0.18898223650461363 * sa2_4_0 * rg2_0 + 0.18898223650461363 * sa2_0_0 * rg2_2)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr16_0).sum(2)
                 t = (
@@ -1397,7 +1298,7 @@ def tp_bwd_x2_0(
                 t = (-0.18898223650461363 * sa2_0_0 * rg2_0 + 0.18898223650461363 * sa2_4_0 * rg2_2)
                 acc3_6 = acc3_6 + (t[:, None, :] * wr16_0).sum(2)
                 # path 22: uvw 1x3o x 1x3o -> 24x1e, 26 nonzeros, weighted
-                wr22_0 = w22[0, tile_c, tile_r][None, :, :]
+                wr22_0 = weights[608 + tile_c.index[:, None] * 24 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.1336306209562122 * sa3_1_0 * rg1_0 + 0.3273268353539886 * sa3_6_0 * rg1_1
                     - 0.1336306209562122 * sa3_5_0 * rg1_2
@@ -1435,7 +1336,7 @@ def tp_bwd_x2_0(
             # reduction over 16 channels
             for tile_r in hl.tile(16, block_size=16):
                 # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
-                rg3 = hl.load(g_3, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg3 = hl.load(g, [tile_b, 208 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg3t = rg3.reshape([tile_b, tile_r, 2, 2, 2])
                 rg3te, rg3to = hl.split(rg3t)
                 rg3tee, rg3teo = hl.split(rg3te)
@@ -1444,7 +1345,7 @@ def tp_bwd_x2_0(
                 rg3toe, rg3too = hl.split(rg3to)
                 rg3_1, rg3_5 = hl.split(rg3toe)
                 rg3_3, rg3_7 = hl.split(rg3too)
-                wr10_0 = w10[0, tile_c, tile_r][None, :, :]
+                wr10_0 = weights[288 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.3779644730092272 * sa2_0_0 * rg3_0 + 0.3779644730092272 * sa2_1_0 * rg3_1
                     + 0.3779644730092272 * sa2_2_0 * rg3_2 + 0.3779644730092272 * sa2_3_0 * rg3_3
@@ -1452,7 +1353,7 @@ def tp_bwd_x2_0(
                 )
                 acc0_0 = acc0_0 + (t[:, None, :] * wr10_0).sum(2)
                 # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
-                wr6_0 = w6[0, tile_c, tile_r][None, :, :]
+                wr6_0 = weights[216 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.2672612419124244 * sa1_2_0 * rg3_0 + 0.2672612419124244 * sa1_1_0 * rg3_1
                     - 0.1543033499620919 * sa1_0_0 * rg3_2 - 0.2672612419124244 * sa1_0_0 * rg3_4
@@ -1469,7 +1370,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr6_0).sum(2)
                 # path 12: uvw 1x2e x 1x1o -> 16x2o, 16 nonzeros, weighted
-                rg4 = hl.load(g_4, [tile_b, tile_r, hl.arange(8)], extra_mask=(hl.arange(8) < 5)[None, None, :])
+                rg4 = hl.load(g, [tile_b, 288 + tile_r.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
                 rg4t = rg4.reshape([tile_b, tile_r, 2, 2, 2])
                 rg4te, rg4to = hl.split(rg4t)
                 rg4tee, rg4teo = hl.split(rg4te)
@@ -1478,7 +1379,7 @@ def tp_bwd_x2_0(
                 rg4toe, rg4too = hl.split(rg4to)
                 rg4_1, rg4_5 = hl.split(rg4toe)
                 rg4_3, rg4_7 = hl.split(rg4too)
-                wr12_0 = w12[0, tile_c, tile_r][None, :, :]
+                wr12_0 = weights[328 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.2041241452319315 * sa2_1_0 * rg4_0 + 0.2041241452319315 * sa2_0_0 * rg4_1
                     + 0.3535533905932738 * sa2_3_0 * rg4_2 - 0.3535533905932738 * sa2_2_0 * rg4_3
@@ -1497,7 +1398,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr12_0).sum(2)
                 # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
-                wr18_0 = w18[0, tile_c, tile_r][None, :, :]
+                wr18_0 = weights[488 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.05832118435198043 * sa3_4_0 * rg3_0 - 0.22587697572631282 * sa3_6_0 * rg3_0
                     - 0.14285714285714285 * sa3_3_0 * rg3_1 - 0.18442777839082938 * sa3_5_0 * rg3_1
@@ -1519,7 +1420,7 @@ def tp_bwd_x2_0(
                 )
                 acc1_2 = acc1_2 + (t[:, None, :] * wr18_0).sum(2)
                 # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
-                wr2_0 = w2[0, tile_c, tile_r][None, :, :]
+                wr2_0 = weights[88 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (0.3779644730092272 * sa0_0_0 * rg3_0)
                 acc2_0 = acc2_0 + (t[:, None, :] * wr2_0).sum(2)
                 t = (0.3779644730092272 * sa0_0_0 * rg3_1)
@@ -1531,7 +1432,7 @@ def tp_bwd_x2_0(
                 t = (0.3779644730092272 * sa0_0_0 * rg3_4)
                 acc2_4 = acc2_4 + (t[:, None, :] * wr2_0).sum(2)
                 # path 8: uvw 1x1o x 1x2e -> 16x2o, 16 nonzeros, weighted
-                wr8_0 = w8[0, tile_c, tile_r][None, :, :]
+                wr8_0 = weights[256 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.2041241452319315 * sa1_0_0 * rg4_1 + 0.2041241452319315 * sa1_2_0 * rg4_3
                     - 0.408248290463863 * sa1_1_0 * rg4_4
@@ -1555,7 +1456,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr8_0).sum(2)
                 # path 15: uvw 1x2e x 1x2e -> 16x2e, 25 nonzeros, weighted
-                wr15_0 = w15[0, tile_c, tile_r][None, :, :]
+                wr15_0 = weights[432 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.20203050891044214 * sa2_2_0 * rg3_0 + 0.17496355305594127 * sa2_3_0 * rg3_1
                     - 0.20203050891044214 * sa2_0_0 * rg3_2 + 0.17496355305594127 * sa2_1_0 * rg3_3
@@ -1585,7 +1486,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr15_0).sum(2)
                 # path 20: uvw 1x3o x 1x2e -> 16x2o, 28 nonzeros, weighted
-                wr20_0 = w20[0, tile_c, tile_r][None, :, :]
+                wr20_0 = weights[528 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.21128856368212917 * sa3_0_0 * rg4_1 + 0.1636634176769943 * sa3_2_0 * rg4_1
                     + 0.29880715233359845 * sa3_5_0 * rg4_2 - 0.1636634176769943 * sa3_4_0 * rg4_3
@@ -1616,7 +1517,7 @@ def tp_bwd_x2_0(
                 )
                 acc2_4 = acc2_4 + (t[:, None, :] * wr20_0).sum(2)
                 # path 9: uvw 1x1o x 1x3o -> 16x2e, 21 nonzeros, weighted
-                wr9_0 = w9[0, tile_c, tile_r][None, :, :]
+                wr9_0 = weights[272 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (0.22587697572631282 * sa1_2_0 * rg3_0 + 0.22587697572631282 * sa1_0_0 * rg3_4)
                 acc3_0 = acc3_0 + (t[:, None, :] * wr9_0).sum(2)
                 t = (
@@ -1647,7 +1548,7 @@ def tp_bwd_x2_0(
                 t = (-0.22587697572631282 * sa1_0_0 * rg3_0 + 0.22587697572631282 * sa1_2_0 * rg3_4)
                 acc3_6 = acc3_6 + (t[:, None, :] * wr9_0).sum(2)
                 # path 17: uvw 1x2e x 1x3o -> 16x2o, 28 nonzeros, weighted
-                wr17_0 = w17[0, tile_c, tile_r][None, :, :]
+                wr17_0 = weights[472 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     0.21128856368212917 * sa2_1_0 * rg4_0 - 0.21128856368212917 * sa2_0_0 * rg4_1
                     + 0.21128856368212917 * sa2_4_0 * rg4_3 - 0.21128856368212917 * sa2_3_0 * rg4_4
@@ -1680,7 +1581,7 @@ def tp_bwd_x2_0(
                 )
                 acc3_6 = acc3_6 + (t[:, None, :] * wr17_0).sum(2)
                 # path 23: uvw 1x3o x 1x3o -> 16x2e, 41 nonzeros, weighted
-                wr23_0 = w23[0, tile_c, tile_r][None, :, :]
+                wr23_0 = weights[632 + tile_c.index[:, None] * 16 + tile_r.index[None, :]][None, :, :]
                 t = (
                     -0.09221388919541469 * sa3_4_0 * rg3_0 + 0.1458029608799511 * sa3_5_0 * rg3_1
                     - 0.20619652471058064 * sa3_0_0 * rg3_2 + 0.1458029608799511 * sa3_1_0 * rg3_3
@@ -1725,22 +1626,22 @@ def tp_bwd_x2_0(
                     - 0.09221388919541469 * sa3_4_0 * rg3_4
                 )
                 acc3_6 = acc3_6 + (t[:, None, :] * wr23_0).sum(2)
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gx2[tile_b, tile_c.index] = acc0_0
+            gx2[tile_b, 1 + tile_c.index] = acc1_0
+            gx2[tile_b, 2 + tile_c.index] = acc1_1
+            gx2[tile_b, 3 + tile_c.index] = acc1_2
+            gx2[tile_b, 4 + tile_c.index] = acc2_0
+            gx2[tile_b, 5 + tile_c.index] = acc2_1
+            gx2[tile_b, 6 + tile_c.index] = acc2_2
+            gx2[tile_b, 7 + tile_c.index] = acc2_3
+            gx2[tile_b, 8 + tile_c.index] = acc2_4
+            gx2[tile_b, 9 + tile_c.index] = acc3_0
+            gx2[tile_b, 10 + tile_c.index] = acc3_1
+            gx2[tile_b, 11 + tile_c.index] = acc3_2
+            gx2[tile_b, 12 + tile_c.index] = acc3_3
+            gx2[tile_b, 13 + tile_c.index] = acc3_4
+            gx2[tile_b, 14 + tile_c.index] = acc3_5
+            gx2[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -1748,87 +1649,54 @@ def tp_bwd_x2_0(
     config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_w_0(
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
-    gw23: torch.Tensor,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-23; sums over 64 batch rows per program."""
-    n = x1_0.size(0)
+    n = x1.size(0)
     for tile_p in hl.tile(n, block_size=64):
         for tile_c in hl.tile(64, block_size=32):
             # outer products over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                acc0_0 = hl.zeros([tile_r, tile_c], dtype=gw0.dtype)
-                acc4_0 = hl.zeros([tile_r, tile_c], dtype=gw4.dtype)
-                acc13_0 = hl.zeros([tile_r, tile_c], dtype=gw13.dtype)
-                acc21_0 = hl.zeros([tile_r, tile_c], dtype=gw21.dtype)
+                acc0_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc4_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc13_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc21_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
                 for tile_s in hl.tile(64, block_size=16):
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
                     # path 0: uvw 1x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra0_0 = hl.load(x1, [rows, tile_r.index], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2, [rows, 0], extra_mask=ok)[:, None]
                     o0 = (0.5 * ra0_0 * sb0_0_0)
-                    g0_0 = hl.load(g_0, [rows, 0, tile_c], extra_mask=okc)
+                    g0_0 = hl.load(g, [rows, tile_c.index], extra_mask=okc)
                     acc0_0 = acc0_0 + (o0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 4: uvw 1x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
+                    ra1_0 = hl.load(x1, [rows, 1 + tile_r.index], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2, [rows, 1], extra_mask=ok)[:, None]
+                    ra1_1 = hl.load(x1, [rows, 2 + tile_r.index], extra_mask=okc)
+                    sb1_1_0 = hl.load(x2, [rows, 2], extra_mask=ok)[:, None]
+                    ra1_2 = hl.load(x1, [rows, 3 + tile_r.index], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2, [rows, 3], extra_mask=ok)[:, None]
                     o0 = (
                         0.28867513459481287 * ra1_0 * sb1_0_0 + 0.28867513459481287 * ra1_1 * sb1_1_0
                         + 0.28867513459481287 * ra1_2 * sb1_2_0
                     )
                     acc4_0 = acc4_0 + (o0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 13: uvw 1x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
+                    ra2_0 = hl.load(x1, [rows, 4 + tile_r.index], extra_mask=okc)
+                    sb2_0_0 = hl.load(x2, [rows, 4], extra_mask=ok)[:, None]
+                    ra2_1 = hl.load(x1, [rows, 5 + tile_r.index], extra_mask=okc)
+                    sb2_1_0 = hl.load(x2, [rows, 5], extra_mask=ok)[:, None]
+                    ra2_2 = hl.load(x1, [rows, 6 + tile_r.index], extra_mask=okc)
+                    sb2_2_0 = hl.load(x2, [rows, 6], extra_mask=ok)[:, None]
+                    ra2_3 = hl.load(x1, [rows, 7 + tile_r.index], extra_mask=okc)
+                    sb2_3_0 = hl.load(x2, [rows, 7], extra_mask=ok)[:, None]
+                    ra2_4 = hl.load(x1, [rows, 8 + tile_r.index], extra_mask=okc)
+                    sb2_4_0 = hl.load(x2, [rows, 8], extra_mask=ok)[:, None]
                     o0 = (
                         0.22360679774997896 * ra2_0 * sb2_0_0 + 0.22360679774997896 * ra2_1 * sb2_1_0
                         + 0.22360679774997896 * ra2_2 * sb2_2_0 + 0.22360679774997896 * ra2_3 * sb2_3_0
@@ -1836,20 +1704,20 @@ def tp_bwd_w_0(
                     )
                     acc13_0 = acc13_0 + (o0[:, :, None] * g0_0[:, None, :]).sum(0)
                     # path 21: uvw 1x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
+                    ra3_0 = hl.load(x1, [rows, 9 + tile_r.index], extra_mask=okc)
+                    sb3_0_0 = hl.load(x2, [rows, 9], extra_mask=ok)[:, None]
+                    ra3_1 = hl.load(x1, [rows, 10 + tile_r.index], extra_mask=okc)
+                    sb3_1_0 = hl.load(x2, [rows, 10], extra_mask=ok)[:, None]
+                    ra3_2 = hl.load(x1, [rows, 11 + tile_r.index], extra_mask=okc)
+                    sb3_2_0 = hl.load(x2, [rows, 11], extra_mask=ok)[:, None]
+                    ra3_3 = hl.load(x1, [rows, 12 + tile_r.index], extra_mask=okc)
+                    sb3_3_0 = hl.load(x2, [rows, 12], extra_mask=ok)[:, None]
+                    ra3_4 = hl.load(x1, [rows, 13 + tile_r.index], extra_mask=okc)
+                    sb3_4_0 = hl.load(x2, [rows, 13], extra_mask=ok)[:, None]
+                    ra3_5 = hl.load(x1, [rows, 14 + tile_r.index], extra_mask=okc)
+                    sb3_5_0 = hl.load(x2, [rows, 14], extra_mask=ok)[:, None]
+                    ra3_6 = hl.load(x1, [rows, 15 + tile_r.index], extra_mask=okc)
+                    sb3_6_0 = hl.load(x2, [rows, 15], extra_mask=ok)[:, None]
                     o0 = (
                         0.18898223650461363 * ra3_0 * sb3_0_0 + 0.18898223650461363 * ra3_1 * sb3_1_0
                         + 0.18898223650461363 * ra3_2 * sb3_2_0 + 0.18898223650461363 * ra3_3 * sb3_3_0
@@ -1857,48 +1725,48 @@ def tp_bwd_w_0(
                         + 0.18898223650461363 * ra3_6 * sb3_6_0
                     )
                     acc21_0 = acc21_0 + (o0[:, :, None] * g0_0[:, None, :]).sum(0)
-                gw0[tile_p.id, tile_r, 0, tile_c] = acc0_0
-                gw4[tile_p.id, tile_r, 0, tile_c] = acc4_0
-                gw13[tile_p.id, tile_r, 0, tile_c] = acc13_0
-                gw21[tile_p.id, tile_r, 0, tile_c] = acc21_0
+                gw[tile_p.id, tile_r.index[:, None] * 64 + tile_c.index[None, :]] = acc0_0
+                gw[tile_p.id, 128 + tile_r.index[:, None] * 64 + tile_c.index[None, :]] = acc4_0
+                gw[tile_p.id, 344 + tile_r.index[:, None] * 64 + tile_c.index[None, :]] = acc13_0
+                gw[tile_p.id, 544 + tile_r.index[:, None] * 64 + tile_c.index[None, :]] = acc21_0
         for tile_c in hl.tile(24, block_size=32):
             # outer products over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                acc1_0 = hl.zeros([tile_r, tile_c], dtype=gw1.dtype)
-                acc3_0 = hl.zeros([tile_r, tile_c], dtype=gw3.dtype)
-                acc5_0 = hl.zeros([tile_r, tile_c], dtype=gw5.dtype)
-                acc7_0 = hl.zeros([tile_r, tile_c], dtype=gw7.dtype)
-                acc11_0 = hl.zeros([tile_r, tile_c], dtype=gw11.dtype)
-                acc14_0 = hl.zeros([tile_r, tile_c], dtype=gw14.dtype)
-                acc16_0 = hl.zeros([tile_r, tile_c], dtype=gw16.dtype)
-                acc19_0 = hl.zeros([tile_r, tile_c], dtype=gw19.dtype)
-                acc22_0 = hl.zeros([tile_r, tile_c], dtype=gw22.dtype)
+                acc1_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc3_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc5_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc7_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc11_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc14_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc16_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc19_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc22_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
                 for tile_s in hl.tile(64, block_size=16):
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
                     # path 1: uvw 1x0e x 1x1o -> 24x1o, 3 nonzeros, weighted
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra0_0 = hl.load(x1, [rows, tile_r.index], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2, [rows, 1], extra_mask=ok)[:, None]
                     o0 = (0.408248290463863 * ra0_0 * sb1_0_0)
-                    g2_0 = hl.load(g_2, [rows, tile_c, 0], extra_mask=okc)
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
+                    g2_0 = hl.load(g, [rows, 136 + tile_c.index * 3], extra_mask=okc)
+                    sb1_1_0 = hl.load(x2, [rows, 2], extra_mask=ok)[:, None]
                     o1 = (0.408248290463863 * ra0_0 * sb1_1_0)
-                    g2_1 = hl.load(g_2, [rows, tile_c, 1], extra_mask=okc)
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
+                    g2_1 = hl.load(g, [rows, 137 + tile_c.index * 3], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2, [rows, 3], extra_mask=ok)[:, None]
                     o2 = (0.408248290463863 * ra0_0 * sb1_2_0)
-                    g2_2 = hl.load(g_2, [rows, tile_c, 2], extra_mask=okc)
+                    g2_2 = hl.load(g, [rows, 138 + tile_c.index * 3], extra_mask=okc)
                     acc1_0 = acc1_0 + (
                         o0[:, :, None] * g2_0[:, None, :] + o1[:, :, None] * g2_1[:, None, :]
                         + o2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 3: uvw 1x1o x 1x0e -> 24x1o, 3 nonzeros, weighted
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra1_0 = hl.load(x1, [rows, 1 + tile_r.index], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2, [rows, 0], extra_mask=ok)[:, None]
                     o0 = (0.408248290463863 * ra1_0 * sb0_0_0)
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
+                    ra1_1 = hl.load(x1, [rows, 2 + tile_r.index], extra_mask=okc)
                     o1 = (0.408248290463863 * ra1_1 * sb0_0_0)
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
+                    ra1_2 = hl.load(x1, [rows, 3 + tile_r.index], extra_mask=okc)
                     o2 = (0.408248290463863 * ra1_2 * sb0_0_0)
                     acc3_0 = acc3_0 + (
                         o0[:, :, None] * g2_0[:, None, :] + o1[:, :, None] * g2_1[:, None, :]
@@ -1906,25 +1774,25 @@ def tp_bwd_w_0(
                     ).sum(0)
                     # path 5: uvw 1x1o x 1x1o -> 24x1e, 6 nonzeros, weighted
                     o0 = (0.408248290463863 * ra1_1 * sb1_2_0 - 0.408248290463863 * ra1_2 * sb1_1_0)
-                    g1_0 = hl.load(g_1, [rows, tile_c, 0], extra_mask=okc)
+                    g1_0 = hl.load(g, [rows, 64 + tile_c.index * 3], extra_mask=okc)
                     o1 = (-0.408248290463863 * ra1_0 * sb1_2_0 + 0.408248290463863 * ra1_2 * sb1_0_0)
-                    g1_1 = hl.load(g_1, [rows, tile_c, 1], extra_mask=okc)
+                    g1_1 = hl.load(g, [rows, 65 + tile_c.index * 3], extra_mask=okc)
                     o2 = (0.408248290463863 * ra1_0 * sb1_1_0 - 0.408248290463863 * ra1_1 * sb1_0_0)
-                    g1_2 = hl.load(g_1, [rows, tile_c, 2], extra_mask=okc)
+                    g1_2 = hl.load(g, [rows, 66 + tile_c.index * 3], extra_mask=okc)
                     acc5_0 = acc5_0 + (
                         o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                         + o2[:, :, None] * g1_2[:, None, :]
                     ).sum(0)
                     # path 7: uvw 1x1o x 1x2e -> 24x1o, 11 nonzeros, weighted
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
+                    sb2_2_0 = hl.load(x2, [rows, 6], extra_mask=ok)[:, None]
+                    sb2_4_0 = hl.load(x2, [rows, 8], extra_mask=ok)[:, None]
+                    sb2_1_0 = hl.load(x2, [rows, 5], extra_mask=ok)[:, None]
+                    sb2_0_0 = hl.load(x2, [rows, 4], extra_mask=ok)[:, None]
                     o0 = (
                         -0.12909944487358055 * ra1_0 * sb2_2_0 - 0.223606797749979 * ra1_0 * sb2_4_0
                         + 0.223606797749979 * ra1_1 * sb2_1_0 + 0.223606797749979 * ra1_2 * sb2_0_0
                     )
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
+                    sb2_3_0 = hl.load(x2, [rows, 7], extra_mask=ok)[:, None]
                     o1 = (
                         0.223606797749979 * ra1_0 * sb2_1_0 + 0.2581988897471611 * ra1_1 * sb2_2_0
                         + 0.223606797749979 * ra1_2 * sb2_3_0
@@ -1938,15 +1806,15 @@ def tp_bwd_w_0(
                         + o2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 11: uvw 1x2e x 1x1o -> 24x1o, 11 nonzeros, weighted
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
+                    ra2_0 = hl.load(x1, [rows, 4 + tile_r.index], extra_mask=okc)
+                    ra2_1 = hl.load(x1, [rows, 5 + tile_r.index], extra_mask=okc)
+                    ra2_2 = hl.load(x1, [rows, 6 + tile_r.index], extra_mask=okc)
+                    ra2_4 = hl.load(x1, [rows, 8 + tile_r.index], extra_mask=okc)
                     o0 = (
                         0.223606797749979 * ra2_0 * sb1_2_0 + 0.223606797749979 * ra2_1 * sb1_1_0
                         - 0.12909944487358055 * ra2_2 * sb1_0_0 - 0.223606797749979 * ra2_4 * sb1_0_0
                     )
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
+                    ra2_3 = hl.load(x1, [rows, 7 + tile_r.index], extra_mask=okc)
                     o1 = (
                         0.223606797749979 * ra2_1 * sb1_0_0 + 0.2581988897471611 * ra2_2 * sb1_1_0
                         + 0.223606797749979 * ra2_3 * sb1_2_0
@@ -1979,13 +1847,13 @@ def tp_bwd_w_0(
                         + o2[:, :, None] * g1_2[:, None, :]
                     ).sum(0)
                     # path 16: uvw 1x2e x 1x3o -> 24x1o, 21 nonzeros, weighted
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
+                    sb3_4_0 = hl.load(x2, [rows, 13], extra_mask=ok)[:, None]
+                    sb3_6_0 = hl.load(x2, [rows, 15], extra_mask=ok)[:, None]
+                    sb3_3_0 = hl.load(x2, [rows, 12], extra_mask=ok)[:, None]
+                    sb3_5_0 = hl.load(x2, [rows, 14], extra_mask=ok)[:, None]
+                    sb3_2_0 = hl.load(x2, [rows, 11], extra_mask=ok)[:, None]
+                    sb3_1_0 = hl.load(x2, [rows, 10], extra_mask=ok)[:, None]
+                    sb3_0_0 = hl.load(x2, [rows, 9], extra_mask=ok)[:, None]
                     o0 = (
                         -0.048795003647426664 * ra2_0 * sb3_4_0 - 0.18898223650461363 * ra2_0 * sb3_6_0
                         - 0.11952286093343936 * ra2_1 * sb3_3_0 - 0.15430334996209194 * ra2_1 * sb3_5_0
@@ -2008,13 +1876,13 @@ def tp_bwd_w_0(
                         + o2[:, :, None] * g2_2[:, None, :]
                     ).sum(0)
                     # path 19: uvw 1x3o x 1x2e -> 24x1o, 21 nonzeros, weighted
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
+                    ra3_0 = hl.load(x1, [rows, 9 + tile_r.index], extra_mask=okc)
+                    ra3_1 = hl.load(x1, [rows, 10 + tile_r.index], extra_mask=okc)
+                    ra3_2 = hl.load(x1, [rows, 11 + tile_r.index], extra_mask=okc)
+                    ra3_3 = hl.load(x1, [rows, 12 + tile_r.index], extra_mask=okc)
+                    ra3_4 = hl.load(x1, [rows, 13 + tile_r.index], extra_mask=okc)
+                    ra3_5 = hl.load(x1, [rows, 14 + tile_r.index], extra_mask=okc)
+                    ra3_6 = hl.load(x1, [rows, 15 + tile_r.index], extra_mask=okc)
                     o0 = (
                         0.18898223650461363 * ra3_0 * sb2_4_0 + 0.15430334996209194 * ra3_1 * sb2_3_0
                         + 0.16903085094570333 * ra3_2 * sb2_2_0 + 0.048795003647426664 * ra3_2 * sb2_4_0
@@ -2060,63 +1928,63 @@ def tp_bwd_w_0(
                         o0[:, :, None] * g1_0[:, None, :] + o1[:, :, None] * g1_1[:, None, :]
                         + o2[:, :, None] * g1_2[:, None, :]
                     ).sum(0)
-                gw1[tile_p.id, tile_r, 0, tile_c] = acc1_0
-                gw3[tile_p.id, tile_r, 0, tile_c] = acc3_0
-                gw5[tile_p.id, tile_r, 0, tile_c] = acc5_0
-                gw7[tile_p.id, tile_r, 0, tile_c] = acc7_0
-                gw11[tile_p.id, tile_r, 0, tile_c] = acc11_0
-                gw14[tile_p.id, tile_r, 0, tile_c] = acc14_0
-                gw16[tile_p.id, tile_r, 0, tile_c] = acc16_0
-                gw19[tile_p.id, tile_r, 0, tile_c] = acc19_0
-                gw22[tile_p.id, tile_r, 0, tile_c] = acc22_0
+                gw[tile_p.id, 64 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc1_0
+                gw[tile_p.id, 104 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc3_0
+                gw[tile_p.id, 192 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc5_0
+                gw[tile_p.id, 232 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc7_0
+                gw[tile_p.id, 304 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc11_0
+                gw[tile_p.id, 408 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc14_0
+                gw[tile_p.id, 448 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc16_0
+                gw[tile_p.id, 504 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc19_0
+                gw[tile_p.id, 608 + tile_r.index[:, None] * 24 + tile_c.index[None, :]] = acc22_0
         for tile_c in hl.tile(16, block_size=16):
             # outer products over 1 channels
             for tile_r in hl.tile(1, block_size=1):
-                acc2_0 = hl.zeros([tile_r, tile_c], dtype=gw2.dtype)
-                acc6_0 = hl.zeros([tile_r, tile_c], dtype=gw6.dtype)
-                acc8_0 = hl.zeros([tile_r, tile_c], dtype=gw8.dtype)
-                acc9_0 = hl.zeros([tile_r, tile_c], dtype=gw9.dtype)
-                acc10_0 = hl.zeros([tile_r, tile_c], dtype=gw10.dtype)
-                acc12_0 = hl.zeros([tile_r, tile_c], dtype=gw12.dtype)
-                acc15_0 = hl.zeros([tile_r, tile_c], dtype=gw15.dtype)
-                acc17_0 = hl.zeros([tile_r, tile_c], dtype=gw17.dtype)
-                acc18_0 = hl.zeros([tile_r, tile_c], dtype=gw18.dtype)
-                acc20_0 = hl.zeros([tile_r, tile_c], dtype=gw20.dtype)
-                acc23_0 = hl.zeros([tile_r, tile_c], dtype=gw23.dtype)
+                acc2_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc6_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc8_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc9_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc10_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc12_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc15_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc17_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc18_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc20_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
+                acc23_0 = hl.zeros([tile_r, tile_c], dtype=gw.dtype)
                 for tile_s in hl.tile(64, block_size=16):
                     rows = tile_p.begin + tile_s.index
                     ok = rows < n
                     okc = ok[:, None]
                     # path 2: uvw 1x0e x 1x2e -> 16x2e, 5 nonzeros, weighted
-                    ra0_0 = hl.load(x1_0, [rows, 0, tile_r], extra_mask=okc)
-                    sb2_0_0 = hl.load(x2_2, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra0_0 = hl.load(x1, [rows, tile_r.index], extra_mask=okc)
+                    sb2_0_0 = hl.load(x2, [rows, 4], extra_mask=ok)[:, None]
                     o0 = (0.3779644730092272 * ra0_0 * sb2_0_0)
-                    g3_0 = hl.load(g_3, [rows, tile_c, 0], extra_mask=okc)
-                    sb2_1_0 = hl.load(x2_2, [rows, 1, 0], extra_mask=ok)[:, None]
+                    g3_0 = hl.load(g, [rows, 208 + tile_c.index * 5], extra_mask=okc)
+                    sb2_1_0 = hl.load(x2, [rows, 5], extra_mask=ok)[:, None]
                     o1 = (0.3779644730092272 * ra0_0 * sb2_1_0)
-                    g3_1 = hl.load(g_3, [rows, tile_c, 1], extra_mask=okc)
-                    sb2_2_0 = hl.load(x2_2, [rows, 2, 0], extra_mask=ok)[:, None]
+                    g3_1 = hl.load(g, [rows, 209 + tile_c.index * 5], extra_mask=okc)
+                    sb2_2_0 = hl.load(x2, [rows, 6], extra_mask=ok)[:, None]
                     o2 = (0.3779644730092272 * ra0_0 * sb2_2_0)
-                    g3_2 = hl.load(g_3, [rows, tile_c, 2], extra_mask=okc)
-                    sb2_3_0 = hl.load(x2_2, [rows, 3, 0], extra_mask=ok)[:, None]
+                    g3_2 = hl.load(g, [rows, 210 + tile_c.index * 5], extra_mask=okc)
+                    sb2_3_0 = hl.load(x2, [rows, 7], extra_mask=ok)[:, None]
                     o3 = (0.3779644730092272 * ra0_0 * sb2_3_0)
-                    g3_3 = hl.load(g_3, [rows, tile_c, 3], extra_mask=okc)
-                    sb2_4_0 = hl.load(x2_2, [rows, 4, 0], extra_mask=ok)[:, None]
+                    g3_3 = hl.load(g, [rows, 211 + tile_c.index * 5], extra_mask=okc)
+                    sb2_4_0 = hl.load(x2, [rows, 8], extra_mask=ok)[:, None]
                     o4 = (0.3779644730092272 * ra0_0 * sb2_4_0)
-                    g3_4 = hl.load(g_3, [rows, tile_c, 4], extra_mask=okc)
+                    g3_4 = hl.load(g, [rows, 212 + tile_c.index * 5], extra_mask=okc)
                     acc2_0 = acc2_0 + (
                         o0[:, :, None] * g3_0[:, None, :] + o1[:, :, None] * g3_1[:, None, :]
                         + o2[:, :, None] * g3_2[:, None, :] + o3[:, :, None] * g3_3[:, None, :]
                         + o4[:, :, None] * g3_4[:, None, :]
                     ).sum(0)
                     # path 6: uvw 1x1o x 1x1o -> 16x2e, 11 nonzeros, weighted
-                    ra1_0 = hl.load(x1_1, [rows, 0, tile_r], extra_mask=okc)
-                    sb1_2_0 = hl.load(x2_1, [rows, 2, 0], extra_mask=ok)[:, None]
-                    ra1_2 = hl.load(x1_1, [rows, 2, tile_r], extra_mask=okc)
-                    sb1_0_0 = hl.load(x2_1, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra1_0 = hl.load(x1, [rows, 1 + tile_r.index], extra_mask=okc)
+                    sb1_2_0 = hl.load(x2, [rows, 3], extra_mask=ok)[:, None]
+                    ra1_2 = hl.load(x1, [rows, 3 + tile_r.index], extra_mask=okc)
+                    sb1_0_0 = hl.load(x2, [rows, 1], extra_mask=ok)[:, None]
                     o0 = (0.2672612419124244 * ra1_0 * sb1_2_0 + 0.2672612419124244 * ra1_2 * sb1_0_0)
-                    sb1_1_0 = hl.load(x2_1, [rows, 1, 0], extra_mask=ok)[:, None]
-                    ra1_1 = hl.load(x1_1, [rows, 1, tile_r], extra_mask=okc)
+                    sb1_1_0 = hl.load(x2, [rows, 2], extra_mask=ok)[:, None]
+                    ra1_1 = hl.load(x1, [rows, 2 + tile_r.index], extra_mask=okc)
                     o1 = (0.2672612419124244 * ra1_0 * sb1_1_0 + 0.2672612419124244 * ra1_1 * sb1_0_0)
                     o2 = (
                         -0.1543033499620919 * ra1_0 * sb1_0_0 + 0.3086066999241838 * ra1_1 * sb1_1_0
@@ -2134,42 +2002,42 @@ def tp_bwd_w_0(
                         0.2041241452319315 * ra1_0 * sb2_1_0 + 0.408248290463863 * ra1_1 * sb2_4_0
                         - 0.2041241452319315 * ra1_2 * sb2_3_0
                     )
-                    g4_0 = hl.load(g_4, [rows, tile_c, 0], extra_mask=okc)
+                    g4_0 = hl.load(g, [rows, 288 + tile_c.index * 5], extra_mask=okc)
                     o1 = (
                         -0.2041241452319315 * ra1_0 * sb2_0_0 + 0.2041241452319315 * ra1_1 * sb2_3_0
                         - 0.3535533905932738 * ra1_2 * sb2_2_0 - 0.2041241452319315 * ra1_2 * sb2_4_0
                     )
-                    g4_1 = hl.load(g_4, [rows, tile_c, 1], extra_mask=okc)
+                    g4_1 = hl.load(g, [rows, 289 + tile_c.index * 5], extra_mask=okc)
                     o2 = (-0.3535533905932738 * ra1_0 * sb2_3_0 + 0.3535533905932738 * ra1_2 * sb2_1_0)
-                    g4_2 = hl.load(g_4, [rows, tile_c, 2], extra_mask=okc)
+                    g4_2 = hl.load(g, [rows, 290 + tile_c.index * 5], extra_mask=okc)
                     o3 = (
                         0.3535533905932738 * ra1_0 * sb2_2_0 - 0.2041241452319315 * ra1_0 * sb2_4_0
                         - 0.2041241452319315 * ra1_1 * sb2_1_0 + 0.2041241452319315 * ra1_2 * sb2_0_0
                     )
-                    g4_3 = hl.load(g_4, [rows, tile_c, 3], extra_mask=okc)
+                    g4_3 = hl.load(g, [rows, 291 + tile_c.index * 5], extra_mask=okc)
                     o4 = (
                         0.2041241452319315 * ra1_0 * sb2_3_0 - 0.408248290463863 * ra1_1 * sb2_0_0
                         + 0.2041241452319315 * ra1_2 * sb2_1_0
                     )
-                    g4_4 = hl.load(g_4, [rows, tile_c, 4], extra_mask=okc)
+                    g4_4 = hl.load(g, [rows, 292 + tile_c.index * 5], extra_mask=okc)
                     acc8_0 = acc8_0 + (
                         o0[:, :, None] * g4_0[:, None, :] + o1[:, :, None] * g4_1[:, None, :]
                         + o2[:, :, None] * g4_2[:, None, :] + o3[:, :, None] * g4_3[:, None, :]
                         + o4[:, :, None] * g4_4[:, None, :]
                     ).sum(0)
                     # path 9: uvw 1x1o x 1x3o -> 16x2e, 21 nonzeros, weighted
-                    sb3_4_0 = hl.load(x2_3, [rows, 4, 0], extra_mask=ok)[:, None]
-                    sb3_6_0 = hl.load(x2_3, [rows, 6, 0], extra_mask=ok)[:, None]
-                    sb3_1_0 = hl.load(x2_3, [rows, 1, 0], extra_mask=ok)[:, None]
-                    sb3_0_0 = hl.load(x2_3, [rows, 0, 0], extra_mask=ok)[:, None]
-                    sb3_2_0 = hl.load(x2_3, [rows, 2, 0], extra_mask=ok)[:, None]
+                    sb3_4_0 = hl.load(x2, [rows, 13], extra_mask=ok)[:, None]
+                    sb3_6_0 = hl.load(x2, [rows, 15], extra_mask=ok)[:, None]
+                    sb3_1_0 = hl.load(x2, [rows, 10], extra_mask=ok)[:, None]
+                    sb3_0_0 = hl.load(x2, [rows, 9], extra_mask=ok)[:, None]
+                    sb3_2_0 = hl.load(x2, [rows, 11], extra_mask=ok)[:, None]
                     o0 = (
                         -0.05832118435198043 * ra1_0 * sb3_4_0 - 0.22587697572631282 * ra1_0 * sb3_6_0
                         + 0.18442777839082938 * ra1_1 * sb3_1_0 + 0.22587697572631282 * ra1_2 * sb3_0_0
                         - 0.05832118435198043 * ra1_2 * sb3_2_0
                     )
-                    sb3_3_0 = hl.load(x2_3, [rows, 3, 0], extra_mask=ok)[:, None]
-                    sb3_5_0 = hl.load(x2_3, [rows, 5, 0], extra_mask=ok)[:, None]
+                    sb3_3_0 = hl.load(x2, [rows, 12], extra_mask=ok)[:, None]
+                    sb3_5_0 = hl.load(x2, [rows, 14], extra_mask=ok)[:, None]
                     o1 = (
                         -0.14285714285714285 * ra1_0 * sb3_3_0 - 0.18442777839082938 * ra1_0 * sb3_5_0
                         + 0.23328473740792172 * ra1_1 * sb3_2_0 + 0.18442777839082938 * ra1_2 * sb3_1_0
@@ -2193,16 +2061,16 @@ def tp_bwd_w_0(
                         + o4[:, :, None] * g3_4[:, None, :]
                     ).sum(0)
                     # path 10: uvw 1x2e x 1x0e -> 16x2e, 5 nonzeros, weighted
-                    ra2_0 = hl.load(x1_2, [rows, 0, tile_r], extra_mask=okc)
-                    sb0_0_0 = hl.load(x2_0, [rows, 0, 0], extra_mask=ok)[:, None]
+                    ra2_0 = hl.load(x1, [rows, 4 + tile_r.index], extra_mask=okc)
+                    sb0_0_0 = hl.load(x2, [rows, 0], extra_mask=ok)[:, None]
                     o0 = (0.3779644730092272 * ra2_0 * sb0_0_0)
-                    ra2_1 = hl.load(x1_2, [rows, 1, tile_r], extra_mask=okc)
+                    ra2_1 = hl.load(x1, [rows, 5 + tile_r.index], extra_mask=okc)
                     o1 = (0.3779644730092272 * ra2_1 * sb0_0_0)
-                    ra2_2 = hl.load(x1_2, [rows, 2, tile_r], extra_mask=okc)
+                    ra2_2 = hl.load(x1, [rows, 6 + tile_r.index], extra_mask=okc)
                     o2 = (0.3779644730092272 * ra2_2 * sb0_0_0)
-                    ra2_3 = hl.load(x1_2, [rows, 3, tile_r], extra_mask=okc)
+                    ra2_3 = hl.load(x1, [rows, 7 + tile_r.index], extra_mask=okc)
                     o3 = (0.3779644730092272 * ra2_3 * sb0_0_0)
-                    ra2_4 = hl.load(x1_2, [rows, 4, tile_r], extra_mask=okc)
+                    ra2_4 = hl.load(x1, [rows, 8 + tile_r.index], extra_mask=okc)
                     o4 = (0.3779644730092272 * ra2_4 * sb0_0_0)
                     acc10_0 = acc10_0 + (
                         o0[:, :, None] * g3_0[:, None, :] + o1[:, :, None] * g3_1[:, None, :]
@@ -2292,18 +2160,18 @@ def tp_bwd_w_0(
                         + o4[:, :, None] * g4_4[:, None, :]
                     ).sum(0)
                     # path 18: uvw 1x3o x 1x1o -> 16x2e, 21 nonzeros, weighted
-                    ra3_0 = hl.load(x1_3, [rows, 0, tile_r], extra_mask=okc)
-                    ra3_1 = hl.load(x1_3, [rows, 1, tile_r], extra_mask=okc)
-                    ra3_2 = hl.load(x1_3, [rows, 2, tile_r], extra_mask=okc)
-                    ra3_4 = hl.load(x1_3, [rows, 4, tile_r], extra_mask=okc)
-                    ra3_6 = hl.load(x1_3, [rows, 6, tile_r], extra_mask=okc)
+                    ra3_0 = hl.load(x1, [rows, 9 + tile_r.index], extra_mask=okc)
+                    ra3_1 = hl.load(x1, [rows, 10 + tile_r.index], extra_mask=okc)
+                    ra3_2 = hl.load(x1, [rows, 11 + tile_r.index], extra_mask=okc)
+                    ra3_4 = hl.load(x1, [rows, 13 + tile_r.index], extra_mask=okc)
+                    ra3_6 = hl.load(x1, [rows, 15 + tile_r.index], extra_mask=okc)
                     o0 = (
                         0.22587697572631282 * ra3_0 * sb1_2_0 + 0.18442777839082938 * ra3_1 * sb1_1_0
                         - 0.05832118435198043 * ra3_2 * sb1_2_0 - 0.05832118435198043 * ra3_4 * sb1_0_0
                         - 0.22587697572631282 * ra3_6 * sb1_0_0
                     )
-                    ra3_3 = hl.load(x1_3, [rows, 3, tile_r], extra_mask=okc)
-                    ra3_5 = hl.load(x1_3, [rows, 5, tile_r], extra_mask=okc)
+                    ra3_3 = hl.load(x1, [rows, 12 + tile_r.index], extra_mask=okc)
+                    ra3_5 = hl.load(x1, [rows, 14 + tile_r.index], extra_mask=okc)
                     o1 = (
                         0.18442777839082938 * ra3_1 * sb1_2_0 + 0.23328473740792172 * ra3_2 * sb1_1_0
                         - 0.14285714285714285 * ra3_3 * sb1_0_0 - 0.18442777839082938 * ra3_5 * sb1_0_0
@@ -2393,14 +2261,14 @@ def tp_bwd_w_0(
                         + o2[:, :, None] * g3_2[:, None, :] + o3[:, :, None] * g3_3[:, None, :]
                         + o4[:, :, None] * g3_4[:, None, :]
                     ).sum(0)
-                gw2[tile_p.id, tile_r, 0, tile_c] = acc2_0
-                gw6[tile_p.id, tile_r, 0, tile_c] = acc6_0
-                gw8[tile_p.id, tile_r, 0, tile_c] = acc8_0
-                gw9[tile_p.id, tile_r, 0, tile_c] = acc9_0
-                gw10[tile_p.id, tile_r, 0, tile_c] = acc10_0
-                gw12[tile_p.id, tile_r, 0, tile_c] = acc12_0
-                gw15[tile_p.id, tile_r, 0, tile_c] = acc15_0
-                gw17[tile_p.id, tile_r, 0, tile_c] = acc17_0
-                gw18[tile_p.id, tile_r, 0, tile_c] = acc18_0
-                gw20[tile_p.id, tile_r, 0, tile_c] = acc20_0
-                gw23[tile_p.id, tile_r, 0, tile_c] = acc23_0
+                gw[tile_p.id, 88 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc2_0
+                gw[tile_p.id, 216 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc6_0
+                gw[tile_p.id, 256 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc8_0
+                gw[tile_p.id, 272 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc9_0
+                gw[tile_p.id, 288 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc10_0
+                gw[tile_p.id, 328 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc12_0
+                gw[tile_p.id, 432 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc15_0
+                gw[tile_p.id, 472 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc17_0
+                gw[tile_p.id, 488 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc18_0
+                gw[tile_p.id, 528 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc20_0
+                gw[tile_p.id, 632 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc23_0
