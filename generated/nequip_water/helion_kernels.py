@@ -266,7 +266,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1),
+    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
