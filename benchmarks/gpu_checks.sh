@@ -15,6 +15,12 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 echo "install $(( $(date +%s) - T0 )) s"
 summary=()
+# One background pytest process of the torch GPU gradient tests: grads_bg SELECTION LOGNAME
+grads_bg() {
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_grads.py \
+    -k "$1" -s > "$OUT/torch_grads_par/$2.log" 2>&1 &
+  pids+=($!)
+}
 for arg in "$@"; do
   step=${arg%%=*}; limit=${arg#*=}; [ "$limit" = "$arg" ] && limit=300
   t=$(date +%s)
@@ -39,16 +45,12 @@ for arg in "$@"; do
           for op in "${ops_[@]}"; do
             sel="test_examples_all_kernels_on_gpu and $stem and $dt"
             [ "$op" = all ] || sel="$sel and $op"
-            timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_grads.py \
-              -k "$sel" -s > "$OUT/torch_grads_par/$stem-$dt-$op.log" 2>&1 &
-            pids+=($!)
+            grads_bg "$sel" "$stem-$dt-$op"
           done
         done
       done
       if [ -z "${EQDSL_ONLY:-}" ] || [[ " $EQDSL_ONLY " == *" gradgradcheck "* ]]; then
-        timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_torch_grads.py \
-          -k test_gradgradcheck_on_gpu > "$OUT/torch_grads_par/gradgradcheck.log" 2>&1 &
-        pids+=($!)
+        grads_bg test_gradgradcheck_on_gpu gradgradcheck
       fi
       fails=0
       for p in "${pids[@]}"; do wait "$p" || fails=$((fails + 1)); done

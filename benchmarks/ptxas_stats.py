@@ -47,8 +47,8 @@ def triton_source(spec: str, kernel: str) -> tuple[str, dict[str, torch.Tensor]]
         "x1": torch.randn(n, ops.DIM_IN1), "x2": torch.randn(n, ops.DIM_IN2), "g": torch.randn(n, ops.DIM_OUT),
         "weights": torch.randn(*(() if ops.SHARED_WEIGHTS else (n,)), ops.WEIGHT_NUMEL),
         "out": torch.empty(n, ops.DIM_OUT), "gx1": torch.empty(n, ops.DIM_IN1), "gx2": torch.empty(n, ops.DIM_IN2),
+        "gw": torch.empty(n, ops.WEIGHT_NUMEL),  # per-row partials with shared weights too
     }
-    pool["gw"] = torch.empty(n, ops.WEIGHT_NUMEL)
     args = {p: pool[p] for p in inspect.signature(k.fn).parameters}
     return k.bind(tuple(args.values())).to_triton_code(k.configs[0]), args
 

@@ -1008,13 +1008,16 @@ def _launcher(
     """Views and kernel calls of one family, for ``torch_ops.py`` (``flat``: the kernels take
     whole rows, already rewritten by ``_flatten``; no views)."""
     names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
-    if flat:
-        return {
-            "name": family,
-            "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
-            "views": [],
-            "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
-        }
+    return {
+        "name": family,
+        "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+        "views": [] if flat else _launcher_views(ir, family, args, kernels, native),
+        "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
+    }
+
+
+def _launcher_views(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool) -> list[str]:
+    """The host-side views the (conv) kernels of one family index."""
     used = {p for k in kernels for p in k["params"]}
     views = []
     for op in args:
@@ -1027,12 +1030,7 @@ def _launcher(
         views += _weight_views(ir, "gw", "gw", True, used)
     else:
         views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used, native)
-    return {
-        "name": family,
-        "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
-        "views": views,
-        "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
-    }
+    return views
 
 
 _DIM = {"x1": "DIM_IN1", "x2": "DIM_IN2", "g": "DIM_OUT", "w": None}
