@@ -26,9 +26,12 @@ Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G
 import numpy as _np
 import torch
 
+from eqdsl.runtime import helion_launch as _launch
 from eqdsl.runtime import torch_runtime as _rt
 
-from . import helion_conv_kernels as _k
+from . import helion_conv_kernels as _kernels
+
+_k = _launch.launchers(_kernels)  # the kernels, launched without Helion's per-call Python after the first call
 
 __all__ = ["conv", "conv_fwd_op", "conv_bwd_x_op", "conv_bwd_y_op", "conv_bwd_w_op", "DIM_IN1", "DIM_IN2", "DIM_OUT", "WEIGHT_NUMEL"]
 

@@ -1,0 +1,141 @@
+"""Launch generated Helion kernels on CUDA without Helion's and Triton's per-call Python.
+
+A call of a ``helion.Kernel`` goes through Helion's dispatch (a key over every
+argument's dtype, shape, strides and device), the kernel's generated host function
+(grid, sizes and strides), and Triton's ``JITFunction.run`` (argument binding,
+specialization key, cache lookup, launch metadata). Measured on the H100 machine's host
+(2026-11-22, helion 1.4.0, triton 3.6.0) that path took ~42 us per launch, above the
+25 us per op the project aims at.
+
+``HelionLaunch`` keeps the authored path for the first call of each specialization, so
+Helion compiles (and checks) exactly as before, then calls the same generated host
+function with a launcher that hands the arguments straight to Triton's compiled kernel
+(``CompiledKernel.run``, its C launcher). What Triton would specialize on is recomputed
+per call: each tensor's dtype and 16-byte alignment, each integer's ``== 1``, ``% 16 ==
+0`` and 32-bit range (``triton.runtime.jit.specialize_impl``); a new combination goes
+through ``JITFunction.run`` once and is cached. CPU tensors (Triton's interpreter), an
+installed launch hook (profilers), or ``EQDSL_HELION_FAST_LAUNCH=0`` take Helion's path.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+__all__ = ["HelionLaunch", "launchers", "triton_specialization"]
+
+_INT32 = (-(2**31), 2**31 - 1)
+_HELION_INT32_INDEX_LIMIT = 2**31 - 1
+
+
+def triton_specialization(args: tuple) -> tuple:
+    """What Triton's compile key depends on in ``args`` (tensors, ints, floats, None).
+
+    A tensor contributes its dtype and whether its data pointer is 16-byte aligned; an
+    int whether it is 1, divisible by 16, and fits in 32 bits (as
+    ``triton.runtime.jit.specialize_impl`` decides for Triton 3.6). Raises ``TypeError``
+    on anything else, so an unknown argument is never launched with a stale kernel.
+    """
+    spec = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif type(a) is int:
+            spec.append((a == 1, a % 16 == 0, _INT32[0] <= a <= _INT32[1]))
+        elif type(a) is float or a is None:
+            spec.append(type(a))
+        else:
+            raise TypeError(f"HelionLaunch: cannot specialize a launch argument of type {type(a).__name__}")
+    return tuple(spec)
+
+
+def _helion_key(args: tuple) -> tuple:
+    # Helion (static_shapes=False) binds one kernel per dtype, per size bucketed to 0, 1
+    # or more in every dimension, and per 32/64-bit indexing (helion.runtime.kernel._tensor_key).
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.device, tuple(min(s, 2) for s in a.shape), a.numel() > _HELION_INT32_INDEX_LIMIT))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
+
+
+class HelionLaunch:
+    """Call ``kernel(*args)`` (a ``helion.Kernel`` with a pinned config) at low host cost.
+
+    Same arguments, same effect as calling the kernel; see the module docstring for what
+    is skipped and when it falls back to Helion's path.
+    """
+
+    # The fast path's device type and current-device query (tests substitute both).
+    fast_device_type = "cuda"
+    current_device = staticmethod(torch.cuda.current_device)
+
+    def __init__(self, kernel, *, enabled: bool | None = None):
+        self.kernel = kernel
+        if enabled is None:
+            enabled = os.environ.get("EQDSL_HELION_FAST_LAUNCH", "1") != "0"
+        self.enabled = enabled
+        self._host: dict[tuple, object] = {}
+        self._compiled: dict[tuple, object] = {}
+        self._triton = None  # (knobs.runtime, get_current_stream, default_launcher), bound on first CUDA launch
+
+    def __repr__(self) -> str:
+        return f"HelionLaunch({getattr(self.kernel, 'name', self.kernel)!r})"
+
+    def __call__(self, *args):
+        if not self.enabled or args[0].device.type != self.fast_device_type:
+            return self.kernel(*args)
+        key = _helion_key(args)
+        host = self._host.get(key)
+        if host is None:
+            result = self.kernel(*args)  # compiles (first time) and launches through Helion
+            self._host[key] = self.kernel.bind(args)._run
+            return result
+        return host(*args, _launcher=self._launch)
+
+    def _bind_triton(self):
+        from helion.runtime import default_launcher
+        from triton import knobs
+        from triton.runtime import driver
+
+        self._triton = (knobs.runtime, driver.active.get_current_stream, default_launcher)
+        return self._triton
+
+    def _launch(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
+        runtime, current_stream, default_launcher = self._triton or self._bind_triton()
+        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+            return default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        device = self.current_device()
+        key = (id(triton_kernel), device, num_warps, num_stages, tuple(sorted(kwargs.items())), triton_specialization(args))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+            self._compiled[key] = compiled
+            return compiled
+        stream = current_stream(device)
+        compiled.run(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+        )
+        return compiled
+
+
+def launchers(module) -> types.SimpleNamespace:
+    """A ``HelionLaunch`` for every ``helion.Kernel`` of a generated kernels module, by name."""
+    import helion
+
+    return types.SimpleNamespace(
+        **{name: HelionLaunch(obj) for name, obj in vars(module).items() if isinstance(obj, helion.Kernel)}
+    )

@@ -1,0 +1,139 @@
+"""``eqdsl.runtime.helion_launch``: the fast launch path's caching, checked with stand-ins
+for Helion's kernel and Triton's JIT function (CPU; the real launch is checked on the GPU
+by every GPU kernel test, which runs through it)."""
+
+import pytest
+import torch
+
+from eqdsl.runtime.helion_launch import HelionLaunch, triton_specialization
+
+
+def test_specialization_alignment_ints_and_errors():
+    x = torch.zeros(64)
+    assert triton_specialization((x,)) == ((torch.float32, True),)
+    assert triton_specialization((x[1:],)) == ((torch.float32, False),)  # 4-byte offset
+    assert triton_specialization((x[4:].double(),))[0][0] == torch.float64
+    assert triton_specialization((1, 16, 17, 2**31, -5)) == (
+        (True, False, True),
+        (False, True, True),
+        (False, False, True),
+        (False, True, False),
+        (False, False, True),
+    )
+    assert triton_specialization((0.5, None)) == (float, type(None))
+    with pytest.raises(TypeError, match="list"):
+        triton_specialization(([1],))
+
+
+class _Compiled:
+    def __init__(self, log, spec):
+        self.log, self.spec = log, spec
+        self.function, self.packed_metadata = "fn", "meta"
+
+    def run(self, g0, g1, g2, stream, function, packed, launch_metadata, enter, exit_, *args):
+        self.log.append(("direct", self.spec, (g0, g1, g2), stream, args))
+
+
+class _JIT:
+    """Triton's JITFunction.run, as Helion's default launcher calls it."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *args, grid, warmup, num_warps, num_stages, **kwargs):
+        self.log.append(("jit", grid, args, num_warps, num_stages, kwargs))
+        return _Compiled(self.log, triton_specialization(args))
+
+
+class _Runtime:
+    launch_enter_hook = None
+    launch_exit_hook = None
+
+
+def _default_launcher(triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
+    return triton_kernel.run(*args, grid=grid, warmup=False, num_warps=num_warps, num_stages=num_stages, **kwargs)
+
+
+class _Kernel:
+    """A helion.Kernel: ``__call__`` (Helion's path) and ``bind(args)._run`` (the host code)."""
+
+    def __init__(self, log):
+        self.jit = _JIT(log)
+        self.log = log
+        self.binds = 0
+
+    def host(self, x, out, *, _launcher=_default_launcher):
+        _launcher(self.jit, ((x.size(0) + 15) // 16,), x, out, x.size(0), out.stride(0), num_warps=4, num_stages=1, maxnreg=256)
+
+    def __call__(self, *args):
+        self.log.append(("helion",))
+        self.host(*args)
+
+    def bind(self, args):
+        self.binds += 1
+        return type("Bound", (), {"_run": staticmethod(self.host)})()
+
+
+def _fast(log):
+    k = _Kernel(log)
+    launch = HelionLaunch(k, enabled=True)
+    launch.fast_device_type = "cpu"
+    launch.current_device = lambda: 0
+    launch._triton = (_Runtime(), lambda device: f"stream{device}", _default_launcher)
+    return k, launch
+
+
+def test_first_call_through_helion_then_direct():
+    log = []
+    k, launch = _fast(log)
+    x, out = torch.zeros(40, 8), torch.zeros(40, 16)
+    launch(x, out)  # Helion's path: compiles and launches
+    assert [e[0] for e in log] == ["helion", "jit"]
+    launch(x, out)  # host code + JIT run once for this specialization (kept)
+    launch(x, out)  # direct
+    assert [e[0] for e in log] == ["helion", "jit", "jit", "direct"]
+    assert log[-1][2] == (3, 1, 1) and log[-1][3] == "stream0"
+    assert log[-1][4] == (x, out, 40, 16)
+    assert log[2][5] == {"maxnreg": 256}
+    assert k.binds == 1
+
+
+def test_new_specialization_goes_through_triton_once():
+    log = []
+    k, launch = _fast(log)
+    x, out = torch.zeros(48, 8), torch.zeros(48, 16)
+    for _ in range(3):
+        launch(x, out)
+    n = len(log)
+    y, out2 = torch.zeros(33, 8), torch.zeros(33, 16)  # 33 % 16 != 0: another Triton key
+    launch(y, out2)
+    launch(y, out2)
+    assert [e[0] for e in log[n:]] == ["jit", "direct"]
+    assert log[-1][2] == (3, 1, 1)
+    z = torch.zeros(49 * 8)[1:385].view(48, 8)  # misaligned data pointer: another Triton key
+    launch(z, out)
+    launch(z, out)
+    assert [e[0] for e in log[n + 2 :]] == ["jit", "direct"]
+    assert k.binds == 1  # same Helion specialization (sizes >= 2, one dtype) all along
+
+
+def test_batch_one_rebinds_helion_and_hooks_fall_back():
+    log = []
+    k, launch = _fast(log)
+    launch(torch.zeros(5, 8), torch.zeros(5, 16))
+    launch(torch.zeros(1, 8), torch.zeros(1, 16))  # Helion buckets size 1 apart
+    assert [e[0] for e in log] == ["helion", "jit", "helion", "jit"] and k.binds == 2
+    runtime = launch._triton[0]
+    runtime.launch_enter_hook = lambda *a: None  # a profiler: every launch goes through Triton
+    for _ in range(2):
+        launch(torch.zeros(5, 8), torch.zeros(5, 16))
+    assert [e[0] for e in log[4:]] == ["jit", "jit"]
+
+
+def test_cpu_tensors_take_helions_path():
+    log = []
+    k = _Kernel(log)
+    launch = HelionLaunch(k, enabled=True)
+    for _ in range(2):
+        launch(torch.zeros(4, 8), torch.zeros(4, 16))
+    assert [e[0] for e in log] == ["helion", "jit"] * 2 and k.binds == 0
