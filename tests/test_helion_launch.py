@@ -8,6 +8,11 @@ import torch
 from eqdsl.runtime.helion_launch import HelionLaunch, triton_specialization
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    monkeypatch.setenv("EQDSL_CACHE_DIR", "")
+
+
 def test_specialization_alignment_ints_and_errors():
     x = torch.zeros(64)
     assert triton_specialization((x,)) == ((torch.float32, True),)
@@ -137,3 +142,76 @@ def test_cpu_tensors_take_helions_path():
     for _ in range(2):
         launch(torch.zeros(4, 8), torch.zeros(4, 16))
     assert [e[0] for e in log] == ["helion", "jit"] * 2 and k.binds == 0
+
+
+_MODULE = '''
+CALLS = []
+
+
+def {name}(x, out, *, _launcher=None):
+    CALLS.append(x.shape[0])
+    _launcher(JIT, ((x.size(0) + 15) // 16,), x, out, x.size(0), out.stride(0), num_warps=4, num_stages=1)
+'''
+
+
+class _CachingKernel(_Kernel):
+    """A helion.Kernel whose bound kernel records the file of its generated module."""
+
+    name = "k_demo"
+
+    def __init__(self, log, module_dir, src_file):
+        super().__init__(log)
+        self.fn = src_file.read_text  # inspect.getsourcefile needs a function defined in src_file
+        self.module_file = module_dir / "generated_module.py"
+        self.module_file.write_text(_MODULE.format(name=self.name))
+
+    def bind(self, args):
+        bound = super().bind(args)
+        bound._cache_path_map = {"config": str(self.module_file)}
+        return bound
+
+
+def test_generated_module_cached_on_disk(tmp_path, monkeypatch):
+    import builtins
+    import sys
+
+    import eqdsl.runtime.helion_launch as hl_mod
+
+    monkeypatch.setenv("EQDSL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(hl_mod.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    src = tmp_path / "kernels_src.py"
+    src.write_text("def f():\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        src_mod = __import__("kernels_src")
+        log = []
+
+        def make():
+            k = _CachingKernel(log, tmp_path, src)
+            k.fn = src_mod.f
+            launch = HelionLaunch(k, enabled=True)
+            launch.fast_device_type = "cpu"
+            launch.current_device = lambda: 0
+            launch._triton = (_Runtime(), lambda device: "s", _default_launcher)
+            return k, launch
+
+        k1, l1 = make()
+        x, out = torch.zeros(32, 8), torch.zeros(32, 16)
+        l1(x, out)
+        cached = list((tmp_path / "cache" / "helion").glob("k_demo_*.py"))
+        assert len(cached) == 1 and cached[0].read_text() == k1.module_file.read_text()
+        # a new process: the module comes from the disk cache, Helion is not called
+        k2, l2 = make()
+        log.clear()
+        monkeypatch.setattr(builtins, "JIT", k2.jit, raising=False)  # the cached module's global JIT
+        l2(x, out)
+        l2(x, out)
+        assert [e[0] for e in log] == ["jit", "direct"] and k2.binds == 0
+        # another kernel source: another cache entry
+        src.write_text("def f():\n    return 1\n")
+        k3, l3 = make()
+        l3(x, out)
+        assert len(list((tmp_path / "cache" / "helion").glob("k_demo_*.py"))) == 2 and k3.binds == 1
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("kernels_src", None)

@@ -15,12 +15,28 @@ per call: each tensor's dtype and 16-byte alignment, each integer's ``== 1``, ``
 0`` and 32-bit range (``triton.runtime.jit.specialize_impl``); a new combination goes
 through ``JITFunction.run`` once and is cached. CPU tensors (Triton's interpreter), an
 installed launch hook (profilers), or ``EQDSL_HELION_FAST_LAUNCH=0`` take Helion's path.
+
+Helion's code generation (tracing the kernel, then emitting Triton) took 10-22 s per
+mace_large kernel on a 2-core CPU (2026-11-22) and happens again in every new process;
+Triton keeps its compiled binaries on disk but Helion keeps no generated code. So the
+module Helion generates (the ``@triton.jit`` kernel and its host function) is kept in
+``$EQDSL_CACHE_DIR`` (default ``~/.cache/eqdsl/helion``), keyed by the kernel file's
+contents, the kernel name, the Helion specialization of the arguments, the GPU's compute
+capability and the helion, triton and torch versions. A process that finds it loads it
+instead of calling Helion; Triton's own cache then makes the first launch cheap too.
+``EQDSL_CACHE_DIR=`` (empty) turns the disk cache off.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
+import inspect
 import os
+import tempfile
 import types
+from pathlib import Path
 
 import torch
 
@@ -82,6 +98,7 @@ class HelionLaunch:
         self._host: dict[tuple, object] = {}
         self._compiled: dict[tuple, object] = {}
         self._triton = None  # (knobs.runtime, get_current_stream, default_launcher), bound on first CUDA launch
+        self._source_hash: str | None = None
 
     def __repr__(self) -> str:
         return f"HelionLaunch({getattr(self.kernel, 'name', self.kernel)!r})"
@@ -92,10 +109,34 @@ class HelionLaunch:
         key = _helion_key(args)
         host = self._host.get(key)
         if host is None:
-            result = self.kernel(*args)  # compiles (first time) and launches through Helion
-            self._host[key] = self.kernel.bind(args)._run
-            return result
+            path = self._cache_path(key)
+            host = _load_host(path, self.kernel.name) if path is not None else None
+            if host is None:
+                result = self.kernel(*args)  # compiles (first time) and launches through Helion
+                bound = self.kernel.bind(args)
+                self._host[key] = bound._run
+                if path is not None:
+                    _store_module(bound, path)
+                return result
+            self._host[key] = host
         return host(*args, _launcher=self._launch)
+
+    def _cache_path(self, key: tuple) -> Path | None:
+        root = os.environ.get("EQDSL_CACHE_DIR", str(Path.home() / ".cache" / "eqdsl"))
+        if not root:
+            return None
+        if self._source_hash is None:
+            self._source_hash = hashlib.sha256(Path(inspect.getsourcefile(self.kernel.fn)).read_bytes()).hexdigest()
+        device = key[0][1]
+        parts = (
+            self._source_hash,
+            self.kernel.name,
+            repr([(k[0], k[2], k[3]) if len(k) == 4 else k for k in key]),  # without the device index
+            repr(torch.cuda.get_device_capability(device)),
+            *_versions(),
+        )
+        digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+        return Path(root) / "helion" / f"{self.kernel.name}_{digest}.py"
 
     def _bind_triton(self):
         from helion.runtime import default_launcher
@@ -130,6 +171,42 @@ class HelionLaunch:
             *args,
         )
         return compiled
+
+
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    from importlib.metadata import version
+
+    return tuple(version(p) for p in ("helion", "triton", "torch"))
+
+
+def _load_host(path: Path, name: str):
+    """The host function of a cached Helion module, or None (absent or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(f"eqdsl_helion_cache.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, name)
+    except Exception:  # a truncated or stale file: regenerate through Helion
+        return None
+
+
+def _store_module(bound, path: Path) -> None:
+    """Copy the module Helion generated for ``bound`` to ``path`` (atomically; best effort)."""
+    # one pinned config per kernel, so one generated module
+    source = next(iter(getattr(bound, "_cache_path_map", {}).values()), None)
+    if source is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(Path(source).read_bytes())
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def launchers(module) -> types.SimpleNamespace:
