@@ -23,8 +23,9 @@ nodes happen inside the kernels.
 
 As in the plain tensor product, the kernels take whole rows: the emitters' per-block
 view accesses are folded into column arithmetic by ``flat_access`` after rendering, the
-row index (``s_idx``, ``d_idx``, ``eid``, ``node``, ...) kept as it is
-(``x1_2[s_idx, 1, tile_c]`` -> ``x[s_idx, 640 + 1*128 + tile_c.index]``), so a launch
+row index (``s_idx``, ``d_idx``, ``eid``, ``node``, ...) kept as it is (mace_large:
+``x1_2[s_idx, 1, tile_c]`` -> ``x[s_idx, 640 + tile_c.index]``, block 2 at column 512,
+128 channels), so a launch
 passes the graph tensors and the op's four ``(rows, dim)`` tensors (``x``, ``y``,
 ``weights``, ``g`` and the computed ``out`` / ``gx`` / ``gy`` / ``gw``) and the host
 builds no views.
