@@ -20,6 +20,8 @@ from eqdsl.codegen.generate import generate_files
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "specs").glob("*.toml"))
 CARRIED_OK = {"rows", "ok", "okc"}
+# accumulators: ``acc*``, and the segment (deterministic conv) kernels' per-node ``tot*``
+CARRIED_PREFIXES = ("acc", "tot")
 
 # Every mode, uvw reductions over x1 and over x2, several channel groups (from test_torch_grads).
 MODES = (
@@ -46,7 +48,7 @@ def _reassigned_in_loops(body, outer: frozenset[str] = frozenset()) -> list[tupl
     for stmt in body:
         if isinstance(stmt, ast.For):
             bad += [(stmt.lineno, n) for n in sorted(_assigned(stmt.body) & seen)
-                    if n not in CARRIED_OK and not n.startswith("acc")]
+                    if n not in CARRIED_OK and not n.startswith(CARRIED_PREFIXES)]
             bad += _reassigned_in_loops(stmt.body, frozenset(seen))
         else:
             seen |= _assigned([stmt])
@@ -133,13 +135,84 @@ def test_flat_params_dedupe_in_order_and_unknown_index_is_an_error():
         flatten_kernels("a = x1_2[tile_b, 0]\n", VIEWS)
 
 
+def test_flat_gathered_rows_keep_their_index():
+    """Row indices that are not tiles (the convolution's gathered ``s_idx`` / ``eid``, a
+    segment's ``node``, a partial-sum row ``tile_p.id``) stay the row index; the columns
+    fold as for a tile."""
+    gathered = frozenset({"s_idx", "eid", "srows"})
+    views = dict(VIEWS, w5=View("w5", "weights", 10, (2, 4, 3), True))
+    src = ("a = x1_0[s_idx, 0, tile_c]\n"
+           "b = x1_2[node, 5, 1]\n"
+           "hl.atomic_add(x1_0, [s_idx, 0, tile_c], acc)\n"
+           "c = hl.load(x1_0, [srows, 0, tile_c], extra_mask=okc)\n"
+           "gw3[tile_p.id, tile_r, tile_c] = acc3\n")
+    assert flatten_kernels(src, views, gathered) == (
+        "a = x1[s_idx, tile_c.index]\n"
+        "b = x1[node, 80]\n"
+        "hl.atomic_add(x1, [s_idx, tile_c.index], acc)\n"
+        "c = hl.load(x1, [srows, tile_c.index], extra_mask=okc)\n"
+        "gw[tile_p.id, 96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]] = acc3\n"
+    )
+
+
+def test_flat_gathered_row_broadcasts_against_a_multi_axis_column():
+    """Against a column of two axes Helion broadcasts the tensor indexers together, so a
+    gathered 1-D row gets its own leading dimension; a tile row stays as it was."""
+    views = {"w5": View("w5", "weights", 10, (2, 4, 3), True)}
+    src = "ws0 = w5[eid, tile_s, tile_r, 0]\nwt0 = w5[tile_b, tile_s, tile_r, 0]\nw1 = w5[eid, 1, tile_r, 0]\n"
+    assert flatten_kernels(src, views, frozenset({"eid"})) == (
+        "ws0 = weights[eid[:, None, None], 10 + tile_s.index[None, :, None] * 12 + tile_r.index[None, None, :] * 3]\n"
+        "wt0 = weights[tile_b, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]\n"
+        "w1 = weights[eid, 22 + tile_r.index * 3]\n"
+    )
+    # without naming it gathered, the row is kept as written (the plain tensor product's tiles)
+    assert flatten_kernels("ws0 = w5[eid, tile_s, tile_r, 0]\n", views) == (
+        "ws0 = weights[eid, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]\n"
+    )
+
+
+def _whole_row_params(text: str) -> set[str]:
+    return {a.arg for fn in ast.parse(text).body if isinstance(fn, ast.FunctionDef) for a in fn.args.args}
+
+
 @pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_plain_tp_kernels_take_whole_rows(spec_path, tmp_path):
-    """No per-block view is left in the plain tensor product's kernels or launchers."""
+    """No per-block view is left in the plain tensor product's kernels or launchers, nor
+    in the fused convolution's (specs with ``conv = true``)."""
     files = generate_files(spec_path, tmp_path / "gen")
     for rel, text in files.items():
-        if rel.endswith("helion_kernels.py"):
-            params = {a.arg for fn in ast.parse(text).body if isinstance(fn, ast.FunctionDef) for a in fn.args.args}
+        if rel.endswith("/helion_kernels.py"):
+            params = _whole_row_params(text)
             assert params <= {"x1", "x2", "weights", "g", "out", "gx1", "gx2", "gw"}, (rel, params)
-        if rel.endswith("/torch_ops.py"):
+        if rel.endswith("/helion_conv_kernels.py"):
+            params = _whole_row_params(text)
+            assert params <= {"src", "dst", "order", "ptr", "x", "y", "weights", "g", "out", "gx", "gy", "gw"}, (rel, params)
+        if rel.endswith(("/torch_ops.py", "/torch_conv.py")):
             assert "unflatten" not in text, rel
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_every_conv_variant_takes_whole_rows(deterministic, shared, tmp_path):
+    """Every mode in the fused convolution (atomic and segment scatters, per-edge and shared
+    weights): whole-row kernel parameters, no host views, only accumulators carried."""
+    spec = tmp_path / "conv_modes.toml"
+    spec.write_text(
+        "[[tensor_product]]\n"
+        'name = "conv_modes"\n'
+        'irreps_in1 = "2x0e+1x1o"\n'
+        'irreps_in2 = "3x0e+1x1o"\n'
+        'irreps_out = "1x0e+1x1o+1x1o+1x1e+2x1e"\n'
+        f"instructions = {MODES}\n"
+        f"shared_weights = {'true' if shared else 'false'}\n"
+        'layout = "mul_ir"\n'
+        "conv = true\n"
+        f"deterministic = {'true' if deterministic else 'false'}\n"
+    )
+    files = generate_files(spec, tmp_path / "gen")
+    conv = {rel: text for rel, text in files.items() if rel.endswith("/helion_conv_kernels.py")}
+    _check(conv)
+    graph = {"src", "dst"} | ({"order", "ptr"} if deterministic else set())
+    for rel, text in conv.items():
+        assert _whole_row_params(text) <= graph | {"x", "y", "weights", "g", "out", "gx", "gy", "gw"}, rel
+    assert "unflatten" not in next(t for r, t in files.items() if r.endswith("/torch_conv.py"))

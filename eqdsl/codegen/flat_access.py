@@ -20,8 +20,19 @@ emitters and the template stay in view terms, which is how the paths read):
   ``None`` in the others, so the result has the view access's shape. Helion still masks
   each tile's out-of-range lanes (it tracks the tile behind ``tile.index``), and the
   padded component lanes keep their ``extra_mask``.
-* ``hl.load(V, [...])`` / ``hl.store(V, [...], ...)`` get the same index rewrite;
-  ``V.size(0)`` and ``V.dtype`` become ``B.size(0)`` / ``B.dtype``.
+* ``hl.load(V, [...])`` / ``hl.store(V, [...], ...)`` / ``hl.atomic_add(V, [...], ...)``
+  get the same index rewrite; ``V.size(0)`` and ``V.dtype`` become ``B.size(0)`` /
+  ``B.dtype``.
+* The row index is kept as written: a tile (``tile_b``), a scalar (``node``,
+  ``tile_p.id``) or, in the fused convolution, a 1-D index tensor gathered per edge
+  (``s_idx = src[tile_b]``, ``eid = order[tile_b]``; the caller names these
+  ``gathered``). Helion indexes with a gathered row and a one-axis column as an outer
+  product (each 1-D block-sized indexer its own dimension), as it does the view access;
+  against a column of two or more axes it would broadcast the indexers together
+  instead, so there the gathered row takes the first of ``1 + axes`` broadcast
+  dimensions and the column axes the others: ``w[eid, tile_s, tile_r, 0]`` becomes
+  ``weights[eid[:, None, None], off + tile_s.index[None, :, None] * R +
+  tile_r.index[None, None, :]]``.
 
 Raises ``ValueError`` on an index it does not know how to fold (a generator bug, never
 user input: every name here comes from the IR).
@@ -97,8 +108,9 @@ def _closing(text: str, start: int) -> int:
     raise ValueError(f"unbalanced bracket at {start}")
 
 
-def _flat_index(view: View, index: str) -> str:
-    """The rewritten index list (without brackets) of ``view[index]``."""
+def _flat_index(view: View, index: str, gathered: frozenset[str] = frozenset()) -> str:
+    """The rewritten index list (without brackets) of ``view[index]``; ``gathered``: row
+    indices that are 1-D index tensors (see the module docstring)."""
     items = _split_top(index)
     head, rest = (items[:1], items[1:]) if view.batched else ([], items)
     if len(rest) != len(view.shape):
@@ -114,16 +126,24 @@ def _flat_index(view: View, index: str) -> str:
             axes.append((item, stride))
         else:
             raise ValueError(f"{view.name}[{index}]: cannot fold index {item!r}")
+    lead = 1 if head and head[0] in gathered and len(axes) > 1 else 0  # a broadcast row dim
+    ndim = lead + len(axes)
+
+    def bcast(pos: int) -> str:
+        return "" if ndim == 1 else "[" + ", ".join(":" if i == pos else "None" for i in range(ndim)) + "]"
+
+    if lead:
+        head = [f"{head[0]}{bcast(0)}"]
     terms = [str(const)] if const or not axes else []
     for a, (expr, stride) in enumerate(axes):
-        bcast = "" if len(axes) == 1 else "[" + ", ".join(":" if i == a else "None" for i in range(len(axes))) + "]"
-        terms.append(f"{expr}{bcast}" + (f" * {stride}" if stride != 1 else ""))
+        terms.append(f"{expr}{bcast(lead + a)}" + (f" * {stride}" if stride != 1 else ""))
     return ", ".join(head + [" + ".join(terms)])
 
 
-def flatten_kernels(text: str, views: dict[str, View]) -> str:
+def flatten_kernels(text: str, views: dict[str, View], gathered: frozenset[str] = frozenset()) -> str:
     """``text`` (kernel bodies) with every access through a view of ``views`` rewritten to
-    its base tensor; see the module docstring."""
+    its base tensor; ``gathered``: the names of row indices that are 1-D index tensors
+    rather than tiles or scalars. See the module docstring."""
     if not views:
         return text
     names = "|".join(re.escape(n) for n in sorted(views, key=len, reverse=True))
@@ -139,11 +159,11 @@ def flatten_kernels(text: str, views: dict[str, View]) -> str:
         after = m.end()
         if text.startswith("[", after):  # V[...]
             end = _closing(text, after)
-            out.append(f"{view.base}[{_flat_index(view, text[after + 1:end])}]")
+            out.append(f"{view.base}[{_flat_index(view, text[after + 1:end], gathered)}]")
             pos = end + 1
-        elif text.startswith(", [", after) and re.search(r"hl\.(load|store)\($", text[:m.start()]):
+        elif text.startswith(", [", after) and re.search(r"hl\.(load|store|atomic_add)\($", text[:m.start()]):
             end = _closing(text, after + 2)
-            out.append(f"{view.base}, [{_flat_index(view, text[after + 3:end])}]")
+            out.append(f"{view.base}, [{_flat_index(view, text[after + 3:end], gathered)}]")
             pos = end + 1
         elif text.startswith(".size(", after) or text.startswith(".dtype", after):
             out.append(view.base)

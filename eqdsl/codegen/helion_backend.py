@@ -51,11 +51,11 @@ channels. ``mul_ir`` blocks (with ``native``, the plain tensor product) are ``(b
 mul, 2l+1)`` views read and written in place: one masked ``(batch, channels, 2l+1)``
 load split into components on chip (``_native_load``), and outputs joined into one
 store (``_native_store``); per-component access would stride by ``2l+1`` (23% of the
-copy bandwidth against 92%, DESIGN.md). The plain tensor product's kernels then take
-whole rows: ``flat_access`` folds each view access into column arithmetic on the
-``(batch, dim)`` operands (building the views on the host cost more than the kernel,
-see there). The convolution's kernels still take views of ``ir_mul`` rows converted at
-their boundary (``templates/torch_conv.py.j2``). Block sizes are literals in the
+copy bandwidth against 92%, DESIGN.md). The kernels then take whole rows:
+``flat_access`` folds each view access into column arithmetic on the ``(batch, dim)``
+operands (building the views on the host cost more than the kernel, see there); so do
+the convolution's (``helion_conv``), on ``ir_mul`` rows converted at their boundary
+(``templates/torch_conv.py.j2``). Block sizes are literals in the
 generated code and the config is pinned, so nothing is autotuned and a new batch size
 never recompiles.
 """
@@ -957,32 +957,9 @@ def kernel_context(
     return out
 
 
-def _views(blocks: tuple[Block, ...], src: str, prefix: str, used: set[str], native: bool) -> list[str]:
-    return [
-        f"{prefix}{b.index} = {src}[:, {b.offset}:{b.offset + b.size}].unflatten(1, "
-        + (f"({b.mul}, {b.dim}))" if _is_native(native, b) else f"({b.dim}, {b.mul}))")
-        for b in blocks
-        if f"{prefix}{b.index}" in used
-    ]
-
-
-def _weight_views(ir: TensorProductIR, src: str, prefix: str, batched: bool, used: set[str]) -> list[str]:
-    out = []
-    for p in ir.paths:
-        if not p.has_weight or f"{prefix}{p.index}" not in used:
-            continue
-        shape = ", ".join(str(s) for s in p.path_shape) + ("," if len(p.path_shape) == 1 else "")
-        lo, hi = p.weight_offset, p.weight_offset + p.weight_numel
-        if batched:
-            out.append(f"{prefix}{p.index} = {src}[:, {lo}:{hi}].unflatten(1, ({shape}))")
-        else:
-            out.append(f"{prefix}{p.index} = {src}[{lo}:{hi}].unflatten(0, ({shape}))")
-    return out
-
-
 def view_map(ir: TensorProductIR, native: bool) -> dict[str, View]:
     """Every per-block view the kernel emitters index (``x1_0``, ``w3``, ``out_2``, ``gw5``, ...),
-    by name: what ``_launcher`` builds on the host, or ``flat_access`` folds into columns."""
+    by name: what ``flat_access`` folds into columns of the whole operands."""
     views: dict[str, View] = {}
 
     def blocks(op: str, prefix: str, base: str) -> None:
@@ -1002,35 +979,15 @@ def view_map(ir: TensorProductIR, native: bool) -> dict[str, View]:
     return views
 
 
-def _launcher(
-    ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool, flat: bool = False
-) -> dict:
-    """Views and kernel calls of one family, for ``torch_ops.py`` (``flat``: the kernels take
-    whole rows, already rewritten by ``_flatten``; no views)."""
+def _launcher(family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
+    """Kernel calls of one family, for ``torch_ops.py``: the kernels take whole rows
+    (rewritten by ``flat_access``), so the launcher builds no views."""
     names = [_IN_TENSOR[a] for a in args] + [_OUT_TENSOR[family]]
     return {
         "name": family,
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
-        "views": [] if flat else _launcher_views(ir, family, args, kernels, native),
         "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
     }
-
-
-def _launcher_views(ir: TensorProductIR, family: str, args: tuple[str, ...], kernels: list[dict], native: bool) -> list[str]:
-    """The host-side views the (conv) kernels of one family index."""
-    used = {p for k in kernels for p in k["params"]}
-    views = []
-    for op in args:
-        if op == "w":
-            views += _weight_views(ir, "weights", "w", not ir.shared_weights, used)
-        else:
-            views += _views(_blocks(ir, op), _IN_TENSOR[op], _IN_PARAM[op], used, native)
-    out_op = dict((f, o) for f, o, _ in _ALL_FAMILIES)[family]
-    if family == "bwd_w":
-        views += _weight_views(ir, "gw", "gw", True, used)
-    else:
-        views += _views(_blocks(ir, out_op), _OUT_TENSOR[family], _OUT_PARAM[family], used, native)
-    return views
 
 
 _DIM = {"x1": "DIM_IN1", "x2": "DIM_IN2", "g": "DIM_OUT", "w": None}
@@ -1092,7 +1049,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
     args = {f: a for f, _, a in _ALL_FAMILIES}
     ops = {
         **op_context(ir, tuning),
-        "launchers": {f: _launcher(ir, f, args[f], ks, native, flat=True) for f, ks in families.items()},
+        "launchers": {f: _launcher(f, args[f], ks) for f, ks in families.items()},
         "native": native,
         "kernel_layout": kernel_layout,
         "block_ops": [_block_op(f, kernel_layout) for f in families if f != "bwd_w"],

@@ -21,6 +21,15 @@ is unweighted (``F`` is then affine in ``W``; the derivatives of ``conv_bwd_w`` 
 No per-edge message ever reaches memory: the gather of node rows and the scatter into
 nodes happen inside the kernels.
 
+As in the plain tensor product, the kernels take whole rows: the emitters' per-block
+view accesses are folded into column arithmetic by ``flat_access`` after rendering, the
+row index (``s_idx``, ``d_idx``, ``eid``, ``node``, ...) kept as it is (mace_large:
+``x1_2[s_idx, 1, tile_c]`` -> ``x[s_idx, 640 + tile_c.index]``, block 2 at column 512,
+128 channels), so a launch
+passes the graph tensors and the op's four ``(rows, dim)`` tensors (``x``, ``y``,
+``weights``, ``g`` and the computed ``out`` / ``gx`` / ``gy`` / ``gw``) and the host
+builds no views.
+
 The scatter is either ``hl.atomic_add`` into a zeroed output (``deterministic =
 false``), or (``deterministic = true``) a segment reduction: edges stably sorted by the
 scatter index, CSR row pointers, one program per node looping over its edge range
@@ -34,9 +43,10 @@ import re
 
 from ..ir import TensorProductIR
 from . import helion_backend as hb
+from .flat_access import View, flat_params, flatten_kernels
 from .render import render
 
-__all__ = ["render_files", "conv_kernel_context", "CONV_FAMILIES"]
+__all__ = ["render_files", "conv_kernel_context", "view_map", "CONV_FAMILIES"]
 
 # TP family -> (conv op name, how the computed operand is written)
 #   scatter_src / scatter_dst: a node operand, scattered by that index; edge: one row per edge
@@ -56,8 +66,12 @@ _ARGS = {
     "bwd_y": ("x", "g", "weights"),
     "bwd_w": ("x", "y", "g"),
 }
-# tensor names the TP launcher views are built from -> conv op argument names
-_TP_TENSOR = {"x1": "x", "x2": "y", "g": "g", "weights": "weights"}
+# tensors of the TP kernels' views -> conv op tensors (the whole-row kernel parameters)
+_TP_TENSOR = {"x1": "x", "x2": "y", "g": "g", "weights": "weights", "out": "out", "gx1": "gx", "gx2": "gy", "gw": "gw"}
+# computed tensor of each conv op
+_RESULT = {"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}
+# row indices the conv kernels gather with: 1-D index tensors, not tiles (flat_access)
+_GATHERED = frozenset({"s_idx", "d_idx", "eid", "rows", "srows", "drows"})
 # size of the computed operand's rows / row length, per conv op
 _OUT = {
     "fwd": ("num_nodes", "DIM_OUT"),
@@ -114,8 +128,18 @@ def _all_lines(k: dict) -> list[str]:
     return out
 
 
-def _convert(k: dict, family: str, deterministic: bool) -> dict:
-    """A TP kernel context -> the convolution's (rewritten lines, graph parameters, grid)."""
+def view_map(ir: TensorProductIR) -> dict[str, View]:
+    """The per-block views the conv kernels' emitters index (``ir_mul`` ones, as
+    ``helion_backend.view_map``), on the conv ops' tensors (``x1_0`` -> columns of ``x``)."""
+    return {
+        name: View(v.name, _TP_TENSOR[v.base], v.offset, v.shape, v.batched)
+        for name, v in hb.view_map(ir, False).items()
+    }
+
+
+def _convert(k: dict, family: str, deterministic: bool, views: dict[str, View]) -> dict:
+    """A TP kernel context -> the convolution's (rewritten lines, graph parameters, grid),
+    taking whole rows (``views``; the body is rewritten after rendering)."""
     op, scatter = CONV_FAMILIES[family]
     segment = deterministic and scatter != "edge"
     edge = "eid" if segment else "tile_b"
@@ -167,7 +191,7 @@ def _convert(k: dict, family: str, deterministic: bool) -> dict:
         graph = ["order", "ptr", gather]
         k["kind"] = "segment"
         k["index_lines"] = [f"{'s_idx' if gather == 'src' else 'd_idx'} = {gather}[eid]"]
-        k["out_param"] = next(p for p in k["params"] if p.startswith(("out_", "gx1_")))
+        k["out_param"] = views[next(p for p in k["params"] if p.startswith(("out_", "gx1_")))].base
     else:
         graph = ["src", "dst"]
         k["kind"] = {"block": "atomic" if scatter != "edge" else "edge"}.get(k["kind"], k["kind"])
@@ -176,44 +200,34 @@ def _convert(k: dict, family: str, deterministic: bool) -> dict:
             [f"drows = hl.load(dst, [rows], extra_mask=ok)"] if uses_d else []
         )
     k["graph"] = graph
-    k["params"] = graph + k["params"]
+    k["params"] = graph + flat_params(k["params"], views)
     return k
 
 
 def conv_kernel_context(ir: TensorProductIR, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
     """Kernel contexts of the convolution, per conv op (``fwd``, ``bwd_x``, ``bwd_y``, ``bwd_w``, ``*_lin``)."""
+    views = view_map(ir)
     return {
-        CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic) for k in ks]
+        CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic, views) for k in ks]
         for f, ks in hb.kernel_context(ir, tuning).items()
     }
 
 
-def _launcher(ir: TensorProductIR, family: str, kernels: list[dict]) -> dict:
-    args = {f: a for f, _, a in hb._ALL_FAMILIES}[family]
-    tp = hb._launcher(ir, family, args, kernels, False)
-    views = []
-    for v in tp["views"]:
-        lhs, rhs = v.split(" = ", 1)
-        src, rest = rhs.split("[", 1)
-        views.append(f"{lhs} = {_TP_TENSOR.get(src, src)}[{rest}")
-    op = CONV_FAMILIES[family][0]
-    names = list(_ARGS[_base(op)]) + [{"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}[_base(op)]]
-    # the TP launcher names the computed operand out / gx1 / gx2 / gw
-    views = [re.sub(r"= (gx1|gx2)\[", "= " + names[-1] + "[", v) for v in views]
+def _launcher(op: str, kernels: list[dict]) -> dict:
+    """Kernel calls of one conv op: its tensors are the kernels' parameters (no views)."""
     return {
         "name": op,
-        "views": views,
         "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
-        "tensors": names,
+        "tensors": list(_ARGS[_base(op)]) + [_RESULT[_base(op)]],
     }
 
 
 def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, str]:
     if not ir.conv:
         return {}
-    tp_families = hb.kernel_context(ir, tuning)
-    families = {CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic) for k in ks] for f, ks in tp_families.items()}
-    launchers = {CONV_FAMILIES[f][0]: _launcher(ir, f, families[CONV_FAMILIES[f][0]]) for f in tp_families}
+    views = view_map(ir)
+    families = conv_kernel_context(ir, tuning)
+    launchers = {op: _launcher(op, ks) for op, ks in families.items()}
     convert = ir.layout == "mul_ir"
     ctx = {
         **hb.op_context(ir, tuning),
@@ -230,9 +244,9 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAUL
     }
     kernels = [k for ks in families.values() for k in ks]
     return {
-        "helion_conv_kernels.py": render(
+        "helion_conv_kernels.py": flatten_kernels(render(
             "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
             deterministic=ir.deterministic, n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
-        ),
+        ), views, _GATHERED),
         "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
     }

@@ -12,10 +12,12 @@ and its derivatives, the four derivatives of ``F = sum_e W C x[src[e]] y[e] G[ds
     conv_bwd_w_* (x, y, G) -> gw  = dF/dW  (1 kernel)  one row per edge (or partial sums)
 
 The scatters are ``hl.atomic_add`` into a zeroed output (summation order varies).
-Operands are ``(rows, 2l+1, mul)`` views of ``ir_mul`` rows; node rows are gathered
-with ``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are
-literals and the config is pinned: with ``static_shapes=False`` a new number of nodes
-or edges reuses the compiled kernel.
+The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the computed
+``out`` / ``gx`` / ``gy`` / ``gw``, each block a run of columns (component ``k`` of a
+``mul x l`` block at column ``offset + k*mul + channel``); node rows are gathered with
+``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are literals
+and the config is pinned: with ``static_shapes=False`` a new number of nodes or edges
+reuses the compiled kernel.
 """
 
 import helion
@@ -30,124 +32,87 @@ import torch
 def conv_fwd_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
+        sb3_0_0 = y[tile_b, 9][:, None]
+        sb3_1_0 = y[tile_b, 10][:, None]
+        sb3_2_0 = y[tile_b, 11][:, None]
+        sb3_3_0 = y[tile_b, 12][:, None]
+        sb3_4_0 = y[tile_b, 13][:, None]
+        sb3_5_0 = y[tile_b, 14][:, None]
+        sb3_6_0 = y[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a1_1 = x1_1[s_idx, 1, tile_c]
-            a1_2 = x1_1[s_idx, 2, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a2_3 = x1_2[s_idx, 3, tile_c]
-            a2_4 = x1_2[s_idx, 4, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 128 + tile_c.index]
+            a1_1 = x[s_idx, 256 + tile_c.index]
+            a1_2 = x[s_idx, 384 + tile_c.index]
+            a2_0 = x[s_idx, 512 + tile_c.index]
+            a2_1 = x[s_idx, 640 + tile_c.index]
+            a2_2 = x[s_idx, 768 + tile_c.index]
+            a2_3 = x[s_idx, 896 + tile_c.index]
+            a2_4 = x[s_idx, 1024 + tile_c.index]
             # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
             # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.atomic_add(out_1, [d_idx, 0, tile_c], acc1_0)
-            hl.atomic_add(out_1, [d_idx, 1, tile_c], acc1_1)
-            hl.atomic_add(out_1, [d_idx, 2, tile_c], acc1_2)
+            hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_0)
+            hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc1_1)
+            hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc1_2)
             # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.atomic_add(out_2, [d_idx, 0, tile_c], acc2_0)
-            hl.atomic_add(out_2, [d_idx, 1, tile_c], acc2_1)
-            hl.atomic_add(out_2, [d_idx, 2, tile_c], acc2_2)
-            hl.atomic_add(out_2, [d_idx, 3, tile_c], acc2_3)
-            hl.atomic_add(out_2, [d_idx, 4, tile_c], acc2_4)
+            hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_0)
+            hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc2_1)
+            hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc2_2)
+            hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc2_3)
+            hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc2_4)
             # g block 3: 128x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
             acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
             acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
@@ -155,42 +120,42 @@ def conv_fwd_0(
             acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
             acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
             acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.atomic_add(out_3, [d_idx, 0, tile_c], acc3_0)
-            hl.atomic_add(out_3, [d_idx, 1, tile_c], acc3_1)
-            hl.atomic_add(out_3, [d_idx, 2, tile_c], acc3_2)
-            hl.atomic_add(out_3, [d_idx, 3, tile_c], acc3_3)
-            hl.atomic_add(out_3, [d_idx, 4, tile_c], acc3_4)
-            hl.atomic_add(out_3, [d_idx, 5, tile_c], acc3_5)
-            hl.atomic_add(out_3, [d_idx, 6, tile_c], acc3_6)
+            hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc3_0)
+            hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc3_1)
+            hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc3_2)
+            hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc3_3)
+            hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc3_4)
+            hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc3_5)
+            hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc3_6)
             # g block 4: 128x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
-            hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
-            hl.atomic_add(out_4, [d_idx, 2, tile_c], acc4_2)
+            hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc4_0)
+            hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc4_1)
+            hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc4_2)
             # g block 5: 128x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            hl.atomic_add(out_5, [d_idx, 0, tile_c], acc5_0)
+            hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc5_0)
             # g block 6: 128x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (
@@ -199,17 +164,17 @@ def conv_fwd_0(
             )
             acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
             acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.atomic_add(out_6, [d_idx, 0, tile_c], acc6_0)
-            hl.atomic_add(out_6, [d_idx, 1, tile_c], acc6_1)
-            hl.atomic_add(out_6, [d_idx, 2, tile_c], acc6_2)
-            hl.atomic_add(out_6, [d_idx, 3, tile_c], acc6_3)
-            hl.atomic_add(out_6, [d_idx, 4, tile_c], acc6_4)
+            hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc6_0)
+            hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc6_1)
+            hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc6_2)
+            hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc6_3)
+            hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc6_4)
             # g block 7: 128x1o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
@@ -222,19 +187,19 @@ def conv_fwd_0(
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            hl.atomic_add(out_7, [d_idx, 0, tile_c], acc7_0)
-            hl.atomic_add(out_7, [d_idx, 1, tile_c], acc7_1)
-            hl.atomic_add(out_7, [d_idx, 2, tile_c], acc7_2)
+            hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc7_0)
+            hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc7_1)
+            hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc7_2)
             # g block 8: 128x3o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 1024 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
             acc8_1 = acc8_1 + wt8_0 * (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
@@ -257,21 +222,21 @@ def conv_fwd_0(
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
             acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.atomic_add(out_8, [d_idx, 0, tile_c], acc8_0)
-            hl.atomic_add(out_8, [d_idx, 1, tile_c], acc8_1)
-            hl.atomic_add(out_8, [d_idx, 2, tile_c], acc8_2)
-            hl.atomic_add(out_8, [d_idx, 3, tile_c], acc8_3)
-            hl.atomic_add(out_8, [d_idx, 4, tile_c], acc8_4)
-            hl.atomic_add(out_8, [d_idx, 5, tile_c], acc8_5)
-            hl.atomic_add(out_8, [d_idx, 6, tile_c], acc8_6)
+            hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc8_0)
+            hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc8_1)
+            hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc8_2)
+            hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc8_3)
+            hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc8_4)
+            hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc8_5)
+            hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc8_6)
             # g block 9: 128x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 1152 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (
                 -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
@@ -294,35 +259,35 @@ def conv_fwd_0(
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            hl.atomic_add(out_9, [d_idx, 0, tile_c], acc9_0)
-            hl.atomic_add(out_9, [d_idx, 1, tile_c], acc9_1)
-            hl.atomic_add(out_9, [d_idx, 2, tile_c], acc9_2)
-            hl.atomic_add(out_9, [d_idx, 3, tile_c], acc9_3)
-            hl.atomic_add(out_9, [d_idx, 4, tile_c], acc9_4)
+            hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc9_0)
+            hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc9_1)
+            hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc9_2)
+            hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc9_3)
+            hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc9_4)
             # g block 10: 128x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 1280 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
             acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
             acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
             acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
             acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            hl.atomic_add(out_10, [d_idx, 0, tile_c], acc10_0)
-            hl.atomic_add(out_10, [d_idx, 1, tile_c], acc10_1)
-            hl.atomic_add(out_10, [d_idx, 2, tile_c], acc10_2)
-            hl.atomic_add(out_10, [d_idx, 3, tile_c], acc10_3)
-            hl.atomic_add(out_10, [d_idx, 4, tile_c], acc10_4)
+            hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc10_0)
+            hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc10_1)
+            hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc10_2)
+            hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc10_3)
+            hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc10_4)
             # g block 11: 128x1o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 1408 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
@@ -335,19 +300,19 @@ def conv_fwd_0(
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            hl.atomic_add(out_11, [d_idx, 0, tile_c], acc11_0)
-            hl.atomic_add(out_11, [d_idx, 1, tile_c], acc11_1)
-            hl.atomic_add(out_11, [d_idx, 2, tile_c], acc11_2)
+            hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc11_0)
+            hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc11_1)
+            hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc11_2)
             # g block 12: 128x3o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 1536 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
             acc12_1 = acc12_1 + wt12_0 * (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
@@ -370,31 +335,31 @@ def conv_fwd_0(
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
             acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.atomic_add(out_12, [d_idx, 0, tile_c], acc12_0)
-            hl.atomic_add(out_12, [d_idx, 1, tile_c], acc12_1)
-            hl.atomic_add(out_12, [d_idx, 2, tile_c], acc12_2)
-            hl.atomic_add(out_12, [d_idx, 3, tile_c], acc12_3)
-            hl.atomic_add(out_12, [d_idx, 4, tile_c], acc12_4)
-            hl.atomic_add(out_12, [d_idx, 5, tile_c], acc12_5)
-            hl.atomic_add(out_12, [d_idx, 6, tile_c], acc12_6)
+            hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc12_0)
+            hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc12_1)
+            hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc12_2)
+            hl.atomic_add(out, [d_idx, 6528 + tile_c.index], acc12_3)
+            hl.atomic_add(out, [d_idx, 6656 + tile_c.index], acc12_4)
+            hl.atomic_add(out, [d_idx, 6784 + tile_c.index], acc12_5)
+            hl.atomic_add(out, [d_idx, 6912 + tile_c.index], acc12_6)
             # g block 13: 128x0e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 1664 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            hl.atomic_add(out_13, [d_idx, 0, tile_c], acc13_0)
+            hl.atomic_add(out, [d_idx, 7040 + tile_c.index], acc13_0)
             # g block 14: 128x2e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 1792 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
@@ -418,17 +383,17 @@ def conv_fwd_0(
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            hl.atomic_add(out_14, [d_idx, 0, tile_c], acc14_0)
-            hl.atomic_add(out_14, [d_idx, 1, tile_c], acc14_1)
-            hl.atomic_add(out_14, [d_idx, 2, tile_c], acc14_2)
-            hl.atomic_add(out_14, [d_idx, 3, tile_c], acc14_3)
-            hl.atomic_add(out_14, [d_idx, 4, tile_c], acc14_4)
+            hl.atomic_add(out, [d_idx, 7168 + tile_c.index], acc14_0)
+            hl.atomic_add(out, [d_idx, 7296 + tile_c.index], acc14_1)
+            hl.atomic_add(out, [d_idx, 7424 + tile_c.index], acc14_2)
+            hl.atomic_add(out, [d_idx, 7552 + tile_c.index], acc14_3)
+            hl.atomic_add(out, [d_idx, 7680 + tile_c.index], acc14_4)
             # g block 15: 128x1o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 1920 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
                 - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
@@ -446,19 +411,19 @@ def conv_fwd_0(
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            hl.atomic_add(out_15, [d_idx, 0, tile_c], acc15_0)
-            hl.atomic_add(out_15, [d_idx, 1, tile_c], acc15_1)
-            hl.atomic_add(out_15, [d_idx, 2, tile_c], acc15_2)
+            hl.atomic_add(out, [d_idx, 7808 + tile_c.index], acc15_0)
+            hl.atomic_add(out, [d_idx, 7936 + tile_c.index], acc15_1)
+            hl.atomic_add(out, [d_idx, 8064 + tile_c.index], acc15_2)
             # g block 16: 128x3o (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 2048 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
@@ -496,13 +461,13 @@ def conv_fwd_0(
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            hl.atomic_add(out_16, [d_idx, 0, tile_c], acc16_0)
-            hl.atomic_add(out_16, [d_idx, 1, tile_c], acc16_1)
-            hl.atomic_add(out_16, [d_idx, 2, tile_c], acc16_2)
-            hl.atomic_add(out_16, [d_idx, 3, tile_c], acc16_3)
-            hl.atomic_add(out_16, [d_idx, 4, tile_c], acc16_4)
-            hl.atomic_add(out_16, [d_idx, 5, tile_c], acc16_5)
-            hl.atomic_add(out_16, [d_idx, 6, tile_c], acc16_6)
+            hl.atomic_add(out, [d_idx, 8192 + tile_c.index], acc16_0)
+            hl.atomic_add(out, [d_idx, 8320 + tile_c.index], acc16_1)
+            hl.atomic_add(out, [d_idx, 8448 + tile_c.index], acc16_2)
+            hl.atomic_add(out, [d_idx, 8576 + tile_c.index], acc16_3)
+            hl.atomic_add(out, [d_idx, 8704 + tile_c.index], acc16_4)
+            hl.atomic_add(out, [d_idx, 8832 + tile_c.index], acc16_5)
+            hl.atomic_add(out, [d_idx, 8960 + tile_c.index], acc16_6)
 
 
 @helion.kernel(
@@ -512,141 +477,104 @@ def conv_fwd_0(
 def conv_bwd_x1_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
+    g: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    gx: torch.Tensor,
 ) -> None:
     """Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-2; paths 0-16."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
+        sb3_0_0 = y[tile_b, 9][:, None]
+        sb3_1_0 = y[tile_b, 10][:, None]
+        sb3_2_0 = y[tile_b, 11][:, None]
+        sb3_3_0 = y[tile_b, 12][:, None]
+        sb3_4_0 = y[tile_b, 13][:, None]
+        sb3_5_0 = y[tile_b, 14][:, None]
+        sb3_6_0 = y[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
             # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[d_idx, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[d_idx, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
+            wt1_0 = weights[tile_b, 128 + tile_c.index]
+            g1_0 = g[d_idx, 128 + tile_c.index]
+            g1_1 = g[d_idx, 256 + tile_c.index]
+            g1_2 = g[d_idx, 384 + tile_c.index]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
+            wt2_0 = weights[tile_b, 256 + tile_c.index]
+            g2_0 = g[d_idx, 512 + tile_c.index]
+            g2_1 = g[d_idx, 640 + tile_c.index]
+            g2_2 = g[d_idx, 768 + tile_c.index]
+            g2_3 = g[d_idx, 896 + tile_c.index]
+            g2_4 = g[d_idx, 1024 + tile_c.index]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
                 + g2_4 * sb2_4_0
             )
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
-            g3_3 = g_3[d_idx, 3, tile_c]
-            g3_4 = g_3[d_idx, 4, tile_c]
-            g3_5 = g_3[d_idx, 5, tile_c]
-            g3_6 = g_3[d_idx, 6, tile_c]
+            wt3_0 = weights[tile_b, 384 + tile_c.index]
+            g3_0 = g[d_idx, 1152 + tile_c.index]
+            g3_1 = g[d_idx, 1280 + tile_c.index]
+            g3_2 = g[d_idx, 1408 + tile_c.index]
+            g3_3 = g[d_idx, 1536 + tile_c.index]
+            g3_4 = g[d_idx, 1664 + tile_c.index]
+            g3_5 = g[d_idx, 1792 + tile_c.index]
+            g3_6 = g[d_idx, 1920 + tile_c.index]
             acc0_0 = acc0_0 + wt3_0 * (
                 1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
                 + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
                 + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
                 + 1.0000000000000002 * g3_6 * sb3_6_0
             )
-            hl.atomic_add(gx1_0, [s_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
             # x1 block 1: 128x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4_0 = g_4[d_idx, 0, tile_c]
+            wt4_0 = weights[tile_b, 512 + tile_c.index]
+            g4_0 = g[d_idx, 2048 + tile_c.index]
             acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_1 = g[d_idx, 2176 + tile_c.index]
             acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            g4_2 = g_4[d_idx, 2, tile_c]
+            g4_2 = g[d_idx, 2304 + tile_c.index]
             acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[d_idx, 0, tile_c]
+            wt5_0 = weights[tile_b, 640 + tile_c.index]
+            g5_0 = g[d_idx, 2432 + tile_c.index]
             acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g6_4 = g_6[d_idx, 4, tile_c]
+            wt6_0 = weights[tile_b, 768 + tile_c.index]
+            g6_0 = g[d_idx, 2560 + tile_c.index]
+            g6_1 = g[d_idx, 2688 + tile_c.index]
+            g6_2 = g[d_idx, 2816 + tile_c.index]
+            g6_4 = g[d_idx, 3072 + tile_c.index]
             acc1_0 = acc1_0 + wt6_0 * (
                 0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
                 - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
             )
-            g6_3 = g_6[d_idx, 3, tile_c]
+            g6_3 = g[d_idx, 2944 + tile_c.index]
             acc1_1 = acc1_1 + wt6_0 * (
                 0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
                 + 0.7071067811865476 * g6_3 * sb1_2_0
@@ -656,10 +584,10 @@ def conv_bwd_x1_0(
                 + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
             )
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g7_1 = g_7[d_idx, 1, tile_c]
-            g7_2 = g_7[d_idx, 2, tile_c]
+            wt7_0 = weights[tile_b, 896 + tile_c.index]
+            g7_0 = g[d_idx, 3200 + tile_c.index]
+            g7_1 = g[d_idx, 3328 + tile_c.index]
+            g7_2 = g[d_idx, 3456 + tile_c.index]
             acc1_0 = acc1_0 + wt7_0 * (
                 -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
                 + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
@@ -673,14 +601,14 @@ def conv_bwd_x1_0(
                 - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
             )
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
-            g8_3 = g_8[d_idx, 3, tile_c]
-            g8_4 = g_8[d_idx, 4, tile_c]
-            g8_5 = g_8[d_idx, 5, tile_c]
-            g8_6 = g_8[d_idx, 6, tile_c]
+            wt8_0 = weights[tile_b, 1024 + tile_c.index]
+            g8_0 = g[d_idx, 3584 + tile_c.index]
+            g8_1 = g[d_idx, 3712 + tile_c.index]
+            g8_2 = g[d_idx, 3840 + tile_c.index]
+            g8_3 = g[d_idx, 3968 + tile_c.index]
+            g8_4 = g[d_idx, 4096 + tile_c.index]
+            g8_5 = g[d_idx, 4224 + tile_c.index]
+            g8_6 = g[d_idx, 4352 + tile_c.index]
             acc1_0 = acc1_0 + wt8_0 * (
                 0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
                 + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
@@ -699,12 +627,12 @@ def conv_bwd_x1_0(
                 + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
             )
             # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_3 = g_9[d_idx, 3, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
+            wt9_0 = weights[tile_b, 1152 + tile_c.index]
+            g9_0 = g[d_idx, 4480 + tile_c.index]
+            g9_1 = g[d_idx, 4608 + tile_c.index]
+            g9_2 = g[d_idx, 4736 + tile_c.index]
+            g9_3 = g[d_idx, 4864 + tile_c.index]
+            g9_4 = g[d_idx, 4992 + tile_c.index]
             acc1_0 = acc1_0 + wt9_0 * (
                 -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
                 - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
@@ -722,33 +650,33 @@ def conv_bwd_x1_0(
                 - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
                 - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
             )
-            hl.atomic_add(gx1_1, [s_idx, 0, tile_c], acc1_0)
-            hl.atomic_add(gx1_1, [s_idx, 1, tile_c], acc1_1)
-            hl.atomic_add(gx1_1, [s_idx, 2, tile_c], acc1_2)
+            hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc1_0)
+            hl.atomic_add(gx, [s_idx, 256 + tile_c.index], acc1_1)
+            hl.atomic_add(gx, [s_idx, 384 + tile_c.index], acc1_2)
             # x1 block 2: 128x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10_0 = g_10[d_idx, 0, tile_c]
+            wt10_0 = weights[tile_b, 1280 + tile_c.index]
+            g10_0 = g[d_idx, 5120 + tile_c.index]
             acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
-            g10_1 = g_10[d_idx, 1, tile_c]
+            g10_1 = g[d_idx, 5248 + tile_c.index]
             acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
-            g10_2 = g_10[d_idx, 2, tile_c]
+            g10_2 = g[d_idx, 5376 + tile_c.index]
             acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
-            g10_3 = g_10[d_idx, 3, tile_c]
+            g10_3 = g[d_idx, 5504 + tile_c.index]
             acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
-            g10_4 = g_10[d_idx, 4, tile_c]
+            g10_4 = g[d_idx, 5632 + tile_c.index]
             acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
+            wt11_0 = weights[tile_b, 1408 + tile_c.index]
+            g11_0 = g[d_idx, 5760 + tile_c.index]
+            g11_2 = g[d_idx, 6016 + tile_c.index]
             acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
-            g11_1 = g_11[d_idx, 1, tile_c]
+            g11_1 = g[d_idx, 5888 + tile_c.index]
             acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
             acc2_2 = acc2_2 + wt11_0 * (
                 -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
@@ -757,19 +685,19 @@ def conv_bwd_x1_0(
             acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
             acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12_0 = g_12[d_idx, 0, tile_c]
-            g12_1 = g_12[d_idx, 1, tile_c]
-            g12_2 = g_12[d_idx, 2, tile_c]
-            g12_4 = g_12[d_idx, 4, tile_c]
-            g12_6 = g_12[d_idx, 6, tile_c]
+            wt12_0 = weights[tile_b, 1536 + tile_c.index]
+            g12_0 = g[d_idx, 6144 + tile_c.index]
+            g12_1 = g[d_idx, 6272 + tile_c.index]
+            g12_2 = g[d_idx, 6400 + tile_c.index]
+            g12_4 = g[d_idx, 6656 + tile_c.index]
+            g12_6 = g[d_idx, 6912 + tile_c.index]
             acc2_0 = acc2_0 + wt12_0 * (
                 0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
                 - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
                 - 0.7071067811865476 * g12_6 * sb1_0_0
             )
-            g12_3 = g_12[d_idx, 3, tile_c]
-            g12_5 = g_12[d_idx, 5, tile_c]
+            g12_3 = g[d_idx, 6528 + tile_c.index]
+            g12_5 = g[d_idx, 6784 + tile_c.index]
             acc2_1 = acc2_1 + wt12_0 * (
                 0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
                 - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
@@ -788,24 +716,24 @@ def conv_bwd_x1_0(
                 + 0.7071067811865476 * g12_6 * sb1_2_0
             )
             # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13_0 = g_13[d_idx, 0, tile_c]
+            wt13_0 = weights[tile_b, 1664 + tile_c.index]
+            g13_0 = g[d_idx, 7040 + tile_c.index]
             acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14_0 = g_14[d_idx, 0, tile_c]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
-            g14_3 = g_14[d_idx, 3, tile_c]
+            wt14_0 = weights[tile_b, 1792 + tile_c.index]
+            g14_0 = g[d_idx, 7168 + tile_c.index]
+            g14_1 = g[d_idx, 7296 + tile_c.index]
+            g14_2 = g[d_idx, 7424 + tile_c.index]
+            g14_3 = g[d_idx, 7552 + tile_c.index]
             acc2_0 = acc2_0 + wt14_0 * (
                 -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
                 - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
             )
-            g14_4 = g_14[d_idx, 4, tile_c]
+            g14_4 = g[d_idx, 7680 + tile_c.index]
             acc2_1 = acc2_1 + wt14_0 * (
                 0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
                 - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
@@ -826,10 +754,10 @@ def conv_bwd_x1_0(
                 + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
             )
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
+            wt15_0 = weights[tile_b, 1920 + tile_c.index]
+            g15_0 = g[d_idx, 7808 + tile_c.index]
+            g15_1 = g[d_idx, 7936 + tile_c.index]
+            g15_2 = g[d_idx, 8064 + tile_c.index]
             acc2_0 = acc2_0 + wt15_0 * (
                 -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
                 + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
@@ -853,20 +781,20 @@ def conv_bwd_x1_0(
                 + 0.4629100498862757 * g15_2 * sb3_6_0
             )
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
-            g16_3 = g_16[d_idx, 3, tile_c]
-            g16_4 = g_16[d_idx, 4, tile_c]
-            g16_6 = g_16[d_idx, 6, tile_c]
+            wt16_0 = weights[tile_b, 2048 + tile_c.index]
+            g16_0 = g[d_idx, 8192 + tile_c.index]
+            g16_1 = g[d_idx, 8320 + tile_c.index]
+            g16_2 = g[d_idx, 8448 + tile_c.index]
+            g16_3 = g[d_idx, 8576 + tile_c.index]
+            g16_4 = g[d_idx, 8704 + tile_c.index]
+            g16_6 = g[d_idx, 8960 + tile_c.index]
             acc2_0 = acc2_0 + wt16_0 * (
                 -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
                 + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
                 - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
                 + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
             )
-            g16_5 = g_16[d_idx, 5, tile_c]
+            g16_5 = g[d_idx, 8832 + tile_c.index]
             acc2_1 = acc2_1 + wt16_0 * (
                 0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
                 - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
@@ -892,11 +820,11 @@ def conv_bwd_x1_0(
                 + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
                 - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
             )
-            hl.atomic_add(gx1_2, [s_idx, 0, tile_c], acc2_0)
-            hl.atomic_add(gx1_2, [s_idx, 1, tile_c], acc2_1)
-            hl.atomic_add(gx1_2, [s_idx, 2, tile_c], acc2_2)
-            hl.atomic_add(gx1_2, [s_idx, 3, tile_c], acc2_3)
-            hl.atomic_add(gx1_2, [s_idx, 4, tile_c], acc2_4)
+            hl.atomic_add(gx, [s_idx, 512 + tile_c.index], acc2_0)
+            hl.atomic_add(gx, [s_idx, 640 + tile_c.index], acc2_1)
+            hl.atomic_add(gx, [s_idx, 768 + tile_c.index], acc2_2)
+            hl.atomic_add(gx, [s_idx, 896 + tile_c.index], acc2_3)
+            hl.atomic_add(gx, [s_idx, 1024 + tile_c.index], acc2_4)
 
 
 @helion.kernel(
@@ -906,47 +834,10 @@ def conv_bwd_x1_0(
 def conv_bwd_x2_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
-    gx2_3: torch.Tensor,
+    x: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gy: torch.Tensor,
 ) -> None:
     """Gradient with respect to the edge attributes (dF/dy), one row per edge: x2 blocks 0-3; paths 0-16."""
     for tile_b in hl.tile(src.size(0), block_size=16):
@@ -954,96 +845,96 @@ def conv_bwd_x2_0(
         d_idx = dst[tile_b]
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 1: 1x1o (5 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 2: 1x2e (5 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 3: 1x3o (4 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gx2_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_3 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_4 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_5 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc3_6 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # reduction over 128 channels
             for tile_r in hl.tile(128, block_size=32):
                 # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-                ra0_0 = x1_0[s_idx, 0, tile_r]
-                rg0_0 = g_0[d_idx, 0, tile_r]
+                ra0_0 = x[s_idx, tile_r.index]
+                rg0_0 = g[d_idx, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-                ra1_0 = x1_1[s_idx, 0, tile_r]
-                rg4_0 = g_4[d_idx, 0, tile_r]
-                ra1_1 = x1_1[s_idx, 1, tile_r]
-                rg4_1 = g_4[d_idx, 1, tile_r]
-                ra1_2 = x1_1[s_idx, 2, tile_r]
-                rg4_2 = g_4[d_idx, 2, tile_r]
+                ra1_0 = x[s_idx, 128 + tile_r.index]
+                rg4_0 = g[d_idx, 2048 + tile_r.index]
+                ra1_1 = x[s_idx, 256 + tile_r.index]
+                rg4_1 = g[d_idx, 2176 + tile_r.index]
+                ra1_2 = x[s_idx, 384 + tile_r.index]
+                rg4_2 = g[d_idx, 2304 + tile_r.index]
                 t = (
                     0.9999999999999999 * ra1_0 * rg4_0 + 0.9999999999999999 * ra1_1 * rg4_1
                     + 0.9999999999999999 * ra1_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 512 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-                ra2_0 = x1_2[s_idx, 0, tile_r]
-                rg10_0 = g_10[d_idx, 0, tile_r]
-                ra2_1 = x1_2[s_idx, 1, tile_r]
-                rg10_1 = g_10[d_idx, 1, tile_r]
-                ra2_2 = x1_2[s_idx, 2, tile_r]
-                rg10_2 = g_10[d_idx, 2, tile_r]
-                ra2_3 = x1_2[s_idx, 3, tile_r]
-                rg10_3 = g_10[d_idx, 3, tile_r]
-                ra2_4 = x1_2[s_idx, 4, tile_r]
-                rg10_4 = g_10[d_idx, 4, tile_r]
+                ra2_0 = x[s_idx, 512 + tile_r.index]
+                rg10_0 = g[d_idx, 5120 + tile_r.index]
+                ra2_1 = x[s_idx, 640 + tile_r.index]
+                rg10_1 = g[d_idx, 5248 + tile_r.index]
+                ra2_2 = x[s_idx, 768 + tile_r.index]
+                rg10_2 = g[d_idx, 5376 + tile_r.index]
+                ra2_3 = x[s_idx, 896 + tile_r.index]
+                rg10_3 = g[d_idx, 5504 + tile_r.index]
+                ra2_4 = x[s_idx, 1024 + tile_r.index]
+                rg10_4 = g[d_idx, 5632 + tile_r.index]
                 t = (
                     ra2_0 * rg10_0 + ra2_1 * rg10_1
                     + ra2_2 * rg10_2 + ra2_3 * rg10_3
                     + ra2_4 * rg10_4
                 )
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 1280 + tile_r.index]
                 s0_0 = s0_0 + t * wq10
                 # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-                rg1_0 = g_1[d_idx, 0, tile_r]
+                rg1_0 = g[d_idx, 128 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 128 + tile_r.index]
                 s1_0 = t * wq1
-                rg1_1 = g_1[d_idx, 1, tile_r]
+                rg1_1 = g[d_idx, 256 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
-                rg1_2 = g_1[d_idx, 2, tile_r]
+                rg1_2 = g[d_idx, 384 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[d_idx, 0, tile_r]
+                rg5_0 = g[d_idx, 2432 + tile_r.index]
                 t = (0.5773502691896257 * ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 640 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra1_1 * rg5_0)
                 s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra1_2 * rg5_0)
                 s1_2 = s1_2 + t * wq5
                 # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-                rg6_0 = g_6[d_idx, 0, tile_r]
-                rg6_1 = g_6[d_idx, 1, tile_r]
-                rg6_2 = g_6[d_idx, 2, tile_r]
-                rg6_4 = g_6[d_idx, 4, tile_r]
+                rg6_0 = g[d_idx, 2560 + tile_r.index]
+                rg6_1 = g[d_idx, 2688 + tile_r.index]
+                rg6_2 = g[d_idx, 2816 + tile_r.index]
+                rg6_4 = g[d_idx, 3072 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra1_2 * rg6_0 + 0.7071067811865476 * ra1_1 * rg6_1
                     - 0.408248290463863 * ra1_0 * rg6_2 - 0.7071067811865476 * ra1_0 * rg6_4
                 )
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 768 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
-                rg6_3 = g_6[d_idx, 3, tile_r]
+                rg6_3 = g[d_idx, 2944 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra1_0 * rg6_1 + 0.816496580927726 * ra1_1 * rg6_2
                     + 0.7071067811865476 * ra1_2 * rg6_3
@@ -1055,14 +946,14 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq6
                 # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-                rg11_0 = g_11[d_idx, 0, tile_r]
-                rg11_1 = g_11[d_idx, 1, tile_r]
-                rg11_2 = g_11[d_idx, 2, tile_r]
+                rg11_0 = g[d_idx, 5760 + tile_r.index]
+                rg11_1 = g[d_idx, 5888 + tile_r.index]
+                rg11_2 = g[d_idx, 6016 + tile_r.index]
                 t = (
                     -0.3162277660168379 * ra2_2 * rg11_0 - 0.5477225575051661 * ra2_4 * rg11_0
                     + 0.5477225575051661 * ra2_1 * rg11_1 + 0.5477225575051661 * ra2_0 * rg11_2
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 1408 + tile_r.index]
                 s1_0 = s1_0 + t * wq11
                 t = (
                     0.5477225575051661 * ra2_1 * rg11_0 + 0.6324555320336758 * ra2_2 * rg11_1
@@ -1075,20 +966,20 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq11
                 # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-                rg12_0 = g_12[d_idx, 0, tile_r]
-                rg12_1 = g_12[d_idx, 1, tile_r]
-                rg12_2 = g_12[d_idx, 2, tile_r]
-                rg12_3 = g_12[d_idx, 3, tile_r]
-                rg12_4 = g_12[d_idx, 4, tile_r]
-                rg12_5 = g_12[d_idx, 5, tile_r]
-                rg12_6 = g_12[d_idx, 6, tile_r]
+                rg12_0 = g[d_idx, 6144 + tile_r.index]
+                rg12_1 = g[d_idx, 6272 + tile_r.index]
+                rg12_2 = g[d_idx, 6400 + tile_r.index]
+                rg12_3 = g[d_idx, 6528 + tile_r.index]
+                rg12_4 = g[d_idx, 6656 + tile_r.index]
+                rg12_5 = g[d_idx, 6784 + tile_r.index]
+                rg12_6 = g[d_idx, 6912 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra2_4 * rg12_0 + 0.5773502691896258 * ra2_3 * rg12_1
                     + 0.6324555320336759 * ra2_2 * rg12_2 + 0.18257418583505539 * ra2_4 * rg12_2
                     - 0.4472135954999579 * ra2_1 * rg12_3 - 0.18257418583505539 * ra2_0 * rg12_4
                     - 0.5773502691896258 * ra2_1 * rg12_5 - 0.7071067811865476 * ra2_0 * rg12_6
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 1536 + tile_r.index]
                 s1_0 = s1_0 + t * wq12
                 t = (
                     0.5773502691896258 * ra2_0 * rg12_1 + 0.7302967433402215 * ra2_1 * rg12_2
@@ -1104,29 +995,29 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq12
                 # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-                rg2_0 = g_2[d_idx, 0, tile_r]
+                rg2_0 = g[d_idx, 512 + tile_r.index]
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 256 + tile_r.index]
                 s2_0 = t * wq2
-                rg2_1 = g_2[d_idx, 1, tile_r]
+                rg2_1 = g[d_idx, 640 + tile_r.index]
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
-                rg2_2 = g_2[d_idx, 2, tile_r]
+                rg2_2 = g[d_idx, 768 + tile_r.index]
                 t = (ra0_0 * rg2_2)
                 s2_2 = t * wq2
-                rg2_3 = g_2[d_idx, 3, tile_r]
+                rg2_3 = g[d_idx, 896 + tile_r.index]
                 t = (ra0_0 * rg2_3)
                 s2_3 = t * wq2
-                rg2_4 = g_2[d_idx, 4, tile_r]
+                rg2_4 = g[d_idx, 1024 + tile_r.index]
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-                rg7_0 = g_7[d_idx, 0, tile_r]
-                rg7_2 = g_7[d_idx, 2, tile_r]
+                rg7_0 = g[d_idx, 3200 + tile_r.index]
+                rg7_2 = g[d_idx, 3456 + tile_r.index]
                 t = (0.5477225575051661 * ra1_2 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_2)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 896 + tile_r.index]
                 s2_0 = s2_0 + t * wq7
-                rg7_1 = g_7[d_idx, 1, tile_r]
+                rg7_1 = g[d_idx, 3328 + tile_r.index]
                 t = (0.5477225575051661 * ra1_1 * rg7_0 + 0.5477225575051661 * ra1_0 * rg7_1)
                 s2_1 = s2_1 + t * wq7
                 t = (
@@ -1139,20 +1030,20 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra1_0 * rg7_0 + 0.5477225575051661 * ra1_2 * rg7_2)
                 s2_4 = s2_4 + t * wq7
                 # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-                rg8_0 = g_8[d_idx, 0, tile_r]
-                rg8_1 = g_8[d_idx, 1, tile_r]
-                rg8_2 = g_8[d_idx, 2, tile_r]
-                rg8_4 = g_8[d_idx, 4, tile_r]
-                rg8_6 = g_8[d_idx, 6, tile_r]
+                rg8_0 = g[d_idx, 3584 + tile_r.index]
+                rg8_1 = g[d_idx, 3712 + tile_r.index]
+                rg8_2 = g[d_idx, 3840 + tile_r.index]
+                rg8_4 = g[d_idx, 4096 + tile_r.index]
+                rg8_6 = g[d_idx, 4352 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra1_2 * rg8_0 + 0.5773502691896258 * ra1_1 * rg8_1
                     - 0.18257418583505539 * ra1_2 * rg8_2 - 0.18257418583505539 * ra1_0 * rg8_4
                     - 0.7071067811865476 * ra1_0 * rg8_6
                 )
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 1024 + tile_r.index]
                 s2_0 = s2_0 + t * wq8
-                rg8_3 = g_8[d_idx, 3, tile_r]
-                rg8_5 = g_8[d_idx, 5, tile_r]
+                rg8_3 = g[d_idx, 3968 + tile_r.index]
+                rg8_5 = g[d_idx, 4224 + tile_r.index]
                 t = (
                     0.5773502691896258 * ra1_2 * rg8_1 + 0.7302967433402215 * ra1_1 * rg8_2
                     - 0.4472135954999579 * ra1_0 * rg8_3 - 0.5773502691896258 * ra1_0 * rg8_5
@@ -1175,9 +1066,9 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq8
                 # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-                rg13_0 = g_13[d_idx, 0, tile_r]
+                rg13_0 = g[d_idx, 7040 + tile_r.index]
                 t = (0.4472135954999579 * ra2_0 * rg13_0)
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 1664 + tile_r.index]
                 s2_0 = s2_0 + t * wq13
                 t = (0.4472135954999579 * ra2_1 * rg13_0)
                 s2_1 = s2_1 + t * wq13
@@ -1188,17 +1079,17 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra2_4 * rg13_0)
                 s2_4 = s2_4 + t * wq13
                 # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-                rg14_0 = g_14[d_idx, 0, tile_r]
-                rg14_1 = g_14[d_idx, 1, tile_r]
-                rg14_2 = g_14[d_idx, 2, tile_r]
-                rg14_3 = g_14[d_idx, 3, tile_r]
+                rg14_0 = g[d_idx, 7168 + tile_r.index]
+                rg14_1 = g[d_idx, 7296 + tile_r.index]
+                rg14_2 = g[d_idx, 7424 + tile_r.index]
+                rg14_3 = g[d_idx, 7552 + tile_r.index]
                 t = (
                     -0.5345224838248488 * ra2_2 * rg14_0 + 0.4629100498862757 * ra2_3 * rg14_1
                     - 0.5345224838248488 * ra2_0 * rg14_2 + 0.4629100498862757 * ra2_1 * rg14_3
                 )
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 1792 + tile_r.index]
                 s2_0 = s2_0 + t * wq14
-                rg14_4 = g_14[d_idx, 4, tile_r]
+                rg14_4 = g[d_idx, 7680 + tile_r.index]
                 t = (
                     0.4629100498862757 * ra2_3 * rg14_0 + 0.2672612419124244 * ra2_2 * rg14_1
                     - 0.4629100498862757 * ra2_4 * rg14_1 + 0.2672612419124244 * ra2_1 * rg14_2
@@ -1223,42 +1114,42 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq14
                 # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-                rg3_0 = g_3[d_idx, 0, tile_r]
+                rg3_0 = g[d_idx, 1152 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 384 + tile_r.index]
                 s3_0 = t * wq3
-                rg3_1 = g_3[d_idx, 1, tile_r]
+                rg3_1 = g[d_idx, 1280 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_1)
                 s3_1 = t * wq3
-                rg3_2 = g_3[d_idx, 2, tile_r]
+                rg3_2 = g[d_idx, 1408 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_2)
                 s3_2 = t * wq3
-                rg3_3 = g_3[d_idx, 3, tile_r]
+                rg3_3 = g[d_idx, 1536 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_3)
                 s3_3 = t * wq3
-                rg3_4 = g_3[d_idx, 4, tile_r]
+                rg3_4 = g[d_idx, 1664 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_4)
                 s3_4 = t * wq3
-                rg3_5 = g_3[d_idx, 5, tile_r]
+                rg3_5 = g[d_idx, 1792 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_5)
                 s3_5 = t * wq3
-                rg3_6 = g_3[d_idx, 6, tile_r]
+                rg3_6 = g[d_idx, 1920 + tile_r.index]
                 t = (1.0000000000000002 * ra0_0 * rg3_6)
                 s3_6 = t * wq3
                 # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-                rg9_0 = g_9[d_idx, 0, tile_r]
-                rg9_4 = g_9[d_idx, 4, tile_r]
+                rg9_0 = g[d_idx, 4480 + tile_r.index]
+                rg9_4 = g[d_idx, 4992 + tile_r.index]
                 t = (0.5976143046671969 * ra1_2 * rg9_0 + 0.5976143046671969 * ra1_0 * rg9_4)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 1152 + tile_r.index]
                 s3_0 = s3_0 + t * wq9
-                rg9_1 = g_9[d_idx, 1, tile_r]
-                rg9_3 = g_9[d_idx, 3, tile_r]
+                rg9_1 = g[d_idx, 4608 + tile_r.index]
+                rg9_3 = g[d_idx, 4864 + tile_r.index]
                 t = (
                     0.48795003647426666 * ra1_1 * rg9_0 + 0.48795003647426666 * ra1_2 * rg9_1
                     + 0.48795003647426666 * ra1_0 * rg9_3
                 )
                 s3_1 = s3_1 + t * wq9
-                rg9_2 = g_9[d_idx, 2, tile_r]
+                rg9_2 = g[d_idx, 4736 + tile_r.index]
                 t = (
                     -0.1543033499620919 * ra1_2 * rg9_0 + 0.6172133998483676 * ra1_1 * rg9_1
                     + 0.5345224838248488 * ra1_0 * rg9_2 + 0.1543033499620919 * ra1_0 * rg9_4
@@ -1282,12 +1173,12 @@ def conv_bwd_x2_0(
                 t = (-0.5976143046671969 * ra1_0 * rg9_0 + 0.5976143046671969 * ra1_2 * rg9_4)
                 s3_6 = s3_6 + t * wq9
                 # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-                rg15_0 = g_15[d_idx, 0, tile_r]
-                rg15_2 = g_15[d_idx, 2, tile_r]
+                rg15_0 = g[d_idx, 7808 + tile_r.index]
+                rg15_2 = g[d_idx, 8064 + tile_r.index]
                 t = (0.4629100498862757 * ra2_4 * rg15_0 + 0.4629100498862757 * ra2_0 * rg15_2)
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 1920 + tile_r.index]
                 s3_0 = s3_0 + t * wq15
-                rg15_1 = g_15[d_idx, 1, tile_r]
+                rg15_1 = g[d_idx, 7936 + tile_r.index]
                 t = (
                     0.3779644730092272 * ra2_3 * rg15_0 + 0.3779644730092272 * ra2_0 * rg15_1
                     + 0.3779644730092272 * ra2_1 * rg15_2
@@ -1316,20 +1207,20 @@ def conv_bwd_x2_0(
                 t = (-0.4629100498862757 * ra2_0 * rg15_0 + 0.4629100498862757 * ra2_4 * rg15_2)
                 s3_6 = s3_6 + t * wq15
                 # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-                rg16_0 = g_16[d_idx, 0, tile_r]
-                rg16_1 = g_16[d_idx, 1, tile_r]
-                rg16_2 = g_16[d_idx, 2, tile_r]
-                rg16_4 = g_16[d_idx, 4, tile_r]
-                rg16_5 = g_16[d_idx, 5, tile_r]
+                rg16_0 = g[d_idx, 8192 + tile_r.index]
+                rg16_1 = g[d_idx, 8320 + tile_r.index]
+                rg16_2 = g[d_idx, 8448 + tile_r.index]
+                rg16_4 = g[d_idx, 8704 + tile_r.index]
+                rg16_5 = g[d_idx, 8832 + tile_r.index]
                 t = (
                     -0.6454972243679029 * ra2_2 * rg16_0 + 0.45643546458763845 * ra2_3 * rg16_1
                     - 0.2886751345948129 * ra2_4 * rg16_2 - 0.2886751345948129 * ra2_0 * rg16_4
                     + 0.45643546458763845 * ra2_1 * rg16_5
                 )
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 2048 + tile_r.index]
                 s3_0 = s3_0 + t * wq16
-                rg16_3 = g_16[d_idx, 3, tile_r]
-                rg16_6 = g_16[d_idx, 6, tile_r]
+                rg16_3 = g[d_idx, 8576 + tile_r.index]
+                rg16_6 = g[d_idx, 8960 + tile_r.index]
                 t = (
                     0.45643546458763845 * ra2_3 * rg16_0 + 0.3535533905932738 * ra2_3 * rg16_2
                     - 0.5773502691896258 * ra2_0 * rg16_3 + 0.3535533905932738 * ra2_1 * rg16_4
@@ -1384,22 +1275,22 @@ def conv_bwd_x2_0(
                 acc3_4 = acc3_4 + s3_4.sum(1)[:, None]
                 acc3_5 = acc3_5 + s3_5.sum(1)[:, None]
                 acc3_6 = acc3_6 + s3_6.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
-            gx2_3[tile_b, 0, tile_c] = acc3_0
-            gx2_3[tile_b, 1, tile_c] = acc3_1
-            gx2_3[tile_b, 2, tile_c] = acc3_2
-            gx2_3[tile_b, 3, tile_c] = acc3_3
-            gx2_3[tile_b, 4, tile_c] = acc3_4
-            gx2_3[tile_b, 5, tile_c] = acc3_5
-            gx2_3[tile_b, 6, tile_c] = acc3_6
+            gy[tile_b, tile_c.index] = acc0_0
+            gy[tile_b, 1 + tile_c.index] = acc1_0
+            gy[tile_b, 2 + tile_c.index] = acc1_1
+            gy[tile_b, 3 + tile_c.index] = acc1_2
+            gy[tile_b, 4 + tile_c.index] = acc2_0
+            gy[tile_b, 5 + tile_c.index] = acc2_1
+            gy[tile_b, 6 + tile_c.index] = acc2_2
+            gy[tile_b, 7 + tile_c.index] = acc2_3
+            gy[tile_b, 8 + tile_c.index] = acc2_4
+            gy[tile_b, 9 + tile_c.index] = acc3_0
+            gy[tile_b, 10 + tile_c.index] = acc3_1
+            gy[tile_b, 11 + tile_c.index] = acc3_2
+            gy[tile_b, 12 + tile_c.index] = acc3_3
+            gy[tile_b, 13 + tile_c.index] = acc3_4
+            gy[tile_b, 14 + tile_c.index] = acc3_5
+            gy[tile_b, 15 + tile_c.index] = acc3_6
 
 
 @helion.kernel(
@@ -1409,118 +1300,81 @@ def conv_bwd_x2_0(
 def conv_bwd_w_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    x2_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-16."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
-        sb3_0_0 = x2_3[tile_b, 0, 0][:, None]
-        sb3_1_0 = x2_3[tile_b, 1, 0][:, None]
-        sb3_2_0 = x2_3[tile_b, 2, 0][:, None]
-        sb3_3_0 = x2_3[tile_b, 3, 0][:, None]
-        sb3_4_0 = x2_3[tile_b, 4, 0][:, None]
-        sb3_5_0 = x2_3[tile_b, 5, 0][:, None]
-        sb3_6_0 = x2_3[tile_b, 6, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
+        sb3_0_0 = y[tile_b, 9][:, None]
+        sb3_1_0 = y[tile_b, 10][:, None]
+        sb3_2_0 = y[tile_b, 11][:, None]
+        sb3_3_0 = y[tile_b, 12][:, None]
+        sb3_4_0 = y[tile_b, 13][:, None]
+        sb3_5_0 = y[tile_b, 14][:, None]
+        sb3_6_0 = y[tile_b, 15][:, None]
         for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a1_1 = x1_1[s_idx, 1, tile_c]
-            a1_2 = x1_1[s_idx, 2, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a2_3 = x1_2[s_idx, 3, tile_c]
-            a2_4 = x1_2[s_idx, 4, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 128 + tile_c.index]
+            a1_1 = x[s_idx, 256 + tile_c.index]
+            a1_2 = x[s_idx, 384 + tile_c.index]
+            a2_0 = x[s_idx, 512 + tile_c.index]
+            a2_1 = x[s_idx, 640 + tile_c.index]
+            a2_2 = x[s_idx, 768 + tile_c.index]
+            a2_3 = x[s_idx, 896 + tile_c.index]
+            a2_4 = x[s_idx, 1024 + tile_c.index]
             # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[d_idx, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[d_idx, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_0 = g[d_idx, 128 + tile_c.index]
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_1 = g[d_idx, 256 + tile_c.index]
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            g1_2 = g_1[d_idx, 2, tile_c]
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            g1_2 = g[d_idx, 384 + tile_c.index]
+            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2_0 = g_2[d_idx, 0, tile_c]
+            g2_0 = g[d_idx, 512 + tile_c.index]
             q1 = (a0_0 * sb2_1_0)
-            g2_1 = g_2[d_idx, 1, tile_c]
+            g2_1 = g[d_idx, 640 + tile_c.index]
             q2 = (a0_0 * sb2_2_0)
-            g2_2 = g_2[d_idx, 2, tile_c]
+            g2_2 = g[d_idx, 768 + tile_c.index]
             q3 = (a0_0 * sb2_3_0)
-            g2_3 = g_2[d_idx, 3, tile_c]
+            g2_3 = g[d_idx, 896 + tile_c.index]
             q4 = (a0_0 * sb2_4_0)
-            g2_4 = g_2[d_idx, 4, tile_c]
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            g2_4 = g[d_idx, 1024 + tile_c.index]
+            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
             q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3_0 = g_3[d_idx, 0, tile_c]
+            g3_0 = g[d_idx, 1152 + tile_c.index]
             q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
-            g3_1 = g_3[d_idx, 1, tile_c]
+            g3_1 = g[d_idx, 1280 + tile_c.index]
             q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
-            g3_2 = g_3[d_idx, 2, tile_c]
+            g3_2 = g[d_idx, 1408 + tile_c.index]
             q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
-            g3_3 = g_3[d_idx, 3, tile_c]
+            g3_3 = g[d_idx, 1536 + tile_c.index]
             q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
-            g3_4 = g_3[d_idx, 4, tile_c]
+            g3_4 = g[d_idx, 1664 + tile_c.index]
             q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
-            g3_5 = g_3[d_idx, 5, tile_c]
+            g3_5 = g[d_idx, 1792 + tile_c.index]
             q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            g3_6 = g_3[d_idx, 6, tile_c]
-            gw3[tile_b, tile_c, 0] = (
+            g3_6 = g[d_idx, 1920 + tile_c.index]
+            gw[tile_b, 384 + tile_c.index] = (
                 q0 * g3_0 + q1 * g3_1
                 + q2 * g3_2 + q3 * g3_3
                 + q4 * g3_4 + q5 * g3_5
@@ -1528,82 +1382,82 @@ def conv_bwd_w_0(
             )
             # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4_0 = g_4[d_idx, 0, tile_c]
+            g4_0 = g[d_idx, 2048 + tile_c.index]
             q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_1 = g[d_idx, 2176 + tile_c.index]
             q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            g4_2 = g_4[d_idx, 2, tile_c]
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            g4_2 = g[d_idx, 2304 + tile_c.index]
+            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
                 + 0.5773502691896257 * a1_2 * sb1_2_0
             )
-            g5_0 = g_5[d_idx, 0, tile_c]
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            g5_0 = g[d_idx, 2432 + tile_c.index]
+            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g6_0 = g_6[d_idx, 0, tile_c]
+            g6_0 = g[d_idx, 2560 + tile_c.index]
             q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_1 = g[d_idx, 2688 + tile_c.index]
             q2 = (
                 -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
                 - 0.408248290463863 * a1_2 * sb1_2_0
             )
-            g6_2 = g_6[d_idx, 2, tile_c]
+            g6_2 = g[d_idx, 2816 + tile_c.index]
             q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            g6_3 = g_6[d_idx, 3, tile_c]
+            g6_3 = g[d_idx, 2944 + tile_c.index]
             q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            g6_4 = g_6[d_idx, 4, tile_c]
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+            g6_4 = g[d_idx, 3072 + tile_c.index]
+            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
             # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
                 + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
             )
-            g7_0 = g_7[d_idx, 0, tile_c]
+            g7_0 = g[d_idx, 3200 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
                 + 0.5477225575051661 * a1_2 * sb2_3_0
             )
-            g7_1 = g_7[d_idx, 1, tile_c]
+            g7_1 = g[d_idx, 3328 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
                 - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
             )
-            g7_2 = g_7[d_idx, 2, tile_c]
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+            g7_2 = g[d_idx, 3456 + tile_c.index]
+            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g8_0 = g_8[d_idx, 0, tile_c]
+            g8_0 = g[d_idx, 3584 + tile_c.index]
             q1 = (
                 0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
                 + 0.5773502691896258 * a1_2 * sb2_1_0
             )
-            g8_1 = g_8[d_idx, 1, tile_c]
+            g8_1 = g[d_idx, 3712 + tile_c.index]
             q2 = (
                 0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
                 + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
             )
-            g8_2 = g_8[d_idx, 2, tile_c]
+            g8_2 = g[d_idx, 3840 + tile_c.index]
             q3 = (
                 -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
                 - 0.4472135954999579 * a1_2 * sb2_3_0
             )
-            g8_3 = g_8[d_idx, 3, tile_c]
+            g8_3 = g[d_idx, 3968 + tile_c.index]
             q4 = (
                 -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
                 + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
             )
-            g8_4 = g_8[d_idx, 4, tile_c]
+            g8_4 = g[d_idx, 4096 + tile_c.index]
             q5 = (
                 -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
                 + 0.5773502691896258 * a1_2 * sb2_3_0
             )
-            g8_5 = g_8[d_idx, 5, tile_c]
+            g8_5 = g[d_idx, 4224 + tile_c.index]
             q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            g8_6 = g_8[d_idx, 6, tile_c]
-            gw8[tile_b, tile_c, 0] = (
+            g8_6 = g[d_idx, 4352 + tile_c.index]
+            gw[tile_b, 1024 + tile_c.index] = (
                 q0 * g8_0 + q1 * g8_1
                 + q2 * g8_2 + q3 * g8_3
                 + q4 * g8_4 + q5 * g8_5
@@ -1615,89 +1469,89 @@ def conv_bwd_w_0(
                 + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
                 - 0.1543033499620919 * a1_2 * sb3_2_0
             )
-            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_0 = g[d_idx, 4480 + tile_c.index]
             q1 = (
                 -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
                 + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
             )
-            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_1 = g[d_idx, 4608 + tile_c.index]
             q2 = (
                 0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
                 + 0.5345224838248488 * a1_2 * sb3_4_0
             )
-            g9_2 = g_9[d_idx, 2, tile_c]
+            g9_2 = g[d_idx, 4736 + tile_c.index]
             q3 = (
                 0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
                 - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
             )
-            g9_3 = g_9[d_idx, 3, tile_c]
+            g9_3 = g[d_idx, 4864 + tile_c.index]
             q4 = (
                 0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
                 + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
-            g9_4 = g_9[d_idx, 4, tile_c]
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            g9_4 = g[d_idx, 4992 + tile_c.index]
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
             q0 = (a2_0 * sb0_0_0)
-            g10_0 = g_10[d_idx, 0, tile_c]
+            g10_0 = g[d_idx, 5120 + tile_c.index]
             q1 = (a2_1 * sb0_0_0)
-            g10_1 = g_10[d_idx, 1, tile_c]
+            g10_1 = g[d_idx, 5248 + tile_c.index]
             q2 = (a2_2 * sb0_0_0)
-            g10_2 = g_10[d_idx, 2, tile_c]
+            g10_2 = g[d_idx, 5376 + tile_c.index]
             q3 = (a2_3 * sb0_0_0)
-            g10_3 = g_10[d_idx, 3, tile_c]
+            g10_3 = g[d_idx, 5504 + tile_c.index]
             q4 = (a2_4 * sb0_0_0)
-            g10_4 = g_10[d_idx, 4, tile_c]
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
+            g10_4 = g[d_idx, 5632 + tile_c.index]
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
             # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
                 - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
             )
-            g11_0 = g_11[d_idx, 0, tile_c]
+            g11_0 = g[d_idx, 5760 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
                 + 0.5477225575051661 * a2_3 * sb1_2_0
             )
-            g11_1 = g_11[d_idx, 1, tile_c]
+            g11_1 = g[d_idx, 5888 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
                 + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
             )
-            g11_2 = g_11[d_idx, 2, tile_c]
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
+            g11_2 = g[d_idx, 6016 + tile_c.index]
+            gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
             # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g12_0 = g_12[d_idx, 0, tile_c]
+            g12_0 = g[d_idx, 6144 + tile_c.index]
             q1 = (
                 0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
                 + 0.5773502691896258 * a2_3 * sb1_0_0
             )
-            g12_1 = g_12[d_idx, 1, tile_c]
+            g12_1 = g[d_idx, 6272 + tile_c.index]
             q2 = (
                 -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
                 + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
             )
-            g12_2 = g_12[d_idx, 2, tile_c]
+            g12_2 = g[d_idx, 6400 + tile_c.index]
             q3 = (
                 -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
                 - 0.4472135954999579 * a2_3 * sb1_2_0
             )
-            g12_3 = g_12[d_idx, 3, tile_c]
+            g12_3 = g[d_idx, 6528 + tile_c.index]
             q4 = (
                 -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
                 + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
             )
-            g12_4 = g_12[d_idx, 4, tile_c]
+            g12_4 = g[d_idx, 6656 + tile_c.index]
             q5 = (
                 -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
                 + 0.5773502691896258 * a2_4 * sb1_1_0
             )
-            g12_5 = g_12[d_idx, 5, tile_c]
+            g12_5 = g[d_idx, 6784 + tile_c.index]
             q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            g12_6 = g_12[d_idx, 6, tile_c]
-            gw12[tile_b, tile_c, 0] = (
+            g12_6 = g[d_idx, 6912 + tile_c.index]
+            gw[tile_b, 1536 + tile_c.index] = (
                 q0 * g12_0 + q1 * g12_1
                 + q2 * g12_2 + q3 * g12_3
                 + q4 * g12_4 + q5 * g12_5
@@ -1709,38 +1563,38 @@ def conv_bwd_w_0(
                 + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
                 + 0.4472135954999579 * a2_4 * sb2_4_0
             )
-            g13_0 = g_13[d_idx, 0, tile_c]
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0)
+            g13_0 = g[d_idx, 7040 + tile_c.index]
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
             # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
                 - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
             )
-            g14_0 = g_14[d_idx, 0, tile_c]
+            g14_0 = g[d_idx, 7168 + tile_c.index]
             q1 = (
                 0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
                 - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
                 + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
             )
-            g14_1 = g_14[d_idx, 1, tile_c]
+            g14_1 = g[d_idx, 7296 + tile_c.index]
             q2 = (
                 -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
                 + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
                 - 0.5345224838248488 * a2_4 * sb2_4_0
             )
-            g14_2 = g_14[d_idx, 2, tile_c]
+            g14_2 = g[d_idx, 7424 + tile_c.index]
             q3 = (
                 0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
                 + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
                 + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
             )
-            g14_3 = g_14[d_idx, 3, tile_c]
+            g14_3 = g[d_idx, 7552 + tile_c.index]
             q4 = (
                 -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
                 + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
             )
-            g14_4 = g_14[d_idx, 4, tile_c]
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
+            g14_4 = g[d_idx, 7680 + tile_c.index]
+            gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
             # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
             q0 = (
                 -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
@@ -1748,67 +1602,67 @@ def conv_bwd_w_0(
                 + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
                 + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
             )
-            g15_0 = g_15[d_idx, 0, tile_c]
+            g15_0 = g[d_idx, 7808 + tile_c.index]
             q1 = (
                 0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
                 + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
                 + 0.3779644730092272 * a2_4 * sb3_5_0
             )
-            g15_1 = g_15[d_idx, 1, tile_c]
+            g15_1 = g[d_idx, 7936 + tile_c.index]
             q2 = (
                 0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
                 + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
                 - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
                 - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
             )
-            g15_2 = g_15[d_idx, 2, tile_c]
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
+            g15_2 = g[d_idx, 8064 + tile_c.index]
+            gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
             # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
             q0 = (
                 -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
                 - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_2_0
             )
-            g16_0 = g_16[d_idx, 0, tile_c]
+            g16_0 = g[d_idx, 8192 + tile_c.index]
             q1 = (
                 -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
                 - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
                 + 0.3535533905932738 * a2_3 * sb3_2_0
             )
-            g16_1 = g_16[d_idx, 1, tile_c]
+            g16_1 = g[d_idx, 8320 + tile_c.index]
             q2 = (
                 0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
                 + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
                 + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
                 - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
             )
-            g16_2 = g_16[d_idx, 2, tile_c]
+            g16_2 = g[d_idx, 8448 + tile_c.index]
             q3 = (
                 -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
                 + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
                 - 0.5773502691896258 * a2_4 * sb3_5_0
             )
-            g16_3 = g_16[d_idx, 3, tile_c]
+            g16_3 = g[d_idx, 8576 + tile_c.index]
             q4 = (
                 -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
                 + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
                 + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
                 + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
             )
-            g16_4 = g_16[d_idx, 4, tile_c]
+            g16_4 = g[d_idx, 8704 + tile_c.index]
             q5 = (
                 0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
                 + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
                 - 0.5773502691896258 * a2_4 * sb3_3_0
             )
-            g16_5 = g_16[d_idx, 5, tile_c]
+            g16_5 = g[d_idx, 8832 + tile_c.index]
             q6 = (
                 0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
                 - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
                 - 0.2886751345948129 * a2_4 * sb3_4_0
             )
-            g16_6 = g_16[d_idx, 6, tile_c]
-            gw16[tile_b, tile_c, 0] = (
+            g16_6 = g[d_idx, 8960 + tile_c.index]
+            gw[tile_b, 2048 + tile_c.index] = (
                 q0 * g16_0 + q1 * g16_1
                 + q2 * g16_2 + q3 * g16_3
                 + q4 * g16_4 + q5 * g16_5

@@ -12,10 +12,12 @@ and its derivatives, the four derivatives of ``F = sum_e W C x[src[e]] y[e] G[ds
     conv_bwd_w_* (x, y, G) -> gw  = dF/dW  (1 kernel)  one row per edge (or partial sums)
 
 The scatters are ``hl.atomic_add`` into a zeroed output (summation order varies).
-Operands are ``(rows, 2l+1, mul)`` views of ``ir_mul`` rows; node rows are gathered
-with ``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are
-literals and the config is pinned: with ``static_shapes=False`` a new number of nodes
-or edges reuses the compiled kernel.
+The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the computed
+``out`` / ``gx`` / ``gy`` / ``gw``, each block a run of columns (component ``k`` of a
+``mul x l`` block at column ``offset + k*mul + channel``); node rows are gathered with
+``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are literals
+and the config is pinned: with ``static_shapes=False`` a new number of nodes or edges
+reuses the compiled kernel.
 """
 
 import helion
@@ -30,221 +32,156 @@ import torch
 def conv_fwd_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
-    out_10: torch.Tensor,
-    out_11: torch.Tensor,
-    out_12: torch.Tensor,
-    out_13: torch.Tensor,
-    out_14: torch.Tensor,
-    out_15: torch.Tensor,
-    out_16: torch.Tensor,
-    out_17: torch.Tensor,
-    out_18: torch.Tensor,
-    out_19: torch.Tensor,
-    out_20: torch.Tensor,
-    out_21: torch.Tensor,
-    out_22: torch.Tensor,
-    out_23: torch.Tensor,
-    out_24: torch.Tensor,
-    out_25: torch.Tensor,
-    out_26: torch.Tensor,
-    out_27: torch.Tensor,
-    out_28: torch.Tensor,
-    out_29: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-29; paths 0-29."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
-            a4_0 = x1_4[s_idx, 0, tile_c]
-            a4_1 = x1_4[s_idx, 1, tile_c]
-            a4_2 = x1_4[s_idx, 2, tile_c]
-            a4_3 = x1_4[s_idx, 3, tile_c]
-            a4_4 = x1_4[s_idx, 4, tile_c]
-            a5_0 = x1_5[s_idx, 0, tile_c]
-            a5_1 = x1_5[s_idx, 1, tile_c]
-            a5_2 = x1_5[s_idx, 2, tile_c]
-            a5_3 = x1_5[s_idx, 3, tile_c]
-            a5_4 = x1_5[s_idx, 4, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 64 + tile_c.index]
+            a2_0 = x[s_idx, 128 + tile_c.index]
+            a2_1 = x[s_idx, 192 + tile_c.index]
+            a2_2 = x[s_idx, 256 + tile_c.index]
+            a3_0 = x[s_idx, 320 + tile_c.index]
+            a3_1 = x[s_idx, 384 + tile_c.index]
+            a3_2 = x[s_idx, 448 + tile_c.index]
+            a4_0 = x[s_idx, 512 + tile_c.index]
+            a4_1 = x[s_idx, 576 + tile_c.index]
+            a4_2 = x[s_idx, 640 + tile_c.index]
+            a4_3 = x[s_idx, 704 + tile_c.index]
+            a4_4 = x[s_idx, 768 + tile_c.index]
+            a5_0 = x[s_idx, 832 + tile_c.index]
+            a5_1 = x[s_idx, 896 + tile_c.index]
+            a5_2 = x[s_idx, 960 + tile_c.index]
+            a5_3 = x[s_idx, 1024 + tile_c.index]
+            a5_4 = x[s_idx, 1088 + tile_c.index]
             # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
             # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.atomic_add(out_1, [d_idx, 0, tile_c], acc1_0)
-            hl.atomic_add(out_1, [d_idx, 1, tile_c], acc1_1)
-            hl.atomic_add(out_1, [d_idx, 2, tile_c], acc1_2)
+            hl.atomic_add(out, [d_idx, 64 + tile_c.index], acc1_0)
+            hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_1)
+            hl.atomic_add(out, [d_idx, 192 + tile_c.index], acc1_2)
             # g block 2: 64x2o (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
             acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
             acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
             acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
             acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.atomic_add(out_2, [d_idx, 0, tile_c], acc2_0)
-            hl.atomic_add(out_2, [d_idx, 1, tile_c], acc2_1)
-            hl.atomic_add(out_2, [d_idx, 2, tile_c], acc2_2)
-            hl.atomic_add(out_2, [d_idx, 3, tile_c], acc2_3)
-            hl.atomic_add(out_2, [d_idx, 4, tile_c], acc2_4)
+            hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc2_0)
+            hl.atomic_add(out, [d_idx, 320 + tile_c.index], acc2_1)
+            hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc2_2)
+            hl.atomic_add(out, [d_idx, 448 + tile_c.index], acc2_3)
+            hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_4)
             # g block 3: 64x0e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
-            hl.atomic_add(out_3, [d_idx, 0, tile_c], acc3_0)
+            hl.atomic_add(out, [d_idx, 576 + tile_c.index], acc3_0)
             # g block 4: 64x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
-            hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
-            hl.atomic_add(out_4, [d_idx, 2, tile_c], acc4_2)
+            hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc4_0)
+            hl.atomic_add(out, [d_idx, 704 + tile_c.index], acc4_1)
+            hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc4_2)
             # g block 5: 64x2e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
-            hl.atomic_add(out_5, [d_idx, 0, tile_c], acc5_0)
-            hl.atomic_add(out_5, [d_idx, 1, tile_c], acc5_1)
-            hl.atomic_add(out_5, [d_idx, 2, tile_c], acc5_2)
-            hl.atomic_add(out_5, [d_idx, 3, tile_c], acc5_3)
-            hl.atomic_add(out_5, [d_idx, 4, tile_c], acc5_4)
+            hl.atomic_add(out, [d_idx, 832 + tile_c.index], acc5_0)
+            hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc5_1)
+            hl.atomic_add(out, [d_idx, 960 + tile_c.index], acc5_2)
+            hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc5_3)
+            hl.atomic_add(out, [d_idx, 1088 + tile_c.index], acc5_4)
             # g block 6: 64x1o (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.atomic_add(out_6, [d_idx, 0, tile_c], acc6_0)
-            hl.atomic_add(out_6, [d_idx, 1, tile_c], acc6_1)
-            hl.atomic_add(out_6, [d_idx, 2, tile_c], acc6_2)
+            hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc6_0)
+            hl.atomic_add(out, [d_idx, 1216 + tile_c.index], acc6_1)
+            hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc6_2)
             # g block 7: 64x0e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            hl.atomic_add(out_7, [d_idx, 0, tile_c], acc7_0)
+            hl.atomic_add(out, [d_idx, 1344 + tile_c.index], acc7_0)
             # g block 8: 64x1e (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.atomic_add(out_8, [d_idx, 0, tile_c], acc8_0)
-            hl.atomic_add(out_8, [d_idx, 1, tile_c], acc8_1)
-            hl.atomic_add(out_8, [d_idx, 2, tile_c], acc8_2)
+            hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc8_0)
+            hl.atomic_add(out, [d_idx, 1472 + tile_c.index], acc8_1)
+            hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc8_2)
             # g block 9: 64x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
             acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
             acc9_2 = acc9_2 + wt9_0 * (
@@ -253,17 +190,17 @@ def conv_fwd_0(
             )
             acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
             acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            hl.atomic_add(out_9, [d_idx, 0, tile_c], acc9_0)
-            hl.atomic_add(out_9, [d_idx, 1, tile_c], acc9_1)
-            hl.atomic_add(out_9, [d_idx, 2, tile_c], acc9_2)
-            hl.atomic_add(out_9, [d_idx, 3, tile_c], acc9_3)
-            hl.atomic_add(out_9, [d_idx, 4, tile_c], acc9_4)
+            hl.atomic_add(out, [d_idx, 1600 + tile_c.index], acc9_0)
+            hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc9_1)
+            hl.atomic_add(out, [d_idx, 1728 + tile_c.index], acc9_2)
+            hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc9_3)
+            hl.atomic_add(out, [d_idx, 1856 + tile_c.index], acc9_4)
             # g block 10: 64x1o (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out_10.dtype)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
             acc10_0 = acc10_0 + wt10_0 * (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
@@ -276,17 +213,17 @@ def conv_fwd_0(
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            hl.atomic_add(out_10, [d_idx, 0, tile_c], acc10_0)
-            hl.atomic_add(out_10, [d_idx, 1, tile_c], acc10_1)
-            hl.atomic_add(out_10, [d_idx, 2, tile_c], acc10_2)
+            hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc10_0)
+            hl.atomic_add(out, [d_idx, 1984 + tile_c.index], acc10_1)
+            hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc10_2)
             # g block 11: 64x2o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out_11.dtype)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
             acc11_0 = acc11_0 + wt11_0 * (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
@@ -304,52 +241,52 @@ def conv_fwd_0(
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            hl.atomic_add(out_11, [d_idx, 0, tile_c], acc11_0)
-            hl.atomic_add(out_11, [d_idx, 1, tile_c], acc11_1)
-            hl.atomic_add(out_11, [d_idx, 2, tile_c], acc11_2)
-            hl.atomic_add(out_11, [d_idx, 3, tile_c], acc11_3)
-            hl.atomic_add(out_11, [d_idx, 4, tile_c], acc11_4)
+            hl.atomic_add(out, [d_idx, 2112 + tile_c.index], acc11_0)
+            hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc11_1)
+            hl.atomic_add(out, [d_idx, 2240 + tile_c.index], acc11_2)
+            hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc11_3)
+            hl.atomic_add(out, [d_idx, 2368 + tile_c.index], acc11_4)
             # g block 12: 64x1e (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out_12.dtype)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
             acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.atomic_add(out_12, [d_idx, 0, tile_c], acc12_0)
-            hl.atomic_add(out_12, [d_idx, 1, tile_c], acc12_1)
-            hl.atomic_add(out_12, [d_idx, 2, tile_c], acc12_2)
+            hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc12_0)
+            hl.atomic_add(out, [d_idx, 2496 + tile_c.index], acc12_1)
+            hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc12_2)
             # g block 13: 64x0o (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out_13.dtype)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
             acc13_0 = acc13_0 + wt13_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            hl.atomic_add(out_13, [d_idx, 0, tile_c], acc13_0)
+            hl.atomic_add(out, [d_idx, 2624 + tile_c.index], acc13_0)
             # g block 14: 64x1o (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out_14.dtype)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
             acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.atomic_add(out_14, [d_idx, 0, tile_c], acc14_0)
-            hl.atomic_add(out_14, [d_idx, 1, tile_c], acc14_1)
-            hl.atomic_add(out_14, [d_idx, 2, tile_c], acc14_2)
+            hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc14_0)
+            hl.atomic_add(out, [d_idx, 2752 + tile_c.index], acc14_1)
+            hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc14_2)
             # g block 15: 64x2o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out_15.dtype)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
             acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
             acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
             acc15_2 = acc15_2 + wt15_0 * (
@@ -358,17 +295,17 @@ def conv_fwd_0(
             )
             acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
             acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            hl.atomic_add(out_15, [d_idx, 0, tile_c], acc15_0)
-            hl.atomic_add(out_15, [d_idx, 1, tile_c], acc15_1)
-            hl.atomic_add(out_15, [d_idx, 2, tile_c], acc15_2)
-            hl.atomic_add(out_15, [d_idx, 3, tile_c], acc15_3)
-            hl.atomic_add(out_15, [d_idx, 4, tile_c], acc15_4)
+            hl.atomic_add(out, [d_idx, 2880 + tile_c.index], acc15_0)
+            hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc15_1)
+            hl.atomic_add(out, [d_idx, 3008 + tile_c.index], acc15_2)
+            hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc15_3)
+            hl.atomic_add(out, [d_idx, 3136 + tile_c.index], acc15_4)
             # g block 16: 64x1e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out_16.dtype)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
             acc16_0 = acc16_0 + wt16_0 * (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
@@ -381,17 +318,17 @@ def conv_fwd_0(
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            hl.atomic_add(out_16, [d_idx, 0, tile_c], acc16_0)
-            hl.atomic_add(out_16, [d_idx, 1, tile_c], acc16_1)
-            hl.atomic_add(out_16, [d_idx, 2, tile_c], acc16_2)
+            hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc16_0)
+            hl.atomic_add(out, [d_idx, 3264 + tile_c.index], acc16_1)
+            hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc16_2)
             # g block 17: 64x2e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
-            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out_17.dtype)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
             acc17_0 = acc17_0 + wt17_0 * (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
@@ -409,35 +346,35 @@ def conv_fwd_0(
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            hl.atomic_add(out_17, [d_idx, 0, tile_c], acc17_0)
-            hl.atomic_add(out_17, [d_idx, 1, tile_c], acc17_1)
-            hl.atomic_add(out_17, [d_idx, 2, tile_c], acc17_2)
-            hl.atomic_add(out_17, [d_idx, 3, tile_c], acc17_3)
-            hl.atomic_add(out_17, [d_idx, 4, tile_c], acc17_4)
+            hl.atomic_add(out, [d_idx, 3392 + tile_c.index], acc17_0)
+            hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc17_1)
+            hl.atomic_add(out, [d_idx, 3520 + tile_c.index], acc17_2)
+            hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc17_3)
+            hl.atomic_add(out, [d_idx, 3648 + tile_c.index], acc17_4)
             # g block 18: 64x2o (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
-            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out_18.dtype)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
             acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
             acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
             acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
             acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
             acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
-            hl.atomic_add(out_18, [d_idx, 0, tile_c], acc18_0)
-            hl.atomic_add(out_18, [d_idx, 1, tile_c], acc18_1)
-            hl.atomic_add(out_18, [d_idx, 2, tile_c], acc18_2)
-            hl.atomic_add(out_18, [d_idx, 3, tile_c], acc18_3)
-            hl.atomic_add(out_18, [d_idx, 4, tile_c], acc18_4)
+            hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc18_0)
+            hl.atomic_add(out, [d_idx, 3776 + tile_c.index], acc18_1)
+            hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc18_2)
+            hl.atomic_add(out, [d_idx, 3904 + tile_c.index], acc18_3)
+            hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc18_4)
             # g block 19: 64x1e (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out_19.dtype)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
             acc19_0 = acc19_0 + wt19_0 * (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
@@ -450,17 +387,17 @@ def conv_fwd_0(
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            hl.atomic_add(out_19, [d_idx, 0, tile_c], acc19_0)
-            hl.atomic_add(out_19, [d_idx, 1, tile_c], acc19_1)
-            hl.atomic_add(out_19, [d_idx, 2, tile_c], acc19_2)
+            hl.atomic_add(out, [d_idx, 4032 + tile_c.index], acc19_0)
+            hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc19_1)
+            hl.atomic_add(out, [d_idx, 4160 + tile_c.index], acc19_2)
             # g block 20: 64x2e (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out_20.dtype)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
             acc20_0 = acc20_0 + wt20_0 * (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
@@ -478,27 +415,27 @@ def conv_fwd_0(
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            hl.atomic_add(out_20, [d_idx, 0, tile_c], acc20_0)
-            hl.atomic_add(out_20, [d_idx, 1, tile_c], acc20_1)
-            hl.atomic_add(out_20, [d_idx, 2, tile_c], acc20_2)
-            hl.atomic_add(out_20, [d_idx, 3, tile_c], acc20_3)
-            hl.atomic_add(out_20, [d_idx, 4, tile_c], acc20_4)
+            hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc20_0)
+            hl.atomic_add(out, [d_idx, 4288 + tile_c.index], acc20_1)
+            hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc20_2)
+            hl.atomic_add(out, [d_idx, 4416 + tile_c.index], acc20_3)
+            hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc20_4)
             # g block 21: 64x0o (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out_21.dtype)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
             acc21_0 = acc21_0 + wt21_0 * (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            hl.atomic_add(out_21, [d_idx, 0, tile_c], acc21_0)
+            hl.atomic_add(out, [d_idx, 4544 + tile_c.index], acc21_0)
             # g block 22: 64x1o (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out_22.dtype)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
             acc22_0 = acc22_0 + wt22_0 * (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
@@ -513,17 +450,17 @@ def conv_fwd_0(
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            hl.atomic_add(out_22, [d_idx, 0, tile_c], acc22_0)
-            hl.atomic_add(out_22, [d_idx, 1, tile_c], acc22_1)
-            hl.atomic_add(out_22, [d_idx, 2, tile_c], acc22_2)
+            hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc22_0)
+            hl.atomic_add(out, [d_idx, 4672 + tile_c.index], acc22_1)
+            hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc22_2)
             # g block 23: 64x2o (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out_23.dtype)
+            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
             acc23_0 = acc23_0 + wt23_0 * (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
@@ -547,35 +484,35 @@ def conv_fwd_0(
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            hl.atomic_add(out_23, [d_idx, 0, tile_c], acc23_0)
-            hl.atomic_add(out_23, [d_idx, 1, tile_c], acc23_1)
-            hl.atomic_add(out_23, [d_idx, 2, tile_c], acc23_2)
-            hl.atomic_add(out_23, [d_idx, 3, tile_c], acc23_3)
-            hl.atomic_add(out_23, [d_idx, 4, tile_c], acc23_4)
+            hl.atomic_add(out, [d_idx, 4800 + tile_c.index], acc23_0)
+            hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc23_1)
+            hl.atomic_add(out, [d_idx, 4928 + tile_c.index], acc23_2)
+            hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc23_3)
+            hl.atomic_add(out, [d_idx, 5056 + tile_c.index], acc23_4)
             # g block 24: 64x2e (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out_24.dtype)
+            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
             acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
             acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
             acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
             acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
             acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
-            hl.atomic_add(out_24, [d_idx, 0, tile_c], acc24_0)
-            hl.atomic_add(out_24, [d_idx, 1, tile_c], acc24_1)
-            hl.atomic_add(out_24, [d_idx, 2, tile_c], acc24_2)
-            hl.atomic_add(out_24, [d_idx, 3, tile_c], acc24_3)
-            hl.atomic_add(out_24, [d_idx, 4, tile_c], acc24_4)
+            hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc24_0)
+            hl.atomic_add(out, [d_idx, 5184 + tile_c.index], acc24_1)
+            hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc24_2)
+            hl.atomic_add(out, [d_idx, 5312 + tile_c.index], acc24_3)
+            hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc24_4)
             # g block 25: 64x1o (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out_25.dtype)
+            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
             acc25_0 = acc25_0 + wt25_0 * (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
@@ -588,17 +525,17 @@ def conv_fwd_0(
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            hl.atomic_add(out_25, [d_idx, 0, tile_c], acc25_0)
-            hl.atomic_add(out_25, [d_idx, 1, tile_c], acc25_1)
-            hl.atomic_add(out_25, [d_idx, 2, tile_c], acc25_2)
+            hl.atomic_add(out, [d_idx, 5440 + tile_c.index], acc25_0)
+            hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc25_1)
+            hl.atomic_add(out, [d_idx, 5568 + tile_c.index], acc25_2)
             # g block 26: 64x2o (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out_26.dtype)
+            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
             acc26_0 = acc26_0 + wt26_0 * (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
@@ -616,27 +553,27 @@ def conv_fwd_0(
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            hl.atomic_add(out_26, [d_idx, 0, tile_c], acc26_0)
-            hl.atomic_add(out_26, [d_idx, 1, tile_c], acc26_1)
-            hl.atomic_add(out_26, [d_idx, 2, tile_c], acc26_2)
-            hl.atomic_add(out_26, [d_idx, 3, tile_c], acc26_3)
-            hl.atomic_add(out_26, [d_idx, 4, tile_c], acc26_4)
+            hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc26_0)
+            hl.atomic_add(out, [d_idx, 5696 + tile_c.index], acc26_1)
+            hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc26_2)
+            hl.atomic_add(out, [d_idx, 5824 + tile_c.index], acc26_3)
+            hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc26_4)
             # g block 27: 64x0e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out_27.dtype)
+            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
             acc27_0 = acc27_0 + wt27_0 * (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            hl.atomic_add(out_27, [d_idx, 0, tile_c], acc27_0)
+            hl.atomic_add(out, [d_idx, 5952 + tile_c.index], acc27_0)
             # g block 28: 64x1e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out_28.dtype)
+            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
             acc28_0 = acc28_0 + wt28_0 * (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
@@ -651,17 +588,17 @@ def conv_fwd_0(
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            hl.atomic_add(out_28, [d_idx, 0, tile_c], acc28_0)
-            hl.atomic_add(out_28, [d_idx, 1, tile_c], acc28_1)
-            hl.atomic_add(out_28, [d_idx, 2, tile_c], acc28_2)
+            hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc28_0)
+            hl.atomic_add(out, [d_idx, 6080 + tile_c.index], acc28_1)
+            hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc28_2)
             # g block 29: 64x2e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out_29.dtype)
+            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
             acc29_0 = acc29_0 + wt29_0 * (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
@@ -685,11 +622,11 @@ def conv_fwd_0(
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            hl.atomic_add(out_29, [d_idx, 0, tile_c], acc29_0)
-            hl.atomic_add(out_29, [d_idx, 1, tile_c], acc29_1)
-            hl.atomic_add(out_29, [d_idx, 2, tile_c], acc29_2)
-            hl.atomic_add(out_29, [d_idx, 3, tile_c], acc29_3)
-            hl.atomic_add(out_29, [d_idx, 4, tile_c], acc29_4)
+            hl.atomic_add(out, [d_idx, 6208 + tile_c.index], acc29_0)
+            hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc29_1)
+            hl.atomic_add(out, [d_idx, 6336 + tile_c.index], acc29_2)
+            hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc29_3)
+            hl.atomic_add(out, [d_idx, 6464 + tile_c.index], acc29_4)
 
 
 @helion.kernel(
@@ -699,183 +636,118 @@ def conv_fwd_0(
 def conv_bwd_x1_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
-    gx1_4: torch.Tensor,
-    gx1_5: torch.Tensor,
+    g: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    gx: torch.Tensor,
 ) -> None:
     """Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-5; paths 0-29."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
             # x1 block 0: 64x0o (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
-            g0_0 = g_0[d_idx, 0, tile_c]
+            wt0_0 = weights[tile_b, tile_c.index]
+            g0_0 = g[d_idx, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
+            g1_0 = g[d_idx, 64 + tile_c.index]
+            g1_1 = g[d_idx, 128 + tile_c.index]
+            g1_2 = g[d_idx, 192 + tile_c.index]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g2_1 = g_2[d_idx, 1, tile_c]
-            g2_2 = g_2[d_idx, 2, tile_c]
-            g2_3 = g_2[d_idx, 3, tile_c]
-            g2_4 = g_2[d_idx, 4, tile_c]
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
+            g2_0 = g[d_idx, 256 + tile_c.index]
+            g2_1 = g[d_idx, 320 + tile_c.index]
+            g2_2 = g[d_idx, 384 + tile_c.index]
+            g2_3 = g[d_idx, 448 + tile_c.index]
+            g2_4 = g[d_idx, 512 + tile_c.index]
             acc0_0 = acc0_0 + wt2_0 * (
                 g2_0 * sb2_0_0 + g2_1 * sb2_1_0
                 + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
                 + g2_4 * sb2_4_0
             )
-            hl.atomic_add(gx1_0, [s_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
             # x1 block 1: 64x0e (3 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
-            g3_0 = g_3[d_idx, 0, tile_c]
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
+            g3_0 = g[d_idx, 576 + tile_c.index]
             acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
+            g4_0 = g[d_idx, 640 + tile_c.index]
+            g4_1 = g[d_idx, 704 + tile_c.index]
+            g4_2 = g[d_idx, 768 + tile_c.index]
             acc1_0 = acc1_0 + wt4_0 * (
                 0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
                 + 0.9999999999999999 * g4_2 * sb1_2_0
             )
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g5_1 = g_5[d_idx, 1, tile_c]
-            g5_2 = g_5[d_idx, 2, tile_c]
-            g5_3 = g_5[d_idx, 3, tile_c]
-            g5_4 = g_5[d_idx, 4, tile_c]
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
+            g5_0 = g[d_idx, 832 + tile_c.index]
+            g5_1 = g[d_idx, 896 + tile_c.index]
+            g5_2 = g[d_idx, 960 + tile_c.index]
+            g5_3 = g[d_idx, 1024 + tile_c.index]
+            g5_4 = g[d_idx, 1088 + tile_c.index]
             acc1_0 = acc1_0 + wt5_0 * (
                 g5_0 * sb2_0_0 + g5_1 * sb2_1_0
                 + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
                 + g5_4 * sb2_4_0
             )
-            hl.atomic_add(gx1_1, [s_idx, 0, tile_c], acc1_0)
+            hl.atomic_add(gx, [s_idx, 64 + tile_c.index], acc1_0)
             # x1 block 2: 64x1o (6 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
-            g6_0 = g_6[d_idx, 0, tile_c]
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
+            g6_0 = g[d_idx, 1152 + tile_c.index]
             acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
-            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_1 = g[d_idx, 1216 + tile_c.index]
             acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
-            g6_2 = g_6[d_idx, 2, tile_c]
+            g6_2 = g[d_idx, 1280 + tile_c.index]
             acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
-            g7_0 = g_7[d_idx, 0, tile_c]
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
+            g7_0 = g[d_idx, 1344 + tile_c.index]
             acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
-            g8_1 = g_8[d_idx, 1, tile_c]
-            g8_2 = g_8[d_idx, 2, tile_c]
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
+            g8_1 = g[d_idx, 1472 + tile_c.index]
+            g8_2 = g[d_idx, 1536 + tile_c.index]
             acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
-            g8_0 = g_8[d_idx, 0, tile_c]
+            g8_0 = g[d_idx, 1408 + tile_c.index]
             acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
-            g9_4 = g_9[d_idx, 4, tile_c]
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
+            g9_0 = g[d_idx, 1600 + tile_c.index]
+            g9_1 = g[d_idx, 1664 + tile_c.index]
+            g9_2 = g[d_idx, 1728 + tile_c.index]
+            g9_4 = g[d_idx, 1856 + tile_c.index]
             acc2_0 = acc2_0 + wt9_0 * (
                 0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
                 - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
             )
-            g9_3 = g_9[d_idx, 3, tile_c]
+            g9_3 = g[d_idx, 1792 + tile_c.index]
             acc2_1 = acc2_1 + wt9_0 * (
                 0.7071067811865476 * g9_1 * sb1_0_0 + 0.816496580927726 * g9_2 * sb1_1_0
                 + 0.7071067811865476 * g9_3 * sb1_2_0
@@ -885,10 +757,10 @@ def conv_bwd_x1_0(
                 + 0.7071067811865476 * g9_3 * sb1_1_0 + 0.7071067811865476 * g9_4 * sb1_2_0
             )
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = w10[tile_b, tile_c, 0]
-            g10_0 = g_10[d_idx, 0, tile_c]
-            g10_1 = g_10[d_idx, 1, tile_c]
-            g10_2 = g_10[d_idx, 2, tile_c]
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
+            g10_0 = g[d_idx, 1920 + tile_c.index]
+            g10_1 = g[d_idx, 1984 + tile_c.index]
+            g10_2 = g[d_idx, 2048 + tile_c.index]
             acc2_0 = acc2_0 + wt10_0 * (
                 -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
                 + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
@@ -902,12 +774,12 @@ def conv_bwd_x1_0(
                 - 0.3162277660168379 * g10_2 * sb2_2_0 + 0.5477225575051661 * g10_2 * sb2_4_0
             )
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = w11[tile_b, tile_c, 0]
-            g11_0 = g_11[d_idx, 0, tile_c]
-            g11_1 = g_11[d_idx, 1, tile_c]
-            g11_2 = g_11[d_idx, 2, tile_c]
-            g11_3 = g_11[d_idx, 3, tile_c]
-            g11_4 = g_11[d_idx, 4, tile_c]
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
+            g11_0 = g[d_idx, 2112 + tile_c.index]
+            g11_1 = g[d_idx, 2176 + tile_c.index]
+            g11_2 = g[d_idx, 2240 + tile_c.index]
+            g11_3 = g[d_idx, 2304 + tile_c.index]
+            g11_4 = g[d_idx, 2368 + tile_c.index]
             acc2_0 = acc2_0 + wt11_0 * (
                 0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
                 - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
@@ -922,46 +794,46 @@ def conv_bwd_x1_0(
                 - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
                 + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
             )
-            hl.atomic_add(gx1_2, [s_idx, 0, tile_c], acc2_0)
-            hl.atomic_add(gx1_2, [s_idx, 1, tile_c], acc2_1)
-            hl.atomic_add(gx1_2, [s_idx, 2, tile_c], acc2_2)
+            hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc2_0)
+            hl.atomic_add(gx, [s_idx, 192 + tile_c.index], acc2_1)
+            hl.atomic_add(gx, [s_idx, 256 + tile_c.index], acc2_2)
             # x1 block 3: 64x1e (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = w12[tile_b, tile_c, 0]
-            g12_0 = g_12[d_idx, 0, tile_c]
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
+            g12_0 = g[d_idx, 2432 + tile_c.index]
             acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
-            g12_1 = g_12[d_idx, 1, tile_c]
+            g12_1 = g[d_idx, 2496 + tile_c.index]
             acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
-            g12_2 = g_12[d_idx, 2, tile_c]
+            g12_2 = g[d_idx, 2560 + tile_c.index]
             acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = w13[tile_b, tile_c, 0]
-            g13_0 = g_13[d_idx, 0, tile_c]
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
+            g13_0 = g[d_idx, 2624 + tile_c.index]
             acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = w14[tile_b, tile_c, 0]
-            g14_1 = g_14[d_idx, 1, tile_c]
-            g14_2 = g_14[d_idx, 2, tile_c]
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
+            g14_1 = g[d_idx, 2752 + tile_c.index]
+            g14_2 = g[d_idx, 2816 + tile_c.index]
             acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
-            g14_0 = g_14[d_idx, 0, tile_c]
+            g14_0 = g[d_idx, 2688 + tile_c.index]
             acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = w15[tile_b, tile_c, 0]
-            g15_0 = g_15[d_idx, 0, tile_c]
-            g15_1 = g_15[d_idx, 1, tile_c]
-            g15_2 = g_15[d_idx, 2, tile_c]
-            g15_4 = g_15[d_idx, 4, tile_c]
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
+            g15_0 = g[d_idx, 2880 + tile_c.index]
+            g15_1 = g[d_idx, 2944 + tile_c.index]
+            g15_2 = g[d_idx, 3008 + tile_c.index]
+            g15_4 = g[d_idx, 3136 + tile_c.index]
             acc3_0 = acc3_0 + wt15_0 * (
                 0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
                 - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
             )
-            g15_3 = g_15[d_idx, 3, tile_c]
+            g15_3 = g[d_idx, 3072 + tile_c.index]
             acc3_1 = acc3_1 + wt15_0 * (
                 0.7071067811865476 * g15_1 * sb1_0_0 + 0.816496580927726 * g15_2 * sb1_1_0
                 + 0.7071067811865476 * g15_3 * sb1_2_0
@@ -971,10 +843,10 @@ def conv_bwd_x1_0(
                 + 0.7071067811865476 * g15_3 * sb1_1_0 + 0.7071067811865476 * g15_4 * sb1_2_0
             )
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = w16[tile_b, tile_c, 0]
-            g16_0 = g_16[d_idx, 0, tile_c]
-            g16_1 = g_16[d_idx, 1, tile_c]
-            g16_2 = g_16[d_idx, 2, tile_c]
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
+            g16_0 = g[d_idx, 3200 + tile_c.index]
+            g16_1 = g[d_idx, 3264 + tile_c.index]
+            g16_2 = g[d_idx, 3328 + tile_c.index]
             acc3_0 = acc3_0 + wt16_0 * (
                 -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
                 + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
@@ -988,12 +860,12 @@ def conv_bwd_x1_0(
                 - 0.3162277660168379 * g16_2 * sb2_2_0 + 0.5477225575051661 * g16_2 * sb2_4_0
             )
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = w17[tile_b, tile_c, 0]
-            g17_0 = g_17[d_idx, 0, tile_c]
-            g17_1 = g_17[d_idx, 1, tile_c]
-            g17_2 = g_17[d_idx, 2, tile_c]
-            g17_3 = g_17[d_idx, 3, tile_c]
-            g17_4 = g_17[d_idx, 4, tile_c]
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
+            g17_0 = g[d_idx, 3392 + tile_c.index]
+            g17_1 = g[d_idx, 3456 + tile_c.index]
+            g17_2 = g[d_idx, 3520 + tile_c.index]
+            g17_3 = g[d_idx, 3584 + tile_c.index]
+            g17_4 = g[d_idx, 3648 + tile_c.index]
             acc3_0 = acc3_0 + wt17_0 * (
                 0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
                 - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
@@ -1008,33 +880,33 @@ def conv_bwd_x1_0(
                 - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
                 + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
             )
-            hl.atomic_add(gx1_3, [s_idx, 0, tile_c], acc3_0)
-            hl.atomic_add(gx1_3, [s_idx, 1, tile_c], acc3_1)
-            hl.atomic_add(gx1_3, [s_idx, 2, tile_c], acc3_2)
+            hl.atomic_add(gx, [s_idx, 320 + tile_c.index], acc3_0)
+            hl.atomic_add(gx, [s_idx, 384 + tile_c.index], acc3_1)
+            hl.atomic_add(gx, [s_idx, 448 + tile_c.index], acc3_2)
             # x1 block 4: 64x2o (6 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = w18[tile_b, tile_c, 0]
-            g18_0 = g_18[d_idx, 0, tile_c]
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
+            g18_0 = g[d_idx, 3712 + tile_c.index]
             acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
-            g18_1 = g_18[d_idx, 1, tile_c]
+            g18_1 = g[d_idx, 3776 + tile_c.index]
             acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
-            g18_2 = g_18[d_idx, 2, tile_c]
+            g18_2 = g[d_idx, 3840 + tile_c.index]
             acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
-            g18_3 = g_18[d_idx, 3, tile_c]
+            g18_3 = g[d_idx, 3904 + tile_c.index]
             acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
-            g18_4 = g_18[d_idx, 4, tile_c]
+            g18_4 = g[d_idx, 3968 + tile_c.index]
             acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = w19[tile_b, tile_c, 0]
-            g19_0 = g_19[d_idx, 0, tile_c]
-            g19_2 = g_19[d_idx, 2, tile_c]
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
+            g19_0 = g[d_idx, 4032 + tile_c.index]
+            g19_2 = g[d_idx, 4160 + tile_c.index]
             acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
-            g19_1 = g_19[d_idx, 1, tile_c]
+            g19_1 = g[d_idx, 4096 + tile_c.index]
             acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
             acc4_2 = acc4_2 + wt19_0 * (
                 -0.3162277660168379 * g19_0 * sb1_0_0 + 0.6324555320336758 * g19_1 * sb1_1_0
@@ -1043,16 +915,16 @@ def conv_bwd_x1_0(
             acc4_3 = acc4_3 + wt19_0 * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
             acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = w20[tile_b, tile_c, 0]
-            g20_1 = g_20[d_idx, 1, tile_c]
-            g20_3 = g_20[d_idx, 3, tile_c]
-            g20_4 = g_20[d_idx, 4, tile_c]
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
+            g20_1 = g[d_idx, 4288 + tile_c.index]
+            g20_3 = g[d_idx, 4416 + tile_c.index]
+            g20_4 = g[d_idx, 4480 + tile_c.index]
             acc4_0 = acc4_0 + wt20_0 * (
                 0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
                 + 0.816496580927726 * g20_4 * sb1_1_0
             )
-            g20_0 = g_20[d_idx, 0, tile_c]
-            g20_2 = g_20[d_idx, 2, tile_c]
+            g20_0 = g[d_idx, 4224 + tile_c.index]
+            g20_2 = g[d_idx, 4352 + tile_c.index]
             acc4_1 = acc4_1 + wt20_0 * (
                 -0.408248290463863 * g20_0 * sb1_0_0 - 0.7071067811865476 * g20_2 * sb1_2_0
                 + 0.408248290463863 * g20_3 * sb1_1_0 - 0.408248290463863 * g20_4 * sb1_2_0
@@ -1067,18 +939,18 @@ def conv_bwd_x1_0(
                 + 0.408248290463863 * g20_3 * sb1_0_0
             )
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = w21[tile_b, tile_c, 0]
-            g21_0 = g_21[d_idx, 0, tile_c]
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
+            g21_0 = g[d_idx, 4544 + tile_c.index]
             acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
             acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
             acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
             acc4_3 = acc4_3 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_3_0)
             acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = w22[tile_b, tile_c, 0]
-            g22_0 = g_22[d_idx, 0, tile_c]
-            g22_1 = g_22[d_idx, 1, tile_c]
-            g22_2 = g_22[d_idx, 2, tile_c]
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
+            g22_0 = g[d_idx, 4608 + tile_c.index]
+            g22_1 = g[d_idx, 4672 + tile_c.index]
+            g22_2 = g[d_idx, 4736 + tile_c.index]
             acc4_0 = acc4_0 + wt22_0 * (
                 -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
                 + 0.3162277660168379 * g22_2 * sb2_3_0
@@ -1097,16 +969,16 @@ def conv_bwd_x1_0(
                 - 0.3162277660168379 * g22_2 * sb2_1_0
             )
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = w23[tile_b, tile_c, 0]
-            g23_0 = g_23[d_idx, 0, tile_c]
-            g23_1 = g_23[d_idx, 1, tile_c]
-            g23_2 = g_23[d_idx, 2, tile_c]
-            g23_3 = g_23[d_idx, 3, tile_c]
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
+            g23_0 = g[d_idx, 4800 + tile_c.index]
+            g23_1 = g[d_idx, 4864 + tile_c.index]
+            g23_2 = g[d_idx, 4928 + tile_c.index]
+            g23_3 = g[d_idx, 4992 + tile_c.index]
             acc4_0 = acc4_0 + wt23_0 * (
                 -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
                 - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
             )
-            g23_4 = g_23[d_idx, 4, tile_c]
+            g23_4 = g[d_idx, 5056 + tile_c.index]
             acc4_1 = acc4_1 + wt23_0 * (
                 0.4629100498862757 * g23_0 * sb2_3_0 + 0.2672612419124244 * g23_1 * sb2_2_0
                 - 0.4629100498862757 * g23_1 * sb2_4_0 + 0.2672612419124244 * g23_2 * sb2_1_0
@@ -1126,35 +998,35 @@ def conv_bwd_x1_0(
                 -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
                 + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
             )
-            hl.atomic_add(gx1_4, [s_idx, 0, tile_c], acc4_0)
-            hl.atomic_add(gx1_4, [s_idx, 1, tile_c], acc4_1)
-            hl.atomic_add(gx1_4, [s_idx, 2, tile_c], acc4_2)
-            hl.atomic_add(gx1_4, [s_idx, 3, tile_c], acc4_3)
-            hl.atomic_add(gx1_4, [s_idx, 4, tile_c], acc4_4)
+            hl.atomic_add(gx, [s_idx, 512 + tile_c.index], acc4_0)
+            hl.atomic_add(gx, [s_idx, 576 + tile_c.index], acc4_1)
+            hl.atomic_add(gx, [s_idx, 640 + tile_c.index], acc4_2)
+            hl.atomic_add(gx, [s_idx, 704 + tile_c.index], acc4_3)
+            hl.atomic_add(gx, [s_idx, 768 + tile_c.index], acc4_4)
             # x1 block 5: 64x2e (6 paths)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = w24[tile_b, tile_c, 0]
-            g24_0 = g_24[d_idx, 0, tile_c]
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
+            g24_0 = g[d_idx, 5120 + tile_c.index]
             acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
-            g24_1 = g_24[d_idx, 1, tile_c]
+            g24_1 = g[d_idx, 5184 + tile_c.index]
             acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
-            g24_2 = g_24[d_idx, 2, tile_c]
+            g24_2 = g[d_idx, 5248 + tile_c.index]
             acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
-            g24_3 = g_24[d_idx, 3, tile_c]
+            g24_3 = g[d_idx, 5312 + tile_c.index]
             acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
-            g24_4 = g_24[d_idx, 4, tile_c]
+            g24_4 = g[d_idx, 5376 + tile_c.index]
             acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = w25[tile_b, tile_c, 0]
-            g25_0 = g_25[d_idx, 0, tile_c]
-            g25_2 = g_25[d_idx, 2, tile_c]
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
+            g25_0 = g[d_idx, 5440 + tile_c.index]
+            g25_2 = g[d_idx, 5568 + tile_c.index]
             acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
-            g25_1 = g_25[d_idx, 1, tile_c]
+            g25_1 = g[d_idx, 5504 + tile_c.index]
             acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
             acc5_2 = acc5_2 + wt25_0 * (
                 -0.3162277660168379 * g25_0 * sb1_0_0 + 0.6324555320336758 * g25_1 * sb1_1_0
@@ -1163,16 +1035,16 @@ def conv_bwd_x1_0(
             acc5_3 = acc5_3 + wt25_0 * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
             acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = w26[tile_b, tile_c, 0]
-            g26_1 = g_26[d_idx, 1, tile_c]
-            g26_3 = g_26[d_idx, 3, tile_c]
-            g26_4 = g_26[d_idx, 4, tile_c]
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
+            g26_1 = g[d_idx, 5696 + tile_c.index]
+            g26_3 = g[d_idx, 5824 + tile_c.index]
+            g26_4 = g[d_idx, 5888 + tile_c.index]
             acc5_0 = acc5_0 + wt26_0 * (
                 0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
                 + 0.816496580927726 * g26_4 * sb1_1_0
             )
-            g26_0 = g_26[d_idx, 0, tile_c]
-            g26_2 = g_26[d_idx, 2, tile_c]
+            g26_0 = g[d_idx, 5632 + tile_c.index]
+            g26_2 = g[d_idx, 5760 + tile_c.index]
             acc5_1 = acc5_1 + wt26_0 * (
                 -0.408248290463863 * g26_0 * sb1_0_0 - 0.7071067811865476 * g26_2 * sb1_2_0
                 + 0.408248290463863 * g26_3 * sb1_1_0 - 0.408248290463863 * g26_4 * sb1_2_0
@@ -1187,18 +1059,18 @@ def conv_bwd_x1_0(
                 + 0.408248290463863 * g26_3 * sb1_0_0
             )
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = w27[tile_b, tile_c, 0]
-            g27_0 = g_27[d_idx, 0, tile_c]
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
+            g27_0 = g[d_idx, 5952 + tile_c.index]
             acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
             acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
             acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
             acc5_3 = acc5_3 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_3_0)
             acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = w28[tile_b, tile_c, 0]
-            g28_0 = g_28[d_idx, 0, tile_c]
-            g28_1 = g_28[d_idx, 1, tile_c]
-            g28_2 = g_28[d_idx, 2, tile_c]
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
+            g28_0 = g[d_idx, 6016 + tile_c.index]
+            g28_1 = g[d_idx, 6080 + tile_c.index]
+            g28_2 = g[d_idx, 6144 + tile_c.index]
             acc5_0 = acc5_0 + wt28_0 * (
                 -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
                 + 0.3162277660168379 * g28_2 * sb2_3_0
@@ -1217,16 +1089,16 @@ def conv_bwd_x1_0(
                 - 0.3162277660168379 * g28_2 * sb2_1_0
             )
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = w29[tile_b, tile_c, 0]
-            g29_0 = g_29[d_idx, 0, tile_c]
-            g29_1 = g_29[d_idx, 1, tile_c]
-            g29_2 = g_29[d_idx, 2, tile_c]
-            g29_3 = g_29[d_idx, 3, tile_c]
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
+            g29_0 = g[d_idx, 6208 + tile_c.index]
+            g29_1 = g[d_idx, 6272 + tile_c.index]
+            g29_2 = g[d_idx, 6336 + tile_c.index]
+            g29_3 = g[d_idx, 6400 + tile_c.index]
             acc5_0 = acc5_0 + wt29_0 * (
                 -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
                 - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
             )
-            g29_4 = g_29[d_idx, 4, tile_c]
+            g29_4 = g[d_idx, 6464 + tile_c.index]
             acc5_1 = acc5_1 + wt29_0 * (
                 0.4629100498862757 * g29_0 * sb2_3_0 + 0.2672612419124244 * g29_1 * sb2_2_0
                 - 0.4629100498862757 * g29_1 * sb2_4_0 + 0.2672612419124244 * g29_2 * sb2_1_0
@@ -1246,11 +1118,11 @@ def conv_bwd_x1_0(
                 -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
                 + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
             )
-            hl.atomic_add(gx1_5, [s_idx, 0, tile_c], acc5_0)
-            hl.atomic_add(gx1_5, [s_idx, 1, tile_c], acc5_1)
-            hl.atomic_add(gx1_5, [s_idx, 2, tile_c], acc5_2)
-            hl.atomic_add(gx1_5, [s_idx, 3, tile_c], acc5_3)
-            hl.atomic_add(gx1_5, [s_idx, 4, tile_c], acc5_4)
+            hl.atomic_add(gx, [s_idx, 832 + tile_c.index], acc5_0)
+            hl.atomic_add(gx, [s_idx, 896 + tile_c.index], acc5_1)
+            hl.atomic_add(gx, [s_idx, 960 + tile_c.index], acc5_2)
+            hl.atomic_add(gx, [s_idx, 1024 + tile_c.index], acc5_3)
+            hl.atomic_add(gx, [s_idx, 1088 + tile_c.index], acc5_4)
 
 
 @helion.kernel(
@@ -1260,75 +1132,10 @@ def conv_bwd_x1_0(
 def conv_bwd_x2_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    w10: torch.Tensor,
-    w11: torch.Tensor,
-    w12: torch.Tensor,
-    w13: torch.Tensor,
-    w14: torch.Tensor,
-    w15: torch.Tensor,
-    w16: torch.Tensor,
-    w17: torch.Tensor,
-    w18: torch.Tensor,
-    w19: torch.Tensor,
-    w20: torch.Tensor,
-    w21: torch.Tensor,
-    w22: torch.Tensor,
-    w23: torch.Tensor,
-    w24: torch.Tensor,
-    w25: torch.Tensor,
-    w26: torch.Tensor,
-    w27: torch.Tensor,
-    w28: torch.Tensor,
-    w29: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
-    gx2_2: torch.Tensor,
+    x: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gy: torch.Tensor,
 ) -> None:
     """Gradient with respect to the edge attributes (dF/dy), one row per edge: x2 blocks 0-2; paths 0-29."""
     for tile_b in hl.tile(src.size(0), block_size=16):
@@ -1336,147 +1143,147 @@ def conv_bwd_x2_0(
         d_idx = dst[tile_b]
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (6 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 1: 1x1o (12 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 2: 1x2e (12 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx2_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # reduction over 64 channels
             for tile_r in hl.tile(64, block_size=32):
                 # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-                ra0_0 = x1_0[s_idx, 0, tile_r]
-                rg0_0 = g_0[d_idx, 0, tile_r]
+                ra0_0 = x[s_idx, tile_r.index]
+                rg0_0 = g[d_idx, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-                ra1_0 = x1_1[s_idx, 0, tile_r]
-                rg3_0 = g_3[d_idx, 0, tile_r]
+                ra1_0 = x[s_idx, 64 + tile_r.index]
+                rg3_0 = g[d_idx, 576 + tile_r.index]
                 t = (ra1_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 192 + tile_r.index]
                 s0_0 = s0_0 + t * wq3
                 # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-                ra2_0 = x1_2[s_idx, 0, tile_r]
-                rg6_0 = g_6[d_idx, 0, tile_r]
-                ra2_1 = x1_2[s_idx, 1, tile_r]
-                rg6_1 = g_6[d_idx, 1, tile_r]
-                ra2_2 = x1_2[s_idx, 2, tile_r]
-                rg6_2 = g_6[d_idx, 2, tile_r]
+                ra2_0 = x[s_idx, 128 + tile_r.index]
+                rg6_0 = g[d_idx, 1152 + tile_r.index]
+                ra2_1 = x[s_idx, 192 + tile_r.index]
+                rg6_1 = g[d_idx, 1216 + tile_r.index]
+                ra2_2 = x[s_idx, 256 + tile_r.index]
+                rg6_2 = g[d_idx, 1280 + tile_r.index]
                 t = (
                     0.9999999999999999 * ra2_0 * rg6_0 + 0.9999999999999999 * ra2_1 * rg6_1
                     + 0.9999999999999999 * ra2_2 * rg6_2
                 )
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 384 + tile_r.index]
                 s0_0 = s0_0 + t * wq6
                 # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-                ra3_0 = x1_3[s_idx, 0, tile_r]
-                rg12_0 = g_12[d_idx, 0, tile_r]
-                ra3_1 = x1_3[s_idx, 1, tile_r]
-                rg12_1 = g_12[d_idx, 1, tile_r]
-                ra3_2 = x1_3[s_idx, 2, tile_r]
-                rg12_2 = g_12[d_idx, 2, tile_r]
+                ra3_0 = x[s_idx, 320 + tile_r.index]
+                rg12_0 = g[d_idx, 2432 + tile_r.index]
+                ra3_1 = x[s_idx, 384 + tile_r.index]
+                rg12_1 = g[d_idx, 2496 + tile_r.index]
+                ra3_2 = x[s_idx, 448 + tile_r.index]
+                rg12_2 = g[d_idx, 2560 + tile_r.index]
                 t = (
                     0.9999999999999999 * ra3_0 * rg12_0 + 0.9999999999999999 * ra3_1 * rg12_1
                     + 0.9999999999999999 * ra3_2 * rg12_2
                 )
-                wq12 = w12[tile_b, tile_r, 0]
+                wq12 = weights[tile_b, 768 + tile_r.index]
                 s0_0 = s0_0 + t * wq12
                 # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-                ra4_0 = x1_4[s_idx, 0, tile_r]
-                rg18_0 = g_18[d_idx, 0, tile_r]
-                ra4_1 = x1_4[s_idx, 1, tile_r]
-                rg18_1 = g_18[d_idx, 1, tile_r]
-                ra4_2 = x1_4[s_idx, 2, tile_r]
-                rg18_2 = g_18[d_idx, 2, tile_r]
-                ra4_3 = x1_4[s_idx, 3, tile_r]
-                rg18_3 = g_18[d_idx, 3, tile_r]
-                ra4_4 = x1_4[s_idx, 4, tile_r]
-                rg18_4 = g_18[d_idx, 4, tile_r]
+                ra4_0 = x[s_idx, 512 + tile_r.index]
+                rg18_0 = g[d_idx, 3712 + tile_r.index]
+                ra4_1 = x[s_idx, 576 + tile_r.index]
+                rg18_1 = g[d_idx, 3776 + tile_r.index]
+                ra4_2 = x[s_idx, 640 + tile_r.index]
+                rg18_2 = g[d_idx, 3840 + tile_r.index]
+                ra4_3 = x[s_idx, 704 + tile_r.index]
+                rg18_3 = g[d_idx, 3904 + tile_r.index]
+                ra4_4 = x[s_idx, 768 + tile_r.index]
+                rg18_4 = g[d_idx, 3968 + tile_r.index]
                 t = (
                     ra4_0 * rg18_0 + ra4_1 * rg18_1
                     + ra4_2 * rg18_2 + ra4_3 * rg18_3
                     + ra4_4 * rg18_4
                 )
-                wq18 = w18[tile_b, tile_r, 0]
+                wq18 = weights[tile_b, 1152 + tile_r.index]
                 s0_0 = s0_0 + t * wq18
                 # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-                ra5_0 = x1_5[s_idx, 0, tile_r]
-                rg24_0 = g_24[d_idx, 0, tile_r]
-                ra5_1 = x1_5[s_idx, 1, tile_r]
-                rg24_1 = g_24[d_idx, 1, tile_r]
-                ra5_2 = x1_5[s_idx, 2, tile_r]
-                rg24_2 = g_24[d_idx, 2, tile_r]
-                ra5_3 = x1_5[s_idx, 3, tile_r]
-                rg24_3 = g_24[d_idx, 3, tile_r]
-                ra5_4 = x1_5[s_idx, 4, tile_r]
-                rg24_4 = g_24[d_idx, 4, tile_r]
+                ra5_0 = x[s_idx, 832 + tile_r.index]
+                rg24_0 = g[d_idx, 5120 + tile_r.index]
+                ra5_1 = x[s_idx, 896 + tile_r.index]
+                rg24_1 = g[d_idx, 5184 + tile_r.index]
+                ra5_2 = x[s_idx, 960 + tile_r.index]
+                rg24_2 = g[d_idx, 5248 + tile_r.index]
+                ra5_3 = x[s_idx, 1024 + tile_r.index]
+                rg24_3 = g[d_idx, 5312 + tile_r.index]
+                ra5_4 = x[s_idx, 1088 + tile_r.index]
+                rg24_4 = g[d_idx, 5376 + tile_r.index]
                 t = (
                     ra5_0 * rg24_0 + ra5_1 * rg24_1
                     + ra5_2 * rg24_2 + ra5_3 * rg24_3
                     + ra5_4 * rg24_4
                 )
-                wq24 = w24[tile_b, tile_r, 0]
+                wq24 = weights[tile_b, 1536 + tile_r.index]
                 s0_0 = s0_0 + t * wq24
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-                rg1_0 = g_1[d_idx, 0, tile_r]
+                rg1_0 = g[d_idx, 64 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 64 + tile_r.index]
                 s1_0 = t * wq1
-                rg1_1 = g_1[d_idx, 1, tile_r]
+                rg1_1 = g[d_idx, 128 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
-                rg1_2 = g_1[d_idx, 2, tile_r]
+                rg1_2 = g[d_idx, 192 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-                rg4_0 = g_4[d_idx, 0, tile_r]
+                rg4_0 = g[d_idx, 640 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg4_0)
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 256 + tile_r.index]
                 s1_0 = s1_0 + t * wq4
-                rg4_1 = g_4[d_idx, 1, tile_r]
+                rg4_1 = g[d_idx, 704 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg4_1)
                 s1_1 = s1_1 + t * wq4
-                rg4_2 = g_4[d_idx, 2, tile_r]
+                rg4_2 = g[d_idx, 768 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg4_2)
                 s1_2 = s1_2 + t * wq4
                 # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-                rg7_0 = g_7[d_idx, 0, tile_r]
+                rg7_0 = g[d_idx, 1344 + tile_r.index]
                 t = (0.5773502691896257 * ra2_0 * rg7_0)
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 448 + tile_r.index]
                 s1_0 = s1_0 + t * wq7
                 t = (0.5773502691896257 * ra2_1 * rg7_0)
                 s1_1 = s1_1 + t * wq7
                 t = (0.5773502691896257 * ra2_2 * rg7_0)
                 s1_2 = s1_2 + t * wq7
                 # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-                rg8_1 = g_8[d_idx, 1, tile_r]
-                rg8_2 = g_8[d_idx, 2, tile_r]
+                rg8_1 = g[d_idx, 1472 + tile_r.index]
+                rg8_2 = g[d_idx, 1536 + tile_r.index]
                 t = (0.7071067811865475 * ra2_2 * rg8_1 - 0.7071067811865475 * ra2_1 * rg8_2)
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 512 + tile_r.index]
                 s1_0 = s1_0 + t * wq8
-                rg8_0 = g_8[d_idx, 0, tile_r]
+                rg8_0 = g[d_idx, 1408 + tile_r.index]
                 t = (-0.7071067811865475 * ra2_2 * rg8_0 + 0.7071067811865475 * ra2_0 * rg8_2)
                 s1_1 = s1_1 + t * wq8
                 t = (0.7071067811865475 * ra2_1 * rg8_0 - 0.7071067811865475 * ra2_0 * rg8_1)
                 s1_2 = s1_2 + t * wq8
                 # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-                rg9_0 = g_9[d_idx, 0, tile_r]
-                rg9_1 = g_9[d_idx, 1, tile_r]
-                rg9_2 = g_9[d_idx, 2, tile_r]
-                rg9_4 = g_9[d_idx, 4, tile_r]
+                rg9_0 = g[d_idx, 1600 + tile_r.index]
+                rg9_1 = g[d_idx, 1664 + tile_r.index]
+                rg9_2 = g[d_idx, 1728 + tile_r.index]
+                rg9_4 = g[d_idx, 1856 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra2_2 * rg9_0 + 0.7071067811865476 * ra2_1 * rg9_1
                     - 0.408248290463863 * ra2_0 * rg9_2 - 0.7071067811865476 * ra2_0 * rg9_4
                 )
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
-                rg9_3 = g_9[d_idx, 3, tile_r]
+                rg9_3 = g[d_idx, 1792 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra2_0 * rg9_1 + 0.816496580927726 * ra2_1 * rg9_2
                     + 0.7071067811865476 * ra2_2 * rg9_3
@@ -1488,37 +1295,37 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq9
                 # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-                rg13_0 = g_13[d_idx, 0, tile_r]
+                rg13_0 = g[d_idx, 2624 + tile_r.index]
                 t = (0.5773502691896257 * ra3_0 * rg13_0)
-                wq13 = w13[tile_b, tile_r, 0]
+                wq13 = weights[tile_b, 832 + tile_r.index]
                 s1_0 = s1_0 + t * wq13
                 t = (0.5773502691896257 * ra3_1 * rg13_0)
                 s1_1 = s1_1 + t * wq13
                 t = (0.5773502691896257 * ra3_2 * rg13_0)
                 s1_2 = s1_2 + t * wq13
                 # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-                rg14_1 = g_14[d_idx, 1, tile_r]
-                rg14_2 = g_14[d_idx, 2, tile_r]
+                rg14_1 = g[d_idx, 2752 + tile_r.index]
+                rg14_2 = g[d_idx, 2816 + tile_r.index]
                 t = (0.7071067811865475 * ra3_2 * rg14_1 - 0.7071067811865475 * ra3_1 * rg14_2)
-                wq14 = w14[tile_b, tile_r, 0]
+                wq14 = weights[tile_b, 896 + tile_r.index]
                 s1_0 = s1_0 + t * wq14
-                rg14_0 = g_14[d_idx, 0, tile_r]
+                rg14_0 = g[d_idx, 2688 + tile_r.index]
                 t = (-0.7071067811865475 * ra3_2 * rg14_0 + 0.7071067811865475 * ra3_0 * rg14_2)
                 s1_1 = s1_1 + t * wq14
                 t = (0.7071067811865475 * ra3_1 * rg14_0 - 0.7071067811865475 * ra3_0 * rg14_1)
                 s1_2 = s1_2 + t * wq14
                 # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-                rg15_0 = g_15[d_idx, 0, tile_r]
-                rg15_1 = g_15[d_idx, 1, tile_r]
-                rg15_2 = g_15[d_idx, 2, tile_r]
-                rg15_4 = g_15[d_idx, 4, tile_r]
+                rg15_0 = g[d_idx, 2880 + tile_r.index]
+                rg15_1 = g[d_idx, 2944 + tile_r.index]
+                rg15_2 = g[d_idx, 3008 + tile_r.index]
+                rg15_4 = g[d_idx, 3136 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra3_2 * rg15_0 + 0.7071067811865476 * ra3_1 * rg15_1
                     - 0.408248290463863 * ra3_0 * rg15_2 - 0.7071067811865476 * ra3_0 * rg15_4
                 )
-                wq15 = w15[tile_b, tile_r, 0]
+                wq15 = weights[tile_b, 960 + tile_r.index]
                 s1_0 = s1_0 + t * wq15
-                rg15_3 = g_15[d_idx, 3, tile_r]
+                rg15_3 = g[d_idx, 3072 + tile_r.index]
                 t = (
                     0.7071067811865476 * ra3_0 * rg15_1 + 0.816496580927726 * ra3_1 * rg15_2
                     + 0.7071067811865476 * ra3_2 * rg15_3
@@ -1530,14 +1337,14 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq15
                 # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-                rg19_0 = g_19[d_idx, 0, tile_r]
-                rg19_1 = g_19[d_idx, 1, tile_r]
-                rg19_2 = g_19[d_idx, 2, tile_r]
+                rg19_0 = g[d_idx, 4032 + tile_r.index]
+                rg19_1 = g[d_idx, 4096 + tile_r.index]
+                rg19_2 = g[d_idx, 4160 + tile_r.index]
                 t = (
                     -0.3162277660168379 * ra4_2 * rg19_0 - 0.5477225575051661 * ra4_4 * rg19_0
                     + 0.5477225575051661 * ra4_1 * rg19_1 + 0.5477225575051661 * ra4_0 * rg19_2
                 )
-                wq19 = w19[tile_b, tile_r, 0]
+                wq19 = weights[tile_b, 1216 + tile_r.index]
                 s1_0 = s1_0 + t * wq19
                 t = (
                     0.5477225575051661 * ra4_1 * rg19_0 + 0.6324555320336758 * ra4_2 * rg19_1
@@ -1550,17 +1357,17 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq19
                 # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-                rg20_0 = g_20[d_idx, 0, tile_r]
-                rg20_1 = g_20[d_idx, 1, tile_r]
-                rg20_2 = g_20[d_idx, 2, tile_r]
-                rg20_3 = g_20[d_idx, 3, tile_r]
-                rg20_4 = g_20[d_idx, 4, tile_r]
+                rg20_0 = g[d_idx, 4224 + tile_r.index]
+                rg20_1 = g[d_idx, 4288 + tile_r.index]
+                rg20_2 = g[d_idx, 4352 + tile_r.index]
+                rg20_3 = g[d_idx, 4416 + tile_r.index]
+                rg20_4 = g[d_idx, 4480 + tile_r.index]
                 t = (
                     -0.408248290463863 * ra4_1 * rg20_0 + 0.408248290463863 * ra4_0 * rg20_1
                     + 0.7071067811865476 * ra4_3 * rg20_2 - 0.7071067811865476 * ra4_2 * rg20_3
                     + 0.408248290463863 * ra4_4 * rg20_3 - 0.408248290463863 * ra4_3 * rg20_4
                 )
-                wq20 = w20[tile_b, tile_r, 0]
+                wq20 = weights[tile_b, 1280 + tile_r.index]
                 s1_0 = s1_0 + t * wq20
                 t = (
                     -0.816496580927726 * ra4_4 * rg20_0 - 0.408248290463863 * ra4_3 * rg20_1
@@ -1574,14 +1381,14 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq20
                 # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-                rg25_0 = g_25[d_idx, 0, tile_r]
-                rg25_1 = g_25[d_idx, 1, tile_r]
-                rg25_2 = g_25[d_idx, 2, tile_r]
+                rg25_0 = g[d_idx, 5440 + tile_r.index]
+                rg25_1 = g[d_idx, 5504 + tile_r.index]
+                rg25_2 = g[d_idx, 5568 + tile_r.index]
                 t = (
                     -0.3162277660168379 * ra5_2 * rg25_0 - 0.5477225575051661 * ra5_4 * rg25_0
                     + 0.5477225575051661 * ra5_1 * rg25_1 + 0.5477225575051661 * ra5_0 * rg25_2
                 )
-                wq25 = w25[tile_b, tile_r, 0]
+                wq25 = weights[tile_b, 1600 + tile_r.index]
                 s1_0 = s1_0 + t * wq25
                 t = (
                     0.5477225575051661 * ra5_1 * rg25_0 + 0.6324555320336758 * ra5_2 * rg25_1
@@ -1594,17 +1401,17 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq25
                 # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-                rg26_0 = g_26[d_idx, 0, tile_r]
-                rg26_1 = g_26[d_idx, 1, tile_r]
-                rg26_2 = g_26[d_idx, 2, tile_r]
-                rg26_3 = g_26[d_idx, 3, tile_r]
-                rg26_4 = g_26[d_idx, 4, tile_r]
+                rg26_0 = g[d_idx, 5632 + tile_r.index]
+                rg26_1 = g[d_idx, 5696 + tile_r.index]
+                rg26_2 = g[d_idx, 5760 + tile_r.index]
+                rg26_3 = g[d_idx, 5824 + tile_r.index]
+                rg26_4 = g[d_idx, 5888 + tile_r.index]
                 t = (
                     -0.408248290463863 * ra5_1 * rg26_0 + 0.408248290463863 * ra5_0 * rg26_1
                     + 0.7071067811865476 * ra5_3 * rg26_2 - 0.7071067811865476 * ra5_2 * rg26_3
                     + 0.408248290463863 * ra5_4 * rg26_3 - 0.408248290463863 * ra5_3 * rg26_4
                 )
-                wq26 = w26[tile_b, tile_r, 0]
+                wq26 = weights[tile_b, 1664 + tile_r.index]
                 s1_0 = s1_0 + t * wq26
                 t = (
                     -0.816496580927726 * ra5_4 * rg26_0 - 0.408248290463863 * ra5_3 * rg26_1
@@ -1618,46 +1425,46 @@ def conv_bwd_x2_0(
                 )
                 s1_2 = s1_2 + t * wq26
                 # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-                rg2_0 = g_2[d_idx, 0, tile_r]
+                rg2_0 = g[d_idx, 256 + tile_r.index]
                 t = (ra0_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 128 + tile_r.index]
                 s2_0 = t * wq2
-                rg2_1 = g_2[d_idx, 1, tile_r]
+                rg2_1 = g[d_idx, 320 + tile_r.index]
                 t = (ra0_0 * rg2_1)
                 s2_1 = t * wq2
-                rg2_2 = g_2[d_idx, 2, tile_r]
+                rg2_2 = g[d_idx, 384 + tile_r.index]
                 t = (ra0_0 * rg2_2)
                 s2_2 = t * wq2
-                rg2_3 = g_2[d_idx, 3, tile_r]
+                rg2_3 = g[d_idx, 448 + tile_r.index]
                 t = (ra0_0 * rg2_3)
                 s2_3 = t * wq2
-                rg2_4 = g_2[d_idx, 4, tile_r]
+                rg2_4 = g[d_idx, 512 + tile_r.index]
                 t = (ra0_0 * rg2_4)
                 s2_4 = t * wq2
                 # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-                rg5_0 = g_5[d_idx, 0, tile_r]
+                rg5_0 = g[d_idx, 832 + tile_r.index]
                 t = (ra1_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 320 + tile_r.index]
                 s2_0 = s2_0 + t * wq5
-                rg5_1 = g_5[d_idx, 1, tile_r]
+                rg5_1 = g[d_idx, 896 + tile_r.index]
                 t = (ra1_0 * rg5_1)
                 s2_1 = s2_1 + t * wq5
-                rg5_2 = g_5[d_idx, 2, tile_r]
+                rg5_2 = g[d_idx, 960 + tile_r.index]
                 t = (ra1_0 * rg5_2)
                 s2_2 = s2_2 + t * wq5
-                rg5_3 = g_5[d_idx, 3, tile_r]
+                rg5_3 = g[d_idx, 1024 + tile_r.index]
                 t = (ra1_0 * rg5_3)
                 s2_3 = s2_3 + t * wq5
-                rg5_4 = g_5[d_idx, 4, tile_r]
+                rg5_4 = g[d_idx, 1088 + tile_r.index]
                 t = (ra1_0 * rg5_4)
                 s2_4 = s2_4 + t * wq5
                 # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-                rg10_0 = g_10[d_idx, 0, tile_r]
-                rg10_2 = g_10[d_idx, 2, tile_r]
+                rg10_0 = g[d_idx, 1920 + tile_r.index]
+                rg10_2 = g[d_idx, 2048 + tile_r.index]
                 t = (0.5477225575051661 * ra2_2 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_2)
-                wq10 = w10[tile_b, tile_r, 0]
+                wq10 = weights[tile_b, 640 + tile_r.index]
                 s2_0 = s2_0 + t * wq10
-                rg10_1 = g_10[d_idx, 1, tile_r]
+                rg10_1 = g[d_idx, 1984 + tile_r.index]
                 t = (0.5477225575051661 * ra2_1 * rg10_0 + 0.5477225575051661 * ra2_0 * rg10_1)
                 s2_1 = s2_1 + t * wq10
                 t = (
@@ -1670,17 +1477,17 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra2_0 * rg10_0 + 0.5477225575051661 * ra2_2 * rg10_2)
                 s2_4 = s2_4 + t * wq10
                 # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-                rg11_1 = g_11[d_idx, 1, tile_r]
-                rg11_3 = g_11[d_idx, 3, tile_r]
-                rg11_4 = g_11[d_idx, 4, tile_r]
+                rg11_1 = g[d_idx, 2176 + tile_r.index]
+                rg11_3 = g[d_idx, 2304 + tile_r.index]
+                rg11_4 = g[d_idx, 2368 + tile_r.index]
                 t = (
                     -0.408248290463863 * ra2_0 * rg11_1 + 0.408248290463863 * ra2_2 * rg11_3
                     - 0.816496580927726 * ra2_1 * rg11_4
                 )
-                wq11 = w11[tile_b, tile_r, 0]
+                wq11 = weights[tile_b, 704 + tile_r.index]
                 s2_0 = s2_0 + t * wq11
-                rg11_0 = g_11[d_idx, 0, tile_r]
-                rg11_2 = g_11[d_idx, 2, tile_r]
+                rg11_0 = g[d_idx, 2112 + tile_r.index]
+                rg11_2 = g[d_idx, 2240 + tile_r.index]
                 t = (
                     0.408248290463863 * ra2_0 * rg11_0 + 0.7071067811865476 * ra2_2 * rg11_2
                     - 0.408248290463863 * ra2_1 * rg11_3 + 0.408248290463863 * ra2_2 * rg11_4
@@ -1699,12 +1506,12 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq11
                 # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-                rg16_0 = g_16[d_idx, 0, tile_r]
-                rg16_2 = g_16[d_idx, 2, tile_r]
+                rg16_0 = g[d_idx, 3200 + tile_r.index]
+                rg16_2 = g[d_idx, 3328 + tile_r.index]
                 t = (0.5477225575051661 * ra3_2 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_2)
-                wq16 = w16[tile_b, tile_r, 0]
+                wq16 = weights[tile_b, 1024 + tile_r.index]
                 s2_0 = s2_0 + t * wq16
-                rg16_1 = g_16[d_idx, 1, tile_r]
+                rg16_1 = g[d_idx, 3264 + tile_r.index]
                 t = (0.5477225575051661 * ra3_1 * rg16_0 + 0.5477225575051661 * ra3_0 * rg16_1)
                 s2_1 = s2_1 + t * wq16
                 t = (
@@ -1717,17 +1524,17 @@ def conv_bwd_x2_0(
                 t = (-0.5477225575051661 * ra3_0 * rg16_0 + 0.5477225575051661 * ra3_2 * rg16_2)
                 s2_4 = s2_4 + t * wq16
                 # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-                rg17_1 = g_17[d_idx, 1, tile_r]
-                rg17_3 = g_17[d_idx, 3, tile_r]
-                rg17_4 = g_17[d_idx, 4, tile_r]
+                rg17_1 = g[d_idx, 3456 + tile_r.index]
+                rg17_3 = g[d_idx, 3584 + tile_r.index]
+                rg17_4 = g[d_idx, 3648 + tile_r.index]
                 t = (
                     -0.408248290463863 * ra3_0 * rg17_1 + 0.408248290463863 * ra3_2 * rg17_3
                     - 0.816496580927726 * ra3_1 * rg17_4
                 )
-                wq17 = w17[tile_b, tile_r, 0]
+                wq17 = weights[tile_b, 1088 + tile_r.index]
                 s2_0 = s2_0 + t * wq17
-                rg17_0 = g_17[d_idx, 0, tile_r]
-                rg17_2 = g_17[d_idx, 2, tile_r]
+                rg17_0 = g[d_idx, 3392 + tile_r.index]
+                rg17_2 = g[d_idx, 3520 + tile_r.index]
                 t = (
                     0.408248290463863 * ra3_0 * rg17_0 + 0.7071067811865476 * ra3_2 * rg17_2
                     - 0.408248290463863 * ra3_1 * rg17_3 + 0.408248290463863 * ra3_2 * rg17_4
@@ -1746,9 +1553,9 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq17
                 # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-                rg21_0 = g_21[d_idx, 0, tile_r]
+                rg21_0 = g[d_idx, 4544 + tile_r.index]
                 t = (0.4472135954999579 * ra4_0 * rg21_0)
-                wq21 = w21[tile_b, tile_r, 0]
+                wq21 = weights[tile_b, 1344 + tile_r.index]
                 s2_0 = s2_0 + t * wq21
                 t = (0.4472135954999579 * ra4_1 * rg21_0)
                 s2_1 = s2_1 + t * wq21
@@ -1759,14 +1566,14 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra4_4 * rg21_0)
                 s2_4 = s2_4 + t * wq21
                 # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-                rg22_0 = g_22[d_idx, 0, tile_r]
-                rg22_1 = g_22[d_idx, 1, tile_r]
-                rg22_2 = g_22[d_idx, 2, tile_r]
+                rg22_0 = g[d_idx, 4608 + tile_r.index]
+                rg22_1 = g[d_idx, 4672 + tile_r.index]
+                rg22_2 = g[d_idx, 4736 + tile_r.index]
                 t = (
                     0.3162277660168379 * ra4_1 * rg22_0 + 0.6324555320336758 * ra4_4 * rg22_1
                     - 0.3162277660168379 * ra4_3 * rg22_2
                 )
-                wq22 = w22[tile_b, tile_r, 0]
+                wq22 = weights[tile_b, 1408 + tile_r.index]
                 s2_0 = s2_0 + t * wq22
                 t = (
                     -0.3162277660168379 * ra4_0 * rg22_0 + 0.3162277660168379 * ra4_3 * rg22_1
@@ -1786,17 +1593,17 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq22
                 # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-                rg23_0 = g_23[d_idx, 0, tile_r]
-                rg23_1 = g_23[d_idx, 1, tile_r]
-                rg23_2 = g_23[d_idx, 2, tile_r]
-                rg23_3 = g_23[d_idx, 3, tile_r]
+                rg23_0 = g[d_idx, 4800 + tile_r.index]
+                rg23_1 = g[d_idx, 4864 + tile_r.index]
+                rg23_2 = g[d_idx, 4928 + tile_r.index]
+                rg23_3 = g[d_idx, 4992 + tile_r.index]
                 t = (
                     -0.5345224838248488 * ra4_2 * rg23_0 + 0.4629100498862757 * ra4_3 * rg23_1
                     - 0.5345224838248488 * ra4_0 * rg23_2 + 0.4629100498862757 * ra4_1 * rg23_3
                 )
-                wq23 = w23[tile_b, tile_r, 0]
+                wq23 = weights[tile_b, 1472 + tile_r.index]
                 s2_0 = s2_0 + t * wq23
-                rg23_4 = g_23[d_idx, 4, tile_r]
+                rg23_4 = g[d_idx, 5056 + tile_r.index]
                 t = (
                     0.4629100498862757 * ra4_3 * rg23_0 + 0.2672612419124244 * ra4_2 * rg23_1
                     - 0.4629100498862757 * ra4_4 * rg23_1 + 0.2672612419124244 * ra4_1 * rg23_2
@@ -1821,9 +1628,9 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq23
                 # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-                rg27_0 = g_27[d_idx, 0, tile_r]
+                rg27_0 = g[d_idx, 5952 + tile_r.index]
                 t = (0.4472135954999579 * ra5_0 * rg27_0)
-                wq27 = w27[tile_b, tile_r, 0]
+                wq27 = weights[tile_b, 1728 + tile_r.index]
                 s2_0 = s2_0 + t * wq27
                 t = (0.4472135954999579 * ra5_1 * rg27_0)
                 s2_1 = s2_1 + t * wq27
@@ -1834,14 +1641,14 @@ def conv_bwd_x2_0(
                 t = (0.4472135954999579 * ra5_4 * rg27_0)
                 s2_4 = s2_4 + t * wq27
                 # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-                rg28_0 = g_28[d_idx, 0, tile_r]
-                rg28_1 = g_28[d_idx, 1, tile_r]
-                rg28_2 = g_28[d_idx, 2, tile_r]
+                rg28_0 = g[d_idx, 6016 + tile_r.index]
+                rg28_1 = g[d_idx, 6080 + tile_r.index]
+                rg28_2 = g[d_idx, 6144 + tile_r.index]
                 t = (
                     0.3162277660168379 * ra5_1 * rg28_0 + 0.6324555320336758 * ra5_4 * rg28_1
                     - 0.3162277660168379 * ra5_3 * rg28_2
                 )
-                wq28 = w28[tile_b, tile_r, 0]
+                wq28 = weights[tile_b, 1792 + tile_r.index]
                 s2_0 = s2_0 + t * wq28
                 t = (
                     -0.3162277660168379 * ra5_0 * rg28_0 + 0.3162277660168379 * ra5_3 * rg28_1
@@ -1861,17 +1668,17 @@ def conv_bwd_x2_0(
                 )
                 s2_4 = s2_4 + t * wq28
                 # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-                rg29_0 = g_29[d_idx, 0, tile_r]
-                rg29_1 = g_29[d_idx, 1, tile_r]
-                rg29_2 = g_29[d_idx, 2, tile_r]
-                rg29_3 = g_29[d_idx, 3, tile_r]
+                rg29_0 = g[d_idx, 6208 + tile_r.index]
+                rg29_1 = g[d_idx, 6272 + tile_r.index]
+                rg29_2 = g[d_idx, 6336 + tile_r.index]
+                rg29_3 = g[d_idx, 6400 + tile_r.index]
                 t = (
                     -0.5345224838248488 * ra5_2 * rg29_0 + 0.4629100498862757 * ra5_3 * rg29_1
                     - 0.5345224838248488 * ra5_0 * rg29_2 + 0.4629100498862757 * ra5_1 * rg29_3
                 )
-                wq29 = w29[tile_b, tile_r, 0]
+                wq29 = weights[tile_b, 1856 + tile_r.index]
                 s2_0 = s2_0 + t * wq29
-                rg29_4 = g_29[d_idx, 4, tile_r]
+                rg29_4 = g[d_idx, 6464 + tile_r.index]
                 t = (
                     0.4629100498862757 * ra5_3 * rg29_0 + 0.2672612419124244 * ra5_2 * rg29_1
                     - 0.4629100498862757 * ra5_4 * rg29_1 + 0.2672612419124244 * ra5_1 * rg29_2
@@ -1904,15 +1711,15 @@ def conv_bwd_x2_0(
                 acc2_2 = acc2_2 + s2_2.sum(1)[:, None]
                 acc2_3 = acc2_3 + s2_3.sum(1)[:, None]
                 acc2_4 = acc2_4 + s2_4.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
-            gx2_2[tile_b, 0, tile_c] = acc2_0
-            gx2_2[tile_b, 1, tile_c] = acc2_1
-            gx2_2[tile_b, 2, tile_c] = acc2_2
-            gx2_2[tile_b, 3, tile_c] = acc2_3
-            gx2_2[tile_b, 4, tile_c] = acc2_4
+            gy[tile_b, tile_c.index] = acc0_0
+            gy[tile_b, 1 + tile_c.index] = acc1_0
+            gy[tile_b, 2 + tile_c.index] = acc1_1
+            gy[tile_b, 3 + tile_c.index] = acc1_2
+            gy[tile_b, 4 + tile_c.index] = acc2_0
+            gy[tile_b, 5 + tile_c.index] = acc2_1
+            gy[tile_b, 6 + tile_c.index] = acc2_2
+            gy[tile_b, 7 + tile_c.index] = acc2_3
+            gy[tile_b, 8 + tile_c.index] = acc2_4
 
 
 @helion.kernel(
@@ -1922,531 +1729,466 @@ def conv_bwd_x2_0(
 def conv_bwd_w_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x1_4: torch.Tensor,
-    x1_5: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    x2_2: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    g_10: torch.Tensor,
-    g_11: torch.Tensor,
-    g_12: torch.Tensor,
-    g_13: torch.Tensor,
-    g_14: torch.Tensor,
-    g_15: torch.Tensor,
-    g_16: torch.Tensor,
-    g_17: torch.Tensor,
-    g_18: torch.Tensor,
-    g_19: torch.Tensor,
-    g_20: torch.Tensor,
-    g_21: torch.Tensor,
-    g_22: torch.Tensor,
-    g_23: torch.Tensor,
-    g_24: torch.Tensor,
-    g_25: torch.Tensor,
-    g_26: torch.Tensor,
-    g_27: torch.Tensor,
-    g_28: torch.Tensor,
-    g_29: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
-    gw10: torch.Tensor,
-    gw11: torch.Tensor,
-    gw12: torch.Tensor,
-    gw13: torch.Tensor,
-    gw14: torch.Tensor,
-    gw15: torch.Tensor,
-    gw16: torch.Tensor,
-    gw17: torch.Tensor,
-    gw18: torch.Tensor,
-    gw19: torch.Tensor,
-    gw20: torch.Tensor,
-    gw21: torch.Tensor,
-    gw22: torch.Tensor,
-    gw23: torch.Tensor,
-    gw24: torch.Tensor,
-    gw25: torch.Tensor,
-    gw26: torch.Tensor,
-    gw27: torch.Tensor,
-    gw28: torch.Tensor,
-    gw29: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-29."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
-        sb2_0_0 = x2_2[tile_b, 0, 0][:, None]
-        sb2_1_0 = x2_2[tile_b, 1, 0][:, None]
-        sb2_2_0 = x2_2[tile_b, 2, 0][:, None]
-        sb2_3_0 = x2_2[tile_b, 3, 0][:, None]
-        sb2_4_0 = x2_2[tile_b, 4, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
         for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
-            a4_0 = x1_4[s_idx, 0, tile_c]
-            a4_1 = x1_4[s_idx, 1, tile_c]
-            a4_2 = x1_4[s_idx, 2, tile_c]
-            a4_3 = x1_4[s_idx, 3, tile_c]
-            a4_4 = x1_4[s_idx, 4, tile_c]
-            a5_0 = x1_5[s_idx, 0, tile_c]
-            a5_1 = x1_5[s_idx, 1, tile_c]
-            a5_2 = x1_5[s_idx, 2, tile_c]
-            a5_3 = x1_5[s_idx, 3, tile_c]
-            a5_4 = x1_5[s_idx, 4, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 64 + tile_c.index]
+            a2_0 = x[s_idx, 128 + tile_c.index]
+            a2_1 = x[s_idx, 192 + tile_c.index]
+            a2_2 = x[s_idx, 256 + tile_c.index]
+            a3_0 = x[s_idx, 320 + tile_c.index]
+            a3_1 = x[s_idx, 384 + tile_c.index]
+            a3_2 = x[s_idx, 448 + tile_c.index]
+            a4_0 = x[s_idx, 512 + tile_c.index]
+            a4_1 = x[s_idx, 576 + tile_c.index]
+            a4_2 = x[s_idx, 640 + tile_c.index]
+            a4_3 = x[s_idx, 704 + tile_c.index]
+            a4_4 = x[s_idx, 768 + tile_c.index]
+            a5_0 = x[s_idx, 832 + tile_c.index]
+            a5_1 = x[s_idx, 896 + tile_c.index]
+            a5_2 = x[s_idx, 960 + tile_c.index]
+            a5_3 = x[s_idx, 1024 + tile_c.index]
+            a5_4 = x[s_idx, 1088 + tile_c.index]
             # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            g0_0 = g_0[d_idx, 0, tile_c]
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            g0_0 = g[d_idx, tile_c.index]
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1_0 = g_1[d_idx, 0, tile_c]
+            g1_0 = g[d_idx, 64 + tile_c.index]
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            g1_1 = g_1[d_idx, 1, tile_c]
+            g1_1 = g[d_idx, 128 + tile_c.index]
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            g1_2 = g_1[d_idx, 2, tile_c]
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            g1_2 = g[d_idx, 192 + tile_c.index]
+            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
             q0 = (a0_0 * sb2_0_0)
-            g2_0 = g_2[d_idx, 0, tile_c]
+            g2_0 = g[d_idx, 256 + tile_c.index]
             q1 = (a0_0 * sb2_1_0)
-            g2_1 = g_2[d_idx, 1, tile_c]
+            g2_1 = g[d_idx, 320 + tile_c.index]
             q2 = (a0_0 * sb2_2_0)
-            g2_2 = g_2[d_idx, 2, tile_c]
+            g2_2 = g[d_idx, 384 + tile_c.index]
             q3 = (a0_0 * sb2_3_0)
-            g2_3 = g_2[d_idx, 3, tile_c]
+            g2_3 = g[d_idx, 448 + tile_c.index]
             q4 = (a0_0 * sb2_4_0)
-            g2_4 = g_2[d_idx, 4, tile_c]
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+            g2_4 = g[d_idx, 512 + tile_c.index]
+            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
             # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
             q0 = (a1_0 * sb0_0_0)
-            g3_0 = g_3[d_idx, 0, tile_c]
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0)
+            g3_0 = g[d_idx, 576 + tile_c.index]
+            gw[tile_b, 192 + tile_c.index] = (q0 * g3_0)
             # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g4_0 = g_4[d_idx, 0, tile_c]
+            g4_0 = g[d_idx, 640 + tile_c.index]
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            g4_1 = g_4[d_idx, 1, tile_c]
+            g4_1 = g[d_idx, 704 + tile_c.index]
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            g4_2 = g_4[d_idx, 2, tile_c]
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            g4_2 = g[d_idx, 768 + tile_c.index]
+            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
             q0 = (a1_0 * sb2_0_0)
-            g5_0 = g_5[d_idx, 0, tile_c]
+            g5_0 = g[d_idx, 832 + tile_c.index]
             q1 = (a1_0 * sb2_1_0)
-            g5_1 = g_5[d_idx, 1, tile_c]
+            g5_1 = g[d_idx, 896 + tile_c.index]
             q2 = (a1_0 * sb2_2_0)
-            g5_2 = g_5[d_idx, 2, tile_c]
+            g5_2 = g[d_idx, 960 + tile_c.index]
             q3 = (a1_0 * sb2_3_0)
-            g5_3 = g_5[d_idx, 3, tile_c]
+            g5_3 = g[d_idx, 1024 + tile_c.index]
             q4 = (a1_0 * sb2_4_0)
-            g5_4 = g_5[d_idx, 4, tile_c]
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+            g5_4 = g[d_idx, 1088 + tile_c.index]
+            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
             # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g6_0 = g_6[d_idx, 0, tile_c]
+            g6_0 = g[d_idx, 1152 + tile_c.index]
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            g6_1 = g_6[d_idx, 1, tile_c]
+            g6_1 = g[d_idx, 1216 + tile_c.index]
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            g6_2 = g_6[d_idx, 2, tile_c]
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            g6_2 = g[d_idx, 1280 + tile_c.index]
+            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            g7_0 = g_7[d_idx, 0, tile_c]
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0)
+            g7_0 = g[d_idx, 1344 + tile_c.index]
+            gw[tile_b, 448 + tile_c.index] = (q0 * g7_0)
             # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g8_0 = g_8[d_idx, 0, tile_c]
+            g8_0 = g[d_idx, 1408 + tile_c.index]
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            g8_1 = g_8[d_idx, 1, tile_c]
+            g8_1 = g[d_idx, 1472 + tile_c.index]
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            g8_2 = g_8[d_idx, 2, tile_c]
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+            g8_2 = g[d_idx, 1536 + tile_c.index]
+            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
             # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            g9_0 = g_9[d_idx, 0, tile_c]
+            g9_0 = g[d_idx, 1600 + tile_c.index]
             q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            g9_1 = g_9[d_idx, 1, tile_c]
+            g9_1 = g[d_idx, 1664 + tile_c.index]
             q2 = (
                 -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
                 - 0.408248290463863 * a2_2 * sb1_2_0
             )
-            g9_2 = g_9[d_idx, 2, tile_c]
+            g9_2 = g[d_idx, 1728 + tile_c.index]
             q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            g9_3 = g_9[d_idx, 3, tile_c]
+            g9_3 = g[d_idx, 1792 + tile_c.index]
             q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            g9_4 = g_9[d_idx, 4, tile_c]
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+            g9_4 = g[d_idx, 1856 + tile_c.index]
+            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
             # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
                 + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
             )
-            g10_0 = g_10[d_idx, 0, tile_c]
+            g10_0 = g[d_idx, 1920 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
                 + 0.5477225575051661 * a2_2 * sb2_3_0
             )
-            g10_1 = g_10[d_idx, 1, tile_c]
+            g10_1 = g[d_idx, 1984 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
                 - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
             )
-            g10_2 = g_10[d_idx, 2, tile_c]
-            gw10[tile_b, tile_c, 0] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
+            g10_2 = g[d_idx, 2048 + tile_c.index]
+            gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
             # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
                 - 0.408248290463863 * a2_2 * sb2_3_0
             )
-            g11_0 = g_11[d_idx, 0, tile_c]
+            g11_0 = g[d_idx, 2112 + tile_c.index]
             q1 = (
                 -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
                 - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
             )
-            g11_1 = g_11[d_idx, 1, tile_c]
+            g11_1 = g[d_idx, 2176 + tile_c.index]
             q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            g11_2 = g_11[d_idx, 2, tile_c]
+            g11_2 = g[d_idx, 2240 + tile_c.index]
             q3 = (
                 0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
                 - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
             )
-            g11_3 = g_11[d_idx, 3, tile_c]
+            g11_3 = g[d_idx, 2304 + tile_c.index]
             q4 = (
                 0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
                 + 0.408248290463863 * a2_2 * sb2_1_0
             )
-            g11_4 = g_11[d_idx, 4, tile_c]
-            gw11[tile_b, tile_c, 0] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+            g11_4 = g[d_idx, 2368 + tile_c.index]
+            gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
             # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g12_0 = g_12[d_idx, 0, tile_c]
+            g12_0 = g[d_idx, 2432 + tile_c.index]
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-            g12_1 = g_12[d_idx, 1, tile_c]
+            g12_1 = g[d_idx, 2496 + tile_c.index]
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            g12_2 = g_12[d_idx, 2, tile_c]
-            gw12[tile_b, tile_c, 0] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
+            g12_2 = g[d_idx, 2560 + tile_c.index]
+            gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
             # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            g13_0 = g_13[d_idx, 0, tile_c]
-            gw13[tile_b, tile_c, 0] = (q0 * g13_0)
+            g13_0 = g[d_idx, 2624 + tile_c.index]
+            gw[tile_b, 832 + tile_c.index] = (q0 * g13_0)
             # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g14_0 = g_14[d_idx, 0, tile_c]
+            g14_0 = g[d_idx, 2688 + tile_c.index]
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            g14_1 = g_14[d_idx, 1, tile_c]
+            g14_1 = g[d_idx, 2752 + tile_c.index]
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            g14_2 = g_14[d_idx, 2, tile_c]
-            gw14[tile_b, tile_c, 0] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
+            g14_2 = g[d_idx, 2816 + tile_c.index]
+            gw[tile_b, 896 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
             # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
             q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            g15_0 = g_15[d_idx, 0, tile_c]
+            g15_0 = g[d_idx, 2880 + tile_c.index]
             q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            g15_1 = g_15[d_idx, 1, tile_c]
+            g15_1 = g[d_idx, 2944 + tile_c.index]
             q2 = (
                 -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
                 - 0.408248290463863 * a3_2 * sb1_2_0
             )
-            g15_2 = g_15[d_idx, 2, tile_c]
+            g15_2 = g[d_idx, 3008 + tile_c.index]
             q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            g15_3 = g_15[d_idx, 3, tile_c]
+            g15_3 = g[d_idx, 3072 + tile_c.index]
             q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            g15_4 = g_15[d_idx, 4, tile_c]
-            gw15[tile_b, tile_c, 0] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+            g15_4 = g[d_idx, 3136 + tile_c.index]
+            gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
             # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
                 + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
             )
-            g16_0 = g_16[d_idx, 0, tile_c]
+            g16_0 = g[d_idx, 3200 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
                 + 0.5477225575051661 * a3_2 * sb2_3_0
             )
-            g16_1 = g_16[d_idx, 1, tile_c]
+            g16_1 = g[d_idx, 3264 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
                 - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
             )
-            g16_2 = g_16[d_idx, 2, tile_c]
-            gw16[tile_b, tile_c, 0] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
+            g16_2 = g[d_idx, 3328 + tile_c.index]
+            gw[tile_b, 1024 + tile_c.index] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
             # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
                 - 0.408248290463863 * a3_2 * sb2_3_0
             )
-            g17_0 = g_17[d_idx, 0, tile_c]
+            g17_0 = g[d_idx, 3392 + tile_c.index]
             q1 = (
                 -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
                 - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
             )
-            g17_1 = g_17[d_idx, 1, tile_c]
+            g17_1 = g[d_idx, 3456 + tile_c.index]
             q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            g17_2 = g_17[d_idx, 2, tile_c]
+            g17_2 = g[d_idx, 3520 + tile_c.index]
             q3 = (
                 0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
                 - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
             )
-            g17_3 = g_17[d_idx, 3, tile_c]
+            g17_3 = g[d_idx, 3584 + tile_c.index]
             q4 = (
                 0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
                 + 0.408248290463863 * a3_2 * sb2_1_0
             )
-            g17_4 = g_17[d_idx, 4, tile_c]
-            gw17[tile_b, tile_c, 0] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
+            g17_4 = g[d_idx, 3648 + tile_c.index]
+            gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
             # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
             q0 = (a4_0 * sb0_0_0)
-            g18_0 = g_18[d_idx, 0, tile_c]
+            g18_0 = g[d_idx, 3712 + tile_c.index]
             q1 = (a4_1 * sb0_0_0)
-            g18_1 = g_18[d_idx, 1, tile_c]
+            g18_1 = g[d_idx, 3776 + tile_c.index]
             q2 = (a4_2 * sb0_0_0)
-            g18_2 = g_18[d_idx, 2, tile_c]
+            g18_2 = g[d_idx, 3840 + tile_c.index]
             q3 = (a4_3 * sb0_0_0)
-            g18_3 = g_18[d_idx, 3, tile_c]
+            g18_3 = g[d_idx, 3904 + tile_c.index]
             q4 = (a4_4 * sb0_0_0)
-            g18_4 = g_18[d_idx, 4, tile_c]
-            gw18[tile_b, tile_c, 0] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
+            g18_4 = g[d_idx, 3968 + tile_c.index]
+            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
             # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
                 - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
             )
-            g19_0 = g_19[d_idx, 0, tile_c]
+            g19_0 = g[d_idx, 4032 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
                 + 0.5477225575051661 * a4_3 * sb1_2_0
             )
-            g19_1 = g_19[d_idx, 1, tile_c]
+            g19_1 = g[d_idx, 4096 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
                 + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
             )
-            g19_2 = g_19[d_idx, 2, tile_c]
-            gw19[tile_b, tile_c, 0] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+            g19_2 = g[d_idx, 4160 + tile_c.index]
+            gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
             # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
                 - 0.816496580927726 * a4_4 * sb1_1_0
             )
-            g20_0 = g_20[d_idx, 0, tile_c]
+            g20_0 = g[d_idx, 4224 + tile_c.index]
             q1 = (
                 0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
             )
-            g20_1 = g_20[d_idx, 1, tile_c]
+            g20_1 = g[d_idx, 4288 + tile_c.index]
             q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            g20_2 = g_20[d_idx, 2, tile_c]
+            g20_2 = g[d_idx, 4352 + tile_c.index]
             q3 = (
                 -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
                 - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
             )
-            g20_3 = g_20[d_idx, 3, tile_c]
+            g20_3 = g[d_idx, 4416 + tile_c.index]
             q4 = (
                 0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
                 - 0.408248290463863 * a4_3 * sb1_0_0
             )
-            g20_4 = g_20[d_idx, 4, tile_c]
-            gw20[tile_b, tile_c, 0] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
+            g20_4 = g[d_idx, 4480 + tile_c.index]
+            gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
             # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
             q0 = (
                 0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
                 + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
                 + 0.4472135954999579 * a4_4 * sb2_4_0
             )
-            g21_0 = g_21[d_idx, 0, tile_c]
-            gw21[tile_b, tile_c, 0] = (q0 * g21_0)
+            g21_0 = g[d_idx, 4544 + tile_c.index]
+            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0)
             # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
                 + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
                 + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
             )
-            g22_0 = g_22[d_idx, 0, tile_c]
+            g22_0 = g[d_idx, 4608 + tile_c.index]
             q1 = (
                 -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
                 + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
             )
-            g22_1 = g_22[d_idx, 1, tile_c]
+            g22_1 = g[d_idx, 4672 + tile_c.index]
             q2 = (
                 0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
                 + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
                 - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
             )
-            g22_2 = g_22[d_idx, 2, tile_c]
-            gw22[tile_b, tile_c, 0] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
+            g22_2 = g[d_idx, 4736 + tile_c.index]
+            gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
             # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
                 - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
             )
-            g23_0 = g_23[d_idx, 0, tile_c]
+            g23_0 = g[d_idx, 4800 + tile_c.index]
             q1 = (
                 0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
                 - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
                 + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
             )
-            g23_1 = g_23[d_idx, 1, tile_c]
+            g23_1 = g[d_idx, 4864 + tile_c.index]
             q2 = (
                 -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
                 + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
                 - 0.5345224838248488 * a4_4 * sb2_4_0
             )
-            g23_2 = g_23[d_idx, 2, tile_c]
+            g23_2 = g[d_idx, 4928 + tile_c.index]
             q3 = (
                 0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
                 + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
                 + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
             )
-            g23_3 = g_23[d_idx, 3, tile_c]
+            g23_3 = g[d_idx, 4992 + tile_c.index]
             q4 = (
                 -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
                 + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
             )
-            g23_4 = g_23[d_idx, 4, tile_c]
-            gw23[tile_b, tile_c, 0] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
+            g23_4 = g[d_idx, 5056 + tile_c.index]
+            gw[tile_b, 1472 + tile_c.index] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
             # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
             q0 = (a5_0 * sb0_0_0)
-            g24_0 = g_24[d_idx, 0, tile_c]
+            g24_0 = g[d_idx, 5120 + tile_c.index]
             q1 = (a5_1 * sb0_0_0)
-            g24_1 = g_24[d_idx, 1, tile_c]
+            g24_1 = g[d_idx, 5184 + tile_c.index]
             q2 = (a5_2 * sb0_0_0)
-            g24_2 = g_24[d_idx, 2, tile_c]
+            g24_2 = g[d_idx, 5248 + tile_c.index]
             q3 = (a5_3 * sb0_0_0)
-            g24_3 = g_24[d_idx, 3, tile_c]
+            g24_3 = g[d_idx, 5312 + tile_c.index]
             q4 = (a5_4 * sb0_0_0)
-            g24_4 = g_24[d_idx, 4, tile_c]
-            gw24[tile_b, tile_c, 0] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
+            g24_4 = g[d_idx, 5376 + tile_c.index]
+            gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
             # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
             q0 = (
                 0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
                 - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
             )
-            g25_0 = g_25[d_idx, 0, tile_c]
+            g25_0 = g[d_idx, 5440 + tile_c.index]
             q1 = (
                 0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
                 + 0.5477225575051661 * a5_3 * sb1_2_0
             )
-            g25_1 = g_25[d_idx, 1, tile_c]
+            g25_1 = g[d_idx, 5504 + tile_c.index]
             q2 = (
                 0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
                 + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
             )
-            g25_2 = g_25[d_idx, 2, tile_c]
-            gw25[tile_b, tile_c, 0] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
+            g25_2 = g[d_idx, 5568 + tile_c.index]
+            gw[tile_b, 1600 + tile_c.index] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
             # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
             q0 = (
                 -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
                 - 0.816496580927726 * a5_4 * sb1_1_0
             )
-            g26_0 = g_26[d_idx, 0, tile_c]
+            g26_0 = g[d_idx, 5632 + tile_c.index]
             q1 = (
                 0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
             )
-            g26_1 = g_26[d_idx, 1, tile_c]
+            g26_1 = g[d_idx, 5696 + tile_c.index]
             q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            g26_2 = g_26[d_idx, 2, tile_c]
+            g26_2 = g[d_idx, 5760 + tile_c.index]
             q3 = (
                 -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
                 - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
             )
-            g26_3 = g_26[d_idx, 3, tile_c]
+            g26_3 = g[d_idx, 5824 + tile_c.index]
             q4 = (
                 0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
                 - 0.408248290463863 * a5_3 * sb1_0_0
             )
-            g26_4 = g_26[d_idx, 4, tile_c]
-            gw26[tile_b, tile_c, 0] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
+            g26_4 = g[d_idx, 5888 + tile_c.index]
+            gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
             # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
             q0 = (
                 0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
                 + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
                 + 0.4472135954999579 * a5_4 * sb2_4_0
             )
-            g27_0 = g_27[d_idx, 0, tile_c]
-            gw27[tile_b, tile_c, 0] = (q0 * g27_0)
+            g27_0 = g[d_idx, 5952 + tile_c.index]
+            gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0)
             # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
             q0 = (
                 -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
                 + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
                 + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
             )
-            g28_0 = g_28[d_idx, 0, tile_c]
+            g28_0 = g[d_idx, 6016 + tile_c.index]
             q1 = (
                 -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
                 + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
             )
-            g28_1 = g_28[d_idx, 1, tile_c]
+            g28_1 = g[d_idx, 6080 + tile_c.index]
             q2 = (
                 0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
                 + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
                 - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
             )
-            g28_2 = g_28[d_idx, 2, tile_c]
-            gw28[tile_b, tile_c, 0] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
+            g28_2 = g[d_idx, 6144 + tile_c.index]
+            gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
             # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
             q0 = (
                 -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
                 - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
             )
-            g29_0 = g_29[d_idx, 0, tile_c]
+            g29_0 = g[d_idx, 6208 + tile_c.index]
             q1 = (
                 0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
                 - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
                 + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
             )
-            g29_1 = g_29[d_idx, 1, tile_c]
+            g29_1 = g[d_idx, 6272 + tile_c.index]
             q2 = (
                 -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
                 + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
                 - 0.5345224838248488 * a5_4 * sb2_4_0
             )
-            g29_2 = g_29[d_idx, 2, tile_c]
+            g29_2 = g[d_idx, 6336 + tile_c.index]
             q3 = (
                 0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
                 + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
                 + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
             )
-            g29_3 = g_29[d_idx, 3, tile_c]
+            g29_3 = g[d_idx, 6400 + tile_c.index]
             q4 = (
                 -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
-            g29_4 = g_29[d_idx, 4, tile_c]
-            gw29[tile_b, tile_c, 0] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
+            g29_4 = g[d_idx, 6464 + tile_c.index]
+            gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)

@@ -12,10 +12,12 @@ and its derivatives, the four derivatives of ``F = sum_e W C x[src[e]] y[e] G[ds
     conv_bwd_w_* (x, y, G) -> gw  = dF/dW  (1 kernel)  one row per edge (or partial sums)
 
 The scatters are ``hl.atomic_add`` into a zeroed output (summation order varies).
-Operands are ``(rows, 2l+1, mul)`` views of ``ir_mul`` rows; node rows are gathered
-with ``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are
-literals and the config is pinned: with ``static_shapes=False`` a new number of nodes
-or edges reuses the compiled kernel.
+The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the computed
+``out`` / ``gx`` / ``gy`` / ``gw``, each block a run of columns (component ``k`` of a
+``mul x l`` block at column ``offset + k*mul + channel``); node rows are gathered with
+``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are literals
+and the config is pinned: with ``static_shapes=False`` a new number of nodes or edges
+reuses the compiled kernel.
 """
 
 import helion
@@ -30,152 +32,130 @@ import torch
 def conv_fwd_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    out_0: torch.Tensor,
-    out_1: torch.Tensor,
-    out_2: torch.Tensor,
-    out_3: torch.Tensor,
-    out_4: torch.Tensor,
-    out_5: torch.Tensor,
-    out_6: torch.Tensor,
-    out_7: torch.Tensor,
-    out_8: torch.Tensor,
-    out_9: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-9; paths 0-9."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 32 + tile_c.index]
+            a2_0 = x[s_idx, 64 + tile_c.index]
+            a2_1 = x[s_idx, 96 + tile_c.index]
+            a2_2 = x[s_idx, 128 + tile_c.index]
+            a3_0 = x[s_idx, 160 + tile_c.index]
+            a3_1 = x[s_idx, 192 + tile_c.index]
+            a3_2 = x[s_idx, 224 + tile_c.index]
             # g block 0: 32x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            hl.atomic_add(out_0, [d_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
             # g block 1: 32x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 32 + tile_c.index]
             acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
             acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
             acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.atomic_add(out_1, [d_idx, 0, tile_c], acc1_0)
-            hl.atomic_add(out_1, [d_idx, 1, tile_c], acc1_1)
-            hl.atomic_add(out_1, [d_idx, 2, tile_c], acc1_2)
+            hl.atomic_add(out, [d_idx, 32 + tile_c.index], acc1_0)
+            hl.atomic_add(out, [d_idx, 64 + tile_c.index], acc1_1)
+            hl.atomic_add(out, [d_idx, 96 + tile_c.index], acc1_2)
             # g block 2: 32x0e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 64 + tile_c.index]
             acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
-            hl.atomic_add(out_2, [d_idx, 0, tile_c], acc2_0)
+            hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc2_0)
             # g block 3: 32x1o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 96 + tile_c.index]
             acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.atomic_add(out_3, [d_idx, 0, tile_c], acc3_0)
-            hl.atomic_add(out_3, [d_idx, 1, tile_c], acc3_1)
-            hl.atomic_add(out_3, [d_idx, 2, tile_c], acc3_2)
+            hl.atomic_add(out, [d_idx, 160 + tile_c.index], acc3_0)
+            hl.atomic_add(out, [d_idx, 192 + tile_c.index], acc3_1)
+            hl.atomic_add(out, [d_idx, 224 + tile_c.index], acc3_2)
             # g block 4: 32x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out_4.dtype)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 128 + tile_c.index]
             acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
             acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
             acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.atomic_add(out_4, [d_idx, 0, tile_c], acc4_0)
-            hl.atomic_add(out_4, [d_idx, 1, tile_c], acc4_1)
-            hl.atomic_add(out_4, [d_idx, 2, tile_c], acc4_2)
+            hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc4_0)
+            hl.atomic_add(out, [d_idx, 288 + tile_c.index], acc4_1)
+            hl.atomic_add(out, [d_idx, 320 + tile_c.index], acc4_2)
             # g block 5: 32x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out_5.dtype)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 160 + tile_c.index]
             acc5_0 = acc5_0 + wt5_0 * (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            hl.atomic_add(out_5, [d_idx, 0, tile_c], acc5_0)
+            hl.atomic_add(out, [d_idx, 352 + tile_c.index], acc5_0)
             # g block 6: 32x1e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out_6.dtype)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 192 + tile_c.index]
             acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.atomic_add(out_6, [d_idx, 0, tile_c], acc6_0)
-            hl.atomic_add(out_6, [d_idx, 1, tile_c], acc6_1)
-            hl.atomic_add(out_6, [d_idx, 2, tile_c], acc6_2)
+            hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc6_0)
+            hl.atomic_add(out, [d_idx, 416 + tile_c.index], acc6_1)
+            hl.atomic_add(out, [d_idx, 448 + tile_c.index], acc6_2)
             # g block 7: 32x1e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out_7.dtype)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 224 + tile_c.index]
             acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
             acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
             acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.atomic_add(out_7, [d_idx, 0, tile_c], acc7_0)
-            hl.atomic_add(out_7, [d_idx, 1, tile_c], acc7_1)
-            hl.atomic_add(out_7, [d_idx, 2, tile_c], acc7_2)
+            hl.atomic_add(out, [d_idx, 480 + tile_c.index], acc7_0)
+            hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc7_1)
+            hl.atomic_add(out, [d_idx, 544 + tile_c.index], acc7_2)
             # g block 8: 32x0o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out_8.dtype)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 256 + tile_c.index]
             acc8_0 = acc8_0 + wt8_0 * (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            hl.atomic_add(out_8, [d_idx, 0, tile_c], acc8_0)
+            hl.atomic_add(out, [d_idx, 576 + tile_c.index], acc8_0)
             # g block 9: 32x1o (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out_9.dtype)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 288 + tile_c.index]
             acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.atomic_add(out_9, [d_idx, 0, tile_c], acc9_0)
-            hl.atomic_add(out_9, [d_idx, 1, tile_c], acc9_1)
-            hl.atomic_add(out_9, [d_idx, 2, tile_c], acc9_2)
+            hl.atomic_add(out, [d_idx, 608 + tile_c.index], acc9_0)
+            hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc9_1)
+            hl.atomic_add(out, [d_idx, 672 + tile_c.index], acc9_2)
 
 
 @helion.kernel(
@@ -185,132 +165,110 @@ def conv_fwd_0(
 def conv_bwd_x1_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    gx1_0: torch.Tensor,
-    gx1_1: torch.Tensor,
-    gx1_2: torch.Tensor,
-    gx1_3: torch.Tensor,
+    g: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    gx: torch.Tensor,
 ) -> None:
     """Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-3; paths 0-9."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g7_1 = g_7[d_idx, 1, tile_c]
-            g7_2 = g_7[d_idx, 2, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
+            g0_0 = g[d_idx, tile_c.index]
+            g1_0 = g[d_idx, 32 + tile_c.index]
+            g1_1 = g[d_idx, 64 + tile_c.index]
+            g1_2 = g[d_idx, 96 + tile_c.index]
+            g2_0 = g[d_idx, 128 + tile_c.index]
+            g3_0 = g[d_idx, 160 + tile_c.index]
+            g3_1 = g[d_idx, 192 + tile_c.index]
+            g3_2 = g[d_idx, 224 + tile_c.index]
+            g4_0 = g[d_idx, 256 + tile_c.index]
+            g4_1 = g[d_idx, 288 + tile_c.index]
+            g4_2 = g[d_idx, 320 + tile_c.index]
+            g5_0 = g[d_idx, 352 + tile_c.index]
+            g6_0 = g[d_idx, 384 + tile_c.index]
+            g6_1 = g[d_idx, 416 + tile_c.index]
+            g6_2 = g[d_idx, 448 + tile_c.index]
+            g7_0 = g[d_idx, 480 + tile_c.index]
+            g7_1 = g[d_idx, 512 + tile_c.index]
+            g7_2 = g[d_idx, 544 + tile_c.index]
+            g8_0 = g[d_idx, 576 + tile_c.index]
+            g9_0 = g[d_idx, 608 + tile_c.index]
+            g9_1 = g[d_idx, 640 + tile_c.index]
+            g9_2 = g[d_idx, 672 + tile_c.index]
             # x1 block 0: 32x0o (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-            wt0_0 = w0[tile_b, tile_c, 0]
+            wt0_0 = weights[tile_b, tile_c.index]
             acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-            wt1_0 = w1[tile_b, tile_c, 0]
+            wt1_0 = weights[tile_b, 32 + tile_c.index]
             acc0_0 = acc0_0 + wt1_0 * (
                 0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
                 + 0.9999999999999999 * g1_2 * sb1_2_0
             )
-            hl.atomic_add(gx1_0, [s_idx, 0, tile_c], acc0_0)
+            hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
             # x1 block 1: 32x0e (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-            wt2_0 = w2[tile_b, tile_c, 0]
+            wt2_0 = weights[tile_b, 64 + tile_c.index]
             acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-            wt3_0 = w3[tile_b, tile_c, 0]
+            wt3_0 = weights[tile_b, 96 + tile_c.index]
             acc1_0 = acc1_0 + wt3_0 * (
                 0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
                 + 0.9999999999999999 * g3_2 * sb1_2_0
             )
-            hl.atomic_add(gx1_1, [s_idx, 0, tile_c], acc1_0)
+            hl.atomic_add(gx, [s_idx, 32 + tile_c.index], acc1_0)
             # x1 block 2: 32x1o (3 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1_2.dtype)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-            wt4_0 = w4[tile_b, tile_c, 0]
+            wt4_0 = weights[tile_b, 128 + tile_c.index]
             acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
             acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
             acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-            wt5_0 = w5[tile_b, tile_c, 0]
+            wt5_0 = weights[tile_b, 160 + tile_c.index]
             acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
             acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
             acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-            wt6_0 = w6[tile_b, tile_c, 0]
+            wt6_0 = weights[tile_b, 192 + tile_c.index]
             acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
             acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
             acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
-            hl.atomic_add(gx1_2, [s_idx, 0, tile_c], acc2_0)
-            hl.atomic_add(gx1_2, [s_idx, 1, tile_c], acc2_1)
-            hl.atomic_add(gx1_2, [s_idx, 2, tile_c], acc2_2)
+            hl.atomic_add(gx, [s_idx, 64 + tile_c.index], acc2_0)
+            hl.atomic_add(gx, [s_idx, 96 + tile_c.index], acc2_1)
+            hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc2_2)
             # x1 block 3: 32x1e (3 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1_3.dtype)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-            wt7_0 = w7[tile_b, tile_c, 0]
+            wt7_0 = weights[tile_b, 224 + tile_c.index]
             acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
             acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
             acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-            wt8_0 = w8[tile_b, tile_c, 0]
+            wt8_0 = weights[tile_b, 256 + tile_c.index]
             acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
             acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
             acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-            wt9_0 = w9[tile_b, tile_c, 0]
+            wt9_0 = weights[tile_b, 288 + tile_c.index]
             acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
             acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
             acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
-            hl.atomic_add(gx1_3, [s_idx, 0, tile_c], acc3_0)
-            hl.atomic_add(gx1_3, [s_idx, 1, tile_c], acc3_1)
-            hl.atomic_add(gx1_3, [s_idx, 2, tile_c], acc3_2)
+            hl.atomic_add(gx, [s_idx, 160 + tile_c.index], acc3_0)
+            hl.atomic_add(gx, [s_idx, 192 + tile_c.index], acc3_1)
+            hl.atomic_add(gx, [s_idx, 224 + tile_c.index], acc3_2)
 
 
 @helion.kernel(
@@ -320,32 +278,10 @@ def conv_bwd_x1_0(
 def conv_bwd_x2_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    w0: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
-    w4: torch.Tensor,
-    w5: torch.Tensor,
-    w6: torch.Tensor,
-    w7: torch.Tensor,
-    w8: torch.Tensor,
-    w9: torch.Tensor,
-    gx2_0: torch.Tensor,
-    gx2_1: torch.Tensor,
+    x: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gy: torch.Tensor,
 ) -> None:
     """Gradient with respect to the edge attributes (dF/dy), one row per edge: x2 blocks 0, 1; paths 0-9."""
     for tile_b in hl.tile(src.size(0), block_size=16):
@@ -353,109 +289,109 @@ def conv_bwd_x2_0(
         d_idx = dst[tile_b]
         for tile_c in hl.tile(1, block_size=1):
             # x2 block 0: 1x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx2_0.dtype)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # x2 block 1: 1x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx2_1.dtype)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gy.dtype)
             # reduction over 32 channels
             for tile_r in hl.tile(32, block_size=32):
                 # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
-                ra0_0 = x1_0[s_idx, 0, tile_r]
-                rg0_0 = g_0[d_idx, 0, tile_r]
+                ra0_0 = x[s_idx, tile_r.index]
+                rg0_0 = g[d_idx, tile_r.index]
                 t = (ra0_0 * rg0_0)
-                wq0 = w0[tile_b, tile_r, 0]
+                wq0 = weights[tile_b, tile_r.index]
                 s0_0 = t * wq0
                 # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
-                ra1_0 = x1_1[s_idx, 0, tile_r]
-                rg2_0 = g_2[d_idx, 0, tile_r]
+                ra1_0 = x[s_idx, 32 + tile_r.index]
+                rg2_0 = g[d_idx, 128 + tile_r.index]
                 t = (ra1_0 * rg2_0)
-                wq2 = w2[tile_b, tile_r, 0]
+                wq2 = weights[tile_b, 64 + tile_r.index]
                 s0_0 = s0_0 + t * wq2
                 # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
-                ra2_0 = x1_2[s_idx, 0, tile_r]
-                rg4_0 = g_4[d_idx, 0, tile_r]
-                ra2_1 = x1_2[s_idx, 1, tile_r]
-                rg4_1 = g_4[d_idx, 1, tile_r]
-                ra2_2 = x1_2[s_idx, 2, tile_r]
-                rg4_2 = g_4[d_idx, 2, tile_r]
+                ra2_0 = x[s_idx, 64 + tile_r.index]
+                rg4_0 = g[d_idx, 256 + tile_r.index]
+                ra2_1 = x[s_idx, 96 + tile_r.index]
+                rg4_1 = g[d_idx, 288 + tile_r.index]
+                ra2_2 = x[s_idx, 128 + tile_r.index]
+                rg4_2 = g[d_idx, 320 + tile_r.index]
                 t = (
                     0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
                     + 0.9999999999999999 * ra2_2 * rg4_2
                 )
-                wq4 = w4[tile_b, tile_r, 0]
+                wq4 = weights[tile_b, 128 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
-                ra3_0 = x1_3[s_idx, 0, tile_r]
-                rg7_0 = g_7[d_idx, 0, tile_r]
-                ra3_1 = x1_3[s_idx, 1, tile_r]
-                rg7_1 = g_7[d_idx, 1, tile_r]
-                ra3_2 = x1_3[s_idx, 2, tile_r]
-                rg7_2 = g_7[d_idx, 2, tile_r]
+                ra3_0 = x[s_idx, 160 + tile_r.index]
+                rg7_0 = g[d_idx, 480 + tile_r.index]
+                ra3_1 = x[s_idx, 192 + tile_r.index]
+                rg7_1 = g[d_idx, 512 + tile_r.index]
+                ra3_2 = x[s_idx, 224 + tile_r.index]
+                rg7_2 = g[d_idx, 544 + tile_r.index]
                 t = (
                     0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
                     + 0.9999999999999999 * ra3_2 * rg7_2
                 )
-                wq7 = w7[tile_b, tile_r, 0]
+                wq7 = weights[tile_b, 224 + tile_r.index]
                 s0_0 = s0_0 + t * wq7
                 # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
-                rg1_0 = g_1[d_idx, 0, tile_r]
+                rg1_0 = g[d_idx, 32 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_0)
-                wq1 = w1[tile_b, tile_r, 0]
+                wq1 = weights[tile_b, 32 + tile_r.index]
                 s1_0 = t * wq1
-                rg1_1 = g_1[d_idx, 1, tile_r]
+                rg1_1 = g[d_idx, 64 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_1)
                 s1_1 = t * wq1
-                rg1_2 = g_1[d_idx, 2, tile_r]
+                rg1_2 = g[d_idx, 96 + tile_r.index]
                 t = (0.9999999999999999 * ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
-                rg3_0 = g_3[d_idx, 0, tile_r]
+                rg3_0 = g[d_idx, 160 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg3_0)
-                wq3 = w3[tile_b, tile_r, 0]
+                wq3 = weights[tile_b, 96 + tile_r.index]
                 s1_0 = s1_0 + t * wq3
-                rg3_1 = g_3[d_idx, 1, tile_r]
+                rg3_1 = g[d_idx, 192 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg3_1)
                 s1_1 = s1_1 + t * wq3
-                rg3_2 = g_3[d_idx, 2, tile_r]
+                rg3_2 = g[d_idx, 224 + tile_r.index]
                 t = (0.9999999999999999 * ra1_0 * rg3_2)
                 s1_2 = s1_2 + t * wq3
                 # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
-                rg5_0 = g_5[d_idx, 0, tile_r]
+                rg5_0 = g[d_idx, 352 + tile_r.index]
                 t = (0.5773502691896257 * ra2_0 * rg5_0)
-                wq5 = w5[tile_b, tile_r, 0]
+                wq5 = weights[tile_b, 160 + tile_r.index]
                 s1_0 = s1_0 + t * wq5
                 t = (0.5773502691896257 * ra2_1 * rg5_0)
                 s1_1 = s1_1 + t * wq5
                 t = (0.5773502691896257 * ra2_2 * rg5_0)
                 s1_2 = s1_2 + t * wq5
                 # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
-                rg6_1 = g_6[d_idx, 1, tile_r]
-                rg6_2 = g_6[d_idx, 2, tile_r]
+                rg6_1 = g[d_idx, 416 + tile_r.index]
+                rg6_2 = g[d_idx, 448 + tile_r.index]
                 t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
-                wq6 = w6[tile_b, tile_r, 0]
+                wq6 = weights[tile_b, 192 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
-                rg6_0 = g_6[d_idx, 0, tile_r]
+                rg6_0 = g[d_idx, 384 + tile_r.index]
                 t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
                 s1_1 = s1_1 + t * wq6
                 t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
                 s1_2 = s1_2 + t * wq6
                 # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
-                rg8_0 = g_8[d_idx, 0, tile_r]
+                rg8_0 = g[d_idx, 576 + tile_r.index]
                 t = (0.5773502691896257 * ra3_0 * rg8_0)
-                wq8 = w8[tile_b, tile_r, 0]
+                wq8 = weights[tile_b, 256 + tile_r.index]
                 s1_0 = s1_0 + t * wq8
                 t = (0.5773502691896257 * ra3_1 * rg8_0)
                 s1_1 = s1_1 + t * wq8
                 t = (0.5773502691896257 * ra3_2 * rg8_0)
                 s1_2 = s1_2 + t * wq8
                 # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
-                rg9_1 = g_9[d_idx, 1, tile_r]
-                rg9_2 = g_9[d_idx, 2, tile_r]
+                rg9_1 = g[d_idx, 640 + tile_r.index]
+                rg9_2 = g[d_idx, 672 + tile_r.index]
                 t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
-                wq9 = w9[tile_b, tile_r, 0]
+                wq9 = weights[tile_b, 288 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
-                rg9_0 = g_9[d_idx, 0, tile_r]
+                rg9_0 = g[d_idx, 608 + tile_r.index]
                 t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
                 s1_1 = s1_1 + t * wq9
                 t = (0.7071067811865475 * ra3_1 * rg9_0 - 0.7071067811865475 * ra3_0 * rg9_1)
@@ -464,10 +400,10 @@ def conv_bwd_x2_0(
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
                 acc1_1 = acc1_1 + s1_1.sum(1)[:, None]
                 acc1_2 = acc1_2 + s1_2.sum(1)[:, None]
-            gx2_0[tile_b, 0, tile_c] = acc0_0
-            gx2_1[tile_b, 0, tile_c] = acc1_0
-            gx2_1[tile_b, 1, tile_c] = acc1_1
-            gx2_1[tile_b, 2, tile_c] = acc1_2
+            gy[tile_b, tile_c.index] = acc0_0
+            gy[tile_b, 1 + tile_c.index] = acc1_0
+            gy[tile_b, 2 + tile_c.index] = acc1_1
+            gy[tile_b, 3 + tile_c.index] = acc1_2
 
 
 @helion.kernel(
@@ -477,117 +413,95 @@ def conv_bwd_x2_0(
 def conv_bwd_w_0(
     src: torch.Tensor,
     dst: torch.Tensor,
-    x1_0: torch.Tensor,
-    x1_1: torch.Tensor,
-    x1_2: torch.Tensor,
-    x1_3: torch.Tensor,
-    x2_0: torch.Tensor,
-    x2_1: torch.Tensor,
-    g_0: torch.Tensor,
-    g_1: torch.Tensor,
-    g_2: torch.Tensor,
-    g_3: torch.Tensor,
-    g_4: torch.Tensor,
-    g_5: torch.Tensor,
-    g_6: torch.Tensor,
-    g_7: torch.Tensor,
-    g_8: torch.Tensor,
-    g_9: torch.Tensor,
-    gw0: torch.Tensor,
-    gw1: torch.Tensor,
-    gw2: torch.Tensor,
-    gw3: torch.Tensor,
-    gw4: torch.Tensor,
-    gw5: torch.Tensor,
-    gw6: torch.Tensor,
-    gw7: torch.Tensor,
-    gw8: torch.Tensor,
-    gw9: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-9."""
     for tile_b in hl.tile(src.size(0), block_size=16):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
-        sb0_0_0 = x2_0[tile_b, 0, 0][:, None]
-        sb1_0_0 = x2_1[tile_b, 0, 0][:, None]
-        sb1_1_0 = x2_1[tile_b, 1, 0][:, None]
-        sb1_2_0 = x2_1[tile_b, 2, 0][:, None]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
         for tile_c in hl.tile(32, block_size=32):
-            a0_0 = x1_0[s_idx, 0, tile_c]
-            a1_0 = x1_1[s_idx, 0, tile_c]
-            a2_0 = x1_2[s_idx, 0, tile_c]
-            a2_1 = x1_2[s_idx, 1, tile_c]
-            a2_2 = x1_2[s_idx, 2, tile_c]
-            a3_0 = x1_3[s_idx, 0, tile_c]
-            a3_1 = x1_3[s_idx, 1, tile_c]
-            a3_2 = x1_3[s_idx, 2, tile_c]
-            g0_0 = g_0[d_idx, 0, tile_c]
-            g1_0 = g_1[d_idx, 0, tile_c]
-            g1_1 = g_1[d_idx, 1, tile_c]
-            g1_2 = g_1[d_idx, 2, tile_c]
-            g2_0 = g_2[d_idx, 0, tile_c]
-            g3_0 = g_3[d_idx, 0, tile_c]
-            g3_1 = g_3[d_idx, 1, tile_c]
-            g3_2 = g_3[d_idx, 2, tile_c]
-            g4_0 = g_4[d_idx, 0, tile_c]
-            g4_1 = g_4[d_idx, 1, tile_c]
-            g4_2 = g_4[d_idx, 2, tile_c]
-            g5_0 = g_5[d_idx, 0, tile_c]
-            g6_0 = g_6[d_idx, 0, tile_c]
-            g6_1 = g_6[d_idx, 1, tile_c]
-            g6_2 = g_6[d_idx, 2, tile_c]
-            g7_0 = g_7[d_idx, 0, tile_c]
-            g7_1 = g_7[d_idx, 1, tile_c]
-            g7_2 = g_7[d_idx, 2, tile_c]
-            g8_0 = g_8[d_idx, 0, tile_c]
-            g9_0 = g_9[d_idx, 0, tile_c]
-            g9_1 = g_9[d_idx, 1, tile_c]
-            g9_2 = g_9[d_idx, 2, tile_c]
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 32 + tile_c.index]
+            a2_0 = x[s_idx, 64 + tile_c.index]
+            a2_1 = x[s_idx, 96 + tile_c.index]
+            a2_2 = x[s_idx, 128 + tile_c.index]
+            a3_0 = x[s_idx, 160 + tile_c.index]
+            a3_1 = x[s_idx, 192 + tile_c.index]
+            a3_2 = x[s_idx, 224 + tile_c.index]
+            g0_0 = g[d_idx, tile_c.index]
+            g1_0 = g[d_idx, 32 + tile_c.index]
+            g1_1 = g[d_idx, 64 + tile_c.index]
+            g1_2 = g[d_idx, 96 + tile_c.index]
+            g2_0 = g[d_idx, 128 + tile_c.index]
+            g3_0 = g[d_idx, 160 + tile_c.index]
+            g3_1 = g[d_idx, 192 + tile_c.index]
+            g3_2 = g[d_idx, 224 + tile_c.index]
+            g4_0 = g[d_idx, 256 + tile_c.index]
+            g4_1 = g[d_idx, 288 + tile_c.index]
+            g4_2 = g[d_idx, 320 + tile_c.index]
+            g5_0 = g[d_idx, 352 + tile_c.index]
+            g6_0 = g[d_idx, 384 + tile_c.index]
+            g6_1 = g[d_idx, 416 + tile_c.index]
+            g6_2 = g[d_idx, 448 + tile_c.index]
+            g7_0 = g[d_idx, 480 + tile_c.index]
+            g7_1 = g[d_idx, 512 + tile_c.index]
+            g7_2 = g[d_idx, 544 + tile_c.index]
+            g8_0 = g[d_idx, 576 + tile_c.index]
+            g9_0 = g[d_idx, 608 + tile_c.index]
+            g9_1 = g[d_idx, 640 + tile_c.index]
+            g9_2 = g[d_idx, 672 + tile_c.index]
             # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
             q0 = (a0_0 * sb0_0_0)
-            gw0[tile_b, tile_c, 0] = (q0 * g0_0)
+            gw[tile_b, tile_c.index] = (q0 * g0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
             q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw1[tile_b, tile_c, 0] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+            gw[tile_b, 32 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
             q0 = (a1_0 * sb0_0_0)
-            gw2[tile_b, tile_c, 0] = (q0 * g2_0)
+            gw[tile_b, 64 + tile_c.index] = (q0 * g2_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
             q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
             q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw3[tile_b, tile_c, 0] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+            gw[tile_b, 96 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
             # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw4[tile_b, tile_c, 0] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+            gw[tile_b, 128 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
             # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
                 + 0.5773502691896257 * a2_2 * sb1_2_0
             )
-            gw5[tile_b, tile_c, 0] = (q0 * g5_0)
+            gw[tile_b, 160 + tile_c.index] = (q0 * g5_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
             q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw6[tile_b, tile_c, 0] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+            gw[tile_b, 192 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
             # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
             q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
             q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
             q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw7[tile_b, tile_c, 0] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+            gw[tile_b, 224 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
             # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
             q0 = (
                 0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
                 + 0.5773502691896257 * a3_2 * sb1_2_0
             )
-            gw8[tile_b, tile_c, 0] = (q0 * g8_0)
+            gw[tile_b, 256 + tile_c.index] = (q0 * g8_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
             q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw9[tile_b, tile_c, 0] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
+            gw[tile_b, 288 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
