@@ -434,7 +434,14 @@ class _BlockKernel:
             "block_b": _block_b(t, self.elems_3d),
             "num_warps": t.num_warps,
             "num_stages": t.num_stages,
-            "config": _config(t, t.maxnreg_partials if any(r["has_partials"] for g in groups for r in g["reductions"]) else None),
+            "config": _config(t),
+            # Helion accepts maxnreg only on persistent kernels, which its CPU interpreter
+            # cannot run: the CUDA launch adds it (eqdsl.runtime.helion_launch)
+            "triton_options": (
+                f'{{"maxnreg": {t.maxnreg_partials}}}'
+                if t.maxnreg_partials and any(r["has_partials"] for g in groups for r in g["reductions"])
+                else ""
+            ),
             "scalars": _sorted_lines(self.scalars),
             "channel_groups": groups,
         }
@@ -837,6 +844,7 @@ class _WeightKernel:
             "rows": rows,
             "block_b": block_b,
             "config": _config(t),
+            "triton_options": "",
             "num_warps": t.num_warps,
             "num_stages": t.num_stages,
             "scalars": _sorted_lines(self.scalars),
@@ -1068,9 +1076,9 @@ def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNI
     }
 
 
-def _config(t: Tuning, maxnreg: int | None = None) -> str:
+def _config(t: Tuning) -> str:
     """Arguments of the kernel's pinned ``helion.Config``."""
-    return f"num_warps={t.num_warps}, num_stages={t.num_stages}" + (f", maxnreg={maxnreg}" if maxnreg else "")
+    return f"num_warps={t.num_warps}, num_stages={t.num_stages}"
 
 
 def _flatten(kernel: dict, views: dict[str, View]) -> dict:

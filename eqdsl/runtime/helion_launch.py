@@ -7,14 +7,16 @@ specialization key, cache lookup, launch metadata). Measured on the H100 machine
 (2026-11-22, helion 1.4.0, triton 3.6.0) that path took ~42 us per launch, above the
 25 us per op the project aims at.
 
-``HelionLaunch`` keeps the authored path for the first call of each specialization, so
-Helion compiles (and checks) exactly as before, then calls the same generated host
-function with a launcher that hands the arguments straight to Triton's compiled kernel
+``HelionLaunch`` lets Helion generate the code of each specialization (its pinned config),
+then calls that generated host function with a launcher that, after Triton has compiled
+the kernel once through ``JITFunction.run``, hands the arguments straight to it
 (``CompiledKernel.run``, its C launcher). What Triton would specialize on is recomputed
 per call: each tensor's dtype and 16-byte alignment, each integer's ``== 1``, ``% 16 ==
 0`` and 32-bit range (``triton.runtime.jit.specialize_impl``); a new combination goes
 through ``JITFunction.run`` once and is cached. CPU tensors (Triton's interpreter), an
 installed launch hook (profilers), or ``EQDSL_HELION_FAST_LAUNCH=0`` take Helion's path.
+``triton_options`` (e.g. ``maxnreg``, which Helion accepts only on persistent kernels) are
+added to every CUDA launch; Helion's own path launches without them.
 
 Helion's code generation (tracing the kernel, then emitting Triton) took 10-22 s per
 mace_large kernel on a 2-core CPU (2026-11-22) and happens again in every new process;
@@ -90,8 +92,9 @@ class HelionLaunch:
     fast_device_type = "cuda"
     current_device = staticmethod(torch.cuda.current_device)
 
-    def __init__(self, kernel, *, enabled: bool | None = None):
+    def __init__(self, kernel, *, triton_options: dict | None = None, enabled: bool | None = None):
         self.kernel = kernel
+        self.triton_options = dict(triton_options or {})
         if enabled is None:
             enabled = os.environ.get("EQDSL_HELION_FAST_LAUNCH", "1") != "0"
         self.enabled = enabled
@@ -112,12 +115,12 @@ class HelionLaunch:
             path = self._cache_path(key)
             host = _load_host(path, self.kernel.name) if path is not None else None
             if host is None:
-                result = self.kernel(*args)  # compiles (first time) and launches through Helion
                 bound = self.kernel.bind(args)
-                self._host[key] = bound._run
+                if bound._run is None:
+                    bound.ensure_config_exists(args)  # Helion's code generation (pinned config)
+                host = bound._run
                 if path is not None:
                     _store_module(bound, path)
-                return result
             self._host[key] = host
         return host(*args, _launcher=self._launch)
 
@@ -148,6 +151,8 @@ class HelionLaunch:
 
     def _launch(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
         runtime, current_stream, default_launcher = self._triton or self._bind_triton()
+        if self.triton_options:
+            kwargs = {**kwargs, **self.triton_options}
         if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
             return default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
         device = self.current_device()
@@ -210,9 +215,14 @@ def _store_module(bound, path: Path) -> None:
 
 
 def launchers(module) -> types.SimpleNamespace:
-    """A ``HelionLaunch`` for every ``helion.Kernel`` of a generated kernels module, by name."""
+    """A ``HelionLaunch`` for every ``helion.Kernel`` of a generated kernels module, by name,
+    with the module's ``TRITON_OPTIONS`` for that kernel (e.g. ``{"maxnreg": 256}``)."""
     import helion
 
     return types.SimpleNamespace(
-        **{name: HelionLaunch(obj) for name, obj in vars(module).items() if isinstance(obj, helion.Kernel)}
+        **{
+            name: HelionLaunch(obj, triton_options=getattr(module, "TRITON_OPTIONS", {}).get(name))
+            for name, obj in vars(module).items()
+            if isinstance(obj, helion.Kernel)
+        }
     )

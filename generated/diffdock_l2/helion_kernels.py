@@ -382,7 +382,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -842,3 +842,11 @@ def tp_bwd_w_0(
                 ra3_0 = x1[tile_b, 108 + tile_r.index]
                 o0 = (0.13130643285972254 * ra3_0 * sb0_0_0)
                 gw[tile_b, 4344 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g3_0[:, None, :])
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+}

@@ -337,7 +337,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -709,3 +709,11 @@ def tp_bwd_w_0(
                 + 0.5976143046671969 * a1_2 * sb3_6_0
             )
             gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+}

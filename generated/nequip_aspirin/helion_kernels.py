@@ -266,7 +266,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -522,3 +522,11 @@ def tp_bwd_w_0(
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+}

@@ -3689,7 +3689,7 @@ def tp_bwd_x1_1(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -5008,7 +5008,7 @@ def tp_bwd_x2_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_1(
     x1: torch.Tensor,
@@ -7858,3 +7858,12 @@ def tp_bwd_w_1(
                 + q4 * g67_4 + q5 * g67_5
                 + q6 * g67_6
             )
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+    "tp_bwd_x2_1": {"maxnreg": 256},
+}

@@ -1120,7 +1120,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -2345,3 +2345,11 @@ def tp_bwd_w_0(
                 + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
             )
             gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+}

@@ -1186,7 +1186,7 @@ def tp_bwd_x1_0(
 
 @helion.kernel(
     static_shapes=False,
-    config=helion.Config(num_warps=4, num_stages=1, maxnreg=256),
+    config=helion.Config(num_warps=4, num_stages=1),
 )
 def tp_bwd_x2_0(
     x1: torch.Tensor,
@@ -2547,3 +2547,11 @@ def tp_bwd_w_0(
                 - 0.48795003647426666 * a3_5 * sb3_3_0 - 0.24397501823713333 * a3_6 * sb3_4_0
             )
             gw[tile_b, 1280 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+    "tp_bwd_x2_0": {"maxnreg": 256},
+}

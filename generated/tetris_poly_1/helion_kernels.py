@@ -2272,3 +2272,10 @@ def tp_bwd_w_0(
                 gw[tile_p.id, 488 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc18_0
                 gw[tile_p.id, 528 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc20_0
                 gw[tile_p.id, 632 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc23_0
+
+
+# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
+# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# cannot run).
+TRITON_OPTIONS = {
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The benchmarks on the device machine (see benchmarks/README.md), in steps:
+#   bash benchmarks/run_device.sh STEP[=SECONDS]...
+#   precompile  every generated torch kernel, one process per problem, dtype and op (precompile.py)
+#   fastlaunch  GPU test: the direct Triton launch gives Helion's bits (tests/test_helion_launch.py)
+#   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
+#   conv        bench_conv.py: small-graph latency, then the fused convolution
+# Installs the carried wheels (.whl, .whl_cueq_xz) into /tmp/site once per machine; the
+# caches (/tmp/eqcache: Helion's generated modules, /tmp/tcache: Triton's binaries) stay
+# while the machine is warm, so steps can be split over calls made back to back.
+# Logs and JSON go to $OUT; a summary line per step is printed last.
+set -u
+T0=$(date +%s)
+if [ ! -f /tmp/site/.eqdsl_installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl_cueq_xz/*.whl || exit 1
+  python3 -c "import tarfile; tarfile.open('.whl_cueq_xz/cueq_ops-0.13.0.tar.xz').extractall('/tmp/site', filter='fully_trusted')" || exit 1
+  touch /tmp/site/.eqdsl_installed
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+echo "install $(( $(date +%s) - T0 )) s; $(nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader)"
+summary=()
+for arg in "$@"; do
+  step=${arg%%=*}; limit=${arg#*=}; [ "$limit" = "$arg" ] && limit=300
+  t=$(date +%s)
+  case $step in
+    precompile) cmd=(python3 benchmarks/precompile.py --workers 15) ;;
+    fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
+    tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
+    conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  timeout "$limit" "${cmd[@]}" > "$OUT/$step.log" 2>&1
+  rc=$?
+  summary+=("$step: rc $rc, $(( $(date +%s) - t )) s")
+  tail -n 3 "$OUT/$step.log"
+done
+printf '%s\n' "${summary[@]}"
+echo "total $(( $(date +%s) - T0 )) s"
