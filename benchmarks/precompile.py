@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     p.add_argument("--problems", help="comma-separated (default: every generated/ module)")
     p.add_argument("--dtypes", help="comma-separated (default: float32, and float64 for " + ", ".join(FLOAT64_PROBLEMS) + ")")
     p.add_argument("--no-conv", action="store_true", help="only the plain tensor product's kernels")
+    p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per job")
     p.add_argument("--job", nargs=3, metavar=("PROBLEM", "DTYPE", "OP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -95,6 +96,8 @@ def main(argv=None) -> int:
         return 0
     problems = args.problems.split(",") if args.problems else sorted(d.name for d in (ROOT / "generated").iterdir() if d.is_dir())
     todo = jobs(problems, args.dtypes.split(",") if args.dtypes else None, not args.no_conv)
+    if args.conv_only:
+        todo = [j for j in todo if j[2].startswith("conv_")]
     t0 = time.perf_counter()
 
     def one(job):

@@ -25,7 +25,7 @@ for arg in "$@"; do
   step=${arg%%=*}; limit=${arg#*=}; [ "$limit" = "$arg" ] && limit=300
   t=$(date +%s)
   case $step in
-    precompile) cmd=(python3 benchmarks/precompile.py --workers 15) ;;
+    precompile) cmd=(python3 benchmarks/precompile.py --workers 15 ${EQDSL_PRECOMPILE_ARGS:-}) ;;
     fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
