@@ -51,8 +51,13 @@ class _JIT:
 
 
 class _Runtime:
-    launch_enter_hook = None
-    launch_exit_hook = None
+    """triton.knobs.runtime: Triton 3.6 holds launch hooks in (possibly empty) HookChains."""
+
+    def __init__(self):
+        from triton.knobs import HookChain
+
+        self.launch_enter_hook = HookChain()
+        self.launch_exit_hook = HookChain(reversed=True)
 
 
 def _default_launcher(triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
@@ -130,10 +135,15 @@ def test_batch_one_rebinds_helion_and_hooks_fall_back():
     launch(torch.zeros(1, 8), torch.zeros(1, 16))  # Helion buckets size 1 apart
     assert [e[0] for e in log] == ["jit", "jit"] and k.binds == 2
     runtime = launch._triton[0]
-    runtime.launch_enter_hook = lambda *a: None  # a profiler: every launch goes through Triton
+    hook = lambda metadata: None  # noqa: E731  (a profiler's)
+    runtime.launch_enter_hook.add(hook)  # every launch goes through Triton while it is installed
     for _ in range(2):
         launch(torch.zeros(5, 8), torch.zeros(5, 16))
     assert [e[0] for e in log[2:]] == ["jit", "jit"]
+    runtime.launch_enter_hook.remove(hook)
+    runtime.launch_exit_hook = None  # older Triton: None when no hook
+    launch(torch.zeros(5, 8), torch.zeros(5, 16))
+    assert log[-1][0] == "direct"
 
 
 def test_cpu_tensors_take_helions_path():
@@ -229,7 +239,17 @@ def test_fast_launch_matches_helion_on_gpu(spec, tmp_path, monkeypatch):
     for new batch sizes, misaligned operands, and a module loaded from the disk cache."""
     import importlib
 
+    import helion.runtime
+
     monkeypatch.setenv("EQDSL_CACHE_DIR", str(tmp_path))
+    through_triton = []  # launches that went through JITFunction.run, not directly
+    real_launcher = helion.runtime.default_launcher
+
+    def counting_launcher(*a, **k):
+        through_triton.append(1)
+        return real_launcher(*a, **k)
+
+    monkeypatch.setattr(helion.runtime, "default_launcher", counting_launcher)
     ops = importlib.import_module(f"generated.{spec}.torch_ops")
     kernels = importlib.import_module(f"generated.{spec}.helion_kernels")
     dev = torch.device("cuda")
@@ -246,10 +266,12 @@ def test_fast_launch_matches_helion_on_gpu(spec, tmp_path, monkeypatch):
                 want = torch.empty(batch, ops.DIM_OUT, device=dev)
                 helion_path(a, x2, w, want)
                 fresh = HelionLaunch(helion_path)  # Helion's path, then the disk cache's module
+                before = len(through_triton)
                 for _ in range(3):
                     got = torch.full_like(want, float("nan"))
                     fresh(a, x2, w, got)
                     assert torch.equal(got, want)
+                assert len(through_triton) == before + 1  # the first launch only; then direct
         out = ops.fwd_op(x1, x2, w)
         for _ in range(2):
             assert torch.equal(ops.fwd_op(x1, x2, w), out)

@@ -69,6 +69,15 @@ def triton_specialization(args: tuple) -> tuple:
     return tuple(spec)
 
 
+def _hooked(hook) -> bool:
+    # Triton 3.6 keeps launch hooks in a HookChain that is never None (empty: no hook);
+    # earlier versions hold None or a callable.
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
+
+
 def _helion_key(args: tuple) -> tuple:
     # Helion (static_shapes=False) binds one kernel per dtype, per size bucketed to 0, 1
     # or more in every dimension, and per 32/64-bit indexing (helion.runtime.kernel._tensor_key).
@@ -153,7 +162,7 @@ class HelionLaunch:
         runtime, current_stream, default_launcher = self._triton or self._bind_triton()
         if self.triton_options:
             kwargs = {**kwargs, **self.triton_options}
-        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             return default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
         device = self.current_device()
         key = (id(triton_kernel), device, num_warps, num_stages, tuple(sorted(kwargs.items())), triton_specialization(args))
