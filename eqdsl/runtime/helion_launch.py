@@ -81,13 +81,12 @@ def _hooked(hook) -> bool:
 def _helion_key(args: tuple) -> tuple:
     # Helion (static_shapes=False) binds one kernel per dtype, per size bucketed to 0, 1
     # or more in every dimension, and per 32/64-bit indexing (helion.runtime.kernel._tensor_key).
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.device, tuple(min(s, 2) for s in a.shape), a.numel() > _HELION_INT32_INDEX_LIMIT))
-        else:
-            key.append((type(a), a))
-    return tuple(key)
+    return tuple(
+        (a.dtype, a.device, tuple([s if s < 2 else 2 for s in a.shape]), a.numel() > _HELION_INT32_INDEX_LIMIT)
+        if isinstance(a, torch.Tensor)
+        else (type(a), a)
+        for a in args
+    )
 
 
 class HelionLaunch:
@@ -108,6 +107,7 @@ class HelionLaunch:
             enabled = os.environ.get("EQDSL_HELION_FAST_LAUNCH", "1") != "0"
         self.enabled = enabled
         self._host: dict[tuple, object] = {}
+        self._exact: dict[tuple, object] = {}
         self._compiled: dict[tuple, object] = {}
         self._triton = None  # (knobs.runtime, get_current_stream, default_launcher), bound on first CUDA launch
         self._source_hash: str | None = None
@@ -118,6 +118,18 @@ class HelionLaunch:
     def __call__(self, *args):
         if not self.enabled or args[0].device.type != self.fast_device_type:
             return self.kernel(*args)
+        # exact shapes first (cheap to hash); Helion's bucketed key on a new shape
+        exact = tuple([(a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+        host = self._exact.get(exact)
+        if host is None:
+            host = self._host_for(args)
+            if len(self._exact) >= 256:  # a run with ever-changing sizes (MD): keep it bounded
+                self._exact.clear()
+            self._exact[exact] = host
+        return host(*args, _launcher=self._launch)
+
+    def _host_for(self, args: tuple):
+        """Helion's generated host function for ``args``' specialization (memory, disk, or Helion)."""
         key = _helion_key(args)
         host = self._host.get(key)
         if host is None:
@@ -131,7 +143,7 @@ class HelionLaunch:
                 if path is not None:
                     _store_module(bound, path)
             self._host[key] = host
-        return host(*args, _launcher=self._launch)
+        return host
 
     def _cache_path(self, key: tuple) -> Path | None:
         root = os.environ.get("EQDSL_CACHE_DIR", str(Path.home() / ".cache" / "eqdsl"))
@@ -160,14 +172,15 @@ class HelionLaunch:
 
     def _launch(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
         runtime, current_stream, default_launcher = self._triton or self._bind_triton()
-        if self.triton_options:
-            kwargs = {**kwargs, **self.triton_options}
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+            kwargs.update(self.triton_options)
             return default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
         device = self.current_device()
-        key = (id(triton_kernel), device, num_warps, num_stages, tuple(sorted(kwargs.items())), triton_specialization(args))
+        # num_warps, num_stages and kwargs are literals of the host code that passes triton_kernel
+        key = (id(triton_kernel), device, triton_specialization(args))
         compiled = self._compiled.get(key)
         if compiled is None:
+            kwargs.update(self.triton_options)
             compiled = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
             self._compiled[key] = compiled
             return compiled
