@@ -26,7 +26,16 @@ conv                      bool: also generate the fused graph    false
 reduce                    sum | mean (over a node's in-edges)    sum (needs conv)
 deterministic             bool: dst-sorted segment reduction,    false (needs conv)
                           bitwise reproducible; else atomics
+tuning                    table of Helion kernel parameters      defaults of
+                          (``TUNING_KEYS``), e.g. written by      ``helion_backend.Tuning``
+                          ``eqdsl tune``
 ========================  =====================================  =====================
+
+A ``tuning`` table (``[tensor_product.tuning]`` after its ``[[tensor_product]]``) pins
+the generated Helion kernels' tile sizes and launch parameters; every key is optional:
+``block_b``, ``block_c``, ``block_r``, ``block_r_pair`` and ``tile_elems`` are powers of
+two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
+``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from .instructions import (
 )
 from .irreps import Irreps, IrrepsError
 
-__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS"]
+__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS", "TUNING_KEYS"]
 
 LAYOUTS = ("mul_ir", "ir_mul")
 DTYPES = ("float32", "float64")
@@ -58,9 +67,27 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _KNOWN = {
     "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
     "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
-    "conv", "reduce", "deterministic",
+    "conv", "reduce", "deterministic", "tuning",
 }
 REDUCTIONS = ("sum", "mean")
+
+
+def _pow2(lo: int, hi: int):
+    return lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two in [{lo}, {hi}]"
+
+
+# key -> (test, what the test accepts): the Helion backend's Tuning fields a spec may pin
+TUNING_KEYS = {
+    "block_b": _pow2(1, 256),
+    "block_c": _pow2(1, 256),
+    "block_r": _pow2(1, 256),
+    "block_r_pair": _pow2(1, 256),
+    "tile_elems": _pow2(64, 1 << 16),
+    "num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+    "num_stages": (lambda v: 1 <= v <= 8, "in [1, 8]"),
+    "max_terms": (lambda v: v >= 16, "at least 16"),
+    "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +114,7 @@ class TensorProductSpec:
     conv: bool = False
     reduce: str = "sum"
     deterministic: bool = False
+    tuning: tuple[tuple[str, int], ...] = ()  # sorted (key, value) pairs of TUNING_KEYS
 
     def __str__(self) -> str:
         how = f"mode={self.mode}" if self.mode else f"{len(self.instructions)} instructions"
@@ -203,6 +231,8 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         if key in t and not conv:
             fail(key, "only applies to the fused convolution: set conv = true")
 
+    tuning = _parse_tuning(get("tuning", dict, {}), fail)
+
     has_mode, has_ins = "mode" in t, "instructions" in t
     if has_mode == has_ins:
         fail("mode" if has_mode else None, "give exactly one of 'mode' or 'instructions'")
@@ -230,8 +260,18 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         name=name, irreps_in1=in1, irreps_in2=in2, irreps_out=out, irreps_out_filter=out_filter,
         mode=mode, instructions=instructions, irrep_normalization=irrep_norm,
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
-        conv=conv, reduce=reduce, deterministic=deterministic,
+        conv=conv, reduce=reduce, deterministic=deterministic, tuning=tuning,
     )
+
+
+def _parse_tuning(table: dict, fail) -> tuple[tuple[str, int], ...]:
+    for key, v in table.items():
+        if key not in TUNING_KEYS:
+            fail(f"tuning.{key}", f"unknown key; expected one of {', '.join(TUNING_KEYS)}")
+        test, accepts = TUNING_KEYS[key]
+        if not isinstance(v, int) or isinstance(v, bool) or not test(v):
+            fail(f"tuning.{key}", f"expected an integer, {accepts}; got {v!r}")
+    return tuple(sorted(table.items()))
 
 
 def _parse_instruction(v, j: int, fail) -> Instruction:

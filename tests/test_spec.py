@@ -149,6 +149,16 @@ def test_good_spec_explicit_values():
     assert spec.dtypes == ("float32", "float64")  # canonical order
 
 
+def test_tuning_table():
+    (spec,) = parse_spec(_toml(GOOD), FILE)
+    assert spec.tuning == ()
+    (spec,) = parse_spec(_toml(_spec(tuning={"num_warps": 8, "block_b": 32, "maxnreg_partials": 0})), FILE)
+    assert spec.tuning == (("block_b", 32), ("maxnreg_partials", 0), ("num_warps", 8))
+    # the TOML sub-table form, as `eqdsl tune` writes it
+    (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\nblock_c = 64\n", FILE)
+    assert spec.tuning == (("block_c", 64),)
+
+
 def test_several_tables_keep_order_and_specs_are_frozen():
     specs = parse_spec(_toml(_spec(name="a"), _spec(name="b", mode="uvw", irreps_out="3x1o")), FILE)
     assert [s.name for s in specs] == ["a", "b"]
@@ -250,6 +260,16 @@ BAD_TABLES = {
     "duplicate instruction": (dict(mode=None, irreps_out="2x0e", instructions=[[0, 0, 0, "uvu", True], [0, 0, 0, "uvu", False]]),
                               "instructions", ["twice"]),
     "no instructions": (dict(mode=None, instructions=[]), "instructions", ["at least one"]),
+    # the tuning table
+    "tuning not a table": (dict(tuning=5), "tuning", ["expected dict"]),
+    "tuning unknown key": (dict(tuning={"warps": 4}), "tuning.warps", ["unknown", "num_warps"]),
+    "tuning block not a power of two": (dict(tuning={"block_b": 24}), "tuning.block_b", ["power of two", "24"]),
+    "tuning block too large": (dict(tuning={"block_c": 512}), "tuning.block_c", ["[1, 256]"]),
+    "tuning bool": (dict(tuning={"num_warps": True}), "tuning.num_warps", ["integer"]),
+    "tuning float": (dict(tuning={"num_stages": 2.0}), "tuning.num_stages", ["integer"]),
+    "tuning num_warps": (dict(tuning={"num_warps": 3}), "tuning.num_warps", ["1, 2, 4, 8, 16", "3"]),
+    "tuning maxnreg": (dict(tuning={"maxnreg_partials": 100}), "tuning.maxnreg_partials", ["0 (off)", "100"]),
+    "tuning max_terms": (dict(tuning={"max_terms": 4}), "tuning.max_terms", ["at least 16"]),
 }
 
 

@@ -359,3 +359,20 @@ def test_gradgradcheck_on_gpu(key, grad_root):
     assert torch.autograd.gradgradcheck(ops.tensor_product, args, fast_mode=True)
     check_kernels(ir, ops, torch.float32, 4099, device="cuda")
     check_kernels(ir, ops, torch.float64, 4099, device="cuda", lin=True)
+
+
+def test_spec_tuning_table_pins_the_kernels(tmp_path):
+    """A ``[tensor_product.tuning]`` table reaches the generated kernels (tile sizes, warps,
+    maxnreg) and the tuned kernels still agree with the oracle in all four derivatives."""
+    name = "tg_tuned"
+    text = spec_text(name, "3x0e+2x1o+1x2e", "0e+1o", "0e+1o+2e", mode="uvu", shared=False) + (
+        "[tensor_product.tuning]\nblock_b = 2\nblock_c = 2\nnum_warps = 8\nmaxnreg_partials = 0\n"
+    )
+    pkg, ops = build(tmp_path, text, name)
+    ir = lower(load_spec(tmp_path / f"{name}.toml")[0])
+    source = (tmp_path / "gen" / name / "helion_kernels.py").read_text()
+    assert "block_size=2)" in source and "block_size=16)" not in source
+    assert "num_warps=8" in source and "num_warps=4" not in source
+    assert "TRITON_OPTIONS = {\n}" in source  # maxnreg_partials = 0 turns the bwd_x2 pin off
+    for batch in (1, 5):
+        check_kernels(ir, ops, torch.float64, batch, seed=batch)

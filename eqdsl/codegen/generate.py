@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import os
 import shutil
+import inspect
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -30,6 +31,7 @@ from .. import __version__
 from ..ir import TensorProductIR
 from ..lower import lower
 from ..spec import TensorProductSpec, load_spec
+from . import helion_backend
 from .render import render
 
 __all__ = ["GenerateError", "generate_files", "write_package", "generate", "check", "MARKER"]
@@ -80,7 +82,10 @@ def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str) -> 
     files = {"__init__.py": render("package_init.py.j2", header=header, **metadata_context(spec, ir))}
     for mod in BACKENDS:
         backend = importlib.import_module(mod)
-        for rel, text in backend.render_files(ir, header).items():
+        # the spec's tuning table applies to the backends that take one (Helion's)
+        takes_tuning = "tuning" in inspect.signature(backend.render_files).parameters
+        options = {"tuning": helion_backend.tuning_for(spec.tuning)} if takes_tuning else {}
+        for rel, text in backend.render_files(ir, header, **options).items():
             if rel in files:
                 raise AssertionError(f"two backends render {rel}")
             files[rel] = text

@@ -63,7 +63,7 @@ never recompiles.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..ir import Block, PathIR, TensorProductIR
 from ..reference import _SUBSCRIPTS
@@ -122,6 +122,16 @@ class Tuning:
 
 
 DEFAULT_TUNING = Tuning()
+
+
+def tuning_for(pairs: tuple[tuple[str, int], ...]) -> Tuning:
+    """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated)."""
+    values = dict(pairs)
+    if values.get("maxnreg_partials") == 0:
+        values["maxnreg_partials"] = None
+    if "block_b" in values:  # a smaller block_b than the 3-D floor is a request for it
+        values["block_b_min"] = min(DEFAULT_TUNING.block_b_min, values["block_b"])
+    return replace(DEFAULT_TUNING, **values)
 
 # Kernel families: (name, computed operand, operands in argument order).
 FAMILIES = (
