@@ -1,4 +1,4 @@
-"""Command line: ``eqdsl inspect | generate | check``. Logic lives in the library."""
+"""Command line: ``eqdsl inspect | generate | check | tune``. Logic lives in the library."""
 
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="fail if generated packages are stale")
     p.add_argument("specs", type=Path, nargs="*", help=f"spec files (default: {DEFAULT_SPECS}/*.toml)")
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="generated directory (default: generated)")
+    p = sub.add_parser("tune", help="time Helion kernel parameters on a GPU; --write puts the best into the spec")
+    p.add_argument("spec", type=Path)
+    p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="regenerate here after --write (default: generated)")
+    p.add_argument("--batch", type=int, default=20000, help="rows to time at (default 20000)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
+                   help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=8,16,32 block_c=32,64)")
+    p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
+    p.add_argument("--write", action="store_true", help="write the best [tensor_product.tuning] into the spec and regenerate")
     return ap
 
 
@@ -42,6 +51,21 @@ def _run(args) -> int:
         from .summary import summarize
 
         print("\n".join(summarize(s, lower(s)) for s in load_spec(args.spec)), end="")
+        return 0
+    if args.command == "tune":
+        from .tune import TuneError, format_results, parse_grid, tune
+
+        try:
+            grid = parse_grid(args.grid) if args.grid else None
+            best, results = tune(args.spec, args.out, batch=args.batch, dtype=args.dtype, grid=grid,
+                                 workers=args.workers, write=args.write)
+        except TuneError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_results(best, results))
+        block = "".join(f"{k} = {v}\n" for k, v in best)
+        where = f"written to {args.spec} and regenerated into {args.out}" if args.write else "not written (--write)"
+        print(f"\nbest ({where}):\n[tensor_product.tuning]\n{block}", end="")
         return 0
     from .codegen.generate import GenerateError, check, generate
 
