@@ -87,13 +87,11 @@ def n_compiled(mod) -> int:
     return sum(len(getattr(k, "_bound_kernels", {})) for name, k in vars(kernels).items() if name.startswith("conv_"))
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_matches_reference_and_gradients_of_every_order(pkgs, variant):
-    """Forward and VJP against the numpy oracle; gradcheck and gradgradcheck in float64
-    (double backward goes through bwd_x/bwd_y/bwd_w and, with unweighted paths, the *_lin ops)."""
-    conv, ir = pkgs[variant]
-    rng = np.random.default_rng(0)
-    n, e = 3, 5  # a node may be isolated; 5 edges: a partial tile
+def check_forward_and_vjp(conv, ir, seed: int):
+    """Forward and VJP of ``conv.conv`` on a 3-node, 5-edge graph (a node may be isolated; 5
+    edges: a partial tile) against the numpy oracle, float64; returns the operands."""
+    rng = np.random.default_rng(seed)
+    n, e = 3, 5
     src, dst = graph(rng, n, e)
     s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
     x, y, w = tensors(ir, rng, n, e, grad=True)
@@ -105,7 +103,15 @@ def test_matches_reference_and_gradients_of_every_order(pkgs, variant):
     got = torch.autograd.grad(out, (x, y, w), torch.tensor(g, device=DEVICE))
     for a, b in zip(got, conv_vjp_reference(ir, *arrs, src, dst, n, g)):
         assert np.abs(a.cpu().numpy() - b).max() <= 1e-10 * max(1.0, np.abs(b).max())
+    return x, y, w, s, d, n
 
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_matches_reference_and_gradients_of_every_order(pkgs, variant):
+    """Forward and VJP against the numpy oracle; gradcheck and gradgradcheck in float64
+    (double backward goes through bwd_x/bwd_y/bwd_w and, with unweighted paths, the *_lin ops)."""
+    conv, ir = pkgs[variant]
+    x, y, w, s, d, n = check_forward_and_vjp(conv, ir, seed=0)
     f = lambda x, y, w: conv.conv(x, y, w, s, d, n)  # noqa: E731
     assert torch.autograd.gradcheck(f, (x, y, w), fast_mode=True)
     # second order with respect to edge_attr and weights (what force training needs; the
@@ -122,19 +128,7 @@ def test_deterministic_per_edge_uvw_weights(tmp_path):
     conv, ir = importlib.import_module(pkg.__name__ + ".torch_conv"), lower(parse_spec(text)[0])
     kernels = Path(pkg.__file__).parent / "helion_conv_kernels.py"
     assert "weights[eid[:, None, None], " in kernels.read_text()
-    rng = np.random.default_rng(7)
-    n, e = 3, 5
-    src, dst = graph(rng, n, e)
-    s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
-    x, y, w = tensors(ir, rng, n, e, grad=True)
-    out = conv.conv(x, y, w, s, d, n)
-    arrs = [t.detach().cpu().numpy() for t in (x, y, w)]
-    want = conv_reference(ir, *arrs, src, dst, n)
-    assert np.abs(out.detach().cpu().numpy() - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
-    g = rng.standard_normal((n, ir.dim_out))
-    got = torch.autograd.grad(out, (x, y, w), torch.tensor(g, device=DEVICE))
-    for a, b in zip(got, conv_vjp_reference(ir, *arrs, src, dst, n, g)):
-        assert np.abs(a.cpu().numpy() - b).max() <= 1e-10 * max(1.0, np.abs(b).max())
+    check_forward_and_vjp(conv, ir, seed=7)
 
 
 def test_forces_then_weight_gradient(pkgs):
