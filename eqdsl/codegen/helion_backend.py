@@ -100,7 +100,8 @@ class Tuning:
     at once). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
     a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
     sums cost little next to the inputs they are computed from. ``maxnreg_partials``
-    (Triton's ``maxnreg``, CUDA only) is set on kernels that accumulate ``(batch, r)``
+    (Triton's ``maxnreg``, CUDA only; a launch option in ``TRITON_OPTIONS``, since Helion
+    takes it only on persistent kernels) is set on kernels that accumulate ``(batch, r)``
     partial sums of one-channel outputs: without it ptxas (CUDA 12.8) gave
     nequip_toluene's ``bwd_x2`` 32 registers and 9.9 KB of spills per thread (ncu: 2.5 ms,
     3.6 GB read for 0.77 GB of operands); with it, 255 registers and 3.4 KB.

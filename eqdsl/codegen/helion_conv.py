@@ -21,14 +21,13 @@ is unweighted (``F`` is then affine in ``W``; the derivatives of ``conv_bwd_w`` 
 No per-edge message ever reaches memory: the gather of node rows and the scatter into
 nodes happen inside the kernels.
 
-As in the plain tensor product, the kernels take whole rows: the emitters' per-block
-view accesses are folded into column arithmetic by ``flat_access`` after rendering, the
-row index (``s_idx``, ``d_idx``, ``eid``, ``node``, ...) kept as it is (mace_large:
-``x1_2[s_idx, 1, tile_c]`` -> ``x[s_idx, 640 + tile_c.index]``, block 2 at column 512,
-128 channels), so a launch
-passes the graph tensors and the op's four ``(rows, dim)`` tensors (``x``, ``y``,
-``weights``, ``g`` and the computed ``out`` / ``gx`` / ``gy`` / ``gw``) and the host
-builds no views.
+As in the plain tensor product, the kernels take whole rows: ``flat_access`` folds the
+emitters' per-block view accesses into column arithmetic after rendering and keeps the
+row index (``s_idx``, ``d_idx``, ``eid``, ``node``, ...) as it is. For mace_large,
+``x1_2[s_idx, 1, tile_c]`` becomes ``x[s_idx, 640 + tile_c.index]`` (block 2 starts at
+column 512, 128 channels per component). A launch passes the graph tensors and the op's
+``(rows, dim)`` tensors (``x``, ``y``, ``weights``, ``g`` and the computed ``out`` /
+``gx`` / ``gy`` / ``gw``); the host builds no views.
 
 The scatter is either ``hl.atomic_add`` into a zeroed output (``deterministic =
 false``), or (``deterministic = true``) a segment reduction: edges stably sorted by the
