@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
                    help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=8,16,32 block_c=32,64)")
+    p.add_argument("--ops", default=None, metavar="OP,OP",
+                   help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w; conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
     p.add_argument("--write", action="store_true", help="write the best [tensor_product.tuning] into the spec and regenerate")
     return ap
@@ -53,19 +55,19 @@ def _run(args) -> int:
         print("\n".join(summarize(s, lower(s)) for s in load_spec(args.spec)), end="")
         return 0
     if args.command == "tune":
-        from .tune import TuneError, format_results, parse_grid, tune
+        from .tune import TP_OPS, TuneError, format_results, parse_grid, tune, tuning_sections
 
         try:
             grid = parse_grid(args.grid) if args.grid else None
-            best, results = tune(args.spec, args.out, batch=args.batch, dtype=args.dtype, grid=grid,
-                                 workers=args.workers, write=args.write)
+            ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else TP_OPS
+            table, results = tune(args.spec, args.out, batch=args.batch, dtype=args.dtype, grid=grid, ops=ops,
+                                  workers=args.workers, write=args.write)
         except TuneError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(format_results(best, results))
-        block = "".join(f"{k} = {v}\n" for k, v in best)
+        print(format_results(results))
         where = f"written to {args.spec} and regenerated into {args.out}" if args.write else "not written (--write)"
-        print(f"\nbest ({where}):\n[tensor_product.tuning]\n{block}", end="")
+        print(f"\nbest ({where}):\n{tuning_sections(table)}", end="")
         return 0
     from .codegen.generate import GenerateError, check, generate
 

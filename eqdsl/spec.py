@@ -35,7 +35,10 @@ A ``tuning`` table (``[tensor_product.tuning]`` after its ``[[tensor_product]]``
 the generated Helion kernels' tile sizes and launch parameters; every key is optional:
 ``block_b``, ``block_c``, ``block_r``, ``block_r_pair`` and ``tile_elems`` are powers of
 two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
-``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256.
+``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256. A sub-table
+``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
+``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``) overrides keys for that op's
+kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ from .instructions import (
 )
 from .irreps import Irreps, IrrepsError
 
-__all__ = ["TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS", "TUNING_KEYS"]
+__all__ = [
+    "TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS", "TUNING_KEYS", "TUNING_OPS",
+]
 
 LAYOUTS = ("mul_ir", "ir_mul")
 DTYPES = ("float32", "float64")
@@ -88,6 +93,9 @@ TUNING_KEYS = {
     "max_terms": (lambda v: v >= 16, "at least 16"),
     "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
 }
+# ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
+# the tensor product's four kernel ops and the convolution's
+TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 
 
 @dataclass(frozen=True)
@@ -265,13 +273,25 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
 
 
 def _parse_tuning(table: dict, fail) -> tuple[tuple[str, int], ...]:
+    """Sorted ``(key, value)`` pairs; a sub-table's keys as ``"<op>.<key>"``."""
+    pairs = []
     for key, v in table.items():
-        if key not in TUNING_KEYS:
-            fail(f"tuning.{key}", f"unknown key; expected one of {', '.join(TUNING_KEYS)}")
-        test, accepts = TUNING_KEYS[key]
-        if not isinstance(v, int) or isinstance(v, bool) or not test(v):
-            fail(f"tuning.{key}", f"expected an integer, {accepts}; got {v!r}")
-    return tuple(sorted(table.items()))
+        if key in TUNING_OPS:
+            if not isinstance(v, dict):
+                fail(f"tuning.{key}", f"expected a table of {', '.join(TUNING_KEYS)}; got {v!r}")
+            pairs += [(f"{key}.{k}", _tuning_value(f"tuning.{key}.{k}", k, x, fail)) for k, x in v.items()]
+        else:
+            pairs.append((key, _tuning_value(f"tuning.{key}", key, v, fail)))
+    return tuple(sorted(pairs))
+
+
+def _tuning_value(where: str, key: str, v, fail) -> int:
+    if key not in TUNING_KEYS:
+        fail(where, f"unknown key; expected one of {', '.join(TUNING_KEYS)}, or a sub-table per op ({', '.join(TUNING_OPS)})")
+    test, accepts = TUNING_KEYS[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not test(v):
+        fail(where, f"expected an integer, {accepts}; got {v!r}")
+    return v
 
 
 def _parse_instruction(v, j: int, fail) -> Instruction:

@@ -1,22 +1,28 @@
 """``eqdsl tune SPEC``: choose a spec's Helion kernel parameters by timing them on a GPU.
 
-Candidates are the product of a grid over ``spec.TUNING_KEYS`` (default
-``DEFAULT_GRID``: ``num_warps`` 4, 8; ``block_b`` 8, 16, 32; ``block_c`` 32, 64) on top
-of the spec's current ``[tensor_product.tuning]`` table. Each candidate's package is
-generated into a scratch directory with that table. Compiling is single-threaded
-(Helion's code generation, then Triton: 20 s to 2 min per kernel on the H100 machine's
-host), so phase 1 compiles every candidate in parallel worker processes; phase 2 times
-them one at a time, each in a fresh process that loads the compiled kernels from the
-disk caches (``eqdsl.runtime.helion_launch``, Triton's). A timing is the median of CUDA
-events around each of the four kernel ops (``fwd_op``, ``bwd_x1_op``, ``bwd_x2_op``,
-``bwd_w_op``) at ``batch`` rows; the candidate with the least total (forward plus the
-three backward ops) wins. With ``write``, its table replaces the spec's
-``[tensor_product.tuning]`` (single-table specs: the table must be the file's last
-section) and the package is regenerated, so the choice is committed with the spec and
-the generated module; users never tune at import.
+Each kernel op is tuned on its own: an op's kernels depend only on its tuning, so the
+best ``fwd`` kernels and the best ``bwd_x2`` kernels need not share tile sizes (they
+hold different operands in registers). For each op (``TP_OPS``, plus ``CONV_OPS`` when
+asked and the spec has ``conv = true``) the candidates are the spec's current tuning of
+that op, then every combination of a grid over ``spec.TUNING_KEYS`` (default
+``DEFAULT_GRID``: ``num_warps`` 4, 8; ``block_b`` 8, 16, 32; ``block_c`` 32, 64) set in
+the op's sub-table ``[tensor_product.tuning.<op>]``; combinations that give the op the
+same kernels as an earlier one are dropped.
 
-Raises ``TuneError`` (one line) without a CUDA GPU, for a multi-table spec, or for a bad
-grid; ``SpecError`` for a bad spec.
+One job per (op, candidate), run in a pool of worker processes: generate the package
+with that table, call the op once on CUDA (compiling: Helion's code generation, then
+Triton; 20 s to 2 min per kernel on the H100 machine's host, single-threaded, hence the
+pool), then time it while holding a machine-wide lock (``LOCK``), so that exactly one
+job at a time runs on the GPU while the others compile. A timing is the median of
+``TIMED_CALLS`` CUDA-event intervals around the op at ``batch`` rows (edges for the
+conv ops, on a random graph with ``batch // 64`` nodes) after warm-up calls.
+
+With ``write``, the winners replace the spec's tuning sections (each op's sub-table; the
+spec's top-level keys stay) and the package is regenerated, so the choice is committed
+with the spec and the generated module; users never tune at import.
+
+Raises ``TuneError`` (one line) without a CUDA GPU, for a multi-table spec, a bad grid or
+op list, or when no candidate of an op ran; ``SpecError`` for a bad spec.
 """
 
 from __future__ import annotations
@@ -32,15 +38,23 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .spec import TUNING_KEYS, TensorProductSpec, load_spec, parse_spec
+from .spec import TUNING_KEYS, TUNING_OPS, TensorProductSpec, load_spec, parse_spec
 
-__all__ = ["TuneError", "DEFAULT_GRID", "parse_grid", "candidates", "with_tuning", "tune", "OPS"]
+__all__ = [
+    "TuneError", "DEFAULT_GRID", "TP_OPS", "CONV_OPS", "parse_grid", "candidates", "override",
+    "tuning_sections", "with_tuning", "tune", "format_results",
+]
 
 DEFAULT_GRID = {"num_warps": (4, 8), "block_b": (8, 16, 32), "block_c": (32, 64)}
-OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
-_TUNING_SECTION = re.compile(r"^\[tensor_product\.tuning\][^\n]*\n(?:(?!\[)[^\n]*\n?)*", re.MULTILINE)
+TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
+CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+LOCK = Path(tempfile.gettempdir()) / "eqdsl_tune_gpu.lock"
+WARMUP_CALLS, TIMED_CALLS = 3, 30
+_SECTION = re.compile(r"^\[\s*tensor_product\s*\.\s*tuning\s*(\.\s*(\w+)\s*)?\]", re.MULTILINE)
+_ANY_SECTION = re.compile(r"^\[", re.MULTILINE)
 
-Candidate = tuple[tuple[str, int], ...]
+Pairs = tuple[tuple[str, int], ...]  # a spec's tuning table (TensorProductSpec.tuning)
+Candidate = tuple[tuple[str, int], ...]  # the keys one op's sub-table sets; () = the op as the spec has it
 
 
 class TuneError(RuntimeError):
@@ -67,32 +81,54 @@ def parse_grid(items: list[str]) -> dict[str, tuple[int, ...]]:
     return grid
 
 
-def candidates(grid: dict[str, tuple[int, ...]], base: Candidate = ()) -> list[Candidate]:
-    """Every combination of ``grid`` over ``base`` (the spec's table), ``base`` itself first;
-    a combination that gives the same kernels as an earlier one (defaults spelt out) is dropped."""
+def override(table: Pairs, op: str, cand: Candidate) -> Pairs:
+    """``table`` with ``cand``'s keys set in ``op``'s sub-table (replacing what it had there)."""
+    new = {f"{op}.{k}": v for k, v in cand}
+    return tuple(sorted({**dict(table), **new}.items()))
+
+
+def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[Candidate]:
+    """``()`` (the op as ``table`` tunes it), then every combination of ``grid`` for ``op``'s
+    sub-table that gives the op other kernels than every earlier candidate."""
     from .codegen.helion_backend import tuning_for
 
     keys = sorted(grid)
-    out, seen = [tuple(sorted(base))], {tuning_for(tuple(sorted(base)))}
+    out: list[Candidate] = [()]
+    seen = {tuning_for(table, op)}
     for values in itertools.product(*(grid[k] for k in keys)):
-        c = tuple(sorted({**dict(base), **dict(zip(keys, values))}.items()))
-        if tuning_for(c) not in seen:
-            seen.add(tuning_for(c))
-            out.append(c)
+        cand = tuple(zip(keys, values))
+        t = tuning_for(override(table, op, cand), op)
+        if t not in seen:
+            seen.add(t)
+            out.append(cand)
     return out
 
 
-def with_tuning(text: str, tuning: Candidate) -> str:
-    """Spec text with its ``[tensor_product.tuning]`` section replaced by ``tuning`` (appended
-    at the end; the section must be the file's last, as ``eqdsl tune`` writes it)."""
-    m = list(_TUNING_SECTION.finditer(text))
-    if m and text[m[-1].end():].strip():
-        raise TuneError("the [tensor_product.tuning] section must be the last section of the spec file")
-    body = text[: m[-1].start()] if m else text
+def tuning_sections(table: Pairs) -> str:
+    """TOML text of ``table``: ``[tensor_product.tuning]`` for its top-level keys, then one
+    ``[tensor_product.tuning.<op>]`` per op sub-table (in ``TUNING_OPS`` order)."""
+    base = [(k, v) for k, v in table if "." not in k]
+    text = "[tensor_product.tuning]\n" + "".join(f"{k} = {v}\n" for k, v in base) if base else ""
+    for op in TUNING_OPS:
+        sub = [(k.partition(".")[2], v) for k, v in table if k.partition(".")[0] == op]
+        if sub:
+            text += ("\n" if text else "") + f"[tensor_product.tuning.{op}]\n" + "".join(f"{k} = {v}\n" for k, v in sub)
+    return text
+
+
+def with_tuning(text: str, table: Pairs) -> str:
+    """Spec text with its tuning sections replaced by ``table``'s (appended at the end; the
+    sections must be the file's last, as ``eqdsl tune`` writes them)."""
+    first = _SECTION.search(text)
+    body = text
+    if first:
+        rest = text[first.start():]
+        if any(not _SECTION.match(rest, m.start()) for m in _ANY_SECTION.finditer(rest)):
+            raise TuneError("the [tensor_product.tuning] sections must be the last sections of the spec file")
+        body = text[: first.start()]
     body = body.rstrip("\n") + "\n"
-    if tuning:
-        body += "\n[tensor_product.tuning]\n" + "".join(f"{k} = {v}\n" for k, v in tuning)
-    return body
+    sections = tuning_sections(table)
+    return body + ("\n" + sections if sections else "")
 
 
 def _single(spec_path: Path) -> tuple[str, TensorProductSpec]:
@@ -106,12 +142,10 @@ def _single(spec_path: Path) -> tuple[str, TensorProductSpec]:
 # ------------------------------------------------------------------ the worker processes
 
 
-def measure(package_dir: str, name: str, batch: int, dtype: str, compile_only: bool) -> dict[str, float]:
-    """Call (and unless ``compile_only`` time, in us) the four kernel ops of one package on CUDA."""
+def _op_call(ops, conv, op: str, batch: int, dtype: str):
+    """A no-argument call of one op of the imported package on random CUDA inputs."""
     import torch
 
-    sys.path.insert(0, package_dir)
-    ops = __import__(f"{name}.torch_ops", fromlist=["torch_ops"])
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -121,34 +155,57 @@ def measure(package_dir: str, name: str, batch: int, dtype: str, compile_only: b
 
     x1, x2, g = rand(batch, ops.DIM_IN1), rand(batch, ops.DIM_IN2), rand(batch, ops.DIM_OUT)
     w = rand(ops.WEIGHT_NUMEL) if ops.SHARED_WEIGHTS else rand(batch, ops.WEIGHT_NUMEL)
-    calls = {
-        "fwd": lambda: ops.fwd_op(x1, x2, w),
-        "bwd_x1": lambda: ops.bwd_x1_op(g, x2, w),
-        "bwd_x2": lambda: ops.bwd_x2_op(x1, g, w),
-        "bwd_w": lambda: ops.bwd_w_op(x1, x2, g),
-    }
-    times = {}
-    for op, call in calls.items():
-        call()
-        torch.cuda.synchronize()
-        if compile_only:
-            continue
-        for _ in range(3):
-            call()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(30)]
-        for start, end in events:
-            start.record()
-            call()
-            end.record()
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in events)
-        times[op] = ms[len(ms) // 2] * 1e3
-    return times
+    if op in TP_OPS:
+        args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g)}[op]
+        fn = getattr(ops, f"{op}_op")
+        return lambda: fn(*args)
+    nodes = max(1, batch // 64)
+    src = torch.randint(0, nodes, (batch,), generator=gen, device=dev)
+    dst = torch.sort(torch.randint(0, nodes, (batch,), generator=gen, device=dev)).values
+    xn, gn = rand(nodes, ops.DIM_IN1), rand(nodes, ops.DIM_OUT)
+    args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, g, w), "conv_bwd_w": (xn, x2, g)}[op]
+    fn = getattr(conv, f"{op}_op")
+    return lambda: fn(*args, src, dst, nodes)
 
 
-def _worker(package_dir: str, name: str, batch: int, dtype: str, compile_only: bool, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "eqdsl.tune", "--worker", package_dir, name, str(batch), dtype]
-    cmd += ["--compile-only"] if compile_only else []
+def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, lock: str) -> float:
+    """Generate one candidate's package, compile ``op`` (outside the lock), then time it
+    holding the GPU lock; the median call in microseconds."""
+    import fcntl
+    import importlib
+
+    import torch
+
+    from .codegen.generate import generate_files, write_package
+
+    files = generate_files(spec_file, package_dir)
+    write_package(Path(package_dir), files)
+    name = next(iter(files)).split("/")[0]
+    sys.path.insert(0, package_dir)
+    ops = importlib.import_module(f"{name}.torch_ops")
+    conv = importlib.import_module(f"{name}.torch_conv") if op in CONV_OPS else None
+    call = _op_call(ops, conv, op, batch, dtype)
+    call()  # compiles
+    torch.cuda.synchronize()
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            for _ in range(WARMUP_CALLS):
+                call()
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TIMED_CALLS)]
+            for start, end in events:
+                start.record()
+                call()
+                end.record()
+            torch.cuda.synchronize()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    ms = sorted(s.elapsed_time(e) for s, e in events)
+    return ms[len(ms) // 2] * 1e3
+
+
+def _worker(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "eqdsl.tune", "--worker", spec_file, package_dir, op, str(batch), dtype, str(LOCK)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -168,18 +225,21 @@ def tune(
     batch: int = 20000,
     dtype: str = "float32",
     grid: dict[str, tuple[int, ...]] | None = None,
+    ops: tuple[str, ...] = TP_OPS,
     workers: int | None = None,
     write: bool = False,
     timeout: float = 900.0,
     run_worker: Callable[..., dict] = _worker,
     require_cuda: bool = True,
     report: Callable[[str], None] = print,
-) -> tuple[Candidate, list[tuple[Candidate, dict]]]:
-    """Time every candidate and return ``(best, [(candidate, {op: us} or {"error": why}), ...])``.
+) -> tuple[Pairs, dict[str, list[tuple[Candidate, dict]]]]:
+    """Time every (op, candidate) and return ``(table, {op: [(candidate, {"us": t} or
+    {"error": why}), ...]})``, where ``table`` is the spec's tuning with each op's fastest
+    candidate in its sub-table (what ``write`` puts into the spec).
 
-    ``run_worker(package_dir, name, batch, dtype, compile_only, timeout)`` runs one worker
-    (a subprocess by default; tests substitute it). Progress goes to ``report`` and a
-    rich progress bar when rich is installed.
+    ``run_worker(spec_file, package_dir, op, batch, dtype, timeout)`` runs one job (a
+    subprocess by default; tests substitute it). Progress goes to ``report`` and to a rich
+    progress bar on a terminal.
     """
     spec_path = Path(spec_path)
     if require_cuda:
@@ -192,53 +252,55 @@ def tune(
     text, spec = _single(spec_path)
     if dtype not in spec.dtypes:
         raise TuneError(f"{spec_path}: dtype {dtype} is not in the spec's dtypes {list(spec.dtypes)}")
-    cands = candidates(DEFAULT_GRID if grid is None else grid, spec.tuning)
+    bad = [op for op in ops if op not in TP_OPS + CONV_OPS or (op in CONV_OPS and not spec.conv)]
+    if bad or not ops:
+        raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
+                        f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}")
+    grid = DEFAULT_GRID if grid is None else grid
+    jobs = [(op, cand) for op in ops for cand in candidates(grid, spec.tuning, op)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
-    from .codegen.generate import generate_files, write_package
-
-    results: list[tuple[Candidate, dict]] = []
-    with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch:
-        dirs = []
-        for i, cand in enumerate(cands):
-            d = Path(scratch) / f"c{i}"
+    results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
+    with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch, _Progress(len(jobs), report) as progress:
+        def one(i: int) -> dict:
+            op, cand = jobs[i]
+            d = Path(scratch) / f"j{i}"
             d.mkdir()
-            cand_spec = d / spec_path.name
-            cand_spec.write_text(with_tuning(text, cand), encoding="utf-8")
-            parse_spec(cand_spec.read_text(encoding="utf-8"), str(cand_spec))  # a bad grid fails here, not in a worker
-            write_package(d / "pkg", generate_files(cand_spec, d / "pkg"))
-            dirs.append(str(d / "pkg"))
-        with _Progress(len(cands) * 2, report) as progress:
-            def compile_one(i: int) -> dict:
-                r = run_worker(dirs[i], spec.name, batch, dtype, True, timeout)
-                progress.advance(f"compiled {_label(cands[i])}" + (f": {r['error']}" if "error" in r else ""))
-                return r
+            spec_file = d / spec_path.name
+            spec_file.write_text(with_tuning(text, override(spec.tuning, op, cand)), encoding="utf-8")
+            r = run_worker(str(spec_file), str(d / "pkg"), op, batch, dtype, timeout)
+            progress.advance(f"{op} {_label(cand)}: " + (r["error"] if "error" in r else f"{r['us']:.0f} us"))
+            return r
 
-            with ThreadPoolExecutor(workers) as pool:
-                compiled = list(pool.map(compile_one, range(len(cands))))
-            for i, cand in enumerate(cands):
-                r = compiled[i] if "error" in compiled[i] else run_worker(dirs[i], spec.name, batch, dtype, False, timeout)
-                results.append((cand, r))
-                what = r["error"] if "error" in r else f"{sum(r.values()):.0f} us"
-                progress.advance(f"timed {_label(cand)}: {what}")
-    timed = [(sum(r.values()), c) for c, r in results if "error" not in r]
-    if not timed:
-        raise TuneError("no candidate ran: " + "; ".join(f"{_label(c)}: {r['error']}" for c, r in results))
-    best = min(timed)[1]
+        for (op, cand), r in zip(jobs, _map(one, len(jobs), workers)):
+            results[op].append((cand, r))
+    table = spec.tuning
+    for op, rs in results.items():
+        timed = [(r["us"], i) for i, (_, r) in enumerate(rs) if "error" not in r]
+        if not timed:
+            raise TuneError(f"{op}: no candidate ran: " + "; ".join(f"{_label(c)}: {r['error']}" for c, r in rs))
+        table = override(table, op, rs[min(timed)[1]][0])
     if write:
-        spec_path.write_text(with_tuning(text, best), encoding="utf-8")
+        new_text = with_tuning(text, table)
+        parse_spec(new_text, str(spec_path))  # never write a spec that does not load
+        spec_path.write_text(new_text, encoding="utf-8")
         if out_dir is not None:
             from .codegen.generate import generate
 
             generate(spec_path, out_dir)
-    return best, results
+    return table, results
+
+
+def _map(fn: Callable[[int], dict], n: int, workers: int) -> list[dict]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, range(n)))
 
 
 def _label(c: Candidate) -> str:
-    return ", ".join(f"{k}={v}" for k, v in c) or "defaults"
+    return ", ".join(f"{k}={v}" for k, v in c) or "as the spec has it"
 
 
 class _Progress:
-    """A rich progress bar when rich is installed, else one line per step."""
+    """A rich progress bar on a terminal (when rich is installed), and one line per step."""
 
     def __init__(self, total: int, report: Callable[[str], None]):
         self.total, self.report, self.done, self.bar = total, report, 0, None
@@ -266,21 +328,22 @@ class _Progress:
             self.bar.stop()
 
 
-def format_results(best: Candidate, results: list[tuple[Candidate, dict]]) -> str:
-    """A plain-text table: candidate, microseconds per op and total, best marked."""
-    lines = [f"{'candidate':40s} " + " ".join(f"{op:>8s}" for op in OPS) + f" {'total':>9s}"]
-    for cand, r in sorted(results, key=lambda cr: sum(cr[1].values()) if "error" not in cr[1] else float("inf")):
-        if "error" in r:
-            lines.append(f"{_label(cand):40s} failed: {r['error']}")
-            continue
-        mark = "  <- best" if cand == best else ""
-        lines.append(f"{_label(cand):40s} " + " ".join(f"{r[op]:8.1f}" for op in OPS) + f" {sum(r.values()):9.1f}{mark}")
+def format_results(results: dict[str, list[tuple[Candidate, dict]]]) -> str:
+    """Plain text: per op, each candidate's microseconds (fastest first, the winner marked)."""
+    lines = []
+    for op, rs in results.items():
+        lines.append(f"{op}:")
+        ranked = sorted(rs, key=lambda cr: cr[1].get("us", float("inf")))
+        winner = next((c for c, r in ranked if "error" not in r), None)
+        for cand, r in ranked:
+            what = f"failed: {r['error']}" if "error" in r else f"{r['us']:9.1f} us" + ("  <- best" if cand == winner else "")
+            lines.append(f"  {_label(cand):40s} {what}")
     return "\n".join(lines)
 
 
 def _worker_main(argv: list[str]) -> int:
-    package_dir, name, batch, dtype = argv[:4]
-    print(json.dumps(measure(package_dir, name, int(batch), dtype, "--compile-only" in argv)))
+    spec_file, package_dir, op, batch, dtype, lock = argv[:6]
+    print(json.dumps({"us": measure(spec_file, package_dir, op, int(batch), dtype, lock)}))
     return 0
 
 

@@ -157,6 +157,13 @@ def test_tuning_table():
     # the TOML sub-table form, as `eqdsl tune` writes it
     (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\nblock_c = 64\n", FILE)
     assert spec.tuning == (("block_c", 64),)
+    # per-op sub-tables: "<op>.<key>" pairs, applied over the top-level keys for that op only
+    (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\nblock_c = 64\n[tensor_product.tuning.fwd]\nblock_c = 32\nnum_warps = 8\n", FILE)
+    assert spec.tuning == (("block_c", 64), ("fwd.block_c", 32), ("fwd.num_warps", 8))
+    from eqdsl.codegen.helion_backend import tuning_for
+
+    assert (tuning_for(spec.tuning, "fwd").block_c, tuning_for(spec.tuning, "fwd").num_warps) == (32, 8)
+    assert (tuning_for(spec.tuning, "bwd_x1").block_c, tuning_for(spec.tuning, "bwd_x1").num_warps) == (64, 4)
 
 
 def test_several_tables_keep_order_and_specs_are_frozen():
@@ -270,6 +277,9 @@ BAD_TABLES = {
     "tuning num_warps": (dict(tuning={"num_warps": 3}), "tuning.num_warps", ["1, 2, 4, 8, 16", "3"]),
     "tuning maxnreg": (dict(tuning={"maxnreg_partials": 100}), "tuning.maxnreg_partials", ["0 (off)", "100"]),
     "tuning max_terms": (dict(tuning={"max_terms": 4}), "tuning.max_terms", ["at least 16"]),
+    "tuning op not a table": (dict(tuning={"fwd": 8}), "tuning.fwd", ["expected a table", "num_warps"]),
+    "tuning op unknown key": (dict(tuning={"bwd_x2": {"warps": 4}}), "tuning.bwd_x2.warps", ["unknown", "num_warps"]),
+    "tuning op bad value": (dict(tuning={"conv_fwd": {"block_c": 48}}), "tuning.conv_fwd.block_c", ["power of two", "48"]),
 }
 
 

@@ -30,6 +30,7 @@ import dataclasses
 import importlib
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -388,12 +389,16 @@ def test_spec_tuning_table_pins_the_kernels(tmp_path):
     name = "tg_tuned"
     text = spec_text(name, "3x0e+2x1o+1x2e", "0e+1o", "0e+1o+2e", mode="uvu", shared=False) + (
         "[tensor_product.tuning]\nblock_b = 2\nblock_c = 2\nnum_warps = 8\nmaxnreg_partials = 0\n"
+        "[tensor_product.tuning.bwd_x1]\nnum_warps = 2\n"
     )
     pkg, ops = build(tmp_path, text, name)
     ir = lower(load_spec(tmp_path / f"{name}.toml")[0])
     source = (tmp_path / "gen" / name / "helion_kernels.py").read_text()
     assert "block_size=2)" in source and "block_size=16)" not in source
     assert "num_warps=8" in source and "num_warps=4" not in source
+    configs = {k: c for c, k in re.findall(r"helion\.Config\((num_warps=\d+)[^)]*\),\n\)\ndef (\w+)\(", source)}
+    assert {k.rsplit("_", 1)[0] for k in configs} == {"tp_fwd", "tp_bwd_x1", "tp_bwd_x2", "tp_bwd_w"}
+    assert all(c == ("num_warps=2" if k.startswith("tp_bwd_x1") else "num_warps=8") for k, c in configs.items())
     assert "TRITON_OPTIONS = {\n}" in source  # maxnreg_partials = 0 turns the bwd_x2 pin off
     for batch in (1, 5):
         check_kernels(ir, ops, torch.float64, batch, seed=batch)

@@ -8,7 +8,7 @@ import pytest
 
 from eqdsl import cli
 from eqdsl.spec import load_spec, parse_spec
-from eqdsl.tune import DEFAULT_GRID, TuneError, candidates, format_results, parse_grid, tune, with_tuning
+from eqdsl.tune import DEFAULT_GRID, TuneError, candidates, format_results, override, parse_grid, tune, with_tuning
 
 SPEC = """[[tensor_product]]
 name = "tune_demo"
@@ -35,61 +35,84 @@ def test_parse_grid():
 
 
 def test_candidates_start_from_the_spec_table():
-    cands = candidates(DEFAULT_GRID, (("max_terms", 512), ("num_warps", 4)))
-    assert cands[0] == (("max_terms", 512), ("num_warps", 4))
-    # block_b=16, block_c=32, num_warps=4 are the defaults: that combination is the spec's own
+    table = (("fwd.num_warps", 8), ("max_terms", 512), ("num_warps", 4))
+    cands = candidates(DEFAULT_GRID, table, "bwd_x1")
+    assert cands[0] == ()
+    # block_b=16, block_c=32, num_warps=4 are bwd_x1's tuning already: that combination is ()
     assert len(cands) == 2 * 3 * 2 and len(set(cands)) == len(cands)
-    assert (("block_b", 16), ("block_c", 32), ("max_terms", 512), ("num_warps", 4)) not in cands
-    assert all(dict(c)["max_terms"] == 512 for c in cands)
-    assert candidates({"num_warps": (4, 8)}, ()) == [(), (("num_warps", 8),)]
+    assert (("block_b", 16), ("block_c", 32), ("num_warps", 4)) not in cands
+    # fwd has num_warps=8 in its sub-table: the combination with 8 is its current tuning instead
+    fwd = candidates(DEFAULT_GRID, table, "fwd")
+    assert (("block_b", 16), ("block_c", 32), ("num_warps", 8)) not in fwd
+    assert (("block_b", 16), ("block_c", 32), ("num_warps", 4)) in fwd
+    assert candidates({"num_warps": (4, 8)}, (), "fwd") == [(), (("num_warps", 8),)]
+    assert override(table, "fwd", (("block_b", 8), ("num_warps", 4))) == (
+        ("fwd.block_b", 8), ("fwd.num_warps", 4), ("max_terms", 512), ("num_warps", 4))
 
 
 def test_with_tuning_appends_and_replaces():
     t1 = with_tuning(SPEC, (("block_b", 32), ("num_warps", 8)))
     assert parse_spec(t1)[0].tuning == (("block_b", 32), ("num_warps", 8))
-    t2 = with_tuning(t1, (("block_c", 64),))
-    assert parse_spec(t2)[0].tuning == (("block_c", 64),) and t2.count("[tensor_product.tuning]") == 1
+    t2 = with_tuning(t1, (("block_c", 64), ("bwd_x2.num_warps", 8), ("fwd.block_b", 8)))
+    assert parse_spec(t2)[0].tuning == (("block_c", 64), ("bwd_x2.num_warps", 8), ("fwd.block_b", 8))
+    assert t2.count("[tensor_product.tuning]") == 1 and "[tensor_product.tuning.fwd]" in t2
+    # sub-tables only: no empty top-level section
+    t3 = with_tuning(t2, (("fwd.block_b", 8),))
+    assert "[tensor_product.tuning]" not in t3 and parse_spec(t3)[0].tuning == (("fwd.block_b", 8),)
     assert parse_spec(with_tuning(t2, ()))[0].tuning == ()
     assert with_tuning(t1, (("block_b", 32), ("num_warps", 8))) == t1
-    with pytest.raises(TuneError, match="last section"):
+    with pytest.raises(TuneError, match="last sections"):
         with_tuning(t1 + '\n[[tensor_product]]\nname = "b"\n', ())
 
 
 def _fake_worker(calls):
-    """Times from the candidate's generated kernels: fewer warps and bigger batch tiles are
-    'faster'; num_warps=8 with block_b=32 fails to build."""
+    """Times from the job's generated kernels of its op: fewer warps and bigger batch tiles are
+    'faster' for fwd, the other way round for bwd_x1; fwd with num_warps=8 and block_b=32
+    fails to build."""
 
-    def run(package_dir, name, batch, dtype, compile_only, timeout):
-        calls.append((compile_only, package_dir))
-        src = open(f"{package_dir}/{name}/helion_kernels.py").read()
-        warps = int(re.search(r"num_warps=(\d+)", src).group(1))
-        block_b = int(re.search(r"hl\.tile\(\w+\.size\(0\), block_size=(\d+)\)", src).group(1))
-        if warps == 8 and block_b == 32:
+    def run(spec_file, package_dir, op, batch, dtype, timeout):
+        from eqdsl.codegen.generate import generate_files
+
+        calls.append(op)
+        files = generate_files(spec_file, package_dir)
+        src = files["tune_demo/helion_kernels.py"]
+        kernel = src[src.index(f"def tp_{op}_0("):]
+        config = src[: src.index(f"def tp_{op}_0(")].rsplit("helion.Config(", 1)[1]
+        warps = int(re.search(r"num_warps=(\d+)", config).group(1))
+        block_b = int(re.search(r"hl\.tile\(\w+\.size\(0\), block_size=(\d+)\)", kernel).group(1))
+        if op == "fwd" and warps == 8 and block_b == 32:
             return {"error": "OutOfResources: shared memory"}
-        if compile_only:
-            return {}
         t = 10.0 * warps + 100.0 / block_b
-        return {"fwd": t, "bwd_x1": t, "bwd_x2": t, "bwd_w": t}
+        return {"us": t if op == "fwd" else 1000.0 - t}
 
     return run
 
 
-def test_tune_picks_the_fastest_and_writes_it_back(tmp_path):
+def test_tune_picks_the_fastest_per_op_and_writes_it_back(tmp_path):
     spec = tmp_path / "tune_demo.toml"
     spec.write_text(SPEC)
     calls, lines = [], []
-    best, results = tune(spec, tmp_path / "gen", batch=64, grid={"num_warps": (4, 8), "block_b": (8, 32)},
-                         workers=2, write=True, run_worker=_fake_worker(calls), require_cuda=False,
-                         report=lines.append)
-    assert best == (("block_b", 32), ("num_warps", 4))
-    assert len(results) == 5  # the spec's own (empty) table, then the 4 combinations
-    assert sum(1 for c, _ in calls if c) == 5 and sum(1 for c, _ in calls if not c) == 4  # failed one not timed
+    table, results = tune(spec, tmp_path / "gen", batch=64, grid={"num_warps": (4, 8), "block_b": (8, 32)},
+                          ops=("fwd", "bwd_x1"), workers=2, write=True, run_worker=_fake_worker(calls),
+                          require_cuda=False, report=lines.append)
+    assert table == (("bwd_x1.block_b", 8), ("bwd_x1.num_warps", 8), ("fwd.block_b", 32), ("fwd.num_warps", 4))
+    assert [len(results[op]) for op in ("fwd", "bwd_x1")] == [5, 5]  # the spec's own, then the 4 combinations
+    assert sorted(calls) == ["bwd_x1"] * 5 + ["fwd"] * 5
     assert any("OutOfResources" in line for line in lines) and len(lines) == 10
-    assert load_spec(spec)[0].tuning == best
+    assert load_spec(spec)[0].tuning == table
     kernels = (tmp_path / "gen" / "tune_demo" / "helion_kernels.py").read_text()
-    assert "num_warps=4" in kernels and "block_size=32)" in kernels
-    table = format_results(best, results)
-    assert "<- best" in table.splitlines()[1] and "failed: OutOfResources" in table
+    fwd, bwd_x1 = kernels[kernels.index("def tp_fwd_0("):], kernels[kernels.index("def tp_bwd_x1_0("):]
+    assert "block_size=32)" in fwd.split("def ")[1] and "block_size=8)" in bwd_x1.split("def ")[1]
+    text = format_results(results)
+    assert "<- best" in text.splitlines()[1] and "failed: OutOfResources" in text
+
+
+def test_tune_refuses_bad_ops(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    for ops in (("conv_fwd",), ("forward",), ()):
+        with pytest.raises(TuneError, match="ops"):
+            tune(spec, ops=ops, run_worker=_fake_worker([]), require_cuda=False)
 
 
 def test_tune_refuses_without_a_gpu_and_multi_table_specs(tmp_path, monkeypatch, capsys):

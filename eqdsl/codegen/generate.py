@@ -83,7 +83,7 @@ def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str) -> 
     files = {"__init__.py": render("package_init.py.j2", header=header, **metadata_context(spec, ir))}
     for mod in BACKENDS:
         backend = importlib.import_module(mod)
-        options = {"tuning": helion_backend.tuning_for(spec.tuning)} if mod in TUNED_BACKENDS else {}
+        options = {"tuning": spec.tuning} if mod in TUNED_BACKENDS else {}
         for rel, text in backend.render_files(ir, header, **options).items():
             if rel in files:
                 raise AssertionError(f"two backends render {rel}")

@@ -63,6 +63,7 @@ never recompiles.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..ir import Block, PathIR, TensorProductIR
@@ -73,6 +74,8 @@ from .render import render
 __all__ = [
     "render_files",
     "Tuning",
+    "TuningTable",
+    "tuning_of",
     "kernel_context",
     "op_namespace",
     "has_unweighted",
@@ -125,14 +128,26 @@ class Tuning:
 DEFAULT_TUNING = Tuning()
 
 
-def tuning_for(pairs: tuple[tuple[str, int], ...]) -> Tuning:
-    """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated)."""
-    values = dict(pairs)
+def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
+    """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
+    its top-level keys, then (for ``op``, one of ``spec.TUNING_OPS``) its ``<op>.<key>`` sub-table."""
+    values = {k: v for k, v in pairs if "." not in k}
+    if op is not None:
+        values.update({k.partition(".")[2]: v for k, v in pairs if k.partition(".")[0] == op})
     if values.get("maxnreg_partials") == 0:
         values["maxnreg_partials"] = None
     if "block_b" in values:  # a smaller block_b than the 3-D floor is a request for it
         values["block_b_min"] = min(DEFAULT_TUNING.block_b_min, values["block_b"])
     return replace(DEFAULT_TUNING, **values)
+
+
+TuningTable = Tuning | tuple[tuple[str, int], ...]  # one Tuning for every op, or a spec's pairs
+
+
+def tuning_of(tuning: TuningTable, op: str) -> Tuning:
+    """The ``Tuning`` of one op's kernels (``op`` as in ``spec.TUNING_OPS``)."""
+    return tuning if isinstance(tuning, Tuning) else tuning_for(tuning, op)
+
 
 # Kernel families: (name, computed operand, operands in argument order).
 FAMILIES = (
@@ -957,22 +972,27 @@ def _weight_family(ir: TensorProductIR, tuning: Tuning, native: bool) -> list[di
 
 
 def kernel_context(
-    ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING, native: bool = False
+    ir: TensorProductIR,
+    tuning: TuningTable = DEFAULT_TUNING,
+    native: bool = False,
+    op_of: Callable[[str], str] = lambda family: family.removesuffix("_lin"),
 ) -> dict[str, list[dict]]:
     """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
     and ``*_lin`` when some path is unweighted).
 
     ``native``: a ``mul_ir`` spec's blocks are read and written in ``mul_ir`` order, as
     ``(batch, mul, 2l+1)`` views (``_native_load`` / ``_native_store``); otherwise every
-    operand is a ``(batch, 2l+1, mul)`` view of ``ir_mul`` rows.
+    operand is a ``(batch, 2l+1, mul)`` view of ``ir_mul`` rows. A family's kernels take
+    ``tuning_of(tuning, op_of(family))``: the ``*_lin`` kernels tune with their op.
     """
     native = native and ir.layout == "mul_ir"
     out = {}
     for family, out_op, args in FAMILIES + (LINEAR_FAMILIES if has_unweighted(ir) else ()):
+        t = tuning_of(tuning, op_of(family))
         if family == "bwd_w":
-            out[family] = _weight_family(ir, tuning, native)
+            out[family] = _weight_family(ir, t, native)
         else:
-            out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), tuning, native)
+            out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), t, native)
     return out
 
 
@@ -1039,8 +1059,9 @@ def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
     return any(b.mul > 1 and b.dim > 1 for b in blocks)
 
 
-def op_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict:
-    """Template values shared by the generated op modules (``torch_ops``, ``torch_conv``)."""
+def op_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING, bwd_w_op: str = "bwd_w") -> dict:
+    """Template values shared by the generated op modules (``torch_ops``, ``torch_conv``);
+    ``wsum_rows`` follows the tuning of ``bwd_w_op`` (the kernels that write the partial sums)."""
     return {
         "name": ir.name,
         "namespace": op_namespace(ir.name),
@@ -1052,13 +1073,13 @@ def op_context(ir: TensorProductIR, tuning: Tuning = DEFAULT_TUNING) -> dict:
         "dim_in2": ir.dim_in2,
         "dim_out": ir.dim_out,
         "weight_numel": ir.weight_numel,
-        "wsum_rows": wsum_rows(ir, tuning),
+        "wsum_rows": wsum_rows(ir, tuning_of(tuning, bwd_w_op)),
         # a weighted path without nonzeros (zero path weight) writes nothing: zero-fill
         "zero_fill_w": any(p.has_weight and not p.nonzeros for p in ir.paths),
     }
 
 
-def render_files(ir: TensorProductIR, header: str, tuning: Tuning = DEFAULT_TUNING) -> dict[str, str]:
+def render_files(ir: TensorProductIR, header: str, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, str]:
     # The plain tensor product reads and writes mul_ir in place; the convolution's kernels
     # (helion_conv) still run on ir_mul rows converted at its boundary.
     native = ir.layout == "mul_ir"

@@ -203,13 +203,19 @@ def _convert(k: dict, family: str, deterministic: bool, views: dict[str, View]) 
     return k
 
 
-def conv_kernel_context(ir: TensorProductIR, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
-    """Kernel contexts of the convolution, per conv op (``fwd``, ``bwd_x``, ``bwd_y``, ``bwd_w``, ``*_lin``)."""
+def conv_kernel_context(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Kernel contexts of the convolution, per conv op (``fwd``, ``bwd_x``, ``bwd_y``, ``bwd_w``, ``*_lin``);
+    a spec's ``[tensor_product.tuning.conv_<op>]`` sub-table tunes that op's kernels."""
     views = view_map(ir)
     return {
         CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic, views) for k in ks]
-        for f, ks in hb.kernel_context(ir, tuning).items()
+        for f, ks in hb.kernel_context(ir, tuning, op_of=_tuning_op).items()
     }
+
+
+def _tuning_op(family: str) -> str:
+    """The ``spec.TUNING_OPS`` name of a TP kernel family's conv kernels (``bwd_x1`` -> ``conv_bwd_x``)."""
+    return "conv_" + CONV_FAMILIES[family][0].removesuffix("_lin")
 
 
 def _launcher(op: str, kernels: list[dict]) -> dict:
@@ -221,7 +227,7 @@ def _launcher(op: str, kernels: list[dict]) -> dict:
     }
 
 
-def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAULT_TUNING) -> dict[str, str]:
+def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> dict[str, str]:
     if not ir.conv:
         return {}
     views = view_map(ir)
@@ -229,7 +235,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.Tuning = hb.DEFAUL
     launchers = {op: _launcher(op, ks) for op, ks in families.items()}
     convert = ir.layout == "mul_ir"
     ctx = {
-        **hb.op_context(ir, tuning),
+        **hb.op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
         "in2_blocks": repr(tuple((b.mul, b.dim) for b in ir.in2)),
         "out_blocks": repr(tuple((b.mul, b.dim) for b in ir.out)),
