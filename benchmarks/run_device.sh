@@ -5,6 +5,9 @@
 #   fastlaunch  GPU test: the direct Triton launch gives Helion's bits (tests/test_helion_launch.py)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
+#   tune        eqdsl tune --write on each spec of EQDSL_TUNE_SPECS (comma-separated problem
+#               names), concurrently, sharing the workers (EQDSL_TUNE_ARGS adds arguments);
+#               the rewritten specs go to $OUT/specs
 # Installs the carried wheels (.whl, .whl_cueq_xz) into /tmp/site once per machine; the
 # caches (/tmp/eqcache: Helion's generated modules, /tmp/tcache: Triton's binaries) stay
 # while the machine is warm, so steps can be split over calls made back to back.
@@ -29,6 +32,10 @@ for arg in "$@"; do
     fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
+    tune)
+      IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
+      mkdir -p "$OUT/specs"
+      cmd=(bash -c 'w=$((15 / $#)); for p in "$@"; do python3 -m eqdsl tune examples/specs/$p.toml --write --workers $w ${EQDSL_TUNE_ARGS:-} > "$OUT/tune_$p.log" 2>&1 & done; wait; cp examples/specs/*.toml "$OUT/specs/"; tail -n 40 "$OUT"/tune_*.log' _ "${specs[@]}") ;;
     *) echo "unknown step $step"; continue ;;
   esac
   timeout "$limit" "${cmd[@]}" > "$OUT/$step.log" 2>&1

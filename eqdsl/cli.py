@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w; conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one job (generate, compile, time) may take (default 900)")
     p.add_argument("--write", action="store_true", help="write the best [tensor_product.tuning] into the spec and regenerate")
     return ap
 
@@ -61,7 +62,7 @@ def _run(args) -> int:
             grid = parse_grid(args.grid) if args.grid else None
             ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else TP_OPS
             table, results = tune(args.spec, args.out, batch=args.batch, dtype=args.dtype, grid=grid, ops=ops,
-                                  workers=args.workers, write=args.write)
+                                  workers=args.workers, write=args.write, timeout=args.timeout)
         except TuneError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
