@@ -6,8 +6,8 @@
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
 #   tune        eqdsl tune --write on each spec of EQDSL_TUNE_SPECS (comma-separated problem
-#               names), concurrently, sharing the workers (EQDSL_TUNE_ARGS adds arguments);
-#               the rewritten specs go to $OUT/specs
+#               names), EQDSL_TUNE_PARALLEL (default up to 3) at a time, sharing 15 workers
+#               (EQDSL_TUNE_ARGS adds arguments); each rewritten spec goes to $OUT/specs
 # Installs the carried wheels (.whl, .whl_cueq_xz) into /tmp/site once per machine; the
 # caches (/tmp/eqcache: Helion's generated modules, /tmp/tcache: Triton's binaries) stay
 # while the machine is warm, so steps can be split over calls made back to back.
@@ -34,8 +34,9 @@ for arg in "$@"; do
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
     tune)
       IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
+      par=${EQDSL_TUNE_PARALLEL:-$(( ${#specs[@]} < 3 ? ${#specs[@]} : 3 ))}
       mkdir -p "$OUT/specs"
-      cmd=(bash -c 'w=$((15 / $#)); for p in "$@"; do python3 -m eqdsl tune examples/specs/$p.toml --write --workers $w ${EQDSL_TUNE_ARGS:-} > "$OUT/tune_$p.log" 2>&1 & done; wait; cp examples/specs/*.toml "$OUT/specs/"; tail -n 40 "$OUT"/tune_*.log' _ "${specs[@]}") ;;
+      cmd=(bash -c 'par=$1; shift; printf "%s\n" "$@" | xargs -P "$par" -I{} sh -c "python3 -m eqdsl tune examples/specs/{}.toml --write --workers $((15 / par)) ${EQDSL_TUNE_ARGS:-} > $OUT/tune_{}.log 2>&1; cp examples/specs/{}.toml $OUT/specs/"; tail -n 30 "$OUT"/tune_*.log' _ "$par" "${specs[@]}") ;;
     *) echo "unknown step $step"; continue ;;
   esac
   timeout "$limit" "${cmd[@]}" > "$OUT/$step.log" 2>&1
