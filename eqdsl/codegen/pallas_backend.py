@@ -311,8 +311,10 @@ class _KernelBuilder:
         if len(active) == 1:
             return {"var": active[0], "count": info["count"][active[0]]}, {active[0]: active[0]}, ()
         m2 = info["count"]["v"]
+        # lax.div, not jnp's // and %: those do not lower to Triton for the int64 loop index
+        # that fori_loop has under jax_enable_x64 (test_pallas_lowering)
         return ({"var": "t", "count": info["count"]["u"] * m2}, {"u": "u", "v": "v", "t": "t"},
-                (f"u = t // {m2}", f"v = t % {m2}"))
+                (f"u = lax.div(t, {m2})", f"v = t - u * {m2}"))
 
     def _desc(self, p: PathIR, info: dict) -> str:
         b = info["blk"]
