@@ -92,3 +92,18 @@ def test_lowering_check_catches_a_non_power_of_two_value():
 
     with pytest.raises(Exception, match="power of 2"):
         _lower(f, S((8, 4), jnp.float32))
+
+
+def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
+    """The proposed ``pallas_*`` tuning keys become the generated module constants."""
+    from eqdsl.codegen import pallas_backend
+    from eqdsl.lower import lower
+    from eqdsl.spec import load_spec
+
+    ir = lower(load_spec(EXAMPLES[0])[0])
+    text = pallas_backend.render_files(ir, "", tuning=(("pallas_block_batch", 16), ("pallas_num_warps", 8)))
+    assert "\nBLOCK_BATCH = 16\n" in text["pallas_kernels.py"] and "\nNUM_WARPS = 8\n" in text["pallas_kernels.py"]
+    default = pallas_backend.render_files(ir, "")["pallas_kernels.py"]
+    assert f"\nNUM_WARPS = {pallas_backend.DEFAULT_NUM_WARPS}\n" in default
+    with pytest.raises(ValueError, match="power of two"):
+        pallas_backend.pallas_tuning((("pallas_block_batch", 12),))
