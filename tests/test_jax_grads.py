@@ -301,45 +301,38 @@ def test_forward_mode_is_refused_clearly(specs):
 # ---------------------------------------------------------------- kernel level
 
 
-def _packed(b: Built, batch: int, rows: int, seed=0):
-    ops, k = b.ops, b.ops._kernels
+def _padded(b: Built, batch: int, rows: int, seed=0):
+    """Kernel operands: the spec's rows padded with zero rows, weights as the kernels take them."""
+    ops = b.ops
     x1, x2, w = inputs(b.ir, batch, seed=seed)
     g = grad_out(b.ir, batch, seed=seed)
-    a = rt.pack(jnp.asarray(x1), ops.IN1_BLOCKS, ops.LAYOUT, rows, identity=ops.IN1_IDENTITY)
-    c = rt.pack(jnp.asarray(x2), ops.IN2_BLOCKS, ops.LAYOUT, rows, identity=ops.IN2_IDENTITY)
-    e = rt.pack(jnp.asarray(g), ops.OUT_BLOCKS, ops.LAYOUT, rows, identity=ops.OUT_IDENTITY)
-    d = rt.pack_weights(jnp.asarray(w), ops.WEIGHT_BLOCKS, k.IWEIGHT_NUMEL, ops.SHARED_WEIGHTS, rows,
-                        identity=ops.WEIGHTS_IDENTITY)
+    a, c, e = (rt.pad_rows(jnp.asarray(t), rows) for t in (x1, x2, g))
+    d = rt.kernel_weights(jnp.asarray(w), ops.WEIGHT_NUMEL, ops.SHARED_WEIGHTS, rows)
     return (x1, x2, w, g), (a, c, d, e)
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_kernel_outputs_are_zero_in_padding(specs, shared):
-    """Zero-padded operands give zero-padded results (rows past the batch, lanes past mul),
-    so kernel outputs can be fed back as operands, as derivatives of derivatives do."""
+def test_kernel_outputs_are_zero_in_padded_rows(specs, shared):
+    """Zero rows past the batch give zero rows (so kernel outputs can be fed back as
+    operands, as derivatives of derivatives do), and the real rows are the oracle's: the
+    kernels read and write the spec's rows in place (``mul_ir`` here: tiles split on chip)."""
     b = specs("small", shared, "mul_ir")
-    ops, k = b.ops, b.ops._kernels
     rows = 16
-    _, (a, c, d, e) = _packed(b, BATCH, rows)
-
-    def mask(dim, blocks, identity):
-        return np.asarray(rt.pack(jnp.ones((BATCH, dim)), blocks, ops.LAYOUT, rows, identity=identity)) != 0
-
-    K = ops.KERNEL_OPS
-    outs = {
-        "fwd": (K.fwd(a, c, d, BB, True), mask(b.ir.dim_out, ops.OUT_BLOCKS, ops.OUT_IDENTITY)),
-        "bwd_x1": (K.bwd_x1(e, c, d, BB, True), mask(b.ir.dim_in1, ops.IN1_BLOCKS, ops.IN1_IDENTITY)),
-        "bwd_x2": (K.bwd_x2(a, e, d, BB, True), mask(b.ir.dim_in2, ops.IN2_BLOCKS, ops.IN2_IDENTITY)),
-    }
-    ones_w = jnp.ones((b.ir.weight_numel,) if shared else (BATCH, b.ir.weight_numel))
-    wmask = np.asarray(rt.pack_weights(ones_w, ops.WEIGHT_BLOCKS, k.IWEIGHT_NUMEL, shared, rows,
-                                       identity=ops.WEIGHTS_IDENTITY)) != 0
-    outs["bwd_w"] = (K.bwd_w(a, c, e, BB, True), wmask)
-    for name, (y, m) in outs.items():
+    (x1, x2, w, g), (a, c, d, e) = _padded(b, BATCH, rows)
+    K = b.ops.KERNEL_OPS
+    want = dict(zip(("fwd", "bwd_x1", "bwd_x2", "bwd_w"),
+                    (tensor_product_reference(b.ir, x1, x2, w),) + tensor_product_vjp_reference(b.ir, x1, x2, w, g)))
+    outs = {"fwd": K.fwd(a, c, d, BB, True), "bwd_x1": K.bwd_x1(e, c, d, BB, True),
+            "bwd_x2": K.bwd_x2(a, e, d, BB, True), "bwd_w": K.bwd_w(a, c, e, BB, True)}
+    for name, y in outs.items():
         y = np.asarray(y)
-        assert y.shape == m.shape, name
-        assert np.all(y[~m] == 0.0), f"{name}: nonzero padding"
         assert np.all(np.isfinite(y)), name
+        if name == "bwd_w" and shared:
+            assert y.shape == (1, b.ir.weight_numel)
+            assert rel_err(y[0], want[name]) <= 1e-12, name
+            continue
+        assert y.shape[0] == rows and np.all(y[BATCH:] == 0.0), f"{name}: nonzero padded rows"
+        assert rel_err(y[:BATCH], want[name]) <= 1e-12, name
 
 
 def test_shared_weight_reduction_over_several_launches(specs, monkeypatch):
@@ -347,14 +340,13 @@ def test_shared_weight_reduction_over_several_launches(specs, monkeypatch):
     b = specs("small", True, "mul_ir")
     k = b.ops._kernels
     rows = 16
-    (x1, x2, w, g), (a, c, d, e) = _packed(b, BATCH, rows, seed=2)
+    (x1, x2, w, g), (a, c, d, e) = _padded(b, BATCH, rows, seed=2)
     whole = np.asarray(k.backward_w(a, c, e, block_batch=BB, interpret=True))
     monkeypatch.setattr(rt, "REDUCE_MIN_PROGRAMS", 1)
     monkeypatch.setattr(rt, "REDUCE_PARTIAL_ELEMS", 1)
     split = np.asarray(k.backward_w(a, c, e, block_batch=BB, interpret=True))
     np.testing.assert_allclose(split, whole, rtol=1e-13, atol=1e-13)
-    gw = rt.unpack_weights(jnp.asarray(split), b.ops.WEIGHT_BLOCKS, b.ir.weight_numel, True, BATCH,
-                           identity=b.ops.WEIGHTS_IDENTITY)
+    gw = rt.user_weights(jnp.asarray(split), b.ir.weight_numel, True, BATCH)
     assert rel_err(gw, tensor_product_vjp_reference(b.ir, x1, x2, w, g)[2]) <= 1e-12
 
 

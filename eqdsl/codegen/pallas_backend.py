@@ -60,7 +60,8 @@ from __future__ import annotations
 from ..ir import Block, PathIR, TensorProductIR
 from .render import render
 
-__all__ = ["render_files", "build_context", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS", "KINDS"]
+__all__ = ["render_files", "build_context", "pallas_tuning", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS",
+           "DEFAULT_NUM_WARPS", "KINDS"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels.
 MAX_TERMS_PER_KERNEL = 1200
@@ -68,6 +69,8 @@ MAX_TERMS_PER_KERNEL = 1200
 # widest channel tile (512 -> 4 rows x 128 channels, the best first Pallas config seen).
 BLOCK_ELEMS = 512
 MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
+# Triton warps per program unless the spec's tuning says otherwise (``pallas_tuning``).
+DEFAULT_NUM_WARPS = 4
 
 # Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
 # paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone (see
@@ -104,51 +107,40 @@ def _irrep_str(b: Block) -> str:
     return f"{b.mul}x{b.l}{'e' if b.parity == 1 else 'o'}"
 
 
-def _internal_blocks(blocks: tuple[Block, ...]) -> tuple[list[dict], int]:
-    """Per block: spec offset/mul/dim, padded channels ``P`` and internal offset."""
-    out, off = [], 0
+def _blocks(blocks: tuple[Block, ...], layout: str) -> list[dict]:
+    """Per irreps block: spec offset, mul, dim, padded channels ``pad`` and access form.
+
+    ``tile``: a ``mul_ir`` block with ``mul > 1`` and ``2l+1 > 1``, read and written whole
+    (``rt.load_tile`` / ``rt.store_tile``); otherwise component ``m`` is contiguous over
+    the channels (``ir_mul``, or a single channel or component) at ``offset + m * mul``."""
+    out = []
     for b in blocks:
-        p = next_pow2(b.mul)
-        out.append({"index": b.index, "offset": b.offset, "mul": b.mul, "dim": b.dim, "pad": p, "ioffset": off,
-                    "desc": _irrep_str(b)})
-        off += b.dim * p
-    return out, off
+        out.append({"index": b.index, "offset": b.offset, "mul": b.mul, "dim": b.dim, "pad": next_pow2(b.mul),
+                    "tile": layout == "mul_ir" and b.mul > 1 and b.dim > 1, "desc": _irrep_str(b)})
+    return out
 
 
-def _weight_layout(ir: TensorProductIR, in1, in2, out) -> tuple[list[dict], int]:
-    """Internal weight layout per weighted path: (src offset, src shape, perm, pad, internal offset)."""
-    res, off = [], 0
+def _weight_layout(ir: TensorProductIR, in1, in2, out) -> dict[int, dict]:
+    """Per weighted path, how the kernels read its weights in place (e3nn's order, per path
+    a row-major block of shape ``(m1, m2, mo)`` / ``(m1, m2)`` / ``(m1,)``): the vector over
+    the vectorized channel has ``count`` lanes (``pad`` padded) ``stride`` columns apart;
+    ``rows`` of them, selected by the loop channels."""
+    res = {}
     for p in ir.paths:
         if not p.has_weight:
             continue
         m1, m2, mo = in1[p.i_in1]["mul"], in2[p.i_in2]["mul"], out[p.i_out]["mul"]
-        if p.mode == "uvw":
-            shape, perm, pad, rows = (m1, m2, mo), (0, 1, 2), out[p.i_out]["pad"], m1 * m2
-        elif p.mode == "uvu":
-            shape, perm, pad, rows = (m1, m2), (1, 0), in1[p.i_in1]["pad"], m2
-        elif p.mode == "uvv":
-            shape, perm, pad, rows = (m1, m2), (0, 1), in2[p.i_in2]["pad"], m1
+        if p.mode == "uvw":  # w innermost: row (u, v) at (u * m2 + v) * mo
+            count, pad, stride = mo, out[p.i_out]["pad"], 1
+        elif p.mode == "uvu":  # vector over u, (u, v) at u * m2 + v: strided unless m2 == 1
+            count, pad, stride = m1, in1[p.i_in1]["pad"], m2
+        elif p.mode == "uvv":  # vector over v, row u at u * m2
+            count, pad, stride = m2, in2[p.i_in2]["pad"], 1
         else:  # uuu
-            shape, perm, pad, rows = (m1,), (0,), in1[p.i_in1]["pad"], 1
-        res.append({"path": p.index, "offset": p.weight_offset, "shape": shape, "perm": perm, "pad": pad,
-                    "ioffset": off, "numel": p.weight_numel, "width": rows * pad})
-        off += rows * pad
-    return res, off
-
-
-def _weights_identity(wl: list[dict]) -> bool:
-    """True when the internal weight layout is e3nn's own (no copy needed)."""
-    for w in wl:
-        shape, perm, pad = w["shape"], w["perm"], w["pad"]
-        # a transpose of axes of size 1 is no transpose
-        moved = [a for a in perm if shape[a] != 1]
-        if moved != sorted(moved) or shape[perm[-1]] != pad or w["ioffset"] != w["offset"]:
-            return False
-    return True
-
-
-def _layout_identity(blocks: list[dict], layout: str) -> bool:
-    return all(b["mul"] == b["pad"] and (layout == "ir_mul" or b["mul"] == 1 or b["dim"] == 1) for b in blocks)
+            count, pad, stride = m1, in1[p.i_in1]["pad"], 1
+        res[p.index] = {"path": p.index, "offset": p.weight_offset, "count": count, "pad": pad, "stride": stride,
+                        "numel": p.weight_numel, "m2": m2}
+    return res
 
 
 # ------------------------------------------------------------------ statements
@@ -170,6 +162,23 @@ def _line(text: str) -> dict:
 
 def _store(start, size: int, value: str) -> dict:
     return {"kind": "store", "start": str(start), "size": size, "value": value}
+
+
+def _read(name: str, ref: str, start, count: int, pad: int, stride: int, comment: str = "") -> dict:
+    """``(rows, pad)`` tile of columns ``start + c * stride`` (``c < count``, zero beyond):
+    a plain slice of the ref when that is what it is, else ``rt.load_vec``."""
+    if stride == 1 and count == pad:
+        return _load(name, ref, start, pad, comment)
+    args = f"count={count}, pad={pad}" + (f", stride={stride}" if stride != 1 else "")
+    return _line(f"{name} = rt.load_vec({ref}, {start}, {args})" + (f"  # {comment}" if comment else ""))
+
+
+def _write(start, value: str, count: int, pad: int, stride: int) -> dict:
+    """Store lanes ``c < count`` of ``value`` to output columns ``start + c * stride``."""
+    if stride == 1 and count == pad:
+        return _store(start, pad, value)
+    args = f"count={count}, pad={pad}" + (f", stride={stride}" if stride != 1 else "")
+    return _line(f"rt.store_vec(out_ref, {start}, {value}, {args})")
 
 
 def _loop(fn: str, var: str, count: int, carry: list[str], body: list[dict], prelude: tuple[str, ...] = ()) -> dict:
@@ -225,12 +234,21 @@ class _KernelBuilder:
         return self.blocks[op][{"x1": p.i_in1, "x2": p.i_in2, "g": p.i_out}[op]]
 
     def vec(self, op: str, blk: dict, m: int, top: list) -> str:
-        """Hoisted (once per kernel) read of a whole component row ``(rows, P)``."""
+        """Hoisted (once per kernel) read of a whole component ``(rows, pad)``; a ``tile``
+        block is read whole, all its components at once."""
         name = f"{op}_{blk['index']}_{m}"
-        if name not in self.loaded:
-            self.loaded.add(name)
-            top.append(_load(name, f"{op}_ref", blk["ioffset"] + m * blk["pad"], blk["pad"],
-                             f"{op} block {blk['index']} ({blk['desc']}), m={m}"))
+        if name in self.loaded:
+            return name
+        comment = f"{op} block {blk['index']} ({blk['desc']})"
+        if blk["tile"]:
+            names = [f"{op}_{blk['index']}_{k}" for k in range(blk["dim"])]
+            self.loaded.update(names)
+            top.append(_line(f"{', '.join(names)} = rt.load_tile({op}_ref, {blk['offset']}, mul={blk['mul']}, "
+                             f"dim={blk['dim']}, pad={blk['pad']})  # {comment}"))
+            return name
+        self.loaded.add(name)
+        top.append(_read(name, f"{op}_ref", blk["offset"] + m * blk["mul"], blk["mul"], blk["pad"], 1,
+                         f"{comment}, m={m}"))
         return name
 
     def col(self, op: str, blk: dict, m: int, var: str, count: int, top: list, body: list) -> str:
@@ -238,8 +256,9 @@ class _KernelBuilder:
         if count == 1:
             return self.vec(op, blk, m, top)
         name = f"{op}c_{m}"
-        body.append(_load(name, f"{op}_ref", f"{blk['ioffset'] + m * blk['pad']} + {var}", 1,
-                          f"{op} block {blk['index']}, m={m}, channel {var}"))
+        start = (_offset(blk["offset"] + m, var, blk["dim"]) if blk["tile"]
+                 else _offset(blk["offset"] + m * blk["mul"], var, 1))
+        body.append(_load(name, f"{op}_ref", start, 1, f"{op} block {blk['index']}, m={m}, channel {var}"))
         return name
 
     def lane(self, pad: int) -> str:
@@ -256,26 +275,33 @@ class _KernelBuilder:
         loopvars = [] if p.mode == "uuu" else [v for v in ("u", "v") if v != c]
         return {"ch": ch, "blk": blk, "count": count, "c": c, "cpad": cpad, "loopvars": loopvars}
 
-    def _wrow(self, p: PathIR, info: dict, env: dict, base: int | None = None) -> str:
-        """Source text of the start column of the path's weight row (``env`` names the loop
-        variables in scope: ``u``, ``v`` or the flattened ``t``); ``base``: the path's first column."""
+    def _wstart(self, p: PathIR, info: dict, env: dict, base: int | None = None) -> str:
+        """Source text of the first column of the path's weight vector (``env`` names the loop
+        variables in scope: ``u``, ``v`` or the flattened ``t``); ``base``: the path's first
+        column (default: its offset in the weights)."""
         w = self.wmap[p.index]
+        base = w["offset"] if base is None else base
         if p.mode == "uvw":
-            m2 = info["count"]["v"]
+            m2, mo = info["count"]["v"], info["count"]["w"]
             u, v = env.get("u", "0"), env.get("v", "0")
-            if u == "0":
+            if "t" in env:
+                idx = env["t"]
+            elif u == "0":
                 idx = v
             elif v == "0":
                 idx = f"{u} * {m2}" if m2 != 1 else u
             else:
                 idx = f"({u} * {m2} + {v})"
-            if "t" in env:
-                idx = env["t"]
-        elif p.mode in ("uvu", "uvv"):
-            idx = env.get({"uvu": "v", "uvv": "u"}[p.mode], "0")
-        else:
-            idx = "0"
-        return _offset(w["ioffset"] if base is None else base, idx, info["cpad"])
+            return _offset(base, idx, mo)
+        if p.mode == "uvu":
+            return _offset(base, env.get("v", "0"), 1)
+        if p.mode == "uvv":
+            return _offset(base, env.get("u", "0"), w["m2"])
+        return str(base)
+
+    def _wload(self, p: PathIR, info: dict, env: dict) -> dict:
+        w = self.wmap[p.index]
+        return _read("w", "w_ref", self._wstart(p, info, env), w["count"], w["pad"], w["stride"])
 
     def _flat_loop(self, info: dict) -> tuple[dict | None, dict, tuple[str, ...]]:
         """One loop over the active loop channels (flattened ``t`` when both): (loop, env, prelude)."""
@@ -285,8 +311,10 @@ class _KernelBuilder:
         if len(active) == 1:
             return {"var": active[0], "count": info["count"][active[0]]}, {active[0]: active[0]}, ()
         m2 = info["count"]["v"]
+        # lax.div, not jnp's // and %: those do not lower to Triton for the int64 loop index
+        # that fori_loop has under jax_enable_x64 (test_pallas_lowering)
         return ({"var": "t", "count": info["count"]["u"] * m2}, {"u": "u", "v": "v", "t": "t"},
-                (f"u = t // {m2}", f"v = t % {m2}"))
+                (f"u = lax.div(t, {m2})", f"v = t - u * {m2}"))
 
     def _desc(self, p: PathIR, info: dict) -> str:
         b = info["blk"]
@@ -327,7 +355,7 @@ class _KernelBuilder:
         names = self._operand_names(p, info, others, env, top, body)
         scale = ""
         if p.has_weight:
-            body.append(_load("w", "w_ref", self._wrow(p, info, env), info["cpad"]))
+            body.append(self._wload(p, info, env))
             scale = "w * "
         accs = self._accs(blkX)
         for m in range(blkX["dim"]):
@@ -361,7 +389,7 @@ class _KernelBuilder:
                     top.append(_sum(hs[m], "", _terms(nz, lambda n: [names[o][_comp(n, o)] for o in vecs])))
             body: list[dict] = []
             if p.has_weight:
-                body.append(_load("w", "w_ref", self._wrow(p, info, {var: var} if cnt > 1 else {}), info["cpad"]))
+                body.append(self._wload(p, info, {var: var} if cnt > 1 else {}))
             for m, h in hs.items():
                 s = _lanesum(f"w * {h}" if p.has_weight else h, info["cpad"])
                 if cnt > 1 and p.has_weight:
@@ -382,7 +410,7 @@ class _KernelBuilder:
         names = self._operand_names(p, info, others, env, top, inner)
         gop = vecs[0]  # the output gradient, a vector over w
         ks = sorted({_comp(n, gop) for n in p.nonzeros})
-        inner.append(_load("w", "w_ref", self._wrow(p, info, env), info["cpad"]))
+        inner.append(self._wload(p, info, env))
         for k in ks:
             inner.append(_line(f"s_{k} = {_lanesum(f'w * {names[gop][k]}', info['cpad'])}"))
         colop = next(op for op in others if op != gop)
@@ -410,7 +438,7 @@ class _KernelBuilder:
         """``backward_w`` of one weighted path: one row over the vector channel per loop step."""
         info = self._info(p)
         w = self.wmap[p.index]
-        base = w["ioffset"] - col0
+        base = w["offset"] - col0
         vecs = [op for op in _DATA if info["ch"][op] == info["c"]]
         cols = [op for op in _DATA if op not in vecs]
         top.append(_line(f"# {self._desc(p, info)}"))
@@ -420,7 +448,7 @@ class _KernelBuilder:
             names = self._operand_names(p, info, vecs, {}, top, [])
             top.append(_sum("r", "", _terms(p.nonzeros, lambda n: [names[o][_comp(n, o)] for o in vecs])))
             reduce(top)
-            top.append(_store(base, info["cpad"], "r"))
+            top.append(_write(base, "r", w["count"], w["pad"], w["stride"]))
             return
         loop, env, prelude = self._flat_loop(info)
         body: list[dict] = []
@@ -446,7 +474,7 @@ class _KernelBuilder:
                     prods.append(f"q_{k} * {names[gop][k]}")
         body.append(_sum("r", "", _plain_terms(prods)))
         reduce(body)
-        body.append(_store(self._wrow(p, info, env, base), info["cpad"], "r"))
+        body.append(_write(self._wstart(p, info, env, base), "r", w["count"], w["pad"], w["stride"]))
         if loop is None:
             top.extend(body)
         else:
@@ -460,9 +488,9 @@ class _KernelBuilder:
             for pi in self.group_ids:
                 p = self.ir.paths[pi]
                 top: list[dict] = []
-                self.weight_rows(p, top, self.wmap[self.group_ids[0]]["ioffset"])
-                groups.append({"desc": f"weights of path {pi} ({self.wmap[pi]['width']} columns)", "body": top})
-                col += self.wmap[pi]["width"]
+                self.weight_rows(p, top, self.wmap[self.group_ids[0]]["offset"])
+                groups.append({"desc": f"weights of path {pi} ({self.wmap[pi]['numel']} columns)", "body": top})
+                col += self.wmap[pi]["numel"]
                 terms += len(p.nonzeros)
             desc = f"Weighted paths {', '.join(map(str, self.group_ids))}"
         else:
@@ -473,9 +501,14 @@ class _KernelBuilder:
                 top = [_line(f"{a} = jnp.zeros((rows, {blk['pad']}), dtype)") for a in self._accs(blk)]
                 for p in paths:
                     self.path_into_acc(p, top)
-                for m, a in enumerate(self._accs(blk)):
-                    top.append(_store(col + m * blk["pad"], blk["pad"], a))
-                col += blk["dim"] * blk["pad"]
+                accs = self._accs(blk)
+                if blk["tile"]:
+                    top.append(_line(f"rt.store_tile(out_ref, {col}, [{', '.join(accs)}], mul={blk['mul']}, "
+                                     f"dim={blk['dim']}, pad={blk['pad']})"))
+                else:
+                    for m, a in enumerate(accs):
+                        top.append(_write(col + m * blk["mul"], a, blk["mul"], blk["pad"], 1))
+                col += blk["dim"] * blk["mul"]
                 terms += sum(len(p.nonzeros) for p in paths)
                 name = {"g": "out", "x1": "x1", "x2": "x2"}[op]
                 groups.append({"desc": f"{name} block {b} ({blk['desc']}): {len(paths)} path(s)", "body": top})
@@ -511,13 +544,13 @@ def _split(costs: list[int]) -> list[list[int]]:
     return runs
 
 
-def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wl: list[dict], wmap: dict) -> list[dict]:
+def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict) -> list[dict]:
     _, _, op, weighted_only = next(k for k in KINDS if k[0] == kind)
     paths = [p for p in ir.paths if p.has_weight or not weighted_only]
     if not paths:  # nothing to compute: the launcher returns zeros
         return []
     if op == "w":
-        ids = [w["path"] for w in wl]
+        ids = list(wmap)
         runs = _split([len(ir.paths[i].nonzeros) for i in ids])
         runs = [[ids[i] for i in run] for run in runs]
     else:
@@ -528,21 +561,29 @@ def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wl: list[dict], wmap:
     return [_KernelBuilder(kind, ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
 
 
-def build_context(ir: TensorProductIR, header: str) -> dict:
-    in1, d1 = _internal_blocks(ir.in1)
-    in2, d2 = _internal_blocks(ir.in2)
-    out, do = _internal_blocks(ir.out)
-    wl, wn = _weight_layout(ir, in1, in2, out)
-    wmap = {w["path"]: w for w in wl}
+def pallas_tuning(pairs=()) -> tuple[int | None, int]:
+    """``(block_batch, num_warps)`` from a spec's tuning pairs: the proposed keys
+    ``pallas_block_batch`` (a power of two) and ``pallas_num_warps``; ``None`` /
+    ``DEFAULT_NUM_WARPS`` where absent (``None``: the size rule of ``build_context``)."""
+    values = dict(pairs)
+    bb = values.get("pallas_block_batch")
+    if bb is not None and (bb < 1 or bb & (bb - 1)):
+        raise ValueError(f"pallas_block_batch must be a positive power of two, got {bb}")
+    return bb, int(values.get("pallas_num_warps", DEFAULT_NUM_WARPS))
+
+
+def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
+    in1, in2, out = (_blocks(b, ir.layout) for b in (ir.in1, ir.in2, ir.out))
+    wmap = _weight_layout(ir, in1, in2, out)
     blocks = {"x1": in1, "x2": in2, "g": out}
     mixed = any(p.has_weight for p in ir.paths) and not all(p.has_weight for p in ir.paths)
     kinds = [k for k, _, _, _ in KINDS if mixed or not k.endswith("_wo")]
-    kernels = {kind: _kernels(kind, ir, blocks, wl, wmap) for kind in kinds}
-    widest = max(b["pad"] for b in in1 + in2 + out)
-    block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
-
-    def tup(blocks):
-        return repr(tuple((b["offset"], b["mul"], b["dim"], b["pad"]) for b in blocks))
+    kernels = {kind: _kernels(kind, ir, blocks, wmap) for kind in kinds}
+    block_batch, num_warps = pallas_tuning(tuning)
+    if block_batch is None:
+        widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
+        block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
+    tiles = sorted({b["desc"] for b in in1 + in2 + out if b["tile"]})
 
     return {
         "header": header,
@@ -558,20 +599,11 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
         "dim_in2": ir.dim_in2,
         "dim_out": ir.dim_out,
         "weight_numel": ir.weight_numel,
-        "idim_in1": d1,
-        "idim_in2": d2,
-        "idim_out": do,
-        "iweight_numel": max(wn, 1),
-        "has_weights": wn > 0,
-        "in1_blocks": tup(in1),
-        "in2_blocks": tup(in2),
-        "out_blocks": tup(out),
-        "in1_identity": _layout_identity(in1, ir.layout),
-        "in2_identity": _layout_identity(in2, ir.layout),
-        "out_identity": _layout_identity(out, ir.layout),
-        "weight_blocks": repr(tuple((w["offset"], w["shape"], w["perm"], w["pad"]) for w in wl)),
-        "weights_identity": _weights_identity(wl) and wn == ir.weight_numel,
+        "kweight_numel": max(ir.weight_numel, 1),
+        "has_weights": ir.weight_numel > 0,
+        "tiles": ", ".join(tiles),
         "block_batch": block_batch,
+        "num_warps": num_warps,
         "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
         "kernels": [k for kind in kinds for k in kernels[kind]],
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
@@ -582,8 +614,10 @@ def build_context(ir: TensorProductIR, header: str) -> dict:
     }
 
 
-def render_files(ir: TensorProductIR, header: str) -> dict[str, str]:
-    ctx = build_context(ir, header)
+def render_files(ir: TensorProductIR, header: str, tuning=()) -> dict[str, str]:
+    """``pallas_kernels.py`` and ``jax_ops.py``; ``tuning``: a spec's tuning pairs (only the
+    ``pallas_*`` keys are read, see ``pallas_tuning``)."""
+    ctx = build_context(ir, header, tuning)
     return {
         "pallas_kernels.py": render("pallas_kernels.py.j2", **ctx),
         "jax_ops.py": render("jax_ops.py.j2", **ctx),

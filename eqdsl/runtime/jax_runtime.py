@@ -1,11 +1,12 @@
-"""Shared glue for the generated JAX modules: input checks, layout conversion, padding,
-kernel launches and the ``jax.custom_vjp`` wiring of the four kernels.
+"""Shared glue for the generated JAX modules: input checks, batch padding, in-kernel
+column access (``load_tile`` & co.), kernel launches and the ``jax.custom_vjp`` wiring of
+the four kernels.
 
 No physics here: the generated ``pallas_kernels.py`` holds every CG coefficient. The
-kernel layout (see ``eqdsl.codegen.pallas_backend``) stores each irreps block
-``mul x l`` as ``2l+1`` rows of ``P = next_pow2(mul)`` contiguous channels; blocks
-are described as ``(offset, mul, dim, P)`` tuples with ``offset`` in the spec's layout.
-All functions here run at trace time on static shapes.
+kernels read and write whole rows of the spec's layout (``mul_ir`` or ``ir_mul``) and
+e3nn's weight order in place (see ``eqdsl.codegen.pallas_backend``): nothing here
+rearranges operands outside a kernel. All functions here run at trace time on static
+shapes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import numpy as np
 from jax import lax
 
 __all__ = [
-    "check_inputs", "check_grad_out", "check_block_batch", "round_up", "bucket", "pack", "unpack", "pack_weights",
-    "unpack_weights", "use_interpret", "compiler_params", "launch_rows", "launch_weight_sum", "TensorProductVJP",
+    "check_inputs", "check_grad_out", "check_block_batch", "round_up", "bucket", "pad_rows", "kernel_weights",
+    "user_weights", "load_vec", "store_vec", "load_tile", "store_tile", "use_interpret", "compiler_params", "launch_rows", "launch_weight_sum", "TensorProductVJP",
     "make_vjp_ops", "make_conv_vjp_ops", "ConvGraph", "conv_graph", "check_conv_inputs", "launch_segments",
     "launch_edges", "PaddedGraph", "pad_graph",
 ]
@@ -93,84 +94,26 @@ def bucket(n: int, minimum: int = 64) -> int:
     return round_up(n, 65536)
 
 
-def _pad_rows(x, rows: int):
+def pad_rows(x, rows: int):
+    """``x`` ``(batch, width)`` zero padded to ``rows >= batch`` rows (no copy if equal)."""
     return x if x.shape[0] == rows else jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
 
 
-def pack(x, blocks, layout: str, rows: int, *, identity: bool):
-    """``(batch, dim)`` in ``layout`` -> ``(rows, idim)`` kernel layout, zero padded."""
-    if identity:
-        return _pad_rows(x, rows)
-    batch = x.shape[0]
-    parts = []
-    for offset, mul, dim, pad in blocks:
-        seg = x[:, offset : offset + mul * dim]
-        if layout == "mul_ir":
-            seg = seg.reshape(batch, mul, dim).transpose(0, 2, 1)
-        else:
-            seg = seg.reshape(batch, dim, mul)
-        seg = jnp.pad(seg, ((0, rows - batch), (0, 0), (0, pad - mul)))
-        parts.append(seg.reshape(rows, dim * pad))
-    return jnp.concatenate(parts, axis=1)
-
-
-def unpack(y, blocks, layout: str, batch: int, *, identity: bool):
-    """Kernel-layout ``(rows, idim)`` -> ``(batch, dim)`` in ``layout`` (padding dropped)."""
-    y = y[:batch]
-    if identity:
-        return y
-    parts, col = [], 0
-    for _, mul, dim, pad in blocks:
-        seg = y[:, col : col + dim * pad].reshape(batch, dim, pad)[:, :, :mul]
-        if layout == "mul_ir":
-            seg = seg.transpose(0, 2, 1)
-        parts.append(seg.reshape(batch, mul * dim))
-        col += dim * pad
-    return jnp.concatenate(parts, axis=1)
-
-
-def pack_weights(w, blocks, inumel: int, shared: bool, rows: int, *, identity: bool):
-    """e3nn-ordered weights -> ``(1 | rows, inumel)`` kernel layout.
-
-    Per weighted path ``(offset, shape, perm, pad)``: the block is transposed to
-    ``perm`` (the vectorized channel innermost) and its last axis zero padded to ``pad``.
-    """
-    w2 = w.reshape(1, -1) if shared else w
+def kernel_weights(w, numel: int, shared: bool, rows: int):
+    """User weights (e3nn order: ``(numel,)`` shared, ``(batch, numel)`` per row) -> the
+    kernels' weight operand ``(1 | rows, max(numel, 1))``: the same columns (the kernels
+    read e3nn's order in place), rows padded; one zero column when no path is weighted
+    (a Pallas operand cannot be empty)."""
     n = 1 if shared else rows
-    if not blocks:
-        return jnp.zeros((n, inumel), w.dtype)
-    if identity:
-        return w2 if shared else _pad_rows(w2, rows)
-    batch = w2.shape[0]
-    parts = []
-    for offset, shape, perm, pad in blocks:
-        seg = w2[:, offset : offset + math.prod(shape)].reshape(batch, *shape)
-        seg = seg.transpose(0, *(a + 1 for a in perm))
-        widths = [(0, n - batch)] + [(0, 0)] * (len(shape) - 1) + [(0, pad - seg.shape[-1])]
-        seg = jnp.pad(seg, widths)
-        parts.append(seg.reshape(n, -1))
-    return jnp.concatenate(parts, axis=1)
+    if numel == 0:
+        return jnp.zeros((n, 1), w.dtype)
+    return w.reshape(1, numel) if shared else pad_rows(w, rows)
 
 
-def unpack_weights(w, blocks, numel: int, shared: bool, batch: int, *, identity: bool):
-    """Kernel-layout weights ``(1 | rows, inumel)`` -> e3nn order ``(numel,)`` if shared else
-    ``(batch, numel)``: the inverse of ``pack_weights`` (padding dropped)."""
-    n = 1 if shared else batch
-    w2 = w[:n]
-    if not blocks:
-        y = jnp.zeros((n, numel), w.dtype)
-    elif identity:
-        y = w2[:, :numel]
-    else:
-        parts, col = [], 0
-        for _, shape, perm, pad in blocks:
-            kshape = tuple(shape[a] for a in perm)
-            width = math.prod(kshape[:-1]) * pad
-            seg = w2[:, col : col + width].reshape(n, *kshape[:-1], pad)[..., : kshape[-1]]
-            inv = [perm.index(a) for a in range(len(perm))]
-            parts.append(seg.transpose(0, *(a + 1 for a in inv)).reshape(n, -1))
-            col += width
-        y = jnp.concatenate(parts, axis=1)
+def user_weights(gw, numel: int, shared: bool, batch: int):
+    """Inverse of ``kernel_weights`` for a weight gradient: ``(numel,)`` if shared else
+    ``(batch, numel)``."""
+    y = gw[: 1 if shared else batch, :numel]
     return y.reshape(numel) if shared else y
 
 
@@ -181,13 +124,137 @@ def use_interpret(interpret: bool | None) -> bool:
     return bool(interpret)
 
 
-def compiler_params(interpret: bool):
-    """Triton compiler parameters on GPU; none in interpret mode."""
-    if interpret or jax.default_backend() != "gpu":
+def compiler_params(interpret: bool, num_warps: int | None = None):
+    """Triton compiler parameters (``num_warps``, default ``NUM_WARPS``) for a compiled
+    kernel; none in interpret mode. Given also without a GPU: passing them selects the
+    Triton lowering of Pallas (jax 0.10 defaults to Mosaic GPU when none are given), so
+    that ``jit(...).trace(...).lower(lowering_platforms=("cuda",))`` on a CPU machine runs
+    the real Pallas -> Triton lowering (the tests do)."""
+    if interpret:
         return None
     from jax.experimental.pallas import triton as pltriton
 
-    return pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return pltriton.CompilerParams(num_warps=NUM_WARPS if num_warps is None else num_warps, num_stages=NUM_STAGES)
+
+
+# ------------------------------------------------------------------ in-kernel column access
+#
+# The generated kernels read and write whole rows of the spec's layout. A tile of
+# ``pad`` channels (``pad`` = mul rounded up to a power of two, as the Triton lowering of
+# Pallas wants every value power-of-two shaped) is either contiguous (``ir_mul``
+# layout, ``2l+1 == 1`` or ``mul == 1``: columns ``start + c``), read by the kernel as
+# ``ref[:, pl.ds(start, pad)]`` when ``mul == pad``, or it is not, and then these helpers
+# build the column indices in the kernel and load/store through them:
+#
+# * ``load_vec`` / ``store_vec``: columns ``start + c * stride`` for ``c < count``
+#   (weights of ``uvu`` paths, tiles of a non-power-of-two multiplicity);
+# * ``load_tile`` / ``store_tile``: a whole ``mul_ir`` block ``mul x (2l+1)``: one
+#   ``(rows, pad, dpad)`` load of the block's contiguous columns (``dpad`` = 2l+1 rounded
+#   up to a power of two), split into its ``2l+1`` components on chip (reshape + unstack,
+#   which the Triton lowering turns into ``tt.reshape`` / ``tt.split``); the store joins
+#   the components (``tt.join``) and writes the block in one masked store. This is how
+#   the Helion kernels read ``mul_ir`` rows (DESIGN.md "What layout costs"): no layout
+#   conversion pass outside the kernel and no per-component strided access.
+#
+# Loads clamp their indices into the block (lanes past ``count`` or ``2l+1`` read a real
+# column again) and zero the lanes past ``count``, so every tile has zeros in its padded
+# channels, which the kernels rely on. Stores are masked and send the masked lanes to
+# column ``width`` (one past the row): in interpret mode an out-of-range scatter index is
+# dropped, while a duplicate in-range index would race with the real write.
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _iota(shape, axis: int):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _split_last(t, n: int) -> list:
+    """``t`` ``(..., 2, ..., 2)`` (log2 ``n`` axes of 2) -> its ``n`` slices ``t[..., m]`` of
+    the flattened last axes, in order of ``m`` (the last axis is the lowest bit)."""
+    if n == 1:
+        return [t]
+    lo, hi = jnp.unstack(t, axis=-1)  # Triton: tt.split (only size-2 last axes are lowered)
+    even, odd = _split_last(lo, n // 2), _split_last(hi, n // 2)
+    return [x for pair in zip(even, odd) for x in pair]
+
+
+def _join_last(parts: list):
+    """Inverse of ``_split_last``: ``n`` arrays -> ``(..., 2, ..., 2)``."""
+    if len(parts) == 1:
+        return parts[0]
+    return jnp.stack([_join_last(parts[0::2]), _join_last(parts[1::2])], axis=-1)  # tt.join
+
+
+def _gather(ref, cols):
+    """``ref[r, cols[0, ...]]`` for every row ``r`` of the block: ``(rows, *cols.shape[1:])``."""
+    if isinstance(ref, _Gather):
+        return ref.take(cols)
+    rows = _iota((ref.shape[0],) + (1,) * (cols.ndim - 1), 0)
+    return ref[rows, cols]
+
+
+def _scatter(ref, cols, valid, value):
+    """``ref[r, cols] = value[r]`` where ``valid`` (a masked store), for every row ``r``."""
+    if isinstance(ref, _Accumulate):
+        ref.add(cols, valid, value)
+        return
+    from jax.experimental.pallas import triton as pltriton
+
+    rows = _iota((ref.shape[0],) + (1,) * (cols.ndim - 1), 0)
+    mask = jnp.broadcast_to(valid, value.shape)
+    pltriton.store(ref.at[rows, jnp.where(valid, cols, ref.shape[1])], value, mask=mask)
+
+
+def _vec_cols(start, count: int, pad: int, stride: int):
+    c = _iota((1, pad), 1)
+    return start + jnp.minimum(c, count - 1) * stride, c < count
+
+
+def _tile_cols(start, mul: int, dim: int, pad: int):
+    dpad = _next_pow2(dim)
+    c, m = _iota((1, pad, dpad), 1), _iota((1, pad, dpad), 2)
+    return start + jnp.minimum(c, mul - 1) * dim + jnp.minimum(m, dim - 1), (c < mul) & (m < dim)
+
+
+def load_vec(ref, start, *, count: int, pad: int, stride: int = 1):
+    """In a kernel: ``(rows, pad)`` tile of columns ``start + c * stride``, ``c < count``;
+    zero in lanes ``c >= count``. ``start`` may be traced (a loop index)."""
+    cols, valid = _vec_cols(start, count, pad, stride)
+    t = _gather(ref, cols)
+    return t if count == pad else jnp.where(valid, t, 0)
+
+
+def store_vec(ref, start, value, *, count: int, pad: int, stride: int = 1) -> None:
+    """In a kernel: write lanes ``c < count`` of ``value`` ``(rows, pad)`` to columns
+    ``start + c * stride``."""
+    cols, valid = _vec_cols(start, count, pad, stride)
+    _scatter(ref, cols, valid, value)
+
+
+def load_tile(ref, start, *, mul: int, dim: int, pad: int) -> list:
+    """In a kernel: the ``dim`` components of the ``mul_ir`` block ``mul x dim`` at column
+    ``start`` (channel ``c``, component ``m`` at ``start + c * dim + m``), each a
+    ``(rows, pad)`` tile, zero in lanes ``c >= mul``. One load of the block's columns."""
+    cols, valid = _tile_cols(start, mul, dim, pad)
+    t = _gather(ref, cols)  # (rows, pad, dpad)
+    if mul != pad:
+        t = jnp.where(_iota((1, pad, 1), 1) < mul, t, 0)
+    dpad = cols.shape[-1]
+    t = t.reshape(t.shape[:2] + (2,) * (dpad.bit_length() - 1))
+    return _split_last(t, dpad)[:dim]
+
+
+def store_tile(ref, start, parts: list, *, mul: int, dim: int, pad: int) -> None:
+    """In a kernel: write components ``parts`` (``dim`` tiles ``(rows, pad)``, lanes
+    ``c < mul`` used) as the ``mul_ir`` block at column ``start``: one masked store."""
+    cols, valid = _tile_cols(start, mul, dim, pad)
+    dpad = cols.shape[-1]
+    parts = list(parts) + [parts[0]] * (dpad - dim)  # padded components: masked out
+    t = _join_last(parts)
+    _scatter(ref, cols, valid, t.reshape(t.shape[:2] + (dpad,)))
 
 
 # ------------------------------------------------------------------ kernel launches
@@ -210,7 +277,8 @@ def _concat(pieces):
 
 
 def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | None, block_batch: int,
-                interpret: bool):
+                interpret: bool,
+                num_warps: int | None = None):
     """Run a kernel set whose output has one row per input row.
 
     ``args``: ``(rows, width)`` operands, blocked by ``block_batch`` rows, except
@@ -240,14 +308,15 @@ def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | N
             in_specs=in_specs,
             out_specs=pl.BlockSpec((block_batch, width), row_block),
             interpret=interpret,
-            compiler_params=compiler_params(interpret),
+            compiler_params=compiler_params(interpret, num_warps),
             name=name + kernel.__name__,
         )
         pieces.append(call(*args))
     return _concat(pieces)
 
 
-def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: int, interpret: bool):
+def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: int, interpret: bool,
+                num_warps: int | None = None):
     """Run a ``backward_w`` kernel set with shared weights: every program writes the sum
     over its ``block_batch`` rows as one partial-sum row; the partial sums are added up
     (in a fixed order) to one ``(1, out_width)`` row (no kernels: zeros)."""
@@ -272,7 +341,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
                 in_specs=in_specs,
                 out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
                 interpret=interpret,
-                compiler_params=compiler_params(interpret),
+                compiler_params=compiler_params(interpret, num_warps),
                 name=name + kernel.__name__,
             )
             part = jnp.sum(call(*args), axis=0, keepdims=True)
@@ -286,7 +355,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
 
 class TensorProductVJP(NamedTuple):
     """The kernels of a tensor product as mutually differentiating ``jax.custom_vjp``
-    functions on kernel-layout arrays; each takes ``(a, b, c, block_batch, interpret)``
+    functions on kernel operands (spec-layout rows); each takes ``(a, b, c, block_batch, interpret)``
     (the last two static).
 
     With ``F(x1, x2, W, g) = F_w + F_u`` the form of the tensor product (``F_w`` over the
@@ -518,7 +587,9 @@ def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *,
 
 class _Gather:
     """Operand of a generated kernel body whose rows are gathered: ``self[:, cols]`` is
-    ``ref[idx, cols]`` with the rows where ``mask`` is false zeroed."""
+    ``ref[idx, cols]`` with the rows where ``mask`` is false zeroed; ``take(cols)`` the
+    same for an index array of columns (``load_vec`` / ``load_tile``).
+    ``idx``, ``mask``: ``(edges,)``."""
 
     def __init__(self, ref, idx, mask):
         self.ref, self.idx, self.mask = ref, idx, mask
@@ -527,18 +598,31 @@ class _Gather:
 
     def __getitem__(self, key):
         _, cols = key
-        return jnp.where(self.mask, self.ref[self.idx, cols], 0)
+        return jnp.where(self.mask[:, None], self.ref[self.idx, cols], 0)
+
+    def take(self, cols):
+        lead = (self.idx.shape[0],) + (1,) * (cols.ndim - 1)
+        return jnp.where(self.mask.reshape(lead), self.ref[self.idx.reshape(lead), cols], 0)
 
 
 class _Accumulate:
     """Output of a generated kernel body that reduces: storing an ``(edges, size)`` tile
-    adds its column sums to the ``(1, width)`` output row."""
+    adds its column sums to the ``(1, width)`` output row; ``add`` does the same for an
+    index array of columns with a lane mask (``store_vec`` / ``store_tile``)."""
 
     def __init__(self, ref):
         self.ref, self.shape, self.dtype = ref, ref.shape, ref.dtype
 
     def __setitem__(self, key, value):
         self.ref[key] = self.ref[key] + jnp.sum(value, axis=0, keepdims=True)
+
+    def add(self, cols, valid, value):
+        from jax.experimental.pallas import triton as pltriton
+
+        row = jnp.zeros((1,) + (1,) * (cols.ndim - 1), jnp.int32)
+        total = self.ref[row, cols] + jnp.sum(value, axis=0, keepdims=True)
+        pltriton.store(self.ref.at[row, jnp.where(valid, cols, self.ref.shape[1])], total,
+                       mask=jnp.broadcast_to(valid, total.shape))
 
 
 def _full_spec(a):
@@ -549,7 +633,8 @@ def _full_spec(a):
 
 
 def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | None, perm, rowptr, gather,
-                    num_nodes: int, out_width: int, block_edges: int, interpret: bool):
+                    num_nodes: int, out_width: int, block_edges: int, interpret: bool,
+                num_warps: int | None = None):
     """Reduction kernels (``conv`` forward, ``conv`` backward_x1): one program per node ``n``
     sums the kernel body over the edges ``perm[rowptr[n]:rowptr[n + 1]]`` (sorted order), in
     tiles of ``block_edges``. ``args[node_arg]`` is a node array gathered by ``gather``
@@ -580,7 +665,7 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
                 ec = jnp.minimum(e, rows - 1)
                 eid = perm_ref[ec]
                 nid = gather_ref[ec]
-                mask = ((e < end) & (nid < num_nodes))[:, None]
+                mask = (e < end) & (nid < num_nodes)
                 ops = []
                 for k, r in enumerate(ins):
                     if k == shared_arg:
@@ -607,7 +692,7 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
             in_specs=[_full_spec(a) for a in operands],
             out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
             interpret=interpret,
-            compiler_params=compiler_params(interpret),
+            compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + body.__name__,
         )
         pieces.append(call(*operands))
@@ -615,7 +700,8 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
 
 
 def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, shared_out: bool,
-                 num_nodes: int, out_width: int, block_edges: int, interpret: bool):
+                 num_nodes: int, out_width: int, block_edges: int, interpret: bool,
+                num_warps: int | None = None):
     """Per-edge kernels (``conv`` backward_x2 and backward_w): one program per
     ``block_edges`` edges (original order). ``gathers``: ``{arg: index (rows,)}`` for the
     node arrays among ``args`` (gathered rows, zero where the index is the sentinel
@@ -640,7 +726,7 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
             for k, r in enumerate(ins):
                 if k in gathers:
                     nid = idx_refs[gather_args.index(k)][...]
-                    ops.append(_Gather(r, jnp.minimum(nid, num_nodes - 1), (nid < num_nodes)[:, None]))
+                    ops.append(_Gather(r, jnp.minimum(nid, num_nodes - 1), nid < num_nodes))
                 else:
                     ops.append(r)
             body(*ops, out_ref)
@@ -664,7 +750,7 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
             in_specs=in_specs,
             out_specs=pl.BlockSpec((1 if shared_out else be, width), lambda i: (i, 0)),
             interpret=interpret,
-            compiler_params=compiler_params(interpret),
+            compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + body.__name__,
         )
         out = call(*operands)

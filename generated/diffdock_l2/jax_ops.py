@@ -22,15 +22,14 @@ directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
 
-Layout. The kernels read a channel-contiguous, power-of-two padded layout.
-Operands not already in it are rearranged at the boundary by one XLA fusion per
-operand (an extra read and write of ``x1``, ``x2`` and ``out``); that is cheaper
-than strided per-component accesses in the kernel (DESIGN.md, "What layout
-costs"). Store operands ``ir_mul`` with power-of-two multiplicities to avoid it.
-Weights are rearranged (and padded) per path the same way.
+Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
+order in place: no conversion pass outside them (each ``mul_ir`` block with several
+channels and components is loaded as one contiguous tile and split into components on
+chip, DESIGN.md "What layout costs").
 
 Batch. The batch is padded up to a multiple of the batch block (``block_batch``,
-default 8); padded rows are computed and dropped. Each distinct padded
+default 8; a copy of the operands unless the batch is a multiple of it);
+padded rows are computed and dropped. Each distinct padded
 batch size compiles once; callers whose batch changes every step (molecular dynamics)
 should pad to a few bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``)
 and mask, so that the kernels are not recompiled for every size.
@@ -56,23 +55,12 @@ WEIGHT_NUMEL = 7128
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = ('float32', 'float64')
-# Blocks as (offset in the spec's layout, mul, 2l+1, padded mul).
-IN1_BLOCKS = ((0, 10, 3, 16), (30, 10, 3, 16), (60, 48, 1, 64), (108, 48, 1, 64))
-IN2_BLOCKS = ((0, 1, 1, 1), (1, 1, 3, 1), (4, 1, 5, 1))
-OUT_BLOCKS = ((0, 10, 3, 16), (30, 10, 3, 16), (60, 48, 1, 64), (108, 48, 1, 64))
-# Weighted paths as (offset, e3nn path shape, axis order in the kernel, padded last axis).
-WEIGHT_BLOCKS = ((0, (10, 1, 10), (0, 1, 2), 16), (100, (10, 1, 10), (0, 1, 2), 16), (200, (10, 1, 48), (0, 1, 2), 64), (680, (10, 1, 10), (0, 1, 2), 16), (780, (10, 1, 10), (0, 1, 2), 16), (880, (10, 1, 10), (0, 1, 2), 16), (980, (10, 1, 48), (0, 1, 2), 64), (1460, (10, 1, 10), (0, 1, 2), 16), (1560, (48, 1, 48), (0, 1, 2), 64), (3864, (48, 1, 10), (0, 1, 2), 16), (4344, (48, 1, 48), (0, 1, 2), 64), (6648, (48, 1, 10), (0, 1, 2), 16))
-# Whether an operand's layout already is the kernel layout (then no rearranging copy).
-IN1_IDENTITY = False
-IN2_IDENTITY = True
-OUT_IDENTITY = False
-WEIGHTS_IDENTITY = False
 # Cost per batch element, for roofline estimates.
 FLOPS_PER_BATCH = 23028
 BYTES_PER_BATCH = {'float32': 29796, 'float64': 59592}
 
 
-# The four kernels on kernel-layout arrays, differentiable to any order in reverse mode.
+# The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
 KERNEL_OPS = rt.make_vjp_ops(
     _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
 )
@@ -117,36 +105,28 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
                                interpret=rt.use_interpret(interpret))
 
 
-def _pack_all(x1, x2, weights, rows):
-    a = rt.pack(x1, IN1_BLOCKS, LAYOUT, rows, identity=IN1_IDENTITY)
-    b = rt.pack(x2, IN2_BLOCKS, LAYOUT, rows, identity=IN2_IDENTITY)
-    w = rt.pack_weights(weights, WEIGHT_BLOCKS, _kernels.IWEIGHT_NUMEL, SHARED_WEIGHTS, rows,
-                        identity=WEIGHTS_IDENTITY)
-    return a, b, w
+def _operands(x1, x2, weights, rows):
+    w = rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
+    return rt.pad_rows(x1, rows), rt.pad_rows(x2, rows), w
 
 
 # jitted (static block size and mode) so that eager calls do not run the kernels op by op;
-# the layout conversions around the kernels are plain jnp, differentiated by JAX itself.
+# the row padding around the kernels is plain jnp, differentiated by JAX itself.
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    y = KERNEL_OPS.fwd(a, b, w, block_batch, interpret)
-    return rt.unpack(y, OUT_BLOCKS, LAYOUT, batch, identity=OUT_IDENTITY)
+    y = KERNEL_OPS.fwd(*_operands(x1, x2, weights, rows), block_batch, interpret)
+    return y[:batch]
 
 
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    g = rt.pack(grad_out, OUT_BLOCKS, LAYOUT, rows, identity=OUT_IDENTITY)
+    a, b, w = _operands(x1, x2, weights, rows)
+    g = rt.pad_rows(grad_out, rows)
     ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
     gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
     gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
-    return (
-        rt.unpack(ga, IN1_BLOCKS, LAYOUT, batch, identity=IN1_IDENTITY),
-        rt.unpack(gb, IN2_BLOCKS, LAYOUT, batch, identity=IN2_IDENTITY),
-        rt.unpack_weights(gw, WEIGHT_BLOCKS, WEIGHT_NUMEL, SHARED_WEIGHTS, batch, identity=WEIGHTS_IDENTITY),
-    )
+    return ga[:batch], gb[:batch], rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, batch)

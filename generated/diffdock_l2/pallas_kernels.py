@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (10x1e, 10x1o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "diffdock_l2"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 8
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
-IDIM_IN1 = 224
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
+IDIM_IN1 = 156
 IDIM_IN2 = 9
-IWEIGHT_NUMEL = 9920
-IDIM_OUT = 224
+IWEIGHT_NUMEL = 7128
+IDIM_OUT = 156
 SHARED_WEIGHTS = False
 
 
 def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
-    """Output blocks 0, 1, 2, 3 (224 columns); 54 CG terms."""
+    """Output blocks 0, 1, 2, 3 (156 columns); 54 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
@@ -56,10 +63,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_0(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(0 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 0 + u * 10, count=10, pad=16)
         acc_0_0 = acc_0_0 + w * (0.11322770341445958 * x1c_0 * x2_0_0)
         acc_0_1 = acc_0_1 + w * (0.11322770341445958 * x1c_1 * x2_0_0)
         acc_0_2 = acc_0_2 + w * (0.11322770341445958 * x1c_2 * x2_0_0)
@@ -75,10 +82,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_3(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(960 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 680 + u * 10, count=10, pad=16)
         acc_0_0 = acc_0_0 + w * (
             - 0.03580574370197164 * x1c_0 * x2_2_2
             - 0.062017367294604234 * x1c_0 * x2_2_4
@@ -106,10 +113,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_5(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1280 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 880 + u * 10, count=10, pad=16)
         acc_0_0 = acc_0_0 + w * (
             0.08006407690254357 * x1c_1 * x2_1_2
             - 0.08006407690254357 * x1c_2 * x2_1_1
@@ -129,17 +136,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_9(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        w = w_ref[:, pl.ds(5312 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
+        w = rt.load_vec(w_ref, 3864 + u * 10, count=10, pad=16)
         acc_0_0 = acc_0_0 + w * (0.11322770341445958 * x1c_0 * x2_1_0)
         acc_0_1 = acc_0_1 + w * (0.11322770341445958 * x1c_0 * x2_1_1)
         acc_0_2 = acc_0_2 + w * (0.11322770341445958 * x1c_0 * x2_1_2)
         return (acc_0_0, acc_0_1, acc_0_2)
 
     (acc_0_0, acc_0_1, acc_0_2) = lax.fori_loop(0, 48, _path_9, (acc_0_0, acc_0_1, acc_0_2))
-    out_ref[:, pl.ds(0, 16)] = acc_0_0
-    out_ref[:, pl.ds(16, 16)] = acc_0_1
-    out_ref[:, pl.ds(32, 16)] = acc_0_2
+    rt.store_tile(out_ref, 0, [acc_0_0, acc_0_1, acc_0_2], mul=10, dim=3, pad=16)
 
     # out block 1 (10x1e): 4 path(s)
     acc_1_0 = jnp.zeros((rows, 16), dtype)
@@ -149,10 +154,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_1(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(160 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 100 + u * 10, count=10, pad=16)
         acc_1_0 = acc_1_0 + w * (
             0.08006407690254357 * x1c_1 * x2_1_2
             - 0.08006407690254357 * x1c_2 * x2_1_1
@@ -172,10 +177,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_4(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1120 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 780 + u * 10, count=10, pad=16)
         acc_1_0 = acc_1_0 + w * (0.11322770341445958 * x1c_0 * x2_0_0)
         acc_1_1 = acc_1_1 + w * (0.11322770341445958 * x1c_1 * x2_0_0)
         acc_1_2 = acc_1_2 + w * (0.11322770341445958 * x1c_2 * x2_0_0)
@@ -186,10 +191,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_7(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(2080 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 1460 + u * 10, count=10, pad=16)
         acc_1_0 = acc_1_0 + w * (
             - 0.03580574370197164 * x1c_0 * x2_2_2
             - 0.062017367294604234 * x1c_0 * x2_2_4
@@ -214,17 +219,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_11(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        w = w_ref[:, pl.ds(9152 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
+        w = rt.load_vec(w_ref, 6648 + u * 10, count=10, pad=16)
         acc_1_0 = acc_1_0 + w * (0.11322770341445958 * x1c_0 * x2_1_0)
         acc_1_1 = acc_1_1 + w * (0.11322770341445958 * x1c_0 * x2_1_1)
         acc_1_2 = acc_1_2 + w * (0.11322770341445958 * x1c_0 * x2_1_2)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 48, _path_11, (acc_1_0, acc_1_1, acc_1_2))
-    out_ref[:, pl.ds(48, 16)] = acc_1_0
-    out_ref[:, pl.ds(64, 16)] = acc_1_1
-    out_ref[:, pl.ds(80, 16)] = acc_1_2
+    rt.store_tile(out_ref, 30, [acc_1_0, acc_1_1, acc_1_2], mul=10, dim=3, pad=16)
 
     # out block 2 (48x0e): 2 path(s)
     acc_2_0 = jnp.zeros((rows, 64), dtype)
@@ -232,10 +235,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_2(u, carry):
         (acc_2_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(320 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 200 + u * 48, count=48, pad=64)
         acc_2_0 = acc_2_0 + w * (
             0.07580980435789032 * x1c_0 * x2_1_0
             + 0.07580980435789032 * x1c_1 * x2_1_1
@@ -248,13 +251,13 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_8(u, carry):
         (acc_2_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        w = w_ref[:, pl.ds(2240 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
+        w = rt.load_vec(w_ref, 1560 + u * 48, count=48, pad=64)
         acc_2_0 = acc_2_0 + w * (0.13130643285972254 * x1c_0 * x2_0_0)
         return (acc_2_0,)
 
     (acc_2_0,) = lax.fori_loop(0, 48, _path_8, (acc_2_0,))
-    out_ref[:, pl.ds(96, 64)] = acc_2_0
+    rt.store_vec(out_ref, 60, acc_2_0, count=48, pad=64)
 
     # out block 3 (48x0o): 2 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
@@ -262,10 +265,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_6(u, carry):
         (acc_3_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1440 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 980 + u * 48, count=48, pad=64)
         acc_3_0 = acc_3_0 + w * (
             0.07580980435789032 * x1c_0 * x2_1_0
             + 0.07580980435789032 * x1c_1 * x2_1_1
@@ -278,17 +281,17 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_10(u, carry):
         (acc_3_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        w = w_ref[:, pl.ds(6080 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
+        w = rt.load_vec(w_ref, 4344 + u * 48, count=48, pad=64)
         acc_3_0 = acc_3_0 + w * (0.13130643285972254 * x1c_0 * x2_0_0)
         return (acc_3_0,)
 
     (acc_3_0,) = lax.fori_loop(0, 48, _path_10, (acc_3_0,))
-    out_ref[:, pl.ds(160, 64)] = acc_3_0
+    rt.store_vec(out_ref, 108, acc_3_0, count=48, pad=64)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
-    """x1 blocks 0, 1, 2, 3 (224 columns); 54 CG terms."""
+    """x1 blocks 0, 1, 2, 3 (156 columns); 54 CG terms."""
     rows = g_ref.shape[0]
     dtype = out_ref.dtype
     lane_16 = lax.broadcasted_iota(jnp.int32, (1, 16), 1)
@@ -300,16 +303,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_0_2 = jnp.zeros((rows, 16), dtype)
     # path 0: x1[0] 10x1o (x) x2[0] 1x0e -> out[0] 10x1o, uvw, weights at 0, 3 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_0_0 = g_ref[:, pl.ds(0, 16)]  # g block 0 (10x1o), m=0
-    g_0_1 = g_ref[:, pl.ds(16, 16)]  # g block 0 (10x1o), m=1
-    g_0_2 = g_ref[:, pl.ds(32, 16)]  # g block 0 (10x1o), m=2
+    g_0_0, g_0_1, g_0_2 = rt.load_tile(g_ref, 0, mul=10, dim=3, pad=16)  # g block 0 (10x1o)
 
     def _path_0(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(0 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 0 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -326,16 +327,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(48, 16)]  # g block 1 (10x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(64, 16)]  # g block 1 (10x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(80, 16)]  # g block 1 (10x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 30, mul=10, dim=3, pad=16)  # g block 1 (10x1e)
 
     def _path_1(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(160 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 100 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -358,14 +357,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
 
     (acc_0_0, acc_0_1, acc_0_2) = lax.fori_loop(0, 10, _path_1, (acc_0_0, acc_0_1, acc_0_2))
     # path 2: x1[0] 10x1o (x) x2[1] 1x1o -> out[2] 48x0e, uvw, weights at 200, 3 nonzeros
-    g_2_0 = g_ref[:, pl.ds(96, 64)]  # g block 2 (48x0e), m=0
+    g_2_0 = rt.load_vec(g_ref, 60, count=48, pad=64)  # g block 2 (48x0e), m=0
 
     def _path_2(u, carry):
         (acc_0_0, acc_0_1, acc_0_2) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(320 + u * 64, 64)]
+        w = rt.load_vec(w_ref, 200 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.07580980435789032 * x2_1_0 * s_0)
         c_1 = c_1 + (0.07580980435789032 * x2_1_1 * s_0)
@@ -388,7 +387,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(960 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 680 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -415,9 +414,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         return (acc_0_0, acc_0_1, acc_0_2)
 
     (acc_0_0, acc_0_1, acc_0_2) = lax.fori_loop(0, 10, _path_3, (acc_0_0, acc_0_1, acc_0_2))
-    out_ref[:, pl.ds(0, 16)] = acc_0_0
-    out_ref[:, pl.ds(16, 16)] = acc_0_1
-    out_ref[:, pl.ds(32, 16)] = acc_0_2
+    rt.store_tile(out_ref, 0, [acc_0_0, acc_0_1, acc_0_2], mul=10, dim=3, pad=16)
 
     # x1 block 1 (10x1e): 4 path(s)
     acc_1_0 = jnp.zeros((rows, 16), dtype)
@@ -430,7 +427,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(1120 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 780 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -450,7 +447,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(1280 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 880 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -473,14 +470,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 10, _path_5, (acc_1_0, acc_1_1, acc_1_2))
     # path 6: x1[1] 10x1e (x) x2[1] 1x1o -> out[3] 48x0o, uvw, weights at 980, 3 nonzeros
-    g_3_0 = g_ref[:, pl.ds(160, 64)]  # g block 3 (48x0o), m=0
+    g_3_0 = rt.load_vec(g_ref, 108, count=48, pad=64)  # g block 3 (48x0o), m=0
 
     def _path_6(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(1440 + u * 64, 64)]
+        w = rt.load_vec(w_ref, 980 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.07580980435789032 * x2_1_0 * s_0)
         c_1 = c_1 + (0.07580980435789032 * x2_1_1 * s_0)
@@ -498,7 +495,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(2080 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 1460 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -525,9 +522,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 10, _path_7, (acc_1_0, acc_1_1, acc_1_2))
-    out_ref[:, pl.ds(48, 16)] = acc_1_0
-    out_ref[:, pl.ds(64, 16)] = acc_1_1
-    out_ref[:, pl.ds(80, 16)] = acc_1_2
+    rt.store_tile(out_ref, 30, [acc_1_0, acc_1_1, acc_1_2], mul=10, dim=3, pad=16)
 
     # x1 block 2 (48x0e): 2 path(s)
     acc_2_0 = jnp.zeros((rows, 64), dtype)
@@ -536,7 +531,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     def _path_8(u, carry):
         (acc_2_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(2240 + u * 64, 64)]
+        w = rt.load_vec(w_ref, 1560 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.13130643285972254 * x2_0_0 * s_0)
         acc_2_0 = acc_2_0 + jnp.where(lane_64 == u, c_0, 0.0)
@@ -548,7 +543,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     def _path_9(u, carry):
         (acc_2_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(5312 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 3864 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -561,7 +556,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         return (acc_2_0,)
 
     (acc_2_0,) = lax.fori_loop(0, 48, _path_9, (acc_2_0,))
-    out_ref[:, pl.ds(96, 64)] = acc_2_0
+    rt.store_vec(out_ref, 60, acc_2_0, count=48, pad=64)
 
     # x1 block 3 (48x0o): 2 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
@@ -570,7 +565,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     def _path_10(u, carry):
         (acc_3_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(6080 + u * 64, 64)]
+        w = rt.load_vec(w_ref, 4344 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.13130643285972254 * x2_0_0 * s_0)
         acc_3_0 = acc_3_0 + jnp.where(lane_64 == u, c_0, 0.0)
@@ -582,7 +577,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     def _path_11(u, carry):
         (acc_3_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(9152 + u * 16, 16)]
+        w = rt.load_vec(w_ref, 6648 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -595,7 +590,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         return (acc_3_0,)
 
     (acc_3_0,) = lax.fori_loop(0, 48, _path_11, (acc_3_0,))
-    out_ref[:, pl.ds(160, 64)] = acc_3_0
+    rt.store_vec(out_ref, 108, acc_3_0, count=48, pad=64)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -606,17 +601,15 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     # x2 block 0 (1x0e): 4 path(s)
     acc_0_0 = jnp.zeros((rows, 1), dtype)
     # path 0: x1[0] 10x1o (x) x2[0] 1x0e -> out[0] 10x1o, uvw, weights at 0, 3 nonzeros
-    g_0_0 = g_ref[:, pl.ds(0, 16)]  # g block 0 (10x1o), m=0
-    g_0_1 = g_ref[:, pl.ds(16, 16)]  # g block 0 (10x1o), m=1
-    g_0_2 = g_ref[:, pl.ds(32, 16)]  # g block 0 (10x1o), m=2
+    g_0_0, g_0_1, g_0_2 = rt.load_tile(g_ref, 0, mul=10, dim=3, pad=16)  # g block 0 (10x1o)
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_0_u(u, carry):
         (c_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(0 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 0 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -630,17 +623,15 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     (c_0,) = lax.fori_loop(0, 10, _path_0_u, (c_0,))
     acc_0_0 = acc_0_0 + c_0
     # path 4: x1[1] 10x1e (x) x2[0] 1x0e -> out[1] 10x1e, uvw, weights at 780, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(48, 16)]  # g block 1 (10x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(64, 16)]  # g block 1 (10x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(80, 16)]  # g block 1 (10x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 30, mul=10, dim=3, pad=16)  # g block 1 (10x1e)
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_4_u(u, carry):
         (c_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1120 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 780 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -654,13 +645,13 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     (c_0,) = lax.fori_loop(0, 10, _path_4_u, (c_0,))
     acc_0_0 = acc_0_0 + c_0
     # path 8: x1[2] 48x0e (x) x2[0] 1x0e -> out[2] 48x0e, uvw, weights at 1560, 1 nonzeros
-    g_2_0 = g_ref[:, pl.ds(96, 64)]  # g block 2 (48x0e), m=0
+    g_2_0 = rt.load_vec(g_ref, 60, count=48, pad=64)  # g block 2 (48x0e), m=0
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_8_u(u, carry):
         (c_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        w = w_ref[:, pl.ds(2240 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
+        w = rt.load_vec(w_ref, 1560 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.13130643285972254 * x1c_0 * s_0)
         return (c_0,)
@@ -668,13 +659,13 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     (c_0,) = lax.fori_loop(0, 48, _path_8_u, (c_0,))
     acc_0_0 = acc_0_0 + c_0
     # path 10: x1[3] 48x0o (x) x2[0] 1x0e -> out[3] 48x0o, uvw, weights at 4344, 1 nonzeros
-    g_3_0 = g_ref[:, pl.ds(160, 64)]  # g block 3 (48x0o), m=0
+    g_3_0 = rt.load_vec(g_ref, 108, count=48, pad=64)  # g block 3 (48x0o), m=0
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_10_u(u, carry):
         (c_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        w = w_ref[:, pl.ds(6080 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
+        w = rt.load_vec(w_ref, 4344 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.13130643285972254 * x1c_0 * s_0)
         return (c_0,)
@@ -694,10 +685,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_1_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(160 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 100 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -726,10 +717,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_2_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(320 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 200 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.07580980435789032 * x1c_0 * s_0)
         c_1 = c_1 + (0.07580980435789032 * x1c_1 * s_0)
@@ -747,10 +738,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_5_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1280 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 880 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -779,10 +770,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_6_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(1440 + u * 64, 64)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 980 + u * 48, count=48, pad=64)
         s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.07580980435789032 * x1c_0 * s_0)
         c_1 = c_1 + (0.07580980435789032 * x1c_1 * s_0)
@@ -800,8 +791,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_9_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
-        w = w_ref[:, pl.ds(5312 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
+        w = rt.load_vec(w_ref, 3864 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -821,8 +812,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_11_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
-        w = w_ref[:, pl.ds(9152 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
+        w = rt.load_vec(w_ref, 6648 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -854,10 +845,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_3_u(u, carry):
         (c_0, c_1, c_2, c_3, c_4) = carry
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
-        w = w_ref[:, pl.ds(960 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        w = rt.load_vec(w_ref, 680 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
@@ -899,10 +890,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_7_u(u, carry):
         (c_0, c_1, c_2, c_3, c_4) = carry
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(2080 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 1460 + u * 10, count=10, pad=16)
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -943,21 +934,19 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
 
 def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
-    """Weighted paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (9920 columns); 54 CG terms."""
+    """Weighted paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (7128 columns); 54 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
-    # weights of path 0 (160 columns)
+    # weights of path 0 (100 columns)
     # path 0: x1[0] 10x1o (x) x2[0] 1x0e -> out[0] 10x1o, uvw, weights at 0, 3 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_0_0 = g_ref[:, pl.ds(0, 16)]  # g block 0 (10x1o), m=0
-    g_0_1 = g_ref[:, pl.ds(16, 16)]  # g block 0 (10x1o), m=1
-    g_0_2 = g_ref[:, pl.ds(32, 16)]  # g block 0 (10x1o), m=2
+    g_0_0, g_0_1, g_0_2 = rt.load_tile(g_ref, 0, mul=10, dim=3, pad=16)  # g block 0 (10x1o)
 
     def _path_0(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
         q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
         q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
         q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
@@ -966,24 +955,22 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_0_1
             + q_2 * g_0_2
         )
-        out_ref[:, pl.ds(0 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 0 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_0, None)
 
-    # weights of path 1 (160 columns)
+    # weights of path 1 (100 columns)
     # path 1: x1[0] 10x1o (x) x2[1] 1x1o -> out[1] 10x1e, uvw, weights at 100, 6 nonzeros
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(48, 16)]  # g block 1 (10x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(64, 16)]  # g block 1 (10x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(80, 16)]  # g block 1 (10x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 30, mul=10, dim=3, pad=16)  # g block 1 (10x1e)
 
     def _path_1(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
         q_0 = (
             0.08006407690254357 * x1c_1 * x2_1_2
             - 0.08006407690254357 * x1c_2 * x2_1_1
@@ -1001,31 +988,31 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(160 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 100 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_1, None)
 
-    # weights of path 2 (640 columns)
+    # weights of path 2 (480 columns)
     # path 2: x1[0] 10x1o (x) x2[1] 1x1o -> out[2] 48x0e, uvw, weights at 200, 3 nonzeros
-    g_2_0 = g_ref[:, pl.ds(96, 64)]  # g block 2 (48x0e), m=0
+    g_2_0 = rt.load_vec(g_ref, 60, count=48, pad=64)  # g block 2 (48x0e), m=0
 
     def _path_2(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
         q_0 = (
             0.07580980435789032 * x1c_0 * x2_1_0
             + 0.07580980435789032 * x1c_1 * x2_1_1
             + 0.07580980435789032 * x1c_2 * x2_1_2
         )
         r = q_0 * g_2_0
-        out_ref[:, pl.ds(320 + u * 64, 64)] = r
+        rt.store_vec(out_ref, 200 + u * 48, r, count=48, pad=64)
         return carry
 
     lax.fori_loop(0, 10, _path_2, None)
 
-    # weights of path 3 (160 columns)
+    # weights of path 3 (100 columns)
     # path 3: x1[0] 10x1o (x) x2[2] 1x2e -> out[0] 10x1o, uvw, weights at 680, 11 nonzeros
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
@@ -1034,9 +1021,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
 
     def _path_3(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(16 + u, 1)]  # x1 block 0, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(32 + u, 1)]  # x1 block 0, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
         q_0 = (
             - 0.03580574370197164 * x1c_0 * x2_2_2
             - 0.062017367294604234 * x1c_0 * x2_2_4
@@ -1059,18 +1046,18 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_0_1
             + q_2 * g_0_2
         )
-        out_ref[:, pl.ds(960 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 680 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_3, None)
 
-    # weights of path 4 (160 columns)
+    # weights of path 4 (100 columns)
     # path 4: x1[1] 10x1e (x) x2[0] 1x0e -> out[1] 10x1e, uvw, weights at 780, 3 nonzeros
 
     def _path_4(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
         q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
         q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
@@ -1079,18 +1066,18 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(1120 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 780 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_4, None)
 
-    # weights of path 5 (160 columns)
+    # weights of path 5 (100 columns)
     # path 5: x1[1] 10x1e (x) x2[1] 1x1o -> out[0] 10x1o, uvw, weights at 880, 6 nonzeros
 
     def _path_5(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = (
             0.08006407690254357 * x1c_1 * x2_1_2
             - 0.08006407690254357 * x1c_2 * x2_1_1
@@ -1108,37 +1095,37 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_0_1
             + q_2 * g_0_2
         )
-        out_ref[:, pl.ds(1280 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 880 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_5, None)
 
-    # weights of path 6 (640 columns)
+    # weights of path 6 (480 columns)
     # path 6: x1[1] 10x1e (x) x2[1] 1x1o -> out[3] 48x0o, uvw, weights at 980, 3 nonzeros
-    g_3_0 = g_ref[:, pl.ds(160, 64)]  # g block 3 (48x0o), m=0
+    g_3_0 = rt.load_vec(g_ref, 108, count=48, pad=64)  # g block 3 (48x0o), m=0
 
     def _path_6(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = (
             0.07580980435789032 * x1c_0 * x2_1_0
             + 0.07580980435789032 * x1c_1 * x2_1_1
             + 0.07580980435789032 * x1c_2 * x2_1_2
         )
         r = q_0 * g_3_0
-        out_ref[:, pl.ds(1440 + u * 64, 64)] = r
+        rt.store_vec(out_ref, 980 + u * 48, r, count=48, pad=64)
         return carry
 
     lax.fori_loop(0, 10, _path_6, None)
 
-    # weights of path 7 (160 columns)
+    # weights of path 7 (100 columns)
     # path 7: x1[1] 10x1e (x) x2[2] 1x2e -> out[1] 10x1e, uvw, weights at 1460, 11 nonzeros
 
     def _path_7(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(48 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = (
             - 0.03580574370197164 * x1c_0 * x2_2_2
             - 0.062017367294604234 * x1c_0 * x2_2_4
@@ -1161,28 +1148,28 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(2080 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 1460 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 10, _path_7, None)
 
-    # weights of path 8 (3072 columns)
+    # weights of path 8 (2304 columns)
     # path 8: x1[2] 48x0e (x) x2[0] 1x0e -> out[2] 48x0e, uvw, weights at 1560, 1 nonzeros
 
     def _path_8(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
         q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
         r = q_0 * g_2_0
-        out_ref[:, pl.ds(2240 + u * 64, 64)] = r
+        rt.store_vec(out_ref, 1560 + u * 48, r, count=48, pad=64)
         return carry
 
     lax.fori_loop(0, 48, _path_8, None)
 
-    # weights of path 9 (768 columns)
+    # weights of path 9 (480 columns)
     # path 9: x1[2] 48x0e (x) x2[1] 1x1o -> out[0] 10x1o, uvw, weights at 3864, 3 nonzeros
 
     def _path_9(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 2, m=0, channel u
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
         q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
         q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
         q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
@@ -1191,28 +1178,28 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_0_1
             + q_2 * g_0_2
         )
-        out_ref[:, pl.ds(5312 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 3864 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 48, _path_9, None)
 
-    # weights of path 10 (3072 columns)
+    # weights of path 10 (2304 columns)
     # path 10: x1[3] 48x0o (x) x2[0] 1x0e -> out[3] 48x0o, uvw, weights at 4344, 1 nonzeros
 
     def _path_10(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
         q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
         r = q_0 * g_3_0
-        out_ref[:, pl.ds(6080 + u * 64, 64)] = r
+        rt.store_vec(out_ref, 4344 + u * 48, r, count=48, pad=64)
         return carry
 
     lax.fori_loop(0, 48, _path_10, None)
 
-    # weights of path 11 (768 columns)
+    # weights of path 11 (480 columns)
     # path 11: x1[3] 48x0o (x) x2[1] 1x1o -> out[1] 10x1e, uvw, weights at 6648, 3 nonzeros
 
     def _path_11(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(160 + u, 1)]  # x1 block 3, m=0, channel u
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
         q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
         q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
         q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
@@ -1221,7 +1208,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(9152 + u * 16, 16)] = r
+        rt.store_vec(out_ref, 6648 + u * 10, r, count=10, pad=16)
         return carry
 
     lax.fori_loop(0, 48, _path_11, None)
@@ -1230,16 +1217,16 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 # (kernel, output width) in output-column order; the pieces of a set concatenate to
 # the full width of what it computes.
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 224),
+    (_tp_fwd_kernel_0, 156),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 224),
+    (_tp_bwd_x1_kernel_0, 156),
 )
 BWD_X2_KERNELS = (
     (_tp_bwd_x2_kernel_0, 9),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 9920),
+    (_tp_bwd_w_kernel_0, 7128),
 )
 
 
@@ -1264,14 +1251,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -1282,4 +1269,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (16x1o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "e3tools_conv"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 112
 IDIM_IN2 = 4
-IWEIGHT_NUMEL = 11520
-IDIM_OUT = 176
+IWEIGHT_NUMEL = 7680
+IDIM_OUT = 128
 SHARED_WEIGHTS = False
 
 
 def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
-    """Output blocks 0, 1 (176 columns); 10 CG terms."""
+    """Output blocks 0, 1 (128 columns); 10 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
@@ -55,7 +62,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     def _path_0(u, carry):
         (acc_0_0,) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        w = w_ref[:, pl.ds(0 + u * 128, 128)]
+        w = rt.load_vec(w_ref, 0 + u * 80, count=80, pad=128)
         acc_0_0 = acc_0_0 + w * (0.11180339887498948 * x1c_0 * x2_0_0)
         return (acc_0_0,)
 
@@ -67,10 +74,10 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_3(u, carry):
         (acc_0_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(9472 + u * 128, 128)]
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         acc_0_0 = acc_0_0 + w * (
             0.06454972243679027 * x1c_0 * x2_1_0
             + 0.06454972243679027 * x1c_1 * x2_1_1
@@ -79,7 +86,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         return (acc_0_0,)
 
     (acc_0_0,) = lax.fori_loop(0, 16, _path_3, (acc_0_0,))
-    out_ref[:, pl.ds(0, 128)] = acc_0_0
+    rt.store_vec(out_ref, 0, acc_0_0, count=80, pad=128)
 
     # out block 1 (16x1o): 2 path(s)
     acc_1_0 = jnp.zeros((rows, 16), dtype)
@@ -90,7 +97,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     def _path_1(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        w = w_ref[:, pl.ds(8192 + u * 16, 16)]
+        w = w_ref[:, pl.ds(5120 + u * 16, 16)]
         acc_1_0 = acc_1_0 + w * (0.11180339887498948 * x1c_0 * x2_1_0)
         acc_1_1 = acc_1_1 + w * (0.11180339887498948 * x1c_0 * x2_1_1)
         acc_1_2 = acc_1_2 + w * (0.11180339887498948 * x1c_0 * x2_1_2)
@@ -101,19 +108,17 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     def _path_2(u, carry):
         (acc_1_0, acc_1_1, acc_1_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(9216 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = w_ref[:, pl.ds(6144 + u * 16, 16)]
         acc_1_0 = acc_1_0 + w * (0.11180339887498948 * x1c_0 * x2_0_0)
         acc_1_1 = acc_1_1 + w * (0.11180339887498948 * x1c_1 * x2_0_0)
         acc_1_2 = acc_1_2 + w * (0.11180339887498948 * x1c_2 * x2_0_0)
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 16, _path_2, (acc_1_0, acc_1_1, acc_1_2))
-    out_ref[:, pl.ds(128, 16)] = acc_1_0
-    out_ref[:, pl.ds(144, 16)] = acc_1_1
-    out_ref[:, pl.ds(160, 16)] = acc_1_2
+    rt.store_tile(out_ref, 80, [acc_1_0, acc_1_1, acc_1_2], mul=16, dim=3, pad=16)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -127,12 +132,12 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_0_0 = jnp.zeros((rows, 64), dtype)
     # path 0: x1[0] 64x0e (x) x2[0] 1x0e -> out[0] 80x0e, uvw, weights at 0, 1 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (80x0e), m=0
+    g_0_0 = rt.load_vec(g_ref, 0, count=80, pad=128)  # g block 0 (80x0e), m=0
 
     def _path_0(u, carry):
         (acc_0_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(0 + u * 128, 128)]
+        w = rt.load_vec(w_ref, 0 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.11180339887498948 * x2_0_0 * s_0)
         acc_0_0 = acc_0_0 + jnp.where(lane_64 == u, c_0, 0.0)
@@ -143,14 +148,12 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 16)]  # g block 1 (16x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(144, 16)]  # g block 1 (16x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(160, 16)]  # g block 1 (16x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 80, mul=16, dim=3, pad=16)  # g block 1 (16x1o)
 
     def _path_1(u, carry):
         (acc_0_0,) = carry
         c_0 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(8192 + u * 16, 16)]
+        w = w_ref[:, pl.ds(5120 + u * 16, 16)]
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -176,7 +179,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(9216 + u * 16, 16)]
+        w = w_ref[:, pl.ds(6144 + u * 16, 16)]
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -196,7 +199,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_0 = jnp.zeros((rows, 1), dtype)
         c_1 = jnp.zeros((rows, 1), dtype)
         c_2 = jnp.zeros((rows, 1), dtype)
-        w = w_ref[:, pl.ds(9472 + u * 128, 128)]
+        w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.06454972243679027 * x2_1_0 * s_0)
         c_1 = c_1 + (0.06454972243679027 * x2_1_1 * s_0)
@@ -207,9 +210,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         return (acc_1_0, acc_1_1, acc_1_2)
 
     (acc_1_0, acc_1_1, acc_1_2) = lax.fori_loop(0, 16, _path_3, (acc_1_0, acc_1_1, acc_1_2))
-    out_ref[:, pl.ds(64, 16)] = acc_1_0
-    out_ref[:, pl.ds(80, 16)] = acc_1_1
-    out_ref[:, pl.ds(96, 16)] = acc_1_2
+    rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=16, dim=3, pad=16)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -220,13 +221,13 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     # x2 block 0 (1x0e): 2 path(s)
     acc_0_0 = jnp.zeros((rows, 1), dtype)
     # path 0: x1[0] 64x0e (x) x2[0] 1x0e -> out[0] 80x0e, uvw, weights at 0, 1 nonzeros
-    g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (80x0e), m=0
+    g_0_0 = rt.load_vec(g_ref, 0, count=80, pad=128)  # g block 0 (80x0e), m=0
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_0_u(u, carry):
         (c_0,) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        w = w_ref[:, pl.ds(0 + u * 128, 128)]
+        w = rt.load_vec(w_ref, 0 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.11180339887498948 * x1c_0 * s_0)
         return (c_0,)
@@ -234,17 +235,15 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     (c_0,) = lax.fori_loop(0, 64, _path_0_u, (c_0,))
     acc_0_0 = acc_0_0 + c_0
     # path 2: x1[1] 16x1o (x) x2[0] 1x0e -> out[1] 16x1o, uvw, weights at 6144, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 16)]  # g block 1 (16x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(144, 16)]  # g block 1 (16x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(160, 16)]  # g block 1 (16x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 80, mul=16, dim=3, pad=16)  # g block 1 (16x1o)
     c_0 = jnp.zeros((rows, 1), dtype)
 
     def _path_2_u(u, carry):
         (c_0,) = carry
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(9216 + u * 16, 16)]
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = w_ref[:, pl.ds(6144 + u * 16, 16)]
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -271,7 +270,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     def _path_1_u(u, carry):
         (c_0, c_1, c_2) = carry
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
-        w = w_ref[:, pl.ds(8192 + u * 16, 16)]
+        w = w_ref[:, pl.ds(5120 + u * 16, 16)]
         s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
         s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
         s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -291,10 +290,10 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
     def _path_3_u(u, carry):
         (c_0, c_1, c_2) = carry
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
-        w = w_ref[:, pl.ds(9472 + u * 128, 128)]
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
         c_0 = c_0 + (0.06454972243679027 * x1c_0 * s_0)
         c_1 = c_1 + (0.06454972243679027 * x1c_1 * s_0)
@@ -311,20 +310,20 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
 
 def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
-    """Weighted paths 0, 1, 2, 3 (11520 columns); 10 CG terms."""
+    """Weighted paths 0, 1, 2, 3 (7680 columns); 10 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
-    # weights of path 0 (8192 columns)
+    # weights of path 0 (5120 columns)
     # path 0: x1[0] 64x0e (x) x2[0] 1x0e -> out[0] 80x0e, uvw, weights at 0, 1 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (80x0e), m=0
+    g_0_0 = rt.load_vec(g_ref, 0, count=80, pad=128)  # g block 0 (80x0e), m=0
 
     def _path_0(u, carry):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
         q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
         r = q_0 * g_0_0
-        out_ref[:, pl.ds(0 + u * 128, 128)] = r
+        rt.store_vec(out_ref, 0 + u * 80, r, count=80, pad=128)
         return carry
 
     lax.fori_loop(0, 64, _path_0, None)
@@ -334,9 +333,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 16)]  # g block 1 (16x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(144, 16)]  # g block 1 (16x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(160, 16)]  # g block 1 (16x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 80, mul=16, dim=3, pad=16)  # g block 1 (16x1o)
 
     def _path_1(u, carry):
         x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
@@ -348,7 +345,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(8192 + u * 16, 16)] = r
+        out_ref[:, pl.ds(5120 + u * 16, 16)] = r
         return carry
 
     lax.fori_loop(0, 64, _path_1, None)
@@ -357,9 +354,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 2: x1[1] 16x1o (x) x2[0] 1x0e -> out[1] 16x1o, uvw, weights at 6144, 3 nonzeros
 
     def _path_2(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
         q_1 = 0.11180339887498948 * x1c_1 * x2_0_0
         q_2 = 0.11180339887498948 * x1c_2 * x2_0_0
@@ -368,25 +365,25 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
             + q_1 * g_1_1
             + q_2 * g_1_2
         )
-        out_ref[:, pl.ds(9216 + u * 16, 16)] = r
+        out_ref[:, pl.ds(6144 + u * 16, 16)] = r
         return carry
 
     lax.fori_loop(0, 16, _path_2, None)
 
-    # weights of path 3 (2048 columns)
+    # weights of path 3 (1280 columns)
     # path 3: x1[1] 16x1o (x) x2[1] 1x1o -> out[0] 80x0e, uvw, weights at 6400, 3 nonzeros
 
     def _path_3(u, carry):
-        x1c_0 = x1_ref[:, pl.ds(64 + u, 1)]  # x1 block 1, m=0, channel u
-        x1c_1 = x1_ref[:, pl.ds(80 + u, 1)]  # x1 block 1, m=1, channel u
-        x1c_2 = x1_ref[:, pl.ds(96 + u, 1)]  # x1 block 1, m=2, channel u
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = (
             0.06454972243679027 * x1c_0 * x2_1_0
             + 0.06454972243679027 * x1c_1 * x2_1_1
             + 0.06454972243679027 * x1c_2 * x2_1_2
         )
         r = q_0 * g_0_0
-        out_ref[:, pl.ds(9472 + u * 128, 128)] = r
+        rt.store_vec(out_ref, 6400 + u * 80, r, count=80, pad=128)
         return carry
 
     lax.fori_loop(0, 16, _path_3, None)
@@ -395,7 +392,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 # (kernel, output width) in output-column order; the pieces of a set concatenate to
 # the full width of what it computes.
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 176),
+    (_tp_fwd_kernel_0, 128),
 )
 BWD_X1_KERNELS = (
     (_tp_bwd_x1_kernel_0, 112),
@@ -404,7 +401,7 @@ BWD_X2_KERNELS = (
     (_tp_bwd_x2_kernel_0, 4),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 11520),
+    (_tp_bwd_w_kernel_0, 7680),
 )
 
 
@@ -429,14 +426,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -447,4 +444,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

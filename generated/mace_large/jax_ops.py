@@ -22,14 +22,14 @@ directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
 
-Layout. The kernels read a channel-contiguous, power-of-two padded layout.
-Operands not already in it are rearranged at the boundary by one XLA fusion per
-operand (an extra read and write of ``x1``, ``x2`` and ``out``); that is cheaper
-than strided per-component accesses in the kernel (DESIGN.md, "What layout
-costs"). Store operands ``ir_mul`` with power-of-two multiplicities to avoid it.
+Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
+order in place: no conversion pass outside them (each ``mul_ir`` block with several
+channels and components is loaded as one contiguous tile and split into components on
+chip, DESIGN.md "What layout costs").
 
 Batch. The batch is padded up to a multiple of the batch block (``block_batch``,
-default 4); padded rows are computed and dropped. Each distinct padded
+default 4; a copy of the operands unless the batch is a multiple of it);
+padded rows are computed and dropped. Each distinct padded
 batch size compiles once; callers whose batch changes every step (molecular dynamics)
 should pad to a few bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``)
 and mask, so that the kernels are not recompiled for every size.
@@ -94,23 +94,12 @@ WEIGHT_NUMEL = 2176
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = ('float32', 'float64')
-# Blocks as (offset in the spec's layout, mul, 2l+1, padded mul).
-IN1_BLOCKS = ((0, 128, 1, 128), (128, 128, 3, 128), (512, 128, 5, 128))
-IN2_BLOCKS = ((0, 1, 1, 1), (1, 1, 3, 1), (4, 1, 5, 1), (9, 1, 7, 1))
-OUT_BLOCKS = ((0, 128, 1, 128), (128, 128, 3, 128), (512, 128, 5, 128), (1152, 128, 7, 128), (2048, 128, 3, 128), (2432, 128, 1, 128), (2560, 128, 5, 128), (3200, 128, 3, 128), (3584, 128, 7, 128), (4480, 128, 5, 128), (5120, 128, 5, 128), (5760, 128, 3, 128), (6144, 128, 7, 128), (7040, 128, 1, 128), (7168, 128, 5, 128), (7808, 128, 3, 128), (8192, 128, 7, 128))
-# Weighted paths as (offset, e3nn path shape, axis order in the kernel, padded last axis).
-WEIGHT_BLOCKS = ((0, (128, 1), (1, 0), 128), (128, (128, 1), (1, 0), 128), (256, (128, 1), (1, 0), 128), (384, (128, 1), (1, 0), 128), (512, (128, 1), (1, 0), 128), (640, (128, 1), (1, 0), 128), (768, (128, 1), (1, 0), 128), (896, (128, 1), (1, 0), 128), (1024, (128, 1), (1, 0), 128), (1152, (128, 1), (1, 0), 128), (1280, (128, 1), (1, 0), 128), (1408, (128, 1), (1, 0), 128), (1536, (128, 1), (1, 0), 128), (1664, (128, 1), (1, 0), 128), (1792, (128, 1), (1, 0), 128), (1920, (128, 1), (1, 0), 128), (2048, (128, 1), (1, 0), 128))
-# Whether an operand's layout already is the kernel layout (then no rearranging copy).
-IN1_IDENTITY = False
-IN2_IDENTITY = True
-OUT_IDENTITY = False
-WEIGHTS_IDENTITY = True
 # Cost per batch element, for roofline estimates.
 FLOPS_PER_BATCH = 100736
 BYTES_PER_BATCH = {'float32': 49728, 'float64': 99456}
 
 
-# The four kernels on kernel-layout arrays, differentiable to any order in reverse mode.
+# The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
 KERNEL_OPS = rt.make_vjp_ops(
     _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
 )
@@ -155,39 +144,31 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
                                interpret=rt.use_interpret(interpret))
 
 
-def _pack_all(x1, x2, weights, rows):
-    a = rt.pack(x1, IN1_BLOCKS, LAYOUT, rows, identity=IN1_IDENTITY)
-    b = rt.pack(x2, IN2_BLOCKS, LAYOUT, rows, identity=IN2_IDENTITY)
-    w = rt.pack_weights(weights, WEIGHT_BLOCKS, _kernels.IWEIGHT_NUMEL, SHARED_WEIGHTS, rows,
-                        identity=WEIGHTS_IDENTITY)
-    return a, b, w
+def _operands(x1, x2, weights, rows):
+    w = rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
+    return rt.pad_rows(x1, rows), rt.pad_rows(x2, rows), w
 
 
 # jitted (static block size and mode) so that eager calls do not run the kernels op by op;
-# the layout conversions around the kernels are plain jnp, differentiated by JAX itself.
+# the row padding around the kernels is plain jnp, differentiated by JAX itself.
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    y = KERNEL_OPS.fwd(a, b, w, block_batch, interpret)
-    return rt.unpack(y, OUT_BLOCKS, LAYOUT, batch, identity=OUT_IDENTITY)
+    y = KERNEL_OPS.fwd(*_operands(x1, x2, weights, rows), block_batch, interpret)
+    return y[:batch]
 
 
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    g = rt.pack(grad_out, OUT_BLOCKS, LAYOUT, rows, identity=OUT_IDENTITY)
+    a, b, w = _operands(x1, x2, weights, rows)
+    g = rt.pad_rows(grad_out, rows)
     ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
     gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
     gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
-    return (
-        rt.unpack(ga, IN1_BLOCKS, LAYOUT, batch, identity=IN1_IDENTITY),
-        rt.unpack(gb, IN2_BLOCKS, LAYOUT, batch, identity=IN2_IDENTITY),
-        rt.unpack_weights(gw, WEIGHT_BLOCKS, WEIGHT_NUMEL, SHARED_WEIGHTS, batch, identity=WEIGHTS_IDENTITY),
-    )
+    return ga[:batch], gb[:batch], rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, batch)
 
 
 # ------------------------------------------------------------------ fused graph convolution
@@ -203,18 +184,19 @@ def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
         return rt.launch_segments(_kernels.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
                                   perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
                                   num_nodes=a.shape[0], out_width=_kernels.IDIM_OUT, block_edges=block_batch,
-                                  interpret=interpret)
+                                  interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
     def backward_x1(g, b, c, graph, *, block_batch, interpret):
         return rt.launch_segments(_kernels.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
                                   perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
                                   num_nodes=g.shape[0], out_width=_kernels.IDIM_IN1, block_edges=block_batch,
-                                  interpret=interpret)
+                                  interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
     def backward_x2(a, g, c, graph, *, block_batch, interpret):
         return rt.launch_edges(_kernels.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
                                shared_arg=shared, shared_out=False, num_nodes=a.shape[0],
-                               out_width=_kernels.IDIM_IN2, block_edges=block_batch, interpret=interpret)
+                               out_width=_kernels.IDIM_IN2, block_edges=block_batch, interpret=interpret,
+                               num_warps=_kernels.NUM_WARPS)
 
     return forward, backward_x1, backward_x2
 
@@ -222,10 +204,11 @@ def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
 def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
     return rt.launch_edges(_kernels.NAME, _kernels.BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
                            shared_arg=None, shared_out=SHARED_WEIGHTS, num_nodes=a.shape[0],
-                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch, interpret=interpret)
+                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch, interpret=interpret,
+                           num_warps=_kernels.NUM_WARPS)
 
 
-# The four conv kernels on kernel-layout arrays and a ``ConvGraph``, differentiable to any
+# The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any
 # order in reverse mode (``rt.make_conv_vjp_ops``).
 CONV_OPS = rt.make_conv_vjp_ops(
     *_conv_launchers(_kernels.FWD_KERNELS, _kernels.BWD_X1_KERNELS, _kernels.BWD_X2_KERNELS), _conv_backward_w,
@@ -273,9 +256,6 @@ def pad_graph(node_features, edge_attr, weights, src, dst, num_nodes: int, *, mi
 def _conv(x, y, w, src, dst, *, num_nodes: int, block: int, interpret: bool):
     rows = max(rt.round_up(y.shape[0], block), block)
     graph = rt.conv_graph(src, dst, num_nodes, rows, x.dtype)
-    a = rt.pack(x, IN1_BLOCKS, LAYOUT, num_nodes, identity=IN1_IDENTITY)
-    b = rt.pack(y, IN2_BLOCKS, LAYOUT, rows, identity=IN2_IDENTITY)
-    c = rt.pack_weights(w, WEIGHT_BLOCKS, _kernels.IWEIGHT_NUMEL, SHARED_WEIGHTS, rows, identity=WEIGHTS_IDENTITY)
-    out = rt.unpack(CONV_OPS.fwd(a, b, c, graph, block, interpret), OUT_BLOCKS, LAYOUT, num_nodes,
-                    identity=OUT_IDENTITY)
+    c = rt.kernel_weights(w, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
+    out = CONV_OPS.fwd(x, rt.pad_rows(y, rows), c, graph, block, interpret)
     return out

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (128x1o, 128x2e, 128x3o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "mace_large"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 1152
 IDIM_IN2 = 16
 IWEIGHT_NUMEL = 2176
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # out block 2 (128x2e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
@@ -90,11 +95,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(512, 128)] = acc_2_0
-    out_ref[:, pl.ds(640, 128)] = acc_2_1
-    out_ref[:, pl.ds(768, 128)] = acc_2_2
-    out_ref[:, pl.ds(896, 128)] = acc_2_3
-    out_ref[:, pl.ds(1024, 128)] = acc_2_4
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # out block 3 (128x3o): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 128), dtype)
@@ -120,29 +121,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x1_0_0 * x2_3_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x1_0_0 * x2_3_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x1_0_0 * x2_3_6)
-    out_ref[:, pl.ds(1152, 128)] = acc_3_0
-    out_ref[:, pl.ds(1280, 128)] = acc_3_1
-    out_ref[:, pl.ds(1408, 128)] = acc_3_2
-    out_ref[:, pl.ds(1536, 128)] = acc_3_3
-    out_ref[:, pl.ds(1664, 128)] = acc_3_4
-    out_ref[:, pl.ds(1792, 128)] = acc_3_5
-    out_ref[:, pl.ds(1920, 128)] = acc_3_6
+    rt.store_tile(out_ref, 1152, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=128, dim=7, pad=128)
 
     # out block 4 (128x1o): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 128), dtype)
     acc_4_1 = jnp.zeros((rows, 128), dtype)
     acc_4_2 = jnp.zeros((rows, 128), dtype)
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 128)]
     acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_1_0 * x2_0_0)
     acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_1_1 * x2_0_0)
     acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_1_2 * x2_0_0)
-    out_ref[:, pl.ds(2048, 128)] = acc_4_0
-    out_ref[:, pl.ds(2176, 128)] = acc_4_1
-    out_ref[:, pl.ds(2304, 128)] = acc_4_2
+    rt.store_tile(out_ref, 2048, [acc_4_0, acc_4_1, acc_4_2], mul=128, dim=3, pad=128)
 
     # out block 5 (128x0e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 128), dtype)
@@ -184,11 +175,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_1_0
         + 0.7071067811865476 * x1_1_2 * x2_1_2
     )
-    out_ref[:, pl.ds(2560, 128)] = acc_6_0
-    out_ref[:, pl.ds(2688, 128)] = acc_6_1
-    out_ref[:, pl.ds(2816, 128)] = acc_6_2
-    out_ref[:, pl.ds(2944, 128)] = acc_6_3
-    out_ref[:, pl.ds(3072, 128)] = acc_6_4
+    rt.store_tile(out_ref, 2560, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4], mul=128, dim=5, pad=128)
 
     # out block 7 (128x1o): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 128), dtype)
@@ -213,9 +200,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_1_2 * x2_2_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(3200, 128)] = acc_7_0
-    out_ref[:, pl.ds(3328, 128)] = acc_7_1
-    out_ref[:, pl.ds(3456, 128)] = acc_7_2
+    rt.store_tile(out_ref, 3200, [acc_7_0, acc_7_1, acc_7_2], mul=128, dim=3, pad=128)
 
     # out block 8 (128x3o): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 128), dtype)
@@ -262,13 +247,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_2_0
         + 0.7071067811865476 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(3584, 128)] = acc_8_0
-    out_ref[:, pl.ds(3712, 128)] = acc_8_1
-    out_ref[:, pl.ds(3840, 128)] = acc_8_2
-    out_ref[:, pl.ds(3968, 128)] = acc_8_3
-    out_ref[:, pl.ds(4096, 128)] = acc_8_4
-    out_ref[:, pl.ds(4224, 128)] = acc_8_5
-    out_ref[:, pl.ds(4352, 128)] = acc_8_6
+    rt.store_tile(out_ref, 3584, [acc_8_0, acc_8_1, acc_8_2, acc_8_3, acc_8_4, acc_8_5, acc_8_6], mul=128, dim=7, pad=128)
 
     # out block 9 (128x2e): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 128), dtype)
@@ -309,11 +288,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_1_2 * x2_3_4
         + 0.5976143046671969 * x1_1_2 * x2_3_6
     )
-    out_ref[:, pl.ds(4480, 128)] = acc_9_0
-    out_ref[:, pl.ds(4608, 128)] = acc_9_1
-    out_ref[:, pl.ds(4736, 128)] = acc_9_2
-    out_ref[:, pl.ds(4864, 128)] = acc_9_3
-    out_ref[:, pl.ds(4992, 128)] = acc_9_4
+    rt.store_tile(out_ref, 4480, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
 
     # out block 10 (128x2e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 128), dtype)
@@ -321,11 +296,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_2 = jnp.zeros((rows, 128), dtype)
     acc_10_3 = jnp.zeros((rows, 128), dtype)
     acc_10_4 = jnp.zeros((rows, 128), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
     # path 10: x1[2] 128x2e (x) x2[0] 1x0e -> out[10] 128x2e, uvu, weights at 1280, 5 nonzeros
     w = w_ref[:, pl.ds(1280, 128)]
     acc_10_0 = acc_10_0 + w * (1.0 * x1_2_0 * x2_0_0)
@@ -333,11 +304,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_2 = acc_10_2 + w * (1.0 * x1_2_2 * x2_0_0)
     acc_10_3 = acc_10_3 + w * (1.0 * x1_2_3 * x2_0_0)
     acc_10_4 = acc_10_4 + w * (1.0 * x1_2_4 * x2_0_0)
-    out_ref[:, pl.ds(5120, 128)] = acc_10_0
-    out_ref[:, pl.ds(5248, 128)] = acc_10_1
-    out_ref[:, pl.ds(5376, 128)] = acc_10_2
-    out_ref[:, pl.ds(5504, 128)] = acc_10_3
-    out_ref[:, pl.ds(5632, 128)] = acc_10_4
+    rt.store_tile(out_ref, 5120, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
 
     # out block 11 (128x1o): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 128), dtype)
@@ -362,9 +329,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_2_3 * x2_1_1
         + 0.5477225575051661 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(5760, 128)] = acc_11_0
-    out_ref[:, pl.ds(5888, 128)] = acc_11_1
-    out_ref[:, pl.ds(6016, 128)] = acc_11_2
+    rt.store_tile(out_ref, 5760, [acc_11_0, acc_11_1, acc_11_2], mul=128, dim=3, pad=128)
 
     # out block 12 (128x3o): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 128), dtype)
@@ -411,13 +376,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_1_0
         + 0.7071067811865476 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(6144, 128)] = acc_12_0
-    out_ref[:, pl.ds(6272, 128)] = acc_12_1
-    out_ref[:, pl.ds(6400, 128)] = acc_12_2
-    out_ref[:, pl.ds(6528, 128)] = acc_12_3
-    out_ref[:, pl.ds(6656, 128)] = acc_12_4
-    out_ref[:, pl.ds(6784, 128)] = acc_12_5
-    out_ref[:, pl.ds(6912, 128)] = acc_12_6
+    rt.store_tile(out_ref, 6144, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4, acc_12_5, acc_12_6], mul=128, dim=7, pad=128)
 
     # out block 13 (128x0e): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 128), dtype)
@@ -475,11 +434,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_2_3 * x2_2_3
         - 0.5345224838248488 * x1_2_4 * x2_2_2
     )
-    out_ref[:, pl.ds(7168, 128)] = acc_14_0
-    out_ref[:, pl.ds(7296, 128)] = acc_14_1
-    out_ref[:, pl.ds(7424, 128)] = acc_14_2
-    out_ref[:, pl.ds(7552, 128)] = acc_14_3
-    out_ref[:, pl.ds(7680, 128)] = acc_14_4
+    rt.store_tile(out_ref, 7168, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4], mul=128, dim=5, pad=128)
 
     # out block 15 (128x1o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 128), dtype)
@@ -514,9 +469,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x1_2_4 * x2_3_4
         + 0.4629100498862757 * x1_2_4 * x2_3_6
     )
-    out_ref[:, pl.ds(7808, 128)] = acc_15_0
-    out_ref[:, pl.ds(7936, 128)] = acc_15_1
-    out_ref[:, pl.ds(8064, 128)] = acc_15_2
+    rt.store_tile(out_ref, 7808, [acc_15_0, acc_15_1, acc_15_2], mul=128, dim=3, pad=128)
 
     # out block 16 (128x3o): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 128), dtype)
@@ -583,13 +536,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_2_3 * x2_3_5
         - 0.2886751345948129 * x1_2_4 * x2_3_4
     )
-    out_ref[:, pl.ds(8192, 128)] = acc_16_0
-    out_ref[:, pl.ds(8320, 128)] = acc_16_1
-    out_ref[:, pl.ds(8448, 128)] = acc_16_2
-    out_ref[:, pl.ds(8576, 128)] = acc_16_3
-    out_ref[:, pl.ds(8704, 128)] = acc_16_4
-    out_ref[:, pl.ds(8832, 128)] = acc_16_5
-    out_ref[:, pl.ds(8960, 128)] = acc_16_6
+    rt.store_tile(out_ref, 8192, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -607,9 +554,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
     w = w_ref[:, pl.ds(128, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -622,11 +567,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
     w = w_ref[:, pl.ds(256, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -643,13 +584,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -667,9 +602,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = jnp.zeros((rows, 128), dtype)
     acc_1_1 = jnp.zeros((rows, 128), dtype)
     acc_1_2 = jnp.zeros((rows, 128), dtype)
-    g_4_0 = g_ref[:, pl.ds(2048, 128)]  # g block 4 (128x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2176, 128)]  # g block 4 (128x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2304, 128)]  # g block 4 (128x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 128)]
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x2_0_0 * g_4_0)
@@ -681,11 +614,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.5773502691896257 * x2_1_0 * g_5_0)
     acc_1_1 = acc_1_1 + w * (0.5773502691896257 * x2_1_1 * g_5_0)
     acc_1_2 = acc_1_2 + w * (0.5773502691896257 * x2_1_2 * g_5_0)
-    g_6_0 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2688, 128)]  # g block 6 (128x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2816, 128)]  # g block 6 (128x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2944, 128)]  # g block 6 (128x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(3072, 128)]  # g block 6 (128x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2560, mul=128, dim=5, pad=128)  # g block 6 (128x2e)
     # path 6: x1[1] 128x1o (x) x2[1] 1x1o -> out[6] 128x2e, uvu, weights at 768, 11 nonzeros
     w = w_ref[:, pl.ds(768, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -705,9 +634,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_6_3
         + 0.7071067811865476 * x2_1_2 * g_6_4
     )
-    g_7_0 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(3328, 128)]  # g block 7 (128x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(3456, 128)]  # g block 7 (128x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 3200, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
     # path 7: x1[1] 128x1o (x) x2[2] 1x2e -> out[7] 128x1o, uvu, weights at 896, 11 nonzeros
     w = w_ref[:, pl.ds(896, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -727,13 +654,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_7_2
         + 0.5477225575051661 * x2_2_4 * g_7_2
     )
-    g_8_0 = g_ref[:, pl.ds(3584, 128)]  # g block 8 (128x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(3712, 128)]  # g block 8 (128x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(3840, 128)]  # g block 8 (128x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3968, 128)]  # g block 8 (128x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(4096, 128)]  # g block 8 (128x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(4224, 128)]  # g block 8 (128x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(4352, 128)]  # g block 8 (128x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 3584, mul=128, dim=7, pad=128)  # g block 8 (128x3o)
     # path 8: x1[1] 128x1o (x) x2[2] 1x2e -> out[8] 128x3o, uvu, weights at 1024, 21 nonzeros
     w = w_ref[:, pl.ds(1024, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -763,11 +684,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5773502691896258 * x2_2_3 * g_8_5
         + 0.7071067811865476 * x2_2_4 * g_8_6
     )
-    g_9_0 = g_ref[:, pl.ds(4480, 128)]  # g block 9 (128x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(4608, 128)]  # g block 9 (128x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(4736, 128)]  # g block 9 (128x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(4864, 128)]  # g block 9 (128x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(4992, 128)]  # g block 9 (128x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 4480, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
     # path 9: x1[1] 128x1o (x) x2[3] 1x3o -> out[9] 128x2e, uvu, weights at 1152, 21 nonzeros
     w = w_ref[:, pl.ds(1152, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -797,9 +714,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_9_4
         + 0.5976143046671969 * x2_3_6 * g_9_4
     )
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # x1 block 2 (128x2e): 7 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
@@ -807,11 +722,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = jnp.zeros((rows, 128), dtype)
     acc_2_3 = jnp.zeros((rows, 128), dtype)
     acc_2_4 = jnp.zeros((rows, 128), dtype)
-    g_10_0 = g_ref[:, pl.ds(5120, 128)]  # g block 10 (128x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(5248, 128)]  # g block 10 (128x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(5376, 128)]  # g block 10 (128x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(5504, 128)]  # g block 10 (128x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(5632, 128)]  # g block 10 (128x2e), m=4
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 5120, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
     # path 10: x1[2] 128x2e (x) x2[0] 1x0e -> out[10] 128x2e, uvu, weights at 1280, 5 nonzeros
     w = w_ref[:, pl.ds(1280, 128)]
     acc_2_0 = acc_2_0 + w * (1.0 * x2_0_0 * g_10_0)
@@ -819,9 +730,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x2_0_0 * g_10_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x2_0_0 * g_10_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x2_0_0 * g_10_4)
-    g_11_0 = g_ref[:, pl.ds(5760, 128)]  # g block 11 (128x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(5888, 128)]  # g block 11 (128x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(6016, 128)]  # g block 11 (128x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 5760, mul=128, dim=3, pad=128)  # g block 11 (128x1o)
     # path 11: x1[2] 128x2e (x) x2[1] 1x1o -> out[11] 128x1o, uvu, weights at 1408, 11 nonzeros
     w = w_ref[:, pl.ds(1408, 128)]
     acc_2_0 = acc_2_0 + w * (
@@ -845,13 +754,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_11_0
         + 0.5477225575051661 * x2_1_2 * g_11_2
     )
-    g_12_0 = g_ref[:, pl.ds(6144, 128)]  # g block 12 (128x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(6272, 128)]  # g block 12 (128x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(6400, 128)]  # g block 12 (128x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(6528, 128)]  # g block 12 (128x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(6656, 128)]  # g block 12 (128x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(6784, 128)]  # g block 12 (128x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(6912, 128)]  # g block 12 (128x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 6144, mul=128, dim=7, pad=128)  # g block 12 (128x3o)
     # path 12: x1[2] 128x2e (x) x2[1] 1x1o -> out[12] 128x3o, uvu, weights at 1536, 21 nonzeros
     w = w_ref[:, pl.ds(1536, 128)]
     acc_2_0 = acc_2_0 + w * (
@@ -893,11 +796,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (0.4472135954999579 * x2_2_2 * g_13_0)
     acc_2_3 = acc_2_3 + w * (0.4472135954999579 * x2_2_3 * g_13_0)
     acc_2_4 = acc_2_4 + w * (0.4472135954999579 * x2_2_4 * g_13_0)
-    g_14_0 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(7296, 128)]  # g block 14 (128x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(7424, 128)]  # g block 14 (128x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(7552, 128)]  # g block 14 (128x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(7680, 128)]  # g block 14 (128x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 7168, mul=128, dim=5, pad=128)  # g block 14 (128x2e)
     # path 14: x1[2] 128x2e (x) x2[2] 1x2e -> out[14] 128x2e, uvu, weights at 1792, 25 nonzeros
     w = w_ref[:, pl.ds(1792, 128)]
     acc_2_0 = acc_2_0 + w * (
@@ -935,9 +834,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_14_3
         - 0.5345224838248488 * x2_2_2 * g_14_4
     )
-    g_15_0 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 7808, mul=128, dim=3, pad=128)  # g block 15 (128x1o)
     # path 15: x1[2] 128x2e (x) x2[3] 1x3o -> out[15] 128x1o, uvu, weights at 1920, 21 nonzeros
     w = w_ref[:, pl.ds(1920, 128)]
     acc_2_0 = acc_2_0 + w * (
@@ -971,13 +868,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x2_3_4 * g_15_2
         + 0.4629100498862757 * x2_3_6 * g_15_2
     )
-    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
     w = w_ref[:, pl.ds(2048, 128)]
     acc_2_0 = acc_2_0 + w * (
@@ -1031,11 +922,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896258 * x2_3_3 * g_16_5
         - 0.2886751345948129 * x2_3_4 * g_16_6
     )
-    out_ref[:, pl.ds(512, 128)] = acc_2_0
-    out_ref[:, pl.ds(640, 128)] = acc_2_1
-    out_ref[:, pl.ds(768, 128)] = acc_2_2
-    out_ref[:, pl.ds(896, 128)] = acc_2_3
-    out_ref[:, pl.ds(1024, 128)] = acc_2_4
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -1052,12 +939,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 128)]  # g block 4 (128x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2176, 128)]  # g block 4 (128x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2304, 128)]  # g block 4 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -1066,16 +949,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(512, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 10: x1[2] 128x2e (x) x2[0] 1x0e -> out[10] 128x2e, uvu, weights at 1280, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
-    g_10_0 = g_ref[:, pl.ds(5120, 128)]  # g block 10 (128x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(5248, 128)]  # g block 10 (128x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(5376, 128)]  # g block 10 (128x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(5504, 128)]  # g block 10 (128x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(5632, 128)]  # g block 10 (128x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 5120, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
     h10_0 = (
         1.0 * x1_2_0 * g_10_0
         + 1.0 * x1_2_1 * g_10_1
@@ -1092,9 +967,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -1112,11 +985,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h5_2, axis=1, keepdims=True)
     # path 6: x1[1] 128x1o (x) x2[1] 1x1o -> out[6] 128x2e, uvu, weights at 768, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2688, 128)]  # g block 6 (128x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2816, 128)]  # g block 6 (128x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2944, 128)]  # g block 6 (128x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(3072, 128)]  # g block 6 (128x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2560, mul=128, dim=5, pad=128)  # g block 6 (128x2e)
     h6_0 = (
         0.7071067811865476 * x1_1_2 * g_6_0
         + 0.7071067811865476 * x1_1_1 * g_6_1
@@ -1139,9 +1008,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h6_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
     # path 11: x1[2] 128x2e (x) x2[1] 1x1o -> out[11] 128x1o, uvu, weights at 1408, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(5760, 128)]  # g block 11 (128x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(5888, 128)]  # g block 11 (128x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(6016, 128)]  # g block 11 (128x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 5760, mul=128, dim=3, pad=128)  # g block 11 (128x1o)
     h11_0 = (
         - 0.3162277660168379 * x1_2_2 * g_11_0
         - 0.5477225575051661 * x1_2_4 * g_11_0
@@ -1164,13 +1031,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h11_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h11_2, axis=1, keepdims=True)
     # path 12: x1[2] 128x2e (x) x2[1] 1x1o -> out[12] 128x3o, uvu, weights at 1536, 21 nonzeros
-    g_12_0 = g_ref[:, pl.ds(6144, 128)]  # g block 12 (128x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(6272, 128)]  # g block 12 (128x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(6400, 128)]  # g block 12 (128x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(6528, 128)]  # g block 12 (128x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(6656, 128)]  # g block 12 (128x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(6784, 128)]  # g block 12 (128x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(6912, 128)]  # g block 12 (128x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 6144, mul=128, dim=7, pad=128)  # g block 12 (128x3o)
     h12_0 = (
         0.7071067811865476 * x1_2_4 * g_12_0
         + 0.5773502691896258 * x1_2_3 * g_12_1
@@ -1213,11 +1074,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -1230,9 +1087,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 7: x1[1] 128x1o (x) x2[2] 1x2e -> out[7] 128x1o, uvu, weights at 896, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(3328, 128)]  # g block 7 (128x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(3456, 128)]  # g block 7 (128x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 3200, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
     h7_0 = (
         0.5477225575051661 * x1_1_2 * g_7_0
         + 0.5477225575051661 * x1_1_0 * g_7_2
@@ -1261,13 +1116,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h7_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h7_4, axis=1, keepdims=True)
     # path 8: x1[1] 128x1o (x) x2[2] 1x2e -> out[8] 128x3o, uvu, weights at 1024, 21 nonzeros
-    g_8_0 = g_ref[:, pl.ds(3584, 128)]  # g block 8 (128x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(3712, 128)]  # g block 8 (128x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(3840, 128)]  # g block 8 (128x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3968, 128)]  # g block 8 (128x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(4096, 128)]  # g block 8 (128x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(4224, 128)]  # g block 8 (128x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(4352, 128)]  # g block 8 (128x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 3584, mul=128, dim=7, pad=128)  # g block 8 (128x3o)
     h8_0 = (
         0.7071067811865476 * x1_1_2 * g_8_0
         + 0.5773502691896258 * x1_1_1 * g_8_1
@@ -1319,11 +1168,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h13_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h13_4, axis=1, keepdims=True)
     # path 14: x1[2] 128x2e (x) x2[2] 1x2e -> out[14] 128x2e, uvu, weights at 1792, 25 nonzeros
-    g_14_0 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(7296, 128)]  # g block 14 (128x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(7424, 128)]  # g block 14 (128x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(7552, 128)]  # g block 14 (128x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(7680, 128)]  # g block 14 (128x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 7168, mul=128, dim=5, pad=128)  # g block 14 (128x2e)
     h14_0 = (
         - 0.5345224838248488 * x1_2_2 * g_14_0
         + 0.4629100498862757 * x1_2_3 * g_14_1
@@ -1380,13 +1225,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     h3_0 = 1.0000000000000002 * x1_0_0 * g_3_0
     h3_1 = 1.0000000000000002 * x1_0_0 * g_3_1
     h3_2 = 1.0000000000000002 * x1_0_0 * g_3_2
@@ -1403,11 +1242,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h3_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h3_6, axis=1, keepdims=True)
     # path 9: x1[1] 128x1o (x) x2[3] 1x3o -> out[9] 128x2e, uvu, weights at 1152, 21 nonzeros
-    g_9_0 = g_ref[:, pl.ds(4480, 128)]  # g block 9 (128x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(4608, 128)]  # g block 9 (128x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(4736, 128)]  # g block 9 (128x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(4864, 128)]  # g block 9 (128x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(4992, 128)]  # g block 9 (128x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 4480, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
     h9_0 = (
         0.5976143046671969 * x1_1_2 * g_9_0
         + 0.5976143046671969 * x1_1_0 * g_9_4
@@ -1452,9 +1287,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h9_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h9_6, axis=1, keepdims=True)
     # path 15: x1[2] 128x2e (x) x2[3] 1x3o -> out[15] 128x1o, uvu, weights at 1920, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 7808, mul=128, dim=3, pad=128)  # g block 15 (128x1o)
     h15_0 = (
         0.4629100498862757 * x1_2_4 * g_15_0
         + 0.4629100498862757 * x1_2_0 * g_15_2
@@ -1499,13 +1332,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h15_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h15_6, axis=1, keepdims=True)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
-    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
     h16_0 = (
         - 0.6454972243679029 * x1_2_2 * g_16_0
         + 0.45643546458763845 * x1_2_3 * g_16_1
@@ -1594,9 +1421,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (128 columns)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -1612,11 +1437,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (128 columns)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -1638,13 +1459,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (128 columns)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -1672,12 +1487,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (128 columns)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 128)]  # g block 4 (128x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2176, 128)]  # g block 4 (128x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2304, 128)]  # g block 4 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -1701,11 +1512,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (128 columns)
     # path 6: x1[1] 128x1o (x) x2[1] 1x1o -> out[6] 128x2e, uvu, weights at 768, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2688, 128)]  # g block 6 (128x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2816, 128)]  # g block 6 (128x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2944, 128)]  # g block 6 (128x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(3072, 128)]  # g block 6 (128x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2560, mul=128, dim=5, pad=128)  # g block 6 (128x2e)
     h6_0 = (
         0.7071067811865476 * x1_1_2 * g_6_0
         + 0.7071067811865476 * x1_1_1 * g_6_1
@@ -1732,9 +1539,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (128 columns)
     # path 7: x1[1] 128x1o (x) x2[2] 1x2e -> out[7] 128x1o, uvu, weights at 896, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(3328, 128)]  # g block 7 (128x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(3456, 128)]  # g block 7 (128x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 3200, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
     h7_0 = (
         0.5477225575051661 * x1_1_2 * g_7_0
         + 0.5477225575051661 * x1_1_0 * g_7_2
@@ -1767,13 +1572,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (128 columns)
     # path 8: x1[1] 128x1o (x) x2[2] 1x2e -> out[8] 128x3o, uvu, weights at 1024, 21 nonzeros
-    g_8_0 = g_ref[:, pl.ds(3584, 128)]  # g block 8 (128x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(3712, 128)]  # g block 8 (128x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(3840, 128)]  # g block 8 (128x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3968, 128)]  # g block 8 (128x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(4096, 128)]  # g block 8 (128x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(4224, 128)]  # g block 8 (128x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(4352, 128)]  # g block 8 (128x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 3584, mul=128, dim=7, pad=128)  # g block 8 (128x3o)
     h8_0 = (
         0.7071067811865476 * x1_1_2 * g_8_0
         + 0.5773502691896258 * x1_1_1 * g_8_1
@@ -1816,11 +1615,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (128 columns)
     # path 9: x1[1] 128x1o (x) x2[3] 1x3o -> out[9] 128x2e, uvu, weights at 1152, 21 nonzeros
-    g_9_0 = g_ref[:, pl.ds(4480, 128)]  # g block 9 (128x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(4608, 128)]  # g block 9 (128x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(4736, 128)]  # g block 9 (128x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(4864, 128)]  # g block 9 (128x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(4992, 128)]  # g block 9 (128x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 4480, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
     h9_0 = (
         0.5976143046671969 * x1_1_2 * g_9_0
         + 0.5976143046671969 * x1_1_0 * g_9_4
@@ -1869,16 +1664,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (128 columns)
     # path 10: x1[2] 128x2e (x) x2[0] 1x0e -> out[10] 128x2e, uvu, weights at 1280, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
-    g_10_0 = g_ref[:, pl.ds(5120, 128)]  # g block 10 (128x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(5248, 128)]  # g block 10 (128x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(5376, 128)]  # g block 10 (128x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(5504, 128)]  # g block 10 (128x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(5632, 128)]  # g block 10 (128x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 5120, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
     h10_0 = (
         1.0 * x1_2_0 * g_10_0
         + 1.0 * x1_2_1 * g_10_1
@@ -1891,9 +1678,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (128 columns)
     # path 11: x1[2] 128x2e (x) x2[1] 1x1o -> out[11] 128x1o, uvu, weights at 1408, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(5760, 128)]  # g block 11 (128x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(5888, 128)]  # g block 11 (128x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(6016, 128)]  # g block 11 (128x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 5760, mul=128, dim=3, pad=128)  # g block 11 (128x1o)
     h11_0 = (
         - 0.3162277660168379 * x1_2_2 * g_11_0
         - 0.5477225575051661 * x1_2_4 * g_11_0
@@ -1920,13 +1705,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (128 columns)
     # path 12: x1[2] 128x2e (x) x2[1] 1x1o -> out[12] 128x3o, uvu, weights at 1536, 21 nonzeros
-    g_12_0 = g_ref[:, pl.ds(6144, 128)]  # g block 12 (128x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(6272, 128)]  # g block 12 (128x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(6400, 128)]  # g block 12 (128x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(6528, 128)]  # g block 12 (128x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(6656, 128)]  # g block 12 (128x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(6784, 128)]  # g block 12 (128x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(6912, 128)]  # g block 12 (128x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 6144, mul=128, dim=7, pad=128)  # g block 12 (128x3o)
     h12_0 = (
         0.7071067811865476 * x1_2_4 * g_12_0
         + 0.5773502691896258 * x1_2_3 * g_12_1
@@ -1980,11 +1759,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (128 columns)
     # path 14: x1[2] 128x2e (x) x2[2] 1x2e -> out[14] 128x2e, uvu, weights at 1792, 25 nonzeros
-    g_14_0 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(7296, 128)]  # g block 14 (128x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(7424, 128)]  # g block 14 (128x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(7552, 128)]  # g block 14 (128x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(7680, 128)]  # g block 14 (128x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 7168, mul=128, dim=5, pad=128)  # g block 14 (128x2e)
     h14_0 = (
         - 0.5345224838248488 * x1_2_2 * g_14_0
         + 0.4629100498862757 * x1_2_3 * g_14_1
@@ -2031,9 +1806,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (128 columns)
     # path 15: x1[2] 128x2e (x) x2[3] 1x3o -> out[15] 128x1o, uvu, weights at 1920, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 7808, mul=128, dim=3, pad=128)  # g block 15 (128x1o)
     h15_0 = (
         0.4629100498862757 * x1_2_4 * g_15_0
         + 0.4629100498862757 * x1_2_0 * g_15_2
@@ -2082,13 +1855,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (128 columns)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
-    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
     h16_0 = (
         - 0.6454972243679029 * x1_2_2 * g_16_0
         + 0.45643546458763845 * x1_2_3 * g_16_1
@@ -2193,14 +1960,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -2211,4 +1978,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

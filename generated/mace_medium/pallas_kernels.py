@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (128x1o, 128x2e) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "mace_medium"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 512
 IDIM_IN2 = 16
 IWEIGHT_NUMEL = 1024
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # out block 2 (128x2e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
@@ -90,27 +95,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(512, 128)] = acc_2_0
-    out_ref[:, pl.ds(640, 128)] = acc_2_1
-    out_ref[:, pl.ds(768, 128)] = acc_2_2
-    out_ref[:, pl.ds(896, 128)] = acc_2_3
-    out_ref[:, pl.ds(1024, 128)] = acc_2_4
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # out block 3 (128x1o): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 128), dtype)
     acc_3_1 = jnp.zeros((rows, 128), dtype)
     acc_3_2 = jnp.zeros((rows, 128), dtype)
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x1_1_0 * x2_0_0)
     acc_3_1 = acc_3_1 + w * (0.9999999999999999 * x1_1_1 * x2_0_0)
     acc_3_2 = acc_3_2 + w * (0.9999999999999999 * x1_1_2 * x2_0_0)
-    out_ref[:, pl.ds(1152, 128)] = acc_3_0
-    out_ref[:, pl.ds(1280, 128)] = acc_3_1
-    out_ref[:, pl.ds(1408, 128)] = acc_3_2
+    rt.store_tile(out_ref, 1152, [acc_3_0, acc_3_1, acc_3_2], mul=128, dim=3, pad=128)
 
     # out block 4 (128x0e): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 128), dtype)
@@ -152,11 +149,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_1_0
         + 0.7071067811865476 * x1_1_2 * x2_1_2
     )
-    out_ref[:, pl.ds(1664, 128)] = acc_5_0
-    out_ref[:, pl.ds(1792, 128)] = acc_5_1
-    out_ref[:, pl.ds(1920, 128)] = acc_5_2
-    out_ref[:, pl.ds(2048, 128)] = acc_5_3
-    out_ref[:, pl.ds(2176, 128)] = acc_5_4
+    rt.store_tile(out_ref, 1664, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=128, dim=5, pad=128)
 
     # out block 6 (128x1o): 1 path(s)
     acc_6_0 = jnp.zeros((rows, 128), dtype)
@@ -181,9 +174,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_1_2 * x2_2_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(2304, 128)] = acc_6_0
-    out_ref[:, pl.ds(2432, 128)] = acc_6_1
-    out_ref[:, pl.ds(2560, 128)] = acc_6_2
+    rt.store_tile(out_ref, 2304, [acc_6_0, acc_6_1, acc_6_2], mul=128, dim=3, pad=128)
 
     # out block 7 (128x2e): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 128), dtype)
@@ -231,11 +222,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_1_2 * x2_3_4
         + 0.5976143046671969 * x1_1_2 * x2_3_6
     )
-    out_ref[:, pl.ds(2688, 128)] = acc_7_0
-    out_ref[:, pl.ds(2816, 128)] = acc_7_1
-    out_ref[:, pl.ds(2944, 128)] = acc_7_2
-    out_ref[:, pl.ds(3072, 128)] = acc_7_3
-    out_ref[:, pl.ds(3200, 128)] = acc_7_4
+    rt.store_tile(out_ref, 2688, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4], mul=128, dim=5, pad=128)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -253,9 +240,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
     w = w_ref[:, pl.ds(128, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -268,11 +253,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
     w = w_ref[:, pl.ds(256, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -288,9 +269,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = jnp.zeros((rows, 128), dtype)
     acc_1_1 = jnp.zeros((rows, 128), dtype)
     acc_1_2 = jnp.zeros((rows, 128), dtype)
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x1o), m=2
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x2_0_0 * g_3_0)
@@ -302,11 +281,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.5773502691896257 * x2_1_0 * g_4_0)
     acc_1_1 = acc_1_1 + w * (0.5773502691896257 * x2_1_1 * g_4_0)
     acc_1_2 = acc_1_2 + w * (0.5773502691896257 * x2_1_2 * g_4_0)
-    g_5_0 = g_ref[:, pl.ds(1664, 128)]  # g block 5 (128x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(1792, 128)]  # g block 5 (128x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(1920, 128)]  # g block 5 (128x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(2048, 128)]  # g block 5 (128x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(2176, 128)]  # g block 5 (128x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 1664, mul=128, dim=5, pad=128)  # g block 5 (128x2e)
     # path 5: x1[1] 128x1o (x) x2[1] 1x1o -> out[5] 128x2e, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -326,9 +301,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_5_3
         + 0.7071067811865476 * x2_1_2 * g_5_4
     )
-    g_6_0 = g_ref[:, pl.ds(2304, 128)]  # g block 6 (128x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(2432, 128)]  # g block 6 (128x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x1o), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
     # path 6: x1[1] 128x1o (x) x2[2] 1x2e -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
     w = w_ref[:, pl.ds(768, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -355,11 +328,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_7_0 = g_ref[:, pl.ds(2688, 128)]  # g block 7 (128x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2816, 128)]  # g block 7 (128x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2944, 128)]  # g block 7 (128x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(3072, 128)]  # g block 7 (128x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2688, mul=128, dim=5, pad=128)  # g block 7 (128x2e)
     # path 7: x1[1] 128x1o (x) x2[3] 1x3o -> out[7] 128x2e, uvu, weights at 896, 21 nonzeros
     w = w_ref[:, pl.ds(896, 128)]
     acc_1_0 = acc_1_0 + w * (
@@ -389,9 +358,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_7_4
         + 0.5976143046671969 * x2_3_6 * g_7_4
     )
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -408,12 +375,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
     h3_0 = (
         0.9999999999999999 * x1_1_0 * g_3_0
         + 0.9999999999999999 * x1_1_1 * g_3_1
@@ -428,9 +391,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -448,11 +409,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h4_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h4_2, axis=1, keepdims=True)
     # path 5: x1[1] 128x1o (x) x2[1] 1x1o -> out[5] 128x2e, uvu, weights at 640, 11 nonzeros
-    g_5_0 = g_ref[:, pl.ds(1664, 128)]  # g block 5 (128x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(1792, 128)]  # g block 5 (128x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(1920, 128)]  # g block 5 (128x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(2048, 128)]  # g block 5 (128x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(2176, 128)]  # g block 5 (128x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 1664, mul=128, dim=5, pad=128)  # g block 5 (128x2e)
     h5_0 = (
         0.7071067811865476 * x1_1_2 * g_5_0
         + 0.7071067811865476 * x1_1_1 * g_5_1
@@ -485,11 +442,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -502,9 +455,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 6: x1[1] 128x1o (x) x2[2] 1x2e -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 128)]  # g block 6 (128x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(2432, 128)]  # g block 6 (128x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x1o), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
     h6_0 = (
         0.5477225575051661 * x1_1_2 * g_6_0
         + 0.5477225575051661 * x1_1_0 * g_6_2
@@ -547,11 +498,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 7: x1[1] 128x1o (x) x2[3] 1x3o -> out[7] 128x2e, uvu, weights at 896, 21 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2688, 128)]  # g block 7 (128x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2816, 128)]  # g block 7 (128x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2944, 128)]  # g block 7 (128x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(3072, 128)]  # g block 7 (128x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2688, mul=128, dim=5, pad=128)  # g block 7 (128x2e)
     h7_0 = (
         0.5976143046671969 * x1_1_2 * g_7_0
         + 0.5976143046671969 * x1_1_0 * g_7_4
@@ -620,9 +567,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (128 columns)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -638,11 +583,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (128 columns)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -664,12 +605,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (128 columns)
     # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
     h3_0 = (
         0.9999999999999999 * x1_1_0 * g_3_0
         + 0.9999999999999999 * x1_1_1 * g_3_1
@@ -693,11 +630,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 5 (128 columns)
     # path 5: x1[1] 128x1o (x) x2[1] 1x1o -> out[5] 128x2e, uvu, weights at 640, 11 nonzeros
-    g_5_0 = g_ref[:, pl.ds(1664, 128)]  # g block 5 (128x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(1792, 128)]  # g block 5 (128x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(1920, 128)]  # g block 5 (128x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(2048, 128)]  # g block 5 (128x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(2176, 128)]  # g block 5 (128x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 1664, mul=128, dim=5, pad=128)  # g block 5 (128x2e)
     h5_0 = (
         0.7071067811865476 * x1_1_2 * g_5_0
         + 0.7071067811865476 * x1_1_1 * g_5_1
@@ -724,9 +657,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (128 columns)
     # path 6: x1[1] 128x1o (x) x2[2] 1x2e -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 128)]  # g block 6 (128x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(2432, 128)]  # g block 6 (128x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(2560, 128)]  # g block 6 (128x1o), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
     h6_0 = (
         0.5477225575051661 * x1_1_2 * g_6_0
         + 0.5477225575051661 * x1_1_0 * g_6_2
@@ -759,11 +690,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (128 columns)
     # path 7: x1[1] 128x1o (x) x2[3] 1x3o -> out[7] 128x2e, uvu, weights at 896, 21 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2688, 128)]  # g block 7 (128x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2816, 128)]  # g block 7 (128x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2944, 128)]  # g block 7 (128x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(3072, 128)]  # g block 7 (128x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(3200, 128)]  # g block 7 (128x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2688, mul=128, dim=5, pad=128)  # g block 7 (128x2e)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -855,14 +782,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -873,4 +800,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (64x1e, 64x1o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "nequip_aspirin"
-# Default rows of the batch per program (a power of two).
-BLOCK_BATCH = 8
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
+BLOCK_BATCH = 4
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 512
 IDIM_IN2 = 4
 IWEIGHT_NUMEL = 640
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(64, 64)] = acc_1_0
-    out_ref[:, pl.ds(128, 64)] = acc_1_1
-    out_ref[:, pl.ds(192, 64)] = acc_1_2
+    rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
     # out block 2 (64x0e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 64), dtype)
@@ -89,25 +94,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x1_1_0 * x2_1_0)
     acc_3_1 = acc_3_1 + w * (0.9999999999999999 * x1_1_0 * x2_1_1)
     acc_3_2 = acc_3_2 + w * (0.9999999999999999 * x1_1_0 * x2_1_2)
-    out_ref[:, pl.ds(320, 64)] = acc_3_0
-    out_ref[:, pl.ds(384, 64)] = acc_3_1
-    out_ref[:, pl.ds(448, 64)] = acc_3_2
+    rt.store_tile(out_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
 
     # out block 4 (64x1o): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
     acc_4_1 = jnp.zeros((rows, 64), dtype)
     acc_4_2 = jnp.zeros((rows, 64), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
     acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_2_0 * x2_0_0)
     acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_2_1 * x2_0_0)
     acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_2_2 * x2_0_0)
-    out_ref[:, pl.ds(512, 64)] = acc_4_0
-    out_ref[:, pl.ds(576, 64)] = acc_4_1
-    out_ref[:, pl.ds(640, 64)] = acc_4_2
+    rt.store_tile(out_ref, 512, [acc_4_0, acc_4_1, acc_4_2], mul=64, dim=3, pad=64)
 
     # out block 5 (64x0e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -138,25 +137,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_2_0 * x2_1_1
         - 0.7071067811865475 * x1_2_1 * x2_1_0
     )
-    out_ref[:, pl.ds(768, 64)] = acc_6_0
-    out_ref[:, pl.ds(832, 64)] = acc_6_1
-    out_ref[:, pl.ds(896, 64)] = acc_6_2
+    rt.store_tile(out_ref, 768, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
 
     # out block 7 (64x1e): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
     acc_7_1 = jnp.zeros((rows, 64), dtype)
     acc_7_2 = jnp.zeros((rows, 64), dtype)
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
     w = w_ref[:, pl.ds(448, 64)]
     acc_7_0 = acc_7_0 + w * (0.9999999999999999 * x1_3_0 * x2_0_0)
     acc_7_1 = acc_7_1 + w * (0.9999999999999999 * x1_3_1 * x2_0_0)
     acc_7_2 = acc_7_2 + w * (0.9999999999999999 * x1_3_2 * x2_0_0)
-    out_ref[:, pl.ds(960, 64)] = acc_7_0
-    out_ref[:, pl.ds(1024, 64)] = acc_7_1
-    out_ref[:, pl.ds(1088, 64)] = acc_7_2
+    rt.store_tile(out_ref, 960, [acc_7_0, acc_7_1, acc_7_2], mul=64, dim=3, pad=64)
 
     # out block 8 (64x0o): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 64), dtype)
@@ -187,9 +180,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_3_0 * x2_1_1
         - 0.7071067811865475 * x1_3_1 * x2_1_0
     )
-    out_ref[:, pl.ds(1216, 64)] = acc_9_0
-    out_ref[:, pl.ds(1280, 64)] = acc_9_1
-    out_ref[:, pl.ds(1344, 64)] = acc_9_2
+    rt.store_tile(out_ref, 1216, [acc_9_0, acc_9_1, acc_9_2], mul=64, dim=3, pad=64)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -207,9 +198,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -225,9 +214,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
     acc_1_0 = acc_1_0 + w * (1.0 * x2_0_0 * g_2_0)
-    g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 320, mul=64, dim=3, pad=64)  # g block 3 (64x1o)
     # path 3: x1[1] 64x0e (x) x2[1] 1x1o -> out[3] 64x1o, uvu, weights at 192, 3 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -241,9 +228,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = jnp.zeros((rows, 64), dtype)
     acc_2_1 = jnp.zeros((rows, 64), dtype)
     acc_2_2 = jnp.zeros((rows, 64), dtype)
-    g_4_0 = g_ref[:, pl.ds(512, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(576, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 512, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
     acc_2_0 = acc_2_0 + w * (0.9999999999999999 * x2_0_0 * g_4_0)
@@ -255,9 +240,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = acc_2_0 + w * (0.5773502691896257 * x2_1_0 * g_5_0)
     acc_2_1 = acc_2_1 + w * (0.5773502691896257 * x2_1_1 * g_5_0)
     acc_2_2 = acc_2_2 + w * (0.5773502691896257 * x2_1_2 * g_5_0)
-    g_6_0 = g_ref[:, pl.ds(768, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(832, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(896, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 768, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     # path 6: x1[2] 64x1o (x) x2[1] 1x1o -> out[6] 64x1e, uvu, weights at 384, 6 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -272,17 +255,13 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_6_0
         + 0.7071067811865475 * x2_1_0 * g_6_1
     )
-    out_ref[:, pl.ds(128, 64)] = acc_2_0
-    out_ref[:, pl.ds(192, 64)] = acc_2_1
-    out_ref[:, pl.ds(256, 64)] = acc_2_2
+    rt.store_tile(out_ref, 128, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
 
     # x1 block 3 (64x1e): 3 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
     acc_3_1 = jnp.zeros((rows, 64), dtype)
     acc_3_2 = jnp.zeros((rows, 64), dtype)
-    g_7_0 = g_ref[:, pl.ds(960, 64)]  # g block 7 (64x1e), m=0
-    g_7_1 = g_ref[:, pl.ds(1024, 64)]  # g block 7 (64x1e), m=1
-    g_7_2 = g_ref[:, pl.ds(1088, 64)]  # g block 7 (64x1e), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 960, mul=64, dim=3, pad=64)  # g block 7 (64x1e)
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
     w = w_ref[:, pl.ds(448, 64)]
     acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x2_0_0 * g_7_0)
@@ -294,9 +273,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_0 = acc_3_0 + w * (0.5773502691896257 * x2_1_0 * g_8_0)
     acc_3_1 = acc_3_1 + w * (0.5773502691896257 * x2_1_1 * g_8_0)
     acc_3_2 = acc_3_2 + w * (0.5773502691896257 * x2_1_2 * g_8_0)
-    g_9_0 = g_ref[:, pl.ds(1216, 64)]  # g block 9 (64x1o), m=0
-    g_9_1 = g_ref[:, pl.ds(1280, 64)]  # g block 9 (64x1o), m=1
-    g_9_2 = g_ref[:, pl.ds(1344, 64)]  # g block 9 (64x1o), m=2
+    g_9_0, g_9_1, g_9_2 = rt.load_tile(g_ref, 1216, mul=64, dim=3, pad=64)  # g block 9 (64x1o)
     # path 9: x1[3] 64x1e (x) x2[1] 1x1o -> out[9] 64x1o, uvu, weights at 576, 6 nonzeros
     w = w_ref[:, pl.ds(576, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -311,9 +288,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_9_0
         + 0.7071067811865475 * x2_1_0 * g_9_1
     )
-    out_ref[:, pl.ds(320, 64)] = acc_3_0
-    out_ref[:, pl.ds(384, 64)] = acc_3_1
-    out_ref[:, pl.ds(448, 64)] = acc_3_2
+    rt.store_tile(out_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -336,12 +311,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(128, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h2_0, axis=1, keepdims=True)
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(512, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(576, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 512, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = (
         0.9999999999999999 * x1_2_0 * g_4_0
         + 0.9999999999999999 * x1_2_1 * g_4_1
@@ -350,12 +321,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(256, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_7_0 = g_ref[:, pl.ds(960, 64)]  # g block 7 (64x1e), m=0
-    g_7_1 = g_ref[:, pl.ds(1024, 64)]  # g block 7 (64x1e), m=1
-    g_7_2 = g_ref[:, pl.ds(1088, 64)]  # g block 7 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 960, mul=64, dim=3, pad=64)  # g block 7 (64x1e)
     h7_0 = (
         0.9999999999999999 * x1_3_0 * g_7_0
         + 0.9999999999999999 * x1_3_1 * g_7_1
@@ -370,9 +337,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -381,9 +346,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 3: x1[1] 64x0e (x) x2[1] 1x1o -> out[3] 64x1o, uvu, weights at 192, 3 nonzeros
-    g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 320, mul=64, dim=3, pad=64)  # g block 3 (64x1o)
     h3_0 = 0.9999999999999999 * x1_1_0 * g_3_0
     h3_1 = 0.9999999999999999 * x1_1_0 * g_3_1
     h3_2 = 0.9999999999999999 * x1_1_0 * g_3_2
@@ -401,9 +364,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h5_2, axis=1, keepdims=True)
     # path 6: x1[2] 64x1o (x) x2[1] 1x1o -> out[6] 64x1e, uvu, weights at 384, 6 nonzeros
-    g_6_0 = g_ref[:, pl.ds(768, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(832, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(896, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 768, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     h6_0 = (
         0.7071067811865475 * x1_2_2 * g_6_1
         - 0.7071067811865475 * x1_2_1 * g_6_2
@@ -430,9 +391,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h8_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h8_2, axis=1, keepdims=True)
     # path 9: x1[3] 64x1e (x) x2[1] 1x1o -> out[9] 64x1o, uvu, weights at 576, 6 nonzeros
-    g_9_0 = g_ref[:, pl.ds(1216, 64)]  # g block 9 (64x1o), m=0
-    g_9_1 = g_ref[:, pl.ds(1280, 64)]  # g block 9 (64x1o), m=1
-    g_9_2 = g_ref[:, pl.ds(1344, 64)]  # g block 9 (64x1o), m=2
+    g_9_0, g_9_1, g_9_2 = rt.load_tile(g_ref, 1216, mul=64, dim=3, pad=64)  # g block 9 (64x1o)
     h9_0 = (
         0.7071067811865475 * x1_3_2 * g_9_1
         - 0.7071067811865475 * x1_3_1 * g_9_2
@@ -470,9 +429,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (64 columns)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -496,9 +453,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (64 columns)
     # path 3: x1[1] 64x0e (x) x2[1] 1x1o -> out[3] 64x1o, uvu, weights at 192, 3 nonzeros
-    g_3_0 = g_ref[:, pl.ds(320, 64)]  # g block 3 (64x1o), m=0
-    g_3_1 = g_ref[:, pl.ds(384, 64)]  # g block 3 (64x1o), m=1
-    g_3_2 = g_ref[:, pl.ds(448, 64)]  # g block 3 (64x1o), m=2
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 320, mul=64, dim=3, pad=64)  # g block 3 (64x1o)
     h3_0 = 0.9999999999999999 * x1_1_0 * g_3_0
     h3_1 = 0.9999999999999999 * x1_1_0 * g_3_1
     h3_2 = 0.9999999999999999 * x1_1_0 * g_3_2
@@ -511,12 +466,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (64 columns)
     # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(512, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(576, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 512, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = (
         0.9999999999999999 * x1_2_0 * g_4_0
         + 0.9999999999999999 * x1_2_1 * g_4_1
@@ -540,9 +491,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (64 columns)
     # path 6: x1[2] 64x1o (x) x2[1] 1x1o -> out[6] 64x1e, uvu, weights at 384, 6 nonzeros
-    g_6_0 = g_ref[:, pl.ds(768, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(832, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(896, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 768, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     h6_0 = (
         0.7071067811865475 * x1_2_2 * g_6_1
         - 0.7071067811865475 * x1_2_1 * g_6_2
@@ -564,12 +513,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (64 columns)
     # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_7_0 = g_ref[:, pl.ds(960, 64)]  # g block 7 (64x1e), m=0
-    g_7_1 = g_ref[:, pl.ds(1024, 64)]  # g block 7 (64x1e), m=1
-    g_7_2 = g_ref[:, pl.ds(1088, 64)]  # g block 7 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 960, mul=64, dim=3, pad=64)  # g block 7 (64x1e)
     h7_0 = (
         0.9999999999999999 * x1_3_0 * g_7_0
         + 0.9999999999999999 * x1_3_1 * g_7_1
@@ -593,9 +538,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (64 columns)
     # path 9: x1[3] 64x1e (x) x2[1] 1x1o -> out[9] 64x1o, uvu, weights at 576, 6 nonzeros
-    g_9_0 = g_ref[:, pl.ds(1216, 64)]  # g block 9 (64x1o), m=0
-    g_9_1 = g_ref[:, pl.ds(1280, 64)]  # g block 9 (64x1o), m=1
-    g_9_2 = g_ref[:, pl.ds(1344, 64)]  # g block 9 (64x1o), m=2
+    g_9_0, g_9_1, g_9_2 = rt.load_tile(g_ref, 1216, mul=64, dim=3, pad=64)  # g block 9 (64x1o)
     h9_0 = (
         0.7071067811865475 * x1_3_2 * g_9_1
         - 0.7071067811865475 * x1_3_1 * g_9_2
@@ -653,14 +596,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -671,4 +614,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

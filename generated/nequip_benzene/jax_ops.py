@@ -22,14 +22,14 @@ directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
 
-Layout. The kernels read a channel-contiguous, power-of-two padded layout.
-Operands not already in it are rearranged at the boundary by one XLA fusion per
-operand (an extra read and write of ``x1``, ``x2`` and ``out``); that is cheaper
-than strided per-component accesses in the kernel (DESIGN.md, "What layout
-costs"). Store operands ``ir_mul`` with power-of-two multiplicities to avoid it.
+Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
+order in place: no conversion pass outside them (each ``mul_ir`` block with several
+channels and components is loaded as one contiguous tile and split into components on
+chip, DESIGN.md "What layout costs").
 
 Batch. The batch is padded up to a multiple of the batch block (``block_batch``,
-default 8); padded rows are computed and dropped. Each distinct padded
+default 4; a copy of the operands unless the batch is a multiple of it);
+padded rows are computed and dropped. Each distinct padded
 batch size compiles once; callers whose batch changes every step (molecular dynamics)
 should pad to a few bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``)
 and mask, so that the kernels are not recompiled for every size.
@@ -55,23 +55,12 @@ WEIGHT_NUMEL = 4352
 SHARED_WEIGHTS = False
 LAYOUT = "mul_ir"
 DTYPES = ('float32', 'float64')
-# Blocks as (offset in the spec's layout, mul, 2l+1, padded mul).
-IN1_BLOCKS = ((0, 64, 1, 64), (64, 64, 1, 64), (128, 64, 3, 64), (320, 64, 3, 64), (512, 64, 5, 64), (832, 64, 5, 64), (1152, 64, 7, 64), (1600, 64, 7, 64))
-IN2_BLOCKS = ((0, 1, 1, 1), (1, 1, 3, 1), (4, 1, 5, 1), (9, 1, 7, 1))
-OUT_BLOCKS = ((0, 64, 1, 64), (64, 64, 3, 64), (256, 64, 5, 64), (576, 64, 7, 64), (1024, 64, 1, 64), (1088, 64, 3, 64), (1280, 64, 5, 64), (1600, 64, 7, 64), (2048, 64, 3, 64), (2240, 64, 1, 64), (2304, 64, 3, 64), (2496, 64, 5, 64), (2816, 64, 3, 64), (3008, 64, 5, 64), (3328, 64, 7, 64), (3776, 64, 5, 64), (4096, 64, 7, 64), (4544, 64, 3, 64), (4736, 64, 1, 64), (4800, 64, 3, 64), (4992, 64, 5, 64), (5312, 64, 3, 64), (5504, 64, 5, 64), (5824, 64, 7, 64), (6272, 64, 5, 64), (6592, 64, 7, 64), (7040, 64, 5, 64), (7360, 64, 3, 64), (7552, 64, 5, 64), (7872, 64, 7, 64), (8320, 64, 1, 64), (8384, 64, 3, 64), (8576, 64, 5, 64), (8896, 64, 7, 64), (9344, 64, 3, 64), (9536, 64, 5, 64), (9856, 64, 7, 64), (10304, 64, 5, 64), (10624, 64, 3, 64), (10816, 64, 5, 64), (11136, 64, 7, 64), (11584, 64, 1, 64), (11648, 64, 3, 64), (11840, 64, 5, 64), (12160, 64, 7, 64), (12608, 64, 3, 64), (12800, 64, 5, 64), (13120, 64, 7, 64), (13568, 64, 7, 64), (14016, 64, 5, 64), (14336, 64, 7, 64), (14784, 64, 3, 64), (14976, 64, 5, 64), (15296, 64, 7, 64), (15744, 64, 1, 64), (15808, 64, 3, 64), (16000, 64, 5, 64), (16320, 64, 7, 64), (16768, 64, 7, 64), (17216, 64, 5, 64), (17536, 64, 7, 64), (17984, 64, 3, 64), (18176, 64, 5, 64), (18496, 64, 7, 64), (18944, 64, 1, 64), (19008, 64, 3, 64), (19200, 64, 5, 64), (19520, 64, 7, 64))
-# Weighted paths as (offset, e3nn path shape, axis order in the kernel, padded last axis).
-WEIGHT_BLOCKS = ((0, (64, 1), (1, 0), 64), (64, (64, 1), (1, 0), 64), (128, (64, 1), (1, 0), 64), (192, (64, 1), (1, 0), 64), (256, (64, 1), (1, 0), 64), (320, (64, 1), (1, 0), 64), (384, (64, 1), (1, 0), 64), (448, (64, 1), (1, 0), 64), (512, (64, 1), (1, 0), 64), (576, (64, 1), (1, 0), 64), (640, (64, 1), (1, 0), 64), (704, (64, 1), (1, 0), 64), (768, (64, 1), (1, 0), 64), (832, (64, 1), (1, 0), 64), (896, (64, 1), (1, 0), 64), (960, (64, 1), (1, 0), 64), (1024, (64, 1), (1, 0), 64), (1088, (64, 1), (1, 0), 64), (1152, (64, 1), (1, 0), 64), (1216, (64, 1), (1, 0), 64), (1280, (64, 1), (1, 0), 64), (1344, (64, 1), (1, 0), 64), (1408, (64, 1), (1, 0), 64), (1472, (64, 1), (1, 0), 64), (1536, (64, 1), (1, 0), 64), (1600, (64, 1), (1, 0), 64), (1664, (64, 1), (1, 0), 64), (1728, (64, 1), (1, 0), 64), (1792, (64, 1), (1, 0), 64), (1856, (64, 1), (1, 0), 64), (1920, (64, 1), (1, 0), 64), (1984, (64, 1), (1, 0), 64), (2048, (64, 1), (1, 0), 64), (2112, (64, 1), (1, 0), 64), (2176, (64, 1), (1, 0), 64), (2240, (64, 1), (1, 0), 64), (2304, (64, 1), (1, 0), 64), (2368, (64, 1), (1, 0), 64), (2432, (64, 1), (1, 0), 64), (2496, (64, 1), (1, 0), 64), (2560, (64, 1), (1, 0), 64), (2624, (64, 1), (1, 0), 64), (2688, (64, 1), (1, 0), 64), (2752, (64, 1), (1, 0), 64), (2816, (64, 1), (1, 0), 64), (2880, (64, 1), (1, 0), 64), (2944, (64, 1), (1, 0), 64), (3008, (64, 1), (1, 0), 64), (3072, (64, 1), (1, 0), 64), (3136, (64, 1), (1, 0), 64), (3200, (64, 1), (1, 0), 64), (3264, (64, 1), (1, 0), 64), (3328, (64, 1), (1, 0), 64), (3392, (64, 1), (1, 0), 64), (3456, (64, 1), (1, 0), 64), (3520, (64, 1), (1, 0), 64), (3584, (64, 1), (1, 0), 64), (3648, (64, 1), (1, 0), 64), (3712, (64, 1), (1, 0), 64), (3776, (64, 1), (1, 0), 64), (3840, (64, 1), (1, 0), 64), (3904, (64, 1), (1, 0), 64), (3968, (64, 1), (1, 0), 64), (4032, (64, 1), (1, 0), 64), (4096, (64, 1), (1, 0), 64), (4160, (64, 1), (1, 0), 64), (4224, (64, 1), (1, 0), 64), (4288, (64, 1), (1, 0), 64))
-# Whether an operand's layout already is the kernel layout (then no rearranging copy).
-IN1_IDENTITY = False
-IN2_IDENTITY = True
-OUT_IDENTITY = False
-WEIGHTS_IDENTITY = True
 # Cost per batch element, for roofline estimates.
 FLOPS_PER_BATCH = 274560
 BYTES_PER_BATCH = {'float32': 105536, 'float64': 211072}
 
 
-# The four kernels on kernel-layout arrays, differentiable to any order in reverse mode.
+# The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
 KERNEL_OPS = rt.make_vjp_ops(
     _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
 )
@@ -116,36 +105,28 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
                                interpret=rt.use_interpret(interpret))
 
 
-def _pack_all(x1, x2, weights, rows):
-    a = rt.pack(x1, IN1_BLOCKS, LAYOUT, rows, identity=IN1_IDENTITY)
-    b = rt.pack(x2, IN2_BLOCKS, LAYOUT, rows, identity=IN2_IDENTITY)
-    w = rt.pack_weights(weights, WEIGHT_BLOCKS, _kernels.IWEIGHT_NUMEL, SHARED_WEIGHTS, rows,
-                        identity=WEIGHTS_IDENTITY)
-    return a, b, w
+def _operands(x1, x2, weights, rows):
+    w = rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
+    return rt.pad_rows(x1, rows), rt.pad_rows(x2, rows), w
 
 
 # jitted (static block size and mode) so that eager calls do not run the kernels op by op;
-# the layout conversions around the kernels are plain jnp, differentiated by JAX itself.
+# the row padding around the kernels is plain jnp, differentiated by JAX itself.
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    y = KERNEL_OPS.fwd(a, b, w, block_batch, interpret)
-    return rt.unpack(y, OUT_BLOCKS, LAYOUT, batch, identity=OUT_IDENTITY)
+    y = KERNEL_OPS.fwd(*_operands(x1, x2, weights, rows), block_batch, interpret)
+    return y[:batch]
 
 
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
     batch = x1.shape[0]
     rows = rt.round_up(batch, block_batch)
-    a, b, w = _pack_all(x1, x2, weights, rows)
-    g = rt.pack(grad_out, OUT_BLOCKS, LAYOUT, rows, identity=OUT_IDENTITY)
+    a, b, w = _operands(x1, x2, weights, rows)
+    g = rt.pad_rows(grad_out, rows)
     ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
     gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
     gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
-    return (
-        rt.unpack(ga, IN1_BLOCKS, LAYOUT, batch, identity=IN1_IDENTITY),
-        rt.unpack(gb, IN2_BLOCKS, LAYOUT, batch, identity=IN2_IDENTITY),
-        rt.unpack_weights(gw, WEIGHT_BLOCKS, WEIGHT_NUMEL, SHARED_WEIGHTS, batch, identity=WEIGHTS_IDENTITY),
-    )
+    return ga[:batch], gb[:batch], rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, batch)

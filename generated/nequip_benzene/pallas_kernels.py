@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (64x1e, 64x1o, 64x2e, 64x2o, 64x3e, 64x3o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "nequip_benzene"
-# Default rows of the batch per program (a power of two).
-BLOCK_BATCH = 8
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
+BLOCK_BATCH = 4
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 2048
 IDIM_IN2 = 16
 IWEIGHT_NUMEL = 4352
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(64, 64)] = acc_1_0
-    out_ref[:, pl.ds(128, 64)] = acc_1_1
-    out_ref[:, pl.ds(192, 64)] = acc_1_2
+    rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
     # out block 2 (64x2o): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 64), dtype)
@@ -90,11 +95,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(256, 64)] = acc_2_0
-    out_ref[:, pl.ds(320, 64)] = acc_2_1
-    out_ref[:, pl.ds(384, 64)] = acc_2_2
-    out_ref[:, pl.ds(448, 64)] = acc_2_3
-    out_ref[:, pl.ds(512, 64)] = acc_2_4
+    rt.store_tile(out_ref, 256, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=64, dim=5, pad=64)
 
     # out block 3 (64x3e): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
@@ -120,13 +121,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x1_0_0 * x2_3_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x1_0_0 * x2_3_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x1_0_0 * x2_3_6)
-    out_ref[:, pl.ds(576, 64)] = acc_3_0
-    out_ref[:, pl.ds(640, 64)] = acc_3_1
-    out_ref[:, pl.ds(704, 64)] = acc_3_2
-    out_ref[:, pl.ds(768, 64)] = acc_3_3
-    out_ref[:, pl.ds(832, 64)] = acc_3_4
-    out_ref[:, pl.ds(896, 64)] = acc_3_5
-    out_ref[:, pl.ds(960, 64)] = acc_3_6
+    rt.store_tile(out_ref, 576, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=64, dim=7, pad=64)
 
     # out block 4 (64x0e): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
@@ -145,9 +140,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_5_0 = acc_5_0 + w * (0.9999999999999999 * x1_1_0 * x2_1_0)
     acc_5_1 = acc_5_1 + w * (0.9999999999999999 * x1_1_0 * x2_1_1)
     acc_5_2 = acc_5_2 + w * (0.9999999999999999 * x1_1_0 * x2_1_2)
-    out_ref[:, pl.ds(1088, 64)] = acc_5_0
-    out_ref[:, pl.ds(1152, 64)] = acc_5_1
-    out_ref[:, pl.ds(1216, 64)] = acc_5_2
+    rt.store_tile(out_ref, 1088, [acc_5_0, acc_5_1, acc_5_2], mul=64, dim=3, pad=64)
 
     # out block 6 (64x2e): 1 path(s)
     acc_6_0 = jnp.zeros((rows, 64), dtype)
@@ -162,11 +155,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_6_2 = acc_6_2 + w * (1.0 * x1_1_0 * x2_2_2)
     acc_6_3 = acc_6_3 + w * (1.0 * x1_1_0 * x2_2_3)
     acc_6_4 = acc_6_4 + w * (1.0 * x1_1_0 * x2_2_4)
-    out_ref[:, pl.ds(1280, 64)] = acc_6_0
-    out_ref[:, pl.ds(1344, 64)] = acc_6_1
-    out_ref[:, pl.ds(1408, 64)] = acc_6_2
-    out_ref[:, pl.ds(1472, 64)] = acc_6_3
-    out_ref[:, pl.ds(1536, 64)] = acc_6_4
+    rt.store_tile(out_ref, 1280, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4], mul=64, dim=5, pad=64)
 
     # out block 7 (64x3o): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -185,29 +174,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_7_4 = acc_7_4 + w * (1.0000000000000002 * x1_1_0 * x2_3_4)
     acc_7_5 = acc_7_5 + w * (1.0000000000000002 * x1_1_0 * x2_3_5)
     acc_7_6 = acc_7_6 + w * (1.0000000000000002 * x1_1_0 * x2_3_6)
-    out_ref[:, pl.ds(1600, 64)] = acc_7_0
-    out_ref[:, pl.ds(1664, 64)] = acc_7_1
-    out_ref[:, pl.ds(1728, 64)] = acc_7_2
-    out_ref[:, pl.ds(1792, 64)] = acc_7_3
-    out_ref[:, pl.ds(1856, 64)] = acc_7_4
-    out_ref[:, pl.ds(1920, 64)] = acc_7_5
-    out_ref[:, pl.ds(1984, 64)] = acc_7_6
+    rt.store_tile(out_ref, 1600, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
 
     # out block 8 (64x1o): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 64), dtype)
     acc_8_1 = jnp.zeros((rows, 64), dtype)
     acc_8_2 = jnp.zeros((rows, 64), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     # path 8: x1[2] 64x1o (x) x2[0] 1x0e -> out[8] 64x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_8_0 = acc_8_0 + w * (0.9999999999999999 * x1_2_0 * x2_0_0)
     acc_8_1 = acc_8_1 + w * (0.9999999999999999 * x1_2_1 * x2_0_0)
     acc_8_2 = acc_8_2 + w * (0.9999999999999999 * x1_2_2 * x2_0_0)
-    out_ref[:, pl.ds(2048, 64)] = acc_8_0
-    out_ref[:, pl.ds(2112, 64)] = acc_8_1
-    out_ref[:, pl.ds(2176, 64)] = acc_8_2
+    rt.store_tile(out_ref, 2048, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
 
     # out block 9 (64x0e): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 64), dtype)
@@ -238,9 +217,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_2_0 * x2_1_1
         - 0.7071067811865475 * x1_2_1 * x2_1_0
     )
-    out_ref[:, pl.ds(2304, 64)] = acc_10_0
-    out_ref[:, pl.ds(2368, 64)] = acc_10_1
-    out_ref[:, pl.ds(2432, 64)] = acc_10_2
+    rt.store_tile(out_ref, 2304, [acc_10_0, acc_10_1, acc_10_2], mul=64, dim=3, pad=64)
 
     # out block 11 (64x2e): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 64), dtype)
@@ -271,11 +248,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_1_0
         + 0.7071067811865476 * x1_2_2 * x2_1_2
     )
-    out_ref[:, pl.ds(2496, 64)] = acc_11_0
-    out_ref[:, pl.ds(2560, 64)] = acc_11_1
-    out_ref[:, pl.ds(2624, 64)] = acc_11_2
-    out_ref[:, pl.ds(2688, 64)] = acc_11_3
-    out_ref[:, pl.ds(2752, 64)] = acc_11_4
+    rt.store_tile(out_ref, 2496, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=64, dim=5, pad=64)
 
     # out block 12 (64x1o): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 64), dtype)
@@ -300,9 +273,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_2_2 * x2_2_2
         + 0.5477225575051661 * x1_2_2 * x2_2_4
     )
-    out_ref[:, pl.ds(2816, 64)] = acc_12_0
-    out_ref[:, pl.ds(2880, 64)] = acc_12_1
-    out_ref[:, pl.ds(2944, 64)] = acc_12_2
+    rt.store_tile(out_ref, 2816, [acc_12_0, acc_12_1, acc_12_2], mul=64, dim=3, pad=64)
 
     # out block 13 (64x2o): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 64), dtype)
@@ -338,11 +309,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.816496580927726 * x1_2_1 * x2_2_0
         + 0.408248290463863 * x1_2_2 * x2_2_1
     )
-    out_ref[:, pl.ds(3008, 64)] = acc_13_0
-    out_ref[:, pl.ds(3072, 64)] = acc_13_1
-    out_ref[:, pl.ds(3136, 64)] = acc_13_2
-    out_ref[:, pl.ds(3200, 64)] = acc_13_3
-    out_ref[:, pl.ds(3264, 64)] = acc_13_4
+    rt.store_tile(out_ref, 3008, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4], mul=64, dim=5, pad=64)
 
     # out block 14 (64x3o): 1 path(s)
     acc_14_0 = jnp.zeros((rows, 64), dtype)
@@ -389,13 +356,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_2_0
         + 0.7071067811865476 * x1_2_2 * x2_2_4
     )
-    out_ref[:, pl.ds(3328, 64)] = acc_14_0
-    out_ref[:, pl.ds(3392, 64)] = acc_14_1
-    out_ref[:, pl.ds(3456, 64)] = acc_14_2
-    out_ref[:, pl.ds(3520, 64)] = acc_14_3
-    out_ref[:, pl.ds(3584, 64)] = acc_14_4
-    out_ref[:, pl.ds(3648, 64)] = acc_14_5
-    out_ref[:, pl.ds(3712, 64)] = acc_14_6
+    rt.store_tile(out_ref, 3328, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=64, dim=7, pad=64)
 
     # out block 15 (64x2e): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 64), dtype)
@@ -436,11 +397,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_2_2 * x2_3_4
         + 0.5976143046671969 * x1_2_2 * x2_3_6
     )
-    out_ref[:, pl.ds(3776, 64)] = acc_15_0
-    out_ref[:, pl.ds(3840, 64)] = acc_15_1
-    out_ref[:, pl.ds(3904, 64)] = acc_15_2
-    out_ref[:, pl.ds(3968, 64)] = acc_15_3
-    out_ref[:, pl.ds(4032, 64)] = acc_15_4
+    rt.store_tile(out_ref, 3776, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4], mul=64, dim=5, pad=64)
 
     # out block 16 (64x3e): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 64), dtype)
@@ -492,29 +449,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.8660254037844387 * x1_2_1 * x2_3_0
         + 0.3535533905932738 * x1_2_2 * x2_3_1
     )
-    out_ref[:, pl.ds(4096, 64)] = acc_16_0
-    out_ref[:, pl.ds(4160, 64)] = acc_16_1
-    out_ref[:, pl.ds(4224, 64)] = acc_16_2
-    out_ref[:, pl.ds(4288, 64)] = acc_16_3
-    out_ref[:, pl.ds(4352, 64)] = acc_16_4
-    out_ref[:, pl.ds(4416, 64)] = acc_16_5
-    out_ref[:, pl.ds(4480, 64)] = acc_16_6
+    rt.store_tile(out_ref, 4096, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=64, dim=7, pad=64)
 
     # out block 17 (64x1e): 1 path(s)
     acc_17_0 = jnp.zeros((rows, 64), dtype)
     acc_17_1 = jnp.zeros((rows, 64), dtype)
     acc_17_2 = jnp.zeros((rows, 64), dtype)
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     # path 17: x1[3] 64x1e (x) x2[0] 1x0e -> out[17] 64x1e, uvu, weights at 1088, 3 nonzeros
     w = w_ref[:, pl.ds(1088, 64)]
     acc_17_0 = acc_17_0 + w * (0.9999999999999999 * x1_3_0 * x2_0_0)
     acc_17_1 = acc_17_1 + w * (0.9999999999999999 * x1_3_1 * x2_0_0)
     acc_17_2 = acc_17_2 + w * (0.9999999999999999 * x1_3_2 * x2_0_0)
-    out_ref[:, pl.ds(4544, 64)] = acc_17_0
-    out_ref[:, pl.ds(4608, 64)] = acc_17_1
-    out_ref[:, pl.ds(4672, 64)] = acc_17_2
+    rt.store_tile(out_ref, 4544, [acc_17_0, acc_17_1, acc_17_2], mul=64, dim=3, pad=64)
 
     # out block 18 (64x0o): 1 path(s)
     acc_18_0 = jnp.zeros((rows, 64), dtype)
@@ -545,9 +492,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_3_0 * x2_1_1
         - 0.7071067811865475 * x1_3_1 * x2_1_0
     )
-    out_ref[:, pl.ds(4800, 64)] = acc_19_0
-    out_ref[:, pl.ds(4864, 64)] = acc_19_1
-    out_ref[:, pl.ds(4928, 64)] = acc_19_2
+    rt.store_tile(out_ref, 4800, [acc_19_0, acc_19_1, acc_19_2], mul=64, dim=3, pad=64)
 
     # out block 20 (64x2o): 1 path(s)
     acc_20_0 = jnp.zeros((rows, 64), dtype)
@@ -578,11 +523,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_3_0 * x2_1_0
         + 0.7071067811865476 * x1_3_2 * x2_1_2
     )
-    out_ref[:, pl.ds(4992, 64)] = acc_20_0
-    out_ref[:, pl.ds(5056, 64)] = acc_20_1
-    out_ref[:, pl.ds(5120, 64)] = acc_20_2
-    out_ref[:, pl.ds(5184, 64)] = acc_20_3
-    out_ref[:, pl.ds(5248, 64)] = acc_20_4
+    rt.store_tile(out_ref, 4992, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4], mul=64, dim=5, pad=64)
 
     # out block 21 (64x1e): 1 path(s)
     acc_21_0 = jnp.zeros((rows, 64), dtype)
@@ -607,9 +548,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_3_2 * x2_2_2
         + 0.5477225575051661 * x1_3_2 * x2_2_4
     )
-    out_ref[:, pl.ds(5312, 64)] = acc_21_0
-    out_ref[:, pl.ds(5376, 64)] = acc_21_1
-    out_ref[:, pl.ds(5440, 64)] = acc_21_2
+    rt.store_tile(out_ref, 5312, [acc_21_0, acc_21_1, acc_21_2], mul=64, dim=3, pad=64)
 
     # out block 22 (64x2e): 1 path(s)
     acc_22_0 = jnp.zeros((rows, 64), dtype)
@@ -645,11 +584,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.816496580927726 * x1_3_1 * x2_2_0
         + 0.408248290463863 * x1_3_2 * x2_2_1
     )
-    out_ref[:, pl.ds(5504, 64)] = acc_22_0
-    out_ref[:, pl.ds(5568, 64)] = acc_22_1
-    out_ref[:, pl.ds(5632, 64)] = acc_22_2
-    out_ref[:, pl.ds(5696, 64)] = acc_22_3
-    out_ref[:, pl.ds(5760, 64)] = acc_22_4
+    rt.store_tile(out_ref, 5504, [acc_22_0, acc_22_1, acc_22_2, acc_22_3, acc_22_4], mul=64, dim=5, pad=64)
 
     # out block 23 (64x3e): 1 path(s)
     acc_23_0 = jnp.zeros((rows, 64), dtype)
@@ -696,13 +631,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_3_0 * x2_2_0
         + 0.7071067811865476 * x1_3_2 * x2_2_4
     )
-    out_ref[:, pl.ds(5824, 64)] = acc_23_0
-    out_ref[:, pl.ds(5888, 64)] = acc_23_1
-    out_ref[:, pl.ds(5952, 64)] = acc_23_2
-    out_ref[:, pl.ds(6016, 64)] = acc_23_3
-    out_ref[:, pl.ds(6080, 64)] = acc_23_4
-    out_ref[:, pl.ds(6144, 64)] = acc_23_5
-    out_ref[:, pl.ds(6208, 64)] = acc_23_6
+    rt.store_tile(out_ref, 5824, [acc_23_0, acc_23_1, acc_23_2, acc_23_3, acc_23_4, acc_23_5, acc_23_6], mul=64, dim=7, pad=64)
 
     # out block 24 (64x2o): 1 path(s)
     acc_24_0 = jnp.zeros((rows, 64), dtype)
@@ -743,11 +672,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_3_2 * x2_3_4
         + 0.5976143046671969 * x1_3_2 * x2_3_6
     )
-    out_ref[:, pl.ds(6272, 64)] = acc_24_0
-    out_ref[:, pl.ds(6336, 64)] = acc_24_1
-    out_ref[:, pl.ds(6400, 64)] = acc_24_2
-    out_ref[:, pl.ds(6464, 64)] = acc_24_3
-    out_ref[:, pl.ds(6528, 64)] = acc_24_4
+    rt.store_tile(out_ref, 6272, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4], mul=64, dim=5, pad=64)
 
     # out block 25 (64x3o): 1 path(s)
     acc_25_0 = jnp.zeros((rows, 64), dtype)
@@ -799,13 +724,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.8660254037844387 * x1_3_1 * x2_3_0
         + 0.3535533905932738 * x1_3_2 * x2_3_1
     )
-    out_ref[:, pl.ds(6592, 64)] = acc_25_0
-    out_ref[:, pl.ds(6656, 64)] = acc_25_1
-    out_ref[:, pl.ds(6720, 64)] = acc_25_2
-    out_ref[:, pl.ds(6784, 64)] = acc_25_3
-    out_ref[:, pl.ds(6848, 64)] = acc_25_4
-    out_ref[:, pl.ds(6912, 64)] = acc_25_5
-    out_ref[:, pl.ds(6976, 64)] = acc_25_6
+    rt.store_tile(out_ref, 6592, [acc_25_0, acc_25_1, acc_25_2, acc_25_3, acc_25_4, acc_25_5, acc_25_6], mul=64, dim=7, pad=64)
 
     # out block 26 (64x2o): 1 path(s)
     acc_26_0 = jnp.zeros((rows, 64), dtype)
@@ -813,11 +732,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_26_2 = jnp.zeros((rows, 64), dtype)
     acc_26_3 = jnp.zeros((rows, 64), dtype)
     acc_26_4 = jnp.zeros((rows, 64), dtype)
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     # path 26: x1[4] 64x2o (x) x2[0] 1x0e -> out[26] 64x2o, uvu, weights at 1664, 5 nonzeros
     w = w_ref[:, pl.ds(1664, 64)]
     acc_26_0 = acc_26_0 + w * (1.0 * x1_4_0 * x2_0_0)
@@ -825,11 +740,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_26_2 = acc_26_2 + w * (1.0 * x1_4_2 * x2_0_0)
     acc_26_3 = acc_26_3 + w * (1.0 * x1_4_3 * x2_0_0)
     acc_26_4 = acc_26_4 + w * (1.0 * x1_4_4 * x2_0_0)
-    out_ref[:, pl.ds(7040, 64)] = acc_26_0
-    out_ref[:, pl.ds(7104, 64)] = acc_26_1
-    out_ref[:, pl.ds(7168, 64)] = acc_26_2
-    out_ref[:, pl.ds(7232, 64)] = acc_26_3
-    out_ref[:, pl.ds(7296, 64)] = acc_26_4
+    rt.store_tile(out_ref, 7040, [acc_26_0, acc_26_1, acc_26_2, acc_26_3, acc_26_4], mul=64, dim=5, pad=64)
 
     # out block 27 (64x1e): 1 path(s)
     acc_27_0 = jnp.zeros((rows, 64), dtype)
@@ -854,9 +765,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_4_3 * x2_1_1
         + 0.5477225575051661 * x1_4_4 * x2_1_2
     )
-    out_ref[:, pl.ds(7360, 64)] = acc_27_0
-    out_ref[:, pl.ds(7424, 64)] = acc_27_1
-    out_ref[:, pl.ds(7488, 64)] = acc_27_2
+    rt.store_tile(out_ref, 7360, [acc_27_0, acc_27_1, acc_27_2], mul=64, dim=3, pad=64)
 
     # out block 28 (64x2e): 1 path(s)
     acc_28_0 = jnp.zeros((rows, 64), dtype)
@@ -892,11 +801,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_4_1 * x2_1_2
         - 0.408248290463863 * x1_4_3 * x2_1_0
     )
-    out_ref[:, pl.ds(7552, 64)] = acc_28_0
-    out_ref[:, pl.ds(7616, 64)] = acc_28_1
-    out_ref[:, pl.ds(7680, 64)] = acc_28_2
-    out_ref[:, pl.ds(7744, 64)] = acc_28_3
-    out_ref[:, pl.ds(7808, 64)] = acc_28_4
+    rt.store_tile(out_ref, 7552, [acc_28_0, acc_28_1, acc_28_2, acc_28_3, acc_28_4], mul=64, dim=5, pad=64)
 
     # out block 29 (64x3e): 1 path(s)
     acc_29_0 = jnp.zeros((rows, 64), dtype)
@@ -943,13 +848,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_4_0 * x2_1_0
         + 0.7071067811865476 * x1_4_4 * x2_1_2
     )
-    out_ref[:, pl.ds(7872, 64)] = acc_29_0
-    out_ref[:, pl.ds(7936, 64)] = acc_29_1
-    out_ref[:, pl.ds(8000, 64)] = acc_29_2
-    out_ref[:, pl.ds(8064, 64)] = acc_29_3
-    out_ref[:, pl.ds(8128, 64)] = acc_29_4
-    out_ref[:, pl.ds(8192, 64)] = acc_29_5
-    out_ref[:, pl.ds(8256, 64)] = acc_29_6
+    rt.store_tile(out_ref, 7872, [acc_29_0, acc_29_1, acc_29_2, acc_29_3, acc_29_4, acc_29_5, acc_29_6], mul=64, dim=7, pad=64)
 
     # out block 30 (64x0o): 1 path(s)
     acc_30_0 = jnp.zeros((rows, 64), dtype)
@@ -992,9 +891,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_4_3 * x2_2_0
         - 0.3162277660168379 * x1_4_4 * x2_2_1
     )
-    out_ref[:, pl.ds(8384, 64)] = acc_31_0
-    out_ref[:, pl.ds(8448, 64)] = acc_31_1
-    out_ref[:, pl.ds(8512, 64)] = acc_31_2
+    rt.store_tile(out_ref, 8384, [acc_31_0, acc_31_1, acc_31_2], mul=64, dim=3, pad=64)
 
     # out block 32 (64x2o): 1 path(s)
     acc_32_0 = jnp.zeros((rows, 64), dtype)
@@ -1039,11 +936,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_4_3 * x2_2_3
         - 0.5345224838248488 * x1_4_4 * x2_2_2
     )
-    out_ref[:, pl.ds(8576, 64)] = acc_32_0
-    out_ref[:, pl.ds(8640, 64)] = acc_32_1
-    out_ref[:, pl.ds(8704, 64)] = acc_32_2
-    out_ref[:, pl.ds(8768, 64)] = acc_32_3
-    out_ref[:, pl.ds(8832, 64)] = acc_32_4
+    rt.store_tile(out_ref, 8576, [acc_32_0, acc_32_1, acc_32_2, acc_32_3, acc_32_4], mul=64, dim=5, pad=64)
 
     # out block 33 (64x3o): 1 path(s)
     acc_33_0 = jnp.zeros((rows, 64), dtype)
@@ -1097,13 +990,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.5000000000000001 * x1_4_3 * x2_2_0
         + 0.5000000000000001 * x1_4_4 * x2_2_1
     )
-    out_ref[:, pl.ds(8896, 64)] = acc_33_0
-    out_ref[:, pl.ds(8960, 64)] = acc_33_1
-    out_ref[:, pl.ds(9024, 64)] = acc_33_2
-    out_ref[:, pl.ds(9088, 64)] = acc_33_3
-    out_ref[:, pl.ds(9152, 64)] = acc_33_4
-    out_ref[:, pl.ds(9216, 64)] = acc_33_5
-    out_ref[:, pl.ds(9280, 64)] = acc_33_6
+    rt.store_tile(out_ref, 8896, [acc_33_0, acc_33_1, acc_33_2, acc_33_3, acc_33_4, acc_33_5, acc_33_6], mul=64, dim=7, pad=64)
 
     # out block 34 (64x1e): 1 path(s)
     acc_34_0 = jnp.zeros((rows, 64), dtype)
@@ -1138,9 +1025,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x1_4_4 * x2_3_4
         + 0.4629100498862757 * x1_4_4 * x2_3_6
     )
-    out_ref[:, pl.ds(9344, 64)] = acc_34_0
-    out_ref[:, pl.ds(9408, 64)] = acc_34_1
-    out_ref[:, pl.ds(9472, 64)] = acc_34_2
+    rt.store_tile(out_ref, 9344, [acc_34_0, acc_34_1, acc_34_2], mul=64, dim=3, pad=64)
 
     # out block 35 (64x2e): 1 path(s)
     acc_35_0 = jnp.zeros((rows, 64), dtype)
@@ -1188,11 +1073,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.42257712736425834 * x1_4_3 * x2_3_0
         + 0.3273268353539886 * x1_4_3 * x2_3_2
     )
-    out_ref[:, pl.ds(9536, 64)] = acc_35_0
-    out_ref[:, pl.ds(9600, 64)] = acc_35_1
-    out_ref[:, pl.ds(9664, 64)] = acc_35_2
-    out_ref[:, pl.ds(9728, 64)] = acc_35_3
-    out_ref[:, pl.ds(9792, 64)] = acc_35_4
+    rt.store_tile(out_ref, 9536, [acc_35_0, acc_35_1, acc_35_2, acc_35_3, acc_35_4], mul=64, dim=5, pad=64)
 
     # out block 36 (64x3e): 1 path(s)
     acc_36_0 = jnp.zeros((rows, 64), dtype)
@@ -1259,13 +1140,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_4_3 * x2_3_5
         - 0.2886751345948129 * x1_4_4 * x2_3_4
     )
-    out_ref[:, pl.ds(9856, 64)] = acc_36_0
-    out_ref[:, pl.ds(9920, 64)] = acc_36_1
-    out_ref[:, pl.ds(9984, 64)] = acc_36_2
-    out_ref[:, pl.ds(10048, 64)] = acc_36_3
-    out_ref[:, pl.ds(10112, 64)] = acc_36_4
-    out_ref[:, pl.ds(10176, 64)] = acc_36_5
-    out_ref[:, pl.ds(10240, 64)] = acc_36_6
+    rt.store_tile(out_ref, 9856, [acc_36_0, acc_36_1, acc_36_2, acc_36_3, acc_36_4, acc_36_5, acc_36_6], mul=64, dim=7, pad=64)
 
     # out block 37 (64x2e): 1 path(s)
     acc_37_0 = jnp.zeros((rows, 64), dtype)
@@ -1273,11 +1148,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_37_2 = jnp.zeros((rows, 64), dtype)
     acc_37_3 = jnp.zeros((rows, 64), dtype)
     acc_37_4 = jnp.zeros((rows, 64), dtype)
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     # path 37: x1[5] 64x2e (x) x2[0] 1x0e -> out[37] 64x2e, uvu, weights at 2368, 5 nonzeros
     w = w_ref[:, pl.ds(2368, 64)]
     acc_37_0 = acc_37_0 + w * (1.0 * x1_5_0 * x2_0_0)
@@ -1285,11 +1156,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_37_2 = acc_37_2 + w * (1.0 * x1_5_2 * x2_0_0)
     acc_37_3 = acc_37_3 + w * (1.0 * x1_5_3 * x2_0_0)
     acc_37_4 = acc_37_4 + w * (1.0 * x1_5_4 * x2_0_0)
-    out_ref[:, pl.ds(10304, 64)] = acc_37_0
-    out_ref[:, pl.ds(10368, 64)] = acc_37_1
-    out_ref[:, pl.ds(10432, 64)] = acc_37_2
-    out_ref[:, pl.ds(10496, 64)] = acc_37_3
-    out_ref[:, pl.ds(10560, 64)] = acc_37_4
+    rt.store_tile(out_ref, 10304, [acc_37_0, acc_37_1, acc_37_2, acc_37_3, acc_37_4], mul=64, dim=5, pad=64)
 
     # out block 38 (64x1o): 1 path(s)
     acc_38_0 = jnp.zeros((rows, 64), dtype)
@@ -1314,9 +1181,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_5_3 * x2_1_1
         + 0.5477225575051661 * x1_5_4 * x2_1_2
     )
-    out_ref[:, pl.ds(10624, 64)] = acc_38_0
-    out_ref[:, pl.ds(10688, 64)] = acc_38_1
-    out_ref[:, pl.ds(10752, 64)] = acc_38_2
+    rt.store_tile(out_ref, 10624, [acc_38_0, acc_38_1, acc_38_2], mul=64, dim=3, pad=64)
 
     # out block 39 (64x2o): 1 path(s)
     acc_39_0 = jnp.zeros((rows, 64), dtype)
@@ -1352,11 +1217,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_5_1 * x2_1_2
         - 0.408248290463863 * x1_5_3 * x2_1_0
     )
-    out_ref[:, pl.ds(10816, 64)] = acc_39_0
-    out_ref[:, pl.ds(10880, 64)] = acc_39_1
-    out_ref[:, pl.ds(10944, 64)] = acc_39_2
-    out_ref[:, pl.ds(11008, 64)] = acc_39_3
-    out_ref[:, pl.ds(11072, 64)] = acc_39_4
+    rt.store_tile(out_ref, 10816, [acc_39_0, acc_39_1, acc_39_2, acc_39_3, acc_39_4], mul=64, dim=5, pad=64)
 
     # out block 40 (64x3o): 1 path(s)
     acc_40_0 = jnp.zeros((rows, 64), dtype)
@@ -1403,13 +1264,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_5_0 * x2_1_0
         + 0.7071067811865476 * x1_5_4 * x2_1_2
     )
-    out_ref[:, pl.ds(11136, 64)] = acc_40_0
-    out_ref[:, pl.ds(11200, 64)] = acc_40_1
-    out_ref[:, pl.ds(11264, 64)] = acc_40_2
-    out_ref[:, pl.ds(11328, 64)] = acc_40_3
-    out_ref[:, pl.ds(11392, 64)] = acc_40_4
-    out_ref[:, pl.ds(11456, 64)] = acc_40_5
-    out_ref[:, pl.ds(11520, 64)] = acc_40_6
+    rt.store_tile(out_ref, 11136, [acc_40_0, acc_40_1, acc_40_2, acc_40_3, acc_40_4, acc_40_5, acc_40_6], mul=64, dim=7, pad=64)
 
     # out block 41 (64x0e): 1 path(s)
     acc_41_0 = jnp.zeros((rows, 64), dtype)
@@ -1452,9 +1307,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_5_3 * x2_2_0
         - 0.3162277660168379 * x1_5_4 * x2_2_1
     )
-    out_ref[:, pl.ds(11648, 64)] = acc_42_0
-    out_ref[:, pl.ds(11712, 64)] = acc_42_1
-    out_ref[:, pl.ds(11776, 64)] = acc_42_2
+    rt.store_tile(out_ref, 11648, [acc_42_0, acc_42_1, acc_42_2], mul=64, dim=3, pad=64)
 
     # out block 43 (64x2e): 1 path(s)
     acc_43_0 = jnp.zeros((rows, 64), dtype)
@@ -1499,11 +1352,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_5_3 * x2_2_3
         - 0.5345224838248488 * x1_5_4 * x2_2_2
     )
-    out_ref[:, pl.ds(11840, 64)] = acc_43_0
-    out_ref[:, pl.ds(11904, 64)] = acc_43_1
-    out_ref[:, pl.ds(11968, 64)] = acc_43_2
-    out_ref[:, pl.ds(12032, 64)] = acc_43_3
-    out_ref[:, pl.ds(12096, 64)] = acc_43_4
+    rt.store_tile(out_ref, 11840, [acc_43_0, acc_43_1, acc_43_2, acc_43_3, acc_43_4], mul=64, dim=5, pad=64)
 
 
 def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
@@ -1519,11 +1368,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_44_4 = jnp.zeros((rows, 64), dtype)
     acc_44_5 = jnp.zeros((rows, 64), dtype)
     acc_44_6 = jnp.zeros((rows, 64), dtype)
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -1573,13 +1418,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.5000000000000001 * x1_5_3 * x2_2_0
         + 0.5000000000000001 * x1_5_4 * x2_2_1
     )
-    out_ref[:, pl.ds(0, 64)] = acc_44_0
-    out_ref[:, pl.ds(64, 64)] = acc_44_1
-    out_ref[:, pl.ds(128, 64)] = acc_44_2
-    out_ref[:, pl.ds(192, 64)] = acc_44_3
-    out_ref[:, pl.ds(256, 64)] = acc_44_4
-    out_ref[:, pl.ds(320, 64)] = acc_44_5
-    out_ref[:, pl.ds(384, 64)] = acc_44_6
+    rt.store_tile(out_ref, 0, [acc_44_0, acc_44_1, acc_44_2, acc_44_3, acc_44_4, acc_44_5, acc_44_6], mul=64, dim=7, pad=64)
 
     # out block 45 (64x1o): 1 path(s)
     acc_45_0 = jnp.zeros((rows, 64), dtype)
@@ -1621,9 +1460,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x1_5_4 * x2_3_4
         + 0.4629100498862757 * x1_5_4 * x2_3_6
     )
-    out_ref[:, pl.ds(448, 64)] = acc_45_0
-    out_ref[:, pl.ds(512, 64)] = acc_45_1
-    out_ref[:, pl.ds(576, 64)] = acc_45_2
+    rt.store_tile(out_ref, 448, [acc_45_0, acc_45_1, acc_45_2], mul=64, dim=3, pad=64)
 
     # out block 46 (64x2o): 1 path(s)
     acc_46_0 = jnp.zeros((rows, 64), dtype)
@@ -1671,11 +1508,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.42257712736425834 * x1_5_3 * x2_3_0
         + 0.3273268353539886 * x1_5_3 * x2_3_2
     )
-    out_ref[:, pl.ds(640, 64)] = acc_46_0
-    out_ref[:, pl.ds(704, 64)] = acc_46_1
-    out_ref[:, pl.ds(768, 64)] = acc_46_2
-    out_ref[:, pl.ds(832, 64)] = acc_46_3
-    out_ref[:, pl.ds(896, 64)] = acc_46_4
+    rt.store_tile(out_ref, 640, [acc_46_0, acc_46_1, acc_46_2, acc_46_3, acc_46_4], mul=64, dim=5, pad=64)
 
     # out block 47 (64x3o): 1 path(s)
     acc_47_0 = jnp.zeros((rows, 64), dtype)
@@ -1742,13 +1575,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_5_3 * x2_3_5
         - 0.2886751345948129 * x1_5_4 * x2_3_4
     )
-    out_ref[:, pl.ds(960, 64)] = acc_47_0
-    out_ref[:, pl.ds(1024, 64)] = acc_47_1
-    out_ref[:, pl.ds(1088, 64)] = acc_47_2
-    out_ref[:, pl.ds(1152, 64)] = acc_47_3
-    out_ref[:, pl.ds(1216, 64)] = acc_47_4
-    out_ref[:, pl.ds(1280, 64)] = acc_47_5
-    out_ref[:, pl.ds(1344, 64)] = acc_47_6
+    rt.store_tile(out_ref, 960, [acc_47_0, acc_47_1, acc_47_2, acc_47_3, acc_47_4, acc_47_5, acc_47_6], mul=64, dim=7, pad=64)
 
     # out block 48 (64x3o): 1 path(s)
     acc_48_0 = jnp.zeros((rows, 64), dtype)
@@ -1758,13 +1585,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_48_4 = jnp.zeros((rows, 64), dtype)
     acc_48_5 = jnp.zeros((rows, 64), dtype)
     acc_48_6 = jnp.zeros((rows, 64), dtype)
-    x1_6_0 = x1_ref[:, pl.ds(1152, 64)]  # x1 block 6 (64x3o), m=0
-    x1_6_1 = x1_ref[:, pl.ds(1216, 64)]  # x1 block 6 (64x3o), m=1
-    x1_6_2 = x1_ref[:, pl.ds(1280, 64)]  # x1 block 6 (64x3o), m=2
-    x1_6_3 = x1_ref[:, pl.ds(1344, 64)]  # x1 block 6 (64x3o), m=3
-    x1_6_4 = x1_ref[:, pl.ds(1408, 64)]  # x1 block 6 (64x3o), m=4
-    x1_6_5 = x1_ref[:, pl.ds(1472, 64)]  # x1 block 6 (64x3o), m=5
-    x1_6_6 = x1_ref[:, pl.ds(1536, 64)]  # x1 block 6 (64x3o), m=6
+    x1_6_0, x1_6_1, x1_6_2, x1_6_3, x1_6_4, x1_6_5, x1_6_6 = rt.load_tile(x1_ref, 1152, mul=64, dim=7, pad=64)  # x1 block 6 (64x3o)
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     # path 48: x1[6] 64x3o (x) x2[0] 1x0e -> out[48] 64x3o, uvu, weights at 3072, 7 nonzeros
     w = w_ref[:, pl.ds(3072, 64)]
@@ -1775,13 +1596,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_48_4 = acc_48_4 + w * (1.0000000000000002 * x1_6_4 * x2_0_0)
     acc_48_5 = acc_48_5 + w * (1.0000000000000002 * x1_6_5 * x2_0_0)
     acc_48_6 = acc_48_6 + w * (1.0000000000000002 * x1_6_6 * x2_0_0)
-    out_ref[:, pl.ds(1408, 64)] = acc_48_0
-    out_ref[:, pl.ds(1472, 64)] = acc_48_1
-    out_ref[:, pl.ds(1536, 64)] = acc_48_2
-    out_ref[:, pl.ds(1600, 64)] = acc_48_3
-    out_ref[:, pl.ds(1664, 64)] = acc_48_4
-    out_ref[:, pl.ds(1728, 64)] = acc_48_5
-    out_ref[:, pl.ds(1792, 64)] = acc_48_6
+    rt.store_tile(out_ref, 1408, [acc_48_0, acc_48_1, acc_48_2, acc_48_3, acc_48_4, acc_48_5, acc_48_6], mul=64, dim=7, pad=64)
 
     # out block 49 (64x2e): 1 path(s)
     acc_49_0 = jnp.zeros((rows, 64), dtype)
@@ -1825,11 +1640,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.48795003647426666 * x1_6_5 * x2_1_1
         + 0.5976143046671969 * x1_6_6 * x2_1_2
     )
-    out_ref[:, pl.ds(1856, 64)] = acc_49_0
-    out_ref[:, pl.ds(1920, 64)] = acc_49_1
-    out_ref[:, pl.ds(1984, 64)] = acc_49_2
-    out_ref[:, pl.ds(2048, 64)] = acc_49_3
-    out_ref[:, pl.ds(2112, 64)] = acc_49_4
+    rt.store_tile(out_ref, 1856, [acc_49_0, acc_49_1, acc_49_2, acc_49_3, acc_49_4], mul=64, dim=5, pad=64)
 
     # out block 50 (64x3e): 1 path(s)
     acc_50_0 = jnp.zeros((rows, 64), dtype)
@@ -1881,13 +1692,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3535533905932738 * x1_6_1 * x2_1_2
         - 0.3535533905932738 * x1_6_5 * x2_1_0
     )
-    out_ref[:, pl.ds(2176, 64)] = acc_50_0
-    out_ref[:, pl.ds(2240, 64)] = acc_50_1
-    out_ref[:, pl.ds(2304, 64)] = acc_50_2
-    out_ref[:, pl.ds(2368, 64)] = acc_50_3
-    out_ref[:, pl.ds(2432, 64)] = acc_50_4
-    out_ref[:, pl.ds(2496, 64)] = acc_50_5
-    out_ref[:, pl.ds(2560, 64)] = acc_50_6
+    rt.store_tile(out_ref, 2176, [acc_50_0, acc_50_1, acc_50_2, acc_50_3, acc_50_4, acc_50_5, acc_50_6], mul=64, dim=7, pad=64)
 
     # out block 51 (64x1o): 1 path(s)
     acc_51_0 = jnp.zeros((rows, 64), dtype)
@@ -1922,9 +1727,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.3779644730092272 * x1_6_5 * x2_2_3
         + 0.4629100498862757 * x1_6_6 * x2_2_4
     )
-    out_ref[:, pl.ds(2624, 64)] = acc_51_0
-    out_ref[:, pl.ds(2688, 64)] = acc_51_1
-    out_ref[:, pl.ds(2752, 64)] = acc_51_2
+    rt.store_tile(out_ref, 2624, [acc_51_0, acc_51_1, acc_51_2], mul=64, dim=3, pad=64)
 
     # out block 52 (64x2o): 1 path(s)
     acc_52_0 = jnp.zeros((rows, 64), dtype)
@@ -1972,11 +1775,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3273268353539886 * x1_6_4 * x2_2_1
         - 0.42257712736425834 * x1_6_6 * x2_2_1
     )
-    out_ref[:, pl.ds(2816, 64)] = acc_52_0
-    out_ref[:, pl.ds(2880, 64)] = acc_52_1
-    out_ref[:, pl.ds(2944, 64)] = acc_52_2
-    out_ref[:, pl.ds(3008, 64)] = acc_52_3
-    out_ref[:, pl.ds(3072, 64)] = acc_52_4
+    rt.store_tile(out_ref, 2816, [acc_52_0, acc_52_1, acc_52_2, acc_52_3, acc_52_4], mul=64, dim=5, pad=64)
 
     # out block 53 (64x3o): 1 path(s)
     acc_53_0 = jnp.zeros((rows, 64), dtype)
@@ -2043,13 +1842,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_6_5 * x2_2_3
         - 0.6454972243679029 * x1_6_6 * x2_2_2
     )
-    out_ref[:, pl.ds(3136, 64)] = acc_53_0
-    out_ref[:, pl.ds(3200, 64)] = acc_53_1
-    out_ref[:, pl.ds(3264, 64)] = acc_53_2
-    out_ref[:, pl.ds(3328, 64)] = acc_53_3
-    out_ref[:, pl.ds(3392, 64)] = acc_53_4
-    out_ref[:, pl.ds(3456, 64)] = acc_53_5
-    out_ref[:, pl.ds(3520, 64)] = acc_53_6
+    rt.store_tile(out_ref, 3136, [acc_53_0, acc_53_1, acc_53_2, acc_53_3, acc_53_4, acc_53_5, acc_53_6], mul=64, dim=7, pad=64)
 
     # out block 54 (64x0e): 1 path(s)
     acc_54_0 = jnp.zeros((rows, 64), dtype)
@@ -2104,9 +1897,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.2988071523335984 * x1_6_5 * x2_3_2
         - 0.23145502494313785 * x1_6_6 * x2_3_1
     )
-    out_ref[:, pl.ds(3648, 64)] = acc_55_0
-    out_ref[:, pl.ds(3712, 64)] = acc_55_1
-    out_ref[:, pl.ds(3776, 64)] = acc_55_2
+    rt.store_tile(out_ref, 3648, [acc_55_0, acc_55_1, acc_55_2], mul=64, dim=3, pad=64)
 
     # out block 56 (64x2e): 1 path(s)
     acc_56_0 = jnp.zeros((rows, 64), dtype)
@@ -2167,11 +1958,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.48795003647426666 * x1_6_5 * x2_3_3
         - 0.24397501823713333 * x1_6_6 * x2_3_4
     )
-    out_ref[:, pl.ds(3840, 64)] = acc_56_0
-    out_ref[:, pl.ds(3904, 64)] = acc_56_1
-    out_ref[:, pl.ds(3968, 64)] = acc_56_2
-    out_ref[:, pl.ds(4032, 64)] = acc_56_3
-    out_ref[:, pl.ds(4096, 64)] = acc_56_4
+    rt.store_tile(out_ref, 3840, [acc_56_0, acc_56_1, acc_56_2, acc_56_3, acc_56_4], mul=64, dim=5, pad=64)
 
     # out block 57 (64x3e): 1 path(s)
     acc_57_0 = jnp.zeros((rows, 64), dtype)
@@ -2239,13 +2026,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_6_4 * x2_3_1
         + 0.408248290463863 * x1_6_5 * x2_3_2
     )
-    out_ref[:, pl.ds(4160, 64)] = acc_57_0
-    out_ref[:, pl.ds(4224, 64)] = acc_57_1
-    out_ref[:, pl.ds(4288, 64)] = acc_57_2
-    out_ref[:, pl.ds(4352, 64)] = acc_57_3
-    out_ref[:, pl.ds(4416, 64)] = acc_57_4
-    out_ref[:, pl.ds(4480, 64)] = acc_57_5
-    out_ref[:, pl.ds(4544, 64)] = acc_57_6
+    rt.store_tile(out_ref, 4160, [acc_57_0, acc_57_1, acc_57_2, acc_57_3, acc_57_4, acc_57_5, acc_57_6], mul=64, dim=7, pad=64)
 
     # out block 58 (64x3e): 1 path(s)
     acc_58_0 = jnp.zeros((rows, 64), dtype)
@@ -2255,13 +2036,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_58_4 = jnp.zeros((rows, 64), dtype)
     acc_58_5 = jnp.zeros((rows, 64), dtype)
     acc_58_6 = jnp.zeros((rows, 64), dtype)
-    x1_7_0 = x1_ref[:, pl.ds(1600, 64)]  # x1 block 7 (64x3e), m=0
-    x1_7_1 = x1_ref[:, pl.ds(1664, 64)]  # x1 block 7 (64x3e), m=1
-    x1_7_2 = x1_ref[:, pl.ds(1728, 64)]  # x1 block 7 (64x3e), m=2
-    x1_7_3 = x1_ref[:, pl.ds(1792, 64)]  # x1 block 7 (64x3e), m=3
-    x1_7_4 = x1_ref[:, pl.ds(1856, 64)]  # x1 block 7 (64x3e), m=4
-    x1_7_5 = x1_ref[:, pl.ds(1920, 64)]  # x1 block 7 (64x3e), m=5
-    x1_7_6 = x1_ref[:, pl.ds(1984, 64)]  # x1 block 7 (64x3e), m=6
+    x1_7_0, x1_7_1, x1_7_2, x1_7_3, x1_7_4, x1_7_5, x1_7_6 = rt.load_tile(x1_ref, 1600, mul=64, dim=7, pad=64)  # x1 block 7 (64x3e)
     # path 58: x1[7] 64x3e (x) x2[0] 1x0e -> out[58] 64x3e, uvu, weights at 3712, 7 nonzeros
     w = w_ref[:, pl.ds(3712, 64)]
     acc_58_0 = acc_58_0 + w * (1.0000000000000002 * x1_7_0 * x2_0_0)
@@ -2271,13 +2046,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_58_4 = acc_58_4 + w * (1.0000000000000002 * x1_7_4 * x2_0_0)
     acc_58_5 = acc_58_5 + w * (1.0000000000000002 * x1_7_5 * x2_0_0)
     acc_58_6 = acc_58_6 + w * (1.0000000000000002 * x1_7_6 * x2_0_0)
-    out_ref[:, pl.ds(4608, 64)] = acc_58_0
-    out_ref[:, pl.ds(4672, 64)] = acc_58_1
-    out_ref[:, pl.ds(4736, 64)] = acc_58_2
-    out_ref[:, pl.ds(4800, 64)] = acc_58_3
-    out_ref[:, pl.ds(4864, 64)] = acc_58_4
-    out_ref[:, pl.ds(4928, 64)] = acc_58_5
-    out_ref[:, pl.ds(4992, 64)] = acc_58_6
+    rt.store_tile(out_ref, 4608, [acc_58_0, acc_58_1, acc_58_2, acc_58_3, acc_58_4, acc_58_5, acc_58_6], mul=64, dim=7, pad=64)
 
     # out block 59 (64x2o): 1 path(s)
     acc_59_0 = jnp.zeros((rows, 64), dtype)
@@ -2318,11 +2087,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.48795003647426666 * x1_7_5 * x2_1_1
         + 0.5976143046671969 * x1_7_6 * x2_1_2
     )
-    out_ref[:, pl.ds(5056, 64)] = acc_59_0
-    out_ref[:, pl.ds(5120, 64)] = acc_59_1
-    out_ref[:, pl.ds(5184, 64)] = acc_59_2
-    out_ref[:, pl.ds(5248, 64)] = acc_59_3
-    out_ref[:, pl.ds(5312, 64)] = acc_59_4
+    rt.store_tile(out_ref, 5056, [acc_59_0, acc_59_1, acc_59_2, acc_59_3, acc_59_4], mul=64, dim=5, pad=64)
 
     # out block 60 (64x3o): 1 path(s)
     acc_60_0 = jnp.zeros((rows, 64), dtype)
@@ -2374,13 +2139,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3535533905932738 * x1_7_1 * x2_1_2
         - 0.3535533905932738 * x1_7_5 * x2_1_0
     )
-    out_ref[:, pl.ds(5376, 64)] = acc_60_0
-    out_ref[:, pl.ds(5440, 64)] = acc_60_1
-    out_ref[:, pl.ds(5504, 64)] = acc_60_2
-    out_ref[:, pl.ds(5568, 64)] = acc_60_3
-    out_ref[:, pl.ds(5632, 64)] = acc_60_4
-    out_ref[:, pl.ds(5696, 64)] = acc_60_5
-    out_ref[:, pl.ds(5760, 64)] = acc_60_6
+    rt.store_tile(out_ref, 5376, [acc_60_0, acc_60_1, acc_60_2, acc_60_3, acc_60_4, acc_60_5, acc_60_6], mul=64, dim=7, pad=64)
 
     # out block 61 (64x1e): 1 path(s)
     acc_61_0 = jnp.zeros((rows, 64), dtype)
@@ -2415,9 +2174,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.3779644730092272 * x1_7_5 * x2_2_3
         + 0.4629100498862757 * x1_7_6 * x2_2_4
     )
-    out_ref[:, pl.ds(5824, 64)] = acc_61_0
-    out_ref[:, pl.ds(5888, 64)] = acc_61_1
-    out_ref[:, pl.ds(5952, 64)] = acc_61_2
+    rt.store_tile(out_ref, 5824, [acc_61_0, acc_61_1, acc_61_2], mul=64, dim=3, pad=64)
 
     # out block 62 (64x2e): 1 path(s)
     acc_62_0 = jnp.zeros((rows, 64), dtype)
@@ -2465,11 +2222,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3273268353539886 * x1_7_4 * x2_2_1
         - 0.42257712736425834 * x1_7_6 * x2_2_1
     )
-    out_ref[:, pl.ds(6016, 64)] = acc_62_0
-    out_ref[:, pl.ds(6080, 64)] = acc_62_1
-    out_ref[:, pl.ds(6144, 64)] = acc_62_2
-    out_ref[:, pl.ds(6208, 64)] = acc_62_3
-    out_ref[:, pl.ds(6272, 64)] = acc_62_4
+    rt.store_tile(out_ref, 6016, [acc_62_0, acc_62_1, acc_62_2, acc_62_3, acc_62_4], mul=64, dim=5, pad=64)
 
     # out block 63 (64x3e): 1 path(s)
     acc_63_0 = jnp.zeros((rows, 64), dtype)
@@ -2536,13 +2289,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_7_5 * x2_2_3
         - 0.6454972243679029 * x1_7_6 * x2_2_2
     )
-    out_ref[:, pl.ds(6336, 64)] = acc_63_0
-    out_ref[:, pl.ds(6400, 64)] = acc_63_1
-    out_ref[:, pl.ds(6464, 64)] = acc_63_2
-    out_ref[:, pl.ds(6528, 64)] = acc_63_3
-    out_ref[:, pl.ds(6592, 64)] = acc_63_4
-    out_ref[:, pl.ds(6656, 64)] = acc_63_5
-    out_ref[:, pl.ds(6720, 64)] = acc_63_6
+    rt.store_tile(out_ref, 6336, [acc_63_0, acc_63_1, acc_63_2, acc_63_3, acc_63_4, acc_63_5, acc_63_6], mul=64, dim=7, pad=64)
 
     # out block 64 (64x0o): 1 path(s)
     acc_64_0 = jnp.zeros((rows, 64), dtype)
@@ -2597,9 +2344,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.2988071523335984 * x1_7_5 * x2_3_2
         - 0.23145502494313785 * x1_7_6 * x2_3_1
     )
-    out_ref[:, pl.ds(6848, 64)] = acc_65_0
-    out_ref[:, pl.ds(6912, 64)] = acc_65_1
-    out_ref[:, pl.ds(6976, 64)] = acc_65_2
+    rt.store_tile(out_ref, 6848, [acc_65_0, acc_65_1, acc_65_2], mul=64, dim=3, pad=64)
 
     # out block 66 (64x2o): 1 path(s)
     acc_66_0 = jnp.zeros((rows, 64), dtype)
@@ -2660,11 +2405,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.48795003647426666 * x1_7_5 * x2_3_3
         - 0.24397501823713333 * x1_7_6 * x2_3_4
     )
-    out_ref[:, pl.ds(7040, 64)] = acc_66_0
-    out_ref[:, pl.ds(7104, 64)] = acc_66_1
-    out_ref[:, pl.ds(7168, 64)] = acc_66_2
-    out_ref[:, pl.ds(7232, 64)] = acc_66_3
-    out_ref[:, pl.ds(7296, 64)] = acc_66_4
+    rt.store_tile(out_ref, 7040, [acc_66_0, acc_66_1, acc_66_2, acc_66_3, acc_66_4], mul=64, dim=5, pad=64)
 
     # out block 67 (64x3o): 1 path(s)
     acc_67_0 = jnp.zeros((rows, 64), dtype)
@@ -2732,13 +2473,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_7_4 * x2_3_1
         + 0.408248290463863 * x1_7_5 * x2_3_2
     )
-    out_ref[:, pl.ds(7360, 64)] = acc_67_0
-    out_ref[:, pl.ds(7424, 64)] = acc_67_1
-    out_ref[:, pl.ds(7488, 64)] = acc_67_2
-    out_ref[:, pl.ds(7552, 64)] = acc_67_3
-    out_ref[:, pl.ds(7616, 64)] = acc_67_4
-    out_ref[:, pl.ds(7680, 64)] = acc_67_5
-    out_ref[:, pl.ds(7744, 64)] = acc_67_6
+    rt.store_tile(out_ref, 7360, [acc_67_0, acc_67_1, acc_67_2, acc_67_3, acc_67_4, acc_67_5, acc_67_6], mul=64, dim=7, pad=64)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -2756,9 +2491,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -2771,11 +2504,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -2792,13 +2521,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(640, 64)]  # g block 3 (64x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(704, 64)]  # g block 3 (64x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(768, 64)]  # g block 3 (64x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(832, 64)]  # g block 3 (64x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(896, 64)]  # g block 3 (64x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(960, 64)]  # g block 3 (64x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 576, mul=64, dim=7, pad=64)  # g block 3 (64x3e)
     # path 3: x1[0] 64x0o (x) x2[3] 1x3o -> out[3] 64x3e, uvu, weights at 192, 7 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -2818,9 +2541,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     # path 4: x1[1] 64x0e (x) x2[0] 1x0e -> out[4] 64x0e, uvu, weights at 256, 1 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
     acc_1_0 = acc_1_0 + w * (1.0 * x2_0_0 * g_4_0)
-    g_5_0 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x1o), m=0
-    g_5_1 = g_ref[:, pl.ds(1152, 64)]  # g block 5 (64x1o), m=1
-    g_5_2 = g_ref[:, pl.ds(1216, 64)]  # g block 5 (64x1o), m=2
+    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1088, mul=64, dim=3, pad=64)  # g block 5 (64x1o)
     # path 5: x1[1] 64x0e (x) x2[1] 1x1o -> out[5] 64x1o, uvu, weights at 320, 3 nonzeros
     w = w_ref[:, pl.ds(320, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -2828,11 +2549,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.9999999999999999 * x2_1_1 * g_5_1
         + 0.9999999999999999 * x2_1_2 * g_5_2
     )
-    g_6_0 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(1344, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(1408, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(1472, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(1536, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 1280, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     # path 6: x1[1] 64x0e (x) x2[2] 1x2e -> out[6] 64x2e, uvu, weights at 384, 5 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -2842,13 +2559,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 1.0 * x2_2_3 * g_6_3
         + 1.0 * x2_2_4 * g_6_4
     )
-    g_7_0 = g_ref[:, pl.ds(1600, 64)]  # g block 7 (64x3o), m=0
-    g_7_1 = g_ref[:, pl.ds(1664, 64)]  # g block 7 (64x3o), m=1
-    g_7_2 = g_ref[:, pl.ds(1728, 64)]  # g block 7 (64x3o), m=2
-    g_7_3 = g_ref[:, pl.ds(1792, 64)]  # g block 7 (64x3o), m=3
-    g_7_4 = g_ref[:, pl.ds(1856, 64)]  # g block 7 (64x3o), m=4
-    g_7_5 = g_ref[:, pl.ds(1920, 64)]  # g block 7 (64x3o), m=5
-    g_7_6 = g_ref[:, pl.ds(1984, 64)]  # g block 7 (64x3o), m=6
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4, g_7_5, g_7_6 = rt.load_tile(g_ref, 1600, mul=64, dim=7, pad=64)  # g block 7 (64x3o)
     # path 7: x1[1] 64x0e (x) x2[3] 1x3o -> out[7] 64x3o, uvu, weights at 448, 7 nonzeros
     w = w_ref[:, pl.ds(448, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -2866,9 +2577,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = jnp.zeros((rows, 64), dtype)
     acc_2_1 = jnp.zeros((rows, 64), dtype)
     acc_2_2 = jnp.zeros((rows, 64), dtype)
-    g_8_0 = g_ref[:, pl.ds(2048, 64)]  # g block 8 (64x1o), m=0
-    g_8_1 = g_ref[:, pl.ds(2112, 64)]  # g block 8 (64x1o), m=1
-    g_8_2 = g_ref[:, pl.ds(2176, 64)]  # g block 8 (64x1o), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 8 (64x1o)
     # path 8: x1[2] 64x1o (x) x2[0] 1x0e -> out[8] 64x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_2_0 = acc_2_0 + w * (0.9999999999999999 * x2_0_0 * g_8_0)
@@ -2880,9 +2589,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = acc_2_0 + w * (0.5773502691896257 * x2_1_0 * g_9_0)
     acc_2_1 = acc_2_1 + w * (0.5773502691896257 * x2_1_1 * g_9_0)
     acc_2_2 = acc_2_2 + w * (0.5773502691896257 * x2_1_2 * g_9_0)
-    g_10_0 = g_ref[:, pl.ds(2304, 64)]  # g block 10 (64x1e), m=0
-    g_10_1 = g_ref[:, pl.ds(2368, 64)]  # g block 10 (64x1e), m=1
-    g_10_2 = g_ref[:, pl.ds(2432, 64)]  # g block 10 (64x1e), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 10 (64x1e)
     # path 10: x1[2] 64x1o (x) x2[1] 1x1o -> out[10] 64x1e, uvu, weights at 640, 6 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -2897,11 +2604,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_10_0
         + 0.7071067811865475 * x2_1_0 * g_10_1
     )
-    g_11_0 = g_ref[:, pl.ds(2496, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(2560, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(2624, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(2688, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(2752, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     # path 11: x1[2] 64x1o (x) x2[1] 1x1o -> out[11] 64x2e, uvu, weights at 704, 11 nonzeros
     w = w_ref[:, pl.ds(704, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -2921,9 +2624,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_11_3
         + 0.7071067811865476 * x2_1_2 * g_11_4
     )
-    g_12_0 = g_ref[:, pl.ds(2816, 64)]  # g block 12 (64x1o), m=0
-    g_12_1 = g_ref[:, pl.ds(2880, 64)]  # g block 12 (64x1o), m=1
-    g_12_2 = g_ref[:, pl.ds(2944, 64)]  # g block 12 (64x1o), m=2
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 12 (64x1o)
     # path 12: x1[2] 64x1o (x) x2[2] 1x2e -> out[12] 64x1o, uvu, weights at 768, 11 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -2943,11 +2644,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_12_2
         + 0.5477225575051661 * x2_2_4 * g_12_2
     )
-    g_13_0 = g_ref[:, pl.ds(3008, 64)]  # g block 13 (64x2o), m=0
-    g_13_1 = g_ref[:, pl.ds(3072, 64)]  # g block 13 (64x2o), m=1
-    g_13_2 = g_ref[:, pl.ds(3136, 64)]  # g block 13 (64x2o), m=2
-    g_13_3 = g_ref[:, pl.ds(3200, 64)]  # g block 13 (64x2o), m=3
-    g_13_4 = g_ref[:, pl.ds(3264, 64)]  # g block 13 (64x2o), m=4
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 13 (64x2o)
     # path 13: x1[2] 64x1o (x) x2[2] 1x2e -> out[13] 64x2o, uvu, weights at 832, 16 nonzeros
     w = w_ref[:, pl.ds(832, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -2972,13 +2669,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_2_0 * g_13_3
         + 0.408248290463863 * x2_2_1 * g_13_4
     )
-    g_14_0 = g_ref[:, pl.ds(3328, 64)]  # g block 14 (64x3o), m=0
-    g_14_1 = g_ref[:, pl.ds(3392, 64)]  # g block 14 (64x3o), m=1
-    g_14_2 = g_ref[:, pl.ds(3456, 64)]  # g block 14 (64x3o), m=2
-    g_14_3 = g_ref[:, pl.ds(3520, 64)]  # g block 14 (64x3o), m=3
-    g_14_4 = g_ref[:, pl.ds(3584, 64)]  # g block 14 (64x3o), m=4
-    g_14_5 = g_ref[:, pl.ds(3648, 64)]  # g block 14 (64x3o), m=5
-    g_14_6 = g_ref[:, pl.ds(3712, 64)]  # g block 14 (64x3o), m=6
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 14 (64x3o)
     # path 14: x1[2] 64x1o (x) x2[2] 1x2e -> out[14] 64x3o, uvu, weights at 896, 21 nonzeros
     w = w_ref[:, pl.ds(896, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -3008,11 +2699,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5773502691896258 * x2_2_3 * g_14_5
         + 0.7071067811865476 * x2_2_4 * g_14_6
     )
-    g_15_0 = g_ref[:, pl.ds(3776, 64)]  # g block 15 (64x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(3840, 64)]  # g block 15 (64x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(3904, 64)]  # g block 15 (64x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(3968, 64)]  # g block 15 (64x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4032, 64)]  # g block 15 (64x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 15 (64x2e)
     # path 15: x1[2] 64x1o (x) x2[3] 1x3o -> out[15] 64x2e, uvu, weights at 960, 21 nonzeros
     w = w_ref[:, pl.ds(960, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -3042,13 +2729,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_15_4
         + 0.5976143046671969 * x2_3_6 * g_15_4
     )
-    g_16_0 = g_ref[:, pl.ds(4096, 64)]  # g block 16 (64x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4160, 64)]  # g block 16 (64x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(4224, 64)]  # g block 16 (64x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(4288, 64)]  # g block 16 (64x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(4352, 64)]  # g block 16 (64x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(4416, 64)]  # g block 16 (64x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(4480, 64)]  # g block 16 (64x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 16 (64x3e)
     # path 16: x1[2] 64x1o (x) x2[3] 1x3o -> out[16] 64x3e, uvu, weights at 1024, 26 nonzeros
     w = w_ref[:, pl.ds(1024, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -3083,17 +2764,13 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x2_3_2 * g_16_5
         + 0.3535533905932738 * x2_3_1 * g_16_6
     )
-    out_ref[:, pl.ds(128, 64)] = acc_2_0
-    out_ref[:, pl.ds(192, 64)] = acc_2_1
-    out_ref[:, pl.ds(256, 64)] = acc_2_2
+    rt.store_tile(out_ref, 128, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
 
     # x1 block 3 (64x1e): 9 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
     acc_3_1 = jnp.zeros((rows, 64), dtype)
     acc_3_2 = jnp.zeros((rows, 64), dtype)
-    g_17_0 = g_ref[:, pl.ds(4544, 64)]  # g block 17 (64x1e), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 64)]  # g block 17 (64x1e), m=1
-    g_17_2 = g_ref[:, pl.ds(4672, 64)]  # g block 17 (64x1e), m=2
+    g_17_0, g_17_1, g_17_2 = rt.load_tile(g_ref, 4544, mul=64, dim=3, pad=64)  # g block 17 (64x1e)
     # path 17: x1[3] 64x1e (x) x2[0] 1x0e -> out[17] 64x1e, uvu, weights at 1088, 3 nonzeros
     w = w_ref[:, pl.ds(1088, 64)]
     acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x2_0_0 * g_17_0)
@@ -3105,9 +2782,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_0 = acc_3_0 + w * (0.5773502691896257 * x2_1_0 * g_18_0)
     acc_3_1 = acc_3_1 + w * (0.5773502691896257 * x2_1_1 * g_18_0)
     acc_3_2 = acc_3_2 + w * (0.5773502691896257 * x2_1_2 * g_18_0)
-    g_19_0 = g_ref[:, pl.ds(4800, 64)]  # g block 19 (64x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4864, 64)]  # g block 19 (64x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(4928, 64)]  # g block 19 (64x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4800, mul=64, dim=3, pad=64)  # g block 19 (64x1o)
     # path 19: x1[3] 64x1e (x) x2[1] 1x1o -> out[19] 64x1o, uvu, weights at 1216, 6 nonzeros
     w = w_ref[:, pl.ds(1216, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3122,11 +2797,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_19_0
         + 0.7071067811865475 * x2_1_0 * g_19_1
     )
-    g_20_0 = g_ref[:, pl.ds(4992, 64)]  # g block 20 (64x2o), m=0
-    g_20_1 = g_ref[:, pl.ds(5056, 64)]  # g block 20 (64x2o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 64)]  # g block 20 (64x2o), m=2
-    g_20_3 = g_ref[:, pl.ds(5184, 64)]  # g block 20 (64x2o), m=3
-    g_20_4 = g_ref[:, pl.ds(5248, 64)]  # g block 20 (64x2o), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4992, mul=64, dim=5, pad=64)  # g block 20 (64x2o)
     # path 20: x1[3] 64x1e (x) x2[1] 1x1o -> out[20] 64x2o, uvu, weights at 1280, 11 nonzeros
     w = w_ref[:, pl.ds(1280, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3146,9 +2817,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_20_3
         + 0.7071067811865476 * x2_1_2 * g_20_4
     )
-    g_21_0 = g_ref[:, pl.ds(5312, 64)]  # g block 21 (64x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5376, 64)]  # g block 21 (64x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5440, 64)]  # g block 21 (64x1e), m=2
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5312, mul=64, dim=3, pad=64)  # g block 21 (64x1e)
     # path 21: x1[3] 64x1e (x) x2[2] 1x2e -> out[21] 64x1e, uvu, weights at 1344, 11 nonzeros
     w = w_ref[:, pl.ds(1344, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3168,11 +2837,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_21_2
         + 0.5477225575051661 * x2_2_4 * g_21_2
     )
-    g_22_0 = g_ref[:, pl.ds(5504, 64)]  # g block 22 (64x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5568, 64)]  # g block 22 (64x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5632, 64)]  # g block 22 (64x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5696, 64)]  # g block 22 (64x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5760, 64)]  # g block 22 (64x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5504, mul=64, dim=5, pad=64)  # g block 22 (64x2e)
     # path 22: x1[3] 64x1e (x) x2[2] 1x2e -> out[22] 64x2e, uvu, weights at 1408, 16 nonzeros
     w = w_ref[:, pl.ds(1408, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3197,13 +2862,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_2_0 * g_22_3
         + 0.408248290463863 * x2_2_1 * g_22_4
     )
-    g_23_0 = g_ref[:, pl.ds(5824, 64)]  # g block 23 (64x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5888, 64)]  # g block 23 (64x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(5952, 64)]  # g block 23 (64x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6016, 64)]  # g block 23 (64x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 64)]  # g block 23 (64x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6144, 64)]  # g block 23 (64x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6208, 64)]  # g block 23 (64x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5824, mul=64, dim=7, pad=64)  # g block 23 (64x3e)
     # path 23: x1[3] 64x1e (x) x2[2] 1x2e -> out[23] 64x3e, uvu, weights at 1472, 21 nonzeros
     w = w_ref[:, pl.ds(1472, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3233,11 +2892,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5773502691896258 * x2_2_3 * g_23_5
         + 0.7071067811865476 * x2_2_4 * g_23_6
     )
-    g_24_0 = g_ref[:, pl.ds(6272, 64)]  # g block 24 (64x2o), m=0
-    g_24_1 = g_ref[:, pl.ds(6336, 64)]  # g block 24 (64x2o), m=1
-    g_24_2 = g_ref[:, pl.ds(6400, 64)]  # g block 24 (64x2o), m=2
-    g_24_3 = g_ref[:, pl.ds(6464, 64)]  # g block 24 (64x2o), m=3
-    g_24_4 = g_ref[:, pl.ds(6528, 64)]  # g block 24 (64x2o), m=4
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 6272, mul=64, dim=5, pad=64)  # g block 24 (64x2o)
     # path 24: x1[3] 64x1e (x) x2[3] 1x3o -> out[24] 64x2o, uvu, weights at 1536, 21 nonzeros
     w = w_ref[:, pl.ds(1536, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3267,13 +2922,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_24_4
         + 0.5976143046671969 * x2_3_6 * g_24_4
     )
-    g_25_0 = g_ref[:, pl.ds(6592, 64)]  # g block 25 (64x3o), m=0
-    g_25_1 = g_ref[:, pl.ds(6656, 64)]  # g block 25 (64x3o), m=1
-    g_25_2 = g_ref[:, pl.ds(6720, 64)]  # g block 25 (64x3o), m=2
-    g_25_3 = g_ref[:, pl.ds(6784, 64)]  # g block 25 (64x3o), m=3
-    g_25_4 = g_ref[:, pl.ds(6848, 64)]  # g block 25 (64x3o), m=4
-    g_25_5 = g_ref[:, pl.ds(6912, 64)]  # g block 25 (64x3o), m=5
-    g_25_6 = g_ref[:, pl.ds(6976, 64)]  # g block 25 (64x3o), m=6
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4, g_25_5, g_25_6 = rt.load_tile(g_ref, 6592, mul=64, dim=7, pad=64)  # g block 25 (64x3o)
     # path 25: x1[3] 64x1e (x) x2[3] 1x3o -> out[25] 64x3o, uvu, weights at 1600, 26 nonzeros
     w = w_ref[:, pl.ds(1600, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -3308,9 +2957,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x2_3_2 * g_25_5
         + 0.3535533905932738 * x2_3_1 * g_25_6
     )
-    out_ref[:, pl.ds(320, 64)] = acc_3_0
-    out_ref[:, pl.ds(384, 64)] = acc_3_1
-    out_ref[:, pl.ds(448, 64)] = acc_3_2
+    rt.store_tile(out_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
 
     # x1 block 4 (64x2o): 11 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
@@ -3318,11 +2965,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = jnp.zeros((rows, 64), dtype)
     acc_4_3 = jnp.zeros((rows, 64), dtype)
     acc_4_4 = jnp.zeros((rows, 64), dtype)
-    g_26_0 = g_ref[:, pl.ds(7040, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(7104, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(7168, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(7232, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(7296, 64)]  # g block 26 (64x2o), m=4
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 7040, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     # path 26: x1[4] 64x2o (x) x2[0] 1x0e -> out[26] 64x2o, uvu, weights at 1664, 5 nonzeros
     w = w_ref[:, pl.ds(1664, 64)]
     acc_4_0 = acc_4_0 + w * (1.0 * x2_0_0 * g_26_0)
@@ -3330,9 +2973,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = acc_4_2 + w * (1.0 * x2_0_0 * g_26_2)
     acc_4_3 = acc_4_3 + w * (1.0 * x2_0_0 * g_26_3)
     acc_4_4 = acc_4_4 + w * (1.0 * x2_0_0 * g_26_4)
-    g_27_0 = g_ref[:, pl.ds(7360, 64)]  # g block 27 (64x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(7424, 64)]  # g block 27 (64x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(7488, 64)]  # g block 27 (64x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 7360, mul=64, dim=3, pad=64)  # g block 27 (64x1e)
     # path 27: x1[4] 64x2o (x) x2[1] 1x1o -> out[27] 64x1e, uvu, weights at 1728, 11 nonzeros
     w = w_ref[:, pl.ds(1728, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3356,11 +2997,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_27_0
         + 0.5477225575051661 * x2_1_2 * g_27_2
     )
-    g_28_0 = g_ref[:, pl.ds(7552, 64)]  # g block 28 (64x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(7616, 64)]  # g block 28 (64x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(7680, 64)]  # g block 28 (64x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(7744, 64)]  # g block 28 (64x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7808, 64)]  # g block 28 (64x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 7552, mul=64, dim=5, pad=64)  # g block 28 (64x2e)
     # path 28: x1[4] 64x2o (x) x2[1] 1x1o -> out[28] 64x2e, uvu, weights at 1792, 16 nonzeros
     w = w_ref[:, pl.ds(1792, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3389,13 +3026,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_1_2 * g_28_1
         + 0.408248290463863 * x2_1_0 * g_28_3
     )
-    g_29_0 = g_ref[:, pl.ds(7872, 64)]  # g block 29 (64x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7936, 64)]  # g block 29 (64x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(8000, 64)]  # g block 29 (64x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(8064, 64)]  # g block 29 (64x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(8128, 64)]  # g block 29 (64x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(8192, 64)]  # g block 29 (64x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(8256, 64)]  # g block 29 (64x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7872, mul=64, dim=7, pad=64)  # g block 29 (64x3e)
     # path 29: x1[4] 64x2o (x) x2[1] 1x1o -> out[29] 64x3e, uvu, weights at 1856, 21 nonzeros
     w = w_ref[:, pl.ds(1856, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3437,9 +3068,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = acc_4_2 + w * (0.4472135954999579 * x2_2_2 * g_30_0)
     acc_4_3 = acc_4_3 + w * (0.4472135954999579 * x2_2_3 * g_30_0)
     acc_4_4 = acc_4_4 + w * (0.4472135954999579 * x2_2_4 * g_30_0)
-    g_31_0 = g_ref[:, pl.ds(8384, 64)]  # g block 31 (64x1o), m=0
-    g_31_1 = g_ref[:, pl.ds(8448, 64)]  # g block 31 (64x1o), m=1
-    g_31_2 = g_ref[:, pl.ds(8512, 64)]  # g block 31 (64x1o), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 8384, mul=64, dim=3, pad=64)  # g block 31 (64x1o)
     # path 31: x1[4] 64x2o (x) x2[2] 1x2e -> out[31] 64x1o, uvu, weights at 1984, 16 nonzeros
     w = w_ref[:, pl.ds(1984, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3468,11 +3097,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.6324555320336758 * x2_2_0 * g_31_1
         - 0.3162277660168379 * x2_2_1 * g_31_2
     )
-    g_32_0 = g_ref[:, pl.ds(8576, 64)]  # g block 32 (64x2o), m=0
-    g_32_1 = g_ref[:, pl.ds(8640, 64)]  # g block 32 (64x2o), m=1
-    g_32_2 = g_ref[:, pl.ds(8704, 64)]  # g block 32 (64x2o), m=2
-    g_32_3 = g_ref[:, pl.ds(8768, 64)]  # g block 32 (64x2o), m=3
-    g_32_4 = g_ref[:, pl.ds(8832, 64)]  # g block 32 (64x2o), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 8576, mul=64, dim=5, pad=64)  # g block 32 (64x2o)
     # path 32: x1[4] 64x2o (x) x2[2] 1x2e -> out[32] 64x2o, uvu, weights at 2048, 25 nonzeros
     w = w_ref[:, pl.ds(2048, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3510,13 +3135,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_32_3
         - 0.5345224838248488 * x2_2_2 * g_32_4
     )
-    g_33_0 = g_ref[:, pl.ds(8896, 64)]  # g block 33 (64x3o), m=0
-    g_33_1 = g_ref[:, pl.ds(8960, 64)]  # g block 33 (64x3o), m=1
-    g_33_2 = g_ref[:, pl.ds(9024, 64)]  # g block 33 (64x3o), m=2
-    g_33_3 = g_ref[:, pl.ds(9088, 64)]  # g block 33 (64x3o), m=3
-    g_33_4 = g_ref[:, pl.ds(9152, 64)]  # g block 33 (64x3o), m=4
-    g_33_5 = g_ref[:, pl.ds(9216, 64)]  # g block 33 (64x3o), m=5
-    g_33_6 = g_ref[:, pl.ds(9280, 64)]  # g block 33 (64x3o), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 8896, mul=64, dim=7, pad=64)  # g block 33 (64x3o)
     # path 33: x1[4] 64x2o (x) x2[2] 1x2e -> out[33] 64x3o, uvu, weights at 2112, 28 nonzeros
     w = w_ref[:, pl.ds(2112, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3557,9 +3176,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.38729833462074176 * x2_2_1 * g_33_4
         + 0.5000000000000001 * x2_2_1 * g_33_6
     )
-    g_34_0 = g_ref[:, pl.ds(9344, 64)]  # g block 34 (64x1e), m=0
-    g_34_1 = g_ref[:, pl.ds(9408, 64)]  # g block 34 (64x1e), m=1
-    g_34_2 = g_ref[:, pl.ds(9472, 64)]  # g block 34 (64x1e), m=2
+    g_34_0, g_34_1, g_34_2 = rt.load_tile(g_ref, 9344, mul=64, dim=3, pad=64)  # g block 34 (64x1e)
     # path 34: x1[4] 64x2o (x) x2[3] 1x3o -> out[34] 64x1e, uvu, weights at 2176, 21 nonzeros
     w = w_ref[:, pl.ds(2176, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3593,11 +3210,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x2_3_4 * g_34_2
         + 0.4629100498862757 * x2_3_6 * g_34_2
     )
-    g_35_0 = g_ref[:, pl.ds(9536, 64)]  # g block 35 (64x2e), m=0
-    g_35_1 = g_ref[:, pl.ds(9600, 64)]  # g block 35 (64x2e), m=1
-    g_35_2 = g_ref[:, pl.ds(9664, 64)]  # g block 35 (64x2e), m=2
-    g_35_3 = g_ref[:, pl.ds(9728, 64)]  # g block 35 (64x2e), m=3
-    g_35_4 = g_ref[:, pl.ds(9792, 64)]  # g block 35 (64x2e), m=4
+    g_35_0, g_35_1, g_35_2, g_35_3, g_35_4 = rt.load_tile(g_ref, 9536, mul=64, dim=5, pad=64)  # g block 35 (64x2e)
     # path 35: x1[4] 64x2o (x) x2[3] 1x3o -> out[35] 64x2e, uvu, weights at 2240, 28 nonzeros
     w = w_ref[:, pl.ds(2240, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3638,13 +3251,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_3_0 * g_35_3
         - 0.3273268353539886 * x2_3_2 * g_35_3
     )
-    g_36_0 = g_ref[:, pl.ds(9856, 64)]  # g block 36 (64x3e), m=0
-    g_36_1 = g_ref[:, pl.ds(9920, 64)]  # g block 36 (64x3e), m=1
-    g_36_2 = g_ref[:, pl.ds(9984, 64)]  # g block 36 (64x3e), m=2
-    g_36_3 = g_ref[:, pl.ds(10048, 64)]  # g block 36 (64x3e), m=3
-    g_36_4 = g_ref[:, pl.ds(10112, 64)]  # g block 36 (64x3e), m=4
-    g_36_5 = g_ref[:, pl.ds(10176, 64)]  # g block 36 (64x3e), m=5
-    g_36_6 = g_ref[:, pl.ds(10240, 64)]  # g block 36 (64x3e), m=6
+    g_36_0, g_36_1, g_36_2, g_36_3, g_36_4, g_36_5, g_36_6 = rt.load_tile(g_ref, 9856, mul=64, dim=7, pad=64)  # g block 36 (64x3e)
     # path 36: x1[4] 64x2o (x) x2[3] 1x3o -> out[36] 64x3e, uvu, weights at 2304, 41 nonzeros
     w = w_ref[:, pl.ds(2304, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -3698,11 +3305,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896258 * x2_3_3 * g_36_5
         - 0.2886751345948129 * x2_3_4 * g_36_6
     )
-    out_ref[:, pl.ds(512, 64)] = acc_4_0
-    out_ref[:, pl.ds(576, 64)] = acc_4_1
-    out_ref[:, pl.ds(640, 64)] = acc_4_2
-    out_ref[:, pl.ds(704, 64)] = acc_4_3
-    out_ref[:, pl.ds(768, 64)] = acc_4_4
+    rt.store_tile(out_ref, 512, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
 
 
 def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
@@ -3717,11 +3320,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_5_3 = jnp.zeros((rows, 64), dtype)
     acc_5_4 = jnp.zeros((rows, 64), dtype)
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_37_0 = g_ref[:, pl.ds(10304, 64)]  # g block 37 (64x2e), m=0
-    g_37_1 = g_ref[:, pl.ds(10368, 64)]  # g block 37 (64x2e), m=1
-    g_37_2 = g_ref[:, pl.ds(10432, 64)]  # g block 37 (64x2e), m=2
-    g_37_3 = g_ref[:, pl.ds(10496, 64)]  # g block 37 (64x2e), m=3
-    g_37_4 = g_ref[:, pl.ds(10560, 64)]  # g block 37 (64x2e), m=4
+    g_37_0, g_37_1, g_37_2, g_37_3, g_37_4 = rt.load_tile(g_ref, 10304, mul=64, dim=5, pad=64)  # g block 37 (64x2e)
     # path 37: x1[5] 64x2e (x) x2[0] 1x0e -> out[37] 64x2e, uvu, weights at 2368, 5 nonzeros
     w = w_ref[:, pl.ds(2368, 64)]
     acc_5_0 = acc_5_0 + w * (1.0 * x2_0_0 * g_37_0)
@@ -3732,9 +3331,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_38_0 = g_ref[:, pl.ds(10624, 64)]  # g block 38 (64x1o), m=0
-    g_38_1 = g_ref[:, pl.ds(10688, 64)]  # g block 38 (64x1o), m=1
-    g_38_2 = g_ref[:, pl.ds(10752, 64)]  # g block 38 (64x1o), m=2
+    g_38_0, g_38_1, g_38_2 = rt.load_tile(g_ref, 10624, mul=64, dim=3, pad=64)  # g block 38 (64x1o)
     # path 38: x1[5] 64x2e (x) x2[1] 1x1o -> out[38] 64x1o, uvu, weights at 2432, 11 nonzeros
     w = w_ref[:, pl.ds(2432, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3758,11 +3355,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_38_0
         + 0.5477225575051661 * x2_1_2 * g_38_2
     )
-    g_39_0 = g_ref[:, pl.ds(10816, 64)]  # g block 39 (64x2o), m=0
-    g_39_1 = g_ref[:, pl.ds(10880, 64)]  # g block 39 (64x2o), m=1
-    g_39_2 = g_ref[:, pl.ds(10944, 64)]  # g block 39 (64x2o), m=2
-    g_39_3 = g_ref[:, pl.ds(11008, 64)]  # g block 39 (64x2o), m=3
-    g_39_4 = g_ref[:, pl.ds(11072, 64)]  # g block 39 (64x2o), m=4
+    g_39_0, g_39_1, g_39_2, g_39_3, g_39_4 = rt.load_tile(g_ref, 10816, mul=64, dim=5, pad=64)  # g block 39 (64x2o)
     # path 39: x1[5] 64x2e (x) x2[1] 1x1o -> out[39] 64x2o, uvu, weights at 2496, 16 nonzeros
     w = w_ref[:, pl.ds(2496, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3791,13 +3384,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_1_2 * g_39_1
         + 0.408248290463863 * x2_1_0 * g_39_3
     )
-    g_40_0 = g_ref[:, pl.ds(11136, 64)]  # g block 40 (64x3o), m=0
-    g_40_1 = g_ref[:, pl.ds(11200, 64)]  # g block 40 (64x3o), m=1
-    g_40_2 = g_ref[:, pl.ds(11264, 64)]  # g block 40 (64x3o), m=2
-    g_40_3 = g_ref[:, pl.ds(11328, 64)]  # g block 40 (64x3o), m=3
-    g_40_4 = g_ref[:, pl.ds(11392, 64)]  # g block 40 (64x3o), m=4
-    g_40_5 = g_ref[:, pl.ds(11456, 64)]  # g block 40 (64x3o), m=5
-    g_40_6 = g_ref[:, pl.ds(11520, 64)]  # g block 40 (64x3o), m=6
+    g_40_0, g_40_1, g_40_2, g_40_3, g_40_4, g_40_5, g_40_6 = rt.load_tile(g_ref, 11136, mul=64, dim=7, pad=64)  # g block 40 (64x3o)
     # path 40: x1[5] 64x2e (x) x2[1] 1x1o -> out[40] 64x3o, uvu, weights at 2560, 21 nonzeros
     w = w_ref[:, pl.ds(2560, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3844,9 +3431,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_5_2 = acc_5_2 + w * (0.4472135954999579 * x2_2_2 * g_41_0)
     acc_5_3 = acc_5_3 + w * (0.4472135954999579 * x2_2_3 * g_41_0)
     acc_5_4 = acc_5_4 + w * (0.4472135954999579 * x2_2_4 * g_41_0)
-    g_42_0 = g_ref[:, pl.ds(11648, 64)]  # g block 42 (64x1e), m=0
-    g_42_1 = g_ref[:, pl.ds(11712, 64)]  # g block 42 (64x1e), m=1
-    g_42_2 = g_ref[:, pl.ds(11776, 64)]  # g block 42 (64x1e), m=2
+    g_42_0, g_42_1, g_42_2 = rt.load_tile(g_ref, 11648, mul=64, dim=3, pad=64)  # g block 42 (64x1e)
     # path 42: x1[5] 64x2e (x) x2[2] 1x2e -> out[42] 64x1e, uvu, weights at 2688, 16 nonzeros
     w = w_ref[:, pl.ds(2688, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3875,11 +3460,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.6324555320336758 * x2_2_0 * g_42_1
         - 0.3162277660168379 * x2_2_1 * g_42_2
     )
-    g_43_0 = g_ref[:, pl.ds(11840, 64)]  # g block 43 (64x2e), m=0
-    g_43_1 = g_ref[:, pl.ds(11904, 64)]  # g block 43 (64x2e), m=1
-    g_43_2 = g_ref[:, pl.ds(11968, 64)]  # g block 43 (64x2e), m=2
-    g_43_3 = g_ref[:, pl.ds(12032, 64)]  # g block 43 (64x2e), m=3
-    g_43_4 = g_ref[:, pl.ds(12096, 64)]  # g block 43 (64x2e), m=4
+    g_43_0, g_43_1, g_43_2, g_43_3, g_43_4 = rt.load_tile(g_ref, 11840, mul=64, dim=5, pad=64)  # g block 43 (64x2e)
     # path 43: x1[5] 64x2e (x) x2[2] 1x2e -> out[43] 64x2e, uvu, weights at 2752, 25 nonzeros
     w = w_ref[:, pl.ds(2752, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3917,13 +3498,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_43_3
         - 0.5345224838248488 * x2_2_2 * g_43_4
     )
-    g_44_0 = g_ref[:, pl.ds(12160, 64)]  # g block 44 (64x3e), m=0
-    g_44_1 = g_ref[:, pl.ds(12224, 64)]  # g block 44 (64x3e), m=1
-    g_44_2 = g_ref[:, pl.ds(12288, 64)]  # g block 44 (64x3e), m=2
-    g_44_3 = g_ref[:, pl.ds(12352, 64)]  # g block 44 (64x3e), m=3
-    g_44_4 = g_ref[:, pl.ds(12416, 64)]  # g block 44 (64x3e), m=4
-    g_44_5 = g_ref[:, pl.ds(12480, 64)]  # g block 44 (64x3e), m=5
-    g_44_6 = g_ref[:, pl.ds(12544, 64)]  # g block 44 (64x3e), m=6
+    g_44_0, g_44_1, g_44_2, g_44_3, g_44_4, g_44_5, g_44_6 = rt.load_tile(g_ref, 12160, mul=64, dim=7, pad=64)  # g block 44 (64x3e)
     # path 44: x1[5] 64x2e (x) x2[2] 1x2e -> out[44] 64x3e, uvu, weights at 2816, 28 nonzeros
     w = w_ref[:, pl.ds(2816, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -3971,9 +3546,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_45_0 = g_ref[:, pl.ds(12608, 64)]  # g block 45 (64x1o), m=0
-    g_45_1 = g_ref[:, pl.ds(12672, 64)]  # g block 45 (64x1o), m=1
-    g_45_2 = g_ref[:, pl.ds(12736, 64)]  # g block 45 (64x1o), m=2
+    g_45_0, g_45_1, g_45_2 = rt.load_tile(g_ref, 12608, mul=64, dim=3, pad=64)  # g block 45 (64x1o)
     # path 45: x1[5] 64x2e (x) x2[3] 1x3o -> out[45] 64x1o, uvu, weights at 2880, 21 nonzeros
     w = w_ref[:, pl.ds(2880, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -4007,11 +3580,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x2_3_4 * g_45_2
         + 0.4629100498862757 * x2_3_6 * g_45_2
     )
-    g_46_0 = g_ref[:, pl.ds(12800, 64)]  # g block 46 (64x2o), m=0
-    g_46_1 = g_ref[:, pl.ds(12864, 64)]  # g block 46 (64x2o), m=1
-    g_46_2 = g_ref[:, pl.ds(12928, 64)]  # g block 46 (64x2o), m=2
-    g_46_3 = g_ref[:, pl.ds(12992, 64)]  # g block 46 (64x2o), m=3
-    g_46_4 = g_ref[:, pl.ds(13056, 64)]  # g block 46 (64x2o), m=4
+    g_46_0, g_46_1, g_46_2, g_46_3, g_46_4 = rt.load_tile(g_ref, 12800, mul=64, dim=5, pad=64)  # g block 46 (64x2o)
     # path 46: x1[5] 64x2e (x) x2[3] 1x3o -> out[46] 64x2o, uvu, weights at 2944, 28 nonzeros
     w = w_ref[:, pl.ds(2944, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -4052,13 +3621,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_3_0 * g_46_3
         - 0.3273268353539886 * x2_3_2 * g_46_3
     )
-    g_47_0 = g_ref[:, pl.ds(13120, 64)]  # g block 47 (64x3o), m=0
-    g_47_1 = g_ref[:, pl.ds(13184, 64)]  # g block 47 (64x3o), m=1
-    g_47_2 = g_ref[:, pl.ds(13248, 64)]  # g block 47 (64x3o), m=2
-    g_47_3 = g_ref[:, pl.ds(13312, 64)]  # g block 47 (64x3o), m=3
-    g_47_4 = g_ref[:, pl.ds(13376, 64)]  # g block 47 (64x3o), m=4
-    g_47_5 = g_ref[:, pl.ds(13440, 64)]  # g block 47 (64x3o), m=5
-    g_47_6 = g_ref[:, pl.ds(13504, 64)]  # g block 47 (64x3o), m=6
+    g_47_0, g_47_1, g_47_2, g_47_3, g_47_4, g_47_5, g_47_6 = rt.load_tile(g_ref, 13120, mul=64, dim=7, pad=64)  # g block 47 (64x3o)
     # path 47: x1[5] 64x2e (x) x2[3] 1x3o -> out[47] 64x3o, uvu, weights at 3008, 41 nonzeros
     w = w_ref[:, pl.ds(3008, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -4112,11 +3675,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896258 * x2_3_3 * g_47_5
         - 0.2886751345948129 * x2_3_4 * g_47_6
     )
-    out_ref[:, pl.ds(0, 64)] = acc_5_0
-    out_ref[:, pl.ds(64, 64)] = acc_5_1
-    out_ref[:, pl.ds(128, 64)] = acc_5_2
-    out_ref[:, pl.ds(192, 64)] = acc_5_3
-    out_ref[:, pl.ds(256, 64)] = acc_5_4
+    rt.store_tile(out_ref, 0, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
     # x1 block 6 (64x3o): 10 path(s)
     acc_6_0 = jnp.zeros((rows, 64), dtype)
@@ -4126,13 +3685,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_6_4 = jnp.zeros((rows, 64), dtype)
     acc_6_5 = jnp.zeros((rows, 64), dtype)
     acc_6_6 = jnp.zeros((rows, 64), dtype)
-    g_48_0 = g_ref[:, pl.ds(13568, 64)]  # g block 48 (64x3o), m=0
-    g_48_1 = g_ref[:, pl.ds(13632, 64)]  # g block 48 (64x3o), m=1
-    g_48_2 = g_ref[:, pl.ds(13696, 64)]  # g block 48 (64x3o), m=2
-    g_48_3 = g_ref[:, pl.ds(13760, 64)]  # g block 48 (64x3o), m=3
-    g_48_4 = g_ref[:, pl.ds(13824, 64)]  # g block 48 (64x3o), m=4
-    g_48_5 = g_ref[:, pl.ds(13888, 64)]  # g block 48 (64x3o), m=5
-    g_48_6 = g_ref[:, pl.ds(13952, 64)]  # g block 48 (64x3o), m=6
+    g_48_0, g_48_1, g_48_2, g_48_3, g_48_4, g_48_5, g_48_6 = rt.load_tile(g_ref, 13568, mul=64, dim=7, pad=64)  # g block 48 (64x3o)
     # path 48: x1[6] 64x3o (x) x2[0] 1x0e -> out[48] 64x3o, uvu, weights at 3072, 7 nonzeros
     w = w_ref[:, pl.ds(3072, 64)]
     acc_6_0 = acc_6_0 + w * (1.0000000000000002 * x2_0_0 * g_48_0)
@@ -4142,11 +3695,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_6_4 = acc_6_4 + w * (1.0000000000000002 * x2_0_0 * g_48_4)
     acc_6_5 = acc_6_5 + w * (1.0000000000000002 * x2_0_0 * g_48_5)
     acc_6_6 = acc_6_6 + w * (1.0000000000000002 * x2_0_0 * g_48_6)
-    g_49_0 = g_ref[:, pl.ds(14016, 64)]  # g block 49 (64x2e), m=0
-    g_49_1 = g_ref[:, pl.ds(14080, 64)]  # g block 49 (64x2e), m=1
-    g_49_2 = g_ref[:, pl.ds(14144, 64)]  # g block 49 (64x2e), m=2
-    g_49_3 = g_ref[:, pl.ds(14208, 64)]  # g block 49 (64x2e), m=3
-    g_49_4 = g_ref[:, pl.ds(14272, 64)]  # g block 49 (64x2e), m=4
+    g_49_0, g_49_1, g_49_2, g_49_3, g_49_4 = rt.load_tile(g_ref, 14016, mul=64, dim=5, pad=64)  # g block 49 (64x2e)
     # path 49: x1[6] 64x3o (x) x2[1] 1x1o -> out[49] 64x2e, uvu, weights at 3136, 21 nonzeros
     w = w_ref[:, pl.ds(3136, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4184,13 +3733,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.5976143046671969 * x2_1_0 * g_49_0
         + 0.5976143046671969 * x2_1_2 * g_49_4
     )
-    g_50_0 = g_ref[:, pl.ds(14336, 64)]  # g block 50 (64x3e), m=0
-    g_50_1 = g_ref[:, pl.ds(14400, 64)]  # g block 50 (64x3e), m=1
-    g_50_2 = g_ref[:, pl.ds(14464, 64)]  # g block 50 (64x3e), m=2
-    g_50_3 = g_ref[:, pl.ds(14528, 64)]  # g block 50 (64x3e), m=3
-    g_50_4 = g_ref[:, pl.ds(14592, 64)]  # g block 50 (64x3e), m=4
-    g_50_5 = g_ref[:, pl.ds(14656, 64)]  # g block 50 (64x3e), m=5
-    g_50_6 = g_ref[:, pl.ds(14720, 64)]  # g block 50 (64x3e), m=6
+    g_50_0, g_50_1, g_50_2, g_50_3, g_50_4, g_50_5, g_50_6 = rt.load_tile(g_ref, 14336, mul=64, dim=7, pad=64)  # g block 50 (64x3e)
     # path 50: x1[6] 64x3o (x) x2[1] 1x1o -> out[50] 64x3e, uvu, weights at 3200, 26 nonzeros
     w = w_ref[:, pl.ds(3200, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4233,9 +3776,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.3535533905932738 * x2_1_2 * g_50_1
         + 0.3535533905932738 * x2_1_0 * g_50_5
     )
-    g_51_0 = g_ref[:, pl.ds(14784, 64)]  # g block 51 (64x1o), m=0
-    g_51_1 = g_ref[:, pl.ds(14848, 64)]  # g block 51 (64x1o), m=1
-    g_51_2 = g_ref[:, pl.ds(14912, 64)]  # g block 51 (64x1o), m=2
+    g_51_0, g_51_1, g_51_2 = rt.load_tile(g_ref, 14784, mul=64, dim=3, pad=64)  # g block 51 (64x1o)
     # path 51: x1[6] 64x3o (x) x2[2] 1x2e -> out[51] 64x1o, uvu, weights at 3264, 21 nonzeros
     w = w_ref[:, pl.ds(3264, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4273,11 +3814,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.4629100498862757 * x2_2_0 * g_51_0
         + 0.4629100498862757 * x2_2_4 * g_51_2
     )
-    g_52_0 = g_ref[:, pl.ds(14976, 64)]  # g block 52 (64x2o), m=0
-    g_52_1 = g_ref[:, pl.ds(15040, 64)]  # g block 52 (64x2o), m=1
-    g_52_2 = g_ref[:, pl.ds(15104, 64)]  # g block 52 (64x2o), m=2
-    g_52_3 = g_ref[:, pl.ds(15168, 64)]  # g block 52 (64x2o), m=3
-    g_52_4 = g_ref[:, pl.ds(15232, 64)]  # g block 52 (64x2o), m=4
+    g_52_0, g_52_1, g_52_2, g_52_3, g_52_4 = rt.load_tile(g_ref, 14976, mul=64, dim=5, pad=64)  # g block 52 (64x2o)
     # path 52: x1[6] 64x3o (x) x2[2] 1x2e -> out[52] 64x2o, uvu, weights at 3328, 28 nonzeros
     w = w_ref[:, pl.ds(3328, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4322,13 +3859,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_2_0 * g_52_3
         - 0.42257712736425834 * x2_2_1 * g_52_4
     )
-    g_53_0 = g_ref[:, pl.ds(15296, 64)]  # g block 53 (64x3o), m=0
-    g_53_1 = g_ref[:, pl.ds(15360, 64)]  # g block 53 (64x3o), m=1
-    g_53_2 = g_ref[:, pl.ds(15424, 64)]  # g block 53 (64x3o), m=2
-    g_53_3 = g_ref[:, pl.ds(15488, 64)]  # g block 53 (64x3o), m=3
-    g_53_4 = g_ref[:, pl.ds(15552, 64)]  # g block 53 (64x3o), m=4
-    g_53_5 = g_ref[:, pl.ds(15616, 64)]  # g block 53 (64x3o), m=5
-    g_53_6 = g_ref[:, pl.ds(15680, 64)]  # g block 53 (64x3o), m=6
+    g_53_0, g_53_1, g_53_2, g_53_3, g_53_4, g_53_5, g_53_6 = rt.load_tile(g_ref, 15296, mul=64, dim=7, pad=64)  # g block 53 (64x3o)
     # path 53: x1[6] 64x3o (x) x2[2] 1x2e -> out[53] 64x3o, uvu, weights at 3392, 41 nonzeros
     w = w_ref[:, pl.ds(3392, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4396,9 +3927,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_6_4 = acc_6_4 + w * (0.37796447300922725 * x2_3_4 * g_54_0)
     acc_6_5 = acc_6_5 + w * (0.37796447300922725 * x2_3_5 * g_54_0)
     acc_6_6 = acc_6_6 + w * (0.37796447300922725 * x2_3_6 * g_54_0)
-    g_55_0 = g_ref[:, pl.ds(15808, 64)]  # g block 55 (64x1e), m=0
-    g_55_1 = g_ref[:, pl.ds(15872, 64)]  # g block 55 (64x1e), m=1
-    g_55_2 = g_ref[:, pl.ds(15936, 64)]  # g block 55 (64x1e), m=2
+    g_55_0, g_55_1, g_55_2 = rt.load_tile(g_ref, 15808, mul=64, dim=3, pad=64)  # g block 55 (64x1e)
     # path 55: x1[6] 64x3o (x) x2[3] 1x3o -> out[55] 64x1e, uvu, weights at 3520, 26 nonzeros
     w = w_ref[:, pl.ds(3520, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4441,11 +3970,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.5669467095138409 * x2_3_0 * g_55_1
         - 0.23145502494313785 * x2_3_1 * g_55_2
     )
-    g_56_0 = g_ref[:, pl.ds(16000, 64)]  # g block 56 (64x2e), m=0
-    g_56_1 = g_ref[:, pl.ds(16064, 64)]  # g block 56 (64x2e), m=1
-    g_56_2 = g_ref[:, pl.ds(16128, 64)]  # g block 56 (64x2e), m=2
-    g_56_3 = g_ref[:, pl.ds(16192, 64)]  # g block 56 (64x2e), m=3
-    g_56_4 = g_ref[:, pl.ds(16256, 64)]  # g block 56 (64x2e), m=4
+    g_56_0, g_56_1, g_56_2, g_56_3, g_56_4 = rt.load_tile(g_ref, 16000, mul=64, dim=5, pad=64)  # g block 56 (64x2e)
     # path 56: x1[6] 64x3o (x) x2[3] 1x3o -> out[56] 64x2e, uvu, weights at 3584, 41 nonzeros
     w = w_ref[:, pl.ds(3584, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4503,13 +4028,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.3857583749052298 * x2_3_5 * g_56_3
         - 0.24397501823713333 * x2_3_4 * g_56_4
     )
-    g_57_0 = g_ref[:, pl.ds(16320, 64)]  # g block 57 (64x3e), m=0
-    g_57_1 = g_ref[:, pl.ds(16384, 64)]  # g block 57 (64x3e), m=1
-    g_57_2 = g_ref[:, pl.ds(16448, 64)]  # g block 57 (64x3e), m=2
-    g_57_3 = g_ref[:, pl.ds(16512, 64)]  # g block 57 (64x3e), m=3
-    g_57_4 = g_ref[:, pl.ds(16576, 64)]  # g block 57 (64x3e), m=4
-    g_57_5 = g_ref[:, pl.ds(16640, 64)]  # g block 57 (64x3e), m=5
-    g_57_6 = g_ref[:, pl.ds(16704, 64)]  # g block 57 (64x3e), m=6
+    g_57_0, g_57_1, g_57_2, g_57_3, g_57_4, g_57_5, g_57_6 = rt.load_tile(g_ref, 16320, mul=64, dim=7, pad=64)  # g block 57 (64x3e)
     # path 57: x1[6] 64x3o (x) x2[3] 1x3o -> out[57] 64x3e, uvu, weights at 3648, 42 nonzeros
     w = w_ref[:, pl.ds(3648, 64)]
     acc_6_0 = acc_6_0 + w * (
@@ -4568,13 +4087,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_3_1 * g_57_4
         - 0.408248290463863 * x2_3_2 * g_57_5
     )
-    out_ref[:, pl.ds(320, 64)] = acc_6_0
-    out_ref[:, pl.ds(384, 64)] = acc_6_1
-    out_ref[:, pl.ds(448, 64)] = acc_6_2
-    out_ref[:, pl.ds(512, 64)] = acc_6_3
-    out_ref[:, pl.ds(576, 64)] = acc_6_4
-    out_ref[:, pl.ds(640, 64)] = acc_6_5
-    out_ref[:, pl.ds(704, 64)] = acc_6_6
+    rt.store_tile(out_ref, 320, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4, acc_6_5, acc_6_6], mul=64, dim=7, pad=64)
 
     # x1 block 7 (64x3e): 10 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -4584,13 +4097,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_7_4 = jnp.zeros((rows, 64), dtype)
     acc_7_5 = jnp.zeros((rows, 64), dtype)
     acc_7_6 = jnp.zeros((rows, 64), dtype)
-    g_58_0 = g_ref[:, pl.ds(16768, 64)]  # g block 58 (64x3e), m=0
-    g_58_1 = g_ref[:, pl.ds(16832, 64)]  # g block 58 (64x3e), m=1
-    g_58_2 = g_ref[:, pl.ds(16896, 64)]  # g block 58 (64x3e), m=2
-    g_58_3 = g_ref[:, pl.ds(16960, 64)]  # g block 58 (64x3e), m=3
-    g_58_4 = g_ref[:, pl.ds(17024, 64)]  # g block 58 (64x3e), m=4
-    g_58_5 = g_ref[:, pl.ds(17088, 64)]  # g block 58 (64x3e), m=5
-    g_58_6 = g_ref[:, pl.ds(17152, 64)]  # g block 58 (64x3e), m=6
+    g_58_0, g_58_1, g_58_2, g_58_3, g_58_4, g_58_5, g_58_6 = rt.load_tile(g_ref, 16768, mul=64, dim=7, pad=64)  # g block 58 (64x3e)
     # path 58: x1[7] 64x3e (x) x2[0] 1x0e -> out[58] 64x3e, uvu, weights at 3712, 7 nonzeros
     w = w_ref[:, pl.ds(3712, 64)]
     acc_7_0 = acc_7_0 + w * (1.0000000000000002 * x2_0_0 * g_58_0)
@@ -4600,11 +4107,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_7_4 = acc_7_4 + w * (1.0000000000000002 * x2_0_0 * g_58_4)
     acc_7_5 = acc_7_5 + w * (1.0000000000000002 * x2_0_0 * g_58_5)
     acc_7_6 = acc_7_6 + w * (1.0000000000000002 * x2_0_0 * g_58_6)
-    g_59_0 = g_ref[:, pl.ds(17216, 64)]  # g block 59 (64x2o), m=0
-    g_59_1 = g_ref[:, pl.ds(17280, 64)]  # g block 59 (64x2o), m=1
-    g_59_2 = g_ref[:, pl.ds(17344, 64)]  # g block 59 (64x2o), m=2
-    g_59_3 = g_ref[:, pl.ds(17408, 64)]  # g block 59 (64x2o), m=3
-    g_59_4 = g_ref[:, pl.ds(17472, 64)]  # g block 59 (64x2o), m=4
+    g_59_0, g_59_1, g_59_2, g_59_3, g_59_4 = rt.load_tile(g_ref, 17216, mul=64, dim=5, pad=64)  # g block 59 (64x2o)
     # path 59: x1[7] 64x3e (x) x2[1] 1x1o -> out[59] 64x2o, uvu, weights at 3776, 21 nonzeros
     w = w_ref[:, pl.ds(3776, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4642,13 +4145,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.5976143046671969 * x2_1_0 * g_59_0
         + 0.5976143046671969 * x2_1_2 * g_59_4
     )
-    g_60_0 = g_ref[:, pl.ds(17536, 64)]  # g block 60 (64x3o), m=0
-    g_60_1 = g_ref[:, pl.ds(17600, 64)]  # g block 60 (64x3o), m=1
-    g_60_2 = g_ref[:, pl.ds(17664, 64)]  # g block 60 (64x3o), m=2
-    g_60_3 = g_ref[:, pl.ds(17728, 64)]  # g block 60 (64x3o), m=3
-    g_60_4 = g_ref[:, pl.ds(17792, 64)]  # g block 60 (64x3o), m=4
-    g_60_5 = g_ref[:, pl.ds(17856, 64)]  # g block 60 (64x3o), m=5
-    g_60_6 = g_ref[:, pl.ds(17920, 64)]  # g block 60 (64x3o), m=6
+    g_60_0, g_60_1, g_60_2, g_60_3, g_60_4, g_60_5, g_60_6 = rt.load_tile(g_ref, 17536, mul=64, dim=7, pad=64)  # g block 60 (64x3o)
     # path 60: x1[7] 64x3e (x) x2[1] 1x1o -> out[60] 64x3o, uvu, weights at 3840, 26 nonzeros
     w = w_ref[:, pl.ds(3840, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4691,9 +4188,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.3535533905932738 * x2_1_2 * g_60_1
         + 0.3535533905932738 * x2_1_0 * g_60_5
     )
-    g_61_0 = g_ref[:, pl.ds(17984, 64)]  # g block 61 (64x1e), m=0
-    g_61_1 = g_ref[:, pl.ds(18048, 64)]  # g block 61 (64x1e), m=1
-    g_61_2 = g_ref[:, pl.ds(18112, 64)]  # g block 61 (64x1e), m=2
+    g_61_0, g_61_1, g_61_2 = rt.load_tile(g_ref, 17984, mul=64, dim=3, pad=64)  # g block 61 (64x1e)
     # path 61: x1[7] 64x3e (x) x2[2] 1x2e -> out[61] 64x1e, uvu, weights at 3904, 21 nonzeros
     w = w_ref[:, pl.ds(3904, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4731,11 +4226,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.4629100498862757 * x2_2_0 * g_61_0
         + 0.4629100498862757 * x2_2_4 * g_61_2
     )
-    g_62_0 = g_ref[:, pl.ds(18176, 64)]  # g block 62 (64x2e), m=0
-    g_62_1 = g_ref[:, pl.ds(18240, 64)]  # g block 62 (64x2e), m=1
-    g_62_2 = g_ref[:, pl.ds(18304, 64)]  # g block 62 (64x2e), m=2
-    g_62_3 = g_ref[:, pl.ds(18368, 64)]  # g block 62 (64x2e), m=3
-    g_62_4 = g_ref[:, pl.ds(18432, 64)]  # g block 62 (64x2e), m=4
+    g_62_0, g_62_1, g_62_2, g_62_3, g_62_4 = rt.load_tile(g_ref, 18176, mul=64, dim=5, pad=64)  # g block 62 (64x2e)
     # path 62: x1[7] 64x3e (x) x2[2] 1x2e -> out[62] 64x2e, uvu, weights at 3968, 28 nonzeros
     w = w_ref[:, pl.ds(3968, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4780,13 +4271,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_2_0 * g_62_3
         - 0.42257712736425834 * x2_2_1 * g_62_4
     )
-    g_63_0 = g_ref[:, pl.ds(18496, 64)]  # g block 63 (64x3e), m=0
-    g_63_1 = g_ref[:, pl.ds(18560, 64)]  # g block 63 (64x3e), m=1
-    g_63_2 = g_ref[:, pl.ds(18624, 64)]  # g block 63 (64x3e), m=2
-    g_63_3 = g_ref[:, pl.ds(18688, 64)]  # g block 63 (64x3e), m=3
-    g_63_4 = g_ref[:, pl.ds(18752, 64)]  # g block 63 (64x3e), m=4
-    g_63_5 = g_ref[:, pl.ds(18816, 64)]  # g block 63 (64x3e), m=5
-    g_63_6 = g_ref[:, pl.ds(18880, 64)]  # g block 63 (64x3e), m=6
+    g_63_0, g_63_1, g_63_2, g_63_3, g_63_4, g_63_5, g_63_6 = rt.load_tile(g_ref, 18496, mul=64, dim=7, pad=64)  # g block 63 (64x3e)
     # path 63: x1[7] 64x3e (x) x2[2] 1x2e -> out[63] 64x3e, uvu, weights at 4032, 41 nonzeros
     w = w_ref[:, pl.ds(4032, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4854,9 +4339,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_7_4 = acc_7_4 + w * (0.37796447300922725 * x2_3_4 * g_64_0)
     acc_7_5 = acc_7_5 + w * (0.37796447300922725 * x2_3_5 * g_64_0)
     acc_7_6 = acc_7_6 + w * (0.37796447300922725 * x2_3_6 * g_64_0)
-    g_65_0 = g_ref[:, pl.ds(19008, 64)]  # g block 65 (64x1o), m=0
-    g_65_1 = g_ref[:, pl.ds(19072, 64)]  # g block 65 (64x1o), m=1
-    g_65_2 = g_ref[:, pl.ds(19136, 64)]  # g block 65 (64x1o), m=2
+    g_65_0, g_65_1, g_65_2 = rt.load_tile(g_ref, 19008, mul=64, dim=3, pad=64)  # g block 65 (64x1o)
     # path 65: x1[7] 64x3e (x) x2[3] 1x3o -> out[65] 64x1o, uvu, weights at 4160, 26 nonzeros
     w = w_ref[:, pl.ds(4160, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4899,11 +4382,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.5669467095138409 * x2_3_0 * g_65_1
         - 0.23145502494313785 * x2_3_1 * g_65_2
     )
-    g_66_0 = g_ref[:, pl.ds(19200, 64)]  # g block 66 (64x2o), m=0
-    g_66_1 = g_ref[:, pl.ds(19264, 64)]  # g block 66 (64x2o), m=1
-    g_66_2 = g_ref[:, pl.ds(19328, 64)]  # g block 66 (64x2o), m=2
-    g_66_3 = g_ref[:, pl.ds(19392, 64)]  # g block 66 (64x2o), m=3
-    g_66_4 = g_ref[:, pl.ds(19456, 64)]  # g block 66 (64x2o), m=4
+    g_66_0, g_66_1, g_66_2, g_66_3, g_66_4 = rt.load_tile(g_ref, 19200, mul=64, dim=5, pad=64)  # g block 66 (64x2o)
     # path 66: x1[7] 64x3e (x) x2[3] 1x3o -> out[66] 64x2o, uvu, weights at 4224, 41 nonzeros
     w = w_ref[:, pl.ds(4224, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -4961,13 +4440,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.3857583749052298 * x2_3_5 * g_66_3
         - 0.24397501823713333 * x2_3_4 * g_66_4
     )
-    g_67_0 = g_ref[:, pl.ds(19520, 64)]  # g block 67 (64x3o), m=0
-    g_67_1 = g_ref[:, pl.ds(19584, 64)]  # g block 67 (64x3o), m=1
-    g_67_2 = g_ref[:, pl.ds(19648, 64)]  # g block 67 (64x3o), m=2
-    g_67_3 = g_ref[:, pl.ds(19712, 64)]  # g block 67 (64x3o), m=3
-    g_67_4 = g_ref[:, pl.ds(19776, 64)]  # g block 67 (64x3o), m=4
-    g_67_5 = g_ref[:, pl.ds(19840, 64)]  # g block 67 (64x3o), m=5
-    g_67_6 = g_ref[:, pl.ds(19904, 64)]  # g block 67 (64x3o), m=6
+    g_67_0, g_67_1, g_67_2, g_67_3, g_67_4, g_67_5, g_67_6 = rt.load_tile(g_ref, 19520, mul=64, dim=7, pad=64)  # g block 67 (64x3o)
     # path 67: x1[7] 64x3e (x) x2[3] 1x3o -> out[67] 64x3o, uvu, weights at 4288, 42 nonzeros
     w = w_ref[:, pl.ds(4288, 64)]
     acc_7_0 = acc_7_0 + w * (
@@ -5026,13 +4499,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_3_1 * g_67_4
         - 0.408248290463863 * x2_3_2 * g_67_5
     )
-    out_ref[:, pl.ds(768, 64)] = acc_7_0
-    out_ref[:, pl.ds(832, 64)] = acc_7_1
-    out_ref[:, pl.ds(896, 64)] = acc_7_2
-    out_ref[:, pl.ds(960, 64)] = acc_7_3
-    out_ref[:, pl.ds(1024, 64)] = acc_7_4
-    out_ref[:, pl.ds(1088, 64)] = acc_7_5
-    out_ref[:, pl.ds(1152, 64)] = acc_7_6
+    rt.store_tile(out_ref, 768, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -5055,12 +4522,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(256, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 8: x1[2] 64x1o (x) x2[0] 1x0e -> out[8] 64x1o, uvu, weights at 512, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_8_0 = g_ref[:, pl.ds(2048, 64)]  # g block 8 (64x1o), m=0
-    g_8_1 = g_ref[:, pl.ds(2112, 64)]  # g block 8 (64x1o), m=1
-    g_8_2 = g_ref[:, pl.ds(2176, 64)]  # g block 8 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 8 (64x1o)
     h8_0 = (
         0.9999999999999999 * x1_2_0 * g_8_0
         + 0.9999999999999999 * x1_2_1 * g_8_1
@@ -5069,12 +4532,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(512, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h8_0, axis=1, keepdims=True)
     # path 17: x1[3] 64x1e (x) x2[0] 1x0e -> out[17] 64x1e, uvu, weights at 1088, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_17_0 = g_ref[:, pl.ds(4544, 64)]  # g block 17 (64x1e), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 64)]  # g block 17 (64x1e), m=1
-    g_17_2 = g_ref[:, pl.ds(4672, 64)]  # g block 17 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_17_0, g_17_1, g_17_2 = rt.load_tile(g_ref, 4544, mul=64, dim=3, pad=64)  # g block 17 (64x1e)
     h17_0 = (
         0.9999999999999999 * x1_3_0 * g_17_0
         + 0.9999999999999999 * x1_3_1 * g_17_1
@@ -5083,16 +4542,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1088, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h17_0, axis=1, keepdims=True)
     # path 26: x1[4] 64x2o (x) x2[0] 1x0e -> out[26] 64x2o, uvu, weights at 1664, 5 nonzeros
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
-    g_26_0 = g_ref[:, pl.ds(7040, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(7104, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(7168, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(7232, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(7296, 64)]  # g block 26 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 7040, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     h26_0 = (
         1.0 * x1_4_0 * g_26_0
         + 1.0 * x1_4_1 * g_26_1
@@ -5103,16 +4554,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1664, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h26_0, axis=1, keepdims=True)
     # path 37: x1[5] 64x2e (x) x2[0] 1x0e -> out[37] 64x2e, uvu, weights at 2368, 5 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
-    g_37_0 = g_ref[:, pl.ds(10304, 64)]  # g block 37 (64x2e), m=0
-    g_37_1 = g_ref[:, pl.ds(10368, 64)]  # g block 37 (64x2e), m=1
-    g_37_2 = g_ref[:, pl.ds(10432, 64)]  # g block 37 (64x2e), m=2
-    g_37_3 = g_ref[:, pl.ds(10496, 64)]  # g block 37 (64x2e), m=3
-    g_37_4 = g_ref[:, pl.ds(10560, 64)]  # g block 37 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
+    g_37_0, g_37_1, g_37_2, g_37_3, g_37_4 = rt.load_tile(g_ref, 10304, mul=64, dim=5, pad=64)  # g block 37 (64x2e)
     h37_0 = (
         1.0 * x1_5_0 * g_37_0
         + 1.0 * x1_5_1 * g_37_1
@@ -5123,20 +4566,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(2368, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h37_0, axis=1, keepdims=True)
     # path 48: x1[6] 64x3o (x) x2[0] 1x0e -> out[48] 64x3o, uvu, weights at 3072, 7 nonzeros
-    x1_6_0 = x1_ref[:, pl.ds(1152, 64)]  # x1 block 6 (64x3o), m=0
-    x1_6_1 = x1_ref[:, pl.ds(1216, 64)]  # x1 block 6 (64x3o), m=1
-    x1_6_2 = x1_ref[:, pl.ds(1280, 64)]  # x1 block 6 (64x3o), m=2
-    x1_6_3 = x1_ref[:, pl.ds(1344, 64)]  # x1 block 6 (64x3o), m=3
-    x1_6_4 = x1_ref[:, pl.ds(1408, 64)]  # x1 block 6 (64x3o), m=4
-    x1_6_5 = x1_ref[:, pl.ds(1472, 64)]  # x1 block 6 (64x3o), m=5
-    x1_6_6 = x1_ref[:, pl.ds(1536, 64)]  # x1 block 6 (64x3o), m=6
-    g_48_0 = g_ref[:, pl.ds(13568, 64)]  # g block 48 (64x3o), m=0
-    g_48_1 = g_ref[:, pl.ds(13632, 64)]  # g block 48 (64x3o), m=1
-    g_48_2 = g_ref[:, pl.ds(13696, 64)]  # g block 48 (64x3o), m=2
-    g_48_3 = g_ref[:, pl.ds(13760, 64)]  # g block 48 (64x3o), m=3
-    g_48_4 = g_ref[:, pl.ds(13824, 64)]  # g block 48 (64x3o), m=4
-    g_48_5 = g_ref[:, pl.ds(13888, 64)]  # g block 48 (64x3o), m=5
-    g_48_6 = g_ref[:, pl.ds(13952, 64)]  # g block 48 (64x3o), m=6
+    x1_6_0, x1_6_1, x1_6_2, x1_6_3, x1_6_4, x1_6_5, x1_6_6 = rt.load_tile(x1_ref, 1152, mul=64, dim=7, pad=64)  # x1 block 6 (64x3o)
+    g_48_0, g_48_1, g_48_2, g_48_3, g_48_4, g_48_5, g_48_6 = rt.load_tile(g_ref, 13568, mul=64, dim=7, pad=64)  # g block 48 (64x3o)
     h48_0 = (
         1.0000000000000002 * x1_6_0 * g_48_0
         + 1.0000000000000002 * x1_6_1 * g_48_1
@@ -5149,20 +4580,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(3072, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h48_0, axis=1, keepdims=True)
     # path 58: x1[7] 64x3e (x) x2[0] 1x0e -> out[58] 64x3e, uvu, weights at 3712, 7 nonzeros
-    x1_7_0 = x1_ref[:, pl.ds(1600, 64)]  # x1 block 7 (64x3e), m=0
-    x1_7_1 = x1_ref[:, pl.ds(1664, 64)]  # x1 block 7 (64x3e), m=1
-    x1_7_2 = x1_ref[:, pl.ds(1728, 64)]  # x1 block 7 (64x3e), m=2
-    x1_7_3 = x1_ref[:, pl.ds(1792, 64)]  # x1 block 7 (64x3e), m=3
-    x1_7_4 = x1_ref[:, pl.ds(1856, 64)]  # x1 block 7 (64x3e), m=4
-    x1_7_5 = x1_ref[:, pl.ds(1920, 64)]  # x1 block 7 (64x3e), m=5
-    x1_7_6 = x1_ref[:, pl.ds(1984, 64)]  # x1 block 7 (64x3e), m=6
-    g_58_0 = g_ref[:, pl.ds(16768, 64)]  # g block 58 (64x3e), m=0
-    g_58_1 = g_ref[:, pl.ds(16832, 64)]  # g block 58 (64x3e), m=1
-    g_58_2 = g_ref[:, pl.ds(16896, 64)]  # g block 58 (64x3e), m=2
-    g_58_3 = g_ref[:, pl.ds(16960, 64)]  # g block 58 (64x3e), m=3
-    g_58_4 = g_ref[:, pl.ds(17024, 64)]  # g block 58 (64x3e), m=4
-    g_58_5 = g_ref[:, pl.ds(17088, 64)]  # g block 58 (64x3e), m=5
-    g_58_6 = g_ref[:, pl.ds(17152, 64)]  # g block 58 (64x3e), m=6
+    x1_7_0, x1_7_1, x1_7_2, x1_7_3, x1_7_4, x1_7_5, x1_7_6 = rt.load_tile(x1_ref, 1600, mul=64, dim=7, pad=64)  # x1 block 7 (64x3e)
+    g_58_0, g_58_1, g_58_2, g_58_3, g_58_4, g_58_5, g_58_6 = rt.load_tile(g_ref, 16768, mul=64, dim=7, pad=64)  # g block 58 (64x3e)
     h58_0 = (
         1.0000000000000002 * x1_7_0 * g_58_0
         + 1.0000000000000002 * x1_7_1 * g_58_1
@@ -5181,9 +4600,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -5192,9 +4609,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 5: x1[1] 64x0e (x) x2[1] 1x1o -> out[5] 64x1o, uvu, weights at 320, 3 nonzeros
-    g_5_0 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x1o), m=0
-    g_5_1 = g_ref[:, pl.ds(1152, 64)]  # g block 5 (64x1o), m=1
-    g_5_2 = g_ref[:, pl.ds(1216, 64)]  # g block 5 (64x1o), m=2
+    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1088, mul=64, dim=3, pad=64)  # g block 5 (64x1o)
     h5_0 = 0.9999999999999999 * x1_1_0 * g_5_0
     h5_1 = 0.9999999999999999 * x1_1_0 * g_5_1
     h5_2 = 0.9999999999999999 * x1_1_0 * g_5_2
@@ -5212,9 +4627,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h9_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h9_2, axis=1, keepdims=True)
     # path 10: x1[2] 64x1o (x) x2[1] 1x1o -> out[10] 64x1e, uvu, weights at 640, 6 nonzeros
-    g_10_0 = g_ref[:, pl.ds(2304, 64)]  # g block 10 (64x1e), m=0
-    g_10_1 = g_ref[:, pl.ds(2368, 64)]  # g block 10 (64x1e), m=1
-    g_10_2 = g_ref[:, pl.ds(2432, 64)]  # g block 10 (64x1e), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 10 (64x1e)
     h10_0 = (
         0.7071067811865475 * x1_2_2 * g_10_1
         - 0.7071067811865475 * x1_2_1 * g_10_2
@@ -5232,11 +4645,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h10_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h10_2, axis=1, keepdims=True)
     # path 11: x1[2] 64x1o (x) x2[1] 1x1o -> out[11] 64x2e, uvu, weights at 704, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(2496, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(2560, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(2624, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(2688, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(2752, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     h11_0 = (
         0.7071067811865476 * x1_2_2 * g_11_0
         + 0.7071067811865476 * x1_2_1 * g_11_1
@@ -5268,9 +4677,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h18_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h18_2, axis=1, keepdims=True)
     # path 19: x1[3] 64x1e (x) x2[1] 1x1o -> out[19] 64x1o, uvu, weights at 1216, 6 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4800, 64)]  # g block 19 (64x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4864, 64)]  # g block 19 (64x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(4928, 64)]  # g block 19 (64x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4800, mul=64, dim=3, pad=64)  # g block 19 (64x1o)
     h19_0 = (
         0.7071067811865475 * x1_3_2 * g_19_1
         - 0.7071067811865475 * x1_3_1 * g_19_2
@@ -5288,11 +4695,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h19_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h19_2, axis=1, keepdims=True)
     # path 20: x1[3] 64x1e (x) x2[1] 1x1o -> out[20] 64x2o, uvu, weights at 1280, 11 nonzeros
-    g_20_0 = g_ref[:, pl.ds(4992, 64)]  # g block 20 (64x2o), m=0
-    g_20_1 = g_ref[:, pl.ds(5056, 64)]  # g block 20 (64x2o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 64)]  # g block 20 (64x2o), m=2
-    g_20_3 = g_ref[:, pl.ds(5184, 64)]  # g block 20 (64x2o), m=3
-    g_20_4 = g_ref[:, pl.ds(5248, 64)]  # g block 20 (64x2o), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4992, mul=64, dim=5, pad=64)  # g block 20 (64x2o)
     h20_0 = (
         0.7071067811865476 * x1_3_2 * g_20_0
         + 0.7071067811865476 * x1_3_1 * g_20_1
@@ -5315,9 +4718,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h20_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h20_2, axis=1, keepdims=True)
     # path 27: x1[4] 64x2o (x) x2[1] 1x1o -> out[27] 64x1e, uvu, weights at 1728, 11 nonzeros
-    g_27_0 = g_ref[:, pl.ds(7360, 64)]  # g block 27 (64x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(7424, 64)]  # g block 27 (64x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(7488, 64)]  # g block 27 (64x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 7360, mul=64, dim=3, pad=64)  # g block 27 (64x1e)
     h27_0 = (
         - 0.3162277660168379 * x1_4_2 * g_27_0
         - 0.5477225575051661 * x1_4_4 * g_27_0
@@ -5340,11 +4741,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h27_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h27_2, axis=1, keepdims=True)
     # path 28: x1[4] 64x2o (x) x2[1] 1x1o -> out[28] 64x2e, uvu, weights at 1792, 16 nonzeros
-    g_28_0 = g_ref[:, pl.ds(7552, 64)]  # g block 28 (64x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(7616, 64)]  # g block 28 (64x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(7680, 64)]  # g block 28 (64x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(7744, 64)]  # g block 28 (64x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7808, 64)]  # g block 28 (64x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 7552, mul=64, dim=5, pad=64)  # g block 28 (64x2e)
     h28_0 = (
         - 0.408248290463863 * x1_4_1 * g_28_0
         + 0.408248290463863 * x1_4_0 * g_28_1
@@ -5372,13 +4769,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h28_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h28_2, axis=1, keepdims=True)
     # path 29: x1[4] 64x2o (x) x2[1] 1x1o -> out[29] 64x3e, uvu, weights at 1856, 21 nonzeros
-    g_29_0 = g_ref[:, pl.ds(7872, 64)]  # g block 29 (64x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7936, 64)]  # g block 29 (64x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(8000, 64)]  # g block 29 (64x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(8064, 64)]  # g block 29 (64x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(8128, 64)]  # g block 29 (64x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(8192, 64)]  # g block 29 (64x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(8256, 64)]  # g block 29 (64x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7872, mul=64, dim=7, pad=64)  # g block 29 (64x3e)
     h29_0 = (
         0.7071067811865476 * x1_4_4 * g_29_0
         + 0.5773502691896258 * x1_4_3 * g_29_1
@@ -5411,9 +4802,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h29_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h29_2, axis=1, keepdims=True)
     # path 38: x1[5] 64x2e (x) x2[1] 1x1o -> out[38] 64x1o, uvu, weights at 2432, 11 nonzeros
-    g_38_0 = g_ref[:, pl.ds(10624, 64)]  # g block 38 (64x1o), m=0
-    g_38_1 = g_ref[:, pl.ds(10688, 64)]  # g block 38 (64x1o), m=1
-    g_38_2 = g_ref[:, pl.ds(10752, 64)]  # g block 38 (64x1o), m=2
+    g_38_0, g_38_1, g_38_2 = rt.load_tile(g_ref, 10624, mul=64, dim=3, pad=64)  # g block 38 (64x1o)
     h38_0 = (
         - 0.3162277660168379 * x1_5_2 * g_38_0
         - 0.5477225575051661 * x1_5_4 * g_38_0
@@ -5436,11 +4825,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h38_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h38_2, axis=1, keepdims=True)
     # path 39: x1[5] 64x2e (x) x2[1] 1x1o -> out[39] 64x2o, uvu, weights at 2496, 16 nonzeros
-    g_39_0 = g_ref[:, pl.ds(10816, 64)]  # g block 39 (64x2o), m=0
-    g_39_1 = g_ref[:, pl.ds(10880, 64)]  # g block 39 (64x2o), m=1
-    g_39_2 = g_ref[:, pl.ds(10944, 64)]  # g block 39 (64x2o), m=2
-    g_39_3 = g_ref[:, pl.ds(11008, 64)]  # g block 39 (64x2o), m=3
-    g_39_4 = g_ref[:, pl.ds(11072, 64)]  # g block 39 (64x2o), m=4
+    g_39_0, g_39_1, g_39_2, g_39_3, g_39_4 = rt.load_tile(g_ref, 10816, mul=64, dim=5, pad=64)  # g block 39 (64x2o)
     h39_0 = (
         - 0.408248290463863 * x1_5_1 * g_39_0
         + 0.408248290463863 * x1_5_0 * g_39_1
@@ -5468,13 +4853,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h39_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h39_2, axis=1, keepdims=True)
     # path 40: x1[5] 64x2e (x) x2[1] 1x1o -> out[40] 64x3o, uvu, weights at 2560, 21 nonzeros
-    g_40_0 = g_ref[:, pl.ds(11136, 64)]  # g block 40 (64x3o), m=0
-    g_40_1 = g_ref[:, pl.ds(11200, 64)]  # g block 40 (64x3o), m=1
-    g_40_2 = g_ref[:, pl.ds(11264, 64)]  # g block 40 (64x3o), m=2
-    g_40_3 = g_ref[:, pl.ds(11328, 64)]  # g block 40 (64x3o), m=3
-    g_40_4 = g_ref[:, pl.ds(11392, 64)]  # g block 40 (64x3o), m=4
-    g_40_5 = g_ref[:, pl.ds(11456, 64)]  # g block 40 (64x3o), m=5
-    g_40_6 = g_ref[:, pl.ds(11520, 64)]  # g block 40 (64x3o), m=6
+    g_40_0, g_40_1, g_40_2, g_40_3, g_40_4, g_40_5, g_40_6 = rt.load_tile(g_ref, 11136, mul=64, dim=7, pad=64)  # g block 40 (64x3o)
     h40_0 = (
         0.7071067811865476 * x1_5_4 * g_40_0
         + 0.5773502691896258 * x1_5_3 * g_40_1
@@ -5507,11 +4886,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h40_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h40_2, axis=1, keepdims=True)
     # path 49: x1[6] 64x3o (x) x2[1] 1x1o -> out[49] 64x2e, uvu, weights at 3136, 21 nonzeros
-    g_49_0 = g_ref[:, pl.ds(14016, 64)]  # g block 49 (64x2e), m=0
-    g_49_1 = g_ref[:, pl.ds(14080, 64)]  # g block 49 (64x2e), m=1
-    g_49_2 = g_ref[:, pl.ds(14144, 64)]  # g block 49 (64x2e), m=2
-    g_49_3 = g_ref[:, pl.ds(14208, 64)]  # g block 49 (64x2e), m=3
-    g_49_4 = g_ref[:, pl.ds(14272, 64)]  # g block 49 (64x2e), m=4
+    g_49_0, g_49_1, g_49_2, g_49_3, g_49_4 = rt.load_tile(g_ref, 14016, mul=64, dim=5, pad=64)  # g block 49 (64x2e)
     h49_0 = (
         - 0.1543033499620919 * x1_6_4 * g_49_0
         - 0.5976143046671969 * x1_6_6 * g_49_0
@@ -5544,13 +4919,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h49_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h49_2, axis=1, keepdims=True)
     # path 50: x1[6] 64x3o (x) x2[1] 1x1o -> out[50] 64x3e, uvu, weights at 3200, 26 nonzeros
-    g_50_0 = g_ref[:, pl.ds(14336, 64)]  # g block 50 (64x3e), m=0
-    g_50_1 = g_ref[:, pl.ds(14400, 64)]  # g block 50 (64x3e), m=1
-    g_50_2 = g_ref[:, pl.ds(14464, 64)]  # g block 50 (64x3e), m=2
-    g_50_3 = g_ref[:, pl.ds(14528, 64)]  # g block 50 (64x3e), m=3
-    g_50_4 = g_ref[:, pl.ds(14592, 64)]  # g block 50 (64x3e), m=4
-    g_50_5 = g_ref[:, pl.ds(14656, 64)]  # g block 50 (64x3e), m=5
-    g_50_6 = g_ref[:, pl.ds(14720, 64)]  # g block 50 (64x3e), m=6
+    g_50_0, g_50_1, g_50_2, g_50_3, g_50_4, g_50_5, g_50_6 = rt.load_tile(g_ref, 14336, mul=64, dim=7, pad=64)  # g block 50 (64x3e)
     h50_0 = (
         - 0.3535533905932738 * x1_6_1 * g_50_0
         + 0.3535533905932738 * x1_6_0 * g_50_1
@@ -5588,11 +4957,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h50_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h50_2, axis=1, keepdims=True)
     # path 59: x1[7] 64x3e (x) x2[1] 1x1o -> out[59] 64x2o, uvu, weights at 3776, 21 nonzeros
-    g_59_0 = g_ref[:, pl.ds(17216, 64)]  # g block 59 (64x2o), m=0
-    g_59_1 = g_ref[:, pl.ds(17280, 64)]  # g block 59 (64x2o), m=1
-    g_59_2 = g_ref[:, pl.ds(17344, 64)]  # g block 59 (64x2o), m=2
-    g_59_3 = g_ref[:, pl.ds(17408, 64)]  # g block 59 (64x2o), m=3
-    g_59_4 = g_ref[:, pl.ds(17472, 64)]  # g block 59 (64x2o), m=4
+    g_59_0, g_59_1, g_59_2, g_59_3, g_59_4 = rt.load_tile(g_ref, 17216, mul=64, dim=5, pad=64)  # g block 59 (64x2o)
     h59_0 = (
         - 0.1543033499620919 * x1_7_4 * g_59_0
         - 0.5976143046671969 * x1_7_6 * g_59_0
@@ -5625,13 +4990,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h59_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h59_2, axis=1, keepdims=True)
     # path 60: x1[7] 64x3e (x) x2[1] 1x1o -> out[60] 64x3o, uvu, weights at 3840, 26 nonzeros
-    g_60_0 = g_ref[:, pl.ds(17536, 64)]  # g block 60 (64x3o), m=0
-    g_60_1 = g_ref[:, pl.ds(17600, 64)]  # g block 60 (64x3o), m=1
-    g_60_2 = g_ref[:, pl.ds(17664, 64)]  # g block 60 (64x3o), m=2
-    g_60_3 = g_ref[:, pl.ds(17728, 64)]  # g block 60 (64x3o), m=3
-    g_60_4 = g_ref[:, pl.ds(17792, 64)]  # g block 60 (64x3o), m=4
-    g_60_5 = g_ref[:, pl.ds(17856, 64)]  # g block 60 (64x3o), m=5
-    g_60_6 = g_ref[:, pl.ds(17920, 64)]  # g block 60 (64x3o), m=6
+    g_60_0, g_60_1, g_60_2, g_60_3, g_60_4, g_60_5, g_60_6 = rt.load_tile(g_ref, 17536, mul=64, dim=7, pad=64)  # g block 60 (64x3o)
     h60_0 = (
         - 0.3535533905932738 * x1_7_1 * g_60_0
         + 0.3535533905932738 * x1_7_0 * g_60_1
@@ -5686,11 +5045,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -5704,11 +5059,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 6: x1[1] 64x0e (x) x2[2] 1x2e -> out[6] 64x2e, uvu, weights at 384, 5 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
-    g_6_0 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(1344, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(1408, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(1472, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(1536, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 1280, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     h6_0 = 1.0 * x1_1_0 * g_6_0
     h6_1 = 1.0 * x1_1_0 * g_6_1
     h6_2 = 1.0 * x1_1_0 * g_6_2
@@ -5721,12 +5072,8 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h6_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h6_4, axis=1, keepdims=True)
     # path 12: x1[2] 64x1o (x) x2[2] 1x2e -> out[12] 64x1o, uvu, weights at 768, 11 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_12_0 = g_ref[:, pl.ds(2816, 64)]  # g block 12 (64x1o), m=0
-    g_12_1 = g_ref[:, pl.ds(2880, 64)]  # g block 12 (64x1o), m=1
-    g_12_2 = g_ref[:, pl.ds(2944, 64)]  # g block 12 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 12 (64x1o)
     h12_0 = (
         0.5477225575051661 * x1_2_2 * g_12_0
         + 0.5477225575051661 * x1_2_0 * g_12_2
@@ -5755,11 +5102,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h12_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h12_4, axis=1, keepdims=True)
     # path 13: x1[2] 64x1o (x) x2[2] 1x2e -> out[13] 64x2o, uvu, weights at 832, 16 nonzeros
-    g_13_0 = g_ref[:, pl.ds(3008, 64)]  # g block 13 (64x2o), m=0
-    g_13_1 = g_ref[:, pl.ds(3072, 64)]  # g block 13 (64x2o), m=1
-    g_13_2 = g_ref[:, pl.ds(3136, 64)]  # g block 13 (64x2o), m=2
-    g_13_3 = g_ref[:, pl.ds(3200, 64)]  # g block 13 (64x2o), m=3
-    g_13_4 = g_ref[:, pl.ds(3264, 64)]  # g block 13 (64x2o), m=4
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 13 (64x2o)
     h13_0 = (
         - 0.408248290463863 * x1_2_0 * g_13_1
         + 0.408248290463863 * x1_2_2 * g_13_3
@@ -5793,13 +5136,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h13_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h13_4, axis=1, keepdims=True)
     # path 14: x1[2] 64x1o (x) x2[2] 1x2e -> out[14] 64x3o, uvu, weights at 896, 21 nonzeros
-    g_14_0 = g_ref[:, pl.ds(3328, 64)]  # g block 14 (64x3o), m=0
-    g_14_1 = g_ref[:, pl.ds(3392, 64)]  # g block 14 (64x3o), m=1
-    g_14_2 = g_ref[:, pl.ds(3456, 64)]  # g block 14 (64x3o), m=2
-    g_14_3 = g_ref[:, pl.ds(3520, 64)]  # g block 14 (64x3o), m=3
-    g_14_4 = g_ref[:, pl.ds(3584, 64)]  # g block 14 (64x3o), m=4
-    g_14_5 = g_ref[:, pl.ds(3648, 64)]  # g block 14 (64x3o), m=5
-    g_14_6 = g_ref[:, pl.ds(3712, 64)]  # g block 14 (64x3o), m=6
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 14 (64x3o)
     h14_0 = (
         0.7071067811865476 * x1_2_2 * g_14_0
         + 0.5773502691896258 * x1_2_1 * g_14_1
@@ -5838,12 +5175,8 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h14_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h14_4, axis=1, keepdims=True)
     # path 21: x1[3] 64x1e (x) x2[2] 1x2e -> out[21] 64x1e, uvu, weights at 1344, 11 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_21_0 = g_ref[:, pl.ds(5312, 64)]  # g block 21 (64x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5376, 64)]  # g block 21 (64x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5440, 64)]  # g block 21 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5312, mul=64, dim=3, pad=64)  # g block 21 (64x1e)
     h21_0 = (
         0.5477225575051661 * x1_3_2 * g_21_0
         + 0.5477225575051661 * x1_3_0 * g_21_2
@@ -5872,11 +5205,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h21_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h21_4, axis=1, keepdims=True)
     # path 22: x1[3] 64x1e (x) x2[2] 1x2e -> out[22] 64x2e, uvu, weights at 1408, 16 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5504, 64)]  # g block 22 (64x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5568, 64)]  # g block 22 (64x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5632, 64)]  # g block 22 (64x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5696, 64)]  # g block 22 (64x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5760, 64)]  # g block 22 (64x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5504, mul=64, dim=5, pad=64)  # g block 22 (64x2e)
     h22_0 = (
         - 0.408248290463863 * x1_3_0 * g_22_1
         + 0.408248290463863 * x1_3_2 * g_22_3
@@ -5910,13 +5239,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h22_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h22_4, axis=1, keepdims=True)
     # path 23: x1[3] 64x1e (x) x2[2] 1x2e -> out[23] 64x3e, uvu, weights at 1472, 21 nonzeros
-    g_23_0 = g_ref[:, pl.ds(5824, 64)]  # g block 23 (64x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5888, 64)]  # g block 23 (64x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(5952, 64)]  # g block 23 (64x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6016, 64)]  # g block 23 (64x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 64)]  # g block 23 (64x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6144, 64)]  # g block 23 (64x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6208, 64)]  # g block 23 (64x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5824, mul=64, dim=7, pad=64)  # g block 23 (64x3e)
     h23_0 = (
         0.7071067811865476 * x1_3_2 * g_23_0
         + 0.5773502691896258 * x1_3_1 * g_23_1
@@ -5955,11 +5278,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h23_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h23_4, axis=1, keepdims=True)
     # path 30: x1[4] 64x2o (x) x2[2] 1x2e -> out[30] 64x0o, uvu, weights at 1920, 5 nonzeros
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     g_30_0 = g_ref[:, pl.ds(8320, 64)]  # g block 30 (64x0o), m=0
     h30_0 = 0.4472135954999579 * x1_4_0 * g_30_0
     h30_1 = 0.4472135954999579 * x1_4_1 * g_30_0
@@ -5973,9 +5292,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h30_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h30_4, axis=1, keepdims=True)
     # path 31: x1[4] 64x2o (x) x2[2] 1x2e -> out[31] 64x1o, uvu, weights at 1984, 16 nonzeros
-    g_31_0 = g_ref[:, pl.ds(8384, 64)]  # g block 31 (64x1o), m=0
-    g_31_1 = g_ref[:, pl.ds(8448, 64)]  # g block 31 (64x1o), m=1
-    g_31_2 = g_ref[:, pl.ds(8512, 64)]  # g block 31 (64x1o), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 8384, mul=64, dim=3, pad=64)  # g block 31 (64x1o)
     h31_0 = (
         0.3162277660168379 * x1_4_1 * g_31_0
         + 0.6324555320336758 * x1_4_4 * g_31_1
@@ -6009,11 +5326,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h31_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h31_4, axis=1, keepdims=True)
     # path 32: x1[4] 64x2o (x) x2[2] 1x2e -> out[32] 64x2o, uvu, weights at 2048, 25 nonzeros
-    g_32_0 = g_ref[:, pl.ds(8576, 64)]  # g block 32 (64x2o), m=0
-    g_32_1 = g_ref[:, pl.ds(8640, 64)]  # g block 32 (64x2o), m=1
-    g_32_2 = g_ref[:, pl.ds(8704, 64)]  # g block 32 (64x2o), m=2
-    g_32_3 = g_ref[:, pl.ds(8768, 64)]  # g block 32 (64x2o), m=3
-    g_32_4 = g_ref[:, pl.ds(8832, 64)]  # g block 32 (64x2o), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 8576, mul=64, dim=5, pad=64)  # g block 32 (64x2o)
     h32_0 = (
         - 0.5345224838248488 * x1_4_2 * g_32_0
         + 0.4629100498862757 * x1_4_3 * g_32_1
@@ -6056,13 +5369,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h32_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h32_4, axis=1, keepdims=True)
     # path 33: x1[4] 64x2o (x) x2[2] 1x2e -> out[33] 64x3o, uvu, weights at 2112, 28 nonzeros
-    g_33_0 = g_ref[:, pl.ds(8896, 64)]  # g block 33 (64x3o), m=0
-    g_33_1 = g_ref[:, pl.ds(8960, 64)]  # g block 33 (64x3o), m=1
-    g_33_2 = g_ref[:, pl.ds(9024, 64)]  # g block 33 (64x3o), m=2
-    g_33_3 = g_ref[:, pl.ds(9088, 64)]  # g block 33 (64x3o), m=3
-    g_33_4 = g_ref[:, pl.ds(9152, 64)]  # g block 33 (64x3o), m=4
-    g_33_5 = g_ref[:, pl.ds(9216, 64)]  # g block 33 (64x3o), m=5
-    g_33_6 = g_ref[:, pl.ds(9280, 64)]  # g block 33 (64x3o), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 8896, mul=64, dim=7, pad=64)  # g block 33 (64x3o)
     h33_0 = (
         - 0.5000000000000001 * x1_4_1 * g_33_0
         - 0.38729833462074176 * x1_4_1 * g_33_2
@@ -6108,11 +5415,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h33_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h33_4, axis=1, keepdims=True)
     # path 41: x1[5] 64x2e (x) x2[2] 1x2e -> out[41] 64x0e, uvu, weights at 2624, 5 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     g_41_0 = g_ref[:, pl.ds(11584, 64)]  # g block 41 (64x0e), m=0
     h41_0 = 0.4472135954999579 * x1_5_0 * g_41_0
     h41_1 = 0.4472135954999579 * x1_5_1 * g_41_0
@@ -6126,9 +5429,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h41_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h41_4, axis=1, keepdims=True)
     # path 42: x1[5] 64x2e (x) x2[2] 1x2e -> out[42] 64x1e, uvu, weights at 2688, 16 nonzeros
-    g_42_0 = g_ref[:, pl.ds(11648, 64)]  # g block 42 (64x1e), m=0
-    g_42_1 = g_ref[:, pl.ds(11712, 64)]  # g block 42 (64x1e), m=1
-    g_42_2 = g_ref[:, pl.ds(11776, 64)]  # g block 42 (64x1e), m=2
+    g_42_0, g_42_1, g_42_2 = rt.load_tile(g_ref, 11648, mul=64, dim=3, pad=64)  # g block 42 (64x1e)
     h42_0 = (
         0.3162277660168379 * x1_5_1 * g_42_0
         + 0.6324555320336758 * x1_5_4 * g_42_1
@@ -6162,11 +5463,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h42_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h42_4, axis=1, keepdims=True)
     # path 43: x1[5] 64x2e (x) x2[2] 1x2e -> out[43] 64x2e, uvu, weights at 2752, 25 nonzeros
-    g_43_0 = g_ref[:, pl.ds(11840, 64)]  # g block 43 (64x2e), m=0
-    g_43_1 = g_ref[:, pl.ds(11904, 64)]  # g block 43 (64x2e), m=1
-    g_43_2 = g_ref[:, pl.ds(11968, 64)]  # g block 43 (64x2e), m=2
-    g_43_3 = g_ref[:, pl.ds(12032, 64)]  # g block 43 (64x2e), m=3
-    g_43_4 = g_ref[:, pl.ds(12096, 64)]  # g block 43 (64x2e), m=4
+    g_43_0, g_43_1, g_43_2, g_43_3, g_43_4 = rt.load_tile(g_ref, 11840, mul=64, dim=5, pad=64)  # g block 43 (64x2e)
     h43_0 = (
         - 0.5345224838248488 * x1_5_2 * g_43_0
         + 0.4629100498862757 * x1_5_3 * g_43_1
@@ -6209,13 +5506,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h43_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h43_4, axis=1, keepdims=True)
     # path 44: x1[5] 64x2e (x) x2[2] 1x2e -> out[44] 64x3e, uvu, weights at 2816, 28 nonzeros
-    g_44_0 = g_ref[:, pl.ds(12160, 64)]  # g block 44 (64x3e), m=0
-    g_44_1 = g_ref[:, pl.ds(12224, 64)]  # g block 44 (64x3e), m=1
-    g_44_2 = g_ref[:, pl.ds(12288, 64)]  # g block 44 (64x3e), m=2
-    g_44_3 = g_ref[:, pl.ds(12352, 64)]  # g block 44 (64x3e), m=3
-    g_44_4 = g_ref[:, pl.ds(12416, 64)]  # g block 44 (64x3e), m=4
-    g_44_5 = g_ref[:, pl.ds(12480, 64)]  # g block 44 (64x3e), m=5
-    g_44_6 = g_ref[:, pl.ds(12544, 64)]  # g block 44 (64x3e), m=6
+    g_44_0, g_44_1, g_44_2, g_44_3, g_44_4, g_44_5, g_44_6 = rt.load_tile(g_ref, 12160, mul=64, dim=7, pad=64)  # g block 44 (64x3e)
     h44_0 = (
         - 0.5000000000000001 * x1_5_1 * g_44_0
         - 0.38729833462074176 * x1_5_1 * g_44_2
@@ -6261,16 +5552,8 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h44_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h44_4, axis=1, keepdims=True)
     # path 51: x1[6] 64x3o (x) x2[2] 1x2e -> out[51] 64x1o, uvu, weights at 3264, 21 nonzeros
-    x1_6_0 = x1_ref[:, pl.ds(1152, 64)]  # x1 block 6 (64x3o), m=0
-    x1_6_1 = x1_ref[:, pl.ds(1216, 64)]  # x1 block 6 (64x3o), m=1
-    x1_6_2 = x1_ref[:, pl.ds(1280, 64)]  # x1 block 6 (64x3o), m=2
-    x1_6_3 = x1_ref[:, pl.ds(1344, 64)]  # x1 block 6 (64x3o), m=3
-    x1_6_4 = x1_ref[:, pl.ds(1408, 64)]  # x1 block 6 (64x3o), m=4
-    x1_6_5 = x1_ref[:, pl.ds(1472, 64)]  # x1 block 6 (64x3o), m=5
-    x1_6_6 = x1_ref[:, pl.ds(1536, 64)]  # x1 block 6 (64x3o), m=6
-    g_51_0 = g_ref[:, pl.ds(14784, 64)]  # g block 51 (64x1o), m=0
-    g_51_1 = g_ref[:, pl.ds(14848, 64)]  # g block 51 (64x1o), m=1
-    g_51_2 = g_ref[:, pl.ds(14912, 64)]  # g block 51 (64x1o), m=2
+    x1_6_0, x1_6_1, x1_6_2, x1_6_3, x1_6_4, x1_6_5, x1_6_6 = rt.load_tile(x1_ref, 1152, mul=64, dim=7, pad=64)  # x1 block 6 (64x3o)
+    g_51_0, g_51_1, g_51_2 = rt.load_tile(g_ref, 14784, mul=64, dim=3, pad=64)  # g block 51 (64x1o)
     h51_0 = (
         - 0.11952286093343936 * x1_6_4 * g_51_0
         - 0.4629100498862757 * x1_6_6 * g_51_0
@@ -6309,11 +5592,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h51_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h51_4, axis=1, keepdims=True)
     # path 52: x1[6] 64x3o (x) x2[2] 1x2e -> out[52] 64x2o, uvu, weights at 3328, 28 nonzeros
-    g_52_0 = g_ref[:, pl.ds(14976, 64)]  # g block 52 (64x2o), m=0
-    g_52_1 = g_ref[:, pl.ds(15040, 64)]  # g block 52 (64x2o), m=1
-    g_52_2 = g_ref[:, pl.ds(15104, 64)]  # g block 52 (64x2o), m=2
-    g_52_3 = g_ref[:, pl.ds(15168, 64)]  # g block 52 (64x2o), m=3
-    g_52_4 = g_ref[:, pl.ds(15232, 64)]  # g block 52 (64x2o), m=4
+    g_52_0, g_52_1, g_52_2, g_52_3, g_52_4 = rt.load_tile(g_ref, 14976, mul=64, dim=5, pad=64)  # g block 52 (64x2o)
     h52_0 = (
         0.42257712736425834 * x1_6_0 * g_52_1
         + 0.3273268353539886 * x1_6_2 * g_52_1
@@ -6359,13 +5638,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h52_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h52_4, axis=1, keepdims=True)
     # path 53: x1[6] 64x3o (x) x2[2] 1x2e -> out[53] 64x3o, uvu, weights at 3392, 41 nonzeros
-    g_53_0 = g_ref[:, pl.ds(15296, 64)]  # g block 53 (64x3o), m=0
-    g_53_1 = g_ref[:, pl.ds(15360, 64)]  # g block 53 (64x3o), m=1
-    g_53_2 = g_ref[:, pl.ds(15424, 64)]  # g block 53 (64x3o), m=2
-    g_53_3 = g_ref[:, pl.ds(15488, 64)]  # g block 53 (64x3o), m=3
-    g_53_4 = g_ref[:, pl.ds(15552, 64)]  # g block 53 (64x3o), m=4
-    g_53_5 = g_ref[:, pl.ds(15616, 64)]  # g block 53 (64x3o), m=5
-    g_53_6 = g_ref[:, pl.ds(15680, 64)]  # g block 53 (64x3o), m=6
+    g_53_0, g_53_1, g_53_2, g_53_3, g_53_4, g_53_5, g_53_6 = rt.load_tile(g_ref, 15296, mul=64, dim=7, pad=64)  # g block 53 (64x3o)
     h53_0 = (
         - 0.2886751345948129 * x1_6_4 * g_53_0
         - 0.5773502691896258 * x1_6_3 * g_53_1
@@ -6424,16 +5697,8 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h53_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h53_4, axis=1, keepdims=True)
     # path 61: x1[7] 64x3e (x) x2[2] 1x2e -> out[61] 64x1e, uvu, weights at 3904, 21 nonzeros
-    x1_7_0 = x1_ref[:, pl.ds(1600, 64)]  # x1 block 7 (64x3e), m=0
-    x1_7_1 = x1_ref[:, pl.ds(1664, 64)]  # x1 block 7 (64x3e), m=1
-    x1_7_2 = x1_ref[:, pl.ds(1728, 64)]  # x1 block 7 (64x3e), m=2
-    x1_7_3 = x1_ref[:, pl.ds(1792, 64)]  # x1 block 7 (64x3e), m=3
-    x1_7_4 = x1_ref[:, pl.ds(1856, 64)]  # x1 block 7 (64x3e), m=4
-    x1_7_5 = x1_ref[:, pl.ds(1920, 64)]  # x1 block 7 (64x3e), m=5
-    x1_7_6 = x1_ref[:, pl.ds(1984, 64)]  # x1 block 7 (64x3e), m=6
-    g_61_0 = g_ref[:, pl.ds(17984, 64)]  # g block 61 (64x1e), m=0
-    g_61_1 = g_ref[:, pl.ds(18048, 64)]  # g block 61 (64x1e), m=1
-    g_61_2 = g_ref[:, pl.ds(18112, 64)]  # g block 61 (64x1e), m=2
+    x1_7_0, x1_7_1, x1_7_2, x1_7_3, x1_7_4, x1_7_5, x1_7_6 = rt.load_tile(x1_ref, 1600, mul=64, dim=7, pad=64)  # x1 block 7 (64x3e)
+    g_61_0, g_61_1, g_61_2 = rt.load_tile(g_ref, 17984, mul=64, dim=3, pad=64)  # g block 61 (64x1e)
     h61_0 = (
         - 0.11952286093343936 * x1_7_4 * g_61_0
         - 0.4629100498862757 * x1_7_6 * g_61_0
@@ -6472,11 +5737,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h61_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h61_4, axis=1, keepdims=True)
     # path 62: x1[7] 64x3e (x) x2[2] 1x2e -> out[62] 64x2e, uvu, weights at 3968, 28 nonzeros
-    g_62_0 = g_ref[:, pl.ds(18176, 64)]  # g block 62 (64x2e), m=0
-    g_62_1 = g_ref[:, pl.ds(18240, 64)]  # g block 62 (64x2e), m=1
-    g_62_2 = g_ref[:, pl.ds(18304, 64)]  # g block 62 (64x2e), m=2
-    g_62_3 = g_ref[:, pl.ds(18368, 64)]  # g block 62 (64x2e), m=3
-    g_62_4 = g_ref[:, pl.ds(18432, 64)]  # g block 62 (64x2e), m=4
+    g_62_0, g_62_1, g_62_2, g_62_3, g_62_4 = rt.load_tile(g_ref, 18176, mul=64, dim=5, pad=64)  # g block 62 (64x2e)
     h62_0 = (
         0.42257712736425834 * x1_7_0 * g_62_1
         + 0.3273268353539886 * x1_7_2 * g_62_1
@@ -6522,13 +5783,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h62_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h62_4, axis=1, keepdims=True)
     # path 63: x1[7] 64x3e (x) x2[2] 1x2e -> out[63] 64x3e, uvu, weights at 4032, 41 nonzeros
-    g_63_0 = g_ref[:, pl.ds(18496, 64)]  # g block 63 (64x3e), m=0
-    g_63_1 = g_ref[:, pl.ds(18560, 64)]  # g block 63 (64x3e), m=1
-    g_63_2 = g_ref[:, pl.ds(18624, 64)]  # g block 63 (64x3e), m=2
-    g_63_3 = g_ref[:, pl.ds(18688, 64)]  # g block 63 (64x3e), m=3
-    g_63_4 = g_ref[:, pl.ds(18752, 64)]  # g block 63 (64x3e), m=4
-    g_63_5 = g_ref[:, pl.ds(18816, 64)]  # g block 63 (64x3e), m=5
-    g_63_6 = g_ref[:, pl.ds(18880, 64)]  # g block 63 (64x3e), m=6
+    g_63_0, g_63_1, g_63_2, g_63_3, g_63_4, g_63_5, g_63_6 = rt.load_tile(g_ref, 18496, mul=64, dim=7, pad=64)  # g block 63 (64x3e)
     h63_0 = (
         - 0.2886751345948129 * x1_7_4 * g_63_0
         - 0.5773502691896258 * x1_7_3 * g_63_1
@@ -6601,13 +5856,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 3: x1[0] 64x0o (x) x2[3] 1x3o -> out[3] 64x3e, uvu, weights at 192, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(640, 64)]  # g block 3 (64x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(704, 64)]  # g block 3 (64x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(768, 64)]  # g block 3 (64x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(832, 64)]  # g block 3 (64x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(896, 64)]  # g block 3 (64x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(960, 64)]  # g block 3 (64x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 576, mul=64, dim=7, pad=64)  # g block 3 (64x3e)
     h3_0 = 1.0000000000000002 * x1_0_0 * g_3_0
     h3_1 = 1.0000000000000002 * x1_0_0 * g_3_1
     h3_2 = 1.0000000000000002 * x1_0_0 * g_3_2
@@ -6624,13 +5873,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h3_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h3_6, axis=1, keepdims=True)
     # path 7: x1[1] 64x0e (x) x2[3] 1x3o -> out[7] 64x3o, uvu, weights at 448, 7 nonzeros
-    g_7_0 = g_ref[:, pl.ds(1600, 64)]  # g block 7 (64x3o), m=0
-    g_7_1 = g_ref[:, pl.ds(1664, 64)]  # g block 7 (64x3o), m=1
-    g_7_2 = g_ref[:, pl.ds(1728, 64)]  # g block 7 (64x3o), m=2
-    g_7_3 = g_ref[:, pl.ds(1792, 64)]  # g block 7 (64x3o), m=3
-    g_7_4 = g_ref[:, pl.ds(1856, 64)]  # g block 7 (64x3o), m=4
-    g_7_5 = g_ref[:, pl.ds(1920, 64)]  # g block 7 (64x3o), m=5
-    g_7_6 = g_ref[:, pl.ds(1984, 64)]  # g block 7 (64x3o), m=6
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4, g_7_5, g_7_6 = rt.load_tile(g_ref, 1600, mul=64, dim=7, pad=64)  # g block 7 (64x3o)
     h7_0 = 1.0000000000000002 * x1_1_0 * g_7_0
     h7_1 = 1.0000000000000002 * x1_1_0 * g_7_1
     h7_2 = 1.0000000000000002 * x1_1_0 * g_7_2
@@ -6647,11 +5890,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h7_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h7_6, axis=1, keepdims=True)
     # path 15: x1[2] 64x1o (x) x2[3] 1x3o -> out[15] 64x2e, uvu, weights at 960, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(3776, 64)]  # g block 15 (64x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(3840, 64)]  # g block 15 (64x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(3904, 64)]  # g block 15 (64x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(3968, 64)]  # g block 15 (64x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4032, 64)]  # g block 15 (64x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 15 (64x2e)
     h15_0 = (
         0.5976143046671969 * x1_2_2 * g_15_0
         + 0.5976143046671969 * x1_2_0 * g_15_4
@@ -6696,13 +5935,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h15_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h15_6, axis=1, keepdims=True)
     # path 16: x1[2] 64x1o (x) x2[3] 1x3o -> out[16] 64x3e, uvu, weights at 1024, 26 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4096, 64)]  # g block 16 (64x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4160, 64)]  # g block 16 (64x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(4224, 64)]  # g block 16 (64x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(4288, 64)]  # g block 16 (64x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(4352, 64)]  # g block 16 (64x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(4416, 64)]  # g block 16 (64x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(4480, 64)]  # g block 16 (64x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 16 (64x3e)
     h16_0 = (
         - 0.3535533905932738 * x1_2_0 * g_16_1
         + 0.3535533905932738 * x1_2_2 * g_16_5
@@ -6752,11 +5985,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h16_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h16_6, axis=1, keepdims=True)
     # path 24: x1[3] 64x1e (x) x2[3] 1x3o -> out[24] 64x2o, uvu, weights at 1536, 21 nonzeros
-    g_24_0 = g_ref[:, pl.ds(6272, 64)]  # g block 24 (64x2o), m=0
-    g_24_1 = g_ref[:, pl.ds(6336, 64)]  # g block 24 (64x2o), m=1
-    g_24_2 = g_ref[:, pl.ds(6400, 64)]  # g block 24 (64x2o), m=2
-    g_24_3 = g_ref[:, pl.ds(6464, 64)]  # g block 24 (64x2o), m=3
-    g_24_4 = g_ref[:, pl.ds(6528, 64)]  # g block 24 (64x2o), m=4
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 6272, mul=64, dim=5, pad=64)  # g block 24 (64x2o)
     h24_0 = (
         0.5976143046671969 * x1_3_2 * g_24_0
         + 0.5976143046671969 * x1_3_0 * g_24_4
@@ -6801,13 +6030,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h24_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h24_6, axis=1, keepdims=True)
     # path 25: x1[3] 64x1e (x) x2[3] 1x3o -> out[25] 64x3o, uvu, weights at 1600, 26 nonzeros
-    g_25_0 = g_ref[:, pl.ds(6592, 64)]  # g block 25 (64x3o), m=0
-    g_25_1 = g_ref[:, pl.ds(6656, 64)]  # g block 25 (64x3o), m=1
-    g_25_2 = g_ref[:, pl.ds(6720, 64)]  # g block 25 (64x3o), m=2
-    g_25_3 = g_ref[:, pl.ds(6784, 64)]  # g block 25 (64x3o), m=3
-    g_25_4 = g_ref[:, pl.ds(6848, 64)]  # g block 25 (64x3o), m=4
-    g_25_5 = g_ref[:, pl.ds(6912, 64)]  # g block 25 (64x3o), m=5
-    g_25_6 = g_ref[:, pl.ds(6976, 64)]  # g block 25 (64x3o), m=6
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4, g_25_5, g_25_6 = rt.load_tile(g_ref, 6592, mul=64, dim=7, pad=64)  # g block 25 (64x3o)
     h25_0 = (
         - 0.3535533905932738 * x1_3_0 * g_25_1
         + 0.3535533905932738 * x1_3_2 * g_25_5
@@ -6857,9 +6080,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h25_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h25_6, axis=1, keepdims=True)
     # path 34: x1[4] 64x2o (x) x2[3] 1x3o -> out[34] 64x1e, uvu, weights at 2176, 21 nonzeros
-    g_34_0 = g_ref[:, pl.ds(9344, 64)]  # g block 34 (64x1e), m=0
-    g_34_1 = g_ref[:, pl.ds(9408, 64)]  # g block 34 (64x1e), m=1
-    g_34_2 = g_ref[:, pl.ds(9472, 64)]  # g block 34 (64x1e), m=2
+    g_34_0, g_34_1, g_34_2 = rt.load_tile(g_ref, 9344, mul=64, dim=3, pad=64)  # g block 34 (64x1e)
     h34_0 = (
         0.4629100498862757 * x1_4_4 * g_34_0
         + 0.4629100498862757 * x1_4_0 * g_34_2
@@ -6904,11 +6125,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h34_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h34_6, axis=1, keepdims=True)
     # path 35: x1[4] 64x2o (x) x2[3] 1x3o -> out[35] 64x2e, uvu, weights at 2240, 28 nonzeros
-    g_35_0 = g_ref[:, pl.ds(9536, 64)]  # g block 35 (64x2e), m=0
-    g_35_1 = g_ref[:, pl.ds(9600, 64)]  # g block 35 (64x2e), m=1
-    g_35_2 = g_ref[:, pl.ds(9664, 64)]  # g block 35 (64x2e), m=2
-    g_35_3 = g_ref[:, pl.ds(9728, 64)]  # g block 35 (64x2e), m=3
-    g_35_4 = g_ref[:, pl.ds(9792, 64)]  # g block 35 (64x2e), m=4
+    g_35_0, g_35_1, g_35_2, g_35_3, g_35_4 = rt.load_tile(g_ref, 9536, mul=64, dim=5, pad=64)  # g block 35 (64x2e)
     h35_0 = (
         0.42257712736425834 * x1_4_1 * g_35_0
         - 0.42257712736425834 * x1_4_0 * g_35_1
@@ -6960,13 +6177,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h35_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h35_6, axis=1, keepdims=True)
     # path 36: x1[4] 64x2o (x) x2[3] 1x3o -> out[36] 64x3e, uvu, weights at 2304, 41 nonzeros
-    g_36_0 = g_ref[:, pl.ds(9856, 64)]  # g block 36 (64x3e), m=0
-    g_36_1 = g_ref[:, pl.ds(9920, 64)]  # g block 36 (64x3e), m=1
-    g_36_2 = g_ref[:, pl.ds(9984, 64)]  # g block 36 (64x3e), m=2
-    g_36_3 = g_ref[:, pl.ds(10048, 64)]  # g block 36 (64x3e), m=3
-    g_36_4 = g_ref[:, pl.ds(10112, 64)]  # g block 36 (64x3e), m=4
-    g_36_5 = g_ref[:, pl.ds(10176, 64)]  # g block 36 (64x3e), m=5
-    g_36_6 = g_ref[:, pl.ds(10240, 64)]  # g block 36 (64x3e), m=6
+    g_36_0, g_36_1, g_36_2, g_36_3, g_36_4, g_36_5, g_36_6 = rt.load_tile(g_ref, 9856, mul=64, dim=7, pad=64)  # g block 36 (64x3e)
     h36_0 = (
         - 0.6454972243679029 * x1_4_2 * g_36_0
         + 0.45643546458763845 * x1_4_3 * g_36_1
@@ -7031,9 +6242,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h36_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h36_6, axis=1, keepdims=True)
     # path 45: x1[5] 64x2e (x) x2[3] 1x3o -> out[45] 64x1o, uvu, weights at 2880, 21 nonzeros
-    g_45_0 = g_ref[:, pl.ds(12608, 64)]  # g block 45 (64x1o), m=0
-    g_45_1 = g_ref[:, pl.ds(12672, 64)]  # g block 45 (64x1o), m=1
-    g_45_2 = g_ref[:, pl.ds(12736, 64)]  # g block 45 (64x1o), m=2
+    g_45_0, g_45_1, g_45_2 = rt.load_tile(g_ref, 12608, mul=64, dim=3, pad=64)  # g block 45 (64x1o)
     h45_0 = (
         0.4629100498862757 * x1_5_4 * g_45_0
         + 0.4629100498862757 * x1_5_0 * g_45_2
@@ -7078,11 +6287,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h45_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h45_6, axis=1, keepdims=True)
     # path 46: x1[5] 64x2e (x) x2[3] 1x3o -> out[46] 64x2o, uvu, weights at 2944, 28 nonzeros
-    g_46_0 = g_ref[:, pl.ds(12800, 64)]  # g block 46 (64x2o), m=0
-    g_46_1 = g_ref[:, pl.ds(12864, 64)]  # g block 46 (64x2o), m=1
-    g_46_2 = g_ref[:, pl.ds(12928, 64)]  # g block 46 (64x2o), m=2
-    g_46_3 = g_ref[:, pl.ds(12992, 64)]  # g block 46 (64x2o), m=3
-    g_46_4 = g_ref[:, pl.ds(13056, 64)]  # g block 46 (64x2o), m=4
+    g_46_0, g_46_1, g_46_2, g_46_3, g_46_4 = rt.load_tile(g_ref, 12800, mul=64, dim=5, pad=64)  # g block 46 (64x2o)
     h46_0 = (
         0.42257712736425834 * x1_5_1 * g_46_0
         - 0.42257712736425834 * x1_5_0 * g_46_1
@@ -7134,13 +6339,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h46_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h46_6, axis=1, keepdims=True)
     # path 47: x1[5] 64x2e (x) x2[3] 1x3o -> out[47] 64x3o, uvu, weights at 3008, 41 nonzeros
-    g_47_0 = g_ref[:, pl.ds(13120, 64)]  # g block 47 (64x3o), m=0
-    g_47_1 = g_ref[:, pl.ds(13184, 64)]  # g block 47 (64x3o), m=1
-    g_47_2 = g_ref[:, pl.ds(13248, 64)]  # g block 47 (64x3o), m=2
-    g_47_3 = g_ref[:, pl.ds(13312, 64)]  # g block 47 (64x3o), m=3
-    g_47_4 = g_ref[:, pl.ds(13376, 64)]  # g block 47 (64x3o), m=4
-    g_47_5 = g_ref[:, pl.ds(13440, 64)]  # g block 47 (64x3o), m=5
-    g_47_6 = g_ref[:, pl.ds(13504, 64)]  # g block 47 (64x3o), m=6
+    g_47_0, g_47_1, g_47_2, g_47_3, g_47_4, g_47_5, g_47_6 = rt.load_tile(g_ref, 13120, mul=64, dim=7, pad=64)  # g block 47 (64x3o)
     h47_0 = (
         - 0.6454972243679029 * x1_5_2 * g_47_0
         + 0.45643546458763845 * x1_5_3 * g_47_1
@@ -7222,9 +6421,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h54_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h54_6, axis=1, keepdims=True)
     # path 55: x1[6] 64x3o (x) x2[3] 1x3o -> out[55] 64x1e, uvu, weights at 3520, 26 nonzeros
-    g_55_0 = g_ref[:, pl.ds(15808, 64)]  # g block 55 (64x1e), m=0
-    g_55_1 = g_ref[:, pl.ds(15872, 64)]  # g block 55 (64x1e), m=1
-    g_55_2 = g_ref[:, pl.ds(15936, 64)]  # g block 55 (64x1e), m=2
+    g_55_0, g_55_1, g_55_2 = rt.load_tile(g_ref, 15808, mul=64, dim=3, pad=64)  # g block 55 (64x1e)
     h55_0 = (
         0.23145502494313785 * x1_6_1 * g_55_0
         + 0.5669467095138409 * x1_6_6 * g_55_1
@@ -7274,11 +6471,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h55_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h55_6, axis=1, keepdims=True)
     # path 56: x1[6] 64x3o (x) x2[3] 1x3o -> out[56] 64x2e, uvu, weights at 3584, 41 nonzeros
-    g_56_0 = g_ref[:, pl.ds(16000, 64)]  # g block 56 (64x2e), m=0
-    g_56_1 = g_ref[:, pl.ds(16064, 64)]  # g block 56 (64x2e), m=1
-    g_56_2 = g_ref[:, pl.ds(16128, 64)]  # g block 56 (64x2e), m=2
-    g_56_3 = g_ref[:, pl.ds(16192, 64)]  # g block 56 (64x2e), m=3
-    g_56_4 = g_ref[:, pl.ds(16256, 64)]  # g block 56 (64x2e), m=4
+    g_56_0, g_56_1, g_56_2, g_56_3, g_56_4 = rt.load_tile(g_ref, 16000, mul=64, dim=5, pad=64)  # g block 56 (64x2e)
     h56_0 = (
         - 0.24397501823713333 * x1_6_4 * g_56_0
         + 0.3857583749052298 * x1_6_5 * g_56_1
@@ -7343,13 +6536,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h56_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h56_6, axis=1, keepdims=True)
     # path 57: x1[6] 64x3o (x) x2[3] 1x3o -> out[57] 64x3e, uvu, weights at 3648, 42 nonzeros
-    g_57_0 = g_ref[:, pl.ds(16320, 64)]  # g block 57 (64x3e), m=0
-    g_57_1 = g_ref[:, pl.ds(16384, 64)]  # g block 57 (64x3e), m=1
-    g_57_2 = g_ref[:, pl.ds(16448, 64)]  # g block 57 (64x3e), m=2
-    g_57_3 = g_ref[:, pl.ds(16512, 64)]  # g block 57 (64x3e), m=3
-    g_57_4 = g_ref[:, pl.ds(16576, 64)]  # g block 57 (64x3e), m=4
-    g_57_5 = g_ref[:, pl.ds(16640, 64)]  # g block 57 (64x3e), m=5
-    g_57_6 = g_ref[:, pl.ds(16704, 64)]  # g block 57 (64x3e), m=6
+    g_57_0, g_57_1, g_57_2, g_57_3, g_57_4, g_57_5, g_57_6 = rt.load_tile(g_ref, 16320, mul=64, dim=7, pad=64)  # g block 57 (64x3e)
     h57_0 = (
         0.408248290463863 * x1_6_2 * g_57_1
         - 0.408248290463863 * x1_6_1 * g_57_2
@@ -7432,9 +6619,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h64_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h64_6, axis=1, keepdims=True)
     # path 65: x1[7] 64x3e (x) x2[3] 1x3o -> out[65] 64x1o, uvu, weights at 4160, 26 nonzeros
-    g_65_0 = g_ref[:, pl.ds(19008, 64)]  # g block 65 (64x1o), m=0
-    g_65_1 = g_ref[:, pl.ds(19072, 64)]  # g block 65 (64x1o), m=1
-    g_65_2 = g_ref[:, pl.ds(19136, 64)]  # g block 65 (64x1o), m=2
+    g_65_0, g_65_1, g_65_2 = rt.load_tile(g_ref, 19008, mul=64, dim=3, pad=64)  # g block 65 (64x1o)
     h65_0 = (
         0.23145502494313785 * x1_7_1 * g_65_0
         + 0.5669467095138409 * x1_7_6 * g_65_1
@@ -7484,11 +6669,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h65_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h65_6, axis=1, keepdims=True)
     # path 66: x1[7] 64x3e (x) x2[3] 1x3o -> out[66] 64x2o, uvu, weights at 4224, 41 nonzeros
-    g_66_0 = g_ref[:, pl.ds(19200, 64)]  # g block 66 (64x2o), m=0
-    g_66_1 = g_ref[:, pl.ds(19264, 64)]  # g block 66 (64x2o), m=1
-    g_66_2 = g_ref[:, pl.ds(19328, 64)]  # g block 66 (64x2o), m=2
-    g_66_3 = g_ref[:, pl.ds(19392, 64)]  # g block 66 (64x2o), m=3
-    g_66_4 = g_ref[:, pl.ds(19456, 64)]  # g block 66 (64x2o), m=4
+    g_66_0, g_66_1, g_66_2, g_66_3, g_66_4 = rt.load_tile(g_ref, 19200, mul=64, dim=5, pad=64)  # g block 66 (64x2o)
     h66_0 = (
         - 0.24397501823713333 * x1_7_4 * g_66_0
         + 0.3857583749052298 * x1_7_5 * g_66_1
@@ -7553,13 +6734,7 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h66_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h66_6, axis=1, keepdims=True)
     # path 67: x1[7] 64x3e (x) x2[3] 1x3o -> out[67] 64x3o, uvu, weights at 4288, 42 nonzeros
-    g_67_0 = g_ref[:, pl.ds(19520, 64)]  # g block 67 (64x3o), m=0
-    g_67_1 = g_ref[:, pl.ds(19584, 64)]  # g block 67 (64x3o), m=1
-    g_67_2 = g_ref[:, pl.ds(19648, 64)]  # g block 67 (64x3o), m=2
-    g_67_3 = g_ref[:, pl.ds(19712, 64)]  # g block 67 (64x3o), m=3
-    g_67_4 = g_ref[:, pl.ds(19776, 64)]  # g block 67 (64x3o), m=4
-    g_67_5 = g_ref[:, pl.ds(19840, 64)]  # g block 67 (64x3o), m=5
-    g_67_6 = g_ref[:, pl.ds(19904, 64)]  # g block 67 (64x3o), m=6
+    g_67_0, g_67_1, g_67_2, g_67_3, g_67_4, g_67_5, g_67_6 = rt.load_tile(g_ref, 19520, mul=64, dim=7, pad=64)  # g block 67 (64x3o)
     h67_0 = (
         0.408248290463863 * x1_7_2 * g_67_1
         - 0.408248290463863 * x1_7_1 * g_67_2
@@ -7649,9 +6824,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (64 columns)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -7667,11 +6840,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (64 columns)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -7693,13 +6862,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (64 columns)
     # path 3: x1[0] 64x0o (x) x2[3] 1x3o -> out[3] 64x3e, uvu, weights at 192, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(640, 64)]  # g block 3 (64x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(704, 64)]  # g block 3 (64x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(768, 64)]  # g block 3 (64x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(832, 64)]  # g block 3 (64x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(896, 64)]  # g block 3 (64x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(960, 64)]  # g block 3 (64x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 576, mul=64, dim=7, pad=64)  # g block 3 (64x3e)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -7735,9 +6898,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 5 (64 columns)
     # path 5: x1[1] 64x0e (x) x2[1] 1x1o -> out[5] 64x1o, uvu, weights at 320, 3 nonzeros
-    g_5_0 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x1o), m=0
-    g_5_1 = g_ref[:, pl.ds(1152, 64)]  # g block 5 (64x1o), m=1
-    g_5_2 = g_ref[:, pl.ds(1216, 64)]  # g block 5 (64x1o), m=2
+    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1088, mul=64, dim=3, pad=64)  # g block 5 (64x1o)
     h5_0 = 0.9999999999999999 * x1_1_0 * g_5_0
     h5_1 = 0.9999999999999999 * x1_1_0 * g_5_1
     h5_2 = 0.9999999999999999 * x1_1_0 * g_5_2
@@ -7750,11 +6911,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (64 columns)
     # path 6: x1[1] 64x0e (x) x2[2] 1x2e -> out[6] 64x2e, uvu, weights at 384, 5 nonzeros
-    g_6_0 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(1344, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(1408, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(1472, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(1536, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 1280, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     h6_0 = 1.0 * x1_1_0 * g_6_0
     h6_1 = 1.0 * x1_1_0 * g_6_1
     h6_2 = 1.0 * x1_1_0 * g_6_2
@@ -7771,13 +6928,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (64 columns)
     # path 7: x1[1] 64x0e (x) x2[3] 1x3o -> out[7] 64x3o, uvu, weights at 448, 7 nonzeros
-    g_7_0 = g_ref[:, pl.ds(1600, 64)]  # g block 7 (64x3o), m=0
-    g_7_1 = g_ref[:, pl.ds(1664, 64)]  # g block 7 (64x3o), m=1
-    g_7_2 = g_ref[:, pl.ds(1728, 64)]  # g block 7 (64x3o), m=2
-    g_7_3 = g_ref[:, pl.ds(1792, 64)]  # g block 7 (64x3o), m=3
-    g_7_4 = g_ref[:, pl.ds(1856, 64)]  # g block 7 (64x3o), m=4
-    g_7_5 = g_ref[:, pl.ds(1920, 64)]  # g block 7 (64x3o), m=5
-    g_7_6 = g_ref[:, pl.ds(1984, 64)]  # g block 7 (64x3o), m=6
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4, g_7_5, g_7_6 = rt.load_tile(g_ref, 1600, mul=64, dim=7, pad=64)  # g block 7 (64x3o)
     h7_0 = 1.0000000000000002 * x1_1_0 * g_7_0
     h7_1 = 1.0000000000000002 * x1_1_0 * g_7_1
     h7_2 = 1.0000000000000002 * x1_1_0 * g_7_2
@@ -7798,12 +6949,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (64 columns)
     # path 8: x1[2] 64x1o (x) x2[0] 1x0e -> out[8] 64x1o, uvu, weights at 512, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_8_0 = g_ref[:, pl.ds(2048, 64)]  # g block 8 (64x1o), m=0
-    g_8_1 = g_ref[:, pl.ds(2112, 64)]  # g block 8 (64x1o), m=1
-    g_8_2 = g_ref[:, pl.ds(2176, 64)]  # g block 8 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 8 (64x1o)
     h8_0 = (
         0.9999999999999999 * x1_2_0 * g_8_0
         + 0.9999999999999999 * x1_2_1 * g_8_1
@@ -7827,9 +6974,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (64 columns)
     # path 10: x1[2] 64x1o (x) x2[1] 1x1o -> out[10] 64x1e, uvu, weights at 640, 6 nonzeros
-    g_10_0 = g_ref[:, pl.ds(2304, 64)]  # g block 10 (64x1e), m=0
-    g_10_1 = g_ref[:, pl.ds(2368, 64)]  # g block 10 (64x1e), m=1
-    g_10_2 = g_ref[:, pl.ds(2432, 64)]  # g block 10 (64x1e), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 10 (64x1e)
     h10_0 = (
         0.7071067811865475 * x1_2_2 * g_10_1
         - 0.7071067811865475 * x1_2_1 * g_10_2
@@ -7851,11 +6996,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (64 columns)
     # path 11: x1[2] 64x1o (x) x2[1] 1x1o -> out[11] 64x2e, uvu, weights at 704, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(2496, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(2560, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(2624, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(2688, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(2752, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     h11_0 = (
         0.7071067811865476 * x1_2_2 * g_11_0
         + 0.7071067811865476 * x1_2_1 * g_11_1
@@ -7882,9 +7023,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (64 columns)
     # path 12: x1[2] 64x1o (x) x2[2] 1x2e -> out[12] 64x1o, uvu, weights at 768, 11 nonzeros
-    g_12_0 = g_ref[:, pl.ds(2816, 64)]  # g block 12 (64x1o), m=0
-    g_12_1 = g_ref[:, pl.ds(2880, 64)]  # g block 12 (64x1o), m=1
-    g_12_2 = g_ref[:, pl.ds(2944, 64)]  # g block 12 (64x1o), m=2
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 12 (64x1o)
     h12_0 = (
         0.5477225575051661 * x1_2_2 * g_12_0
         + 0.5477225575051661 * x1_2_0 * g_12_2
@@ -7917,11 +7056,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 13 (64 columns)
     # path 13: x1[2] 64x1o (x) x2[2] 1x2e -> out[13] 64x2o, uvu, weights at 832, 16 nonzeros
-    g_13_0 = g_ref[:, pl.ds(3008, 64)]  # g block 13 (64x2o), m=0
-    g_13_1 = g_ref[:, pl.ds(3072, 64)]  # g block 13 (64x2o), m=1
-    g_13_2 = g_ref[:, pl.ds(3136, 64)]  # g block 13 (64x2o), m=2
-    g_13_3 = g_ref[:, pl.ds(3200, 64)]  # g block 13 (64x2o), m=3
-    g_13_4 = g_ref[:, pl.ds(3264, 64)]  # g block 13 (64x2o), m=4
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 13 (64x2o)
     h13_0 = (
         - 0.408248290463863 * x1_2_0 * g_13_1
         + 0.408248290463863 * x1_2_2 * g_13_3
@@ -7959,13 +7094,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (64 columns)
     # path 14: x1[2] 64x1o (x) x2[2] 1x2e -> out[14] 64x3o, uvu, weights at 896, 21 nonzeros
-    g_14_0 = g_ref[:, pl.ds(3328, 64)]  # g block 14 (64x3o), m=0
-    g_14_1 = g_ref[:, pl.ds(3392, 64)]  # g block 14 (64x3o), m=1
-    g_14_2 = g_ref[:, pl.ds(3456, 64)]  # g block 14 (64x3o), m=2
-    g_14_3 = g_ref[:, pl.ds(3520, 64)]  # g block 14 (64x3o), m=3
-    g_14_4 = g_ref[:, pl.ds(3584, 64)]  # g block 14 (64x3o), m=4
-    g_14_5 = g_ref[:, pl.ds(3648, 64)]  # g block 14 (64x3o), m=5
-    g_14_6 = g_ref[:, pl.ds(3712, 64)]  # g block 14 (64x3o), m=6
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 14 (64x3o)
     h14_0 = (
         0.7071067811865476 * x1_2_2 * g_14_0
         + 0.5773502691896258 * x1_2_1 * g_14_1
@@ -8008,11 +7137,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (64 columns)
     # path 15: x1[2] 64x1o (x) x2[3] 1x3o -> out[15] 64x2e, uvu, weights at 960, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(3776, 64)]  # g block 15 (64x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(3840, 64)]  # g block 15 (64x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(3904, 64)]  # g block 15 (64x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(3968, 64)]  # g block 15 (64x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4032, 64)]  # g block 15 (64x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 15 (64x2e)
     h15_0 = (
         0.5976143046671969 * x1_2_2 * g_15_0
         + 0.5976143046671969 * x1_2_0 * g_15_4
@@ -8061,13 +7186,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (64 columns)
     # path 16: x1[2] 64x1o (x) x2[3] 1x3o -> out[16] 64x3e, uvu, weights at 1024, 26 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4096, 64)]  # g block 16 (64x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4160, 64)]  # g block 16 (64x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(4224, 64)]  # g block 16 (64x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(4288, 64)]  # g block 16 (64x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(4352, 64)]  # g block 16 (64x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(4416, 64)]  # g block 16 (64x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(4480, 64)]  # g block 16 (64x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 16 (64x3e)
     h16_0 = (
         - 0.3535533905932738 * x1_2_0 * g_16_1
         + 0.3535533905932738 * x1_2_2 * g_16_5
@@ -8121,12 +7240,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 17 (64 columns)
     # path 17: x1[3] 64x1e (x) x2[0] 1x0e -> out[17] 64x1e, uvu, weights at 1088, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_17_0 = g_ref[:, pl.ds(4544, 64)]  # g block 17 (64x1e), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 64)]  # g block 17 (64x1e), m=1
-    g_17_2 = g_ref[:, pl.ds(4672, 64)]  # g block 17 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_17_0, g_17_1, g_17_2 = rt.load_tile(g_ref, 4544, mul=64, dim=3, pad=64)  # g block 17 (64x1e)
     h17_0 = (
         0.9999999999999999 * x1_3_0 * g_17_0
         + 0.9999999999999999 * x1_3_1 * g_17_1
@@ -8150,9 +7265,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 19 (64 columns)
     # path 19: x1[3] 64x1e (x) x2[1] 1x1o -> out[19] 64x1o, uvu, weights at 1216, 6 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4800, 64)]  # g block 19 (64x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4864, 64)]  # g block 19 (64x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(4928, 64)]  # g block 19 (64x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4800, mul=64, dim=3, pad=64)  # g block 19 (64x1o)
     h19_0 = (
         0.7071067811865475 * x1_3_2 * g_19_1
         - 0.7071067811865475 * x1_3_1 * g_19_2
@@ -8174,11 +7287,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 20 (64 columns)
     # path 20: x1[3] 64x1e (x) x2[1] 1x1o -> out[20] 64x2o, uvu, weights at 1280, 11 nonzeros
-    g_20_0 = g_ref[:, pl.ds(4992, 64)]  # g block 20 (64x2o), m=0
-    g_20_1 = g_ref[:, pl.ds(5056, 64)]  # g block 20 (64x2o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 64)]  # g block 20 (64x2o), m=2
-    g_20_3 = g_ref[:, pl.ds(5184, 64)]  # g block 20 (64x2o), m=3
-    g_20_4 = g_ref[:, pl.ds(5248, 64)]  # g block 20 (64x2o), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4992, mul=64, dim=5, pad=64)  # g block 20 (64x2o)
     h20_0 = (
         0.7071067811865476 * x1_3_2 * g_20_0
         + 0.7071067811865476 * x1_3_1 * g_20_1
@@ -8205,9 +7314,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 21 (64 columns)
     # path 21: x1[3] 64x1e (x) x2[2] 1x2e -> out[21] 64x1e, uvu, weights at 1344, 11 nonzeros
-    g_21_0 = g_ref[:, pl.ds(5312, 64)]  # g block 21 (64x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5376, 64)]  # g block 21 (64x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5440, 64)]  # g block 21 (64x1e), m=2
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5312, mul=64, dim=3, pad=64)  # g block 21 (64x1e)
     h21_0 = (
         0.5477225575051661 * x1_3_2 * g_21_0
         + 0.5477225575051661 * x1_3_0 * g_21_2
@@ -8240,11 +7347,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 22 (64 columns)
     # path 22: x1[3] 64x1e (x) x2[2] 1x2e -> out[22] 64x2e, uvu, weights at 1408, 16 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5504, 64)]  # g block 22 (64x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5568, 64)]  # g block 22 (64x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5632, 64)]  # g block 22 (64x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5696, 64)]  # g block 22 (64x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5760, 64)]  # g block 22 (64x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5504, mul=64, dim=5, pad=64)  # g block 22 (64x2e)
     h22_0 = (
         - 0.408248290463863 * x1_3_0 * g_22_1
         + 0.408248290463863 * x1_3_2 * g_22_3
@@ -8282,13 +7385,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 23 (64 columns)
     # path 23: x1[3] 64x1e (x) x2[2] 1x2e -> out[23] 64x3e, uvu, weights at 1472, 21 nonzeros
-    g_23_0 = g_ref[:, pl.ds(5824, 64)]  # g block 23 (64x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5888, 64)]  # g block 23 (64x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(5952, 64)]  # g block 23 (64x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6016, 64)]  # g block 23 (64x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 64)]  # g block 23 (64x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6144, 64)]  # g block 23 (64x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6208, 64)]  # g block 23 (64x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5824, mul=64, dim=7, pad=64)  # g block 23 (64x3e)
     h23_0 = (
         0.7071067811865476 * x1_3_2 * g_23_0
         + 0.5773502691896258 * x1_3_1 * g_23_1
@@ -8331,11 +7428,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 24 (64 columns)
     # path 24: x1[3] 64x1e (x) x2[3] 1x3o -> out[24] 64x2o, uvu, weights at 1536, 21 nonzeros
-    g_24_0 = g_ref[:, pl.ds(6272, 64)]  # g block 24 (64x2o), m=0
-    g_24_1 = g_ref[:, pl.ds(6336, 64)]  # g block 24 (64x2o), m=1
-    g_24_2 = g_ref[:, pl.ds(6400, 64)]  # g block 24 (64x2o), m=2
-    g_24_3 = g_ref[:, pl.ds(6464, 64)]  # g block 24 (64x2o), m=3
-    g_24_4 = g_ref[:, pl.ds(6528, 64)]  # g block 24 (64x2o), m=4
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 6272, mul=64, dim=5, pad=64)  # g block 24 (64x2o)
     h24_0 = (
         0.5976143046671969 * x1_3_2 * g_24_0
         + 0.5976143046671969 * x1_3_0 * g_24_4
@@ -8384,13 +7477,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 25 (64 columns)
     # path 25: x1[3] 64x1e (x) x2[3] 1x3o -> out[25] 64x3o, uvu, weights at 1600, 26 nonzeros
-    g_25_0 = g_ref[:, pl.ds(6592, 64)]  # g block 25 (64x3o), m=0
-    g_25_1 = g_ref[:, pl.ds(6656, 64)]  # g block 25 (64x3o), m=1
-    g_25_2 = g_ref[:, pl.ds(6720, 64)]  # g block 25 (64x3o), m=2
-    g_25_3 = g_ref[:, pl.ds(6784, 64)]  # g block 25 (64x3o), m=3
-    g_25_4 = g_ref[:, pl.ds(6848, 64)]  # g block 25 (64x3o), m=4
-    g_25_5 = g_ref[:, pl.ds(6912, 64)]  # g block 25 (64x3o), m=5
-    g_25_6 = g_ref[:, pl.ds(6976, 64)]  # g block 25 (64x3o), m=6
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4, g_25_5, g_25_6 = rt.load_tile(g_ref, 6592, mul=64, dim=7, pad=64)  # g block 25 (64x3o)
     h25_0 = (
         - 0.3535533905932738 * x1_3_0 * g_25_1
         + 0.3535533905932738 * x1_3_2 * g_25_5
@@ -8444,16 +7531,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 26 (64 columns)
     # path 26: x1[4] 64x2o (x) x2[0] 1x0e -> out[26] 64x2o, uvu, weights at 1664, 5 nonzeros
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
-    g_26_0 = g_ref[:, pl.ds(7040, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(7104, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(7168, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(7232, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(7296, 64)]  # g block 26 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 7040, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     h26_0 = (
         1.0 * x1_4_0 * g_26_0
         + 1.0 * x1_4_1 * g_26_1
@@ -8466,9 +7545,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 27 (64 columns)
     # path 27: x1[4] 64x2o (x) x2[1] 1x1o -> out[27] 64x1e, uvu, weights at 1728, 11 nonzeros
-    g_27_0 = g_ref[:, pl.ds(7360, 64)]  # g block 27 (64x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(7424, 64)]  # g block 27 (64x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(7488, 64)]  # g block 27 (64x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 7360, mul=64, dim=3, pad=64)  # g block 27 (64x1e)
     h27_0 = (
         - 0.3162277660168379 * x1_4_2 * g_27_0
         - 0.5477225575051661 * x1_4_4 * g_27_0
@@ -8495,11 +7572,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 28 (64 columns)
     # path 28: x1[4] 64x2o (x) x2[1] 1x1o -> out[28] 64x2e, uvu, weights at 1792, 16 nonzeros
-    g_28_0 = g_ref[:, pl.ds(7552, 64)]  # g block 28 (64x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(7616, 64)]  # g block 28 (64x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(7680, 64)]  # g block 28 (64x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(7744, 64)]  # g block 28 (64x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7808, 64)]  # g block 28 (64x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 7552, mul=64, dim=5, pad=64)  # g block 28 (64x2e)
     h28_0 = (
         - 0.408248290463863 * x1_4_1 * g_28_0
         + 0.408248290463863 * x1_4_0 * g_28_1
@@ -8531,13 +7604,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 29 (64 columns)
     # path 29: x1[4] 64x2o (x) x2[1] 1x1o -> out[29] 64x3e, uvu, weights at 1856, 21 nonzeros
-    g_29_0 = g_ref[:, pl.ds(7872, 64)]  # g block 29 (64x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7936, 64)]  # g block 29 (64x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(8000, 64)]  # g block 29 (64x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(8064, 64)]  # g block 29 (64x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(8128, 64)]  # g block 29 (64x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(8192, 64)]  # g block 29 (64x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(8256, 64)]  # g block 29 (64x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7872, mul=64, dim=7, pad=64)  # g block 29 (64x3e)
     h29_0 = (
         0.7071067811865476 * x1_4_4 * g_29_0
         + 0.5773502691896258 * x1_4_3 * g_29_1
@@ -8591,9 +7658,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 31 (64 columns)
     # path 31: x1[4] 64x2o (x) x2[2] 1x2e -> out[31] 64x1o, uvu, weights at 1984, 16 nonzeros
-    g_31_0 = g_ref[:, pl.ds(8384, 64)]  # g block 31 (64x1o), m=0
-    g_31_1 = g_ref[:, pl.ds(8448, 64)]  # g block 31 (64x1o), m=1
-    g_31_2 = g_ref[:, pl.ds(8512, 64)]  # g block 31 (64x1o), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 8384, mul=64, dim=3, pad=64)  # g block 31 (64x1o)
     h31_0 = (
         0.3162277660168379 * x1_4_1 * g_31_0
         + 0.6324555320336758 * x1_4_4 * g_31_1
@@ -8631,11 +7696,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 32 (64 columns)
     # path 32: x1[4] 64x2o (x) x2[2] 1x2e -> out[32] 64x2o, uvu, weights at 2048, 25 nonzeros
-    g_32_0 = g_ref[:, pl.ds(8576, 64)]  # g block 32 (64x2o), m=0
-    g_32_1 = g_ref[:, pl.ds(8640, 64)]  # g block 32 (64x2o), m=1
-    g_32_2 = g_ref[:, pl.ds(8704, 64)]  # g block 32 (64x2o), m=2
-    g_32_3 = g_ref[:, pl.ds(8768, 64)]  # g block 32 (64x2o), m=3
-    g_32_4 = g_ref[:, pl.ds(8832, 64)]  # g block 32 (64x2o), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 8576, mul=64, dim=5, pad=64)  # g block 32 (64x2o)
     h32_0 = (
         - 0.5345224838248488 * x1_4_2 * g_32_0
         + 0.4629100498862757 * x1_4_3 * g_32_1
@@ -8682,13 +7743,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 33 (64 columns)
     # path 33: x1[4] 64x2o (x) x2[2] 1x2e -> out[33] 64x3o, uvu, weights at 2112, 28 nonzeros
-    g_33_0 = g_ref[:, pl.ds(8896, 64)]  # g block 33 (64x3o), m=0
-    g_33_1 = g_ref[:, pl.ds(8960, 64)]  # g block 33 (64x3o), m=1
-    g_33_2 = g_ref[:, pl.ds(9024, 64)]  # g block 33 (64x3o), m=2
-    g_33_3 = g_ref[:, pl.ds(9088, 64)]  # g block 33 (64x3o), m=3
-    g_33_4 = g_ref[:, pl.ds(9152, 64)]  # g block 33 (64x3o), m=4
-    g_33_5 = g_ref[:, pl.ds(9216, 64)]  # g block 33 (64x3o), m=5
-    g_33_6 = g_ref[:, pl.ds(9280, 64)]  # g block 33 (64x3o), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 8896, mul=64, dim=7, pad=64)  # g block 33 (64x3o)
     h33_0 = (
         - 0.5000000000000001 * x1_4_1 * g_33_0
         - 0.38729833462074176 * x1_4_1 * g_33_2
@@ -8738,9 +7793,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 34 (64 columns)
     # path 34: x1[4] 64x2o (x) x2[3] 1x3o -> out[34] 64x1e, uvu, weights at 2176, 21 nonzeros
-    g_34_0 = g_ref[:, pl.ds(9344, 64)]  # g block 34 (64x1e), m=0
-    g_34_1 = g_ref[:, pl.ds(9408, 64)]  # g block 34 (64x1e), m=1
-    g_34_2 = g_ref[:, pl.ds(9472, 64)]  # g block 34 (64x1e), m=2
+    g_34_0, g_34_1, g_34_2 = rt.load_tile(g_ref, 9344, mul=64, dim=3, pad=64)  # g block 34 (64x1e)
     h34_0 = (
         0.4629100498862757 * x1_4_4 * g_34_0
         + 0.4629100498862757 * x1_4_0 * g_34_2
@@ -8789,11 +7842,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 35 (64 columns)
     # path 35: x1[4] 64x2o (x) x2[3] 1x3o -> out[35] 64x2e, uvu, weights at 2240, 28 nonzeros
-    g_35_0 = g_ref[:, pl.ds(9536, 64)]  # g block 35 (64x2e), m=0
-    g_35_1 = g_ref[:, pl.ds(9600, 64)]  # g block 35 (64x2e), m=1
-    g_35_2 = g_ref[:, pl.ds(9664, 64)]  # g block 35 (64x2e), m=2
-    g_35_3 = g_ref[:, pl.ds(9728, 64)]  # g block 35 (64x2e), m=3
-    g_35_4 = g_ref[:, pl.ds(9792, 64)]  # g block 35 (64x2e), m=4
+    g_35_0, g_35_1, g_35_2, g_35_3, g_35_4 = rt.load_tile(g_ref, 9536, mul=64, dim=5, pad=64)  # g block 35 (64x2e)
     h35_0 = (
         0.42257712736425834 * x1_4_1 * g_35_0
         - 0.42257712736425834 * x1_4_0 * g_35_1
@@ -8849,13 +7898,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 36 (64 columns)
     # path 36: x1[4] 64x2o (x) x2[3] 1x3o -> out[36] 64x3e, uvu, weights at 2304, 41 nonzeros
-    g_36_0 = g_ref[:, pl.ds(9856, 64)]  # g block 36 (64x3e), m=0
-    g_36_1 = g_ref[:, pl.ds(9920, 64)]  # g block 36 (64x3e), m=1
-    g_36_2 = g_ref[:, pl.ds(9984, 64)]  # g block 36 (64x3e), m=2
-    g_36_3 = g_ref[:, pl.ds(10048, 64)]  # g block 36 (64x3e), m=3
-    g_36_4 = g_ref[:, pl.ds(10112, 64)]  # g block 36 (64x3e), m=4
-    g_36_5 = g_ref[:, pl.ds(10176, 64)]  # g block 36 (64x3e), m=5
-    g_36_6 = g_ref[:, pl.ds(10240, 64)]  # g block 36 (64x3e), m=6
+    g_36_0, g_36_1, g_36_2, g_36_3, g_36_4, g_36_5, g_36_6 = rt.load_tile(g_ref, 9856, mul=64, dim=7, pad=64)  # g block 36 (64x3e)
     h36_0 = (
         - 0.6454972243679029 * x1_4_2 * g_36_0
         + 0.45643546458763845 * x1_4_3 * g_36_1
@@ -8924,16 +7967,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 37 (64 columns)
     # path 37: x1[5] 64x2e (x) x2[0] 1x0e -> out[37] 64x2e, uvu, weights at 2368, 5 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
-    g_37_0 = g_ref[:, pl.ds(10304, 64)]  # g block 37 (64x2e), m=0
-    g_37_1 = g_ref[:, pl.ds(10368, 64)]  # g block 37 (64x2e), m=1
-    g_37_2 = g_ref[:, pl.ds(10432, 64)]  # g block 37 (64x2e), m=2
-    g_37_3 = g_ref[:, pl.ds(10496, 64)]  # g block 37 (64x2e), m=3
-    g_37_4 = g_ref[:, pl.ds(10560, 64)]  # g block 37 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
+    g_37_0, g_37_1, g_37_2, g_37_3, g_37_4 = rt.load_tile(g_ref, 10304, mul=64, dim=5, pad=64)  # g block 37 (64x2e)
     h37_0 = (
         1.0 * x1_5_0 * g_37_0
         + 1.0 * x1_5_1 * g_37_1
@@ -8946,9 +7981,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 38 (64 columns)
     # path 38: x1[5] 64x2e (x) x2[1] 1x1o -> out[38] 64x1o, uvu, weights at 2432, 11 nonzeros
-    g_38_0 = g_ref[:, pl.ds(10624, 64)]  # g block 38 (64x1o), m=0
-    g_38_1 = g_ref[:, pl.ds(10688, 64)]  # g block 38 (64x1o), m=1
-    g_38_2 = g_ref[:, pl.ds(10752, 64)]  # g block 38 (64x1o), m=2
+    g_38_0, g_38_1, g_38_2 = rt.load_tile(g_ref, 10624, mul=64, dim=3, pad=64)  # g block 38 (64x1o)
     h38_0 = (
         - 0.3162277660168379 * x1_5_2 * g_38_0
         - 0.5477225575051661 * x1_5_4 * g_38_0
@@ -8975,11 +8008,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 39 (64 columns)
     # path 39: x1[5] 64x2e (x) x2[1] 1x1o -> out[39] 64x2o, uvu, weights at 2496, 16 nonzeros
-    g_39_0 = g_ref[:, pl.ds(10816, 64)]  # g block 39 (64x2o), m=0
-    g_39_1 = g_ref[:, pl.ds(10880, 64)]  # g block 39 (64x2o), m=1
-    g_39_2 = g_ref[:, pl.ds(10944, 64)]  # g block 39 (64x2o), m=2
-    g_39_3 = g_ref[:, pl.ds(11008, 64)]  # g block 39 (64x2o), m=3
-    g_39_4 = g_ref[:, pl.ds(11072, 64)]  # g block 39 (64x2o), m=4
+    g_39_0, g_39_1, g_39_2, g_39_3, g_39_4 = rt.load_tile(g_ref, 10816, mul=64, dim=5, pad=64)  # g block 39 (64x2o)
     h39_0 = (
         - 0.408248290463863 * x1_5_1 * g_39_0
         + 0.408248290463863 * x1_5_0 * g_39_1
@@ -9011,13 +8040,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 40 (64 columns)
     # path 40: x1[5] 64x2e (x) x2[1] 1x1o -> out[40] 64x3o, uvu, weights at 2560, 21 nonzeros
-    g_40_0 = g_ref[:, pl.ds(11136, 64)]  # g block 40 (64x3o), m=0
-    g_40_1 = g_ref[:, pl.ds(11200, 64)]  # g block 40 (64x3o), m=1
-    g_40_2 = g_ref[:, pl.ds(11264, 64)]  # g block 40 (64x3o), m=2
-    g_40_3 = g_ref[:, pl.ds(11328, 64)]  # g block 40 (64x3o), m=3
-    g_40_4 = g_ref[:, pl.ds(11392, 64)]  # g block 40 (64x3o), m=4
-    g_40_5 = g_ref[:, pl.ds(11456, 64)]  # g block 40 (64x3o), m=5
-    g_40_6 = g_ref[:, pl.ds(11520, 64)]  # g block 40 (64x3o), m=6
+    g_40_0, g_40_1, g_40_2, g_40_3, g_40_4, g_40_5, g_40_6 = rt.load_tile(g_ref, 11136, mul=64, dim=7, pad=64)  # g block 40 (64x3o)
     h40_0 = (
         0.7071067811865476 * x1_5_4 * g_40_0
         + 0.5773502691896258 * x1_5_3 * g_40_1
@@ -9071,9 +8094,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 42 (64 columns)
     # path 42: x1[5] 64x2e (x) x2[2] 1x2e -> out[42] 64x1e, uvu, weights at 2688, 16 nonzeros
-    g_42_0 = g_ref[:, pl.ds(11648, 64)]  # g block 42 (64x1e), m=0
-    g_42_1 = g_ref[:, pl.ds(11712, 64)]  # g block 42 (64x1e), m=1
-    g_42_2 = g_ref[:, pl.ds(11776, 64)]  # g block 42 (64x1e), m=2
+    g_42_0, g_42_1, g_42_2 = rt.load_tile(g_ref, 11648, mul=64, dim=3, pad=64)  # g block 42 (64x1e)
     h42_0 = (
         0.3162277660168379 * x1_5_1 * g_42_0
         + 0.6324555320336758 * x1_5_4 * g_42_1
@@ -9111,11 +8132,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 43 (64 columns)
     # path 43: x1[5] 64x2e (x) x2[2] 1x2e -> out[43] 64x2e, uvu, weights at 2752, 25 nonzeros
-    g_43_0 = g_ref[:, pl.ds(11840, 64)]  # g block 43 (64x2e), m=0
-    g_43_1 = g_ref[:, pl.ds(11904, 64)]  # g block 43 (64x2e), m=1
-    g_43_2 = g_ref[:, pl.ds(11968, 64)]  # g block 43 (64x2e), m=2
-    g_43_3 = g_ref[:, pl.ds(12032, 64)]  # g block 43 (64x2e), m=3
-    g_43_4 = g_ref[:, pl.ds(12096, 64)]  # g block 43 (64x2e), m=4
+    g_43_0, g_43_1, g_43_2, g_43_3, g_43_4 = rt.load_tile(g_ref, 11840, mul=64, dim=5, pad=64)  # g block 43 (64x2e)
     h43_0 = (
         - 0.5345224838248488 * x1_5_2 * g_43_0
         + 0.4629100498862757 * x1_5_3 * g_43_1
@@ -9168,18 +8185,8 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 44 (64 columns)
     # path 44: x1[5] 64x2e (x) x2[2] 1x2e -> out[44] 64x3e, uvu, weights at 2816, 28 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
-    g_44_0 = g_ref[:, pl.ds(12160, 64)]  # g block 44 (64x3e), m=0
-    g_44_1 = g_ref[:, pl.ds(12224, 64)]  # g block 44 (64x3e), m=1
-    g_44_2 = g_ref[:, pl.ds(12288, 64)]  # g block 44 (64x3e), m=2
-    g_44_3 = g_ref[:, pl.ds(12352, 64)]  # g block 44 (64x3e), m=3
-    g_44_4 = g_ref[:, pl.ds(12416, 64)]  # g block 44 (64x3e), m=4
-    g_44_5 = g_ref[:, pl.ds(12480, 64)]  # g block 44 (64x3e), m=5
-    g_44_6 = g_ref[:, pl.ds(12544, 64)]  # g block 44 (64x3e), m=6
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
+    g_44_0, g_44_1, g_44_2, g_44_3, g_44_4, g_44_5, g_44_6 = rt.load_tile(g_ref, 12160, mul=64, dim=7, pad=64)  # g block 44 (64x3e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -9234,9 +8241,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 45 (64 columns)
     # path 45: x1[5] 64x2e (x) x2[3] 1x3o -> out[45] 64x1o, uvu, weights at 2880, 21 nonzeros
-    g_45_0 = g_ref[:, pl.ds(12608, 64)]  # g block 45 (64x1o), m=0
-    g_45_1 = g_ref[:, pl.ds(12672, 64)]  # g block 45 (64x1o), m=1
-    g_45_2 = g_ref[:, pl.ds(12736, 64)]  # g block 45 (64x1o), m=2
+    g_45_0, g_45_1, g_45_2 = rt.load_tile(g_ref, 12608, mul=64, dim=3, pad=64)  # g block 45 (64x1o)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -9292,11 +8297,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 46 (64 columns)
     # path 46: x1[5] 64x2e (x) x2[3] 1x3o -> out[46] 64x2o, uvu, weights at 2944, 28 nonzeros
-    g_46_0 = g_ref[:, pl.ds(12800, 64)]  # g block 46 (64x2o), m=0
-    g_46_1 = g_ref[:, pl.ds(12864, 64)]  # g block 46 (64x2o), m=1
-    g_46_2 = g_ref[:, pl.ds(12928, 64)]  # g block 46 (64x2o), m=2
-    g_46_3 = g_ref[:, pl.ds(12992, 64)]  # g block 46 (64x2o), m=3
-    g_46_4 = g_ref[:, pl.ds(13056, 64)]  # g block 46 (64x2o), m=4
+    g_46_0, g_46_1, g_46_2, g_46_3, g_46_4 = rt.load_tile(g_ref, 12800, mul=64, dim=5, pad=64)  # g block 46 (64x2o)
     h46_0 = (
         0.42257712736425834 * x1_5_1 * g_46_0
         - 0.42257712736425834 * x1_5_0 * g_46_1
@@ -9352,13 +8353,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 47 (64 columns)
     # path 47: x1[5] 64x2e (x) x2[3] 1x3o -> out[47] 64x3o, uvu, weights at 3008, 41 nonzeros
-    g_47_0 = g_ref[:, pl.ds(13120, 64)]  # g block 47 (64x3o), m=0
-    g_47_1 = g_ref[:, pl.ds(13184, 64)]  # g block 47 (64x3o), m=1
-    g_47_2 = g_ref[:, pl.ds(13248, 64)]  # g block 47 (64x3o), m=2
-    g_47_3 = g_ref[:, pl.ds(13312, 64)]  # g block 47 (64x3o), m=3
-    g_47_4 = g_ref[:, pl.ds(13376, 64)]  # g block 47 (64x3o), m=4
-    g_47_5 = g_ref[:, pl.ds(13440, 64)]  # g block 47 (64x3o), m=5
-    g_47_6 = g_ref[:, pl.ds(13504, 64)]  # g block 47 (64x3o), m=6
+    g_47_0, g_47_1, g_47_2, g_47_3, g_47_4, g_47_5, g_47_6 = rt.load_tile(g_ref, 13120, mul=64, dim=7, pad=64)  # g block 47 (64x3o)
     h47_0 = (
         - 0.6454972243679029 * x1_5_2 * g_47_0
         + 0.45643546458763845 * x1_5_3 * g_47_1
@@ -9427,20 +8422,8 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 48 (64 columns)
     # path 48: x1[6] 64x3o (x) x2[0] 1x0e -> out[48] 64x3o, uvu, weights at 3072, 7 nonzeros
-    x1_6_0 = x1_ref[:, pl.ds(1152, 64)]  # x1 block 6 (64x3o), m=0
-    x1_6_1 = x1_ref[:, pl.ds(1216, 64)]  # x1 block 6 (64x3o), m=1
-    x1_6_2 = x1_ref[:, pl.ds(1280, 64)]  # x1 block 6 (64x3o), m=2
-    x1_6_3 = x1_ref[:, pl.ds(1344, 64)]  # x1 block 6 (64x3o), m=3
-    x1_6_4 = x1_ref[:, pl.ds(1408, 64)]  # x1 block 6 (64x3o), m=4
-    x1_6_5 = x1_ref[:, pl.ds(1472, 64)]  # x1 block 6 (64x3o), m=5
-    x1_6_6 = x1_ref[:, pl.ds(1536, 64)]  # x1 block 6 (64x3o), m=6
-    g_48_0 = g_ref[:, pl.ds(13568, 64)]  # g block 48 (64x3o), m=0
-    g_48_1 = g_ref[:, pl.ds(13632, 64)]  # g block 48 (64x3o), m=1
-    g_48_2 = g_ref[:, pl.ds(13696, 64)]  # g block 48 (64x3o), m=2
-    g_48_3 = g_ref[:, pl.ds(13760, 64)]  # g block 48 (64x3o), m=3
-    g_48_4 = g_ref[:, pl.ds(13824, 64)]  # g block 48 (64x3o), m=4
-    g_48_5 = g_ref[:, pl.ds(13888, 64)]  # g block 48 (64x3o), m=5
-    g_48_6 = g_ref[:, pl.ds(13952, 64)]  # g block 48 (64x3o), m=6
+    x1_6_0, x1_6_1, x1_6_2, x1_6_3, x1_6_4, x1_6_5, x1_6_6 = rt.load_tile(x1_ref, 1152, mul=64, dim=7, pad=64)  # x1 block 6 (64x3o)
+    g_48_0, g_48_1, g_48_2, g_48_3, g_48_4, g_48_5, g_48_6 = rt.load_tile(g_ref, 13568, mul=64, dim=7, pad=64)  # g block 48 (64x3o)
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     h48_0 = (
         1.0000000000000002 * x1_6_0 * g_48_0
@@ -9456,11 +8439,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 49 (64 columns)
     # path 49: x1[6] 64x3o (x) x2[1] 1x1o -> out[49] 64x2e, uvu, weights at 3136, 21 nonzeros
-    g_49_0 = g_ref[:, pl.ds(14016, 64)]  # g block 49 (64x2e), m=0
-    g_49_1 = g_ref[:, pl.ds(14080, 64)]  # g block 49 (64x2e), m=1
-    g_49_2 = g_ref[:, pl.ds(14144, 64)]  # g block 49 (64x2e), m=2
-    g_49_3 = g_ref[:, pl.ds(14208, 64)]  # g block 49 (64x2e), m=3
-    g_49_4 = g_ref[:, pl.ds(14272, 64)]  # g block 49 (64x2e), m=4
+    g_49_0, g_49_1, g_49_2, g_49_3, g_49_4 = rt.load_tile(g_ref, 14016, mul=64, dim=5, pad=64)  # g block 49 (64x2e)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -9500,13 +8479,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 50 (64 columns)
     # path 50: x1[6] 64x3o (x) x2[1] 1x1o -> out[50] 64x3e, uvu, weights at 3200, 26 nonzeros
-    g_50_0 = g_ref[:, pl.ds(14336, 64)]  # g block 50 (64x3e), m=0
-    g_50_1 = g_ref[:, pl.ds(14400, 64)]  # g block 50 (64x3e), m=1
-    g_50_2 = g_ref[:, pl.ds(14464, 64)]  # g block 50 (64x3e), m=2
-    g_50_3 = g_ref[:, pl.ds(14528, 64)]  # g block 50 (64x3e), m=3
-    g_50_4 = g_ref[:, pl.ds(14592, 64)]  # g block 50 (64x3e), m=4
-    g_50_5 = g_ref[:, pl.ds(14656, 64)]  # g block 50 (64x3e), m=5
-    g_50_6 = g_ref[:, pl.ds(14720, 64)]  # g block 50 (64x3e), m=6
+    g_50_0, g_50_1, g_50_2, g_50_3, g_50_4, g_50_5, g_50_6 = rt.load_tile(g_ref, 14336, mul=64, dim=7, pad=64)  # g block 50 (64x3e)
     h50_0 = (
         - 0.3535533905932738 * x1_6_1 * g_50_0
         + 0.3535533905932738 * x1_6_0 * g_50_1
@@ -9548,9 +8521,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 51 (64 columns)
     # path 51: x1[6] 64x3o (x) x2[2] 1x2e -> out[51] 64x1o, uvu, weights at 3264, 21 nonzeros
-    g_51_0 = g_ref[:, pl.ds(14784, 64)]  # g block 51 (64x1o), m=0
-    g_51_1 = g_ref[:, pl.ds(14848, 64)]  # g block 51 (64x1o), m=1
-    g_51_2 = g_ref[:, pl.ds(14912, 64)]  # g block 51 (64x1o), m=2
+    g_51_0, g_51_1, g_51_2 = rt.load_tile(g_ref, 14784, mul=64, dim=3, pad=64)  # g block 51 (64x1o)
     h51_0 = (
         - 0.11952286093343936 * x1_6_4 * g_51_0
         - 0.4629100498862757 * x1_6_6 * g_51_0
@@ -9593,11 +8564,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 52 (64 columns)
     # path 52: x1[6] 64x3o (x) x2[2] 1x2e -> out[52] 64x2o, uvu, weights at 3328, 28 nonzeros
-    g_52_0 = g_ref[:, pl.ds(14976, 64)]  # g block 52 (64x2o), m=0
-    g_52_1 = g_ref[:, pl.ds(15040, 64)]  # g block 52 (64x2o), m=1
-    g_52_2 = g_ref[:, pl.ds(15104, 64)]  # g block 52 (64x2o), m=2
-    g_52_3 = g_ref[:, pl.ds(15168, 64)]  # g block 52 (64x2o), m=3
-    g_52_4 = g_ref[:, pl.ds(15232, 64)]  # g block 52 (64x2o), m=4
+    g_52_0, g_52_1, g_52_2, g_52_3, g_52_4 = rt.load_tile(g_ref, 14976, mul=64, dim=5, pad=64)  # g block 52 (64x2o)
     h52_0 = (
         0.42257712736425834 * x1_6_0 * g_52_1
         + 0.3273268353539886 * x1_6_2 * g_52_1
@@ -9647,13 +8614,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 53 (64 columns)
     # path 53: x1[6] 64x3o (x) x2[2] 1x2e -> out[53] 64x3o, uvu, weights at 3392, 41 nonzeros
-    g_53_0 = g_ref[:, pl.ds(15296, 64)]  # g block 53 (64x3o), m=0
-    g_53_1 = g_ref[:, pl.ds(15360, 64)]  # g block 53 (64x3o), m=1
-    g_53_2 = g_ref[:, pl.ds(15424, 64)]  # g block 53 (64x3o), m=2
-    g_53_3 = g_ref[:, pl.ds(15488, 64)]  # g block 53 (64x3o), m=3
-    g_53_4 = g_ref[:, pl.ds(15552, 64)]  # g block 53 (64x3o), m=4
-    g_53_5 = g_ref[:, pl.ds(15616, 64)]  # g block 53 (64x3o), m=5
-    g_53_6 = g_ref[:, pl.ds(15680, 64)]  # g block 53 (64x3o), m=6
+    g_53_0, g_53_1, g_53_2, g_53_3, g_53_4, g_53_5, g_53_6 = rt.load_tile(g_ref, 15296, mul=64, dim=7, pad=64)  # g block 53 (64x3o)
     h53_0 = (
         - 0.2886751345948129 * x1_6_4 * g_53_0
         - 0.5773502691896258 * x1_6_3 * g_53_1
@@ -9737,9 +8698,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 55 (64 columns)
     # path 55: x1[6] 64x3o (x) x2[3] 1x3o -> out[55] 64x1e, uvu, weights at 3520, 26 nonzeros
-    g_55_0 = g_ref[:, pl.ds(15808, 64)]  # g block 55 (64x1e), m=0
-    g_55_1 = g_ref[:, pl.ds(15872, 64)]  # g block 55 (64x1e), m=1
-    g_55_2 = g_ref[:, pl.ds(15936, 64)]  # g block 55 (64x1e), m=2
+    g_55_0, g_55_1, g_55_2 = rt.load_tile(g_ref, 15808, mul=64, dim=3, pad=64)  # g block 55 (64x1e)
     h55_0 = (
         0.23145502494313785 * x1_6_1 * g_55_0
         + 0.5669467095138409 * x1_6_6 * g_55_1
@@ -9793,11 +8752,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 56 (64 columns)
     # path 56: x1[6] 64x3o (x) x2[3] 1x3o -> out[56] 64x2e, uvu, weights at 3584, 41 nonzeros
-    g_56_0 = g_ref[:, pl.ds(16000, 64)]  # g block 56 (64x2e), m=0
-    g_56_1 = g_ref[:, pl.ds(16064, 64)]  # g block 56 (64x2e), m=1
-    g_56_2 = g_ref[:, pl.ds(16128, 64)]  # g block 56 (64x2e), m=2
-    g_56_3 = g_ref[:, pl.ds(16192, 64)]  # g block 56 (64x2e), m=3
-    g_56_4 = g_ref[:, pl.ds(16256, 64)]  # g block 56 (64x2e), m=4
+    g_56_0, g_56_1, g_56_2, g_56_3, g_56_4 = rt.load_tile(g_ref, 16000, mul=64, dim=5, pad=64)  # g block 56 (64x2e)
     h56_0 = (
         - 0.24397501823713333 * x1_6_4 * g_56_0
         + 0.3857583749052298 * x1_6_5 * g_56_1
@@ -9866,13 +8821,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 57 (64 columns)
     # path 57: x1[6] 64x3o (x) x2[3] 1x3o -> out[57] 64x3e, uvu, weights at 3648, 42 nonzeros
-    g_57_0 = g_ref[:, pl.ds(16320, 64)]  # g block 57 (64x3e), m=0
-    g_57_1 = g_ref[:, pl.ds(16384, 64)]  # g block 57 (64x3e), m=1
-    g_57_2 = g_ref[:, pl.ds(16448, 64)]  # g block 57 (64x3e), m=2
-    g_57_3 = g_ref[:, pl.ds(16512, 64)]  # g block 57 (64x3e), m=3
-    g_57_4 = g_ref[:, pl.ds(16576, 64)]  # g block 57 (64x3e), m=4
-    g_57_5 = g_ref[:, pl.ds(16640, 64)]  # g block 57 (64x3e), m=5
-    g_57_6 = g_ref[:, pl.ds(16704, 64)]  # g block 57 (64x3e), m=6
+    g_57_0, g_57_1, g_57_2, g_57_3, g_57_4, g_57_5, g_57_6 = rt.load_tile(g_ref, 16320, mul=64, dim=7, pad=64)  # g block 57 (64x3e)
     h57_0 = (
         0.408248290463863 * x1_6_2 * g_57_1
         - 0.408248290463863 * x1_6_1 * g_57_2
@@ -9942,20 +8891,8 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 58 (64 columns)
     # path 58: x1[7] 64x3e (x) x2[0] 1x0e -> out[58] 64x3e, uvu, weights at 3712, 7 nonzeros
-    x1_7_0 = x1_ref[:, pl.ds(1600, 64)]  # x1 block 7 (64x3e), m=0
-    x1_7_1 = x1_ref[:, pl.ds(1664, 64)]  # x1 block 7 (64x3e), m=1
-    x1_7_2 = x1_ref[:, pl.ds(1728, 64)]  # x1 block 7 (64x3e), m=2
-    x1_7_3 = x1_ref[:, pl.ds(1792, 64)]  # x1 block 7 (64x3e), m=3
-    x1_7_4 = x1_ref[:, pl.ds(1856, 64)]  # x1 block 7 (64x3e), m=4
-    x1_7_5 = x1_ref[:, pl.ds(1920, 64)]  # x1 block 7 (64x3e), m=5
-    x1_7_6 = x1_ref[:, pl.ds(1984, 64)]  # x1 block 7 (64x3e), m=6
-    g_58_0 = g_ref[:, pl.ds(16768, 64)]  # g block 58 (64x3e), m=0
-    g_58_1 = g_ref[:, pl.ds(16832, 64)]  # g block 58 (64x3e), m=1
-    g_58_2 = g_ref[:, pl.ds(16896, 64)]  # g block 58 (64x3e), m=2
-    g_58_3 = g_ref[:, pl.ds(16960, 64)]  # g block 58 (64x3e), m=3
-    g_58_4 = g_ref[:, pl.ds(17024, 64)]  # g block 58 (64x3e), m=4
-    g_58_5 = g_ref[:, pl.ds(17088, 64)]  # g block 58 (64x3e), m=5
-    g_58_6 = g_ref[:, pl.ds(17152, 64)]  # g block 58 (64x3e), m=6
+    x1_7_0, x1_7_1, x1_7_2, x1_7_3, x1_7_4, x1_7_5, x1_7_6 = rt.load_tile(x1_ref, 1600, mul=64, dim=7, pad=64)  # x1 block 7 (64x3e)
+    g_58_0, g_58_1, g_58_2, g_58_3, g_58_4, g_58_5, g_58_6 = rt.load_tile(g_ref, 16768, mul=64, dim=7, pad=64)  # g block 58 (64x3e)
     h58_0 = (
         1.0000000000000002 * x1_7_0 * g_58_0
         + 1.0000000000000002 * x1_7_1 * g_58_1
@@ -9970,11 +8907,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 59 (64 columns)
     # path 59: x1[7] 64x3e (x) x2[1] 1x1o -> out[59] 64x2o, uvu, weights at 3776, 21 nonzeros
-    g_59_0 = g_ref[:, pl.ds(17216, 64)]  # g block 59 (64x2o), m=0
-    g_59_1 = g_ref[:, pl.ds(17280, 64)]  # g block 59 (64x2o), m=1
-    g_59_2 = g_ref[:, pl.ds(17344, 64)]  # g block 59 (64x2o), m=2
-    g_59_3 = g_ref[:, pl.ds(17408, 64)]  # g block 59 (64x2o), m=3
-    g_59_4 = g_ref[:, pl.ds(17472, 64)]  # g block 59 (64x2o), m=4
+    g_59_0, g_59_1, g_59_2, g_59_3, g_59_4 = rt.load_tile(g_ref, 17216, mul=64, dim=5, pad=64)  # g block 59 (64x2o)
     h59_0 = (
         - 0.1543033499620919 * x1_7_4 * g_59_0
         - 0.5976143046671969 * x1_7_6 * g_59_0
@@ -10011,13 +8944,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 60 (64 columns)
     # path 60: x1[7] 64x3e (x) x2[1] 1x1o -> out[60] 64x3o, uvu, weights at 3840, 26 nonzeros
-    g_60_0 = g_ref[:, pl.ds(17536, 64)]  # g block 60 (64x3o), m=0
-    g_60_1 = g_ref[:, pl.ds(17600, 64)]  # g block 60 (64x3o), m=1
-    g_60_2 = g_ref[:, pl.ds(17664, 64)]  # g block 60 (64x3o), m=2
-    g_60_3 = g_ref[:, pl.ds(17728, 64)]  # g block 60 (64x3o), m=3
-    g_60_4 = g_ref[:, pl.ds(17792, 64)]  # g block 60 (64x3o), m=4
-    g_60_5 = g_ref[:, pl.ds(17856, 64)]  # g block 60 (64x3o), m=5
-    g_60_6 = g_ref[:, pl.ds(17920, 64)]  # g block 60 (64x3o), m=6
+    g_60_0, g_60_1, g_60_2, g_60_3, g_60_4, g_60_5, g_60_6 = rt.load_tile(g_ref, 17536, mul=64, dim=7, pad=64)  # g block 60 (64x3o)
     h60_0 = (
         - 0.3535533905932738 * x1_7_1 * g_60_0
         + 0.3535533905932738 * x1_7_0 * g_60_1
@@ -10059,9 +8986,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 61 (64 columns)
     # path 61: x1[7] 64x3e (x) x2[2] 1x2e -> out[61] 64x1e, uvu, weights at 3904, 21 nonzeros
-    g_61_0 = g_ref[:, pl.ds(17984, 64)]  # g block 61 (64x1e), m=0
-    g_61_1 = g_ref[:, pl.ds(18048, 64)]  # g block 61 (64x1e), m=1
-    g_61_2 = g_ref[:, pl.ds(18112, 64)]  # g block 61 (64x1e), m=2
+    g_61_0, g_61_1, g_61_2 = rt.load_tile(g_ref, 17984, mul=64, dim=3, pad=64)  # g block 61 (64x1e)
     h61_0 = (
         - 0.11952286093343936 * x1_7_4 * g_61_0
         - 0.4629100498862757 * x1_7_6 * g_61_0
@@ -10104,11 +9029,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 62 (64 columns)
     # path 62: x1[7] 64x3e (x) x2[2] 1x2e -> out[62] 64x2e, uvu, weights at 3968, 28 nonzeros
-    g_62_0 = g_ref[:, pl.ds(18176, 64)]  # g block 62 (64x2e), m=0
-    g_62_1 = g_ref[:, pl.ds(18240, 64)]  # g block 62 (64x2e), m=1
-    g_62_2 = g_ref[:, pl.ds(18304, 64)]  # g block 62 (64x2e), m=2
-    g_62_3 = g_ref[:, pl.ds(18368, 64)]  # g block 62 (64x2e), m=3
-    g_62_4 = g_ref[:, pl.ds(18432, 64)]  # g block 62 (64x2e), m=4
+    g_62_0, g_62_1, g_62_2, g_62_3, g_62_4 = rt.load_tile(g_ref, 18176, mul=64, dim=5, pad=64)  # g block 62 (64x2e)
     h62_0 = (
         0.42257712736425834 * x1_7_0 * g_62_1
         + 0.3273268353539886 * x1_7_2 * g_62_1
@@ -10158,13 +9079,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 63 (64 columns)
     # path 63: x1[7] 64x3e (x) x2[2] 1x2e -> out[63] 64x3e, uvu, weights at 4032, 41 nonzeros
-    g_63_0 = g_ref[:, pl.ds(18496, 64)]  # g block 63 (64x3e), m=0
-    g_63_1 = g_ref[:, pl.ds(18560, 64)]  # g block 63 (64x3e), m=1
-    g_63_2 = g_ref[:, pl.ds(18624, 64)]  # g block 63 (64x3e), m=2
-    g_63_3 = g_ref[:, pl.ds(18688, 64)]  # g block 63 (64x3e), m=3
-    g_63_4 = g_ref[:, pl.ds(18752, 64)]  # g block 63 (64x3e), m=4
-    g_63_5 = g_ref[:, pl.ds(18816, 64)]  # g block 63 (64x3e), m=5
-    g_63_6 = g_ref[:, pl.ds(18880, 64)]  # g block 63 (64x3e), m=6
+    g_63_0, g_63_1, g_63_2, g_63_3, g_63_4, g_63_5, g_63_6 = rt.load_tile(g_ref, 18496, mul=64, dim=7, pad=64)  # g block 63 (64x3e)
     h63_0 = (
         - 0.2886751345948129 * x1_7_4 * g_63_0
         - 0.5773502691896258 * x1_7_3 * g_63_1
@@ -10248,9 +9163,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 65 (64 columns)
     # path 65: x1[7] 64x3e (x) x2[3] 1x3o -> out[65] 64x1o, uvu, weights at 4160, 26 nonzeros
-    g_65_0 = g_ref[:, pl.ds(19008, 64)]  # g block 65 (64x1o), m=0
-    g_65_1 = g_ref[:, pl.ds(19072, 64)]  # g block 65 (64x1o), m=1
-    g_65_2 = g_ref[:, pl.ds(19136, 64)]  # g block 65 (64x1o), m=2
+    g_65_0, g_65_1, g_65_2 = rt.load_tile(g_ref, 19008, mul=64, dim=3, pad=64)  # g block 65 (64x1o)
     h65_0 = (
         0.23145502494313785 * x1_7_1 * g_65_0
         + 0.5669467095138409 * x1_7_6 * g_65_1
@@ -10304,11 +9217,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 66 (64 columns)
     # path 66: x1[7] 64x3e (x) x2[3] 1x3o -> out[66] 64x2o, uvu, weights at 4224, 41 nonzeros
-    g_66_0 = g_ref[:, pl.ds(19200, 64)]  # g block 66 (64x2o), m=0
-    g_66_1 = g_ref[:, pl.ds(19264, 64)]  # g block 66 (64x2o), m=1
-    g_66_2 = g_ref[:, pl.ds(19328, 64)]  # g block 66 (64x2o), m=2
-    g_66_3 = g_ref[:, pl.ds(19392, 64)]  # g block 66 (64x2o), m=3
-    g_66_4 = g_ref[:, pl.ds(19456, 64)]  # g block 66 (64x2o), m=4
+    g_66_0, g_66_1, g_66_2, g_66_3, g_66_4 = rt.load_tile(g_ref, 19200, mul=64, dim=5, pad=64)  # g block 66 (64x2o)
     h66_0 = (
         - 0.24397501823713333 * x1_7_4 * g_66_0
         + 0.3857583749052298 * x1_7_5 * g_66_1
@@ -10377,13 +9286,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 67 (64 columns)
     # path 67: x1[7] 64x3e (x) x2[3] 1x3o -> out[67] 64x3o, uvu, weights at 4288, 42 nonzeros
-    g_67_0 = g_ref[:, pl.ds(19520, 64)]  # g block 67 (64x3o), m=0
-    g_67_1 = g_ref[:, pl.ds(19584, 64)]  # g block 67 (64x3o), m=1
-    g_67_2 = g_ref[:, pl.ds(19648, 64)]  # g block 67 (64x3o), m=2
-    g_67_3 = g_ref[:, pl.ds(19712, 64)]  # g block 67 (64x3o), m=3
-    g_67_4 = g_ref[:, pl.ds(19776, 64)]  # g block 67 (64x3o), m=4
-    g_67_5 = g_ref[:, pl.ds(19840, 64)]  # g block 67 (64x3o), m=5
-    g_67_6 = g_ref[:, pl.ds(19904, 64)]  # g block 67 (64x3o), m=6
+    g_67_0, g_67_1, g_67_2, g_67_3, g_67_4, g_67_5, g_67_6 = rt.load_tile(g_ref, 19520, mul=64, dim=7, pad=64)  # g block 67 (64x3o)
     h67_0 = (
         0.408248290463863 * x1_7_2 * g_67_1
         - 0.408248290463863 * x1_7_1 * g_67_2
@@ -10493,14 +9396,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -10511,4 +9414,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (64x1e, 64x1o, 64x2e, 64x2o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "nequip_toluene"
-# Default rows of the batch per program (a power of two).
-BLOCK_BATCH = 8
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
+BLOCK_BATCH = 4
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 1152
 IDIM_IN2 = 9
 IWEIGHT_NUMEL = 1920
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(64, 64)] = acc_1_0
-    out_ref[:, pl.ds(128, 64)] = acc_1_1
-    out_ref[:, pl.ds(192, 64)] = acc_1_2
+    rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
     # out block 2 (64x2o): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 64), dtype)
@@ -90,11 +95,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(256, 64)] = acc_2_0
-    out_ref[:, pl.ds(320, 64)] = acc_2_1
-    out_ref[:, pl.ds(384, 64)] = acc_2_2
-    out_ref[:, pl.ds(448, 64)] = acc_2_3
-    out_ref[:, pl.ds(512, 64)] = acc_2_4
+    rt.store_tile(out_ref, 256, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=64, dim=5, pad=64)
 
     # out block 3 (64x0e): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
@@ -113,9 +114,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_1_0 * x2_1_0)
     acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_1_0 * x2_1_1)
     acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_1_0 * x2_1_2)
-    out_ref[:, pl.ds(640, 64)] = acc_4_0
-    out_ref[:, pl.ds(704, 64)] = acc_4_1
-    out_ref[:, pl.ds(768, 64)] = acc_4_2
+    rt.store_tile(out_ref, 640, [acc_4_0, acc_4_1, acc_4_2], mul=64, dim=3, pad=64)
 
     # out block 5 (64x2e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -130,27 +129,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_5_2 = acc_5_2 + w * (1.0 * x1_1_0 * x2_2_2)
     acc_5_3 = acc_5_3 + w * (1.0 * x1_1_0 * x2_2_3)
     acc_5_4 = acc_5_4 + w * (1.0 * x1_1_0 * x2_2_4)
-    out_ref[:, pl.ds(832, 64)] = acc_5_0
-    out_ref[:, pl.ds(896, 64)] = acc_5_1
-    out_ref[:, pl.ds(960, 64)] = acc_5_2
-    out_ref[:, pl.ds(1024, 64)] = acc_5_3
-    out_ref[:, pl.ds(1088, 64)] = acc_5_4
+    rt.store_tile(out_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
     # out block 6 (64x1o): 1 path(s)
     acc_6_0 = jnp.zeros((rows, 64), dtype)
     acc_6_1 = jnp.zeros((rows, 64), dtype)
     acc_6_2 = jnp.zeros((rows, 64), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
     acc_6_0 = acc_6_0 + w * (0.9999999999999999 * x1_2_0 * x2_0_0)
     acc_6_1 = acc_6_1 + w * (0.9999999999999999 * x1_2_1 * x2_0_0)
     acc_6_2 = acc_6_2 + w * (0.9999999999999999 * x1_2_2 * x2_0_0)
-    out_ref[:, pl.ds(1152, 64)] = acc_6_0
-    out_ref[:, pl.ds(1216, 64)] = acc_6_1
-    out_ref[:, pl.ds(1280, 64)] = acc_6_2
+    rt.store_tile(out_ref, 1152, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
 
     # out block 7 (64x0e): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -181,9 +172,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_2_0 * x2_1_1
         - 0.7071067811865475 * x1_2_1 * x2_1_0
     )
-    out_ref[:, pl.ds(1408, 64)] = acc_8_0
-    out_ref[:, pl.ds(1472, 64)] = acc_8_1
-    out_ref[:, pl.ds(1536, 64)] = acc_8_2
+    rt.store_tile(out_ref, 1408, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
 
     # out block 9 (64x2e): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 64), dtype)
@@ -214,11 +203,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_1_0
         + 0.7071067811865476 * x1_2_2 * x2_1_2
     )
-    out_ref[:, pl.ds(1600, 64)] = acc_9_0
-    out_ref[:, pl.ds(1664, 64)] = acc_9_1
-    out_ref[:, pl.ds(1728, 64)] = acc_9_2
-    out_ref[:, pl.ds(1792, 64)] = acc_9_3
-    out_ref[:, pl.ds(1856, 64)] = acc_9_4
+    rt.store_tile(out_ref, 1600, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=64, dim=5, pad=64)
 
     # out block 10 (64x1o): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 64), dtype)
@@ -243,9 +228,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_2_2 * x2_2_2
         + 0.5477225575051661 * x1_2_2 * x2_2_4
     )
-    out_ref[:, pl.ds(1920, 64)] = acc_10_0
-    out_ref[:, pl.ds(1984, 64)] = acc_10_1
-    out_ref[:, pl.ds(2048, 64)] = acc_10_2
+    rt.store_tile(out_ref, 1920, [acc_10_0, acc_10_1, acc_10_2], mul=64, dim=3, pad=64)
 
     # out block 11 (64x2o): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 64), dtype)
@@ -281,27 +264,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.816496580927726 * x1_2_1 * x2_2_0
         + 0.408248290463863 * x1_2_2 * x2_2_1
     )
-    out_ref[:, pl.ds(2112, 64)] = acc_11_0
-    out_ref[:, pl.ds(2176, 64)] = acc_11_1
-    out_ref[:, pl.ds(2240, 64)] = acc_11_2
-    out_ref[:, pl.ds(2304, 64)] = acc_11_3
-    out_ref[:, pl.ds(2368, 64)] = acc_11_4
+    rt.store_tile(out_ref, 2112, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=64, dim=5, pad=64)
 
     # out block 12 (64x1e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 64), dtype)
     acc_12_1 = jnp.zeros((rows, 64), dtype)
     acc_12_2 = jnp.zeros((rows, 64), dtype)
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
     acc_12_0 = acc_12_0 + w * (0.9999999999999999 * x1_3_0 * x2_0_0)
     acc_12_1 = acc_12_1 + w * (0.9999999999999999 * x1_3_1 * x2_0_0)
     acc_12_2 = acc_12_2 + w * (0.9999999999999999 * x1_3_2 * x2_0_0)
-    out_ref[:, pl.ds(2432, 64)] = acc_12_0
-    out_ref[:, pl.ds(2496, 64)] = acc_12_1
-    out_ref[:, pl.ds(2560, 64)] = acc_12_2
+    rt.store_tile(out_ref, 2432, [acc_12_0, acc_12_1, acc_12_2], mul=64, dim=3, pad=64)
 
     # out block 13 (64x0o): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 64), dtype)
@@ -332,9 +307,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_3_0 * x2_1_1
         - 0.7071067811865475 * x1_3_1 * x2_1_0
     )
-    out_ref[:, pl.ds(2688, 64)] = acc_14_0
-    out_ref[:, pl.ds(2752, 64)] = acc_14_1
-    out_ref[:, pl.ds(2816, 64)] = acc_14_2
+    rt.store_tile(out_ref, 2688, [acc_14_0, acc_14_1, acc_14_2], mul=64, dim=3, pad=64)
 
     # out block 15 (64x2o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 64), dtype)
@@ -365,11 +338,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_3_0 * x2_1_0
         + 0.7071067811865476 * x1_3_2 * x2_1_2
     )
-    out_ref[:, pl.ds(2880, 64)] = acc_15_0
-    out_ref[:, pl.ds(2944, 64)] = acc_15_1
-    out_ref[:, pl.ds(3008, 64)] = acc_15_2
-    out_ref[:, pl.ds(3072, 64)] = acc_15_3
-    out_ref[:, pl.ds(3136, 64)] = acc_15_4
+    rt.store_tile(out_ref, 2880, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4], mul=64, dim=5, pad=64)
 
     # out block 16 (64x1e): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 64), dtype)
@@ -394,9 +363,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_3_2 * x2_2_2
         + 0.5477225575051661 * x1_3_2 * x2_2_4
     )
-    out_ref[:, pl.ds(3200, 64)] = acc_16_0
-    out_ref[:, pl.ds(3264, 64)] = acc_16_1
-    out_ref[:, pl.ds(3328, 64)] = acc_16_2
+    rt.store_tile(out_ref, 3200, [acc_16_0, acc_16_1, acc_16_2], mul=64, dim=3, pad=64)
 
     # out block 17 (64x2e): 1 path(s)
     acc_17_0 = jnp.zeros((rows, 64), dtype)
@@ -432,11 +399,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.816496580927726 * x1_3_1 * x2_2_0
         + 0.408248290463863 * x1_3_2 * x2_2_1
     )
-    out_ref[:, pl.ds(3392, 64)] = acc_17_0
-    out_ref[:, pl.ds(3456, 64)] = acc_17_1
-    out_ref[:, pl.ds(3520, 64)] = acc_17_2
-    out_ref[:, pl.ds(3584, 64)] = acc_17_3
-    out_ref[:, pl.ds(3648, 64)] = acc_17_4
+    rt.store_tile(out_ref, 3392, [acc_17_0, acc_17_1, acc_17_2, acc_17_3, acc_17_4], mul=64, dim=5, pad=64)
 
     # out block 18 (64x2o): 1 path(s)
     acc_18_0 = jnp.zeros((rows, 64), dtype)
@@ -444,11 +407,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_18_2 = jnp.zeros((rows, 64), dtype)
     acc_18_3 = jnp.zeros((rows, 64), dtype)
     acc_18_4 = jnp.zeros((rows, 64), dtype)
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     w = w_ref[:, pl.ds(1152, 64)]
     acc_18_0 = acc_18_0 + w * (1.0 * x1_4_0 * x2_0_0)
@@ -456,11 +415,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_18_2 = acc_18_2 + w * (1.0 * x1_4_2 * x2_0_0)
     acc_18_3 = acc_18_3 + w * (1.0 * x1_4_3 * x2_0_0)
     acc_18_4 = acc_18_4 + w * (1.0 * x1_4_4 * x2_0_0)
-    out_ref[:, pl.ds(3712, 64)] = acc_18_0
-    out_ref[:, pl.ds(3776, 64)] = acc_18_1
-    out_ref[:, pl.ds(3840, 64)] = acc_18_2
-    out_ref[:, pl.ds(3904, 64)] = acc_18_3
-    out_ref[:, pl.ds(3968, 64)] = acc_18_4
+    rt.store_tile(out_ref, 3712, [acc_18_0, acc_18_1, acc_18_2, acc_18_3, acc_18_4], mul=64, dim=5, pad=64)
 
     # out block 19 (64x1e): 1 path(s)
     acc_19_0 = jnp.zeros((rows, 64), dtype)
@@ -485,9 +440,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_4_3 * x2_1_1
         + 0.5477225575051661 * x1_4_4 * x2_1_2
     )
-    out_ref[:, pl.ds(4032, 64)] = acc_19_0
-    out_ref[:, pl.ds(4096, 64)] = acc_19_1
-    out_ref[:, pl.ds(4160, 64)] = acc_19_2
+    rt.store_tile(out_ref, 4032, [acc_19_0, acc_19_1, acc_19_2], mul=64, dim=3, pad=64)
 
     # out block 20 (64x2e): 1 path(s)
     acc_20_0 = jnp.zeros((rows, 64), dtype)
@@ -523,11 +476,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_4_1 * x2_1_2
         - 0.408248290463863 * x1_4_3 * x2_1_0
     )
-    out_ref[:, pl.ds(4224, 64)] = acc_20_0
-    out_ref[:, pl.ds(4288, 64)] = acc_20_1
-    out_ref[:, pl.ds(4352, 64)] = acc_20_2
-    out_ref[:, pl.ds(4416, 64)] = acc_20_3
-    out_ref[:, pl.ds(4480, 64)] = acc_20_4
+    rt.store_tile(out_ref, 4224, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4], mul=64, dim=5, pad=64)
 
     # out block 21 (64x0o): 1 path(s)
     acc_21_0 = jnp.zeros((rows, 64), dtype)
@@ -570,9 +519,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_4_3 * x2_2_0
         - 0.3162277660168379 * x1_4_4 * x2_2_1
     )
-    out_ref[:, pl.ds(4608, 64)] = acc_22_0
-    out_ref[:, pl.ds(4672, 64)] = acc_22_1
-    out_ref[:, pl.ds(4736, 64)] = acc_22_2
+    rt.store_tile(out_ref, 4608, [acc_22_0, acc_22_1, acc_22_2], mul=64, dim=3, pad=64)
 
     # out block 23 (64x2o): 1 path(s)
     acc_23_0 = jnp.zeros((rows, 64), dtype)
@@ -617,11 +564,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_4_3 * x2_2_3
         - 0.5345224838248488 * x1_4_4 * x2_2_2
     )
-    out_ref[:, pl.ds(4800, 64)] = acc_23_0
-    out_ref[:, pl.ds(4864, 64)] = acc_23_1
-    out_ref[:, pl.ds(4928, 64)] = acc_23_2
-    out_ref[:, pl.ds(4992, 64)] = acc_23_3
-    out_ref[:, pl.ds(5056, 64)] = acc_23_4
+    rt.store_tile(out_ref, 4800, [acc_23_0, acc_23_1, acc_23_2, acc_23_3, acc_23_4], mul=64, dim=5, pad=64)
 
     # out block 24 (64x2e): 1 path(s)
     acc_24_0 = jnp.zeros((rows, 64), dtype)
@@ -629,11 +572,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_24_2 = jnp.zeros((rows, 64), dtype)
     acc_24_3 = jnp.zeros((rows, 64), dtype)
     acc_24_4 = jnp.zeros((rows, 64), dtype)
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     w = w_ref[:, pl.ds(1536, 64)]
     acc_24_0 = acc_24_0 + w * (1.0 * x1_5_0 * x2_0_0)
@@ -641,11 +580,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_24_2 = acc_24_2 + w * (1.0 * x1_5_2 * x2_0_0)
     acc_24_3 = acc_24_3 + w * (1.0 * x1_5_3 * x2_0_0)
     acc_24_4 = acc_24_4 + w * (1.0 * x1_5_4 * x2_0_0)
-    out_ref[:, pl.ds(5120, 64)] = acc_24_0
-    out_ref[:, pl.ds(5184, 64)] = acc_24_1
-    out_ref[:, pl.ds(5248, 64)] = acc_24_2
-    out_ref[:, pl.ds(5312, 64)] = acc_24_3
-    out_ref[:, pl.ds(5376, 64)] = acc_24_4
+    rt.store_tile(out_ref, 5120, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4], mul=64, dim=5, pad=64)
 
     # out block 25 (64x1o): 1 path(s)
     acc_25_0 = jnp.zeros((rows, 64), dtype)
@@ -670,9 +605,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_5_3 * x2_1_1
         + 0.5477225575051661 * x1_5_4 * x2_1_2
     )
-    out_ref[:, pl.ds(5440, 64)] = acc_25_0
-    out_ref[:, pl.ds(5504, 64)] = acc_25_1
-    out_ref[:, pl.ds(5568, 64)] = acc_25_2
+    rt.store_tile(out_ref, 5440, [acc_25_0, acc_25_1, acc_25_2], mul=64, dim=3, pad=64)
 
     # out block 26 (64x2o): 1 path(s)
     acc_26_0 = jnp.zeros((rows, 64), dtype)
@@ -708,11 +641,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_5_1 * x2_1_2
         - 0.408248290463863 * x1_5_3 * x2_1_0
     )
-    out_ref[:, pl.ds(5632, 64)] = acc_26_0
-    out_ref[:, pl.ds(5696, 64)] = acc_26_1
-    out_ref[:, pl.ds(5760, 64)] = acc_26_2
-    out_ref[:, pl.ds(5824, 64)] = acc_26_3
-    out_ref[:, pl.ds(5888, 64)] = acc_26_4
+    rt.store_tile(out_ref, 5632, [acc_26_0, acc_26_1, acc_26_2, acc_26_3, acc_26_4], mul=64, dim=5, pad=64)
 
     # out block 27 (64x0e): 1 path(s)
     acc_27_0 = jnp.zeros((rows, 64), dtype)
@@ -755,9 +684,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_5_3 * x2_2_0
         - 0.3162277660168379 * x1_5_4 * x2_2_1
     )
-    out_ref[:, pl.ds(6016, 64)] = acc_28_0
-    out_ref[:, pl.ds(6080, 64)] = acc_28_1
-    out_ref[:, pl.ds(6144, 64)] = acc_28_2
+    rt.store_tile(out_ref, 6016, [acc_28_0, acc_28_1, acc_28_2], mul=64, dim=3, pad=64)
 
     # out block 29 (64x2e): 1 path(s)
     acc_29_0 = jnp.zeros((rows, 64), dtype)
@@ -802,11 +729,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_5_3 * x2_2_3
         - 0.5345224838248488 * x1_5_4 * x2_2_2
     )
-    out_ref[:, pl.ds(6208, 64)] = acc_29_0
-    out_ref[:, pl.ds(6272, 64)] = acc_29_1
-    out_ref[:, pl.ds(6336, 64)] = acc_29_2
-    out_ref[:, pl.ds(6400, 64)] = acc_29_3
-    out_ref[:, pl.ds(6464, 64)] = acc_29_4
+    rt.store_tile(out_ref, 6208, [acc_29_0, acc_29_1, acc_29_2, acc_29_3, acc_29_4], mul=64, dim=5, pad=64)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -824,9 +747,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -839,11 +760,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
     acc_0_0 = acc_0_0 + w * (
@@ -861,9 +778,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     # path 3: x1[1] 64x0e (x) x2[0] 1x0e -> out[3] 64x0e, uvu, weights at 192, 1 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
     acc_1_0 = acc_1_0 + w * (1.0 * x2_0_0 * g_3_0)
-    g_4_0 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(704, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(768, 64)]  # g block 4 (64x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -871,11 +786,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.9999999999999999 * x2_1_1 * g_4_1
         + 0.9999999999999999 * x2_1_2 * g_4_2
     )
-    g_5_0 = g_ref[:, pl.ds(832, 64)]  # g block 5 (64x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(896, 64)]  # g block 5 (64x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(960, 64)]  # g block 5 (64x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(1024, 64)]  # g block 5 (64x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     w = w_ref[:, pl.ds(320, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -891,9 +802,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = jnp.zeros((rows, 64), dtype)
     acc_2_1 = jnp.zeros((rows, 64), dtype)
     acc_2_2 = jnp.zeros((rows, 64), dtype)
-    g_6_0 = g_ref[:, pl.ds(1152, 64)]  # g block 6 (64x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(1216, 64)]  # g block 6 (64x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x1o), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
     acc_2_0 = acc_2_0 + w * (0.9999999999999999 * x2_0_0 * g_6_0)
@@ -905,9 +814,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_0 = acc_2_0 + w * (0.5773502691896257 * x2_1_0 * g_7_0)
     acc_2_1 = acc_2_1 + w * (0.5773502691896257 * x2_1_1 * g_7_0)
     acc_2_2 = acc_2_2 + w * (0.5773502691896257 * x2_1_2 * g_7_0)
-    g_8_0 = g_ref[:, pl.ds(1408, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(1472, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(1536, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -922,11 +829,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_8_0
         + 0.7071067811865475 * x2_1_0 * g_8_1
     )
-    g_9_0 = g_ref[:, pl.ds(1600, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(1664, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(1728, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(1792, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(1856, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 1600, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     # path 9: x1[2] 64x1o (x) x2[1] 1x1o -> out[9] 64x2e, uvu, weights at 576, 11 nonzeros
     w = w_ref[:, pl.ds(576, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -946,9 +849,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_9_3
         + 0.7071067811865476 * x2_1_2 * g_9_4
     )
-    g_10_0 = g_ref[:, pl.ds(1920, 64)]  # g block 10 (64x1o), m=0
-    g_10_1 = g_ref[:, pl.ds(1984, 64)]  # g block 10 (64x1o), m=1
-    g_10_2 = g_ref[:, pl.ds(2048, 64)]  # g block 10 (64x1o), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 1920, mul=64, dim=3, pad=64)  # g block 10 (64x1o)
     # path 10: x1[2] 64x1o (x) x2[2] 1x2e -> out[10] 64x1o, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -968,11 +869,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_10_2
         + 0.5477225575051661 * x2_2_4 * g_10_2
     )
-    g_11_0 = g_ref[:, pl.ds(2112, 64)]  # g block 11 (64x2o), m=0
-    g_11_1 = g_ref[:, pl.ds(2176, 64)]  # g block 11 (64x2o), m=1
-    g_11_2 = g_ref[:, pl.ds(2240, 64)]  # g block 11 (64x2o), m=2
-    g_11_3 = g_ref[:, pl.ds(2304, 64)]  # g block 11 (64x2o), m=3
-    g_11_4 = g_ref[:, pl.ds(2368, 64)]  # g block 11 (64x2o), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2112, mul=64, dim=5, pad=64)  # g block 11 (64x2o)
     # path 11: x1[2] 64x1o (x) x2[2] 1x2e -> out[11] 64x2o, uvu, weights at 704, 16 nonzeros
     w = w_ref[:, pl.ds(704, 64)]
     acc_2_0 = acc_2_0 + w * (
@@ -997,17 +894,13 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_2_0 * g_11_3
         + 0.408248290463863 * x2_2_1 * g_11_4
     )
-    out_ref[:, pl.ds(128, 64)] = acc_2_0
-    out_ref[:, pl.ds(192, 64)] = acc_2_1
-    out_ref[:, pl.ds(256, 64)] = acc_2_2
+    rt.store_tile(out_ref, 128, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
 
     # x1 block 3 (64x1e): 6 path(s)
     acc_3_0 = jnp.zeros((rows, 64), dtype)
     acc_3_1 = jnp.zeros((rows, 64), dtype)
     acc_3_2 = jnp.zeros((rows, 64), dtype)
-    g_12_0 = g_ref[:, pl.ds(2432, 64)]  # g block 12 (64x1e), m=0
-    g_12_1 = g_ref[:, pl.ds(2496, 64)]  # g block 12 (64x1e), m=1
-    g_12_2 = g_ref[:, pl.ds(2560, 64)]  # g block 12 (64x1e), m=2
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
     acc_3_0 = acc_3_0 + w * (0.9999999999999999 * x2_0_0 * g_12_0)
@@ -1019,9 +912,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_0 = acc_3_0 + w * (0.5773502691896257 * x2_1_0 * g_13_0)
     acc_3_1 = acc_3_1 + w * (0.5773502691896257 * x2_1_1 * g_13_0)
     acc_3_2 = acc_3_2 + w * (0.5773502691896257 * x2_1_2 * g_13_0)
-    g_14_0 = g_ref[:, pl.ds(2688, 64)]  # g block 14 (64x1o), m=0
-    g_14_1 = g_ref[:, pl.ds(2752, 64)]  # g block 14 (64x1o), m=1
-    g_14_2 = g_ref[:, pl.ds(2816, 64)]  # g block 14 (64x1o), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
     w = w_ref[:, pl.ds(896, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -1036,11 +927,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_14_0
         + 0.7071067811865475 * x2_1_0 * g_14_1
     )
-    g_15_0 = g_ref[:, pl.ds(2880, 64)]  # g block 15 (64x2o), m=0
-    g_15_1 = g_ref[:, pl.ds(2944, 64)]  # g block 15 (64x2o), m=1
-    g_15_2 = g_ref[:, pl.ds(3008, 64)]  # g block 15 (64x2o), m=2
-    g_15_3 = g_ref[:, pl.ds(3072, 64)]  # g block 15 (64x2o), m=3
-    g_15_4 = g_ref[:, pl.ds(3136, 64)]  # g block 15 (64x2o), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 2880, mul=64, dim=5, pad=64)  # g block 15 (64x2o)
     # path 15: x1[3] 64x1e (x) x2[1] 1x1o -> out[15] 64x2o, uvu, weights at 960, 11 nonzeros
     w = w_ref[:, pl.ds(960, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -1060,9 +947,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_15_3
         + 0.7071067811865476 * x2_1_2 * g_15_4
     )
-    g_16_0 = g_ref[:, pl.ds(3200, 64)]  # g block 16 (64x1e), m=0
-    g_16_1 = g_ref[:, pl.ds(3264, 64)]  # g block 16 (64x1e), m=1
-    g_16_2 = g_ref[:, pl.ds(3328, 64)]  # g block 16 (64x1e), m=2
+    g_16_0, g_16_1, g_16_2 = rt.load_tile(g_ref, 3200, mul=64, dim=3, pad=64)  # g block 16 (64x1e)
     # path 16: x1[3] 64x1e (x) x2[2] 1x2e -> out[16] 64x1e, uvu, weights at 1024, 11 nonzeros
     w = w_ref[:, pl.ds(1024, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -1082,11 +967,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_16_2
         + 0.5477225575051661 * x2_2_4 * g_16_2
     )
-    g_17_0 = g_ref[:, pl.ds(3392, 64)]  # g block 17 (64x2e), m=0
-    g_17_1 = g_ref[:, pl.ds(3456, 64)]  # g block 17 (64x2e), m=1
-    g_17_2 = g_ref[:, pl.ds(3520, 64)]  # g block 17 (64x2e), m=2
-    g_17_3 = g_ref[:, pl.ds(3584, 64)]  # g block 17 (64x2e), m=3
-    g_17_4 = g_ref[:, pl.ds(3648, 64)]  # g block 17 (64x2e), m=4
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4 = rt.load_tile(g_ref, 3392, mul=64, dim=5, pad=64)  # g block 17 (64x2e)
     # path 17: x1[3] 64x1e (x) x2[2] 1x2e -> out[17] 64x2e, uvu, weights at 1088, 16 nonzeros
     w = w_ref[:, pl.ds(1088, 64)]
     acc_3_0 = acc_3_0 + w * (
@@ -1111,9 +992,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_2_0 * g_17_3
         + 0.408248290463863 * x2_2_1 * g_17_4
     )
-    out_ref[:, pl.ds(320, 64)] = acc_3_0
-    out_ref[:, pl.ds(384, 64)] = acc_3_1
-    out_ref[:, pl.ds(448, 64)] = acc_3_2
+    rt.store_tile(out_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
 
     # x1 block 4 (64x2o): 6 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
@@ -1121,11 +1000,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = jnp.zeros((rows, 64), dtype)
     acc_4_3 = jnp.zeros((rows, 64), dtype)
     acc_4_4 = jnp.zeros((rows, 64), dtype)
-    g_18_0 = g_ref[:, pl.ds(3712, 64)]  # g block 18 (64x2o), m=0
-    g_18_1 = g_ref[:, pl.ds(3776, 64)]  # g block 18 (64x2o), m=1
-    g_18_2 = g_ref[:, pl.ds(3840, 64)]  # g block 18 (64x2o), m=2
-    g_18_3 = g_ref[:, pl.ds(3904, 64)]  # g block 18 (64x2o), m=3
-    g_18_4 = g_ref[:, pl.ds(3968, 64)]  # g block 18 (64x2o), m=4
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     w = w_ref[:, pl.ds(1152, 64)]
     acc_4_0 = acc_4_0 + w * (1.0 * x2_0_0 * g_18_0)
@@ -1133,9 +1008,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = acc_4_2 + w * (1.0 * x2_0_0 * g_18_2)
     acc_4_3 = acc_4_3 + w * (1.0 * x2_0_0 * g_18_3)
     acc_4_4 = acc_4_4 + w * (1.0 * x2_0_0 * g_18_4)
-    g_19_0 = g_ref[:, pl.ds(4032, 64)]  # g block 19 (64x1e), m=0
-    g_19_1 = g_ref[:, pl.ds(4096, 64)]  # g block 19 (64x1e), m=1
-    g_19_2 = g_ref[:, pl.ds(4160, 64)]  # g block 19 (64x1e), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
     w = w_ref[:, pl.ds(1216, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -1159,11 +1032,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_19_0
         + 0.5477225575051661 * x2_1_2 * g_19_2
     )
-    g_20_0 = g_ref[:, pl.ds(4224, 64)]  # g block 20 (64x2e), m=0
-    g_20_1 = g_ref[:, pl.ds(4288, 64)]  # g block 20 (64x2e), m=1
-    g_20_2 = g_ref[:, pl.ds(4352, 64)]  # g block 20 (64x2e), m=2
-    g_20_3 = g_ref[:, pl.ds(4416, 64)]  # g block 20 (64x2e), m=3
-    g_20_4 = g_ref[:, pl.ds(4480, 64)]  # g block 20 (64x2e), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4224, mul=64, dim=5, pad=64)  # g block 20 (64x2e)
     # path 20: x1[4] 64x2o (x) x2[1] 1x1o -> out[20] 64x2e, uvu, weights at 1280, 16 nonzeros
     w = w_ref[:, pl.ds(1280, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -1200,9 +1069,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = acc_4_2 + w * (0.4472135954999579 * x2_2_2 * g_21_0)
     acc_4_3 = acc_4_3 + w * (0.4472135954999579 * x2_2_3 * g_21_0)
     acc_4_4 = acc_4_4 + w * (0.4472135954999579 * x2_2_4 * g_21_0)
-    g_22_0 = g_ref[:, pl.ds(4608, 64)]  # g block 22 (64x1o), m=0
-    g_22_1 = g_ref[:, pl.ds(4672, 64)]  # g block 22 (64x1o), m=1
-    g_22_2 = g_ref[:, pl.ds(4736, 64)]  # g block 22 (64x1o), m=2
+    g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
     w = w_ref[:, pl.ds(1408, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -1231,11 +1098,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.6324555320336758 * x2_2_0 * g_22_1
         - 0.3162277660168379 * x2_2_1 * g_22_2
     )
-    g_23_0 = g_ref[:, pl.ds(4800, 64)]  # g block 23 (64x2o), m=0
-    g_23_1 = g_ref[:, pl.ds(4864, 64)]  # g block 23 (64x2o), m=1
-    g_23_2 = g_ref[:, pl.ds(4928, 64)]  # g block 23 (64x2o), m=2
-    g_23_3 = g_ref[:, pl.ds(4992, 64)]  # g block 23 (64x2o), m=3
-    g_23_4 = g_ref[:, pl.ds(5056, 64)]  # g block 23 (64x2o), m=4
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4 = rt.load_tile(g_ref, 4800, mul=64, dim=5, pad=64)  # g block 23 (64x2o)
     # path 23: x1[4] 64x2o (x) x2[2] 1x2e -> out[23] 64x2o, uvu, weights at 1472, 25 nonzeros
     w = w_ref[:, pl.ds(1472, 64)]
     acc_4_0 = acc_4_0 + w * (
@@ -1273,11 +1136,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_23_3
         - 0.5345224838248488 * x2_2_2 * g_23_4
     )
-    out_ref[:, pl.ds(512, 64)] = acc_4_0
-    out_ref[:, pl.ds(576, 64)] = acc_4_1
-    out_ref[:, pl.ds(640, 64)] = acc_4_2
-    out_ref[:, pl.ds(704, 64)] = acc_4_3
-    out_ref[:, pl.ds(768, 64)] = acc_4_4
+    rt.store_tile(out_ref, 512, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
 
     # x1 block 5 (64x2e): 6 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -1285,11 +1144,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_5_2 = jnp.zeros((rows, 64), dtype)
     acc_5_3 = jnp.zeros((rows, 64), dtype)
     acc_5_4 = jnp.zeros((rows, 64), dtype)
-    g_24_0 = g_ref[:, pl.ds(5120, 64)]  # g block 24 (64x2e), m=0
-    g_24_1 = g_ref[:, pl.ds(5184, 64)]  # g block 24 (64x2e), m=1
-    g_24_2 = g_ref[:, pl.ds(5248, 64)]  # g block 24 (64x2e), m=2
-    g_24_3 = g_ref[:, pl.ds(5312, 64)]  # g block 24 (64x2e), m=3
-    g_24_4 = g_ref[:, pl.ds(5376, 64)]  # g block 24 (64x2e), m=4
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     w = w_ref[:, pl.ds(1536, 64)]
     acc_5_0 = acc_5_0 + w * (1.0 * x2_0_0 * g_24_0)
@@ -1297,9 +1152,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_5_2 = acc_5_2 + w * (1.0 * x2_0_0 * g_24_2)
     acc_5_3 = acc_5_3 + w * (1.0 * x2_0_0 * g_24_3)
     acc_5_4 = acc_5_4 + w * (1.0 * x2_0_0 * g_24_4)
-    g_25_0 = g_ref[:, pl.ds(5440, 64)]  # g block 25 (64x1o), m=0
-    g_25_1 = g_ref[:, pl.ds(5504, 64)]  # g block 25 (64x1o), m=1
-    g_25_2 = g_ref[:, pl.ds(5568, 64)]  # g block 25 (64x1o), m=2
+    g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
     w = w_ref[:, pl.ds(1600, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -1323,11 +1176,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_25_0
         + 0.5477225575051661 * x2_1_2 * g_25_2
     )
-    g_26_0 = g_ref[:, pl.ds(5632, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(5696, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(5760, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(5824, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(5888, 64)]  # g block 26 (64x2o), m=4
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 5632, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     # path 26: x1[5] 64x2e (x) x2[1] 1x1o -> out[26] 64x2o, uvu, weights at 1664, 16 nonzeros
     w = w_ref[:, pl.ds(1664, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -1364,9 +1213,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_5_2 = acc_5_2 + w * (0.4472135954999579 * x2_2_2 * g_27_0)
     acc_5_3 = acc_5_3 + w * (0.4472135954999579 * x2_2_3 * g_27_0)
     acc_5_4 = acc_5_4 + w * (0.4472135954999579 * x2_2_4 * g_27_0)
-    g_28_0 = g_ref[:, pl.ds(6016, 64)]  # g block 28 (64x1e), m=0
-    g_28_1 = g_ref[:, pl.ds(6080, 64)]  # g block 28 (64x1e), m=1
-    g_28_2 = g_ref[:, pl.ds(6144, 64)]  # g block 28 (64x1e), m=2
+    g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
     w = w_ref[:, pl.ds(1792, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -1395,11 +1242,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.6324555320336758 * x2_2_0 * g_28_1
         - 0.3162277660168379 * x2_2_1 * g_28_2
     )
-    g_29_0 = g_ref[:, pl.ds(6208, 64)]  # g block 29 (64x2e), m=0
-    g_29_1 = g_ref[:, pl.ds(6272, 64)]  # g block 29 (64x2e), m=1
-    g_29_2 = g_ref[:, pl.ds(6336, 64)]  # g block 29 (64x2e), m=2
-    g_29_3 = g_ref[:, pl.ds(6400, 64)]  # g block 29 (64x2e), m=3
-    g_29_4 = g_ref[:, pl.ds(6464, 64)]  # g block 29 (64x2e), m=4
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4 = rt.load_tile(g_ref, 6208, mul=64, dim=5, pad=64)  # g block 29 (64x2e)
     # path 29: x1[5] 64x2e (x) x2[2] 1x2e -> out[29] 64x2e, uvu, weights at 1856, 25 nonzeros
     w = w_ref[:, pl.ds(1856, 64)]
     acc_5_0 = acc_5_0 + w * (
@@ -1437,11 +1280,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_29_3
         - 0.5345224838248488 * x2_2_2 * g_29_4
     )
-    out_ref[:, pl.ds(832, 64)] = acc_5_0
-    out_ref[:, pl.ds(896, 64)] = acc_5_1
-    out_ref[:, pl.ds(960, 64)] = acc_5_2
-    out_ref[:, pl.ds(1024, 64)] = acc_5_3
-    out_ref[:, pl.ds(1088, 64)] = acc_5_4
+    rt.store_tile(out_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -1464,12 +1303,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(192, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h3_0, axis=1, keepdims=True)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_6_0 = g_ref[:, pl.ds(1152, 64)]  # g block 6 (64x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(1216, 64)]  # g block 6 (64x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
     h6_0 = (
         0.9999999999999999 * x1_2_0 * g_6_0
         + 0.9999999999999999 * x1_2_1 * g_6_1
@@ -1478,12 +1313,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(384, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h6_0, axis=1, keepdims=True)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_12_0 = g_ref[:, pl.ds(2432, 64)]  # g block 12 (64x1e), m=0
-    g_12_1 = g_ref[:, pl.ds(2496, 64)]  # g block 12 (64x1e), m=1
-    g_12_2 = g_ref[:, pl.ds(2560, 64)]  # g block 12 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
     h12_0 = (
         0.9999999999999999 * x1_3_0 * g_12_0
         + 0.9999999999999999 * x1_3_1 * g_12_1
@@ -1492,16 +1323,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(768, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h12_0, axis=1, keepdims=True)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
-    g_18_0 = g_ref[:, pl.ds(3712, 64)]  # g block 18 (64x2o), m=0
-    g_18_1 = g_ref[:, pl.ds(3776, 64)]  # g block 18 (64x2o), m=1
-    g_18_2 = g_ref[:, pl.ds(3840, 64)]  # g block 18 (64x2o), m=2
-    g_18_3 = g_ref[:, pl.ds(3904, 64)]  # g block 18 (64x2o), m=3
-    g_18_4 = g_ref[:, pl.ds(3968, 64)]  # g block 18 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
     h18_0 = (
         1.0 * x1_4_0 * g_18_0
         + 1.0 * x1_4_1 * g_18_1
@@ -1512,16 +1335,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1152, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h18_0, axis=1, keepdims=True)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
-    g_24_0 = g_ref[:, pl.ds(5120, 64)]  # g block 24 (64x2e), m=0
-    g_24_1 = g_ref[:, pl.ds(5184, 64)]  # g block 24 (64x2e), m=1
-    g_24_2 = g_ref[:, pl.ds(5248, 64)]  # g block 24 (64x2e), m=2
-    g_24_3 = g_ref[:, pl.ds(5312, 64)]  # g block 24 (64x2e), m=3
-    g_24_4 = g_ref[:, pl.ds(5376, 64)]  # g block 24 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
     h24_0 = (
         1.0 * x1_5_0 * g_24_0
         + 1.0 * x1_5_1 * g_24_1
@@ -1538,9 +1353,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -1549,9 +1362,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
-    g_4_0 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(704, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(768, 64)]  # g block 4 (64x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = 0.9999999999999999 * x1_1_0 * g_4_0
     h4_1 = 0.9999999999999999 * x1_1_0 * g_4_1
     h4_2 = 0.9999999999999999 * x1_1_0 * g_4_2
@@ -1569,9 +1380,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h7_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h7_2, axis=1, keepdims=True)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
-    g_8_0 = g_ref[:, pl.ds(1408, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(1472, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(1536, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     h8_0 = (
         0.7071067811865475 * x1_2_2 * g_8_1
         - 0.7071067811865475 * x1_2_1 * g_8_2
@@ -1589,11 +1398,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h8_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h8_2, axis=1, keepdims=True)
     # path 9: x1[2] 64x1o (x) x2[1] 1x1o -> out[9] 64x2e, uvu, weights at 576, 11 nonzeros
-    g_9_0 = g_ref[:, pl.ds(1600, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(1664, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(1728, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(1792, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(1856, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 1600, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         0.7071067811865476 * x1_2_2 * g_9_0
         + 0.7071067811865476 * x1_2_1 * g_9_1
@@ -1625,9 +1430,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h13_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h13_2, axis=1, keepdims=True)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
-    g_14_0 = g_ref[:, pl.ds(2688, 64)]  # g block 14 (64x1o), m=0
-    g_14_1 = g_ref[:, pl.ds(2752, 64)]  # g block 14 (64x1o), m=1
-    g_14_2 = g_ref[:, pl.ds(2816, 64)]  # g block 14 (64x1o), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
     h14_0 = (
         0.7071067811865475 * x1_3_2 * g_14_1
         - 0.7071067811865475 * x1_3_1 * g_14_2
@@ -1645,11 +1448,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h14_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h14_2, axis=1, keepdims=True)
     # path 15: x1[3] 64x1e (x) x2[1] 1x1o -> out[15] 64x2o, uvu, weights at 960, 11 nonzeros
-    g_15_0 = g_ref[:, pl.ds(2880, 64)]  # g block 15 (64x2o), m=0
-    g_15_1 = g_ref[:, pl.ds(2944, 64)]  # g block 15 (64x2o), m=1
-    g_15_2 = g_ref[:, pl.ds(3008, 64)]  # g block 15 (64x2o), m=2
-    g_15_3 = g_ref[:, pl.ds(3072, 64)]  # g block 15 (64x2o), m=3
-    g_15_4 = g_ref[:, pl.ds(3136, 64)]  # g block 15 (64x2o), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 2880, mul=64, dim=5, pad=64)  # g block 15 (64x2o)
     h15_0 = (
         0.7071067811865476 * x1_3_2 * g_15_0
         + 0.7071067811865476 * x1_3_1 * g_15_1
@@ -1672,9 +1471,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h15_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h15_2, axis=1, keepdims=True)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4032, 64)]  # g block 19 (64x1e), m=0
-    g_19_1 = g_ref[:, pl.ds(4096, 64)]  # g block 19 (64x1e), m=1
-    g_19_2 = g_ref[:, pl.ds(4160, 64)]  # g block 19 (64x1e), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
     h19_0 = (
         - 0.3162277660168379 * x1_4_2 * g_19_0
         - 0.5477225575051661 * x1_4_4 * g_19_0
@@ -1697,11 +1494,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h19_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h19_2, axis=1, keepdims=True)
     # path 20: x1[4] 64x2o (x) x2[1] 1x1o -> out[20] 64x2e, uvu, weights at 1280, 16 nonzeros
-    g_20_0 = g_ref[:, pl.ds(4224, 64)]  # g block 20 (64x2e), m=0
-    g_20_1 = g_ref[:, pl.ds(4288, 64)]  # g block 20 (64x2e), m=1
-    g_20_2 = g_ref[:, pl.ds(4352, 64)]  # g block 20 (64x2e), m=2
-    g_20_3 = g_ref[:, pl.ds(4416, 64)]  # g block 20 (64x2e), m=3
-    g_20_4 = g_ref[:, pl.ds(4480, 64)]  # g block 20 (64x2e), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4224, mul=64, dim=5, pad=64)  # g block 20 (64x2e)
     h20_0 = (
         - 0.408248290463863 * x1_4_1 * g_20_0
         + 0.408248290463863 * x1_4_0 * g_20_1
@@ -1729,9 +1522,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h20_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h20_2, axis=1, keepdims=True)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
-    g_25_0 = g_ref[:, pl.ds(5440, 64)]  # g block 25 (64x1o), m=0
-    g_25_1 = g_ref[:, pl.ds(5504, 64)]  # g block 25 (64x1o), m=1
-    g_25_2 = g_ref[:, pl.ds(5568, 64)]  # g block 25 (64x1o), m=2
+    g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
     h25_0 = (
         - 0.3162277660168379 * x1_5_2 * g_25_0
         - 0.5477225575051661 * x1_5_4 * g_25_0
@@ -1754,11 +1545,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h25_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h25_2, axis=1, keepdims=True)
     # path 26: x1[5] 64x2e (x) x2[1] 1x1o -> out[26] 64x2o, uvu, weights at 1664, 16 nonzeros
-    g_26_0 = g_ref[:, pl.ds(5632, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(5696, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(5760, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(5824, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(5888, 64)]  # g block 26 (64x2o), m=4
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 5632, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     h26_0 = (
         - 0.408248290463863 * x1_5_1 * g_26_0
         + 0.408248290463863 * x1_5_0 * g_26_1
@@ -1796,11 +1583,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -1813,11 +1596,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
-    g_5_0 = g_ref[:, pl.ds(832, 64)]  # g block 5 (64x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(896, 64)]  # g block 5 (64x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(960, 64)]  # g block 5 (64x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(1024, 64)]  # g block 5 (64x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
     h5_0 = 1.0 * x1_1_0 * g_5_0
     h5_1 = 1.0 * x1_1_0 * g_5_1
     h5_2 = 1.0 * x1_1_0 * g_5_2
@@ -1830,9 +1609,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h5_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h5_4, axis=1, keepdims=True)
     # path 10: x1[2] 64x1o (x) x2[2] 1x2e -> out[10] 64x1o, uvu, weights at 640, 11 nonzeros
-    g_10_0 = g_ref[:, pl.ds(1920, 64)]  # g block 10 (64x1o), m=0
-    g_10_1 = g_ref[:, pl.ds(1984, 64)]  # g block 10 (64x1o), m=1
-    g_10_2 = g_ref[:, pl.ds(2048, 64)]  # g block 10 (64x1o), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 1920, mul=64, dim=3, pad=64)  # g block 10 (64x1o)
     h10_0 = (
         0.5477225575051661 * x1_2_2 * g_10_0
         + 0.5477225575051661 * x1_2_0 * g_10_2
@@ -1861,11 +1638,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h10_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h10_4, axis=1, keepdims=True)
     # path 11: x1[2] 64x1o (x) x2[2] 1x2e -> out[11] 64x2o, uvu, weights at 704, 16 nonzeros
-    g_11_0 = g_ref[:, pl.ds(2112, 64)]  # g block 11 (64x2o), m=0
-    g_11_1 = g_ref[:, pl.ds(2176, 64)]  # g block 11 (64x2o), m=1
-    g_11_2 = g_ref[:, pl.ds(2240, 64)]  # g block 11 (64x2o), m=2
-    g_11_3 = g_ref[:, pl.ds(2304, 64)]  # g block 11 (64x2o), m=3
-    g_11_4 = g_ref[:, pl.ds(2368, 64)]  # g block 11 (64x2o), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2112, mul=64, dim=5, pad=64)  # g block 11 (64x2o)
     h11_0 = (
         - 0.408248290463863 * x1_2_0 * g_11_1
         + 0.408248290463863 * x1_2_2 * g_11_3
@@ -1899,9 +1672,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h11_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h11_4, axis=1, keepdims=True)
     # path 16: x1[3] 64x1e (x) x2[2] 1x2e -> out[16] 64x1e, uvu, weights at 1024, 11 nonzeros
-    g_16_0 = g_ref[:, pl.ds(3200, 64)]  # g block 16 (64x1e), m=0
-    g_16_1 = g_ref[:, pl.ds(3264, 64)]  # g block 16 (64x1e), m=1
-    g_16_2 = g_ref[:, pl.ds(3328, 64)]  # g block 16 (64x1e), m=2
+    g_16_0, g_16_1, g_16_2 = rt.load_tile(g_ref, 3200, mul=64, dim=3, pad=64)  # g block 16 (64x1e)
     h16_0 = (
         0.5477225575051661 * x1_3_2 * g_16_0
         + 0.5477225575051661 * x1_3_0 * g_16_2
@@ -1930,11 +1701,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h16_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h16_4, axis=1, keepdims=True)
     # path 17: x1[3] 64x1e (x) x2[2] 1x2e -> out[17] 64x2e, uvu, weights at 1088, 16 nonzeros
-    g_17_0 = g_ref[:, pl.ds(3392, 64)]  # g block 17 (64x2e), m=0
-    g_17_1 = g_ref[:, pl.ds(3456, 64)]  # g block 17 (64x2e), m=1
-    g_17_2 = g_ref[:, pl.ds(3520, 64)]  # g block 17 (64x2e), m=2
-    g_17_3 = g_ref[:, pl.ds(3584, 64)]  # g block 17 (64x2e), m=3
-    g_17_4 = g_ref[:, pl.ds(3648, 64)]  # g block 17 (64x2e), m=4
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4 = rt.load_tile(g_ref, 3392, mul=64, dim=5, pad=64)  # g block 17 (64x2e)
     h17_0 = (
         - 0.408248290463863 * x1_3_0 * g_17_1
         + 0.408248290463863 * x1_3_2 * g_17_3
@@ -1981,9 +1748,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h21_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h21_4, axis=1, keepdims=True)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
-    g_22_0 = g_ref[:, pl.ds(4608, 64)]  # g block 22 (64x1o), m=0
-    g_22_1 = g_ref[:, pl.ds(4672, 64)]  # g block 22 (64x1o), m=1
-    g_22_2 = g_ref[:, pl.ds(4736, 64)]  # g block 22 (64x1o), m=2
+    g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
     h22_0 = (
         0.3162277660168379 * x1_4_1 * g_22_0
         + 0.6324555320336758 * x1_4_4 * g_22_1
@@ -2017,11 +1782,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h22_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h22_4, axis=1, keepdims=True)
     # path 23: x1[4] 64x2o (x) x2[2] 1x2e -> out[23] 64x2o, uvu, weights at 1472, 25 nonzeros
-    g_23_0 = g_ref[:, pl.ds(4800, 64)]  # g block 23 (64x2o), m=0
-    g_23_1 = g_ref[:, pl.ds(4864, 64)]  # g block 23 (64x2o), m=1
-    g_23_2 = g_ref[:, pl.ds(4928, 64)]  # g block 23 (64x2o), m=2
-    g_23_3 = g_ref[:, pl.ds(4992, 64)]  # g block 23 (64x2o), m=3
-    g_23_4 = g_ref[:, pl.ds(5056, 64)]  # g block 23 (64x2o), m=4
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4 = rt.load_tile(g_ref, 4800, mul=64, dim=5, pad=64)  # g block 23 (64x2o)
     h23_0 = (
         - 0.5345224838248488 * x1_4_2 * g_23_0
         + 0.4629100498862757 * x1_4_3 * g_23_1
@@ -2077,9 +1838,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h27_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h27_4, axis=1, keepdims=True)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
-    g_28_0 = g_ref[:, pl.ds(6016, 64)]  # g block 28 (64x1e), m=0
-    g_28_1 = g_ref[:, pl.ds(6080, 64)]  # g block 28 (64x1e), m=1
-    g_28_2 = g_ref[:, pl.ds(6144, 64)]  # g block 28 (64x1e), m=2
+    g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
     h28_0 = (
         0.3162277660168379 * x1_5_1 * g_28_0
         + 0.6324555320336758 * x1_5_4 * g_28_1
@@ -2113,11 +1872,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h28_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h28_4, axis=1, keepdims=True)
     # path 29: x1[5] 64x2e (x) x2[2] 1x2e -> out[29] 64x2e, uvu, weights at 1856, 25 nonzeros
-    g_29_0 = g_ref[:, pl.ds(6208, 64)]  # g block 29 (64x2e), m=0
-    g_29_1 = g_ref[:, pl.ds(6272, 64)]  # g block 29 (64x2e), m=1
-    g_29_2 = g_ref[:, pl.ds(6336, 64)]  # g block 29 (64x2e), m=2
-    g_29_3 = g_ref[:, pl.ds(6400, 64)]  # g block 29 (64x2e), m=3
-    g_29_4 = g_ref[:, pl.ds(6464, 64)]  # g block 29 (64x2e), m=4
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4 = rt.load_tile(g_ref, 6208, mul=64, dim=5, pad=64)  # g block 29 (64x2e)
     h29_0 = (
         - 0.5345224838248488 * x1_5_2 * g_29_0
         + 0.4629100498862757 * x1_5_3 * g_29_1
@@ -2182,9 +1937,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (64 columns)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 64)]  # g block 1 (64x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(128, 64)]  # g block 1 (64x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(192, 64)]  # g block 1 (64x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -2200,11 +1953,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (64 columns)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x2o), m=0
-    g_2_1 = g_ref[:, pl.ds(320, 64)]  # g block 2 (64x2o), m=1
-    g_2_2 = g_ref[:, pl.ds(384, 64)]  # g block 2 (64x2o), m=2
-    g_2_3 = g_ref[:, pl.ds(448, 64)]  # g block 2 (64x2o), m=3
-    g_2_4 = g_ref[:, pl.ds(512, 64)]  # g block 2 (64x2o), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -2234,9 +1983,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (64 columns)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
-    g_4_0 = g_ref[:, pl.ds(640, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(704, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(768, 64)]  # g block 4 (64x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = 0.9999999999999999 * x1_1_0 * g_4_0
     h4_1 = 0.9999999999999999 * x1_1_0 * g_4_1
     h4_2 = 0.9999999999999999 * x1_1_0 * g_4_2
@@ -2249,11 +1996,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 5 (64 columns)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
-    g_5_0 = g_ref[:, pl.ds(832, 64)]  # g block 5 (64x2e), m=0
-    g_5_1 = g_ref[:, pl.ds(896, 64)]  # g block 5 (64x2e), m=1
-    g_5_2 = g_ref[:, pl.ds(960, 64)]  # g block 5 (64x2e), m=2
-    g_5_3 = g_ref[:, pl.ds(1024, 64)]  # g block 5 (64x2e), m=3
-    g_5_4 = g_ref[:, pl.ds(1088, 64)]  # g block 5 (64x2e), m=4
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
     h5_0 = 1.0 * x1_1_0 * g_5_0
     h5_1 = 1.0 * x1_1_0 * g_5_1
     h5_2 = 1.0 * x1_1_0 * g_5_2
@@ -2270,12 +2013,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (64 columns)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 2 (64x1o), m=0
-    x1_2_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 2 (64x1o), m=1
-    x1_2_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 2 (64x1o), m=2
-    g_6_0 = g_ref[:, pl.ds(1152, 64)]  # g block 6 (64x1o), m=0
-    g_6_1 = g_ref[:, pl.ds(1216, 64)]  # g block 6 (64x1o), m=1
-    g_6_2 = g_ref[:, pl.ds(1280, 64)]  # g block 6 (64x1o), m=2
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
     h6_0 = (
         0.9999999999999999 * x1_2_0 * g_6_0
         + 0.9999999999999999 * x1_2_1 * g_6_1
@@ -2299,9 +2038,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (64 columns)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
-    g_8_0 = g_ref[:, pl.ds(1408, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(1472, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(1536, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     h8_0 = (
         0.7071067811865475 * x1_2_2 * g_8_1
         - 0.7071067811865475 * x1_2_1 * g_8_2
@@ -2323,11 +2060,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (64 columns)
     # path 9: x1[2] 64x1o (x) x2[1] 1x1o -> out[9] 64x2e, uvu, weights at 576, 11 nonzeros
-    g_9_0 = g_ref[:, pl.ds(1600, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(1664, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(1728, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(1792, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(1856, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 1600, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         0.7071067811865476 * x1_2_2 * g_9_0
         + 0.7071067811865476 * x1_2_1 * g_9_1
@@ -2354,9 +2087,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (64 columns)
     # path 10: x1[2] 64x1o (x) x2[2] 1x2e -> out[10] 64x1o, uvu, weights at 640, 11 nonzeros
-    g_10_0 = g_ref[:, pl.ds(1920, 64)]  # g block 10 (64x1o), m=0
-    g_10_1 = g_ref[:, pl.ds(1984, 64)]  # g block 10 (64x1o), m=1
-    g_10_2 = g_ref[:, pl.ds(2048, 64)]  # g block 10 (64x1o), m=2
+    g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 1920, mul=64, dim=3, pad=64)  # g block 10 (64x1o)
     h10_0 = (
         0.5477225575051661 * x1_2_2 * g_10_0
         + 0.5477225575051661 * x1_2_0 * g_10_2
@@ -2389,11 +2120,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (64 columns)
     # path 11: x1[2] 64x1o (x) x2[2] 1x2e -> out[11] 64x2o, uvu, weights at 704, 16 nonzeros
-    g_11_0 = g_ref[:, pl.ds(2112, 64)]  # g block 11 (64x2o), m=0
-    g_11_1 = g_ref[:, pl.ds(2176, 64)]  # g block 11 (64x2o), m=1
-    g_11_2 = g_ref[:, pl.ds(2240, 64)]  # g block 11 (64x2o), m=2
-    g_11_3 = g_ref[:, pl.ds(2304, 64)]  # g block 11 (64x2o), m=3
-    g_11_4 = g_ref[:, pl.ds(2368, 64)]  # g block 11 (64x2o), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2112, mul=64, dim=5, pad=64)  # g block 11 (64x2o)
     h11_0 = (
         - 0.408248290463863 * x1_2_0 * g_11_1
         + 0.408248290463863 * x1_2_2 * g_11_3
@@ -2431,12 +2158,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (64 columns)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(320, 64)]  # x1 block 3 (64x1e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(384, 64)]  # x1 block 3 (64x1e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(448, 64)]  # x1 block 3 (64x1e), m=2
-    g_12_0 = g_ref[:, pl.ds(2432, 64)]  # g block 12 (64x1e), m=0
-    g_12_1 = g_ref[:, pl.ds(2496, 64)]  # g block 12 (64x1e), m=1
-    g_12_2 = g_ref[:, pl.ds(2560, 64)]  # g block 12 (64x1e), m=2
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
     h12_0 = (
         0.9999999999999999 * x1_3_0 * g_12_0
         + 0.9999999999999999 * x1_3_1 * g_12_1
@@ -2460,9 +2183,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (64 columns)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
-    g_14_0 = g_ref[:, pl.ds(2688, 64)]  # g block 14 (64x1o), m=0
-    g_14_1 = g_ref[:, pl.ds(2752, 64)]  # g block 14 (64x1o), m=1
-    g_14_2 = g_ref[:, pl.ds(2816, 64)]  # g block 14 (64x1o), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
     h14_0 = (
         0.7071067811865475 * x1_3_2 * g_14_1
         - 0.7071067811865475 * x1_3_1 * g_14_2
@@ -2484,11 +2205,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (64 columns)
     # path 15: x1[3] 64x1e (x) x2[1] 1x1o -> out[15] 64x2o, uvu, weights at 960, 11 nonzeros
-    g_15_0 = g_ref[:, pl.ds(2880, 64)]  # g block 15 (64x2o), m=0
-    g_15_1 = g_ref[:, pl.ds(2944, 64)]  # g block 15 (64x2o), m=1
-    g_15_2 = g_ref[:, pl.ds(3008, 64)]  # g block 15 (64x2o), m=2
-    g_15_3 = g_ref[:, pl.ds(3072, 64)]  # g block 15 (64x2o), m=3
-    g_15_4 = g_ref[:, pl.ds(3136, 64)]  # g block 15 (64x2o), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 2880, mul=64, dim=5, pad=64)  # g block 15 (64x2o)
     h15_0 = (
         0.7071067811865476 * x1_3_2 * g_15_0
         + 0.7071067811865476 * x1_3_1 * g_15_1
@@ -2515,9 +2232,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (64 columns)
     # path 16: x1[3] 64x1e (x) x2[2] 1x2e -> out[16] 64x1e, uvu, weights at 1024, 11 nonzeros
-    g_16_0 = g_ref[:, pl.ds(3200, 64)]  # g block 16 (64x1e), m=0
-    g_16_1 = g_ref[:, pl.ds(3264, 64)]  # g block 16 (64x1e), m=1
-    g_16_2 = g_ref[:, pl.ds(3328, 64)]  # g block 16 (64x1e), m=2
+    g_16_0, g_16_1, g_16_2 = rt.load_tile(g_ref, 3200, mul=64, dim=3, pad=64)  # g block 16 (64x1e)
     h16_0 = (
         0.5477225575051661 * x1_3_2 * g_16_0
         + 0.5477225575051661 * x1_3_0 * g_16_2
@@ -2550,11 +2265,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 17 (64 columns)
     # path 17: x1[3] 64x1e (x) x2[2] 1x2e -> out[17] 64x2e, uvu, weights at 1088, 16 nonzeros
-    g_17_0 = g_ref[:, pl.ds(3392, 64)]  # g block 17 (64x2e), m=0
-    g_17_1 = g_ref[:, pl.ds(3456, 64)]  # g block 17 (64x2e), m=1
-    g_17_2 = g_ref[:, pl.ds(3520, 64)]  # g block 17 (64x2e), m=2
-    g_17_3 = g_ref[:, pl.ds(3584, 64)]  # g block 17 (64x2e), m=3
-    g_17_4 = g_ref[:, pl.ds(3648, 64)]  # g block 17 (64x2e), m=4
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4 = rt.load_tile(g_ref, 3392, mul=64, dim=5, pad=64)  # g block 17 (64x2e)
     h17_0 = (
         - 0.408248290463863 * x1_3_0 * g_17_1
         + 0.408248290463863 * x1_3_2 * g_17_3
@@ -2592,16 +2303,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 18 (64 columns)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
-    x1_4_0 = x1_ref[:, pl.ds(512, 64)]  # x1 block 4 (64x2o), m=0
-    x1_4_1 = x1_ref[:, pl.ds(576, 64)]  # x1 block 4 (64x2o), m=1
-    x1_4_2 = x1_ref[:, pl.ds(640, 64)]  # x1 block 4 (64x2o), m=2
-    x1_4_3 = x1_ref[:, pl.ds(704, 64)]  # x1 block 4 (64x2o), m=3
-    x1_4_4 = x1_ref[:, pl.ds(768, 64)]  # x1 block 4 (64x2o), m=4
-    g_18_0 = g_ref[:, pl.ds(3712, 64)]  # g block 18 (64x2o), m=0
-    g_18_1 = g_ref[:, pl.ds(3776, 64)]  # g block 18 (64x2o), m=1
-    g_18_2 = g_ref[:, pl.ds(3840, 64)]  # g block 18 (64x2o), m=2
-    g_18_3 = g_ref[:, pl.ds(3904, 64)]  # g block 18 (64x2o), m=3
-    g_18_4 = g_ref[:, pl.ds(3968, 64)]  # g block 18 (64x2o), m=4
+    x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
     h18_0 = (
         1.0 * x1_4_0 * g_18_0
         + 1.0 * x1_4_1 * g_18_1
@@ -2614,9 +2317,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 19 (64 columns)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4032, 64)]  # g block 19 (64x1e), m=0
-    g_19_1 = g_ref[:, pl.ds(4096, 64)]  # g block 19 (64x1e), m=1
-    g_19_2 = g_ref[:, pl.ds(4160, 64)]  # g block 19 (64x1e), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
     h19_0 = (
         - 0.3162277660168379 * x1_4_2 * g_19_0
         - 0.5477225575051661 * x1_4_4 * g_19_0
@@ -2643,11 +2344,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 20 (64 columns)
     # path 20: x1[4] 64x2o (x) x2[1] 1x1o -> out[20] 64x2e, uvu, weights at 1280, 16 nonzeros
-    g_20_0 = g_ref[:, pl.ds(4224, 64)]  # g block 20 (64x2e), m=0
-    g_20_1 = g_ref[:, pl.ds(4288, 64)]  # g block 20 (64x2e), m=1
-    g_20_2 = g_ref[:, pl.ds(4352, 64)]  # g block 20 (64x2e), m=2
-    g_20_3 = g_ref[:, pl.ds(4416, 64)]  # g block 20 (64x2e), m=3
-    g_20_4 = g_ref[:, pl.ds(4480, 64)]  # g block 20 (64x2e), m=4
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4224, mul=64, dim=5, pad=64)  # g block 20 (64x2e)
     h20_0 = (
         - 0.408248290463863 * x1_4_1 * g_20_0
         + 0.408248290463863 * x1_4_0 * g_20_1
@@ -2696,9 +2393,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 22 (64 columns)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
-    g_22_0 = g_ref[:, pl.ds(4608, 64)]  # g block 22 (64x1o), m=0
-    g_22_1 = g_ref[:, pl.ds(4672, 64)]  # g block 22 (64x1o), m=1
-    g_22_2 = g_ref[:, pl.ds(4736, 64)]  # g block 22 (64x1o), m=2
+    g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
     h22_0 = (
         0.3162277660168379 * x1_4_1 * g_22_0
         + 0.6324555320336758 * x1_4_4 * g_22_1
@@ -2736,11 +2431,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 23 (64 columns)
     # path 23: x1[4] 64x2o (x) x2[2] 1x2e -> out[23] 64x2o, uvu, weights at 1472, 25 nonzeros
-    g_23_0 = g_ref[:, pl.ds(4800, 64)]  # g block 23 (64x2o), m=0
-    g_23_1 = g_ref[:, pl.ds(4864, 64)]  # g block 23 (64x2o), m=1
-    g_23_2 = g_ref[:, pl.ds(4928, 64)]  # g block 23 (64x2o), m=2
-    g_23_3 = g_ref[:, pl.ds(4992, 64)]  # g block 23 (64x2o), m=3
-    g_23_4 = g_ref[:, pl.ds(5056, 64)]  # g block 23 (64x2o), m=4
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4 = rt.load_tile(g_ref, 4800, mul=64, dim=5, pad=64)  # g block 23 (64x2o)
     h23_0 = (
         - 0.5345224838248488 * x1_4_2 * g_23_0
         + 0.4629100498862757 * x1_4_3 * g_23_1
@@ -2787,16 +2478,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 24 (64 columns)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
-    x1_5_0 = x1_ref[:, pl.ds(832, 64)]  # x1 block 5 (64x2e), m=0
-    x1_5_1 = x1_ref[:, pl.ds(896, 64)]  # x1 block 5 (64x2e), m=1
-    x1_5_2 = x1_ref[:, pl.ds(960, 64)]  # x1 block 5 (64x2e), m=2
-    x1_5_3 = x1_ref[:, pl.ds(1024, 64)]  # x1 block 5 (64x2e), m=3
-    x1_5_4 = x1_ref[:, pl.ds(1088, 64)]  # x1 block 5 (64x2e), m=4
-    g_24_0 = g_ref[:, pl.ds(5120, 64)]  # g block 24 (64x2e), m=0
-    g_24_1 = g_ref[:, pl.ds(5184, 64)]  # g block 24 (64x2e), m=1
-    g_24_2 = g_ref[:, pl.ds(5248, 64)]  # g block 24 (64x2e), m=2
-    g_24_3 = g_ref[:, pl.ds(5312, 64)]  # g block 24 (64x2e), m=3
-    g_24_4 = g_ref[:, pl.ds(5376, 64)]  # g block 24 (64x2e), m=4
+    x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
     h24_0 = (
         1.0 * x1_5_0 * g_24_0
         + 1.0 * x1_5_1 * g_24_1
@@ -2809,9 +2492,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 25 (64 columns)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
-    g_25_0 = g_ref[:, pl.ds(5440, 64)]  # g block 25 (64x1o), m=0
-    g_25_1 = g_ref[:, pl.ds(5504, 64)]  # g block 25 (64x1o), m=1
-    g_25_2 = g_ref[:, pl.ds(5568, 64)]  # g block 25 (64x1o), m=2
+    g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
     h25_0 = (
         - 0.3162277660168379 * x1_5_2 * g_25_0
         - 0.5477225575051661 * x1_5_4 * g_25_0
@@ -2838,11 +2519,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 26 (64 columns)
     # path 26: x1[5] 64x2e (x) x2[1] 1x1o -> out[26] 64x2o, uvu, weights at 1664, 16 nonzeros
-    g_26_0 = g_ref[:, pl.ds(5632, 64)]  # g block 26 (64x2o), m=0
-    g_26_1 = g_ref[:, pl.ds(5696, 64)]  # g block 26 (64x2o), m=1
-    g_26_2 = g_ref[:, pl.ds(5760, 64)]  # g block 26 (64x2o), m=2
-    g_26_3 = g_ref[:, pl.ds(5824, 64)]  # g block 26 (64x2o), m=3
-    g_26_4 = g_ref[:, pl.ds(5888, 64)]  # g block 26 (64x2o), m=4
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 5632, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
     h26_0 = (
         - 0.408248290463863 * x1_5_1 * g_26_0
         + 0.408248290463863 * x1_5_0 * g_26_1
@@ -2891,9 +2568,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 28 (64 columns)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
-    g_28_0 = g_ref[:, pl.ds(6016, 64)]  # g block 28 (64x1e), m=0
-    g_28_1 = g_ref[:, pl.ds(6080, 64)]  # g block 28 (64x1e), m=1
-    g_28_2 = g_ref[:, pl.ds(6144, 64)]  # g block 28 (64x1e), m=2
+    g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
     h28_0 = (
         0.3162277660168379 * x1_5_1 * g_28_0
         + 0.6324555320336758 * x1_5_4 * g_28_1
@@ -2931,11 +2606,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 29 (64 columns)
     # path 29: x1[5] 64x2e (x) x2[2] 1x2e -> out[29] 64x2e, uvu, weights at 1856, 25 nonzeros
-    g_29_0 = g_ref[:, pl.ds(6208, 64)]  # g block 29 (64x2e), m=0
-    g_29_1 = g_ref[:, pl.ds(6272, 64)]  # g block 29 (64x2e), m=1
-    g_29_2 = g_ref[:, pl.ds(6336, 64)]  # g block 29 (64x2e), m=2
-    g_29_3 = g_ref[:, pl.ds(6400, 64)]  # g block 29 (64x2e), m=3
-    g_29_4 = g_ref[:, pl.ds(6464, 64)]  # g block 29 (64x2e), m=4
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4 = rt.load_tile(g_ref, 6208, mul=64, dim=5, pad=64)  # g block 29 (64x2e)
     h29_0 = (
         - 0.5345224838248488 * x1_5_2 * g_29_0
         + 0.4629100498862757 * x1_5_3 * g_29_1
@@ -3018,14 +2689,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -3036,4 +2707,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (128x1o, 128x2e, 128x3o, 32x1o, 32x2e, 32x3o, 64x1o, 64x2e, 64x3o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "nequix_main"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 704
 IDIM_IN2 = 16
 IWEIGHT_NUMEL = 1312
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # out block 2 (128x2e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
@@ -90,11 +95,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(512, 128)] = acc_2_0
-    out_ref[:, pl.ds(640, 128)] = acc_2_1
-    out_ref[:, pl.ds(768, 128)] = acc_2_2
-    out_ref[:, pl.ds(896, 128)] = acc_2_3
-    out_ref[:, pl.ds(1024, 128)] = acc_2_4
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # out block 3 (128x3o): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 128), dtype)
@@ -120,29 +121,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x1_0_0 * x2_3_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x1_0_0 * x2_3_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x1_0_0 * x2_3_6)
-    out_ref[:, pl.ds(1152, 128)] = acc_3_0
-    out_ref[:, pl.ds(1280, 128)] = acc_3_1
-    out_ref[:, pl.ds(1408, 128)] = acc_3_2
-    out_ref[:, pl.ds(1536, 128)] = acc_3_3
-    out_ref[:, pl.ds(1664, 128)] = acc_3_4
-    out_ref[:, pl.ds(1792, 128)] = acc_3_5
-    out_ref[:, pl.ds(1920, 128)] = acc_3_6
+    rt.store_tile(out_ref, 1152, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=128, dim=7, pad=128)
 
     # out block 4 (64x1o): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
     acc_4_1 = jnp.zeros((rows, 64), dtype)
     acc_4_2 = jnp.zeros((rows, 64), dtype)
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1o)
     # path 4: x1[1] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_1_0 * x2_0_0)
     acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_1_1 * x2_0_0)
     acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_1_2 * x2_0_0)
-    out_ref[:, pl.ds(2048, 64)] = acc_4_0
-    out_ref[:, pl.ds(2112, 64)] = acc_4_1
-    out_ref[:, pl.ds(2176, 64)] = acc_4_2
+    rt.store_tile(out_ref, 2048, [acc_4_0, acc_4_1, acc_4_2], mul=64, dim=3, pad=64)
 
     # out block 5 (64x0e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -184,11 +175,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_1_0
         + 0.7071067811865476 * x1_1_2 * x2_1_2
     )
-    out_ref[:, pl.ds(2304, 64)] = acc_6_0
-    out_ref[:, pl.ds(2368, 64)] = acc_6_1
-    out_ref[:, pl.ds(2432, 64)] = acc_6_2
-    out_ref[:, pl.ds(2496, 64)] = acc_6_3
-    out_ref[:, pl.ds(2560, 64)] = acc_6_4
+    rt.store_tile(out_ref, 2304, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4], mul=64, dim=5, pad=64)
 
     # out block 7 (64x1o): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -213,9 +200,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_1_2 * x2_2_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(2624, 64)] = acc_7_0
-    out_ref[:, pl.ds(2688, 64)] = acc_7_1
-    out_ref[:, pl.ds(2752, 64)] = acc_7_2
+    rt.store_tile(out_ref, 2624, [acc_7_0, acc_7_1, acc_7_2], mul=64, dim=3, pad=64)
 
     # out block 8 (64x3o): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 64), dtype)
@@ -262,13 +247,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_2_0
         + 0.7071067811865476 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(2816, 64)] = acc_8_0
-    out_ref[:, pl.ds(2880, 64)] = acc_8_1
-    out_ref[:, pl.ds(2944, 64)] = acc_8_2
-    out_ref[:, pl.ds(3008, 64)] = acc_8_3
-    out_ref[:, pl.ds(3072, 64)] = acc_8_4
-    out_ref[:, pl.ds(3136, 64)] = acc_8_5
-    out_ref[:, pl.ds(3200, 64)] = acc_8_6
+    rt.store_tile(out_ref, 2816, [acc_8_0, acc_8_1, acc_8_2, acc_8_3, acc_8_4, acc_8_5, acc_8_6], mul=64, dim=7, pad=64)
 
     # out block 9 (64x2e): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 64), dtype)
@@ -309,11 +288,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_1_2 * x2_3_4
         + 0.5976143046671969 * x1_1_2 * x2_3_6
     )
-    out_ref[:, pl.ds(3264, 64)] = acc_9_0
-    out_ref[:, pl.ds(3328, 64)] = acc_9_1
-    out_ref[:, pl.ds(3392, 64)] = acc_9_2
-    out_ref[:, pl.ds(3456, 64)] = acc_9_3
-    out_ref[:, pl.ds(3520, 64)] = acc_9_4
+    rt.store_tile(out_ref, 3264, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=64, dim=5, pad=64)
 
     # out block 10 (32x2e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 32), dtype)
@@ -321,11 +296,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_2 = jnp.zeros((rows, 32), dtype)
     acc_10_3 = jnp.zeros((rows, 32), dtype)
     acc_10_4 = jnp.zeros((rows, 32), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
     # path 10: x1[2] 32x2e (x) x2[0] 1x0e -> out[10] 32x2e, uvu, weights at 896, 5 nonzeros
     w = w_ref[:, pl.ds(896, 32)]
     acc_10_0 = acc_10_0 + w * (1.0 * x1_2_0 * x2_0_0)
@@ -333,11 +304,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_2 = acc_10_2 + w * (1.0 * x1_2_2 * x2_0_0)
     acc_10_3 = acc_10_3 + w * (1.0 * x1_2_3 * x2_0_0)
     acc_10_4 = acc_10_4 + w * (1.0 * x1_2_4 * x2_0_0)
-    out_ref[:, pl.ds(3584, 32)] = acc_10_0
-    out_ref[:, pl.ds(3616, 32)] = acc_10_1
-    out_ref[:, pl.ds(3648, 32)] = acc_10_2
-    out_ref[:, pl.ds(3680, 32)] = acc_10_3
-    out_ref[:, pl.ds(3712, 32)] = acc_10_4
+    rt.store_tile(out_ref, 3584, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=32, dim=5, pad=32)
 
     # out block 11 (32x1o): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 32), dtype)
@@ -362,9 +329,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_2_3 * x2_1_1
         + 0.5477225575051661 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(3744, 32)] = acc_11_0
-    out_ref[:, pl.ds(3776, 32)] = acc_11_1
-    out_ref[:, pl.ds(3808, 32)] = acc_11_2
+    rt.store_tile(out_ref, 3744, [acc_11_0, acc_11_1, acc_11_2], mul=32, dim=3, pad=32)
 
     # out block 12 (32x3o): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 32), dtype)
@@ -411,13 +376,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_1_0
         + 0.7071067811865476 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(3840, 32)] = acc_12_0
-    out_ref[:, pl.ds(3872, 32)] = acc_12_1
-    out_ref[:, pl.ds(3904, 32)] = acc_12_2
-    out_ref[:, pl.ds(3936, 32)] = acc_12_3
-    out_ref[:, pl.ds(3968, 32)] = acc_12_4
-    out_ref[:, pl.ds(4000, 32)] = acc_12_5
-    out_ref[:, pl.ds(4032, 32)] = acc_12_6
+    rt.store_tile(out_ref, 3840, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4, acc_12_5, acc_12_6], mul=32, dim=7, pad=32)
 
     # out block 13 (32x0e): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 32), dtype)
@@ -475,11 +434,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_2_3 * x2_2_3
         - 0.5345224838248488 * x1_2_4 * x2_2_2
     )
-    out_ref[:, pl.ds(4096, 32)] = acc_14_0
-    out_ref[:, pl.ds(4128, 32)] = acc_14_1
-    out_ref[:, pl.ds(4160, 32)] = acc_14_2
-    out_ref[:, pl.ds(4192, 32)] = acc_14_3
-    out_ref[:, pl.ds(4224, 32)] = acc_14_4
+    rt.store_tile(out_ref, 4096, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4], mul=32, dim=5, pad=32)
 
     # out block 15 (32x1o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 32), dtype)
@@ -514,9 +469,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x1_2_4 * x2_3_4
         + 0.4629100498862757 * x1_2_4 * x2_3_6
     )
-    out_ref[:, pl.ds(4256, 32)] = acc_15_0
-    out_ref[:, pl.ds(4288, 32)] = acc_15_1
-    out_ref[:, pl.ds(4320, 32)] = acc_15_2
+    rt.store_tile(out_ref, 4256, [acc_15_0, acc_15_1, acc_15_2], mul=32, dim=3, pad=32)
 
     # out block 16 (32x3o): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 32), dtype)
@@ -583,13 +536,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_2_3 * x2_3_5
         - 0.2886751345948129 * x1_2_4 * x2_3_4
     )
-    out_ref[:, pl.ds(4352, 32)] = acc_16_0
-    out_ref[:, pl.ds(4384, 32)] = acc_16_1
-    out_ref[:, pl.ds(4416, 32)] = acc_16_2
-    out_ref[:, pl.ds(4448, 32)] = acc_16_3
-    out_ref[:, pl.ds(4480, 32)] = acc_16_4
-    out_ref[:, pl.ds(4512, 32)] = acc_16_5
-    out_ref[:, pl.ds(4544, 32)] = acc_16_6
+    rt.store_tile(out_ref, 4352, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=32, dim=7, pad=32)
 
     # out block 17 (32x3o): 1 path(s)
     acc_17_0 = jnp.zeros((rows, 32), dtype)
@@ -599,13 +546,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_17_4 = jnp.zeros((rows, 32), dtype)
     acc_17_5 = jnp.zeros((rows, 32), dtype)
     acc_17_6 = jnp.zeros((rows, 32), dtype)
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3o), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3o), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3o), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3o), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3o), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3o), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3o), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3o)
     # path 17: x1[3] 32x3o (x) x2[0] 1x0e -> out[17] 32x3o, uvu, weights at 1120, 7 nonzeros
     w = w_ref[:, pl.ds(1120, 32)]
     acc_17_0 = acc_17_0 + w * (1.0000000000000002 * x1_3_0 * x2_0_0)
@@ -615,13 +556,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_17_4 = acc_17_4 + w * (1.0000000000000002 * x1_3_4 * x2_0_0)
     acc_17_5 = acc_17_5 + w * (1.0000000000000002 * x1_3_5 * x2_0_0)
     acc_17_6 = acc_17_6 + w * (1.0000000000000002 * x1_3_6 * x2_0_0)
-    out_ref[:, pl.ds(4576, 32)] = acc_17_0
-    out_ref[:, pl.ds(4608, 32)] = acc_17_1
-    out_ref[:, pl.ds(4640, 32)] = acc_17_2
-    out_ref[:, pl.ds(4672, 32)] = acc_17_3
-    out_ref[:, pl.ds(4704, 32)] = acc_17_4
-    out_ref[:, pl.ds(4736, 32)] = acc_17_5
-    out_ref[:, pl.ds(4768, 32)] = acc_17_6
+    rt.store_tile(out_ref, 4576, [acc_17_0, acc_17_1, acc_17_2, acc_17_3, acc_17_4, acc_17_5, acc_17_6], mul=32, dim=7, pad=32)
 
     # out block 18 (32x2e): 1 path(s)
     acc_18_0 = jnp.zeros((rows, 32), dtype)
@@ -662,11 +597,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.48795003647426666 * x1_3_5 * x2_1_1
         + 0.5976143046671969 * x1_3_6 * x2_1_2
     )
-    out_ref[:, pl.ds(4800, 32)] = acc_18_0
-    out_ref[:, pl.ds(4832, 32)] = acc_18_1
-    out_ref[:, pl.ds(4864, 32)] = acc_18_2
-    out_ref[:, pl.ds(4896, 32)] = acc_18_3
-    out_ref[:, pl.ds(4928, 32)] = acc_18_4
+    rt.store_tile(out_ref, 4800, [acc_18_0, acc_18_1, acc_18_2, acc_18_3, acc_18_4], mul=32, dim=5, pad=32)
 
     # out block 19 (32x1o): 1 path(s)
     acc_19_0 = jnp.zeros((rows, 32), dtype)
@@ -701,9 +632,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.3779644730092272 * x1_3_5 * x2_2_3
         + 0.4629100498862757 * x1_3_6 * x2_2_4
     )
-    out_ref[:, pl.ds(4960, 32)] = acc_19_0
-    out_ref[:, pl.ds(4992, 32)] = acc_19_1
-    out_ref[:, pl.ds(5024, 32)] = acc_19_2
+    rt.store_tile(out_ref, 4960, [acc_19_0, acc_19_1, acc_19_2], mul=32, dim=3, pad=32)
 
     # out block 20 (32x3o): 1 path(s)
     acc_20_0 = jnp.zeros((rows, 32), dtype)
@@ -770,13 +699,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_3_5 * x2_2_3
         - 0.6454972243679029 * x1_3_6 * x2_2_2
     )
-    out_ref[:, pl.ds(5056, 32)] = acc_20_0
-    out_ref[:, pl.ds(5088, 32)] = acc_20_1
-    out_ref[:, pl.ds(5120, 32)] = acc_20_2
-    out_ref[:, pl.ds(5152, 32)] = acc_20_3
-    out_ref[:, pl.ds(5184, 32)] = acc_20_4
-    out_ref[:, pl.ds(5216, 32)] = acc_20_5
-    out_ref[:, pl.ds(5248, 32)] = acc_20_6
+    rt.store_tile(out_ref, 5056, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4, acc_20_5, acc_20_6], mul=32, dim=7, pad=32)
 
     # out block 21 (32x0e): 1 path(s)
     acc_21_0 = jnp.zeros((rows, 32), dtype)
@@ -852,11 +775,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.48795003647426666 * x1_3_5 * x2_3_3
         - 0.24397501823713333 * x1_3_6 * x2_3_4
     )
-    out_ref[:, pl.ds(5312, 32)] = acc_22_0
-    out_ref[:, pl.ds(5344, 32)] = acc_22_1
-    out_ref[:, pl.ds(5376, 32)] = acc_22_2
-    out_ref[:, pl.ds(5408, 32)] = acc_22_3
-    out_ref[:, pl.ds(5440, 32)] = acc_22_4
+    rt.store_tile(out_ref, 5312, [acc_22_0, acc_22_1, acc_22_2, acc_22_3, acc_22_4], mul=32, dim=5, pad=32)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -874,9 +793,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
     w = w_ref[:, pl.ds(128, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -889,11 +806,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
     w = w_ref[:, pl.ds(256, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -910,13 +823,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -934,9 +841,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = jnp.zeros((rows, 64), dtype)
     acc_1_1 = jnp.zeros((rows, 64), dtype)
     acc_1_2 = jnp.zeros((rows, 64), dtype)
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1o), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     # path 4: x1[1] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x2_0_0 * g_4_0)
@@ -948,11 +853,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.5773502691896257 * x2_1_0 * g_5_0)
     acc_1_1 = acc_1_1 + w * (0.5773502691896257 * x2_1_1 * g_5_0)
     acc_1_2 = acc_1_2 + w * (0.5773502691896257 * x2_1_2 * g_5_0)
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2496, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(2560, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2304, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     # path 6: x1[1] 64x1o (x) x2[1] 1x1o -> out[6] 64x2e, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -972,9 +873,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_6_3
         + 0.7071067811865476 * x2_1_2 * g_6_4
     )
-    g_7_0 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 2624, mul=64, dim=3, pad=64)  # g block 7 (64x1o)
     # path 7: x1[1] 64x1o (x) x2[2] 1x2e -> out[7] 64x1o, uvu, weights at 704, 11 nonzeros
     w = w_ref[:, pl.ds(704, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -994,13 +893,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_7_2
         + 0.5477225575051661 * x2_2_4 * g_7_2
     )
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3008, 64)]  # g block 8 (64x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(3072, 64)]  # g block 8 (64x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(3136, 64)]  # g block 8 (64x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(3200, 64)]  # g block 8 (64x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 2816, mul=64, dim=7, pad=64)  # g block 8 (64x3o)
     # path 8: x1[1] 64x1o (x) x2[2] 1x2e -> out[8] 64x3o, uvu, weights at 768, 21 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1030,11 +923,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5773502691896258 * x2_2_3 * g_8_5
         + 0.7071067811865476 * x2_2_4 * g_8_6
     )
-    g_9_0 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3328, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3392, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3456, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3520, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3264, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     # path 9: x1[1] 64x1o (x) x2[3] 1x3o -> out[9] 64x2e, uvu, weights at 832, 21 nonzeros
     w = w_ref[:, pl.ds(832, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1064,9 +953,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_9_4
         + 0.5976143046671969 * x2_3_6 * g_9_4
     )
-    out_ref[:, pl.ds(128, 64)] = acc_1_0
-    out_ref[:, pl.ds(192, 64)] = acc_1_1
-    out_ref[:, pl.ds(256, 64)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
     # x1 block 2 (32x2e): 7 path(s)
     acc_2_0 = jnp.zeros((rows, 32), dtype)
@@ -1074,11 +961,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = jnp.zeros((rows, 32), dtype)
     acc_2_3 = jnp.zeros((rows, 32), dtype)
     acc_2_4 = jnp.zeros((rows, 32), dtype)
-    g_10_0 = g_ref[:, pl.ds(3584, 32)]  # g block 10 (32x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(3616, 32)]  # g block 10 (32x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(3648, 32)]  # g block 10 (32x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(3680, 32)]  # g block 10 (32x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(3712, 32)]  # g block 10 (32x2e), m=4
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=32, dim=5, pad=32)  # g block 10 (32x2e)
     # path 10: x1[2] 32x2e (x) x2[0] 1x0e -> out[10] 32x2e, uvu, weights at 896, 5 nonzeros
     w = w_ref[:, pl.ds(896, 32)]
     acc_2_0 = acc_2_0 + w * (1.0 * x2_0_0 * g_10_0)
@@ -1086,9 +969,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x2_0_0 * g_10_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x2_0_0 * g_10_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x2_0_0 * g_10_4)
-    g_11_0 = g_ref[:, pl.ds(3744, 32)]  # g block 11 (32x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(3776, 32)]  # g block 11 (32x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(3808, 32)]  # g block 11 (32x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 3744, mul=32, dim=3, pad=32)  # g block 11 (32x1o)
     # path 11: x1[2] 32x2e (x) x2[1] 1x1o -> out[11] 32x1o, uvu, weights at 928, 11 nonzeros
     w = w_ref[:, pl.ds(928, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1112,13 +993,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_11_0
         + 0.5477225575051661 * x2_1_2 * g_11_2
     )
-    g_12_0 = g_ref[:, pl.ds(3840, 32)]  # g block 12 (32x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(3872, 32)]  # g block 12 (32x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(3904, 32)]  # g block 12 (32x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(3936, 32)]  # g block 12 (32x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(3968, 32)]  # g block 12 (32x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(4000, 32)]  # g block 12 (32x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(4032, 32)]  # g block 12 (32x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 3840, mul=32, dim=7, pad=32)  # g block 12 (32x3o)
     # path 12: x1[2] 32x2e (x) x2[1] 1x1o -> out[12] 32x3o, uvu, weights at 960, 21 nonzeros
     w = w_ref[:, pl.ds(960, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1160,11 +1035,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (0.4472135954999579 * x2_2_2 * g_13_0)
     acc_2_3 = acc_2_3 + w * (0.4472135954999579 * x2_2_3 * g_13_0)
     acc_2_4 = acc_2_4 + w * (0.4472135954999579 * x2_2_4 * g_13_0)
-    g_14_0 = g_ref[:, pl.ds(4096, 32)]  # g block 14 (32x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(4128, 32)]  # g block 14 (32x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(4160, 32)]  # g block 14 (32x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(4192, 32)]  # g block 14 (32x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(4224, 32)]  # g block 14 (32x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 4096, mul=32, dim=5, pad=32)  # g block 14 (32x2e)
     # path 14: x1[2] 32x2e (x) x2[2] 1x2e -> out[14] 32x2e, uvu, weights at 1024, 25 nonzeros
     w = w_ref[:, pl.ds(1024, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1202,9 +1073,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_14_3
         - 0.5345224838248488 * x2_2_2 * g_14_4
     )
-    g_15_0 = g_ref[:, pl.ds(4256, 32)]  # g block 15 (32x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(4288, 32)]  # g block 15 (32x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(4320, 32)]  # g block 15 (32x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 4256, mul=32, dim=3, pad=32)  # g block 15 (32x1o)
     # path 15: x1[2] 32x2e (x) x2[3] 1x3o -> out[15] 32x1o, uvu, weights at 1056, 21 nonzeros
     w = w_ref[:, pl.ds(1056, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1238,13 +1107,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x2_3_4 * g_15_2
         + 0.4629100498862757 * x2_3_6 * g_15_2
     )
-    g_16_0 = g_ref[:, pl.ds(4352, 32)]  # g block 16 (32x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(4384, 32)]  # g block 16 (32x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(4416, 32)]  # g block 16 (32x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(4448, 32)]  # g block 16 (32x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(4480, 32)]  # g block 16 (32x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(4512, 32)]  # g block 16 (32x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(4544, 32)]  # g block 16 (32x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4352, mul=32, dim=7, pad=32)  # g block 16 (32x3o)
     # path 16: x1[2] 32x2e (x) x2[3] 1x3o -> out[16] 32x3o, uvu, weights at 1088, 41 nonzeros
     w = w_ref[:, pl.ds(1088, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1298,11 +1161,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896258 * x2_3_3 * g_16_5
         - 0.2886751345948129 * x2_3_4 * g_16_6
     )
-    out_ref[:, pl.ds(320, 32)] = acc_2_0
-    out_ref[:, pl.ds(352, 32)] = acc_2_1
-    out_ref[:, pl.ds(384, 32)] = acc_2_2
-    out_ref[:, pl.ds(416, 32)] = acc_2_3
-    out_ref[:, pl.ds(448, 32)] = acc_2_4
+    rt.store_tile(out_ref, 320, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=32, dim=5, pad=32)
 
     # x1 block 3 (32x3o): 6 path(s)
     acc_3_0 = jnp.zeros((rows, 32), dtype)
@@ -1312,13 +1171,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = jnp.zeros((rows, 32), dtype)
     acc_3_5 = jnp.zeros((rows, 32), dtype)
     acc_3_6 = jnp.zeros((rows, 32), dtype)
-    g_17_0 = g_ref[:, pl.ds(4576, 32)]  # g block 17 (32x3o), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 32)]  # g block 17 (32x3o), m=1
-    g_17_2 = g_ref[:, pl.ds(4640, 32)]  # g block 17 (32x3o), m=2
-    g_17_3 = g_ref[:, pl.ds(4672, 32)]  # g block 17 (32x3o), m=3
-    g_17_4 = g_ref[:, pl.ds(4704, 32)]  # g block 17 (32x3o), m=4
-    g_17_5 = g_ref[:, pl.ds(4736, 32)]  # g block 17 (32x3o), m=5
-    g_17_6 = g_ref[:, pl.ds(4768, 32)]  # g block 17 (32x3o), m=6
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4, g_17_5, g_17_6 = rt.load_tile(g_ref, 4576, mul=32, dim=7, pad=32)  # g block 17 (32x3o)
     # path 17: x1[3] 32x3o (x) x2[0] 1x0e -> out[17] 32x3o, uvu, weights at 1120, 7 nonzeros
     w = w_ref[:, pl.ds(1120, 32)]
     acc_3_0 = acc_3_0 + w * (1.0000000000000002 * x2_0_0 * g_17_0)
@@ -1328,11 +1181,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x2_0_0 * g_17_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x2_0_0 * g_17_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x2_0_0 * g_17_6)
-    g_18_0 = g_ref[:, pl.ds(4800, 32)]  # g block 18 (32x2e), m=0
-    g_18_1 = g_ref[:, pl.ds(4832, 32)]  # g block 18 (32x2e), m=1
-    g_18_2 = g_ref[:, pl.ds(4864, 32)]  # g block 18 (32x2e), m=2
-    g_18_3 = g_ref[:, pl.ds(4896, 32)]  # g block 18 (32x2e), m=3
-    g_18_4 = g_ref[:, pl.ds(4928, 32)]  # g block 18 (32x2e), m=4
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 18 (32x2e)
     # path 18: x1[3] 32x3o (x) x2[1] 1x1o -> out[18] 32x2e, uvu, weights at 1152, 21 nonzeros
     w = w_ref[:, pl.ds(1152, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -1370,9 +1219,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5976143046671969 * x2_1_0 * g_18_0
         + 0.5976143046671969 * x2_1_2 * g_18_4
     )
-    g_19_0 = g_ref[:, pl.ds(4960, 32)]  # g block 19 (32x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4992, 32)]  # g block 19 (32x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(5024, 32)]  # g block 19 (32x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4960, mul=32, dim=3, pad=32)  # g block 19 (32x1o)
     # path 19: x1[3] 32x3o (x) x2[2] 1x2e -> out[19] 32x1o, uvu, weights at 1184, 21 nonzeros
     w = w_ref[:, pl.ds(1184, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -1410,13 +1257,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.4629100498862757 * x2_2_0 * g_19_0
         + 0.4629100498862757 * x2_2_4 * g_19_2
     )
-    g_20_0 = g_ref[:, pl.ds(5056, 32)]  # g block 20 (32x3o), m=0
-    g_20_1 = g_ref[:, pl.ds(5088, 32)]  # g block 20 (32x3o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 32)]  # g block 20 (32x3o), m=2
-    g_20_3 = g_ref[:, pl.ds(5152, 32)]  # g block 20 (32x3o), m=3
-    g_20_4 = g_ref[:, pl.ds(5184, 32)]  # g block 20 (32x3o), m=4
-    g_20_5 = g_ref[:, pl.ds(5216, 32)]  # g block 20 (32x3o), m=5
-    g_20_6 = g_ref[:, pl.ds(5248, 32)]  # g block 20 (32x3o), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5056, mul=32, dim=7, pad=32)  # g block 20 (32x3o)
     # path 20: x1[3] 32x3o (x) x2[2] 1x2e -> out[20] 32x3o, uvu, weights at 1216, 41 nonzeros
     w = w_ref[:, pl.ds(1216, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -1484,11 +1325,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (0.37796447300922725 * x2_3_4 * g_21_0)
     acc_3_5 = acc_3_5 + w * (0.37796447300922725 * x2_3_5 * g_21_0)
     acc_3_6 = acc_3_6 + w * (0.37796447300922725 * x2_3_6 * g_21_0)
-    g_22_0 = g_ref[:, pl.ds(5312, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5344, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5376, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5408, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5440, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     # path 22: x1[3] 32x3o (x) x2[3] 1x3o -> out[22] 32x2e, uvu, weights at 1280, 41 nonzeros
     w = w_ref[:, pl.ds(1280, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -1546,13 +1383,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.3857583749052298 * x2_3_5 * g_22_3
         - 0.24397501823713333 * x2_3_4 * g_22_4
     )
-    out_ref[:, pl.ds(480, 32)] = acc_3_0
-    out_ref[:, pl.ds(512, 32)] = acc_3_1
-    out_ref[:, pl.ds(544, 32)] = acc_3_2
-    out_ref[:, pl.ds(576, 32)] = acc_3_3
-    out_ref[:, pl.ds(608, 32)] = acc_3_4
-    out_ref[:, pl.ds(640, 32)] = acc_3_5
-    out_ref[:, pl.ds(672, 32)] = acc_3_6
+    rt.store_tile(out_ref, 480, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=32, dim=7, pad=32)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -1569,12 +1400,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 4: x1[1] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -1583,16 +1410,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(512, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 10: x1[2] 32x2e (x) x2[0] 1x0e -> out[10] 32x2e, uvu, weights at 896, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
-    g_10_0 = g_ref[:, pl.ds(3584, 32)]  # g block 10 (32x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(3616, 32)]  # g block 10 (32x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(3648, 32)]  # g block 10 (32x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(3680, 32)]  # g block 10 (32x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(3712, 32)]  # g block 10 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=32, dim=5, pad=32)  # g block 10 (32x2e)
     h10_0 = (
         1.0 * x1_2_0 * g_10_0
         + 1.0 * x1_2_1 * g_10_1
@@ -1603,20 +1422,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(896, 32)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h10_0, axis=1, keepdims=True)
     # path 17: x1[3] 32x3o (x) x2[0] 1x0e -> out[17] 32x3o, uvu, weights at 1120, 7 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3o), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3o), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3o), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3o), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3o), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3o), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3o), m=6
-    g_17_0 = g_ref[:, pl.ds(4576, 32)]  # g block 17 (32x3o), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 32)]  # g block 17 (32x3o), m=1
-    g_17_2 = g_ref[:, pl.ds(4640, 32)]  # g block 17 (32x3o), m=2
-    g_17_3 = g_ref[:, pl.ds(4672, 32)]  # g block 17 (32x3o), m=3
-    g_17_4 = g_ref[:, pl.ds(4704, 32)]  # g block 17 (32x3o), m=4
-    g_17_5 = g_ref[:, pl.ds(4736, 32)]  # g block 17 (32x3o), m=5
-    g_17_6 = g_ref[:, pl.ds(4768, 32)]  # g block 17 (32x3o), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3o)
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4, g_17_5, g_17_6 = rt.load_tile(g_ref, 4576, mul=32, dim=7, pad=32)  # g block 17 (32x3o)
     h17_0 = (
         1.0000000000000002 * x1_3_0 * g_17_0
         + 1.0000000000000002 * x1_3_1 * g_17_1
@@ -1635,9 +1442,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -1655,11 +1460,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h5_2, axis=1, keepdims=True)
     # path 6: x1[1] 64x1o (x) x2[1] 1x1o -> out[6] 64x2e, uvu, weights at 640, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2496, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(2560, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2304, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     h6_0 = (
         0.7071067811865476 * x1_1_2 * g_6_0
         + 0.7071067811865476 * x1_1_1 * g_6_1
@@ -1682,9 +1483,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h6_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
     # path 11: x1[2] 32x2e (x) x2[1] 1x1o -> out[11] 32x1o, uvu, weights at 928, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(3744, 32)]  # g block 11 (32x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(3776, 32)]  # g block 11 (32x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(3808, 32)]  # g block 11 (32x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 3744, mul=32, dim=3, pad=32)  # g block 11 (32x1o)
     h11_0 = (
         - 0.3162277660168379 * x1_2_2 * g_11_0
         - 0.5477225575051661 * x1_2_4 * g_11_0
@@ -1707,13 +1506,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h11_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h11_2, axis=1, keepdims=True)
     # path 12: x1[2] 32x2e (x) x2[1] 1x1o -> out[12] 32x3o, uvu, weights at 960, 21 nonzeros
-    g_12_0 = g_ref[:, pl.ds(3840, 32)]  # g block 12 (32x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(3872, 32)]  # g block 12 (32x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(3904, 32)]  # g block 12 (32x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(3936, 32)]  # g block 12 (32x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(3968, 32)]  # g block 12 (32x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(4000, 32)]  # g block 12 (32x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(4032, 32)]  # g block 12 (32x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 3840, mul=32, dim=7, pad=32)  # g block 12 (32x3o)
     h12_0 = (
         0.7071067811865476 * x1_2_4 * g_12_0
         + 0.5773502691896258 * x1_2_3 * g_12_1
@@ -1746,11 +1539,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h12_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h12_2, axis=1, keepdims=True)
     # path 18: x1[3] 32x3o (x) x2[1] 1x1o -> out[18] 32x2e, uvu, weights at 1152, 21 nonzeros
-    g_18_0 = g_ref[:, pl.ds(4800, 32)]  # g block 18 (32x2e), m=0
-    g_18_1 = g_ref[:, pl.ds(4832, 32)]  # g block 18 (32x2e), m=1
-    g_18_2 = g_ref[:, pl.ds(4864, 32)]  # g block 18 (32x2e), m=2
-    g_18_3 = g_ref[:, pl.ds(4896, 32)]  # g block 18 (32x2e), m=3
-    g_18_4 = g_ref[:, pl.ds(4928, 32)]  # g block 18 (32x2e), m=4
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 18 (32x2e)
     h18_0 = (
         - 0.1543033499620919 * x1_3_4 * g_18_0
         - 0.5976143046671969 * x1_3_6 * g_18_0
@@ -1793,11 +1582,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -1810,9 +1595,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 7: x1[1] 64x1o (x) x2[2] 1x2e -> out[7] 64x1o, uvu, weights at 704, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 2624, mul=64, dim=3, pad=64)  # g block 7 (64x1o)
     h7_0 = (
         0.5477225575051661 * x1_1_2 * g_7_0
         + 0.5477225575051661 * x1_1_0 * g_7_2
@@ -1841,13 +1624,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h7_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h7_4, axis=1, keepdims=True)
     # path 8: x1[1] 64x1o (x) x2[2] 1x2e -> out[8] 64x3o, uvu, weights at 768, 21 nonzeros
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3008, 64)]  # g block 8 (64x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(3072, 64)]  # g block 8 (64x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(3136, 64)]  # g block 8 (64x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(3200, 64)]  # g block 8 (64x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 2816, mul=64, dim=7, pad=64)  # g block 8 (64x3o)
     h8_0 = (
         0.7071067811865476 * x1_1_2 * g_8_0
         + 0.5773502691896258 * x1_1_1 * g_8_1
@@ -1899,11 +1676,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h13_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h13_4, axis=1, keepdims=True)
     # path 14: x1[2] 32x2e (x) x2[2] 1x2e -> out[14] 32x2e, uvu, weights at 1024, 25 nonzeros
-    g_14_0 = g_ref[:, pl.ds(4096, 32)]  # g block 14 (32x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(4128, 32)]  # g block 14 (32x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(4160, 32)]  # g block 14 (32x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(4192, 32)]  # g block 14 (32x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(4224, 32)]  # g block 14 (32x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 4096, mul=32, dim=5, pad=32)  # g block 14 (32x2e)
     h14_0 = (
         - 0.5345224838248488 * x1_2_2 * g_14_0
         + 0.4629100498862757 * x1_2_3 * g_14_1
@@ -1946,9 +1719,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h14_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h14_4, axis=1, keepdims=True)
     # path 19: x1[3] 32x3o (x) x2[2] 1x2e -> out[19] 32x1o, uvu, weights at 1184, 21 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4960, 32)]  # g block 19 (32x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4992, 32)]  # g block 19 (32x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(5024, 32)]  # g block 19 (32x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4960, mul=32, dim=3, pad=32)  # g block 19 (32x1o)
     h19_0 = (
         - 0.11952286093343936 * x1_3_4 * g_19_0
         - 0.4629100498862757 * x1_3_6 * g_19_0
@@ -1987,13 +1758,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h19_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h19_4, axis=1, keepdims=True)
     # path 20: x1[3] 32x3o (x) x2[2] 1x2e -> out[20] 32x3o, uvu, weights at 1216, 41 nonzeros
-    g_20_0 = g_ref[:, pl.ds(5056, 32)]  # g block 20 (32x3o), m=0
-    g_20_1 = g_ref[:, pl.ds(5088, 32)]  # g block 20 (32x3o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 32)]  # g block 20 (32x3o), m=2
-    g_20_3 = g_ref[:, pl.ds(5152, 32)]  # g block 20 (32x3o), m=3
-    g_20_4 = g_ref[:, pl.ds(5184, 32)]  # g block 20 (32x3o), m=4
-    g_20_5 = g_ref[:, pl.ds(5216, 32)]  # g block 20 (32x3o), m=5
-    g_20_6 = g_ref[:, pl.ds(5248, 32)]  # g block 20 (32x3o), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5056, mul=32, dim=7, pad=32)  # g block 20 (32x3o)
     h20_0 = (
         - 0.2886751345948129 * x1_3_4 * g_20_0
         - 0.5773502691896258 * x1_3_3 * g_20_1
@@ -2066,13 +1831,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     h3_0 = 1.0000000000000002 * x1_0_0 * g_3_0
     h3_1 = 1.0000000000000002 * x1_0_0 * g_3_1
     h3_2 = 1.0000000000000002 * x1_0_0 * g_3_2
@@ -2089,11 +1848,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h3_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h3_6, axis=1, keepdims=True)
     # path 9: x1[1] 64x1o (x) x2[3] 1x3o -> out[9] 64x2e, uvu, weights at 832, 21 nonzeros
-    g_9_0 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3328, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3392, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3456, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3520, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3264, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         0.5976143046671969 * x1_1_2 * g_9_0
         + 0.5976143046671969 * x1_1_0 * g_9_4
@@ -2138,9 +1893,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h9_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h9_6, axis=1, keepdims=True)
     # path 15: x1[2] 32x2e (x) x2[3] 1x3o -> out[15] 32x1o, uvu, weights at 1056, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(4256, 32)]  # g block 15 (32x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(4288, 32)]  # g block 15 (32x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(4320, 32)]  # g block 15 (32x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 4256, mul=32, dim=3, pad=32)  # g block 15 (32x1o)
     h15_0 = (
         0.4629100498862757 * x1_2_4 * g_15_0
         + 0.4629100498862757 * x1_2_0 * g_15_2
@@ -2185,13 +1938,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h15_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h15_6, axis=1, keepdims=True)
     # path 16: x1[2] 32x2e (x) x2[3] 1x3o -> out[16] 32x3o, uvu, weights at 1088, 41 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4352, 32)]  # g block 16 (32x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(4384, 32)]  # g block 16 (32x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(4416, 32)]  # g block 16 (32x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(4448, 32)]  # g block 16 (32x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(4480, 32)]  # g block 16 (32x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(4512, 32)]  # g block 16 (32x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(4544, 32)]  # g block 16 (32x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4352, mul=32, dim=7, pad=32)  # g block 16 (32x3o)
     h16_0 = (
         - 0.6454972243679029 * x1_2_2 * g_16_0
         + 0.45643546458763845 * x1_2_3 * g_16_1
@@ -2273,11 +2020,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h21_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h21_6, axis=1, keepdims=True)
     # path 22: x1[3] 32x3o (x) x2[3] 1x3o -> out[22] 32x2e, uvu, weights at 1280, 41 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5312, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5344, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5376, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5408, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5440, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     h22_0 = (
         - 0.24397501823713333 * x1_3_4 * g_22_0
         + 0.3857583749052298 * x1_3_5 * g_22_1
@@ -2366,9 +2109,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (128 columns)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1o), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1o), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -2384,11 +2125,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (128 columns)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -2410,13 +2147,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (128 columns)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3o -> out[3] 128x3o, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3o), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3o), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3o), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3o), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3o), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3o), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3o), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3o)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -2444,12 +2175,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (64 columns)
     # path 4: x1[1] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1o), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1o), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1o), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1o), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1o), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1o), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -2473,11 +2200,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (64 columns)
     # path 6: x1[1] 64x1o (x) x2[1] 1x1o -> out[6] 64x2e, uvu, weights at 640, 11 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x2e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x2e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x2e), m=2
-    g_6_3 = g_ref[:, pl.ds(2496, 64)]  # g block 6 (64x2e), m=3
-    g_6_4 = g_ref[:, pl.ds(2560, 64)]  # g block 6 (64x2e), m=4
+    g_6_0, g_6_1, g_6_2, g_6_3, g_6_4 = rt.load_tile(g_ref, 2304, mul=64, dim=5, pad=64)  # g block 6 (64x2e)
     h6_0 = (
         0.7071067811865476 * x1_1_2 * g_6_0
         + 0.7071067811865476 * x1_1_1 * g_6_1
@@ -2504,9 +2227,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (64 columns)
     # path 7: x1[1] 64x1o (x) x2[2] 1x2e -> out[7] 64x1o, uvu, weights at 704, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x1o), m=0
-    g_7_1 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x1o), m=1
-    g_7_2 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x1o), m=2
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 2624, mul=64, dim=3, pad=64)  # g block 7 (64x1o)
     h7_0 = (
         0.5477225575051661 * x1_1_2 * g_7_0
         + 0.5477225575051661 * x1_1_0 * g_7_2
@@ -2539,13 +2260,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (64 columns)
     # path 8: x1[1] 64x1o (x) x2[2] 1x2e -> out[8] 64x3o, uvu, weights at 768, 21 nonzeros
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x3o), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x3o), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x3o), m=2
-    g_8_3 = g_ref[:, pl.ds(3008, 64)]  # g block 8 (64x3o), m=3
-    g_8_4 = g_ref[:, pl.ds(3072, 64)]  # g block 8 (64x3o), m=4
-    g_8_5 = g_ref[:, pl.ds(3136, 64)]  # g block 8 (64x3o), m=5
-    g_8_6 = g_ref[:, pl.ds(3200, 64)]  # g block 8 (64x3o), m=6
+    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4, g_8_5, g_8_6 = rt.load_tile(g_ref, 2816, mul=64, dim=7, pad=64)  # g block 8 (64x3o)
     h8_0 = (
         0.7071067811865476 * x1_1_2 * g_8_0
         + 0.5773502691896258 * x1_1_1 * g_8_1
@@ -2588,11 +2303,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (64 columns)
     # path 9: x1[1] 64x1o (x) x2[3] 1x3o -> out[9] 64x2e, uvu, weights at 832, 21 nonzeros
-    g_9_0 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3328, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3392, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3456, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3520, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3264, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         0.5976143046671969 * x1_1_2 * g_9_0
         + 0.5976143046671969 * x1_1_0 * g_9_4
@@ -2641,16 +2352,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (32 columns)
     # path 10: x1[2] 32x2e (x) x2[0] 1x0e -> out[10] 32x2e, uvu, weights at 896, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
-    g_10_0 = g_ref[:, pl.ds(3584, 32)]  # g block 10 (32x2e), m=0
-    g_10_1 = g_ref[:, pl.ds(3616, 32)]  # g block 10 (32x2e), m=1
-    g_10_2 = g_ref[:, pl.ds(3648, 32)]  # g block 10 (32x2e), m=2
-    g_10_3 = g_ref[:, pl.ds(3680, 32)]  # g block 10 (32x2e), m=3
-    g_10_4 = g_ref[:, pl.ds(3712, 32)]  # g block 10 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=32, dim=5, pad=32)  # g block 10 (32x2e)
     h10_0 = (
         1.0 * x1_2_0 * g_10_0
         + 1.0 * x1_2_1 * g_10_1
@@ -2663,9 +2366,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (32 columns)
     # path 11: x1[2] 32x2e (x) x2[1] 1x1o -> out[11] 32x1o, uvu, weights at 928, 11 nonzeros
-    g_11_0 = g_ref[:, pl.ds(3744, 32)]  # g block 11 (32x1o), m=0
-    g_11_1 = g_ref[:, pl.ds(3776, 32)]  # g block 11 (32x1o), m=1
-    g_11_2 = g_ref[:, pl.ds(3808, 32)]  # g block 11 (32x1o), m=2
+    g_11_0, g_11_1, g_11_2 = rt.load_tile(g_ref, 3744, mul=32, dim=3, pad=32)  # g block 11 (32x1o)
     h11_0 = (
         - 0.3162277660168379 * x1_2_2 * g_11_0
         - 0.5477225575051661 * x1_2_4 * g_11_0
@@ -2692,13 +2393,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (32 columns)
     # path 12: x1[2] 32x2e (x) x2[1] 1x1o -> out[12] 32x3o, uvu, weights at 960, 21 nonzeros
-    g_12_0 = g_ref[:, pl.ds(3840, 32)]  # g block 12 (32x3o), m=0
-    g_12_1 = g_ref[:, pl.ds(3872, 32)]  # g block 12 (32x3o), m=1
-    g_12_2 = g_ref[:, pl.ds(3904, 32)]  # g block 12 (32x3o), m=2
-    g_12_3 = g_ref[:, pl.ds(3936, 32)]  # g block 12 (32x3o), m=3
-    g_12_4 = g_ref[:, pl.ds(3968, 32)]  # g block 12 (32x3o), m=4
-    g_12_5 = g_ref[:, pl.ds(4000, 32)]  # g block 12 (32x3o), m=5
-    g_12_6 = g_ref[:, pl.ds(4032, 32)]  # g block 12 (32x3o), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 3840, mul=32, dim=7, pad=32)  # g block 12 (32x3o)
     h12_0 = (
         0.7071067811865476 * x1_2_4 * g_12_0
         + 0.5773502691896258 * x1_2_3 * g_12_1
@@ -2752,11 +2447,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (32 columns)
     # path 14: x1[2] 32x2e (x) x2[2] 1x2e -> out[14] 32x2e, uvu, weights at 1024, 25 nonzeros
-    g_14_0 = g_ref[:, pl.ds(4096, 32)]  # g block 14 (32x2e), m=0
-    g_14_1 = g_ref[:, pl.ds(4128, 32)]  # g block 14 (32x2e), m=1
-    g_14_2 = g_ref[:, pl.ds(4160, 32)]  # g block 14 (32x2e), m=2
-    g_14_3 = g_ref[:, pl.ds(4192, 32)]  # g block 14 (32x2e), m=3
-    g_14_4 = g_ref[:, pl.ds(4224, 32)]  # g block 14 (32x2e), m=4
+    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4 = rt.load_tile(g_ref, 4096, mul=32, dim=5, pad=32)  # g block 14 (32x2e)
     h14_0 = (
         - 0.5345224838248488 * x1_2_2 * g_14_0
         + 0.4629100498862757 * x1_2_3 * g_14_1
@@ -2803,9 +2494,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (32 columns)
     # path 15: x1[2] 32x2e (x) x2[3] 1x3o -> out[15] 32x1o, uvu, weights at 1056, 21 nonzeros
-    g_15_0 = g_ref[:, pl.ds(4256, 32)]  # g block 15 (32x1o), m=0
-    g_15_1 = g_ref[:, pl.ds(4288, 32)]  # g block 15 (32x1o), m=1
-    g_15_2 = g_ref[:, pl.ds(4320, 32)]  # g block 15 (32x1o), m=2
+    g_15_0, g_15_1, g_15_2 = rt.load_tile(g_ref, 4256, mul=32, dim=3, pad=32)  # g block 15 (32x1o)
     h15_0 = (
         0.4629100498862757 * x1_2_4 * g_15_0
         + 0.4629100498862757 * x1_2_0 * g_15_2
@@ -2854,13 +2543,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (32 columns)
     # path 16: x1[2] 32x2e (x) x2[3] 1x3o -> out[16] 32x3o, uvu, weights at 1088, 41 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4352, 32)]  # g block 16 (32x3o), m=0
-    g_16_1 = g_ref[:, pl.ds(4384, 32)]  # g block 16 (32x3o), m=1
-    g_16_2 = g_ref[:, pl.ds(4416, 32)]  # g block 16 (32x3o), m=2
-    g_16_3 = g_ref[:, pl.ds(4448, 32)]  # g block 16 (32x3o), m=3
-    g_16_4 = g_ref[:, pl.ds(4480, 32)]  # g block 16 (32x3o), m=4
-    g_16_5 = g_ref[:, pl.ds(4512, 32)]  # g block 16 (32x3o), m=5
-    g_16_6 = g_ref[:, pl.ds(4544, 32)]  # g block 16 (32x3o), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4352, mul=32, dim=7, pad=32)  # g block 16 (32x3o)
     h16_0 = (
         - 0.6454972243679029 * x1_2_2 * g_16_0
         + 0.45643546458763845 * x1_2_3 * g_16_1
@@ -2929,20 +2612,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 17 (32 columns)
     # path 17: x1[3] 32x3o (x) x2[0] 1x0e -> out[17] 32x3o, uvu, weights at 1120, 7 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3o), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3o), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3o), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3o), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3o), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3o), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3o), m=6
-    g_17_0 = g_ref[:, pl.ds(4576, 32)]  # g block 17 (32x3o), m=0
-    g_17_1 = g_ref[:, pl.ds(4608, 32)]  # g block 17 (32x3o), m=1
-    g_17_2 = g_ref[:, pl.ds(4640, 32)]  # g block 17 (32x3o), m=2
-    g_17_3 = g_ref[:, pl.ds(4672, 32)]  # g block 17 (32x3o), m=3
-    g_17_4 = g_ref[:, pl.ds(4704, 32)]  # g block 17 (32x3o), m=4
-    g_17_5 = g_ref[:, pl.ds(4736, 32)]  # g block 17 (32x3o), m=5
-    g_17_6 = g_ref[:, pl.ds(4768, 32)]  # g block 17 (32x3o), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3o)
+    g_17_0, g_17_1, g_17_2, g_17_3, g_17_4, g_17_5, g_17_6 = rt.load_tile(g_ref, 4576, mul=32, dim=7, pad=32)  # g block 17 (32x3o)
     h17_0 = (
         1.0000000000000002 * x1_3_0 * g_17_0
         + 1.0000000000000002 * x1_3_1 * g_17_1
@@ -2957,11 +2628,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 18 (32 columns)
     # path 18: x1[3] 32x3o (x) x2[1] 1x1o -> out[18] 32x2e, uvu, weights at 1152, 21 nonzeros
-    g_18_0 = g_ref[:, pl.ds(4800, 32)]  # g block 18 (32x2e), m=0
-    g_18_1 = g_ref[:, pl.ds(4832, 32)]  # g block 18 (32x2e), m=1
-    g_18_2 = g_ref[:, pl.ds(4864, 32)]  # g block 18 (32x2e), m=2
-    g_18_3 = g_ref[:, pl.ds(4896, 32)]  # g block 18 (32x2e), m=3
-    g_18_4 = g_ref[:, pl.ds(4928, 32)]  # g block 18 (32x2e), m=4
+    g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 18 (32x2e)
     h18_0 = (
         - 0.1543033499620919 * x1_3_4 * g_18_0
         - 0.5976143046671969 * x1_3_6 * g_18_0
@@ -2998,9 +2665,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 19 (32 columns)
     # path 19: x1[3] 32x3o (x) x2[2] 1x2e -> out[19] 32x1o, uvu, weights at 1184, 21 nonzeros
-    g_19_0 = g_ref[:, pl.ds(4960, 32)]  # g block 19 (32x1o), m=0
-    g_19_1 = g_ref[:, pl.ds(4992, 32)]  # g block 19 (32x1o), m=1
-    g_19_2 = g_ref[:, pl.ds(5024, 32)]  # g block 19 (32x1o), m=2
+    g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4960, mul=32, dim=3, pad=32)  # g block 19 (32x1o)
     h19_0 = (
         - 0.11952286093343936 * x1_3_4 * g_19_0
         - 0.4629100498862757 * x1_3_6 * g_19_0
@@ -3043,13 +2708,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 20 (32 columns)
     # path 20: x1[3] 32x3o (x) x2[2] 1x2e -> out[20] 32x3o, uvu, weights at 1216, 41 nonzeros
-    g_20_0 = g_ref[:, pl.ds(5056, 32)]  # g block 20 (32x3o), m=0
-    g_20_1 = g_ref[:, pl.ds(5088, 32)]  # g block 20 (32x3o), m=1
-    g_20_2 = g_ref[:, pl.ds(5120, 32)]  # g block 20 (32x3o), m=2
-    g_20_3 = g_ref[:, pl.ds(5152, 32)]  # g block 20 (32x3o), m=3
-    g_20_4 = g_ref[:, pl.ds(5184, 32)]  # g block 20 (32x3o), m=4
-    g_20_5 = g_ref[:, pl.ds(5216, 32)]  # g block 20 (32x3o), m=5
-    g_20_6 = g_ref[:, pl.ds(5248, 32)]  # g block 20 (32x3o), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5056, mul=32, dim=7, pad=32)  # g block 20 (32x3o)
     h20_0 = (
         - 0.2886751345948129 * x1_3_4 * g_20_0
         - 0.5773502691896258 * x1_3_3 * g_20_1
@@ -3133,11 +2792,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 22 (32 columns)
     # path 22: x1[3] 32x3o (x) x2[3] 1x3o -> out[22] 32x2e, uvu, weights at 1280, 41 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5312, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5344, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5376, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5408, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5440, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     h22_0 = (
         - 0.24397501823713333 * x1_3_4 * g_22_0
         + 0.3857583749052298 * x1_3_5 * g_22_1
@@ -3242,14 +2897,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -3260,4 +2915,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

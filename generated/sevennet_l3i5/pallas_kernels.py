@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (128x1e, 128x2e, 128x3e, 32x1e, 32x2e, 32x3e, 64x1e, 64x2e, 64x3e) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "sevennet_l3i5"
-# Default rows of the batch per program (a power of two).
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 704
 IDIM_IN2 = 16
 IWEIGHT_NUMEL = 1760
@@ -68,9 +75,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x1_0_0 * x2_1_0)
     acc_1_1 = acc_1_1 + w * (0.9999999999999999 * x1_0_0 * x2_1_1)
     acc_1_2 = acc_1_2 + w * (0.9999999999999999 * x1_0_0 * x2_1_2)
-    out_ref[:, pl.ds(128, 128)] = acc_1_0
-    out_ref[:, pl.ds(256, 128)] = acc_1_1
-    out_ref[:, pl.ds(384, 128)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # out block 2 (128x2e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
@@ -90,11 +95,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x1_0_0 * x2_2_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x1_0_0 * x2_2_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x1_0_0 * x2_2_4)
-    out_ref[:, pl.ds(512, 128)] = acc_2_0
-    out_ref[:, pl.ds(640, 128)] = acc_2_1
-    out_ref[:, pl.ds(768, 128)] = acc_2_2
-    out_ref[:, pl.ds(896, 128)] = acc_2_3
-    out_ref[:, pl.ds(1024, 128)] = acc_2_4
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # out block 3 (128x3e): 1 path(s)
     acc_3_0 = jnp.zeros((rows, 128), dtype)
@@ -120,29 +121,19 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x1_0_0 * x2_3_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x1_0_0 * x2_3_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x1_0_0 * x2_3_6)
-    out_ref[:, pl.ds(1152, 128)] = acc_3_0
-    out_ref[:, pl.ds(1280, 128)] = acc_3_1
-    out_ref[:, pl.ds(1408, 128)] = acc_3_2
-    out_ref[:, pl.ds(1536, 128)] = acc_3_3
-    out_ref[:, pl.ds(1664, 128)] = acc_3_4
-    out_ref[:, pl.ds(1792, 128)] = acc_3_5
-    out_ref[:, pl.ds(1920, 128)] = acc_3_6
+    rt.store_tile(out_ref, 1152, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=128, dim=7, pad=128)
 
     # out block 4 (64x1e): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 64), dtype)
     acc_4_1 = jnp.zeros((rows, 64), dtype)
     acc_4_2 = jnp.zeros((rows, 64), dtype)
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1e), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1e), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1e), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1e)
     # path 4: x1[1] 64x1e (x) x2[0] 1x0e -> out[4] 64x1e, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_4_0 = acc_4_0 + w * (0.9999999999999999 * x1_1_0 * x2_0_0)
     acc_4_1 = acc_4_1 + w * (0.9999999999999999 * x1_1_1 * x2_0_0)
     acc_4_2 = acc_4_2 + w * (0.9999999999999999 * x1_1_2 * x2_0_0)
-    out_ref[:, pl.ds(2048, 64)] = acc_4_0
-    out_ref[:, pl.ds(2112, 64)] = acc_4_1
-    out_ref[:, pl.ds(2176, 64)] = acc_4_2
+    rt.store_tile(out_ref, 2048, [acc_4_0, acc_4_1, acc_4_2], mul=64, dim=3, pad=64)
 
     # out block 5 (64x0e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -173,9 +164,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         0.7071067811865475 * x1_1_0 * x2_1_1
         - 0.7071067811865475 * x1_1_1 * x2_1_0
     )
-    out_ref[:, pl.ds(2304, 64)] = acc_6_0
-    out_ref[:, pl.ds(2368, 64)] = acc_6_1
-    out_ref[:, pl.ds(2432, 64)] = acc_6_2
+    rt.store_tile(out_ref, 2304, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
 
     # out block 7 (64x2e): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -206,11 +195,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_1_0
         + 0.7071067811865476 * x1_1_2 * x2_1_2
     )
-    out_ref[:, pl.ds(2496, 64)] = acc_7_0
-    out_ref[:, pl.ds(2560, 64)] = acc_7_1
-    out_ref[:, pl.ds(2624, 64)] = acc_7_2
-    out_ref[:, pl.ds(2688, 64)] = acc_7_3
-    out_ref[:, pl.ds(2752, 64)] = acc_7_4
+    rt.store_tile(out_ref, 2496, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4], mul=64, dim=5, pad=64)
 
     # out block 8 (64x1e): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 64), dtype)
@@ -235,9 +220,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_1_2 * x2_2_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(2816, 64)] = acc_8_0
-    out_ref[:, pl.ds(2880, 64)] = acc_8_1
-    out_ref[:, pl.ds(2944, 64)] = acc_8_2
+    rt.store_tile(out_ref, 2816, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
 
     # out block 9 (64x2e): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 64), dtype)
@@ -273,11 +256,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.816496580927726 * x1_1_1 * x2_2_0
         + 0.408248290463863 * x1_1_2 * x2_2_1
     )
-    out_ref[:, pl.ds(3008, 64)] = acc_9_0
-    out_ref[:, pl.ds(3072, 64)] = acc_9_1
-    out_ref[:, pl.ds(3136, 64)] = acc_9_2
-    out_ref[:, pl.ds(3200, 64)] = acc_9_3
-    out_ref[:, pl.ds(3264, 64)] = acc_9_4
+    rt.store_tile(out_ref, 3008, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=64, dim=5, pad=64)
 
     # out block 10 (64x3e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 64), dtype)
@@ -324,13 +303,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_1_0 * x2_2_0
         + 0.7071067811865476 * x1_1_2 * x2_2_4
     )
-    out_ref[:, pl.ds(3328, 64)] = acc_10_0
-    out_ref[:, pl.ds(3392, 64)] = acc_10_1
-    out_ref[:, pl.ds(3456, 64)] = acc_10_2
-    out_ref[:, pl.ds(3520, 64)] = acc_10_3
-    out_ref[:, pl.ds(3584, 64)] = acc_10_4
-    out_ref[:, pl.ds(3648, 64)] = acc_10_5
-    out_ref[:, pl.ds(3712, 64)] = acc_10_6
+    rt.store_tile(out_ref, 3328, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4, acc_10_5, acc_10_6], mul=64, dim=7, pad=64)
 
     # out block 11 (64x2e): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 64), dtype)
@@ -371,11 +344,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x1_1_2 * x2_3_4
         + 0.5976143046671969 * x1_1_2 * x2_3_6
     )
-    out_ref[:, pl.ds(3776, 64)] = acc_11_0
-    out_ref[:, pl.ds(3840, 64)] = acc_11_1
-    out_ref[:, pl.ds(3904, 64)] = acc_11_2
-    out_ref[:, pl.ds(3968, 64)] = acc_11_3
-    out_ref[:, pl.ds(4032, 64)] = acc_11_4
+    rt.store_tile(out_ref, 3776, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=64, dim=5, pad=64)
 
     # out block 12 (64x3e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 64), dtype)
@@ -427,13 +396,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.8660254037844387 * x1_1_1 * x2_3_0
         + 0.3535533905932738 * x1_1_2 * x2_3_1
     )
-    out_ref[:, pl.ds(4096, 64)] = acc_12_0
-    out_ref[:, pl.ds(4160, 64)] = acc_12_1
-    out_ref[:, pl.ds(4224, 64)] = acc_12_2
-    out_ref[:, pl.ds(4288, 64)] = acc_12_3
-    out_ref[:, pl.ds(4352, 64)] = acc_12_4
-    out_ref[:, pl.ds(4416, 64)] = acc_12_5
-    out_ref[:, pl.ds(4480, 64)] = acc_12_6
+    rt.store_tile(out_ref, 4096, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4, acc_12_5, acc_12_6], mul=64, dim=7, pad=64)
 
     # out block 13 (32x2e): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 32), dtype)
@@ -441,11 +404,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_13_2 = jnp.zeros((rows, 32), dtype)
     acc_13_3 = jnp.zeros((rows, 32), dtype)
     acc_13_4 = jnp.zeros((rows, 32), dtype)
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
     # path 13: x1[2] 32x2e (x) x2[0] 1x0e -> out[13] 32x2e, uvu, weights at 1088, 5 nonzeros
     w = w_ref[:, pl.ds(1088, 32)]
     acc_13_0 = acc_13_0 + w * (1.0 * x1_2_0 * x2_0_0)
@@ -453,11 +412,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_13_2 = acc_13_2 + w * (1.0 * x1_2_2 * x2_0_0)
     acc_13_3 = acc_13_3 + w * (1.0 * x1_2_3 * x2_0_0)
     acc_13_4 = acc_13_4 + w * (1.0 * x1_2_4 * x2_0_0)
-    out_ref[:, pl.ds(4544, 32)] = acc_13_0
-    out_ref[:, pl.ds(4576, 32)] = acc_13_1
-    out_ref[:, pl.ds(4608, 32)] = acc_13_2
-    out_ref[:, pl.ds(4640, 32)] = acc_13_3
-    out_ref[:, pl.ds(4672, 32)] = acc_13_4
+    rt.store_tile(out_ref, 4544, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4], mul=32, dim=5, pad=32)
 
     # out block 14 (32x1e): 1 path(s)
     acc_14_0 = jnp.zeros((rows, 32), dtype)
@@ -482,9 +437,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.5477225575051661 * x1_2_3 * x2_1_1
         + 0.5477225575051661 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(4704, 32)] = acc_14_0
-    out_ref[:, pl.ds(4736, 32)] = acc_14_1
-    out_ref[:, pl.ds(4768, 32)] = acc_14_2
+    rt.store_tile(out_ref, 4704, [acc_14_0, acc_14_1, acc_14_2], mul=32, dim=3, pad=32)
 
     # out block 15 (32x2e): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 32), dtype)
@@ -520,11 +473,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_2_1 * x2_1_2
         - 0.408248290463863 * x1_2_3 * x2_1_0
     )
-    out_ref[:, pl.ds(4800, 32)] = acc_15_0
-    out_ref[:, pl.ds(4832, 32)] = acc_15_1
-    out_ref[:, pl.ds(4864, 32)] = acc_15_2
-    out_ref[:, pl.ds(4896, 32)] = acc_15_3
-    out_ref[:, pl.ds(4928, 32)] = acc_15_4
+    rt.store_tile(out_ref, 4800, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4], mul=32, dim=5, pad=32)
 
     # out block 16 (32x3e): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 32), dtype)
@@ -571,13 +520,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_1_0
         + 0.7071067811865476 * x1_2_4 * x2_1_2
     )
-    out_ref[:, pl.ds(4960, 32)] = acc_16_0
-    out_ref[:, pl.ds(4992, 32)] = acc_16_1
-    out_ref[:, pl.ds(5024, 32)] = acc_16_2
-    out_ref[:, pl.ds(5056, 32)] = acc_16_3
-    out_ref[:, pl.ds(5088, 32)] = acc_16_4
-    out_ref[:, pl.ds(5120, 32)] = acc_16_5
-    out_ref[:, pl.ds(5152, 32)] = acc_16_6
+    rt.store_tile(out_ref, 4960, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=32, dim=7, pad=32)
 
     # out block 17 (32x0e): 1 path(s)
     acc_17_0 = jnp.zeros((rows, 32), dtype)
@@ -620,9 +563,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x1_2_3 * x2_2_0
         - 0.3162277660168379 * x1_2_4 * x2_2_1
     )
-    out_ref[:, pl.ds(5216, 32)] = acc_18_0
-    out_ref[:, pl.ds(5248, 32)] = acc_18_1
-    out_ref[:, pl.ds(5280, 32)] = acc_18_2
+    rt.store_tile(out_ref, 5216, [acc_18_0, acc_18_1, acc_18_2], mul=32, dim=3, pad=32)
 
     # out block 19 (32x2e): 1 path(s)
     acc_19_0 = jnp.zeros((rows, 32), dtype)
@@ -667,11 +608,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x1_2_3 * x2_2_3
         - 0.5345224838248488 * x1_2_4 * x2_2_2
     )
-    out_ref[:, pl.ds(5312, 32)] = acc_19_0
-    out_ref[:, pl.ds(5344, 32)] = acc_19_1
-    out_ref[:, pl.ds(5376, 32)] = acc_19_2
-    out_ref[:, pl.ds(5408, 32)] = acc_19_3
-    out_ref[:, pl.ds(5440, 32)] = acc_19_4
+    rt.store_tile(out_ref, 5312, [acc_19_0, acc_19_1, acc_19_2, acc_19_3, acc_19_4], mul=32, dim=5, pad=32)
 
     # out block 20 (32x3e): 1 path(s)
     acc_20_0 = jnp.zeros((rows, 32), dtype)
@@ -725,13 +662,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.5000000000000001 * x1_2_3 * x2_2_0
         + 0.5000000000000001 * x1_2_4 * x2_2_1
     )
-    out_ref[:, pl.ds(5472, 32)] = acc_20_0
-    out_ref[:, pl.ds(5504, 32)] = acc_20_1
-    out_ref[:, pl.ds(5536, 32)] = acc_20_2
-    out_ref[:, pl.ds(5568, 32)] = acc_20_3
-    out_ref[:, pl.ds(5600, 32)] = acc_20_4
-    out_ref[:, pl.ds(5632, 32)] = acc_20_5
-    out_ref[:, pl.ds(5664, 32)] = acc_20_6
+    rt.store_tile(out_ref, 5472, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4, acc_20_5, acc_20_6], mul=32, dim=7, pad=32)
 
     # out block 21 (32x1e): 1 path(s)
     acc_21_0 = jnp.zeros((rows, 32), dtype)
@@ -766,9 +697,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x1_2_4 * x2_3_4
         + 0.4629100498862757 * x1_2_4 * x2_3_6
     )
-    out_ref[:, pl.ds(5696, 32)] = acc_21_0
-    out_ref[:, pl.ds(5728, 32)] = acc_21_1
-    out_ref[:, pl.ds(5760, 32)] = acc_21_2
+    rt.store_tile(out_ref, 5696, [acc_21_0, acc_21_1, acc_21_2], mul=32, dim=3, pad=32)
 
     # out block 22 (32x2e): 1 path(s)
     acc_22_0 = jnp.zeros((rows, 32), dtype)
@@ -816,11 +745,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.42257712736425834 * x1_2_3 * x2_3_0
         + 0.3273268353539886 * x1_2_3 * x2_3_2
     )
-    out_ref[:, pl.ds(5792, 32)] = acc_22_0
-    out_ref[:, pl.ds(5824, 32)] = acc_22_1
-    out_ref[:, pl.ds(5856, 32)] = acc_22_2
-    out_ref[:, pl.ds(5888, 32)] = acc_22_3
-    out_ref[:, pl.ds(5920, 32)] = acc_22_4
+    rt.store_tile(out_ref, 5792, [acc_22_0, acc_22_1, acc_22_2, acc_22_3, acc_22_4], mul=32, dim=5, pad=32)
 
     # out block 23 (32x3e): 1 path(s)
     acc_23_0 = jnp.zeros((rows, 32), dtype)
@@ -887,13 +812,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_2_3 * x2_3_5
         - 0.2886751345948129 * x1_2_4 * x2_3_4
     )
-    out_ref[:, pl.ds(5952, 32)] = acc_23_0
-    out_ref[:, pl.ds(5984, 32)] = acc_23_1
-    out_ref[:, pl.ds(6016, 32)] = acc_23_2
-    out_ref[:, pl.ds(6048, 32)] = acc_23_3
-    out_ref[:, pl.ds(6080, 32)] = acc_23_4
-    out_ref[:, pl.ds(6112, 32)] = acc_23_5
-    out_ref[:, pl.ds(6144, 32)] = acc_23_6
+    rt.store_tile(out_ref, 5952, [acc_23_0, acc_23_1, acc_23_2, acc_23_3, acc_23_4, acc_23_5, acc_23_6], mul=32, dim=7, pad=32)
 
     # out block 24 (32x3e): 1 path(s)
     acc_24_0 = jnp.zeros((rows, 32), dtype)
@@ -903,13 +822,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_24_4 = jnp.zeros((rows, 32), dtype)
     acc_24_5 = jnp.zeros((rows, 32), dtype)
     acc_24_6 = jnp.zeros((rows, 32), dtype)
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3e), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3e), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3e), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3e), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3e), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3e)
     # path 24: x1[3] 32x3e (x) x2[0] 1x0e -> out[24] 32x3e, uvu, weights at 1440, 7 nonzeros
     w = w_ref[:, pl.ds(1440, 32)]
     acc_24_0 = acc_24_0 + w * (1.0000000000000002 * x1_3_0 * x2_0_0)
@@ -919,13 +832,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_24_4 = acc_24_4 + w * (1.0000000000000002 * x1_3_4 * x2_0_0)
     acc_24_5 = acc_24_5 + w * (1.0000000000000002 * x1_3_5 * x2_0_0)
     acc_24_6 = acc_24_6 + w * (1.0000000000000002 * x1_3_6 * x2_0_0)
-    out_ref[:, pl.ds(6176, 32)] = acc_24_0
-    out_ref[:, pl.ds(6208, 32)] = acc_24_1
-    out_ref[:, pl.ds(6240, 32)] = acc_24_2
-    out_ref[:, pl.ds(6272, 32)] = acc_24_3
-    out_ref[:, pl.ds(6304, 32)] = acc_24_4
-    out_ref[:, pl.ds(6336, 32)] = acc_24_5
-    out_ref[:, pl.ds(6368, 32)] = acc_24_6
+    rt.store_tile(out_ref, 6176, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4, acc_24_5, acc_24_6], mul=32, dim=7, pad=32)
 
     # out block 25 (32x2e): 1 path(s)
     acc_25_0 = jnp.zeros((rows, 32), dtype)
@@ -966,11 +873,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.48795003647426666 * x1_3_5 * x2_1_1
         + 0.5976143046671969 * x1_3_6 * x2_1_2
     )
-    out_ref[:, pl.ds(6400, 32)] = acc_25_0
-    out_ref[:, pl.ds(6432, 32)] = acc_25_1
-    out_ref[:, pl.ds(6464, 32)] = acc_25_2
-    out_ref[:, pl.ds(6496, 32)] = acc_25_3
-    out_ref[:, pl.ds(6528, 32)] = acc_25_4
+    rt.store_tile(out_ref, 6400, [acc_25_0, acc_25_1, acc_25_2, acc_25_3, acc_25_4], mul=32, dim=5, pad=32)
 
     # out block 26 (32x3e): 1 path(s)
     acc_26_0 = jnp.zeros((rows, 32), dtype)
@@ -1022,13 +925,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3535533905932738 * x1_3_1 * x2_1_2
         - 0.3535533905932738 * x1_3_5 * x2_1_0
     )
-    out_ref[:, pl.ds(6560, 32)] = acc_26_0
-    out_ref[:, pl.ds(6592, 32)] = acc_26_1
-    out_ref[:, pl.ds(6624, 32)] = acc_26_2
-    out_ref[:, pl.ds(6656, 32)] = acc_26_3
-    out_ref[:, pl.ds(6688, 32)] = acc_26_4
-    out_ref[:, pl.ds(6720, 32)] = acc_26_5
-    out_ref[:, pl.ds(6752, 32)] = acc_26_6
+    rt.store_tile(out_ref, 6560, [acc_26_0, acc_26_1, acc_26_2, acc_26_3, acc_26_4, acc_26_5, acc_26_6], mul=32, dim=7, pad=32)
 
     # out block 27 (32x1e): 1 path(s)
     acc_27_0 = jnp.zeros((rows, 32), dtype)
@@ -1063,9 +960,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.3779644730092272 * x1_3_5 * x2_2_3
         + 0.4629100498862757 * x1_3_6 * x2_2_4
     )
-    out_ref[:, pl.ds(6784, 32)] = acc_27_0
-    out_ref[:, pl.ds(6816, 32)] = acc_27_1
-    out_ref[:, pl.ds(6848, 32)] = acc_27_2
+    rt.store_tile(out_ref, 6784, [acc_27_0, acc_27_1, acc_27_2], mul=32, dim=3, pad=32)
 
     # out block 28 (32x2e): 1 path(s)
     acc_28_0 = jnp.zeros((rows, 32), dtype)
@@ -1113,11 +1008,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3273268353539886 * x1_3_4 * x2_2_1
         - 0.42257712736425834 * x1_3_6 * x2_2_1
     )
-    out_ref[:, pl.ds(6880, 32)] = acc_28_0
-    out_ref[:, pl.ds(6912, 32)] = acc_28_1
-    out_ref[:, pl.ds(6944, 32)] = acc_28_2
-    out_ref[:, pl.ds(6976, 32)] = acc_28_3
-    out_ref[:, pl.ds(7008, 32)] = acc_28_4
+    rt.store_tile(out_ref, 6880, [acc_28_0, acc_28_1, acc_28_2, acc_28_3, acc_28_4], mul=32, dim=5, pad=32)
 
     # out block 29 (32x3e): 1 path(s)
     acc_29_0 = jnp.zeros((rows, 32), dtype)
@@ -1184,13 +1075,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_3_5 * x2_2_3
         - 0.6454972243679029 * x1_3_6 * x2_2_2
     )
-    out_ref[:, pl.ds(7040, 32)] = acc_29_0
-    out_ref[:, pl.ds(7072, 32)] = acc_29_1
-    out_ref[:, pl.ds(7104, 32)] = acc_29_2
-    out_ref[:, pl.ds(7136, 32)] = acc_29_3
-    out_ref[:, pl.ds(7168, 32)] = acc_29_4
-    out_ref[:, pl.ds(7200, 32)] = acc_29_5
-    out_ref[:, pl.ds(7232, 32)] = acc_29_6
+    rt.store_tile(out_ref, 7040, [acc_29_0, acc_29_1, acc_29_2, acc_29_3, acc_29_4, acc_29_5, acc_29_6], mul=32, dim=7, pad=32)
 
     # out block 30 (32x0e): 1 path(s)
     acc_30_0 = jnp.zeros((rows, 32), dtype)
@@ -1245,9 +1130,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.2988071523335984 * x1_3_5 * x2_3_2
         - 0.23145502494313785 * x1_3_6 * x2_3_1
     )
-    out_ref[:, pl.ds(7296, 32)] = acc_31_0
-    out_ref[:, pl.ds(7328, 32)] = acc_31_1
-    out_ref[:, pl.ds(7360, 32)] = acc_31_2
+    rt.store_tile(out_ref, 7296, [acc_31_0, acc_31_1, acc_31_2], mul=32, dim=3, pad=32)
 
     # out block 32 (32x2e): 1 path(s)
     acc_32_0 = jnp.zeros((rows, 32), dtype)
@@ -1308,11 +1191,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.48795003647426666 * x1_3_5 * x2_3_3
         - 0.24397501823713333 * x1_3_6 * x2_3_4
     )
-    out_ref[:, pl.ds(7392, 32)] = acc_32_0
-    out_ref[:, pl.ds(7424, 32)] = acc_32_1
-    out_ref[:, pl.ds(7456, 32)] = acc_32_2
-    out_ref[:, pl.ds(7488, 32)] = acc_32_3
-    out_ref[:, pl.ds(7520, 32)] = acc_32_4
+    rt.store_tile(out_ref, 7392, [acc_32_0, acc_32_1, acc_32_2, acc_32_3, acc_32_4], mul=32, dim=5, pad=32)
 
     # out block 33 (32x3e): 1 path(s)
     acc_33_0 = jnp.zeros((rows, 32), dtype)
@@ -1380,13 +1259,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_3_4 * x2_3_1
         + 0.408248290463863 * x1_3_5 * x2_3_2
     )
-    out_ref[:, pl.ds(7552, 32)] = acc_33_0
-    out_ref[:, pl.ds(7584, 32)] = acc_33_1
-    out_ref[:, pl.ds(7616, 32)] = acc_33_2
-    out_ref[:, pl.ds(7648, 32)] = acc_33_3
-    out_ref[:, pl.ds(7680, 32)] = acc_33_4
-    out_ref[:, pl.ds(7712, 32)] = acc_33_5
-    out_ref[:, pl.ds(7744, 32)] = acc_33_6
+    rt.store_tile(out_ref, 7552, [acc_33_0, acc_33_1, acc_33_2, acc_33_3, acc_33_4, acc_33_5, acc_33_6], mul=32, dim=7, pad=32)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -1404,9 +1277,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1e), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1e), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1e), m=2
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1e)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1e -> out[1] 128x1e, uvu, weights at 128, 3 nonzeros
     w = w_ref[:, pl.ds(128, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -1419,11 +1290,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
     w = w_ref[:, pl.ds(256, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -1440,13 +1307,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3e), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3e), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3e), m=6
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3e)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3e -> out[3] 128x3e, uvu, weights at 384, 7 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_0_0 = acc_0_0 + w * (
@@ -1464,9 +1325,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = jnp.zeros((rows, 64), dtype)
     acc_1_1 = jnp.zeros((rows, 64), dtype)
     acc_1_2 = jnp.zeros((rows, 64), dtype)
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1e), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1e), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1e), m=2
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1e)
     # path 4: x1[1] 64x1e (x) x2[0] 1x0e -> out[4] 64x1e, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
     acc_1_0 = acc_1_0 + w * (0.9999999999999999 * x2_0_0 * g_4_0)
@@ -1478,9 +1337,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_0 = acc_1_0 + w * (0.5773502691896257 * x2_1_0 * g_5_0)
     acc_1_1 = acc_1_1 + w * (0.5773502691896257 * x2_1_1 * g_5_0)
     acc_1_2 = acc_1_2 + w * (0.5773502691896257 * x2_1_2 * g_5_0)
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     # path 6: x1[1] 64x1e (x) x2[1] 1x1e -> out[6] 64x1e, uvu, weights at 640, 6 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1495,11 +1352,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865475 * x2_1_1 * g_6_0
         + 0.7071067811865475 * x2_1_0 * g_6_1
     )
-    g_7_0 = g_ref[:, pl.ds(2496, 64)]  # g block 7 (64x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2560, 64)]  # g block 7 (64x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 7 (64x2e)
     # path 7: x1[1] 64x1e (x) x2[1] 1x1e -> out[7] 64x2e, uvu, weights at 704, 11 nonzeros
     w = w_ref[:, pl.ds(704, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1519,9 +1372,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.7071067811865476 * x2_1_1 * g_7_3
         + 0.7071067811865476 * x2_1_2 * g_7_4
     )
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     # path 8: x1[1] 64x1e (x) x2[2] 1x2e -> out[8] 64x1e, uvu, weights at 768, 11 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1541,11 +1392,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.3162277660168379 * x2_2_2 * g_8_2
         + 0.5477225575051661 * x2_2_4 * g_8_2
     )
-    g_9_0 = g_ref[:, pl.ds(3008, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3072, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3136, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3200, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     # path 9: x1[1] 64x1e (x) x2[2] 1x2e -> out[9] 64x2e, uvu, weights at 832, 16 nonzeros
     w = w_ref[:, pl.ds(832, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1570,13 +1417,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_2_0 * g_9_3
         + 0.408248290463863 * x2_2_1 * g_9_4
     )
-    g_10_0 = g_ref[:, pl.ds(3328, 64)]  # g block 10 (64x3e), m=0
-    g_10_1 = g_ref[:, pl.ds(3392, 64)]  # g block 10 (64x3e), m=1
-    g_10_2 = g_ref[:, pl.ds(3456, 64)]  # g block 10 (64x3e), m=2
-    g_10_3 = g_ref[:, pl.ds(3520, 64)]  # g block 10 (64x3e), m=3
-    g_10_4 = g_ref[:, pl.ds(3584, 64)]  # g block 10 (64x3e), m=4
-    g_10_5 = g_ref[:, pl.ds(3648, 64)]  # g block 10 (64x3e), m=5
-    g_10_6 = g_ref[:, pl.ds(3712, 64)]  # g block 10 (64x3e), m=6
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4, g_10_5, g_10_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 10 (64x3e)
     # path 10: x1[1] 64x1e (x) x2[2] 1x2e -> out[10] 64x3e, uvu, weights at 896, 21 nonzeros
     w = w_ref[:, pl.ds(896, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1606,11 +1447,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5773502691896258 * x2_2_3 * g_10_5
         + 0.7071067811865476 * x2_2_4 * g_10_6
     )
-    g_11_0 = g_ref[:, pl.ds(3776, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(3840, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(3904, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(3968, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(4032, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     # path 11: x1[1] 64x1e (x) x2[3] 1x3e -> out[11] 64x2e, uvu, weights at 960, 21 nonzeros
     w = w_ref[:, pl.ds(960, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1640,13 +1477,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.1543033499620919 * x2_3_4 * g_11_4
         + 0.5976143046671969 * x2_3_6 * g_11_4
     )
-    g_12_0 = g_ref[:, pl.ds(4096, 64)]  # g block 12 (64x3e), m=0
-    g_12_1 = g_ref[:, pl.ds(4160, 64)]  # g block 12 (64x3e), m=1
-    g_12_2 = g_ref[:, pl.ds(4224, 64)]  # g block 12 (64x3e), m=2
-    g_12_3 = g_ref[:, pl.ds(4288, 64)]  # g block 12 (64x3e), m=3
-    g_12_4 = g_ref[:, pl.ds(4352, 64)]  # g block 12 (64x3e), m=4
-    g_12_5 = g_ref[:, pl.ds(4416, 64)]  # g block 12 (64x3e), m=5
-    g_12_6 = g_ref[:, pl.ds(4480, 64)]  # g block 12 (64x3e), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 12 (64x3e)
     # path 12: x1[1] 64x1e (x) x2[3] 1x3e -> out[12] 64x3e, uvu, weights at 1024, 26 nonzeros
     w = w_ref[:, pl.ds(1024, 64)]
     acc_1_0 = acc_1_0 + w * (
@@ -1681,9 +1512,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x2_3_2 * g_12_5
         + 0.3535533905932738 * x2_3_1 * g_12_6
     )
-    out_ref[:, pl.ds(128, 64)] = acc_1_0
-    out_ref[:, pl.ds(192, 64)] = acc_1_1
-    out_ref[:, pl.ds(256, 64)] = acc_1_2
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
     # x1 block 2 (32x2e): 11 path(s)
     acc_2_0 = jnp.zeros((rows, 32), dtype)
@@ -1691,11 +1520,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = jnp.zeros((rows, 32), dtype)
     acc_2_3 = jnp.zeros((rows, 32), dtype)
     acc_2_4 = jnp.zeros((rows, 32), dtype)
-    g_13_0 = g_ref[:, pl.ds(4544, 32)]  # g block 13 (32x2e), m=0
-    g_13_1 = g_ref[:, pl.ds(4576, 32)]  # g block 13 (32x2e), m=1
-    g_13_2 = g_ref[:, pl.ds(4608, 32)]  # g block 13 (32x2e), m=2
-    g_13_3 = g_ref[:, pl.ds(4640, 32)]  # g block 13 (32x2e), m=3
-    g_13_4 = g_ref[:, pl.ds(4672, 32)]  # g block 13 (32x2e), m=4
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 4544, mul=32, dim=5, pad=32)  # g block 13 (32x2e)
     # path 13: x1[2] 32x2e (x) x2[0] 1x0e -> out[13] 32x2e, uvu, weights at 1088, 5 nonzeros
     w = w_ref[:, pl.ds(1088, 32)]
     acc_2_0 = acc_2_0 + w * (1.0 * x2_0_0 * g_13_0)
@@ -1703,9 +1528,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (1.0 * x2_0_0 * g_13_2)
     acc_2_3 = acc_2_3 + w * (1.0 * x2_0_0 * g_13_3)
     acc_2_4 = acc_2_4 + w * (1.0 * x2_0_0 * g_13_4)
-    g_14_0 = g_ref[:, pl.ds(4704, 32)]  # g block 14 (32x1e), m=0
-    g_14_1 = g_ref[:, pl.ds(4736, 32)]  # g block 14 (32x1e), m=1
-    g_14_2 = g_ref[:, pl.ds(4768, 32)]  # g block 14 (32x1e), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 4704, mul=32, dim=3, pad=32)  # g block 14 (32x1e)
     # path 14: x1[2] 32x2e (x) x2[1] 1x1e -> out[14] 32x1e, uvu, weights at 1120, 11 nonzeros
     w = w_ref[:, pl.ds(1120, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1729,11 +1552,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5477225575051661 * x2_1_0 * g_14_0
         + 0.5477225575051661 * x2_1_2 * g_14_2
     )
-    g_15_0 = g_ref[:, pl.ds(4800, 32)]  # g block 15 (32x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(4832, 32)]  # g block 15 (32x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(4864, 32)]  # g block 15 (32x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(4896, 32)]  # g block 15 (32x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4928, 32)]  # g block 15 (32x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 15 (32x2e)
     # path 15: x1[2] 32x2e (x) x2[1] 1x1e -> out[15] 32x2e, uvu, weights at 1152, 16 nonzeros
     w = w_ref[:, pl.ds(1152, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1762,13 +1581,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_1_2 * g_15_1
         + 0.408248290463863 * x2_1_0 * g_15_3
     )
-    g_16_0 = g_ref[:, pl.ds(4960, 32)]  # g block 16 (32x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4992, 32)]  # g block 16 (32x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(5024, 32)]  # g block 16 (32x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(5056, 32)]  # g block 16 (32x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(5088, 32)]  # g block 16 (32x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(5120, 32)]  # g block 16 (32x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(5152, 32)]  # g block 16 (32x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4960, mul=32, dim=7, pad=32)  # g block 16 (32x3e)
     # path 16: x1[2] 32x2e (x) x2[1] 1x1e -> out[16] 32x3e, uvu, weights at 1184, 21 nonzeros
     w = w_ref[:, pl.ds(1184, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1810,9 +1623,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + w * (0.4472135954999579 * x2_2_2 * g_17_0)
     acc_2_3 = acc_2_3 + w * (0.4472135954999579 * x2_2_3 * g_17_0)
     acc_2_4 = acc_2_4 + w * (0.4472135954999579 * x2_2_4 * g_17_0)
-    g_18_0 = g_ref[:, pl.ds(5216, 32)]  # g block 18 (32x1e), m=0
-    g_18_1 = g_ref[:, pl.ds(5248, 32)]  # g block 18 (32x1e), m=1
-    g_18_2 = g_ref[:, pl.ds(5280, 32)]  # g block 18 (32x1e), m=2
+    g_18_0, g_18_1, g_18_2 = rt.load_tile(g_ref, 5216, mul=32, dim=3, pad=32)  # g block 18 (32x1e)
     # path 18: x1[2] 32x2e (x) x2[2] 1x2e -> out[18] 32x1e, uvu, weights at 1248, 16 nonzeros
     w = w_ref[:, pl.ds(1248, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1841,11 +1652,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.6324555320336758 * x2_2_0 * g_18_1
         - 0.3162277660168379 * x2_2_1 * g_18_2
     )
-    g_19_0 = g_ref[:, pl.ds(5312, 32)]  # g block 19 (32x2e), m=0
-    g_19_1 = g_ref[:, pl.ds(5344, 32)]  # g block 19 (32x2e), m=1
-    g_19_2 = g_ref[:, pl.ds(5376, 32)]  # g block 19 (32x2e), m=2
-    g_19_3 = g_ref[:, pl.ds(5408, 32)]  # g block 19 (32x2e), m=3
-    g_19_4 = g_ref[:, pl.ds(5440, 32)]  # g block 19 (32x2e), m=4
+    g_19_0, g_19_1, g_19_2, g_19_3, g_19_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 19 (32x2e)
     # path 19: x1[2] 32x2e (x) x2[2] 1x2e -> out[19] 32x2e, uvu, weights at 1280, 25 nonzeros
     w = w_ref[:, pl.ds(1280, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1883,13 +1690,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.4629100498862757 * x2_2_3 * g_19_3
         - 0.5345224838248488 * x2_2_2 * g_19_4
     )
-    g_20_0 = g_ref[:, pl.ds(5472, 32)]  # g block 20 (32x3e), m=0
-    g_20_1 = g_ref[:, pl.ds(5504, 32)]  # g block 20 (32x3e), m=1
-    g_20_2 = g_ref[:, pl.ds(5536, 32)]  # g block 20 (32x3e), m=2
-    g_20_3 = g_ref[:, pl.ds(5568, 32)]  # g block 20 (32x3e), m=3
-    g_20_4 = g_ref[:, pl.ds(5600, 32)]  # g block 20 (32x3e), m=4
-    g_20_5 = g_ref[:, pl.ds(5632, 32)]  # g block 20 (32x3e), m=5
-    g_20_6 = g_ref[:, pl.ds(5664, 32)]  # g block 20 (32x3e), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5472, mul=32, dim=7, pad=32)  # g block 20 (32x3e)
     # path 20: x1[2] 32x2e (x) x2[2] 1x2e -> out[20] 32x3e, uvu, weights at 1312, 28 nonzeros
     w = w_ref[:, pl.ds(1312, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1930,9 +1731,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.38729833462074176 * x2_2_1 * g_20_4
         + 0.5000000000000001 * x2_2_1 * g_20_6
     )
-    g_21_0 = g_ref[:, pl.ds(5696, 32)]  # g block 21 (32x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5728, 32)]  # g block 21 (32x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5760, 32)]  # g block 21 (32x1e), m=2
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5696, mul=32, dim=3, pad=32)  # g block 21 (32x1e)
     # path 21: x1[2] 32x2e (x) x2[3] 1x3e -> out[21] 32x1e, uvu, weights at 1344, 21 nonzeros
     w = w_ref[:, pl.ds(1344, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -1966,11 +1765,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.11952286093343936 * x2_3_4 * g_21_2
         + 0.4629100498862757 * x2_3_6 * g_21_2
     )
-    g_22_0 = g_ref[:, pl.ds(5792, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5824, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5856, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5888, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5920, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5792, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     # path 22: x1[2] 32x2e (x) x2[3] 1x3e -> out[22] 32x2e, uvu, weights at 1376, 28 nonzeros
     w = w_ref[:, pl.ds(1376, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -2011,13 +1806,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_3_0 * g_22_3
         - 0.3273268353539886 * x2_3_2 * g_22_3
     )
-    g_23_0 = g_ref[:, pl.ds(5952, 32)]  # g block 23 (32x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5984, 32)]  # g block 23 (32x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(6016, 32)]  # g block 23 (32x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6048, 32)]  # g block 23 (32x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 32)]  # g block 23 (32x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6112, 32)]  # g block 23 (32x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6144, 32)]  # g block 23 (32x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5952, mul=32, dim=7, pad=32)  # g block 23 (32x3e)
     # path 23: x1[2] 32x2e (x) x2[3] 1x3e -> out[23] 32x3e, uvu, weights at 1408, 41 nonzeros
     w = w_ref[:, pl.ds(1408, 32)]
     acc_2_0 = acc_2_0 + w * (
@@ -2071,11 +1860,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896258 * x2_3_3 * g_23_5
         - 0.2886751345948129 * x2_3_4 * g_23_6
     )
-    out_ref[:, pl.ds(320, 32)] = acc_2_0
-    out_ref[:, pl.ds(352, 32)] = acc_2_1
-    out_ref[:, pl.ds(384, 32)] = acc_2_2
-    out_ref[:, pl.ds(416, 32)] = acc_2_3
-    out_ref[:, pl.ds(448, 32)] = acc_2_4
+    rt.store_tile(out_ref, 320, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=32, dim=5, pad=32)
 
     # x1 block 3 (32x3e): 10 path(s)
     acc_3_0 = jnp.zeros((rows, 32), dtype)
@@ -2085,13 +1870,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = jnp.zeros((rows, 32), dtype)
     acc_3_5 = jnp.zeros((rows, 32), dtype)
     acc_3_6 = jnp.zeros((rows, 32), dtype)
-    g_24_0 = g_ref[:, pl.ds(6176, 32)]  # g block 24 (32x3e), m=0
-    g_24_1 = g_ref[:, pl.ds(6208, 32)]  # g block 24 (32x3e), m=1
-    g_24_2 = g_ref[:, pl.ds(6240, 32)]  # g block 24 (32x3e), m=2
-    g_24_3 = g_ref[:, pl.ds(6272, 32)]  # g block 24 (32x3e), m=3
-    g_24_4 = g_ref[:, pl.ds(6304, 32)]  # g block 24 (32x3e), m=4
-    g_24_5 = g_ref[:, pl.ds(6336, 32)]  # g block 24 (32x3e), m=5
-    g_24_6 = g_ref[:, pl.ds(6368, 32)]  # g block 24 (32x3e), m=6
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4, g_24_5, g_24_6 = rt.load_tile(g_ref, 6176, mul=32, dim=7, pad=32)  # g block 24 (32x3e)
     # path 24: x1[3] 32x3e (x) x2[0] 1x0e -> out[24] 32x3e, uvu, weights at 1440, 7 nonzeros
     w = w_ref[:, pl.ds(1440, 32)]
     acc_3_0 = acc_3_0 + w * (1.0000000000000002 * x2_0_0 * g_24_0)
@@ -2101,11 +1880,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (1.0000000000000002 * x2_0_0 * g_24_4)
     acc_3_5 = acc_3_5 + w * (1.0000000000000002 * x2_0_0 * g_24_5)
     acc_3_6 = acc_3_6 + w * (1.0000000000000002 * x2_0_0 * g_24_6)
-    g_25_0 = g_ref[:, pl.ds(6400, 32)]  # g block 25 (32x2e), m=0
-    g_25_1 = g_ref[:, pl.ds(6432, 32)]  # g block 25 (32x2e), m=1
-    g_25_2 = g_ref[:, pl.ds(6464, 32)]  # g block 25 (32x2e), m=2
-    g_25_3 = g_ref[:, pl.ds(6496, 32)]  # g block 25 (32x2e), m=3
-    g_25_4 = g_ref[:, pl.ds(6528, 32)]  # g block 25 (32x2e), m=4
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4 = rt.load_tile(g_ref, 6400, mul=32, dim=5, pad=32)  # g block 25 (32x2e)
     # path 25: x1[3] 32x3e (x) x2[1] 1x1e -> out[25] 32x2e, uvu, weights at 1472, 21 nonzeros
     w = w_ref[:, pl.ds(1472, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2143,13 +1918,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.5976143046671969 * x2_1_0 * g_25_0
         + 0.5976143046671969 * x2_1_2 * g_25_4
     )
-    g_26_0 = g_ref[:, pl.ds(6560, 32)]  # g block 26 (32x3e), m=0
-    g_26_1 = g_ref[:, pl.ds(6592, 32)]  # g block 26 (32x3e), m=1
-    g_26_2 = g_ref[:, pl.ds(6624, 32)]  # g block 26 (32x3e), m=2
-    g_26_3 = g_ref[:, pl.ds(6656, 32)]  # g block 26 (32x3e), m=3
-    g_26_4 = g_ref[:, pl.ds(6688, 32)]  # g block 26 (32x3e), m=4
-    g_26_5 = g_ref[:, pl.ds(6720, 32)]  # g block 26 (32x3e), m=5
-    g_26_6 = g_ref[:, pl.ds(6752, 32)]  # g block 26 (32x3e), m=6
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4, g_26_5, g_26_6 = rt.load_tile(g_ref, 6560, mul=32, dim=7, pad=32)  # g block 26 (32x3e)
     # path 26: x1[3] 32x3e (x) x2[1] 1x1e -> out[26] 32x3e, uvu, weights at 1504, 26 nonzeros
     w = w_ref[:, pl.ds(1504, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2192,9 +1961,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.3535533905932738 * x2_1_2 * g_26_1
         + 0.3535533905932738 * x2_1_0 * g_26_5
     )
-    g_27_0 = g_ref[:, pl.ds(6784, 32)]  # g block 27 (32x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(6816, 32)]  # g block 27 (32x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(6848, 32)]  # g block 27 (32x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 6784, mul=32, dim=3, pad=32)  # g block 27 (32x1e)
     # path 27: x1[3] 32x3e (x) x2[2] 1x2e -> out[27] 32x1e, uvu, weights at 1536, 21 nonzeros
     w = w_ref[:, pl.ds(1536, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2232,11 +1999,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         - 0.4629100498862757 * x2_2_0 * g_27_0
         + 0.4629100498862757 * x2_2_4 * g_27_2
     )
-    g_28_0 = g_ref[:, pl.ds(6880, 32)]  # g block 28 (32x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(6912, 32)]  # g block 28 (32x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(6944, 32)]  # g block 28 (32x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(6976, 32)]  # g block 28 (32x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7008, 32)]  # g block 28 (32x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 6880, mul=32, dim=5, pad=32)  # g block 28 (32x2e)
     # path 28: x1[3] 32x3e (x) x2[2] 1x2e -> out[28] 32x2e, uvu, weights at 1568, 28 nonzeros
     w = w_ref[:, pl.ds(1568, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2281,13 +2044,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.42257712736425834 * x2_2_0 * g_28_3
         - 0.42257712736425834 * x2_2_1 * g_28_4
     )
-    g_29_0 = g_ref[:, pl.ds(7040, 32)]  # g block 29 (32x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7072, 32)]  # g block 29 (32x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(7104, 32)]  # g block 29 (32x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(7136, 32)]  # g block 29 (32x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(7168, 32)]  # g block 29 (32x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(7200, 32)]  # g block 29 (32x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(7232, 32)]  # g block 29 (32x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7040, mul=32, dim=7, pad=32)  # g block 29 (32x3e)
     # path 29: x1[3] 32x3e (x) x2[2] 1x2e -> out[29] 32x3e, uvu, weights at 1600, 41 nonzeros
     w = w_ref[:, pl.ds(1600, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2355,9 +2112,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + w * (0.37796447300922725 * x2_3_4 * g_30_0)
     acc_3_5 = acc_3_5 + w * (0.37796447300922725 * x2_3_5 * g_30_0)
     acc_3_6 = acc_3_6 + w * (0.37796447300922725 * x2_3_6 * g_30_0)
-    g_31_0 = g_ref[:, pl.ds(7296, 32)]  # g block 31 (32x1e), m=0
-    g_31_1 = g_ref[:, pl.ds(7328, 32)]  # g block 31 (32x1e), m=1
-    g_31_2 = g_ref[:, pl.ds(7360, 32)]  # g block 31 (32x1e), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 7296, mul=32, dim=3, pad=32)  # g block 31 (32x1e)
     # path 31: x1[3] 32x3e (x) x2[3] 1x3e -> out[31] 32x1e, uvu, weights at 1664, 26 nonzeros
     w = w_ref[:, pl.ds(1664, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2400,11 +2155,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.5669467095138409 * x2_3_0 * g_31_1
         - 0.23145502494313785 * x2_3_1 * g_31_2
     )
-    g_32_0 = g_ref[:, pl.ds(7392, 32)]  # g block 32 (32x2e), m=0
-    g_32_1 = g_ref[:, pl.ds(7424, 32)]  # g block 32 (32x2e), m=1
-    g_32_2 = g_ref[:, pl.ds(7456, 32)]  # g block 32 (32x2e), m=2
-    g_32_3 = g_ref[:, pl.ds(7488, 32)]  # g block 32 (32x2e), m=3
-    g_32_4 = g_ref[:, pl.ds(7520, 32)]  # g block 32 (32x2e), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 7392, mul=32, dim=5, pad=32)  # g block 32 (32x2e)
     # path 32: x1[3] 32x3e (x) x2[3] 1x3e -> out[32] 32x2e, uvu, weights at 1696, 41 nonzeros
     w = w_ref[:, pl.ds(1696, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2462,13 +2213,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.3857583749052298 * x2_3_5 * g_32_3
         - 0.24397501823713333 * x2_3_4 * g_32_4
     )
-    g_33_0 = g_ref[:, pl.ds(7552, 32)]  # g block 33 (32x3e), m=0
-    g_33_1 = g_ref[:, pl.ds(7584, 32)]  # g block 33 (32x3e), m=1
-    g_33_2 = g_ref[:, pl.ds(7616, 32)]  # g block 33 (32x3e), m=2
-    g_33_3 = g_ref[:, pl.ds(7648, 32)]  # g block 33 (32x3e), m=3
-    g_33_4 = g_ref[:, pl.ds(7680, 32)]  # g block 33 (32x3e), m=4
-    g_33_5 = g_ref[:, pl.ds(7712, 32)]  # g block 33 (32x3e), m=5
-    g_33_6 = g_ref[:, pl.ds(7744, 32)]  # g block 33 (32x3e), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 7552, mul=32, dim=7, pad=32)  # g block 33 (32x3e)
     # path 33: x1[3] 32x3e (x) x2[3] 1x3e -> out[33] 32x3e, uvu, weights at 1728, 42 nonzeros
     w = w_ref[:, pl.ds(1728, 32)]
     acc_3_0 = acc_3_0 + w * (
@@ -2527,13 +2272,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_3_1 * g_33_4
         - 0.408248290463863 * x2_3_2 * g_33_5
     )
-    out_ref[:, pl.ds(480, 32)] = acc_3_0
-    out_ref[:, pl.ds(512, 32)] = acc_3_1
-    out_ref[:, pl.ds(544, 32)] = acc_3_2
-    out_ref[:, pl.ds(576, 32)] = acc_3_3
-    out_ref[:, pl.ds(608, 32)] = acc_3_4
-    out_ref[:, pl.ds(640, 32)] = acc_3_5
-    out_ref[:, pl.ds(672, 32)] = acc_3_6
+    rt.store_tile(out_ref, 480, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=32, dim=7, pad=32)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -2550,12 +2289,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 4: x1[1] 64x1e (x) x2[0] 1x0e -> out[4] 64x1e, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1e), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1e), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1e), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1e), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1e), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1e), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1e)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1e)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -2564,16 +2299,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(512, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 13: x1[2] 32x2e (x) x2[0] 1x0e -> out[13] 32x2e, uvu, weights at 1088, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
-    g_13_0 = g_ref[:, pl.ds(4544, 32)]  # g block 13 (32x2e), m=0
-    g_13_1 = g_ref[:, pl.ds(4576, 32)]  # g block 13 (32x2e), m=1
-    g_13_2 = g_ref[:, pl.ds(4608, 32)]  # g block 13 (32x2e), m=2
-    g_13_3 = g_ref[:, pl.ds(4640, 32)]  # g block 13 (32x2e), m=3
-    g_13_4 = g_ref[:, pl.ds(4672, 32)]  # g block 13 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 4544, mul=32, dim=5, pad=32)  # g block 13 (32x2e)
     h13_0 = (
         1.0 * x1_2_0 * g_13_0
         + 1.0 * x1_2_1 * g_13_1
@@ -2584,20 +2311,8 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1088, 32)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h13_0, axis=1, keepdims=True)
     # path 24: x1[3] 32x3e (x) x2[0] 1x0e -> out[24] 32x3e, uvu, weights at 1440, 7 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3e), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3e), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3e), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3e), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3e), m=6
-    g_24_0 = g_ref[:, pl.ds(6176, 32)]  # g block 24 (32x3e), m=0
-    g_24_1 = g_ref[:, pl.ds(6208, 32)]  # g block 24 (32x3e), m=1
-    g_24_2 = g_ref[:, pl.ds(6240, 32)]  # g block 24 (32x3e), m=2
-    g_24_3 = g_ref[:, pl.ds(6272, 32)]  # g block 24 (32x3e), m=3
-    g_24_4 = g_ref[:, pl.ds(6304, 32)]  # g block 24 (32x3e), m=4
-    g_24_5 = g_ref[:, pl.ds(6336, 32)]  # g block 24 (32x3e), m=5
-    g_24_6 = g_ref[:, pl.ds(6368, 32)]  # g block 24 (32x3e), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3e)
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4, g_24_5, g_24_6 = rt.load_tile(g_ref, 6176, mul=32, dim=7, pad=32)  # g block 24 (32x3e)
     h24_0 = (
         1.0000000000000002 * x1_3_0 * g_24_0
         + 1.0000000000000002 * x1_3_1 * g_24_1
@@ -2616,9 +2331,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 1), dtype)
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1e -> out[1] 128x1e, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1e)
     h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
     h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
     h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
@@ -2636,9 +2349,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h5_2, axis=1, keepdims=True)
     # path 6: x1[1] 64x1e (x) x2[1] 1x1e -> out[6] 64x1e, uvu, weights at 640, 6 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     h6_0 = (
         0.7071067811865475 * x1_1_2 * g_6_1
         - 0.7071067811865475 * x1_1_1 * g_6_2
@@ -2656,11 +2367,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h6_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
     # path 7: x1[1] 64x1e (x) x2[1] 1x1e -> out[7] 64x2e, uvu, weights at 704, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2496, 64)]  # g block 7 (64x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2560, 64)]  # g block 7 (64x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 7 (64x2e)
     h7_0 = (
         0.7071067811865476 * x1_1_2 * g_7_0
         + 0.7071067811865476 * x1_1_1 * g_7_1
@@ -2683,9 +2390,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h7_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h7_2, axis=1, keepdims=True)
     # path 14: x1[2] 32x2e (x) x2[1] 1x1e -> out[14] 32x1e, uvu, weights at 1120, 11 nonzeros
-    g_14_0 = g_ref[:, pl.ds(4704, 32)]  # g block 14 (32x1e), m=0
-    g_14_1 = g_ref[:, pl.ds(4736, 32)]  # g block 14 (32x1e), m=1
-    g_14_2 = g_ref[:, pl.ds(4768, 32)]  # g block 14 (32x1e), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 4704, mul=32, dim=3, pad=32)  # g block 14 (32x1e)
     h14_0 = (
         - 0.3162277660168379 * x1_2_2 * g_14_0
         - 0.5477225575051661 * x1_2_4 * g_14_0
@@ -2708,11 +2413,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h14_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h14_2, axis=1, keepdims=True)
     # path 15: x1[2] 32x2e (x) x2[1] 1x1e -> out[15] 32x2e, uvu, weights at 1152, 16 nonzeros
-    g_15_0 = g_ref[:, pl.ds(4800, 32)]  # g block 15 (32x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(4832, 32)]  # g block 15 (32x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(4864, 32)]  # g block 15 (32x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(4896, 32)]  # g block 15 (32x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4928, 32)]  # g block 15 (32x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 15 (32x2e)
     h15_0 = (
         - 0.408248290463863 * x1_2_1 * g_15_0
         + 0.408248290463863 * x1_2_0 * g_15_1
@@ -2740,13 +2441,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h15_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h15_2, axis=1, keepdims=True)
     # path 16: x1[2] 32x2e (x) x2[1] 1x1e -> out[16] 32x3e, uvu, weights at 1184, 21 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4960, 32)]  # g block 16 (32x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4992, 32)]  # g block 16 (32x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(5024, 32)]  # g block 16 (32x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(5056, 32)]  # g block 16 (32x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(5088, 32)]  # g block 16 (32x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(5120, 32)]  # g block 16 (32x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(5152, 32)]  # g block 16 (32x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4960, mul=32, dim=7, pad=32)  # g block 16 (32x3e)
     h16_0 = (
         0.7071067811865476 * x1_2_4 * g_16_0
         + 0.5773502691896258 * x1_2_3 * g_16_1
@@ -2779,11 +2474,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h16_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h16_2, axis=1, keepdims=True)
     # path 25: x1[3] 32x3e (x) x2[1] 1x1e -> out[25] 32x2e, uvu, weights at 1472, 21 nonzeros
-    g_25_0 = g_ref[:, pl.ds(6400, 32)]  # g block 25 (32x2e), m=0
-    g_25_1 = g_ref[:, pl.ds(6432, 32)]  # g block 25 (32x2e), m=1
-    g_25_2 = g_ref[:, pl.ds(6464, 32)]  # g block 25 (32x2e), m=2
-    g_25_3 = g_ref[:, pl.ds(6496, 32)]  # g block 25 (32x2e), m=3
-    g_25_4 = g_ref[:, pl.ds(6528, 32)]  # g block 25 (32x2e), m=4
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4 = rt.load_tile(g_ref, 6400, mul=32, dim=5, pad=32)  # g block 25 (32x2e)
     h25_0 = (
         - 0.1543033499620919 * x1_3_4 * g_25_0
         - 0.5976143046671969 * x1_3_6 * g_25_0
@@ -2816,13 +2507,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h25_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h25_2, axis=1, keepdims=True)
     # path 26: x1[3] 32x3e (x) x2[1] 1x1e -> out[26] 32x3e, uvu, weights at 1504, 26 nonzeros
-    g_26_0 = g_ref[:, pl.ds(6560, 32)]  # g block 26 (32x3e), m=0
-    g_26_1 = g_ref[:, pl.ds(6592, 32)]  # g block 26 (32x3e), m=1
-    g_26_2 = g_ref[:, pl.ds(6624, 32)]  # g block 26 (32x3e), m=2
-    g_26_3 = g_ref[:, pl.ds(6656, 32)]  # g block 26 (32x3e), m=3
-    g_26_4 = g_ref[:, pl.ds(6688, 32)]  # g block 26 (32x3e), m=4
-    g_26_5 = g_ref[:, pl.ds(6720, 32)]  # g block 26 (32x3e), m=5
-    g_26_6 = g_ref[:, pl.ds(6752, 32)]  # g block 26 (32x3e), m=6
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4, g_26_5, g_26_6 = rt.load_tile(g_ref, 6560, mul=32, dim=7, pad=32)  # g block 26 (32x3e)
     h26_0 = (
         - 0.3535533905932738 * x1_3_1 * g_26_0
         + 0.3535533905932738 * x1_3_0 * g_26_1
@@ -2870,11 +2555,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     h2_0 = 1.0 * x1_0_0 * g_2_0
     h2_1 = 1.0 * x1_0_0 * g_2_1
     h2_2 = 1.0 * x1_0_0 * g_2_2
@@ -2887,9 +2568,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 8: x1[1] 64x1e (x) x2[2] 1x2e -> out[8] 64x1e, uvu, weights at 768, 11 nonzeros
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     h8_0 = (
         0.5477225575051661 * x1_1_2 * g_8_0
         + 0.5477225575051661 * x1_1_0 * g_8_2
@@ -2918,11 +2597,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h8_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h8_4, axis=1, keepdims=True)
     # path 9: x1[1] 64x1e (x) x2[2] 1x2e -> out[9] 64x2e, uvu, weights at 832, 16 nonzeros
-    g_9_0 = g_ref[:, pl.ds(3008, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3072, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3136, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3200, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         - 0.408248290463863 * x1_1_0 * g_9_1
         + 0.408248290463863 * x1_1_2 * g_9_3
@@ -2956,13 +2631,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h9_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h9_4, axis=1, keepdims=True)
     # path 10: x1[1] 64x1e (x) x2[2] 1x2e -> out[10] 64x3e, uvu, weights at 896, 21 nonzeros
-    g_10_0 = g_ref[:, pl.ds(3328, 64)]  # g block 10 (64x3e), m=0
-    g_10_1 = g_ref[:, pl.ds(3392, 64)]  # g block 10 (64x3e), m=1
-    g_10_2 = g_ref[:, pl.ds(3456, 64)]  # g block 10 (64x3e), m=2
-    g_10_3 = g_ref[:, pl.ds(3520, 64)]  # g block 10 (64x3e), m=3
-    g_10_4 = g_ref[:, pl.ds(3584, 64)]  # g block 10 (64x3e), m=4
-    g_10_5 = g_ref[:, pl.ds(3648, 64)]  # g block 10 (64x3e), m=5
-    g_10_6 = g_ref[:, pl.ds(3712, 64)]  # g block 10 (64x3e), m=6
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4, g_10_5, g_10_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 10 (64x3e)
     h10_0 = (
         0.7071067811865476 * x1_1_2 * g_10_0
         + 0.5773502691896258 * x1_1_1 * g_10_1
@@ -3014,9 +2683,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h17_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h17_4, axis=1, keepdims=True)
     # path 18: x1[2] 32x2e (x) x2[2] 1x2e -> out[18] 32x1e, uvu, weights at 1248, 16 nonzeros
-    g_18_0 = g_ref[:, pl.ds(5216, 32)]  # g block 18 (32x1e), m=0
-    g_18_1 = g_ref[:, pl.ds(5248, 32)]  # g block 18 (32x1e), m=1
-    g_18_2 = g_ref[:, pl.ds(5280, 32)]  # g block 18 (32x1e), m=2
+    g_18_0, g_18_1, g_18_2 = rt.load_tile(g_ref, 5216, mul=32, dim=3, pad=32)  # g block 18 (32x1e)
     h18_0 = (
         0.3162277660168379 * x1_2_1 * g_18_0
         + 0.6324555320336758 * x1_2_4 * g_18_1
@@ -3050,11 +2717,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h18_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h18_4, axis=1, keepdims=True)
     # path 19: x1[2] 32x2e (x) x2[2] 1x2e -> out[19] 32x2e, uvu, weights at 1280, 25 nonzeros
-    g_19_0 = g_ref[:, pl.ds(5312, 32)]  # g block 19 (32x2e), m=0
-    g_19_1 = g_ref[:, pl.ds(5344, 32)]  # g block 19 (32x2e), m=1
-    g_19_2 = g_ref[:, pl.ds(5376, 32)]  # g block 19 (32x2e), m=2
-    g_19_3 = g_ref[:, pl.ds(5408, 32)]  # g block 19 (32x2e), m=3
-    g_19_4 = g_ref[:, pl.ds(5440, 32)]  # g block 19 (32x2e), m=4
+    g_19_0, g_19_1, g_19_2, g_19_3, g_19_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 19 (32x2e)
     h19_0 = (
         - 0.5345224838248488 * x1_2_2 * g_19_0
         + 0.4629100498862757 * x1_2_3 * g_19_1
@@ -3097,13 +2760,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h19_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h19_4, axis=1, keepdims=True)
     # path 20: x1[2] 32x2e (x) x2[2] 1x2e -> out[20] 32x3e, uvu, weights at 1312, 28 nonzeros
-    g_20_0 = g_ref[:, pl.ds(5472, 32)]  # g block 20 (32x3e), m=0
-    g_20_1 = g_ref[:, pl.ds(5504, 32)]  # g block 20 (32x3e), m=1
-    g_20_2 = g_ref[:, pl.ds(5536, 32)]  # g block 20 (32x3e), m=2
-    g_20_3 = g_ref[:, pl.ds(5568, 32)]  # g block 20 (32x3e), m=3
-    g_20_4 = g_ref[:, pl.ds(5600, 32)]  # g block 20 (32x3e), m=4
-    g_20_5 = g_ref[:, pl.ds(5632, 32)]  # g block 20 (32x3e), m=5
-    g_20_6 = g_ref[:, pl.ds(5664, 32)]  # g block 20 (32x3e), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5472, mul=32, dim=7, pad=32)  # g block 20 (32x3e)
     h20_0 = (
         - 0.5000000000000001 * x1_2_1 * g_20_0
         - 0.38729833462074176 * x1_2_1 * g_20_2
@@ -3149,9 +2806,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h20_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h20_4, axis=1, keepdims=True)
     # path 27: x1[3] 32x3e (x) x2[2] 1x2e -> out[27] 32x1e, uvu, weights at 1536, 21 nonzeros
-    g_27_0 = g_ref[:, pl.ds(6784, 32)]  # g block 27 (32x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(6816, 32)]  # g block 27 (32x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(6848, 32)]  # g block 27 (32x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 6784, mul=32, dim=3, pad=32)  # g block 27 (32x1e)
     h27_0 = (
         - 0.11952286093343936 * x1_3_4 * g_27_0
         - 0.4629100498862757 * x1_3_6 * g_27_0
@@ -3190,11 +2845,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h27_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h27_4, axis=1, keepdims=True)
     # path 28: x1[3] 32x3e (x) x2[2] 1x2e -> out[28] 32x2e, uvu, weights at 1568, 28 nonzeros
-    g_28_0 = g_ref[:, pl.ds(6880, 32)]  # g block 28 (32x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(6912, 32)]  # g block 28 (32x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(6944, 32)]  # g block 28 (32x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(6976, 32)]  # g block 28 (32x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7008, 32)]  # g block 28 (32x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 6880, mul=32, dim=5, pad=32)  # g block 28 (32x2e)
     h28_0 = (
         0.42257712736425834 * x1_3_0 * g_28_1
         + 0.3273268353539886 * x1_3_2 * g_28_1
@@ -3240,13 +2891,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h28_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h28_4, axis=1, keepdims=True)
     # path 29: x1[3] 32x3e (x) x2[2] 1x2e -> out[29] 32x3e, uvu, weights at 1600, 41 nonzeros
-    g_29_0 = g_ref[:, pl.ds(7040, 32)]  # g block 29 (32x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7072, 32)]  # g block 29 (32x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(7104, 32)]  # g block 29 (32x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(7136, 32)]  # g block 29 (32x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(7168, 32)]  # g block 29 (32x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(7200, 32)]  # g block 29 (32x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(7232, 32)]  # g block 29 (32x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7040, mul=32, dim=7, pad=32)  # g block 29 (32x3e)
     h29_0 = (
         - 0.2886751345948129 * x1_3_4 * g_29_0
         - 0.5773502691896258 * x1_3_3 * g_29_1
@@ -3319,13 +2964,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3e -> out[3] 128x3e, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3e)
     h3_0 = 1.0000000000000002 * x1_0_0 * g_3_0
     h3_1 = 1.0000000000000002 * x1_0_0 * g_3_1
     h3_2 = 1.0000000000000002 * x1_0_0 * g_3_2
@@ -3342,11 +2981,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h3_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h3_6, axis=1, keepdims=True)
     # path 11: x1[1] 64x1e (x) x2[3] 1x3e -> out[11] 64x2e, uvu, weights at 960, 21 nonzeros
-    g_11_0 = g_ref[:, pl.ds(3776, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(3840, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(3904, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(3968, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(4032, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     h11_0 = (
         0.5976143046671969 * x1_1_2 * g_11_0
         + 0.5976143046671969 * x1_1_0 * g_11_4
@@ -3391,13 +3026,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h11_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h11_6, axis=1, keepdims=True)
     # path 12: x1[1] 64x1e (x) x2[3] 1x3e -> out[12] 64x3e, uvu, weights at 1024, 26 nonzeros
-    g_12_0 = g_ref[:, pl.ds(4096, 64)]  # g block 12 (64x3e), m=0
-    g_12_1 = g_ref[:, pl.ds(4160, 64)]  # g block 12 (64x3e), m=1
-    g_12_2 = g_ref[:, pl.ds(4224, 64)]  # g block 12 (64x3e), m=2
-    g_12_3 = g_ref[:, pl.ds(4288, 64)]  # g block 12 (64x3e), m=3
-    g_12_4 = g_ref[:, pl.ds(4352, 64)]  # g block 12 (64x3e), m=4
-    g_12_5 = g_ref[:, pl.ds(4416, 64)]  # g block 12 (64x3e), m=5
-    g_12_6 = g_ref[:, pl.ds(4480, 64)]  # g block 12 (64x3e), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 12 (64x3e)
     h12_0 = (
         - 0.3535533905932738 * x1_1_0 * g_12_1
         + 0.3535533905932738 * x1_1_2 * g_12_5
@@ -3447,9 +3076,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h12_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h12_6, axis=1, keepdims=True)
     # path 21: x1[2] 32x2e (x) x2[3] 1x3e -> out[21] 32x1e, uvu, weights at 1344, 21 nonzeros
-    g_21_0 = g_ref[:, pl.ds(5696, 32)]  # g block 21 (32x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5728, 32)]  # g block 21 (32x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5760, 32)]  # g block 21 (32x1e), m=2
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5696, mul=32, dim=3, pad=32)  # g block 21 (32x1e)
     h21_0 = (
         0.4629100498862757 * x1_2_4 * g_21_0
         + 0.4629100498862757 * x1_2_0 * g_21_2
@@ -3494,11 +3121,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h21_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h21_6, axis=1, keepdims=True)
     # path 22: x1[2] 32x2e (x) x2[3] 1x3e -> out[22] 32x2e, uvu, weights at 1376, 28 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5792, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5824, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5856, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5888, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5920, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5792, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     h22_0 = (
         0.42257712736425834 * x1_2_1 * g_22_0
         - 0.42257712736425834 * x1_2_0 * g_22_1
@@ -3550,13 +3173,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h22_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h22_6, axis=1, keepdims=True)
     # path 23: x1[2] 32x2e (x) x2[3] 1x3e -> out[23] 32x3e, uvu, weights at 1408, 41 nonzeros
-    g_23_0 = g_ref[:, pl.ds(5952, 32)]  # g block 23 (32x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5984, 32)]  # g block 23 (32x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(6016, 32)]  # g block 23 (32x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6048, 32)]  # g block 23 (32x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 32)]  # g block 23 (32x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6112, 32)]  # g block 23 (32x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6144, 32)]  # g block 23 (32x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5952, mul=32, dim=7, pad=32)  # g block 23 (32x3e)
     h23_0 = (
         - 0.6454972243679029 * x1_2_2 * g_23_0
         + 0.45643546458763845 * x1_2_3 * g_23_1
@@ -3638,9 +3255,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h30_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h30_6, axis=1, keepdims=True)
     # path 31: x1[3] 32x3e (x) x2[3] 1x3e -> out[31] 32x1e, uvu, weights at 1664, 26 nonzeros
-    g_31_0 = g_ref[:, pl.ds(7296, 32)]  # g block 31 (32x1e), m=0
-    g_31_1 = g_ref[:, pl.ds(7328, 32)]  # g block 31 (32x1e), m=1
-    g_31_2 = g_ref[:, pl.ds(7360, 32)]  # g block 31 (32x1e), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 7296, mul=32, dim=3, pad=32)  # g block 31 (32x1e)
     h31_0 = (
         0.23145502494313785 * x1_3_1 * g_31_0
         + 0.5669467095138409 * x1_3_6 * g_31_1
@@ -3690,11 +3305,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h31_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h31_6, axis=1, keepdims=True)
     # path 32: x1[3] 32x3e (x) x2[3] 1x3e -> out[32] 32x2e, uvu, weights at 1696, 41 nonzeros
-    g_32_0 = g_ref[:, pl.ds(7392, 32)]  # g block 32 (32x2e), m=0
-    g_32_1 = g_ref[:, pl.ds(7424, 32)]  # g block 32 (32x2e), m=1
-    g_32_2 = g_ref[:, pl.ds(7456, 32)]  # g block 32 (32x2e), m=2
-    g_32_3 = g_ref[:, pl.ds(7488, 32)]  # g block 32 (32x2e), m=3
-    g_32_4 = g_ref[:, pl.ds(7520, 32)]  # g block 32 (32x2e), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 7392, mul=32, dim=5, pad=32)  # g block 32 (32x2e)
     h32_0 = (
         - 0.24397501823713333 * x1_3_4 * g_32_0
         + 0.3857583749052298 * x1_3_5 * g_32_1
@@ -3759,13 +3370,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h32_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h32_6, axis=1, keepdims=True)
     # path 33: x1[3] 32x3e (x) x2[3] 1x3e -> out[33] 32x3e, uvu, weights at 1728, 42 nonzeros
-    g_33_0 = g_ref[:, pl.ds(7552, 32)]  # g block 33 (32x3e), m=0
-    g_33_1 = g_ref[:, pl.ds(7584, 32)]  # g block 33 (32x3e), m=1
-    g_33_2 = g_ref[:, pl.ds(7616, 32)]  # g block 33 (32x3e), m=2
-    g_33_3 = g_ref[:, pl.ds(7648, 32)]  # g block 33 (32x3e), m=3
-    g_33_4 = g_ref[:, pl.ds(7680, 32)]  # g block 33 (32x3e), m=4
-    g_33_5 = g_ref[:, pl.ds(7712, 32)]  # g block 33 (32x3e), m=5
-    g_33_6 = g_ref[:, pl.ds(7744, 32)]  # g block 33 (32x3e), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 7552, mul=32, dim=7, pad=32)  # g block 33 (32x3e)
     h33_0 = (
         0.408248290463863 * x1_3_2 * g_33_1
         - 0.408248290463863 * x1_3_1 * g_33_2
@@ -3855,9 +3460,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (128 columns)
     # path 1: x1[0] 128x0e (x) x2[1] 1x1e -> out[1] 128x1e, uvu, weights at 128, 3 nonzeros
-    g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(256, 128)]  # g block 1 (128x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(384, 128)]  # g block 1 (128x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1e)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1e), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1e), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1e), m=2
@@ -3873,11 +3476,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (128 columns)
     # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
-    g_2_0 = g_ref[:, pl.ds(512, 128)]  # g block 2 (128x2e), m=0
-    g_2_1 = g_ref[:, pl.ds(640, 128)]  # g block 2 (128x2e), m=1
-    g_2_2 = g_ref[:, pl.ds(768, 128)]  # g block 2 (128x2e), m=2
-    g_2_3 = g_ref[:, pl.ds(896, 128)]  # g block 2 (128x2e), m=3
-    g_2_4 = g_ref[:, pl.ds(1024, 128)]  # g block 2 (128x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -3899,13 +3498,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (128 columns)
     # path 3: x1[0] 128x0e (x) x2[3] 1x3e -> out[3] 128x3e, uvu, weights at 384, 7 nonzeros
-    g_3_0 = g_ref[:, pl.ds(1152, 128)]  # g block 3 (128x3e), m=0
-    g_3_1 = g_ref[:, pl.ds(1280, 128)]  # g block 3 (128x3e), m=1
-    g_3_2 = g_ref[:, pl.ds(1408, 128)]  # g block 3 (128x3e), m=2
-    g_3_3 = g_ref[:, pl.ds(1536, 128)]  # g block 3 (128x3e), m=3
-    g_3_4 = g_ref[:, pl.ds(1664, 128)]  # g block 3 (128x3e), m=4
-    g_3_5 = g_ref[:, pl.ds(1792, 128)]  # g block 3 (128x3e), m=5
-    g_3_6 = g_ref[:, pl.ds(1920, 128)]  # g block 3 (128x3e), m=6
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4, g_3_5, g_3_6 = rt.load_tile(g_ref, 1152, mul=128, dim=7, pad=128)  # g block 3 (128x3e)
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3e), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3e), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3e), m=2
@@ -3933,12 +3526,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (64 columns)
     # path 4: x1[1] 64x1e (x) x2[0] 1x0e -> out[4] 64x1e, uvu, weights at 512, 3 nonzeros
-    x1_1_0 = x1_ref[:, pl.ds(128, 64)]  # x1 block 1 (64x1e), m=0
-    x1_1_1 = x1_ref[:, pl.ds(192, 64)]  # x1 block 1 (64x1e), m=1
-    x1_1_2 = x1_ref[:, pl.ds(256, 64)]  # x1 block 1 (64x1e), m=2
-    g_4_0 = g_ref[:, pl.ds(2048, 64)]  # g block 4 (64x1e), m=0
-    g_4_1 = g_ref[:, pl.ds(2112, 64)]  # g block 4 (64x1e), m=1
-    g_4_2 = g_ref[:, pl.ds(2176, 64)]  # g block 4 (64x1e), m=2
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 1 (64x1e)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 2048, mul=64, dim=3, pad=64)  # g block 4 (64x1e)
     h4_0 = (
         0.9999999999999999 * x1_1_0 * g_4_0
         + 0.9999999999999999 * x1_1_1 * g_4_1
@@ -3962,9 +3551,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (64 columns)
     # path 6: x1[1] 64x1e (x) x2[1] 1x1e -> out[6] 64x1e, uvu, weights at 640, 6 nonzeros
-    g_6_0 = g_ref[:, pl.ds(2304, 64)]  # g block 6 (64x1e), m=0
-    g_6_1 = g_ref[:, pl.ds(2368, 64)]  # g block 6 (64x1e), m=1
-    g_6_2 = g_ref[:, pl.ds(2432, 64)]  # g block 6 (64x1e), m=2
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
     h6_0 = (
         0.7071067811865475 * x1_1_2 * g_6_1
         - 0.7071067811865475 * x1_1_1 * g_6_2
@@ -3986,11 +3573,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (64 columns)
     # path 7: x1[1] 64x1e (x) x2[1] 1x1e -> out[7] 64x2e, uvu, weights at 704, 11 nonzeros
-    g_7_0 = g_ref[:, pl.ds(2496, 64)]  # g block 7 (64x2e), m=0
-    g_7_1 = g_ref[:, pl.ds(2560, 64)]  # g block 7 (64x2e), m=1
-    g_7_2 = g_ref[:, pl.ds(2624, 64)]  # g block 7 (64x2e), m=2
-    g_7_3 = g_ref[:, pl.ds(2688, 64)]  # g block 7 (64x2e), m=3
-    g_7_4 = g_ref[:, pl.ds(2752, 64)]  # g block 7 (64x2e), m=4
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2496, mul=64, dim=5, pad=64)  # g block 7 (64x2e)
     h7_0 = (
         0.7071067811865476 * x1_1_2 * g_7_0
         + 0.7071067811865476 * x1_1_1 * g_7_1
@@ -4017,9 +3600,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (64 columns)
     # path 8: x1[1] 64x1e (x) x2[2] 1x2e -> out[8] 64x1e, uvu, weights at 768, 11 nonzeros
-    g_8_0 = g_ref[:, pl.ds(2816, 64)]  # g block 8 (64x1e), m=0
-    g_8_1 = g_ref[:, pl.ds(2880, 64)]  # g block 8 (64x1e), m=1
-    g_8_2 = g_ref[:, pl.ds(2944, 64)]  # g block 8 (64x1e), m=2
+    g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 2816, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     h8_0 = (
         0.5477225575051661 * x1_1_2 * g_8_0
         + 0.5477225575051661 * x1_1_0 * g_8_2
@@ -4052,11 +3633,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (64 columns)
     # path 9: x1[1] 64x1e (x) x2[2] 1x2e -> out[9] 64x2e, uvu, weights at 832, 16 nonzeros
-    g_9_0 = g_ref[:, pl.ds(3008, 64)]  # g block 9 (64x2e), m=0
-    g_9_1 = g_ref[:, pl.ds(3072, 64)]  # g block 9 (64x2e), m=1
-    g_9_2 = g_ref[:, pl.ds(3136, 64)]  # g block 9 (64x2e), m=2
-    g_9_3 = g_ref[:, pl.ds(3200, 64)]  # g block 9 (64x2e), m=3
-    g_9_4 = g_ref[:, pl.ds(3264, 64)]  # g block 9 (64x2e), m=4
+    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 3008, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     h9_0 = (
         - 0.408248290463863 * x1_1_0 * g_9_1
         + 0.408248290463863 * x1_1_2 * g_9_3
@@ -4094,13 +3671,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (64 columns)
     # path 10: x1[1] 64x1e (x) x2[2] 1x2e -> out[10] 64x3e, uvu, weights at 896, 21 nonzeros
-    g_10_0 = g_ref[:, pl.ds(3328, 64)]  # g block 10 (64x3e), m=0
-    g_10_1 = g_ref[:, pl.ds(3392, 64)]  # g block 10 (64x3e), m=1
-    g_10_2 = g_ref[:, pl.ds(3456, 64)]  # g block 10 (64x3e), m=2
-    g_10_3 = g_ref[:, pl.ds(3520, 64)]  # g block 10 (64x3e), m=3
-    g_10_4 = g_ref[:, pl.ds(3584, 64)]  # g block 10 (64x3e), m=4
-    g_10_5 = g_ref[:, pl.ds(3648, 64)]  # g block 10 (64x3e), m=5
-    g_10_6 = g_ref[:, pl.ds(3712, 64)]  # g block 10 (64x3e), m=6
+    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4, g_10_5, g_10_6 = rt.load_tile(g_ref, 3328, mul=64, dim=7, pad=64)  # g block 10 (64x3e)
     h10_0 = (
         0.7071067811865476 * x1_1_2 * g_10_0
         + 0.5773502691896258 * x1_1_1 * g_10_1
@@ -4143,11 +3714,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (64 columns)
     # path 11: x1[1] 64x1e (x) x2[3] 1x3e -> out[11] 64x2e, uvu, weights at 960, 21 nonzeros
-    g_11_0 = g_ref[:, pl.ds(3776, 64)]  # g block 11 (64x2e), m=0
-    g_11_1 = g_ref[:, pl.ds(3840, 64)]  # g block 11 (64x2e), m=1
-    g_11_2 = g_ref[:, pl.ds(3904, 64)]  # g block 11 (64x2e), m=2
-    g_11_3 = g_ref[:, pl.ds(3968, 64)]  # g block 11 (64x2e), m=3
-    g_11_4 = g_ref[:, pl.ds(4032, 64)]  # g block 11 (64x2e), m=4
+    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 3776, mul=64, dim=5, pad=64)  # g block 11 (64x2e)
     h11_0 = (
         0.5976143046671969 * x1_1_2 * g_11_0
         + 0.5976143046671969 * x1_1_0 * g_11_4
@@ -4196,13 +3763,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (64 columns)
     # path 12: x1[1] 64x1e (x) x2[3] 1x3e -> out[12] 64x3e, uvu, weights at 1024, 26 nonzeros
-    g_12_0 = g_ref[:, pl.ds(4096, 64)]  # g block 12 (64x3e), m=0
-    g_12_1 = g_ref[:, pl.ds(4160, 64)]  # g block 12 (64x3e), m=1
-    g_12_2 = g_ref[:, pl.ds(4224, 64)]  # g block 12 (64x3e), m=2
-    g_12_3 = g_ref[:, pl.ds(4288, 64)]  # g block 12 (64x3e), m=3
-    g_12_4 = g_ref[:, pl.ds(4352, 64)]  # g block 12 (64x3e), m=4
-    g_12_5 = g_ref[:, pl.ds(4416, 64)]  # g block 12 (64x3e), m=5
-    g_12_6 = g_ref[:, pl.ds(4480, 64)]  # g block 12 (64x3e), m=6
+    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4, g_12_5, g_12_6 = rt.load_tile(g_ref, 4096, mul=64, dim=7, pad=64)  # g block 12 (64x3e)
     h12_0 = (
         - 0.3535533905932738 * x1_1_0 * g_12_1
         + 0.3535533905932738 * x1_1_2 * g_12_5
@@ -4256,16 +3817,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 13 (32 columns)
     # path 13: x1[2] 32x2e (x) x2[0] 1x0e -> out[13] 32x2e, uvu, weights at 1088, 5 nonzeros
-    x1_2_0 = x1_ref[:, pl.ds(320, 32)]  # x1 block 2 (32x2e), m=0
-    x1_2_1 = x1_ref[:, pl.ds(352, 32)]  # x1 block 2 (32x2e), m=1
-    x1_2_2 = x1_ref[:, pl.ds(384, 32)]  # x1 block 2 (32x2e), m=2
-    x1_2_3 = x1_ref[:, pl.ds(416, 32)]  # x1 block 2 (32x2e), m=3
-    x1_2_4 = x1_ref[:, pl.ds(448, 32)]  # x1 block 2 (32x2e), m=4
-    g_13_0 = g_ref[:, pl.ds(4544, 32)]  # g block 13 (32x2e), m=0
-    g_13_1 = g_ref[:, pl.ds(4576, 32)]  # g block 13 (32x2e), m=1
-    g_13_2 = g_ref[:, pl.ds(4608, 32)]  # g block 13 (32x2e), m=2
-    g_13_3 = g_ref[:, pl.ds(4640, 32)]  # g block 13 (32x2e), m=3
-    g_13_4 = g_ref[:, pl.ds(4672, 32)]  # g block 13 (32x2e), m=4
+    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 320, mul=32, dim=5, pad=32)  # x1 block 2 (32x2e)
+    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4 = rt.load_tile(g_ref, 4544, mul=32, dim=5, pad=32)  # g block 13 (32x2e)
     h13_0 = (
         1.0 * x1_2_0 * g_13_0
         + 1.0 * x1_2_1 * g_13_1
@@ -4278,9 +3831,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (32 columns)
     # path 14: x1[2] 32x2e (x) x2[1] 1x1e -> out[14] 32x1e, uvu, weights at 1120, 11 nonzeros
-    g_14_0 = g_ref[:, pl.ds(4704, 32)]  # g block 14 (32x1e), m=0
-    g_14_1 = g_ref[:, pl.ds(4736, 32)]  # g block 14 (32x1e), m=1
-    g_14_2 = g_ref[:, pl.ds(4768, 32)]  # g block 14 (32x1e), m=2
+    g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 4704, mul=32, dim=3, pad=32)  # g block 14 (32x1e)
     h14_0 = (
         - 0.3162277660168379 * x1_2_2 * g_14_0
         - 0.5477225575051661 * x1_2_4 * g_14_0
@@ -4307,11 +3858,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (32 columns)
     # path 15: x1[2] 32x2e (x) x2[1] 1x1e -> out[15] 32x2e, uvu, weights at 1152, 16 nonzeros
-    g_15_0 = g_ref[:, pl.ds(4800, 32)]  # g block 15 (32x2e), m=0
-    g_15_1 = g_ref[:, pl.ds(4832, 32)]  # g block 15 (32x2e), m=1
-    g_15_2 = g_ref[:, pl.ds(4864, 32)]  # g block 15 (32x2e), m=2
-    g_15_3 = g_ref[:, pl.ds(4896, 32)]  # g block 15 (32x2e), m=3
-    g_15_4 = g_ref[:, pl.ds(4928, 32)]  # g block 15 (32x2e), m=4
+    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 4800, mul=32, dim=5, pad=32)  # g block 15 (32x2e)
     h15_0 = (
         - 0.408248290463863 * x1_2_1 * g_15_0
         + 0.408248290463863 * x1_2_0 * g_15_1
@@ -4343,13 +3890,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (32 columns)
     # path 16: x1[2] 32x2e (x) x2[1] 1x1e -> out[16] 32x3e, uvu, weights at 1184, 21 nonzeros
-    g_16_0 = g_ref[:, pl.ds(4960, 32)]  # g block 16 (32x3e), m=0
-    g_16_1 = g_ref[:, pl.ds(4992, 32)]  # g block 16 (32x3e), m=1
-    g_16_2 = g_ref[:, pl.ds(5024, 32)]  # g block 16 (32x3e), m=2
-    g_16_3 = g_ref[:, pl.ds(5056, 32)]  # g block 16 (32x3e), m=3
-    g_16_4 = g_ref[:, pl.ds(5088, 32)]  # g block 16 (32x3e), m=4
-    g_16_5 = g_ref[:, pl.ds(5120, 32)]  # g block 16 (32x3e), m=5
-    g_16_6 = g_ref[:, pl.ds(5152, 32)]  # g block 16 (32x3e), m=6
+    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 4960, mul=32, dim=7, pad=32)  # g block 16 (32x3e)
     h16_0 = (
         0.7071067811865476 * x1_2_4 * g_16_0
         + 0.5773502691896258 * x1_2_3 * g_16_1
@@ -4403,9 +3944,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 18 (32 columns)
     # path 18: x1[2] 32x2e (x) x2[2] 1x2e -> out[18] 32x1e, uvu, weights at 1248, 16 nonzeros
-    g_18_0 = g_ref[:, pl.ds(5216, 32)]  # g block 18 (32x1e), m=0
-    g_18_1 = g_ref[:, pl.ds(5248, 32)]  # g block 18 (32x1e), m=1
-    g_18_2 = g_ref[:, pl.ds(5280, 32)]  # g block 18 (32x1e), m=2
+    g_18_0, g_18_1, g_18_2 = rt.load_tile(g_ref, 5216, mul=32, dim=3, pad=32)  # g block 18 (32x1e)
     h18_0 = (
         0.3162277660168379 * x1_2_1 * g_18_0
         + 0.6324555320336758 * x1_2_4 * g_18_1
@@ -4443,11 +3982,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 19 (32 columns)
     # path 19: x1[2] 32x2e (x) x2[2] 1x2e -> out[19] 32x2e, uvu, weights at 1280, 25 nonzeros
-    g_19_0 = g_ref[:, pl.ds(5312, 32)]  # g block 19 (32x2e), m=0
-    g_19_1 = g_ref[:, pl.ds(5344, 32)]  # g block 19 (32x2e), m=1
-    g_19_2 = g_ref[:, pl.ds(5376, 32)]  # g block 19 (32x2e), m=2
-    g_19_3 = g_ref[:, pl.ds(5408, 32)]  # g block 19 (32x2e), m=3
-    g_19_4 = g_ref[:, pl.ds(5440, 32)]  # g block 19 (32x2e), m=4
+    g_19_0, g_19_1, g_19_2, g_19_3, g_19_4 = rt.load_tile(g_ref, 5312, mul=32, dim=5, pad=32)  # g block 19 (32x2e)
     h19_0 = (
         - 0.5345224838248488 * x1_2_2 * g_19_0
         + 0.4629100498862757 * x1_2_3 * g_19_1
@@ -4494,13 +4029,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 20 (32 columns)
     # path 20: x1[2] 32x2e (x) x2[2] 1x2e -> out[20] 32x3e, uvu, weights at 1312, 28 nonzeros
-    g_20_0 = g_ref[:, pl.ds(5472, 32)]  # g block 20 (32x3e), m=0
-    g_20_1 = g_ref[:, pl.ds(5504, 32)]  # g block 20 (32x3e), m=1
-    g_20_2 = g_ref[:, pl.ds(5536, 32)]  # g block 20 (32x3e), m=2
-    g_20_3 = g_ref[:, pl.ds(5568, 32)]  # g block 20 (32x3e), m=3
-    g_20_4 = g_ref[:, pl.ds(5600, 32)]  # g block 20 (32x3e), m=4
-    g_20_5 = g_ref[:, pl.ds(5632, 32)]  # g block 20 (32x3e), m=5
-    g_20_6 = g_ref[:, pl.ds(5664, 32)]  # g block 20 (32x3e), m=6
+    g_20_0, g_20_1, g_20_2, g_20_3, g_20_4, g_20_5, g_20_6 = rt.load_tile(g_ref, 5472, mul=32, dim=7, pad=32)  # g block 20 (32x3e)
     h20_0 = (
         - 0.5000000000000001 * x1_2_1 * g_20_0
         - 0.38729833462074176 * x1_2_1 * g_20_2
@@ -4550,9 +4079,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 21 (32 columns)
     # path 21: x1[2] 32x2e (x) x2[3] 1x3e -> out[21] 32x1e, uvu, weights at 1344, 21 nonzeros
-    g_21_0 = g_ref[:, pl.ds(5696, 32)]  # g block 21 (32x1e), m=0
-    g_21_1 = g_ref[:, pl.ds(5728, 32)]  # g block 21 (32x1e), m=1
-    g_21_2 = g_ref[:, pl.ds(5760, 32)]  # g block 21 (32x1e), m=2
+    g_21_0, g_21_1, g_21_2 = rt.load_tile(g_ref, 5696, mul=32, dim=3, pad=32)  # g block 21 (32x1e)
     h21_0 = (
         0.4629100498862757 * x1_2_4 * g_21_0
         + 0.4629100498862757 * x1_2_0 * g_21_2
@@ -4601,11 +4128,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 22 (32 columns)
     # path 22: x1[2] 32x2e (x) x2[3] 1x3e -> out[22] 32x2e, uvu, weights at 1376, 28 nonzeros
-    g_22_0 = g_ref[:, pl.ds(5792, 32)]  # g block 22 (32x2e), m=0
-    g_22_1 = g_ref[:, pl.ds(5824, 32)]  # g block 22 (32x2e), m=1
-    g_22_2 = g_ref[:, pl.ds(5856, 32)]  # g block 22 (32x2e), m=2
-    g_22_3 = g_ref[:, pl.ds(5888, 32)]  # g block 22 (32x2e), m=3
-    g_22_4 = g_ref[:, pl.ds(5920, 32)]  # g block 22 (32x2e), m=4
+    g_22_0, g_22_1, g_22_2, g_22_3, g_22_4 = rt.load_tile(g_ref, 5792, mul=32, dim=5, pad=32)  # g block 22 (32x2e)
     h22_0 = (
         0.42257712736425834 * x1_2_1 * g_22_0
         - 0.42257712736425834 * x1_2_0 * g_22_1
@@ -4661,13 +4184,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 23 (32 columns)
     # path 23: x1[2] 32x2e (x) x2[3] 1x3e -> out[23] 32x3e, uvu, weights at 1408, 41 nonzeros
-    g_23_0 = g_ref[:, pl.ds(5952, 32)]  # g block 23 (32x3e), m=0
-    g_23_1 = g_ref[:, pl.ds(5984, 32)]  # g block 23 (32x3e), m=1
-    g_23_2 = g_ref[:, pl.ds(6016, 32)]  # g block 23 (32x3e), m=2
-    g_23_3 = g_ref[:, pl.ds(6048, 32)]  # g block 23 (32x3e), m=3
-    g_23_4 = g_ref[:, pl.ds(6080, 32)]  # g block 23 (32x3e), m=4
-    g_23_5 = g_ref[:, pl.ds(6112, 32)]  # g block 23 (32x3e), m=5
-    g_23_6 = g_ref[:, pl.ds(6144, 32)]  # g block 23 (32x3e), m=6
+    g_23_0, g_23_1, g_23_2, g_23_3, g_23_4, g_23_5, g_23_6 = rt.load_tile(g_ref, 5952, mul=32, dim=7, pad=32)  # g block 23 (32x3e)
     h23_0 = (
         - 0.6454972243679029 * x1_2_2 * g_23_0
         + 0.45643546458763845 * x1_2_3 * g_23_1
@@ -4736,20 +4253,8 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 24 (32 columns)
     # path 24: x1[3] 32x3e (x) x2[0] 1x0e -> out[24] 32x3e, uvu, weights at 1440, 7 nonzeros
-    x1_3_0 = x1_ref[:, pl.ds(480, 32)]  # x1 block 3 (32x3e), m=0
-    x1_3_1 = x1_ref[:, pl.ds(512, 32)]  # x1 block 3 (32x3e), m=1
-    x1_3_2 = x1_ref[:, pl.ds(544, 32)]  # x1 block 3 (32x3e), m=2
-    x1_3_3 = x1_ref[:, pl.ds(576, 32)]  # x1 block 3 (32x3e), m=3
-    x1_3_4 = x1_ref[:, pl.ds(608, 32)]  # x1 block 3 (32x3e), m=4
-    x1_3_5 = x1_ref[:, pl.ds(640, 32)]  # x1 block 3 (32x3e), m=5
-    x1_3_6 = x1_ref[:, pl.ds(672, 32)]  # x1 block 3 (32x3e), m=6
-    g_24_0 = g_ref[:, pl.ds(6176, 32)]  # g block 24 (32x3e), m=0
-    g_24_1 = g_ref[:, pl.ds(6208, 32)]  # g block 24 (32x3e), m=1
-    g_24_2 = g_ref[:, pl.ds(6240, 32)]  # g block 24 (32x3e), m=2
-    g_24_3 = g_ref[:, pl.ds(6272, 32)]  # g block 24 (32x3e), m=3
-    g_24_4 = g_ref[:, pl.ds(6304, 32)]  # g block 24 (32x3e), m=4
-    g_24_5 = g_ref[:, pl.ds(6336, 32)]  # g block 24 (32x3e), m=5
-    g_24_6 = g_ref[:, pl.ds(6368, 32)]  # g block 24 (32x3e), m=6
+    x1_3_0, x1_3_1, x1_3_2, x1_3_3, x1_3_4, x1_3_5, x1_3_6 = rt.load_tile(x1_ref, 480, mul=32, dim=7, pad=32)  # x1 block 3 (32x3e)
+    g_24_0, g_24_1, g_24_2, g_24_3, g_24_4, g_24_5, g_24_6 = rt.load_tile(g_ref, 6176, mul=32, dim=7, pad=32)  # g block 24 (32x3e)
     h24_0 = (
         1.0000000000000002 * x1_3_0 * g_24_0
         + 1.0000000000000002 * x1_3_1 * g_24_1
@@ -4764,11 +4269,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 25 (32 columns)
     # path 25: x1[3] 32x3e (x) x2[1] 1x1e -> out[25] 32x2e, uvu, weights at 1472, 21 nonzeros
-    g_25_0 = g_ref[:, pl.ds(6400, 32)]  # g block 25 (32x2e), m=0
-    g_25_1 = g_ref[:, pl.ds(6432, 32)]  # g block 25 (32x2e), m=1
-    g_25_2 = g_ref[:, pl.ds(6464, 32)]  # g block 25 (32x2e), m=2
-    g_25_3 = g_ref[:, pl.ds(6496, 32)]  # g block 25 (32x2e), m=3
-    g_25_4 = g_ref[:, pl.ds(6528, 32)]  # g block 25 (32x2e), m=4
+    g_25_0, g_25_1, g_25_2, g_25_3, g_25_4 = rt.load_tile(g_ref, 6400, mul=32, dim=5, pad=32)  # g block 25 (32x2e)
     h25_0 = (
         - 0.1543033499620919 * x1_3_4 * g_25_0
         - 0.5976143046671969 * x1_3_6 * g_25_0
@@ -4805,13 +4306,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 26 (32 columns)
     # path 26: x1[3] 32x3e (x) x2[1] 1x1e -> out[26] 32x3e, uvu, weights at 1504, 26 nonzeros
-    g_26_0 = g_ref[:, pl.ds(6560, 32)]  # g block 26 (32x3e), m=0
-    g_26_1 = g_ref[:, pl.ds(6592, 32)]  # g block 26 (32x3e), m=1
-    g_26_2 = g_ref[:, pl.ds(6624, 32)]  # g block 26 (32x3e), m=2
-    g_26_3 = g_ref[:, pl.ds(6656, 32)]  # g block 26 (32x3e), m=3
-    g_26_4 = g_ref[:, pl.ds(6688, 32)]  # g block 26 (32x3e), m=4
-    g_26_5 = g_ref[:, pl.ds(6720, 32)]  # g block 26 (32x3e), m=5
-    g_26_6 = g_ref[:, pl.ds(6752, 32)]  # g block 26 (32x3e), m=6
+    g_26_0, g_26_1, g_26_2, g_26_3, g_26_4, g_26_5, g_26_6 = rt.load_tile(g_ref, 6560, mul=32, dim=7, pad=32)  # g block 26 (32x3e)
     h26_0 = (
         - 0.3535533905932738 * x1_3_1 * g_26_0
         + 0.3535533905932738 * x1_3_0 * g_26_1
@@ -4853,9 +4348,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 27 (32 columns)
     # path 27: x1[3] 32x3e (x) x2[2] 1x2e -> out[27] 32x1e, uvu, weights at 1536, 21 nonzeros
-    g_27_0 = g_ref[:, pl.ds(6784, 32)]  # g block 27 (32x1e), m=0
-    g_27_1 = g_ref[:, pl.ds(6816, 32)]  # g block 27 (32x1e), m=1
-    g_27_2 = g_ref[:, pl.ds(6848, 32)]  # g block 27 (32x1e), m=2
+    g_27_0, g_27_1, g_27_2 = rt.load_tile(g_ref, 6784, mul=32, dim=3, pad=32)  # g block 27 (32x1e)
     h27_0 = (
         - 0.11952286093343936 * x1_3_4 * g_27_0
         - 0.4629100498862757 * x1_3_6 * g_27_0
@@ -4898,11 +4391,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 28 (32 columns)
     # path 28: x1[3] 32x3e (x) x2[2] 1x2e -> out[28] 32x2e, uvu, weights at 1568, 28 nonzeros
-    g_28_0 = g_ref[:, pl.ds(6880, 32)]  # g block 28 (32x2e), m=0
-    g_28_1 = g_ref[:, pl.ds(6912, 32)]  # g block 28 (32x2e), m=1
-    g_28_2 = g_ref[:, pl.ds(6944, 32)]  # g block 28 (32x2e), m=2
-    g_28_3 = g_ref[:, pl.ds(6976, 32)]  # g block 28 (32x2e), m=3
-    g_28_4 = g_ref[:, pl.ds(7008, 32)]  # g block 28 (32x2e), m=4
+    g_28_0, g_28_1, g_28_2, g_28_3, g_28_4 = rt.load_tile(g_ref, 6880, mul=32, dim=5, pad=32)  # g block 28 (32x2e)
     h28_0 = (
         0.42257712736425834 * x1_3_0 * g_28_1
         + 0.3273268353539886 * x1_3_2 * g_28_1
@@ -4952,13 +4441,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 29 (32 columns)
     # path 29: x1[3] 32x3e (x) x2[2] 1x2e -> out[29] 32x3e, uvu, weights at 1600, 41 nonzeros
-    g_29_0 = g_ref[:, pl.ds(7040, 32)]  # g block 29 (32x3e), m=0
-    g_29_1 = g_ref[:, pl.ds(7072, 32)]  # g block 29 (32x3e), m=1
-    g_29_2 = g_ref[:, pl.ds(7104, 32)]  # g block 29 (32x3e), m=2
-    g_29_3 = g_ref[:, pl.ds(7136, 32)]  # g block 29 (32x3e), m=3
-    g_29_4 = g_ref[:, pl.ds(7168, 32)]  # g block 29 (32x3e), m=4
-    g_29_5 = g_ref[:, pl.ds(7200, 32)]  # g block 29 (32x3e), m=5
-    g_29_6 = g_ref[:, pl.ds(7232, 32)]  # g block 29 (32x3e), m=6
+    g_29_0, g_29_1, g_29_2, g_29_3, g_29_4, g_29_5, g_29_6 = rt.load_tile(g_ref, 7040, mul=32, dim=7, pad=32)  # g block 29 (32x3e)
     h29_0 = (
         - 0.2886751345948129 * x1_3_4 * g_29_0
         - 0.5773502691896258 * x1_3_3 * g_29_1
@@ -5042,9 +4525,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 31 (32 columns)
     # path 31: x1[3] 32x3e (x) x2[3] 1x3e -> out[31] 32x1e, uvu, weights at 1664, 26 nonzeros
-    g_31_0 = g_ref[:, pl.ds(7296, 32)]  # g block 31 (32x1e), m=0
-    g_31_1 = g_ref[:, pl.ds(7328, 32)]  # g block 31 (32x1e), m=1
-    g_31_2 = g_ref[:, pl.ds(7360, 32)]  # g block 31 (32x1e), m=2
+    g_31_0, g_31_1, g_31_2 = rt.load_tile(g_ref, 7296, mul=32, dim=3, pad=32)  # g block 31 (32x1e)
     h31_0 = (
         0.23145502494313785 * x1_3_1 * g_31_0
         + 0.5669467095138409 * x1_3_6 * g_31_1
@@ -5098,11 +4579,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 32 (32 columns)
     # path 32: x1[3] 32x3e (x) x2[3] 1x3e -> out[32] 32x2e, uvu, weights at 1696, 41 nonzeros
-    g_32_0 = g_ref[:, pl.ds(7392, 32)]  # g block 32 (32x2e), m=0
-    g_32_1 = g_ref[:, pl.ds(7424, 32)]  # g block 32 (32x2e), m=1
-    g_32_2 = g_ref[:, pl.ds(7456, 32)]  # g block 32 (32x2e), m=2
-    g_32_3 = g_ref[:, pl.ds(7488, 32)]  # g block 32 (32x2e), m=3
-    g_32_4 = g_ref[:, pl.ds(7520, 32)]  # g block 32 (32x2e), m=4
+    g_32_0, g_32_1, g_32_2, g_32_3, g_32_4 = rt.load_tile(g_ref, 7392, mul=32, dim=5, pad=32)  # g block 32 (32x2e)
     h32_0 = (
         - 0.24397501823713333 * x1_3_4 * g_32_0
         + 0.3857583749052298 * x1_3_5 * g_32_1
@@ -5171,13 +4648,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 33 (32 columns)
     # path 33: x1[3] 32x3e (x) x2[3] 1x3e -> out[33] 32x3e, uvu, weights at 1728, 42 nonzeros
-    g_33_0 = g_ref[:, pl.ds(7552, 32)]  # g block 33 (32x3e), m=0
-    g_33_1 = g_ref[:, pl.ds(7584, 32)]  # g block 33 (32x3e), m=1
-    g_33_2 = g_ref[:, pl.ds(7616, 32)]  # g block 33 (32x3e), m=2
-    g_33_3 = g_ref[:, pl.ds(7648, 32)]  # g block 33 (32x3e), m=3
-    g_33_4 = g_ref[:, pl.ds(7680, 32)]  # g block 33 (32x3e), m=4
-    g_33_5 = g_ref[:, pl.ds(7712, 32)]  # g block 33 (32x3e), m=5
-    g_33_6 = g_ref[:, pl.ds(7744, 32)]  # g block 33 (32x3e), m=6
+    g_33_0, g_33_1, g_33_2, g_33_3, g_33_4, g_33_5, g_33_6 = rt.load_tile(g_ref, 7552, mul=32, dim=7, pad=32)  # g block 33 (32x3e)
     h33_0 = (
         0.408248290463863 * x1_3_2 * g_33_1
         - 0.408248290463863 * x1_3_1 * g_33_2
@@ -5283,14 +4754,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -5301,4 +4772,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)

@@ -14,13 +14,17 @@ four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme):
     backward_w(x1, x2, g)   = dF/dW    (rows, IWEIGHT_NUMEL), or (1, IWEIGHT_NUMEL)
                                        summed over the rows when SHARED_WEIGHTS
 
-Operands here are in the kernel layout: each irreps block ``mul x l`` is ``2l+1``
-contiguous rows of ``P = next_pow2(mul)`` channels, zero padded, so every load and
-store is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile; padded rows and channels
-must be zero, and are zero in every output. ``jax_ops.py`` converts from and to the
-spec's layout and wires these functions into ``jax.custom_vjp``. Every CG nonzero is
-one multiply-add with its coefficient as a literal; the accumulators of one output
-block stay in registers and are stored once.
+Operands are whole rows in the spec's layout (``mul_ir``) and weights in e3nn's
+order, read and written in place: no conversion outside the kernels. Every value a
+kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
+``P = next_pow2(mul)`` channels, zero in the lanes past ``mul``.
+``mul_ir`` blocks with several channels and components (16x2e, 16x2o, 24x1e, 24x1o) are loaded whole as one
+``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
+(``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
+Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
+multiply-add with its coefficient as a literal; the accumulators of one output block
+stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ from jax.experimental import pallas as pl
 from eqdsl.runtime import jax_runtime as rt
 
 NAME = "tetris_poly_1"
-# Default rows of the batch per program (a power of two).
-BLOCK_BATCH = 8
-# Widths of the kernel layout: inputs, weights (one row if shared) and output.
+# Default rows of the batch per program (a power of two) and Triton warps per program;
+# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
+BLOCK_BATCH = 4
+NUM_WARPS = 4
+# Widths of the kernel operands: the spec's rows, and the weights (one zero column when
+# no path is weighted; one row if shared).
 IDIM_IN1 = 16
 IDIM_IN2 = 16
-IWEIGHT_NUMEL = 720
-IDIM_OUT = 416
+IWEIGHT_NUMEL = 648
+IDIM_OUT = 368
 SHARED_WEIGHTS = True
 
 
 def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
-    """Output blocks 0, 1, 2, 3, 4 (416 columns); 351 CG terms."""
+    """Output blocks 0, 1, 2, 3, 4 (368 columns); 351 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
@@ -61,7 +68,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
     # path 4: x1[1] 1x1o (x) x2[1] 1x1o -> out[0] 64x0e, uvw, weights at 128, 3 nonzeros
-    w = w_ref[:, pl.ds(144, 64)]
+    w = w_ref[:, pl.ds(128, 64)]
     acc_0_0 = acc_0_0 + w * (
         0.28867513459481287 * x1_1_0 * x2_1_0
         + 0.28867513459481287 * x1_1_1 * x2_1_1
@@ -78,7 +85,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
     # path 13: x1[2] 1x2e (x) x2[2] 1x2e -> out[0] 64x0e, uvw, weights at 344, 5 nonzeros
-    w = w_ref[:, pl.ds(384, 64)]
+    w = w_ref[:, pl.ds(344, 64)]
     acc_0_0 = acc_0_0 + w * (
         0.22360679774997896 * x1_2_0 * x2_2_0
         + 0.22360679774997896 * x1_2_1 * x2_2_1
@@ -101,7 +108,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
     # path 21: x1[3] 1x3o (x) x2[3] 1x3o -> out[0] 64x0e, uvw, weights at 544, 7 nonzeros
-    w = w_ref[:, pl.ds(608, 64)]
+    w = w_ref[:, pl.ds(544, 64)]
     acc_0_0 = acc_0_0 + w * (
         0.18898223650461363 * x1_3_0 * x2_3_0
         + 0.18898223650461363 * x1_3_1 * x2_3_1
@@ -118,7 +125,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_1_1 = jnp.zeros((rows, 32), dtype)
     acc_1_2 = jnp.zeros((rows, 32), dtype)
     # path 5: x1[1] 1x1o (x) x2[1] 1x1o -> out[1] 24x1e, uvw, weights at 192, 6 nonzeros
-    w = w_ref[:, pl.ds(208, 32)]
+    w = rt.load_vec(w_ref, 192, count=24, pad=32)
     acc_1_0 = acc_1_0 + w * (
         0.408248290463863 * x1_1_1 * x2_1_2
         - 0.408248290463863 * x1_1_2 * x2_1_1
@@ -132,7 +139,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_1_1 * x2_1_0
     )
     # path 14: x1[2] 1x2e (x) x2[2] 1x2e -> out[1] 24x1e, uvw, weights at 408, 16 nonzeros
-    w = w_ref[:, pl.ds(448, 32)]
+    w = rt.load_vec(w_ref, 408, count=24, pad=32)
     acc_1_0 = acc_1_0 + w * (
         - 0.18257418583505536 * x1_2_0 * x2_2_1
         + 0.18257418583505536 * x1_2_1 * x2_2_0
@@ -156,7 +163,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.18257418583505536 * x1_2_4 * x2_2_1
     )
     # path 22: x1[3] 1x3o (x) x2[3] 1x3o -> out[1] 24x1e, uvw, weights at 608, 26 nonzeros
-    w = w_ref[:, pl.ds(672, 32)]
+    w = rt.load_vec(w_ref, 608, count=24, pad=32)
     acc_1_0 = acc_1_0 + w * (
         - 0.1336306209562122 * x1_3_0 * x2_3_1
         + 0.1336306209562122 * x1_3_1 * x2_3_0
@@ -189,26 +196,24 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.17251638983558856 * x1_3_5 * x2_3_2
         - 0.1336306209562122 * x1_3_6 * x2_3_1
     )
-    out_ref[:, pl.ds(64, 32)] = acc_1_0
-    out_ref[:, pl.ds(96, 32)] = acc_1_1
-    out_ref[:, pl.ds(128, 32)] = acc_1_2
+    rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=24, dim=3, pad=32)
 
     # out block 2 (24x1o): 6 path(s)
     acc_2_0 = jnp.zeros((rows, 32), dtype)
     acc_2_1 = jnp.zeros((rows, 32), dtype)
     acc_2_2 = jnp.zeros((rows, 32), dtype)
     # path 1: x1[0] 1x0e (x) x2[1] 1x1o -> out[2] 24x1o, uvw, weights at 64, 3 nonzeros
-    w = w_ref[:, pl.ds(64, 32)]
+    w = rt.load_vec(w_ref, 64, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (0.408248290463863 * x1_0_0 * x2_1_0)
     acc_2_1 = acc_2_1 + w * (0.408248290463863 * x1_0_0 * x2_1_1)
     acc_2_2 = acc_2_2 + w * (0.408248290463863 * x1_0_0 * x2_1_2)
     # path 3: x1[1] 1x1o (x) x2[0] 1x0e -> out[2] 24x1o, uvw, weights at 104, 3 nonzeros
-    w = w_ref[:, pl.ds(112, 32)]
+    w = rt.load_vec(w_ref, 104, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (0.408248290463863 * x1_1_0 * x2_0_0)
     acc_2_1 = acc_2_1 + w * (0.408248290463863 * x1_1_1 * x2_0_0)
     acc_2_2 = acc_2_2 + w * (0.408248290463863 * x1_1_2 * x2_0_0)
     # path 7: x1[1] 1x1o (x) x2[2] 1x2e -> out[2] 24x1o, uvw, weights at 232, 11 nonzeros
-    w = w_ref[:, pl.ds(256, 32)]
+    w = rt.load_vec(w_ref, 232, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (
         - 0.12909944487358055 * x1_1_0 * x2_2_2
         - 0.223606797749979 * x1_1_0 * x2_2_4
@@ -227,7 +232,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.223606797749979 * x1_1_2 * x2_2_4
     )
     # path 11: x1[2] 1x2e (x) x2[1] 1x1o -> out[2] 24x1o, uvw, weights at 304, 11 nonzeros
-    w = w_ref[:, pl.ds(336, 32)]
+    w = rt.load_vec(w_ref, 304, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (
         0.223606797749979 * x1_2_0 * x2_1_2
         + 0.223606797749979 * x1_2_1 * x2_1_1
@@ -246,7 +251,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.223606797749979 * x1_2_4 * x2_1_2
     )
     # path 16: x1[2] 1x2e (x) x2[3] 1x3o -> out[2] 24x1o, uvw, weights at 448, 21 nonzeros
-    w = w_ref[:, pl.ds(496, 32)]
+    w = rt.load_vec(w_ref, 448, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (
         - 0.048795003647426664 * x1_2_0 * x2_3_4
         - 0.18898223650461363 * x1_2_0 * x2_3_6
@@ -275,7 +280,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.18898223650461363 * x1_2_4 * x2_3_6
     )
     # path 19: x1[3] 1x3o (x) x2[2] 1x2e -> out[2] 24x1o, uvw, weights at 504, 21 nonzeros
-    w = w_ref[:, pl.ds(560, 32)]
+    w = rt.load_vec(w_ref, 504, count=24, pad=32)
     acc_2_0 = acc_2_0 + w * (
         0.18898223650461363 * x1_3_0 * x2_2_4
         + 0.15430334996209194 * x1_3_1 * x2_2_3
@@ -303,9 +308,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.15430334996209194 * x1_3_5 * x2_2_3
         + 0.18898223650461363 * x1_3_6 * x2_2_4
     )
-    out_ref[:, pl.ds(160, 32)] = acc_2_0
-    out_ref[:, pl.ds(192, 32)] = acc_2_1
-    out_ref[:, pl.ds(224, 32)] = acc_2_2
+    rt.store_tile(out_ref, 136, [acc_2_0, acc_2_1, acc_2_2], mul=24, dim=3, pad=32)
 
     # out block 3 (16x2e): 7 path(s)
     acc_3_0 = jnp.zeros((rows, 16), dtype)
@@ -314,14 +317,14 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_3 = jnp.zeros((rows, 16), dtype)
     acc_3_4 = jnp.zeros((rows, 16), dtype)
     # path 2: x1[0] 1x0e (x) x2[2] 1x2e -> out[3] 16x2e, uvw, weights at 88, 5 nonzeros
-    w = w_ref[:, pl.ds(96, 16)]
+    w = w_ref[:, pl.ds(88, 16)]
     acc_3_0 = acc_3_0 + w * (0.3779644730092272 * x1_0_0 * x2_2_0)
     acc_3_1 = acc_3_1 + w * (0.3779644730092272 * x1_0_0 * x2_2_1)
     acc_3_2 = acc_3_2 + w * (0.3779644730092272 * x1_0_0 * x2_2_2)
     acc_3_3 = acc_3_3 + w * (0.3779644730092272 * x1_0_0 * x2_2_3)
     acc_3_4 = acc_3_4 + w * (0.3779644730092272 * x1_0_0 * x2_2_4)
     # path 6: x1[1] 1x1o (x) x2[1] 1x1o -> out[3] 16x2e, uvw, weights at 216, 11 nonzeros
-    w = w_ref[:, pl.ds(240, 16)]
+    w = w_ref[:, pl.ds(216, 16)]
     acc_3_0 = acc_3_0 + w * (
         0.2672612419124244 * x1_1_0 * x2_1_2
         + 0.2672612419124244 * x1_1_2 * x2_1_0
@@ -344,7 +347,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.2672612419124244 * x1_1_2 * x2_1_2
     )
     # path 9: x1[1] 1x1o (x) x2[3] 1x3o -> out[3] 16x2e, uvw, weights at 272, 21 nonzeros
-    w = w_ref[:, pl.ds(304, 16)]
+    w = w_ref[:, pl.ds(272, 16)]
     acc_3_0 = acc_3_0 + w * (
         - 0.05832118435198043 * x1_1_0 * x2_3_4
         - 0.22587697572631282 * x1_1_0 * x2_3_6
@@ -377,14 +380,14 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.22587697572631282 * x1_1_2 * x2_3_6
     )
     # path 10: x1[2] 1x2e (x) x2[0] 1x0e -> out[3] 16x2e, uvw, weights at 288, 5 nonzeros
-    w = w_ref[:, pl.ds(320, 16)]
+    w = w_ref[:, pl.ds(288, 16)]
     acc_3_0 = acc_3_0 + w * (0.3779644730092272 * x1_2_0 * x2_0_0)
     acc_3_1 = acc_3_1 + w * (0.3779644730092272 * x1_2_1 * x2_0_0)
     acc_3_2 = acc_3_2 + w * (0.3779644730092272 * x1_2_2 * x2_0_0)
     acc_3_3 = acc_3_3 + w * (0.3779644730092272 * x1_2_3 * x2_0_0)
     acc_3_4 = acc_3_4 + w * (0.3779644730092272 * x1_2_4 * x2_0_0)
     # path 15: x1[2] 1x2e (x) x2[2] 1x2e -> out[3] 16x2e, uvw, weights at 432, 25 nonzeros
-    w = w_ref[:, pl.ds(480, 16)]
+    w = w_ref[:, pl.ds(432, 16)]
     acc_3_0 = acc_3_0 + w * (
         - 0.20203050891044214 * x1_2_0 * x2_2_2
         + 0.17496355305594127 * x1_2_1 * x2_2_3
@@ -421,7 +424,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.20203050891044214 * x1_2_4 * x2_2_2
     )
     # path 18: x1[3] 1x3o (x) x2[1] 1x1o -> out[3] 16x2e, uvw, weights at 488, 21 nonzeros
-    w = w_ref[:, pl.ds(544, 16)]
+    w = w_ref[:, pl.ds(488, 16)]
     acc_3_0 = acc_3_0 + w * (
         0.22587697572631282 * x1_3_0 * x2_1_2
         + 0.18442777839082938 * x1_3_1 * x2_1_1
@@ -454,7 +457,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.22587697572631282 * x1_3_6 * x2_1_2
     )
     # path 23: x1[3] 1x3o (x) x2[3] 1x3o -> out[3] 16x2e, uvw, weights at 632, 41 nonzeros
-    w = w_ref[:, pl.ds(704, 16)]
+    w = w_ref[:, pl.ds(632, 16)]
     acc_3_0 = acc_3_0 + w * (
         - 0.09221388919541469 * x1_3_0 * x2_3_4
         - 0.18442777839082938 * x1_3_1 * x2_3_3
@@ -506,11 +509,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.18442777839082938 * x1_3_5 * x2_3_3
         - 0.09221388919541469 * x1_3_6 * x2_3_4
     )
-    out_ref[:, pl.ds(256, 16)] = acc_3_0
-    out_ref[:, pl.ds(272, 16)] = acc_3_1
-    out_ref[:, pl.ds(288, 16)] = acc_3_2
-    out_ref[:, pl.ds(304, 16)] = acc_3_3
-    out_ref[:, pl.ds(320, 16)] = acc_3_4
+    rt.store_tile(out_ref, 208, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4], mul=16, dim=5, pad=16)
 
     # out block 4 (16x2o): 4 path(s)
     acc_4_0 = jnp.zeros((rows, 16), dtype)
@@ -519,7 +518,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_4_3 = jnp.zeros((rows, 16), dtype)
     acc_4_4 = jnp.zeros((rows, 16), dtype)
     # path 8: x1[1] 1x1o (x) x2[2] 1x2e -> out[4] 16x2o, uvw, weights at 256, 16 nonzeros
-    w = w_ref[:, pl.ds(288, 16)]
+    w = w_ref[:, pl.ds(256, 16)]
     acc_4_0 = acc_4_0 + w * (
         0.2041241452319315 * x1_1_0 * x2_2_1
         + 0.408248290463863 * x1_1_1 * x2_2_4
@@ -547,7 +546,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.2041241452319315 * x1_1_2 * x2_2_1
     )
     # path 12: x1[2] 1x2e (x) x2[1] 1x1o -> out[4] 16x2o, uvw, weights at 328, 16 nonzeros
-    w = w_ref[:, pl.ds(368, 16)]
+    w = w_ref[:, pl.ds(328, 16)]
     acc_4_0 = acc_4_0 + w * (
         - 0.2041241452319315 * x1_2_1 * x2_1_0
         + 0.2041241452319315 * x1_2_3 * x2_1_2
@@ -575,7 +574,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.2041241452319315 * x1_2_3 * x2_1_0
     )
     # path 17: x1[2] 1x2e (x) x2[3] 1x3o -> out[4] 16x2o, uvw, weights at 472, 28 nonzeros
-    w = w_ref[:, pl.ds(528, 16)]
+    w = w_ref[:, pl.ds(472, 16)]
     acc_4_0 = acc_4_0 + w * (
         0.21128856368212917 * x1_2_1 * x2_3_0
         + 0.1636634176769943 * x1_2_1 * x2_3_2
@@ -615,7 +614,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         + 0.1636634176769943 * x1_2_3 * x2_3_2
     )
     # path 20: x1[3] 1x3o (x) x2[2] 1x2e -> out[4] 16x2o, uvw, weights at 528, 28 nonzeros
-    w = w_ref[:, pl.ds(592, 16)]
+    w = w_ref[:, pl.ds(528, 16)]
     acc_4_0 = acc_4_0 + w * (
         - 0.21128856368212917 * x1_3_0 * x2_2_1
         - 0.1636634176769943 * x1_3_2 * x2_2_1
@@ -654,11 +653,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         - 0.1636634176769943 * x1_3_4 * x2_2_1
         - 0.21128856368212917 * x1_3_6 * x2_2_1
     )
-    out_ref[:, pl.ds(336, 16)] = acc_4_0
-    out_ref[:, pl.ds(352, 16)] = acc_4_1
-    out_ref[:, pl.ds(368, 16)] = acc_4_2
-    out_ref[:, pl.ds(384, 16)] = acc_4_3
-    out_ref[:, pl.ds(400, 16)] = acc_4_4
+    rt.store_tile(out_ref, 288, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=16, dim=5, pad=16)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -680,11 +675,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_2_0 = g_ref[:, pl.ds(160, 32)]  # g block 2 (24x1o), m=0
-    g_2_1 = g_ref[:, pl.ds(192, 32)]  # g block 2 (24x1o), m=1
-    g_2_2 = g_ref[:, pl.ds(224, 32)]  # g block 2 (24x1o), m=2
+    g_2_0, g_2_1, g_2_2 = rt.load_tile(g_ref, 136, mul=24, dim=3, pad=32)  # g block 2 (24x1o)
     c_0 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(64, 32)]
+    w = rt.load_vec(w_ref, 64, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -700,13 +693,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_3_0 = g_ref[:, pl.ds(256, 16)]  # g block 3 (16x2e), m=0
-    g_3_1 = g_ref[:, pl.ds(272, 16)]  # g block 3 (16x2e), m=1
-    g_3_2 = g_ref[:, pl.ds(288, 16)]  # g block 3 (16x2e), m=2
-    g_3_3 = g_ref[:, pl.ds(304, 16)]  # g block 3 (16x2e), m=3
-    g_3_4 = g_ref[:, pl.ds(320, 16)]  # g block 3 (16x2e), m=4
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4 = rt.load_tile(g_ref, 208, mul=16, dim=5, pad=16)  # g block 3 (16x2e)
     c_0 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(96, 16)]
+    w = w_ref[:, pl.ds(88, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -730,7 +719,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(112, 32)]
+    w = rt.load_vec(w_ref, 104, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -744,7 +733,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(144, 64)]
+    w = w_ref[:, pl.ds(128, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.28867513459481287 * x2_1_0 * s_0)
     c_1 = c_1 + (0.28867513459481287 * x2_1_1 * s_0)
@@ -753,13 +742,11 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + c_1
     acc_1_2 = acc_1_2 + c_2
     # path 5: x1[1] 1x1o (x) x2[1] 1x1o -> out[1] 24x1e, uvw, weights at 192, 6 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 32)]  # g block 1 (24x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(96, 32)]  # g block 1 (24x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(128, 32)]  # g block 1 (24x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=24, dim=3, pad=32)  # g block 1 (24x1e)
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(208, 32)]
+    w = rt.load_vec(w_ref, 192, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -782,7 +769,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(240, 16)]
+    w = w_ref[:, pl.ds(216, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -812,7 +799,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(256, 32)]
+    w = rt.load_vec(w_ref, 232, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -837,15 +824,11 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + c_1
     acc_1_2 = acc_1_2 + c_2
     # path 8: x1[1] 1x1o (x) x2[2] 1x2e -> out[4] 16x2o, uvw, weights at 256, 16 nonzeros
-    g_4_0 = g_ref[:, pl.ds(336, 16)]  # g block 4 (16x2o), m=0
-    g_4_1 = g_ref[:, pl.ds(352, 16)]  # g block 4 (16x2o), m=1
-    g_4_2 = g_ref[:, pl.ds(368, 16)]  # g block 4 (16x2o), m=2
-    g_4_3 = g_ref[:, pl.ds(384, 16)]  # g block 4 (16x2o), m=3
-    g_4_4 = g_ref[:, pl.ds(400, 16)]  # g block 4 (16x2o), m=4
+    g_4_0, g_4_1, g_4_2, g_4_3, g_4_4 = rt.load_tile(g_ref, 288, mul=16, dim=5, pad=16)  # g block 4 (16x2o)
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(288, 16)]
+    w = w_ref[:, pl.ds(256, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -887,7 +870,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(304, 16)]
+    w = w_ref[:, pl.ds(272, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -939,7 +922,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(320, 16)]
+    w = w_ref[:, pl.ds(288, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -961,7 +944,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(336, 32)]
+    w = rt.load_vec(w_ref, 304, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -997,7 +980,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(368, 16)]
+    w = w_ref[:, pl.ds(328, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -1040,7 +1023,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(384, 64)]
+    w = w_ref[:, pl.ds(344, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.22360679774997896 * x2_2_0 * s_0)
     c_1 = c_1 + (0.22360679774997896 * x2_2_1 * s_0)
@@ -1058,7 +1041,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(448, 32)]
+    w = rt.load_vec(w_ref, 408, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -1099,7 +1082,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(480, 16)]
+    w = w_ref[:, pl.ds(432, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1151,7 +1134,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(496, 32)]
+    w = rt.load_vec(w_ref, 448, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1197,7 +1180,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(528, 16)]
+    w = w_ref[:, pl.ds(472, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -1268,7 +1251,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(544, 16)]
+    w = w_ref[:, pl.ds(488, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1324,7 +1307,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(560, 32)]
+    w = rt.load_vec(w_ref, 504, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1378,7 +1361,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(592, 16)]
+    w = w_ref[:, pl.ds(528, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -1441,7 +1424,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(608, 64)]
+    w = w_ref[:, pl.ds(544, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.18898223650461363 * x2_3_0 * s_0)
     c_1 = c_1 + (0.18898223650461363 * x2_3_1 * s_0)
@@ -1465,7 +1448,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(672, 32)]
+    w = rt.load_vec(w_ref, 608, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -1524,7 +1507,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(704, 16)]
+    w = w_ref[:, pl.ds(632, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1620,11 +1603,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     x1_1_0 = x1_ref[:, pl.ds(1, 1)]  # x1 block 1 (1x1o), m=0
     x1_1_1 = x1_ref[:, pl.ds(2, 1)]  # x1 block 1 (1x1o), m=1
     x1_1_2 = x1_ref[:, pl.ds(3, 1)]  # x1 block 1 (1x1o), m=2
-    g_2_0 = g_ref[:, pl.ds(160, 32)]  # g block 2 (24x1o), m=0
-    g_2_1 = g_ref[:, pl.ds(192, 32)]  # g block 2 (24x1o), m=1
-    g_2_2 = g_ref[:, pl.ds(224, 32)]  # g block 2 (24x1o), m=2
+    g_2_0, g_2_1, g_2_2 = rt.load_tile(g_ref, 136, mul=24, dim=3, pad=32)  # g block 2 (24x1o)
     c_0 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(112, 32)]
+    w = rt.load_vec(w_ref, 104, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1640,13 +1621,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     x1_2_2 = x1_ref[:, pl.ds(6, 1)]  # x1 block 2 (1x2e), m=2
     x1_2_3 = x1_ref[:, pl.ds(7, 1)]  # x1 block 2 (1x2e), m=3
     x1_2_4 = x1_ref[:, pl.ds(8, 1)]  # x1 block 2 (1x2e), m=4
-    g_3_0 = g_ref[:, pl.ds(256, 16)]  # g block 3 (16x2e), m=0
-    g_3_1 = g_ref[:, pl.ds(272, 16)]  # g block 3 (16x2e), m=1
-    g_3_2 = g_ref[:, pl.ds(288, 16)]  # g block 3 (16x2e), m=2
-    g_3_3 = g_ref[:, pl.ds(304, 16)]  # g block 3 (16x2e), m=3
-    g_3_4 = g_ref[:, pl.ds(320, 16)]  # g block 3 (16x2e), m=4
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4 = rt.load_tile(g_ref, 208, mul=16, dim=5, pad=16)  # g block 3 (16x2e)
     c_0 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(320, 16)]
+    w = w_ref[:, pl.ds(288, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1670,7 +1647,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(64, 32)]
+    w = rt.load_vec(w_ref, 64, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1684,7 +1661,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(144, 64)]
+    w = w_ref[:, pl.ds(128, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.28867513459481287 * x1_1_0 * s_0)
     c_1 = c_1 + (0.28867513459481287 * x1_1_1 * s_0)
@@ -1693,13 +1670,11 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + c_1
     acc_1_2 = acc_1_2 + c_2
     # path 5: x1[1] 1x1o (x) x2[1] 1x1o -> out[1] 24x1e, uvw, weights at 192, 6 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 32)]  # g block 1 (24x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(96, 32)]  # g block 1 (24x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(128, 32)]  # g block 1 (24x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=24, dim=3, pad=32)  # g block 1 (24x1e)
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(208, 32)]
+    w = rt.load_vec(w_ref, 192, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -1722,7 +1697,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(240, 16)]
+    w = w_ref[:, pl.ds(216, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1752,7 +1727,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(336, 32)]
+    w = rt.load_vec(w_ref, 304, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1777,15 +1752,11 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + c_1
     acc_1_2 = acc_1_2 + c_2
     # path 12: x1[2] 1x2e (x) x2[1] 1x1o -> out[4] 16x2o, uvw, weights at 328, 16 nonzeros
-    g_4_0 = g_ref[:, pl.ds(336, 16)]  # g block 4 (16x2o), m=0
-    g_4_1 = g_ref[:, pl.ds(352, 16)]  # g block 4 (16x2o), m=1
-    g_4_2 = g_ref[:, pl.ds(368, 16)]  # g block 4 (16x2o), m=2
-    g_4_3 = g_ref[:, pl.ds(384, 16)]  # g block 4 (16x2o), m=3
-    g_4_4 = g_ref[:, pl.ds(400, 16)]  # g block 4 (16x2o), m=4
+    g_4_0, g_4_1, g_4_2, g_4_3, g_4_4 = rt.load_tile(g_ref, 288, mul=16, dim=5, pad=16)  # g block 4 (16x2o)
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(368, 16)]
+    w = w_ref[:, pl.ds(328, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -1827,7 +1798,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_0 = jnp.zeros((rows, 1), dtype)
     c_1 = jnp.zeros((rows, 1), dtype)
     c_2 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(544, 16)]
+    w = w_ref[:, pl.ds(488, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1879,7 +1850,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(96, 16)]
+    w = w_ref[:, pl.ds(88, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -1901,7 +1872,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(256, 32)]
+    w = rt.load_vec(w_ref, 232, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -1937,7 +1908,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(288, 16)]
+    w = w_ref[:, pl.ds(256, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -1980,7 +1951,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(384, 64)]
+    w = w_ref[:, pl.ds(344, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.22360679774997896 * x1_2_0 * s_0)
     c_1 = c_1 + (0.22360679774997896 * x1_2_1 * s_0)
@@ -1998,7 +1969,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(448, 32)]
+    w = rt.load_vec(w_ref, 408, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -2039,7 +2010,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(480, 16)]
+    w = w_ref[:, pl.ds(432, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -2091,7 +2062,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(560, 32)]
+    w = rt.load_vec(w_ref, 504, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -2137,7 +2108,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_2 = jnp.zeros((rows, 1), dtype)
     c_3 = jnp.zeros((rows, 1), dtype)
     c_4 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(592, 16)]
+    w = w_ref[:, pl.ds(528, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -2208,7 +2179,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(304, 16)]
+    w = w_ref[:, pl.ds(272, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -2264,7 +2235,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(496, 32)]
+    w = rt.load_vec(w_ref, 448, count=24, pad=32)
     s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_2_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_2_2, axis=1, keepdims=True)
@@ -2318,7 +2289,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(528, 16)]
+    w = w_ref[:, pl.ds(472, 16)]
     s_0 = jnp.sum(w * g_4_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_4_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_4_2, axis=1, keepdims=True)
@@ -2381,7 +2352,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(608, 64)]
+    w = w_ref[:, pl.ds(544, 64)]
     s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
     c_0 = c_0 + (0.18898223650461363 * x1_3_0 * s_0)
     c_1 = c_1 + (0.18898223650461363 * x1_3_1 * s_0)
@@ -2405,7 +2376,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(672, 32)]
+    w = rt.load_vec(w_ref, 608, count=24, pad=32)
     s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
@@ -2464,7 +2435,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     c_4 = jnp.zeros((rows, 1), dtype)
     c_5 = jnp.zeros((rows, 1), dtype)
     c_6 = jnp.zeros((rows, 1), dtype)
-    w = w_ref[:, pl.ds(704, 16)]
+    w = w_ref[:, pl.ds(632, 16)]
     s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
     s_1 = jnp.sum(w * g_3_1, axis=1, keepdims=True)
     s_2 = jnp.sum(w * g_3_2, axis=1, keepdims=True)
@@ -2542,7 +2513,7 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
 
 
 def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
-    """Weighted paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23 (720 columns); 351 CG terms."""
+    """Weighted paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23 (648 columns); 351 CG terms."""
     rows = x1_ref.shape[0]
     dtype = out_ref.dtype
 
@@ -2556,14 +2527,12 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     r = jnp.sum(r, axis=0, keepdims=True)
     out_ref[:, pl.ds(0, 64)] = r
 
-    # weights of path 1 (32 columns)
+    # weights of path 1 (24 columns)
     # path 1: x1[0] 1x0e (x) x2[1] 1x1o -> out[2] 24x1o, uvw, weights at 64, 3 nonzeros
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_2_0 = g_ref[:, pl.ds(160, 32)]  # g block 2 (24x1o), m=0
-    g_2_1 = g_ref[:, pl.ds(192, 32)]  # g block 2 (24x1o), m=1
-    g_2_2 = g_ref[:, pl.ds(224, 32)]  # g block 2 (24x1o), m=2
+    g_2_0, g_2_1, g_2_2 = rt.load_tile(g_ref, 136, mul=24, dim=3, pad=32)  # g block 2 (24x1o)
     q_0 = 0.408248290463863 * x1_0_0 * x2_1_0
     q_1 = 0.408248290463863 * x1_0_0 * x2_1_1
     q_2 = 0.408248290463863 * x1_0_0 * x2_1_2
@@ -2573,7 +2542,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(64, 32)] = r
+    rt.store_vec(out_ref, 64, r, count=24, pad=32)
 
     # weights of path 2 (16 columns)
     # path 2: x1[0] 1x0e (x) x2[2] 1x2e -> out[3] 16x2e, uvw, weights at 88, 5 nonzeros
@@ -2582,11 +2551,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_3_0 = g_ref[:, pl.ds(256, 16)]  # g block 3 (16x2e), m=0
-    g_3_1 = g_ref[:, pl.ds(272, 16)]  # g block 3 (16x2e), m=1
-    g_3_2 = g_ref[:, pl.ds(288, 16)]  # g block 3 (16x2e), m=2
-    g_3_3 = g_ref[:, pl.ds(304, 16)]  # g block 3 (16x2e), m=3
-    g_3_4 = g_ref[:, pl.ds(320, 16)]  # g block 3 (16x2e), m=4
+    g_3_0, g_3_1, g_3_2, g_3_3, g_3_4 = rt.load_tile(g_ref, 208, mul=16, dim=5, pad=16)  # g block 3 (16x2e)
     q_0 = 0.3779644730092272 * x1_0_0 * x2_2_0
     q_1 = 0.3779644730092272 * x1_0_0 * x2_2_1
     q_2 = 0.3779644730092272 * x1_0_0 * x2_2_2
@@ -2600,9 +2565,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(96, 16)] = r
+    out_ref[:, pl.ds(88, 16)] = r
 
-    # weights of path 3 (32 columns)
+    # weights of path 3 (24 columns)
     # path 3: x1[1] 1x1o (x) x2[0] 1x0e -> out[2] 24x1o, uvw, weights at 104, 3 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(1, 1)]  # x1 block 1 (1x1o), m=0
     x1_1_1 = x1_ref[:, pl.ds(2, 1)]  # x1 block 1 (1x1o), m=1
@@ -2616,7 +2581,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(112, 32)] = r
+    rt.store_vec(out_ref, 104, r, count=24, pad=32)
 
     # weights of path 4 (64 columns)
     # path 4: x1[1] 1x1o (x) x2[1] 1x1o -> out[0] 64x0e, uvw, weights at 128, 3 nonzeros
@@ -2627,13 +2592,11 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     )
     r = q_0 * g_0_0
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(144, 64)] = r
+    out_ref[:, pl.ds(128, 64)] = r
 
-    # weights of path 5 (32 columns)
+    # weights of path 5 (24 columns)
     # path 5: x1[1] 1x1o (x) x2[1] 1x1o -> out[1] 24x1e, uvw, weights at 192, 6 nonzeros
-    g_1_0 = g_ref[:, pl.ds(64, 32)]  # g block 1 (24x1e), m=0
-    g_1_1 = g_ref[:, pl.ds(96, 32)]  # g block 1 (24x1e), m=1
-    g_1_2 = g_ref[:, pl.ds(128, 32)]  # g block 1 (24x1e), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=24, dim=3, pad=32)  # g block 1 (24x1e)
     q_0 = (
         0.408248290463863 * x1_1_1 * x2_1_2
         - 0.408248290463863 * x1_1_2 * x2_1_1
@@ -2652,7 +2615,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_1_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(208, 32)] = r
+    rt.store_vec(out_ref, 192, r, count=24, pad=32)
 
     # weights of path 6 (16 columns)
     # path 6: x1[1] 1x1o (x) x2[1] 1x1o -> out[3] 16x2e, uvw, weights at 216, 11 nonzeros
@@ -2685,9 +2648,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(240, 16)] = r
+    out_ref[:, pl.ds(216, 16)] = r
 
-    # weights of path 7 (32 columns)
+    # weights of path 7 (24 columns)
     # path 7: x1[1] 1x1o (x) x2[2] 1x2e -> out[2] 24x1o, uvw, weights at 232, 11 nonzeros
     q_0 = (
         - 0.12909944487358055 * x1_1_0 * x2_2_2
@@ -2712,15 +2675,11 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(256, 32)] = r
+    rt.store_vec(out_ref, 232, r, count=24, pad=32)
 
     # weights of path 8 (16 columns)
     # path 8: x1[1] 1x1o (x) x2[2] 1x2e -> out[4] 16x2o, uvw, weights at 256, 16 nonzeros
-    g_4_0 = g_ref[:, pl.ds(336, 16)]  # g block 4 (16x2o), m=0
-    g_4_1 = g_ref[:, pl.ds(352, 16)]  # g block 4 (16x2o), m=1
-    g_4_2 = g_ref[:, pl.ds(368, 16)]  # g block 4 (16x2o), m=2
-    g_4_3 = g_ref[:, pl.ds(384, 16)]  # g block 4 (16x2o), m=3
-    g_4_4 = g_ref[:, pl.ds(400, 16)]  # g block 4 (16x2o), m=4
+    g_4_0, g_4_1, g_4_2, g_4_3, g_4_4 = rt.load_tile(g_ref, 288, mul=16, dim=5, pad=16)  # g block 4 (16x2o)
     q_0 = (
         0.2041241452319315 * x1_1_0 * x2_2_1
         + 0.408248290463863 * x1_1_1 * x2_2_4
@@ -2755,7 +2714,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_4_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(288, 16)] = r
+    out_ref[:, pl.ds(256, 16)] = r
 
     # weights of path 9 (16 columns)
     # path 9: x1[1] 1x1o (x) x2[3] 1x3o -> out[3] 16x2e, uvw, weights at 272, 21 nonzeros
@@ -2805,7 +2764,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(304, 16)] = r
+    out_ref[:, pl.ds(272, 16)] = r
 
     # weights of path 10 (16 columns)
     # path 10: x1[2] 1x2e (x) x2[0] 1x0e -> out[3] 16x2e, uvw, weights at 288, 5 nonzeros
@@ -2827,9 +2786,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(320, 16)] = r
+    out_ref[:, pl.ds(288, 16)] = r
 
-    # weights of path 11 (32 columns)
+    # weights of path 11 (24 columns)
     # path 11: x1[2] 1x2e (x) x2[1] 1x1o -> out[2] 24x1o, uvw, weights at 304, 11 nonzeros
     q_0 = (
         0.223606797749979 * x1_2_0 * x2_1_2
@@ -2854,7 +2813,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(336, 32)] = r
+    rt.store_vec(out_ref, 304, r, count=24, pad=32)
 
     # weights of path 12 (16 columns)
     # path 12: x1[2] 1x2e (x) x2[1] 1x1o -> out[4] 16x2o, uvw, weights at 328, 16 nonzeros
@@ -2892,7 +2851,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_4_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(368, 16)] = r
+    out_ref[:, pl.ds(328, 16)] = r
 
     # weights of path 13 (64 columns)
     # path 13: x1[2] 1x2e (x) x2[2] 1x2e -> out[0] 64x0e, uvw, weights at 344, 5 nonzeros
@@ -2905,9 +2864,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     )
     r = q_0 * g_0_0
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(384, 64)] = r
+    out_ref[:, pl.ds(344, 64)] = r
 
-    # weights of path 14 (32 columns)
+    # weights of path 14 (24 columns)
     # path 14: x1[2] 1x2e (x) x2[2] 1x2e -> out[1] 24x1e, uvw, weights at 408, 16 nonzeros
     q_0 = (
         - 0.18257418583505536 * x1_2_0 * x2_2_1
@@ -2937,7 +2896,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_1_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(448, 32)] = r
+    rt.store_vec(out_ref, 408, r, count=24, pad=32)
 
     # weights of path 15 (16 columns)
     # path 15: x1[2] 1x2e (x) x2[2] 1x2e -> out[3] 16x2e, uvw, weights at 432, 25 nonzeros
@@ -2984,9 +2943,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(480, 16)] = r
+    out_ref[:, pl.ds(432, 16)] = r
 
-    # weights of path 16 (32 columns)
+    # weights of path 16 (24 columns)
     # path 16: x1[2] 1x2e (x) x2[3] 1x3o -> out[2] 24x1o, uvw, weights at 448, 21 nonzeros
     q_0 = (
         - 0.048795003647426664 * x1_2_0 * x2_3_4
@@ -3021,7 +2980,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(496, 32)] = r
+    rt.store_vec(out_ref, 448, r, count=24, pad=32)
 
     # weights of path 17 (16 columns)
     # path 17: x1[2] 1x2e (x) x2[3] 1x3o -> out[4] 16x2o, uvw, weights at 472, 28 nonzeros
@@ -3071,7 +3030,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_4_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(528, 16)] = r
+    out_ref[:, pl.ds(472, 16)] = r
 
     # weights of path 18 (16 columns)
     # path 18: x1[3] 1x3o (x) x2[1] 1x1o -> out[3] 16x2e, uvw, weights at 488, 21 nonzeros
@@ -3121,9 +3080,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(544, 16)] = r
+    out_ref[:, pl.ds(488, 16)] = r
 
-    # weights of path 19 (32 columns)
+    # weights of path 19 (24 columns)
     # path 19: x1[3] 1x3o (x) x2[2] 1x2e -> out[2] 24x1o, uvw, weights at 504, 21 nonzeros
     q_0 = (
         0.18898223650461363 * x1_3_0 * x2_2_4
@@ -3158,7 +3117,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_2_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(560, 32)] = r
+    rt.store_vec(out_ref, 504, r, count=24, pad=32)
 
     # weights of path 20 (16 columns)
     # path 20: x1[3] 1x3o (x) x2[2] 1x2e -> out[4] 16x2o, uvw, weights at 528, 28 nonzeros
@@ -3208,7 +3167,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_4_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(592, 16)] = r
+    out_ref[:, pl.ds(528, 16)] = r
 
     # weights of path 21 (64 columns)
     # path 21: x1[3] 1x3o (x) x2[3] 1x3o -> out[0] 64x0e, uvw, weights at 544, 7 nonzeros
@@ -3223,9 +3182,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     )
     r = q_0 * g_0_0
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(608, 64)] = r
+    out_ref[:, pl.ds(544, 64)] = r
 
-    # weights of path 22 (32 columns)
+    # weights of path 22 (24 columns)
     # path 22: x1[3] 1x3o (x) x2[3] 1x3o -> out[1] 24x1e, uvw, weights at 608, 26 nonzeros
     q_0 = (
         - 0.1336306209562122 * x1_3_0 * x2_3_1
@@ -3265,7 +3224,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_2 * g_1_2
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(672, 32)] = r
+    rt.store_vec(out_ref, 608, r, count=24, pad=32)
 
     # weights of path 23 (16 columns)
     # path 23: x1[3] 1x3o (x) x2[3] 1x3o -> out[3] 16x2e, uvw, weights at 632, 41 nonzeros
@@ -3328,13 +3287,13 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         + q_4 * g_3_4
     )
     r = jnp.sum(r, axis=0, keepdims=True)
-    out_ref[:, pl.ds(704, 16)] = r
+    out_ref[:, pl.ds(632, 16)] = r
 
 
 # (kernel, output width) in output-column order; the pieces of a set concatenate to
 # the full width of what it computes.
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 416),
+    (_tp_fwd_kernel_0, 368),
 )
 BWD_X1_KERNELS = (
     (_tp_bwd_x1_kernel_0, 16),
@@ -3343,7 +3302,7 @@ BWD_X2_KERNELS = (
     (_tp_bwd_x2_kernel_0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 720),
+    (_tp_bwd_w_kernel_0, 648),
 )
 
 
@@ -3368,14 +3327,14 @@ def backward_x2(x1, g, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
 
 
 def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
-    """``dF/dW`` in the kernel's weight layout: ``(rows, IWEIGHT_NUMEL)``, or with
+    """``dF/dW`` in e3nn's weight order: ``(rows, IWEIGHT_NUMEL)``, or with
     ``SHARED_WEIGHTS`` ``(1, IWEIGHT_NUMEL)`` summed over the rows (per-program partial
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret)
+                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -3386,4 +3345,4 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret)
+                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
