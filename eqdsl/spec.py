@@ -35,7 +35,8 @@ A ``tuning`` table (``[tensor_product.tuning]`` after its ``[[tensor_product]]``
 the generated Helion kernels' tile sizes and launch parameters; every key is optional:
 ``block_b``, ``block_c``, ``block_r``, ``block_r_pair`` and ``tile_elems`` are powers of
 two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
-``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256. A sub-table
+``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256 (Helion);
+``pallas_block_batch`` (a power of two) and ``pallas_num_warps`` (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``) overrides keys for that op's
 kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
@@ -92,6 +93,9 @@ TUNING_KEYS = {
     "num_stages": (lambda v: 1 <= v <= 8, "in [1, 8]"),
     "max_terms": (lambda v: v >= 16, "at least 16"),
     "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
+    # the Pallas (JAX) kernels: batch rows per program and warps (top level only)
+    "pallas_block_batch": _pow2(1, 256),
+    "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops and the convolution's
@@ -279,7 +283,10 @@ def _parse_tuning(table: dict, fail) -> tuple[tuple[str, int], ...]:
         if key in TUNING_OPS:
             if not isinstance(v, dict):
                 fail(f"tuning.{key}", f"expected a table of {', '.join(TUNING_KEYS)}; got {v!r}")
-            pairs += [(f"{key}.{k}", _tuning_value(f"tuning.{key}.{k}", k, x, fail)) for k, x in v.items()]
+            for k, x in v.items():
+                if k.startswith("pallas_"):
+                    fail(f"tuning.{key}.{k}", "the Pallas keys apply to every op: set them in [tensor_product.tuning]")
+                pairs.append((f"{key}.{k}", _tuning_value(f"tuning.{key}.{k}", k, x, fail)))
         else:
             pairs.append((key, _tuning_value(f"tuning.{key}", key, v, fail)))
     return tuple(sorted(pairs))

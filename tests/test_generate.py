@@ -123,3 +123,21 @@ def test_metadata_matches_spec(tmp_path):
     assert tp.weight_numel == ns["WEIGHT_NUMEL"] == 2 * 4  # 4 uvu paths of 2x1 weights
     assert [i.path_weight for i in tp.instructions] == pytest.approx(ns["PATH_WEIGHTS"], rel=1e-15)
     assert ns["LAYOUT"] == "mul_ir" and ns["DIM_IN1"] == 8 and ns["DIM_OUT"] == tp.irreps_out.dim
+
+
+def test_tuning_table_reaches_each_backend(tmp_path):
+    """Each backend reads its own keys of ``[tensor_product.tuning]``: Helion's per op,
+    Pallas's at the top level, and neither trips over the other's."""
+    spec = tmp_path / "tuned.toml"
+    spec.write_text(
+        '[[tensor_product]]\nname = "tuned"\nirreps_in1 = "4x0e+4x1o"\nirreps_in2 = "0e+1o"\n'
+        'irreps_out = "0e+1o"\nmode = "uvu"\nshared_weights = false\n'
+        "[tensor_product.tuning]\npallas_block_batch = 16\npallas_num_warps = 2\nnum_warps = 8\n"
+        "[tensor_product.tuning.bwd_x2]\nnum_warps = 2\n"
+    )
+    files = generate_files(spec, tmp_path / "gen")
+    pallas, helion = files["tuned/pallas_kernels.py"], files["tuned/helion_kernels.py"]
+    assert "\nBLOCK_BATCH = 16\n" in pallas and "\nNUM_WARPS = 2\n" in pallas
+    bwd_x2 = helion.index("def tp_bwd_x2_0(")
+    assert helion[:bwd_x2].rsplit("helion.Config(", 1)[1].startswith("num_warps=2")
+    assert helion[: helion.index("def tp_fwd_0(")].rsplit("helion.Config(", 1)[1].startswith("num_warps=8")

@@ -279,6 +279,8 @@ BAD_TABLES = {
     "tuning max_terms": (dict(tuning={"max_terms": 4}), "tuning.max_terms", ["at least 16"]),
     "tuning op not a table": (dict(tuning={"fwd": 8}), "tuning.fwd", ["expected a table", "num_warps"]),
     "tuning op unknown key": (dict(tuning={"bwd_x2": {"warps": 4}}), "tuning.bwd_x2.warps", ["unknown", "num_warps"]),
+    "tuning pallas per op": (dict(tuning={"fwd": {"pallas_num_warps": 4}}), "tuning.fwd.pallas_num_warps", ["every op"]),
+    "tuning pallas block": (dict(tuning={"pallas_block_batch": 6}), "tuning.pallas_block_batch", ["power of two"]),
     "tuning op bad value": (dict(tuning={"conv_fwd": {"block_c": 48}}), "tuning.conv_fwd.block_c", ["power of two", "48"]),
 }
 

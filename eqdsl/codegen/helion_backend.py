@@ -131,9 +131,10 @@ DEFAULT_TUNING = Tuning()
 def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
     """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
     its top-level keys, then (for ``op``, one of ``spec.TUNING_OPS``) its ``<op>.<key>`` sub-table."""
-    values = {k: v for k, v in pairs if "." not in k}
+    fields = Tuning.__dataclass_fields__  # other backends' keys (pallas_*) are not ours
+    values = {k: v for k, v in pairs if k in fields}
     if op is not None:
-        values.update({k.partition(".")[2]: v for k, v in pairs if k.partition(".")[0] == op})
+        values.update({k.partition(".")[2]: v for k, v in pairs if k.partition(".")[0] == op and k.partition(".")[2] in fields})
     if values.get("maxnreg_partials") == 0:
         values["maxnreg_partials"] = None
     if "block_b" in values:  # a smaller block_b than the 3-D floor is a request for it
