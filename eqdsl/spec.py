@@ -35,7 +35,8 @@ A ``tuning`` table (``[tensor_product.tuning]`` after its ``[[tensor_product]]``
 the generated Helion kernels' tile sizes and launch parameters; every key is optional:
 ``block_b``, ``block_c``, ``block_r``, ``block_r_pair`` and ``tile_elems`` are powers of
 two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
-``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256.
+``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256, ``grid_c``
+0 or 1 (channel tiles as a second grid axis where legal; default 1).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ TUNING_KEYS = {
     "num_stages": (lambda v: 1 <= v <= 8, "in [1, 8]"),
     "max_terms": (lambda v: v >= 16, "at least 16"),
     "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
+    "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
 }
 
 
