@@ -157,6 +157,8 @@ def test_tuning_table():
     # the TOML sub-table form, as `eqdsl tune` writes it
     (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\nblock_c = 64\n", FILE)
     assert spec.tuning == (("block_c", 64),)
+    (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\ngrid_c = 0\n", FILE)
+    assert spec.tuning == (("grid_c", 0),)
 
 
 def test_several_tables_keep_order_and_specs_are_frozen():
@@ -270,6 +272,7 @@ BAD_TABLES = {
     "tuning num_warps": (dict(tuning={"num_warps": 3}), "tuning.num_warps", ["1, 2, 4, 8, 16", "3"]),
     "tuning maxnreg": (dict(tuning={"maxnreg_partials": 100}), "tuning.maxnreg_partials", ["0 (off)", "100"]),
     "tuning max_terms": (dict(tuning={"max_terms": 4}), "tuning.max_terms", ["at least 16"]),
+    "tuning grid_c": (dict(tuning={"grid_c": 2}), "tuning.grid_c", ["0 (a channel loop", "1 (channel tiles", "2"]),
 }
 
 

@@ -37,6 +37,12 @@ and ``b`` of a path, the channel letters of the mode decide the loop structure::
                 acc = acc + (t * W[.., tile_r, .., tile_c]).sum(r)   # uvu dx2, uvv dx1)
             out[tile_b, k, tile_c] = acc                # each output component written once
 
+With ``Tuning.grid_c`` (default on) a kernel whose blocks share one multiplicity ``M``
+spanning several channel tiles makes them a second grid axis instead of the loop
+(``_grid_c``): ``for tile_c, tile_b in hl.tile([M, batch])``, the per-batch scalars loaded
+by each program, the body the same. Channel tiles vary fastest in the launch order, so
+the programs of one batch tile run side by side and share its rows in L2.
+
 ``tp_bwd_w`` tiles over the channel of ``g`` (the innermost weight index for ``uvw``
 and ``uvv``) and unrolls the other one (``uvu``, ``uvv``) or tiles it too (``uvw``:
 an outer product per batch row, ``(tile_b, tile_r, tile_c)``). With shared weights each
