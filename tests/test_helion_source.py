@@ -11,6 +11,7 @@ names are its accumulators (``acc*``) and the sub-tile row helpers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,27 @@ def test_every_conv_variant_takes_whole_rows(deterministic, shared, tmp_path):
     for rel, text in conv.items():
         assert _whole_row_params(text) <= graph | {"x", "y", "weights", "g", "out", "gx", "gy", "gw"}, rel
     assert "unflatten" not in next(t for r, t in files.items() if r.endswith("/torch_conv.py"))
+
+
+@pytest.mark.parametrize("grid_c", [None, 0, 1])
+def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
+    """mace_large's spec: by default (and with ``grid_c = 1``) every kernel whose outputs
+    have 128 channels (4 tiles of 32) takes the channel tiles as a grid axis, in the plain
+    TP and the conv; ``bwd_x2`` (edge attributes: one channel per block, a reduction over
+    the node channels) keeps its 1-D grid; ``grid_c = 0`` gives every kernel the 1-D grid
+    and its channel loop. Only accumulators are carried in either form."""
+    text = (ROOT / "examples" / "specs" / "mace_large.toml").read_text()
+    if grid_c is not None:
+        text += f"\n[tensor_product.tuning]\ngrid_c = {grid_c}\n"
+    spec = tmp_path / "mace_large.toml"
+    spec.write_text(text)
+    files = _kernel_sources(spec, tmp_path / "gen")
+    _check(files)
+    on = grid_c != 0
+    for rel, text in files.items():
+        kernels = dict(chunk.split("(", 1) for chunk in text.split("\ndef ")[1:])
+        for name, body in kernels.items():
+            two_d = re.search(r"for tile_c, tile_b in hl\.tile\(\[128, \w+\.size\(0\)\], block_size=\[32, 16\]\):", body) is not None
+            expect = on and "bwd_x2" not in name
+            assert two_d == expect, (rel, name)
+            assert ("for tile_c in hl.tile(128, block_size=32):" in body) == (not expect and "bwd_x2" not in name)

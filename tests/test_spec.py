@@ -164,6 +164,8 @@ def test_tuning_table():
 
     assert (tuning_for(spec.tuning, "fwd").block_c, tuning_for(spec.tuning, "fwd").num_warps) == (32, 8)
     assert (tuning_for(spec.tuning, "bwd_x1").block_c, tuning_for(spec.tuning, "bwd_x1").num_warps) == (64, 4)
+    (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\ngrid_c = 0\n", FILE)
+    assert spec.tuning == (("grid_c", 0),)
 
 
 def test_several_tables_keep_order_and_specs_are_frozen():
@@ -282,6 +284,7 @@ BAD_TABLES = {
     "tuning pallas per op": (dict(tuning={"fwd": {"pallas_num_warps": 4}}), "tuning.fwd.pallas_num_warps", ["every op"]),
     "tuning pallas block": (dict(tuning={"pallas_block_batch": 6}), "tuning.pallas_block_batch", ["power of two"]),
     "tuning op bad value": (dict(tuning={"conv_fwd": {"block_c": 48}}), "tuning.conv_fwd.block_c", ["power of two", "48"]),
+    "tuning grid_c": (dict(tuning={"grid_c": 2}), "tuning.grid_c", ["0 (a channel loop", "1 (channel tiles", "2"]),
 }
 
 

@@ -131,6 +131,62 @@ def test_deterministic_per_edge_uvw_weights(tmp_path):
     check_forward_and_vjp(conv, ir, seed=7)
 
 
+# one channel group of 3 channels (node features and every output block), a uvw path (a
+# tile_r reduction inside a 2-D grid's program) and uvu paths; edge attributes: 2 and 1
+# channels (bwd_y keeps its channel loops)
+GRID_C_SPEC = """
+[[tensor_product]]
+name = "{name}"
+irreps_in1 = "3x0e+3x1o"
+irreps_in2 = "2x0e+1x1o"
+irreps_out = "3x0e+3x1o"
+instructions = [[0, 0, 0, "uvw", true], [1, 1, 0, "uvu", true], [1, 0, 1, "uvw", true], [0, 1, 1, "uvu", true]]
+shared_weights = {shared}
+layout = "{layout}"
+dtypes = ["float64"]
+conv = true
+reduce = "{reduce}"
+deterministic = {det}
+
+[tensor_product.tuning]
+block_b = 4
+block_c = 2
+"""
+
+
+def _kernel_sources(path: Path) -> dict[str, str]:
+    """Kernel name -> its source, of a generated ``helion_*kernels.py``."""
+    return dict(chunk.split("(", 1) for chunk in path.read_text().split("\ndef ")[1:])
+
+
+@pytest.mark.parametrize("det, shared, layout, reduce", [("false", "false", "mul_ir", "sum"),
+                                                         ("true", "true", "ir_mul", "mean")])
+def test_channel_grid_axis_matches_reference(det, shared, layout, reduce, tmp_path):
+    """``grid_c``: the conv kernels whose one channel group spans several channel tiles
+    take the tiles as a second grid axis: ``hl.tile([channels, edges])`` for the atomic and
+    per-edge kernels, ``hl.tile([channels, nodes], block_size=[bc, 1])`` for the segment
+    reductions (one program per node and channel tile; the channel tiles of a node are
+    independent). Forward and VJP against the oracle with 5 edges (``block_b`` 4) and 3
+    channels (``block_c`` 2): partial tiles on both axes."""
+    name = f"tc_grid_c_{det}"
+    text = GRID_C_SPEC.format(name=name, shared=shared, layout=layout, reduce=reduce, det=det)
+    pkg = build_package(tmp_path, name, text)
+    conv, ir = importlib.import_module(pkg.__name__ + ".torch_conv"), lower(parse_spec(text)[0])
+    kernels = _kernel_sources(Path(pkg.__file__).parent / "helion_conv_kernels.py")
+    rows = "out.size(0)], block_size=[2, 1])" if det == "true" else "src.size(0)], block_size=[2, 4])"
+    scatters = {"conv_fwd_0": rows, "conv_bwd_x1_0": rows.replace("out.", "gx.")}
+    for kernel, header in scatters.items():
+        assert f"hl.tile([3, {header}:" in kernels[kernel], kernel
+        assert "for tile_c in" not in kernels[kernel], kernel
+    # edge attributes have 2 and 1 channels (two channel groups); shared weights: partial sums
+    assert "for tile_c in hl.tile(2, block_size=2)" in kernels["conv_bwd_x2_0"]
+    if shared == "true":
+        assert "hl.tile([" not in kernels["conv_bwd_w_0"]
+    else:
+        assert "for tile_c, tile_b in hl.tile([3, src.size(0)], block_size=[2, 4]):" in kernels["conv_bwd_w_0"]
+    check_forward_and_vjp(conv, ir, seed=11)
+
+
 def test_forces_then_weight_gradient(pkgs):
     """The pattern of an interatomic potential: forces = -dE/d(edge_attr), then d(forces)/dW."""
     conv, ir = pkgs["tc_atomic"]

@@ -402,3 +402,33 @@ def test_spec_tuning_table_pins_the_kernels(tmp_path):
     assert "TRITON_OPTIONS = {\n}" in source  # maxnreg_partials = 0 turns the bwd_x2 pin off
     for batch in (1, 5):
         check_kernels(ir, ops, torch.float64, batch, seed=batch)
+
+
+# one channel group of 3 channels (x1 blocks and every output block: 3 channels), a uvw
+# path (a tile_r reduction inside the 2-D grid's program) and uvu paths
+GRID_C_INSTRUCTIONS = [(0, 0, 0, "uvw", True, None), (1, 1, 0, "uvu", True, None),
+                       (1, 0, 1, "uvw", True, None), (0, 1, 1, "uvu", True, None)]
+
+
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_channel_grid_axis_matches_reference(layout, tmp_path):
+    """``grid_c``: kernels with one channel group of several channel tiles get the channel
+    tiles as a second grid axis (``hl.tile([channels, batch])``), the others keep the
+    1-D grid; all four derivatives agree with the oracle for a batch (5) that is not a
+    multiple of ``block_b`` (4) and a channel count (3) that is not a multiple of
+    ``block_c`` (2): partial tiles on both grid axes."""
+    name = f"tg_grid_c_{layout}"
+    text = spec_text(name, "3x0e+3x1o", "2x0e+1x1o", "3x0e+3x1o", instructions=GRID_C_INSTRUCTIONS,
+                     shared=False, layout=layout, dtypes=("float64",))
+    pkg, ops = build(tmp_path, text + "[tensor_product.tuning]\nblock_b = 4\nblock_c = 2\n", name)
+    ir = lower(load_spec(tmp_path / f"{name}.toml")[0])
+    source = (tmp_path / "gen" / name / "helion_kernels.py").read_text()
+    grid_2d = "for tile_c, tile_b in hl.tile([3, "
+    kernels = dict(chunk.split("(", 1) for chunk in source.split("\ndef ")[1:])
+    for kernel in ("tp_fwd_0", "tp_bwd_x1_0", "tp_bwd_w_0"):
+        assert grid_2d in kernels[kernel], kernel
+        assert "for tile_c in" not in kernels[kernel], kernel
+    # x2's blocks have 2 and 1 channels: two channel groups, the channel loops stay
+    assert grid_2d not in kernels["tp_bwd_x2_0"] and "for tile_c in hl.tile(2" in kernels["tp_bwd_x2_0"]
+    for batch in (5, 1):
+        check_kernels(ir, ops, torch.float64, batch, seed=batch)

@@ -37,6 +37,12 @@ and ``b`` of a path, the channel letters of the mode decide the loop structure::
                 acc = acc + (t * W[.., tile_r, .., tile_c]).sum(r)   # uvu dx2, uvv dx1)
             out[tile_b, k, tile_c] = acc                # each output component written once
 
+With ``Tuning.grid_c`` (default on) a kernel whose blocks share one multiplicity ``M``
+spanning several channel tiles makes them a second grid axis instead of the loop
+(``_grid_c``): ``for tile_c, tile_b in hl.tile([M, batch])``, the per-batch scalars loaded
+by each program, the body the same. Channel tiles vary fastest in the launch order, so
+the programs of one batch tile run side by side and share its rows in L2.
+
 ``tp_bwd_w`` tiles over the channel of ``g`` (the innermost weight index for ``uvw``
 and ``uvv``) and unrolls the other one (``uvu``, ``uvv``) or tiles it too (``uvw``:
 an outer product per batch row, ``(tile_b, tile_r, tile_c)``). With shared weights each
@@ -108,6 +114,18 @@ class Tuning:
     partial sums of one-channel outputs: without it ptxas (CUDA 12.8) gave
     nequip_toluene's ``bwd_x2`` 32 registers and 9.9 KB of spills per thread (ncu: 2.5 ms,
     3.6 GB read for 0.77 GB of operands); with it, 255 registers and 3.4 KB.
+
+    ``grid_c`` (1: on, 0: off) makes the channel tiles a second grid axis where that is
+    legal (``_grid_c``): a program then computes ``block_b`` rows x ``block_c`` channels
+    instead of looping over the channel tiles of its rows. A 512-edge mace_large conv
+    otherwise runs 32 programs on the H100's 132 SMs (289 us of device time, GPU-bound,
+    BENCHMARKS.md); with the axis, 128. What the loop shared between channel tiles (the
+    per-row scalars such as ``x2`` / edge-attribute components, the gathered row
+    indices) is then loaded by each program: a few values per row next to the
+    ``block_c``-wide tiles of every component. On by default for the plain tensor product
+    too: its small batches (molecular dynamics) have the same 32-program problem, and at
+    20,000 rows the per-row scalars re-read are under 3% of a mace_large program's bytes
+    while each program holds the same tiles as one iteration of the loop did.
     """
 
     block_b: int = 16
@@ -123,6 +141,7 @@ class Tuning:
     wsum_min_rows: int = 64
     wsum_max_rows: int = 1024
     maxnreg_partials: int | None = 256
+    grid_c: int = 1
 
 
 DEFAULT_TUNING = Tuning()
@@ -374,6 +393,24 @@ def _split(costs: list[int], tuning: Tuning) -> list[list[int]]:
     return groups
 
 
+def _grid_c(tuning: Tuning, groups: list[dict], partial_sums: bool = False) -> bool:
+    """Whether a kernel's channel tiles become a second grid axis (``Tuning.grid_c``).
+
+    Legal when every program's work for one channel tile is independent of the other
+    tiles: each tile writes its own output columns (accumulators are ``(batch,
+    channel)`` tiles, stored or scattered in the same iteration) and nothing is summed
+    across tiles. That holds for every operand and per-row weight kernel body; a
+    ``tile_r`` reduction inside it runs over another operand's channels and stays a
+    loop in the program. It needs one channel group (blocks of different multiplicities
+    loop over different channel ranges) of more than one tile (one tile: nothing to
+    spread). Shared-weight partial sums (``partial_sums``) keep their 1-D grid: their
+    program index is the row of the partial-sum buffer.
+    """
+    if not tuning.grid_c or partial_sums or len(groups) != 1:
+        return False
+    return groups[0]["mul"] > groups[0]["block_c"]
+
+
 def _block_b(tuning: Tuning, elems_3d: int) -> int:
     """Batch rows per program: ``block_b``, fewer when 3-D tiles of ``elems_3d`` per row exist."""
     if elems_3d <= 0:
@@ -471,6 +508,7 @@ class _BlockKernel:
             ),
             "scalars": _sorted_lines(self.scalars),
             "channel_groups": groups,
+            "grid_c": _grid_c(t, groups),
         }
 
     def _emit(self, p: PathIR, g: dict, updates: list[str]) -> bool:
@@ -876,6 +914,7 @@ class _WeightKernel:
             "num_stages": t.num_stages,
             "scalars": _sorted_lines(self.scalars),
             "channel_groups": groups,
+            "grid_c": _grid_c(t, groups, partial_sums=self.shared),
         }
 
     def _emit(self, p: PathIR, block_c: int, direct: dict, reductions: dict) -> None:

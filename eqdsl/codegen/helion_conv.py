@@ -34,6 +34,13 @@ false``), or (``deterministic = true``) a segment reduction: edges stably sorted
 scatter index, CSR row pointers, one program per node looping over its edge range
 (``hl.tile(start, end)``, a data-dependent bound) in a fixed order, accumulating in
 registers and writing each node row once: the same bits every run.
+
+Channel tiles as a grid axis (``Tuning.grid_c``, ``helion_backend._grid_c``): an atomic or
+per-edge kernel runs ``for tile_c, tile_b in hl.tile([M, num_edges])``, a segment kernel
+``for tile_c, tile_n in hl.tile([M, num_nodes], block_size=[block_c, 1])`` with ``node =
+tile_n.begin``: each program owns one node's columns of one channel tile, which no other
+channel tile touches, and sums its edges in the same fixed order (still bitwise
+reproducible). Each program loads the edge indices and per-edge scalars it needs itself.
 """
 
 from __future__ import annotations

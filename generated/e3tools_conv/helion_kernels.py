@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion

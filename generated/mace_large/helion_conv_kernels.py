@@ -17,7 +17,9 @@ The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the
 ``mul x l`` block at column ``offset + k*mul + channel``); node rows are gathered with
 ``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are literals
 and the config is pinned: with ``static_shapes=False`` a new number of nodes or edges
-reuses the compiled kernel.
+reuses the compiled kernel. A kernel whose blocks share one channel count of several
+tiles takes the channel tiles as a second grid axis (``hl.tile([channels, rows])``);
+the others loop over channel tiles in each program.
 """
 
 import helion
@@ -38,7 +40,7 @@ def conv_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16."""
-    for tile_b in hl.tile(src.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([128, src.size(0)], block_size=[32, 16]):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
         sb0_0_0 = y[tile_b, 0][:, None]
@@ -57,417 +59,416 @@ def conv_fwd_0(
         sb3_4_0 = y[tile_b, 13][:, None]
         sb3_5_0 = y[tile_b, 14][:, None]
         sb3_6_0 = y[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x[s_idx, tile_c.index]
-            a1_0 = x[s_idx, 128 + tile_c.index]
-            a1_1 = x[s_idx, 256 + tile_c.index]
-            a1_2 = x[s_idx, 384 + tile_c.index]
-            a2_0 = x[s_idx, 512 + tile_c.index]
-            a2_1 = x[s_idx, 640 + tile_c.index]
-            a2_2 = x[s_idx, 768 + tile_c.index]
-            a2_3 = x[s_idx, 896 + tile_c.index]
-            a2_4 = x[s_idx, 1024 + tile_c.index]
-            # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
-            # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_0)
-            hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc1_1)
-            hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc1_2)
-            # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_0)
-            hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc2_1)
-            hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc2_2)
-            hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc2_3)
-            hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc2_4)
-            # g block 3: 128x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
-            acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
-            acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
-            acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
-            acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
-            acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc3_0)
-            hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc3_1)
-            hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc3_2)
-            hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc3_3)
-            hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc3_4)
-            hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc3_5)
-            hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc3_6)
-            # g block 4: 128x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc4_0)
-            hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc4_1)
-            hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc4_2)
-            # g block 5: 128x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc5_0)
-            # g block 6: 128x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            acc6_2 = acc6_2 + wt6_0 * (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc6_0)
-            hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc6_1)
-            hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc6_2)
-            hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc6_3)
-            hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc6_4)
-            # g block 7: 128x1o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            acc7_1 = acc7_1 + wt7_0 * (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            acc7_2 = acc7_2 + wt7_0 * (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc7_0)
-            hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc7_1)
-            hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc7_2)
-            # g block 8: 128x3o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = weights[tile_b, 1024 + tile_c.index]
-            acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            acc8_1 = acc8_1 + wt8_0 * (
-                0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
-                + 0.5773502691896258 * a1_2 * sb2_1_0
-            )
-            acc8_2 = acc8_2 + wt8_0 * (
-                0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
-                + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
-            )
-            acc8_3 = acc8_3 + wt8_0 * (
-                -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
-                - 0.4472135954999579 * a1_2 * sb2_3_0
-            )
-            acc8_4 = acc8_4 + wt8_0 * (
-                -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
-                + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
-            )
-            acc8_5 = acc8_5 + wt8_0 * (
-                -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
-                + 0.5773502691896258 * a1_2 * sb2_3_0
-            )
-            acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc8_0)
-            hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc8_1)
-            hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc8_2)
-            hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc8_3)
-            hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc8_4)
-            hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc8_5)
-            hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc8_6)
-            # g block 9: 128x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = weights[tile_b, 1152 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            acc9_1 = acc9_1 + wt9_0 * (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            acc9_2 = acc9_2 + wt9_0 * (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            acc9_3 = acc9_3 + wt9_0 * (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            acc9_4 = acc9_4 + wt9_0 * (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc9_0)
-            hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc9_1)
-            hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc9_2)
-            hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc9_3)
-            hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc9_4)
-            # g block 10: 128x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = weights[tile_b, 1280 + tile_c.index]
-            acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
-            acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
-            acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
-            acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
-            acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc10_0)
-            hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc10_1)
-            hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc10_2)
-            hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc10_3)
-            hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc10_4)
-            # g block 11: 128x1o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 1408 + tile_c.index]
-            acc11_0 = acc11_0 + wt11_0 * (
-                0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
-                - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
-            )
-            acc11_1 = acc11_1 + wt11_0 * (
-                0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
-                + 0.5477225575051661 * a2_3 * sb1_2_0
-            )
-            acc11_2 = acc11_2 + wt11_0 * (
-                0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
-                + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
-            )
-            hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc11_0)
-            hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc11_1)
-            hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc11_2)
-            # g block 12: 128x3o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = weights[tile_b, 1536 + tile_c.index]
-            acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            acc12_1 = acc12_1 + wt12_0 * (
-                0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
-                + 0.5773502691896258 * a2_3 * sb1_0_0
-            )
-            acc12_2 = acc12_2 + wt12_0 * (
-                -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
-                + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
-            )
-            acc12_3 = acc12_3 + wt12_0 * (
-                -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
-                - 0.4472135954999579 * a2_3 * sb1_2_0
-            )
-            acc12_4 = acc12_4 + wt12_0 * (
-                -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
-                + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
-            )
-            acc12_5 = acc12_5 + wt12_0 * (
-                -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
-                + 0.5773502691896258 * a2_4 * sb1_1_0
-            )
-            acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc12_0)
-            hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc12_1)
-            hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc12_2)
-            hl.atomic_add(out, [d_idx, 6528 + tile_c.index], acc12_3)
-            hl.atomic_add(out, [d_idx, 6656 + tile_c.index], acc12_4)
-            hl.atomic_add(out, [d_idx, 6784 + tile_c.index], acc12_5)
-            hl.atomic_add(out, [d_idx, 6912 + tile_c.index], acc12_6)
-            # g block 13: 128x0e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = weights[tile_b, 1664 + tile_c.index]
-            acc13_0 = acc13_0 + wt13_0 * (
-                0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
-                + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
-                + 0.4472135954999579 * a2_4 * sb2_4_0
-            )
-            hl.atomic_add(out, [d_idx, 7040 + tile_c.index], acc13_0)
-            # g block 14: 128x2e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = weights[tile_b, 1792 + tile_c.index]
-            acc14_0 = acc14_0 + wt14_0 * (
-                -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
-                - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
-            )
-            acc14_1 = acc14_1 + wt14_0 * (
-                0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
-                - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
-                + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
-            )
-            acc14_2 = acc14_2 + wt14_0 * (
-                -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
-                + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
-                - 0.5345224838248488 * a2_4 * sb2_4_0
-            )
-            acc14_3 = acc14_3 + wt14_0 * (
-                0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
-                + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
-                + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
-            )
-            acc14_4 = acc14_4 + wt14_0 * (
-                -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
-                + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
-            )
-            hl.atomic_add(out, [d_idx, 7168 + tile_c.index], acc14_0)
-            hl.atomic_add(out, [d_idx, 7296 + tile_c.index], acc14_1)
-            hl.atomic_add(out, [d_idx, 7424 + tile_c.index], acc14_2)
-            hl.atomic_add(out, [d_idx, 7552 + tile_c.index], acc14_3)
-            hl.atomic_add(out, [d_idx, 7680 + tile_c.index], acc14_4)
-            # g block 15: 128x1o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 1920 + tile_c.index]
-            acc15_0 = acc15_0 + wt15_0 * (
-                -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
-                - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
-                + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
-                + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
-            )
-            acc15_1 = acc15_1 + wt15_0 * (
-                0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
-                + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
-                + 0.3779644730092272 * a2_4 * sb3_5_0
-            )
-            acc15_2 = acc15_2 + wt15_0 * (
-                0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
-                + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
-                - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
-                - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
-            )
-            hl.atomic_add(out, [d_idx, 7808 + tile_c.index], acc15_0)
-            hl.atomic_add(out, [d_idx, 7936 + tile_c.index], acc15_1)
-            hl.atomic_add(out, [d_idx, 8064 + tile_c.index], acc15_2)
-            # g block 16: 128x3o (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = weights[tile_b, 2048 + tile_c.index]
-            acc16_0 = acc16_0 + wt16_0 * (
-                -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
-                - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_2_0
-            )
-            acc16_1 = acc16_1 + wt16_0 * (
-                -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
-                - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
-                + 0.3535533905932738 * a2_3 * sb3_2_0
-            )
-            acc16_2 = acc16_2 + wt16_0 * (
-                0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
-                + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
-                + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
-            )
-            acc16_3 = acc16_3 + wt16_0 * (
-                -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
-                + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
-                - 0.5773502691896258 * a2_4 * sb3_5_0
-            )
-            acc16_4 = acc16_4 + wt16_0 * (
-                -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
-                + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
-                + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
-                + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
-            )
-            acc16_5 = acc16_5 + wt16_0 * (
-                0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
-                + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
-                - 0.5773502691896258 * a2_4 * sb3_3_0
-            )
-            acc16_6 = acc16_6 + wt16_0 * (
-                0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
-                - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
-                - 0.2886751345948129 * a2_4 * sb3_4_0
-            )
-            hl.atomic_add(out, [d_idx, 8192 + tile_c.index], acc16_0)
-            hl.atomic_add(out, [d_idx, 8320 + tile_c.index], acc16_1)
-            hl.atomic_add(out, [d_idx, 8448 + tile_c.index], acc16_2)
-            hl.atomic_add(out, [d_idx, 8576 + tile_c.index], acc16_3)
-            hl.atomic_add(out, [d_idx, 8704 + tile_c.index], acc16_4)
-            hl.atomic_add(out, [d_idx, 8832 + tile_c.index], acc16_5)
-            hl.atomic_add(out, [d_idx, 8960 + tile_c.index], acc16_6)
+        a0_0 = x[s_idx, tile_c.index]
+        a1_0 = x[s_idx, 128 + tile_c.index]
+        a1_1 = x[s_idx, 256 + tile_c.index]
+        a1_2 = x[s_idx, 384 + tile_c.index]
+        a2_0 = x[s_idx, 512 + tile_c.index]
+        a2_1 = x[s_idx, 640 + tile_c.index]
+        a2_2 = x[s_idx, 768 + tile_c.index]
+        a2_3 = x[s_idx, 896 + tile_c.index]
+        a2_4 = x[s_idx, 1024 + tile_c.index]
+        # g block 0: 128x0e (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
+        # g block 1: 128x1o (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_0)
+        hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc1_1)
+        hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc1_2)
+        # g block 2: 128x2e (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_0)
+        hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc2_1)
+        hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc2_2)
+        hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc2_3)
+        hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc2_4)
+        # g block 3: 128x3o (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
+        acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
+        acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
+        acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
+        acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
+        acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
+        hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc3_0)
+        hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc3_1)
+        hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc3_2)
+        hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc3_3)
+        hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc3_4)
+        hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc3_5)
+        hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc3_6)
+        # g block 4: 128x1o (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc4_0)
+        hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc4_1)
+        hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc4_2)
+        # g block 5: 128x0e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc5_0)
+        # g block 6: 128x2e (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        acc6_2 = acc6_2 + wt6_0 * (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc6_0)
+        hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc6_1)
+        hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc6_2)
+        hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc6_3)
+        hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc6_4)
+        # g block 7: 128x1o (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        acc7_1 = acc7_1 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        acc7_2 = acc7_2 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc7_0)
+        hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc7_1)
+        hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc7_2)
+        # g block 8: 128x3o (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        wt8_0 = weights[tile_b, 1024 + tile_c.index]
+        acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+        acc8_1 = acc8_1 + wt8_0 * (
+            0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
+            + 0.5773502691896258 * a1_2 * sb2_1_0
+        )
+        acc8_2 = acc8_2 + wt8_0 * (
+            0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
+            + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
+        )
+        acc8_3 = acc8_3 + wt8_0 * (
+            -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
+            - 0.4472135954999579 * a1_2 * sb2_3_0
+        )
+        acc8_4 = acc8_4 + wt8_0 * (
+            -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
+            + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
+        )
+        acc8_5 = acc8_5 + wt8_0 * (
+            -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
+            + 0.5773502691896258 * a1_2 * sb2_3_0
+        )
+        acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+        hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc8_0)
+        hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc8_1)
+        hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc8_2)
+        hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc8_3)
+        hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc8_4)
+        hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc8_5)
+        hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc8_6)
+        # g block 9: 128x2e (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt9_0 = weights[tile_b, 1152 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        acc9_1 = acc9_1 + wt9_0 * (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        acc9_2 = acc9_2 + wt9_0 * (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        acc9_3 = acc9_3 + wt9_0 * (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        acc9_4 = acc9_4 + wt9_0 * (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc9_0)
+        hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc9_1)
+        hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc9_2)
+        hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc9_3)
+        hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc9_4)
+        # g block 10: 128x2e (1 path)
+        acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        wt10_0 = weights[tile_b, 1280 + tile_c.index]
+        acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
+        acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
+        acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
+        acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
+        acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc10_0)
+        hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc10_1)
+        hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc10_2)
+        hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc10_3)
+        hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc10_4)
+        # g block 11: 128x1o (1 path)
+        acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 1408 + tile_c.index]
+        acc11_0 = acc11_0 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
+            - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
+        )
+        acc11_1 = acc11_1 + wt11_0 * (
+            0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
+            + 0.5477225575051661 * a2_3 * sb1_2_0
+        )
+        acc11_2 = acc11_2 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
+            + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
+        )
+        hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc11_0)
+        hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc11_1)
+        hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc11_2)
+        # g block 12: 128x3o (1 path)
+        acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        wt12_0 = weights[tile_b, 1536 + tile_c.index]
+        acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+        acc12_1 = acc12_1 + wt12_0 * (
+            0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
+            + 0.5773502691896258 * a2_3 * sb1_0_0
+        )
+        acc12_2 = acc12_2 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
+            + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
+        )
+        acc12_3 = acc12_3 + wt12_0 * (
+            -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
+            - 0.4472135954999579 * a2_3 * sb1_2_0
+        )
+        acc12_4 = acc12_4 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
+            + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
+        )
+        acc12_5 = acc12_5 + wt12_0 * (
+            -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
+            + 0.5773502691896258 * a2_4 * sb1_1_0
+        )
+        acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc12_0)
+        hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc12_1)
+        hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc12_2)
+        hl.atomic_add(out, [d_idx, 6528 + tile_c.index], acc12_3)
+        hl.atomic_add(out, [d_idx, 6656 + tile_c.index], acc12_4)
+        hl.atomic_add(out, [d_idx, 6784 + tile_c.index], acc12_5)
+        hl.atomic_add(out, [d_idx, 6912 + tile_c.index], acc12_6)
+        # g block 13: 128x0e (1 path)
+        acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        wt13_0 = weights[tile_b, 1664 + tile_c.index]
+        acc13_0 = acc13_0 + wt13_0 * (
+            0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
+            + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
+            + 0.4472135954999579 * a2_4 * sb2_4_0
+        )
+        hl.atomic_add(out, [d_idx, 7040 + tile_c.index], acc13_0)
+        # g block 14: 128x2e (1 path)
+        acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        wt14_0 = weights[tile_b, 1792 + tile_c.index]
+        acc14_0 = acc14_0 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
+            - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
+        )
+        acc14_1 = acc14_1 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
+            - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
+            + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
+        )
+        acc14_2 = acc14_2 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
+            + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
+            - 0.5345224838248488 * a2_4 * sb2_4_0
+        )
+        acc14_3 = acc14_3 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
+            + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
+            + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
+        )
+        acc14_4 = acc14_4 + wt14_0 * (
+            -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
+            + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
+        )
+        hl.atomic_add(out, [d_idx, 7168 + tile_c.index], acc14_0)
+        hl.atomic_add(out, [d_idx, 7296 + tile_c.index], acc14_1)
+        hl.atomic_add(out, [d_idx, 7424 + tile_c.index], acc14_2)
+        hl.atomic_add(out, [d_idx, 7552 + tile_c.index], acc14_3)
+        hl.atomic_add(out, [d_idx, 7680 + tile_c.index], acc14_4)
+        # g block 15: 128x1o (1 path)
+        acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 1920 + tile_c.index]
+        acc15_0 = acc15_0 + wt15_0 * (
+            -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
+            - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
+            + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
+            + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
+        )
+        acc15_1 = acc15_1 + wt15_0 * (
+            0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
+            + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
+            + 0.3779644730092272 * a2_4 * sb3_5_0
+        )
+        acc15_2 = acc15_2 + wt15_0 * (
+            0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
+            + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
+            - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
+            - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
+        )
+        hl.atomic_add(out, [d_idx, 7808 + tile_c.index], acc15_0)
+        hl.atomic_add(out, [d_idx, 7936 + tile_c.index], acc15_1)
+        hl.atomic_add(out, [d_idx, 8064 + tile_c.index], acc15_2)
+        # g block 16: 128x3o (1 path)
+        acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        wt16_0 = weights[tile_b, 2048 + tile_c.index]
+        acc16_0 = acc16_0 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
+            - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_2_0
+        )
+        acc16_1 = acc16_1 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
+            - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
+            + 0.3535533905932738 * a2_3 * sb3_2_0
+        )
+        acc16_2 = acc16_2 + wt16_0 * (
+            0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
+            + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
+            + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
+        )
+        acc16_3 = acc16_3 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
+            + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
+            - 0.5773502691896258 * a2_4 * sb3_5_0
+        )
+        acc16_4 = acc16_4 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
+            + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
+            + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
+            + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
+        )
+        acc16_5 = acc16_5 + wt16_0 * (
+            0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
+            + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
+            - 0.5773502691896258 * a2_4 * sb3_3_0
+        )
+        acc16_6 = acc16_6 + wt16_0 * (
+            0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
+            - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
+            - 0.2886751345948129 * a2_4 * sb3_4_0
+        )
+        hl.atomic_add(out, [d_idx, 8192 + tile_c.index], acc16_0)
+        hl.atomic_add(out, [d_idx, 8320 + tile_c.index], acc16_1)
+        hl.atomic_add(out, [d_idx, 8448 + tile_c.index], acc16_2)
+        hl.atomic_add(out, [d_idx, 8576 + tile_c.index], acc16_3)
+        hl.atomic_add(out, [d_idx, 8704 + tile_c.index], acc16_4)
+        hl.atomic_add(out, [d_idx, 8832 + tile_c.index], acc16_5)
+        hl.atomic_add(out, [d_idx, 8960 + tile_c.index], acc16_6)
 
 
 @helion.kernel(
@@ -483,7 +484,7 @@ def conv_bwd_x1_0(
     gx: torch.Tensor,
 ) -> None:
     """Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-2; paths 0-16."""
-    for tile_b in hl.tile(src.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([128, src.size(0)], block_size=[32, 16]):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
         sb0_0_0 = y[tile_b, 0][:, None]
@@ -502,329 +503,328 @@ def conv_bwd_x1_0(
         sb3_4_0 = y[tile_b, 13][:, None]
         sb3_5_0 = y[tile_b, 14][:, None]
         sb3_6_0 = y[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            g0_0 = g[d_idx, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            g1_0 = g[d_idx, 128 + tile_c.index]
-            g1_1 = g[d_idx, 256 + tile_c.index]
-            g1_2 = g[d_idx, 384 + tile_c.index]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            g2_0 = g[d_idx, 512 + tile_c.index]
-            g2_1 = g[d_idx, 640 + tile_c.index]
-            g2_2 = g[d_idx, 768 + tile_c.index]
-            g2_3 = g[d_idx, 896 + tile_c.index]
-            g2_4 = g[d_idx, 1024 + tile_c.index]
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            g3_0 = g[d_idx, 1152 + tile_c.index]
-            g3_1 = g[d_idx, 1280 + tile_c.index]
-            g3_2 = g[d_idx, 1408 + tile_c.index]
-            g3_3 = g[d_idx, 1536 + tile_c.index]
-            g3_4 = g[d_idx, 1664 + tile_c.index]
-            g3_5 = g[d_idx, 1792 + tile_c.index]
-            g3_6 = g[d_idx, 1920 + tile_c.index]
-            acc0_0 = acc0_0 + wt3_0 * (
-                1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
-                + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
-                + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
-                + 1.0000000000000002 * g3_6 * sb3_6_0
-            )
-            hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
-            # x1 block 1: 128x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            g4_0 = g[d_idx, 2048 + tile_c.index]
-            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            g4_1 = g[d_idx, 2176 + tile_c.index]
-            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            g4_2 = g[d_idx, 2304 + tile_c.index]
-            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            g5_0 = g[d_idx, 2432 + tile_c.index]
-            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            g6_0 = g[d_idx, 2560 + tile_c.index]
-            g6_1 = g[d_idx, 2688 + tile_c.index]
-            g6_2 = g[d_idx, 2816 + tile_c.index]
-            g6_4 = g[d_idx, 3072 + tile_c.index]
-            acc1_0 = acc1_0 + wt6_0 * (
-                0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
-                - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
-            )
-            g6_3 = g[d_idx, 2944 + tile_c.index]
-            acc1_1 = acc1_1 + wt6_0 * (
-                0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
-                + 0.7071067811865476 * g6_3 * sb1_2_0
-            )
-            acc1_2 = acc1_2 + wt6_0 * (
-                0.7071067811865476 * g6_0 * sb1_0_0 - 0.408248290463863 * g6_2 * sb1_2_0
-                + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
-            )
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            g7_0 = g[d_idx, 3200 + tile_c.index]
-            g7_1 = g[d_idx, 3328 + tile_c.index]
-            g7_2 = g[d_idx, 3456 + tile_c.index]
-            acc1_0 = acc1_0 + wt7_0 * (
-                -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
-                + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
-            )
-            acc1_1 = acc1_1 + wt7_0 * (
-                0.5477225575051661 * g7_0 * sb2_1_0 + 0.6324555320336758 * g7_1 * sb2_2_0
-                + 0.5477225575051661 * g7_2 * sb2_3_0
-            )
-            acc1_2 = acc1_2 + wt7_0 * (
-                0.5477225575051661 * g7_0 * sb2_0_0 + 0.5477225575051661 * g7_1 * sb2_3_0
-                - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
-            )
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = weights[tile_b, 1024 + tile_c.index]
-            g8_0 = g[d_idx, 3584 + tile_c.index]
-            g8_1 = g[d_idx, 3712 + tile_c.index]
-            g8_2 = g[d_idx, 3840 + tile_c.index]
-            g8_3 = g[d_idx, 3968 + tile_c.index]
-            g8_4 = g[d_idx, 4096 + tile_c.index]
-            g8_5 = g[d_idx, 4224 + tile_c.index]
-            g8_6 = g[d_idx, 4352 + tile_c.index]
-            acc1_0 = acc1_0 + wt8_0 * (
-                0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
-                + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
-                - 0.4472135954999579 * g8_3 * sb2_1_0 - 0.18257418583505539 * g8_4 * sb2_0_0
-                - 0.5773502691896258 * g8_5 * sb2_1_0 - 0.7071067811865476 * g8_6 * sb2_0_0
-            )
-            acc1_1 = acc1_1 + wt8_0 * (
-                0.5773502691896258 * g8_1 * sb2_0_0 + 0.7302967433402215 * g8_2 * sb2_1_0
-                + 0.7745966692414835 * g8_3 * sb2_2_0 + 0.7302967433402215 * g8_4 * sb2_3_0
-                + 0.5773502691896258 * g8_5 * sb2_4_0
-            )
-            acc1_2 = acc1_2 + wt8_0 * (
-                0.7071067811865476 * g8_0 * sb2_0_0 + 0.5773502691896258 * g8_1 * sb2_1_0
-                - 0.18257418583505539 * g8_2 * sb2_0_0 - 0.4472135954999579 * g8_3 * sb2_3_0
-                + 0.6324555320336759 * g8_4 * sb2_2_0 - 0.18257418583505539 * g8_4 * sb2_4_0
-                + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
-            )
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = weights[tile_b, 1152 + tile_c.index]
-            g9_0 = g[d_idx, 4480 + tile_c.index]
-            g9_1 = g[d_idx, 4608 + tile_c.index]
-            g9_2 = g[d_idx, 4736 + tile_c.index]
-            g9_3 = g[d_idx, 4864 + tile_c.index]
-            g9_4 = g[d_idx, 4992 + tile_c.index]
-            acc1_0 = acc1_0 + wt9_0 * (
-                -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
-                - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
-                + 0.5345224838248488 * g9_2 * sb3_2_0 + 0.48795003647426666 * g9_3 * sb3_1_0
-                + 0.5976143046671969 * g9_4 * sb3_0_0 + 0.1543033499620919 * g9_4 * sb3_2_0
-            )
-            acc1_1 = acc1_1 + wt9_0 * (
-                0.48795003647426666 * g9_0 * sb3_1_0 + 0.6172133998483676 * g9_1 * sb3_2_0
-                + 0.6546536707079772 * g9_2 * sb3_3_0 + 0.6172133998483676 * g9_3 * sb3_4_0
-                + 0.48795003647426666 * g9_4 * sb3_5_0
-            )
-            acc1_2 = acc1_2 + wt9_0 * (
-                0.5976143046671969 * g9_0 * sb3_0_0 - 0.1543033499620919 * g9_0 * sb3_2_0
-                + 0.48795003647426666 * g9_1 * sb3_1_0 + 0.5345224838248488 * g9_2 * sb3_4_0
-                - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
-                - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
-            )
-            hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc1_0)
-            hl.atomic_add(gx, [s_idx, 256 + tile_c.index], acc1_1)
-            hl.atomic_add(gx, [s_idx, 384 + tile_c.index], acc1_2)
-            # x1 block 2: 128x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = weights[tile_b, 1280 + tile_c.index]
-            g10_0 = g[d_idx, 5120 + tile_c.index]
-            acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
-            g10_1 = g[d_idx, 5248 + tile_c.index]
-            acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
-            g10_2 = g[d_idx, 5376 + tile_c.index]
-            acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
-            g10_3 = g[d_idx, 5504 + tile_c.index]
-            acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
-            g10_4 = g[d_idx, 5632 + tile_c.index]
-            acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 1408 + tile_c.index]
-            g11_0 = g[d_idx, 5760 + tile_c.index]
-            g11_2 = g[d_idx, 6016 + tile_c.index]
-            acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
-            g11_1 = g[d_idx, 5888 + tile_c.index]
-            acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
-            acc2_2 = acc2_2 + wt11_0 * (
-                -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
-                - 0.3162277660168379 * g11_2 * sb1_2_0
-            )
-            acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
-            acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = weights[tile_b, 1536 + tile_c.index]
-            g12_0 = g[d_idx, 6144 + tile_c.index]
-            g12_1 = g[d_idx, 6272 + tile_c.index]
-            g12_2 = g[d_idx, 6400 + tile_c.index]
-            g12_4 = g[d_idx, 6656 + tile_c.index]
-            g12_6 = g[d_idx, 6912 + tile_c.index]
-            acc2_0 = acc2_0 + wt12_0 * (
-                0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
-                - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
-                - 0.7071067811865476 * g12_6 * sb1_0_0
-            )
-            g12_3 = g[d_idx, 6528 + tile_c.index]
-            g12_5 = g[d_idx, 6784 + tile_c.index]
-            acc2_1 = acc2_1 + wt12_0 * (
-                0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
-                - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
-            )
-            acc2_2 = acc2_2 + wt12_0 * (
-                0.6324555320336759 * g12_2 * sb1_0_0 + 0.7745966692414835 * g12_3 * sb1_1_0
-                + 0.6324555320336759 * g12_4 * sb1_2_0
-            )
-            acc2_3 = acc2_3 + wt12_0 * (
-                0.5773502691896258 * g12_1 * sb1_0_0 - 0.4472135954999579 * g12_3 * sb1_2_0
-                + 0.7302967433402215 * g12_4 * sb1_1_0 + 0.5773502691896258 * g12_5 * sb1_2_0
-            )
-            acc2_4 = acc2_4 + wt12_0 * (
-                0.7071067811865476 * g12_0 * sb1_0_0 + 0.18257418583505539 * g12_2 * sb1_0_0
-                - 0.18257418583505539 * g12_4 * sb1_2_0 + 0.5773502691896258 * g12_5 * sb1_1_0
-                + 0.7071067811865476 * g12_6 * sb1_2_0
-            )
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = weights[tile_b, 1664 + tile_c.index]
-            g13_0 = g[d_idx, 7040 + tile_c.index]
-            acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = weights[tile_b, 1792 + tile_c.index]
-            g14_0 = g[d_idx, 7168 + tile_c.index]
-            g14_1 = g[d_idx, 7296 + tile_c.index]
-            g14_2 = g[d_idx, 7424 + tile_c.index]
-            g14_3 = g[d_idx, 7552 + tile_c.index]
-            acc2_0 = acc2_0 + wt14_0 * (
-                -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
-                - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
-            )
-            g14_4 = g[d_idx, 7680 + tile_c.index]
-            acc2_1 = acc2_1 + wt14_0 * (
-                0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
-                - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
-                + 0.4629100498862757 * g14_3 * sb2_0_0 - 0.4629100498862757 * g14_4 * sb2_1_0
-            )
-            acc2_2 = acc2_2 + wt14_0 * (
-                -0.5345224838248488 * g14_0 * sb2_0_0 + 0.2672612419124244 * g14_1 * sb2_1_0
-                + 0.5345224838248488 * g14_2 * sb2_2_0 + 0.2672612419124244 * g14_3 * sb2_3_0
-                - 0.5345224838248488 * g14_4 * sb2_4_0
-            )
-            acc2_3 = acc2_3 + wt14_0 * (
-                0.4629100498862757 * g14_0 * sb2_1_0 + 0.4629100498862757 * g14_1 * sb2_0_0
-                + 0.2672612419124244 * g14_2 * sb2_3_0 + 0.2672612419124244 * g14_3 * sb2_2_0
-                + 0.4629100498862757 * g14_3 * sb2_4_0 + 0.4629100498862757 * g14_4 * sb2_3_0
-            )
-            acc2_4 = acc2_4 + wt14_0 * (
-                -0.4629100498862757 * g14_1 * sb2_1_0 - 0.5345224838248488 * g14_2 * sb2_4_0
-                + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
-            )
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 1920 + tile_c.index]
-            g15_0 = g[d_idx, 7808 + tile_c.index]
-            g15_1 = g[d_idx, 7936 + tile_c.index]
-            g15_2 = g[d_idx, 8064 + tile_c.index]
-            acc2_0 = acc2_0 + wt15_0 * (
-                -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
-                + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
-                - 0.11952286093343936 * g15_2 * sb3_2_0
-            )
-            acc2_1 = acc2_1 + wt15_0 * (
-                -0.2927700218845599 * g15_0 * sb3_3_0 - 0.3779644730092272 * g15_0 * sb3_5_0
-                + 0.47809144373375745 * g15_1 * sb3_2_0 + 0.3779644730092272 * g15_2 * sb3_1_0
-            )
-            acc2_2 = acc2_2 + wt15_0 * (
-                0.4140393356054125 * g15_0 * sb3_2_0 + 0.50709255283711 * g15_1 * sb3_3_0
-                + 0.4140393356054125 * g15_2 * sb3_4_0
-            )
-            acc2_3 = acc2_3 + wt15_0 * (
-                0.3779644730092272 * g15_0 * sb3_1_0 + 0.47809144373375745 * g15_1 * sb3_4_0
-                - 0.2927700218845599 * g15_2 * sb3_3_0 + 0.3779644730092272 * g15_2 * sb3_5_0
-            )
-            acc2_4 = acc2_4 + wt15_0 * (
-                0.4629100498862757 * g15_0 * sb3_0_0 + 0.11952286093343936 * g15_0 * sb3_2_0
-                + 0.3779644730092272 * g15_1 * sb3_5_0 - 0.11952286093343936 * g15_2 * sb3_4_0
-                + 0.4629100498862757 * g15_2 * sb3_6_0
-            )
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = weights[tile_b, 2048 + tile_c.index]
-            g16_0 = g[d_idx, 8192 + tile_c.index]
-            g16_1 = g[d_idx, 8320 + tile_c.index]
-            g16_2 = g[d_idx, 8448 + tile_c.index]
-            g16_3 = g[d_idx, 8576 + tile_c.index]
-            g16_4 = g[d_idx, 8704 + tile_c.index]
-            g16_6 = g[d_idx, 8960 + tile_c.index]
-            acc2_0 = acc2_0 + wt16_0 * (
-                -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
-                + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
-                - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
-                + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
-            )
-            g16_5 = g[d_idx, 8832 + tile_c.index]
-            acc2_1 = acc2_1 + wt16_0 * (
-                0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
-                - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
-                - 0.3535533905932738 * g16_2 * sb3_5_0 + 0.18257418583505539 * g16_3 * sb3_2_0
-                + 0.3535533905932738 * g16_4 * sb3_1_0 + 0.45643546458763845 * g16_5 * sb3_0_0
-                - 0.3535533905932738 * g16_5 * sb3_2_0 - 0.45643546458763845 * g16_6 * sb3_1_0
-            )
-            acc2_2 = acc2_2 + wt16_0 * (
-                -0.6454972243679029 * g16_0 * sb3_0_0 + 0.38729833462074176 * g16_2 * sb3_2_0
-                + 0.5163977794943223 * g16_3 * sb3_3_0 + 0.38729833462074176 * g16_4 * sb3_4_0
-                - 0.6454972243679029 * g16_6 * sb3_6_0
-            )
-            acc2_3 = acc2_3 + wt16_0 * (
-                0.45643546458763845 * g16_0 * sb3_1_0 + 0.45643546458763845 * g16_1 * sb3_0_0
-                + 0.3535533905932738 * g16_1 * sb3_2_0 + 0.3535533905932738 * g16_2 * sb3_1_0
-                + 0.18257418583505539 * g16_3 * sb3_4_0 + 0.18257418583505539 * g16_4 * sb3_3_0
-                + 0.3535533905932738 * g16_4 * sb3_5_0 + 0.3535533905932738 * g16_5 * sb3_4_0
-                + 0.45643546458763845 * g16_5 * sb3_6_0 + 0.45643546458763845 * g16_6 * sb3_5_0
-            )
-            acc2_4 = acc2_4 + wt16_0 * (
-                -0.2886751345948129 * g16_0 * sb3_2_0 - 0.2886751345948129 * g16_2 * sb3_0_0
-                - 0.4472135954999579 * g16_2 * sb3_2_0 - 0.5773502691896258 * g16_3 * sb3_5_0
-                + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
-                - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
-            )
-            hl.atomic_add(gx, [s_idx, 512 + tile_c.index], acc2_0)
-            hl.atomic_add(gx, [s_idx, 640 + tile_c.index], acc2_1)
-            hl.atomic_add(gx, [s_idx, 768 + tile_c.index], acc2_2)
-            hl.atomic_add(gx, [s_idx, 896 + tile_c.index], acc2_3)
-            hl.atomic_add(gx, [s_idx, 1024 + tile_c.index], acc2_4)
+        # x1 block 0: 128x0e (4 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        g0_0 = g[d_idx, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        g1_0 = g[d_idx, 128 + tile_c.index]
+        g1_1 = g[d_idx, 256 + tile_c.index]
+        g1_2 = g[d_idx, 384 + tile_c.index]
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        g2_0 = g[d_idx, 512 + tile_c.index]
+        g2_1 = g[d_idx, 640 + tile_c.index]
+        g2_2 = g[d_idx, 768 + tile_c.index]
+        g2_3 = g[d_idx, 896 + tile_c.index]
+        g2_4 = g[d_idx, 1024 + tile_c.index]
+        acc0_0 = acc0_0 + wt2_0 * (
+            g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+            + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+            + g2_4 * sb2_4_0
+        )
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        g3_0 = g[d_idx, 1152 + tile_c.index]
+        g3_1 = g[d_idx, 1280 + tile_c.index]
+        g3_2 = g[d_idx, 1408 + tile_c.index]
+        g3_3 = g[d_idx, 1536 + tile_c.index]
+        g3_4 = g[d_idx, 1664 + tile_c.index]
+        g3_5 = g[d_idx, 1792 + tile_c.index]
+        g3_6 = g[d_idx, 1920 + tile_c.index]
+        acc0_0 = acc0_0 + wt3_0 * (
+            1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
+            + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
+            + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
+            + 1.0000000000000002 * g3_6 * sb3_6_0
+        )
+        hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
+        # x1 block 1: 128x1o (6 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        g4_0 = g[d_idx, 2048 + tile_c.index]
+        acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+        g4_1 = g[d_idx, 2176 + tile_c.index]
+        acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+        g4_2 = g[d_idx, 2304 + tile_c.index]
+        acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        g5_0 = g[d_idx, 2432 + tile_c.index]
+        acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        g6_0 = g[d_idx, 2560 + tile_c.index]
+        g6_1 = g[d_idx, 2688 + tile_c.index]
+        g6_2 = g[d_idx, 2816 + tile_c.index]
+        g6_4 = g[d_idx, 3072 + tile_c.index]
+        acc1_0 = acc1_0 + wt6_0 * (
+            0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
+            - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
+        )
+        g6_3 = g[d_idx, 2944 + tile_c.index]
+        acc1_1 = acc1_1 + wt6_0 * (
+            0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
+            + 0.7071067811865476 * g6_3 * sb1_2_0
+        )
+        acc1_2 = acc1_2 + wt6_0 * (
+            0.7071067811865476 * g6_0 * sb1_0_0 - 0.408248290463863 * g6_2 * sb1_2_0
+            + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
+        )
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        g7_0 = g[d_idx, 3200 + tile_c.index]
+        g7_1 = g[d_idx, 3328 + tile_c.index]
+        g7_2 = g[d_idx, 3456 + tile_c.index]
+        acc1_0 = acc1_0 + wt7_0 * (
+            -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
+            + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
+        )
+        acc1_1 = acc1_1 + wt7_0 * (
+            0.5477225575051661 * g7_0 * sb2_1_0 + 0.6324555320336758 * g7_1 * sb2_2_0
+            + 0.5477225575051661 * g7_2 * sb2_3_0
+        )
+        acc1_2 = acc1_2 + wt7_0 * (
+            0.5477225575051661 * g7_0 * sb2_0_0 + 0.5477225575051661 * g7_1 * sb2_3_0
+            - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
+        )
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        wt8_0 = weights[tile_b, 1024 + tile_c.index]
+        g8_0 = g[d_idx, 3584 + tile_c.index]
+        g8_1 = g[d_idx, 3712 + tile_c.index]
+        g8_2 = g[d_idx, 3840 + tile_c.index]
+        g8_3 = g[d_idx, 3968 + tile_c.index]
+        g8_4 = g[d_idx, 4096 + tile_c.index]
+        g8_5 = g[d_idx, 4224 + tile_c.index]
+        g8_6 = g[d_idx, 4352 + tile_c.index]
+        acc1_0 = acc1_0 + wt8_0 * (
+            0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
+            + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
+            - 0.4472135954999579 * g8_3 * sb2_1_0 - 0.18257418583505539 * g8_4 * sb2_0_0
+            - 0.5773502691896258 * g8_5 * sb2_1_0 - 0.7071067811865476 * g8_6 * sb2_0_0
+        )
+        acc1_1 = acc1_1 + wt8_0 * (
+            0.5773502691896258 * g8_1 * sb2_0_0 + 0.7302967433402215 * g8_2 * sb2_1_0
+            + 0.7745966692414835 * g8_3 * sb2_2_0 + 0.7302967433402215 * g8_4 * sb2_3_0
+            + 0.5773502691896258 * g8_5 * sb2_4_0
+        )
+        acc1_2 = acc1_2 + wt8_0 * (
+            0.7071067811865476 * g8_0 * sb2_0_0 + 0.5773502691896258 * g8_1 * sb2_1_0
+            - 0.18257418583505539 * g8_2 * sb2_0_0 - 0.4472135954999579 * g8_3 * sb2_3_0
+            + 0.6324555320336759 * g8_4 * sb2_2_0 - 0.18257418583505539 * g8_4 * sb2_4_0
+            + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
+        )
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt9_0 = weights[tile_b, 1152 + tile_c.index]
+        g9_0 = g[d_idx, 4480 + tile_c.index]
+        g9_1 = g[d_idx, 4608 + tile_c.index]
+        g9_2 = g[d_idx, 4736 + tile_c.index]
+        g9_3 = g[d_idx, 4864 + tile_c.index]
+        g9_4 = g[d_idx, 4992 + tile_c.index]
+        acc1_0 = acc1_0 + wt9_0 * (
+            -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
+            - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
+            + 0.5345224838248488 * g9_2 * sb3_2_0 + 0.48795003647426666 * g9_3 * sb3_1_0
+            + 0.5976143046671969 * g9_4 * sb3_0_0 + 0.1543033499620919 * g9_4 * sb3_2_0
+        )
+        acc1_1 = acc1_1 + wt9_0 * (
+            0.48795003647426666 * g9_0 * sb3_1_0 + 0.6172133998483676 * g9_1 * sb3_2_0
+            + 0.6546536707079772 * g9_2 * sb3_3_0 + 0.6172133998483676 * g9_3 * sb3_4_0
+            + 0.48795003647426666 * g9_4 * sb3_5_0
+        )
+        acc1_2 = acc1_2 + wt9_0 * (
+            0.5976143046671969 * g9_0 * sb3_0_0 - 0.1543033499620919 * g9_0 * sb3_2_0
+            + 0.48795003647426666 * g9_1 * sb3_1_0 + 0.5345224838248488 * g9_2 * sb3_4_0
+            - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
+            - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
+        )
+        hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc1_0)
+        hl.atomic_add(gx, [s_idx, 256 + tile_c.index], acc1_1)
+        hl.atomic_add(gx, [s_idx, 384 + tile_c.index], acc1_2)
+        # x1 block 2: 128x2e (7 paths)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx.dtype)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        wt10_0 = weights[tile_b, 1280 + tile_c.index]
+        g10_0 = g[d_idx, 5120 + tile_c.index]
+        acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
+        g10_1 = g[d_idx, 5248 + tile_c.index]
+        acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
+        g10_2 = g[d_idx, 5376 + tile_c.index]
+        acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
+        g10_3 = g[d_idx, 5504 + tile_c.index]
+        acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
+        g10_4 = g[d_idx, 5632 + tile_c.index]
+        acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 1408 + tile_c.index]
+        g11_0 = g[d_idx, 5760 + tile_c.index]
+        g11_2 = g[d_idx, 6016 + tile_c.index]
+        acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
+        g11_1 = g[d_idx, 5888 + tile_c.index]
+        acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
+        acc2_2 = acc2_2 + wt11_0 * (
+            -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
+            - 0.3162277660168379 * g11_2 * sb1_2_0
+        )
+        acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
+        acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        wt12_0 = weights[tile_b, 1536 + tile_c.index]
+        g12_0 = g[d_idx, 6144 + tile_c.index]
+        g12_1 = g[d_idx, 6272 + tile_c.index]
+        g12_2 = g[d_idx, 6400 + tile_c.index]
+        g12_4 = g[d_idx, 6656 + tile_c.index]
+        g12_6 = g[d_idx, 6912 + tile_c.index]
+        acc2_0 = acc2_0 + wt12_0 * (
+            0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
+            - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
+            - 0.7071067811865476 * g12_6 * sb1_0_0
+        )
+        g12_3 = g[d_idx, 6528 + tile_c.index]
+        g12_5 = g[d_idx, 6784 + tile_c.index]
+        acc2_1 = acc2_1 + wt12_0 * (
+            0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
+            - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
+        )
+        acc2_2 = acc2_2 + wt12_0 * (
+            0.6324555320336759 * g12_2 * sb1_0_0 + 0.7745966692414835 * g12_3 * sb1_1_0
+            + 0.6324555320336759 * g12_4 * sb1_2_0
+        )
+        acc2_3 = acc2_3 + wt12_0 * (
+            0.5773502691896258 * g12_1 * sb1_0_0 - 0.4472135954999579 * g12_3 * sb1_2_0
+            + 0.7302967433402215 * g12_4 * sb1_1_0 + 0.5773502691896258 * g12_5 * sb1_2_0
+        )
+        acc2_4 = acc2_4 + wt12_0 * (
+            0.7071067811865476 * g12_0 * sb1_0_0 + 0.18257418583505539 * g12_2 * sb1_0_0
+            - 0.18257418583505539 * g12_4 * sb1_2_0 + 0.5773502691896258 * g12_5 * sb1_1_0
+            + 0.7071067811865476 * g12_6 * sb1_2_0
+        )
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        wt13_0 = weights[tile_b, 1664 + tile_c.index]
+        g13_0 = g[d_idx, 7040 + tile_c.index]
+        acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        wt14_0 = weights[tile_b, 1792 + tile_c.index]
+        g14_0 = g[d_idx, 7168 + tile_c.index]
+        g14_1 = g[d_idx, 7296 + tile_c.index]
+        g14_2 = g[d_idx, 7424 + tile_c.index]
+        g14_3 = g[d_idx, 7552 + tile_c.index]
+        acc2_0 = acc2_0 + wt14_0 * (
+            -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
+            - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
+        )
+        g14_4 = g[d_idx, 7680 + tile_c.index]
+        acc2_1 = acc2_1 + wt14_0 * (
+            0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
+            - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
+            + 0.4629100498862757 * g14_3 * sb2_0_0 - 0.4629100498862757 * g14_4 * sb2_1_0
+        )
+        acc2_2 = acc2_2 + wt14_0 * (
+            -0.5345224838248488 * g14_0 * sb2_0_0 + 0.2672612419124244 * g14_1 * sb2_1_0
+            + 0.5345224838248488 * g14_2 * sb2_2_0 + 0.2672612419124244 * g14_3 * sb2_3_0
+            - 0.5345224838248488 * g14_4 * sb2_4_0
+        )
+        acc2_3 = acc2_3 + wt14_0 * (
+            0.4629100498862757 * g14_0 * sb2_1_0 + 0.4629100498862757 * g14_1 * sb2_0_0
+            + 0.2672612419124244 * g14_2 * sb2_3_0 + 0.2672612419124244 * g14_3 * sb2_2_0
+            + 0.4629100498862757 * g14_3 * sb2_4_0 + 0.4629100498862757 * g14_4 * sb2_3_0
+        )
+        acc2_4 = acc2_4 + wt14_0 * (
+            -0.4629100498862757 * g14_1 * sb2_1_0 - 0.5345224838248488 * g14_2 * sb2_4_0
+            + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
+        )
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 1920 + tile_c.index]
+        g15_0 = g[d_idx, 7808 + tile_c.index]
+        g15_1 = g[d_idx, 7936 + tile_c.index]
+        g15_2 = g[d_idx, 8064 + tile_c.index]
+        acc2_0 = acc2_0 + wt15_0 * (
+            -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
+            + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
+            - 0.11952286093343936 * g15_2 * sb3_2_0
+        )
+        acc2_1 = acc2_1 + wt15_0 * (
+            -0.2927700218845599 * g15_0 * sb3_3_0 - 0.3779644730092272 * g15_0 * sb3_5_0
+            + 0.47809144373375745 * g15_1 * sb3_2_0 + 0.3779644730092272 * g15_2 * sb3_1_0
+        )
+        acc2_2 = acc2_2 + wt15_0 * (
+            0.4140393356054125 * g15_0 * sb3_2_0 + 0.50709255283711 * g15_1 * sb3_3_0
+            + 0.4140393356054125 * g15_2 * sb3_4_0
+        )
+        acc2_3 = acc2_3 + wt15_0 * (
+            0.3779644730092272 * g15_0 * sb3_1_0 + 0.47809144373375745 * g15_1 * sb3_4_0
+            - 0.2927700218845599 * g15_2 * sb3_3_0 + 0.3779644730092272 * g15_2 * sb3_5_0
+        )
+        acc2_4 = acc2_4 + wt15_0 * (
+            0.4629100498862757 * g15_0 * sb3_0_0 + 0.11952286093343936 * g15_0 * sb3_2_0
+            + 0.3779644730092272 * g15_1 * sb3_5_0 - 0.11952286093343936 * g15_2 * sb3_4_0
+            + 0.4629100498862757 * g15_2 * sb3_6_0
+        )
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        wt16_0 = weights[tile_b, 2048 + tile_c.index]
+        g16_0 = g[d_idx, 8192 + tile_c.index]
+        g16_1 = g[d_idx, 8320 + tile_c.index]
+        g16_2 = g[d_idx, 8448 + tile_c.index]
+        g16_3 = g[d_idx, 8576 + tile_c.index]
+        g16_4 = g[d_idx, 8704 + tile_c.index]
+        g16_6 = g[d_idx, 8960 + tile_c.index]
+        acc2_0 = acc2_0 + wt16_0 * (
+            -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
+            + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
+            - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
+            + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
+        )
+        g16_5 = g[d_idx, 8832 + tile_c.index]
+        acc2_1 = acc2_1 + wt16_0 * (
+            0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
+            - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
+            - 0.3535533905932738 * g16_2 * sb3_5_0 + 0.18257418583505539 * g16_3 * sb3_2_0
+            + 0.3535533905932738 * g16_4 * sb3_1_0 + 0.45643546458763845 * g16_5 * sb3_0_0
+            - 0.3535533905932738 * g16_5 * sb3_2_0 - 0.45643546458763845 * g16_6 * sb3_1_0
+        )
+        acc2_2 = acc2_2 + wt16_0 * (
+            -0.6454972243679029 * g16_0 * sb3_0_0 + 0.38729833462074176 * g16_2 * sb3_2_0
+            + 0.5163977794943223 * g16_3 * sb3_3_0 + 0.38729833462074176 * g16_4 * sb3_4_0
+            - 0.6454972243679029 * g16_6 * sb3_6_0
+        )
+        acc2_3 = acc2_3 + wt16_0 * (
+            0.45643546458763845 * g16_0 * sb3_1_0 + 0.45643546458763845 * g16_1 * sb3_0_0
+            + 0.3535533905932738 * g16_1 * sb3_2_0 + 0.3535533905932738 * g16_2 * sb3_1_0
+            + 0.18257418583505539 * g16_3 * sb3_4_0 + 0.18257418583505539 * g16_4 * sb3_3_0
+            + 0.3535533905932738 * g16_4 * sb3_5_0 + 0.3535533905932738 * g16_5 * sb3_4_0
+            + 0.45643546458763845 * g16_5 * sb3_6_0 + 0.45643546458763845 * g16_6 * sb3_5_0
+        )
+        acc2_4 = acc2_4 + wt16_0 * (
+            -0.2886751345948129 * g16_0 * sb3_2_0 - 0.2886751345948129 * g16_2 * sb3_0_0
+            - 0.4472135954999579 * g16_2 * sb3_2_0 - 0.5773502691896258 * g16_3 * sb3_5_0
+            + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
+            - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
+        )
+        hl.atomic_add(gx, [s_idx, 512 + tile_c.index], acc2_0)
+        hl.atomic_add(gx, [s_idx, 640 + tile_c.index], acc2_1)
+        hl.atomic_add(gx, [s_idx, 768 + tile_c.index], acc2_2)
+        hl.atomic_add(gx, [s_idx, 896 + tile_c.index], acc2_3)
+        hl.atomic_add(gx, [s_idx, 1024 + tile_c.index], acc2_4)
 
 
 @helion.kernel(
@@ -1306,7 +1306,7 @@ def conv_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-16."""
-    for tile_b in hl.tile(src.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([128, src.size(0)], block_size=[32, 16]):
         s_idx = src[tile_b]
         d_idx = dst[tile_b]
         sb0_0_0 = y[tile_b, 0][:, None]
@@ -1325,346 +1325,345 @@ def conv_bwd_w_0(
         sb3_4_0 = y[tile_b, 13][:, None]
         sb3_5_0 = y[tile_b, 14][:, None]
         sb3_6_0 = y[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x[s_idx, tile_c.index]
-            a1_0 = x[s_idx, 128 + tile_c.index]
-            a1_1 = x[s_idx, 256 + tile_c.index]
-            a1_2 = x[s_idx, 384 + tile_c.index]
-            a2_0 = x[s_idx, 512 + tile_c.index]
-            a2_1 = x[s_idx, 640 + tile_c.index]
-            a2_2 = x[s_idx, 768 + tile_c.index]
-            a2_3 = x[s_idx, 896 + tile_c.index]
-            a2_4 = x[s_idx, 1024 + tile_c.index]
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g[d_idx, tile_c.index]
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1_0 = g[d_idx, 128 + tile_c.index]
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            g1_1 = g[d_idx, 256 + tile_c.index]
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            g1_2 = g[d_idx, 384 + tile_c.index]
-            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            g2_0 = g[d_idx, 512 + tile_c.index]
-            q1 = (a0_0 * sb2_1_0)
-            g2_1 = g[d_idx, 640 + tile_c.index]
-            q2 = (a0_0 * sb2_2_0)
-            g2_2 = g[d_idx, 768 + tile_c.index]
-            q3 = (a0_0 * sb2_3_0)
-            g2_3 = g[d_idx, 896 + tile_c.index]
-            q4 = (a0_0 * sb2_4_0)
-            g2_4 = g[d_idx, 1024 + tile_c.index]
-            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3_0 = g[d_idx, 1152 + tile_c.index]
-            q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
-            g3_1 = g[d_idx, 1280 + tile_c.index]
-            q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
-            g3_2 = g[d_idx, 1408 + tile_c.index]
-            q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
-            g3_3 = g[d_idx, 1536 + tile_c.index]
-            q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
-            g3_4 = g[d_idx, 1664 + tile_c.index]
-            q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
-            g3_5 = g[d_idx, 1792 + tile_c.index]
-            q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            g3_6 = g[d_idx, 1920 + tile_c.index]
-            gw[tile_b, 384 + tile_c.index] = (
-                q0 * g3_0 + q1 * g3_1
-                + q2 * g3_2 + q3 * g3_3
-                + q4 * g3_4 + q5 * g3_5
-                + q6 * g3_6
-            )
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4_0 = g[d_idx, 2048 + tile_c.index]
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            g4_1 = g[d_idx, 2176 + tile_c.index]
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            g4_2 = g[d_idx, 2304 + tile_c.index]
-            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            g5_0 = g[d_idx, 2432 + tile_c.index]
-            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g6_0 = g[d_idx, 2560 + tile_c.index]
-            q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            g6_1 = g[d_idx, 2688 + tile_c.index]
-            q2 = (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            g6_2 = g[d_idx, 2816 + tile_c.index]
-            q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            g6_3 = g[d_idx, 2944 + tile_c.index]
-            q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            g6_4 = g[d_idx, 3072 + tile_c.index]
-            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            g7_0 = g[d_idx, 3200 + tile_c.index]
-            q1 = (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            g7_1 = g[d_idx, 3328 + tile_c.index]
-            q2 = (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            g7_2 = g[d_idx, 3456 + tile_c.index]
-            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g8_0 = g[d_idx, 3584 + tile_c.index]
-            q1 = (
-                0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
-                + 0.5773502691896258 * a1_2 * sb2_1_0
-            )
-            g8_1 = g[d_idx, 3712 + tile_c.index]
-            q2 = (
-                0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
-                + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
-            )
-            g8_2 = g[d_idx, 3840 + tile_c.index]
-            q3 = (
-                -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
-                - 0.4472135954999579 * a1_2 * sb2_3_0
-            )
-            g8_3 = g[d_idx, 3968 + tile_c.index]
-            q4 = (
-                -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
-                + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
-            )
-            g8_4 = g[d_idx, 4096 + tile_c.index]
-            q5 = (
-                -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
-                + 0.5773502691896258 * a1_2 * sb2_3_0
-            )
-            g8_5 = g[d_idx, 4224 + tile_c.index]
-            q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            g8_6 = g[d_idx, 4352 + tile_c.index]
-            gw[tile_b, 1024 + tile_c.index] = (
-                q0 * g8_0 + q1 * g8_1
-                + q2 * g8_2 + q3 * g8_3
-                + q4 * g8_4 + q5 * g8_5
-                + q6 * g8_6
-            )
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            q0 = (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            g9_0 = g[d_idx, 4480 + tile_c.index]
-            q1 = (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            g9_1 = g[d_idx, 4608 + tile_c.index]
-            q2 = (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            g9_2 = g[d_idx, 4736 + tile_c.index]
-            q3 = (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            g9_3 = g[d_idx, 4864 + tile_c.index]
-            q4 = (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            g9_4 = g[d_idx, 4992 + tile_c.index]
-            gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a2_0 * sb0_0_0)
-            g10_0 = g[d_idx, 5120 + tile_c.index]
-            q1 = (a2_1 * sb0_0_0)
-            g10_1 = g[d_idx, 5248 + tile_c.index]
-            q2 = (a2_2 * sb0_0_0)
-            g10_2 = g[d_idx, 5376 + tile_c.index]
-            q3 = (a2_3 * sb0_0_0)
-            g10_3 = g[d_idx, 5504 + tile_c.index]
-            q4 = (a2_4 * sb0_0_0)
-            g10_4 = g[d_idx, 5632 + tile_c.index]
-            gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
-                - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
-            )
-            g11_0 = g[d_idx, 5760 + tile_c.index]
-            q1 = (
-                0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
-                + 0.5477225575051661 * a2_3 * sb1_2_0
-            )
-            g11_1 = g[d_idx, 5888 + tile_c.index]
-            q2 = (
-                0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
-                + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
-            )
-            g11_2 = g[d_idx, 6016 + tile_c.index]
-            gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g12_0 = g[d_idx, 6144 + tile_c.index]
-            q1 = (
-                0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
-                + 0.5773502691896258 * a2_3 * sb1_0_0
-            )
-            g12_1 = g[d_idx, 6272 + tile_c.index]
-            q2 = (
-                -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
-                + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
-            )
-            g12_2 = g[d_idx, 6400 + tile_c.index]
-            q3 = (
-                -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
-                - 0.4472135954999579 * a2_3 * sb1_2_0
-            )
-            g12_3 = g[d_idx, 6528 + tile_c.index]
-            q4 = (
-                -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
-                + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
-            )
-            g12_4 = g[d_idx, 6656 + tile_c.index]
-            q5 = (
-                -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
-                + 0.5773502691896258 * a2_4 * sb1_1_0
-            )
-            g12_5 = g[d_idx, 6784 + tile_c.index]
-            q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            g12_6 = g[d_idx, 6912 + tile_c.index]
-            gw[tile_b, 1536 + tile_c.index] = (
-                q0 * g12_0 + q1 * g12_1
-                + q2 * g12_2 + q3 * g12_3
-                + q4 * g12_4 + q5 * g12_5
-                + q6 * g12_6
-            )
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
-                + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
-                + 0.4472135954999579 * a2_4 * sb2_4_0
-            )
-            g13_0 = g[d_idx, 7040 + tile_c.index]
-            gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
-                - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
-            )
-            g14_0 = g[d_idx, 7168 + tile_c.index]
-            q1 = (
-                0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
-                - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
-                + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
-            )
-            g14_1 = g[d_idx, 7296 + tile_c.index]
-            q2 = (
-                -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
-                + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
-                - 0.5345224838248488 * a2_4 * sb2_4_0
-            )
-            g14_2 = g[d_idx, 7424 + tile_c.index]
-            q3 = (
-                0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
-                + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
-                + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
-            )
-            g14_3 = g[d_idx, 7552 + tile_c.index]
-            q4 = (
-                -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
-                + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
-            )
-            g14_4 = g[d_idx, 7680 + tile_c.index]
-            gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            q0 = (
-                -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
-                - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
-                + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
-                + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
-            )
-            g15_0 = g[d_idx, 7808 + tile_c.index]
-            q1 = (
-                0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
-                + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
-                + 0.3779644730092272 * a2_4 * sb3_5_0
-            )
-            g15_1 = g[d_idx, 7936 + tile_c.index]
-            q2 = (
-                0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
-                + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
-                - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
-                - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
-            )
-            g15_2 = g[d_idx, 8064 + tile_c.index]
-            gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            q0 = (
-                -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
-                - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_2_0
-            )
-            g16_0 = g[d_idx, 8192 + tile_c.index]
-            q1 = (
-                -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
-                - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
-                + 0.3535533905932738 * a2_3 * sb3_2_0
-            )
-            g16_1 = g[d_idx, 8320 + tile_c.index]
-            q2 = (
-                0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
-                + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
-                + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
-            )
-            g16_2 = g[d_idx, 8448 + tile_c.index]
-            q3 = (
-                -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
-                + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
-                - 0.5773502691896258 * a2_4 * sb3_5_0
-            )
-            g16_3 = g[d_idx, 8576 + tile_c.index]
-            q4 = (
-                -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
-                + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
-                + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
-                + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
-            )
-            g16_4 = g[d_idx, 8704 + tile_c.index]
-            q5 = (
-                0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
-                + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
-                - 0.5773502691896258 * a2_4 * sb3_3_0
-            )
-            g16_5 = g[d_idx, 8832 + tile_c.index]
-            q6 = (
-                0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
-                - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
-                - 0.2886751345948129 * a2_4 * sb3_4_0
-            )
-            g16_6 = g[d_idx, 8960 + tile_c.index]
-            gw[tile_b, 2048 + tile_c.index] = (
-                q0 * g16_0 + q1 * g16_1
-                + q2 * g16_2 + q3 * g16_3
-                + q4 * g16_4 + q5 * g16_5
-                + q6 * g16_6
-            )
+        a0_0 = x[s_idx, tile_c.index]
+        a1_0 = x[s_idx, 128 + tile_c.index]
+        a1_1 = x[s_idx, 256 + tile_c.index]
+        a1_2 = x[s_idx, 384 + tile_c.index]
+        a2_0 = x[s_idx, 512 + tile_c.index]
+        a2_1 = x[s_idx, 640 + tile_c.index]
+        a2_2 = x[s_idx, 768 + tile_c.index]
+        a2_3 = x[s_idx, 896 + tile_c.index]
+        a2_4 = x[s_idx, 1024 + tile_c.index]
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        q0 = (a0_0 * sb0_0_0)
+        g0_0 = g[d_idx, tile_c.index]
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        g1_0 = g[d_idx, 128 + tile_c.index]
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        g1_1 = g[d_idx, 256 + tile_c.index]
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        g1_2 = g[d_idx, 384 + tile_c.index]
+        gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        q0 = (a0_0 * sb2_0_0)
+        g2_0 = g[d_idx, 512 + tile_c.index]
+        q1 = (a0_0 * sb2_1_0)
+        g2_1 = g[d_idx, 640 + tile_c.index]
+        q2 = (a0_0 * sb2_2_0)
+        g2_2 = g[d_idx, 768 + tile_c.index]
+        q3 = (a0_0 * sb2_3_0)
+        g2_3 = g[d_idx, 896 + tile_c.index]
+        q4 = (a0_0 * sb2_4_0)
+        g2_4 = g[d_idx, 1024 + tile_c.index]
+        gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
+        g3_0 = g[d_idx, 1152 + tile_c.index]
+        q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
+        g3_1 = g[d_idx, 1280 + tile_c.index]
+        q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
+        g3_2 = g[d_idx, 1408 + tile_c.index]
+        q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
+        g3_3 = g[d_idx, 1536 + tile_c.index]
+        q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
+        g3_4 = g[d_idx, 1664 + tile_c.index]
+        q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
+        g3_5 = g[d_idx, 1792 + tile_c.index]
+        q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
+        g3_6 = g[d_idx, 1920 + tile_c.index]
+        gw[tile_b, 384 + tile_c.index] = (
+            q0 * g3_0 + q1 * g3_1
+            + q2 * g3_2 + q3 * g3_3
+            + q4 * g3_4 + q5 * g3_5
+            + q6 * g3_6
+        )
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
+        g4_0 = g[d_idx, 2048 + tile_c.index]
+        q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+        g4_1 = g[d_idx, 2176 + tile_c.index]
+        q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+        g4_2 = g[d_idx, 2304 + tile_c.index]
+        gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        g5_0 = g[d_idx, 2432 + tile_c.index]
+        gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        g6_0 = g[d_idx, 2560 + tile_c.index]
+        q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        g6_1 = g[d_idx, 2688 + tile_c.index]
+        q2 = (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        g6_2 = g[d_idx, 2816 + tile_c.index]
+        q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        g6_3 = g[d_idx, 2944 + tile_c.index]
+        q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        g6_4 = g[d_idx, 3072 + tile_c.index]
+        gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        g7_0 = g[d_idx, 3200 + tile_c.index]
+        q1 = (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        g7_1 = g[d_idx, 3328 + tile_c.index]
+        q2 = (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        g7_2 = g[d_idx, 3456 + tile_c.index]
+        gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+        g8_0 = g[d_idx, 3584 + tile_c.index]
+        q1 = (
+            0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
+            + 0.5773502691896258 * a1_2 * sb2_1_0
+        )
+        g8_1 = g[d_idx, 3712 + tile_c.index]
+        q2 = (
+            0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
+            + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
+        )
+        g8_2 = g[d_idx, 3840 + tile_c.index]
+        q3 = (
+            -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
+            - 0.4472135954999579 * a1_2 * sb2_3_0
+        )
+        g8_3 = g[d_idx, 3968 + tile_c.index]
+        q4 = (
+            -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
+            + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
+        )
+        g8_4 = g[d_idx, 4096 + tile_c.index]
+        q5 = (
+            -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
+            + 0.5773502691896258 * a1_2 * sb2_3_0
+        )
+        g8_5 = g[d_idx, 4224 + tile_c.index]
+        q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+        g8_6 = g[d_idx, 4352 + tile_c.index]
+        gw[tile_b, 1024 + tile_c.index] = (
+            q0 * g8_0 + q1 * g8_1
+            + q2 * g8_2 + q3 * g8_3
+            + q4 * g8_4 + q5 * g8_5
+            + q6 * g8_6
+        )
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        q0 = (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        g9_0 = g[d_idx, 4480 + tile_c.index]
+        q1 = (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        g9_1 = g[d_idx, 4608 + tile_c.index]
+        q2 = (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        g9_2 = g[d_idx, 4736 + tile_c.index]
+        q3 = (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        g9_3 = g[d_idx, 4864 + tile_c.index]
+        q4 = (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        g9_4 = g[d_idx, 4992 + tile_c.index]
+        gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        q0 = (a2_0 * sb0_0_0)
+        g10_0 = g[d_idx, 5120 + tile_c.index]
+        q1 = (a2_1 * sb0_0_0)
+        g10_1 = g[d_idx, 5248 + tile_c.index]
+        q2 = (a2_2 * sb0_0_0)
+        g10_2 = g[d_idx, 5376 + tile_c.index]
+        q3 = (a2_3 * sb0_0_0)
+        g10_3 = g[d_idx, 5504 + tile_c.index]
+        q4 = (a2_4 * sb0_0_0)
+        g10_4 = g[d_idx, 5632 + tile_c.index]
+        gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
+            - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
+        )
+        g11_0 = g[d_idx, 5760 + tile_c.index]
+        q1 = (
+            0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
+            + 0.5477225575051661 * a2_3 * sb1_2_0
+        )
+        g11_1 = g[d_idx, 5888 + tile_c.index]
+        q2 = (
+            0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
+            + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
+        )
+        g11_2 = g[d_idx, 6016 + tile_c.index]
+        gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+        g12_0 = g[d_idx, 6144 + tile_c.index]
+        q1 = (
+            0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
+            + 0.5773502691896258 * a2_3 * sb1_0_0
+        )
+        g12_1 = g[d_idx, 6272 + tile_c.index]
+        q2 = (
+            -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
+            + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
+        )
+        g12_2 = g[d_idx, 6400 + tile_c.index]
+        q3 = (
+            -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
+            - 0.4472135954999579 * a2_3 * sb1_2_0
+        )
+        g12_3 = g[d_idx, 6528 + tile_c.index]
+        q4 = (
+            -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
+            + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
+        )
+        g12_4 = g[d_idx, 6656 + tile_c.index]
+        q5 = (
+            -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
+            + 0.5773502691896258 * a2_4 * sb1_1_0
+        )
+        g12_5 = g[d_idx, 6784 + tile_c.index]
+        q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+        g12_6 = g[d_idx, 6912 + tile_c.index]
+        gw[tile_b, 1536 + tile_c.index] = (
+            q0 * g12_0 + q1 * g12_1
+            + q2 * g12_2 + q3 * g12_3
+            + q4 * g12_4 + q5 * g12_5
+            + q6 * g12_6
+        )
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
+            + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
+            + 0.4472135954999579 * a2_4 * sb2_4_0
+        )
+        g13_0 = g[d_idx, 7040 + tile_c.index]
+        gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
+            - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
+        )
+        g14_0 = g[d_idx, 7168 + tile_c.index]
+        q1 = (
+            0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
+            - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
+            + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
+        )
+        g14_1 = g[d_idx, 7296 + tile_c.index]
+        q2 = (
+            -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
+            + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
+            - 0.5345224838248488 * a2_4 * sb2_4_0
+        )
+        g14_2 = g[d_idx, 7424 + tile_c.index]
+        q3 = (
+            0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
+            + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
+            + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
+        )
+        g14_3 = g[d_idx, 7552 + tile_c.index]
+        q4 = (
+            -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
+            + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
+        )
+        g14_4 = g[d_idx, 7680 + tile_c.index]
+        gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        q0 = (
+            -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
+            - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
+            + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
+            + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
+        )
+        g15_0 = g[d_idx, 7808 + tile_c.index]
+        q1 = (
+            0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
+            + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
+            + 0.3779644730092272 * a2_4 * sb3_5_0
+        )
+        g15_1 = g[d_idx, 7936 + tile_c.index]
+        q2 = (
+            0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
+            + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
+            - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
+            - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
+        )
+        g15_2 = g[d_idx, 8064 + tile_c.index]
+        gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        q0 = (
+            -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
+            - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_2_0
+        )
+        g16_0 = g[d_idx, 8192 + tile_c.index]
+        q1 = (
+            -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
+            - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
+            + 0.3535533905932738 * a2_3 * sb3_2_0
+        )
+        g16_1 = g[d_idx, 8320 + tile_c.index]
+        q2 = (
+            0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
+            + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
+            + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
+        )
+        g16_2 = g[d_idx, 8448 + tile_c.index]
+        q3 = (
+            -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
+            + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
+            - 0.5773502691896258 * a2_4 * sb3_5_0
+        )
+        g16_3 = g[d_idx, 8576 + tile_c.index]
+        q4 = (
+            -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
+            + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
+            + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
+            + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
+        )
+        g16_4 = g[d_idx, 8704 + tile_c.index]
+        q5 = (
+            0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
+            + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
+            - 0.5773502691896258 * a2_4 * sb3_3_0
+        )
+        g16_5 = g[d_idx, 8832 + tile_c.index]
+        q6 = (
+            0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
+            - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
+            - 0.2886751345948129 * a2_4 * sb3_4_0
+        )
+        g16_6 = g[d_idx, 8960 + tile_c.index]
+        gw[tile_b, 2048 + tile_c.index] = (
+            q0 * g16_0 + q1 * g16_1
+            + q2 * g16_2 + q3 * g16_3
+            + q4 * g16_4 + q5 * g16_5
+            + q6 * g16_6
+        )

@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion
@@ -37,7 +39,7 @@ def tp_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-9; paths 0-9."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -54,180 +56,179 @@ def tp_fwd_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out[tile_b, tile_c.index] = acc0_0
-            # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 3: 128x3o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
-            acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
-            acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
-            acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
-            acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
-            acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 4: 128x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 5: 128x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            out[tile_b, 2432 + tile_c.index] = acc5_0
-            # g block 6: 128x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            acc6_2 = acc6_2 + wt6_0 * (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 7: 128x1o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            acc7_1 = acc7_1 + wt7_0 * (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            acc7_2 = acc7_2 + wt7_0 * (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 8: 128x3o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = weights[tile_b, 1024 + tile_c.index]
-            acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            acc8_1 = acc8_1 + wt8_0 * (
-                0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
-                + 0.5773502691896258 * a1_2 * sb2_1_0
-            )
-            acc8_2 = acc8_2 + wt8_0 * (
-                0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
-                + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
-            )
-            acc8_3 = acc8_3 + wt8_0 * (
-                -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
-                - 0.4472135954999579 * a1_2 * sb2_3_0
-            )
-            acc8_4 = acc8_4 + wt8_0 * (
-                -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
-                + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
-            )
-            acc8_5 = acc8_5 + wt8_0 * (
-                -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
-                + 0.5773502691896258 * a1_2 * sb2_3_0
-            )
-            acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            hl.store(out, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 9: 128x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = weights[tile_b, 1152 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            acc9_1 = acc9_1 + wt9_0 * (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            acc9_2 = acc9_2 + wt9_0 * (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            acc9_3 = acc9_3 + wt9_0 * (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            acc9_4 = acc9_4 + wt9_0 * (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a0_0 = x1[tile_b, tile_c.index]
+        a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a1t = a1.reshape([tile_b, tile_c, 2, 2])
+        a1te, a1to = hl.split(a1t)
+        a1_0, a1_2 = hl.split(a1te)
+        a1_1, a1_3 = hl.split(a1to)
+        # g block 0: 128x0e (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        out[tile_b, tile_c.index] = acc0_0
+        # g block 1: 128x1o (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 2: 128x2e (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 3: 128x3o (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
+        acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
+        acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
+        acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
+        acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
+        acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
+        hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 4: 128x1o (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
+        hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 5: 128x0e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        out[tile_b, 2432 + tile_c.index] = acc5_0
+        # g block 6: 128x2e (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        acc6_2 = acc6_2 + wt6_0 * (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        hl.store(out, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 7: 128x1o (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        acc7_1 = acc7_1 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        acc7_2 = acc7_2 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 8: 128x3o (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        wt8_0 = weights[tile_b, 1024 + tile_c.index]
+        acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+        acc8_1 = acc8_1 + wt8_0 * (
+            0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
+            + 0.5773502691896258 * a1_2 * sb2_1_0
+        )
+        acc8_2 = acc8_2 + wt8_0 * (
+            0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
+            + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
+        )
+        acc8_3 = acc8_3 + wt8_0 * (
+            -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
+            - 0.4472135954999579 * a1_2 * sb2_3_0
+        )
+        acc8_4 = acc8_4 + wt8_0 * (
+            -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
+            + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
+        )
+        acc8_5 = acc8_5 + wt8_0 * (
+            -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
+            + 0.5773502691896258 * a1_2 * sb2_3_0
+        )
+        acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+        hl.store(out, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc8_0, acc8_4), hl.join(acc8_2, acc8_6)), hl.join(hl.join(acc8_1, acc8_5), hl.join(acc8_3, acc8_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 9: 128x2e (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt9_0 = weights[tile_b, 1152 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        acc9_1 = acc9_1 + wt9_0 * (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        acc9_2 = acc9_2 + wt9_0 * (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        acc9_3 = acc9_3 + wt9_0 * (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        acc9_4 = acc9_4 + wt9_0 * (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -241,7 +242,7 @@ def tp_fwd_1(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 10-15; paths 10-15."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -258,148 +259,147 @@ def tp_fwd_1(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2tee, a2teo = hl.split(a2te)
-            a2_0, a2_4 = hl.split(a2tee)
-            a2_2, a2_6 = hl.split(a2teo)
-            a2toe, a2too = hl.split(a2to)
-            a2_1, a2_5 = hl.split(a2toe)
-            a2_3, a2_7 = hl.split(a2too)
-            # g block 10: 128x2e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = weights[tile_b, 1280 + tile_c.index]
-            acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
-            acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
-            acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
-            acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
-            acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
-            hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 11: 128x1o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 1408 + tile_c.index]
-            acc11_0 = acc11_0 + wt11_0 * (
-                0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
-                - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
-            )
-            acc11_1 = acc11_1 + wt11_0 * (
-                0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
-                + 0.5477225575051661 * a2_3 * sb1_2_0
-            )
-            acc11_2 = acc11_2 + wt11_0 * (
-                0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
-                + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 12: 128x3o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = weights[tile_b, 1536 + tile_c.index]
-            acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            acc12_1 = acc12_1 + wt12_0 * (
-                0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
-                + 0.5773502691896258 * a2_3 * sb1_0_0
-            )
-            acc12_2 = acc12_2 + wt12_0 * (
-                -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
-                + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
-            )
-            acc12_3 = acc12_3 + wt12_0 * (
-                -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
-                - 0.4472135954999579 * a2_3 * sb1_2_0
-            )
-            acc12_4 = acc12_4 + wt12_0 * (
-                -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
-                + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
-            )
-            acc12_5 = acc12_5 + wt12_0 * (
-                -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
-                + 0.5773502691896258 * a2_4 * sb1_1_0
-            )
-            acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            hl.store(out, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 13: 128x0e (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = weights[tile_b, 1664 + tile_c.index]
-            acc13_0 = acc13_0 + wt13_0 * (
-                0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
-                + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
-                + 0.4472135954999579 * a2_4 * sb2_4_0
-            )
-            out[tile_b, 7040 + tile_c.index] = acc13_0
-            # g block 14: 128x2e (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = weights[tile_b, 1792 + tile_c.index]
-            acc14_0 = acc14_0 + wt14_0 * (
-                -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
-                - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
-            )
-            acc14_1 = acc14_1 + wt14_0 * (
-                0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
-                - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
-                + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
-            )
-            acc14_2 = acc14_2 + wt14_0 * (
-                -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
-                + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
-                - 0.5345224838248488 * a2_4 * sb2_4_0
-            )
-            acc14_3 = acc14_3 + wt14_0 * (
-                0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
-                + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
-                + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
-            )
-            acc14_4 = acc14_4 + wt14_0 * (
-                -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
-                + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 15: 128x1o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 1920 + tile_c.index]
-            acc15_0 = acc15_0 + wt15_0 * (
-                -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
-                - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
-                + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
-                + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
-            )
-            acc15_1 = acc15_1 + wt15_0 * (
-                0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
-                + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
-                + 0.3779644730092272 * a2_4 * sb3_5_0
-            )
-            acc15_2 = acc15_2 + wt15_0 * (
-                0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
-                + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
-                - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
-                - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2tee, a2teo = hl.split(a2te)
+        a2_0, a2_4 = hl.split(a2tee)
+        a2_2, a2_6 = hl.split(a2teo)
+        a2toe, a2too = hl.split(a2to)
+        a2_1, a2_5 = hl.split(a2toe)
+        a2_3, a2_7 = hl.split(a2too)
+        # g block 10: 128x2e (1 path)
+        acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        wt10_0 = weights[tile_b, 1280 + tile_c.index]
+        acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
+        acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
+        acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
+        acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
+        acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
+        hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc10_0, acc10_4), hl.join(acc10_2, acc10_0)), hl.join(hl.join(acc10_1, acc10_0), hl.join(acc10_3, acc10_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 11: 128x1o (1 path)
+        acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 1408 + tile_c.index]
+        acc11_0 = acc11_0 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
+            - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
+        )
+        acc11_1 = acc11_1 + wt11_0 * (
+            0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
+            + 0.5477225575051661 * a2_3 * sb1_2_0
+        )
+        acc11_2 = acc11_2 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
+            + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc11_0, acc11_2), hl.join(acc11_1, acc11_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 12: 128x3o (1 path)
+        acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        wt12_0 = weights[tile_b, 1536 + tile_c.index]
+        acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+        acc12_1 = acc12_1 + wt12_0 * (
+            0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
+            + 0.5773502691896258 * a2_3 * sb1_0_0
+        )
+        acc12_2 = acc12_2 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
+            + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
+        )
+        acc12_3 = acc12_3 + wt12_0 * (
+            -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
+            - 0.4472135954999579 * a2_3 * sb1_2_0
+        )
+        acc12_4 = acc12_4 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
+            + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
+        )
+        acc12_5 = acc12_5 + wt12_0 * (
+            -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
+            + 0.5773502691896258 * a2_4 * sb1_1_0
+        )
+        acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+        hl.store(out, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc12_0, acc12_4), hl.join(acc12_2, acc12_6)), hl.join(hl.join(acc12_1, acc12_5), hl.join(acc12_3, acc12_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 13: 128x0e (1 path)
+        acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        wt13_0 = weights[tile_b, 1664 + tile_c.index]
+        acc13_0 = acc13_0 + wt13_0 * (
+            0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
+            + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
+            + 0.4472135954999579 * a2_4 * sb2_4_0
+        )
+        out[tile_b, 7040 + tile_c.index] = acc13_0
+        # g block 14: 128x2e (1 path)
+        acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        wt14_0 = weights[tile_b, 1792 + tile_c.index]
+        acc14_0 = acc14_0 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
+            - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
+        )
+        acc14_1 = acc14_1 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
+            - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
+            + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
+        )
+        acc14_2 = acc14_2 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
+            + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
+            - 0.5345224838248488 * a2_4 * sb2_4_0
+        )
+        acc14_3 = acc14_3 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
+            + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
+            + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
+        )
+        acc14_4 = acc14_4 + wt14_0 * (
+            -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
+            + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_0)), hl.join(hl.join(acc14_1, acc14_0), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 15: 128x1o (1 path)
+        acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 1920 + tile_c.index]
+        acc15_0 = acc15_0 + wt15_0 * (
+            -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
+            - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
+            + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
+            + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
+        )
+        acc15_1 = acc15_1 + wt15_0 * (
+            0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
+            + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
+            + 0.3779644730092272 * a2_4 * sb3_5_0
+        )
+        acc15_2 = acc15_2 + wt15_0 * (
+            0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
+            + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
+            - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
+            - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc15_0, acc15_2), hl.join(acc15_1, acc15_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -413,7 +413,7 @@ def tp_fwd_2(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 16; paths 16."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb3_0_0 = x2[tile_b, 9][:, None]
         sb3_1_0 = x2[tile_b, 10][:, None]
         sb3_2_0 = x2[tile_b, 11][:, None]
@@ -421,64 +421,63 @@ def tp_fwd_2(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2tee, a2teo = hl.split(a2te)
-            a2_0, a2_4 = hl.split(a2tee)
-            a2_2, a2_6 = hl.split(a2teo)
-            a2toe, a2too = hl.split(a2to)
-            a2_1, a2_5 = hl.split(a2toe)
-            a2_3, a2_7 = hl.split(a2too)
-            # g block 16: 128x3o (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = weights[tile_b, 2048 + tile_c.index]
-            acc16_0 = acc16_0 + wt16_0 * (
-                -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
-                - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_2_0
-            )
-            acc16_1 = acc16_1 + wt16_0 * (
-                -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
-                - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
-                + 0.3535533905932738 * a2_3 * sb3_2_0
-            )
-            acc16_2 = acc16_2 + wt16_0 * (
-                0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
-                + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
-                + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
-            )
-            acc16_3 = acc16_3 + wt16_0 * (
-                -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
-                + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
-                - 0.5773502691896258 * a2_4 * sb3_5_0
-            )
-            acc16_4 = acc16_4 + wt16_0 * (
-                -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
-                + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
-                + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
-                + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
-            )
-            acc16_5 = acc16_5 + wt16_0 * (
-                0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
-                + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
-                - 0.5773502691896258 * a2_4 * sb3_3_0
-            )
-            acc16_6 = acc16_6 + wt16_0 * (
-                0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
-                - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
-                - 0.2886751345948129 * a2_4 * sb3_4_0
-            )
-            hl.store(out, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2tee, a2teo = hl.split(a2te)
+        a2_0, a2_4 = hl.split(a2tee)
+        a2_2, a2_6 = hl.split(a2teo)
+        a2toe, a2too = hl.split(a2to)
+        a2_1, a2_5 = hl.split(a2toe)
+        a2_3, a2_7 = hl.split(a2too)
+        # g block 16: 128x3o (1 path)
+        acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        wt16_0 = weights[tile_b, 2048 + tile_c.index]
+        acc16_0 = acc16_0 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
+            - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_2_0
+        )
+        acc16_1 = acc16_1 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
+            - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
+            + 0.3535533905932738 * a2_3 * sb3_2_0
+        )
+        acc16_2 = acc16_2 + wt16_0 * (
+            0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
+            + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
+            + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
+        )
+        acc16_3 = acc16_3 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
+            + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
+            - 0.5773502691896258 * a2_4 * sb3_5_0
+        )
+        acc16_4 = acc16_4 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
+            + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
+            + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
+            + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
+        )
+        acc16_5 = acc16_5 + wt16_0 * (
+            0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
+            + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
+            - 0.5773502691896258 * a2_4 * sb3_3_0
+        )
+        acc16_6 = acc16_6 + wt16_0 * (
+            0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
+            - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
+            - 0.2886751345948129 * a2_4 * sb3_4_0
+        )
+        hl.store(out, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -492,7 +491,7 @@ def tp_bwd_x1_0(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-2; paths 0-16."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -509,361 +508,360 @@ def tp_bwd_x1_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            # x1 block 0: 128x0e (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            g0_0 = g[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3tee, g3teo = hl.split(g3te)
-            g3_0, g3_4 = hl.split(g3tee)
-            g3_2, g3_6 = hl.split(g3teo)
-            g3toe, g3too = hl.split(g3to)
-            g3_1, g3_5 = hl.split(g3toe)
-            g3_3, g3_7 = hl.split(g3too)
-            acc0_0 = acc0_0 + wt3_0 * (
-                1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
-                + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
-                + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
-                + 1.0000000000000002 * g3_6 * sb3_6_0
-            )
-            gx1[tile_b, tile_c.index] = acc0_0
-            # x1 block 1: 128x1o (6 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            g5_0 = g[tile_b, 2432 + tile_c.index]
-            acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            acc1_0 = acc1_0 + wt6_0 * (
-                0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
-                - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
-            )
-            acc1_1 = acc1_1 + wt6_0 * (
-                0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
-                + 0.7071067811865476 * g6_3 * sb1_2_0
-            )
-            acc1_2 = acc1_2 + wt6_0 * (
-                0.7071067811865476 * g6_0 * sb1_0_0 - 0.408248290463863 * g6_2 * sb1_2_0
-                + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
-            )
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            acc1_0 = acc1_0 + wt7_0 * (
-                -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
-                + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
-            )
-            acc1_1 = acc1_1 + wt7_0 * (
-                0.5477225575051661 * g7_0 * sb2_1_0 + 0.6324555320336758 * g7_1 * sb2_2_0
-                + 0.5477225575051661 * g7_2 * sb2_3_0
-            )
-            acc1_2 = acc1_2 + wt7_0 * (
-                0.5477225575051661 * g7_0 * sb2_0_0 + 0.5477225575051661 * g7_1 * sb2_3_0
-                - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
-            )
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            wt8_0 = weights[tile_b, 1024 + tile_c.index]
-            g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            acc1_0 = acc1_0 + wt8_0 * (
-                0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
-                + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
-                - 0.4472135954999579 * g8_3 * sb2_1_0 - 0.18257418583505539 * g8_4 * sb2_0_0
-                - 0.5773502691896258 * g8_5 * sb2_1_0 - 0.7071067811865476 * g8_6 * sb2_0_0
-            )
-            acc1_1 = acc1_1 + wt8_0 * (
-                0.5773502691896258 * g8_1 * sb2_0_0 + 0.7302967433402215 * g8_2 * sb2_1_0
-                + 0.7745966692414835 * g8_3 * sb2_2_0 + 0.7302967433402215 * g8_4 * sb2_3_0
-                + 0.5773502691896258 * g8_5 * sb2_4_0
-            )
-            acc1_2 = acc1_2 + wt8_0 * (
-                0.7071067811865476 * g8_0 * sb2_0_0 + 0.5773502691896258 * g8_1 * sb2_1_0
-                - 0.18257418583505539 * g8_2 * sb2_0_0 - 0.4472135954999579 * g8_3 * sb2_3_0
-                + 0.6324555320336759 * g8_4 * sb2_2_0 - 0.18257418583505539 * g8_4 * sb2_4_0
-                + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
-            )
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt9_0 = weights[tile_b, 1152 + tile_c.index]
-            g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            acc1_0 = acc1_0 + wt9_0 * (
-                -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
-                - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
-                + 0.5345224838248488 * g9_2 * sb3_2_0 + 0.48795003647426666 * g9_3 * sb3_1_0
-                + 0.5976143046671969 * g9_4 * sb3_0_0 + 0.1543033499620919 * g9_4 * sb3_2_0
-            )
-            acc1_1 = acc1_1 + wt9_0 * (
-                0.48795003647426666 * g9_0 * sb3_1_0 + 0.6172133998483676 * g9_1 * sb3_2_0
-                + 0.6546536707079772 * g9_2 * sb3_3_0 + 0.6172133998483676 * g9_3 * sb3_4_0
-                + 0.48795003647426666 * g9_4 * sb3_5_0
-            )
-            acc1_2 = acc1_2 + wt9_0 * (
-                0.5976143046671969 * g9_0 * sb3_0_0 - 0.1543033499620919 * g9_0 * sb3_2_0
-                + 0.48795003647426666 * g9_1 * sb3_1_0 + 0.5345224838248488 * g9_2 * sb3_4_0
-                - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
-                - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
-            )
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # x1 block 2: 128x2e (7 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            wt10_0 = weights[tile_b, 1280 + tile_c.index]
-            g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
-            acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
-            acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
-            acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
-            acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 1408 + tile_c.index]
-            g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
-            acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
-            acc2_2 = acc2_2 + wt11_0 * (
-                -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
-                - 0.3162277660168379 * g11_2 * sb1_2_0
-            )
-            acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
-            acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            wt12_0 = weights[tile_b, 1536 + tile_c.index]
-            g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            acc2_0 = acc2_0 + wt12_0 * (
-                0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
-                - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
-                - 0.7071067811865476 * g12_6 * sb1_0_0
-            )
-            acc2_1 = acc2_1 + wt12_0 * (
-                0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
-                - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
-            )
-            acc2_2 = acc2_2 + wt12_0 * (
-                0.6324555320336759 * g12_2 * sb1_0_0 + 0.7745966692414835 * g12_3 * sb1_1_0
-                + 0.6324555320336759 * g12_4 * sb1_2_0
-            )
-            acc2_3 = acc2_3 + wt12_0 * (
-                0.5773502691896258 * g12_1 * sb1_0_0 - 0.4472135954999579 * g12_3 * sb1_2_0
-                + 0.7302967433402215 * g12_4 * sb1_1_0 + 0.5773502691896258 * g12_5 * sb1_2_0
-            )
-            acc2_4 = acc2_4 + wt12_0 * (
-                0.7071067811865476 * g12_0 * sb1_0_0 + 0.18257418583505539 * g12_2 * sb1_0_0
-                - 0.18257418583505539 * g12_4 * sb1_2_0 + 0.5773502691896258 * g12_5 * sb1_1_0
-                + 0.7071067811865476 * g12_6 * sb1_2_0
-            )
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            wt13_0 = weights[tile_b, 1664 + tile_c.index]
-            g13_0 = g[tile_b, 7040 + tile_c.index]
-            acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            wt14_0 = weights[tile_b, 1792 + tile_c.index]
-            g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            acc2_0 = acc2_0 + wt14_0 * (
-                -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
-                - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
-            )
-            acc2_1 = acc2_1 + wt14_0 * (
-                0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
-                - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
-                + 0.4629100498862757 * g14_3 * sb2_0_0 - 0.4629100498862757 * g14_4 * sb2_1_0
-            )
-            acc2_2 = acc2_2 + wt14_0 * (
-                -0.5345224838248488 * g14_0 * sb2_0_0 + 0.2672612419124244 * g14_1 * sb2_1_0
-                + 0.5345224838248488 * g14_2 * sb2_2_0 + 0.2672612419124244 * g14_3 * sb2_3_0
-                - 0.5345224838248488 * g14_4 * sb2_4_0
-            )
-            acc2_3 = acc2_3 + wt14_0 * (
-                0.4629100498862757 * g14_0 * sb2_1_0 + 0.4629100498862757 * g14_1 * sb2_0_0
-                + 0.2672612419124244 * g14_2 * sb2_3_0 + 0.2672612419124244 * g14_3 * sb2_2_0
-                + 0.4629100498862757 * g14_3 * sb2_4_0 + 0.4629100498862757 * g14_4 * sb2_3_0
-            )
-            acc2_4 = acc2_4 + wt14_0 * (
-                -0.4629100498862757 * g14_1 * sb2_1_0 - 0.5345224838248488 * g14_2 * sb2_4_0
-                + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
-            )
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 1920 + tile_c.index]
-            g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            acc2_0 = acc2_0 + wt15_0 * (
-                -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
-                + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
-                - 0.11952286093343936 * g15_2 * sb3_2_0
-            )
-            acc2_1 = acc2_1 + wt15_0 * (
-                -0.2927700218845599 * g15_0 * sb3_3_0 - 0.3779644730092272 * g15_0 * sb3_5_0
-                + 0.47809144373375745 * g15_1 * sb3_2_0 + 0.3779644730092272 * g15_2 * sb3_1_0
-            )
-            acc2_2 = acc2_2 + wt15_0 * (
-                0.4140393356054125 * g15_0 * sb3_2_0 + 0.50709255283711 * g15_1 * sb3_3_0
-                + 0.4140393356054125 * g15_2 * sb3_4_0
-            )
-            acc2_3 = acc2_3 + wt15_0 * (
-                0.3779644730092272 * g15_0 * sb3_1_0 + 0.47809144373375745 * g15_1 * sb3_4_0
-                - 0.2927700218845599 * g15_2 * sb3_3_0 + 0.3779644730092272 * g15_2 * sb3_5_0
-            )
-            acc2_4 = acc2_4 + wt15_0 * (
-                0.4629100498862757 * g15_0 * sb3_0_0 + 0.11952286093343936 * g15_0 * sb3_2_0
-                + 0.3779644730092272 * g15_1 * sb3_5_0 - 0.11952286093343936 * g15_2 * sb3_4_0
-                + 0.4629100498862757 * g15_2 * sb3_6_0
-            )
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            wt16_0 = weights[tile_b, 2048 + tile_c.index]
-            g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            acc2_0 = acc2_0 + wt16_0 * (
-                -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
-                + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
-                - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
-                + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
-            )
-            acc2_1 = acc2_1 + wt16_0 * (
-                0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
-                - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
-                - 0.3535533905932738 * g16_2 * sb3_5_0 + 0.18257418583505539 * g16_3 * sb3_2_0
-                + 0.3535533905932738 * g16_4 * sb3_1_0 + 0.45643546458763845 * g16_5 * sb3_0_0
-                - 0.3535533905932738 * g16_5 * sb3_2_0 - 0.45643546458763845 * g16_6 * sb3_1_0
-            )
-            acc2_2 = acc2_2 + wt16_0 * (
-                -0.6454972243679029 * g16_0 * sb3_0_0 + 0.38729833462074176 * g16_2 * sb3_2_0
-                + 0.5163977794943223 * g16_3 * sb3_3_0 + 0.38729833462074176 * g16_4 * sb3_4_0
-                - 0.6454972243679029 * g16_6 * sb3_6_0
-            )
-            acc2_3 = acc2_3 + wt16_0 * (
-                0.45643546458763845 * g16_0 * sb3_1_0 + 0.45643546458763845 * g16_1 * sb3_0_0
-                + 0.3535533905932738 * g16_1 * sb3_2_0 + 0.3535533905932738 * g16_2 * sb3_1_0
-                + 0.18257418583505539 * g16_3 * sb3_4_0 + 0.18257418583505539 * g16_4 * sb3_3_0
-                + 0.3535533905932738 * g16_4 * sb3_5_0 + 0.3535533905932738 * g16_5 * sb3_4_0
-                + 0.45643546458763845 * g16_5 * sb3_6_0 + 0.45643546458763845 * g16_6 * sb3_5_0
-            )
-            acc2_4 = acc2_4 + wt16_0 * (
-                -0.2886751345948129 * g16_0 * sb3_2_0 - 0.2886751345948129 * g16_2 * sb3_0_0
-                - 0.4472135954999579 * g16_2 * sb3_2_0 - 0.5773502691896258 * g16_3 * sb3_5_0
-                + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
-                - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
-            )
-            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # x1 block 0: 128x0e (4 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        g0_0 = g[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        acc0_0 = acc0_0 + wt2_0 * (
+            g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+            + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+            + g2_4 * sb2_4_0
+        )
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3tee, g3teo = hl.split(g3te)
+        g3_0, g3_4 = hl.split(g3tee)
+        g3_2, g3_6 = hl.split(g3teo)
+        g3toe, g3too = hl.split(g3to)
+        g3_1, g3_5 = hl.split(g3toe)
+        g3_3, g3_7 = hl.split(g3too)
+        acc0_0 = acc0_0 + wt3_0 * (
+            1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
+            + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
+            + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
+            + 1.0000000000000002 * g3_6 * sb3_6_0
+        )
+        gx1[tile_b, tile_c.index] = acc0_0
+        # x1 block 1: 128x1o (6 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        acc1_0 = acc1_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+        acc1_1 = acc1_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+        acc1_2 = acc1_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        g5_0 = g[tile_b, 2432 + tile_c.index]
+        acc1_0 = acc1_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6tee, g6teo = hl.split(g6te)
+        g6_0, g6_4 = hl.split(g6tee)
+        g6_2, g6_6 = hl.split(g6teo)
+        g6toe, g6too = hl.split(g6to)
+        g6_1, g6_5 = hl.split(g6toe)
+        g6_3, g6_7 = hl.split(g6too)
+        acc1_0 = acc1_0 + wt6_0 * (
+            0.7071067811865476 * g6_0 * sb1_2_0 + 0.7071067811865476 * g6_1 * sb1_1_0
+            - 0.408248290463863 * g6_2 * sb1_0_0 - 0.7071067811865476 * g6_4 * sb1_0_0
+        )
+        acc1_1 = acc1_1 + wt6_0 * (
+            0.7071067811865476 * g6_1 * sb1_0_0 + 0.816496580927726 * g6_2 * sb1_1_0
+            + 0.7071067811865476 * g6_3 * sb1_2_0
+        )
+        acc1_2 = acc1_2 + wt6_0 * (
+            0.7071067811865476 * g6_0 * sb1_0_0 - 0.408248290463863 * g6_2 * sb1_2_0
+            + 0.7071067811865476 * g6_3 * sb1_1_0 + 0.7071067811865476 * g6_4 * sb1_2_0
+        )
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7_0, g7_2 = hl.split(g7te)
+        g7_1, g7_3 = hl.split(g7to)
+        acc1_0 = acc1_0 + wt7_0 * (
+            -0.3162277660168379 * g7_0 * sb2_2_0 - 0.5477225575051661 * g7_0 * sb2_4_0
+            + 0.5477225575051661 * g7_1 * sb2_1_0 + 0.5477225575051661 * g7_2 * sb2_0_0
+        )
+        acc1_1 = acc1_1 + wt7_0 * (
+            0.5477225575051661 * g7_0 * sb2_1_0 + 0.6324555320336758 * g7_1 * sb2_2_0
+            + 0.5477225575051661 * g7_2 * sb2_3_0
+        )
+        acc1_2 = acc1_2 + wt7_0 * (
+            0.5477225575051661 * g7_0 * sb2_0_0 + 0.5477225575051661 * g7_1 * sb2_3_0
+            - 0.3162277660168379 * g7_2 * sb2_2_0 + 0.5477225575051661 * g7_2 * sb2_4_0
+        )
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        wt8_0 = weights[tile_b, 1024 + tile_c.index]
+        g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8tee, g8teo = hl.split(g8te)
+        g8_0, g8_4 = hl.split(g8tee)
+        g8_2, g8_6 = hl.split(g8teo)
+        g8toe, g8too = hl.split(g8to)
+        g8_1, g8_5 = hl.split(g8toe)
+        g8_3, g8_7 = hl.split(g8too)
+        acc1_0 = acc1_0 + wt8_0 * (
+            0.7071067811865476 * g8_0 * sb2_4_0 + 0.5773502691896258 * g8_1 * sb2_3_0
+            + 0.6324555320336759 * g8_2 * sb2_2_0 + 0.18257418583505539 * g8_2 * sb2_4_0
+            - 0.4472135954999579 * g8_3 * sb2_1_0 - 0.18257418583505539 * g8_4 * sb2_0_0
+            - 0.5773502691896258 * g8_5 * sb2_1_0 - 0.7071067811865476 * g8_6 * sb2_0_0
+        )
+        acc1_1 = acc1_1 + wt8_0 * (
+            0.5773502691896258 * g8_1 * sb2_0_0 + 0.7302967433402215 * g8_2 * sb2_1_0
+            + 0.7745966692414835 * g8_3 * sb2_2_0 + 0.7302967433402215 * g8_4 * sb2_3_0
+            + 0.5773502691896258 * g8_5 * sb2_4_0
+        )
+        acc1_2 = acc1_2 + wt8_0 * (
+            0.7071067811865476 * g8_0 * sb2_0_0 + 0.5773502691896258 * g8_1 * sb2_1_0
+            - 0.18257418583505539 * g8_2 * sb2_0_0 - 0.4472135954999579 * g8_3 * sb2_3_0
+            + 0.6324555320336759 * g8_4 * sb2_2_0 - 0.18257418583505539 * g8_4 * sb2_4_0
+            + 0.5773502691896258 * g8_5 * sb2_3_0 + 0.7071067811865476 * g8_6 * sb2_4_0
+        )
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt9_0 = weights[tile_b, 1152 + tile_c.index]
+        g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9tee, g9teo = hl.split(g9te)
+        g9_0, g9_4 = hl.split(g9tee)
+        g9_2, g9_6 = hl.split(g9teo)
+        g9toe, g9too = hl.split(g9to)
+        g9_1, g9_5 = hl.split(g9toe)
+        g9_3, g9_7 = hl.split(g9too)
+        acc1_0 = acc1_0 + wt9_0 * (
+            -0.1543033499620919 * g9_0 * sb3_4_0 - 0.5976143046671969 * g9_0 * sb3_6_0
+            - 0.3779644730092272 * g9_1 * sb3_3_0 - 0.48795003647426666 * g9_1 * sb3_5_0
+            + 0.5345224838248488 * g9_2 * sb3_2_0 + 0.48795003647426666 * g9_3 * sb3_1_0
+            + 0.5976143046671969 * g9_4 * sb3_0_0 + 0.1543033499620919 * g9_4 * sb3_2_0
+        )
+        acc1_1 = acc1_1 + wt9_0 * (
+            0.48795003647426666 * g9_0 * sb3_1_0 + 0.6172133998483676 * g9_1 * sb3_2_0
+            + 0.6546536707079772 * g9_2 * sb3_3_0 + 0.6172133998483676 * g9_3 * sb3_4_0
+            + 0.48795003647426666 * g9_4 * sb3_5_0
+        )
+        acc1_2 = acc1_2 + wt9_0 * (
+            0.5976143046671969 * g9_0 * sb3_0_0 - 0.1543033499620919 * g9_0 * sb3_2_0
+            + 0.48795003647426666 * g9_1 * sb3_1_0 + 0.5345224838248488 * g9_2 * sb3_4_0
+            - 0.3779644730092272 * g9_3 * sb3_3_0 + 0.48795003647426666 * g9_3 * sb3_5_0
+            - 0.1543033499620919 * g9_4 * sb3_4_0 + 0.5976143046671969 * g9_4 * sb3_6_0
+        )
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 2: 128x2e (7 paths)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        wt10_0 = weights[tile_b, 1280 + tile_c.index]
+        g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10tee, g10teo = hl.split(g10te)
+        g10_0, g10_4 = hl.split(g10tee)
+        g10_2, g10_6 = hl.split(g10teo)
+        g10toe, g10too = hl.split(g10to)
+        g10_1, g10_5 = hl.split(g10toe)
+        g10_3, g10_7 = hl.split(g10too)
+        acc2_0 = acc2_0 + wt10_0 * (g10_0 * sb0_0_0)
+        acc2_1 = acc2_1 + wt10_0 * (g10_1 * sb0_0_0)
+        acc2_2 = acc2_2 + wt10_0 * (g10_2 * sb0_0_0)
+        acc2_3 = acc2_3 + wt10_0 * (g10_3 * sb0_0_0)
+        acc2_4 = acc2_4 + wt10_0 * (g10_4 * sb0_0_0)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 1408 + tile_c.index]
+        g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11_0, g11_2 = hl.split(g11te)
+        g11_1, g11_3 = hl.split(g11to)
+        acc2_0 = acc2_0 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_0_0)
+        acc2_1 = acc2_1 + wt11_0 * (0.5477225575051661 * g11_0 * sb1_1_0 + 0.5477225575051661 * g11_1 * sb1_0_0)
+        acc2_2 = acc2_2 + wt11_0 * (
+            -0.3162277660168379 * g11_0 * sb1_0_0 + 0.6324555320336758 * g11_1 * sb1_1_0
+            - 0.3162277660168379 * g11_2 * sb1_2_0
+        )
+        acc2_3 = acc2_3 + wt11_0 * (0.5477225575051661 * g11_1 * sb1_2_0 + 0.5477225575051661 * g11_2 * sb1_1_0)
+        acc2_4 = acc2_4 + wt11_0 * (-0.5477225575051661 * g11_0 * sb1_0_0 + 0.5477225575051661 * g11_2 * sb1_2_0)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        wt12_0 = weights[tile_b, 1536 + tile_c.index]
+        g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12tee, g12teo = hl.split(g12te)
+        g12_0, g12_4 = hl.split(g12tee)
+        g12_2, g12_6 = hl.split(g12teo)
+        g12toe, g12too = hl.split(g12to)
+        g12_1, g12_5 = hl.split(g12toe)
+        g12_3, g12_7 = hl.split(g12too)
+        acc2_0 = acc2_0 + wt12_0 * (
+            0.7071067811865476 * g12_0 * sb1_2_0 + 0.5773502691896258 * g12_1 * sb1_1_0
+            - 0.18257418583505539 * g12_2 * sb1_2_0 - 0.18257418583505539 * g12_4 * sb1_0_0
+            - 0.7071067811865476 * g12_6 * sb1_0_0
+        )
+        acc2_1 = acc2_1 + wt12_0 * (
+            0.5773502691896258 * g12_1 * sb1_2_0 + 0.7302967433402215 * g12_2 * sb1_1_0
+            - 0.4472135954999579 * g12_3 * sb1_0_0 - 0.5773502691896258 * g12_5 * sb1_0_0
+        )
+        acc2_2 = acc2_2 + wt12_0 * (
+            0.6324555320336759 * g12_2 * sb1_0_0 + 0.7745966692414835 * g12_3 * sb1_1_0
+            + 0.6324555320336759 * g12_4 * sb1_2_0
+        )
+        acc2_3 = acc2_3 + wt12_0 * (
+            0.5773502691896258 * g12_1 * sb1_0_0 - 0.4472135954999579 * g12_3 * sb1_2_0
+            + 0.7302967433402215 * g12_4 * sb1_1_0 + 0.5773502691896258 * g12_5 * sb1_2_0
+        )
+        acc2_4 = acc2_4 + wt12_0 * (
+            0.7071067811865476 * g12_0 * sb1_0_0 + 0.18257418583505539 * g12_2 * sb1_0_0
+            - 0.18257418583505539 * g12_4 * sb1_2_0 + 0.5773502691896258 * g12_5 * sb1_1_0
+            + 0.7071067811865476 * g12_6 * sb1_2_0
+        )
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        wt13_0 = weights[tile_b, 1664 + tile_c.index]
+        g13_0 = g[tile_b, 7040 + tile_c.index]
+        acc2_0 = acc2_0 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt13_0 * (0.4472135954999579 * g13_0 * sb2_4_0)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        wt14_0 = weights[tile_b, 1792 + tile_c.index]
+        g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14tee, g14teo = hl.split(g14te)
+        g14_0, g14_4 = hl.split(g14tee)
+        g14_2, g14_6 = hl.split(g14teo)
+        g14toe, g14too = hl.split(g14to)
+        g14_1, g14_5 = hl.split(g14toe)
+        g14_3, g14_7 = hl.split(g14too)
+        acc2_0 = acc2_0 + wt14_0 * (
+            -0.5345224838248488 * g14_0 * sb2_2_0 + 0.4629100498862757 * g14_1 * sb2_3_0
+            - 0.5345224838248488 * g14_2 * sb2_0_0 + 0.4629100498862757 * g14_3 * sb2_1_0
+        )
+        acc2_1 = acc2_1 + wt14_0 * (
+            0.4629100498862757 * g14_0 * sb2_3_0 + 0.2672612419124244 * g14_1 * sb2_2_0
+            - 0.4629100498862757 * g14_1 * sb2_4_0 + 0.2672612419124244 * g14_2 * sb2_1_0
+            + 0.4629100498862757 * g14_3 * sb2_0_0 - 0.4629100498862757 * g14_4 * sb2_1_0
+        )
+        acc2_2 = acc2_2 + wt14_0 * (
+            -0.5345224838248488 * g14_0 * sb2_0_0 + 0.2672612419124244 * g14_1 * sb2_1_0
+            + 0.5345224838248488 * g14_2 * sb2_2_0 + 0.2672612419124244 * g14_3 * sb2_3_0
+            - 0.5345224838248488 * g14_4 * sb2_4_0
+        )
+        acc2_3 = acc2_3 + wt14_0 * (
+            0.4629100498862757 * g14_0 * sb2_1_0 + 0.4629100498862757 * g14_1 * sb2_0_0
+            + 0.2672612419124244 * g14_2 * sb2_3_0 + 0.2672612419124244 * g14_3 * sb2_2_0
+            + 0.4629100498862757 * g14_3 * sb2_4_0 + 0.4629100498862757 * g14_4 * sb2_3_0
+        )
+        acc2_4 = acc2_4 + wt14_0 * (
+            -0.4629100498862757 * g14_1 * sb2_1_0 - 0.5345224838248488 * g14_2 * sb2_4_0
+            + 0.4629100498862757 * g14_3 * sb2_3_0 - 0.5345224838248488 * g14_4 * sb2_2_0
+        )
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 1920 + tile_c.index]
+        g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15_0, g15_2 = hl.split(g15te)
+        g15_1, g15_3 = hl.split(g15to)
+        acc2_0 = acc2_0 + wt15_0 * (
+            -0.11952286093343936 * g15_0 * sb3_4_0 - 0.4629100498862757 * g15_0 * sb3_6_0
+            + 0.3779644730092272 * g15_1 * sb3_1_0 + 0.4629100498862757 * g15_2 * sb3_0_0
+            - 0.11952286093343936 * g15_2 * sb3_2_0
+        )
+        acc2_1 = acc2_1 + wt15_0 * (
+            -0.2927700218845599 * g15_0 * sb3_3_0 - 0.3779644730092272 * g15_0 * sb3_5_0
+            + 0.47809144373375745 * g15_1 * sb3_2_0 + 0.3779644730092272 * g15_2 * sb3_1_0
+        )
+        acc2_2 = acc2_2 + wt15_0 * (
+            0.4140393356054125 * g15_0 * sb3_2_0 + 0.50709255283711 * g15_1 * sb3_3_0
+            + 0.4140393356054125 * g15_2 * sb3_4_0
+        )
+        acc2_3 = acc2_3 + wt15_0 * (
+            0.3779644730092272 * g15_0 * sb3_1_0 + 0.47809144373375745 * g15_1 * sb3_4_0
+            - 0.2927700218845599 * g15_2 * sb3_3_0 + 0.3779644730092272 * g15_2 * sb3_5_0
+        )
+        acc2_4 = acc2_4 + wt15_0 * (
+            0.4629100498862757 * g15_0 * sb3_0_0 + 0.11952286093343936 * g15_0 * sb3_2_0
+            + 0.3779644730092272 * g15_1 * sb3_5_0 - 0.11952286093343936 * g15_2 * sb3_4_0
+            + 0.4629100498862757 * g15_2 * sb3_6_0
+        )
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        wt16_0 = weights[tile_b, 2048 + tile_c.index]
+        g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16tee, g16teo = hl.split(g16te)
+        g16_0, g16_4 = hl.split(g16tee)
+        g16_2, g16_6 = hl.split(g16teo)
+        g16toe, g16too = hl.split(g16to)
+        g16_1, g16_5 = hl.split(g16toe)
+        g16_3, g16_7 = hl.split(g16too)
+        acc2_0 = acc2_0 + wt16_0 * (
+            -0.2886751345948129 * g16_0 * sb3_4_0 - 0.5773502691896258 * g16_1 * sb3_3_0
+            + 0.4472135954999579 * g16_2 * sb3_4_0 + 0.2886751345948129 * g16_2 * sb3_6_0
+            - 0.5773502691896258 * g16_3 * sb3_1_0 - 0.2886751345948129 * g16_4 * sb3_0_0
+            + 0.4472135954999579 * g16_4 * sb3_2_0 + 0.2886751345948129 * g16_6 * sb3_2_0
+        )
+        acc2_1 = acc2_1 + wt16_0 * (
+            0.45643546458763845 * g16_0 * sb3_5_0 + 0.3535533905932738 * g16_1 * sb3_4_0
+            - 0.45643546458763845 * g16_1 * sb3_6_0 + 0.18257418583505539 * g16_2 * sb3_3_0
+            - 0.3535533905932738 * g16_2 * sb3_5_0 + 0.18257418583505539 * g16_3 * sb3_2_0
+            + 0.3535533905932738 * g16_4 * sb3_1_0 + 0.45643546458763845 * g16_5 * sb3_0_0
+            - 0.3535533905932738 * g16_5 * sb3_2_0 - 0.45643546458763845 * g16_6 * sb3_1_0
+        )
+        acc2_2 = acc2_2 + wt16_0 * (
+            -0.6454972243679029 * g16_0 * sb3_0_0 + 0.38729833462074176 * g16_2 * sb3_2_0
+            + 0.5163977794943223 * g16_3 * sb3_3_0 + 0.38729833462074176 * g16_4 * sb3_4_0
+            - 0.6454972243679029 * g16_6 * sb3_6_0
+        )
+        acc2_3 = acc2_3 + wt16_0 * (
+            0.45643546458763845 * g16_0 * sb3_1_0 + 0.45643546458763845 * g16_1 * sb3_0_0
+            + 0.3535533905932738 * g16_1 * sb3_2_0 + 0.3535533905932738 * g16_2 * sb3_1_0
+            + 0.18257418583505539 * g16_3 * sb3_4_0 + 0.18257418583505539 * g16_4 * sb3_3_0
+            + 0.3535533905932738 * g16_4 * sb3_5_0 + 0.3535533905932738 * g16_5 * sb3_4_0
+            + 0.45643546458763845 * g16_5 * sb3_6_0 + 0.45643546458763845 * g16_6 * sb3_5_0
+        )
+        acc2_4 = acc2_4 + wt16_0 * (
+            -0.2886751345948129 * g16_0 * sb3_2_0 - 0.2886751345948129 * g16_2 * sb3_0_0
+            - 0.4472135954999579 * g16_2 * sb3_2_0 - 0.5773502691896258 * g16_3 * sb3_5_0
+            + 0.4472135954999579 * g16_4 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_6_0
+            - 0.5773502691896258 * g16_5 * sb3_3_0 - 0.2886751345948129 * g16_6 * sb3_4_0
+        )
+        hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -1383,7 +1381,7 @@ def tp_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-16."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -1400,393 +1398,392 @@ def tp_bwd_w_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2tee, a2teo = hl.split(a2te)
-            a2_0, a2_4 = hl.split(a2tee)
-            a2_2, a2_6 = hl.split(a2teo)
-            a2toe, a2too = hl.split(a2to)
-            a2_1, a2_5 = hl.split(a2toe)
-            a2_3, a2_7 = hl.split(a2too)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g[tile_b, tile_c.index]
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3tee, g3teo = hl.split(g3te)
-            g3_0, g3_4 = hl.split(g3tee)
-            g3_2, g3_6 = hl.split(g3teo)
-            g3toe, g3too = hl.split(g3to)
-            g3_1, g3_5 = hl.split(g3toe)
-            g3_3, g3_7 = hl.split(g3too)
-            q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
-            q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
-            q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
-            q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
-            q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
-            q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw[tile_b, 384 + tile_c.index] = (
-                q0 * g3_0 + q1 * g3_1
-                + q2 * g3_2 + q3 * g3_3
-                + q4 * g3_4 + q5 * g3_5
-                + q6 * g3_6
-            )
-            # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            g5_0 = g[tile_b, 2432 + tile_c.index]
-            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
-            # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
-            # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            q1 = (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
-            # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
-            g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8tee, g8teo = hl.split(g8te)
-            g8_0, g8_4 = hl.split(g8tee)
-            g8_2, g8_6 = hl.split(g8teo)
-            g8toe, g8too = hl.split(g8to)
-            g8_1, g8_5 = hl.split(g8toe)
-            g8_3, g8_7 = hl.split(g8too)
-            q1 = (
-                0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
-                + 0.5773502691896258 * a1_2 * sb2_1_0
-            )
-            q2 = (
-                0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
-                + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
-                - 0.4472135954999579 * a1_2 * sb2_3_0
-            )
-            q4 = (
-                -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
-                + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
-            )
-            q5 = (
-                -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
-                + 0.5773502691896258 * a1_2 * sb2_3_0
-            )
-            q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
-            gw[tile_b, 1024 + tile_c.index] = (
-                q0 * g8_0 + q1 * g8_1
-                + q2 * g8_2 + q3 * g8_3
-                + q4 * g8_4 + q5 * g8_5
-                + q6 * g8_6
-            )
-            # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            q0 = (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            q1 = (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            q2 = (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            q3 = (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            q4 = (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
-            # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a2_0 * sb0_0_0)
-            g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10tee, g10teo = hl.split(g10te)
-            g10_0, g10_4 = hl.split(g10tee)
-            g10_2, g10_6 = hl.split(g10teo)
-            g10toe, g10too = hl.split(g10to)
-            g10_1, g10_5 = hl.split(g10toe)
-            g10_3, g10_7 = hl.split(g10too)
-            q1 = (a2_1 * sb0_0_0)
-            q2 = (a2_2 * sb0_0_0)
-            q3 = (a2_3 * sb0_0_0)
-            q4 = (a2_4 * sb0_0_0)
-            gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
-            # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
-                - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
-            )
-            g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11_0, g11_2 = hl.split(g11te)
-            g11_1, g11_3 = hl.split(g11to)
-            q1 = (
-                0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
-                + 0.5477225575051661 * a2_3 * sb1_2_0
-            )
-            q2 = (
-                0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
-                + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
-            )
-            gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
-            # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
-            g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12tee, g12teo = hl.split(g12te)
-            g12_0, g12_4 = hl.split(g12tee)
-            g12_2, g12_6 = hl.split(g12teo)
-            g12toe, g12too = hl.split(g12to)
-            g12_1, g12_5 = hl.split(g12toe)
-            g12_3, g12_7 = hl.split(g12too)
-            q1 = (
-                0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
-                + 0.5773502691896258 * a2_3 * sb1_0_0
-            )
-            q2 = (
-                -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
-                + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
-                - 0.4472135954999579 * a2_3 * sb1_2_0
-            )
-            q4 = (
-                -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
-                + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
-            )
-            q5 = (
-                -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
-                + 0.5773502691896258 * a2_4 * sb1_1_0
-            )
-            q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
-            gw[tile_b, 1536 + tile_c.index] = (
-                q0 * g12_0 + q1 * g12_1
-                + q2 * g12_2 + q3 * g12_3
-                + q4 * g12_4 + q5 * g12_5
-                + q6 * g12_6
-            )
-            # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
-                + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
-                + 0.4472135954999579 * a2_4 * sb2_4_0
-            )
-            g13_0 = g[tile_b, 7040 + tile_c.index]
-            gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
-            # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
-                - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
-            )
-            g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            q1 = (
-                0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
-                - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
-                + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
-            )
-            q2 = (
-                -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
-                + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
-                - 0.5345224838248488 * a2_4 * sb2_4_0
-            )
-            q3 = (
-                0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
-                + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
-                + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
-            )
-            q4 = (
-                -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
-                + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
-            )
-            gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
-            # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
-            q0 = (
-                -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
-                - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
-                + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
-                + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
-            )
-            g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15_0, g15_2 = hl.split(g15te)
-            g15_1, g15_3 = hl.split(g15to)
-            q1 = (
-                0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
-                + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
-                + 0.3779644730092272 * a2_4 * sb3_5_0
-            )
-            q2 = (
-                0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
-                + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
-                - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
-                - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
-            )
-            gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
-            # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
-            q0 = (
-                -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
-                - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_2_0
-            )
-            g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            q1 = (
-                -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
-                - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
-                + 0.3535533905932738 * a2_3 * sb3_2_0
-            )
-            q2 = (
-                0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
-                + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
-                + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
-                - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
-            )
-            q3 = (
-                -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
-                + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
-                - 0.5773502691896258 * a2_4 * sb3_5_0
-            )
-            q4 = (
-                -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
-                + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
-                + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
-                + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
-            )
-            q5 = (
-                0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
-                + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
-                - 0.5773502691896258 * a2_4 * sb3_3_0
-            )
-            q6 = (
-                0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
-                - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
-                - 0.2886751345948129 * a2_4 * sb3_4_0
-            )
-            gw[tile_b, 2048 + tile_c.index] = (
-                q0 * g16_0 + q1 * g16_1
-                + q2 * g16_2 + q3 * g16_3
-                + q4 * g16_4 + q5 * g16_5
-                + q6 * g16_6
-            )
+        a0_0 = x1[tile_b, tile_c.index]
+        a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a1t = a1.reshape([tile_b, tile_c, 2, 2])
+        a1te, a1to = hl.split(a1t)
+        a1_0, a1_2 = hl.split(a1te)
+        a1_1, a1_3 = hl.split(a1to)
+        a2 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2tee, a2teo = hl.split(a2te)
+        a2_0, a2_4 = hl.split(a2tee)
+        a2_2, a2_6 = hl.split(a2teo)
+        a2toe, a2too = hl.split(a2to)
+        a2_1, a2_5 = hl.split(a2toe)
+        a2_3, a2_7 = hl.split(a2too)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        q0 = (a0_0 * sb0_0_0)
+        g0_0 = g[tile_b, tile_c.index]
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        q0 = (a0_0 * sb2_0_0)
+        g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        q1 = (a0_0 * sb2_1_0)
+        q2 = (a0_0 * sb2_2_0)
+        q3 = (a0_0 * sb2_3_0)
+        q4 = (a0_0 * sb2_4_0)
+        gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
+        g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3tee, g3teo = hl.split(g3te)
+        g3_0, g3_4 = hl.split(g3tee)
+        g3_2, g3_6 = hl.split(g3teo)
+        g3toe, g3too = hl.split(g3to)
+        g3_1, g3_5 = hl.split(g3toe)
+        g3_3, g3_7 = hl.split(g3too)
+        q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
+        q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
+        q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
+        q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
+        q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
+        q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
+        gw[tile_b, 384 + tile_c.index] = (
+            q0 * g3_0 + q1 * g3_1
+            + q2 * g3_2 + q3 * g3_3
+            + q4 * g3_4 + q5 * g3_5
+            + q6 * g3_6
+        )
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
+        g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+        gw[tile_b, 512 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        g5_0 = g[tile_b, 2432 + tile_c.index]
+        gw[tile_b, 640 + tile_c.index] = (q0 * g5_0)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        g6 = hl.load(g, [tile_b, 2560 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6tee, g6teo = hl.split(g6te)
+        g6_0, g6_4 = hl.split(g6tee)
+        g6_2, g6_6 = hl.split(g6teo)
+        g6toe, g6too = hl.split(g6to)
+        g6_1, g6_5 = hl.split(g6toe)
+        g6_3, g6_7 = hl.split(g6too)
+        q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        g7 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7_0, g7_2 = hl.split(g7te)
+        g7_1, g7_3 = hl.split(g7to)
+        q1 = (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+        g8 = hl.load(g, [tile_b, 3584 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8tee, g8teo = hl.split(g8te)
+        g8_0, g8_4 = hl.split(g8tee)
+        g8_2, g8_6 = hl.split(g8teo)
+        g8toe, g8too = hl.split(g8to)
+        g8_1, g8_5 = hl.split(g8toe)
+        g8_3, g8_7 = hl.split(g8too)
+        q1 = (
+            0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
+            + 0.5773502691896258 * a1_2 * sb2_1_0
+        )
+        q2 = (
+            0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
+            + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
+            - 0.4472135954999579 * a1_2 * sb2_3_0
+        )
+        q4 = (
+            -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
+            + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
+        )
+        q5 = (
+            -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
+            + 0.5773502691896258 * a1_2 * sb2_3_0
+        )
+        q6 = (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+        gw[tile_b, 1024 + tile_c.index] = (
+            q0 * g8_0 + q1 * g8_1
+            + q2 * g8_2 + q3 * g8_3
+            + q4 * g8_4 + q5 * g8_5
+            + q6 * g8_6
+        )
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        q0 = (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        g9 = hl.load(g, [tile_b, 4480 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9tee, g9teo = hl.split(g9te)
+        g9_0, g9_4 = hl.split(g9tee)
+        g9_2, g9_6 = hl.split(g9teo)
+        g9toe, g9too = hl.split(g9to)
+        g9_1, g9_5 = hl.split(g9toe)
+        g9_3, g9_7 = hl.split(g9too)
+        q1 = (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        q2 = (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        q3 = (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        q4 = (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        gw[tile_b, 1152 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        q0 = (a2_0 * sb0_0_0)
+        g10 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10tee, g10teo = hl.split(g10te)
+        g10_0, g10_4 = hl.split(g10tee)
+        g10_2, g10_6 = hl.split(g10teo)
+        g10toe, g10too = hl.split(g10to)
+        g10_1, g10_5 = hl.split(g10toe)
+        g10_3, g10_7 = hl.split(g10too)
+        q1 = (a2_1 * sb0_0_0)
+        q2 = (a2_2 * sb0_0_0)
+        q3 = (a2_3 * sb0_0_0)
+        q4 = (a2_4 * sb0_0_0)
+        gw[tile_b, 1280 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2 + q3 * g10_3 + q4 * g10_4)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
+            - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
+        )
+        g11 = hl.load(g, [tile_b, 5760 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11_0, g11_2 = hl.split(g11te)
+        g11_1, g11_3 = hl.split(g11to)
+        q1 = (
+            0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
+            + 0.5477225575051661 * a2_3 * sb1_2_0
+        )
+        q2 = (
+            0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
+            + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
+        )
+        gw[tile_b, 1408 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+        g12 = hl.load(g, [tile_b, 6144 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12tee, g12teo = hl.split(g12te)
+        g12_0, g12_4 = hl.split(g12tee)
+        g12_2, g12_6 = hl.split(g12teo)
+        g12toe, g12too = hl.split(g12to)
+        g12_1, g12_5 = hl.split(g12toe)
+        g12_3, g12_7 = hl.split(g12too)
+        q1 = (
+            0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
+            + 0.5773502691896258 * a2_3 * sb1_0_0
+        )
+        q2 = (
+            -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
+            + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
+            - 0.4472135954999579 * a2_3 * sb1_2_0
+        )
+        q4 = (
+            -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
+            + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
+        )
+        q5 = (
+            -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
+            + 0.5773502691896258 * a2_4 * sb1_1_0
+        )
+        q6 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+        gw[tile_b, 1536 + tile_c.index] = (
+            q0 * g12_0 + q1 * g12_1
+            + q2 * g12_2 + q3 * g12_3
+            + q4 * g12_4 + q5 * g12_5
+            + q6 * g12_6
+        )
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
+            + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
+            + 0.4472135954999579 * a2_4 * sb2_4_0
+        )
+        g13_0 = g[tile_b, 7040 + tile_c.index]
+        gw[tile_b, 1664 + tile_c.index] = (q0 * g13_0)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
+            - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
+        )
+        g14 = hl.load(g, [tile_b, 7168 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14tee, g14teo = hl.split(g14te)
+        g14_0, g14_4 = hl.split(g14tee)
+        g14_2, g14_6 = hl.split(g14teo)
+        g14toe, g14too = hl.split(g14to)
+        g14_1, g14_5 = hl.split(g14toe)
+        g14_3, g14_7 = hl.split(g14too)
+        q1 = (
+            0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
+            - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
+            + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
+        )
+        q2 = (
+            -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
+            + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
+            - 0.5345224838248488 * a2_4 * sb2_4_0
+        )
+        q3 = (
+            0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
+            + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
+            + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
+        )
+        q4 = (
+            -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
+            + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
+        )
+        gw[tile_b, 1792 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2 + q3 * g14_3 + q4 * g14_4)
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        q0 = (
+            -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
+            - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
+            + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
+            + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
+        )
+        g15 = hl.load(g, [tile_b, 7808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15_0, g15_2 = hl.split(g15te)
+        g15_1, g15_3 = hl.split(g15to)
+        q1 = (
+            0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
+            + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
+            + 0.3779644730092272 * a2_4 * sb3_5_0
+        )
+        q2 = (
+            0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
+            + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
+            - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
+            - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
+        )
+        gw[tile_b, 1920 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2)
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        q0 = (
+            -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
+            - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_2_0
+        )
+        g16 = hl.load(g, [tile_b, 8192 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16tee, g16teo = hl.split(g16te)
+        g16_0, g16_4 = hl.split(g16tee)
+        g16_2, g16_6 = hl.split(g16teo)
+        g16toe, g16too = hl.split(g16to)
+        g16_1, g16_5 = hl.split(g16toe)
+        g16_3, g16_7 = hl.split(g16too)
+        q1 = (
+            -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
+            - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
+            + 0.3535533905932738 * a2_3 * sb3_2_0
+        )
+        q2 = (
+            0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
+            + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
+            + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
+        )
+        q3 = (
+            -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
+            + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
+            - 0.5773502691896258 * a2_4 * sb3_5_0
+        )
+        q4 = (
+            -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
+            + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
+            + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
+            + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
+        )
+        q5 = (
+            0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
+            + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
+            - 0.5773502691896258 * a2_4 * sb3_3_0
+        )
+        q6 = (
+            0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
+            - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
+            - 0.2886751345948129 * a2_4 * sb3_4_0
+        )
+        gw[tile_b, 2048 + tile_c.index] = (
+            q0 * g16_0 + q1 * g16_1
+            + q2 * g16_2 + q3 * g16_3
+            + q4 * g16_4 + q5 * g16_5
+            + q6 * g16_6
+        )
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

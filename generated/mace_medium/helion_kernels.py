@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion
@@ -37,7 +39,7 @@ def tp_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-7; paths 0-7."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -54,129 +56,128 @@ def tp_fwd_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            # g block 0: 128x0e (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out[tile_b, tile_c.index] = acc0_0
-            # g block 1: 128x1o (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 2: 128x2e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 3: 128x1o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
-            acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
-            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 4: 128x0e (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            out[tile_b, 1536 + tile_c.index] = acc4_0
-            # g block 5: 128x2e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            acc5_1 = acc5_1 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            acc5_2 = acc5_2 + wt5_0 * (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            acc5_3 = acc5_3 + wt5_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            acc5_4 = acc5_4 + wt5_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            hl.store(out, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 6: 128x1o (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            acc6_1 = acc6_1 + wt6_0 * (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            acc6_2 = acc6_2 + wt6_0 * (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 7: 128x2e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            acc7_1 = acc7_1 + wt7_0 * (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            acc7_2 = acc7_2 + wt7_0 * (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            acc7_3 = acc7_3 + wt7_0 * (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            acc7_4 = acc7_4 + wt7_0 * (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a0_0 = x1[tile_b, tile_c.index]
+        a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a1t = a1.reshape([tile_b, tile_c, 2, 2])
+        a1te, a1to = hl.split(a1t)
+        a1_0, a1_2 = hl.split(a1te)
+        a1_1, a1_3 = hl.split(a1to)
+        # g block 0: 128x0e (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        out[tile_b, tile_c.index] = acc0_0
+        # g block 1: 128x1o (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.store(out, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 2: 128x2e (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 3: 128x1o (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+        acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
+        hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 4: 128x0e (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        out[tile_b, 1536 + tile_c.index] = acc4_0
+        # g block 5: 128x2e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        acc5_1 = acc5_1 + wt5_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        acc5_2 = acc5_2 + wt5_0 * (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        acc5_3 = acc5_3 + wt5_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        acc5_4 = acc5_4 + wt5_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        hl.store(out, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 6: 128x1o (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        acc6_1 = acc6_1 + wt6_0 * (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        acc6_2 = acc6_2 + wt6_0 * (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 7: 128x2e (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        acc7_1 = acc7_1 + wt7_0 * (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        acc7_2 = acc7_2 + wt7_0 * (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        acc7_3 = acc7_3 + wt7_0 * (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        acc7_4 = acc7_4 + wt7_0 * (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_0)), hl.join(hl.join(acc7_1, acc7_0), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -190,7 +191,7 @@ def tp_bwd_x1_0(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0, 1; paths 0-7."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -207,132 +208,131 @@ def tp_bwd_x1_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            # x1 block 0: 128x0e (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            g0_0 = g[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 128 + tile_c.index]
-            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 256 + tile_c.index]
-            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            gx1[tile_b, tile_c.index] = acc0_0
-            # x1 block 1: 128x1o (5 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            wt3_0 = weights[tile_b, 384 + tile_c.index]
-            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            acc1_0 = acc1_0 + wt3_0 * (0.9999999999999999 * g3_0 * sb0_0_0)
-            acc1_1 = acc1_1 + wt3_0 * (0.9999999999999999 * g3_1 * sb0_0_0)
-            acc1_2 = acc1_2 + wt3_0 * (0.9999999999999999 * g3_2 * sb0_0_0)
-            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 512 + tile_c.index]
-            g4_0 = g[tile_b, 1536 + tile_c.index]
-            acc1_0 = acc1_0 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_2_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            wt5_0 = weights[tile_b, 640 + tile_c.index]
-            g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            acc1_0 = acc1_0 + wt5_0 * (
-                0.7071067811865476 * g5_0 * sb1_2_0 + 0.7071067811865476 * g5_1 * sb1_1_0
-                - 0.408248290463863 * g5_2 * sb1_0_0 - 0.7071067811865476 * g5_4 * sb1_0_0
-            )
-            acc1_1 = acc1_1 + wt5_0 * (
-                0.7071067811865476 * g5_1 * sb1_0_0 + 0.816496580927726 * g5_2 * sb1_1_0
-                + 0.7071067811865476 * g5_3 * sb1_2_0
-            )
-            acc1_2 = acc1_2 + wt5_0 * (
-                0.7071067811865476 * g5_0 * sb1_0_0 - 0.408248290463863 * g5_2 * sb1_2_0
-                + 0.7071067811865476 * g5_3 * sb1_1_0 + 0.7071067811865476 * g5_4 * sb1_2_0
-            )
-            # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            wt6_0 = weights[tile_b, 768 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            acc1_0 = acc1_0 + wt6_0 * (
-                -0.3162277660168379 * g6_0 * sb2_2_0 - 0.5477225575051661 * g6_0 * sb2_4_0
-                + 0.5477225575051661 * g6_1 * sb2_1_0 + 0.5477225575051661 * g6_2 * sb2_0_0
-            )
-            acc1_1 = acc1_1 + wt6_0 * (
-                0.5477225575051661 * g6_0 * sb2_1_0 + 0.6324555320336758 * g6_1 * sb2_2_0
-                + 0.5477225575051661 * g6_2 * sb2_3_0
-            )
-            acc1_2 = acc1_2 + wt6_0 * (
-                0.5477225575051661 * g6_0 * sb2_0_0 + 0.5477225575051661 * g6_1 * sb2_3_0
-                - 0.3162277660168379 * g6_2 * sb2_2_0 + 0.5477225575051661 * g6_2 * sb2_4_0
-            )
-            # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            wt7_0 = weights[tile_b, 896 + tile_c.index]
-            g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            acc1_0 = acc1_0 + wt7_0 * (
-                -0.1543033499620919 * g7_0 * sb3_4_0 - 0.5976143046671969 * g7_0 * sb3_6_0
-                - 0.3779644730092272 * g7_1 * sb3_3_0 - 0.48795003647426666 * g7_1 * sb3_5_0
-                + 0.5345224838248488 * g7_2 * sb3_2_0 + 0.48795003647426666 * g7_3 * sb3_1_0
-                + 0.5976143046671969 * g7_4 * sb3_0_0 + 0.1543033499620919 * g7_4 * sb3_2_0
-            )
-            acc1_1 = acc1_1 + wt7_0 * (
-                0.48795003647426666 * g7_0 * sb3_1_0 + 0.6172133998483676 * g7_1 * sb3_2_0
-                + 0.6546536707079772 * g7_2 * sb3_3_0 + 0.6172133998483676 * g7_3 * sb3_4_0
-                + 0.48795003647426666 * g7_4 * sb3_5_0
-            )
-            acc1_2 = acc1_2 + wt7_0 * (
-                0.5976143046671969 * g7_0 * sb3_0_0 - 0.1543033499620919 * g7_0 * sb3_2_0
-                + 0.48795003647426666 * g7_1 * sb3_1_0 + 0.5345224838248488 * g7_2 * sb3_4_0
-                - 0.3779644730092272 * g7_3 * sb3_3_0 + 0.48795003647426666 * g7_3 * sb3_5_0
-                - 0.1543033499620919 * g7_4 * sb3_4_0 + 0.5976143046671969 * g7_4 * sb3_6_0
-            )
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 0: 128x0e (3 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        g0_0 = g[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        acc0_0 = acc0_0 + wt2_0 * (
+            g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+            + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+            + g2_4 * sb2_4_0
+        )
+        gx1[tile_b, tile_c.index] = acc0_0
+        # x1 block 1: 128x1o (5 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        acc1_0 = acc1_0 + wt3_0 * (0.9999999999999999 * g3_0 * sb0_0_0)
+        acc1_1 = acc1_1 + wt3_0 * (0.9999999999999999 * g3_1 * sb0_0_0)
+        acc1_2 = acc1_2 + wt3_0 * (0.9999999999999999 * g3_2 * sb0_0_0)
+        # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        g4_0 = g[tile_b, 1536 + tile_c.index]
+        acc1_0 = acc1_0 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt4_0 * (0.5773502691896257 * g4_0 * sb1_2_0)
+        # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5tee, g5teo = hl.split(g5te)
+        g5_0, g5_4 = hl.split(g5tee)
+        g5_2, g5_6 = hl.split(g5teo)
+        g5toe, g5too = hl.split(g5to)
+        g5_1, g5_5 = hl.split(g5toe)
+        g5_3, g5_7 = hl.split(g5too)
+        acc1_0 = acc1_0 + wt5_0 * (
+            0.7071067811865476 * g5_0 * sb1_2_0 + 0.7071067811865476 * g5_1 * sb1_1_0
+            - 0.408248290463863 * g5_2 * sb1_0_0 - 0.7071067811865476 * g5_4 * sb1_0_0
+        )
+        acc1_1 = acc1_1 + wt5_0 * (
+            0.7071067811865476 * g5_1 * sb1_0_0 + 0.816496580927726 * g5_2 * sb1_1_0
+            + 0.7071067811865476 * g5_3 * sb1_2_0
+        )
+        acc1_2 = acc1_2 + wt5_0 * (
+            0.7071067811865476 * g5_0 * sb1_0_0 - 0.408248290463863 * g5_2 * sb1_2_0
+            + 0.7071067811865476 * g5_3 * sb1_1_0 + 0.7071067811865476 * g5_4 * sb1_2_0
+        )
+        # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        acc1_0 = acc1_0 + wt6_0 * (
+            -0.3162277660168379 * g6_0 * sb2_2_0 - 0.5477225575051661 * g6_0 * sb2_4_0
+            + 0.5477225575051661 * g6_1 * sb2_1_0 + 0.5477225575051661 * g6_2 * sb2_0_0
+        )
+        acc1_1 = acc1_1 + wt6_0 * (
+            0.5477225575051661 * g6_0 * sb2_1_0 + 0.6324555320336758 * g6_1 * sb2_2_0
+            + 0.5477225575051661 * g6_2 * sb2_3_0
+        )
+        acc1_2 = acc1_2 + wt6_0 * (
+            0.5477225575051661 * g6_0 * sb2_0_0 + 0.5477225575051661 * g6_1 * sb2_3_0
+            - 0.3162277660168379 * g6_2 * sb2_2_0 + 0.5477225575051661 * g6_2 * sb2_4_0
+        )
+        # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7tee, g7teo = hl.split(g7te)
+        g7_0, g7_4 = hl.split(g7tee)
+        g7_2, g7_6 = hl.split(g7teo)
+        g7toe, g7too = hl.split(g7to)
+        g7_1, g7_5 = hl.split(g7toe)
+        g7_3, g7_7 = hl.split(g7too)
+        acc1_0 = acc1_0 + wt7_0 * (
+            -0.1543033499620919 * g7_0 * sb3_4_0 - 0.5976143046671969 * g7_0 * sb3_6_0
+            - 0.3779644730092272 * g7_1 * sb3_3_0 - 0.48795003647426666 * g7_1 * sb3_5_0
+            + 0.5345224838248488 * g7_2 * sb3_2_0 + 0.48795003647426666 * g7_3 * sb3_1_0
+            + 0.5976143046671969 * g7_4 * sb3_0_0 + 0.1543033499620919 * g7_4 * sb3_2_0
+        )
+        acc1_1 = acc1_1 + wt7_0 * (
+            0.48795003647426666 * g7_0 * sb3_1_0 + 0.6172133998483676 * g7_1 * sb3_2_0
+            + 0.6546536707079772 * g7_2 * sb3_3_0 + 0.6172133998483676 * g7_3 * sb3_4_0
+            + 0.48795003647426666 * g7_4 * sb3_5_0
+        )
+        acc1_2 = acc1_2 + wt7_0 * (
+            0.5976143046671969 * g7_0 * sb3_0_0 - 0.1543033499620919 * g7_0 * sb3_2_0
+            + 0.48795003647426666 * g7_1 * sb3_1_0 + 0.5345224838248488 * g7_2 * sb3_4_0
+            - 0.3779644730092272 * g7_3 * sb3_3_0 + 0.48795003647426666 * g7_3 * sb3_5_0
+            - 0.1543033499620919 * g7_4 * sb3_4_0 + 0.5976143046671969 * g7_4 * sb3_6_0
+        )
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -567,7 +567,7 @@ def tp_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-7."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -584,131 +584,130 @@ def tp_bwd_w_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(128, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g[tile_b, tile_c.index]
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
-            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
-            gw[tile_b, 384 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
-            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
-                + 0.5773502691896257 * a1_2 * sb1_2_0
-            )
-            g4_0 = g[tile_b, 1536 + tile_c.index]
-            gw[tile_b, 512 + tile_c.index] = (q0 * g4_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
-            g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
-                - 0.408248290463863 * a1_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
-            gw[tile_b, 640 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
-            # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
-                + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
-            )
-            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            q1 = (
-                0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
-                + 0.5477225575051661 * a1_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
-                - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
-            )
-            gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
-            # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            q0 = (
-                -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
-                + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
-                - 0.1543033499620919 * a1_2 * sb3_2_0
-            )
-            g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            q1 = (
-                -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
-                + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
-            )
-            q2 = (
-                0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
-                + 0.5345224838248488 * a1_2 * sb3_4_0
-            )
-            q3 = (
-                0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
-                - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
-            )
-            q4 = (
-                0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
-                + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
-                + 0.5976143046671969 * a1_2 * sb3_6_0
-            )
-            gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
+        a0_0 = x1[tile_b, tile_c.index]
+        a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a1t = a1.reshape([tile_b, tile_c, 2, 2])
+        a1te, a1to = hl.split(a1t)
+        a1_0, a1_2 = hl.split(a1te)
+        a1_1, a1_3 = hl.split(a1to)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        q0 = (a0_0 * sb0_0_0)
+        g0_0 = g[tile_b, tile_c.index]
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        gw[tile_b, 128 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        q0 = (a0_0 * sb2_0_0)
+        g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        q1 = (a0_0 * sb2_1_0)
+        q2 = (a0_0 * sb2_2_0)
+        q3 = (a0_0 * sb2_3_0)
+        q4 = (a0_0 * sb2_4_0)
+        gw[tile_b, 256 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+        # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb0_0_0)
+        g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        q1 = (0.9999999999999999 * a1_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a1_2 * sb0_0_0)
+        gw[tile_b, 384 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+        # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        g4_0 = g[tile_b, 1536 + tile_c.index]
+        gw[tile_b, 512 + tile_c.index] = (q0 * g4_0)
+        # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5tee, g5teo = hl.split(g5te)
+        g5_0, g5_4 = hl.split(g5tee)
+        g5_2, g5_6 = hl.split(g5teo)
+        g5toe, g5too = hl.split(g5to)
+        g5_1, g5_5 = hl.split(g5toe)
+        g5_3, g5_7 = hl.split(g5too)
+        q1 = (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        gw[tile_b, 640 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+        # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        q1 = (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        gw[tile_b, 768 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+        # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        q0 = (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7tee, g7teo = hl.split(g7te)
+        g7_0, g7_4 = hl.split(g7tee)
+        g7_2, g7_6 = hl.split(g7teo)
+        g7toe, g7too = hl.split(g7to)
+        g7_1, g7_5 = hl.split(g7toe)
+        g7_3, g7_7 = hl.split(g7too)
+        q1 = (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        q2 = (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        q3 = (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        q4 = (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        gw[tile_b, 896 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2 + q3 * g7_3 + q4 * g7_4)
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

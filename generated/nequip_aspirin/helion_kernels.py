@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion
@@ -37,114 +39,113 @@ def tp_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-9; paths 0-9."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
         sb1_2_0 = x2[tile_b, 3][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out[tile_b, tile_c.index] = acc0_0
-            # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 2: 64x0e (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
-            out[tile_b, 256 + tile_c.index] = acc2_0
-            # g block 3: 64x1o (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 4: 64x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 5: 64x0e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            out[tile_b, 704 + tile_c.index] = acc5_0
-            # g block 6: 64x1e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 7: 64x1e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 8: 64x0o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            acc8_0 = acc8_0 + wt8_0 * (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            out[tile_b, 1152 + tile_c.index] = acc8_0
-            # g block 9: 64x1o (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a0_0 = x1[tile_b, tile_c.index]
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        # g block 0: 64x0o (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        out[tile_b, tile_c.index] = acc0_0
+        # g block 1: 64x1e (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 2: 64x0e (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a1_0 * sb0_0_0)
+        out[tile_b, 256 + tile_c.index] = acc2_0
+        # g block 3: 64x1o (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+        acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
+        hl.store(out, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 4: 64x1o (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
+        hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 5: 64x0e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        out[tile_b, 704 + tile_c.index] = acc5_0
+        # g block 6: 64x1e (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        hl.store(out, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 7: 64x1e (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+        acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+        acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
+        hl.store(out, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 8: 64x0o (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        acc8_0 = acc8_0 + wt8_0 * (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        out[tile_b, 1152 + tile_c.index] = acc8_0
+        # g block 9: 64x1o (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        hl.store(out, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -158,110 +159,109 @@ def tp_bwd_x1_0(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-9."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
         sb1_2_0 = x2[tile_b, 3][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            g0_0 = g[tile_b, tile_c.index]
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            g2_0 = g[tile_b, 256 + tile_c.index]
-            g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g[tile_b, 704 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8_0 = g[tile_b, 1152 + tile_c.index]
-            g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9_0, g9_2 = hl.split(g9te)
-            g9_1, g9_3 = hl.split(g9to)
-            # x1 block 0: 64x0o (2 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            gx1[tile_b, tile_c.index] = acc0_0
-            # x1 block 1: 64x0e (2 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
-            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            acc1_0 = acc1_0 + wt3_0 * (
-                0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
-                + 0.9999999999999999 * g3_2 * sb1_2_0
-            )
-            gx1[tile_b, 64 + tile_c.index] = acc1_0
-            # x1 block 2: 64x1o (3 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-            acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-            acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
-            acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
-            acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
-            # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
-            acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
-            acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # x1 block 3: 64x1e (3 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
-            acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
-            acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
-            # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
-            acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
-            acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
-            # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
-            acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
-            acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
-            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g0_0 = g[tile_b, tile_c.index]
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        g2_0 = g[tile_b, 256 + tile_c.index]
+        g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        g5_0 = g[tile_b, 704 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7_0, g7_2 = hl.split(g7te)
+        g7_1, g7_3 = hl.split(g7to)
+        g8_0 = g[tile_b, 1152 + tile_c.index]
+        g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9_0, g9_2 = hl.split(g9te)
+        g9_1, g9_3 = hl.split(g9to)
+        # x1 block 0: 64x0o (2 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        gx1[tile_b, tile_c.index] = acc0_0
+        # x1 block 1: 64x0e (2 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
+        # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        acc1_0 = acc1_0 + wt3_0 * (
+            0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
+            + 0.9999999999999999 * g3_2 * sb1_2_0
+        )
+        gx1[tile_b, 64 + tile_c.index] = acc1_0
+        # x1 block 2: 64x1o (3 paths)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
+        acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
+        acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+        # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
+        acc2_1 = acc2_1 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_1_0)
+        acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
+        # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
+        acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
+        acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 3: 64x1e (3 paths)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
+        acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
+        acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
+        # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
+        acc3_1 = acc3_1 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_1_0)
+        acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
+        # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
+        acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
+        acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
+        hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -422,106 +422,105 @@ def tp_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-9."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
         sb1_2_0 = x2[tile_b, 3][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            g0_0 = g[tile_b, tile_c.index]
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            g2_0 = g[tile_b, 256 + tile_c.index]
-            g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            g5_0 = g[tile_b, 704 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            g8_0 = g[tile_b, 1152 + tile_c.index]
-            g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9_0, g9_2 = hl.split(g9te)
-            g9_1, g9_3 = hl.split(g9to)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            q0 = (a1_0 * sb0_0_0)
-            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0)
-            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw[tile_b, 192 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0)
-            # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
-            # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw[tile_b, 448 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
-            # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0)
-            # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
+        a0_0 = x1[tile_b, tile_c.index]
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        g0_0 = g[tile_b, tile_c.index]
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        g2_0 = g[tile_b, 256 + tile_c.index]
+        g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        g5_0 = g[tile_b, 704 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7_0, g7_2 = hl.split(g7te)
+        g7_1, g7_3 = hl.split(g7to)
+        g8_0 = g[tile_b, 1152 + tile_c.index]
+        g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9_0, g9_2 = hl.split(g9te)
+        g9_1, g9_3 = hl.split(g9to)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        q0 = (a0_0 * sb0_0_0)
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        q0 = (a1_0 * sb0_0_0)
+        gw[tile_b, 128 + tile_c.index] = (q0 * g2_0)
+        # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+        q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+        gw[tile_b, 192 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
+        # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+        q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+        gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+        # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        gw[tile_b, 320 + tile_c.index] = (q0 * g5_0)
+        # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+        # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+        q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
+        gw[tile_b, 448 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
+        # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        gw[tile_b, 512 + tile_c.index] = (q0 * g8_0)
+        # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion
@@ -37,7 +39,7 @@ def tp_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-44; paths 0-44."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -54,1004 +56,1003 @@ def tp_fwd_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            a0_0 = x1[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out[tile_b, tile_c.index] = acc0_0
-            # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 2: 64x2o (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 3: 64x3e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
-            acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
-            acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
-            acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
-            acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
-            acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
-            hl.store(out, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 4: 64x0e (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (a1_0 * sb0_0_0)
-            out[tile_b, 1024 + tile_c.index] = acc4_0
-            # g block 5: 64x1o (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc5_1 = acc5_1 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc5_2 = acc5_2 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc5_0, acc5_2), hl.join(acc5_1, acc5_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 6: 64x2e (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (a1_0 * sb2_0_0)
-            acc6_1 = acc6_1 + wt6_0 * (a1_0 * sb2_1_0)
-            acc6_2 = acc6_2 + wt6_0 * (a1_0 * sb2_2_0)
-            acc6_3 = acc6_3 + wt6_0 * (a1_0 * sb2_3_0)
-            acc6_4 = acc6_4 + wt6_0 * (a1_0 * sb2_4_0)
-            hl.store(out, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 7: 64x3o (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc7_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_0_0)
-            acc7_1 = acc7_1 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_1_0)
-            acc7_2 = acc7_2 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_2_0)
-            acc7_3 = acc7_3 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_3_0)
-            acc7_4 = acc7_4 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_4_0)
-            acc7_5 = acc7_5 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_5_0)
-            acc7_6 = acc7_6 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_6_0)
-            hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 8: 64x1o (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 9: 64x0e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            out[tile_b, 2240 + tile_c.index] = acc9_0
-            # g block 10: 64x1e (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt10_0 = weights[tile_b, 640 + tile_c.index]
-            acc10_0 = acc10_0 + wt10_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc10_1 = acc10_1 + wt10_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc10_2 = acc10_2 + wt10_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 11: 64x2e (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 704 + tile_c.index]
-            acc11_0 = acc11_0 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            acc11_1 = acc11_1 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            acc11_2 = acc11_2 + wt11_0 * (
-                -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
-                - 0.408248290463863 * a2_2 * sb1_2_0
-            )
-            acc11_3 = acc11_3 + wt11_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            acc11_4 = acc11_4 + wt11_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            hl.store(out, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 12: 64x1o (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt12_0 = weights[tile_b, 768 + tile_c.index]
-            acc12_0 = acc12_0 + wt12_0 * (
-                -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
-                + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
-            )
-            acc12_1 = acc12_1 + wt12_0 * (
-                0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
-                + 0.5477225575051661 * a2_2 * sb2_3_0
-            )
-            acc12_2 = acc12_2 + wt12_0 * (
-                0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
-                - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 13: 64x2o (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc13_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc13_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc13_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc13_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt13_0 = weights[tile_b, 832 + tile_c.index]
-            acc13_0 = acc13_0 + wt13_0 * (
-                0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
-                - 0.408248290463863 * a2_2 * sb2_3_0
-            )
-            acc13_1 = acc13_1 + wt13_0 * (
-                -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
-                - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
-            )
-            acc13_2 = acc13_2 + wt13_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            acc13_3 = acc13_3 + wt13_0 * (
-                0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
-                - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
-            )
-            acc13_4 = acc13_4 + wt13_0 * (
-                0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
-                + 0.408248290463863 * a2_2 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 14: 64x3o (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt14_0 = weights[tile_b, 896 + tile_c.index]
-            acc14_0 = acc14_0 + wt14_0 * (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
-            acc14_1 = acc14_1 + wt14_0 * (
-                0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
-                + 0.5773502691896258 * a2_2 * sb2_1_0
-            )
-            acc14_2 = acc14_2 + wt14_0 * (
-                0.6324555320336759 * a2_0 * sb2_2_0 + 0.18257418583505539 * a2_0 * sb2_4_0
-                + 0.7302967433402215 * a2_1 * sb2_1_0 - 0.18257418583505539 * a2_2 * sb2_0_0
-            )
-            acc14_3 = acc14_3 + wt14_0 * (
-                -0.4472135954999579 * a2_0 * sb2_1_0 + 0.7745966692414835 * a2_1 * sb2_2_0
-                - 0.4472135954999579 * a2_2 * sb2_3_0
-            )
-            acc14_4 = acc14_4 + wt14_0 * (
-                -0.18257418583505539 * a2_0 * sb2_0_0 + 0.7302967433402215 * a2_1 * sb2_3_0
-                + 0.6324555320336759 * a2_2 * sb2_2_0 - 0.18257418583505539 * a2_2 * sb2_4_0
-            )
-            acc14_5 = acc14_5 + wt14_0 * (
-                -0.5773502691896258 * a2_0 * sb2_1_0 + 0.5773502691896258 * a2_1 * sb2_4_0
-                + 0.5773502691896258 * a2_2 * sb2_3_0
-            )
-            acc14_6 = acc14_6 + wt14_0 * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
-            hl.store(out, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_6)), hl.join(hl.join(acc14_1, acc14_5), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 15: 64x2e (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 960 + tile_c.index]
-            acc15_0 = acc15_0 + wt15_0 * (
-                -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
-                + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
-                - 0.1543033499620919 * a2_2 * sb3_2_0
-            )
-            acc15_1 = acc15_1 + wt15_0 * (
-                -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
-                + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
-            )
-            acc15_2 = acc15_2 + wt15_0 * (
-                0.5345224838248488 * a2_0 * sb3_2_0 + 0.6546536707079772 * a2_1 * sb3_3_0
-                + 0.5345224838248488 * a2_2 * sb3_4_0
-            )
-            acc15_3 = acc15_3 + wt15_0 * (
-                0.48795003647426666 * a2_0 * sb3_1_0 + 0.6172133998483676 * a2_1 * sb3_4_0
-                - 0.3779644730092272 * a2_2 * sb3_3_0 + 0.48795003647426666 * a2_2 * sb3_5_0
-            )
-            acc15_4 = acc15_4 + wt15_0 * (
-                0.5976143046671969 * a2_0 * sb3_0_0 + 0.1543033499620919 * a2_0 * sb3_2_0
-                + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
-                + 0.5976143046671969 * a2_2 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 16: 64x3e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            wt16_0 = weights[tile_b, 1024 + tile_c.index]
-            acc16_0 = acc16_0 + wt16_0 * (
-                0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
-                - 0.3535533905932738 * a2_2 * sb3_5_0
-            )
-            acc16_1 = acc16_1 + wt16_0 * (
-                -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
-                + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
-                - 0.3535533905932738 * a2_2 * sb3_6_0
-            )
-            acc16_2 = acc16_2 + wt16_0 * (
-                -0.45643546458763845 * a2_0 * sb3_1_0 + 0.2886751345948129 * a2_1 * sb3_4_0
-                - 0.7071067811865476 * a2_2 * sb3_3_0 - 0.45643546458763845 * a2_2 * sb3_5_0
-            )
-            acc16_3 = acc16_3 + wt16_0 * (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
-            acc16_4 = acc16_4 + wt16_0 * (
-                0.7071067811865476 * a2_0 * sb3_3_0 - 0.45643546458763845 * a2_0 * sb3_5_0
-                - 0.2886751345948129 * a2_1 * sb3_2_0 + 0.45643546458763845 * a2_2 * sb3_1_0
-            )
-            acc16_5 = acc16_5 + wt16_0 * (
-                0.45643546458763845 * a2_0 * sb3_4_0 - 0.3535533905932738 * a2_0 * sb3_6_0
-                - 0.5773502691896258 * a2_1 * sb3_1_0 + 0.3535533905932738 * a2_2 * sb3_0_0
-                + 0.45643546458763845 * a2_2 * sb3_2_0
-            )
-            acc16_6 = acc16_6 + wt16_0 * (
-                0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
-                + 0.3535533905932738 * a2_2 * sb3_1_0
-            )
-            hl.store(out, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 17: 64x1e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt17_0 = weights[tile_b, 1088 + tile_c.index]
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc17_0, acc17_2), hl.join(acc17_1, acc17_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 18: 64x0o (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt18_0 = weights[tile_b, 1152 + tile_c.index]
-            acc18_0 = acc18_0 + wt18_0 * (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            out[tile_b, 4736 + tile_c.index] = acc18_0
-            # g block 19: 64x1o (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt19_0 = weights[tile_b, 1216 + tile_c.index]
-            acc19_0 = acc19_0 + wt19_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc19_1 = acc19_1 + wt19_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc19_2 = acc19_2 + wt19_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 20: 64x2o (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt20_0 = weights[tile_b, 1280 + tile_c.index]
-            acc20_0 = acc20_0 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            acc20_1 = acc20_1 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            acc20_2 = acc20_2 + wt20_0 * (
-                -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
-                - 0.408248290463863 * a3_2 * sb1_2_0
-            )
-            acc20_3 = acc20_3 + wt20_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            acc20_4 = acc20_4 + wt20_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            hl.store(out, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 21: 64x1e (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc21_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc21_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt21_0 = weights[tile_b, 1344 + tile_c.index]
-            acc21_0 = acc21_0 + wt21_0 * (
-                -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
-                + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
-            )
-            acc21_1 = acc21_1 + wt21_0 * (
-                0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
-                + 0.5477225575051661 * a3_2 * sb2_3_0
-            )
-            acc21_2 = acc21_2 + wt21_0 * (
-                0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
-                - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 22: 64x2e (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt22_0 = weights[tile_b, 1408 + tile_c.index]
-            acc22_0 = acc22_0 + wt22_0 * (
-                0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
-                - 0.408248290463863 * a3_2 * sb2_3_0
-            )
-            acc22_1 = acc22_1 + wt22_0 * (
-                -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
-                - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
-            )
-            acc22_2 = acc22_2 + wt22_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            acc22_3 = acc22_3 + wt22_0 * (
-                0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
-                - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
-            )
-            acc22_4 = acc22_4 + wt22_0 * (
-                0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
-                + 0.408248290463863 * a3_2 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 23: 64x3e (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt23_0 = weights[tile_b, 1472 + tile_c.index]
-            acc23_0 = acc23_0 + wt23_0 * (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
-            acc23_1 = acc23_1 + wt23_0 * (
-                0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
-                + 0.5773502691896258 * a3_2 * sb2_1_0
-            )
-            acc23_2 = acc23_2 + wt23_0 * (
-                0.6324555320336759 * a3_0 * sb2_2_0 + 0.18257418583505539 * a3_0 * sb2_4_0
-                + 0.7302967433402215 * a3_1 * sb2_1_0 - 0.18257418583505539 * a3_2 * sb2_0_0
-            )
-            acc23_3 = acc23_3 + wt23_0 * (
-                -0.4472135954999579 * a3_0 * sb2_1_0 + 0.7745966692414835 * a3_1 * sb2_2_0
-                - 0.4472135954999579 * a3_2 * sb2_3_0
-            )
-            acc23_4 = acc23_4 + wt23_0 * (
-                -0.18257418583505539 * a3_0 * sb2_0_0 + 0.7302967433402215 * a3_1 * sb2_3_0
-                + 0.6324555320336759 * a3_2 * sb2_2_0 - 0.18257418583505539 * a3_2 * sb2_4_0
-            )
-            acc23_5 = acc23_5 + wt23_0 * (
-                -0.5773502691896258 * a3_0 * sb2_1_0 + 0.5773502691896258 * a3_1 * sb2_4_0
-                + 0.5773502691896258 * a3_2 * sb2_3_0
-            )
-            acc23_6 = acc23_6 + wt23_0 * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
-            hl.store(out, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 24: 64x2o (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            wt24_0 = weights[tile_b, 1536 + tile_c.index]
-            acc24_0 = acc24_0 + wt24_0 * (
-                -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
-                + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
-                - 0.1543033499620919 * a3_2 * sb3_2_0
-            )
-            acc24_1 = acc24_1 + wt24_0 * (
-                -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
-                + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
-            )
-            acc24_2 = acc24_2 + wt24_0 * (
-                0.5345224838248488 * a3_0 * sb3_2_0 + 0.6546536707079772 * a3_1 * sb3_3_0
-                + 0.5345224838248488 * a3_2 * sb3_4_0
-            )
-            acc24_3 = acc24_3 + wt24_0 * (
-                0.48795003647426666 * a3_0 * sb3_1_0 + 0.6172133998483676 * a3_1 * sb3_4_0
-                - 0.3779644730092272 * a3_2 * sb3_3_0 + 0.48795003647426666 * a3_2 * sb3_5_0
-            )
-            acc24_4 = acc24_4 + wt24_0 * (
-                0.5976143046671969 * a3_0 * sb3_0_0 + 0.1543033499620919 * a3_0 * sb3_2_0
-                + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
-                + 0.5976143046671969 * a3_2 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 25: 64x3o (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            wt25_0 = weights[tile_b, 1600 + tile_c.index]
-            acc25_0 = acc25_0 + wt25_0 * (
-                0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
-                - 0.3535533905932738 * a3_2 * sb3_5_0
-            )
-            acc25_1 = acc25_1 + wt25_0 * (
-                -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
-                + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
-                - 0.3535533905932738 * a3_2 * sb3_6_0
-            )
-            acc25_2 = acc25_2 + wt25_0 * (
-                -0.45643546458763845 * a3_0 * sb3_1_0 + 0.2886751345948129 * a3_1 * sb3_4_0
-                - 0.7071067811865476 * a3_2 * sb3_3_0 - 0.45643546458763845 * a3_2 * sb3_5_0
-            )
-            acc25_3 = acc25_3 + wt25_0 * (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
-            acc25_4 = acc25_4 + wt25_0 * (
-                0.7071067811865476 * a3_0 * sb3_3_0 - 0.45643546458763845 * a3_0 * sb3_5_0
-                - 0.2886751345948129 * a3_1 * sb3_2_0 + 0.45643546458763845 * a3_2 * sb3_1_0
-            )
-            acc25_5 = acc25_5 + wt25_0 * (
-                0.45643546458763845 * a3_0 * sb3_4_0 - 0.3535533905932738 * a3_0 * sb3_6_0
-                - 0.5773502691896258 * a3_1 * sb3_1_0 + 0.3535533905932738 * a3_2 * sb3_0_0
-                + 0.45643546458763845 * a3_2 * sb3_2_0
-            )
-            acc25_6 = acc25_6 + wt25_0 * (
-                0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
-                + 0.3535533905932738 * a3_2 * sb3_1_0
-            )
-            hl.store(out, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_6)), hl.join(hl.join(acc25_1, acc25_5), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 26: 64x2o (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt26_0 = weights[tile_b, 1664 + tile_c.index]
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            acc26_0 = acc26_0 + wt26_0 * (a4_0 * sb0_0_0)
-            acc26_1 = acc26_1 + wt26_0 * (a4_1 * sb0_0_0)
-            acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
-            acc26_3 = acc26_3 + wt26_0 * (a4_3 * sb0_0_0)
-            acc26_4 = acc26_4 + wt26_0 * (a4_4 * sb0_0_0)
-            hl.store(out, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 27: 64x1e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc27_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc27_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt27_0 = weights[tile_b, 1728 + tile_c.index]
-            acc27_0 = acc27_0 + wt27_0 * (
-                0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
-                - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
-            )
-            acc27_1 = acc27_1 + wt27_0 * (
-                0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
-                + 0.5477225575051661 * a4_3 * sb1_2_0
-            )
-            acc27_2 = acc27_2 + wt27_0 * (
-                0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
-                + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 28: 64x2e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt28_0 = weights[tile_b, 1792 + tile_c.index]
-            acc28_0 = acc28_0 + wt28_0 * (
-                -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
-                - 0.816496580927726 * a4_4 * sb1_1_0
-            )
-            acc28_1 = acc28_1 + wt28_0 * (
-                0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
-            )
-            acc28_2 = acc28_2 + wt28_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            acc28_3 = acc28_3 + wt28_0 * (
-                -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
-                - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
-            )
-            acc28_4 = acc28_4 + wt28_0 * (
-                0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 29: 64x3e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            wt29_0 = weights[tile_b, 1856 + tile_c.index]
-            acc29_0 = acc29_0 + wt29_0 * (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
-            acc29_1 = acc29_1 + wt29_0 * (
-                0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
-                + 0.5773502691896258 * a4_3 * sb1_0_0
-            )
-            acc29_2 = acc29_2 + wt29_0 * (
-                -0.18257418583505539 * a4_0 * sb1_2_0 + 0.7302967433402215 * a4_1 * sb1_1_0
-                + 0.6324555320336759 * a4_2 * sb1_0_0 + 0.18257418583505539 * a4_4 * sb1_0_0
-            )
-            acc29_3 = acc29_3 + wt29_0 * (
-                -0.4472135954999579 * a4_1 * sb1_0_0 + 0.7745966692414835 * a4_2 * sb1_1_0
-                - 0.4472135954999579 * a4_3 * sb1_2_0
-            )
-            acc29_4 = acc29_4 + wt29_0 * (
-                -0.18257418583505539 * a4_0 * sb1_0_0 + 0.6324555320336759 * a4_2 * sb1_2_0
-                + 0.7302967433402215 * a4_3 * sb1_1_0 - 0.18257418583505539 * a4_4 * sb1_2_0
-            )
-            acc29_5 = acc29_5 + wt29_0 * (
-                -0.5773502691896258 * a4_1 * sb1_0_0 + 0.5773502691896258 * a4_3 * sb1_2_0
-                + 0.5773502691896258 * a4_4 * sb1_1_0
-            )
-            acc29_6 = acc29_6 + wt29_0 * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
-            hl.store(out, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 30: 64x0o (1 path)
-            acc30_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt30_0 = weights[tile_b, 1920 + tile_c.index]
-            acc30_0 = acc30_0 + wt30_0 * (
-                0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
-                + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
-                + 0.4472135954999579 * a4_4 * sb2_4_0
-            )
-            out[tile_b, 8320 + tile_c.index] = acc30_0
-            # g block 31: 64x1o (1 path)
-            acc31_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc31_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc31_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt31_0 = weights[tile_b, 1984 + tile_c.index]
-            acc31_0 = acc31_0 + wt31_0 * (
-                -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
-                + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
-                + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
-            )
-            acc31_1 = acc31_1 + wt31_0 * (
-                -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
-                + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
-            )
-            acc31_2 = acc31_2 + wt31_0 * (
-                0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
-                + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
-                - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 32: 64x2o (1 path)
-            acc32_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc32_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc32_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc32_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc32_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt32_0 = weights[tile_b, 2048 + tile_c.index]
-            acc32_0 = acc32_0 + wt32_0 * (
-                -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
-                - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
-            )
-            acc32_1 = acc32_1 + wt32_0 * (
-                0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
-                - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
-                + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
-            )
-            acc32_2 = acc32_2 + wt32_0 * (
-                -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
-                + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
-                - 0.5345224838248488 * a4_4 * sb2_4_0
-            )
-            acc32_3 = acc32_3 + wt32_0 * (
-                0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
-                + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
-                + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
-            )
-            acc32_4 = acc32_4 + wt32_0 * (
-                -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
-                + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 33: 64x3o (1 path)
-            acc33_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc33_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            wt33_0 = weights[tile_b, 2112 + tile_c.index]
-            acc33_0 = acc33_0 + wt33_0 * (
-                0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
-                + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
-            )
-            acc33_1 = acc33_1 + wt33_0 * (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
-            acc33_2 = acc33_2 + wt33_0 * (
-                0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
-                + 0.4472135954999579 * a4_2 * sb2_3_0 - 0.4472135954999579 * a4_3 * sb2_2_0
-                - 0.38729833462074176 * a4_3 * sb2_4_0 + 0.38729833462074176 * a4_4 * sb2_3_0
-            )
-            acc33_3 = acc33_3 + wt33_0 * (
-                0.31622776601683794 * a4_0 * sb2_4_0 - 0.6324555320336759 * a4_1 * sb2_3_0
-                + 0.6324555320336759 * a4_3 * sb2_1_0 - 0.31622776601683794 * a4_4 * sb2_0_0
-            )
-            acc33_4 = acc33_4 + wt33_0 * (
-                -0.38729833462074176 * a4_0 * sb2_3_0 + 0.4472135954999579 * a4_1 * sb2_2_0
-                - 0.38729833462074176 * a4_1 * sb2_4_0 - 0.4472135954999579 * a4_2 * sb2_1_0
-                + 0.38729833462074176 * a4_3 * sb2_0_0 + 0.38729833462074176 * a4_4 * sb2_1_0
-            )
-            acc33_5 = acc33_5 + wt33_0 * (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
-            acc33_6 = acc33_6 + wt33_0 * (
-                0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
-                - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 34: 64x1e (1 path)
-            acc34_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc34_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc34_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            wt34_0 = weights[tile_b, 2176 + tile_c.index]
-            acc34_0 = acc34_0 + wt34_0 * (
-                -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
-                - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
-                + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
-                + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
-            )
-            acc34_1 = acc34_1 + wt34_0 * (
-                0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
-                + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
-                + 0.3779644730092272 * a4_4 * sb3_5_0
-            )
-            acc34_2 = acc34_2 + wt34_0 * (
-                0.4629100498862757 * a4_0 * sb3_0_0 - 0.11952286093343936 * a4_0 * sb3_2_0
-                + 0.3779644730092272 * a4_1 * sb3_1_0 + 0.4140393356054125 * a4_2 * sb3_4_0
-                - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
-                - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc34_0, acc34_2), hl.join(acc34_1, acc34_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 35: 64x2e (1 path)
-            acc35_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc35_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc35_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc35_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc35_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            wt35_0 = weights[tile_b, 2240 + tile_c.index]
-            acc35_0 = acc35_0 + wt35_0 * (
-                0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
-                + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
-                + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
-            )
-            acc35_1 = acc35_1 + wt35_0 * (
-                -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
-                + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
-                - 0.3273268353539886 * a4_4 * sb3_4_0 - 0.42257712736425834 * a4_4 * sb3_6_0
-            )
-            acc35_2 = acc35_2 + wt35_0 * (
-                -0.5976143046671969 * a4_0 * sb3_5_0 - 0.3779644730092272 * a4_1 * sb3_4_0
-                + 0.3779644730092272 * a4_3 * sb3_2_0 + 0.5976143046671969 * a4_4 * sb3_1_0
-            )
-            acc35_3 = acc35_3 + wt35_0 * (
-                0.3273268353539886 * a4_0 * sb3_4_0 - 0.42257712736425834 * a4_0 * sb3_6_0
-                + 0.5345224838248488 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_2 * sb3_2_0
-                + 0.42257712736425834 * a4_4 * sb3_0_0 - 0.3273268353539886 * a4_4 * sb3_2_0
-            )
-            acc35_4 = acc35_4 + wt35_0 * (
-                -0.2672612419124244 * a4_0 * sb3_3_0 + 0.3273268353539886 * a4_1 * sb3_4_0
-                + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
-                - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
-            )
-            hl.store(out, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc35_0, acc35_4), hl.join(acc35_2, acc35_0)), hl.join(hl.join(acc35_1, acc35_0), hl.join(acc35_3, acc35_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 36: 64x3e (1 path)
-            acc36_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc36_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            wt36_0 = weights[tile_b, 2304 + tile_c.index]
-            acc36_0 = acc36_0 + wt36_0 * (
-                -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
-                - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
-                - 0.2886751345948129 * a4_4 * sb3_2_0
-            )
-            acc36_1 = acc36_1 + wt36_0 * (
-                -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
-                - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
-                + 0.3535533905932738 * a4_3 * sb3_2_0
-            )
-            acc36_2 = acc36_2 + wt36_0 * (
-                0.4472135954999579 * a4_0 * sb3_4_0 + 0.2886751345948129 * a4_0 * sb3_6_0
-                + 0.18257418583505539 * a4_1 * sb3_3_0 - 0.3535533905932738 * a4_1 * sb3_5_0
-                + 0.38729833462074176 * a4_2 * sb3_2_0 + 0.3535533905932738 * a4_3 * sb3_1_0
-                - 0.2886751345948129 * a4_4 * sb3_0_0 - 0.4472135954999579 * a4_4 * sb3_2_0
-            )
-            acc36_3 = acc36_3 + wt36_0 * (
-                -0.5773502691896258 * a4_0 * sb3_1_0 + 0.18257418583505539 * a4_1 * sb3_2_0
-                + 0.5163977794943223 * a4_2 * sb3_3_0 + 0.18257418583505539 * a4_3 * sb3_4_0
-                - 0.5773502691896258 * a4_4 * sb3_5_0
-            )
-            acc36_4 = acc36_4 + wt36_0 * (
-                -0.2886751345948129 * a4_0 * sb3_0_0 + 0.4472135954999579 * a4_0 * sb3_2_0
-                + 0.3535533905932738 * a4_1 * sb3_1_0 + 0.38729833462074176 * a4_2 * sb3_4_0
-                + 0.18257418583505539 * a4_3 * sb3_3_0 + 0.3535533905932738 * a4_3 * sb3_5_0
-                + 0.4472135954999579 * a4_4 * sb3_4_0 - 0.2886751345948129 * a4_4 * sb3_6_0
-            )
-            acc36_5 = acc36_5 + wt36_0 * (
-                0.45643546458763845 * a4_1 * sb3_0_0 - 0.3535533905932738 * a4_1 * sb3_2_0
-                + 0.3535533905932738 * a4_3 * sb3_4_0 + 0.45643546458763845 * a4_3 * sb3_6_0
-                - 0.5773502691896258 * a4_4 * sb3_3_0
-            )
-            acc36_6 = acc36_6 + wt36_0 * (
-                0.2886751345948129 * a4_0 * sb3_2_0 - 0.45643546458763845 * a4_1 * sb3_1_0
-                - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
-                - 0.2886751345948129 * a4_4 * sb3_4_0
-            )
-            hl.store(out, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc36_0, acc36_4), hl.join(acc36_2, acc36_6)), hl.join(hl.join(acc36_1, acc36_5), hl.join(acc36_3, acc36_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 37: 64x2e (1 path)
-            acc37_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc37_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc37_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc37_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc37_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt37_0 = weights[tile_b, 2368 + tile_c.index]
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            acc37_0 = acc37_0 + wt37_0 * (a5_0 * sb0_0_0)
-            acc37_1 = acc37_1 + wt37_0 * (a5_1 * sb0_0_0)
-            acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
-            acc37_3 = acc37_3 + wt37_0 * (a5_3 * sb0_0_0)
-            acc37_4 = acc37_4 + wt37_0 * (a5_4 * sb0_0_0)
-            hl.store(out, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc37_0, acc37_4), hl.join(acc37_2, acc37_0)), hl.join(hl.join(acc37_1, acc37_0), hl.join(acc37_3, acc37_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 38: 64x1o (1 path)
-            acc38_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc38_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc38_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt38_0 = weights[tile_b, 2432 + tile_c.index]
-            acc38_0 = acc38_0 + wt38_0 * (
-                0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
-                - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
-            )
-            acc38_1 = acc38_1 + wt38_0 * (
-                0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
-                + 0.5477225575051661 * a5_3 * sb1_2_0
-            )
-            acc38_2 = acc38_2 + wt38_0 * (
-                0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
-                + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc38_0, acc38_2), hl.join(acc38_1, acc38_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 39: 64x2o (1 path)
-            acc39_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc39_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc39_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc39_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc39_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt39_0 = weights[tile_b, 2496 + tile_c.index]
-            acc39_0 = acc39_0 + wt39_0 * (
-                -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
-                - 0.816496580927726 * a5_4 * sb1_1_0
-            )
-            acc39_1 = acc39_1 + wt39_0 * (
-                0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
-            )
-            acc39_2 = acc39_2 + wt39_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            acc39_3 = acc39_3 + wt39_0 * (
-                -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
-                - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
-            )
-            acc39_4 = acc39_4 + wt39_0 * (
-                0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc39_0, acc39_4), hl.join(acc39_2, acc39_0)), hl.join(hl.join(acc39_1, acc39_0), hl.join(acc39_3, acc39_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 40: 64x3o (1 path)
-            acc40_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc40_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            wt40_0 = weights[tile_b, 2560 + tile_c.index]
-            acc40_0 = acc40_0 + wt40_0 * (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
-            acc40_1 = acc40_1 + wt40_0 * (
-                0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
-                + 0.5773502691896258 * a5_3 * sb1_0_0
-            )
-            acc40_2 = acc40_2 + wt40_0 * (
-                -0.18257418583505539 * a5_0 * sb1_2_0 + 0.7302967433402215 * a5_1 * sb1_1_0
-                + 0.6324555320336759 * a5_2 * sb1_0_0 + 0.18257418583505539 * a5_4 * sb1_0_0
-            )
-            acc40_3 = acc40_3 + wt40_0 * (
-                -0.4472135954999579 * a5_1 * sb1_0_0 + 0.7745966692414835 * a5_2 * sb1_1_0
-                - 0.4472135954999579 * a5_3 * sb1_2_0
-            )
-            acc40_4 = acc40_4 + wt40_0 * (
-                -0.18257418583505539 * a5_0 * sb1_0_0 + 0.6324555320336759 * a5_2 * sb1_2_0
-                + 0.7302967433402215 * a5_3 * sb1_1_0 - 0.18257418583505539 * a5_4 * sb1_2_0
-            )
-            acc40_5 = acc40_5 + wt40_0 * (
-                -0.5773502691896258 * a5_1 * sb1_0_0 + 0.5773502691896258 * a5_3 * sb1_2_0
-                + 0.5773502691896258 * a5_4 * sb1_1_0
-            )
-            acc40_6 = acc40_6 + wt40_0 * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
-            hl.store(out, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc40_0, acc40_4), hl.join(acc40_2, acc40_6)), hl.join(hl.join(acc40_1, acc40_5), hl.join(acc40_3, acc40_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 41: 64x0e (1 path)
-            acc41_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt41_0 = weights[tile_b, 2624 + tile_c.index]
-            acc41_0 = acc41_0 + wt41_0 * (
-                0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
-                + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
-                + 0.4472135954999579 * a5_4 * sb2_4_0
-            )
-            out[tile_b, 11584 + tile_c.index] = acc41_0
-            # g block 42: 64x1e (1 path)
-            acc42_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc42_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc42_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt42_0 = weights[tile_b, 2688 + tile_c.index]
-            acc42_0 = acc42_0 + wt42_0 * (
-                -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
-                + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
-                + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
-            )
-            acc42_1 = acc42_1 + wt42_0 * (
-                -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
-                + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
-            )
-            acc42_2 = acc42_2 + wt42_0 * (
-                0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
-                + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
-                - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc42_0, acc42_2), hl.join(acc42_1, acc42_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 43: 64x2e (1 path)
-            acc43_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc43_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc43_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc43_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc43_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt43_0 = weights[tile_b, 2752 + tile_c.index]
-            acc43_0 = acc43_0 + wt43_0 * (
-                -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
-                - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
-            )
-            acc43_1 = acc43_1 + wt43_0 * (
-                0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
-                - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
-                + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
-            )
-            acc43_2 = acc43_2 + wt43_0 * (
-                -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
-                + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
-                - 0.5345224838248488 * a5_4 * sb2_4_0
-            )
-            acc43_3 = acc43_3 + wt43_0 * (
-                0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
-                + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
-                + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
-            )
-            acc43_4 = acc43_4 + wt43_0 * (
-                -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
-                + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc43_0, acc43_4), hl.join(acc43_2, acc43_0)), hl.join(hl.join(acc43_1, acc43_0), hl.join(acc43_3, acc43_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 44: 64x3e (1 path)
-            acc44_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc44_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            wt44_0 = weights[tile_b, 2816 + tile_c.index]
-            acc44_0 = acc44_0 + wt44_0 * (
-                0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
-                + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
-            )
-            acc44_1 = acc44_1 + wt44_0 * (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
-            acc44_2 = acc44_2 + wt44_0 * (
-                0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
-                + 0.4472135954999579 * a5_2 * sb2_3_0 - 0.4472135954999579 * a5_3 * sb2_2_0
-                - 0.38729833462074176 * a5_3 * sb2_4_0 + 0.38729833462074176 * a5_4 * sb2_3_0
-            )
-            acc44_3 = acc44_3 + wt44_0 * (
-                0.31622776601683794 * a5_0 * sb2_4_0 - 0.6324555320336759 * a5_1 * sb2_3_0
-                + 0.6324555320336759 * a5_3 * sb2_1_0 - 0.31622776601683794 * a5_4 * sb2_0_0
-            )
-            acc44_4 = acc44_4 + wt44_0 * (
-                -0.38729833462074176 * a5_0 * sb2_3_0 + 0.4472135954999579 * a5_1 * sb2_2_0
-                - 0.38729833462074176 * a5_1 * sb2_4_0 - 0.4472135954999579 * a5_2 * sb2_1_0
-                + 0.38729833462074176 * a5_3 * sb2_0_0 + 0.38729833462074176 * a5_4 * sb2_1_0
-            )
-            acc44_5 = acc44_5 + wt44_0 * (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
-            acc44_6 = acc44_6 + wt44_0 * (
-                0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
-                - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc44_0, acc44_4), hl.join(acc44_2, acc44_6)), hl.join(hl.join(acc44_1, acc44_5), hl.join(acc44_3, acc44_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 0: 64x0o (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        a0_0 = x1[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        out[tile_b, tile_c.index] = acc0_0
+        # g block 1: 64x1e (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 2: 64x2o (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 3: 64x3e (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
+        acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
+        acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
+        acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
+        acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
+        acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
+        hl.store(out, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 4: 64x0e (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (a1_0 * sb0_0_0)
+        out[tile_b, 1024 + tile_c.index] = acc4_0
+        # g block 5: 64x1o (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+        acc5_1 = acc5_1 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+        acc5_2 = acc5_2 + wt5_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
+        hl.store(out, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc5_0, acc5_2), hl.join(acc5_1, acc5_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 6: 64x2e (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (a1_0 * sb2_0_0)
+        acc6_1 = acc6_1 + wt6_0 * (a1_0 * sb2_1_0)
+        acc6_2 = acc6_2 + wt6_0 * (a1_0 * sb2_2_0)
+        acc6_3 = acc6_3 + wt6_0 * (a1_0 * sb2_3_0)
+        acc6_4 = acc6_4 + wt6_0 * (a1_0 * sb2_4_0)
+        hl.store(out, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_0)), hl.join(hl.join(acc6_1, acc6_0), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 7: 64x3o (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_0_0)
+        acc7_1 = acc7_1 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_1_0)
+        acc7_2 = acc7_2 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_2_0)
+        acc7_3 = acc7_3 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_3_0)
+        acc7_4 = acc7_4 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_4_0)
+        acc7_5 = acc7_5 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_5_0)
+        acc7_6 = acc7_6 + wt7_0 * (1.0000000000000002 * a1_0 * sb3_6_0)
+        hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 8: 64x1o (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        acc8_0 = acc8_0 + wt8_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+        acc8_1 = acc8_1 + wt8_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+        acc8_2 = acc8_2 + wt8_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
+        hl.store(out, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 9: 64x0e (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        out[tile_b, 2240 + tile_c.index] = acc9_0
+        # g block 10: 64x1e (1 path)
+        acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt10_0 = weights[tile_b, 640 + tile_c.index]
+        acc10_0 = acc10_0 + wt10_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        acc10_1 = acc10_1 + wt10_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        acc10_2 = acc10_2 + wt10_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        hl.store(out, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 11: 64x2e (1 path)
+        acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 704 + tile_c.index]
+        acc11_0 = acc11_0 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+        acc11_1 = acc11_1 + wt11_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+        acc11_2 = acc11_2 + wt11_0 * (
+            -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
+            - 0.408248290463863 * a2_2 * sb1_2_0
+        )
+        acc11_3 = acc11_3 + wt11_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+        acc11_4 = acc11_4 + wt11_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+        hl.store(out, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 12: 64x1o (1 path)
+        acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        wt12_0 = weights[tile_b, 768 + tile_c.index]
+        acc12_0 = acc12_0 + wt12_0 * (
+            -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
+            + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
+        )
+        acc12_1 = acc12_1 + wt12_0 * (
+            0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
+            + 0.5477225575051661 * a2_2 * sb2_3_0
+        )
+        acc12_2 = acc12_2 + wt12_0 * (
+            0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
+            - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 13: 64x2o (1 path)
+        acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc13_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc13_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc13_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc13_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        wt13_0 = weights[tile_b, 832 + tile_c.index]
+        acc13_0 = acc13_0 + wt13_0 * (
+            0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
+            - 0.408248290463863 * a2_2 * sb2_3_0
+        )
+        acc13_1 = acc13_1 + wt13_0 * (
+            -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
+            - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
+        )
+        acc13_2 = acc13_2 + wt13_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+        acc13_3 = acc13_3 + wt13_0 * (
+            0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
+            - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
+        )
+        acc13_4 = acc13_4 + wt13_0 * (
+            0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
+            + 0.408248290463863 * a2_2 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc13_0, acc13_4), hl.join(acc13_2, acc13_0)), hl.join(hl.join(acc13_1, acc13_0), hl.join(acc13_3, acc13_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 14: 64x3o (1 path)
+        acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+        wt14_0 = weights[tile_b, 896 + tile_c.index]
+        acc14_0 = acc14_0 + wt14_0 * (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
+        acc14_1 = acc14_1 + wt14_0 * (
+            0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
+            + 0.5773502691896258 * a2_2 * sb2_1_0
+        )
+        acc14_2 = acc14_2 + wt14_0 * (
+            0.6324555320336759 * a2_0 * sb2_2_0 + 0.18257418583505539 * a2_0 * sb2_4_0
+            + 0.7302967433402215 * a2_1 * sb2_1_0 - 0.18257418583505539 * a2_2 * sb2_0_0
+        )
+        acc14_3 = acc14_3 + wt14_0 * (
+            -0.4472135954999579 * a2_0 * sb2_1_0 + 0.7745966692414835 * a2_1 * sb2_2_0
+            - 0.4472135954999579 * a2_2 * sb2_3_0
+        )
+        acc14_4 = acc14_4 + wt14_0 * (
+            -0.18257418583505539 * a2_0 * sb2_0_0 + 0.7302967433402215 * a2_1 * sb2_3_0
+            + 0.6324555320336759 * a2_2 * sb2_2_0 - 0.18257418583505539 * a2_2 * sb2_4_0
+        )
+        acc14_5 = acc14_5 + wt14_0 * (
+            -0.5773502691896258 * a2_0 * sb2_1_0 + 0.5773502691896258 * a2_1 * sb2_4_0
+            + 0.5773502691896258 * a2_2 * sb2_3_0
+        )
+        acc14_6 = acc14_6 + wt14_0 * (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
+        hl.store(out, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc14_0, acc14_4), hl.join(acc14_2, acc14_6)), hl.join(hl.join(acc14_1, acc14_5), hl.join(acc14_3, acc14_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 15: 64x2e (1 path)
+        acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 960 + tile_c.index]
+        acc15_0 = acc15_0 + wt15_0 * (
+            -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
+            + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
+            - 0.1543033499620919 * a2_2 * sb3_2_0
+        )
+        acc15_1 = acc15_1 + wt15_0 * (
+            -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
+            + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
+        )
+        acc15_2 = acc15_2 + wt15_0 * (
+            0.5345224838248488 * a2_0 * sb3_2_0 + 0.6546536707079772 * a2_1 * sb3_3_0
+            + 0.5345224838248488 * a2_2 * sb3_4_0
+        )
+        acc15_3 = acc15_3 + wt15_0 * (
+            0.48795003647426666 * a2_0 * sb3_1_0 + 0.6172133998483676 * a2_1 * sb3_4_0
+            - 0.3779644730092272 * a2_2 * sb3_3_0 + 0.48795003647426666 * a2_2 * sb3_5_0
+        )
+        acc15_4 = acc15_4 + wt15_0 * (
+            0.5976143046671969 * a2_0 * sb3_0_0 + 0.1543033499620919 * a2_0 * sb3_2_0
+            + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
+            + 0.5976143046671969 * a2_2 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 16: 64x3e (1 path)
+        acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
+        wt16_0 = weights[tile_b, 1024 + tile_c.index]
+        acc16_0 = acc16_0 + wt16_0 * (
+            0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
+            - 0.3535533905932738 * a2_2 * sb3_5_0
+        )
+        acc16_1 = acc16_1 + wt16_0 * (
+            -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
+            + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
+            - 0.3535533905932738 * a2_2 * sb3_6_0
+        )
+        acc16_2 = acc16_2 + wt16_0 * (
+            -0.45643546458763845 * a2_0 * sb3_1_0 + 0.2886751345948129 * a2_1 * sb3_4_0
+            - 0.7071067811865476 * a2_2 * sb3_3_0 - 0.45643546458763845 * a2_2 * sb3_5_0
+        )
+        acc16_3 = acc16_3 + wt16_0 * (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
+        acc16_4 = acc16_4 + wt16_0 * (
+            0.7071067811865476 * a2_0 * sb3_3_0 - 0.45643546458763845 * a2_0 * sb3_5_0
+            - 0.2886751345948129 * a2_1 * sb3_2_0 + 0.45643546458763845 * a2_2 * sb3_1_0
+        )
+        acc16_5 = acc16_5 + wt16_0 * (
+            0.45643546458763845 * a2_0 * sb3_4_0 - 0.3535533905932738 * a2_0 * sb3_6_0
+            - 0.5773502691896258 * a2_1 * sb3_1_0 + 0.3535533905932738 * a2_2 * sb3_0_0
+            + 0.45643546458763845 * a2_2 * sb3_2_0
+        )
+        acc16_6 = acc16_6 + wt16_0 * (
+            0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
+            + 0.3535533905932738 * a2_2 * sb3_1_0
+        )
+        hl.store(out, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc16_0, acc16_4), hl.join(acc16_2, acc16_6)), hl.join(hl.join(acc16_1, acc16_5), hl.join(acc16_3, acc16_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 17: 64x1e (1 path)
+        acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt17_0 = weights[tile_b, 1088 + tile_c.index]
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        acc17_0 = acc17_0 + wt17_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+        acc17_1 = acc17_1 + wt17_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+        acc17_2 = acc17_2 + wt17_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
+        hl.store(out, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc17_0, acc17_2), hl.join(acc17_1, acc17_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 18: 64x0o (1 path)
+        acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt18_0 = weights[tile_b, 1152 + tile_c.index]
+        acc18_0 = acc18_0 + wt18_0 * (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        out[tile_b, 4736 + tile_c.index] = acc18_0
+        # g block 19: 64x1o (1 path)
+        acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt19_0 = weights[tile_b, 1216 + tile_c.index]
+        acc19_0 = acc19_0 + wt19_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        acc19_1 = acc19_1 + wt19_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        acc19_2 = acc19_2 + wt19_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 20: 64x2o (1 path)
+        acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        wt20_0 = weights[tile_b, 1280 + tile_c.index]
+        acc20_0 = acc20_0 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+        acc20_1 = acc20_1 + wt20_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+        acc20_2 = acc20_2 + wt20_0 * (
+            -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
+            - 0.408248290463863 * a3_2 * sb1_2_0
+        )
+        acc20_3 = acc20_3 + wt20_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+        acc20_4 = acc20_4 + wt20_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+        hl.store(out, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 21: 64x1e (1 path)
+        acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc21_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc21_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        wt21_0 = weights[tile_b, 1344 + tile_c.index]
+        acc21_0 = acc21_0 + wt21_0 * (
+            -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
+            + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
+        )
+        acc21_1 = acc21_1 + wt21_0 * (
+            0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
+            + 0.5477225575051661 * a3_2 * sb2_3_0
+        )
+        acc21_2 = acc21_2 + wt21_0 * (
+            0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
+            - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc21_0, acc21_2), hl.join(acc21_1, acc21_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 22: 64x2e (1 path)
+        acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        wt22_0 = weights[tile_b, 1408 + tile_c.index]
+        acc22_0 = acc22_0 + wt22_0 * (
+            0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
+            - 0.408248290463863 * a3_2 * sb2_3_0
+        )
+        acc22_1 = acc22_1 + wt22_0 * (
+            -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
+            - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
+        )
+        acc22_2 = acc22_2 + wt22_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+        acc22_3 = acc22_3 + wt22_0 * (
+            0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
+            - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
+        )
+        acc22_4 = acc22_4 + wt22_0 * (
+            0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
+            + 0.408248290463863 * a3_2 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc22_0, acc22_4), hl.join(acc22_2, acc22_0)), hl.join(hl.join(acc22_1, acc22_0), hl.join(acc22_3, acc22_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 23: 64x3e (1 path)
+        acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+        wt23_0 = weights[tile_b, 1472 + tile_c.index]
+        acc23_0 = acc23_0 + wt23_0 * (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
+        acc23_1 = acc23_1 + wt23_0 * (
+            0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
+            + 0.5773502691896258 * a3_2 * sb2_1_0
+        )
+        acc23_2 = acc23_2 + wt23_0 * (
+            0.6324555320336759 * a3_0 * sb2_2_0 + 0.18257418583505539 * a3_0 * sb2_4_0
+            + 0.7302967433402215 * a3_1 * sb2_1_0 - 0.18257418583505539 * a3_2 * sb2_0_0
+        )
+        acc23_3 = acc23_3 + wt23_0 * (
+            -0.4472135954999579 * a3_0 * sb2_1_0 + 0.7745966692414835 * a3_1 * sb2_2_0
+            - 0.4472135954999579 * a3_2 * sb2_3_0
+        )
+        acc23_4 = acc23_4 + wt23_0 * (
+            -0.18257418583505539 * a3_0 * sb2_0_0 + 0.7302967433402215 * a3_1 * sb2_3_0
+            + 0.6324555320336759 * a3_2 * sb2_2_0 - 0.18257418583505539 * a3_2 * sb2_4_0
+        )
+        acc23_5 = acc23_5 + wt23_0 * (
+            -0.5773502691896258 * a3_0 * sb2_1_0 + 0.5773502691896258 * a3_1 * sb2_4_0
+            + 0.5773502691896258 * a3_2 * sb2_3_0
+        )
+        acc23_6 = acc23_6 + wt23_0 * (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
+        hl.store(out, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_6)), hl.join(hl.join(acc23_1, acc23_5), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 24: 64x2o (1 path)
+        acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
+        wt24_0 = weights[tile_b, 1536 + tile_c.index]
+        acc24_0 = acc24_0 + wt24_0 * (
+            -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
+            + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
+            - 0.1543033499620919 * a3_2 * sb3_2_0
+        )
+        acc24_1 = acc24_1 + wt24_0 * (
+            -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
+            + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
+        )
+        acc24_2 = acc24_2 + wt24_0 * (
+            0.5345224838248488 * a3_0 * sb3_2_0 + 0.6546536707079772 * a3_1 * sb3_3_0
+            + 0.5345224838248488 * a3_2 * sb3_4_0
+        )
+        acc24_3 = acc24_3 + wt24_0 * (
+            0.48795003647426666 * a3_0 * sb3_1_0 + 0.6172133998483676 * a3_1 * sb3_4_0
+            - 0.3779644730092272 * a3_2 * sb3_3_0 + 0.48795003647426666 * a3_2 * sb3_5_0
+        )
+        acc24_4 = acc24_4 + wt24_0 * (
+            0.5976143046671969 * a3_0 * sb3_0_0 + 0.1543033499620919 * a3_0 * sb3_2_0
+            + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
+            + 0.5976143046671969 * a3_2 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 25: 64x3o (1 path)
+        acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
+        wt25_0 = weights[tile_b, 1600 + tile_c.index]
+        acc25_0 = acc25_0 + wt25_0 * (
+            0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
+            - 0.3535533905932738 * a3_2 * sb3_5_0
+        )
+        acc25_1 = acc25_1 + wt25_0 * (
+            -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
+            + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
+            - 0.3535533905932738 * a3_2 * sb3_6_0
+        )
+        acc25_2 = acc25_2 + wt25_0 * (
+            -0.45643546458763845 * a3_0 * sb3_1_0 + 0.2886751345948129 * a3_1 * sb3_4_0
+            - 0.7071067811865476 * a3_2 * sb3_3_0 - 0.45643546458763845 * a3_2 * sb3_5_0
+        )
+        acc25_3 = acc25_3 + wt25_0 * (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
+        acc25_4 = acc25_4 + wt25_0 * (
+            0.7071067811865476 * a3_0 * sb3_3_0 - 0.45643546458763845 * a3_0 * sb3_5_0
+            - 0.2886751345948129 * a3_1 * sb3_2_0 + 0.45643546458763845 * a3_2 * sb3_1_0
+        )
+        acc25_5 = acc25_5 + wt25_0 * (
+            0.45643546458763845 * a3_0 * sb3_4_0 - 0.3535533905932738 * a3_0 * sb3_6_0
+            - 0.5773502691896258 * a3_1 * sb3_1_0 + 0.3535533905932738 * a3_2 * sb3_0_0
+            + 0.45643546458763845 * a3_2 * sb3_2_0
+        )
+        acc25_6 = acc25_6 + wt25_0 * (
+            0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
+            + 0.3535533905932738 * a3_2 * sb3_1_0
+        )
+        hl.store(out, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc25_0, acc25_4), hl.join(acc25_2, acc25_6)), hl.join(hl.join(acc25_1, acc25_5), hl.join(acc25_3, acc25_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 26: 64x2o (1 path)
+        acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        wt26_0 = weights[tile_b, 1664 + tile_c.index]
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        acc26_0 = acc26_0 + wt26_0 * (a4_0 * sb0_0_0)
+        acc26_1 = acc26_1 + wt26_0 * (a4_1 * sb0_0_0)
+        acc26_2 = acc26_2 + wt26_0 * (a4_2 * sb0_0_0)
+        acc26_3 = acc26_3 + wt26_0 * (a4_3 * sb0_0_0)
+        acc26_4 = acc26_4 + wt26_0 * (a4_4 * sb0_0_0)
+        hl.store(out, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 27: 64x1e (1 path)
+        acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc27_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc27_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        wt27_0 = weights[tile_b, 1728 + tile_c.index]
+        acc27_0 = acc27_0 + wt27_0 * (
+            0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
+            - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
+        )
+        acc27_1 = acc27_1 + wt27_0 * (
+            0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
+            + 0.5477225575051661 * a4_3 * sb1_2_0
+        )
+        acc27_2 = acc27_2 + wt27_0 * (
+            0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
+            + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc27_0, acc27_2), hl.join(acc27_1, acc27_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 28: 64x2e (1 path)
+        acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        wt28_0 = weights[tile_b, 1792 + tile_c.index]
+        acc28_0 = acc28_0 + wt28_0 * (
+            -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
+            - 0.816496580927726 * a4_4 * sb1_1_0
+        )
+        acc28_1 = acc28_1 + wt28_0 * (
+            0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
+        )
+        acc28_2 = acc28_2 + wt28_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+        acc28_3 = acc28_3 + wt28_0 * (
+            -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
+            - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
+        )
+        acc28_4 = acc28_4 + wt28_0 * (
+            0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc28_0, acc28_4), hl.join(acc28_2, acc28_0)), hl.join(hl.join(acc28_1, acc28_0), hl.join(acc28_3, acc28_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 29: 64x3e (1 path)
+        acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
+        wt29_0 = weights[tile_b, 1856 + tile_c.index]
+        acc29_0 = acc29_0 + wt29_0 * (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
+        acc29_1 = acc29_1 + wt29_0 * (
+            0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
+            + 0.5773502691896258 * a4_3 * sb1_0_0
+        )
+        acc29_2 = acc29_2 + wt29_0 * (
+            -0.18257418583505539 * a4_0 * sb1_2_0 + 0.7302967433402215 * a4_1 * sb1_1_0
+            + 0.6324555320336759 * a4_2 * sb1_0_0 + 0.18257418583505539 * a4_4 * sb1_0_0
+        )
+        acc29_3 = acc29_3 + wt29_0 * (
+            -0.4472135954999579 * a4_1 * sb1_0_0 + 0.7745966692414835 * a4_2 * sb1_1_0
+            - 0.4472135954999579 * a4_3 * sb1_2_0
+        )
+        acc29_4 = acc29_4 + wt29_0 * (
+            -0.18257418583505539 * a4_0 * sb1_0_0 + 0.6324555320336759 * a4_2 * sb1_2_0
+            + 0.7302967433402215 * a4_3 * sb1_1_0 - 0.18257418583505539 * a4_4 * sb1_2_0
+        )
+        acc29_5 = acc29_5 + wt29_0 * (
+            -0.5773502691896258 * a4_1 * sb1_0_0 + 0.5773502691896258 * a4_3 * sb1_2_0
+            + 0.5773502691896258 * a4_4 * sb1_1_0
+        )
+        acc29_6 = acc29_6 + wt29_0 * (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
+        hl.store(out, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_6)), hl.join(hl.join(acc29_1, acc29_5), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 30: 64x0o (1 path)
+        acc30_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        wt30_0 = weights[tile_b, 1920 + tile_c.index]
+        acc30_0 = acc30_0 + wt30_0 * (
+            0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
+            + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
+            + 0.4472135954999579 * a4_4 * sb2_4_0
+        )
+        out[tile_b, 8320 + tile_c.index] = acc30_0
+        # g block 31: 64x1o (1 path)
+        acc31_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc31_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc31_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        wt31_0 = weights[tile_b, 1984 + tile_c.index]
+        acc31_0 = acc31_0 + wt31_0 * (
+            -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
+            + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
+            + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
+        )
+        acc31_1 = acc31_1 + wt31_0 * (
+            -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
+            + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
+        )
+        acc31_2 = acc31_2 + wt31_0 * (
+            0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
+            + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
+            - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc31_0, acc31_2), hl.join(acc31_1, acc31_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 32: 64x2o (1 path)
+        acc32_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc32_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc32_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc32_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc32_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        wt32_0 = weights[tile_b, 2048 + tile_c.index]
+        acc32_0 = acc32_0 + wt32_0 * (
+            -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
+            - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
+        )
+        acc32_1 = acc32_1 + wt32_0 * (
+            0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
+            - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
+            + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
+        )
+        acc32_2 = acc32_2 + wt32_0 * (
+            -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
+            + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
+            - 0.5345224838248488 * a4_4 * sb2_4_0
+        )
+        acc32_3 = acc32_3 + wt32_0 * (
+            0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
+            + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
+            + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
+        )
+        acc32_4 = acc32_4 + wt32_0 * (
+            -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
+            + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc32_0, acc32_4), hl.join(acc32_2, acc32_0)), hl.join(hl.join(acc32_1, acc32_0), hl.join(acc32_3, acc32_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 33: 64x3o (1 path)
+        acc33_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc33_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
+        wt33_0 = weights[tile_b, 2112 + tile_c.index]
+        acc33_0 = acc33_0 + wt33_0 * (
+            0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
+            + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
+        )
+        acc33_1 = acc33_1 + wt33_0 * (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
+        acc33_2 = acc33_2 + wt33_0 * (
+            0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
+            + 0.4472135954999579 * a4_2 * sb2_3_0 - 0.4472135954999579 * a4_3 * sb2_2_0
+            - 0.38729833462074176 * a4_3 * sb2_4_0 + 0.38729833462074176 * a4_4 * sb2_3_0
+        )
+        acc33_3 = acc33_3 + wt33_0 * (
+            0.31622776601683794 * a4_0 * sb2_4_0 - 0.6324555320336759 * a4_1 * sb2_3_0
+            + 0.6324555320336759 * a4_3 * sb2_1_0 - 0.31622776601683794 * a4_4 * sb2_0_0
+        )
+        acc33_4 = acc33_4 + wt33_0 * (
+            -0.38729833462074176 * a4_0 * sb2_3_0 + 0.4472135954999579 * a4_1 * sb2_2_0
+            - 0.38729833462074176 * a4_1 * sb2_4_0 - 0.4472135954999579 * a4_2 * sb2_1_0
+            + 0.38729833462074176 * a4_3 * sb2_0_0 + 0.38729833462074176 * a4_4 * sb2_1_0
+        )
+        acc33_5 = acc33_5 + wt33_0 * (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
+        acc33_6 = acc33_6 + wt33_0 * (
+            0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
+            - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc33_0, acc33_4), hl.join(acc33_2, acc33_6)), hl.join(hl.join(acc33_1, acc33_5), hl.join(acc33_3, acc33_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 34: 64x1e (1 path)
+        acc34_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc34_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc34_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
+        wt34_0 = weights[tile_b, 2176 + tile_c.index]
+        acc34_0 = acc34_0 + wt34_0 * (
+            -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
+            - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
+            + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
+            + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
+        )
+        acc34_1 = acc34_1 + wt34_0 * (
+            0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
+            + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
+            + 0.3779644730092272 * a4_4 * sb3_5_0
+        )
+        acc34_2 = acc34_2 + wt34_0 * (
+            0.4629100498862757 * a4_0 * sb3_0_0 - 0.11952286093343936 * a4_0 * sb3_2_0
+            + 0.3779644730092272 * a4_1 * sb3_1_0 + 0.4140393356054125 * a4_2 * sb3_4_0
+            - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
+            - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc34_0, acc34_2), hl.join(acc34_1, acc34_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 35: 64x2e (1 path)
+        acc35_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc35_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc35_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc35_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc35_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
+        wt35_0 = weights[tile_b, 2240 + tile_c.index]
+        acc35_0 = acc35_0 + wt35_0 * (
+            0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
+            + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
+            + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
+        )
+        acc35_1 = acc35_1 + wt35_0 * (
+            -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
+            + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
+            - 0.3273268353539886 * a4_4 * sb3_4_0 - 0.42257712736425834 * a4_4 * sb3_6_0
+        )
+        acc35_2 = acc35_2 + wt35_0 * (
+            -0.5976143046671969 * a4_0 * sb3_5_0 - 0.3779644730092272 * a4_1 * sb3_4_0
+            + 0.3779644730092272 * a4_3 * sb3_2_0 + 0.5976143046671969 * a4_4 * sb3_1_0
+        )
+        acc35_3 = acc35_3 + wt35_0 * (
+            0.3273268353539886 * a4_0 * sb3_4_0 - 0.42257712736425834 * a4_0 * sb3_6_0
+            + 0.5345224838248488 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_2 * sb3_2_0
+            + 0.42257712736425834 * a4_4 * sb3_0_0 - 0.3273268353539886 * a4_4 * sb3_2_0
+        )
+        acc35_4 = acc35_4 + wt35_0 * (
+            -0.2672612419124244 * a4_0 * sb3_3_0 + 0.3273268353539886 * a4_1 * sb3_4_0
+            + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
+            - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
+        )
+        hl.store(out, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc35_0, acc35_4), hl.join(acc35_2, acc35_0)), hl.join(hl.join(acc35_1, acc35_0), hl.join(acc35_3, acc35_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 36: 64x3e (1 path)
+        acc36_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc36_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
+        wt36_0 = weights[tile_b, 2304 + tile_c.index]
+        acc36_0 = acc36_0 + wt36_0 * (
+            -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
+            - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
+            - 0.2886751345948129 * a4_4 * sb3_2_0
+        )
+        acc36_1 = acc36_1 + wt36_0 * (
+            -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
+            - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
+            + 0.3535533905932738 * a4_3 * sb3_2_0
+        )
+        acc36_2 = acc36_2 + wt36_0 * (
+            0.4472135954999579 * a4_0 * sb3_4_0 + 0.2886751345948129 * a4_0 * sb3_6_0
+            + 0.18257418583505539 * a4_1 * sb3_3_0 - 0.3535533905932738 * a4_1 * sb3_5_0
+            + 0.38729833462074176 * a4_2 * sb3_2_0 + 0.3535533905932738 * a4_3 * sb3_1_0
+            - 0.2886751345948129 * a4_4 * sb3_0_0 - 0.4472135954999579 * a4_4 * sb3_2_0
+        )
+        acc36_3 = acc36_3 + wt36_0 * (
+            -0.5773502691896258 * a4_0 * sb3_1_0 + 0.18257418583505539 * a4_1 * sb3_2_0
+            + 0.5163977794943223 * a4_2 * sb3_3_0 + 0.18257418583505539 * a4_3 * sb3_4_0
+            - 0.5773502691896258 * a4_4 * sb3_5_0
+        )
+        acc36_4 = acc36_4 + wt36_0 * (
+            -0.2886751345948129 * a4_0 * sb3_0_0 + 0.4472135954999579 * a4_0 * sb3_2_0
+            + 0.3535533905932738 * a4_1 * sb3_1_0 + 0.38729833462074176 * a4_2 * sb3_4_0
+            + 0.18257418583505539 * a4_3 * sb3_3_0 + 0.3535533905932738 * a4_3 * sb3_5_0
+            + 0.4472135954999579 * a4_4 * sb3_4_0 - 0.2886751345948129 * a4_4 * sb3_6_0
+        )
+        acc36_5 = acc36_5 + wt36_0 * (
+            0.45643546458763845 * a4_1 * sb3_0_0 - 0.3535533905932738 * a4_1 * sb3_2_0
+            + 0.3535533905932738 * a4_3 * sb3_4_0 + 0.45643546458763845 * a4_3 * sb3_6_0
+            - 0.5773502691896258 * a4_4 * sb3_3_0
+        )
+        acc36_6 = acc36_6 + wt36_0 * (
+            0.2886751345948129 * a4_0 * sb3_2_0 - 0.45643546458763845 * a4_1 * sb3_1_0
+            - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
+            - 0.2886751345948129 * a4_4 * sb3_4_0
+        )
+        hl.store(out, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc36_0, acc36_4), hl.join(acc36_2, acc36_6)), hl.join(hl.join(acc36_1, acc36_5), hl.join(acc36_3, acc36_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 37: 64x2e (1 path)
+        acc37_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc37_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc37_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc37_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc37_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        wt37_0 = weights[tile_b, 2368 + tile_c.index]
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        acc37_0 = acc37_0 + wt37_0 * (a5_0 * sb0_0_0)
+        acc37_1 = acc37_1 + wt37_0 * (a5_1 * sb0_0_0)
+        acc37_2 = acc37_2 + wt37_0 * (a5_2 * sb0_0_0)
+        acc37_3 = acc37_3 + wt37_0 * (a5_3 * sb0_0_0)
+        acc37_4 = acc37_4 + wt37_0 * (a5_4 * sb0_0_0)
+        hl.store(out, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc37_0, acc37_4), hl.join(acc37_2, acc37_0)), hl.join(hl.join(acc37_1, acc37_0), hl.join(acc37_3, acc37_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 38: 64x1o (1 path)
+        acc38_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc38_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc38_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        wt38_0 = weights[tile_b, 2432 + tile_c.index]
+        acc38_0 = acc38_0 + wt38_0 * (
+            0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
+            - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
+        )
+        acc38_1 = acc38_1 + wt38_0 * (
+            0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
+            + 0.5477225575051661 * a5_3 * sb1_2_0
+        )
+        acc38_2 = acc38_2 + wt38_0 * (
+            0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
+            + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc38_0, acc38_2), hl.join(acc38_1, acc38_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 39: 64x2o (1 path)
+        acc39_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc39_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc39_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc39_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc39_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        wt39_0 = weights[tile_b, 2496 + tile_c.index]
+        acc39_0 = acc39_0 + wt39_0 * (
+            -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
+            - 0.816496580927726 * a5_4 * sb1_1_0
+        )
+        acc39_1 = acc39_1 + wt39_0 * (
+            0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
+        )
+        acc39_2 = acc39_2 + wt39_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+        acc39_3 = acc39_3 + wt39_0 * (
+            -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
+            - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
+        )
+        acc39_4 = acc39_4 + wt39_0 * (
+            0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc39_0, acc39_4), hl.join(acc39_2, acc39_0)), hl.join(hl.join(acc39_1, acc39_0), hl.join(acc39_3, acc39_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 40: 64x3o (1 path)
+        acc40_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc40_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
+        wt40_0 = weights[tile_b, 2560 + tile_c.index]
+        acc40_0 = acc40_0 + wt40_0 * (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
+        acc40_1 = acc40_1 + wt40_0 * (
+            0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
+            + 0.5773502691896258 * a5_3 * sb1_0_0
+        )
+        acc40_2 = acc40_2 + wt40_0 * (
+            -0.18257418583505539 * a5_0 * sb1_2_0 + 0.7302967433402215 * a5_1 * sb1_1_0
+            + 0.6324555320336759 * a5_2 * sb1_0_0 + 0.18257418583505539 * a5_4 * sb1_0_0
+        )
+        acc40_3 = acc40_3 + wt40_0 * (
+            -0.4472135954999579 * a5_1 * sb1_0_0 + 0.7745966692414835 * a5_2 * sb1_1_0
+            - 0.4472135954999579 * a5_3 * sb1_2_0
+        )
+        acc40_4 = acc40_4 + wt40_0 * (
+            -0.18257418583505539 * a5_0 * sb1_0_0 + 0.6324555320336759 * a5_2 * sb1_2_0
+            + 0.7302967433402215 * a5_3 * sb1_1_0 - 0.18257418583505539 * a5_4 * sb1_2_0
+        )
+        acc40_5 = acc40_5 + wt40_0 * (
+            -0.5773502691896258 * a5_1 * sb1_0_0 + 0.5773502691896258 * a5_3 * sb1_2_0
+            + 0.5773502691896258 * a5_4 * sb1_1_0
+        )
+        acc40_6 = acc40_6 + wt40_0 * (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
+        hl.store(out, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc40_0, acc40_4), hl.join(acc40_2, acc40_6)), hl.join(hl.join(acc40_1, acc40_5), hl.join(acc40_3, acc40_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 41: 64x0e (1 path)
+        acc41_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        wt41_0 = weights[tile_b, 2624 + tile_c.index]
+        acc41_0 = acc41_0 + wt41_0 * (
+            0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
+            + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
+            + 0.4472135954999579 * a5_4 * sb2_4_0
+        )
+        out[tile_b, 11584 + tile_c.index] = acc41_0
+        # g block 42: 64x1e (1 path)
+        acc42_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc42_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc42_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        wt42_0 = weights[tile_b, 2688 + tile_c.index]
+        acc42_0 = acc42_0 + wt42_0 * (
+            -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
+            + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
+            + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
+        )
+        acc42_1 = acc42_1 + wt42_0 * (
+            -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
+            + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
+        )
+        acc42_2 = acc42_2 + wt42_0 * (
+            0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
+            + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
+            - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc42_0, acc42_2), hl.join(acc42_1, acc42_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 43: 64x2e (1 path)
+        acc43_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc43_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc43_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc43_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc43_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        wt43_0 = weights[tile_b, 2752 + tile_c.index]
+        acc43_0 = acc43_0 + wt43_0 * (
+            -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
+            - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
+        )
+        acc43_1 = acc43_1 + wt43_0 * (
+            0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
+            - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
+            + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
+        )
+        acc43_2 = acc43_2 + wt43_0 * (
+            -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
+            + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
+            - 0.5345224838248488 * a5_4 * sb2_4_0
+        )
+        acc43_3 = acc43_3 + wt43_0 * (
+            0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
+            + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
+            + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
+        )
+        acc43_4 = acc43_4 + wt43_0 * (
+            -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
+            + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc43_0, acc43_4), hl.join(acc43_2, acc43_0)), hl.join(hl.join(acc43_1, acc43_0), hl.join(acc43_3, acc43_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 44: 64x3e (1 path)
+        acc44_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc44_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
+        wt44_0 = weights[tile_b, 2816 + tile_c.index]
+        acc44_0 = acc44_0 + wt44_0 * (
+            0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
+            + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
+        )
+        acc44_1 = acc44_1 + wt44_0 * (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
+        acc44_2 = acc44_2 + wt44_0 * (
+            0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
+            + 0.4472135954999579 * a5_2 * sb2_3_0 - 0.4472135954999579 * a5_3 * sb2_2_0
+            - 0.38729833462074176 * a5_3 * sb2_4_0 + 0.38729833462074176 * a5_4 * sb2_3_0
+        )
+        acc44_3 = acc44_3 + wt44_0 * (
+            0.31622776601683794 * a5_0 * sb2_4_0 - 0.6324555320336759 * a5_1 * sb2_3_0
+            + 0.6324555320336759 * a5_3 * sb2_1_0 - 0.31622776601683794 * a5_4 * sb2_0_0
+        )
+        acc44_4 = acc44_4 + wt44_0 * (
+            -0.38729833462074176 * a5_0 * sb2_3_0 + 0.4472135954999579 * a5_1 * sb2_2_0
+            - 0.38729833462074176 * a5_1 * sb2_4_0 - 0.4472135954999579 * a5_2 * sb2_1_0
+            + 0.38729833462074176 * a5_3 * sb2_0_0 + 0.38729833462074176 * a5_4 * sb2_1_0
+        )
+        acc44_5 = acc44_5 + wt44_0 * (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
+        acc44_6 = acc44_6 + wt44_0 * (
+            0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
+            - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc44_0, acc44_4), hl.join(acc44_2, acc44_6)), hl.join(hl.join(acc44_1, acc44_5), hl.join(acc44_3, acc44_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1065,7 +1066,7 @@ def tp_fwd_1(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 45-67; paths 45-67."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -1082,769 +1083,768 @@ def tp_fwd_1(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # g block 45: 64x1o (1 path)
-            acc45_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc45_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc45_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            wt45_0 = weights[tile_b, 2880 + tile_c.index]
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            acc45_0 = acc45_0 + wt45_0 * (
-                -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
-                - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
-                + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
-                + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
-            )
-            acc45_1 = acc45_1 + wt45_0 * (
-                0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
-                + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
-                + 0.3779644730092272 * a5_4 * sb3_5_0
-            )
-            acc45_2 = acc45_2 + wt45_0 * (
-                0.4629100498862757 * a5_0 * sb3_0_0 - 0.11952286093343936 * a5_0 * sb3_2_0
-                + 0.3779644730092272 * a5_1 * sb3_1_0 + 0.4140393356054125 * a5_2 * sb3_4_0
-                - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
-                - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
-            )
-            hl.store(out, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc45_0, acc45_2), hl.join(acc45_1, acc45_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 46: 64x2o (1 path)
-            acc46_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc46_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc46_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc46_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc46_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            wt46_0 = weights[tile_b, 2944 + tile_c.index]
-            acc46_0 = acc46_0 + wt46_0 * (
-                0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
-                + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
-                + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
-            )
-            acc46_1 = acc46_1 + wt46_0 * (
-                -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
-                + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
-                - 0.3273268353539886 * a5_4 * sb3_4_0 - 0.42257712736425834 * a5_4 * sb3_6_0
-            )
-            acc46_2 = acc46_2 + wt46_0 * (
-                -0.5976143046671969 * a5_0 * sb3_5_0 - 0.3779644730092272 * a5_1 * sb3_4_0
-                + 0.3779644730092272 * a5_3 * sb3_2_0 + 0.5976143046671969 * a5_4 * sb3_1_0
-            )
-            acc46_3 = acc46_3 + wt46_0 * (
-                0.3273268353539886 * a5_0 * sb3_4_0 - 0.42257712736425834 * a5_0 * sb3_6_0
-                + 0.5345224838248488 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_2 * sb3_2_0
-                + 0.42257712736425834 * a5_4 * sb3_0_0 - 0.3273268353539886 * a5_4 * sb3_2_0
-            )
-            acc46_4 = acc46_4 + wt46_0 * (
-                -0.2672612419124244 * a5_0 * sb3_3_0 + 0.3273268353539886 * a5_1 * sb3_4_0
-                + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
-                - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
-            )
-            hl.store(out, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc46_0, acc46_4), hl.join(acc46_2, acc46_0)), hl.join(hl.join(acc46_1, acc46_0), hl.join(acc46_3, acc46_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 47: 64x3o (1 path)
-            acc47_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc47_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            wt47_0 = weights[tile_b, 3008 + tile_c.index]
-            acc47_0 = acc47_0 + wt47_0 * (
-                -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
-                - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
-                - 0.2886751345948129 * a5_4 * sb3_2_0
-            )
-            acc47_1 = acc47_1 + wt47_0 * (
-                -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
-                - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
-                + 0.3535533905932738 * a5_3 * sb3_2_0
-            )
-            acc47_2 = acc47_2 + wt47_0 * (
-                0.4472135954999579 * a5_0 * sb3_4_0 + 0.2886751345948129 * a5_0 * sb3_6_0
-                + 0.18257418583505539 * a5_1 * sb3_3_0 - 0.3535533905932738 * a5_1 * sb3_5_0
-                + 0.38729833462074176 * a5_2 * sb3_2_0 + 0.3535533905932738 * a5_3 * sb3_1_0
-                - 0.2886751345948129 * a5_4 * sb3_0_0 - 0.4472135954999579 * a5_4 * sb3_2_0
-            )
-            acc47_3 = acc47_3 + wt47_0 * (
-                -0.5773502691896258 * a5_0 * sb3_1_0 + 0.18257418583505539 * a5_1 * sb3_2_0
-                + 0.5163977794943223 * a5_2 * sb3_3_0 + 0.18257418583505539 * a5_3 * sb3_4_0
-                - 0.5773502691896258 * a5_4 * sb3_5_0
-            )
-            acc47_4 = acc47_4 + wt47_0 * (
-                -0.2886751345948129 * a5_0 * sb3_0_0 + 0.4472135954999579 * a5_0 * sb3_2_0
-                + 0.3535533905932738 * a5_1 * sb3_1_0 + 0.38729833462074176 * a5_2 * sb3_4_0
-                + 0.18257418583505539 * a5_3 * sb3_3_0 + 0.3535533905932738 * a5_3 * sb3_5_0
-                + 0.4472135954999579 * a5_4 * sb3_4_0 - 0.2886751345948129 * a5_4 * sb3_6_0
-            )
-            acc47_5 = acc47_5 + wt47_0 * (
-                0.45643546458763845 * a5_1 * sb3_0_0 - 0.3535533905932738 * a5_1 * sb3_2_0
-                + 0.3535533905932738 * a5_3 * sb3_4_0 + 0.45643546458763845 * a5_3 * sb3_6_0
-                - 0.5773502691896258 * a5_4 * sb3_3_0
-            )
-            acc47_6 = acc47_6 + wt47_0 * (
-                0.2886751345948129 * a5_0 * sb3_2_0 - 0.45643546458763845 * a5_1 * sb3_1_0
-                - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
-                - 0.2886751345948129 * a5_4 * sb3_4_0
-            )
-            hl.store(out, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc47_0, acc47_4), hl.join(acc47_2, acc47_6)), hl.join(hl.join(acc47_1, acc47_5), hl.join(acc47_3, acc47_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 48: 64x3o (1 path)
-            acc48_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc48_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            wt48_0 = weights[tile_b, 3072 + tile_c.index]
-            a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
-            a6te, a6to = hl.split(a6t)
-            a6tee, a6teo = hl.split(a6te)
-            a6_0, a6_4 = hl.split(a6tee)
-            a6_2, a6_6 = hl.split(a6teo)
-            a6toe, a6too = hl.split(a6to)
-            a6_1, a6_5 = hl.split(a6toe)
-            a6_3, a6_7 = hl.split(a6too)
-            acc48_0 = acc48_0 + wt48_0 * (1.0000000000000002 * a6_0 * sb0_0_0)
-            acc48_1 = acc48_1 + wt48_0 * (1.0000000000000002 * a6_1 * sb0_0_0)
-            acc48_2 = acc48_2 + wt48_0 * (1.0000000000000002 * a6_2 * sb0_0_0)
-            acc48_3 = acc48_3 + wt48_0 * (1.0000000000000002 * a6_3 * sb0_0_0)
-            acc48_4 = acc48_4 + wt48_0 * (1.0000000000000002 * a6_4 * sb0_0_0)
-            acc48_5 = acc48_5 + wt48_0 * (1.0000000000000002 * a6_5 * sb0_0_0)
-            acc48_6 = acc48_6 + wt48_0 * (1.0000000000000002 * a6_6 * sb0_0_0)
-            hl.store(out, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc48_0, acc48_4), hl.join(acc48_2, acc48_6)), hl.join(hl.join(acc48_1, acc48_5), hl.join(acc48_3, acc48_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 49: 64x2e (1 path)
-            acc49_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc49_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc49_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc49_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc49_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            wt49_0 = weights[tile_b, 3136 + tile_c.index]
-            acc49_0 = acc49_0 + wt49_0 * (
-                0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
-                - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
-                - 0.5976143046671969 * a6_6 * sb1_0_0
-            )
-            acc49_1 = acc49_1 + wt49_0 * (
-                0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
-                - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
-            )
-            acc49_2 = acc49_2 + wt49_0 * (
-                0.5345224838248488 * a6_2 * sb1_0_0 + 0.6546536707079772 * a6_3 * sb1_1_0
-                + 0.5345224838248488 * a6_4 * sb1_2_0
-            )
-            acc49_3 = acc49_3 + wt49_0 * (
-                0.48795003647426666 * a6_1 * sb1_0_0 - 0.3779644730092272 * a6_3 * sb1_2_0
-                + 0.6172133998483676 * a6_4 * sb1_1_0 + 0.48795003647426666 * a6_5 * sb1_2_0
-            )
-            acc49_4 = acc49_4 + wt49_0 * (
-                0.5976143046671969 * a6_0 * sb1_0_0 + 0.1543033499620919 * a6_2 * sb1_0_0
-                - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
-                + 0.5976143046671969 * a6_6 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc49_0, acc49_4), hl.join(acc49_2, acc49_0)), hl.join(hl.join(acc49_1, acc49_0), hl.join(acc49_3, acc49_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 50: 64x3e (1 path)
-            acc50_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc50_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            wt50_0 = weights[tile_b, 3200 + tile_c.index]
-            acc50_0 = acc50_0 + wt50_0 * (
-                -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
-                - 0.8660254037844387 * a6_6 * sb1_1_0
-            )
-            acc50_1 = acc50_1 + wt50_0 * (
-                0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
-                + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
-                + 0.3535533905932738 * a6_6 * sb1_2_0
-            )
-            acc50_2 = acc50_2 + wt50_0 * (
-                0.45643546458763845 * a6_1 * sb1_0_0 + 0.7071067811865476 * a6_3 * sb1_2_0
-                - 0.2886751345948129 * a6_4 * sb1_1_0 + 0.45643546458763845 * a6_5 * sb1_2_0
-            )
-            acc50_3 = acc50_3 + wt50_0 * (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
-            acc50_4 = acc50_4 + wt50_0 * (
-                -0.45643546458763845 * a6_1 * sb1_2_0 + 0.2886751345948129 * a6_2 * sb1_1_0
-                - 0.7071067811865476 * a6_3 * sb1_0_0 + 0.45643546458763845 * a6_5 * sb1_0_0
-            )
-            acc50_5 = acc50_5 + wt50_0 * (
-                -0.3535533905932738 * a6_0 * sb1_2_0 + 0.5773502691896258 * a6_1 * sb1_1_0
-                - 0.45643546458763845 * a6_2 * sb1_2_0 - 0.45643546458763845 * a6_4 * sb1_0_0
-                + 0.3535533905932738 * a6_6 * sb1_0_0
-            )
-            acc50_6 = acc50_6 + wt50_0 * (
-                0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
-                - 0.3535533905932738 * a6_5 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc50_0, acc50_4), hl.join(acc50_2, acc50_6)), hl.join(hl.join(acc50_1, acc50_5), hl.join(acc50_3, acc50_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 51: 64x1o (1 path)
-            acc51_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc51_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc51_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            wt51_0 = weights[tile_b, 3264 + tile_c.index]
-            acc51_0 = acc51_0 + wt51_0 * (
-                0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
-                + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
-                - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
-                - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
-            )
-            acc51_1 = acc51_1 + wt51_0 * (
-                0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
-                + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
-                + 0.3779644730092272 * a6_5 * sb2_4_0
-            )
-            acc51_2 = acc51_2 + wt51_0 * (
-                0.4629100498862757 * a6_0 * sb2_0_0 + 0.3779644730092272 * a6_1 * sb2_1_0
-                - 0.11952286093343936 * a6_2 * sb2_0_0 - 0.2927700218845599 * a6_3 * sb2_3_0
-                + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
-                + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc51_0, acc51_2), hl.join(acc51_1, acc51_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 52: 64x2o (1 path)
-            acc52_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc52_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc52_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc52_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc52_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            wt52_0 = weights[tile_b, 3328 + tile_c.index]
-            acc52_0 = acc52_0 + wt52_0 * (
-                -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
-                - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
-                - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
-            )
-            acc52_1 = acc52_1 + wt52_0 * (
-                0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
-                + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
-                + 0.3273268353539886 * a6_4 * sb2_4_0 + 0.42257712736425834 * a6_6 * sb2_4_0
-            )
-            acc52_2 = acc52_2 + wt52_0 * (
-                -0.5976143046671969 * a6_1 * sb2_4_0 - 0.3779644730092272 * a6_2 * sb2_3_0
-                + 0.3779644730092272 * a6_4 * sb2_1_0 + 0.5976143046671969 * a6_5 * sb2_0_0
-            )
-            acc52_3 = acc52_3 + wt52_0 * (
-                -0.42257712736425834 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_2 * sb2_2_0
-                + 0.3273268353539886 * a6_2 * sb2_4_0 - 0.5345224838248488 * a6_3 * sb2_1_0
-                - 0.3273268353539886 * a6_4 * sb2_0_0 + 0.42257712736425834 * a6_6 * sb2_0_0
-            )
-            acc52_4 = acc52_4 + wt52_0 * (
-                0.42257712736425834 * a6_0 * sb2_3_0 + 0.5976143046671969 * a6_1 * sb2_2_0
-                - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
-                - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc52_0, acc52_4), hl.join(acc52_2, acc52_0)), hl.join(hl.join(acc52_1, acc52_0), hl.join(acc52_3, acc52_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 53: 64x3o (1 path)
-            acc53_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc53_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            wt53_0 = weights[tile_b, 3392 + tile_c.index]
-            acc53_0 = acc53_0 + wt53_0 * (
-                -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
-                - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
-                + 0.45643546458763845 * a6_5 * sb2_1_0
-            )
-            acc53_1 = acc53_1 + wt53_0 * (
-                0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
-                - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
-                - 0.45643546458763845 * a6_6 * sb2_1_0
-            )
-            acc53_2 = acc53_2 + wt53_0 * (
-                -0.2886751345948129 * a6_0 * sb2_4_0 + 0.3535533905932738 * a6_1 * sb2_3_0
-                + 0.38729833462074176 * a6_2 * sb2_2_0 - 0.4472135954999579 * a6_2 * sb2_4_0
-                + 0.18257418583505539 * a6_3 * sb2_1_0 + 0.4472135954999579 * a6_4 * sb2_0_0
-                - 0.3535533905932738 * a6_5 * sb2_1_0 + 0.2886751345948129 * a6_6 * sb2_0_0
-            )
-            acc53_3 = acc53_3 + wt53_0 * (
-                -0.5773502691896258 * a6_1 * sb2_0_0 + 0.18257418583505539 * a6_2 * sb2_1_0
-                + 0.5163977794943223 * a6_3 * sb2_2_0 + 0.18257418583505539 * a6_4 * sb2_3_0
-                - 0.5773502691896258 * a6_5 * sb2_4_0
-            )
-            acc53_4 = acc53_4 + wt53_0 * (
-                -0.2886751345948129 * a6_0 * sb2_0_0 + 0.3535533905932738 * a6_1 * sb2_1_0
-                + 0.4472135954999579 * a6_2 * sb2_0_0 + 0.18257418583505539 * a6_3 * sb2_3_0
-                + 0.38729833462074176 * a6_4 * sb2_2_0 + 0.4472135954999579 * a6_4 * sb2_4_0
-                + 0.3535533905932738 * a6_5 * sb2_3_0 - 0.2886751345948129 * a6_6 * sb2_4_0
-            )
-            acc53_5 = acc53_5 + wt53_0 * (
-                0.45643546458763845 * a6_0 * sb2_1_0 - 0.3535533905932738 * a6_2 * sb2_1_0
-                - 0.5773502691896258 * a6_3 * sb2_4_0 + 0.3535533905932738 * a6_4 * sb2_3_0
-                + 0.45643546458763845 * a6_6 * sb2_3_0
-            )
-            acc53_6 = acc53_6 + wt53_0 * (
-                -0.45643546458763845 * a6_1 * sb2_1_0 + 0.2886751345948129 * a6_2 * sb2_0_0
-                - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
-                - 0.6454972243679029 * a6_6 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc53_0, acc53_4), hl.join(acc53_2, acc53_6)), hl.join(hl.join(acc53_1, acc53_5), hl.join(acc53_3, acc53_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 54: 64x0e (1 path)
-            acc54_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            wt54_0 = weights[tile_b, 3456 + tile_c.index]
-            acc54_0 = acc54_0 + wt54_0 * (
-                0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
-                + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
-                + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
-                + 0.37796447300922725 * a6_6 * sb3_6_0
-            )
-            out[tile_b, 15744 + tile_c.index] = acc54_0
-            # g block 55: 64x1e (1 path)
-            acc55_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc55_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc55_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            wt55_0 = weights[tile_b, 3520 + tile_c.index]
-            acc55_0 = acc55_0 + wt55_0 * (
-                -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
-                - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
-                + 0.4629100498862757 * a6_3 * sb3_4_0 - 0.4629100498862757 * a6_4 * sb3_3_0
-                + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
-                + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
-            )
-            acc55_1 = acc55_1 + wt55_0 * (
-                -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
-                - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
-                + 0.3779644730092272 * a6_5 * sb3_1_0 + 0.5669467095138409 * a6_6 * sb3_0_0
-            )
-            acc55_2 = acc55_2 + wt55_0 * (
-                0.23145502494313785 * a6_0 * sb3_5_0 + 0.2988071523335984 * a6_1 * sb3_4_0
-                + 0.23145502494313785 * a6_1 * sb3_6_0 + 0.4629100498862757 * a6_2 * sb3_3_0
-                + 0.2988071523335984 * a6_2 * sb3_5_0 - 0.4629100498862757 * a6_3 * sb3_2_0
-                - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
-                - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
-            )
-            hl.store(out, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc55_0, acc55_2), hl.join(acc55_1, acc55_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 56: 64x2e (1 path)
-            acc56_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc56_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc56_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc56_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc56_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            wt56_0 = weights[tile_b, 3584 + tile_c.index]
-            acc56_0 = acc56_0 + wt56_0 * (
-                -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
-                + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
-                - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
-                + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
-            )
-            acc56_1 = acc56_1 + wt56_0 * (
-                0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
-                - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
-                - 0.29880715233359845 * a6_2 * sb3_5_0 + 0.1543033499620919 * a6_3 * sb3_2_0
-                + 0.29880715233359845 * a6_4 * sb3_1_0 + 0.3857583749052298 * a6_5 * sb3_0_0
-                - 0.29880715233359845 * a6_5 * sb3_2_0 - 0.3857583749052298 * a6_6 * sb3_1_0
-            )
-            acc56_2 = acc56_2 + wt56_0 * (
-                -0.545544725589981 * a6_0 * sb3_0_0 + 0.3273268353539886 * a6_2 * sb3_2_0
-                + 0.4364357804719848 * a6_3 * sb3_3_0 + 0.3273268353539886 * a6_4 * sb3_4_0
-                - 0.545544725589981 * a6_6 * sb3_6_0
-            )
-            acc56_3 = acc56_3 + wt56_0 * (
-                0.3857583749052298 * a6_0 * sb3_1_0 + 0.3857583749052298 * a6_1 * sb3_0_0
-                + 0.29880715233359845 * a6_1 * sb3_2_0 + 0.29880715233359845 * a6_2 * sb3_1_0
-                + 0.1543033499620919 * a6_3 * sb3_4_0 + 0.1543033499620919 * a6_4 * sb3_3_0
-                + 0.29880715233359845 * a6_4 * sb3_5_0 + 0.29880715233359845 * a6_5 * sb3_4_0
-                + 0.3857583749052298 * a6_5 * sb3_6_0 + 0.3857583749052298 * a6_6 * sb3_5_0
-            )
-            acc56_4 = acc56_4 + wt56_0 * (
-                -0.24397501823713333 * a6_0 * sb3_2_0 - 0.24397501823713333 * a6_2 * sb3_0_0
-                - 0.3779644730092272 * a6_2 * sb3_2_0 - 0.48795003647426666 * a6_3 * sb3_5_0
-                + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
-                - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
-            )
-            hl.store(out, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc56_0, acc56_4), hl.join(acc56_2, acc56_0)), hl.join(hl.join(acc56_1, acc56_0), hl.join(acc56_3, acc56_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 57: 64x3e (1 path)
-            acc57_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc57_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            wt57_0 = weights[tile_b, 3648 + tile_c.index]
-            acc57_0 = acc57_0 + wt57_0 * (
-                0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
-                - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
-                - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
-            )
-            acc57_1 = acc57_1 + wt57_0 * (
-                -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
-                + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
-                - 0.408248290463863 * a6_5 * sb3_3_0 - 0.408248290463863 * a6_6 * sb3_4_0
-            )
-            acc57_2 = acc57_2 + wt57_0 * (
-                0.408248290463863 * a6_0 * sb3_1_0 - 0.408248290463863 * a6_1 * sb3_0_0
-                + 0.408248290463863 * a6_3 * sb3_4_0 - 0.408248290463863 * a6_4 * sb3_3_0
-                - 0.408248290463863 * a6_5 * sb3_6_0 + 0.408248290463863 * a6_6 * sb3_5_0
-            )
-            acc57_3 = acc57_3 + wt57_0 * (
-                0.408248290463863 * a6_0 * sb3_6_0 - 0.408248290463863 * a6_1 * sb3_5_0
-                - 0.408248290463863 * a6_2 * sb3_4_0 + 0.408248290463863 * a6_4 * sb3_2_0
-                + 0.408248290463863 * a6_5 * sb3_1_0 - 0.408248290463863 * a6_6 * sb3_0_0
-            )
-            acc57_4 = acc57_4 + wt57_0 * (
-                -0.408248290463863 * a6_0 * sb3_5_0 - 0.408248290463863 * a6_1 * sb3_6_0
-                + 0.408248290463863 * a6_2 * sb3_3_0 - 0.408248290463863 * a6_3 * sb3_2_0
-                + 0.408248290463863 * a6_5 * sb3_0_0 + 0.408248290463863 * a6_6 * sb3_1_0
-            )
-            acc57_5 = acc57_5 + wt57_0 * (
-                0.408248290463863 * a6_0 * sb3_4_0 + 0.408248290463863 * a6_1 * sb3_3_0
-                + 0.408248290463863 * a6_2 * sb3_6_0 - 0.408248290463863 * a6_3 * sb3_1_0
-                - 0.408248290463863 * a6_4 * sb3_0_0 - 0.408248290463863 * a6_6 * sb3_2_0
-            )
-            acc57_6 = acc57_6 + wt57_0 * (
-                -0.408248290463863 * a6_0 * sb3_3_0 + 0.408248290463863 * a6_1 * sb3_4_0
-                - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
-                - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
-            )
-            hl.store(out, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc57_0, acc57_4), hl.join(acc57_2, acc57_6)), hl.join(hl.join(acc57_1, acc57_5), hl.join(acc57_3, acc57_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 58: 64x3e (1 path)
-            acc58_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc58_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            wt58_0 = weights[tile_b, 3712 + tile_c.index]
-            a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
-            a7te, a7to = hl.split(a7t)
-            a7tee, a7teo = hl.split(a7te)
-            a7_0, a7_4 = hl.split(a7tee)
-            a7_2, a7_6 = hl.split(a7teo)
-            a7toe, a7too = hl.split(a7to)
-            a7_1, a7_5 = hl.split(a7toe)
-            a7_3, a7_7 = hl.split(a7too)
-            acc58_0 = acc58_0 + wt58_0 * (1.0000000000000002 * a7_0 * sb0_0_0)
-            acc58_1 = acc58_1 + wt58_0 * (1.0000000000000002 * a7_1 * sb0_0_0)
-            acc58_2 = acc58_2 + wt58_0 * (1.0000000000000002 * a7_2 * sb0_0_0)
-            acc58_3 = acc58_3 + wt58_0 * (1.0000000000000002 * a7_3 * sb0_0_0)
-            acc58_4 = acc58_4 + wt58_0 * (1.0000000000000002 * a7_4 * sb0_0_0)
-            acc58_5 = acc58_5 + wt58_0 * (1.0000000000000002 * a7_5 * sb0_0_0)
-            acc58_6 = acc58_6 + wt58_0 * (1.0000000000000002 * a7_6 * sb0_0_0)
-            hl.store(out, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc58_0, acc58_4), hl.join(acc58_2, acc58_6)), hl.join(hl.join(acc58_1, acc58_5), hl.join(acc58_3, acc58_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 59: 64x2o (1 path)
-            acc59_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc59_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc59_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc59_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc59_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            wt59_0 = weights[tile_b, 3776 + tile_c.index]
-            acc59_0 = acc59_0 + wt59_0 * (
-                0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
-                - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
-                - 0.5976143046671969 * a7_6 * sb1_0_0
-            )
-            acc59_1 = acc59_1 + wt59_0 * (
-                0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
-                - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
-            )
-            acc59_2 = acc59_2 + wt59_0 * (
-                0.5345224838248488 * a7_2 * sb1_0_0 + 0.6546536707079772 * a7_3 * sb1_1_0
-                + 0.5345224838248488 * a7_4 * sb1_2_0
-            )
-            acc59_3 = acc59_3 + wt59_0 * (
-                0.48795003647426666 * a7_1 * sb1_0_0 - 0.3779644730092272 * a7_3 * sb1_2_0
-                + 0.6172133998483676 * a7_4 * sb1_1_0 + 0.48795003647426666 * a7_5 * sb1_2_0
-            )
-            acc59_4 = acc59_4 + wt59_0 * (
-                0.5976143046671969 * a7_0 * sb1_0_0 + 0.1543033499620919 * a7_2 * sb1_0_0
-                - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
-                + 0.5976143046671969 * a7_6 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc59_0, acc59_4), hl.join(acc59_2, acc59_0)), hl.join(hl.join(acc59_1, acc59_0), hl.join(acc59_3, acc59_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 60: 64x3o (1 path)
-            acc60_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc60_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            wt60_0 = weights[tile_b, 3840 + tile_c.index]
-            acc60_0 = acc60_0 + wt60_0 * (
-                -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
-                - 0.8660254037844387 * a7_6 * sb1_1_0
-            )
-            acc60_1 = acc60_1 + wt60_0 * (
-                0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
-                + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
-                + 0.3535533905932738 * a7_6 * sb1_2_0
-            )
-            acc60_2 = acc60_2 + wt60_0 * (
-                0.45643546458763845 * a7_1 * sb1_0_0 + 0.7071067811865476 * a7_3 * sb1_2_0
-                - 0.2886751345948129 * a7_4 * sb1_1_0 + 0.45643546458763845 * a7_5 * sb1_2_0
-            )
-            acc60_3 = acc60_3 + wt60_0 * (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
-            acc60_4 = acc60_4 + wt60_0 * (
-                -0.45643546458763845 * a7_1 * sb1_2_0 + 0.2886751345948129 * a7_2 * sb1_1_0
-                - 0.7071067811865476 * a7_3 * sb1_0_0 + 0.45643546458763845 * a7_5 * sb1_0_0
-            )
-            acc60_5 = acc60_5 + wt60_0 * (
-                -0.3535533905932738 * a7_0 * sb1_2_0 + 0.5773502691896258 * a7_1 * sb1_1_0
-                - 0.45643546458763845 * a7_2 * sb1_2_0 - 0.45643546458763845 * a7_4 * sb1_0_0
-                + 0.3535533905932738 * a7_6 * sb1_0_0
-            )
-            acc60_6 = acc60_6 + wt60_0 * (
-                0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
-                - 0.3535533905932738 * a7_5 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc60_0, acc60_4), hl.join(acc60_2, acc60_6)), hl.join(hl.join(acc60_1, acc60_5), hl.join(acc60_3, acc60_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 61: 64x1e (1 path)
-            acc61_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc61_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc61_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            wt61_0 = weights[tile_b, 3904 + tile_c.index]
-            acc61_0 = acc61_0 + wt61_0 * (
-                0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
-                + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
-                - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
-                - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
-            )
-            acc61_1 = acc61_1 + wt61_0 * (
-                0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
-                + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
-                + 0.3779644730092272 * a7_5 * sb2_4_0
-            )
-            acc61_2 = acc61_2 + wt61_0 * (
-                0.4629100498862757 * a7_0 * sb2_0_0 + 0.3779644730092272 * a7_1 * sb2_1_0
-                - 0.11952286093343936 * a7_2 * sb2_0_0 - 0.2927700218845599 * a7_3 * sb2_3_0
-                + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
-                + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc61_0, acc61_2), hl.join(acc61_1, acc61_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 62: 64x2e (1 path)
-            acc62_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc62_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc62_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc62_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc62_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            wt62_0 = weights[tile_b, 3968 + tile_c.index]
-            acc62_0 = acc62_0 + wt62_0 * (
-                -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
-                - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
-                - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
-            )
-            acc62_1 = acc62_1 + wt62_0 * (
-                0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
-                + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
-                + 0.3273268353539886 * a7_4 * sb2_4_0 + 0.42257712736425834 * a7_6 * sb2_4_0
-            )
-            acc62_2 = acc62_2 + wt62_0 * (
-                -0.5976143046671969 * a7_1 * sb2_4_0 - 0.3779644730092272 * a7_2 * sb2_3_0
-                + 0.3779644730092272 * a7_4 * sb2_1_0 + 0.5976143046671969 * a7_5 * sb2_0_0
-            )
-            acc62_3 = acc62_3 + wt62_0 * (
-                -0.42257712736425834 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_2 * sb2_2_0
-                + 0.3273268353539886 * a7_2 * sb2_4_0 - 0.5345224838248488 * a7_3 * sb2_1_0
-                - 0.3273268353539886 * a7_4 * sb2_0_0 + 0.42257712736425834 * a7_6 * sb2_0_0
-            )
-            acc62_4 = acc62_4 + wt62_0 * (
-                0.42257712736425834 * a7_0 * sb2_3_0 + 0.5976143046671969 * a7_1 * sb2_2_0
-                - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
-                - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc62_0, acc62_4), hl.join(acc62_2, acc62_0)), hl.join(hl.join(acc62_1, acc62_0), hl.join(acc62_3, acc62_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 63: 64x3e (1 path)
-            acc63_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc63_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            wt63_0 = weights[tile_b, 4032 + tile_c.index]
-            acc63_0 = acc63_0 + wt63_0 * (
-                -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
-                - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
-                + 0.45643546458763845 * a7_5 * sb2_1_0
-            )
-            acc63_1 = acc63_1 + wt63_0 * (
-                0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
-                - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
-                - 0.45643546458763845 * a7_6 * sb2_1_0
-            )
-            acc63_2 = acc63_2 + wt63_0 * (
-                -0.2886751345948129 * a7_0 * sb2_4_0 + 0.3535533905932738 * a7_1 * sb2_3_0
-                + 0.38729833462074176 * a7_2 * sb2_2_0 - 0.4472135954999579 * a7_2 * sb2_4_0
-                + 0.18257418583505539 * a7_3 * sb2_1_0 + 0.4472135954999579 * a7_4 * sb2_0_0
-                - 0.3535533905932738 * a7_5 * sb2_1_0 + 0.2886751345948129 * a7_6 * sb2_0_0
-            )
-            acc63_3 = acc63_3 + wt63_0 * (
-                -0.5773502691896258 * a7_1 * sb2_0_0 + 0.18257418583505539 * a7_2 * sb2_1_0
-                + 0.5163977794943223 * a7_3 * sb2_2_0 + 0.18257418583505539 * a7_4 * sb2_3_0
-                - 0.5773502691896258 * a7_5 * sb2_4_0
-            )
-            acc63_4 = acc63_4 + wt63_0 * (
-                -0.2886751345948129 * a7_0 * sb2_0_0 + 0.3535533905932738 * a7_1 * sb2_1_0
-                + 0.4472135954999579 * a7_2 * sb2_0_0 + 0.18257418583505539 * a7_3 * sb2_3_0
-                + 0.38729833462074176 * a7_4 * sb2_2_0 + 0.4472135954999579 * a7_4 * sb2_4_0
-                + 0.3535533905932738 * a7_5 * sb2_3_0 - 0.2886751345948129 * a7_6 * sb2_4_0
-            )
-            acc63_5 = acc63_5 + wt63_0 * (
-                0.45643546458763845 * a7_0 * sb2_1_0 - 0.3535533905932738 * a7_2 * sb2_1_0
-                - 0.5773502691896258 * a7_3 * sb2_4_0 + 0.3535533905932738 * a7_4 * sb2_3_0
-                + 0.45643546458763845 * a7_6 * sb2_3_0
-            )
-            acc63_6 = acc63_6 + wt63_0 * (
-                -0.45643546458763845 * a7_1 * sb2_1_0 + 0.2886751345948129 * a7_2 * sb2_0_0
-                - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
-                - 0.6454972243679029 * a7_6 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc63_0, acc63_4), hl.join(acc63_2, acc63_6)), hl.join(hl.join(acc63_1, acc63_5), hl.join(acc63_3, acc63_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # g block 64: 64x0o (1 path)
-            acc64_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            wt64_0 = weights[tile_b, 4096 + tile_c.index]
-            acc64_0 = acc64_0 + wt64_0 * (
-                0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
-                + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
-                + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
-                + 0.37796447300922725 * a7_6 * sb3_6_0
-            )
-            out[tile_b, 18944 + tile_c.index] = acc64_0
-            # g block 65: 64x1o (1 path)
-            acc65_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc65_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc65_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            wt65_0 = weights[tile_b, 4160 + tile_c.index]
-            acc65_0 = acc65_0 + wt65_0 * (
-                -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
-                - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
-                + 0.4629100498862757 * a7_3 * sb3_4_0 - 0.4629100498862757 * a7_4 * sb3_3_0
-                + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
-                + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
-            )
-            acc65_1 = acc65_1 + wt65_0 * (
-                -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
-                - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
-                + 0.3779644730092272 * a7_5 * sb3_1_0 + 0.5669467095138409 * a7_6 * sb3_0_0
-            )
-            acc65_2 = acc65_2 + wt65_0 * (
-                0.23145502494313785 * a7_0 * sb3_5_0 + 0.2988071523335984 * a7_1 * sb3_4_0
-                + 0.23145502494313785 * a7_1 * sb3_6_0 + 0.4629100498862757 * a7_2 * sb3_3_0
-                + 0.2988071523335984 * a7_2 * sb3_5_0 - 0.4629100498862757 * a7_3 * sb3_2_0
-                - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
-                - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
-            )
-            hl.store(out, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc65_0, acc65_2), hl.join(acc65_1, acc65_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 66: 64x2o (1 path)
-            acc66_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc66_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc66_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc66_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc66_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            wt66_0 = weights[tile_b, 4224 + tile_c.index]
-            acc66_0 = acc66_0 + wt66_0 * (
-                -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
-                + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
-                - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
-                + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
-            )
-            acc66_1 = acc66_1 + wt66_0 * (
-                0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
-                - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
-                - 0.29880715233359845 * a7_2 * sb3_5_0 + 0.1543033499620919 * a7_3 * sb3_2_0
-                + 0.29880715233359845 * a7_4 * sb3_1_0 + 0.3857583749052298 * a7_5 * sb3_0_0
-                - 0.29880715233359845 * a7_5 * sb3_2_0 - 0.3857583749052298 * a7_6 * sb3_1_0
-            )
-            acc66_2 = acc66_2 + wt66_0 * (
-                -0.545544725589981 * a7_0 * sb3_0_0 + 0.3273268353539886 * a7_2 * sb3_2_0
-                + 0.4364357804719848 * a7_3 * sb3_3_0 + 0.3273268353539886 * a7_4 * sb3_4_0
-                - 0.545544725589981 * a7_6 * sb3_6_0
-            )
-            acc66_3 = acc66_3 + wt66_0 * (
-                0.3857583749052298 * a7_0 * sb3_1_0 + 0.3857583749052298 * a7_1 * sb3_0_0
-                + 0.29880715233359845 * a7_1 * sb3_2_0 + 0.29880715233359845 * a7_2 * sb3_1_0
-                + 0.1543033499620919 * a7_3 * sb3_4_0 + 0.1543033499620919 * a7_4 * sb3_3_0
-                + 0.29880715233359845 * a7_4 * sb3_5_0 + 0.29880715233359845 * a7_5 * sb3_4_0
-                + 0.3857583749052298 * a7_5 * sb3_6_0 + 0.3857583749052298 * a7_6 * sb3_5_0
-            )
-            acc66_4 = acc66_4 + wt66_0 * (
-                -0.24397501823713333 * a7_0 * sb3_2_0 - 0.24397501823713333 * a7_2 * sb3_0_0
-                - 0.3779644730092272 * a7_2 * sb3_2_0 - 0.48795003647426666 * a7_3 * sb3_5_0
-                + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
-                - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
-            )
-            hl.store(out, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc66_0, acc66_4), hl.join(acc66_2, acc66_0)), hl.join(hl.join(acc66_1, acc66_0), hl.join(acc66_3, acc66_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 67: 64x3o (1 path)
-            acc67_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc67_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            wt67_0 = weights[tile_b, 4288 + tile_c.index]
-            acc67_0 = acc67_0 + wt67_0 * (
-                0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
-                - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
-                - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
-            )
-            acc67_1 = acc67_1 + wt67_0 * (
-                -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
-                + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0
-                - 0.408248290463863 * a7_5 * sb3_3_0 - 0.408248290463863 * a7_6 * sb3_4_0
-            )
-            acc67_2 = acc67_2 + wt67_0 * (
-                0.408248290463863 * a7_0 * sb3_1_0 - 0.408248290463863 * a7_1 * sb3_0_0
-                + 0.408248290463863 * a7_3 * sb3_4_0 - 0.408248290463863 * a7_4 * sb3_3_0
-                - 0.408248290463863 * a7_5 * sb3_6_0 + 0.408248290463863 * a7_6 * sb3_5_0
-            )
-            acc67_3 = acc67_3 + wt67_0 * (
-                0.408248290463863 * a7_0 * sb3_6_0 - 0.408248290463863 * a7_1 * sb3_5_0
-                - 0.408248290463863 * a7_2 * sb3_4_0 + 0.408248290463863 * a7_4 * sb3_2_0
-                + 0.408248290463863 * a7_5 * sb3_1_0 - 0.408248290463863 * a7_6 * sb3_0_0
-            )
-            acc67_4 = acc67_4 + wt67_0 * (
-                -0.408248290463863 * a7_0 * sb3_5_0 - 0.408248290463863 * a7_1 * sb3_6_0
-                + 0.408248290463863 * a7_2 * sb3_3_0 - 0.408248290463863 * a7_3 * sb3_2_0
-                + 0.408248290463863 * a7_5 * sb3_0_0 + 0.408248290463863 * a7_6 * sb3_1_0
-            )
-            acc67_5 = acc67_5 + wt67_0 * (
-                0.408248290463863 * a7_0 * sb3_4_0 + 0.408248290463863 * a7_1 * sb3_3_0
-                + 0.408248290463863 * a7_2 * sb3_6_0 - 0.408248290463863 * a7_3 * sb3_1_0
-                - 0.408248290463863 * a7_4 * sb3_0_0 - 0.408248290463863 * a7_6 * sb3_2_0
-            )
-            acc67_6 = acc67_6 + wt67_0 * (
-                -0.408248290463863 * a7_0 * sb3_3_0 + 0.408248290463863 * a7_1 * sb3_4_0
-                - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
-                - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
-            )
-            hl.store(out, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc67_0, acc67_4), hl.join(acc67_2, acc67_6)), hl.join(hl.join(acc67_1, acc67_5), hl.join(acc67_3, acc67_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 45: 64x1o (1 path)
+        acc45_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc45_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc45_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+        wt45_0 = weights[tile_b, 2880 + tile_c.index]
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        acc45_0 = acc45_0 + wt45_0 * (
+            -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
+            - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
+            + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
+            + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
+        )
+        acc45_1 = acc45_1 + wt45_0 * (
+            0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
+            + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
+            + 0.3779644730092272 * a5_4 * sb3_5_0
+        )
+        acc45_2 = acc45_2 + wt45_0 * (
+            0.4629100498862757 * a5_0 * sb3_0_0 - 0.11952286093343936 * a5_0 * sb3_2_0
+            + 0.3779644730092272 * a5_1 * sb3_1_0 + 0.4140393356054125 * a5_2 * sb3_4_0
+            - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
+            - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
+        )
+        hl.store(out, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc45_0, acc45_2), hl.join(acc45_1, acc45_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 46: 64x2o (1 path)
+        acc46_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc46_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc46_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc46_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc46_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
+        wt46_0 = weights[tile_b, 2944 + tile_c.index]
+        acc46_0 = acc46_0 + wt46_0 * (
+            0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
+            + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
+            + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
+        )
+        acc46_1 = acc46_1 + wt46_0 * (
+            -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
+            + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
+            - 0.3273268353539886 * a5_4 * sb3_4_0 - 0.42257712736425834 * a5_4 * sb3_6_0
+        )
+        acc46_2 = acc46_2 + wt46_0 * (
+            -0.5976143046671969 * a5_0 * sb3_5_0 - 0.3779644730092272 * a5_1 * sb3_4_0
+            + 0.3779644730092272 * a5_3 * sb3_2_0 + 0.5976143046671969 * a5_4 * sb3_1_0
+        )
+        acc46_3 = acc46_3 + wt46_0 * (
+            0.3273268353539886 * a5_0 * sb3_4_0 - 0.42257712736425834 * a5_0 * sb3_6_0
+            + 0.5345224838248488 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_2 * sb3_2_0
+            + 0.42257712736425834 * a5_4 * sb3_0_0 - 0.3273268353539886 * a5_4 * sb3_2_0
+        )
+        acc46_4 = acc46_4 + wt46_0 * (
+            -0.2672612419124244 * a5_0 * sb3_3_0 + 0.3273268353539886 * a5_1 * sb3_4_0
+            + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
+            - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
+        )
+        hl.store(out, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc46_0, acc46_4), hl.join(acc46_2, acc46_0)), hl.join(hl.join(acc46_1, acc46_0), hl.join(acc46_3, acc46_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 47: 64x3o (1 path)
+        acc47_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc47_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
+        wt47_0 = weights[tile_b, 3008 + tile_c.index]
+        acc47_0 = acc47_0 + wt47_0 * (
+            -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
+            - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
+            - 0.2886751345948129 * a5_4 * sb3_2_0
+        )
+        acc47_1 = acc47_1 + wt47_0 * (
+            -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
+            - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
+            + 0.3535533905932738 * a5_3 * sb3_2_0
+        )
+        acc47_2 = acc47_2 + wt47_0 * (
+            0.4472135954999579 * a5_0 * sb3_4_0 + 0.2886751345948129 * a5_0 * sb3_6_0
+            + 0.18257418583505539 * a5_1 * sb3_3_0 - 0.3535533905932738 * a5_1 * sb3_5_0
+            + 0.38729833462074176 * a5_2 * sb3_2_0 + 0.3535533905932738 * a5_3 * sb3_1_0
+            - 0.2886751345948129 * a5_4 * sb3_0_0 - 0.4472135954999579 * a5_4 * sb3_2_0
+        )
+        acc47_3 = acc47_3 + wt47_0 * (
+            -0.5773502691896258 * a5_0 * sb3_1_0 + 0.18257418583505539 * a5_1 * sb3_2_0
+            + 0.5163977794943223 * a5_2 * sb3_3_0 + 0.18257418583505539 * a5_3 * sb3_4_0
+            - 0.5773502691896258 * a5_4 * sb3_5_0
+        )
+        acc47_4 = acc47_4 + wt47_0 * (
+            -0.2886751345948129 * a5_0 * sb3_0_0 + 0.4472135954999579 * a5_0 * sb3_2_0
+            + 0.3535533905932738 * a5_1 * sb3_1_0 + 0.38729833462074176 * a5_2 * sb3_4_0
+            + 0.18257418583505539 * a5_3 * sb3_3_0 + 0.3535533905932738 * a5_3 * sb3_5_0
+            + 0.4472135954999579 * a5_4 * sb3_4_0 - 0.2886751345948129 * a5_4 * sb3_6_0
+        )
+        acc47_5 = acc47_5 + wt47_0 * (
+            0.45643546458763845 * a5_1 * sb3_0_0 - 0.3535533905932738 * a5_1 * sb3_2_0
+            + 0.3535533905932738 * a5_3 * sb3_4_0 + 0.45643546458763845 * a5_3 * sb3_6_0
+            - 0.5773502691896258 * a5_4 * sb3_3_0
+        )
+        acc47_6 = acc47_6 + wt47_0 * (
+            0.2886751345948129 * a5_0 * sb3_2_0 - 0.45643546458763845 * a5_1 * sb3_1_0
+            - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
+            - 0.2886751345948129 * a5_4 * sb3_4_0
+        )
+        hl.store(out, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc47_0, acc47_4), hl.join(acc47_2, acc47_6)), hl.join(hl.join(acc47_1, acc47_5), hl.join(acc47_3, acc47_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 48: 64x3o (1 path)
+        acc48_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc48_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+        wt48_0 = weights[tile_b, 3072 + tile_c.index]
+        a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+        a6te, a6to = hl.split(a6t)
+        a6tee, a6teo = hl.split(a6te)
+        a6_0, a6_4 = hl.split(a6tee)
+        a6_2, a6_6 = hl.split(a6teo)
+        a6toe, a6too = hl.split(a6to)
+        a6_1, a6_5 = hl.split(a6toe)
+        a6_3, a6_7 = hl.split(a6too)
+        acc48_0 = acc48_0 + wt48_0 * (1.0000000000000002 * a6_0 * sb0_0_0)
+        acc48_1 = acc48_1 + wt48_0 * (1.0000000000000002 * a6_1 * sb0_0_0)
+        acc48_2 = acc48_2 + wt48_0 * (1.0000000000000002 * a6_2 * sb0_0_0)
+        acc48_3 = acc48_3 + wt48_0 * (1.0000000000000002 * a6_3 * sb0_0_0)
+        acc48_4 = acc48_4 + wt48_0 * (1.0000000000000002 * a6_4 * sb0_0_0)
+        acc48_5 = acc48_5 + wt48_0 * (1.0000000000000002 * a6_5 * sb0_0_0)
+        acc48_6 = acc48_6 + wt48_0 * (1.0000000000000002 * a6_6 * sb0_0_0)
+        hl.store(out, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc48_0, acc48_4), hl.join(acc48_2, acc48_6)), hl.join(hl.join(acc48_1, acc48_5), hl.join(acc48_3, acc48_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 49: 64x2e (1 path)
+        acc49_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc49_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc49_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc49_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc49_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
+        wt49_0 = weights[tile_b, 3136 + tile_c.index]
+        acc49_0 = acc49_0 + wt49_0 * (
+            0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
+            - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
+            - 0.5976143046671969 * a6_6 * sb1_0_0
+        )
+        acc49_1 = acc49_1 + wt49_0 * (
+            0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
+            - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
+        )
+        acc49_2 = acc49_2 + wt49_0 * (
+            0.5345224838248488 * a6_2 * sb1_0_0 + 0.6546536707079772 * a6_3 * sb1_1_0
+            + 0.5345224838248488 * a6_4 * sb1_2_0
+        )
+        acc49_3 = acc49_3 + wt49_0 * (
+            0.48795003647426666 * a6_1 * sb1_0_0 - 0.3779644730092272 * a6_3 * sb1_2_0
+            + 0.6172133998483676 * a6_4 * sb1_1_0 + 0.48795003647426666 * a6_5 * sb1_2_0
+        )
+        acc49_4 = acc49_4 + wt49_0 * (
+            0.5976143046671969 * a6_0 * sb1_0_0 + 0.1543033499620919 * a6_2 * sb1_0_0
+            - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
+            + 0.5976143046671969 * a6_6 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc49_0, acc49_4), hl.join(acc49_2, acc49_0)), hl.join(hl.join(acc49_1, acc49_0), hl.join(acc49_3, acc49_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 50: 64x3e (1 path)
+        acc50_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc50_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
+        wt50_0 = weights[tile_b, 3200 + tile_c.index]
+        acc50_0 = acc50_0 + wt50_0 * (
+            -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
+            - 0.8660254037844387 * a6_6 * sb1_1_0
+        )
+        acc50_1 = acc50_1 + wt50_0 * (
+            0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
+            + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
+            + 0.3535533905932738 * a6_6 * sb1_2_0
+        )
+        acc50_2 = acc50_2 + wt50_0 * (
+            0.45643546458763845 * a6_1 * sb1_0_0 + 0.7071067811865476 * a6_3 * sb1_2_0
+            - 0.2886751345948129 * a6_4 * sb1_1_0 + 0.45643546458763845 * a6_5 * sb1_2_0
+        )
+        acc50_3 = acc50_3 + wt50_0 * (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
+        acc50_4 = acc50_4 + wt50_0 * (
+            -0.45643546458763845 * a6_1 * sb1_2_0 + 0.2886751345948129 * a6_2 * sb1_1_0
+            - 0.7071067811865476 * a6_3 * sb1_0_0 + 0.45643546458763845 * a6_5 * sb1_0_0
+        )
+        acc50_5 = acc50_5 + wt50_0 * (
+            -0.3535533905932738 * a6_0 * sb1_2_0 + 0.5773502691896258 * a6_1 * sb1_1_0
+            - 0.45643546458763845 * a6_2 * sb1_2_0 - 0.45643546458763845 * a6_4 * sb1_0_0
+            + 0.3535533905932738 * a6_6 * sb1_0_0
+        )
+        acc50_6 = acc50_6 + wt50_0 * (
+            0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
+            - 0.3535533905932738 * a6_5 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc50_0, acc50_4), hl.join(acc50_2, acc50_6)), hl.join(hl.join(acc50_1, acc50_5), hl.join(acc50_3, acc50_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 51: 64x1o (1 path)
+        acc51_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc51_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc51_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
+        wt51_0 = weights[tile_b, 3264 + tile_c.index]
+        acc51_0 = acc51_0 + wt51_0 * (
+            0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
+            + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
+            - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
+            - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
+        )
+        acc51_1 = acc51_1 + wt51_0 * (
+            0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
+            + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
+            + 0.3779644730092272 * a6_5 * sb2_4_0
+        )
+        acc51_2 = acc51_2 + wt51_0 * (
+            0.4629100498862757 * a6_0 * sb2_0_0 + 0.3779644730092272 * a6_1 * sb2_1_0
+            - 0.11952286093343936 * a6_2 * sb2_0_0 - 0.2927700218845599 * a6_3 * sb2_3_0
+            + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
+            + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc51_0, acc51_2), hl.join(acc51_1, acc51_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 52: 64x2o (1 path)
+        acc52_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc52_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc52_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc52_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc52_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
+        wt52_0 = weights[tile_b, 3328 + tile_c.index]
+        acc52_0 = acc52_0 + wt52_0 * (
+            -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
+            - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
+            - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
+        )
+        acc52_1 = acc52_1 + wt52_0 * (
+            0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
+            + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
+            + 0.3273268353539886 * a6_4 * sb2_4_0 + 0.42257712736425834 * a6_6 * sb2_4_0
+        )
+        acc52_2 = acc52_2 + wt52_0 * (
+            -0.5976143046671969 * a6_1 * sb2_4_0 - 0.3779644730092272 * a6_2 * sb2_3_0
+            + 0.3779644730092272 * a6_4 * sb2_1_0 + 0.5976143046671969 * a6_5 * sb2_0_0
+        )
+        acc52_3 = acc52_3 + wt52_0 * (
+            -0.42257712736425834 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_2 * sb2_2_0
+            + 0.3273268353539886 * a6_2 * sb2_4_0 - 0.5345224838248488 * a6_3 * sb2_1_0
+            - 0.3273268353539886 * a6_4 * sb2_0_0 + 0.42257712736425834 * a6_6 * sb2_0_0
+        )
+        acc52_4 = acc52_4 + wt52_0 * (
+            0.42257712736425834 * a6_0 * sb2_3_0 + 0.5976143046671969 * a6_1 * sb2_2_0
+            - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
+            - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc52_0, acc52_4), hl.join(acc52_2, acc52_0)), hl.join(hl.join(acc52_1, acc52_0), hl.join(acc52_3, acc52_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 53: 64x3o (1 path)
+        acc53_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc53_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
+        wt53_0 = weights[tile_b, 3392 + tile_c.index]
+        acc53_0 = acc53_0 + wt53_0 * (
+            -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
+            - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
+            + 0.45643546458763845 * a6_5 * sb2_1_0
+        )
+        acc53_1 = acc53_1 + wt53_0 * (
+            0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
+            - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
+            - 0.45643546458763845 * a6_6 * sb2_1_0
+        )
+        acc53_2 = acc53_2 + wt53_0 * (
+            -0.2886751345948129 * a6_0 * sb2_4_0 + 0.3535533905932738 * a6_1 * sb2_3_0
+            + 0.38729833462074176 * a6_2 * sb2_2_0 - 0.4472135954999579 * a6_2 * sb2_4_0
+            + 0.18257418583505539 * a6_3 * sb2_1_0 + 0.4472135954999579 * a6_4 * sb2_0_0
+            - 0.3535533905932738 * a6_5 * sb2_1_0 + 0.2886751345948129 * a6_6 * sb2_0_0
+        )
+        acc53_3 = acc53_3 + wt53_0 * (
+            -0.5773502691896258 * a6_1 * sb2_0_0 + 0.18257418583505539 * a6_2 * sb2_1_0
+            + 0.5163977794943223 * a6_3 * sb2_2_0 + 0.18257418583505539 * a6_4 * sb2_3_0
+            - 0.5773502691896258 * a6_5 * sb2_4_0
+        )
+        acc53_4 = acc53_4 + wt53_0 * (
+            -0.2886751345948129 * a6_0 * sb2_0_0 + 0.3535533905932738 * a6_1 * sb2_1_0
+            + 0.4472135954999579 * a6_2 * sb2_0_0 + 0.18257418583505539 * a6_3 * sb2_3_0
+            + 0.38729833462074176 * a6_4 * sb2_2_0 + 0.4472135954999579 * a6_4 * sb2_4_0
+            + 0.3535533905932738 * a6_5 * sb2_3_0 - 0.2886751345948129 * a6_6 * sb2_4_0
+        )
+        acc53_5 = acc53_5 + wt53_0 * (
+            0.45643546458763845 * a6_0 * sb2_1_0 - 0.3535533905932738 * a6_2 * sb2_1_0
+            - 0.5773502691896258 * a6_3 * sb2_4_0 + 0.3535533905932738 * a6_4 * sb2_3_0
+            + 0.45643546458763845 * a6_6 * sb2_3_0
+        )
+        acc53_6 = acc53_6 + wt53_0 * (
+            -0.45643546458763845 * a6_1 * sb2_1_0 + 0.2886751345948129 * a6_2 * sb2_0_0
+            - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
+            - 0.6454972243679029 * a6_6 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc53_0, acc53_4), hl.join(acc53_2, acc53_6)), hl.join(hl.join(acc53_1, acc53_5), hl.join(acc53_3, acc53_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 54: 64x0e (1 path)
+        acc54_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+        wt54_0 = weights[tile_b, 3456 + tile_c.index]
+        acc54_0 = acc54_0 + wt54_0 * (
+            0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
+            + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
+            + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
+            + 0.37796447300922725 * a6_6 * sb3_6_0
+        )
+        out[tile_b, 15744 + tile_c.index] = acc54_0
+        # g block 55: 64x1e (1 path)
+        acc55_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc55_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc55_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
+        wt55_0 = weights[tile_b, 3520 + tile_c.index]
+        acc55_0 = acc55_0 + wt55_0 * (
+            -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
+            - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
+            + 0.4629100498862757 * a6_3 * sb3_4_0 - 0.4629100498862757 * a6_4 * sb3_3_0
+            + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
+            + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
+        )
+        acc55_1 = acc55_1 + wt55_0 * (
+            -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
+            - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
+            + 0.3779644730092272 * a6_5 * sb3_1_0 + 0.5669467095138409 * a6_6 * sb3_0_0
+        )
+        acc55_2 = acc55_2 + wt55_0 * (
+            0.23145502494313785 * a6_0 * sb3_5_0 + 0.2988071523335984 * a6_1 * sb3_4_0
+            + 0.23145502494313785 * a6_1 * sb3_6_0 + 0.4629100498862757 * a6_2 * sb3_3_0
+            + 0.2988071523335984 * a6_2 * sb3_5_0 - 0.4629100498862757 * a6_3 * sb3_2_0
+            - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
+            - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
+        )
+        hl.store(out, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc55_0, acc55_2), hl.join(acc55_1, acc55_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 56: 64x2e (1 path)
+        acc56_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc56_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc56_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc56_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc56_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
+        wt56_0 = weights[tile_b, 3584 + tile_c.index]
+        acc56_0 = acc56_0 + wt56_0 * (
+            -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
+            + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
+            - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
+            + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
+        )
+        acc56_1 = acc56_1 + wt56_0 * (
+            0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
+            - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
+            - 0.29880715233359845 * a6_2 * sb3_5_0 + 0.1543033499620919 * a6_3 * sb3_2_0
+            + 0.29880715233359845 * a6_4 * sb3_1_0 + 0.3857583749052298 * a6_5 * sb3_0_0
+            - 0.29880715233359845 * a6_5 * sb3_2_0 - 0.3857583749052298 * a6_6 * sb3_1_0
+        )
+        acc56_2 = acc56_2 + wt56_0 * (
+            -0.545544725589981 * a6_0 * sb3_0_0 + 0.3273268353539886 * a6_2 * sb3_2_0
+            + 0.4364357804719848 * a6_3 * sb3_3_0 + 0.3273268353539886 * a6_4 * sb3_4_0
+            - 0.545544725589981 * a6_6 * sb3_6_0
+        )
+        acc56_3 = acc56_3 + wt56_0 * (
+            0.3857583749052298 * a6_0 * sb3_1_0 + 0.3857583749052298 * a6_1 * sb3_0_0
+            + 0.29880715233359845 * a6_1 * sb3_2_0 + 0.29880715233359845 * a6_2 * sb3_1_0
+            + 0.1543033499620919 * a6_3 * sb3_4_0 + 0.1543033499620919 * a6_4 * sb3_3_0
+            + 0.29880715233359845 * a6_4 * sb3_5_0 + 0.29880715233359845 * a6_5 * sb3_4_0
+            + 0.3857583749052298 * a6_5 * sb3_6_0 + 0.3857583749052298 * a6_6 * sb3_5_0
+        )
+        acc56_4 = acc56_4 + wt56_0 * (
+            -0.24397501823713333 * a6_0 * sb3_2_0 - 0.24397501823713333 * a6_2 * sb3_0_0
+            - 0.3779644730092272 * a6_2 * sb3_2_0 - 0.48795003647426666 * a6_3 * sb3_5_0
+            + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
+            - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
+        )
+        hl.store(out, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc56_0, acc56_4), hl.join(acc56_2, acc56_0)), hl.join(hl.join(acc56_1, acc56_0), hl.join(acc56_3, acc56_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 57: 64x3e (1 path)
+        acc57_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc57_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
+        wt57_0 = weights[tile_b, 3648 + tile_c.index]
+        acc57_0 = acc57_0 + wt57_0 * (
+            0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
+            - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
+            - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
+        )
+        acc57_1 = acc57_1 + wt57_0 * (
+            -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
+            + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
+            - 0.408248290463863 * a6_5 * sb3_3_0 - 0.408248290463863 * a6_6 * sb3_4_0
+        )
+        acc57_2 = acc57_2 + wt57_0 * (
+            0.408248290463863 * a6_0 * sb3_1_0 - 0.408248290463863 * a6_1 * sb3_0_0
+            + 0.408248290463863 * a6_3 * sb3_4_0 - 0.408248290463863 * a6_4 * sb3_3_0
+            - 0.408248290463863 * a6_5 * sb3_6_0 + 0.408248290463863 * a6_6 * sb3_5_0
+        )
+        acc57_3 = acc57_3 + wt57_0 * (
+            0.408248290463863 * a6_0 * sb3_6_0 - 0.408248290463863 * a6_1 * sb3_5_0
+            - 0.408248290463863 * a6_2 * sb3_4_0 + 0.408248290463863 * a6_4 * sb3_2_0
+            + 0.408248290463863 * a6_5 * sb3_1_0 - 0.408248290463863 * a6_6 * sb3_0_0
+        )
+        acc57_4 = acc57_4 + wt57_0 * (
+            -0.408248290463863 * a6_0 * sb3_5_0 - 0.408248290463863 * a6_1 * sb3_6_0
+            + 0.408248290463863 * a6_2 * sb3_3_0 - 0.408248290463863 * a6_3 * sb3_2_0
+            + 0.408248290463863 * a6_5 * sb3_0_0 + 0.408248290463863 * a6_6 * sb3_1_0
+        )
+        acc57_5 = acc57_5 + wt57_0 * (
+            0.408248290463863 * a6_0 * sb3_4_0 + 0.408248290463863 * a6_1 * sb3_3_0
+            + 0.408248290463863 * a6_2 * sb3_6_0 - 0.408248290463863 * a6_3 * sb3_1_0
+            - 0.408248290463863 * a6_4 * sb3_0_0 - 0.408248290463863 * a6_6 * sb3_2_0
+        )
+        acc57_6 = acc57_6 + wt57_0 * (
+            -0.408248290463863 * a6_0 * sb3_3_0 + 0.408248290463863 * a6_1 * sb3_4_0
+            - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
+            - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
+        )
+        hl.store(out, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc57_0, acc57_4), hl.join(acc57_2, acc57_6)), hl.join(hl.join(acc57_1, acc57_5), hl.join(acc57_3, acc57_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 58: 64x3e (1 path)
+        acc58_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc58_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+        wt58_0 = weights[tile_b, 3712 + tile_c.index]
+        a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+        a7te, a7to = hl.split(a7t)
+        a7tee, a7teo = hl.split(a7te)
+        a7_0, a7_4 = hl.split(a7tee)
+        a7_2, a7_6 = hl.split(a7teo)
+        a7toe, a7too = hl.split(a7to)
+        a7_1, a7_5 = hl.split(a7toe)
+        a7_3, a7_7 = hl.split(a7too)
+        acc58_0 = acc58_0 + wt58_0 * (1.0000000000000002 * a7_0 * sb0_0_0)
+        acc58_1 = acc58_1 + wt58_0 * (1.0000000000000002 * a7_1 * sb0_0_0)
+        acc58_2 = acc58_2 + wt58_0 * (1.0000000000000002 * a7_2 * sb0_0_0)
+        acc58_3 = acc58_3 + wt58_0 * (1.0000000000000002 * a7_3 * sb0_0_0)
+        acc58_4 = acc58_4 + wt58_0 * (1.0000000000000002 * a7_4 * sb0_0_0)
+        acc58_5 = acc58_5 + wt58_0 * (1.0000000000000002 * a7_5 * sb0_0_0)
+        acc58_6 = acc58_6 + wt58_0 * (1.0000000000000002 * a7_6 * sb0_0_0)
+        hl.store(out, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc58_0, acc58_4), hl.join(acc58_2, acc58_6)), hl.join(hl.join(acc58_1, acc58_5), hl.join(acc58_3, acc58_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 59: 64x2o (1 path)
+        acc59_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc59_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc59_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc59_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc59_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
+        wt59_0 = weights[tile_b, 3776 + tile_c.index]
+        acc59_0 = acc59_0 + wt59_0 * (
+            0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
+            - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
+            - 0.5976143046671969 * a7_6 * sb1_0_0
+        )
+        acc59_1 = acc59_1 + wt59_0 * (
+            0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
+            - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
+        )
+        acc59_2 = acc59_2 + wt59_0 * (
+            0.5345224838248488 * a7_2 * sb1_0_0 + 0.6546536707079772 * a7_3 * sb1_1_0
+            + 0.5345224838248488 * a7_4 * sb1_2_0
+        )
+        acc59_3 = acc59_3 + wt59_0 * (
+            0.48795003647426666 * a7_1 * sb1_0_0 - 0.3779644730092272 * a7_3 * sb1_2_0
+            + 0.6172133998483676 * a7_4 * sb1_1_0 + 0.48795003647426666 * a7_5 * sb1_2_0
+        )
+        acc59_4 = acc59_4 + wt59_0 * (
+            0.5976143046671969 * a7_0 * sb1_0_0 + 0.1543033499620919 * a7_2 * sb1_0_0
+            - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
+            + 0.5976143046671969 * a7_6 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc59_0, acc59_4), hl.join(acc59_2, acc59_0)), hl.join(hl.join(acc59_1, acc59_0), hl.join(acc59_3, acc59_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 60: 64x3o (1 path)
+        acc60_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc60_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
+        wt60_0 = weights[tile_b, 3840 + tile_c.index]
+        acc60_0 = acc60_0 + wt60_0 * (
+            -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
+            - 0.8660254037844387 * a7_6 * sb1_1_0
+        )
+        acc60_1 = acc60_1 + wt60_0 * (
+            0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
+            + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
+            + 0.3535533905932738 * a7_6 * sb1_2_0
+        )
+        acc60_2 = acc60_2 + wt60_0 * (
+            0.45643546458763845 * a7_1 * sb1_0_0 + 0.7071067811865476 * a7_3 * sb1_2_0
+            - 0.2886751345948129 * a7_4 * sb1_1_0 + 0.45643546458763845 * a7_5 * sb1_2_0
+        )
+        acc60_3 = acc60_3 + wt60_0 * (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
+        acc60_4 = acc60_4 + wt60_0 * (
+            -0.45643546458763845 * a7_1 * sb1_2_0 + 0.2886751345948129 * a7_2 * sb1_1_0
+            - 0.7071067811865476 * a7_3 * sb1_0_0 + 0.45643546458763845 * a7_5 * sb1_0_0
+        )
+        acc60_5 = acc60_5 + wt60_0 * (
+            -0.3535533905932738 * a7_0 * sb1_2_0 + 0.5773502691896258 * a7_1 * sb1_1_0
+            - 0.45643546458763845 * a7_2 * sb1_2_0 - 0.45643546458763845 * a7_4 * sb1_0_0
+            + 0.3535533905932738 * a7_6 * sb1_0_0
+        )
+        acc60_6 = acc60_6 + wt60_0 * (
+            0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
+            - 0.3535533905932738 * a7_5 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc60_0, acc60_4), hl.join(acc60_2, acc60_6)), hl.join(hl.join(acc60_1, acc60_5), hl.join(acc60_3, acc60_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 61: 64x1e (1 path)
+        acc61_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc61_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc61_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
+        wt61_0 = weights[tile_b, 3904 + tile_c.index]
+        acc61_0 = acc61_0 + wt61_0 * (
+            0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
+            + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
+            - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
+            - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
+        )
+        acc61_1 = acc61_1 + wt61_0 * (
+            0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
+            + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
+            + 0.3779644730092272 * a7_5 * sb2_4_0
+        )
+        acc61_2 = acc61_2 + wt61_0 * (
+            0.4629100498862757 * a7_0 * sb2_0_0 + 0.3779644730092272 * a7_1 * sb2_1_0
+            - 0.11952286093343936 * a7_2 * sb2_0_0 - 0.2927700218845599 * a7_3 * sb2_3_0
+            + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
+            + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc61_0, acc61_2), hl.join(acc61_1, acc61_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 62: 64x2e (1 path)
+        acc62_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc62_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc62_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc62_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc62_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
+        wt62_0 = weights[tile_b, 3968 + tile_c.index]
+        acc62_0 = acc62_0 + wt62_0 * (
+            -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
+            - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
+            - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
+        )
+        acc62_1 = acc62_1 + wt62_0 * (
+            0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
+            + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
+            + 0.3273268353539886 * a7_4 * sb2_4_0 + 0.42257712736425834 * a7_6 * sb2_4_0
+        )
+        acc62_2 = acc62_2 + wt62_0 * (
+            -0.5976143046671969 * a7_1 * sb2_4_0 - 0.3779644730092272 * a7_2 * sb2_3_0
+            + 0.3779644730092272 * a7_4 * sb2_1_0 + 0.5976143046671969 * a7_5 * sb2_0_0
+        )
+        acc62_3 = acc62_3 + wt62_0 * (
+            -0.42257712736425834 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_2 * sb2_2_0
+            + 0.3273268353539886 * a7_2 * sb2_4_0 - 0.5345224838248488 * a7_3 * sb2_1_0
+            - 0.3273268353539886 * a7_4 * sb2_0_0 + 0.42257712736425834 * a7_6 * sb2_0_0
+        )
+        acc62_4 = acc62_4 + wt62_0 * (
+            0.42257712736425834 * a7_0 * sb2_3_0 + 0.5976143046671969 * a7_1 * sb2_2_0
+            - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
+            - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc62_0, acc62_4), hl.join(acc62_2, acc62_0)), hl.join(hl.join(acc62_1, acc62_0), hl.join(acc62_3, acc62_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 63: 64x3e (1 path)
+        acc63_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc63_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
+        wt63_0 = weights[tile_b, 4032 + tile_c.index]
+        acc63_0 = acc63_0 + wt63_0 * (
+            -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
+            - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
+            + 0.45643546458763845 * a7_5 * sb2_1_0
+        )
+        acc63_1 = acc63_1 + wt63_0 * (
+            0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
+            - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
+            - 0.45643546458763845 * a7_6 * sb2_1_0
+        )
+        acc63_2 = acc63_2 + wt63_0 * (
+            -0.2886751345948129 * a7_0 * sb2_4_0 + 0.3535533905932738 * a7_1 * sb2_3_0
+            + 0.38729833462074176 * a7_2 * sb2_2_0 - 0.4472135954999579 * a7_2 * sb2_4_0
+            + 0.18257418583505539 * a7_3 * sb2_1_0 + 0.4472135954999579 * a7_4 * sb2_0_0
+            - 0.3535533905932738 * a7_5 * sb2_1_0 + 0.2886751345948129 * a7_6 * sb2_0_0
+        )
+        acc63_3 = acc63_3 + wt63_0 * (
+            -0.5773502691896258 * a7_1 * sb2_0_0 + 0.18257418583505539 * a7_2 * sb2_1_0
+            + 0.5163977794943223 * a7_3 * sb2_2_0 + 0.18257418583505539 * a7_4 * sb2_3_0
+            - 0.5773502691896258 * a7_5 * sb2_4_0
+        )
+        acc63_4 = acc63_4 + wt63_0 * (
+            -0.2886751345948129 * a7_0 * sb2_0_0 + 0.3535533905932738 * a7_1 * sb2_1_0
+            + 0.4472135954999579 * a7_2 * sb2_0_0 + 0.18257418583505539 * a7_3 * sb2_3_0
+            + 0.38729833462074176 * a7_4 * sb2_2_0 + 0.4472135954999579 * a7_4 * sb2_4_0
+            + 0.3535533905932738 * a7_5 * sb2_3_0 - 0.2886751345948129 * a7_6 * sb2_4_0
+        )
+        acc63_5 = acc63_5 + wt63_0 * (
+            0.45643546458763845 * a7_0 * sb2_1_0 - 0.3535533905932738 * a7_2 * sb2_1_0
+            - 0.5773502691896258 * a7_3 * sb2_4_0 + 0.3535533905932738 * a7_4 * sb2_3_0
+            + 0.45643546458763845 * a7_6 * sb2_3_0
+        )
+        acc63_6 = acc63_6 + wt63_0 * (
+            -0.45643546458763845 * a7_1 * sb2_1_0 + 0.2886751345948129 * a7_2 * sb2_0_0
+            - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
+            - 0.6454972243679029 * a7_6 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc63_0, acc63_4), hl.join(acc63_2, acc63_6)), hl.join(hl.join(acc63_1, acc63_5), hl.join(acc63_3, acc63_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # g block 64: 64x0o (1 path)
+        acc64_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
+        wt64_0 = weights[tile_b, 4096 + tile_c.index]
+        acc64_0 = acc64_0 + wt64_0 * (
+            0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
+            + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
+            + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
+            + 0.37796447300922725 * a7_6 * sb3_6_0
+        )
+        out[tile_b, 18944 + tile_c.index] = acc64_0
+        # g block 65: 64x1o (1 path)
+        acc65_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc65_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc65_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
+        wt65_0 = weights[tile_b, 4160 + tile_c.index]
+        acc65_0 = acc65_0 + wt65_0 * (
+            -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
+            - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
+            + 0.4629100498862757 * a7_3 * sb3_4_0 - 0.4629100498862757 * a7_4 * sb3_3_0
+            + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
+            + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
+        )
+        acc65_1 = acc65_1 + wt65_0 * (
+            -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
+            - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
+            + 0.3779644730092272 * a7_5 * sb3_1_0 + 0.5669467095138409 * a7_6 * sb3_0_0
+        )
+        acc65_2 = acc65_2 + wt65_0 * (
+            0.23145502494313785 * a7_0 * sb3_5_0 + 0.2988071523335984 * a7_1 * sb3_4_0
+            + 0.23145502494313785 * a7_1 * sb3_6_0 + 0.4629100498862757 * a7_2 * sb3_3_0
+            + 0.2988071523335984 * a7_2 * sb3_5_0 - 0.4629100498862757 * a7_3 * sb3_2_0
+            - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
+            - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
+        )
+        hl.store(out, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc65_0, acc65_2), hl.join(acc65_1, acc65_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 66: 64x2o (1 path)
+        acc66_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc66_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc66_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc66_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc66_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
+        wt66_0 = weights[tile_b, 4224 + tile_c.index]
+        acc66_0 = acc66_0 + wt66_0 * (
+            -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
+            + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
+            - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
+            + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
+        )
+        acc66_1 = acc66_1 + wt66_0 * (
+            0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
+            - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
+            - 0.29880715233359845 * a7_2 * sb3_5_0 + 0.1543033499620919 * a7_3 * sb3_2_0
+            + 0.29880715233359845 * a7_4 * sb3_1_0 + 0.3857583749052298 * a7_5 * sb3_0_0
+            - 0.29880715233359845 * a7_5 * sb3_2_0 - 0.3857583749052298 * a7_6 * sb3_1_0
+        )
+        acc66_2 = acc66_2 + wt66_0 * (
+            -0.545544725589981 * a7_0 * sb3_0_0 + 0.3273268353539886 * a7_2 * sb3_2_0
+            + 0.4364357804719848 * a7_3 * sb3_3_0 + 0.3273268353539886 * a7_4 * sb3_4_0
+            - 0.545544725589981 * a7_6 * sb3_6_0
+        )
+        acc66_3 = acc66_3 + wt66_0 * (
+            0.3857583749052298 * a7_0 * sb3_1_0 + 0.3857583749052298 * a7_1 * sb3_0_0
+            + 0.29880715233359845 * a7_1 * sb3_2_0 + 0.29880715233359845 * a7_2 * sb3_1_0
+            + 0.1543033499620919 * a7_3 * sb3_4_0 + 0.1543033499620919 * a7_4 * sb3_3_0
+            + 0.29880715233359845 * a7_4 * sb3_5_0 + 0.29880715233359845 * a7_5 * sb3_4_0
+            + 0.3857583749052298 * a7_5 * sb3_6_0 + 0.3857583749052298 * a7_6 * sb3_5_0
+        )
+        acc66_4 = acc66_4 + wt66_0 * (
+            -0.24397501823713333 * a7_0 * sb3_2_0 - 0.24397501823713333 * a7_2 * sb3_0_0
+            - 0.3779644730092272 * a7_2 * sb3_2_0 - 0.48795003647426666 * a7_3 * sb3_5_0
+            + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
+            - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
+        )
+        hl.store(out, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc66_0, acc66_4), hl.join(acc66_2, acc66_0)), hl.join(hl.join(acc66_1, acc66_0), hl.join(acc66_3, acc66_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 67: 64x3o (1 path)
+        acc67_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc67_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
+        wt67_0 = weights[tile_b, 4288 + tile_c.index]
+        acc67_0 = acc67_0 + wt67_0 * (
+            0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
+            - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
+            - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
+        )
+        acc67_1 = acc67_1 + wt67_0 * (
+            -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
+            + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0
+            - 0.408248290463863 * a7_5 * sb3_3_0 - 0.408248290463863 * a7_6 * sb3_4_0
+        )
+        acc67_2 = acc67_2 + wt67_0 * (
+            0.408248290463863 * a7_0 * sb3_1_0 - 0.408248290463863 * a7_1 * sb3_0_0
+            + 0.408248290463863 * a7_3 * sb3_4_0 - 0.408248290463863 * a7_4 * sb3_3_0
+            - 0.408248290463863 * a7_5 * sb3_6_0 + 0.408248290463863 * a7_6 * sb3_5_0
+        )
+        acc67_3 = acc67_3 + wt67_0 * (
+            0.408248290463863 * a7_0 * sb3_6_0 - 0.408248290463863 * a7_1 * sb3_5_0
+            - 0.408248290463863 * a7_2 * sb3_4_0 + 0.408248290463863 * a7_4 * sb3_2_0
+            + 0.408248290463863 * a7_5 * sb3_1_0 - 0.408248290463863 * a7_6 * sb3_0_0
+        )
+        acc67_4 = acc67_4 + wt67_0 * (
+            -0.408248290463863 * a7_0 * sb3_5_0 - 0.408248290463863 * a7_1 * sb3_6_0
+            + 0.408248290463863 * a7_2 * sb3_3_0 - 0.408248290463863 * a7_3 * sb3_2_0
+            + 0.408248290463863 * a7_5 * sb3_0_0 + 0.408248290463863 * a7_6 * sb3_1_0
+        )
+        acc67_5 = acc67_5 + wt67_0 * (
+            0.408248290463863 * a7_0 * sb3_4_0 + 0.408248290463863 * a7_1 * sb3_3_0
+            + 0.408248290463863 * a7_2 * sb3_6_0 - 0.408248290463863 * a7_3 * sb3_1_0
+            - 0.408248290463863 * a7_4 * sb3_0_0 - 0.408248290463863 * a7_6 * sb3_2_0
+        )
+        acc67_6 = acc67_6 + wt67_0 * (
+            -0.408248290463863 * a7_0 * sb3_3_0 + 0.408248290463863 * a7_1 * sb3_4_0
+            - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
+            - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
+        )
+        hl.store(out, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc67_0, acc67_4), hl.join(acc67_2, acc67_6)), hl.join(hl.join(acc67_1, acc67_5), hl.join(acc67_3, acc67_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -1858,7 +1858,7 @@ def tp_bwd_x1_0(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-5; paths 0-47."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -1875,1089 +1875,1088 @@ def tp_bwd_x1_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 0: 64x0o (4 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            g0_0 = g[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3tee, g3teo = hl.split(g3te)
-            g3_0, g3_4 = hl.split(g3tee)
-            g3_2, g3_6 = hl.split(g3teo)
-            g3toe, g3too = hl.split(g3to)
-            g3_1, g3_5 = hl.split(g3toe)
-            g3_3, g3_7 = hl.split(g3too)
-            acc0_0 = acc0_0 + wt3_0 * (
-                1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
-                + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
-                + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
-                + 1.0000000000000002 * g3_6 * sb3_6_0
-            )
-            gx1[tile_b, tile_c.index] = acc0_0
-            # x1 block 1: 64x0e (4 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            g4_0 = g[tile_b, 1024 + tile_c.index]
-            acc1_0 = acc1_0 + wt4_0 * (g4_0 * sb0_0_0)
-            # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5_0, g5_2 = hl.split(g5te)
-            g5_1, g5_3 = hl.split(g5to)
-            acc1_0 = acc1_0 + wt5_0 * (
-                0.9999999999999999 * g5_0 * sb1_0_0 + 0.9999999999999999 * g5_1 * sb1_1_0
-                + 0.9999999999999999 * g5_2 * sb1_2_0
-            )
-            # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            acc1_0 = acc1_0 + wt6_0 * (
-                g6_0 * sb2_0_0 + g6_1 * sb2_1_0
-                + g6_2 * sb2_2_0 + g6_3 * sb2_3_0
-                + g6_4 * sb2_4_0
-            )
-            # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            acc1_0 = acc1_0 + wt7_0 * (
-                1.0000000000000002 * g7_0 * sb3_0_0 + 1.0000000000000002 * g7_1 * sb3_1_0
-                + 1.0000000000000002 * g7_2 * sb3_2_0 + 1.0000000000000002 * g7_3 * sb3_3_0
-                + 1.0000000000000002 * g7_4 * sb3_4_0 + 1.0000000000000002 * g7_5 * sb3_5_0
-                + 1.0000000000000002 * g7_6 * sb3_6_0
-            )
-            gx1[tile_b, 64 + tile_c.index] = acc1_0
-            # x1 block 2: 64x1o (9 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            acc2_0 = acc2_0 + wt8_0 * (0.9999999999999999 * g8_0 * sb0_0_0)
-            acc2_1 = acc2_1 + wt8_0 * (0.9999999999999999 * g8_1 * sb0_0_0)
-            acc2_2 = acc2_2 + wt8_0 * (0.9999999999999999 * g8_2 * sb0_0_0)
-            # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            g9_0 = g[tile_b, 2240 + tile_c.index]
-            acc2_0 = acc2_0 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_0_0)
-            acc2_1 = acc2_1 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_1_0)
-            acc2_2 = acc2_2 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_2_0)
-            # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt10_0 = weights[tile_b, 640 + tile_c.index]
-            g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            acc2_0 = acc2_0 + wt10_0 * (-0.7071067811865475 * g10_1 * sb1_2_0 + 0.7071067811865475 * g10_2 * sb1_1_0)
-            acc2_1 = acc2_1 + wt10_0 * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
-            acc2_2 = acc2_2 + wt10_0 * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
-            # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt11_0 = weights[tile_b, 704 + tile_c.index]
-            g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            acc2_0 = acc2_0 + wt11_0 * (
-                0.7071067811865476 * g11_0 * sb1_2_0 + 0.7071067811865476 * g11_1 * sb1_1_0
-                - 0.408248290463863 * g11_2 * sb1_0_0 - 0.7071067811865476 * g11_4 * sb1_0_0
-            )
-            acc2_1 = acc2_1 + wt11_0 * (
-                0.7071067811865476 * g11_1 * sb1_0_0 + 0.816496580927726 * g11_2 * sb1_1_0
-                + 0.7071067811865476 * g11_3 * sb1_2_0
-            )
-            acc2_2 = acc2_2 + wt11_0 * (
-                0.7071067811865476 * g11_0 * sb1_0_0 - 0.408248290463863 * g11_2 * sb1_2_0
-                + 0.7071067811865476 * g11_3 * sb1_1_0 + 0.7071067811865476 * g11_4 * sb1_2_0
-            )
-            # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt12_0 = weights[tile_b, 768 + tile_c.index]
-            g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            acc2_0 = acc2_0 + wt12_0 * (
-                -0.3162277660168379 * g12_0 * sb2_2_0 - 0.5477225575051661 * g12_0 * sb2_4_0
-                + 0.5477225575051661 * g12_1 * sb2_1_0 + 0.5477225575051661 * g12_2 * sb2_0_0
-            )
-            acc2_1 = acc2_1 + wt12_0 * (
-                0.5477225575051661 * g12_0 * sb2_1_0 + 0.6324555320336758 * g12_1 * sb2_2_0
-                + 0.5477225575051661 * g12_2 * sb2_3_0
-            )
-            acc2_2 = acc2_2 + wt12_0 * (
-                0.5477225575051661 * g12_0 * sb2_0_0 + 0.5477225575051661 * g12_1 * sb2_3_0
-                - 0.3162277660168379 * g12_2 * sb2_2_0 + 0.5477225575051661 * g12_2 * sb2_4_0
-            )
-            # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt13_0 = weights[tile_b, 832 + tile_c.index]
-            g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
-            g13te, g13to = hl.split(g13t)
-            g13tee, g13teo = hl.split(g13te)
-            g13_0, g13_4 = hl.split(g13tee)
-            g13_2, g13_6 = hl.split(g13teo)
-            g13toe, g13too = hl.split(g13to)
-            g13_1, g13_5 = hl.split(g13toe)
-            g13_3, g13_7 = hl.split(g13too)
-            acc2_0 = acc2_0 + wt13_0 * (
-                0.408248290463863 * g13_0 * sb2_1_0 - 0.408248290463863 * g13_1 * sb2_0_0
-                - 0.7071067811865476 * g13_2 * sb2_3_0 + 0.7071067811865476 * g13_3 * sb2_2_0
-                - 0.408248290463863 * g13_3 * sb2_4_0 + 0.408248290463863 * g13_4 * sb2_3_0
-            )
-            acc2_1 = acc2_1 + wt13_0 * (
-                0.816496580927726 * g13_0 * sb2_4_0 + 0.408248290463863 * g13_1 * sb2_3_0
-                - 0.408248290463863 * g13_3 * sb2_1_0 - 0.816496580927726 * g13_4 * sb2_0_0
-            )
-            acc2_2 = acc2_2 + wt13_0 * (
-                -0.408248290463863 * g13_0 * sb2_3_0 - 0.7071067811865476 * g13_1 * sb2_2_0
-                - 0.408248290463863 * g13_1 * sb2_4_0 + 0.7071067811865476 * g13_2 * sb2_1_0
-                + 0.408248290463863 * g13_3 * sb2_0_0 + 0.408248290463863 * g13_4 * sb2_1_0
-            )
-            # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            wt14_0 = weights[tile_b, 896 + tile_c.index]
-            g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            acc2_0 = acc2_0 + wt14_0 * (
-                0.7071067811865476 * g14_0 * sb2_4_0 + 0.5773502691896258 * g14_1 * sb2_3_0
-                + 0.6324555320336759 * g14_2 * sb2_2_0 + 0.18257418583505539 * g14_2 * sb2_4_0
-                - 0.4472135954999579 * g14_3 * sb2_1_0 - 0.18257418583505539 * g14_4 * sb2_0_0
-                - 0.5773502691896258 * g14_5 * sb2_1_0 - 0.7071067811865476 * g14_6 * sb2_0_0
-            )
-            acc2_1 = acc2_1 + wt14_0 * (
-                0.5773502691896258 * g14_1 * sb2_0_0 + 0.7302967433402215 * g14_2 * sb2_1_0
-                + 0.7745966692414835 * g14_3 * sb2_2_0 + 0.7302967433402215 * g14_4 * sb2_3_0
-                + 0.5773502691896258 * g14_5 * sb2_4_0
-            )
-            acc2_2 = acc2_2 + wt14_0 * (
-                0.7071067811865476 * g14_0 * sb2_0_0 + 0.5773502691896258 * g14_1 * sb2_1_0
-                - 0.18257418583505539 * g14_2 * sb2_0_0 - 0.4472135954999579 * g14_3 * sb2_3_0
-                + 0.6324555320336759 * g14_4 * sb2_2_0 - 0.18257418583505539 * g14_4 * sb2_4_0
-                + 0.5773502691896258 * g14_5 * sb2_3_0 + 0.7071067811865476 * g14_6 * sb2_4_0
-            )
-            # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            wt15_0 = weights[tile_b, 960 + tile_c.index]
-            g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            acc2_0 = acc2_0 + wt15_0 * (
-                -0.1543033499620919 * g15_0 * sb3_4_0 - 0.5976143046671969 * g15_0 * sb3_6_0
-                - 0.3779644730092272 * g15_1 * sb3_3_0 - 0.48795003647426666 * g15_1 * sb3_5_0
-                + 0.5345224838248488 * g15_2 * sb3_2_0 + 0.48795003647426666 * g15_3 * sb3_1_0
-                + 0.5976143046671969 * g15_4 * sb3_0_0 + 0.1543033499620919 * g15_4 * sb3_2_0
-            )
-            acc2_1 = acc2_1 + wt15_0 * (
-                0.48795003647426666 * g15_0 * sb3_1_0 + 0.6172133998483676 * g15_1 * sb3_2_0
-                + 0.6546536707079772 * g15_2 * sb3_3_0 + 0.6172133998483676 * g15_3 * sb3_4_0
-                + 0.48795003647426666 * g15_4 * sb3_5_0
-            )
-            acc2_2 = acc2_2 + wt15_0 * (
-                0.5976143046671969 * g15_0 * sb3_0_0 - 0.1543033499620919 * g15_0 * sb3_2_0
-                + 0.48795003647426666 * g15_1 * sb3_1_0 + 0.5345224838248488 * g15_2 * sb3_4_0
-                - 0.3779644730092272 * g15_3 * sb3_3_0 + 0.48795003647426666 * g15_3 * sb3_5_0
-                - 0.1543033499620919 * g15_4 * sb3_4_0 + 0.5976143046671969 * g15_4 * sb3_6_0
-            )
-            # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            wt16_0 = weights[tile_b, 1024 + tile_c.index]
-            g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            acc2_0 = acc2_0 + wt16_0 * (
-                0.3535533905932738 * g16_0 * sb3_1_0 - 0.3535533905932738 * g16_1 * sb3_0_0
-                + 0.45643546458763845 * g16_1 * sb3_2_0 - 0.45643546458763845 * g16_2 * sb3_1_0
-                - 0.7071067811865476 * g16_3 * sb3_4_0 + 0.7071067811865476 * g16_4 * sb3_3_0
-                - 0.45643546458763845 * g16_4 * sb3_5_0 + 0.45643546458763845 * g16_5 * sb3_4_0
-                - 0.3535533905932738 * g16_5 * sb3_6_0 + 0.3535533905932738 * g16_6 * sb3_5_0
-            )
-            acc2_1 = acc2_1 + wt16_0 * (
-                0.8660254037844387 * g16_0 * sb3_6_0 + 0.5773502691896258 * g16_1 * sb3_5_0
-                + 0.2886751345948129 * g16_2 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_2_0
-                - 0.5773502691896258 * g16_5 * sb3_1_0 - 0.8660254037844387 * g16_6 * sb3_0_0
-            )
-            acc2_2 = acc2_2 + wt16_0 * (
-                -0.3535533905932738 * g16_0 * sb3_5_0 - 0.45643546458763845 * g16_1 * sb3_4_0
-                - 0.3535533905932738 * g16_1 * sb3_6_0 - 0.7071067811865476 * g16_2 * sb3_3_0
-                - 0.45643546458763845 * g16_2 * sb3_5_0 + 0.7071067811865476 * g16_3 * sb3_2_0
-                + 0.45643546458763845 * g16_4 * sb3_1_0 + 0.3535533905932738 * g16_5 * sb3_0_0
-                + 0.45643546458763845 * g16_5 * sb3_2_0 + 0.3535533905932738 * g16_6 * sb3_1_0
-            )
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # x1 block 3: 64x1e (9 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt17_0 = weights[tile_b, 1088 + tile_c.index]
-            g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17_0, g17_2 = hl.split(g17te)
-            g17_1, g17_3 = hl.split(g17to)
-            acc3_0 = acc3_0 + wt17_0 * (0.9999999999999999 * g17_0 * sb0_0_0)
-            acc3_1 = acc3_1 + wt17_0 * (0.9999999999999999 * g17_1 * sb0_0_0)
-            acc3_2 = acc3_2 + wt17_0 * (0.9999999999999999 * g17_2 * sb0_0_0)
-            # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt18_0 = weights[tile_b, 1152 + tile_c.index]
-            g18_0 = g[tile_b, 4736 + tile_c.index]
-            acc3_0 = acc3_0 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_0_0)
-            acc3_1 = acc3_1 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_1_0)
-            acc3_2 = acc3_2 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_2_0)
-            # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt19_0 = weights[tile_b, 1216 + tile_c.index]
-            g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            acc3_0 = acc3_0 + wt19_0 * (-0.7071067811865475 * g19_1 * sb1_2_0 + 0.7071067811865475 * g19_2 * sb1_1_0)
-            acc3_1 = acc3_1 + wt19_0 * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
-            acc3_2 = acc3_2 + wt19_0 * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
-            # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt20_0 = weights[tile_b, 1280 + tile_c.index]
-            g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            acc3_0 = acc3_0 + wt20_0 * (
-                0.7071067811865476 * g20_0 * sb1_2_0 + 0.7071067811865476 * g20_1 * sb1_1_0
-                - 0.408248290463863 * g20_2 * sb1_0_0 - 0.7071067811865476 * g20_4 * sb1_0_0
-            )
-            acc3_1 = acc3_1 + wt20_0 * (
-                0.7071067811865476 * g20_1 * sb1_0_0 + 0.816496580927726 * g20_2 * sb1_1_0
-                + 0.7071067811865476 * g20_3 * sb1_2_0
-            )
-            acc3_2 = acc3_2 + wt20_0 * (
-                0.7071067811865476 * g20_0 * sb1_0_0 - 0.408248290463863 * g20_2 * sb1_2_0
-                + 0.7071067811865476 * g20_3 * sb1_1_0 + 0.7071067811865476 * g20_4 * sb1_2_0
-            )
-            # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt21_0 = weights[tile_b, 1344 + tile_c.index]
-            g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            acc3_0 = acc3_0 + wt21_0 * (
-                -0.3162277660168379 * g21_0 * sb2_2_0 - 0.5477225575051661 * g21_0 * sb2_4_0
-                + 0.5477225575051661 * g21_1 * sb2_1_0 + 0.5477225575051661 * g21_2 * sb2_0_0
-            )
-            acc3_1 = acc3_1 + wt21_0 * (
-                0.5477225575051661 * g21_0 * sb2_1_0 + 0.6324555320336758 * g21_1 * sb2_2_0
-                + 0.5477225575051661 * g21_2 * sb2_3_0
-            )
-            acc3_2 = acc3_2 + wt21_0 * (
-                0.5477225575051661 * g21_0 * sb2_0_0 + 0.5477225575051661 * g21_1 * sb2_3_0
-                - 0.3162277660168379 * g21_2 * sb2_2_0 + 0.5477225575051661 * g21_2 * sb2_4_0
-            )
-            # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt22_0 = weights[tile_b, 1408 + tile_c.index]
-            g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            acc3_0 = acc3_0 + wt22_0 * (
-                0.408248290463863 * g22_0 * sb2_1_0 - 0.408248290463863 * g22_1 * sb2_0_0
-                - 0.7071067811865476 * g22_2 * sb2_3_0 + 0.7071067811865476 * g22_3 * sb2_2_0
-                - 0.408248290463863 * g22_3 * sb2_4_0 + 0.408248290463863 * g22_4 * sb2_3_0
-            )
-            acc3_1 = acc3_1 + wt22_0 * (
-                0.816496580927726 * g22_0 * sb2_4_0 + 0.408248290463863 * g22_1 * sb2_3_0
-                - 0.408248290463863 * g22_3 * sb2_1_0 - 0.816496580927726 * g22_4 * sb2_0_0
-            )
-            acc3_2 = acc3_2 + wt22_0 * (
-                -0.408248290463863 * g22_0 * sb2_3_0 - 0.7071067811865476 * g22_1 * sb2_2_0
-                - 0.408248290463863 * g22_1 * sb2_4_0 + 0.7071067811865476 * g22_2 * sb2_1_0
-                + 0.408248290463863 * g22_3 * sb2_0_0 + 0.408248290463863 * g22_4 * sb2_1_0
-            )
-            # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            wt23_0 = weights[tile_b, 1472 + tile_c.index]
-            g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            acc3_0 = acc3_0 + wt23_0 * (
-                0.7071067811865476 * g23_0 * sb2_4_0 + 0.5773502691896258 * g23_1 * sb2_3_0
-                + 0.6324555320336759 * g23_2 * sb2_2_0 + 0.18257418583505539 * g23_2 * sb2_4_0
-                - 0.4472135954999579 * g23_3 * sb2_1_0 - 0.18257418583505539 * g23_4 * sb2_0_0
-                - 0.5773502691896258 * g23_5 * sb2_1_0 - 0.7071067811865476 * g23_6 * sb2_0_0
-            )
-            acc3_1 = acc3_1 + wt23_0 * (
-                0.5773502691896258 * g23_1 * sb2_0_0 + 0.7302967433402215 * g23_2 * sb2_1_0
-                + 0.7745966692414835 * g23_3 * sb2_2_0 + 0.7302967433402215 * g23_4 * sb2_3_0
-                + 0.5773502691896258 * g23_5 * sb2_4_0
-            )
-            acc3_2 = acc3_2 + wt23_0 * (
-                0.7071067811865476 * g23_0 * sb2_0_0 + 0.5773502691896258 * g23_1 * sb2_1_0
-                - 0.18257418583505539 * g23_2 * sb2_0_0 - 0.4472135954999579 * g23_3 * sb2_3_0
-                + 0.6324555320336759 * g23_4 * sb2_2_0 - 0.18257418583505539 * g23_4 * sb2_4_0
-                + 0.5773502691896258 * g23_5 * sb2_3_0 + 0.7071067811865476 * g23_6 * sb2_4_0
-            )
-            # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            wt24_0 = weights[tile_b, 1536 + tile_c.index]
-            g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            acc3_0 = acc3_0 + wt24_0 * (
-                -0.1543033499620919 * g24_0 * sb3_4_0 - 0.5976143046671969 * g24_0 * sb3_6_0
-                - 0.3779644730092272 * g24_1 * sb3_3_0 - 0.48795003647426666 * g24_1 * sb3_5_0
-                + 0.5345224838248488 * g24_2 * sb3_2_0 + 0.48795003647426666 * g24_3 * sb3_1_0
-                + 0.5976143046671969 * g24_4 * sb3_0_0 + 0.1543033499620919 * g24_4 * sb3_2_0
-            )
-            acc3_1 = acc3_1 + wt24_0 * (
-                0.48795003647426666 * g24_0 * sb3_1_0 + 0.6172133998483676 * g24_1 * sb3_2_0
-                + 0.6546536707079772 * g24_2 * sb3_3_0 + 0.6172133998483676 * g24_3 * sb3_4_0
-                + 0.48795003647426666 * g24_4 * sb3_5_0
-            )
-            acc3_2 = acc3_2 + wt24_0 * (
-                0.5976143046671969 * g24_0 * sb3_0_0 - 0.1543033499620919 * g24_0 * sb3_2_0
-                + 0.48795003647426666 * g24_1 * sb3_1_0 + 0.5345224838248488 * g24_2 * sb3_4_0
-                - 0.3779644730092272 * g24_3 * sb3_3_0 + 0.48795003647426666 * g24_3 * sb3_5_0
-                - 0.1543033499620919 * g24_4 * sb3_4_0 + 0.5976143046671969 * g24_4 * sb3_6_0
-            )
-            # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            wt25_0 = weights[tile_b, 1600 + tile_c.index]
-            g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            acc3_0 = acc3_0 + wt25_0 * (
-                0.3535533905932738 * g25_0 * sb3_1_0 - 0.3535533905932738 * g25_1 * sb3_0_0
-                + 0.45643546458763845 * g25_1 * sb3_2_0 - 0.45643546458763845 * g25_2 * sb3_1_0
-                - 0.7071067811865476 * g25_3 * sb3_4_0 + 0.7071067811865476 * g25_4 * sb3_3_0
-                - 0.45643546458763845 * g25_4 * sb3_5_0 + 0.45643546458763845 * g25_5 * sb3_4_0
-                - 0.3535533905932738 * g25_5 * sb3_6_0 + 0.3535533905932738 * g25_6 * sb3_5_0
-            )
-            acc3_1 = acc3_1 + wt25_0 * (
-                0.8660254037844387 * g25_0 * sb3_6_0 + 0.5773502691896258 * g25_1 * sb3_5_0
-                + 0.2886751345948129 * g25_2 * sb3_4_0 - 0.2886751345948129 * g25_4 * sb3_2_0
-                - 0.5773502691896258 * g25_5 * sb3_1_0 - 0.8660254037844387 * g25_6 * sb3_0_0
-            )
-            acc3_2 = acc3_2 + wt25_0 * (
-                -0.3535533905932738 * g25_0 * sb3_5_0 - 0.45643546458763845 * g25_1 * sb3_4_0
-                - 0.3535533905932738 * g25_1 * sb3_6_0 - 0.7071067811865476 * g25_2 * sb3_3_0
-                - 0.45643546458763845 * g25_2 * sb3_5_0 + 0.7071067811865476 * g25_3 * sb3_2_0
-                + 0.45643546458763845 * g25_4 * sb3_1_0 + 0.3535533905932738 * g25_5 * sb3_0_0
-                + 0.45643546458763845 * g25_5 * sb3_2_0 + 0.3535533905932738 * g25_6 * sb3_1_0
-            )
-            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # x1 block 4: 64x2o (11 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt26_0 = weights[tile_b, 1664 + tile_c.index]
-            g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            acc4_0 = acc4_0 + wt26_0 * (g26_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt26_0 * (g26_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt26_0 * (g26_2 * sb0_0_0)
-            acc4_3 = acc4_3 + wt26_0 * (g26_3 * sb0_0_0)
-            acc4_4 = acc4_4 + wt26_0 * (g26_4 * sb0_0_0)
-            # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt27_0 = weights[tile_b, 1728 + tile_c.index]
-            g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            acc4_0 = acc4_0 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_0_0)
-            acc4_1 = acc4_1 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_1_0 + 0.5477225575051661 * g27_1 * sb1_0_0)
-            acc4_2 = acc4_2 + wt27_0 * (
-                -0.3162277660168379 * g27_0 * sb1_0_0 + 0.6324555320336758 * g27_1 * sb1_1_0
-                - 0.3162277660168379 * g27_2 * sb1_2_0
-            )
-            acc4_3 = acc4_3 + wt27_0 * (0.5477225575051661 * g27_1 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_1_0)
-            acc4_4 = acc4_4 + wt27_0 * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
-            # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt28_0 = weights[tile_b, 1792 + tile_c.index]
-            g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            acc4_0 = acc4_0 + wt28_0 * (
-                0.408248290463863 * g28_1 * sb1_0_0 - 0.408248290463863 * g28_3 * sb1_2_0
-                + 0.816496580927726 * g28_4 * sb1_1_0
-            )
-            acc4_1 = acc4_1 + wt28_0 * (
-                -0.408248290463863 * g28_0 * sb1_0_0 - 0.7071067811865476 * g28_2 * sb1_2_0
-                + 0.408248290463863 * g28_3 * sb1_1_0 - 0.408248290463863 * g28_4 * sb1_2_0
-            )
-            acc4_2 = acc4_2 + wt28_0 * (0.7071067811865476 * g28_1 * sb1_2_0 - 0.7071067811865476 * g28_3 * sb1_0_0)
-            acc4_3 = acc4_3 + wt28_0 * (
-                0.408248290463863 * g28_0 * sb1_2_0 - 0.408248290463863 * g28_1 * sb1_1_0
-                + 0.7071067811865476 * g28_2 * sb1_0_0 - 0.408248290463863 * g28_4 * sb1_0_0
-            )
-            acc4_4 = acc4_4 + wt28_0 * (
-                -0.816496580927726 * g28_0 * sb1_1_0 + 0.408248290463863 * g28_1 * sb1_2_0
-                + 0.408248290463863 * g28_3 * sb1_0_0
-            )
-            # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            wt29_0 = weights[tile_b, 1856 + tile_c.index]
-            g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            acc4_0 = acc4_0 + wt29_0 * (
-                0.7071067811865476 * g29_0 * sb1_2_0 + 0.5773502691896258 * g29_1 * sb1_1_0
-                - 0.18257418583505539 * g29_2 * sb1_2_0 - 0.18257418583505539 * g29_4 * sb1_0_0
-                - 0.7071067811865476 * g29_6 * sb1_0_0
-            )
-            acc4_1 = acc4_1 + wt29_0 * (
-                0.5773502691896258 * g29_1 * sb1_2_0 + 0.7302967433402215 * g29_2 * sb1_1_0
-                - 0.4472135954999579 * g29_3 * sb1_0_0 - 0.5773502691896258 * g29_5 * sb1_0_0
-            )
-            acc4_2 = acc4_2 + wt29_0 * (
-                0.6324555320336759 * g29_2 * sb1_0_0 + 0.7745966692414835 * g29_3 * sb1_1_0
-                + 0.6324555320336759 * g29_4 * sb1_2_0
-            )
-            acc4_3 = acc4_3 + wt29_0 * (
-                0.5773502691896258 * g29_1 * sb1_0_0 - 0.4472135954999579 * g29_3 * sb1_2_0
-                + 0.7302967433402215 * g29_4 * sb1_1_0 + 0.5773502691896258 * g29_5 * sb1_2_0
-            )
-            acc4_4 = acc4_4 + wt29_0 * (
-                0.7071067811865476 * g29_0 * sb1_0_0 + 0.18257418583505539 * g29_2 * sb1_0_0
-                - 0.18257418583505539 * g29_4 * sb1_2_0 + 0.5773502691896258 * g29_5 * sb1_1_0
-                + 0.7071067811865476 * g29_6 * sb1_2_0
-            )
-            # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt30_0 = weights[tile_b, 1920 + tile_c.index]
-            g30_0 = g[tile_b, 8320 + tile_c.index]
-            acc4_0 = acc4_0 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_0_0)
-            acc4_1 = acc4_1 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_1_0)
-            acc4_2 = acc4_2 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_2_0)
-            acc4_3 = acc4_3 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_3_0)
-            acc4_4 = acc4_4 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_4_0)
-            # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt31_0 = weights[tile_b, 1984 + tile_c.index]
-            g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            acc4_0 = acc4_0 + wt31_0 * (
-                -0.3162277660168379 * g31_0 * sb2_1_0 - 0.6324555320336758 * g31_1 * sb2_4_0
-                + 0.3162277660168379 * g31_2 * sb2_3_0
-            )
-            acc4_1 = acc4_1 + wt31_0 * (
-                0.3162277660168379 * g31_0 * sb2_0_0 - 0.3162277660168379 * g31_1 * sb2_3_0
-                + 0.5477225575051661 * g31_2 * sb2_2_0 + 0.3162277660168379 * g31_2 * sb2_4_0
-            )
-            acc4_2 = acc4_2 + wt31_0 * (0.5477225575051661 * g31_0 * sb2_3_0 - 0.5477225575051661 * g31_2 * sb2_1_0)
-            acc4_3 = acc4_3 + wt31_0 * (
-                -0.5477225575051661 * g31_0 * sb2_2_0 + 0.3162277660168379 * g31_0 * sb2_4_0
-                + 0.3162277660168379 * g31_1 * sb2_1_0 - 0.3162277660168379 * g31_2 * sb2_0_0
-            )
-            acc4_4 = acc4_4 + wt31_0 * (
-                -0.3162277660168379 * g31_0 * sb2_3_0 + 0.6324555320336758 * g31_1 * sb2_0_0
-                - 0.3162277660168379 * g31_2 * sb2_1_0
-            )
-            # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt32_0 = weights[tile_b, 2048 + tile_c.index]
-            g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            acc4_0 = acc4_0 + wt32_0 * (
-                -0.5345224838248488 * g32_0 * sb2_2_0 + 0.4629100498862757 * g32_1 * sb2_3_0
-                - 0.5345224838248488 * g32_2 * sb2_0_0 + 0.4629100498862757 * g32_3 * sb2_1_0
-            )
-            acc4_1 = acc4_1 + wt32_0 * (
-                0.4629100498862757 * g32_0 * sb2_3_0 + 0.2672612419124244 * g32_1 * sb2_2_0
-                - 0.4629100498862757 * g32_1 * sb2_4_0 + 0.2672612419124244 * g32_2 * sb2_1_0
-                + 0.4629100498862757 * g32_3 * sb2_0_0 - 0.4629100498862757 * g32_4 * sb2_1_0
-            )
-            acc4_2 = acc4_2 + wt32_0 * (
-                -0.5345224838248488 * g32_0 * sb2_0_0 + 0.2672612419124244 * g32_1 * sb2_1_0
-                + 0.5345224838248488 * g32_2 * sb2_2_0 + 0.2672612419124244 * g32_3 * sb2_3_0
-                - 0.5345224838248488 * g32_4 * sb2_4_0
-            )
-            acc4_3 = acc4_3 + wt32_0 * (
-                0.4629100498862757 * g32_0 * sb2_1_0 + 0.4629100498862757 * g32_1 * sb2_0_0
-                + 0.2672612419124244 * g32_2 * sb2_3_0 + 0.2672612419124244 * g32_3 * sb2_2_0
-                + 0.4629100498862757 * g32_3 * sb2_4_0 + 0.4629100498862757 * g32_4 * sb2_3_0
-            )
-            acc4_4 = acc4_4 + wt32_0 * (
-                -0.4629100498862757 * g32_1 * sb2_1_0 - 0.5345224838248488 * g32_2 * sb2_4_0
-                + 0.4629100498862757 * g32_3 * sb2_3_0 - 0.5345224838248488 * g32_4 * sb2_2_0
-            )
-            # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            wt33_0 = weights[tile_b, 2112 + tile_c.index]
-            g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            acc4_0 = acc4_0 + wt33_0 * (
-                0.5000000000000001 * g33_0 * sb2_1_0 + 0.38729833462074176 * g33_2 * sb2_1_0
-                + 0.31622776601683794 * g33_3 * sb2_4_0 - 0.38729833462074176 * g33_4 * sb2_3_0
-                + 0.7071067811865476 * g33_5 * sb2_2_0 + 0.5000000000000001 * g33_6 * sb2_3_0
-            )
-            acc4_1 = acc4_1 + wt33_0 * (
-                -0.5000000000000001 * g33_0 * sb2_0_0 - 0.38729833462074176 * g33_2 * sb2_0_0
-                - 0.6324555320336759 * g33_3 * sb2_3_0 + 0.4472135954999579 * g33_4 * sb2_2_0
-                - 0.38729833462074176 * g33_4 * sb2_4_0 - 0.5000000000000001 * g33_6 * sb2_4_0
-            )
-            acc4_2 = acc4_2 + wt33_0 * (
-                0.7071067811865476 * g33_1 * sb2_4_0 + 0.4472135954999579 * g33_2 * sb2_3_0
-                - 0.4472135954999579 * g33_4 * sb2_1_0 - 0.7071067811865476 * g33_5 * sb2_0_0
-            )
-            acc4_3 = acc4_3 + wt33_0 * (
-                0.5000000000000001 * g33_0 * sb2_4_0 - 0.4472135954999579 * g33_2 * sb2_2_0
-                - 0.38729833462074176 * g33_2 * sb2_4_0 + 0.6324555320336759 * g33_3 * sb2_1_0
-                + 0.38729833462074176 * g33_4 * sb2_0_0 - 0.5000000000000001 * g33_6 * sb2_0_0
-            )
-            acc4_4 = acc4_4 + wt33_0 * (
-                -0.5000000000000001 * g33_0 * sb2_3_0 - 0.7071067811865476 * g33_1 * sb2_2_0
-                + 0.38729833462074176 * g33_2 * sb2_3_0 - 0.31622776601683794 * g33_3 * sb2_0_0
-                + 0.38729833462074176 * g33_4 * sb2_1_0 + 0.5000000000000001 * g33_6 * sb2_1_0
-            )
-            # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            wt34_0 = weights[tile_b, 2176 + tile_c.index]
-            g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g34t = g34.reshape([tile_b, tile_c, 2, 2])
-            g34te, g34to = hl.split(g34t)
-            g34_0, g34_2 = hl.split(g34te)
-            g34_1, g34_3 = hl.split(g34to)
-            acc4_0 = acc4_0 + wt34_0 * (
-                -0.11952286093343936 * g34_0 * sb3_4_0 - 0.4629100498862757 * g34_0 * sb3_6_0
-                + 0.3779644730092272 * g34_1 * sb3_1_0 + 0.4629100498862757 * g34_2 * sb3_0_0
-                - 0.11952286093343936 * g34_2 * sb3_2_0
-            )
-            acc4_1 = acc4_1 + wt34_0 * (
-                -0.2927700218845599 * g34_0 * sb3_3_0 - 0.3779644730092272 * g34_0 * sb3_5_0
-                + 0.47809144373375745 * g34_1 * sb3_2_0 + 0.3779644730092272 * g34_2 * sb3_1_0
-            )
-            acc4_2 = acc4_2 + wt34_0 * (
-                0.4140393356054125 * g34_0 * sb3_2_0 + 0.50709255283711 * g34_1 * sb3_3_0
-                + 0.4140393356054125 * g34_2 * sb3_4_0
-            )
-            acc4_3 = acc4_3 + wt34_0 * (
-                0.3779644730092272 * g34_0 * sb3_1_0 + 0.47809144373375745 * g34_1 * sb3_4_0
-                - 0.2927700218845599 * g34_2 * sb3_3_0 + 0.3779644730092272 * g34_2 * sb3_5_0
-            )
-            acc4_4 = acc4_4 + wt34_0 * (
-                0.4629100498862757 * g34_0 * sb3_0_0 + 0.11952286093343936 * g34_0 * sb3_2_0
-                + 0.3779644730092272 * g34_1 * sb3_5_0 - 0.11952286093343936 * g34_2 * sb3_4_0
-                + 0.4629100498862757 * g34_2 * sb3_6_0
-            )
-            # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            wt35_0 = weights[tile_b, 2240 + tile_c.index]
-            g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
-            g35te, g35to = hl.split(g35t)
-            g35tee, g35teo = hl.split(g35te)
-            g35_0, g35_4 = hl.split(g35tee)
-            g35_2, g35_6 = hl.split(g35teo)
-            g35toe, g35too = hl.split(g35to)
-            g35_1, g35_5 = hl.split(g35toe)
-            g35_3, g35_7 = hl.split(g35too)
-            acc4_0 = acc4_0 + wt35_0 * (
-                -0.42257712736425834 * g35_1 * sb3_0_0 - 0.3273268353539886 * g35_1 * sb3_2_0
-                - 0.5976143046671969 * g35_2 * sb3_5_0 + 0.3273268353539886 * g35_3 * sb3_4_0
-                - 0.42257712736425834 * g35_3 * sb3_6_0 - 0.2672612419124244 * g35_4 * sb3_3_0
-            )
-            acc4_1 = acc4_1 + wt35_0 * (
-                0.42257712736425834 * g35_0 * sb3_0_0 + 0.3273268353539886 * g35_0 * sb3_2_0
-                - 0.3779644730092272 * g35_2 * sb3_4_0 + 0.5345224838248488 * g35_3 * sb3_3_0
-                + 0.3273268353539886 * g35_4 * sb3_4_0 + 0.42257712736425834 * g35_4 * sb3_6_0
-            )
-            acc4_2 = acc4_2 + wt35_0 * (
-                0.5976143046671969 * g35_0 * sb3_5_0 + 0.3779644730092272 * g35_1 * sb3_4_0
-                - 0.3779644730092272 * g35_3 * sb3_2_0 - 0.5976143046671969 * g35_4 * sb3_1_0
-            )
-            acc4_3 = acc4_3 + wt35_0 * (
-                -0.3273268353539886 * g35_0 * sb3_4_0 + 0.42257712736425834 * g35_0 * sb3_6_0
-                - 0.5345224838248488 * g35_1 * sb3_3_0 + 0.3779644730092272 * g35_2 * sb3_2_0
-                - 0.42257712736425834 * g35_4 * sb3_0_0 + 0.3273268353539886 * g35_4 * sb3_2_0
-            )
-            acc4_4 = acc4_4 + wt35_0 * (
-                0.2672612419124244 * g35_0 * sb3_3_0 - 0.3273268353539886 * g35_1 * sb3_4_0
-                - 0.42257712736425834 * g35_1 * sb3_6_0 + 0.5976143046671969 * g35_2 * sb3_1_0
-                + 0.42257712736425834 * g35_3 * sb3_0_0 - 0.3273268353539886 * g35_3 * sb3_2_0
-            )
-            # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            wt36_0 = weights[tile_b, 2304 + tile_c.index]
-            g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
-            g36te, g36to = hl.split(g36t)
-            g36tee, g36teo = hl.split(g36te)
-            g36_0, g36_4 = hl.split(g36tee)
-            g36_2, g36_6 = hl.split(g36teo)
-            g36toe, g36too = hl.split(g36to)
-            g36_1, g36_5 = hl.split(g36toe)
-            g36_3, g36_7 = hl.split(g36too)
-            acc4_0 = acc4_0 + wt36_0 * (
-                -0.2886751345948129 * g36_0 * sb3_4_0 - 0.5773502691896258 * g36_1 * sb3_3_0
-                + 0.4472135954999579 * g36_2 * sb3_4_0 + 0.2886751345948129 * g36_2 * sb3_6_0
-                - 0.5773502691896258 * g36_3 * sb3_1_0 - 0.2886751345948129 * g36_4 * sb3_0_0
-                + 0.4472135954999579 * g36_4 * sb3_2_0 + 0.2886751345948129 * g36_6 * sb3_2_0
-            )
-            acc4_1 = acc4_1 + wt36_0 * (
-                0.45643546458763845 * g36_0 * sb3_5_0 + 0.3535533905932738 * g36_1 * sb3_4_0
-                - 0.45643546458763845 * g36_1 * sb3_6_0 + 0.18257418583505539 * g36_2 * sb3_3_0
-                - 0.3535533905932738 * g36_2 * sb3_5_0 + 0.18257418583505539 * g36_3 * sb3_2_0
-                + 0.3535533905932738 * g36_4 * sb3_1_0 + 0.45643546458763845 * g36_5 * sb3_0_0
-                - 0.3535533905932738 * g36_5 * sb3_2_0 - 0.45643546458763845 * g36_6 * sb3_1_0
-            )
-            acc4_2 = acc4_2 + wt36_0 * (
-                -0.6454972243679029 * g36_0 * sb3_0_0 + 0.38729833462074176 * g36_2 * sb3_2_0
-                + 0.5163977794943223 * g36_3 * sb3_3_0 + 0.38729833462074176 * g36_4 * sb3_4_0
-                - 0.6454972243679029 * g36_6 * sb3_6_0
-            )
-            acc4_3 = acc4_3 + wt36_0 * (
-                0.45643546458763845 * g36_0 * sb3_1_0 + 0.45643546458763845 * g36_1 * sb3_0_0
-                + 0.3535533905932738 * g36_1 * sb3_2_0 + 0.3535533905932738 * g36_2 * sb3_1_0
-                + 0.18257418583505539 * g36_3 * sb3_4_0 + 0.18257418583505539 * g36_4 * sb3_3_0
-                + 0.3535533905932738 * g36_4 * sb3_5_0 + 0.3535533905932738 * g36_5 * sb3_4_0
-                + 0.45643546458763845 * g36_5 * sb3_6_0 + 0.45643546458763845 * g36_6 * sb3_5_0
-            )
-            acc4_4 = acc4_4 + wt36_0 * (
-                -0.2886751345948129 * g36_0 * sb3_2_0 - 0.2886751345948129 * g36_2 * sb3_0_0
-                - 0.4472135954999579 * g36_2 * sb3_2_0 - 0.5773502691896258 * g36_3 * sb3_5_0
-                + 0.4472135954999579 * g36_4 * sb3_4_0 - 0.2886751345948129 * g36_4 * sb3_6_0
-                - 0.5773502691896258 * g36_5 * sb3_3_0 - 0.2886751345948129 * g36_6 * sb3_4_0
-            )
-            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # x1 block 5: 64x2e (11 paths)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt37_0 = weights[tile_b, 2368 + tile_c.index]
-            g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
-            g37te, g37to = hl.split(g37t)
-            g37tee, g37teo = hl.split(g37te)
-            g37_0, g37_4 = hl.split(g37tee)
-            g37_2, g37_6 = hl.split(g37teo)
-            g37toe, g37too = hl.split(g37to)
-            g37_1, g37_5 = hl.split(g37toe)
-            g37_3, g37_7 = hl.split(g37too)
-            acc5_0 = acc5_0 + wt37_0 * (g37_0 * sb0_0_0)
-            acc5_1 = acc5_1 + wt37_0 * (g37_1 * sb0_0_0)
-            acc5_2 = acc5_2 + wt37_0 * (g37_2 * sb0_0_0)
-            acc5_3 = acc5_3 + wt37_0 * (g37_3 * sb0_0_0)
-            acc5_4 = acc5_4 + wt37_0 * (g37_4 * sb0_0_0)
-            # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt38_0 = weights[tile_b, 2432 + tile_c.index]
-            g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g38t = g38.reshape([tile_b, tile_c, 2, 2])
-            g38te, g38to = hl.split(g38t)
-            g38_0, g38_2 = hl.split(g38te)
-            g38_1, g38_3 = hl.split(g38to)
-            acc5_0 = acc5_0 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_0_0)
-            acc5_1 = acc5_1 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_1_0 + 0.5477225575051661 * g38_1 * sb1_0_0)
-            acc5_2 = acc5_2 + wt38_0 * (
-                -0.3162277660168379 * g38_0 * sb1_0_0 + 0.6324555320336758 * g38_1 * sb1_1_0
-                - 0.3162277660168379 * g38_2 * sb1_2_0
-            )
-            acc5_3 = acc5_3 + wt38_0 * (0.5477225575051661 * g38_1 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_1_0)
-            acc5_4 = acc5_4 + wt38_0 * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
-            # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt39_0 = weights[tile_b, 2496 + tile_c.index]
-            g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
-            g39te, g39to = hl.split(g39t)
-            g39tee, g39teo = hl.split(g39te)
-            g39_0, g39_4 = hl.split(g39tee)
-            g39_2, g39_6 = hl.split(g39teo)
-            g39toe, g39too = hl.split(g39to)
-            g39_1, g39_5 = hl.split(g39toe)
-            g39_3, g39_7 = hl.split(g39too)
-            acc5_0 = acc5_0 + wt39_0 * (
-                0.408248290463863 * g39_1 * sb1_0_0 - 0.408248290463863 * g39_3 * sb1_2_0
-                + 0.816496580927726 * g39_4 * sb1_1_0
-            )
-            acc5_1 = acc5_1 + wt39_0 * (
-                -0.408248290463863 * g39_0 * sb1_0_0 - 0.7071067811865476 * g39_2 * sb1_2_0
-                + 0.408248290463863 * g39_3 * sb1_1_0 - 0.408248290463863 * g39_4 * sb1_2_0
-            )
-            acc5_2 = acc5_2 + wt39_0 * (0.7071067811865476 * g39_1 * sb1_2_0 - 0.7071067811865476 * g39_3 * sb1_0_0)
-            acc5_3 = acc5_3 + wt39_0 * (
-                0.408248290463863 * g39_0 * sb1_2_0 - 0.408248290463863 * g39_1 * sb1_1_0
-                + 0.7071067811865476 * g39_2 * sb1_0_0 - 0.408248290463863 * g39_4 * sb1_0_0
-            )
-            acc5_4 = acc5_4 + wt39_0 * (
-                -0.816496580927726 * g39_0 * sb1_1_0 + 0.408248290463863 * g39_1 * sb1_2_0
-                + 0.408248290463863 * g39_3 * sb1_0_0
-            )
-            # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            wt40_0 = weights[tile_b, 2560 + tile_c.index]
-            g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
-            g40te, g40to = hl.split(g40t)
-            g40tee, g40teo = hl.split(g40te)
-            g40_0, g40_4 = hl.split(g40tee)
-            g40_2, g40_6 = hl.split(g40teo)
-            g40toe, g40too = hl.split(g40to)
-            g40_1, g40_5 = hl.split(g40toe)
-            g40_3, g40_7 = hl.split(g40too)
-            acc5_0 = acc5_0 + wt40_0 * (
-                0.7071067811865476 * g40_0 * sb1_2_0 + 0.5773502691896258 * g40_1 * sb1_1_0
-                - 0.18257418583505539 * g40_2 * sb1_2_0 - 0.18257418583505539 * g40_4 * sb1_0_0
-                - 0.7071067811865476 * g40_6 * sb1_0_0
-            )
-            acc5_1 = acc5_1 + wt40_0 * (
-                0.5773502691896258 * g40_1 * sb1_2_0 + 0.7302967433402215 * g40_2 * sb1_1_0
-                - 0.4472135954999579 * g40_3 * sb1_0_0 - 0.5773502691896258 * g40_5 * sb1_0_0
-            )
-            acc5_2 = acc5_2 + wt40_0 * (
-                0.6324555320336759 * g40_2 * sb1_0_0 + 0.7745966692414835 * g40_3 * sb1_1_0
-                + 0.6324555320336759 * g40_4 * sb1_2_0
-            )
-            acc5_3 = acc5_3 + wt40_0 * (
-                0.5773502691896258 * g40_1 * sb1_0_0 - 0.4472135954999579 * g40_3 * sb1_2_0
-                + 0.7302967433402215 * g40_4 * sb1_1_0 + 0.5773502691896258 * g40_5 * sb1_2_0
-            )
-            acc5_4 = acc5_4 + wt40_0 * (
-                0.7071067811865476 * g40_0 * sb1_0_0 + 0.18257418583505539 * g40_2 * sb1_0_0
-                - 0.18257418583505539 * g40_4 * sb1_2_0 + 0.5773502691896258 * g40_5 * sb1_1_0
-                + 0.7071067811865476 * g40_6 * sb1_2_0
-            )
-            # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt41_0 = weights[tile_b, 2624 + tile_c.index]
-            g41_0 = g[tile_b, 11584 + tile_c.index]
-            acc5_0 = acc5_0 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_0_0)
-            acc5_1 = acc5_1 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_1_0)
-            acc5_2 = acc5_2 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_2_0)
-            acc5_3 = acc5_3 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_3_0)
-            acc5_4 = acc5_4 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_4_0)
-            # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt42_0 = weights[tile_b, 2688 + tile_c.index]
-            g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g42t = g42.reshape([tile_b, tile_c, 2, 2])
-            g42te, g42to = hl.split(g42t)
-            g42_0, g42_2 = hl.split(g42te)
-            g42_1, g42_3 = hl.split(g42to)
-            acc5_0 = acc5_0 + wt42_0 * (
-                -0.3162277660168379 * g42_0 * sb2_1_0 - 0.6324555320336758 * g42_1 * sb2_4_0
-                + 0.3162277660168379 * g42_2 * sb2_3_0
-            )
-            acc5_1 = acc5_1 + wt42_0 * (
-                0.3162277660168379 * g42_0 * sb2_0_0 - 0.3162277660168379 * g42_1 * sb2_3_0
-                + 0.5477225575051661 * g42_2 * sb2_2_0 + 0.3162277660168379 * g42_2 * sb2_4_0
-            )
-            acc5_2 = acc5_2 + wt42_0 * (0.5477225575051661 * g42_0 * sb2_3_0 - 0.5477225575051661 * g42_2 * sb2_1_0)
-            acc5_3 = acc5_3 + wt42_0 * (
-                -0.5477225575051661 * g42_0 * sb2_2_0 + 0.3162277660168379 * g42_0 * sb2_4_0
-                + 0.3162277660168379 * g42_1 * sb2_1_0 - 0.3162277660168379 * g42_2 * sb2_0_0
-            )
-            acc5_4 = acc5_4 + wt42_0 * (
-                -0.3162277660168379 * g42_0 * sb2_3_0 + 0.6324555320336758 * g42_1 * sb2_0_0
-                - 0.3162277660168379 * g42_2 * sb2_1_0
-            )
-            # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt43_0 = weights[tile_b, 2752 + tile_c.index]
-            g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
-            g43te, g43to = hl.split(g43t)
-            g43tee, g43teo = hl.split(g43te)
-            g43_0, g43_4 = hl.split(g43tee)
-            g43_2, g43_6 = hl.split(g43teo)
-            g43toe, g43too = hl.split(g43to)
-            g43_1, g43_5 = hl.split(g43toe)
-            g43_3, g43_7 = hl.split(g43too)
-            acc5_0 = acc5_0 + wt43_0 * (
-                -0.5345224838248488 * g43_0 * sb2_2_0 + 0.4629100498862757 * g43_1 * sb2_3_0
-                - 0.5345224838248488 * g43_2 * sb2_0_0 + 0.4629100498862757 * g43_3 * sb2_1_0
-            )
-            acc5_1 = acc5_1 + wt43_0 * (
-                0.4629100498862757 * g43_0 * sb2_3_0 + 0.2672612419124244 * g43_1 * sb2_2_0
-                - 0.4629100498862757 * g43_1 * sb2_4_0 + 0.2672612419124244 * g43_2 * sb2_1_0
-                + 0.4629100498862757 * g43_3 * sb2_0_0 - 0.4629100498862757 * g43_4 * sb2_1_0
-            )
-            acc5_2 = acc5_2 + wt43_0 * (
-                -0.5345224838248488 * g43_0 * sb2_0_0 + 0.2672612419124244 * g43_1 * sb2_1_0
-                + 0.5345224838248488 * g43_2 * sb2_2_0 + 0.2672612419124244 * g43_3 * sb2_3_0
-                - 0.5345224838248488 * g43_4 * sb2_4_0
-            )
-            acc5_3 = acc5_3 + wt43_0 * (
-                0.4629100498862757 * g43_0 * sb2_1_0 + 0.4629100498862757 * g43_1 * sb2_0_0
-                + 0.2672612419124244 * g43_2 * sb2_3_0 + 0.2672612419124244 * g43_3 * sb2_2_0
-                + 0.4629100498862757 * g43_3 * sb2_4_0 + 0.4629100498862757 * g43_4 * sb2_3_0
-            )
-            acc5_4 = acc5_4 + wt43_0 * (
-                -0.4629100498862757 * g43_1 * sb2_1_0 - 0.5345224838248488 * g43_2 * sb2_4_0
-                + 0.4629100498862757 * g43_3 * sb2_3_0 - 0.5345224838248488 * g43_4 * sb2_2_0
-            )
-            # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            wt44_0 = weights[tile_b, 2816 + tile_c.index]
-            g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
-            g44te, g44to = hl.split(g44t)
-            g44tee, g44teo = hl.split(g44te)
-            g44_0, g44_4 = hl.split(g44tee)
-            g44_2, g44_6 = hl.split(g44teo)
-            g44toe, g44too = hl.split(g44to)
-            g44_1, g44_5 = hl.split(g44toe)
-            g44_3, g44_7 = hl.split(g44too)
-            acc5_0 = acc5_0 + wt44_0 * (
-                0.5000000000000001 * g44_0 * sb2_1_0 + 0.38729833462074176 * g44_2 * sb2_1_0
-                + 0.31622776601683794 * g44_3 * sb2_4_0 - 0.38729833462074176 * g44_4 * sb2_3_0
-                + 0.7071067811865476 * g44_5 * sb2_2_0 + 0.5000000000000001 * g44_6 * sb2_3_0
-            )
-            acc5_1 = acc5_1 + wt44_0 * (
-                -0.5000000000000001 * g44_0 * sb2_0_0 - 0.38729833462074176 * g44_2 * sb2_0_0
-                - 0.6324555320336759 * g44_3 * sb2_3_0 + 0.4472135954999579 * g44_4 * sb2_2_0
-                - 0.38729833462074176 * g44_4 * sb2_4_0 - 0.5000000000000001 * g44_6 * sb2_4_0
-            )
-            acc5_2 = acc5_2 + wt44_0 * (
-                0.7071067811865476 * g44_1 * sb2_4_0 + 0.4472135954999579 * g44_2 * sb2_3_0
-                - 0.4472135954999579 * g44_4 * sb2_1_0 - 0.7071067811865476 * g44_5 * sb2_0_0
-            )
-            acc5_3 = acc5_3 + wt44_0 * (
-                0.5000000000000001 * g44_0 * sb2_4_0 - 0.4472135954999579 * g44_2 * sb2_2_0
-                - 0.38729833462074176 * g44_2 * sb2_4_0 + 0.6324555320336759 * g44_3 * sb2_1_0
-                + 0.38729833462074176 * g44_4 * sb2_0_0 - 0.5000000000000001 * g44_6 * sb2_0_0
-            )
-            acc5_4 = acc5_4 + wt44_0 * (
-                -0.5000000000000001 * g44_0 * sb2_3_0 - 0.7071067811865476 * g44_1 * sb2_2_0
-                + 0.38729833462074176 * g44_2 * sb2_3_0 - 0.31622776601683794 * g44_3 * sb2_0_0
-                + 0.38729833462074176 * g44_4 * sb2_1_0 + 0.5000000000000001 * g44_6 * sb2_1_0
-            )
-            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            wt45_0 = weights[tile_b, 2880 + tile_c.index]
-            g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g45t = g45.reshape([tile_b, tile_c, 2, 2])
-            g45te, g45to = hl.split(g45t)
-            g45_0, g45_2 = hl.split(g45te)
-            g45_1, g45_3 = hl.split(g45to)
-            acc5_0 = acc5_0 + wt45_0 * (
-                -0.11952286093343936 * g45_0 * sb3_4_0 - 0.4629100498862757 * g45_0 * sb3_6_0
-                + 0.3779644730092272 * g45_1 * sb3_1_0 + 0.4629100498862757 * g45_2 * sb3_0_0
-                - 0.11952286093343936 * g45_2 * sb3_2_0
-            )
-            acc5_1 = acc5_1 + wt45_0 * (
-                -0.2927700218845599 * g45_0 * sb3_3_0 - 0.3779644730092272 * g45_0 * sb3_5_0
-                + 0.47809144373375745 * g45_1 * sb3_2_0 + 0.3779644730092272 * g45_2 * sb3_1_0
-            )
-            acc5_2 = acc5_2 + wt45_0 * (
-                0.4140393356054125 * g45_0 * sb3_2_0 + 0.50709255283711 * g45_1 * sb3_3_0
-                + 0.4140393356054125 * g45_2 * sb3_4_0
-            )
-            acc5_3 = acc5_3 + wt45_0 * (
-                0.3779644730092272 * g45_0 * sb3_1_0 + 0.47809144373375745 * g45_1 * sb3_4_0
-                - 0.2927700218845599 * g45_2 * sb3_3_0 + 0.3779644730092272 * g45_2 * sb3_5_0
-            )
-            acc5_4 = acc5_4 + wt45_0 * (
-                0.4629100498862757 * g45_0 * sb3_0_0 + 0.11952286093343936 * g45_0 * sb3_2_0
-                + 0.3779644730092272 * g45_1 * sb3_5_0 - 0.11952286093343936 * g45_2 * sb3_4_0
-                + 0.4629100498862757 * g45_2 * sb3_6_0
-            )
-            # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            wt46_0 = weights[tile_b, 2944 + tile_c.index]
-            g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
-            g46te, g46to = hl.split(g46t)
-            g46tee, g46teo = hl.split(g46te)
-            g46_0, g46_4 = hl.split(g46tee)
-            g46_2, g46_6 = hl.split(g46teo)
-            g46toe, g46too = hl.split(g46to)
-            g46_1, g46_5 = hl.split(g46toe)
-            g46_3, g46_7 = hl.split(g46too)
-            acc5_0 = acc5_0 + wt46_0 * (
-                -0.42257712736425834 * g46_1 * sb3_0_0 - 0.3273268353539886 * g46_1 * sb3_2_0
-                - 0.5976143046671969 * g46_2 * sb3_5_0 + 0.3273268353539886 * g46_3 * sb3_4_0
-                - 0.42257712736425834 * g46_3 * sb3_6_0 - 0.2672612419124244 * g46_4 * sb3_3_0
-            )
-            acc5_1 = acc5_1 + wt46_0 * (
-                0.42257712736425834 * g46_0 * sb3_0_0 + 0.3273268353539886 * g46_0 * sb3_2_0
-                - 0.3779644730092272 * g46_2 * sb3_4_0 + 0.5345224838248488 * g46_3 * sb3_3_0
-                + 0.3273268353539886 * g46_4 * sb3_4_0 + 0.42257712736425834 * g46_4 * sb3_6_0
-            )
-            acc5_2 = acc5_2 + wt46_0 * (
-                0.5976143046671969 * g46_0 * sb3_5_0 + 0.3779644730092272 * g46_1 * sb3_4_0
-                - 0.3779644730092272 * g46_3 * sb3_2_0 - 0.5976143046671969 * g46_4 * sb3_1_0
-            )
-            acc5_3 = acc5_3 + wt46_0 * (
-                -0.3273268353539886 * g46_0 * sb3_4_0 + 0.42257712736425834 * g46_0 * sb3_6_0
-                - 0.5345224838248488 * g46_1 * sb3_3_0 + 0.3779644730092272 * g46_2 * sb3_2_0
-                - 0.42257712736425834 * g46_4 * sb3_0_0 + 0.3273268353539886 * g46_4 * sb3_2_0
-            )
-            acc5_4 = acc5_4 + wt46_0 * (
-                0.2672612419124244 * g46_0 * sb3_3_0 - 0.3273268353539886 * g46_1 * sb3_4_0
-                - 0.42257712736425834 * g46_1 * sb3_6_0 + 0.5976143046671969 * g46_2 * sb3_1_0
-                + 0.42257712736425834 * g46_3 * sb3_0_0 - 0.3273268353539886 * g46_3 * sb3_2_0
-            )
-            # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            wt47_0 = weights[tile_b, 3008 + tile_c.index]
-            g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
-            g47te, g47to = hl.split(g47t)
-            g47tee, g47teo = hl.split(g47te)
-            g47_0, g47_4 = hl.split(g47tee)
-            g47_2, g47_6 = hl.split(g47teo)
-            g47toe, g47too = hl.split(g47to)
-            g47_1, g47_5 = hl.split(g47toe)
-            g47_3, g47_7 = hl.split(g47too)
-            acc5_0 = acc5_0 + wt47_0 * (
-                -0.2886751345948129 * g47_0 * sb3_4_0 - 0.5773502691896258 * g47_1 * sb3_3_0
-                + 0.4472135954999579 * g47_2 * sb3_4_0 + 0.2886751345948129 * g47_2 * sb3_6_0
-                - 0.5773502691896258 * g47_3 * sb3_1_0 - 0.2886751345948129 * g47_4 * sb3_0_0
-                + 0.4472135954999579 * g47_4 * sb3_2_0 + 0.2886751345948129 * g47_6 * sb3_2_0
-            )
-            acc5_1 = acc5_1 + wt47_0 * (
-                0.45643546458763845 * g47_0 * sb3_5_0 + 0.3535533905932738 * g47_1 * sb3_4_0
-                - 0.45643546458763845 * g47_1 * sb3_6_0 + 0.18257418583505539 * g47_2 * sb3_3_0
-                - 0.3535533905932738 * g47_2 * sb3_5_0 + 0.18257418583505539 * g47_3 * sb3_2_0
-                + 0.3535533905932738 * g47_4 * sb3_1_0 + 0.45643546458763845 * g47_5 * sb3_0_0
-                - 0.3535533905932738 * g47_5 * sb3_2_0 - 0.45643546458763845 * g47_6 * sb3_1_0
-            )
-            acc5_2 = acc5_2 + wt47_0 * (
-                -0.6454972243679029 * g47_0 * sb3_0_0 + 0.38729833462074176 * g47_2 * sb3_2_0
-                + 0.5163977794943223 * g47_3 * sb3_3_0 + 0.38729833462074176 * g47_4 * sb3_4_0
-                - 0.6454972243679029 * g47_6 * sb3_6_0
-            )
-            acc5_3 = acc5_3 + wt47_0 * (
-                0.45643546458763845 * g47_0 * sb3_1_0 + 0.45643546458763845 * g47_1 * sb3_0_0
-                + 0.3535533905932738 * g47_1 * sb3_2_0 + 0.3535533905932738 * g47_2 * sb3_1_0
-                + 0.18257418583505539 * g47_3 * sb3_4_0 + 0.18257418583505539 * g47_4 * sb3_3_0
-                + 0.3535533905932738 * g47_4 * sb3_5_0 + 0.3535533905932738 * g47_5 * sb3_4_0
-                + 0.45643546458763845 * g47_5 * sb3_6_0 + 0.45643546458763845 * g47_6 * sb3_5_0
-            )
-            acc5_4 = acc5_4 + wt47_0 * (
-                -0.2886751345948129 * g47_0 * sb3_2_0 - 0.2886751345948129 * g47_2 * sb3_0_0
-                - 0.4472135954999579 * g47_2 * sb3_2_0 - 0.5773502691896258 * g47_3 * sb3_5_0
-                + 0.4472135954999579 * g47_4 * sb3_4_0 - 0.2886751345948129 * g47_4 * sb3_6_0
-                - 0.5773502691896258 * g47_5 * sb3_3_0 - 0.2886751345948129 * g47_6 * sb3_4_0
-            )
-            hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # x1 block 0: 64x0o (4 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        g0_0 = g[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        acc0_0 = acc0_0 + wt2_0 * (
+            g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+            + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+            + g2_4 * sb2_4_0
+        )
+        # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3tee, g3teo = hl.split(g3te)
+        g3_0, g3_4 = hl.split(g3tee)
+        g3_2, g3_6 = hl.split(g3teo)
+        g3toe, g3too = hl.split(g3to)
+        g3_1, g3_5 = hl.split(g3toe)
+        g3_3, g3_7 = hl.split(g3too)
+        acc0_0 = acc0_0 + wt3_0 * (
+            1.0000000000000002 * g3_0 * sb3_0_0 + 1.0000000000000002 * g3_1 * sb3_1_0
+            + 1.0000000000000002 * g3_2 * sb3_2_0 + 1.0000000000000002 * g3_3 * sb3_3_0
+            + 1.0000000000000002 * g3_4 * sb3_4_0 + 1.0000000000000002 * g3_5 * sb3_5_0
+            + 1.0000000000000002 * g3_6 * sb3_6_0
+        )
+        gx1[tile_b, tile_c.index] = acc0_0
+        # x1 block 1: 64x0e (4 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        g4_0 = g[tile_b, 1024 + tile_c.index]
+        acc1_0 = acc1_0 + wt4_0 * (g4_0 * sb0_0_0)
+        # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5_0, g5_2 = hl.split(g5te)
+        g5_1, g5_3 = hl.split(g5to)
+        acc1_0 = acc1_0 + wt5_0 * (
+            0.9999999999999999 * g5_0 * sb1_0_0 + 0.9999999999999999 * g5_1 * sb1_1_0
+            + 0.9999999999999999 * g5_2 * sb1_2_0
+        )
+        # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6tee, g6teo = hl.split(g6te)
+        g6_0, g6_4 = hl.split(g6tee)
+        g6_2, g6_6 = hl.split(g6teo)
+        g6toe, g6too = hl.split(g6to)
+        g6_1, g6_5 = hl.split(g6toe)
+        g6_3, g6_7 = hl.split(g6too)
+        acc1_0 = acc1_0 + wt6_0 * (
+            g6_0 * sb2_0_0 + g6_1 * sb2_1_0
+            + g6_2 * sb2_2_0 + g6_3 * sb2_3_0
+            + g6_4 * sb2_4_0
+        )
+        # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7tee, g7teo = hl.split(g7te)
+        g7_0, g7_4 = hl.split(g7tee)
+        g7_2, g7_6 = hl.split(g7teo)
+        g7toe, g7too = hl.split(g7to)
+        g7_1, g7_5 = hl.split(g7toe)
+        g7_3, g7_7 = hl.split(g7too)
+        acc1_0 = acc1_0 + wt7_0 * (
+            1.0000000000000002 * g7_0 * sb3_0_0 + 1.0000000000000002 * g7_1 * sb3_1_0
+            + 1.0000000000000002 * g7_2 * sb3_2_0 + 1.0000000000000002 * g7_3 * sb3_3_0
+            + 1.0000000000000002 * g7_4 * sb3_4_0 + 1.0000000000000002 * g7_5 * sb3_5_0
+            + 1.0000000000000002 * g7_6 * sb3_6_0
+        )
+        gx1[tile_b, 64 + tile_c.index] = acc1_0
+        # x1 block 2: 64x1o (9 paths)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8_0, g8_2 = hl.split(g8te)
+        g8_1, g8_3 = hl.split(g8to)
+        acc2_0 = acc2_0 + wt8_0 * (0.9999999999999999 * g8_0 * sb0_0_0)
+        acc2_1 = acc2_1 + wt8_0 * (0.9999999999999999 * g8_1 * sb0_0_0)
+        acc2_2 = acc2_2 + wt8_0 * (0.9999999999999999 * g8_2 * sb0_0_0)
+        # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        g9_0 = g[tile_b, 2240 + tile_c.index]
+        acc2_0 = acc2_0 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_0_0)
+        acc2_1 = acc2_1 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_1_0)
+        acc2_2 = acc2_2 + wt9_0 * (0.5773502691896257 * g9_0 * sb1_2_0)
+        # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt10_0 = weights[tile_b, 640 + tile_c.index]
+        g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10_0, g10_2 = hl.split(g10te)
+        g10_1, g10_3 = hl.split(g10to)
+        acc2_0 = acc2_0 + wt10_0 * (-0.7071067811865475 * g10_1 * sb1_2_0 + 0.7071067811865475 * g10_2 * sb1_1_0)
+        acc2_1 = acc2_1 + wt10_0 * (0.7071067811865475 * g10_0 * sb1_2_0 - 0.7071067811865475 * g10_2 * sb1_0_0)
+        acc2_2 = acc2_2 + wt10_0 * (-0.7071067811865475 * g10_0 * sb1_1_0 + 0.7071067811865475 * g10_1 * sb1_0_0)
+        # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 704 + tile_c.index]
+        g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11tee, g11teo = hl.split(g11te)
+        g11_0, g11_4 = hl.split(g11tee)
+        g11_2, g11_6 = hl.split(g11teo)
+        g11toe, g11too = hl.split(g11to)
+        g11_1, g11_5 = hl.split(g11toe)
+        g11_3, g11_7 = hl.split(g11too)
+        acc2_0 = acc2_0 + wt11_0 * (
+            0.7071067811865476 * g11_0 * sb1_2_0 + 0.7071067811865476 * g11_1 * sb1_1_0
+            - 0.408248290463863 * g11_2 * sb1_0_0 - 0.7071067811865476 * g11_4 * sb1_0_0
+        )
+        acc2_1 = acc2_1 + wt11_0 * (
+            0.7071067811865476 * g11_1 * sb1_0_0 + 0.816496580927726 * g11_2 * sb1_1_0
+            + 0.7071067811865476 * g11_3 * sb1_2_0
+        )
+        acc2_2 = acc2_2 + wt11_0 * (
+            0.7071067811865476 * g11_0 * sb1_0_0 - 0.408248290463863 * g11_2 * sb1_2_0
+            + 0.7071067811865476 * g11_3 * sb1_1_0 + 0.7071067811865476 * g11_4 * sb1_2_0
+        )
+        # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        wt12_0 = weights[tile_b, 768 + tile_c.index]
+        g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12_0, g12_2 = hl.split(g12te)
+        g12_1, g12_3 = hl.split(g12to)
+        acc2_0 = acc2_0 + wt12_0 * (
+            -0.3162277660168379 * g12_0 * sb2_2_0 - 0.5477225575051661 * g12_0 * sb2_4_0
+            + 0.5477225575051661 * g12_1 * sb2_1_0 + 0.5477225575051661 * g12_2 * sb2_0_0
+        )
+        acc2_1 = acc2_1 + wt12_0 * (
+            0.5477225575051661 * g12_0 * sb2_1_0 + 0.6324555320336758 * g12_1 * sb2_2_0
+            + 0.5477225575051661 * g12_2 * sb2_3_0
+        )
+        acc2_2 = acc2_2 + wt12_0 * (
+            0.5477225575051661 * g12_0 * sb2_0_0 + 0.5477225575051661 * g12_1 * sb2_3_0
+            - 0.3162277660168379 * g12_2 * sb2_2_0 + 0.5477225575051661 * g12_2 * sb2_4_0
+        )
+        # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        wt13_0 = weights[tile_b, 832 + tile_c.index]
+        g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+        g13te, g13to = hl.split(g13t)
+        g13tee, g13teo = hl.split(g13te)
+        g13_0, g13_4 = hl.split(g13tee)
+        g13_2, g13_6 = hl.split(g13teo)
+        g13toe, g13too = hl.split(g13to)
+        g13_1, g13_5 = hl.split(g13toe)
+        g13_3, g13_7 = hl.split(g13too)
+        acc2_0 = acc2_0 + wt13_0 * (
+            0.408248290463863 * g13_0 * sb2_1_0 - 0.408248290463863 * g13_1 * sb2_0_0
+            - 0.7071067811865476 * g13_2 * sb2_3_0 + 0.7071067811865476 * g13_3 * sb2_2_0
+            - 0.408248290463863 * g13_3 * sb2_4_0 + 0.408248290463863 * g13_4 * sb2_3_0
+        )
+        acc2_1 = acc2_1 + wt13_0 * (
+            0.816496580927726 * g13_0 * sb2_4_0 + 0.408248290463863 * g13_1 * sb2_3_0
+            - 0.408248290463863 * g13_3 * sb2_1_0 - 0.816496580927726 * g13_4 * sb2_0_0
+        )
+        acc2_2 = acc2_2 + wt13_0 * (
+            -0.408248290463863 * g13_0 * sb2_3_0 - 0.7071067811865476 * g13_1 * sb2_2_0
+            - 0.408248290463863 * g13_1 * sb2_4_0 + 0.7071067811865476 * g13_2 * sb2_1_0
+            + 0.408248290463863 * g13_3 * sb2_0_0 + 0.408248290463863 * g13_4 * sb2_1_0
+        )
+        # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+        wt14_0 = weights[tile_b, 896 + tile_c.index]
+        g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14tee, g14teo = hl.split(g14te)
+        g14_0, g14_4 = hl.split(g14tee)
+        g14_2, g14_6 = hl.split(g14teo)
+        g14toe, g14too = hl.split(g14to)
+        g14_1, g14_5 = hl.split(g14toe)
+        g14_3, g14_7 = hl.split(g14too)
+        acc2_0 = acc2_0 + wt14_0 * (
+            0.7071067811865476 * g14_0 * sb2_4_0 + 0.5773502691896258 * g14_1 * sb2_3_0
+            + 0.6324555320336759 * g14_2 * sb2_2_0 + 0.18257418583505539 * g14_2 * sb2_4_0
+            - 0.4472135954999579 * g14_3 * sb2_1_0 - 0.18257418583505539 * g14_4 * sb2_0_0
+            - 0.5773502691896258 * g14_5 * sb2_1_0 - 0.7071067811865476 * g14_6 * sb2_0_0
+        )
+        acc2_1 = acc2_1 + wt14_0 * (
+            0.5773502691896258 * g14_1 * sb2_0_0 + 0.7302967433402215 * g14_2 * sb2_1_0
+            + 0.7745966692414835 * g14_3 * sb2_2_0 + 0.7302967433402215 * g14_4 * sb2_3_0
+            + 0.5773502691896258 * g14_5 * sb2_4_0
+        )
+        acc2_2 = acc2_2 + wt14_0 * (
+            0.7071067811865476 * g14_0 * sb2_0_0 + 0.5773502691896258 * g14_1 * sb2_1_0
+            - 0.18257418583505539 * g14_2 * sb2_0_0 - 0.4472135954999579 * g14_3 * sb2_3_0
+            + 0.6324555320336759 * g14_4 * sb2_2_0 - 0.18257418583505539 * g14_4 * sb2_4_0
+            + 0.5773502691896258 * g14_5 * sb2_3_0 + 0.7071067811865476 * g14_6 * sb2_4_0
+        )
+        # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 960 + tile_c.index]
+        g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15tee, g15teo = hl.split(g15te)
+        g15_0, g15_4 = hl.split(g15tee)
+        g15_2, g15_6 = hl.split(g15teo)
+        g15toe, g15too = hl.split(g15to)
+        g15_1, g15_5 = hl.split(g15toe)
+        g15_3, g15_7 = hl.split(g15too)
+        acc2_0 = acc2_0 + wt15_0 * (
+            -0.1543033499620919 * g15_0 * sb3_4_0 - 0.5976143046671969 * g15_0 * sb3_6_0
+            - 0.3779644730092272 * g15_1 * sb3_3_0 - 0.48795003647426666 * g15_1 * sb3_5_0
+            + 0.5345224838248488 * g15_2 * sb3_2_0 + 0.48795003647426666 * g15_3 * sb3_1_0
+            + 0.5976143046671969 * g15_4 * sb3_0_0 + 0.1543033499620919 * g15_4 * sb3_2_0
+        )
+        acc2_1 = acc2_1 + wt15_0 * (
+            0.48795003647426666 * g15_0 * sb3_1_0 + 0.6172133998483676 * g15_1 * sb3_2_0
+            + 0.6546536707079772 * g15_2 * sb3_3_0 + 0.6172133998483676 * g15_3 * sb3_4_0
+            + 0.48795003647426666 * g15_4 * sb3_5_0
+        )
+        acc2_2 = acc2_2 + wt15_0 * (
+            0.5976143046671969 * g15_0 * sb3_0_0 - 0.1543033499620919 * g15_0 * sb3_2_0
+            + 0.48795003647426666 * g15_1 * sb3_1_0 + 0.5345224838248488 * g15_2 * sb3_4_0
+            - 0.3779644730092272 * g15_3 * sb3_3_0 + 0.48795003647426666 * g15_3 * sb3_5_0
+            - 0.1543033499620919 * g15_4 * sb3_4_0 + 0.5976143046671969 * g15_4 * sb3_6_0
+        )
+        # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
+        wt16_0 = weights[tile_b, 1024 + tile_c.index]
+        g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16tee, g16teo = hl.split(g16te)
+        g16_0, g16_4 = hl.split(g16tee)
+        g16_2, g16_6 = hl.split(g16teo)
+        g16toe, g16too = hl.split(g16to)
+        g16_1, g16_5 = hl.split(g16toe)
+        g16_3, g16_7 = hl.split(g16too)
+        acc2_0 = acc2_0 + wt16_0 * (
+            0.3535533905932738 * g16_0 * sb3_1_0 - 0.3535533905932738 * g16_1 * sb3_0_0
+            + 0.45643546458763845 * g16_1 * sb3_2_0 - 0.45643546458763845 * g16_2 * sb3_1_0
+            - 0.7071067811865476 * g16_3 * sb3_4_0 + 0.7071067811865476 * g16_4 * sb3_3_0
+            - 0.45643546458763845 * g16_4 * sb3_5_0 + 0.45643546458763845 * g16_5 * sb3_4_0
+            - 0.3535533905932738 * g16_5 * sb3_6_0 + 0.3535533905932738 * g16_6 * sb3_5_0
+        )
+        acc2_1 = acc2_1 + wt16_0 * (
+            0.8660254037844387 * g16_0 * sb3_6_0 + 0.5773502691896258 * g16_1 * sb3_5_0
+            + 0.2886751345948129 * g16_2 * sb3_4_0 - 0.2886751345948129 * g16_4 * sb3_2_0
+            - 0.5773502691896258 * g16_5 * sb3_1_0 - 0.8660254037844387 * g16_6 * sb3_0_0
+        )
+        acc2_2 = acc2_2 + wt16_0 * (
+            -0.3535533905932738 * g16_0 * sb3_5_0 - 0.45643546458763845 * g16_1 * sb3_4_0
+            - 0.3535533905932738 * g16_1 * sb3_6_0 - 0.7071067811865476 * g16_2 * sb3_3_0
+            - 0.45643546458763845 * g16_2 * sb3_5_0 + 0.7071067811865476 * g16_3 * sb3_2_0
+            + 0.45643546458763845 * g16_4 * sb3_1_0 + 0.3535533905932738 * g16_5 * sb3_0_0
+            + 0.45643546458763845 * g16_5 * sb3_2_0 + 0.3535533905932738 * g16_6 * sb3_1_0
+        )
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 3: 64x1e (9 paths)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt17_0 = weights[tile_b, 1088 + tile_c.index]
+        g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g17t = g17.reshape([tile_b, tile_c, 2, 2])
+        g17te, g17to = hl.split(g17t)
+        g17_0, g17_2 = hl.split(g17te)
+        g17_1, g17_3 = hl.split(g17to)
+        acc3_0 = acc3_0 + wt17_0 * (0.9999999999999999 * g17_0 * sb0_0_0)
+        acc3_1 = acc3_1 + wt17_0 * (0.9999999999999999 * g17_1 * sb0_0_0)
+        acc3_2 = acc3_2 + wt17_0 * (0.9999999999999999 * g17_2 * sb0_0_0)
+        # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt18_0 = weights[tile_b, 1152 + tile_c.index]
+        g18_0 = g[tile_b, 4736 + tile_c.index]
+        acc3_0 = acc3_0 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_0_0)
+        acc3_1 = acc3_1 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_1_0)
+        acc3_2 = acc3_2 + wt18_0 * (0.5773502691896257 * g18_0 * sb1_2_0)
+        # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt19_0 = weights[tile_b, 1216 + tile_c.index]
+        g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g19t = g19.reshape([tile_b, tile_c, 2, 2])
+        g19te, g19to = hl.split(g19t)
+        g19_0, g19_2 = hl.split(g19te)
+        g19_1, g19_3 = hl.split(g19to)
+        acc3_0 = acc3_0 + wt19_0 * (-0.7071067811865475 * g19_1 * sb1_2_0 + 0.7071067811865475 * g19_2 * sb1_1_0)
+        acc3_1 = acc3_1 + wt19_0 * (0.7071067811865475 * g19_0 * sb1_2_0 - 0.7071067811865475 * g19_2 * sb1_0_0)
+        acc3_2 = acc3_2 + wt19_0 * (-0.7071067811865475 * g19_0 * sb1_1_0 + 0.7071067811865475 * g19_1 * sb1_0_0)
+        # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        wt20_0 = weights[tile_b, 1280 + tile_c.index]
+        g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+        g20te, g20to = hl.split(g20t)
+        g20tee, g20teo = hl.split(g20te)
+        g20_0, g20_4 = hl.split(g20tee)
+        g20_2, g20_6 = hl.split(g20teo)
+        g20toe, g20too = hl.split(g20to)
+        g20_1, g20_5 = hl.split(g20toe)
+        g20_3, g20_7 = hl.split(g20too)
+        acc3_0 = acc3_0 + wt20_0 * (
+            0.7071067811865476 * g20_0 * sb1_2_0 + 0.7071067811865476 * g20_1 * sb1_1_0
+            - 0.408248290463863 * g20_2 * sb1_0_0 - 0.7071067811865476 * g20_4 * sb1_0_0
+        )
+        acc3_1 = acc3_1 + wt20_0 * (
+            0.7071067811865476 * g20_1 * sb1_0_0 + 0.816496580927726 * g20_2 * sb1_1_0
+            + 0.7071067811865476 * g20_3 * sb1_2_0
+        )
+        acc3_2 = acc3_2 + wt20_0 * (
+            0.7071067811865476 * g20_0 * sb1_0_0 - 0.408248290463863 * g20_2 * sb1_2_0
+            + 0.7071067811865476 * g20_3 * sb1_1_0 + 0.7071067811865476 * g20_4 * sb1_2_0
+        )
+        # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        wt21_0 = weights[tile_b, 1344 + tile_c.index]
+        g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g21t = g21.reshape([tile_b, tile_c, 2, 2])
+        g21te, g21to = hl.split(g21t)
+        g21_0, g21_2 = hl.split(g21te)
+        g21_1, g21_3 = hl.split(g21to)
+        acc3_0 = acc3_0 + wt21_0 * (
+            -0.3162277660168379 * g21_0 * sb2_2_0 - 0.5477225575051661 * g21_0 * sb2_4_0
+            + 0.5477225575051661 * g21_1 * sb2_1_0 + 0.5477225575051661 * g21_2 * sb2_0_0
+        )
+        acc3_1 = acc3_1 + wt21_0 * (
+            0.5477225575051661 * g21_0 * sb2_1_0 + 0.6324555320336758 * g21_1 * sb2_2_0
+            + 0.5477225575051661 * g21_2 * sb2_3_0
+        )
+        acc3_2 = acc3_2 + wt21_0 * (
+            0.5477225575051661 * g21_0 * sb2_0_0 + 0.5477225575051661 * g21_1 * sb2_3_0
+            - 0.3162277660168379 * g21_2 * sb2_2_0 + 0.5477225575051661 * g21_2 * sb2_4_0
+        )
+        # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        wt22_0 = weights[tile_b, 1408 + tile_c.index]
+        g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+        g22te, g22to = hl.split(g22t)
+        g22tee, g22teo = hl.split(g22te)
+        g22_0, g22_4 = hl.split(g22tee)
+        g22_2, g22_6 = hl.split(g22teo)
+        g22toe, g22too = hl.split(g22to)
+        g22_1, g22_5 = hl.split(g22toe)
+        g22_3, g22_7 = hl.split(g22too)
+        acc3_0 = acc3_0 + wt22_0 * (
+            0.408248290463863 * g22_0 * sb2_1_0 - 0.408248290463863 * g22_1 * sb2_0_0
+            - 0.7071067811865476 * g22_2 * sb2_3_0 + 0.7071067811865476 * g22_3 * sb2_2_0
+            - 0.408248290463863 * g22_3 * sb2_4_0 + 0.408248290463863 * g22_4 * sb2_3_0
+        )
+        acc3_1 = acc3_1 + wt22_0 * (
+            0.816496580927726 * g22_0 * sb2_4_0 + 0.408248290463863 * g22_1 * sb2_3_0
+            - 0.408248290463863 * g22_3 * sb2_1_0 - 0.816496580927726 * g22_4 * sb2_0_0
+        )
+        acc3_2 = acc3_2 + wt22_0 * (
+            -0.408248290463863 * g22_0 * sb2_3_0 - 0.7071067811865476 * g22_1 * sb2_2_0
+            - 0.408248290463863 * g22_1 * sb2_4_0 + 0.7071067811865476 * g22_2 * sb2_1_0
+            + 0.408248290463863 * g22_3 * sb2_0_0 + 0.408248290463863 * g22_4 * sb2_1_0
+        )
+        # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+        wt23_0 = weights[tile_b, 1472 + tile_c.index]
+        g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+        g23te, g23to = hl.split(g23t)
+        g23tee, g23teo = hl.split(g23te)
+        g23_0, g23_4 = hl.split(g23tee)
+        g23_2, g23_6 = hl.split(g23teo)
+        g23toe, g23too = hl.split(g23to)
+        g23_1, g23_5 = hl.split(g23toe)
+        g23_3, g23_7 = hl.split(g23too)
+        acc3_0 = acc3_0 + wt23_0 * (
+            0.7071067811865476 * g23_0 * sb2_4_0 + 0.5773502691896258 * g23_1 * sb2_3_0
+            + 0.6324555320336759 * g23_2 * sb2_2_0 + 0.18257418583505539 * g23_2 * sb2_4_0
+            - 0.4472135954999579 * g23_3 * sb2_1_0 - 0.18257418583505539 * g23_4 * sb2_0_0
+            - 0.5773502691896258 * g23_5 * sb2_1_0 - 0.7071067811865476 * g23_6 * sb2_0_0
+        )
+        acc3_1 = acc3_1 + wt23_0 * (
+            0.5773502691896258 * g23_1 * sb2_0_0 + 0.7302967433402215 * g23_2 * sb2_1_0
+            + 0.7745966692414835 * g23_3 * sb2_2_0 + 0.7302967433402215 * g23_4 * sb2_3_0
+            + 0.5773502691896258 * g23_5 * sb2_4_0
+        )
+        acc3_2 = acc3_2 + wt23_0 * (
+            0.7071067811865476 * g23_0 * sb2_0_0 + 0.5773502691896258 * g23_1 * sb2_1_0
+            - 0.18257418583505539 * g23_2 * sb2_0_0 - 0.4472135954999579 * g23_3 * sb2_3_0
+            + 0.6324555320336759 * g23_4 * sb2_2_0 - 0.18257418583505539 * g23_4 * sb2_4_0
+            + 0.5773502691896258 * g23_5 * sb2_3_0 + 0.7071067811865476 * g23_6 * sb2_4_0
+        )
+        # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
+        wt24_0 = weights[tile_b, 1536 + tile_c.index]
+        g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+        g24te, g24to = hl.split(g24t)
+        g24tee, g24teo = hl.split(g24te)
+        g24_0, g24_4 = hl.split(g24tee)
+        g24_2, g24_6 = hl.split(g24teo)
+        g24toe, g24too = hl.split(g24to)
+        g24_1, g24_5 = hl.split(g24toe)
+        g24_3, g24_7 = hl.split(g24too)
+        acc3_0 = acc3_0 + wt24_0 * (
+            -0.1543033499620919 * g24_0 * sb3_4_0 - 0.5976143046671969 * g24_0 * sb3_6_0
+            - 0.3779644730092272 * g24_1 * sb3_3_0 - 0.48795003647426666 * g24_1 * sb3_5_0
+            + 0.5345224838248488 * g24_2 * sb3_2_0 + 0.48795003647426666 * g24_3 * sb3_1_0
+            + 0.5976143046671969 * g24_4 * sb3_0_0 + 0.1543033499620919 * g24_4 * sb3_2_0
+        )
+        acc3_1 = acc3_1 + wt24_0 * (
+            0.48795003647426666 * g24_0 * sb3_1_0 + 0.6172133998483676 * g24_1 * sb3_2_0
+            + 0.6546536707079772 * g24_2 * sb3_3_0 + 0.6172133998483676 * g24_3 * sb3_4_0
+            + 0.48795003647426666 * g24_4 * sb3_5_0
+        )
+        acc3_2 = acc3_2 + wt24_0 * (
+            0.5976143046671969 * g24_0 * sb3_0_0 - 0.1543033499620919 * g24_0 * sb3_2_0
+            + 0.48795003647426666 * g24_1 * sb3_1_0 + 0.5345224838248488 * g24_2 * sb3_4_0
+            - 0.3779644730092272 * g24_3 * sb3_3_0 + 0.48795003647426666 * g24_3 * sb3_5_0
+            - 0.1543033499620919 * g24_4 * sb3_4_0 + 0.5976143046671969 * g24_4 * sb3_6_0
+        )
+        # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
+        wt25_0 = weights[tile_b, 1600 + tile_c.index]
+        g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+        g25te, g25to = hl.split(g25t)
+        g25tee, g25teo = hl.split(g25te)
+        g25_0, g25_4 = hl.split(g25tee)
+        g25_2, g25_6 = hl.split(g25teo)
+        g25toe, g25too = hl.split(g25to)
+        g25_1, g25_5 = hl.split(g25toe)
+        g25_3, g25_7 = hl.split(g25too)
+        acc3_0 = acc3_0 + wt25_0 * (
+            0.3535533905932738 * g25_0 * sb3_1_0 - 0.3535533905932738 * g25_1 * sb3_0_0
+            + 0.45643546458763845 * g25_1 * sb3_2_0 - 0.45643546458763845 * g25_2 * sb3_1_0
+            - 0.7071067811865476 * g25_3 * sb3_4_0 + 0.7071067811865476 * g25_4 * sb3_3_0
+            - 0.45643546458763845 * g25_4 * sb3_5_0 + 0.45643546458763845 * g25_5 * sb3_4_0
+            - 0.3535533905932738 * g25_5 * sb3_6_0 + 0.3535533905932738 * g25_6 * sb3_5_0
+        )
+        acc3_1 = acc3_1 + wt25_0 * (
+            0.8660254037844387 * g25_0 * sb3_6_0 + 0.5773502691896258 * g25_1 * sb3_5_0
+            + 0.2886751345948129 * g25_2 * sb3_4_0 - 0.2886751345948129 * g25_4 * sb3_2_0
+            - 0.5773502691896258 * g25_5 * sb3_1_0 - 0.8660254037844387 * g25_6 * sb3_0_0
+        )
+        acc3_2 = acc3_2 + wt25_0 * (
+            -0.3535533905932738 * g25_0 * sb3_5_0 - 0.45643546458763845 * g25_1 * sb3_4_0
+            - 0.3535533905932738 * g25_1 * sb3_6_0 - 0.7071067811865476 * g25_2 * sb3_3_0
+            - 0.45643546458763845 * g25_2 * sb3_5_0 + 0.7071067811865476 * g25_3 * sb3_2_0
+            + 0.45643546458763845 * g25_4 * sb3_1_0 + 0.3535533905932738 * g25_5 * sb3_0_0
+            + 0.45643546458763845 * g25_5 * sb3_2_0 + 0.3535533905932738 * g25_6 * sb3_1_0
+        )
+        hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 4: 64x2o (11 paths)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        wt26_0 = weights[tile_b, 1664 + tile_c.index]
+        g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+        g26te, g26to = hl.split(g26t)
+        g26tee, g26teo = hl.split(g26te)
+        g26_0, g26_4 = hl.split(g26tee)
+        g26_2, g26_6 = hl.split(g26teo)
+        g26toe, g26too = hl.split(g26to)
+        g26_1, g26_5 = hl.split(g26toe)
+        g26_3, g26_7 = hl.split(g26too)
+        acc4_0 = acc4_0 + wt26_0 * (g26_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt26_0 * (g26_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt26_0 * (g26_2 * sb0_0_0)
+        acc4_3 = acc4_3 + wt26_0 * (g26_3 * sb0_0_0)
+        acc4_4 = acc4_4 + wt26_0 * (g26_4 * sb0_0_0)
+        # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        wt27_0 = weights[tile_b, 1728 + tile_c.index]
+        g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g27t = g27.reshape([tile_b, tile_c, 2, 2])
+        g27te, g27to = hl.split(g27t)
+        g27_0, g27_2 = hl.split(g27te)
+        g27_1, g27_3 = hl.split(g27to)
+        acc4_0 = acc4_0 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_0_0)
+        acc4_1 = acc4_1 + wt27_0 * (0.5477225575051661 * g27_0 * sb1_1_0 + 0.5477225575051661 * g27_1 * sb1_0_0)
+        acc4_2 = acc4_2 + wt27_0 * (
+            -0.3162277660168379 * g27_0 * sb1_0_0 + 0.6324555320336758 * g27_1 * sb1_1_0
+            - 0.3162277660168379 * g27_2 * sb1_2_0
+        )
+        acc4_3 = acc4_3 + wt27_0 * (0.5477225575051661 * g27_1 * sb1_2_0 + 0.5477225575051661 * g27_2 * sb1_1_0)
+        acc4_4 = acc4_4 + wt27_0 * (-0.5477225575051661 * g27_0 * sb1_0_0 + 0.5477225575051661 * g27_2 * sb1_2_0)
+        # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        wt28_0 = weights[tile_b, 1792 + tile_c.index]
+        g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+        g28te, g28to = hl.split(g28t)
+        g28tee, g28teo = hl.split(g28te)
+        g28_0, g28_4 = hl.split(g28tee)
+        g28_2, g28_6 = hl.split(g28teo)
+        g28toe, g28too = hl.split(g28to)
+        g28_1, g28_5 = hl.split(g28toe)
+        g28_3, g28_7 = hl.split(g28too)
+        acc4_0 = acc4_0 + wt28_0 * (
+            0.408248290463863 * g28_1 * sb1_0_0 - 0.408248290463863 * g28_3 * sb1_2_0
+            + 0.816496580927726 * g28_4 * sb1_1_0
+        )
+        acc4_1 = acc4_1 + wt28_0 * (
+            -0.408248290463863 * g28_0 * sb1_0_0 - 0.7071067811865476 * g28_2 * sb1_2_0
+            + 0.408248290463863 * g28_3 * sb1_1_0 - 0.408248290463863 * g28_4 * sb1_2_0
+        )
+        acc4_2 = acc4_2 + wt28_0 * (0.7071067811865476 * g28_1 * sb1_2_0 - 0.7071067811865476 * g28_3 * sb1_0_0)
+        acc4_3 = acc4_3 + wt28_0 * (
+            0.408248290463863 * g28_0 * sb1_2_0 - 0.408248290463863 * g28_1 * sb1_1_0
+            + 0.7071067811865476 * g28_2 * sb1_0_0 - 0.408248290463863 * g28_4 * sb1_0_0
+        )
+        acc4_4 = acc4_4 + wt28_0 * (
+            -0.816496580927726 * g28_0 * sb1_1_0 + 0.408248290463863 * g28_1 * sb1_2_0
+            + 0.408248290463863 * g28_3 * sb1_0_0
+        )
+        # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
+        wt29_0 = weights[tile_b, 1856 + tile_c.index]
+        g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+        g29te, g29to = hl.split(g29t)
+        g29tee, g29teo = hl.split(g29te)
+        g29_0, g29_4 = hl.split(g29tee)
+        g29_2, g29_6 = hl.split(g29teo)
+        g29toe, g29too = hl.split(g29to)
+        g29_1, g29_5 = hl.split(g29toe)
+        g29_3, g29_7 = hl.split(g29too)
+        acc4_0 = acc4_0 + wt29_0 * (
+            0.7071067811865476 * g29_0 * sb1_2_0 + 0.5773502691896258 * g29_1 * sb1_1_0
+            - 0.18257418583505539 * g29_2 * sb1_2_0 - 0.18257418583505539 * g29_4 * sb1_0_0
+            - 0.7071067811865476 * g29_6 * sb1_0_0
+        )
+        acc4_1 = acc4_1 + wt29_0 * (
+            0.5773502691896258 * g29_1 * sb1_2_0 + 0.7302967433402215 * g29_2 * sb1_1_0
+            - 0.4472135954999579 * g29_3 * sb1_0_0 - 0.5773502691896258 * g29_5 * sb1_0_0
+        )
+        acc4_2 = acc4_2 + wt29_0 * (
+            0.6324555320336759 * g29_2 * sb1_0_0 + 0.7745966692414835 * g29_3 * sb1_1_0
+            + 0.6324555320336759 * g29_4 * sb1_2_0
+        )
+        acc4_3 = acc4_3 + wt29_0 * (
+            0.5773502691896258 * g29_1 * sb1_0_0 - 0.4472135954999579 * g29_3 * sb1_2_0
+            + 0.7302967433402215 * g29_4 * sb1_1_0 + 0.5773502691896258 * g29_5 * sb1_2_0
+        )
+        acc4_4 = acc4_4 + wt29_0 * (
+            0.7071067811865476 * g29_0 * sb1_0_0 + 0.18257418583505539 * g29_2 * sb1_0_0
+            - 0.18257418583505539 * g29_4 * sb1_2_0 + 0.5773502691896258 * g29_5 * sb1_1_0
+            + 0.7071067811865476 * g29_6 * sb1_2_0
+        )
+        # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        wt30_0 = weights[tile_b, 1920 + tile_c.index]
+        g30_0 = g[tile_b, 8320 + tile_c.index]
+        acc4_0 = acc4_0 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_0_0)
+        acc4_1 = acc4_1 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_1_0)
+        acc4_2 = acc4_2 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_2_0)
+        acc4_3 = acc4_3 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_3_0)
+        acc4_4 = acc4_4 + wt30_0 * (0.4472135954999579 * g30_0 * sb2_4_0)
+        # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        wt31_0 = weights[tile_b, 1984 + tile_c.index]
+        g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g31t = g31.reshape([tile_b, tile_c, 2, 2])
+        g31te, g31to = hl.split(g31t)
+        g31_0, g31_2 = hl.split(g31te)
+        g31_1, g31_3 = hl.split(g31to)
+        acc4_0 = acc4_0 + wt31_0 * (
+            -0.3162277660168379 * g31_0 * sb2_1_0 - 0.6324555320336758 * g31_1 * sb2_4_0
+            + 0.3162277660168379 * g31_2 * sb2_3_0
+        )
+        acc4_1 = acc4_1 + wt31_0 * (
+            0.3162277660168379 * g31_0 * sb2_0_0 - 0.3162277660168379 * g31_1 * sb2_3_0
+            + 0.5477225575051661 * g31_2 * sb2_2_0 + 0.3162277660168379 * g31_2 * sb2_4_0
+        )
+        acc4_2 = acc4_2 + wt31_0 * (0.5477225575051661 * g31_0 * sb2_3_0 - 0.5477225575051661 * g31_2 * sb2_1_0)
+        acc4_3 = acc4_3 + wt31_0 * (
+            -0.5477225575051661 * g31_0 * sb2_2_0 + 0.3162277660168379 * g31_0 * sb2_4_0
+            + 0.3162277660168379 * g31_1 * sb2_1_0 - 0.3162277660168379 * g31_2 * sb2_0_0
+        )
+        acc4_4 = acc4_4 + wt31_0 * (
+            -0.3162277660168379 * g31_0 * sb2_3_0 + 0.6324555320336758 * g31_1 * sb2_0_0
+            - 0.3162277660168379 * g31_2 * sb2_1_0
+        )
+        # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        wt32_0 = weights[tile_b, 2048 + tile_c.index]
+        g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+        g32te, g32to = hl.split(g32t)
+        g32tee, g32teo = hl.split(g32te)
+        g32_0, g32_4 = hl.split(g32tee)
+        g32_2, g32_6 = hl.split(g32teo)
+        g32toe, g32too = hl.split(g32to)
+        g32_1, g32_5 = hl.split(g32toe)
+        g32_3, g32_7 = hl.split(g32too)
+        acc4_0 = acc4_0 + wt32_0 * (
+            -0.5345224838248488 * g32_0 * sb2_2_0 + 0.4629100498862757 * g32_1 * sb2_3_0
+            - 0.5345224838248488 * g32_2 * sb2_0_0 + 0.4629100498862757 * g32_3 * sb2_1_0
+        )
+        acc4_1 = acc4_1 + wt32_0 * (
+            0.4629100498862757 * g32_0 * sb2_3_0 + 0.2672612419124244 * g32_1 * sb2_2_0
+            - 0.4629100498862757 * g32_1 * sb2_4_0 + 0.2672612419124244 * g32_2 * sb2_1_0
+            + 0.4629100498862757 * g32_3 * sb2_0_0 - 0.4629100498862757 * g32_4 * sb2_1_0
+        )
+        acc4_2 = acc4_2 + wt32_0 * (
+            -0.5345224838248488 * g32_0 * sb2_0_0 + 0.2672612419124244 * g32_1 * sb2_1_0
+            + 0.5345224838248488 * g32_2 * sb2_2_0 + 0.2672612419124244 * g32_3 * sb2_3_0
+            - 0.5345224838248488 * g32_4 * sb2_4_0
+        )
+        acc4_3 = acc4_3 + wt32_0 * (
+            0.4629100498862757 * g32_0 * sb2_1_0 + 0.4629100498862757 * g32_1 * sb2_0_0
+            + 0.2672612419124244 * g32_2 * sb2_3_0 + 0.2672612419124244 * g32_3 * sb2_2_0
+            + 0.4629100498862757 * g32_3 * sb2_4_0 + 0.4629100498862757 * g32_4 * sb2_3_0
+        )
+        acc4_4 = acc4_4 + wt32_0 * (
+            -0.4629100498862757 * g32_1 * sb2_1_0 - 0.5345224838248488 * g32_2 * sb2_4_0
+            + 0.4629100498862757 * g32_3 * sb2_3_0 - 0.5345224838248488 * g32_4 * sb2_2_0
+        )
+        # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
+        wt33_0 = weights[tile_b, 2112 + tile_c.index]
+        g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+        g33te, g33to = hl.split(g33t)
+        g33tee, g33teo = hl.split(g33te)
+        g33_0, g33_4 = hl.split(g33tee)
+        g33_2, g33_6 = hl.split(g33teo)
+        g33toe, g33too = hl.split(g33to)
+        g33_1, g33_5 = hl.split(g33toe)
+        g33_3, g33_7 = hl.split(g33too)
+        acc4_0 = acc4_0 + wt33_0 * (
+            0.5000000000000001 * g33_0 * sb2_1_0 + 0.38729833462074176 * g33_2 * sb2_1_0
+            + 0.31622776601683794 * g33_3 * sb2_4_0 - 0.38729833462074176 * g33_4 * sb2_3_0
+            + 0.7071067811865476 * g33_5 * sb2_2_0 + 0.5000000000000001 * g33_6 * sb2_3_0
+        )
+        acc4_1 = acc4_1 + wt33_0 * (
+            -0.5000000000000001 * g33_0 * sb2_0_0 - 0.38729833462074176 * g33_2 * sb2_0_0
+            - 0.6324555320336759 * g33_3 * sb2_3_0 + 0.4472135954999579 * g33_4 * sb2_2_0
+            - 0.38729833462074176 * g33_4 * sb2_4_0 - 0.5000000000000001 * g33_6 * sb2_4_0
+        )
+        acc4_2 = acc4_2 + wt33_0 * (
+            0.7071067811865476 * g33_1 * sb2_4_0 + 0.4472135954999579 * g33_2 * sb2_3_0
+            - 0.4472135954999579 * g33_4 * sb2_1_0 - 0.7071067811865476 * g33_5 * sb2_0_0
+        )
+        acc4_3 = acc4_3 + wt33_0 * (
+            0.5000000000000001 * g33_0 * sb2_4_0 - 0.4472135954999579 * g33_2 * sb2_2_0
+            - 0.38729833462074176 * g33_2 * sb2_4_0 + 0.6324555320336759 * g33_3 * sb2_1_0
+            + 0.38729833462074176 * g33_4 * sb2_0_0 - 0.5000000000000001 * g33_6 * sb2_0_0
+        )
+        acc4_4 = acc4_4 + wt33_0 * (
+            -0.5000000000000001 * g33_0 * sb2_3_0 - 0.7071067811865476 * g33_1 * sb2_2_0
+            + 0.38729833462074176 * g33_2 * sb2_3_0 - 0.31622776601683794 * g33_3 * sb2_0_0
+            + 0.38729833462074176 * g33_4 * sb2_1_0 + 0.5000000000000001 * g33_6 * sb2_1_0
+        )
+        # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
+        wt34_0 = weights[tile_b, 2176 + tile_c.index]
+        g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g34t = g34.reshape([tile_b, tile_c, 2, 2])
+        g34te, g34to = hl.split(g34t)
+        g34_0, g34_2 = hl.split(g34te)
+        g34_1, g34_3 = hl.split(g34to)
+        acc4_0 = acc4_0 + wt34_0 * (
+            -0.11952286093343936 * g34_0 * sb3_4_0 - 0.4629100498862757 * g34_0 * sb3_6_0
+            + 0.3779644730092272 * g34_1 * sb3_1_0 + 0.4629100498862757 * g34_2 * sb3_0_0
+            - 0.11952286093343936 * g34_2 * sb3_2_0
+        )
+        acc4_1 = acc4_1 + wt34_0 * (
+            -0.2927700218845599 * g34_0 * sb3_3_0 - 0.3779644730092272 * g34_0 * sb3_5_0
+            + 0.47809144373375745 * g34_1 * sb3_2_0 + 0.3779644730092272 * g34_2 * sb3_1_0
+        )
+        acc4_2 = acc4_2 + wt34_0 * (
+            0.4140393356054125 * g34_0 * sb3_2_0 + 0.50709255283711 * g34_1 * sb3_3_0
+            + 0.4140393356054125 * g34_2 * sb3_4_0
+        )
+        acc4_3 = acc4_3 + wt34_0 * (
+            0.3779644730092272 * g34_0 * sb3_1_0 + 0.47809144373375745 * g34_1 * sb3_4_0
+            - 0.2927700218845599 * g34_2 * sb3_3_0 + 0.3779644730092272 * g34_2 * sb3_5_0
+        )
+        acc4_4 = acc4_4 + wt34_0 * (
+            0.4629100498862757 * g34_0 * sb3_0_0 + 0.11952286093343936 * g34_0 * sb3_2_0
+            + 0.3779644730092272 * g34_1 * sb3_5_0 - 0.11952286093343936 * g34_2 * sb3_4_0
+            + 0.4629100498862757 * g34_2 * sb3_6_0
+        )
+        # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
+        wt35_0 = weights[tile_b, 2240 + tile_c.index]
+        g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+        g35te, g35to = hl.split(g35t)
+        g35tee, g35teo = hl.split(g35te)
+        g35_0, g35_4 = hl.split(g35tee)
+        g35_2, g35_6 = hl.split(g35teo)
+        g35toe, g35too = hl.split(g35to)
+        g35_1, g35_5 = hl.split(g35toe)
+        g35_3, g35_7 = hl.split(g35too)
+        acc4_0 = acc4_0 + wt35_0 * (
+            -0.42257712736425834 * g35_1 * sb3_0_0 - 0.3273268353539886 * g35_1 * sb3_2_0
+            - 0.5976143046671969 * g35_2 * sb3_5_0 + 0.3273268353539886 * g35_3 * sb3_4_0
+            - 0.42257712736425834 * g35_3 * sb3_6_0 - 0.2672612419124244 * g35_4 * sb3_3_0
+        )
+        acc4_1 = acc4_1 + wt35_0 * (
+            0.42257712736425834 * g35_0 * sb3_0_0 + 0.3273268353539886 * g35_0 * sb3_2_0
+            - 0.3779644730092272 * g35_2 * sb3_4_0 + 0.5345224838248488 * g35_3 * sb3_3_0
+            + 0.3273268353539886 * g35_4 * sb3_4_0 + 0.42257712736425834 * g35_4 * sb3_6_0
+        )
+        acc4_2 = acc4_2 + wt35_0 * (
+            0.5976143046671969 * g35_0 * sb3_5_0 + 0.3779644730092272 * g35_1 * sb3_4_0
+            - 0.3779644730092272 * g35_3 * sb3_2_0 - 0.5976143046671969 * g35_4 * sb3_1_0
+        )
+        acc4_3 = acc4_3 + wt35_0 * (
+            -0.3273268353539886 * g35_0 * sb3_4_0 + 0.42257712736425834 * g35_0 * sb3_6_0
+            - 0.5345224838248488 * g35_1 * sb3_3_0 + 0.3779644730092272 * g35_2 * sb3_2_0
+            - 0.42257712736425834 * g35_4 * sb3_0_0 + 0.3273268353539886 * g35_4 * sb3_2_0
+        )
+        acc4_4 = acc4_4 + wt35_0 * (
+            0.2672612419124244 * g35_0 * sb3_3_0 - 0.3273268353539886 * g35_1 * sb3_4_0
+            - 0.42257712736425834 * g35_1 * sb3_6_0 + 0.5976143046671969 * g35_2 * sb3_1_0
+            + 0.42257712736425834 * g35_3 * sb3_0_0 - 0.3273268353539886 * g35_3 * sb3_2_0
+        )
+        # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
+        wt36_0 = weights[tile_b, 2304 + tile_c.index]
+        g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+        g36te, g36to = hl.split(g36t)
+        g36tee, g36teo = hl.split(g36te)
+        g36_0, g36_4 = hl.split(g36tee)
+        g36_2, g36_6 = hl.split(g36teo)
+        g36toe, g36too = hl.split(g36to)
+        g36_1, g36_5 = hl.split(g36toe)
+        g36_3, g36_7 = hl.split(g36too)
+        acc4_0 = acc4_0 + wt36_0 * (
+            -0.2886751345948129 * g36_0 * sb3_4_0 - 0.5773502691896258 * g36_1 * sb3_3_0
+            + 0.4472135954999579 * g36_2 * sb3_4_0 + 0.2886751345948129 * g36_2 * sb3_6_0
+            - 0.5773502691896258 * g36_3 * sb3_1_0 - 0.2886751345948129 * g36_4 * sb3_0_0
+            + 0.4472135954999579 * g36_4 * sb3_2_0 + 0.2886751345948129 * g36_6 * sb3_2_0
+        )
+        acc4_1 = acc4_1 + wt36_0 * (
+            0.45643546458763845 * g36_0 * sb3_5_0 + 0.3535533905932738 * g36_1 * sb3_4_0
+            - 0.45643546458763845 * g36_1 * sb3_6_0 + 0.18257418583505539 * g36_2 * sb3_3_0
+            - 0.3535533905932738 * g36_2 * sb3_5_0 + 0.18257418583505539 * g36_3 * sb3_2_0
+            + 0.3535533905932738 * g36_4 * sb3_1_0 + 0.45643546458763845 * g36_5 * sb3_0_0
+            - 0.3535533905932738 * g36_5 * sb3_2_0 - 0.45643546458763845 * g36_6 * sb3_1_0
+        )
+        acc4_2 = acc4_2 + wt36_0 * (
+            -0.6454972243679029 * g36_0 * sb3_0_0 + 0.38729833462074176 * g36_2 * sb3_2_0
+            + 0.5163977794943223 * g36_3 * sb3_3_0 + 0.38729833462074176 * g36_4 * sb3_4_0
+            - 0.6454972243679029 * g36_6 * sb3_6_0
+        )
+        acc4_3 = acc4_3 + wt36_0 * (
+            0.45643546458763845 * g36_0 * sb3_1_0 + 0.45643546458763845 * g36_1 * sb3_0_0
+            + 0.3535533905932738 * g36_1 * sb3_2_0 + 0.3535533905932738 * g36_2 * sb3_1_0
+            + 0.18257418583505539 * g36_3 * sb3_4_0 + 0.18257418583505539 * g36_4 * sb3_3_0
+            + 0.3535533905932738 * g36_4 * sb3_5_0 + 0.3535533905932738 * g36_5 * sb3_4_0
+            + 0.45643546458763845 * g36_5 * sb3_6_0 + 0.45643546458763845 * g36_6 * sb3_5_0
+        )
+        acc4_4 = acc4_4 + wt36_0 * (
+            -0.2886751345948129 * g36_0 * sb3_2_0 - 0.2886751345948129 * g36_2 * sb3_0_0
+            - 0.4472135954999579 * g36_2 * sb3_2_0 - 0.5773502691896258 * g36_3 * sb3_5_0
+            + 0.4472135954999579 * g36_4 * sb3_4_0 - 0.2886751345948129 * g36_4 * sb3_6_0
+            - 0.5773502691896258 * g36_5 * sb3_3_0 - 0.2886751345948129 * g36_6 * sb3_4_0
+        )
+        hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # x1 block 5: 64x2e (11 paths)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        wt37_0 = weights[tile_b, 2368 + tile_c.index]
+        g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+        g37te, g37to = hl.split(g37t)
+        g37tee, g37teo = hl.split(g37te)
+        g37_0, g37_4 = hl.split(g37tee)
+        g37_2, g37_6 = hl.split(g37teo)
+        g37toe, g37too = hl.split(g37to)
+        g37_1, g37_5 = hl.split(g37toe)
+        g37_3, g37_7 = hl.split(g37too)
+        acc5_0 = acc5_0 + wt37_0 * (g37_0 * sb0_0_0)
+        acc5_1 = acc5_1 + wt37_0 * (g37_1 * sb0_0_0)
+        acc5_2 = acc5_2 + wt37_0 * (g37_2 * sb0_0_0)
+        acc5_3 = acc5_3 + wt37_0 * (g37_3 * sb0_0_0)
+        acc5_4 = acc5_4 + wt37_0 * (g37_4 * sb0_0_0)
+        # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        wt38_0 = weights[tile_b, 2432 + tile_c.index]
+        g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g38t = g38.reshape([tile_b, tile_c, 2, 2])
+        g38te, g38to = hl.split(g38t)
+        g38_0, g38_2 = hl.split(g38te)
+        g38_1, g38_3 = hl.split(g38to)
+        acc5_0 = acc5_0 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_0_0)
+        acc5_1 = acc5_1 + wt38_0 * (0.5477225575051661 * g38_0 * sb1_1_0 + 0.5477225575051661 * g38_1 * sb1_0_0)
+        acc5_2 = acc5_2 + wt38_0 * (
+            -0.3162277660168379 * g38_0 * sb1_0_0 + 0.6324555320336758 * g38_1 * sb1_1_0
+            - 0.3162277660168379 * g38_2 * sb1_2_0
+        )
+        acc5_3 = acc5_3 + wt38_0 * (0.5477225575051661 * g38_1 * sb1_2_0 + 0.5477225575051661 * g38_2 * sb1_1_0)
+        acc5_4 = acc5_4 + wt38_0 * (-0.5477225575051661 * g38_0 * sb1_0_0 + 0.5477225575051661 * g38_2 * sb1_2_0)
+        # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        wt39_0 = weights[tile_b, 2496 + tile_c.index]
+        g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+        g39te, g39to = hl.split(g39t)
+        g39tee, g39teo = hl.split(g39te)
+        g39_0, g39_4 = hl.split(g39tee)
+        g39_2, g39_6 = hl.split(g39teo)
+        g39toe, g39too = hl.split(g39to)
+        g39_1, g39_5 = hl.split(g39toe)
+        g39_3, g39_7 = hl.split(g39too)
+        acc5_0 = acc5_0 + wt39_0 * (
+            0.408248290463863 * g39_1 * sb1_0_0 - 0.408248290463863 * g39_3 * sb1_2_0
+            + 0.816496580927726 * g39_4 * sb1_1_0
+        )
+        acc5_1 = acc5_1 + wt39_0 * (
+            -0.408248290463863 * g39_0 * sb1_0_0 - 0.7071067811865476 * g39_2 * sb1_2_0
+            + 0.408248290463863 * g39_3 * sb1_1_0 - 0.408248290463863 * g39_4 * sb1_2_0
+        )
+        acc5_2 = acc5_2 + wt39_0 * (0.7071067811865476 * g39_1 * sb1_2_0 - 0.7071067811865476 * g39_3 * sb1_0_0)
+        acc5_3 = acc5_3 + wt39_0 * (
+            0.408248290463863 * g39_0 * sb1_2_0 - 0.408248290463863 * g39_1 * sb1_1_0
+            + 0.7071067811865476 * g39_2 * sb1_0_0 - 0.408248290463863 * g39_4 * sb1_0_0
+        )
+        acc5_4 = acc5_4 + wt39_0 * (
+            -0.816496580927726 * g39_0 * sb1_1_0 + 0.408248290463863 * g39_1 * sb1_2_0
+            + 0.408248290463863 * g39_3 * sb1_0_0
+        )
+        # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
+        wt40_0 = weights[tile_b, 2560 + tile_c.index]
+        g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+        g40te, g40to = hl.split(g40t)
+        g40tee, g40teo = hl.split(g40te)
+        g40_0, g40_4 = hl.split(g40tee)
+        g40_2, g40_6 = hl.split(g40teo)
+        g40toe, g40too = hl.split(g40to)
+        g40_1, g40_5 = hl.split(g40toe)
+        g40_3, g40_7 = hl.split(g40too)
+        acc5_0 = acc5_0 + wt40_0 * (
+            0.7071067811865476 * g40_0 * sb1_2_0 + 0.5773502691896258 * g40_1 * sb1_1_0
+            - 0.18257418583505539 * g40_2 * sb1_2_0 - 0.18257418583505539 * g40_4 * sb1_0_0
+            - 0.7071067811865476 * g40_6 * sb1_0_0
+        )
+        acc5_1 = acc5_1 + wt40_0 * (
+            0.5773502691896258 * g40_1 * sb1_2_0 + 0.7302967433402215 * g40_2 * sb1_1_0
+            - 0.4472135954999579 * g40_3 * sb1_0_0 - 0.5773502691896258 * g40_5 * sb1_0_0
+        )
+        acc5_2 = acc5_2 + wt40_0 * (
+            0.6324555320336759 * g40_2 * sb1_0_0 + 0.7745966692414835 * g40_3 * sb1_1_0
+            + 0.6324555320336759 * g40_4 * sb1_2_0
+        )
+        acc5_3 = acc5_3 + wt40_0 * (
+            0.5773502691896258 * g40_1 * sb1_0_0 - 0.4472135954999579 * g40_3 * sb1_2_0
+            + 0.7302967433402215 * g40_4 * sb1_1_0 + 0.5773502691896258 * g40_5 * sb1_2_0
+        )
+        acc5_4 = acc5_4 + wt40_0 * (
+            0.7071067811865476 * g40_0 * sb1_0_0 + 0.18257418583505539 * g40_2 * sb1_0_0
+            - 0.18257418583505539 * g40_4 * sb1_2_0 + 0.5773502691896258 * g40_5 * sb1_1_0
+            + 0.7071067811865476 * g40_6 * sb1_2_0
+        )
+        # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        wt41_0 = weights[tile_b, 2624 + tile_c.index]
+        g41_0 = g[tile_b, 11584 + tile_c.index]
+        acc5_0 = acc5_0 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_0_0)
+        acc5_1 = acc5_1 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_1_0)
+        acc5_2 = acc5_2 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_2_0)
+        acc5_3 = acc5_3 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_3_0)
+        acc5_4 = acc5_4 + wt41_0 * (0.4472135954999579 * g41_0 * sb2_4_0)
+        # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        wt42_0 = weights[tile_b, 2688 + tile_c.index]
+        g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g42t = g42.reshape([tile_b, tile_c, 2, 2])
+        g42te, g42to = hl.split(g42t)
+        g42_0, g42_2 = hl.split(g42te)
+        g42_1, g42_3 = hl.split(g42to)
+        acc5_0 = acc5_0 + wt42_0 * (
+            -0.3162277660168379 * g42_0 * sb2_1_0 - 0.6324555320336758 * g42_1 * sb2_4_0
+            + 0.3162277660168379 * g42_2 * sb2_3_0
+        )
+        acc5_1 = acc5_1 + wt42_0 * (
+            0.3162277660168379 * g42_0 * sb2_0_0 - 0.3162277660168379 * g42_1 * sb2_3_0
+            + 0.5477225575051661 * g42_2 * sb2_2_0 + 0.3162277660168379 * g42_2 * sb2_4_0
+        )
+        acc5_2 = acc5_2 + wt42_0 * (0.5477225575051661 * g42_0 * sb2_3_0 - 0.5477225575051661 * g42_2 * sb2_1_0)
+        acc5_3 = acc5_3 + wt42_0 * (
+            -0.5477225575051661 * g42_0 * sb2_2_0 + 0.3162277660168379 * g42_0 * sb2_4_0
+            + 0.3162277660168379 * g42_1 * sb2_1_0 - 0.3162277660168379 * g42_2 * sb2_0_0
+        )
+        acc5_4 = acc5_4 + wt42_0 * (
+            -0.3162277660168379 * g42_0 * sb2_3_0 + 0.6324555320336758 * g42_1 * sb2_0_0
+            - 0.3162277660168379 * g42_2 * sb2_1_0
+        )
+        # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        wt43_0 = weights[tile_b, 2752 + tile_c.index]
+        g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+        g43te, g43to = hl.split(g43t)
+        g43tee, g43teo = hl.split(g43te)
+        g43_0, g43_4 = hl.split(g43tee)
+        g43_2, g43_6 = hl.split(g43teo)
+        g43toe, g43too = hl.split(g43to)
+        g43_1, g43_5 = hl.split(g43toe)
+        g43_3, g43_7 = hl.split(g43too)
+        acc5_0 = acc5_0 + wt43_0 * (
+            -0.5345224838248488 * g43_0 * sb2_2_0 + 0.4629100498862757 * g43_1 * sb2_3_0
+            - 0.5345224838248488 * g43_2 * sb2_0_0 + 0.4629100498862757 * g43_3 * sb2_1_0
+        )
+        acc5_1 = acc5_1 + wt43_0 * (
+            0.4629100498862757 * g43_0 * sb2_3_0 + 0.2672612419124244 * g43_1 * sb2_2_0
+            - 0.4629100498862757 * g43_1 * sb2_4_0 + 0.2672612419124244 * g43_2 * sb2_1_0
+            + 0.4629100498862757 * g43_3 * sb2_0_0 - 0.4629100498862757 * g43_4 * sb2_1_0
+        )
+        acc5_2 = acc5_2 + wt43_0 * (
+            -0.5345224838248488 * g43_0 * sb2_0_0 + 0.2672612419124244 * g43_1 * sb2_1_0
+            + 0.5345224838248488 * g43_2 * sb2_2_0 + 0.2672612419124244 * g43_3 * sb2_3_0
+            - 0.5345224838248488 * g43_4 * sb2_4_0
+        )
+        acc5_3 = acc5_3 + wt43_0 * (
+            0.4629100498862757 * g43_0 * sb2_1_0 + 0.4629100498862757 * g43_1 * sb2_0_0
+            + 0.2672612419124244 * g43_2 * sb2_3_0 + 0.2672612419124244 * g43_3 * sb2_2_0
+            + 0.4629100498862757 * g43_3 * sb2_4_0 + 0.4629100498862757 * g43_4 * sb2_3_0
+        )
+        acc5_4 = acc5_4 + wt43_0 * (
+            -0.4629100498862757 * g43_1 * sb2_1_0 - 0.5345224838248488 * g43_2 * sb2_4_0
+            + 0.4629100498862757 * g43_3 * sb2_3_0 - 0.5345224838248488 * g43_4 * sb2_2_0
+        )
+        # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
+        wt44_0 = weights[tile_b, 2816 + tile_c.index]
+        g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+        g44te, g44to = hl.split(g44t)
+        g44tee, g44teo = hl.split(g44te)
+        g44_0, g44_4 = hl.split(g44tee)
+        g44_2, g44_6 = hl.split(g44teo)
+        g44toe, g44too = hl.split(g44to)
+        g44_1, g44_5 = hl.split(g44toe)
+        g44_3, g44_7 = hl.split(g44too)
+        acc5_0 = acc5_0 + wt44_0 * (
+            0.5000000000000001 * g44_0 * sb2_1_0 + 0.38729833462074176 * g44_2 * sb2_1_0
+            + 0.31622776601683794 * g44_3 * sb2_4_0 - 0.38729833462074176 * g44_4 * sb2_3_0
+            + 0.7071067811865476 * g44_5 * sb2_2_0 + 0.5000000000000001 * g44_6 * sb2_3_0
+        )
+        acc5_1 = acc5_1 + wt44_0 * (
+            -0.5000000000000001 * g44_0 * sb2_0_0 - 0.38729833462074176 * g44_2 * sb2_0_0
+            - 0.6324555320336759 * g44_3 * sb2_3_0 + 0.4472135954999579 * g44_4 * sb2_2_0
+            - 0.38729833462074176 * g44_4 * sb2_4_0 - 0.5000000000000001 * g44_6 * sb2_4_0
+        )
+        acc5_2 = acc5_2 + wt44_0 * (
+            0.7071067811865476 * g44_1 * sb2_4_0 + 0.4472135954999579 * g44_2 * sb2_3_0
+            - 0.4472135954999579 * g44_4 * sb2_1_0 - 0.7071067811865476 * g44_5 * sb2_0_0
+        )
+        acc5_3 = acc5_3 + wt44_0 * (
+            0.5000000000000001 * g44_0 * sb2_4_0 - 0.4472135954999579 * g44_2 * sb2_2_0
+            - 0.38729833462074176 * g44_2 * sb2_4_0 + 0.6324555320336759 * g44_3 * sb2_1_0
+            + 0.38729833462074176 * g44_4 * sb2_0_0 - 0.5000000000000001 * g44_6 * sb2_0_0
+        )
+        acc5_4 = acc5_4 + wt44_0 * (
+            -0.5000000000000001 * g44_0 * sb2_3_0 - 0.7071067811865476 * g44_1 * sb2_2_0
+            + 0.38729833462074176 * g44_2 * sb2_3_0 - 0.31622776601683794 * g44_3 * sb2_0_0
+            + 0.38729833462074176 * g44_4 * sb2_1_0 + 0.5000000000000001 * g44_6 * sb2_1_0
+        )
+        # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+        wt45_0 = weights[tile_b, 2880 + tile_c.index]
+        g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g45t = g45.reshape([tile_b, tile_c, 2, 2])
+        g45te, g45to = hl.split(g45t)
+        g45_0, g45_2 = hl.split(g45te)
+        g45_1, g45_3 = hl.split(g45to)
+        acc5_0 = acc5_0 + wt45_0 * (
+            -0.11952286093343936 * g45_0 * sb3_4_0 - 0.4629100498862757 * g45_0 * sb3_6_0
+            + 0.3779644730092272 * g45_1 * sb3_1_0 + 0.4629100498862757 * g45_2 * sb3_0_0
+            - 0.11952286093343936 * g45_2 * sb3_2_0
+        )
+        acc5_1 = acc5_1 + wt45_0 * (
+            -0.2927700218845599 * g45_0 * sb3_3_0 - 0.3779644730092272 * g45_0 * sb3_5_0
+            + 0.47809144373375745 * g45_1 * sb3_2_0 + 0.3779644730092272 * g45_2 * sb3_1_0
+        )
+        acc5_2 = acc5_2 + wt45_0 * (
+            0.4140393356054125 * g45_0 * sb3_2_0 + 0.50709255283711 * g45_1 * sb3_3_0
+            + 0.4140393356054125 * g45_2 * sb3_4_0
+        )
+        acc5_3 = acc5_3 + wt45_0 * (
+            0.3779644730092272 * g45_0 * sb3_1_0 + 0.47809144373375745 * g45_1 * sb3_4_0
+            - 0.2927700218845599 * g45_2 * sb3_3_0 + 0.3779644730092272 * g45_2 * sb3_5_0
+        )
+        acc5_4 = acc5_4 + wt45_0 * (
+            0.4629100498862757 * g45_0 * sb3_0_0 + 0.11952286093343936 * g45_0 * sb3_2_0
+            + 0.3779644730092272 * g45_1 * sb3_5_0 - 0.11952286093343936 * g45_2 * sb3_4_0
+            + 0.4629100498862757 * g45_2 * sb3_6_0
+        )
+        # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
+        wt46_0 = weights[tile_b, 2944 + tile_c.index]
+        g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+        g46te, g46to = hl.split(g46t)
+        g46tee, g46teo = hl.split(g46te)
+        g46_0, g46_4 = hl.split(g46tee)
+        g46_2, g46_6 = hl.split(g46teo)
+        g46toe, g46too = hl.split(g46to)
+        g46_1, g46_5 = hl.split(g46toe)
+        g46_3, g46_7 = hl.split(g46too)
+        acc5_0 = acc5_0 + wt46_0 * (
+            -0.42257712736425834 * g46_1 * sb3_0_0 - 0.3273268353539886 * g46_1 * sb3_2_0
+            - 0.5976143046671969 * g46_2 * sb3_5_0 + 0.3273268353539886 * g46_3 * sb3_4_0
+            - 0.42257712736425834 * g46_3 * sb3_6_0 - 0.2672612419124244 * g46_4 * sb3_3_0
+        )
+        acc5_1 = acc5_1 + wt46_0 * (
+            0.42257712736425834 * g46_0 * sb3_0_0 + 0.3273268353539886 * g46_0 * sb3_2_0
+            - 0.3779644730092272 * g46_2 * sb3_4_0 + 0.5345224838248488 * g46_3 * sb3_3_0
+            + 0.3273268353539886 * g46_4 * sb3_4_0 + 0.42257712736425834 * g46_4 * sb3_6_0
+        )
+        acc5_2 = acc5_2 + wt46_0 * (
+            0.5976143046671969 * g46_0 * sb3_5_0 + 0.3779644730092272 * g46_1 * sb3_4_0
+            - 0.3779644730092272 * g46_3 * sb3_2_0 - 0.5976143046671969 * g46_4 * sb3_1_0
+        )
+        acc5_3 = acc5_3 + wt46_0 * (
+            -0.3273268353539886 * g46_0 * sb3_4_0 + 0.42257712736425834 * g46_0 * sb3_6_0
+            - 0.5345224838248488 * g46_1 * sb3_3_0 + 0.3779644730092272 * g46_2 * sb3_2_0
+            - 0.42257712736425834 * g46_4 * sb3_0_0 + 0.3273268353539886 * g46_4 * sb3_2_0
+        )
+        acc5_4 = acc5_4 + wt46_0 * (
+            0.2672612419124244 * g46_0 * sb3_3_0 - 0.3273268353539886 * g46_1 * sb3_4_0
+            - 0.42257712736425834 * g46_1 * sb3_6_0 + 0.5976143046671969 * g46_2 * sb3_1_0
+            + 0.42257712736425834 * g46_3 * sb3_0_0 - 0.3273268353539886 * g46_3 * sb3_2_0
+        )
+        # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
+        wt47_0 = weights[tile_b, 3008 + tile_c.index]
+        g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+        g47te, g47to = hl.split(g47t)
+        g47tee, g47teo = hl.split(g47te)
+        g47_0, g47_4 = hl.split(g47tee)
+        g47_2, g47_6 = hl.split(g47teo)
+        g47toe, g47too = hl.split(g47to)
+        g47_1, g47_5 = hl.split(g47toe)
+        g47_3, g47_7 = hl.split(g47too)
+        acc5_0 = acc5_0 + wt47_0 * (
+            -0.2886751345948129 * g47_0 * sb3_4_0 - 0.5773502691896258 * g47_1 * sb3_3_0
+            + 0.4472135954999579 * g47_2 * sb3_4_0 + 0.2886751345948129 * g47_2 * sb3_6_0
+            - 0.5773502691896258 * g47_3 * sb3_1_0 - 0.2886751345948129 * g47_4 * sb3_0_0
+            + 0.4472135954999579 * g47_4 * sb3_2_0 + 0.2886751345948129 * g47_6 * sb3_2_0
+        )
+        acc5_1 = acc5_1 + wt47_0 * (
+            0.45643546458763845 * g47_0 * sb3_5_0 + 0.3535533905932738 * g47_1 * sb3_4_0
+            - 0.45643546458763845 * g47_1 * sb3_6_0 + 0.18257418583505539 * g47_2 * sb3_3_0
+            - 0.3535533905932738 * g47_2 * sb3_5_0 + 0.18257418583505539 * g47_3 * sb3_2_0
+            + 0.3535533905932738 * g47_4 * sb3_1_0 + 0.45643546458763845 * g47_5 * sb3_0_0
+            - 0.3535533905932738 * g47_5 * sb3_2_0 - 0.45643546458763845 * g47_6 * sb3_1_0
+        )
+        acc5_2 = acc5_2 + wt47_0 * (
+            -0.6454972243679029 * g47_0 * sb3_0_0 + 0.38729833462074176 * g47_2 * sb3_2_0
+            + 0.5163977794943223 * g47_3 * sb3_3_0 + 0.38729833462074176 * g47_4 * sb3_4_0
+            - 0.6454972243679029 * g47_6 * sb3_6_0
+        )
+        acc5_3 = acc5_3 + wt47_0 * (
+            0.45643546458763845 * g47_0 * sb3_1_0 + 0.45643546458763845 * g47_1 * sb3_0_0
+            + 0.3535533905932738 * g47_1 * sb3_2_0 + 0.3535533905932738 * g47_2 * sb3_1_0
+            + 0.18257418583505539 * g47_3 * sb3_4_0 + 0.18257418583505539 * g47_4 * sb3_3_0
+            + 0.3535533905932738 * g47_4 * sb3_5_0 + 0.3535533905932738 * g47_5 * sb3_4_0
+            + 0.45643546458763845 * g47_5 * sb3_6_0 + 0.45643546458763845 * g47_6 * sb3_5_0
+        )
+        acc5_4 = acc5_4 + wt47_0 * (
+            -0.2886751345948129 * g47_0 * sb3_2_0 - 0.2886751345948129 * g47_2 * sb3_0_0
+            - 0.4472135954999579 * g47_2 * sb3_2_0 - 0.5773502691896258 * g47_3 * sb3_5_0
+            + 0.4472135954999579 * g47_4 * sb3_4_0 - 0.2886751345948129 * g47_4 * sb3_6_0
+            - 0.5773502691896258 * g47_5 * sb3_3_0 - 0.2886751345948129 * g47_6 * sb3_4_0
+        )
+        hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -2971,7 +2970,7 @@ def tp_bwd_x1_1(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 6, 7; paths 48-67."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -2988,703 +2987,702 @@ def tp_bwd_x1_1(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 6: 64x3o (10 paths)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            wt48_0 = weights[tile_b, 3072 + tile_c.index]
-            g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
-            g48te, g48to = hl.split(g48t)
-            g48tee, g48teo = hl.split(g48te)
-            g48_0, g48_4 = hl.split(g48tee)
-            g48_2, g48_6 = hl.split(g48teo)
-            g48toe, g48too = hl.split(g48to)
-            g48_1, g48_5 = hl.split(g48toe)
-            g48_3, g48_7 = hl.split(g48too)
-            acc6_0 = acc6_0 + wt48_0 * (1.0000000000000002 * g48_0 * sb0_0_0)
-            acc6_1 = acc6_1 + wt48_0 * (1.0000000000000002 * g48_1 * sb0_0_0)
-            acc6_2 = acc6_2 + wt48_0 * (1.0000000000000002 * g48_2 * sb0_0_0)
-            acc6_3 = acc6_3 + wt48_0 * (1.0000000000000002 * g48_3 * sb0_0_0)
-            acc6_4 = acc6_4 + wt48_0 * (1.0000000000000002 * g48_4 * sb0_0_0)
-            acc6_5 = acc6_5 + wt48_0 * (1.0000000000000002 * g48_5 * sb0_0_0)
-            acc6_6 = acc6_6 + wt48_0 * (1.0000000000000002 * g48_6 * sb0_0_0)
-            # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            wt49_0 = weights[tile_b, 3136 + tile_c.index]
-            g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
-            g49te, g49to = hl.split(g49t)
-            g49tee, g49teo = hl.split(g49te)
-            g49_0, g49_4 = hl.split(g49tee)
-            g49_2, g49_6 = hl.split(g49teo)
-            g49toe, g49too = hl.split(g49to)
-            g49_1, g49_5 = hl.split(g49toe)
-            g49_3, g49_7 = hl.split(g49too)
-            acc6_0 = acc6_0 + wt49_0 * (0.5976143046671969 * g49_0 * sb1_2_0 + 0.5976143046671969 * g49_4 * sb1_0_0)
-            acc6_1 = acc6_1 + wt49_0 * (
-                0.48795003647426666 * g49_0 * sb1_1_0 + 0.48795003647426666 * g49_1 * sb1_2_0
-                + 0.48795003647426666 * g49_3 * sb1_0_0
-            )
-            acc6_2 = acc6_2 + wt49_0 * (
-                -0.1543033499620919 * g49_0 * sb1_2_0 + 0.6172133998483676 * g49_1 * sb1_1_0
-                + 0.5345224838248488 * g49_2 * sb1_0_0 + 0.1543033499620919 * g49_4 * sb1_0_0
-            )
-            acc6_3 = acc6_3 + wt49_0 * (
-                -0.3779644730092272 * g49_1 * sb1_0_0 + 0.6546536707079772 * g49_2 * sb1_1_0
-                - 0.3779644730092272 * g49_3 * sb1_2_0
-            )
-            acc6_4 = acc6_4 + wt49_0 * (
-                -0.1543033499620919 * g49_0 * sb1_0_0 + 0.5345224838248488 * g49_2 * sb1_2_0
-                + 0.6172133998483676 * g49_3 * sb1_1_0 - 0.1543033499620919 * g49_4 * sb1_2_0
-            )
-            acc6_5 = acc6_5 + wt49_0 * (
-                -0.48795003647426666 * g49_1 * sb1_0_0 + 0.48795003647426666 * g49_3 * sb1_2_0
-                + 0.48795003647426666 * g49_4 * sb1_1_0
-            )
-            acc6_6 = acc6_6 + wt49_0 * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
-            # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            wt50_0 = weights[tile_b, 3200 + tile_c.index]
-            g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
-            g50te, g50to = hl.split(g50t)
-            g50tee, g50teo = hl.split(g50te)
-            g50_0, g50_4 = hl.split(g50tee)
-            g50_2, g50_6 = hl.split(g50teo)
-            g50toe, g50too = hl.split(g50to)
-            g50_1, g50_5 = hl.split(g50toe)
-            g50_3, g50_7 = hl.split(g50too)
-            acc6_0 = acc6_0 + wt50_0 * (
-                0.3535533905932738 * g50_1 * sb1_0_0 - 0.3535533905932738 * g50_5 * sb1_2_0
-                + 0.8660254037844387 * g50_6 * sb1_1_0
-            )
-            acc6_1 = acc6_1 + wt50_0 * (
-                -0.3535533905932738 * g50_0 * sb1_0_0 + 0.45643546458763845 * g50_2 * sb1_0_0
-                - 0.45643546458763845 * g50_4 * sb1_2_0 + 0.5773502691896258 * g50_5 * sb1_1_0
-                - 0.3535533905932738 * g50_6 * sb1_2_0
-            )
-            acc6_2 = acc6_2 + wt50_0 * (
-                -0.45643546458763845 * g50_1 * sb1_0_0 - 0.7071067811865476 * g50_3 * sb1_2_0
-                + 0.2886751345948129 * g50_4 * sb1_1_0 - 0.45643546458763845 * g50_5 * sb1_2_0
-            )
-            acc6_3 = acc6_3 + wt50_0 * (0.7071067811865476 * g50_2 * sb1_2_0 - 0.7071067811865476 * g50_4 * sb1_0_0)
-            acc6_4 = acc6_4 + wt50_0 * (
-                0.45643546458763845 * g50_1 * sb1_2_0 - 0.2886751345948129 * g50_2 * sb1_1_0
-                + 0.7071067811865476 * g50_3 * sb1_0_0 - 0.45643546458763845 * g50_5 * sb1_0_0
-            )
-            acc6_5 = acc6_5 + wt50_0 * (
-                0.3535533905932738 * g50_0 * sb1_2_0 - 0.5773502691896258 * g50_1 * sb1_1_0
-                + 0.45643546458763845 * g50_2 * sb1_2_0 + 0.45643546458763845 * g50_4 * sb1_0_0
-                - 0.3535533905932738 * g50_6 * sb1_0_0
-            )
-            acc6_6 = acc6_6 + wt50_0 * (
-                -0.8660254037844387 * g50_0 * sb1_1_0 + 0.3535533905932738 * g50_1 * sb1_2_0
-                + 0.3535533905932738 * g50_5 * sb1_0_0
-            )
-            # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            wt51_0 = weights[tile_b, 3264 + tile_c.index]
-            g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g51t = g51.reshape([tile_b, tile_c, 2, 2])
-            g51te, g51to = hl.split(g51t)
-            g51_0, g51_2 = hl.split(g51te)
-            g51_1, g51_3 = hl.split(g51to)
-            acc6_0 = acc6_0 + wt51_0 * (0.4629100498862757 * g51_0 * sb2_4_0 + 0.4629100498862757 * g51_2 * sb2_0_0)
-            acc6_1 = acc6_1 + wt51_0 * (
-                0.3779644730092272 * g51_0 * sb2_3_0 + 0.3779644730092272 * g51_1 * sb2_0_0
-                + 0.3779644730092272 * g51_2 * sb2_1_0
-            )
-            acc6_2 = acc6_2 + wt51_0 * (
-                0.4140393356054125 * g51_0 * sb2_2_0 + 0.11952286093343936 * g51_0 * sb2_4_0
-                + 0.47809144373375745 * g51_1 * sb2_1_0 - 0.11952286093343936 * g51_2 * sb2_0_0
-            )
-            acc6_3 = acc6_3 + wt51_0 * (
-                -0.2927700218845599 * g51_0 * sb2_1_0 + 0.50709255283711 * g51_1 * sb2_2_0
-                - 0.2927700218845599 * g51_2 * sb2_3_0
-            )
-            acc6_4 = acc6_4 + wt51_0 * (
-                -0.11952286093343936 * g51_0 * sb2_0_0 + 0.47809144373375745 * g51_1 * sb2_3_0
-                + 0.4140393356054125 * g51_2 * sb2_2_0 - 0.11952286093343936 * g51_2 * sb2_4_0
-            )
-            acc6_5 = acc6_5 + wt51_0 * (
-                -0.3779644730092272 * g51_0 * sb2_1_0 + 0.3779644730092272 * g51_1 * sb2_4_0
-                + 0.3779644730092272 * g51_2 * sb2_3_0
-            )
-            acc6_6 = acc6_6 + wt51_0 * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
-            # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            wt52_0 = weights[tile_b, 3328 + tile_c.index]
-            g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
-            g52te, g52to = hl.split(g52t)
-            g52tee, g52teo = hl.split(g52te)
-            g52_0, g52_4 = hl.split(g52tee)
-            g52_2, g52_6 = hl.split(g52teo)
-            g52toe, g52too = hl.split(g52to)
-            g52_1, g52_5 = hl.split(g52toe)
-            g52_3, g52_7 = hl.split(g52too)
-            acc6_0 = acc6_0 + wt52_0 * (
-                -0.42257712736425834 * g52_0 * sb2_1_0 + 0.42257712736425834 * g52_1 * sb2_0_0
-                - 0.42257712736425834 * g52_3 * sb2_4_0 + 0.42257712736425834 * g52_4 * sb2_3_0
-            )
-            acc6_1 = acc6_1 + wt52_0 * (-0.5976143046671969 * g52_2 * sb2_4_0 + 0.5976143046671969 * g52_4 * sb2_2_0)
-            acc6_2 = acc6_2 + wt52_0 * (
-                -0.3273268353539886 * g52_0 * sb2_1_0 + 0.3273268353539886 * g52_1 * sb2_0_0
-                - 0.3779644730092272 * g52_2 * sb2_3_0 + 0.3779644730092272 * g52_3 * sb2_2_0
-                + 0.3273268353539886 * g52_3 * sb2_4_0 - 0.3273268353539886 * g52_4 * sb2_3_0
-            )
-            acc6_3 = acc6_3 + wt52_0 * (
-                -0.2672612419124244 * g52_0 * sb2_4_0 + 0.5345224838248488 * g52_1 * sb2_3_0
-                - 0.5345224838248488 * g52_3 * sb2_1_0 + 0.2672612419124244 * g52_4 * sb2_0_0
-            )
-            acc6_4 = acc6_4 + wt52_0 * (
-                0.3273268353539886 * g52_0 * sb2_3_0 - 0.3779644730092272 * g52_1 * sb2_2_0
-                + 0.3273268353539886 * g52_1 * sb2_4_0 + 0.3779644730092272 * g52_2 * sb2_1_0
-                - 0.3273268353539886 * g52_3 * sb2_0_0 - 0.3273268353539886 * g52_4 * sb2_1_0
-            )
-            acc6_5 = acc6_5 + wt52_0 * (-0.5976143046671969 * g52_0 * sb2_2_0 + 0.5976143046671969 * g52_2 * sb2_0_0)
-            acc6_6 = acc6_6 + wt52_0 * (
-                -0.42257712736425834 * g52_0 * sb2_3_0 + 0.42257712736425834 * g52_1 * sb2_4_0
-                + 0.42257712736425834 * g52_3 * sb2_0_0 - 0.42257712736425834 * g52_4 * sb2_1_0
-            )
-            # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            wt53_0 = weights[tile_b, 3392 + tile_c.index]
-            g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
-            g53te, g53to = hl.split(g53t)
-            g53tee, g53teo = hl.split(g53te)
-            g53_0, g53_4 = hl.split(g53tee)
-            g53_2, g53_6 = hl.split(g53teo)
-            g53toe, g53too = hl.split(g53to)
-            g53_1, g53_5 = hl.split(g53toe)
-            g53_3, g53_7 = hl.split(g53too)
-            acc6_0 = acc6_0 + wt53_0 * (
-                -0.6454972243679029 * g53_0 * sb2_2_0 + 0.45643546458763845 * g53_1 * sb2_3_0
-                - 0.2886751345948129 * g53_2 * sb2_4_0 - 0.2886751345948129 * g53_4 * sb2_0_0
-                + 0.45643546458763845 * g53_5 * sb2_1_0
-            )
-            acc6_1 = acc6_1 + wt53_0 * (
-                0.45643546458763845 * g53_0 * sb2_3_0 + 0.3535533905932738 * g53_2 * sb2_3_0
-                - 0.5773502691896258 * g53_3 * sb2_0_0 + 0.3535533905932738 * g53_4 * sb2_1_0
-                - 0.45643546458763845 * g53_6 * sb2_1_0
-            )
-            acc6_2 = acc6_2 + wt53_0 * (
-                -0.2886751345948129 * g53_0 * sb2_4_0 + 0.3535533905932738 * g53_1 * sb2_3_0
-                + 0.38729833462074176 * g53_2 * sb2_2_0 - 0.4472135954999579 * g53_2 * sb2_4_0
-                + 0.18257418583505539 * g53_3 * sb2_1_0 + 0.4472135954999579 * g53_4 * sb2_0_0
-                - 0.3535533905932738 * g53_5 * sb2_1_0 + 0.2886751345948129 * g53_6 * sb2_0_0
-            )
-            acc6_3 = acc6_3 + wt53_0 * (
-                -0.5773502691896258 * g53_1 * sb2_0_0 + 0.18257418583505539 * g53_2 * sb2_1_0
-                + 0.5163977794943223 * g53_3 * sb2_2_0 + 0.18257418583505539 * g53_4 * sb2_3_0
-                - 0.5773502691896258 * g53_5 * sb2_4_0
-            )
-            acc6_4 = acc6_4 + wt53_0 * (
-                -0.2886751345948129 * g53_0 * sb2_0_0 + 0.3535533905932738 * g53_1 * sb2_1_0
-                + 0.4472135954999579 * g53_2 * sb2_0_0 + 0.18257418583505539 * g53_3 * sb2_3_0
-                + 0.38729833462074176 * g53_4 * sb2_2_0 + 0.4472135954999579 * g53_4 * sb2_4_0
-                + 0.3535533905932738 * g53_5 * sb2_3_0 - 0.2886751345948129 * g53_6 * sb2_4_0
-            )
-            acc6_5 = acc6_5 + wt53_0 * (
-                0.45643546458763845 * g53_0 * sb2_1_0 - 0.3535533905932738 * g53_2 * sb2_1_0
-                - 0.5773502691896258 * g53_3 * sb2_4_0 + 0.3535533905932738 * g53_4 * sb2_3_0
-                + 0.45643546458763845 * g53_6 * sb2_3_0
-            )
-            acc6_6 = acc6_6 + wt53_0 * (
-                -0.45643546458763845 * g53_1 * sb2_1_0 + 0.2886751345948129 * g53_2 * sb2_0_0
-                - 0.2886751345948129 * g53_4 * sb2_4_0 + 0.45643546458763845 * g53_5 * sb2_3_0
-                - 0.6454972243679029 * g53_6 * sb2_2_0
-            )
-            # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            wt54_0 = weights[tile_b, 3456 + tile_c.index]
-            g54_0 = g[tile_b, 15744 + tile_c.index]
-            acc6_0 = acc6_0 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_0_0)
-            acc6_1 = acc6_1 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_1_0)
-            acc6_2 = acc6_2 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_2_0)
-            acc6_3 = acc6_3 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_3_0)
-            acc6_4 = acc6_4 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_4_0)
-            acc6_5 = acc6_5 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_5_0)
-            acc6_6 = acc6_6 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_6_0)
-            # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            wt55_0 = weights[tile_b, 3520 + tile_c.index]
-            g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g55t = g55.reshape([tile_b, tile_c, 2, 2])
-            g55te, g55to = hl.split(g55t)
-            g55_0, g55_2 = hl.split(g55te)
-            g55_1, g55_3 = hl.split(g55to)
-            acc6_0 = acc6_0 + wt55_0 * (
-                -0.23145502494313785 * g55_0 * sb3_1_0 - 0.5669467095138409 * g55_1 * sb3_6_0
-                + 0.23145502494313785 * g55_2 * sb3_5_0
-            )
-            acc6_1 = acc6_1 + wt55_0 * (
-                0.23145502494313785 * g55_0 * sb3_0_0 - 0.2988071523335984 * g55_0 * sb3_2_0
-                - 0.3779644730092272 * g55_1 * sb3_5_0 + 0.2988071523335984 * g55_2 * sb3_4_0
-                + 0.23145502494313785 * g55_2 * sb3_6_0
-            )
-            acc6_2 = acc6_2 + wt55_0 * (
-                0.2988071523335984 * g55_0 * sb3_1_0 - 0.1889822365046136 * g55_1 * sb3_4_0
-                + 0.4629100498862757 * g55_2 * sb3_3_0 + 0.2988071523335984 * g55_2 * sb3_5_0
-            )
-            acc6_3 = acc6_3 + wt55_0 * (0.4629100498862757 * g55_0 * sb3_4_0 - 0.4629100498862757 * g55_2 * sb3_2_0)
-            acc6_4 = acc6_4 + wt55_0 * (
-                -0.4629100498862757 * g55_0 * sb3_3_0 + 0.2988071523335984 * g55_0 * sb3_5_0
-                + 0.1889822365046136 * g55_1 * sb3_2_0 - 0.2988071523335984 * g55_2 * sb3_1_0
-            )
-            acc6_5 = acc6_5 + wt55_0 * (
-                -0.2988071523335984 * g55_0 * sb3_4_0 + 0.23145502494313785 * g55_0 * sb3_6_0
-                + 0.3779644730092272 * g55_1 * sb3_1_0 - 0.23145502494313785 * g55_2 * sb3_0_0
-                - 0.2988071523335984 * g55_2 * sb3_2_0
-            )
-            acc6_6 = acc6_6 + wt55_0 * (
-                -0.23145502494313785 * g55_0 * sb3_5_0 + 0.5669467095138409 * g55_1 * sb3_0_0
-                - 0.23145502494313785 * g55_2 * sb3_1_0
-            )
-            # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            wt56_0 = weights[tile_b, 3584 + tile_c.index]
-            g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
-            g56te, g56to = hl.split(g56t)
-            g56tee, g56teo = hl.split(g56te)
-            g56_0, g56_4 = hl.split(g56tee)
-            g56_2, g56_6 = hl.split(g56teo)
-            g56toe, g56too = hl.split(g56to)
-            g56_1, g56_5 = hl.split(g56toe)
-            g56_3, g56_7 = hl.split(g56too)
-            acc6_0 = acc6_0 + wt56_0 * (
-                -0.24397501823713333 * g56_0 * sb3_4_0 + 0.3857583749052298 * g56_1 * sb3_5_0
-                - 0.545544725589981 * g56_2 * sb3_0_0 + 0.3857583749052298 * g56_3 * sb3_1_0
-                - 0.24397501823713333 * g56_4 * sb3_2_0
-            )
-            acc6_1 = acc6_1 + wt56_0 * (
-                -0.48795003647426666 * g56_0 * sb3_3_0 + 0.29880715233359845 * g56_1 * sb3_4_0
-                - 0.3857583749052298 * g56_1 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_0_0
-                + 0.29880715233359845 * g56_3 * sb3_2_0
-            )
-            acc6_2 = acc6_2 + wt56_0 * (
-                0.3779644730092272 * g56_0 * sb3_4_0 + 0.24397501823713333 * g56_0 * sb3_6_0
-                + 0.1543033499620919 * g56_1 * sb3_3_0 - 0.29880715233359845 * g56_1 * sb3_5_0
-                + 0.3273268353539886 * g56_2 * sb3_2_0 + 0.29880715233359845 * g56_3 * sb3_1_0
-                - 0.24397501823713333 * g56_4 * sb3_0_0 - 0.3779644730092272 * g56_4 * sb3_2_0
-            )
-            acc6_3 = acc6_3 + wt56_0 * (
-                -0.48795003647426666 * g56_0 * sb3_1_0 + 0.1543033499620919 * g56_1 * sb3_2_0
-                + 0.4364357804719848 * g56_2 * sb3_3_0 + 0.1543033499620919 * g56_3 * sb3_4_0
-                - 0.48795003647426666 * g56_4 * sb3_5_0
-            )
-            acc6_4 = acc6_4 + wt56_0 * (
-                -0.24397501823713333 * g56_0 * sb3_0_0 + 0.3779644730092272 * g56_0 * sb3_2_0
-                + 0.29880715233359845 * g56_1 * sb3_1_0 + 0.3273268353539886 * g56_2 * sb3_4_0
-                + 0.1543033499620919 * g56_3 * sb3_3_0 + 0.29880715233359845 * g56_3 * sb3_5_0
-                + 0.3779644730092272 * g56_4 * sb3_4_0 - 0.24397501823713333 * g56_4 * sb3_6_0
-            )
-            acc6_5 = acc6_5 + wt56_0 * (
-                0.3857583749052298 * g56_1 * sb3_0_0 - 0.29880715233359845 * g56_1 * sb3_2_0
-                + 0.29880715233359845 * g56_3 * sb3_4_0 + 0.3857583749052298 * g56_3 * sb3_6_0
-                - 0.48795003647426666 * g56_4 * sb3_3_0
-            )
-            acc6_6 = acc6_6 + wt56_0 * (
-                0.24397501823713333 * g56_0 * sb3_2_0 - 0.3857583749052298 * g56_1 * sb3_1_0
-                - 0.545544725589981 * g56_2 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_5_0
-                - 0.24397501823713333 * g56_4 * sb3_4_0
-            )
-            # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            wt57_0 = weights[tile_b, 3648 + tile_c.index]
-            g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
-            g57te, g57to = hl.split(g57t)
-            g57tee, g57teo = hl.split(g57te)
-            g57_0, g57_4 = hl.split(g57tee)
-            g57_2, g57_6 = hl.split(g57teo)
-            g57toe, g57too = hl.split(g57to)
-            g57_1, g57_5 = hl.split(g57toe)
-            g57_3, g57_7 = hl.split(g57too)
-            acc6_0 = acc6_0 + wt57_0 * (
-                -0.408248290463863 * g57_1 * sb3_2_0 + 0.408248290463863 * g57_2 * sb3_1_0
-                + 0.408248290463863 * g57_3 * sb3_6_0 - 0.408248290463863 * g57_4 * sb3_5_0
-                + 0.408248290463863 * g57_5 * sb3_4_0 - 0.408248290463863 * g57_6 * sb3_3_0
-            )
-            acc6_1 = acc6_1 + wt57_0 * (
-                0.408248290463863 * g57_0 * sb3_2_0 - 0.408248290463863 * g57_2 * sb3_0_0
-                - 0.408248290463863 * g57_3 * sb3_5_0 - 0.408248290463863 * g57_4 * sb3_6_0
-                + 0.408248290463863 * g57_5 * sb3_3_0 + 0.408248290463863 * g57_6 * sb3_4_0
-            )
-            acc6_2 = acc6_2 + wt57_0 * (
-                -0.408248290463863 * g57_0 * sb3_1_0 + 0.408248290463863 * g57_1 * sb3_0_0
-                - 0.408248290463863 * g57_3 * sb3_4_0 + 0.408248290463863 * g57_4 * sb3_3_0
-                + 0.408248290463863 * g57_5 * sb3_6_0 - 0.408248290463863 * g57_6 * sb3_5_0
-            )
-            acc6_3 = acc6_3 + wt57_0 * (
-                -0.408248290463863 * g57_0 * sb3_6_0 + 0.408248290463863 * g57_1 * sb3_5_0
-                + 0.408248290463863 * g57_2 * sb3_4_0 - 0.408248290463863 * g57_4 * sb3_2_0
-                - 0.408248290463863 * g57_5 * sb3_1_0 + 0.408248290463863 * g57_6 * sb3_0_0
-            )
-            acc6_4 = acc6_4 + wt57_0 * (
-                0.408248290463863 * g57_0 * sb3_5_0 + 0.408248290463863 * g57_1 * sb3_6_0
-                - 0.408248290463863 * g57_2 * sb3_3_0 + 0.408248290463863 * g57_3 * sb3_2_0
-                - 0.408248290463863 * g57_5 * sb3_0_0 - 0.408248290463863 * g57_6 * sb3_1_0
-            )
-            acc6_5 = acc6_5 + wt57_0 * (
-                -0.408248290463863 * g57_0 * sb3_4_0 - 0.408248290463863 * g57_1 * sb3_3_0
-                - 0.408248290463863 * g57_2 * sb3_6_0 + 0.408248290463863 * g57_3 * sb3_1_0
-                + 0.408248290463863 * g57_4 * sb3_0_0 + 0.408248290463863 * g57_6 * sb3_2_0
-            )
-            acc6_6 = acc6_6 + wt57_0 * (
-                0.408248290463863 * g57_0 * sb3_3_0 - 0.408248290463863 * g57_1 * sb3_4_0
-                + 0.408248290463863 * g57_2 * sb3_5_0 - 0.408248290463863 * g57_3 * sb3_0_0
-                + 0.408248290463863 * g57_4 * sb3_1_0 - 0.408248290463863 * g57_5 * sb3_2_0
-            )
-            hl.store(gx1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_6)), hl.join(hl.join(acc6_1, acc6_5), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
-            # x1 block 7: 64x3e (10 paths)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            wt58_0 = weights[tile_b, 3712 + tile_c.index]
-            g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
-            g58te, g58to = hl.split(g58t)
-            g58tee, g58teo = hl.split(g58te)
-            g58_0, g58_4 = hl.split(g58tee)
-            g58_2, g58_6 = hl.split(g58teo)
-            g58toe, g58too = hl.split(g58to)
-            g58_1, g58_5 = hl.split(g58toe)
-            g58_3, g58_7 = hl.split(g58too)
-            acc7_0 = acc7_0 + wt58_0 * (1.0000000000000002 * g58_0 * sb0_0_0)
-            acc7_1 = acc7_1 + wt58_0 * (1.0000000000000002 * g58_1 * sb0_0_0)
-            acc7_2 = acc7_2 + wt58_0 * (1.0000000000000002 * g58_2 * sb0_0_0)
-            acc7_3 = acc7_3 + wt58_0 * (1.0000000000000002 * g58_3 * sb0_0_0)
-            acc7_4 = acc7_4 + wt58_0 * (1.0000000000000002 * g58_4 * sb0_0_0)
-            acc7_5 = acc7_5 + wt58_0 * (1.0000000000000002 * g58_5 * sb0_0_0)
-            acc7_6 = acc7_6 + wt58_0 * (1.0000000000000002 * g58_6 * sb0_0_0)
-            # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            wt59_0 = weights[tile_b, 3776 + tile_c.index]
-            g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
-            g59te, g59to = hl.split(g59t)
-            g59tee, g59teo = hl.split(g59te)
-            g59_0, g59_4 = hl.split(g59tee)
-            g59_2, g59_6 = hl.split(g59teo)
-            g59toe, g59too = hl.split(g59to)
-            g59_1, g59_5 = hl.split(g59toe)
-            g59_3, g59_7 = hl.split(g59too)
-            acc7_0 = acc7_0 + wt59_0 * (0.5976143046671969 * g59_0 * sb1_2_0 + 0.5976143046671969 * g59_4 * sb1_0_0)
-            acc7_1 = acc7_1 + wt59_0 * (
-                0.48795003647426666 * g59_0 * sb1_1_0 + 0.48795003647426666 * g59_1 * sb1_2_0
-                + 0.48795003647426666 * g59_3 * sb1_0_0
-            )
-            acc7_2 = acc7_2 + wt59_0 * (
-                -0.1543033499620919 * g59_0 * sb1_2_0 + 0.6172133998483676 * g59_1 * sb1_1_0
-                + 0.5345224838248488 * g59_2 * sb1_0_0 + 0.1543033499620919 * g59_4 * sb1_0_0
-            )
-            acc7_3 = acc7_3 + wt59_0 * (
-                -0.3779644730092272 * g59_1 * sb1_0_0 + 0.6546536707079772 * g59_2 * sb1_1_0
-                - 0.3779644730092272 * g59_3 * sb1_2_0
-            )
-            acc7_4 = acc7_4 + wt59_0 * (
-                -0.1543033499620919 * g59_0 * sb1_0_0 + 0.5345224838248488 * g59_2 * sb1_2_0
-                + 0.6172133998483676 * g59_3 * sb1_1_0 - 0.1543033499620919 * g59_4 * sb1_2_0
-            )
-            acc7_5 = acc7_5 + wt59_0 * (
-                -0.48795003647426666 * g59_1 * sb1_0_0 + 0.48795003647426666 * g59_3 * sb1_2_0
-                + 0.48795003647426666 * g59_4 * sb1_1_0
-            )
-            acc7_6 = acc7_6 + wt59_0 * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
-            # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            wt60_0 = weights[tile_b, 3840 + tile_c.index]
-            g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
-            g60te, g60to = hl.split(g60t)
-            g60tee, g60teo = hl.split(g60te)
-            g60_0, g60_4 = hl.split(g60tee)
-            g60_2, g60_6 = hl.split(g60teo)
-            g60toe, g60too = hl.split(g60to)
-            g60_1, g60_5 = hl.split(g60toe)
-            g60_3, g60_7 = hl.split(g60too)
-            acc7_0 = acc7_0 + wt60_0 * (
-                0.3535533905932738 * g60_1 * sb1_0_0 - 0.3535533905932738 * g60_5 * sb1_2_0
-                + 0.8660254037844387 * g60_6 * sb1_1_0
-            )
-            acc7_1 = acc7_1 + wt60_0 * (
-                -0.3535533905932738 * g60_0 * sb1_0_0 + 0.45643546458763845 * g60_2 * sb1_0_0
-                - 0.45643546458763845 * g60_4 * sb1_2_0 + 0.5773502691896258 * g60_5 * sb1_1_0
-                - 0.3535533905932738 * g60_6 * sb1_2_0
-            )
-            acc7_2 = acc7_2 + wt60_0 * (
-                -0.45643546458763845 * g60_1 * sb1_0_0 - 0.7071067811865476 * g60_3 * sb1_2_0
-                + 0.2886751345948129 * g60_4 * sb1_1_0 - 0.45643546458763845 * g60_5 * sb1_2_0
-            )
-            acc7_3 = acc7_3 + wt60_0 * (0.7071067811865476 * g60_2 * sb1_2_0 - 0.7071067811865476 * g60_4 * sb1_0_0)
-            acc7_4 = acc7_4 + wt60_0 * (
-                0.45643546458763845 * g60_1 * sb1_2_0 - 0.2886751345948129 * g60_2 * sb1_1_0
-                + 0.7071067811865476 * g60_3 * sb1_0_0 - 0.45643546458763845 * g60_5 * sb1_0_0
-            )
-            acc7_5 = acc7_5 + wt60_0 * (
-                0.3535533905932738 * g60_0 * sb1_2_0 - 0.5773502691896258 * g60_1 * sb1_1_0
-                + 0.45643546458763845 * g60_2 * sb1_2_0 + 0.45643546458763845 * g60_4 * sb1_0_0
-                - 0.3535533905932738 * g60_6 * sb1_0_0
-            )
-            acc7_6 = acc7_6 + wt60_0 * (
-                -0.8660254037844387 * g60_0 * sb1_1_0 + 0.3535533905932738 * g60_1 * sb1_2_0
-                + 0.3535533905932738 * g60_5 * sb1_0_0
-            )
-            # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            wt61_0 = weights[tile_b, 3904 + tile_c.index]
-            g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g61t = g61.reshape([tile_b, tile_c, 2, 2])
-            g61te, g61to = hl.split(g61t)
-            g61_0, g61_2 = hl.split(g61te)
-            g61_1, g61_3 = hl.split(g61to)
-            acc7_0 = acc7_0 + wt61_0 * (0.4629100498862757 * g61_0 * sb2_4_0 + 0.4629100498862757 * g61_2 * sb2_0_0)
-            acc7_1 = acc7_1 + wt61_0 * (
-                0.3779644730092272 * g61_0 * sb2_3_0 + 0.3779644730092272 * g61_1 * sb2_0_0
-                + 0.3779644730092272 * g61_2 * sb2_1_0
-            )
-            acc7_2 = acc7_2 + wt61_0 * (
-                0.4140393356054125 * g61_0 * sb2_2_0 + 0.11952286093343936 * g61_0 * sb2_4_0
-                + 0.47809144373375745 * g61_1 * sb2_1_0 - 0.11952286093343936 * g61_2 * sb2_0_0
-            )
-            acc7_3 = acc7_3 + wt61_0 * (
-                -0.2927700218845599 * g61_0 * sb2_1_0 + 0.50709255283711 * g61_1 * sb2_2_0
-                - 0.2927700218845599 * g61_2 * sb2_3_0
-            )
-            acc7_4 = acc7_4 + wt61_0 * (
-                -0.11952286093343936 * g61_0 * sb2_0_0 + 0.47809144373375745 * g61_1 * sb2_3_0
-                + 0.4140393356054125 * g61_2 * sb2_2_0 - 0.11952286093343936 * g61_2 * sb2_4_0
-            )
-            acc7_5 = acc7_5 + wt61_0 * (
-                -0.3779644730092272 * g61_0 * sb2_1_0 + 0.3779644730092272 * g61_1 * sb2_4_0
-                + 0.3779644730092272 * g61_2 * sb2_3_0
-            )
-            acc7_6 = acc7_6 + wt61_0 * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
-            # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            wt62_0 = weights[tile_b, 3968 + tile_c.index]
-            g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
-            g62te, g62to = hl.split(g62t)
-            g62tee, g62teo = hl.split(g62te)
-            g62_0, g62_4 = hl.split(g62tee)
-            g62_2, g62_6 = hl.split(g62teo)
-            g62toe, g62too = hl.split(g62to)
-            g62_1, g62_5 = hl.split(g62toe)
-            g62_3, g62_7 = hl.split(g62too)
-            acc7_0 = acc7_0 + wt62_0 * (
-                -0.42257712736425834 * g62_0 * sb2_1_0 + 0.42257712736425834 * g62_1 * sb2_0_0
-                - 0.42257712736425834 * g62_3 * sb2_4_0 + 0.42257712736425834 * g62_4 * sb2_3_0
-            )
-            acc7_1 = acc7_1 + wt62_0 * (-0.5976143046671969 * g62_2 * sb2_4_0 + 0.5976143046671969 * g62_4 * sb2_2_0)
-            acc7_2 = acc7_2 + wt62_0 * (
-                -0.3273268353539886 * g62_0 * sb2_1_0 + 0.3273268353539886 * g62_1 * sb2_0_0
-                - 0.3779644730092272 * g62_2 * sb2_3_0 + 0.3779644730092272 * g62_3 * sb2_2_0
-                + 0.3273268353539886 * g62_3 * sb2_4_0 - 0.3273268353539886 * g62_4 * sb2_3_0
-            )
-            acc7_3 = acc7_3 + wt62_0 * (
-                -0.2672612419124244 * g62_0 * sb2_4_0 + 0.5345224838248488 * g62_1 * sb2_3_0
-                - 0.5345224838248488 * g62_3 * sb2_1_0 + 0.2672612419124244 * g62_4 * sb2_0_0
-            )
-            acc7_4 = acc7_4 + wt62_0 * (
-                0.3273268353539886 * g62_0 * sb2_3_0 - 0.3779644730092272 * g62_1 * sb2_2_0
-                + 0.3273268353539886 * g62_1 * sb2_4_0 + 0.3779644730092272 * g62_2 * sb2_1_0
-                - 0.3273268353539886 * g62_3 * sb2_0_0 - 0.3273268353539886 * g62_4 * sb2_1_0
-            )
-            acc7_5 = acc7_5 + wt62_0 * (-0.5976143046671969 * g62_0 * sb2_2_0 + 0.5976143046671969 * g62_2 * sb2_0_0)
-            acc7_6 = acc7_6 + wt62_0 * (
-                -0.42257712736425834 * g62_0 * sb2_3_0 + 0.42257712736425834 * g62_1 * sb2_4_0
-                + 0.42257712736425834 * g62_3 * sb2_0_0 - 0.42257712736425834 * g62_4 * sb2_1_0
-            )
-            # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            wt63_0 = weights[tile_b, 4032 + tile_c.index]
-            g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
-            g63te, g63to = hl.split(g63t)
-            g63tee, g63teo = hl.split(g63te)
-            g63_0, g63_4 = hl.split(g63tee)
-            g63_2, g63_6 = hl.split(g63teo)
-            g63toe, g63too = hl.split(g63to)
-            g63_1, g63_5 = hl.split(g63toe)
-            g63_3, g63_7 = hl.split(g63too)
-            acc7_0 = acc7_0 + wt63_0 * (
-                -0.6454972243679029 * g63_0 * sb2_2_0 + 0.45643546458763845 * g63_1 * sb2_3_0
-                - 0.2886751345948129 * g63_2 * sb2_4_0 - 0.2886751345948129 * g63_4 * sb2_0_0
-                + 0.45643546458763845 * g63_5 * sb2_1_0
-            )
-            acc7_1 = acc7_1 + wt63_0 * (
-                0.45643546458763845 * g63_0 * sb2_3_0 + 0.3535533905932738 * g63_2 * sb2_3_0
-                - 0.5773502691896258 * g63_3 * sb2_0_0 + 0.3535533905932738 * g63_4 * sb2_1_0
-                - 0.45643546458763845 * g63_6 * sb2_1_0
-            )
-            acc7_2 = acc7_2 + wt63_0 * (
-                -0.2886751345948129 * g63_0 * sb2_4_0 + 0.3535533905932738 * g63_1 * sb2_3_0
-                + 0.38729833462074176 * g63_2 * sb2_2_0 - 0.4472135954999579 * g63_2 * sb2_4_0
-                + 0.18257418583505539 * g63_3 * sb2_1_0 + 0.4472135954999579 * g63_4 * sb2_0_0
-                - 0.3535533905932738 * g63_5 * sb2_1_0 + 0.2886751345948129 * g63_6 * sb2_0_0
-            )
-            acc7_3 = acc7_3 + wt63_0 * (
-                -0.5773502691896258 * g63_1 * sb2_0_0 + 0.18257418583505539 * g63_2 * sb2_1_0
-                + 0.5163977794943223 * g63_3 * sb2_2_0 + 0.18257418583505539 * g63_4 * sb2_3_0
-                - 0.5773502691896258 * g63_5 * sb2_4_0
-            )
-            acc7_4 = acc7_4 + wt63_0 * (
-                -0.2886751345948129 * g63_0 * sb2_0_0 + 0.3535533905932738 * g63_1 * sb2_1_0
-                + 0.4472135954999579 * g63_2 * sb2_0_0 + 0.18257418583505539 * g63_3 * sb2_3_0
-                + 0.38729833462074176 * g63_4 * sb2_2_0 + 0.4472135954999579 * g63_4 * sb2_4_0
-                + 0.3535533905932738 * g63_5 * sb2_3_0 - 0.2886751345948129 * g63_6 * sb2_4_0
-            )
-            acc7_5 = acc7_5 + wt63_0 * (
-                0.45643546458763845 * g63_0 * sb2_1_0 - 0.3535533905932738 * g63_2 * sb2_1_0
-                - 0.5773502691896258 * g63_3 * sb2_4_0 + 0.3535533905932738 * g63_4 * sb2_3_0
-                + 0.45643546458763845 * g63_6 * sb2_3_0
-            )
-            acc7_6 = acc7_6 + wt63_0 * (
-                -0.45643546458763845 * g63_1 * sb2_1_0 + 0.2886751345948129 * g63_2 * sb2_0_0
-                - 0.2886751345948129 * g63_4 * sb2_4_0 + 0.45643546458763845 * g63_5 * sb2_3_0
-                - 0.6454972243679029 * g63_6 * sb2_2_0
-            )
-            # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            wt64_0 = weights[tile_b, 4096 + tile_c.index]
-            g64_0 = g[tile_b, 18944 + tile_c.index]
-            acc7_0 = acc7_0 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_0_0)
-            acc7_1 = acc7_1 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_1_0)
-            acc7_2 = acc7_2 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_2_0)
-            acc7_3 = acc7_3 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_3_0)
-            acc7_4 = acc7_4 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_4_0)
-            acc7_5 = acc7_5 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_5_0)
-            acc7_6 = acc7_6 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_6_0)
-            # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            wt65_0 = weights[tile_b, 4160 + tile_c.index]
-            g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g65t = g65.reshape([tile_b, tile_c, 2, 2])
-            g65te, g65to = hl.split(g65t)
-            g65_0, g65_2 = hl.split(g65te)
-            g65_1, g65_3 = hl.split(g65to)
-            acc7_0 = acc7_0 + wt65_0 * (
-                -0.23145502494313785 * g65_0 * sb3_1_0 - 0.5669467095138409 * g65_1 * sb3_6_0
-                + 0.23145502494313785 * g65_2 * sb3_5_0
-            )
-            acc7_1 = acc7_1 + wt65_0 * (
-                0.23145502494313785 * g65_0 * sb3_0_0 - 0.2988071523335984 * g65_0 * sb3_2_0
-                - 0.3779644730092272 * g65_1 * sb3_5_0 + 0.2988071523335984 * g65_2 * sb3_4_0
-                + 0.23145502494313785 * g65_2 * sb3_6_0
-            )
-            acc7_2 = acc7_2 + wt65_0 * (
-                0.2988071523335984 * g65_0 * sb3_1_0 - 0.1889822365046136 * g65_1 * sb3_4_0
-                + 0.4629100498862757 * g65_2 * sb3_3_0 + 0.2988071523335984 * g65_2 * sb3_5_0
-            )
-            acc7_3 = acc7_3 + wt65_0 * (0.4629100498862757 * g65_0 * sb3_4_0 - 0.4629100498862757 * g65_2 * sb3_2_0)
-            acc7_4 = acc7_4 + wt65_0 * (
-                -0.4629100498862757 * g65_0 * sb3_3_0 + 0.2988071523335984 * g65_0 * sb3_5_0
-                + 0.1889822365046136 * g65_1 * sb3_2_0 - 0.2988071523335984 * g65_2 * sb3_1_0
-            )
-            acc7_5 = acc7_5 + wt65_0 * (
-                -0.2988071523335984 * g65_0 * sb3_4_0 + 0.23145502494313785 * g65_0 * sb3_6_0
-                + 0.3779644730092272 * g65_1 * sb3_1_0 - 0.23145502494313785 * g65_2 * sb3_0_0
-                - 0.2988071523335984 * g65_2 * sb3_2_0
-            )
-            acc7_6 = acc7_6 + wt65_0 * (
-                -0.23145502494313785 * g65_0 * sb3_5_0 + 0.5669467095138409 * g65_1 * sb3_0_0
-                - 0.23145502494313785 * g65_2 * sb3_1_0
-            )
-            # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            wt66_0 = weights[tile_b, 4224 + tile_c.index]
-            g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
-            g66te, g66to = hl.split(g66t)
-            g66tee, g66teo = hl.split(g66te)
-            g66_0, g66_4 = hl.split(g66tee)
-            g66_2, g66_6 = hl.split(g66teo)
-            g66toe, g66too = hl.split(g66to)
-            g66_1, g66_5 = hl.split(g66toe)
-            g66_3, g66_7 = hl.split(g66too)
-            acc7_0 = acc7_0 + wt66_0 * (
-                -0.24397501823713333 * g66_0 * sb3_4_0 + 0.3857583749052298 * g66_1 * sb3_5_0
-                - 0.545544725589981 * g66_2 * sb3_0_0 + 0.3857583749052298 * g66_3 * sb3_1_0
-                - 0.24397501823713333 * g66_4 * sb3_2_0
-            )
-            acc7_1 = acc7_1 + wt66_0 * (
-                -0.48795003647426666 * g66_0 * sb3_3_0 + 0.29880715233359845 * g66_1 * sb3_4_0
-                - 0.3857583749052298 * g66_1 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_0_0
-                + 0.29880715233359845 * g66_3 * sb3_2_0
-            )
-            acc7_2 = acc7_2 + wt66_0 * (
-                0.3779644730092272 * g66_0 * sb3_4_0 + 0.24397501823713333 * g66_0 * sb3_6_0
-                + 0.1543033499620919 * g66_1 * sb3_3_0 - 0.29880715233359845 * g66_1 * sb3_5_0
-                + 0.3273268353539886 * g66_2 * sb3_2_0 + 0.29880715233359845 * g66_3 * sb3_1_0
-                - 0.24397501823713333 * g66_4 * sb3_0_0 - 0.3779644730092272 * g66_4 * sb3_2_0
-            )
-            acc7_3 = acc7_3 + wt66_0 * (
-                -0.48795003647426666 * g66_0 * sb3_1_0 + 0.1543033499620919 * g66_1 * sb3_2_0
-                + 0.4364357804719848 * g66_2 * sb3_3_0 + 0.1543033499620919 * g66_3 * sb3_4_0
-                - 0.48795003647426666 * g66_4 * sb3_5_0
-            )
-            acc7_4 = acc7_4 + wt66_0 * (
-                -0.24397501823713333 * g66_0 * sb3_0_0 + 0.3779644730092272 * g66_0 * sb3_2_0
-                + 0.29880715233359845 * g66_1 * sb3_1_0 + 0.3273268353539886 * g66_2 * sb3_4_0
-                + 0.1543033499620919 * g66_3 * sb3_3_0 + 0.29880715233359845 * g66_3 * sb3_5_0
-                + 0.3779644730092272 * g66_4 * sb3_4_0 - 0.24397501823713333 * g66_4 * sb3_6_0
-            )
-            acc7_5 = acc7_5 + wt66_0 * (
-                0.3857583749052298 * g66_1 * sb3_0_0 - 0.29880715233359845 * g66_1 * sb3_2_0
-                + 0.29880715233359845 * g66_3 * sb3_4_0 + 0.3857583749052298 * g66_3 * sb3_6_0
-                - 0.48795003647426666 * g66_4 * sb3_3_0
-            )
-            acc7_6 = acc7_6 + wt66_0 * (
-                0.24397501823713333 * g66_0 * sb3_2_0 - 0.3857583749052298 * g66_1 * sb3_1_0
-                - 0.545544725589981 * g66_2 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_5_0
-                - 0.24397501823713333 * g66_4 * sb3_4_0
-            )
-            # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            wt67_0 = weights[tile_b, 4288 + tile_c.index]
-            g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
-            g67te, g67to = hl.split(g67t)
-            g67tee, g67teo = hl.split(g67te)
-            g67_0, g67_4 = hl.split(g67tee)
-            g67_2, g67_6 = hl.split(g67teo)
-            g67toe, g67too = hl.split(g67to)
-            g67_1, g67_5 = hl.split(g67toe)
-            g67_3, g67_7 = hl.split(g67too)
-            acc7_0 = acc7_0 + wt67_0 * (
-                -0.408248290463863 * g67_1 * sb3_2_0 + 0.408248290463863 * g67_2 * sb3_1_0
-                + 0.408248290463863 * g67_3 * sb3_6_0 - 0.408248290463863 * g67_4 * sb3_5_0
-                + 0.408248290463863 * g67_5 * sb3_4_0 - 0.408248290463863 * g67_6 * sb3_3_0
-            )
-            acc7_1 = acc7_1 + wt67_0 * (
-                0.408248290463863 * g67_0 * sb3_2_0 - 0.408248290463863 * g67_2 * sb3_0_0
-                - 0.408248290463863 * g67_3 * sb3_5_0 - 0.408248290463863 * g67_4 * sb3_6_0
-                + 0.408248290463863 * g67_5 * sb3_3_0 + 0.408248290463863 * g67_6 * sb3_4_0
-            )
-            acc7_2 = acc7_2 + wt67_0 * (
-                -0.408248290463863 * g67_0 * sb3_1_0 + 0.408248290463863 * g67_1 * sb3_0_0
-                - 0.408248290463863 * g67_3 * sb3_4_0 + 0.408248290463863 * g67_4 * sb3_3_0
-                + 0.408248290463863 * g67_5 * sb3_6_0 - 0.408248290463863 * g67_6 * sb3_5_0
-            )
-            acc7_3 = acc7_3 + wt67_0 * (
-                -0.408248290463863 * g67_0 * sb3_6_0 + 0.408248290463863 * g67_1 * sb3_5_0
-                + 0.408248290463863 * g67_2 * sb3_4_0 - 0.408248290463863 * g67_4 * sb3_2_0
-                - 0.408248290463863 * g67_5 * sb3_1_0 + 0.408248290463863 * g67_6 * sb3_0_0
-            )
-            acc7_4 = acc7_4 + wt67_0 * (
-                0.408248290463863 * g67_0 * sb3_5_0 + 0.408248290463863 * g67_1 * sb3_6_0
-                - 0.408248290463863 * g67_2 * sb3_3_0 + 0.408248290463863 * g67_3 * sb3_2_0
-                - 0.408248290463863 * g67_5 * sb3_0_0 - 0.408248290463863 * g67_6 * sb3_1_0
-            )
-            acc7_5 = acc7_5 + wt67_0 * (
-                -0.408248290463863 * g67_0 * sb3_4_0 - 0.408248290463863 * g67_1 * sb3_3_0
-                - 0.408248290463863 * g67_2 * sb3_6_0 + 0.408248290463863 * g67_3 * sb3_1_0
-                + 0.408248290463863 * g67_4 * sb3_0_0 + 0.408248290463863 * g67_6 * sb3_2_0
-            )
-            acc7_6 = acc7_6 + wt67_0 * (
-                0.408248290463863 * g67_0 * sb3_3_0 - 0.408248290463863 * g67_1 * sb3_4_0
-                + 0.408248290463863 * g67_2 * sb3_5_0 - 0.408248290463863 * g67_3 * sb3_0_0
-                + 0.408248290463863 * g67_4 * sb3_1_0 - 0.408248290463863 * g67_5 * sb3_2_0
-            )
-            hl.store(gx1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # x1 block 6: 64x3o (10 paths)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc6_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+        wt48_0 = weights[tile_b, 3072 + tile_c.index]
+        g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+        g48te, g48to = hl.split(g48t)
+        g48tee, g48teo = hl.split(g48te)
+        g48_0, g48_4 = hl.split(g48tee)
+        g48_2, g48_6 = hl.split(g48teo)
+        g48toe, g48too = hl.split(g48to)
+        g48_1, g48_5 = hl.split(g48toe)
+        g48_3, g48_7 = hl.split(g48too)
+        acc6_0 = acc6_0 + wt48_0 * (1.0000000000000002 * g48_0 * sb0_0_0)
+        acc6_1 = acc6_1 + wt48_0 * (1.0000000000000002 * g48_1 * sb0_0_0)
+        acc6_2 = acc6_2 + wt48_0 * (1.0000000000000002 * g48_2 * sb0_0_0)
+        acc6_3 = acc6_3 + wt48_0 * (1.0000000000000002 * g48_3 * sb0_0_0)
+        acc6_4 = acc6_4 + wt48_0 * (1.0000000000000002 * g48_4 * sb0_0_0)
+        acc6_5 = acc6_5 + wt48_0 * (1.0000000000000002 * g48_5 * sb0_0_0)
+        acc6_6 = acc6_6 + wt48_0 * (1.0000000000000002 * g48_6 * sb0_0_0)
+        # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
+        wt49_0 = weights[tile_b, 3136 + tile_c.index]
+        g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+        g49te, g49to = hl.split(g49t)
+        g49tee, g49teo = hl.split(g49te)
+        g49_0, g49_4 = hl.split(g49tee)
+        g49_2, g49_6 = hl.split(g49teo)
+        g49toe, g49too = hl.split(g49to)
+        g49_1, g49_5 = hl.split(g49toe)
+        g49_3, g49_7 = hl.split(g49too)
+        acc6_0 = acc6_0 + wt49_0 * (0.5976143046671969 * g49_0 * sb1_2_0 + 0.5976143046671969 * g49_4 * sb1_0_0)
+        acc6_1 = acc6_1 + wt49_0 * (
+            0.48795003647426666 * g49_0 * sb1_1_0 + 0.48795003647426666 * g49_1 * sb1_2_0
+            + 0.48795003647426666 * g49_3 * sb1_0_0
+        )
+        acc6_2 = acc6_2 + wt49_0 * (
+            -0.1543033499620919 * g49_0 * sb1_2_0 + 0.6172133998483676 * g49_1 * sb1_1_0
+            + 0.5345224838248488 * g49_2 * sb1_0_0 + 0.1543033499620919 * g49_4 * sb1_0_0
+        )
+        acc6_3 = acc6_3 + wt49_0 * (
+            -0.3779644730092272 * g49_1 * sb1_0_0 + 0.6546536707079772 * g49_2 * sb1_1_0
+            - 0.3779644730092272 * g49_3 * sb1_2_0
+        )
+        acc6_4 = acc6_4 + wt49_0 * (
+            -0.1543033499620919 * g49_0 * sb1_0_0 + 0.5345224838248488 * g49_2 * sb1_2_0
+            + 0.6172133998483676 * g49_3 * sb1_1_0 - 0.1543033499620919 * g49_4 * sb1_2_0
+        )
+        acc6_5 = acc6_5 + wt49_0 * (
+            -0.48795003647426666 * g49_1 * sb1_0_0 + 0.48795003647426666 * g49_3 * sb1_2_0
+            + 0.48795003647426666 * g49_4 * sb1_1_0
+        )
+        acc6_6 = acc6_6 + wt49_0 * (-0.5976143046671969 * g49_0 * sb1_0_0 + 0.5976143046671969 * g49_4 * sb1_2_0)
+        # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
+        wt50_0 = weights[tile_b, 3200 + tile_c.index]
+        g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+        g50te, g50to = hl.split(g50t)
+        g50tee, g50teo = hl.split(g50te)
+        g50_0, g50_4 = hl.split(g50tee)
+        g50_2, g50_6 = hl.split(g50teo)
+        g50toe, g50too = hl.split(g50to)
+        g50_1, g50_5 = hl.split(g50toe)
+        g50_3, g50_7 = hl.split(g50too)
+        acc6_0 = acc6_0 + wt50_0 * (
+            0.3535533905932738 * g50_1 * sb1_0_0 - 0.3535533905932738 * g50_5 * sb1_2_0
+            + 0.8660254037844387 * g50_6 * sb1_1_0
+        )
+        acc6_1 = acc6_1 + wt50_0 * (
+            -0.3535533905932738 * g50_0 * sb1_0_0 + 0.45643546458763845 * g50_2 * sb1_0_0
+            - 0.45643546458763845 * g50_4 * sb1_2_0 + 0.5773502691896258 * g50_5 * sb1_1_0
+            - 0.3535533905932738 * g50_6 * sb1_2_0
+        )
+        acc6_2 = acc6_2 + wt50_0 * (
+            -0.45643546458763845 * g50_1 * sb1_0_0 - 0.7071067811865476 * g50_3 * sb1_2_0
+            + 0.2886751345948129 * g50_4 * sb1_1_0 - 0.45643546458763845 * g50_5 * sb1_2_0
+        )
+        acc6_3 = acc6_3 + wt50_0 * (0.7071067811865476 * g50_2 * sb1_2_0 - 0.7071067811865476 * g50_4 * sb1_0_0)
+        acc6_4 = acc6_4 + wt50_0 * (
+            0.45643546458763845 * g50_1 * sb1_2_0 - 0.2886751345948129 * g50_2 * sb1_1_0
+            + 0.7071067811865476 * g50_3 * sb1_0_0 - 0.45643546458763845 * g50_5 * sb1_0_0
+        )
+        acc6_5 = acc6_5 + wt50_0 * (
+            0.3535533905932738 * g50_0 * sb1_2_0 - 0.5773502691896258 * g50_1 * sb1_1_0
+            + 0.45643546458763845 * g50_2 * sb1_2_0 + 0.45643546458763845 * g50_4 * sb1_0_0
+            - 0.3535533905932738 * g50_6 * sb1_0_0
+        )
+        acc6_6 = acc6_6 + wt50_0 * (
+            -0.8660254037844387 * g50_0 * sb1_1_0 + 0.3535533905932738 * g50_1 * sb1_2_0
+            + 0.3535533905932738 * g50_5 * sb1_0_0
+        )
+        # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
+        wt51_0 = weights[tile_b, 3264 + tile_c.index]
+        g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g51t = g51.reshape([tile_b, tile_c, 2, 2])
+        g51te, g51to = hl.split(g51t)
+        g51_0, g51_2 = hl.split(g51te)
+        g51_1, g51_3 = hl.split(g51to)
+        acc6_0 = acc6_0 + wt51_0 * (0.4629100498862757 * g51_0 * sb2_4_0 + 0.4629100498862757 * g51_2 * sb2_0_0)
+        acc6_1 = acc6_1 + wt51_0 * (
+            0.3779644730092272 * g51_0 * sb2_3_0 + 0.3779644730092272 * g51_1 * sb2_0_0
+            + 0.3779644730092272 * g51_2 * sb2_1_0
+        )
+        acc6_2 = acc6_2 + wt51_0 * (
+            0.4140393356054125 * g51_0 * sb2_2_0 + 0.11952286093343936 * g51_0 * sb2_4_0
+            + 0.47809144373375745 * g51_1 * sb2_1_0 - 0.11952286093343936 * g51_2 * sb2_0_0
+        )
+        acc6_3 = acc6_3 + wt51_0 * (
+            -0.2927700218845599 * g51_0 * sb2_1_0 + 0.50709255283711 * g51_1 * sb2_2_0
+            - 0.2927700218845599 * g51_2 * sb2_3_0
+        )
+        acc6_4 = acc6_4 + wt51_0 * (
+            -0.11952286093343936 * g51_0 * sb2_0_0 + 0.47809144373375745 * g51_1 * sb2_3_0
+            + 0.4140393356054125 * g51_2 * sb2_2_0 - 0.11952286093343936 * g51_2 * sb2_4_0
+        )
+        acc6_5 = acc6_5 + wt51_0 * (
+            -0.3779644730092272 * g51_0 * sb2_1_0 + 0.3779644730092272 * g51_1 * sb2_4_0
+            + 0.3779644730092272 * g51_2 * sb2_3_0
+        )
+        acc6_6 = acc6_6 + wt51_0 * (-0.4629100498862757 * g51_0 * sb2_0_0 + 0.4629100498862757 * g51_2 * sb2_4_0)
+        # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
+        wt52_0 = weights[tile_b, 3328 + tile_c.index]
+        g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+        g52te, g52to = hl.split(g52t)
+        g52tee, g52teo = hl.split(g52te)
+        g52_0, g52_4 = hl.split(g52tee)
+        g52_2, g52_6 = hl.split(g52teo)
+        g52toe, g52too = hl.split(g52to)
+        g52_1, g52_5 = hl.split(g52toe)
+        g52_3, g52_7 = hl.split(g52too)
+        acc6_0 = acc6_0 + wt52_0 * (
+            -0.42257712736425834 * g52_0 * sb2_1_0 + 0.42257712736425834 * g52_1 * sb2_0_0
+            - 0.42257712736425834 * g52_3 * sb2_4_0 + 0.42257712736425834 * g52_4 * sb2_3_0
+        )
+        acc6_1 = acc6_1 + wt52_0 * (-0.5976143046671969 * g52_2 * sb2_4_0 + 0.5976143046671969 * g52_4 * sb2_2_0)
+        acc6_2 = acc6_2 + wt52_0 * (
+            -0.3273268353539886 * g52_0 * sb2_1_0 + 0.3273268353539886 * g52_1 * sb2_0_0
+            - 0.3779644730092272 * g52_2 * sb2_3_0 + 0.3779644730092272 * g52_3 * sb2_2_0
+            + 0.3273268353539886 * g52_3 * sb2_4_0 - 0.3273268353539886 * g52_4 * sb2_3_0
+        )
+        acc6_3 = acc6_3 + wt52_0 * (
+            -0.2672612419124244 * g52_0 * sb2_4_0 + 0.5345224838248488 * g52_1 * sb2_3_0
+            - 0.5345224838248488 * g52_3 * sb2_1_0 + 0.2672612419124244 * g52_4 * sb2_0_0
+        )
+        acc6_4 = acc6_4 + wt52_0 * (
+            0.3273268353539886 * g52_0 * sb2_3_0 - 0.3779644730092272 * g52_1 * sb2_2_0
+            + 0.3273268353539886 * g52_1 * sb2_4_0 + 0.3779644730092272 * g52_2 * sb2_1_0
+            - 0.3273268353539886 * g52_3 * sb2_0_0 - 0.3273268353539886 * g52_4 * sb2_1_0
+        )
+        acc6_5 = acc6_5 + wt52_0 * (-0.5976143046671969 * g52_0 * sb2_2_0 + 0.5976143046671969 * g52_2 * sb2_0_0)
+        acc6_6 = acc6_6 + wt52_0 * (
+            -0.42257712736425834 * g52_0 * sb2_3_0 + 0.42257712736425834 * g52_1 * sb2_4_0
+            + 0.42257712736425834 * g52_3 * sb2_0_0 - 0.42257712736425834 * g52_4 * sb2_1_0
+        )
+        # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
+        wt53_0 = weights[tile_b, 3392 + tile_c.index]
+        g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+        g53te, g53to = hl.split(g53t)
+        g53tee, g53teo = hl.split(g53te)
+        g53_0, g53_4 = hl.split(g53tee)
+        g53_2, g53_6 = hl.split(g53teo)
+        g53toe, g53too = hl.split(g53to)
+        g53_1, g53_5 = hl.split(g53toe)
+        g53_3, g53_7 = hl.split(g53too)
+        acc6_0 = acc6_0 + wt53_0 * (
+            -0.6454972243679029 * g53_0 * sb2_2_0 + 0.45643546458763845 * g53_1 * sb2_3_0
+            - 0.2886751345948129 * g53_2 * sb2_4_0 - 0.2886751345948129 * g53_4 * sb2_0_0
+            + 0.45643546458763845 * g53_5 * sb2_1_0
+        )
+        acc6_1 = acc6_1 + wt53_0 * (
+            0.45643546458763845 * g53_0 * sb2_3_0 + 0.3535533905932738 * g53_2 * sb2_3_0
+            - 0.5773502691896258 * g53_3 * sb2_0_0 + 0.3535533905932738 * g53_4 * sb2_1_0
+            - 0.45643546458763845 * g53_6 * sb2_1_0
+        )
+        acc6_2 = acc6_2 + wt53_0 * (
+            -0.2886751345948129 * g53_0 * sb2_4_0 + 0.3535533905932738 * g53_1 * sb2_3_0
+            + 0.38729833462074176 * g53_2 * sb2_2_0 - 0.4472135954999579 * g53_2 * sb2_4_0
+            + 0.18257418583505539 * g53_3 * sb2_1_0 + 0.4472135954999579 * g53_4 * sb2_0_0
+            - 0.3535533905932738 * g53_5 * sb2_1_0 + 0.2886751345948129 * g53_6 * sb2_0_0
+        )
+        acc6_3 = acc6_3 + wt53_0 * (
+            -0.5773502691896258 * g53_1 * sb2_0_0 + 0.18257418583505539 * g53_2 * sb2_1_0
+            + 0.5163977794943223 * g53_3 * sb2_2_0 + 0.18257418583505539 * g53_4 * sb2_3_0
+            - 0.5773502691896258 * g53_5 * sb2_4_0
+        )
+        acc6_4 = acc6_4 + wt53_0 * (
+            -0.2886751345948129 * g53_0 * sb2_0_0 + 0.3535533905932738 * g53_1 * sb2_1_0
+            + 0.4472135954999579 * g53_2 * sb2_0_0 + 0.18257418583505539 * g53_3 * sb2_3_0
+            + 0.38729833462074176 * g53_4 * sb2_2_0 + 0.4472135954999579 * g53_4 * sb2_4_0
+            + 0.3535533905932738 * g53_5 * sb2_3_0 - 0.2886751345948129 * g53_6 * sb2_4_0
+        )
+        acc6_5 = acc6_5 + wt53_0 * (
+            0.45643546458763845 * g53_0 * sb2_1_0 - 0.3535533905932738 * g53_2 * sb2_1_0
+            - 0.5773502691896258 * g53_3 * sb2_4_0 + 0.3535533905932738 * g53_4 * sb2_3_0
+            + 0.45643546458763845 * g53_6 * sb2_3_0
+        )
+        acc6_6 = acc6_6 + wt53_0 * (
+            -0.45643546458763845 * g53_1 * sb2_1_0 + 0.2886751345948129 * g53_2 * sb2_0_0
+            - 0.2886751345948129 * g53_4 * sb2_4_0 + 0.45643546458763845 * g53_5 * sb2_3_0
+            - 0.6454972243679029 * g53_6 * sb2_2_0
+        )
+        # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+        wt54_0 = weights[tile_b, 3456 + tile_c.index]
+        g54_0 = g[tile_b, 15744 + tile_c.index]
+        acc6_0 = acc6_0 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_0_0)
+        acc6_1 = acc6_1 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_1_0)
+        acc6_2 = acc6_2 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_2_0)
+        acc6_3 = acc6_3 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_3_0)
+        acc6_4 = acc6_4 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_4_0)
+        acc6_5 = acc6_5 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_5_0)
+        acc6_6 = acc6_6 + wt54_0 * (0.37796447300922725 * g54_0 * sb3_6_0)
+        # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
+        wt55_0 = weights[tile_b, 3520 + tile_c.index]
+        g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g55t = g55.reshape([tile_b, tile_c, 2, 2])
+        g55te, g55to = hl.split(g55t)
+        g55_0, g55_2 = hl.split(g55te)
+        g55_1, g55_3 = hl.split(g55to)
+        acc6_0 = acc6_0 + wt55_0 * (
+            -0.23145502494313785 * g55_0 * sb3_1_0 - 0.5669467095138409 * g55_1 * sb3_6_0
+            + 0.23145502494313785 * g55_2 * sb3_5_0
+        )
+        acc6_1 = acc6_1 + wt55_0 * (
+            0.23145502494313785 * g55_0 * sb3_0_0 - 0.2988071523335984 * g55_0 * sb3_2_0
+            - 0.3779644730092272 * g55_1 * sb3_5_0 + 0.2988071523335984 * g55_2 * sb3_4_0
+            + 0.23145502494313785 * g55_2 * sb3_6_0
+        )
+        acc6_2 = acc6_2 + wt55_0 * (
+            0.2988071523335984 * g55_0 * sb3_1_0 - 0.1889822365046136 * g55_1 * sb3_4_0
+            + 0.4629100498862757 * g55_2 * sb3_3_0 + 0.2988071523335984 * g55_2 * sb3_5_0
+        )
+        acc6_3 = acc6_3 + wt55_0 * (0.4629100498862757 * g55_0 * sb3_4_0 - 0.4629100498862757 * g55_2 * sb3_2_0)
+        acc6_4 = acc6_4 + wt55_0 * (
+            -0.4629100498862757 * g55_0 * sb3_3_0 + 0.2988071523335984 * g55_0 * sb3_5_0
+            + 0.1889822365046136 * g55_1 * sb3_2_0 - 0.2988071523335984 * g55_2 * sb3_1_0
+        )
+        acc6_5 = acc6_5 + wt55_0 * (
+            -0.2988071523335984 * g55_0 * sb3_4_0 + 0.23145502494313785 * g55_0 * sb3_6_0
+            + 0.3779644730092272 * g55_1 * sb3_1_0 - 0.23145502494313785 * g55_2 * sb3_0_0
+            - 0.2988071523335984 * g55_2 * sb3_2_0
+        )
+        acc6_6 = acc6_6 + wt55_0 * (
+            -0.23145502494313785 * g55_0 * sb3_5_0 + 0.5669467095138409 * g55_1 * sb3_0_0
+            - 0.23145502494313785 * g55_2 * sb3_1_0
+        )
+        # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
+        wt56_0 = weights[tile_b, 3584 + tile_c.index]
+        g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+        g56te, g56to = hl.split(g56t)
+        g56tee, g56teo = hl.split(g56te)
+        g56_0, g56_4 = hl.split(g56tee)
+        g56_2, g56_6 = hl.split(g56teo)
+        g56toe, g56too = hl.split(g56to)
+        g56_1, g56_5 = hl.split(g56toe)
+        g56_3, g56_7 = hl.split(g56too)
+        acc6_0 = acc6_0 + wt56_0 * (
+            -0.24397501823713333 * g56_0 * sb3_4_0 + 0.3857583749052298 * g56_1 * sb3_5_0
+            - 0.545544725589981 * g56_2 * sb3_0_0 + 0.3857583749052298 * g56_3 * sb3_1_0
+            - 0.24397501823713333 * g56_4 * sb3_2_0
+        )
+        acc6_1 = acc6_1 + wt56_0 * (
+            -0.48795003647426666 * g56_0 * sb3_3_0 + 0.29880715233359845 * g56_1 * sb3_4_0
+            - 0.3857583749052298 * g56_1 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_0_0
+            + 0.29880715233359845 * g56_3 * sb3_2_0
+        )
+        acc6_2 = acc6_2 + wt56_0 * (
+            0.3779644730092272 * g56_0 * sb3_4_0 + 0.24397501823713333 * g56_0 * sb3_6_0
+            + 0.1543033499620919 * g56_1 * sb3_3_0 - 0.29880715233359845 * g56_1 * sb3_5_0
+            + 0.3273268353539886 * g56_2 * sb3_2_0 + 0.29880715233359845 * g56_3 * sb3_1_0
+            - 0.24397501823713333 * g56_4 * sb3_0_0 - 0.3779644730092272 * g56_4 * sb3_2_0
+        )
+        acc6_3 = acc6_3 + wt56_0 * (
+            -0.48795003647426666 * g56_0 * sb3_1_0 + 0.1543033499620919 * g56_1 * sb3_2_0
+            + 0.4364357804719848 * g56_2 * sb3_3_0 + 0.1543033499620919 * g56_3 * sb3_4_0
+            - 0.48795003647426666 * g56_4 * sb3_5_0
+        )
+        acc6_4 = acc6_4 + wt56_0 * (
+            -0.24397501823713333 * g56_0 * sb3_0_0 + 0.3779644730092272 * g56_0 * sb3_2_0
+            + 0.29880715233359845 * g56_1 * sb3_1_0 + 0.3273268353539886 * g56_2 * sb3_4_0
+            + 0.1543033499620919 * g56_3 * sb3_3_0 + 0.29880715233359845 * g56_3 * sb3_5_0
+            + 0.3779644730092272 * g56_4 * sb3_4_0 - 0.24397501823713333 * g56_4 * sb3_6_0
+        )
+        acc6_5 = acc6_5 + wt56_0 * (
+            0.3857583749052298 * g56_1 * sb3_0_0 - 0.29880715233359845 * g56_1 * sb3_2_0
+            + 0.29880715233359845 * g56_3 * sb3_4_0 + 0.3857583749052298 * g56_3 * sb3_6_0
+            - 0.48795003647426666 * g56_4 * sb3_3_0
+        )
+        acc6_6 = acc6_6 + wt56_0 * (
+            0.24397501823713333 * g56_0 * sb3_2_0 - 0.3857583749052298 * g56_1 * sb3_1_0
+            - 0.545544725589981 * g56_2 * sb3_6_0 + 0.3857583749052298 * g56_3 * sb3_5_0
+            - 0.24397501823713333 * g56_4 * sb3_4_0
+        )
+        # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
+        wt57_0 = weights[tile_b, 3648 + tile_c.index]
+        g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+        g57te, g57to = hl.split(g57t)
+        g57tee, g57teo = hl.split(g57te)
+        g57_0, g57_4 = hl.split(g57tee)
+        g57_2, g57_6 = hl.split(g57teo)
+        g57toe, g57too = hl.split(g57to)
+        g57_1, g57_5 = hl.split(g57toe)
+        g57_3, g57_7 = hl.split(g57too)
+        acc6_0 = acc6_0 + wt57_0 * (
+            -0.408248290463863 * g57_1 * sb3_2_0 + 0.408248290463863 * g57_2 * sb3_1_0
+            + 0.408248290463863 * g57_3 * sb3_6_0 - 0.408248290463863 * g57_4 * sb3_5_0
+            + 0.408248290463863 * g57_5 * sb3_4_0 - 0.408248290463863 * g57_6 * sb3_3_0
+        )
+        acc6_1 = acc6_1 + wt57_0 * (
+            0.408248290463863 * g57_0 * sb3_2_0 - 0.408248290463863 * g57_2 * sb3_0_0
+            - 0.408248290463863 * g57_3 * sb3_5_0 - 0.408248290463863 * g57_4 * sb3_6_0
+            + 0.408248290463863 * g57_5 * sb3_3_0 + 0.408248290463863 * g57_6 * sb3_4_0
+        )
+        acc6_2 = acc6_2 + wt57_0 * (
+            -0.408248290463863 * g57_0 * sb3_1_0 + 0.408248290463863 * g57_1 * sb3_0_0
+            - 0.408248290463863 * g57_3 * sb3_4_0 + 0.408248290463863 * g57_4 * sb3_3_0
+            + 0.408248290463863 * g57_5 * sb3_6_0 - 0.408248290463863 * g57_6 * sb3_5_0
+        )
+        acc6_3 = acc6_3 + wt57_0 * (
+            -0.408248290463863 * g57_0 * sb3_6_0 + 0.408248290463863 * g57_1 * sb3_5_0
+            + 0.408248290463863 * g57_2 * sb3_4_0 - 0.408248290463863 * g57_4 * sb3_2_0
+            - 0.408248290463863 * g57_5 * sb3_1_0 + 0.408248290463863 * g57_6 * sb3_0_0
+        )
+        acc6_4 = acc6_4 + wt57_0 * (
+            0.408248290463863 * g57_0 * sb3_5_0 + 0.408248290463863 * g57_1 * sb3_6_0
+            - 0.408248290463863 * g57_2 * sb3_3_0 + 0.408248290463863 * g57_3 * sb3_2_0
+            - 0.408248290463863 * g57_5 * sb3_0_0 - 0.408248290463863 * g57_6 * sb3_1_0
+        )
+        acc6_5 = acc6_5 + wt57_0 * (
+            -0.408248290463863 * g57_0 * sb3_4_0 - 0.408248290463863 * g57_1 * sb3_3_0
+            - 0.408248290463863 * g57_2 * sb3_6_0 + 0.408248290463863 * g57_3 * sb3_1_0
+            + 0.408248290463863 * g57_4 * sb3_0_0 + 0.408248290463863 * g57_6 * sb3_2_0
+        )
+        acc6_6 = acc6_6 + wt57_0 * (
+            0.408248290463863 * g57_0 * sb3_3_0 - 0.408248290463863 * g57_1 * sb3_4_0
+            + 0.408248290463863 * g57_2 * sb3_5_0 - 0.408248290463863 * g57_3 * sb3_0_0
+            + 0.408248290463863 * g57_4 * sb3_1_0 - 0.408248290463863 * g57_5 * sb3_2_0
+        )
+        hl.store(gx1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc6_0, acc6_4), hl.join(acc6_2, acc6_6)), hl.join(hl.join(acc6_1, acc6_5), hl.join(acc6_3, acc6_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+        # x1 block 7: 64x3e (10 paths)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_5 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc7_6 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+        wt58_0 = weights[tile_b, 3712 + tile_c.index]
+        g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+        g58te, g58to = hl.split(g58t)
+        g58tee, g58teo = hl.split(g58te)
+        g58_0, g58_4 = hl.split(g58tee)
+        g58_2, g58_6 = hl.split(g58teo)
+        g58toe, g58too = hl.split(g58to)
+        g58_1, g58_5 = hl.split(g58toe)
+        g58_3, g58_7 = hl.split(g58too)
+        acc7_0 = acc7_0 + wt58_0 * (1.0000000000000002 * g58_0 * sb0_0_0)
+        acc7_1 = acc7_1 + wt58_0 * (1.0000000000000002 * g58_1 * sb0_0_0)
+        acc7_2 = acc7_2 + wt58_0 * (1.0000000000000002 * g58_2 * sb0_0_0)
+        acc7_3 = acc7_3 + wt58_0 * (1.0000000000000002 * g58_3 * sb0_0_0)
+        acc7_4 = acc7_4 + wt58_0 * (1.0000000000000002 * g58_4 * sb0_0_0)
+        acc7_5 = acc7_5 + wt58_0 * (1.0000000000000002 * g58_5 * sb0_0_0)
+        acc7_6 = acc7_6 + wt58_0 * (1.0000000000000002 * g58_6 * sb0_0_0)
+        # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
+        wt59_0 = weights[tile_b, 3776 + tile_c.index]
+        g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+        g59te, g59to = hl.split(g59t)
+        g59tee, g59teo = hl.split(g59te)
+        g59_0, g59_4 = hl.split(g59tee)
+        g59_2, g59_6 = hl.split(g59teo)
+        g59toe, g59too = hl.split(g59to)
+        g59_1, g59_5 = hl.split(g59toe)
+        g59_3, g59_7 = hl.split(g59too)
+        acc7_0 = acc7_0 + wt59_0 * (0.5976143046671969 * g59_0 * sb1_2_0 + 0.5976143046671969 * g59_4 * sb1_0_0)
+        acc7_1 = acc7_1 + wt59_0 * (
+            0.48795003647426666 * g59_0 * sb1_1_0 + 0.48795003647426666 * g59_1 * sb1_2_0
+            + 0.48795003647426666 * g59_3 * sb1_0_0
+        )
+        acc7_2 = acc7_2 + wt59_0 * (
+            -0.1543033499620919 * g59_0 * sb1_2_0 + 0.6172133998483676 * g59_1 * sb1_1_0
+            + 0.5345224838248488 * g59_2 * sb1_0_0 + 0.1543033499620919 * g59_4 * sb1_0_0
+        )
+        acc7_3 = acc7_3 + wt59_0 * (
+            -0.3779644730092272 * g59_1 * sb1_0_0 + 0.6546536707079772 * g59_2 * sb1_1_0
+            - 0.3779644730092272 * g59_3 * sb1_2_0
+        )
+        acc7_4 = acc7_4 + wt59_0 * (
+            -0.1543033499620919 * g59_0 * sb1_0_0 + 0.5345224838248488 * g59_2 * sb1_2_0
+            + 0.6172133998483676 * g59_3 * sb1_1_0 - 0.1543033499620919 * g59_4 * sb1_2_0
+        )
+        acc7_5 = acc7_5 + wt59_0 * (
+            -0.48795003647426666 * g59_1 * sb1_0_0 + 0.48795003647426666 * g59_3 * sb1_2_0
+            + 0.48795003647426666 * g59_4 * sb1_1_0
+        )
+        acc7_6 = acc7_6 + wt59_0 * (-0.5976143046671969 * g59_0 * sb1_0_0 + 0.5976143046671969 * g59_4 * sb1_2_0)
+        # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
+        wt60_0 = weights[tile_b, 3840 + tile_c.index]
+        g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+        g60te, g60to = hl.split(g60t)
+        g60tee, g60teo = hl.split(g60te)
+        g60_0, g60_4 = hl.split(g60tee)
+        g60_2, g60_6 = hl.split(g60teo)
+        g60toe, g60too = hl.split(g60to)
+        g60_1, g60_5 = hl.split(g60toe)
+        g60_3, g60_7 = hl.split(g60too)
+        acc7_0 = acc7_0 + wt60_0 * (
+            0.3535533905932738 * g60_1 * sb1_0_0 - 0.3535533905932738 * g60_5 * sb1_2_0
+            + 0.8660254037844387 * g60_6 * sb1_1_0
+        )
+        acc7_1 = acc7_1 + wt60_0 * (
+            -0.3535533905932738 * g60_0 * sb1_0_0 + 0.45643546458763845 * g60_2 * sb1_0_0
+            - 0.45643546458763845 * g60_4 * sb1_2_0 + 0.5773502691896258 * g60_5 * sb1_1_0
+            - 0.3535533905932738 * g60_6 * sb1_2_0
+        )
+        acc7_2 = acc7_2 + wt60_0 * (
+            -0.45643546458763845 * g60_1 * sb1_0_0 - 0.7071067811865476 * g60_3 * sb1_2_0
+            + 0.2886751345948129 * g60_4 * sb1_1_0 - 0.45643546458763845 * g60_5 * sb1_2_0
+        )
+        acc7_3 = acc7_3 + wt60_0 * (0.7071067811865476 * g60_2 * sb1_2_0 - 0.7071067811865476 * g60_4 * sb1_0_0)
+        acc7_4 = acc7_4 + wt60_0 * (
+            0.45643546458763845 * g60_1 * sb1_2_0 - 0.2886751345948129 * g60_2 * sb1_1_0
+            + 0.7071067811865476 * g60_3 * sb1_0_0 - 0.45643546458763845 * g60_5 * sb1_0_0
+        )
+        acc7_5 = acc7_5 + wt60_0 * (
+            0.3535533905932738 * g60_0 * sb1_2_0 - 0.5773502691896258 * g60_1 * sb1_1_0
+            + 0.45643546458763845 * g60_2 * sb1_2_0 + 0.45643546458763845 * g60_4 * sb1_0_0
+            - 0.3535533905932738 * g60_6 * sb1_0_0
+        )
+        acc7_6 = acc7_6 + wt60_0 * (
+            -0.8660254037844387 * g60_0 * sb1_1_0 + 0.3535533905932738 * g60_1 * sb1_2_0
+            + 0.3535533905932738 * g60_5 * sb1_0_0
+        )
+        # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
+        wt61_0 = weights[tile_b, 3904 + tile_c.index]
+        g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g61t = g61.reshape([tile_b, tile_c, 2, 2])
+        g61te, g61to = hl.split(g61t)
+        g61_0, g61_2 = hl.split(g61te)
+        g61_1, g61_3 = hl.split(g61to)
+        acc7_0 = acc7_0 + wt61_0 * (0.4629100498862757 * g61_0 * sb2_4_0 + 0.4629100498862757 * g61_2 * sb2_0_0)
+        acc7_1 = acc7_1 + wt61_0 * (
+            0.3779644730092272 * g61_0 * sb2_3_0 + 0.3779644730092272 * g61_1 * sb2_0_0
+            + 0.3779644730092272 * g61_2 * sb2_1_0
+        )
+        acc7_2 = acc7_2 + wt61_0 * (
+            0.4140393356054125 * g61_0 * sb2_2_0 + 0.11952286093343936 * g61_0 * sb2_4_0
+            + 0.47809144373375745 * g61_1 * sb2_1_0 - 0.11952286093343936 * g61_2 * sb2_0_0
+        )
+        acc7_3 = acc7_3 + wt61_0 * (
+            -0.2927700218845599 * g61_0 * sb2_1_0 + 0.50709255283711 * g61_1 * sb2_2_0
+            - 0.2927700218845599 * g61_2 * sb2_3_0
+        )
+        acc7_4 = acc7_4 + wt61_0 * (
+            -0.11952286093343936 * g61_0 * sb2_0_0 + 0.47809144373375745 * g61_1 * sb2_3_0
+            + 0.4140393356054125 * g61_2 * sb2_2_0 - 0.11952286093343936 * g61_2 * sb2_4_0
+        )
+        acc7_5 = acc7_5 + wt61_0 * (
+            -0.3779644730092272 * g61_0 * sb2_1_0 + 0.3779644730092272 * g61_1 * sb2_4_0
+            + 0.3779644730092272 * g61_2 * sb2_3_0
+        )
+        acc7_6 = acc7_6 + wt61_0 * (-0.4629100498862757 * g61_0 * sb2_0_0 + 0.4629100498862757 * g61_2 * sb2_4_0)
+        # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
+        wt62_0 = weights[tile_b, 3968 + tile_c.index]
+        g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+        g62te, g62to = hl.split(g62t)
+        g62tee, g62teo = hl.split(g62te)
+        g62_0, g62_4 = hl.split(g62tee)
+        g62_2, g62_6 = hl.split(g62teo)
+        g62toe, g62too = hl.split(g62to)
+        g62_1, g62_5 = hl.split(g62toe)
+        g62_3, g62_7 = hl.split(g62too)
+        acc7_0 = acc7_0 + wt62_0 * (
+            -0.42257712736425834 * g62_0 * sb2_1_0 + 0.42257712736425834 * g62_1 * sb2_0_0
+            - 0.42257712736425834 * g62_3 * sb2_4_0 + 0.42257712736425834 * g62_4 * sb2_3_0
+        )
+        acc7_1 = acc7_1 + wt62_0 * (-0.5976143046671969 * g62_2 * sb2_4_0 + 0.5976143046671969 * g62_4 * sb2_2_0)
+        acc7_2 = acc7_2 + wt62_0 * (
+            -0.3273268353539886 * g62_0 * sb2_1_0 + 0.3273268353539886 * g62_1 * sb2_0_0
+            - 0.3779644730092272 * g62_2 * sb2_3_0 + 0.3779644730092272 * g62_3 * sb2_2_0
+            + 0.3273268353539886 * g62_3 * sb2_4_0 - 0.3273268353539886 * g62_4 * sb2_3_0
+        )
+        acc7_3 = acc7_3 + wt62_0 * (
+            -0.2672612419124244 * g62_0 * sb2_4_0 + 0.5345224838248488 * g62_1 * sb2_3_0
+            - 0.5345224838248488 * g62_3 * sb2_1_0 + 0.2672612419124244 * g62_4 * sb2_0_0
+        )
+        acc7_4 = acc7_4 + wt62_0 * (
+            0.3273268353539886 * g62_0 * sb2_3_0 - 0.3779644730092272 * g62_1 * sb2_2_0
+            + 0.3273268353539886 * g62_1 * sb2_4_0 + 0.3779644730092272 * g62_2 * sb2_1_0
+            - 0.3273268353539886 * g62_3 * sb2_0_0 - 0.3273268353539886 * g62_4 * sb2_1_0
+        )
+        acc7_5 = acc7_5 + wt62_0 * (-0.5976143046671969 * g62_0 * sb2_2_0 + 0.5976143046671969 * g62_2 * sb2_0_0)
+        acc7_6 = acc7_6 + wt62_0 * (
+            -0.42257712736425834 * g62_0 * sb2_3_0 + 0.42257712736425834 * g62_1 * sb2_4_0
+            + 0.42257712736425834 * g62_3 * sb2_0_0 - 0.42257712736425834 * g62_4 * sb2_1_0
+        )
+        # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
+        wt63_0 = weights[tile_b, 4032 + tile_c.index]
+        g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+        g63te, g63to = hl.split(g63t)
+        g63tee, g63teo = hl.split(g63te)
+        g63_0, g63_4 = hl.split(g63tee)
+        g63_2, g63_6 = hl.split(g63teo)
+        g63toe, g63too = hl.split(g63to)
+        g63_1, g63_5 = hl.split(g63toe)
+        g63_3, g63_7 = hl.split(g63too)
+        acc7_0 = acc7_0 + wt63_0 * (
+            -0.6454972243679029 * g63_0 * sb2_2_0 + 0.45643546458763845 * g63_1 * sb2_3_0
+            - 0.2886751345948129 * g63_2 * sb2_4_0 - 0.2886751345948129 * g63_4 * sb2_0_0
+            + 0.45643546458763845 * g63_5 * sb2_1_0
+        )
+        acc7_1 = acc7_1 + wt63_0 * (
+            0.45643546458763845 * g63_0 * sb2_3_0 + 0.3535533905932738 * g63_2 * sb2_3_0
+            - 0.5773502691896258 * g63_3 * sb2_0_0 + 0.3535533905932738 * g63_4 * sb2_1_0
+            - 0.45643546458763845 * g63_6 * sb2_1_0
+        )
+        acc7_2 = acc7_2 + wt63_0 * (
+            -0.2886751345948129 * g63_0 * sb2_4_0 + 0.3535533905932738 * g63_1 * sb2_3_0
+            + 0.38729833462074176 * g63_2 * sb2_2_0 - 0.4472135954999579 * g63_2 * sb2_4_0
+            + 0.18257418583505539 * g63_3 * sb2_1_0 + 0.4472135954999579 * g63_4 * sb2_0_0
+            - 0.3535533905932738 * g63_5 * sb2_1_0 + 0.2886751345948129 * g63_6 * sb2_0_0
+        )
+        acc7_3 = acc7_3 + wt63_0 * (
+            -0.5773502691896258 * g63_1 * sb2_0_0 + 0.18257418583505539 * g63_2 * sb2_1_0
+            + 0.5163977794943223 * g63_3 * sb2_2_0 + 0.18257418583505539 * g63_4 * sb2_3_0
+            - 0.5773502691896258 * g63_5 * sb2_4_0
+        )
+        acc7_4 = acc7_4 + wt63_0 * (
+            -0.2886751345948129 * g63_0 * sb2_0_0 + 0.3535533905932738 * g63_1 * sb2_1_0
+            + 0.4472135954999579 * g63_2 * sb2_0_0 + 0.18257418583505539 * g63_3 * sb2_3_0
+            + 0.38729833462074176 * g63_4 * sb2_2_0 + 0.4472135954999579 * g63_4 * sb2_4_0
+            + 0.3535533905932738 * g63_5 * sb2_3_0 - 0.2886751345948129 * g63_6 * sb2_4_0
+        )
+        acc7_5 = acc7_5 + wt63_0 * (
+            0.45643546458763845 * g63_0 * sb2_1_0 - 0.3535533905932738 * g63_2 * sb2_1_0
+            - 0.5773502691896258 * g63_3 * sb2_4_0 + 0.3535533905932738 * g63_4 * sb2_3_0
+            + 0.45643546458763845 * g63_6 * sb2_3_0
+        )
+        acc7_6 = acc7_6 + wt63_0 * (
+            -0.45643546458763845 * g63_1 * sb2_1_0 + 0.2886751345948129 * g63_2 * sb2_0_0
+            - 0.2886751345948129 * g63_4 * sb2_4_0 + 0.45643546458763845 * g63_5 * sb2_3_0
+            - 0.6454972243679029 * g63_6 * sb2_2_0
+        )
+        # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
+        wt64_0 = weights[tile_b, 4096 + tile_c.index]
+        g64_0 = g[tile_b, 18944 + tile_c.index]
+        acc7_0 = acc7_0 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_0_0)
+        acc7_1 = acc7_1 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_1_0)
+        acc7_2 = acc7_2 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_2_0)
+        acc7_3 = acc7_3 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_3_0)
+        acc7_4 = acc7_4 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_4_0)
+        acc7_5 = acc7_5 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_5_0)
+        acc7_6 = acc7_6 + wt64_0 * (0.37796447300922725 * g64_0 * sb3_6_0)
+        # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
+        wt65_0 = weights[tile_b, 4160 + tile_c.index]
+        g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g65t = g65.reshape([tile_b, tile_c, 2, 2])
+        g65te, g65to = hl.split(g65t)
+        g65_0, g65_2 = hl.split(g65te)
+        g65_1, g65_3 = hl.split(g65to)
+        acc7_0 = acc7_0 + wt65_0 * (
+            -0.23145502494313785 * g65_0 * sb3_1_0 - 0.5669467095138409 * g65_1 * sb3_6_0
+            + 0.23145502494313785 * g65_2 * sb3_5_0
+        )
+        acc7_1 = acc7_1 + wt65_0 * (
+            0.23145502494313785 * g65_0 * sb3_0_0 - 0.2988071523335984 * g65_0 * sb3_2_0
+            - 0.3779644730092272 * g65_1 * sb3_5_0 + 0.2988071523335984 * g65_2 * sb3_4_0
+            + 0.23145502494313785 * g65_2 * sb3_6_0
+        )
+        acc7_2 = acc7_2 + wt65_0 * (
+            0.2988071523335984 * g65_0 * sb3_1_0 - 0.1889822365046136 * g65_1 * sb3_4_0
+            + 0.4629100498862757 * g65_2 * sb3_3_0 + 0.2988071523335984 * g65_2 * sb3_5_0
+        )
+        acc7_3 = acc7_3 + wt65_0 * (0.4629100498862757 * g65_0 * sb3_4_0 - 0.4629100498862757 * g65_2 * sb3_2_0)
+        acc7_4 = acc7_4 + wt65_0 * (
+            -0.4629100498862757 * g65_0 * sb3_3_0 + 0.2988071523335984 * g65_0 * sb3_5_0
+            + 0.1889822365046136 * g65_1 * sb3_2_0 - 0.2988071523335984 * g65_2 * sb3_1_0
+        )
+        acc7_5 = acc7_5 + wt65_0 * (
+            -0.2988071523335984 * g65_0 * sb3_4_0 + 0.23145502494313785 * g65_0 * sb3_6_0
+            + 0.3779644730092272 * g65_1 * sb3_1_0 - 0.23145502494313785 * g65_2 * sb3_0_0
+            - 0.2988071523335984 * g65_2 * sb3_2_0
+        )
+        acc7_6 = acc7_6 + wt65_0 * (
+            -0.23145502494313785 * g65_0 * sb3_5_0 + 0.5669467095138409 * g65_1 * sb3_0_0
+            - 0.23145502494313785 * g65_2 * sb3_1_0
+        )
+        # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
+        wt66_0 = weights[tile_b, 4224 + tile_c.index]
+        g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+        g66te, g66to = hl.split(g66t)
+        g66tee, g66teo = hl.split(g66te)
+        g66_0, g66_4 = hl.split(g66tee)
+        g66_2, g66_6 = hl.split(g66teo)
+        g66toe, g66too = hl.split(g66to)
+        g66_1, g66_5 = hl.split(g66toe)
+        g66_3, g66_7 = hl.split(g66too)
+        acc7_0 = acc7_0 + wt66_0 * (
+            -0.24397501823713333 * g66_0 * sb3_4_0 + 0.3857583749052298 * g66_1 * sb3_5_0
+            - 0.545544725589981 * g66_2 * sb3_0_0 + 0.3857583749052298 * g66_3 * sb3_1_0
+            - 0.24397501823713333 * g66_4 * sb3_2_0
+        )
+        acc7_1 = acc7_1 + wt66_0 * (
+            -0.48795003647426666 * g66_0 * sb3_3_0 + 0.29880715233359845 * g66_1 * sb3_4_0
+            - 0.3857583749052298 * g66_1 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_0_0
+            + 0.29880715233359845 * g66_3 * sb3_2_0
+        )
+        acc7_2 = acc7_2 + wt66_0 * (
+            0.3779644730092272 * g66_0 * sb3_4_0 + 0.24397501823713333 * g66_0 * sb3_6_0
+            + 0.1543033499620919 * g66_1 * sb3_3_0 - 0.29880715233359845 * g66_1 * sb3_5_0
+            + 0.3273268353539886 * g66_2 * sb3_2_0 + 0.29880715233359845 * g66_3 * sb3_1_0
+            - 0.24397501823713333 * g66_4 * sb3_0_0 - 0.3779644730092272 * g66_4 * sb3_2_0
+        )
+        acc7_3 = acc7_3 + wt66_0 * (
+            -0.48795003647426666 * g66_0 * sb3_1_0 + 0.1543033499620919 * g66_1 * sb3_2_0
+            + 0.4364357804719848 * g66_2 * sb3_3_0 + 0.1543033499620919 * g66_3 * sb3_4_0
+            - 0.48795003647426666 * g66_4 * sb3_5_0
+        )
+        acc7_4 = acc7_4 + wt66_0 * (
+            -0.24397501823713333 * g66_0 * sb3_0_0 + 0.3779644730092272 * g66_0 * sb3_2_0
+            + 0.29880715233359845 * g66_1 * sb3_1_0 + 0.3273268353539886 * g66_2 * sb3_4_0
+            + 0.1543033499620919 * g66_3 * sb3_3_0 + 0.29880715233359845 * g66_3 * sb3_5_0
+            + 0.3779644730092272 * g66_4 * sb3_4_0 - 0.24397501823713333 * g66_4 * sb3_6_0
+        )
+        acc7_5 = acc7_5 + wt66_0 * (
+            0.3857583749052298 * g66_1 * sb3_0_0 - 0.29880715233359845 * g66_1 * sb3_2_0
+            + 0.29880715233359845 * g66_3 * sb3_4_0 + 0.3857583749052298 * g66_3 * sb3_6_0
+            - 0.48795003647426666 * g66_4 * sb3_3_0
+        )
+        acc7_6 = acc7_6 + wt66_0 * (
+            0.24397501823713333 * g66_0 * sb3_2_0 - 0.3857583749052298 * g66_1 * sb3_1_0
+            - 0.545544725589981 * g66_2 * sb3_6_0 + 0.3857583749052298 * g66_3 * sb3_5_0
+            - 0.24397501823713333 * g66_4 * sb3_4_0
+        )
+        # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
+        wt67_0 = weights[tile_b, 4288 + tile_c.index]
+        g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+        g67te, g67to = hl.split(g67t)
+        g67tee, g67teo = hl.split(g67te)
+        g67_0, g67_4 = hl.split(g67tee)
+        g67_2, g67_6 = hl.split(g67teo)
+        g67toe, g67too = hl.split(g67to)
+        g67_1, g67_5 = hl.split(g67toe)
+        g67_3, g67_7 = hl.split(g67too)
+        acc7_0 = acc7_0 + wt67_0 * (
+            -0.408248290463863 * g67_1 * sb3_2_0 + 0.408248290463863 * g67_2 * sb3_1_0
+            + 0.408248290463863 * g67_3 * sb3_6_0 - 0.408248290463863 * g67_4 * sb3_5_0
+            + 0.408248290463863 * g67_5 * sb3_4_0 - 0.408248290463863 * g67_6 * sb3_3_0
+        )
+        acc7_1 = acc7_1 + wt67_0 * (
+            0.408248290463863 * g67_0 * sb3_2_0 - 0.408248290463863 * g67_2 * sb3_0_0
+            - 0.408248290463863 * g67_3 * sb3_5_0 - 0.408248290463863 * g67_4 * sb3_6_0
+            + 0.408248290463863 * g67_5 * sb3_3_0 + 0.408248290463863 * g67_6 * sb3_4_0
+        )
+        acc7_2 = acc7_2 + wt67_0 * (
+            -0.408248290463863 * g67_0 * sb3_1_0 + 0.408248290463863 * g67_1 * sb3_0_0
+            - 0.408248290463863 * g67_3 * sb3_4_0 + 0.408248290463863 * g67_4 * sb3_3_0
+            + 0.408248290463863 * g67_5 * sb3_6_0 - 0.408248290463863 * g67_6 * sb3_5_0
+        )
+        acc7_3 = acc7_3 + wt67_0 * (
+            -0.408248290463863 * g67_0 * sb3_6_0 + 0.408248290463863 * g67_1 * sb3_5_0
+            + 0.408248290463863 * g67_2 * sb3_4_0 - 0.408248290463863 * g67_4 * sb3_2_0
+            - 0.408248290463863 * g67_5 * sb3_1_0 + 0.408248290463863 * g67_6 * sb3_0_0
+        )
+        acc7_4 = acc7_4 + wt67_0 * (
+            0.408248290463863 * g67_0 * sb3_5_0 + 0.408248290463863 * g67_1 * sb3_6_0
+            - 0.408248290463863 * g67_2 * sb3_3_0 + 0.408248290463863 * g67_3 * sb3_2_0
+            - 0.408248290463863 * g67_5 * sb3_0_0 - 0.408248290463863 * g67_6 * sb3_1_0
+        )
+        acc7_5 = acc7_5 + wt67_0 * (
+            -0.408248290463863 * g67_0 * sb3_4_0 - 0.408248290463863 * g67_1 * sb3_3_0
+            - 0.408248290463863 * g67_2 * sb3_6_0 + 0.408248290463863 * g67_3 * sb3_1_0
+            + 0.408248290463863 * g67_4 * sb3_0_0 + 0.408248290463863 * g67_6 * sb3_2_0
+        )
+        acc7_6 = acc7_6 + wt67_0 * (
+            0.408248290463863 * g67_0 * sb3_3_0 - 0.408248290463863 * g67_1 * sb3_4_0
+            + 0.408248290463863 * g67_2 * sb3_5_0 - 0.408248290463863 * g67_3 * sb3_0_0
+            + 0.408248290463863 * g67_4 * sb3_1_0 - 0.408248290463863 * g67_5 * sb3_2_0
+        )
+        hl.store(gx1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc7_0, acc7_4), hl.join(acc7_2, acc7_6)), hl.join(hl.join(acc7_1, acc7_5), hl.join(acc7_3, acc7_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
 
 
 @helion.kernel(
@@ -5922,7 +5920,7 @@ def tp_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-44."""
-    for tile_b in hl.tile(x1.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 16]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -5939,1077 +5937,1076 @@ def tp_bwd_w_0(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            a0_0 = x1[tile_b, tile_c.index]
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g[tile_b, tile_c.index]
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
-            g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3tee, g3teo = hl.split(g3te)
-            g3_0, g3_4 = hl.split(g3tee)
-            g3_2, g3_6 = hl.split(g3teo)
-            g3toe, g3too = hl.split(g3to)
-            g3_1, g3_5 = hl.split(g3toe)
-            g3_3, g3_7 = hl.split(g3too)
-            q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
-            q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
-            q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
-            q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
-            q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
-            q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
-            gw[tile_b, 192 + tile_c.index] = (
-                q0 * g3_0 + q1 * g3_1
-                + q2 * g3_2 + q3 * g3_3
-                + q4 * g3_4 + q5 * g3_5
-                + q6 * g3_6
-            )
-            # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            q0 = (a1_0 * sb0_0_0)
-            g4_0 = g[tile_b, 1024 + tile_c.index]
-            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0)
-            # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5_0, g5_2 = hl.split(g5te)
-            g5_1, g5_3 = hl.split(g5to)
-            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
-            # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            q0 = (a1_0 * sb2_0_0)
-            g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6tee, g6teo = hl.split(g6te)
-            g6_0, g6_4 = hl.split(g6tee)
-            g6_2, g6_6 = hl.split(g6teo)
-            g6toe, g6too = hl.split(g6to)
-            g6_1, g6_5 = hl.split(g6toe)
-            g6_3, g6_7 = hl.split(g6too)
-            q1 = (a1_0 * sb2_1_0)
-            q2 = (a1_0 * sb2_2_0)
-            q3 = (a1_0 * sb2_3_0)
-            q4 = (a1_0 * sb2_4_0)
-            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
-            # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
-            q0 = (1.0000000000000002 * a1_0 * sb3_0_0)
-            g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            q1 = (1.0000000000000002 * a1_0 * sb3_1_0)
-            q2 = (1.0000000000000002 * a1_0 * sb3_2_0)
-            q3 = (1.0000000000000002 * a1_0 * sb3_3_0)
-            q4 = (1.0000000000000002 * a1_0 * sb3_4_0)
-            q5 = (1.0000000000000002 * a1_0 * sb3_5_0)
-            q6 = (1.0000000000000002 * a1_0 * sb3_6_0)
-            gw[tile_b, 448 + tile_c.index] = (
-                q0 * g7_0 + q1 * g7_1
-                + q2 * g7_2 + q3 * g7_3
-                + q4 * g7_4 + q5 * g7_5
-                + q6 * g7_6
-            )
-            # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
-            # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            g9_0 = g[tile_b, 2240 + tile_c.index]
-            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0)
-            # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
-            # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
-                - 0.408248290463863 * a2_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
-            # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
-                + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
-            )
-            g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            q1 = (
-                0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
-                + 0.5477225575051661 * a2_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
-                - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
-            )
-            gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
-            # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
-                - 0.408248290463863 * a2_2 * sb2_3_0
-            )
-            g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
-            g13te, g13to = hl.split(g13t)
-            g13tee, g13teo = hl.split(g13te)
-            g13_0, g13_4 = hl.split(g13tee)
-            g13_2, g13_6 = hl.split(g13teo)
-            g13toe, g13too = hl.split(g13to)
-            g13_1, g13_5 = hl.split(g13toe)
-            g13_3, g13_7 = hl.split(g13too)
-            q1 = (
-                -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
-                - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
-            )
-            q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            q3 = (
-                0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
-                - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
-            )
-            q4 = (
-                0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
-                + 0.408248290463863 * a2_2 * sb2_1_0
-            )
-            gw[tile_b, 832 + tile_c.index] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
-            # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
-            g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14tee, g14teo = hl.split(g14te)
-            g14_0, g14_4 = hl.split(g14tee)
-            g14_2, g14_6 = hl.split(g14teo)
-            g14toe, g14too = hl.split(g14to)
-            g14_1, g14_5 = hl.split(g14toe)
-            g14_3, g14_7 = hl.split(g14too)
-            q1 = (
-                0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
-                + 0.5773502691896258 * a2_2 * sb2_1_0
-            )
-            q2 = (
-                0.6324555320336759 * a2_0 * sb2_2_0 + 0.18257418583505539 * a2_0 * sb2_4_0
-                + 0.7302967433402215 * a2_1 * sb2_1_0 - 0.18257418583505539 * a2_2 * sb2_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a2_0 * sb2_1_0 + 0.7745966692414835 * a2_1 * sb2_2_0
-                - 0.4472135954999579 * a2_2 * sb2_3_0
-            )
-            q4 = (
-                -0.18257418583505539 * a2_0 * sb2_0_0 + 0.7302967433402215 * a2_1 * sb2_3_0
-                + 0.6324555320336759 * a2_2 * sb2_2_0 - 0.18257418583505539 * a2_2 * sb2_4_0
-            )
-            q5 = (
-                -0.5773502691896258 * a2_0 * sb2_1_0 + 0.5773502691896258 * a2_1 * sb2_4_0
-                + 0.5773502691896258 * a2_2 * sb2_3_0
-            )
-            q6 = (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
-            gw[tile_b, 896 + tile_c.index] = (
-                q0 * g14_0 + q1 * g14_1
-                + q2 * g14_2 + q3 * g14_3
-                + q4 * g14_4 + q5 * g14_5
-                + q6 * g14_6
-            )
-            # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
-            q0 = (
-                -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
-                + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
-                - 0.1543033499620919 * a2_2 * sb3_2_0
-            )
-            g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            q1 = (
-                -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
-                + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
-            )
-            q2 = (
-                0.5345224838248488 * a2_0 * sb3_2_0 + 0.6546536707079772 * a2_1 * sb3_3_0
-                + 0.5345224838248488 * a2_2 * sb3_4_0
-            )
-            q3 = (
-                0.48795003647426666 * a2_0 * sb3_1_0 + 0.6172133998483676 * a2_1 * sb3_4_0
-                - 0.3779644730092272 * a2_2 * sb3_3_0 + 0.48795003647426666 * a2_2 * sb3_5_0
-            )
-            q4 = (
-                0.5976143046671969 * a2_0 * sb3_0_0 + 0.1543033499620919 * a2_0 * sb3_2_0
-                + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
-                + 0.5976143046671969 * a2_2 * sb3_6_0
-            )
-            gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
-            # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
-            q0 = (
-                0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
-                - 0.3535533905932738 * a2_2 * sb3_5_0
-            )
-            g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16tee, g16teo = hl.split(g16te)
-            g16_0, g16_4 = hl.split(g16tee)
-            g16_2, g16_6 = hl.split(g16teo)
-            g16toe, g16too = hl.split(g16to)
-            g16_1, g16_5 = hl.split(g16toe)
-            g16_3, g16_7 = hl.split(g16too)
-            q1 = (
-                -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
-                + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
-                - 0.3535533905932738 * a2_2 * sb3_6_0
-            )
-            q2 = (
-                -0.45643546458763845 * a2_0 * sb3_1_0 + 0.2886751345948129 * a2_1 * sb3_4_0
-                - 0.7071067811865476 * a2_2 * sb3_3_0 - 0.45643546458763845 * a2_2 * sb3_5_0
-            )
-            q3 = (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
-            q4 = (
-                0.7071067811865476 * a2_0 * sb3_3_0 - 0.45643546458763845 * a2_0 * sb3_5_0
-                - 0.2886751345948129 * a2_1 * sb3_2_0 + 0.45643546458763845 * a2_2 * sb3_1_0
-            )
-            q5 = (
-                0.45643546458763845 * a2_0 * sb3_4_0 - 0.3535533905932738 * a2_0 * sb3_6_0
-                - 0.5773502691896258 * a2_1 * sb3_1_0 + 0.3535533905932738 * a2_2 * sb3_0_0
-                + 0.45643546458763845 * a2_2 * sb3_2_0
-            )
-            q6 = (
-                0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
-                + 0.3535533905932738 * a2_2 * sb3_1_0
-            )
-            gw[tile_b, 1024 + tile_c.index] = (
-                q0 * g16_0 + q1 * g16_1
-                + q2 * g16_2 + q3 * g16_3
-                + q4 * g16_4 + q5 * g16_5
-                + q6 * g16_6
-            )
-            # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17_0, g17_2 = hl.split(g17te)
-            g17_1, g17_3 = hl.split(g17to)
-            q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2)
-            # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            g18_0 = g[tile_b, 4736 + tile_c.index]
-            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0)
-            # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
-            # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
-                - 0.408248290463863 * a3_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
-            # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
-                + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
-            )
-            g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g21t = g21.reshape([tile_b, tile_c, 2, 2])
-            g21te, g21to = hl.split(g21t)
-            g21_0, g21_2 = hl.split(g21te)
-            g21_1, g21_3 = hl.split(g21to)
-            q1 = (
-                0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
-                + 0.5477225575051661 * a3_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
-                - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
-            )
-            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
-            # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
-                - 0.408248290463863 * a3_2 * sb2_3_0
-            )
-            g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22tee, g22teo = hl.split(g22te)
-            g22_0, g22_4 = hl.split(g22tee)
-            g22_2, g22_6 = hl.split(g22teo)
-            g22toe, g22too = hl.split(g22to)
-            g22_1, g22_5 = hl.split(g22toe)
-            g22_3, g22_7 = hl.split(g22too)
-            q1 = (
-                -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
-                - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
-            )
-            q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            q3 = (
-                0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
-                - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
-            )
-            q4 = (
-                0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
-                + 0.408248290463863 * a3_2 * sb2_1_0
-            )
-            gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
-            # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
-            g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            q1 = (
-                0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
-                + 0.5773502691896258 * a3_2 * sb2_1_0
-            )
-            q2 = (
-                0.6324555320336759 * a3_0 * sb2_2_0 + 0.18257418583505539 * a3_0 * sb2_4_0
-                + 0.7302967433402215 * a3_1 * sb2_1_0 - 0.18257418583505539 * a3_2 * sb2_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a3_0 * sb2_1_0 + 0.7745966692414835 * a3_1 * sb2_2_0
-                - 0.4472135954999579 * a3_2 * sb2_3_0
-            )
-            q4 = (
-                -0.18257418583505539 * a3_0 * sb2_0_0 + 0.7302967433402215 * a3_1 * sb2_3_0
-                + 0.6324555320336759 * a3_2 * sb2_2_0 - 0.18257418583505539 * a3_2 * sb2_4_0
-            )
-            q5 = (
-                -0.5773502691896258 * a3_0 * sb2_1_0 + 0.5773502691896258 * a3_1 * sb2_4_0
-                + 0.5773502691896258 * a3_2 * sb2_3_0
-            )
-            q6 = (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
-            gw[tile_b, 1472 + tile_c.index] = (
-                q0 * g23_0 + q1 * g23_1
-                + q2 * g23_2 + q3 * g23_3
-                + q4 * g23_4 + q5 * g23_5
-                + q6 * g23_6
-            )
-            # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
-            q0 = (
-                -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
-                + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
-                - 0.1543033499620919 * a3_2 * sb3_2_0
-            )
-            g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            q1 = (
-                -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
-                + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
-            )
-            q2 = (
-                0.5345224838248488 * a3_0 * sb3_2_0 + 0.6546536707079772 * a3_1 * sb3_3_0
-                + 0.5345224838248488 * a3_2 * sb3_4_0
-            )
-            q3 = (
-                0.48795003647426666 * a3_0 * sb3_1_0 + 0.6172133998483676 * a3_1 * sb3_4_0
-                - 0.3779644730092272 * a3_2 * sb3_3_0 + 0.48795003647426666 * a3_2 * sb3_5_0
-            )
-            q4 = (
-                0.5976143046671969 * a3_0 * sb3_0_0 + 0.1543033499620919 * a3_0 * sb3_2_0
-                + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
-                + 0.5976143046671969 * a3_2 * sb3_6_0
-            )
-            gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
-            # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
-            q0 = (
-                0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
-                - 0.3535533905932738 * a3_2 * sb3_5_0
-            )
-            g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25tee, g25teo = hl.split(g25te)
-            g25_0, g25_4 = hl.split(g25tee)
-            g25_2, g25_6 = hl.split(g25teo)
-            g25toe, g25too = hl.split(g25to)
-            g25_1, g25_5 = hl.split(g25toe)
-            g25_3, g25_7 = hl.split(g25too)
-            q1 = (
-                -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
-                + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
-                - 0.3535533905932738 * a3_2 * sb3_6_0
-            )
-            q2 = (
-                -0.45643546458763845 * a3_0 * sb3_1_0 + 0.2886751345948129 * a3_1 * sb3_4_0
-                - 0.7071067811865476 * a3_2 * sb3_3_0 - 0.45643546458763845 * a3_2 * sb3_5_0
-            )
-            q3 = (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
-            q4 = (
-                0.7071067811865476 * a3_0 * sb3_3_0 - 0.45643546458763845 * a3_0 * sb3_5_0
-                - 0.2886751345948129 * a3_1 * sb3_2_0 + 0.45643546458763845 * a3_2 * sb3_1_0
-            )
-            q5 = (
-                0.45643546458763845 * a3_0 * sb3_4_0 - 0.3535533905932738 * a3_0 * sb3_6_0
-                - 0.5773502691896258 * a3_1 * sb3_1_0 + 0.3535533905932738 * a3_2 * sb3_0_0
-                + 0.45643546458763845 * a3_2 * sb3_2_0
-            )
-            q6 = (
-                0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
-                + 0.3535533905932738 * a3_2 * sb3_1_0
-            )
-            gw[tile_b, 1600 + tile_c.index] = (
-                q0 * g25_0 + q1 * g25_1
-                + q2 * g25_2 + q3 * g25_3
-                + q4 * g25_4 + q5 * g25_5
-                + q6 * g25_6
-            )
-            # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            q0 = (a4_0 * sb0_0_0)
-            g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            q1 = (a4_1 * sb0_0_0)
-            q2 = (a4_2 * sb0_0_0)
-            q3 = (a4_3 * sb0_0_0)
-            q4 = (a4_4 * sb0_0_0)
-            gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
-            # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
-                - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
-            )
-            g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g27t = g27.reshape([tile_b, tile_c, 2, 2])
-            g27te, g27to = hl.split(g27t)
-            g27_0, g27_2 = hl.split(g27te)
-            g27_1, g27_3 = hl.split(g27to)
-            q1 = (
-                0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
-                + 0.5477225575051661 * a4_3 * sb1_2_0
-            )
-            q2 = (
-                0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
-                + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
-            )
-            gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
-            # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            q0 = (
-                -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
-                - 0.816496580927726 * a4_4 * sb1_1_0
-            )
-            g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28tee, g28teo = hl.split(g28te)
-            g28_0, g28_4 = hl.split(g28tee)
-            g28_2, g28_6 = hl.split(g28teo)
-            g28toe, g28too = hl.split(g28to)
-            g28_1, g28_5 = hl.split(g28toe)
-            g28_3, g28_7 = hl.split(g28too)
-            q1 = (
-                0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
-            )
-            q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            q3 = (
-                -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
-                - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
-            )
-            q4 = (
-                0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_0_0
-            )
-            gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
-            # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
-            g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            q1 = (
-                0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
-                + 0.5773502691896258 * a4_3 * sb1_0_0
-            )
-            q2 = (
-                -0.18257418583505539 * a4_0 * sb1_2_0 + 0.7302967433402215 * a4_1 * sb1_1_0
-                + 0.6324555320336759 * a4_2 * sb1_0_0 + 0.18257418583505539 * a4_4 * sb1_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a4_1 * sb1_0_0 + 0.7745966692414835 * a4_2 * sb1_1_0
-                - 0.4472135954999579 * a4_3 * sb1_2_0
-            )
-            q4 = (
-                -0.18257418583505539 * a4_0 * sb1_0_0 + 0.6324555320336759 * a4_2 * sb1_2_0
-                + 0.7302967433402215 * a4_3 * sb1_1_0 - 0.18257418583505539 * a4_4 * sb1_2_0
-            )
-            q5 = (
-                -0.5773502691896258 * a4_1 * sb1_0_0 + 0.5773502691896258 * a4_3 * sb1_2_0
-                + 0.5773502691896258 * a4_4 * sb1_1_0
-            )
-            q6 = (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
-            gw[tile_b, 1856 + tile_c.index] = (
-                q0 * g29_0 + q1 * g29_1
-                + q2 * g29_2 + q3 * g29_3
-                + q4 * g29_4 + q5 * g29_5
-                + q6 * g29_6
-            )
-            # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
-                + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
-                + 0.4472135954999579 * a4_4 * sb2_4_0
-            )
-            g30_0 = g[tile_b, 8320 + tile_c.index]
-            gw[tile_b, 1920 + tile_c.index] = (q0 * g30_0)
-            # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
-                + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
-                + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
-            )
-            g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g31t = g31.reshape([tile_b, tile_c, 2, 2])
-            g31te, g31to = hl.split(g31t)
-            g31_0, g31_2 = hl.split(g31te)
-            g31_1, g31_3 = hl.split(g31to)
-            q1 = (
-                -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
-                + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
-            )
-            q2 = (
-                0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
-                + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
-                - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
-            )
-            gw[tile_b, 1984 + tile_c.index] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
-            # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
-                - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
-            )
-            g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
-            g32te, g32to = hl.split(g32t)
-            g32tee, g32teo = hl.split(g32te)
-            g32_0, g32_4 = hl.split(g32tee)
-            g32_2, g32_6 = hl.split(g32teo)
-            g32toe, g32too = hl.split(g32to)
-            g32_1, g32_5 = hl.split(g32toe)
-            g32_3, g32_7 = hl.split(g32too)
-            q1 = (
-                0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
-                - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
-                + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
-            )
-            q2 = (
-                -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
-                + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
-                - 0.5345224838248488 * a4_4 * sb2_4_0
-            )
-            q3 = (
-                0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
-                + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
-                + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
-            )
-            q4 = (
-                -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
-                + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
-            )
-            gw[tile_b, 2048 + tile_c.index] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
-            # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
-            q0 = (
-                0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
-                + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
-            )
-            g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
-            g33te, g33to = hl.split(g33t)
-            g33tee, g33teo = hl.split(g33te)
-            g33_0, g33_4 = hl.split(g33tee)
-            g33_2, g33_6 = hl.split(g33teo)
-            g33toe, g33too = hl.split(g33to)
-            g33_1, g33_5 = hl.split(g33toe)
-            g33_3, g33_7 = hl.split(g33too)
-            q1 = (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
-            q2 = (
-                0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
-                + 0.4472135954999579 * a4_2 * sb2_3_0 - 0.4472135954999579 * a4_3 * sb2_2_0
-                - 0.38729833462074176 * a4_3 * sb2_4_0 + 0.38729833462074176 * a4_4 * sb2_3_0
-            )
-            q3 = (
-                0.31622776601683794 * a4_0 * sb2_4_0 - 0.6324555320336759 * a4_1 * sb2_3_0
-                + 0.6324555320336759 * a4_3 * sb2_1_0 - 0.31622776601683794 * a4_4 * sb2_0_0
-            )
-            q4 = (
-                -0.38729833462074176 * a4_0 * sb2_3_0 + 0.4472135954999579 * a4_1 * sb2_2_0
-                - 0.38729833462074176 * a4_1 * sb2_4_0 - 0.4472135954999579 * a4_2 * sb2_1_0
-                + 0.38729833462074176 * a4_3 * sb2_0_0 + 0.38729833462074176 * a4_4 * sb2_1_0
-            )
-            q5 = (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
-            q6 = (
-                0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
-                - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
-            )
-            gw[tile_b, 2112 + tile_c.index] = (
-                q0 * g33_0 + q1 * g33_1
-                + q2 * g33_2 + q3 * g33_3
-                + q4 * g33_4 + q5 * g33_5
-                + q6 * g33_6
-            )
-            # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
-            q0 = (
-                -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
-                - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
-                + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
-                + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
-            )
-            g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g34t = g34.reshape([tile_b, tile_c, 2, 2])
-            g34te, g34to = hl.split(g34t)
-            g34_0, g34_2 = hl.split(g34te)
-            g34_1, g34_3 = hl.split(g34to)
-            q1 = (
-                0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
-                + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
-                + 0.3779644730092272 * a4_4 * sb3_5_0
-            )
-            q2 = (
-                0.4629100498862757 * a4_0 * sb3_0_0 - 0.11952286093343936 * a4_0 * sb3_2_0
-                + 0.3779644730092272 * a4_1 * sb3_1_0 + 0.4140393356054125 * a4_2 * sb3_4_0
-                - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
-                - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
-            )
-            gw[tile_b, 2176 + tile_c.index] = (q0 * g34_0 + q1 * g34_1 + q2 * g34_2)
-            # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
-            q0 = (
-                0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
-                + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
-                + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
-            )
-            g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
-            g35te, g35to = hl.split(g35t)
-            g35tee, g35teo = hl.split(g35te)
-            g35_0, g35_4 = hl.split(g35tee)
-            g35_2, g35_6 = hl.split(g35teo)
-            g35toe, g35too = hl.split(g35to)
-            g35_1, g35_5 = hl.split(g35toe)
-            g35_3, g35_7 = hl.split(g35too)
-            q1 = (
-                -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
-                + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
-                - 0.3273268353539886 * a4_4 * sb3_4_0 - 0.42257712736425834 * a4_4 * sb3_6_0
-            )
-            q2 = (
-                -0.5976143046671969 * a4_0 * sb3_5_0 - 0.3779644730092272 * a4_1 * sb3_4_0
-                + 0.3779644730092272 * a4_3 * sb3_2_0 + 0.5976143046671969 * a4_4 * sb3_1_0
-            )
-            q3 = (
-                0.3273268353539886 * a4_0 * sb3_4_0 - 0.42257712736425834 * a4_0 * sb3_6_0
-                + 0.5345224838248488 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_2 * sb3_2_0
-                + 0.42257712736425834 * a4_4 * sb3_0_0 - 0.3273268353539886 * a4_4 * sb3_2_0
-            )
-            q4 = (
-                -0.2672612419124244 * a4_0 * sb3_3_0 + 0.3273268353539886 * a4_1 * sb3_4_0
-                + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
-                - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
-            )
-            gw[tile_b, 2240 + tile_c.index] = (q0 * g35_0 + q1 * g35_1 + q2 * g35_2 + q3 * g35_3 + q4 * g35_4)
-            # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
-            q0 = (
-                -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
-                - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
-                - 0.2886751345948129 * a4_4 * sb3_2_0
-            )
-            g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
-            g36te, g36to = hl.split(g36t)
-            g36tee, g36teo = hl.split(g36te)
-            g36_0, g36_4 = hl.split(g36tee)
-            g36_2, g36_6 = hl.split(g36teo)
-            g36toe, g36too = hl.split(g36to)
-            g36_1, g36_5 = hl.split(g36toe)
-            g36_3, g36_7 = hl.split(g36too)
-            q1 = (
-                -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
-                - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
-                + 0.3535533905932738 * a4_3 * sb3_2_0
-            )
-            q2 = (
-                0.4472135954999579 * a4_0 * sb3_4_0 + 0.2886751345948129 * a4_0 * sb3_6_0
-                + 0.18257418583505539 * a4_1 * sb3_3_0 - 0.3535533905932738 * a4_1 * sb3_5_0
-                + 0.38729833462074176 * a4_2 * sb3_2_0 + 0.3535533905932738 * a4_3 * sb3_1_0
-                - 0.2886751345948129 * a4_4 * sb3_0_0 - 0.4472135954999579 * a4_4 * sb3_2_0
-            )
-            q3 = (
-                -0.5773502691896258 * a4_0 * sb3_1_0 + 0.18257418583505539 * a4_1 * sb3_2_0
-                + 0.5163977794943223 * a4_2 * sb3_3_0 + 0.18257418583505539 * a4_3 * sb3_4_0
-                - 0.5773502691896258 * a4_4 * sb3_5_0
-            )
-            q4 = (
-                -0.2886751345948129 * a4_0 * sb3_0_0 + 0.4472135954999579 * a4_0 * sb3_2_0
-                + 0.3535533905932738 * a4_1 * sb3_1_0 + 0.38729833462074176 * a4_2 * sb3_4_0
-                + 0.18257418583505539 * a4_3 * sb3_3_0 + 0.3535533905932738 * a4_3 * sb3_5_0
-                + 0.4472135954999579 * a4_4 * sb3_4_0 - 0.2886751345948129 * a4_4 * sb3_6_0
-            )
-            q5 = (
-                0.45643546458763845 * a4_1 * sb3_0_0 - 0.3535533905932738 * a4_1 * sb3_2_0
-                + 0.3535533905932738 * a4_3 * sb3_4_0 + 0.45643546458763845 * a4_3 * sb3_6_0
-                - 0.5773502691896258 * a4_4 * sb3_3_0
-            )
-            q6 = (
-                0.2886751345948129 * a4_0 * sb3_2_0 - 0.45643546458763845 * a4_1 * sb3_1_0
-                - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
-                - 0.2886751345948129 * a4_4 * sb3_4_0
-            )
-            gw[tile_b, 2304 + tile_c.index] = (
-                q0 * g36_0 + q1 * g36_1
-                + q2 * g36_2 + q3 * g36_3
-                + q4 * g36_4 + q5 * g36_5
-                + q6 * g36_6
-            )
-            # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            q0 = (a5_0 * sb0_0_0)
-            g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
-            g37te, g37to = hl.split(g37t)
-            g37tee, g37teo = hl.split(g37te)
-            g37_0, g37_4 = hl.split(g37tee)
-            g37_2, g37_6 = hl.split(g37teo)
-            g37toe, g37too = hl.split(g37to)
-            g37_1, g37_5 = hl.split(g37toe)
-            g37_3, g37_7 = hl.split(g37too)
-            q1 = (a5_1 * sb0_0_0)
-            q2 = (a5_2 * sb0_0_0)
-            q3 = (a5_3 * sb0_0_0)
-            q4 = (a5_4 * sb0_0_0)
-            gw[tile_b, 2368 + tile_c.index] = (q0 * g37_0 + q1 * g37_1 + q2 * g37_2 + q3 * g37_3 + q4 * g37_4)
-            # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
-                - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
-            )
-            g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g38t = g38.reshape([tile_b, tile_c, 2, 2])
-            g38te, g38to = hl.split(g38t)
-            g38_0, g38_2 = hl.split(g38te)
-            g38_1, g38_3 = hl.split(g38to)
-            q1 = (
-                0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
-                + 0.5477225575051661 * a5_3 * sb1_2_0
-            )
-            q2 = (
-                0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
-                + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
-            )
-            gw[tile_b, 2432 + tile_c.index] = (q0 * g38_0 + q1 * g38_1 + q2 * g38_2)
-            # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            q0 = (
-                -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
-                - 0.816496580927726 * a5_4 * sb1_1_0
-            )
-            g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
-            g39te, g39to = hl.split(g39t)
-            g39tee, g39teo = hl.split(g39te)
-            g39_0, g39_4 = hl.split(g39tee)
-            g39_2, g39_6 = hl.split(g39teo)
-            g39toe, g39too = hl.split(g39to)
-            g39_1, g39_5 = hl.split(g39toe)
-            g39_3, g39_7 = hl.split(g39too)
-            q1 = (
-                0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
-            )
-            q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            q3 = (
-                -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
-                - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
-            )
-            q4 = (
-                0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_0_0
-            )
-            gw[tile_b, 2496 + tile_c.index] = (q0 * g39_0 + q1 * g39_1 + q2 * g39_2 + q3 * g39_3 + q4 * g39_4)
-            # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
-            q0 = (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
-            g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
-            g40te, g40to = hl.split(g40t)
-            g40tee, g40teo = hl.split(g40te)
-            g40_0, g40_4 = hl.split(g40tee)
-            g40_2, g40_6 = hl.split(g40teo)
-            g40toe, g40too = hl.split(g40to)
-            g40_1, g40_5 = hl.split(g40toe)
-            g40_3, g40_7 = hl.split(g40too)
-            q1 = (
-                0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
-                + 0.5773502691896258 * a5_3 * sb1_0_0
-            )
-            q2 = (
-                -0.18257418583505539 * a5_0 * sb1_2_0 + 0.7302967433402215 * a5_1 * sb1_1_0
-                + 0.6324555320336759 * a5_2 * sb1_0_0 + 0.18257418583505539 * a5_4 * sb1_0_0
-            )
-            q3 = (
-                -0.4472135954999579 * a5_1 * sb1_0_0 + 0.7745966692414835 * a5_2 * sb1_1_0
-                - 0.4472135954999579 * a5_3 * sb1_2_0
-            )
-            q4 = (
-                -0.18257418583505539 * a5_0 * sb1_0_0 + 0.6324555320336759 * a5_2 * sb1_2_0
-                + 0.7302967433402215 * a5_3 * sb1_1_0 - 0.18257418583505539 * a5_4 * sb1_2_0
-            )
-            q5 = (
-                -0.5773502691896258 * a5_1 * sb1_0_0 + 0.5773502691896258 * a5_3 * sb1_2_0
-                + 0.5773502691896258 * a5_4 * sb1_1_0
-            )
-            q6 = (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
-            gw[tile_b, 2560 + tile_c.index] = (
-                q0 * g40_0 + q1 * g40_1
-                + q2 * g40_2 + q3 * g40_3
-                + q4 * g40_4 + q5 * g40_5
-                + q6 * g40_6
-            )
-            # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
-                + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
-                + 0.4472135954999579 * a5_4 * sb2_4_0
-            )
-            g41_0 = g[tile_b, 11584 + tile_c.index]
-            gw[tile_b, 2624 + tile_c.index] = (q0 * g41_0)
-            # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
-                + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
-                + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
-            )
-            g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g42t = g42.reshape([tile_b, tile_c, 2, 2])
-            g42te, g42to = hl.split(g42t)
-            g42_0, g42_2 = hl.split(g42te)
-            g42_1, g42_3 = hl.split(g42to)
-            q1 = (
-                -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
-                + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
-            )
-            q2 = (
-                0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
-                + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
-                - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
-            )
-            gw[tile_b, 2688 + tile_c.index] = (q0 * g42_0 + q1 * g42_1 + q2 * g42_2)
-            # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
-                - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
-            )
-            g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
-            g43te, g43to = hl.split(g43t)
-            g43tee, g43teo = hl.split(g43te)
-            g43_0, g43_4 = hl.split(g43tee)
-            g43_2, g43_6 = hl.split(g43teo)
-            g43toe, g43too = hl.split(g43to)
-            g43_1, g43_5 = hl.split(g43toe)
-            g43_3, g43_7 = hl.split(g43too)
-            q1 = (
-                0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
-                - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
-                + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
-            )
-            q2 = (
-                -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
-                + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
-                - 0.5345224838248488 * a5_4 * sb2_4_0
-            )
-            q3 = (
-                0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
-                + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
-                + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
-            )
-            q4 = (
-                -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
-                + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
-            )
-            gw[tile_b, 2752 + tile_c.index] = (q0 * g43_0 + q1 * g43_1 + q2 * g43_2 + q3 * g43_3 + q4 * g43_4)
-            # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
-            q0 = (
-                0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
-                + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
-            )
-            g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
-            g44te, g44to = hl.split(g44t)
-            g44tee, g44teo = hl.split(g44te)
-            g44_0, g44_4 = hl.split(g44tee)
-            g44_2, g44_6 = hl.split(g44teo)
-            g44toe, g44too = hl.split(g44to)
-            g44_1, g44_5 = hl.split(g44toe)
-            g44_3, g44_7 = hl.split(g44too)
-            q1 = (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
-            q2 = (
-                0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
-                + 0.4472135954999579 * a5_2 * sb2_3_0 - 0.4472135954999579 * a5_3 * sb2_2_0
-                - 0.38729833462074176 * a5_3 * sb2_4_0 + 0.38729833462074176 * a5_4 * sb2_3_0
-            )
-            q3 = (
-                0.31622776601683794 * a5_0 * sb2_4_0 - 0.6324555320336759 * a5_1 * sb2_3_0
-                + 0.6324555320336759 * a5_3 * sb2_1_0 - 0.31622776601683794 * a5_4 * sb2_0_0
-            )
-            q4 = (
-                -0.38729833462074176 * a5_0 * sb2_3_0 + 0.4472135954999579 * a5_1 * sb2_2_0
-                - 0.38729833462074176 * a5_1 * sb2_4_0 - 0.4472135954999579 * a5_2 * sb2_1_0
-                + 0.38729833462074176 * a5_3 * sb2_0_0 + 0.38729833462074176 * a5_4 * sb2_1_0
-            )
-            q5 = (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
-            q6 = (
-                0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
-                - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
-            )
-            gw[tile_b, 2816 + tile_c.index] = (
-                q0 * g44_0 + q1 * g44_1
-                + q2 * g44_2 + q3 * g44_3
-                + q4 * g44_4 + q5 * g44_5
-                + q6 * g44_6
-            )
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        a0_0 = x1[tile_b, tile_c.index]
+        q0 = (a0_0 * sb0_0_0)
+        g0_0 = g[tile_b, tile_c.index]
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        q0 = (a0_0 * sb2_0_0)
+        g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        q1 = (a0_0 * sb2_1_0)
+        q2 = (a0_0 * sb2_2_0)
+        q3 = (a0_0 * sb2_3_0)
+        q4 = (a0_0 * sb2_4_0)
+        gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+        # path 3: uvu 64x0o x 1x3o -> 64x3e, 7 nonzeros, weighted
+        q0 = (1.0000000000000002 * a0_0 * sb3_0_0)
+        g3 = hl.load(g, [tile_b, 576 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3tee, g3teo = hl.split(g3te)
+        g3_0, g3_4 = hl.split(g3tee)
+        g3_2, g3_6 = hl.split(g3teo)
+        g3toe, g3too = hl.split(g3to)
+        g3_1, g3_5 = hl.split(g3toe)
+        g3_3, g3_7 = hl.split(g3too)
+        q1 = (1.0000000000000002 * a0_0 * sb3_1_0)
+        q2 = (1.0000000000000002 * a0_0 * sb3_2_0)
+        q3 = (1.0000000000000002 * a0_0 * sb3_3_0)
+        q4 = (1.0000000000000002 * a0_0 * sb3_4_0)
+        q5 = (1.0000000000000002 * a0_0 * sb3_5_0)
+        q6 = (1.0000000000000002 * a0_0 * sb3_6_0)
+        gw[tile_b, 192 + tile_c.index] = (
+            q0 * g3_0 + q1 * g3_1
+            + q2 * g3_2 + q3 * g3_3
+            + q4 * g3_4 + q5 * g3_5
+            + q6 * g3_6
+        )
+        # path 4: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        q0 = (a1_0 * sb0_0_0)
+        g4_0 = g[tile_b, 1024 + tile_c.index]
+        gw[tile_b, 256 + tile_c.index] = (q0 * g4_0)
+        # path 5: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+        g5 = hl.load(g, [tile_b, 1088 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5_0, g5_2 = hl.split(g5te)
+        g5_1, g5_3 = hl.split(g5to)
+        q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+        gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2)
+        # path 6: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        q0 = (a1_0 * sb2_0_0)
+        g6 = hl.load(g, [tile_b, 1280 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6tee, g6teo = hl.split(g6te)
+        g6_0, g6_4 = hl.split(g6tee)
+        g6_2, g6_6 = hl.split(g6teo)
+        g6toe, g6too = hl.split(g6to)
+        g6_1, g6_5 = hl.split(g6toe)
+        g6_3, g6_7 = hl.split(g6too)
+        q1 = (a1_0 * sb2_1_0)
+        q2 = (a1_0 * sb2_2_0)
+        q3 = (a1_0 * sb2_3_0)
+        q4 = (a1_0 * sb2_4_0)
+        gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2 + q3 * g6_3 + q4 * g6_4)
+        # path 7: uvu 64x0e x 1x3o -> 64x3o, 7 nonzeros, weighted
+        q0 = (1.0000000000000002 * a1_0 * sb3_0_0)
+        g7 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7tee, g7teo = hl.split(g7te)
+        g7_0, g7_4 = hl.split(g7tee)
+        g7_2, g7_6 = hl.split(g7teo)
+        g7toe, g7too = hl.split(g7to)
+        g7_1, g7_5 = hl.split(g7toe)
+        g7_3, g7_7 = hl.split(g7too)
+        q1 = (1.0000000000000002 * a1_0 * sb3_1_0)
+        q2 = (1.0000000000000002 * a1_0 * sb3_2_0)
+        q3 = (1.0000000000000002 * a1_0 * sb3_3_0)
+        q4 = (1.0000000000000002 * a1_0 * sb3_4_0)
+        q5 = (1.0000000000000002 * a1_0 * sb3_5_0)
+        q6 = (1.0000000000000002 * a1_0 * sb3_6_0)
+        gw[tile_b, 448 + tile_c.index] = (
+            q0 * g7_0 + q1 * g7_1
+            + q2 * g7_2 + q3 * g7_3
+            + q4 * g7_4 + q5 * g7_5
+            + q6 * g7_6
+        )
+        # path 8: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+        g8 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8_0, g8_2 = hl.split(g8te)
+        g8_1, g8_3 = hl.split(g8to)
+        q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+        gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+        # path 9: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        g9_0 = g[tile_b, 2240 + tile_c.index]
+        gw[tile_b, 576 + tile_c.index] = (q0 * g9_0)
+        # path 10: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        g10 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10_0, g10_2 = hl.split(g10te)
+        g10_1, g10_3 = hl.split(g10to)
+        q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
+        # path 11: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+        g11 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11tee, g11teo = hl.split(g11te)
+        g11_0, g11_4 = hl.split(g11tee)
+        g11_2, g11_6 = hl.split(g11teo)
+        g11toe, g11too = hl.split(g11to)
+        g11_1, g11_5 = hl.split(g11toe)
+        g11_3, g11_7 = hl.split(g11too)
+        q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
+            - 0.408248290463863 * a2_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+        gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+        # path 12: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
+            + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
+        )
+        g12 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12_0, g12_2 = hl.split(g12te)
+        g12_1, g12_3 = hl.split(g12to)
+        q1 = (
+            0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
+            + 0.5477225575051661 * a2_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
+            - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
+        )
+        gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
+        # path 13: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
+            - 0.408248290463863 * a2_2 * sb2_3_0
+        )
+        g13 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+        g13te, g13to = hl.split(g13t)
+        g13tee, g13teo = hl.split(g13te)
+        g13_0, g13_4 = hl.split(g13tee)
+        g13_2, g13_6 = hl.split(g13teo)
+        g13toe, g13too = hl.split(g13to)
+        g13_1, g13_5 = hl.split(g13toe)
+        g13_3, g13_7 = hl.split(g13too)
+        q1 = (
+            -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
+            - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
+        )
+        q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+        q3 = (
+            0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
+            - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
+        )
+        q4 = (
+            0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
+            + 0.408248290463863 * a2_2 * sb2_1_0
+        )
+        gw[tile_b, 832 + tile_c.index] = (q0 * g13_0 + q1 * g13_1 + q2 * g13_2 + q3 * g13_3 + q4 * g13_4)
+        # path 14: uvu 64x1o x 1x2e -> 64x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a2_0 * sb2_4_0 + 0.7071067811865476 * a2_2 * sb2_0_0)
+        g14 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14tee, g14teo = hl.split(g14te)
+        g14_0, g14_4 = hl.split(g14tee)
+        g14_2, g14_6 = hl.split(g14teo)
+        g14toe, g14too = hl.split(g14to)
+        g14_1, g14_5 = hl.split(g14toe)
+        g14_3, g14_7 = hl.split(g14too)
+        q1 = (
+            0.5773502691896258 * a2_0 * sb2_3_0 + 0.5773502691896258 * a2_1 * sb2_0_0
+            + 0.5773502691896258 * a2_2 * sb2_1_0
+        )
+        q2 = (
+            0.6324555320336759 * a2_0 * sb2_2_0 + 0.18257418583505539 * a2_0 * sb2_4_0
+            + 0.7302967433402215 * a2_1 * sb2_1_0 - 0.18257418583505539 * a2_2 * sb2_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a2_0 * sb2_1_0 + 0.7745966692414835 * a2_1 * sb2_2_0
+            - 0.4472135954999579 * a2_2 * sb2_3_0
+        )
+        q4 = (
+            -0.18257418583505539 * a2_0 * sb2_0_0 + 0.7302967433402215 * a2_1 * sb2_3_0
+            + 0.6324555320336759 * a2_2 * sb2_2_0 - 0.18257418583505539 * a2_2 * sb2_4_0
+        )
+        q5 = (
+            -0.5773502691896258 * a2_0 * sb2_1_0 + 0.5773502691896258 * a2_1 * sb2_4_0
+            + 0.5773502691896258 * a2_2 * sb2_3_0
+        )
+        q6 = (-0.7071067811865476 * a2_0 * sb2_0_0 + 0.7071067811865476 * a2_2 * sb2_4_0)
+        gw[tile_b, 896 + tile_c.index] = (
+            q0 * g14_0 + q1 * g14_1
+            + q2 * g14_2 + q3 * g14_3
+            + q4 * g14_4 + q5 * g14_5
+            + q6 * g14_6
+        )
+        # path 15: uvu 64x1o x 1x3o -> 64x2e, 21 nonzeros, weighted
+        q0 = (
+            -0.1543033499620919 * a2_0 * sb3_4_0 - 0.5976143046671969 * a2_0 * sb3_6_0
+            + 0.48795003647426666 * a2_1 * sb3_1_0 + 0.5976143046671969 * a2_2 * sb3_0_0
+            - 0.1543033499620919 * a2_2 * sb3_2_0
+        )
+        g15 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15tee, g15teo = hl.split(g15te)
+        g15_0, g15_4 = hl.split(g15tee)
+        g15_2, g15_6 = hl.split(g15teo)
+        g15toe, g15too = hl.split(g15to)
+        g15_1, g15_5 = hl.split(g15toe)
+        g15_3, g15_7 = hl.split(g15too)
+        q1 = (
+            -0.3779644730092272 * a2_0 * sb3_3_0 - 0.48795003647426666 * a2_0 * sb3_5_0
+            + 0.6172133998483676 * a2_1 * sb3_2_0 + 0.48795003647426666 * a2_2 * sb3_1_0
+        )
+        q2 = (
+            0.5345224838248488 * a2_0 * sb3_2_0 + 0.6546536707079772 * a2_1 * sb3_3_0
+            + 0.5345224838248488 * a2_2 * sb3_4_0
+        )
+        q3 = (
+            0.48795003647426666 * a2_0 * sb3_1_0 + 0.6172133998483676 * a2_1 * sb3_4_0
+            - 0.3779644730092272 * a2_2 * sb3_3_0 + 0.48795003647426666 * a2_2 * sb3_5_0
+        )
+        q4 = (
+            0.5976143046671969 * a2_0 * sb3_0_0 + 0.1543033499620919 * a2_0 * sb3_2_0
+            + 0.48795003647426666 * a2_1 * sb3_5_0 - 0.1543033499620919 * a2_2 * sb3_4_0
+            + 0.5976143046671969 * a2_2 * sb3_6_0
+        )
+        gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+        # path 16: uvu 64x1o x 1x3o -> 64x3e, 26 nonzeros, weighted
+        q0 = (
+            0.3535533905932738 * a2_0 * sb3_1_0 + 0.8660254037844387 * a2_1 * sb3_6_0
+            - 0.3535533905932738 * a2_2 * sb3_5_0
+        )
+        g16 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16tee, g16teo = hl.split(g16te)
+        g16_0, g16_4 = hl.split(g16tee)
+        g16_2, g16_6 = hl.split(g16teo)
+        g16toe, g16too = hl.split(g16to)
+        g16_1, g16_5 = hl.split(g16toe)
+        g16_3, g16_7 = hl.split(g16too)
+        q1 = (
+            -0.3535533905932738 * a2_0 * sb3_0_0 + 0.45643546458763845 * a2_0 * sb3_2_0
+            + 0.5773502691896258 * a2_1 * sb3_5_0 - 0.45643546458763845 * a2_2 * sb3_4_0
+            - 0.3535533905932738 * a2_2 * sb3_6_0
+        )
+        q2 = (
+            -0.45643546458763845 * a2_0 * sb3_1_0 + 0.2886751345948129 * a2_1 * sb3_4_0
+            - 0.7071067811865476 * a2_2 * sb3_3_0 - 0.45643546458763845 * a2_2 * sb3_5_0
+        )
+        q3 = (-0.7071067811865476 * a2_0 * sb3_4_0 + 0.7071067811865476 * a2_2 * sb3_2_0)
+        q4 = (
+            0.7071067811865476 * a2_0 * sb3_3_0 - 0.45643546458763845 * a2_0 * sb3_5_0
+            - 0.2886751345948129 * a2_1 * sb3_2_0 + 0.45643546458763845 * a2_2 * sb3_1_0
+        )
+        q5 = (
+            0.45643546458763845 * a2_0 * sb3_4_0 - 0.3535533905932738 * a2_0 * sb3_6_0
+            - 0.5773502691896258 * a2_1 * sb3_1_0 + 0.3535533905932738 * a2_2 * sb3_0_0
+            + 0.45643546458763845 * a2_2 * sb3_2_0
+        )
+        q6 = (
+            0.3535533905932738 * a2_0 * sb3_5_0 - 0.8660254037844387 * a2_1 * sb3_0_0
+            + 0.3535533905932738 * a2_2 * sb3_1_0
+        )
+        gw[tile_b, 1024 + tile_c.index] = (
+            q0 * g16_0 + q1 * g16_1
+            + q2 * g16_2 + q3 * g16_3
+            + q4 * g16_4 + q5 * g16_5
+            + q6 * g16_6
+        )
+        # path 17: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+        g17 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g17t = g17.reshape([tile_b, tile_c, 2, 2])
+        g17te, g17to = hl.split(g17t)
+        g17_0, g17_2 = hl.split(g17te)
+        g17_1, g17_3 = hl.split(g17to)
+        q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
+        gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2)
+        # path 18: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        g18_0 = g[tile_b, 4736 + tile_c.index]
+        gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0)
+        # path 19: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        g19 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g19t = g19.reshape([tile_b, tile_c, 2, 2])
+        g19te, g19to = hl.split(g19t)
+        g19_0, g19_2 = hl.split(g19te)
+        g19_1, g19_3 = hl.split(g19to)
+        q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+        # path 20: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+        g20 = hl.load(g, [tile_b, 4992 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+        g20te, g20to = hl.split(g20t)
+        g20tee, g20teo = hl.split(g20te)
+        g20_0, g20_4 = hl.split(g20tee)
+        g20_2, g20_6 = hl.split(g20teo)
+        g20toe, g20too = hl.split(g20to)
+        g20_1, g20_5 = hl.split(g20toe)
+        g20_3, g20_7 = hl.split(g20too)
+        q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
+            - 0.408248290463863 * a3_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+        gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
+        # path 21: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
+            + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
+        )
+        g21 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g21t = g21.reshape([tile_b, tile_c, 2, 2])
+        g21te, g21to = hl.split(g21t)
+        g21_0, g21_2 = hl.split(g21te)
+        g21_1, g21_3 = hl.split(g21to)
+        q1 = (
+            0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
+            + 0.5477225575051661 * a3_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
+            - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
+        )
+        gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0 + q1 * g21_1 + q2 * g21_2)
+        # path 22: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
+            - 0.408248290463863 * a3_2 * sb2_3_0
+        )
+        g22 = hl.load(g, [tile_b, 5504 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+        g22te, g22to = hl.split(g22t)
+        g22tee, g22teo = hl.split(g22te)
+        g22_0, g22_4 = hl.split(g22tee)
+        g22_2, g22_6 = hl.split(g22teo)
+        g22toe, g22too = hl.split(g22to)
+        g22_1, g22_5 = hl.split(g22toe)
+        g22_3, g22_7 = hl.split(g22too)
+        q1 = (
+            -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
+            - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
+        )
+        q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+        q3 = (
+            0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
+            - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
+        )
+        q4 = (
+            0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
+            + 0.408248290463863 * a3_2 * sb2_1_0
+        )
+        gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2 + q3 * g22_3 + q4 * g22_4)
+        # path 23: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a3_0 * sb2_4_0 + 0.7071067811865476 * a3_2 * sb2_0_0)
+        g23 = hl.load(g, [tile_b, 5824 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+        g23te, g23to = hl.split(g23t)
+        g23tee, g23teo = hl.split(g23te)
+        g23_0, g23_4 = hl.split(g23tee)
+        g23_2, g23_6 = hl.split(g23teo)
+        g23toe, g23too = hl.split(g23to)
+        g23_1, g23_5 = hl.split(g23toe)
+        g23_3, g23_7 = hl.split(g23too)
+        q1 = (
+            0.5773502691896258 * a3_0 * sb2_3_0 + 0.5773502691896258 * a3_1 * sb2_0_0
+            + 0.5773502691896258 * a3_2 * sb2_1_0
+        )
+        q2 = (
+            0.6324555320336759 * a3_0 * sb2_2_0 + 0.18257418583505539 * a3_0 * sb2_4_0
+            + 0.7302967433402215 * a3_1 * sb2_1_0 - 0.18257418583505539 * a3_2 * sb2_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a3_0 * sb2_1_0 + 0.7745966692414835 * a3_1 * sb2_2_0
+            - 0.4472135954999579 * a3_2 * sb2_3_0
+        )
+        q4 = (
+            -0.18257418583505539 * a3_0 * sb2_0_0 + 0.7302967433402215 * a3_1 * sb2_3_0
+            + 0.6324555320336759 * a3_2 * sb2_2_0 - 0.18257418583505539 * a3_2 * sb2_4_0
+        )
+        q5 = (
+            -0.5773502691896258 * a3_0 * sb2_1_0 + 0.5773502691896258 * a3_1 * sb2_4_0
+            + 0.5773502691896258 * a3_2 * sb2_3_0
+        )
+        q6 = (-0.7071067811865476 * a3_0 * sb2_0_0 + 0.7071067811865476 * a3_2 * sb2_4_0)
+        gw[tile_b, 1472 + tile_c.index] = (
+            q0 * g23_0 + q1 * g23_1
+            + q2 * g23_2 + q3 * g23_3
+            + q4 * g23_4 + q5 * g23_5
+            + q6 * g23_6
+        )
+        # path 24: uvu 64x1e x 1x3o -> 64x2o, 21 nonzeros, weighted
+        q0 = (
+            -0.1543033499620919 * a3_0 * sb3_4_0 - 0.5976143046671969 * a3_0 * sb3_6_0
+            + 0.48795003647426666 * a3_1 * sb3_1_0 + 0.5976143046671969 * a3_2 * sb3_0_0
+            - 0.1543033499620919 * a3_2 * sb3_2_0
+        )
+        g24 = hl.load(g, [tile_b, 6272 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+        g24te, g24to = hl.split(g24t)
+        g24tee, g24teo = hl.split(g24te)
+        g24_0, g24_4 = hl.split(g24tee)
+        g24_2, g24_6 = hl.split(g24teo)
+        g24toe, g24too = hl.split(g24to)
+        g24_1, g24_5 = hl.split(g24toe)
+        g24_3, g24_7 = hl.split(g24too)
+        q1 = (
+            -0.3779644730092272 * a3_0 * sb3_3_0 - 0.48795003647426666 * a3_0 * sb3_5_0
+            + 0.6172133998483676 * a3_1 * sb3_2_0 + 0.48795003647426666 * a3_2 * sb3_1_0
+        )
+        q2 = (
+            0.5345224838248488 * a3_0 * sb3_2_0 + 0.6546536707079772 * a3_1 * sb3_3_0
+            + 0.5345224838248488 * a3_2 * sb3_4_0
+        )
+        q3 = (
+            0.48795003647426666 * a3_0 * sb3_1_0 + 0.6172133998483676 * a3_1 * sb3_4_0
+            - 0.3779644730092272 * a3_2 * sb3_3_0 + 0.48795003647426666 * a3_2 * sb3_5_0
+        )
+        q4 = (
+            0.5976143046671969 * a3_0 * sb3_0_0 + 0.1543033499620919 * a3_0 * sb3_2_0
+            + 0.48795003647426666 * a3_1 * sb3_5_0 - 0.1543033499620919 * a3_2 * sb3_4_0
+            + 0.5976143046671969 * a3_2 * sb3_6_0
+        )
+        gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
+        # path 25: uvu 64x1e x 1x3o -> 64x3o, 26 nonzeros, weighted
+        q0 = (
+            0.3535533905932738 * a3_0 * sb3_1_0 + 0.8660254037844387 * a3_1 * sb3_6_0
+            - 0.3535533905932738 * a3_2 * sb3_5_0
+        )
+        g25 = hl.load(g, [tile_b, 6592 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+        g25te, g25to = hl.split(g25t)
+        g25tee, g25teo = hl.split(g25te)
+        g25_0, g25_4 = hl.split(g25tee)
+        g25_2, g25_6 = hl.split(g25teo)
+        g25toe, g25too = hl.split(g25to)
+        g25_1, g25_5 = hl.split(g25toe)
+        g25_3, g25_7 = hl.split(g25too)
+        q1 = (
+            -0.3535533905932738 * a3_0 * sb3_0_0 + 0.45643546458763845 * a3_0 * sb3_2_0
+            + 0.5773502691896258 * a3_1 * sb3_5_0 - 0.45643546458763845 * a3_2 * sb3_4_0
+            - 0.3535533905932738 * a3_2 * sb3_6_0
+        )
+        q2 = (
+            -0.45643546458763845 * a3_0 * sb3_1_0 + 0.2886751345948129 * a3_1 * sb3_4_0
+            - 0.7071067811865476 * a3_2 * sb3_3_0 - 0.45643546458763845 * a3_2 * sb3_5_0
+        )
+        q3 = (-0.7071067811865476 * a3_0 * sb3_4_0 + 0.7071067811865476 * a3_2 * sb3_2_0)
+        q4 = (
+            0.7071067811865476 * a3_0 * sb3_3_0 - 0.45643546458763845 * a3_0 * sb3_5_0
+            - 0.2886751345948129 * a3_1 * sb3_2_0 + 0.45643546458763845 * a3_2 * sb3_1_0
+        )
+        q5 = (
+            0.45643546458763845 * a3_0 * sb3_4_0 - 0.3535533905932738 * a3_0 * sb3_6_0
+            - 0.5773502691896258 * a3_1 * sb3_1_0 + 0.3535533905932738 * a3_2 * sb3_0_0
+            + 0.45643546458763845 * a3_2 * sb3_2_0
+        )
+        q6 = (
+            0.3535533905932738 * a3_0 * sb3_5_0 - 0.8660254037844387 * a3_1 * sb3_0_0
+            + 0.3535533905932738 * a3_2 * sb3_1_0
+        )
+        gw[tile_b, 1600 + tile_c.index] = (
+            q0 * g25_0 + q1 * g25_1
+            + q2 * g25_2 + q3 * g25_3
+            + q4 * g25_4 + q5 * g25_5
+            + q6 * g25_6
+        )
+        # path 26: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        q0 = (a4_0 * sb0_0_0)
+        g26 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+        g26te, g26to = hl.split(g26t)
+        g26tee, g26teo = hl.split(g26te)
+        g26_0, g26_4 = hl.split(g26tee)
+        g26_2, g26_6 = hl.split(g26teo)
+        g26toe, g26too = hl.split(g26to)
+        g26_1, g26_5 = hl.split(g26toe)
+        g26_3, g26_7 = hl.split(g26too)
+        q1 = (a4_1 * sb0_0_0)
+        q2 = (a4_2 * sb0_0_0)
+        q3 = (a4_3 * sb0_0_0)
+        q4 = (a4_4 * sb0_0_0)
+        gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
+        # path 27: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
+            - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
+        )
+        g27 = hl.load(g, [tile_b, 7360 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g27t = g27.reshape([tile_b, tile_c, 2, 2])
+        g27te, g27to = hl.split(g27t)
+        g27_0, g27_2 = hl.split(g27te)
+        g27_1, g27_3 = hl.split(g27to)
+        q1 = (
+            0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
+            + 0.5477225575051661 * a4_3 * sb1_2_0
+        )
+        q2 = (
+            0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
+            + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
+        )
+        gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0 + q1 * g27_1 + q2 * g27_2)
+        # path 28: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        q0 = (
+            -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
+            - 0.816496580927726 * a4_4 * sb1_1_0
+        )
+        g28 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+        g28te, g28to = hl.split(g28t)
+        g28tee, g28teo = hl.split(g28te)
+        g28_0, g28_4 = hl.split(g28tee)
+        g28_2, g28_6 = hl.split(g28teo)
+        g28toe, g28too = hl.split(g28to)
+        g28_1, g28_5 = hl.split(g28toe)
+        g28_3, g28_7 = hl.split(g28too)
+        q1 = (
+            0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
+        )
+        q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+        q3 = (
+            -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
+            - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
+        )
+        q4 = (
+            0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_0_0
+        )
+        gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2 + q3 * g28_3 + q4 * g28_4)
+        # path 29: uvu 64x2o x 1x1o -> 64x3e, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a4_0 * sb1_2_0 + 0.7071067811865476 * a4_4 * sb1_0_0)
+        g29 = hl.load(g, [tile_b, 7872 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+        g29te, g29to = hl.split(g29t)
+        g29tee, g29teo = hl.split(g29te)
+        g29_0, g29_4 = hl.split(g29tee)
+        g29_2, g29_6 = hl.split(g29teo)
+        g29toe, g29too = hl.split(g29to)
+        g29_1, g29_5 = hl.split(g29toe)
+        g29_3, g29_7 = hl.split(g29too)
+        q1 = (
+            0.5773502691896258 * a4_0 * sb1_1_0 + 0.5773502691896258 * a4_1 * sb1_2_0
+            + 0.5773502691896258 * a4_3 * sb1_0_0
+        )
+        q2 = (
+            -0.18257418583505539 * a4_0 * sb1_2_0 + 0.7302967433402215 * a4_1 * sb1_1_0
+            + 0.6324555320336759 * a4_2 * sb1_0_0 + 0.18257418583505539 * a4_4 * sb1_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a4_1 * sb1_0_0 + 0.7745966692414835 * a4_2 * sb1_1_0
+            - 0.4472135954999579 * a4_3 * sb1_2_0
+        )
+        q4 = (
+            -0.18257418583505539 * a4_0 * sb1_0_0 + 0.6324555320336759 * a4_2 * sb1_2_0
+            + 0.7302967433402215 * a4_3 * sb1_1_0 - 0.18257418583505539 * a4_4 * sb1_2_0
+        )
+        q5 = (
+            -0.5773502691896258 * a4_1 * sb1_0_0 + 0.5773502691896258 * a4_3 * sb1_2_0
+            + 0.5773502691896258 * a4_4 * sb1_1_0
+        )
+        q6 = (-0.7071067811865476 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_4 * sb1_2_0)
+        gw[tile_b, 1856 + tile_c.index] = (
+            q0 * g29_0 + q1 * g29_1
+            + q2 * g29_2 + q3 * g29_3
+            + q4 * g29_4 + q5 * g29_5
+            + q6 * g29_6
+        )
+        # path 30: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
+            + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
+            + 0.4472135954999579 * a4_4 * sb2_4_0
+        )
+        g30_0 = g[tile_b, 8320 + tile_c.index]
+        gw[tile_b, 1920 + tile_c.index] = (q0 * g30_0)
+        # path 31: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
+            + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
+            + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
+        )
+        g31 = hl.load(g, [tile_b, 8384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g31t = g31.reshape([tile_b, tile_c, 2, 2])
+        g31te, g31to = hl.split(g31t)
+        g31_0, g31_2 = hl.split(g31te)
+        g31_1, g31_3 = hl.split(g31to)
+        q1 = (
+            -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
+            + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
+        )
+        q2 = (
+            0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
+            + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
+            - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
+        )
+        gw[tile_b, 1984 + tile_c.index] = (q0 * g31_0 + q1 * g31_1 + q2 * g31_2)
+        # path 32: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
+            - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
+        )
+        g32 = hl.load(g, [tile_b, 8576 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+        g32te, g32to = hl.split(g32t)
+        g32tee, g32teo = hl.split(g32te)
+        g32_0, g32_4 = hl.split(g32tee)
+        g32_2, g32_6 = hl.split(g32teo)
+        g32toe, g32too = hl.split(g32to)
+        g32_1, g32_5 = hl.split(g32toe)
+        g32_3, g32_7 = hl.split(g32too)
+        q1 = (
+            0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
+            - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
+            + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
+        )
+        q2 = (
+            -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
+            + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
+            - 0.5345224838248488 * a4_4 * sb2_4_0
+        )
+        q3 = (
+            0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
+            + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
+            + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
+        )
+        q4 = (
+            -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
+            + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
+        )
+        gw[tile_b, 2048 + tile_c.index] = (q0 * g32_0 + q1 * g32_1 + q2 * g32_2 + q3 * g32_3 + q4 * g32_4)
+        # path 33: uvu 64x2o x 1x2e -> 64x3o, 28 nonzeros, weighted
+        q0 = (
+            0.5000000000000001 * a4_0 * sb2_1_0 - 0.5000000000000001 * a4_1 * sb2_0_0
+            + 0.5000000000000001 * a4_3 * sb2_4_0 - 0.5000000000000001 * a4_4 * sb2_3_0
+        )
+        g33 = hl.load(g, [tile_b, 8896 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+        g33te, g33to = hl.split(g33t)
+        g33tee, g33teo = hl.split(g33te)
+        g33_0, g33_4 = hl.split(g33tee)
+        g33_2, g33_6 = hl.split(g33teo)
+        g33toe, g33too = hl.split(g33to)
+        g33_1, g33_5 = hl.split(g33toe)
+        g33_3, g33_7 = hl.split(g33too)
+        q1 = (0.7071067811865476 * a4_2 * sb2_4_0 - 0.7071067811865476 * a4_4 * sb2_2_0)
+        q2 = (
+            0.38729833462074176 * a4_0 * sb2_1_0 - 0.38729833462074176 * a4_1 * sb2_0_0
+            + 0.4472135954999579 * a4_2 * sb2_3_0 - 0.4472135954999579 * a4_3 * sb2_2_0
+            - 0.38729833462074176 * a4_3 * sb2_4_0 + 0.38729833462074176 * a4_4 * sb2_3_0
+        )
+        q3 = (
+            0.31622776601683794 * a4_0 * sb2_4_0 - 0.6324555320336759 * a4_1 * sb2_3_0
+            + 0.6324555320336759 * a4_3 * sb2_1_0 - 0.31622776601683794 * a4_4 * sb2_0_0
+        )
+        q4 = (
+            -0.38729833462074176 * a4_0 * sb2_3_0 + 0.4472135954999579 * a4_1 * sb2_2_0
+            - 0.38729833462074176 * a4_1 * sb2_4_0 - 0.4472135954999579 * a4_2 * sb2_1_0
+            + 0.38729833462074176 * a4_3 * sb2_0_0 + 0.38729833462074176 * a4_4 * sb2_1_0
+        )
+        q5 = (0.7071067811865476 * a4_0 * sb2_2_0 - 0.7071067811865476 * a4_2 * sb2_0_0)
+        q6 = (
+            0.5000000000000001 * a4_0 * sb2_3_0 - 0.5000000000000001 * a4_1 * sb2_4_0
+            - 0.5000000000000001 * a4_3 * sb2_0_0 + 0.5000000000000001 * a4_4 * sb2_1_0
+        )
+        gw[tile_b, 2112 + tile_c.index] = (
+            q0 * g33_0 + q1 * g33_1
+            + q2 * g33_2 + q3 * g33_3
+            + q4 * g33_4 + q5 * g33_5
+            + q6 * g33_6
+        )
+        # path 34: uvu 64x2o x 1x3o -> 64x1e, 21 nonzeros, weighted
+        q0 = (
+            -0.11952286093343936 * a4_0 * sb3_4_0 - 0.4629100498862757 * a4_0 * sb3_6_0
+            - 0.2927700218845599 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_1 * sb3_5_0
+            + 0.4140393356054125 * a4_2 * sb3_2_0 + 0.3779644730092272 * a4_3 * sb3_1_0
+            + 0.4629100498862757 * a4_4 * sb3_0_0 + 0.11952286093343936 * a4_4 * sb3_2_0
+        )
+        g34 = hl.load(g, [tile_b, 9344 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g34t = g34.reshape([tile_b, tile_c, 2, 2])
+        g34te, g34to = hl.split(g34t)
+        g34_0, g34_2 = hl.split(g34te)
+        g34_1, g34_3 = hl.split(g34to)
+        q1 = (
+            0.3779644730092272 * a4_0 * sb3_1_0 + 0.47809144373375745 * a4_1 * sb3_2_0
+            + 0.50709255283711 * a4_2 * sb3_3_0 + 0.47809144373375745 * a4_3 * sb3_4_0
+            + 0.3779644730092272 * a4_4 * sb3_5_0
+        )
+        q2 = (
+            0.4629100498862757 * a4_0 * sb3_0_0 - 0.11952286093343936 * a4_0 * sb3_2_0
+            + 0.3779644730092272 * a4_1 * sb3_1_0 + 0.4140393356054125 * a4_2 * sb3_4_0
+            - 0.2927700218845599 * a4_3 * sb3_3_0 + 0.3779644730092272 * a4_3 * sb3_5_0
+            - 0.11952286093343936 * a4_4 * sb3_4_0 + 0.4629100498862757 * a4_4 * sb3_6_0
+        )
+        gw[tile_b, 2176 + tile_c.index] = (q0 * g34_0 + q1 * g34_1 + q2 * g34_2)
+        # path 35: uvu 64x2o x 1x3o -> 64x2e, 28 nonzeros, weighted
+        q0 = (
+            0.42257712736425834 * a4_1 * sb3_0_0 + 0.3273268353539886 * a4_1 * sb3_2_0
+            + 0.5976143046671969 * a4_2 * sb3_5_0 - 0.3273268353539886 * a4_3 * sb3_4_0
+            + 0.42257712736425834 * a4_3 * sb3_6_0 + 0.2672612419124244 * a4_4 * sb3_3_0
+        )
+        g35 = hl.load(g, [tile_b, 9536 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g35t = g35.reshape([tile_b, tile_c, 2, 2, 2])
+        g35te, g35to = hl.split(g35t)
+        g35tee, g35teo = hl.split(g35te)
+        g35_0, g35_4 = hl.split(g35tee)
+        g35_2, g35_6 = hl.split(g35teo)
+        g35toe, g35too = hl.split(g35to)
+        g35_1, g35_5 = hl.split(g35toe)
+        g35_3, g35_7 = hl.split(g35too)
+        q1 = (
+            -0.42257712736425834 * a4_0 * sb3_0_0 - 0.3273268353539886 * a4_0 * sb3_2_0
+            + 0.3779644730092272 * a4_2 * sb3_4_0 - 0.5345224838248488 * a4_3 * sb3_3_0
+            - 0.3273268353539886 * a4_4 * sb3_4_0 - 0.42257712736425834 * a4_4 * sb3_6_0
+        )
+        q2 = (
+            -0.5976143046671969 * a4_0 * sb3_5_0 - 0.3779644730092272 * a4_1 * sb3_4_0
+            + 0.3779644730092272 * a4_3 * sb3_2_0 + 0.5976143046671969 * a4_4 * sb3_1_0
+        )
+        q3 = (
+            0.3273268353539886 * a4_0 * sb3_4_0 - 0.42257712736425834 * a4_0 * sb3_6_0
+            + 0.5345224838248488 * a4_1 * sb3_3_0 - 0.3779644730092272 * a4_2 * sb3_2_0
+            + 0.42257712736425834 * a4_4 * sb3_0_0 - 0.3273268353539886 * a4_4 * sb3_2_0
+        )
+        q4 = (
+            -0.2672612419124244 * a4_0 * sb3_3_0 + 0.3273268353539886 * a4_1 * sb3_4_0
+            + 0.42257712736425834 * a4_1 * sb3_6_0 - 0.5976143046671969 * a4_2 * sb3_1_0
+            - 0.42257712736425834 * a4_3 * sb3_0_0 + 0.3273268353539886 * a4_3 * sb3_2_0
+        )
+        gw[tile_b, 2240 + tile_c.index] = (q0 * g35_0 + q1 * g35_1 + q2 * g35_2 + q3 * g35_3 + q4 * g35_4)
+        # path 36: uvu 64x2o x 1x3o -> 64x3e, 41 nonzeros, weighted
+        q0 = (
+            -0.2886751345948129 * a4_0 * sb3_4_0 + 0.45643546458763845 * a4_1 * sb3_5_0
+            - 0.6454972243679029 * a4_2 * sb3_0_0 + 0.45643546458763845 * a4_3 * sb3_1_0
+            - 0.2886751345948129 * a4_4 * sb3_2_0
+        )
+        g36 = hl.load(g, [tile_b, 9856 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g36t = g36.reshape([tile_b, tile_c, 2, 2, 2])
+        g36te, g36to = hl.split(g36t)
+        g36tee, g36teo = hl.split(g36te)
+        g36_0, g36_4 = hl.split(g36tee)
+        g36_2, g36_6 = hl.split(g36teo)
+        g36toe, g36too = hl.split(g36to)
+        g36_1, g36_5 = hl.split(g36toe)
+        g36_3, g36_7 = hl.split(g36too)
+        q1 = (
+            -0.5773502691896258 * a4_0 * sb3_3_0 + 0.3535533905932738 * a4_1 * sb3_4_0
+            - 0.45643546458763845 * a4_1 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_0_0
+            + 0.3535533905932738 * a4_3 * sb3_2_0
+        )
+        q2 = (
+            0.4472135954999579 * a4_0 * sb3_4_0 + 0.2886751345948129 * a4_0 * sb3_6_0
+            + 0.18257418583505539 * a4_1 * sb3_3_0 - 0.3535533905932738 * a4_1 * sb3_5_0
+            + 0.38729833462074176 * a4_2 * sb3_2_0 + 0.3535533905932738 * a4_3 * sb3_1_0
+            - 0.2886751345948129 * a4_4 * sb3_0_0 - 0.4472135954999579 * a4_4 * sb3_2_0
+        )
+        q3 = (
+            -0.5773502691896258 * a4_0 * sb3_1_0 + 0.18257418583505539 * a4_1 * sb3_2_0
+            + 0.5163977794943223 * a4_2 * sb3_3_0 + 0.18257418583505539 * a4_3 * sb3_4_0
+            - 0.5773502691896258 * a4_4 * sb3_5_0
+        )
+        q4 = (
+            -0.2886751345948129 * a4_0 * sb3_0_0 + 0.4472135954999579 * a4_0 * sb3_2_0
+            + 0.3535533905932738 * a4_1 * sb3_1_0 + 0.38729833462074176 * a4_2 * sb3_4_0
+            + 0.18257418583505539 * a4_3 * sb3_3_0 + 0.3535533905932738 * a4_3 * sb3_5_0
+            + 0.4472135954999579 * a4_4 * sb3_4_0 - 0.2886751345948129 * a4_4 * sb3_6_0
+        )
+        q5 = (
+            0.45643546458763845 * a4_1 * sb3_0_0 - 0.3535533905932738 * a4_1 * sb3_2_0
+            + 0.3535533905932738 * a4_3 * sb3_4_0 + 0.45643546458763845 * a4_3 * sb3_6_0
+            - 0.5773502691896258 * a4_4 * sb3_3_0
+        )
+        q6 = (
+            0.2886751345948129 * a4_0 * sb3_2_0 - 0.45643546458763845 * a4_1 * sb3_1_0
+            - 0.6454972243679029 * a4_2 * sb3_6_0 + 0.45643546458763845 * a4_3 * sb3_5_0
+            - 0.2886751345948129 * a4_4 * sb3_4_0
+        )
+        gw[tile_b, 2304 + tile_c.index] = (
+            q0 * g36_0 + q1 * g36_1
+            + q2 * g36_2 + q3 * g36_3
+            + q4 * g36_4 + q5 * g36_5
+            + q6 * g36_6
+        )
+        # path 37: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        q0 = (a5_0 * sb0_0_0)
+        g37 = hl.load(g, [tile_b, 10304 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g37t = g37.reshape([tile_b, tile_c, 2, 2, 2])
+        g37te, g37to = hl.split(g37t)
+        g37tee, g37teo = hl.split(g37te)
+        g37_0, g37_4 = hl.split(g37tee)
+        g37_2, g37_6 = hl.split(g37teo)
+        g37toe, g37too = hl.split(g37to)
+        g37_1, g37_5 = hl.split(g37toe)
+        g37_3, g37_7 = hl.split(g37too)
+        q1 = (a5_1 * sb0_0_0)
+        q2 = (a5_2 * sb0_0_0)
+        q3 = (a5_3 * sb0_0_0)
+        q4 = (a5_4 * sb0_0_0)
+        gw[tile_b, 2368 + tile_c.index] = (q0 * g37_0 + q1 * g37_1 + q2 * g37_2 + q3 * g37_3 + q4 * g37_4)
+        # path 38: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
+            - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
+        )
+        g38 = hl.load(g, [tile_b, 10624 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g38t = g38.reshape([tile_b, tile_c, 2, 2])
+        g38te, g38to = hl.split(g38t)
+        g38_0, g38_2 = hl.split(g38te)
+        g38_1, g38_3 = hl.split(g38to)
+        q1 = (
+            0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
+            + 0.5477225575051661 * a5_3 * sb1_2_0
+        )
+        q2 = (
+            0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
+            + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
+        )
+        gw[tile_b, 2432 + tile_c.index] = (q0 * g38_0 + q1 * g38_1 + q2 * g38_2)
+        # path 39: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        q0 = (
+            -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
+            - 0.816496580927726 * a5_4 * sb1_1_0
+        )
+        g39 = hl.load(g, [tile_b, 10816 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g39t = g39.reshape([tile_b, tile_c, 2, 2, 2])
+        g39te, g39to = hl.split(g39t)
+        g39tee, g39teo = hl.split(g39te)
+        g39_0, g39_4 = hl.split(g39tee)
+        g39_2, g39_6 = hl.split(g39teo)
+        g39toe, g39too = hl.split(g39to)
+        g39_1, g39_5 = hl.split(g39toe)
+        g39_3, g39_7 = hl.split(g39too)
+        q1 = (
+            0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
+        )
+        q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+        q3 = (
+            -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
+            - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
+        )
+        q4 = (
+            0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_0_0
+        )
+        gw[tile_b, 2496 + tile_c.index] = (q0 * g39_0 + q1 * g39_1 + q2 * g39_2 + q3 * g39_3 + q4 * g39_4)
+        # path 40: uvu 64x2e x 1x1o -> 64x3o, 21 nonzeros, weighted
+        q0 = (0.7071067811865476 * a5_0 * sb1_2_0 + 0.7071067811865476 * a5_4 * sb1_0_0)
+        g40 = hl.load(g, [tile_b, 11136 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g40t = g40.reshape([tile_b, tile_c, 2, 2, 2])
+        g40te, g40to = hl.split(g40t)
+        g40tee, g40teo = hl.split(g40te)
+        g40_0, g40_4 = hl.split(g40tee)
+        g40_2, g40_6 = hl.split(g40teo)
+        g40toe, g40too = hl.split(g40to)
+        g40_1, g40_5 = hl.split(g40toe)
+        g40_3, g40_7 = hl.split(g40too)
+        q1 = (
+            0.5773502691896258 * a5_0 * sb1_1_0 + 0.5773502691896258 * a5_1 * sb1_2_0
+            + 0.5773502691896258 * a5_3 * sb1_0_0
+        )
+        q2 = (
+            -0.18257418583505539 * a5_0 * sb1_2_0 + 0.7302967433402215 * a5_1 * sb1_1_0
+            + 0.6324555320336759 * a5_2 * sb1_0_0 + 0.18257418583505539 * a5_4 * sb1_0_0
+        )
+        q3 = (
+            -0.4472135954999579 * a5_1 * sb1_0_0 + 0.7745966692414835 * a5_2 * sb1_1_0
+            - 0.4472135954999579 * a5_3 * sb1_2_0
+        )
+        q4 = (
+            -0.18257418583505539 * a5_0 * sb1_0_0 + 0.6324555320336759 * a5_2 * sb1_2_0
+            + 0.7302967433402215 * a5_3 * sb1_1_0 - 0.18257418583505539 * a5_4 * sb1_2_0
+        )
+        q5 = (
+            -0.5773502691896258 * a5_1 * sb1_0_0 + 0.5773502691896258 * a5_3 * sb1_2_0
+            + 0.5773502691896258 * a5_4 * sb1_1_0
+        )
+        q6 = (-0.7071067811865476 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_4 * sb1_2_0)
+        gw[tile_b, 2560 + tile_c.index] = (
+            q0 * g40_0 + q1 * g40_1
+            + q2 * g40_2 + q3 * g40_3
+            + q4 * g40_4 + q5 * g40_5
+            + q6 * g40_6
+        )
+        # path 41: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
+            + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
+            + 0.4472135954999579 * a5_4 * sb2_4_0
+        )
+        g41_0 = g[tile_b, 11584 + tile_c.index]
+        gw[tile_b, 2624 + tile_c.index] = (q0 * g41_0)
+        # path 42: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
+            + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
+            + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
+        )
+        g42 = hl.load(g, [tile_b, 11648 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g42t = g42.reshape([tile_b, tile_c, 2, 2])
+        g42te, g42to = hl.split(g42t)
+        g42_0, g42_2 = hl.split(g42te)
+        g42_1, g42_3 = hl.split(g42to)
+        q1 = (
+            -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
+            + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
+        )
+        q2 = (
+            0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
+            + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
+            - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
+        )
+        gw[tile_b, 2688 + tile_c.index] = (q0 * g42_0 + q1 * g42_1 + q2 * g42_2)
+        # path 43: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
+            - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
+        )
+        g43 = hl.load(g, [tile_b, 11840 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g43t = g43.reshape([tile_b, tile_c, 2, 2, 2])
+        g43te, g43to = hl.split(g43t)
+        g43tee, g43teo = hl.split(g43te)
+        g43_0, g43_4 = hl.split(g43tee)
+        g43_2, g43_6 = hl.split(g43teo)
+        g43toe, g43too = hl.split(g43to)
+        g43_1, g43_5 = hl.split(g43toe)
+        g43_3, g43_7 = hl.split(g43too)
+        q1 = (
+            0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
+            - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
+            + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
+        )
+        q2 = (
+            -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
+            + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
+            - 0.5345224838248488 * a5_4 * sb2_4_0
+        )
+        q3 = (
+            0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
+            + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
+            + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
+        )
+        q4 = (
+            -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
+            + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
+        )
+        gw[tile_b, 2752 + tile_c.index] = (q0 * g43_0 + q1 * g43_1 + q2 * g43_2 + q3 * g43_3 + q4 * g43_4)
+        # path 44: uvu 64x2e x 1x2e -> 64x3e, 28 nonzeros, weighted
+        q0 = (
+            0.5000000000000001 * a5_0 * sb2_1_0 - 0.5000000000000001 * a5_1 * sb2_0_0
+            + 0.5000000000000001 * a5_3 * sb2_4_0 - 0.5000000000000001 * a5_4 * sb2_3_0
+        )
+        g44 = hl.load(g, [tile_b, 12160 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g44t = g44.reshape([tile_b, tile_c, 2, 2, 2])
+        g44te, g44to = hl.split(g44t)
+        g44tee, g44teo = hl.split(g44te)
+        g44_0, g44_4 = hl.split(g44tee)
+        g44_2, g44_6 = hl.split(g44teo)
+        g44toe, g44too = hl.split(g44to)
+        g44_1, g44_5 = hl.split(g44toe)
+        g44_3, g44_7 = hl.split(g44too)
+        q1 = (0.7071067811865476 * a5_2 * sb2_4_0 - 0.7071067811865476 * a5_4 * sb2_2_0)
+        q2 = (
+            0.38729833462074176 * a5_0 * sb2_1_0 - 0.38729833462074176 * a5_1 * sb2_0_0
+            + 0.4472135954999579 * a5_2 * sb2_3_0 - 0.4472135954999579 * a5_3 * sb2_2_0
+            - 0.38729833462074176 * a5_3 * sb2_4_0 + 0.38729833462074176 * a5_4 * sb2_3_0
+        )
+        q3 = (
+            0.31622776601683794 * a5_0 * sb2_4_0 - 0.6324555320336759 * a5_1 * sb2_3_0
+            + 0.6324555320336759 * a5_3 * sb2_1_0 - 0.31622776601683794 * a5_4 * sb2_0_0
+        )
+        q4 = (
+            -0.38729833462074176 * a5_0 * sb2_3_0 + 0.4472135954999579 * a5_1 * sb2_2_0
+            - 0.38729833462074176 * a5_1 * sb2_4_0 - 0.4472135954999579 * a5_2 * sb2_1_0
+            + 0.38729833462074176 * a5_3 * sb2_0_0 + 0.38729833462074176 * a5_4 * sb2_1_0
+        )
+        q5 = (0.7071067811865476 * a5_0 * sb2_2_0 - 0.7071067811865476 * a5_2 * sb2_0_0)
+        q6 = (
+            0.5000000000000001 * a5_0 * sb2_3_0 - 0.5000000000000001 * a5_1 * sb2_4_0
+            - 0.5000000000000001 * a5_3 * sb2_0_0 + 0.5000000000000001 * a5_4 * sb2_1_0
+        )
+        gw[tile_b, 2816 + tile_c.index] = (
+            q0 * g44_0 + q1 * g44_1
+            + q2 * g44_2 + q3 * g44_3
+            + q4 * g44_4 + q5 * g44_5
+            + q6 * g44_6
+        )
 
 
 @helion.kernel(
@@ -7023,7 +7020,7 @@ def tp_bwd_w_1(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 45-67."""
-    for tile_b in hl.tile(x1.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 16]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -7040,824 +7037,823 @@ def tp_bwd_w_1(
         sb3_4_0 = x2[tile_b, 13][:, None]
         sb3_5_0 = x2[tile_b, 14][:, None]
         sb3_6_0 = x2[tile_b, 15][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            q0 = (
-                -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
-                - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
-                + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
-                + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
-            )
-            g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g45t = g45.reshape([tile_b, tile_c, 2, 2])
-            g45te, g45to = hl.split(g45t)
-            g45_0, g45_2 = hl.split(g45te)
-            g45_1, g45_3 = hl.split(g45to)
-            q1 = (
-                0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
-                + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
-                + 0.3779644730092272 * a5_4 * sb3_5_0
-            )
-            q2 = (
-                0.4629100498862757 * a5_0 * sb3_0_0 - 0.11952286093343936 * a5_0 * sb3_2_0
-                + 0.3779644730092272 * a5_1 * sb3_1_0 + 0.4140393356054125 * a5_2 * sb3_4_0
-                - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
-                - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
-            )
-            gw[tile_b, 2880 + tile_c.index] = (q0 * g45_0 + q1 * g45_1 + q2 * g45_2)
-            # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
-            q0 = (
-                0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
-                + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
-                + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
-            )
-            g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
-            g46te, g46to = hl.split(g46t)
-            g46tee, g46teo = hl.split(g46te)
-            g46_0, g46_4 = hl.split(g46tee)
-            g46_2, g46_6 = hl.split(g46teo)
-            g46toe, g46too = hl.split(g46to)
-            g46_1, g46_5 = hl.split(g46toe)
-            g46_3, g46_7 = hl.split(g46too)
-            q1 = (
-                -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
-                + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
-                - 0.3273268353539886 * a5_4 * sb3_4_0 - 0.42257712736425834 * a5_4 * sb3_6_0
-            )
-            q2 = (
-                -0.5976143046671969 * a5_0 * sb3_5_0 - 0.3779644730092272 * a5_1 * sb3_4_0
-                + 0.3779644730092272 * a5_3 * sb3_2_0 + 0.5976143046671969 * a5_4 * sb3_1_0
-            )
-            q3 = (
-                0.3273268353539886 * a5_0 * sb3_4_0 - 0.42257712736425834 * a5_0 * sb3_6_0
-                + 0.5345224838248488 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_2 * sb3_2_0
-                + 0.42257712736425834 * a5_4 * sb3_0_0 - 0.3273268353539886 * a5_4 * sb3_2_0
-            )
-            q4 = (
-                -0.2672612419124244 * a5_0 * sb3_3_0 + 0.3273268353539886 * a5_1 * sb3_4_0
-                + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
-                - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
-            )
-            gw[tile_b, 2944 + tile_c.index] = (q0 * g46_0 + q1 * g46_1 + q2 * g46_2 + q3 * g46_3 + q4 * g46_4)
-            # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
-            q0 = (
-                -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
-                - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
-                - 0.2886751345948129 * a5_4 * sb3_2_0
-            )
-            g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
-            g47te, g47to = hl.split(g47t)
-            g47tee, g47teo = hl.split(g47te)
-            g47_0, g47_4 = hl.split(g47tee)
-            g47_2, g47_6 = hl.split(g47teo)
-            g47toe, g47too = hl.split(g47to)
-            g47_1, g47_5 = hl.split(g47toe)
-            g47_3, g47_7 = hl.split(g47too)
-            q1 = (
-                -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
-                - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
-                + 0.3535533905932738 * a5_3 * sb3_2_0
-            )
-            q2 = (
-                0.4472135954999579 * a5_0 * sb3_4_0 + 0.2886751345948129 * a5_0 * sb3_6_0
-                + 0.18257418583505539 * a5_1 * sb3_3_0 - 0.3535533905932738 * a5_1 * sb3_5_0
-                + 0.38729833462074176 * a5_2 * sb3_2_0 + 0.3535533905932738 * a5_3 * sb3_1_0
-                - 0.2886751345948129 * a5_4 * sb3_0_0 - 0.4472135954999579 * a5_4 * sb3_2_0
-            )
-            q3 = (
-                -0.5773502691896258 * a5_0 * sb3_1_0 + 0.18257418583505539 * a5_1 * sb3_2_0
-                + 0.5163977794943223 * a5_2 * sb3_3_0 + 0.18257418583505539 * a5_3 * sb3_4_0
-                - 0.5773502691896258 * a5_4 * sb3_5_0
-            )
-            q4 = (
-                -0.2886751345948129 * a5_0 * sb3_0_0 + 0.4472135954999579 * a5_0 * sb3_2_0
-                + 0.3535533905932738 * a5_1 * sb3_1_0 + 0.38729833462074176 * a5_2 * sb3_4_0
-                + 0.18257418583505539 * a5_3 * sb3_3_0 + 0.3535533905932738 * a5_3 * sb3_5_0
-                + 0.4472135954999579 * a5_4 * sb3_4_0 - 0.2886751345948129 * a5_4 * sb3_6_0
-            )
-            q5 = (
-                0.45643546458763845 * a5_1 * sb3_0_0 - 0.3535533905932738 * a5_1 * sb3_2_0
-                + 0.3535533905932738 * a5_3 * sb3_4_0 + 0.45643546458763845 * a5_3 * sb3_6_0
-                - 0.5773502691896258 * a5_4 * sb3_3_0
-            )
-            q6 = (
-                0.2886751345948129 * a5_0 * sb3_2_0 - 0.45643546458763845 * a5_1 * sb3_1_0
-                - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
-                - 0.2886751345948129 * a5_4 * sb3_4_0
-            )
-            gw[tile_b, 3008 + tile_c.index] = (
-                q0 * g47_0 + q1 * g47_1
-                + q2 * g47_2 + q3 * g47_3
-                + q4 * g47_4 + q5 * g47_5
-                + q6 * g47_6
-            )
-            # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
-            a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
-            a6te, a6to = hl.split(a6t)
-            a6tee, a6teo = hl.split(a6te)
-            a6_0, a6_4 = hl.split(a6tee)
-            a6_2, a6_6 = hl.split(a6teo)
-            a6toe, a6too = hl.split(a6to)
-            a6_1, a6_5 = hl.split(a6toe)
-            a6_3, a6_7 = hl.split(a6too)
-            q0 = (1.0000000000000002 * a6_0 * sb0_0_0)
-            g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
-            g48te, g48to = hl.split(g48t)
-            g48tee, g48teo = hl.split(g48te)
-            g48_0, g48_4 = hl.split(g48tee)
-            g48_2, g48_6 = hl.split(g48teo)
-            g48toe, g48too = hl.split(g48to)
-            g48_1, g48_5 = hl.split(g48toe)
-            g48_3, g48_7 = hl.split(g48too)
-            q1 = (1.0000000000000002 * a6_1 * sb0_0_0)
-            q2 = (1.0000000000000002 * a6_2 * sb0_0_0)
-            q3 = (1.0000000000000002 * a6_3 * sb0_0_0)
-            q4 = (1.0000000000000002 * a6_4 * sb0_0_0)
-            q5 = (1.0000000000000002 * a6_5 * sb0_0_0)
-            q6 = (1.0000000000000002 * a6_6 * sb0_0_0)
-            gw[tile_b, 3072 + tile_c.index] = (
-                q0 * g48_0 + q1 * g48_1
-                + q2 * g48_2 + q3 * g48_3
-                + q4 * g48_4 + q5 * g48_5
-                + q6 * g48_6
-            )
-            # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
-            q0 = (
-                0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
-                - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
-                - 0.5976143046671969 * a6_6 * sb1_0_0
-            )
-            g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
-            g49te, g49to = hl.split(g49t)
-            g49tee, g49teo = hl.split(g49te)
-            g49_0, g49_4 = hl.split(g49tee)
-            g49_2, g49_6 = hl.split(g49teo)
-            g49toe, g49too = hl.split(g49to)
-            g49_1, g49_5 = hl.split(g49toe)
-            g49_3, g49_7 = hl.split(g49too)
-            q1 = (
-                0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
-                - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
-            )
-            q2 = (
-                0.5345224838248488 * a6_2 * sb1_0_0 + 0.6546536707079772 * a6_3 * sb1_1_0
-                + 0.5345224838248488 * a6_4 * sb1_2_0
-            )
-            q3 = (
-                0.48795003647426666 * a6_1 * sb1_0_0 - 0.3779644730092272 * a6_3 * sb1_2_0
-                + 0.6172133998483676 * a6_4 * sb1_1_0 + 0.48795003647426666 * a6_5 * sb1_2_0
-            )
-            q4 = (
-                0.5976143046671969 * a6_0 * sb1_0_0 + 0.1543033499620919 * a6_2 * sb1_0_0
-                - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
-                + 0.5976143046671969 * a6_6 * sb1_2_0
-            )
-            gw[tile_b, 3136 + tile_c.index] = (q0 * g49_0 + q1 * g49_1 + q2 * g49_2 + q3 * g49_3 + q4 * g49_4)
-            # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
-            q0 = (
-                -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
-                - 0.8660254037844387 * a6_6 * sb1_1_0
-            )
-            g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
-            g50te, g50to = hl.split(g50t)
-            g50tee, g50teo = hl.split(g50te)
-            g50_0, g50_4 = hl.split(g50tee)
-            g50_2, g50_6 = hl.split(g50teo)
-            g50toe, g50too = hl.split(g50to)
-            g50_1, g50_5 = hl.split(g50toe)
-            g50_3, g50_7 = hl.split(g50too)
-            q1 = (
-                0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
-                + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
-                + 0.3535533905932738 * a6_6 * sb1_2_0
-            )
-            q2 = (
-                0.45643546458763845 * a6_1 * sb1_0_0 + 0.7071067811865476 * a6_3 * sb1_2_0
-                - 0.2886751345948129 * a6_4 * sb1_1_0 + 0.45643546458763845 * a6_5 * sb1_2_0
-            )
-            q3 = (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
-            q4 = (
-                -0.45643546458763845 * a6_1 * sb1_2_0 + 0.2886751345948129 * a6_2 * sb1_1_0
-                - 0.7071067811865476 * a6_3 * sb1_0_0 + 0.45643546458763845 * a6_5 * sb1_0_0
-            )
-            q5 = (
-                -0.3535533905932738 * a6_0 * sb1_2_0 + 0.5773502691896258 * a6_1 * sb1_1_0
-                - 0.45643546458763845 * a6_2 * sb1_2_0 - 0.45643546458763845 * a6_4 * sb1_0_0
-                + 0.3535533905932738 * a6_6 * sb1_0_0
-            )
-            q6 = (
-                0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
-                - 0.3535533905932738 * a6_5 * sb1_0_0
-            )
-            gw[tile_b, 3200 + tile_c.index] = (
-                q0 * g50_0 + q1 * g50_1
-                + q2 * g50_2 + q3 * g50_3
-                + q4 * g50_4 + q5 * g50_5
-                + q6 * g50_6
-            )
-            # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
-            q0 = (
-                0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
-                + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
-                - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
-                - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
-            )
-            g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g51t = g51.reshape([tile_b, tile_c, 2, 2])
-            g51te, g51to = hl.split(g51t)
-            g51_0, g51_2 = hl.split(g51te)
-            g51_1, g51_3 = hl.split(g51to)
-            q1 = (
-                0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
-                + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
-                + 0.3779644730092272 * a6_5 * sb2_4_0
-            )
-            q2 = (
-                0.4629100498862757 * a6_0 * sb2_0_0 + 0.3779644730092272 * a6_1 * sb2_1_0
-                - 0.11952286093343936 * a6_2 * sb2_0_0 - 0.2927700218845599 * a6_3 * sb2_3_0
-                + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
-                + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
-            )
-            gw[tile_b, 3264 + tile_c.index] = (q0 * g51_0 + q1 * g51_1 + q2 * g51_2)
-            # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
-            q0 = (
-                -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
-                - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
-                - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
-            )
-            g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
-            g52te, g52to = hl.split(g52t)
-            g52tee, g52teo = hl.split(g52te)
-            g52_0, g52_4 = hl.split(g52tee)
-            g52_2, g52_6 = hl.split(g52teo)
-            g52toe, g52too = hl.split(g52to)
-            g52_1, g52_5 = hl.split(g52toe)
-            g52_3, g52_7 = hl.split(g52too)
-            q1 = (
-                0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
-                + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
-                + 0.3273268353539886 * a6_4 * sb2_4_0 + 0.42257712736425834 * a6_6 * sb2_4_0
-            )
-            q2 = (
-                -0.5976143046671969 * a6_1 * sb2_4_0 - 0.3779644730092272 * a6_2 * sb2_3_0
-                + 0.3779644730092272 * a6_4 * sb2_1_0 + 0.5976143046671969 * a6_5 * sb2_0_0
-            )
-            q3 = (
-                -0.42257712736425834 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_2 * sb2_2_0
-                + 0.3273268353539886 * a6_2 * sb2_4_0 - 0.5345224838248488 * a6_3 * sb2_1_0
-                - 0.3273268353539886 * a6_4 * sb2_0_0 + 0.42257712736425834 * a6_6 * sb2_0_0
-            )
-            q4 = (
-                0.42257712736425834 * a6_0 * sb2_3_0 + 0.5976143046671969 * a6_1 * sb2_2_0
-                - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
-                - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
-            )
-            gw[tile_b, 3328 + tile_c.index] = (q0 * g52_0 + q1 * g52_1 + q2 * g52_2 + q3 * g52_3 + q4 * g52_4)
-            # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
-            q0 = (
-                -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
-                - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
-                + 0.45643546458763845 * a6_5 * sb2_1_0
-            )
-            g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
-            g53te, g53to = hl.split(g53t)
-            g53tee, g53teo = hl.split(g53te)
-            g53_0, g53_4 = hl.split(g53tee)
-            g53_2, g53_6 = hl.split(g53teo)
-            g53toe, g53too = hl.split(g53to)
-            g53_1, g53_5 = hl.split(g53toe)
-            g53_3, g53_7 = hl.split(g53too)
-            q1 = (
-                0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
-                - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
-                - 0.45643546458763845 * a6_6 * sb2_1_0
-            )
-            q2 = (
-                -0.2886751345948129 * a6_0 * sb2_4_0 + 0.3535533905932738 * a6_1 * sb2_3_0
-                + 0.38729833462074176 * a6_2 * sb2_2_0 - 0.4472135954999579 * a6_2 * sb2_4_0
-                + 0.18257418583505539 * a6_3 * sb2_1_0 + 0.4472135954999579 * a6_4 * sb2_0_0
-                - 0.3535533905932738 * a6_5 * sb2_1_0 + 0.2886751345948129 * a6_6 * sb2_0_0
-            )
-            q3 = (
-                -0.5773502691896258 * a6_1 * sb2_0_0 + 0.18257418583505539 * a6_2 * sb2_1_0
-                + 0.5163977794943223 * a6_3 * sb2_2_0 + 0.18257418583505539 * a6_4 * sb2_3_0
-                - 0.5773502691896258 * a6_5 * sb2_4_0
-            )
-            q4 = (
-                -0.2886751345948129 * a6_0 * sb2_0_0 + 0.3535533905932738 * a6_1 * sb2_1_0
-                + 0.4472135954999579 * a6_2 * sb2_0_0 + 0.18257418583505539 * a6_3 * sb2_3_0
-                + 0.38729833462074176 * a6_4 * sb2_2_0 + 0.4472135954999579 * a6_4 * sb2_4_0
-                + 0.3535533905932738 * a6_5 * sb2_3_0 - 0.2886751345948129 * a6_6 * sb2_4_0
-            )
-            q5 = (
-                0.45643546458763845 * a6_0 * sb2_1_0 - 0.3535533905932738 * a6_2 * sb2_1_0
-                - 0.5773502691896258 * a6_3 * sb2_4_0 + 0.3535533905932738 * a6_4 * sb2_3_0
-                + 0.45643546458763845 * a6_6 * sb2_3_0
-            )
-            q6 = (
-                -0.45643546458763845 * a6_1 * sb2_1_0 + 0.2886751345948129 * a6_2 * sb2_0_0
-                - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
-                - 0.6454972243679029 * a6_6 * sb2_2_0
-            )
-            gw[tile_b, 3392 + tile_c.index] = (
-                q0 * g53_0 + q1 * g53_1
-                + q2 * g53_2 + q3 * g53_3
-                + q4 * g53_4 + q5 * g53_5
-                + q6 * g53_6
-            )
-            # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
-            q0 = (
-                0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
-                + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
-                + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
-                + 0.37796447300922725 * a6_6 * sb3_6_0
-            )
-            g54_0 = g[tile_b, 15744 + tile_c.index]
-            gw[tile_b, 3456 + tile_c.index] = (q0 * g54_0)
-            # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
-            q0 = (
-                -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
-                - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
-                + 0.4629100498862757 * a6_3 * sb3_4_0 - 0.4629100498862757 * a6_4 * sb3_3_0
-                + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
-                + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
-            )
-            g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g55t = g55.reshape([tile_b, tile_c, 2, 2])
-            g55te, g55to = hl.split(g55t)
-            g55_0, g55_2 = hl.split(g55te)
-            g55_1, g55_3 = hl.split(g55to)
-            q1 = (
-                -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
-                - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
-                + 0.3779644730092272 * a6_5 * sb3_1_0 + 0.5669467095138409 * a6_6 * sb3_0_0
-            )
-            q2 = (
-                0.23145502494313785 * a6_0 * sb3_5_0 + 0.2988071523335984 * a6_1 * sb3_4_0
-                + 0.23145502494313785 * a6_1 * sb3_6_0 + 0.4629100498862757 * a6_2 * sb3_3_0
-                + 0.2988071523335984 * a6_2 * sb3_5_0 - 0.4629100498862757 * a6_3 * sb3_2_0
-                - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
-                - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
-            )
-            gw[tile_b, 3520 + tile_c.index] = (q0 * g55_0 + q1 * g55_1 + q2 * g55_2)
-            # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
-            q0 = (
-                -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
-                + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
-                - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
-                + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
-            )
-            g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
-            g56te, g56to = hl.split(g56t)
-            g56tee, g56teo = hl.split(g56te)
-            g56_0, g56_4 = hl.split(g56tee)
-            g56_2, g56_6 = hl.split(g56teo)
-            g56toe, g56too = hl.split(g56to)
-            g56_1, g56_5 = hl.split(g56toe)
-            g56_3, g56_7 = hl.split(g56too)
-            q1 = (
-                0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
-                - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
-                - 0.29880715233359845 * a6_2 * sb3_5_0 + 0.1543033499620919 * a6_3 * sb3_2_0
-                + 0.29880715233359845 * a6_4 * sb3_1_0 + 0.3857583749052298 * a6_5 * sb3_0_0
-                - 0.29880715233359845 * a6_5 * sb3_2_0 - 0.3857583749052298 * a6_6 * sb3_1_0
-            )
-            q2 = (
-                -0.545544725589981 * a6_0 * sb3_0_0 + 0.3273268353539886 * a6_2 * sb3_2_0
-                + 0.4364357804719848 * a6_3 * sb3_3_0 + 0.3273268353539886 * a6_4 * sb3_4_0
-                - 0.545544725589981 * a6_6 * sb3_6_0
-            )
-            q3 = (
-                0.3857583749052298 * a6_0 * sb3_1_0 + 0.3857583749052298 * a6_1 * sb3_0_0
-                + 0.29880715233359845 * a6_1 * sb3_2_0 + 0.29880715233359845 * a6_2 * sb3_1_0
-                + 0.1543033499620919 * a6_3 * sb3_4_0 + 0.1543033499620919 * a6_4 * sb3_3_0
-                + 0.29880715233359845 * a6_4 * sb3_5_0 + 0.29880715233359845 * a6_5 * sb3_4_0
-                + 0.3857583749052298 * a6_5 * sb3_6_0 + 0.3857583749052298 * a6_6 * sb3_5_0
-            )
-            q4 = (
-                -0.24397501823713333 * a6_0 * sb3_2_0 - 0.24397501823713333 * a6_2 * sb3_0_0
-                - 0.3779644730092272 * a6_2 * sb3_2_0 - 0.48795003647426666 * a6_3 * sb3_5_0
-                + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
-                - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
-            )
-            gw[tile_b, 3584 + tile_c.index] = (q0 * g56_0 + q1 * g56_1 + q2 * g56_2 + q3 * g56_3 + q4 * g56_4)
-            # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
-                - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
-                - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
-            )
-            g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
-            g57te, g57to = hl.split(g57t)
-            g57tee, g57teo = hl.split(g57te)
-            g57_0, g57_4 = hl.split(g57tee)
-            g57_2, g57_6 = hl.split(g57teo)
-            g57toe, g57too = hl.split(g57to)
-            g57_1, g57_5 = hl.split(g57toe)
-            g57_3, g57_7 = hl.split(g57too)
-            q1 = (
-                -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
-                + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
-                - 0.408248290463863 * a6_5 * sb3_3_0 - 0.408248290463863 * a6_6 * sb3_4_0
-            )
-            q2 = (
-                0.408248290463863 * a6_0 * sb3_1_0 - 0.408248290463863 * a6_1 * sb3_0_0
-                + 0.408248290463863 * a6_3 * sb3_4_0 - 0.408248290463863 * a6_4 * sb3_3_0
-                - 0.408248290463863 * a6_5 * sb3_6_0 + 0.408248290463863 * a6_6 * sb3_5_0
-            )
-            q3 = (
-                0.408248290463863 * a6_0 * sb3_6_0 - 0.408248290463863 * a6_1 * sb3_5_0
-                - 0.408248290463863 * a6_2 * sb3_4_0 + 0.408248290463863 * a6_4 * sb3_2_0
-                + 0.408248290463863 * a6_5 * sb3_1_0 - 0.408248290463863 * a6_6 * sb3_0_0
-            )
-            q4 = (
-                -0.408248290463863 * a6_0 * sb3_5_0 - 0.408248290463863 * a6_1 * sb3_6_0
-                + 0.408248290463863 * a6_2 * sb3_3_0 - 0.408248290463863 * a6_3 * sb3_2_0
-                + 0.408248290463863 * a6_5 * sb3_0_0 + 0.408248290463863 * a6_6 * sb3_1_0
-            )
-            q5 = (
-                0.408248290463863 * a6_0 * sb3_4_0 + 0.408248290463863 * a6_1 * sb3_3_0
-                + 0.408248290463863 * a6_2 * sb3_6_0 - 0.408248290463863 * a6_3 * sb3_1_0
-                - 0.408248290463863 * a6_4 * sb3_0_0 - 0.408248290463863 * a6_6 * sb3_2_0
-            )
-            q6 = (
-                -0.408248290463863 * a6_0 * sb3_3_0 + 0.408248290463863 * a6_1 * sb3_4_0
-                - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
-                - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
-            )
-            gw[tile_b, 3648 + tile_c.index] = (
-                q0 * g57_0 + q1 * g57_1
-                + q2 * g57_2 + q3 * g57_3
-                + q4 * g57_4 + q5 * g57_5
-                + q6 * g57_6
-            )
-            # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
-            a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
-            a7te, a7to = hl.split(a7t)
-            a7tee, a7teo = hl.split(a7te)
-            a7_0, a7_4 = hl.split(a7tee)
-            a7_2, a7_6 = hl.split(a7teo)
-            a7toe, a7too = hl.split(a7to)
-            a7_1, a7_5 = hl.split(a7toe)
-            a7_3, a7_7 = hl.split(a7too)
-            q0 = (1.0000000000000002 * a7_0 * sb0_0_0)
-            g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
-            g58te, g58to = hl.split(g58t)
-            g58tee, g58teo = hl.split(g58te)
-            g58_0, g58_4 = hl.split(g58tee)
-            g58_2, g58_6 = hl.split(g58teo)
-            g58toe, g58too = hl.split(g58to)
-            g58_1, g58_5 = hl.split(g58toe)
-            g58_3, g58_7 = hl.split(g58too)
-            q1 = (1.0000000000000002 * a7_1 * sb0_0_0)
-            q2 = (1.0000000000000002 * a7_2 * sb0_0_0)
-            q3 = (1.0000000000000002 * a7_3 * sb0_0_0)
-            q4 = (1.0000000000000002 * a7_4 * sb0_0_0)
-            q5 = (1.0000000000000002 * a7_5 * sb0_0_0)
-            q6 = (1.0000000000000002 * a7_6 * sb0_0_0)
-            gw[tile_b, 3712 + tile_c.index] = (
-                q0 * g58_0 + q1 * g58_1
-                + q2 * g58_2 + q3 * g58_3
-                + q4 * g58_4 + q5 * g58_5
-                + q6 * g58_6
-            )
-            # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
-            q0 = (
-                0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
-                - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
-                - 0.5976143046671969 * a7_6 * sb1_0_0
-            )
-            g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
-            g59te, g59to = hl.split(g59t)
-            g59tee, g59teo = hl.split(g59te)
-            g59_0, g59_4 = hl.split(g59tee)
-            g59_2, g59_6 = hl.split(g59teo)
-            g59toe, g59too = hl.split(g59to)
-            g59_1, g59_5 = hl.split(g59toe)
-            g59_3, g59_7 = hl.split(g59too)
-            q1 = (
-                0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
-                - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
-            )
-            q2 = (
-                0.5345224838248488 * a7_2 * sb1_0_0 + 0.6546536707079772 * a7_3 * sb1_1_0
-                + 0.5345224838248488 * a7_4 * sb1_2_0
-            )
-            q3 = (
-                0.48795003647426666 * a7_1 * sb1_0_0 - 0.3779644730092272 * a7_3 * sb1_2_0
-                + 0.6172133998483676 * a7_4 * sb1_1_0 + 0.48795003647426666 * a7_5 * sb1_2_0
-            )
-            q4 = (
-                0.5976143046671969 * a7_0 * sb1_0_0 + 0.1543033499620919 * a7_2 * sb1_0_0
-                - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
-                + 0.5976143046671969 * a7_6 * sb1_2_0
-            )
-            gw[tile_b, 3776 + tile_c.index] = (q0 * g59_0 + q1 * g59_1 + q2 * g59_2 + q3 * g59_3 + q4 * g59_4)
-            # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
-            q0 = (
-                -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
-                - 0.8660254037844387 * a7_6 * sb1_1_0
-            )
-            g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
-            g60te, g60to = hl.split(g60t)
-            g60tee, g60teo = hl.split(g60te)
-            g60_0, g60_4 = hl.split(g60tee)
-            g60_2, g60_6 = hl.split(g60teo)
-            g60toe, g60too = hl.split(g60to)
-            g60_1, g60_5 = hl.split(g60toe)
-            g60_3, g60_7 = hl.split(g60too)
-            q1 = (
-                0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
-                + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
-                + 0.3535533905932738 * a7_6 * sb1_2_0
-            )
-            q2 = (
-                0.45643546458763845 * a7_1 * sb1_0_0 + 0.7071067811865476 * a7_3 * sb1_2_0
-                - 0.2886751345948129 * a7_4 * sb1_1_0 + 0.45643546458763845 * a7_5 * sb1_2_0
-            )
-            q3 = (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
-            q4 = (
-                -0.45643546458763845 * a7_1 * sb1_2_0 + 0.2886751345948129 * a7_2 * sb1_1_0
-                - 0.7071067811865476 * a7_3 * sb1_0_0 + 0.45643546458763845 * a7_5 * sb1_0_0
-            )
-            q5 = (
-                -0.3535533905932738 * a7_0 * sb1_2_0 + 0.5773502691896258 * a7_1 * sb1_1_0
-                - 0.45643546458763845 * a7_2 * sb1_2_0 - 0.45643546458763845 * a7_4 * sb1_0_0
-                + 0.3535533905932738 * a7_6 * sb1_0_0
-            )
-            q6 = (
-                0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
-                - 0.3535533905932738 * a7_5 * sb1_0_0
-            )
-            gw[tile_b, 3840 + tile_c.index] = (
-                q0 * g60_0 + q1 * g60_1
-                + q2 * g60_2 + q3 * g60_3
-                + q4 * g60_4 + q5 * g60_5
-                + q6 * g60_6
-            )
-            # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
-            q0 = (
-                0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
-                + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
-                - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
-                - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
-            )
-            g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g61t = g61.reshape([tile_b, tile_c, 2, 2])
-            g61te, g61to = hl.split(g61t)
-            g61_0, g61_2 = hl.split(g61te)
-            g61_1, g61_3 = hl.split(g61to)
-            q1 = (
-                0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
-                + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
-                + 0.3779644730092272 * a7_5 * sb2_4_0
-            )
-            q2 = (
-                0.4629100498862757 * a7_0 * sb2_0_0 + 0.3779644730092272 * a7_1 * sb2_1_0
-                - 0.11952286093343936 * a7_2 * sb2_0_0 - 0.2927700218845599 * a7_3 * sb2_3_0
-                + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
-                + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
-            )
-            gw[tile_b, 3904 + tile_c.index] = (q0 * g61_0 + q1 * g61_1 + q2 * g61_2)
-            # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
-            q0 = (
-                -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
-                - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
-                - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
-            )
-            g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
-            g62te, g62to = hl.split(g62t)
-            g62tee, g62teo = hl.split(g62te)
-            g62_0, g62_4 = hl.split(g62tee)
-            g62_2, g62_6 = hl.split(g62teo)
-            g62toe, g62too = hl.split(g62to)
-            g62_1, g62_5 = hl.split(g62toe)
-            g62_3, g62_7 = hl.split(g62too)
-            q1 = (
-                0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
-                + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
-                + 0.3273268353539886 * a7_4 * sb2_4_0 + 0.42257712736425834 * a7_6 * sb2_4_0
-            )
-            q2 = (
-                -0.5976143046671969 * a7_1 * sb2_4_0 - 0.3779644730092272 * a7_2 * sb2_3_0
-                + 0.3779644730092272 * a7_4 * sb2_1_0 + 0.5976143046671969 * a7_5 * sb2_0_0
-            )
-            q3 = (
-                -0.42257712736425834 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_2 * sb2_2_0
-                + 0.3273268353539886 * a7_2 * sb2_4_0 - 0.5345224838248488 * a7_3 * sb2_1_0
-                - 0.3273268353539886 * a7_4 * sb2_0_0 + 0.42257712736425834 * a7_6 * sb2_0_0
-            )
-            q4 = (
-                0.42257712736425834 * a7_0 * sb2_3_0 + 0.5976143046671969 * a7_1 * sb2_2_0
-                - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
-                - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
-            )
-            gw[tile_b, 3968 + tile_c.index] = (q0 * g62_0 + q1 * g62_1 + q2 * g62_2 + q3 * g62_3 + q4 * g62_4)
-            # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
-            q0 = (
-                -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
-                - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
-                + 0.45643546458763845 * a7_5 * sb2_1_0
-            )
-            g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
-            g63te, g63to = hl.split(g63t)
-            g63tee, g63teo = hl.split(g63te)
-            g63_0, g63_4 = hl.split(g63tee)
-            g63_2, g63_6 = hl.split(g63teo)
-            g63toe, g63too = hl.split(g63to)
-            g63_1, g63_5 = hl.split(g63toe)
-            g63_3, g63_7 = hl.split(g63too)
-            q1 = (
-                0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
-                - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
-                - 0.45643546458763845 * a7_6 * sb2_1_0
-            )
-            q2 = (
-                -0.2886751345948129 * a7_0 * sb2_4_0 + 0.3535533905932738 * a7_1 * sb2_3_0
-                + 0.38729833462074176 * a7_2 * sb2_2_0 - 0.4472135954999579 * a7_2 * sb2_4_0
-                + 0.18257418583505539 * a7_3 * sb2_1_0 + 0.4472135954999579 * a7_4 * sb2_0_0
-                - 0.3535533905932738 * a7_5 * sb2_1_0 + 0.2886751345948129 * a7_6 * sb2_0_0
-            )
-            q3 = (
-                -0.5773502691896258 * a7_1 * sb2_0_0 + 0.18257418583505539 * a7_2 * sb2_1_0
-                + 0.5163977794943223 * a7_3 * sb2_2_0 + 0.18257418583505539 * a7_4 * sb2_3_0
-                - 0.5773502691896258 * a7_5 * sb2_4_0
-            )
-            q4 = (
-                -0.2886751345948129 * a7_0 * sb2_0_0 + 0.3535533905932738 * a7_1 * sb2_1_0
-                + 0.4472135954999579 * a7_2 * sb2_0_0 + 0.18257418583505539 * a7_3 * sb2_3_0
-                + 0.38729833462074176 * a7_4 * sb2_2_0 + 0.4472135954999579 * a7_4 * sb2_4_0
-                + 0.3535533905932738 * a7_5 * sb2_3_0 - 0.2886751345948129 * a7_6 * sb2_4_0
-            )
-            q5 = (
-                0.45643546458763845 * a7_0 * sb2_1_0 - 0.3535533905932738 * a7_2 * sb2_1_0
-                - 0.5773502691896258 * a7_3 * sb2_4_0 + 0.3535533905932738 * a7_4 * sb2_3_0
-                + 0.45643546458763845 * a7_6 * sb2_3_0
-            )
-            q6 = (
-                -0.45643546458763845 * a7_1 * sb2_1_0 + 0.2886751345948129 * a7_2 * sb2_0_0
-                - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
-                - 0.6454972243679029 * a7_6 * sb2_2_0
-            )
-            gw[tile_b, 4032 + tile_c.index] = (
-                q0 * g63_0 + q1 * g63_1
-                + q2 * g63_2 + q3 * g63_3
-                + q4 * g63_4 + q5 * g63_5
-                + q6 * g63_6
-            )
-            # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
-            q0 = (
-                0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
-                + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
-                + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
-                + 0.37796447300922725 * a7_6 * sb3_6_0
-            )
-            g64_0 = g[tile_b, 18944 + tile_c.index]
-            gw[tile_b, 4096 + tile_c.index] = (q0 * g64_0)
-            # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
-            q0 = (
-                -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
-                - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
-                + 0.4629100498862757 * a7_3 * sb3_4_0 - 0.4629100498862757 * a7_4 * sb3_3_0
-                + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
-                + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
-            )
-            g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g65t = g65.reshape([tile_b, tile_c, 2, 2])
-            g65te, g65to = hl.split(g65t)
-            g65_0, g65_2 = hl.split(g65te)
-            g65_1, g65_3 = hl.split(g65to)
-            q1 = (
-                -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
-                - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
-                + 0.3779644730092272 * a7_5 * sb3_1_0 + 0.5669467095138409 * a7_6 * sb3_0_0
-            )
-            q2 = (
-                0.23145502494313785 * a7_0 * sb3_5_0 + 0.2988071523335984 * a7_1 * sb3_4_0
-                + 0.23145502494313785 * a7_1 * sb3_6_0 + 0.4629100498862757 * a7_2 * sb3_3_0
-                + 0.2988071523335984 * a7_2 * sb3_5_0 - 0.4629100498862757 * a7_3 * sb3_2_0
-                - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
-                - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
-            )
-            gw[tile_b, 4160 + tile_c.index] = (q0 * g65_0 + q1 * g65_1 + q2 * g65_2)
-            # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
-            q0 = (
-                -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
-                + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
-                - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
-                + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
-            )
-            g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
-            g66te, g66to = hl.split(g66t)
-            g66tee, g66teo = hl.split(g66te)
-            g66_0, g66_4 = hl.split(g66tee)
-            g66_2, g66_6 = hl.split(g66teo)
-            g66toe, g66too = hl.split(g66to)
-            g66_1, g66_5 = hl.split(g66toe)
-            g66_3, g66_7 = hl.split(g66too)
-            q1 = (
-                0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
-                - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
-                - 0.29880715233359845 * a7_2 * sb3_5_0 + 0.1543033499620919 * a7_3 * sb3_2_0
-                + 0.29880715233359845 * a7_4 * sb3_1_0 + 0.3857583749052298 * a7_5 * sb3_0_0
-                - 0.29880715233359845 * a7_5 * sb3_2_0 - 0.3857583749052298 * a7_6 * sb3_1_0
-            )
-            q2 = (
-                -0.545544725589981 * a7_0 * sb3_0_0 + 0.3273268353539886 * a7_2 * sb3_2_0
-                + 0.4364357804719848 * a7_3 * sb3_3_0 + 0.3273268353539886 * a7_4 * sb3_4_0
-                - 0.545544725589981 * a7_6 * sb3_6_0
-            )
-            q3 = (
-                0.3857583749052298 * a7_0 * sb3_1_0 + 0.3857583749052298 * a7_1 * sb3_0_0
-                + 0.29880715233359845 * a7_1 * sb3_2_0 + 0.29880715233359845 * a7_2 * sb3_1_0
-                + 0.1543033499620919 * a7_3 * sb3_4_0 + 0.1543033499620919 * a7_4 * sb3_3_0
-                + 0.29880715233359845 * a7_4 * sb3_5_0 + 0.29880715233359845 * a7_5 * sb3_4_0
-                + 0.3857583749052298 * a7_5 * sb3_6_0 + 0.3857583749052298 * a7_6 * sb3_5_0
-            )
-            q4 = (
-                -0.24397501823713333 * a7_0 * sb3_2_0 - 0.24397501823713333 * a7_2 * sb3_0_0
-                - 0.3779644730092272 * a7_2 * sb3_2_0 - 0.48795003647426666 * a7_3 * sb3_5_0
-                + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
-                - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
-            )
-            gw[tile_b, 4224 + tile_c.index] = (q0 * g66_0 + q1 * g66_1 + q2 * g66_2 + q3 * g66_3 + q4 * g66_4)
-            # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
-                - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
-                - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
-            )
-            g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
-            g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
-            g67te, g67to = hl.split(g67t)
-            g67tee, g67teo = hl.split(g67te)
-            g67_0, g67_4 = hl.split(g67tee)
-            g67_2, g67_6 = hl.split(g67teo)
-            g67toe, g67too = hl.split(g67to)
-            g67_1, g67_5 = hl.split(g67toe)
-            g67_3, g67_7 = hl.split(g67too)
-            q1 = (
-                -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
-                + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0
-                - 0.408248290463863 * a7_5 * sb3_3_0 - 0.408248290463863 * a7_6 * sb3_4_0
-            )
-            q2 = (
-                0.408248290463863 * a7_0 * sb3_1_0 - 0.408248290463863 * a7_1 * sb3_0_0
-                + 0.408248290463863 * a7_3 * sb3_4_0 - 0.408248290463863 * a7_4 * sb3_3_0
-                - 0.408248290463863 * a7_5 * sb3_6_0 + 0.408248290463863 * a7_6 * sb3_5_0
-            )
-            q3 = (
-                0.408248290463863 * a7_0 * sb3_6_0 - 0.408248290463863 * a7_1 * sb3_5_0
-                - 0.408248290463863 * a7_2 * sb3_4_0 + 0.408248290463863 * a7_4 * sb3_2_0
-                + 0.408248290463863 * a7_5 * sb3_1_0 - 0.408248290463863 * a7_6 * sb3_0_0
-            )
-            q4 = (
-                -0.408248290463863 * a7_0 * sb3_5_0 - 0.408248290463863 * a7_1 * sb3_6_0
-                + 0.408248290463863 * a7_2 * sb3_3_0 - 0.408248290463863 * a7_3 * sb3_2_0
-                + 0.408248290463863 * a7_5 * sb3_0_0 + 0.408248290463863 * a7_6 * sb3_1_0
-            )
-            q5 = (
-                0.408248290463863 * a7_0 * sb3_4_0 + 0.408248290463863 * a7_1 * sb3_3_0
-                + 0.408248290463863 * a7_2 * sb3_6_0 - 0.408248290463863 * a7_3 * sb3_1_0
-                - 0.408248290463863 * a7_4 * sb3_0_0 - 0.408248290463863 * a7_6 * sb3_2_0
-            )
-            q6 = (
-                -0.408248290463863 * a7_0 * sb3_3_0 + 0.408248290463863 * a7_1 * sb3_4_0
-                - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
-                - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
-            )
-            gw[tile_b, 4288 + tile_c.index] = (
-                q0 * g67_0 + q1 * g67_1
-                + q2 * g67_2 + q3 * g67_3
-                + q4 * g67_4 + q5 * g67_5
-                + q6 * g67_6
-            )
+        # path 45: uvu 64x2e x 1x3o -> 64x1o, 21 nonzeros, weighted
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        q0 = (
+            -0.11952286093343936 * a5_0 * sb3_4_0 - 0.4629100498862757 * a5_0 * sb3_6_0
+            - 0.2927700218845599 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_1 * sb3_5_0
+            + 0.4140393356054125 * a5_2 * sb3_2_0 + 0.3779644730092272 * a5_3 * sb3_1_0
+            + 0.4629100498862757 * a5_4 * sb3_0_0 + 0.11952286093343936 * a5_4 * sb3_2_0
+        )
+        g45 = hl.load(g, [tile_b, 12608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g45t = g45.reshape([tile_b, tile_c, 2, 2])
+        g45te, g45to = hl.split(g45t)
+        g45_0, g45_2 = hl.split(g45te)
+        g45_1, g45_3 = hl.split(g45to)
+        q1 = (
+            0.3779644730092272 * a5_0 * sb3_1_0 + 0.47809144373375745 * a5_1 * sb3_2_0
+            + 0.50709255283711 * a5_2 * sb3_3_0 + 0.47809144373375745 * a5_3 * sb3_4_0
+            + 0.3779644730092272 * a5_4 * sb3_5_0
+        )
+        q2 = (
+            0.4629100498862757 * a5_0 * sb3_0_0 - 0.11952286093343936 * a5_0 * sb3_2_0
+            + 0.3779644730092272 * a5_1 * sb3_1_0 + 0.4140393356054125 * a5_2 * sb3_4_0
+            - 0.2927700218845599 * a5_3 * sb3_3_0 + 0.3779644730092272 * a5_3 * sb3_5_0
+            - 0.11952286093343936 * a5_4 * sb3_4_0 + 0.4629100498862757 * a5_4 * sb3_6_0
+        )
+        gw[tile_b, 2880 + tile_c.index] = (q0 * g45_0 + q1 * g45_1 + q2 * g45_2)
+        # path 46: uvu 64x2e x 1x3o -> 64x2o, 28 nonzeros, weighted
+        q0 = (
+            0.42257712736425834 * a5_1 * sb3_0_0 + 0.3273268353539886 * a5_1 * sb3_2_0
+            + 0.5976143046671969 * a5_2 * sb3_5_0 - 0.3273268353539886 * a5_3 * sb3_4_0
+            + 0.42257712736425834 * a5_3 * sb3_6_0 + 0.2672612419124244 * a5_4 * sb3_3_0
+        )
+        g46 = hl.load(g, [tile_b, 12800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g46t = g46.reshape([tile_b, tile_c, 2, 2, 2])
+        g46te, g46to = hl.split(g46t)
+        g46tee, g46teo = hl.split(g46te)
+        g46_0, g46_4 = hl.split(g46tee)
+        g46_2, g46_6 = hl.split(g46teo)
+        g46toe, g46too = hl.split(g46to)
+        g46_1, g46_5 = hl.split(g46toe)
+        g46_3, g46_7 = hl.split(g46too)
+        q1 = (
+            -0.42257712736425834 * a5_0 * sb3_0_0 - 0.3273268353539886 * a5_0 * sb3_2_0
+            + 0.3779644730092272 * a5_2 * sb3_4_0 - 0.5345224838248488 * a5_3 * sb3_3_0
+            - 0.3273268353539886 * a5_4 * sb3_4_0 - 0.42257712736425834 * a5_4 * sb3_6_0
+        )
+        q2 = (
+            -0.5976143046671969 * a5_0 * sb3_5_0 - 0.3779644730092272 * a5_1 * sb3_4_0
+            + 0.3779644730092272 * a5_3 * sb3_2_0 + 0.5976143046671969 * a5_4 * sb3_1_0
+        )
+        q3 = (
+            0.3273268353539886 * a5_0 * sb3_4_0 - 0.42257712736425834 * a5_0 * sb3_6_0
+            + 0.5345224838248488 * a5_1 * sb3_3_0 - 0.3779644730092272 * a5_2 * sb3_2_0
+            + 0.42257712736425834 * a5_4 * sb3_0_0 - 0.3273268353539886 * a5_4 * sb3_2_0
+        )
+        q4 = (
+            -0.2672612419124244 * a5_0 * sb3_3_0 + 0.3273268353539886 * a5_1 * sb3_4_0
+            + 0.42257712736425834 * a5_1 * sb3_6_0 - 0.5976143046671969 * a5_2 * sb3_1_0
+            - 0.42257712736425834 * a5_3 * sb3_0_0 + 0.3273268353539886 * a5_3 * sb3_2_0
+        )
+        gw[tile_b, 2944 + tile_c.index] = (q0 * g46_0 + q1 * g46_1 + q2 * g46_2 + q3 * g46_3 + q4 * g46_4)
+        # path 47: uvu 64x2e x 1x3o -> 64x3o, 41 nonzeros, weighted
+        q0 = (
+            -0.2886751345948129 * a5_0 * sb3_4_0 + 0.45643546458763845 * a5_1 * sb3_5_0
+            - 0.6454972243679029 * a5_2 * sb3_0_0 + 0.45643546458763845 * a5_3 * sb3_1_0
+            - 0.2886751345948129 * a5_4 * sb3_2_0
+        )
+        g47 = hl.load(g, [tile_b, 13120 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g47t = g47.reshape([tile_b, tile_c, 2, 2, 2])
+        g47te, g47to = hl.split(g47t)
+        g47tee, g47teo = hl.split(g47te)
+        g47_0, g47_4 = hl.split(g47tee)
+        g47_2, g47_6 = hl.split(g47teo)
+        g47toe, g47too = hl.split(g47to)
+        g47_1, g47_5 = hl.split(g47toe)
+        g47_3, g47_7 = hl.split(g47too)
+        q1 = (
+            -0.5773502691896258 * a5_0 * sb3_3_0 + 0.3535533905932738 * a5_1 * sb3_4_0
+            - 0.45643546458763845 * a5_1 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_0_0
+            + 0.3535533905932738 * a5_3 * sb3_2_0
+        )
+        q2 = (
+            0.4472135954999579 * a5_0 * sb3_4_0 + 0.2886751345948129 * a5_0 * sb3_6_0
+            + 0.18257418583505539 * a5_1 * sb3_3_0 - 0.3535533905932738 * a5_1 * sb3_5_0
+            + 0.38729833462074176 * a5_2 * sb3_2_0 + 0.3535533905932738 * a5_3 * sb3_1_0
+            - 0.2886751345948129 * a5_4 * sb3_0_0 - 0.4472135954999579 * a5_4 * sb3_2_0
+        )
+        q3 = (
+            -0.5773502691896258 * a5_0 * sb3_1_0 + 0.18257418583505539 * a5_1 * sb3_2_0
+            + 0.5163977794943223 * a5_2 * sb3_3_0 + 0.18257418583505539 * a5_3 * sb3_4_0
+            - 0.5773502691896258 * a5_4 * sb3_5_0
+        )
+        q4 = (
+            -0.2886751345948129 * a5_0 * sb3_0_0 + 0.4472135954999579 * a5_0 * sb3_2_0
+            + 0.3535533905932738 * a5_1 * sb3_1_0 + 0.38729833462074176 * a5_2 * sb3_4_0
+            + 0.18257418583505539 * a5_3 * sb3_3_0 + 0.3535533905932738 * a5_3 * sb3_5_0
+            + 0.4472135954999579 * a5_4 * sb3_4_0 - 0.2886751345948129 * a5_4 * sb3_6_0
+        )
+        q5 = (
+            0.45643546458763845 * a5_1 * sb3_0_0 - 0.3535533905932738 * a5_1 * sb3_2_0
+            + 0.3535533905932738 * a5_3 * sb3_4_0 + 0.45643546458763845 * a5_3 * sb3_6_0
+            - 0.5773502691896258 * a5_4 * sb3_3_0
+        )
+        q6 = (
+            0.2886751345948129 * a5_0 * sb3_2_0 - 0.45643546458763845 * a5_1 * sb3_1_0
+            - 0.6454972243679029 * a5_2 * sb3_6_0 + 0.45643546458763845 * a5_3 * sb3_5_0
+            - 0.2886751345948129 * a5_4 * sb3_4_0
+        )
+        gw[tile_b, 3008 + tile_c.index] = (
+            q0 * g47_0 + q1 * g47_1
+            + q2 * g47_2 + q3 * g47_3
+            + q4 * g47_4 + q5 * g47_5
+            + q6 * g47_6
+        )
+        # path 48: uvu 64x3o x 1x0e -> 64x3o, 7 nonzeros, weighted
+        a6 = hl.load(x1, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        a6t = a6.reshape([tile_b, tile_c, 2, 2, 2])
+        a6te, a6to = hl.split(a6t)
+        a6tee, a6teo = hl.split(a6te)
+        a6_0, a6_4 = hl.split(a6tee)
+        a6_2, a6_6 = hl.split(a6teo)
+        a6toe, a6too = hl.split(a6to)
+        a6_1, a6_5 = hl.split(a6toe)
+        a6_3, a6_7 = hl.split(a6too)
+        q0 = (1.0000000000000002 * a6_0 * sb0_0_0)
+        g48 = hl.load(g, [tile_b, 13568 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g48t = g48.reshape([tile_b, tile_c, 2, 2, 2])
+        g48te, g48to = hl.split(g48t)
+        g48tee, g48teo = hl.split(g48te)
+        g48_0, g48_4 = hl.split(g48tee)
+        g48_2, g48_6 = hl.split(g48teo)
+        g48toe, g48too = hl.split(g48to)
+        g48_1, g48_5 = hl.split(g48toe)
+        g48_3, g48_7 = hl.split(g48too)
+        q1 = (1.0000000000000002 * a6_1 * sb0_0_0)
+        q2 = (1.0000000000000002 * a6_2 * sb0_0_0)
+        q3 = (1.0000000000000002 * a6_3 * sb0_0_0)
+        q4 = (1.0000000000000002 * a6_4 * sb0_0_0)
+        q5 = (1.0000000000000002 * a6_5 * sb0_0_0)
+        q6 = (1.0000000000000002 * a6_6 * sb0_0_0)
+        gw[tile_b, 3072 + tile_c.index] = (
+            q0 * g48_0 + q1 * g48_1
+            + q2 * g48_2 + q3 * g48_3
+            + q4 * g48_4 + q5 * g48_5
+            + q6 * g48_6
+        )
+        # path 49: uvu 64x3o x 1x1o -> 64x2e, 21 nonzeros, weighted
+        q0 = (
+            0.5976143046671969 * a6_0 * sb1_2_0 + 0.48795003647426666 * a6_1 * sb1_1_0
+            - 0.1543033499620919 * a6_2 * sb1_2_0 - 0.1543033499620919 * a6_4 * sb1_0_0
+            - 0.5976143046671969 * a6_6 * sb1_0_0
+        )
+        g49 = hl.load(g, [tile_b, 14016 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g49t = g49.reshape([tile_b, tile_c, 2, 2, 2])
+        g49te, g49to = hl.split(g49t)
+        g49tee, g49teo = hl.split(g49te)
+        g49_0, g49_4 = hl.split(g49tee)
+        g49_2, g49_6 = hl.split(g49teo)
+        g49toe, g49too = hl.split(g49to)
+        g49_1, g49_5 = hl.split(g49toe)
+        g49_3, g49_7 = hl.split(g49too)
+        q1 = (
+            0.48795003647426666 * a6_1 * sb1_2_0 + 0.6172133998483676 * a6_2 * sb1_1_0
+            - 0.3779644730092272 * a6_3 * sb1_0_0 - 0.48795003647426666 * a6_5 * sb1_0_0
+        )
+        q2 = (
+            0.5345224838248488 * a6_2 * sb1_0_0 + 0.6546536707079772 * a6_3 * sb1_1_0
+            + 0.5345224838248488 * a6_4 * sb1_2_0
+        )
+        q3 = (
+            0.48795003647426666 * a6_1 * sb1_0_0 - 0.3779644730092272 * a6_3 * sb1_2_0
+            + 0.6172133998483676 * a6_4 * sb1_1_0 + 0.48795003647426666 * a6_5 * sb1_2_0
+        )
+        q4 = (
+            0.5976143046671969 * a6_0 * sb1_0_0 + 0.1543033499620919 * a6_2 * sb1_0_0
+            - 0.1543033499620919 * a6_4 * sb1_2_0 + 0.48795003647426666 * a6_5 * sb1_1_0
+            + 0.5976143046671969 * a6_6 * sb1_2_0
+        )
+        gw[tile_b, 3136 + tile_c.index] = (q0 * g49_0 + q1 * g49_1 + q2 * g49_2 + q3 * g49_3 + q4 * g49_4)
+        # path 50: uvu 64x3o x 1x1o -> 64x3e, 26 nonzeros, weighted
+        q0 = (
+            -0.3535533905932738 * a6_1 * sb1_0_0 + 0.3535533905932738 * a6_5 * sb1_2_0
+            - 0.8660254037844387 * a6_6 * sb1_1_0
+        )
+        g50 = hl.load(g, [tile_b, 14336 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g50t = g50.reshape([tile_b, tile_c, 2, 2, 2])
+        g50te, g50to = hl.split(g50t)
+        g50tee, g50teo = hl.split(g50te)
+        g50_0, g50_4 = hl.split(g50tee)
+        g50_2, g50_6 = hl.split(g50teo)
+        g50toe, g50too = hl.split(g50to)
+        g50_1, g50_5 = hl.split(g50toe)
+        g50_3, g50_7 = hl.split(g50too)
+        q1 = (
+            0.3535533905932738 * a6_0 * sb1_0_0 - 0.45643546458763845 * a6_2 * sb1_0_0
+            + 0.45643546458763845 * a6_4 * sb1_2_0 - 0.5773502691896258 * a6_5 * sb1_1_0
+            + 0.3535533905932738 * a6_6 * sb1_2_0
+        )
+        q2 = (
+            0.45643546458763845 * a6_1 * sb1_0_0 + 0.7071067811865476 * a6_3 * sb1_2_0
+            - 0.2886751345948129 * a6_4 * sb1_1_0 + 0.45643546458763845 * a6_5 * sb1_2_0
+        )
+        q3 = (-0.7071067811865476 * a6_2 * sb1_2_0 + 0.7071067811865476 * a6_4 * sb1_0_0)
+        q4 = (
+            -0.45643546458763845 * a6_1 * sb1_2_0 + 0.2886751345948129 * a6_2 * sb1_1_0
+            - 0.7071067811865476 * a6_3 * sb1_0_0 + 0.45643546458763845 * a6_5 * sb1_0_0
+        )
+        q5 = (
+            -0.3535533905932738 * a6_0 * sb1_2_0 + 0.5773502691896258 * a6_1 * sb1_1_0
+            - 0.45643546458763845 * a6_2 * sb1_2_0 - 0.45643546458763845 * a6_4 * sb1_0_0
+            + 0.3535533905932738 * a6_6 * sb1_0_0
+        )
+        q6 = (
+            0.8660254037844387 * a6_0 * sb1_1_0 - 0.3535533905932738 * a6_1 * sb1_2_0
+            - 0.3535533905932738 * a6_5 * sb1_0_0
+        )
+        gw[tile_b, 3200 + tile_c.index] = (
+            q0 * g50_0 + q1 * g50_1
+            + q2 * g50_2 + q3 * g50_3
+            + q4 * g50_4 + q5 * g50_5
+            + q6 * g50_6
+        )
+        # path 51: uvu 64x3o x 1x2e -> 64x1o, 21 nonzeros, weighted
+        q0 = (
+            0.4629100498862757 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_1 * sb2_3_0
+            + 0.4140393356054125 * a6_2 * sb2_2_0 + 0.11952286093343936 * a6_2 * sb2_4_0
+            - 0.2927700218845599 * a6_3 * sb2_1_0 - 0.11952286093343936 * a6_4 * sb2_0_0
+            - 0.3779644730092272 * a6_5 * sb2_1_0 - 0.4629100498862757 * a6_6 * sb2_0_0
+        )
+        g51 = hl.load(g, [tile_b, 14784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g51t = g51.reshape([tile_b, tile_c, 2, 2])
+        g51te, g51to = hl.split(g51t)
+        g51_0, g51_2 = hl.split(g51te)
+        g51_1, g51_3 = hl.split(g51to)
+        q1 = (
+            0.3779644730092272 * a6_1 * sb2_0_0 + 0.47809144373375745 * a6_2 * sb2_1_0
+            + 0.50709255283711 * a6_3 * sb2_2_0 + 0.47809144373375745 * a6_4 * sb2_3_0
+            + 0.3779644730092272 * a6_5 * sb2_4_0
+        )
+        q2 = (
+            0.4629100498862757 * a6_0 * sb2_0_0 + 0.3779644730092272 * a6_1 * sb2_1_0
+            - 0.11952286093343936 * a6_2 * sb2_0_0 - 0.2927700218845599 * a6_3 * sb2_3_0
+            + 0.4140393356054125 * a6_4 * sb2_2_0 - 0.11952286093343936 * a6_4 * sb2_4_0
+            + 0.3779644730092272 * a6_5 * sb2_3_0 + 0.4629100498862757 * a6_6 * sb2_4_0
+        )
+        gw[tile_b, 3264 + tile_c.index] = (q0 * g51_0 + q1 * g51_1 + q2 * g51_2)
+        # path 52: uvu 64x3o x 1x2e -> 64x2o, 28 nonzeros, weighted
+        q0 = (
+            -0.42257712736425834 * a6_0 * sb2_1_0 - 0.3273268353539886 * a6_2 * sb2_1_0
+            - 0.2672612419124244 * a6_3 * sb2_4_0 + 0.3273268353539886 * a6_4 * sb2_3_0
+            - 0.5976143046671969 * a6_5 * sb2_2_0 - 0.42257712736425834 * a6_6 * sb2_3_0
+        )
+        g52 = hl.load(g, [tile_b, 14976 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g52t = g52.reshape([tile_b, tile_c, 2, 2, 2])
+        g52te, g52to = hl.split(g52t)
+        g52tee, g52teo = hl.split(g52te)
+        g52_0, g52_4 = hl.split(g52tee)
+        g52_2, g52_6 = hl.split(g52teo)
+        g52toe, g52too = hl.split(g52to)
+        g52_1, g52_5 = hl.split(g52toe)
+        g52_3, g52_7 = hl.split(g52too)
+        q1 = (
+            0.42257712736425834 * a6_0 * sb2_0_0 + 0.3273268353539886 * a6_2 * sb2_0_0
+            + 0.5345224838248488 * a6_3 * sb2_3_0 - 0.3779644730092272 * a6_4 * sb2_2_0
+            + 0.3273268353539886 * a6_4 * sb2_4_0 + 0.42257712736425834 * a6_6 * sb2_4_0
+        )
+        q2 = (
+            -0.5976143046671969 * a6_1 * sb2_4_0 - 0.3779644730092272 * a6_2 * sb2_3_0
+            + 0.3779644730092272 * a6_4 * sb2_1_0 + 0.5976143046671969 * a6_5 * sb2_0_0
+        )
+        q3 = (
+            -0.42257712736425834 * a6_0 * sb2_4_0 + 0.3779644730092272 * a6_2 * sb2_2_0
+            + 0.3273268353539886 * a6_2 * sb2_4_0 - 0.5345224838248488 * a6_3 * sb2_1_0
+            - 0.3273268353539886 * a6_4 * sb2_0_0 + 0.42257712736425834 * a6_6 * sb2_0_0
+        )
+        q4 = (
+            0.42257712736425834 * a6_0 * sb2_3_0 + 0.5976143046671969 * a6_1 * sb2_2_0
+            - 0.3273268353539886 * a6_2 * sb2_3_0 + 0.2672612419124244 * a6_3 * sb2_0_0
+            - 0.3273268353539886 * a6_4 * sb2_1_0 - 0.42257712736425834 * a6_6 * sb2_1_0
+        )
+        gw[tile_b, 3328 + tile_c.index] = (q0 * g52_0 + q1 * g52_1 + q2 * g52_2 + q3 * g52_3 + q4 * g52_4)
+        # path 53: uvu 64x3o x 1x2e -> 64x3o, 41 nonzeros, weighted
+        q0 = (
+            -0.6454972243679029 * a6_0 * sb2_2_0 + 0.45643546458763845 * a6_1 * sb2_3_0
+            - 0.2886751345948129 * a6_2 * sb2_4_0 - 0.2886751345948129 * a6_4 * sb2_0_0
+            + 0.45643546458763845 * a6_5 * sb2_1_0
+        )
+        g53 = hl.load(g, [tile_b, 15296 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g53t = g53.reshape([tile_b, tile_c, 2, 2, 2])
+        g53te, g53to = hl.split(g53t)
+        g53tee, g53teo = hl.split(g53te)
+        g53_0, g53_4 = hl.split(g53tee)
+        g53_2, g53_6 = hl.split(g53teo)
+        g53toe, g53too = hl.split(g53to)
+        g53_1, g53_5 = hl.split(g53toe)
+        g53_3, g53_7 = hl.split(g53too)
+        q1 = (
+            0.45643546458763845 * a6_0 * sb2_3_0 + 0.3535533905932738 * a6_2 * sb2_3_0
+            - 0.5773502691896258 * a6_3 * sb2_0_0 + 0.3535533905932738 * a6_4 * sb2_1_0
+            - 0.45643546458763845 * a6_6 * sb2_1_0
+        )
+        q2 = (
+            -0.2886751345948129 * a6_0 * sb2_4_0 + 0.3535533905932738 * a6_1 * sb2_3_0
+            + 0.38729833462074176 * a6_2 * sb2_2_0 - 0.4472135954999579 * a6_2 * sb2_4_0
+            + 0.18257418583505539 * a6_3 * sb2_1_0 + 0.4472135954999579 * a6_4 * sb2_0_0
+            - 0.3535533905932738 * a6_5 * sb2_1_0 + 0.2886751345948129 * a6_6 * sb2_0_0
+        )
+        q3 = (
+            -0.5773502691896258 * a6_1 * sb2_0_0 + 0.18257418583505539 * a6_2 * sb2_1_0
+            + 0.5163977794943223 * a6_3 * sb2_2_0 + 0.18257418583505539 * a6_4 * sb2_3_0
+            - 0.5773502691896258 * a6_5 * sb2_4_0
+        )
+        q4 = (
+            -0.2886751345948129 * a6_0 * sb2_0_0 + 0.3535533905932738 * a6_1 * sb2_1_0
+            + 0.4472135954999579 * a6_2 * sb2_0_0 + 0.18257418583505539 * a6_3 * sb2_3_0
+            + 0.38729833462074176 * a6_4 * sb2_2_0 + 0.4472135954999579 * a6_4 * sb2_4_0
+            + 0.3535533905932738 * a6_5 * sb2_3_0 - 0.2886751345948129 * a6_6 * sb2_4_0
+        )
+        q5 = (
+            0.45643546458763845 * a6_0 * sb2_1_0 - 0.3535533905932738 * a6_2 * sb2_1_0
+            - 0.5773502691896258 * a6_3 * sb2_4_0 + 0.3535533905932738 * a6_4 * sb2_3_0
+            + 0.45643546458763845 * a6_6 * sb2_3_0
+        )
+        q6 = (
+            -0.45643546458763845 * a6_1 * sb2_1_0 + 0.2886751345948129 * a6_2 * sb2_0_0
+            - 0.2886751345948129 * a6_4 * sb2_4_0 + 0.45643546458763845 * a6_5 * sb2_3_0
+            - 0.6454972243679029 * a6_6 * sb2_2_0
+        )
+        gw[tile_b, 3392 + tile_c.index] = (
+            q0 * g53_0 + q1 * g53_1
+            + q2 * g53_2 + q3 * g53_3
+            + q4 * g53_4 + q5 * g53_5
+            + q6 * g53_6
+        )
+        # path 54: uvu 64x3o x 1x3o -> 64x0e, 7 nonzeros, weighted
+        q0 = (
+            0.37796447300922725 * a6_0 * sb3_0_0 + 0.37796447300922725 * a6_1 * sb3_1_0
+            + 0.37796447300922725 * a6_2 * sb3_2_0 + 0.37796447300922725 * a6_3 * sb3_3_0
+            + 0.37796447300922725 * a6_4 * sb3_4_0 + 0.37796447300922725 * a6_5 * sb3_5_0
+            + 0.37796447300922725 * a6_6 * sb3_6_0
+        )
+        g54_0 = g[tile_b, 15744 + tile_c.index]
+        gw[tile_b, 3456 + tile_c.index] = (q0 * g54_0)
+        # path 55: uvu 64x3o x 1x3o -> 64x1e, 26 nonzeros, weighted
+        q0 = (
+            -0.23145502494313785 * a6_0 * sb3_1_0 + 0.23145502494313785 * a6_1 * sb3_0_0
+            - 0.2988071523335984 * a6_1 * sb3_2_0 + 0.2988071523335984 * a6_2 * sb3_1_0
+            + 0.4629100498862757 * a6_3 * sb3_4_0 - 0.4629100498862757 * a6_4 * sb3_3_0
+            + 0.2988071523335984 * a6_4 * sb3_5_0 - 0.2988071523335984 * a6_5 * sb3_4_0
+            + 0.23145502494313785 * a6_5 * sb3_6_0 - 0.23145502494313785 * a6_6 * sb3_5_0
+        )
+        g55 = hl.load(g, [tile_b, 15808 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g55t = g55.reshape([tile_b, tile_c, 2, 2])
+        g55te, g55to = hl.split(g55t)
+        g55_0, g55_2 = hl.split(g55te)
+        g55_1, g55_3 = hl.split(g55to)
+        q1 = (
+            -0.5669467095138409 * a6_0 * sb3_6_0 - 0.3779644730092272 * a6_1 * sb3_5_0
+            - 0.1889822365046136 * a6_2 * sb3_4_0 + 0.1889822365046136 * a6_4 * sb3_2_0
+            + 0.3779644730092272 * a6_5 * sb3_1_0 + 0.5669467095138409 * a6_6 * sb3_0_0
+        )
+        q2 = (
+            0.23145502494313785 * a6_0 * sb3_5_0 + 0.2988071523335984 * a6_1 * sb3_4_0
+            + 0.23145502494313785 * a6_1 * sb3_6_0 + 0.4629100498862757 * a6_2 * sb3_3_0
+            + 0.2988071523335984 * a6_2 * sb3_5_0 - 0.4629100498862757 * a6_3 * sb3_2_0
+            - 0.2988071523335984 * a6_4 * sb3_1_0 - 0.23145502494313785 * a6_5 * sb3_0_0
+            - 0.2988071523335984 * a6_5 * sb3_2_0 - 0.23145502494313785 * a6_6 * sb3_1_0
+        )
+        gw[tile_b, 3520 + tile_c.index] = (q0 * g55_0 + q1 * g55_1 + q2 * g55_2)
+        # path 56: uvu 64x3o x 1x3o -> 64x2e, 41 nonzeros, weighted
+        q0 = (
+            -0.24397501823713333 * a6_0 * sb3_4_0 - 0.48795003647426666 * a6_1 * sb3_3_0
+            + 0.3779644730092272 * a6_2 * sb3_4_0 + 0.24397501823713333 * a6_2 * sb3_6_0
+            - 0.48795003647426666 * a6_3 * sb3_1_0 - 0.24397501823713333 * a6_4 * sb3_0_0
+            + 0.3779644730092272 * a6_4 * sb3_2_0 + 0.24397501823713333 * a6_6 * sb3_2_0
+        )
+        g56 = hl.load(g, [tile_b, 16000 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g56t = g56.reshape([tile_b, tile_c, 2, 2, 2])
+        g56te, g56to = hl.split(g56t)
+        g56tee, g56teo = hl.split(g56te)
+        g56_0, g56_4 = hl.split(g56tee)
+        g56_2, g56_6 = hl.split(g56teo)
+        g56toe, g56too = hl.split(g56to)
+        g56_1, g56_5 = hl.split(g56toe)
+        g56_3, g56_7 = hl.split(g56too)
+        q1 = (
+            0.3857583749052298 * a6_0 * sb3_5_0 + 0.29880715233359845 * a6_1 * sb3_4_0
+            - 0.3857583749052298 * a6_1 * sb3_6_0 + 0.1543033499620919 * a6_2 * sb3_3_0
+            - 0.29880715233359845 * a6_2 * sb3_5_0 + 0.1543033499620919 * a6_3 * sb3_2_0
+            + 0.29880715233359845 * a6_4 * sb3_1_0 + 0.3857583749052298 * a6_5 * sb3_0_0
+            - 0.29880715233359845 * a6_5 * sb3_2_0 - 0.3857583749052298 * a6_6 * sb3_1_0
+        )
+        q2 = (
+            -0.545544725589981 * a6_0 * sb3_0_0 + 0.3273268353539886 * a6_2 * sb3_2_0
+            + 0.4364357804719848 * a6_3 * sb3_3_0 + 0.3273268353539886 * a6_4 * sb3_4_0
+            - 0.545544725589981 * a6_6 * sb3_6_0
+        )
+        q3 = (
+            0.3857583749052298 * a6_0 * sb3_1_0 + 0.3857583749052298 * a6_1 * sb3_0_0
+            + 0.29880715233359845 * a6_1 * sb3_2_0 + 0.29880715233359845 * a6_2 * sb3_1_0
+            + 0.1543033499620919 * a6_3 * sb3_4_0 + 0.1543033499620919 * a6_4 * sb3_3_0
+            + 0.29880715233359845 * a6_4 * sb3_5_0 + 0.29880715233359845 * a6_5 * sb3_4_0
+            + 0.3857583749052298 * a6_5 * sb3_6_0 + 0.3857583749052298 * a6_6 * sb3_5_0
+        )
+        q4 = (
+            -0.24397501823713333 * a6_0 * sb3_2_0 - 0.24397501823713333 * a6_2 * sb3_0_0
+            - 0.3779644730092272 * a6_2 * sb3_2_0 - 0.48795003647426666 * a6_3 * sb3_5_0
+            + 0.3779644730092272 * a6_4 * sb3_4_0 - 0.24397501823713333 * a6_4 * sb3_6_0
+            - 0.48795003647426666 * a6_5 * sb3_3_0 - 0.24397501823713333 * a6_6 * sb3_4_0
+        )
+        gw[tile_b, 3584 + tile_c.index] = (q0 * g56_0 + q1 * g56_1 + q2 * g56_2 + q3 * g56_3 + q4 * g56_4)
+        # path 57: uvu 64x3o x 1x3o -> 64x3e, 42 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a6_1 * sb3_2_0 - 0.408248290463863 * a6_2 * sb3_1_0
+            - 0.408248290463863 * a6_3 * sb3_6_0 + 0.408248290463863 * a6_4 * sb3_5_0
+            - 0.408248290463863 * a6_5 * sb3_4_0 + 0.408248290463863 * a6_6 * sb3_3_0
+        )
+        g57 = hl.load(g, [tile_b, 16320 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g57t = g57.reshape([tile_b, tile_c, 2, 2, 2])
+        g57te, g57to = hl.split(g57t)
+        g57tee, g57teo = hl.split(g57te)
+        g57_0, g57_4 = hl.split(g57tee)
+        g57_2, g57_6 = hl.split(g57teo)
+        g57toe, g57too = hl.split(g57to)
+        g57_1, g57_5 = hl.split(g57toe)
+        g57_3, g57_7 = hl.split(g57too)
+        q1 = (
+            -0.408248290463863 * a6_0 * sb3_2_0 + 0.408248290463863 * a6_2 * sb3_0_0
+            + 0.408248290463863 * a6_3 * sb3_5_0 + 0.408248290463863 * a6_4 * sb3_6_0
+            - 0.408248290463863 * a6_5 * sb3_3_0 - 0.408248290463863 * a6_6 * sb3_4_0
+        )
+        q2 = (
+            0.408248290463863 * a6_0 * sb3_1_0 - 0.408248290463863 * a6_1 * sb3_0_0
+            + 0.408248290463863 * a6_3 * sb3_4_0 - 0.408248290463863 * a6_4 * sb3_3_0
+            - 0.408248290463863 * a6_5 * sb3_6_0 + 0.408248290463863 * a6_6 * sb3_5_0
+        )
+        q3 = (
+            0.408248290463863 * a6_0 * sb3_6_0 - 0.408248290463863 * a6_1 * sb3_5_0
+            - 0.408248290463863 * a6_2 * sb3_4_0 + 0.408248290463863 * a6_4 * sb3_2_0
+            + 0.408248290463863 * a6_5 * sb3_1_0 - 0.408248290463863 * a6_6 * sb3_0_0
+        )
+        q4 = (
+            -0.408248290463863 * a6_0 * sb3_5_0 - 0.408248290463863 * a6_1 * sb3_6_0
+            + 0.408248290463863 * a6_2 * sb3_3_0 - 0.408248290463863 * a6_3 * sb3_2_0
+            + 0.408248290463863 * a6_5 * sb3_0_0 + 0.408248290463863 * a6_6 * sb3_1_0
+        )
+        q5 = (
+            0.408248290463863 * a6_0 * sb3_4_0 + 0.408248290463863 * a6_1 * sb3_3_0
+            + 0.408248290463863 * a6_2 * sb3_6_0 - 0.408248290463863 * a6_3 * sb3_1_0
+            - 0.408248290463863 * a6_4 * sb3_0_0 - 0.408248290463863 * a6_6 * sb3_2_0
+        )
+        q6 = (
+            -0.408248290463863 * a6_0 * sb3_3_0 + 0.408248290463863 * a6_1 * sb3_4_0
+            - 0.408248290463863 * a6_2 * sb3_5_0 + 0.408248290463863 * a6_3 * sb3_0_0
+            - 0.408248290463863 * a6_4 * sb3_1_0 + 0.408248290463863 * a6_5 * sb3_2_0
+        )
+        gw[tile_b, 3648 + tile_c.index] = (
+            q0 * g57_0 + q1 * g57_1
+            + q2 * g57_2 + q3 * g57_3
+            + q4 * g57_4 + q5 * g57_5
+            + q6 * g57_6
+        )
+        # path 58: uvu 64x3e x 1x0e -> 64x3e, 7 nonzeros, weighted
+        a7 = hl.load(x1, [tile_b, 1600 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        a7t = a7.reshape([tile_b, tile_c, 2, 2, 2])
+        a7te, a7to = hl.split(a7t)
+        a7tee, a7teo = hl.split(a7te)
+        a7_0, a7_4 = hl.split(a7tee)
+        a7_2, a7_6 = hl.split(a7teo)
+        a7toe, a7too = hl.split(a7to)
+        a7_1, a7_5 = hl.split(a7toe)
+        a7_3, a7_7 = hl.split(a7too)
+        q0 = (1.0000000000000002 * a7_0 * sb0_0_0)
+        g58 = hl.load(g, [tile_b, 16768 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g58t = g58.reshape([tile_b, tile_c, 2, 2, 2])
+        g58te, g58to = hl.split(g58t)
+        g58tee, g58teo = hl.split(g58te)
+        g58_0, g58_4 = hl.split(g58tee)
+        g58_2, g58_6 = hl.split(g58teo)
+        g58toe, g58too = hl.split(g58to)
+        g58_1, g58_5 = hl.split(g58toe)
+        g58_3, g58_7 = hl.split(g58too)
+        q1 = (1.0000000000000002 * a7_1 * sb0_0_0)
+        q2 = (1.0000000000000002 * a7_2 * sb0_0_0)
+        q3 = (1.0000000000000002 * a7_3 * sb0_0_0)
+        q4 = (1.0000000000000002 * a7_4 * sb0_0_0)
+        q5 = (1.0000000000000002 * a7_5 * sb0_0_0)
+        q6 = (1.0000000000000002 * a7_6 * sb0_0_0)
+        gw[tile_b, 3712 + tile_c.index] = (
+            q0 * g58_0 + q1 * g58_1
+            + q2 * g58_2 + q3 * g58_3
+            + q4 * g58_4 + q5 * g58_5
+            + q6 * g58_6
+        )
+        # path 59: uvu 64x3e x 1x1o -> 64x2o, 21 nonzeros, weighted
+        q0 = (
+            0.5976143046671969 * a7_0 * sb1_2_0 + 0.48795003647426666 * a7_1 * sb1_1_0
+            - 0.1543033499620919 * a7_2 * sb1_2_0 - 0.1543033499620919 * a7_4 * sb1_0_0
+            - 0.5976143046671969 * a7_6 * sb1_0_0
+        )
+        g59 = hl.load(g, [tile_b, 17216 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g59t = g59.reshape([tile_b, tile_c, 2, 2, 2])
+        g59te, g59to = hl.split(g59t)
+        g59tee, g59teo = hl.split(g59te)
+        g59_0, g59_4 = hl.split(g59tee)
+        g59_2, g59_6 = hl.split(g59teo)
+        g59toe, g59too = hl.split(g59to)
+        g59_1, g59_5 = hl.split(g59toe)
+        g59_3, g59_7 = hl.split(g59too)
+        q1 = (
+            0.48795003647426666 * a7_1 * sb1_2_0 + 0.6172133998483676 * a7_2 * sb1_1_0
+            - 0.3779644730092272 * a7_3 * sb1_0_0 - 0.48795003647426666 * a7_5 * sb1_0_0
+        )
+        q2 = (
+            0.5345224838248488 * a7_2 * sb1_0_0 + 0.6546536707079772 * a7_3 * sb1_1_0
+            + 0.5345224838248488 * a7_4 * sb1_2_0
+        )
+        q3 = (
+            0.48795003647426666 * a7_1 * sb1_0_0 - 0.3779644730092272 * a7_3 * sb1_2_0
+            + 0.6172133998483676 * a7_4 * sb1_1_0 + 0.48795003647426666 * a7_5 * sb1_2_0
+        )
+        q4 = (
+            0.5976143046671969 * a7_0 * sb1_0_0 + 0.1543033499620919 * a7_2 * sb1_0_0
+            - 0.1543033499620919 * a7_4 * sb1_2_0 + 0.48795003647426666 * a7_5 * sb1_1_0
+            + 0.5976143046671969 * a7_6 * sb1_2_0
+        )
+        gw[tile_b, 3776 + tile_c.index] = (q0 * g59_0 + q1 * g59_1 + q2 * g59_2 + q3 * g59_3 + q4 * g59_4)
+        # path 60: uvu 64x3e x 1x1o -> 64x3o, 26 nonzeros, weighted
+        q0 = (
+            -0.3535533905932738 * a7_1 * sb1_0_0 + 0.3535533905932738 * a7_5 * sb1_2_0
+            - 0.8660254037844387 * a7_6 * sb1_1_0
+        )
+        g60 = hl.load(g, [tile_b, 17536 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g60t = g60.reshape([tile_b, tile_c, 2, 2, 2])
+        g60te, g60to = hl.split(g60t)
+        g60tee, g60teo = hl.split(g60te)
+        g60_0, g60_4 = hl.split(g60tee)
+        g60_2, g60_6 = hl.split(g60teo)
+        g60toe, g60too = hl.split(g60to)
+        g60_1, g60_5 = hl.split(g60toe)
+        g60_3, g60_7 = hl.split(g60too)
+        q1 = (
+            0.3535533905932738 * a7_0 * sb1_0_0 - 0.45643546458763845 * a7_2 * sb1_0_0
+            + 0.45643546458763845 * a7_4 * sb1_2_0 - 0.5773502691896258 * a7_5 * sb1_1_0
+            + 0.3535533905932738 * a7_6 * sb1_2_0
+        )
+        q2 = (
+            0.45643546458763845 * a7_1 * sb1_0_0 + 0.7071067811865476 * a7_3 * sb1_2_0
+            - 0.2886751345948129 * a7_4 * sb1_1_0 + 0.45643546458763845 * a7_5 * sb1_2_0
+        )
+        q3 = (-0.7071067811865476 * a7_2 * sb1_2_0 + 0.7071067811865476 * a7_4 * sb1_0_0)
+        q4 = (
+            -0.45643546458763845 * a7_1 * sb1_2_0 + 0.2886751345948129 * a7_2 * sb1_1_0
+            - 0.7071067811865476 * a7_3 * sb1_0_0 + 0.45643546458763845 * a7_5 * sb1_0_0
+        )
+        q5 = (
+            -0.3535533905932738 * a7_0 * sb1_2_0 + 0.5773502691896258 * a7_1 * sb1_1_0
+            - 0.45643546458763845 * a7_2 * sb1_2_0 - 0.45643546458763845 * a7_4 * sb1_0_0
+            + 0.3535533905932738 * a7_6 * sb1_0_0
+        )
+        q6 = (
+            0.8660254037844387 * a7_0 * sb1_1_0 - 0.3535533905932738 * a7_1 * sb1_2_0
+            - 0.3535533905932738 * a7_5 * sb1_0_0
+        )
+        gw[tile_b, 3840 + tile_c.index] = (
+            q0 * g60_0 + q1 * g60_1
+            + q2 * g60_2 + q3 * g60_3
+            + q4 * g60_4 + q5 * g60_5
+            + q6 * g60_6
+        )
+        # path 61: uvu 64x3e x 1x2e -> 64x1e, 21 nonzeros, weighted
+        q0 = (
+            0.4629100498862757 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_1 * sb2_3_0
+            + 0.4140393356054125 * a7_2 * sb2_2_0 + 0.11952286093343936 * a7_2 * sb2_4_0
+            - 0.2927700218845599 * a7_3 * sb2_1_0 - 0.11952286093343936 * a7_4 * sb2_0_0
+            - 0.3779644730092272 * a7_5 * sb2_1_0 - 0.4629100498862757 * a7_6 * sb2_0_0
+        )
+        g61 = hl.load(g, [tile_b, 17984 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g61t = g61.reshape([tile_b, tile_c, 2, 2])
+        g61te, g61to = hl.split(g61t)
+        g61_0, g61_2 = hl.split(g61te)
+        g61_1, g61_3 = hl.split(g61to)
+        q1 = (
+            0.3779644730092272 * a7_1 * sb2_0_0 + 0.47809144373375745 * a7_2 * sb2_1_0
+            + 0.50709255283711 * a7_3 * sb2_2_0 + 0.47809144373375745 * a7_4 * sb2_3_0
+            + 0.3779644730092272 * a7_5 * sb2_4_0
+        )
+        q2 = (
+            0.4629100498862757 * a7_0 * sb2_0_0 + 0.3779644730092272 * a7_1 * sb2_1_0
+            - 0.11952286093343936 * a7_2 * sb2_0_0 - 0.2927700218845599 * a7_3 * sb2_3_0
+            + 0.4140393356054125 * a7_4 * sb2_2_0 - 0.11952286093343936 * a7_4 * sb2_4_0
+            + 0.3779644730092272 * a7_5 * sb2_3_0 + 0.4629100498862757 * a7_6 * sb2_4_0
+        )
+        gw[tile_b, 3904 + tile_c.index] = (q0 * g61_0 + q1 * g61_1 + q2 * g61_2)
+        # path 62: uvu 64x3e x 1x2e -> 64x2e, 28 nonzeros, weighted
+        q0 = (
+            -0.42257712736425834 * a7_0 * sb2_1_0 - 0.3273268353539886 * a7_2 * sb2_1_0
+            - 0.2672612419124244 * a7_3 * sb2_4_0 + 0.3273268353539886 * a7_4 * sb2_3_0
+            - 0.5976143046671969 * a7_5 * sb2_2_0 - 0.42257712736425834 * a7_6 * sb2_3_0
+        )
+        g62 = hl.load(g, [tile_b, 18176 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g62t = g62.reshape([tile_b, tile_c, 2, 2, 2])
+        g62te, g62to = hl.split(g62t)
+        g62tee, g62teo = hl.split(g62te)
+        g62_0, g62_4 = hl.split(g62tee)
+        g62_2, g62_6 = hl.split(g62teo)
+        g62toe, g62too = hl.split(g62to)
+        g62_1, g62_5 = hl.split(g62toe)
+        g62_3, g62_7 = hl.split(g62too)
+        q1 = (
+            0.42257712736425834 * a7_0 * sb2_0_0 + 0.3273268353539886 * a7_2 * sb2_0_0
+            + 0.5345224838248488 * a7_3 * sb2_3_0 - 0.3779644730092272 * a7_4 * sb2_2_0
+            + 0.3273268353539886 * a7_4 * sb2_4_0 + 0.42257712736425834 * a7_6 * sb2_4_0
+        )
+        q2 = (
+            -0.5976143046671969 * a7_1 * sb2_4_0 - 0.3779644730092272 * a7_2 * sb2_3_0
+            + 0.3779644730092272 * a7_4 * sb2_1_0 + 0.5976143046671969 * a7_5 * sb2_0_0
+        )
+        q3 = (
+            -0.42257712736425834 * a7_0 * sb2_4_0 + 0.3779644730092272 * a7_2 * sb2_2_0
+            + 0.3273268353539886 * a7_2 * sb2_4_0 - 0.5345224838248488 * a7_3 * sb2_1_0
+            - 0.3273268353539886 * a7_4 * sb2_0_0 + 0.42257712736425834 * a7_6 * sb2_0_0
+        )
+        q4 = (
+            0.42257712736425834 * a7_0 * sb2_3_0 + 0.5976143046671969 * a7_1 * sb2_2_0
+            - 0.3273268353539886 * a7_2 * sb2_3_0 + 0.2672612419124244 * a7_3 * sb2_0_0
+            - 0.3273268353539886 * a7_4 * sb2_1_0 - 0.42257712736425834 * a7_6 * sb2_1_0
+        )
+        gw[tile_b, 3968 + tile_c.index] = (q0 * g62_0 + q1 * g62_1 + q2 * g62_2 + q3 * g62_3 + q4 * g62_4)
+        # path 63: uvu 64x3e x 1x2e -> 64x3e, 41 nonzeros, weighted
+        q0 = (
+            -0.6454972243679029 * a7_0 * sb2_2_0 + 0.45643546458763845 * a7_1 * sb2_3_0
+            - 0.2886751345948129 * a7_2 * sb2_4_0 - 0.2886751345948129 * a7_4 * sb2_0_0
+            + 0.45643546458763845 * a7_5 * sb2_1_0
+        )
+        g63 = hl.load(g, [tile_b, 18496 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g63t = g63.reshape([tile_b, tile_c, 2, 2, 2])
+        g63te, g63to = hl.split(g63t)
+        g63tee, g63teo = hl.split(g63te)
+        g63_0, g63_4 = hl.split(g63tee)
+        g63_2, g63_6 = hl.split(g63teo)
+        g63toe, g63too = hl.split(g63to)
+        g63_1, g63_5 = hl.split(g63toe)
+        g63_3, g63_7 = hl.split(g63too)
+        q1 = (
+            0.45643546458763845 * a7_0 * sb2_3_0 + 0.3535533905932738 * a7_2 * sb2_3_0
+            - 0.5773502691896258 * a7_3 * sb2_0_0 + 0.3535533905932738 * a7_4 * sb2_1_0
+            - 0.45643546458763845 * a7_6 * sb2_1_0
+        )
+        q2 = (
+            -0.2886751345948129 * a7_0 * sb2_4_0 + 0.3535533905932738 * a7_1 * sb2_3_0
+            + 0.38729833462074176 * a7_2 * sb2_2_0 - 0.4472135954999579 * a7_2 * sb2_4_0
+            + 0.18257418583505539 * a7_3 * sb2_1_0 + 0.4472135954999579 * a7_4 * sb2_0_0
+            - 0.3535533905932738 * a7_5 * sb2_1_0 + 0.2886751345948129 * a7_6 * sb2_0_0
+        )
+        q3 = (
+            -0.5773502691896258 * a7_1 * sb2_0_0 + 0.18257418583505539 * a7_2 * sb2_1_0
+            + 0.5163977794943223 * a7_3 * sb2_2_0 + 0.18257418583505539 * a7_4 * sb2_3_0
+            - 0.5773502691896258 * a7_5 * sb2_4_0
+        )
+        q4 = (
+            -0.2886751345948129 * a7_0 * sb2_0_0 + 0.3535533905932738 * a7_1 * sb2_1_0
+            + 0.4472135954999579 * a7_2 * sb2_0_0 + 0.18257418583505539 * a7_3 * sb2_3_0
+            + 0.38729833462074176 * a7_4 * sb2_2_0 + 0.4472135954999579 * a7_4 * sb2_4_0
+            + 0.3535533905932738 * a7_5 * sb2_3_0 - 0.2886751345948129 * a7_6 * sb2_4_0
+        )
+        q5 = (
+            0.45643546458763845 * a7_0 * sb2_1_0 - 0.3535533905932738 * a7_2 * sb2_1_0
+            - 0.5773502691896258 * a7_3 * sb2_4_0 + 0.3535533905932738 * a7_4 * sb2_3_0
+            + 0.45643546458763845 * a7_6 * sb2_3_0
+        )
+        q6 = (
+            -0.45643546458763845 * a7_1 * sb2_1_0 + 0.2886751345948129 * a7_2 * sb2_0_0
+            - 0.2886751345948129 * a7_4 * sb2_4_0 + 0.45643546458763845 * a7_5 * sb2_3_0
+            - 0.6454972243679029 * a7_6 * sb2_2_0
+        )
+        gw[tile_b, 4032 + tile_c.index] = (
+            q0 * g63_0 + q1 * g63_1
+            + q2 * g63_2 + q3 * g63_3
+            + q4 * g63_4 + q5 * g63_5
+            + q6 * g63_6
+        )
+        # path 64: uvu 64x3e x 1x3o -> 64x0o, 7 nonzeros, weighted
+        q0 = (
+            0.37796447300922725 * a7_0 * sb3_0_0 + 0.37796447300922725 * a7_1 * sb3_1_0
+            + 0.37796447300922725 * a7_2 * sb3_2_0 + 0.37796447300922725 * a7_3 * sb3_3_0
+            + 0.37796447300922725 * a7_4 * sb3_4_0 + 0.37796447300922725 * a7_5 * sb3_5_0
+            + 0.37796447300922725 * a7_6 * sb3_6_0
+        )
+        g64_0 = g[tile_b, 18944 + tile_c.index]
+        gw[tile_b, 4096 + tile_c.index] = (q0 * g64_0)
+        # path 65: uvu 64x3e x 1x3o -> 64x1o, 26 nonzeros, weighted
+        q0 = (
+            -0.23145502494313785 * a7_0 * sb3_1_0 + 0.23145502494313785 * a7_1 * sb3_0_0
+            - 0.2988071523335984 * a7_1 * sb3_2_0 + 0.2988071523335984 * a7_2 * sb3_1_0
+            + 0.4629100498862757 * a7_3 * sb3_4_0 - 0.4629100498862757 * a7_4 * sb3_3_0
+            + 0.2988071523335984 * a7_4 * sb3_5_0 - 0.2988071523335984 * a7_5 * sb3_4_0
+            + 0.23145502494313785 * a7_5 * sb3_6_0 - 0.23145502494313785 * a7_6 * sb3_5_0
+        )
+        g65 = hl.load(g, [tile_b, 19008 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g65t = g65.reshape([tile_b, tile_c, 2, 2])
+        g65te, g65to = hl.split(g65t)
+        g65_0, g65_2 = hl.split(g65te)
+        g65_1, g65_3 = hl.split(g65to)
+        q1 = (
+            -0.5669467095138409 * a7_0 * sb3_6_0 - 0.3779644730092272 * a7_1 * sb3_5_0
+            - 0.1889822365046136 * a7_2 * sb3_4_0 + 0.1889822365046136 * a7_4 * sb3_2_0
+            + 0.3779644730092272 * a7_5 * sb3_1_0 + 0.5669467095138409 * a7_6 * sb3_0_0
+        )
+        q2 = (
+            0.23145502494313785 * a7_0 * sb3_5_0 + 0.2988071523335984 * a7_1 * sb3_4_0
+            + 0.23145502494313785 * a7_1 * sb3_6_0 + 0.4629100498862757 * a7_2 * sb3_3_0
+            + 0.2988071523335984 * a7_2 * sb3_5_0 - 0.4629100498862757 * a7_3 * sb3_2_0
+            - 0.2988071523335984 * a7_4 * sb3_1_0 - 0.23145502494313785 * a7_5 * sb3_0_0
+            - 0.2988071523335984 * a7_5 * sb3_2_0 - 0.23145502494313785 * a7_6 * sb3_1_0
+        )
+        gw[tile_b, 4160 + tile_c.index] = (q0 * g65_0 + q1 * g65_1 + q2 * g65_2)
+        # path 66: uvu 64x3e x 1x3o -> 64x2o, 41 nonzeros, weighted
+        q0 = (
+            -0.24397501823713333 * a7_0 * sb3_4_0 - 0.48795003647426666 * a7_1 * sb3_3_0
+            + 0.3779644730092272 * a7_2 * sb3_4_0 + 0.24397501823713333 * a7_2 * sb3_6_0
+            - 0.48795003647426666 * a7_3 * sb3_1_0 - 0.24397501823713333 * a7_4 * sb3_0_0
+            + 0.3779644730092272 * a7_4 * sb3_2_0 + 0.24397501823713333 * a7_6 * sb3_2_0
+        )
+        g66 = hl.load(g, [tile_b, 19200 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g66t = g66.reshape([tile_b, tile_c, 2, 2, 2])
+        g66te, g66to = hl.split(g66t)
+        g66tee, g66teo = hl.split(g66te)
+        g66_0, g66_4 = hl.split(g66tee)
+        g66_2, g66_6 = hl.split(g66teo)
+        g66toe, g66too = hl.split(g66to)
+        g66_1, g66_5 = hl.split(g66toe)
+        g66_3, g66_7 = hl.split(g66too)
+        q1 = (
+            0.3857583749052298 * a7_0 * sb3_5_0 + 0.29880715233359845 * a7_1 * sb3_4_0
+            - 0.3857583749052298 * a7_1 * sb3_6_0 + 0.1543033499620919 * a7_2 * sb3_3_0
+            - 0.29880715233359845 * a7_2 * sb3_5_0 + 0.1543033499620919 * a7_3 * sb3_2_0
+            + 0.29880715233359845 * a7_4 * sb3_1_0 + 0.3857583749052298 * a7_5 * sb3_0_0
+            - 0.29880715233359845 * a7_5 * sb3_2_0 - 0.3857583749052298 * a7_6 * sb3_1_0
+        )
+        q2 = (
+            -0.545544725589981 * a7_0 * sb3_0_0 + 0.3273268353539886 * a7_2 * sb3_2_0
+            + 0.4364357804719848 * a7_3 * sb3_3_0 + 0.3273268353539886 * a7_4 * sb3_4_0
+            - 0.545544725589981 * a7_6 * sb3_6_0
+        )
+        q3 = (
+            0.3857583749052298 * a7_0 * sb3_1_0 + 0.3857583749052298 * a7_1 * sb3_0_0
+            + 0.29880715233359845 * a7_1 * sb3_2_0 + 0.29880715233359845 * a7_2 * sb3_1_0
+            + 0.1543033499620919 * a7_3 * sb3_4_0 + 0.1543033499620919 * a7_4 * sb3_3_0
+            + 0.29880715233359845 * a7_4 * sb3_5_0 + 0.29880715233359845 * a7_5 * sb3_4_0
+            + 0.3857583749052298 * a7_5 * sb3_6_0 + 0.3857583749052298 * a7_6 * sb3_5_0
+        )
+        q4 = (
+            -0.24397501823713333 * a7_0 * sb3_2_0 - 0.24397501823713333 * a7_2 * sb3_0_0
+            - 0.3779644730092272 * a7_2 * sb3_2_0 - 0.48795003647426666 * a7_3 * sb3_5_0
+            + 0.3779644730092272 * a7_4 * sb3_4_0 - 0.24397501823713333 * a7_4 * sb3_6_0
+            - 0.48795003647426666 * a7_5 * sb3_3_0 - 0.24397501823713333 * a7_6 * sb3_4_0
+        )
+        gw[tile_b, 4224 + tile_c.index] = (q0 * g66_0 + q1 * g66_1 + q2 * g66_2 + q3 * g66_3 + q4 * g66_4)
+        # path 67: uvu 64x3e x 1x3o -> 64x3o, 42 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a7_1 * sb3_2_0 - 0.408248290463863 * a7_2 * sb3_1_0
+            - 0.408248290463863 * a7_3 * sb3_6_0 + 0.408248290463863 * a7_4 * sb3_5_0
+            - 0.408248290463863 * a7_5 * sb3_4_0 + 0.408248290463863 * a7_6 * sb3_3_0
+        )
+        g67 = hl.load(g, [tile_b, 19520 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+        g67t = g67.reshape([tile_b, tile_c, 2, 2, 2])
+        g67te, g67to = hl.split(g67t)
+        g67tee, g67teo = hl.split(g67te)
+        g67_0, g67_4 = hl.split(g67tee)
+        g67_2, g67_6 = hl.split(g67teo)
+        g67toe, g67too = hl.split(g67to)
+        g67_1, g67_5 = hl.split(g67toe)
+        g67_3, g67_7 = hl.split(g67too)
+        q1 = (
+            -0.408248290463863 * a7_0 * sb3_2_0 + 0.408248290463863 * a7_2 * sb3_0_0
+            + 0.408248290463863 * a7_3 * sb3_5_0 + 0.408248290463863 * a7_4 * sb3_6_0
+            - 0.408248290463863 * a7_5 * sb3_3_0 - 0.408248290463863 * a7_6 * sb3_4_0
+        )
+        q2 = (
+            0.408248290463863 * a7_0 * sb3_1_0 - 0.408248290463863 * a7_1 * sb3_0_0
+            + 0.408248290463863 * a7_3 * sb3_4_0 - 0.408248290463863 * a7_4 * sb3_3_0
+            - 0.408248290463863 * a7_5 * sb3_6_0 + 0.408248290463863 * a7_6 * sb3_5_0
+        )
+        q3 = (
+            0.408248290463863 * a7_0 * sb3_6_0 - 0.408248290463863 * a7_1 * sb3_5_0
+            - 0.408248290463863 * a7_2 * sb3_4_0 + 0.408248290463863 * a7_4 * sb3_2_0
+            + 0.408248290463863 * a7_5 * sb3_1_0 - 0.408248290463863 * a7_6 * sb3_0_0
+        )
+        q4 = (
+            -0.408248290463863 * a7_0 * sb3_5_0 - 0.408248290463863 * a7_1 * sb3_6_0
+            + 0.408248290463863 * a7_2 * sb3_3_0 - 0.408248290463863 * a7_3 * sb3_2_0
+            + 0.408248290463863 * a7_5 * sb3_0_0 + 0.408248290463863 * a7_6 * sb3_1_0
+        )
+        q5 = (
+            0.408248290463863 * a7_0 * sb3_4_0 + 0.408248290463863 * a7_1 * sb3_3_0
+            + 0.408248290463863 * a7_2 * sb3_6_0 - 0.408248290463863 * a7_3 * sb3_1_0
+            - 0.408248290463863 * a7_4 * sb3_0_0 - 0.408248290463863 * a7_6 * sb3_2_0
+        )
+        q6 = (
+            -0.408248290463863 * a7_0 * sb3_3_0 + 0.408248290463863 * a7_1 * sb3_4_0
+            - 0.408248290463863 * a7_2 * sb3_5_0 + 0.408248290463863 * a7_3 * sb3_0_0
+            - 0.408248290463863 * a7_4 * sb3_1_0 + 0.408248290463863 * a7_5 * sb3_2_0
+        )
+        gw[tile_b, 4288 + tile_c.index] = (
+            q0 * g67_0 + q1 * g67_1
+            + q2 * g67_2 + q3 * g67_3
+            + q4 * g67_4 + q5 * g67_5
+            + q6 * g67_6
+        )
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

@@ -18,7 +18,9 @@ Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps blo
 leading batch dimension when weights are per batch; for shared weights ``gw<p>`` has
 one row per program, summed by the op). Block sizes are literals and the config is
 pinned: nothing is autotuned, and with ``static_shapes=False`` a new batch size reuses
-the compiled kernel.
+the compiled kernel. A kernel whose blocks share one channel count of several tiles
+takes the channel tiles as a second grid axis (``hl.tile([channels, batch])``); the
+others loop over channel tiles in each program.
 """
 
 import helion
@@ -37,7 +39,7 @@ def tp_fwd_0(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 0-15; paths 0-15."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -47,216 +49,215 @@ def tp_fwd_0(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            # g block 0: 64x0o (1 path)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
-            out[tile_b, tile_c.index] = acc0_0
-            # g block 1: 64x1e (1 path)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
-            hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 2: 64x2o (1 path)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
-            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
-            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
-            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
-            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
-            hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 3: 64x0e (1 path)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
-            out[tile_b, 576 + tile_c.index] = acc3_0
-            # g block 4: 64x1o (1 path)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
-            hl.store(out, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 5: 64x2e (1 path)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
-            acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
-            acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
-            acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
-            acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
-            hl.store(out, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 6: 64x1o (1 path)
-            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
-            hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 7: 64x0e (1 path)
-            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            out[tile_b, 1344 + tile_c.index] = acc7_0
-            # g block 8: 64x1e (1 path)
-            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            hl.store(out, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 9: 64x2e (1 path)
-            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            acc9_2 = acc9_2 + wt9_0 * (
-                -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
-                - 0.408248290463863 * a2_2 * sb1_2_0
-            )
-            acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 10: 64x1o (1 path)
-            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = weights[tile_b, 640 + tile_c.index]
-            acc10_0 = acc10_0 + wt10_0 * (
-                -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
-                + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
-            )
-            acc10_1 = acc10_1 + wt10_0 * (
-                0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
-                + 0.5477225575051661 * a2_2 * sb2_3_0
-            )
-            acc10_2 = acc10_2 + wt10_0 * (
-                0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
-                - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 11: 64x2o (1 path)
-            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = weights[tile_b, 704 + tile_c.index]
-            acc11_0 = acc11_0 + wt11_0 * (
-                0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
-                - 0.408248290463863 * a2_2 * sb2_3_0
-            )
-            acc11_1 = acc11_1 + wt11_0 * (
-                -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
-                - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
-            )
-            acc11_2 = acc11_2 + wt11_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            acc11_3 = acc11_3 + wt11_0 * (
-                0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
-                - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
-            )
-            acc11_4 = acc11_4 + wt11_0 * (
-                0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
-                + 0.408248290463863 * a2_2 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 12: 64x1e (1 path)
-            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = weights[tile_b, 768 + tile_c.index]
-            acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
-            hl.store(out, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 13: 64x0o (1 path)
-            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = weights[tile_b, 832 + tile_c.index]
-            acc13_0 = acc13_0 + wt13_0 * (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            out[tile_b, 2624 + tile_c.index] = acc13_0
-            # g block 14: 64x1o (1 path)
-            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = weights[tile_b, 896 + tile_c.index]
-            acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 15: 64x2o (1 path)
-            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = weights[tile_b, 960 + tile_c.index]
-            acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            acc15_2 = acc15_2 + wt15_0 * (
-                -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
-                - 0.408248290463863 * a3_2 * sb1_2_0
-            )
-            acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            hl.store(out, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a0_0 = x1[tile_b, tile_c.index]
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        # g block 0: 64x0o (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        out[tile_b, tile_c.index] = acc0_0
+        # g block 1: 64x1e (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 2: 64x2o (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.store(out, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 3: 64x0e (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
+        out[tile_b, 576 + tile_c.index] = acc3_0
+        # g block 4: 64x1o (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+        acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+        acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
+        hl.store(out, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 5: 64x2e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
+        acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
+        acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
+        acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
+        acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
+        hl.store(out, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 6: 64x1o (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+        acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+        acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
+        hl.store(out, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 7: 64x0e (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        out[tile_b, 1344 + tile_c.index] = acc7_0
+        # g block 8: 64x1e (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        hl.store(out, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc8_0, acc8_2), hl.join(acc8_1, acc8_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 9: 64x2e (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+        acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+        acc9_2 = acc9_2 + wt9_0 * (
+            -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
+            - 0.408248290463863 * a2_2 * sb1_2_0
+        )
+        acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+        acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+        hl.store(out, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc9_0, acc9_4), hl.join(acc9_2, acc9_0)), hl.join(hl.join(acc9_1, acc9_0), hl.join(acc9_3, acc9_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 10: 64x1o (1 path)
+        acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        wt10_0 = weights[tile_b, 640 + tile_c.index]
+        acc10_0 = acc10_0 + wt10_0 * (
+            -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
+            + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
+        )
+        acc10_1 = acc10_1 + wt10_0 * (
+            0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
+            + 0.5477225575051661 * a2_2 * sb2_3_0
+        )
+        acc10_2 = acc10_2 + wt10_0 * (
+            0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
+            - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc10_0, acc10_2), hl.join(acc10_1, acc10_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 11: 64x2o (1 path)
+        acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        wt11_0 = weights[tile_b, 704 + tile_c.index]
+        acc11_0 = acc11_0 + wt11_0 * (
+            0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
+            - 0.408248290463863 * a2_2 * sb2_3_0
+        )
+        acc11_1 = acc11_1 + wt11_0 * (
+            -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
+            - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
+        )
+        acc11_2 = acc11_2 + wt11_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+        acc11_3 = acc11_3 + wt11_0 * (
+            0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
+            - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
+        )
+        acc11_4 = acc11_4 + wt11_0 * (
+            0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
+            + 0.408248290463863 * a2_2 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc11_0, acc11_4), hl.join(acc11_2, acc11_0)), hl.join(hl.join(acc11_1, acc11_0), hl.join(acc11_3, acc11_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 12: 64x1e (1 path)
+        acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt12_0 = weights[tile_b, 768 + tile_c.index]
+        acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+        acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+        acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
+        hl.store(out, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc12_0, acc12_2), hl.join(acc12_1, acc12_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 13: 64x0o (1 path)
+        acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt13_0 = weights[tile_b, 832 + tile_c.index]
+        acc13_0 = acc13_0 + wt13_0 * (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        out[tile_b, 2624 + tile_c.index] = acc13_0
+        # g block 14: 64x1o (1 path)
+        acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt14_0 = weights[tile_b, 896 + tile_c.index]
+        acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        hl.store(out, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc14_0, acc14_2), hl.join(acc14_1, acc14_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 15: 64x2o (1 path)
+        acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        wt15_0 = weights[tile_b, 960 + tile_c.index]
+        acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+        acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+        acc15_2 = acc15_2 + wt15_0 * (
+            -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
+            - 0.408248290463863 * a3_2 * sb1_2_0
+        )
+        acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+        acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+        hl.store(out, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc15_0, acc15_4), hl.join(acc15_2, acc15_0)), hl.join(hl.join(acc15_1, acc15_0), hl.join(acc15_3, acc15_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -270,7 +271,7 @@ def tp_fwd_1(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 16-22; paths 16-22."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -280,156 +281,155 @@ def tp_fwd_1(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            # g block 16: 64x1e (1 path)
-            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = weights[tile_b, 1024 + tile_c.index]
-            acc16_0 = acc16_0 + wt16_0 * (
-                -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
-                + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
-            )
-            acc16_1 = acc16_1 + wt16_0 * (
-                0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
-                + 0.5477225575051661 * a3_2 * sb2_3_0
-            )
-            acc16_2 = acc16_2 + wt16_0 * (
-                0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
-                - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
-            )
-            hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc16_0, acc16_2), hl.join(acc16_1, acc16_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 17: 64x2e (1 path)
-            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = weights[tile_b, 1088 + tile_c.index]
-            acc17_0 = acc17_0 + wt17_0 * (
-                0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
-                - 0.408248290463863 * a3_2 * sb2_3_0
-            )
-            acc17_1 = acc17_1 + wt17_0 * (
-                -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
-                - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
-            )
-            acc17_2 = acc17_2 + wt17_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            acc17_3 = acc17_3 + wt17_0 * (
-                0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
-                - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
-            )
-            acc17_4 = acc17_4 + wt17_0 * (
-                0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
-                + 0.408248290463863 * a3_2 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_0)), hl.join(hl.join(acc17_1, acc17_0), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 18: 64x2o (1 path)
-            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = weights[tile_b, 1152 + tile_c.index]
-            acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
-            acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
-            acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
-            acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
-            acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
-            hl.store(out, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 19: 64x1e (1 path)
-            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = weights[tile_b, 1216 + tile_c.index]
-            acc19_0 = acc19_0 + wt19_0 * (
-                0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
-                - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
-            )
-            acc19_1 = acc19_1 + wt19_0 * (
-                0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
-                + 0.5477225575051661 * a4_3 * sb1_2_0
-            )
-            acc19_2 = acc19_2 + wt19_0 * (
-                0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
-                + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 20: 64x2e (1 path)
-            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = weights[tile_b, 1280 + tile_c.index]
-            acc20_0 = acc20_0 + wt20_0 * (
-                -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
-                - 0.816496580927726 * a4_4 * sb1_1_0
-            )
-            acc20_1 = acc20_1 + wt20_0 * (
-                0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
-            )
-            acc20_2 = acc20_2 + wt20_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            acc20_3 = acc20_3 + wt20_0 * (
-                -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
-                - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
-            )
-            acc20_4 = acc20_4 + wt20_0 * (
-                0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 21: 64x0o (1 path)
-            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = weights[tile_b, 1344 + tile_c.index]
-            acc21_0 = acc21_0 + wt21_0 * (
-                0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
-                + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
-                + 0.4472135954999579 * a4_4 * sb2_4_0
-            )
-            out[tile_b, 4544 + tile_c.index] = acc21_0
-            # g block 22: 64x1o (1 path)
-            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = weights[tile_b, 1408 + tile_c.index]
-            acc22_0 = acc22_0 + wt22_0 * (
-                -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
-                + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
-                + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
-            )
-            acc22_1 = acc22_1 + wt22_0 * (
-                -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
-                + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
-            )
-            acc22_2 = acc22_2 + wt22_0 * (
-                0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
-                + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
-                - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc22_0, acc22_2), hl.join(acc22_1, acc22_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        # g block 16: 64x1e (1 path)
+        acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        wt16_0 = weights[tile_b, 1024 + tile_c.index]
+        acc16_0 = acc16_0 + wt16_0 * (
+            -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
+            + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
+        )
+        acc16_1 = acc16_1 + wt16_0 * (
+            0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
+            + 0.5477225575051661 * a3_2 * sb2_3_0
+        )
+        acc16_2 = acc16_2 + wt16_0 * (
+            0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
+            - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
+        )
+        hl.store(out, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc16_0, acc16_2), hl.join(acc16_1, acc16_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 17: 64x2e (1 path)
+        acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        wt17_0 = weights[tile_b, 1088 + tile_c.index]
+        acc17_0 = acc17_0 + wt17_0 * (
+            0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
+            - 0.408248290463863 * a3_2 * sb2_3_0
+        )
+        acc17_1 = acc17_1 + wt17_0 * (
+            -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
+            - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
+        )
+        acc17_2 = acc17_2 + wt17_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+        acc17_3 = acc17_3 + wt17_0 * (
+            0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
+            - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
+        )
+        acc17_4 = acc17_4 + wt17_0 * (
+            0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
+            + 0.408248290463863 * a3_2 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc17_0, acc17_4), hl.join(acc17_2, acc17_0)), hl.join(hl.join(acc17_1, acc17_0), hl.join(acc17_3, acc17_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 18: 64x2o (1 path)
+        acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        wt18_0 = weights[tile_b, 1152 + tile_c.index]
+        acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
+        acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
+        acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
+        acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
+        acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
+        hl.store(out, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc18_0, acc18_4), hl.join(acc18_2, acc18_0)), hl.join(hl.join(acc18_1, acc18_0), hl.join(acc18_3, acc18_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 19: 64x1e (1 path)
+        acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        wt19_0 = weights[tile_b, 1216 + tile_c.index]
+        acc19_0 = acc19_0 + wt19_0 * (
+            0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
+            - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
+        )
+        acc19_1 = acc19_1 + wt19_0 * (
+            0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
+            + 0.5477225575051661 * a4_3 * sb1_2_0
+        )
+        acc19_2 = acc19_2 + wt19_0 * (
+            0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
+            + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc19_0, acc19_2), hl.join(acc19_1, acc19_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 20: 64x2e (1 path)
+        acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        wt20_0 = weights[tile_b, 1280 + tile_c.index]
+        acc20_0 = acc20_0 + wt20_0 * (
+            -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
+            - 0.816496580927726 * a4_4 * sb1_1_0
+        )
+        acc20_1 = acc20_1 + wt20_0 * (
+            0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
+        )
+        acc20_2 = acc20_2 + wt20_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+        acc20_3 = acc20_3 + wt20_0 * (
+            -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
+            - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
+        )
+        acc20_4 = acc20_4 + wt20_0 * (
+            0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc20_0, acc20_4), hl.join(acc20_2, acc20_0)), hl.join(hl.join(acc20_1, acc20_0), hl.join(acc20_3, acc20_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 21: 64x0o (1 path)
+        acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        wt21_0 = weights[tile_b, 1344 + tile_c.index]
+        acc21_0 = acc21_0 + wt21_0 * (
+            0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
+            + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
+            + 0.4472135954999579 * a4_4 * sb2_4_0
+        )
+        out[tile_b, 4544 + tile_c.index] = acc21_0
+        # g block 22: 64x1o (1 path)
+        acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        wt22_0 = weights[tile_b, 1408 + tile_c.index]
+        acc22_0 = acc22_0 + wt22_0 * (
+            -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
+            + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
+            + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
+        )
+        acc22_1 = acc22_1 + wt22_0 * (
+            -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
+            + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
+        )
+        acc22_2 = acc22_2 + wt22_0 * (
+            0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
+            + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
+            - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc22_0, acc22_2), hl.join(acc22_1, acc22_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -443,7 +443,7 @@ def tp_fwd_2(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 23-28; paths 23-28."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -453,147 +453,146 @@ def tp_fwd_2(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            # g block 23: 64x2o (1 path)
-            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = weights[tile_b, 1472 + tile_c.index]
-            acc23_0 = acc23_0 + wt23_0 * (
-                -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
-                - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
-            )
-            acc23_1 = acc23_1 + wt23_0 * (
-                0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
-                - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
-                + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
-            )
-            acc23_2 = acc23_2 + wt23_0 * (
-                -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
-                + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
-                - 0.5345224838248488 * a4_4 * sb2_4_0
-            )
-            acc23_3 = acc23_3 + wt23_0 * (
-                0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
-                + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
-                + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
-            )
-            acc23_4 = acc23_4 + wt23_0 * (
-                -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
-                + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_0)), hl.join(hl.join(acc23_1, acc23_0), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 24: 64x2e (1 path)
-            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = weights[tile_b, 1536 + tile_c.index]
-            acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
-            acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
-            acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
-            acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
-            acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
-            hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 25: 64x1o (1 path)
-            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = weights[tile_b, 1600 + tile_c.index]
-            acc25_0 = acc25_0 + wt25_0 * (
-                0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
-                - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
-            )
-            acc25_1 = acc25_1 + wt25_0 * (
-                0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
-                + 0.5477225575051661 * a5_3 * sb1_2_0
-            )
-            acc25_2 = acc25_2 + wt25_0 * (
-                0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
-                + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
-            )
-            hl.store(out, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc25_0, acc25_2), hl.join(acc25_1, acc25_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            # g block 26: 64x2o (1 path)
-            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = weights[tile_b, 1664 + tile_c.index]
-            acc26_0 = acc26_0 + wt26_0 * (
-                -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
-                - 0.816496580927726 * a5_4 * sb1_1_0
-            )
-            acc26_1 = acc26_1 + wt26_0 * (
-                0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
-            )
-            acc26_2 = acc26_2 + wt26_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            acc26_3 = acc26_3 + wt26_0 * (
-                -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
-                - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
-            )
-            acc26_4 = acc26_4 + wt26_0 * (
-                0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_0_0
-            )
-            hl.store(out, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
-            # g block 27: 64x0e (1 path)
-            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = weights[tile_b, 1728 + tile_c.index]
-            acc27_0 = acc27_0 + wt27_0 * (
-                0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
-                + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
-                + 0.4472135954999579 * a5_4 * sb2_4_0
-            )
-            out[tile_b, 5952 + tile_c.index] = acc27_0
-            # g block 28: 64x1e (1 path)
-            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = weights[tile_b, 1792 + tile_c.index]
-            acc28_0 = acc28_0 + wt28_0 * (
-                -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
-                + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
-                + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
-            )
-            acc28_1 = acc28_1 + wt28_0 * (
-                -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
-                + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
-            )
-            acc28_2 = acc28_2 + wt28_0 * (
-                0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
-                + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
-                - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
-            )
-            hl.store(out, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc28_0, acc28_2), hl.join(acc28_1, acc28_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        # g block 23: 64x2o (1 path)
+        acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        wt23_0 = weights[tile_b, 1472 + tile_c.index]
+        acc23_0 = acc23_0 + wt23_0 * (
+            -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
+            - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
+        )
+        acc23_1 = acc23_1 + wt23_0 * (
+            0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
+            - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
+            + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
+        )
+        acc23_2 = acc23_2 + wt23_0 * (
+            -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
+            + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
+            - 0.5345224838248488 * a4_4 * sb2_4_0
+        )
+        acc23_3 = acc23_3 + wt23_0 * (
+            0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
+            + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
+            + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
+        )
+        acc23_4 = acc23_4 + wt23_0 * (
+            -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
+            + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc23_0, acc23_4), hl.join(acc23_2, acc23_0)), hl.join(hl.join(acc23_1, acc23_0), hl.join(acc23_3, acc23_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 24: 64x2e (1 path)
+        acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        wt24_0 = weights[tile_b, 1536 + tile_c.index]
+        acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
+        acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
+        acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
+        acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
+        acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
+        hl.store(out, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc24_0, acc24_4), hl.join(acc24_2, acc24_0)), hl.join(hl.join(acc24_1, acc24_0), hl.join(acc24_3, acc24_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 25: 64x1o (1 path)
+        acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        wt25_0 = weights[tile_b, 1600 + tile_c.index]
+        acc25_0 = acc25_0 + wt25_0 * (
+            0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
+            - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
+        )
+        acc25_1 = acc25_1 + wt25_0 * (
+            0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
+            + 0.5477225575051661 * a5_3 * sb1_2_0
+        )
+        acc25_2 = acc25_2 + wt25_0 * (
+            0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
+            + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
+        )
+        hl.store(out, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc25_0, acc25_2), hl.join(acc25_1, acc25_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # g block 26: 64x2o (1 path)
+        acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        wt26_0 = weights[tile_b, 1664 + tile_c.index]
+        acc26_0 = acc26_0 + wt26_0 * (
+            -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
+            - 0.816496580927726 * a5_4 * sb1_1_0
+        )
+        acc26_1 = acc26_1 + wt26_0 * (
+            0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
+        )
+        acc26_2 = acc26_2 + wt26_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+        acc26_3 = acc26_3 + wt26_0 * (
+            -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
+            - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
+        )
+        acc26_4 = acc26_4 + wt26_0 * (
+            0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_0_0
+        )
+        hl.store(out, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc26_0, acc26_4), hl.join(acc26_2, acc26_0)), hl.join(hl.join(acc26_1, acc26_0), hl.join(acc26_3, acc26_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # g block 27: 64x0e (1 path)
+        acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        wt27_0 = weights[tile_b, 1728 + tile_c.index]
+        acc27_0 = acc27_0 + wt27_0 * (
+            0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
+            + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
+            + 0.4472135954999579 * a5_4 * sb2_4_0
+        )
+        out[tile_b, 5952 + tile_c.index] = acc27_0
+        # g block 28: 64x1e (1 path)
+        acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        wt28_0 = weights[tile_b, 1792 + tile_c.index]
+        acc28_0 = acc28_0 + wt28_0 * (
+            -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
+            + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
+            + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
+        )
+        acc28_1 = acc28_1 + wt28_0 * (
+            -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
+            + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
+        )
+        acc28_2 = acc28_2 + wt28_0 * (
+            0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
+            + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
+            - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
+        )
+        hl.store(out, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc28_0, acc28_2), hl.join(acc28_1, acc28_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -607,54 +606,53 @@ def tp_fwd_3(
     out: torch.Tensor,
 ) -> None:
     """Forward (dF/dg): g blocks 29; paths 29."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb2_0_0 = x2[tile_b, 4][:, None]
         sb2_1_0 = x2[tile_b, 5][:, None]
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            # g block 29: 64x2e (1 path)
-            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
-            # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = weights[tile_b, 1856 + tile_c.index]
-            acc29_0 = acc29_0 + wt29_0 * (
-                -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
-                - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
-            )
-            acc29_1 = acc29_1 + wt29_0 * (
-                0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
-                - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
-                + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
-            )
-            acc29_2 = acc29_2 + wt29_0 * (
-                -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
-                + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
-                - 0.5345224838248488 * a5_4 * sb2_4_0
-            )
-            acc29_3 = acc29_3 + wt29_0 * (
-                0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
-                + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
-                + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
-            )
-            acc29_4 = acc29_4 + wt29_0 * (
-                -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
-                + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
-            )
-            hl.store(out, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_0)), hl.join(hl.join(acc29_1, acc29_0), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        # g block 29: 64x2e (1 path)
+        acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        wt29_0 = weights[tile_b, 1856 + tile_c.index]
+        acc29_0 = acc29_0 + wt29_0 * (
+            -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
+            - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
+        )
+        acc29_1 = acc29_1 + wt29_0 * (
+            0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
+            - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
+            + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
+        )
+        acc29_2 = acc29_2 + wt29_0 * (
+            -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
+            + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
+            - 0.5345224838248488 * a5_4 * sb2_4_0
+        )
+        acc29_3 = acc29_3 + wt29_0 * (
+            0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
+            + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
+            + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
+        )
+        acc29_4 = acc29_4 + wt29_0 * (
+            -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
+            + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
+        )
+        hl.store(out, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc29_0, acc29_4), hl.join(acc29_2, acc29_0)), hl.join(hl.join(acc29_1, acc29_0), hl.join(acc29_3, acc29_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -668,7 +666,7 @@ def tp_bwd_x1_0(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0, 1; paths 0-5."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -678,75 +676,74 @@ def tp_bwd_x1_0(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 0: 64x0o (3 paths)
-            acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            wt0_0 = weights[tile_b, tile_c.index]
-            g0_0 = g[tile_b, tile_c.index]
-            acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            wt1_0 = weights[tile_b, 64 + tile_c.index]
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            acc0_0 = acc0_0 + wt1_0 * (
-                0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-                + 0.9999999999999999 * g1_2 * sb1_2_0
-            )
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            wt2_0 = weights[tile_b, 128 + tile_c.index]
-            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            acc0_0 = acc0_0 + wt2_0 * (
-                g2_0 * sb2_0_0 + g2_1 * sb2_1_0
-                + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
-                + g2_4 * sb2_4_0
-            )
-            gx1[tile_b, tile_c.index] = acc0_0
-            # x1 block 1: 64x0e (3 paths)
-            acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            wt3_0 = weights[tile_b, 192 + tile_c.index]
-            g3_0 = g[tile_b, 576 + tile_c.index]
-            acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
-            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            wt4_0 = weights[tile_b, 256 + tile_c.index]
-            g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            acc1_0 = acc1_0 + wt4_0 * (
-                0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
-                + 0.9999999999999999 * g4_2 * sb1_2_0
-            )
-            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            wt5_0 = weights[tile_b, 320 + tile_c.index]
-            g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            acc1_0 = acc1_0 + wt5_0 * (
-                g5_0 * sb2_0_0 + g5_1 * sb2_1_0
-                + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
-                + g5_4 * sb2_4_0
-            )
-            gx1[tile_b, 64 + tile_c.index] = acc1_0
+        # x1 block 0: 64x0o (3 paths)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        g0_0 = g[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 64 + tile_c.index]
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        acc0_0 = acc0_0 + wt1_0 * (
+            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
+            + 0.9999999999999999 * g1_2 * sb1_2_0
+        )
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 128 + tile_c.index]
+        g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        acc0_0 = acc0_0 + wt2_0 * (
+            g2_0 * sb2_0_0 + g2_1 * sb2_1_0
+            + g2_2 * sb2_2_0 + g2_3 * sb2_3_0
+            + g2_4 * sb2_4_0
+        )
+        gx1[tile_b, tile_c.index] = acc0_0
+        # x1 block 1: 64x0e (3 paths)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        wt3_0 = weights[tile_b, 192 + tile_c.index]
+        g3_0 = g[tile_b, 576 + tile_c.index]
+        acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb0_0_0)
+        # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 256 + tile_c.index]
+        g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        acc1_0 = acc1_0 + wt4_0 * (
+            0.9999999999999999 * g4_0 * sb1_0_0 + 0.9999999999999999 * g4_1 * sb1_1_0
+            + 0.9999999999999999 * g4_2 * sb1_2_0
+        )
+        # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        wt5_0 = weights[tile_b, 320 + tile_c.index]
+        g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5tee, g5teo = hl.split(g5te)
+        g5_0, g5_4 = hl.split(g5tee)
+        g5_2, g5_6 = hl.split(g5teo)
+        g5toe, g5too = hl.split(g5to)
+        g5_1, g5_5 = hl.split(g5toe)
+        g5_3, g5_7 = hl.split(g5too)
+        acc1_0 = acc1_0 + wt5_0 * (
+            g5_0 * sb2_0_0 + g5_1 * sb2_1_0
+            + g5_2 * sb2_2_0 + g5_3 * sb2_3_0
+            + g5_4 * sb2_4_0
+        )
+        gx1[tile_b, 64 + tile_c.index] = acc1_0
 
 
 @helion.kernel(
@@ -760,7 +757,7 @@ def tp_bwd_x1_1(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 2; paths 6-11."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -770,105 +767,104 @@ def tp_bwd_x1_1(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 2: 64x1o (6 paths)
-            acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            wt6_0 = weights[tile_b, 384 + tile_c.index]
-            g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
-            acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
-            acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
-            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            wt7_0 = weights[tile_b, 448 + tile_c.index]
-            g7_0 = g[tile_b, 1344 + tile_c.index]
-            acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
-            acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
-            acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
-            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            wt8_0 = weights[tile_b, 512 + tile_c.index]
-            g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
-            acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
-            acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
-            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            wt9_0 = weights[tile_b, 576 + tile_c.index]
-            g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            acc2_0 = acc2_0 + wt9_0 * (
-                0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
-                - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
-            )
-            acc2_1 = acc2_1 + wt9_0 * (
-                0.7071067811865476 * g9_1 * sb1_0_0 + 0.816496580927726 * g9_2 * sb1_1_0
-                + 0.7071067811865476 * g9_3 * sb1_2_0
-            )
-            acc2_2 = acc2_2 + wt9_0 * (
-                0.7071067811865476 * g9_0 * sb1_0_0 - 0.408248290463863 * g9_2 * sb1_2_0
-                + 0.7071067811865476 * g9_3 * sb1_1_0 + 0.7071067811865476 * g9_4 * sb1_2_0
-            )
-            # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            wt10_0 = weights[tile_b, 640 + tile_c.index]
-            g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            acc2_0 = acc2_0 + wt10_0 * (
-                -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
-                + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
-            )
-            acc2_1 = acc2_1 + wt10_0 * (
-                0.5477225575051661 * g10_0 * sb2_1_0 + 0.6324555320336758 * g10_1 * sb2_2_0
-                + 0.5477225575051661 * g10_2 * sb2_3_0
-            )
-            acc2_2 = acc2_2 + wt10_0 * (
-                0.5477225575051661 * g10_0 * sb2_0_0 + 0.5477225575051661 * g10_1 * sb2_3_0
-                - 0.3162277660168379 * g10_2 * sb2_2_0 + 0.5477225575051661 * g10_2 * sb2_4_0
-            )
-            # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            wt11_0 = weights[tile_b, 704 + tile_c.index]
-            g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            acc2_0 = acc2_0 + wt11_0 * (
-                0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
-                - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
-                - 0.408248290463863 * g11_3 * sb2_4_0 + 0.408248290463863 * g11_4 * sb2_3_0
-            )
-            acc2_1 = acc2_1 + wt11_0 * (
-                0.816496580927726 * g11_0 * sb2_4_0 + 0.408248290463863 * g11_1 * sb2_3_0
-                - 0.408248290463863 * g11_3 * sb2_1_0 - 0.816496580927726 * g11_4 * sb2_0_0
-            )
-            acc2_2 = acc2_2 + wt11_0 * (
-                -0.408248290463863 * g11_0 * sb2_3_0 - 0.7071067811865476 * g11_1 * sb2_2_0
-                - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
-                + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
-            )
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 2: 64x1o (6 paths)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        wt6_0 = weights[tile_b, 384 + tile_c.index]
+        g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        acc2_0 = acc2_0 + wt6_0 * (0.9999999999999999 * g6_0 * sb0_0_0)
+        acc2_1 = acc2_1 + wt6_0 * (0.9999999999999999 * g6_1 * sb0_0_0)
+        acc2_2 = acc2_2 + wt6_0 * (0.9999999999999999 * g6_2 * sb0_0_0)
+        # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        wt7_0 = weights[tile_b, 448 + tile_c.index]
+        g7_0 = g[tile_b, 1344 + tile_c.index]
+        acc2_0 = acc2_0 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_0_0)
+        acc2_1 = acc2_1 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_1_0)
+        acc2_2 = acc2_2 + wt7_0 * (0.5773502691896257 * g7_0 * sb1_2_0)
+        # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        wt8_0 = weights[tile_b, 512 + tile_c.index]
+        g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8_0, g8_2 = hl.split(g8te)
+        g8_1, g8_3 = hl.split(g8to)
+        acc2_0 = acc2_0 + wt8_0 * (-0.7071067811865475 * g8_1 * sb1_2_0 + 0.7071067811865475 * g8_2 * sb1_1_0)
+        acc2_1 = acc2_1 + wt8_0 * (0.7071067811865475 * g8_0 * sb1_2_0 - 0.7071067811865475 * g8_2 * sb1_0_0)
+        acc2_2 = acc2_2 + wt8_0 * (-0.7071067811865475 * g8_0 * sb1_1_0 + 0.7071067811865475 * g8_1 * sb1_0_0)
+        # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        wt9_0 = weights[tile_b, 576 + tile_c.index]
+        g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9tee, g9teo = hl.split(g9te)
+        g9_0, g9_4 = hl.split(g9tee)
+        g9_2, g9_6 = hl.split(g9teo)
+        g9toe, g9too = hl.split(g9to)
+        g9_1, g9_5 = hl.split(g9toe)
+        g9_3, g9_7 = hl.split(g9too)
+        acc2_0 = acc2_0 + wt9_0 * (
+            0.7071067811865476 * g9_0 * sb1_2_0 + 0.7071067811865476 * g9_1 * sb1_1_0
+            - 0.408248290463863 * g9_2 * sb1_0_0 - 0.7071067811865476 * g9_4 * sb1_0_0
+        )
+        acc2_1 = acc2_1 + wt9_0 * (
+            0.7071067811865476 * g9_1 * sb1_0_0 + 0.816496580927726 * g9_2 * sb1_1_0
+            + 0.7071067811865476 * g9_3 * sb1_2_0
+        )
+        acc2_2 = acc2_2 + wt9_0 * (
+            0.7071067811865476 * g9_0 * sb1_0_0 - 0.408248290463863 * g9_2 * sb1_2_0
+            + 0.7071067811865476 * g9_3 * sb1_1_0 + 0.7071067811865476 * g9_4 * sb1_2_0
+        )
+        # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        wt10_0 = weights[tile_b, 640 + tile_c.index]
+        g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10_0, g10_2 = hl.split(g10te)
+        g10_1, g10_3 = hl.split(g10to)
+        acc2_0 = acc2_0 + wt10_0 * (
+            -0.3162277660168379 * g10_0 * sb2_2_0 - 0.5477225575051661 * g10_0 * sb2_4_0
+            + 0.5477225575051661 * g10_1 * sb2_1_0 + 0.5477225575051661 * g10_2 * sb2_0_0
+        )
+        acc2_1 = acc2_1 + wt10_0 * (
+            0.5477225575051661 * g10_0 * sb2_1_0 + 0.6324555320336758 * g10_1 * sb2_2_0
+            + 0.5477225575051661 * g10_2 * sb2_3_0
+        )
+        acc2_2 = acc2_2 + wt10_0 * (
+            0.5477225575051661 * g10_0 * sb2_0_0 + 0.5477225575051661 * g10_1 * sb2_3_0
+            - 0.3162277660168379 * g10_2 * sb2_2_0 + 0.5477225575051661 * g10_2 * sb2_4_0
+        )
+        # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        wt11_0 = weights[tile_b, 704 + tile_c.index]
+        g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11tee, g11teo = hl.split(g11te)
+        g11_0, g11_4 = hl.split(g11tee)
+        g11_2, g11_6 = hl.split(g11teo)
+        g11toe, g11too = hl.split(g11to)
+        g11_1, g11_5 = hl.split(g11toe)
+        g11_3, g11_7 = hl.split(g11too)
+        acc2_0 = acc2_0 + wt11_0 * (
+            0.408248290463863 * g11_0 * sb2_1_0 - 0.408248290463863 * g11_1 * sb2_0_0
+            - 0.7071067811865476 * g11_2 * sb2_3_0 + 0.7071067811865476 * g11_3 * sb2_2_0
+            - 0.408248290463863 * g11_3 * sb2_4_0 + 0.408248290463863 * g11_4 * sb2_3_0
+        )
+        acc2_1 = acc2_1 + wt11_0 * (
+            0.816496580927726 * g11_0 * sb2_4_0 + 0.408248290463863 * g11_1 * sb2_3_0
+            - 0.408248290463863 * g11_3 * sb2_1_0 - 0.816496580927726 * g11_4 * sb2_0_0
+        )
+        acc2_2 = acc2_2 + wt11_0 * (
+            -0.408248290463863 * g11_0 * sb2_3_0 - 0.7071067811865476 * g11_1 * sb2_2_0
+            - 0.408248290463863 * g11_1 * sb2_4_0 + 0.7071067811865476 * g11_2 * sb2_1_0
+            + 0.408248290463863 * g11_3 * sb2_0_0 + 0.408248290463863 * g11_4 * sb2_1_0
+        )
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -882,7 +878,7 @@ def tp_bwd_x1_2(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 3; paths 12-17."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -892,105 +888,104 @@ def tp_bwd_x1_2(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 3: 64x1e (6 paths)
-            acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            wt12_0 = weights[tile_b, 768 + tile_c.index]
-            g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
-            acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
-            acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
-            # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            wt13_0 = weights[tile_b, 832 + tile_c.index]
-            g13_0 = g[tile_b, 2624 + tile_c.index]
-            acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
-            acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
-            acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
-            # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            wt14_0 = weights[tile_b, 896 + tile_c.index]
-            g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
-            acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
-            acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
-            # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            wt15_0 = weights[tile_b, 960 + tile_c.index]
-            g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            acc3_0 = acc3_0 + wt15_0 * (
-                0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
-                - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
-            )
-            acc3_1 = acc3_1 + wt15_0 * (
-                0.7071067811865476 * g15_1 * sb1_0_0 + 0.816496580927726 * g15_2 * sb1_1_0
-                + 0.7071067811865476 * g15_3 * sb1_2_0
-            )
-            acc3_2 = acc3_2 + wt15_0 * (
-                0.7071067811865476 * g15_0 * sb1_0_0 - 0.408248290463863 * g15_2 * sb1_2_0
-                + 0.7071067811865476 * g15_3 * sb1_1_0 + 0.7071067811865476 * g15_4 * sb1_2_0
-            )
-            # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            wt16_0 = weights[tile_b, 1024 + tile_c.index]
-            g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16_0, g16_2 = hl.split(g16te)
-            g16_1, g16_3 = hl.split(g16to)
-            acc3_0 = acc3_0 + wt16_0 * (
-                -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
-                + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
-            )
-            acc3_1 = acc3_1 + wt16_0 * (
-                0.5477225575051661 * g16_0 * sb2_1_0 + 0.6324555320336758 * g16_1 * sb2_2_0
-                + 0.5477225575051661 * g16_2 * sb2_3_0
-            )
-            acc3_2 = acc3_2 + wt16_0 * (
-                0.5477225575051661 * g16_0 * sb2_0_0 + 0.5477225575051661 * g16_1 * sb2_3_0
-                - 0.3162277660168379 * g16_2 * sb2_2_0 + 0.5477225575051661 * g16_2 * sb2_4_0
-            )
-            # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            wt17_0 = weights[tile_b, 1088 + tile_c.index]
-            g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            acc3_0 = acc3_0 + wt17_0 * (
-                0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
-                - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
-                - 0.408248290463863 * g17_3 * sb2_4_0 + 0.408248290463863 * g17_4 * sb2_3_0
-            )
-            acc3_1 = acc3_1 + wt17_0 * (
-                0.816496580927726 * g17_0 * sb2_4_0 + 0.408248290463863 * g17_1 * sb2_3_0
-                - 0.408248290463863 * g17_3 * sb2_1_0 - 0.816496580927726 * g17_4 * sb2_0_0
-            )
-            acc3_2 = acc3_2 + wt17_0 * (
-                -0.408248290463863 * g17_0 * sb2_3_0 - 0.7071067811865476 * g17_1 * sb2_2_0
-                - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
-                + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
-            )
-            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        # x1 block 3: 64x1e (6 paths)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        wt12_0 = weights[tile_b, 768 + tile_c.index]
+        g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12_0, g12_2 = hl.split(g12te)
+        g12_1, g12_3 = hl.split(g12to)
+        acc3_0 = acc3_0 + wt12_0 * (0.9999999999999999 * g12_0 * sb0_0_0)
+        acc3_1 = acc3_1 + wt12_0 * (0.9999999999999999 * g12_1 * sb0_0_0)
+        acc3_2 = acc3_2 + wt12_0 * (0.9999999999999999 * g12_2 * sb0_0_0)
+        # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        wt13_0 = weights[tile_b, 832 + tile_c.index]
+        g13_0 = g[tile_b, 2624 + tile_c.index]
+        acc3_0 = acc3_0 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_0_0)
+        acc3_1 = acc3_1 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_1_0)
+        acc3_2 = acc3_2 + wt13_0 * (0.5773502691896257 * g13_0 * sb1_2_0)
+        # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        wt14_0 = weights[tile_b, 896 + tile_c.index]
+        g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14_0, g14_2 = hl.split(g14te)
+        g14_1, g14_3 = hl.split(g14to)
+        acc3_0 = acc3_0 + wt14_0 * (-0.7071067811865475 * g14_1 * sb1_2_0 + 0.7071067811865475 * g14_2 * sb1_1_0)
+        acc3_1 = acc3_1 + wt14_0 * (0.7071067811865475 * g14_0 * sb1_2_0 - 0.7071067811865475 * g14_2 * sb1_0_0)
+        acc3_2 = acc3_2 + wt14_0 * (-0.7071067811865475 * g14_0 * sb1_1_0 + 0.7071067811865475 * g14_1 * sb1_0_0)
+        # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        wt15_0 = weights[tile_b, 960 + tile_c.index]
+        g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15tee, g15teo = hl.split(g15te)
+        g15_0, g15_4 = hl.split(g15tee)
+        g15_2, g15_6 = hl.split(g15teo)
+        g15toe, g15too = hl.split(g15to)
+        g15_1, g15_5 = hl.split(g15toe)
+        g15_3, g15_7 = hl.split(g15too)
+        acc3_0 = acc3_0 + wt15_0 * (
+            0.7071067811865476 * g15_0 * sb1_2_0 + 0.7071067811865476 * g15_1 * sb1_1_0
+            - 0.408248290463863 * g15_2 * sb1_0_0 - 0.7071067811865476 * g15_4 * sb1_0_0
+        )
+        acc3_1 = acc3_1 + wt15_0 * (
+            0.7071067811865476 * g15_1 * sb1_0_0 + 0.816496580927726 * g15_2 * sb1_1_0
+            + 0.7071067811865476 * g15_3 * sb1_2_0
+        )
+        acc3_2 = acc3_2 + wt15_0 * (
+            0.7071067811865476 * g15_0 * sb1_0_0 - 0.408248290463863 * g15_2 * sb1_2_0
+            + 0.7071067811865476 * g15_3 * sb1_1_0 + 0.7071067811865476 * g15_4 * sb1_2_0
+        )
+        # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        wt16_0 = weights[tile_b, 1024 + tile_c.index]
+        g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16_0, g16_2 = hl.split(g16te)
+        g16_1, g16_3 = hl.split(g16to)
+        acc3_0 = acc3_0 + wt16_0 * (
+            -0.3162277660168379 * g16_0 * sb2_2_0 - 0.5477225575051661 * g16_0 * sb2_4_0
+            + 0.5477225575051661 * g16_1 * sb2_1_0 + 0.5477225575051661 * g16_2 * sb2_0_0
+        )
+        acc3_1 = acc3_1 + wt16_0 * (
+            0.5477225575051661 * g16_0 * sb2_1_0 + 0.6324555320336758 * g16_1 * sb2_2_0
+            + 0.5477225575051661 * g16_2 * sb2_3_0
+        )
+        acc3_2 = acc3_2 + wt16_0 * (
+            0.5477225575051661 * g16_0 * sb2_0_0 + 0.5477225575051661 * g16_1 * sb2_3_0
+            - 0.3162277660168379 * g16_2 * sb2_2_0 + 0.5477225575051661 * g16_2 * sb2_4_0
+        )
+        # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        wt17_0 = weights[tile_b, 1088 + tile_c.index]
+        g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+        g17te, g17to = hl.split(g17t)
+        g17tee, g17teo = hl.split(g17te)
+        g17_0, g17_4 = hl.split(g17tee)
+        g17_2, g17_6 = hl.split(g17teo)
+        g17toe, g17too = hl.split(g17to)
+        g17_1, g17_5 = hl.split(g17toe)
+        g17_3, g17_7 = hl.split(g17too)
+        acc3_0 = acc3_0 + wt17_0 * (
+            0.408248290463863 * g17_0 * sb2_1_0 - 0.408248290463863 * g17_1 * sb2_0_0
+            - 0.7071067811865476 * g17_2 * sb2_3_0 + 0.7071067811865476 * g17_3 * sb2_2_0
+            - 0.408248290463863 * g17_3 * sb2_4_0 + 0.408248290463863 * g17_4 * sb2_3_0
+        )
+        acc3_1 = acc3_1 + wt17_0 * (
+            0.816496580927726 * g17_0 * sb2_4_0 + 0.408248290463863 * g17_1 * sb2_3_0
+            - 0.408248290463863 * g17_3 * sb2_1_0 - 0.816496580927726 * g17_4 * sb2_0_0
+        )
+        acc3_2 = acc3_2 + wt17_0 * (
+            -0.408248290463863 * g17_0 * sb2_3_0 - 0.7071067811865476 * g17_1 * sb2_2_0
+            - 0.408248290463863 * g17_1 * sb2_4_0 + 0.7071067811865476 * g17_2 * sb2_1_0
+            + 0.408248290463863 * g17_3 * sb2_0_0 + 0.408248290463863 * g17_4 * sb2_1_0
+        )
+        hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
 @helion.kernel(
@@ -1004,7 +999,7 @@ def tp_bwd_x1_3(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 4; paths 18-23."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -1014,139 +1009,138 @@ def tp_bwd_x1_3(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 4: 64x2o (6 paths)
-            acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            wt18_0 = weights[tile_b, 1152 + tile_c.index]
-            g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
-            acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
-            acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
-            # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            wt19_0 = weights[tile_b, 1216 + tile_c.index]
-            g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
-            acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
-            acc4_2 = acc4_2 + wt19_0 * (
-                -0.3162277660168379 * g19_0 * sb1_0_0 + 0.6324555320336758 * g19_1 * sb1_1_0
-                - 0.3162277660168379 * g19_2 * sb1_2_0
-            )
-            acc4_3 = acc4_3 + wt19_0 * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
-            acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
-            # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            wt20_0 = weights[tile_b, 1280 + tile_c.index]
-            g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            acc4_0 = acc4_0 + wt20_0 * (
-                0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
-                + 0.816496580927726 * g20_4 * sb1_1_0
-            )
-            acc4_1 = acc4_1 + wt20_0 * (
-                -0.408248290463863 * g20_0 * sb1_0_0 - 0.7071067811865476 * g20_2 * sb1_2_0
-                + 0.408248290463863 * g20_3 * sb1_1_0 - 0.408248290463863 * g20_4 * sb1_2_0
-            )
-            acc4_2 = acc4_2 + wt20_0 * (0.7071067811865476 * g20_1 * sb1_2_0 - 0.7071067811865476 * g20_3 * sb1_0_0)
-            acc4_3 = acc4_3 + wt20_0 * (
-                0.408248290463863 * g20_0 * sb1_2_0 - 0.408248290463863 * g20_1 * sb1_1_0
-                + 0.7071067811865476 * g20_2 * sb1_0_0 - 0.408248290463863 * g20_4 * sb1_0_0
-            )
-            acc4_4 = acc4_4 + wt20_0 * (
-                -0.816496580927726 * g20_0 * sb1_1_0 + 0.408248290463863 * g20_1 * sb1_2_0
-                + 0.408248290463863 * g20_3 * sb1_0_0
-            )
-            # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            wt21_0 = weights[tile_b, 1344 + tile_c.index]
-            g21_0 = g[tile_b, 4544 + tile_c.index]
-            acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
-            acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
-            acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
-            acc4_3 = acc4_3 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_3_0)
-            acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
-            # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            wt22_0 = weights[tile_b, 1408 + tile_c.index]
-            g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22_0, g22_2 = hl.split(g22te)
-            g22_1, g22_3 = hl.split(g22to)
-            acc4_0 = acc4_0 + wt22_0 * (
-                -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
-                + 0.3162277660168379 * g22_2 * sb2_3_0
-            )
-            acc4_1 = acc4_1 + wt22_0 * (
-                0.3162277660168379 * g22_0 * sb2_0_0 - 0.3162277660168379 * g22_1 * sb2_3_0
-                + 0.5477225575051661 * g22_2 * sb2_2_0 + 0.3162277660168379 * g22_2 * sb2_4_0
-            )
-            acc4_2 = acc4_2 + wt22_0 * (0.5477225575051661 * g22_0 * sb2_3_0 - 0.5477225575051661 * g22_2 * sb2_1_0)
-            acc4_3 = acc4_3 + wt22_0 * (
-                -0.5477225575051661 * g22_0 * sb2_2_0 + 0.3162277660168379 * g22_0 * sb2_4_0
-                + 0.3162277660168379 * g22_1 * sb2_1_0 - 0.3162277660168379 * g22_2 * sb2_0_0
-            )
-            acc4_4 = acc4_4 + wt22_0 * (
-                -0.3162277660168379 * g22_0 * sb2_3_0 + 0.6324555320336758 * g22_1 * sb2_0_0
-                - 0.3162277660168379 * g22_2 * sb2_1_0
-            )
-            # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            wt23_0 = weights[tile_b, 1472 + tile_c.index]
-            g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            acc4_0 = acc4_0 + wt23_0 * (
-                -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
-                - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
-            )
-            acc4_1 = acc4_1 + wt23_0 * (
-                0.4629100498862757 * g23_0 * sb2_3_0 + 0.2672612419124244 * g23_1 * sb2_2_0
-                - 0.4629100498862757 * g23_1 * sb2_4_0 + 0.2672612419124244 * g23_2 * sb2_1_0
-                + 0.4629100498862757 * g23_3 * sb2_0_0 - 0.4629100498862757 * g23_4 * sb2_1_0
-            )
-            acc4_2 = acc4_2 + wt23_0 * (
-                -0.5345224838248488 * g23_0 * sb2_0_0 + 0.2672612419124244 * g23_1 * sb2_1_0
-                + 0.5345224838248488 * g23_2 * sb2_2_0 + 0.2672612419124244 * g23_3 * sb2_3_0
-                - 0.5345224838248488 * g23_4 * sb2_4_0
-            )
-            acc4_3 = acc4_3 + wt23_0 * (
-                0.4629100498862757 * g23_0 * sb2_1_0 + 0.4629100498862757 * g23_1 * sb2_0_0
-                + 0.2672612419124244 * g23_2 * sb2_3_0 + 0.2672612419124244 * g23_3 * sb2_2_0
-                + 0.4629100498862757 * g23_3 * sb2_4_0 + 0.4629100498862757 * g23_4 * sb2_3_0
-            )
-            acc4_4 = acc4_4 + wt23_0 * (
-                -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
-                + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
-            )
-            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # x1 block 4: 64x2o (6 paths)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc4_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        wt18_0 = weights[tile_b, 1152 + tile_c.index]
+        g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+        g18te, g18to = hl.split(g18t)
+        g18tee, g18teo = hl.split(g18te)
+        g18_0, g18_4 = hl.split(g18tee)
+        g18_2, g18_6 = hl.split(g18teo)
+        g18toe, g18too = hl.split(g18to)
+        g18_1, g18_5 = hl.split(g18toe)
+        g18_3, g18_7 = hl.split(g18too)
+        acc4_0 = acc4_0 + wt18_0 * (g18_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt18_0 * (g18_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt18_0 * (g18_2 * sb0_0_0)
+        acc4_3 = acc4_3 + wt18_0 * (g18_3 * sb0_0_0)
+        acc4_4 = acc4_4 + wt18_0 * (g18_4 * sb0_0_0)
+        # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        wt19_0 = weights[tile_b, 1216 + tile_c.index]
+        g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g19t = g19.reshape([tile_b, tile_c, 2, 2])
+        g19te, g19to = hl.split(g19t)
+        g19_0, g19_2 = hl.split(g19te)
+        g19_1, g19_3 = hl.split(g19to)
+        acc4_0 = acc4_0 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_0_0)
+        acc4_1 = acc4_1 + wt19_0 * (0.5477225575051661 * g19_0 * sb1_1_0 + 0.5477225575051661 * g19_1 * sb1_0_0)
+        acc4_2 = acc4_2 + wt19_0 * (
+            -0.3162277660168379 * g19_0 * sb1_0_0 + 0.6324555320336758 * g19_1 * sb1_1_0
+            - 0.3162277660168379 * g19_2 * sb1_2_0
+        )
+        acc4_3 = acc4_3 + wt19_0 * (0.5477225575051661 * g19_1 * sb1_2_0 + 0.5477225575051661 * g19_2 * sb1_1_0)
+        acc4_4 = acc4_4 + wt19_0 * (-0.5477225575051661 * g19_0 * sb1_0_0 + 0.5477225575051661 * g19_2 * sb1_2_0)
+        # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        wt20_0 = weights[tile_b, 1280 + tile_c.index]
+        g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+        g20te, g20to = hl.split(g20t)
+        g20tee, g20teo = hl.split(g20te)
+        g20_0, g20_4 = hl.split(g20tee)
+        g20_2, g20_6 = hl.split(g20teo)
+        g20toe, g20too = hl.split(g20to)
+        g20_1, g20_5 = hl.split(g20toe)
+        g20_3, g20_7 = hl.split(g20too)
+        acc4_0 = acc4_0 + wt20_0 * (
+            0.408248290463863 * g20_1 * sb1_0_0 - 0.408248290463863 * g20_3 * sb1_2_0
+            + 0.816496580927726 * g20_4 * sb1_1_0
+        )
+        acc4_1 = acc4_1 + wt20_0 * (
+            -0.408248290463863 * g20_0 * sb1_0_0 - 0.7071067811865476 * g20_2 * sb1_2_0
+            + 0.408248290463863 * g20_3 * sb1_1_0 - 0.408248290463863 * g20_4 * sb1_2_0
+        )
+        acc4_2 = acc4_2 + wt20_0 * (0.7071067811865476 * g20_1 * sb1_2_0 - 0.7071067811865476 * g20_3 * sb1_0_0)
+        acc4_3 = acc4_3 + wt20_0 * (
+            0.408248290463863 * g20_0 * sb1_2_0 - 0.408248290463863 * g20_1 * sb1_1_0
+            + 0.7071067811865476 * g20_2 * sb1_0_0 - 0.408248290463863 * g20_4 * sb1_0_0
+        )
+        acc4_4 = acc4_4 + wt20_0 * (
+            -0.816496580927726 * g20_0 * sb1_1_0 + 0.408248290463863 * g20_1 * sb1_2_0
+            + 0.408248290463863 * g20_3 * sb1_0_0
+        )
+        # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        wt21_0 = weights[tile_b, 1344 + tile_c.index]
+        g21_0 = g[tile_b, 4544 + tile_c.index]
+        acc4_0 = acc4_0 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_0_0)
+        acc4_1 = acc4_1 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_1_0)
+        acc4_2 = acc4_2 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_2_0)
+        acc4_3 = acc4_3 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_3_0)
+        acc4_4 = acc4_4 + wt21_0 * (0.4472135954999579 * g21_0 * sb2_4_0)
+        # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        wt22_0 = weights[tile_b, 1408 + tile_c.index]
+        g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g22t = g22.reshape([tile_b, tile_c, 2, 2])
+        g22te, g22to = hl.split(g22t)
+        g22_0, g22_2 = hl.split(g22te)
+        g22_1, g22_3 = hl.split(g22to)
+        acc4_0 = acc4_0 + wt22_0 * (
+            -0.3162277660168379 * g22_0 * sb2_1_0 - 0.6324555320336758 * g22_1 * sb2_4_0
+            + 0.3162277660168379 * g22_2 * sb2_3_0
+        )
+        acc4_1 = acc4_1 + wt22_0 * (
+            0.3162277660168379 * g22_0 * sb2_0_0 - 0.3162277660168379 * g22_1 * sb2_3_0
+            + 0.5477225575051661 * g22_2 * sb2_2_0 + 0.3162277660168379 * g22_2 * sb2_4_0
+        )
+        acc4_2 = acc4_2 + wt22_0 * (0.5477225575051661 * g22_0 * sb2_3_0 - 0.5477225575051661 * g22_2 * sb2_1_0)
+        acc4_3 = acc4_3 + wt22_0 * (
+            -0.5477225575051661 * g22_0 * sb2_2_0 + 0.3162277660168379 * g22_0 * sb2_4_0
+            + 0.3162277660168379 * g22_1 * sb2_1_0 - 0.3162277660168379 * g22_2 * sb2_0_0
+        )
+        acc4_4 = acc4_4 + wt22_0 * (
+            -0.3162277660168379 * g22_0 * sb2_3_0 + 0.6324555320336758 * g22_1 * sb2_0_0
+            - 0.3162277660168379 * g22_2 * sb2_1_0
+        )
+        # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        wt23_0 = weights[tile_b, 1472 + tile_c.index]
+        g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+        g23te, g23to = hl.split(g23t)
+        g23tee, g23teo = hl.split(g23te)
+        g23_0, g23_4 = hl.split(g23tee)
+        g23_2, g23_6 = hl.split(g23teo)
+        g23toe, g23too = hl.split(g23to)
+        g23_1, g23_5 = hl.split(g23toe)
+        g23_3, g23_7 = hl.split(g23too)
+        acc4_0 = acc4_0 + wt23_0 * (
+            -0.5345224838248488 * g23_0 * sb2_2_0 + 0.4629100498862757 * g23_1 * sb2_3_0
+            - 0.5345224838248488 * g23_2 * sb2_0_0 + 0.4629100498862757 * g23_3 * sb2_1_0
+        )
+        acc4_1 = acc4_1 + wt23_0 * (
+            0.4629100498862757 * g23_0 * sb2_3_0 + 0.2672612419124244 * g23_1 * sb2_2_0
+            - 0.4629100498862757 * g23_1 * sb2_4_0 + 0.2672612419124244 * g23_2 * sb2_1_0
+            + 0.4629100498862757 * g23_3 * sb2_0_0 - 0.4629100498862757 * g23_4 * sb2_1_0
+        )
+        acc4_2 = acc4_2 + wt23_0 * (
+            -0.5345224838248488 * g23_0 * sb2_0_0 + 0.2672612419124244 * g23_1 * sb2_1_0
+            + 0.5345224838248488 * g23_2 * sb2_2_0 + 0.2672612419124244 * g23_3 * sb2_3_0
+            - 0.5345224838248488 * g23_4 * sb2_4_0
+        )
+        acc4_3 = acc4_3 + wt23_0 * (
+            0.4629100498862757 * g23_0 * sb2_1_0 + 0.4629100498862757 * g23_1 * sb2_0_0
+            + 0.2672612419124244 * g23_2 * sb2_3_0 + 0.2672612419124244 * g23_3 * sb2_2_0
+            + 0.4629100498862757 * g23_3 * sb2_4_0 + 0.4629100498862757 * g23_4 * sb2_3_0
+        )
+        acc4_4 = acc4_4 + wt23_0 * (
+            -0.4629100498862757 * g23_1 * sb2_1_0 - 0.5345224838248488 * g23_2 * sb2_4_0
+            + 0.4629100498862757 * g23_3 * sb2_3_0 - 0.5345224838248488 * g23_4 * sb2_2_0
+        )
+        hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -1160,7 +1154,7 @@ def tp_bwd_x1_4(
     gx1: torch.Tensor,
 ) -> None:
     """Gradient with respect to x1 (dF/dx1): x1 blocks 5; paths 24-29."""
-    for tile_b in hl.tile(g.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, g.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -1170,139 +1164,138 @@ def tp_bwd_x1_4(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 5: 64x2e (6 paths)
-            acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
-            # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            wt24_0 = weights[tile_b, 1536 + tile_c.index]
-            g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
-            acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
-            acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
-            acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
-            acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
-            # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            wt25_0 = weights[tile_b, 1600 + tile_c.index]
-            g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25_0, g25_2 = hl.split(g25te)
-            g25_1, g25_3 = hl.split(g25to)
-            acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
-            acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
-            acc5_2 = acc5_2 + wt25_0 * (
-                -0.3162277660168379 * g25_0 * sb1_0_0 + 0.6324555320336758 * g25_1 * sb1_1_0
-                - 0.3162277660168379 * g25_2 * sb1_2_0
-            )
-            acc5_3 = acc5_3 + wt25_0 * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
-            acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
-            # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            wt26_0 = weights[tile_b, 1664 + tile_c.index]
-            g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            acc5_0 = acc5_0 + wt26_0 * (
-                0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
-                + 0.816496580927726 * g26_4 * sb1_1_0
-            )
-            acc5_1 = acc5_1 + wt26_0 * (
-                -0.408248290463863 * g26_0 * sb1_0_0 - 0.7071067811865476 * g26_2 * sb1_2_0
-                + 0.408248290463863 * g26_3 * sb1_1_0 - 0.408248290463863 * g26_4 * sb1_2_0
-            )
-            acc5_2 = acc5_2 + wt26_0 * (0.7071067811865476 * g26_1 * sb1_2_0 - 0.7071067811865476 * g26_3 * sb1_0_0)
-            acc5_3 = acc5_3 + wt26_0 * (
-                0.408248290463863 * g26_0 * sb1_2_0 - 0.408248290463863 * g26_1 * sb1_1_0
-                + 0.7071067811865476 * g26_2 * sb1_0_0 - 0.408248290463863 * g26_4 * sb1_0_0
-            )
-            acc5_4 = acc5_4 + wt26_0 * (
-                -0.816496580927726 * g26_0 * sb1_1_0 + 0.408248290463863 * g26_1 * sb1_2_0
-                + 0.408248290463863 * g26_3 * sb1_0_0
-            )
-            # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            wt27_0 = weights[tile_b, 1728 + tile_c.index]
-            g27_0 = g[tile_b, 5952 + tile_c.index]
-            acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
-            acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
-            acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
-            acc5_3 = acc5_3 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_3_0)
-            acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
-            # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            wt28_0 = weights[tile_b, 1792 + tile_c.index]
-            g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28_0, g28_2 = hl.split(g28te)
-            g28_1, g28_3 = hl.split(g28to)
-            acc5_0 = acc5_0 + wt28_0 * (
-                -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
-                + 0.3162277660168379 * g28_2 * sb2_3_0
-            )
-            acc5_1 = acc5_1 + wt28_0 * (
-                0.3162277660168379 * g28_0 * sb2_0_0 - 0.3162277660168379 * g28_1 * sb2_3_0
-                + 0.5477225575051661 * g28_2 * sb2_2_0 + 0.3162277660168379 * g28_2 * sb2_4_0
-            )
-            acc5_2 = acc5_2 + wt28_0 * (0.5477225575051661 * g28_0 * sb2_3_0 - 0.5477225575051661 * g28_2 * sb2_1_0)
-            acc5_3 = acc5_3 + wt28_0 * (
-                -0.5477225575051661 * g28_0 * sb2_2_0 + 0.3162277660168379 * g28_0 * sb2_4_0
-                + 0.3162277660168379 * g28_1 * sb2_1_0 - 0.3162277660168379 * g28_2 * sb2_0_0
-            )
-            acc5_4 = acc5_4 + wt28_0 * (
-                -0.3162277660168379 * g28_0 * sb2_3_0 + 0.6324555320336758 * g28_1 * sb2_0_0
-                - 0.3162277660168379 * g28_2 * sb2_1_0
-            )
-            # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            wt29_0 = weights[tile_b, 1856 + tile_c.index]
-            g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            acc5_0 = acc5_0 + wt29_0 * (
-                -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
-                - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
-            )
-            acc5_1 = acc5_1 + wt29_0 * (
-                0.4629100498862757 * g29_0 * sb2_3_0 + 0.2672612419124244 * g29_1 * sb2_2_0
-                - 0.4629100498862757 * g29_1 * sb2_4_0 + 0.2672612419124244 * g29_2 * sb2_1_0
-                + 0.4629100498862757 * g29_3 * sb2_0_0 - 0.4629100498862757 * g29_4 * sb2_1_0
-            )
-            acc5_2 = acc5_2 + wt29_0 * (
-                -0.5345224838248488 * g29_0 * sb2_0_0 + 0.2672612419124244 * g29_1 * sb2_1_0
-                + 0.5345224838248488 * g29_2 * sb2_2_0 + 0.2672612419124244 * g29_3 * sb2_3_0
-                - 0.5345224838248488 * g29_4 * sb2_4_0
-            )
-            acc5_3 = acc5_3 + wt29_0 * (
-                0.4629100498862757 * g29_0 * sb2_1_0 + 0.4629100498862757 * g29_1 * sb2_0_0
-                + 0.2672612419124244 * g29_2 * sb2_3_0 + 0.2672612419124244 * g29_3 * sb2_2_0
-                + 0.4629100498862757 * g29_3 * sb2_4_0 + 0.4629100498862757 * g29_4 * sb2_3_0
-            )
-            acc5_4 = acc5_4 + wt29_0 * (
-                -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
-                + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
-            )
-            hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+        # x1 block 5: 64x2e (6 paths)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_1 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_3 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        acc5_4 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
+        # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        wt24_0 = weights[tile_b, 1536 + tile_c.index]
+        g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+        g24te, g24to = hl.split(g24t)
+        g24tee, g24teo = hl.split(g24te)
+        g24_0, g24_4 = hl.split(g24tee)
+        g24_2, g24_6 = hl.split(g24teo)
+        g24toe, g24too = hl.split(g24to)
+        g24_1, g24_5 = hl.split(g24toe)
+        g24_3, g24_7 = hl.split(g24too)
+        acc5_0 = acc5_0 + wt24_0 * (g24_0 * sb0_0_0)
+        acc5_1 = acc5_1 + wt24_0 * (g24_1 * sb0_0_0)
+        acc5_2 = acc5_2 + wt24_0 * (g24_2 * sb0_0_0)
+        acc5_3 = acc5_3 + wt24_0 * (g24_3 * sb0_0_0)
+        acc5_4 = acc5_4 + wt24_0 * (g24_4 * sb0_0_0)
+        # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        wt25_0 = weights[tile_b, 1600 + tile_c.index]
+        g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g25t = g25.reshape([tile_b, tile_c, 2, 2])
+        g25te, g25to = hl.split(g25t)
+        g25_0, g25_2 = hl.split(g25te)
+        g25_1, g25_3 = hl.split(g25to)
+        acc5_0 = acc5_0 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_0_0)
+        acc5_1 = acc5_1 + wt25_0 * (0.5477225575051661 * g25_0 * sb1_1_0 + 0.5477225575051661 * g25_1 * sb1_0_0)
+        acc5_2 = acc5_2 + wt25_0 * (
+            -0.3162277660168379 * g25_0 * sb1_0_0 + 0.6324555320336758 * g25_1 * sb1_1_0
+            - 0.3162277660168379 * g25_2 * sb1_2_0
+        )
+        acc5_3 = acc5_3 + wt25_0 * (0.5477225575051661 * g25_1 * sb1_2_0 + 0.5477225575051661 * g25_2 * sb1_1_0)
+        acc5_4 = acc5_4 + wt25_0 * (-0.5477225575051661 * g25_0 * sb1_0_0 + 0.5477225575051661 * g25_2 * sb1_2_0)
+        # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        wt26_0 = weights[tile_b, 1664 + tile_c.index]
+        g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+        g26te, g26to = hl.split(g26t)
+        g26tee, g26teo = hl.split(g26te)
+        g26_0, g26_4 = hl.split(g26tee)
+        g26_2, g26_6 = hl.split(g26teo)
+        g26toe, g26too = hl.split(g26to)
+        g26_1, g26_5 = hl.split(g26toe)
+        g26_3, g26_7 = hl.split(g26too)
+        acc5_0 = acc5_0 + wt26_0 * (
+            0.408248290463863 * g26_1 * sb1_0_0 - 0.408248290463863 * g26_3 * sb1_2_0
+            + 0.816496580927726 * g26_4 * sb1_1_0
+        )
+        acc5_1 = acc5_1 + wt26_0 * (
+            -0.408248290463863 * g26_0 * sb1_0_0 - 0.7071067811865476 * g26_2 * sb1_2_0
+            + 0.408248290463863 * g26_3 * sb1_1_0 - 0.408248290463863 * g26_4 * sb1_2_0
+        )
+        acc5_2 = acc5_2 + wt26_0 * (0.7071067811865476 * g26_1 * sb1_2_0 - 0.7071067811865476 * g26_3 * sb1_0_0)
+        acc5_3 = acc5_3 + wt26_0 * (
+            0.408248290463863 * g26_0 * sb1_2_0 - 0.408248290463863 * g26_1 * sb1_1_0
+            + 0.7071067811865476 * g26_2 * sb1_0_0 - 0.408248290463863 * g26_4 * sb1_0_0
+        )
+        acc5_4 = acc5_4 + wt26_0 * (
+            -0.816496580927726 * g26_0 * sb1_1_0 + 0.408248290463863 * g26_1 * sb1_2_0
+            + 0.408248290463863 * g26_3 * sb1_0_0
+        )
+        # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        wt27_0 = weights[tile_b, 1728 + tile_c.index]
+        g27_0 = g[tile_b, 5952 + tile_c.index]
+        acc5_0 = acc5_0 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_0_0)
+        acc5_1 = acc5_1 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_1_0)
+        acc5_2 = acc5_2 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_2_0)
+        acc5_3 = acc5_3 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_3_0)
+        acc5_4 = acc5_4 + wt27_0 * (0.4472135954999579 * g27_0 * sb2_4_0)
+        # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        wt28_0 = weights[tile_b, 1792 + tile_c.index]
+        g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g28t = g28.reshape([tile_b, tile_c, 2, 2])
+        g28te, g28to = hl.split(g28t)
+        g28_0, g28_2 = hl.split(g28te)
+        g28_1, g28_3 = hl.split(g28to)
+        acc5_0 = acc5_0 + wt28_0 * (
+            -0.3162277660168379 * g28_0 * sb2_1_0 - 0.6324555320336758 * g28_1 * sb2_4_0
+            + 0.3162277660168379 * g28_2 * sb2_3_0
+        )
+        acc5_1 = acc5_1 + wt28_0 * (
+            0.3162277660168379 * g28_0 * sb2_0_0 - 0.3162277660168379 * g28_1 * sb2_3_0
+            + 0.5477225575051661 * g28_2 * sb2_2_0 + 0.3162277660168379 * g28_2 * sb2_4_0
+        )
+        acc5_2 = acc5_2 + wt28_0 * (0.5477225575051661 * g28_0 * sb2_3_0 - 0.5477225575051661 * g28_2 * sb2_1_0)
+        acc5_3 = acc5_3 + wt28_0 * (
+            -0.5477225575051661 * g28_0 * sb2_2_0 + 0.3162277660168379 * g28_0 * sb2_4_0
+            + 0.3162277660168379 * g28_1 * sb2_1_0 - 0.3162277660168379 * g28_2 * sb2_0_0
+        )
+        acc5_4 = acc5_4 + wt28_0 * (
+            -0.3162277660168379 * g28_0 * sb2_3_0 + 0.6324555320336758 * g28_1 * sb2_0_0
+            - 0.3162277660168379 * g28_2 * sb2_1_0
+        )
+        # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        wt29_0 = weights[tile_b, 1856 + tile_c.index]
+        g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+        g29te, g29to = hl.split(g29t)
+        g29tee, g29teo = hl.split(g29te)
+        g29_0, g29_4 = hl.split(g29tee)
+        g29_2, g29_6 = hl.split(g29teo)
+        g29toe, g29too = hl.split(g29to)
+        g29_1, g29_5 = hl.split(g29toe)
+        g29_3, g29_7 = hl.split(g29too)
+        acc5_0 = acc5_0 + wt29_0 * (
+            -0.5345224838248488 * g29_0 * sb2_2_0 + 0.4629100498862757 * g29_1 * sb2_3_0
+            - 0.5345224838248488 * g29_2 * sb2_0_0 + 0.4629100498862757 * g29_3 * sb2_1_0
+        )
+        acc5_1 = acc5_1 + wt29_0 * (
+            0.4629100498862757 * g29_0 * sb2_3_0 + 0.2672612419124244 * g29_1 * sb2_2_0
+            - 0.4629100498862757 * g29_1 * sb2_4_0 + 0.2672612419124244 * g29_2 * sb2_1_0
+            + 0.4629100498862757 * g29_3 * sb2_0_0 - 0.4629100498862757 * g29_4 * sb2_1_0
+        )
+        acc5_2 = acc5_2 + wt29_0 * (
+            -0.5345224838248488 * g29_0 * sb2_0_0 + 0.2672612419124244 * g29_1 * sb2_1_0
+            + 0.5345224838248488 * g29_2 * sb2_2_0 + 0.2672612419124244 * g29_3 * sb2_3_0
+            - 0.5345224838248488 * g29_4 * sb2_4_0
+        )
+        acc5_3 = acc5_3 + wt29_0 * (
+            0.4629100498862757 * g29_0 * sb2_1_0 + 0.4629100498862757 * g29_1 * sb2_0_0
+            + 0.2672612419124244 * g29_2 * sb2_3_0 + 0.2672612419124244 * g29_3 * sb2_2_0
+            + 0.4629100498862757 * g29_3 * sb2_4_0 + 0.4629100498862757 * g29_4 * sb2_3_0
+        )
+        acc5_4 = acc5_4 + wt29_0 * (
+            -0.4629100498862757 * g29_1 * sb2_1_0 - 0.5345224838248488 * g29_2 * sb2_4_0
+            + 0.4629100498862757 * g29_3 * sb2_3_0 - 0.5345224838248488 * g29_4 * sb2_2_0
+        )
+        hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
 
 
 @helion.kernel(
@@ -2087,7 +2080,7 @@ def tp_bwd_w_0(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 0-15."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -2097,218 +2090,217 @@ def tp_bwd_w_0(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a0_0 = x1[tile_b, tile_c.index]
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            q0 = (a0_0 * sb0_0_0)
-            g0_0 = g[tile_b, tile_c.index]
-            gw[tile_b, tile_c.index] = (q0 * g0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
-            gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
-            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
-            q0 = (a0_0 * sb2_0_0)
-            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            q1 = (a0_0 * sb2_1_0)
-            q2 = (a0_0 * sb2_2_0)
-            q3 = (a0_0 * sb2_3_0)
-            q4 = (a0_0 * sb2_4_0)
-            gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
-            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            q0 = (a1_0 * sb0_0_0)
-            g3_0 = g[tile_b, 576 + tile_c.index]
-            gw[tile_b, 192 + tile_c.index] = (q0 * g3_0)
-            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-            g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-            q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
-            gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
-            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
-            q0 = (a1_0 * sb2_0_0)
-            g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            q1 = (a1_0 * sb2_1_0)
-            q2 = (a1_0 * sb2_2_0)
-            q3 = (a1_0 * sb2_3_0)
-            q4 = (a1_0 * sb2_4_0)
-            gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
-            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-            g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
-            gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
-            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
-                + 0.5773502691896257 * a2_2 * sb1_2_0
-            )
-            g7_0 = g[tile_b, 1344 + tile_c.index]
-            gw[tile_b, 448 + tile_c.index] = (q0 * g7_0)
-            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g8t = g8.reshape([tile_b, tile_c, 2, 2])
-            g8te, g8to = hl.split(g8t)
-            g8_0, g8_2 = hl.split(g8te)
-            g8_1, g8_3 = hl.split(g8to)
-            q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
-            gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
-            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
-            g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9tee, g9teo = hl.split(g9te)
-            g9_0, g9_4 = hl.split(g9tee)
-            g9_2, g9_6 = hl.split(g9teo)
-            g9toe, g9too = hl.split(g9to)
-            g9_1, g9_5 = hl.split(g9toe)
-            g9_3, g9_7 = hl.split(g9too)
-            q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
-                - 0.408248290463863 * a2_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
-            gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
-            # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
-                + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
-            )
-            g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g10t = g10.reshape([tile_b, tile_c, 2, 2])
-            g10te, g10to = hl.split(g10t)
-            g10_0, g10_2 = hl.split(g10te)
-            g10_1, g10_3 = hl.split(g10to)
-            q1 = (
-                0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
-                + 0.5477225575051661 * a2_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
-                - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
-            )
-            gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
-            # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
-                - 0.408248290463863 * a2_2 * sb2_3_0
-            )
-            g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
-            g11te, g11to = hl.split(g11t)
-            g11tee, g11teo = hl.split(g11te)
-            g11_0, g11_4 = hl.split(g11tee)
-            g11_2, g11_6 = hl.split(g11teo)
-            g11toe, g11too = hl.split(g11to)
-            g11_1, g11_5 = hl.split(g11toe)
-            g11_3, g11_7 = hl.split(g11too)
-            q1 = (
-                -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
-                - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
-            )
-            q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
-            q3 = (
-                0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
-                - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
-            )
-            q4 = (
-                0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
-                + 0.408248290463863 * a2_2 * sb2_1_0
-            )
-            gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
-            # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-            g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g12t = g12.reshape([tile_b, tile_c, 2, 2])
-            g12te, g12to = hl.split(g12t)
-            g12_0, g12_2 = hl.split(g12te)
-            g12_1, g12_3 = hl.split(g12to)
-            q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-            q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
-            gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
-            # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            q0 = (
-                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
-                + 0.5773502691896257 * a3_2 * sb1_2_0
-            )
-            g13_0 = g[tile_b, 2624 + tile_c.index]
-            gw[tile_b, 832 + tile_c.index] = (q0 * g13_0)
-            # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g14t = g14.reshape([tile_b, tile_c, 2, 2])
-            g14te, g14to = hl.split(g14t)
-            g14_0, g14_2 = hl.split(g14te)
-            g14_1, g14_3 = hl.split(g14to)
-            q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
-            gw[tile_b, 896 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
-            # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
-            q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
-            g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
-            g15te, g15to = hl.split(g15t)
-            g15tee, g15teo = hl.split(g15te)
-            g15_0, g15_4 = hl.split(g15tee)
-            g15_2, g15_6 = hl.split(g15teo)
-            g15toe, g15too = hl.split(g15to)
-            g15_1, g15_5 = hl.split(g15toe)
-            g15_3, g15_7 = hl.split(g15too)
-            q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
-            q2 = (
-                -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
-                - 0.408248290463863 * a3_2 * sb1_2_0
-            )
-            q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
-            q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
-            gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
+        a0_0 = x1[tile_b, tile_c.index]
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        q0 = (a0_0 * sb0_0_0)
+        g0_0 = g[tile_b, tile_c.index]
+        gw[tile_b, tile_c.index] = (q0 * g0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
+        # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+        q0 = (a0_0 * sb2_0_0)
+        g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        q1 = (a0_0 * sb2_1_0)
+        q2 = (a0_0 * sb2_2_0)
+        q3 = (a0_0 * sb2_3_0)
+        q4 = (a0_0 * sb2_4_0)
+        gw[tile_b, 128 + tile_c.index] = (q0 * g2_0 + q1 * g2_1 + q2 * g2_2 + q3 * g2_3 + q4 * g2_4)
+        # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        q0 = (a1_0 * sb0_0_0)
+        g3_0 = g[tile_b, 576 + tile_c.index]
+        gw[tile_b, 192 + tile_c.index] = (q0 * g3_0)
+        # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
+        g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
+        q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+        gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
+        # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+        q0 = (a1_0 * sb2_0_0)
+        g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5tee, g5teo = hl.split(g5te)
+        g5_0, g5_4 = hl.split(g5tee)
+        g5_2, g5_6 = hl.split(g5teo)
+        g5toe, g5too = hl.split(g5to)
+        g5_1, g5_5 = hl.split(g5toe)
+        g5_3, g5_7 = hl.split(g5too)
+        q1 = (a1_0 * sb2_1_0)
+        q2 = (a1_0 * sb2_2_0)
+        q3 = (a1_0 * sb2_3_0)
+        q4 = (a1_0 * sb2_4_0)
+        gw[tile_b, 320 + tile_c.index] = (q0 * g5_0 + q1 * g5_1 + q2 * g5_2 + q3 * g5_3 + q4 * g5_4)
+        # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
+        g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+        gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
+        # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+            + 0.5773502691896257 * a2_2 * sb1_2_0
+        )
+        g7_0 = g[tile_b, 1344 + tile_c.index]
+        gw[tile_b, 448 + tile_c.index] = (q0 * g7_0)
+        # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+        g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g8t = g8.reshape([tile_b, tile_c, 2, 2])
+        g8te, g8to = hl.split(g8t)
+        g8_0, g8_2 = hl.split(g8te)
+        g8_1, g8_3 = hl.split(g8to)
+        q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        gw[tile_b, 512 + tile_c.index] = (q0 * g8_0 + q1 * g8_1 + q2 * g8_2)
+        # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+        g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9tee, g9teo = hl.split(g9te)
+        g9_0, g9_4 = hl.split(g9tee)
+        g9_2, g9_6 = hl.split(g9teo)
+        g9toe, g9too = hl.split(g9to)
+        g9_1, g9_5 = hl.split(g9toe)
+        g9_3, g9_7 = hl.split(g9too)
+        q1 = (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
+            - 0.408248290463863 * a2_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+        gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2 + q3 * g9_3 + q4 * g9_4)
+        # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
+            + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
+        )
+        g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g10t = g10.reshape([tile_b, tile_c, 2, 2])
+        g10te, g10to = hl.split(g10t)
+        g10_0, g10_2 = hl.split(g10te)
+        g10_1, g10_3 = hl.split(g10to)
+        q1 = (
+            0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
+            + 0.5477225575051661 * a2_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
+            - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
+        )
+        gw[tile_b, 640 + tile_c.index] = (q0 * g10_0 + q1 * g10_1 + q2 * g10_2)
+        # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
+            - 0.408248290463863 * a2_2 * sb2_3_0
+        )
+        g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+        g11te, g11to = hl.split(g11t)
+        g11tee, g11teo = hl.split(g11te)
+        g11_0, g11_4 = hl.split(g11tee)
+        g11_2, g11_6 = hl.split(g11teo)
+        g11toe, g11too = hl.split(g11to)
+        g11_1, g11_5 = hl.split(g11toe)
+        g11_3, g11_7 = hl.split(g11too)
+        q1 = (
+            -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
+            - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
+        )
+        q2 = (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+        q3 = (
+            0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
+            - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
+        )
+        q4 = (
+            0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
+            + 0.408248290463863 * a2_2 * sb2_1_0
+        )
+        gw[tile_b, 704 + tile_c.index] = (q0 * g11_0 + q1 * g11_1 + q2 * g11_2 + q3 * g11_3 + q4 * g11_4)
+        # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
+        g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g12t = g12.reshape([tile_b, tile_c, 2, 2])
+        g12te, g12to = hl.split(g12t)
+        g12_0, g12_2 = hl.split(g12te)
+        g12_1, g12_3 = hl.split(g12to)
+        q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
+        q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
+        gw[tile_b, 768 + tile_c.index] = (q0 * g12_0 + q1 * g12_1 + q2 * g12_2)
+        # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        q0 = (
+            0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+            + 0.5773502691896257 * a3_2 * sb1_2_0
+        )
+        g13_0 = g[tile_b, 2624 + tile_c.index]
+        gw[tile_b, 832 + tile_c.index] = (q0 * g13_0)
+        # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+        g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g14t = g14.reshape([tile_b, tile_c, 2, 2])
+        g14te, g14to = hl.split(g14t)
+        g14_0, g14_2 = hl.split(g14te)
+        g14_1, g14_3 = hl.split(g14to)
+        q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+        q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        gw[tile_b, 896 + tile_c.index] = (q0 * g14_0 + q1 * g14_1 + q2 * g14_2)
+        # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+        q0 = (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+        g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+        g15te, g15to = hl.split(g15t)
+        g15tee, g15teo = hl.split(g15te)
+        g15_0, g15_4 = hl.split(g15tee)
+        g15_2, g15_6 = hl.split(g15teo)
+        g15toe, g15too = hl.split(g15to)
+        g15_1, g15_5 = hl.split(g15toe)
+        g15_3, g15_7 = hl.split(g15too)
+        q1 = (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+        q2 = (
+            -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
+            - 0.408248290463863 * a3_2 * sb1_2_0
+        )
+        q3 = (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+        q4 = (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+        gw[tile_b, 960 + tile_c.index] = (q0 * g15_0 + q1 * g15_1 + q2 * g15_2 + q3 * g15_3 + q4 * g15_4)
 
 
 @helion.kernel(
@@ -2322,7 +2314,7 @@ def tp_bwd_w_1(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 16-22."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -2332,160 +2324,159 @@ def tp_bwd_w_1(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
-                + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
-            )
-            g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g16t = g16.reshape([tile_b, tile_c, 2, 2])
-            g16te, g16to = hl.split(g16t)
-            g16_0, g16_2 = hl.split(g16te)
-            g16_1, g16_3 = hl.split(g16to)
-            q1 = (
-                0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
-                + 0.5477225575051661 * a3_2 * sb2_3_0
-            )
-            q2 = (
-                0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
-                - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
-            )
-            gw[tile_b, 1024 + tile_c.index] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
-            # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
-            q0 = (
-                0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
-                - 0.408248290463863 * a3_2 * sb2_3_0
-            )
-            g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
-            g17te, g17to = hl.split(g17t)
-            g17tee, g17teo = hl.split(g17te)
-            g17_0, g17_4 = hl.split(g17tee)
-            g17_2, g17_6 = hl.split(g17teo)
-            g17toe, g17too = hl.split(g17to)
-            g17_1, g17_5 = hl.split(g17toe)
-            g17_3, g17_7 = hl.split(g17too)
-            q1 = (
-                -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
-                - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
-            )
-            q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
-            q3 = (
-                0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
-                - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
-            )
-            q4 = (
-                0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
-                + 0.408248290463863 * a3_2 * sb2_1_0
-            )
-            gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
-            # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
-            q0 = (a4_0 * sb0_0_0)
-            g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
-            g18te, g18to = hl.split(g18t)
-            g18tee, g18teo = hl.split(g18te)
-            g18_0, g18_4 = hl.split(g18tee)
-            g18_2, g18_6 = hl.split(g18teo)
-            g18toe, g18too = hl.split(g18to)
-            g18_1, g18_5 = hl.split(g18toe)
-            g18_3, g18_7 = hl.split(g18too)
-            q1 = (a4_1 * sb0_0_0)
-            q2 = (a4_2 * sb0_0_0)
-            q3 = (a4_3 * sb0_0_0)
-            q4 = (a4_4 * sb0_0_0)
-            gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
-            # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
-                - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
-            )
-            g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g19t = g19.reshape([tile_b, tile_c, 2, 2])
-            g19te, g19to = hl.split(g19t)
-            g19_0, g19_2 = hl.split(g19te)
-            g19_1, g19_3 = hl.split(g19to)
-            q1 = (
-                0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
-                + 0.5477225575051661 * a4_3 * sb1_2_0
-            )
-            q2 = (
-                0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
-                + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
-            )
-            gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
-            # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
-            q0 = (
-                -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
-                - 0.816496580927726 * a4_4 * sb1_1_0
-            )
-            g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
-            g20te, g20to = hl.split(g20t)
-            g20tee, g20teo = hl.split(g20te)
-            g20_0, g20_4 = hl.split(g20tee)
-            g20_2, g20_6 = hl.split(g20teo)
-            g20toe, g20too = hl.split(g20to)
-            g20_1, g20_5 = hl.split(g20toe)
-            g20_3, g20_7 = hl.split(g20too)
-            q1 = (
-                0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
-            )
-            q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
-            q3 = (
-                -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
-                - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
-            )
-            q4 = (
-                0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
-                - 0.408248290463863 * a4_3 * sb1_0_0
-            )
-            gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
-            # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
-                + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
-                + 0.4472135954999579 * a4_4 * sb2_4_0
-            )
-            g21_0 = g[tile_b, 4544 + tile_c.index]
-            gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0)
-            # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
-                + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
-                + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
-            )
-            g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g22t = g22.reshape([tile_b, tile_c, 2, 2])
-            g22te, g22to = hl.split(g22t)
-            g22_0, g22_2 = hl.split(g22te)
-            g22_1, g22_3 = hl.split(g22to)
-            q1 = (
-                -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
-                + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
-            )
-            q2 = (
-                0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
-                + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
-                - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
-            )
-            gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
+            + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
+        )
+        g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g16t = g16.reshape([tile_b, tile_c, 2, 2])
+        g16te, g16to = hl.split(g16t)
+        g16_0, g16_2 = hl.split(g16te)
+        g16_1, g16_3 = hl.split(g16to)
+        q1 = (
+            0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
+            + 0.5477225575051661 * a3_2 * sb2_3_0
+        )
+        q2 = (
+            0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
+            - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
+        )
+        gw[tile_b, 1024 + tile_c.index] = (q0 * g16_0 + q1 * g16_1 + q2 * g16_2)
+        # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+        q0 = (
+            0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
+            - 0.408248290463863 * a3_2 * sb2_3_0
+        )
+        g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+        g17te, g17to = hl.split(g17t)
+        g17tee, g17teo = hl.split(g17te)
+        g17_0, g17_4 = hl.split(g17tee)
+        g17_2, g17_6 = hl.split(g17teo)
+        g17toe, g17too = hl.split(g17to)
+        g17_1, g17_5 = hl.split(g17toe)
+        g17_3, g17_7 = hl.split(g17too)
+        q1 = (
+            -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
+            - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
+        )
+        q2 = (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+        q3 = (
+            0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
+            - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
+        )
+        q4 = (
+            0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
+            + 0.408248290463863 * a3_2 * sb2_1_0
+        )
+        gw[tile_b, 1088 + tile_c.index] = (q0 * g17_0 + q1 * g17_1 + q2 * g17_2 + q3 * g17_3 + q4 * g17_4)
+        # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+        q0 = (a4_0 * sb0_0_0)
+        g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+        g18te, g18to = hl.split(g18t)
+        g18tee, g18teo = hl.split(g18te)
+        g18_0, g18_4 = hl.split(g18tee)
+        g18_2, g18_6 = hl.split(g18teo)
+        g18toe, g18too = hl.split(g18to)
+        g18_1, g18_5 = hl.split(g18toe)
+        g18_3, g18_7 = hl.split(g18too)
+        q1 = (a4_1 * sb0_0_0)
+        q2 = (a4_2 * sb0_0_0)
+        q3 = (a4_3 * sb0_0_0)
+        q4 = (a4_4 * sb0_0_0)
+        gw[tile_b, 1152 + tile_c.index] = (q0 * g18_0 + q1 * g18_1 + q2 * g18_2 + q3 * g18_3 + q4 * g18_4)
+        # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
+            - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
+        )
+        g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g19t = g19.reshape([tile_b, tile_c, 2, 2])
+        g19te, g19to = hl.split(g19t)
+        g19_0, g19_2 = hl.split(g19te)
+        g19_1, g19_3 = hl.split(g19to)
+        q1 = (
+            0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
+            + 0.5477225575051661 * a4_3 * sb1_2_0
+        )
+        q2 = (
+            0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
+            + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
+        )
+        gw[tile_b, 1216 + tile_c.index] = (q0 * g19_0 + q1 * g19_1 + q2 * g19_2)
+        # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+        q0 = (
+            -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
+            - 0.816496580927726 * a4_4 * sb1_1_0
+        )
+        g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+        g20te, g20to = hl.split(g20t)
+        g20tee, g20teo = hl.split(g20te)
+        g20_0, g20_4 = hl.split(g20tee)
+        g20_2, g20_6 = hl.split(g20teo)
+        g20toe, g20too = hl.split(g20to)
+        g20_1, g20_5 = hl.split(g20toe)
+        g20_3, g20_7 = hl.split(g20too)
+        q1 = (
+            0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
+        )
+        q2 = (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+        q3 = (
+            -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
+            - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
+        )
+        q4 = (
+            0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
+            - 0.408248290463863 * a4_3 * sb1_0_0
+        )
+        gw[tile_b, 1280 + tile_c.index] = (q0 * g20_0 + q1 * g20_1 + q2 * g20_2 + q3 * g20_3 + q4 * g20_4)
+        # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
+            + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
+            + 0.4472135954999579 * a4_4 * sb2_4_0
+        )
+        g21_0 = g[tile_b, 4544 + tile_c.index]
+        gw[tile_b, 1344 + tile_c.index] = (q0 * g21_0)
+        # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
+            + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
+            + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
+        )
+        g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g22t = g22.reshape([tile_b, tile_c, 2, 2])
+        g22te, g22to = hl.split(g22t)
+        g22_0, g22_2 = hl.split(g22te)
+        g22_1, g22_3 = hl.split(g22to)
+        q1 = (
+            -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
+            + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
+        )
+        q2 = (
+            0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
+            + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
+            - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
+        )
+        gw[tile_b, 1408 + tile_c.index] = (q0 * g22_0 + q1 * g22_1 + q2 * g22_2)
 
 
 @helion.kernel(
@@ -2499,7 +2490,7 @@ def tp_bwd_w_2(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 23-28."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb0_0_0 = x2[tile_b, 0][:, None]
         sb1_0_0 = x2[tile_b, 1][:, None]
         sb1_1_0 = x2[tile_b, 2][:, None]
@@ -2509,151 +2500,150 @@ def tp_bwd_w_2(
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
-            a4te, a4to = hl.split(a4t)
-            a4tee, a4teo = hl.split(a4te)
-            a4_0, a4_4 = hl.split(a4tee)
-            a4_2, a4_6 = hl.split(a4teo)
-            a4toe, a4too = hl.split(a4to)
-            a4_1, a4_5 = hl.split(a4toe)
-            a4_3, a4_7 = hl.split(a4too)
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
-                - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
-            )
-            g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
-            g23te, g23to = hl.split(g23t)
-            g23tee, g23teo = hl.split(g23te)
-            g23_0, g23_4 = hl.split(g23tee)
-            g23_2, g23_6 = hl.split(g23teo)
-            g23toe, g23too = hl.split(g23to)
-            g23_1, g23_5 = hl.split(g23toe)
-            g23_3, g23_7 = hl.split(g23too)
-            q1 = (
-                0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
-                - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
-                + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
-            )
-            q2 = (
-                -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
-                + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
-                - 0.5345224838248488 * a4_4 * sb2_4_0
-            )
-            q3 = (
-                0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
-                + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
-                + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
-            )
-            q4 = (
-                -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
-                + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
-            )
-            gw[tile_b, 1472 + tile_c.index] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
-            # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
-            q0 = (a5_0 * sb0_0_0)
-            g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
-            g24te, g24to = hl.split(g24t)
-            g24tee, g24teo = hl.split(g24te)
-            g24_0, g24_4 = hl.split(g24tee)
-            g24_2, g24_6 = hl.split(g24teo)
-            g24toe, g24too = hl.split(g24to)
-            g24_1, g24_5 = hl.split(g24toe)
-            g24_3, g24_7 = hl.split(g24too)
-            q1 = (a5_1 * sb0_0_0)
-            q2 = (a5_2 * sb0_0_0)
-            q3 = (a5_3 * sb0_0_0)
-            q4 = (a5_4 * sb0_0_0)
-            gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
-            # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
-            q0 = (
-                0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
-                - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
-            )
-            g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g25t = g25.reshape([tile_b, tile_c, 2, 2])
-            g25te, g25to = hl.split(g25t)
-            g25_0, g25_2 = hl.split(g25te)
-            g25_1, g25_3 = hl.split(g25to)
-            q1 = (
-                0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
-                + 0.5477225575051661 * a5_3 * sb1_2_0
-            )
-            q2 = (
-                0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
-                + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
-            )
-            gw[tile_b, 1600 + tile_c.index] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
-            # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
-            q0 = (
-                -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
-                - 0.816496580927726 * a5_4 * sb1_1_0
-            )
-            g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
-            g26te, g26to = hl.split(g26t)
-            g26tee, g26teo = hl.split(g26te)
-            g26_0, g26_4 = hl.split(g26tee)
-            g26_2, g26_6 = hl.split(g26teo)
-            g26toe, g26too = hl.split(g26to)
-            g26_1, g26_5 = hl.split(g26toe)
-            g26_3, g26_7 = hl.split(g26too)
-            q1 = (
-                0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
-            )
-            q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
-            q3 = (
-                -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
-                - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
-            )
-            q4 = (
-                0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
-                - 0.408248290463863 * a5_3 * sb1_0_0
-            )
-            gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
-            # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
-            q0 = (
-                0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
-                + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
-                + 0.4472135954999579 * a5_4 * sb2_4_0
-            )
-            g27_0 = g[tile_b, 5952 + tile_c.index]
-            gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0)
-            # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
-            q0 = (
-                -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
-                + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
-                + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
-            )
-            g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g28t = g28.reshape([tile_b, tile_c, 2, 2])
-            g28te, g28to = hl.split(g28t)
-            g28_0, g28_2 = hl.split(g28te)
-            g28_1, g28_3 = hl.split(g28to)
-            q1 = (
-                -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
-                + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
-            )
-            q2 = (
-                0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
-                + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
-                - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
-            )
-            gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
+        a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+        a4te, a4to = hl.split(a4t)
+        a4tee, a4teo = hl.split(a4te)
+        a4_0, a4_4 = hl.split(a4tee)
+        a4_2, a4_6 = hl.split(a4teo)
+        a4toe, a4too = hl.split(a4to)
+        a4_1, a4_5 = hl.split(a4toe)
+        a4_3, a4_7 = hl.split(a4too)
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
+            - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
+        )
+        g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+        g23te, g23to = hl.split(g23t)
+        g23tee, g23teo = hl.split(g23te)
+        g23_0, g23_4 = hl.split(g23tee)
+        g23_2, g23_6 = hl.split(g23teo)
+        g23toe, g23too = hl.split(g23to)
+        g23_1, g23_5 = hl.split(g23toe)
+        g23_3, g23_7 = hl.split(g23too)
+        q1 = (
+            0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
+            - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
+            + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
+        )
+        q2 = (
+            -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
+            + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
+            - 0.5345224838248488 * a4_4 * sb2_4_0
+        )
+        q3 = (
+            0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
+            + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
+            + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
+        )
+        q4 = (
+            -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
+            + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
+        )
+        gw[tile_b, 1472 + tile_c.index] = (q0 * g23_0 + q1 * g23_1 + q2 * g23_2 + q3 * g23_3 + q4 * g23_4)
+        # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+        q0 = (a5_0 * sb0_0_0)
+        g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+        g24te, g24to = hl.split(g24t)
+        g24tee, g24teo = hl.split(g24te)
+        g24_0, g24_4 = hl.split(g24tee)
+        g24_2, g24_6 = hl.split(g24teo)
+        g24toe, g24too = hl.split(g24to)
+        g24_1, g24_5 = hl.split(g24toe)
+        g24_3, g24_7 = hl.split(g24too)
+        q1 = (a5_1 * sb0_0_0)
+        q2 = (a5_2 * sb0_0_0)
+        q3 = (a5_3 * sb0_0_0)
+        q4 = (a5_4 * sb0_0_0)
+        gw[tile_b, 1536 + tile_c.index] = (q0 * g24_0 + q1 * g24_1 + q2 * g24_2 + q3 * g24_3 + q4 * g24_4)
+        # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+        q0 = (
+            0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
+            - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
+        )
+        g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g25t = g25.reshape([tile_b, tile_c, 2, 2])
+        g25te, g25to = hl.split(g25t)
+        g25_0, g25_2 = hl.split(g25te)
+        g25_1, g25_3 = hl.split(g25to)
+        q1 = (
+            0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
+            + 0.5477225575051661 * a5_3 * sb1_2_0
+        )
+        q2 = (
+            0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
+            + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
+        )
+        gw[tile_b, 1600 + tile_c.index] = (q0 * g25_0 + q1 * g25_1 + q2 * g25_2)
+        # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+        q0 = (
+            -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
+            - 0.816496580927726 * a5_4 * sb1_1_0
+        )
+        g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+        g26te, g26to = hl.split(g26t)
+        g26tee, g26teo = hl.split(g26te)
+        g26_0, g26_4 = hl.split(g26tee)
+        g26_2, g26_6 = hl.split(g26teo)
+        g26toe, g26too = hl.split(g26to)
+        g26_1, g26_5 = hl.split(g26toe)
+        g26_3, g26_7 = hl.split(g26too)
+        q1 = (
+            0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
+        )
+        q2 = (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+        q3 = (
+            -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
+            - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
+        )
+        q4 = (
+            0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
+            - 0.408248290463863 * a5_3 * sb1_0_0
+        )
+        gw[tile_b, 1664 + tile_c.index] = (q0 * g26_0 + q1 * g26_1 + q2 * g26_2 + q3 * g26_3 + q4 * g26_4)
+        # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+        q0 = (
+            0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
+            + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
+            + 0.4472135954999579 * a5_4 * sb2_4_0
+        )
+        g27_0 = g[tile_b, 5952 + tile_c.index]
+        gw[tile_b, 1728 + tile_c.index] = (q0 * g27_0)
+        # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+        q0 = (
+            -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
+            + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
+            + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
+        )
+        g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g28t = g28.reshape([tile_b, tile_c, 2, 2])
+        g28te, g28to = hl.split(g28t)
+        g28_0, g28_2 = hl.split(g28te)
+        g28_1, g28_3 = hl.split(g28to)
+        q1 = (
+            -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
+            + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
+        )
+        q2 = (
+            0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
+            + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
+            - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
+        )
+        gw[tile_b, 1792 + tile_c.index] = (q0 * g28_0 + q1 * g28_1 + q2 * g28_2)
 
 
 @helion.kernel(
@@ -2667,56 +2657,55 @@ def tp_bwd_w_3(
     gw: torch.Tensor,
 ) -> None:
     """Gradient with respect to the weights (dF/dW): paths 29."""
-    for tile_b in hl.tile(x1.size(0), block_size=8):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 8]):
         sb2_0_0 = x2[tile_b, 4][:, None]
         sb2_1_0 = x2[tile_b, 5][:, None]
         sb2_2_0 = x2[tile_b, 6][:, None]
         sb2_3_0 = x2[tile_b, 7][:, None]
         sb2_4_0 = x2[tile_b, 8][:, None]
-        for tile_c in hl.tile(64, block_size=32):
-            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
-            a5te, a5to = hl.split(a5t)
-            a5tee, a5teo = hl.split(a5te)
-            a5_0, a5_4 = hl.split(a5tee)
-            a5_2, a5_6 = hl.split(a5teo)
-            a5toe, a5too = hl.split(a5to)
-            a5_1, a5_5 = hl.split(a5toe)
-            a5_3, a5_7 = hl.split(a5too)
-            # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
-            q0 = (
-                -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
-                - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
-            )
-            g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
-            g29te, g29to = hl.split(g29t)
-            g29tee, g29teo = hl.split(g29te)
-            g29_0, g29_4 = hl.split(g29tee)
-            g29_2, g29_6 = hl.split(g29teo)
-            g29toe, g29too = hl.split(g29to)
-            g29_1, g29_5 = hl.split(g29toe)
-            g29_3, g29_7 = hl.split(g29too)
-            q1 = (
-                0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
-                - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
-                + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
-            )
-            q2 = (
-                -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
-                + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
-                - 0.5345224838248488 * a5_4 * sb2_4_0
-            )
-            q3 = (
-                0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
-                + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
-                + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
-            )
-            q4 = (
-                -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
-                + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
-            )
-            gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
+        a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+        a5te, a5to = hl.split(a5t)
+        a5tee, a5teo = hl.split(a5te)
+        a5_0, a5_4 = hl.split(a5tee)
+        a5_2, a5_6 = hl.split(a5teo)
+        a5toe, a5too = hl.split(a5to)
+        a5_1, a5_5 = hl.split(a5toe)
+        a5_3, a5_7 = hl.split(a5too)
+        # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+        q0 = (
+            -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
+            - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
+        )
+        g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+        g29te, g29to = hl.split(g29t)
+        g29tee, g29teo = hl.split(g29te)
+        g29_0, g29_4 = hl.split(g29tee)
+        g29_2, g29_6 = hl.split(g29teo)
+        g29toe, g29too = hl.split(g29to)
+        g29_1, g29_5 = hl.split(g29toe)
+        g29_3, g29_7 = hl.split(g29too)
+        q1 = (
+            0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
+            - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
+            + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
+        )
+        q2 = (
+            -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
+            + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
+            - 0.5345224838248488 * a5_4 * sb2_4_0
+        )
+        q3 = (
+            0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
+            + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
+            + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
+        )
+        q4 = (
+            -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
+            + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
+        )
+        gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

@@ -17,7 +17,9 @@ The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the
 ``mul x l`` block at column ``offset + k*mul + channel``); node rows are gathered with
 ``s_idx = src[e]`` / ``d_idx = dst[e]`` inside the kernels. Block sizes are literals
 and the config is pinned: with ``static_shapes=False`` a new number of nodes or edges
-reuses the compiled kernel.
+reuses the compiled kernel. A kernel whose blocks share one channel count of several
+tiles takes the channel tiles as a second grid axis (``hl.tile([channels, rows])``);
+the others loop over channel tiles in each program.
 """
 
 import helion
