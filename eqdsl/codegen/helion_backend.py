@@ -106,7 +106,10 @@ class Tuning:
     output). An input operand whose channel-tiled components (padded) number at most
     ``hoist_components`` is loaded at the top of the channel loop (loads issued
     together); a larger one is loaded where each tile is first used (fewer tiles live
-    at once). ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
+    at once). ``hoist_weights`` (1) loads the weight tiles of a block kernel's channel
+    tile at its top too: Triton keeps the program order of loads and stores to tensors it
+    cannot prove distinct, so a weight load written after an output block's store is
+    issued after it, and its latency is exposed once per path. ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
     a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
     sums cost little next to the inputs they are computed from. ``maxnreg_partials``
     (Triton's ``maxnreg``, CUDA only; a launch option in ``TRITON_OPTIONS``, since Helion
@@ -138,6 +141,7 @@ class Tuning:
     num_stages: int = 1
     max_terms: int = 1024
     hoist_components: int = 32
+    hoist_weights: int = 0
     wsum_min_rows: int = 64
     wsum_max_rows: int = 1024
     maxnreg_partials: int | None = 256
@@ -546,7 +550,7 @@ class _BlockKernel:
 
         comment = _path_comment(ir, p)
         if la == lo and lb == lo:  # uuu: everything indexed by the output channel
-            wexpr = self._weight_row(p, {lo: "tile_c"}, updates)
+            wexpr = self._weight_row(p, {lo: "tile_c"}, updates, g)
             updates.append(comment)
             for kk, nzs in sorted(by_o.items()):
                 s = _sum([(c, [tiled(ao, ai, i), tiled(bo, bi, j)]) for c, i, j in nzs])
@@ -556,7 +560,7 @@ class _BlockKernel:
             lu, n_unroll = (lb, bb.mul) if a_tiled else (la, ab.mul)
             updates.append(comment)
             for ch in range(n_unroll):
-                wexpr = self._weight_row(p, {lo: "tile_c", lu: str(ch)}, updates)
+                wexpr = self._weight_row(p, {lo: "tile_c", lu: str(ch)}, updates, g)
                 for kk, nzs in sorted(by_o.items()):
                     if a_tiled:
                         terms = [(c, [tiled(ao, ai, i), scalar(bo, bi, j, ch)]) for c, i, j in nzs]
@@ -581,7 +585,7 @@ class _BlockKernel:
                 updates.append(comment)
                 for ch in range(n_unroll):
                     chans = {lr: 0} if lu is None else {lr: 0, lu: ch}
-                    wexpr = self._weight_row(p, {lo: "tile_c", **{k: str(v) for k, v in chans.items()}}, updates)
+                    wexpr = self._weight_row(p, {lo: "tile_c", **{k: str(v) for k, v in chans.items()}}, updates, g)
                     for kk, nzs in sorted(by_o.items()):
                         terms = [(c, [scalar(ao, ai, i, chans[la]), scalar(bo, bi, j, chans[lb])]) for c, i, j in nzs]
                         updates.append(_acc(o, kk, _sum(terms), wexpr))
@@ -697,19 +701,22 @@ class _BlockKernel:
             partials[part] = acc
             lines.append(f"{part} = {term}")
 
-    def _weight_row(self, p: PathIR, index: dict[str, str], lines: list[str]) -> str | None:
+    def _weight_row(self, p: PathIR, index: dict[str, str], lines: list[str], g: dict) -> str | None:
         """Weight factor of an update indexed by ``tile_c`` (and unrolled channels): (b or 1, c).
 
-        Loaded once (``wt<path>_<channel>``, the load appended to ``lines`` where first
-        needed), used by every component.
+        Loaded once (``wt<path>_<channel>``), used by every component: where first needed
+        (appended to ``lines``), or with ``Tuning.hoist_weights`` among channel group
+        ``g``'s loads at the top of the tile, before any store.
         """
         if not p.has_weight:
             return None
         letters = _letter(p, "w")
         idx = ", ".join(index[letter] for letter in letters)
         name = "_".join([f"wt{p.index}"] + [index[x] for x in letters if not index[x].startswith("tile_")])
-        if not any(line.startswith(name + " = ") for line in lines):
-            src = f"w{p.index}[{idx}][None, :]" if self.ir.shared_weights else f"w{p.index}[tile_b, {idx}]"
+        src = f"w{p.index}[{idx}][None, :]" if self.ir.shared_weights else f"w{p.index}[tile_b, {idx}]"
+        if self.tuning.hoist_weights:
+            g["loads"].setdefault(name, [f"{name} = {src}"])
+        elif not any(line.startswith(name + " = ") for line in lines):
             lines.append(f"{name} = {src}")
         return name
 
