@@ -390,7 +390,7 @@ def test_spec_tuning_table_pins_the_kernels(tmp_path):
     text = spec_text(name, "3x0e+2x1o+1x2e", "0e+1o", "0e+1o+2e", mode="uvu", shared=False) + (
         "[tensor_product.tuning]\nblock_b = 2\nblock_c = 2\nnum_warps = 8\nmaxnreg_partials = 0\n"
         "hoist_weights = 1\nhoist_components = 0\n"
-        "[tensor_product.tuning.bwd_x1]\nnum_warps = 2\nhoist_weights = 0\n"
+        "[tensor_product.tuning.bwd_x1]\nnum_warps = 2\n"
     )
     pkg, ops = build(tmp_path, text, name)
     ir = lower(load_spec(tmp_path / f"{name}.toml")[0])
@@ -399,16 +399,19 @@ def test_spec_tuning_table_pins_the_kernels(tmp_path):
     assert "num_warps=8" in source and "num_warps=4" not in source
     configs = {k: c for c, k in re.findall(r"helion\.Config\((num_warps=\d+)[^)]*\),\n\)\ndef (\w+)\(", source)}
     assert {k.rsplit("_", 1)[0] for k in configs} == {"tp_fwd", "tp_bwd_x1", "tp_bwd_x2", "tp_bwd_w"}
-    # hoist_weights: every weight tile of a forward channel tile is loaded before its first store;
-    # bwd_x1 (hoist_weights = 0) loads them where first used, after the first block's store
-    fwd = source[source.index("def tp_fwd_0("):source.index("@helion.kernel", source.index("def tp_fwd_0("))]
-    bwd = source[source.index("def tp_bwd_x1_0("):source.index("@helion.kernel", source.index("def tp_bwd_x1_0("))]
+    # hoist_weights: every weight tile of a forward channel tile is loaded before its first
+    # store; without it (the default) some are loaded where first used, after a store
     def first_store(src):
         return min(i for i in (src.find("] = acc"), src.find("hl.store(")) if i >= 0)
 
-    fwd_tiles = [t for t in fwd.split("for tile_c")[1:] if "= weights[" in t]  # one per channel group
-    assert fwd_tiles and all(t.rindex("= weights[") < first_store(t) for t in fwd_tiles)
-    assert any(t.rindex("= weights[") > first_store(t) for t in bwd.split("for tile_c")[1:] if "= weights[" in t)
+    def weight_tiles(src):  # the channel tiles of the forward kernel that load weights
+        fwd = src[src.index("def tp_fwd_0("):src.index("@helion.kernel", src.index("def tp_fwd_0("))]
+        return [t for t in fwd.split("for tile_c")[1:] if "= weights[" in t]
+
+    assert weight_tiles(source) and all(t.rindex("= weights[") < first_store(t) for t in weight_tiles(source))
+    (tmp_path / "plain.toml").write_text(text.replace("hoist_weights = 1\n", ""))
+    plain = generate_files(tmp_path / "plain.toml", tmp_path / "plain")[f"{name}/helion_kernels.py"]
+    assert any(t.rindex("= weights[") > first_store(t) for t in weight_tiles(plain))
     assert all(c == ("num_warps=2" if k.startswith("tp_bwd_x1") else "num_warps=8") for k, c in configs.items())
     assert "TRITON_OPTIONS = {\n}" in source  # maxnreg_partials = 0 turns the bwd_x2 pin off
     for batch in (1, 5):
