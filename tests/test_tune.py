@@ -125,3 +125,15 @@ def test_tune_refuses_without_a_gpu_and_multi_table_specs(tmp_path, monkeypatch,
     spec.write_text(SPEC + SPEC.replace("tune_demo", "other"))
     with pytest.raises(TuneError, match="2 \\[\\[tensor_product\\]\\] tables"):
         tune(spec, run_worker=_fake_worker([]), require_cuda=False)
+
+
+def test_current_tuning_stays_within_noise():
+    from eqdsl.tune import MIN_GAIN, _winner
+
+    cand = (("num_warps", 8),)
+    near = 100.0 / (1 + MIN_GAIN / 2)
+    assert _winner("fwd", [((), {"us": 100.0}), (cand, {"us": near})]) == ()
+    assert _winner("fwd", [((), {"us": 100.0}), (cand, {"us": 100.0 / (1 + 2 * MIN_GAIN)})]) == cand
+    assert _winner("fwd", [((), {"error": "OutOfResources"}), (cand, {"us": 120.0})]) == cand
+    with pytest.raises(TuneError, match="fwd: no candidate ran"):
+        _winner("fwd", [((), {"error": "x"})])
