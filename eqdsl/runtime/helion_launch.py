@@ -139,12 +139,13 @@ class HelionLaunch:
         # ``is_cuda`` costs a tenth of ``device.type``
         if not self.enabled or not getattr(args[0], "is_" + self.fast_device_type, False):
             return self.kernel(*args)
-        # everything a replay depends on: the device Triton launches on, the layout and
-        # alignment of every tensor, every other argument's value
+        # everything a replay depends on: the device Triton launches on, the layout, dtype
+        # and alignment of every tensor, every other argument's value. (A tensor's device is
+        # not: the launch is the same, and Triton's C launcher rejects a pointer it cannot use.)
         key = (
             self.current_device(),
             *[
-                (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15 == 0)
+                (a.shape, a.stride(), a.dtype, a.data_ptr() & 15 == 0)
                 if isinstance(a, torch.Tensor)
                 else (type(a), a)
                 for a in args
