@@ -276,3 +276,136 @@ def test_fast_launch_matches_helion_on_gpu(spec, tmp_path, monkeypatch):
         for _ in range(2):
             assert torch.equal(ops.fwd_op(x1, x2, w), out)
     assert list(tmp_path.glob("helion/tp_fwd_*.py"))
+
+
+# ---------------------------------------------------------------- replay of the host function
+
+# Helion 1.4.0's host function of generated/nequip_water's tp_fwd_0 (CPU, pinned config),
+# as it writes it: what a replay must reproduce.
+_HELION_HOST = '''
+import torch
+
+_helion_tp_fwd_0 = object()
+_default_launcher = None
+
+
+def tp_fwd_0(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher=_default_launcher):
+    """Forward (dF/dg): g blocks 0-9; paths 0-9."""
+    # src[helion_kernels.py:40]: for tile_b in hl.tile(x1.size(0), block_size=16):
+    _BLOCK_SIZE_0 = 16
+    _launcher(_helion_tp_fwd_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, weights, out, x1.size(0), out.stride(0), out.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+'''
+
+_NOT_REPLAYABLE = {
+    "side effect": "    CALLS.append(1)\n    _launcher(K, (x.size(0),), x, out, num_warps=4, num_stages=1)\n",
+    "two launches": "    _launcher(K, (1,), x, out, num_warps=4, num_stages=1)\n    _launcher(K, (1,), out, x, num_warps=4, num_stages=1)\n",
+    "value read from a tensor": "    _launcher(K, (1,), x, out, int(x[0]), num_warps=4, num_stages=1)\n",
+    "grid from a tensor": "    n = x.sum()\n    _launcher(K, (n,), x, out, num_warps=4, num_stages=1)\n",
+    "a view of a parameter": "    _launcher(K, (1,), x.view(-1), out, num_warps=4, num_stages=1)\n",
+    "allocation": "    tmp = torch.empty_like(x)\n    _launcher(K, (1,), x, tmp, num_warps=4, num_stages=1)\n",
+    "return value": "    _launcher(K, (1,), x, out, num_warps=4, num_stages=1)\n    return out\n",
+    "reassigned parameter": "    x = out\n    _launcher(K, (1,), x, out, num_warps=4, num_stages=1)\n",
+    "non-constant keyword": "    _launcher(K, (1,), x, out, num_warps=x.size(0), num_stages=1)\n",
+}
+
+
+def _load(tmp_path, name, text):
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_replay_sources_of_helions_host_function(tmp_path):
+    from eqdsl.runtime.helion_launch import _replay_sources
+
+    host = _load(tmp_path, "helion_host", _HELION_HOST).tp_fwd_0
+    # x1, x2, weights, out in their slots; the 9 sizes and strides recorded
+    assert _replay_sources(host) == (0, 1, 2, 3) + (None,) * 9
+    for i, (why, body) in enumerate(_NOT_REPLAYABLE.items()):
+        text = f"import torch\nK = object()\nCALLS = []\n\n\ndef k(x, out, *, _launcher=None):\n{body}"
+        assert _replay_sources(_load(tmp_path, f"bad{i}", text).k) is None, why
+    assert _replay_sources(lambda x, *, _launcher=None: _launcher(K, (1,), x)) is None  # noqa: F821 (no source of its own)
+
+
+class _CountingKernel(_Kernel):
+    """Counts the calls of the host function: a replay makes none."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.host_calls = 0
+
+    def host(self, x, out, *, _launcher=_default_launcher):
+        """Like Helion's: constants, then one launch of sizes and strides."""
+        _BLOCK = 16
+        _launcher(self.jit, ((x.size(0) + _BLOCK - 1) // _BLOCK,), x, out, x.size(0), out.stride(0), num_warps=4, num_stages=1)
+
+    def bind(self, args):
+        kernel = self
+
+        def counted(*a, _launcher):
+            kernel.host_calls += 1
+            return kernel.host(*a, _launcher=_launcher)
+
+        counted.__wrapped__ = self.host  # inspect.signature / getsource see the host function
+        self.binds += 1
+        return type("Bound", (), {"_run": staticmethod(counted)})()
+
+
+def test_replay_skips_the_host_function_and_launches_the_same():
+    log = []
+    k = _CountingKernel(log)
+    launch = HelionLaunch(k, triton_options={"maxnreg": 256}, enabled=True)
+    launch.fast_device_type = "cpu"
+    launch.current_device = lambda: 0
+    launch._triton = (_Runtime(), lambda device: f"stream{device}", _default_launcher)
+    x, out = torch.zeros(40, 8), torch.zeros(40, 16)
+    for _ in range(3):
+        launch(x, out)
+    assert k.host_calls == 1 and [e[0] for e in log] == ["jit", "direct", "direct"]
+    assert log[-1][1:] == (triton_specialization((x, out, 40, 16)), (3, 1, 1), "stream0", (x, out, 40, 16))
+    # other tensors of the same layout: the same plan, the new tensors in their slots
+    x2, out2 = torch.ones(40, 8), torch.ones(40, 16)
+    launch(x2, out2)
+    assert k.host_calls == 1 and log[-1][4][0] is x2 and log[-1][4][1] is out2
+    # another stride of out: recorded again (the host function's stride, not the old one)
+    wide = torch.zeros(40, 32)[:, :16]
+    launch(x, wide)
+    launch(x, wide)
+    assert k.host_calls == 2 and log[-1][4] == (x, wide, 40, 32) and log[-1][0] == "direct"
+    # another batch: another grid
+    y, out3 = torch.zeros(70, 8), torch.zeros(70, 16)
+    launch(y, out3)
+    launch(y, out3)
+    assert k.host_calls == 3 and log[-1][2] == (5, 1, 1) and log[-1][4] == (y, out3, 70, 16)
+    # another current device: recorded again, launched on that device's stream
+    launch.current_device = lambda: 1
+    launch(y, out3)
+    launch(y, out3)
+    assert k.host_calls == 4 and log[-1][3] == "stream1"
+    # a profiler's hook: every launch through the host function and Triton while installed
+    hook = lambda metadata: None  # noqa: E731
+    launch._triton[0].launch_enter_hook.add(hook)
+    n = len(log)
+    launch(y, out3)
+    assert k.host_calls == 5 and [e[0] for e in log[n:]] == ["jit"]
+    launch._triton[0].launch_enter_hook.remove(hook)
+    launch(y, out3)
+    assert k.host_calls == 5 and log[-1][0] == "direct"
+
+
+def test_replay_tables_stay_bounded():
+    log = []
+    k = _CountingKernel(log)
+    launch = HelionLaunch(k, enabled=True)
+    launch.fast_device_type = "cpu"
+    launch.current_device = lambda: 0
+    launch._triton = (_Runtime(), lambda device: "s", _default_launcher)
+    launch.max_entries = 4
+    for n in range(2, 12):  # MD: a new edge count each step
+        launch(torch.zeros(n, 8), torch.zeros(n, 16))
+    assert len(launch._plans) <= 4 and len(launch._exact) <= 4

@@ -1072,6 +1072,7 @@ def _launcher(family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
     return {
         "name": family,
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+        "args": ", ".join(names),
         "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
     }
 
@@ -1095,6 +1096,7 @@ def _block_op(family: str, layout: str) -> dict:
         "name": family,
         "doc": _OP_DOC[family].format(layout=layout),
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
+        "args": ", ".join(names),
         "operands": ", ".join(f'("{n}", {n}, {_DIM[a]})' for n, a in zip(names, args)),
         "first": names[0],
         "out_dim": _DIM[out_op],

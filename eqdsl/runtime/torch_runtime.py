@@ -5,6 +5,20 @@ through Triton's interpreter), the autograd wiring of the four kernel-layout ops
 (``register_autograd``: every derivative of every op is another of the four, so every
 order of derivative works), and the ``mul_ir`` <-> ``ir_mul`` conversion done outside
 the ops as a differentiable gather.
+
+Eager fast path. A ``torch.library.custom_op`` call costs ~10 us of dispatch on the
+host (2-core development CPU, 2026-11-23), more than the launch itself. In plain eager
+code on CUDA (``eager_mode``: not compiling, not tracing, no dispatch or torch-function
+mode, no functorch transform or forward-mode AD, plain tensors) the generated entry
+points call an op's implementation directly (``EagerOp``): with no gradient needed, the
+implementation itself (checks, allocation, launch); with one needed, a
+``torch.autograd.Function`` whose forward is that implementation and whose backward is
+the op's ``register_autograd`` formula, made of the same ``EagerOp`` s, so every order of
+derivative works as through the custom ops. Everywhere else (``torch.compile``,
+``make_fx``, CPU tensors through Triton's interpreter unless a test says otherwise) the
+custom ops run as before. Checks are cached per argument metadata (``CheckCache``,
+``check_operands``): what was accepted once is not checked again; what fails is never
+cached, so every error is raised as before.
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 __all__ = [
     "check_inputs",
@@ -21,6 +36,11 @@ __all__ = [
     "LayoutPermutation",
     "permute_columns",
     "DTYPES",
+    "EAGER",
+    "eager_mode",
+    "EagerOp",
+    "CheckCache",
+    "register_backward",
 ]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -78,6 +98,12 @@ def check_inputs(
         )
 
 
+# operand metadata check_operands accepted, per op (the op name fixes the widths: torch
+# registers one definition per name)
+_OPERANDS_OK: set = set()
+_CACHE_LIMIT = 1024  # MD sees a new batch size every step: emptied past this size
+
+
 def check_operands(
     op: str,
     operands: tuple[tuple[str, object, int | None], ...],
@@ -91,7 +117,20 @@ def check_operands(
     ``operands`` is ``((name, tensor, width), ...)`` with ``width`` the row length of a
     ``(batch, width)`` operand, or ``None`` for weights (``(weight_numel,)`` when
     shared, else ``(batch, weight_numel)``). Raises ``TypeError`` / ``ValueError``.
+    ``op`` names one op (fixed widths, weight_numel, dtypes): accepted metadata of plain
+    tensors is remembered and not checked again.
     """
+    key = _meta_key((op, *[t for _, t, _ in operands]))
+    if key is not None and key in _OPERANDS_OK:
+        return
+    _check_operands(op, operands, weight_numel=weight_numel, shared_weights=shared_weights, dtypes=dtypes)
+    if key is not None:
+        if len(_OPERANDS_OK) >= _CACHE_LIMIT:
+            _OPERANDS_OK.clear()
+        _OPERANDS_OK.add(key)
+
+
+def _check_operands(op, operands, *, weight_numel, shared_weights, dtypes) -> None:
     for name, t, _ in operands:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
@@ -114,6 +153,148 @@ def check_operands(
             raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
 
 
+# ---------------------------------------------------------------- eager fast path
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
+_C = torch._C
+
+
+class EagerSettings:
+    """Where ``eager_mode`` may skip the custom ops: ``enabled`` (``EQDSL_EAGER_FAST=0``
+    turns it off) and ``device_type``, the tensors' device type (``"cuda"``; tests set
+    ``"cpu"`` to run the fast path through Triton's interpreter)."""
+
+    def __init__(self):
+        self.enabled = os.environ.get("EQDSL_EAGER_FAST", "1") != "0"
+        self.device_type = "cuda"
+
+
+EAGER = EagerSettings()
+
+CUSTOM_OP, DIRECT, DIRECT_GRAD = 0, 1, 2
+
+
+def eager_mode(tensors: tuple, n_diff: int) -> int:
+    """How an entry point runs on ``tensors`` (its tensor arguments, the first ``n_diff``
+    of them differentiable): ``CUSTOM_OP`` (0), ``DIRECT`` (1: the implementation, no
+    gradient needed) or ``DIRECT_GRAD`` (2: the op's ``torch.autograd.Function``).
+
+    ``CUSTOM_OP`` whenever anything may need to see the op as one node: under
+    ``torch.compile`` (tested first: Dynamo folds it, and traces nothing else here),
+    ``torch.jit`` tracing, a dispatch mode (``make_fx``, fake tensors, profilers of ops),
+    a torch-function mode, a functorch transform (``vmap``, ``torch.func.grad``),
+    forward-mode AD, a tensor subclass, or tensors off ``EAGER.device_type``.
+    """
+    if torch.compiler.is_compiling() or not EAGER.enabled:
+        return CUSTOM_OP
+    if (
+        _C._len_torch_dispatch_stack()
+        or _C._is_torch_function_mode_enabled()
+        or _C._are_functorch_transforms_active()
+        or _C._get_tracing_state() is not None
+        or _forward_ad._current_level >= 0
+    ):
+        return CUSTOM_OP
+    for t in tensors:
+        if type(t) not in _PLAIN:
+            return CUSTOM_OP
+    # (is_cuda costs a tenth of device.type)
+    if not getattr(tensors[0], "is_" + EAGER.device_type, False):
+        return CUSTOM_OP
+    if _C.is_grad_enabled():
+        for i in range(n_diff):
+            if tensors[i].requires_grad:
+                return DIRECT_GRAD
+    return DIRECT
+
+
+_NOT_CACHEABLE = object()
+_SCALARS = (int, str)  # not bool: a check may reject it
+
+
+def _meta_key(args: tuple):
+    """What a check of ``args`` depends on (shape, dtype, device of plain tensors; the
+    value of strings and ints), or None when an argument is anything else (a tensor
+    subclass, a fake tensor with symbolic sizes, a wrong type): checked every time."""
+    key = tuple(
+        [
+            (a.shape, a.dtype, a.device)
+            if type(a) in _PLAIN
+            else (a if type(a) in _SCALARS else _NOT_CACHEABLE)
+            for a in args
+        ]
+    )
+    return None if _NOT_CACHEABLE in key else key
+
+
+class CheckCache:
+    """``check(*args)`` (raises on bad arguments) run once per argument metadata it accepted.
+
+    The check must depend only on what ``_meta_key`` records; arguments it cannot record
+    are checked on every call, and a failing check is never remembered.
+    """
+
+    def __init__(self, check):
+        self.check = check
+        self._ok: set = set()
+
+    def __call__(self, *args) -> None:
+        key = _meta_key(args)
+        if key is not None and key in self._ok:
+            return
+        self.check(*args)
+        if key is not None:
+            if len(self._ok) >= _CACHE_LIMIT:
+                self._ok.clear()
+            self._ok.add(key)
+
+
+class EagerOp:
+    """A kernel-layout custom op and its implementation, called the cheapest valid way.
+
+    ``op`` is the ``torch.library.custom_op``, ``impl`` the Python function it wraps
+    (checks, allocation, launch); the op's first ``n_tensors`` arguments are tensors (the
+    rest ints), the first ``n_diff`` differentiable. ``register_autograd`` gives it its
+    ``torch.autograd.Function`` (``function``). Calling it returns what ``op`` returns.
+    """
+
+    def __init__(self, op, impl, n_tensors: int = 3, n_diff: int = 3):
+        self.op, self.impl, self.n_tensors, self.n_diff = op, impl, n_tensors, n_diff
+        self.function = None
+
+    def __repr__(self) -> str:
+        return f"EagerOp({self.op})"
+
+    def set_autograd(self, backward, setup_context) -> None:
+        """The ``torch.autograd.Function`` of ``DIRECT_GRAD``: forward ``impl``, then the
+        op's own formula (``backward(ctx, grad)``, ``setup_context(ctx, inputs, output)``)."""
+        impl = self.impl
+
+        # forward(ctx, ...), not a separate setup_context: with one, Function.apply binds
+        # the arguments with inspect.signature on every call (~10 us, torch 2.13)
+        def forward(ctx, *args):
+            out = impl(*args)
+            setup_context(ctx, args, out)
+            return out
+
+        self.function = type(
+            f"{getattr(impl, '__name__', 'op')}_function",
+            (torch.autograd.Function,),
+            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+        )
+
+    def run(self, mode: int, *args):
+        """Run in ``mode`` (``eager_mode``'s answer for these arguments)."""
+        if mode == DIRECT:
+            return self.impl(*args)
+        if mode == DIRECT_GRAD and self.function is not None:
+            return self.function.apply(*args)
+        return self.op(*args)
+
+    def __call__(self, *args):
+        return self.run(eager_mode(args[: self.n_tensors], self.n_diff), *args)
+
+
 def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
     """Wire the derivatives of ``F(x1, x2, W, g) = sum W C x1 x2 g`` to each other.
 
@@ -128,6 +309,10 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
     derivatives of ``bwd_w`` call ``linear = (fwd_lin, bwd_x1_lin, bwd_x2_lin)``, the
     three operand derivatives of ``F_W`` (themselves wired the same way); without
     unweighted paths ``F_W = F`` and ``linear`` is ``None``.
+
+    Each argument is a custom op or an ``EagerOp`` (its custom op gets the formula, and
+    the ``EagerOp`` its ``torch.autograd.Function``); the formulas call the arguments, so
+    with ``EagerOp`` s a backward in eager code launches directly.
     """
 
     def setup_context(ctx, inputs, output):
@@ -162,7 +347,7 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
             )
 
         for op, backward in ((fwd_, fwd_backward), (bwd_x1_, bwd_x1_backward), (bwd_x2_, bwd_x2_backward)):
-            op.register_autograd(backward, setup_context=setup_context)
+            register_backward(op, backward, setup_context)
 
     wire(fwd, bwd_x1, bwd_x2)
     if linear is not None:
@@ -178,7 +363,16 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
             fwd_w(x1, x2, h) if ng else None,
         )
 
-    bwd_w.register_autograd(bwd_w_backward, setup_context=setup_context)
+    register_backward(bwd_w, bwd_w_backward, setup_context)
+
+
+def register_backward(op, backward, setup_context) -> None:
+    """``op.register_autograd(backward, setup_context=...)`` for a custom op; for an
+    ``EagerOp``, on its custom op and as its ``torch.autograd.Function``."""
+    if isinstance(op, EagerOp):
+        op.set_autograd(backward, setup_context)
+        op = op.op
+    op.register_autograd(backward, setup_context=setup_context)
 
 
 def check_device(op: str, device: torch.device) -> None:
@@ -199,14 +393,17 @@ def check_device(op: str, device: torch.device) -> None:
 _PERMUTATIONS: dict[str, "LayoutPermutation"] = {}
 
 
-@torch.library.custom_op("eqdsl_runtime::permute_columns", mutates_args=())
-def permute_columns(x: torch.Tensor, key: str, to_ir_mul: bool) -> torch.Tensor:
+def _permute_columns(x: torch.Tensor, key: str, to_ir_mul: bool) -> torch.Tensor:
     """``x`` with its columns in the other layout (``LayoutPermutation`` ``key``): one gather.
 
-    A custom op, so that tracing (``make_fx``, ``torch.compile``) records one node and
-    never sees the cached index tensors, which only eager code creates.
+    A custom op (``permute_columns``), so that tracing (``make_fx``, ``torch.compile``)
+    records one node and never sees the cached index tensors, which only eager code creates.
     """
     return torch.index_select(x, 1, _PERMUTATIONS[key].index(to_ir_mul, x.device))
+
+
+permute_columns = torch.library.custom_op("eqdsl_runtime::permute_columns", _permute_columns, mutates_args=())
+_PERMUTE = EagerOp(permute_columns, _permute_columns, n_tensors=1, n_diff=1)
 
 
 @permute_columns.register_fake
@@ -220,10 +417,10 @@ def _permute_columns_setup(ctx, inputs, output):
 
 def _permute_columns_backward(ctx, grad):
     # the derivative of a gather by a permutation is the inverse gather (not an index_add)
-    return permute_columns(grad, ctx.key, not ctx.to_ir_mul), None, None
+    return _PERMUTE(grad, ctx.key, not ctx.to_ir_mul), None, None
 
 
-permute_columns.register_autograd(_permute_columns_backward, setup_context=_permute_columns_setup)
+register_backward(_PERMUTE, _permute_columns_backward, _permute_columns_setup)
 
 
 class LayoutPermutation:
@@ -259,8 +456,18 @@ class LayoutPermutation:
             self._cache[(to_ir_mul, device)] = idx
         return idx
 
-    def to_ir_mul(self, x: torch.Tensor) -> torch.Tensor:
-        return permute_columns(x, self.key, True)
+    def to_ir_mul(self, x: torch.Tensor, mode: int | None = None) -> torch.Tensor:
+        """``x``'s rows in ``ir_mul``; ``mode``: the calling entry point's ``eager_mode``
+        (saves asking again), or None."""
+        return self._permute(x, True, mode)
 
-    def to_mul_ir(self, x: torch.Tensor) -> torch.Tensor:
-        return permute_columns(x, self.key, False)
+    def to_mul_ir(self, x: torch.Tensor, mode: int | None = None) -> torch.Tensor:
+        """``x``'s rows in ``mul_ir`` (``mode`` as in ``to_ir_mul``)."""
+        return self._permute(x, False, mode)
+
+    def _permute(self, x, to_ir_mul: bool, mode):
+        if mode is None:
+            return _PERMUTE(x, self.key, to_ir_mul)
+        if mode == DIRECT_GRAD and not x.requires_grad:
+            mode = DIRECT
+        return _PERMUTE.run(mode, x, self.key, to_ir_mul)

@@ -92,6 +92,10 @@ def _check_range(src, dst, num_nodes) -> None:
     """``0 <= src, dst < num_nodes`` (one device sync)."""
     if src.shape[0] == 0:
         return
+    # three small kernels and one sync when the indices are valid; which array is wrong, after
+    lo, hi = torch.stack(torch.aminmax(torch.cat((src, dst)))).tolist()
+    if 0 <= lo and hi < num_nodes:
+        return
     bad = torch.stack([((src < 0) | (src >= num_nodes)).any(), ((dst < 0) | (dst >= num_nodes)).any()]).tolist()
     for name, t, b in (("src", src, bad[0]), ("dst", dst, bad[1])):
         if b:
@@ -123,6 +127,9 @@ def _launch_bwd_w(x, y, g, gw, graph) -> None:
     _k.conv_bwd_w_0(src, dst, x, y, g, gw)
 
 
+_N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
+
+
 def _node_op(name, launch, a, b, c, graph, num_nodes, width):
     _rt.check_device("eqdsl_mace_large::conv_" + name, a.device)
     result = a.new_zeros((num_nodes, width))
@@ -139,9 +146,12 @@ def _edge_op(name, launch, a, b, c, graph, width):
     return result
 
 
-@torch.library.custom_op("eqdsl_mace_large::conv_fwd", mutates_args=())
-def conv_fwd_op(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst), num_nodes, DIM_OUT)
+
+
+conv_fwd_op = torch.library.custom_op("eqdsl_mace_large::conv_fwd", _conv_fwd, mutates_args=())
+_conv_fwd_eager = _rt.EagerOp(conv_fwd_op, _conv_fwd, n_tensors=3 + _N_GRAPH)
 
 
 @conv_fwd_op.register_fake
@@ -149,9 +159,12 @@ def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src:
     return x.new_empty((num_nodes, DIM_OUT))
 
 
-@torch.library.custom_op("eqdsl_mace_large::conv_bwd_x", mutates_args=())
-def conv_bwd_x_op(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst), num_nodes, DIM_IN1)
+
+
+conv_bwd_x_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x, mutates_args=())
+_conv_bwd_x_eager = _rt.EagerOp(conv_bwd_x_op, _conv_bwd_x, n_tensors=3 + _N_GRAPH)
 
 
 @conv_bwd_x_op.register_fake
@@ -159,9 +172,12 @@ def _conv_bwd_x_fake(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, sr
     return g.new_empty((num_nodes, DIM_IN1))
 
 
-@torch.library.custom_op("eqdsl_mace_large::conv_bwd_y", mutates_args=())
-def conv_bwd_y_op(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def _conv_bwd_y(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return _edge_op("bwd_y", _launch_bwd_y, x, g, weights, (src, dst), DIM_IN2)
+
+
+conv_bwd_y_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_y", _conv_bwd_y, mutates_args=())
+_conv_bwd_y_eager = _rt.EagerOp(conv_bwd_y_op, _conv_bwd_y, n_tensors=3 + _N_GRAPH)
 
 
 @conv_bwd_y_op.register_fake
@@ -169,8 +185,7 @@ def _conv_bwd_y_fake(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, sr
     return x.new_empty((src.shape[0], DIM_IN2))
 
 
-@torch.library.custom_op("eqdsl_mace_large::conv_bwd_w", mutates_args=())
-def conv_bwd_w_op(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def _conv_bwd_w(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """``dF/dW (x, y, G)``, one row per edge."""
     _rt.check_device("eqdsl_mace_large::conv_bwd_w", x.device)
     edges = src.shape[0]
@@ -180,12 +195,13 @@ def conv_bwd_w_op(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.
     return gw
 
 
+conv_bwd_w_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_w", _conv_bwd_w, mutates_args=())
+_conv_bwd_w_eager = _rt.EagerOp(conv_bwd_w_op, _conv_bwd_w, n_tensors=3 + _N_GRAPH)
+
+
 @conv_bwd_w_op.register_fake
 def _conv_bwd_w_fake(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return x.new_empty((src.shape[0], WEIGHT_NUMEL))
-
-
-_N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
 
 
 def _setup(ctx, inputs, output):
@@ -198,7 +214,8 @@ def _no_grads():
 
 
 def _wire(fwd, bwd_x, bwd_y, bwd_w):
-    """VJPs of ``fwd``/``bwd_x``/``bwd_y`` (linear in every operand) as the other ops."""
+    """VJPs of ``fwd``/``bwd_x``/``bwd_y`` (linear in every operand) as the other ops
+    (``EagerOp`` s: a backward in eager code launches without the dispatcher)."""
 
     def fwd_backward(ctx, h):
         x, y, w, *graph = ctx.saved_tensors
@@ -230,13 +247,13 @@ def _wire(fwd, bwd_x, bwd_y, bwd_w):
             bwd_w(x, h, g, *graph, n) if nw else None,
         ) + _no_grads()
 
-    fwd.register_autograd(fwd_backward, setup_context=_setup)
-    bwd_x.register_autograd(bwd_x_backward, setup_context=_setup)
-    bwd_y.register_autograd(bwd_y_backward, setup_context=_setup)
+    _rt.register_backward(fwd, fwd_backward, _setup)
+    _rt.register_backward(bwd_x, bwd_x_backward, _setup)
+    _rt.register_backward(bwd_y, bwd_y_backward, _setup)
 
 
-_wire(conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op, conv_bwd_w_op)
-_LINEAR = (conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op)
+_wire(_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager)
+_LINEAR = (_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager)
 
 
 def _bwd_w_backward(ctx, h):
@@ -252,7 +269,8 @@ def _bwd_w_backward(ctx, h):
     ) + _no_grads()
 
 
-conv_bwd_w_op.register_autograd(_bwd_w_backward, setup_context=_setup)
+_rt.register_backward(_conv_bwd_w_eager, _bwd_w_backward, _setup)
+_checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted metadata
 
 
 def graph_tensors(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, ...]:
@@ -276,12 +294,22 @@ def conv(
 
     Differentiable to any order with respect to ``node_features``, ``edge_attr`` and
     ``weights``. ``check=False`` skips the index range check (the one device sync).
+    Raises ``TypeError`` / ``ValueError`` naming the argument, ``RuntimeError`` for a
+    device the kernels cannot run on. In eager code on CUDA it launches without the
+    custom-op dispatcher (``eqdsl.runtime.torch_runtime.eager_mode``); same results.
     """
-    _check(node_features, edge_attr, weights, src, dst, num_nodes)
+    mode = _rt.eager_mode((node_features, edge_attr, weights, src, dst), 3)
+    if mode:
+        _checked(node_features, edge_attr, weights, src, dst, num_nodes)
+    else:
+        _check(node_features, edge_attr, weights, src, dst, num_nodes)
     if check:
         _check_range(src, dst, num_nodes)
     graph = graph_tensors(src, dst, num_nodes)
-    node_features = _IN1.to_ir_mul(node_features)
-    out = conv_fwd_op(node_features, edge_attr, weights, *graph, num_nodes)
-    out = _OUT.to_mul_ir(out)
+    node_features = _IN1.to_ir_mul(node_features, mode)
+    if mode:
+        out = _conv_fwd_eager.run(mode, node_features, edge_attr, weights, *graph, num_nodes)
+    else:
+        out = conv_fwd_op(node_features, edge_attr, weights, *graph, num_nodes)
+    out = _OUT.to_mul_ir(out, mode)
     return out
