@@ -5,6 +5,7 @@
 #   fastlaunch  GPU test: the direct Triton launch gives Helion's bits (tests/test_helion_launch.py)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
+#   host        host_overhead.py: host time per call, eager fast path vs custom ops (EQDSL_HOST_ARGS)
 #   tune        eqdsl tune --write on each spec of EQDSL_TUNE_SPECS (comma-separated problem
 #               names), EQDSL_TUNE_PARALLEL (default up to 3) at a time, sharing 15 workers
 #               (EQDSL_TUNE_ARGS adds arguments); each rewritten spec goes to $OUT/specs
@@ -32,6 +33,7 @@ for arg in "$@"; do
     fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
+    host) cmd=(python3 benchmarks/host_overhead.py ${EQDSL_HOST_ARGS:-}) ;;
     tune)
       IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
       par=${EQDSL_TUNE_PARALLEL:-$(( ${#specs[@]} < 3 ? ${#specs[@]} : 3 ))}
