@@ -237,7 +237,8 @@ def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
     for rel, text in files.items():
         kernels = dict(chunk.split("(", 1) for chunk in text.split("\ndef ")[1:])
         for name, body in kernels.items():
-            two_d = re.search(r"for tile_c, tile_b in hl\.tile\(\[128, \w+\.size\(0\)\], block_size=\[32, 16\]\):", body) is not None
+            # block_b is the spec's tuned value per op (8 or 16): only the channel tile is fixed
+            two_d = re.search(r"for tile_c, tile_b in hl\.tile\(\[128, \w+\.size\(0\)\], block_size=\[32, \d+\]\):", body) is not None
             expect = on and "bwd_x2" not in name
             assert two_d == expect, (rel, name)
             assert ("for tile_c in hl.tile(128, block_size=32):" in body) == (not expect and "bwd_x2" not in name)
