@@ -141,3 +141,21 @@ def test_tuning_table_reaches_each_backend(tmp_path):
     bwd_x2 = helion.index("def tp_bwd_x2_0(")
     assert helion[:bwd_x2].rsplit("helion.Config(", 1)[1].startswith("num_warps=2")
     assert helion[: helion.index("def tp_fwd_0(")].rsplit("helion.Config(", 1)[1].startswith("num_warps=8")
+
+
+def test_view_names_in_paths_and_names_are_not_code(tmp_path):
+    """The kernels' per-block view names (``gw0``, ``x1_0``, ...) may appear in the spec's
+    path and name, which reach the generated headers and docstrings: the whole-row rewrite
+    (``flat_access``) leaves comments and strings alone (pytest-xdist's ``popen-gw0``
+    temporary directories found this)."""
+    d = tmp_path / "popen-gw0" / "x1_0"
+    d.mkdir(parents=True)
+    spec = d / "gw0.toml"
+    spec.write_text('[[tensor_product]]\nname = "gw0"\nirreps_in1 = "2x0e+2x1o"\nirreps_in2 = "0e+1o"\n'
+                    'irreps_out = "0e+1o"\nmode = "uvu"\nshared_weights = false\nconv = true\n')
+    files = generate_files(spec, d / "out_gw1")
+    for rel in ("gw0/helion_kernels.py", "gw0/helion_conv_kernels.py"):
+        src = files[rel]
+        assert "popen-gw0/x1_0/gw0.toml" in src and "out_gw1" in src
+        code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("#"))
+        assert "gw0[" not in code and "x1_0[" not in code, rel  # every view access was rewritten

@@ -40,8 +40,10 @@ user input: every name here comes from the IR).
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import tokenize
 from dataclasses import dataclass
 
 __all__ = ["View", "flatten_kernels", "flat_params"]
@@ -140,6 +142,19 @@ def _flat_index(view: View, index: str, gathered: frozenset[str] = frozenset()) 
     return ", ".join(head + [" + ".join(terms)])
 
 
+def _prose_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` offsets of the comments and string literals of ``text`` (Python
+    source): a view's name there (a spec path in the header, a docstring) is left alone."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    spans = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.STRING):
+            spans.append((starts[tok.start[0] - 1] + tok.start[1], starts[tok.end[0] - 1] + tok.end[1]))
+    return spans
+
+
 def flatten_kernels(text: str, views: dict[str, View], gathered: frozenset[str] = frozenset()) -> str:
     """``text`` (kernel bodies) with every access through a view of ``views`` rewritten to
     its base tensor; ``gathered``: the names of row indices that are 1-D index tensors
@@ -148,12 +163,18 @@ def flatten_kernels(text: str, views: dict[str, View], gathered: frozenset[str] 
         return text
     names = "|".join(re.escape(n) for n in sorted(views, key=len, reverse=True))
     pattern = re.compile(rf"(?<![\w.])({names})(?![\w])")
+    skip = _prose_spans(text)
     out, pos = [], 0
     while True:
         m = pattern.search(text, pos)
         if m is None:
             out.append(text[pos:])
             return "".join(out)
+        prose = next(((a, b) for a, b in skip if a <= m.start() < b), None)
+        if prose is not None:  # a comment or string (header paths, docstrings) is not code
+            out.append(text[pos:prose[1]])
+            pos = prose[1]
+            continue
         view = views[m.group(1)]
         out.append(text[pos:m.start()])
         after = m.end()
