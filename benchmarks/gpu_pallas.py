@@ -13,7 +13,7 @@ For each problem (default: mace_large, nequip_toluene, nequip_water, mace_medium
    if it imports, on the same inputs;
 4. prints a table (µs, median; GB/s against the bytes a pass must move) and the best
    config per problem, as the ``[tensor_product.tuning]`` keys this would pin
-   (``pallas_block_batch``, ``pallas_num_warps``: proposed, not yet read by spec.py).
+   (``pallas_block_batch``, ``pallas_num_warps``).
 
 num_warps is read from ``pallas_kernels.NUM_WARPS`` when a call is traced, so the grid
 sets that module constant and clears JAX's caches between configs. Timing: wall clock over
@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -83,25 +81,13 @@ def main() -> int:
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
+    from bench_tp import Timer  # the same JAX timing as the benchmark tables
+
+    timer = Timer(None, args.target_s * 1e3, args.quick)
+
     def timeit(call, nsets: int) -> float:
         """Median µs per call (wall clock over groups of calls ended by block_until_ready)."""
-        for i in range(3):
-            jax.block_until_ready(call(i % nsets))
-        t0 = time.perf_counter()
-        jax.block_until_ready(call(0))
-        est = max(time.perf_counter() - t0, 1e-6)
-        group = max(1, min(50, int(0.002 / est) + 1))
-        ngroups = max(5, min(200, int(args.target_s / (est * group))))
-        samples, k = [], 0
-        for _ in range(ngroups):
-            t0 = time.perf_counter()
-            r = None
-            for _ in range(group):
-                r = call(k % nsets)
-                k += 1
-            jax.block_until_ready(r)
-            samples.append((time.perf_counter() - t0) * 1e6 / group)
-        return statistics.median(samples)
+        return timer.jax_time(call, nsets)[0]
 
     specs = {s.name: s for f in sorted((ROOT / "examples" / "specs").glob("*.toml")) for s in load_spec(f)}
     rows, best, failures = [], {}, []

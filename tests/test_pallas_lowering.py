@@ -95,7 +95,8 @@ def test_lowering_check_catches_a_non_power_of_two_value():
 
 
 def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
-    """The proposed ``pallas_*`` tuning keys become the generated module constants."""
+    """The ``pallas_*`` tuning keys become the generated module constants; a block batch that
+    is not a power of two is refused where specs are read."""
     from eqdsl.codegen import pallas_backend
     from eqdsl.lower import lower
     from eqdsl.spec import load_spec
@@ -105,5 +106,9 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     assert "\nBLOCK_BATCH = 16\n" in text["pallas_kernels.py"] and "\nNUM_WARPS = 8\n" in text["pallas_kernels.py"]
     default = pallas_backend.render_files(ir, "")["pallas_kernels.py"]
     assert f"\nNUM_WARPS = {pallas_backend.DEFAULT_NUM_WARPS}\n" in default
-    with pytest.raises(ValueError, match="power of two"):
-        pallas_backend.pallas_tuning((("pallas_block_batch", 12),))
+    from eqdsl.errors import SpecError
+    from eqdsl.spec import parse_spec
+
+    bad = EXAMPLES[0].read_text().split("[tensor_product.tuning")[0] + "\n[tensor_product.tuning]\npallas_block_batch = 12\n"
+    with pytest.raises(SpecError, match="power of two"):
+        parse_spec(bad, "bad.toml")

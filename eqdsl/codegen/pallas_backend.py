@@ -562,14 +562,11 @@ def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict) -> list[d
 
 
 def pallas_tuning(pairs=()) -> tuple[int | None, int]:
-    """``(block_batch, num_warps)`` from a spec's tuning pairs: the proposed keys
-    ``pallas_block_batch`` (a power of two) and ``pallas_num_warps``; ``None`` /
-    ``DEFAULT_NUM_WARPS`` where absent (``None``: the size rule of ``build_context``)."""
+    """``(block_batch, num_warps)`` from a spec's tuning pairs (validated by ``spec.TUNING_KEYS``):
+    ``pallas_block_batch`` and ``pallas_num_warps``; ``None`` / ``DEFAULT_NUM_WARPS`` where
+    absent (``None``: the size rule of ``build_context``)."""
     values = dict(pairs)
-    bb = values.get("pallas_block_batch")
-    if bb is not None and (bb < 1 or bb & (bb - 1)):
-        raise ValueError(f"pallas_block_batch must be a positive power of two, got {bb}")
-    return bb, int(values.get("pallas_num_warps", DEFAULT_NUM_WARPS))
+    return values.get("pallas_block_batch"), int(values.get("pallas_num_warps", DEFAULT_NUM_WARPS))
 
 
 def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
