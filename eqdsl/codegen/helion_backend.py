@@ -109,7 +109,8 @@ class Tuning:
     at once). ``hoist_weights`` (1) loads the weight tiles of a block kernel's channel
     tile at its top too: Triton keeps the program order of loads and stores to tensors it
     cannot prove distinct, so a weight load written after an output block's store is
-    issued after it, and its latency is exposed once per path. ``wsum_rows`` (shared-weight ``bwd_w``): batch rows reduced per program,
+    issued after it, and its latency is exposed once per path. ``wsum_rows``
+    (shared-weight ``bwd_w``): batch rows reduced per program,
     a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
     sums cost little next to the inputs they are computed from. ``maxnreg_partials``
     (Triton's ``maxnreg``, CUDA only; a launch option in ``TRITON_OPTIONS``, since Helion
@@ -1072,7 +1073,6 @@ def _launcher(family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
     return {
         "name": family,
         "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
-        "args": ", ".join(names),
         "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
     }
 
