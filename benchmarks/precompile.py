@@ -65,7 +65,7 @@ def run_job(problem: str, dtype: str, op: str) -> None:
         }[op]
         getattr(ops, op + "_op")(*args, src, dst, nodes)
     else:
-        args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g)}[op]
+        args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g), "bwd": (x1, x2, w, g)}[op]
         getattr(ops, op + "_op")(*args)
     torch.cuda.synchronize()
 
@@ -76,7 +76,8 @@ def jobs(problems: list[str], dtypes: list[str] | None, conv: bool) -> list[tupl
         gen = ROOT / "generated" / p
         if not (gen / "torch_ops.py").is_file():
             continue
-        ops = list(TP_OPS) + (list(CONV_OPS) if conv and (gen / "torch_conv.py").is_file() else [])
+        fused = "bwd_op = " in (gen / "torch_ops.py").read_text()  # a channelwise product's fused backward
+        ops = list(TP_OPS) + (["bwd"] if fused else []) + (list(CONV_OPS) if conv and (gen / "torch_conv.py").is_file() else [])
         for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
             out += [(p, dt, op) for op in ops]
     # longest first: float64 and the big problems' backward kernels

@@ -6,6 +6,7 @@
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
 #   host        host_overhead.py: host time per call, eager fast path vs custom ops (EQDSL_HOST_ARGS)
+#   fused       gpu_fused.py: the fused backward checked against the three ops, and timed (EQDSL_FUSED_ARGS)
 #   tune        eqdsl tune --write on each spec of EQDSL_TUNE_SPECS (comma-separated problem
 #               names), EQDSL_TUNE_PARALLEL (default up to 3) at a time, sharing 15 workers
 #               (EQDSL_TUNE_ARGS adds arguments); each rewritten spec goes to $OUT/specs
@@ -34,6 +35,7 @@ for arg in "$@"; do
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
     host) cmd=(python3 benchmarks/host_overhead.py ${EQDSL_HOST_ARGS:-}) ;;
+    fused) cmd=(python3 benchmarks/gpu_fused.py --json "$OUT/gpu_fused.json" ${EQDSL_FUSED_ARGS:-}) ;;
     tune)
       IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
       par=${EQDSL_TUNE_PARALLEL:-$(( ${#specs[@]} < 3 ? ${#specs[@]} : 3 ))}

@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
                    help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=8,16,32 block_c=32,64)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
-                   help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w; conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
+                   help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product is channelwise; "
+                        "conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job (generate, compile, time) may take (default 900)")
     p.add_argument("--write", action="store_true", help="write the best [tensor_product.tuning] into the spec and regenerate")
@@ -56,11 +57,11 @@ def _run(args) -> int:
         print("\n".join(summarize(s, lower(s)) for s in load_spec(args.spec)), end="")
         return 0
     if args.command == "tune":
-        from .tune import TP_OPS, TuneError, format_results, parse_grid, tune, tuning_sections
+        from .tune import TuneError, format_results, parse_grid, tune, tuning_sections
 
         try:
             grid = parse_grid(args.grid) if args.grid else None
-            ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else TP_OPS
+            ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
             table, results = tune(args.spec, args.out, batch=args.batch, dtype=args.dtype, grid=grid, ops=ops,
                                   workers=args.workers, write=args.write, timeout=args.timeout)
         except TuneError as e:

@@ -38,10 +38,11 @@ two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
 ``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256, ``grid_c``
 0 or 1 (channel tiles as a second grid axis where legal; default 1), ``hoist_components``
 (input tiles of at most that many components loaded at the top of a channel tile) and
-``hoist_weights`` 0 or 1 (weight tiles too) (Helion);
+``hoist_weights`` 0 or 1 (weight tiles too), ``fuse_bwd`` 0 or 1 (a channelwise product's
+three backward ops as one kernel, ``helion_fused``; default 1) (Helion);
 ``pallas_block_batch`` (a power of two) and ``pallas_num_warps`` (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
-``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``) overrides keys for that op's
+``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``) overrides keys for that op's
 kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
 """
 
@@ -102,10 +103,11 @@ TUNING_KEYS = {
     "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
     "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
     "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),
+    "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops and the convolution's
-TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,13 @@ from pathlib import Path
 from .spec import TUNING_KEYS, TUNING_OPS, TensorProductSpec, load_spec, parse_spec
 
 __all__ = [
-    "TuneError", "DEFAULT_GRID", "TP_OPS", "CONV_OPS", "parse_grid", "candidates", "override",
+    "TuneError", "DEFAULT_GRID", "TP_OPS", "FUSED_OPS", "CONV_OPS", "parse_grid", "candidates", "override",
     "tuning_sections", "with_tuning", "tune", "format_results",
 ]
 
 DEFAULT_GRID = {"num_warps": (4, 8), "block_b": (8, 16, 32), "block_c": (32, 64)}
 TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
+FUSED_OPS = ("bwd",)  # a channelwise product's fused backward (helion_fused), where it has one
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 LOCK = Path(tempfile.gettempdir()) / "eqdsl_tune_gpu.lock"
 WARMUP_CALLS, TIMED_CALLS = 3, 30
@@ -156,8 +157,8 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
 
     x1, x2, g = rand(batch, ops.DIM_IN1), rand(batch, ops.DIM_IN2), rand(batch, ops.DIM_OUT)
     w = rand(ops.WEIGHT_NUMEL) if ops.SHARED_WEIGHTS else rand(batch, ops.WEIGHT_NUMEL)
-    if op in TP_OPS:
-        args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g)}[op]
+    if op in TP_OPS + FUSED_OPS:
+        args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g), "bwd": (x1, x2, w, g)}[op]
         fn = getattr(ops, f"{op}_op")
         return lambda: fn(*args)
     nodes = max(1, batch // 64)
@@ -226,7 +227,7 @@ def tune(
     batch: int = 20000,
     dtype: str = "float32",
     grid: dict[str, tuple[int, ...]] | None = None,
-    ops: tuple[str, ...] = TP_OPS,
+    ops: tuple[str, ...] | None = None,
     workers: int | None = None,
     write: bool = False,
     timeout: float = 900.0,
@@ -254,9 +255,14 @@ def tune(
     text, spec = _single(spec_path)
     if dtype not in spec.dtypes:
         raise TuneError(f"{spec_path}: dtype {dtype} is not in the spec's dtypes {list(spec.dtypes)}")
-    bad = [op for op in ops if op not in TP_OPS + CONV_OPS or (op in CONV_OPS and not spec.conv)]
+    fused = _has_fused_bwd(spec)
+    if ops is None:
+        ops = TP_OPS + (FUSED_OPS if fused else ())
+    bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS or (op in CONV_OPS and not spec.conv)
+           or (op in FUSED_OPS and not fused)]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
+                        f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: only a channelwise product has the fused backward)'}"
                         f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}")
     grid = DEFAULT_GRID if grid is None else grid
     jobs = [(op, cand) for op in ops for cand in candidates(grid, spec.tuning, op)]
@@ -287,6 +293,15 @@ def tune(
 
             generate(spec_path, out_dir)
     return table, results
+
+
+def _has_fused_bwd(spec: TensorProductSpec) -> bool:
+    """Whether the spec's package has the fused backward op (``bwd``) to tune."""
+    from .codegen.helion_backend import tuning_for
+    from .codegen.helion_fused import fused_bwd_reason
+    from .lower import lower
+
+    return bool(tuning_for(spec.tuning, "bwd").fuse_bwd) and fused_bwd_reason(lower(spec)) is None
 
 
 def _winner(op: str, rs: list[tuple[Candidate, dict]]) -> Candidate:

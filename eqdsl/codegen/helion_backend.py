@@ -130,6 +130,10 @@ class Tuning:
     too: its small batches (molecular dynamics) have the same 32-program problem, and at
     20,000 rows the per-row scalars re-read are under 3% of a mace_large program's bytes
     while each program holds the same tiles as one iteration of the loop did.
+
+    ``fuse_bwd`` (1: on, 0: off): a channelwise product (``helion_fused.fused_bwd_reason``)
+    also gets the fused backward kernels (op ``bwd``), which read ``g`` once for all three
+    gradients; off, only the three backward ops exist.
     """
 
     block_b: int = 16
@@ -147,6 +151,7 @@ class Tuning:
     wsum_max_rows: int = 1024
     maxnreg_partials: int | None = 256
     grid_c: int = 1
+    fuse_bwd: int = 1
 
 
 DEFAULT_TUNING = Tuning()
@@ -1141,11 +1146,17 @@ def render_files(ir: TensorProductIR, header: str, tuning: TuningTable = DEFAULT
         "launchers": {f: _launcher(f, args[f], ks) for f, ks in families.items()},
         "native": native,
         "kernel_layout": kernel_layout,
-        "block_ops": [_block_op(f, kernel_layout) for f in families if f != "bwd_w"],
+        "block_ops": [_block_op(f, kernel_layout) for f in families if f not in ("bwd_w", "bwd")],
         "linear_ops": "fwd_lin" in families,
         "n_paths": len(ir.paths),
         "conv": ir.conv,
     }
+    fused = _fused_context(ir, tuning, native, views)
+    if fused is not None:
+        views.update(fused.pop("views"))
+        families["bwd"] = fused.pop("kernels")
+        ops["launchers"]["bwd"] = fused.pop("launcher")
+    ops["fused_bwd"] = fused
     all_kernels = [k for ks in families.values() for k in ks]
     kernels_py = render(
         "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels,
@@ -1154,6 +1165,37 @@ def render_files(ir: TensorProductIR, header: str, tuning: TuningTable = DEFAULT
     return {
         "helion_kernels.py": flatten_kernels(kernels_py, views),
         "torch_ops.py": render("torch_ops.py.j2", header=header, **ops),
+    }
+
+
+def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool, views: dict[str, View]) -> dict | None:
+    """The fused backward (``helion_fused``) for ``torch_ops.py``: kernels, launcher, and
+    what its outputs need (``gx2`` partials to sum, columns no kernel writes to zero), or
+    None when the product is not channelwise or ``fuse_bwd`` is 0."""
+    from .helion_fused import GX2_PARTIALS, fused_bwd_kernels, fused_bwd_reason, fused_views
+
+    t = tuning_of(tuning, "bwd")
+    if not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+        return None
+    kernels = fused_bwd_kernels(ir, t, native)
+    if not kernels:
+        return None
+    extra = fused_views(ir, len(kernels))
+    views = dict(views, **extra)
+    n = len(kernels)
+    gx2 = "gx2" if n == 1 else GX2_PARTIALS
+    covered_x1 = {a for k in kernels for a in k["blocks_in1"]}
+    return {
+        "kernels": [_flatten(k, views) for k in kernels],
+        "launcher": {
+            "name": "bwd",
+            "signature": ", ".join(f"{a}: torch.Tensor" for a in ("x1", "x2", "weights", "g", "gx1", gx2, "gw")),
+            "calls": [f"_k.{k['name']}({', '.join(flat_params(k['params'], views))})" for k in kernels],
+        },
+        "views": extra,
+        "partials": n,
+        "zero_gx1": len(covered_x1) < len(ir.in1),
+        "zero_gx2": any(len(k["x2_cols"]) < ir.dim_in2 for k in kernels),
     }
 
 

@@ -295,7 +295,7 @@ class EagerOp:
         return self.run(eager_mode(args[: self.n_tensors], self.n_diff), *args)
 
 
-def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
+def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> None:
     """Wire the derivatives of ``F(x1, x2, W, g) = sum W C x1 x2 g`` to each other.
 
     ``fwd(x1, x2, W) = dF/dg``, ``bwd_x1(g, x2, W) = dF/dx1``, ``bwd_x2(x1, g, W) =
@@ -310,6 +310,11 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
     three operand derivatives of ``F_W`` (themselves wired the same way); without
     unweighted paths ``F_W = F`` and ``linear`` is ``None``.
 
+    ``fused(x1, x2, W, g) = (dF/dx1, dF/dx2, dF/dW)`` (a channelwise product's fused
+    backward, ``eqdsl.codegen.helion_fused``), where given, computes the forward's
+    gradients whenever two or more are needed: one pass over the cotangent instead of
+    one per gradient. Its own derivative is the sum of the three ops' derivatives.
+
     Each argument is a custom op or an ``EagerOp`` (its custom op gets the formula, and
     the ``EagerOp`` its ``torch.autograd.Function``); the formulas call the arguments, so
     with ``EagerOp`` s a backward in eager code launches directly.
@@ -318,10 +323,13 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
 
-    def wire(fwd_, bwd_x1_, bwd_x2_):
+    def wire(fwd_, bwd_x1_, bwd_x2_, fused_=None):
         def fwd_backward(ctx, h):
             x1, x2, w = ctx.saved_tensors
             n1, n2, nw = ctx.needs_input_grad
+            if fused_ is not None and n1 + n2 + nw >= 2:
+                gx1, gx2, gw = fused_(x1, x2, w, h)
+                return (gx1 if n1 else None, gx2 if n2 else None, gw if nw else None)
             return (
                 bwd_x1_(h, x2, w) if n1 else None,
                 bwd_x2_(x1, h, w) if n2 else None,
@@ -349,10 +357,30 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
         for op, backward in ((fwd_, fwd_backward), (bwd_x1_, bwd_x1_backward), (bwd_x2_, bwd_x2_backward)):
             register_backward(op, backward, setup_context)
 
-    wire(fwd, bwd_x1, bwd_x2)
+    wire(fwd, bwd_x1, bwd_x2, fused)
     if linear is not None:
         wire(*linear)
     fwd_w, bwd_x1_w, bwd_x2_w = linear if linear is not None else (fwd, bwd_x1, bwd_x2)
+
+    if fused is not None:
+        def fused_backward(ctx, k1, k2, kw):
+            # (gx1, gx2, gw) = (bwd_x1(g, x2, W), bwd_x2(x1, g, W), bwd_w(x1, x2, g)):
+            # each input's gradient sums the three ops' formulas (as in wire and below)
+            x1, x2, w, g = ctx.saved_tensors
+            n1, n2, nw, ng = ctx.needs_input_grad
+            return (
+                _add(bwd_x1(g, k2, w) if n1 and k2 is not None else None,
+                     bwd_x1_w(g, x2, kw) if n1 and kw is not None else None),
+                _add(bwd_x2(k1, g, w) if n2 and k1 is not None else None,
+                     bwd_x2_w(x1, g, kw) if n2 and kw is not None else None),
+                _add(bwd_w(k1, x2, g) if nw and k1 is not None else None,
+                     bwd_w(x1, k2, g) if nw and k2 is not None else None),
+                _add(_add(fwd(k1, x2, w) if ng and k1 is not None else None,
+                          fwd(x1, k2, w) if ng and k2 is not None else None),
+                     fwd_w(x1, x2, kw) if ng and kw is not None else None),
+            )
+
+        register_backward(fused, fused_backward, setup_context)
 
     def bwd_w_backward(ctx, h):
         x1, x2, g = ctx.saved_tensors
@@ -364,6 +392,13 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None) -> None:
         )
 
     register_backward(bwd_w, bwd_w_backward, setup_context)
+
+
+def _add(a, b):
+    """``a + b`` where either may be None (a gradient not asked for)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def register_backward(op, backward, setup_context) -> None:

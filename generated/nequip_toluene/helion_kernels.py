@@ -12,6 +12,10 @@ coefficient (normalizations folded in) as a literal, in each of the four derivat
     tp_bwd_x2_* (x1, g, W)  -> gx2 = dF/dx2  (3 kernels)
     tp_bwd_w_*  (x1, x2, g) -> gw  = dF/dW   (4 kernels)
 
+and, as this product is channelwise (``helion_fused``), the fused backward
+``tp_bwd_fused_*`` (x1, x2, W, g) -> (gx1, gx2, gw) in one pass over ``g``
+(1 kernel), used when autograd needs two or more of them.
+
 Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps block:
 ``x1_<i>``, ``x2_<i>``, ``g_<i>`` (the output's shape), and the computed ``out_<i>``,
 ``gx1_<i>``, ``gx2_<i>``; ``w<p>`` / ``gw<p>`` is path ``p``'s weight block (with a
@@ -2706,6 +2710,1184 @@ def tp_bwd_w_3(
             + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
         )
         gw[tile_b, 1856 + tile_c.index] = (q0 * g29_0 + q1 * g29_1 + q2 * g29_2 + q3 * g29_3 + q4 * g29_4)
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=4, num_stages=1),
+)
+def tp_bwd_fused_0(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
+    gx2: torch.Tensor,
+    gw: torch.Tensor,
+) -> None:
+    """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0-5; paths 0-29."""
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0 = x2[tile_b, 0][:, None]
+        sb1_0 = x2[tile_b, 1][:, None]
+        sb1_1 = x2[tile_b, 2][:, None]
+        sb1_2 = x2[tile_b, 3][:, None]
+        sb2_0 = x2[tile_b, 4][:, None]
+        sb2_1 = x2[tile_b, 5][:, None]
+        sb2_2 = x2[tile_b, 6][:, None]
+        sb2_3 = x2[tile_b, 7][:, None]
+        sb2_4 = x2[tile_b, 8][:, None]
+        hx2_0_0 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_1_0 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_1_1 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_1_2 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_2_0 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_2_1 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_2_2 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_2_3 = hl.zeros([tile_b], dtype=gx2.dtype)
+        hx2_2_4 = hl.zeros([tile_b], dtype=gx2.dtype)
+        for tile_c in hl.tile(64, block_size=32):
+            # x1 block 0: 64x0o (3 paths)
+            a0_0 = x1[tile_b, tile_c.index]
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            g0_0 = g[tile_b, tile_c.index]
+            wt0 = weights[tile_b, tile_c.index]
+            wg0_0 = wt0 * g0_0
+            gwv0 = (sb0_0 * a0_0 * g0_0)
+            acc0_0 = (sb0_0 * wg0_0)
+            px2_0_0 = (a0_0 * wg0_0)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            wt1 = weights[tile_b, 64 + tile_c.index]
+            wg1_0 = wt1 * g1_0
+            wg1_1 = wt1 * g1_1
+            wg1_2 = wt1 * g1_2
+            gwv1 = (
+                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
+                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
+            )
+            acc0_0 = acc0_0 + (
+                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
+                + 0.9999999999999999 * sb1_2 * wg1_2
+            )
+            px2_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+            px2_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+            px2_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            g2 = hl.load(g, [tile_b, 256 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            wt2 = weights[tile_b, 128 + tile_c.index]
+            wg2_0 = wt2 * g2_0
+            wg2_1 = wt2 * g2_1
+            wg2_2 = wt2 * g2_2
+            wg2_3 = wt2 * g2_3
+            wg2_4 = wt2 * g2_4
+            gwv2 = (
+                sb2_0 * a0_0 * g2_0 + sb2_1 * a0_0 * g2_1
+                + sb2_2 * a0_0 * g2_2 + sb2_3 * a0_0 * g2_3
+                + sb2_4 * a0_0 * g2_4
+            )
+            acc0_0 = acc0_0 + (sb2_0 * wg2_0 + sb2_1 * wg2_1 + sb2_2 * wg2_2 + sb2_3 * wg2_3 + sb2_4 * wg2_4)
+            px2_2_0 = (a0_0 * wg2_0)
+            px2_2_1 = (a0_0 * wg2_1)
+            px2_2_2 = (a0_0 * wg2_2)
+            px2_2_3 = (a0_0 * wg2_3)
+            px2_2_4 = (a0_0 * wg2_4)
+            # x1 block 1: 64x0e (3 paths)
+            a1_0 = x1[tile_b, 64 + tile_c.index]
+            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            g3_0 = g[tile_b, 576 + tile_c.index]
+            wt3 = weights[tile_b, 192 + tile_c.index]
+            wg3_0 = wt3 * g3_0
+            gwv3 = (sb0_0 * a1_0 * g3_0)
+            acc1_0 = (sb0_0 * wg3_0)
+            px2_0_0 = px2_0_0 + (a1_0 * wg3_0)
+            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+            g4 = hl.load(g, [tile_b, 640 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
+            wt4 = weights[tile_b, 256 + tile_c.index]
+            wg4_0 = wt4 * g4_0
+            wg4_1 = wt4 * g4_1
+            wg4_2 = wt4 * g4_2
+            gwv4 = (
+                0.9999999999999999 * sb1_0 * a1_0 * g4_0 + 0.9999999999999999 * sb1_1 * a1_0 * g4_1
+                + 0.9999999999999999 * sb1_2 * a1_0 * g4_2
+            )
+            acc1_0 = acc1_0 + (
+                0.9999999999999999 * sb1_0 * wg4_0 + 0.9999999999999999 * sb1_1 * wg4_1
+                + 0.9999999999999999 * sb1_2 * wg4_2
+            )
+            px2_1_0 = px2_1_0 + (0.9999999999999999 * a1_0 * wg4_0)
+            px2_1_1 = px2_1_1 + (0.9999999999999999 * a1_0 * wg4_1)
+            px2_1_2 = px2_1_2 + (0.9999999999999999 * a1_0 * wg4_2)
+            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+            g5 = hl.load(g, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+            g5te, g5to = hl.split(g5t)
+            g5tee, g5teo = hl.split(g5te)
+            g5_0, g5_4 = hl.split(g5tee)
+            g5_2, g5_6 = hl.split(g5teo)
+            g5toe, g5too = hl.split(g5to)
+            g5_1, g5_5 = hl.split(g5toe)
+            g5_3, g5_7 = hl.split(g5too)
+            wt5 = weights[tile_b, 320 + tile_c.index]
+            wg5_0 = wt5 * g5_0
+            wg5_1 = wt5 * g5_1
+            wg5_2 = wt5 * g5_2
+            wg5_3 = wt5 * g5_3
+            wg5_4 = wt5 * g5_4
+            gwv5 = (
+                sb2_0 * a1_0 * g5_0 + sb2_1 * a1_0 * g5_1
+                + sb2_2 * a1_0 * g5_2 + sb2_3 * a1_0 * g5_3
+                + sb2_4 * a1_0 * g5_4
+            )
+            acc1_0 = acc1_0 + (sb2_0 * wg5_0 + sb2_1 * wg5_1 + sb2_2 * wg5_2 + sb2_3 * wg5_3 + sb2_4 * wg5_4)
+            px2_2_0 = px2_2_0 + (a1_0 * wg5_0)
+            px2_2_1 = px2_2_1 + (a1_0 * wg5_1)
+            px2_2_2 = px2_2_2 + (a1_0 * wg5_2)
+            px2_2_3 = px2_2_3 + (a1_0 * wg5_3)
+            px2_2_4 = px2_2_4 + (a1_0 * wg5_4)
+            # x1 block 2: 64x1o (6 paths)
+            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2_0, a2_2 = hl.split(a2te)
+            a2_1, a2_3 = hl.split(a2to)
+            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            g6 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            wt6 = weights[tile_b, 384 + tile_c.index]
+            wg6_0 = wt6 * g6_0
+            wg6_1 = wt6 * g6_1
+            wg6_2 = wt6 * g6_2
+            gwv6 = (
+                0.9999999999999999 * sb0_0 * a2_0 * g6_0 + 0.9999999999999999 * sb0_0 * a2_1 * g6_1
+                + 0.9999999999999999 * sb0_0 * a2_2 * g6_2
+            )
+            acc2_0 = (0.9999999999999999 * sb0_0 * wg6_0)
+            acc2_1 = (0.9999999999999999 * sb0_0 * wg6_1)
+            acc2_2 = (0.9999999999999999 * sb0_0 * wg6_2)
+            px2_0_0 = px2_0_0 + (
+                0.9999999999999999 * a2_0 * wg6_0 + 0.9999999999999999 * a2_1 * wg6_1
+                + 0.9999999999999999 * a2_2 * wg6_2
+            )
+            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+            g7_0 = g[tile_b, 1344 + tile_c.index]
+            wt7 = weights[tile_b, 448 + tile_c.index]
+            wg7_0 = wt7 * g7_0
+            gwv7 = (
+                0.5773502691896257 * sb1_0 * a2_0 * g7_0 + 0.5773502691896257 * sb1_1 * a2_1 * g7_0
+                + 0.5773502691896257 * sb1_2 * a2_2 * g7_0
+            )
+            acc2_0 = acc2_0 + (0.5773502691896257 * sb1_0 * wg7_0)
+            acc2_1 = acc2_1 + (0.5773502691896257 * sb1_1 * wg7_0)
+            acc2_2 = acc2_2 + (0.5773502691896257 * sb1_2 * wg7_0)
+            px2_1_0 = px2_1_0 + (0.5773502691896257 * a2_0 * wg7_0)
+            px2_1_1 = px2_1_1 + (0.5773502691896257 * a2_1 * wg7_0)
+            px2_1_2 = px2_1_2 + (0.5773502691896257 * a2_2 * wg7_0)
+            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+            g8 = hl.load(g, [tile_b, 1408 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            wt8 = weights[tile_b, 512 + tile_c.index]
+            wg8_0 = wt8 * g8_0
+            wg8_1 = wt8 * g8_1
+            wg8_2 = wt8 * g8_2
+            gwv8 = (
+                0.7071067811865475 * sb1_2 * a2_1 * g8_0 - 0.7071067811865475 * sb1_1 * a2_2 * g8_0
+                - 0.7071067811865475 * sb1_2 * a2_0 * g8_1 + 0.7071067811865475 * sb1_0 * a2_2 * g8_1
+                + 0.7071067811865475 * sb1_1 * a2_0 * g8_2 - 0.7071067811865475 * sb1_0 * a2_1 * g8_2
+            )
+            acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg8_1 + 0.7071067811865475 * sb1_1 * wg8_2)
+            acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg8_0 - 0.7071067811865475 * sb1_0 * wg8_2)
+            acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg8_0 + 0.7071067811865475 * sb1_0 * wg8_1)
+            px2_1_0 = px2_1_0 + (0.7071067811865475 * a2_2 * wg8_1 - 0.7071067811865475 * a2_1 * wg8_2)
+            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a2_2 * wg8_0 + 0.7071067811865475 * a2_0 * wg8_2)
+            px2_1_2 = px2_1_2 + (0.7071067811865475 * a2_1 * wg8_0 - 0.7071067811865475 * a2_0 * wg8_1)
+            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+            g9 = hl.load(g, [tile_b, 1600 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            wt9 = weights[tile_b, 576 + tile_c.index]
+            wg9_0 = wt9 * g9_0
+            wg9_1 = wt9 * g9_1
+            wg9_2 = wt9 * g9_2
+            wg9_3 = wt9 * g9_3
+            wg9_4 = wt9 * g9_4
+            gwv9 = (
+                0.7071067811865476 * sb1_2 * a2_0 * g9_0 + 0.7071067811865476 * sb1_0 * a2_2 * g9_0
+                + 0.7071067811865476 * sb1_1 * a2_0 * g9_1 + 0.7071067811865476 * sb1_0 * a2_1 * g9_1
+                - 0.408248290463863 * sb1_0 * a2_0 * g9_2 + 0.816496580927726 * sb1_1 * a2_1 * g9_2
+                - 0.408248290463863 * sb1_2 * a2_2 * g9_2 + 0.7071067811865476 * sb1_2 * a2_1 * g9_3
+                + 0.7071067811865476 * sb1_1 * a2_2 * g9_3 - 0.7071067811865476 * sb1_0 * a2_0 * g9_4
+                + 0.7071067811865476 * sb1_2 * a2_2 * g9_4
+            )
+            acc2_0 = acc2_0 + (
+                0.7071067811865476 * sb1_2 * wg9_0 + 0.7071067811865476 * sb1_1 * wg9_1
+                - 0.408248290463863 * sb1_0 * wg9_2 - 0.7071067811865476 * sb1_0 * wg9_4
+            )
+            acc2_1 = acc2_1 + (
+                0.7071067811865476 * sb1_0 * wg9_1 + 0.816496580927726 * sb1_1 * wg9_2
+                + 0.7071067811865476 * sb1_2 * wg9_3
+            )
+            acc2_2 = acc2_2 + (
+                0.7071067811865476 * sb1_0 * wg9_0 - 0.408248290463863 * sb1_2 * wg9_2
+                + 0.7071067811865476 * sb1_1 * wg9_3 + 0.7071067811865476 * sb1_2 * wg9_4
+            )
+            px2_1_0 = px2_1_0 + (
+                0.7071067811865476 * a2_2 * wg9_0 + 0.7071067811865476 * a2_1 * wg9_1
+                - 0.408248290463863 * a2_0 * wg9_2 - 0.7071067811865476 * a2_0 * wg9_4
+            )
+            px2_1_1 = px2_1_1 + (
+                0.7071067811865476 * a2_0 * wg9_1 + 0.816496580927726 * a2_1 * wg9_2
+                + 0.7071067811865476 * a2_2 * wg9_3
+            )
+            px2_1_2 = px2_1_2 + (
+                0.7071067811865476 * a2_0 * wg9_0 - 0.408248290463863 * a2_2 * wg9_2
+                + 0.7071067811865476 * a2_1 * wg9_3 + 0.7071067811865476 * a2_2 * wg9_4
+            )
+            # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+            g10 = hl.load(g, [tile_b, 1920 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10_0, g10_2 = hl.split(g10te)
+            g10_1, g10_3 = hl.split(g10to)
+            wt10 = weights[tile_b, 640 + tile_c.index]
+            wg10_0 = wt10 * g10_0
+            wg10_1 = wt10 * g10_1
+            wg10_2 = wt10 * g10_2
+            gwv10 = (
+                -0.3162277660168379 * sb2_2 * a2_0 * g10_0 - 0.5477225575051661 * sb2_4 * a2_0 * g10_0
+                + 0.5477225575051661 * sb2_1 * a2_1 * g10_0 + 0.5477225575051661 * sb2_0 * a2_2 * g10_0
+                + 0.5477225575051661 * sb2_1 * a2_0 * g10_1 + 0.6324555320336758 * sb2_2 * a2_1 * g10_1
+                + 0.5477225575051661 * sb2_3 * a2_2 * g10_1 + 0.5477225575051661 * sb2_0 * a2_0 * g10_2
+                + 0.5477225575051661 * sb2_3 * a2_1 * g10_2 - 0.3162277660168379 * sb2_2 * a2_2 * g10_2
+                + 0.5477225575051661 * sb2_4 * a2_2 * g10_2
+            )
+            acc2_0 = acc2_0 + (
+                -0.3162277660168379 * sb2_2 * wg10_0 - 0.5477225575051661 * sb2_4 * wg10_0
+                + 0.5477225575051661 * sb2_1 * wg10_1 + 0.5477225575051661 * sb2_0 * wg10_2
+            )
+            acc2_1 = acc2_1 + (
+                0.5477225575051661 * sb2_1 * wg10_0 + 0.6324555320336758 * sb2_2 * wg10_1
+                + 0.5477225575051661 * sb2_3 * wg10_2
+            )
+            acc2_2 = acc2_2 + (
+                0.5477225575051661 * sb2_0 * wg10_0 + 0.5477225575051661 * sb2_3 * wg10_1
+                - 0.3162277660168379 * sb2_2 * wg10_2 + 0.5477225575051661 * sb2_4 * wg10_2
+            )
+            px2_2_0 = px2_2_0 + (0.5477225575051661 * a2_2 * wg10_0 + 0.5477225575051661 * a2_0 * wg10_2)
+            px2_2_1 = px2_2_1 + (0.5477225575051661 * a2_1 * wg10_0 + 0.5477225575051661 * a2_0 * wg10_1)
+            px2_2_2 = px2_2_2 + (
+                -0.3162277660168379 * a2_0 * wg10_0 + 0.6324555320336758 * a2_1 * wg10_1
+                - 0.3162277660168379 * a2_2 * wg10_2
+            )
+            px2_2_3 = px2_2_3 + (0.5477225575051661 * a2_2 * wg10_1 + 0.5477225575051661 * a2_1 * wg10_2)
+            px2_2_4 = px2_2_4 + (-0.5477225575051661 * a2_0 * wg10_0 + 0.5477225575051661 * a2_2 * wg10_2)
+            # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+            g11 = hl.load(g, [tile_b, 2112 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            wt11 = weights[tile_b, 704 + tile_c.index]
+            wg11_0 = wt11 * g11_0
+            wg11_1 = wt11 * g11_1
+            wg11_2 = wt11 * g11_2
+            wg11_3 = wt11 * g11_3
+            wg11_4 = wt11 * g11_4
+            gwv11 = (
+                0.408248290463863 * sb2_1 * a2_0 * g11_0 + 0.816496580927726 * sb2_4 * a2_1 * g11_0
+                - 0.408248290463863 * sb2_3 * a2_2 * g11_0 - 0.408248290463863 * sb2_0 * a2_0 * g11_1
+                + 0.408248290463863 * sb2_3 * a2_1 * g11_1 - 0.7071067811865476 * sb2_2 * a2_2 * g11_1
+                - 0.408248290463863 * sb2_4 * a2_2 * g11_1 - 0.7071067811865476 * sb2_3 * a2_0 * g11_2
+                + 0.7071067811865476 * sb2_1 * a2_2 * g11_2 + 0.7071067811865476 * sb2_2 * a2_0 * g11_3
+                - 0.408248290463863 * sb2_4 * a2_0 * g11_3 - 0.408248290463863 * sb2_1 * a2_1 * g11_3
+                + 0.408248290463863 * sb2_0 * a2_2 * g11_3 + 0.408248290463863 * sb2_3 * a2_0 * g11_4
+                - 0.816496580927726 * sb2_0 * a2_1 * g11_4 + 0.408248290463863 * sb2_1 * a2_2 * g11_4
+            )
+            acc2_0 = acc2_0 + (
+                0.408248290463863 * sb2_1 * wg11_0 - 0.408248290463863 * sb2_0 * wg11_1
+                - 0.7071067811865476 * sb2_3 * wg11_2 + 0.7071067811865476 * sb2_2 * wg11_3
+                - 0.408248290463863 * sb2_4 * wg11_3 + 0.408248290463863 * sb2_3 * wg11_4
+            )
+            acc2_1 = acc2_1 + (
+                0.816496580927726 * sb2_4 * wg11_0 + 0.408248290463863 * sb2_3 * wg11_1
+                - 0.408248290463863 * sb2_1 * wg11_3 - 0.816496580927726 * sb2_0 * wg11_4
+            )
+            acc2_2 = acc2_2 + (
+                -0.408248290463863 * sb2_3 * wg11_0 - 0.7071067811865476 * sb2_2 * wg11_1
+                - 0.408248290463863 * sb2_4 * wg11_1 + 0.7071067811865476 * sb2_1 * wg11_2
+                + 0.408248290463863 * sb2_0 * wg11_3 + 0.408248290463863 * sb2_1 * wg11_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.408248290463863 * a2_0 * wg11_1 + 0.408248290463863 * a2_2 * wg11_3
+                - 0.816496580927726 * a2_1 * wg11_4
+            )
+            px2_2_1 = px2_2_1 + (
+                0.408248290463863 * a2_0 * wg11_0 + 0.7071067811865476 * a2_2 * wg11_2
+                - 0.408248290463863 * a2_1 * wg11_3 + 0.408248290463863 * a2_2 * wg11_4
+            )
+            px2_2_2 = px2_2_2 + (-0.7071067811865476 * a2_2 * wg11_1 + 0.7071067811865476 * a2_0 * wg11_3)
+            px2_2_3 = px2_2_3 + (
+                -0.408248290463863 * a2_2 * wg11_0 + 0.408248290463863 * a2_1 * wg11_1
+                - 0.7071067811865476 * a2_0 * wg11_2 + 0.408248290463863 * a2_0 * wg11_4
+            )
+            px2_2_4 = px2_2_4 + (
+                0.816496580927726 * a2_1 * wg11_0 - 0.408248290463863 * a2_2 * wg11_1
+                - 0.408248290463863 * a2_0 * wg11_3
+            )
+            # x1 block 3: 64x1e (6 paths)
+            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3_0, a3_2 = hl.split(a3te)
+            a3_1, a3_3 = hl.split(a3to)
+            # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            g12 = hl.load(g, [tile_b, 2432 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12_0, g12_2 = hl.split(g12te)
+            g12_1, g12_3 = hl.split(g12to)
+            wt12 = weights[tile_b, 768 + tile_c.index]
+            wg12_0 = wt12 * g12_0
+            wg12_1 = wt12 * g12_1
+            wg12_2 = wt12 * g12_2
+            gwv12 = (
+                0.9999999999999999 * sb0_0 * a3_0 * g12_0 + 0.9999999999999999 * sb0_0 * a3_1 * g12_1
+                + 0.9999999999999999 * sb0_0 * a3_2 * g12_2
+            )
+            acc3_0 = (0.9999999999999999 * sb0_0 * wg12_0)
+            acc3_1 = (0.9999999999999999 * sb0_0 * wg12_1)
+            acc3_2 = (0.9999999999999999 * sb0_0 * wg12_2)
+            px2_0_0 = px2_0_0 + (
+                0.9999999999999999 * a3_0 * wg12_0 + 0.9999999999999999 * a3_1 * wg12_1
+                + 0.9999999999999999 * a3_2 * wg12_2
+            )
+            # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+            g13_0 = g[tile_b, 2624 + tile_c.index]
+            wt13 = weights[tile_b, 832 + tile_c.index]
+            wg13_0 = wt13 * g13_0
+            gwv13 = (
+                0.5773502691896257 * sb1_0 * a3_0 * g13_0 + 0.5773502691896257 * sb1_1 * a3_1 * g13_0
+                + 0.5773502691896257 * sb1_2 * a3_2 * g13_0
+            )
+            acc3_0 = acc3_0 + (0.5773502691896257 * sb1_0 * wg13_0)
+            acc3_1 = acc3_1 + (0.5773502691896257 * sb1_1 * wg13_0)
+            acc3_2 = acc3_2 + (0.5773502691896257 * sb1_2 * wg13_0)
+            px2_1_0 = px2_1_0 + (0.5773502691896257 * a3_0 * wg13_0)
+            px2_1_1 = px2_1_1 + (0.5773502691896257 * a3_1 * wg13_0)
+            px2_1_2 = px2_1_2 + (0.5773502691896257 * a3_2 * wg13_0)
+            # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+            g14 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            wt14 = weights[tile_b, 896 + tile_c.index]
+            wg14_0 = wt14 * g14_0
+            wg14_1 = wt14 * g14_1
+            wg14_2 = wt14 * g14_2
+            gwv14 = (
+                0.7071067811865475 * sb1_2 * a3_1 * g14_0 - 0.7071067811865475 * sb1_1 * a3_2 * g14_0
+                - 0.7071067811865475 * sb1_2 * a3_0 * g14_1 + 0.7071067811865475 * sb1_0 * a3_2 * g14_1
+                + 0.7071067811865475 * sb1_1 * a3_0 * g14_2 - 0.7071067811865475 * sb1_0 * a3_1 * g14_2
+            )
+            acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg14_1 + 0.7071067811865475 * sb1_1 * wg14_2)
+            acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg14_0 - 0.7071067811865475 * sb1_0 * wg14_2)
+            acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg14_0 + 0.7071067811865475 * sb1_0 * wg14_1)
+            px2_1_0 = px2_1_0 + (0.7071067811865475 * a3_2 * wg14_1 - 0.7071067811865475 * a3_1 * wg14_2)
+            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a3_2 * wg14_0 + 0.7071067811865475 * a3_0 * wg14_2)
+            px2_1_2 = px2_1_2 + (0.7071067811865475 * a3_1 * wg14_0 - 0.7071067811865475 * a3_0 * wg14_1)
+            # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+            g15 = hl.load(g, [tile_b, 2880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            wt15 = weights[tile_b, 960 + tile_c.index]
+            wg15_0 = wt15 * g15_0
+            wg15_1 = wt15 * g15_1
+            wg15_2 = wt15 * g15_2
+            wg15_3 = wt15 * g15_3
+            wg15_4 = wt15 * g15_4
+            gwv15 = (
+                0.7071067811865476 * sb1_2 * a3_0 * g15_0 + 0.7071067811865476 * sb1_0 * a3_2 * g15_0
+                + 0.7071067811865476 * sb1_1 * a3_0 * g15_1 + 0.7071067811865476 * sb1_0 * a3_1 * g15_1
+                - 0.408248290463863 * sb1_0 * a3_0 * g15_2 + 0.816496580927726 * sb1_1 * a3_1 * g15_2
+                - 0.408248290463863 * sb1_2 * a3_2 * g15_2 + 0.7071067811865476 * sb1_2 * a3_1 * g15_3
+                + 0.7071067811865476 * sb1_1 * a3_2 * g15_3 - 0.7071067811865476 * sb1_0 * a3_0 * g15_4
+                + 0.7071067811865476 * sb1_2 * a3_2 * g15_4
+            )
+            acc3_0 = acc3_0 + (
+                0.7071067811865476 * sb1_2 * wg15_0 + 0.7071067811865476 * sb1_1 * wg15_1
+                - 0.408248290463863 * sb1_0 * wg15_2 - 0.7071067811865476 * sb1_0 * wg15_4
+            )
+            acc3_1 = acc3_1 + (
+                0.7071067811865476 * sb1_0 * wg15_1 + 0.816496580927726 * sb1_1 * wg15_2
+                + 0.7071067811865476 * sb1_2 * wg15_3
+            )
+            acc3_2 = acc3_2 + (
+                0.7071067811865476 * sb1_0 * wg15_0 - 0.408248290463863 * sb1_2 * wg15_2
+                + 0.7071067811865476 * sb1_1 * wg15_3 + 0.7071067811865476 * sb1_2 * wg15_4
+            )
+            px2_1_0 = px2_1_0 + (
+                0.7071067811865476 * a3_2 * wg15_0 + 0.7071067811865476 * a3_1 * wg15_1
+                - 0.408248290463863 * a3_0 * wg15_2 - 0.7071067811865476 * a3_0 * wg15_4
+            )
+            px2_1_1 = px2_1_1 + (
+                0.7071067811865476 * a3_0 * wg15_1 + 0.816496580927726 * a3_1 * wg15_2
+                + 0.7071067811865476 * a3_2 * wg15_3
+            )
+            px2_1_2 = px2_1_2 + (
+                0.7071067811865476 * a3_0 * wg15_0 - 0.408248290463863 * a3_2 * wg15_2
+                + 0.7071067811865476 * a3_1 * wg15_3 + 0.7071067811865476 * a3_2 * wg15_4
+            )
+            # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+            g16 = hl.load(g, [tile_b, 3200 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16_0, g16_2 = hl.split(g16te)
+            g16_1, g16_3 = hl.split(g16to)
+            wt16 = weights[tile_b, 1024 + tile_c.index]
+            wg16_0 = wt16 * g16_0
+            wg16_1 = wt16 * g16_1
+            wg16_2 = wt16 * g16_2
+            gwv16 = (
+                -0.3162277660168379 * sb2_2 * a3_0 * g16_0 - 0.5477225575051661 * sb2_4 * a3_0 * g16_0
+                + 0.5477225575051661 * sb2_1 * a3_1 * g16_0 + 0.5477225575051661 * sb2_0 * a3_2 * g16_0
+                + 0.5477225575051661 * sb2_1 * a3_0 * g16_1 + 0.6324555320336758 * sb2_2 * a3_1 * g16_1
+                + 0.5477225575051661 * sb2_3 * a3_2 * g16_1 + 0.5477225575051661 * sb2_0 * a3_0 * g16_2
+                + 0.5477225575051661 * sb2_3 * a3_1 * g16_2 - 0.3162277660168379 * sb2_2 * a3_2 * g16_2
+                + 0.5477225575051661 * sb2_4 * a3_2 * g16_2
+            )
+            acc3_0 = acc3_0 + (
+                -0.3162277660168379 * sb2_2 * wg16_0 - 0.5477225575051661 * sb2_4 * wg16_0
+                + 0.5477225575051661 * sb2_1 * wg16_1 + 0.5477225575051661 * sb2_0 * wg16_2
+            )
+            acc3_1 = acc3_1 + (
+                0.5477225575051661 * sb2_1 * wg16_0 + 0.6324555320336758 * sb2_2 * wg16_1
+                + 0.5477225575051661 * sb2_3 * wg16_2
+            )
+            acc3_2 = acc3_2 + (
+                0.5477225575051661 * sb2_0 * wg16_0 + 0.5477225575051661 * sb2_3 * wg16_1
+                - 0.3162277660168379 * sb2_2 * wg16_2 + 0.5477225575051661 * sb2_4 * wg16_2
+            )
+            px2_2_0 = px2_2_0 + (0.5477225575051661 * a3_2 * wg16_0 + 0.5477225575051661 * a3_0 * wg16_2)
+            px2_2_1 = px2_2_1 + (0.5477225575051661 * a3_1 * wg16_0 + 0.5477225575051661 * a3_0 * wg16_1)
+            px2_2_2 = px2_2_2 + (
+                -0.3162277660168379 * a3_0 * wg16_0 + 0.6324555320336758 * a3_1 * wg16_1
+                - 0.3162277660168379 * a3_2 * wg16_2
+            )
+            px2_2_3 = px2_2_3 + (0.5477225575051661 * a3_2 * wg16_1 + 0.5477225575051661 * a3_1 * wg16_2)
+            px2_2_4 = px2_2_4 + (-0.5477225575051661 * a3_0 * wg16_0 + 0.5477225575051661 * a3_2 * wg16_2)
+            # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+            g17 = hl.load(g, [tile_b, 3392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g17t = g17.reshape([tile_b, tile_c, 2, 2, 2])
+            g17te, g17to = hl.split(g17t)
+            g17tee, g17teo = hl.split(g17te)
+            g17_0, g17_4 = hl.split(g17tee)
+            g17_2, g17_6 = hl.split(g17teo)
+            g17toe, g17too = hl.split(g17to)
+            g17_1, g17_5 = hl.split(g17toe)
+            g17_3, g17_7 = hl.split(g17too)
+            wt17 = weights[tile_b, 1088 + tile_c.index]
+            wg17_0 = wt17 * g17_0
+            wg17_1 = wt17 * g17_1
+            wg17_2 = wt17 * g17_2
+            wg17_3 = wt17 * g17_3
+            wg17_4 = wt17 * g17_4
+            gwv17 = (
+                0.408248290463863 * sb2_1 * a3_0 * g17_0 + 0.816496580927726 * sb2_4 * a3_1 * g17_0
+                - 0.408248290463863 * sb2_3 * a3_2 * g17_0 - 0.408248290463863 * sb2_0 * a3_0 * g17_1
+                + 0.408248290463863 * sb2_3 * a3_1 * g17_1 - 0.7071067811865476 * sb2_2 * a3_2 * g17_1
+                - 0.408248290463863 * sb2_4 * a3_2 * g17_1 - 0.7071067811865476 * sb2_3 * a3_0 * g17_2
+                + 0.7071067811865476 * sb2_1 * a3_2 * g17_2 + 0.7071067811865476 * sb2_2 * a3_0 * g17_3
+                - 0.408248290463863 * sb2_4 * a3_0 * g17_3 - 0.408248290463863 * sb2_1 * a3_1 * g17_3
+                + 0.408248290463863 * sb2_0 * a3_2 * g17_3 + 0.408248290463863 * sb2_3 * a3_0 * g17_4
+                - 0.816496580927726 * sb2_0 * a3_1 * g17_4 + 0.408248290463863 * sb2_1 * a3_2 * g17_4
+            )
+            acc3_0 = acc3_0 + (
+                0.408248290463863 * sb2_1 * wg17_0 - 0.408248290463863 * sb2_0 * wg17_1
+                - 0.7071067811865476 * sb2_3 * wg17_2 + 0.7071067811865476 * sb2_2 * wg17_3
+                - 0.408248290463863 * sb2_4 * wg17_3 + 0.408248290463863 * sb2_3 * wg17_4
+            )
+            acc3_1 = acc3_1 + (
+                0.816496580927726 * sb2_4 * wg17_0 + 0.408248290463863 * sb2_3 * wg17_1
+                - 0.408248290463863 * sb2_1 * wg17_3 - 0.816496580927726 * sb2_0 * wg17_4
+            )
+            acc3_2 = acc3_2 + (
+                -0.408248290463863 * sb2_3 * wg17_0 - 0.7071067811865476 * sb2_2 * wg17_1
+                - 0.408248290463863 * sb2_4 * wg17_1 + 0.7071067811865476 * sb2_1 * wg17_2
+                + 0.408248290463863 * sb2_0 * wg17_3 + 0.408248290463863 * sb2_1 * wg17_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.408248290463863 * a3_0 * wg17_1 + 0.408248290463863 * a3_2 * wg17_3
+                - 0.816496580927726 * a3_1 * wg17_4
+            )
+            px2_2_1 = px2_2_1 + (
+                0.408248290463863 * a3_0 * wg17_0 + 0.7071067811865476 * a3_2 * wg17_2
+                - 0.408248290463863 * a3_1 * wg17_3 + 0.408248290463863 * a3_2 * wg17_4
+            )
+            px2_2_2 = px2_2_2 + (-0.7071067811865476 * a3_2 * wg17_1 + 0.7071067811865476 * a3_0 * wg17_3)
+            px2_2_3 = px2_2_3 + (
+                -0.408248290463863 * a3_2 * wg17_0 + 0.408248290463863 * a3_1 * wg17_1
+                - 0.7071067811865476 * a3_0 * wg17_2 + 0.408248290463863 * a3_0 * wg17_4
+            )
+            px2_2_4 = px2_2_4 + (
+                0.816496580927726 * a3_1 * wg17_0 - 0.408248290463863 * a3_2 * wg17_1
+                - 0.408248290463863 * a3_0 * wg17_3
+            )
+            # x1 block 4: 64x2o (6 paths)
+            a4 = hl.load(x1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a4t = a4.reshape([tile_b, tile_c, 2, 2, 2])
+            a4te, a4to = hl.split(a4t)
+            a4tee, a4teo = hl.split(a4te)
+            a4_0, a4_4 = hl.split(a4tee)
+            a4_2, a4_6 = hl.split(a4teo)
+            a4toe, a4too = hl.split(a4to)
+            a4_1, a4_5 = hl.split(a4toe)
+            a4_3, a4_7 = hl.split(a4too)
+            # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+            g18 = hl.load(g, [tile_b, 3712 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18tee, g18teo = hl.split(g18te)
+            g18_0, g18_4 = hl.split(g18tee)
+            g18_2, g18_6 = hl.split(g18teo)
+            g18toe, g18too = hl.split(g18to)
+            g18_1, g18_5 = hl.split(g18toe)
+            g18_3, g18_7 = hl.split(g18too)
+            wt18 = weights[tile_b, 1152 + tile_c.index]
+            wg18_0 = wt18 * g18_0
+            wg18_1 = wt18 * g18_1
+            wg18_2 = wt18 * g18_2
+            wg18_3 = wt18 * g18_3
+            wg18_4 = wt18 * g18_4
+            gwv18 = (
+                sb0_0 * a4_0 * g18_0 + sb0_0 * a4_1 * g18_1
+                + sb0_0 * a4_2 * g18_2 + sb0_0 * a4_3 * g18_3
+                + sb0_0 * a4_4 * g18_4
+            )
+            acc4_0 = (sb0_0 * wg18_0)
+            acc4_1 = (sb0_0 * wg18_1)
+            acc4_2 = (sb0_0 * wg18_2)
+            acc4_3 = (sb0_0 * wg18_3)
+            acc4_4 = (sb0_0 * wg18_4)
+            px2_0_0 = px2_0_0 + (a4_0 * wg18_0 + a4_1 * wg18_1 + a4_2 * wg18_2 + a4_3 * wg18_3 + a4_4 * wg18_4)
+            # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+            g19 = hl.load(g, [tile_b, 4032 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19_0, g19_2 = hl.split(g19te)
+            g19_1, g19_3 = hl.split(g19to)
+            wt19 = weights[tile_b, 1216 + tile_c.index]
+            wg19_0 = wt19 * g19_0
+            wg19_1 = wt19 * g19_1
+            wg19_2 = wt19 * g19_2
+            gwv19 = (
+                0.5477225575051661 * sb1_2 * a4_0 * g19_0 + 0.5477225575051661 * sb1_1 * a4_1 * g19_0
+                - 0.3162277660168379 * sb1_0 * a4_2 * g19_0 - 0.5477225575051661 * sb1_0 * a4_4 * g19_0
+                + 0.5477225575051661 * sb1_0 * a4_1 * g19_1 + 0.6324555320336758 * sb1_1 * a4_2 * g19_1
+                + 0.5477225575051661 * sb1_2 * a4_3 * g19_1 + 0.5477225575051661 * sb1_0 * a4_0 * g19_2
+                - 0.3162277660168379 * sb1_2 * a4_2 * g19_2 + 0.5477225575051661 * sb1_1 * a4_3 * g19_2
+                + 0.5477225575051661 * sb1_2 * a4_4 * g19_2
+            )
+            acc4_0 = acc4_0 + (0.5477225575051661 * sb1_2 * wg19_0 + 0.5477225575051661 * sb1_0 * wg19_2)
+            acc4_1 = acc4_1 + (0.5477225575051661 * sb1_1 * wg19_0 + 0.5477225575051661 * sb1_0 * wg19_1)
+            acc4_2 = acc4_2 + (
+                -0.3162277660168379 * sb1_0 * wg19_0 + 0.6324555320336758 * sb1_1 * wg19_1
+                - 0.3162277660168379 * sb1_2 * wg19_2
+            )
+            acc4_3 = acc4_3 + (0.5477225575051661 * sb1_2 * wg19_1 + 0.5477225575051661 * sb1_1 * wg19_2)
+            acc4_4 = acc4_4 + (-0.5477225575051661 * sb1_0 * wg19_0 + 0.5477225575051661 * sb1_2 * wg19_2)
+            px2_1_0 = px2_1_0 + (
+                -0.3162277660168379 * a4_2 * wg19_0 - 0.5477225575051661 * a4_4 * wg19_0
+                + 0.5477225575051661 * a4_1 * wg19_1 + 0.5477225575051661 * a4_0 * wg19_2
+            )
+            px2_1_1 = px2_1_1 + (
+                0.5477225575051661 * a4_1 * wg19_0 + 0.6324555320336758 * a4_2 * wg19_1
+                + 0.5477225575051661 * a4_3 * wg19_2
+            )
+            px2_1_2 = px2_1_2 + (
+                0.5477225575051661 * a4_0 * wg19_0 + 0.5477225575051661 * a4_3 * wg19_1
+                - 0.3162277660168379 * a4_2 * wg19_2 + 0.5477225575051661 * a4_4 * wg19_2
+            )
+            # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+            g20 = hl.load(g, [tile_b, 4224 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            wt20 = weights[tile_b, 1280 + tile_c.index]
+            wg20_0 = wt20 * g20_0
+            wg20_1 = wt20 * g20_1
+            wg20_2 = wt20 * g20_2
+            wg20_3 = wt20 * g20_3
+            wg20_4 = wt20 * g20_4
+            gwv20 = (
+                -0.408248290463863 * sb1_0 * a4_1 * g20_0 + 0.408248290463863 * sb1_2 * a4_3 * g20_0
+                - 0.816496580927726 * sb1_1 * a4_4 * g20_0 + 0.408248290463863 * sb1_0 * a4_0 * g20_1
+                + 0.7071067811865476 * sb1_2 * a4_2 * g20_1 - 0.408248290463863 * sb1_1 * a4_3 * g20_1
+                + 0.408248290463863 * sb1_2 * a4_4 * g20_1 - 0.7071067811865476 * sb1_2 * a4_1 * g20_2
+                + 0.7071067811865476 * sb1_0 * a4_3 * g20_2 - 0.408248290463863 * sb1_2 * a4_0 * g20_3
+                + 0.408248290463863 * sb1_1 * a4_1 * g20_3 - 0.7071067811865476 * sb1_0 * a4_2 * g20_3
+                + 0.408248290463863 * sb1_0 * a4_4 * g20_3 + 0.816496580927726 * sb1_1 * a4_0 * g20_4
+                - 0.408248290463863 * sb1_2 * a4_1 * g20_4 - 0.408248290463863 * sb1_0 * a4_3 * g20_4
+            )
+            acc4_0 = acc4_0 + (
+                0.408248290463863 * sb1_0 * wg20_1 - 0.408248290463863 * sb1_2 * wg20_3
+                + 0.816496580927726 * sb1_1 * wg20_4
+            )
+            acc4_1 = acc4_1 + (
+                -0.408248290463863 * sb1_0 * wg20_0 - 0.7071067811865476 * sb1_2 * wg20_2
+                + 0.408248290463863 * sb1_1 * wg20_3 - 0.408248290463863 * sb1_2 * wg20_4
+            )
+            acc4_2 = acc4_2 + (0.7071067811865476 * sb1_2 * wg20_1 - 0.7071067811865476 * sb1_0 * wg20_3)
+            acc4_3 = acc4_3 + (
+                0.408248290463863 * sb1_2 * wg20_0 - 0.408248290463863 * sb1_1 * wg20_1
+                + 0.7071067811865476 * sb1_0 * wg20_2 - 0.408248290463863 * sb1_0 * wg20_4
+            )
+            acc4_4 = acc4_4 + (
+                -0.816496580927726 * sb1_1 * wg20_0 + 0.408248290463863 * sb1_2 * wg20_1
+                + 0.408248290463863 * sb1_0 * wg20_3
+            )
+            px2_1_0 = px2_1_0 + (
+                -0.408248290463863 * a4_1 * wg20_0 + 0.408248290463863 * a4_0 * wg20_1
+                + 0.7071067811865476 * a4_3 * wg20_2 - 0.7071067811865476 * a4_2 * wg20_3
+                + 0.408248290463863 * a4_4 * wg20_3 - 0.408248290463863 * a4_3 * wg20_4
+            )
+            px2_1_1 = px2_1_1 + (
+                -0.816496580927726 * a4_4 * wg20_0 - 0.408248290463863 * a4_3 * wg20_1
+                + 0.408248290463863 * a4_1 * wg20_3 + 0.816496580927726 * a4_0 * wg20_4
+            )
+            px2_1_2 = px2_1_2 + (
+                0.408248290463863 * a4_3 * wg20_0 + 0.7071067811865476 * a4_2 * wg20_1
+                + 0.408248290463863 * a4_4 * wg20_1 - 0.7071067811865476 * a4_1 * wg20_2
+                - 0.408248290463863 * a4_0 * wg20_3 - 0.408248290463863 * a4_1 * wg20_4
+            )
+            # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+            g21_0 = g[tile_b, 4544 + tile_c.index]
+            wt21 = weights[tile_b, 1344 + tile_c.index]
+            wg21_0 = wt21 * g21_0
+            gwv21 = (
+                0.4472135954999579 * sb2_0 * a4_0 * g21_0 + 0.4472135954999579 * sb2_1 * a4_1 * g21_0
+                + 0.4472135954999579 * sb2_2 * a4_2 * g21_0 + 0.4472135954999579 * sb2_3 * a4_3 * g21_0
+                + 0.4472135954999579 * sb2_4 * a4_4 * g21_0
+            )
+            acc4_0 = acc4_0 + (0.4472135954999579 * sb2_0 * wg21_0)
+            acc4_1 = acc4_1 + (0.4472135954999579 * sb2_1 * wg21_0)
+            acc4_2 = acc4_2 + (0.4472135954999579 * sb2_2 * wg21_0)
+            acc4_3 = acc4_3 + (0.4472135954999579 * sb2_3 * wg21_0)
+            acc4_4 = acc4_4 + (0.4472135954999579 * sb2_4 * wg21_0)
+            px2_2_0 = px2_2_0 + (0.4472135954999579 * a4_0 * wg21_0)
+            px2_2_1 = px2_2_1 + (0.4472135954999579 * a4_1 * wg21_0)
+            px2_2_2 = px2_2_2 + (0.4472135954999579 * a4_2 * wg21_0)
+            px2_2_3 = px2_2_3 + (0.4472135954999579 * a4_3 * wg21_0)
+            px2_2_4 = px2_2_4 + (0.4472135954999579 * a4_4 * wg21_0)
+            # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+            g22 = hl.load(g, [tile_b, 4608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22_0, g22_2 = hl.split(g22te)
+            g22_1, g22_3 = hl.split(g22to)
+            wt22 = weights[tile_b, 1408 + tile_c.index]
+            wg22_0 = wt22 * g22_0
+            wg22_1 = wt22 * g22_1
+            wg22_2 = wt22 * g22_2
+            gwv22 = (
+                -0.3162277660168379 * sb2_1 * a4_0 * g22_0 + 0.3162277660168379 * sb2_0 * a4_1 * g22_0
+                + 0.5477225575051661 * sb2_3 * a4_2 * g22_0 - 0.5477225575051661 * sb2_2 * a4_3 * g22_0
+                + 0.3162277660168379 * sb2_4 * a4_3 * g22_0 - 0.3162277660168379 * sb2_3 * a4_4 * g22_0
+                - 0.6324555320336758 * sb2_4 * a4_0 * g22_1 - 0.3162277660168379 * sb2_3 * a4_1 * g22_1
+                + 0.3162277660168379 * sb2_1 * a4_3 * g22_1 + 0.6324555320336758 * sb2_0 * a4_4 * g22_1
+                + 0.3162277660168379 * sb2_3 * a4_0 * g22_2 + 0.5477225575051661 * sb2_2 * a4_1 * g22_2
+                + 0.3162277660168379 * sb2_4 * a4_1 * g22_2 - 0.5477225575051661 * sb2_1 * a4_2 * g22_2
+                - 0.3162277660168379 * sb2_0 * a4_3 * g22_2 - 0.3162277660168379 * sb2_1 * a4_4 * g22_2
+            )
+            acc4_0 = acc4_0 + (
+                -0.3162277660168379 * sb2_1 * wg22_0 - 0.6324555320336758 * sb2_4 * wg22_1
+                + 0.3162277660168379 * sb2_3 * wg22_2
+            )
+            acc4_1 = acc4_1 + (
+                0.3162277660168379 * sb2_0 * wg22_0 - 0.3162277660168379 * sb2_3 * wg22_1
+                + 0.5477225575051661 * sb2_2 * wg22_2 + 0.3162277660168379 * sb2_4 * wg22_2
+            )
+            acc4_2 = acc4_2 + (0.5477225575051661 * sb2_3 * wg22_0 - 0.5477225575051661 * sb2_1 * wg22_2)
+            acc4_3 = acc4_3 + (
+                -0.5477225575051661 * sb2_2 * wg22_0 + 0.3162277660168379 * sb2_4 * wg22_0
+                + 0.3162277660168379 * sb2_1 * wg22_1 - 0.3162277660168379 * sb2_0 * wg22_2
+            )
+            acc4_4 = acc4_4 + (
+                -0.3162277660168379 * sb2_3 * wg22_0 + 0.6324555320336758 * sb2_0 * wg22_1
+                - 0.3162277660168379 * sb2_1 * wg22_2
+            )
+            px2_2_0 = px2_2_0 + (
+                0.3162277660168379 * a4_1 * wg22_0 + 0.6324555320336758 * a4_4 * wg22_1
+                - 0.3162277660168379 * a4_3 * wg22_2
+            )
+            px2_2_1 = px2_2_1 + (
+                -0.3162277660168379 * a4_0 * wg22_0 + 0.3162277660168379 * a4_3 * wg22_1
+                - 0.5477225575051661 * a4_2 * wg22_2 - 0.3162277660168379 * a4_4 * wg22_2
+            )
+            px2_2_2 = px2_2_2 + (-0.5477225575051661 * a4_3 * wg22_0 + 0.5477225575051661 * a4_1 * wg22_2)
+            px2_2_3 = px2_2_3 + (
+                0.5477225575051661 * a4_2 * wg22_0 - 0.3162277660168379 * a4_4 * wg22_0
+                - 0.3162277660168379 * a4_1 * wg22_1 + 0.3162277660168379 * a4_0 * wg22_2
+            )
+            px2_2_4 = px2_2_4 + (
+                0.3162277660168379 * a4_3 * wg22_0 - 0.6324555320336758 * a4_0 * wg22_1
+                + 0.3162277660168379 * a4_1 * wg22_2
+            )
+            # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+            g23 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            wt23 = weights[tile_b, 1472 + tile_c.index]
+            wg23_0 = wt23 * g23_0
+            wg23_1 = wt23 * g23_1
+            wg23_2 = wt23 * g23_2
+            wg23_3 = wt23 * g23_3
+            wg23_4 = wt23 * g23_4
+            gwv23 = (
+                -0.5345224838248488 * sb2_2 * a4_0 * g23_0 + 0.4629100498862757 * sb2_3 * a4_1 * g23_0
+                - 0.5345224838248488 * sb2_0 * a4_2 * g23_0 + 0.4629100498862757 * sb2_1 * a4_3 * g23_0
+                + 0.4629100498862757 * sb2_3 * a4_0 * g23_1 + 0.2672612419124244 * sb2_2 * a4_1 * g23_1
+                - 0.4629100498862757 * sb2_4 * a4_1 * g23_1 + 0.2672612419124244 * sb2_1 * a4_2 * g23_1
+                + 0.4629100498862757 * sb2_0 * a4_3 * g23_1 - 0.4629100498862757 * sb2_1 * a4_4 * g23_1
+                - 0.5345224838248488 * sb2_0 * a4_0 * g23_2 + 0.2672612419124244 * sb2_1 * a4_1 * g23_2
+                + 0.5345224838248488 * sb2_2 * a4_2 * g23_2 + 0.2672612419124244 * sb2_3 * a4_3 * g23_2
+                - 0.5345224838248488 * sb2_4 * a4_4 * g23_2 + 0.4629100498862757 * sb2_1 * a4_0 * g23_3
+                + 0.4629100498862757 * sb2_0 * a4_1 * g23_3 + 0.2672612419124244 * sb2_3 * a4_2 * g23_3
+                + 0.2672612419124244 * sb2_2 * a4_3 * g23_3 + 0.4629100498862757 * sb2_4 * a4_3 * g23_3
+                + 0.4629100498862757 * sb2_3 * a4_4 * g23_3 - 0.4629100498862757 * sb2_1 * a4_1 * g23_4
+                - 0.5345224838248488 * sb2_4 * a4_2 * g23_4 + 0.4629100498862757 * sb2_3 * a4_3 * g23_4
+                - 0.5345224838248488 * sb2_2 * a4_4 * g23_4
+            )
+            acc4_0 = acc4_0 + (
+                -0.5345224838248488 * sb2_2 * wg23_0 + 0.4629100498862757 * sb2_3 * wg23_1
+                - 0.5345224838248488 * sb2_0 * wg23_2 + 0.4629100498862757 * sb2_1 * wg23_3
+            )
+            acc4_1 = acc4_1 + (
+                0.4629100498862757 * sb2_3 * wg23_0 + 0.2672612419124244 * sb2_2 * wg23_1
+                - 0.4629100498862757 * sb2_4 * wg23_1 + 0.2672612419124244 * sb2_1 * wg23_2
+                + 0.4629100498862757 * sb2_0 * wg23_3 - 0.4629100498862757 * sb2_1 * wg23_4
+            )
+            acc4_2 = acc4_2 + (
+                -0.5345224838248488 * sb2_0 * wg23_0 + 0.2672612419124244 * sb2_1 * wg23_1
+                + 0.5345224838248488 * sb2_2 * wg23_2 + 0.2672612419124244 * sb2_3 * wg23_3
+                - 0.5345224838248488 * sb2_4 * wg23_4
+            )
+            acc4_3 = acc4_3 + (
+                0.4629100498862757 * sb2_1 * wg23_0 + 0.4629100498862757 * sb2_0 * wg23_1
+                + 0.2672612419124244 * sb2_3 * wg23_2 + 0.2672612419124244 * sb2_2 * wg23_3
+                + 0.4629100498862757 * sb2_4 * wg23_3 + 0.4629100498862757 * sb2_3 * wg23_4
+            )
+            acc4_4 = acc4_4 + (
+                -0.4629100498862757 * sb2_1 * wg23_1 - 0.5345224838248488 * sb2_4 * wg23_2
+                + 0.4629100498862757 * sb2_3 * wg23_3 - 0.5345224838248488 * sb2_2 * wg23_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.5345224838248488 * a4_2 * wg23_0 + 0.4629100498862757 * a4_3 * wg23_1
+                - 0.5345224838248488 * a4_0 * wg23_2 + 0.4629100498862757 * a4_1 * wg23_3
+            )
+            px2_2_1 = px2_2_1 + (
+                0.4629100498862757 * a4_3 * wg23_0 + 0.2672612419124244 * a4_2 * wg23_1
+                - 0.4629100498862757 * a4_4 * wg23_1 + 0.2672612419124244 * a4_1 * wg23_2
+                + 0.4629100498862757 * a4_0 * wg23_3 - 0.4629100498862757 * a4_1 * wg23_4
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.5345224838248488 * a4_0 * wg23_0 + 0.2672612419124244 * a4_1 * wg23_1
+                + 0.5345224838248488 * a4_2 * wg23_2 + 0.2672612419124244 * a4_3 * wg23_3
+                - 0.5345224838248488 * a4_4 * wg23_4
+            )
+            px2_2_3 = px2_2_3 + (
+                0.4629100498862757 * a4_1 * wg23_0 + 0.4629100498862757 * a4_0 * wg23_1
+                + 0.2672612419124244 * a4_3 * wg23_2 + 0.2672612419124244 * a4_2 * wg23_3
+                + 0.4629100498862757 * a4_4 * wg23_3 + 0.4629100498862757 * a4_3 * wg23_4
+            )
+            px2_2_4 = px2_2_4 + (
+                -0.4629100498862757 * a4_1 * wg23_1 - 0.5345224838248488 * a4_4 * wg23_2
+                + 0.4629100498862757 * a4_3 * wg23_3 - 0.5345224838248488 * a4_2 * wg23_4
+            )
+            # x1 block 5: 64x2e (6 paths)
+            a5 = hl.load(x1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a5t = a5.reshape([tile_b, tile_c, 2, 2, 2])
+            a5te, a5to = hl.split(a5t)
+            a5tee, a5teo = hl.split(a5te)
+            a5_0, a5_4 = hl.split(a5tee)
+            a5_2, a5_6 = hl.split(a5teo)
+            a5toe, a5too = hl.split(a5to)
+            a5_1, a5_5 = hl.split(a5toe)
+            a5_3, a5_7 = hl.split(a5too)
+            # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+            g24 = hl.load(g, [tile_b, 5120 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            wt24 = weights[tile_b, 1536 + tile_c.index]
+            wg24_0 = wt24 * g24_0
+            wg24_1 = wt24 * g24_1
+            wg24_2 = wt24 * g24_2
+            wg24_3 = wt24 * g24_3
+            wg24_4 = wt24 * g24_4
+            gwv24 = (
+                sb0_0 * a5_0 * g24_0 + sb0_0 * a5_1 * g24_1
+                + sb0_0 * a5_2 * g24_2 + sb0_0 * a5_3 * g24_3
+                + sb0_0 * a5_4 * g24_4
+            )
+            acc5_0 = (sb0_0 * wg24_0)
+            acc5_1 = (sb0_0 * wg24_1)
+            acc5_2 = (sb0_0 * wg24_2)
+            acc5_3 = (sb0_0 * wg24_3)
+            acc5_4 = (sb0_0 * wg24_4)
+            px2_0_0 = px2_0_0 + (a5_0 * wg24_0 + a5_1 * wg24_1 + a5_2 * wg24_2 + a5_3 * wg24_3 + a5_4 * wg24_4)
+            # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+            g25 = hl.load(g, [tile_b, 5440 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25_0, g25_2 = hl.split(g25te)
+            g25_1, g25_3 = hl.split(g25to)
+            wt25 = weights[tile_b, 1600 + tile_c.index]
+            wg25_0 = wt25 * g25_0
+            wg25_1 = wt25 * g25_1
+            wg25_2 = wt25 * g25_2
+            gwv25 = (
+                0.5477225575051661 * sb1_2 * a5_0 * g25_0 + 0.5477225575051661 * sb1_1 * a5_1 * g25_0
+                - 0.3162277660168379 * sb1_0 * a5_2 * g25_0 - 0.5477225575051661 * sb1_0 * a5_4 * g25_0
+                + 0.5477225575051661 * sb1_0 * a5_1 * g25_1 + 0.6324555320336758 * sb1_1 * a5_2 * g25_1
+                + 0.5477225575051661 * sb1_2 * a5_3 * g25_1 + 0.5477225575051661 * sb1_0 * a5_0 * g25_2
+                - 0.3162277660168379 * sb1_2 * a5_2 * g25_2 + 0.5477225575051661 * sb1_1 * a5_3 * g25_2
+                + 0.5477225575051661 * sb1_2 * a5_4 * g25_2
+            )
+            acc5_0 = acc5_0 + (0.5477225575051661 * sb1_2 * wg25_0 + 0.5477225575051661 * sb1_0 * wg25_2)
+            acc5_1 = acc5_1 + (0.5477225575051661 * sb1_1 * wg25_0 + 0.5477225575051661 * sb1_0 * wg25_1)
+            acc5_2 = acc5_2 + (
+                -0.3162277660168379 * sb1_0 * wg25_0 + 0.6324555320336758 * sb1_1 * wg25_1
+                - 0.3162277660168379 * sb1_2 * wg25_2
+            )
+            acc5_3 = acc5_3 + (0.5477225575051661 * sb1_2 * wg25_1 + 0.5477225575051661 * sb1_1 * wg25_2)
+            acc5_4 = acc5_4 + (-0.5477225575051661 * sb1_0 * wg25_0 + 0.5477225575051661 * sb1_2 * wg25_2)
+            px2_1_0 = px2_1_0 + (
+                -0.3162277660168379 * a5_2 * wg25_0 - 0.5477225575051661 * a5_4 * wg25_0
+                + 0.5477225575051661 * a5_1 * wg25_1 + 0.5477225575051661 * a5_0 * wg25_2
+            )
+            px2_1_1 = px2_1_1 + (
+                0.5477225575051661 * a5_1 * wg25_0 + 0.6324555320336758 * a5_2 * wg25_1
+                + 0.5477225575051661 * a5_3 * wg25_2
+            )
+            px2_1_2 = px2_1_2 + (
+                0.5477225575051661 * a5_0 * wg25_0 + 0.5477225575051661 * a5_3 * wg25_1
+                - 0.3162277660168379 * a5_2 * wg25_2 + 0.5477225575051661 * a5_4 * wg25_2
+            )
+            # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+            g26 = hl.load(g, [tile_b, 5632 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            wt26 = weights[tile_b, 1664 + tile_c.index]
+            wg26_0 = wt26 * g26_0
+            wg26_1 = wt26 * g26_1
+            wg26_2 = wt26 * g26_2
+            wg26_3 = wt26 * g26_3
+            wg26_4 = wt26 * g26_4
+            gwv26 = (
+                -0.408248290463863 * sb1_0 * a5_1 * g26_0 + 0.408248290463863 * sb1_2 * a5_3 * g26_0
+                - 0.816496580927726 * sb1_1 * a5_4 * g26_0 + 0.408248290463863 * sb1_0 * a5_0 * g26_1
+                + 0.7071067811865476 * sb1_2 * a5_2 * g26_1 - 0.408248290463863 * sb1_1 * a5_3 * g26_1
+                + 0.408248290463863 * sb1_2 * a5_4 * g26_1 - 0.7071067811865476 * sb1_2 * a5_1 * g26_2
+                + 0.7071067811865476 * sb1_0 * a5_3 * g26_2 - 0.408248290463863 * sb1_2 * a5_0 * g26_3
+                + 0.408248290463863 * sb1_1 * a5_1 * g26_3 - 0.7071067811865476 * sb1_0 * a5_2 * g26_3
+                + 0.408248290463863 * sb1_0 * a5_4 * g26_3 + 0.816496580927726 * sb1_1 * a5_0 * g26_4
+                - 0.408248290463863 * sb1_2 * a5_1 * g26_4 - 0.408248290463863 * sb1_0 * a5_3 * g26_4
+            )
+            acc5_0 = acc5_0 + (
+                0.408248290463863 * sb1_0 * wg26_1 - 0.408248290463863 * sb1_2 * wg26_3
+                + 0.816496580927726 * sb1_1 * wg26_4
+            )
+            acc5_1 = acc5_1 + (
+                -0.408248290463863 * sb1_0 * wg26_0 - 0.7071067811865476 * sb1_2 * wg26_2
+                + 0.408248290463863 * sb1_1 * wg26_3 - 0.408248290463863 * sb1_2 * wg26_4
+            )
+            acc5_2 = acc5_2 + (0.7071067811865476 * sb1_2 * wg26_1 - 0.7071067811865476 * sb1_0 * wg26_3)
+            acc5_3 = acc5_3 + (
+                0.408248290463863 * sb1_2 * wg26_0 - 0.408248290463863 * sb1_1 * wg26_1
+                + 0.7071067811865476 * sb1_0 * wg26_2 - 0.408248290463863 * sb1_0 * wg26_4
+            )
+            acc5_4 = acc5_4 + (
+                -0.816496580927726 * sb1_1 * wg26_0 + 0.408248290463863 * sb1_2 * wg26_1
+                + 0.408248290463863 * sb1_0 * wg26_3
+            )
+            px2_1_0 = px2_1_0 + (
+                -0.408248290463863 * a5_1 * wg26_0 + 0.408248290463863 * a5_0 * wg26_1
+                + 0.7071067811865476 * a5_3 * wg26_2 - 0.7071067811865476 * a5_2 * wg26_3
+                + 0.408248290463863 * a5_4 * wg26_3 - 0.408248290463863 * a5_3 * wg26_4
+            )
+            px2_1_1 = px2_1_1 + (
+                -0.816496580927726 * a5_4 * wg26_0 - 0.408248290463863 * a5_3 * wg26_1
+                + 0.408248290463863 * a5_1 * wg26_3 + 0.816496580927726 * a5_0 * wg26_4
+            )
+            px2_1_2 = px2_1_2 + (
+                0.408248290463863 * a5_3 * wg26_0 + 0.7071067811865476 * a5_2 * wg26_1
+                + 0.408248290463863 * a5_4 * wg26_1 - 0.7071067811865476 * a5_1 * wg26_2
+                - 0.408248290463863 * a5_0 * wg26_3 - 0.408248290463863 * a5_1 * wg26_4
+            )
+            # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+            g27_0 = g[tile_b, 5952 + tile_c.index]
+            wt27 = weights[tile_b, 1728 + tile_c.index]
+            wg27_0 = wt27 * g27_0
+            gwv27 = (
+                0.4472135954999579 * sb2_0 * a5_0 * g27_0 + 0.4472135954999579 * sb2_1 * a5_1 * g27_0
+                + 0.4472135954999579 * sb2_2 * a5_2 * g27_0 + 0.4472135954999579 * sb2_3 * a5_3 * g27_0
+                + 0.4472135954999579 * sb2_4 * a5_4 * g27_0
+            )
+            acc5_0 = acc5_0 + (0.4472135954999579 * sb2_0 * wg27_0)
+            acc5_1 = acc5_1 + (0.4472135954999579 * sb2_1 * wg27_0)
+            acc5_2 = acc5_2 + (0.4472135954999579 * sb2_2 * wg27_0)
+            acc5_3 = acc5_3 + (0.4472135954999579 * sb2_3 * wg27_0)
+            acc5_4 = acc5_4 + (0.4472135954999579 * sb2_4 * wg27_0)
+            px2_2_0 = px2_2_0 + (0.4472135954999579 * a5_0 * wg27_0)
+            px2_2_1 = px2_2_1 + (0.4472135954999579 * a5_1 * wg27_0)
+            px2_2_2 = px2_2_2 + (0.4472135954999579 * a5_2 * wg27_0)
+            px2_2_3 = px2_2_3 + (0.4472135954999579 * a5_3 * wg27_0)
+            px2_2_4 = px2_2_4 + (0.4472135954999579 * a5_4 * wg27_0)
+            # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+            g28 = hl.load(g, [tile_b, 6016 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28_0, g28_2 = hl.split(g28te)
+            g28_1, g28_3 = hl.split(g28to)
+            wt28 = weights[tile_b, 1792 + tile_c.index]
+            wg28_0 = wt28 * g28_0
+            wg28_1 = wt28 * g28_1
+            wg28_2 = wt28 * g28_2
+            gwv28 = (
+                -0.3162277660168379 * sb2_1 * a5_0 * g28_0 + 0.3162277660168379 * sb2_0 * a5_1 * g28_0
+                + 0.5477225575051661 * sb2_3 * a5_2 * g28_0 - 0.5477225575051661 * sb2_2 * a5_3 * g28_0
+                + 0.3162277660168379 * sb2_4 * a5_3 * g28_0 - 0.3162277660168379 * sb2_3 * a5_4 * g28_0
+                - 0.6324555320336758 * sb2_4 * a5_0 * g28_1 - 0.3162277660168379 * sb2_3 * a5_1 * g28_1
+                + 0.3162277660168379 * sb2_1 * a5_3 * g28_1 + 0.6324555320336758 * sb2_0 * a5_4 * g28_1
+                + 0.3162277660168379 * sb2_3 * a5_0 * g28_2 + 0.5477225575051661 * sb2_2 * a5_1 * g28_2
+                + 0.3162277660168379 * sb2_4 * a5_1 * g28_2 - 0.5477225575051661 * sb2_1 * a5_2 * g28_2
+                - 0.3162277660168379 * sb2_0 * a5_3 * g28_2 - 0.3162277660168379 * sb2_1 * a5_4 * g28_2
+            )
+            acc5_0 = acc5_0 + (
+                -0.3162277660168379 * sb2_1 * wg28_0 - 0.6324555320336758 * sb2_4 * wg28_1
+                + 0.3162277660168379 * sb2_3 * wg28_2
+            )
+            acc5_1 = acc5_1 + (
+                0.3162277660168379 * sb2_0 * wg28_0 - 0.3162277660168379 * sb2_3 * wg28_1
+                + 0.5477225575051661 * sb2_2 * wg28_2 + 0.3162277660168379 * sb2_4 * wg28_2
+            )
+            acc5_2 = acc5_2 + (0.5477225575051661 * sb2_3 * wg28_0 - 0.5477225575051661 * sb2_1 * wg28_2)
+            acc5_3 = acc5_3 + (
+                -0.5477225575051661 * sb2_2 * wg28_0 + 0.3162277660168379 * sb2_4 * wg28_0
+                + 0.3162277660168379 * sb2_1 * wg28_1 - 0.3162277660168379 * sb2_0 * wg28_2
+            )
+            acc5_4 = acc5_4 + (
+                -0.3162277660168379 * sb2_3 * wg28_0 + 0.6324555320336758 * sb2_0 * wg28_1
+                - 0.3162277660168379 * sb2_1 * wg28_2
+            )
+            px2_2_0 = px2_2_0 + (
+                0.3162277660168379 * a5_1 * wg28_0 + 0.6324555320336758 * a5_4 * wg28_1
+                - 0.3162277660168379 * a5_3 * wg28_2
+            )
+            px2_2_1 = px2_2_1 + (
+                -0.3162277660168379 * a5_0 * wg28_0 + 0.3162277660168379 * a5_3 * wg28_1
+                - 0.5477225575051661 * a5_2 * wg28_2 - 0.3162277660168379 * a5_4 * wg28_2
+            )
+            px2_2_2 = px2_2_2 + (-0.5477225575051661 * a5_3 * wg28_0 + 0.5477225575051661 * a5_1 * wg28_2)
+            px2_2_3 = px2_2_3 + (
+                0.5477225575051661 * a5_2 * wg28_0 - 0.3162277660168379 * a5_4 * wg28_0
+                - 0.3162277660168379 * a5_1 * wg28_1 + 0.3162277660168379 * a5_0 * wg28_2
+            )
+            px2_2_4 = px2_2_4 + (
+                0.3162277660168379 * a5_3 * wg28_0 - 0.6324555320336758 * a5_0 * wg28_1
+                + 0.3162277660168379 * a5_1 * wg28_2
+            )
+            # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+            g29 = hl.load(g, [tile_b, 6208 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
+            wt29 = weights[tile_b, 1856 + tile_c.index]
+            wg29_0 = wt29 * g29_0
+            wg29_1 = wt29 * g29_1
+            wg29_2 = wt29 * g29_2
+            wg29_3 = wt29 * g29_3
+            wg29_4 = wt29 * g29_4
+            gwv29 = (
+                -0.5345224838248488 * sb2_2 * a5_0 * g29_0 + 0.4629100498862757 * sb2_3 * a5_1 * g29_0
+                - 0.5345224838248488 * sb2_0 * a5_2 * g29_0 + 0.4629100498862757 * sb2_1 * a5_3 * g29_0
+                + 0.4629100498862757 * sb2_3 * a5_0 * g29_1 + 0.2672612419124244 * sb2_2 * a5_1 * g29_1
+                - 0.4629100498862757 * sb2_4 * a5_1 * g29_1 + 0.2672612419124244 * sb2_1 * a5_2 * g29_1
+                + 0.4629100498862757 * sb2_0 * a5_3 * g29_1 - 0.4629100498862757 * sb2_1 * a5_4 * g29_1
+                - 0.5345224838248488 * sb2_0 * a5_0 * g29_2 + 0.2672612419124244 * sb2_1 * a5_1 * g29_2
+                + 0.5345224838248488 * sb2_2 * a5_2 * g29_2 + 0.2672612419124244 * sb2_3 * a5_3 * g29_2
+                - 0.5345224838248488 * sb2_4 * a5_4 * g29_2 + 0.4629100498862757 * sb2_1 * a5_0 * g29_3
+                + 0.4629100498862757 * sb2_0 * a5_1 * g29_3 + 0.2672612419124244 * sb2_3 * a5_2 * g29_3
+                + 0.2672612419124244 * sb2_2 * a5_3 * g29_3 + 0.4629100498862757 * sb2_4 * a5_3 * g29_3
+                + 0.4629100498862757 * sb2_3 * a5_4 * g29_3 - 0.4629100498862757 * sb2_1 * a5_1 * g29_4
+                - 0.5345224838248488 * sb2_4 * a5_2 * g29_4 + 0.4629100498862757 * sb2_3 * a5_3 * g29_4
+                - 0.5345224838248488 * sb2_2 * a5_4 * g29_4
+            )
+            acc5_0 = acc5_0 + (
+                -0.5345224838248488 * sb2_2 * wg29_0 + 0.4629100498862757 * sb2_3 * wg29_1
+                - 0.5345224838248488 * sb2_0 * wg29_2 + 0.4629100498862757 * sb2_1 * wg29_3
+            )
+            acc5_1 = acc5_1 + (
+                0.4629100498862757 * sb2_3 * wg29_0 + 0.2672612419124244 * sb2_2 * wg29_1
+                - 0.4629100498862757 * sb2_4 * wg29_1 + 0.2672612419124244 * sb2_1 * wg29_2
+                + 0.4629100498862757 * sb2_0 * wg29_3 - 0.4629100498862757 * sb2_1 * wg29_4
+            )
+            acc5_2 = acc5_2 + (
+                -0.5345224838248488 * sb2_0 * wg29_0 + 0.2672612419124244 * sb2_1 * wg29_1
+                + 0.5345224838248488 * sb2_2 * wg29_2 + 0.2672612419124244 * sb2_3 * wg29_3
+                - 0.5345224838248488 * sb2_4 * wg29_4
+            )
+            acc5_3 = acc5_3 + (
+                0.4629100498862757 * sb2_1 * wg29_0 + 0.4629100498862757 * sb2_0 * wg29_1
+                + 0.2672612419124244 * sb2_3 * wg29_2 + 0.2672612419124244 * sb2_2 * wg29_3
+                + 0.4629100498862757 * sb2_4 * wg29_3 + 0.4629100498862757 * sb2_3 * wg29_4
+            )
+            acc5_4 = acc5_4 + (
+                -0.4629100498862757 * sb2_1 * wg29_1 - 0.5345224838248488 * sb2_4 * wg29_2
+                + 0.4629100498862757 * sb2_3 * wg29_3 - 0.5345224838248488 * sb2_2 * wg29_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.5345224838248488 * a5_2 * wg29_0 + 0.4629100498862757 * a5_3 * wg29_1
+                - 0.5345224838248488 * a5_0 * wg29_2 + 0.4629100498862757 * a5_1 * wg29_3
+            )
+            px2_2_1 = px2_2_1 + (
+                0.4629100498862757 * a5_3 * wg29_0 + 0.2672612419124244 * a5_2 * wg29_1
+                - 0.4629100498862757 * a5_4 * wg29_1 + 0.2672612419124244 * a5_1 * wg29_2
+                + 0.4629100498862757 * a5_0 * wg29_3 - 0.4629100498862757 * a5_1 * wg29_4
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.5345224838248488 * a5_0 * wg29_0 + 0.2672612419124244 * a5_1 * wg29_1
+                + 0.5345224838248488 * a5_2 * wg29_2 + 0.2672612419124244 * a5_3 * wg29_3
+                - 0.5345224838248488 * a5_4 * wg29_4
+            )
+            px2_2_3 = px2_2_3 + (
+                0.4629100498862757 * a5_1 * wg29_0 + 0.4629100498862757 * a5_0 * wg29_1
+                + 0.2672612419124244 * a5_3 * wg29_2 + 0.2672612419124244 * a5_2 * wg29_3
+                + 0.4629100498862757 * a5_4 * wg29_3 + 0.4629100498862757 * a5_3 * wg29_4
+            )
+            px2_2_4 = px2_2_4 + (
+                -0.4629100498862757 * a5_1 * wg29_1 - 0.5345224838248488 * a5_4 * wg29_2
+                + 0.4629100498862757 * a5_3 * wg29_3 - 0.5345224838248488 * a5_2 * wg29_4
+            )
+            gw[tile_b, tile_c.index] = gwv0
+            gw[tile_b, 64 + tile_c.index] = gwv1
+            gw[tile_b, 128 + tile_c.index] = gwv2
+            gx1[tile_b, tile_c.index] = acc0_0
+            gw[tile_b, 192 + tile_c.index] = gwv3
+            gw[tile_b, 256 + tile_c.index] = gwv4
+            gw[tile_b, 320 + tile_c.index] = gwv5
+            gx1[tile_b, 64 + tile_c.index] = acc1_0
+            gw[tile_b, 384 + tile_c.index] = gwv6
+            gw[tile_b, 448 + tile_c.index] = gwv7
+            gw[tile_b, 512 + tile_c.index] = gwv8
+            gw[tile_b, 576 + tile_c.index] = gwv9
+            gw[tile_b, 640 + tile_c.index] = gwv10
+            gw[tile_b, 704 + tile_c.index] = gwv11
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            gw[tile_b, 768 + tile_c.index] = gwv12
+            gw[tile_b, 832 + tile_c.index] = gwv13
+            gw[tile_b, 896 + tile_c.index] = gwv14
+            gw[tile_b, 960 + tile_c.index] = gwv15
+            gw[tile_b, 1024 + tile_c.index] = gwv16
+            gw[tile_b, 1088 + tile_c.index] = gwv17
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            gw[tile_b, 1152 + tile_c.index] = gwv18
+            gw[tile_b, 1216 + tile_c.index] = gwv19
+            gw[tile_b, 1280 + tile_c.index] = gwv20
+            gw[tile_b, 1344 + tile_c.index] = gwv21
+            gw[tile_b, 1408 + tile_c.index] = gwv22
+            gw[tile_b, 1472 + tile_c.index] = gwv23
+            hl.store(gx1, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc4_0, acc4_4), hl.join(acc4_2, acc4_0)), hl.join(hl.join(acc4_1, acc4_0), hl.join(acc4_3, acc4_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            gw[tile_b, 1536 + tile_c.index] = gwv24
+            gw[tile_b, 1600 + tile_c.index] = gwv25
+            gw[tile_b, 1664 + tile_c.index] = gwv26
+            gw[tile_b, 1728 + tile_c.index] = gwv27
+            gw[tile_b, 1792 + tile_c.index] = gwv28
+            gw[tile_b, 1856 + tile_c.index] = gwv29
+            hl.store(gx1, [tile_b, 832 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc5_0, acc5_4), hl.join(acc5_2, acc5_0)), hl.join(hl.join(acc5_1, acc5_0), hl.join(acc5_3, acc5_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
+            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
+            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
+            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
+            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
+            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
+            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
+            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
+            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
+        gx2[tile_b, 0] = hx2_0_0
+        gx2[tile_b, 1] = hx2_1_0
+        gx2[tile_b, 2] = hx2_1_1
+        gx2[tile_b, 3] = hx2_1_2
+        gx2[tile_b, 4] = hx2_2_0
+        gx2[tile_b, 5] = hx2_2_1
+        gx2[tile_b, 6] = hx2_2_2
+        gx2[tile_b, 7] = hx2_2_3
+        gx2[tile_b, 8] = hx2_2_4
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

@@ -16,6 +16,8 @@ kernels on ``mul_ir`` rows::
     bwd_x1(g, x2, weights) -> dF/dx1  (bwd_x1_op)
     bwd_x2(x1, g, weights) -> dF/dx2  (bwd_x2_op)
     bwd_w(x1, x2, g)       -> dF/dW   (bwd_w_op)
+    bwd(x1, x2, weights, g) -> (dF/dx1, dF/dx2, dF/dW)  (bwd_op: the three at once, one read of g;
+                                                        autograd uses it when it needs two or more)
 
 Each has a fake implementation (``torch.compile(fullgraph=True)`` and
 ``make_fx(tracing_mode="symbolic")`` trace through them) and an autograd formula made
@@ -50,6 +52,7 @@ __all__ = [
     "bwd_x1_op",
     "bwd_x2_op",
     "bwd_w_op",
+    "bwd_op",
     "DIM_IN1",
     "DIM_IN2",
     "DIM_OUT",
@@ -108,6 +111,12 @@ def _launch_bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2
 def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor) -> None:
     """Launch the ``bwd_w`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_bwd_w_0(x1, x2, g, gw)
+
+
+def _launch_bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor) -> None:
+    """Launch the ``bwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
+    _k.tp_bwd_fused_0(x1, x2, g, weights, gx1, gx2p, gw)
+    _k.tp_bwd_fused_1(x1, x2, g, weights, gx1, gx2p, gw)
 
 
 def _fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -206,8 +215,34 @@ def _bwd_w_fake(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Te
     return x1.new_empty((x1.shape[0], WEIGHT_NUMEL))
 
 
+def _bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dF/dx1, dF/dx2, dF/dW)`` at ``(x1, x2, weights, g)``: what ``bwd_x1``, ``bwd_x2`` and
+    ``bwd_w`` return, from the fused kernels (one read of ``g``; eqdsl/codegen/helion_fused.py)."""
+    _check_operands("bwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None), ("g", g, DIM_OUT))
+    _rt.check_device("eqdsl_nequix_main::bwd", x1.device)
+    batch = x1.shape[0]
+    gx1 = x1.new_empty((batch, DIM_IN1))
+    gw = x1.new_empty((batch, WEIGHT_NUMEL))
+    # one gx2 partial sum per kernel (each owns some x1 blocks), summed here: no atomics
+    gx2p = x1.new_empty((batch, 2 * DIM_IN2))
+    if batch > 0:
+        _launch_bwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), g.contiguous(), gx1, gx2p, gw)
+    return gx1, gx2p.view(batch, 2, DIM_IN2).sum(1), gw
+
+
+bwd_op = torch.library.custom_op("eqdsl_nequix_main::bwd", _bwd, mutates_args=())
+_bwd_eager = _rt.EagerOp(bwd_op, _bwd, n_tensors=4, n_diff=4)
+
+
+@bwd_op.register_fake
+def _bwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_operands("bwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None), ("g", g, DIM_OUT))
+    batch = x1.shape[0]
+    return x1.new_empty((batch, DIM_IN1)), x1.new_empty((batch, DIM_IN2)), x1.new_empty((batch, WEIGHT_NUMEL))
+
+
 # the formulas call the EagerOps: a backward in eager code launches without the dispatcher
-_rt.register_autograd(_fwd_eager, _bwd_x1_eager, _bwd_x2_eager, _bwd_w_eager)
+_rt.register_autograd(_fwd_eager, _bwd_x1_eager, _bwd_x2_eager, _bwd_w_eager, fused=_bwd_eager)
 _checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted metadata
 
 

@@ -12,6 +12,10 @@ coefficient (normalizations folded in) as a literal, in each of the four derivat
     tp_bwd_x2_* (x1, g, W)  -> gx2 = dF/dx2  (1 kernel)
     tp_bwd_w_*  (x1, x2, g) -> gw  = dF/dW   (1 kernel)
 
+and, as this product is channelwise (``helion_fused``), the fused backward
+``tp_bwd_fused_*`` (x1, x2, W, g) -> (gx1, gx2, gw) in one pass over ``g``
+(3 kernels), used when autograd needs two or more of them.
+
 Operands are ``(batch, 2l+1, mul)`` views of ``ir_mul`` rows, one per irreps block:
 ``x1_<i>``, ``x2_<i>``, ``g_<i>`` (the output's shape), and the computed ``out_<i>``,
 ``gx1_<i>``, ``gx2_<i>``; ``w<p>`` / ``gw<p>`` is path ``p``'s weight block (with a
@@ -3978,6 +3982,2290 @@ def tp_bwd_w_0(
                 + q4 * g33_4 + q5 * g33_5
                 + q6 * g33_6
             )
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=4, num_stages=1),
+)
+def tp_bwd_fused_0(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
+    gx2p: torch.Tensor,
+    gw: torch.Tensor,
+) -> None:
+    """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0, 1; paths 0-12."""
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0 = x2[tile_b, 0][:, None]
+        sb1_0 = x2[tile_b, 1][:, None]
+        sb1_1 = x2[tile_b, 2][:, None]
+        sb1_2 = x2[tile_b, 3][:, None]
+        sb2_0 = x2[tile_b, 4][:, None]
+        sb2_1 = x2[tile_b, 5][:, None]
+        sb2_2 = x2[tile_b, 6][:, None]
+        sb2_3 = x2[tile_b, 7][:, None]
+        sb2_4 = x2[tile_b, 8][:, None]
+        sb3_0 = x2[tile_b, 9][:, None]
+        sb3_1 = x2[tile_b, 10][:, None]
+        sb3_2 = x2[tile_b, 11][:, None]
+        sb3_3 = x2[tile_b, 12][:, None]
+        sb3_4 = x2[tile_b, 13][:, None]
+        sb3_5 = x2[tile_b, 14][:, None]
+        sb3_6 = x2[tile_b, 15][:, None]
+        hx2_0_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_5 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_6 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        for tile_c in hl.tile(128, block_size=32):
+            # x1 block 0: 128x0e (4 paths)
+            a0_0 = x1[tile_b, tile_c.index]
+            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+            g0_0 = g[tile_b, tile_c.index]
+            wt0 = weights[tile_b, tile_c.index]
+            wg0_0 = wt0 * g0_0
+            gwv0 = (sb0_0 * a0_0 * g0_0)
+            acc0_0 = (sb0_0 * wg0_0)
+            px2_0_0 = (a0_0 * wg0_0)
+            # path 1: uvu 128x0e x 1x1e -> 128x1e, 3 nonzeros, weighted
+            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g1t = g1.reshape([tile_b, tile_c, 2, 2])
+            g1te, g1to = hl.split(g1t)
+            g1_0, g1_2 = hl.split(g1te)
+            g1_1, g1_3 = hl.split(g1to)
+            wt1 = weights[tile_b, 128 + tile_c.index]
+            wg1_0 = wt1 * g1_0
+            wg1_1 = wt1 * g1_1
+            wg1_2 = wt1 * g1_2
+            gwv1 = (
+                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
+                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
+            )
+            acc0_0 = acc0_0 + (
+                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
+                + 0.9999999999999999 * sb1_2 * wg1_2
+            )
+            px2_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+            px2_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+            px2_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+            g2te, g2to = hl.split(g2t)
+            g2tee, g2teo = hl.split(g2te)
+            g2_0, g2_4 = hl.split(g2tee)
+            g2_2, g2_6 = hl.split(g2teo)
+            g2toe, g2too = hl.split(g2to)
+            g2_1, g2_5 = hl.split(g2toe)
+            g2_3, g2_7 = hl.split(g2too)
+            wt2 = weights[tile_b, 256 + tile_c.index]
+            wg2_0 = wt2 * g2_0
+            wg2_1 = wt2 * g2_1
+            wg2_2 = wt2 * g2_2
+            wg2_3 = wt2 * g2_3
+            wg2_4 = wt2 * g2_4
+            gwv2 = (
+                sb2_0 * a0_0 * g2_0 + sb2_1 * a0_0 * g2_1
+                + sb2_2 * a0_0 * g2_2 + sb2_3 * a0_0 * g2_3
+                + sb2_4 * a0_0 * g2_4
+            )
+            acc0_0 = acc0_0 + (sb2_0 * wg2_0 + sb2_1 * wg2_1 + sb2_2 * wg2_2 + sb2_3 * wg2_3 + sb2_4 * wg2_4)
+            px2_2_0 = (a0_0 * wg2_0)
+            px2_2_1 = (a0_0 * wg2_1)
+            px2_2_2 = (a0_0 * wg2_2)
+            px2_2_3 = (a0_0 * wg2_3)
+            px2_2_4 = (a0_0 * wg2_4)
+            # path 3: uvu 128x0e x 1x3e -> 128x3e, 7 nonzeros, weighted
+            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g3t = g3.reshape([tile_b, tile_c, 2, 2, 2])
+            g3te, g3to = hl.split(g3t)
+            g3tee, g3teo = hl.split(g3te)
+            g3_0, g3_4 = hl.split(g3tee)
+            g3_2, g3_6 = hl.split(g3teo)
+            g3toe, g3too = hl.split(g3to)
+            g3_1, g3_5 = hl.split(g3toe)
+            g3_3, g3_7 = hl.split(g3too)
+            wt3 = weights[tile_b, 384 + tile_c.index]
+            wg3_0 = wt3 * g3_0
+            wg3_1 = wt3 * g3_1
+            wg3_2 = wt3 * g3_2
+            wg3_3 = wt3 * g3_3
+            wg3_4 = wt3 * g3_4
+            wg3_5 = wt3 * g3_5
+            wg3_6 = wt3 * g3_6
+            gwv3 = (
+                1.0000000000000002 * sb3_0 * a0_0 * g3_0 + 1.0000000000000002 * sb3_1 * a0_0 * g3_1
+                + 1.0000000000000002 * sb3_2 * a0_0 * g3_2 + 1.0000000000000002 * sb3_3 * a0_0 * g3_3
+                + 1.0000000000000002 * sb3_4 * a0_0 * g3_4 + 1.0000000000000002 * sb3_5 * a0_0 * g3_5
+                + 1.0000000000000002 * sb3_6 * a0_0 * g3_6
+            )
+            acc0_0 = acc0_0 + (
+                1.0000000000000002 * sb3_0 * wg3_0 + 1.0000000000000002 * sb3_1 * wg3_1
+                + 1.0000000000000002 * sb3_2 * wg3_2 + 1.0000000000000002 * sb3_3 * wg3_3
+                + 1.0000000000000002 * sb3_4 * wg3_4 + 1.0000000000000002 * sb3_5 * wg3_5
+                + 1.0000000000000002 * sb3_6 * wg3_6
+            )
+            px2_3_0 = (1.0000000000000002 * a0_0 * wg3_0)
+            px2_3_1 = (1.0000000000000002 * a0_0 * wg3_1)
+            px2_3_2 = (1.0000000000000002 * a0_0 * wg3_2)
+            px2_3_3 = (1.0000000000000002 * a0_0 * wg3_3)
+            px2_3_4 = (1.0000000000000002 * a0_0 * wg3_4)
+            px2_3_5 = (1.0000000000000002 * a0_0 * wg3_5)
+            px2_3_6 = (1.0000000000000002 * a0_0 * wg3_6)
+            gw[tile_b, tile_c.index] = gwv0
+            gw[tile_b, 128 + tile_c.index] = gwv1
+            gw[tile_b, 256 + tile_c.index] = gwv2
+            gw[tile_b, 384 + tile_c.index] = gwv3
+            gx1[tile_b, tile_c.index] = acc0_0
+            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
+            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
+            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
+            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
+            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
+            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
+            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
+            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
+            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
+            hx2_3_0 = hx2_3_0 + px2_3_0.sum(1)
+            hx2_3_1 = hx2_3_1 + px2_3_1.sum(1)
+            hx2_3_2 = hx2_3_2 + px2_3_2.sum(1)
+            hx2_3_3 = hx2_3_3 + px2_3_3.sum(1)
+            hx2_3_4 = hx2_3_4 + px2_3_4.sum(1)
+            hx2_3_5 = hx2_3_5 + px2_3_5.sum(1)
+            hx2_3_6 = hx2_3_6 + px2_3_6.sum(1)
+        for tile_c in hl.tile(64, block_size=32):
+            # x1 block 1: 64x1e (9 paths)
+            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            a1t = a1.reshape([tile_b, tile_c, 2, 2])
+            a1te, a1to = hl.split(a1t)
+            a1_0, a1_2 = hl.split(a1te)
+            a1_1, a1_3 = hl.split(a1to)
+            # path 4: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            g4 = hl.load(g, [tile_b, 2048 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g4t = g4.reshape([tile_b, tile_c, 2, 2])
+            g4te, g4to = hl.split(g4t)
+            g4_0, g4_2 = hl.split(g4te)
+            g4_1, g4_3 = hl.split(g4to)
+            wt4 = weights[tile_b, 512 + tile_c.index]
+            wg4_0 = wt4 * g4_0
+            wg4_1 = wt4 * g4_1
+            wg4_2 = wt4 * g4_2
+            gwv4 = (
+                0.9999999999999999 * sb0_0 * a1_0 * g4_0 + 0.9999999999999999 * sb0_0 * a1_1 * g4_1
+                + 0.9999999999999999 * sb0_0 * a1_2 * g4_2
+            )
+            acc1_0 = (0.9999999999999999 * sb0_0 * wg4_0)
+            acc1_1 = (0.9999999999999999 * sb0_0 * wg4_1)
+            acc1_2 = (0.9999999999999999 * sb0_0 * wg4_2)
+            px2_0_0 = (
+                0.9999999999999999 * a1_0 * wg4_0 + 0.9999999999999999 * a1_1 * wg4_1
+                + 0.9999999999999999 * a1_2 * wg4_2
+            )
+            # path 5: uvu 64x1e x 1x1e -> 64x0e, 3 nonzeros, weighted
+            g5_0 = g[tile_b, 2240 + tile_c.index]
+            wt5 = weights[tile_b, 576 + tile_c.index]
+            wg5_0 = wt5 * g5_0
+            gwv5 = (
+                0.5773502691896257 * sb1_0 * a1_0 * g5_0 + 0.5773502691896257 * sb1_1 * a1_1 * g5_0
+                + 0.5773502691896257 * sb1_2 * a1_2 * g5_0
+            )
+            acc1_0 = acc1_0 + (0.5773502691896257 * sb1_0 * wg5_0)
+            acc1_1 = acc1_1 + (0.5773502691896257 * sb1_1 * wg5_0)
+            acc1_2 = acc1_2 + (0.5773502691896257 * sb1_2 * wg5_0)
+            px2_1_0 = (0.5773502691896257 * a1_0 * wg5_0)
+            px2_1_1 = (0.5773502691896257 * a1_1 * wg5_0)
+            px2_1_2 = (0.5773502691896257 * a1_2 * wg5_0)
+            # path 6: uvu 64x1e x 1x1e -> 64x1e, 6 nonzeros, weighted
+            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g6t = g6.reshape([tile_b, tile_c, 2, 2])
+            g6te, g6to = hl.split(g6t)
+            g6_0, g6_2 = hl.split(g6te)
+            g6_1, g6_3 = hl.split(g6to)
+            wt6 = weights[tile_b, 640 + tile_c.index]
+            wg6_0 = wt6 * g6_0
+            wg6_1 = wt6 * g6_1
+            wg6_2 = wt6 * g6_2
+            gwv6 = (
+                0.7071067811865475 * sb1_2 * a1_1 * g6_0 - 0.7071067811865475 * sb1_1 * a1_2 * g6_0
+                - 0.7071067811865475 * sb1_2 * a1_0 * g6_1 + 0.7071067811865475 * sb1_0 * a1_2 * g6_1
+                + 0.7071067811865475 * sb1_1 * a1_0 * g6_2 - 0.7071067811865475 * sb1_0 * a1_1 * g6_2
+            )
+            acc1_0 = acc1_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
+            acc1_1 = acc1_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
+            acc1_2 = acc1_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
+            px2_1_0 = px2_1_0 + (0.7071067811865475 * a1_2 * wg6_1 - 0.7071067811865475 * a1_1 * wg6_2)
+            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a1_2 * wg6_0 + 0.7071067811865475 * a1_0 * wg6_2)
+            px2_1_2 = px2_1_2 + (0.7071067811865475 * a1_1 * wg6_0 - 0.7071067811865475 * a1_0 * wg6_1)
+            # path 7: uvu 64x1e x 1x1e -> 64x2e, 11 nonzeros, weighted
+            g7 = hl.load(g, [tile_b, 2496 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+            g7te, g7to = hl.split(g7t)
+            g7tee, g7teo = hl.split(g7te)
+            g7_0, g7_4 = hl.split(g7tee)
+            g7_2, g7_6 = hl.split(g7teo)
+            g7toe, g7too = hl.split(g7to)
+            g7_1, g7_5 = hl.split(g7toe)
+            g7_3, g7_7 = hl.split(g7too)
+            wt7 = weights[tile_b, 704 + tile_c.index]
+            wg7_0 = wt7 * g7_0
+            wg7_1 = wt7 * g7_1
+            wg7_2 = wt7 * g7_2
+            wg7_3 = wt7 * g7_3
+            wg7_4 = wt7 * g7_4
+            gwv7 = (
+                0.7071067811865476 * sb1_2 * a1_0 * g7_0 + 0.7071067811865476 * sb1_0 * a1_2 * g7_0
+                + 0.7071067811865476 * sb1_1 * a1_0 * g7_1 + 0.7071067811865476 * sb1_0 * a1_1 * g7_1
+                - 0.408248290463863 * sb1_0 * a1_0 * g7_2 + 0.816496580927726 * sb1_1 * a1_1 * g7_2
+                - 0.408248290463863 * sb1_2 * a1_2 * g7_2 + 0.7071067811865476 * sb1_2 * a1_1 * g7_3
+                + 0.7071067811865476 * sb1_1 * a1_2 * g7_3 - 0.7071067811865476 * sb1_0 * a1_0 * g7_4
+                + 0.7071067811865476 * sb1_2 * a1_2 * g7_4
+            )
+            acc1_0 = acc1_0 + (
+                0.7071067811865476 * sb1_2 * wg7_0 + 0.7071067811865476 * sb1_1 * wg7_1
+                - 0.408248290463863 * sb1_0 * wg7_2 - 0.7071067811865476 * sb1_0 * wg7_4
+            )
+            acc1_1 = acc1_1 + (
+                0.7071067811865476 * sb1_0 * wg7_1 + 0.816496580927726 * sb1_1 * wg7_2
+                + 0.7071067811865476 * sb1_2 * wg7_3
+            )
+            acc1_2 = acc1_2 + (
+                0.7071067811865476 * sb1_0 * wg7_0 - 0.408248290463863 * sb1_2 * wg7_2
+                + 0.7071067811865476 * sb1_1 * wg7_3 + 0.7071067811865476 * sb1_2 * wg7_4
+            )
+            px2_1_0 = px2_1_0 + (
+                0.7071067811865476 * a1_2 * wg7_0 + 0.7071067811865476 * a1_1 * wg7_1
+                - 0.408248290463863 * a1_0 * wg7_2 - 0.7071067811865476 * a1_0 * wg7_4
+            )
+            px2_1_1 = px2_1_1 + (
+                0.7071067811865476 * a1_0 * wg7_1 + 0.816496580927726 * a1_1 * wg7_2
+                + 0.7071067811865476 * a1_2 * wg7_3
+            )
+            px2_1_2 = px2_1_2 + (
+                0.7071067811865476 * a1_0 * wg7_0 - 0.408248290463863 * a1_2 * wg7_2
+                + 0.7071067811865476 * a1_1 * wg7_3 + 0.7071067811865476 * a1_2 * wg7_4
+            )
+            # path 8: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+            g8 = hl.load(g, [tile_b, 2816 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g8t = g8.reshape([tile_b, tile_c, 2, 2])
+            g8te, g8to = hl.split(g8t)
+            g8_0, g8_2 = hl.split(g8te)
+            g8_1, g8_3 = hl.split(g8to)
+            wt8 = weights[tile_b, 768 + tile_c.index]
+            wg8_0 = wt8 * g8_0
+            wg8_1 = wt8 * g8_1
+            wg8_2 = wt8 * g8_2
+            gwv8 = (
+                -0.3162277660168379 * sb2_2 * a1_0 * g8_0 - 0.5477225575051661 * sb2_4 * a1_0 * g8_0
+                + 0.5477225575051661 * sb2_1 * a1_1 * g8_0 + 0.5477225575051661 * sb2_0 * a1_2 * g8_0
+                + 0.5477225575051661 * sb2_1 * a1_0 * g8_1 + 0.6324555320336758 * sb2_2 * a1_1 * g8_1
+                + 0.5477225575051661 * sb2_3 * a1_2 * g8_1 + 0.5477225575051661 * sb2_0 * a1_0 * g8_2
+                + 0.5477225575051661 * sb2_3 * a1_1 * g8_2 - 0.3162277660168379 * sb2_2 * a1_2 * g8_2
+                + 0.5477225575051661 * sb2_4 * a1_2 * g8_2
+            )
+            acc1_0 = acc1_0 + (
+                -0.3162277660168379 * sb2_2 * wg8_0 - 0.5477225575051661 * sb2_4 * wg8_0
+                + 0.5477225575051661 * sb2_1 * wg8_1 + 0.5477225575051661 * sb2_0 * wg8_2
+            )
+            acc1_1 = acc1_1 + (
+                0.5477225575051661 * sb2_1 * wg8_0 + 0.6324555320336758 * sb2_2 * wg8_1
+                + 0.5477225575051661 * sb2_3 * wg8_2
+            )
+            acc1_2 = acc1_2 + (
+                0.5477225575051661 * sb2_0 * wg8_0 + 0.5477225575051661 * sb2_3 * wg8_1
+                - 0.3162277660168379 * sb2_2 * wg8_2 + 0.5477225575051661 * sb2_4 * wg8_2
+            )
+            px2_2_0 = (0.5477225575051661 * a1_2 * wg8_0 + 0.5477225575051661 * a1_0 * wg8_2)
+            px2_2_1 = (0.5477225575051661 * a1_1 * wg8_0 + 0.5477225575051661 * a1_0 * wg8_1)
+            px2_2_2 = (
+                -0.3162277660168379 * a1_0 * wg8_0 + 0.6324555320336758 * a1_1 * wg8_1
+                - 0.3162277660168379 * a1_2 * wg8_2
+            )
+            px2_2_3 = (0.5477225575051661 * a1_2 * wg8_1 + 0.5477225575051661 * a1_1 * wg8_2)
+            px2_2_4 = (-0.5477225575051661 * a1_0 * wg8_0 + 0.5477225575051661 * a1_2 * wg8_2)
+            # path 9: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+            g9 = hl.load(g, [tile_b, 3008 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g9t = g9.reshape([tile_b, tile_c, 2, 2, 2])
+            g9te, g9to = hl.split(g9t)
+            g9tee, g9teo = hl.split(g9te)
+            g9_0, g9_4 = hl.split(g9tee)
+            g9_2, g9_6 = hl.split(g9teo)
+            g9toe, g9too = hl.split(g9to)
+            g9_1, g9_5 = hl.split(g9toe)
+            g9_3, g9_7 = hl.split(g9too)
+            wt9 = weights[tile_b, 832 + tile_c.index]
+            wg9_0 = wt9 * g9_0
+            wg9_1 = wt9 * g9_1
+            wg9_2 = wt9 * g9_2
+            wg9_3 = wt9 * g9_3
+            wg9_4 = wt9 * g9_4
+            gwv9 = (
+                0.408248290463863 * sb2_1 * a1_0 * g9_0 + 0.816496580927726 * sb2_4 * a1_1 * g9_0
+                - 0.408248290463863 * sb2_3 * a1_2 * g9_0 - 0.408248290463863 * sb2_0 * a1_0 * g9_1
+                + 0.408248290463863 * sb2_3 * a1_1 * g9_1 - 0.7071067811865476 * sb2_2 * a1_2 * g9_1
+                - 0.408248290463863 * sb2_4 * a1_2 * g9_1 - 0.7071067811865476 * sb2_3 * a1_0 * g9_2
+                + 0.7071067811865476 * sb2_1 * a1_2 * g9_2 + 0.7071067811865476 * sb2_2 * a1_0 * g9_3
+                - 0.408248290463863 * sb2_4 * a1_0 * g9_3 - 0.408248290463863 * sb2_1 * a1_1 * g9_3
+                + 0.408248290463863 * sb2_0 * a1_2 * g9_3 + 0.408248290463863 * sb2_3 * a1_0 * g9_4
+                - 0.816496580927726 * sb2_0 * a1_1 * g9_4 + 0.408248290463863 * sb2_1 * a1_2 * g9_4
+            )
+            acc1_0 = acc1_0 + (
+                0.408248290463863 * sb2_1 * wg9_0 - 0.408248290463863 * sb2_0 * wg9_1
+                - 0.7071067811865476 * sb2_3 * wg9_2 + 0.7071067811865476 * sb2_2 * wg9_3
+                - 0.408248290463863 * sb2_4 * wg9_3 + 0.408248290463863 * sb2_3 * wg9_4
+            )
+            acc1_1 = acc1_1 + (
+                0.816496580927726 * sb2_4 * wg9_0 + 0.408248290463863 * sb2_3 * wg9_1
+                - 0.408248290463863 * sb2_1 * wg9_3 - 0.816496580927726 * sb2_0 * wg9_4
+            )
+            acc1_2 = acc1_2 + (
+                -0.408248290463863 * sb2_3 * wg9_0 - 0.7071067811865476 * sb2_2 * wg9_1
+                - 0.408248290463863 * sb2_4 * wg9_1 + 0.7071067811865476 * sb2_1 * wg9_2
+                + 0.408248290463863 * sb2_0 * wg9_3 + 0.408248290463863 * sb2_1 * wg9_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.408248290463863 * a1_0 * wg9_1 + 0.408248290463863 * a1_2 * wg9_3
+                - 0.816496580927726 * a1_1 * wg9_4
+            )
+            px2_2_1 = px2_2_1 + (
+                0.408248290463863 * a1_0 * wg9_0 + 0.7071067811865476 * a1_2 * wg9_2
+                - 0.408248290463863 * a1_1 * wg9_3 + 0.408248290463863 * a1_2 * wg9_4
+            )
+            px2_2_2 = px2_2_2 + (-0.7071067811865476 * a1_2 * wg9_1 + 0.7071067811865476 * a1_0 * wg9_3)
+            px2_2_3 = px2_2_3 + (
+                -0.408248290463863 * a1_2 * wg9_0 + 0.408248290463863 * a1_1 * wg9_1
+                - 0.7071067811865476 * a1_0 * wg9_2 + 0.408248290463863 * a1_0 * wg9_4
+            )
+            px2_2_4 = px2_2_4 + (
+                0.816496580927726 * a1_1 * wg9_0 - 0.408248290463863 * a1_2 * wg9_1
+                - 0.408248290463863 * a1_0 * wg9_3
+            )
+            # path 10: uvu 64x1e x 1x2e -> 64x3e, 21 nonzeros, weighted
+            g10 = hl.load(g, [tile_b, 3328 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g10t = g10.reshape([tile_b, tile_c, 2, 2, 2])
+            g10te, g10to = hl.split(g10t)
+            g10tee, g10teo = hl.split(g10te)
+            g10_0, g10_4 = hl.split(g10tee)
+            g10_2, g10_6 = hl.split(g10teo)
+            g10toe, g10too = hl.split(g10to)
+            g10_1, g10_5 = hl.split(g10toe)
+            g10_3, g10_7 = hl.split(g10too)
+            wt10 = weights[tile_b, 896 + tile_c.index]
+            wg10_0 = wt10 * g10_0
+            wg10_1 = wt10 * g10_1
+            wg10_2 = wt10 * g10_2
+            wg10_3 = wt10 * g10_3
+            wg10_4 = wt10 * g10_4
+            wg10_5 = wt10 * g10_5
+            wg10_6 = wt10 * g10_6
+            gwv10 = (
+                0.7071067811865476 * sb2_4 * a1_0 * g10_0 + 0.7071067811865476 * sb2_0 * a1_2 * g10_0
+                + 0.5773502691896258 * sb2_3 * a1_0 * g10_1 + 0.5773502691896258 * sb2_0 * a1_1 * g10_1
+                + 0.5773502691896258 * sb2_1 * a1_2 * g10_1 + 0.6324555320336759 * sb2_2 * a1_0 * g10_2
+                + 0.18257418583505539 * sb2_4 * a1_0 * g10_2 + 0.7302967433402215 * sb2_1 * a1_1 * g10_2
+                - 0.18257418583505539 * sb2_0 * a1_2 * g10_2 - 0.4472135954999579 * sb2_1 * a1_0 * g10_3
+                + 0.7745966692414835 * sb2_2 * a1_1 * g10_3 - 0.4472135954999579 * sb2_3 * a1_2 * g10_3
+                - 0.18257418583505539 * sb2_0 * a1_0 * g10_4 + 0.7302967433402215 * sb2_3 * a1_1 * g10_4
+                + 0.6324555320336759 * sb2_2 * a1_2 * g10_4 - 0.18257418583505539 * sb2_4 * a1_2 * g10_4
+                - 0.5773502691896258 * sb2_1 * a1_0 * g10_5 + 0.5773502691896258 * sb2_4 * a1_1 * g10_5
+                + 0.5773502691896258 * sb2_3 * a1_2 * g10_5 - 0.7071067811865476 * sb2_0 * a1_0 * g10_6
+                + 0.7071067811865476 * sb2_4 * a1_2 * g10_6
+            )
+            acc1_0 = acc1_0 + (
+                0.7071067811865476 * sb2_4 * wg10_0 + 0.5773502691896258 * sb2_3 * wg10_1
+                + 0.6324555320336759 * sb2_2 * wg10_2 + 0.18257418583505539 * sb2_4 * wg10_2
+                - 0.4472135954999579 * sb2_1 * wg10_3 - 0.18257418583505539 * sb2_0 * wg10_4
+                - 0.5773502691896258 * sb2_1 * wg10_5 - 0.7071067811865476 * sb2_0 * wg10_6
+            )
+            acc1_1 = acc1_1 + (
+                0.5773502691896258 * sb2_0 * wg10_1 + 0.7302967433402215 * sb2_1 * wg10_2
+                + 0.7745966692414835 * sb2_2 * wg10_3 + 0.7302967433402215 * sb2_3 * wg10_4
+                + 0.5773502691896258 * sb2_4 * wg10_5
+            )
+            acc1_2 = acc1_2 + (
+                0.7071067811865476 * sb2_0 * wg10_0 + 0.5773502691896258 * sb2_1 * wg10_1
+                - 0.18257418583505539 * sb2_0 * wg10_2 - 0.4472135954999579 * sb2_3 * wg10_3
+                + 0.6324555320336759 * sb2_2 * wg10_4 - 0.18257418583505539 * sb2_4 * wg10_4
+                + 0.5773502691896258 * sb2_3 * wg10_5 + 0.7071067811865476 * sb2_4 * wg10_6
+            )
+            px2_2_0 = px2_2_0 + (
+                0.7071067811865476 * a1_2 * wg10_0 + 0.5773502691896258 * a1_1 * wg10_1
+                - 0.18257418583505539 * a1_2 * wg10_2 - 0.18257418583505539 * a1_0 * wg10_4
+                - 0.7071067811865476 * a1_0 * wg10_6
+            )
+            px2_2_1 = px2_2_1 + (
+                0.5773502691896258 * a1_2 * wg10_1 + 0.7302967433402215 * a1_1 * wg10_2
+                - 0.4472135954999579 * a1_0 * wg10_3 - 0.5773502691896258 * a1_0 * wg10_5
+            )
+            px2_2_2 = px2_2_2 + (
+                0.6324555320336759 * a1_0 * wg10_2 + 0.7745966692414835 * a1_1 * wg10_3
+                + 0.6324555320336759 * a1_2 * wg10_4
+            )
+            px2_2_3 = px2_2_3 + (
+                0.5773502691896258 * a1_0 * wg10_1 - 0.4472135954999579 * a1_2 * wg10_3
+                + 0.7302967433402215 * a1_1 * wg10_4 + 0.5773502691896258 * a1_2 * wg10_5
+            )
+            px2_2_4 = px2_2_4 + (
+                0.7071067811865476 * a1_0 * wg10_0 + 0.18257418583505539 * a1_0 * wg10_2
+                - 0.18257418583505539 * a1_2 * wg10_4 + 0.5773502691896258 * a1_1 * wg10_5
+                + 0.7071067811865476 * a1_2 * wg10_6
+            )
+            # path 11: uvu 64x1e x 1x3e -> 64x2e, 21 nonzeros, weighted
+            g11 = hl.load(g, [tile_b, 3776 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g11t = g11.reshape([tile_b, tile_c, 2, 2, 2])
+            g11te, g11to = hl.split(g11t)
+            g11tee, g11teo = hl.split(g11te)
+            g11_0, g11_4 = hl.split(g11tee)
+            g11_2, g11_6 = hl.split(g11teo)
+            g11toe, g11too = hl.split(g11to)
+            g11_1, g11_5 = hl.split(g11toe)
+            g11_3, g11_7 = hl.split(g11too)
+            wt11 = weights[tile_b, 960 + tile_c.index]
+            wg11_0 = wt11 * g11_0
+            wg11_1 = wt11 * g11_1
+            wg11_2 = wt11 * g11_2
+            wg11_3 = wt11 * g11_3
+            wg11_4 = wt11 * g11_4
+            gwv11 = (
+                -0.1543033499620919 * sb3_4 * a1_0 * g11_0 - 0.5976143046671969 * sb3_6 * a1_0 * g11_0
+                + 0.48795003647426666 * sb3_1 * a1_1 * g11_0 + 0.5976143046671969 * sb3_0 * a1_2 * g11_0
+                - 0.1543033499620919 * sb3_2 * a1_2 * g11_0 - 0.3779644730092272 * sb3_3 * a1_0 * g11_1
+                - 0.48795003647426666 * sb3_5 * a1_0 * g11_1 + 0.6172133998483676 * sb3_2 * a1_1 * g11_1
+                + 0.48795003647426666 * sb3_1 * a1_2 * g11_1 + 0.5345224838248488 * sb3_2 * a1_0 * g11_2
+                + 0.6546536707079772 * sb3_3 * a1_1 * g11_2 + 0.5345224838248488 * sb3_4 * a1_2 * g11_2
+                + 0.48795003647426666 * sb3_1 * a1_0 * g11_3 + 0.6172133998483676 * sb3_4 * a1_1 * g11_3
+                - 0.3779644730092272 * sb3_3 * a1_2 * g11_3 + 0.48795003647426666 * sb3_5 * a1_2 * g11_3
+                + 0.5976143046671969 * sb3_0 * a1_0 * g11_4 + 0.1543033499620919 * sb3_2 * a1_0 * g11_4
+                + 0.48795003647426666 * sb3_5 * a1_1 * g11_4 - 0.1543033499620919 * sb3_4 * a1_2 * g11_4
+                + 0.5976143046671969 * sb3_6 * a1_2 * g11_4
+            )
+            acc1_0 = acc1_0 + (
+                -0.1543033499620919 * sb3_4 * wg11_0 - 0.5976143046671969 * sb3_6 * wg11_0
+                - 0.3779644730092272 * sb3_3 * wg11_1 - 0.48795003647426666 * sb3_5 * wg11_1
+                + 0.5345224838248488 * sb3_2 * wg11_2 + 0.48795003647426666 * sb3_1 * wg11_3
+                + 0.5976143046671969 * sb3_0 * wg11_4 + 0.1543033499620919 * sb3_2 * wg11_4
+            )
+            acc1_1 = acc1_1 + (
+                0.48795003647426666 * sb3_1 * wg11_0 + 0.6172133998483676 * sb3_2 * wg11_1
+                + 0.6546536707079772 * sb3_3 * wg11_2 + 0.6172133998483676 * sb3_4 * wg11_3
+                + 0.48795003647426666 * sb3_5 * wg11_4
+            )
+            acc1_2 = acc1_2 + (
+                0.5976143046671969 * sb3_0 * wg11_0 - 0.1543033499620919 * sb3_2 * wg11_0
+                + 0.48795003647426666 * sb3_1 * wg11_1 + 0.5345224838248488 * sb3_4 * wg11_2
+                - 0.3779644730092272 * sb3_3 * wg11_3 + 0.48795003647426666 * sb3_5 * wg11_3
+                - 0.1543033499620919 * sb3_4 * wg11_4 + 0.5976143046671969 * sb3_6 * wg11_4
+            )
+            px2_3_0 = (0.5976143046671969 * a1_2 * wg11_0 + 0.5976143046671969 * a1_0 * wg11_4)
+            px2_3_1 = (
+                0.48795003647426666 * a1_1 * wg11_0 + 0.48795003647426666 * a1_2 * wg11_1
+                + 0.48795003647426666 * a1_0 * wg11_3
+            )
+            px2_3_2 = (
+                -0.1543033499620919 * a1_2 * wg11_0 + 0.6172133998483676 * a1_1 * wg11_1
+                + 0.5345224838248488 * a1_0 * wg11_2 + 0.1543033499620919 * a1_0 * wg11_4
+            )
+            px2_3_3 = (
+                -0.3779644730092272 * a1_0 * wg11_1 + 0.6546536707079772 * a1_1 * wg11_2
+                - 0.3779644730092272 * a1_2 * wg11_3
+            )
+            px2_3_4 = (
+                -0.1543033499620919 * a1_0 * wg11_0 + 0.5345224838248488 * a1_2 * wg11_2
+                + 0.6172133998483676 * a1_1 * wg11_3 - 0.1543033499620919 * a1_2 * wg11_4
+            )
+            px2_3_5 = (
+                -0.48795003647426666 * a1_0 * wg11_1 + 0.48795003647426666 * a1_2 * wg11_3
+                + 0.48795003647426666 * a1_1 * wg11_4
+            )
+            px2_3_6 = (-0.5976143046671969 * a1_0 * wg11_0 + 0.5976143046671969 * a1_2 * wg11_4)
+            # path 12: uvu 64x1e x 1x3e -> 64x3e, 26 nonzeros, weighted
+            g12 = hl.load(g, [tile_b, 4096 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g12t = g12.reshape([tile_b, tile_c, 2, 2, 2])
+            g12te, g12to = hl.split(g12t)
+            g12tee, g12teo = hl.split(g12te)
+            g12_0, g12_4 = hl.split(g12tee)
+            g12_2, g12_6 = hl.split(g12teo)
+            g12toe, g12too = hl.split(g12to)
+            g12_1, g12_5 = hl.split(g12toe)
+            g12_3, g12_7 = hl.split(g12too)
+            wt12 = weights[tile_b, 1024 + tile_c.index]
+            wg12_0 = wt12 * g12_0
+            wg12_1 = wt12 * g12_1
+            wg12_2 = wt12 * g12_2
+            wg12_3 = wt12 * g12_3
+            wg12_4 = wt12 * g12_4
+            wg12_5 = wt12 * g12_5
+            wg12_6 = wt12 * g12_6
+            gwv12 = (
+                0.3535533905932738 * sb3_1 * a1_0 * g12_0 + 0.8660254037844387 * sb3_6 * a1_1 * g12_0
+                - 0.3535533905932738 * sb3_5 * a1_2 * g12_0 - 0.3535533905932738 * sb3_0 * a1_0 * g12_1
+                + 0.45643546458763845 * sb3_2 * a1_0 * g12_1 + 0.5773502691896258 * sb3_5 * a1_1 * g12_1
+                - 0.45643546458763845 * sb3_4 * a1_2 * g12_1 - 0.3535533905932738 * sb3_6 * a1_2 * g12_1
+                - 0.45643546458763845 * sb3_1 * a1_0 * g12_2 + 0.2886751345948129 * sb3_4 * a1_1 * g12_2
+                - 0.7071067811865476 * sb3_3 * a1_2 * g12_2 - 0.45643546458763845 * sb3_5 * a1_2 * g12_2
+                - 0.7071067811865476 * sb3_4 * a1_0 * g12_3 + 0.7071067811865476 * sb3_2 * a1_2 * g12_3
+                + 0.7071067811865476 * sb3_3 * a1_0 * g12_4 - 0.45643546458763845 * sb3_5 * a1_0 * g12_4
+                - 0.2886751345948129 * sb3_2 * a1_1 * g12_4 + 0.45643546458763845 * sb3_1 * a1_2 * g12_4
+                + 0.45643546458763845 * sb3_4 * a1_0 * g12_5 - 0.3535533905932738 * sb3_6 * a1_0 * g12_5
+                - 0.5773502691896258 * sb3_1 * a1_1 * g12_5 + 0.3535533905932738 * sb3_0 * a1_2 * g12_5
+                + 0.45643546458763845 * sb3_2 * a1_2 * g12_5 + 0.3535533905932738 * sb3_5 * a1_0 * g12_6
+                - 0.8660254037844387 * sb3_0 * a1_1 * g12_6 + 0.3535533905932738 * sb3_1 * a1_2 * g12_6
+            )
+            acc1_0 = acc1_0 + (
+                0.3535533905932738 * sb3_1 * wg12_0 - 0.3535533905932738 * sb3_0 * wg12_1
+                + 0.45643546458763845 * sb3_2 * wg12_1 - 0.45643546458763845 * sb3_1 * wg12_2
+                - 0.7071067811865476 * sb3_4 * wg12_3 + 0.7071067811865476 * sb3_3 * wg12_4
+                - 0.45643546458763845 * sb3_5 * wg12_4 + 0.45643546458763845 * sb3_4 * wg12_5
+                - 0.3535533905932738 * sb3_6 * wg12_5 + 0.3535533905932738 * sb3_5 * wg12_6
+            )
+            acc1_1 = acc1_1 + (
+                0.8660254037844387 * sb3_6 * wg12_0 + 0.5773502691896258 * sb3_5 * wg12_1
+                + 0.2886751345948129 * sb3_4 * wg12_2 - 0.2886751345948129 * sb3_2 * wg12_4
+                - 0.5773502691896258 * sb3_1 * wg12_5 - 0.8660254037844387 * sb3_0 * wg12_6
+            )
+            acc1_2 = acc1_2 + (
+                -0.3535533905932738 * sb3_5 * wg12_0 - 0.45643546458763845 * sb3_4 * wg12_1
+                - 0.3535533905932738 * sb3_6 * wg12_1 - 0.7071067811865476 * sb3_3 * wg12_2
+                - 0.45643546458763845 * sb3_5 * wg12_2 + 0.7071067811865476 * sb3_2 * wg12_3
+                + 0.45643546458763845 * sb3_1 * wg12_4 + 0.3535533905932738 * sb3_0 * wg12_5
+                + 0.45643546458763845 * sb3_2 * wg12_5 + 0.3535533905932738 * sb3_1 * wg12_6
+            )
+            px2_3_0 = px2_3_0 + (
+                -0.3535533905932738 * a1_0 * wg12_1 + 0.3535533905932738 * a1_2 * wg12_5
+                - 0.8660254037844387 * a1_1 * wg12_6
+            )
+            px2_3_1 = px2_3_1 + (
+                0.3535533905932738 * a1_0 * wg12_0 - 0.45643546458763845 * a1_0 * wg12_2
+                + 0.45643546458763845 * a1_2 * wg12_4 - 0.5773502691896258 * a1_1 * wg12_5
+                + 0.3535533905932738 * a1_2 * wg12_6
+            )
+            px2_3_2 = px2_3_2 + (
+                0.45643546458763845 * a1_0 * wg12_1 + 0.7071067811865476 * a1_2 * wg12_3
+                - 0.2886751345948129 * a1_1 * wg12_4 + 0.45643546458763845 * a1_2 * wg12_5
+            )
+            px2_3_3 = px2_3_3 + (-0.7071067811865476 * a1_2 * wg12_2 + 0.7071067811865476 * a1_0 * wg12_4)
+            px2_3_4 = px2_3_4 + (
+                -0.45643546458763845 * a1_2 * wg12_1 + 0.2886751345948129 * a1_1 * wg12_2
+                - 0.7071067811865476 * a1_0 * wg12_3 + 0.45643546458763845 * a1_0 * wg12_5
+            )
+            px2_3_5 = px2_3_5 + (
+                -0.3535533905932738 * a1_2 * wg12_0 + 0.5773502691896258 * a1_1 * wg12_1
+                - 0.45643546458763845 * a1_2 * wg12_2 - 0.45643546458763845 * a1_0 * wg12_4
+                + 0.3535533905932738 * a1_0 * wg12_6
+            )
+            px2_3_6 = px2_3_6 + (
+                0.8660254037844387 * a1_1 * wg12_0 - 0.3535533905932738 * a1_2 * wg12_1
+                - 0.3535533905932738 * a1_0 * wg12_5
+            )
+            gw[tile_b, 512 + tile_c.index] = gwv4
+            gw[tile_b, 576 + tile_c.index] = gwv5
+            gw[tile_b, 640 + tile_c.index] = gwv6
+            gw[tile_b, 704 + tile_c.index] = gwv7
+            gw[tile_b, 768 + tile_c.index] = gwv8
+            gw[tile_b, 832 + tile_c.index] = gwv9
+            gw[tile_b, 896 + tile_c.index] = gwv10
+            gw[tile_b, 960 + tile_c.index] = gwv11
+            gw[tile_b, 1024 + tile_c.index] = gwv12
+            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
+            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
+            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
+            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
+            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
+            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
+            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
+            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
+            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
+            hx2_3_0 = hx2_3_0 + px2_3_0.sum(1)
+            hx2_3_1 = hx2_3_1 + px2_3_1.sum(1)
+            hx2_3_2 = hx2_3_2 + px2_3_2.sum(1)
+            hx2_3_3 = hx2_3_3 + px2_3_3.sum(1)
+            hx2_3_4 = hx2_3_4 + px2_3_4.sum(1)
+            hx2_3_5 = hx2_3_5 + px2_3_5.sum(1)
+            hx2_3_6 = hx2_3_6 + px2_3_6.sum(1)
+        gx2p[tile_b, 0] = hx2_0_0
+        gx2p[tile_b, 1] = hx2_1_0
+        gx2p[tile_b, 2] = hx2_1_1
+        gx2p[tile_b, 3] = hx2_1_2
+        gx2p[tile_b, 4] = hx2_2_0
+        gx2p[tile_b, 5] = hx2_2_1
+        gx2p[tile_b, 6] = hx2_2_2
+        gx2p[tile_b, 7] = hx2_2_3
+        gx2p[tile_b, 8] = hx2_2_4
+        gx2p[tile_b, 9] = hx2_3_0
+        gx2p[tile_b, 10] = hx2_3_1
+        gx2p[tile_b, 11] = hx2_3_2
+        gx2p[tile_b, 12] = hx2_3_3
+        gx2p[tile_b, 13] = hx2_3_4
+        gx2p[tile_b, 14] = hx2_3_5
+        gx2p[tile_b, 15] = hx2_3_6
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=4, num_stages=1),
+)
+def tp_bwd_fused_1(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
+    gx2p: torch.Tensor,
+    gw: torch.Tensor,
+) -> None:
+    """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 2; paths 13-23."""
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0 = x2[tile_b, 0][:, None]
+        sb1_0 = x2[tile_b, 1][:, None]
+        sb1_1 = x2[tile_b, 2][:, None]
+        sb1_2 = x2[tile_b, 3][:, None]
+        sb2_0 = x2[tile_b, 4][:, None]
+        sb2_1 = x2[tile_b, 5][:, None]
+        sb2_2 = x2[tile_b, 6][:, None]
+        sb2_3 = x2[tile_b, 7][:, None]
+        sb2_4 = x2[tile_b, 8][:, None]
+        sb3_0 = x2[tile_b, 9][:, None]
+        sb3_1 = x2[tile_b, 10][:, None]
+        sb3_2 = x2[tile_b, 11][:, None]
+        sb3_3 = x2[tile_b, 12][:, None]
+        sb3_4 = x2[tile_b, 13][:, None]
+        sb3_5 = x2[tile_b, 14][:, None]
+        sb3_6 = x2[tile_b, 15][:, None]
+        hx2_0_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_5 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_6 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        for tile_c in hl.tile(32, block_size=32):
+            # x1 block 2: 32x2e (11 paths)
+            a2 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            a2t = a2.reshape([tile_b, tile_c, 2, 2, 2])
+            a2te, a2to = hl.split(a2t)
+            a2tee, a2teo = hl.split(a2te)
+            a2_0, a2_4 = hl.split(a2tee)
+            a2_2, a2_6 = hl.split(a2teo)
+            a2toe, a2too = hl.split(a2to)
+            a2_1, a2_5 = hl.split(a2toe)
+            a2_3, a2_7 = hl.split(a2too)
+            # path 13: uvu 32x2e x 1x0e -> 32x2e, 5 nonzeros, weighted
+            g13 = hl.load(g, [tile_b, 4544 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g13t = g13.reshape([tile_b, tile_c, 2, 2, 2])
+            g13te, g13to = hl.split(g13t)
+            g13tee, g13teo = hl.split(g13te)
+            g13_0, g13_4 = hl.split(g13tee)
+            g13_2, g13_6 = hl.split(g13teo)
+            g13toe, g13too = hl.split(g13to)
+            g13_1, g13_5 = hl.split(g13toe)
+            g13_3, g13_7 = hl.split(g13too)
+            wt13 = weights[tile_b, 1088 + tile_c.index]
+            wg13_0 = wt13 * g13_0
+            wg13_1 = wt13 * g13_1
+            wg13_2 = wt13 * g13_2
+            wg13_3 = wt13 * g13_3
+            wg13_4 = wt13 * g13_4
+            gwv13 = (
+                sb0_0 * a2_0 * g13_0 + sb0_0 * a2_1 * g13_1
+                + sb0_0 * a2_2 * g13_2 + sb0_0 * a2_3 * g13_3
+                + sb0_0 * a2_4 * g13_4
+            )
+            acc2_0 = (sb0_0 * wg13_0)
+            acc2_1 = (sb0_0 * wg13_1)
+            acc2_2 = (sb0_0 * wg13_2)
+            acc2_3 = (sb0_0 * wg13_3)
+            acc2_4 = (sb0_0 * wg13_4)
+            px2_0_0 = (a2_0 * wg13_0 + a2_1 * wg13_1 + a2_2 * wg13_2 + a2_3 * wg13_3 + a2_4 * wg13_4)
+            # path 14: uvu 32x2e x 1x1e -> 32x1e, 11 nonzeros, weighted
+            g14 = hl.load(g, [tile_b, 4704 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g14t = g14.reshape([tile_b, tile_c, 2, 2])
+            g14te, g14to = hl.split(g14t)
+            g14_0, g14_2 = hl.split(g14te)
+            g14_1, g14_3 = hl.split(g14to)
+            wt14 = weights[tile_b, 1120 + tile_c.index]
+            wg14_0 = wt14 * g14_0
+            wg14_1 = wt14 * g14_1
+            wg14_2 = wt14 * g14_2
+            gwv14 = (
+                0.5477225575051661 * sb1_2 * a2_0 * g14_0 + 0.5477225575051661 * sb1_1 * a2_1 * g14_0
+                - 0.3162277660168379 * sb1_0 * a2_2 * g14_0 - 0.5477225575051661 * sb1_0 * a2_4 * g14_0
+                + 0.5477225575051661 * sb1_0 * a2_1 * g14_1 + 0.6324555320336758 * sb1_1 * a2_2 * g14_1
+                + 0.5477225575051661 * sb1_2 * a2_3 * g14_1 + 0.5477225575051661 * sb1_0 * a2_0 * g14_2
+                - 0.3162277660168379 * sb1_2 * a2_2 * g14_2 + 0.5477225575051661 * sb1_1 * a2_3 * g14_2
+                + 0.5477225575051661 * sb1_2 * a2_4 * g14_2
+            )
+            acc2_0 = acc2_0 + (0.5477225575051661 * sb1_2 * wg14_0 + 0.5477225575051661 * sb1_0 * wg14_2)
+            acc2_1 = acc2_1 + (0.5477225575051661 * sb1_1 * wg14_0 + 0.5477225575051661 * sb1_0 * wg14_1)
+            acc2_2 = acc2_2 + (
+                -0.3162277660168379 * sb1_0 * wg14_0 + 0.6324555320336758 * sb1_1 * wg14_1
+                - 0.3162277660168379 * sb1_2 * wg14_2
+            )
+            acc2_3 = acc2_3 + (0.5477225575051661 * sb1_2 * wg14_1 + 0.5477225575051661 * sb1_1 * wg14_2)
+            acc2_4 = acc2_4 + (-0.5477225575051661 * sb1_0 * wg14_0 + 0.5477225575051661 * sb1_2 * wg14_2)
+            px2_1_0 = (
+                -0.3162277660168379 * a2_2 * wg14_0 - 0.5477225575051661 * a2_4 * wg14_0
+                + 0.5477225575051661 * a2_1 * wg14_1 + 0.5477225575051661 * a2_0 * wg14_2
+            )
+            px2_1_1 = (
+                0.5477225575051661 * a2_1 * wg14_0 + 0.6324555320336758 * a2_2 * wg14_1
+                + 0.5477225575051661 * a2_3 * wg14_2
+            )
+            px2_1_2 = (
+                0.5477225575051661 * a2_0 * wg14_0 + 0.5477225575051661 * a2_3 * wg14_1
+                - 0.3162277660168379 * a2_2 * wg14_2 + 0.5477225575051661 * a2_4 * wg14_2
+            )
+            # path 15: uvu 32x2e x 1x1e -> 32x2e, 16 nonzeros, weighted
+            g15 = hl.load(g, [tile_b, 4800 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g15t = g15.reshape([tile_b, tile_c, 2, 2, 2])
+            g15te, g15to = hl.split(g15t)
+            g15tee, g15teo = hl.split(g15te)
+            g15_0, g15_4 = hl.split(g15tee)
+            g15_2, g15_6 = hl.split(g15teo)
+            g15toe, g15too = hl.split(g15to)
+            g15_1, g15_5 = hl.split(g15toe)
+            g15_3, g15_7 = hl.split(g15too)
+            wt15 = weights[tile_b, 1152 + tile_c.index]
+            wg15_0 = wt15 * g15_0
+            wg15_1 = wt15 * g15_1
+            wg15_2 = wt15 * g15_2
+            wg15_3 = wt15 * g15_3
+            wg15_4 = wt15 * g15_4
+            gwv15 = (
+                -0.408248290463863 * sb1_0 * a2_1 * g15_0 + 0.408248290463863 * sb1_2 * a2_3 * g15_0
+                - 0.816496580927726 * sb1_1 * a2_4 * g15_0 + 0.408248290463863 * sb1_0 * a2_0 * g15_1
+                + 0.7071067811865476 * sb1_2 * a2_2 * g15_1 - 0.408248290463863 * sb1_1 * a2_3 * g15_1
+                + 0.408248290463863 * sb1_2 * a2_4 * g15_1 - 0.7071067811865476 * sb1_2 * a2_1 * g15_2
+                + 0.7071067811865476 * sb1_0 * a2_3 * g15_2 - 0.408248290463863 * sb1_2 * a2_0 * g15_3
+                + 0.408248290463863 * sb1_1 * a2_1 * g15_3 - 0.7071067811865476 * sb1_0 * a2_2 * g15_3
+                + 0.408248290463863 * sb1_0 * a2_4 * g15_3 + 0.816496580927726 * sb1_1 * a2_0 * g15_4
+                - 0.408248290463863 * sb1_2 * a2_1 * g15_4 - 0.408248290463863 * sb1_0 * a2_3 * g15_4
+            )
+            acc2_0 = acc2_0 + (
+                0.408248290463863 * sb1_0 * wg15_1 - 0.408248290463863 * sb1_2 * wg15_3
+                + 0.816496580927726 * sb1_1 * wg15_4
+            )
+            acc2_1 = acc2_1 + (
+                -0.408248290463863 * sb1_0 * wg15_0 - 0.7071067811865476 * sb1_2 * wg15_2
+                + 0.408248290463863 * sb1_1 * wg15_3 - 0.408248290463863 * sb1_2 * wg15_4
+            )
+            acc2_2 = acc2_2 + (0.7071067811865476 * sb1_2 * wg15_1 - 0.7071067811865476 * sb1_0 * wg15_3)
+            acc2_3 = acc2_3 + (
+                0.408248290463863 * sb1_2 * wg15_0 - 0.408248290463863 * sb1_1 * wg15_1
+                + 0.7071067811865476 * sb1_0 * wg15_2 - 0.408248290463863 * sb1_0 * wg15_4
+            )
+            acc2_4 = acc2_4 + (
+                -0.816496580927726 * sb1_1 * wg15_0 + 0.408248290463863 * sb1_2 * wg15_1
+                + 0.408248290463863 * sb1_0 * wg15_3
+            )
+            px2_1_0 = px2_1_0 + (
+                -0.408248290463863 * a2_1 * wg15_0 + 0.408248290463863 * a2_0 * wg15_1
+                + 0.7071067811865476 * a2_3 * wg15_2 - 0.7071067811865476 * a2_2 * wg15_3
+                + 0.408248290463863 * a2_4 * wg15_3 - 0.408248290463863 * a2_3 * wg15_4
+            )
+            px2_1_1 = px2_1_1 + (
+                -0.816496580927726 * a2_4 * wg15_0 - 0.408248290463863 * a2_3 * wg15_1
+                + 0.408248290463863 * a2_1 * wg15_3 + 0.816496580927726 * a2_0 * wg15_4
+            )
+            px2_1_2 = px2_1_2 + (
+                0.408248290463863 * a2_3 * wg15_0 + 0.7071067811865476 * a2_2 * wg15_1
+                + 0.408248290463863 * a2_4 * wg15_1 - 0.7071067811865476 * a2_1 * wg15_2
+                - 0.408248290463863 * a2_0 * wg15_3 - 0.408248290463863 * a2_1 * wg15_4
+            )
+            # path 16: uvu 32x2e x 1x1e -> 32x3e, 21 nonzeros, weighted
+            g16 = hl.load(g, [tile_b, 4960 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g16t = g16.reshape([tile_b, tile_c, 2, 2, 2])
+            g16te, g16to = hl.split(g16t)
+            g16tee, g16teo = hl.split(g16te)
+            g16_0, g16_4 = hl.split(g16tee)
+            g16_2, g16_6 = hl.split(g16teo)
+            g16toe, g16too = hl.split(g16to)
+            g16_1, g16_5 = hl.split(g16toe)
+            g16_3, g16_7 = hl.split(g16too)
+            wt16 = weights[tile_b, 1184 + tile_c.index]
+            wg16_0 = wt16 * g16_0
+            wg16_1 = wt16 * g16_1
+            wg16_2 = wt16 * g16_2
+            wg16_3 = wt16 * g16_3
+            wg16_4 = wt16 * g16_4
+            wg16_5 = wt16 * g16_5
+            wg16_6 = wt16 * g16_6
+            gwv16 = (
+                0.7071067811865476 * sb1_2 * a2_0 * g16_0 + 0.7071067811865476 * sb1_0 * a2_4 * g16_0
+                + 0.5773502691896258 * sb1_1 * a2_0 * g16_1 + 0.5773502691896258 * sb1_2 * a2_1 * g16_1
+                + 0.5773502691896258 * sb1_0 * a2_3 * g16_1 - 0.18257418583505539 * sb1_2 * a2_0 * g16_2
+                + 0.7302967433402215 * sb1_1 * a2_1 * g16_2 + 0.6324555320336759 * sb1_0 * a2_2 * g16_2
+                + 0.18257418583505539 * sb1_0 * a2_4 * g16_2 - 0.4472135954999579 * sb1_0 * a2_1 * g16_3
+                + 0.7745966692414835 * sb1_1 * a2_2 * g16_3 - 0.4472135954999579 * sb1_2 * a2_3 * g16_3
+                - 0.18257418583505539 * sb1_0 * a2_0 * g16_4 + 0.6324555320336759 * sb1_2 * a2_2 * g16_4
+                + 0.7302967433402215 * sb1_1 * a2_3 * g16_4 - 0.18257418583505539 * sb1_2 * a2_4 * g16_4
+                - 0.5773502691896258 * sb1_0 * a2_1 * g16_5 + 0.5773502691896258 * sb1_2 * a2_3 * g16_5
+                + 0.5773502691896258 * sb1_1 * a2_4 * g16_5 - 0.7071067811865476 * sb1_0 * a2_0 * g16_6
+                + 0.7071067811865476 * sb1_2 * a2_4 * g16_6
+            )
+            acc2_0 = acc2_0 + (
+                0.7071067811865476 * sb1_2 * wg16_0 + 0.5773502691896258 * sb1_1 * wg16_1
+                - 0.18257418583505539 * sb1_2 * wg16_2 - 0.18257418583505539 * sb1_0 * wg16_4
+                - 0.7071067811865476 * sb1_0 * wg16_6
+            )
+            acc2_1 = acc2_1 + (
+                0.5773502691896258 * sb1_2 * wg16_1 + 0.7302967433402215 * sb1_1 * wg16_2
+                - 0.4472135954999579 * sb1_0 * wg16_3 - 0.5773502691896258 * sb1_0 * wg16_5
+            )
+            acc2_2 = acc2_2 + (
+                0.6324555320336759 * sb1_0 * wg16_2 + 0.7745966692414835 * sb1_1 * wg16_3
+                + 0.6324555320336759 * sb1_2 * wg16_4
+            )
+            acc2_3 = acc2_3 + (
+                0.5773502691896258 * sb1_0 * wg16_1 - 0.4472135954999579 * sb1_2 * wg16_3
+                + 0.7302967433402215 * sb1_1 * wg16_4 + 0.5773502691896258 * sb1_2 * wg16_5
+            )
+            acc2_4 = acc2_4 + (
+                0.7071067811865476 * sb1_0 * wg16_0 + 0.18257418583505539 * sb1_0 * wg16_2
+                - 0.18257418583505539 * sb1_2 * wg16_4 + 0.5773502691896258 * sb1_1 * wg16_5
+                + 0.7071067811865476 * sb1_2 * wg16_6
+            )
+            px2_1_0 = px2_1_0 + (
+                0.7071067811865476 * a2_4 * wg16_0 + 0.5773502691896258 * a2_3 * wg16_1
+                + 0.6324555320336759 * a2_2 * wg16_2 + 0.18257418583505539 * a2_4 * wg16_2
+                - 0.4472135954999579 * a2_1 * wg16_3 - 0.18257418583505539 * a2_0 * wg16_4
+                - 0.5773502691896258 * a2_1 * wg16_5 - 0.7071067811865476 * a2_0 * wg16_6
+            )
+            px2_1_1 = px2_1_1 + (
+                0.5773502691896258 * a2_0 * wg16_1 + 0.7302967433402215 * a2_1 * wg16_2
+                + 0.7745966692414835 * a2_2 * wg16_3 + 0.7302967433402215 * a2_3 * wg16_4
+                + 0.5773502691896258 * a2_4 * wg16_5
+            )
+            px2_1_2 = px2_1_2 + (
+                0.7071067811865476 * a2_0 * wg16_0 + 0.5773502691896258 * a2_1 * wg16_1
+                - 0.18257418583505539 * a2_0 * wg16_2 - 0.4472135954999579 * a2_3 * wg16_3
+                + 0.6324555320336759 * a2_2 * wg16_4 - 0.18257418583505539 * a2_4 * wg16_4
+                + 0.5773502691896258 * a2_3 * wg16_5 + 0.7071067811865476 * a2_4 * wg16_6
+            )
+            # path 17: uvu 32x2e x 1x2e -> 32x0e, 5 nonzeros, weighted
+            g17_0 = g[tile_b, 5184 + tile_c.index]
+            wt17 = weights[tile_b, 1216 + tile_c.index]
+            wg17_0 = wt17 * g17_0
+            gwv17 = (
+                0.4472135954999579 * sb2_0 * a2_0 * g17_0 + 0.4472135954999579 * sb2_1 * a2_1 * g17_0
+                + 0.4472135954999579 * sb2_2 * a2_2 * g17_0 + 0.4472135954999579 * sb2_3 * a2_3 * g17_0
+                + 0.4472135954999579 * sb2_4 * a2_4 * g17_0
+            )
+            acc2_0 = acc2_0 + (0.4472135954999579 * sb2_0 * wg17_0)
+            acc2_1 = acc2_1 + (0.4472135954999579 * sb2_1 * wg17_0)
+            acc2_2 = acc2_2 + (0.4472135954999579 * sb2_2 * wg17_0)
+            acc2_3 = acc2_3 + (0.4472135954999579 * sb2_3 * wg17_0)
+            acc2_4 = acc2_4 + (0.4472135954999579 * sb2_4 * wg17_0)
+            px2_2_0 = (0.4472135954999579 * a2_0 * wg17_0)
+            px2_2_1 = (0.4472135954999579 * a2_1 * wg17_0)
+            px2_2_2 = (0.4472135954999579 * a2_2 * wg17_0)
+            px2_2_3 = (0.4472135954999579 * a2_3 * wg17_0)
+            px2_2_4 = (0.4472135954999579 * a2_4 * wg17_0)
+            # path 18: uvu 32x2e x 1x2e -> 32x1e, 16 nonzeros, weighted
+            g18 = hl.load(g, [tile_b, 5216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g18t = g18.reshape([tile_b, tile_c, 2, 2])
+            g18te, g18to = hl.split(g18t)
+            g18_0, g18_2 = hl.split(g18te)
+            g18_1, g18_3 = hl.split(g18to)
+            wt18 = weights[tile_b, 1248 + tile_c.index]
+            wg18_0 = wt18 * g18_0
+            wg18_1 = wt18 * g18_1
+            wg18_2 = wt18 * g18_2
+            gwv18 = (
+                -0.3162277660168379 * sb2_1 * a2_0 * g18_0 + 0.3162277660168379 * sb2_0 * a2_1 * g18_0
+                + 0.5477225575051661 * sb2_3 * a2_2 * g18_0 - 0.5477225575051661 * sb2_2 * a2_3 * g18_0
+                + 0.3162277660168379 * sb2_4 * a2_3 * g18_0 - 0.3162277660168379 * sb2_3 * a2_4 * g18_0
+                - 0.6324555320336758 * sb2_4 * a2_0 * g18_1 - 0.3162277660168379 * sb2_3 * a2_1 * g18_1
+                + 0.3162277660168379 * sb2_1 * a2_3 * g18_1 + 0.6324555320336758 * sb2_0 * a2_4 * g18_1
+                + 0.3162277660168379 * sb2_3 * a2_0 * g18_2 + 0.5477225575051661 * sb2_2 * a2_1 * g18_2
+                + 0.3162277660168379 * sb2_4 * a2_1 * g18_2 - 0.5477225575051661 * sb2_1 * a2_2 * g18_2
+                - 0.3162277660168379 * sb2_0 * a2_3 * g18_2 - 0.3162277660168379 * sb2_1 * a2_4 * g18_2
+            )
+            acc2_0 = acc2_0 + (
+                -0.3162277660168379 * sb2_1 * wg18_0 - 0.6324555320336758 * sb2_4 * wg18_1
+                + 0.3162277660168379 * sb2_3 * wg18_2
+            )
+            acc2_1 = acc2_1 + (
+                0.3162277660168379 * sb2_0 * wg18_0 - 0.3162277660168379 * sb2_3 * wg18_1
+                + 0.5477225575051661 * sb2_2 * wg18_2 + 0.3162277660168379 * sb2_4 * wg18_2
+            )
+            acc2_2 = acc2_2 + (0.5477225575051661 * sb2_3 * wg18_0 - 0.5477225575051661 * sb2_1 * wg18_2)
+            acc2_3 = acc2_3 + (
+                -0.5477225575051661 * sb2_2 * wg18_0 + 0.3162277660168379 * sb2_4 * wg18_0
+                + 0.3162277660168379 * sb2_1 * wg18_1 - 0.3162277660168379 * sb2_0 * wg18_2
+            )
+            acc2_4 = acc2_4 + (
+                -0.3162277660168379 * sb2_3 * wg18_0 + 0.6324555320336758 * sb2_0 * wg18_1
+                - 0.3162277660168379 * sb2_1 * wg18_2
+            )
+            px2_2_0 = px2_2_0 + (
+                0.3162277660168379 * a2_1 * wg18_0 + 0.6324555320336758 * a2_4 * wg18_1
+                - 0.3162277660168379 * a2_3 * wg18_2
+            )
+            px2_2_1 = px2_2_1 + (
+                -0.3162277660168379 * a2_0 * wg18_0 + 0.3162277660168379 * a2_3 * wg18_1
+                - 0.5477225575051661 * a2_2 * wg18_2 - 0.3162277660168379 * a2_4 * wg18_2
+            )
+            px2_2_2 = px2_2_2 + (-0.5477225575051661 * a2_3 * wg18_0 + 0.5477225575051661 * a2_1 * wg18_2)
+            px2_2_3 = px2_2_3 + (
+                0.5477225575051661 * a2_2 * wg18_0 - 0.3162277660168379 * a2_4 * wg18_0
+                - 0.3162277660168379 * a2_1 * wg18_1 + 0.3162277660168379 * a2_0 * wg18_2
+            )
+            px2_2_4 = px2_2_4 + (
+                0.3162277660168379 * a2_3 * wg18_0 - 0.6324555320336758 * a2_0 * wg18_1
+                + 0.3162277660168379 * a2_1 * wg18_2
+            )
+            # path 19: uvu 32x2e x 1x2e -> 32x2e, 25 nonzeros, weighted
+            g19 = hl.load(g, [tile_b, 5312 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g19t = g19.reshape([tile_b, tile_c, 2, 2, 2])
+            g19te, g19to = hl.split(g19t)
+            g19tee, g19teo = hl.split(g19te)
+            g19_0, g19_4 = hl.split(g19tee)
+            g19_2, g19_6 = hl.split(g19teo)
+            g19toe, g19too = hl.split(g19to)
+            g19_1, g19_5 = hl.split(g19toe)
+            g19_3, g19_7 = hl.split(g19too)
+            wt19 = weights[tile_b, 1280 + tile_c.index]
+            wg19_0 = wt19 * g19_0
+            wg19_1 = wt19 * g19_1
+            wg19_2 = wt19 * g19_2
+            wg19_3 = wt19 * g19_3
+            wg19_4 = wt19 * g19_4
+            gwv19 = (
+                -0.5345224838248488 * sb2_2 * a2_0 * g19_0 + 0.4629100498862757 * sb2_3 * a2_1 * g19_0
+                - 0.5345224838248488 * sb2_0 * a2_2 * g19_0 + 0.4629100498862757 * sb2_1 * a2_3 * g19_0
+                + 0.4629100498862757 * sb2_3 * a2_0 * g19_1 + 0.2672612419124244 * sb2_2 * a2_1 * g19_1
+                - 0.4629100498862757 * sb2_4 * a2_1 * g19_1 + 0.2672612419124244 * sb2_1 * a2_2 * g19_1
+                + 0.4629100498862757 * sb2_0 * a2_3 * g19_1 - 0.4629100498862757 * sb2_1 * a2_4 * g19_1
+                - 0.5345224838248488 * sb2_0 * a2_0 * g19_2 + 0.2672612419124244 * sb2_1 * a2_1 * g19_2
+                + 0.5345224838248488 * sb2_2 * a2_2 * g19_2 + 0.2672612419124244 * sb2_3 * a2_3 * g19_2
+                - 0.5345224838248488 * sb2_4 * a2_4 * g19_2 + 0.4629100498862757 * sb2_1 * a2_0 * g19_3
+                + 0.4629100498862757 * sb2_0 * a2_1 * g19_3 + 0.2672612419124244 * sb2_3 * a2_2 * g19_3
+                + 0.2672612419124244 * sb2_2 * a2_3 * g19_3 + 0.4629100498862757 * sb2_4 * a2_3 * g19_3
+                + 0.4629100498862757 * sb2_3 * a2_4 * g19_3 - 0.4629100498862757 * sb2_1 * a2_1 * g19_4
+                - 0.5345224838248488 * sb2_4 * a2_2 * g19_4 + 0.4629100498862757 * sb2_3 * a2_3 * g19_4
+                - 0.5345224838248488 * sb2_2 * a2_4 * g19_4
+            )
+            acc2_0 = acc2_0 + (
+                -0.5345224838248488 * sb2_2 * wg19_0 + 0.4629100498862757 * sb2_3 * wg19_1
+                - 0.5345224838248488 * sb2_0 * wg19_2 + 0.4629100498862757 * sb2_1 * wg19_3
+            )
+            acc2_1 = acc2_1 + (
+                0.4629100498862757 * sb2_3 * wg19_0 + 0.2672612419124244 * sb2_2 * wg19_1
+                - 0.4629100498862757 * sb2_4 * wg19_1 + 0.2672612419124244 * sb2_1 * wg19_2
+                + 0.4629100498862757 * sb2_0 * wg19_3 - 0.4629100498862757 * sb2_1 * wg19_4
+            )
+            acc2_2 = acc2_2 + (
+                -0.5345224838248488 * sb2_0 * wg19_0 + 0.2672612419124244 * sb2_1 * wg19_1
+                + 0.5345224838248488 * sb2_2 * wg19_2 + 0.2672612419124244 * sb2_3 * wg19_3
+                - 0.5345224838248488 * sb2_4 * wg19_4
+            )
+            acc2_3 = acc2_3 + (
+                0.4629100498862757 * sb2_1 * wg19_0 + 0.4629100498862757 * sb2_0 * wg19_1
+                + 0.2672612419124244 * sb2_3 * wg19_2 + 0.2672612419124244 * sb2_2 * wg19_3
+                + 0.4629100498862757 * sb2_4 * wg19_3 + 0.4629100498862757 * sb2_3 * wg19_4
+            )
+            acc2_4 = acc2_4 + (
+                -0.4629100498862757 * sb2_1 * wg19_1 - 0.5345224838248488 * sb2_4 * wg19_2
+                + 0.4629100498862757 * sb2_3 * wg19_3 - 0.5345224838248488 * sb2_2 * wg19_4
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.5345224838248488 * a2_2 * wg19_0 + 0.4629100498862757 * a2_3 * wg19_1
+                - 0.5345224838248488 * a2_0 * wg19_2 + 0.4629100498862757 * a2_1 * wg19_3
+            )
+            px2_2_1 = px2_2_1 + (
+                0.4629100498862757 * a2_3 * wg19_0 + 0.2672612419124244 * a2_2 * wg19_1
+                - 0.4629100498862757 * a2_4 * wg19_1 + 0.2672612419124244 * a2_1 * wg19_2
+                + 0.4629100498862757 * a2_0 * wg19_3 - 0.4629100498862757 * a2_1 * wg19_4
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.5345224838248488 * a2_0 * wg19_0 + 0.2672612419124244 * a2_1 * wg19_1
+                + 0.5345224838248488 * a2_2 * wg19_2 + 0.2672612419124244 * a2_3 * wg19_3
+                - 0.5345224838248488 * a2_4 * wg19_4
+            )
+            px2_2_3 = px2_2_3 + (
+                0.4629100498862757 * a2_1 * wg19_0 + 0.4629100498862757 * a2_0 * wg19_1
+                + 0.2672612419124244 * a2_3 * wg19_2 + 0.2672612419124244 * a2_2 * wg19_3
+                + 0.4629100498862757 * a2_4 * wg19_3 + 0.4629100498862757 * a2_3 * wg19_4
+            )
+            px2_2_4 = px2_2_4 + (
+                -0.4629100498862757 * a2_1 * wg19_1 - 0.5345224838248488 * a2_4 * wg19_2
+                + 0.4629100498862757 * a2_3 * wg19_3 - 0.5345224838248488 * a2_2 * wg19_4
+            )
+            # path 20: uvu 32x2e x 1x2e -> 32x3e, 28 nonzeros, weighted
+            g20 = hl.load(g, [tile_b, 5472 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g20t = g20.reshape([tile_b, tile_c, 2, 2, 2])
+            g20te, g20to = hl.split(g20t)
+            g20tee, g20teo = hl.split(g20te)
+            g20_0, g20_4 = hl.split(g20tee)
+            g20_2, g20_6 = hl.split(g20teo)
+            g20toe, g20too = hl.split(g20to)
+            g20_1, g20_5 = hl.split(g20toe)
+            g20_3, g20_7 = hl.split(g20too)
+            wt20 = weights[tile_b, 1312 + tile_c.index]
+            wg20_0 = wt20 * g20_0
+            wg20_1 = wt20 * g20_1
+            wg20_2 = wt20 * g20_2
+            wg20_3 = wt20 * g20_3
+            wg20_4 = wt20 * g20_4
+            wg20_5 = wt20 * g20_5
+            wg20_6 = wt20 * g20_6
+            gwv20 = (
+                0.5000000000000001 * sb2_1 * a2_0 * g20_0 - 0.5000000000000001 * sb2_0 * a2_1 * g20_0
+                + 0.5000000000000001 * sb2_4 * a2_3 * g20_0 - 0.5000000000000001 * sb2_3 * a2_4 * g20_0
+                + 0.7071067811865476 * sb2_4 * a2_2 * g20_1 - 0.7071067811865476 * sb2_2 * a2_4 * g20_1
+                + 0.38729833462074176 * sb2_1 * a2_0 * g20_2 - 0.38729833462074176 * sb2_0 * a2_1 * g20_2
+                + 0.4472135954999579 * sb2_3 * a2_2 * g20_2 - 0.4472135954999579 * sb2_2 * a2_3 * g20_2
+                - 0.38729833462074176 * sb2_4 * a2_3 * g20_2 + 0.38729833462074176 * sb2_3 * a2_4 * g20_2
+                + 0.31622776601683794 * sb2_4 * a2_0 * g20_3 - 0.6324555320336759 * sb2_3 * a2_1 * g20_3
+                + 0.6324555320336759 * sb2_1 * a2_3 * g20_3 - 0.31622776601683794 * sb2_0 * a2_4 * g20_3
+                - 0.38729833462074176 * sb2_3 * a2_0 * g20_4 + 0.4472135954999579 * sb2_2 * a2_1 * g20_4
+                - 0.38729833462074176 * sb2_4 * a2_1 * g20_4 - 0.4472135954999579 * sb2_1 * a2_2 * g20_4
+                + 0.38729833462074176 * sb2_0 * a2_3 * g20_4 + 0.38729833462074176 * sb2_1 * a2_4 * g20_4
+                + 0.7071067811865476 * sb2_2 * a2_0 * g20_5 - 0.7071067811865476 * sb2_0 * a2_2 * g20_5
+                + 0.5000000000000001 * sb2_3 * a2_0 * g20_6 - 0.5000000000000001 * sb2_4 * a2_1 * g20_6
+                - 0.5000000000000001 * sb2_0 * a2_3 * g20_6 + 0.5000000000000001 * sb2_1 * a2_4 * g20_6
+            )
+            acc2_0 = acc2_0 + (
+                0.5000000000000001 * sb2_1 * wg20_0 + 0.38729833462074176 * sb2_1 * wg20_2
+                + 0.31622776601683794 * sb2_4 * wg20_3 - 0.38729833462074176 * sb2_3 * wg20_4
+                + 0.7071067811865476 * sb2_2 * wg20_5 + 0.5000000000000001 * sb2_3 * wg20_6
+            )
+            acc2_1 = acc2_1 + (
+                -0.5000000000000001 * sb2_0 * wg20_0 - 0.38729833462074176 * sb2_0 * wg20_2
+                - 0.6324555320336759 * sb2_3 * wg20_3 + 0.4472135954999579 * sb2_2 * wg20_4
+                - 0.38729833462074176 * sb2_4 * wg20_4 - 0.5000000000000001 * sb2_4 * wg20_6
+            )
+            acc2_2 = acc2_2 + (
+                0.7071067811865476 * sb2_4 * wg20_1 + 0.4472135954999579 * sb2_3 * wg20_2
+                - 0.4472135954999579 * sb2_1 * wg20_4 - 0.7071067811865476 * sb2_0 * wg20_5
+            )
+            acc2_3 = acc2_3 + (
+                0.5000000000000001 * sb2_4 * wg20_0 - 0.4472135954999579 * sb2_2 * wg20_2
+                - 0.38729833462074176 * sb2_4 * wg20_2 + 0.6324555320336759 * sb2_1 * wg20_3
+                + 0.38729833462074176 * sb2_0 * wg20_4 - 0.5000000000000001 * sb2_0 * wg20_6
+            )
+            acc2_4 = acc2_4 + (
+                -0.5000000000000001 * sb2_3 * wg20_0 - 0.7071067811865476 * sb2_2 * wg20_1
+                + 0.38729833462074176 * sb2_3 * wg20_2 - 0.31622776601683794 * sb2_0 * wg20_3
+                + 0.38729833462074176 * sb2_1 * wg20_4 + 0.5000000000000001 * sb2_1 * wg20_6
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.5000000000000001 * a2_1 * wg20_0 - 0.38729833462074176 * a2_1 * wg20_2
+                - 0.31622776601683794 * a2_4 * wg20_3 + 0.38729833462074176 * a2_3 * wg20_4
+                - 0.7071067811865476 * a2_2 * wg20_5 - 0.5000000000000001 * a2_3 * wg20_6
+            )
+            px2_2_1 = px2_2_1 + (
+                0.5000000000000001 * a2_0 * wg20_0 + 0.38729833462074176 * a2_0 * wg20_2
+                + 0.6324555320336759 * a2_3 * wg20_3 - 0.4472135954999579 * a2_2 * wg20_4
+                + 0.38729833462074176 * a2_4 * wg20_4 + 0.5000000000000001 * a2_4 * wg20_6
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.7071067811865476 * a2_4 * wg20_1 - 0.4472135954999579 * a2_3 * wg20_2
+                + 0.4472135954999579 * a2_1 * wg20_4 + 0.7071067811865476 * a2_0 * wg20_5
+            )
+            px2_2_3 = px2_2_3 + (
+                -0.5000000000000001 * a2_4 * wg20_0 + 0.4472135954999579 * a2_2 * wg20_2
+                + 0.38729833462074176 * a2_4 * wg20_2 - 0.6324555320336759 * a2_1 * wg20_3
+                - 0.38729833462074176 * a2_0 * wg20_4 + 0.5000000000000001 * a2_0 * wg20_6
+            )
+            px2_2_4 = px2_2_4 + (
+                0.5000000000000001 * a2_3 * wg20_0 + 0.7071067811865476 * a2_2 * wg20_1
+                - 0.38729833462074176 * a2_3 * wg20_2 + 0.31622776601683794 * a2_0 * wg20_3
+                - 0.38729833462074176 * a2_1 * wg20_4 - 0.5000000000000001 * a2_1 * wg20_6
+            )
+            # path 21: uvu 32x2e x 1x3e -> 32x1e, 21 nonzeros, weighted
+            g21 = hl.load(g, [tile_b, 5696 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g21t = g21.reshape([tile_b, tile_c, 2, 2])
+            g21te, g21to = hl.split(g21t)
+            g21_0, g21_2 = hl.split(g21te)
+            g21_1, g21_3 = hl.split(g21to)
+            wt21 = weights[tile_b, 1344 + tile_c.index]
+            wg21_0 = wt21 * g21_0
+            wg21_1 = wt21 * g21_1
+            wg21_2 = wt21 * g21_2
+            gwv21 = (
+                -0.11952286093343936 * sb3_4 * a2_0 * g21_0 - 0.4629100498862757 * sb3_6 * a2_0 * g21_0
+                - 0.2927700218845599 * sb3_3 * a2_1 * g21_0 - 0.3779644730092272 * sb3_5 * a2_1 * g21_0
+                + 0.4140393356054125 * sb3_2 * a2_2 * g21_0 + 0.3779644730092272 * sb3_1 * a2_3 * g21_0
+                + 0.4629100498862757 * sb3_0 * a2_4 * g21_0 + 0.11952286093343936 * sb3_2 * a2_4 * g21_0
+                + 0.3779644730092272 * sb3_1 * a2_0 * g21_1 + 0.47809144373375745 * sb3_2 * a2_1 * g21_1
+                + 0.50709255283711 * sb3_3 * a2_2 * g21_1 + 0.47809144373375745 * sb3_4 * a2_3 * g21_1
+                + 0.3779644730092272 * sb3_5 * a2_4 * g21_1 + 0.4629100498862757 * sb3_0 * a2_0 * g21_2
+                - 0.11952286093343936 * sb3_2 * a2_0 * g21_2 + 0.3779644730092272 * sb3_1 * a2_1 * g21_2
+                + 0.4140393356054125 * sb3_4 * a2_2 * g21_2 - 0.2927700218845599 * sb3_3 * a2_3 * g21_2
+                + 0.3779644730092272 * sb3_5 * a2_3 * g21_2 - 0.11952286093343936 * sb3_4 * a2_4 * g21_2
+                + 0.4629100498862757 * sb3_6 * a2_4 * g21_2
+            )
+            acc2_0 = acc2_0 + (
+                -0.11952286093343936 * sb3_4 * wg21_0 - 0.4629100498862757 * sb3_6 * wg21_0
+                + 0.3779644730092272 * sb3_1 * wg21_1 + 0.4629100498862757 * sb3_0 * wg21_2
+                - 0.11952286093343936 * sb3_2 * wg21_2
+            )
+            acc2_1 = acc2_1 + (
+                -0.2927700218845599 * sb3_3 * wg21_0 - 0.3779644730092272 * sb3_5 * wg21_0
+                + 0.47809144373375745 * sb3_2 * wg21_1 + 0.3779644730092272 * sb3_1 * wg21_2
+            )
+            acc2_2 = acc2_2 + (
+                0.4140393356054125 * sb3_2 * wg21_0 + 0.50709255283711 * sb3_3 * wg21_1
+                + 0.4140393356054125 * sb3_4 * wg21_2
+            )
+            acc2_3 = acc2_3 + (
+                0.3779644730092272 * sb3_1 * wg21_0 + 0.47809144373375745 * sb3_4 * wg21_1
+                - 0.2927700218845599 * sb3_3 * wg21_2 + 0.3779644730092272 * sb3_5 * wg21_2
+            )
+            acc2_4 = acc2_4 + (
+                0.4629100498862757 * sb3_0 * wg21_0 + 0.11952286093343936 * sb3_2 * wg21_0
+                + 0.3779644730092272 * sb3_5 * wg21_1 - 0.11952286093343936 * sb3_4 * wg21_2
+                + 0.4629100498862757 * sb3_6 * wg21_2
+            )
+            px2_3_0 = (0.4629100498862757 * a2_4 * wg21_0 + 0.4629100498862757 * a2_0 * wg21_2)
+            px2_3_1 = (
+                0.3779644730092272 * a2_3 * wg21_0 + 0.3779644730092272 * a2_0 * wg21_1
+                + 0.3779644730092272 * a2_1 * wg21_2
+            )
+            px2_3_2 = (
+                0.4140393356054125 * a2_2 * wg21_0 + 0.11952286093343936 * a2_4 * wg21_0
+                + 0.47809144373375745 * a2_1 * wg21_1 - 0.11952286093343936 * a2_0 * wg21_2
+            )
+            px2_3_3 = (
+                -0.2927700218845599 * a2_1 * wg21_0 + 0.50709255283711 * a2_2 * wg21_1
+                - 0.2927700218845599 * a2_3 * wg21_2
+            )
+            px2_3_4 = (
+                -0.11952286093343936 * a2_0 * wg21_0 + 0.47809144373375745 * a2_3 * wg21_1
+                + 0.4140393356054125 * a2_2 * wg21_2 - 0.11952286093343936 * a2_4 * wg21_2
+            )
+            px2_3_5 = (
+                -0.3779644730092272 * a2_1 * wg21_0 + 0.3779644730092272 * a2_4 * wg21_1
+                + 0.3779644730092272 * a2_3 * wg21_2
+            )
+            px2_3_6 = (-0.4629100498862757 * a2_0 * wg21_0 + 0.4629100498862757 * a2_4 * wg21_2)
+            # path 22: uvu 32x2e x 1x3e -> 32x2e, 28 nonzeros, weighted
+            g22 = hl.load(g, [tile_b, 5792 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g22t = g22.reshape([tile_b, tile_c, 2, 2, 2])
+            g22te, g22to = hl.split(g22t)
+            g22tee, g22teo = hl.split(g22te)
+            g22_0, g22_4 = hl.split(g22tee)
+            g22_2, g22_6 = hl.split(g22teo)
+            g22toe, g22too = hl.split(g22to)
+            g22_1, g22_5 = hl.split(g22toe)
+            g22_3, g22_7 = hl.split(g22too)
+            wt22 = weights[tile_b, 1376 + tile_c.index]
+            wg22_0 = wt22 * g22_0
+            wg22_1 = wt22 * g22_1
+            wg22_2 = wt22 * g22_2
+            wg22_3 = wt22 * g22_3
+            wg22_4 = wt22 * g22_4
+            gwv22 = (
+                0.42257712736425834 * sb3_0 * a2_1 * g22_0 + 0.3273268353539886 * sb3_2 * a2_1 * g22_0
+                + 0.5976143046671969 * sb3_5 * a2_2 * g22_0 - 0.3273268353539886 * sb3_4 * a2_3 * g22_0
+                + 0.42257712736425834 * sb3_6 * a2_3 * g22_0 + 0.2672612419124244 * sb3_3 * a2_4 * g22_0
+                - 0.42257712736425834 * sb3_0 * a2_0 * g22_1 - 0.3273268353539886 * sb3_2 * a2_0 * g22_1
+                + 0.3779644730092272 * sb3_4 * a2_2 * g22_1 - 0.5345224838248488 * sb3_3 * a2_3 * g22_1
+                - 0.3273268353539886 * sb3_4 * a2_4 * g22_1 - 0.42257712736425834 * sb3_6 * a2_4 * g22_1
+                - 0.5976143046671969 * sb3_5 * a2_0 * g22_2 - 0.3779644730092272 * sb3_4 * a2_1 * g22_2
+                + 0.3779644730092272 * sb3_2 * a2_3 * g22_2 + 0.5976143046671969 * sb3_1 * a2_4 * g22_2
+                + 0.3273268353539886 * sb3_4 * a2_0 * g22_3 - 0.42257712736425834 * sb3_6 * a2_0 * g22_3
+                + 0.5345224838248488 * sb3_3 * a2_1 * g22_3 - 0.3779644730092272 * sb3_2 * a2_2 * g22_3
+                + 0.42257712736425834 * sb3_0 * a2_4 * g22_3 - 0.3273268353539886 * sb3_2 * a2_4 * g22_3
+                - 0.2672612419124244 * sb3_3 * a2_0 * g22_4 + 0.3273268353539886 * sb3_4 * a2_1 * g22_4
+                + 0.42257712736425834 * sb3_6 * a2_1 * g22_4 - 0.5976143046671969 * sb3_1 * a2_2 * g22_4
+                - 0.42257712736425834 * sb3_0 * a2_3 * g22_4 + 0.3273268353539886 * sb3_2 * a2_3 * g22_4
+            )
+            acc2_0 = acc2_0 + (
+                -0.42257712736425834 * sb3_0 * wg22_1 - 0.3273268353539886 * sb3_2 * wg22_1
+                - 0.5976143046671969 * sb3_5 * wg22_2 + 0.3273268353539886 * sb3_4 * wg22_3
+                - 0.42257712736425834 * sb3_6 * wg22_3 - 0.2672612419124244 * sb3_3 * wg22_4
+            )
+            acc2_1 = acc2_1 + (
+                0.42257712736425834 * sb3_0 * wg22_0 + 0.3273268353539886 * sb3_2 * wg22_0
+                - 0.3779644730092272 * sb3_4 * wg22_2 + 0.5345224838248488 * sb3_3 * wg22_3
+                + 0.3273268353539886 * sb3_4 * wg22_4 + 0.42257712736425834 * sb3_6 * wg22_4
+            )
+            acc2_2 = acc2_2 + (
+                0.5976143046671969 * sb3_5 * wg22_0 + 0.3779644730092272 * sb3_4 * wg22_1
+                - 0.3779644730092272 * sb3_2 * wg22_3 - 0.5976143046671969 * sb3_1 * wg22_4
+            )
+            acc2_3 = acc2_3 + (
+                -0.3273268353539886 * sb3_4 * wg22_0 + 0.42257712736425834 * sb3_6 * wg22_0
+                - 0.5345224838248488 * sb3_3 * wg22_1 + 0.3779644730092272 * sb3_2 * wg22_2
+                - 0.42257712736425834 * sb3_0 * wg22_4 + 0.3273268353539886 * sb3_2 * wg22_4
+            )
+            acc2_4 = acc2_4 + (
+                0.2672612419124244 * sb3_3 * wg22_0 - 0.3273268353539886 * sb3_4 * wg22_1
+                - 0.42257712736425834 * sb3_6 * wg22_1 + 0.5976143046671969 * sb3_1 * wg22_2
+                + 0.42257712736425834 * sb3_0 * wg22_3 - 0.3273268353539886 * sb3_2 * wg22_3
+            )
+            px2_3_0 = px2_3_0 + (
+                0.42257712736425834 * a2_1 * wg22_0 - 0.42257712736425834 * a2_0 * wg22_1
+                + 0.42257712736425834 * a2_4 * wg22_3 - 0.42257712736425834 * a2_3 * wg22_4
+            )
+            px2_3_1 = px2_3_1 + (0.5976143046671969 * a2_4 * wg22_2 - 0.5976143046671969 * a2_2 * wg22_4)
+            px2_3_2 = px2_3_2 + (
+                0.3273268353539886 * a2_1 * wg22_0 - 0.3273268353539886 * a2_0 * wg22_1
+                + 0.3779644730092272 * a2_3 * wg22_2 - 0.3779644730092272 * a2_2 * wg22_3
+                - 0.3273268353539886 * a2_4 * wg22_3 + 0.3273268353539886 * a2_3 * wg22_4
+            )
+            px2_3_3 = px2_3_3 + (
+                0.2672612419124244 * a2_4 * wg22_0 - 0.5345224838248488 * a2_3 * wg22_1
+                + 0.5345224838248488 * a2_1 * wg22_3 - 0.2672612419124244 * a2_0 * wg22_4
+            )
+            px2_3_4 = px2_3_4 + (
+                -0.3273268353539886 * a2_3 * wg22_0 + 0.3779644730092272 * a2_2 * wg22_1
+                - 0.3273268353539886 * a2_4 * wg22_1 - 0.3779644730092272 * a2_1 * wg22_2
+                + 0.3273268353539886 * a2_0 * wg22_3 + 0.3273268353539886 * a2_1 * wg22_4
+            )
+            px2_3_5 = px2_3_5 + (0.5976143046671969 * a2_2 * wg22_0 - 0.5976143046671969 * a2_0 * wg22_2)
+            px2_3_6 = px2_3_6 + (
+                0.42257712736425834 * a2_3 * wg22_0 - 0.42257712736425834 * a2_4 * wg22_1
+                - 0.42257712736425834 * a2_0 * wg22_3 + 0.42257712736425834 * a2_1 * wg22_4
+            )
+            # path 23: uvu 32x2e x 1x3e -> 32x3e, 41 nonzeros, weighted
+            g23 = hl.load(g, [tile_b, 5952 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g23t = g23.reshape([tile_b, tile_c, 2, 2, 2])
+            g23te, g23to = hl.split(g23t)
+            g23tee, g23teo = hl.split(g23te)
+            g23_0, g23_4 = hl.split(g23tee)
+            g23_2, g23_6 = hl.split(g23teo)
+            g23toe, g23too = hl.split(g23to)
+            g23_1, g23_5 = hl.split(g23toe)
+            g23_3, g23_7 = hl.split(g23too)
+            wt23 = weights[tile_b, 1408 + tile_c.index]
+            wg23_0 = wt23 * g23_0
+            wg23_1 = wt23 * g23_1
+            wg23_2 = wt23 * g23_2
+            wg23_3 = wt23 * g23_3
+            wg23_4 = wt23 * g23_4
+            wg23_5 = wt23 * g23_5
+            wg23_6 = wt23 * g23_6
+            gwv23 = (
+                -0.2886751345948129 * sb3_4 * a2_0 * g23_0 + 0.45643546458763845 * sb3_5 * a2_1 * g23_0
+                - 0.6454972243679029 * sb3_0 * a2_2 * g23_0 + 0.45643546458763845 * sb3_1 * a2_3 * g23_0
+                - 0.2886751345948129 * sb3_2 * a2_4 * g23_0 - 0.5773502691896258 * sb3_3 * a2_0 * g23_1
+                + 0.3535533905932738 * sb3_4 * a2_1 * g23_1 - 0.45643546458763845 * sb3_6 * a2_1 * g23_1
+                + 0.45643546458763845 * sb3_0 * a2_3 * g23_1 + 0.3535533905932738 * sb3_2 * a2_3 * g23_1
+                + 0.4472135954999579 * sb3_4 * a2_0 * g23_2 + 0.2886751345948129 * sb3_6 * a2_0 * g23_2
+                + 0.18257418583505539 * sb3_3 * a2_1 * g23_2 - 0.3535533905932738 * sb3_5 * a2_1 * g23_2
+                + 0.38729833462074176 * sb3_2 * a2_2 * g23_2 + 0.3535533905932738 * sb3_1 * a2_3 * g23_2
+                - 0.2886751345948129 * sb3_0 * a2_4 * g23_2 - 0.4472135954999579 * sb3_2 * a2_4 * g23_2
+                - 0.5773502691896258 * sb3_1 * a2_0 * g23_3 + 0.18257418583505539 * sb3_2 * a2_1 * g23_3
+                + 0.5163977794943223 * sb3_3 * a2_2 * g23_3 + 0.18257418583505539 * sb3_4 * a2_3 * g23_3
+                - 0.5773502691896258 * sb3_5 * a2_4 * g23_3 - 0.2886751345948129 * sb3_0 * a2_0 * g23_4
+                + 0.4472135954999579 * sb3_2 * a2_0 * g23_4 + 0.3535533905932738 * sb3_1 * a2_1 * g23_4
+                + 0.38729833462074176 * sb3_4 * a2_2 * g23_4 + 0.18257418583505539 * sb3_3 * a2_3 * g23_4
+                + 0.3535533905932738 * sb3_5 * a2_3 * g23_4 + 0.4472135954999579 * sb3_4 * a2_4 * g23_4
+                - 0.2886751345948129 * sb3_6 * a2_4 * g23_4 + 0.45643546458763845 * sb3_0 * a2_1 * g23_5
+                - 0.3535533905932738 * sb3_2 * a2_1 * g23_5 + 0.3535533905932738 * sb3_4 * a2_3 * g23_5
+                + 0.45643546458763845 * sb3_6 * a2_3 * g23_5 - 0.5773502691896258 * sb3_3 * a2_4 * g23_5
+                + 0.2886751345948129 * sb3_2 * a2_0 * g23_6 - 0.45643546458763845 * sb3_1 * a2_1 * g23_6
+                - 0.6454972243679029 * sb3_6 * a2_2 * g23_6 + 0.45643546458763845 * sb3_5 * a2_3 * g23_6
+                - 0.2886751345948129 * sb3_4 * a2_4 * g23_6
+            )
+            acc2_0 = acc2_0 + (
+                -0.2886751345948129 * sb3_4 * wg23_0 - 0.5773502691896258 * sb3_3 * wg23_1
+                + 0.4472135954999579 * sb3_4 * wg23_2 + 0.2886751345948129 * sb3_6 * wg23_2
+                - 0.5773502691896258 * sb3_1 * wg23_3 - 0.2886751345948129 * sb3_0 * wg23_4
+                + 0.4472135954999579 * sb3_2 * wg23_4 + 0.2886751345948129 * sb3_2 * wg23_6
+            )
+            acc2_1 = acc2_1 + (
+                0.45643546458763845 * sb3_5 * wg23_0 + 0.3535533905932738 * sb3_4 * wg23_1
+                - 0.45643546458763845 * sb3_6 * wg23_1 + 0.18257418583505539 * sb3_3 * wg23_2
+                - 0.3535533905932738 * sb3_5 * wg23_2 + 0.18257418583505539 * sb3_2 * wg23_3
+                + 0.3535533905932738 * sb3_1 * wg23_4 + 0.45643546458763845 * sb3_0 * wg23_5
+                - 0.3535533905932738 * sb3_2 * wg23_5 - 0.45643546458763845 * sb3_1 * wg23_6
+            )
+            acc2_2 = acc2_2 + (
+                -0.6454972243679029 * sb3_0 * wg23_0 + 0.38729833462074176 * sb3_2 * wg23_2
+                + 0.5163977794943223 * sb3_3 * wg23_3 + 0.38729833462074176 * sb3_4 * wg23_4
+                - 0.6454972243679029 * sb3_6 * wg23_6
+            )
+            acc2_3 = acc2_3 + (
+                0.45643546458763845 * sb3_1 * wg23_0 + 0.45643546458763845 * sb3_0 * wg23_1
+                + 0.3535533905932738 * sb3_2 * wg23_1 + 0.3535533905932738 * sb3_1 * wg23_2
+                + 0.18257418583505539 * sb3_4 * wg23_3 + 0.18257418583505539 * sb3_3 * wg23_4
+                + 0.3535533905932738 * sb3_5 * wg23_4 + 0.3535533905932738 * sb3_4 * wg23_5
+                + 0.45643546458763845 * sb3_6 * wg23_5 + 0.45643546458763845 * sb3_5 * wg23_6
+            )
+            acc2_4 = acc2_4 + (
+                -0.2886751345948129 * sb3_2 * wg23_0 - 0.2886751345948129 * sb3_0 * wg23_2
+                - 0.4472135954999579 * sb3_2 * wg23_2 - 0.5773502691896258 * sb3_5 * wg23_3
+                + 0.4472135954999579 * sb3_4 * wg23_4 - 0.2886751345948129 * sb3_6 * wg23_4
+                - 0.5773502691896258 * sb3_3 * wg23_5 - 0.2886751345948129 * sb3_4 * wg23_6
+            )
+            px2_3_0 = px2_3_0 + (
+                -0.6454972243679029 * a2_2 * wg23_0 + 0.45643546458763845 * a2_3 * wg23_1
+                - 0.2886751345948129 * a2_4 * wg23_2 - 0.2886751345948129 * a2_0 * wg23_4
+                + 0.45643546458763845 * a2_1 * wg23_5
+            )
+            px2_3_1 = px2_3_1 + (
+                0.45643546458763845 * a2_3 * wg23_0 + 0.3535533905932738 * a2_3 * wg23_2
+                - 0.5773502691896258 * a2_0 * wg23_3 + 0.3535533905932738 * a2_1 * wg23_4
+                - 0.45643546458763845 * a2_1 * wg23_6
+            )
+            px2_3_2 = px2_3_2 + (
+                -0.2886751345948129 * a2_4 * wg23_0 + 0.3535533905932738 * a2_3 * wg23_1
+                + 0.38729833462074176 * a2_2 * wg23_2 - 0.4472135954999579 * a2_4 * wg23_2
+                + 0.18257418583505539 * a2_1 * wg23_3 + 0.4472135954999579 * a2_0 * wg23_4
+                - 0.3535533905932738 * a2_1 * wg23_5 + 0.2886751345948129 * a2_0 * wg23_6
+            )
+            px2_3_3 = px2_3_3 + (
+                -0.5773502691896258 * a2_0 * wg23_1 + 0.18257418583505539 * a2_1 * wg23_2
+                + 0.5163977794943223 * a2_2 * wg23_3 + 0.18257418583505539 * a2_3 * wg23_4
+                - 0.5773502691896258 * a2_4 * wg23_5
+            )
+            px2_3_4 = px2_3_4 + (
+                -0.2886751345948129 * a2_0 * wg23_0 + 0.3535533905932738 * a2_1 * wg23_1
+                + 0.4472135954999579 * a2_0 * wg23_2 + 0.18257418583505539 * a2_3 * wg23_3
+                + 0.38729833462074176 * a2_2 * wg23_4 + 0.4472135954999579 * a2_4 * wg23_4
+                + 0.3535533905932738 * a2_3 * wg23_5 - 0.2886751345948129 * a2_4 * wg23_6
+            )
+            px2_3_5 = px2_3_5 + (
+                0.45643546458763845 * a2_1 * wg23_0 - 0.3535533905932738 * a2_1 * wg23_2
+                - 0.5773502691896258 * a2_4 * wg23_3 + 0.3535533905932738 * a2_3 * wg23_4
+                + 0.45643546458763845 * a2_3 * wg23_6
+            )
+            px2_3_6 = px2_3_6 + (
+                -0.45643546458763845 * a2_1 * wg23_1 + 0.2886751345948129 * a2_0 * wg23_2
+                - 0.2886751345948129 * a2_4 * wg23_4 + 0.45643546458763845 * a2_3 * wg23_5
+                - 0.6454972243679029 * a2_2 * wg23_6
+            )
+            gw[tile_b, 1088 + tile_c.index] = gwv13
+            gw[tile_b, 1120 + tile_c.index] = gwv14
+            gw[tile_b, 1152 + tile_c.index] = gwv15
+            gw[tile_b, 1184 + tile_c.index] = gwv16
+            gw[tile_b, 1216 + tile_c.index] = gwv17
+            gw[tile_b, 1248 + tile_c.index] = gwv18
+            gw[tile_b, 1280 + tile_c.index] = gwv19
+            gw[tile_b, 1312 + tile_c.index] = gwv20
+            gw[tile_b, 1344 + tile_c.index] = gwv21
+            gw[tile_b, 1376 + tile_c.index] = gwv22
+            gw[tile_b, 1408 + tile_c.index] = gwv23
+            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc2_0, acc2_4), hl.join(acc2_2, acc2_0)), hl.join(hl.join(acc2_1, acc2_0), hl.join(acc2_3, acc2_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 5)[None, None, :])
+            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
+            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
+            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
+            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
+            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
+            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
+            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
+            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
+            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
+            hx2_3_0 = hx2_3_0 + px2_3_0.sum(1)
+            hx2_3_1 = hx2_3_1 + px2_3_1.sum(1)
+            hx2_3_2 = hx2_3_2 + px2_3_2.sum(1)
+            hx2_3_3 = hx2_3_3 + px2_3_3.sum(1)
+            hx2_3_4 = hx2_3_4 + px2_3_4.sum(1)
+            hx2_3_5 = hx2_3_5 + px2_3_5.sum(1)
+            hx2_3_6 = hx2_3_6 + px2_3_6.sum(1)
+        gx2p[tile_b, 16] = hx2_0_0
+        gx2p[tile_b, 17] = hx2_1_0
+        gx2p[tile_b, 18] = hx2_1_1
+        gx2p[tile_b, 19] = hx2_1_2
+        gx2p[tile_b, 20] = hx2_2_0
+        gx2p[tile_b, 21] = hx2_2_1
+        gx2p[tile_b, 22] = hx2_2_2
+        gx2p[tile_b, 23] = hx2_2_3
+        gx2p[tile_b, 24] = hx2_2_4
+        gx2p[tile_b, 25] = hx2_3_0
+        gx2p[tile_b, 26] = hx2_3_1
+        gx2p[tile_b, 27] = hx2_3_2
+        gx2p[tile_b, 28] = hx2_3_3
+        gx2p[tile_b, 29] = hx2_3_4
+        gx2p[tile_b, 30] = hx2_3_5
+        gx2p[tile_b, 31] = hx2_3_6
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=4, num_stages=1),
+)
+def tp_bwd_fused_2(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx1: torch.Tensor,
+    gx2p: torch.Tensor,
+    gw: torch.Tensor,
+) -> None:
+    """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 3; paths 24-33."""
+    for tile_b in hl.tile(x1.size(0), block_size=16):
+        sb0_0 = x2[tile_b, 0][:, None]
+        sb1_0 = x2[tile_b, 1][:, None]
+        sb1_1 = x2[tile_b, 2][:, None]
+        sb1_2 = x2[tile_b, 3][:, None]
+        sb2_0 = x2[tile_b, 4][:, None]
+        sb2_1 = x2[tile_b, 5][:, None]
+        sb2_2 = x2[tile_b, 6][:, None]
+        sb2_3 = x2[tile_b, 7][:, None]
+        sb2_4 = x2[tile_b, 8][:, None]
+        sb3_0 = x2[tile_b, 9][:, None]
+        sb3_1 = x2[tile_b, 10][:, None]
+        sb3_2 = x2[tile_b, 11][:, None]
+        sb3_3 = x2[tile_b, 12][:, None]
+        sb3_4 = x2[tile_b, 13][:, None]
+        sb3_5 = x2[tile_b, 14][:, None]
+        sb3_6 = x2[tile_b, 15][:, None]
+        hx2_0_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_1_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_2_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_0 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_1 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_2 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_3 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_4 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_5 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        hx2_3_6 = hl.zeros([tile_b], dtype=gx2p.dtype)
+        for tile_c in hl.tile(32, block_size=32):
+            # x1 block 3: 32x3e (10 paths)
+            a3 = hl.load(x1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            a3t = a3.reshape([tile_b, tile_c, 2, 2, 2])
+            a3te, a3to = hl.split(a3t)
+            a3tee, a3teo = hl.split(a3te)
+            a3_0, a3_4 = hl.split(a3tee)
+            a3_2, a3_6 = hl.split(a3teo)
+            a3toe, a3too = hl.split(a3to)
+            a3_1, a3_5 = hl.split(a3toe)
+            a3_3, a3_7 = hl.split(a3too)
+            # path 24: uvu 32x3e x 1x0e -> 32x3e, 7 nonzeros, weighted
+            g24 = hl.load(g, [tile_b, 6176 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g24t = g24.reshape([tile_b, tile_c, 2, 2, 2])
+            g24te, g24to = hl.split(g24t)
+            g24tee, g24teo = hl.split(g24te)
+            g24_0, g24_4 = hl.split(g24tee)
+            g24_2, g24_6 = hl.split(g24teo)
+            g24toe, g24too = hl.split(g24to)
+            g24_1, g24_5 = hl.split(g24toe)
+            g24_3, g24_7 = hl.split(g24too)
+            wt24 = weights[tile_b, 1440 + tile_c.index]
+            wg24_0 = wt24 * g24_0
+            wg24_1 = wt24 * g24_1
+            wg24_2 = wt24 * g24_2
+            wg24_3 = wt24 * g24_3
+            wg24_4 = wt24 * g24_4
+            wg24_5 = wt24 * g24_5
+            wg24_6 = wt24 * g24_6
+            gwv24 = (
+                1.0000000000000002 * sb0_0 * a3_0 * g24_0 + 1.0000000000000002 * sb0_0 * a3_1 * g24_1
+                + 1.0000000000000002 * sb0_0 * a3_2 * g24_2 + 1.0000000000000002 * sb0_0 * a3_3 * g24_3
+                + 1.0000000000000002 * sb0_0 * a3_4 * g24_4 + 1.0000000000000002 * sb0_0 * a3_5 * g24_5
+                + 1.0000000000000002 * sb0_0 * a3_6 * g24_6
+            )
+            acc3_0 = (1.0000000000000002 * sb0_0 * wg24_0)
+            acc3_1 = (1.0000000000000002 * sb0_0 * wg24_1)
+            acc3_2 = (1.0000000000000002 * sb0_0 * wg24_2)
+            acc3_3 = (1.0000000000000002 * sb0_0 * wg24_3)
+            acc3_4 = (1.0000000000000002 * sb0_0 * wg24_4)
+            acc3_5 = (1.0000000000000002 * sb0_0 * wg24_5)
+            acc3_6 = (1.0000000000000002 * sb0_0 * wg24_6)
+            px2_0_0 = (
+                1.0000000000000002 * a3_0 * wg24_0 + 1.0000000000000002 * a3_1 * wg24_1
+                + 1.0000000000000002 * a3_2 * wg24_2 + 1.0000000000000002 * a3_3 * wg24_3
+                + 1.0000000000000002 * a3_4 * wg24_4 + 1.0000000000000002 * a3_5 * wg24_5
+                + 1.0000000000000002 * a3_6 * wg24_6
+            )
+            # path 25: uvu 32x3e x 1x1e -> 32x2e, 21 nonzeros, weighted
+            g25 = hl.load(g, [tile_b, 6400 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g25t = g25.reshape([tile_b, tile_c, 2, 2, 2])
+            g25te, g25to = hl.split(g25t)
+            g25tee, g25teo = hl.split(g25te)
+            g25_0, g25_4 = hl.split(g25tee)
+            g25_2, g25_6 = hl.split(g25teo)
+            g25toe, g25too = hl.split(g25to)
+            g25_1, g25_5 = hl.split(g25toe)
+            g25_3, g25_7 = hl.split(g25too)
+            wt25 = weights[tile_b, 1472 + tile_c.index]
+            wg25_0 = wt25 * g25_0
+            wg25_1 = wt25 * g25_1
+            wg25_2 = wt25 * g25_2
+            wg25_3 = wt25 * g25_3
+            wg25_4 = wt25 * g25_4
+            gwv25 = (
+                0.5976143046671969 * sb1_2 * a3_0 * g25_0 + 0.48795003647426666 * sb1_1 * a3_1 * g25_0
+                - 0.1543033499620919 * sb1_2 * a3_2 * g25_0 - 0.1543033499620919 * sb1_0 * a3_4 * g25_0
+                - 0.5976143046671969 * sb1_0 * a3_6 * g25_0 + 0.48795003647426666 * sb1_2 * a3_1 * g25_1
+                + 0.6172133998483676 * sb1_1 * a3_2 * g25_1 - 0.3779644730092272 * sb1_0 * a3_3 * g25_1
+                - 0.48795003647426666 * sb1_0 * a3_5 * g25_1 + 0.5345224838248488 * sb1_0 * a3_2 * g25_2
+                + 0.6546536707079772 * sb1_1 * a3_3 * g25_2 + 0.5345224838248488 * sb1_2 * a3_4 * g25_2
+                + 0.48795003647426666 * sb1_0 * a3_1 * g25_3 - 0.3779644730092272 * sb1_2 * a3_3 * g25_3
+                + 0.6172133998483676 * sb1_1 * a3_4 * g25_3 + 0.48795003647426666 * sb1_2 * a3_5 * g25_3
+                + 0.5976143046671969 * sb1_0 * a3_0 * g25_4 + 0.1543033499620919 * sb1_0 * a3_2 * g25_4
+                - 0.1543033499620919 * sb1_2 * a3_4 * g25_4 + 0.48795003647426666 * sb1_1 * a3_5 * g25_4
+                + 0.5976143046671969 * sb1_2 * a3_6 * g25_4
+            )
+            acc3_0 = acc3_0 + (0.5976143046671969 * sb1_2 * wg25_0 + 0.5976143046671969 * sb1_0 * wg25_4)
+            acc3_1 = acc3_1 + (
+                0.48795003647426666 * sb1_1 * wg25_0 + 0.48795003647426666 * sb1_2 * wg25_1
+                + 0.48795003647426666 * sb1_0 * wg25_3
+            )
+            acc3_2 = acc3_2 + (
+                -0.1543033499620919 * sb1_2 * wg25_0 + 0.6172133998483676 * sb1_1 * wg25_1
+                + 0.5345224838248488 * sb1_0 * wg25_2 + 0.1543033499620919 * sb1_0 * wg25_4
+            )
+            acc3_3 = acc3_3 + (
+                -0.3779644730092272 * sb1_0 * wg25_1 + 0.6546536707079772 * sb1_1 * wg25_2
+                - 0.3779644730092272 * sb1_2 * wg25_3
+            )
+            acc3_4 = acc3_4 + (
+                -0.1543033499620919 * sb1_0 * wg25_0 + 0.5345224838248488 * sb1_2 * wg25_2
+                + 0.6172133998483676 * sb1_1 * wg25_3 - 0.1543033499620919 * sb1_2 * wg25_4
+            )
+            acc3_5 = acc3_5 + (
+                -0.48795003647426666 * sb1_0 * wg25_1 + 0.48795003647426666 * sb1_2 * wg25_3
+                + 0.48795003647426666 * sb1_1 * wg25_4
+            )
+            acc3_6 = acc3_6 + (-0.5976143046671969 * sb1_0 * wg25_0 + 0.5976143046671969 * sb1_2 * wg25_4)
+            px2_1_0 = (
+                -0.1543033499620919 * a3_4 * wg25_0 - 0.5976143046671969 * a3_6 * wg25_0
+                - 0.3779644730092272 * a3_3 * wg25_1 - 0.48795003647426666 * a3_5 * wg25_1
+                + 0.5345224838248488 * a3_2 * wg25_2 + 0.48795003647426666 * a3_1 * wg25_3
+                + 0.5976143046671969 * a3_0 * wg25_4 + 0.1543033499620919 * a3_2 * wg25_4
+            )
+            px2_1_1 = (
+                0.48795003647426666 * a3_1 * wg25_0 + 0.6172133998483676 * a3_2 * wg25_1
+                + 0.6546536707079772 * a3_3 * wg25_2 + 0.6172133998483676 * a3_4 * wg25_3
+                + 0.48795003647426666 * a3_5 * wg25_4
+            )
+            px2_1_2 = (
+                0.5976143046671969 * a3_0 * wg25_0 - 0.1543033499620919 * a3_2 * wg25_0
+                + 0.48795003647426666 * a3_1 * wg25_1 + 0.5345224838248488 * a3_4 * wg25_2
+                - 0.3779644730092272 * a3_3 * wg25_3 + 0.48795003647426666 * a3_5 * wg25_3
+                - 0.1543033499620919 * a3_4 * wg25_4 + 0.5976143046671969 * a3_6 * wg25_4
+            )
+            # path 26: uvu 32x3e x 1x1e -> 32x3e, 26 nonzeros, weighted
+            g26 = hl.load(g, [tile_b, 6560 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g26t = g26.reshape([tile_b, tile_c, 2, 2, 2])
+            g26te, g26to = hl.split(g26t)
+            g26tee, g26teo = hl.split(g26te)
+            g26_0, g26_4 = hl.split(g26tee)
+            g26_2, g26_6 = hl.split(g26teo)
+            g26toe, g26too = hl.split(g26to)
+            g26_1, g26_5 = hl.split(g26toe)
+            g26_3, g26_7 = hl.split(g26too)
+            wt26 = weights[tile_b, 1504 + tile_c.index]
+            wg26_0 = wt26 * g26_0
+            wg26_1 = wt26 * g26_1
+            wg26_2 = wt26 * g26_2
+            wg26_3 = wt26 * g26_3
+            wg26_4 = wt26 * g26_4
+            wg26_5 = wt26 * g26_5
+            wg26_6 = wt26 * g26_6
+            gwv26 = (
+                -0.3535533905932738 * sb1_0 * a3_1 * g26_0 + 0.3535533905932738 * sb1_2 * a3_5 * g26_0
+                - 0.8660254037844387 * sb1_1 * a3_6 * g26_0 + 0.3535533905932738 * sb1_0 * a3_0 * g26_1
+                - 0.45643546458763845 * sb1_0 * a3_2 * g26_1 + 0.45643546458763845 * sb1_2 * a3_4 * g26_1
+                - 0.5773502691896258 * sb1_1 * a3_5 * g26_1 + 0.3535533905932738 * sb1_2 * a3_6 * g26_1
+                + 0.45643546458763845 * sb1_0 * a3_1 * g26_2 + 0.7071067811865476 * sb1_2 * a3_3 * g26_2
+                - 0.2886751345948129 * sb1_1 * a3_4 * g26_2 + 0.45643546458763845 * sb1_2 * a3_5 * g26_2
+                - 0.7071067811865476 * sb1_2 * a3_2 * g26_3 + 0.7071067811865476 * sb1_0 * a3_4 * g26_3
+                - 0.45643546458763845 * sb1_2 * a3_1 * g26_4 + 0.2886751345948129 * sb1_1 * a3_2 * g26_4
+                - 0.7071067811865476 * sb1_0 * a3_3 * g26_4 + 0.45643546458763845 * sb1_0 * a3_5 * g26_4
+                - 0.3535533905932738 * sb1_2 * a3_0 * g26_5 + 0.5773502691896258 * sb1_1 * a3_1 * g26_5
+                - 0.45643546458763845 * sb1_2 * a3_2 * g26_5 - 0.45643546458763845 * sb1_0 * a3_4 * g26_5
+                + 0.3535533905932738 * sb1_0 * a3_6 * g26_5 + 0.8660254037844387 * sb1_1 * a3_0 * g26_6
+                - 0.3535533905932738 * sb1_2 * a3_1 * g26_6 - 0.3535533905932738 * sb1_0 * a3_5 * g26_6
+            )
+            acc3_0 = acc3_0 + (
+                0.3535533905932738 * sb1_0 * wg26_1 - 0.3535533905932738 * sb1_2 * wg26_5
+                + 0.8660254037844387 * sb1_1 * wg26_6
+            )
+            acc3_1 = acc3_1 + (
+                -0.3535533905932738 * sb1_0 * wg26_0 + 0.45643546458763845 * sb1_0 * wg26_2
+                - 0.45643546458763845 * sb1_2 * wg26_4 + 0.5773502691896258 * sb1_1 * wg26_5
+                - 0.3535533905932738 * sb1_2 * wg26_6
+            )
+            acc3_2 = acc3_2 + (
+                -0.45643546458763845 * sb1_0 * wg26_1 - 0.7071067811865476 * sb1_2 * wg26_3
+                + 0.2886751345948129 * sb1_1 * wg26_4 - 0.45643546458763845 * sb1_2 * wg26_5
+            )
+            acc3_3 = acc3_3 + (0.7071067811865476 * sb1_2 * wg26_2 - 0.7071067811865476 * sb1_0 * wg26_4)
+            acc3_4 = acc3_4 + (
+                0.45643546458763845 * sb1_2 * wg26_1 - 0.2886751345948129 * sb1_1 * wg26_2
+                + 0.7071067811865476 * sb1_0 * wg26_3 - 0.45643546458763845 * sb1_0 * wg26_5
+            )
+            acc3_5 = acc3_5 + (
+                0.3535533905932738 * sb1_2 * wg26_0 - 0.5773502691896258 * sb1_1 * wg26_1
+                + 0.45643546458763845 * sb1_2 * wg26_2 + 0.45643546458763845 * sb1_0 * wg26_4
+                - 0.3535533905932738 * sb1_0 * wg26_6
+            )
+            acc3_6 = acc3_6 + (
+                -0.8660254037844387 * sb1_1 * wg26_0 + 0.3535533905932738 * sb1_2 * wg26_1
+                + 0.3535533905932738 * sb1_0 * wg26_5
+            )
+            px2_1_0 = px2_1_0 + (
+                -0.3535533905932738 * a3_1 * wg26_0 + 0.3535533905932738 * a3_0 * wg26_1
+                - 0.45643546458763845 * a3_2 * wg26_1 + 0.45643546458763845 * a3_1 * wg26_2
+                + 0.7071067811865476 * a3_4 * wg26_3 - 0.7071067811865476 * a3_3 * wg26_4
+                + 0.45643546458763845 * a3_5 * wg26_4 - 0.45643546458763845 * a3_4 * wg26_5
+                + 0.3535533905932738 * a3_6 * wg26_5 - 0.3535533905932738 * a3_5 * wg26_6
+            )
+            px2_1_1 = px2_1_1 + (
+                -0.8660254037844387 * a3_6 * wg26_0 - 0.5773502691896258 * a3_5 * wg26_1
+                - 0.2886751345948129 * a3_4 * wg26_2 + 0.2886751345948129 * a3_2 * wg26_4
+                + 0.5773502691896258 * a3_1 * wg26_5 + 0.8660254037844387 * a3_0 * wg26_6
+            )
+            px2_1_2 = px2_1_2 + (
+                0.3535533905932738 * a3_5 * wg26_0 + 0.45643546458763845 * a3_4 * wg26_1
+                + 0.3535533905932738 * a3_6 * wg26_1 + 0.7071067811865476 * a3_3 * wg26_2
+                + 0.45643546458763845 * a3_5 * wg26_2 - 0.7071067811865476 * a3_2 * wg26_3
+                - 0.45643546458763845 * a3_1 * wg26_4 - 0.3535533905932738 * a3_0 * wg26_5
+                - 0.45643546458763845 * a3_2 * wg26_5 - 0.3535533905932738 * a3_1 * wg26_6
+            )
+            # path 27: uvu 32x3e x 1x2e -> 32x1e, 21 nonzeros, weighted
+            g27 = hl.load(g, [tile_b, 6784 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g27t = g27.reshape([tile_b, tile_c, 2, 2])
+            g27te, g27to = hl.split(g27t)
+            g27_0, g27_2 = hl.split(g27te)
+            g27_1, g27_3 = hl.split(g27to)
+            wt27 = weights[tile_b, 1536 + tile_c.index]
+            wg27_0 = wt27 * g27_0
+            wg27_1 = wt27 * g27_1
+            wg27_2 = wt27 * g27_2
+            gwv27 = (
+                0.4629100498862757 * sb2_4 * a3_0 * g27_0 + 0.3779644730092272 * sb2_3 * a3_1 * g27_0
+                + 0.4140393356054125 * sb2_2 * a3_2 * g27_0 + 0.11952286093343936 * sb2_4 * a3_2 * g27_0
+                - 0.2927700218845599 * sb2_1 * a3_3 * g27_0 - 0.11952286093343936 * sb2_0 * a3_4 * g27_0
+                - 0.3779644730092272 * sb2_1 * a3_5 * g27_0 - 0.4629100498862757 * sb2_0 * a3_6 * g27_0
+                + 0.3779644730092272 * sb2_0 * a3_1 * g27_1 + 0.47809144373375745 * sb2_1 * a3_2 * g27_1
+                + 0.50709255283711 * sb2_2 * a3_3 * g27_1 + 0.47809144373375745 * sb2_3 * a3_4 * g27_1
+                + 0.3779644730092272 * sb2_4 * a3_5 * g27_1 + 0.4629100498862757 * sb2_0 * a3_0 * g27_2
+                + 0.3779644730092272 * sb2_1 * a3_1 * g27_2 - 0.11952286093343936 * sb2_0 * a3_2 * g27_2
+                - 0.2927700218845599 * sb2_3 * a3_3 * g27_2 + 0.4140393356054125 * sb2_2 * a3_4 * g27_2
+                - 0.11952286093343936 * sb2_4 * a3_4 * g27_2 + 0.3779644730092272 * sb2_3 * a3_5 * g27_2
+                + 0.4629100498862757 * sb2_4 * a3_6 * g27_2
+            )
+            acc3_0 = acc3_0 + (0.4629100498862757 * sb2_4 * wg27_0 + 0.4629100498862757 * sb2_0 * wg27_2)
+            acc3_1 = acc3_1 + (
+                0.3779644730092272 * sb2_3 * wg27_0 + 0.3779644730092272 * sb2_0 * wg27_1
+                + 0.3779644730092272 * sb2_1 * wg27_2
+            )
+            acc3_2 = acc3_2 + (
+                0.4140393356054125 * sb2_2 * wg27_0 + 0.11952286093343936 * sb2_4 * wg27_0
+                + 0.47809144373375745 * sb2_1 * wg27_1 - 0.11952286093343936 * sb2_0 * wg27_2
+            )
+            acc3_3 = acc3_3 + (
+                -0.2927700218845599 * sb2_1 * wg27_0 + 0.50709255283711 * sb2_2 * wg27_1
+                - 0.2927700218845599 * sb2_3 * wg27_2
+            )
+            acc3_4 = acc3_4 + (
+                -0.11952286093343936 * sb2_0 * wg27_0 + 0.47809144373375745 * sb2_3 * wg27_1
+                + 0.4140393356054125 * sb2_2 * wg27_2 - 0.11952286093343936 * sb2_4 * wg27_2
+            )
+            acc3_5 = acc3_5 + (
+                -0.3779644730092272 * sb2_1 * wg27_0 + 0.3779644730092272 * sb2_4 * wg27_1
+                + 0.3779644730092272 * sb2_3 * wg27_2
+            )
+            acc3_6 = acc3_6 + (-0.4629100498862757 * sb2_0 * wg27_0 + 0.4629100498862757 * sb2_4 * wg27_2)
+            px2_2_0 = (
+                -0.11952286093343936 * a3_4 * wg27_0 - 0.4629100498862757 * a3_6 * wg27_0
+                + 0.3779644730092272 * a3_1 * wg27_1 + 0.4629100498862757 * a3_0 * wg27_2
+                - 0.11952286093343936 * a3_2 * wg27_2
+            )
+            px2_2_1 = (
+                -0.2927700218845599 * a3_3 * wg27_0 - 0.3779644730092272 * a3_5 * wg27_0
+                + 0.47809144373375745 * a3_2 * wg27_1 + 0.3779644730092272 * a3_1 * wg27_2
+            )
+            px2_2_2 = (
+                0.4140393356054125 * a3_2 * wg27_0 + 0.50709255283711 * a3_3 * wg27_1
+                + 0.4140393356054125 * a3_4 * wg27_2
+            )
+            px2_2_3 = (
+                0.3779644730092272 * a3_1 * wg27_0 + 0.47809144373375745 * a3_4 * wg27_1
+                - 0.2927700218845599 * a3_3 * wg27_2 + 0.3779644730092272 * a3_5 * wg27_2
+            )
+            px2_2_4 = (
+                0.4629100498862757 * a3_0 * wg27_0 + 0.11952286093343936 * a3_2 * wg27_0
+                + 0.3779644730092272 * a3_5 * wg27_1 - 0.11952286093343936 * a3_4 * wg27_2
+                + 0.4629100498862757 * a3_6 * wg27_2
+            )
+            # path 28: uvu 32x3e x 1x2e -> 32x2e, 28 nonzeros, weighted
+            g28 = hl.load(g, [tile_b, 6880 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g28t = g28.reshape([tile_b, tile_c, 2, 2, 2])
+            g28te, g28to = hl.split(g28t)
+            g28tee, g28teo = hl.split(g28te)
+            g28_0, g28_4 = hl.split(g28tee)
+            g28_2, g28_6 = hl.split(g28teo)
+            g28toe, g28too = hl.split(g28to)
+            g28_1, g28_5 = hl.split(g28toe)
+            g28_3, g28_7 = hl.split(g28too)
+            wt28 = weights[tile_b, 1568 + tile_c.index]
+            wg28_0 = wt28 * g28_0
+            wg28_1 = wt28 * g28_1
+            wg28_2 = wt28 * g28_2
+            wg28_3 = wt28 * g28_3
+            wg28_4 = wt28 * g28_4
+            gwv28 = (
+                -0.42257712736425834 * sb2_1 * a3_0 * g28_0 - 0.3273268353539886 * sb2_1 * a3_2 * g28_0
+                - 0.2672612419124244 * sb2_4 * a3_3 * g28_0 + 0.3273268353539886 * sb2_3 * a3_4 * g28_0
+                - 0.5976143046671969 * sb2_2 * a3_5 * g28_0 - 0.42257712736425834 * sb2_3 * a3_6 * g28_0
+                + 0.42257712736425834 * sb2_0 * a3_0 * g28_1 + 0.3273268353539886 * sb2_0 * a3_2 * g28_1
+                + 0.5345224838248488 * sb2_3 * a3_3 * g28_1 - 0.3779644730092272 * sb2_2 * a3_4 * g28_1
+                + 0.3273268353539886 * sb2_4 * a3_4 * g28_1 + 0.42257712736425834 * sb2_4 * a3_6 * g28_1
+                - 0.5976143046671969 * sb2_4 * a3_1 * g28_2 - 0.3779644730092272 * sb2_3 * a3_2 * g28_2
+                + 0.3779644730092272 * sb2_1 * a3_4 * g28_2 + 0.5976143046671969 * sb2_0 * a3_5 * g28_2
+                - 0.42257712736425834 * sb2_4 * a3_0 * g28_3 + 0.3779644730092272 * sb2_2 * a3_2 * g28_3
+                + 0.3273268353539886 * sb2_4 * a3_2 * g28_3 - 0.5345224838248488 * sb2_1 * a3_3 * g28_3
+                - 0.3273268353539886 * sb2_0 * a3_4 * g28_3 + 0.42257712736425834 * sb2_0 * a3_6 * g28_3
+                + 0.42257712736425834 * sb2_3 * a3_0 * g28_4 + 0.5976143046671969 * sb2_2 * a3_1 * g28_4
+                - 0.3273268353539886 * sb2_3 * a3_2 * g28_4 + 0.2672612419124244 * sb2_0 * a3_3 * g28_4
+                - 0.3273268353539886 * sb2_1 * a3_4 * g28_4 - 0.42257712736425834 * sb2_1 * a3_6 * g28_4
+            )
+            acc3_0 = acc3_0 + (
+                -0.42257712736425834 * sb2_1 * wg28_0 + 0.42257712736425834 * sb2_0 * wg28_1
+                - 0.42257712736425834 * sb2_4 * wg28_3 + 0.42257712736425834 * sb2_3 * wg28_4
+            )
+            acc3_1 = acc3_1 + (-0.5976143046671969 * sb2_4 * wg28_2 + 0.5976143046671969 * sb2_2 * wg28_4)
+            acc3_2 = acc3_2 + (
+                -0.3273268353539886 * sb2_1 * wg28_0 + 0.3273268353539886 * sb2_0 * wg28_1
+                - 0.3779644730092272 * sb2_3 * wg28_2 + 0.3779644730092272 * sb2_2 * wg28_3
+                + 0.3273268353539886 * sb2_4 * wg28_3 - 0.3273268353539886 * sb2_3 * wg28_4
+            )
+            acc3_3 = acc3_3 + (
+                -0.2672612419124244 * sb2_4 * wg28_0 + 0.5345224838248488 * sb2_3 * wg28_1
+                - 0.5345224838248488 * sb2_1 * wg28_3 + 0.2672612419124244 * sb2_0 * wg28_4
+            )
+            acc3_4 = acc3_4 + (
+                0.3273268353539886 * sb2_3 * wg28_0 - 0.3779644730092272 * sb2_2 * wg28_1
+                + 0.3273268353539886 * sb2_4 * wg28_1 + 0.3779644730092272 * sb2_1 * wg28_2
+                - 0.3273268353539886 * sb2_0 * wg28_3 - 0.3273268353539886 * sb2_1 * wg28_4
+            )
+            acc3_5 = acc3_5 + (-0.5976143046671969 * sb2_2 * wg28_0 + 0.5976143046671969 * sb2_0 * wg28_2)
+            acc3_6 = acc3_6 + (
+                -0.42257712736425834 * sb2_3 * wg28_0 + 0.42257712736425834 * sb2_4 * wg28_1
+                + 0.42257712736425834 * sb2_0 * wg28_3 - 0.42257712736425834 * sb2_1 * wg28_4
+            )
+            px2_2_0 = px2_2_0 + (
+                0.42257712736425834 * a3_0 * wg28_1 + 0.3273268353539886 * a3_2 * wg28_1
+                + 0.5976143046671969 * a3_5 * wg28_2 - 0.3273268353539886 * a3_4 * wg28_3
+                + 0.42257712736425834 * a3_6 * wg28_3 + 0.2672612419124244 * a3_3 * wg28_4
+            )
+            px2_2_1 = px2_2_1 + (
+                -0.42257712736425834 * a3_0 * wg28_0 - 0.3273268353539886 * a3_2 * wg28_0
+                + 0.3779644730092272 * a3_4 * wg28_2 - 0.5345224838248488 * a3_3 * wg28_3
+                - 0.3273268353539886 * a3_4 * wg28_4 - 0.42257712736425834 * a3_6 * wg28_4
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.5976143046671969 * a3_5 * wg28_0 - 0.3779644730092272 * a3_4 * wg28_1
+                + 0.3779644730092272 * a3_2 * wg28_3 + 0.5976143046671969 * a3_1 * wg28_4
+            )
+            px2_2_3 = px2_2_3 + (
+                0.3273268353539886 * a3_4 * wg28_0 - 0.42257712736425834 * a3_6 * wg28_0
+                + 0.5345224838248488 * a3_3 * wg28_1 - 0.3779644730092272 * a3_2 * wg28_2
+                + 0.42257712736425834 * a3_0 * wg28_4 - 0.3273268353539886 * a3_2 * wg28_4
+            )
+            px2_2_4 = px2_2_4 + (
+                -0.2672612419124244 * a3_3 * wg28_0 + 0.3273268353539886 * a3_4 * wg28_1
+                + 0.42257712736425834 * a3_6 * wg28_1 - 0.5976143046671969 * a3_1 * wg28_2
+                - 0.42257712736425834 * a3_0 * wg28_3 + 0.3273268353539886 * a3_2 * wg28_3
+            )
+            # path 29: uvu 32x3e x 1x2e -> 32x3e, 41 nonzeros, weighted
+            g29 = hl.load(g, [tile_b, 7040 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g29t = g29.reshape([tile_b, tile_c, 2, 2, 2])
+            g29te, g29to = hl.split(g29t)
+            g29tee, g29teo = hl.split(g29te)
+            g29_0, g29_4 = hl.split(g29tee)
+            g29_2, g29_6 = hl.split(g29teo)
+            g29toe, g29too = hl.split(g29to)
+            g29_1, g29_5 = hl.split(g29toe)
+            g29_3, g29_7 = hl.split(g29too)
+            wt29 = weights[tile_b, 1600 + tile_c.index]
+            wg29_0 = wt29 * g29_0
+            wg29_1 = wt29 * g29_1
+            wg29_2 = wt29 * g29_2
+            wg29_3 = wt29 * g29_3
+            wg29_4 = wt29 * g29_4
+            wg29_5 = wt29 * g29_5
+            wg29_6 = wt29 * g29_6
+            gwv29 = (
+                -0.6454972243679029 * sb2_2 * a3_0 * g29_0 + 0.45643546458763845 * sb2_3 * a3_1 * g29_0
+                - 0.2886751345948129 * sb2_4 * a3_2 * g29_0 - 0.2886751345948129 * sb2_0 * a3_4 * g29_0
+                + 0.45643546458763845 * sb2_1 * a3_5 * g29_0 + 0.45643546458763845 * sb2_3 * a3_0 * g29_1
+                + 0.3535533905932738 * sb2_3 * a3_2 * g29_1 - 0.5773502691896258 * sb2_0 * a3_3 * g29_1
+                + 0.3535533905932738 * sb2_1 * a3_4 * g29_1 - 0.45643546458763845 * sb2_1 * a3_6 * g29_1
+                - 0.2886751345948129 * sb2_4 * a3_0 * g29_2 + 0.3535533905932738 * sb2_3 * a3_1 * g29_2
+                + 0.38729833462074176 * sb2_2 * a3_2 * g29_2 - 0.4472135954999579 * sb2_4 * a3_2 * g29_2
+                + 0.18257418583505539 * sb2_1 * a3_3 * g29_2 + 0.4472135954999579 * sb2_0 * a3_4 * g29_2
+                - 0.3535533905932738 * sb2_1 * a3_5 * g29_2 + 0.2886751345948129 * sb2_0 * a3_6 * g29_2
+                - 0.5773502691896258 * sb2_0 * a3_1 * g29_3 + 0.18257418583505539 * sb2_1 * a3_2 * g29_3
+                + 0.5163977794943223 * sb2_2 * a3_3 * g29_3 + 0.18257418583505539 * sb2_3 * a3_4 * g29_3
+                - 0.5773502691896258 * sb2_4 * a3_5 * g29_3 - 0.2886751345948129 * sb2_0 * a3_0 * g29_4
+                + 0.3535533905932738 * sb2_1 * a3_1 * g29_4 + 0.4472135954999579 * sb2_0 * a3_2 * g29_4
+                + 0.18257418583505539 * sb2_3 * a3_3 * g29_4 + 0.38729833462074176 * sb2_2 * a3_4 * g29_4
+                + 0.4472135954999579 * sb2_4 * a3_4 * g29_4 + 0.3535533905932738 * sb2_3 * a3_5 * g29_4
+                - 0.2886751345948129 * sb2_4 * a3_6 * g29_4 + 0.45643546458763845 * sb2_1 * a3_0 * g29_5
+                - 0.3535533905932738 * sb2_1 * a3_2 * g29_5 - 0.5773502691896258 * sb2_4 * a3_3 * g29_5
+                + 0.3535533905932738 * sb2_3 * a3_4 * g29_5 + 0.45643546458763845 * sb2_3 * a3_6 * g29_5
+                - 0.45643546458763845 * sb2_1 * a3_1 * g29_6 + 0.2886751345948129 * sb2_0 * a3_2 * g29_6
+                - 0.2886751345948129 * sb2_4 * a3_4 * g29_6 + 0.45643546458763845 * sb2_3 * a3_5 * g29_6
+                - 0.6454972243679029 * sb2_2 * a3_6 * g29_6
+            )
+            acc3_0 = acc3_0 + (
+                -0.6454972243679029 * sb2_2 * wg29_0 + 0.45643546458763845 * sb2_3 * wg29_1
+                - 0.2886751345948129 * sb2_4 * wg29_2 - 0.2886751345948129 * sb2_0 * wg29_4
+                + 0.45643546458763845 * sb2_1 * wg29_5
+            )
+            acc3_1 = acc3_1 + (
+                0.45643546458763845 * sb2_3 * wg29_0 + 0.3535533905932738 * sb2_3 * wg29_2
+                - 0.5773502691896258 * sb2_0 * wg29_3 + 0.3535533905932738 * sb2_1 * wg29_4
+                - 0.45643546458763845 * sb2_1 * wg29_6
+            )
+            acc3_2 = acc3_2 + (
+                -0.2886751345948129 * sb2_4 * wg29_0 + 0.3535533905932738 * sb2_3 * wg29_1
+                + 0.38729833462074176 * sb2_2 * wg29_2 - 0.4472135954999579 * sb2_4 * wg29_2
+                + 0.18257418583505539 * sb2_1 * wg29_3 + 0.4472135954999579 * sb2_0 * wg29_4
+                - 0.3535533905932738 * sb2_1 * wg29_5 + 0.2886751345948129 * sb2_0 * wg29_6
+            )
+            acc3_3 = acc3_3 + (
+                -0.5773502691896258 * sb2_0 * wg29_1 + 0.18257418583505539 * sb2_1 * wg29_2
+                + 0.5163977794943223 * sb2_2 * wg29_3 + 0.18257418583505539 * sb2_3 * wg29_4
+                - 0.5773502691896258 * sb2_4 * wg29_5
+            )
+            acc3_4 = acc3_4 + (
+                -0.2886751345948129 * sb2_0 * wg29_0 + 0.3535533905932738 * sb2_1 * wg29_1
+                + 0.4472135954999579 * sb2_0 * wg29_2 + 0.18257418583505539 * sb2_3 * wg29_3
+                + 0.38729833462074176 * sb2_2 * wg29_4 + 0.4472135954999579 * sb2_4 * wg29_4
+                + 0.3535533905932738 * sb2_3 * wg29_5 - 0.2886751345948129 * sb2_4 * wg29_6
+            )
+            acc3_5 = acc3_5 + (
+                0.45643546458763845 * sb2_1 * wg29_0 - 0.3535533905932738 * sb2_1 * wg29_2
+                - 0.5773502691896258 * sb2_4 * wg29_3 + 0.3535533905932738 * sb2_3 * wg29_4
+                + 0.45643546458763845 * sb2_3 * wg29_6
+            )
+            acc3_6 = acc3_6 + (
+                -0.45643546458763845 * sb2_1 * wg29_1 + 0.2886751345948129 * sb2_0 * wg29_2
+                - 0.2886751345948129 * sb2_4 * wg29_4 + 0.45643546458763845 * sb2_3 * wg29_5
+                - 0.6454972243679029 * sb2_2 * wg29_6
+            )
+            px2_2_0 = px2_2_0 + (
+                -0.2886751345948129 * a3_4 * wg29_0 - 0.5773502691896258 * a3_3 * wg29_1
+                + 0.4472135954999579 * a3_4 * wg29_2 + 0.2886751345948129 * a3_6 * wg29_2
+                - 0.5773502691896258 * a3_1 * wg29_3 - 0.2886751345948129 * a3_0 * wg29_4
+                + 0.4472135954999579 * a3_2 * wg29_4 + 0.2886751345948129 * a3_2 * wg29_6
+            )
+            px2_2_1 = px2_2_1 + (
+                0.45643546458763845 * a3_5 * wg29_0 + 0.3535533905932738 * a3_4 * wg29_1
+                - 0.45643546458763845 * a3_6 * wg29_1 + 0.18257418583505539 * a3_3 * wg29_2
+                - 0.3535533905932738 * a3_5 * wg29_2 + 0.18257418583505539 * a3_2 * wg29_3
+                + 0.3535533905932738 * a3_1 * wg29_4 + 0.45643546458763845 * a3_0 * wg29_5
+                - 0.3535533905932738 * a3_2 * wg29_5 - 0.45643546458763845 * a3_1 * wg29_6
+            )
+            px2_2_2 = px2_2_2 + (
+                -0.6454972243679029 * a3_0 * wg29_0 + 0.38729833462074176 * a3_2 * wg29_2
+                + 0.5163977794943223 * a3_3 * wg29_3 + 0.38729833462074176 * a3_4 * wg29_4
+                - 0.6454972243679029 * a3_6 * wg29_6
+            )
+            px2_2_3 = px2_2_3 + (
+                0.45643546458763845 * a3_1 * wg29_0 + 0.45643546458763845 * a3_0 * wg29_1
+                + 0.3535533905932738 * a3_2 * wg29_1 + 0.3535533905932738 * a3_1 * wg29_2
+                + 0.18257418583505539 * a3_4 * wg29_3 + 0.18257418583505539 * a3_3 * wg29_4
+                + 0.3535533905932738 * a3_5 * wg29_4 + 0.3535533905932738 * a3_4 * wg29_5
+                + 0.45643546458763845 * a3_6 * wg29_5 + 0.45643546458763845 * a3_5 * wg29_6
+            )
+            px2_2_4 = px2_2_4 + (
+                -0.2886751345948129 * a3_2 * wg29_0 - 0.2886751345948129 * a3_0 * wg29_2
+                - 0.4472135954999579 * a3_2 * wg29_2 - 0.5773502691896258 * a3_5 * wg29_3
+                + 0.4472135954999579 * a3_4 * wg29_4 - 0.2886751345948129 * a3_6 * wg29_4
+                - 0.5773502691896258 * a3_3 * wg29_5 - 0.2886751345948129 * a3_4 * wg29_6
+            )
+            # path 30: uvu 32x3e x 1x3e -> 32x0e, 7 nonzeros, weighted
+            g30_0 = g[tile_b, 7264 + tile_c.index]
+            wt30 = weights[tile_b, 1632 + tile_c.index]
+            wg30_0 = wt30 * g30_0
+            gwv30 = (
+                0.37796447300922725 * sb3_0 * a3_0 * g30_0 + 0.37796447300922725 * sb3_1 * a3_1 * g30_0
+                + 0.37796447300922725 * sb3_2 * a3_2 * g30_0 + 0.37796447300922725 * sb3_3 * a3_3 * g30_0
+                + 0.37796447300922725 * sb3_4 * a3_4 * g30_0 + 0.37796447300922725 * sb3_5 * a3_5 * g30_0
+                + 0.37796447300922725 * sb3_6 * a3_6 * g30_0
+            )
+            acc3_0 = acc3_0 + (0.37796447300922725 * sb3_0 * wg30_0)
+            acc3_1 = acc3_1 + (0.37796447300922725 * sb3_1 * wg30_0)
+            acc3_2 = acc3_2 + (0.37796447300922725 * sb3_2 * wg30_0)
+            acc3_3 = acc3_3 + (0.37796447300922725 * sb3_3 * wg30_0)
+            acc3_4 = acc3_4 + (0.37796447300922725 * sb3_4 * wg30_0)
+            acc3_5 = acc3_5 + (0.37796447300922725 * sb3_5 * wg30_0)
+            acc3_6 = acc3_6 + (0.37796447300922725 * sb3_6 * wg30_0)
+            px2_3_0 = (0.37796447300922725 * a3_0 * wg30_0)
+            px2_3_1 = (0.37796447300922725 * a3_1 * wg30_0)
+            px2_3_2 = (0.37796447300922725 * a3_2 * wg30_0)
+            px2_3_3 = (0.37796447300922725 * a3_3 * wg30_0)
+            px2_3_4 = (0.37796447300922725 * a3_4 * wg30_0)
+            px2_3_5 = (0.37796447300922725 * a3_5 * wg30_0)
+            px2_3_6 = (0.37796447300922725 * a3_6 * wg30_0)
+            # path 31: uvu 32x3e x 1x3e -> 32x1e, 26 nonzeros, weighted
+            g31 = hl.load(g, [tile_b, 7296 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+            g31t = g31.reshape([tile_b, tile_c, 2, 2])
+            g31te, g31to = hl.split(g31t)
+            g31_0, g31_2 = hl.split(g31te)
+            g31_1, g31_3 = hl.split(g31to)
+            wt31 = weights[tile_b, 1664 + tile_c.index]
+            wg31_0 = wt31 * g31_0
+            wg31_1 = wt31 * g31_1
+            wg31_2 = wt31 * g31_2
+            gwv31 = (
+                -0.23145502494313785 * sb3_1 * a3_0 * g31_0 + 0.23145502494313785 * sb3_0 * a3_1 * g31_0
+                - 0.2988071523335984 * sb3_2 * a3_1 * g31_0 + 0.2988071523335984 * sb3_1 * a3_2 * g31_0
+                + 0.4629100498862757 * sb3_4 * a3_3 * g31_0 - 0.4629100498862757 * sb3_3 * a3_4 * g31_0
+                + 0.2988071523335984 * sb3_5 * a3_4 * g31_0 - 0.2988071523335984 * sb3_4 * a3_5 * g31_0
+                + 0.23145502494313785 * sb3_6 * a3_5 * g31_0 - 0.23145502494313785 * sb3_5 * a3_6 * g31_0
+                - 0.5669467095138409 * sb3_6 * a3_0 * g31_1 - 0.3779644730092272 * sb3_5 * a3_1 * g31_1
+                - 0.1889822365046136 * sb3_4 * a3_2 * g31_1 + 0.1889822365046136 * sb3_2 * a3_4 * g31_1
+                + 0.3779644730092272 * sb3_1 * a3_5 * g31_1 + 0.5669467095138409 * sb3_0 * a3_6 * g31_1
+                + 0.23145502494313785 * sb3_5 * a3_0 * g31_2 + 0.2988071523335984 * sb3_4 * a3_1 * g31_2
+                + 0.23145502494313785 * sb3_6 * a3_1 * g31_2 + 0.4629100498862757 * sb3_3 * a3_2 * g31_2
+                + 0.2988071523335984 * sb3_5 * a3_2 * g31_2 - 0.4629100498862757 * sb3_2 * a3_3 * g31_2
+                - 0.2988071523335984 * sb3_1 * a3_4 * g31_2 - 0.23145502494313785 * sb3_0 * a3_5 * g31_2
+                - 0.2988071523335984 * sb3_2 * a3_5 * g31_2 - 0.23145502494313785 * sb3_1 * a3_6 * g31_2
+            )
+            acc3_0 = acc3_0 + (
+                -0.23145502494313785 * sb3_1 * wg31_0 - 0.5669467095138409 * sb3_6 * wg31_1
+                + 0.23145502494313785 * sb3_5 * wg31_2
+            )
+            acc3_1 = acc3_1 + (
+                0.23145502494313785 * sb3_0 * wg31_0 - 0.2988071523335984 * sb3_2 * wg31_0
+                - 0.3779644730092272 * sb3_5 * wg31_1 + 0.2988071523335984 * sb3_4 * wg31_2
+                + 0.23145502494313785 * sb3_6 * wg31_2
+            )
+            acc3_2 = acc3_2 + (
+                0.2988071523335984 * sb3_1 * wg31_0 - 0.1889822365046136 * sb3_4 * wg31_1
+                + 0.4629100498862757 * sb3_3 * wg31_2 + 0.2988071523335984 * sb3_5 * wg31_2
+            )
+            acc3_3 = acc3_3 + (0.4629100498862757 * sb3_4 * wg31_0 - 0.4629100498862757 * sb3_2 * wg31_2)
+            acc3_4 = acc3_4 + (
+                -0.4629100498862757 * sb3_3 * wg31_0 + 0.2988071523335984 * sb3_5 * wg31_0
+                + 0.1889822365046136 * sb3_2 * wg31_1 - 0.2988071523335984 * sb3_1 * wg31_2
+            )
+            acc3_5 = acc3_5 + (
+                -0.2988071523335984 * sb3_4 * wg31_0 + 0.23145502494313785 * sb3_6 * wg31_0
+                + 0.3779644730092272 * sb3_1 * wg31_1 - 0.23145502494313785 * sb3_0 * wg31_2
+                - 0.2988071523335984 * sb3_2 * wg31_2
+            )
+            acc3_6 = acc3_6 + (
+                -0.23145502494313785 * sb3_5 * wg31_0 + 0.5669467095138409 * sb3_0 * wg31_1
+                - 0.23145502494313785 * sb3_1 * wg31_2
+            )
+            px2_3_0 = px2_3_0 + (
+                0.23145502494313785 * a3_1 * wg31_0 + 0.5669467095138409 * a3_6 * wg31_1
+                - 0.23145502494313785 * a3_5 * wg31_2
+            )
+            px2_3_1 = px2_3_1 + (
+                -0.23145502494313785 * a3_0 * wg31_0 + 0.2988071523335984 * a3_2 * wg31_0
+                + 0.3779644730092272 * a3_5 * wg31_1 - 0.2988071523335984 * a3_4 * wg31_2
+                - 0.23145502494313785 * a3_6 * wg31_2
+            )
+            px2_3_2 = px2_3_2 + (
+                -0.2988071523335984 * a3_1 * wg31_0 + 0.1889822365046136 * a3_4 * wg31_1
+                - 0.4629100498862757 * a3_3 * wg31_2 - 0.2988071523335984 * a3_5 * wg31_2
+            )
+            px2_3_3 = px2_3_3 + (-0.4629100498862757 * a3_4 * wg31_0 + 0.4629100498862757 * a3_2 * wg31_2)
+            px2_3_4 = px2_3_4 + (
+                0.4629100498862757 * a3_3 * wg31_0 - 0.2988071523335984 * a3_5 * wg31_0
+                - 0.1889822365046136 * a3_2 * wg31_1 + 0.2988071523335984 * a3_1 * wg31_2
+            )
+            px2_3_5 = px2_3_5 + (
+                0.2988071523335984 * a3_4 * wg31_0 - 0.23145502494313785 * a3_6 * wg31_0
+                - 0.3779644730092272 * a3_1 * wg31_1 + 0.23145502494313785 * a3_0 * wg31_2
+                + 0.2988071523335984 * a3_2 * wg31_2
+            )
+            px2_3_6 = px2_3_6 + (
+                0.23145502494313785 * a3_5 * wg31_0 - 0.5669467095138409 * a3_0 * wg31_1
+                + 0.23145502494313785 * a3_1 * wg31_2
+            )
+            # path 32: uvu 32x3e x 1x3e -> 32x2e, 41 nonzeros, weighted
+            g32 = hl.load(g, [tile_b, 7392 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+            g32t = g32.reshape([tile_b, tile_c, 2, 2, 2])
+            g32te, g32to = hl.split(g32t)
+            g32tee, g32teo = hl.split(g32te)
+            g32_0, g32_4 = hl.split(g32tee)
+            g32_2, g32_6 = hl.split(g32teo)
+            g32toe, g32too = hl.split(g32to)
+            g32_1, g32_5 = hl.split(g32toe)
+            g32_3, g32_7 = hl.split(g32too)
+            wt32 = weights[tile_b, 1696 + tile_c.index]
+            wg32_0 = wt32 * g32_0
+            wg32_1 = wt32 * g32_1
+            wg32_2 = wt32 * g32_2
+            wg32_3 = wt32 * g32_3
+            wg32_4 = wt32 * g32_4
+            gwv32 = (
+                -0.24397501823713333 * sb3_4 * a3_0 * g32_0 - 0.48795003647426666 * sb3_3 * a3_1 * g32_0
+                + 0.3779644730092272 * sb3_4 * a3_2 * g32_0 + 0.24397501823713333 * sb3_6 * a3_2 * g32_0
+                - 0.48795003647426666 * sb3_1 * a3_3 * g32_0 - 0.24397501823713333 * sb3_0 * a3_4 * g32_0
+                + 0.3779644730092272 * sb3_2 * a3_4 * g32_0 + 0.24397501823713333 * sb3_2 * a3_6 * g32_0
+                + 0.3857583749052298 * sb3_5 * a3_0 * g32_1 + 0.29880715233359845 * sb3_4 * a3_1 * g32_1
+                - 0.3857583749052298 * sb3_6 * a3_1 * g32_1 + 0.1543033499620919 * sb3_3 * a3_2 * g32_1
+                - 0.29880715233359845 * sb3_5 * a3_2 * g32_1 + 0.1543033499620919 * sb3_2 * a3_3 * g32_1
+                + 0.29880715233359845 * sb3_1 * a3_4 * g32_1 + 0.3857583749052298 * sb3_0 * a3_5 * g32_1
+                - 0.29880715233359845 * sb3_2 * a3_5 * g32_1 - 0.3857583749052298 * sb3_1 * a3_6 * g32_1
+                - 0.545544725589981 * sb3_0 * a3_0 * g32_2 + 0.3273268353539886 * sb3_2 * a3_2 * g32_2
+                + 0.4364357804719848 * sb3_3 * a3_3 * g32_2 + 0.3273268353539886 * sb3_4 * a3_4 * g32_2
+                - 0.545544725589981 * sb3_6 * a3_6 * g32_2 + 0.3857583749052298 * sb3_1 * a3_0 * g32_3
+                + 0.3857583749052298 * sb3_0 * a3_1 * g32_3 + 0.29880715233359845 * sb3_2 * a3_1 * g32_3
+                + 0.29880715233359845 * sb3_1 * a3_2 * g32_3 + 0.1543033499620919 * sb3_4 * a3_3 * g32_3
+                + 0.1543033499620919 * sb3_3 * a3_4 * g32_3 + 0.29880715233359845 * sb3_5 * a3_4 * g32_3
+                + 0.29880715233359845 * sb3_4 * a3_5 * g32_3 + 0.3857583749052298 * sb3_6 * a3_5 * g32_3
+                + 0.3857583749052298 * sb3_5 * a3_6 * g32_3 - 0.24397501823713333 * sb3_2 * a3_0 * g32_4
+                - 0.24397501823713333 * sb3_0 * a3_2 * g32_4 - 0.3779644730092272 * sb3_2 * a3_2 * g32_4
+                - 0.48795003647426666 * sb3_5 * a3_3 * g32_4 + 0.3779644730092272 * sb3_4 * a3_4 * g32_4
+                - 0.24397501823713333 * sb3_6 * a3_4 * g32_4 - 0.48795003647426666 * sb3_3 * a3_5 * g32_4
+                - 0.24397501823713333 * sb3_4 * a3_6 * g32_4
+            )
+            acc3_0 = acc3_0 + (
+                -0.24397501823713333 * sb3_4 * wg32_0 + 0.3857583749052298 * sb3_5 * wg32_1
+                - 0.545544725589981 * sb3_0 * wg32_2 + 0.3857583749052298 * sb3_1 * wg32_3
+                - 0.24397501823713333 * sb3_2 * wg32_4
+            )
+            acc3_1 = acc3_1 + (
+                -0.48795003647426666 * sb3_3 * wg32_0 + 0.29880715233359845 * sb3_4 * wg32_1
+                - 0.3857583749052298 * sb3_6 * wg32_1 + 0.3857583749052298 * sb3_0 * wg32_3
+                + 0.29880715233359845 * sb3_2 * wg32_3
+            )
+            acc3_2 = acc3_2 + (
+                0.3779644730092272 * sb3_4 * wg32_0 + 0.24397501823713333 * sb3_6 * wg32_0
+                + 0.1543033499620919 * sb3_3 * wg32_1 - 0.29880715233359845 * sb3_5 * wg32_1
+                + 0.3273268353539886 * sb3_2 * wg32_2 + 0.29880715233359845 * sb3_1 * wg32_3
+                - 0.24397501823713333 * sb3_0 * wg32_4 - 0.3779644730092272 * sb3_2 * wg32_4
+            )
+            acc3_3 = acc3_3 + (
+                -0.48795003647426666 * sb3_1 * wg32_0 + 0.1543033499620919 * sb3_2 * wg32_1
+                + 0.4364357804719848 * sb3_3 * wg32_2 + 0.1543033499620919 * sb3_4 * wg32_3
+                - 0.48795003647426666 * sb3_5 * wg32_4
+            )
+            acc3_4 = acc3_4 + (
+                -0.24397501823713333 * sb3_0 * wg32_0 + 0.3779644730092272 * sb3_2 * wg32_0
+                + 0.29880715233359845 * sb3_1 * wg32_1 + 0.3273268353539886 * sb3_4 * wg32_2
+                + 0.1543033499620919 * sb3_3 * wg32_3 + 0.29880715233359845 * sb3_5 * wg32_3
+                + 0.3779644730092272 * sb3_4 * wg32_4 - 0.24397501823713333 * sb3_6 * wg32_4
+            )
+            acc3_5 = acc3_5 + (
+                0.3857583749052298 * sb3_0 * wg32_1 - 0.29880715233359845 * sb3_2 * wg32_1
+                + 0.29880715233359845 * sb3_4 * wg32_3 + 0.3857583749052298 * sb3_6 * wg32_3
+                - 0.48795003647426666 * sb3_3 * wg32_4
+            )
+            acc3_6 = acc3_6 + (
+                0.24397501823713333 * sb3_2 * wg32_0 - 0.3857583749052298 * sb3_1 * wg32_1
+                - 0.545544725589981 * sb3_6 * wg32_2 + 0.3857583749052298 * sb3_5 * wg32_3
+                - 0.24397501823713333 * sb3_4 * wg32_4
+            )
+            px2_3_0 = px2_3_0 + (
+                -0.24397501823713333 * a3_4 * wg32_0 + 0.3857583749052298 * a3_5 * wg32_1
+                - 0.545544725589981 * a3_0 * wg32_2 + 0.3857583749052298 * a3_1 * wg32_3
+                - 0.24397501823713333 * a3_2 * wg32_4
+            )
+            px2_3_1 = px2_3_1 + (
+                -0.48795003647426666 * a3_3 * wg32_0 + 0.29880715233359845 * a3_4 * wg32_1
+                - 0.3857583749052298 * a3_6 * wg32_1 + 0.3857583749052298 * a3_0 * wg32_3
+                + 0.29880715233359845 * a3_2 * wg32_3
+            )
+            px2_3_2 = px2_3_2 + (
+                0.3779644730092272 * a3_4 * wg32_0 + 0.24397501823713333 * a3_6 * wg32_0
+                + 0.1543033499620919 * a3_3 * wg32_1 - 0.29880715233359845 * a3_5 * wg32_1
+                + 0.3273268353539886 * a3_2 * wg32_2 + 0.29880715233359845 * a3_1 * wg32_3
+                - 0.24397501823713333 * a3_0 * wg32_4 - 0.3779644730092272 * a3_2 * wg32_4
+            )
+            px2_3_3 = px2_3_3 + (
+                -0.48795003647426666 * a3_1 * wg32_0 + 0.1543033499620919 * a3_2 * wg32_1
+                + 0.4364357804719848 * a3_3 * wg32_2 + 0.1543033499620919 * a3_4 * wg32_3
+                - 0.48795003647426666 * a3_5 * wg32_4
+            )
+            px2_3_4 = px2_3_4 + (
+                -0.24397501823713333 * a3_0 * wg32_0 + 0.3779644730092272 * a3_2 * wg32_0
+                + 0.29880715233359845 * a3_1 * wg32_1 + 0.3273268353539886 * a3_4 * wg32_2
+                + 0.1543033499620919 * a3_3 * wg32_3 + 0.29880715233359845 * a3_5 * wg32_3
+                + 0.3779644730092272 * a3_4 * wg32_4 - 0.24397501823713333 * a3_6 * wg32_4
+            )
+            px2_3_5 = px2_3_5 + (
+                0.3857583749052298 * a3_0 * wg32_1 - 0.29880715233359845 * a3_2 * wg32_1
+                + 0.29880715233359845 * a3_4 * wg32_3 + 0.3857583749052298 * a3_6 * wg32_3
+                - 0.48795003647426666 * a3_3 * wg32_4
+            )
+            px2_3_6 = px2_3_6 + (
+                0.24397501823713333 * a3_2 * wg32_0 - 0.3857583749052298 * a3_1 * wg32_1
+                - 0.545544725589981 * a3_6 * wg32_2 + 0.3857583749052298 * a3_5 * wg32_3
+                - 0.24397501823713333 * a3_4 * wg32_4
+            )
+            # path 33: uvu 32x3e x 1x3e -> 32x3e, 42 nonzeros, weighted
+            g33 = hl.load(g, [tile_b, 7552 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 7)[None, None, :])
+            g33t = g33.reshape([tile_b, tile_c, 2, 2, 2])
+            g33te, g33to = hl.split(g33t)
+            g33tee, g33teo = hl.split(g33te)
+            g33_0, g33_4 = hl.split(g33tee)
+            g33_2, g33_6 = hl.split(g33teo)
+            g33toe, g33too = hl.split(g33to)
+            g33_1, g33_5 = hl.split(g33toe)
+            g33_3, g33_7 = hl.split(g33too)
+            wt33 = weights[tile_b, 1728 + tile_c.index]
+            wg33_0 = wt33 * g33_0
+            wg33_1 = wt33 * g33_1
+            wg33_2 = wt33 * g33_2
+            wg33_3 = wt33 * g33_3
+            wg33_4 = wt33 * g33_4
+            wg33_5 = wt33 * g33_5
+            wg33_6 = wt33 * g33_6
+            gwv33 = (
+                0.408248290463863 * sb3_2 * a3_1 * g33_0 - 0.408248290463863 * sb3_1 * a3_2 * g33_0
+                - 0.408248290463863 * sb3_6 * a3_3 * g33_0 + 0.408248290463863 * sb3_5 * a3_4 * g33_0
+                - 0.408248290463863 * sb3_4 * a3_5 * g33_0 + 0.408248290463863 * sb3_3 * a3_6 * g33_0
+                - 0.408248290463863 * sb3_2 * a3_0 * g33_1 + 0.408248290463863 * sb3_0 * a3_2 * g33_1
+                + 0.408248290463863 * sb3_5 * a3_3 * g33_1 + 0.408248290463863 * sb3_6 * a3_4 * g33_1
+                - 0.408248290463863 * sb3_3 * a3_5 * g33_1 - 0.408248290463863 * sb3_4 * a3_6 * g33_1
+                + 0.408248290463863 * sb3_1 * a3_0 * g33_2 - 0.408248290463863 * sb3_0 * a3_1 * g33_2
+                + 0.408248290463863 * sb3_4 * a3_3 * g33_2 - 0.408248290463863 * sb3_3 * a3_4 * g33_2
+                - 0.408248290463863 * sb3_6 * a3_5 * g33_2 + 0.408248290463863 * sb3_5 * a3_6 * g33_2
+                + 0.408248290463863 * sb3_6 * a3_0 * g33_3 - 0.408248290463863 * sb3_5 * a3_1 * g33_3
+                - 0.408248290463863 * sb3_4 * a3_2 * g33_3 + 0.408248290463863 * sb3_2 * a3_4 * g33_3
+                + 0.408248290463863 * sb3_1 * a3_5 * g33_3 - 0.408248290463863 * sb3_0 * a3_6 * g33_3
+                - 0.408248290463863 * sb3_5 * a3_0 * g33_4 - 0.408248290463863 * sb3_6 * a3_1 * g33_4
+                + 0.408248290463863 * sb3_3 * a3_2 * g33_4 - 0.408248290463863 * sb3_2 * a3_3 * g33_4
+                + 0.408248290463863 * sb3_0 * a3_5 * g33_4 + 0.408248290463863 * sb3_1 * a3_6 * g33_4
+                + 0.408248290463863 * sb3_4 * a3_0 * g33_5 + 0.408248290463863 * sb3_3 * a3_1 * g33_5
+                + 0.408248290463863 * sb3_6 * a3_2 * g33_5 - 0.408248290463863 * sb3_1 * a3_3 * g33_5
+                - 0.408248290463863 * sb3_0 * a3_4 * g33_5 - 0.408248290463863 * sb3_2 * a3_6 * g33_5
+                - 0.408248290463863 * sb3_3 * a3_0 * g33_6 + 0.408248290463863 * sb3_4 * a3_1 * g33_6
+                - 0.408248290463863 * sb3_5 * a3_2 * g33_6 + 0.408248290463863 * sb3_0 * a3_3 * g33_6
+                - 0.408248290463863 * sb3_1 * a3_4 * g33_6 + 0.408248290463863 * sb3_2 * a3_5 * g33_6
+            )
+            acc3_0 = acc3_0 + (
+                -0.408248290463863 * sb3_2 * wg33_1 + 0.408248290463863 * sb3_1 * wg33_2
+                + 0.408248290463863 * sb3_6 * wg33_3 - 0.408248290463863 * sb3_5 * wg33_4
+                + 0.408248290463863 * sb3_4 * wg33_5 - 0.408248290463863 * sb3_3 * wg33_6
+            )
+            acc3_1 = acc3_1 + (
+                0.408248290463863 * sb3_2 * wg33_0 - 0.408248290463863 * sb3_0 * wg33_2
+                - 0.408248290463863 * sb3_5 * wg33_3 - 0.408248290463863 * sb3_6 * wg33_4
+                + 0.408248290463863 * sb3_3 * wg33_5 + 0.408248290463863 * sb3_4 * wg33_6
+            )
+            acc3_2 = acc3_2 + (
+                -0.408248290463863 * sb3_1 * wg33_0 + 0.408248290463863 * sb3_0 * wg33_1
+                - 0.408248290463863 * sb3_4 * wg33_3 + 0.408248290463863 * sb3_3 * wg33_4
+                + 0.408248290463863 * sb3_6 * wg33_5 - 0.408248290463863 * sb3_5 * wg33_6
+            )
+            acc3_3 = acc3_3 + (
+                -0.408248290463863 * sb3_6 * wg33_0 + 0.408248290463863 * sb3_5 * wg33_1
+                + 0.408248290463863 * sb3_4 * wg33_2 - 0.408248290463863 * sb3_2 * wg33_4
+                - 0.408248290463863 * sb3_1 * wg33_5 + 0.408248290463863 * sb3_0 * wg33_6
+            )
+            acc3_4 = acc3_4 + (
+                0.408248290463863 * sb3_5 * wg33_0 + 0.408248290463863 * sb3_6 * wg33_1
+                - 0.408248290463863 * sb3_3 * wg33_2 + 0.408248290463863 * sb3_2 * wg33_3
+                - 0.408248290463863 * sb3_0 * wg33_5 - 0.408248290463863 * sb3_1 * wg33_6
+            )
+            acc3_5 = acc3_5 + (
+                -0.408248290463863 * sb3_4 * wg33_0 - 0.408248290463863 * sb3_3 * wg33_1
+                - 0.408248290463863 * sb3_6 * wg33_2 + 0.408248290463863 * sb3_1 * wg33_3
+                + 0.408248290463863 * sb3_0 * wg33_4 + 0.408248290463863 * sb3_2 * wg33_6
+            )
+            acc3_6 = acc3_6 + (
+                0.408248290463863 * sb3_3 * wg33_0 - 0.408248290463863 * sb3_4 * wg33_1
+                + 0.408248290463863 * sb3_5 * wg33_2 - 0.408248290463863 * sb3_0 * wg33_3
+                + 0.408248290463863 * sb3_1 * wg33_4 - 0.408248290463863 * sb3_2 * wg33_5
+            )
+            px2_3_0 = px2_3_0 + (
+                0.408248290463863 * a3_2 * wg33_1 - 0.408248290463863 * a3_1 * wg33_2
+                - 0.408248290463863 * a3_6 * wg33_3 + 0.408248290463863 * a3_5 * wg33_4
+                - 0.408248290463863 * a3_4 * wg33_5 + 0.408248290463863 * a3_3 * wg33_6
+            )
+            px2_3_1 = px2_3_1 + (
+                -0.408248290463863 * a3_2 * wg33_0 + 0.408248290463863 * a3_0 * wg33_2
+                + 0.408248290463863 * a3_5 * wg33_3 + 0.408248290463863 * a3_6 * wg33_4
+                - 0.408248290463863 * a3_3 * wg33_5 - 0.408248290463863 * a3_4 * wg33_6
+            )
+            px2_3_2 = px2_3_2 + (
+                0.408248290463863 * a3_1 * wg33_0 - 0.408248290463863 * a3_0 * wg33_1
+                + 0.408248290463863 * a3_4 * wg33_3 - 0.408248290463863 * a3_3 * wg33_4
+                - 0.408248290463863 * a3_6 * wg33_5 + 0.408248290463863 * a3_5 * wg33_6
+            )
+            px2_3_3 = px2_3_3 + (
+                0.408248290463863 * a3_6 * wg33_0 - 0.408248290463863 * a3_5 * wg33_1
+                - 0.408248290463863 * a3_4 * wg33_2 + 0.408248290463863 * a3_2 * wg33_4
+                + 0.408248290463863 * a3_1 * wg33_5 - 0.408248290463863 * a3_0 * wg33_6
+            )
+            px2_3_4 = px2_3_4 + (
+                -0.408248290463863 * a3_5 * wg33_0 - 0.408248290463863 * a3_6 * wg33_1
+                + 0.408248290463863 * a3_3 * wg33_2 - 0.408248290463863 * a3_2 * wg33_3
+                + 0.408248290463863 * a3_0 * wg33_5 + 0.408248290463863 * a3_1 * wg33_6
+            )
+            px2_3_5 = px2_3_5 + (
+                0.408248290463863 * a3_4 * wg33_0 + 0.408248290463863 * a3_3 * wg33_1
+                + 0.408248290463863 * a3_6 * wg33_2 - 0.408248290463863 * a3_1 * wg33_3
+                - 0.408248290463863 * a3_0 * wg33_4 - 0.408248290463863 * a3_2 * wg33_6
+            )
+            px2_3_6 = px2_3_6 + (
+                -0.408248290463863 * a3_3 * wg33_0 + 0.408248290463863 * a3_4 * wg33_1
+                - 0.408248290463863 * a3_5 * wg33_2 + 0.408248290463863 * a3_0 * wg33_3
+                - 0.408248290463863 * a3_1 * wg33_4 + 0.408248290463863 * a3_2 * wg33_5
+            )
+            gw[tile_b, 1440 + tile_c.index] = gwv24
+            gw[tile_b, 1472 + tile_c.index] = gwv25
+            gw[tile_b, 1504 + tile_c.index] = gwv26
+            gw[tile_b, 1536 + tile_c.index] = gwv27
+            gw[tile_b, 1568 + tile_c.index] = gwv28
+            gw[tile_b, 1600 + tile_c.index] = gwv29
+            gw[tile_b, 1632 + tile_c.index] = gwv30
+            gw[tile_b, 1664 + tile_c.index] = gwv31
+            gw[tile_b, 1696 + tile_c.index] = gwv32
+            gw[tile_b, 1728 + tile_c.index] = gwv33
+            hl.store(gx1, [tile_b, 480 + tile_c.index[:, None] * 7 + hl.arange(8)[None, :]], (hl.join(hl.join(hl.join(acc3_0, acc3_4), hl.join(acc3_2, acc3_6)), hl.join(hl.join(acc3_1, acc3_5), hl.join(acc3_3, acc3_0)))).reshape([tile_b, tile_c, 8]), extra_mask=(hl.arange(8) < 7)[None, None, :])
+            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
+            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
+            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
+            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
+            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
+            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
+            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
+            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
+            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
+            hx2_3_0 = hx2_3_0 + px2_3_0.sum(1)
+            hx2_3_1 = hx2_3_1 + px2_3_1.sum(1)
+            hx2_3_2 = hx2_3_2 + px2_3_2.sum(1)
+            hx2_3_3 = hx2_3_3 + px2_3_3.sum(1)
+            hx2_3_4 = hx2_3_4 + px2_3_4.sum(1)
+            hx2_3_5 = hx2_3_5 + px2_3_5.sum(1)
+            hx2_3_6 = hx2_3_6 + px2_3_6.sum(1)
+        gx2p[tile_b, 32] = hx2_0_0
+        gx2p[tile_b, 33] = hx2_1_0
+        gx2p[tile_b, 34] = hx2_1_1
+        gx2p[tile_b, 35] = hx2_1_2
+        gx2p[tile_b, 36] = hx2_2_0
+        gx2p[tile_b, 37] = hx2_2_1
+        gx2p[tile_b, 38] = hx2_2_2
+        gx2p[tile_b, 39] = hx2_2_3
+        gx2p[tile_b, 40] = hx2_2_4
+        gx2p[tile_b, 41] = hx2_3_0
+        gx2p[tile_b, 42] = hx2_3_1
+        gx2p[tile_b, 43] = hx2_3_2
+        gx2p[tile_b, 44] = hx2_3_3
+        gx2p[tile_b, 45] = hx2_3_4
+        gx2p[tile_b, 46] = hx2_3_5
+        gx2p[tile_b, 47] = hx2_3_6
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
