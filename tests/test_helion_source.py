@@ -184,7 +184,7 @@ def test_plain_tp_kernels_take_whole_rows(spec_path, tmp_path):
     for rel, text in files.items():
         if rel.endswith("/helion_kernels.py"):
             params = _whole_row_params(text)
-            assert params <= {"x1", "x2", "weights", "g", "out", "gx1", "gx2", "gw"}, (rel, params)
+            assert params <= {"x1", "x2", "weights", "g", "out", "gx1", "gx2", "gx2p", "gw"}, (rel, params)
         if rel.endswith("/helion_conv_kernels.py"):
             params = _whole_row_params(text)
             assert params <= {"src", "dst", "order", "ptr", "x", "y", "weights", "g", "out", "gx", "gy", "gw"}, (rel, params)

@@ -1153,7 +1153,6 @@ def render_files(ir: TensorProductIR, header: str, tuning: TuningTable = DEFAULT
     }
     fused = _fused_context(ir, tuning, native, views)
     if fused is not None:
-        views.update(fused.pop("views"))
         families["bwd"] = fused.pop("kernels")
         ops["launchers"]["bwd"] = fused.pop("launcher")
     ops["fused_bwd"] = fused
@@ -1172,7 +1171,8 @@ def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool, views
     """The fused backward (``helion_fused``) for ``torch_ops.py``: kernels, launcher, and
     what its outputs need (``gx2`` partials to sum, columns no kernel writes to zero), or
     None when the product is not channelwise or ``fuse_bwd`` is 0."""
-    from .helion_fused import GX2_PARTIALS, fused_bwd_kernels, fused_bwd_reason, fused_views
+    # imported here: helion_fused builds on this module's emitters
+    from .helion_fused import GX2_PARTIALS, fused_bwd_kernels, fused_bwd_reason
 
     t = tuning_of(tuning, "bwd")
     if not t.fuse_bwd or fused_bwd_reason(ir) is not None:
@@ -1180,10 +1180,8 @@ def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool, views
     kernels = fused_bwd_kernels(ir, t, native)
     if not kernels:
         return None
-    extra = fused_views(ir, len(kernels))
-    views = dict(views, **extra)
-    n = len(kernels)
-    gx2 = "gx2" if n == 1 else GX2_PARTIALS
+    parts = sum(k["parts"] for k in kernels)
+    gx2 = "gx2" if parts == 1 else GX2_PARTIALS
     covered_x1 = {a for k in kernels for a in k["blocks_in1"]}
     return {
         "kernels": [_flatten(k, views) for k in kernels],
@@ -1192,10 +1190,9 @@ def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool, views
             "signature": ", ".join(f"{a}: torch.Tensor" for a in ("x1", "x2", "weights", "g", "gx1", gx2, "gw")),
             "calls": [f"_k.{k['name']}({', '.join(flat_params(k['params'], views))})" for k in kernels],
         },
-        "views": extra,
-        "partials": n,
-        "zero_gx1": len(covered_x1) < len(ir.in1),
+        "partials": parts,
         "zero_gx2": any(len(k["x2_cols"]) < ir.dim_in2 for k in kernels),
+        "zero_gx1": len(covered_x1) < len(ir.in1),
     }
 
 

@@ -21,27 +21,31 @@ blocks (``gx1`` needs every path of its block) and the paths out of them::
 
     for tile_b in hl.tile(batch):                  # the grid: batch tiles
         sb<s>_<j> = x2[tile_b, j]                  # per-row scalars
-        hx2_<j> = zeros([tile_b])                  # gx2, summed over channel tiles
+        accx2_<j> = zeros([tile_b])                  # gx2, summed over channel tiles
         for tile_c in hl.tile(M):                  # per multiplicity of the kernel's x1 blocks
             <x1 tiles of the blocks>
             per path: <g tile>, wt = W[tile_b, p, tile_c], wg_k = wt * g_k
                       gw<p> = sum C a_i sb_j g_k;  gx1 acc_i += C sb_j wg_k;
                       px2_j += C a_i wg_k         # (batch, channel) partial sums
             <stores: gx1 blocks, gw of each path>  # after every load of the tile
-            hx2_j += px2_j.sum(1)                  # one cross-lane sum per tile and component
-        gx2[tile_b, j] = hx2_j
+            accx2_j += px2_j.sum(1)                  # one cross-lane sum per tile and component
+        gx2[tile_b, j] = accx2_j
 
 Stores come after the tile's last load: Triton keeps the program order of loads and
 stores to tensors it cannot prove distinct (``Tuning.hoist_weights``). ``max_terms``
-(of the op ``bwd``'s tuning) groups ``x1`` blocks into kernels; with more than one kernel
-each writes its own ``gx2`` partial (columns ``k * dim_in2`` of a ``(batch, kernels *
-dim_in2)`` buffer) and the op sums them: deterministic, no atomics.
+(of the op ``bwd``'s tuning) groups ``x1`` blocks into kernels. With ``grid_c`` a kernel
+whose blocks share one multiplicity of several channel tiles makes them a second grid
+axis (as ``helion_backend._grid_c``); each program then writes its own ``gx2`` partial
+sums. Where there is more than one partial-sum row per batch row (several kernels, or
+channel tiles on the grid), they go to the columns ``part * dim_in2`` of a ``(batch,
+parts * dim_in2)`` buffer and the op sums them: deterministic, no atomics. The ``gx2``
+stores are written as whole-row columns here (not per-block views): a grid program's
+column depends on its channel tile (``tile_c.id``).
 """
 
 from __future__ import annotations
 
 from ..ir import PathIR, TensorProductIR
-from .flat_access import View
 from .helion_backend import (
     Tuning,
     _block,
@@ -60,7 +64,7 @@ from .helion_backend import (
     _tile_load,
 )
 
-__all__ = ["fused_bwd_reason", "fused_bwd_kernels", "fused_views", "GX2_PARTIALS"]
+__all__ = ["fused_bwd_reason", "fused_bwd_kernels", "GX2_PARTIALS"]
 
 GX2_PARTIALS = "gx2p"  # the (batch, kernels * dim_in2) buffer of per-kernel gx2 partial sums
 
@@ -77,40 +81,55 @@ def fused_bwd_reason(ir: TensorProductIR) -> str | None:
     return None
 
 
-def fused_views(ir: TensorProductIR, n_kernels: int) -> dict[str, View]:
-    """Views of the ``gx2`` partial sums (``gx2p<kernel>_<block>``) when there are several kernels."""
-    views = {}
-    for k in range(n_kernels if n_kernels > 1 else 0):
-        for b in ir.in2:
-            name = f"{GX2_PARTIALS}{k}_{b.index}"
-            views[name] = View(name, GX2_PARTIALS, k * ir.dim_in2 + b.offset, (b.dim, b.mul), True)
-    return views
-
-
 def fused_bwd_kernels(ir: TensorProductIR, tuning: Tuning, native: bool) -> list[dict]:
-    """Kernel contexts (``kind: fused``) of the fused backward, ``x1`` blocks grouped by ``max_terms``."""
+    """Kernel contexts (``kind: fused``) of the fused backward, ``x1`` blocks grouped by ``max_terms``.
+
+    Each kernel writes ``parts`` rows of ``gx2`` partial sums (one, or one per channel
+    tile when its channel tiles are a grid axis, ``Tuning.grid_c``); with more than one in
+    all they go to the ``(batch, parts * dim_in2)`` buffer ``gx2p``, summed by the op.
+    """
     paths_of = {a: [p for p in ir.paths if p.i_in1 == a and p.nonzeros] for a in range(len(ir.in1))}
-    # three multiply-adds per nonzero (one per gradient), times the channel tiles' rows
+    # three multiply-adds per nonzero (one per gradient)
     costs = [3 * sum(len(p.nonzeros) for p in paths_of[a]) for a in range(len(ir.in1))]
-    groups = [g for g in _split(costs, tuning) if any(paths_of[a] for a in g)]
-    n = len(groups)
-    return [_kernel(ir, idx, [a for a in g if paths_of[a]], paths_of, tuning, native, n) for idx, g in enumerate(groups)]
+    groups = [[a for a in g if paths_of[a]] for g in _split(costs, tuning)]
+    groups = [g for g in groups if g]
+    parts = []
+    for g in groups:
+        muls = {ir.in1[a].mul for a in g}
+        mul = muls.pop()
+        block_c = min(_pow2(mul), tuning.block_c)
+        # grid_c as in helion_backend._grid_c: one multiplicity of more than one tile
+        parts.append(-(-mul // block_c) if tuning.grid_c and not muls and mul > block_c else 1)
+    total = sum(parts)
+    return [
+        _kernel(ir, idx, g, paths_of, tuning, native, parts[idx] > 1, sum(parts[:idx]) if total > 1 else None)
+        | {"parts": parts[idx]}
+        for idx, g in enumerate(groups)
+    ]
 
 
 def _kernel(ir: TensorProductIR, index: int, blocks_in1: list[int], paths_of: dict[int, list[PathIR]],
-            tuning: Tuning, native: bool, n_kernels: int) -> dict:
+            tuning: Tuning, native: bool, grid_c: bool, part: int | None) -> dict:
+    """One kernel; ``part``: its first row of ``gx2`` partial sums in ``gx2p``, or None
+    (the only kernel, one part: it writes ``gx2`` itself)."""
     t = tuning
     params = {"x1": set(), "x2": set(), "g": set(), "w": set(), "gx1": set(), "gw": set()}
     scalars: dict[str, str] = {}
     x2_used: set[tuple[int, int]] = set()
+    gx2 = "gx2" if part is None else GX2_PARTIALS
+
+    def gx2_col(s: int, j: int) -> str:
+        col = ir.in2[s].offset + j + (0 if part is None else part * ir.dim_in2)
+        return f"{col} + tile_c.id * {ir.dim_in2}" if grid_c else str(col)
+
     by_mul: dict[int, list[int]] = {}
     for a in blocks_in1:
         by_mul.setdefault(ir.in1[a].mul, []).append(a)
     channel_groups = []
-    for mul, blocks in by_mul.items():
+    for gi, (mul, blocks) in enumerate(by_mul.items()):
         lines: list[str] = []
         stores: list[str] = []
-        partials: list[str] = []
+        partials: list[tuple[int, int]] = []
         for a in blocks:
             ba = ir.in1[a]
             params["x1"].add(a)
@@ -123,7 +142,7 @@ def _kernel(ir: TensorProductIR, index: int, blocks_in1: list[int], paths_of: di
             touched: set[int] = set()
             for p in paths_of[a]:
                 lines.append(_path_comment(ir, p))
-                lines += _path(ir, p, native, scalars, x2_used, params, touched, partials, stores)
+                lines += _path(ir, p, native, scalars, x2_used, params, touched, partials, stores, gi)
             for i in range(ba.dim):
                 if i not in touched:
                     lines.append(f"{accs[i]} = hl.zeros([tile_b, tile_c], dtype=gx1_{a}.dtype)")
@@ -132,12 +151,11 @@ def _kernel(ir: TensorProductIR, index: int, blocks_in1: list[int], paths_of: di
                 stores += _native_store(f"gx1_{a}", out, ba.dim)
             else:
                 stores += [f"gx1_{a}[tile_b, {i}, tile_c] = {acc}" for i, acc in enumerate(out)]
-        channel_groups.append({
-            "mul": mul,
-            "block_c": min(_pow2(mul), t.block_c),
-            "lines": lines + stores + [f"hx2_{s}_{j} = hx2_{s}_{j} + px2_{s}_{j}.sum(1)" for s, j in partials],
-        })
-    x2_name = (lambda s: f"gx2_{s}") if n_kernels == 1 else (lambda s: f"gx2p{index}_{s}")
+        if grid_c:  # this program's channel tile has its own partial-sum row
+            sums = [f"{gx2}[tile_b, {gx2_col(s, j)}] = px2_{gi}_{s}_{j}.sum(1)" for s, j in partials]
+        else:
+            sums = [f"accx2_{s}_{j} = accx2_{s}_{j} + px2_{gi}_{s}_{j}.sum(1)" for s, j in partials]
+        channel_groups.append({"mul": mul, "block_c": min(_pow2(mul), t.block_c), "lines": lines + stores + sums})
     used = sorted(x2_used)
     param_list = (
         [f"x1_{a}" for a in sorted(params["x1"])]
@@ -145,7 +163,7 @@ def _kernel(ir: TensorProductIR, index: int, blocks_in1: list[int], paths_of: di
         + [f"g_{o}" for o in sorted(params["g"])]
         + [f"w{p}" for p in sorted(params["w"])]
         + [f"gx1_{a}" for a in sorted(params["gx1"])]
-        + sorted({x2_name(s) for s, _ in used})
+        + [gx2]
         + [f"gw{p}" for p in sorted(params["gw"])]
     )
     path_ids = sorted(p.index for a in blocks_in1 for p in paths_of[a])
@@ -164,18 +182,22 @@ def _kernel(ir: TensorProductIR, index: int, blocks_in1: list[int], paths_of: di
         "config": _config(t),
         "triton_options": "",
         "scalars": [f"{name} = {expr}" for name, expr in sorted(scalars.items())],
-        "init": [f"hx2_{s}_{j} = hl.zeros([tile_b], dtype={x2_name(s)}.dtype)" for s, j in used],
+        "init": [] if grid_c else [f"accx2_{s}_{j} = hl.zeros([tile_b], dtype={gx2}.dtype)" for s, j in used],
         "channel_groups": channel_groups,
-        "final": [f"{x2_name(s)}[tile_b, {j}, 0] = hx2_{s}_{j}" for s, j in used],
-        "grid_c": False,
+        "final": [] if grid_c else [f"{gx2}[tile_b, {gx2_col(s, j)}] = accx2_{s}_{j}" for s, j in used],
+        "grid_c": grid_c,
         "blocks_in1": sorted(blocks_in1),
         "x2_cols": sorted(ir.in2[s].offset + j for s, j in used),
     }
 
 
 def _path(ir, p: PathIR, native: bool, scalars: dict, x2_used: set, params: dict, touched: set,
-          partials: list, stores: list) -> list[str]:
-    """Lines of path ``p`` in the channel tile: its ``g`` tile, weight, and the three updates."""
+          partials: list, stores: list, gi: int) -> list[str]:
+    """Lines of path ``p`` in the channel tile: its ``g`` tile, weight, and the three updates.
+
+    The ``gx2`` partials are named per channel group ``gi``: a name assigned in one channel
+    loop and again in the next would be loop-carried there (its tile shape may differ).
+    """
     a, s, o = p.i_in1, p.i_in2, p.i_out
     bo = ir.out[o]
     params["g"].add(o)
@@ -211,7 +233,7 @@ def _path(ir, p: PathIR, native: bool, scalars: dict, x2_used: set, params: dict
         touched.add(i)
     for j, nzs in sorted(by_j.items()):
         s_ = _sum([(n.coeff, [f"a{a}_{n.i}", f"wg{p.index}_{n.k}"]) for n in nzs])
-        name = f"px2_{s}_{j}"
+        name = f"px2_{gi}_{s}_{j}"
         if (s, j) in partials:
             lines.append(f"{name} = {name} + {s_}")
         else:

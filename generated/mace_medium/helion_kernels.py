@@ -724,11 +724,11 @@ def tp_bwd_fused_0(
     g: torch.Tensor,
     weights: torch.Tensor,
     gx1: torch.Tensor,
-    gx2: torch.Tensor,
+    gx2p: torch.Tensor,
     gw: torch.Tensor,
 ) -> None:
     """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0, 1; paths 0-7."""
-    for tile_b in hl.tile(x1.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([128, x1.size(0)], block_size=[32, 16]):
         sb0_0 = x2[tile_b, 0][:, None]
         sb1_0 = x2[tile_b, 1][:, None]
         sb1_1 = x2[tile_b, 2][:, None]
@@ -745,317 +745,284 @@ def tp_bwd_fused_0(
         sb3_4 = x2[tile_b, 13][:, None]
         sb3_5 = x2[tile_b, 14][:, None]
         sb3_6 = x2[tile_b, 15][:, None]
-        hx2_0_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_1 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_2 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_2_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_2_1 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_2_2 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_2_3 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_2_4 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_1 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_2 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_3 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_4 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_5 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_3_6 = hl.zeros([tile_b], dtype=gx2.dtype)
-        for tile_c in hl.tile(128, block_size=32):
-            # x1 block 0: 128x0e (3 paths)
-            a0_0 = x1[tile_b, tile_c.index]
-            # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
-            g0_0 = g[tile_b, tile_c.index]
-            wt0 = weights[tile_b, tile_c.index]
-            wg0_0 = wt0 * g0_0
-            gwv0 = (sb0_0 * a0_0 * g0_0)
-            acc0_0 = (sb0_0 * wg0_0)
-            px2_0_0 = (a0_0 * wg0_0)
-            # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
-            g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            wt1 = weights[tile_b, 128 + tile_c.index]
-            wg1_0 = wt1 * g1_0
-            wg1_1 = wt1 * g1_1
-            wg1_2 = wt1 * g1_2
-            gwv1 = (
-                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
-                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
-            )
-            acc0_0 = acc0_0 + (
-                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
-                + 0.9999999999999999 * sb1_2 * wg1_2
-            )
-            px2_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
-            px2_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
-            px2_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
-            # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
-            g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
-            g2te, g2to = hl.split(g2t)
-            g2tee, g2teo = hl.split(g2te)
-            g2_0, g2_4 = hl.split(g2tee)
-            g2_2, g2_6 = hl.split(g2teo)
-            g2toe, g2too = hl.split(g2to)
-            g2_1, g2_5 = hl.split(g2toe)
-            g2_3, g2_7 = hl.split(g2too)
-            wt2 = weights[tile_b, 256 + tile_c.index]
-            wg2_0 = wt2 * g2_0
-            wg2_1 = wt2 * g2_1
-            wg2_2 = wt2 * g2_2
-            wg2_3 = wt2 * g2_3
-            wg2_4 = wt2 * g2_4
-            gwv2 = (
-                sb2_0 * a0_0 * g2_0 + sb2_1 * a0_0 * g2_1
-                + sb2_2 * a0_0 * g2_2 + sb2_3 * a0_0 * g2_3
-                + sb2_4 * a0_0 * g2_4
-            )
-            acc0_0 = acc0_0 + (sb2_0 * wg2_0 + sb2_1 * wg2_1 + sb2_2 * wg2_2 + sb2_3 * wg2_3 + sb2_4 * wg2_4)
-            px2_2_0 = (a0_0 * wg2_0)
-            px2_2_1 = (a0_0 * wg2_1)
-            px2_2_2 = (a0_0 * wg2_2)
-            px2_2_3 = (a0_0 * wg2_3)
-            px2_2_4 = (a0_0 * wg2_4)
-            # x1 block 1: 128x1o (5 paths)
-            a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a1t = a1.reshape([tile_b, tile_c, 2, 2])
-            a1te, a1to = hl.split(a1t)
-            a1_0, a1_2 = hl.split(a1te)
-            a1_1, a1_3 = hl.split(a1to)
-            # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
-            g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            wt3 = weights[tile_b, 384 + tile_c.index]
-            wg3_0 = wt3 * g3_0
-            wg3_1 = wt3 * g3_1
-            wg3_2 = wt3 * g3_2
-            gwv3 = (
-                0.9999999999999999 * sb0_0 * a1_0 * g3_0 + 0.9999999999999999 * sb0_0 * a1_1 * g3_1
-                + 0.9999999999999999 * sb0_0 * a1_2 * g3_2
-            )
-            acc1_0 = (0.9999999999999999 * sb0_0 * wg3_0)
-            acc1_1 = (0.9999999999999999 * sb0_0 * wg3_1)
-            acc1_2 = (0.9999999999999999 * sb0_0 * wg3_2)
-            px2_0_0 = px2_0_0 + (
-                0.9999999999999999 * a1_0 * wg3_0 + 0.9999999999999999 * a1_1 * wg3_1
-                + 0.9999999999999999 * a1_2 * wg3_2
-            )
-            # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
-            g4_0 = g[tile_b, 1536 + tile_c.index]
-            wt4 = weights[tile_b, 512 + tile_c.index]
-            wg4_0 = wt4 * g4_0
-            gwv4 = (
-                0.5773502691896257 * sb1_0 * a1_0 * g4_0 + 0.5773502691896257 * sb1_1 * a1_1 * g4_0
-                + 0.5773502691896257 * sb1_2 * a1_2 * g4_0
-            )
-            acc1_0 = acc1_0 + (0.5773502691896257 * sb1_0 * wg4_0)
-            acc1_1 = acc1_1 + (0.5773502691896257 * sb1_1 * wg4_0)
-            acc1_2 = acc1_2 + (0.5773502691896257 * sb1_2 * wg4_0)
-            px2_1_0 = px2_1_0 + (0.5773502691896257 * a1_0 * wg4_0)
-            px2_1_1 = px2_1_1 + (0.5773502691896257 * a1_1 * wg4_0)
-            px2_1_2 = px2_1_2 + (0.5773502691896257 * a1_2 * wg4_0)
-            # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
-            g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
-            g5te, g5to = hl.split(g5t)
-            g5tee, g5teo = hl.split(g5te)
-            g5_0, g5_4 = hl.split(g5tee)
-            g5_2, g5_6 = hl.split(g5teo)
-            g5toe, g5too = hl.split(g5to)
-            g5_1, g5_5 = hl.split(g5toe)
-            g5_3, g5_7 = hl.split(g5too)
-            wt5 = weights[tile_b, 640 + tile_c.index]
-            wg5_0 = wt5 * g5_0
-            wg5_1 = wt5 * g5_1
-            wg5_2 = wt5 * g5_2
-            wg5_3 = wt5 * g5_3
-            wg5_4 = wt5 * g5_4
-            gwv5 = (
-                0.7071067811865476 * sb1_2 * a1_0 * g5_0 + 0.7071067811865476 * sb1_0 * a1_2 * g5_0
-                + 0.7071067811865476 * sb1_1 * a1_0 * g5_1 + 0.7071067811865476 * sb1_0 * a1_1 * g5_1
-                - 0.408248290463863 * sb1_0 * a1_0 * g5_2 + 0.816496580927726 * sb1_1 * a1_1 * g5_2
-                - 0.408248290463863 * sb1_2 * a1_2 * g5_2 + 0.7071067811865476 * sb1_2 * a1_1 * g5_3
-                + 0.7071067811865476 * sb1_1 * a1_2 * g5_3 - 0.7071067811865476 * sb1_0 * a1_0 * g5_4
-                + 0.7071067811865476 * sb1_2 * a1_2 * g5_4
-            )
-            acc1_0 = acc1_0 + (
-                0.7071067811865476 * sb1_2 * wg5_0 + 0.7071067811865476 * sb1_1 * wg5_1
-                - 0.408248290463863 * sb1_0 * wg5_2 - 0.7071067811865476 * sb1_0 * wg5_4
-            )
-            acc1_1 = acc1_1 + (
-                0.7071067811865476 * sb1_0 * wg5_1 + 0.816496580927726 * sb1_1 * wg5_2
-                + 0.7071067811865476 * sb1_2 * wg5_3
-            )
-            acc1_2 = acc1_2 + (
-                0.7071067811865476 * sb1_0 * wg5_0 - 0.408248290463863 * sb1_2 * wg5_2
-                + 0.7071067811865476 * sb1_1 * wg5_3 + 0.7071067811865476 * sb1_2 * wg5_4
-            )
-            px2_1_0 = px2_1_0 + (
-                0.7071067811865476 * a1_2 * wg5_0 + 0.7071067811865476 * a1_1 * wg5_1
-                - 0.408248290463863 * a1_0 * wg5_2 - 0.7071067811865476 * a1_0 * wg5_4
-            )
-            px2_1_1 = px2_1_1 + (
-                0.7071067811865476 * a1_0 * wg5_1 + 0.816496580927726 * a1_1 * wg5_2
-                + 0.7071067811865476 * a1_2 * wg5_3
-            )
-            px2_1_2 = px2_1_2 + (
-                0.7071067811865476 * a1_0 * wg5_0 - 0.408248290463863 * a1_2 * wg5_2
-                + 0.7071067811865476 * a1_1 * wg5_3 + 0.7071067811865476 * a1_2 * wg5_4
-            )
-            # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
-            g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            wt6 = weights[tile_b, 768 + tile_c.index]
-            wg6_0 = wt6 * g6_0
-            wg6_1 = wt6 * g6_1
-            wg6_2 = wt6 * g6_2
-            gwv6 = (
-                -0.3162277660168379 * sb2_2 * a1_0 * g6_0 - 0.5477225575051661 * sb2_4 * a1_0 * g6_0
-                + 0.5477225575051661 * sb2_1 * a1_1 * g6_0 + 0.5477225575051661 * sb2_0 * a1_2 * g6_0
-                + 0.5477225575051661 * sb2_1 * a1_0 * g6_1 + 0.6324555320336758 * sb2_2 * a1_1 * g6_1
-                + 0.5477225575051661 * sb2_3 * a1_2 * g6_1 + 0.5477225575051661 * sb2_0 * a1_0 * g6_2
-                + 0.5477225575051661 * sb2_3 * a1_1 * g6_2 - 0.3162277660168379 * sb2_2 * a1_2 * g6_2
-                + 0.5477225575051661 * sb2_4 * a1_2 * g6_2
-            )
-            acc1_0 = acc1_0 + (
-                -0.3162277660168379 * sb2_2 * wg6_0 - 0.5477225575051661 * sb2_4 * wg6_0
-                + 0.5477225575051661 * sb2_1 * wg6_1 + 0.5477225575051661 * sb2_0 * wg6_2
-            )
-            acc1_1 = acc1_1 + (
-                0.5477225575051661 * sb2_1 * wg6_0 + 0.6324555320336758 * sb2_2 * wg6_1
-                + 0.5477225575051661 * sb2_3 * wg6_2
-            )
-            acc1_2 = acc1_2 + (
-                0.5477225575051661 * sb2_0 * wg6_0 + 0.5477225575051661 * sb2_3 * wg6_1
-                - 0.3162277660168379 * sb2_2 * wg6_2 + 0.5477225575051661 * sb2_4 * wg6_2
-            )
-            px2_2_0 = px2_2_0 + (0.5477225575051661 * a1_2 * wg6_0 + 0.5477225575051661 * a1_0 * wg6_2)
-            px2_2_1 = px2_2_1 + (0.5477225575051661 * a1_1 * wg6_0 + 0.5477225575051661 * a1_0 * wg6_1)
-            px2_2_2 = px2_2_2 + (
-                -0.3162277660168379 * a1_0 * wg6_0 + 0.6324555320336758 * a1_1 * wg6_1
-                - 0.3162277660168379 * a1_2 * wg6_2
-            )
-            px2_2_3 = px2_2_3 + (0.5477225575051661 * a1_2 * wg6_1 + 0.5477225575051661 * a1_1 * wg6_2)
-            px2_2_4 = px2_2_4 + (-0.5477225575051661 * a1_0 * wg6_0 + 0.5477225575051661 * a1_2 * wg6_2)
-            # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
-            g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7tee, g7teo = hl.split(g7te)
-            g7_0, g7_4 = hl.split(g7tee)
-            g7_2, g7_6 = hl.split(g7teo)
-            g7toe, g7too = hl.split(g7to)
-            g7_1, g7_5 = hl.split(g7toe)
-            g7_3, g7_7 = hl.split(g7too)
-            wt7 = weights[tile_b, 896 + tile_c.index]
-            wg7_0 = wt7 * g7_0
-            wg7_1 = wt7 * g7_1
-            wg7_2 = wt7 * g7_2
-            wg7_3 = wt7 * g7_3
-            wg7_4 = wt7 * g7_4
-            gwv7 = (
-                -0.1543033499620919 * sb3_4 * a1_0 * g7_0 - 0.5976143046671969 * sb3_6 * a1_0 * g7_0
-                + 0.48795003647426666 * sb3_1 * a1_1 * g7_0 + 0.5976143046671969 * sb3_0 * a1_2 * g7_0
-                - 0.1543033499620919 * sb3_2 * a1_2 * g7_0 - 0.3779644730092272 * sb3_3 * a1_0 * g7_1
-                - 0.48795003647426666 * sb3_5 * a1_0 * g7_1 + 0.6172133998483676 * sb3_2 * a1_1 * g7_1
-                + 0.48795003647426666 * sb3_1 * a1_2 * g7_1 + 0.5345224838248488 * sb3_2 * a1_0 * g7_2
-                + 0.6546536707079772 * sb3_3 * a1_1 * g7_2 + 0.5345224838248488 * sb3_4 * a1_2 * g7_2
-                + 0.48795003647426666 * sb3_1 * a1_0 * g7_3 + 0.6172133998483676 * sb3_4 * a1_1 * g7_3
-                - 0.3779644730092272 * sb3_3 * a1_2 * g7_3 + 0.48795003647426666 * sb3_5 * a1_2 * g7_3
-                + 0.5976143046671969 * sb3_0 * a1_0 * g7_4 + 0.1543033499620919 * sb3_2 * a1_0 * g7_4
-                + 0.48795003647426666 * sb3_5 * a1_1 * g7_4 - 0.1543033499620919 * sb3_4 * a1_2 * g7_4
-                + 0.5976143046671969 * sb3_6 * a1_2 * g7_4
-            )
-            acc1_0 = acc1_0 + (
-                -0.1543033499620919 * sb3_4 * wg7_0 - 0.5976143046671969 * sb3_6 * wg7_0
-                - 0.3779644730092272 * sb3_3 * wg7_1 - 0.48795003647426666 * sb3_5 * wg7_1
-                + 0.5345224838248488 * sb3_2 * wg7_2 + 0.48795003647426666 * sb3_1 * wg7_3
-                + 0.5976143046671969 * sb3_0 * wg7_4 + 0.1543033499620919 * sb3_2 * wg7_4
-            )
-            acc1_1 = acc1_1 + (
-                0.48795003647426666 * sb3_1 * wg7_0 + 0.6172133998483676 * sb3_2 * wg7_1
-                + 0.6546536707079772 * sb3_3 * wg7_2 + 0.6172133998483676 * sb3_4 * wg7_3
-                + 0.48795003647426666 * sb3_5 * wg7_4
-            )
-            acc1_2 = acc1_2 + (
-                0.5976143046671969 * sb3_0 * wg7_0 - 0.1543033499620919 * sb3_2 * wg7_0
-                + 0.48795003647426666 * sb3_1 * wg7_1 + 0.5345224838248488 * sb3_4 * wg7_2
-                - 0.3779644730092272 * sb3_3 * wg7_3 + 0.48795003647426666 * sb3_5 * wg7_3
-                - 0.1543033499620919 * sb3_4 * wg7_4 + 0.5976143046671969 * sb3_6 * wg7_4
-            )
-            px2_3_0 = (0.5976143046671969 * a1_2 * wg7_0 + 0.5976143046671969 * a1_0 * wg7_4)
-            px2_3_1 = (
-                0.48795003647426666 * a1_1 * wg7_0 + 0.48795003647426666 * a1_2 * wg7_1
-                + 0.48795003647426666 * a1_0 * wg7_3
-            )
-            px2_3_2 = (
-                -0.1543033499620919 * a1_2 * wg7_0 + 0.6172133998483676 * a1_1 * wg7_1
-                + 0.5345224838248488 * a1_0 * wg7_2 + 0.1543033499620919 * a1_0 * wg7_4
-            )
-            px2_3_3 = (
-                -0.3779644730092272 * a1_0 * wg7_1 + 0.6546536707079772 * a1_1 * wg7_2
-                - 0.3779644730092272 * a1_2 * wg7_3
-            )
-            px2_3_4 = (
-                -0.1543033499620919 * a1_0 * wg7_0 + 0.5345224838248488 * a1_2 * wg7_2
-                + 0.6172133998483676 * a1_1 * wg7_3 - 0.1543033499620919 * a1_2 * wg7_4
-            )
-            px2_3_5 = (
-                -0.48795003647426666 * a1_0 * wg7_1 + 0.48795003647426666 * a1_2 * wg7_3
-                + 0.48795003647426666 * a1_1 * wg7_4
-            )
-            px2_3_6 = (-0.5976143046671969 * a1_0 * wg7_0 + 0.5976143046671969 * a1_2 * wg7_4)
-            gw[tile_b, tile_c.index] = gwv0
-            gw[tile_b, 128 + tile_c.index] = gwv1
-            gw[tile_b, 256 + tile_c.index] = gwv2
-            gx1[tile_b, tile_c.index] = acc0_0
-            gw[tile_b, 384 + tile_c.index] = gwv3
-            gw[tile_b, 512 + tile_c.index] = gwv4
-            gw[tile_b, 640 + tile_c.index] = gwv5
-            gw[tile_b, 768 + tile_c.index] = gwv6
-            gw[tile_b, 896 + tile_c.index] = gwv7
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
-            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
-            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
-            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
-            hx2_2_0 = hx2_2_0 + px2_2_0.sum(1)
-            hx2_2_1 = hx2_2_1 + px2_2_1.sum(1)
-            hx2_2_2 = hx2_2_2 + px2_2_2.sum(1)
-            hx2_2_3 = hx2_2_3 + px2_2_3.sum(1)
-            hx2_2_4 = hx2_2_4 + px2_2_4.sum(1)
-            hx2_3_0 = hx2_3_0 + px2_3_0.sum(1)
-            hx2_3_1 = hx2_3_1 + px2_3_1.sum(1)
-            hx2_3_2 = hx2_3_2 + px2_3_2.sum(1)
-            hx2_3_3 = hx2_3_3 + px2_3_3.sum(1)
-            hx2_3_4 = hx2_3_4 + px2_3_4.sum(1)
-            hx2_3_5 = hx2_3_5 + px2_3_5.sum(1)
-            hx2_3_6 = hx2_3_6 + px2_3_6.sum(1)
-        gx2[tile_b, 0] = hx2_0_0
-        gx2[tile_b, 1] = hx2_1_0
-        gx2[tile_b, 2] = hx2_1_1
-        gx2[tile_b, 3] = hx2_1_2
-        gx2[tile_b, 4] = hx2_2_0
-        gx2[tile_b, 5] = hx2_2_1
-        gx2[tile_b, 6] = hx2_2_2
-        gx2[tile_b, 7] = hx2_2_3
-        gx2[tile_b, 8] = hx2_2_4
-        gx2[tile_b, 9] = hx2_3_0
-        gx2[tile_b, 10] = hx2_3_1
-        gx2[tile_b, 11] = hx2_3_2
-        gx2[tile_b, 12] = hx2_3_3
-        gx2[tile_b, 13] = hx2_3_4
-        gx2[tile_b, 14] = hx2_3_5
-        gx2[tile_b, 15] = hx2_3_6
+        # x1 block 0: 128x0e (3 paths)
+        a0_0 = x1[tile_b, tile_c.index]
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        g0_0 = g[tile_b, tile_c.index]
+        wt0 = weights[tile_b, tile_c.index]
+        wg0_0 = wt0 * g0_0
+        gwv0 = (sb0_0 * a0_0 * g0_0)
+        acc0_0 = (sb0_0 * wg0_0)
+        px2_0_0_0 = (a0_0 * wg0_0)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        g1 = hl.load(g, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        wt1 = weights[tile_b, 128 + tile_c.index]
+        wg1_0 = wt1 * g1_0
+        wg1_1 = wt1 * g1_1
+        wg1_2 = wt1 * g1_2
+        gwv1 = (
+            0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
+            + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
+        )
+        acc0_0 = acc0_0 + (
+            0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
+            + 0.9999999999999999 * sb1_2 * wg1_2
+        )
+        px2_0_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+        px2_0_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+        px2_0_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        g2 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g2t = g2.reshape([tile_b, tile_c, 2, 2, 2])
+        g2te, g2to = hl.split(g2t)
+        g2tee, g2teo = hl.split(g2te)
+        g2_0, g2_4 = hl.split(g2tee)
+        g2_2, g2_6 = hl.split(g2teo)
+        g2toe, g2too = hl.split(g2to)
+        g2_1, g2_5 = hl.split(g2toe)
+        g2_3, g2_7 = hl.split(g2too)
+        wt2 = weights[tile_b, 256 + tile_c.index]
+        wg2_0 = wt2 * g2_0
+        wg2_1 = wt2 * g2_1
+        wg2_2 = wt2 * g2_2
+        wg2_3 = wt2 * g2_3
+        wg2_4 = wt2 * g2_4
+        gwv2 = (
+            sb2_0 * a0_0 * g2_0 + sb2_1 * a0_0 * g2_1
+            + sb2_2 * a0_0 * g2_2 + sb2_3 * a0_0 * g2_3
+            + sb2_4 * a0_0 * g2_4
+        )
+        acc0_0 = acc0_0 + (sb2_0 * wg2_0 + sb2_1 * wg2_1 + sb2_2 * wg2_2 + sb2_3 * wg2_3 + sb2_4 * wg2_4)
+        px2_0_2_0 = (a0_0 * wg2_0)
+        px2_0_2_1 = (a0_0 * wg2_1)
+        px2_0_2_2 = (a0_0 * wg2_2)
+        px2_0_2_3 = (a0_0 * wg2_3)
+        px2_0_2_4 = (a0_0 * wg2_4)
+        # x1 block 1: 128x1o (5 paths)
+        a1 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a1t = a1.reshape([tile_b, tile_c, 2, 2])
+        a1te, a1to = hl.split(a1t)
+        a1_0, a1_2 = hl.split(a1te)
+        a1_1, a1_3 = hl.split(a1to)
+        # path 3: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        g3 = hl.load(g, [tile_b, 1152 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        wt3 = weights[tile_b, 384 + tile_c.index]
+        wg3_0 = wt3 * g3_0
+        wg3_1 = wt3 * g3_1
+        wg3_2 = wt3 * g3_2
+        gwv3 = (
+            0.9999999999999999 * sb0_0 * a1_0 * g3_0 + 0.9999999999999999 * sb0_0 * a1_1 * g3_1
+            + 0.9999999999999999 * sb0_0 * a1_2 * g3_2
+        )
+        acc1_0 = (0.9999999999999999 * sb0_0 * wg3_0)
+        acc1_1 = (0.9999999999999999 * sb0_0 * wg3_1)
+        acc1_2 = (0.9999999999999999 * sb0_0 * wg3_2)
+        px2_0_0_0 = px2_0_0_0 + (
+            0.9999999999999999 * a1_0 * wg3_0 + 0.9999999999999999 * a1_1 * wg3_1
+            + 0.9999999999999999 * a1_2 * wg3_2
+        )
+        # path 4: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        g4_0 = g[tile_b, 1536 + tile_c.index]
+        wt4 = weights[tile_b, 512 + tile_c.index]
+        wg4_0 = wt4 * g4_0
+        gwv4 = (
+            0.5773502691896257 * sb1_0 * a1_0 * g4_0 + 0.5773502691896257 * sb1_1 * a1_1 * g4_0
+            + 0.5773502691896257 * sb1_2 * a1_2 * g4_0
+        )
+        acc1_0 = acc1_0 + (0.5773502691896257 * sb1_0 * wg4_0)
+        acc1_1 = acc1_1 + (0.5773502691896257 * sb1_1 * wg4_0)
+        acc1_2 = acc1_2 + (0.5773502691896257 * sb1_2 * wg4_0)
+        px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a1_0 * wg4_0)
+        px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a1_1 * wg4_0)
+        px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a1_2 * wg4_0)
+        # path 5: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        g5 = hl.load(g, [tile_b, 1664 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g5t = g5.reshape([tile_b, tile_c, 2, 2, 2])
+        g5te, g5to = hl.split(g5t)
+        g5tee, g5teo = hl.split(g5te)
+        g5_0, g5_4 = hl.split(g5tee)
+        g5_2, g5_6 = hl.split(g5teo)
+        g5toe, g5too = hl.split(g5to)
+        g5_1, g5_5 = hl.split(g5toe)
+        g5_3, g5_7 = hl.split(g5too)
+        wt5 = weights[tile_b, 640 + tile_c.index]
+        wg5_0 = wt5 * g5_0
+        wg5_1 = wt5 * g5_1
+        wg5_2 = wt5 * g5_2
+        wg5_3 = wt5 * g5_3
+        wg5_4 = wt5 * g5_4
+        gwv5 = (
+            0.7071067811865476 * sb1_2 * a1_0 * g5_0 + 0.7071067811865476 * sb1_0 * a1_2 * g5_0
+            + 0.7071067811865476 * sb1_1 * a1_0 * g5_1 + 0.7071067811865476 * sb1_0 * a1_1 * g5_1
+            - 0.408248290463863 * sb1_0 * a1_0 * g5_2 + 0.816496580927726 * sb1_1 * a1_1 * g5_2
+            - 0.408248290463863 * sb1_2 * a1_2 * g5_2 + 0.7071067811865476 * sb1_2 * a1_1 * g5_3
+            + 0.7071067811865476 * sb1_1 * a1_2 * g5_3 - 0.7071067811865476 * sb1_0 * a1_0 * g5_4
+            + 0.7071067811865476 * sb1_2 * a1_2 * g5_4
+        )
+        acc1_0 = acc1_0 + (
+            0.7071067811865476 * sb1_2 * wg5_0 + 0.7071067811865476 * sb1_1 * wg5_1
+            - 0.408248290463863 * sb1_0 * wg5_2 - 0.7071067811865476 * sb1_0 * wg5_4
+        )
+        acc1_1 = acc1_1 + (
+            0.7071067811865476 * sb1_0 * wg5_1 + 0.816496580927726 * sb1_1 * wg5_2
+            + 0.7071067811865476 * sb1_2 * wg5_3
+        )
+        acc1_2 = acc1_2 + (
+            0.7071067811865476 * sb1_0 * wg5_0 - 0.408248290463863 * sb1_2 * wg5_2
+            + 0.7071067811865476 * sb1_1 * wg5_3 + 0.7071067811865476 * sb1_2 * wg5_4
+        )
+        px2_0_1_0 = px2_0_1_0 + (
+            0.7071067811865476 * a1_2 * wg5_0 + 0.7071067811865476 * a1_1 * wg5_1
+            - 0.408248290463863 * a1_0 * wg5_2 - 0.7071067811865476 * a1_0 * wg5_4
+        )
+        px2_0_1_1 = px2_0_1_1 + (
+            0.7071067811865476 * a1_0 * wg5_1 + 0.816496580927726 * a1_1 * wg5_2
+            + 0.7071067811865476 * a1_2 * wg5_3
+        )
+        px2_0_1_2 = px2_0_1_2 + (
+            0.7071067811865476 * a1_0 * wg5_0 - 0.408248290463863 * a1_2 * wg5_2
+            + 0.7071067811865476 * a1_1 * wg5_3 + 0.7071067811865476 * a1_2 * wg5_4
+        )
+        # path 6: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        g6 = hl.load(g, [tile_b, 2304 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        wt6 = weights[tile_b, 768 + tile_c.index]
+        wg6_0 = wt6 * g6_0
+        wg6_1 = wt6 * g6_1
+        wg6_2 = wt6 * g6_2
+        gwv6 = (
+            -0.3162277660168379 * sb2_2 * a1_0 * g6_0 - 0.5477225575051661 * sb2_4 * a1_0 * g6_0
+            + 0.5477225575051661 * sb2_1 * a1_1 * g6_0 + 0.5477225575051661 * sb2_0 * a1_2 * g6_0
+            + 0.5477225575051661 * sb2_1 * a1_0 * g6_1 + 0.6324555320336758 * sb2_2 * a1_1 * g6_1
+            + 0.5477225575051661 * sb2_3 * a1_2 * g6_1 + 0.5477225575051661 * sb2_0 * a1_0 * g6_2
+            + 0.5477225575051661 * sb2_3 * a1_1 * g6_2 - 0.3162277660168379 * sb2_2 * a1_2 * g6_2
+            + 0.5477225575051661 * sb2_4 * a1_2 * g6_2
+        )
+        acc1_0 = acc1_0 + (
+            -0.3162277660168379 * sb2_2 * wg6_0 - 0.5477225575051661 * sb2_4 * wg6_0
+            + 0.5477225575051661 * sb2_1 * wg6_1 + 0.5477225575051661 * sb2_0 * wg6_2
+        )
+        acc1_1 = acc1_1 + (
+            0.5477225575051661 * sb2_1 * wg6_0 + 0.6324555320336758 * sb2_2 * wg6_1
+            + 0.5477225575051661 * sb2_3 * wg6_2
+        )
+        acc1_2 = acc1_2 + (
+            0.5477225575051661 * sb2_0 * wg6_0 + 0.5477225575051661 * sb2_3 * wg6_1
+            - 0.3162277660168379 * sb2_2 * wg6_2 + 0.5477225575051661 * sb2_4 * wg6_2
+        )
+        px2_0_2_0 = px2_0_2_0 + (0.5477225575051661 * a1_2 * wg6_0 + 0.5477225575051661 * a1_0 * wg6_2)
+        px2_0_2_1 = px2_0_2_1 + (0.5477225575051661 * a1_1 * wg6_0 + 0.5477225575051661 * a1_0 * wg6_1)
+        px2_0_2_2 = px2_0_2_2 + (
+            -0.3162277660168379 * a1_0 * wg6_0 + 0.6324555320336758 * a1_1 * wg6_1
+            - 0.3162277660168379 * a1_2 * wg6_2
+        )
+        px2_0_2_3 = px2_0_2_3 + (0.5477225575051661 * a1_2 * wg6_1 + 0.5477225575051661 * a1_1 * wg6_2)
+        px2_0_2_4 = px2_0_2_4 + (-0.5477225575051661 * a1_0 * wg6_0 + 0.5477225575051661 * a1_2 * wg6_2)
+        # path 7: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        g7 = hl.load(g, [tile_b, 2688 + tile_c.index[:, None] * 5 + hl.arange(8)[None, :]], extra_mask=(hl.arange(8) < 5)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7tee, g7teo = hl.split(g7te)
+        g7_0, g7_4 = hl.split(g7tee)
+        g7_2, g7_6 = hl.split(g7teo)
+        g7toe, g7too = hl.split(g7to)
+        g7_1, g7_5 = hl.split(g7toe)
+        g7_3, g7_7 = hl.split(g7too)
+        wt7 = weights[tile_b, 896 + tile_c.index]
+        wg7_0 = wt7 * g7_0
+        wg7_1 = wt7 * g7_1
+        wg7_2 = wt7 * g7_2
+        wg7_3 = wt7 * g7_3
+        wg7_4 = wt7 * g7_4
+        gwv7 = (
+            -0.1543033499620919 * sb3_4 * a1_0 * g7_0 - 0.5976143046671969 * sb3_6 * a1_0 * g7_0
+            + 0.48795003647426666 * sb3_1 * a1_1 * g7_0 + 0.5976143046671969 * sb3_0 * a1_2 * g7_0
+            - 0.1543033499620919 * sb3_2 * a1_2 * g7_0 - 0.3779644730092272 * sb3_3 * a1_0 * g7_1
+            - 0.48795003647426666 * sb3_5 * a1_0 * g7_1 + 0.6172133998483676 * sb3_2 * a1_1 * g7_1
+            + 0.48795003647426666 * sb3_1 * a1_2 * g7_1 + 0.5345224838248488 * sb3_2 * a1_0 * g7_2
+            + 0.6546536707079772 * sb3_3 * a1_1 * g7_2 + 0.5345224838248488 * sb3_4 * a1_2 * g7_2
+            + 0.48795003647426666 * sb3_1 * a1_0 * g7_3 + 0.6172133998483676 * sb3_4 * a1_1 * g7_3
+            - 0.3779644730092272 * sb3_3 * a1_2 * g7_3 + 0.48795003647426666 * sb3_5 * a1_2 * g7_3
+            + 0.5976143046671969 * sb3_0 * a1_0 * g7_4 + 0.1543033499620919 * sb3_2 * a1_0 * g7_4
+            + 0.48795003647426666 * sb3_5 * a1_1 * g7_4 - 0.1543033499620919 * sb3_4 * a1_2 * g7_4
+            + 0.5976143046671969 * sb3_6 * a1_2 * g7_4
+        )
+        acc1_0 = acc1_0 + (
+            -0.1543033499620919 * sb3_4 * wg7_0 - 0.5976143046671969 * sb3_6 * wg7_0
+            - 0.3779644730092272 * sb3_3 * wg7_1 - 0.48795003647426666 * sb3_5 * wg7_1
+            + 0.5345224838248488 * sb3_2 * wg7_2 + 0.48795003647426666 * sb3_1 * wg7_3
+            + 0.5976143046671969 * sb3_0 * wg7_4 + 0.1543033499620919 * sb3_2 * wg7_4
+        )
+        acc1_1 = acc1_1 + (
+            0.48795003647426666 * sb3_1 * wg7_0 + 0.6172133998483676 * sb3_2 * wg7_1
+            + 0.6546536707079772 * sb3_3 * wg7_2 + 0.6172133998483676 * sb3_4 * wg7_3
+            + 0.48795003647426666 * sb3_5 * wg7_4
+        )
+        acc1_2 = acc1_2 + (
+            0.5976143046671969 * sb3_0 * wg7_0 - 0.1543033499620919 * sb3_2 * wg7_0
+            + 0.48795003647426666 * sb3_1 * wg7_1 + 0.5345224838248488 * sb3_4 * wg7_2
+            - 0.3779644730092272 * sb3_3 * wg7_3 + 0.48795003647426666 * sb3_5 * wg7_3
+            - 0.1543033499620919 * sb3_4 * wg7_4 + 0.5976143046671969 * sb3_6 * wg7_4
+        )
+        px2_0_3_0 = (0.5976143046671969 * a1_2 * wg7_0 + 0.5976143046671969 * a1_0 * wg7_4)
+        px2_0_3_1 = (
+            0.48795003647426666 * a1_1 * wg7_0 + 0.48795003647426666 * a1_2 * wg7_1
+            + 0.48795003647426666 * a1_0 * wg7_3
+        )
+        px2_0_3_2 = (
+            -0.1543033499620919 * a1_2 * wg7_0 + 0.6172133998483676 * a1_1 * wg7_1
+            + 0.5345224838248488 * a1_0 * wg7_2 + 0.1543033499620919 * a1_0 * wg7_4
+        )
+        px2_0_3_3 = (
+            -0.3779644730092272 * a1_0 * wg7_1 + 0.6546536707079772 * a1_1 * wg7_2
+            - 0.3779644730092272 * a1_2 * wg7_3
+        )
+        px2_0_3_4 = (
+            -0.1543033499620919 * a1_0 * wg7_0 + 0.5345224838248488 * a1_2 * wg7_2
+            + 0.6172133998483676 * a1_1 * wg7_3 - 0.1543033499620919 * a1_2 * wg7_4
+        )
+        px2_0_3_5 = (
+            -0.48795003647426666 * a1_0 * wg7_1 + 0.48795003647426666 * a1_2 * wg7_3
+            + 0.48795003647426666 * a1_1 * wg7_4
+        )
+        px2_0_3_6 = (-0.5976143046671969 * a1_0 * wg7_0 + 0.5976143046671969 * a1_2 * wg7_4)
+        gw[tile_b, tile_c.index] = gwv0
+        gw[tile_b, 128 + tile_c.index] = gwv1
+        gw[tile_b, 256 + tile_c.index] = gwv2
+        gx1[tile_b, tile_c.index] = acc0_0
+        gw[tile_b, 384 + tile_c.index] = gwv3
+        gw[tile_b, 512 + tile_c.index] = gwv4
+        gw[tile_b, 640 + tile_c.index] = gwv5
+        gw[tile_b, 768 + tile_c.index] = gwv6
+        gw[tile_b, 896 + tile_c.index] = gwv7
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        gx2p[tile_b, 0 + tile_c.id * 16] = px2_0_0_0.sum(1)
+        gx2p[tile_b, 1 + tile_c.id * 16] = px2_0_1_0.sum(1)
+        gx2p[tile_b, 2 + tile_c.id * 16] = px2_0_1_1.sum(1)
+        gx2p[tile_b, 3 + tile_c.id * 16] = px2_0_1_2.sum(1)
+        gx2p[tile_b, 4 + tile_c.id * 16] = px2_0_2_0.sum(1)
+        gx2p[tile_b, 5 + tile_c.id * 16] = px2_0_2_1.sum(1)
+        gx2p[tile_b, 6 + tile_c.id * 16] = px2_0_2_2.sum(1)
+        gx2p[tile_b, 7 + tile_c.id * 16] = px2_0_2_3.sum(1)
+        gx2p[tile_b, 8 + tile_c.id * 16] = px2_0_2_4.sum(1)
+        gx2p[tile_b, 9 + tile_c.id * 16] = px2_0_3_0.sum(1)
+        gx2p[tile_b, 10 + tile_c.id * 16] = px2_0_3_1.sum(1)
+        gx2p[tile_b, 11 + tile_c.id * 16] = px2_0_3_2.sum(1)
+        gx2p[tile_b, 12 + tile_c.id * 16] = px2_0_3_3.sum(1)
+        gx2p[tile_b, 13 + tile_c.id * 16] = px2_0_3_4.sum(1)
+        gx2p[tile_b, 14 + tile_c.id * 16] = px2_0_3_5.sum(1)
+        gx2p[tile_b, 15 + tile_c.id * 16] = px2_0_3_6.sum(1)
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

@@ -113,9 +113,9 @@ def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch
     _k.tp_bwd_w_0(x1, x2, g, gw)
 
 
-def _launch_bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, gx1: torch.Tensor, gx2: torch.Tensor, gw: torch.Tensor) -> None:
+def _launch_bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor) -> None:
     """Launch the ``bwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
-    _k.tp_bwd_fused_0(x1, x2, g, weights, gx1, gx2, gw)
+    _k.tp_bwd_fused_0(x1, x2, g, weights, gx1, gx2p, gw)
 
 
 def _fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -222,10 +222,11 @@ def _bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Ten
     batch = x1.shape[0]
     gx1 = x1.new_empty((batch, DIM_IN1))
     gw = x1.new_empty((batch, WEIGHT_NUMEL))
-    gx2 = x1.new_empty((batch, DIM_IN2))
+    # gx2 partial sums, one row per kernel (each owns some x1 blocks) or channel tile: summed here, no atomics
+    gx2p = x1.new_empty((batch, 4 * DIM_IN2))
     if batch > 0:
-        _launch_bwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), g.contiguous(), gx1, gx2, gw)
-    return gx1, gx2, gw
+        _launch_bwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), g.contiguous(), gx1, gx2p, gw)
+    return gx1, gx2p.view(batch, 4, DIM_IN2).sum(1), gw
 
 
 bwd_op = torch.library.custom_op("eqdsl_mace_medium::bwd", _bwd, mutates_args=())

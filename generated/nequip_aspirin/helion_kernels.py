@@ -537,226 +537,217 @@ def tp_bwd_fused_0(
     g: torch.Tensor,
     weights: torch.Tensor,
     gx1: torch.Tensor,
-    gx2: torch.Tensor,
+    gx2p: torch.Tensor,
     gw: torch.Tensor,
 ) -> None:
     """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0-3; paths 0-9."""
-    for tile_b in hl.tile(x1.size(0), block_size=16):
+    for tile_c, tile_b in hl.tile([64, x1.size(0)], block_size=[32, 16]):
         sb0_0 = x2[tile_b, 0][:, None]
         sb1_0 = x2[tile_b, 1][:, None]
         sb1_1 = x2[tile_b, 2][:, None]
         sb1_2 = x2[tile_b, 3][:, None]
-        hx2_0_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_1 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_2 = hl.zeros([tile_b], dtype=gx2.dtype)
-        for tile_c in hl.tile(64, block_size=32):
-            # x1 block 0: 64x0o (2 paths)
-            a0_0 = x1[tile_b, tile_c.index]
-            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
-            g0_0 = g[tile_b, tile_c.index]
-            wt0 = weights[tile_b, tile_c.index]
-            wg0_0 = wt0 * g0_0
-            gwv0 = (sb0_0 * a0_0 * g0_0)
-            acc0_0 = (sb0_0 * wg0_0)
-            px2_0_0 = (a0_0 * wg0_0)
-            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-            g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g1t = g1.reshape([tile_b, tile_c, 2, 2])
-            g1te, g1to = hl.split(g1t)
-            g1_0, g1_2 = hl.split(g1te)
-            g1_1, g1_3 = hl.split(g1to)
-            wt1 = weights[tile_b, 64 + tile_c.index]
-            wg1_0 = wt1 * g1_0
-            wg1_1 = wt1 * g1_1
-            wg1_2 = wt1 * g1_2
-            gwv1 = (
-                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
-                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
-            )
-            acc0_0 = acc0_0 + (
-                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
-                + 0.9999999999999999 * sb1_2 * wg1_2
-            )
-            px2_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
-            px2_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
-            px2_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
-            # x1 block 1: 64x0e (2 paths)
-            a1_0 = x1[tile_b, 64 + tile_c.index]
-            # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
-            g2_0 = g[tile_b, 256 + tile_c.index]
-            wt2 = weights[tile_b, 128 + tile_c.index]
-            wg2_0 = wt2 * g2_0
-            gwv2 = (sb0_0 * a1_0 * g2_0)
-            acc1_0 = (sb0_0 * wg2_0)
-            px2_0_0 = px2_0_0 + (a1_0 * wg2_0)
-            # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-            g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g3t = g3.reshape([tile_b, tile_c, 2, 2])
-            g3te, g3to = hl.split(g3t)
-            g3_0, g3_2 = hl.split(g3te)
-            g3_1, g3_3 = hl.split(g3to)
-            wt3 = weights[tile_b, 192 + tile_c.index]
-            wg3_0 = wt3 * g3_0
-            wg3_1 = wt3 * g3_1
-            wg3_2 = wt3 * g3_2
-            gwv3 = (
-                0.9999999999999999 * sb1_0 * a1_0 * g3_0 + 0.9999999999999999 * sb1_1 * a1_0 * g3_1
-                + 0.9999999999999999 * sb1_2 * a1_0 * g3_2
-            )
-            acc1_0 = acc1_0 + (
-                0.9999999999999999 * sb1_0 * wg3_0 + 0.9999999999999999 * sb1_1 * wg3_1
-                + 0.9999999999999999 * sb1_2 * wg3_2
-            )
-            px2_1_0 = px2_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
-            px2_1_1 = px2_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
-            px2_1_2 = px2_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
-            # x1 block 2: 64x1o (3 paths)
-            a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a2t = a2.reshape([tile_b, tile_c, 2, 2])
-            a2te, a2to = hl.split(a2t)
-            a2_0, a2_2 = hl.split(a2te)
-            a2_1, a2_3 = hl.split(a2to)
-            # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-            g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g4t = g4.reshape([tile_b, tile_c, 2, 2])
-            g4te, g4to = hl.split(g4t)
-            g4_0, g4_2 = hl.split(g4te)
-            g4_1, g4_3 = hl.split(g4to)
-            wt4 = weights[tile_b, 256 + tile_c.index]
-            wg4_0 = wt4 * g4_0
-            wg4_1 = wt4 * g4_1
-            wg4_2 = wt4 * g4_2
-            gwv4 = (
-                0.9999999999999999 * sb0_0 * a2_0 * g4_0 + 0.9999999999999999 * sb0_0 * a2_1 * g4_1
-                + 0.9999999999999999 * sb0_0 * a2_2 * g4_2
-            )
-            acc2_0 = (0.9999999999999999 * sb0_0 * wg4_0)
-            acc2_1 = (0.9999999999999999 * sb0_0 * wg4_1)
-            acc2_2 = (0.9999999999999999 * sb0_0 * wg4_2)
-            px2_0_0 = px2_0_0 + (
-                0.9999999999999999 * a2_0 * wg4_0 + 0.9999999999999999 * a2_1 * wg4_1
-                + 0.9999999999999999 * a2_2 * wg4_2
-            )
-            # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
-            g5_0 = g[tile_b, 704 + tile_c.index]
-            wt5 = weights[tile_b, 320 + tile_c.index]
-            wg5_0 = wt5 * g5_0
-            gwv5 = (
-                0.5773502691896257 * sb1_0 * a2_0 * g5_0 + 0.5773502691896257 * sb1_1 * a2_1 * g5_0
-                + 0.5773502691896257 * sb1_2 * a2_2 * g5_0
-            )
-            acc2_0 = acc2_0 + (0.5773502691896257 * sb1_0 * wg5_0)
-            acc2_1 = acc2_1 + (0.5773502691896257 * sb1_1 * wg5_0)
-            acc2_2 = acc2_2 + (0.5773502691896257 * sb1_2 * wg5_0)
-            px2_1_0 = px2_1_0 + (0.5773502691896257 * a2_0 * wg5_0)
-            px2_1_1 = px2_1_1 + (0.5773502691896257 * a2_1 * wg5_0)
-            px2_1_2 = px2_1_2 + (0.5773502691896257 * a2_2 * wg5_0)
-            # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-            g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g6t = g6.reshape([tile_b, tile_c, 2, 2])
-            g6te, g6to = hl.split(g6t)
-            g6_0, g6_2 = hl.split(g6te)
-            g6_1, g6_3 = hl.split(g6to)
-            wt6 = weights[tile_b, 384 + tile_c.index]
-            wg6_0 = wt6 * g6_0
-            wg6_1 = wt6 * g6_1
-            wg6_2 = wt6 * g6_2
-            gwv6 = (
-                0.7071067811865475 * sb1_2 * a2_1 * g6_0 - 0.7071067811865475 * sb1_1 * a2_2 * g6_0
-                - 0.7071067811865475 * sb1_2 * a2_0 * g6_1 + 0.7071067811865475 * sb1_0 * a2_2 * g6_1
-                + 0.7071067811865475 * sb1_1 * a2_0 * g6_2 - 0.7071067811865475 * sb1_0 * a2_1 * g6_2
-            )
-            acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
-            acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
-            acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
-            px2_1_0 = px2_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
-            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
-            px2_1_2 = px2_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
-            # x1 block 3: 64x1e (3 paths)
-            a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            a3t = a3.reshape([tile_b, tile_c, 2, 2])
-            a3te, a3to = hl.split(a3t)
-            a3_0, a3_2 = hl.split(a3te)
-            a3_1, a3_3 = hl.split(a3to)
-            # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-            g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g7t = g7.reshape([tile_b, tile_c, 2, 2])
-            g7te, g7to = hl.split(g7t)
-            g7_0, g7_2 = hl.split(g7te)
-            g7_1, g7_3 = hl.split(g7to)
-            wt7 = weights[tile_b, 448 + tile_c.index]
-            wg7_0 = wt7 * g7_0
-            wg7_1 = wt7 * g7_1
-            wg7_2 = wt7 * g7_2
-            gwv7 = (
-                0.9999999999999999 * sb0_0 * a3_0 * g7_0 + 0.9999999999999999 * sb0_0 * a3_1 * g7_1
-                + 0.9999999999999999 * sb0_0 * a3_2 * g7_2
-            )
-            acc3_0 = (0.9999999999999999 * sb0_0 * wg7_0)
-            acc3_1 = (0.9999999999999999 * sb0_0 * wg7_1)
-            acc3_2 = (0.9999999999999999 * sb0_0 * wg7_2)
-            px2_0_0 = px2_0_0 + (
-                0.9999999999999999 * a3_0 * wg7_0 + 0.9999999999999999 * a3_1 * wg7_1
-                + 0.9999999999999999 * a3_2 * wg7_2
-            )
-            # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
-            g8_0 = g[tile_b, 1152 + tile_c.index]
-            wt8 = weights[tile_b, 512 + tile_c.index]
-            wg8_0 = wt8 * g8_0
-            gwv8 = (
-                0.5773502691896257 * sb1_0 * a3_0 * g8_0 + 0.5773502691896257 * sb1_1 * a3_1 * g8_0
-                + 0.5773502691896257 * sb1_2 * a3_2 * g8_0
-            )
-            acc3_0 = acc3_0 + (0.5773502691896257 * sb1_0 * wg8_0)
-            acc3_1 = acc3_1 + (0.5773502691896257 * sb1_1 * wg8_0)
-            acc3_2 = acc3_2 + (0.5773502691896257 * sb1_2 * wg8_0)
-            px2_1_0 = px2_1_0 + (0.5773502691896257 * a3_0 * wg8_0)
-            px2_1_1 = px2_1_1 + (0.5773502691896257 * a3_1 * wg8_0)
-            px2_1_2 = px2_1_2 + (0.5773502691896257 * a3_2 * wg8_0)
-            # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-            g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
-            g9t = g9.reshape([tile_b, tile_c, 2, 2])
-            g9te, g9to = hl.split(g9t)
-            g9_0, g9_2 = hl.split(g9te)
-            g9_1, g9_3 = hl.split(g9to)
-            wt9 = weights[tile_b, 576 + tile_c.index]
-            wg9_0 = wt9 * g9_0
-            wg9_1 = wt9 * g9_1
-            wg9_2 = wt9 * g9_2
-            gwv9 = (
-                0.7071067811865475 * sb1_2 * a3_1 * g9_0 - 0.7071067811865475 * sb1_1 * a3_2 * g9_0
-                - 0.7071067811865475 * sb1_2 * a3_0 * g9_1 + 0.7071067811865475 * sb1_0 * a3_2 * g9_1
-                + 0.7071067811865475 * sb1_1 * a3_0 * g9_2 - 0.7071067811865475 * sb1_0 * a3_1 * g9_2
-            )
-            acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg9_1 + 0.7071067811865475 * sb1_1 * wg9_2)
-            acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg9_0 - 0.7071067811865475 * sb1_0 * wg9_2)
-            acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg9_0 + 0.7071067811865475 * sb1_0 * wg9_1)
-            px2_1_0 = px2_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
-            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
-            px2_1_2 = px2_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
-            gw[tile_b, tile_c.index] = gwv0
-            gw[tile_b, 64 + tile_c.index] = gwv1
-            gx1[tile_b, tile_c.index] = acc0_0
-            gw[tile_b, 128 + tile_c.index] = gwv2
-            gw[tile_b, 192 + tile_c.index] = gwv3
-            gx1[tile_b, 64 + tile_c.index] = acc1_0
-            gw[tile_b, 256 + tile_c.index] = gwv4
-            gw[tile_b, 320 + tile_c.index] = gwv5
-            gw[tile_b, 384 + tile_c.index] = gwv6
-            hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            gw[tile_b, 448 + tile_c.index] = gwv7
-            gw[tile_b, 512 + tile_c.index] = gwv8
-            gw[tile_b, 576 + tile_c.index] = gwv9
-            hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
-            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
-            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
-            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
-        gx2[tile_b, 0] = hx2_0_0
-        gx2[tile_b, 1] = hx2_1_0
-        gx2[tile_b, 2] = hx2_1_1
-        gx2[tile_b, 3] = hx2_1_2
+        # x1 block 0: 64x0o (2 paths)
+        a0_0 = x1[tile_b, tile_c.index]
+        # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+        g0_0 = g[tile_b, tile_c.index]
+        wt0 = weights[tile_b, tile_c.index]
+        wg0_0 = wt0 * g0_0
+        gwv0 = (sb0_0 * a0_0 * g0_0)
+        acc0_0 = (sb0_0 * wg0_0)
+        px2_0_0_0 = (a0_0 * wg0_0)
+        # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+        g1 = hl.load(g, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g1t = g1.reshape([tile_b, tile_c, 2, 2])
+        g1te, g1to = hl.split(g1t)
+        g1_0, g1_2 = hl.split(g1te)
+        g1_1, g1_3 = hl.split(g1to)
+        wt1 = weights[tile_b, 64 + tile_c.index]
+        wg1_0 = wt1 * g1_0
+        wg1_1 = wt1 * g1_1
+        wg1_2 = wt1 * g1_2
+        gwv1 = (
+            0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
+            + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
+        )
+        acc0_0 = acc0_0 + (
+            0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
+            + 0.9999999999999999 * sb1_2 * wg1_2
+        )
+        px2_0_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+        px2_0_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+        px2_0_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+        # x1 block 1: 64x0e (2 paths)
+        a1_0 = x1[tile_b, 64 + tile_c.index]
+        # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+        g2_0 = g[tile_b, 256 + tile_c.index]
+        wt2 = weights[tile_b, 128 + tile_c.index]
+        wg2_0 = wt2 * g2_0
+        gwv2 = (sb0_0 * a1_0 * g2_0)
+        acc1_0 = (sb0_0 * wg2_0)
+        px2_0_0_0 = px2_0_0_0 + (a1_0 * wg2_0)
+        # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+        g3 = hl.load(g, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g3t = g3.reshape([tile_b, tile_c, 2, 2])
+        g3te, g3to = hl.split(g3t)
+        g3_0, g3_2 = hl.split(g3te)
+        g3_1, g3_3 = hl.split(g3to)
+        wt3 = weights[tile_b, 192 + tile_c.index]
+        wg3_0 = wt3 * g3_0
+        wg3_1 = wt3 * g3_1
+        wg3_2 = wt3 * g3_2
+        gwv3 = (
+            0.9999999999999999 * sb1_0 * a1_0 * g3_0 + 0.9999999999999999 * sb1_1 * a1_0 * g3_1
+            + 0.9999999999999999 * sb1_2 * a1_0 * g3_2
+        )
+        acc1_0 = acc1_0 + (
+            0.9999999999999999 * sb1_0 * wg3_0 + 0.9999999999999999 * sb1_1 * wg3_1
+            + 0.9999999999999999 * sb1_2 * wg3_2
+        )
+        px2_0_1_0 = px2_0_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
+        px2_0_1_1 = px2_0_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
+        px2_0_1_2 = px2_0_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
+        # x1 block 2: 64x1o (3 paths)
+        a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a2t = a2.reshape([tile_b, tile_c, 2, 2])
+        a2te, a2to = hl.split(a2t)
+        a2_0, a2_2 = hl.split(a2te)
+        a2_1, a2_3 = hl.split(a2to)
+        # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+        g4 = hl.load(g, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g4t = g4.reshape([tile_b, tile_c, 2, 2])
+        g4te, g4to = hl.split(g4t)
+        g4_0, g4_2 = hl.split(g4te)
+        g4_1, g4_3 = hl.split(g4to)
+        wt4 = weights[tile_b, 256 + tile_c.index]
+        wg4_0 = wt4 * g4_0
+        wg4_1 = wt4 * g4_1
+        wg4_2 = wt4 * g4_2
+        gwv4 = (
+            0.9999999999999999 * sb0_0 * a2_0 * g4_0 + 0.9999999999999999 * sb0_0 * a2_1 * g4_1
+            + 0.9999999999999999 * sb0_0 * a2_2 * g4_2
+        )
+        acc2_0 = (0.9999999999999999 * sb0_0 * wg4_0)
+        acc2_1 = (0.9999999999999999 * sb0_0 * wg4_1)
+        acc2_2 = (0.9999999999999999 * sb0_0 * wg4_2)
+        px2_0_0_0 = px2_0_0_0 + (
+            0.9999999999999999 * a2_0 * wg4_0 + 0.9999999999999999 * a2_1 * wg4_1
+            + 0.9999999999999999 * a2_2 * wg4_2
+        )
+        # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+        g5_0 = g[tile_b, 704 + tile_c.index]
+        wt5 = weights[tile_b, 320 + tile_c.index]
+        wg5_0 = wt5 * g5_0
+        gwv5 = (
+            0.5773502691896257 * sb1_0 * a2_0 * g5_0 + 0.5773502691896257 * sb1_1 * a2_1 * g5_0
+            + 0.5773502691896257 * sb1_2 * a2_2 * g5_0
+        )
+        acc2_0 = acc2_0 + (0.5773502691896257 * sb1_0 * wg5_0)
+        acc2_1 = acc2_1 + (0.5773502691896257 * sb1_1 * wg5_0)
+        acc2_2 = acc2_2 + (0.5773502691896257 * sb1_2 * wg5_0)
+        px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a2_0 * wg5_0)
+        px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a2_1 * wg5_0)
+        px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a2_2 * wg5_0)
+        # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+        g6 = hl.load(g, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g6t = g6.reshape([tile_b, tile_c, 2, 2])
+        g6te, g6to = hl.split(g6t)
+        g6_0, g6_2 = hl.split(g6te)
+        g6_1, g6_3 = hl.split(g6to)
+        wt6 = weights[tile_b, 384 + tile_c.index]
+        wg6_0 = wt6 * g6_0
+        wg6_1 = wt6 * g6_1
+        wg6_2 = wt6 * g6_2
+        gwv6 = (
+            0.7071067811865475 * sb1_2 * a2_1 * g6_0 - 0.7071067811865475 * sb1_1 * a2_2 * g6_0
+            - 0.7071067811865475 * sb1_2 * a2_0 * g6_1 + 0.7071067811865475 * sb1_0 * a2_2 * g6_1
+            + 0.7071067811865475 * sb1_1 * a2_0 * g6_2 - 0.7071067811865475 * sb1_0 * a2_1 * g6_2
+        )
+        acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
+        acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
+        acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
+        px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
+        px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
+        px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
+        # x1 block 3: 64x1e (3 paths)
+        a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        a3t = a3.reshape([tile_b, tile_c, 2, 2])
+        a3te, a3to = hl.split(a3t)
+        a3_0, a3_2 = hl.split(a3te)
+        a3_1, a3_3 = hl.split(a3to)
+        # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+        g7 = hl.load(g, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g7t = g7.reshape([tile_b, tile_c, 2, 2])
+        g7te, g7to = hl.split(g7t)
+        g7_0, g7_2 = hl.split(g7te)
+        g7_1, g7_3 = hl.split(g7to)
+        wt7 = weights[tile_b, 448 + tile_c.index]
+        wg7_0 = wt7 * g7_0
+        wg7_1 = wt7 * g7_1
+        wg7_2 = wt7 * g7_2
+        gwv7 = (
+            0.9999999999999999 * sb0_0 * a3_0 * g7_0 + 0.9999999999999999 * sb0_0 * a3_1 * g7_1
+            + 0.9999999999999999 * sb0_0 * a3_2 * g7_2
+        )
+        acc3_0 = (0.9999999999999999 * sb0_0 * wg7_0)
+        acc3_1 = (0.9999999999999999 * sb0_0 * wg7_1)
+        acc3_2 = (0.9999999999999999 * sb0_0 * wg7_2)
+        px2_0_0_0 = px2_0_0_0 + (
+            0.9999999999999999 * a3_0 * wg7_0 + 0.9999999999999999 * a3_1 * wg7_1
+            + 0.9999999999999999 * a3_2 * wg7_2
+        )
+        # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+        g8_0 = g[tile_b, 1152 + tile_c.index]
+        wt8 = weights[tile_b, 512 + tile_c.index]
+        wg8_0 = wt8 * g8_0
+        gwv8 = (
+            0.5773502691896257 * sb1_0 * a3_0 * g8_0 + 0.5773502691896257 * sb1_1 * a3_1 * g8_0
+            + 0.5773502691896257 * sb1_2 * a3_2 * g8_0
+        )
+        acc3_0 = acc3_0 + (0.5773502691896257 * sb1_0 * wg8_0)
+        acc3_1 = acc3_1 + (0.5773502691896257 * sb1_1 * wg8_0)
+        acc3_2 = acc3_2 + (0.5773502691896257 * sb1_2 * wg8_0)
+        px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a3_0 * wg8_0)
+        px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a3_1 * wg8_0)
+        px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a3_2 * wg8_0)
+        # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+        g9 = hl.load(g, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
+        g9t = g9.reshape([tile_b, tile_c, 2, 2])
+        g9te, g9to = hl.split(g9t)
+        g9_0, g9_2 = hl.split(g9te)
+        g9_1, g9_3 = hl.split(g9to)
+        wt9 = weights[tile_b, 576 + tile_c.index]
+        wg9_0 = wt9 * g9_0
+        wg9_1 = wt9 * g9_1
+        wg9_2 = wt9 * g9_2
+        gwv9 = (
+            0.7071067811865475 * sb1_2 * a3_1 * g9_0 - 0.7071067811865475 * sb1_1 * a3_2 * g9_0
+            - 0.7071067811865475 * sb1_2 * a3_0 * g9_1 + 0.7071067811865475 * sb1_0 * a3_2 * g9_1
+            + 0.7071067811865475 * sb1_1 * a3_0 * g9_2 - 0.7071067811865475 * sb1_0 * a3_1 * g9_2
+        )
+        acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg9_1 + 0.7071067811865475 * sb1_1 * wg9_2)
+        acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg9_0 - 0.7071067811865475 * sb1_0 * wg9_2)
+        acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg9_0 + 0.7071067811865475 * sb1_0 * wg9_1)
+        px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
+        px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
+        px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
+        gw[tile_b, tile_c.index] = gwv0
+        gw[tile_b, 64 + tile_c.index] = gwv1
+        gx1[tile_b, tile_c.index] = acc0_0
+        gw[tile_b, 128 + tile_c.index] = gwv2
+        gw[tile_b, 192 + tile_c.index] = gwv3
+        gx1[tile_b, 64 + tile_c.index] = acc1_0
+        gw[tile_b, 256 + tile_c.index] = gwv4
+        gw[tile_b, 320 + tile_c.index] = gwv5
+        gw[tile_b, 384 + tile_c.index] = gwv6
+        hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        gw[tile_b, 448 + tile_c.index] = gwv7
+        gw[tile_b, 512 + tile_c.index] = gwv8
+        gw[tile_b, 576 + tile_c.index] = gwv9
+        hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
+        gx2p[tile_b, 0 + tile_c.id * 4] = px2_0_0_0.sum(1)
+        gx2p[tile_b, 1 + tile_c.id * 4] = px2_0_1_0.sum(1)
+        gx2p[tile_b, 2 + tile_c.id * 4] = px2_0_1_1.sum(1)
+        gx2p[tile_b, 3 + tile_c.id * 4] = px2_0_1_2.sum(1)
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per

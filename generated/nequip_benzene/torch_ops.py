@@ -230,11 +230,11 @@ def _bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Ten
     batch = x1.shape[0]
     gx1 = x1.new_empty((batch, DIM_IN1))
     gw = x1.new_empty((batch, WEIGHT_NUMEL))
-    # one gx2 partial sum per kernel (each owns some x1 blocks), summed here: no atomics
-    gx2p = x1.new_empty((batch, 5 * DIM_IN2))
+    # gx2 partial sums, one row per kernel (each owns some x1 blocks) or channel tile: summed here, no atomics
+    gx2p = x1.new_empty((batch, 10 * DIM_IN2))
     if batch > 0:
         _launch_bwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), g.contiguous(), gx1, gx2p, gw)
-    return gx1, gx2p.view(batch, 5, DIM_IN2).sum(1), gw
+    return gx1, gx2p.view(batch, 10, DIM_IN2).sum(1), gw
 
 
 bwd_op = torch.library.custom_op("eqdsl_nequip_benzene::bwd", _bwd, mutates_args=())

@@ -549,10 +549,10 @@ def tp_bwd_fused_0(
         sb1_0 = x2[tile_b, 1][:, None]
         sb1_1 = x2[tile_b, 2][:, None]
         sb1_2 = x2[tile_b, 3][:, None]
-        hx2_0_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_0 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_1 = hl.zeros([tile_b], dtype=gx2.dtype)
-        hx2_1_2 = hl.zeros([tile_b], dtype=gx2.dtype)
+        accx2_0_0 = hl.zeros([tile_b], dtype=gx2.dtype)
+        accx2_1_0 = hl.zeros([tile_b], dtype=gx2.dtype)
+        accx2_1_1 = hl.zeros([tile_b], dtype=gx2.dtype)
+        accx2_1_2 = hl.zeros([tile_b], dtype=gx2.dtype)
         for tile_c in hl.tile(32, block_size=32):
             # x1 block 0: 32x0o (2 paths)
             a0_0 = x1[tile_b, tile_c.index]
@@ -562,7 +562,7 @@ def tp_bwd_fused_0(
             wg0_0 = wt0 * g0_0
             gwv0 = (sb0_0 * a0_0 * g0_0)
             acc0_0 = (sb0_0 * wg0_0)
-            px2_0_0 = (a0_0 * wg0_0)
+            px2_0_0_0 = (a0_0 * wg0_0)
             # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
             g1 = hl.load(g, [tile_b, 32 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g1t = g1.reshape([tile_b, tile_c, 2, 2])
@@ -581,9 +581,9 @@ def tp_bwd_fused_0(
                 0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
                 + 0.9999999999999999 * sb1_2 * wg1_2
             )
-            px2_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
-            px2_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
-            px2_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+            px2_0_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+            px2_0_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+            px2_0_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
             # x1 block 1: 32x0e (2 paths)
             a1_0 = x1[tile_b, 32 + tile_c.index]
             # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
@@ -592,7 +592,7 @@ def tp_bwd_fused_0(
             wg2_0 = wt2 * g2_0
             gwv2 = (sb0_0 * a1_0 * g2_0)
             acc1_0 = (sb0_0 * wg2_0)
-            px2_0_0 = px2_0_0 + (a1_0 * wg2_0)
+            px2_0_0_0 = px2_0_0_0 + (a1_0 * wg2_0)
             # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
             g3 = hl.load(g, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g3t = g3.reshape([tile_b, tile_c, 2, 2])
@@ -611,9 +611,9 @@ def tp_bwd_fused_0(
                 0.9999999999999999 * sb1_0 * wg3_0 + 0.9999999999999999 * sb1_1 * wg3_1
                 + 0.9999999999999999 * sb1_2 * wg3_2
             )
-            px2_1_0 = px2_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
-            px2_1_1 = px2_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
-            px2_1_2 = px2_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
+            px2_0_1_0 = px2_0_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
+            px2_0_1_1 = px2_0_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
+            px2_0_1_2 = px2_0_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
             # x1 block 2: 32x1o (3 paths)
             a2 = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
@@ -637,7 +637,7 @@ def tp_bwd_fused_0(
             acc2_0 = (0.9999999999999999 * sb0_0 * wg4_0)
             acc2_1 = (0.9999999999999999 * sb0_0 * wg4_1)
             acc2_2 = (0.9999999999999999 * sb0_0 * wg4_2)
-            px2_0_0 = px2_0_0 + (
+            px2_0_0_0 = px2_0_0_0 + (
                 0.9999999999999999 * a2_0 * wg4_0 + 0.9999999999999999 * a2_1 * wg4_1
                 + 0.9999999999999999 * a2_2 * wg4_2
             )
@@ -652,9 +652,9 @@ def tp_bwd_fused_0(
             acc2_0 = acc2_0 + (0.5773502691896257 * sb1_0 * wg5_0)
             acc2_1 = acc2_1 + (0.5773502691896257 * sb1_1 * wg5_0)
             acc2_2 = acc2_2 + (0.5773502691896257 * sb1_2 * wg5_0)
-            px2_1_0 = px2_1_0 + (0.5773502691896257 * a2_0 * wg5_0)
-            px2_1_1 = px2_1_1 + (0.5773502691896257 * a2_1 * wg5_0)
-            px2_1_2 = px2_1_2 + (0.5773502691896257 * a2_2 * wg5_0)
+            px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a2_0 * wg5_0)
+            px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a2_1 * wg5_0)
+            px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a2_2 * wg5_0)
             # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
             g6 = hl.load(g, [tile_b, 384 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g6t = g6.reshape([tile_b, tile_c, 2, 2])
@@ -673,9 +673,9 @@ def tp_bwd_fused_0(
             acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
             acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
             acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
-            px2_1_0 = px2_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
-            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
-            px2_1_2 = px2_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
             # x1 block 3: 32x1e (3 paths)
             a3 = hl.load(x1, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
@@ -699,7 +699,7 @@ def tp_bwd_fused_0(
             acc3_0 = (0.9999999999999999 * sb0_0 * wg7_0)
             acc3_1 = (0.9999999999999999 * sb0_0 * wg7_1)
             acc3_2 = (0.9999999999999999 * sb0_0 * wg7_2)
-            px2_0_0 = px2_0_0 + (
+            px2_0_0_0 = px2_0_0_0 + (
                 0.9999999999999999 * a3_0 * wg7_0 + 0.9999999999999999 * a3_1 * wg7_1
                 + 0.9999999999999999 * a3_2 * wg7_2
             )
@@ -714,9 +714,9 @@ def tp_bwd_fused_0(
             acc3_0 = acc3_0 + (0.5773502691896257 * sb1_0 * wg8_0)
             acc3_1 = acc3_1 + (0.5773502691896257 * sb1_1 * wg8_0)
             acc3_2 = acc3_2 + (0.5773502691896257 * sb1_2 * wg8_0)
-            px2_1_0 = px2_1_0 + (0.5773502691896257 * a3_0 * wg8_0)
-            px2_1_1 = px2_1_1 + (0.5773502691896257 * a3_1 * wg8_0)
-            px2_1_2 = px2_1_2 + (0.5773502691896257 * a3_2 * wg8_0)
+            px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a3_0 * wg8_0)
+            px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a3_1 * wg8_0)
+            px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a3_2 * wg8_0)
             # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
             g9 = hl.load(g, [tile_b, 608 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             g9t = g9.reshape([tile_b, tile_c, 2, 2])
@@ -735,9 +735,9 @@ def tp_bwd_fused_0(
             acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg9_1 + 0.7071067811865475 * sb1_1 * wg9_2)
             acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg9_0 - 0.7071067811865475 * sb1_0 * wg9_2)
             acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg9_0 + 0.7071067811865475 * sb1_0 * wg9_1)
-            px2_1_0 = px2_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
-            px2_1_1 = px2_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
-            px2_1_2 = px2_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
             gw[tile_b, tile_c.index] = gwv0
             gw[tile_b, 32 + tile_c.index] = gwv1
             gx1[tile_b, tile_c.index] = acc0_0
@@ -752,14 +752,14 @@ def tp_bwd_fused_0(
             gw[tile_b, 256 + tile_c.index] = gwv8
             gw[tile_b, 288 + tile_c.index] = gwv9
             hl.store(gx1, [tile_b, 160 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
-            hx2_0_0 = hx2_0_0 + px2_0_0.sum(1)
-            hx2_1_0 = hx2_1_0 + px2_1_0.sum(1)
-            hx2_1_1 = hx2_1_1 + px2_1_1.sum(1)
-            hx2_1_2 = hx2_1_2 + px2_1_2.sum(1)
-        gx2[tile_b, 0] = hx2_0_0
-        gx2[tile_b, 1] = hx2_1_0
-        gx2[tile_b, 2] = hx2_1_1
-        gx2[tile_b, 3] = hx2_1_2
+            accx2_0_0 = accx2_0_0 + px2_0_0_0.sum(1)
+            accx2_1_0 = accx2_1_0 + px2_0_1_0.sum(1)
+            accx2_1_1 = accx2_1_1 + px2_0_1_1.sum(1)
+            accx2_1_2 = accx2_1_2 + px2_0_1_2.sum(1)
+        gx2[tile_b, 0] = accx2_0_0
+        gx2[tile_b, 1] = accx2_1_0
+        gx2[tile_b, 2] = accx2_1_1
+        gx2[tile_b, 3] = accx2_1_2
 
 
 # Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
