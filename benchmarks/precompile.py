@@ -62,6 +62,7 @@ def run_job(problem: str, dtype: str, op: str) -> None:
             "conv_bwd_x": (gn, x2, w),
             "conv_bwd_y": (xn, g, w),
             "conv_bwd_w": (xn, x2, g),
+            "conv_bwd": (xn, x2, w, gn),
         }[op]
         getattr(ops, op + "_op")(*args, src, dst, nodes)
     else:
@@ -77,7 +78,10 @@ def jobs(problems: list[str], dtypes: list[str] | None, conv: bool) -> list[tupl
         if not (gen / "torch_ops.py").is_file():
             continue
         fused = "bwd_op = " in (gen / "torch_ops.py").read_text()  # a channelwise product's fused backward
-        ops = list(TP_OPS) + (["bwd"] if fused else []) + (list(CONV_OPS) if conv and (gen / "torch_conv.py").is_file() else [])
+        conv_ops = list(CONV_OPS) if conv and (gen / "torch_conv.py").is_file() else []
+        if conv_ops and "conv_bwd_op = " in (gen / "torch_conv.py").read_text():
+            conv_ops.append("conv_bwd")  # the atomic convolution's fused backward
+        ops = list(TP_OPS) + (["bwd"] if fused else []) + conv_ops
         for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
             out += [(p, dt, op) for op in ops]
     # longest first: float64 and the big problems' backward kernels

@@ -42,8 +42,8 @@ two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
 three backward ops as one kernel, ``helion_fused``; default 1) (Helion);
 ``pallas_block_batch`` (a power of two) and ``pallas_num_warps`` (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
-``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``) overrides keys for that op's
-kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
+``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
+``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ TUNING_KEYS = {
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops and the convolution's
-TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd")
 
 
 @dataclass(frozen=True)

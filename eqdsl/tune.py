@@ -48,6 +48,7 @@ __all__ = [
 DEFAULT_GRID = {"num_warps": (4, 8), "block_b": (8, 16, 32), "block_c": (32, 64)}
 TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 FUSED_OPS = ("bwd",)  # a channelwise product's fused backward (helion_fused), where it has one
+FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 LOCK = Path(tempfile.gettempdir()) / "eqdsl_tune_gpu.lock"
 WARMUP_CALLS, TIMED_CALLS = 3, 30
@@ -165,7 +166,8 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
     src = torch.randint(0, nodes, (batch,), generator=gen, device=dev)
     dst = torch.sort(torch.randint(0, nodes, (batch,), generator=gen, device=dev)).values
     xn, gn = rand(nodes, ops.DIM_IN1), rand(nodes, ops.DIM_OUT)
-    args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, g, w), "conv_bwd_w": (xn, x2, g)}[op]
+    args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, g, w), "conv_bwd_w": (xn, x2, g),
+            "conv_bwd": (xn, x2, w, gn)}[op]
     fn = getattr(conv, f"{op}_op")
     return lambda: fn(*args, src, dst, nodes)
 
@@ -185,7 +187,7 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
     name = next(iter(files)).split("/")[0]
     sys.path.insert(0, package_dir)
     ops = importlib.import_module(f"{name}.torch_ops")
-    conv = importlib.import_module(f"{name}.torch_conv") if op in CONV_OPS else None
+    conv = importlib.import_module(f"{name}.torch_conv") if op in CONV_OPS + FUSED_CONV_OPS else None
     call = _op_call(ops, conv, op, batch, dtype)
     call()  # compiles
     torch.cuda.synchronize()
@@ -258,8 +260,9 @@ def tune(
     fused = _has_fused_bwd(spec)
     if ops is None:
         ops = TP_OPS + (FUSED_OPS if fused else ())
-    bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS or (op in CONV_OPS and not spec.conv)
-           or (op in FUSED_OPS and not fused)]
+    bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS
+           or (op in CONV_OPS and not spec.conv) or (op in FUSED_OPS and not fused)
+           or (op in FUSED_CONV_OPS and not (fused and spec.conv and not spec.deterministic))]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
                         f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: only a channelwise product has the fused backward)'}"

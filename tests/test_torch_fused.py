@@ -4,15 +4,18 @@
 what ``bwd_x1``, ``bwd_x2`` and ``bwd_w`` are checked against) for every kernel shape the generator makes: one
 kernel with a channel loop per multiplicity (mixed multiplicities), several kernels
 (``max_terms``) whose ``gx2`` partial sums the op adds, channel tiles as a grid axis
-(``grid_c``, one partial-sum row per tile), and both layouts. Autograd must take it when
+(``grid_c``, one partial-sum row per tile), and both layouts; and the atomic
+convolution's (``helion_conv.fused_conv_kernels``) against ``conv_vjp_reference``. Autograd must take it when
 two or more gradients are needed and not otherwise, and its own derivative (forces, then
 their gradient) must pass ``gradgradcheck`` and match e3nn.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,8 +25,9 @@ pytest.importorskip("e3nn.o3")
 from eqdsl.codegen.helion_backend import tuning_for  # noqa: E402
 from eqdsl.codegen.helion_fused import fused_bwd_kernels, fused_bwd_reason  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
-from eqdsl.reference import tensor_product_vjp_reference  # noqa: E402
+from eqdsl.reference import conv_vjp_reference, tensor_product_vjp_reference  # noqa: E402
 from eqdsl.spec import load_spec, parse_spec  # noqa: E402
+from genutil import build_package  # noqa: E402
 from test_torch_grads import DEVICE, rel_err, torch_inputs  # noqa: E402
 from test_torch_ops import build, e3nn_tp, spec_text  # noqa: E402
 
@@ -161,3 +165,38 @@ def test_not_eligible(change, reason):
     ir = lower(parse_spec(spec_text("s", IN1, "2x0e+1o", OUT, mode="uvu", shared=False), "s.toml")[0])
     assert "not 1" in fused_bwd_reason(ir)
     assert fused_bwd_reason(lower(parse_spec(spec_text("s", IN1, IN2, OUT, mode="uvu", shared=False), "s.toml")[0])) is None
+
+
+def test_conv_fused_backward(root, monkeypatch):
+    """The atomic convolution's fused backward (``x`` gathered by src, ``G`` by dst, ``gx``
+    scattered with atomics): against the oracle, taken by autograd, second order."""
+    name = "tf_conv"
+    text = spec_text(name, IN1, IN2, OUT, mode="uvu", shared=False, layout="ir_mul", dtypes=("float64",))
+    text += 'conv = true\nreduce = "sum"\ndeterministic = false\n'
+    text += "\n[tensor_product.tuning.conv_bwd]\n" + TUNINGS["split_grid_c"]  # several kernels, grid partials
+    pkg = build_package(root, name, text)
+    conv = importlib.import_module(pkg.__name__ + ".torch_conv")
+    ir = lower(parse_spec(text, "tf_conv.toml")[0])
+    rng = np.random.default_rng(0)
+    n, e = 3, 7
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
+    x, y, w = (torch.tensor(rng.standard_normal(shape), device=DEVICE)
+               for shape in ((n, ir.dim_in1), (e, ir.dim_in2), (e, ir.weight_numel)))
+    g = torch.tensor(rng.standard_normal((n, ir.dim_out)), device=DEVICE)
+    want = conv_vjp_reference(ir, *(t.cpu().numpy() for t in (x, y, w)), src, dst, n, g.cpu().numpy())
+    for got, ref in zip(conv.conv_bwd_op(x, y, w, g, s, d, n), want):
+        assert rel_err(got.cpu().numpy(), ref) <= 1e-10
+
+    called = []
+    real = conv._launch_bwd
+    monkeypatch.setattr(conv, "_launch_bwd", lambda *a: (called.append(1), real(*a)))
+    args = [t.clone().requires_grad_() for t in (x, y, w)]
+    grads = torch.autograd.grad(conv.conv(*args, s, d, n), args, g)
+    assert called
+    for got, ref in zip(grads, want):
+        assert rel_err(got.cpu().numpy(), ref) <= 1e-10
+    # second order in edge_attr and weights (force training), through the fused op's formula
+    f = lambda y, w: conv.conv(x, y, w, s, d, n)  # noqa: E731
+    assert torch.autograd.gradgradcheck(f, (args[1].detach().requires_grad_(), args[2].detach().requires_grad_()),
+                                        fast_mode=True)

@@ -220,6 +220,41 @@ def conv_kernel_context(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT
     }
 
 
+def fused_conv_kernels(ir: TensorProductIR, tuning: hb.TuningTable, views: dict[str, View]) -> list[dict]:
+    """The fused backward (``helion_fused``) of an atomic convolution, or ``[]``.
+
+    The plain tensor product's fused kernels with the rows rewritten: ``x`` gathered by
+    ``src``, ``G`` by ``dst``, ``y`` / ``W`` / ``gy`` / ``gw`` per edge, and ``gx``
+    scattered into ``src`` with ``hl.atomic_add`` (so not for ``deterministic = true``,
+    whose node gradients are segment reductions in a fixed order). Tuned as ``conv_bwd``.
+    """
+    from .helion_fused import fused_bwd_kernels, fused_bwd_reason
+
+    t = hb.tuning_of(tuning, "conv_bwd")
+    if ir.deterministic or not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+        return []
+    out = []
+    for k in fused_bwd_kernels(ir, t, native=False):
+        def rw(line: str) -> str:
+            m = _STORE.match(line)
+            if m and m.group(1).startswith("gx1_"):
+                return f"hl.atomic_add({m.group(1)}, [s_idx, {m.group(2)}, tile_c], {m.group(3)})"
+            return _GX2.sub(lambda n: "gy" + n.group(1)[3:], _rewrite(line, "tile_b"))
+
+        k = dict(k, name=k["name"].replace("tp_", "conv_", 1), doc=k["doc"].replace("dF/dx1, dF/dx2", "dF/dx, dF/dy"))
+        for key in ("scalars", "init", "final"):
+            k[key] = [rw(s) for s in k[key]]
+        k["channel_groups"] = [dict(g, lines=[rw(s) for s in g["lines"]]) for g in k["channel_groups"]]
+        k["index_lines"] = ["s_idx = src[tile_b]", "d_idx = dst[tile_b]"]
+        k["params"] = ["src", "dst"] + [_GX2.sub(lambda n: "gy" + n.group(1)[3:], p) for p in flat_params(k["params"], views)]
+        out.append(k)
+    return out
+
+
+# the fused kernels' gx2 / gx2p (whole-row names, not views) are the conv's gy / gyp
+_GX2 = re.compile(r"\b(gx2p?)\b")
+
+
 def _tuning_op(family: str) -> str:
     """The ``spec.TUNING_OPS`` name of a TP kernel family's conv kernels (``bwd_x1`` -> ``conv_bwd_x``)."""
     return "conv_" + CONV_FAMILIES[family][0].removesuffix("_lin")
@@ -240,6 +275,12 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     views = view_map(ir)
     families = conv_kernel_context(ir, tuning)
     launchers = {op: _launcher(op, ks) for op, ks in families.items()}
+    fused = fused_conv_kernels(ir, tuning, views)
+    if fused:
+        parts = sum(k["parts"] for k in fused)
+        families["bwd"] = fused
+        launchers["bwd"] = {"name": "bwd", "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in fused],
+                            "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"]}
     convert = ir.layout == "mul_ir"
     ctx = {
         **hb.op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
@@ -253,6 +294,10 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         "linear_ops": "fwd_lin" in families,
         "reduce": ir.reduce,
         "deterministic": ir.deterministic,
+        "fused_bwd": {
+            "partials": sum(k["parts"] for k in fused),
+            "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused),
+        } if fused else None,
     }
     kernels = [k for ks in families.values() for k in ks]
     return {

@@ -41,6 +41,7 @@ __all__ = [
     "EagerOp",
     "CheckCache",
     "register_backward",
+    "add_optional",
 ]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -369,13 +370,13 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> No
             x1, x2, w, g = ctx.saved_tensors
             n1, n2, nw, ng = ctx.needs_input_grad
             return (
-                _add(bwd_x1(g, k2, w) if n1 and k2 is not None else None,
+                add_optional(bwd_x1(g, k2, w) if n1 and k2 is not None else None,
                      bwd_x1_w(g, x2, kw) if n1 and kw is not None else None),
-                _add(bwd_x2(k1, g, w) if n2 and k1 is not None else None,
+                add_optional(bwd_x2(k1, g, w) if n2 and k1 is not None else None,
                      bwd_x2_w(x1, g, kw) if n2 and kw is not None else None),
-                _add(bwd_w(k1, x2, g) if nw and k1 is not None else None,
+                add_optional(bwd_w(k1, x2, g) if nw and k1 is not None else None,
                      bwd_w(x1, k2, g) if nw and k2 is not None else None),
-                _add(_add(fwd(k1, x2, w) if ng and k1 is not None else None,
+                add_optional(add_optional(fwd(k1, x2, w) if ng and k1 is not None else None,
                           fwd(x1, k2, w) if ng and k2 is not None else None),
                      fwd_w(x1, x2, kw) if ng and kw is not None else None),
             )
@@ -394,7 +395,7 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> No
     register_backward(bwd_w, bwd_w_backward, setup_context)
 
 
-def _add(a, b):
+def add_optional(a, b):
     """``a + b`` where either may be None (a gradient not asked for)."""
     if a is None:
         return b

@@ -10,6 +10,7 @@ and its derivatives, the four derivatives of ``F = sum_e W C x[src[e]] y[e] G[ds
     conv_bwd_x_* (G, y, W) -> gx  = dF/dx  (1 kernel)  gather G by dst, scatter into src
     conv_bwd_y_* (x, G, W) -> gy  = dF/dy  (1 kernel)  one row per edge
     conv_bwd_w_* (x, y, G) -> gw  = dF/dW  (1 kernel)  one row per edge (or partial sums)
+    conv_bwd_fused_* (x, y, W, G) -> (gx, gy, gw)  (1 kernel)  the three above in one pass over G (helion_fused)
 
 The scatters are ``hl.atomic_add`` into a zeroed output (summation order varies).
 The kernels take whole ``ir_mul`` rows: ``x``, ``y``, ``weights``, ``g`` and the computed
@@ -507,3 +508,227 @@ def conv_bwd_w_0(
             q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
             q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
             gw[tile_b, 288 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=4, num_stages=1),
+)
+def conv_bwd_fused_0(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    weights: torch.Tensor,
+    gx: torch.Tensor,
+    gy: torch.Tensor,
+    gw: torch.Tensor,
+) -> None:
+    """Fused backward (dF/dx, dF/dy, dF/dW): x1 blocks 0-3; paths 0-9."""
+    for tile_b in hl.tile(src.size(0), block_size=16):
+        s_idx = src[tile_b]
+        d_idx = dst[tile_b]
+        sb0_0 = y[tile_b, 0][:, None]
+        sb1_0 = y[tile_b, 1][:, None]
+        sb1_1 = y[tile_b, 2][:, None]
+        sb1_2 = y[tile_b, 3][:, None]
+        accx2_0_0 = hl.zeros([tile_b], dtype=gy.dtype)
+        accx2_1_0 = hl.zeros([tile_b], dtype=gy.dtype)
+        accx2_1_1 = hl.zeros([tile_b], dtype=gy.dtype)
+        accx2_1_2 = hl.zeros([tile_b], dtype=gy.dtype)
+        for tile_c in hl.tile(32, block_size=32):
+            # x1 block 0: 32x0o (2 paths)
+            a0_0 = x[s_idx, tile_c.index]
+            # path 0: uvu 32x0o x 1x0e -> 32x0o, 1 nonzero, weighted
+            g0_0 = g[d_idx, tile_c.index]
+            wt0 = weights[tile_b, tile_c.index]
+            wg0_0 = wt0 * g0_0
+            gwv0 = (sb0_0 * a0_0 * g0_0)
+            acc0_0 = (sb0_0 * wg0_0)
+            px2_0_0_0 = (a0_0 * wg0_0)
+            # path 1: uvu 32x0o x 1x1o -> 32x1e, 3 nonzeros, weighted
+            g1_0 = g[d_idx, 32 + tile_c.index]
+            g1_1 = g[d_idx, 64 + tile_c.index]
+            g1_2 = g[d_idx, 96 + tile_c.index]
+            wt1 = weights[tile_b, 32 + tile_c.index]
+            wg1_0 = wt1 * g1_0
+            wg1_1 = wt1 * g1_1
+            wg1_2 = wt1 * g1_2
+            gwv1 = (
+                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
+                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
+            )
+            acc0_0 = acc0_0 + (
+                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
+                + 0.9999999999999999 * sb1_2 * wg1_2
+            )
+            px2_0_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
+            px2_0_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
+            px2_0_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+            # x1 block 1: 32x0e (2 paths)
+            a1_0 = x[s_idx, 32 + tile_c.index]
+            # path 2: uvu 32x0e x 1x0e -> 32x0e, 1 nonzero, weighted
+            g2_0 = g[d_idx, 128 + tile_c.index]
+            wt2 = weights[tile_b, 64 + tile_c.index]
+            wg2_0 = wt2 * g2_0
+            gwv2 = (sb0_0 * a1_0 * g2_0)
+            acc1_0 = (sb0_0 * wg2_0)
+            px2_0_0_0 = px2_0_0_0 + (a1_0 * wg2_0)
+            # path 3: uvu 32x0e x 1x1o -> 32x1o, 3 nonzeros, weighted
+            g3_0 = g[d_idx, 160 + tile_c.index]
+            g3_1 = g[d_idx, 192 + tile_c.index]
+            g3_2 = g[d_idx, 224 + tile_c.index]
+            wt3 = weights[tile_b, 96 + tile_c.index]
+            wg3_0 = wt3 * g3_0
+            wg3_1 = wt3 * g3_1
+            wg3_2 = wt3 * g3_2
+            gwv3 = (
+                0.9999999999999999 * sb1_0 * a1_0 * g3_0 + 0.9999999999999999 * sb1_1 * a1_0 * g3_1
+                + 0.9999999999999999 * sb1_2 * a1_0 * g3_2
+            )
+            acc1_0 = acc1_0 + (
+                0.9999999999999999 * sb1_0 * wg3_0 + 0.9999999999999999 * sb1_1 * wg3_1
+                + 0.9999999999999999 * sb1_2 * wg3_2
+            )
+            px2_0_1_0 = px2_0_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
+            px2_0_1_1 = px2_0_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
+            px2_0_1_2 = px2_0_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
+            # x1 block 2: 32x1o (3 paths)
+            a2_0 = x[s_idx, 64 + tile_c.index]
+            a2_1 = x[s_idx, 96 + tile_c.index]
+            a2_2 = x[s_idx, 128 + tile_c.index]
+            # path 4: uvu 32x1o x 1x0e -> 32x1o, 3 nonzeros, weighted
+            g4_0 = g[d_idx, 256 + tile_c.index]
+            g4_1 = g[d_idx, 288 + tile_c.index]
+            g4_2 = g[d_idx, 320 + tile_c.index]
+            wt4 = weights[tile_b, 128 + tile_c.index]
+            wg4_0 = wt4 * g4_0
+            wg4_1 = wt4 * g4_1
+            wg4_2 = wt4 * g4_2
+            gwv4 = (
+                0.9999999999999999 * sb0_0 * a2_0 * g4_0 + 0.9999999999999999 * sb0_0 * a2_1 * g4_1
+                + 0.9999999999999999 * sb0_0 * a2_2 * g4_2
+            )
+            acc2_0 = (0.9999999999999999 * sb0_0 * wg4_0)
+            acc2_1 = (0.9999999999999999 * sb0_0 * wg4_1)
+            acc2_2 = (0.9999999999999999 * sb0_0 * wg4_2)
+            px2_0_0_0 = px2_0_0_0 + (
+                0.9999999999999999 * a2_0 * wg4_0 + 0.9999999999999999 * a2_1 * wg4_1
+                + 0.9999999999999999 * a2_2 * wg4_2
+            )
+            # path 5: uvu 32x1o x 1x1o -> 32x0e, 3 nonzeros, weighted
+            g5_0 = g[d_idx, 352 + tile_c.index]
+            wt5 = weights[tile_b, 160 + tile_c.index]
+            wg5_0 = wt5 * g5_0
+            gwv5 = (
+                0.5773502691896257 * sb1_0 * a2_0 * g5_0 + 0.5773502691896257 * sb1_1 * a2_1 * g5_0
+                + 0.5773502691896257 * sb1_2 * a2_2 * g5_0
+            )
+            acc2_0 = acc2_0 + (0.5773502691896257 * sb1_0 * wg5_0)
+            acc2_1 = acc2_1 + (0.5773502691896257 * sb1_1 * wg5_0)
+            acc2_2 = acc2_2 + (0.5773502691896257 * sb1_2 * wg5_0)
+            px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a2_0 * wg5_0)
+            px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a2_1 * wg5_0)
+            px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a2_2 * wg5_0)
+            # path 6: uvu 32x1o x 1x1o -> 32x1e, 6 nonzeros, weighted
+            g6_0 = g[d_idx, 384 + tile_c.index]
+            g6_1 = g[d_idx, 416 + tile_c.index]
+            g6_2 = g[d_idx, 448 + tile_c.index]
+            wt6 = weights[tile_b, 192 + tile_c.index]
+            wg6_0 = wt6 * g6_0
+            wg6_1 = wt6 * g6_1
+            wg6_2 = wt6 * g6_2
+            gwv6 = (
+                0.7071067811865475 * sb1_2 * a2_1 * g6_0 - 0.7071067811865475 * sb1_1 * a2_2 * g6_0
+                - 0.7071067811865475 * sb1_2 * a2_0 * g6_1 + 0.7071067811865475 * sb1_0 * a2_2 * g6_1
+                + 0.7071067811865475 * sb1_1 * a2_0 * g6_2 - 0.7071067811865475 * sb1_0 * a2_1 * g6_2
+            )
+            acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
+            acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
+            acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
+            # x1 block 3: 32x1e (3 paths)
+            a3_0 = x[s_idx, 160 + tile_c.index]
+            a3_1 = x[s_idx, 192 + tile_c.index]
+            a3_2 = x[s_idx, 224 + tile_c.index]
+            # path 7: uvu 32x1e x 1x0e -> 32x1e, 3 nonzeros, weighted
+            g7_0 = g[d_idx, 480 + tile_c.index]
+            g7_1 = g[d_idx, 512 + tile_c.index]
+            g7_2 = g[d_idx, 544 + tile_c.index]
+            wt7 = weights[tile_b, 224 + tile_c.index]
+            wg7_0 = wt7 * g7_0
+            wg7_1 = wt7 * g7_1
+            wg7_2 = wt7 * g7_2
+            gwv7 = (
+                0.9999999999999999 * sb0_0 * a3_0 * g7_0 + 0.9999999999999999 * sb0_0 * a3_1 * g7_1
+                + 0.9999999999999999 * sb0_0 * a3_2 * g7_2
+            )
+            acc3_0 = (0.9999999999999999 * sb0_0 * wg7_0)
+            acc3_1 = (0.9999999999999999 * sb0_0 * wg7_1)
+            acc3_2 = (0.9999999999999999 * sb0_0 * wg7_2)
+            px2_0_0_0 = px2_0_0_0 + (
+                0.9999999999999999 * a3_0 * wg7_0 + 0.9999999999999999 * a3_1 * wg7_1
+                + 0.9999999999999999 * a3_2 * wg7_2
+            )
+            # path 8: uvu 32x1e x 1x1o -> 32x0o, 3 nonzeros, weighted
+            g8_0 = g[d_idx, 576 + tile_c.index]
+            wt8 = weights[tile_b, 256 + tile_c.index]
+            wg8_0 = wt8 * g8_0
+            gwv8 = (
+                0.5773502691896257 * sb1_0 * a3_0 * g8_0 + 0.5773502691896257 * sb1_1 * a3_1 * g8_0
+                + 0.5773502691896257 * sb1_2 * a3_2 * g8_0
+            )
+            acc3_0 = acc3_0 + (0.5773502691896257 * sb1_0 * wg8_0)
+            acc3_1 = acc3_1 + (0.5773502691896257 * sb1_1 * wg8_0)
+            acc3_2 = acc3_2 + (0.5773502691896257 * sb1_2 * wg8_0)
+            px2_0_1_0 = px2_0_1_0 + (0.5773502691896257 * a3_0 * wg8_0)
+            px2_0_1_1 = px2_0_1_1 + (0.5773502691896257 * a3_1 * wg8_0)
+            px2_0_1_2 = px2_0_1_2 + (0.5773502691896257 * a3_2 * wg8_0)
+            # path 9: uvu 32x1e x 1x1o -> 32x1o, 6 nonzeros, weighted
+            g9_0 = g[d_idx, 608 + tile_c.index]
+            g9_1 = g[d_idx, 640 + tile_c.index]
+            g9_2 = g[d_idx, 672 + tile_c.index]
+            wt9 = weights[tile_b, 288 + tile_c.index]
+            wg9_0 = wt9 * g9_0
+            wg9_1 = wt9 * g9_1
+            wg9_2 = wt9 * g9_2
+            gwv9 = (
+                0.7071067811865475 * sb1_2 * a3_1 * g9_0 - 0.7071067811865475 * sb1_1 * a3_2 * g9_0
+                - 0.7071067811865475 * sb1_2 * a3_0 * g9_1 + 0.7071067811865475 * sb1_0 * a3_2 * g9_1
+                + 0.7071067811865475 * sb1_1 * a3_0 * g9_2 - 0.7071067811865475 * sb1_0 * a3_1 * g9_2
+            )
+            acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg9_1 + 0.7071067811865475 * sb1_1 * wg9_2)
+            acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg9_0 - 0.7071067811865475 * sb1_0 * wg9_2)
+            acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg9_0 + 0.7071067811865475 * sb1_0 * wg9_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
+            gw[tile_b, tile_c.index] = gwv0
+            gw[tile_b, 32 + tile_c.index] = gwv1
+            hl.atomic_add(gx, [s_idx, tile_c.index], acc0_0)
+            gw[tile_b, 64 + tile_c.index] = gwv2
+            gw[tile_b, 96 + tile_c.index] = gwv3
+            hl.atomic_add(gx, [s_idx, 32 + tile_c.index], acc1_0)
+            gw[tile_b, 128 + tile_c.index] = gwv4
+            gw[tile_b, 160 + tile_c.index] = gwv5
+            gw[tile_b, 192 + tile_c.index] = gwv6
+            hl.atomic_add(gx, [s_idx, 64 + tile_c.index], acc2_0)
+            hl.atomic_add(gx, [s_idx, 96 + tile_c.index], acc2_1)
+            hl.atomic_add(gx, [s_idx, 128 + tile_c.index], acc2_2)
+            gw[tile_b, 224 + tile_c.index] = gwv7
+            gw[tile_b, 256 + tile_c.index] = gwv8
+            gw[tile_b, 288 + tile_c.index] = gwv9
+            hl.atomic_add(gx, [s_idx, 160 + tile_c.index], acc3_0)
+            hl.atomic_add(gx, [s_idx, 192 + tile_c.index], acc3_1)
+            hl.atomic_add(gx, [s_idx, 224 + tile_c.index], acc3_2)
+            accx2_0_0 = accx2_0_0 + px2_0_0_0.sum(1)
+            accx2_1_0 = accx2_1_0 + px2_0_1_0.sum(1)
+            accx2_1_1 = accx2_1_1 + px2_0_1_1.sum(1)
+            accx2_1_2 = accx2_1_2 + px2_0_1_2.sum(1)
+        gy[tile_b, 0] = accx2_0_0
+        gy[tile_b, 1] = accx2_1_0
+        gy[tile_b, 2] = accx2_1_1
+        gy[tile_b, 3] = accx2_1_2

@@ -127,6 +127,12 @@ def _launch_bwd_w(x, y, g, gw, graph) -> None:
     _k.conv_bwd_w_0(src, dst, x, y, g, gw)
 
 
+def _launch_bwd(x, y, weights, g, gx, gy, gw, graph) -> None:
+    """Launch the ``conv_bwd`` kernels (contiguous ``ir_mul`` rows)."""
+    src, dst = graph
+    _k.conv_bwd_fused_0(src, dst, x, y, g, weights, gx, gy, gw)
+
+
 _N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
 
 
@@ -204,6 +210,29 @@ def _conv_bwd_w_fake(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: tor
     return x.new_empty((src.shape[0], WEIGHT_NUMEL))
 
 
+def _conv_bwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dF/dx, dF/dy, dF/dW)`` at ``(x, y, weights, G)``: what ``conv_bwd_x``, ``conv_bwd_y`` and
+    ``conv_bwd_w`` return, from the fused kernels (one gather of ``G`` per edge; eqdsl/codegen/helion_fused.py)."""
+    _rt.check_device("eqdsl_nequip_water::conv_bwd", x.device)
+    edges = src.shape[0]
+    gx = x.new_zeros((num_nodes, DIM_IN1))  # scattered into with atomics
+    gw = x.new_empty((edges, WEIGHT_NUMEL))
+    gy = x.new_empty((edges, DIM_IN2))
+    if edges > 0:
+        _launch_bwd(x.contiguous(), y.contiguous(), weights.contiguous(), g.contiguous(), gx, gy, gw, [t.contiguous() for t in (src, dst)])
+    return gx, gy, gw
+
+
+conv_bwd_op = torch.library.custom_op("eqdsl_nequip_water::conv_bwd", _conv_bwd, mutates_args=())
+_conv_bwd_eager = _rt.EagerOp(conv_bwd_op, _conv_bwd, n_tensors=4 + _N_GRAPH, n_diff=4)
+
+
+@conv_bwd_op.register_fake
+def _conv_bwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    edges = src.shape[0]
+    return x.new_empty((num_nodes, DIM_IN1)), x.new_empty((edges, DIM_IN2)), x.new_empty((edges, WEIGHT_NUMEL))
+
+
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[: 3 + _N_GRAPH])
     ctx.num_nodes = inputs[-1]
@@ -213,14 +242,18 @@ def _no_grads():
     return (None,) * (_N_GRAPH + 1)
 
 
-def _wire(fwd, bwd_x, bwd_y, bwd_w):
+def _wire(fwd, bwd_x, bwd_y, bwd_w, fused=None):
     """VJPs of ``fwd``/``bwd_x``/``bwd_y`` (linear in every operand) as the other ops
-    (``EagerOp`` s: a backward in eager code launches without the dispatcher)."""
+    (``EagerOp`` s: a backward in eager code launches without the dispatcher); ``fused``
+    (the fused backward, where there is one) gives ``fwd``'s when two or more are needed."""
 
     def fwd_backward(ctx, h):
         x, y, w, *graph = ctx.saved_tensors
         n1, n2, nw = ctx.needs_input_grad[:3]
         n = ctx.num_nodes
+        if fused is not None and n1 + n2 + nw >= 2:
+            gx, gy, gw = fused(x, y, w, h, *graph, n)
+            return (gx if n1 else None, gy if n2 else None, gw if nw else None) + _no_grads()
         return (
             bwd_x(h, y, w, *graph, n) if n1 else None,
             bwd_y(x, h, w, *graph, n) if n2 else None,
@@ -252,7 +285,7 @@ def _wire(fwd, bwd_x, bwd_y, bwd_w):
     _rt.register_backward(bwd_y, bwd_y_backward, _setup)
 
 
-_wire(_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager)
+_wire(_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager, _conv_bwd_eager)
 _LINEAR = (_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager)
 
 
@@ -270,6 +303,36 @@ def _bwd_w_backward(ctx, h):
 
 
 _rt.register_backward(_conv_bwd_w_eager, _bwd_w_backward, _setup)
+
+
+def _fused_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[: 4 + _N_GRAPH])
+    ctx.num_nodes = inputs[-1]
+
+
+def _fused_backward(ctx, k1, k2, kw):
+    # (gx, gy, gw) = (bwd_x(G, y, W), bwd_y(x, G, W), bwd_w(x, y, G)): each input's
+    # gradient sums the three ops' formulas above
+    x, y, w, g, *graph = ctx.saved_tensors
+    n1, n2, nw, ng = ctx.needs_input_grad[:4]
+    n = ctx.num_nodes
+    fwd_w, bwd_x_w, bwd_y_w = _LINEAR
+    fwd, bwd_x, bwd_y, bwd_w = _conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager
+    add = _rt.add_optional
+    return (
+        add(bwd_x(g, k2, w, *graph, n) if n1 and k2 is not None else None,
+            bwd_x_w(g, y, kw, *graph, n) if n1 and kw is not None else None),
+        add(bwd_y(k1, g, w, *graph, n) if n2 and k1 is not None else None,
+            bwd_y_w(x, g, kw, *graph, n) if n2 and kw is not None else None),
+        add(bwd_w(k1, y, g, *graph, n) if nw and k1 is not None else None,
+            bwd_w(x, k2, g, *graph, n) if nw and k2 is not None else None),
+        add(add(fwd(k1, y, w, *graph, n) if ng and k1 is not None else None,
+                fwd(x, k2, w, *graph, n) if ng and k2 is not None else None),
+            fwd_w(x, y, kw, *graph, n) if ng and kw is not None else None),
+    ) + _no_grads()
+
+
+_rt.register_backward(_conv_bwd_eager, _fused_backward, _fused_setup)
 _checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted metadata
 
 
