@@ -6,7 +6,8 @@ on the GPU) without a GPU. That is where "Unimplemented primitive" (e.g. slicing
 value) and "every array must have power-of-two size" are raised, so these tests catch
 them before a device run does; interpret mode (the other CPU tests) accepts both.
 
-Covered per spec: forward, the three backward kernels (``tensor_product_vjp``), the
+Covered per spec: forward, the three backward kernels (``tensor_product_vjp``; for a
+channelwise product the fused backward instead, and the three through its VJP), the
 weighted-only kernels (second-order VJP through ``backward_w``) and, with ``conv = true``,
 the four conv kernels. Not covered: Triton's own compilation (PTX, register allocation),
 which only a GPU run shows.
@@ -42,7 +43,12 @@ def _check_lowers(ops, dtype="float32"):
     n = _kernel_calls(_lower(lambda a, b, c: ops.tensor_product(a, b, c, interpret=False), x1, x2, w))
     assert n >= 1, "no Triton kernel in the lowered forward"
     vjp = lambda a, b, c, d: ops.tensor_product_vjp(a, b, c, d, interpret=False)  # noqa: E731
-    assert _kernel_calls(_lower(vjp, x1, x2, w, g)) >= 3
+    # a channelwise product's vjp is its fused backward (eqdsl.codegen.pallas_fused)
+    fused = getattr(ops._kernels, "BWD_FUSED_KERNELS", None)
+    assert _kernel_calls(_lower(vjp, x1, x2, w, g)) >= (len(fused) if fused else 3)
+    if fused:  # and the forward's VJP calls it
+        grads = jax.grad(lambda a, b, c: jnp.sum(ops.tensor_product(a, b, c, interpret=False)), argnums=(0, 1, 2))
+        assert "bwd_fused_kernel" in _lower(grads, x1, x2, w)
     if ops.WEIGHT_NUMEL:
         # derivatives of <grad_W, c> run backward_w's VJP: the weighted-only kernels
         def second(a, b, c, d):
@@ -74,6 +80,20 @@ def test_mixed_spec_kernels_lower_for_cuda(tmp_path_factory, layout, shared):
     """Every mode, unweighted paths, multiplicities 2, 3, 5 (padded lanes: masked stores)
     and strided uvu weights, in both layouts."""
     ops = build(spec_text("lower_mixed", **MIXED, shared=shared, layout=layout), tmp_path_factory.mktemp("lower")).ops
+    _check_lowers(ops, "float64")
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_fused_backward_kernels_lower_for_cuda(tmp_path_factory, monkeypatch, split):
+    """The fused backward of a channelwise product with multiplicities 4, 3 and 2 (padded
+    lanes: ``load_vec`` / ``store_vec``), as one kernel and split over several."""
+    from eqdsl.codegen import pallas_backend
+
+    if split:
+        monkeypatch.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", 100)
+    text = spec_text("lower_fused", "4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e", mode="uvu", shared=False)
+    ops = build(text, tmp_path_factory.mktemp("lower")).ops
+    assert (len(ops._kernels.BWD_FUSED_KERNELS) > 1) == split
     _check_lowers(ops, "float64")
 
 

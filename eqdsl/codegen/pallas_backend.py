@@ -53,6 +53,11 @@ back as operands, as the derivatives of derivatives do.
 Kernels are grouped per output block (``backward_w``: per weighted path); a body
 whose unrolled terms would exceed ``MAX_TERMS_PER_KERNEL`` nonzeros is split into
 several kernels over consecutive output blocks, each writing its own column range.
+
+Fused backward. A channelwise product (``helion_fused.fused_bwd_reason`` is None: every
+path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
+``backward_fused(x1, x2, w, g) = (dF/dx1, dF/dx2, dF/dW)``, one pass over ``g``
+(``eqdsl.codegen.pallas_fused``), which the forward's VJP calls instead of the three.
 """
 
 from __future__ import annotations
@@ -160,8 +165,8 @@ def _line(text: str) -> dict:
     return {"kind": "line", "text": text}
 
 
-def _store(start, size: int, value: str) -> dict:
-    return {"kind": "store", "start": str(start), "size": size, "value": value}
+def _store(start, size: int, value: str, ref: str = "out_ref") -> dict:
+    return {"kind": "store", "ref": ref, "start": str(start), "size": size, "value": value}
 
 
 def _read(name: str, ref: str, start, count: int, pad: int, stride: int, comment: str = "") -> dict:
@@ -173,12 +178,12 @@ def _read(name: str, ref: str, start, count: int, pad: int, stride: int, comment
     return _line(f"{name} = rt.load_vec({ref}, {start}, {args})" + (f"  # {comment}" if comment else ""))
 
 
-def _write(start, value: str, count: int, pad: int, stride: int) -> dict:
-    """Store lanes ``c < count`` of ``value`` to output columns ``start + c * stride``."""
+def _write(start, value: str, count: int, pad: int, stride: int, ref: str = "out_ref") -> dict:
+    """Store lanes ``c < count`` of ``value`` to columns ``start + c * stride`` of ``ref``."""
     if stride == 1 and count == pad:
-        return _store(start, pad, value)
+        return _store(start, pad, value, ref)
     args = f"count={count}, pad={pad}" + (f", stride={stride}" if stride != 1 else "")
-    return _line(f"rt.store_vec(out_ref, {start}, {value}, {args})")
+    return _line(f"rt.store_vec({ref}, {start}, {value}, {args})")
 
 
 def _loop(fn: str, var: str, count: int, carry: list[str], body: list[dict], prelude: tuple[str, ...] = ()) -> dict:
@@ -519,6 +524,7 @@ class _KernelBuilder:
             "number": self.number,
             "name": f"_tp_{self.kind}_kernel_{self.number}",
             "refs": [f"{r}_ref" for r in self.refs],
+            "outs": ["out_ref"],
             "width": col,
             "desc": f"{desc} ({col} columns); {terms} CG terms.",
             "lanes": [{"name": f"lane_{p}", "pad": p} for p in sorted(self.lanes)],
@@ -576,6 +582,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     mixed = any(p.has_weight for p in ir.paths) and not all(p.has_weight for p in ir.paths)
     kinds = [k for k, _, _, _ in KINDS if mixed or not k.endswith("_wo")]
     kernels = {kind: _kernels(kind, ir, blocks, wmap) for kind in kinds}
+    from .pallas_fused import fused_context  # it builds on this module
+
+    fused = fused_context(ir, blocks, wmap)
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
@@ -604,6 +613,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
         "kernels": [k for kind in kinds for k in kernels[kind]],
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
+        "fused": fused,
         "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),

@@ -22,7 +22,7 @@ from jax import lax
 
 __all__ = [
     "check_inputs", "check_grad_out", "check_block_batch", "round_up", "bucket", "pad_rows", "kernel_weights",
-    "user_weights", "load_vec", "store_vec", "load_tile", "store_tile", "use_interpret", "compiler_params", "launch_rows", "launch_weight_sum", "TensorProductVJP",
+    "user_weights", "load_vec", "store_vec", "load_tile", "store_tile", "use_interpret", "compiler_params", "launch_rows", "launch_weight_sum", "launch_fused", "TensorProductVJP",
     "make_vjp_ops", "make_conv_vjp_ops", "ConvGraph", "conv_graph", "check_conv_inputs", "launch_segments",
     "launch_edges", "PaddedGraph", "pad_graph",
 ]
@@ -350,6 +350,48 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
     return _concat(pieces)
 
 
+def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_batch: int, interpret: bool,
+                 num_warps: int | None = None):
+    """Run the fused backward kernels (``eqdsl.codegen.pallas_fused``) of a channelwise product.
+
+    ``args``: ``(x1, x2, w, g)``, ``(rows, width)`` each (per-row weights), blocked by
+    ``block_batch`` rows. ``kernels``: ``(kernel, gx1 width, weight width)`` triples; each
+    kernel writes three outputs: its ``x1`` blocks' gradient columns, a whole
+    ``(rows, dim_in2)`` row of ``gx2`` partial sums and its paths' weight-gradient
+    columns. Returns ``(gx1, gx2, gw)``: the ``gx1`` and ``gw`` pieces concatenated (``gw``
+    reordered by ``gw_segments``, ``(start, width)`` per path in e3nn's order, when not
+    None), the ``gx2`` partials added in kernel order (deterministic, no atomics).
+    """
+    from jax.experimental import pallas as pl
+
+    rows = args[0].shape[0]
+    _check_rows(rows, block_batch)
+    dtype = args[0].dtype
+    row_block = lambda i: (i, 0)  # noqa: E731
+    in_specs = [pl.BlockSpec((block_batch, a.shape[1]), row_block) for a in args]
+    gx1, gx2, gw = [], None, []
+    for kernel, width1, width_w in kernels:
+        widths = (width1, dim_in2, width_w)
+        call = pl.pallas_call(
+            kernel,
+            out_shape=tuple(jax.ShapeDtypeStruct((rows, n), dtype) for n in widths),
+            grid=(rows // block_batch,),
+            in_specs=in_specs,
+            out_specs=tuple(pl.BlockSpec((block_batch, n), row_block) for n in widths),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + kernel.__name__,
+        )
+        a, b, c = call(*args)
+        gx1.append(a)
+        gw.append(c)
+        gx2 = b if gx2 is None else gx2 + b
+    gw = _concat(gw)
+    if gw_segments is not None:
+        gw = _concat([gw[:, s:s + n] for s, n in gw_segments])
+    return _concat(gx1), gx2, gw
+
+
 # ------------------------------------------------------------------ custom_vjp wiring
 
 
@@ -371,6 +413,18 @@ class TensorProductVJP(NamedTuple):
     are ``fwd``, ``bwd_x1``, ``bwd_x2``. So reverse-mode derivatives of every order are
     again these kernels. Forward mode (``jax.jvp``, ``jax.jacfwd``) is not available: JAX
     refuses it for ``custom_vjp`` functions with a ``TypeError``.
+
+    ``bwd`` (None unless the product is channelwise, ``eqdsl.codegen.pallas_fused``)::
+
+        bwd(x1, x2, W, g) = (bwd_x1(g, x2, W), bwd_x2(x1, g, W), bwd_w(x1, x2, g))
+            VJP(k1, k2, kW): bwd_x1(g, k2, W) + bwd_x1_w(g, x2, kW),
+                             bwd_x2(k1, g, W) + bwd_x2_w(x1, g, kW),
+                             bwd_w(k1, x2, g) + bwd_w(x1, k2, g),
+                             fwd(k1, x2, W) + fwd(x1, k2, W) + fwd_w(x1, x2, kW)
+
+    (the sum of its three parts' rules; terms with a symbolically zero cotangent, an unused
+    output, are skipped); where given, the VJP of ``fwd`` is ``bwd(x1, x2, W, h)``: one
+    pass over ``h`` instead of three.
     """
 
     fwd: Callable
@@ -380,14 +434,17 @@ class TensorProductVJP(NamedTuple):
     fwd_w: Callable
     bwd_x1_w: Callable
     bwd_x2_w: Callable
+    bwd: Callable | None = None
 
 
-def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -> TensorProductVJP:
+def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None, fused=None) -> TensorProductVJP:
     """Wire kernel launchers ``f(a, b, c, *, block_batch, interpret)`` into
     ``TensorProductVJP`` (see there for the rules). ``weighted``: the launchers
     ``(forward, backward_x1, backward_x2)`` over the weighted paths only, or ``None``
-    when every path is weighted."""
-    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=False)
+    when every path is weighted. ``fused``: the launcher ``f(x1, x2, w, g, *,
+    block_batch, interpret) -> (gx1, gx2, gw)`` of a channelwise product's fused
+    backward, or ``None``."""
+    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=False, fused=fused)
 
 
 def make_conv_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None) -> TensorProductVJP:
@@ -402,7 +459,7 @@ def make_conv_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=No
     return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=True)
 
 
-def _wire(launchers, weighted, *, graph: bool) -> TensorProductVJP:
+def _wire(launchers, weighted, *, graph: bool, fused=None) -> TensorProductVJP:
     ng = 1 if graph else 0  # number of non-differentiated pass-through arguments (the graph)
 
     def wrap(launch):
@@ -420,6 +477,31 @@ def _wire(launchers, weighted, *, graph: bool) -> TensorProductVJP:
     fwd, bwd_x1, bwd_x2, bwd_w = (wrap(f) for f in launchers)
     fwd_w, bwd_x1_w, bwd_x2_w = (fwd, bwd_x1, bwd_x2) if weighted is None else (wrap(f) for f in weighted)
     nones = (None,) * ng
+    if fused is not None and graph:
+        raise ValueError("the fused backward is wired for the plain tensor product only")
+    bwd = None
+    if fused is not None:
+        @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+        def bwd(x1, x2, w, g, block_batch, interpret):
+            return fused(x1, x2, w, g, block_batch=block_batch, interpret=interpret)
+
+        def bwd_fwd(x1, x2, w, g, bb, it):
+            args = tuple(a.value for a in (x1, x2, w, g))  # symbolic_zeros: CustomVJPPrimal
+            return bwd(*args, bb, it), args
+
+        def bwd_bwd(bb, it, res, k):
+            # Symbolic zeros skip the terms of unused outputs: a force loss differentiates
+            # dF/dx1 only, and would otherwise launch five kernels on zero cotangents.
+            x1, x2, w, g = res
+            k1, k2, kw = (None if isinstance(c, jax.custom_derivatives.SymbolicZero) else c for c in k)
+
+            def call(op, *args):
+                return None if any(a is None for a in args) else op(*args, bb, it)
+
+            return (_add(call(bwd_x1, g, k2, w), call(bwd_x1_w, g, x2, kw)),
+                    _add(call(bwd_x2, k1, g, w), call(bwd_x2_w, x1, g, kw)),
+                    _add(call(bwd_w, k1, x2, g), call(bwd_w, x1, k2, g)),
+                    _add(_add(call(fwd, k1, x2, w), call(fwd, x1, k2, w)), call(fwd_w, x1, x2, kw)))
 
     def save(op):
         # The primal goes through ``op`` itself, not its launcher: under an outer level of
@@ -435,6 +517,8 @@ def _wire(launchers, weighted, *, graph: bool) -> TensorProductVJP:
 
         def f_bwd(bb, it, res, h):
             x1, x2, w, *ex = res
+            if f is fwd and bwd is not None:  # JAX asks for all three cotangents: one pass over h
+                return bwd(x1, x2, w, h, bb, it)
             return (b1(h, x2, w, *ex, bb, it), b2(x1, h, w, *ex, bb, it), bwd_w(x1, x2, h, *ex, bb, it)) + nones
 
         def b1_bwd(bb, it, res, h):
@@ -453,11 +537,20 @@ def _wire(launchers, weighted, *, graph: bool) -> TensorProductVJP:
         return (bwd_x1_w(g, x2, h, *ex, bb, it), bwd_x2_w(x1, g, h, *ex, bb, it),
                 fwd_w(x1, x2, h, *ex, bb, it)) + nones
 
+    if bwd is not None:
+        bwd.defvjp(bwd_fwd, bwd_bwd, symbolic_zeros=True)
     family(fwd, bwd_x1, bwd_x2)
     if weighted is not None:
         family(fwd_w, bwd_x1_w, bwd_x2_w)
     bwd_w.defvjp(save(bwd_w), bwd_w_bwd)
-    return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w)
+    return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w, bwd)
+
+
+def _add(a, b):
+    """``a + b`` where either may be None (a zero cotangent); None if both are."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 # ------------------------------------------------------------------ fused graph convolution

@@ -745,6 +745,380 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     out_ref[:, pl.ds(896, 128)] = r
 
 
+# ------------------------------------------------------------------ fused backward
+# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.codegen.pallas_fused): each kernel
+# owns whole x1 blocks and the paths out of them, and writes the whole gx2 row as a
+# partial sum.
+
+
+def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
+    """Fused backward: x1 blocks 0, 1 (512 gx1 columns), paths 0, 1, 2, 3, 4, 5, 6, 7 (1024 weight columns), the whole gx2 row; 174 CG terms (three per nonzero)."""
+    rows = x1_ref.shape[0]
+    dtype = gx1_ref.dtype
+
+    # x1 block 0 (128x0e): 3 path(s)
+    acc_0_0 = jnp.zeros((rows, 128), dtype)
+    # path 0: x1[0] 128x0e (x) x2[0] 1x0e -> out[0] 128x0e, uvu, weights at 0, 1 nonzeros
+    x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    g_0_0 = g_ref[:, pl.ds(0, 128)]  # g block 0 (128x0e), m=0
+    w = w_ref[:, pl.ds(0, 128)]
+    wg_0 = w * g_0_0
+    r = 1.0 * x1_0_0 * x2_0_0 * g_0_0
+    gw_ref[:, pl.ds(0, 128)] = r
+    acc_0_0 = acc_0_0 + (1.0 * x2_0_0 * wg_0)
+    px2_0_0_128 = 1.0 * x1_0_0 * wg_0
+    # path 1: x1[0] 128x0e (x) x2[1] 1x1o -> out[1] 128x1o, uvu, weights at 128, 3 nonzeros
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 128, mul=128, dim=3, pad=128)  # g block 1 (128x1o)
+    w = w_ref[:, pl.ds(128, 128)]
+    wg_0 = w * g_1_0
+    wg_1 = w * g_1_1
+    wg_2 = w * g_1_2
+    r = (
+        0.9999999999999999 * x1_0_0 * x2_1_0 * g_1_0
+        + 0.9999999999999999 * x1_0_0 * x2_1_1 * g_1_1
+        + 0.9999999999999999 * x1_0_0 * x2_1_2 * g_1_2
+    )
+    gw_ref[:, pl.ds(128, 128)] = r
+    acc_0_0 = acc_0_0 + (
+        0.9999999999999999 * x2_1_0 * wg_0
+        + 0.9999999999999999 * x2_1_1 * wg_1
+        + 0.9999999999999999 * x2_1_2 * wg_2
+    )
+    px2_1_0_128 = 0.9999999999999999 * x1_0_0 * wg_0
+    px2_1_1_128 = 0.9999999999999999 * x1_0_0 * wg_1
+    px2_1_2_128 = 0.9999999999999999 * x1_0_0 * wg_2
+    # path 2: x1[0] 128x0e (x) x2[2] 1x2e -> out[2] 128x2e, uvu, weights at 256, 5 nonzeros
+    x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
+    x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
+    x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
+    x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
+    x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
+    g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 512, mul=128, dim=5, pad=128)  # g block 2 (128x2e)
+    w = w_ref[:, pl.ds(256, 128)]
+    wg_0 = w * g_2_0
+    wg_1 = w * g_2_1
+    wg_2 = w * g_2_2
+    wg_3 = w * g_2_3
+    wg_4 = w * g_2_4
+    r = (
+        1.0 * x1_0_0 * x2_2_0 * g_2_0
+        + 1.0 * x1_0_0 * x2_2_1 * g_2_1
+        + 1.0 * x1_0_0 * x2_2_2 * g_2_2
+        + 1.0 * x1_0_0 * x2_2_3 * g_2_3
+        + 1.0 * x1_0_0 * x2_2_4 * g_2_4
+    )
+    gw_ref[:, pl.ds(256, 128)] = r
+    acc_0_0 = acc_0_0 + (
+        1.0 * x2_2_0 * wg_0
+        + 1.0 * x2_2_1 * wg_1
+        + 1.0 * x2_2_2 * wg_2
+        + 1.0 * x2_2_3 * wg_3
+        + 1.0 * x2_2_4 * wg_4
+    )
+    px2_2_0_128 = 1.0 * x1_0_0 * wg_0
+    px2_2_1_128 = 1.0 * x1_0_0 * wg_1
+    px2_2_2_128 = 1.0 * x1_0_0 * wg_2
+    px2_2_3_128 = 1.0 * x1_0_0 * wg_3
+    px2_2_4_128 = 1.0 * x1_0_0 * wg_4
+    gx1_ref[:, pl.ds(0, 128)] = acc_0_0
+
+    # x1 block 1 (128x1o): 5 path(s)
+    acc_1_0 = jnp.zeros((rows, 128), dtype)
+    acc_1_1 = jnp.zeros((rows, 128), dtype)
+    acc_1_2 = jnp.zeros((rows, 128), dtype)
+    # path 3: x1[1] 128x1o (x) x2[0] 1x0e -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
+    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
+    w = w_ref[:, pl.ds(384, 128)]
+    wg_0 = w * g_3_0
+    wg_1 = w * g_3_1
+    wg_2 = w * g_3_2
+    r = (
+        0.9999999999999999 * x1_1_0 * x2_0_0 * g_3_0
+        + 0.9999999999999999 * x1_1_1 * x2_0_0 * g_3_1
+        + 0.9999999999999999 * x1_1_2 * x2_0_0 * g_3_2
+    )
+    gw_ref[:, pl.ds(384, 128)] = r
+    acc_1_0 = acc_1_0 + (0.9999999999999999 * x2_0_0 * wg_0)
+    acc_1_1 = acc_1_1 + (0.9999999999999999 * x2_0_0 * wg_1)
+    acc_1_2 = acc_1_2 + (0.9999999999999999 * x2_0_0 * wg_2)
+    px2_0_0_128 = px2_0_0_128 + (
+        0.9999999999999999 * x1_1_0 * wg_0
+        + 0.9999999999999999 * x1_1_1 * wg_1
+        + 0.9999999999999999 * x1_1_2 * wg_2
+    )
+    # path 4: x1[1] 128x1o (x) x2[1] 1x1o -> out[4] 128x0e, uvu, weights at 512, 3 nonzeros
+    g_4_0 = g_ref[:, pl.ds(1536, 128)]  # g block 4 (128x0e), m=0
+    w = w_ref[:, pl.ds(512, 128)]
+    wg_0 = w * g_4_0
+    r = (
+        0.5773502691896257 * x1_1_0 * x2_1_0 * g_4_0
+        + 0.5773502691896257 * x1_1_1 * x2_1_1 * g_4_0
+        + 0.5773502691896257 * x1_1_2 * x2_1_2 * g_4_0
+    )
+    gw_ref[:, pl.ds(512, 128)] = r
+    acc_1_0 = acc_1_0 + (0.5773502691896257 * x2_1_0 * wg_0)
+    acc_1_1 = acc_1_1 + (0.5773502691896257 * x2_1_1 * wg_0)
+    acc_1_2 = acc_1_2 + (0.5773502691896257 * x2_1_2 * wg_0)
+    px2_1_0_128 = px2_1_0_128 + (0.5773502691896257 * x1_1_0 * wg_0)
+    px2_1_1_128 = px2_1_1_128 + (0.5773502691896257 * x1_1_1 * wg_0)
+    px2_1_2_128 = px2_1_2_128 + (0.5773502691896257 * x1_1_2 * wg_0)
+    # path 5: x1[1] 128x1o (x) x2[1] 1x1o -> out[5] 128x2e, uvu, weights at 640, 11 nonzeros
+    g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 1664, mul=128, dim=5, pad=128)  # g block 5 (128x2e)
+    w = w_ref[:, pl.ds(640, 128)]
+    wg_0 = w * g_5_0
+    wg_1 = w * g_5_1
+    wg_2 = w * g_5_2
+    wg_3 = w * g_5_3
+    wg_4 = w * g_5_4
+    r = (
+        0.7071067811865476 * x1_1_0 * x2_1_2 * g_5_0
+        + 0.7071067811865476 * x1_1_2 * x2_1_0 * g_5_0
+        + 0.7071067811865476 * x1_1_0 * x2_1_1 * g_5_1
+        + 0.7071067811865476 * x1_1_1 * x2_1_0 * g_5_1
+        - 0.408248290463863 * x1_1_0 * x2_1_0 * g_5_2
+        + 0.816496580927726 * x1_1_1 * x2_1_1 * g_5_2
+        - 0.408248290463863 * x1_1_2 * x2_1_2 * g_5_2
+        + 0.7071067811865476 * x1_1_1 * x2_1_2 * g_5_3
+        + 0.7071067811865476 * x1_1_2 * x2_1_1 * g_5_3
+        - 0.7071067811865476 * x1_1_0 * x2_1_0 * g_5_4
+        + 0.7071067811865476 * x1_1_2 * x2_1_2 * g_5_4
+    )
+    gw_ref[:, pl.ds(640, 128)] = r
+    acc_1_0 = acc_1_0 + (
+        0.7071067811865476 * x2_1_2 * wg_0
+        + 0.7071067811865476 * x2_1_1 * wg_1
+        - 0.408248290463863 * x2_1_0 * wg_2
+        - 0.7071067811865476 * x2_1_0 * wg_4
+    )
+    acc_1_1 = acc_1_1 + (
+        0.7071067811865476 * x2_1_0 * wg_1
+        + 0.816496580927726 * x2_1_1 * wg_2
+        + 0.7071067811865476 * x2_1_2 * wg_3
+    )
+    acc_1_2 = acc_1_2 + (
+        0.7071067811865476 * x2_1_0 * wg_0
+        - 0.408248290463863 * x2_1_2 * wg_2
+        + 0.7071067811865476 * x2_1_1 * wg_3
+        + 0.7071067811865476 * x2_1_2 * wg_4
+    )
+    px2_1_0_128 = px2_1_0_128 + (
+        0.7071067811865476 * x1_1_2 * wg_0
+        + 0.7071067811865476 * x1_1_1 * wg_1
+        - 0.408248290463863 * x1_1_0 * wg_2
+        - 0.7071067811865476 * x1_1_0 * wg_4
+    )
+    px2_1_1_128 = px2_1_1_128 + (
+        0.7071067811865476 * x1_1_0 * wg_1
+        + 0.816496580927726 * x1_1_1 * wg_2
+        + 0.7071067811865476 * x1_1_2 * wg_3
+    )
+    px2_1_2_128 = px2_1_2_128 + (
+        0.7071067811865476 * x1_1_0 * wg_0
+        - 0.408248290463863 * x1_1_2 * wg_2
+        + 0.7071067811865476 * x1_1_1 * wg_3
+        + 0.7071067811865476 * x1_1_2 * wg_4
+    )
+    # path 6: x1[1] 128x1o (x) x2[2] 1x2e -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 2304, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
+    w = w_ref[:, pl.ds(768, 128)]
+    wg_0 = w * g_6_0
+    wg_1 = w * g_6_1
+    wg_2 = w * g_6_2
+    r = (
+        - 0.3162277660168379 * x1_1_0 * x2_2_2 * g_6_0
+        - 0.5477225575051661 * x1_1_0 * x2_2_4 * g_6_0
+        + 0.5477225575051661 * x1_1_1 * x2_2_1 * g_6_0
+        + 0.5477225575051661 * x1_1_2 * x2_2_0 * g_6_0
+        + 0.5477225575051661 * x1_1_0 * x2_2_1 * g_6_1
+        + 0.6324555320336758 * x1_1_1 * x2_2_2 * g_6_1
+        + 0.5477225575051661 * x1_1_2 * x2_2_3 * g_6_1
+        + 0.5477225575051661 * x1_1_0 * x2_2_0 * g_6_2
+        + 0.5477225575051661 * x1_1_1 * x2_2_3 * g_6_2
+        - 0.3162277660168379 * x1_1_2 * x2_2_2 * g_6_2
+        + 0.5477225575051661 * x1_1_2 * x2_2_4 * g_6_2
+    )
+    gw_ref[:, pl.ds(768, 128)] = r
+    acc_1_0 = acc_1_0 + (
+        - 0.3162277660168379 * x2_2_2 * wg_0
+        - 0.5477225575051661 * x2_2_4 * wg_0
+        + 0.5477225575051661 * x2_2_1 * wg_1
+        + 0.5477225575051661 * x2_2_0 * wg_2
+    )
+    acc_1_1 = acc_1_1 + (
+        0.5477225575051661 * x2_2_1 * wg_0
+        + 0.6324555320336758 * x2_2_2 * wg_1
+        + 0.5477225575051661 * x2_2_3 * wg_2
+    )
+    acc_1_2 = acc_1_2 + (
+        0.5477225575051661 * x2_2_0 * wg_0
+        + 0.5477225575051661 * x2_2_3 * wg_1
+        - 0.3162277660168379 * x2_2_2 * wg_2
+        + 0.5477225575051661 * x2_2_4 * wg_2
+    )
+    px2_2_0_128 = px2_2_0_128 + (
+        0.5477225575051661 * x1_1_2 * wg_0
+        + 0.5477225575051661 * x1_1_0 * wg_2
+    )
+    px2_2_1_128 = px2_2_1_128 + (
+        0.5477225575051661 * x1_1_1 * wg_0
+        + 0.5477225575051661 * x1_1_0 * wg_1
+    )
+    px2_2_2_128 = px2_2_2_128 + (
+        - 0.3162277660168379 * x1_1_0 * wg_0
+        + 0.6324555320336758 * x1_1_1 * wg_1
+        - 0.3162277660168379 * x1_1_2 * wg_2
+    )
+    px2_2_3_128 = px2_2_3_128 + (
+        0.5477225575051661 * x1_1_2 * wg_1
+        + 0.5477225575051661 * x1_1_1 * wg_2
+    )
+    px2_2_4_128 = px2_2_4_128 + (
+        - 0.5477225575051661 * x1_1_0 * wg_0
+        + 0.5477225575051661 * x1_1_2 * wg_2
+    )
+    # path 7: x1[1] 128x1o (x) x2[3] 1x3o -> out[7] 128x2e, uvu, weights at 896, 21 nonzeros
+    x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
+    x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
+    x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
+    x2_3_3 = x2_ref[:, pl.ds(12, 1)]  # x2 block 3 (1x3o), m=3
+    x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
+    x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
+    x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
+    g_7_0, g_7_1, g_7_2, g_7_3, g_7_4 = rt.load_tile(g_ref, 2688, mul=128, dim=5, pad=128)  # g block 7 (128x2e)
+    w = w_ref[:, pl.ds(896, 128)]
+    wg_0 = w * g_7_0
+    wg_1 = w * g_7_1
+    wg_2 = w * g_7_2
+    wg_3 = w * g_7_3
+    wg_4 = w * g_7_4
+    r = (
+        - 0.1543033499620919 * x1_1_0 * x2_3_4 * g_7_0
+        - 0.5976143046671969 * x1_1_0 * x2_3_6 * g_7_0
+        + 0.48795003647426666 * x1_1_1 * x2_3_1 * g_7_0
+        + 0.5976143046671969 * x1_1_2 * x2_3_0 * g_7_0
+        - 0.1543033499620919 * x1_1_2 * x2_3_2 * g_7_0
+        - 0.3779644730092272 * x1_1_0 * x2_3_3 * g_7_1
+        - 0.48795003647426666 * x1_1_0 * x2_3_5 * g_7_1
+        + 0.6172133998483676 * x1_1_1 * x2_3_2 * g_7_1
+        + 0.48795003647426666 * x1_1_2 * x2_3_1 * g_7_1
+        + 0.5345224838248488 * x1_1_0 * x2_3_2 * g_7_2
+        + 0.6546536707079772 * x1_1_1 * x2_3_3 * g_7_2
+        + 0.5345224838248488 * x1_1_2 * x2_3_4 * g_7_2
+        + 0.48795003647426666 * x1_1_0 * x2_3_1 * g_7_3
+        + 0.6172133998483676 * x1_1_1 * x2_3_4 * g_7_3
+        - 0.3779644730092272 * x1_1_2 * x2_3_3 * g_7_3
+        + 0.48795003647426666 * x1_1_2 * x2_3_5 * g_7_3
+        + 0.5976143046671969 * x1_1_0 * x2_3_0 * g_7_4
+        + 0.1543033499620919 * x1_1_0 * x2_3_2 * g_7_4
+        + 0.48795003647426666 * x1_1_1 * x2_3_5 * g_7_4
+        - 0.1543033499620919 * x1_1_2 * x2_3_4 * g_7_4
+        + 0.5976143046671969 * x1_1_2 * x2_3_6 * g_7_4
+    )
+    gw_ref[:, pl.ds(896, 128)] = r
+    acc_1_0 = acc_1_0 + (
+        - 0.1543033499620919 * x2_3_4 * wg_0
+        - 0.5976143046671969 * x2_3_6 * wg_0
+        - 0.3779644730092272 * x2_3_3 * wg_1
+        - 0.48795003647426666 * x2_3_5 * wg_1
+        + 0.5345224838248488 * x2_3_2 * wg_2
+        + 0.48795003647426666 * x2_3_1 * wg_3
+        + 0.5976143046671969 * x2_3_0 * wg_4
+        + 0.1543033499620919 * x2_3_2 * wg_4
+    )
+    acc_1_1 = acc_1_1 + (
+        0.48795003647426666 * x2_3_1 * wg_0
+        + 0.6172133998483676 * x2_3_2 * wg_1
+        + 0.6546536707079772 * x2_3_3 * wg_2
+        + 0.6172133998483676 * x2_3_4 * wg_3
+        + 0.48795003647426666 * x2_3_5 * wg_4
+    )
+    acc_1_2 = acc_1_2 + (
+        0.5976143046671969 * x2_3_0 * wg_0
+        - 0.1543033499620919 * x2_3_2 * wg_0
+        + 0.48795003647426666 * x2_3_1 * wg_1
+        + 0.5345224838248488 * x2_3_4 * wg_2
+        - 0.3779644730092272 * x2_3_3 * wg_3
+        + 0.48795003647426666 * x2_3_5 * wg_3
+        - 0.1543033499620919 * x2_3_4 * wg_4
+        + 0.5976143046671969 * x2_3_6 * wg_4
+    )
+    px2_3_0_128 = (
+        0.5976143046671969 * x1_1_2 * wg_0
+        + 0.5976143046671969 * x1_1_0 * wg_4
+    )
+    px2_3_1_128 = (
+        0.48795003647426666 * x1_1_1 * wg_0
+        + 0.48795003647426666 * x1_1_2 * wg_1
+        + 0.48795003647426666 * x1_1_0 * wg_3
+    )
+    px2_3_2_128 = (
+        - 0.1543033499620919 * x1_1_2 * wg_0
+        + 0.6172133998483676 * x1_1_1 * wg_1
+        + 0.5345224838248488 * x1_1_0 * wg_2
+        + 0.1543033499620919 * x1_1_0 * wg_4
+    )
+    px2_3_3_128 = (
+        - 0.3779644730092272 * x1_1_0 * wg_1
+        + 0.6546536707079772 * x1_1_1 * wg_2
+        - 0.3779644730092272 * x1_1_2 * wg_3
+    )
+    px2_3_4_128 = (
+        - 0.1543033499620919 * x1_1_0 * wg_0
+        + 0.5345224838248488 * x1_1_2 * wg_2
+        + 0.6172133998483676 * x1_1_1 * wg_3
+        - 0.1543033499620919 * x1_1_2 * wg_4
+    )
+    px2_3_5_128 = (
+        - 0.48795003647426666 * x1_1_0 * wg_1
+        + 0.48795003647426666 * x1_1_2 * wg_3
+        + 0.48795003647426666 * x1_1_1 * wg_4
+    )
+    px2_3_6_128 = (
+        - 0.5976143046671969 * x1_1_0 * wg_0
+        + 0.5976143046671969 * x1_1_2 * wg_4
+    )
+    rt.store_tile(gx1_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+
+    # dF/dx2 of this kernel's paths (the whole row: a partial sum)
+    c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(0, 1)] = c_0
+    c_0 = jnp.sum(px2_1_0_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(1, 1)] = c_0
+    c_1 = jnp.sum(px2_1_1_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(2, 1)] = c_1
+    c_2 = jnp.sum(px2_1_2_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(3, 1)] = c_2
+    c_0 = jnp.sum(px2_2_0_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(4, 1)] = c_0
+    c_1 = jnp.sum(px2_2_1_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(5, 1)] = c_1
+    c_2 = jnp.sum(px2_2_2_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(6, 1)] = c_2
+    c_3 = jnp.sum(px2_2_3_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(7, 1)] = c_3
+    c_4 = jnp.sum(px2_2_4_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(8, 1)] = c_4
+    c_0 = jnp.sum(px2_3_0_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(9, 1)] = c_0
+    c_1 = jnp.sum(px2_3_1_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(10, 1)] = c_1
+    c_2 = jnp.sum(px2_3_2_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(11, 1)] = c_2
+    c_3 = jnp.sum(px2_3_3_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(12, 1)] = c_3
+    c_4 = jnp.sum(px2_3_4_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(13, 1)] = c_4
+    c_5 = jnp.sum(px2_3_5_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(14, 1)] = c_5
+    c_6 = jnp.sum(px2_3_6_128, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(15, 1)] = c_6
+
+
 # (kernel, output width) in output-column order; the pieces of a set concatenate to
 # the full width of what it computes.
 FWD_KERNELS = (
@@ -759,6 +1133,14 @@ BWD_X2_KERNELS = (
 BWD_W_KERNELS = (
     (_tp_bwd_w_kernel_0, 1024),
 )
+
+# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
+# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
+# concatenated weight columns.
+BWD_FUSED_KERNELS = (
+    (_tp_bwd_fused_kernel_0, 512, 1024),
+)
+FUSED_GW_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -790,6 +1172,17 @@ def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
                                     block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
                           block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+
+
+def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
+    """``(dF/dx1, dF/dx2, dF/dW)`` in one pass over ``g``: what ``backward_x1(g, x2, w)``,
+    ``backward_x2(x1, g, w)`` and ``backward_w(x1, x2, g)`` return, shaped ``(rows,
+    IDIM_IN1)``, ``(rows, IDIM_IN2)``, ``(rows, IWEIGHT_NUMEL)``; operands as there, one
+    dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
+    partial rows are added in kernel order (``rt.launch_fused``)."""
+    return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
+                           gw_segments=FUSED_GW_SEGMENTS, block_batch=block_batch, interpret=interpret,
+                           num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.

@@ -16,8 +16,10 @@ derivatives are four generated Pallas kernels (``pallas_kernels.forward``,
 ``backward_x1``, ``backward_x2``, ``backward_w``), each a ``jax.custom_vjp`` function
 whose VJP is made of the others (``eqdsl.runtime.jax_runtime.TensorProductVJP``;
 with unweighted paths also over the weighted paths only, for the VJP of ``backward_w``).
-``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the three backward kernels
-directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
+``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the fused backward
+(``pallas_kernels.backward_fused``: the three gradients in one pass over ``grad_out``,
+which the forward's VJP also calls; eqdsl/codegen/pallas_fused.py) directly and is
+itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 ``jax.hessian``, which is ``jacfwd(jacrev)``) is not supported: JAX raises
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
@@ -63,6 +65,7 @@ BYTES_PER_BATCH = {'float32': 10256, 'float64': 20512}
 # The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
 KERNEL_OPS = rt.make_vjp_ops(
     _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
+    fused=_kernels.backward_fused,
 )
 
 
@@ -88,8 +91,8 @@ def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batc
 
 def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = None,
                        block_batch: int | None = None):
-    """Gradients of ``sum(grad_out * tensor_product(x1, x2, weights))``: the three backward
-    kernels, run directly (no forward). Returns ``(grad_x1, grad_x2, grad_weights)`` shaped
+    """Gradients of ``sum(grad_out * tensor_product(x1, x2, weights))``: the fused backward
+    kernel (one pass over grad_out), run directly (no forward). Returns ``(grad_x1, grad_x2, grad_weights)`` shaped
     like ``x1``, ``x2`` and ``weights`` (``grad_weights`` summed over the batch if the
     weights are shared), in the ``mul_ir`` layout. Differentiable like ``tensor_product``.
     """
@@ -126,7 +129,5 @@ def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpre
     rows = rt.round_up(batch, block_batch)
     a, b, w = _operands(x1, x2, weights, rows)
     g = rt.pad_rows(grad_out, rows)
-    ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
-    gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
-    gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
+    ga, gb, gw = KERNEL_OPS.bwd(a, b, w, g, block_batch, interpret)
     return ga[:batch], gb[:batch], rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, batch)

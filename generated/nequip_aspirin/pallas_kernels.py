@@ -559,6 +559,262 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     out_ref[:, pl.ds(576, 64)] = r
 
 
+# ------------------------------------------------------------------ fused backward
+# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.codegen.pallas_fused): each kernel
+# owns whole x1 blocks and the paths out of them, and writes the whole gx2 row as a
+# partial sum.
+
+
+def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
+    """Fused backward: x1 blocks 0, 1, 2, 3 (512 gx1 columns), paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 (640 weight columns), the whole gx2 row; 96 CG terms (three per nonzero)."""
+    rows = x1_ref.shape[0]
+    dtype = gx1_ref.dtype
+
+    # x1 block 0 (64x0o): 2 path(s)
+    acc_0_0 = jnp.zeros((rows, 64), dtype)
+    # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
+    x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
+    w = w_ref[:, pl.ds(0, 64)]
+    wg_0 = w * g_0_0
+    r = 1.0 * x1_0_0 * x2_0_0 * g_0_0
+    gw_ref[:, pl.ds(0, 64)] = r
+    acc_0_0 = acc_0_0 + (1.0 * x2_0_0 * wg_0)
+    px2_0_0_64 = 1.0 * x1_0_0 * wg_0
+    # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
+    w = w_ref[:, pl.ds(64, 64)]
+    wg_0 = w * g_1_0
+    wg_1 = w * g_1_1
+    wg_2 = w * g_1_2
+    r = (
+        0.9999999999999999 * x1_0_0 * x2_1_0 * g_1_0
+        + 0.9999999999999999 * x1_0_0 * x2_1_1 * g_1_1
+        + 0.9999999999999999 * x1_0_0 * x2_1_2 * g_1_2
+    )
+    gw_ref[:, pl.ds(64, 64)] = r
+    acc_0_0 = acc_0_0 + (
+        0.9999999999999999 * x2_1_0 * wg_0
+        + 0.9999999999999999 * x2_1_1 * wg_1
+        + 0.9999999999999999 * x2_1_2 * wg_2
+    )
+    px2_1_0_64 = 0.9999999999999999 * x1_0_0 * wg_0
+    px2_1_1_64 = 0.9999999999999999 * x1_0_0 * wg_1
+    px2_1_2_64 = 0.9999999999999999 * x1_0_0 * wg_2
+    gx1_ref[:, pl.ds(0, 64)] = acc_0_0
+
+    # x1 block 1 (64x0e): 2 path(s)
+    acc_1_0 = jnp.zeros((rows, 64), dtype)
+    # path 2: x1[1] 64x0e (x) x2[0] 1x0e -> out[2] 64x0e, uvu, weights at 128, 1 nonzeros
+    x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
+    g_2_0 = g_ref[:, pl.ds(256, 64)]  # g block 2 (64x0e), m=0
+    w = w_ref[:, pl.ds(128, 64)]
+    wg_0 = w * g_2_0
+    r = 1.0 * x1_1_0 * x2_0_0 * g_2_0
+    gw_ref[:, pl.ds(128, 64)] = r
+    acc_1_0 = acc_1_0 + (1.0 * x2_0_0 * wg_0)
+    px2_0_0_64 = px2_0_0_64 + (1.0 * x1_1_0 * wg_0)
+    # path 3: x1[1] 64x0e (x) x2[1] 1x1o -> out[3] 64x1o, uvu, weights at 192, 3 nonzeros
+    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 320, mul=64, dim=3, pad=64)  # g block 3 (64x1o)
+    w = w_ref[:, pl.ds(192, 64)]
+    wg_0 = w * g_3_0
+    wg_1 = w * g_3_1
+    wg_2 = w * g_3_2
+    r = (
+        0.9999999999999999 * x1_1_0 * x2_1_0 * g_3_0
+        + 0.9999999999999999 * x1_1_0 * x2_1_1 * g_3_1
+        + 0.9999999999999999 * x1_1_0 * x2_1_2 * g_3_2
+    )
+    gw_ref[:, pl.ds(192, 64)] = r
+    acc_1_0 = acc_1_0 + (
+        0.9999999999999999 * x2_1_0 * wg_0
+        + 0.9999999999999999 * x2_1_1 * wg_1
+        + 0.9999999999999999 * x2_1_2 * wg_2
+    )
+    px2_1_0_64 = px2_1_0_64 + (0.9999999999999999 * x1_1_0 * wg_0)
+    px2_1_1_64 = px2_1_1_64 + (0.9999999999999999 * x1_1_0 * wg_1)
+    px2_1_2_64 = px2_1_2_64 + (0.9999999999999999 * x1_1_0 * wg_2)
+    gx1_ref[:, pl.ds(64, 64)] = acc_1_0
+
+    # x1 block 2 (64x1o): 3 path(s)
+    acc_2_0 = jnp.zeros((rows, 64), dtype)
+    acc_2_1 = jnp.zeros((rows, 64), dtype)
+    acc_2_2 = jnp.zeros((rows, 64), dtype)
+    # path 4: x1[2] 64x1o (x) x2[0] 1x0e -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
+    x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
+    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 512, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
+    w = w_ref[:, pl.ds(256, 64)]
+    wg_0 = w * g_4_0
+    wg_1 = w * g_4_1
+    wg_2 = w * g_4_2
+    r = (
+        0.9999999999999999 * x1_2_0 * x2_0_0 * g_4_0
+        + 0.9999999999999999 * x1_2_1 * x2_0_0 * g_4_1
+        + 0.9999999999999999 * x1_2_2 * x2_0_0 * g_4_2
+    )
+    gw_ref[:, pl.ds(256, 64)] = r
+    acc_2_0 = acc_2_0 + (0.9999999999999999 * x2_0_0 * wg_0)
+    acc_2_1 = acc_2_1 + (0.9999999999999999 * x2_0_0 * wg_1)
+    acc_2_2 = acc_2_2 + (0.9999999999999999 * x2_0_0 * wg_2)
+    px2_0_0_64 = px2_0_0_64 + (
+        0.9999999999999999 * x1_2_0 * wg_0
+        + 0.9999999999999999 * x1_2_1 * wg_1
+        + 0.9999999999999999 * x1_2_2 * wg_2
+    )
+    # path 5: x1[2] 64x1o (x) x2[1] 1x1o -> out[5] 64x0e, uvu, weights at 320, 3 nonzeros
+    g_5_0 = g_ref[:, pl.ds(704, 64)]  # g block 5 (64x0e), m=0
+    w = w_ref[:, pl.ds(320, 64)]
+    wg_0 = w * g_5_0
+    r = (
+        0.5773502691896257 * x1_2_0 * x2_1_0 * g_5_0
+        + 0.5773502691896257 * x1_2_1 * x2_1_1 * g_5_0
+        + 0.5773502691896257 * x1_2_2 * x2_1_2 * g_5_0
+    )
+    gw_ref[:, pl.ds(320, 64)] = r
+    acc_2_0 = acc_2_0 + (0.5773502691896257 * x2_1_0 * wg_0)
+    acc_2_1 = acc_2_1 + (0.5773502691896257 * x2_1_1 * wg_0)
+    acc_2_2 = acc_2_2 + (0.5773502691896257 * x2_1_2 * wg_0)
+    px2_1_0_64 = px2_1_0_64 + (0.5773502691896257 * x1_2_0 * wg_0)
+    px2_1_1_64 = px2_1_1_64 + (0.5773502691896257 * x1_2_1 * wg_0)
+    px2_1_2_64 = px2_1_2_64 + (0.5773502691896257 * x1_2_2 * wg_0)
+    # path 6: x1[2] 64x1o (x) x2[1] 1x1o -> out[6] 64x1e, uvu, weights at 384, 6 nonzeros
+    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 768, mul=64, dim=3, pad=64)  # g block 6 (64x1e)
+    w = w_ref[:, pl.ds(384, 64)]
+    wg_0 = w * g_6_0
+    wg_1 = w * g_6_1
+    wg_2 = w * g_6_2
+    r = (
+        0.7071067811865475 * x1_2_1 * x2_1_2 * g_6_0
+        - 0.7071067811865475 * x1_2_2 * x2_1_1 * g_6_0
+        - 0.7071067811865475 * x1_2_0 * x2_1_2 * g_6_1
+        + 0.7071067811865475 * x1_2_2 * x2_1_0 * g_6_1
+        + 0.7071067811865475 * x1_2_0 * x2_1_1 * g_6_2
+        - 0.7071067811865475 * x1_2_1 * x2_1_0 * g_6_2
+    )
+    gw_ref[:, pl.ds(384, 64)] = r
+    acc_2_0 = acc_2_0 + (
+        - 0.7071067811865475 * x2_1_2 * wg_1
+        + 0.7071067811865475 * x2_1_1 * wg_2
+    )
+    acc_2_1 = acc_2_1 + (
+        0.7071067811865475 * x2_1_2 * wg_0
+        - 0.7071067811865475 * x2_1_0 * wg_2
+    )
+    acc_2_2 = acc_2_2 + (
+        - 0.7071067811865475 * x2_1_1 * wg_0
+        + 0.7071067811865475 * x2_1_0 * wg_1
+    )
+    px2_1_0_64 = px2_1_0_64 + (
+        0.7071067811865475 * x1_2_2 * wg_1
+        - 0.7071067811865475 * x1_2_1 * wg_2
+    )
+    px2_1_1_64 = px2_1_1_64 + (
+        - 0.7071067811865475 * x1_2_2 * wg_0
+        + 0.7071067811865475 * x1_2_0 * wg_2
+    )
+    px2_1_2_64 = px2_1_2_64 + (
+        0.7071067811865475 * x1_2_1 * wg_0
+        - 0.7071067811865475 * x1_2_0 * wg_1
+    )
+    rt.store_tile(gx1_ref, 128, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
+
+    # x1 block 3 (64x1e): 3 path(s)
+    acc_3_0 = jnp.zeros((rows, 64), dtype)
+    acc_3_1 = jnp.zeros((rows, 64), dtype)
+    acc_3_2 = jnp.zeros((rows, 64), dtype)
+    # path 7: x1[3] 64x1e (x) x2[0] 1x0e -> out[7] 64x1e, uvu, weights at 448, 3 nonzeros
+    x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
+    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 960, mul=64, dim=3, pad=64)  # g block 7 (64x1e)
+    w = w_ref[:, pl.ds(448, 64)]
+    wg_0 = w * g_7_0
+    wg_1 = w * g_7_1
+    wg_2 = w * g_7_2
+    r = (
+        0.9999999999999999 * x1_3_0 * x2_0_0 * g_7_0
+        + 0.9999999999999999 * x1_3_1 * x2_0_0 * g_7_1
+        + 0.9999999999999999 * x1_3_2 * x2_0_0 * g_7_2
+    )
+    gw_ref[:, pl.ds(448, 64)] = r
+    acc_3_0 = acc_3_0 + (0.9999999999999999 * x2_0_0 * wg_0)
+    acc_3_1 = acc_3_1 + (0.9999999999999999 * x2_0_0 * wg_1)
+    acc_3_2 = acc_3_2 + (0.9999999999999999 * x2_0_0 * wg_2)
+    px2_0_0_64 = px2_0_0_64 + (
+        0.9999999999999999 * x1_3_0 * wg_0
+        + 0.9999999999999999 * x1_3_1 * wg_1
+        + 0.9999999999999999 * x1_3_2 * wg_2
+    )
+    # path 8: x1[3] 64x1e (x) x2[1] 1x1o -> out[8] 64x0o, uvu, weights at 512, 3 nonzeros
+    g_8_0 = g_ref[:, pl.ds(1152, 64)]  # g block 8 (64x0o), m=0
+    w = w_ref[:, pl.ds(512, 64)]
+    wg_0 = w * g_8_0
+    r = (
+        0.5773502691896257 * x1_3_0 * x2_1_0 * g_8_0
+        + 0.5773502691896257 * x1_3_1 * x2_1_1 * g_8_0
+        + 0.5773502691896257 * x1_3_2 * x2_1_2 * g_8_0
+    )
+    gw_ref[:, pl.ds(512, 64)] = r
+    acc_3_0 = acc_3_0 + (0.5773502691896257 * x2_1_0 * wg_0)
+    acc_3_1 = acc_3_1 + (0.5773502691896257 * x2_1_1 * wg_0)
+    acc_3_2 = acc_3_2 + (0.5773502691896257 * x2_1_2 * wg_0)
+    px2_1_0_64 = px2_1_0_64 + (0.5773502691896257 * x1_3_0 * wg_0)
+    px2_1_1_64 = px2_1_1_64 + (0.5773502691896257 * x1_3_1 * wg_0)
+    px2_1_2_64 = px2_1_2_64 + (0.5773502691896257 * x1_3_2 * wg_0)
+    # path 9: x1[3] 64x1e (x) x2[1] 1x1o -> out[9] 64x1o, uvu, weights at 576, 6 nonzeros
+    g_9_0, g_9_1, g_9_2 = rt.load_tile(g_ref, 1216, mul=64, dim=3, pad=64)  # g block 9 (64x1o)
+    w = w_ref[:, pl.ds(576, 64)]
+    wg_0 = w * g_9_0
+    wg_1 = w * g_9_1
+    wg_2 = w * g_9_2
+    r = (
+        0.7071067811865475 * x1_3_1 * x2_1_2 * g_9_0
+        - 0.7071067811865475 * x1_3_2 * x2_1_1 * g_9_0
+        - 0.7071067811865475 * x1_3_0 * x2_1_2 * g_9_1
+        + 0.7071067811865475 * x1_3_2 * x2_1_0 * g_9_1
+        + 0.7071067811865475 * x1_3_0 * x2_1_1 * g_9_2
+        - 0.7071067811865475 * x1_3_1 * x2_1_0 * g_9_2
+    )
+    gw_ref[:, pl.ds(576, 64)] = r
+    acc_3_0 = acc_3_0 + (
+        - 0.7071067811865475 * x2_1_2 * wg_1
+        + 0.7071067811865475 * x2_1_1 * wg_2
+    )
+    acc_3_1 = acc_3_1 + (
+        0.7071067811865475 * x2_1_2 * wg_0
+        - 0.7071067811865475 * x2_1_0 * wg_2
+    )
+    acc_3_2 = acc_3_2 + (
+        - 0.7071067811865475 * x2_1_1 * wg_0
+        + 0.7071067811865475 * x2_1_0 * wg_1
+    )
+    px2_1_0_64 = px2_1_0_64 + (
+        0.7071067811865475 * x1_3_2 * wg_1
+        - 0.7071067811865475 * x1_3_1 * wg_2
+    )
+    px2_1_1_64 = px2_1_1_64 + (
+        - 0.7071067811865475 * x1_3_2 * wg_0
+        + 0.7071067811865475 * x1_3_0 * wg_2
+    )
+    px2_1_2_64 = px2_1_2_64 + (
+        0.7071067811865475 * x1_3_1 * wg_0
+        - 0.7071067811865475 * x1_3_0 * wg_1
+    )
+    rt.store_tile(gx1_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
+
+    # dF/dx2 of this kernel's paths (the whole row: a partial sum)
+    c_0 = jnp.sum(px2_0_0_64, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(0, 1)] = c_0
+    c_0 = jnp.sum(px2_1_0_64, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(1, 1)] = c_0
+    c_1 = jnp.sum(px2_1_1_64, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(2, 1)] = c_1
+    c_2 = jnp.sum(px2_1_2_64, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(3, 1)] = c_2
+
+
 # (kernel, output width) in output-column order; the pieces of a set concatenate to
 # the full width of what it computes.
 FWD_KERNELS = (
@@ -573,6 +829,14 @@ BWD_X2_KERNELS = (
 BWD_W_KERNELS = (
     (_tp_bwd_w_kernel_0, 640),
 )
+
+# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
+# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
+# concatenated weight columns.
+BWD_FUSED_KERNELS = (
+    (_tp_bwd_fused_kernel_0, 512, 640),
+)
+FUSED_GW_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -604,6 +868,17 @@ def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
                                     block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
                           block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+
+
+def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
+    """``(dF/dx1, dF/dx2, dF/dW)`` in one pass over ``g``: what ``backward_x1(g, x2, w)``,
+    ``backward_x2(x1, g, w)`` and ``backward_w(x1, x2, g)`` return, shaped ``(rows,
+    IDIM_IN1)``, ``(rows, IDIM_IN2)``, ``(rows, IWEIGHT_NUMEL)``; operands as there, one
+    dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
+    partial rows are added in kernel order (``rt.launch_fused``)."""
+    return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
+                           gw_segments=FUSED_GW_SEGMENTS, block_batch=block_batch, interpret=interpret,
+                           num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.

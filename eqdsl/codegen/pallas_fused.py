@@ -1,0 +1,201 @@
+"""Fused Pallas backward of a channelwise tensor product: ``dF/dx1``, ``dF/dx2``, ``dF/dW`` in one pass.
+
+The Pallas counterpart of ``eqdsl.codegen.helion_fused`` (see its docstring for the
+motivation: ``g``, the output cotangent, is by far the largest operand of a channelwise
+product, and the three backward kernels of ``pallas_backend`` read it three times).
+Eligibility is ``helion_fused.fused_bwd_reason`` (per-batch weights, every path ``uvu``
+and weighted, every ``x2`` block of a path one channel) and at least one path. Then
+for path ``p`` (``x1`` block ``a``, ``x2`` block ``s``, output block ``o``, channel
+``u``, the vectorized channel of ``pallas_backend``)::
+
+    gx1[b, a, u, i] += sum_{j,k} C[i,j,k] W[b, p, u] x2[b, s, j] g[b, o, u, k]
+    gW[b, p, u]      = sum_{i,j,k} C[i,j,k] x1[b, a, u, i] x2[b, s, j] g[b, o, u, k]
+    gx2[b, s, j]    += sum_{u,i,k} C[i,j,k] W[b, p, u] x1[b, a, u, i] g[b, o, u, k]
+
+(the partial derivatives of ``F = sum W C x1 x2 g``, ``eqdsl.reference._SUBSCRIPTS``
+``uvu`` with ``v`` of one value). With one ``x2`` channel nothing is looped: every
+operand is a ``(block_batch, P)`` vector over ``u`` (``x1``, ``g``, the weight row) or
+a ``(block_batch, 1)`` column (``x2``). Kernel body, straight-line, per batch block::
+
+    per x1 block a of the kernel:
+        acc_a_i = 0                                    # gx1, in registers
+        per path p out of a:
+            <x1, x2, g operands: each read once per kernel>
+            w = W row of p;  wg_k = w * g_k            # the weight row read once
+            r = sum C x1_i x2_j g_k;  gw_ref[p] = r    # the gW row
+            acc_a_i += C x2_j wg_k
+            px2_s_j_P += C x1_i wg_k                   # gx2 lanes, summed over paths
+        gx1_ref[a] = acc_a_*
+    gx2_ref[s, j] = sum_P jnp.sum(px2_s_j_P, axis=1)  # one lane reduction per column and width
+
+Padded lanes (``u >= mul``) are zero in every operand, so the lane sums need no mask.
+A kernel owns whole ``x1`` blocks (``gx1`` needs every path of its block) and the
+paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
+``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms,
+counting three per CG nonzero (one per gradient). Every kernel then writes the full
+``gx2`` row as its own partial sum and the launcher adds them up in kernel order
+(``jax_runtime.launch_fused``: deterministic, no atomics). Each kernel writes its
+``gx1`` blocks' columns and its paths' weight columns; the pieces concatenate, and
+when the paths are not in ``x1`` block order the weight columns are put back in
+e3nn's order by ``gw_segments``.
+
+Everything is decided here; the template only loops over the statements.
+"""
+
+from __future__ import annotations
+
+from ..ir import PathIR, TensorProductIR
+from . import pallas_backend as pb
+from .helion_fused import fused_bwd_reason
+
+__all__ = ["fused_reason", "fused_context"]
+
+
+def fused_reason(ir: TensorProductIR) -> str | None:
+    """Why ``ir`` gets no fused Pallas backward, or None when it does."""
+    if not ir.paths:
+        return "no paths"
+    return fused_bwd_reason(ir)
+
+
+class _FusedBuilder(pb._KernelBuilder):
+    """One fused kernel over a run of ``x1`` blocks (reuses the operand reads of
+    ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
+
+    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, blocks_in1: list[int]):
+        self.kind = "bwd_fused"
+        self.ir, self.blocks, self.wmap = ir, blocks, wmap
+        self.paths = list(ir.paths)
+        self.number = number
+        self.group_ids = blocks_in1
+        self.loaded: set[str] = set()
+        self.lanes: set[int] = set()
+
+    def _path(self, p: PathIR, top: list, accs: list[str], px2: dict) -> None:
+        info = self._info(p)
+        blk = info["blk"]
+
+        def operand(op: str, m: int) -> str:
+            return self.vec(op, blk[op], m, top)
+
+        top.append(pb._line(f"# {self._desc(p, info)}"))
+        nz = p.nonzeros
+        w = self.wmap[p.index]
+        if not nz:  # no CG term: a zero weight gradient, nothing else
+            zero = f"jnp.zeros((rows, {w['pad']}), dtype)"
+            top.append(pb._write(self._gw_col[p.index], zero, w["count"], w["pad"], w["stride"], ref="gw_ref"))
+            return
+        # the operands first, so that the sums below only name them
+        x1 = {i: operand("x1", i) for i in sorted({n.i for n in nz})}
+        x2 = {j: operand("x2", j) for j in sorted({n.j for n in nz})}
+        g = {k: operand("g", k) for k in sorted({n.k for n in nz})}
+        top.append(self._wload(p, info, {}))
+        for k, name in g.items():
+            top.append(pb._line(f"wg_{k} = w * {name}"))
+        top.append(pb._sum("r", "", pb._terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]])))
+        top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
+        for i in sorted({n.i for n in nz}):
+            terms = pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"])
+            top.append(pb._sum(accs[i], f"{accs[i]} + ", terms))
+        for j in sorted({n.j for n in nz}):
+            terms = pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"])
+            key = (p.i_in2, j, info["cpad"])
+            if key in px2:
+                top.append(pb._sum(px2[key], f"{px2[key]} + ", terms))
+            else:
+                px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
+                top.append(pb._sum(px2[key], "", terms))
+
+    def build(self) -> dict:
+        ir = self.ir
+        paths = [p for a in self.group_ids for p in ir.paths if p.i_in1 == a]
+        # this kernel's weight columns: its paths' rows, in its path order
+        self._gw_col, wcol = {}, 0
+        for p in paths:
+            self._gw_col[p.index] = wcol
+            wcol += self.wmap[p.index]["numel"]
+        groups: list[dict] = []
+        px2: dict[tuple[int, int, int], str] = {}
+        col = 0
+        for a in self.group_ids:
+            blk = self.blocks["x1"][a]
+            mine = [p for p in paths if p.i_in1 == a]
+            accs = self._accs(blk)
+            top = [pb._line(f"{acc} = jnp.zeros((rows, {blk['pad']}), dtype)") for acc in accs]
+            for p in mine:
+                self._path(p, top, accs, px2)
+            top += _store_block("gx1_ref", blk, col, accs)
+            col += blk["dim"] * blk["mul"]
+            groups.append({"desc": f"x1 block {a} ({blk['desc']}): {len(mine)} path(s)", "body": top})
+        groups.append({"desc": "dF/dx2 of this kernel's paths (the whole row: a partial sum)",
+                       "body": self._gx2(px2)})
+        terms = 3 * sum(len(p.nonzeros) for p in paths)
+        return {
+            "kind": self.kind,
+            "number": self.number,
+            "name": f"_tp_bwd_fused_kernel_{self.number}",
+            "refs": ["x1_ref", "x2_ref", "w_ref", "g_ref"],
+            "outs": ["gx1_ref", "gx2_ref", "gw_ref"],
+            "width": col,
+            "gw_width": wcol,
+            "paths": [p.index for p in paths],
+            "desc": (f"Fused backward: x1 blocks {', '.join(map(str, self.group_ids))} ({col} gx1 columns), "
+                     f"paths {', '.join(str(p.index) for p in paths)} ({wcol} weight columns), the whole gx2 "
+                     f"row; {terms} CG terms (three per nonzero)."),
+            "lanes": [{"name": f"lane_{q}", "pad": q} for q in sorted(self.lanes)],
+            "groups": groups,
+            "terms": terms,
+        }
+
+    def _gx2(self, px2: dict) -> list[dict]:
+        """Store every ``gx2`` column: the lane sums of its partials, zeros where none."""
+        body: list[dict] = []
+        for blk in self.blocks["x2"]:
+            parts = [[(name, pad) for (s, j, pad), name in px2.items() if (s, j) == (blk["index"], m)]
+                     for m in range(blk["dim"])]
+            if not any(parts):
+                zero = f"jnp.zeros((rows, {blk['pad']}), dtype)"
+                body += _store_block("gx2_ref", blk, blk["offset"], [zero] * blk["dim"])
+                continue
+            # a path's x2 block has one channel: component m is column offset + m
+            for m, names in enumerate(parts):
+                if names:
+                    body.append(pb._sum(f"c_{m}", "", pb._plain_terms([pb._lanesum(n, pad) for n, pad in names])))
+                else:
+                    body.append(pb._line(f"c_{m} = jnp.zeros((rows, 1), dtype)"))
+                body.append(pb._store(blk["offset"] + m, 1, f"c_{m}", ref="gx2_ref"))
+        return body
+
+
+def _store_block(ref: str, blk: dict, col: int, values: list[str]) -> list[dict]:
+    """Write the ``dim`` component tiles ``values`` of block ``blk`` at column ``col`` of ``ref``
+    (as ``_KernelBuilder.build`` writes an output block)."""
+    if blk["tile"]:
+        return [pb._line(f"rt.store_tile({ref}, {col}, [{', '.join(values)}], mul={blk['mul']}, "
+                         f"dim={blk['dim']}, pad={blk['pad']})")]
+    return [pb._write(col + m * blk["mul"], v, blk["mul"], blk["pad"], 1, ref=ref) for m, v in enumerate(values)]
+
+
+def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict) -> dict | None:
+    """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
+
+    ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
+    ``gw_segments``: None when the kernels' weight columns concatenate to e3nn's order,
+    else ``(start, numel)`` per path in e3nn's order, ``start`` its first column in the
+    concatenation.
+    """
+    if fused_reason(ir) is not None:
+        return None
+    costs = [3 * sum(len(p.nonzeros) for p in ir.paths if p.i_in1 == b["index"]) for b in blocks["x1"]]
+    runs = pb._split(costs)
+    kernels = [_FusedBuilder(ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
+    order = [pi for k in kernels for pi in k["paths"]]
+    start, segments = 0, {}
+    for pi in order:
+        segments[pi] = (start, wmap[pi]["numel"])
+        start += wmap[pi]["numel"]
+    in_order = order == sorted(order, key=lambda pi: wmap[pi]["offset"])
+    return {
+        "kernels": kernels,
+        "gw_segments": None if in_order else [segments[pi] for pi in sorted(order, key=lambda q: wmap[q]["offset"])],
+    }

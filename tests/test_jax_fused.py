@@ -1,0 +1,236 @@
+"""The fused Pallas backward of channelwise products (``eqdsl.codegen.pallas_fused``; CPU: interpret mode).
+
+``backward_fused(x1, x2, w, g)`` must equal the float64 oracle
+(``tensor_product_vjp_reference``) as one kernel and split over several (a small
+``MAX_TERMS_PER_KERNEL``: per-kernel ``gx2`` partial sums added by the launcher), in
+both layouts and with paths out of ``x1`` block order (weight columns put back in
+e3nn's order). ``jax.grad`` of the tensor product must run it (and not the three
+backward kernels), and derivatives through it (forces, then their gradient with
+respect to the weights) must match e3nn-jax and dense einsums differentiated by JAX.
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from eqdsl.codegen import pallas_backend  # noqa: E402
+from eqdsl.codegen.pallas_fused import fused_context, fused_reason  # noqa: E402
+from eqdsl.lower import lower  # noqa: E402
+from eqdsl.reference import tensor_product_vjp_reference  # noqa: E402
+from eqdsl.spec import parse_spec  # noqa: E402
+from test_jax_grads import _cheap_interpret_compiles, jnp_tensor_product  # noqa: E402,F401
+from test_jax_ops import build, inputs, rel_err, spec_text  # noqa: E402
+
+# mixed multiplicities (4 and 2 channels); x2 of one channel per irrep, as MACE / NequIP
+IN1, IN2, OUT = "4x0e+4x1o+2x2e", "0e+1o+2e", "0e+1o+2e"
+# paths out of x1 block order (x1 blocks 1, 0, 1): the fused kernel writes them by x1 block
+UNORDERED = dict(in1="3x0e+2x1o", in2="0e+1o", out="2x1o+3x1o+2x0e",
+                 instructions=[(1, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 1, 2, "uvu", True)])
+SPLIT_BUDGET = 100  # terms per kernel: the 249 terms of IN1 x IN2 -> OUT over several kernels
+BB = 4  # batch rows per program: BATCH has padded rows and several programs
+BATCH = 13
+
+
+def _text(name, layout="mul_ir", **kw):
+    kw = kw or dict(in1=IN1, in2=IN2, out=OUT, mode="uvu")
+    return spec_text(name, **kw, shared=False, layout=layout, dtypes=("float64",))
+
+
+@pytest.fixture(scope="module")
+def pkgs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jaxfused")
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            if key == "unordered":
+                cache[key] = build(_text("fu_unordered", **UNORDERED), root)
+            else:
+                split, layout = key
+                with pytest.MonkeyPatch.context() as mp:
+                    if split:  # read by pallas_backend._split when the package is generated
+                        mp.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
+                    cache[key] = build(_text(f"fu_{int(split)}_{layout}", layout), root)
+        return cache[key]
+
+    return get
+
+
+def _ir(text):
+    return lower(parse_spec(text, "s.toml")[0])
+
+
+def _ctx(ir):
+    return pallas_backend.build_context(ir, "")["fused"]
+
+
+def test_generator_makes_one_or_several_kernels(monkeypatch):
+    ir = _ir(_text("s"))
+    one = _ctx(ir)
+    assert len(one["kernels"]) == 1 and one["gw_segments"] is None
+    assert one["kernels"][0]["width"] == ir.dim_in1 and one["kernels"][0]["gw_width"] == ir.weight_numel
+    monkeypatch.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
+    split = _ctx(ir)
+    assert len(split["kernels"]) > 1 and split["gw_segments"] is None
+    assert sum(k["width"] for k in split["kernels"]) == ir.dim_in1
+    assert sum(k["gw_width"] for k in split["kernels"]) == ir.weight_numel
+    assert _ctx(_ir(_text("u", **UNORDERED)))["gw_segments"] == [(3, 2), (0, 3), (5, 2)]
+
+
+@pytest.mark.parametrize("why,text", [
+    ("shared weights", spec_text("s", IN1, IN2, OUT, mode="uvu", shared=True)),
+    ("not a weighted uvu path", spec_text("s", IN1, IN2, OUT, mode="uvw")),
+    ("not 1", spec_text("s", IN1, "2x0e+2x1o", OUT, mode="uvu")),
+])
+def test_ineligible_specs_get_no_fused_kernel(why, text):
+    ir = _ir(text)
+    assert why in fused_reason(ir) and fused_context(ir, {}, {}) is None
+    files = pallas_backend.render_files(ir, "")
+    assert "backward_fused" not in files["pallas_kernels.py"] and "fused=" not in files["jax_ops.py"]
+
+
+def _operands(ir, batch, seed):
+    x1, x2, w = inputs(ir, batch, seed=seed)
+    g = np.random.default_rng(seed + 1).normal(size=(batch, ir.dim_out))
+    return x1, x2, w, g
+
+
+@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir"), (True, "ir_mul"), "unordered"],
+                         ids=["one_kernel", "split", "split_ir_mul", "unordered"])
+def test_fused_matches_the_oracle(pkgs, key):
+    b = pkgs(key)
+    n = len(b.ops._kernels.BWD_FUSED_KERNELS)
+    assert n > 1 if key in ((True, "mul_ir"), (True, "ir_mul")) else n == 1
+    x1, x2, w, g = _operands(b.ir, BATCH, seed=1)
+    want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
+    got = b.ops.tensor_product_vjp(*(jnp.asarray(a) for a in (x1, x2, w, g)), block_batch=BB)
+    for name, a, c in zip(("grad_x1", "grad_x2", "grad_weights"), got, want):
+        assert a.shape == c.shape, name
+        assert rel_err(a, c) <= 1e-10, f"{name}: {rel_err(a, c):.3e}"
+
+
+def _pallas_names(jaxpr) -> list[str]:
+    """Names of the pallas_calls of a (closed) jaxpr, nested jaxprs included."""
+    names = []
+
+    def walk(jp):
+        for eqn in jp.eqns:
+            if eqn.primitive.name == "pallas_call":
+                names.append(str(eqn.params["name"]))
+            for v in eqn.params.values():
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                        walk(sub.jaxpr)
+                    elif hasattr(sub, "eqns"):
+                        walk(sub)
+
+    walk(jaxpr.jaxpr)
+    return names
+
+
+def test_grad_runs_the_fused_kernel(pkgs):
+    """``jax.grad`` of the tensor product takes its three gradients from one fused
+    launch per kernel (no backward_x1/x2/w kernel), and they match the oracle."""
+    b = pkgs((True, "mul_ir"))
+    x1, x2, w, c = (jnp.asarray(a) for a in _operands(b.ir, BATCH, seed=2))
+
+    def loss(a, d, e):
+        return jnp.sum(c * b.ops.tensor_product(a, d, e, block_batch=BB))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    names = _pallas_names(jax.make_jaxpr(grad)(x1, x2, w))
+    assert sum("bwd_fused" in n for n in names) == len(b.ops._kernels.BWD_FUSED_KERNELS), names
+    assert not [n for n in names if "bwd_x1" in n or "bwd_x2" in n or "bwd_w" in n], names
+    want = tensor_product_vjp_reference(b.ir, x1, x2, w, c)
+    for a, o in zip(jax.jit(grad)(x1, x2, w), want):
+        assert rel_err(a, o) <= 1e-10
+
+
+def _e3nn_jax_tp(b):
+    """The spec's product in e3nn-jax (legacy FunctionalTensorProduct, as test_jax_ops.test_matches_e3nn_jax)."""
+    import e3nn_jax as e3j
+    from e3nn_jax.legacy import FunctionalTensorProduct
+
+    tp = FunctionalTensorProduct(b.meta.IRREPS_IN1, b.meta.IRREPS_IN2, b.meta.IRREPS_OUT,
+                                 [tuple(i) for i in b.meta.INSTRUCTIONS], irrep_normalization="component",
+                                 path_normalization="element", gradient_normalization="path")
+
+    def one(a, d, w):
+        ws = [w[p.weight_offset:p.weight_offset + p.weight_numel].reshape(p.path_shape) for p in b.ir.paths]
+        return tp.left_right(ws, e3j.IrrepsArray(b.meta.IRREPS_IN1, a), e3j.IrrepsArray(b.meta.IRREPS_IN2, d)).array
+
+    return jax.vmap(one)
+
+
+@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir")], ids=["one_kernel", "split"])
+def test_force_training_second_order(pkgs, key):
+    """grad over (W, x1) of <d, grad_x1 E>, E = <c, TP**2> (a force loss: the forward's VJP
+    is the fused op, its VJP the sum of the three ops' rules) against e3nn-jax and dense
+    einsums."""
+    b = pkgs(key)
+    x1, x2, w, c = (jnp.asarray(a) for a in _operands(b.ir, BATCH, seed=3))
+    d = jnp.asarray(np.random.default_rng(5).normal(size=x1.shape))
+
+    def chain(tp):
+        def forces(a, e):
+            return jax.grad(lambda a_: jnp.sum(c * tp(a_, x2, e) ** 2))(a)
+
+        return jax.jit(jax.grad(lambda a, e: jnp.sum(d * forces(a, e)), argnums=(1, 0)))(x1, w)
+
+    got = chain(lambda a, d_, e: b.ops.tensor_product(a, d_, e, block_batch=BB))
+    e3j = chain(_e3nn_jax_tp(b))
+    dense = chain(lambda a, d_, e: jnp_tensor_product(b.ir, a, d_, e))
+    for a, e, f in zip(got, e3j, dense):
+        assert rel_err(e, f) <= 1e-10  # the two references agree
+        assert rel_err(a, e) <= 1e-10, f"{rel_err(a, e):.3e}"
+
+
+def test_every_term_of_the_fused_ops_derivative(pkgs):
+    """Gradients of all three first derivatives with respect to all four operands (each term
+    of the fused op's VJP), through ``tensor_product_vjp``, against dense einsums."""
+    b = pkgs((False, "mul_ir"))
+    x1, x2, w, g = (jnp.asarray(a) for a in _operands(b.ir, 5, seed=6))
+    rng = np.random.default_rng(7)
+    ks = [jnp.asarray(rng.normal(size=a.shape)) for a in (x1, x2, w)]
+
+    def second(vjp):
+        def s(*a):
+            return sum(jnp.vdot(k, t) for k, t in zip(ks, vjp(*a)))
+
+        return jax.jit(jax.grad(s, argnums=(0, 1, 2, 3)))(x1, x2, w, g)
+
+    def dense_vjp(a, d_, e, h):
+        return jax.vjp(lambda *t: jnp_tensor_product(b.ir, *t), a, d_, e)[1](h)
+
+    got = second(lambda a, d_, e, h: b.ops.tensor_product_vjp(a, d_, e, h, block_batch=BB))
+    want = second(dense_vjp)
+    for a, c in zip(got, want):
+        assert rel_err(a, c) <= 1e-10
+
+
+def test_unused_outputs_of_the_fused_op_cost_no_kernels(pkgs):
+    """The VJP of ``dF/dx1`` alone (what a force loss differentiates) skips the terms of the
+    symbolically zero cotangents of ``dF/dx2`` and ``dF/dW``: one kernel per remaining term."""
+    b = pkgs((False, "mul_ir"))
+    x1, x2, w, g = (jnp.asarray(a) for a in _operands(b.ir, 2 * BB, seed=8))
+    k1 = jnp.asarray(np.random.default_rng(9).normal(size=x1.shape))
+    op = b.ops.KERNEL_OPS.bwd
+
+    def s(*a):
+        return jnp.vdot(k1, op(*a, BB, True)[0])
+
+    grad = jax.grad(s, argnums=(0, 1, 2, 3))
+    names = _pallas_names(jax.make_jaxpr(grad)(x1, x2, w, g))
+    kinds = sorted(n.split("_tp_")[1].rsplit("_kernel", 1)[0] for n in names)
+    assert kinds == ["bwd_fused", "bwd_w", "bwd_x2", "fwd"], names
+    got = jax.jit(grad)(x1, x2, w, g)
+    dense = jax.grad(lambda a, c, e, h: jnp.vdot(k1, jax.vjp(lambda *t: jnp_tensor_product(b.ir, *t), a, c, e)[1](h)[0]),
+                     argnums=(0, 1, 2, 3))(x1, x2, w, g)
+    for a, c in zip(got, dense):
+        assert rel_err(a, c) <= 1e-10
