@@ -40,7 +40,8 @@ two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
 (input tiles of at most that many components loaded at the top of a channel tile) and
 ``hoist_weights`` 0 or 1 (weight tiles too), ``fuse_bwd`` 0 or 1 (a channelwise product's
 three backward ops as one kernel, ``helion_fused``; default 1) (Helion);
-``pallas_block_batch`` (a power of two) and ``pallas_num_warps`` (Pallas). A sub-table
+``pallas_block_batch`` (a power of two), ``pallas_num_warps`` and ``pallas_fuse_bwd`` 0 or 1
+(default 1) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
 ``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
@@ -100,6 +101,7 @@ TUNING_KEYS = {
     # the Pallas (JAX) kernels: batch rows per program and warps (top level only)
     "pallas_block_batch": _pow2(1, 256),
     "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+    "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the product is channelwise)"),
     "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
     "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
     "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),

@@ -95,6 +95,14 @@ def test_ineligible_specs_get_no_fused_kernel(why, text):
     assert "backward_fused" not in files["pallas_kernels.py"] and "fused=" not in files["jax_ops.py"]
 
 
+def test_pallas_fuse_bwd_0_keeps_the_three_kernels():
+    ir = _ir(_text("s"))
+    on = pallas_backend.render_files(ir, "")
+    off = pallas_backend.render_files(ir, "", (("pallas_fuse_bwd", 0),))
+    assert "backward_fused" in on["pallas_kernels.py"] and "fused=" in on["jax_ops.py"]
+    assert "backward_fused" not in off["pallas_kernels.py"] and "fused=" not in off["jax_ops.py"]
+
+
 def _operands(ir, batch, seed):
     x1, x2, w = inputs(ir, batch, seed=seed)
     g = np.random.default_rng(seed + 1).normal(size=(batch, ir.dim_out))

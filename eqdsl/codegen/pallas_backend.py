@@ -584,7 +584,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     kernels = {kind: _kernels(kind, ir, blocks, wmap) for kind in kinds}
     from .pallas_fused import fused_context  # it builds on this module
 
-    fused = fused_context(ir, blocks, wmap)
+    # pallas_fuse_bwd = 0: the three backward kernels instead (mace_large's fused Pallas
+    # backward measured slower than them on the H100, 2026-11-23: 2208 against 1808 us fwd+bwd)
+    fused = fused_context(ir, blocks, wmap) if dict(tuning).get("pallas_fuse_bwd", 1) else None
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
