@@ -137,3 +137,30 @@ def test_current_tuning_stays_within_noise():
     assert _winner("fwd", [((), {"error": "OutOfResources"}), (cand, {"us": 120.0})]) == cand
     with pytest.raises(TuneError, match="fwd: no candidate ran"):
         _winner("fwd", [((), {"error": "x"})])
+
+
+def test_fused_ops_are_tuned_where_the_package_has_them(tmp_path):
+    """The default ops add the fused backward (``bwd``) for a channelwise product only;
+    asking for it (or the conv's ``conv_bwd``) elsewhere is refused."""
+    channelwise = tmp_path / "cw.toml"
+    channelwise.write_text(
+        '[[tensor_product]]\nname = "cw"\nirreps_in1 = "4x0e+4x1o"\nirreps_in2 = "0e+1o"\n'
+        'irreps_out = "0e+1o"\nmode = "uvu"\nshared_weights = false\n'
+    )
+    seen = []
+
+    def worker(spec_file, package_dir, op, batch, dtype, timeout):
+        seen.append(op)
+        return {"us": 1.0}
+
+    tune(channelwise, grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert sorted(set(seen)) == ["bwd", "bwd_w", "bwd_x1", "bwd_x2", "fwd"]
+    with pytest.raises(TuneError, match="conv_bwd"):
+        tune(channelwise, ops=("conv_bwd",), run_worker=worker, require_cuda=False)
+    other = tmp_path / "s.toml"
+    other.write_text(SPEC.replace("shared_weights = false", "shared_weights = true"))
+    seen.clear()
+    tune(other, grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert "bwd" not in seen
+    with pytest.raises(TuneError, match="only a channelwise product"):
+        tune(other, ops=("bwd",), run_worker=worker, require_cuda=False)
