@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     import torch
 
-    from eqdsl.tune import LOCK
+    from eqdsl.tune import LOCK, cuda_median_us
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", default="mace_large,nequip_toluene")
@@ -81,7 +81,7 @@ def main() -> int:
         with open(args.lock, "a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                us = {k: time_us(c, args.reps) for k, c in calls.items()}
+                us = {k: cuda_median_us(c, 3, args.reps) for k, c in calls.items()}
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
         three = us["bwd_x1"] + us["bwd_x2"] + us["bwd_w"]
@@ -97,21 +97,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 1 if failed else 0
-
-
-def time_us(call, reps: int) -> float:
-    import torch
-
-    for _ in range(3):
-        call()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        call()
-        e.record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) * 1e3 for s, e in ev)
-    return t[len(t) // 2]
 
 
 if __name__ == "__main__":

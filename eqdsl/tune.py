@@ -194,16 +194,23 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            for _ in range(WARMUP_CALLS):
-                call()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TIMED_CALLS)]
-            for start, end in events:
-                start.record()
-                call()
-                end.record()
-            torch.cuda.synchronize()
+            return cuda_median_us(call, WARMUP_CALLS, TIMED_CALLS)
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cuda_median_us(call, warmup: int, reps: int) -> float:
+    """Median microseconds of ``call()`` over ``reps`` CUDA-event intervals after ``warmup`` calls."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in events)
     return ms[len(ms) // 2] * 1e3
 

@@ -48,10 +48,8 @@ from __future__ import annotations
 from ..ir import PathIR, TensorProductIR
 from .helion_backend import (
     Tuning,
-    _block,
     _block_b,
     _block_label,
-    _blocks,
     _config,
     _is_native,
     _native_store,
