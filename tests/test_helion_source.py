@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from eqdsl.codegen.generate import generate_files
+from eqdsl.spec import parse_spec
+from eqdsl.tune import with_tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "specs").glob("*.toml"))
@@ -228,7 +230,8 @@ def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
     and its channel loop. Only accumulators are carried in either form."""
     text = (ROOT / "examples" / "specs" / "mace_large.toml").read_text()
     if grid_c is not None:
-        text += f"\n[tensor_product.tuning]\ngrid_c = {grid_c}\n"
+        pairs = dict(parse_spec(text)[0].tuning) | {"grid_c": grid_c}
+        text = with_tuning(text, tuple(sorted(pairs.items())))
     spec = tmp_path / "mace_large.toml"
     spec.write_text(text)
     files = _kernel_sources(spec, tmp_path / "gen")
