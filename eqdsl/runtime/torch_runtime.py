@@ -41,7 +41,7 @@ __all__ = [
     "EagerOp",
     "CheckCache",
     "register_backward",
-    "add_optional",
+    "fused_vjp",
 ]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -365,21 +365,8 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> No
 
     if fused is not None:
         def fused_backward(ctx, k1, k2, kw):
-            # (gx1, gx2, gw) = (bwd_x1(g, x2, W), bwd_x2(x1, g, W), bwd_w(x1, x2, g)):
-            # each input's gradient sums the three ops' formulas (as in wire and below)
-            x1, x2, w, g = ctx.saved_tensors
-            n1, n2, nw, ng = ctx.needs_input_grad
-            return (
-                add_optional(bwd_x1(g, k2, w) if n1 and k2 is not None else None,
-                     bwd_x1_w(g, x2, kw) if n1 and kw is not None else None),
-                add_optional(bwd_x2(k1, g, w) if n2 and k1 is not None else None,
-                     bwd_x2_w(x1, g, kw) if n2 and kw is not None else None),
-                add_optional(bwd_w(k1, x2, g) if nw and k1 is not None else None,
-                     bwd_w(x1, k2, g) if nw and k2 is not None else None),
-                add_optional(add_optional(fwd(k1, x2, w) if ng and k1 is not None else None,
-                          fwd(x1, k2, w) if ng and k2 is not None else None),
-                     fwd_w(x1, x2, kw) if ng and kw is not None else None),
-            )
+            return fused_vjp((fwd, bwd_x1, bwd_x2, bwd_w), (fwd_w, bwd_x1_w, bwd_x2_w),
+                             ctx.saved_tensors, (k1, k2, kw), ctx.needs_input_grad)
 
         register_backward(fused, fused_backward, setup_context)
 
@@ -395,11 +382,35 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> No
     register_backward(bwd_w, bwd_w_backward, setup_context)
 
 
-def add_optional(a, b):
-    """``a + b`` where either may be None (a gradient not asked for)."""
-    if a is None:
-        return b
-    return a if b is None else a + b
+def fused_vjp(ops, linear, saved, cotangents, needs, extra=()):
+    """Input gradients of a fused backward ``(gx1, gx2, gw) = (bwd_x1(g, x2, W),
+    bwd_x2(x1, g, W), bwd_w(x1, x2, g))``: each sums the three ops' formulas.
+
+    ``ops = (fwd, bwd_x1, bwd_x2, bwd_w)``, ``linear``: the ``*_lin`` triple (or the same
+    three ops), ``saved = (x1, x2, W, g)``, ``cotangents = (k1, k2, kw)`` (None: not
+    flowing), ``needs``: which of the four inputs want a gradient; ``extra``: arguments
+    after the three operands of every op call (the convolution's graph and node count).
+    """
+    fwd, bwd_x1, bwd_x2, bwd_w = ops
+    fwd_w, bwd_x1_w, bwd_x2_w = linear
+    x1, x2, w, g = saved
+    k1, k2, kw = cotangents
+    n1, n2, nw, ng = needs[:4]
+
+    def terms(*pairs):
+        out = None
+        for want, op, args in pairs:
+            if want and all(a is not None for a in args):
+                value = op(*args, *extra)
+                out = value if out is None else out + value
+        return out
+
+    return (
+        terms((n1, bwd_x1, (g, k2, w)), (n1, bwd_x1_w, (g, x2, kw))),
+        terms((n2, bwd_x2, (k1, g, w)), (n2, bwd_x2_w, (x1, g, kw))),
+        terms((nw, bwd_w, (k1, x2, g)), (nw, bwd_w, (x1, k2, g))),
+        terms((ng, fwd, (k1, x2, w)), (ng, fwd, (x1, k2, w)), (ng, fwd_w, (x1, x2, kw))),
+    )
 
 
 def register_backward(op, backward, setup_context) -> None:

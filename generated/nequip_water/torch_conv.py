@@ -311,25 +311,9 @@ def _fused_setup(ctx, inputs, output):
 
 
 def _fused_backward(ctx, k1, k2, kw):
-    # (gx, gy, gw) = (bwd_x(G, y, W), bwd_y(x, G, W), bwd_w(x, y, G)): each input's
-    # gradient sums the three ops' formulas above
     x, y, w, g, *graph = ctx.saved_tensors
-    n1, n2, nw, ng = ctx.needs_input_grad[:4]
-    n = ctx.num_nodes
-    fwd_w, bwd_x_w, bwd_y_w = _LINEAR
-    fwd, bwd_x, bwd_y, bwd_w = _conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager
-    add = _rt.add_optional
-    return (
-        add(bwd_x(g, k2, w, *graph, n) if n1 and k2 is not None else None,
-            bwd_x_w(g, y, kw, *graph, n) if n1 and kw is not None else None),
-        add(bwd_y(k1, g, w, *graph, n) if n2 and k1 is not None else None,
-            bwd_y_w(x, g, kw, *graph, n) if n2 and kw is not None else None),
-        add(bwd_w(k1, y, g, *graph, n) if nw and k1 is not None else None,
-            bwd_w(x, k2, g, *graph, n) if nw and k2 is not None else None),
-        add(add(fwd(k1, y, w, *graph, n) if ng and k1 is not None else None,
-                fwd(x, k2, w, *graph, n) if ng and k2 is not None else None),
-            fwd_w(x, y, kw, *graph, n) if ng and kw is not None else None),
-    ) + _no_grads()
+    ops = (_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager)
+    return _rt.fused_vjp(ops, _LINEAR, (x, y, w, g), (k1, k2, kw), ctx.needs_input_grad, (*graph, ctx.num_nodes)) + _no_grads()
 
 
 _rt.register_backward(_conv_bwd_eager, _fused_backward, _fused_setup)
