@@ -53,13 +53,13 @@ def triton_source(spec: str, kernel: str) -> tuple[str, dict[str, torch.Tensor]]
     return k.bind(tuple(args.values())).to_triton_code(k.configs[0]), args
 
 
-def ptxas_report(source: str, args: dict[str, torch.Tensor], options: dict) -> list[str]:
+def ptxas_report(source: str, args: dict[str, torch.Tensor], options: dict, dump: str | None = None) -> list[str]:
     """Compile ``source`` for sm_90a in a fresh process (Triton's interpreter, which Helion's
     CPU binding needs, patches ``triton.language`` process-wide) and return ptxas' lines."""
     meta = {n: {"shape": list(t.shape), "stride": list(t.stride())} for n, t in args.items()}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.py").write_text(source)
-        (Path(tmp) / "meta.json").write_text(json.dumps({"args": meta, "options": options}))
+        (Path(tmp) / "meta.json").write_text(json.dumps({"args": meta, "options": options, "dump": dump}))
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         r = subprocess.run([sys.executable, __file__, "--compile", tmp], capture_output=True, text=True, env=env)
         if r.returncode:
@@ -85,6 +85,10 @@ def _compile(tmp: str) -> None:
                 sig[name] = "i32"
                 if val % 16 == 0:
                     attrs[(i,)] = [["tt.divisibility", 16]]
+        elif fn.params[i].is_constexpr:  # a host-computed block shape, e.g. _SHAPE_DIM = 8 * _BLOCK_SIZE_0
+            expr = re.search(rf"^\s*{name} = (.+)$", (Path(tmp) / "kernel.py").read_text(), re.M).group(1)
+            value = eval(expr, vars(mod))  # generated source, its own constants
+            sig[name], constexprs[(i,)] = "constexpr", getattr(value, "value", value)
         elif name in meta["args"]:
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         else:  # a scalar argument (the batch size of the shared-weight kernels)
@@ -93,6 +97,9 @@ def _compile(tmp: str) -> None:
                               target=GPUTarget("cuda", 90, 32), options=meta["options"])
     ptx = Path(tmp) / "kernel.ptx"
     ptx.write_text(compiled.asm["ptx"])
+    if meta.get("dump"):
+        for stage in ("ttir", "ttgir", "llir", "ptx"):
+            (Path(meta["dump"]) / f"kernel.{stage}").write_text(compiled.asm[stage])
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     r = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", os.devnull], capture_output=True, text=True)
     for line in (r.stdout + r.stderr).splitlines():
@@ -109,12 +116,16 @@ def main(argv=None) -> int:
     ap.add_argument("kernel", help="e.g. tp_bwd_x2_0")
     ap.add_argument("--maxnreg", type=int, default=None, help="override the kernel's maxnreg")
     ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--dump", help="also write the Triton IR stages and PTX (kernel.ttgir, ...) to this folder")
     args = ap.parse_args(argv)
     source, targs = triton_source(args.spec, args.kernel)
     options = {"num_warps": args.num_warps, "num_stages": 1}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg
-    for line in ptxas_report(source, targs, options):
+    if args.dump:
+        Path(args.dump).mkdir(parents=True, exist_ok=True)
+        (Path(args.dump) / "kernel.py").write_text(source)
+    for line in ptxas_report(source, targs, options, str(Path(args.dump).resolve()) if args.dump else None):
         print(f"{args.spec} {args.kernel} maxnreg={args.maxnreg}: {line}")
     return 0
 
