@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=20000, help="rows to time at (default 20000)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
-                   help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=8,16,32 block_c=32,64)")
+                   help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 block_c=32,64,128)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product is channelwise; "
                         "conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")

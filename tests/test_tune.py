@@ -39,7 +39,7 @@ def test_candidates_start_from_the_spec_table():
     cands = candidates(DEFAULT_GRID, table, "bwd_x1")
     assert cands[0] == ()
     # block_b=16, block_c=32, num_warps=4 are bwd_x1's tuning already: that combination is ()
-    assert len(cands) == 2 * 3 * 2 and len(set(cands)) == len(cands)
+    assert len(cands) == 2 * 4 * 3 and len(set(cands)) == len(cands)
     assert (("block_b", 16), ("block_c", 32), ("num_warps", 4)) not in cands
     # fwd has num_warps=8 in its sub-table: the combination with 8 is its current tuning instead
     fwd = candidates(DEFAULT_GRID, table, "fwd")
