@@ -38,7 +38,8 @@ def merge(files: list[dict], labels: list[str]) -> dict:
             out["graphs"] = _join(out.get("graphs"), d["graphs"])
         if d.get("latency"):
             out["latency"] = d["latency"]
-    dates = sorted({str(d["meta"]["date"]) for d in files if d["meta"].get("date")})
+    # a merged file's date is already a range "A to B": its ends count, not the whole string
+    dates = sorted({end for d in files if d["meta"].get("date") for end in str(d["meta"]["date"]).split(" to ")})
     if len(dates) > 1:  # the first call's date alone would misdate the later rows
         out["meta"]["date"] = f"{dates[0]} to {dates[-1]}"
     out["meta"]["argv"] = argv

@@ -104,3 +104,21 @@ def test_random_graph_is_dst_sorted_with_fixed_in_degree():
     g = bc.random_graph("g", 64, 8, 0)
     assert g.num_edges == 512 and np.all(np.diff(g.dst) >= 0)
     assert np.all(np.bincount(g.dst, minlength=64) == 8) and g.src.min() >= 0 and g.src.max() < 64
+
+
+def test_merge_replaces_rows_and_keeps_one_date_range():
+    """A later file's rows replace the earlier file's rows of the same (problem, dtype, batch);
+    merging an already merged file keeps one ``first to last`` date range."""
+    mj = _load("merge_json")
+
+    def bench(date, rows):
+        return {"meta": {"date": date, "argv": ["--x"]}, "rows": rows, "results": [], "elapsed_s": 1.0}
+
+    row = lambda p, t: {"problem": p, "dtype": "float32", "batch": 20000, "t": t}  # noqa: E731
+    first = mj.merge([bench("2026-11-23T02:00", [row("a", 1), row("b", 2)]), bench("2026-11-23T05:00", [row("b", 3)])],
+                     ["c1", "c2"])
+    assert first["meta"]["date"] == "2026-11-23T02:00 to 2026-11-23T05:00"
+    again = mj.merge([first, bench("2026-11-23T08:00", [row("a", 4)])], ["merged", "c3"])
+    assert again["meta"]["date"] == "2026-11-23T02:00 to 2026-11-23T08:00"
+    assert sorted((r["problem"], r["t"]) for r in again["rows"]) == [("a", 4), ("b", 3)]
+    assert again["meta"]["argv"] == ["c1: --x", "c2: --x", "c3: --x"]
