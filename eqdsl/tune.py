@@ -111,30 +111,53 @@ def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[
     return out
 
 
-def tuning_sections(table: Pairs) -> str:
+def tuning_sections(table: Pairs, comments: dict[str, list[str]] | None = None) -> str:
     """TOML text of ``table``: ``[tensor_product.tuning]`` for its top-level keys, then one
-    ``[tensor_product.tuning.<op>]`` per op sub-table (in ``TUNING_OPS`` order)."""
+    ``[tensor_product.tuning.<op>]`` per op sub-table (in ``TUNING_OPS`` order).
+    ``comments``: full-line comments to put under a section's header, by op (``""``: the
+    top-level section), as ``_section_comments`` reads them from the spec."""
+    comments = comments or {}
+
+    def section(op: str, pairs: list[tuple[str, int]]) -> str:
+        header = f"[tensor_product.tuning{'.' + op if op else ''}]\n"
+        return header + "".join(c + "\n" for c in comments.get(op, [])) + "".join(f"{k} = {v}\n" for k, v in pairs)
+
     base = [(k, v) for k, v in table if "." not in k]
-    text = "[tensor_product.tuning]\n" + "".join(f"{k} = {v}\n" for k, v in base) if base else ""
+    text = section("", base) if base else ""
     for op in TUNING_OPS:
         sub = [(k.partition(".")[2], v) for k, v in table if k.partition(".")[0] == op]
         if sub:
-            text += ("\n" if text else "") + f"[tensor_product.tuning.{op}]\n" + "".join(f"{k} = {v}\n" for k, v in sub)
+            text += ("\n" if text else "") + section(op, sub)
     return text
+
+
+def _section_comments(sections: str) -> dict[str, list[str]]:
+    """The full-line comments of each tuning section of ``sections`` (spec text from the first
+    ``[tensor_product.tuning...]`` header on), by op (``""``: the top-level section): the
+    reasons a spec's author wrote there survive ``eqdsl tune --write``."""
+    out: dict[str, list[str]] = {}
+    heads = list(_SECTION.finditer(sections))
+    for m, nxt in zip(heads, heads[1:] + [None]):
+        body = sections[m.end(): nxt.start() if nxt else len(sections)]
+        lines = [line.strip() for line in body.splitlines() if line.strip().startswith("#")]
+        if lines:
+            out[m.group(2) or ""] = lines
+    return out
 
 
 def with_tuning(text: str, table: Pairs) -> str:
     """Spec text with its tuning sections replaced by ``table``'s (appended at the end; the
-    sections must be the file's last, as ``eqdsl tune`` writes them)."""
+    sections must be the file's last, as ``eqdsl tune`` writes them). A section's full-line
+    comments are kept under its header; comments after a value are not."""
     first = _SECTION.search(text)
-    body = text
+    body, comments = text, {}
     if first:
         rest = text[first.start():]
         if any(not _SECTION.match(rest, m.start()) for m in _ANY_SECTION.finditer(rest)):
             raise TuneError("the [tensor_product.tuning] sections must be the last sections of the spec file")
-        body = text[: first.start()]
+        body, comments = text[: first.start()], _section_comments(rest)
     body = body.rstrip("\n") + "\n"
-    sections = tuning_sections(table)
+    sections = tuning_sections(table, comments)
     return body + ("\n" + sections if sections else "")
 
 

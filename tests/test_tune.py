@@ -65,6 +65,18 @@ def test_with_tuning_appends_and_replaces():
         with_tuning(t1 + '\n[[tensor_product]]\nname = "b"\n', ())
 
 
+def test_with_tuning_keeps_the_sections_comments():
+    """A reason written in a tuning section (mace_large's ``pallas_fuse_bwd = 0``) survives a
+    rewrite of that section's values."""
+    text = with_tuning(SPEC, (("pallas_fuse_bwd", 0), ("fwd.block_b", 8)))
+    text = text.replace("[tensor_product.tuning]\n", "[tensor_product.tuning]\n# slower here\n")
+    text = text.replace("[tensor_product.tuning.fwd]\n", "[tensor_product.tuning.fwd]\n  # measured\n")
+    out = with_tuning(text, (("pallas_fuse_bwd", 0), ("fwd.block_b", 2), ("fwd.block_c", 64)))
+    assert "[tensor_product.tuning]\n# slower here\npallas_fuse_bwd = 0\n" in out
+    assert "[tensor_product.tuning.fwd]\n# measured\nblock_b = 2\nblock_c = 64\n" in out
+    assert dict(parse_spec(out)[0].tuning) == {"pallas_fuse_bwd": 0, "fwd.block_b": 2, "fwd.block_c": 64}
+
+
 def _fake_worker(calls):
     """Times from the job's generated kernels of its op: fewer warps and bigger batch tiles are
     'faster' for fwd, the other way round for bwd_x1; fwd with num_warps=8 and block_b=32
