@@ -296,7 +296,7 @@ def tune(
         ops = TP_OPS + (FUSED_OPS if fused else ())
     bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS
            or (op in CONV_OPS and not spec.conv) or (op in FUSED_OPS and not fused)
-           or (op in FUSED_CONV_OPS and not (fused and spec.conv and not spec.deterministic))]
+           or (op in FUSED_CONV_OPS and not _has_fused_bwd(spec, op))]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
                         f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: only a channelwise product has the fused backward)'}"
@@ -332,13 +332,17 @@ def tune(
     return table, results
 
 
-def _has_fused_bwd(spec: TensorProductSpec) -> bool:
-    """Whether the spec's package has the fused backward op (``bwd``) to tune."""
+def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:
+    """Whether the spec's package has the fused backward ``op`` to tune: ``bwd`` (the plain
+    tensor product's) or ``conv_bwd`` (the atomic convolution's), each by its own
+    ``fuse_bwd`` (the generators read it from the op's sub-table)."""
     from .codegen.helion_backend import tuning_for
     from .codegen.helion_fused import fused_bwd_reason
     from .lower import lower
 
-    return bool(tuning_for(spec.tuning, "bwd").fuse_bwd) and fused_bwd_reason(lower(spec)) is None
+    if op == "conv_bwd" and not (spec.conv and not spec.deterministic):
+        return False
+    return bool(tuning_for(spec.tuning, op).fuse_bwd) and fused_bwd_reason(lower(spec)) is None
 
 
 def _winner(op: str, rs: list[tuple[Candidate, dict]]) -> Candidate:

@@ -176,3 +176,16 @@ def test_fused_ops_are_tuned_where_the_package_has_them(tmp_path):
     assert "bwd" not in seen
     with pytest.raises(TuneError, match="only a channelwise product"):
         tune(other, ops=("bwd",), run_worker=worker, require_cuda=False)
+    # each fused op by its own fuse_bwd: the conv's fused backward off, the plain one on
+    conv = tmp_path / "cv.toml"
+    conv.write_text(channelwise.read_text().replace('name = "cw"', 'name = "cv"') + "conv = true\n"
+                    "\n[tensor_product.tuning.conv_bwd]\nfuse_bwd = 0\n")
+    seen.clear()
+    tune(conv, ops=("bwd",), grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert seen and set(seen) == {"bwd"}
+    with pytest.raises(TuneError, match="conv_bwd"):
+        tune(conv, ops=("conv_bwd",), run_worker=worker, require_cuda=False)
+    conv.write_text(conv.read_text().replace("[tensor_product.tuning.conv_bwd]", "[tensor_product.tuning.bwd]"))
+    seen.clear()
+    tune(conv, ops=("conv_bwd",), grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert seen and set(seen) == {"conv_bwd"}

@@ -276,8 +276,8 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     families = conv_kernel_context(ir, tuning)
     launchers = {op: _launcher(op, ks) for op, ks in families.items()}
     fused = fused_conv_kernels(ir, tuning, views)
+    parts = sum(k["parts"] for k in fused)  # gy partial-sum rows the op adds (1: written directly)
     if fused:
-        parts = sum(k["parts"] for k in fused)
         families["bwd"] = fused
         launchers["bwd"] = {"name": "bwd", "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in fused],
                             "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"]}
@@ -295,7 +295,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         "reduce": ir.reduce,
         "deterministic": ir.deterministic,
         "fused_bwd": {
-            "partials": sum(k["parts"] for k in fused),
+            "partials": parts,
             "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused),
         } if fused else None,
     }
