@@ -98,7 +98,12 @@ class Tuning:
     ``block_c`` is the channel tile: 32 float32 channels make one 128-byte line, so
     every component load/store of an ``ir_mul`` tile is one coalesced line.
     ``block_b`` batch rows per program; fewer (down to ``block_b_min``) when a kernel
-    holds 3-D ``(batch, r, c)`` tiles, so that they stay within ``tile_elems``.
+    holds 3-D ``(batch, r, c)`` tiles, so that they stay within ``tile_elems``. Few rows
+    and wide channel tiles suit ``mul_ir`` blocks: Triton's coalescing pass orders a
+    ``(rows, channels, 2l+1)`` store's dimensions by contiguity, rows and channels tie,
+    and threads fill rows first, so 8-row tiles store 4 rows x 1 channel per warp
+    instruction and 2-row tiles 2 x 2 (H100, 2026-11-23: mace_large's forward 470 -> 346
+    us with ``block_b`` 2, ``block_c`` 64; the specs' tuned values).
     ``block_r`` is the reduction tile when another channel is unrolled (``uvw``),
     ``block_r_pair`` when both inputs share the reduced channel (nothing unrolled).
     ``max_terms`` bounds the unrolled multiply-adds in one kernel; output blocks beyond
