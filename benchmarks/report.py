@@ -49,7 +49,8 @@ def parse_args(argv=None):
     p.add_argument("files", nargs="*", help="JSON files (kind recognised from the contents)")
     p.add_argument("--tp", help="bench_tp.json")
     p.add_argument("--conv", help="bench_conv.json")
-    p.add_argument("--latency", help="bench_latency.json (default: the latency section of --conv, if any)")
+    p.add_argument("--latency", nargs="+", help="bench_latency.json files, one table each (default: the latency "
+                   "section of --conv, if any)")
     p.add_argument("--notes", help="a Markdown file inserted as the 'Notes on these runs' section")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
@@ -75,11 +76,15 @@ def load_inputs(args):
             print(f"warning: {path}: {type(e).__name__}: {e}; its section will say so", file=sys.stderr)
             return None
 
-    for k in ("tp", "conv", "latency"):
+    for k in ("tp", "conv"):
         if getattr(args, k):
             d = read(getattr(args, k))
             if d is not None:
                 data[k] = (getattr(args, k), d)
+    # (path, json, [the further latency JSONs]): one table each, the first one's metadata
+    latency = [(path, d) for path, d in ((p, read(p)) for p in args.latency or []) if d is not None]
+    if latency:
+        data["latency"] = (*latency[0], [d for _, d in latency[1:]])
     for f in args.files:
         d = read(f)
         if d is not None:
@@ -265,7 +270,14 @@ def env_section(data):
 def latency_section(data):
     if "latency" not in data:
         return ["No latency JSON given.\n"]
-    d = data["latency"][1]
+    out = latency_table(data["latency"][1])
+    for d in data["latency"][2] if len(data["latency"]) > 2 else []:
+        out += latency_table(d)
+    return out
+
+
+def latency_table(d: dict) -> list[str]:
+    """One bench_latency.json as a Markdown table (one problem)."""
     g = d.get("graph") or {}
     out = [f"{g.get('desc', '?')}, {g.get('num_edges', '?')} edges; problem "
            f"{(d.get('rows') or [{}])[0].get('problem', '?')}, float32. Microseconds per call (medians).\n"]

@@ -77,6 +77,24 @@ def test_report_writes_markdown_and_roofline(tmp_path):
     assert "5000 GB/s" not in md and "3000 GB/s" in md
 
 
+def test_report_has_one_latency_table_per_file(tmp_path):
+    """``--latency A B``: a table per file, each naming its problem."""
+    pytest.importorskip("matplotlib")
+    report = _load("report")
+    lat = json.loads(_synthetic(tmp_path)[1].read_text())["latency"]
+    paths = []
+    for problem, host in (("mace_large", 20.0), ("nequip_water", 7.5)):
+        rows = [dict(lat["rows"][0], problem=problem, host_us=host)]
+        paths.append(tmp_path / f"lat_{problem}.json")
+        paths[-1].write_text(json.dumps({"meta": dict(META, what="small-graph latency"), "graph": lat["graph"],
+                                         "rows": rows}))
+    out = tmp_path / "B.md"
+    assert report.main(["--latency", *map(str, paths), "--out", str(out), "--png", str(tmp_path / "r.png")]) == 0
+    md = out.read_text().split("## Small-graph latency", 1)[1]
+    assert "problem mace_large, float32" in md and "problem nequip_water, float32" in md
+    assert "| e3nn-jax | fwd | 172 | 20.0 | 150 |" in md and "| e3nn-jax | fwd | 172 | 7.5 | 150 |" in md
+
+
 def test_report_survives_missing_inputs(tmp_path):
     pytest.importorskip("matplotlib")
     report = _load("report")

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Where the time of one small call goes: device kernels against host time (GPU only).
+
+For each problem, the eager torch ``tensor_product`` at ``--batch`` rows and the ``conv``
+on bench_conv's small-graph latency graph (32 Si atoms, 512 edges), forward and
+forward+backward, each run ``--calls`` times under ``torch.profiler``: per kernel, the
+launches per call and the mean device microseconds per call; then the summed kernel time
+per call against the host time per call of the same loop without the profiler. When
+the host time is well above the kernel sum, Python and launches decide the latency;
+when they are close, the kernels do. ::
+
+    python3 benchmarks/profile_small.py --problems mace_large,nequip_water
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+import bench_conv as bc  # noqa: E402
+import bench_tp as bt  # noqa: E402
+
+
+def _inputs(mod, rows_in1, rows_edge, shared):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows_in1, mod.DIM_IN1, device="cuda", generator=gen)
+    y = torch.randn(rows_edge, mod.DIM_IN2, device="cuda", generator=gen)
+    w = torch.randn(*((mod.WEIGHT_NUMEL,) if shared else (rows_edge, mod.WEIGHT_NUMEL)), device="cuda", generator=gen)
+    return x, y, w
+
+
+def _profile(fn, calls: int):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) * 1e6 / calls
+    torch.cuda.synchronize()
+    pipelined = (time.perf_counter() - t0) * 1e6 / calls
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kern = defaultdict(lambda: [0, 0.0])
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kern[e.key[:70]]
+            k[0] += e.count
+            k[1] += e.self_device_time_total
+    return host, pipelined, {n: (c / calls, t / calls) for n, (c, t) in kern.items()}
+
+
+def _cprofile(fn, calls: int, top: int) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-6000:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problems", default="mace_large,nequip_water")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--generated", default=str(ROOT / "generated"))
+    ap.add_argument("--cprofile", type=int, default=0, help="also print the N costliest Python functions (tottime) of each case")
+    args = ap.parse_args()
+    graph = bc.latency_graph()
+    src = torch.as_tensor(graph.src, device="cuda")
+    dst = torch.as_tensor(graph.dst, device="cuda")
+    n = graph.num_nodes
+    print(f"{torch.cuda.get_device_name()}; tensor_product batch {args.batch}; conv {graph.desc}, "
+          f"{graph.num_edges} edges; {args.calls} calls", flush=True)
+    for name in args.problems.split(","):
+        mod = bt.import_generated(args.generated, name, "torch_ops")
+        shared = bool(getattr(mod, "SHARED_WEIGHTS", False))
+        cases = []
+        x, y, w = _inputs(mod, args.batch, args.batch, shared)
+        cases.append(("tensor_product", x, y, w, lambda a, b, c: mod.tensor_product(a, b, c)))
+        if hasattr(mod, "conv"):
+            cx, cy, cw = _inputs(mod, n, graph.num_edges, shared)
+            cases.append(("conv", cx, cy, cw, lambda a, b, c: mod.conv(a, b, c, src, dst, n, check=False)))
+        for op, a, b, c, f in cases:
+            ag, bg, cg = (t.clone().requires_grad_() for t in (a, b, c))
+
+            def fwd_bwd(f=f, ag=ag, bg=bg, cg=cg):
+                out = f(ag, bg, cg)
+                return torch.autograd.grad(out, (ag, bg, cg), torch.ones_like(out))
+
+            for direction, fn in (("fwd", lambda f=f, a=a, b=b, c=c: f(a, b, c)), ("fwd+bwd", fwd_bwd)):
+                host, pipe, kern = _profile(fn, args.calls)
+                total = sum(t for _, t in kern.values())
+                print(f"\n{name} {op} {direction}: host {host:.1f} us/call, pipelined {pipe:.1f}, "
+                      f"kernels {total:.1f} us/call in {sum(c for c, _ in kern.values()):.0f} launches", flush=True)
+                for k, (cnt, t) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:12]:
+                    print(f"  {t:9.1f} us  x{cnt:4.1f}  {k}")
+                if args.cprofile:
+                    _cprofile(fn, args.calls, args.cprofile)
+
+
+if __name__ == "__main__":
+    main()
