@@ -23,15 +23,18 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="fail if generated packages are stale")
     p.add_argument("specs", type=Path, nargs="*", help=f"spec files (default: {DEFAULT_SPECS}/*.toml)")
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="generated directory (default: generated)")
-    p = sub.add_parser("tune", help="time Helion kernel parameters on a GPU; --write puts the best into the spec")
+    p = sub.add_parser("tune", help="time Helion and Pallas kernel parameters on a GPU; --write puts the best into the spec")
     p.add_argument("spec", type=Path)
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="regenerate here after --write (default: generated)")
     p.add_argument("--batch", type=int, default=20000, help="rows to time at (default 20000)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
-                   help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 block_c=32,64,128)")
+                   help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 "
+                        "block_c=32,64,128 for the Helion ops, pallas_block_batch=8,16,32,64,128 pallas_num_warps=2,4,8 "
+                        "for pallas; pallas_* keys tune the pallas op only, the others the Helion ops only)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product is channelwise; "
+                        "and pallas (the JAX kernels, forward + backward) where jax sees a GPU; "
                         "conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job (generate, compile, time) may take (default 900)")

@@ -17,12 +17,24 @@ job at a time runs on the GPU while the others compile. A timing is the median o
 ``TIMED_CALLS`` CUDA-event intervals around the op at ``batch`` rows (edges for the
 conv ops, on a random graph with ``batch // 64`` nodes) after warm-up calls.
 
-With ``write``, the winners replace the spec's tuning sections (each op's sub-table; the
-spec's top-level keys stay) and the package is regenerated, so the choice is committed
-with the spec and the generated module; users never tune at import.
+The Pallas (JAX) kernels are tuned as one more op, ``pallas`` (``PALLAS_OPS``; in the
+default ops when jax is importable): all of a spec's Pallas kernels share the top-level
+keys ``pallas_block_batch`` and ``pallas_num_warps`` (and ``pallas_fuse_bwd``, when
+asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``), and its
+time is that of the jitted forward and backward together (``jax.vjp`` of
+``tensor_product``, what training runs): the median over groups of calls ended by
+``block_until_ready``, wall clock. The grid's ``pallas_*`` keys apply to the ``pallas``
+op only, the others to the Helion ops only; an op none of whose keys the grid names
+gets its default grid.
 
-Raises ``TuneError`` (one line) without a CUDA GPU, for a multi-table spec, a bad grid or
-op list, or when no candidate of an op ran; ``SpecError`` for a bad spec.
+With ``write``, the winners replace the spec's tuning sections (each Helion op's
+sub-table, the ``pallas_*`` keys of the top-level section; its other keys stay) and the
+package is regenerated, so the choice is committed with the spec and the generated
+module; users never tune at import.
+
+Raises ``TuneError`` (one line) without a CUDA GPU (for the Helion ops: torch's; for
+``pallas``: jax's), for a multi-table spec, a bad grid or op list, or when no candidate
+of an op ran; ``SpecError`` for a bad spec.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from pathlib import Path
 from .spec import TUNING_KEYS, TUNING_OPS, TensorProductSpec, load_spec, parse_spec
 
 __all__ = [
-    "TuneError", "DEFAULT_GRID", "TP_OPS", "FUSED_OPS", "CONV_OPS", "parse_grid", "candidates", "override",
+    "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "CONV_OPS", "PALLAS_OPS", "parse_grid",
+    "candidates", "override",
     "tuning_sections", "with_tuning", "tune", "format_results",
 ]
 
@@ -52,6 +65,10 @@ TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 FUSED_OPS = ("bwd",)  # a channelwise product's fused backward (helion_fused), where it has one
 FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+PALLAS_OPS = ("pallas",)  # every Pallas kernel of the spec, timed as the jitted forward + backward
+# rows per program from 8 (small graphs: more programs) to 128, and warps per program
+PALLAS_GRID = {"pallas_block_batch": (8, 16, 32, 64, 128), "pallas_num_warps": (2, 4, 8)}
+JAX_GROUP_CALLS, JAX_GROUPS = 10, 7  # pallas timing: calls per block_until_ready, groups (median)
 LOCK = Path(tempfile.gettempdir()) / "eqdsl_tune_gpu.lock"
 WARMUP_CALLS, TIMED_CALLS = 3, 30
 MIN_GAIN = 0.01  # a candidate replaces the op's current tuning only if at least this much faster
@@ -87,22 +104,39 @@ def parse_grid(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 
 def override(table: Pairs, op: str, cand: Candidate) -> Pairs:
-    """``table`` with ``cand``'s keys set in ``op``'s sub-table (replacing what it had there)."""
-    new = {f"{op}.{k}": v for k, v in cand}
+    """``table`` with ``cand``'s keys set in ``op``'s sub-table (replacing what it had there);
+    for ``pallas``, the top-level ``pallas_*`` keys."""
+    new = {k if op in PALLAS_OPS else f"{op}.{k}": v for k, v in cand}
     return tuple(sorted({**dict(table), **new}.items()))
+
+
+def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple[int, ...]]:
+    """The part of ``grid`` that tunes ``op`` (``pallas_*`` keys for ``pallas``, the others for
+    the Helion ops), or the op's default grid when ``grid`` is ``None`` or names none of them."""
+    pallas = op in PALLAS_OPS
+    mine = {k: v for k, v in (grid or {}).items() if k.startswith("pallas_") == pallas}
+    return mine or dict(PALLAS_GRID if pallas else DEFAULT_GRID)
+
+
+def _effective(table: Pairs, op: str):
+    """What decides ``op``'s kernels under ``table`` (two candidates with equal values are one)."""
+    if op in PALLAS_OPS:
+        return tuple((k, v) for k, v in table if k.startswith("pallas_"))
+    from .codegen.helion_backend import tuning_for
+
+    return tuning_for(table, op)
 
 
 def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[Candidate]:
     """``()`` (the op as ``table`` tunes it), then every combination of ``grid`` for ``op``'s
-    sub-table that gives the op other kernels than every earlier candidate."""
-    from .codegen.helion_backend import tuning_for
-
+    sub-table (``pallas``: the top-level ``pallas_*`` keys) that gives the op other kernels
+    than every earlier candidate."""
     keys = sorted(grid)
     out: list[Candidate] = [()]
-    seen = {tuning_for(table, op)}
+    seen = {_effective(table, op)}
     for values in itertools.product(*(grid[k] for k in keys)):
         cand = tuple(zip(keys, values))
-        t = tuning_for(override(table, op, cand), op)
+        t = _effective(override(table, op, cand), op)
         if t not in seen:
             seen.add(t)
             out.append(cand)
@@ -197,13 +231,53 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
     return lambda: fn(*args, src, dst, nodes)
 
 
+def _jax_call(jax_ops, batch: int, dtype: str):
+    """A no-argument call of the jitted forward + backward (``jax.vjp`` of
+    ``tensor_product``) of the imported package, on random inputs; returns its outputs."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    dt = jnp.dtype(dtype)
+
+    def rand(key, *shape):
+        return jax.random.normal(key, shape, dt)
+
+    x1, x2, g = rand(keys[0], batch, jax_ops.DIM_IN1), rand(keys[1], batch, jax_ops.DIM_IN2), rand(keys[2], batch, jax_ops.DIM_OUT)
+    w = rand(keys[3], jax_ops.WEIGHT_NUMEL) if jax_ops.SHARED_WEIGHTS else rand(keys[3], batch, jax_ops.WEIGHT_NUMEL)
+
+    @jax.jit
+    def fwd_bwd(x1, x2, w, g):
+        out, vjp = jax.vjp(jax_ops.tensor_product, x1, x2, w)
+        return out, vjp(g)
+
+    return lambda: fwd_bwd(x1, x2, w, g)
+
+
+def jax_median_us(call, warmup: int, groups: int, per_group: int) -> float:
+    """Median microseconds per call of ``call()`` over ``groups`` groups of ``per_group`` calls,
+    each group ended by ``block_until_ready`` (wall clock: JAX has no CUDA events)."""
+    import time
+
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(call())
+    times = []
+    for _ in range(groups):
+        t0 = time.perf_counter()
+        for _ in range(per_group):
+            out = call()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / per_group)
+    return sorted(times)[len(times) // 2] * 1e6
+
+
 def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, lock: str) -> float:
     """Generate one candidate's package, compile ``op`` (outside the lock), then time it
     holding the GPU lock; the median call in microseconds."""
     import fcntl
     import importlib
-
-    import torch
 
     from .codegen.generate import generate_files, write_package
 
@@ -211,15 +285,27 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
     write_package(Path(package_dir), files)
     name = next(iter(files)).split("/")[0]
     sys.path.insert(0, package_dir)
-    ops = importlib.import_module(f"{name}.torch_ops")
-    conv = importlib.import_module(f"{name}.torch_conv") if op in CONV_OPS + FUSED_CONV_OPS else None
-    call = _op_call(ops, conv, op, batch, dtype)
-    call()  # compiles
-    torch.cuda.synchronize()
+    if op in PALLAS_OPS:
+        call = _jax_call(importlib.import_module(f"{name}.jax_ops"), batch, dtype)
+        call()  # compiles
+
+        def timed() -> float:
+            return jax_median_us(call, WARMUP_CALLS, JAX_GROUPS, JAX_GROUP_CALLS)
+    else:
+        import torch
+
+        ops = importlib.import_module(f"{name}.torch_ops")
+        conv = importlib.import_module(f"{name}.torch_conv") if op in CONV_OPS + FUSED_CONV_OPS else None
+        call = _op_call(ops, conv, op, batch, dtype)
+        call()  # compiles
+        torch.cuda.synchronize()
+
+        def timed() -> float:
+            return cuda_median_us(call, WARMUP_CALLS, TIMED_CALLS)
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            return cuda_median_us(call, WARMUP_CALLS, TIMED_CALLS)
+            return timed()
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
@@ -242,8 +328,12 @@ def cuda_median_us(call, warmup: int, reps: int) -> float:
 
 def _worker(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "eqdsl.tune", "--worker", spec_file, package_dir, op, str(batch), dtype, str(LOCK)]
+    # JAX workers compile side by side: each allocates GPU memory as it needs it, not 75% up front
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    if op in PALLAS_OPS and dtype == "float64":
+        env["JAX_ENABLE_X64"] = "1"
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     if r.returncode != 0:
@@ -279,28 +369,23 @@ def tune(
     progress bar on a terminal.
     """
     spec_path = Path(spec_path)
-    if require_cuda:
-        try:
-            import torch
-        except ImportError:
-            raise TuneError("eqdsl tune needs torch with a CUDA GPU (it times the compiled kernels)") from None
-        if not torch.cuda.is_available():
-            raise TuneError("eqdsl tune needs a CUDA GPU (it times the compiled kernels); none is visible")
     text, spec = _single(spec_path)
     if dtype not in spec.dtypes:
         raise TuneError(f"{spec_path}: dtype {dtype} is not in the spec's dtypes {list(spec.dtypes)}")
     fused = _has_fused_bwd(spec)
     if ops is None:
-        ops = TP_OPS + (FUSED_OPS if fused else ())
-    bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS
+        ops = TP_OPS + (FUSED_OPS if fused else ()) + (PALLAS_OPS if require_cuda and _jax_gpu() else ())
+    bad = [op for op in ops if op not in TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS + PALLAS_OPS
            or (op in CONV_OPS and not spec.conv) or (op in FUSED_OPS and not fused)
            or (op in FUSED_CONV_OPS and not _has_fused_bwd(spec, op))]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
                         f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: only a channelwise product has the fused backward)'}"
-                        f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}")
-    grid = DEFAULT_GRID if grid is None else grid
-    jobs = [(op, cand) for op in ops for cand in candidates(grid, spec.tuning, op)]
+                        f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}"
+                        f", {', '.join(PALLAS_OPS)} (the JAX kernels)")
+    if require_cuda:
+        _require_gpus(ops)
+    jobs = [(op, cand) for op in ops for cand in candidates(op_grid(grid, op), spec.tuning, op)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
     with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch, _Progress(len(jobs), report) as progress:
@@ -328,6 +413,38 @@ def tune(
 
             generate(spec_path, out_dir)
     return table, results
+
+
+def _jax_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jax") is not None
+
+
+def _require_gpus(ops: tuple[str, ...]) -> None:
+    """``TuneError`` unless the frameworks that time ``ops`` see a CUDA GPU: torch for the
+    Helion ops, jax for ``pallas``."""
+    if any(op not in PALLAS_OPS for op in ops):
+        try:
+            import torch
+        except ImportError:
+            raise TuneError("eqdsl tune needs torch with a CUDA GPU (it times the compiled kernels)") from None
+        if not torch.cuda.is_available():
+            raise TuneError("eqdsl tune needs a CUDA GPU (it times the compiled kernels); none is visible")
+    if any(op in PALLAS_OPS for op in ops) and not _jax_gpu():
+        raise TuneError("eqdsl tune --ops pallas needs jax with a CUDA GPU (it times the Pallas kernels); "
+                        + ("jax is not installed" if not _jax_importable() else "jax sees none"))
+
+
+def _jax_gpu() -> bool:
+    """Whether jax is installed and its default backend is a GPU (imports jax: this process
+    then holds a GPU context, so it must not also take 75% of the memory the workers need)."""
+    if not _jax_importable():
+        return False
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    return jax.default_backend() == "gpu"
 
 
 def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:

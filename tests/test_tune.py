@@ -189,3 +189,50 @@ def test_fused_ops_are_tuned_where_the_package_has_them(tmp_path):
     seen.clear()
     tune(conv, ops=("conv_bwd",), grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
     assert seen and set(seen) == {"conv_bwd"}
+
+
+def test_pallas_op_tunes_the_top_level_pallas_keys(tmp_path):
+    """``pallas``: candidates over the ``pallas_*`` keys only (the Helion keys of the grid
+    tune the Helion ops), written to the top-level section; the Helion sub-tables stay."""
+    from eqdsl.tune import PALLAS_GRID, op_grid
+
+    grid = {"block_b": (8, 16), "pallas_block_batch": (16, 64)}
+    assert op_grid(grid, "pallas") == {"pallas_block_batch": (16, 64)}
+    assert op_grid(grid, "fwd") == {"block_b": (8, 16)}
+    assert op_grid(None, "pallas") == PALLAS_GRID and op_grid({"block_b": (8,)}, "pallas") == PALLAS_GRID
+    table = (("fwd.block_b", 16), ("pallas_block_batch", 16))
+    assert candidates({"pallas_block_batch": (16, 64), "pallas_num_warps": (4,)}, table, "pallas") == [
+        (), (("pallas_block_batch", 16), ("pallas_num_warps", 4)), (("pallas_block_batch", 64), ("pallas_num_warps", 4))]
+    assert candidates({"pallas_block_batch": (16, 64)}, table, "pallas") == [(), (("pallas_block_batch", 64),)]
+
+    spec = tmp_path / "tune_demo.toml"
+    spec.write_text(SPEC)
+    times = {16: 50.0, 64: 20.0, 128: 30.0}
+
+    def worker(spec_file, package_dir, op, batch, dtype, timeout):
+        if op != "pallas":
+            return {"us": 10.0}
+        return {"us": times[dict(load_spec(spec_file)[0].tuning).get("pallas_block_batch", 16)]}
+
+    table, results = tune(spec, grid={"block_b": (8,), "pallas_block_batch": (16, 64, 128)}, ops=("fwd", "pallas"),
+                          workers=2, write=True, out_dir=tmp_path / "gen", run_worker=worker, require_cuda=False,
+                          report=lambda _: None)
+    assert [c for c, _ in results["pallas"]] == [(), *((("pallas_block_batch", b),) for b in (16, 64, 128))]
+    assert dict(table)["pallas_block_batch"] == 64 and "fwd.pallas_block_batch" not in dict(table)
+    text = spec.read_text()
+    top = text[text.index("[tensor_product.tuning]"):]
+    assert top.split("\n[", 1)[0].count("pallas_block_batch = 64") == 1
+    assert load_spec(spec)[0].tuning == table
+    assert "BLOCK_BATCH = 64" in (tmp_path / "gen" / "tune_demo" / "pallas_kernels.py").read_text()
+
+
+def test_pallas_measure_runs_the_jitted_forward_and_backward(tmp_path):
+    """The ``pallas`` worker's timing path, on the CPU (Pallas interpret mode, tiny batch):
+    generates the candidate's package, jits forward + VJP, returns a positive median."""
+    pytest.importorskip("jax")
+    from eqdsl.tune import measure
+
+    spec = tmp_path / "tune_pallas_cpu.toml"
+    spec.write_text(SPEC.replace("tune_demo", "tune_pallas_cpu"))
+    us = measure(str(spec), str(tmp_path / "pkg"), "pallas", 4, "float32", str(tmp_path / "lock"))
+    assert us > 0
