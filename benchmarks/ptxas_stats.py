@@ -11,8 +11,10 @@ spill regression can be found here before spending GPU time::
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/ptxas_stats.py nequip_toluene tp_bwd_x2_0 --maxnreg 256
 
 Sizes and strides are those of 64 contiguous rows (the batch size is a runtime argument;
-strides equal to 1 are specialized as Triton does at launch). Only for the plain tensor
-product's kernels (``generated/<spec>/helion_kernels.py``), float32.
+strides equal to 1 are specialized as Triton does at launch), float32. The plain tensor
+product's kernels (``generated/<spec>/helion_kernels.py``) and, for a ``conv_*`` kernel
+name, the convolution's (``helion_conv_kernels.py``: 64 edges over 16 nodes, int64
+indices). ``--generated DIR`` reads another generated folder (a variant under study).
 """
 
 from __future__ import annotations
@@ -37,18 +39,31 @@ from triton.compiler import ASTSource
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def triton_source(spec: str, kernel: str) -> tuple[str, dict[str, torch.Tensor]]:
-    """The Triton source Helion generates for ``kernel`` of ``generated/<spec>``, and its arguments."""
-    sys.path.insert(0, str(ROOT / "generated"))
+def triton_source(spec: str, kernel: str, generated: Path = ROOT / "generated") -> tuple[str, dict[str, torch.Tensor]]:
+    """The Triton source Helion generates for ``kernel`` of ``<generated>/<spec>``, and its arguments."""
+    sys.path.insert(0, str(Path(generated).resolve()))
     ops = importlib.import_module(f"{spec}.torch_ops")
-    k = getattr(importlib.import_module(f"{spec}.helion_kernels"), kernel)
     n = 64
-    pool = {
-        "x1": torch.randn(n, ops.DIM_IN1), "x2": torch.randn(n, ops.DIM_IN2), "g": torch.randn(n, ops.DIM_OUT),
-        "weights": torch.randn(*(() if ops.SHARED_WEIGHTS else (n,)), ops.WEIGHT_NUMEL),
-        "out": torch.empty(n, ops.DIM_OUT), "gx1": torch.empty(n, ops.DIM_IN1), "gx2": torch.empty(n, ops.DIM_IN2),
-        "gw": torch.empty(n, ops.WEIGHT_NUMEL),  # per-row partials with shared weights too
-    }
+    w = torch.randn(*(() if ops.SHARED_WEIGHTS else (n,)), ops.WEIGHT_NUMEL)
+    if kernel.startswith("conv_"):
+        k = getattr(importlib.import_module(f"{spec}.helion_conv_kernels"), kernel)
+        nodes = 16
+        idx = torch.arange(n) % nodes
+        pool = {
+            "src": idx, "dst": idx.sort().values, "order": torch.arange(n), "ptr": torch.arange(nodes + 1) * (n // nodes),
+            "x": torch.randn(nodes, ops.DIM_IN1), "y": torch.randn(n, ops.DIM_IN2), "weights": w,
+            "g": torch.randn(nodes, ops.DIM_OUT), "out": torch.empty(nodes, ops.DIM_OUT),
+            "out_flat": torch.empty(nodes * ops.DIM_OUT), "gx": torch.empty(nodes, ops.DIM_IN1),
+            "gy": torch.empty(n, ops.DIM_IN2), "gw": torch.empty(n, ops.WEIGHT_NUMEL),
+        }
+    else:
+        k = getattr(importlib.import_module(f"{spec}.helion_kernels"), kernel)
+        pool = {
+            "x1": torch.randn(n, ops.DIM_IN1), "x2": torch.randn(n, ops.DIM_IN2), "g": torch.randn(n, ops.DIM_OUT),
+            "weights": w, "out": torch.empty(n, ops.DIM_OUT), "gx1": torch.empty(n, ops.DIM_IN1),
+            "gx2": torch.empty(n, ops.DIM_IN2),
+            "gw": torch.empty(n, ops.WEIGHT_NUMEL),  # per-row partials with shared weights too
+        }
     args = {p: pool[p] for p in inspect.signature(k.fn).parameters}
     return k.bind(tuple(args.values())).to_triton_code(k.configs[0]), args
 
@@ -56,7 +71,8 @@ def triton_source(spec: str, kernel: str) -> tuple[str, dict[str, torch.Tensor]]
 def ptxas_report(source: str, args: dict[str, torch.Tensor], options: dict, dump: str | None = None) -> list[str]:
     """Compile ``source`` for sm_90a in a fresh process (Triton's interpreter, which Helion's
     CPU binding needs, patches ``triton.language`` process-wide) and return ptxas' lines."""
-    meta = {n: {"shape": list(t.shape), "stride": list(t.stride())} for n, t in args.items()}
+    meta = {n: {"shape": list(t.shape), "stride": list(t.stride()), "ptr": "*i64" if t.dtype == torch.int64 else "*fp32"}
+            for n, t in args.items()}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.py").write_text(source)
         (Path(tmp) / "meta.json").write_text(json.dumps({"args": meta, "options": options, "dump": dump}))
@@ -90,7 +106,7 @@ def _compile(tmp: str) -> None:
             value = eval(expr, vars(mod))  # generated source, its own constants
             sig[name], constexprs[(i,)] = "constexpr", getattr(value, "value", value)
         elif name in meta["args"]:
-            sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
+            sig[name], attrs[(i,)] = meta["args"][name]["ptr"], [["tt.divisibility", 16]]
         else:  # a scalar argument (the batch size of the shared-weight kernels)
             sig[name] = "i32"
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
@@ -117,8 +133,9 @@ def main(argv=None) -> int:
     ap.add_argument("--maxnreg", type=int, default=None, help="override the kernel's maxnreg")
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--dump", help="also write the Triton IR stages and PTX (kernel.ttgir, ...) to this folder")
+    ap.add_argument("--generated", default=str(ROOT / "generated"), help="generated packages folder (default generated)")
     args = ap.parse_args(argv)
-    source, targs = triton_source(args.spec, args.kernel)
+    source, targs = triton_source(args.spec, args.kernel, Path(args.generated))
     options = {"num_warps": args.num_warps, "num_stages": 1}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg
