@@ -7,9 +7,12 @@ forward+backward, each run ``--calls`` times under ``torch.profiler``: per kerne
 launches per call and the mean device microseconds per call; then the summed kernel time
 per call against the host time per call of the same loop without the profiler. When
 the host time is well above the kernel sum, Python and launches decide the latency;
-when they are close, the kernels do. ::
+when they are close, the kernels do. ``--jax`` adds the jitted JAX ops (``jax_ops``) on the
+same inputs: host microseconds per call of ``--calls`` calls dispatched back to back, and
+per call until ``block_until_ready`` returns (pipelined); JAX dispatch is asynchronous,
+so host well below pipelined means the device decides. ::
 
-    python3 benchmarks/profile_small.py --problems mace_large,nequip_water
+    python3 benchmarks/profile_small.py --problems mace_large,nequip_water --jax
 """
 
 from __future__ import annotations
@@ -78,6 +81,40 @@ def _cprofile(fn, calls: int, top: int) -> None:
     print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-6000:])
 
 
+def _jax_rows(name: str, generated: str, batch: int, graph, calls: int) -> None:
+    """Host and pipelined microseconds per call of the jitted forward and forward+VJP of
+    ``tensor_product`` (``batch`` rows) and ``conv`` (``graph``), float32."""
+    import jax
+    import numpy as np
+
+    mod = bt.import_generated(generated, name, "jax_ops")
+    rng = np.random.default_rng(0)
+
+    def arrays(rows_in1, rows_edge):
+        w = (mod.WEIGHT_NUMEL,) if mod.SHARED_WEIGHTS else (rows_edge, mod.WEIGHT_NUMEL)
+        return [jax.device_put(rng.standard_normal(shape).astype(np.float32))
+                for shape in ((rows_in1, mod.DIM_IN1), (rows_edge, mod.DIM_IN2), w)]
+
+    cases = [("tensor_product", mod.tensor_product, arrays(batch, batch), batch)]
+    if hasattr(mod, "conv"):
+        s, d, n = jax.device_put(graph.src.astype(np.int32)), jax.device_put(graph.dst.astype(np.int32)), graph.num_nodes
+        cases.append(("conv", lambda a, b, c: mod.conv(a, b, c, s, d, n, check=False), arrays(n, graph.num_edges), n))
+    for op, f, (a, b, c), rows in cases:
+        g = jax.device_put(rng.standard_normal((rows, mod.DIM_OUT)).astype(np.float32))
+        fwd = jax.jit(f)
+        fwd_bwd = jax.jit(lambda a, b, c, g, f=f: jax.vjp(f, a, b, c)[1](g))
+        for direction, fn in (("fwd", lambda: fwd(a, b, c)), ("fwd+bwd", lambda: fwd_bwd(a, b, c, g))):
+            for _ in range(5):
+                jax.block_until_ready(fn())
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                out = fn()
+            host = (time.perf_counter() - t0) * 1e6 / calls
+            jax.block_until_ready(out)
+            pipelined = (time.perf_counter() - t0) * 1e6 / calls
+            print(f"{name} {op} {direction} (jax.jit): host {host:.1f} us/call, pipelined {pipelined:.1f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", default="mace_large,nequip_water")
@@ -85,7 +122,17 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--generated", default=str(ROOT / "generated"))
     ap.add_argument("--cprofile", type=int, default=0, help="also print the N costliest Python functions (tottime) of each case")
+    ap.add_argument("--jax", action="store_true", help="also the jitted JAX ops: host and pipelined us per call")
+    ap.add_argument("--jax-only", action="store_true", help="only the JAX rows (no torch kernels; any JAX backend, interpret mode on the CPU)")
     args = ap.parse_args()
+    if args.jax or args.jax_only:
+        import os
+
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+    if args.jax_only:
+        for name in args.problems.split(","):
+            _jax_rows(name, args.generated, args.batch, bc.latency_graph(), args.calls)
+        return
     graph = bc.latency_graph()
     src = torch.as_tensor(graph.src, device="cuda")
     dst = torch.as_tensor(graph.dst, device="cuda")
@@ -117,6 +164,8 @@ def main() -> None:
                     print(f"  {t:9.1f} us  x{cnt:4.1f}  {k}")
                 if args.cprofile:
                     _cprofile(fn, args.calls, args.cprofile)
+        if args.jax:
+            _jax_rows(name, args.generated, args.batch, graph, args.calls)
 
 
 if __name__ == "__main__":
