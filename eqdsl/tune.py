@@ -18,7 +18,7 @@ job at a time runs on the GPU while the others compile. A timing is the median o
 conv ops, on a random graph with ``batch // 64`` nodes) after warm-up calls.
 
 The Pallas (JAX) kernels are tuned as one more op, ``pallas`` (``PALLAS_OPS``; in the
-default ops when jax is importable): all of a spec's Pallas kernels share the top-level
+default ops when jax sees a GPU): all of a spec's Pallas kernels share the top-level
 keys ``pallas_block_batch`` and ``pallas_num_warps`` (and ``pallas_fuse_bwd``, when
 asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``), and its
 time is that of the jitted forward and backward together (``jax.vjp`` of
@@ -235,7 +235,8 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
 
 def _jax_call(jax_ops, batch: int, dtype: str):
     """A no-argument call of the jitted forward + backward (``jax.vjp`` of
-    ``tensor_product``) of the imported package, on random inputs; returns its outputs."""
+    ``tensor_product``) of the imported package on random inputs, returning the output and
+    the three gradients (the output too, so that XLA cannot drop the forward kernel)."""
     import jax
     import jax.numpy as jnp
 
