@@ -10,6 +10,7 @@ calls its op once on a small CUDA batch, which leaves Helion's generated module 
 like the benchmarks' (Triton specializes integers on divisibility by 16).
 
     python3 benchmarks/precompile.py --workers 14 [--problems a,b] [--dtypes float32] [--no-conv]
+                                     [--generated DIR]
 
 Prints one line per job (seconds, or the error) and a total; exits 0 even if a job failed
 (the benchmark reports that problem as n/a with the reason).
@@ -32,15 +33,16 @@ TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 
 
-def run_job(problem: str, dtype: str, op: str) -> None:
-    """Call one op of ``generated/<problem>`` once on CUDA (compiles it)."""
+def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generated") -> None:
+    """Call one op of ``<generated>/<problem>`` once on CUDA (compiles it)."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(generated.resolve().parent))
+    package = f"{generated.resolve().name}.{problem}"
     if op.startswith("conv_"):
-        ops = importlib.import_module(f"generated.{problem}.torch_conv")
+        ops = importlib.import_module(f"{package}.torch_conv")
     else:
-        ops = importlib.import_module(f"generated.{problem}.torch_ops")
+        ops = importlib.import_module(f"{package}.torch_ops")
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
     # enough rows that shared-weight gradients have several partial-sum rows (a size of 1
@@ -64,17 +66,18 @@ def run_job(problem: str, dtype: str, op: str) -> None:
             "conv_bwd_w": (xn, x2, g),
             "conv_bwd": (xn, x2, w, gn),
         }[op]
-        getattr(ops, op + "_op")(*args, src, dst, nodes)
+        # the graph tensors the spec's ops take (sort orders and row pointers of segment scatters)
+        getattr(ops, op + "_op")(*args, *ops.graph_tensors(src, dst, nodes), nodes)
     else:
         args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g), "bwd": (x1, x2, w, g)}[op]
         getattr(ops, op + "_op")(*args)
     torch.cuda.synchronize()
 
 
-def jobs(problems: list[str], dtypes: list[str] | None, conv: bool) -> list[tuple[str, str, str]]:
+def jobs(problems: list[str], dtypes: list[str] | None, conv: bool, generated: Path = ROOT / "generated") -> list[tuple[str, str, str]]:
     out = []
     for p in problems:
-        gen = ROOT / "generated" / p
+        gen = generated / p
         if not (gen / "torch_ops.py").is_file():
             continue
         fused = "bwd_op = " in (gen / "torch_ops.py").read_text()  # a channelwise product's fused backward
@@ -96,13 +99,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-conv", action="store_true", help="only the plain tensor product's kernels")
     p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per job")
+    p.add_argument("--generated", type=Path, default=ROOT / "generated", help="generated directory (default: generated)")
     p.add_argument("--job", nargs=3, metavar=("PROBLEM", "DTYPE", "OP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.job:
-        run_job(*args.job)
+        run_job(*args.job, generated=args.generated)
         return 0
-    problems = args.problems.split(",") if args.problems else sorted(d.name for d in (ROOT / "generated").iterdir() if d.is_dir())
-    todo = jobs(problems, args.dtypes.split(",") if args.dtypes else None, not args.no_conv)
+    problems = args.problems.split(",") if args.problems else sorted(d.name for d in args.generated.iterdir() if d.is_dir())
+    todo = jobs(problems, args.dtypes.split(",") if args.dtypes else None, not args.no_conv, args.generated)
     if args.conv_only:
         todo = [j for j in todo if j[2].startswith("conv_")]
     t0 = time.perf_counter()
@@ -110,7 +114,8 @@ def main(argv=None) -> int:
     def one(job):
         t = time.perf_counter()
         try:
-            r = subprocess.run([sys.executable, __file__, "--job", *job], capture_output=True, text=True, timeout=args.timeout)
+            r = subprocess.run([sys.executable, __file__, "--generated", str(args.generated), "--job", *job],
+                               capture_output=True, text=True, timeout=args.timeout)
             ok = r.returncode == 0
             why = "" if ok else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
         except subprocess.TimeoutExpired:

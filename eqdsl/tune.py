@@ -230,7 +230,8 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
     args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, g, w), "conv_bwd_w": (xn, x2, g),
             "conv_bwd": (xn, x2, w, gn)}[op]
     fn = getattr(conv, f"{op}_op")
-    return lambda: fn(*args, src, dst, nodes)
+    graph = conv.graph_tensors(src, dst, nodes)  # with the sort orders of segment scatters
+    return lambda: fn(*args, *graph, nodes)
 
 
 def _jax_call(jax_ops, batch: int, dtype: str):

@@ -242,7 +242,8 @@ def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
         kernels = dict(chunk.split("(", 1) for chunk in text.split("\ndef ")[1:])
         for name, body in kernels.items():
             # block_b and block_c are the spec's tuned values per op: the channel count is fixed
-            two_d = re.search(r"for tile_c, tile_b in hl\.tile\(\[128, \w+\.size\(0\)\], block_size=\[(32|64), \d+\]\):", body) is not None
+            # (edge tiles, or one node per program where conv_fwd is a segment scatter: tile_n)
+            two_d = re.search(r"for tile_c, tile_[bn] in hl\.tile\(\[128, \w+\.size\(0\)\], block_size=\[(32|64), \d+\]\):", body) is not None
             # a 128-channel tile is the only one: nothing to spread over the grid
             single = "for tile_c in hl.tile(128, block_size=128):" in body
             expect = on and "bwd_x2" not in name and not single

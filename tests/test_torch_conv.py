@@ -46,17 +46,20 @@ dtypes = ["float32", "float64"]
 conv = true
 reduce = "{reduce}"
 deterministic = {det}
-"""
+{tuning}"""
+# the forward's scatter as a segment reduction, the backward's node gradient by atomics
+SEGMENT_FWD = "[tensor_product.tuning.conv_fwd]\nsegment = 1\n"
 VARIANTS = {
-    # name: (layout, reduce, deterministic, shared)
-    "tc_atomic": ("ir_mul", "sum", "false", "false"),
-    "tc_det_shared": ("mul_ir", "mean", "true", "true"),
+    # name: (layout, reduce, deterministic, shared, tuning)
+    "tc_atomic": ("ir_mul", "sum", "false", "false", ""),
+    "tc_det_shared": ("mul_ir", "mean", "true", "true", ""),
+    "tc_segment_fwd": ("mul_ir", "mean", "false", "false", SEGMENT_FWD),
 }
 
 
 def _text(name: str) -> str:
-    layout, reduce, det, shared = VARIANTS[name]
-    return SPEC.format(name=name, layout=layout, reduce=reduce, det=det, shared=shared)
+    layout, reduce, det, shared, tuning = VARIANTS[name]
+    return SPEC.format(name=name, layout=layout, reduce=reduce, det=det, shared=shared, tuning=tuning)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +126,7 @@ def test_deterministic_per_edge_uvw_weights(tmp_path):
     """Segment kernels reading per-edge uvw weights of the sorted edges: a gathered row
     (``eid``) against a two-axis weight column (``flat_access`` broadcasts it); forward
     and VJP against the numpy oracle."""
-    text = SPEC.format(name="tc_det_edge", layout="ir_mul", reduce="sum", det="true", shared="false")
+    text = SPEC.format(name="tc_det_edge", layout="ir_mul", reduce="sum", det="true", shared="false", tuning="")
     pkg = build_package(tmp_path, "tc_det_edge", text)
     conv, ir = importlib.import_module(pkg.__name__ + ".torch_conv"), lower(parse_spec(text)[0])
     kernels = Path(pkg.__file__).parent / "helion_conv_kernels.py"

@@ -52,7 +52,7 @@ from . import helion_backend as hb
 from .flat_access import View, flat_params, flatten_kernels
 from .render import render
 
-__all__ = ["render_files", "conv_kernel_context", "view_map", "CONV_FAMILIES"]
+__all__ = ["render_files", "conv_kernel_context", "view_map", "segment_ops", "graph_names", "CONV_FAMILIES"]
 
 # TP family -> (conv op name, how the computed operand is written)
 #   scatter_src / scatter_dst: a node operand, scattered by that index; edge: one row per edge
@@ -143,11 +143,12 @@ def view_map(ir: TensorProductIR) -> dict[str, View]:
     }
 
 
-def _convert(k: dict, family: str, deterministic: bool, views: dict[str, View]) -> dict:
+def _convert(k: dict, family: str, segment: bool, views: dict[str, View]) -> dict:
     """A TP kernel context -> the convolution's (rewritten lines, graph parameters, grid),
-    taking whole rows (``views``; the body is rewritten after rendering)."""
+    taking whole rows (``views``; the body is rewritten after rendering). ``segment``: the
+    family's node scatter is a segment reduction (``segment_ops``), not atomics."""
     op, scatter = CONV_FAMILIES[family]
-    segment = deterministic and scatter != "edge"
+    segment = segment and scatter != "edge"
     edge = "eid" if segment else "tile_b"
     rw = lambda s: _rewrite(s, edge)  # noqa: E731
     k = dict(k, name=k["name"].replace("tp_", "conv_", 1), doc=_DOC[_base(op)] + ": " + k["doc"].split(": ", 1)[1])
@@ -210,13 +211,43 @@ def _convert(k: dict, family: str, deterministic: bool, views: dict[str, View]) 
     return k
 
 
+# the conv ops that scatter into nodes, and the graph tensors a segment reduction of each reads
+_NODE_OPS = {"conv_fwd": ("dst_order", "dst_ptr"), "conv_bwd_x": ("src_order", "src_ptr")}
+# edges per loop step of a segment op whose sub-table sets no block_b: more than one
+# makes every output component a cross-warp sum per step (Tuning.segment)
+SEGMENT_BLOCK_B = 1
+
+
+def segment_ops(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> tuple[str, ...]:
+    """The conv ops (of ``conv_fwd``, ``conv_bwd_x``) whose node scatter is a segment
+    reduction: both with ``deterministic = true``, else those tuned ``segment = 1``."""
+    if not ir.conv:
+        return ()
+    return tuple(op for op in _NODE_OPS if ir.deterministic or hb.tuning_of(tuning, op).segment)
+
+
+def graph_names(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> tuple[str, ...]:
+    """The graph tensors every conv op takes after its three operands: ``src``, ``dst``,
+    then the sort order and CSR row pointers of each segment-reduced scatter."""
+    return ("src", "dst") + tuple(name for op in segment_ops(ir, tuning) for name in _NODE_OPS[op])
+
+
+def _segment_steps(tuning: hb.TuningTable, ops: tuple[str, ...]) -> hb.TuningTable:
+    """``tuning`` with ``block_b = SEGMENT_BLOCK_B`` for the segment ops that do not set it."""
+    if isinstance(tuning, hb.Tuning):  # one Tuning for every op: as given
+        return tuning
+    keys = {k for k, _ in tuning}
+    return tuple(tuning) + tuple((f"{op}.block_b", SEGMENT_BLOCK_B) for op in ops if f"{op}.block_b" not in keys)
+
+
 def conv_kernel_context(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
     """Kernel contexts of the convolution, per conv op (``fwd``, ``bwd_x``, ``bwd_y``, ``bwd_w``, ``*_lin``);
     a spec's ``[tensor_product.tuning.conv_<op>]`` sub-table tunes that op's kernels."""
     views = view_map(ir)
+    seg = segment_ops(ir, tuning)
     return {
-        CONV_FAMILIES[f][0]: [_convert(k, f, ir.deterministic, views) for k in ks]
-        for f, ks in hb.kernel_context(ir, tuning, op_of=_tuning_op).items()
+        CONV_FAMILIES[f][0]: [_convert(k, f, _tuning_op(f) in seg, views) for k in ks]
+        for f, ks in hb.kernel_context(ir, _segment_steps(tuning, seg), op_of=_tuning_op).items()
     }
 
 
@@ -261,11 +292,17 @@ def _tuning_op(family: str) -> str:
 
 
 def _launcher(op: str, kernels: list[dict]) -> dict:
-    """Kernel calls of one conv op: its tensors are the kernels' parameters (no views)."""
+    """Kernel calls of one conv op: its tensors are the kernels' parameters (no views);
+    a segment op's ``order`` / ``ptr`` are the graph tensors of its scatter index."""
+    segment = any(k["kind"] == "segment" for k in kernels)
+    order = _NODE_OPS["conv_" + _base(op)] if segment else None
     return {
         "name": op,
         "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
         "tensors": list(_ARGS[_base(op)]) + [_RESULT[_base(op)]],
+        "segment": segment,
+        "order": order[0] if order else None,
+        "ptr": order[1] if order else None,
     }
 
 
@@ -280,8 +317,10 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     if fused:
         families["bwd"] = fused
         launchers["bwd"] = {"name": "bwd", "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in fused],
-                            "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"]}
+                            "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"],
+                            "segment": False, "order": None, "ptr": None}
     convert = ir.layout == "mul_ir"
+    names = graph_names(ir, tuning)
     ctx = {
         **hb.op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
@@ -294,6 +333,11 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         "linear_ops": "fwd_lin" in families,
         "reduce": ir.reduce,
         "deterministic": ir.deterministic,
+        "graph_names": names,
+        "segment_ops": segment_ops(ir, tuning),
+        # the indices sorted for the segment ops, and where the in-degree's row pointers are
+        "sort_keys": [_NODE_OPS[op][0].removesuffix("_order") for op in segment_ops(ir, tuning)],
+        "dst_ptr_arg": names.index("dst_ptr") if "dst_ptr" in names else None,
         "fused_bwd": {
             "partials": parts,
             "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused),
@@ -303,7 +347,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     return {
         "helion_conv_kernels.py": flatten_kernels(render(
             "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
-            deterministic=ir.deterministic, n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
+            deterministic=ir.deterministic, segment_ops=segment_ops(ir, tuning), n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
         ), views, _GATHERED),
         "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
     }

@@ -9,8 +9,7 @@ edge_attr ``(num_edges, 4)``, weights ``(num_edges, 320)``,
 src / dst int64 ``(num_edges,)``, out ``(num_nodes, 704)``; dtypes float32, float64.
 
 The gather of node rows and the scatter into nodes happen inside the Helion kernels
-(``helion_conv_kernels.py``); no per-edge message is written to memory. The scatter is ``hl.atomic_add`` into a zeroed output (fast; the
-summation order, so the last bits, may vary between runs).
+(``helion_conv_kernels.py``); no per-edge message is written to memory. The scatter is ``hl.atomic_add`` into a zeroed output (the summation order, so the last bits, may vary between runs).
 
 Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G[dst[e]]``
 (``ir_mul`` rows), each differentiable with the others, so gradients of any order work
@@ -136,11 +135,14 @@ def _launch_bwd(x, y, weights, g, gx, gy, gw, graph) -> None:
 _N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
 
 
-def _node_op(name, launch, a, b, c, graph, num_nodes, width):
+def _node_op(name, launch, a, b, c, graph, num_nodes, width, segment):
+    """A node-scattering op: atomics add into zeros; a segment op writes every row itself."""
     _rt.check_device("eqdsl_nequip_water::conv_" + name, a.device)
-    result = a.new_zeros((num_nodes, width))
+    result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
     if graph[0].shape[0] > 0 and num_nodes > 0:
         launch(a.contiguous(), b.contiguous(), c.contiguous(), result, [t.contiguous() for t in graph])
+    elif segment and num_nodes > 0:
+        result.zero_()
     return result
 
 
@@ -153,7 +155,7 @@ def _edge_op(name, launch, a, b, c, graph, width):
 
 
 def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst), num_nodes, DIM_OUT)
+    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst), num_nodes, DIM_OUT, False)
 
 
 conv_fwd_op = torch.library.custom_op("eqdsl_nequip_water::conv_fwd", _conv_fwd, mutates_args=())
@@ -166,7 +168,7 @@ def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src:
 
 
 def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst), num_nodes, DIM_IN1)
+    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst), num_nodes, DIM_IN1, False)
 
 
 conv_bwd_x_op = torch.library.custom_op("eqdsl_nequip_water::conv_bwd_x", _conv_bwd_x, mutates_args=())
