@@ -41,7 +41,8 @@ two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
 ``hoist_weights`` 0 or 1 (weight tiles too), ``fuse_bwd`` 0 or 1 (a channelwise product's
 three backward ops as one kernel, ``helion_fused``; default 1), ``segment`` 0 or 1 (the
 conv's node scatters as sorted segment reductions even when ``deterministic = false``;
-``conv_fwd`` / ``conv_bwd_x``, default 0) (Helion);
+``conv_fwd`` / ``conv_bwd_x``, default 0) and ``segment_min_edges`` (smaller graphs
+take the atomic kernels, unsorted; default 8192) (Helion);
 ``pallas_block_batch`` (a power of two), ``pallas_num_warps`` and ``pallas_fuse_bwd`` 0 or 1
 (default 1) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
@@ -109,6 +110,7 @@ TUNING_KEYS = {
     "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),
     "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
     "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd and conv_bwd_x)"),
+    "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops and the convolution's

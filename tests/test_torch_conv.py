@@ -47,8 +47,9 @@ conv = true
 reduce = "{reduce}"
 deterministic = {det}
 {tuning}"""
-# the forward's scatter as a segment reduction, the backward's node gradient by atomics
-SEGMENT_FWD = "[tensor_product.tuning.conv_fwd]\nsegment = 1\n"
+# the forward's scatter as a segment reduction (on graphs of at least one edge; fewer than
+# segment_min_edges: atomics), the backward's node gradient by atomics
+SEGMENT_FWD = "[tensor_product.tuning.conv_fwd]\nsegment = 1\nsegment_min_edges = 1\n"
 VARIANTS = {
     # name: (layout, reduce, deterministic, shared, tuning)
     "tc_atomic": ("ir_mul", "sum", "false", "false", ""),
@@ -120,6 +121,22 @@ def test_matches_reference_and_gradients_of_every_order(pkgs, variant):
     # second order with respect to edge_attr and weights (what force training needs; the
     # interpreter is slow, so node features stay fixed here: their first order is checked above)
     assert torch.autograd.gradgradcheck(lambda y, w: f(x.detach(), y, w), (y, w), fast_mode=True)
+
+
+def test_segment_forward_takes_atomic_kernels_on_small_graphs(pkgs, monkeypatch):
+    """A ``segment = 1`` forward without ``deterministic``: below ``SEGMENT_MIN_EDGES`` edges
+    ``graph_tensors`` sorts nothing and the op launches the ``*_small`` atomic kernels; from
+    it on, the sorted segment kernels. Both against the numpy oracle (mean reduce: the
+    in-degree from the row pointers or, unsorted, from ``bincount``)."""
+    conv, ir = pkgs["tc_segment_fwd"]
+    kernels = importlib.import_module(conv.__name__.rsplit(".", 1)[0] + ".helion_conv_kernels")
+    assert hasattr(kernels, "conv_fwd_0_small") and conv.SEGMENT_MIN_EDGES == 1
+    s, d = torch.tensor([0, 1, 2, 1, 0]), torch.tensor([1, 1, 0, 2, 1])
+    for threshold, sorted_ in ((6, False), (5, True)):
+        monkeypatch.setattr(conv, "SEGMENT_MIN_EDGES", threshold)
+        graph = conv.graph_tensors(s, d, 3)
+        assert [g.numel() > 0 for g in graph[2:]] == [sorted_, sorted_]
+        check_forward_and_vjp(conv, ir, seed=3)
 
 
 def test_deterministic_per_edge_uvw_weights(tmp_path):

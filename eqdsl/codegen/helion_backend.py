@@ -148,6 +148,11 @@ class Tuning:
     a segment op that does not set it) leaves no cross-warp sum per step: mace_large's
     forward on a 114,688-edge graph took 1,292 us against the atomic kernel's 1,853 us
     (H100, 2026-11-23; with 4 edges per step, 4,970 us: 355 ``bar.sync`` per step).
+    ``segment_min_edges``: a graph with fewer edges is not sorted and the op launches
+    atomic kernels instead (not with ``deterministic = true``): the sort costs host time,
+    about 100 us per call on the H100 machine's host (mace_large on 512 edges: 220 against
+    118 us), that the segment kernel wins back only on larger graphs (on 32,768 edges
+    348 against 543 us).
     """
 
     block_b: int = 16
@@ -167,6 +172,7 @@ class Tuning:
     grid_c: int = 1
     fuse_bwd: int = 1
     segment: int = 0
+    segment_min_edges: int = 8192
 
 
 DEFAULT_TUNING = Tuning()

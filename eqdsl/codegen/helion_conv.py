@@ -46,13 +46,17 @@ reproducible). Each program loads the edge indices and per-edge scalars it needs
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..ir import TensorProductIR
 from . import helion_backend as hb
 from .flat_access import View, flat_params, flatten_kernels
 from .render import render
 
-__all__ = ["render_files", "conv_kernel_context", "view_map", "segment_ops", "graph_names", "CONV_FAMILIES"]
+__all__ = [
+    "render_files", "conv_kernel_context", "small_graph_kernels", "view_map", "segment_ops", "segment_min_edges",
+    "graph_names", "CONV_FAMILIES",
+]
 
 # TP family -> (conv op name, how the computed operand is written)
 #   scatter_src / scatter_dst: a node operand, scattered by that index; edge: one row per edge
@@ -216,6 +220,9 @@ _NODE_OPS = {"conv_fwd": ("dst_order", "dst_ptr"), "conv_bwd_x": ("src_order", "
 # edges per loop step of a segment op whose sub-table sets no block_b: more than one
 # makes every output component a cross-warp sum per step (Tuning.segment)
 SEGMENT_BLOCK_B = 1
+# edges per program of the atomic kernels a non-deterministic segment op launches on small
+# graphs (Tuning.segment_min_edges); the atomic forward's tuned tiles were 2 and 4 rows
+SMALL_GRAPH_BLOCK_B = 4
 
 
 def segment_ops(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> tuple[str, ...]:
@@ -238,6 +245,34 @@ def _segment_steps(tuning: hb.TuningTable, ops: tuple[str, ...]) -> hb.TuningTab
         return tuning
     keys = {k for k, _ in tuning}
     return tuple(tuning) + tuple((f"{op}.block_b", SEGMENT_BLOCK_B) for op in ops if f"{op}.block_b" not in keys)
+
+
+def segment_min_edges(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> int:
+    """Edges from which a segment op sorts the graph; below, a non-deterministic one
+    launches its atomic kernels (``small_graph_kernels``). 0 with ``deterministic = true``."""
+    seg = segment_ops(ir, tuning)
+    if ir.deterministic or not seg:
+        return 0
+    return hb.tuning_of(tuning, seg[0]).segment_min_edges
+
+
+def small_graph_kernels(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Per non-deterministic segment op (``fwd``, ``bwd_x``, ``*_lin``), its atomic kernels
+    (named ``<kernel>_small``, ``SMALL_GRAPH_BLOCK_B`` edges per program) for graphs of
+    fewer than ``segment_min_edges`` edges, where sorting them costs more host time than
+    the segment kernel saves. ``{}`` when there is none (also with ``segment_min_edges = 0``)."""
+    seg = segment_ops(ir, tuning) if segment_min_edges(ir, tuning) else ()
+    if not seg:
+        return {}
+    views = view_map(ir)
+    if isinstance(tuning, hb.Tuning):
+        table = replace(tuning, block_b=SMALL_GRAPH_BLOCK_B, block_b_min=min(tuning.block_b_min, SMALL_GRAPH_BLOCK_B))
+    else:
+        table = tuple(tuning) + tuple((f"{op}.block_b", SMALL_GRAPH_BLOCK_B) for op in seg)
+    return {
+        CONV_FAMILIES[f][0]: [dict(k, name=k["name"] + "_small") for k in (_convert(k, f, False, views) for k in ks)]
+        for f, ks in hb.kernel_context(ir, table, op_of=_tuning_op).items() if _tuning_op(f) in seg
+    }
 
 
 def conv_kernel_context(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> dict[str, list[dict]]:
@@ -291,18 +326,26 @@ def _tuning_op(family: str) -> str:
     return "conv_" + CONV_FAMILIES[family][0].removesuffix("_lin")
 
 
-def _launcher(op: str, kernels: list[dict]) -> dict:
+def _calls(kernels: list[dict]) -> list[str]:
+    return [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels]
+
+
+def _launcher(op: str, kernels: list[dict], small: list[dict], names: tuple[str, ...]) -> dict:
     """Kernel calls of one conv op: its tensors are the kernels' parameters (no views);
-    a segment op's ``order`` / ``ptr`` are the graph tensors of its scatter index."""
+    a segment op's ``order`` / ``ptr`` are the graph tensors of its scatter index
+    (``order_arg``: the index of ``order`` among ``names``), ``small_calls`` its atomic
+    kernels for small graphs."""
     segment = any(k["kind"] == "segment" for k in kernels)
     order = _NODE_OPS["conv_" + _base(op)] if segment else None
     return {
         "name": op,
-        "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in kernels],
+        "calls": _calls(kernels),
+        "small_calls": _calls(small),
         "tensors": list(_ARGS[_base(op)]) + [_RESULT[_base(op)]],
         "segment": segment,
         "order": order[0] if order else None,
         "ptr": order[1] if order else None,
+        "order_arg": names.index(order[0]) if order else None,
     }
 
 
@@ -311,16 +354,17 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         return {}
     views = view_map(ir)
     families = conv_kernel_context(ir, tuning)
-    launchers = {op: _launcher(op, ks) for op, ks in families.items()}
+    small = small_graph_kernels(ir, tuning)
+    names = graph_names(ir, tuning)
+    launchers = {op: _launcher(op, ks, small.get(op, []), names) for op, ks in families.items()}
     fused = fused_conv_kernels(ir, tuning, views)
     parts = sum(k["parts"] for k in fused)  # gy partial-sum rows the op adds (1: written directly)
     if fused:
         families["bwd"] = fused
         launchers["bwd"] = {"name": "bwd", "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in fused],
                             "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"],
-                            "segment": False, "order": None, "ptr": None}
+                            "small_calls": [], "segment": False, "order": None, "ptr": None, "order_arg": None}
     convert = ir.layout == "mul_ir"
-    names = graph_names(ir, tuning)
     ctx = {
         **hb.op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
@@ -338,12 +382,13 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         # the indices sorted for the segment ops, and where the in-degree's row pointers are
         "sort_keys": [_NODE_OPS[op][0].removesuffix("_order") for op in segment_ops(ir, tuning)],
         "dst_ptr_arg": names.index("dst_ptr") if "dst_ptr" in names else None,
+        "segment_min_edges": segment_min_edges(ir, tuning),
         "fused_bwd": {
             "partials": parts,
             "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused),
         } if fused else None,
     }
-    kernels = [k for ks in families.values() for k in ks]
+    kernels = [k for ks in families.values() for k in ks] + [k for ks in small.values() for k in ks]
     return {
         "helion_conv_kernels.py": flatten_kernels(render(
             "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,

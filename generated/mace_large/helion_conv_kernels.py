@@ -2664,3 +2664,447 @@ def conv_bwd_fused_0(
         gy[tile_b, 13] = accx2_3_4
         gy[tile_b, 14] = accx2_3_5
         gy[tile_b, 15] = accx2_3_6
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=2, num_stages=1),
+)
+def conv_fwd_0_small(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16."""
+    for tile_c, tile_b in hl.tile([128, src.size(0)], block_size=[64, 4]):
+        s_idx = src[tile_b]
+        d_idx = dst[tile_b]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
+        sb3_0_0 = y[tile_b, 9][:, None]
+        sb3_1_0 = y[tile_b, 10][:, None]
+        sb3_2_0 = y[tile_b, 11][:, None]
+        sb3_3_0 = y[tile_b, 12][:, None]
+        sb3_4_0 = y[tile_b, 13][:, None]
+        sb3_5_0 = y[tile_b, 14][:, None]
+        sb3_6_0 = y[tile_b, 15][:, None]
+        a0_0 = x[s_idx, tile_c.index]
+        a1_0 = x[s_idx, 128 + tile_c.index]
+        a1_1 = x[s_idx, 256 + tile_c.index]
+        a1_2 = x[s_idx, 384 + tile_c.index]
+        a2_0 = x[s_idx, 512 + tile_c.index]
+        a2_1 = x[s_idx, 640 + tile_c.index]
+        a2_2 = x[s_idx, 768 + tile_c.index]
+        a2_3 = x[s_idx, 896 + tile_c.index]
+        a2_4 = x[s_idx, 1024 + tile_c.index]
+        # g block 0: 128x0e (1 path)
+        acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 0: uvu 128x0e x 1x0e -> 128x0e, 1 nonzero, weighted
+        wt0_0 = weights[tile_b, tile_c.index]
+        acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
+        # g block 1: 128x1o (1 path)
+        acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 1: uvu 128x0e x 1x1o -> 128x1o, 3 nonzeros, weighted
+        wt1_0 = weights[tile_b, 128 + tile_c.index]
+        acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+        acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+        acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_0)
+        hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc1_1)
+        hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc1_2)
+        # g block 2: 128x2e (1 path)
+        acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 2: uvu 128x0e x 1x2e -> 128x2e, 5 nonzeros, weighted
+        wt2_0 = weights[tile_b, 256 + tile_c.index]
+        acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+        acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+        acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+        acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+        acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+        hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_0)
+        hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc2_1)
+        hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc2_2)
+        hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc2_3)
+        hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc2_4)
+        # g block 3: 128x3o (1 path)
+        acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc3_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 3: uvu 128x0e x 1x3o -> 128x3o, 7 nonzeros, weighted
+        wt3_0 = weights[tile_b, 384 + tile_c.index]
+        acc3_0 = acc3_0 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_0_0)
+        acc3_1 = acc3_1 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_1_0)
+        acc3_2 = acc3_2 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_2_0)
+        acc3_3 = acc3_3 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_3_0)
+        acc3_4 = acc3_4 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_4_0)
+        acc3_5 = acc3_5 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_5_0)
+        acc3_6 = acc3_6 + wt3_0 * (1.0000000000000002 * a0_0 * sb3_6_0)
+        hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc3_0)
+        hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc3_1)
+        hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc3_2)
+        hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc3_3)
+        hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc3_4)
+        hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc3_5)
+        hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc3_6)
+        # g block 4: 128x1o (1 path)
+        acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 4: uvu 128x1o x 1x0e -> 128x1o, 3 nonzeros, weighted
+        wt4_0 = weights[tile_b, 512 + tile_c.index]
+        acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb0_0_0)
+        acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_1 * sb0_0_0)
+        acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_2 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc4_0)
+        hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc4_1)
+        hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc4_2)
+        # g block 5: 128x0e (1 path)
+        acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 5: uvu 128x1o x 1x1o -> 128x0e, 3 nonzeros, weighted
+        wt5_0 = weights[tile_b, 640 + tile_c.index]
+        acc5_0 = acc5_0 + wt5_0 * (
+            0.5773502691896257 * a1_0 * sb1_0_0 + 0.5773502691896257 * a1_1 * sb1_1_0
+            + 0.5773502691896257 * a1_2 * sb1_2_0
+        )
+        hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc5_0)
+        # g block 6: 128x2e (1 path)
+        acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc6_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 6: uvu 128x1o x 1x1o -> 128x2e, 11 nonzeros, weighted
+        wt6_0 = weights[tile_b, 768 + tile_c.index]
+        acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_0_0)
+        acc6_1 = acc6_1 + wt6_0 * (0.7071067811865476 * a1_0 * sb1_1_0 + 0.7071067811865476 * a1_1 * sb1_0_0)
+        acc6_2 = acc6_2 + wt6_0 * (
+            -0.408248290463863 * a1_0 * sb1_0_0 + 0.816496580927726 * a1_1 * sb1_1_0
+            - 0.408248290463863 * a1_2 * sb1_2_0
+        )
+        acc6_3 = acc6_3 + wt6_0 * (0.7071067811865476 * a1_1 * sb1_2_0 + 0.7071067811865476 * a1_2 * sb1_1_0)
+        acc6_4 = acc6_4 + wt6_0 * (-0.7071067811865476 * a1_0 * sb1_0_0 + 0.7071067811865476 * a1_2 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc6_0)
+        hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc6_1)
+        hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc6_2)
+        hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc6_3)
+        hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc6_4)
+        # g block 7: 128x1o (1 path)
+        acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 7: uvu 128x1o x 1x2e -> 128x1o, 11 nonzeros, weighted
+        wt7_0 = weights[tile_b, 896 + tile_c.index]
+        acc7_0 = acc7_0 + wt7_0 * (
+            -0.3162277660168379 * a1_0 * sb2_2_0 - 0.5477225575051661 * a1_0 * sb2_4_0
+            + 0.5477225575051661 * a1_1 * sb2_1_0 + 0.5477225575051661 * a1_2 * sb2_0_0
+        )
+        acc7_1 = acc7_1 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_1_0 + 0.6324555320336758 * a1_1 * sb2_2_0
+            + 0.5477225575051661 * a1_2 * sb2_3_0
+        )
+        acc7_2 = acc7_2 + wt7_0 * (
+            0.5477225575051661 * a1_0 * sb2_0_0 + 0.5477225575051661 * a1_1 * sb2_3_0
+            - 0.3162277660168379 * a1_2 * sb2_2_0 + 0.5477225575051661 * a1_2 * sb2_4_0
+        )
+        hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc7_0)
+        hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc7_1)
+        hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc7_2)
+        # g block 8: 128x3o (1 path)
+        acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc8_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 8: uvu 128x1o x 1x2e -> 128x3o, 21 nonzeros, weighted
+        wt8_0 = weights[tile_b, 1024 + tile_c.index]
+        acc8_0 = acc8_0 + wt8_0 * (0.7071067811865476 * a1_0 * sb2_4_0 + 0.7071067811865476 * a1_2 * sb2_0_0)
+        acc8_1 = acc8_1 + wt8_0 * (
+            0.5773502691896258 * a1_0 * sb2_3_0 + 0.5773502691896258 * a1_1 * sb2_0_0
+            + 0.5773502691896258 * a1_2 * sb2_1_0
+        )
+        acc8_2 = acc8_2 + wt8_0 * (
+            0.6324555320336759 * a1_0 * sb2_2_0 + 0.18257418583505539 * a1_0 * sb2_4_0
+            + 0.7302967433402215 * a1_1 * sb2_1_0 - 0.18257418583505539 * a1_2 * sb2_0_0
+        )
+        acc8_3 = acc8_3 + wt8_0 * (
+            -0.4472135954999579 * a1_0 * sb2_1_0 + 0.7745966692414835 * a1_1 * sb2_2_0
+            - 0.4472135954999579 * a1_2 * sb2_3_0
+        )
+        acc8_4 = acc8_4 + wt8_0 * (
+            -0.18257418583505539 * a1_0 * sb2_0_0 + 0.7302967433402215 * a1_1 * sb2_3_0
+            + 0.6324555320336759 * a1_2 * sb2_2_0 - 0.18257418583505539 * a1_2 * sb2_4_0
+        )
+        acc8_5 = acc8_5 + wt8_0 * (
+            -0.5773502691896258 * a1_0 * sb2_1_0 + 0.5773502691896258 * a1_1 * sb2_4_0
+            + 0.5773502691896258 * a1_2 * sb2_3_0
+        )
+        acc8_6 = acc8_6 + wt8_0 * (-0.7071067811865476 * a1_0 * sb2_0_0 + 0.7071067811865476 * a1_2 * sb2_4_0)
+        hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc8_0)
+        hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc8_1)
+        hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc8_2)
+        hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc8_3)
+        hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc8_4)
+        hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc8_5)
+        hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc8_6)
+        # g block 9: 128x2e (1 path)
+        acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 9: uvu 128x1o x 1x3o -> 128x2e, 21 nonzeros, weighted
+        wt9_0 = weights[tile_b, 1152 + tile_c.index]
+        acc9_0 = acc9_0 + wt9_0 * (
+            -0.1543033499620919 * a1_0 * sb3_4_0 - 0.5976143046671969 * a1_0 * sb3_6_0
+            + 0.48795003647426666 * a1_1 * sb3_1_0 + 0.5976143046671969 * a1_2 * sb3_0_0
+            - 0.1543033499620919 * a1_2 * sb3_2_0
+        )
+        acc9_1 = acc9_1 + wt9_0 * (
+            -0.3779644730092272 * a1_0 * sb3_3_0 - 0.48795003647426666 * a1_0 * sb3_5_0
+            + 0.6172133998483676 * a1_1 * sb3_2_0 + 0.48795003647426666 * a1_2 * sb3_1_0
+        )
+        acc9_2 = acc9_2 + wt9_0 * (
+            0.5345224838248488 * a1_0 * sb3_2_0 + 0.6546536707079772 * a1_1 * sb3_3_0
+            + 0.5345224838248488 * a1_2 * sb3_4_0
+        )
+        acc9_3 = acc9_3 + wt9_0 * (
+            0.48795003647426666 * a1_0 * sb3_1_0 + 0.6172133998483676 * a1_1 * sb3_4_0
+            - 0.3779644730092272 * a1_2 * sb3_3_0 + 0.48795003647426666 * a1_2 * sb3_5_0
+        )
+        acc9_4 = acc9_4 + wt9_0 * (
+            0.5976143046671969 * a1_0 * sb3_0_0 + 0.1543033499620919 * a1_0 * sb3_2_0
+            + 0.48795003647426666 * a1_1 * sb3_5_0 - 0.1543033499620919 * a1_2 * sb3_4_0
+            + 0.5976143046671969 * a1_2 * sb3_6_0
+        )
+        hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc9_0)
+        hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc9_1)
+        hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc9_2)
+        hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc9_3)
+        hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc9_4)
+        # g block 10: 128x2e (1 path)
+        acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc10_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 10: uvu 128x2e x 1x0e -> 128x2e, 5 nonzeros, weighted
+        wt10_0 = weights[tile_b, 1280 + tile_c.index]
+        acc10_0 = acc10_0 + wt10_0 * (a2_0 * sb0_0_0)
+        acc10_1 = acc10_1 + wt10_0 * (a2_1 * sb0_0_0)
+        acc10_2 = acc10_2 + wt10_0 * (a2_2 * sb0_0_0)
+        acc10_3 = acc10_3 + wt10_0 * (a2_3 * sb0_0_0)
+        acc10_4 = acc10_4 + wt10_0 * (a2_4 * sb0_0_0)
+        hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc10_0)
+        hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc10_1)
+        hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc10_2)
+        hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc10_3)
+        hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc10_4)
+        # g block 11: 128x1o (1 path)
+        acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 11: uvu 128x2e x 1x1o -> 128x1o, 11 nonzeros, weighted
+        wt11_0 = weights[tile_b, 1408 + tile_c.index]
+        acc11_0 = acc11_0 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_2_0 + 0.5477225575051661 * a2_1 * sb1_1_0
+            - 0.3162277660168379 * a2_2 * sb1_0_0 - 0.5477225575051661 * a2_4 * sb1_0_0
+        )
+        acc11_1 = acc11_1 + wt11_0 * (
+            0.5477225575051661 * a2_1 * sb1_0_0 + 0.6324555320336758 * a2_2 * sb1_1_0
+            + 0.5477225575051661 * a2_3 * sb1_2_0
+        )
+        acc11_2 = acc11_2 + wt11_0 * (
+            0.5477225575051661 * a2_0 * sb1_0_0 - 0.3162277660168379 * a2_2 * sb1_2_0
+            + 0.5477225575051661 * a2_3 * sb1_1_0 + 0.5477225575051661 * a2_4 * sb1_2_0
+        )
+        hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc11_0)
+        hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc11_1)
+        hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc11_2)
+        # g block 12: 128x3o (1 path)
+        acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc12_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 12: uvu 128x2e x 1x1o -> 128x3o, 21 nonzeros, weighted
+        wt12_0 = weights[tile_b, 1536 + tile_c.index]
+        acc12_0 = acc12_0 + wt12_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_4 * sb1_0_0)
+        acc12_1 = acc12_1 + wt12_0 * (
+            0.5773502691896258 * a2_0 * sb1_1_0 + 0.5773502691896258 * a2_1 * sb1_2_0
+            + 0.5773502691896258 * a2_3 * sb1_0_0
+        )
+        acc12_2 = acc12_2 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_2_0 + 0.7302967433402215 * a2_1 * sb1_1_0
+            + 0.6324555320336759 * a2_2 * sb1_0_0 + 0.18257418583505539 * a2_4 * sb1_0_0
+        )
+        acc12_3 = acc12_3 + wt12_0 * (
+            -0.4472135954999579 * a2_1 * sb1_0_0 + 0.7745966692414835 * a2_2 * sb1_1_0
+            - 0.4472135954999579 * a2_3 * sb1_2_0
+        )
+        acc12_4 = acc12_4 + wt12_0 * (
+            -0.18257418583505539 * a2_0 * sb1_0_0 + 0.6324555320336759 * a2_2 * sb1_2_0
+            + 0.7302967433402215 * a2_3 * sb1_1_0 - 0.18257418583505539 * a2_4 * sb1_2_0
+        )
+        acc12_5 = acc12_5 + wt12_0 * (
+            -0.5773502691896258 * a2_1 * sb1_0_0 + 0.5773502691896258 * a2_3 * sb1_2_0
+            + 0.5773502691896258 * a2_4 * sb1_1_0
+        )
+        acc12_6 = acc12_6 + wt12_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_4 * sb1_2_0)
+        hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc12_0)
+        hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc12_1)
+        hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc12_2)
+        hl.atomic_add(out, [d_idx, 6528 + tile_c.index], acc12_3)
+        hl.atomic_add(out, [d_idx, 6656 + tile_c.index], acc12_4)
+        hl.atomic_add(out, [d_idx, 6784 + tile_c.index], acc12_5)
+        hl.atomic_add(out, [d_idx, 6912 + tile_c.index], acc12_6)
+        # g block 13: 128x0e (1 path)
+        acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 13: uvu 128x2e x 1x2e -> 128x0e, 5 nonzeros, weighted
+        wt13_0 = weights[tile_b, 1664 + tile_c.index]
+        acc13_0 = acc13_0 + wt13_0 * (
+            0.4472135954999579 * a2_0 * sb2_0_0 + 0.4472135954999579 * a2_1 * sb2_1_0
+            + 0.4472135954999579 * a2_2 * sb2_2_0 + 0.4472135954999579 * a2_3 * sb2_3_0
+            + 0.4472135954999579 * a2_4 * sb2_4_0
+        )
+        hl.atomic_add(out, [d_idx, 7040 + tile_c.index], acc13_0)
+        # g block 14: 128x2e (1 path)
+        acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc14_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 14: uvu 128x2e x 1x2e -> 128x2e, 25 nonzeros, weighted
+        wt14_0 = weights[tile_b, 1792 + tile_c.index]
+        acc14_0 = acc14_0 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_2_0 + 0.4629100498862757 * a2_1 * sb2_3_0
+            - 0.5345224838248488 * a2_2 * sb2_0_0 + 0.4629100498862757 * a2_3 * sb2_1_0
+        )
+        acc14_1 = acc14_1 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_3_0 + 0.2672612419124244 * a2_1 * sb2_2_0
+            - 0.4629100498862757 * a2_1 * sb2_4_0 + 0.2672612419124244 * a2_2 * sb2_1_0
+            + 0.4629100498862757 * a2_3 * sb2_0_0 - 0.4629100498862757 * a2_4 * sb2_1_0
+        )
+        acc14_2 = acc14_2 + wt14_0 * (
+            -0.5345224838248488 * a2_0 * sb2_0_0 + 0.2672612419124244 * a2_1 * sb2_1_0
+            + 0.5345224838248488 * a2_2 * sb2_2_0 + 0.2672612419124244 * a2_3 * sb2_3_0
+            - 0.5345224838248488 * a2_4 * sb2_4_0
+        )
+        acc14_3 = acc14_3 + wt14_0 * (
+            0.4629100498862757 * a2_0 * sb2_1_0 + 0.4629100498862757 * a2_1 * sb2_0_0
+            + 0.2672612419124244 * a2_2 * sb2_3_0 + 0.2672612419124244 * a2_3 * sb2_2_0
+            + 0.4629100498862757 * a2_3 * sb2_4_0 + 0.4629100498862757 * a2_4 * sb2_3_0
+        )
+        acc14_4 = acc14_4 + wt14_0 * (
+            -0.4629100498862757 * a2_1 * sb2_1_0 - 0.5345224838248488 * a2_2 * sb2_4_0
+            + 0.4629100498862757 * a2_3 * sb2_3_0 - 0.5345224838248488 * a2_4 * sb2_2_0
+        )
+        hl.atomic_add(out, [d_idx, 7168 + tile_c.index], acc14_0)
+        hl.atomic_add(out, [d_idx, 7296 + tile_c.index], acc14_1)
+        hl.atomic_add(out, [d_idx, 7424 + tile_c.index], acc14_2)
+        hl.atomic_add(out, [d_idx, 7552 + tile_c.index], acc14_3)
+        hl.atomic_add(out, [d_idx, 7680 + tile_c.index], acc14_4)
+        # g block 15: 128x1o (1 path)
+        acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 15: uvu 128x2e x 1x3o -> 128x1o, 21 nonzeros, weighted
+        wt15_0 = weights[tile_b, 1920 + tile_c.index]
+        acc15_0 = acc15_0 + wt15_0 * (
+            -0.11952286093343936 * a2_0 * sb3_4_0 - 0.4629100498862757 * a2_0 * sb3_6_0
+            - 0.2927700218845599 * a2_1 * sb3_3_0 - 0.3779644730092272 * a2_1 * sb3_5_0
+            + 0.4140393356054125 * a2_2 * sb3_2_0 + 0.3779644730092272 * a2_3 * sb3_1_0
+            + 0.4629100498862757 * a2_4 * sb3_0_0 + 0.11952286093343936 * a2_4 * sb3_2_0
+        )
+        acc15_1 = acc15_1 + wt15_0 * (
+            0.3779644730092272 * a2_0 * sb3_1_0 + 0.47809144373375745 * a2_1 * sb3_2_0
+            + 0.50709255283711 * a2_2 * sb3_3_0 + 0.47809144373375745 * a2_3 * sb3_4_0
+            + 0.3779644730092272 * a2_4 * sb3_5_0
+        )
+        acc15_2 = acc15_2 + wt15_0 * (
+            0.4629100498862757 * a2_0 * sb3_0_0 - 0.11952286093343936 * a2_0 * sb3_2_0
+            + 0.3779644730092272 * a2_1 * sb3_1_0 + 0.4140393356054125 * a2_2 * sb3_4_0
+            - 0.2927700218845599 * a2_3 * sb3_3_0 + 0.3779644730092272 * a2_3 * sb3_5_0
+            - 0.11952286093343936 * a2_4 * sb3_4_0 + 0.4629100498862757 * a2_4 * sb3_6_0
+        )
+        hl.atomic_add(out, [d_idx, 7808 + tile_c.index], acc15_0)
+        hl.atomic_add(out, [d_idx, 7936 + tile_c.index], acc15_1)
+        hl.atomic_add(out, [d_idx, 8064 + tile_c.index], acc15_2)
+        # g block 16: 128x3o (1 path)
+        acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_5 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        acc16_6 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+        # path 16: uvu 128x2e x 1x3o -> 128x3o, 41 nonzeros, weighted
+        wt16_0 = weights[tile_b, 2048 + tile_c.index]
+        acc16_0 = acc16_0 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_4_0 + 0.45643546458763845 * a2_1 * sb3_5_0
+            - 0.6454972243679029 * a2_2 * sb3_0_0 + 0.45643546458763845 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_2_0
+        )
+        acc16_1 = acc16_1 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_3_0 + 0.3535533905932738 * a2_1 * sb3_4_0
+            - 0.45643546458763845 * a2_1 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_0_0
+            + 0.3535533905932738 * a2_3 * sb3_2_0
+        )
+        acc16_2 = acc16_2 + wt16_0 * (
+            0.4472135954999579 * a2_0 * sb3_4_0 + 0.2886751345948129 * a2_0 * sb3_6_0
+            + 0.18257418583505539 * a2_1 * sb3_3_0 - 0.3535533905932738 * a2_1 * sb3_5_0
+            + 0.38729833462074176 * a2_2 * sb3_2_0 + 0.3535533905932738 * a2_3 * sb3_1_0
+            - 0.2886751345948129 * a2_4 * sb3_0_0 - 0.4472135954999579 * a2_4 * sb3_2_0
+        )
+        acc16_3 = acc16_3 + wt16_0 * (
+            -0.5773502691896258 * a2_0 * sb3_1_0 + 0.18257418583505539 * a2_1 * sb3_2_0
+            + 0.5163977794943223 * a2_2 * sb3_3_0 + 0.18257418583505539 * a2_3 * sb3_4_0
+            - 0.5773502691896258 * a2_4 * sb3_5_0
+        )
+        acc16_4 = acc16_4 + wt16_0 * (
+            -0.2886751345948129 * a2_0 * sb3_0_0 + 0.4472135954999579 * a2_0 * sb3_2_0
+            + 0.3535533905932738 * a2_1 * sb3_1_0 + 0.38729833462074176 * a2_2 * sb3_4_0
+            + 0.18257418583505539 * a2_3 * sb3_3_0 + 0.3535533905932738 * a2_3 * sb3_5_0
+            + 0.4472135954999579 * a2_4 * sb3_4_0 - 0.2886751345948129 * a2_4 * sb3_6_0
+        )
+        acc16_5 = acc16_5 + wt16_0 * (
+            0.45643546458763845 * a2_1 * sb3_0_0 - 0.3535533905932738 * a2_1 * sb3_2_0
+            + 0.3535533905932738 * a2_3 * sb3_4_0 + 0.45643546458763845 * a2_3 * sb3_6_0
+            - 0.5773502691896258 * a2_4 * sb3_3_0
+        )
+        acc16_6 = acc16_6 + wt16_0 * (
+            0.2886751345948129 * a2_0 * sb3_2_0 - 0.45643546458763845 * a2_1 * sb3_1_0
+            - 0.6454972243679029 * a2_2 * sb3_6_0 + 0.45643546458763845 * a2_3 * sb3_5_0
+            - 0.2886751345948129 * a2_4 * sb3_4_0
+        )
+        hl.atomic_add(out, [d_idx, 8192 + tile_c.index], acc16_0)
+        hl.atomic_add(out, [d_idx, 8320 + tile_c.index], acc16_1)
+        hl.atomic_add(out, [d_idx, 8448 + tile_c.index], acc16_2)
+        hl.atomic_add(out, [d_idx, 8576 + tile_c.index], acc16_3)
+        hl.atomic_add(out, [d_idx, 8704 + tile_c.index], acc16_4)
+        hl.atomic_add(out, [d_idx, 8832 + tile_c.index], acc16_5)
+        hl.atomic_add(out, [d_idx, 8960 + tile_c.index], acc16_6)

@@ -46,6 +46,8 @@ LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
 REDUCE = "sum"
 DETERMINISTIC = False
+# graphs with fewer edges are not sorted: the segment ops (conv_fwd) launch atomic kernels
+SEGMENT_MIN_EDGES = 8192
 _IN1 = _rt.LayoutPermutation("eqdsl_mace_large.conv_in1", ((128, 1), (128, 3), (128, 5)))
 _OUT = _rt.LayoutPermutation("eqdsl_mace_large.conv_out", ((128, 1), (128, 3), (128, 5), (128, 7), (128, 3), (128, 1), (128, 5), (128, 3), (128, 7), (128, 5), (128, 5), (128, 3), (128, 7), (128, 1), (128, 5), (128, 3), (128, 7)))
 
@@ -134,6 +136,9 @@ def _launch_fwd(x, y, weights, out, graph) -> None:
     """Launch the ``conv_fwd`` kernels (contiguous ``ir_mul`` rows)."""
     src, dst, dst_order, dst_ptr = graph
     order, ptr = dst_order, dst_ptr
+    if order.numel() == 0:  # fewer edges than SEGMENT_MIN_EDGES, not sorted: the atomic kernels
+        _k.conv_fwd_0_small(src, dst, x, y, weights, out)
+        return
     _k.conv_fwd_0(order, ptr, src, x, y, weights, out)
 
 
@@ -164,14 +169,14 @@ def _launch_bwd(x, y, weights, g, gx, gy, gw, graph) -> None:
 _N_GRAPH = 4  # graph tensors after the three operands, then num_nodes
 
 
-def _node_op(name, launch, a, b, c, graph, num_nodes, width, segment):
-    """A node-scattering op: atomics add into zeros; a segment op writes every row itself."""
+def _node_op(name, launch, a, b, c, graph, num_nodes, width, order_arg):
+    """A node-scattering op: atomics add into zeros; a segment op (``graph[order_arg]``, its
+    sort order, given: not empty) writes every row itself."""
     _rt.check_device("eqdsl_mace_large::conv_" + name, a.device)
+    segment = order_arg is not None and graph[order_arg].numel() > 0
     result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
     if graph[0].shape[0] > 0 and num_nodes > 0:
         launch(a.contiguous(), b.contiguous(), c.contiguous(), result, [t.contiguous() for t in graph])
-    elif segment and num_nodes > 0:
-        result.zero_()
     return result
 
 
@@ -184,7 +189,7 @@ def _edge_op(name, launch, a, b, c, graph, width):
 
 
 def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_OUT, True)
+    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_OUT, 2)
 
 
 conv_fwd_op = torch.library.custom_op("eqdsl_mace_large::conv_fwd", _conv_fwd, mutates_args=())
@@ -197,7 +202,7 @@ def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src:
 
 
 def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_IN1, False)
+    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_IN1, None)
 
 
 conv_bwd_x_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x, mutates_args=())
@@ -358,6 +363,9 @@ def graph_tensors(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple
     (``num_nodes + 1``), so node ``n``'s edges are ``order[ptr[n]:ptr[n + 1]]``.
     """
     src, dst = src.long().contiguous(), dst.long().contiguous()
+    if src.shape[0] < SEGMENT_MIN_EDGES:  # the ops launch their atomic kernels: nothing to sort
+        empty = src.new_empty((0,))
+        return (src, dst) + (empty,) * 2
     nodes = torch.arange(num_nodes + 1, device=src.device, dtype=torch.int64)
     out = [src, dst]
     for idx in (dst,):

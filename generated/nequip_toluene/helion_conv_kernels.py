@@ -3516,3 +3516,607 @@ def conv_bwd_fused_0(
         gy[tile_b, 6] = accx2_2_2
         gy[tile_b, 7] = accx2_2_3
         gy[tile_b, 8] = accx2_2_4
+
+
+@helion.kernel(
+    static_shapes=False,
+    config=helion.Config(num_warps=2, num_stages=1),
+)
+def conv_fwd_0_small(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-29; paths 0-29."""
+    for tile_b in hl.tile(src.size(0), block_size=4):
+        s_idx = src[tile_b]
+        d_idx = dst[tile_b]
+        sb0_0_0 = y[tile_b, 0][:, None]
+        sb1_0_0 = y[tile_b, 1][:, None]
+        sb1_1_0 = y[tile_b, 2][:, None]
+        sb1_2_0 = y[tile_b, 3][:, None]
+        sb2_0_0 = y[tile_b, 4][:, None]
+        sb2_1_0 = y[tile_b, 5][:, None]
+        sb2_2_0 = y[tile_b, 6][:, None]
+        sb2_3_0 = y[tile_b, 7][:, None]
+        sb2_4_0 = y[tile_b, 8][:, None]
+        for tile_c in hl.tile(64, block_size=64):
+            a0_0 = x[s_idx, tile_c.index]
+            a1_0 = x[s_idx, 64 + tile_c.index]
+            a2_0 = x[s_idx, 128 + tile_c.index]
+            a2_1 = x[s_idx, 192 + tile_c.index]
+            a2_2 = x[s_idx, 256 + tile_c.index]
+            a3_0 = x[s_idx, 320 + tile_c.index]
+            a3_1 = x[s_idx, 384 + tile_c.index]
+            a3_2 = x[s_idx, 448 + tile_c.index]
+            a4_0 = x[s_idx, 512 + tile_c.index]
+            a4_1 = x[s_idx, 576 + tile_c.index]
+            a4_2 = x[s_idx, 640 + tile_c.index]
+            a4_3 = x[s_idx, 704 + tile_c.index]
+            a4_4 = x[s_idx, 768 + tile_c.index]
+            a5_0 = x[s_idx, 832 + tile_c.index]
+            a5_1 = x[s_idx, 896 + tile_c.index]
+            a5_2 = x[s_idx, 960 + tile_c.index]
+            a5_3 = x[s_idx, 1024 + tile_c.index]
+            a5_4 = x[s_idx, 1088 + tile_c.index]
+            # g block 0: 64x0o (1 path)
+            acc0_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 0: uvu 64x0o x 1x0e -> 64x0o, 1 nonzero, weighted
+            wt0_0 = weights[tile_b, tile_c.index]
+            acc0_0 = acc0_0 + wt0_0 * (a0_0 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)
+            # g block 1: 64x1e (1 path)
+            acc1_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
+            wt1_0 = weights[tile_b, 64 + tile_c.index]
+            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+            hl.atomic_add(out, [d_idx, 64 + tile_c.index], acc1_0)
+            hl.atomic_add(out, [d_idx, 128 + tile_c.index], acc1_1)
+            hl.atomic_add(out, [d_idx, 192 + tile_c.index], acc1_2)
+            # g block 2: 64x2o (1 path)
+            acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc2_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 2: uvu 64x0o x 1x2e -> 64x2o, 5 nonzeros, weighted
+            wt2_0 = weights[tile_b, 128 + tile_c.index]
+            acc2_0 = acc2_0 + wt2_0 * (a0_0 * sb2_0_0)
+            acc2_1 = acc2_1 + wt2_0 * (a0_0 * sb2_1_0)
+            acc2_2 = acc2_2 + wt2_0 * (a0_0 * sb2_2_0)
+            acc2_3 = acc2_3 + wt2_0 * (a0_0 * sb2_3_0)
+            acc2_4 = acc2_4 + wt2_0 * (a0_0 * sb2_4_0)
+            hl.atomic_add(out, [d_idx, 256 + tile_c.index], acc2_0)
+            hl.atomic_add(out, [d_idx, 320 + tile_c.index], acc2_1)
+            hl.atomic_add(out, [d_idx, 384 + tile_c.index], acc2_2)
+            hl.atomic_add(out, [d_idx, 448 + tile_c.index], acc2_3)
+            hl.atomic_add(out, [d_idx, 512 + tile_c.index], acc2_4)
+            # g block 3: 64x0e (1 path)
+            acc3_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 3: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
+            wt3_0 = weights[tile_b, 192 + tile_c.index]
+            acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, 576 + tile_c.index], acc3_0)
+            # g block 4: 64x1o (1 path)
+            acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 4: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
+            wt4_0 = weights[tile_b, 256 + tile_c.index]
+            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
+            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
+            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
+            hl.atomic_add(out, [d_idx, 640 + tile_c.index], acc4_0)
+            hl.atomic_add(out, [d_idx, 704 + tile_c.index], acc4_1)
+            hl.atomic_add(out, [d_idx, 768 + tile_c.index], acc4_2)
+            # g block 5: 64x2e (1 path)
+            acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc5_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 5: uvu 64x0e x 1x2e -> 64x2e, 5 nonzeros, weighted
+            wt5_0 = weights[tile_b, 320 + tile_c.index]
+            acc5_0 = acc5_0 + wt5_0 * (a1_0 * sb2_0_0)
+            acc5_1 = acc5_1 + wt5_0 * (a1_0 * sb2_1_0)
+            acc5_2 = acc5_2 + wt5_0 * (a1_0 * sb2_2_0)
+            acc5_3 = acc5_3 + wt5_0 * (a1_0 * sb2_3_0)
+            acc5_4 = acc5_4 + wt5_0 * (a1_0 * sb2_4_0)
+            hl.atomic_add(out, [d_idx, 832 + tile_c.index], acc5_0)
+            hl.atomic_add(out, [d_idx, 896 + tile_c.index], acc5_1)
+            hl.atomic_add(out, [d_idx, 960 + tile_c.index], acc5_2)
+            hl.atomic_add(out, [d_idx, 1024 + tile_c.index], acc5_3)
+            hl.atomic_add(out, [d_idx, 1088 + tile_c.index], acc5_4)
+            # g block 6: 64x1o (1 path)
+            acc6_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 6: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
+            wt6_0 = weights[tile_b, 384 + tile_c.index]
+            acc6_0 = acc6_0 + wt6_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
+            acc6_1 = acc6_1 + wt6_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
+            acc6_2 = acc6_2 + wt6_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, 1152 + tile_c.index], acc6_0)
+            hl.atomic_add(out, [d_idx, 1216 + tile_c.index], acc6_1)
+            hl.atomic_add(out, [d_idx, 1280 + tile_c.index], acc6_2)
+            # g block 7: 64x0e (1 path)
+            acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 7: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
+            wt7_0 = weights[tile_b, 448 + tile_c.index]
+            acc7_0 = acc7_0 + wt7_0 * (
+                0.5773502691896257 * a2_0 * sb1_0_0 + 0.5773502691896257 * a2_1 * sb1_1_0
+                + 0.5773502691896257 * a2_2 * sb1_2_0
+            )
+            hl.atomic_add(out, [d_idx, 1344 + tile_c.index], acc7_0)
+            # g block 8: 64x1e (1 path)
+            acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc8_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 8: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
+            wt8_0 = weights[tile_b, 512 + tile_c.index]
+            acc8_0 = acc8_0 + wt8_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
+            acc8_1 = acc8_1 + wt8_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
+            acc8_2 = acc8_2 + wt8_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            hl.atomic_add(out, [d_idx, 1408 + tile_c.index], acc8_0)
+            hl.atomic_add(out, [d_idx, 1472 + tile_c.index], acc8_1)
+            hl.atomic_add(out, [d_idx, 1536 + tile_c.index], acc8_2)
+            # g block 9: 64x2e (1 path)
+            acc9_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc9_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 9: uvu 64x1o x 1x1o -> 64x2e, 11 nonzeros, weighted
+            wt9_0 = weights[tile_b, 576 + tile_c.index]
+            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            acc9_1 = acc9_1 + wt9_0 * (0.7071067811865476 * a2_0 * sb1_1_0 + 0.7071067811865476 * a2_1 * sb1_0_0)
+            acc9_2 = acc9_2 + wt9_0 * (
+                -0.408248290463863 * a2_0 * sb1_0_0 + 0.816496580927726 * a2_1 * sb1_1_0
+                - 0.408248290463863 * a2_2 * sb1_2_0
+            )
+            acc9_3 = acc9_3 + wt9_0 * (0.7071067811865476 * a2_1 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_1_0)
+            acc9_4 = acc9_4 + wt9_0 * (-0.7071067811865476 * a2_0 * sb1_0_0 + 0.7071067811865476 * a2_2 * sb1_2_0)
+            hl.atomic_add(out, [d_idx, 1600 + tile_c.index], acc9_0)
+            hl.atomic_add(out, [d_idx, 1664 + tile_c.index], acc9_1)
+            hl.atomic_add(out, [d_idx, 1728 + tile_c.index], acc9_2)
+            hl.atomic_add(out, [d_idx, 1792 + tile_c.index], acc9_3)
+            hl.atomic_add(out, [d_idx, 1856 + tile_c.index], acc9_4)
+            # g block 10: 64x1o (1 path)
+            acc10_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc10_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 10: uvu 64x1o x 1x2e -> 64x1o, 11 nonzeros, weighted
+            wt10_0 = weights[tile_b, 640 + tile_c.index]
+            acc10_0 = acc10_0 + wt10_0 * (
+                -0.3162277660168379 * a2_0 * sb2_2_0 - 0.5477225575051661 * a2_0 * sb2_4_0
+                + 0.5477225575051661 * a2_1 * sb2_1_0 + 0.5477225575051661 * a2_2 * sb2_0_0
+            )
+            acc10_1 = acc10_1 + wt10_0 * (
+                0.5477225575051661 * a2_0 * sb2_1_0 + 0.6324555320336758 * a2_1 * sb2_2_0
+                + 0.5477225575051661 * a2_2 * sb2_3_0
+            )
+            acc10_2 = acc10_2 + wt10_0 * (
+                0.5477225575051661 * a2_0 * sb2_0_0 + 0.5477225575051661 * a2_1 * sb2_3_0
+                - 0.3162277660168379 * a2_2 * sb2_2_0 + 0.5477225575051661 * a2_2 * sb2_4_0
+            )
+            hl.atomic_add(out, [d_idx, 1920 + tile_c.index], acc10_0)
+            hl.atomic_add(out, [d_idx, 1984 + tile_c.index], acc10_1)
+            hl.atomic_add(out, [d_idx, 2048 + tile_c.index], acc10_2)
+            # g block 11: 64x2o (1 path)
+            acc11_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc11_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 11: uvu 64x1o x 1x2e -> 64x2o, 16 nonzeros, weighted
+            wt11_0 = weights[tile_b, 704 + tile_c.index]
+            acc11_0 = acc11_0 + wt11_0 * (
+                0.408248290463863 * a2_0 * sb2_1_0 + 0.816496580927726 * a2_1 * sb2_4_0
+                - 0.408248290463863 * a2_2 * sb2_3_0
+            )
+            acc11_1 = acc11_1 + wt11_0 * (
+                -0.408248290463863 * a2_0 * sb2_0_0 + 0.408248290463863 * a2_1 * sb2_3_0
+                - 0.7071067811865476 * a2_2 * sb2_2_0 - 0.408248290463863 * a2_2 * sb2_4_0
+            )
+            acc11_2 = acc11_2 + wt11_0 * (-0.7071067811865476 * a2_0 * sb2_3_0 + 0.7071067811865476 * a2_2 * sb2_1_0)
+            acc11_3 = acc11_3 + wt11_0 * (
+                0.7071067811865476 * a2_0 * sb2_2_0 - 0.408248290463863 * a2_0 * sb2_4_0
+                - 0.408248290463863 * a2_1 * sb2_1_0 + 0.408248290463863 * a2_2 * sb2_0_0
+            )
+            acc11_4 = acc11_4 + wt11_0 * (
+                0.408248290463863 * a2_0 * sb2_3_0 - 0.816496580927726 * a2_1 * sb2_0_0
+                + 0.408248290463863 * a2_2 * sb2_1_0
+            )
+            hl.atomic_add(out, [d_idx, 2112 + tile_c.index], acc11_0)
+            hl.atomic_add(out, [d_idx, 2176 + tile_c.index], acc11_1)
+            hl.atomic_add(out, [d_idx, 2240 + tile_c.index], acc11_2)
+            hl.atomic_add(out, [d_idx, 2304 + tile_c.index], acc11_3)
+            hl.atomic_add(out, [d_idx, 2368 + tile_c.index], acc11_4)
+            # g block 12: 64x1e (1 path)
+            acc12_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc12_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 12: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
+            wt12_0 = weights[tile_b, 768 + tile_c.index]
+            acc12_0 = acc12_0 + wt12_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
+            acc12_1 = acc12_1 + wt12_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
+            acc12_2 = acc12_2 + wt12_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, 2432 + tile_c.index], acc12_0)
+            hl.atomic_add(out, [d_idx, 2496 + tile_c.index], acc12_1)
+            hl.atomic_add(out, [d_idx, 2560 + tile_c.index], acc12_2)
+            # g block 13: 64x0o (1 path)
+            acc13_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 13: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
+            wt13_0 = weights[tile_b, 832 + tile_c.index]
+            acc13_0 = acc13_0 + wt13_0 * (
+                0.5773502691896257 * a3_0 * sb1_0_0 + 0.5773502691896257 * a3_1 * sb1_1_0
+                + 0.5773502691896257 * a3_2 * sb1_2_0
+            )
+            hl.atomic_add(out, [d_idx, 2624 + tile_c.index], acc13_0)
+            # g block 14: 64x1o (1 path)
+            acc14_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc14_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 14: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
+            wt14_0 = weights[tile_b, 896 + tile_c.index]
+            acc14_0 = acc14_0 + wt14_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
+            acc14_1 = acc14_1 + wt14_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
+            acc14_2 = acc14_2 + wt14_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            hl.atomic_add(out, [d_idx, 2688 + tile_c.index], acc14_0)
+            hl.atomic_add(out, [d_idx, 2752 + tile_c.index], acc14_1)
+            hl.atomic_add(out, [d_idx, 2816 + tile_c.index], acc14_2)
+            # g block 15: 64x2o (1 path)
+            acc15_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc15_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 15: uvu 64x1e x 1x1o -> 64x2o, 11 nonzeros, weighted
+            wt15_0 = weights[tile_b, 960 + tile_c.index]
+            acc15_0 = acc15_0 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            acc15_1 = acc15_1 + wt15_0 * (0.7071067811865476 * a3_0 * sb1_1_0 + 0.7071067811865476 * a3_1 * sb1_0_0)
+            acc15_2 = acc15_2 + wt15_0 * (
+                -0.408248290463863 * a3_0 * sb1_0_0 + 0.816496580927726 * a3_1 * sb1_1_0
+                - 0.408248290463863 * a3_2 * sb1_2_0
+            )
+            acc15_3 = acc15_3 + wt15_0 * (0.7071067811865476 * a3_1 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_1_0)
+            acc15_4 = acc15_4 + wt15_0 * (-0.7071067811865476 * a3_0 * sb1_0_0 + 0.7071067811865476 * a3_2 * sb1_2_0)
+            hl.atomic_add(out, [d_idx, 2880 + tile_c.index], acc15_0)
+            hl.atomic_add(out, [d_idx, 2944 + tile_c.index], acc15_1)
+            hl.atomic_add(out, [d_idx, 3008 + tile_c.index], acc15_2)
+            hl.atomic_add(out, [d_idx, 3072 + tile_c.index], acc15_3)
+            hl.atomic_add(out, [d_idx, 3136 + tile_c.index], acc15_4)
+            # g block 16: 64x1e (1 path)
+            acc16_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc16_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 16: uvu 64x1e x 1x2e -> 64x1e, 11 nonzeros, weighted
+            wt16_0 = weights[tile_b, 1024 + tile_c.index]
+            acc16_0 = acc16_0 + wt16_0 * (
+                -0.3162277660168379 * a3_0 * sb2_2_0 - 0.5477225575051661 * a3_0 * sb2_4_0
+                + 0.5477225575051661 * a3_1 * sb2_1_0 + 0.5477225575051661 * a3_2 * sb2_0_0
+            )
+            acc16_1 = acc16_1 + wt16_0 * (
+                0.5477225575051661 * a3_0 * sb2_1_0 + 0.6324555320336758 * a3_1 * sb2_2_0
+                + 0.5477225575051661 * a3_2 * sb2_3_0
+            )
+            acc16_2 = acc16_2 + wt16_0 * (
+                0.5477225575051661 * a3_0 * sb2_0_0 + 0.5477225575051661 * a3_1 * sb2_3_0
+                - 0.3162277660168379 * a3_2 * sb2_2_0 + 0.5477225575051661 * a3_2 * sb2_4_0
+            )
+            hl.atomic_add(out, [d_idx, 3200 + tile_c.index], acc16_0)
+            hl.atomic_add(out, [d_idx, 3264 + tile_c.index], acc16_1)
+            hl.atomic_add(out, [d_idx, 3328 + tile_c.index], acc16_2)
+            # g block 17: 64x2e (1 path)
+            acc17_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc17_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 17: uvu 64x1e x 1x2e -> 64x2e, 16 nonzeros, weighted
+            wt17_0 = weights[tile_b, 1088 + tile_c.index]
+            acc17_0 = acc17_0 + wt17_0 * (
+                0.408248290463863 * a3_0 * sb2_1_0 + 0.816496580927726 * a3_1 * sb2_4_0
+                - 0.408248290463863 * a3_2 * sb2_3_0
+            )
+            acc17_1 = acc17_1 + wt17_0 * (
+                -0.408248290463863 * a3_0 * sb2_0_0 + 0.408248290463863 * a3_1 * sb2_3_0
+                - 0.7071067811865476 * a3_2 * sb2_2_0 - 0.408248290463863 * a3_2 * sb2_4_0
+            )
+            acc17_2 = acc17_2 + wt17_0 * (-0.7071067811865476 * a3_0 * sb2_3_0 + 0.7071067811865476 * a3_2 * sb2_1_0)
+            acc17_3 = acc17_3 + wt17_0 * (
+                0.7071067811865476 * a3_0 * sb2_2_0 - 0.408248290463863 * a3_0 * sb2_4_0
+                - 0.408248290463863 * a3_1 * sb2_1_0 + 0.408248290463863 * a3_2 * sb2_0_0
+            )
+            acc17_4 = acc17_4 + wt17_0 * (
+                0.408248290463863 * a3_0 * sb2_3_0 - 0.816496580927726 * a3_1 * sb2_0_0
+                + 0.408248290463863 * a3_2 * sb2_1_0
+            )
+            hl.atomic_add(out, [d_idx, 3392 + tile_c.index], acc17_0)
+            hl.atomic_add(out, [d_idx, 3456 + tile_c.index], acc17_1)
+            hl.atomic_add(out, [d_idx, 3520 + tile_c.index], acc17_2)
+            hl.atomic_add(out, [d_idx, 3584 + tile_c.index], acc17_3)
+            hl.atomic_add(out, [d_idx, 3648 + tile_c.index], acc17_4)
+            # g block 18: 64x2o (1 path)
+            acc18_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc18_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 18: uvu 64x2o x 1x0e -> 64x2o, 5 nonzeros, weighted
+            wt18_0 = weights[tile_b, 1152 + tile_c.index]
+            acc18_0 = acc18_0 + wt18_0 * (a4_0 * sb0_0_0)
+            acc18_1 = acc18_1 + wt18_0 * (a4_1 * sb0_0_0)
+            acc18_2 = acc18_2 + wt18_0 * (a4_2 * sb0_0_0)
+            acc18_3 = acc18_3 + wt18_0 * (a4_3 * sb0_0_0)
+            acc18_4 = acc18_4 + wt18_0 * (a4_4 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, 3712 + tile_c.index], acc18_0)
+            hl.atomic_add(out, [d_idx, 3776 + tile_c.index], acc18_1)
+            hl.atomic_add(out, [d_idx, 3840 + tile_c.index], acc18_2)
+            hl.atomic_add(out, [d_idx, 3904 + tile_c.index], acc18_3)
+            hl.atomic_add(out, [d_idx, 3968 + tile_c.index], acc18_4)
+            # g block 19: 64x1e (1 path)
+            acc19_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc19_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 19: uvu 64x2o x 1x1o -> 64x1e, 11 nonzeros, weighted
+            wt19_0 = weights[tile_b, 1216 + tile_c.index]
+            acc19_0 = acc19_0 + wt19_0 * (
+                0.5477225575051661 * a4_0 * sb1_2_0 + 0.5477225575051661 * a4_1 * sb1_1_0
+                - 0.3162277660168379 * a4_2 * sb1_0_0 - 0.5477225575051661 * a4_4 * sb1_0_0
+            )
+            acc19_1 = acc19_1 + wt19_0 * (
+                0.5477225575051661 * a4_1 * sb1_0_0 + 0.6324555320336758 * a4_2 * sb1_1_0
+                + 0.5477225575051661 * a4_3 * sb1_2_0
+            )
+            acc19_2 = acc19_2 + wt19_0 * (
+                0.5477225575051661 * a4_0 * sb1_0_0 - 0.3162277660168379 * a4_2 * sb1_2_0
+                + 0.5477225575051661 * a4_3 * sb1_1_0 + 0.5477225575051661 * a4_4 * sb1_2_0
+            )
+            hl.atomic_add(out, [d_idx, 4032 + tile_c.index], acc19_0)
+            hl.atomic_add(out, [d_idx, 4096 + tile_c.index], acc19_1)
+            hl.atomic_add(out, [d_idx, 4160 + tile_c.index], acc19_2)
+            # g block 20: 64x2e (1 path)
+            acc20_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc20_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 20: uvu 64x2o x 1x1o -> 64x2e, 16 nonzeros, weighted
+            wt20_0 = weights[tile_b, 1280 + tile_c.index]
+            acc20_0 = acc20_0 + wt20_0 * (
+                -0.408248290463863 * a4_1 * sb1_0_0 + 0.408248290463863 * a4_3 * sb1_2_0
+                - 0.816496580927726 * a4_4 * sb1_1_0
+            )
+            acc20_1 = acc20_1 + wt20_0 * (
+                0.408248290463863 * a4_0 * sb1_0_0 + 0.7071067811865476 * a4_2 * sb1_2_0
+                - 0.408248290463863 * a4_3 * sb1_1_0 + 0.408248290463863 * a4_4 * sb1_2_0
+            )
+            acc20_2 = acc20_2 + wt20_0 * (-0.7071067811865476 * a4_1 * sb1_2_0 + 0.7071067811865476 * a4_3 * sb1_0_0)
+            acc20_3 = acc20_3 + wt20_0 * (
+                -0.408248290463863 * a4_0 * sb1_2_0 + 0.408248290463863 * a4_1 * sb1_1_0
+                - 0.7071067811865476 * a4_2 * sb1_0_0 + 0.408248290463863 * a4_4 * sb1_0_0
+            )
+            acc20_4 = acc20_4 + wt20_0 * (
+                0.816496580927726 * a4_0 * sb1_1_0 - 0.408248290463863 * a4_1 * sb1_2_0
+                - 0.408248290463863 * a4_3 * sb1_0_0
+            )
+            hl.atomic_add(out, [d_idx, 4224 + tile_c.index], acc20_0)
+            hl.atomic_add(out, [d_idx, 4288 + tile_c.index], acc20_1)
+            hl.atomic_add(out, [d_idx, 4352 + tile_c.index], acc20_2)
+            hl.atomic_add(out, [d_idx, 4416 + tile_c.index], acc20_3)
+            hl.atomic_add(out, [d_idx, 4480 + tile_c.index], acc20_4)
+            # g block 21: 64x0o (1 path)
+            acc21_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 21: uvu 64x2o x 1x2e -> 64x0o, 5 nonzeros, weighted
+            wt21_0 = weights[tile_b, 1344 + tile_c.index]
+            acc21_0 = acc21_0 + wt21_0 * (
+                0.4472135954999579 * a4_0 * sb2_0_0 + 0.4472135954999579 * a4_1 * sb2_1_0
+                + 0.4472135954999579 * a4_2 * sb2_2_0 + 0.4472135954999579 * a4_3 * sb2_3_0
+                + 0.4472135954999579 * a4_4 * sb2_4_0
+            )
+            hl.atomic_add(out, [d_idx, 4544 + tile_c.index], acc21_0)
+            # g block 22: 64x1o (1 path)
+            acc22_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc22_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 22: uvu 64x2o x 1x2e -> 64x1o, 16 nonzeros, weighted
+            wt22_0 = weights[tile_b, 1408 + tile_c.index]
+            acc22_0 = acc22_0 + wt22_0 * (
+                -0.3162277660168379 * a4_0 * sb2_1_0 + 0.3162277660168379 * a4_1 * sb2_0_0
+                + 0.5477225575051661 * a4_2 * sb2_3_0 - 0.5477225575051661 * a4_3 * sb2_2_0
+                + 0.3162277660168379 * a4_3 * sb2_4_0 - 0.3162277660168379 * a4_4 * sb2_3_0
+            )
+            acc22_1 = acc22_1 + wt22_0 * (
+                -0.6324555320336758 * a4_0 * sb2_4_0 - 0.3162277660168379 * a4_1 * sb2_3_0
+                + 0.3162277660168379 * a4_3 * sb2_1_0 + 0.6324555320336758 * a4_4 * sb2_0_0
+            )
+            acc22_2 = acc22_2 + wt22_0 * (
+                0.3162277660168379 * a4_0 * sb2_3_0 + 0.5477225575051661 * a4_1 * sb2_2_0
+                + 0.3162277660168379 * a4_1 * sb2_4_0 - 0.5477225575051661 * a4_2 * sb2_1_0
+                - 0.3162277660168379 * a4_3 * sb2_0_0 - 0.3162277660168379 * a4_4 * sb2_1_0
+            )
+            hl.atomic_add(out, [d_idx, 4608 + tile_c.index], acc22_0)
+            hl.atomic_add(out, [d_idx, 4672 + tile_c.index], acc22_1)
+            hl.atomic_add(out, [d_idx, 4736 + tile_c.index], acc22_2)
+            # g block 23: 64x2o (1 path)
+            acc23_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc23_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 23: uvu 64x2o x 1x2e -> 64x2o, 25 nonzeros, weighted
+            wt23_0 = weights[tile_b, 1472 + tile_c.index]
+            acc23_0 = acc23_0 + wt23_0 * (
+                -0.5345224838248488 * a4_0 * sb2_2_0 + 0.4629100498862757 * a4_1 * sb2_3_0
+                - 0.5345224838248488 * a4_2 * sb2_0_0 + 0.4629100498862757 * a4_3 * sb2_1_0
+            )
+            acc23_1 = acc23_1 + wt23_0 * (
+                0.4629100498862757 * a4_0 * sb2_3_0 + 0.2672612419124244 * a4_1 * sb2_2_0
+                - 0.4629100498862757 * a4_1 * sb2_4_0 + 0.2672612419124244 * a4_2 * sb2_1_0
+                + 0.4629100498862757 * a4_3 * sb2_0_0 - 0.4629100498862757 * a4_4 * sb2_1_0
+            )
+            acc23_2 = acc23_2 + wt23_0 * (
+                -0.5345224838248488 * a4_0 * sb2_0_0 + 0.2672612419124244 * a4_1 * sb2_1_0
+                + 0.5345224838248488 * a4_2 * sb2_2_0 + 0.2672612419124244 * a4_3 * sb2_3_0
+                - 0.5345224838248488 * a4_4 * sb2_4_0
+            )
+            acc23_3 = acc23_3 + wt23_0 * (
+                0.4629100498862757 * a4_0 * sb2_1_0 + 0.4629100498862757 * a4_1 * sb2_0_0
+                + 0.2672612419124244 * a4_2 * sb2_3_0 + 0.2672612419124244 * a4_3 * sb2_2_0
+                + 0.4629100498862757 * a4_3 * sb2_4_0 + 0.4629100498862757 * a4_4 * sb2_3_0
+            )
+            acc23_4 = acc23_4 + wt23_0 * (
+                -0.4629100498862757 * a4_1 * sb2_1_0 - 0.5345224838248488 * a4_2 * sb2_4_0
+                + 0.4629100498862757 * a4_3 * sb2_3_0 - 0.5345224838248488 * a4_4 * sb2_2_0
+            )
+            hl.atomic_add(out, [d_idx, 4800 + tile_c.index], acc23_0)
+            hl.atomic_add(out, [d_idx, 4864 + tile_c.index], acc23_1)
+            hl.atomic_add(out, [d_idx, 4928 + tile_c.index], acc23_2)
+            hl.atomic_add(out, [d_idx, 4992 + tile_c.index], acc23_3)
+            hl.atomic_add(out, [d_idx, 5056 + tile_c.index], acc23_4)
+            # g block 24: 64x2e (1 path)
+            acc24_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc24_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 24: uvu 64x2e x 1x0e -> 64x2e, 5 nonzeros, weighted
+            wt24_0 = weights[tile_b, 1536 + tile_c.index]
+            acc24_0 = acc24_0 + wt24_0 * (a5_0 * sb0_0_0)
+            acc24_1 = acc24_1 + wt24_0 * (a5_1 * sb0_0_0)
+            acc24_2 = acc24_2 + wt24_0 * (a5_2 * sb0_0_0)
+            acc24_3 = acc24_3 + wt24_0 * (a5_3 * sb0_0_0)
+            acc24_4 = acc24_4 + wt24_0 * (a5_4 * sb0_0_0)
+            hl.atomic_add(out, [d_idx, 5120 + tile_c.index], acc24_0)
+            hl.atomic_add(out, [d_idx, 5184 + tile_c.index], acc24_1)
+            hl.atomic_add(out, [d_idx, 5248 + tile_c.index], acc24_2)
+            hl.atomic_add(out, [d_idx, 5312 + tile_c.index], acc24_3)
+            hl.atomic_add(out, [d_idx, 5376 + tile_c.index], acc24_4)
+            # g block 25: 64x1o (1 path)
+            acc25_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc25_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 25: uvu 64x2e x 1x1o -> 64x1o, 11 nonzeros, weighted
+            wt25_0 = weights[tile_b, 1600 + tile_c.index]
+            acc25_0 = acc25_0 + wt25_0 * (
+                0.5477225575051661 * a5_0 * sb1_2_0 + 0.5477225575051661 * a5_1 * sb1_1_0
+                - 0.3162277660168379 * a5_2 * sb1_0_0 - 0.5477225575051661 * a5_4 * sb1_0_0
+            )
+            acc25_1 = acc25_1 + wt25_0 * (
+                0.5477225575051661 * a5_1 * sb1_0_0 + 0.6324555320336758 * a5_2 * sb1_1_0
+                + 0.5477225575051661 * a5_3 * sb1_2_0
+            )
+            acc25_2 = acc25_2 + wt25_0 * (
+                0.5477225575051661 * a5_0 * sb1_0_0 - 0.3162277660168379 * a5_2 * sb1_2_0
+                + 0.5477225575051661 * a5_3 * sb1_1_0 + 0.5477225575051661 * a5_4 * sb1_2_0
+            )
+            hl.atomic_add(out, [d_idx, 5440 + tile_c.index], acc25_0)
+            hl.atomic_add(out, [d_idx, 5504 + tile_c.index], acc25_1)
+            hl.atomic_add(out, [d_idx, 5568 + tile_c.index], acc25_2)
+            # g block 26: 64x2o (1 path)
+            acc26_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc26_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 26: uvu 64x2e x 1x1o -> 64x2o, 16 nonzeros, weighted
+            wt26_0 = weights[tile_b, 1664 + tile_c.index]
+            acc26_0 = acc26_0 + wt26_0 * (
+                -0.408248290463863 * a5_1 * sb1_0_0 + 0.408248290463863 * a5_3 * sb1_2_0
+                - 0.816496580927726 * a5_4 * sb1_1_0
+            )
+            acc26_1 = acc26_1 + wt26_0 * (
+                0.408248290463863 * a5_0 * sb1_0_0 + 0.7071067811865476 * a5_2 * sb1_2_0
+                - 0.408248290463863 * a5_3 * sb1_1_0 + 0.408248290463863 * a5_4 * sb1_2_0
+            )
+            acc26_2 = acc26_2 + wt26_0 * (-0.7071067811865476 * a5_1 * sb1_2_0 + 0.7071067811865476 * a5_3 * sb1_0_0)
+            acc26_3 = acc26_3 + wt26_0 * (
+                -0.408248290463863 * a5_0 * sb1_2_0 + 0.408248290463863 * a5_1 * sb1_1_0
+                - 0.7071067811865476 * a5_2 * sb1_0_0 + 0.408248290463863 * a5_4 * sb1_0_0
+            )
+            acc26_4 = acc26_4 + wt26_0 * (
+                0.816496580927726 * a5_0 * sb1_1_0 - 0.408248290463863 * a5_1 * sb1_2_0
+                - 0.408248290463863 * a5_3 * sb1_0_0
+            )
+            hl.atomic_add(out, [d_idx, 5632 + tile_c.index], acc26_0)
+            hl.atomic_add(out, [d_idx, 5696 + tile_c.index], acc26_1)
+            hl.atomic_add(out, [d_idx, 5760 + tile_c.index], acc26_2)
+            hl.atomic_add(out, [d_idx, 5824 + tile_c.index], acc26_3)
+            hl.atomic_add(out, [d_idx, 5888 + tile_c.index], acc26_4)
+            # g block 27: 64x0e (1 path)
+            acc27_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 27: uvu 64x2e x 1x2e -> 64x0e, 5 nonzeros, weighted
+            wt27_0 = weights[tile_b, 1728 + tile_c.index]
+            acc27_0 = acc27_0 + wt27_0 * (
+                0.4472135954999579 * a5_0 * sb2_0_0 + 0.4472135954999579 * a5_1 * sb2_1_0
+                + 0.4472135954999579 * a5_2 * sb2_2_0 + 0.4472135954999579 * a5_3 * sb2_3_0
+                + 0.4472135954999579 * a5_4 * sb2_4_0
+            )
+            hl.atomic_add(out, [d_idx, 5952 + tile_c.index], acc27_0)
+            # g block 28: 64x1e (1 path)
+            acc28_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc28_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 28: uvu 64x2e x 1x2e -> 64x1e, 16 nonzeros, weighted
+            wt28_0 = weights[tile_b, 1792 + tile_c.index]
+            acc28_0 = acc28_0 + wt28_0 * (
+                -0.3162277660168379 * a5_0 * sb2_1_0 + 0.3162277660168379 * a5_1 * sb2_0_0
+                + 0.5477225575051661 * a5_2 * sb2_3_0 - 0.5477225575051661 * a5_3 * sb2_2_0
+                + 0.3162277660168379 * a5_3 * sb2_4_0 - 0.3162277660168379 * a5_4 * sb2_3_0
+            )
+            acc28_1 = acc28_1 + wt28_0 * (
+                -0.6324555320336758 * a5_0 * sb2_4_0 - 0.3162277660168379 * a5_1 * sb2_3_0
+                + 0.3162277660168379 * a5_3 * sb2_1_0 + 0.6324555320336758 * a5_4 * sb2_0_0
+            )
+            acc28_2 = acc28_2 + wt28_0 * (
+                0.3162277660168379 * a5_0 * sb2_3_0 + 0.5477225575051661 * a5_1 * sb2_2_0
+                + 0.3162277660168379 * a5_1 * sb2_4_0 - 0.5477225575051661 * a5_2 * sb2_1_0
+                - 0.3162277660168379 * a5_3 * sb2_0_0 - 0.3162277660168379 * a5_4 * sb2_1_0
+            )
+            hl.atomic_add(out, [d_idx, 6016 + tile_c.index], acc28_0)
+            hl.atomic_add(out, [d_idx, 6080 + tile_c.index], acc28_1)
+            hl.atomic_add(out, [d_idx, 6144 + tile_c.index], acc28_2)
+            # g block 29: 64x2e (1 path)
+            acc29_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_1 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_3 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            acc29_4 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
+            # path 29: uvu 64x2e x 1x2e -> 64x2e, 25 nonzeros, weighted
+            wt29_0 = weights[tile_b, 1856 + tile_c.index]
+            acc29_0 = acc29_0 + wt29_0 * (
+                -0.5345224838248488 * a5_0 * sb2_2_0 + 0.4629100498862757 * a5_1 * sb2_3_0
+                - 0.5345224838248488 * a5_2 * sb2_0_0 + 0.4629100498862757 * a5_3 * sb2_1_0
+            )
+            acc29_1 = acc29_1 + wt29_0 * (
+                0.4629100498862757 * a5_0 * sb2_3_0 + 0.2672612419124244 * a5_1 * sb2_2_0
+                - 0.4629100498862757 * a5_1 * sb2_4_0 + 0.2672612419124244 * a5_2 * sb2_1_0
+                + 0.4629100498862757 * a5_3 * sb2_0_0 - 0.4629100498862757 * a5_4 * sb2_1_0
+            )
+            acc29_2 = acc29_2 + wt29_0 * (
+                -0.5345224838248488 * a5_0 * sb2_0_0 + 0.2672612419124244 * a5_1 * sb2_1_0
+                + 0.5345224838248488 * a5_2 * sb2_2_0 + 0.2672612419124244 * a5_3 * sb2_3_0
+                - 0.5345224838248488 * a5_4 * sb2_4_0
+            )
+            acc29_3 = acc29_3 + wt29_0 * (
+                0.4629100498862757 * a5_0 * sb2_1_0 + 0.4629100498862757 * a5_1 * sb2_0_0
+                + 0.2672612419124244 * a5_2 * sb2_3_0 + 0.2672612419124244 * a5_3 * sb2_2_0
+                + 0.4629100498862757 * a5_3 * sb2_4_0 + 0.4629100498862757 * a5_4 * sb2_3_0
+            )
+            acc29_4 = acc29_4 + wt29_0 * (
+                -0.4629100498862757 * a5_1 * sb2_1_0 - 0.5345224838248488 * a5_2 * sb2_4_0
+                + 0.4629100498862757 * a5_3 * sb2_3_0 - 0.5345224838248488 * a5_4 * sb2_2_0
+            )
+            hl.atomic_add(out, [d_idx, 6208 + tile_c.index], acc29_0)
+            hl.atomic_add(out, [d_idx, 6272 + tile_c.index], acc29_1)
+            hl.atomic_add(out, [d_idx, 6336 + tile_c.index], acc29_2)
+            hl.atomic_add(out, [d_idx, 6400 + tile_c.index], acc29_3)
+            hl.atomic_add(out, [d_idx, 6464 + tile_c.index], acc29_4)

@@ -135,14 +135,14 @@ def _launch_bwd(x, y, weights, g, gx, gy, gw, graph) -> None:
 _N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
 
 
-def _node_op(name, launch, a, b, c, graph, num_nodes, width, segment):
-    """A node-scattering op: atomics add into zeros; a segment op writes every row itself."""
+def _node_op(name, launch, a, b, c, graph, num_nodes, width, order_arg):
+    """A node-scattering op: atomics add into zeros; a segment op (``graph[order_arg]``, its
+    sort order, given: not empty) writes every row itself."""
     _rt.check_device("eqdsl_nequip_water::conv_" + name, a.device)
+    segment = order_arg is not None and graph[order_arg].numel() > 0
     result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
     if graph[0].shape[0] > 0 and num_nodes > 0:
         launch(a.contiguous(), b.contiguous(), c.contiguous(), result, [t.contiguous() for t in graph])
-    elif segment and num_nodes > 0:
-        result.zero_()
     return result
 
 
@@ -155,7 +155,7 @@ def _edge_op(name, launch, a, b, c, graph, width):
 
 
 def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst), num_nodes, DIM_OUT, False)
+    return _node_op("fwd", _launch_fwd, x, y, weights, (src, dst), num_nodes, DIM_OUT, None)
 
 
 conv_fwd_op = torch.library.custom_op("eqdsl_nequip_water::conv_fwd", _conv_fwd, mutates_args=())
@@ -168,7 +168,7 @@ def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src:
 
 
 def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst), num_nodes, DIM_IN1, False)
+    return _node_op("bwd_x", _launch_bwd_x, g, y, weights, (src, dst), num_nodes, DIM_IN1, None)
 
 
 conv_bwd_x_op = torch.library.custom_op("eqdsl_nequip_water::conv_bwd_x", _conv_bwd_x, mutates_args=())
