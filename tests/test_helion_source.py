@@ -221,6 +221,42 @@ def test_every_conv_variant_takes_whole_rows(deterministic, shared, tmp_path):
     assert "unflatten" not in next(t for r, t in files.items() if r.endswith("/torch_conv.py"))
 
 
+@pytest.mark.parametrize("tuning, segment_fwd, small", [
+    ("", False, False),
+    ("[tensor_product.tuning.conv_fwd]\nsegment = 1\n", True, True),
+    ("[tensor_product.tuning.conv_fwd]\nsegment = 1\nsegment_min_edges = 0\n", True, False),
+])
+def test_segment_tuning_chooses_the_forward_scatter(tuning, segment_fwd, small, tmp_path):
+    """``segment = 1`` in ``conv_fwd`` (``deterministic = false``): the forward's kernels are
+    segment reductions stepping one edge at a time over ``order`` / ``ptr``, the node
+    gradient keeps its atomics, the graph gains ``dst_order`` / ``dst_ptr`` only, and
+    atomic ``*_small`` copies of the forward serve graphs under ``SEGMENT_MIN_EDGES``
+    (none with ``segment_min_edges = 0``)."""
+    spec = tmp_path / "conv_seg.toml"
+    spec.write_text(
+        "[[tensor_product]]\n"
+        'name = "conv_seg"\n'
+        'irreps_in1 = "2x0e+1x1o"\n'
+        'irreps_in2 = "3x0e+1x1o"\n'
+        'irreps_out = "1x0e+1x1o+1x1o+1x1e+2x1e"\n'
+        f"instructions = {MODES}\n"
+        "shared_weights = false\n"
+        "conv = true\n" + tuning
+    )
+    files = generate_files(spec, tmp_path / "gen")
+    kernels = next(t for r, t in files.items() if r.endswith("/helion_conv_kernels.py"))
+    ops = next(t for r, t in files.items() if r.endswith("/torch_conv.py"))
+    bodies = dict(chunk.split("(", 1) for chunk in kernels.split("\ndef ")[1:])
+    fwd = [b for n, b in bodies.items() if n.startswith("conv_fwd_") and not n.endswith("_small")]
+    assert fwd and all(("hl.tile(start, end, block_size=1)" in b) == segment_fwd for b in fwd)
+    assert all("hl.atomic_add" in b for n, b in bodies.items() if n.startswith("conv_bwd_x1_"))
+    assert any(n.endswith("_small") for n in bodies) == small
+    assert all("hl.atomic_add" in b for n, b in bodies.items() if n.endswith("_small"))
+    graph = "src, dst, dst_order, dst_ptr = graph" if segment_fwd else "src, dst = graph"
+    assert graph in ops and "src_order" not in ops
+    assert ("SEGMENT_MIN_EDGES = 8192" in ops) == small
+
+
 @pytest.mark.parametrize("grid_c", [None, 0, 1])
 def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
     """mace_large's spec: by default (and with ``grid_c = 1``) every kernel whose outputs

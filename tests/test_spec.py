@@ -285,6 +285,8 @@ BAD_TABLES = {
     "tuning pallas block": (dict(tuning={"pallas_block_batch": 6}), "tuning.pallas_block_batch", ["power of two"]),
     "tuning op bad value": (dict(tuning={"conv_fwd": {"block_c": 48}}), "tuning.conv_fwd.block_c", ["power of two", "48"]),
     "tuning grid_c": (dict(tuning={"grid_c": 2}), "tuning.grid_c", ["0 (a channel loop", "1 (channel tiles", "2"]),
+    "tuning segment": (dict(tuning={"conv_fwd": {"segment": 2}}), "tuning.conv_fwd.segment", ["0 (hl.atomic_add", "2"]),
+    "tuning segment_min_edges": (dict(tuning={"segment_min_edges": -1}), "tuning.segment_min_edges", ["[0, 2**31]", "-1"]),
 }
 
 

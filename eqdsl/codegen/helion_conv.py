@@ -35,6 +35,13 @@ scatter index, CSR row pointers, one program per node looping over its edge rang
 (``hl.tile(start, end)``, a data-dependent bound) in a fixed order, accumulating in
 registers and writing each node row once: the same bits every run.
 
+A spec may also choose the segment reduction for speed alone (``Tuning.segment`` in the
+``conv_fwd`` or ``conv_bwd_x`` sub-table, with ``deterministic = false``): one edge per loop
+step leaves nothing to sum across warps, and no atomics (mace_large's forward on 114,688
+edges: 863 against 1,853 us, H100). Sorting costs host time, so graphs of fewer than
+``Tuning.segment_min_edges`` edges are not sorted and that op launches atomic copies of
+its kernels (``*_small``, ``small_graph_kernels``). The fused backward keeps its atomics.
+
 Channel tiles as a grid axis (``Tuning.grid_c``, ``helion_backend._grid_c``): an atomic or
 per-edge kernel runs ``for tile_c, tile_b in hl.tile([M, num_edges])``, a segment kernel
 ``for tile_c, tile_n in hl.tile([M, num_nodes], block_size=[block_c, 1])`` with ``node =
@@ -249,7 +256,9 @@ def _segment_steps(tuning: hb.TuningTable, ops: tuple[str, ...]) -> hb.TuningTab
 
 def segment_min_edges(ir: TensorProductIR, tuning: hb.TuningTable = hb.DEFAULT_TUNING) -> int:
     """Edges from which a segment op sorts the graph; below, a non-deterministic one
-    launches its atomic kernels (``small_graph_kernels``). 0 with ``deterministic = true``."""
+    launches its atomic kernels (``small_graph_kernels``). One value for the module (the
+    graph is sorted once for every op): ``conv_fwd``'s, or ``conv_bwd_x``'s when only that
+    op is a segment op. 0 with ``deterministic = true`` or without segment ops."""
     seg = segment_ops(ir, tuning)
     if ir.deterministic or not seg:
         return 0
@@ -361,7 +370,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     parts = sum(k["parts"] for k in fused)  # gy partial-sum rows the op adds (1: written directly)
     if fused:
         families["bwd"] = fused
-        launchers["bwd"] = {"name": "bwd", "calls": [f"_k.{k['name']}({', '.join(k['params'])})" for k in fused],
+        launchers["bwd"] = {"name": "bwd", "calls": _calls(fused),
                             "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"],
                             "small_calls": [], "segment": False, "order": None, "ptr": None, "order_arg": None}
     convert = ir.layout == "mul_ir"
