@@ -306,6 +306,7 @@ _NOT_REPLAYABLE = {
     "return value": "    _launcher(K, (1,), x, out, num_warps=4, num_stages=1)\n    return out\n",
     "reassigned parameter": "    x = out\n    _launcher(K, (1,), x, out, num_warps=4, num_stages=1)\n",
     "non-constant keyword": "    _launcher(K, (1,), x, out, num_warps=x.size(0), num_stages=1)\n",
+    "integer helper of a tensor value": "    n = triton.next_power_of_2(int(x[0]))\n    _launcher(K, (n,), x, out, num_warps=4, num_stages=1)\n",
 }
 
 
@@ -326,8 +327,16 @@ def test_replay_sources_of_helions_host_function(tmp_path):
     host = _load(tmp_path, "helion_host", _HELION_HOST).tp_fwd_0
     # x1, x2, weights, out in their slots; the 9 sizes and strides recorded
     assert _replay_sources(host) == (0, 1, 2, 3) + (None,) * 9
+    # a 2-D tile's host code also computes a reduction size with triton's integer helpers
+    two_d = _HELION_HOST.replace("import torch\n", "import torch\nimport triton\n").replace(
+        "    _BLOCK_SIZE_0 = 16\n",
+        "    _BLOCK_SIZE_0 = 16\n    _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)\n"
+        "    _GRID = triton.cdiv(x1.size(0), _RDIM_SIZE_2)\n",
+    )
+    assert "_RDIM_SIZE_2 = triton.next_power_of_2" in two_d
+    assert _replay_sources(_load(tmp_path, "helion_host_2d", two_d).tp_fwd_0) == (0, 1, 2, 3) + (None,) * 9
     for i, (why, body) in enumerate(_NOT_REPLAYABLE.items()):
-        text = f"import torch\nK = object()\nCALLS = []\n\n\ndef k(x, out, *, _launcher=None):\n{body}"
+        text = f"import torch\nimport triton\nK = object()\nCALLS = []\n\n\ndef k(x, out, *, _launcher=None):\n{body}"
         assert _replay_sources(_load(tmp_path, f"bad{i}", text).k) is None, why
     assert _replay_sources(lambda x, *, _launcher=None: _launcher(K, (1,), x)) is None  # noqa: F821 (no source of its own)
 

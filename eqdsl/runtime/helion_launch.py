@@ -279,6 +279,10 @@ _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 _SHAPE_METHODS = {"size": 1, "stride": 1, "numel": 0, "dim": 0}
 # host-side calls whose value the exact key (which holds the device) determines
 _DEVICE_CALLS = {"helion.runtime.get_num_sm"}
+# pure integer functions of their arguments: Helion's host code of a 2-D tile computes
+# ``_RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)``; without these every launch of
+# such a kernel (mace_large's tp_fwd_0, the grid_c kernels) went through the host function
+_INT_CALLS = {"triton.next_power_of_2", "triton.cdiv"}
 
 
 def _dotted(node) -> str | None:
@@ -310,6 +314,8 @@ def _shape_expr(node, params: dict, local: set) -> bool:
             return nargs == len(node.args) and all(
                 isinstance(a, ast.Constant) and type(a.value) is int for a in node.args
             )
+        if _dotted(f) in _INT_CALLS:
+            return bool(node.args) and all(_shape_expr(a, params, local) for a in node.args)
         if _dotted(f) in _DEVICE_CALLS:
             return all(
                 (isinstance(a, ast.Attribute) and a.attr == "device" and isinstance(a.value, ast.Name) and a.value.id in params)
