@@ -132,6 +132,7 @@ def test_segment_forward_takes_atomic_kernels_on_small_graphs(pkgs, monkeypatch)
     kernels = importlib.import_module(conv.__name__.rsplit(".", 1)[0] + ".helion_conv_kernels")
     assert hasattr(kernels, "conv_fwd_0_small") and conv.SEGMENT_MIN_EDGES == 1
     s, d = torch.tensor([0, 1, 2, 1, 0]), torch.tensor([1, 1, 0, 2, 1])
+    # check_forward_and_vjp's graph has 5 edges too: under 6 the atomic path, from 5 the segment one
     for threshold, sorted_ in ((6, False), (5, True)):
         monkeypatch.setattr(conv, "SEGMENT_MIN_EDGES", threshold)
         graph = conv.graph_tensors(s, d, 3)

@@ -374,6 +374,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
                             "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"],
                             "small_calls": [], "segment": False, "order": None, "ptr": None, "order_arg": None}
     convert = ir.layout == "mul_ir"
+    seg = segment_ops(ir, tuning)
     ctx = {
         **hb.op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
@@ -387,9 +388,9 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
         "reduce": ir.reduce,
         "deterministic": ir.deterministic,
         "graph_names": names,
-        "segment_ops": segment_ops(ir, tuning),
+        "segment_ops": seg,
         # the indices sorted for the segment ops, and where the in-degree's row pointers are
-        "sort_keys": [_NODE_OPS[op][0].removesuffix("_order") for op in segment_ops(ir, tuning)],
+        "sort_keys": [_NODE_OPS[op][0].removesuffix("_order") for op in seg],
         "dst_ptr_arg": names.index("dst_ptr") if "dst_ptr" in names else None,
         "segment_min_edges": segment_min_edges(ir, tuning),
         "fused_bwd": {
@@ -401,7 +402,7 @@ def render_files(ir: TensorProductIR, header: str, tuning: hb.TuningTable = hb.D
     return {
         "helion_conv_kernels.py": flatten_kernels(render(
             "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
-            deterministic=ir.deterministic, segment_ops=segment_ops(ir, tuning), n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
+            deterministic=ir.deterministic, segment_ops=seg, n_kernels={f: len(ks) for f, ks in families.items()}, **hb._summary(ir)
         ), views, _GATHERED),
         "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
     }

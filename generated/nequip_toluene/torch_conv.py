@@ -11,8 +11,7 @@ src / dst int64 ``(num_edges,)``, out ``(num_nodes, 6528)``; dtypes float32, flo
 The gather of node rows and the scatter into nodes happen inside the Helion kernels
 (``helion_conv_kernels.py``); no per-edge message is written to memory. The scatter is ``hl.atomic_add`` into a zeroed output, except in
 conv_fwd: a segment reduction over edges stably sorted by the scatter index
-(CSR row pointers, one program per node; the faster kernel there, ``[tensor_product.tuning]``
-``segment``) (the summation order, so the last bits, may vary between runs).
+(CSR row pointers, one program per node; the faster kernel there: tuning key ``segment``) (the summation order, so the last bits, may vary between runs).
 
 Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G[dst[e]]``
 (``ir_mul`` rows), each differentiable with the others, so gradients of any order work
@@ -170,8 +169,8 @@ _N_GRAPH = 4  # graph tensors after the three operands, then num_nodes
 
 
 def _node_op(name, launch, a, b, c, graph, num_nodes, width, order_arg):
-    """A node-scattering op: atomics add into zeros; a segment op (``graph[order_arg]``, its
-    sort order, given: not empty) writes every row itself."""
+    """A node-scattering op: atomics add into zeros; a segment op whose sort order
+    ``graph[order_arg]`` is not empty (the graph was sorted) writes every row itself."""
     _rt.check_device("eqdsl_nequip_toluene::conv_" + name, a.device)
     segment = order_arg is not None and graph[order_arg].numel() > 0
     result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
@@ -365,7 +364,7 @@ def graph_tensors(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple
     src, dst = src.long().contiguous(), dst.long().contiguous()
     if src.shape[0] < SEGMENT_MIN_EDGES:  # the ops launch their atomic kernels: nothing to sort
         empty = src.new_empty((0,))
-        return (src, dst) + (empty,) * 2
+        return (src, dst) + (empty,) * (_N_GRAPH - 2)
     nodes = torch.arange(num_nodes + 1, device=src.device, dtype=torch.int64)
     out = [src, dst]
     for idx in (dst,):

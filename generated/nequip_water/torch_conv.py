@@ -136,8 +136,8 @@ _N_GRAPH = 2  # graph tensors after the three operands, then num_nodes
 
 
 def _node_op(name, launch, a, b, c, graph, num_nodes, width, order_arg):
-    """A node-scattering op: atomics add into zeros; a segment op (``graph[order_arg]``, its
-    sort order, given: not empty) writes every row itself."""
+    """A node-scattering op: atomics add into zeros; a segment op whose sort order
+    ``graph[order_arg]`` is not empty (the graph was sorted) writes every row itself."""
     _rt.check_device("eqdsl_nequip_water::conv_" + name, a.device)
     segment = order_arg is not None and graph[order_arg].numel() > 0
     result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
