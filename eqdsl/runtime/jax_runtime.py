@@ -699,23 +699,35 @@ class _Gather:
 
 
 class _Accumulate:
-    """Output of a generated kernel body that reduces: storing an ``(edges, size)`` tile
-    adds its column sums to the ``(1, width)`` output row; ``add`` does the same for an
-    index array of columns with a lane mask (``store_vec`` / ``store_tile``)."""
+    """Output of a generated kernel body that reduces over a node's edges. The body's stores
+    are recorded, not written (``records``: ``(key, cols, valid, value)`` per store, ``key``
+    for ``out_ref[key] = value``, ``cols`` / ``valid`` for ``store_vec`` / ``store_tile``):
+    ``launch_segments`` keeps their running sums in registers across the node's edge tiles
+    and writes each column's total once (``write``)."""
 
     def __init__(self, ref):
         self.ref, self.shape, self.dtype = ref, ref.shape, ref.dtype
+        self.records = []
 
     def __setitem__(self, key, value):
-        self.ref[key] = self.ref[key] + jnp.sum(value, axis=0, keepdims=True)
+        self.records.append((key, None, None, value))
 
     def add(self, cols, valid, value):
+        self.records.append((None, cols, valid, value))
+
+    def write(self, totals) -> None:
+        """Add the edge-axis sum of each of ``totals`` (the records' running sums, in
+        record order) to the output row."""
         from jax.experimental.pallas import triton as pltriton
 
-        row = jnp.zeros((1,) + (1,) * (cols.ndim - 1), jnp.int32)
-        total = self.ref[row, cols] + jnp.sum(value, axis=0, keepdims=True)
-        pltriton.store(self.ref.at[row, jnp.where(valid, cols, self.ref.shape[1])], total,
-                       mask=jnp.broadcast_to(valid, total.shape))
+        for (key, cols, valid, _), total in zip(self.records, totals):
+            s = jnp.sum(total, axis=0, keepdims=True)
+            if key is not None:
+                self.ref[key] = self.ref[key] + s
+                continue
+            row = jnp.zeros((1,) + (1,) * (cols.ndim - 1), jnp.int32)
+            pltriton.store(self.ref.at[row, jnp.where(valid, cols, self.ref.shape[1])], self.ref[row, cols] + s,
+                           mask=jnp.broadcast_to(valid, s.shape))
 
 
 def _full_spec(a):
@@ -735,9 +747,9 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
     ``args[shared_arg]`` (shared weights, ``(1, width)``). Returns ``(num_nodes, out_width)``."""
     from jax.experimental import pallas as pl
 
-    if not kernels:
-        return jnp.zeros((num_nodes, out_width), args[0].dtype)
     rows = perm.shape[0]
+    if not kernels or not rows or not num_nodes:
+        return jnp.zeros((num_nodes, out_width), args[0].dtype)
     be = block_edges
 
     def make(body):
@@ -753,7 +765,7 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
                 col += size
             lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
 
-            def tile(t, carry):
+            def tile(t):
                 e = start + t * be + lanes
                 ec = jnp.minimum(e, rows - 1)
                 eid = perm_ref[ec]
@@ -767,10 +779,21 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
                         ops.append(_Gather(r, jnp.minimum(nid, num_nodes - 1), mask))
                     else:
                         ops.append(_Gather(r, eid, mask))
-                body(*ops, _Accumulate(out_ref))
-                return carry
+                acc = _Accumulate(out_ref)
+                body(*ops, acc)
+                return acc
 
-            lax.fori_loop(0, (end - start + be - 1) // be, tile, 0)
+            # The first tile is peeled (all lanes masked off for a node without edges: zero
+            # products) so that its stores give the running sums' shapes; the loop carries
+            # them in registers, unreduced: no cross-warp sum and no row read-modify-write
+            # per tile, one of each per node.
+            first = tile(0)
+            totals = lax.fori_loop(
+                1, (end - start + be - 1) // be,
+                lambda t, carry: tuple(c + r[3] for c, r in zip(carry, tile(t).records)),
+                tuple(r[3] for r in first.records),
+            )
+            first.write(totals)
 
         kernel.__name__ = body.__name__
         return kernel
