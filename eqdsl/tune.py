@@ -217,17 +217,20 @@ def _op_call(ops, conv, op: str, batch: int, dtype: str):
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device=dev, dtype=dt)
 
-    x1, x2, g = rand(batch, ops.DIM_IN1), rand(batch, ops.DIM_IN2), rand(batch, ops.DIM_OUT)
+    x1, x2 = rand(batch, ops.DIM_IN1), rand(batch, ops.DIM_IN2)
     w = rand(ops.WEIGHT_NUMEL) if ops.SHARED_WEIGHTS else rand(batch, ops.WEIGHT_NUMEL)
     if op in TP_OPS + FUSED_OPS:
+        g = rand(batch, ops.DIM_OUT)
         args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g), "bwd": (x1, x2, w, g)}[op]
         fn = getattr(ops, f"{op}_op")
         return lambda: fn(*args)
     nodes = max(1, batch // 64)
     src = torch.randint(0, nodes, (batch,), generator=gen, device=dev)
     dst = torch.sort(torch.randint(0, nodes, (batch,), generator=gen, device=dev)).values
+    # node operands only: a per-edge cotangent would be (edges, DIM_OUT), 4 GB for
+    # mace_large at 114,688 edges, times the workers sharing the GPU
     xn, gn = rand(nodes, ops.DIM_IN1), rand(nodes, ops.DIM_OUT)
-    args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, g, w), "conv_bwd_w": (xn, x2, g),
+    args = {"conv_fwd": (xn, x2, w), "conv_bwd_x": (gn, x2, w), "conv_bwd_y": (xn, gn, w), "conv_bwd_w": (xn, x2, gn),
             "conv_bwd": (xn, x2, w, gn)}[op]
     fn = getattr(conv, f"{op}_op")
     graph = conv.graph_tensors(src, dst, nodes)  # with the sort orders of segment scatters
@@ -330,6 +333,14 @@ def cuda_median_us(call, warmup: int, reps: int) -> float:
     return ms[len(ms) // 2] * 1e3
 
 
+def _error_line(stderr: str) -> str:
+    """The exception line of a failed job's stderr (torch's CUDA errors end with a hint
+    line, not the error), or its last line."""
+    lines = stderr.strip().splitlines() or ["?"]
+    errors = [s for s in lines if re.match(r"^[\w.]*(Error|Exception)\b", s)]
+    return (errors or lines)[-1][:200]
+
+
 def _worker(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "eqdsl.tune", "--worker", spec_file, package_dir, op, str(batch), dtype, str(LOCK)]
     # JAX workers compile side by side: each allocates GPU memory as it needs it, not 75% up front
@@ -341,7 +352,7 @@ def _worker(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, t
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f} s"}
     if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        return {"error": _error_line(r.stderr)}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
