@@ -196,13 +196,15 @@ def _gather(ref, cols):
     return ref[rows, cols]
 
 
-def _scatter(ref, cols, valid, value):
-    """``ref[r, cols] = value[r]`` where ``valid`` (a masked store), for every row ``r``."""
+def _scatter(ref, columns, value):
+    """``ref[r, cols] = value[r]`` where ``valid`` (a masked store), for every row ``r``;
+    ``columns()`` gives ``(cols, valid)`` (a reducing output computes them after its loop)."""
     if isinstance(ref, _Accumulate):
-        ref.add(cols, valid, value)
+        ref.add(columns, value)
         return
     from jax.experimental.pallas import triton as pltriton
 
+    cols, valid = columns()
     rows = _iota((ref.shape[0],) + (1,) * (cols.ndim - 1), 0)
     mask = jnp.broadcast_to(valid, value.shape)
     pltriton.store(ref.at[rows, jnp.where(valid, cols, ref.shape[1])], value, mask=mask)
@@ -230,8 +232,7 @@ def load_vec(ref, start, *, count: int, pad: int, stride: int = 1):
 def store_vec(ref, start, value, *, count: int, pad: int, stride: int = 1) -> None:
     """In a kernel: write lanes ``c < count`` of ``value`` ``(rows, pad)`` to columns
     ``start + c * stride``."""
-    cols, valid = _vec_cols(start, count, pad, stride)
-    _scatter(ref, cols, valid, value)
+    _scatter(ref, lambda: _vec_cols(start, count, pad, stride), value)
 
 
 def load_tile(ref, start, *, mul: int, dim: int, pad: int) -> list:
@@ -250,11 +251,10 @@ def load_tile(ref, start, *, mul: int, dim: int, pad: int) -> list:
 def store_tile(ref, start, parts: list, *, mul: int, dim: int, pad: int) -> None:
     """In a kernel: write components ``parts`` (``dim`` tiles ``(rows, pad)``, lanes
     ``c < mul`` used) as the ``mul_ir`` block at column ``start``: one masked store."""
-    cols, valid = _tile_cols(start, mul, dim, pad)
-    dpad = cols.shape[-1]
+    dpad = _next_pow2(dim)
     parts = list(parts) + [parts[0]] * (dpad - dim)  # padded components: masked out
     t = _join_last(parts)
-    _scatter(ref, cols, valid, t.reshape(t.shape[:2] + (dpad,)))
+    _scatter(ref, lambda: _tile_cols(start, mul, dim, pad), t.reshape(t.shape[:2] + (dpad,)))
 
 
 # ------------------------------------------------------------------ kernel launches
@@ -700,8 +700,8 @@ class _Gather:
 
 class _Accumulate:
     """Output of a generated kernel body that reduces over a node's edges. The body's stores
-    are recorded, not written (``records``: ``(key, cols, valid, value)`` per store, ``key``
-    for ``out_ref[key] = value``, ``cols`` / ``valid`` for ``store_vec`` / ``store_tile``):
+    are recorded, not written (``records``: ``(key, columns, value)`` per store: ``key`` of
+    ``out_ref[key] = value``, or the column thunk of ``store_vec`` / ``store_tile``):
     ``launch_segments`` keeps their running sums in registers across the node's edge tiles
     and writes each column's total once (``write``)."""
 
@@ -710,24 +710,62 @@ class _Accumulate:
         self.records = []
 
     def __setitem__(self, key, value):
-        self.records.append((key, None, None, value))
+        self.records.append((key, None, value))
 
-    def add(self, cols, valid, value):
-        self.records.append((None, cols, valid, value))
+    def add(self, columns, value):
+        self.records.append((None, columns, value))
 
     def write(self, totals) -> None:
         """Add the edge-axis sum of each of ``totals`` (the records' running sums, in
         record order) to the output row."""
         from jax.experimental.pallas import triton as pltriton
 
-        for (key, cols, valid, _), total in zip(self.records, totals):
+        for (key, columns, _), total in zip(self.records, totals):
             s = jnp.sum(total, axis=0, keepdims=True)
             if key is not None:
                 self.ref[key] = self.ref[key] + s
                 continue
+            cols, valid = columns()
             row = jnp.zeros((1,) + (1,) * (cols.ndim - 1), jnp.int32)
             pltriton.store(self.ref.at[row, jnp.where(valid, cols, self.ref.shape[1])], self.ref[row, cols] + s,
                            mask=jnp.broadcast_to(valid, s.shape))
+
+
+class _ShapeOf:
+    """Stand-in for an operand ref in ``_body_stores``'s abstract trace: indexing it gives
+    zeros of the shape indexing the ref would give (rows ``:`` or an index array; columns
+    ``pl.ds`` or an index array)."""
+
+    def __init__(self, ref):
+        self.shape, self.dtype = tuple(ref.shape), ref.dtype
+
+    def __getitem__(self, key):
+        rows, cols = key
+        lead = (self.shape[0],) if isinstance(rows, slice) else tuple(jnp.shape(rows))
+        if hasattr(cols, "size") and not hasattr(cols, "shape"):  # a pl.ds slice
+            shape = lead + (cols.size,)
+        else:
+            shape = jnp.broadcast_shapes(lead, tuple(jnp.shape(cols)))
+        return jnp.zeros(shape, self.dtype)
+
+
+def _body_stores(body, ins, shared_arg: int | None, be: int, out_ref):
+    """The stores of one edge tile of a reducing ``body``: ``(records, shapes)``, the
+    ``_Accumulate`` records (their values abstract) and the stored values' shapes, from
+    one abstract trace on stand-in operands (``jax.eval_shape``: nothing is emitted into
+    the kernel)."""
+    seen = {}
+
+    def run():
+        idx, mask = jnp.zeros((be,), jnp.int32), jnp.ones((be,), jnp.bool_)
+        ops = [_ShapeOf(r) if k == shared_arg else _Gather(_ShapeOf(r), idx, mask) for k, r in enumerate(ins)]
+        acc = _Accumulate(out_ref)
+        body(*ops, acc)
+        seen["records"] = acc.records
+        return [v for _, _, v in acc.records]
+
+    shapes = jax.eval_shape(run)
+    return seen["records"], shapes
 
 
 def _full_spec(a):
@@ -783,17 +821,18 @@ def launch_segments(name, kernels, args, *, node_arg: int, shared_arg: int | Non
                 body(*ops, acc)
                 return acc
 
-            # The first tile is peeled (all lanes masked off for a node without edges: zero
-            # products) so that its stores give the running sums' shapes; the loop carries
-            # them in registers, unreduced: no cross-warp sum and no row read-modify-write
-            # per tile, one of each per node.
-            first = tile(0)
+            # The loop carries the running sum of each store of the body in registers,
+            # unreduced: no cross-warp sum and no read-modify-write of the node's row per
+            # tile, one of each per node (``_Accumulate.write``).
+            records, shapes = _body_stores(body, ins, shared_arg, be, out_ref)
             totals = lax.fori_loop(
-                1, (end - start + be - 1) // be,
-                lambda t, carry: tuple(c + r[3] for c, r in zip(carry, tile(t).records)),
-                tuple(r[3] for r in first.records),
+                0, (end - start + be - 1) // be,
+                lambda t, carry: tuple(c + v for c, (_, _, v) in zip(carry, tile(t).records)),
+                tuple(jnp.zeros(a.shape, a.dtype) for a in shapes),
             )
-            first.write(totals)
+            out = _Accumulate(out_ref)
+            out.records = records
+            out.write(totals)
 
         kernel.__name__ = body.__name__
         return kernel
