@@ -23,9 +23,10 @@ keys ``pallas_block_batch`` and ``pallas_num_warps`` (and ``pallas_fuse_bwd``, w
 asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``), and its
 time is that of the jitted forward and backward together (``jax.vjp`` of
 ``tensor_product``, what training runs): the median over groups of calls ended by
-``block_until_ready``, wall clock. The JAX conv's default ``block_edges`` is the same
-``pallas_block_batch``, so a conv spec's JAX conv follows the choice made on the plain
-product (not timed on a graph). The grid's ``pallas_*`` keys apply to the ``pallas``
+``block_until_ready``, wall clock. The JAX conv's per-edge kernels take the same
+``pallas_block_batch``, so they follow the choice made on the plain product (not timed on
+a graph); its segment kernels' ``pallas_segment_edges`` is not tuned here
+(``benchmarks/gpu_jax_conv_blocks.py`` times it on graphs). The grid's ``pallas_*`` keys apply to the ``pallas``
 op only, the others to the Helion ops only; an op none of whose keys the grid names
 gets its default grid.
 

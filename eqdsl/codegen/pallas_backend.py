@@ -76,6 +76,10 @@ BLOCK_ELEMS = 512
 MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
 # Triton warps per program unless the spec's tuning says otherwise (``pallas_tuning``).
 DEFAULT_NUM_WARPS = 4
+# conv segment kernels: edges per loop step (spec key pallas_segment_edges). With one,
+# mace_large's forward on 114,688 edges took 3,564 us against 6,441 with four (H100,
+# 2026-11-25; gpu_jax_conv_blocks.py)
+DEFAULT_SEGMENT_EDGES = 1
 
 # Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
 # paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone (see
@@ -612,6 +616,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "tiles": ", ".join(tiles),
         "block_batch": block_batch,
         "num_warps": num_warps,
+        "segment_edges": int(dict(tuning).get("pallas_segment_edges", DEFAULT_SEGMENT_EDGES)),
         "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
         "kernels": [k for kind in kinds for k in kernels[kind]],
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},

@@ -42,8 +42,9 @@ edges, without writing any per-edge message to HBM: the gathers by
 ``src``/``dst`` and the reduction happen inside the Pallas kernels, which run the same
 generated kernel bodies as ``tensor_product``. The reduction is over dst-sorted CSR
 segments (a stable ``argsort`` of ``dst`` and ``searchsorted`` row pointers, computed
-in jnp inside the jitted call): one program per node sums its edges in tiles of
-``block_edges`` in a fixed order and writes its row: deterministic, bitwise
+in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
+per loop step (default ``SEGMENT_EDGES`` = 1), keeping each output tile's running
+sum in registers, in a fixed order, and writes its row once: deterministic, bitwise
 reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
 Pallas atomic-add variant is not provided: on the CPU, interpret mode loses duplicate
 indices in ``atomic_add`` (jax#24117), so it could not be tested there, and Mosaic GPU
@@ -181,22 +182,23 @@ DETERMINISTIC = False
 def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
     shared = 2 if SHARED_WEIGHTS else None
 
+    # block_batch: (edges per program of the per-edge kernels, edges per step of the segment kernels)
     def forward(a, b, c, graph, *, block_batch, interpret):
         return rt.launch_segments(_kernels.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
                                   perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
-                                  num_nodes=a.shape[0], out_width=_kernels.IDIM_OUT, block_edges=block_batch,
+                                  num_nodes=a.shape[0], out_width=_kernels.IDIM_OUT, block_edges=block_batch[1],
                                   interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
     def backward_x1(g, b, c, graph, *, block_batch, interpret):
         return rt.launch_segments(_kernels.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
                                   perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
-                                  num_nodes=g.shape[0], out_width=_kernels.IDIM_IN1, block_edges=block_batch,
+                                  num_nodes=g.shape[0], out_width=_kernels.IDIM_IN1, block_edges=block_batch[1],
                                   interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
     def backward_x2(a, g, c, graph, *, block_batch, interpret):
         return rt.launch_edges(_kernels.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
                                shared_arg=shared, shared_out=False, num_nodes=a.shape[0],
-                               out_width=_kernels.IDIM_IN2, block_edges=block_batch, interpret=interpret,
+                               out_width=_kernels.IDIM_IN2, block_edges=block_batch[0], interpret=interpret,
                                num_warps=_kernels.NUM_WARPS)
 
     return forward, backward_x1, backward_x2
@@ -205,7 +207,7 @@ def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
 def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
     return rt.launch_edges(_kernels.NAME, _kernels.BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
                            shared_arg=None, shared_out=SHARED_WEIGHTS, num_nodes=a.shape[0],
-                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch, interpret=interpret,
+                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
                            num_warps=_kernels.NUM_WARPS)
 
 
@@ -217,7 +219,7 @@ CONV_OPS = rt.make_conv_vjp_ops(
 
 
 def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: bool = True,
-         interpret: bool | None = None, block_edges: int | None = None):
+         interpret: bool | None = None, block_edges: int | None = None, segment_edges: int | None = None):
     """Fused graph convolution: ``out[n] = sum_{e: dst[e] = n} TP(node_features[src[e]], edge_attr[e], weights[e])``.
 
     ``node_features`` ``(num_nodes, 256)``, ``edge_attr`` ``(num_edges, 4)``,
@@ -229,7 +231,9 @@ def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: 
     duplicate atomic indices, jax#24117). ``check``: check index values when they are
     concrete (raises ``ValueError`` naming ``src``/``dst``); under ``jax.jit`` with traced
     indices out-of-range edges are dropped. ``interpret``: Pallas interpret mode
-    (default: on the CPU). ``block_edges``: edges per tile (a power of two).
+    (default: on the CPU). ``block_edges``: edges per program of the per-edge kernels
+    (default ``BLOCK_BATCH``), ``segment_edges``: edges per loop step of the segment
+    kernels (default ``SEGMENT_EDGES``); powers of two.
     Differentiable in reverse mode to any order. Use ``pad_graph`` to avoid a
     compilation per graph size.
     """
@@ -239,7 +243,8 @@ def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: 
     )
     if num_nodes == 0:
         return jnp.zeros((0, DIM_OUT), x.dtype)
-    block = rt.check_block_batch(block_edges, _kernels.BLOCK_BATCH)
+    block = (rt.check_block_batch(block_edges, _kernels.BLOCK_BATCH),
+             rt.check_block_batch(segment_edges, _kernels.SEGMENT_EDGES))
     return _conv(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=rt.use_interpret(interpret))
 
 
@@ -254,8 +259,8 @@ def pad_graph(node_features, edge_attr, weights, src, dst, num_nodes: int, *, mi
 
 
 @functools.partial(jax.jit, static_argnames=("num_nodes", "block", "interpret"))
-def _conv(x, y, w, src, dst, *, num_nodes: int, block: int, interpret: bool):
-    rows = max(rt.round_up(y.shape[0], block), block)
+def _conv(x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
+    rows = max(rt.round_up(y.shape[0], block[0]), block[0])
     graph = rt.conv_graph(src, dst, num_nodes, rows, x.dtype)
     c = rt.kernel_weights(w, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
     out = CONV_OPS.fwd(x, rt.pad_rows(y, rows), c, graph, block, interpret)
