@@ -55,19 +55,24 @@ def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generat
     w = torch.randn(*(() if shared else (rows,)), ops.WEIGHT_NUMEL, dtype=dt, device=dev)
     if op.startswith("conv_"):
         nodes = 256
-        src = torch.randint(0, nodes, (rows,), device=dev)
-        dst = torch.sort(torch.randint(0, nodes, (rows,), device=dev)).values
         xn = torch.randn(nodes, ops.DIM_IN1, dtype=dt, device=dev)
         gn = torch.randn(nodes, ops.DIM_OUT, dtype=dt, device=dev)
-        args = {
-            "conv_fwd": (xn, x2, w),
-            "conv_bwd_x": (gn, x2, w),
-            "conv_bwd_y": (xn, g, w),
-            "conv_bwd_w": (xn, x2, g),
-            "conv_bwd": (xn, x2, w, gn),
-        }[op]
-        # the graph tensors the spec's ops take (sort orders and row pointers of segment scatters)
-        getattr(ops, op + "_op")(*args, *ops.graph_tensors(src, dst, nodes), nodes)
+        # graphs below SEGMENT_MIN_EDGES launch a segment op's atomic kernels: compile both
+        sizes = [rows] + ([max(rows, ops.SEGMENT_MIN_EDGES)] if getattr(ops, "SEGMENT_MIN_EDGES", 0) > rows else [])
+        for edges in sizes:
+            src = torch.randint(0, nodes, (edges,), device=dev)
+            dst = torch.sort(torch.randint(0, nodes, (edges,), device=dev)).values
+            ye = torch.randn(edges, ops.DIM_IN2, dtype=dt, device=dev)
+            we = w if shared else torch.randn(edges, ops.WEIGHT_NUMEL, dtype=dt, device=dev)
+            args = {
+                "conv_fwd": (xn, ye, we),
+                "conv_bwd_x": (gn, ye, we),
+                "conv_bwd_y": (xn, gn, we),
+                "conv_bwd_w": (xn, ye, gn),
+                "conv_bwd": (xn, ye, we, gn),
+            }[op]
+            # the graph tensors the spec's ops take (sort orders and row pointers of segment scatters)
+            getattr(ops, op + "_op")(*args, *ops.graph_tensors(src, dst, nodes), nodes)
     else:
         args = {"fwd": (x1, x2, w), "bwd_x1": (g, x2, w), "bwd_x2": (x1, g, w), "bwd_w": (x1, x2, g), "bwd": (x1, x2, w, g)}[op]
         getattr(ops, op + "_op")(*args)

@@ -45,7 +45,7 @@ conv's node scatters as sorted segment reductions even when ``deterministic = fa
 take the atomic kernels, unsorted; default 8192) (Helion);
 ``pallas_block_batch`` (a power of two), ``pallas_num_warps``, ``pallas_fuse_bwd`` 0 or 1
 (default 1) and ``pallas_segment_edges`` (a power of two: edges per loop step of the
-conv's segment kernels, default 1) (Pallas). A sub-table
+conv's segment kernels, default 2) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
 ``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).

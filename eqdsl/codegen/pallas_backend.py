@@ -76,10 +76,12 @@ BLOCK_ELEMS = 512
 MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
 # Triton warps per program unless the spec's tuning says otherwise (``pallas_tuning``).
 DEFAULT_NUM_WARPS = 4
-# conv segment kernels: edges per loop step (spec key pallas_segment_edges). With one,
-# mace_large's forward on 114,688 edges took 3,564 us against 6,441 with four (H100,
-# 2026-11-25; gpu_jax_conv_blocks.py)
-DEFAULT_SEGMENT_EDGES = 1
+# conv segment kernels: edges per loop step (spec key pallas_segment_edges). Forward on
+# bulk Si (114,688 edges; H100, 2026-11-25, gpu_jax_conv_blocks.py), 1 / 2 / 4 edges:
+# mace_large 3,572 / 1,824 / 7,811 us, nequip_toluene 6,336 / 1,236 / 2,304 us. Four
+# carry four rows of every running sum (spills); one leaves half of nequip_toluene's
+# 64-channel tiles' threads idle
+DEFAULT_SEGMENT_EDGES = 2
 
 # Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
 # paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone (see

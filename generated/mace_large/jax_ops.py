@@ -41,7 +41,7 @@ edges, without writing any per-edge message to HBM: the gathers by
 generated kernel bodies as ``tensor_product``. The reduction is over dst-sorted CSR
 segments (a stable ``argsort`` of ``dst`` and ``searchsorted`` row pointers, computed
 in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
-per loop step (default ``SEGMENT_EDGES`` = 1), keeping each output tile's running
+per loop step (default ``SEGMENT_EDGES`` = 2), keeping each output tile's running
 sum in registers, in a fixed order, and writes its row once: deterministic, bitwise
 reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
 Pallas atomic-add variant is not provided: on the CPU, interpret mode loses duplicate

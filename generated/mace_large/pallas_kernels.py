@@ -40,9 +40,9 @@ NAME = "mace_large"
 # proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
 BLOCK_BATCH = 4
 NUM_WARPS = 4
-# Edges per loop step of the conv's segment kernels (spec key pallas_segment_edges): one
-# edge per step leaves the running sums nothing to reduce across warps.
-SEGMENT_EDGES = 1
+# Edges per loop step of the conv's segment kernels (spec key pallas_segment_edges; the
+# running sums are carried unreduced, one row per edge of a step).
+SEGMENT_EDGES = 2
 # Widths of the kernel operands: the spec's rows, and the weights (one zero column when
 # no path is weighted; one row if shared).
 IDIM_IN1 = 1152
