@@ -43,8 +43,9 @@ three backward ops as one kernel, ``helion_fused``; default 1), ``segment`` 0 or
 conv's node scatters as sorted segment reductions even when ``deterministic = false``;
 ``conv_fwd`` / ``conv_bwd_x``, default 0) and ``segment_min_edges`` (smaller graphs
 take the atomic kernels, unsorted; default 8192) (Helion);
-``pallas_block_batch`` (a power of two), ``pallas_num_warps``, ``pallas_fuse_bwd`` 0 or 1
-(default 1) and ``pallas_segment_edges`` (a power of two: edges per loop step of the
+``pallas_block_batch`` (a power of two), ``pallas_num_warps``, ``pallas_fuse_bwd`` and
+``pallas_conv_fuse_bwd`` 0 or 1 (the plain product's and the conv's fused backward where
+the product is channelwise; default 1) and ``pallas_segment_edges`` (a power of two: edges per loop step of the
 conv's segment kernels, default 2) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
@@ -107,6 +108,7 @@ TUNING_KEYS = {
     "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
     "pallas_segment_edges": _pow2(1, 256),
     "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the product is channelwise)"),
+    "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where the product is channelwise)"),
     "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
     "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
     "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),

@@ -32,6 +32,12 @@ MIXED = dict(
     instructions=[(0, 1, 0, "uvw", True), (1, 1, 1, "uvu", False), (0, 1, 2, "uvv", True), (1, 0, 3, "uuu", False),
                   (1, 0, 2, "uvw", True)],
 )
+# Channelwise (every path uvu and weighted, one-channel x2 blocks, per-edge weights): the
+# conv's backward is the fused one (rt.conv_backward_fused).
+CHANNELWISE = dict(
+    in1="2x0e+2x1o", in2="1x0e+1x1o", out="2x0e+2x1o+2x1o+2x0e",
+    instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True), (1, 1, 3, "uvu", True)],
+)
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -61,6 +67,7 @@ def pkgs(root):
     return {
         "mean": build(conv_spec("conv_mixed_mean", reduce="mean", layout="ir_mul"), root),
         "shared": build(conv_spec("conv_mixed_shared", shared=True), root),
+        "channelwise": build(conv_spec("conv_channelwise_mean", reduce="mean", **CHANNELWISE), root),
     }
 
 
@@ -96,7 +103,7 @@ def count_compiles():
 # ---------------------------------------------------------------- gradients
 
 
-@pytest.mark.parametrize("kind", ["mean", "shared"])
+@pytest.mark.parametrize("kind", ["mean", "shared", "channelwise"])
 def test_conv_check_grads_order2(pkgs, kind):
     """Reverse mode to second order through all four conv kernels (and the weighted-only ones)."""
     b = pkgs[kind]
@@ -125,6 +132,30 @@ def test_conv_vjp_matches_reference_mixed(pkgs):
     assert rel_err(out, conv_reference(b.ir, x, y, w, src, dst, n)) <= 1e-12
     for got, want in zip(pull(jnp.asarray(g)), conv_vjp_reference(b.ir, x, y, w, src, dst, n, g)):
         assert rel_err(got, want) <= 1e-12
+
+
+@pytest.mark.parametrize("segment_edges", [1, 2])
+def test_conv_fused_backward_matches_reference(pkgs, segment_edges):
+    """The channelwise conv's VJP is the fused backward (per-edge dF/dx messages summed into
+    their src nodes) and equals the reference, isolated nodes and a self-loop included."""
+    b = pkgs["channelwise"]
+    assert b.ops.CONV_OPS.bwd is not None
+    rng = np.random.default_rng(3)
+    n, e = 9, 29
+    src, dst = graph(rng, n, e)
+    src[:3] = [8, 8, 2]  # node 8 is only a source; a self-loop at 2
+    dst[:3] = [0, 1, 2]
+    src[src == 7], dst[dst == 7] = 6, 6  # node 7 has no edges
+    x, y, w = data(b.ir, rng, n, e)
+    g = rng.standard_normal((n, b.ir.dim_out))
+    s, d = jnp.asarray(src), jnp.asarray(dst)
+    out, pull = jax.vjp(lambda a, c, ww: b.ops.conv(a, c, ww, s, d, n, block_edges=BE, segment_edges=segment_edges),
+                        x, y, w)
+    assert rel_err(out, conv_reference(b.ir, x, y, w, src, dst, n)) <= 1e-12
+    got = pull(jnp.asarray(g))
+    for name, gv, want in zip(("x", "y", "w"), got, conv_vjp_reference(b.ir, x, y, w, src, dst, n, g)):
+        assert rel_err(gv, want) <= 1e-12, name
+    assert np.all(np.asarray(got[0])[7] == 0)
 
 
 # ---------------------------------------------------------------- jit, traced indices

@@ -43,8 +43,9 @@ def _check_lowers(ops, dtype="float32"):
     n = _kernel_calls(_lower(lambda a, b, c: ops.tensor_product(a, b, c, interpret=False), x1, x2, w))
     assert n >= 1, "no Triton kernel in the lowered forward"
     vjp = lambda a, b, c, d: ops.tensor_product_vjp(a, b, c, d, interpret=False)  # noqa: E731
-    # a channelwise product's vjp is its fused backward (eqdsl.codegen.pallas_fused)
-    fused = getattr(ops._kernels, "BWD_FUSED_KERNELS", None)
+    # a channelwise product's vjp is its fused backward (eqdsl.codegen.pallas_fused), unless
+    # the spec turns it off for the plain product (pallas_fuse_bwd = 0)
+    fused = ops._kernels.BWD_FUSED_KERNELS if ops.KERNEL_OPS.bwd is not None else None
     assert _kernel_calls(_lower(vjp, x1, x2, w, g)) >= (len(fused) if fused else 3)
     if fused:  # and the forward's VJP calls it
         grads = jax.grad(lambda a, b, c: jnp.sum(ops.tensor_product(a, b, c, interpret=False)), argnums=(0, 1, 2))
@@ -66,7 +67,13 @@ def _check_lowers(ops, dtype="float32"):
             e = lambda a, b, c: jnp.sum(ops.conv(a, b, c, s, d, nodes, interpret=False) ** 2)  # noqa: E731
             return jax.grad(e, argnums=(0, 1, 2))(a, b, c)
 
-        assert _kernel_calls(_lower(energy_grads, x, y, cw, idx, idx)) >= 4
+        text = _lower(energy_grads, x, y, cw, idx, idx)
+        # forward + three backward kernels, or a channelwise conv's fused backward: forward,
+        # the fused kernels and the segment sum of their dF/dx messages
+        conv_fused = ops.CONV_OPS.bwd is not None
+        assert _kernel_calls(text) >= (3 if conv_fused else 4)
+        assert ("bwd_fused_kernel" in text) == conv_fused
+        assert ("_segment_rows" in text) == conv_fused
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -592,7 +592,11 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
 
     # pallas_fuse_bwd = 0: the three backward kernels instead (mace_large's fused Pallas
     # backward measured slower than them on the H100, 2026-11-23: 2208 against 1808 us fwd+bwd)
-    fused = fused_context(ir, blocks, wmap) if dict(tuning).get("pallas_fuse_bwd", 1) else None
+    # The conv's backward gathers G, its widest operand, once per kernel: its fused form
+    # (pallas_conv_fuse_bwd) gathers it once (jax_runtime.conv_backward_fused)
+    tp_fuse = bool(dict(tuning).get("pallas_fuse_bwd", 1))
+    conv_fuse = ir.conv and bool(dict(tuning).get("pallas_conv_fuse_bwd", 1))
+    fused = fused_context(ir, blocks, wmap) if tp_fuse or conv_fuse else None
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
@@ -623,6 +627,8 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "kernels": [k for kind in kinds for k in kernels[kind]],
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
         "fused": fused,
+        "tp_fused": fused is not None and tp_fuse,
+        "conv_fused": fused is not None and conv_fuse,
         "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),

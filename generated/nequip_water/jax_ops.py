@@ -211,10 +211,21 @@ def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
                            num_warps=_kernels.NUM_WARPS)
 
 
+
+
+def _conv_backward_fused(a, b, c, g, graph, *, block_batch, interpret):
+    # the three gradients with one gather of G per edge (rt.conv_backward_fused)
+    return rt.conv_backward_fused(_kernels.NAME, _kernels.BWD_FUSED_KERNELS, (a, b, c, g), graph,
+                                  num_nodes=a.shape[0], dim_in1=_kernels.IDIM_IN1, dim_in2=_kernels.IDIM_IN2,
+                                  gw_segments=_kernels.FUSED_GW_SEGMENTS, block_edges=block_batch[0],
+                                  segment_edges=block_batch[1], interpret=interpret, num_warps=_kernels.NUM_WARPS)
+
+
 # The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any
-# order in reverse mode (``rt.make_conv_vjp_ops``).
+# order in reverse mode (``rt.make_conv_vjp_ops``); the forward's VJP runs the fused backward.
 CONV_OPS = rt.make_conv_vjp_ops(
     *_conv_launchers(_kernels.FWD_KERNELS, _kernels.BWD_X1_KERNELS, _kernels.BWD_X2_KERNELS), _conv_backward_w,
+    fused=_conv_backward_fused,
 )
 
 
