@@ -574,11 +574,12 @@ def _add(a, b):
 # * for the reductions an ``_Accumulate`` output, which adds the column sum of each
 #   stored ``(edges, size)`` tile to the node's ``(1, size)`` output row.
 #
-# So no per-edge message ever reaches HBM: the gathers and the reduction happen inside
-# one kernel. The reduction is over dst-sorted (or src-sorted) CSR segments: one program
-# per node walks its contiguous edge range in tiles of ``block_edges`` edges (a
-# ``fori_loop`` with a trip count read from the row pointers), accumulating in a fixed
-# order: deterministic, bitwise reproducible, free of atomics.
+# So no per-edge message reaches HBM (except the dF/dx messages of the fused backward,
+# ``conv_backward_fused``): the gathers and the reduction happen inside one kernel. The
+# reduction is over dst-sorted (or src-sorted) CSR segments: one program per node walks
+# its contiguous edge range ``block_edges`` edges per step (a ``fori_loop`` with a trip
+# count read from the row pointers), carrying each stored tile's running sum in
+# registers, in a fixed order: deterministic, bitwise reproducible, free of atomics.
 
 
 class ConvGraph(NamedTuple):

@@ -56,8 +56,12 @@ derivatives of ``F_conv = sum_e F(x[src_e], y_e, W_e, G[dst_e])``: forward (gath
 into ``src``, edges sorted by ``src``: a second stable permutation), backward_x2 and
 backward_w (per edge, gathers only; shared weights: per-program partial sums, then one
 sum). They are wired like ``KERNEL_OPS`` (``CONV_OPS``), so reverse mode works to any
-order (energy -> forces -> their gradients).
-
+order (energy -> forces -> their gradients). When all three gradients are wanted
+(the forward's VJP) they come from the fused backward instead: one program per edge block
+gathers ``x[src]`` and ``G[dst]`` once, writes the edges' ``dF/dy`` and ``dF/dW`` and each
+edge's ``dF/dx`` message, and a segment kernel sums the messages into their ``src`` nodes
+in a fixed order (``rt.conv_backward_fused``; spec key ``pallas_conv_fuse_bwd``): ``G``,
+the widest operand, is gathered once instead of three times.
 Checks: shapes, dtypes and ``num_nodes`` (a Python int that must equal
 ``node_features.shape[0]``) are checked always, at trace time under ``jax.jit``.
 With ``check=True`` (default) and concrete ``src``/``dst`` (an eager call, or index
