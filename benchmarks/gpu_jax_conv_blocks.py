@@ -3,18 +3,20 @@
 
 The JAX conv (``generated/<name>/jax_ops.conv``) runs its forward and its node-feature
 gradient as segment kernels (``eqdsl.runtime.jax_runtime.launch_segments``): one program per
-node walks the node's dst-sorted edges ``block_edges`` at a time and adds each
-``(block_edges, size)`` tile's column sums to the node's row. Those column sums reduce
-across warps; with one edge per step there is nothing to reduce. The two per-edge kernels
-(edge-attribute and weight gradients) keep the module's ``BLOCK_BATCH``.
+node walks the node's dst-sorted edges ``block_edges`` at a time, carrying one running sum
+per stored ``(block_edges, size)`` tile in registers, and writes the node's row once. More
+edges per step mean more registers (mace_large's forward spilled at 2 edges and 4 warps,
+ncu 2026-11-25); more warps spread them. The per-edge kernels (edge-attribute and weight
+gradients, or the fused backward) keep the module's ``BLOCK_BATCH``.
 
-For each problem, graph and segment block size this script sets ``launch_segments``'s
-``block_edges`` (the others unchanged), checks the output and the three gradients against
+For each problem, graph, segment block size (and ``--warps``, warps per program) this script
+sets ``launch_segments``'s ``block_edges`` (and ``num_warps``; the others unchanged), checks
+the output and the three gradients against
 the module's default build (relative Frobenius error <= 1e-5, float32), then times the
 jitted forward and forward+VJP (``block_until_ready`` wall clock, median of 7 groups).
 
     python3 benchmarks/gpu_jax_conv_blocks.py [--problems mace_large,nequip_toluene]
-        [--graphs latency,rand512x64,bulk] [--blocks 1,2,4,8] [--quick]
+        [--graphs latency,rand512x64,bulk] [--blocks 1,2,4,8] [--warps 4,8] [--quick]
 
 ``--quick``: CPU smoke test (interpret mode, tiny graph, nequip_water).
 """
@@ -79,6 +81,8 @@ def main() -> None:
     ap.add_argument("--problems", default="mace_large,nequip_toluene")
     ap.add_argument("--graphs", default="latency,rand512x64,bulk")
     ap.add_argument("--blocks", default="1,2,4,8")
+    ap.add_argument("--warps", default=None,
+                    help="comma-separated num_warps of the segment kernels to cross with --blocks (default: the module's)")
     ap.add_argument("--generated", default=str(ROOT / "generated"))
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -88,13 +92,16 @@ def main() -> None:
 
     problems = ["nequip_water"] if args.quick else args.problems.split(",")
     blocks = [int(b) for b in args.blocks.split(",")]
+    warps = [int(w) for w in args.warps.split(",")] if args.warps else [None]
     groups, per_group = (2, 2) if args.quick else (7, 10)
     original = rt.launch_segments
-    seg_block = {"value": None}
+    seg_block = {"value": None, "warps": None}
 
     def patched(*a, **k):
         if seg_block["value"] is not None:
             k["block_edges"] = seg_block["value"]
+        if seg_block["warps"] is not None:
+            k["num_warps"] = seg_block["warps"]
         return original(*a, **k)
 
     rt.launch_segments = patched
@@ -110,8 +117,8 @@ def main() -> None:
                        for sh in ((n, mod.DIM_IN1), (e, mod.DIM_IN2), wshape))
             gout = jax.device_put(rng.standard_normal((n, mod.DIM_OUT)).astype(np.float32))
             base = None
-            for blk in [None, *blocks]:
-                seg_block["value"] = blk
+            for blk, nw in [(None, None)] + [(b_, w_) for b_ in blocks for w_ in warps]:
+                seg_block["value"], seg_block["warps"] = blk, nw
                 jax.clear_caches()  # the module's inner jit would reuse the trace of another block size
 
                 def f(a_, b_, c_):
@@ -133,7 +140,7 @@ def main() -> None:
                 ok = max(errs) <= 1e-5
                 t_f = wall_us(lambda: fwd(a, b, c), groups, per_group) if ok else float("nan")
                 t_fb = wall_us(lambda: fwd_bwd(a, b, c, gout), groups, per_group) if ok else float("nan")
-                label = "default" if blk is None else str(blk)
+                label = "default" if blk is None else str(blk) + ("" if nw is None else f"/w{nw}")
                 rows.append((name, g.label, e, label, t_f, t_fb, max(errs), compile_s))
                 print(f"{name:15s} {g.label:11s} {e:7d} seg_block={label:8s} fwd {t_f:9.1f} us  "
                       f"fwd+bwd {t_fb:9.1f} us  err {max(errs):.1e}  compile {compile_s:.0f} s", flush=True)
