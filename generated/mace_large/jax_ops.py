@@ -39,8 +39,8 @@ computes ``out[dst[e]] += TP(node_features[src[e]], edge_attr[e], weights[e])`` 
 edges, without writing any per-edge message to HBM: the gathers by
 ``src``/``dst`` and the reduction happen inside the Pallas kernels, which run the same
 generated kernel bodies as ``tensor_product``. The reduction is over dst-sorted CSR
-segments (a stable ``argsort`` of ``dst`` and ``searchsorted`` row pointers, computed
-in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
+segments (a stable ``argsort`` of ``dst`` and row pointers, the prefix sums of the
+in-degrees, computed in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
 per loop step (default ``SEGMENT_EDGES`` = 2), keeping each output tile's running
 sum in registers, in a fixed order, and writes its row once: deterministic, bitwise
 reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
@@ -55,6 +55,7 @@ into ``src``, edges sorted by ``src``: a second stable permutation), backward_x2
 backward_w (per edge, gathers only; shared weights: per-program partial sums, then one
 sum). They are wired like ``KERNEL_OPS`` (``CONV_OPS``), so reverse mode works to any
 order (energy -> forces -> their gradients).
+
 Checks: shapes, dtypes and ``num_nodes`` (a Python int that must equal
 ``node_features.shape[0]``) are checked always, at trace time under ``jax.jit``.
 With ``check=True`` (default) and concrete ``src``/``dst`` (an eager call, or index

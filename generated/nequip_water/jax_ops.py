@@ -38,11 +38,12 @@ and mask, so that the kernels are not recompiled for every size.
 
 Fused graph convolution. ``conv(node_features, edge_attr, weights, src, dst, num_nodes)``
 computes ``out[dst[e]] += TP(node_features[src[e]], edge_attr[e], weights[e])`` over the
-edges, without writing any per-edge message to HBM: the gathers by
+edges, without writing any per-edge message to HBM (the backward writes
+each edge's ``dF/dx``, below): the gathers by
 ``src``/``dst`` and the reduction happen inside the Pallas kernels, which run the same
 generated kernel bodies as ``tensor_product``. The reduction is over dst-sorted CSR
-segments (a stable ``argsort`` of ``dst`` and ``searchsorted`` row pointers, computed
-in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
+segments (a stable ``argsort`` of ``dst`` and row pointers, the prefix sums of the
+in-degrees, computed in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
 per loop step (default ``SEGMENT_EDGES`` = 2), keeping each output tile's running
 sum in registers, in a fixed order, and writes its row once: deterministic, bitwise
 reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
@@ -62,6 +63,7 @@ gathers ``x[src]`` and ``G[dst]`` once, writes the edges' ``dF/dy`` and ``dF/dW`
 edge's ``dF/dx`` message, and a segment kernel sums the messages into their ``src`` nodes
 in a fixed order (``rt.conv_backward_fused``; spec key ``pallas_conv_fuse_bwd``): ``G``,
 the widest operand, is gathered once instead of three times.
+
 Checks: shapes, dtypes and ``num_nodes`` (a Python int that must equal
 ``node_features.shape[0]``) are checked always, at trace time under ``jax.jit``.
 With ``check=True`` (default) and concrete ``src``/``dst`` (an eager call, or index
