@@ -30,9 +30,7 @@ def num(v):
         return float(v.replace(",", ""))
     except ValueError:
         return float("nan")
-def scale(r, k, f):
-    # ncu reports time in ns or us and bytes in byte/KB/MB/GB per its units row: normalise via the unit header
-    return num(r[k]) * f
+# the row after the header gives each metric's unit (ns or us, byte/Kbyte/...): normalised here
 units = next(csv.DictReader(lines)) if lines else {}
 mult = {"ns": 1, "usecond": 1e3, "msecond": 1e6, "nsecond": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 print(f"{'kernel':48s} " + " ".join(f"{h:>9s}" for _, h, _ in keys))

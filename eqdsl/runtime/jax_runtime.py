@@ -369,7 +369,7 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
     dtype = args[0].dtype
     row_block = lambda i: (i, 0)  # noqa: E731
     in_specs = [pl.BlockSpec((block_batch, a.shape[1]), row_block) for a in args]
-    gx1, gx2, gw = [], None, []
+    pieces = []
     for kernel, width1, width_w in kernels:
         widths = (width1, dim_in2, width_w)
         call = pl.pallas_call(
@@ -382,14 +382,21 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
             compiler_params=compiler_params(interpret, num_warps),
             name=name + kernel.__name__,
         )
-        a, b, c = call(*args)
-        gx1.append(a)
-        gw.append(c)
-        gx2 = b if gx2 is None else gx2 + b
-    gw = _concat(gw)
+        pieces.append(call(*args))
+    return _join_fused(pieces, gw_segments)
+
+
+def _join_fused(pieces, gw_segments):
+    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel, joined: the
+    ``gx1`` and ``gw`` column pieces concatenated (``gw`` put in e3nn's order by
+    ``gw_segments`` when not None), the ``gx2`` partial rows added in kernel order."""
+    gx2 = pieces[0][1]
+    for _, b, _ in pieces[1:]:
+        gx2 = gx2 + b
+    gw = _concat([c for _, _, c in pieces])
     if gw_segments is not None:
         gw = _concat([gw[:, s:s + n] for s, n in gw_segments])
-    return _concat(gx1), gx2, gw
+    return _concat([a for a, _, _ in pieces]), gx2, gw
 
 
 # ------------------------------------------------------------------ custom_vjp wiring
@@ -571,8 +578,9 @@ def _add(a, b):
 # * ``_Gather`` operands, whose column tiles are gathered rows ``ref[idx, pl.ds(...)]``
 #   (node rows by ``src``/``dst``, edge rows by the sort permutation) with the rows of
 #   invalid edges zeroed, and
-# * for the reductions an ``_Accumulate`` output, which adds the column sum of each
-#   stored ``(edges, size)`` tile to the node's ``(1, size)`` output row.
+# * for the reductions an ``_Accumulate`` output, which records each stored
+#   ``(edges, size)`` tile; the segment loop keeps their running sums and adds each one's
+#   column sum to the node's ``(1, size)`` output row once.
 #
 # So no per-edge message reaches HBM (except the dF/dx messages of the fused backward,
 # ``conv_backward_fused``): the gathers and the reduction happen inside one kernel. The
@@ -925,7 +933,7 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
     return _concat(pieces)
 
 
-def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in1: int, dim_in2: int, gw_segments,
+def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, gw_segments,
                         block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None):
     """The conv's three gradients from one gather of each operand per edge (a channelwise
     product's fused backward kernels, ``eqdsl.codegen.pallas_fused``).
@@ -945,24 +953,22 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in1: 
     rows = y.shape[0]
     _check_rows(rows, block_edges)
     be, blocks, dtype = block_edges, rows // block_edges, y.dtype
-    gathers = ((0, graph.src), (3, graph.dst))
 
     def make(body):
         def kernel(src_ref, dst_ref, x_ref, y_ref, w_ref, g_ref, *outs):
-            ops = [x_ref, y_ref, w_ref, g_ref]
-            for (k, _), idx_ref in zip(gathers, (src_ref, dst_ref)):
-                nid = idx_ref[...]
-                ops[k] = _Gather(ops[k], jnp.minimum(nid, num_nodes - 1), nid < num_nodes)
-            body(*ops, *outs)
+            s, d = src_ref[...], dst_ref[...]
+            xs = _Gather(x_ref, jnp.minimum(s, num_nodes - 1), s < num_nodes)
+            gd = _Gather(g_ref, jnp.minimum(d, num_nodes - 1), d < num_nodes)
+            body(xs, y_ref, w_ref, gd, *outs)
 
         kernel.__name__ = body.__name__
         return kernel
 
     edge_block = lambda i: (i, 0)  # noqa: E731
-    in_specs = [pl.BlockSpec((be,), lambda i: (i,)) for _ in gathers]
+    in_specs = [pl.BlockSpec((be,), lambda i: (i,))] * 2
     in_specs += [_full_spec(x), pl.BlockSpec((be, y.shape[1]), edge_block), pl.BlockSpec((be, w.shape[1]), edge_block),
                  _full_spec(g)]
-    msgs, gy, gw = [], None, []
+    pieces = []
     for kernel, width1, width_w in kernels:
         widths = (width1, dim_in2, width_w)
         call = pl.pallas_call(
@@ -975,14 +981,9 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in1: 
             compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + kernel.__name__,
         )
-        a, b, c = call(graph.src, graph.dst, x, y, w, g)
-        msgs.append(a)
-        gw.append(c)
-        gy = b if gy is None else gy + b
-    gw = _concat(gw)
-    if gw_segments is not None:
-        gw = _concat([gw[:, s:s + n] for s, n in gw_segments])
-    gx = segment_sum_rows(name, _concat(msgs), perm=graph.perm_src, rowptr=graph.rowptr_src,
+        pieces.append(call(graph.src, graph.dst, x, y, w, g))
+    msgs, gy, gw = _join_fused(pieces, gw_segments)
+    gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
                           interpret=interpret, num_warps=num_warps)
     return gx, gy, gw

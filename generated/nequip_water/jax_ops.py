@@ -222,7 +222,7 @@ def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
 def _conv_backward_fused(a, b, c, g, graph, *, block_batch, interpret):
     # the three gradients with one gather of G per edge (rt.conv_backward_fused)
     return rt.conv_backward_fused(_kernels.NAME, _kernels.BWD_FUSED_KERNELS, (a, b, c, g), graph,
-                                  num_nodes=a.shape[0], dim_in1=_kernels.IDIM_IN1, dim_in2=_kernels.IDIM_IN2,
+                                  num_nodes=a.shape[0], dim_in2=_kernels.IDIM_IN2,
                                   gw_segments=_kernels.FUSED_GW_SEGMENTS, block_edges=block_batch[0],
                                   segment_edges=block_batch[1], interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
