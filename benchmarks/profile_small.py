@@ -10,7 +10,10 @@ the host time is well above the kernel sum, Python and launches decide the laten
 when they are close, the kernels do. ``--jax`` adds the jitted JAX ops (``jax_ops``) on the
 same inputs: host microseconds per call of ``--calls`` calls dispatched back to back, and
 per call until ``block_until_ready`` returns (pipelined); JAX dispatch is asynchronous,
-so host well below pipelined means the device decides. ::
+so host well below pipelined means the device decides; its kernels are listed as the
+torch ones are (``torch.profiler``'s CUPTI records every kernel of the process).
+``--jax-only`` first prints the host time of the cheapest jitted calls (``x + 1``, a
+one-kernel Pallas copy): the dispatch floor of any jitted op on this host. ::
 
     python3 benchmarks/profile_small.py --problems mace_large,nequip_water --jax
 """
@@ -51,18 +54,30 @@ def _profile(fn, calls: int):
     host = (time.perf_counter() - t0) * 1e6 / calls
     torch.cuda.synchronize()
     pipelined = (time.perf_counter() - t0) * 1e6 / calls
+    return host, pipelined, _device_kernels(fn, calls, lambda out: torch.cuda.synchronize())
+
+
+def _device_kernels(fn, calls: int, sync) -> dict:
+    """``{kernel name: (launches per call, device us per call)}`` of ``calls`` calls of ``fn``
+    under ``torch.profiler`` (CUPTI records every kernel of the process, JAX's too)."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
+        out = None
         for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+            out = fn()
+        sync(out)
     kern = defaultdict(lambda: [0, 0.0])
     for e in prof.key_averages():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             k = kern[e.key[:70]]
             k[0] += e.count
             k[1] += e.self_device_time_total
-    return host, pipelined, {n: (c / calls, t / calls) for n, (c, t) in kern.items()}
+    return {n: (c / calls, t / calls) for n, (c, t) in kern.items()}
+
+
+def _print_kernels(kern: dict, top: int = 12) -> None:
+    for k, (cnt, t) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {t:9.1f} us  x{cnt:4.1f}  {k}")
 
 
 def _cprofile(fn, calls: int, top: int) -> None:
@@ -116,7 +131,40 @@ def _jax_rows(name: str, generated: str, batch: int, graph, calls: int) -> None:
             host = (time.perf_counter() - t0) * 1e6 / calls
             jax.block_until_ready(out)
             pipelined = (time.perf_counter() - t0) * 1e6 / calls
-            print(f"{name} {op} {direction} (jax.jit): host {host:.1f} us/call, pipelined {pipelined:.1f}", flush=True)
+            kern = _device_kernels(fn, calls, jax.block_until_ready) if torch.cuda.is_available() else {}
+            total = sum(t for _, t in kern.values())
+            print(f"{name} {op} {direction} (jax.jit): host {host:.1f} us/call, pipelined {pipelined:.1f}, "
+                  f"kernels {total:.1f} us/call in {sum(c for c, _ in kern.values()):.0f} launches", flush=True)
+            _print_kernels(kern)
+
+
+def _jax_floor(calls: int) -> None:
+    """Host microseconds per call of the cheapest jitted calls on this host: ``x + 1`` (one
+    XLA kernel) and a one-program Pallas copy (one Triton kernel): what any jitted op costs
+    to dispatch here, whatever its kernels."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from eqdsl.runtime import jax_runtime as rt
+
+    x = jnp.zeros((16, 128), jnp.float32)
+
+    def copy_kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    interpret = rt.use_interpret(None)
+    copy = pl.pallas_call(copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)
+    for label, fn in (("jit(x + 1)", jax.jit(lambda a: a + 1)), ("jit(pallas copy)", jax.jit(copy))):
+        for _ in range(5):
+            jax.block_until_ready(fn(x))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(x)
+        host = (time.perf_counter() - t0) * 1e6 / calls
+        jax.block_until_ready(out)
+        pipelined = (time.perf_counter() - t0) * 1e6 / calls
+        print(f"floor {label}: host {host:.1f} us/call, pipelined {pipelined:.1f}", flush=True)
 
 
 def main() -> None:
@@ -134,6 +182,7 @@ def main() -> None:
 
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
     if args.jax_only:
+        _jax_floor(args.calls)
         for name in args.problems.split(","):
             _jax_rows(name, args.generated, args.batch, bc.latency_graph(), args.calls)
         return
@@ -164,8 +213,7 @@ def main() -> None:
                 total = sum(t for _, t in kern.values())
                 print(f"\n{name} {op} {direction}: host {host:.1f} us/call, pipelined {pipe:.1f}, "
                       f"kernels {total:.1f} us/call in {sum(c for c, _ in kern.values()):.0f} launches", flush=True)
-                for k, (cnt, t) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:12]:
-                    print(f"  {t:9.1f} us  x{cnt:4.1f}  {k}")
+                _print_kernels(kern)
                 if args.cprofile:
                     _cprofile(fn, args.calls, args.cprofile)
         if args.jax:

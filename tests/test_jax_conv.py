@@ -38,6 +38,8 @@ CHANNELWISE = dict(
     in1="2x0e+2x1o", in2="1x0e+1x1o", out="2x0e+2x1o+2x1o+2x0e",
     instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True), (1, 1, 3, "uvu", True)],
 )
+# pallas_conv_max_terms = 1: the conv's own kernels, one per output group (fused: per x1 block)
+SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\n"
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -68,7 +70,19 @@ def pkgs(root):
         "mean": build(conv_spec("conv_mixed_mean", reduce="mean", layout="ir_mul"), root),
         "shared": build(conv_spec("conv_mixed_shared", shared=True), root),
         "channelwise": build(conv_spec("conv_channelwise_mean", reduce="mean", **CHANNELWISE), root),
+        "mixed_split": build(conv_spec("conv_mixed_split", layout="ir_mul") + SPLIT, root),
+        "channelwise_split": build(conv_spec("conv_channelwise_split", **CHANNELWISE) + SPLIT, root),
     }
+
+
+@pytest.mark.parametrize("kind", ["mixed_split", "channelwise_split"])
+def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
+    """The conv's kernel sets are split further than the plain product's, one per output group."""
+    k = pkgs[kind].ops._kernels
+    assert [len(k.CONV_FWD_KERNELS), len(k.FWD_KERNELS)] == [len(pkgs[kind].ir.out), 1]
+    assert sum(w for _, w in k.CONV_FWD_KERNELS) == k.IDIM_OUT
+    if kind == "channelwise_split":
+        assert len(k.CONV_BWD_FUSED_KERNELS) == len(pkgs[kind].ir.in1) == 2
 
 
 def graph(rng, n, e):
@@ -120,8 +134,9 @@ def test_conv_check_grads_order2(pkgs, kind):
     check_grads(f, (jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)), order=2, modes=["rev"], atol=1e-6, rtol=1e-6)
 
 
-def test_conv_vjp_matches_reference_mixed(pkgs):
-    b = pkgs["mean"]
+@pytest.mark.parametrize("kind", ["mean", "mixed_split"])
+def test_conv_vjp_matches_reference_mixed(pkgs, kind):
+    b = pkgs[kind]
     rng = np.random.default_rng(1)
     n, e = 7, 23
     src, dst = graph(rng, n, e)
@@ -134,11 +149,11 @@ def test_conv_vjp_matches_reference_mixed(pkgs):
         assert rel_err(got, want) <= 1e-12
 
 
-@pytest.mark.parametrize("segment_edges", [1, 2])
-def test_conv_fused_backward_matches_reference(pkgs, segment_edges):
+@pytest.mark.parametrize("kind,segment_edges", [("channelwise", 1), ("channelwise", 2), ("channelwise_split", 2)])
+def test_conv_fused_backward_matches_reference(pkgs, kind, segment_edges):
     """The channelwise conv's VJP is the fused backward (per-edge dF/dx messages summed into
     their src nodes) and equals the reference, isolated nodes and a self-loop included."""
-    b = pkgs["channelwise"]
+    b = pkgs[kind]
     assert b.ops.CONV_OPS.bwd is not None
     rng = np.random.default_rng(3)
     n, e = 9, 29

@@ -52,7 +52,9 @@ back as operands, as the derivatives of derivatives do.
 
 Kernels are grouped per output block (``backward_w``: per weighted path); a body
 whose unrolled terms would exceed ``MAX_TERMS_PER_KERNEL`` nonzeros is split into
-several kernels over consecutive output blocks, each writing its own column range.
+several kernels over consecutive output blocks, each writing its own column range. The
+conv may split further (spec key ``pallas_conv_max_terms``): it then gets kernels of its
+own (``CONV_*_KERNELS``; otherwise those name the plain product's).
 
 Fused backward. A channelwise product (``helion_fused.fused_bwd_reason`` is None: every
 path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
@@ -230,8 +232,9 @@ def _lanesum(expr: str, pad: int) -> str:
 class _KernelBuilder:
     """Builds the context of one kernel of one kind over a run of output groups."""
 
-    def __init__(self, kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, groups: list[int]):
-        self.kind = kind
+    def __init__(self, kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, groups: list[int],
+                 prefix: str = "tp"):
+        self.kind, self.prefix = kind, prefix
         self.refs, self.target, weighted_only = next((r, t, wo) for k, r, t, wo in KINDS if k == kind)
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.paths = [p for p in ir.paths if p.has_weight or not weighted_only]
@@ -528,7 +531,7 @@ class _KernelBuilder:
         return {
             "kind": self.kind,
             "number": self.number,
-            "name": f"_tp_{self.kind}_kernel_{self.number}",
+            "name": f"_{self.prefix}_{self.kind}_kernel_{self.number}",
             "refs": [f"{r}_ref" for r in self.refs],
             "outs": ["out_ref"],
             "width": col,
@@ -539,10 +542,12 @@ class _KernelBuilder:
         }
 
 
-def _split(costs: list[int]) -> list[list[int]]:
-    """Consecutive runs of groups, balanced, each within ``MAX_TERMS_PER_KERNEL`` terms if possible."""
+def _split(costs: list[int], max_terms: int | None = None) -> list[list[int]]:
+    """Consecutive runs of groups, balanced, each within ``max_terms`` terms (default
+    ``MAX_TERMS_PER_KERNEL``) if possible."""
+    max_terms = MAX_TERMS_PER_KERNEL if max_terms is None else max_terms
     total = sum(costs)
-    n = max(1, -(-total // MAX_TERMS_PER_KERNEL))
+    n = max(1, -(-total // max_terms))
     target = total / n
     runs, cur, cur_terms = [], [], 0
     for i, t in enumerate(costs):
@@ -556,21 +561,22 @@ def _split(costs: list[int]) -> list[list[int]]:
     return runs
 
 
-def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict) -> list[dict]:
+def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict,
+             max_terms: int | None = None, prefix: str = "tp") -> list[dict]:
     _, _, op, weighted_only = next(k for k in KINDS if k[0] == kind)
     paths = [p for p in ir.paths if p.has_weight or not weighted_only]
     if not paths:  # nothing to compute: the launcher returns zeros
         return []
     if op == "w":
         ids = list(wmap)
-        runs = _split([len(ir.paths[i].nonzeros) for i in ids])
+        runs = _split([len(ir.paths[i].nonzeros) for i in ids], max_terms)
         runs = [[ids[i] for i in run] for run in runs]
     else:
         key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
         costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b["index"]) for b in blocks[op]]
-        runs = _split(costs)
+        runs = _split(costs, max_terms)
     # the lanes a kernel needs are known only after its body is built
-    return [_KernelBuilder(kind, ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
+    return [_KernelBuilder(kind, ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]
 
 
 def pallas_tuning(pairs=()) -> tuple[int | None, int]:
@@ -594,9 +600,29 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # backward measured slower than them on the H100, 2026-11-23: 2208 against 1808 us fwd+bwd)
     # The conv's backward gathers G, its widest operand, once per kernel: its fused form
     # (pallas_conv_fuse_bwd) gathers it once (jax_runtime.conv_backward_fused)
-    tp_fuse = bool(dict(tuning).get("pallas_fuse_bwd", 1))
-    conv_fuse = ir.conv and bool(dict(tuning).get("pallas_conv_fuse_bwd", 1))
-    fused = fused_context(ir, blocks, wmap) if tp_fuse or conv_fuse else None
+    values = dict(tuning)
+    tp_fuse = bool(values.get("pallas_fuse_bwd", 1))
+    conv_fuse = ir.conv and bool(values.get("pallas_conv_fuse_bwd", 1))
+    # pallas_conv_max_terms: the conv's own kernels, split over more output blocks than the
+    # plain product's. A segment program carries a running sum per output column of its
+    # kernel; the split re-gathers only the inputs its kernels share (x1 rows, from L2).
+    # The plain product keeps one kernel: its split pieces are joined by a concatenation,
+    # a pass over the widest array (mace_large fwd 467 -> 1,053 us, H100, 2026-11-25)
+    conv_family = None
+    if ir.conv and "pallas_conv_max_terms" in values:
+        terms = int(values["pallas_conv_max_terms"])
+        conv_family = {
+            "kernel_sets": [{"kind": kind, "const": "CONV_" + kind.upper() + "_KERNELS",
+                             "kernels": _kernels(kind, ir, blocks, wmap, terms, "conv")} for kind in kinds],
+            "fused": fused_context(ir, blocks, wmap, terms, "conv") if conv_fuse else None,
+        }
+        same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
+        if same and conv_family["fused"] is not None:
+            same = len(conv_family["fused"]["kernels"]) == len(fused_context(ir, blocks, wmap)["kernels"])
+        if same:  # the budget splits nothing further: the conv uses the plain product's kernels
+            conv_family = None
+    separate = conv_family is not None
+    fused = fused_context(ir, blocks, wmap) if tp_fuse or (conv_fuse and not separate) else None
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
@@ -628,7 +654,8 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
         "fused": fused,
         "tp_fused": fused is not None and tp_fuse,
-        "conv_fused": fused is not None and conv_fuse,
+        "conv_fused": conv_fuse and (conv_family["fused"] if separate else fused) is not None,
+        "conv_family": conv_family,
         "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),

@@ -31,7 +31,8 @@ a ``(block_batch, 1)`` column (``x2``). Kernel body, straight-line, per batch bl
 Padded lanes (``u >= mul``) are zero in every operand, so the lane sums need no mask.
 A kernel owns whole ``x1`` blocks (``gx1`` needs every path of its block) and the
 paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
-``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms,
+``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms
+(the conv's: ``pallas_conv_max_terms``),
 counting three per CG nonzero (one per gradient). Every kernel then writes the full
 ``gx2`` row as its own partial sum and the launcher adds them up in kernel order
 (``jax_runtime.launch_fused``: deterministic, no atomics). Each kernel writes its
@@ -62,11 +63,12 @@ class _FusedBuilder(pb._KernelBuilder):
     """One fused kernel over a run of ``x1`` blocks (reuses the operand reads of
     ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
 
-    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, blocks_in1: list[int]):
+    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, blocks_in1: list[int],
+                 prefix: str = "tp"):
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.paths = list(ir.paths)
-        self.number = number
+        self.number, self.prefix = number, prefix
         self.group_ids = blocks_in1
         self.loaded: set[str] = set()
         self.lanes: set[int] = set()
@@ -133,7 +135,7 @@ class _FusedBuilder(pb._KernelBuilder):
         return {
             "kind": self.kind,
             "number": self.number,
-            "name": f"_tp_bwd_fused_kernel_{self.number}",
+            "name": f"_{self.prefix}_bwd_fused_kernel_{self.number}",
             "refs": ["x1_ref", "x2_ref", "w_ref", "g_ref"],
             "outs": ["gx1_ref", "gx2_ref", "gw_ref"],
             "width": col,
@@ -176,7 +178,8 @@ def _store_block(ref: str, blk: dict, col: int, values: list[str]) -> list[dict]
     return [pb._write(col + m * blk["mul"], v, blk["mul"], blk["pad"], 1, ref=ref) for m, v in enumerate(values)]
 
 
-def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict) -> dict | None:
+def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
+                  max_terms: int | None = None, prefix: str = "tp") -> dict | None:
     """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
 
     ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
@@ -187,8 +190,8 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict) -> dict | None:
     if fused_reason(ir) is not None:
         return None
     costs = [3 * sum(len(p.nonzeros) for p in ir.paths if p.i_in1 == b["index"]) for b in blocks["x1"]]
-    runs = pb._split(costs)
-    kernels = [_FusedBuilder(ir, blocks, wmap, n, run).build() for n, run in enumerate(runs)]
+    runs = pb._split(costs, max_terms)
+    kernels = [_FusedBuilder(ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]
     order = [pi for k in kernels for pi in k["paths"]]
     start, segments = 0, {}
     for pi in order:

@@ -211,7 +211,7 @@ def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
 
 
 def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
-    return rt.launch_edges(_kernels.NAME, _kernels.BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
+    return rt.launch_edges(_kernels.NAME, _kernels.CONV_BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
                            shared_arg=None, shared_out=SHARED_WEIGHTS, num_nodes=a.shape[0],
                            out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
                            num_warps=_kernels.NUM_WARPS)
@@ -221,16 +221,17 @@ def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
 
 def _conv_backward_fused(a, b, c, g, graph, *, block_batch, interpret):
     # the three gradients with one gather of G per edge (rt.conv_backward_fused)
-    return rt.conv_backward_fused(_kernels.NAME, _kernels.BWD_FUSED_KERNELS, (a, b, c, g), graph,
+    return rt.conv_backward_fused(_kernels.NAME, _kernels.CONV_BWD_FUSED_KERNELS, (a, b, c, g), graph,
                                   num_nodes=a.shape[0], dim_in2=_kernels.IDIM_IN2,
-                                  gw_segments=_kernels.FUSED_GW_SEGMENTS, block_edges=block_batch[0],
+                                  gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS, block_edges=block_batch[0],
                                   segment_edges=block_batch[1], interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
 
 # The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any
 # order in reverse mode (``rt.make_conv_vjp_ops``); the forward's VJP runs the fused backward.
 CONV_OPS = rt.make_conv_vjp_ops(
-    *_conv_launchers(_kernels.FWD_KERNELS, _kernels.BWD_X1_KERNELS, _kernels.BWD_X2_KERNELS), _conv_backward_w,
+    *_conv_launchers(_kernels.CONV_FWD_KERNELS, _kernels.CONV_BWD_X1_KERNELS, _kernels.CONV_BWD_X2_KERNELS),
+    _conv_backward_w,
     fused=_conv_backward_fused,
 )
 

@@ -841,6 +841,14 @@ BWD_FUSED_KERNELS = (
 )
 FUSED_GW_SEGMENTS = None
 
+# The conv (jax_ops.conv) runs the plain product's kernels.
+CONV_FWD_KERNELS = FWD_KERNELS
+CONV_BWD_X1_KERNELS = BWD_X1_KERNELS
+CONV_BWD_X2_KERNELS = BWD_X2_KERNELS
+CONV_BWD_W_KERNELS = BWD_W_KERNELS
+CONV_BWD_FUSED_KERNELS = BWD_FUSED_KERNELS
+CONV_FUSED_GW_SEGMENTS = FUSED_GW_SEGMENTS
+
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
     """``dF/dg``: ``x1`` ``(rows, IDIM_IN1)``, ``x2`` ``(rows, IDIM_IN2)``, ``w``
