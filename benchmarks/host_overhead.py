@@ -25,7 +25,8 @@ importable (skipped with the reason otherwise; their results are not compared he
 benchmarks/bench_tp.py does that). Then a ``time.perf_counter`` breakdown of one fast
 call into its parts, and whether every kernel launch was replayed (``HelionLaunch``
 plans; ``raw``: Triton's C launch called directly). The fast and custom-op results are
-compared (bitwise for tensor_product; conv scatters with atomics: allclose).
+compared (bitwise for tensor_product; conv scatters with atomics: allclose). First, this
+host's floor: ``torch.empty_like`` and ``x + 1`` (one ATen launch) on a small tensor.
 
 Without a GPU, ``--stub`` times the same Python on CPU tensors with Triton's launch
 replaced by a no-op stand-in (Helion's host code is real: generated once on the CPU,
@@ -304,6 +305,16 @@ def main(argv=None) -> int:
           f"float32, tensor_product batch {args.batch}, conv {args.edges} edges / {nodes} nodes, {calls} calls x {args.reps}")
     results = {"device": device, "stub": args.stub, "rows": [], "breakdown": {}, "replay": {}, "skipped": {}}
     rows = [("problem", "op", "case", "impl", "host us", "pipelined us", "sync us")]
+    # this host's floor: what the cheapest eager torch calls cost (one allocation; one
+    # allocation and one ATen kernel launch), the unit the targets are met in
+    t = torch.zeros(args.batch, 1152, device=device)
+    for case, fn in (("empty_like", lambda: torch.empty_like(t)), ("x + 1", lambda: t + 1)):
+        host, pipe = clock.host_and_pipelined(fn)
+        sync = clock.synchronized(fn) if gpu else float("nan")
+        rows.append(("-", "floor", case, "torch", f"{host:.1f}", f"{pipe:.1f}", f"{sync:.1f}"))
+        results["rows"].append(dict(zip(("problem", "op", "case", "impl", "host_us", "pipelined_us", "sync_us"),
+                                        ("-", "floor", case, "torch", host, pipe, sync))))
+        print("  ".join(rows[-1]), flush=True)
     for name in problems:
         pkg = importlib.import_module(f"generated.{name}")
         ops = importlib.import_module(f"generated.{name}.torch_ops")
