@@ -60,6 +60,7 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, default=5, help="timing loops per row (the minimum is reported)")
     ap.add_argument("--stub", action="store_true", help="CPU: Triton's launch is a no-op stand-in")
     ap.add_argument("--no-compare", action="store_true", help="skip e3nn and cuEquivariance")
+    ap.add_argument("--floor-only", action="store_true", help="only this host's floor (no problem is compiled)")
     return ap.parse_args(argv)
 
 
@@ -315,6 +316,8 @@ def main(argv=None) -> int:
         results["rows"].append(dict(zip(("problem", "op", "case", "impl", "host_us", "pipelined_us", "sync_us"),
                                         ("-", "floor", case, "torch", host, pipe, sync))))
         print("  ".join(rows[-1]), flush=True)
+    if args.floor_only:
+        problems = []
     for name in problems:
         pkg = importlib.import_module(f"generated.{name}")
         ops = importlib.import_module(f"generated.{name}.torch_ops")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute on one problem's conv kernels, torch then jax, in one device call:
-#   bash benchmarks/ncu_conv.sh PROBLEM [EDGES]
+#   [FRAMEWORKS="torch jax"] bash benchmarks/ncu_conv.sh PROBLEM [EDGES]
 # Time, DRAM bytes, registers, achieved occupancy and local-memory (spill) instructions of
 # every conv kernel launch of benchmarks/profile_conv.py. Logs go to $OUT (ncu_conv_*.csv).
 set -u
@@ -12,8 +12,9 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
 METRICS=$METRICS,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
 METRICS=$METRICS,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum,launch__grid_size,launch__block_size
-for fw in torch jax; do
-  regex='conv_'; [ $fw = jax ] && regex='conv_tp|segment_rows'
+for fw in ${FRAMEWORKS:-torch jax}; do
+  # jax: <name>_conv_tp_* (the plain product's kernels), <name>_conv_conv_* (the conv's own), segment_rows
+  regex='conv_'; [ $fw = jax ] && regex='conv_(tp|conv)_|segment_rows'
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${NCU_TIMEOUT:-240} "$NCU" -k "regex:$regex" --metrics "$METRICS" --csv --page raw \
     python3 benchmarks/profile_conv.py "$PROBLEM" $fw --edges "$EDGES" > "$OUT/ncu_conv_$fw.csv" 2> "$OUT/ncu_conv_$fw.err"
   echo "$fw: ncu rc=$?"
