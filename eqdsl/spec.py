@@ -48,7 +48,9 @@ take the atomic kernels, unsorted; default 8192) (Helion);
 the product is channelwise; default 1) ``pallas_segment_edges`` (a power of two: edges per loop step of the
 conv's segment kernels, default 2) and ``pallas_conv_max_terms`` (CG terms per conv kernel
 before a kernel set is split over consecutive output blocks; default 1200, the plain
-product's budget) (Pallas). A sub-table
+product's budget) and ``pallas_conv_fused_max_terms`` (the conv's fused backward: terms,
+three per CG nonzero, per kernel, splitting an ``x1`` block's paths over kernels if need be;
+default: whole blocks) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
 ``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
@@ -110,6 +112,7 @@ TUNING_KEYS = {
     "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
     "pallas_segment_edges": _pow2(1, 256),
     "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
+    "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the product is channelwise)"),
     "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where the product is channelwise)"),
     "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),

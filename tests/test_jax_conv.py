@@ -38,8 +38,9 @@ CHANNELWISE = dict(
     in1="2x0e+2x1o", in2="1x0e+1x1o", out="2x0e+2x1o+2x1o+2x0e",
     instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True), (1, 1, 3, "uvu", True)],
 )
-# pallas_conv_max_terms = 1: the conv's own kernels, one per output group (fused: per x1 block)
-SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\n"
+# pallas_conv_max_terms = 1: the conv's own kernels, one per output group; with
+# pallas_conv_fused_max_terms = 1 one fused backward kernel per path
+SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\n"
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -82,7 +83,9 @@ def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
     assert [len(k.CONV_FWD_KERNELS), len(k.FWD_KERNELS)] == [len(pkgs[kind].ir.out), 1]
     assert sum(w for _, w in k.CONV_FWD_KERNELS) == k.IDIM_OUT
     if kind == "channelwise_split":
-        assert len(k.CONV_BWD_FUSED_KERNELS) == len(pkgs[kind].ir.in1) == 2
+        # one path per fused kernel: each x1 block's two paths write partial dF/dx1 messages
+        assert len(k.CONV_BWD_FUSED_KERNELS) == len(pkgs[kind].ir.paths) == 4
+        assert [len(r) for r in k.CONV_FUSED_GX1_SEGMENTS] == [2, 2] and k.FUSED_GX1_SEGMENTS is None
 
 
 def graph(rng, n, e):

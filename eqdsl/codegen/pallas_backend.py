@@ -608,13 +608,18 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # kernel; the split re-gathers only the inputs its kernels share (x1 rows, from L2).
     # The plain product keeps one kernel: its split pieces are joined by a concatenation,
     # a pass over the widest array (mace_large fwd 467 -> 1,053 us, H100, 2026-11-25)
+    # pallas_conv_fused_max_terms: the conv's fused backward split further, down to part of
+    # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
+    # after the segment sum): fewer registers per program for one more message per part
     conv_family = None
-    if ir.conv and "pallas_conv_max_terms" in values:
-        terms = int(values["pallas_conv_max_terms"])
+    if ir.conv and ("pallas_conv_max_terms" in values or "pallas_conv_fused_max_terms" in values):
+        terms = values.get("pallas_conv_max_terms")
+        fused_terms = values.get("pallas_conv_fused_max_terms")
         conv_family = {
             "kernel_sets": [{"kind": kind, "const": "CONV_" + kind.upper() + "_KERNELS",
                              "kernels": _kernels(kind, ir, blocks, wmap, terms, "conv")} for kind in kinds],
-            "fused": fused_context(ir, blocks, wmap, terms, "conv") if conv_fuse else None,
+            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "conv",
+                                   split_blocks=fused_terms is not None) if conv_fuse else None,
         }
         same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:

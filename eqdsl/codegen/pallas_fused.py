@@ -32,13 +32,19 @@ Padded lanes (``u >= mul``) are zero in every operand, so the lane sums need no 
 A kernel owns whole ``x1`` blocks (``gx1`` needs every path of its block) and the
 paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
 ``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms
-(the conv's: ``pallas_conv_max_terms``),
-counting three per CG nonzero (one per gradient). Every kernel then writes the full
-``gx2`` row as its own partial sum and the launcher adds them up in kernel order
-(``jax_runtime.launch_fused``: deterministic, no atomics). Each kernel writes its
-``gx1`` blocks' columns and its paths' weight columns; the pieces concatenate, and
-when the paths are not in ``x1`` block order the weight columns are put back in
-e3nn's order by ``gw_segments``.
+(the conv's: ``pallas_conv_max_terms``), counting three per CG nonzero (one per
+gradient). Every kernel then writes the full ``gx2`` row as its own partial sum and the
+launcher adds them up in kernel order (``jax_runtime.launch_fused``: deterministic, no
+atomics). Each kernel writes its ``gx1`` blocks' columns and its paths' weight columns;
+the pieces concatenate, and when the paths are not in ``x1`` block order the weight
+columns are put back in e3nn's order by ``gw_segments``.
+
+The conv may also split one ``x1`` block's paths over kernels (``split_blocks``, spec key
+``pallas_conv_fused_max_terms``): a block too large for one program's registers (ncu,
+mace_large: 252-255 registers and 12% occupancy for its ``1o`` and ``2e`` blocks, H100,
+2026-11-25). Each part then writes a partial ``gx1`` message of the whole block, and
+``gx1_segments`` says which concatenated columns add up to each block (after the conv's
+segment sum, on node rows).
 
 Everything is decided here; the template only loops over the statements.
 """
@@ -63,13 +69,14 @@ class _FusedBuilder(pb._KernelBuilder):
     """One fused kernel over a run of ``x1`` blocks (reuses the operand reads of
     ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
 
-    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, blocks_in1: list[int],
-                 prefix: str = "tp"):
+    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
+                 units: list[tuple[int, list[int]]], prefix: str = "tp"):
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.paths = list(ir.paths)
         self.number, self.prefix = number, prefix
-        self.group_ids = blocks_in1
+        self.units = units  # (x1 block, the paths out of it that this kernel owns)
+        self.group_ids = [a for a, _ in units]
         self.loaded: set[str] = set()
         self.lanes: set[int] = set()
 
@@ -110,7 +117,7 @@ class _FusedBuilder(pb._KernelBuilder):
 
     def build(self) -> dict:
         ir = self.ir
-        paths = [p for a in self.group_ids for p in ir.paths if p.i_in1 == a]
+        paths = [ir.paths[i] for _, pis in self.units for i in pis]
         # this kernel's weight columns: its paths' rows, in its path order
         self._gw_col, wcol = {}, 0
         for p in paths:
@@ -119,9 +126,9 @@ class _FusedBuilder(pb._KernelBuilder):
         groups: list[dict] = []
         px2: dict[tuple[int, int, int], str] = {}
         col = 0
-        for a in self.group_ids:
+        for a, pis in self.units:
             blk = self.blocks["x1"][a]
-            mine = [p for p in paths if p.i_in1 == a]
+            mine = [ir.paths[i] for i in pis]
             accs = self._accs(blk)
             top = [pb._line(f"{acc} = jnp.zeros((rows, {blk['pad']}), dtype)") for acc in accs]
             for p in mine:
@@ -141,6 +148,7 @@ class _FusedBuilder(pb._KernelBuilder):
             "width": col,
             "gw_width": wcol,
             "paths": [p.index for p in paths],
+            "x1_blocks": [a for a, _ in self.units],
             "desc": (f"Fused backward: x1 blocks {', '.join(map(str, self.group_ids))} ({col} gx1 columns), "
                      f"paths {', '.join(str(p.index) for p in paths)} ({wcol} weight columns), the whole gx2 "
                      f"row; {terms} CG terms (three per nonzero)."),
@@ -178,20 +186,64 @@ def _store_block(ref: str, blk: dict, col: int, values: list[str]) -> list[dict]
     return [pb._write(col + m * blk["mul"], v, blk["mul"], blk["pad"], 1, ref=ref) for m, v in enumerate(values)]
 
 
+def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_blocks: bool) -> list[tuple]:
+    """``(x1 block, path indices, cost)`` per unit of work, in ``x1`` block order: a whole
+    block and every path out of it, or with ``split_blocks`` a block over ``max_terms``
+    split into consecutive runs of its paths (each run then writes a partial ``gx1``)."""
+    units = []
+    for b in blocks["x1"]:
+        paths = [p for p in ir.paths if p.i_in1 == b["index"]]
+        costs = [3 * len(p.nonzeros) for p in paths]
+        runs = pb._split(costs, max_terms) if split_blocks and len(paths) > 1 else [list(range(len(paths)))]
+        for run in runs:
+            units.append((b["index"], [paths[i].index for i in run], sum(costs[i] for i in run)))
+    return units
+
+
 def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
-                  max_terms: int | None = None, prefix: str = "tp") -> dict | None:
+                  max_terms: int | None = None, prefix: str = "tp", split_blocks: bool = False) -> dict | None:
     """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
 
     ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
     ``gw_segments``: None when the kernels' weight columns concatenate to e3nn's order,
     else ``(start, numel)`` per path in e3nn's order, ``start`` its first column in the
-    concatenation.
+    concatenation; ``gx1_segments``: None when the kernels' ``gx1`` columns concatenate to
+    the ``x1`` blocks in order, else per ``x1`` block the ``(start, width)`` column ranges
+    of the concatenation whose sum is that block's gradient (``split_blocks``: a block's
+    paths over several kernels, each a partial sum).
     """
     if fused_reason(ir) is not None:
         return None
-    costs = [3 * sum(len(p.nonzeros) for p in ir.paths if p.i_in1 == b["index"]) for b in blocks["x1"]]
-    runs = pb._split(costs, max_terms)
-    kernels = [_FusedBuilder(ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]
+    units = _units(ir, blocks, max_terms, split_blocks)
+    if split_blocks:  # greedy: a balanced split would put a block's parts back together
+        budget = pb.MAX_TERMS_PER_KERNEL if max_terms is None else max_terms
+        runs, total = [], budget + 1
+        for i, (_, _, cost) in enumerate(units):
+            if total + cost > budget:
+                runs.append([])
+                total = 0
+            runs[-1].append(i)
+            total += cost
+    else:
+        runs = pb._split([cost for _, _, cost in units], max_terms)
+    kernels = []
+    for n, run in enumerate(runs):
+        merged: list[tuple[int, list[int]]] = []
+        for a, pis, _ in (units[i] for i in run):
+            if merged and merged[-1][0] == a:  # two runs of one block in one kernel: one sum
+                merged[-1] = (a, merged[-1][1] + pis)
+            else:
+                merged.append((a, pis))
+        kernels.append(_FusedBuilder(ir, blocks, wmap, n, merged, prefix).build())
+    ranges: dict[int, list[tuple[int, int]]] = {b["index"]: [] for b in blocks["x1"]}
+    col = 0
+    for k in kernels:
+        for a in k["x1_blocks"]:
+            width = blocks["x1"][a]["dim"] * blocks["x1"][a]["mul"]
+            ranges[a].append((col, width))
+            col += width
+    plain = all(len(r) == 1 for r in ranges.values()) and [r[0][0] for r in ranges.values()] == sorted(
+        r[0][0] for r in ranges.values())
     order = [pi for k in kernels for pi in k["paths"]]
     start, segments = 0, {}
     for pi in order:
@@ -201,4 +253,5 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
     return {
         "kernels": kernels,
         "gw_segments": None if in_order else [segments[pi] for pi in sorted(order, key=lambda q: wmap[q]["offset"])],
+        "gx1_segments": None if plain else [ranges[b["index"]] for b in blocks["x1"]],
     }

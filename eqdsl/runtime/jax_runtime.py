@@ -351,7 +351,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
 
 
 def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_batch: int, interpret: bool,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, gx1_segments=None):
     """Run the fused backward kernels (``eqdsl.codegen.pallas_fused``) of a channelwise product.
 
     ``args``: ``(x1, x2, w, g)``, ``(rows, width)`` each (per-row weights), blocked by
@@ -360,7 +360,8 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
     ``(rows, dim_in2)`` row of ``gx2`` partial sums and its paths' weight-gradient
     columns. Returns ``(gx1, gx2, gw)``: the ``gx1`` and ``gw`` pieces concatenated (``gw``
     reordered by ``gw_segments``, ``(start, width)`` per path in e3nn's order, when not
-    None), the ``gx2`` partials added in kernel order (deterministic, no atomics).
+    None; ``gx1`` summed per ``x1`` block over its ``gx1_segments`` ranges when not None),
+    the ``gx2`` partials added in kernel order (deterministic, no atomics).
     """
     from jax.experimental import pallas as pl
 
@@ -383,7 +384,23 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
             name=name + kernel.__name__,
         )
         pieces.append(call(*args))
-    return _join_fused(pieces, gw_segments)
+    gx1, gx2, gw = _join_fused(pieces, gw_segments)
+    return sum_segments(gx1, gx1_segments), gx2, gw
+
+
+def sum_segments(a, segments):
+    """``a`` with its column ranges summed per output block: for each block, the sum of
+    ``a[:, start:start + width]`` over its ``(start, width)`` ranges, in order; ``a`` itself
+    when ``segments`` is None."""
+    if segments is None:
+        return a
+    blocks = []
+    for ranges in segments:
+        total = a[:, ranges[0][0]:ranges[0][0] + ranges[0][1]]
+        for start, width in ranges[1:]:
+            total = total + a[:, start:start + width]
+        blocks.append(total)
+    return _concat(blocks)
 
 
 def _join_fused(pieces, gw_segments):
@@ -934,7 +951,8 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
 
 
 def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, gw_segments,
-                        block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None):
+                        block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None,
+                        gx1_segments=None):
     """The conv's three gradients from one gather of each operand per edge (a channelwise
     product's fused backward kernels, ``eqdsl.codegen.pallas_fused``).
 
@@ -944,7 +962,9 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     body, which writes ``dF/dy`` and ``dF/dW`` of its edges and each edge's ``dF/dx``
     message; a segment kernel then sums the messages into their ``src`` nodes
     (``segment_sum_rows``: a fixed order, no atomics). The three-kernel backward gathers
-    ``G``, the widest operand, once per kernel. Returns ``(gx (N, dim_in1), gy, gW)``
+    ``G``, the widest operand, once per kernel. Kernels that own part of an ``x1`` block's
+    paths write partial messages: their node sums are added per block after the segment
+    sum (``gx1_segments``, as ``launch_fused``). Returns ``(gx (N, dim_in1), gy, gW)``
     (``gW`` in the kernel weight layout, as ``backward_w``).
     """
     from jax.experimental import pallas as pl
@@ -986,7 +1006,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
                           interpret=interpret, num_warps=num_warps)
-    return gx, gy, gw
+    return sum_segments(gx, gx1_segments), gy, gw
 
 
 def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, block_edges: int, interpret: bool,

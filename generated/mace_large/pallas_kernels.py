@@ -5172,6 +5172,9 @@ CONV_BWD_FUSED_KERNELS = (
     (_conv_bwd_fused_kernel_2, 640, 896),
 )
 CONV_FUSED_GW_SEGMENTS = None
+# None, or per x1 block the (first column, width) ranges of the concatenated dF/dx1 messages
+# that add up to it (a block's paths split over kernels)
+CONV_FUSED_GX1_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):

@@ -223,7 +223,8 @@ def _conv_backward_fused(a, b, c, g, graph, *, block_batch, interpret):
     # the three gradients with one gather of G per edge (rt.conv_backward_fused)
     return rt.conv_backward_fused(_kernels.NAME, _kernels.CONV_BWD_FUSED_KERNELS, (a, b, c, g), graph,
                                   num_nodes=a.shape[0], dim_in2=_kernels.IDIM_IN2,
-                                  gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS, block_edges=block_batch[0],
+                                  gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS,
+                                  gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS, block_edges=block_batch[0],
                                   segment_edges=block_batch[1], interpret=interpret, num_warps=_kernels.NUM_WARPS)
 
 

@@ -4601,11 +4601,13 @@ BWD_W_KERNELS = (
 
 # (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
 # FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns.
+# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
+# width) ranges of the concatenated gx1 columns that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 704, 1312),
 )
 FUSED_GW_SEGMENTS = None
+FUSED_GX1_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -4646,7 +4648,8 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, block_batch=block_batch, interpret=interpret,
+                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 
 
