@@ -44,7 +44,9 @@ The conv may also split one ``x1`` block's paths over kernels (``split_blocks``,
 mace_large: 252-255 registers and 12% occupancy for its ``1o`` and ``2e`` blocks, H100,
 2026-11-25). Each part then writes a partial ``gx1`` message of the whole block, and
 ``gx1_segments`` says which concatenated columns add up to each block (after the conv's
-segment sum, on node rows).
+segment sum, on node rows). For mace_large the extra messages cost more than the
+registers saved: bulk Si fwd+bwd 5,264 us whole, 5,724 with ``2e`` in two parts, 6,303
+with ``1o`` in two and ``2e`` in three (H100, 2026-11-25); no example spec sets it.
 
 Everything is decided here; the template only loops over the statements.
 """
