@@ -68,8 +68,9 @@ def fused_reason(ir: TensorProductIR) -> str | None:
 
 
 class _FusedBuilder(pb._KernelBuilder):
-    """One fused kernel over a run of ``x1`` blocks (reuses the operand reads of
-    ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
+    """One fused kernel over a run of units, each an ``x1`` block and the paths out of it
+    that the kernel owns (all of them unless the block is split; reuses the operand reads
+    of ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
 
     def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
                  units: list[tuple[int, list[int]]], prefix: str = "tp"):
