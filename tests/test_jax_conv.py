@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 
-from eqdsl.reference import conv_reference, conv_vjp_reference  # noqa: E402
+from eqdsl.reference import (  # noqa: E402
+    conv_reference, conv_vjp_reference, tensor_product_reference, tensor_product_vjp_reference)
 from test_jax_ops import EXAMPLES, TOL, Built, build, gpu, rel_err, spec_text  # noqa: E402
 
 # Every mode, weighted and unweighted paths (so the *_weighted kernels are exercised).
@@ -39,8 +40,9 @@ CHANNELWISE = dict(
     instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True), (1, 1, 3, "uvu", True)],
 )
 # pallas_conv_max_terms = 1: the conv's own kernels, one per output group; with
-# pallas_conv_fused_max_terms = 1 one fused backward kernel per path
-SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\n"
+# pallas_conv_fused_max_terms = 1 one fused backward kernel per path; pallas_fma = 1: the
+# sums as rt.fma chains (interpret mode: a * b + c; the chains' terms and signs are tested)
+SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\npallas_fma = 1\n"
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -79,8 +81,18 @@ def pkgs(root):
 @pytest.mark.parametrize("kind", ["mixed_split", "channelwise_split"])
 def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
     """The conv's kernel sets are split further than the plain product's, one per output group."""
-    k = pkgs[kind].ops._kernels
-    assert [len(k.CONV_FWD_KERNELS), len(k.FWD_KERNELS)] == [len(pkgs[kind].ir.out), 1]
+    b = pkgs[kind]
+    k = b.ops._kernels
+    assert "rt.fma(" in open(k.__file__).read()
+    assert [len(k.CONV_FWD_KERNELS), len(k.FWD_KERNELS)] == [len(b.ir.out), 1]
+    # the plain product's kernels (fma chains too) against the oracle
+    rng = np.random.default_rng(5)
+    x1, x2, w = (rng.standard_normal(s) for s in ((6, b.ir.dim_in1), (6, b.ir.dim_in2), (6, b.ir.weight_numel)))
+    g = rng.standard_normal((6, b.ir.dim_out))
+    out, pull = jax.vjp(lambda a, c, ww: b.ops.tensor_product(a, c, ww), x1, x2, w)
+    assert rel_err(out, tensor_product_reference(b.ir, x1, x2, w)) <= 1e-12
+    for got, want in zip(pull(jnp.asarray(g)), tensor_product_vjp_reference(b.ir, x1, x2, w, g)):
+        assert rel_err(got, want) <= 1e-12
     assert sum(w for _, w in k.CONV_FWD_KERNELS) == k.IDIM_OUT
     if kind == "channelwise_split":
         # one path per fused kernel: each x1 block's two paths write partial dF/dx1 messages

@@ -139,3 +139,14 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     bad = EXAMPLES[0].read_text().split("[tensor_product.tuning")[0] + "\n[tensor_product.tuning]\npallas_block_batch = 12\n"
     with pytest.raises(SpecError, match="power of two"):
         parse_spec(bad, "bad.toml")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fma_chains_lower_for_cuda(tmp_path_factory, dtype):
+    """``pallas_fma = 1``: every kernel's sums as ``rt.fma`` chains, inline PTX ``fma.rn`` on
+    the GPU (``pltriton.elementwise_inline_asm``), through Pallas's Triton lowering; a
+    conv spec with unweighted paths and every mode (plain, weighted-only and conv kernels)."""
+    text = spec_text("lower_fma", **MIXED) + 'conv = true\n[tensor_product.tuning]\npallas_fma = 1\n'
+    ops = build(text, tmp_path_factory.mktemp("lower")).ops
+    assert "rt.fma(" in open(ops._kernels.__file__).read()
+    _check_lowers(ops, dtype)

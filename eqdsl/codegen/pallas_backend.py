@@ -64,6 +64,8 @@ path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
 
 from __future__ import annotations
 
+import re
+
 from ..ir import Block, PathIR, TensorProductIR
 from .render import render
 
@@ -206,6 +208,56 @@ def _terms(nonzeros, factors) -> list[str]:
     for n in nonzeros:
         t = " * ".join([repr(abs(float(n.coeff)))] + list(factors(n)))
         out.append(("- " if n.coeff < 0 else ("+ " if out else "")) + t)
+    return out
+
+
+_FACTOR = re.compile(r"^[A-Za-z_][\w]*$|^\d+(\.\d*)?(e-?\d+)?$")
+_PREFIX = re.compile(r"^(?:(\w+) \+ (?:(\w+) \* )?)?$")
+
+
+def _fma_chain(stmt: dict) -> list[dict]:
+    """A ``sum`` statement as a chain of ``rt.fma`` (one rounding per term on the GPU), or
+    ``[stmt]`` unchanged when a term is not a product of names and literals. ``T = A + w *
+    (t1 + t2 + ...)`` becomes ``T_s = t1; T_s = rt.fma(.., .., T_s) ...; T = rt.fma(w, T_s, A)``
+    (``(-a) * b`` is ``-(a * b)``: a term's sign goes on its first factor)."""
+    prefix = _PREFIX.match(stmt["prefix"])
+    if prefix is None:
+        return [stmt]
+    terms = []
+    for t in stmt["terms"]:
+        sign = t[0] if t[:2] in ("- ", "+ ") else ""
+        factors = (t[2:] if sign else t).split(" * ")
+        if not all(_FACTOR.match(f) for f in factors):
+            return [stmt]
+        terms.append(("-" if sign == "-" else "", factors))
+    target, init, scale = stmt["target"], prefix.group(1), prefix.group(2)
+    acc = target if scale is None else f"{target}_s"
+    out = []
+    if init is not None and scale is None:
+        rest = terms
+        if init != acc:
+            out.append(_line(f"{acc} = {init}"))
+    else:  # the chain starts from the first term
+        (sign, factors), rest = terms[0], terms[1:]
+        out.append(_line(f"{acc} = {sign}{' * '.join(factors)}"))
+    for sign, factors in rest:
+        head = " * ".join(factors[:-1]) if len(factors) > 1 else "1.0"
+        out.append(_line(f"{acc} = rt.fma({sign}{head}, {factors[-1]}, {acc})"))
+    if scale is not None:
+        out.append(_line(f"{target} = rt.fma({scale}, {acc}, {init})"))
+    return out
+
+
+def _with_fma(stmts: list[dict]) -> list[dict]:
+    """Every ``sum`` of ``stmts`` (loops included) as an ``rt.fma`` chain."""
+    out = []
+    for st in stmts:
+        if st["kind"] == "sum":
+            out.extend(_fma_chain(st))
+        elif st["kind"] == "loop":
+            out.append({**st, "body": _with_fma(st["body"])})
+        else:
+            out.append(st)
     return out
 
 
@@ -628,6 +680,12 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             conv_family = None
     separate = conv_family is not None
     fused = fused_context(ir, blocks, wmap) if tp_fuse or (conv_fuse and not separate) else None
+    if values.get("pallas_fma", 0):
+        for k in [k for kind in kinds for k in kernels[kind]] + (fused or {}).get("kernels", []) + [
+                k for fam in ([conv_family] if conv_family else []) for st in fam["kernel_sets"] for k in st["kernels"]
+        ] + ((conv_family or {}).get("fused") or {}).get("kernels", []):
+            for g in k["groups"]:
+                g["body"] = _with_fma(g["body"])
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
