@@ -631,6 +631,17 @@ def _kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict,
     return [_KernelBuilder(kind, ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]
 
 
+def _every_kernel(kernels: dict, fused: dict | None, conv_family: dict | None) -> list[dict]:
+    """Every kernel context of a build: the plain product's sets, its fused backward, and the
+    conv's own sets and fused backward."""
+    out = [k for ks in kernels.values() for k in ks]
+    out += fused["kernels"] if fused else []
+    if conv_family:
+        out += [k for st in conv_family["kernel_sets"] for k in st["kernels"]]
+        out += conv_family["fused"]["kernels"] if conv_family["fused"] else []
+    return out
+
+
 def pallas_tuning(pairs=()) -> tuple[int | None, int]:
     """``(block_batch, num_warps)`` from a spec's tuning pairs (validated by ``spec.TUNING_KEYS``):
     ``pallas_block_batch`` and ``pallas_num_warps``; ``None`` / ``DEFAULT_NUM_WARPS`` where
@@ -680,12 +691,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             conv_family = None
     separate = conv_family is not None
     fused = fused_context(ir, blocks, wmap) if tp_fuse or (conv_fuse and not separate) else None
-    if values.get("pallas_fma", 0):
-        for k in [k for kind in kinds for k in kernels[kind]] + (fused or {}).get("kernels", []) + [
-                k for fam in ([conv_family] if conv_family else []) for st in fam["kernel_sets"] for k in st["kernels"]
-        ] + ((conv_family or {}).get("fused") or {}).get("kernels", []):
-            for g in k["groups"]:
-                g["body"] = _with_fma(g["body"])
+    if values.get("pallas_fma", 0):  # every sum as an rt.fma chain (XLA's Triton pipeline fuses none)
+        for k in _every_kernel(kernels, fused, conv_family):
+            k["groups"] = [{**g, "body": _with_fma(g["body"])} for g in k["groups"]]
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:
         widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
