@@ -211,7 +211,7 @@ def _terms(nonzeros, factors) -> list[str]:
     return out
 
 
-_FACTOR = re.compile(r"^[A-Za-z_][\w]*$|^\d+(\.\d*)?(e-?\d+)?$")
+_FACTOR = re.compile(r"^[A-Za-z_]\w*$|^\d+(\.\d*)?(e-?\d+)?$")
 _PREFIX = re.compile(r"^(?:(\w+) \+ (?:(\w+) \* )?)?$")
 
 
@@ -674,6 +674,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # pallas_conv_fused_max_terms: the conv's fused backward split further, down to part of
     # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
     # after the segment sum): fewer registers per program for one more message per part
+    plain_fused = fused_context(ir, blocks, wmap) if tp_fuse or conv_fuse else None
     conv_family = None
     if ir.conv and ("pallas_conv_max_terms" in values or "pallas_conv_fused_max_terms" in values):
         terms = values.get("pallas_conv_max_terms")
@@ -686,11 +687,11 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         }
         same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:
-            same = len(conv_family["fused"]["kernels"]) == len(fused_context(ir, blocks, wmap)["kernels"])
+            same = len(conv_family["fused"]["kernels"]) == len(plain_fused["kernels"])
         if same:  # the budget splits nothing further: the conv uses the plain product's kernels
             conv_family = None
     separate = conv_family is not None
-    fused = fused_context(ir, blocks, wmap) if tp_fuse or (conv_fuse and not separate) else None
+    fused = plain_fused if tp_fuse or (conv_fuse and not separate) else None
     if values.get("pallas_fma", 0):  # every sum as an rt.fma chain (XLA's Triton pipeline fuses none)
         for k in _every_kernel(kernels, fused, conv_family):
             k["groups"] = [{**g, "body": _with_fma(g["body"])} for g in k["groups"]]

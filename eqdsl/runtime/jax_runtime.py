@@ -11,7 +11,6 @@ shapes.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import math
@@ -274,12 +273,12 @@ _FMA_PTX = {
 def fma(a, b, c):
     """In a kernel: ``a * b + c`` with one rounding (PTX ``fma.rn``) when compiled for the
     GPU, else ``a * b + c``; operands broadcast to one shape, float32 or float64."""
-    ptx = _FMA_PTX.get(np.dtype(jnp.result_type(a, b, c))) if _INLINE_FMA.get() else None
+    dtype = jnp.result_type(a, b, c)
+    ptx = _FMA_PTX.get(np.dtype(dtype)) if _INLINE_FMA.get() else None
     if ptx is None:
         return a * b + c
     from jax.experimental.pallas import triton as pltriton
 
-    dtype = jnp.result_type(a, b, c)
     shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b), jnp.shape(c))
     args = [jnp.broadcast_to(jnp.asarray(x, dtype), shape) for x in (a, b, c)]
     return pltriton.elementwise_inline_asm(ptx[0], args=args, constraints=ptx[1], pack=1,
@@ -424,10 +423,10 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
         )
         pieces.append(_run(call, interpret, *args))
     gx1, gx2, gw = _join_fused(pieces, gw_segments)
-    return sum_segments(gx1, gx1_segments), gx2, gw
+    return _sum_segments(gx1, gx1_segments), gx2, gw
 
 
-def sum_segments(a, segments):
+def _sum_segments(a, segments):
     """``a`` with its column ranges summed per output block: for each block, the sum of
     ``a[:, start:start + width]`` over its ``(start, width)`` ranges, in order; ``a`` itself
     when ``segments`` is None."""
@@ -1045,7 +1044,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
                           interpret=interpret, num_warps=num_warps)
-    return sum_segments(gx, gx1_segments), gy, gw
+    return _sum_segments(gx, gx1_segments), gy, gw
 
 
 def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, block_edges: int, interpret: bool,
