@@ -15,12 +15,13 @@ Indices: ``C[i, j, k]`` with ``i`` over the ``2 l1 + 1`` components of ``l1``, `
 from __future__ import annotations
 
 import functools
+from fractions import Fraction
 
 import numpy as np
 import sympy
 from sympy.physics.wigner import clebsch_gordan
 
-__all__ = ["wigner_3j", "wigner_3j_exact", "nonzeros"]
+__all__ = ["wigner_3j", "wigner_3j_exact", "nonzeros", "scaled_nonzeros"]
 
 
 def _triangle(l1: int, l2: int, l3: int) -> bool:
@@ -98,6 +99,25 @@ def wigner_3j_exact(l1: int, l2: int, l3: int) -> tuple[tuple[tuple[int, int, in
 def nonzeros(l1: int, l2: int, l3: int) -> tuple[tuple[int, int, int, float], ...]:
     """Nonzero entries ``(i, j, k, value)`` of ``wigner_3j(l1, l2, l3)`` as float64."""
     return tuple((i, j, k, float(sympy.N(v, 40))) for (i, j, k), v in wigner_3j_exact(l1, l2, l3))
+
+
+@functools.lru_cache(maxsize=None)
+def scaled_nonzeros(l1: int, l2: int, l3: int, alpha: Fraction) -> tuple[tuple[int, int, int, float], ...]:
+    """Nonzero entries ``(i, j, k, sqrt(alpha) * value)`` of ``wigner_3j(l1, l2, l3)``, the
+    product taken exactly and rounded to float64 once (``alpha >= 0``: the square of a
+    path weight, ``eqdsl.instructions.normalized_path_alphas``).
+
+    Rounding the two factors first, as e3nn does, leaves e.g. ``sqrt(3) * (1 / sqrt(3))``
+    at ``0.9999999999999999``; exactly it is ``1.0``, and a coefficient of 1 costs the
+    kernels no multiply. Entries whose product is 0 (``alpha == 0``) are dropped.
+    """
+    scale = sympy.sqrt(sympy.Rational(alpha.numerator, alpha.denominator))
+    out = []
+    for (i, j, k), v in wigner_3j_exact(l1, l2, l3):
+        c = float(sympy.N(scale * v, 40))
+        if c != 0.0:
+            out.append((i, j, k, c))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from .irreps import Irreps, MulIr
 
@@ -22,6 +23,7 @@ __all__ = [
     "expand_mode",
     "check_instruction",
     "path_shape",
+    "normalized_path_alphas",
     "normalized_path_weights",
 ]
 
@@ -138,6 +140,49 @@ def _num_elements(ins: Instruction, irreps_in1: Irreps, irreps_in2: Irreps) -> i
     return {"uvw": m1 * m2, "uvu": m2, "uvv": m1, "uuu": 1}[ins.mode]
 
 
+def normalized_path_alphas(
+    irreps_in1: Irreps,
+    irreps_in2: Irreps,
+    irreps_out: Irreps,
+    instructions: tuple[Instruction, ...],
+    irrep_normalization: str = "component",
+    path_normalization: str = "element",
+) -> tuple[Fraction, ...]:
+    """The square of e3nn's final ``Instruction.path_weight`` per instruction, exactly.
+
+    Follows ``e3nn.o3.TensorProduct.__init__`` (e3nn 0.6.0): ``alpha`` is ``2 l_out + 1``
+    (component), ``(2 l1 + 1)(2 l2 + 1)`` (norm) or 1, divided by the fan-in (element:
+    summed over the paths into the same output; path: this path's times the number of
+    paths into the output), times the user's ``path_weight`` (a float, taken exactly).
+    e3nn's path weight is ``sqrt(alpha)``: the user's ``path_weight`` thus enters under the
+    square root. Raises ``InstructionError`` for an unknown normalization.
+    """
+    out = []
+    for ins in instructions:
+        m1, m2, mo = irreps_in1[ins.i_in1], irreps_in2[ins.i_in2], irreps_out[ins.i_out]
+        if irrep_normalization == "component":
+            alpha = Fraction(mo.ir.dim)
+        elif irrep_normalization == "norm":
+            alpha = Fraction(m1.ir.dim * m2.ir.dim)
+        elif irrep_normalization == "none":
+            alpha = Fraction(1)
+        else:
+            raise InstructionError("irrep_normalization", f"unknown value {irrep_normalization!r}")
+        same_out = [i for i in instructions if i.i_out == ins.i_out]
+        if path_normalization == "element":
+            x = sum(_num_elements(i, irreps_in1, irreps_in2) for i in same_out)
+        elif path_normalization == "path":
+            x = _num_elements(ins, irreps_in1, irreps_in2) * len(same_out)
+        elif path_normalization == "none":
+            x = 1
+        else:
+            raise InstructionError("path_normalization", f"unknown value {path_normalization!r}")
+        if x > 0:
+            alpha /= x
+        out.append(alpha * Fraction(ins.path_weight))
+    return tuple(out)
+
+
 def normalized_path_weights(
     irreps_in1: Irreps,
     irreps_in2: Irreps,
@@ -146,37 +191,14 @@ def normalized_path_weights(
     irrep_normalization: str = "component",
     path_normalization: str = "element",
 ) -> tuple[float, ...]:
-    """e3nn's final ``Instruction.path_weight`` for each instruction (unit input variances).
+    """e3nn's final ``Instruction.path_weight`` for each instruction (unit input variances):
+    ``sqrt(alpha)`` of ``normalized_path_alphas``, correctly rounded to float64."""
+    alphas = normalized_path_alphas(irreps_in1, irreps_in2, irreps_out, instructions,
+                                    irrep_normalization, path_normalization)
+    return tuple(_sqrt(a) for a in alphas)
 
-    Follows ``e3nn.o3.TensorProduct.__init__`` (e3nn 0.6.0): ``alpha`` is ``2 l_out + 1``
-    (component), ``(2 l1 + 1)(2 l2 + 1)`` (norm) or 1, divided by the fan-in (element:
-    summed over the paths into the same output; path: this path's times the number of
-    paths into the output), times the user's ``path_weight``; the result is
-    ``sqrt(alpha)``. Note the user's ``path_weight`` thus enters under the square root.
-    """
-    out = []
-    for ins in instructions:
-        m1, m2, mo = irreps_in1[ins.i_in1], irreps_in2[ins.i_in2], irreps_out[ins.i_out]
-        if irrep_normalization == "component":
-            alpha = float(mo.ir.dim)
-        elif irrep_normalization == "norm":
-            alpha = float(m1.ir.dim * m2.ir.dim)
-        elif irrep_normalization == "none":
-            alpha = 1.0
-        else:
-            raise InstructionError("irrep_normalization", f"unknown value {irrep_normalization!r}")
-        same_out = [i for i in instructions if i.i_out == ins.i_out]
-        if path_normalization == "element":
-            x = float(sum(_num_elements(i, irreps_in1, irreps_in2) for i in same_out))
-        elif path_normalization == "path":
-            x = float(_num_elements(ins, irreps_in1, irreps_in2) * len(same_out))
-        elif path_normalization == "none":
-            x = 1.0
-        else:
-            raise InstructionError("path_normalization", f"unknown value {path_normalization!r}")
-        if x > 0.0:
-            alpha /= x
-        alpha *= ins.path_weight
-        out.append(math.sqrt(alpha))
-    return tuple(out)
+
+def _sqrt(a: Fraction) -> float:
+    # sqrt of the correctly rounded quotient: what e3nn computes, within one rounding
+    return math.sqrt(a.numerator / a.denominator)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .cg import nonzeros as cg_nonzeros
-from .instructions import normalized_path_weights, path_shape
+from .cg import scaled_nonzeros
+from .instructions import normalized_path_alphas, normalized_path_weights, path_shape
 from .ir import ITEMSIZE, Block, CGNonzero, PathIR, TensorProductIR
 from .irreps import Irreps
 from .spec import TensorProductSpec
@@ -32,17 +32,17 @@ def _path_flops(mode: str, nnz: int, m1: int, m2: int, mo: int, dim_out: int, ha
 
 
 def lower(spec: TensorProductSpec) -> TensorProductIR:
-    """Lower ``spec``: fold both normalizations into the CG nonzeros, lay out operands."""
+    """Lower ``spec``: fold both normalizations into the CG nonzeros (exactly, rounded once:
+    ``eqdsl.cg.scaled_nonzeros``), lay out operands."""
     in1, in2, out = spec.irreps_in1, spec.irreps_in2, spec.irreps_out
-    weights = normalized_path_weights(
-        in1, in2, out, spec.instructions, spec.irrep_normalization, spec.path_normalization
-    )
+    norm = (in1, in2, out, spec.instructions, spec.irrep_normalization, spec.path_normalization)
+    alphas, weights = normalized_path_alphas(*norm), normalized_path_weights(*norm)
     paths, w_off, flops = [], 0, 0
-    for idx, (ins, pw) in enumerate(zip(spec.instructions, weights)):
+    for idx, (ins, alpha, pw) in enumerate(zip(spec.instructions, alphas, weights)):
         l1, l2, lo = in1[ins.i_in1].ir.l, in2[ins.i_in2].ir.l, out[ins.i_out].ir.l
         nz = tuple(
             sorted(
-                (CGNonzero(i, j, k, pw * c) for i, j, k, c in cg_nonzeros(l1, l2, lo) if pw * c != 0.0),
+                (CGNonzero(i, j, k, c) for i, j, k, c in scaled_nonzeros(l1, l2, lo, alpha)),
                 key=lambda n: (n.k, n.i, n.j),
             )
         )

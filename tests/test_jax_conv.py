@@ -41,8 +41,10 @@ CHANNELWISE = dict(
 )
 # pallas_conv_max_terms = 1: the conv's own kernels, one per output group; with
 # pallas_conv_fused_max_terms = 1 one fused backward kernel per path; pallas_fma = 1: the
-# sums as rt.fma chains (interpret mode: a * b + c; the chains' terms and signs are tested)
-SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\npallas_fma = 1\n"
+# sums as rt.fma chains (interpret mode: a * b + c; the chains' terms and signs are tested);
+# pallas_factor = 1: the sums factored first (pallas_factor), the fused backward in its q_j form
+SPLIT = ("\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\npallas_fma = 1\n"
+         "pallas_factor = 1\n")
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 

@@ -52,11 +52,14 @@ def pkgs(tmp_path_factory):
             if key == "unordered":
                 cache[key] = build(_text("fu_unordered", **UNORDERED), root)
             else:
-                split, layout = key
+                split, layout, *factor = key
+                text = _text(f"fu_{int(split)}_{layout}{'_f' if factor else ''}", layout)
+                if factor:  # the q_j form and factored sums (pallas_factor)
+                    text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
                 with pytest.MonkeyPatch.context() as mp:
                     if split:  # read by pallas_backend._split when the package is generated
                         mp.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
-                    cache[key] = build(_text(f"fu_{int(split)}_{layout}", layout), root)
+                    cache[key] = build(text, root)
         return cache[key]
 
     return get
@@ -109,12 +112,15 @@ def _operands(ir, batch, seed):
     return x1, x2, w, g
 
 
-@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir"), (True, "ir_mul"), "unordered"],
-                         ids=["one_kernel", "split", "split_ir_mul", "unordered"])
+@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir"), (True, "ir_mul"), "unordered",
+                                 (True, "mul_ir", "factor")],
+                         ids=["one_kernel", "split", "split_ir_mul", "unordered", "split_factored"])
 def test_fused_matches_the_oracle(pkgs, key):
     b = pkgs(key)
     n = len(b.ops._kernels.BWD_FUSED_KERNELS)
-    assert n > 1 if key in ((True, "mul_ir"), (True, "ir_mul")) else n == 1
+    assert n > 1 if key != "unordered" and key[0] else n == 1
+    if key == (True, "mul_ir", "factor"):
+        assert "q_0 = " in open(b.ops._kernels.__file__).read()
     x1, x2, w, g = _operands(b.ir, BATCH, seed=1)
     want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
     got = b.ops.tensor_product_vjp(*(jnp.asarray(a) for a in (x1, x2, w, g)), block_batch=BB)

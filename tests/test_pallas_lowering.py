@@ -145,8 +145,10 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
 def test_fma_chains_lower_for_cuda(tmp_path_factory, dtype):
     """``pallas_fma = 1``: every kernel's sums as ``rt.fma`` chains, inline PTX ``fma.rn`` on
     the GPU (``pltriton.elementwise_inline_asm``), through Pallas's Triton lowering; a
-    conv spec with unweighted paths and every mode (plain, weighted-only and conv kernels)."""
-    text = spec_text("lower_fma", **MIXED) + 'conv = true\n[tensor_product.tuning]\npallas_fma = 1\n'
+    conv spec with unweighted paths and every mode (plain, weighted-only and conv kernels);
+    with ``pallas_factor = 1``, so the factored sums' narrow temporaries lower too."""
+    text = spec_text("lower_fma", **MIXED) + 'conv = true\n[tensor_product.tuning]\npallas_fma = 1\npallas_factor = 1\n'
     ops = build(text, tmp_path_factory.mktemp("lower")).ops
-    assert "rt.fma(" in open(ops._kernels.__file__).read()
+    source = open(ops._kernels.__file__).read()
+    assert "rt.fma(" in source and "nf1 = " in source
     _check_lowers(ops, dtype)

@@ -68,6 +68,7 @@ import re
 
 from ..ir import Block, PathIR, TensorProductIR
 from .render import render
+from .pallas_factor import factor_kernel
 
 __all__ = ["render_files", "build_context", "pallas_tuning", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS",
            "DEFAULT_NUM_WARPS", "KINDS"]
@@ -206,7 +207,8 @@ def _terms(nonzeros, factors) -> list[str]:
     """``± coeff * f1 * f2 ...`` per nonzero; ``factors(n)`` names the operands of nonzero ``n``."""
     out = []
     for n in nonzeros:
-        t = " * ".join([repr(abs(float(n.coeff)))] + list(factors(n)))
+        # a coefficient of exactly 1 is left out (exact either way; one multiply less)
+        t = " * ".join(([] if abs(n.coeff) == 1.0 else [repr(abs(float(n.coeff)))]) + list(factors(n)))
         out.append(("- " if n.coeff < 0 else ("+ " if out else "")) + t)
     return out
 
@@ -293,6 +295,7 @@ class _KernelBuilder:
         self.number = number
         self.group_ids = groups
         self.loaded: set[str] = set()
+        self.narrow: set[str] = set()  # names of (rows, 1) operands (pallas_factor)
         self.lanes: set[int] = set()
 
     # ---- operands
@@ -309,10 +312,14 @@ class _KernelBuilder:
         if blk["tile"]:
             names = [f"{op}_{blk['index']}_{k}" for k in range(blk["dim"])]
             self.loaded.update(names)
+            if blk["pad"] == 1:
+                self.narrow.update(names)
             top.append(_line(f"{', '.join(names)} = rt.load_tile({op}_ref, {blk['offset']}, mul={blk['mul']}, "
                              f"dim={blk['dim']}, pad={blk['pad']})  # {comment}"))
             return name
         self.loaded.add(name)
+        if blk["pad"] == 1:
+            self.narrow.add(name)
         top.append(_read(name, f"{op}_ref", blk["offset"] + m * blk["mul"], blk["mul"], blk["pad"], 1,
                          f"{comment}, m={m}"))
         return name
@@ -322,6 +329,7 @@ class _KernelBuilder:
         if count == 1:
             return self.vec(op, blk, m, top)
         name = f"{op}c_{m}"
+        self.narrow.add(name)
         start = (_offset(blk["offset"] + m, var, blk["dim"]) if blk["tile"]
                  else _offset(blk["offset"] + m * blk["mul"], var, 1))
         body.append(_load(name, f"{op}_ref", start, 1, f"{op} block {blk['index']}, m={m}, channel {var}"))
@@ -591,6 +599,7 @@ class _KernelBuilder:
             "lanes": [{"name": f"lane_{p}", "pad": p} for p in sorted(self.lanes)],
             "groups": groups,
             "terms": terms,
+            "narrow": sorted(self.narrow),
         }
 
 
@@ -664,6 +673,11 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # The conv's backward gathers G, its widest operand, once per kernel: its fused form
     # (pallas_conv_fuse_bwd) gathers it once (jax_runtime.conv_backward_fused)
     values = dict(tuning)
+    # pallas_factor: measured per problem, so not the default. On the H100 (2026-11-25) it took
+    # mace_large's JAX conv fwd+bwd on bulk Si from 5,131 to 4,642 us and nequip_benzene's TP
+    # fwd+bwd from 4,756 to 3,968, but nequip_toluene's conv fwd+bwd from 3,447 to 4,196 and
+    # most forwards 4-11% slower
+    factored = bool(values.get("pallas_factor", 0))
     tp_fuse = bool(values.get("pallas_fuse_bwd", 1))
     conv_fuse = ir.conv and bool(values.get("pallas_conv_fuse_bwd", 1))
     # pallas_conv_max_terms: the conv's own kernels, split over more output blocks than the
@@ -674,7 +688,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # pallas_conv_fused_max_terms: the conv's fused backward split further, down to part of
     # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
     # after the segment sum): fewer registers per program for one more message per part
-    plain_fused = fused_context(ir, blocks, wmap) if tp_fuse or conv_fuse else None
+    plain_fused = fused_context(ir, blocks, wmap, factored=factored) if tp_fuse or conv_fuse else None
     conv_family = None
     if ir.conv and ("pallas_conv_max_terms" in values or "pallas_conv_fused_max_terms" in values):
         terms = values.get("pallas_conv_max_terms")
@@ -683,7 +697,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             "kernel_sets": [{"kind": kind, "const": "CONV_" + kind.upper() + "_KERNELS",
                              "kernels": _kernels(kind, ir, blocks, wmap, terms, "conv")} for kind in kinds],
             "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "conv",
-                                   split_blocks=fused_terms is not None) if conv_fuse else None,
+                                   split_blocks=fused_terms is not None, factored=factored) if conv_fuse else None,
         }
         same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:
@@ -692,8 +706,10 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             conv_family = None
     separate = conv_family is not None
     fused = plain_fused if tp_fuse or (conv_fuse and not separate) else None
-    if values.get("pallas_fma", 0):  # every sum as an rt.fma chain (XLA's Triton pipeline fuses none)
-        for k in _every_kernel(kernels, fused, conv_family):
+    for k in _every_kernel(kernels, fused, conv_family):
+        if factored:  # fewer operations on channel tiles
+            k.update(factor_kernel(k))
+        if values.get("pallas_fma", 0):  # every sum as an rt.fma chain (XLA's Triton pipeline fuses none)
             k["groups"] = [{**g, "body": _with_fma(g["body"])} for g in k["groups"]]
     block_batch, num_warps = pallas_tuning(tuning)
     if block_batch is None:

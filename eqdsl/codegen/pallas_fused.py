@@ -21,14 +21,19 @@ a ``(block_batch, 1)`` column (``x2``). Kernel body, straight-line, per batch bl
         acc_a_i = 0                                    # gx1, in registers
         per path p out of a:
             <x1, x2, g operands: each read once per kernel>
-            w = W row of p;  wg_k = w * g_k            # the weight row read once
-            r = sum C x1_i x2_j g_k;  gw_ref[p] = r    # the gW row
-            acc_a_i += C x2_j wg_k
-            px2_s_j_P += C x1_i wg_k                   # gx2 lanes, summed over paths
+            w = W row of p                             # the weight row read once
+            q_j = sum_{i,k} C x1_i g_k                 # per x2 component j, shared:
+            r = sum_j x2_j q_j;  gw_ref[p] = r         #   the gW row
+            px2_s_j_P += w q_j                         #   gx2 lanes, summed over paths
+            acc_a_i += w sum_{j,k} C x2_j g_k
         gx1_ref[a] = acc_a_*
     gx2_ref[s, j] = sum_P jnp.sum(px2_s_j_P, axis=1)  # one lane reduction per column and width
 
 Padded lanes (``u >= mul``) are zero in every operand, so the lane sums need no mask.
+With ``pallas_factor = 1`` (the body above) the sums are written so that few operations
+fall on ``(block_batch, P)`` tiles: ``q_j`` serves two gradients, and ``x2``, a column,
+multiplies sums rather than terms; each sum is then factored further (``pallas_factor``).
+Otherwise each gradient is written one term per CG nonzero (``fused_context``).
 A kernel owns whole ``x1`` blocks (``gx1`` needs every path of its block) and the
 paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
 ``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms
@@ -73,7 +78,8 @@ class _FusedBuilder(pb._KernelBuilder):
     of ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
 
     def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
-                 units: list[tuple[int, list[int]]], prefix: str = "tp"):
+                 units: list[tuple[int, list[int]]], prefix: str = "tp", factored: bool = False):
+        self.factored = factored
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.paths = list(ir.paths)
@@ -81,6 +87,7 @@ class _FusedBuilder(pb._KernelBuilder):
         self.units = units  # (x1 block, the paths out of it that this kernel owns)
         self.group_ids = [a for a, _ in units]
         self.loaded: set[str] = set()
+        self.narrow: set[str] = set()
         self.lanes: set[int] = set()
 
     def _path(self, p: PathIR, top: list, accs: list[str], px2: dict) -> None:
@@ -102,14 +109,36 @@ class _FusedBuilder(pb._KernelBuilder):
         x2 = {j: operand("x2", j) for j in sorted({n.j for n in nz})}
         g = {k: operand("g", k) for k in sorted({n.k for n in nz})}
         top.append(self._wload(p, info, {}))
+        if not self.factored:
+            self._path_terms(nz, x1, x2, g, p, info, top, accs, px2)
+            return
+        # q_j = sum_{i,k} C x1_i g_k: a wide tile per x2 component, shared by dF/dW and dF/dx2
+        for j in x2:
+            top.append(pb._sum(f"q_{j}", "", pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], g[n.k]])))
+        top.append(pb._sum("r", "", pb._plain_terms([f"{x2[j]} * q_{j}" for j in x2])))
+        top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
+        for i in x1:
+            terms = pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]])
+            top.append(pb._sum(accs[i], f"{accs[i]} + w * ", terms))
+        for j in x2:
+            key = (p.i_in2, j, info["cpad"])
+            if key in px2:
+                top.append(pb._sum(px2[key], f"{px2[key]} + w * ", [f"q_{j}"]))
+            else:
+                px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
+                top.append(pb._sum(px2[key], "", [f"w * q_{j}"]))
+
+    def _path_terms(self, nz, x1, x2, g, p, info, top, accs, px2) -> None:
+        """The three gradients one CG term at a time (``pallas_factor = 0``)."""
         for k, name in g.items():
             top.append(pb._line(f"wg_{k} = w * {name}"))
         top.append(pb._sum("r", "", pb._terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]])))
+        w = self.wmap[p.index]
         top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
-        for i in sorted({n.i for n in nz}):
+        for i in x1:
             terms = pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"])
             top.append(pb._sum(accs[i], f"{accs[i]} + ", terms))
-        for j in sorted({n.j for n in nz}):
+        for j in x2:
             terms = pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"])
             key = (p.i_in2, j, info["cpad"])
             if key in px2:
@@ -158,6 +187,7 @@ class _FusedBuilder(pb._KernelBuilder):
             "lanes": [{"name": f"lane_{q}", "pad": q} for q in sorted(self.lanes)],
             "groups": groups,
             "terms": terms,
+            "narrow": sorted(self.narrow),
         }
 
     def _gx2(self, px2: dict) -> list[dict]:
@@ -203,8 +233,8 @@ def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_block
     return units
 
 
-def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
-                  max_terms: int | None = None, prefix: str = "tp", split_blocks: bool = False) -> dict | None:
+def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int | None = None,
+                  prefix: str = "tp", split_blocks: bool = False, factored: bool = False) -> dict | None:
     """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
 
     ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
@@ -213,7 +243,10 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
     concatenation; ``gx1_segments``: None when the kernels' ``gx1`` columns concatenate to
     the ``x1`` blocks in order, else per ``x1`` block the ``(start, width)`` column ranges
     of the concatenation whose sum is that block's gradient (``split_blocks``: a block's
-    paths over several kernels, each a partial sum).
+    paths over several kernels, each a partial sum). ``factored`` (spec key
+    ``pallas_factor``): the ``q_j`` form of the module docstring, else one term per nonzero
+    and gradient (``wg_k = w g_k``; ``r = sum C x1_i x2_j g_k``; ``acc_i += C x2_j wg_k``;
+    ``px2_j += C x1_i wg_k``).
     """
     if fused_reason(ir) is not None:
         return None
@@ -237,7 +270,7 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict,
                 merged[-1] = (a, merged[-1][1] + pis)
             else:
                 merged.append((a, pis))
-        kernels.append(_FusedBuilder(ir, blocks, wmap, n, merged, prefix).build())
+        kernels.append(_FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored).build())
     ranges: dict[int, list[tuple[int, int]]] = {b["index"]: [] for b in blocks["x1"]}
     col = 0
     for k in kernels:

@@ -64,8 +64,8 @@ def tp_fwd_0(
                 ra1_1, ra1_3 = hl.split(ra1to)
                 wr3_0 = weights[tile_b, 6400 + tile_r.index[:, None] * 80 + tile_c.index[None, :]]
                 t = (
-                    0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
-                    + 0.06454972243679027 * ra1_2 * sb1_2_0
+                    0.06454972243679029 * ra1_0 * sb1_0_0 + 0.06454972243679029 * ra1_1 * sb1_1_0
+                    + 0.06454972243679029 * ra1_2 * sb1_2_0
                 )
                 acc0_0 = acc0_0 + (t[:, :, None] * wr3_0).sum(1)
             out[tile_b, tile_c.index] = acc0_0
@@ -169,11 +169,11 @@ def tp_bwd_x1_0(
                 # path 3: uvw 16x1o x 1x1o -> 80x0e, 3 nonzeros, weighted
                 rg0_0 = g[tile_b, tile_r.index]
                 wr3_0 = weights[tile_b, 6400 + tile_c.index[:, None] * 80 + tile_r.index[None, :]]
-                t = (0.06454972243679027 * rg0_0 * sb1_0_0)
+                t = (0.06454972243679029 * rg0_0 * sb1_0_0)
                 acc1_0 = acc1_0 + (t[:, None, :] * wr3_0).sum(2)
-                t = (0.06454972243679027 * rg0_0 * sb1_1_0)
+                t = (0.06454972243679029 * rg0_0 * sb1_1_0)
                 acc1_1 = acc1_1 + (t[:, None, :] * wr3_0).sum(2)
-                t = (0.06454972243679027 * rg0_0 * sb1_2_0)
+                t = (0.06454972243679029 * rg0_0 * sb1_2_0)
                 acc1_2 = acc1_2 + (t[:, None, :] * wr3_0).sum(2)
             hl.store(gx1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
@@ -222,11 +222,11 @@ def tp_bwd_x2_0(
                     acch3_0 = acch3_0 + (ws3 * va1_0[:, :, None]).sum(1)
                     acch3_1 = acch3_1 + (ws3 * va1_1[:, :, None]).sum(1)
                     acch3_2 = acch3_2 + (ws3 * va1_2[:, :, None]).sum(1)
-                t = (0.06454972243679027 * acch3_0 * rg0_0)
+                t = (0.06454972243679029 * acch3_0 * rg0_0)
                 s1_0 = t
-                t = (0.06454972243679027 * acch3_1 * rg0_0)
+                t = (0.06454972243679029 * acch3_1 * rg0_0)
                 s1_1 = t
-                t = (0.06454972243679027 * acch3_2 * rg0_0)
+                t = (0.06454972243679029 * acch3_2 * rg0_0)
                 s1_2 = t
                 acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
@@ -324,8 +324,8 @@ def tp_bwd_w_0(
                 ra1_0, ra1_2 = hl.split(ra1te)
                 ra1_1, ra1_3 = hl.split(ra1to)
                 o0 = (
-                    0.06454972243679027 * ra1_0 * sb1_0_0 + 0.06454972243679027 * ra1_1 * sb1_1_0
-                    + 0.06454972243679027 * ra1_2 * sb1_2_0
+                    0.06454972243679029 * ra1_0 * sb1_0_0 + 0.06454972243679029 * ra1_1 * sb1_1_0
+                    + 0.06454972243679029 * ra1_2 * sb1_2_0
                 )
                 gw[tile_b, 6400 + tile_r.index[:, None] * 80 + tile_c.index[None, :]] = (o0[:, :, None] * g0_0[:, None, :])
         for tile_c in hl.tile(16, block_size=16):

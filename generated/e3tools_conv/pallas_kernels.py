@@ -79,9 +79,9 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
         x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
         w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         acc_0_0 = acc_0_0 + w * (
-            0.06454972243679027 * x1c_0 * x2_1_0
-            + 0.06454972243679027 * x1c_1 * x2_1_1
-            + 0.06454972243679027 * x1c_2 * x2_1_2
+            0.06454972243679029 * x1c_0 * x2_1_0
+            + 0.06454972243679029 * x1c_1 * x2_1_1
+            + 0.06454972243679029 * x1c_2 * x2_1_2
         )
         return (acc_0_0,)
 
@@ -201,9 +201,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
         c_2 = jnp.zeros((rows, 1), dtype)
         w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (0.06454972243679027 * x2_1_0 * s_0)
-        c_1 = c_1 + (0.06454972243679027 * x2_1_1 * s_0)
-        c_2 = c_2 + (0.06454972243679027 * x2_1_2 * s_0)
+        c_0 = c_0 + (0.06454972243679029 * x2_1_0 * s_0)
+        c_1 = c_1 + (0.06454972243679029 * x2_1_1 * s_0)
+        c_2 = c_2 + (0.06454972243679029 * x2_1_2 * s_0)
         acc_1_0 = acc_1_0 + jnp.where(lane_16 == u, c_0, 0.0)
         acc_1_1 = acc_1_1 + jnp.where(lane_16 == u, c_1, 0.0)
         acc_1_2 = acc_1_2 + jnp.where(lane_16 == u, c_2, 0.0)
@@ -295,9 +295,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
         x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
         w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
         s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
-        c_0 = c_0 + (0.06454972243679027 * x1c_0 * s_0)
-        c_1 = c_1 + (0.06454972243679027 * x1c_1 * s_0)
-        c_2 = c_2 + (0.06454972243679027 * x1c_2 * s_0)
+        c_0 = c_0 + (0.06454972243679029 * x1c_0 * s_0)
+        c_1 = c_1 + (0.06454972243679029 * x1c_1 * s_0)
+        c_2 = c_2 + (0.06454972243679029 * x1c_2 * s_0)
         return (c_0, c_1, c_2)
 
     (c_0, c_1, c_2) = lax.fori_loop(0, 16, _path_3_u, (c_0, c_1, c_2))
@@ -378,9 +378,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
         x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
         x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
         q_0 = (
-            0.06454972243679027 * x1c_0 * x2_1_0
-            + 0.06454972243679027 * x1c_1 * x2_1_1
-            + 0.06454972243679027 * x1c_2 * x2_1_2
+            0.06454972243679029 * x1c_0 * x2_1_0
+            + 0.06454972243679029 * x1c_1 * x2_1_1
+            + 0.06454972243679029 * x1c_2 * x2_1_2
         )
         r = q_0 * g_0_0
         rt.store_vec(out_ref, 6400 + u * 80, r, count=80, pad=128)

@@ -73,9 +73,9 @@ def tp_fwd_0(
             acc1_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
             wt1_0 = weights[tile_b, 64 + tile_c.index]
-            acc1_0 = acc1_0 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_0_0)
-            acc1_1 = acc1_1 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_1_0)
-            acc1_2 = acc1_2 + wt1_0 * (0.9999999999999999 * a0_0 * sb1_2_0)
+            acc1_0 = acc1_0 + wt1_0 * (a0_0 * sb1_0_0)
+            acc1_1 = acc1_1 + wt1_0 * (a0_0 * sb1_1_0)
+            acc1_2 = acc1_2 + wt1_0 * (a0_0 * sb1_2_0)
             hl.store(out, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc1_0, acc1_2), hl.join(acc1_1, acc1_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 2: 64x0e (1 path)
             acc2_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
@@ -89,9 +89,9 @@ def tp_fwd_0(
             acc3_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
             wt3_0 = weights[tile_b, 192 + tile_c.index]
-            acc3_0 = acc3_0 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_0_0)
-            acc3_1 = acc3_1 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_1_0)
-            acc3_2 = acc3_2 + wt3_0 * (0.9999999999999999 * a1_0 * sb1_2_0)
+            acc3_0 = acc3_0 + wt3_0 * (a1_0 * sb1_0_0)
+            acc3_1 = acc3_1 + wt3_0 * (a1_0 * sb1_1_0)
+            acc3_2 = acc3_2 + wt3_0 * (a1_0 * sb1_2_0)
             hl.store(out, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 4: 64x1o (1 path)
             acc4_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
@@ -99,9 +99,9 @@ def tp_fwd_0(
             acc4_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
             wt4_0 = weights[tile_b, 256 + tile_c.index]
-            acc4_0 = acc4_0 + wt4_0 * (0.9999999999999999 * a2_0 * sb0_0_0)
-            acc4_1 = acc4_1 + wt4_0 * (0.9999999999999999 * a2_1 * sb0_0_0)
-            acc4_2 = acc4_2 + wt4_0 * (0.9999999999999999 * a2_2 * sb0_0_0)
+            acc4_0 = acc4_0 + wt4_0 * (a2_0 * sb0_0_0)
+            acc4_1 = acc4_1 + wt4_0 * (a2_1 * sb0_0_0)
+            acc4_2 = acc4_2 + wt4_0 * (a2_2 * sb0_0_0)
             hl.store(out, [tile_b, 512 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc4_0, acc4_2), hl.join(acc4_1, acc4_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 5: 64x0e (1 path)
             acc5_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
@@ -118,9 +118,9 @@ def tp_fwd_0(
             acc6_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
             wt6_0 = weights[tile_b, 384 + tile_c.index]
-            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-            acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-            acc6_2 = acc6_2 + wt6_0 * (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+            acc6_0 = acc6_0 + wt6_0 * (0.7071067811865476 * a2_1 * sb1_2_0 - 0.7071067811865476 * a2_2 * sb1_1_0)
+            acc6_1 = acc6_1 + wt6_0 * (-0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+            acc6_2 = acc6_2 + wt6_0 * (0.7071067811865476 * a2_0 * sb1_1_0 - 0.7071067811865476 * a2_1 * sb1_0_0)
             hl.store(out, [tile_b, 768 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc6_0, acc6_2), hl.join(acc6_1, acc6_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 7: 64x1e (1 path)
             acc7_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
@@ -128,9 +128,9 @@ def tp_fwd_0(
             acc7_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
             wt7_0 = weights[tile_b, 448 + tile_c.index]
-            acc7_0 = acc7_0 + wt7_0 * (0.9999999999999999 * a3_0 * sb0_0_0)
-            acc7_1 = acc7_1 + wt7_0 * (0.9999999999999999 * a3_1 * sb0_0_0)
-            acc7_2 = acc7_2 + wt7_0 * (0.9999999999999999 * a3_2 * sb0_0_0)
+            acc7_0 = acc7_0 + wt7_0 * (a3_0 * sb0_0_0)
+            acc7_1 = acc7_1 + wt7_0 * (a3_1 * sb0_0_0)
+            acc7_2 = acc7_2 + wt7_0 * (a3_2 * sb0_0_0)
             hl.store(out, [tile_b, 960 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc7_0, acc7_2), hl.join(acc7_1, acc7_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
             # g block 8: 64x0o (1 path)
             acc8_0 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
@@ -147,9 +147,9 @@ def tp_fwd_0(
             acc9_2 = hl.zeros([tile_b, tile_c], dtype=out.dtype)
             # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
             wt9_0 = weights[tile_b, 576 + tile_c.index]
-            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-            acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-            acc9_2 = acc9_2 + wt9_0 * (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+            acc9_0 = acc9_0 + wt9_0 * (0.7071067811865476 * a3_1 * sb1_2_0 - 0.7071067811865476 * a3_2 * sb1_1_0)
+            acc9_1 = acc9_1 + wt9_0 * (-0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+            acc9_2 = acc9_2 + wt9_0 * (0.7071067811865476 * a3_0 * sb1_1_0 - 0.7071067811865476 * a3_1 * sb1_0_0)
             hl.store(out, [tile_b, 1216 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc9_0, acc9_2), hl.join(acc9_1, acc9_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
@@ -210,10 +210,7 @@ def tp_bwd_x1_0(
         acc0_0 = acc0_0 + wt0_0 * (g0_0 * sb0_0_0)
         # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
         wt1_0 = weights[tile_b, 64 + tile_c.index]
-        acc0_0 = acc0_0 + wt1_0 * (
-            0.9999999999999999 * g1_0 * sb1_0_0 + 0.9999999999999999 * g1_1 * sb1_1_0
-            + 0.9999999999999999 * g1_2 * sb1_2_0
-        )
+        acc0_0 = acc0_0 + wt1_0 * (g1_0 * sb1_0_0 + g1_1 * sb1_1_0 + g1_2 * sb1_2_0)
         gx1[tile_b, tile_c.index] = acc0_0
         # x1 block 1: 64x0e (2 paths)
         acc1_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
@@ -222,10 +219,7 @@ def tp_bwd_x1_0(
         acc1_0 = acc1_0 + wt2_0 * (g2_0 * sb0_0_0)
         # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
         wt3_0 = weights[tile_b, 192 + tile_c.index]
-        acc1_0 = acc1_0 + wt3_0 * (
-            0.9999999999999999 * g3_0 * sb1_0_0 + 0.9999999999999999 * g3_1 * sb1_1_0
-            + 0.9999999999999999 * g3_2 * sb1_2_0
-        )
+        acc1_0 = acc1_0 + wt3_0 * (g3_0 * sb1_0_0 + g3_1 * sb1_1_0 + g3_2 * sb1_2_0)
         gx1[tile_b, 64 + tile_c.index] = acc1_0
         # x1 block 2: 64x1o (3 paths)
         acc2_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
@@ -233,9 +227,9 @@ def tp_bwd_x1_0(
         acc2_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
         # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
         wt4_0 = weights[tile_b, 256 + tile_c.index]
-        acc2_0 = acc2_0 + wt4_0 * (0.9999999999999999 * g4_0 * sb0_0_0)
-        acc2_1 = acc2_1 + wt4_0 * (0.9999999999999999 * g4_1 * sb0_0_0)
-        acc2_2 = acc2_2 + wt4_0 * (0.9999999999999999 * g4_2 * sb0_0_0)
+        acc2_0 = acc2_0 + wt4_0 * (g4_0 * sb0_0_0)
+        acc2_1 = acc2_1 + wt4_0 * (g4_1 * sb0_0_0)
+        acc2_2 = acc2_2 + wt4_0 * (g4_2 * sb0_0_0)
         # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
         wt5_0 = weights[tile_b, 320 + tile_c.index]
         acc2_0 = acc2_0 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_0_0)
@@ -243,9 +237,9 @@ def tp_bwd_x1_0(
         acc2_2 = acc2_2 + wt5_0 * (0.5773502691896257 * g5_0 * sb1_2_0)
         # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
         wt6_0 = weights[tile_b, 384 + tile_c.index]
-        acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865475 * g6_1 * sb1_2_0 + 0.7071067811865475 * g6_2 * sb1_1_0)
-        acc2_1 = acc2_1 + wt6_0 * (0.7071067811865475 * g6_0 * sb1_2_0 - 0.7071067811865475 * g6_2 * sb1_0_0)
-        acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865475 * g6_0 * sb1_1_0 + 0.7071067811865475 * g6_1 * sb1_0_0)
+        acc2_0 = acc2_0 + wt6_0 * (-0.7071067811865476 * g6_1 * sb1_2_0 + 0.7071067811865476 * g6_2 * sb1_1_0)
+        acc2_1 = acc2_1 + wt6_0 * (0.7071067811865476 * g6_0 * sb1_2_0 - 0.7071067811865476 * g6_2 * sb1_0_0)
+        acc2_2 = acc2_2 + wt6_0 * (-0.7071067811865476 * g6_0 * sb1_1_0 + 0.7071067811865476 * g6_1 * sb1_0_0)
         hl.store(gx1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc2_0, acc2_2), hl.join(acc2_1, acc2_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
         # x1 block 3: 64x1e (3 paths)
         acc3_0 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
@@ -253,9 +247,9 @@ def tp_bwd_x1_0(
         acc3_2 = hl.zeros([tile_b, tile_c], dtype=gx1.dtype)
         # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
         wt7_0 = weights[tile_b, 448 + tile_c.index]
-        acc3_0 = acc3_0 + wt7_0 * (0.9999999999999999 * g7_0 * sb0_0_0)
-        acc3_1 = acc3_1 + wt7_0 * (0.9999999999999999 * g7_1 * sb0_0_0)
-        acc3_2 = acc3_2 + wt7_0 * (0.9999999999999999 * g7_2 * sb0_0_0)
+        acc3_0 = acc3_0 + wt7_0 * (g7_0 * sb0_0_0)
+        acc3_1 = acc3_1 + wt7_0 * (g7_1 * sb0_0_0)
+        acc3_2 = acc3_2 + wt7_0 * (g7_2 * sb0_0_0)
         # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
         wt8_0 = weights[tile_b, 512 + tile_c.index]
         acc3_0 = acc3_0 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_0_0)
@@ -263,9 +257,9 @@ def tp_bwd_x1_0(
         acc3_2 = acc3_2 + wt8_0 * (0.5773502691896257 * g8_0 * sb1_2_0)
         # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
         wt9_0 = weights[tile_b, 576 + tile_c.index]
-        acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865475 * g9_1 * sb1_2_0 + 0.7071067811865475 * g9_2 * sb1_1_0)
-        acc3_1 = acc3_1 + wt9_0 * (0.7071067811865475 * g9_0 * sb1_2_0 - 0.7071067811865475 * g9_2 * sb1_0_0)
-        acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865475 * g9_0 * sb1_1_0 + 0.7071067811865475 * g9_1 * sb1_0_0)
+        acc3_0 = acc3_0 + wt9_0 * (-0.7071067811865476 * g9_1 * sb1_2_0 + 0.7071067811865476 * g9_2 * sb1_1_0)
+        acc3_1 = acc3_1 + wt9_0 * (0.7071067811865476 * g9_0 * sb1_2_0 - 0.7071067811865476 * g9_2 * sb1_0_0)
+        acc3_2 = acc3_2 + wt9_0 * (-0.7071067811865476 * g9_0 * sb1_1_0 + 0.7071067811865476 * g9_1 * sb1_0_0)
         hl.store(gx1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], (hl.join(hl.join(acc3_0, acc3_2), hl.join(acc3_1, acc3_0))).reshape([tile_b, tile_c, 4]), extra_mask=(hl.arange(4) < 3)[None, None, :])
 
 
@@ -313,10 +307,7 @@ def tp_bwd_x2_0(
                 rg4te, rg4to = hl.split(rg4t)
                 rg4_0, rg4_2 = hl.split(rg4te)
                 rg4_1, rg4_3 = hl.split(rg4to)
-                t = (
-                    0.9999999999999999 * ra2_0 * rg4_0 + 0.9999999999999999 * ra2_1 * rg4_1
-                    + 0.9999999999999999 * ra2_2 * rg4_2
-                )
+                t = (ra2_0 * rg4_0 + ra2_1 * rg4_1 + ra2_2 * rg4_2)
                 wq4 = weights[tile_b, 256 + tile_r.index]
                 s0_0 = s0_0 + t * wq4
                 # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
@@ -330,10 +321,7 @@ def tp_bwd_x2_0(
                 rg7te, rg7to = hl.split(rg7t)
                 rg7_0, rg7_2 = hl.split(rg7te)
                 rg7_1, rg7_3 = hl.split(rg7to)
-                t = (
-                    0.9999999999999999 * ra3_0 * rg7_0 + 0.9999999999999999 * ra3_1 * rg7_1
-                    + 0.9999999999999999 * ra3_2 * rg7_2
-                )
+                t = (ra3_0 * rg7_0 + ra3_1 * rg7_1 + ra3_2 * rg7_2)
                 wq7 = weights[tile_b, 448 + tile_r.index]
                 s0_0 = s0_0 + t * wq7
                 # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
@@ -342,12 +330,12 @@ def tp_bwd_x2_0(
                 rg1te, rg1to = hl.split(rg1t)
                 rg1_0, rg1_2 = hl.split(rg1te)
                 rg1_1, rg1_3 = hl.split(rg1to)
-                t = (0.9999999999999999 * ra0_0 * rg1_0)
+                t = (ra0_0 * rg1_0)
                 wq1 = weights[tile_b, 64 + tile_r.index]
                 s1_0 = t * wq1
-                t = (0.9999999999999999 * ra0_0 * rg1_1)
+                t = (ra0_0 * rg1_1)
                 s1_1 = t * wq1
-                t = (0.9999999999999999 * ra0_0 * rg1_2)
+                t = (ra0_0 * rg1_2)
                 s1_2 = t * wq1
                 # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
                 rg3 = hl.load(g, [tile_b, 320 + tile_r.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
@@ -355,12 +343,12 @@ def tp_bwd_x2_0(
                 rg3te, rg3to = hl.split(rg3t)
                 rg3_0, rg3_2 = hl.split(rg3te)
                 rg3_1, rg3_3 = hl.split(rg3to)
-                t = (0.9999999999999999 * ra1_0 * rg3_0)
+                t = (ra1_0 * rg3_0)
                 wq3 = weights[tile_b, 192 + tile_r.index]
                 s1_0 = s1_0 + t * wq3
-                t = (0.9999999999999999 * ra1_0 * rg3_1)
+                t = (ra1_0 * rg3_1)
                 s1_1 = s1_1 + t * wq3
-                t = (0.9999999999999999 * ra1_0 * rg3_2)
+                t = (ra1_0 * rg3_2)
                 s1_2 = s1_2 + t * wq3
                 # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
                 rg5_0 = g[tile_b, 704 + tile_r.index]
@@ -377,12 +365,12 @@ def tp_bwd_x2_0(
                 rg6te, rg6to = hl.split(rg6t)
                 rg6_0, rg6_2 = hl.split(rg6te)
                 rg6_1, rg6_3 = hl.split(rg6to)
-                t = (0.7071067811865475 * ra2_2 * rg6_1 - 0.7071067811865475 * ra2_1 * rg6_2)
+                t = (0.7071067811865476 * ra2_2 * rg6_1 - 0.7071067811865476 * ra2_1 * rg6_2)
                 wq6 = weights[tile_b, 384 + tile_r.index]
                 s1_0 = s1_0 + t * wq6
-                t = (-0.7071067811865475 * ra2_2 * rg6_0 + 0.7071067811865475 * ra2_0 * rg6_2)
+                t = (-0.7071067811865476 * ra2_2 * rg6_0 + 0.7071067811865476 * ra2_0 * rg6_2)
                 s1_1 = s1_1 + t * wq6
-                t = (0.7071067811865475 * ra2_1 * rg6_0 - 0.7071067811865475 * ra2_0 * rg6_1)
+                t = (0.7071067811865476 * ra2_1 * rg6_0 - 0.7071067811865476 * ra2_0 * rg6_1)
                 s1_2 = s1_2 + t * wq6
                 # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
                 rg8_0 = g[tile_b, 1152 + tile_r.index]
@@ -399,12 +387,12 @@ def tp_bwd_x2_0(
                 rg9te, rg9to = hl.split(rg9t)
                 rg9_0, rg9_2 = hl.split(rg9te)
                 rg9_1, rg9_3 = hl.split(rg9to)
-                t = (0.7071067811865475 * ra3_2 * rg9_1 - 0.7071067811865475 * ra3_1 * rg9_2)
+                t = (0.7071067811865476 * ra3_2 * rg9_1 - 0.7071067811865476 * ra3_1 * rg9_2)
                 wq9 = weights[tile_b, 576 + tile_r.index]
                 s1_0 = s1_0 + t * wq9
-                t = (-0.7071067811865475 * ra3_2 * rg9_0 + 0.7071067811865475 * ra3_0 * rg9_2)
+                t = (-0.7071067811865476 * ra3_2 * rg9_0 + 0.7071067811865476 * ra3_0 * rg9_2)
                 s1_1 = s1_1 + t * wq9
-                t = (0.7071067811865475 * ra3_1 * rg9_0 - 0.7071067811865475 * ra3_0 * rg9_1)
+                t = (0.7071067811865476 * ra3_1 * rg9_0 - 0.7071067811865476 * ra3_0 * rg9_1)
                 s1_2 = s1_2 + t * wq9
                 acc0_0 = acc0_0 + s0_0.sum(1)[:, None]
                 acc1_0 = acc1_0 + s1_0.sum(1)[:, None]
@@ -482,22 +470,22 @@ def tp_bwd_w_0(
         q0 = (a0_0 * sb0_0_0)
         gw[tile_b, tile_c.index] = (q0 * g0_0)
         # path 1: uvu 64x0o x 1x1o -> 64x1e, 3 nonzeros, weighted
-        q0 = (0.9999999999999999 * a0_0 * sb1_0_0)
-        q1 = (0.9999999999999999 * a0_0 * sb1_1_0)
-        q2 = (0.9999999999999999 * a0_0 * sb1_2_0)
+        q0 = (a0_0 * sb1_0_0)
+        q1 = (a0_0 * sb1_1_0)
+        q2 = (a0_0 * sb1_2_0)
         gw[tile_b, 64 + tile_c.index] = (q0 * g1_0 + q1 * g1_1 + q2 * g1_2)
         # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
         q0 = (a1_0 * sb0_0_0)
         gw[tile_b, 128 + tile_c.index] = (q0 * g2_0)
         # path 3: uvu 64x0e x 1x1o -> 64x1o, 3 nonzeros, weighted
-        q0 = (0.9999999999999999 * a1_0 * sb1_0_0)
-        q1 = (0.9999999999999999 * a1_0 * sb1_1_0)
-        q2 = (0.9999999999999999 * a1_0 * sb1_2_0)
+        q0 = (a1_0 * sb1_0_0)
+        q1 = (a1_0 * sb1_1_0)
+        q2 = (a1_0 * sb1_2_0)
         gw[tile_b, 192 + tile_c.index] = (q0 * g3_0 + q1 * g3_1 + q2 * g3_2)
         # path 4: uvu 64x1o x 1x0e -> 64x1o, 3 nonzeros, weighted
-        q0 = (0.9999999999999999 * a2_0 * sb0_0_0)
-        q1 = (0.9999999999999999 * a2_1 * sb0_0_0)
-        q2 = (0.9999999999999999 * a2_2 * sb0_0_0)
+        q0 = (a2_0 * sb0_0_0)
+        q1 = (a2_1 * sb0_0_0)
+        q2 = (a2_2 * sb0_0_0)
         gw[tile_b, 256 + tile_c.index] = (q0 * g4_0 + q1 * g4_1 + q2 * g4_2)
         # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
         q0 = (
@@ -506,14 +494,14 @@ def tp_bwd_w_0(
         )
         gw[tile_b, 320 + tile_c.index] = (q0 * g5_0)
         # path 6: uvu 64x1o x 1x1o -> 64x1e, 6 nonzeros, weighted
-        q0 = (0.7071067811865475 * a2_1 * sb1_2_0 - 0.7071067811865475 * a2_2 * sb1_1_0)
-        q1 = (-0.7071067811865475 * a2_0 * sb1_2_0 + 0.7071067811865475 * a2_2 * sb1_0_0)
-        q2 = (0.7071067811865475 * a2_0 * sb1_1_0 - 0.7071067811865475 * a2_1 * sb1_0_0)
+        q0 = (0.7071067811865476 * a2_1 * sb1_2_0 - 0.7071067811865476 * a2_2 * sb1_1_0)
+        q1 = (-0.7071067811865476 * a2_0 * sb1_2_0 + 0.7071067811865476 * a2_2 * sb1_0_0)
+        q2 = (0.7071067811865476 * a2_0 * sb1_1_0 - 0.7071067811865476 * a2_1 * sb1_0_0)
         gw[tile_b, 384 + tile_c.index] = (q0 * g6_0 + q1 * g6_1 + q2 * g6_2)
         # path 7: uvu 64x1e x 1x0e -> 64x1e, 3 nonzeros, weighted
-        q0 = (0.9999999999999999 * a3_0 * sb0_0_0)
-        q1 = (0.9999999999999999 * a3_1 * sb0_0_0)
-        q2 = (0.9999999999999999 * a3_2 * sb0_0_0)
+        q0 = (a3_0 * sb0_0_0)
+        q1 = (a3_1 * sb0_0_0)
+        q2 = (a3_2 * sb0_0_0)
         gw[tile_b, 448 + tile_c.index] = (q0 * g7_0 + q1 * g7_1 + q2 * g7_2)
         # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
         q0 = (
@@ -522,9 +510,9 @@ def tp_bwd_w_0(
         )
         gw[tile_b, 512 + tile_c.index] = (q0 * g8_0)
         # path 9: uvu 64x1e x 1x1o -> 64x1o, 6 nonzeros, weighted
-        q0 = (0.7071067811865475 * a3_1 * sb1_2_0 - 0.7071067811865475 * a3_2 * sb1_1_0)
-        q1 = (-0.7071067811865475 * a3_0 * sb1_2_0 + 0.7071067811865475 * a3_2 * sb1_0_0)
-        q2 = (0.7071067811865475 * a3_0 * sb1_1_0 - 0.7071067811865475 * a3_1 * sb1_0_0)
+        q0 = (0.7071067811865476 * a3_1 * sb1_2_0 - 0.7071067811865476 * a3_2 * sb1_1_0)
+        q1 = (-0.7071067811865476 * a3_0 * sb1_2_0 + 0.7071067811865476 * a3_2 * sb1_0_0)
+        q2 = (0.7071067811865476 * a3_0 * sb1_1_0 - 0.7071067811865476 * a3_1 * sb1_0_0)
         gw[tile_b, 576 + tile_c.index] = (q0 * g9_0 + q1 * g9_1 + q2 * g9_2)
 
 
@@ -571,17 +559,11 @@ def tp_bwd_fused_0(
             wg1_0 = wt1 * g1_0
             wg1_1 = wt1 * g1_1
             wg1_2 = wt1 * g1_2
-            gwv1 = (
-                0.9999999999999999 * sb1_0 * a0_0 * g1_0 + 0.9999999999999999 * sb1_1 * a0_0 * g1_1
-                + 0.9999999999999999 * sb1_2 * a0_0 * g1_2
-            )
-            acc0_0 = acc0_0 + (
-                0.9999999999999999 * sb1_0 * wg1_0 + 0.9999999999999999 * sb1_1 * wg1_1
-                + 0.9999999999999999 * sb1_2 * wg1_2
-            )
-            px2_0_1_0 = (0.9999999999999999 * a0_0 * wg1_0)
-            px2_0_1_1 = (0.9999999999999999 * a0_0 * wg1_1)
-            px2_0_1_2 = (0.9999999999999999 * a0_0 * wg1_2)
+            gwv1 = (sb1_0 * a0_0 * g1_0 + sb1_1 * a0_0 * g1_1 + sb1_2 * a0_0 * g1_2)
+            acc0_0 = acc0_0 + (sb1_0 * wg1_0 + sb1_1 * wg1_1 + sb1_2 * wg1_2)
+            px2_0_1_0 = (a0_0 * wg1_0)
+            px2_0_1_1 = (a0_0 * wg1_1)
+            px2_0_1_2 = (a0_0 * wg1_2)
             # x1 block 1: 64x0e (2 paths)
             a1_0 = x1[tile_b, 64 + tile_c.index]
             # path 2: uvu 64x0e x 1x0e -> 64x0e, 1 nonzero, weighted
@@ -601,17 +583,11 @@ def tp_bwd_fused_0(
             wg3_0 = wt3 * g3_0
             wg3_1 = wt3 * g3_1
             wg3_2 = wt3 * g3_2
-            gwv3 = (
-                0.9999999999999999 * sb1_0 * a1_0 * g3_0 + 0.9999999999999999 * sb1_1 * a1_0 * g3_1
-                + 0.9999999999999999 * sb1_2 * a1_0 * g3_2
-            )
-            acc1_0 = acc1_0 + (
-                0.9999999999999999 * sb1_0 * wg3_0 + 0.9999999999999999 * sb1_1 * wg3_1
-                + 0.9999999999999999 * sb1_2 * wg3_2
-            )
-            px2_0_1_0 = px2_0_1_0 + (0.9999999999999999 * a1_0 * wg3_0)
-            px2_0_1_1 = px2_0_1_1 + (0.9999999999999999 * a1_0 * wg3_1)
-            px2_0_1_2 = px2_0_1_2 + (0.9999999999999999 * a1_0 * wg3_2)
+            gwv3 = (sb1_0 * a1_0 * g3_0 + sb1_1 * a1_0 * g3_1 + sb1_2 * a1_0 * g3_2)
+            acc1_0 = acc1_0 + (sb1_0 * wg3_0 + sb1_1 * wg3_1 + sb1_2 * wg3_2)
+            px2_0_1_0 = px2_0_1_0 + (a1_0 * wg3_0)
+            px2_0_1_1 = px2_0_1_1 + (a1_0 * wg3_1)
+            px2_0_1_2 = px2_0_1_2 + (a1_0 * wg3_2)
             # x1 block 2: 64x1o (3 paths)
             a2 = hl.load(x1, [tile_b, 128 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a2t = a2.reshape([tile_b, tile_c, 2, 2])
@@ -628,17 +604,11 @@ def tp_bwd_fused_0(
             wg4_0 = wt4 * g4_0
             wg4_1 = wt4 * g4_1
             wg4_2 = wt4 * g4_2
-            gwv4 = (
-                0.9999999999999999 * sb0_0 * a2_0 * g4_0 + 0.9999999999999999 * sb0_0 * a2_1 * g4_1
-                + 0.9999999999999999 * sb0_0 * a2_2 * g4_2
-            )
-            acc2_0 = (0.9999999999999999 * sb0_0 * wg4_0)
-            acc2_1 = (0.9999999999999999 * sb0_0 * wg4_1)
-            acc2_2 = (0.9999999999999999 * sb0_0 * wg4_2)
-            px2_0_0_0 = px2_0_0_0 + (
-                0.9999999999999999 * a2_0 * wg4_0 + 0.9999999999999999 * a2_1 * wg4_1
-                + 0.9999999999999999 * a2_2 * wg4_2
-            )
+            gwv4 = (sb0_0 * a2_0 * g4_0 + sb0_0 * a2_1 * g4_1 + sb0_0 * a2_2 * g4_2)
+            acc2_0 = (sb0_0 * wg4_0)
+            acc2_1 = (sb0_0 * wg4_1)
+            acc2_2 = (sb0_0 * wg4_2)
+            px2_0_0_0 = px2_0_0_0 + (a2_0 * wg4_0 + a2_1 * wg4_1 + a2_2 * wg4_2)
             # path 5: uvu 64x1o x 1x1o -> 64x0e, 3 nonzeros, weighted
             g5_0 = g[tile_b, 704 + tile_c.index]
             wt5 = weights[tile_b, 320 + tile_c.index]
@@ -664,16 +634,16 @@ def tp_bwd_fused_0(
             wg6_1 = wt6 * g6_1
             wg6_2 = wt6 * g6_2
             gwv6 = (
-                0.7071067811865475 * sb1_2 * a2_1 * g6_0 - 0.7071067811865475 * sb1_1 * a2_2 * g6_0
-                - 0.7071067811865475 * sb1_2 * a2_0 * g6_1 + 0.7071067811865475 * sb1_0 * a2_2 * g6_1
-                + 0.7071067811865475 * sb1_1 * a2_0 * g6_2 - 0.7071067811865475 * sb1_0 * a2_1 * g6_2
+                0.7071067811865476 * sb1_2 * a2_1 * g6_0 - 0.7071067811865476 * sb1_1 * a2_2 * g6_0
+                - 0.7071067811865476 * sb1_2 * a2_0 * g6_1 + 0.7071067811865476 * sb1_0 * a2_2 * g6_1
+                + 0.7071067811865476 * sb1_1 * a2_0 * g6_2 - 0.7071067811865476 * sb1_0 * a2_1 * g6_2
             )
-            acc2_0 = acc2_0 + (-0.7071067811865475 * sb1_2 * wg6_1 + 0.7071067811865475 * sb1_1 * wg6_2)
-            acc2_1 = acc2_1 + (0.7071067811865475 * sb1_2 * wg6_0 - 0.7071067811865475 * sb1_0 * wg6_2)
-            acc2_2 = acc2_2 + (-0.7071067811865475 * sb1_1 * wg6_0 + 0.7071067811865475 * sb1_0 * wg6_1)
-            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a2_2 * wg6_1 - 0.7071067811865475 * a2_1 * wg6_2)
-            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a2_2 * wg6_0 + 0.7071067811865475 * a2_0 * wg6_2)
-            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a2_1 * wg6_0 - 0.7071067811865475 * a2_0 * wg6_1)
+            acc2_0 = acc2_0 + (-0.7071067811865476 * sb1_2 * wg6_1 + 0.7071067811865476 * sb1_1 * wg6_2)
+            acc2_1 = acc2_1 + (0.7071067811865476 * sb1_2 * wg6_0 - 0.7071067811865476 * sb1_0 * wg6_2)
+            acc2_2 = acc2_2 + (-0.7071067811865476 * sb1_1 * wg6_0 + 0.7071067811865476 * sb1_0 * wg6_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865476 * a2_2 * wg6_1 - 0.7071067811865476 * a2_1 * wg6_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865476 * a2_2 * wg6_0 + 0.7071067811865476 * a2_0 * wg6_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865476 * a2_1 * wg6_0 - 0.7071067811865476 * a2_0 * wg6_1)
             # x1 block 3: 64x1e (3 paths)
             a3 = hl.load(x1, [tile_b, 320 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=(hl.arange(4) < 3)[None, None, :])
             a3t = a3.reshape([tile_b, tile_c, 2, 2])
@@ -690,17 +660,11 @@ def tp_bwd_fused_0(
             wg7_0 = wt7 * g7_0
             wg7_1 = wt7 * g7_1
             wg7_2 = wt7 * g7_2
-            gwv7 = (
-                0.9999999999999999 * sb0_0 * a3_0 * g7_0 + 0.9999999999999999 * sb0_0 * a3_1 * g7_1
-                + 0.9999999999999999 * sb0_0 * a3_2 * g7_2
-            )
-            acc3_0 = (0.9999999999999999 * sb0_0 * wg7_0)
-            acc3_1 = (0.9999999999999999 * sb0_0 * wg7_1)
-            acc3_2 = (0.9999999999999999 * sb0_0 * wg7_2)
-            px2_0_0_0 = px2_0_0_0 + (
-                0.9999999999999999 * a3_0 * wg7_0 + 0.9999999999999999 * a3_1 * wg7_1
-                + 0.9999999999999999 * a3_2 * wg7_2
-            )
+            gwv7 = (sb0_0 * a3_0 * g7_0 + sb0_0 * a3_1 * g7_1 + sb0_0 * a3_2 * g7_2)
+            acc3_0 = (sb0_0 * wg7_0)
+            acc3_1 = (sb0_0 * wg7_1)
+            acc3_2 = (sb0_0 * wg7_2)
+            px2_0_0_0 = px2_0_0_0 + (a3_0 * wg7_0 + a3_1 * wg7_1 + a3_2 * wg7_2)
             # path 8: uvu 64x1e x 1x1o -> 64x0o, 3 nonzeros, weighted
             g8_0 = g[tile_b, 1152 + tile_c.index]
             wt8 = weights[tile_b, 512 + tile_c.index]
@@ -726,16 +690,16 @@ def tp_bwd_fused_0(
             wg9_1 = wt9 * g9_1
             wg9_2 = wt9 * g9_2
             gwv9 = (
-                0.7071067811865475 * sb1_2 * a3_1 * g9_0 - 0.7071067811865475 * sb1_1 * a3_2 * g9_0
-                - 0.7071067811865475 * sb1_2 * a3_0 * g9_1 + 0.7071067811865475 * sb1_0 * a3_2 * g9_1
-                + 0.7071067811865475 * sb1_1 * a3_0 * g9_2 - 0.7071067811865475 * sb1_0 * a3_1 * g9_2
+                0.7071067811865476 * sb1_2 * a3_1 * g9_0 - 0.7071067811865476 * sb1_1 * a3_2 * g9_0
+                - 0.7071067811865476 * sb1_2 * a3_0 * g9_1 + 0.7071067811865476 * sb1_0 * a3_2 * g9_1
+                + 0.7071067811865476 * sb1_1 * a3_0 * g9_2 - 0.7071067811865476 * sb1_0 * a3_1 * g9_2
             )
-            acc3_0 = acc3_0 + (-0.7071067811865475 * sb1_2 * wg9_1 + 0.7071067811865475 * sb1_1 * wg9_2)
-            acc3_1 = acc3_1 + (0.7071067811865475 * sb1_2 * wg9_0 - 0.7071067811865475 * sb1_0 * wg9_2)
-            acc3_2 = acc3_2 + (-0.7071067811865475 * sb1_1 * wg9_0 + 0.7071067811865475 * sb1_0 * wg9_1)
-            px2_0_1_0 = px2_0_1_0 + (0.7071067811865475 * a3_2 * wg9_1 - 0.7071067811865475 * a3_1 * wg9_2)
-            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865475 * a3_2 * wg9_0 + 0.7071067811865475 * a3_0 * wg9_2)
-            px2_0_1_2 = px2_0_1_2 + (0.7071067811865475 * a3_1 * wg9_0 - 0.7071067811865475 * a3_0 * wg9_1)
+            acc3_0 = acc3_0 + (-0.7071067811865476 * sb1_2 * wg9_1 + 0.7071067811865476 * sb1_1 * wg9_2)
+            acc3_1 = acc3_1 + (0.7071067811865476 * sb1_2 * wg9_0 - 0.7071067811865476 * sb1_0 * wg9_2)
+            acc3_2 = acc3_2 + (-0.7071067811865476 * sb1_1 * wg9_0 + 0.7071067811865476 * sb1_0 * wg9_1)
+            px2_0_1_0 = px2_0_1_0 + (0.7071067811865476 * a3_2 * wg9_1 - 0.7071067811865476 * a3_1 * wg9_2)
+            px2_0_1_1 = px2_0_1_1 + (-0.7071067811865476 * a3_2 * wg9_0 + 0.7071067811865476 * a3_0 * wg9_2)
+            px2_0_1_2 = px2_0_1_2 + (0.7071067811865476 * a3_1 * wg9_0 - 0.7071067811865476 * a3_0 * wg9_1)
             gw[tile_b, tile_c.index] = gwv0
             gw[tile_b, 64 + tile_c.index] = gwv1
             gx1[tile_b, tile_c.index] = acc0_0

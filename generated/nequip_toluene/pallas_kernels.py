@@ -63,7 +63,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 64)]
-    acc_0_0_s = 1.0 * x1_0_0 * x2_0_0
+    acc_0_0_s = x1_0_0 * x2_0_0
     acc_0_0 = rt.fma(w, acc_0_0_s, acc_0_0)
     out_ref[:, pl.ds(0, 64)] = acc_0_0
 
@@ -76,11 +76,11 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
-    acc_1_0_s = 0.9999999999999999 * x1_0_0 * x2_1_0
+    acc_1_0_s = x1_0_0 * x2_1_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
-    acc_1_1_s = 0.9999999999999999 * x1_0_0 * x2_1_1
+    acc_1_1_s = x1_0_0 * x2_1_1
     acc_1_1 = rt.fma(w, acc_1_1_s, acc_1_1)
-    acc_1_2_s = 0.9999999999999999 * x1_0_0 * x2_1_2
+    acc_1_2_s = x1_0_0 * x2_1_2
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
     rt.store_tile(out_ref, 64, [acc_1_0, acc_1_1, acc_1_2], mul=64, dim=3, pad=64)
 
@@ -97,15 +97,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
-    acc_2_0_s = 1.0 * x1_0_0 * x2_2_0
+    acc_2_0_s = x1_0_0 * x2_2_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
-    acc_2_1_s = 1.0 * x1_0_0 * x2_2_1
+    acc_2_1_s = x1_0_0 * x2_2_1
     acc_2_1 = rt.fma(w, acc_2_1_s, acc_2_1)
-    acc_2_2_s = 1.0 * x1_0_0 * x2_2_2
+    acc_2_2_s = x1_0_0 * x2_2_2
     acc_2_2 = rt.fma(w, acc_2_2_s, acc_2_2)
-    acc_2_3_s = 1.0 * x1_0_0 * x2_2_3
+    acc_2_3_s = x1_0_0 * x2_2_3
     acc_2_3 = rt.fma(w, acc_2_3_s, acc_2_3)
-    acc_2_4_s = 1.0 * x1_0_0 * x2_2_4
+    acc_2_4_s = x1_0_0 * x2_2_4
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
     rt.store_tile(out_ref, 256, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=64, dim=5, pad=64)
 
@@ -114,7 +114,7 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     # path 3: x1[1] 64x0e (x) x2[0] 1x0e -> out[3] 64x0e, uvu, weights at 192, 1 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
-    acc_3_0_s = 1.0 * x1_1_0 * x2_0_0
+    acc_3_0_s = x1_1_0 * x2_0_0
     acc_3_0 = rt.fma(w, acc_3_0_s, acc_3_0)
     out_ref[:, pl.ds(576, 64)] = acc_3_0
 
@@ -124,11 +124,11 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_4_2 = jnp.zeros((rows, 64), dtype)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
-    acc_4_0_s = 0.9999999999999999 * x1_1_0 * x2_1_0
+    acc_4_0_s = x1_1_0 * x2_1_0
     acc_4_0 = rt.fma(w, acc_4_0_s, acc_4_0)
-    acc_4_1_s = 0.9999999999999999 * x1_1_0 * x2_1_1
+    acc_4_1_s = x1_1_0 * x2_1_1
     acc_4_1 = rt.fma(w, acc_4_1_s, acc_4_1)
-    acc_4_2_s = 0.9999999999999999 * x1_1_0 * x2_1_2
+    acc_4_2_s = x1_1_0 * x2_1_2
     acc_4_2 = rt.fma(w, acc_4_2_s, acc_4_2)
     rt.store_tile(out_ref, 640, [acc_4_0, acc_4_1, acc_4_2], mul=64, dim=3, pad=64)
 
@@ -140,15 +140,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_5_4 = jnp.zeros((rows, 64), dtype)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     w = w_ref[:, pl.ds(320, 64)]
-    acc_5_0_s = 1.0 * x1_1_0 * x2_2_0
+    acc_5_0_s = x1_1_0 * x2_2_0
     acc_5_0 = rt.fma(w, acc_5_0_s, acc_5_0)
-    acc_5_1_s = 1.0 * x1_1_0 * x2_2_1
+    acc_5_1_s = x1_1_0 * x2_2_1
     acc_5_1 = rt.fma(w, acc_5_1_s, acc_5_1)
-    acc_5_2_s = 1.0 * x1_1_0 * x2_2_2
+    acc_5_2_s = x1_1_0 * x2_2_2
     acc_5_2 = rt.fma(w, acc_5_2_s, acc_5_2)
-    acc_5_3_s = 1.0 * x1_1_0 * x2_2_3
+    acc_5_3_s = x1_1_0 * x2_2_3
     acc_5_3 = rt.fma(w, acc_5_3_s, acc_5_3)
-    acc_5_4_s = 1.0 * x1_1_0 * x2_2_4
+    acc_5_4_s = x1_1_0 * x2_2_4
     acc_5_4 = rt.fma(w, acc_5_4_s, acc_5_4)
     rt.store_tile(out_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
@@ -159,11 +159,11 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
-    acc_6_0_s = 0.9999999999999999 * x1_2_0 * x2_0_0
+    acc_6_0_s = x1_2_0 * x2_0_0
     acc_6_0 = rt.fma(w, acc_6_0_s, acc_6_0)
-    acc_6_1_s = 0.9999999999999999 * x1_2_1 * x2_0_0
+    acc_6_1_s = x1_2_1 * x2_0_0
     acc_6_1 = rt.fma(w, acc_6_1_s, acc_6_1)
-    acc_6_2_s = 0.9999999999999999 * x1_2_2 * x2_0_0
+    acc_6_2_s = x1_2_2 * x2_0_0
     acc_6_2 = rt.fma(w, acc_6_2_s, acc_6_2)
     rt.store_tile(out_ref, 1152, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
 
@@ -183,14 +183,14 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_8_2 = jnp.zeros((rows, 64), dtype)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
-    acc_8_0_s = 0.7071067811865475 * x1_2_1 * x2_1_2
-    acc_8_0_s = rt.fma(-0.7071067811865475 * x1_2_2, x2_1_1, acc_8_0_s)
+    acc_8_0_s = 0.7071067811865476 * x1_2_1 * x2_1_2
+    acc_8_0_s = rt.fma(-0.7071067811865476 * x1_2_2, x2_1_1, acc_8_0_s)
     acc_8_0 = rt.fma(w, acc_8_0_s, acc_8_0)
-    acc_8_1_s = -0.7071067811865475 * x1_2_0 * x2_1_2
-    acc_8_1_s = rt.fma(0.7071067811865475 * x1_2_2, x2_1_0, acc_8_1_s)
+    acc_8_1_s = -0.7071067811865476 * x1_2_0 * x2_1_2
+    acc_8_1_s = rt.fma(0.7071067811865476 * x1_2_2, x2_1_0, acc_8_1_s)
     acc_8_1 = rt.fma(w, acc_8_1_s, acc_8_1)
-    acc_8_2_s = 0.7071067811865475 * x1_2_0 * x2_1_1
-    acc_8_2_s = rt.fma(-0.7071067811865475 * x1_2_1, x2_1_0, acc_8_2_s)
+    acc_8_2_s = 0.7071067811865476 * x1_2_0 * x2_1_1
+    acc_8_2_s = rt.fma(-0.7071067811865476 * x1_2_1, x2_1_0, acc_8_2_s)
     acc_8_2 = rt.fma(w, acc_8_2_s, acc_8_2)
     rt.store_tile(out_ref, 1408, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
 
@@ -226,18 +226,18 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_2 = jnp.zeros((rows, 64), dtype)
     # path 10: x1[2] 64x1o (x) x2[2] 1x2e -> out[10] 64x1o, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
-    acc_10_0_s = -0.3162277660168379 * x1_2_0 * x2_2_2
+    acc_10_0_s = -0.31622776601683794 * x1_2_0 * x2_2_2
     acc_10_0_s = rt.fma(-0.5477225575051661 * x1_2_0, x2_2_4, acc_10_0_s)
     acc_10_0_s = rt.fma(0.5477225575051661 * x1_2_1, x2_2_1, acc_10_0_s)
     acc_10_0_s = rt.fma(0.5477225575051661 * x1_2_2, x2_2_0, acc_10_0_s)
     acc_10_0 = rt.fma(w, acc_10_0_s, acc_10_0)
     acc_10_1_s = 0.5477225575051661 * x1_2_0 * x2_2_1
-    acc_10_1_s = rt.fma(0.6324555320336758 * x1_2_1, x2_2_2, acc_10_1_s)
+    acc_10_1_s = rt.fma(0.6324555320336759 * x1_2_1, x2_2_2, acc_10_1_s)
     acc_10_1_s = rt.fma(0.5477225575051661 * x1_2_2, x2_2_3, acc_10_1_s)
     acc_10_1 = rt.fma(w, acc_10_1_s, acc_10_1)
     acc_10_2_s = 0.5477225575051661 * x1_2_0 * x2_2_0
     acc_10_2_s = rt.fma(0.5477225575051661 * x1_2_1, x2_2_3, acc_10_2_s)
-    acc_10_2_s = rt.fma(-0.3162277660168379 * x1_2_2, x2_2_2, acc_10_2_s)
+    acc_10_2_s = rt.fma(-0.31622776601683794 * x1_2_2, x2_2_2, acc_10_2_s)
     acc_10_2_s = rt.fma(0.5477225575051661 * x1_2_2, x2_2_4, acc_10_2_s)
     acc_10_2 = rt.fma(w, acc_10_2_s, acc_10_2)
     rt.store_tile(out_ref, 1920, [acc_10_0, acc_10_1, acc_10_2], mul=64, dim=3, pad=64)
@@ -280,11 +280,11 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
-    acc_12_0_s = 0.9999999999999999 * x1_3_0 * x2_0_0
+    acc_12_0_s = x1_3_0 * x2_0_0
     acc_12_0 = rt.fma(w, acc_12_0_s, acc_12_0)
-    acc_12_1_s = 0.9999999999999999 * x1_3_1 * x2_0_0
+    acc_12_1_s = x1_3_1 * x2_0_0
     acc_12_1 = rt.fma(w, acc_12_1_s, acc_12_1)
-    acc_12_2_s = 0.9999999999999999 * x1_3_2 * x2_0_0
+    acc_12_2_s = x1_3_2 * x2_0_0
     acc_12_2 = rt.fma(w, acc_12_2_s, acc_12_2)
     rt.store_tile(out_ref, 2432, [acc_12_0, acc_12_1, acc_12_2], mul=64, dim=3, pad=64)
 
@@ -304,14 +304,14 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_14_2 = jnp.zeros((rows, 64), dtype)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
     w = w_ref[:, pl.ds(896, 64)]
-    acc_14_0_s = 0.7071067811865475 * x1_3_1 * x2_1_2
-    acc_14_0_s = rt.fma(-0.7071067811865475 * x1_3_2, x2_1_1, acc_14_0_s)
+    acc_14_0_s = 0.7071067811865476 * x1_3_1 * x2_1_2
+    acc_14_0_s = rt.fma(-0.7071067811865476 * x1_3_2, x2_1_1, acc_14_0_s)
     acc_14_0 = rt.fma(w, acc_14_0_s, acc_14_0)
-    acc_14_1_s = -0.7071067811865475 * x1_3_0 * x2_1_2
-    acc_14_1_s = rt.fma(0.7071067811865475 * x1_3_2, x2_1_0, acc_14_1_s)
+    acc_14_1_s = -0.7071067811865476 * x1_3_0 * x2_1_2
+    acc_14_1_s = rt.fma(0.7071067811865476 * x1_3_2, x2_1_0, acc_14_1_s)
     acc_14_1 = rt.fma(w, acc_14_1_s, acc_14_1)
-    acc_14_2_s = 0.7071067811865475 * x1_3_0 * x2_1_1
-    acc_14_2_s = rt.fma(-0.7071067811865475 * x1_3_1, x2_1_0, acc_14_2_s)
+    acc_14_2_s = 0.7071067811865476 * x1_3_0 * x2_1_1
+    acc_14_2_s = rt.fma(-0.7071067811865476 * x1_3_1, x2_1_0, acc_14_2_s)
     acc_14_2 = rt.fma(w, acc_14_2_s, acc_14_2)
     rt.store_tile(out_ref, 2688, [acc_14_0, acc_14_1, acc_14_2], mul=64, dim=3, pad=64)
 
@@ -347,18 +347,18 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_16_2 = jnp.zeros((rows, 64), dtype)
     # path 16: x1[3] 64x1e (x) x2[2] 1x2e -> out[16] 64x1e, uvu, weights at 1024, 11 nonzeros
     w = w_ref[:, pl.ds(1024, 64)]
-    acc_16_0_s = -0.3162277660168379 * x1_3_0 * x2_2_2
+    acc_16_0_s = -0.31622776601683794 * x1_3_0 * x2_2_2
     acc_16_0_s = rt.fma(-0.5477225575051661 * x1_3_0, x2_2_4, acc_16_0_s)
     acc_16_0_s = rt.fma(0.5477225575051661 * x1_3_1, x2_2_1, acc_16_0_s)
     acc_16_0_s = rt.fma(0.5477225575051661 * x1_3_2, x2_2_0, acc_16_0_s)
     acc_16_0 = rt.fma(w, acc_16_0_s, acc_16_0)
     acc_16_1_s = 0.5477225575051661 * x1_3_0 * x2_2_1
-    acc_16_1_s = rt.fma(0.6324555320336758 * x1_3_1, x2_2_2, acc_16_1_s)
+    acc_16_1_s = rt.fma(0.6324555320336759 * x1_3_1, x2_2_2, acc_16_1_s)
     acc_16_1_s = rt.fma(0.5477225575051661 * x1_3_2, x2_2_3, acc_16_1_s)
     acc_16_1 = rt.fma(w, acc_16_1_s, acc_16_1)
     acc_16_2_s = 0.5477225575051661 * x1_3_0 * x2_2_0
     acc_16_2_s = rt.fma(0.5477225575051661 * x1_3_1, x2_2_3, acc_16_2_s)
-    acc_16_2_s = rt.fma(-0.3162277660168379 * x1_3_2, x2_2_2, acc_16_2_s)
+    acc_16_2_s = rt.fma(-0.31622776601683794 * x1_3_2, x2_2_2, acc_16_2_s)
     acc_16_2_s = rt.fma(0.5477225575051661 * x1_3_2, x2_2_4, acc_16_2_s)
     acc_16_2 = rt.fma(w, acc_16_2_s, acc_16_2)
     rt.store_tile(out_ref, 3200, [acc_16_0, acc_16_1, acc_16_2], mul=64, dim=3, pad=64)
@@ -403,15 +403,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     w = w_ref[:, pl.ds(1152, 64)]
-    acc_18_0_s = 1.0 * x1_4_0 * x2_0_0
+    acc_18_0_s = x1_4_0 * x2_0_0
     acc_18_0 = rt.fma(w, acc_18_0_s, acc_18_0)
-    acc_18_1_s = 1.0 * x1_4_1 * x2_0_0
+    acc_18_1_s = x1_4_1 * x2_0_0
     acc_18_1 = rt.fma(w, acc_18_1_s, acc_18_1)
-    acc_18_2_s = 1.0 * x1_4_2 * x2_0_0
+    acc_18_2_s = x1_4_2 * x2_0_0
     acc_18_2 = rt.fma(w, acc_18_2_s, acc_18_2)
-    acc_18_3_s = 1.0 * x1_4_3 * x2_0_0
+    acc_18_3_s = x1_4_3 * x2_0_0
     acc_18_3 = rt.fma(w, acc_18_3_s, acc_18_3)
-    acc_18_4_s = 1.0 * x1_4_4 * x2_0_0
+    acc_18_4_s = x1_4_4 * x2_0_0
     acc_18_4 = rt.fma(w, acc_18_4_s, acc_18_4)
     rt.store_tile(out_ref, 3712, [acc_18_0, acc_18_1, acc_18_2, acc_18_3, acc_18_4], mul=64, dim=5, pad=64)
 
@@ -423,15 +423,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1216, 64)]
     acc_19_0_s = 0.5477225575051661 * x1_4_0 * x2_1_2
     acc_19_0_s = rt.fma(0.5477225575051661 * x1_4_1, x2_1_1, acc_19_0_s)
-    acc_19_0_s = rt.fma(-0.3162277660168379 * x1_4_2, x2_1_0, acc_19_0_s)
+    acc_19_0_s = rt.fma(-0.31622776601683794 * x1_4_2, x2_1_0, acc_19_0_s)
     acc_19_0_s = rt.fma(-0.5477225575051661 * x1_4_4, x2_1_0, acc_19_0_s)
     acc_19_0 = rt.fma(w, acc_19_0_s, acc_19_0)
     acc_19_1_s = 0.5477225575051661 * x1_4_1 * x2_1_0
-    acc_19_1_s = rt.fma(0.6324555320336758 * x1_4_2, x2_1_1, acc_19_1_s)
+    acc_19_1_s = rt.fma(0.6324555320336759 * x1_4_2, x2_1_1, acc_19_1_s)
     acc_19_1_s = rt.fma(0.5477225575051661 * x1_4_3, x2_1_2, acc_19_1_s)
     acc_19_1 = rt.fma(w, acc_19_1_s, acc_19_1)
     acc_19_2_s = 0.5477225575051661 * x1_4_0 * x2_1_0
-    acc_19_2_s = rt.fma(-0.3162277660168379 * x1_4_2, x2_1_2, acc_19_2_s)
+    acc_19_2_s = rt.fma(-0.31622776601683794 * x1_4_2, x2_1_2, acc_19_2_s)
     acc_19_2_s = rt.fma(0.5477225575051661 * x1_4_3, x2_1_1, acc_19_2_s)
     acc_19_2_s = rt.fma(0.5477225575051661 * x1_4_4, x2_1_2, acc_19_2_s)
     acc_19_2 = rt.fma(w, acc_19_2_s, acc_19_2)
@@ -486,24 +486,24 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_22_2 = jnp.zeros((rows, 64), dtype)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
     w = w_ref[:, pl.ds(1408, 64)]
-    acc_22_0_s = -0.3162277660168379 * x1_4_0 * x2_2_1
-    acc_22_0_s = rt.fma(0.3162277660168379 * x1_4_1, x2_2_0, acc_22_0_s)
+    acc_22_0_s = -0.31622776601683794 * x1_4_0 * x2_2_1
+    acc_22_0_s = rt.fma(0.31622776601683794 * x1_4_1, x2_2_0, acc_22_0_s)
     acc_22_0_s = rt.fma(0.5477225575051661 * x1_4_2, x2_2_3, acc_22_0_s)
     acc_22_0_s = rt.fma(-0.5477225575051661 * x1_4_3, x2_2_2, acc_22_0_s)
-    acc_22_0_s = rt.fma(0.3162277660168379 * x1_4_3, x2_2_4, acc_22_0_s)
-    acc_22_0_s = rt.fma(-0.3162277660168379 * x1_4_4, x2_2_3, acc_22_0_s)
+    acc_22_0_s = rt.fma(0.31622776601683794 * x1_4_3, x2_2_4, acc_22_0_s)
+    acc_22_0_s = rt.fma(-0.31622776601683794 * x1_4_4, x2_2_3, acc_22_0_s)
     acc_22_0 = rt.fma(w, acc_22_0_s, acc_22_0)
-    acc_22_1_s = -0.6324555320336758 * x1_4_0 * x2_2_4
-    acc_22_1_s = rt.fma(-0.3162277660168379 * x1_4_1, x2_2_3, acc_22_1_s)
-    acc_22_1_s = rt.fma(0.3162277660168379 * x1_4_3, x2_2_1, acc_22_1_s)
-    acc_22_1_s = rt.fma(0.6324555320336758 * x1_4_4, x2_2_0, acc_22_1_s)
+    acc_22_1_s = -0.6324555320336759 * x1_4_0 * x2_2_4
+    acc_22_1_s = rt.fma(-0.31622776601683794 * x1_4_1, x2_2_3, acc_22_1_s)
+    acc_22_1_s = rt.fma(0.31622776601683794 * x1_4_3, x2_2_1, acc_22_1_s)
+    acc_22_1_s = rt.fma(0.6324555320336759 * x1_4_4, x2_2_0, acc_22_1_s)
     acc_22_1 = rt.fma(w, acc_22_1_s, acc_22_1)
-    acc_22_2_s = 0.3162277660168379 * x1_4_0 * x2_2_3
+    acc_22_2_s = 0.31622776601683794 * x1_4_0 * x2_2_3
     acc_22_2_s = rt.fma(0.5477225575051661 * x1_4_1, x2_2_2, acc_22_2_s)
-    acc_22_2_s = rt.fma(0.3162277660168379 * x1_4_1, x2_2_4, acc_22_2_s)
+    acc_22_2_s = rt.fma(0.31622776601683794 * x1_4_1, x2_2_4, acc_22_2_s)
     acc_22_2_s = rt.fma(-0.5477225575051661 * x1_4_2, x2_2_1, acc_22_2_s)
-    acc_22_2_s = rt.fma(-0.3162277660168379 * x1_4_3, x2_2_0, acc_22_2_s)
-    acc_22_2_s = rt.fma(-0.3162277660168379 * x1_4_4, x2_2_1, acc_22_2_s)
+    acc_22_2_s = rt.fma(-0.31622776601683794 * x1_4_3, x2_2_0, acc_22_2_s)
+    acc_22_2_s = rt.fma(-0.31622776601683794 * x1_4_4, x2_2_1, acc_22_2_s)
     acc_22_2 = rt.fma(w, acc_22_2_s, acc_22_2)
     rt.store_tile(out_ref, 4608, [acc_22_0, acc_22_1, acc_22_2], mul=64, dim=3, pad=64)
 
@@ -556,15 +556,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     w = w_ref[:, pl.ds(1536, 64)]
-    acc_24_0_s = 1.0 * x1_5_0 * x2_0_0
+    acc_24_0_s = x1_5_0 * x2_0_0
     acc_24_0 = rt.fma(w, acc_24_0_s, acc_24_0)
-    acc_24_1_s = 1.0 * x1_5_1 * x2_0_0
+    acc_24_1_s = x1_5_1 * x2_0_0
     acc_24_1 = rt.fma(w, acc_24_1_s, acc_24_1)
-    acc_24_2_s = 1.0 * x1_5_2 * x2_0_0
+    acc_24_2_s = x1_5_2 * x2_0_0
     acc_24_2 = rt.fma(w, acc_24_2_s, acc_24_2)
-    acc_24_3_s = 1.0 * x1_5_3 * x2_0_0
+    acc_24_3_s = x1_5_3 * x2_0_0
     acc_24_3 = rt.fma(w, acc_24_3_s, acc_24_3)
-    acc_24_4_s = 1.0 * x1_5_4 * x2_0_0
+    acc_24_4_s = x1_5_4 * x2_0_0
     acc_24_4 = rt.fma(w, acc_24_4_s, acc_24_4)
     rt.store_tile(out_ref, 5120, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4], mul=64, dim=5, pad=64)
 
@@ -576,15 +576,15 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(1600, 64)]
     acc_25_0_s = 0.5477225575051661 * x1_5_0 * x2_1_2
     acc_25_0_s = rt.fma(0.5477225575051661 * x1_5_1, x2_1_1, acc_25_0_s)
-    acc_25_0_s = rt.fma(-0.3162277660168379 * x1_5_2, x2_1_0, acc_25_0_s)
+    acc_25_0_s = rt.fma(-0.31622776601683794 * x1_5_2, x2_1_0, acc_25_0_s)
     acc_25_0_s = rt.fma(-0.5477225575051661 * x1_5_4, x2_1_0, acc_25_0_s)
     acc_25_0 = rt.fma(w, acc_25_0_s, acc_25_0)
     acc_25_1_s = 0.5477225575051661 * x1_5_1 * x2_1_0
-    acc_25_1_s = rt.fma(0.6324555320336758 * x1_5_2, x2_1_1, acc_25_1_s)
+    acc_25_1_s = rt.fma(0.6324555320336759 * x1_5_2, x2_1_1, acc_25_1_s)
     acc_25_1_s = rt.fma(0.5477225575051661 * x1_5_3, x2_1_2, acc_25_1_s)
     acc_25_1 = rt.fma(w, acc_25_1_s, acc_25_1)
     acc_25_2_s = 0.5477225575051661 * x1_5_0 * x2_1_0
-    acc_25_2_s = rt.fma(-0.3162277660168379 * x1_5_2, x2_1_2, acc_25_2_s)
+    acc_25_2_s = rt.fma(-0.31622776601683794 * x1_5_2, x2_1_2, acc_25_2_s)
     acc_25_2_s = rt.fma(0.5477225575051661 * x1_5_3, x2_1_1, acc_25_2_s)
     acc_25_2_s = rt.fma(0.5477225575051661 * x1_5_4, x2_1_2, acc_25_2_s)
     acc_25_2 = rt.fma(w, acc_25_2_s, acc_25_2)
@@ -639,24 +639,24 @@ def _tp_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_28_2 = jnp.zeros((rows, 64), dtype)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
     w = w_ref[:, pl.ds(1792, 64)]
-    acc_28_0_s = -0.3162277660168379 * x1_5_0 * x2_2_1
-    acc_28_0_s = rt.fma(0.3162277660168379 * x1_5_1, x2_2_0, acc_28_0_s)
+    acc_28_0_s = -0.31622776601683794 * x1_5_0 * x2_2_1
+    acc_28_0_s = rt.fma(0.31622776601683794 * x1_5_1, x2_2_0, acc_28_0_s)
     acc_28_0_s = rt.fma(0.5477225575051661 * x1_5_2, x2_2_3, acc_28_0_s)
     acc_28_0_s = rt.fma(-0.5477225575051661 * x1_5_3, x2_2_2, acc_28_0_s)
-    acc_28_0_s = rt.fma(0.3162277660168379 * x1_5_3, x2_2_4, acc_28_0_s)
-    acc_28_0_s = rt.fma(-0.3162277660168379 * x1_5_4, x2_2_3, acc_28_0_s)
+    acc_28_0_s = rt.fma(0.31622776601683794 * x1_5_3, x2_2_4, acc_28_0_s)
+    acc_28_0_s = rt.fma(-0.31622776601683794 * x1_5_4, x2_2_3, acc_28_0_s)
     acc_28_0 = rt.fma(w, acc_28_0_s, acc_28_0)
-    acc_28_1_s = -0.6324555320336758 * x1_5_0 * x2_2_4
-    acc_28_1_s = rt.fma(-0.3162277660168379 * x1_5_1, x2_2_3, acc_28_1_s)
-    acc_28_1_s = rt.fma(0.3162277660168379 * x1_5_3, x2_2_1, acc_28_1_s)
-    acc_28_1_s = rt.fma(0.6324555320336758 * x1_5_4, x2_2_0, acc_28_1_s)
+    acc_28_1_s = -0.6324555320336759 * x1_5_0 * x2_2_4
+    acc_28_1_s = rt.fma(-0.31622776601683794 * x1_5_1, x2_2_3, acc_28_1_s)
+    acc_28_1_s = rt.fma(0.31622776601683794 * x1_5_3, x2_2_1, acc_28_1_s)
+    acc_28_1_s = rt.fma(0.6324555320336759 * x1_5_4, x2_2_0, acc_28_1_s)
     acc_28_1 = rt.fma(w, acc_28_1_s, acc_28_1)
-    acc_28_2_s = 0.3162277660168379 * x1_5_0 * x2_2_3
+    acc_28_2_s = 0.31622776601683794 * x1_5_0 * x2_2_3
     acc_28_2_s = rt.fma(0.5477225575051661 * x1_5_1, x2_2_2, acc_28_2_s)
-    acc_28_2_s = rt.fma(0.3162277660168379 * x1_5_1, x2_2_4, acc_28_2_s)
+    acc_28_2_s = rt.fma(0.31622776601683794 * x1_5_1, x2_2_4, acc_28_2_s)
     acc_28_2_s = rt.fma(-0.5477225575051661 * x1_5_2, x2_2_1, acc_28_2_s)
-    acc_28_2_s = rt.fma(-0.3162277660168379 * x1_5_3, x2_2_0, acc_28_2_s)
-    acc_28_2_s = rt.fma(-0.3162277660168379 * x1_5_4, x2_2_1, acc_28_2_s)
+    acc_28_2_s = rt.fma(-0.31622776601683794 * x1_5_3, x2_2_0, acc_28_2_s)
+    acc_28_2_s = rt.fma(-0.31622776601683794 * x1_5_4, x2_2_1, acc_28_2_s)
     acc_28_2 = rt.fma(w, acc_28_2_s, acc_28_2)
     rt.store_tile(out_ref, 6016, [acc_28_0, acc_28_1, acc_28_2], mul=64, dim=3, pad=64)
 
@@ -712,7 +712,7 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     w = w_ref[:, pl.ds(0, 64)]
-    acc_0_0_s = 1.0 * x2_0_0 * g_0_0
+    acc_0_0_s = x2_0_0 * g_0_0
     acc_0_0 = rt.fma(w, acc_0_0_s, acc_0_0)
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
@@ -720,9 +720,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     w = w_ref[:, pl.ds(64, 64)]
-    acc_0_0_s = 0.9999999999999999 * x2_1_0 * g_1_0
-    acc_0_0_s = rt.fma(0.9999999999999999 * x2_1_1, g_1_1, acc_0_0_s)
-    acc_0_0_s = rt.fma(0.9999999999999999 * x2_1_2, g_1_2, acc_0_0_s)
+    acc_0_0_s = x2_1_0 * g_1_0
+    acc_0_0_s = rt.fma(x2_1_1, g_1_1, acc_0_0_s)
+    acc_0_0_s = rt.fma(x2_1_2, g_1_2, acc_0_0_s)
     acc_0_0 = rt.fma(w, acc_0_0_s, acc_0_0)
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
@@ -732,11 +732,11 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     w = w_ref[:, pl.ds(128, 64)]
-    acc_0_0_s = 1.0 * x2_2_0 * g_2_0
-    acc_0_0_s = rt.fma(1.0 * x2_2_1, g_2_1, acc_0_0_s)
-    acc_0_0_s = rt.fma(1.0 * x2_2_2, g_2_2, acc_0_0_s)
-    acc_0_0_s = rt.fma(1.0 * x2_2_3, g_2_3, acc_0_0_s)
-    acc_0_0_s = rt.fma(1.0 * x2_2_4, g_2_4, acc_0_0_s)
+    acc_0_0_s = x2_2_0 * g_2_0
+    acc_0_0_s = rt.fma(x2_2_1, g_2_1, acc_0_0_s)
+    acc_0_0_s = rt.fma(x2_2_2, g_2_2, acc_0_0_s)
+    acc_0_0_s = rt.fma(x2_2_3, g_2_3, acc_0_0_s)
+    acc_0_0_s = rt.fma(x2_2_4, g_2_4, acc_0_0_s)
     acc_0_0 = rt.fma(w, acc_0_0_s, acc_0_0)
     out_ref[:, pl.ds(0, 64)] = acc_0_0
 
@@ -745,23 +745,23 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x0e), m=0
     # path 3: x1[1] 64x0e (x) x2[0] 1x0e -> out[3] 64x0e, uvu, weights at 192, 1 nonzeros
     w = w_ref[:, pl.ds(192, 64)]
-    acc_1_0_s = 1.0 * x2_0_0 * g_3_0
+    acc_1_0_s = x2_0_0 * g_3_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     w = w_ref[:, pl.ds(256, 64)]
-    acc_1_0_s = 0.9999999999999999 * x2_1_0 * g_4_0
-    acc_1_0_s = rt.fma(0.9999999999999999 * x2_1_1, g_4_1, acc_1_0_s)
-    acc_1_0_s = rt.fma(0.9999999999999999 * x2_1_2, g_4_2, acc_1_0_s)
+    acc_1_0_s = x2_1_0 * g_4_0
+    acc_1_0_s = rt.fma(x2_1_1, g_4_1, acc_1_0_s)
+    acc_1_0_s = rt.fma(x2_1_2, g_4_2, acc_1_0_s)
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     w = w_ref[:, pl.ds(320, 64)]
-    acc_1_0_s = 1.0 * x2_2_0 * g_5_0
-    acc_1_0_s = rt.fma(1.0 * x2_2_1, g_5_1, acc_1_0_s)
-    acc_1_0_s = rt.fma(1.0 * x2_2_2, g_5_2, acc_1_0_s)
-    acc_1_0_s = rt.fma(1.0 * x2_2_3, g_5_3, acc_1_0_s)
-    acc_1_0_s = rt.fma(1.0 * x2_2_4, g_5_4, acc_1_0_s)
+    acc_1_0_s = x2_2_0 * g_5_0
+    acc_1_0_s = rt.fma(x2_2_1, g_5_1, acc_1_0_s)
+    acc_1_0_s = rt.fma(x2_2_2, g_5_2, acc_1_0_s)
+    acc_1_0_s = rt.fma(x2_2_3, g_5_3, acc_1_0_s)
+    acc_1_0_s = rt.fma(x2_2_4, g_5_4, acc_1_0_s)
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     out_ref[:, pl.ds(64, 64)] = acc_1_0
 
@@ -772,11 +772,11 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 64)]
-    acc_2_0_s = 0.9999999999999999 * x2_0_0 * g_6_0
+    acc_2_0_s = x2_0_0 * g_6_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
-    acc_2_1_s = 0.9999999999999999 * x2_0_0 * g_6_1
+    acc_2_1_s = x2_0_0 * g_6_1
     acc_2_1 = rt.fma(w, acc_2_1_s, acc_2_1)
-    acc_2_2_s = 0.9999999999999999 * x2_0_0 * g_6_2
+    acc_2_2_s = x2_0_0 * g_6_2
     acc_2_2 = rt.fma(w, acc_2_2_s, acc_2_2)
     g_7_0 = g_ref[:, pl.ds(1344, 64)]  # g block 7 (64x0e), m=0
     # path 7: x1[2] 64x1o (x) x2[1] 1x1o -> out[7] 64x0e, uvu, weights at 448, 3 nonzeros
@@ -790,14 +790,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
     w = w_ref[:, pl.ds(512, 64)]
-    acc_2_0_s = -0.7071067811865475 * x2_1_2 * g_8_1
-    acc_2_0_s = rt.fma(0.7071067811865475 * x2_1_1, g_8_2, acc_2_0_s)
+    acc_2_0_s = -0.7071067811865476 * x2_1_2 * g_8_1
+    acc_2_0_s = rt.fma(0.7071067811865476 * x2_1_1, g_8_2, acc_2_0_s)
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
-    acc_2_1_s = 0.7071067811865475 * x2_1_2 * g_8_0
-    acc_2_1_s = rt.fma(-0.7071067811865475 * x2_1_0, g_8_2, acc_2_1_s)
+    acc_2_1_s = 0.7071067811865476 * x2_1_2 * g_8_0
+    acc_2_1_s = rt.fma(-0.7071067811865476 * x2_1_0, g_8_2, acc_2_1_s)
     acc_2_1 = rt.fma(w, acc_2_1_s, acc_2_1)
-    acc_2_2_s = -0.7071067811865475 * x2_1_1 * g_8_0
-    acc_2_2_s = rt.fma(0.7071067811865475 * x2_1_0, g_8_1, acc_2_2_s)
+    acc_2_2_s = -0.7071067811865476 * x2_1_1 * g_8_0
+    acc_2_2_s = rt.fma(0.7071067811865476 * x2_1_0, g_8_1, acc_2_2_s)
     acc_2_2 = rt.fma(w, acc_2_2_s, acc_2_2)
     g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 1600, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     # path 9: x1[2] 64x1o (x) x2[1] 1x1o -> out[9] 64x2e, uvu, weights at 576, 11 nonzeros
@@ -819,18 +819,18 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_10_0, g_10_1, g_10_2 = rt.load_tile(g_ref, 1920, mul=64, dim=3, pad=64)  # g block 10 (64x1o)
     # path 10: x1[2] 64x1o (x) x2[2] 1x2e -> out[10] 64x1o, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 64)]
-    acc_2_0_s = -0.3162277660168379 * x2_2_2 * g_10_0
+    acc_2_0_s = -0.31622776601683794 * x2_2_2 * g_10_0
     acc_2_0_s = rt.fma(-0.5477225575051661 * x2_2_4, g_10_0, acc_2_0_s)
     acc_2_0_s = rt.fma(0.5477225575051661 * x2_2_1, g_10_1, acc_2_0_s)
     acc_2_0_s = rt.fma(0.5477225575051661 * x2_2_0, g_10_2, acc_2_0_s)
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = 0.5477225575051661 * x2_2_1 * g_10_0
-    acc_2_1_s = rt.fma(0.6324555320336758 * x2_2_2, g_10_1, acc_2_1_s)
+    acc_2_1_s = rt.fma(0.6324555320336759 * x2_2_2, g_10_1, acc_2_1_s)
     acc_2_1_s = rt.fma(0.5477225575051661 * x2_2_3, g_10_2, acc_2_1_s)
     acc_2_1 = rt.fma(w, acc_2_1_s, acc_2_1)
     acc_2_2_s = 0.5477225575051661 * x2_2_0 * g_10_0
     acc_2_2_s = rt.fma(0.5477225575051661 * x2_2_3, g_10_1, acc_2_2_s)
-    acc_2_2_s = rt.fma(-0.3162277660168379 * x2_2_2, g_10_2, acc_2_2_s)
+    acc_2_2_s = rt.fma(-0.31622776601683794 * x2_2_2, g_10_2, acc_2_2_s)
     acc_2_2_s = rt.fma(0.5477225575051661 * x2_2_4, g_10_2, acc_2_2_s)
     acc_2_2 = rt.fma(w, acc_2_2_s, acc_2_2)
     g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 2112, mul=64, dim=5, pad=64)  # g block 11 (64x2o)
@@ -864,11 +864,11 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     w = w_ref[:, pl.ds(768, 64)]
-    acc_3_0_s = 0.9999999999999999 * x2_0_0 * g_12_0
+    acc_3_0_s = x2_0_0 * g_12_0
     acc_3_0 = rt.fma(w, acc_3_0_s, acc_3_0)
-    acc_3_1_s = 0.9999999999999999 * x2_0_0 * g_12_1
+    acc_3_1_s = x2_0_0 * g_12_1
     acc_3_1 = rt.fma(w, acc_3_1_s, acc_3_1)
-    acc_3_2_s = 0.9999999999999999 * x2_0_0 * g_12_2
+    acc_3_2_s = x2_0_0 * g_12_2
     acc_3_2 = rt.fma(w, acc_3_2_s, acc_3_2)
     g_13_0 = g_ref[:, pl.ds(2624, 64)]  # g block 13 (64x0o), m=0
     # path 13: x1[3] 64x1e (x) x2[1] 1x1o -> out[13] 64x0o, uvu, weights at 832, 3 nonzeros
@@ -882,14 +882,14 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
     w = w_ref[:, pl.ds(896, 64)]
-    acc_3_0_s = -0.7071067811865475 * x2_1_2 * g_14_1
-    acc_3_0_s = rt.fma(0.7071067811865475 * x2_1_1, g_14_2, acc_3_0_s)
+    acc_3_0_s = -0.7071067811865476 * x2_1_2 * g_14_1
+    acc_3_0_s = rt.fma(0.7071067811865476 * x2_1_1, g_14_2, acc_3_0_s)
     acc_3_0 = rt.fma(w, acc_3_0_s, acc_3_0)
-    acc_3_1_s = 0.7071067811865475 * x2_1_2 * g_14_0
-    acc_3_1_s = rt.fma(-0.7071067811865475 * x2_1_0, g_14_2, acc_3_1_s)
+    acc_3_1_s = 0.7071067811865476 * x2_1_2 * g_14_0
+    acc_3_1_s = rt.fma(-0.7071067811865476 * x2_1_0, g_14_2, acc_3_1_s)
     acc_3_1 = rt.fma(w, acc_3_1_s, acc_3_1)
-    acc_3_2_s = -0.7071067811865475 * x2_1_1 * g_14_0
-    acc_3_2_s = rt.fma(0.7071067811865475 * x2_1_0, g_14_1, acc_3_2_s)
+    acc_3_2_s = -0.7071067811865476 * x2_1_1 * g_14_0
+    acc_3_2_s = rt.fma(0.7071067811865476 * x2_1_0, g_14_1, acc_3_2_s)
     acc_3_2 = rt.fma(w, acc_3_2_s, acc_3_2)
     g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 2880, mul=64, dim=5, pad=64)  # g block 15 (64x2o)
     # path 15: x1[3] 64x1e (x) x2[1] 1x1o -> out[15] 64x2o, uvu, weights at 960, 11 nonzeros
@@ -911,18 +911,18 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_16_0, g_16_1, g_16_2 = rt.load_tile(g_ref, 3200, mul=64, dim=3, pad=64)  # g block 16 (64x1e)
     # path 16: x1[3] 64x1e (x) x2[2] 1x2e -> out[16] 64x1e, uvu, weights at 1024, 11 nonzeros
     w = w_ref[:, pl.ds(1024, 64)]
-    acc_3_0_s = -0.3162277660168379 * x2_2_2 * g_16_0
+    acc_3_0_s = -0.31622776601683794 * x2_2_2 * g_16_0
     acc_3_0_s = rt.fma(-0.5477225575051661 * x2_2_4, g_16_0, acc_3_0_s)
     acc_3_0_s = rt.fma(0.5477225575051661 * x2_2_1, g_16_1, acc_3_0_s)
     acc_3_0_s = rt.fma(0.5477225575051661 * x2_2_0, g_16_2, acc_3_0_s)
     acc_3_0 = rt.fma(w, acc_3_0_s, acc_3_0)
     acc_3_1_s = 0.5477225575051661 * x2_2_1 * g_16_0
-    acc_3_1_s = rt.fma(0.6324555320336758 * x2_2_2, g_16_1, acc_3_1_s)
+    acc_3_1_s = rt.fma(0.6324555320336759 * x2_2_2, g_16_1, acc_3_1_s)
     acc_3_1_s = rt.fma(0.5477225575051661 * x2_2_3, g_16_2, acc_3_1_s)
     acc_3_1 = rt.fma(w, acc_3_1_s, acc_3_1)
     acc_3_2_s = 0.5477225575051661 * x2_2_0 * g_16_0
     acc_3_2_s = rt.fma(0.5477225575051661 * x2_2_3, g_16_1, acc_3_2_s)
-    acc_3_2_s = rt.fma(-0.3162277660168379 * x2_2_2, g_16_2, acc_3_2_s)
+    acc_3_2_s = rt.fma(-0.31622776601683794 * x2_2_2, g_16_2, acc_3_2_s)
     acc_3_2_s = rt.fma(0.5477225575051661 * x2_2_4, g_16_2, acc_3_2_s)
     acc_3_2 = rt.fma(w, acc_3_2_s, acc_3_2)
     g_17_0, g_17_1, g_17_2, g_17_3, g_17_4 = rt.load_tile(g_ref, 3392, mul=64, dim=5, pad=64)  # g block 17 (64x2e)
@@ -958,15 +958,15 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     w = w_ref[:, pl.ds(1152, 64)]
-    acc_4_0_s = 1.0 * x2_0_0 * g_18_0
+    acc_4_0_s = x2_0_0 * g_18_0
     acc_4_0 = rt.fma(w, acc_4_0_s, acc_4_0)
-    acc_4_1_s = 1.0 * x2_0_0 * g_18_1
+    acc_4_1_s = x2_0_0 * g_18_1
     acc_4_1 = rt.fma(w, acc_4_1_s, acc_4_1)
-    acc_4_2_s = 1.0 * x2_0_0 * g_18_2
+    acc_4_2_s = x2_0_0 * g_18_2
     acc_4_2 = rt.fma(w, acc_4_2_s, acc_4_2)
-    acc_4_3_s = 1.0 * x2_0_0 * g_18_3
+    acc_4_3_s = x2_0_0 * g_18_3
     acc_4_3 = rt.fma(w, acc_4_3_s, acc_4_3)
-    acc_4_4_s = 1.0 * x2_0_0 * g_18_4
+    acc_4_4_s = x2_0_0 * g_18_4
     acc_4_4 = rt.fma(w, acc_4_4_s, acc_4_4)
     g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
@@ -977,9 +977,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_4_1_s = 0.5477225575051661 * x2_1_1 * g_19_0
     acc_4_1_s = rt.fma(0.5477225575051661 * x2_1_0, g_19_1, acc_4_1_s)
     acc_4_1 = rt.fma(w, acc_4_1_s, acc_4_1)
-    acc_4_2_s = -0.3162277660168379 * x2_1_0 * g_19_0
-    acc_4_2_s = rt.fma(0.6324555320336758 * x2_1_1, g_19_1, acc_4_2_s)
-    acc_4_2_s = rt.fma(-0.3162277660168379 * x2_1_2, g_19_2, acc_4_2_s)
+    acc_4_2_s = -0.31622776601683794 * x2_1_0 * g_19_0
+    acc_4_2_s = rt.fma(0.6324555320336759 * x2_1_1, g_19_1, acc_4_2_s)
+    acc_4_2_s = rt.fma(-0.31622776601683794 * x2_1_2, g_19_2, acc_4_2_s)
     acc_4_2 = rt.fma(w, acc_4_2_s, acc_4_2)
     acc_4_3_s = 0.5477225575051661 * x2_1_2 * g_19_1
     acc_4_3_s = rt.fma(0.5477225575051661 * x2_1_1, g_19_2, acc_4_3_s)
@@ -1027,26 +1027,26 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
     w = w_ref[:, pl.ds(1408, 64)]
-    acc_4_0_s = -0.3162277660168379 * x2_2_1 * g_22_0
-    acc_4_0_s = rt.fma(-0.6324555320336758 * x2_2_4, g_22_1, acc_4_0_s)
-    acc_4_0_s = rt.fma(0.3162277660168379 * x2_2_3, g_22_2, acc_4_0_s)
+    acc_4_0_s = -0.31622776601683794 * x2_2_1 * g_22_0
+    acc_4_0_s = rt.fma(-0.6324555320336759 * x2_2_4, g_22_1, acc_4_0_s)
+    acc_4_0_s = rt.fma(0.31622776601683794 * x2_2_3, g_22_2, acc_4_0_s)
     acc_4_0 = rt.fma(w, acc_4_0_s, acc_4_0)
-    acc_4_1_s = 0.3162277660168379 * x2_2_0 * g_22_0
-    acc_4_1_s = rt.fma(-0.3162277660168379 * x2_2_3, g_22_1, acc_4_1_s)
+    acc_4_1_s = 0.31622776601683794 * x2_2_0 * g_22_0
+    acc_4_1_s = rt.fma(-0.31622776601683794 * x2_2_3, g_22_1, acc_4_1_s)
     acc_4_1_s = rt.fma(0.5477225575051661 * x2_2_2, g_22_2, acc_4_1_s)
-    acc_4_1_s = rt.fma(0.3162277660168379 * x2_2_4, g_22_2, acc_4_1_s)
+    acc_4_1_s = rt.fma(0.31622776601683794 * x2_2_4, g_22_2, acc_4_1_s)
     acc_4_1 = rt.fma(w, acc_4_1_s, acc_4_1)
     acc_4_2_s = 0.5477225575051661 * x2_2_3 * g_22_0
     acc_4_2_s = rt.fma(-0.5477225575051661 * x2_2_1, g_22_2, acc_4_2_s)
     acc_4_2 = rt.fma(w, acc_4_2_s, acc_4_2)
     acc_4_3_s = -0.5477225575051661 * x2_2_2 * g_22_0
-    acc_4_3_s = rt.fma(0.3162277660168379 * x2_2_4, g_22_0, acc_4_3_s)
-    acc_4_3_s = rt.fma(0.3162277660168379 * x2_2_1, g_22_1, acc_4_3_s)
-    acc_4_3_s = rt.fma(-0.3162277660168379 * x2_2_0, g_22_2, acc_4_3_s)
+    acc_4_3_s = rt.fma(0.31622776601683794 * x2_2_4, g_22_0, acc_4_3_s)
+    acc_4_3_s = rt.fma(0.31622776601683794 * x2_2_1, g_22_1, acc_4_3_s)
+    acc_4_3_s = rt.fma(-0.31622776601683794 * x2_2_0, g_22_2, acc_4_3_s)
     acc_4_3 = rt.fma(w, acc_4_3_s, acc_4_3)
-    acc_4_4_s = -0.3162277660168379 * x2_2_3 * g_22_0
-    acc_4_4_s = rt.fma(0.6324555320336758 * x2_2_0, g_22_1, acc_4_4_s)
-    acc_4_4_s = rt.fma(-0.3162277660168379 * x2_2_1, g_22_2, acc_4_4_s)
+    acc_4_4_s = -0.31622776601683794 * x2_2_3 * g_22_0
+    acc_4_4_s = rt.fma(0.6324555320336759 * x2_2_0, g_22_1, acc_4_4_s)
+    acc_4_4_s = rt.fma(-0.31622776601683794 * x2_2_1, g_22_2, acc_4_4_s)
     acc_4_4 = rt.fma(w, acc_4_4_s, acc_4_4)
     g_23_0, g_23_1, g_23_2, g_23_3, g_23_4 = rt.load_tile(g_ref, 4800, mul=64, dim=5, pad=64)  # g block 23 (64x2o)
     # path 23: x1[4] 64x2o (x) x2[2] 1x2e -> out[23] 64x2o, uvu, weights at 1472, 25 nonzeros
@@ -1092,15 +1092,15 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     w = w_ref[:, pl.ds(1536, 64)]
-    acc_5_0_s = 1.0 * x2_0_0 * g_24_0
+    acc_5_0_s = x2_0_0 * g_24_0
     acc_5_0 = rt.fma(w, acc_5_0_s, acc_5_0)
-    acc_5_1_s = 1.0 * x2_0_0 * g_24_1
+    acc_5_1_s = x2_0_0 * g_24_1
     acc_5_1 = rt.fma(w, acc_5_1_s, acc_5_1)
-    acc_5_2_s = 1.0 * x2_0_0 * g_24_2
+    acc_5_2_s = x2_0_0 * g_24_2
     acc_5_2 = rt.fma(w, acc_5_2_s, acc_5_2)
-    acc_5_3_s = 1.0 * x2_0_0 * g_24_3
+    acc_5_3_s = x2_0_0 * g_24_3
     acc_5_3 = rt.fma(w, acc_5_3_s, acc_5_3)
-    acc_5_4_s = 1.0 * x2_0_0 * g_24_4
+    acc_5_4_s = x2_0_0 * g_24_4
     acc_5_4 = rt.fma(w, acc_5_4_s, acc_5_4)
     g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
@@ -1111,9 +1111,9 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     acc_5_1_s = 0.5477225575051661 * x2_1_1 * g_25_0
     acc_5_1_s = rt.fma(0.5477225575051661 * x2_1_0, g_25_1, acc_5_1_s)
     acc_5_1 = rt.fma(w, acc_5_1_s, acc_5_1)
-    acc_5_2_s = -0.3162277660168379 * x2_1_0 * g_25_0
-    acc_5_2_s = rt.fma(0.6324555320336758 * x2_1_1, g_25_1, acc_5_2_s)
-    acc_5_2_s = rt.fma(-0.3162277660168379 * x2_1_2, g_25_2, acc_5_2_s)
+    acc_5_2_s = -0.31622776601683794 * x2_1_0 * g_25_0
+    acc_5_2_s = rt.fma(0.6324555320336759 * x2_1_1, g_25_1, acc_5_2_s)
+    acc_5_2_s = rt.fma(-0.31622776601683794 * x2_1_2, g_25_2, acc_5_2_s)
     acc_5_2 = rt.fma(w, acc_5_2_s, acc_5_2)
     acc_5_3_s = 0.5477225575051661 * x2_1_2 * g_25_1
     acc_5_3_s = rt.fma(0.5477225575051661 * x2_1_1, g_25_2, acc_5_3_s)
@@ -1161,26 +1161,26 @@ def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
     w = w_ref[:, pl.ds(1792, 64)]
-    acc_5_0_s = -0.3162277660168379 * x2_2_1 * g_28_0
-    acc_5_0_s = rt.fma(-0.6324555320336758 * x2_2_4, g_28_1, acc_5_0_s)
-    acc_5_0_s = rt.fma(0.3162277660168379 * x2_2_3, g_28_2, acc_5_0_s)
+    acc_5_0_s = -0.31622776601683794 * x2_2_1 * g_28_0
+    acc_5_0_s = rt.fma(-0.6324555320336759 * x2_2_4, g_28_1, acc_5_0_s)
+    acc_5_0_s = rt.fma(0.31622776601683794 * x2_2_3, g_28_2, acc_5_0_s)
     acc_5_0 = rt.fma(w, acc_5_0_s, acc_5_0)
-    acc_5_1_s = 0.3162277660168379 * x2_2_0 * g_28_0
-    acc_5_1_s = rt.fma(-0.3162277660168379 * x2_2_3, g_28_1, acc_5_1_s)
+    acc_5_1_s = 0.31622776601683794 * x2_2_0 * g_28_0
+    acc_5_1_s = rt.fma(-0.31622776601683794 * x2_2_3, g_28_1, acc_5_1_s)
     acc_5_1_s = rt.fma(0.5477225575051661 * x2_2_2, g_28_2, acc_5_1_s)
-    acc_5_1_s = rt.fma(0.3162277660168379 * x2_2_4, g_28_2, acc_5_1_s)
+    acc_5_1_s = rt.fma(0.31622776601683794 * x2_2_4, g_28_2, acc_5_1_s)
     acc_5_1 = rt.fma(w, acc_5_1_s, acc_5_1)
     acc_5_2_s = 0.5477225575051661 * x2_2_3 * g_28_0
     acc_5_2_s = rt.fma(-0.5477225575051661 * x2_2_1, g_28_2, acc_5_2_s)
     acc_5_2 = rt.fma(w, acc_5_2_s, acc_5_2)
     acc_5_3_s = -0.5477225575051661 * x2_2_2 * g_28_0
-    acc_5_3_s = rt.fma(0.3162277660168379 * x2_2_4, g_28_0, acc_5_3_s)
-    acc_5_3_s = rt.fma(0.3162277660168379 * x2_2_1, g_28_1, acc_5_3_s)
-    acc_5_3_s = rt.fma(-0.3162277660168379 * x2_2_0, g_28_2, acc_5_3_s)
+    acc_5_3_s = rt.fma(0.31622776601683794 * x2_2_4, g_28_0, acc_5_3_s)
+    acc_5_3_s = rt.fma(0.31622776601683794 * x2_2_1, g_28_1, acc_5_3_s)
+    acc_5_3_s = rt.fma(-0.31622776601683794 * x2_2_0, g_28_2, acc_5_3_s)
     acc_5_3 = rt.fma(w, acc_5_3_s, acc_5_3)
-    acc_5_4_s = -0.3162277660168379 * x2_2_3 * g_28_0
-    acc_5_4_s = rt.fma(0.6324555320336758 * x2_2_0, g_28_1, acc_5_4_s)
-    acc_5_4_s = rt.fma(-0.3162277660168379 * x2_2_1, g_28_2, acc_5_4_s)
+    acc_5_4_s = -0.31622776601683794 * x2_2_3 * g_28_0
+    acc_5_4_s = rt.fma(0.6324555320336759 * x2_2_0, g_28_1, acc_5_4_s)
+    acc_5_4_s = rt.fma(-0.31622776601683794 * x2_2_1, g_28_2, acc_5_4_s)
     acc_5_4 = rt.fma(w, acc_5_4_s, acc_5_4)
     g_29_0, g_29_1, g_29_2, g_29_3, g_29_4 = rt.load_tile(g_ref, 6208, mul=64, dim=5, pad=64)  # g block 29 (64x2e)
     # path 29: x1[5] 64x2e (x) x2[2] 1x2e -> out[29] 64x2e, uvu, weights at 1856, 25 nonzeros
@@ -1228,49 +1228,49 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     # path 0: x1[0] 64x0o (x) x2[0] 1x0e -> out[0] 64x0o, uvu, weights at 0, 1 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
-    h0_0 = 1.0 * x1_0_0 * g_0_0
+    h0_0 = x1_0_0 * g_0_0
     w = w_ref[:, pl.ds(0, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 3: x1[1] 64x0e (x) x2[0] 1x0e -> out[3] 64x0e, uvu, weights at 192, 1 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x0e), m=0
-    h3_0 = 1.0 * x1_1_0 * g_3_0
+    h3_0 = x1_1_0 * g_3_0
     w = w_ref[:, pl.ds(192, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h3_0, axis=1, keepdims=True)
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
-    h6_0 = 0.9999999999999999 * x1_2_0 * g_6_0
-    h6_0 = rt.fma(0.9999999999999999 * x1_2_1, g_6_1, h6_0)
-    h6_0 = rt.fma(0.9999999999999999 * x1_2_2, g_6_2, h6_0)
+    h6_0 = x1_2_0 * g_6_0
+    h6_0 = rt.fma(x1_2_1, g_6_1, h6_0)
+    h6_0 = rt.fma(x1_2_2, g_6_2, h6_0)
     w = w_ref[:, pl.ds(384, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h6_0, axis=1, keepdims=True)
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
-    h12_0 = 0.9999999999999999 * x1_3_0 * g_12_0
-    h12_0 = rt.fma(0.9999999999999999 * x1_3_1, g_12_1, h12_0)
-    h12_0 = rt.fma(0.9999999999999999 * x1_3_2, g_12_2, h12_0)
+    h12_0 = x1_3_0 * g_12_0
+    h12_0 = rt.fma(x1_3_1, g_12_1, h12_0)
+    h12_0 = rt.fma(x1_3_2, g_12_2, h12_0)
     w = w_ref[:, pl.ds(768, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h12_0, axis=1, keepdims=True)
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
-    h18_0 = 1.0 * x1_4_0 * g_18_0
-    h18_0 = rt.fma(1.0 * x1_4_1, g_18_1, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_2, g_18_2, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_3, g_18_3, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_4, g_18_4, h18_0)
+    h18_0 = x1_4_0 * g_18_0
+    h18_0 = rt.fma(x1_4_1, g_18_1, h18_0)
+    h18_0 = rt.fma(x1_4_2, g_18_2, h18_0)
+    h18_0 = rt.fma(x1_4_3, g_18_3, h18_0)
+    h18_0 = rt.fma(x1_4_4, g_18_4, h18_0)
     w = w_ref[:, pl.ds(1152, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h18_0, axis=1, keepdims=True)
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
-    h24_0 = 1.0 * x1_5_0 * g_24_0
-    h24_0 = rt.fma(1.0 * x1_5_1, g_24_1, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_2, g_24_2, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_3, g_24_3, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_4, g_24_4, h24_0)
+    h24_0 = x1_5_0 * g_24_0
+    h24_0 = rt.fma(x1_5_1, g_24_1, h24_0)
+    h24_0 = rt.fma(x1_5_2, g_24_2, h24_0)
+    h24_0 = rt.fma(x1_5_3, g_24_3, h24_0)
+    h24_0 = rt.fma(x1_5_4, g_24_4, h24_0)
     w = w_ref[:, pl.ds(1536, 64)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h24_0, axis=1, keepdims=True)
     out_ref[:, pl.ds(0, 1)] = acc_0_0
@@ -1281,18 +1281,18 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = jnp.zeros((rows, 1), dtype)
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 64, mul=64, dim=3, pad=64)  # g block 1 (64x1e)
-    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
-    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
-    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
+    h1_0 = x1_0_0 * g_1_0
+    h1_1 = x1_0_0 * g_1_1
+    h1_2 = x1_0_0 * g_1_2
     w = w_ref[:, pl.ds(64, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h1_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
-    h4_0 = 0.9999999999999999 * x1_1_0 * g_4_0
-    h4_1 = 0.9999999999999999 * x1_1_0 * g_4_1
-    h4_2 = 0.9999999999999999 * x1_1_0 * g_4_2
+    h4_0 = x1_1_0 * g_4_0
+    h4_1 = x1_1_0 * g_4_1
+    h4_2 = x1_1_0 * g_4_2
     w = w_ref[:, pl.ds(256, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h4_1, axis=1, keepdims=True)
@@ -1308,12 +1308,12 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = acc_1_2 + jnp.sum(w * h7_2, axis=1, keepdims=True)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
     g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
-    h8_0 = 0.7071067811865475 * x1_2_2 * g_8_1
-    h8_0 = rt.fma(-0.7071067811865475 * x1_2_1, g_8_2, h8_0)
-    h8_1 = -0.7071067811865475 * x1_2_2 * g_8_0
-    h8_1 = rt.fma(0.7071067811865475 * x1_2_0, g_8_2, h8_1)
-    h8_2 = 0.7071067811865475 * x1_2_1 * g_8_0
-    h8_2 = rt.fma(-0.7071067811865475 * x1_2_0, g_8_1, h8_2)
+    h8_0 = 0.7071067811865476 * x1_2_2 * g_8_1
+    h8_0 = rt.fma(-0.7071067811865476 * x1_2_1, g_8_2, h8_0)
+    h8_1 = -0.7071067811865476 * x1_2_2 * g_8_0
+    h8_1 = rt.fma(0.7071067811865476 * x1_2_0, g_8_2, h8_1)
+    h8_2 = 0.7071067811865476 * x1_2_1 * g_8_0
+    h8_2 = rt.fma(-0.7071067811865476 * x1_2_0, g_8_1, h8_2)
     w = w_ref[:, pl.ds(512, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h8_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h8_1, axis=1, keepdims=True)
@@ -1346,12 +1346,12 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = acc_1_2 + jnp.sum(w * h13_2, axis=1, keepdims=True)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
     g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
-    h14_0 = 0.7071067811865475 * x1_3_2 * g_14_1
-    h14_0 = rt.fma(-0.7071067811865475 * x1_3_1, g_14_2, h14_0)
-    h14_1 = -0.7071067811865475 * x1_3_2 * g_14_0
-    h14_1 = rt.fma(0.7071067811865475 * x1_3_0, g_14_2, h14_1)
-    h14_2 = 0.7071067811865475 * x1_3_1 * g_14_0
-    h14_2 = rt.fma(-0.7071067811865475 * x1_3_0, g_14_1, h14_2)
+    h14_0 = 0.7071067811865476 * x1_3_2 * g_14_1
+    h14_0 = rt.fma(-0.7071067811865476 * x1_3_1, g_14_2, h14_0)
+    h14_1 = -0.7071067811865476 * x1_3_2 * g_14_0
+    h14_1 = rt.fma(0.7071067811865476 * x1_3_0, g_14_2, h14_1)
+    h14_2 = 0.7071067811865476 * x1_3_1 * g_14_0
+    h14_2 = rt.fma(-0.7071067811865476 * x1_3_0, g_14_1, h14_2)
     w = w_ref[:, pl.ds(896, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h14_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h14_1, axis=1, keepdims=True)
@@ -1375,16 +1375,16 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = acc_1_2 + jnp.sum(w * h15_2, axis=1, keepdims=True)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
     g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
-    h19_0 = -0.3162277660168379 * x1_4_2 * g_19_0
+    h19_0 = -0.31622776601683794 * x1_4_2 * g_19_0
     h19_0 = rt.fma(-0.5477225575051661 * x1_4_4, g_19_0, h19_0)
     h19_0 = rt.fma(0.5477225575051661 * x1_4_1, g_19_1, h19_0)
     h19_0 = rt.fma(0.5477225575051661 * x1_4_0, g_19_2, h19_0)
     h19_1 = 0.5477225575051661 * x1_4_1 * g_19_0
-    h19_1 = rt.fma(0.6324555320336758 * x1_4_2, g_19_1, h19_1)
+    h19_1 = rt.fma(0.6324555320336759 * x1_4_2, g_19_1, h19_1)
     h19_1 = rt.fma(0.5477225575051661 * x1_4_3, g_19_2, h19_1)
     h19_2 = 0.5477225575051661 * x1_4_0 * g_19_0
     h19_2 = rt.fma(0.5477225575051661 * x1_4_3, g_19_1, h19_2)
-    h19_2 = rt.fma(-0.3162277660168379 * x1_4_2, g_19_2, h19_2)
+    h19_2 = rt.fma(-0.31622776601683794 * x1_4_2, g_19_2, h19_2)
     h19_2 = rt.fma(0.5477225575051661 * x1_4_4, g_19_2, h19_2)
     w = w_ref[:, pl.ds(1216, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h19_0, axis=1, keepdims=True)
@@ -1414,16 +1414,16 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_2 = acc_1_2 + jnp.sum(w * h20_2, axis=1, keepdims=True)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
     g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
-    h25_0 = -0.3162277660168379 * x1_5_2 * g_25_0
+    h25_0 = -0.31622776601683794 * x1_5_2 * g_25_0
     h25_0 = rt.fma(-0.5477225575051661 * x1_5_4, g_25_0, h25_0)
     h25_0 = rt.fma(0.5477225575051661 * x1_5_1, g_25_1, h25_0)
     h25_0 = rt.fma(0.5477225575051661 * x1_5_0, g_25_2, h25_0)
     h25_1 = 0.5477225575051661 * x1_5_1 * g_25_0
-    h25_1 = rt.fma(0.6324555320336758 * x1_5_2, g_25_1, h25_1)
+    h25_1 = rt.fma(0.6324555320336759 * x1_5_2, g_25_1, h25_1)
     h25_1 = rt.fma(0.5477225575051661 * x1_5_3, g_25_2, h25_1)
     h25_2 = 0.5477225575051661 * x1_5_0 * g_25_0
     h25_2 = rt.fma(0.5477225575051661 * x1_5_3, g_25_1, h25_2)
-    h25_2 = rt.fma(-0.3162277660168379 * x1_5_2, g_25_2, h25_2)
+    h25_2 = rt.fma(-0.31622776601683794 * x1_5_2, g_25_2, h25_2)
     h25_2 = rt.fma(0.5477225575051661 * x1_5_4, g_25_2, h25_2)
     w = w_ref[:, pl.ds(1600, 64)]
     acc_1_0 = acc_1_0 + jnp.sum(w * h25_0, axis=1, keepdims=True)
@@ -1463,11 +1463,11 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     g_2_0, g_2_1, g_2_2, g_2_3, g_2_4 = rt.load_tile(g_ref, 256, mul=64, dim=5, pad=64)  # g block 2 (64x2o)
-    h2_0 = 1.0 * x1_0_0 * g_2_0
-    h2_1 = 1.0 * x1_0_0 * g_2_1
-    h2_2 = 1.0 * x1_0_0 * g_2_2
-    h2_3 = 1.0 * x1_0_0 * g_2_3
-    h2_4 = 1.0 * x1_0_0 * g_2_4
+    h2_0 = x1_0_0 * g_2_0
+    h2_1 = x1_0_0 * g_2_1
+    h2_2 = x1_0_0 * g_2_2
+    h2_3 = x1_0_0 * g_2_3
+    h2_4 = x1_0_0 * g_2_4
     w = w_ref[:, pl.ds(128, 64)]
     acc_2_0 = acc_2_0 + jnp.sum(w * h2_0, axis=1, keepdims=True)
     acc_2_1 = acc_2_1 + jnp.sum(w * h2_1, axis=1, keepdims=True)
@@ -1476,11 +1476,11 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
-    h5_0 = 1.0 * x1_1_0 * g_5_0
-    h5_1 = 1.0 * x1_1_0 * g_5_1
-    h5_2 = 1.0 * x1_1_0 * g_5_2
-    h5_3 = 1.0 * x1_1_0 * g_5_3
-    h5_4 = 1.0 * x1_1_0 * g_5_4
+    h5_0 = x1_1_0 * g_5_0
+    h5_1 = x1_1_0 * g_5_1
+    h5_2 = x1_1_0 * g_5_2
+    h5_3 = x1_1_0 * g_5_3
+    h5_4 = x1_1_0 * g_5_4
     w = w_ref[:, pl.ds(320, 64)]
     acc_2_0 = acc_2_0 + jnp.sum(w * h5_0, axis=1, keepdims=True)
     acc_2_1 = acc_2_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
@@ -1493,9 +1493,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     h10_0 = rt.fma(0.5477225575051661 * x1_2_0, g_10_2, h10_0)
     h10_1 = 0.5477225575051661 * x1_2_1 * g_10_0
     h10_1 = rt.fma(0.5477225575051661 * x1_2_0, g_10_1, h10_1)
-    h10_2 = -0.3162277660168379 * x1_2_0 * g_10_0
-    h10_2 = rt.fma(0.6324555320336758 * x1_2_1, g_10_1, h10_2)
-    h10_2 = rt.fma(-0.3162277660168379 * x1_2_2, g_10_2, h10_2)
+    h10_2 = -0.31622776601683794 * x1_2_0 * g_10_0
+    h10_2 = rt.fma(0.6324555320336759 * x1_2_1, g_10_1, h10_2)
+    h10_2 = rt.fma(-0.31622776601683794 * x1_2_2, g_10_2, h10_2)
     h10_3 = 0.5477225575051661 * x1_2_2 * g_10_1
     h10_3 = rt.fma(0.5477225575051661 * x1_2_1, g_10_2, h10_3)
     h10_4 = -0.5477225575051661 * x1_2_0 * g_10_0
@@ -1536,9 +1536,9 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     h16_0 = rt.fma(0.5477225575051661 * x1_3_0, g_16_2, h16_0)
     h16_1 = 0.5477225575051661 * x1_3_1 * g_16_0
     h16_1 = rt.fma(0.5477225575051661 * x1_3_0, g_16_1, h16_1)
-    h16_2 = -0.3162277660168379 * x1_3_0 * g_16_0
-    h16_2 = rt.fma(0.6324555320336758 * x1_3_1, g_16_1, h16_2)
-    h16_2 = rt.fma(-0.3162277660168379 * x1_3_2, g_16_2, h16_2)
+    h16_2 = -0.31622776601683794 * x1_3_0 * g_16_0
+    h16_2 = rt.fma(0.6324555320336759 * x1_3_1, g_16_1, h16_2)
+    h16_2 = rt.fma(-0.31622776601683794 * x1_3_2, g_16_2, h16_2)
     h16_3 = 0.5477225575051661 * x1_3_2 * g_16_1
     h16_3 = rt.fma(0.5477225575051661 * x1_3_1, g_16_2, h16_3)
     h16_4 = -0.5477225575051661 * x1_3_0 * g_16_0
@@ -1588,22 +1588,22 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = acc_2_4 + jnp.sum(w * h21_4, axis=1, keepdims=True)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
     g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
-    h22_0 = 0.3162277660168379 * x1_4_1 * g_22_0
-    h22_0 = rt.fma(0.6324555320336758 * x1_4_4, g_22_1, h22_0)
-    h22_0 = rt.fma(-0.3162277660168379 * x1_4_3, g_22_2, h22_0)
-    h22_1 = -0.3162277660168379 * x1_4_0 * g_22_0
-    h22_1 = rt.fma(0.3162277660168379 * x1_4_3, g_22_1, h22_1)
+    h22_0 = 0.31622776601683794 * x1_4_1 * g_22_0
+    h22_0 = rt.fma(0.6324555320336759 * x1_4_4, g_22_1, h22_0)
+    h22_0 = rt.fma(-0.31622776601683794 * x1_4_3, g_22_2, h22_0)
+    h22_1 = -0.31622776601683794 * x1_4_0 * g_22_0
+    h22_1 = rt.fma(0.31622776601683794 * x1_4_3, g_22_1, h22_1)
     h22_1 = rt.fma(-0.5477225575051661 * x1_4_2, g_22_2, h22_1)
-    h22_1 = rt.fma(-0.3162277660168379 * x1_4_4, g_22_2, h22_1)
+    h22_1 = rt.fma(-0.31622776601683794 * x1_4_4, g_22_2, h22_1)
     h22_2 = -0.5477225575051661 * x1_4_3 * g_22_0
     h22_2 = rt.fma(0.5477225575051661 * x1_4_1, g_22_2, h22_2)
     h22_3 = 0.5477225575051661 * x1_4_2 * g_22_0
-    h22_3 = rt.fma(-0.3162277660168379 * x1_4_4, g_22_0, h22_3)
-    h22_3 = rt.fma(-0.3162277660168379 * x1_4_1, g_22_1, h22_3)
-    h22_3 = rt.fma(0.3162277660168379 * x1_4_0, g_22_2, h22_3)
-    h22_4 = 0.3162277660168379 * x1_4_3 * g_22_0
-    h22_4 = rt.fma(-0.6324555320336758 * x1_4_0, g_22_1, h22_4)
-    h22_4 = rt.fma(0.3162277660168379 * x1_4_1, g_22_2, h22_4)
+    h22_3 = rt.fma(-0.31622776601683794 * x1_4_4, g_22_0, h22_3)
+    h22_3 = rt.fma(-0.31622776601683794 * x1_4_1, g_22_1, h22_3)
+    h22_3 = rt.fma(0.31622776601683794 * x1_4_0, g_22_2, h22_3)
+    h22_4 = 0.31622776601683794 * x1_4_3 * g_22_0
+    h22_4 = rt.fma(-0.6324555320336759 * x1_4_0, g_22_1, h22_4)
+    h22_4 = rt.fma(0.31622776601683794 * x1_4_1, g_22_2, h22_4)
     w = w_ref[:, pl.ds(1408, 64)]
     acc_2_0 = acc_2_0 + jnp.sum(w * h22_0, axis=1, keepdims=True)
     acc_2_1 = acc_2_1 + jnp.sum(w * h22_1, axis=1, keepdims=True)
@@ -1658,22 +1658,22 @@ def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = acc_2_4 + jnp.sum(w * h27_4, axis=1, keepdims=True)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
     g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
-    h28_0 = 0.3162277660168379 * x1_5_1 * g_28_0
-    h28_0 = rt.fma(0.6324555320336758 * x1_5_4, g_28_1, h28_0)
-    h28_0 = rt.fma(-0.3162277660168379 * x1_5_3, g_28_2, h28_0)
-    h28_1 = -0.3162277660168379 * x1_5_0 * g_28_0
-    h28_1 = rt.fma(0.3162277660168379 * x1_5_3, g_28_1, h28_1)
+    h28_0 = 0.31622776601683794 * x1_5_1 * g_28_0
+    h28_0 = rt.fma(0.6324555320336759 * x1_5_4, g_28_1, h28_0)
+    h28_0 = rt.fma(-0.31622776601683794 * x1_5_3, g_28_2, h28_0)
+    h28_1 = -0.31622776601683794 * x1_5_0 * g_28_0
+    h28_1 = rt.fma(0.31622776601683794 * x1_5_3, g_28_1, h28_1)
     h28_1 = rt.fma(-0.5477225575051661 * x1_5_2, g_28_2, h28_1)
-    h28_1 = rt.fma(-0.3162277660168379 * x1_5_4, g_28_2, h28_1)
+    h28_1 = rt.fma(-0.31622776601683794 * x1_5_4, g_28_2, h28_1)
     h28_2 = -0.5477225575051661 * x1_5_3 * g_28_0
     h28_2 = rt.fma(0.5477225575051661 * x1_5_1, g_28_2, h28_2)
     h28_3 = 0.5477225575051661 * x1_5_2 * g_28_0
-    h28_3 = rt.fma(-0.3162277660168379 * x1_5_4, g_28_0, h28_3)
-    h28_3 = rt.fma(-0.3162277660168379 * x1_5_1, g_28_1, h28_3)
-    h28_3 = rt.fma(0.3162277660168379 * x1_5_0, g_28_2, h28_3)
-    h28_4 = 0.3162277660168379 * x1_5_3 * g_28_0
-    h28_4 = rt.fma(-0.6324555320336758 * x1_5_0, g_28_1, h28_4)
-    h28_4 = rt.fma(0.3162277660168379 * x1_5_1, g_28_2, h28_4)
+    h28_3 = rt.fma(-0.31622776601683794 * x1_5_4, g_28_0, h28_3)
+    h28_3 = rt.fma(-0.31622776601683794 * x1_5_1, g_28_1, h28_3)
+    h28_3 = rt.fma(0.31622776601683794 * x1_5_0, g_28_2, h28_3)
+    h28_4 = 0.31622776601683794 * x1_5_3 * g_28_0
+    h28_4 = rt.fma(-0.6324555320336759 * x1_5_0, g_28_1, h28_4)
+    h28_4 = rt.fma(0.31622776601683794 * x1_5_1, g_28_2, h28_4)
     w = w_ref[:, pl.ds(1792, 64)]
     acc_2_0 = acc_2_0 + jnp.sum(w * h28_0, axis=1, keepdims=True)
     acc_2_1 = acc_2_1 + jnp.sum(w * h28_1, axis=1, keepdims=True)
@@ -1730,7 +1730,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x1_0_0 = x1_ref[:, pl.ds(0, 64)]  # x1 block 0 (64x0o), m=0
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    h0_0 = 1.0 * x1_0_0 * g_0_0
+    h0_0 = x1_0_0 * g_0_0
     r = h0_0 * x2_0_0
     out_ref[:, pl.ds(0, 64)] = r
 
@@ -1740,9 +1740,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    h1_0 = 0.9999999999999999 * x1_0_0 * g_1_0
-    h1_1 = 0.9999999999999999 * x1_0_0 * g_1_1
-    h1_2 = 0.9999999999999999 * x1_0_0 * g_1_2
+    h1_0 = x1_0_0 * g_1_0
+    h1_1 = x1_0_0 * g_1_1
+    h1_2 = x1_0_0 * g_1_2
     r = h1_0 * x2_1_0
     r = rt.fma(h1_1, x2_1_1, r)
     r = rt.fma(h1_2, x2_1_2, r)
@@ -1756,11 +1756,11 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    h2_0 = 1.0 * x1_0_0 * g_2_0
-    h2_1 = 1.0 * x1_0_0 * g_2_1
-    h2_2 = 1.0 * x1_0_0 * g_2_2
-    h2_3 = 1.0 * x1_0_0 * g_2_3
-    h2_4 = 1.0 * x1_0_0 * g_2_4
+    h2_0 = x1_0_0 * g_2_0
+    h2_1 = x1_0_0 * g_2_1
+    h2_2 = x1_0_0 * g_2_2
+    h2_3 = x1_0_0 * g_2_3
+    h2_4 = x1_0_0 * g_2_4
     r = h2_0 * x2_2_0
     r = rt.fma(h2_1, x2_2_1, r)
     r = rt.fma(h2_2, x2_2_2, r)
@@ -1772,16 +1772,16 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 3: x1[1] 64x0e (x) x2[0] 1x0e -> out[3] 64x0e, uvu, weights at 192, 1 nonzeros
     x1_1_0 = x1_ref[:, pl.ds(64, 64)]  # x1 block 1 (64x0e), m=0
     g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x0e), m=0
-    h3_0 = 1.0 * x1_1_0 * g_3_0
+    h3_0 = x1_1_0 * g_3_0
     r = h3_0 * x2_0_0
     out_ref[:, pl.ds(192, 64)] = r
 
     # weights of path 4 (64 columns)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
-    h4_0 = 0.9999999999999999 * x1_1_0 * g_4_0
-    h4_1 = 0.9999999999999999 * x1_1_0 * g_4_1
-    h4_2 = 0.9999999999999999 * x1_1_0 * g_4_2
+    h4_0 = x1_1_0 * g_4_0
+    h4_1 = x1_1_0 * g_4_1
+    h4_2 = x1_1_0 * g_4_2
     r = h4_0 * x2_1_0
     r = rt.fma(h4_1, x2_1_1, r)
     r = rt.fma(h4_2, x2_1_2, r)
@@ -1790,11 +1790,11 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 5 (64 columns)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
-    h5_0 = 1.0 * x1_1_0 * g_5_0
-    h5_1 = 1.0 * x1_1_0 * g_5_1
-    h5_2 = 1.0 * x1_1_0 * g_5_2
-    h5_3 = 1.0 * x1_1_0 * g_5_3
-    h5_4 = 1.0 * x1_1_0 * g_5_4
+    h5_0 = x1_1_0 * g_5_0
+    h5_1 = x1_1_0 * g_5_1
+    h5_2 = x1_1_0 * g_5_2
+    h5_3 = x1_1_0 * g_5_3
+    h5_4 = x1_1_0 * g_5_4
     r = h5_0 * x2_2_0
     r = rt.fma(h5_1, x2_2_1, r)
     r = rt.fma(h5_2, x2_2_2, r)
@@ -1806,9 +1806,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 6: x1[2] 64x1o (x) x2[0] 1x0e -> out[6] 64x1o, uvu, weights at 384, 3 nonzeros
     x1_2_0, x1_2_1, x1_2_2 = rt.load_tile(x1_ref, 128, mul=64, dim=3, pad=64)  # x1 block 2 (64x1o)
     g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1152, mul=64, dim=3, pad=64)  # g block 6 (64x1o)
-    h6_0 = 0.9999999999999999 * x1_2_0 * g_6_0
-    h6_0 = rt.fma(0.9999999999999999 * x1_2_1, g_6_1, h6_0)
-    h6_0 = rt.fma(0.9999999999999999 * x1_2_2, g_6_2, h6_0)
+    h6_0 = x1_2_0 * g_6_0
+    h6_0 = rt.fma(x1_2_1, g_6_1, h6_0)
+    h6_0 = rt.fma(x1_2_2, g_6_2, h6_0)
     r = h6_0 * x2_0_0
     out_ref[:, pl.ds(384, 64)] = r
 
@@ -1826,12 +1826,12 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 8 (64 columns)
     # path 8: x1[2] 64x1o (x) x2[1] 1x1o -> out[8] 64x1e, uvu, weights at 512, 6 nonzeros
     g_8_0, g_8_1, g_8_2 = rt.load_tile(g_ref, 1408, mul=64, dim=3, pad=64)  # g block 8 (64x1e)
-    h8_0 = 0.7071067811865475 * x1_2_2 * g_8_1
-    h8_0 = rt.fma(-0.7071067811865475 * x1_2_1, g_8_2, h8_0)
-    h8_1 = -0.7071067811865475 * x1_2_2 * g_8_0
-    h8_1 = rt.fma(0.7071067811865475 * x1_2_0, g_8_2, h8_1)
-    h8_2 = 0.7071067811865475 * x1_2_1 * g_8_0
-    h8_2 = rt.fma(-0.7071067811865475 * x1_2_0, g_8_1, h8_2)
+    h8_0 = 0.7071067811865476 * x1_2_2 * g_8_1
+    h8_0 = rt.fma(-0.7071067811865476 * x1_2_1, g_8_2, h8_0)
+    h8_1 = -0.7071067811865476 * x1_2_2 * g_8_0
+    h8_1 = rt.fma(0.7071067811865476 * x1_2_0, g_8_2, h8_1)
+    h8_2 = 0.7071067811865476 * x1_2_1 * g_8_0
+    h8_2 = rt.fma(-0.7071067811865476 * x1_2_0, g_8_1, h8_2)
     r = h8_0 * x2_1_0
     r = rt.fma(h8_1, x2_1_1, r)
     r = rt.fma(h8_2, x2_1_2, r)
@@ -1863,9 +1863,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     h10_0 = rt.fma(0.5477225575051661 * x1_2_0, g_10_2, h10_0)
     h10_1 = 0.5477225575051661 * x1_2_1 * g_10_0
     h10_1 = rt.fma(0.5477225575051661 * x1_2_0, g_10_1, h10_1)
-    h10_2 = -0.3162277660168379 * x1_2_0 * g_10_0
-    h10_2 = rt.fma(0.6324555320336758 * x1_2_1, g_10_1, h10_2)
-    h10_2 = rt.fma(-0.3162277660168379 * x1_2_2, g_10_2, h10_2)
+    h10_2 = -0.31622776601683794 * x1_2_0 * g_10_0
+    h10_2 = rt.fma(0.6324555320336759 * x1_2_1, g_10_1, h10_2)
+    h10_2 = rt.fma(-0.31622776601683794 * x1_2_2, g_10_2, h10_2)
     h10_3 = 0.5477225575051661 * x1_2_2 * g_10_1
     h10_3 = rt.fma(0.5477225575051661 * x1_2_1, g_10_2, h10_3)
     h10_4 = -0.5477225575051661 * x1_2_0 * g_10_0
@@ -1907,9 +1907,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 12: x1[3] 64x1e (x) x2[0] 1x0e -> out[12] 64x1e, uvu, weights at 768, 3 nonzeros
     x1_3_0, x1_3_1, x1_3_2 = rt.load_tile(x1_ref, 320, mul=64, dim=3, pad=64)  # x1 block 3 (64x1e)
     g_12_0, g_12_1, g_12_2 = rt.load_tile(g_ref, 2432, mul=64, dim=3, pad=64)  # g block 12 (64x1e)
-    h12_0 = 0.9999999999999999 * x1_3_0 * g_12_0
-    h12_0 = rt.fma(0.9999999999999999 * x1_3_1, g_12_1, h12_0)
-    h12_0 = rt.fma(0.9999999999999999 * x1_3_2, g_12_2, h12_0)
+    h12_0 = x1_3_0 * g_12_0
+    h12_0 = rt.fma(x1_3_1, g_12_1, h12_0)
+    h12_0 = rt.fma(x1_3_2, g_12_2, h12_0)
     r = h12_0 * x2_0_0
     out_ref[:, pl.ds(768, 64)] = r
 
@@ -1927,12 +1927,12 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 14 (64 columns)
     # path 14: x1[3] 64x1e (x) x2[1] 1x1o -> out[14] 64x1o, uvu, weights at 896, 6 nonzeros
     g_14_0, g_14_1, g_14_2 = rt.load_tile(g_ref, 2688, mul=64, dim=3, pad=64)  # g block 14 (64x1o)
-    h14_0 = 0.7071067811865475 * x1_3_2 * g_14_1
-    h14_0 = rt.fma(-0.7071067811865475 * x1_3_1, g_14_2, h14_0)
-    h14_1 = -0.7071067811865475 * x1_3_2 * g_14_0
-    h14_1 = rt.fma(0.7071067811865475 * x1_3_0, g_14_2, h14_1)
-    h14_2 = 0.7071067811865475 * x1_3_1 * g_14_0
-    h14_2 = rt.fma(-0.7071067811865475 * x1_3_0, g_14_1, h14_2)
+    h14_0 = 0.7071067811865476 * x1_3_2 * g_14_1
+    h14_0 = rt.fma(-0.7071067811865476 * x1_3_1, g_14_2, h14_0)
+    h14_1 = -0.7071067811865476 * x1_3_2 * g_14_0
+    h14_1 = rt.fma(0.7071067811865476 * x1_3_0, g_14_2, h14_1)
+    h14_2 = 0.7071067811865476 * x1_3_1 * g_14_0
+    h14_2 = rt.fma(-0.7071067811865476 * x1_3_0, g_14_1, h14_2)
     r = h14_0 * x2_1_0
     r = rt.fma(h14_1, x2_1_1, r)
     r = rt.fma(h14_2, x2_1_2, r)
@@ -1964,9 +1964,9 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     h16_0 = rt.fma(0.5477225575051661 * x1_3_0, g_16_2, h16_0)
     h16_1 = 0.5477225575051661 * x1_3_1 * g_16_0
     h16_1 = rt.fma(0.5477225575051661 * x1_3_0, g_16_1, h16_1)
-    h16_2 = -0.3162277660168379 * x1_3_0 * g_16_0
-    h16_2 = rt.fma(0.6324555320336758 * x1_3_1, g_16_1, h16_2)
-    h16_2 = rt.fma(-0.3162277660168379 * x1_3_2, g_16_2, h16_2)
+    h16_2 = -0.31622776601683794 * x1_3_0 * g_16_0
+    h16_2 = rt.fma(0.6324555320336759 * x1_3_1, g_16_1, h16_2)
+    h16_2 = rt.fma(-0.31622776601683794 * x1_3_2, g_16_2, h16_2)
     h16_3 = 0.5477225575051661 * x1_3_2 * g_16_1
     h16_3 = rt.fma(0.5477225575051661 * x1_3_1, g_16_2, h16_3)
     h16_4 = -0.5477225575051661 * x1_3_0 * g_16_0
@@ -2008,27 +2008,27 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 18: x1[4] 64x2o (x) x2[0] 1x0e -> out[18] 64x2o, uvu, weights at 1152, 5 nonzeros
     x1_4_0, x1_4_1, x1_4_2, x1_4_3, x1_4_4 = rt.load_tile(x1_ref, 512, mul=64, dim=5, pad=64)  # x1 block 4 (64x2o)
     g_18_0, g_18_1, g_18_2, g_18_3, g_18_4 = rt.load_tile(g_ref, 3712, mul=64, dim=5, pad=64)  # g block 18 (64x2o)
-    h18_0 = 1.0 * x1_4_0 * g_18_0
-    h18_0 = rt.fma(1.0 * x1_4_1, g_18_1, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_2, g_18_2, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_3, g_18_3, h18_0)
-    h18_0 = rt.fma(1.0 * x1_4_4, g_18_4, h18_0)
+    h18_0 = x1_4_0 * g_18_0
+    h18_0 = rt.fma(x1_4_1, g_18_1, h18_0)
+    h18_0 = rt.fma(x1_4_2, g_18_2, h18_0)
+    h18_0 = rt.fma(x1_4_3, g_18_3, h18_0)
+    h18_0 = rt.fma(x1_4_4, g_18_4, h18_0)
     r = h18_0 * x2_0_0
     out_ref[:, pl.ds(1152, 64)] = r
 
     # weights of path 19 (64 columns)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
     g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
-    h19_0 = -0.3162277660168379 * x1_4_2 * g_19_0
+    h19_0 = -0.31622776601683794 * x1_4_2 * g_19_0
     h19_0 = rt.fma(-0.5477225575051661 * x1_4_4, g_19_0, h19_0)
     h19_0 = rt.fma(0.5477225575051661 * x1_4_1, g_19_1, h19_0)
     h19_0 = rt.fma(0.5477225575051661 * x1_4_0, g_19_2, h19_0)
     h19_1 = 0.5477225575051661 * x1_4_1 * g_19_0
-    h19_1 = rt.fma(0.6324555320336758 * x1_4_2, g_19_1, h19_1)
+    h19_1 = rt.fma(0.6324555320336759 * x1_4_2, g_19_1, h19_1)
     h19_1 = rt.fma(0.5477225575051661 * x1_4_3, g_19_2, h19_1)
     h19_2 = 0.5477225575051661 * x1_4_0 * g_19_0
     h19_2 = rt.fma(0.5477225575051661 * x1_4_3, g_19_1, h19_2)
-    h19_2 = rt.fma(-0.3162277660168379 * x1_4_2, g_19_2, h19_2)
+    h19_2 = rt.fma(-0.31622776601683794 * x1_4_2, g_19_2, h19_2)
     h19_2 = rt.fma(0.5477225575051661 * x1_4_4, g_19_2, h19_2)
     r = h19_0 * x2_1_0
     r = rt.fma(h19_1, x2_1_1, r)
@@ -2077,22 +2077,22 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 22 (64 columns)
     # path 22: x1[4] 64x2o (x) x2[2] 1x2e -> out[22] 64x1o, uvu, weights at 1408, 16 nonzeros
     g_22_0, g_22_1, g_22_2 = rt.load_tile(g_ref, 4608, mul=64, dim=3, pad=64)  # g block 22 (64x1o)
-    h22_0 = 0.3162277660168379 * x1_4_1 * g_22_0
-    h22_0 = rt.fma(0.6324555320336758 * x1_4_4, g_22_1, h22_0)
-    h22_0 = rt.fma(-0.3162277660168379 * x1_4_3, g_22_2, h22_0)
-    h22_1 = -0.3162277660168379 * x1_4_0 * g_22_0
-    h22_1 = rt.fma(0.3162277660168379 * x1_4_3, g_22_1, h22_1)
+    h22_0 = 0.31622776601683794 * x1_4_1 * g_22_0
+    h22_0 = rt.fma(0.6324555320336759 * x1_4_4, g_22_1, h22_0)
+    h22_0 = rt.fma(-0.31622776601683794 * x1_4_3, g_22_2, h22_0)
+    h22_1 = -0.31622776601683794 * x1_4_0 * g_22_0
+    h22_1 = rt.fma(0.31622776601683794 * x1_4_3, g_22_1, h22_1)
     h22_1 = rt.fma(-0.5477225575051661 * x1_4_2, g_22_2, h22_1)
-    h22_1 = rt.fma(-0.3162277660168379 * x1_4_4, g_22_2, h22_1)
+    h22_1 = rt.fma(-0.31622776601683794 * x1_4_4, g_22_2, h22_1)
     h22_2 = -0.5477225575051661 * x1_4_3 * g_22_0
     h22_2 = rt.fma(0.5477225575051661 * x1_4_1, g_22_2, h22_2)
     h22_3 = 0.5477225575051661 * x1_4_2 * g_22_0
-    h22_3 = rt.fma(-0.3162277660168379 * x1_4_4, g_22_0, h22_3)
-    h22_3 = rt.fma(-0.3162277660168379 * x1_4_1, g_22_1, h22_3)
-    h22_3 = rt.fma(0.3162277660168379 * x1_4_0, g_22_2, h22_3)
-    h22_4 = 0.3162277660168379 * x1_4_3 * g_22_0
-    h22_4 = rt.fma(-0.6324555320336758 * x1_4_0, g_22_1, h22_4)
-    h22_4 = rt.fma(0.3162277660168379 * x1_4_1, g_22_2, h22_4)
+    h22_3 = rt.fma(-0.31622776601683794 * x1_4_4, g_22_0, h22_3)
+    h22_3 = rt.fma(-0.31622776601683794 * x1_4_1, g_22_1, h22_3)
+    h22_3 = rt.fma(0.31622776601683794 * x1_4_0, g_22_2, h22_3)
+    h22_4 = 0.31622776601683794 * x1_4_3 * g_22_0
+    h22_4 = rt.fma(-0.6324555320336759 * x1_4_0, g_22_1, h22_4)
+    h22_4 = rt.fma(0.31622776601683794 * x1_4_1, g_22_2, h22_4)
     r = h22_0 * x2_2_0
     r = rt.fma(h22_1, x2_2_1, r)
     r = rt.fma(h22_2, x2_2_2, r)
@@ -2139,27 +2139,27 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # path 24: x1[5] 64x2e (x) x2[0] 1x0e -> out[24] 64x2e, uvu, weights at 1536, 5 nonzeros
     x1_5_0, x1_5_1, x1_5_2, x1_5_3, x1_5_4 = rt.load_tile(x1_ref, 832, mul=64, dim=5, pad=64)  # x1 block 5 (64x2e)
     g_24_0, g_24_1, g_24_2, g_24_3, g_24_4 = rt.load_tile(g_ref, 5120, mul=64, dim=5, pad=64)  # g block 24 (64x2e)
-    h24_0 = 1.0 * x1_5_0 * g_24_0
-    h24_0 = rt.fma(1.0 * x1_5_1, g_24_1, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_2, g_24_2, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_3, g_24_3, h24_0)
-    h24_0 = rt.fma(1.0 * x1_5_4, g_24_4, h24_0)
+    h24_0 = x1_5_0 * g_24_0
+    h24_0 = rt.fma(x1_5_1, g_24_1, h24_0)
+    h24_0 = rt.fma(x1_5_2, g_24_2, h24_0)
+    h24_0 = rt.fma(x1_5_3, g_24_3, h24_0)
+    h24_0 = rt.fma(x1_5_4, g_24_4, h24_0)
     r = h24_0 * x2_0_0
     out_ref[:, pl.ds(1536, 64)] = r
 
     # weights of path 25 (64 columns)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
     g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
-    h25_0 = -0.3162277660168379 * x1_5_2 * g_25_0
+    h25_0 = -0.31622776601683794 * x1_5_2 * g_25_0
     h25_0 = rt.fma(-0.5477225575051661 * x1_5_4, g_25_0, h25_0)
     h25_0 = rt.fma(0.5477225575051661 * x1_5_1, g_25_1, h25_0)
     h25_0 = rt.fma(0.5477225575051661 * x1_5_0, g_25_2, h25_0)
     h25_1 = 0.5477225575051661 * x1_5_1 * g_25_0
-    h25_1 = rt.fma(0.6324555320336758 * x1_5_2, g_25_1, h25_1)
+    h25_1 = rt.fma(0.6324555320336759 * x1_5_2, g_25_1, h25_1)
     h25_1 = rt.fma(0.5477225575051661 * x1_5_3, g_25_2, h25_1)
     h25_2 = 0.5477225575051661 * x1_5_0 * g_25_0
     h25_2 = rt.fma(0.5477225575051661 * x1_5_3, g_25_1, h25_2)
-    h25_2 = rt.fma(-0.3162277660168379 * x1_5_2, g_25_2, h25_2)
+    h25_2 = rt.fma(-0.31622776601683794 * x1_5_2, g_25_2, h25_2)
     h25_2 = rt.fma(0.5477225575051661 * x1_5_4, g_25_2, h25_2)
     r = h25_0 * x2_1_0
     r = rt.fma(h25_1, x2_1_1, r)
@@ -2208,22 +2208,22 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 28 (64 columns)
     # path 28: x1[5] 64x2e (x) x2[2] 1x2e -> out[28] 64x1e, uvu, weights at 1792, 16 nonzeros
     g_28_0, g_28_1, g_28_2 = rt.load_tile(g_ref, 6016, mul=64, dim=3, pad=64)  # g block 28 (64x1e)
-    h28_0 = 0.3162277660168379 * x1_5_1 * g_28_0
-    h28_0 = rt.fma(0.6324555320336758 * x1_5_4, g_28_1, h28_0)
-    h28_0 = rt.fma(-0.3162277660168379 * x1_5_3, g_28_2, h28_0)
-    h28_1 = -0.3162277660168379 * x1_5_0 * g_28_0
-    h28_1 = rt.fma(0.3162277660168379 * x1_5_3, g_28_1, h28_1)
+    h28_0 = 0.31622776601683794 * x1_5_1 * g_28_0
+    h28_0 = rt.fma(0.6324555320336759 * x1_5_4, g_28_1, h28_0)
+    h28_0 = rt.fma(-0.31622776601683794 * x1_5_3, g_28_2, h28_0)
+    h28_1 = -0.31622776601683794 * x1_5_0 * g_28_0
+    h28_1 = rt.fma(0.31622776601683794 * x1_5_3, g_28_1, h28_1)
     h28_1 = rt.fma(-0.5477225575051661 * x1_5_2, g_28_2, h28_1)
-    h28_1 = rt.fma(-0.3162277660168379 * x1_5_4, g_28_2, h28_1)
+    h28_1 = rt.fma(-0.31622776601683794 * x1_5_4, g_28_2, h28_1)
     h28_2 = -0.5477225575051661 * x1_5_3 * g_28_0
     h28_2 = rt.fma(0.5477225575051661 * x1_5_1, g_28_2, h28_2)
     h28_3 = 0.5477225575051661 * x1_5_2 * g_28_0
-    h28_3 = rt.fma(-0.3162277660168379 * x1_5_4, g_28_0, h28_3)
-    h28_3 = rt.fma(-0.3162277660168379 * x1_5_1, g_28_1, h28_3)
-    h28_3 = rt.fma(0.3162277660168379 * x1_5_0, g_28_2, h28_3)
-    h28_4 = 0.3162277660168379 * x1_5_3 * g_28_0
-    h28_4 = rt.fma(-0.6324555320336758 * x1_5_0, g_28_1, h28_4)
-    h28_4 = rt.fma(0.3162277660168379 * x1_5_1, g_28_2, h28_4)
+    h28_3 = rt.fma(-0.31622776601683794 * x1_5_4, g_28_0, h28_3)
+    h28_3 = rt.fma(-0.31622776601683794 * x1_5_1, g_28_1, h28_3)
+    h28_3 = rt.fma(0.31622776601683794 * x1_5_0, g_28_2, h28_3)
+    h28_4 = 0.31622776601683794 * x1_5_3 * g_28_0
+    h28_4 = rt.fma(-0.6324555320336759 * x1_5_0, g_28_1, h28_4)
+    h28_4 = rt.fma(0.31622776601683794 * x1_5_1, g_28_2, h28_4)
     r = h28_0 * x2_2_0
     r = rt.fma(h28_1, x2_2_1, r)
     r = rt.fma(h28_2, x2_2_2, r)
@@ -2286,10 +2286,10 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     g_0_0 = g_ref[:, pl.ds(0, 64)]  # g block 0 (64x0o), m=0
     w = w_ref[:, pl.ds(0, 64)]
     wg_0 = w * g_0_0
-    r = 1.0 * x1_0_0 * x2_0_0 * g_0_0
+    r = x1_0_0 * x2_0_0 * g_0_0
     gw_ref[:, pl.ds(0, 64)] = r
-    acc_0_0 = rt.fma(1.0 * x2_0_0, wg_0, acc_0_0)
-    px2_0_0_64 = 1.0 * x1_0_0 * wg_0
+    acc_0_0 = rt.fma(x2_0_0, wg_0, acc_0_0)
+    px2_0_0_64 = x1_0_0 * wg_0
     # path 1: x1[0] 64x0o (x) x2[1] 1x1o -> out[1] 64x1e, uvu, weights at 64, 3 nonzeros
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
@@ -2299,16 +2299,16 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_1_0
     wg_1 = w * g_1_1
     wg_2 = w * g_1_2
-    r = 0.9999999999999999 * x1_0_0 * x2_1_0 * g_1_0
-    r = rt.fma(0.9999999999999999 * x1_0_0 * x2_1_1, g_1_1, r)
-    r = rt.fma(0.9999999999999999 * x1_0_0 * x2_1_2, g_1_2, r)
+    r = x1_0_0 * x2_1_0 * g_1_0
+    r = rt.fma(x1_0_0 * x2_1_1, g_1_1, r)
+    r = rt.fma(x1_0_0 * x2_1_2, g_1_2, r)
     gw_ref[:, pl.ds(64, 64)] = r
-    acc_0_0 = rt.fma(0.9999999999999999 * x2_1_0, wg_0, acc_0_0)
-    acc_0_0 = rt.fma(0.9999999999999999 * x2_1_1, wg_1, acc_0_0)
-    acc_0_0 = rt.fma(0.9999999999999999 * x2_1_2, wg_2, acc_0_0)
-    px2_1_0_64 = 0.9999999999999999 * x1_0_0 * wg_0
-    px2_1_1_64 = 0.9999999999999999 * x1_0_0 * wg_1
-    px2_1_2_64 = 0.9999999999999999 * x1_0_0 * wg_2
+    acc_0_0 = rt.fma(x2_1_0, wg_0, acc_0_0)
+    acc_0_0 = rt.fma(x2_1_1, wg_1, acc_0_0)
+    acc_0_0 = rt.fma(x2_1_2, wg_2, acc_0_0)
+    px2_1_0_64 = x1_0_0 * wg_0
+    px2_1_1_64 = x1_0_0 * wg_1
+    px2_1_2_64 = x1_0_0 * wg_2
     # path 2: x1[0] 64x0o (x) x2[2] 1x2e -> out[2] 64x2o, uvu, weights at 128, 5 nonzeros
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
@@ -2322,22 +2322,22 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_2_2
     wg_3 = w * g_2_3
     wg_4 = w * g_2_4
-    r = 1.0 * x1_0_0 * x2_2_0 * g_2_0
-    r = rt.fma(1.0 * x1_0_0 * x2_2_1, g_2_1, r)
-    r = rt.fma(1.0 * x1_0_0 * x2_2_2, g_2_2, r)
-    r = rt.fma(1.0 * x1_0_0 * x2_2_3, g_2_3, r)
-    r = rt.fma(1.0 * x1_0_0 * x2_2_4, g_2_4, r)
+    r = x1_0_0 * x2_2_0 * g_2_0
+    r = rt.fma(x1_0_0 * x2_2_1, g_2_1, r)
+    r = rt.fma(x1_0_0 * x2_2_2, g_2_2, r)
+    r = rt.fma(x1_0_0 * x2_2_3, g_2_3, r)
+    r = rt.fma(x1_0_0 * x2_2_4, g_2_4, r)
     gw_ref[:, pl.ds(128, 64)] = r
-    acc_0_0 = rt.fma(1.0 * x2_2_0, wg_0, acc_0_0)
-    acc_0_0 = rt.fma(1.0 * x2_2_1, wg_1, acc_0_0)
-    acc_0_0 = rt.fma(1.0 * x2_2_2, wg_2, acc_0_0)
-    acc_0_0 = rt.fma(1.0 * x2_2_3, wg_3, acc_0_0)
-    acc_0_0 = rt.fma(1.0 * x2_2_4, wg_4, acc_0_0)
-    px2_2_0_64 = 1.0 * x1_0_0 * wg_0
-    px2_2_1_64 = 1.0 * x1_0_0 * wg_1
-    px2_2_2_64 = 1.0 * x1_0_0 * wg_2
-    px2_2_3_64 = 1.0 * x1_0_0 * wg_3
-    px2_2_4_64 = 1.0 * x1_0_0 * wg_4
+    acc_0_0 = rt.fma(x2_2_0, wg_0, acc_0_0)
+    acc_0_0 = rt.fma(x2_2_1, wg_1, acc_0_0)
+    acc_0_0 = rt.fma(x2_2_2, wg_2, acc_0_0)
+    acc_0_0 = rt.fma(x2_2_3, wg_3, acc_0_0)
+    acc_0_0 = rt.fma(x2_2_4, wg_4, acc_0_0)
+    px2_2_0_64 = x1_0_0 * wg_0
+    px2_2_1_64 = x1_0_0 * wg_1
+    px2_2_2_64 = x1_0_0 * wg_2
+    px2_2_3_64 = x1_0_0 * wg_3
+    px2_2_4_64 = x1_0_0 * wg_4
     gx1_ref[:, pl.ds(0, 64)] = acc_0_0
 
     # x1 block 1 (64x0e): 3 path(s)
@@ -2347,26 +2347,26 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     g_3_0 = g_ref[:, pl.ds(576, 64)]  # g block 3 (64x0e), m=0
     w = w_ref[:, pl.ds(192, 64)]
     wg_0 = w * g_3_0
-    r = 1.0 * x1_1_0 * x2_0_0 * g_3_0
+    r = x1_1_0 * x2_0_0 * g_3_0
     gw_ref[:, pl.ds(192, 64)] = r
-    acc_1_0 = rt.fma(1.0 * x2_0_0, wg_0, acc_1_0)
-    px2_0_0_64 = rt.fma(1.0 * x1_1_0, wg_0, px2_0_0_64)
+    acc_1_0 = rt.fma(x2_0_0, wg_0, acc_1_0)
+    px2_0_0_64 = rt.fma(x1_1_0, wg_0, px2_0_0_64)
     # path 4: x1[1] 64x0e (x) x2[1] 1x1o -> out[4] 64x1o, uvu, weights at 256, 3 nonzeros
     g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 640, mul=64, dim=3, pad=64)  # g block 4 (64x1o)
     w = w_ref[:, pl.ds(256, 64)]
     wg_0 = w * g_4_0
     wg_1 = w * g_4_1
     wg_2 = w * g_4_2
-    r = 0.9999999999999999 * x1_1_0 * x2_1_0 * g_4_0
-    r = rt.fma(0.9999999999999999 * x1_1_0 * x2_1_1, g_4_1, r)
-    r = rt.fma(0.9999999999999999 * x1_1_0 * x2_1_2, g_4_2, r)
+    r = x1_1_0 * x2_1_0 * g_4_0
+    r = rt.fma(x1_1_0 * x2_1_1, g_4_1, r)
+    r = rt.fma(x1_1_0 * x2_1_2, g_4_2, r)
     gw_ref[:, pl.ds(256, 64)] = r
-    acc_1_0 = rt.fma(0.9999999999999999 * x2_1_0, wg_0, acc_1_0)
-    acc_1_0 = rt.fma(0.9999999999999999 * x2_1_1, wg_1, acc_1_0)
-    acc_1_0 = rt.fma(0.9999999999999999 * x2_1_2, wg_2, acc_1_0)
-    px2_1_0_64 = rt.fma(0.9999999999999999 * x1_1_0, wg_0, px2_1_0_64)
-    px2_1_1_64 = rt.fma(0.9999999999999999 * x1_1_0, wg_1, px2_1_1_64)
-    px2_1_2_64 = rt.fma(0.9999999999999999 * x1_1_0, wg_2, px2_1_2_64)
+    acc_1_0 = rt.fma(x2_1_0, wg_0, acc_1_0)
+    acc_1_0 = rt.fma(x2_1_1, wg_1, acc_1_0)
+    acc_1_0 = rt.fma(x2_1_2, wg_2, acc_1_0)
+    px2_1_0_64 = rt.fma(x1_1_0, wg_0, px2_1_0_64)
+    px2_1_1_64 = rt.fma(x1_1_0, wg_1, px2_1_1_64)
+    px2_1_2_64 = rt.fma(x1_1_0, wg_2, px2_1_2_64)
     # path 5: x1[1] 64x0e (x) x2[2] 1x2e -> out[5] 64x2e, uvu, weights at 320, 5 nonzeros
     g_5_0, g_5_1, g_5_2, g_5_3, g_5_4 = rt.load_tile(g_ref, 832, mul=64, dim=5, pad=64)  # g block 5 (64x2e)
     w = w_ref[:, pl.ds(320, 64)]
@@ -2375,22 +2375,22 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_5_2
     wg_3 = w * g_5_3
     wg_4 = w * g_5_4
-    r = 1.0 * x1_1_0 * x2_2_0 * g_5_0
-    r = rt.fma(1.0 * x1_1_0 * x2_2_1, g_5_1, r)
-    r = rt.fma(1.0 * x1_1_0 * x2_2_2, g_5_2, r)
-    r = rt.fma(1.0 * x1_1_0 * x2_2_3, g_5_3, r)
-    r = rt.fma(1.0 * x1_1_0 * x2_2_4, g_5_4, r)
+    r = x1_1_0 * x2_2_0 * g_5_0
+    r = rt.fma(x1_1_0 * x2_2_1, g_5_1, r)
+    r = rt.fma(x1_1_0 * x2_2_2, g_5_2, r)
+    r = rt.fma(x1_1_0 * x2_2_3, g_5_3, r)
+    r = rt.fma(x1_1_0 * x2_2_4, g_5_4, r)
     gw_ref[:, pl.ds(320, 64)] = r
-    acc_1_0 = rt.fma(1.0 * x2_2_0, wg_0, acc_1_0)
-    acc_1_0 = rt.fma(1.0 * x2_2_1, wg_1, acc_1_0)
-    acc_1_0 = rt.fma(1.0 * x2_2_2, wg_2, acc_1_0)
-    acc_1_0 = rt.fma(1.0 * x2_2_3, wg_3, acc_1_0)
-    acc_1_0 = rt.fma(1.0 * x2_2_4, wg_4, acc_1_0)
-    px2_2_0_64 = rt.fma(1.0 * x1_1_0, wg_0, px2_2_0_64)
-    px2_2_1_64 = rt.fma(1.0 * x1_1_0, wg_1, px2_2_1_64)
-    px2_2_2_64 = rt.fma(1.0 * x1_1_0, wg_2, px2_2_2_64)
-    px2_2_3_64 = rt.fma(1.0 * x1_1_0, wg_3, px2_2_3_64)
-    px2_2_4_64 = rt.fma(1.0 * x1_1_0, wg_4, px2_2_4_64)
+    acc_1_0 = rt.fma(x2_2_0, wg_0, acc_1_0)
+    acc_1_0 = rt.fma(x2_2_1, wg_1, acc_1_0)
+    acc_1_0 = rt.fma(x2_2_2, wg_2, acc_1_0)
+    acc_1_0 = rt.fma(x2_2_3, wg_3, acc_1_0)
+    acc_1_0 = rt.fma(x2_2_4, wg_4, acc_1_0)
+    px2_2_0_64 = rt.fma(x1_1_0, wg_0, px2_2_0_64)
+    px2_2_1_64 = rt.fma(x1_1_0, wg_1, px2_2_1_64)
+    px2_2_2_64 = rt.fma(x1_1_0, wg_2, px2_2_2_64)
+    px2_2_3_64 = rt.fma(x1_1_0, wg_3, px2_2_3_64)
+    px2_2_4_64 = rt.fma(x1_1_0, wg_4, px2_2_4_64)
     gx1_ref[:, pl.ds(64, 64)] = acc_1_0
 
     # x1 block 2 (64x1o): 6 path(s)
@@ -2404,16 +2404,16 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_6_0
     wg_1 = w * g_6_1
     wg_2 = w * g_6_2
-    r = 0.9999999999999999 * x1_2_0 * x2_0_0 * g_6_0
-    r = rt.fma(0.9999999999999999 * x1_2_1 * x2_0_0, g_6_1, r)
-    r = rt.fma(0.9999999999999999 * x1_2_2 * x2_0_0, g_6_2, r)
+    r = x1_2_0 * x2_0_0 * g_6_0
+    r = rt.fma(x1_2_1 * x2_0_0, g_6_1, r)
+    r = rt.fma(x1_2_2 * x2_0_0, g_6_2, r)
     gw_ref[:, pl.ds(384, 64)] = r
-    acc_2_0 = rt.fma(0.9999999999999999 * x2_0_0, wg_0, acc_2_0)
-    acc_2_1 = rt.fma(0.9999999999999999 * x2_0_0, wg_1, acc_2_1)
-    acc_2_2 = rt.fma(0.9999999999999999 * x2_0_0, wg_2, acc_2_2)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_2_0, wg_0, px2_0_0_64)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_2_1, wg_1, px2_0_0_64)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_2_2, wg_2, px2_0_0_64)
+    acc_2_0 = rt.fma(x2_0_0, wg_0, acc_2_0)
+    acc_2_1 = rt.fma(x2_0_0, wg_1, acc_2_1)
+    acc_2_2 = rt.fma(x2_0_0, wg_2, acc_2_2)
+    px2_0_0_64 = rt.fma(x1_2_0, wg_0, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_2_1, wg_1, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_2_2, wg_2, px2_0_0_64)
     # path 7: x1[2] 64x1o (x) x2[1] 1x1o -> out[7] 64x0e, uvu, weights at 448, 3 nonzeros
     g_7_0 = g_ref[:, pl.ds(1344, 64)]  # g block 7 (64x0e), m=0
     w = w_ref[:, pl.ds(448, 64)]
@@ -2434,25 +2434,25 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_8_0
     wg_1 = w * g_8_1
     wg_2 = w * g_8_2
-    r = 0.7071067811865475 * x1_2_1 * x2_1_2 * g_8_0
-    r = rt.fma(-0.7071067811865475 * x1_2_2 * x2_1_1, g_8_0, r)
-    r = rt.fma(-0.7071067811865475 * x1_2_0 * x2_1_2, g_8_1, r)
-    r = rt.fma(0.7071067811865475 * x1_2_2 * x2_1_0, g_8_1, r)
-    r = rt.fma(0.7071067811865475 * x1_2_0 * x2_1_1, g_8_2, r)
-    r = rt.fma(-0.7071067811865475 * x1_2_1 * x2_1_0, g_8_2, r)
+    r = 0.7071067811865476 * x1_2_1 * x2_1_2 * g_8_0
+    r = rt.fma(-0.7071067811865476 * x1_2_2 * x2_1_1, g_8_0, r)
+    r = rt.fma(-0.7071067811865476 * x1_2_0 * x2_1_2, g_8_1, r)
+    r = rt.fma(0.7071067811865476 * x1_2_2 * x2_1_0, g_8_1, r)
+    r = rt.fma(0.7071067811865476 * x1_2_0 * x2_1_1, g_8_2, r)
+    r = rt.fma(-0.7071067811865476 * x1_2_1 * x2_1_0, g_8_2, r)
     gw_ref[:, pl.ds(512, 64)] = r
-    acc_2_0 = rt.fma(-0.7071067811865475 * x2_1_2, wg_1, acc_2_0)
-    acc_2_0 = rt.fma(0.7071067811865475 * x2_1_1, wg_2, acc_2_0)
-    acc_2_1 = rt.fma(0.7071067811865475 * x2_1_2, wg_0, acc_2_1)
-    acc_2_1 = rt.fma(-0.7071067811865475 * x2_1_0, wg_2, acc_2_1)
-    acc_2_2 = rt.fma(-0.7071067811865475 * x2_1_1, wg_0, acc_2_2)
-    acc_2_2 = rt.fma(0.7071067811865475 * x2_1_0, wg_1, acc_2_2)
-    px2_1_0_64 = rt.fma(0.7071067811865475 * x1_2_2, wg_1, px2_1_0_64)
-    px2_1_0_64 = rt.fma(-0.7071067811865475 * x1_2_1, wg_2, px2_1_0_64)
-    px2_1_1_64 = rt.fma(-0.7071067811865475 * x1_2_2, wg_0, px2_1_1_64)
-    px2_1_1_64 = rt.fma(0.7071067811865475 * x1_2_0, wg_2, px2_1_1_64)
-    px2_1_2_64 = rt.fma(0.7071067811865475 * x1_2_1, wg_0, px2_1_2_64)
-    px2_1_2_64 = rt.fma(-0.7071067811865475 * x1_2_0, wg_1, px2_1_2_64)
+    acc_2_0 = rt.fma(-0.7071067811865476 * x2_1_2, wg_1, acc_2_0)
+    acc_2_0 = rt.fma(0.7071067811865476 * x2_1_1, wg_2, acc_2_0)
+    acc_2_1 = rt.fma(0.7071067811865476 * x2_1_2, wg_0, acc_2_1)
+    acc_2_1 = rt.fma(-0.7071067811865476 * x2_1_0, wg_2, acc_2_1)
+    acc_2_2 = rt.fma(-0.7071067811865476 * x2_1_1, wg_0, acc_2_2)
+    acc_2_2 = rt.fma(0.7071067811865476 * x2_1_0, wg_1, acc_2_2)
+    px2_1_0_64 = rt.fma(0.7071067811865476 * x1_2_2, wg_1, px2_1_0_64)
+    px2_1_0_64 = rt.fma(-0.7071067811865476 * x1_2_1, wg_2, px2_1_0_64)
+    px2_1_1_64 = rt.fma(-0.7071067811865476 * x1_2_2, wg_0, px2_1_1_64)
+    px2_1_1_64 = rt.fma(0.7071067811865476 * x1_2_0, wg_2, px2_1_1_64)
+    px2_1_2_64 = rt.fma(0.7071067811865476 * x1_2_1, wg_0, px2_1_2_64)
+    px2_1_2_64 = rt.fma(-0.7071067811865476 * x1_2_0, wg_1, px2_1_2_64)
     # path 9: x1[2] 64x1o (x) x2[1] 1x1o -> out[9] 64x2e, uvu, weights at 576, 11 nonzeros
     g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 1600, mul=64, dim=5, pad=64)  # g block 9 (64x2e)
     w = w_ref[:, pl.ds(576, 64)]
@@ -2501,36 +2501,36 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_10_0
     wg_1 = w * g_10_1
     wg_2 = w * g_10_2
-    r = -0.3162277660168379 * x1_2_0 * x2_2_2 * g_10_0
+    r = -0.31622776601683794 * x1_2_0 * x2_2_2 * g_10_0
     r = rt.fma(-0.5477225575051661 * x1_2_0 * x2_2_4, g_10_0, r)
     r = rt.fma(0.5477225575051661 * x1_2_1 * x2_2_1, g_10_0, r)
     r = rt.fma(0.5477225575051661 * x1_2_2 * x2_2_0, g_10_0, r)
     r = rt.fma(0.5477225575051661 * x1_2_0 * x2_2_1, g_10_1, r)
-    r = rt.fma(0.6324555320336758 * x1_2_1 * x2_2_2, g_10_1, r)
+    r = rt.fma(0.6324555320336759 * x1_2_1 * x2_2_2, g_10_1, r)
     r = rt.fma(0.5477225575051661 * x1_2_2 * x2_2_3, g_10_1, r)
     r = rt.fma(0.5477225575051661 * x1_2_0 * x2_2_0, g_10_2, r)
     r = rt.fma(0.5477225575051661 * x1_2_1 * x2_2_3, g_10_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_2_2 * x2_2_2, g_10_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_2_2 * x2_2_2, g_10_2, r)
     r = rt.fma(0.5477225575051661 * x1_2_2 * x2_2_4, g_10_2, r)
     gw_ref[:, pl.ds(640, 64)] = r
-    acc_2_0 = rt.fma(-0.3162277660168379 * x2_2_2, wg_0, acc_2_0)
+    acc_2_0 = rt.fma(-0.31622776601683794 * x2_2_2, wg_0, acc_2_0)
     acc_2_0 = rt.fma(-0.5477225575051661 * x2_2_4, wg_0, acc_2_0)
     acc_2_0 = rt.fma(0.5477225575051661 * x2_2_1, wg_1, acc_2_0)
     acc_2_0 = rt.fma(0.5477225575051661 * x2_2_0, wg_2, acc_2_0)
     acc_2_1 = rt.fma(0.5477225575051661 * x2_2_1, wg_0, acc_2_1)
-    acc_2_1 = rt.fma(0.6324555320336758 * x2_2_2, wg_1, acc_2_1)
+    acc_2_1 = rt.fma(0.6324555320336759 * x2_2_2, wg_1, acc_2_1)
     acc_2_1 = rt.fma(0.5477225575051661 * x2_2_3, wg_2, acc_2_1)
     acc_2_2 = rt.fma(0.5477225575051661 * x2_2_0, wg_0, acc_2_2)
     acc_2_2 = rt.fma(0.5477225575051661 * x2_2_3, wg_1, acc_2_2)
-    acc_2_2 = rt.fma(-0.3162277660168379 * x2_2_2, wg_2, acc_2_2)
+    acc_2_2 = rt.fma(-0.31622776601683794 * x2_2_2, wg_2, acc_2_2)
     acc_2_2 = rt.fma(0.5477225575051661 * x2_2_4, wg_2, acc_2_2)
     px2_2_0_64 = rt.fma(0.5477225575051661 * x1_2_2, wg_0, px2_2_0_64)
     px2_2_0_64 = rt.fma(0.5477225575051661 * x1_2_0, wg_2, px2_2_0_64)
     px2_2_1_64 = rt.fma(0.5477225575051661 * x1_2_1, wg_0, px2_2_1_64)
     px2_2_1_64 = rt.fma(0.5477225575051661 * x1_2_0, wg_1, px2_2_1_64)
-    px2_2_2_64 = rt.fma(-0.3162277660168379 * x1_2_0, wg_0, px2_2_2_64)
-    px2_2_2_64 = rt.fma(0.6324555320336758 * x1_2_1, wg_1, px2_2_2_64)
-    px2_2_2_64 = rt.fma(-0.3162277660168379 * x1_2_2, wg_2, px2_2_2_64)
+    px2_2_2_64 = rt.fma(-0.31622776601683794 * x1_2_0, wg_0, px2_2_2_64)
+    px2_2_2_64 = rt.fma(0.6324555320336759 * x1_2_1, wg_1, px2_2_2_64)
+    px2_2_2_64 = rt.fma(-0.31622776601683794 * x1_2_2, wg_2, px2_2_2_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_2_2, wg_1, px2_2_3_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_2_1, wg_2, px2_2_3_64)
     px2_2_4_64 = rt.fma(-0.5477225575051661 * x1_2_0, wg_0, px2_2_4_64)
@@ -2605,16 +2605,16 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_12_0
     wg_1 = w * g_12_1
     wg_2 = w * g_12_2
-    r = 0.9999999999999999 * x1_3_0 * x2_0_0 * g_12_0
-    r = rt.fma(0.9999999999999999 * x1_3_1 * x2_0_0, g_12_1, r)
-    r = rt.fma(0.9999999999999999 * x1_3_2 * x2_0_0, g_12_2, r)
+    r = x1_3_0 * x2_0_0 * g_12_0
+    r = rt.fma(x1_3_1 * x2_0_0, g_12_1, r)
+    r = rt.fma(x1_3_2 * x2_0_0, g_12_2, r)
     gw_ref[:, pl.ds(768, 64)] = r
-    acc_3_0 = rt.fma(0.9999999999999999 * x2_0_0, wg_0, acc_3_0)
-    acc_3_1 = rt.fma(0.9999999999999999 * x2_0_0, wg_1, acc_3_1)
-    acc_3_2 = rt.fma(0.9999999999999999 * x2_0_0, wg_2, acc_3_2)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_3_0, wg_0, px2_0_0_64)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_3_1, wg_1, px2_0_0_64)
-    px2_0_0_64 = rt.fma(0.9999999999999999 * x1_3_2, wg_2, px2_0_0_64)
+    acc_3_0 = rt.fma(x2_0_0, wg_0, acc_3_0)
+    acc_3_1 = rt.fma(x2_0_0, wg_1, acc_3_1)
+    acc_3_2 = rt.fma(x2_0_0, wg_2, acc_3_2)
+    px2_0_0_64 = rt.fma(x1_3_0, wg_0, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_3_1, wg_1, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_3_2, wg_2, px2_0_0_64)
     # path 13: x1[3] 64x1e (x) x2[1] 1x1o -> out[13] 64x0o, uvu, weights at 832, 3 nonzeros
     g_13_0 = g_ref[:, pl.ds(2624, 64)]  # g block 13 (64x0o), m=0
     w = w_ref[:, pl.ds(832, 64)]
@@ -2635,25 +2635,25 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_14_0
     wg_1 = w * g_14_1
     wg_2 = w * g_14_2
-    r = 0.7071067811865475 * x1_3_1 * x2_1_2 * g_14_0
-    r = rt.fma(-0.7071067811865475 * x1_3_2 * x2_1_1, g_14_0, r)
-    r = rt.fma(-0.7071067811865475 * x1_3_0 * x2_1_2, g_14_1, r)
-    r = rt.fma(0.7071067811865475 * x1_3_2 * x2_1_0, g_14_1, r)
-    r = rt.fma(0.7071067811865475 * x1_3_0 * x2_1_1, g_14_2, r)
-    r = rt.fma(-0.7071067811865475 * x1_3_1 * x2_1_0, g_14_2, r)
+    r = 0.7071067811865476 * x1_3_1 * x2_1_2 * g_14_0
+    r = rt.fma(-0.7071067811865476 * x1_3_2 * x2_1_1, g_14_0, r)
+    r = rt.fma(-0.7071067811865476 * x1_3_0 * x2_1_2, g_14_1, r)
+    r = rt.fma(0.7071067811865476 * x1_3_2 * x2_1_0, g_14_1, r)
+    r = rt.fma(0.7071067811865476 * x1_3_0 * x2_1_1, g_14_2, r)
+    r = rt.fma(-0.7071067811865476 * x1_3_1 * x2_1_0, g_14_2, r)
     gw_ref[:, pl.ds(896, 64)] = r
-    acc_3_0 = rt.fma(-0.7071067811865475 * x2_1_2, wg_1, acc_3_0)
-    acc_3_0 = rt.fma(0.7071067811865475 * x2_1_1, wg_2, acc_3_0)
-    acc_3_1 = rt.fma(0.7071067811865475 * x2_1_2, wg_0, acc_3_1)
-    acc_3_1 = rt.fma(-0.7071067811865475 * x2_1_0, wg_2, acc_3_1)
-    acc_3_2 = rt.fma(-0.7071067811865475 * x2_1_1, wg_0, acc_3_2)
-    acc_3_2 = rt.fma(0.7071067811865475 * x2_1_0, wg_1, acc_3_2)
-    px2_1_0_64 = rt.fma(0.7071067811865475 * x1_3_2, wg_1, px2_1_0_64)
-    px2_1_0_64 = rt.fma(-0.7071067811865475 * x1_3_1, wg_2, px2_1_0_64)
-    px2_1_1_64 = rt.fma(-0.7071067811865475 * x1_3_2, wg_0, px2_1_1_64)
-    px2_1_1_64 = rt.fma(0.7071067811865475 * x1_3_0, wg_2, px2_1_1_64)
-    px2_1_2_64 = rt.fma(0.7071067811865475 * x1_3_1, wg_0, px2_1_2_64)
-    px2_1_2_64 = rt.fma(-0.7071067811865475 * x1_3_0, wg_1, px2_1_2_64)
+    acc_3_0 = rt.fma(-0.7071067811865476 * x2_1_2, wg_1, acc_3_0)
+    acc_3_0 = rt.fma(0.7071067811865476 * x2_1_1, wg_2, acc_3_0)
+    acc_3_1 = rt.fma(0.7071067811865476 * x2_1_2, wg_0, acc_3_1)
+    acc_3_1 = rt.fma(-0.7071067811865476 * x2_1_0, wg_2, acc_3_1)
+    acc_3_2 = rt.fma(-0.7071067811865476 * x2_1_1, wg_0, acc_3_2)
+    acc_3_2 = rt.fma(0.7071067811865476 * x2_1_0, wg_1, acc_3_2)
+    px2_1_0_64 = rt.fma(0.7071067811865476 * x1_3_2, wg_1, px2_1_0_64)
+    px2_1_0_64 = rt.fma(-0.7071067811865476 * x1_3_1, wg_2, px2_1_0_64)
+    px2_1_1_64 = rt.fma(-0.7071067811865476 * x1_3_2, wg_0, px2_1_1_64)
+    px2_1_1_64 = rt.fma(0.7071067811865476 * x1_3_0, wg_2, px2_1_1_64)
+    px2_1_2_64 = rt.fma(0.7071067811865476 * x1_3_1, wg_0, px2_1_2_64)
+    px2_1_2_64 = rt.fma(-0.7071067811865476 * x1_3_0, wg_1, px2_1_2_64)
     # path 15: x1[3] 64x1e (x) x2[1] 1x1o -> out[15] 64x2o, uvu, weights at 960, 11 nonzeros
     g_15_0, g_15_1, g_15_2, g_15_3, g_15_4 = rt.load_tile(g_ref, 2880, mul=64, dim=5, pad=64)  # g block 15 (64x2o)
     w = w_ref[:, pl.ds(960, 64)]
@@ -2702,36 +2702,36 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_16_0
     wg_1 = w * g_16_1
     wg_2 = w * g_16_2
-    r = -0.3162277660168379 * x1_3_0 * x2_2_2 * g_16_0
+    r = -0.31622776601683794 * x1_3_0 * x2_2_2 * g_16_0
     r = rt.fma(-0.5477225575051661 * x1_3_0 * x2_2_4, g_16_0, r)
     r = rt.fma(0.5477225575051661 * x1_3_1 * x2_2_1, g_16_0, r)
     r = rt.fma(0.5477225575051661 * x1_3_2 * x2_2_0, g_16_0, r)
     r = rt.fma(0.5477225575051661 * x1_3_0 * x2_2_1, g_16_1, r)
-    r = rt.fma(0.6324555320336758 * x1_3_1 * x2_2_2, g_16_1, r)
+    r = rt.fma(0.6324555320336759 * x1_3_1 * x2_2_2, g_16_1, r)
     r = rt.fma(0.5477225575051661 * x1_3_2 * x2_2_3, g_16_1, r)
     r = rt.fma(0.5477225575051661 * x1_3_0 * x2_2_0, g_16_2, r)
     r = rt.fma(0.5477225575051661 * x1_3_1 * x2_2_3, g_16_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_3_2 * x2_2_2, g_16_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_3_2 * x2_2_2, g_16_2, r)
     r = rt.fma(0.5477225575051661 * x1_3_2 * x2_2_4, g_16_2, r)
     gw_ref[:, pl.ds(1024, 64)] = r
-    acc_3_0 = rt.fma(-0.3162277660168379 * x2_2_2, wg_0, acc_3_0)
+    acc_3_0 = rt.fma(-0.31622776601683794 * x2_2_2, wg_0, acc_3_0)
     acc_3_0 = rt.fma(-0.5477225575051661 * x2_2_4, wg_0, acc_3_0)
     acc_3_0 = rt.fma(0.5477225575051661 * x2_2_1, wg_1, acc_3_0)
     acc_3_0 = rt.fma(0.5477225575051661 * x2_2_0, wg_2, acc_3_0)
     acc_3_1 = rt.fma(0.5477225575051661 * x2_2_1, wg_0, acc_3_1)
-    acc_3_1 = rt.fma(0.6324555320336758 * x2_2_2, wg_1, acc_3_1)
+    acc_3_1 = rt.fma(0.6324555320336759 * x2_2_2, wg_1, acc_3_1)
     acc_3_1 = rt.fma(0.5477225575051661 * x2_2_3, wg_2, acc_3_1)
     acc_3_2 = rt.fma(0.5477225575051661 * x2_2_0, wg_0, acc_3_2)
     acc_3_2 = rt.fma(0.5477225575051661 * x2_2_3, wg_1, acc_3_2)
-    acc_3_2 = rt.fma(-0.3162277660168379 * x2_2_2, wg_2, acc_3_2)
+    acc_3_2 = rt.fma(-0.31622776601683794 * x2_2_2, wg_2, acc_3_2)
     acc_3_2 = rt.fma(0.5477225575051661 * x2_2_4, wg_2, acc_3_2)
     px2_2_0_64 = rt.fma(0.5477225575051661 * x1_3_2, wg_0, px2_2_0_64)
     px2_2_0_64 = rt.fma(0.5477225575051661 * x1_3_0, wg_2, px2_2_0_64)
     px2_2_1_64 = rt.fma(0.5477225575051661 * x1_3_1, wg_0, px2_2_1_64)
     px2_2_1_64 = rt.fma(0.5477225575051661 * x1_3_0, wg_1, px2_2_1_64)
-    px2_2_2_64 = rt.fma(-0.3162277660168379 * x1_3_0, wg_0, px2_2_2_64)
-    px2_2_2_64 = rt.fma(0.6324555320336758 * x1_3_1, wg_1, px2_2_2_64)
-    px2_2_2_64 = rt.fma(-0.3162277660168379 * x1_3_2, wg_2, px2_2_2_64)
+    px2_2_2_64 = rt.fma(-0.31622776601683794 * x1_3_0, wg_0, px2_2_2_64)
+    px2_2_2_64 = rt.fma(0.6324555320336759 * x1_3_1, wg_1, px2_2_2_64)
+    px2_2_2_64 = rt.fma(-0.31622776601683794 * x1_3_2, wg_2, px2_2_2_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_3_2, wg_1, px2_2_3_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_3_1, wg_2, px2_2_3_64)
     px2_2_4_64 = rt.fma(-0.5477225575051661 * x1_3_0, wg_0, px2_2_4_64)
@@ -2810,22 +2810,22 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_18_2
     wg_3 = w * g_18_3
     wg_4 = w * g_18_4
-    r = 1.0 * x1_4_0 * x2_0_0 * g_18_0
-    r = rt.fma(1.0 * x1_4_1 * x2_0_0, g_18_1, r)
-    r = rt.fma(1.0 * x1_4_2 * x2_0_0, g_18_2, r)
-    r = rt.fma(1.0 * x1_4_3 * x2_0_0, g_18_3, r)
-    r = rt.fma(1.0 * x1_4_4 * x2_0_0, g_18_4, r)
+    r = x1_4_0 * x2_0_0 * g_18_0
+    r = rt.fma(x1_4_1 * x2_0_0, g_18_1, r)
+    r = rt.fma(x1_4_2 * x2_0_0, g_18_2, r)
+    r = rt.fma(x1_4_3 * x2_0_0, g_18_3, r)
+    r = rt.fma(x1_4_4 * x2_0_0, g_18_4, r)
     gw_ref[:, pl.ds(1152, 64)] = r
-    acc_4_0 = rt.fma(1.0 * x2_0_0, wg_0, acc_4_0)
-    acc_4_1 = rt.fma(1.0 * x2_0_0, wg_1, acc_4_1)
-    acc_4_2 = rt.fma(1.0 * x2_0_0, wg_2, acc_4_2)
-    acc_4_3 = rt.fma(1.0 * x2_0_0, wg_3, acc_4_3)
-    acc_4_4 = rt.fma(1.0 * x2_0_0, wg_4, acc_4_4)
-    px2_0_0_64 = rt.fma(1.0 * x1_4_0, wg_0, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_4_1, wg_1, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_4_2, wg_2, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_4_3, wg_3, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_4_4, wg_4, px2_0_0_64)
+    acc_4_0 = rt.fma(x2_0_0, wg_0, acc_4_0)
+    acc_4_1 = rt.fma(x2_0_0, wg_1, acc_4_1)
+    acc_4_2 = rt.fma(x2_0_0, wg_2, acc_4_2)
+    acc_4_3 = rt.fma(x2_0_0, wg_3, acc_4_3)
+    acc_4_4 = rt.fma(x2_0_0, wg_4, acc_4_4)
+    px2_0_0_64 = rt.fma(x1_4_0, wg_0, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_4_1, wg_1, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_4_2, wg_2, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_4_3, wg_3, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_4_4, wg_4, px2_0_0_64)
     # path 19: x1[4] 64x2o (x) x2[1] 1x1o -> out[19] 64x1e, uvu, weights at 1216, 11 nonzeros
     g_19_0, g_19_1, g_19_2 = rt.load_tile(g_ref, 4032, mul=64, dim=3, pad=64)  # g block 19 (64x1e)
     w = w_ref[:, pl.ds(1216, 64)]
@@ -2834,13 +2834,13 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_19_2
     r = 0.5477225575051661 * x1_4_0 * x2_1_2 * g_19_0
     r = rt.fma(0.5477225575051661 * x1_4_1 * x2_1_1, g_19_0, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_2 * x2_1_0, g_19_0, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_2 * x2_1_0, g_19_0, r)
     r = rt.fma(-0.5477225575051661 * x1_4_4 * x2_1_0, g_19_0, r)
     r = rt.fma(0.5477225575051661 * x1_4_1 * x2_1_0, g_19_1, r)
-    r = rt.fma(0.6324555320336758 * x1_4_2 * x2_1_1, g_19_1, r)
+    r = rt.fma(0.6324555320336759 * x1_4_2 * x2_1_1, g_19_1, r)
     r = rt.fma(0.5477225575051661 * x1_4_3 * x2_1_2, g_19_1, r)
     r = rt.fma(0.5477225575051661 * x1_4_0 * x2_1_0, g_19_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_2 * x2_1_2, g_19_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_2 * x2_1_2, g_19_2, r)
     r = rt.fma(0.5477225575051661 * x1_4_3 * x2_1_1, g_19_2, r)
     r = rt.fma(0.5477225575051661 * x1_4_4 * x2_1_2, g_19_2, r)
     gw_ref[:, pl.ds(1216, 64)] = r
@@ -2848,23 +2848,23 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     acc_4_0 = rt.fma(0.5477225575051661 * x2_1_0, wg_2, acc_4_0)
     acc_4_1 = rt.fma(0.5477225575051661 * x2_1_1, wg_0, acc_4_1)
     acc_4_1 = rt.fma(0.5477225575051661 * x2_1_0, wg_1, acc_4_1)
-    acc_4_2 = rt.fma(-0.3162277660168379 * x2_1_0, wg_0, acc_4_2)
-    acc_4_2 = rt.fma(0.6324555320336758 * x2_1_1, wg_1, acc_4_2)
-    acc_4_2 = rt.fma(-0.3162277660168379 * x2_1_2, wg_2, acc_4_2)
+    acc_4_2 = rt.fma(-0.31622776601683794 * x2_1_0, wg_0, acc_4_2)
+    acc_4_2 = rt.fma(0.6324555320336759 * x2_1_1, wg_1, acc_4_2)
+    acc_4_2 = rt.fma(-0.31622776601683794 * x2_1_2, wg_2, acc_4_2)
     acc_4_3 = rt.fma(0.5477225575051661 * x2_1_2, wg_1, acc_4_3)
     acc_4_3 = rt.fma(0.5477225575051661 * x2_1_1, wg_2, acc_4_3)
     acc_4_4 = rt.fma(-0.5477225575051661 * x2_1_0, wg_0, acc_4_4)
     acc_4_4 = rt.fma(0.5477225575051661 * x2_1_2, wg_2, acc_4_4)
-    px2_1_0_64 = rt.fma(-0.3162277660168379 * x1_4_2, wg_0, px2_1_0_64)
+    px2_1_0_64 = rt.fma(-0.31622776601683794 * x1_4_2, wg_0, px2_1_0_64)
     px2_1_0_64 = rt.fma(-0.5477225575051661 * x1_4_4, wg_0, px2_1_0_64)
     px2_1_0_64 = rt.fma(0.5477225575051661 * x1_4_1, wg_1, px2_1_0_64)
     px2_1_0_64 = rt.fma(0.5477225575051661 * x1_4_0, wg_2, px2_1_0_64)
     px2_1_1_64 = rt.fma(0.5477225575051661 * x1_4_1, wg_0, px2_1_1_64)
-    px2_1_1_64 = rt.fma(0.6324555320336758 * x1_4_2, wg_1, px2_1_1_64)
+    px2_1_1_64 = rt.fma(0.6324555320336759 * x1_4_2, wg_1, px2_1_1_64)
     px2_1_1_64 = rt.fma(0.5477225575051661 * x1_4_3, wg_2, px2_1_1_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_4_0, wg_0, px2_1_2_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_4_3, wg_1, px2_1_2_64)
-    px2_1_2_64 = rt.fma(-0.3162277660168379 * x1_4_2, wg_2, px2_1_2_64)
+    px2_1_2_64 = rt.fma(-0.31622776601683794 * x1_4_2, wg_2, px2_1_2_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_4_4, wg_2, px2_1_2_64)
     # path 20: x1[4] 64x2o (x) x2[1] 1x1o -> out[20] 64x2e, uvu, weights at 1280, 16 nonzeros
     g_20_0, g_20_1, g_20_2, g_20_3, g_20_4 = rt.load_tile(g_ref, 4224, mul=64, dim=5, pad=64)  # g block 20 (64x2e)
@@ -2949,55 +2949,55 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_22_0
     wg_1 = w * g_22_1
     wg_2 = w * g_22_2
-    r = -0.3162277660168379 * x1_4_0 * x2_2_1 * g_22_0
-    r = rt.fma(0.3162277660168379 * x1_4_1 * x2_2_0, g_22_0, r)
+    r = -0.31622776601683794 * x1_4_0 * x2_2_1 * g_22_0
+    r = rt.fma(0.31622776601683794 * x1_4_1 * x2_2_0, g_22_0, r)
     r = rt.fma(0.5477225575051661 * x1_4_2 * x2_2_3, g_22_0, r)
     r = rt.fma(-0.5477225575051661 * x1_4_3 * x2_2_2, g_22_0, r)
-    r = rt.fma(0.3162277660168379 * x1_4_3 * x2_2_4, g_22_0, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_4 * x2_2_3, g_22_0, r)
-    r = rt.fma(-0.6324555320336758 * x1_4_0 * x2_2_4, g_22_1, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_1 * x2_2_3, g_22_1, r)
-    r = rt.fma(0.3162277660168379 * x1_4_3 * x2_2_1, g_22_1, r)
-    r = rt.fma(0.6324555320336758 * x1_4_4 * x2_2_0, g_22_1, r)
-    r = rt.fma(0.3162277660168379 * x1_4_0 * x2_2_3, g_22_2, r)
+    r = rt.fma(0.31622776601683794 * x1_4_3 * x2_2_4, g_22_0, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_4 * x2_2_3, g_22_0, r)
+    r = rt.fma(-0.6324555320336759 * x1_4_0 * x2_2_4, g_22_1, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_1 * x2_2_3, g_22_1, r)
+    r = rt.fma(0.31622776601683794 * x1_4_3 * x2_2_1, g_22_1, r)
+    r = rt.fma(0.6324555320336759 * x1_4_4 * x2_2_0, g_22_1, r)
+    r = rt.fma(0.31622776601683794 * x1_4_0 * x2_2_3, g_22_2, r)
     r = rt.fma(0.5477225575051661 * x1_4_1 * x2_2_2, g_22_2, r)
-    r = rt.fma(0.3162277660168379 * x1_4_1 * x2_2_4, g_22_2, r)
+    r = rt.fma(0.31622776601683794 * x1_4_1 * x2_2_4, g_22_2, r)
     r = rt.fma(-0.5477225575051661 * x1_4_2 * x2_2_1, g_22_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_3 * x2_2_0, g_22_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_4_4 * x2_2_1, g_22_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_3 * x2_2_0, g_22_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_4_4 * x2_2_1, g_22_2, r)
     gw_ref[:, pl.ds(1408, 64)] = r
-    acc_4_0 = rt.fma(-0.3162277660168379 * x2_2_1, wg_0, acc_4_0)
-    acc_4_0 = rt.fma(-0.6324555320336758 * x2_2_4, wg_1, acc_4_0)
-    acc_4_0 = rt.fma(0.3162277660168379 * x2_2_3, wg_2, acc_4_0)
-    acc_4_1 = rt.fma(0.3162277660168379 * x2_2_0, wg_0, acc_4_1)
-    acc_4_1 = rt.fma(-0.3162277660168379 * x2_2_3, wg_1, acc_4_1)
+    acc_4_0 = rt.fma(-0.31622776601683794 * x2_2_1, wg_0, acc_4_0)
+    acc_4_0 = rt.fma(-0.6324555320336759 * x2_2_4, wg_1, acc_4_0)
+    acc_4_0 = rt.fma(0.31622776601683794 * x2_2_3, wg_2, acc_4_0)
+    acc_4_1 = rt.fma(0.31622776601683794 * x2_2_0, wg_0, acc_4_1)
+    acc_4_1 = rt.fma(-0.31622776601683794 * x2_2_3, wg_1, acc_4_1)
     acc_4_1 = rt.fma(0.5477225575051661 * x2_2_2, wg_2, acc_4_1)
-    acc_4_1 = rt.fma(0.3162277660168379 * x2_2_4, wg_2, acc_4_1)
+    acc_4_1 = rt.fma(0.31622776601683794 * x2_2_4, wg_2, acc_4_1)
     acc_4_2 = rt.fma(0.5477225575051661 * x2_2_3, wg_0, acc_4_2)
     acc_4_2 = rt.fma(-0.5477225575051661 * x2_2_1, wg_2, acc_4_2)
     acc_4_3 = rt.fma(-0.5477225575051661 * x2_2_2, wg_0, acc_4_3)
-    acc_4_3 = rt.fma(0.3162277660168379 * x2_2_4, wg_0, acc_4_3)
-    acc_4_3 = rt.fma(0.3162277660168379 * x2_2_1, wg_1, acc_4_3)
-    acc_4_3 = rt.fma(-0.3162277660168379 * x2_2_0, wg_2, acc_4_3)
-    acc_4_4 = rt.fma(-0.3162277660168379 * x2_2_3, wg_0, acc_4_4)
-    acc_4_4 = rt.fma(0.6324555320336758 * x2_2_0, wg_1, acc_4_4)
-    acc_4_4 = rt.fma(-0.3162277660168379 * x2_2_1, wg_2, acc_4_4)
-    px2_2_0_64 = rt.fma(0.3162277660168379 * x1_4_1, wg_0, px2_2_0_64)
-    px2_2_0_64 = rt.fma(0.6324555320336758 * x1_4_4, wg_1, px2_2_0_64)
-    px2_2_0_64 = rt.fma(-0.3162277660168379 * x1_4_3, wg_2, px2_2_0_64)
-    px2_2_1_64 = rt.fma(-0.3162277660168379 * x1_4_0, wg_0, px2_2_1_64)
-    px2_2_1_64 = rt.fma(0.3162277660168379 * x1_4_3, wg_1, px2_2_1_64)
+    acc_4_3 = rt.fma(0.31622776601683794 * x2_2_4, wg_0, acc_4_3)
+    acc_4_3 = rt.fma(0.31622776601683794 * x2_2_1, wg_1, acc_4_3)
+    acc_4_3 = rt.fma(-0.31622776601683794 * x2_2_0, wg_2, acc_4_3)
+    acc_4_4 = rt.fma(-0.31622776601683794 * x2_2_3, wg_0, acc_4_4)
+    acc_4_4 = rt.fma(0.6324555320336759 * x2_2_0, wg_1, acc_4_4)
+    acc_4_4 = rt.fma(-0.31622776601683794 * x2_2_1, wg_2, acc_4_4)
+    px2_2_0_64 = rt.fma(0.31622776601683794 * x1_4_1, wg_0, px2_2_0_64)
+    px2_2_0_64 = rt.fma(0.6324555320336759 * x1_4_4, wg_1, px2_2_0_64)
+    px2_2_0_64 = rt.fma(-0.31622776601683794 * x1_4_3, wg_2, px2_2_0_64)
+    px2_2_1_64 = rt.fma(-0.31622776601683794 * x1_4_0, wg_0, px2_2_1_64)
+    px2_2_1_64 = rt.fma(0.31622776601683794 * x1_4_3, wg_1, px2_2_1_64)
     px2_2_1_64 = rt.fma(-0.5477225575051661 * x1_4_2, wg_2, px2_2_1_64)
-    px2_2_1_64 = rt.fma(-0.3162277660168379 * x1_4_4, wg_2, px2_2_1_64)
+    px2_2_1_64 = rt.fma(-0.31622776601683794 * x1_4_4, wg_2, px2_2_1_64)
     px2_2_2_64 = rt.fma(-0.5477225575051661 * x1_4_3, wg_0, px2_2_2_64)
     px2_2_2_64 = rt.fma(0.5477225575051661 * x1_4_1, wg_2, px2_2_2_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_4_2, wg_0, px2_2_3_64)
-    px2_2_3_64 = rt.fma(-0.3162277660168379 * x1_4_4, wg_0, px2_2_3_64)
-    px2_2_3_64 = rt.fma(-0.3162277660168379 * x1_4_1, wg_1, px2_2_3_64)
-    px2_2_3_64 = rt.fma(0.3162277660168379 * x1_4_0, wg_2, px2_2_3_64)
-    px2_2_4_64 = rt.fma(0.3162277660168379 * x1_4_3, wg_0, px2_2_4_64)
-    px2_2_4_64 = rt.fma(-0.6324555320336758 * x1_4_0, wg_1, px2_2_4_64)
-    px2_2_4_64 = rt.fma(0.3162277660168379 * x1_4_1, wg_2, px2_2_4_64)
+    px2_2_3_64 = rt.fma(-0.31622776601683794 * x1_4_4, wg_0, px2_2_3_64)
+    px2_2_3_64 = rt.fma(-0.31622776601683794 * x1_4_1, wg_1, px2_2_3_64)
+    px2_2_3_64 = rt.fma(0.31622776601683794 * x1_4_0, wg_2, px2_2_3_64)
+    px2_2_4_64 = rt.fma(0.31622776601683794 * x1_4_3, wg_0, px2_2_4_64)
+    px2_2_4_64 = rt.fma(-0.6324555320336759 * x1_4_0, wg_1, px2_2_4_64)
+    px2_2_4_64 = rt.fma(0.31622776601683794 * x1_4_1, wg_2, px2_2_4_64)
     # path 23: x1[4] 64x2o (x) x2[2] 1x2e -> out[23] 64x2o, uvu, weights at 1472, 25 nonzeros
     g_23_0, g_23_1, g_23_2, g_23_3, g_23_4 = rt.load_tile(g_ref, 4800, mul=64, dim=5, pad=64)  # g block 23 (64x2o)
     w = w_ref[:, pl.ds(1472, 64)]
@@ -3099,22 +3099,22 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_24_2
     wg_3 = w * g_24_3
     wg_4 = w * g_24_4
-    r = 1.0 * x1_5_0 * x2_0_0 * g_24_0
-    r = rt.fma(1.0 * x1_5_1 * x2_0_0, g_24_1, r)
-    r = rt.fma(1.0 * x1_5_2 * x2_0_0, g_24_2, r)
-    r = rt.fma(1.0 * x1_5_3 * x2_0_0, g_24_3, r)
-    r = rt.fma(1.0 * x1_5_4 * x2_0_0, g_24_4, r)
+    r = x1_5_0 * x2_0_0 * g_24_0
+    r = rt.fma(x1_5_1 * x2_0_0, g_24_1, r)
+    r = rt.fma(x1_5_2 * x2_0_0, g_24_2, r)
+    r = rt.fma(x1_5_3 * x2_0_0, g_24_3, r)
+    r = rt.fma(x1_5_4 * x2_0_0, g_24_4, r)
     gw_ref[:, pl.ds(1536, 64)] = r
-    acc_5_0 = rt.fma(1.0 * x2_0_0, wg_0, acc_5_0)
-    acc_5_1 = rt.fma(1.0 * x2_0_0, wg_1, acc_5_1)
-    acc_5_2 = rt.fma(1.0 * x2_0_0, wg_2, acc_5_2)
-    acc_5_3 = rt.fma(1.0 * x2_0_0, wg_3, acc_5_3)
-    acc_5_4 = rt.fma(1.0 * x2_0_0, wg_4, acc_5_4)
-    px2_0_0_64 = rt.fma(1.0 * x1_5_0, wg_0, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_5_1, wg_1, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_5_2, wg_2, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_5_3, wg_3, px2_0_0_64)
-    px2_0_0_64 = rt.fma(1.0 * x1_5_4, wg_4, px2_0_0_64)
+    acc_5_0 = rt.fma(x2_0_0, wg_0, acc_5_0)
+    acc_5_1 = rt.fma(x2_0_0, wg_1, acc_5_1)
+    acc_5_2 = rt.fma(x2_0_0, wg_2, acc_5_2)
+    acc_5_3 = rt.fma(x2_0_0, wg_3, acc_5_3)
+    acc_5_4 = rt.fma(x2_0_0, wg_4, acc_5_4)
+    px2_0_0_64 = rt.fma(x1_5_0, wg_0, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_5_1, wg_1, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_5_2, wg_2, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_5_3, wg_3, px2_0_0_64)
+    px2_0_0_64 = rt.fma(x1_5_4, wg_4, px2_0_0_64)
     # path 25: x1[5] 64x2e (x) x2[1] 1x1o -> out[25] 64x1o, uvu, weights at 1600, 11 nonzeros
     g_25_0, g_25_1, g_25_2 = rt.load_tile(g_ref, 5440, mul=64, dim=3, pad=64)  # g block 25 (64x1o)
     w = w_ref[:, pl.ds(1600, 64)]
@@ -3123,13 +3123,13 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_2 = w * g_25_2
     r = 0.5477225575051661 * x1_5_0 * x2_1_2 * g_25_0
     r = rt.fma(0.5477225575051661 * x1_5_1 * x2_1_1, g_25_0, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_2 * x2_1_0, g_25_0, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_2 * x2_1_0, g_25_0, r)
     r = rt.fma(-0.5477225575051661 * x1_5_4 * x2_1_0, g_25_0, r)
     r = rt.fma(0.5477225575051661 * x1_5_1 * x2_1_0, g_25_1, r)
-    r = rt.fma(0.6324555320336758 * x1_5_2 * x2_1_1, g_25_1, r)
+    r = rt.fma(0.6324555320336759 * x1_5_2 * x2_1_1, g_25_1, r)
     r = rt.fma(0.5477225575051661 * x1_5_3 * x2_1_2, g_25_1, r)
     r = rt.fma(0.5477225575051661 * x1_5_0 * x2_1_0, g_25_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_2 * x2_1_2, g_25_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_2 * x2_1_2, g_25_2, r)
     r = rt.fma(0.5477225575051661 * x1_5_3 * x2_1_1, g_25_2, r)
     r = rt.fma(0.5477225575051661 * x1_5_4 * x2_1_2, g_25_2, r)
     gw_ref[:, pl.ds(1600, 64)] = r
@@ -3137,23 +3137,23 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     acc_5_0 = rt.fma(0.5477225575051661 * x2_1_0, wg_2, acc_5_0)
     acc_5_1 = rt.fma(0.5477225575051661 * x2_1_1, wg_0, acc_5_1)
     acc_5_1 = rt.fma(0.5477225575051661 * x2_1_0, wg_1, acc_5_1)
-    acc_5_2 = rt.fma(-0.3162277660168379 * x2_1_0, wg_0, acc_5_2)
-    acc_5_2 = rt.fma(0.6324555320336758 * x2_1_1, wg_1, acc_5_2)
-    acc_5_2 = rt.fma(-0.3162277660168379 * x2_1_2, wg_2, acc_5_2)
+    acc_5_2 = rt.fma(-0.31622776601683794 * x2_1_0, wg_0, acc_5_2)
+    acc_5_2 = rt.fma(0.6324555320336759 * x2_1_1, wg_1, acc_5_2)
+    acc_5_2 = rt.fma(-0.31622776601683794 * x2_1_2, wg_2, acc_5_2)
     acc_5_3 = rt.fma(0.5477225575051661 * x2_1_2, wg_1, acc_5_3)
     acc_5_3 = rt.fma(0.5477225575051661 * x2_1_1, wg_2, acc_5_3)
     acc_5_4 = rt.fma(-0.5477225575051661 * x2_1_0, wg_0, acc_5_4)
     acc_5_4 = rt.fma(0.5477225575051661 * x2_1_2, wg_2, acc_5_4)
-    px2_1_0_64 = rt.fma(-0.3162277660168379 * x1_5_2, wg_0, px2_1_0_64)
+    px2_1_0_64 = rt.fma(-0.31622776601683794 * x1_5_2, wg_0, px2_1_0_64)
     px2_1_0_64 = rt.fma(-0.5477225575051661 * x1_5_4, wg_0, px2_1_0_64)
     px2_1_0_64 = rt.fma(0.5477225575051661 * x1_5_1, wg_1, px2_1_0_64)
     px2_1_0_64 = rt.fma(0.5477225575051661 * x1_5_0, wg_2, px2_1_0_64)
     px2_1_1_64 = rt.fma(0.5477225575051661 * x1_5_1, wg_0, px2_1_1_64)
-    px2_1_1_64 = rt.fma(0.6324555320336758 * x1_5_2, wg_1, px2_1_1_64)
+    px2_1_1_64 = rt.fma(0.6324555320336759 * x1_5_2, wg_1, px2_1_1_64)
     px2_1_1_64 = rt.fma(0.5477225575051661 * x1_5_3, wg_2, px2_1_1_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_5_0, wg_0, px2_1_2_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_5_3, wg_1, px2_1_2_64)
-    px2_1_2_64 = rt.fma(-0.3162277660168379 * x1_5_2, wg_2, px2_1_2_64)
+    px2_1_2_64 = rt.fma(-0.31622776601683794 * x1_5_2, wg_2, px2_1_2_64)
     px2_1_2_64 = rt.fma(0.5477225575051661 * x1_5_4, wg_2, px2_1_2_64)
     # path 26: x1[5] 64x2e (x) x2[1] 1x1o -> out[26] 64x2o, uvu, weights at 1664, 16 nonzeros
     g_26_0, g_26_1, g_26_2, g_26_3, g_26_4 = rt.load_tile(g_ref, 5632, mul=64, dim=5, pad=64)  # g block 26 (64x2o)
@@ -3238,55 +3238,55 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     wg_0 = w * g_28_0
     wg_1 = w * g_28_1
     wg_2 = w * g_28_2
-    r = -0.3162277660168379 * x1_5_0 * x2_2_1 * g_28_0
-    r = rt.fma(0.3162277660168379 * x1_5_1 * x2_2_0, g_28_0, r)
+    r = -0.31622776601683794 * x1_5_0 * x2_2_1 * g_28_0
+    r = rt.fma(0.31622776601683794 * x1_5_1 * x2_2_0, g_28_0, r)
     r = rt.fma(0.5477225575051661 * x1_5_2 * x2_2_3, g_28_0, r)
     r = rt.fma(-0.5477225575051661 * x1_5_3 * x2_2_2, g_28_0, r)
-    r = rt.fma(0.3162277660168379 * x1_5_3 * x2_2_4, g_28_0, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_4 * x2_2_3, g_28_0, r)
-    r = rt.fma(-0.6324555320336758 * x1_5_0 * x2_2_4, g_28_1, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_1 * x2_2_3, g_28_1, r)
-    r = rt.fma(0.3162277660168379 * x1_5_3 * x2_2_1, g_28_1, r)
-    r = rt.fma(0.6324555320336758 * x1_5_4 * x2_2_0, g_28_1, r)
-    r = rt.fma(0.3162277660168379 * x1_5_0 * x2_2_3, g_28_2, r)
+    r = rt.fma(0.31622776601683794 * x1_5_3 * x2_2_4, g_28_0, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_4 * x2_2_3, g_28_0, r)
+    r = rt.fma(-0.6324555320336759 * x1_5_0 * x2_2_4, g_28_1, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_1 * x2_2_3, g_28_1, r)
+    r = rt.fma(0.31622776601683794 * x1_5_3 * x2_2_1, g_28_1, r)
+    r = rt.fma(0.6324555320336759 * x1_5_4 * x2_2_0, g_28_1, r)
+    r = rt.fma(0.31622776601683794 * x1_5_0 * x2_2_3, g_28_2, r)
     r = rt.fma(0.5477225575051661 * x1_5_1 * x2_2_2, g_28_2, r)
-    r = rt.fma(0.3162277660168379 * x1_5_1 * x2_2_4, g_28_2, r)
+    r = rt.fma(0.31622776601683794 * x1_5_1 * x2_2_4, g_28_2, r)
     r = rt.fma(-0.5477225575051661 * x1_5_2 * x2_2_1, g_28_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_3 * x2_2_0, g_28_2, r)
-    r = rt.fma(-0.3162277660168379 * x1_5_4 * x2_2_1, g_28_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_3 * x2_2_0, g_28_2, r)
+    r = rt.fma(-0.31622776601683794 * x1_5_4 * x2_2_1, g_28_2, r)
     gw_ref[:, pl.ds(1792, 64)] = r
-    acc_5_0 = rt.fma(-0.3162277660168379 * x2_2_1, wg_0, acc_5_0)
-    acc_5_0 = rt.fma(-0.6324555320336758 * x2_2_4, wg_1, acc_5_0)
-    acc_5_0 = rt.fma(0.3162277660168379 * x2_2_3, wg_2, acc_5_0)
-    acc_5_1 = rt.fma(0.3162277660168379 * x2_2_0, wg_0, acc_5_1)
-    acc_5_1 = rt.fma(-0.3162277660168379 * x2_2_3, wg_1, acc_5_1)
+    acc_5_0 = rt.fma(-0.31622776601683794 * x2_2_1, wg_0, acc_5_0)
+    acc_5_0 = rt.fma(-0.6324555320336759 * x2_2_4, wg_1, acc_5_0)
+    acc_5_0 = rt.fma(0.31622776601683794 * x2_2_3, wg_2, acc_5_0)
+    acc_5_1 = rt.fma(0.31622776601683794 * x2_2_0, wg_0, acc_5_1)
+    acc_5_1 = rt.fma(-0.31622776601683794 * x2_2_3, wg_1, acc_5_1)
     acc_5_1 = rt.fma(0.5477225575051661 * x2_2_2, wg_2, acc_5_1)
-    acc_5_1 = rt.fma(0.3162277660168379 * x2_2_4, wg_2, acc_5_1)
+    acc_5_1 = rt.fma(0.31622776601683794 * x2_2_4, wg_2, acc_5_1)
     acc_5_2 = rt.fma(0.5477225575051661 * x2_2_3, wg_0, acc_5_2)
     acc_5_2 = rt.fma(-0.5477225575051661 * x2_2_1, wg_2, acc_5_2)
     acc_5_3 = rt.fma(-0.5477225575051661 * x2_2_2, wg_0, acc_5_3)
-    acc_5_3 = rt.fma(0.3162277660168379 * x2_2_4, wg_0, acc_5_3)
-    acc_5_3 = rt.fma(0.3162277660168379 * x2_2_1, wg_1, acc_5_3)
-    acc_5_3 = rt.fma(-0.3162277660168379 * x2_2_0, wg_2, acc_5_3)
-    acc_5_4 = rt.fma(-0.3162277660168379 * x2_2_3, wg_0, acc_5_4)
-    acc_5_4 = rt.fma(0.6324555320336758 * x2_2_0, wg_1, acc_5_4)
-    acc_5_4 = rt.fma(-0.3162277660168379 * x2_2_1, wg_2, acc_5_4)
-    px2_2_0_64 = rt.fma(0.3162277660168379 * x1_5_1, wg_0, px2_2_0_64)
-    px2_2_0_64 = rt.fma(0.6324555320336758 * x1_5_4, wg_1, px2_2_0_64)
-    px2_2_0_64 = rt.fma(-0.3162277660168379 * x1_5_3, wg_2, px2_2_0_64)
-    px2_2_1_64 = rt.fma(-0.3162277660168379 * x1_5_0, wg_0, px2_2_1_64)
-    px2_2_1_64 = rt.fma(0.3162277660168379 * x1_5_3, wg_1, px2_2_1_64)
+    acc_5_3 = rt.fma(0.31622776601683794 * x2_2_4, wg_0, acc_5_3)
+    acc_5_3 = rt.fma(0.31622776601683794 * x2_2_1, wg_1, acc_5_3)
+    acc_5_3 = rt.fma(-0.31622776601683794 * x2_2_0, wg_2, acc_5_3)
+    acc_5_4 = rt.fma(-0.31622776601683794 * x2_2_3, wg_0, acc_5_4)
+    acc_5_4 = rt.fma(0.6324555320336759 * x2_2_0, wg_1, acc_5_4)
+    acc_5_4 = rt.fma(-0.31622776601683794 * x2_2_1, wg_2, acc_5_4)
+    px2_2_0_64 = rt.fma(0.31622776601683794 * x1_5_1, wg_0, px2_2_0_64)
+    px2_2_0_64 = rt.fma(0.6324555320336759 * x1_5_4, wg_1, px2_2_0_64)
+    px2_2_0_64 = rt.fma(-0.31622776601683794 * x1_5_3, wg_2, px2_2_0_64)
+    px2_2_1_64 = rt.fma(-0.31622776601683794 * x1_5_0, wg_0, px2_2_1_64)
+    px2_2_1_64 = rt.fma(0.31622776601683794 * x1_5_3, wg_1, px2_2_1_64)
     px2_2_1_64 = rt.fma(-0.5477225575051661 * x1_5_2, wg_2, px2_2_1_64)
-    px2_2_1_64 = rt.fma(-0.3162277660168379 * x1_5_4, wg_2, px2_2_1_64)
+    px2_2_1_64 = rt.fma(-0.31622776601683794 * x1_5_4, wg_2, px2_2_1_64)
     px2_2_2_64 = rt.fma(-0.5477225575051661 * x1_5_3, wg_0, px2_2_2_64)
     px2_2_2_64 = rt.fma(0.5477225575051661 * x1_5_1, wg_2, px2_2_2_64)
     px2_2_3_64 = rt.fma(0.5477225575051661 * x1_5_2, wg_0, px2_2_3_64)
-    px2_2_3_64 = rt.fma(-0.3162277660168379 * x1_5_4, wg_0, px2_2_3_64)
-    px2_2_3_64 = rt.fma(-0.3162277660168379 * x1_5_1, wg_1, px2_2_3_64)
-    px2_2_3_64 = rt.fma(0.3162277660168379 * x1_5_0, wg_2, px2_2_3_64)
-    px2_2_4_64 = rt.fma(0.3162277660168379 * x1_5_3, wg_0, px2_2_4_64)
-    px2_2_4_64 = rt.fma(-0.6324555320336758 * x1_5_0, wg_1, px2_2_4_64)
-    px2_2_4_64 = rt.fma(0.3162277660168379 * x1_5_1, wg_2, px2_2_4_64)
+    px2_2_3_64 = rt.fma(-0.31622776601683794 * x1_5_4, wg_0, px2_2_3_64)
+    px2_2_3_64 = rt.fma(-0.31622776601683794 * x1_5_1, wg_1, px2_2_3_64)
+    px2_2_3_64 = rt.fma(0.31622776601683794 * x1_5_0, wg_2, px2_2_3_64)
+    px2_2_4_64 = rt.fma(0.31622776601683794 * x1_5_3, wg_0, px2_2_4_64)
+    px2_2_4_64 = rt.fma(-0.6324555320336759 * x1_5_0, wg_1, px2_2_4_64)
+    px2_2_4_64 = rt.fma(0.31622776601683794 * x1_5_1, wg_2, px2_2_4_64)
     # path 29: x1[5] 64x2e (x) x2[2] 1x2e -> out[29] 64x2e, uvu, weights at 1856, 25 nonzeros
     g_29_0, g_29_1, g_29_2, g_29_3, g_29_4 = rt.load_tile(g_ref, 6208, mul=64, dim=5, pad=64)  # g block 29 (64x2e)
     w = w_ref[:, pl.ds(1856, 64)]
