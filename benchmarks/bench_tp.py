@@ -115,6 +115,9 @@ def parse_args(argv=None):
                    help="cuEquivariance methods to try in order (default uvu: uniform_1d,fused_tp,naive; "
                         "uvw: fused_tp,naive; CPU: naive)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--with-results", help="start from this bench_tp JSON's measurements (of the same call and "
+                   "machine: e.g. the anchors and eqdsl jax, timed while the torch kernels compiled) and add "
+                   "this run's; the table and JSON then hold both, each row's ratios within the call")
     return p.parse_args(argv)
 
 
@@ -873,8 +876,10 @@ class Bench:
         torch = import_torch()
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device
-        impls = self.impl_list(device)
+        impls = timed = self.impl_list(device)  # timed: this run's; impls: the table's
         problems = load_problems(args, self.log)
+        if args.with_results:
+            impls = self.load_results(args.with_results, problems, timed)
         self.meta = self.environment(device, impls, problems)
         self.copy_bw = copy_bandwidth(device, self.log)
         self.meta["copy_bandwidth_Bps"] = self.copy_bw
@@ -895,22 +900,22 @@ class Bench:
                 for prob in problems:
                     if dtype in self.dtypes_for(prob):
                         passes.append((prob, dtype, batch))
-        self.log(f"{len(passes)} configurations x {len(directions)} directions x {len(impls)} implementations; "
+        self.log(f"{len(passes)} configurations x {len(directions)} directions x {len(timed)} implementations; "
                  f"device {self.meta['device']}; budget {budget:.0f}s")
         ref = Reference()
         for prob, dtype, batch in passes:
             if self.elapsed() > budget:
                 for direction in directions:
-                    for name in impls:
+                    for name in timed:
                         self.results.append(dict(problem=prob.name, dtype=dtype, batch=batch, direction=direction,
                                                  impl=name, status="skip", reason="time budget exhausted"))
                 continue
-            if dtype == "float64" and any(i in JAX_IMPLS for i in impls):
+            if dtype == "float64" and any(i in JAX_IMPLS for i in timed):
                 enable_x64()
             self.log(f"{prob.name} {dtype} batch {batch} ({len(prob.ir.paths)} paths, "
                      f"{prob.bytes_fwd(dtype, batch) / 1e6:.0f} MB fwd floor)")
             try:
-                self.run_config(prob, dtype, batch, device, impls, directions, timer, ref, l2, budget)
+                self.run_config(prob, dtype, batch, device, timed, directions, timer, ref, l2, budget)
             except Exception as e:  # noqa: BLE001 - keep going whatever happens
                 self.log(f"  config failed: {one_line(e)}")
                 traceback.print_exc(limit=3)
@@ -918,6 +923,16 @@ class Bench:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         return self.finish(problems, impls, directions)
+
+    def load_results(self, path: str, problems, impls) -> list:
+        """Take over the measurements of ``path`` for ``problems`` (``--with-results``);
+        returns the implementations of both runs, in ``ALL_IMPLS`` order."""
+        names = {p.name for p in problems}
+        earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+        self.results = [r for r in earlier["results"] if r["problem"] in names and r["impl"] not in impls]
+        self.log(f"{len(self.results)} measurements from {path} ({earlier['meta'].get('date', '?')})")
+        both = set(earlier["meta"].get("impls", [])) | set(impls)
+        return [i for i in ALL_IMPLS if i in both]
 
     def dtypes_for(self, prob: Problem):
         if self.args.dtypes:
