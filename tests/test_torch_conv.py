@@ -229,11 +229,12 @@ def test_forces_then_weight_gradient(pkgs):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_new_graph_sizes_do_not_recompile(pkgs, variant):
-    """Graphs of six sizes: forward + backward compile each kernel once. The sizes cross the
-    integer specializations a kernel could key on (odd, even, multiples of 16 and not)."""
+    """Graphs of four sizes: forward + backward compile each kernel once. The sizes cross the
+    integer specializations a kernel could key on (odd, even, multiples of 16 and not, for
+    nodes and edges)."""
     conv, ir = pkgs[variant]
     rng = np.random.default_rng(2)
-    sizes = [(3, 7), (8, 16), (5, 17), (11, 32), (2, 39), (16, 48)]
+    sizes = [(3, 7), (8, 16), (5, 17), (16, 32)]
     before = n_compiled(conv)
     counts = []
     for n, e in sizes:
