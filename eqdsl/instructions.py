@@ -201,4 +201,3 @@ def normalized_path_weights(
 def _sqrt(a: Fraction) -> float:
     # sqrt of the correctly rounded quotient: what e3nn computes, within one rounding
     return math.sqrt(a.numerator / a.denominator)
-

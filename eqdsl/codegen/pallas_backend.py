@@ -67,8 +67,8 @@ from __future__ import annotations
 import re
 
 from ..ir import Block, PathIR, TensorProductIR
-from .render import render
 from .pallas_factor import factor_kernel
+from .render import render
 
 __all__ = ["render_files", "build_context", "pallas_tuning", "next_pow2", "MAX_TERMS_PER_KERNEL", "BLOCK_ELEMS",
            "DEFAULT_NUM_WARPS", "KINDS"]

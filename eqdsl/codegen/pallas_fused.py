@@ -109,43 +109,31 @@ class _FusedBuilder(pb._KernelBuilder):
         x2 = {j: operand("x2", j) for j in sorted({n.j for n in nz})}
         g = {k: operand("g", k) for k in sorted({n.k for n in nz})}
         top.append(self._wload(p, info, {}))
-        if not self.factored:
-            self._path_terms(nz, x1, x2, g, p, info, top, accs, px2)
-            return
-        # q_j = sum_{i,k} C x1_i g_k: a wide tile per x2 component, shared by dF/dW and dF/dx2
-        for j in x2:
-            top.append(pb._sum(f"q_{j}", "", pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], g[n.k]])))
-        top.append(pb._sum("r", "", pb._plain_terms([f"{x2[j]} * q_{j}" for j in x2])))
+        if self.factored:
+            # q_j = sum_{i,k} C x1_i g_k: a wide tile per x2 component, shared by dF/dW and dF/dx2
+            for j in x2:
+                top.append(pb._sum(f"q_{j}", "", pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], g[n.k]])))
+            top.append(pb._sum("r", "", pb._plain_terms([f"{x2[j]} * q_{j}" for j in x2])))
+            scale = "w * "  # dF/dx1 and dF/dx2 are sums times the weight row
+            gx1 = {i: pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]]) for i in x1}
+            gx2 = {j: [f"q_{j}"] for j in x2}
+        else:  # one term per CG nonzero and gradient
+            for k, name in g.items():
+                top.append(pb._line(f"wg_{k} = w * {name}"))
+            top.append(pb._sum("r", "", pb._terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]])))
+            scale = ""
+            gx1 = {i: pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"]) for i in x1}
+            gx2 = {j: pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"]) for j in x2}
         top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
-        for i in x1:
-            terms = pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]])
-            top.append(pb._sum(accs[i], f"{accs[i]} + w * ", terms))
-        for j in x2:
+        for i, terms in gx1.items():
+            top.append(pb._sum(accs[i], f"{accs[i]} + {scale}", terms))
+        for j, terms in gx2.items():
             key = (p.i_in2, j, info["cpad"])
             if key in px2:
-                top.append(pb._sum(px2[key], f"{px2[key]} + w * ", [f"q_{j}"]))
-            else:
+                top.append(pb._sum(px2[key], f"{px2[key]} + {scale}", terms))
+            else:  # the first path into this gx2 lane sets it
                 px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
-                top.append(pb._sum(px2[key], "", [f"w * q_{j}"]))
-
-    def _path_terms(self, nz, x1, x2, g, p, info, top, accs, px2) -> None:
-        """The three gradients one CG term at a time (``pallas_factor = 0``)."""
-        for k, name in g.items():
-            top.append(pb._line(f"wg_{k} = w * {name}"))
-        top.append(pb._sum("r", "", pb._terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]])))
-        w = self.wmap[p.index]
-        top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
-        for i in x1:
-            terms = pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"])
-            top.append(pb._sum(accs[i], f"{accs[i]} + ", terms))
-        for j in x2:
-            terms = pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"])
-            key = (p.i_in2, j, info["cpad"])
-            if key in px2:
-                top.append(pb._sum(px2[key], f"{px2[key]} + ", terms))
-            else:
-                px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
-                top.append(pb._sum(px2[key], "", terms))
+                top.append(pb._sum(px2[key], "", [scale + t for t in terms]))
 
     def build(self) -> dict:
         ir = self.ir
