@@ -115,9 +115,9 @@ def parse_args(argv=None):
                    help="cuEquivariance methods to try in order (default uvu: uniform_1d,fused_tp,naive; "
                         "uvw: fused_tp,naive; CPU: naive)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--with-results", help="start from this bench_tp JSON's measurements (of the same call and "
-                   "machine: e.g. the anchors and eqdsl jax, timed while the torch kernels compiled) and add "
-                   "this run's; the table and JSON then hold both, each row's ratios within the call")
+    p.add_argument("--with-results", help="start from this bench_tp JSON's measurements (e.g. eqdsl torch, "
+                   "timed after its compile) and add this run's implementations; the table and JSON then hold "
+                   "both. Time nothing while kernels compile: host-bound times come out slower")
     return p.parse_args(argv)
 
 
