@@ -125,6 +125,9 @@ def parse_args(argv=None):
     p.add_argument("--rtol64", type=float, default=1e-9)
     p.add_argument("--cueq-methods", default=None, help="as bench_tp (default uniform_1d,fused_tp,naive; CPU naive)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-only", action="store_true",
+                   help="compile only: call every implementation once per graph and direction (and the latency "
+                   "section's), no reference, no timing, no table (precompile.py --jax)")
     return p.parse_args(argv)
 
 
@@ -647,7 +650,8 @@ class ConvBench(bt.Bench):
         self.log(f"latency: {prob.name} {dtype}, {graph.desc}, {graph.num_edges} edges ({graph.builder}); "
                  f"{ncalls} calls per measurement")
         sets = ConvSets(prob, dtype, graph, self.device, 1, args.seed + 7)
-        ref_out, ref_grads = ConvReference().compute(prob, sets, graph, "fwd+bwd" in directions)
+        ref_out, ref_grads = (None, None) if args.warm_only else \
+            ConvReference().compute(prob, sets, graph, "fwd+bwd" in directions)
         for name in impls:
             cands = self.get_conv_builds(builders, name, prob, dtype, graph)
             for direction in directions:
@@ -660,13 +664,19 @@ class ConvBench(bt.Bench):
                 else:
                     row.update(self._latency_one(cands, direction, sets, ref_out, ref_grads, tol, ncalls))
                 self.latency_rows.append(row)
-                what = (f"wall {row['wall_sync_us']:.0f} us, host {row['host_us']:.0f} us, pipelined "
-                        f"{row['pipelined_us']:.0f} us" if row["status"] == "ok" else f"{row['status']}: {row.get('reason')}")
+                if row["status"] == "ok":
+                    what = (f"wall {row['wall_sync_us']:.0f} us, host {row['host_us']:.0f} us, pipelined "
+                            f"{row['pipelined_us']:.0f} us")
+                elif row["status"] == "warm":
+                    what = f"warm: first call {row['first_call_s']:.1f} s"
+                else:
+                    what = f"{row['status']}: {row.get('reason')}"
                 self.log(f"  latency {name:12s} {direction:7s} {what}")
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
         sets.free()
-        self.print_latency()
+        if not args.warm_only:
+            self.print_latency()
 
     def _latency_one(self, cands, direction, sets, ref_out, ref_grads, tol, ncalls):
         fails, bad = [], []
@@ -676,6 +686,10 @@ class ConvBench(bt.Bench):
                 continue
             try:
                 call = make_call(impl, direction, sets.native(impl))
+                if self.args.warm_only:
+                    t0 = time.perf_counter()
+                    sync_fn(impl.framework, self.device)(call(0))
+                    return dict(status="warm", first_call_s=time.perf_counter() - t0, note=impl.note)
                 t0 = time.perf_counter()
                 errs = check_call(call, direction, impl, sets, ref_out, ref_grads)
                 first = time.perf_counter() - t0
@@ -701,6 +715,11 @@ class ConvBench(bt.Bench):
         if bad:
             return dict(status="BAD", rel_err=bad[0][1], reason="; ".join([b[0] for b in bad] + fails))
         return dict(status="n/a", reason="; ".join(fails) or "?")
+
+    def finish_warm(self):
+        """--warm-only: the latency section's calls count with the conv's."""
+        self.results.extend(dict(r, impl=r["impl"]) for r in self.latency_rows)
+        return super().finish_warm()
 
     def print_latency(self):
         g = self.latency_graph
@@ -742,16 +761,8 @@ class ConvBench(bt.Bench):
                 self.log(f"note: {p.name} has conv = false: eqdsl's conv will be n/a")
         self.meta = self.environment(device, impls, problems)
         self.meta["what"] = "fused graph convolution"
-        self.copy_bw = bt.copy_bandwidth(device, self.log)
-        self.meta["copy_bandwidth_Bps"] = self.copy_bw
-        for dn in ("float32", "float64"):
-            try:
-                fl = bt.matmul_flops(device, self.log, dn)
-            except Exception as e:  # noqa: BLE001
-                self.log(f"matmul {dn}: {one_line(e)}")
-                fl = None
-            if fl:
-                self.meta[f"matmul_{dn}_flops"] = fl
+        if not args.warm_only:
+            self.measure_ceilings(device)
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device.type == "cuda" else 32 << 20
         self.meta["l2_bytes"] = l2
         timer = bt.Timer(device, args.target_ms or (20.0 if args.quick else 200.0), args.quick)
@@ -765,9 +776,12 @@ class ConvBench(bt.Bench):
             except Exception as e:  # noqa: BLE001
                 self.log(f"latency section failed: {one_line(e)}")
                 traceback.print_exc(limit=4)
-            self.write_latency_json()
-        if args.latency_only:
+            if not args.warm_only:
+                self.write_latency_json()
+        if args.latency_only and not args.warm_only:
             return None
+        if args.latency_only:
+            return self.finish_warm()
         graphs = build_graphs(args, device.type == "cuda")
         for g in graphs:
             self.graph_info[g.label] = g.info()
@@ -797,6 +811,8 @@ class ConvBench(bt.Bench):
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if args.warm_only:
+            return self.finish_warm()
         return self.finish_conv(problems, impls, directions, graphs)
 
     def impl_list(self, device):
@@ -812,12 +828,13 @@ class ConvBench(bt.Bench):
 
     def run_conv_config(self, prob, dtype, graph, impls, directions, timer, ref, l2, budget, builders, base):
         torch = bt.import_torch()
-        nsets = ConvSets.count_for(prob, dtype, graph, l2, self.args.quick)
+        nsets = 1 if self.args.warm_only else ConvSets.count_for(prob, dtype, graph, l2, self.args.quick)
         sets = ConvSets(prob, dtype, graph, self.device, nsets, self.args.seed)
         tol = self.args.rtol32 if dtype == "float32" else self.args.rtol64
         try:
             try:
-                ref_out, ref_grads = ref.compute(prob, sets, graph, "fwd+bwd" in directions)
+                ref_out, ref_grads = (None, None) if self.args.warm_only else \
+                    ref.compute(prob, sets, graph, "fwd+bwd" in directions)
             except Exception as e:  # noqa: BLE001
                 reason = f"no reference (e3nn float64): {one_line(e)}"
                 for direction in directions:

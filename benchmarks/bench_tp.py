@@ -118,6 +118,10 @@ def parse_args(argv=None):
     p.add_argument("--with-results", help="start from this bench_tp JSON's measurements (e.g. eqdsl torch, "
                    "timed after its compile) and add this run's implementations; the table and JSON then hold "
                    "both. Time nothing while kernels compile: host-bound times come out slower")
+    p.add_argument("--warm-only", action="store_true",
+                   help="compile only: call every implementation once per configuration and direction on the "
+                   "same shapes, no reference, no timing, no table (precompile.py --jax runs this to fill JAX's "
+                   "persistent compilation cache before the timed run)")
     return p.parse_args(argv)
 
 
@@ -828,7 +832,12 @@ class Bench:
     def record(self, **kw):
         self.results.append(kw)
         t = kw.get("time_us")
-        what = f"{kw['time_us']:.1f} us" if t is not None else f"{kw['status']}: {kw.get('reason', '')}"
+        if t is not None:
+            what = f"{t:.1f} us"
+        elif kw["status"] == "warm":
+            what = f"warm: first call {kw['first_call_s']:.1f} s"
+        else:
+            what = f"{kw['status']}: {kw.get('reason', '')}"
         err = f" err={kw['rel_err']:.1e}" if kw.get("rel_err") is not None else ""
         self.log(f"  {kw['problem']} {kw['dtype']} {kw['batch']} {kw['direction']:7s} {kw['impl']:12s} {what}{err}")
 
@@ -881,13 +890,8 @@ class Bench:
         if args.with_results:
             impls = self.load_results(args.with_results, problems, timed)
         self.meta = self.environment(device, impls, problems)
-        self.copy_bw = copy_bandwidth(device, self.log)
-        self.meta["copy_bandwidth_Bps"] = self.copy_bw
-        for dn in ("float32", "float64"):  # arithmetic ceilings of the roofline (report.py)
-            try:
-                self.meta[f"matmul_{dn}_flops"] = matmul_flops(device, self.log, dn)
-            except Exception as e:  # noqa: BLE001
-                self.log(f"matmul {dn}: {one_line(e)}")
+        if not args.warm_only:
+            self.measure_ceilings(device)
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device.type == "cuda" else 32 << 20
         self.meta["l2_bytes"] = l2
         timer = Timer(device, args.target_ms or (20.0 if args.quick else 200.0), args.quick)
@@ -922,7 +926,34 @@ class Bench:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if args.warm_only:
+            return self.finish_warm()
         return self.finish(problems, impls, directions)
+
+    def measure_ceilings(self, device):
+        """The copy bandwidth (the memory floor) and the matrix-product rates (the roofline's ceilings)."""
+        self.copy_bw = copy_bandwidth(device, self.log)
+        self.meta["copy_bandwidth_Bps"] = self.copy_bw
+        for dn in ("float32", "float64"):
+            try:
+                self.meta[f"matmul_{dn}_flops"] = matmul_flops(device, self.log, dn)
+            except Exception as e:  # noqa: BLE001
+                self.log(f"matmul {dn}: {one_line(e)}")
+
+    def finish_warm(self):
+        """--warm-only: one line of first-call seconds per implementation; exit status 1 if any failed."""
+        total, failed = {}, []
+        for r in self.results:
+            if r["status"] == "warm":
+                total[r["impl"]] = total.get(r["impl"], 0.0) + r["first_call_s"]
+            elif r["status"] != "skip":
+                failed.append(f"{r['problem']} {r['dtype']} {r['direction']} {r['impl']}: {r.get('reason', '')[:160]}")
+        print("warm: " + ", ".join(f"{k} {v:.1f} s" for k, v in total.items()), flush=True)
+        for f in failed:
+            print(f"  not warmed: {f}", flush=True)
+        if failed:
+            raise SystemExit(1)
+        return None
 
     def load_results(self, path: str, problems, impls) -> list:
         """Take over the measurements of ``path`` for ``problems`` (``--with-results``);
@@ -961,14 +992,14 @@ class Bench:
 
     def run_config(self, prob, dtype, batch, device, impls, directions, timer, ref, l2, budget):
         torch = import_torch()
-        nsets = InputSets.count(prob, dtype, batch, l2, self.args.quick)
+        nsets = 1 if self.args.warm_only else InputSets.count(prob, dtype, batch, l2, self.args.quick)
         sets = InputSets(prob, dtype, batch, device, nsets, self.args.seed)
         tol = self.args.rtol32 if dtype == "float32" else self.args.rtol64
         base = dict(problem=prob.name, dtype=dtype, batch=batch)
         try:
             need_grads = "fwd+bwd" in directions
             try:
-                ref_out, ref_grads = ref.compute(prob, sets, need_grads)
+                ref_out, ref_grads = (None, None) if self.args.warm_only else ref.compute(prob, sets, need_grads)
             except Exception as e:  # noqa: BLE001
                 reason = f"no reference (e3nn float64): {one_line(e)}"
                 for direction in directions:
@@ -1027,6 +1058,11 @@ class Bench:
                     def call(i, _f=impl.fwd, _s=nat):
                         s = _s[i]
                         return _f(s["x1"], s["x2"], s["w"])
+            if self.args.warm_only:
+                if self.warm(base, name, direction, call, impl, fails):
+                    return
+                continue
+
             def errors():
                 res = call(0)
                 if fb:
@@ -1078,6 +1114,22 @@ class Bench:
                         reason="; ".join([b[0] for b in bad] + fails))
             return
         self.record(**base, direction=direction, impl=name, status="n/a", reason="; ".join(fails) or "?")
+
+    def warm(self, base, name, direction, call, impl, fails) -> bool:
+        """--warm-only: call once (compiles), wait for it, record the seconds; False if it raised."""
+        t0 = time.perf_counter()
+        try:
+            res = call(0)
+            if impl.framework == "jax":
+                import_jax().block_until_ready(res)
+            elif self.device.type == "cuda":
+                import_torch().cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            fails.append(one_line(e))
+            return False
+        self.record(**base, direction=direction, impl=name, status="warm", first_call_s=time.perf_counter() - t0,
+                    note=impl.note)
+        return True
 
     # ------------------------------------------------------------------------- report
 

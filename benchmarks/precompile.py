@@ -1,16 +1,34 @@
-"""Compile the generated torch kernels of many problems in parallel, before a benchmark.
+"""Compile what a benchmark run will call, in parallel, before anything is timed.
 
-Compiling is single-threaded (Helion's code generation, then Triton and ptxas): 30 to
-150 s per problem and direction on the device machine's host, so a benchmark of every
-problem would spend most of a device call compiling one kernel at a time. This script
-runs one process per (problem, dtype, op) on a pool of ``--workers`` processes; each
-calls its op once on a small CUDA batch, which leaves Helion's generated module in
-``$EQDSL_CACHE_DIR`` (``eqdsl.runtime.helion_launch``) and the compiled binary in
-``$TRITON_CACHE_DIR``. The benchmarks then only load both. Sizes are multiples of 16
-like the benchmarks' (Triton specializes integers on divisibility by 16).
+Compiling is single-threaded per kernel (Helion's code generation, then Triton and
+ptxas for a torch kernel; XLA's Triton pipeline for a Pallas kernel): 20 to 60 s per
+kernel on the device machine's host, several minutes per problem, so a benchmark of
+every problem would spend most of a device call compiling one kernel at a time. This
+script runs the compile jobs on a pool of ``--workers`` processes, longest first, and
+leaves their results where the benchmark's processes find them:
 
-    python3 benchmarks/precompile.py --workers 14 [--problems a,b] [--dtypes float32] [--no-conv]
-                                     [--generated DIR]
+* torch (always): one job per generated Helion kernel (``--per-op``: per kernel op). The
+  job calls its op once on a small CUDA batch with every other kernel of the op stubbed
+  out, which leaves Helion's generated module in ``$EQDSL_CACHE_DIR``
+  (``eqdsl.runtime.helion_launch``) and the compiled binary in ``$TRITON_CACHE_DIR``.
+  Sizes are multiples of 16 like the benchmarks' (Triton specializes integers on
+  divisibility by 16), so the benchmarks only load both.
+* JAX (``--jax``): one job per problem runs ``bench_tp.py --warm-only`` (and, for a conv
+  problem, ``bench_conv.py --warm-only``) with the JAX implementations (eqdsl's Pallas
+  ops and e3nn-jax): the same jitted functions on the same shapes as the timed run,
+  each called once and not timed. With JAX's persistent compilation cache on
+  (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``, as
+  ``run_device.sh`` sets them) the timed run then loads the executables instead of
+  compiling them. The warm jobs take the benchmark defaults (20,000 rows; the conv's
+  default graphs and latency graph): pass the same to the timed run.
+
+``--bench`` compiles only the torch kernels that the benchmarks' forward and
+forward+backward call: the forward, and the fused backward where the product has one
+(channelwise) or else the three backward ops; the conv's likewise. Without it every op
+(the second-order ones too).
+
+    python3 benchmarks/precompile.py --workers 15 [--bench] [--jax] [--problems a,b]
+                                     [--dtypes float32] [--no-conv | --conv-only] [--generated DIR]
 
 Prints one line per job (seconds, or the error) and a total; exits 0 even if a job failed
 (the benchmark reports that problem as n/a with the reason).
@@ -19,22 +37,138 @@ Prints one line per job (seconds, or the error) and a total; exits 0 even if a j
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures as cf
 import importlib
 import os
 import subprocess
 import sys
 import time
+import types
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOAT64_PROBLEMS = ("mace_large", "nequip_toluene")
 TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+CONV_PROBLEMS = ("mace_large", "nequip_toluene")  # bench_conv.py's default problems
+LATENCY_PROBLEM = "mace_large"  # bench_conv.py's default latency problem
+JAX_IMPLS = "eqdsl_jax,e3nn_jax"
 
 
-def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generated") -> None:
-    """Call one op of ``<generated>/<problem>`` once on CUDA (compiles it)."""
+@dataclass(frozen=True)
+class Job:
+    """One compile job: a label for the log, its command line, and a cost estimate (s) for ordering."""
+
+    label: str
+    argv: tuple[str, ...]
+    cost: float
+
+    def __str__(self) -> str:
+        return f"{self.label} (~{self.cost:.0f} s)"
+
+
+def launcher_name(op: str) -> str:
+    """The generated module's function that launches ``op``'s kernels (``conv_bwd_x`` -> ``_launch_bwd_x``)."""
+    return "_launch_" + op.removeprefix("conv_")
+
+
+def op_kernels(source: str, op: str) -> list[str]:
+    """Names of the Helion kernels ``op``'s launcher calls (``_k.<name>(...)``), in source order."""
+    want = launcher_name(op)
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == want:
+            calls = [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and isinstance(n.func.value, ast.Name) and n.func.value.id == "_k"]
+            return list(dict.fromkeys(c.func.attr for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset))))
+    raise ValueError(f"no {want} in the generated module")
+
+
+def kernel_lines(source: str) -> dict[str, int]:
+    """Source lines of every function of a generated kernels module (a cost estimate)."""
+    return {n.name: (n.end_lineno or n.lineno) - n.lineno + 1 for n in ast.parse(source).body
+            if isinstance(n, ast.FunctionDef)}
+
+
+def needed_ops(source: str, conv: bool, bench: bool) -> list[str]:
+    """The kernel ops of a generated torch module (``torch_ops.py``, or ``torch_conv.py`` with
+    ``conv``) to compile: all of them, or with ``bench`` those the benchmarks' forward and
+    forward+backward call (the fused backward replaces the three backward ops there)."""
+    prefix = "conv_" if conv else ""
+    fused = "bwd_op = " in source
+    ops = [prefix + o for o in (("fwd", "bwd_x", "bwd_y", "bwd_w") if conv else TP_OPS)]
+    if not fused:
+        return ops
+    return [ops[0], prefix + "bwd"] if bench else ops + [prefix + "bwd"]
+
+
+def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: bool, per_kernel: bool,
+               generated: Path) -> list[Job]:
+    """``conv``: "with", "no" or "only"."""
+    out = []
+    for p in problems:
+        gen = generated / p
+        modules = []
+        if conv != "only" and (gen / "torch_ops.py").is_file():
+            modules.append(("torch_ops.py", "helion_kernels.py", False))
+        if conv != "no" and (gen / "torch_conv.py").is_file() and (not bench or p in CONV_PROBLEMS):
+            modules.append(("torch_conv.py", "helion_conv_kernels.py", True))
+        for module, kernels_file, is_conv in modules:
+            source = (gen / module).read_text(encoding="utf-8")
+            lines = kernel_lines((gen / kernels_file).read_text(encoding="utf-8"))
+            for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
+                if is_conv and dt != "float32" and bench:
+                    continue  # bench_conv times float32 unless told otherwise
+                scale = 1.5 if dt == "float64" else 1.0
+                for op in needed_ops(source, is_conv, bench):
+                    kernels = op_kernels(source, op)
+                    base = (sys.executable, str(Path(__file__).resolve()), "--generated", str(generated),
+                            "--job", p, dt, op)
+                    if per_kernel:
+                        out += [Job(f"{p}/{dt}/{op}/{k}", base + ("--kernel", k), scale * (10 + lines.get(k, 200) / 25))
+                                for k in kernels]
+                    else:
+                        cost = scale * (10 + sum(lines.get(k, 200) for k in kernels) / 25)
+                        out.append(Job(f"{p}/{dt}/{op}", base, cost))
+    return out
+
+
+def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path) -> list[Job]:
+    """Warm-up runs of the benchmarks' JAX implementations, one process per problem and benchmark."""
+    out = []
+    for p in problems:
+        gen = generated / p
+        if not (gen / "jax_ops.py").is_file():
+            continue
+        size = (gen / "pallas_kernels.py").stat().st_size if (gen / "pallas_kernels.py").is_file() else 0
+        common = ("--generated", str(generated), "--specs", str(specs), "--problems", p, "--impls", JAX_IMPLS,
+                  "--warm-only")
+        if conv != "only":
+            dts = 2 if p in FLOAT64_PROBLEMS else 1
+            out.append(Job(f"{p}/jax/tp", (sys.executable, str(ROOT / "benchmarks" / "bench_tp.py"), "--batch", "20000")
+                           + common, dts * (15 + size / 20000)))
+        if conv != "no" and p in CONV_PROBLEMS and "def conv(" in (gen / "jax_ops.py").read_text(encoding="utf-8"):
+            lat = ("--latency-impls", JAX_IMPLS) if p == LATENCY_PROBLEM else ("--no-latency",)
+            out.append(Job(f"{p}/jax/conv", (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common + lat,
+                           30 + 3 * size / 20000))
+    return out
+
+
+class _OnlyKernel:
+    """The launchers of a generated module with every kernel but one replaced by a no-op."""
+
+    def __init__(self, launchers, keep: str):
+        self._launchers, self._keep = launchers, keep
+
+    def __getattr__(self, name):
+        if name == self._keep:
+            return getattr(self._launchers, name)
+        return lambda *args: None
+
+
+def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generated", kernel: str | None = None) -> None:
+    """Call one op of ``<generated>/<problem>`` once on CUDA (compiles its kernels, or only ``kernel``)."""
     import torch
 
     sys.path.insert(0, str(generated.resolve().parent))
@@ -43,6 +177,10 @@ def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generat
         ops = importlib.import_module(f"{package}.torch_conv")
     else:
         ops = importlib.import_module(f"{package}.torch_ops")
+    if kernel is not None:
+        if not hasattr(ops._k, kernel):
+            raise SystemExit(f"{package}: no kernel {kernel}")
+        ops._k = _OnlyKernel(ops._k, kernel)  # the launchers read the module global at call time
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
     # enough rows that shared-weight gradients have several partial-sum rows (a size of 1
@@ -79,60 +217,73 @@ def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generat
     torch.cuda.synchronize()
 
 
-def jobs(problems: list[str], dtypes: list[str] | None, conv: bool, generated: Path = ROOT / "generated") -> list[tuple[str, str, str]]:
-    out = []
-    for p in problems:
-        gen = generated / p
-        if not (gen / "torch_ops.py").is_file():
-            continue
-        fused = "bwd_op = " in (gen / "torch_ops.py").read_text()  # a channelwise product's fused backward
-        conv_ops = list(CONV_OPS) if conv and (gen / "torch_conv.py").is_file() else []
-        if conv_ops and "conv_bwd_op = " in (gen / "torch_conv.py").read_text():
-            conv_ops.append("conv_bwd")  # the atomic convolution's fused backward
-        ops = list(TP_OPS) + (["bwd"] if fused else []) + conv_ops
-        for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
-            out += [(p, dt, op) for op in ops]
-    # longest first: float64 and the big problems' backward kernels
-    return sorted(out, key=lambda j: (j[1] != "float64", "bwd" not in j[2], j[0]))
+def schedule(jobs: list[Job]) -> list[Job]:
+    """Longest estimated job first (so the longest ones never start last), ties by label."""
+    return sorted(jobs, key=lambda j: (-j.cost, j.label))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--problems", help="comma-separated (default: every generated/ module)")
     p.add_argument("--dtypes", help="comma-separated (default: float32, and float64 for " + ", ".join(FLOAT64_PROBLEMS) + ")")
     p.add_argument("--no-conv", action="store_true", help="only the plain tensor product's kernels")
     p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
+    p.add_argument("--bench", action="store_true", help="only the torch kernels the benchmarks call")
+    p.add_argument("--jax", action="store_true", help="also warm JAX's persistent compilation cache (bench_tp / "
+                   "bench_conv --warm-only with " + JAX_IMPLS + ")")
+    p.add_argument("--per-op", action="store_true", help="one torch job per kernel op instead of per kernel")
+    p.add_argument("--list", action="store_true", help="print the jobs in start order and exit")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per job")
+    p.add_argument("--deadline", type=float, default=None, help="seconds from the start: no job starts after "
+                   "it and a job still running then is killed (what it would have compiled compiles on first use)")
     p.add_argument("--generated", type=Path, default=ROOT / "generated", help="generated directory (default: generated)")
+    p.add_argument("--specs", type=Path, default=ROOT / "examples" / "specs", help="spec directory (JAX jobs)")
     p.add_argument("--job", nargs=3, metavar=("PROBLEM", "DTYPE", "OP"), help=argparse.SUPPRESS)
+    p.add_argument("--kernel", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.job:
-        run_job(*args.job, generated=args.generated)
+        run_job(*args.job, generated=args.generated, kernel=args.kernel)
         return 0
     problems = args.problems.split(",") if args.problems else sorted(d.name for d in args.generated.iterdir() if d.is_dir())
-    todo = jobs(problems, args.dtypes.split(",") if args.dtypes else None, not args.no_conv, args.generated)
-    if args.conv_only:
-        todo = [j for j in todo if j[2].startswith("conv_")]
+    conv = "no" if args.no_conv else "only" if args.conv_only else "with"
+    dtypes = args.dtypes.split(",") if args.dtypes else None
+    todo = torch_jobs(problems, dtypes, conv, args.bench, not args.per_op, args.generated)
+    if args.jax:
+        todo += jax_jobs(problems, conv, args.generated, args.specs)
+    todo = schedule(todo)
+    if args.list:
+        for j in todo:
+            print(j)
+        print(f"{len(todo)} jobs, ~{sum(j.cost for j in todo):.0f} s of compiling estimated")
+        return 0
     t0 = time.perf_counter()
 
-    def one(job):
+    def one(job: Job):
         t = time.perf_counter()
+        limit = args.timeout
+        if args.deadline is not None:
+            limit = min(limit, args.deadline - (t - t0))
+            if limit <= 0:
+                return job, False, "not started: deadline", 0.0
         try:
-            r = subprocess.run([sys.executable, __file__, "--generated", str(args.generated), "--job", *job],
-                               capture_output=True, text=True, timeout=args.timeout)
+            r = subprocess.run(list(job.argv), capture_output=True, text=True, timeout=limit)
             ok = r.returncode == 0
-            why = "" if ok else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+            warm = [x for x in r.stdout.splitlines() if x.startswith(("warm:", "  not warmed:"))]
+            why = " | ".join(warm)[:300] if ok else (warm or r.stderr.strip().splitlines() or ["?"])[-1][:300]
         except subprocess.TimeoutExpired:
-            ok, why = False, f"timeout {args.timeout:.0f} s"
+            ok, why = False, f"killed after {limit:.0f} s" + (" (deadline)" if limit < args.timeout else "")
         return job, ok, why, time.perf_counter() - t
 
     failed = 0
     with cf.ThreadPoolExecutor(args.workers) as pool:
-        for job, ok, why, dt in pool.map(one, todo):
+        for fut in cf.as_completed([pool.submit(one, j) for j in todo]):
+            job, ok, why, dt = fut.result()
             failed += not ok
-            print(f"[{time.perf_counter() - t0:6.1f}s] {'/'.join(job):40s} {dt:6.1f}s {'ok' if ok else 'FAILED: ' + why}", flush=True)
-    print(f"precompile: {len(todo)} jobs, {failed} failed, {time.perf_counter() - t0:.0f} s on {args.workers} workers", flush=True)
+            print(f"[{time.perf_counter() - t0:6.1f}s] {job.label:50s} {dt:6.1f}s (est {job.cost:4.0f}) "
+                  f"{'ok ' + why if ok else 'FAILED: ' + why}", flush=True)
+    print(f"precompile: {len(todo)} jobs, {failed} failed, {time.perf_counter() - t0:.0f} s on {args.workers} workers",
+          flush=True)
     return 0
 
 

@@ -7,6 +7,12 @@
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
 #   host        host_overhead.py: host time per call, eager fast path vs custom ops (EQDSL_HOST_ARGS)
 #   fused       gpu_fused.py: the fused backward checked against the three ops, and timed (EQDSL_FUSED_ARGS)
+#   all         the whole benchmark in one call (the default with no STEP): precompile --bench --jax
+#               (every torch kernel and JAX function the benchmarks call, in parallel, into the
+#               caches), then with nothing else running tp, conv (latency first), then report.py
+#               ($OUT/BENCHMARKS.md, $OUT/roofline.png); each step's limit is what the call's
+#               EQDSL_DEADLINE (default 585 s from the start) leaves it, so the tables always print
+#   report      report.py on $OUT's JSON files into $OUT/BENCHMARKS.md and $OUT/roofline.png
 #   tune        eqdsl tune --write on each spec of EQDSL_TUNE_SPECS (comma-separated problem
 #               names), EQDSL_TUNE_PARALLEL (default up to 3) at a time, sharing 15 workers
 #               (EQDSL_TUNE_ARGS adds arguments); each rewritten spec goes to $OUT/specs
@@ -22,19 +28,36 @@ if [ ! -f /tmp/site/.eqdsl_installed ]; then
   touch /tmp/site/.eqdsl_installed
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
+# JAX's persistent compilation cache: what precompile.py --jax compiles, the timed run loads
+export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 echo "install $(( $(date +%s) - T0 )) s; $(nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader)"
+DEADLINE=${EQDSL_DEADLINE:-585}
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+if [ "${steps[*]}" = "all" ]; then
+  # reserved for what follows each step (measured 2026-11-26, warm caches): tp ~150 s, conv ~200 s
+  steps=("precompile=$(( $(left) - 380 ))" "tp=-230" "conv=-20" "report=-1")
+  EQDSL_PRECOMPILE_ARGS=${EQDSL_PRECOMPILE_ARGS:---bench --jax}
+fi
 summary=()
-for arg in "$@"; do
+for arg in "${steps[@]}"; do
   step=${arg%%=*}; limit=${arg#*=}; [ "$limit" = "$arg" ] && limit=300
+  # a negative limit: all the time left but that many seconds
+  [ "$limit" -lt 0 ] 2>/dev/null && limit=$(( $(left) + limit ))
+  [ "$limit" -lt 10 ] && limit=10
   t=$(date +%s)
   case $step in
-    precompile) cmd=(python3 benchmarks/precompile.py --workers 15 ${EQDSL_PRECOMPILE_ARGS:-}) ;;
+    precompile) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) ${EQDSL_PRECOMPILE_ARGS:-}) ;;
     fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
     host) cmd=(python3 benchmarks/host_overhead.py ${EQDSL_HOST_ARGS:-}) ;;
+    report) cmd=(python3 benchmarks/report.py --tp "$OUT/bench_tp.json" --conv "$OUT/bench_conv.json"
+                 --latency "$OUT/bench_latency.json" --out "$OUT/BENCHMARKS.md" --png "$OUT/roofline.png") ;;
     fused) cmd=(python3 benchmarks/gpu_fused.py --json "$OUT/gpu_fused.json" ${EQDSL_FUSED_ARGS:-}) ;;
     tune)
       IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
