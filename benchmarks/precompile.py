@@ -234,6 +234,7 @@ def main(argv=None) -> int:
                    "bench_conv --warm-only with " + JAX_IMPLS + ")")
     p.add_argument("--per-op", action="store_true", help="one torch job per kernel op instead of per kernel")
     p.add_argument("--list", action="store_true", help="print the jobs in start order and exit")
+    p.add_argument("--log-dir", type=Path, help="write each job's output to <dir>/<label>.log")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per job")
     p.add_argument("--deadline", type=float, default=None, help="seconds from the start: no job starts after "
                    "it and a job still running then is killed (what it would have compiled compiles on first use)")
@@ -268,6 +269,9 @@ def main(argv=None) -> int:
                 return job, False, "not started: deadline", 0.0
         try:
             r = subprocess.run(list(job.argv), capture_output=True, text=True, timeout=limit)
+            if args.log_dir is not None:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                (args.log_dir / (job.label.replace("/", "_") + ".log")).write_text(r.stdout + r.stderr, encoding="utf-8")
             ok = r.returncode == 0
             warm = [x for x in r.stdout.splitlines() if x.startswith(("warm:", "  not warmed:"))]
             why = " | ".join(warm)[:300] if ok else (warm or r.stderr.strip().splitlines() or ["?"])[-1][:300]

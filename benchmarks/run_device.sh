@@ -39,8 +39,9 @@ left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 if [ "${steps[*]}" = "all" ]; then
-  # reserved for what follows each step (measured 2026-11-26, warm caches): tp ~150 s, conv ~200 s
-  steps=("precompile=$(( $(left) - 380 ))" "tp=-230" "conv=-20" "report=-1")
+  # reserved for what follows each step (measured 2026-11-26 with warm caches: tp ~140-190 s,
+  # conv ~90-110 s; precompile needs ~240 s on 15 workers)
+  steps=("precompile=$(( $(left) - 320 ))" "tp=-130" "conv=-15" "report=-1")
   EQDSL_PRECOMPILE_ARGS=${EQDSL_PRECOMPILE_ARGS:---bench --jax}
 fi
 summary=()
@@ -51,7 +52,8 @@ for arg in "${steps[@]}"; do
   [ "$limit" -lt 10 ] && limit=10
   t=$(date +%s)
   case $step in
-    precompile) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) ${EQDSL_PRECOMPILE_ARGS:-}) ;;
+    precompile) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) --log-dir "$OUT/precompile_jobs"
+                     ${EQDSL_PRECOMPILE_ARGS:-}) ;;
     fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
