@@ -128,6 +128,8 @@ def parse_args(argv=None):
     p.add_argument("--warm-only", action="store_true",
                    help="compile only: call every implementation once per graph and direction (and the latency "
                    "section's), no reference, no timing, no table (precompile.py --jax)")
+    p.add_argument("--warm-target", help="with --warm-only: compile only these problems; the others, up to the "
+                   "targets' last configuration, are lowered only (as bench_tp.py --warm-target)")
     return p.parse_args(argv)
 
 
@@ -638,6 +640,7 @@ class ConvBench(bt.Bench):
             probs.update({p.name: p for p in bt.load_problems(argparse.Namespace(
                 problems=args.latency_problem, quick=False, specs=args.specs, generated=args.generated), self.log)})
         prob = probs[args.latency_problem]
+        self.lower_only = self.warm_target is not None and prob.name not in self.warm_target
         graph = latency_graph()
         self.latency_graph = graph.info()
         impls = [i.strip() for i in (args.latency_impls or ",".join(LATENCY_IMPLS)).split(",") if i.strip()]
@@ -667,8 +670,8 @@ class ConvBench(bt.Bench):
                 if row["status"] == "ok":
                     what = (f"wall {row['wall_sync_us']:.0f} us, host {row['host_us']:.0f} us, pipelined "
                             f"{row['pipelined_us']:.0f} us")
-                elif row["status"] == "warm":
-                    what = f"warm: first call {row['first_call_s']:.1f} s"
+                elif row["status"] in ("warm", "lowered"):
+                    what = f"{row['status']}: {row['first_call_s']:.1f} s"
                 else:
                     what = f"{row['status']}: {row.get('reason')}"
                 self.log(f"  latency {name:12s} {direction:7s} {what}")
@@ -688,8 +691,12 @@ class ConvBench(bt.Bench):
                 call = make_call(impl, direction, sets.native(impl))
                 if self.args.warm_only:
                     t0 = time.perf_counter()
-                    sync_fn(impl.framework, self.device)(call(0))
-                    return dict(status="warm", first_call_s=time.perf_counter() - t0, note=impl.note)
+                    if not self.lower_only:
+                        sync_fn(impl.framework, self.device)(call(0))
+                    elif impl.framework == "jax":
+                        bt.lower_jax(impl, direction, sets.native(impl)[0])
+                    return dict(status="lowered" if self.lower_only else "warm", first_call_s=time.perf_counter() - t0,
+                                note=impl.note)
                 t0 = time.perf_counter()
                 errs = check_call(call, direction, impl, sets, ref_out, ref_grads)
                 first = time.perf_counter() - t0
@@ -770,6 +777,7 @@ class ConvBench(bt.Bench):
         dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip() in ("float32", "float64")]
         budget = args.time_budget if args.time_budget is not None else (420.0 if device.type == "cuda" else 1e9)
         builders = Builders(args, device)
+        self.warm_passes([], None)  # --warm-target: which problems compile
         if args.latency or args.latency_only:
             try:
                 self.run_latency(problems, builders, budget)
@@ -786,7 +794,7 @@ class ConvBench(bt.Bench):
         for g in graphs:
             self.graph_info[g.label] = g.info()
             self.log(f"graph {g.label}: {g.desc}, {g.num_edges} edges ({g.builder})")
-        passes = [(p, dt, g) for dt in dtypes for g in graphs for p in problems]
+        passes = self.warm_passes([(p, dt, g) for dt in dtypes for g in graphs for p in problems], lambda p: p[0].name)
         self.log(f"{len(passes)} configurations x {len(directions)} directions x {len(impls)} implementations; "
                  f"budget {budget:.0f}s")
         ref = ConvReference()
@@ -799,6 +807,7 @@ class ConvBench(bt.Bench):
                         self.results.append(dict(**base, direction=direction, impl=name, status="skip",
                                                  reason="time budget exhausted"))
                 continue
+            self.lower_only = self.warm_target is not None and prob.name not in self.warm_target
             if dtype == "float64" and any(i in JAX_IMPLS for i in impls):
                 bt.enable_x64()
             self.log(f"{prob.name} {dtype} {graph.label} ({graph.num_nodes} nodes, {graph.num_edges} edges, "

@@ -122,6 +122,10 @@ def parse_args(argv=None):
                    help="compile only: call every implementation once per configuration and direction on the "
                    "same shapes, no reference, no timing, no table (precompile.py --jax runs this to fill JAX's "
                    "persistent compilation cache before the timed run)")
+    p.add_argument("--warm-target", help="with --warm-only: compile only these problems (comma-separated); the "
+                   "configurations before their last one are lowered, not compiled, in the timed run's order, so "
+                   "that the JAX lowerings (whose Triton IR bytes depend on what the process lowered before, seen "
+                   "with jax 0.11.2) and hence the persistent-cache keys are the timed run's")
     return p.parse_args(argv)
 
 
@@ -359,6 +363,15 @@ def jax_fb(fn):
         return out, vjp(g)
 
     return jax.jit(fb)
+
+
+def lower_jax(impl, direction: str, s: dict) -> None:
+    """Trace and lower (no compile) what ``impl`` runs for ``direction`` on input set ``s``."""
+    jax = import_jax()
+    fb = direction == "fwd+bwd"
+    fn = impl.fb if fb else impl.fwd
+    args = (s["x1"], s["x2"], s["w"]) + ((s["g"],) if fb else ())
+    (fn if hasattr(fn, "trace") else jax.jit(fn)).trace(*args).lower()
 
 
 def import_generated(gen_dir: str, name: str, module: str):
@@ -822,6 +835,7 @@ class Bench:
         self.results = []  # one dict per (problem, dtype, batch, direction, impl)
         self.builds = {}   # (impl, problem, dtype) -> list[Impl] | NotAvailable reason str
         self.cueq_build_failures = set()
+        self.warm_target, self.lower_only = None, False  # --warm-only --warm-target (warm_passes)
 
     def log(self, msg: str):
         print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", flush=True)
@@ -834,8 +848,8 @@ class Bench:
         t = kw.get("time_us")
         if t is not None:
             what = f"{t:.1f} us"
-        elif kw["status"] == "warm":
-            what = f"warm: first call {kw['first_call_s']:.1f} s"
+        elif kw["status"] in ("warm", "lowered"):
+            what = f"{kw['status']}: {kw['first_call_s']:.1f} s"
         else:
             what = f"{kw['status']}: {kw.get('reason', '')}"
         err = f" err={kw['rel_err']:.1e}" if kw.get("rel_err") is not None else ""
@@ -906,8 +920,10 @@ class Bench:
                         passes.append((prob, dtype, batch))
         self.log(f"{len(passes)} configurations x {len(directions)} directions x {len(timed)} implementations; "
                  f"device {self.meta['device']}; budget {budget:.0f}s")
+        passes = self.warm_passes(passes, lambda p: p[0].name)
         ref = Reference()
         for prob, dtype, batch in passes:
+            self.lower_only = self.warm_target is not None and prob.name not in self.warm_target
             if self.elapsed() > budget:
                 for direction in directions:
                     for name in timed:
@@ -930,6 +946,16 @@ class Bench:
             return self.finish_warm()
         return self.finish(problems, impls, directions)
 
+    def warm_passes(self, passes: list, problem_of) -> list:
+        """--warm-target: the passes up to the targets' last one (the others only lowered)."""
+        target = self.args.warm_target
+        self.warm_target = None if not (self.args.warm_only and target) else {t.strip() for t in target.split(",")}
+        self.lower_only = False
+        if self.warm_target is None:
+            return passes
+        last = max((i for i, p in enumerate(passes) if problem_of(p) in self.warm_target), default=-1)
+        return passes[:last + 1]
+
     def measure_ceilings(self, device):
         """The copy bandwidth (the memory floor) and the matrix-product rates (the roofline's ceilings)."""
         self.copy_bw = copy_bandwidth(device, self.log)
@@ -944,8 +970,9 @@ class Bench:
         """--warm-only: one line of first-call seconds per implementation; exit status 1 if any failed."""
         total, failed = {}, []
         for r in self.results:
-            if r["status"] == "warm":
-                total[r["impl"]] = total.get(r["impl"], 0.0) + r["first_call_s"]
+            if r["status"] in ("warm", "lowered"):
+                key = r["impl"] + (" lowered" if r["status"] == "lowered" else "")
+                total[key] = total.get(key, 0.0) + r["first_call_s"]
             elif r["status"] != "skip":
                 failed.append(f"{r['problem']} {r['dtype']} {r['direction']} {r['impl']}: {r.get('reason', '')[:160]}")
         print("warm: " + ", ".join(f"{k} {v:.1f} s" for k, v in total.items()), flush=True)
@@ -1059,7 +1086,7 @@ class Bench:
                         s = _s[i]
                         return _f(s["x1"], s["x2"], s["w"])
             if self.args.warm_only:
-                if self.warm(base, name, direction, call, impl, fails):
+                if self.warm(base, name, direction, call, impl, fails, nat[0]):
                     return
                 continue
 
@@ -1115,20 +1142,26 @@ class Bench:
             return
         self.record(**base, direction=direction, impl=name, status="n/a", reason="; ".join(fails) or "?")
 
-    def warm(self, base, name, direction, call, impl, fails) -> bool:
-        """--warm-only: call once (compiles), wait for it, record the seconds; False if it raised."""
+    def warm(self, base, name, direction, call, impl, fails, inputs) -> bool:
+        """--warm-only: call once (compiles), wait for it, record the seconds; or, outside
+        --warm-target, only lower a JAX function (see --warm-target). False if it raised."""
         t0 = time.perf_counter()
         try:
-            res = call(0)
-            if impl.framework == "jax":
-                import_jax().block_until_ready(res)
-            elif self.device.type == "cuda":
-                import_torch().cuda.synchronize()
+            if self.lower_only:
+                if impl.framework != "jax":
+                    return True
+                lower_jax(impl, direction, inputs)
+            else:
+                res = call(0)
+                if impl.framework == "jax":
+                    import_jax().block_until_ready(res)
+                elif self.device.type == "cuda":
+                    import_torch().cuda.synchronize()
         except Exception as e:  # noqa: BLE001
             fails.append(one_line(e))
             return False
-        self.record(**base, direction=direction, impl=name, status="warm", first_call_s=time.perf_counter() - t0,
-                    note=impl.note)
+        self.record(**base, direction=direction, impl=name, status="lowered" if self.lower_only else "warm",
+                    first_call_s=time.perf_counter() - t0, note=impl.note)
         return True
 
     # ------------------------------------------------------------------------- report

@@ -153,11 +153,18 @@ def test_jax_jobs():
     for j in jobs:
         p, script = j.label.split("/")[0], Path(j.argv[1])
         assert script.is_file() and script.name == ("bench_conv.py" if j.label.endswith("conv") else "bench_tp.py")
-        assert "--warm-only" in j.argv and j.argv[j.argv.index("--problems") + 1] == p
+        # the timed run's problems and order (no --problems), compiling only this one
+        assert "--warm-only" in j.argv and j.argv[j.argv.index("--warm-target") + 1] == p
+        assert "--problems" not in j.argv
         assert {a for a in j.argv if a.startswith("--")} <= _flags(script.name)
-        latency = "--latency-impls" in j.argv
-        assert latency == (j.label == f"{precompile.LATENCY_PROBLEM}/jax/conv")
-        assert ("--no-latency" in j.argv) == (j.label.endswith("conv") and not latency)
+        # the timed conv run starts with the latency section: every conv job replays it
+        assert ("--latency-impls" in j.argv) == j.label.endswith("/jax/conv")
+        assert "--no-latency" not in j.argv
+    # a subset is passed on, as the timed run is given it (the conv's restricted to its problems)
+    sub = precompile.jax_jobs(["nequip_water", "mace_large"], "with", GEN, SPECS, subset=True)
+    for j in sub:
+        want = "mace_large" if j.label.endswith("/jax/conv") else "nequip_water,mace_large"
+        assert j.argv[j.argv.index("--problems") + 1] == want
     assert all(j.label.endswith("/jax/tp") for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
     assert all(j.label.endswith("/jax/conv") for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
 
