@@ -40,8 +40,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 if [ "${steps[*]}" = "all" ]; then
   # reserved for what follows each step (measured 2026-11-26 with warm caches: tp ~140-190 s,
-  # conv ~90-110 s; precompile needs ~240 s on 15 workers)
-  steps=("precompile=$(( $(left) - 320 ))" "tp=-130" "conv=-15" "report=-1")
+  # conv ~90-110 s; precompile needs ~230-260 s on 15 workers)
+  steps=("precompile=$(( $(left) - 300 ))" "tp=-115" "conv=-12" "report=-1")
   EQDSL_PRECOMPILE_ARGS=${EQDSL_PRECOMPILE_ARGS:---bench --jax}
 fi
 summary=()
