@@ -51,8 +51,9 @@ before a kernel set is split over consecutive output blocks; default 1200, the p
 product's budget) and ``pallas_conv_fused_max_terms`` (the conv's fused backward: terms,
 three per CG nonzero, per kernel, splitting an ``x1`` block's paths over kernels if need be;
 default: whole blocks) and ``pallas_fma`` 0 or 1 (the kernels' sums as fused multiply-add
-chains, inline PTX on the GPU; default 0) and ``pallas_factor`` 0 or 1 (the kernels' sums
-factored for fewer operations on channel tiles, ``eqdsl.codegen.pallas_factor``; default 0) (Pallas). A sub-table
+chains, inline PTX on the GPU; default 0) and ``pallas_factor`` 0, 1 or 2 (the kernels' sums
+factored for fewer operations on channel tiles, ``eqdsl.codegen.pallas_factor``; 2: the
+backward kernels' only, the forward's one term per CG nonzero; default 0) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
 ``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
@@ -116,7 +117,8 @@ TUNING_KEYS = {
     "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),
-    "pallas_factor": (lambda v: v in (0, 1), "0 (one term per CG nonzero) or 1 (the kernels' sums factored)"),
+    "pallas_factor": (lambda v: v in (0, 1, 2), "0 (one term per CG nonzero), 1 (the kernels' sums factored) or 2 "
+                      "(the backward kernels' only)"),
     "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the product is channelwise)"),
     "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where the product is channelwise)"),
     "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),

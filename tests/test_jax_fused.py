@@ -248,3 +248,20 @@ def test_unused_outputs_of_the_fused_op_cost_no_kernels(pkgs):
                      argnums=(0, 1, 2, 3))(x1, x2, w, g)
     for a, c in zip(got, dense):
         assert rel_err(a, c) <= 1e-10
+
+
+def test_pallas_factor_2_factors_the_backward_kernels_only():
+    """pallas_factor = 2: each forward kernel as with 0 (one term per CG nonzero), each
+    backward kernel and the fused backward as with 1 (factored, the q_j form)."""
+    ir = _ir(_text("s"))
+    ctx = {m: pallas_backend.build_context(ir, "", (("pallas_factor", m),)) for m in (0, 1, 2)}
+
+    def bodies(c, fwd):
+        return [k["groups"] for k in c["kernels"] if k["kind"].startswith("fwd") == fwd]
+
+    assert bodies(ctx[2], True) == bodies(ctx[0], True) != bodies(ctx[1], True)
+    assert bodies(ctx[2], False) == bodies(ctx[1], False) != bodies(ctx[0], False)
+    fused = {m: [k["groups"] for k in ctx[m]["fused"]["kernels"]] for m in (0, 1, 2)}
+    assert fused[2] == fused[1] != fused[0]
+    with pytest.raises(Exception, match="pallas_factor"):
+        parse_spec(_text("s") + "[tensor_product.tuning]\npallas_factor = 3\n", "s.toml")

@@ -676,8 +676,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # pallas_factor: measured per problem, so not the default. On the H100 (2026-11-25) it took
     # mace_large's JAX conv fwd+bwd on bulk Si from 5,131 to 4,642 us and nequip_benzene's TP
     # fwd+bwd from 4,756 to 3,968, but nequip_toluene's conv fwd+bwd from 3,447 to 4,196 and
-    # most forwards 4-11% slower
-    factored = bool(values.get("pallas_factor", 0))
+    # most forwards 4-11% slower; pallas_factor = 2 keeps the forward kernels unfactored
+    factor_mode = int(values.get("pallas_factor", 0))
+    factored = factor_mode > 0
     tp_fuse = bool(values.get("pallas_fuse_bwd", 1))
     conv_fuse = ir.conv and bool(values.get("pallas_conv_fuse_bwd", 1))
     # pallas_conv_max_terms: the conv's own kernels, split over more output blocks than the
@@ -707,7 +708,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     separate = conv_family is not None
     fused = plain_fused if tp_fuse or (conv_fuse and not separate) else None
     for k in _every_kernel(kernels, fused, conv_family):
-        if factored:  # fewer operations on channel tiles
+        if factored and not (factor_mode == 2 and k["kind"].startswith("fwd")):  # fewer operations on channel tiles
             k.update(factor_kernel(k))
         if values.get("pallas_fma", 0):  # every sum as an rt.fma chain (XLA's Triton pipeline fuses none)
             k["groups"] = [{**g, "body": _with_fma(g["body"])} for g in k["groups"]]
