@@ -218,3 +218,21 @@ def test_main_list(capsys):
     jobs = precompile.schedule(torch_jobs(bench=True) + precompile.jax_jobs(PROBLEMS, "with", GEN, SPECS))
     assert lines[:-1] == [f"{j.label} (~{j.cost:.0f} s)" for j in jobs]  # one line per job, in start order
     assert re.fullmatch(rf"{len(jobs)} jobs, ~\d+ s of compiling estimated", lines[-1])
+
+
+def test_bench_tp_warm_target_lowers_before_and_stops_after(monkeypatch):
+    """``bench_tp.py --warm-only --warm-target P`` (what a JAX warm-up job runs): the timed run's
+    configurations before P are lowered only, P's are called once (compiled), later ones never
+    start; nothing is timed and no reference is computed."""
+    import bench_tp
+
+    monkeypatch.setattr(bench_tp.Reference, "compute", lambda *a, **k: pytest.fail("reference computed"))
+    monkeypatch.setattr(bench_tp.Timer, "jax_time", lambda *a, **k: pytest.fail("timed"))
+    args = bench_tp.parse_args(["--quick", "--warm-only", "--impls", "eqdsl_jax", "--problems",
+                                "nequip_water,tetris_poly_1,mace_medium", "--warm-target", "tetris_poly_1"])
+    bench_tp.setup_environment(args)
+    bench = bench_tp.Bench(args)
+    bench.run()
+    seen = {(r["problem"], r["direction"]): r["status"] for r in bench.results}
+    assert seen == {("nequip_water", "fwd"): "lowered", ("nequip_water", "fwd+bwd"): "lowered",
+                    ("tetris_poly_1", "fwd"): "warm", ("tetris_poly_1", "fwd+bwd"): "warm"}
