@@ -725,7 +725,7 @@ class ConvBench(bt.Bench):
 
     def finish_warm(self):
         """--warm-only: the latency section's calls count with the conv's."""
-        self.results.extend(dict(r, impl=r["impl"]) for r in self.latency_rows)
+        self.results.extend(self.latency_rows)
         return super().finish_warm()
 
     def print_latency(self):
@@ -777,7 +777,7 @@ class ConvBench(bt.Bench):
         dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip() in ("float32", "float64")]
         budget = args.time_budget if args.time_budget is not None else (420.0 if device.type == "cuda" else 1e9)
         builders = Builders(args, device)
-        self.warm_passes([], None)  # --warm-target: which problems compile
+        self.init_warm_target()
         if args.latency or args.latency_only:
             try:
                 self.run_latency(problems, builders, budget)
@@ -786,10 +786,8 @@ class ConvBench(bt.Bench):
                 traceback.print_exc(limit=4)
             if not args.warm_only:
                 self.write_latency_json()
-        if args.latency_only and not args.warm_only:
-            return None
         if args.latency_only:
-            return self.finish_warm()
+            return self.finish_warm() if args.warm_only else None
         graphs = build_graphs(args, device.type == "cuda")
         for g in graphs:
             self.graph_info[g.label] = g.info()

@@ -946,11 +946,15 @@ class Bench:
             return self.finish_warm()
         return self.finish(problems, impls, directions)
 
-    def warm_passes(self, passes: list, problem_of) -> list:
-        """--warm-target: the passes up to the targets' last one (the others only lowered)."""
+    def init_warm_target(self) -> None:
+        """--warm-only --warm-target: the problems to compile (None: all of them)."""
         target = self.args.warm_target
         self.warm_target = None if not (self.args.warm_only and target) else {t.strip() for t in target.split(",")}
         self.lower_only = False
+
+    def warm_passes(self, passes: list, problem_of) -> list:
+        """--warm-target: the passes up to the targets' last one (the others only lowered)."""
+        self.init_warm_target()
         if self.warm_target is None:
             return passes
         last = max((i for i, p in enumerate(passes) if problem_of(p) in self.warm_target), default=-1)
