@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmarks on the device machine (see benchmarks/README.md), in steps:
 #   bash benchmarks/run_device.sh STEP[=SECONDS]...
-#   precompile  every generated torch kernel, one process per problem, dtype and op (precompile.py)
+#   precompile  every generated torch kernel, one process per kernel (precompile.py; EQDSL_PRECOMPILE_ARGS
+#               adds arguments, e.g. --bench --jax as in all)
 #   fastlaunch  GPU test: the direct Triton launch gives Helion's bits (tests/test_helion_launch.py)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
@@ -17,8 +18,8 @@
 #               names), EQDSL_TUNE_PARALLEL (default up to 3) at a time, sharing 15 workers
 #               (EQDSL_TUNE_ARGS adds arguments); each rewritten spec goes to $OUT/specs
 # Installs the carried wheels (.whl, .whl_cueq_xz) into /tmp/site once per machine; the
-# caches (/tmp/eqcache: Helion's generated modules, /tmp/tcache: Triton's binaries) stay
-# while the machine is warm, so steps can be split over calls made back to back.
+# caches (/tmp/eqcache: Helion's generated modules, /tmp/tcache: Triton's binaries, /tmp/jaxcache:
+# JAX's executables) stay while the machine is warm, so steps can be split over calls made back to back.
 # Logs and JSON go to $OUT; a summary line per step is printed last.
 set -u
 T0=$(date +%s)
@@ -39,8 +40,8 @@ left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 if [ "${steps[*]}" = "all" ]; then
-  # reserved for what follows each step (measured 2026-11-26 with warm caches: tp ~140-190 s,
-  # conv ~90-110 s; precompile needs ~230-260 s on 15 workers)
+  # reserved for what follows each step (measured 2026-11-26 on an H100 with warm caches: tp
+  # 101-112 s, conv 76-88 s; precompile 220-240 s on 15 workers)
   steps=("precompile=$(( $(left) - 300 ))" "tp=-115" "conv=-12" "report=-1")
   EQDSL_PRECOMPILE_ARGS=${EQDSL_PRECOMPILE_ARGS:---bench --jax}
 fi
