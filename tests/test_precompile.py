@@ -230,7 +230,6 @@ def test_bench_tp_warm_target_lowers_before_and_stops_after(monkeypatch):
     monkeypatch.setattr(bench_tp.Timer, "jax_time", lambda *a, **k: pytest.fail("timed"))
     args = bench_tp.parse_args(["--quick", "--warm-only", "--impls", "eqdsl_jax", "--problems",
                                 "nequip_water,tetris_poly_1,mace_medium", "--warm-target", "tetris_poly_1"])
-    bench_tp.setup_environment(args)
     bench = bench_tp.Bench(args)
     bench.run()
     seen = {(r["problem"], r["direction"]): r["status"] for r in bench.results}
