@@ -44,7 +44,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,12 +94,11 @@ def needed_ops(source: str, conv: bool, bench: bool) -> list[str]:
     """The kernel ops of a generated torch module (``torch_ops.py``, or ``torch_conv.py`` with
     ``conv``) to compile: all of them, or with ``bench`` those the benchmarks' forward and
     forward+backward call (the fused backward replaces the three backward ops there)."""
-    prefix = "conv_" if conv else ""
-    fused = "\ndef _launch_bwd(" in source  # a fused backward: one launcher for the three gradients
-    ops = [prefix + o for o in (("fwd", "bwd_x", "bwd_y", "bwd_w") if conv else TP_OPS)]
-    if not fused:
+    ops = list(CONV_OPS if conv else TP_OPS)
+    if "\ndef _launch_bwd(" not in source:  # no fused backward (one launcher for the three gradients)
         return ops
-    return [ops[0], prefix + "bwd"] if bench else ops + [prefix + "bwd"]
+    fused = ("conv_" if conv else "") + "bwd"
+    return [ops[0], fused] if bench else ops + [fused]
 
 
 def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: bool, per_kernel: bool,
@@ -120,17 +118,17 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
             for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
                 if is_conv and dt != "float32" and bench:
                     continue  # bench_conv times float32 unless told otherwise
-                scale = 1.5 if dt == "float64" else 1.0
+                def cost(kernels, scale=1.5 if dt == "float64" else 1.0):
+                    return scale * (10 + sum(lines.get(k, 200) for k in kernels) / 25)
+
                 for op in needed_ops(source, is_conv, bench):
                     kernels = op_kernels(source, op)
                     base = (sys.executable, str(Path(__file__).resolve()), "--generated", str(generated),
                             "--job", p, dt, op)
                     if per_kernel:
-                        out += [Job(f"{p}/{dt}/{op}/{k}", base + ("--kernel", k), scale * (10 + lines.get(k, 200) / 25))
-                                for k in kernels]
+                        out += [Job(f"{p}/{dt}/{op}/{k}", base + ("--kernel", k), cost([k])) for k in kernels]
                     else:
-                        cost = scale * (10 + sum(lines.get(k, 200) for k in kernels) / 25)
-                        out.append(Job(f"{p}/{dt}/{op}", base, cost))
+                        out.append(Job(f"{p}/{dt}/{op}", base, cost(kernels)))
     return out
 
 
