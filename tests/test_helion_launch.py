@@ -2,6 +2,8 @@
 for Helion's kernel and Triton's JIT function (CPU; the real launch is checked on the GPU
 by every GPU kernel test, which runs through it)."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -84,11 +86,33 @@ class _Kernel:
         return type("Bound", (), {"_run": staticmethod(self.host)})()  # the pinned config, already set
 
 
+class _Devices:
+    """Stand-ins for the current CUDA device (``current``), a tensor's device index (its
+    attribute ``fake_device``, default 0) and ``torch.cuda.device`` (``guard``: makes a
+    device current inside, records it in ``entered``, restores the previous one)."""
+
+    def __init__(self, launch):
+        self.current = 0
+        self.entered = []
+        launch.current_device = lambda: self.current
+        launch.tensor_device = lambda t: getattr(t, "fake_device", 0)
+        launch.device_guard = self.guard
+
+    @contextlib.contextmanager
+    def guard(self, device):
+        previous, self.current = self.current, device
+        self.entered.append(device)
+        try:
+            yield
+        finally:
+            self.current = previous
+
+
 def _fast(log):
     k = _Kernel(log)
     launch = HelionLaunch(k, triton_options={"maxnreg": 256}, enabled=True)
     launch.fast_device_type = "cpu"
-    launch.current_device = lambda: 0
+    _Devices(launch)
     launch._triton = (_Runtime(), lambda device: f"stream{device}", _default_launcher)
     return k, launch
 
@@ -155,6 +179,31 @@ def test_cpu_tensors_take_helions_path():
     assert [e[0] for e in log] == ["helion", "jit"] * 2 and k.binds == 0
 
 
+def test_helions_path_runs_on_the_tensors_device():
+    """With the fast launch off, Helion's path too runs with the tensors' device current
+    (Triton's JITFunction.run launches on the current device), restored afterwards; a
+    tensor on the current device enters no guard."""
+    log = []
+    k = _Kernel(log)
+    launch = HelionLaunch(k, enabled=False)
+    launch.fast_device_type = "cpu"
+    devices = _Devices(launch)
+    seen = []
+    real_host = k.host
+
+    def host(x, out, *, _launcher=_default_launcher):
+        seen.append(devices.current)
+        real_host(x, out, _launcher=_launcher)
+
+    k.host = host
+    x, out = torch.zeros(4, 8), torch.zeros(4, 16)
+    launch(x, out)
+    x.fake_device = out.fake_device = 1
+    launch(x, out)
+    assert [e[0] for e in log] == ["helion", "jit"] * 2
+    assert seen == [0, 1] and devices.entered == [1] and devices.current == 0
+
+
 _MODULE = '''
 CALLS = []
 
@@ -202,7 +251,7 @@ def test_generated_module_cached_on_disk(tmp_path, monkeypatch):
             k.fn = src_mod.f
             launch = HelionLaunch(k, enabled=True)
             launch.fast_device_type = "cpu"
-            launch.current_device = lambda: 0
+            _Devices(launch)
             launch._triton = (_Runtime(), lambda device: "s", _default_launcher)
             return k, launch
 
@@ -370,7 +419,7 @@ def test_replay_skips_the_host_function_and_launches_the_same():
     k = _CountingKernel(log)
     launch = HelionLaunch(k, triton_options={"maxnreg": 256}, enabled=True)
     launch.fast_device_type = "cpu"
-    launch.current_device = lambda: 0
+    devices = _Devices(launch)
     launch._triton = (_Runtime(), lambda device: f"stream{device}", _default_launcher)
     x, out = torch.zeros(40, 8), torch.zeros(40, 16)
     for _ in range(3):
@@ -391,11 +440,21 @@ def test_replay_skips_the_host_function_and_launches_the_same():
     launch(y, out3)
     launch(y, out3)
     assert k.host_calls == 3 and log[-1][2] == (5, 1, 1) and log[-1][4] == (y, out3, 70, 16)
-    # another current device: recorded again, launched on that device's stream
-    launch.current_device = lambda: 1
+    # the tensors' device made current for the launch only: no guard on the current device
+    assert devices.entered == []
+    # tensors on another device than the current one: recorded again (the key holds the
+    # device), launched on that device's stream with that device current, then restored
+    y1, out1 = y.clone(), out3.clone()
+    y1.fake_device = out1.fake_device = 1
+    launch(y1, out1)
+    launch(y1, out1)
+    assert k.host_calls == 4 and log[-1][0] == "direct" and log[-1][3] == "stream1"
+    assert devices.entered == [1, 1] and devices.current == 0
+    # the current device changed, the tensors on device 0: device 0 made current, its plan
+    devices.current = 1
     launch(y, out3)
-    launch(y, out3)
-    assert k.host_calls == 4 and log[-1][3] == "stream1"
+    assert k.host_calls == 4 and log[-1][3] == "stream0" and devices.entered == [1, 1, 0] and devices.current == 1
+    devices.current = 0
     # a profiler's hook: every launch through the host function and Triton while installed
     hook = lambda metadata: None  # noqa: E731
     launch._triton[0].launch_enter_hook.add(hook)
@@ -412,7 +471,7 @@ def test_replay_tables_stay_bounded():
     k = _CountingKernel(log)
     launch = HelionLaunch(k, enabled=True)
     launch.fast_device_type = "cpu"
-    launch.current_device = lambda: 0
+    _Devices(launch)
     launch._triton = (_Runtime(), lambda device: "s", _default_launcher)
     launch.max_entries = 4
     for n in range(2, 12):  # MD: a new edge count each step

@@ -15,6 +15,15 @@ per call: each tensor's dtype and 16-byte alignment, each integer's ``== 1``, ``
 0`` and 32-bit range (``triton.runtime.jit.specialize_impl``); a new combination goes
 through ``JITFunction.run`` once and is cached. CPU tensors (Triton's interpreter), an
 installed launch hook (profilers), or ``EQDSL_HELION_FAST_LAUNCH=0`` take Helion's path.
+
+Device. Triton launches on the *current* CUDA device (its stream, the binary loaded there,
+its check that every pointer is usable there), so a kernel whose tensors are on
+``cuda:1`` while device 0 is current failed ("Pointer argument (at 0) cannot be accessed
+from Triton"). Every CUDA launch, Helion's path included, runs on its first tensor's
+device: when that is not the current device, the call makes it current for its duration
+(``torch.cuda.device``) and restores the previous one. Same device: one
+``Tensor.get_device`` and one comparison per launch. The ops check beforehand that all
+their tensors share one device.
 ``triton_options`` (e.g. ``maxnreg``, which Helion accepts only on persistent kernels) are
 added to every CUDA launch; Helion's own path launches without them.
 
@@ -112,9 +121,12 @@ class HelionLaunch:
     docstring for what is skipped and when it falls back to Helion's path.
     """
 
-    # The fast path's device type and current-device query (tests substitute both).
+    # The fast path's device type, the current-device query, a tensor's device index and the
+    # context manager that makes a device current for a launch (tests substitute them).
     fast_device_type = "cuda"
     current_device = staticmethod(getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device))
+    tensor_device = staticmethod(torch.Tensor.get_device)
+    device_guard = torch.cuda.device
     # MD changes the edge count every step: the exact-key tables are emptied past this size
     max_entries = 256
 
@@ -137,13 +149,25 @@ class HelionLaunch:
 
     def __call__(self, *args):
         # ``is_cuda`` costs a tenth of ``device.type``
-        if not self.enabled or not getattr(args[0], "is_" + self.fast_device_type, False):
+        if not getattr(args[0], "is_" + self.fast_device_type, False):
+            return self.kernel(*args)  # CPU: Triton's interpreter, no current device
+        device = self.tensor_device(args[0])
+        if device != self.current_device():
+            # Triton launches on the current device: make it the tensors' for this call
+            with self.device_guard(device):
+                return self._call(device, args)
+        return self._call(device, args)
+
+    def _call(self, device: int, args: tuple):
+        """A CUDA launch with ``device`` (the first tensor's) current."""
+        if not self.enabled:
             return self.kernel(*args)
         # everything a replay depends on: the device Triton launches on, the layout, dtype
-        # and alignment of every tensor, every other argument's value. (A tensor's device is
-        # not: the launch is the same, and Triton's C launcher rejects a pointer it cannot use.)
+        # and alignment of every tensor, every other argument's value. (The other tensors'
+        # devices are not: the ops check that all are on one, and Triton's C launcher
+        # rejects a pointer it cannot use.)
         key = (
-            self.current_device(),
+            device,
             *[
                 (a.shape, a.stride(), a.dtype, a.data_ptr() & 15 == 0)
                 if isinstance(a, torch.Tensor)
