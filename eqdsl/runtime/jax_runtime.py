@@ -138,6 +138,38 @@ def compiler_params(interpret: bool, num_warps: int | None = None):
     return pltriton.CompilerParams(num_warps=NUM_WARPS if num_warps is None else num_warps, num_stages=NUM_STAGES)
 
 
+def _varying_axes(operands) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map`` with ``check_vma=True``) along which
+    any of ``operands`` varies; empty elsewhere. Raises ``ValueError`` for an operand that
+    is ``unreduced`` or ``reduced`` over an axis (a partial sum pending a collective): the
+    kernels are not linear in all operands at once, so it must be reduced first."""
+    varying = set()
+    for a in operands:
+        mat = getattr(jax.typeof(a), "manual_axis_type", None)
+        if mat is None:
+            continue
+        if mat.unreduced or mat.reduced:
+            raise ValueError("an operand of the tensor product is unreduced/reduced over mesh axes "
+                             f"{sorted(mat.unreduced | mat.reduced)}; reduce it (jax.lax.psum) first")
+        varying |= mat.varying
+    return frozenset(varying)
+
+
+def out_struct(shape, dtype, operands) -> jax.ShapeDtypeStruct:
+    """The ``out_shape`` of a ``pallas_call`` on ``operands``: ``(shape, dtype)``, varying
+    over the mesh axes along which any operand varies.
+
+    Inside ``jax.shard_map`` (default ``check_vma=True``) JAX types every value with the
+    manual mesh axes it varies over (``jax.typeof(x).manual_axis_type``) and requires the
+    ``out_shape`` of a ``pallas_call`` to say it (``manual_axis_type``, jax 0.10 and 0.11):
+    a kernel's output row depends on every operand, so it varies wherever one of them
+    does. Outside ``shard_map`` the field is empty and ignored.
+    """
+    from jax.sharding import ManualAxisType
+
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(varying=_varying_axes(operands)))
+
+
 # ------------------------------------------------------------------ in-kernel column access
 #
 # The generated kernels read and write whole rows of the spec's layout. A tile of
@@ -287,7 +319,24 @@ def fma(a, b, c):
 
 def _run(call, interpret: bool, *operands):
     """``call(*operands)``, a ``pallas_call``: its kernel is traced here, with ``fma`` as
-    inline PTX unless in interpret mode."""
+    inline PTX unless in interpret mode.
+
+    Interpret mode on operands that vary over manual mesh axes (inside ``jax.shard_map``
+    with ``check_vma=True``) runs the call in a ``jax.pure_callback``, on the device's own
+    rows: Pallas' HLO interpreter evaluates the kernel's jaxpr, traced without mesh axes,
+    on the varying operands, and the first constant in the kernel fails JAX's check
+    ("Primitive mul requires varying manual axes to match", jax 0.10.2; 0.11's interpreter
+    is the same code). The callback computes the same kernels, on the host (interpret
+    mode is for CPU testing); compiled kernels (the GPU) are called directly.
+    """
+    axes = _varying_axes(operands) if interpret else ()
+    if axes:
+        outs = jax.eval_shape(call, *operands)
+        structs = jax.tree.map(lambda o: out_struct(o.shape, o.dtype, operands), outs)
+        outs = jax.pure_callback(jax.jit(call), structs, *operands, vmap_method="sequential")
+        # pure_callback types its results unvarying (jax 0.10.2) whatever the structs say;
+        # each device computed its own rows: retype them varying (no data moves).
+        return jax.tree.map(lambda o: jax.lax.pcast(o, tuple(sorted(axes)), to="varying"), outs)
     token = _INLINE_FMA.set(not interpret)
     try:
         return call(*operands)
@@ -341,7 +390,7 @@ def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | N
     for kernel, width in kernels:
         call = pl.pallas_call(
             kernel,
-            out_shape=jax.ShapeDtypeStruct((rows, width), args[0].dtype),
+            out_shape=out_struct((rows, width), args[0].dtype, args),
             grid=(rows // block_batch,),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((block_batch, width), row_block),
@@ -374,7 +423,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
             in_specs = [pl.BlockSpec((block_batch, a.shape[1]), lambda i, s=start: (i + s, 0)) for a in args]
             call = pl.pallas_call(
                 kernel,
-                out_shape=jax.ShapeDtypeStruct((n, width), args[0].dtype),
+                out_shape=out_struct((n, width), args[0].dtype, args),
                 grid=(n,),
                 in_specs=in_specs,
                 out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
@@ -413,7 +462,7 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
         widths = (width1, dim_in2, width_w)
         call = pl.pallas_call(
             kernel,
-            out_shape=tuple(jax.ShapeDtypeStruct((rows, n), dtype) for n in widths),
+            out_shape=tuple(out_struct((rows, n), dtype, args) for n in widths),
             grid=(rows // block_batch,),
             in_specs=in_specs,
             out_specs=tuple(pl.BlockSpec((block_batch, n), row_block) for n in widths),
@@ -499,14 +548,23 @@ class TensorProductVJP(NamedTuple):
     bwd: Callable | None = None
 
 
-def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None, fused=None) -> TensorProductVJP:
+def make_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None, fused=None, *,
+                 shared_weights: bool | None = None) -> TensorProductVJP:
     """Wire kernel launchers ``f(a, b, c, *, block_batch, interpret)`` into
     ``TensorProductVJP`` (see there for the rules). ``weighted``: the launchers
     ``(forward, backward_x1, backward_x2)`` over the weighted paths only, or ``None``
     when every path is weighted. ``fused``: the launcher ``f(x1, x2, w, g, *,
     block_batch, interpret) -> (gx1, gx2, gw)`` of a channelwise product's fused
-    backward, or ``None``."""
-    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=False, fused=fused)
+    backward, or ``None``.
+
+    The ops take row operands of any row count: each launch pads its rows to a multiple
+    of ``block_batch`` itself and runs batch-parallel on the devices holding the rows
+    (``eqdsl.runtime.jax_sharding.row_parallel``). ``shared_weights``: whether the weight
+    operand is one ``(1, numel)`` row and its gradient a sum over the rows; None (packages
+    generated before this argument) reads it from the operand: one row while the batch
+    has more (a batch of one row computes the same either way)."""
+    return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=False, fused=fused,
+                 shared_weights=shared_weights)
 
 
 def make_conv_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=None, fused=None) -> TensorProductVJP:
@@ -523,8 +581,58 @@ def make_conv_vjp_ops(forward, backward_x1, backward_x2, backward_w, weighted=No
     return _wire((forward, backward_x1, backward_x2, backward_w), weighted, graph=True, fused=fused)
 
 
-def _wire(launchers, weighted, *, graph: bool, fused=None) -> TensorProductVJP:
+def _is_shared(shared_weights: bool | None, kind: str, launch, args) -> bool:
+    """Whether a launch's weights are one shared ``(1, numel)`` row: ``shared_weights`` when
+    given, else read from the shapes (``make_vjp_ops``): the weight operand (``backward_w``:
+    the output) has one row while the batch has more."""
+    if shared_weights is not None:
+        return bool(shared_weights)
+    if kind == "bwd_w":
+        rows = jax.eval_shape(lambda *a: launch(*a, block_batch=1, interpret=True), *args).shape[0]
+    else:
+        rows = args[3 if kind == "fused" else 2].shape[0]
+    return rows == 1 and args[0].shape[0] != 1
+
+
+def _layout(kind: str, shared: bool):
+    """Row layout (``jax_sharding.RowLayout``) of a launch of the plain product: operands
+    ``(a, b, c)``, ``c`` the weights (one row if shared) except for ``bwd_w`` (``c`` the
+    output cotangent; the output one row if shared); ``fused``: ``(x1, x2, w, g) ->
+    (gx1, gx2, gw)``."""
+    from eqdsl.runtime.jax_sharding import RowLayout
+
+    if kind == "fused":
+        return RowLayout((True, True, not shared, True), (True, True, not shared))
+    if kind == "bwd_w":
+        return RowLayout((True, True, True), (not shared,))
+    return RowLayout((True, True, not shared), (True,))
+
+
+def _row_parallel(launch, kind: str, shared_weights: bool | None):
+    """``launch`` made batch-parallel (``jax_sharding.row_parallel``): rows of any count,
+    padded per device; one wrapper per row layout."""
+    from eqdsl.runtime.jax_sharding import row_parallel
+
+    made = {}
+
+    def call(*args, block_batch, interpret):
+        layout = _layout(kind, _is_shared(shared_weights, kind, launch, args))
+        if layout not in made:
+            made[layout] = row_parallel(launch, layout)
+        return made[layout](*args, block_batch=block_batch, interpret=interpret)
+
+    return call
+
+
+def _wire(launchers, weighted, *, graph: bool, fused=None, shared_weights: bool | None = None) -> TensorProductVJP:
     ng = 1 if graph else 0  # number of non-differentiated pass-through arguments (the graph)
+    if not graph:
+        kinds = ("rows", "rows", "rows", "bwd_w")
+        launchers = tuple(_row_parallel(f, k, shared_weights) for f, k in zip(launchers, kinds))
+        if weighted is not None:
+            weighted = tuple(_row_parallel(f, "rows", shared_weights) for f in weighted)
+        if fused is not None:
+            fused = _row_parallel(fused, "fused", shared_weights)
 
     def wrap(launch):
         if graph:
@@ -600,7 +708,7 @@ def _wire(launchers, weighted, *, graph: bool, fused=None) -> TensorProductVJP:
             return (b1(g, h, w, *ex, bb, it), f(x1, h, w, *ex, bb, it), bwd_w(x1, h, g, *ex, bb, it)) + nones
 
         for op, rule in ((f, f_bwd), (b1, b1_bwd), (b2, b2_bwd)):
-            op.defvjp(save(op), rule)
+            op.defvjp(save(op), _sum_over_devices(rule))
 
     def bwd_w_bwd(bb, it, res, h):
         x1, x2, g, *ex = res
@@ -608,12 +716,37 @@ def _wire(launchers, weighted, *, graph: bool, fused=None) -> TensorProductVJP:
                 fwd_w(x1, x2, h, *ex, bb, it)) + nones
 
     if bwd is not None:
-        bwd.defvjp(bwd_fwd, bwd_bwd, symbolic_zeros=True)
+        bwd.defvjp(bwd_fwd, _sum_over_devices(bwd_bwd), symbolic_zeros=True)
     family(fwd, bwd_x1, bwd_x2)
     if weighted is not None:
         family(fwd_w, bwd_x1_w, bwd_x2_w)
-    bwd_w.defvjp(save(bwd_w), bwd_w_bwd)
+    bwd_w.defvjp(save(bwd_w), _sum_over_devices(bwd_w_bwd))
     return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w, bwd)
+
+
+def _sum_over_devices(rule):
+    """A VJP rule whose cotangents are summed (``psum``) over the manual mesh axes along
+    which they vary but their primal does not.
+
+    Inside ``jax.shard_map`` (``check_vma=True``) an operand replicated over a mesh axis
+    (shared weights, ``in_specs=P()``) meets rows that vary over it: each device's kernel
+    gives the gradient of its own rows, and the operand's gradient is their sum over the
+    devices (what JAX's own transpose of the implicit ``pcast(to="varying")`` does; JAX
+    also requires the cotangent to be typed like the primal). Elsewhere nothing varies
+    and the rule is unchanged."""
+
+    def summed(bb, it, res, h):
+        cts = rule(bb, it, res, h)
+        out = []
+        for k, ct in enumerate(cts):
+            if ct is not None and k < len(res):
+                extra = _varying_axes((ct,)) - _varying_axes((res[k],))
+                if extra:
+                    ct = jax.lax.psum(ct, tuple(sorted(extra)))
+            out.append(ct)
+        return tuple(out)
+
+    return summed
 
 
 def _add(a, b):
@@ -917,7 +1050,7 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
     for body, width in kernels:
         call = pl.pallas_call(
             make(body),
-            out_shape=jax.ShapeDtypeStruct((num_nodes, width), args[0].dtype),
+            out_shape=out_struct((num_nodes, width), args[0].dtype, operands),
             grid=(num_nodes,),
             in_specs=[_full_spec(a) for a in operands],
             out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
@@ -975,7 +1108,7 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
     for body, width in kernels:
         call = pl.pallas_call(
             make(body),
-            out_shape=jax.ShapeDtypeStruct((blocks if shared_out else rows, width), args[0].dtype),
+            out_shape=out_struct((blocks if shared_out else rows, width), args[0].dtype, operands),
             grid=(blocks,),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((1 if shared_out else be, width), lambda i: (i, 0)),
@@ -1031,7 +1164,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
         widths = (width1, dim_in2, width_w)
         call = pl.pallas_call(
             make(kernel),
-            out_shape=tuple(jax.ShapeDtypeStruct((rows, n), dtype) for n in widths),
+            out_shape=tuple(out_struct((rows, n), dtype, (graph.src, graph.dst, x, y, w, g)) for n in widths),
             grid=(blocks,),
             in_specs=in_specs,
             out_specs=tuple(pl.BlockSpec((be, n), edge_block) for n in widths),
