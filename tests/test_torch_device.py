@@ -1,0 +1,372 @@
+"""Generated torch ops run on their tensors' device and refuse operands on several devices.
+
+On the CPU (CI): tensors on the ``meta`` device next to CPU tensors reach every device
+check (they pass the dtype and shape checks) and must raise a ``ValueError`` naming the
+arguments and their devices before any kernel runs: ``tensor_product`` and ``conv`` in
+both of their paths (custom op, eager fast path), the kernel ops called directly.
+
+On a machine with two GPUs (marked ``gpu``): operands on ``cuda:1`` while device 0 is
+current give what they give on ``cuda:0`` (forward, gradients, the gradient of forces),
+through the eager fast path, the custom ops and Helion's own launch path, for the tensor
+product and the fused convolution; ``cuda:0`` with ``cuda:1`` operands is refused.
+
+On one GPU (marked ``gpu``): the conv is CUDA-graph safe. Its forward, and the energy
+and forces of a small layer (forward + backward), captured with ``torch.cuda.graph`` and
+replayed on new inputs equal eager calls; ``torch.compile(mode="reduce-overhead",
+fullgraph=True)`` of the forward runs as CUDA graphs (no graph break, no skipped
+graph) with eager's results; out-of-range indices still raise in eager code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("helion")
+
+from eqdsl.runtime import torch_runtime as rt  # noqa: E402
+from genutil import build_package  # noqa: E402
+
+# the NequIP/MACE edge product in small: channelwise (uvu) with per-edge weights (so a
+# fused backward), mul_ir rows (the conv's layout conversions run too)
+SPEC = """
+[[tensor_product]]
+name = "{name}"
+irreps_in1 = "4x0e+4x1o"
+irreps_in2 = "0e+1o"
+irreps_out = "0e+1o"
+mode = "uvu"
+shared_weights = false
+layout = "mul_ir"
+dtypes = ["float32", "float64"]
+conv = true
+reduce = "mean"
+"""
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    """(torch_ops, torch_conv) of the package (mean reduce: the in-degree is computed too)."""
+    p = build_package(tmp_path_factory.mktemp("torch_device"), "td_mean", SPEC.format(name="td_mean"))
+    return importlib.import_module(p.__name__ + ".torch_ops"), importlib.import_module(p.__name__ + ".torch_conv")
+
+
+def _tp_inputs(ops, batch, device, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((batch, ops.DIM_IN1), (batch, ops.DIM_IN2), (batch, ops.WEIGHT_NUMEL))
+    return [torch.randn(s, generator=g, dtype=dtype).to(device) for s in shapes]
+
+
+def _conv_inputs(conv, nodes, edges, device, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(nodes, conv.DIM_IN1, generator=g, dtype=dtype)
+    y = torch.randn(edges, conv.DIM_IN2, generator=g, dtype=dtype)
+    w = torch.randn(edges, conv.WEIGHT_NUMEL, generator=g, dtype=dtype)
+    src = torch.randint(0, nodes, (edges,), generator=g)
+    dst = torch.randint(0, nodes, (edges,), generator=g)
+    return [t.to(device) for t in (x, y, w, src, dst)]
+
+
+@pytest.fixture
+def no_kernels(pkg, monkeypatch):
+    """Every Helion launch of both modules raises: a device error must come before any."""
+
+    def refuse(*args):
+        raise AssertionError("a kernel ran")
+
+    for mod in pkg:
+        for name in vars(mod._k):
+            monkeypatch.setattr(mod._k, name, refuse)
+
+
+def _assert_names(info, *parts):
+    msg = str(info.value)
+    for part in parts:
+        assert part in msg, (part, msg)
+
+
+# ---------------------------------------------------------------- CPU: mixed devices refused
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["custom_op", "eager_fast_path"])
+@pytest.mark.parametrize("odd", [0, 1, 2])
+def test_tensor_product_refuses_mixed_devices(pkg, no_kernels, fast, odd, monkeypatch):
+    """One of x1, x2, weights on ``meta``, the others on the CPU."""
+    ops, _ = pkg
+    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")  # the fast path on CPU tensors
+    monkeypatch.setattr(rt.EAGER, "enabled", fast)
+    args = _tp_inputs(ops, 3, "cpu")
+    args[odd] = args[odd].to("meta")
+    with pytest.raises(ValueError, match="must be on one device") as info:
+        ops.tensor_product(*args)
+    names = ("x1", "x2", "weights")
+    _assert_names(info, "tensor_product", *(f"{n} on {'meta' if i == odd else 'cpu'}" for i, n in enumerate(names)))
+
+
+def test_kernel_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
+    """The kernel-layout ops called directly (custom ops and their implementations), the
+    fused backward among them."""
+    ops, _ = pkg
+    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")
+    x1, x2, w = _tp_inputs(ops, 3, "cpu")
+    g = torch.randn(3, ops.DIM_OUT, dtype=torch.float64)
+    cases = [
+        ("fwd", (x1, x2, w.to("meta")), "weights on meta"),
+        ("bwd_x1", (g.to("meta"), x2, w), "g on meta"),
+        ("bwd_x2", (x1, g, w.to("meta")), "weights on meta"),
+        ("bwd_w", (x1, x2.to("meta"), g), "x2 on meta"),
+        ("bwd", (x1, x2, w, g.to("meta")), "g on meta"),
+    ]
+    assert hasattr(ops, "bwd_op")  # channelwise, per-edge weights: a fused backward
+    for name, args, odd in cases:
+        for call in (getattr(ops, f"{name}_op"), getattr(ops, f"_{name}_eager").impl):
+            with pytest.raises(ValueError, match="must be on one device") as info:
+                call(*args)
+            _assert_names(info, f"::{name}", odd, "x1 on cpu" if name != "bwd_x1" else "x2 on cpu")
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["custom_op", "eager_fast_path"])
+@pytest.mark.parametrize("odd", ["node_features", "edge_attr", "weights", "src", "dst"])
+def test_conv_refuses_mixed_devices(pkg, no_kernels, fast, odd, monkeypatch):
+    _, conv = pkg
+    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")
+    monkeypatch.setattr(rt.EAGER, "enabled", fast)
+    names = ("node_features", "edge_attr", "weights", "src", "dst")
+    args = _conv_inputs(conv, 4, 6, "cpu")
+    i = names.index(odd)
+    args[i] = args[i].to("meta")
+    for check in (True, False):  # before the index check, and without it
+        with pytest.raises(ValueError, match="must be on one device") as info:
+            conv.conv(*args, 4, check=check)
+        _assert_names(info, "conv", *(f"{n} on {'meta' if n == odd else 'cpu'}" for n in names))
+
+
+def test_conv_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
+    """The conv's kernel ops called directly: their implementations (the eager path's) and
+    their fake implementations (the custom op dispatches a meta operand to it)."""
+    _, conv = pkg
+    x, y, w, src, dst = _conv_inputs(conv, 4, 6, "cpu")
+    graph = conv.graph_tensors(src, dst, 4)
+    g_node = torch.randn(4, conv.DIM_OUT, dtype=torch.float64)
+    meta = lambda t: t.to("meta")  # noqa: E731
+    cases = [
+        ("conv_fwd", (x, y, meta(w)), graph, "weights on meta"),
+        ("conv_bwd_x", (g_node, meta(y), w), graph, "y on meta"),
+        ("conv_bwd_y", (x, g_node, w), (graph[0], meta(graph[1]), *graph[2:]), "dst on meta"),
+        ("conv_bwd_w", (meta(x), y, g_node), graph, "x on meta"),
+        ("conv_bwd", (x, y, w, meta(g_node)), graph, "g on meta"),
+    ]
+    for name, operands, gr, odd in cases:
+        eager = getattr(conv, f"_{name}_eager")
+        for call in (getattr(conv, f"{name}_op"), eager.impl):
+            with pytest.raises(ValueError, match="must be on one device") as info:
+                call(*operands, *gr, 4)
+            _assert_names(info, f"::{name}", odd, "src on ")
+
+
+def test_same_device_check_messages():
+    a, b = torch.zeros(2), torch.zeros(2, device="meta")
+    rt.check_same_device("op", ("a", "b"), (a, a))
+    with pytest.raises(ValueError, match=r"^op: a, b and c must be on one device, got a on cpu, b on meta, c on cpu$"):
+        rt.check_same_device("op", ("a", "b", "c"), (a, b, a))
+
+
+# ---------------------------------------------------------------- two GPUs
+
+
+def _on(device, tensors, grad=False):
+    return [t.detach().to(device).requires_grad_(grad and t.is_floating_point()) for t in tensors]
+
+
+def _tp_results(ops, args):
+    """forward, the three gradients of <out, cot>, and d(|dE/dx2|^2)/dW (the forces pattern)."""
+    x1, x2, w = args
+    out = ops.tensor_product(x1, x2, w)
+    cot = torch.ones_like(out).cumsum(1)
+    grads = torch.autograd.grad(out, (x1, x2, w), cot, create_graph=True)
+    (gw2,) = torch.autograd.grad((grads[1] ** 2).sum(), w)
+    return [out.detach(), *[g.detach() for g in grads], gw2]
+
+
+def _conv_results(conv, args, nodes):
+    x, y, w, src, dst = args
+    out = conv.conv(x, y, w, src, dst, nodes)
+    cot = torch.ones_like(out).cumsum(1)
+    grads = torch.autograd.grad(out, (x, y, w), cot, create_graph=True)
+    (gw2,) = torch.autograd.grad((grads[1] ** 2).sum(), w)
+    return [out.detach(), *[g.detach() for g in grads], gw2]
+
+
+def _paths(mod):
+    """(label, setup) for each path a call can take: eager fast path, custom ops, custom ops
+    with Helion's launch path (the fast launch off)."""
+
+    def fast():
+        rt.EAGER.enabled = True
+
+    def custom():
+        rt.EAGER.enabled = False
+
+    def helion():
+        rt.EAGER.enabled = False
+        for launch in vars(mod._k).values():
+            launch.enabled = False
+
+    return [("fast", fast), ("custom", custom), ("helion", helion)]
+
+
+@pytest.fixture
+def restore_launch(pkg):
+    saved = rt.EAGER.enabled, [(l, l.enabled) for mod in pkg for l in vars(mod._k).values()]
+    yield
+    rt.EAGER.enabled = saved[0]
+    for launch, enabled in saved[1]:
+        launch.enabled = enabled
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+def test_tensor_product_on_the_second_gpu(pkg, restore_launch):
+    ops, conv = pkg
+    torch.cuda.set_device(0)
+    base = _tp_inputs(ops, 37, "cpu")
+    want = _tp_results(ops, _on("cuda:0", base, grad=True))
+    for label, setup in _paths(ops):
+        setup()
+        got = _tp_results(ops, _on("cuda:1", base, grad=True))
+        assert torch.cuda.current_device() == 0, label
+        for a, b in zip(got, want):
+            assert a.device == torch.device("cuda:1"), label
+            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-12, atol=1e-12, msg=label)
+    with pytest.raises(ValueError, match="weights on cuda:1"):
+        ops.tensor_product(*_on("cuda:0", base[:2]), base[2].to("cuda:1"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+def test_conv_on_the_second_gpu(pkg, restore_launch):
+    ops, conv = pkg
+    torch.cuda.set_device(0)
+    nodes = 50
+    base = _conv_inputs(conv, nodes, 400, "cpu")
+    want = _conv_results(conv, _on("cuda:0", base, grad=True), nodes)
+    for label, setup in _paths(conv):
+        setup()
+        got = _conv_results(conv, _on("cuda:1", base, grad=True), nodes)
+        assert torch.cuda.current_device() == 0, label
+        for a, b in zip(got, want):
+            assert a.device == torch.device("cuda:1"), label
+            # atomics: the summation order (the last bits) may differ
+            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-12, atol=1e-12, msg=label)
+    args = _on("cuda:1", base)
+    bad = args[4].clone()
+    bad[3] = nodes
+    with pytest.raises(ValueError, match="dst holds node indices outside"):
+        conv.conv(*args[:4], bad, nodes)
+    with pytest.raises(ValueError, match="src on cuda:0"):
+        conv.conv(*args[:3], args[3].to("cuda:0"), args[4], nodes)
+
+
+# ---------------------------------------------------------------- one GPU: CUDA graphs, torch.compile
+
+CUDA = torch.cuda.is_available()
+
+
+def _copy_into(static, tensors):
+    for s, t in zip(static, tensors):
+        s.copy_(t)
+
+
+def _warm_up(fn, *args):
+    """Three eager calls on a side stream, as ``torch.cuda.graph`` capture wants (kernels
+    compiled, launch plans and index tensors cached, indices checked)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_conv_forward_in_a_cuda_graph(pkg):
+    _, conv = pkg
+    nodes, edges = 40, 300
+    static = _conv_inputs(conv, nodes, edges, "cuda")
+    _warm_up(conv.conv, *static, nodes)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = conv.conv(*static, nodes)  # check=True (default): skipped while capturing
+    for seed in (1, 2):
+        new = _conv_inputs(conv, nodes, edges, "cuda", seed=seed)
+        _copy_into(static, new)
+        graph.replay()
+        torch.testing.assert_close(out, conv.conv(*new, nodes), rtol=1e-12, atol=1e-12)
+    bad = static[4].clone()
+    bad[7] = -1
+    with pytest.raises(ValueError, match="dst holds node indices outside"):
+        conv.conv(*static[:4], bad, nodes)  # eager again: checked
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_energy_and_forces_in_a_cuda_graph(pkg):
+    """Edge vectors -> e3nn spherical harmonics and a radial basis -> per-edge weights ->
+    conv -> energy; forces by autograd: the forward and the backward kernels in one graph."""
+    from e3nn import o3
+
+    _, conv = pkg
+    nodes, edges = 30, 200
+    x, _, _, src, dst = _conv_inputs(conv, nodes, edges, "cuda")
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    gen = torch.Generator().manual_seed(3)
+    theta = torch.randn(6, conv.WEIGHT_NUMEL, generator=gen, dtype=torch.float64).cuda()
+    freq = torch.arange(1, 7, dtype=torch.float64, device="cuda")
+
+    def energy_forces(pos):
+        pos = pos.detach().requires_grad_(True)
+        vec = pos[dst] - pos[src]
+        sh = o3.spherical_harmonics("0e+1o", vec, normalize=True, normalization="component")
+        r = vec.norm(dim=1, keepdim=True)
+        w = torch.sin(freq * r) / r @ theta
+        energy = (conv.conv(x, sh, w, src, dst, nodes) ** 2).sum()
+        (grad,) = torch.autograd.grad(energy, pos)
+        return energy.detach(), -grad
+
+    positions = [torch.randn(nodes, 3, generator=gen, dtype=torch.float64).mul(2).cuda() for _ in range(3)]
+    static = positions[0].clone()
+    _warm_up(energy_forces, static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        e, f = energy_forces(static)
+    for pos in positions[1:]:
+        static.copy_(pos)
+        graph.replay()
+        want_e, want_f = energy_forces(pos)
+        torch.testing.assert_close(e, want_e, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f, want_f, rtol=1e-12, atol=1e-12)
+        assert want_f.abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_conv_forward_compiled_reduce_overhead(pkg):
+    from torch._dynamo.utils import counters
+
+    _, conv = pkg
+    nodes, edges = 40, 300
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(lambda x, y, w, s, d: conv.conv(x, y, w, s, d, nodes), mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # warm-up, record, replays
+        args = _conv_inputs(conv, nodes, edges, "cuda", seed=seed)
+        got = f(*args).clone()  # the graph's output buffer is reused by the next replay
+        torch.testing.assert_close(got, conv.conv(*args, nodes), rtol=1e-12, atol=1e-12)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
