@@ -16,6 +16,8 @@ from .irreps import Irreps, MulIr
 
 __all__ = [
     "MODES",
+    "OUTPUT_ORDERS",
+    "INSTRUCTION_ORDERS",
     "IRREP_NORMALIZATIONS",
     "PATH_NORMALIZATIONS",
     "Instruction",
@@ -28,6 +30,9 @@ __all__ = [
 ]
 
 MODES = ("uvw", "uvu", "uvv", "uuu")
+# how the channelwise modes order their output blocks and their instructions (expand_mode)
+OUTPUT_ORDERS = ("paths", "sorted")
+INSTRUCTION_ORDERS = ("paths", "output")
 IRREP_NORMALIZATIONS = ("component", "norm", "none")
 PATH_NORMALIZATIONS = ("element", "path", "none")
 
@@ -58,23 +63,51 @@ class Instruction:
         return str(self.as_tuple())
 
 
-def expand_mode(mode: str, irreps_in1: Irreps, irreps_in2: Irreps, irreps_out: Irreps):
+def expand_mode(
+    mode: str,
+    irreps_in1: Irreps,
+    irreps_in2: Irreps,
+    irreps_out: Irreps,
+    output_order: str = "paths",
+    instruction_order: str = "paths",
+):
     """Expand a mode shorthand into ``(irreps_out, instructions)``.
 
     ``uvw``: e3nn's ``FullyConnectedTensorProduct``: every ``(i1, i2, i_out)`` whose
-    irreps are allowed, in that loop order; ``irreps_out`` is used as given.
+    irreps are allowed, in that loop order; ``irreps_out`` is used as given (the two
+    orders must be ``"paths"``).
 
-    ``uvu`` / ``uvv`` / ``uuu``: the MACE/NequIP channelwise construction. ``irreps_out``
+    ``uvu`` / ``uvv`` / ``uuu``: the channelwise construction of MACE
+    (``mace/modules/irreps_tools.py: tp_out_irreps_with_instructions``), NequIP
+    (``InteractionBlock``), SevenNet (``IrrepsConvolution``) and Nequix. ``irreps_out``
     is a filter: each allowed ``ir_out`` of ``ir1 x ir2`` (in e3nn's order, ``l``
-    ascending) that appears in the filter becomes one path writing its own
-    ``mul x ir_out`` block, in path order (never sorted). ``mul`` is ``mul1`` for
-    ``uvu``, ``mul2`` for ``uvv``; ``uuu`` keeps only pairs with ``mul1 == mul2``.
+    ascending) that appears in it becomes one path writing its own ``mul x ir_out``
+    block. ``mul`` is ``mul1`` for ``uvu``, ``mul2`` for ``uvv``; ``uuu`` keeps only pairs
+    with ``mul1 == mul2``. Then, as those models do:
 
-    Raises ``InstructionError`` for an unknown mode or when no path results.
+    * ``output_order``: ``"paths"`` keeps the blocks in path order; ``"sorted"`` orders
+      them as e3nn's ``Irreps.sort()`` (by ``(l, p)``, odd before even (e3nn's ``Irrep`` is
+      the tuple ``(l, p)``, so ``0o < 0e``), ties in path order; never merged) and
+      renumbers each instruction's ``i_out``.
+    * ``instruction_order``: ``"paths"`` keeps the instructions (hence the weights, path
+      after path) in path order (NequIP); ``"output"`` orders them by ``i_out`` (MACE,
+      SevenNet >= 0.11, Nequix: ``sorted(instructions, key=lambda x: x[2])``). With
+      ``output_order = "paths"`` the two are the same.
+
+    Raises ``InstructionError`` for an unknown mode or order, an order other than
+    ``"paths"`` for ``uvw``, or when no path results.
     """
     if mode not in MODES:
         raise InstructionError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    if output_order not in OUTPUT_ORDERS:
+        raise InstructionError("output_order", f"{output_order!r} is not one of {', '.join(OUTPUT_ORDERS)}")
+    if instruction_order not in INSTRUCTION_ORDERS:
+        raise InstructionError("instruction_order",
+                               f"{instruction_order!r} is not one of {', '.join(INSTRUCTION_ORDERS)}")
     if mode == "uvw":
+        if (output_order, instruction_order) != ("paths", "paths"):
+            raise InstructionError("output_order", "mode 'uvw' writes irreps_out as given; the orders apply to "
+                                   "uvu, uvv and uuu")
         ins = [
             Instruction(i1, i2, io, "uvw", True, 1.0)
             for i1, mi1 in enumerate(irreps_in1)
@@ -96,6 +129,14 @@ def expand_mode(mode: str, irreps_in1: Irreps, irreps_in2: Irreps, irreps_out: I
                         mul = mi2.mul if mode == "uvv" else mi1.mul
                         ins.append(Instruction(i1, i2, len(blocks), mode, True, 1.0))
                         blocks.append(MulIr(mul, ir))
+        if output_order == "sorted":
+            # e3nn's Irreps.sort(): sorted((ir, i, mul)), so ties keep their order; p[old] = new
+            inv = sorted(range(len(blocks)), key=lambda i: (blocks[i].ir.l, blocks[i].ir.p, i))
+            p = {old: new for new, old in enumerate(inv)}
+            blocks = [blocks[i] for i in inv]
+            ins = [Instruction(i.i_in1, i.i_in2, p[i.i_out], i.mode, i.has_weight, i.path_weight) for i in ins]
+        if instruction_order == "output":
+            ins = sorted(ins, key=lambda i: i.i_out)
         out = Irreps(blocks)
     if not ins:
         raise InstructionError("irreps_out", f"mode {mode!r} gives no path from these irreps")

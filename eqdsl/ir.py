@@ -114,6 +114,8 @@ class TensorProductIR:
     ``conv``: also generate the fused graph convolution ``out[dst[e]] += TP(x[src[e]],
     edge_attr[e], w[e])`` with ``reduce`` (sum | mean over a node's in-edges) and
     ``deterministic`` (dst-sorted segment reduction instead of atomics).
+    ``cg_convention``: the ``wigner_3j`` sign convention the nonzeros were lowered in
+    (``eqdsl.cg.CG_CONVENTIONS``); already in every ``coeff``, recorded for readers.
     """
 
     name: str
@@ -138,6 +140,7 @@ class TensorProductIR:
     conv: bool = False
     reduce: str = "sum"
     deterministic: bool = False
+    cg_convention: str = "e3nn-0.5"
 
     def paths_into(self, i_out: int) -> tuple[PathIR, ...]:
         return tuple(p for p in self.paths if p.i_out == i_out)

@@ -33,7 +33,11 @@ def _path_flops(mode: str, nnz: int, m1: int, m2: int, mo: int, dim_out: int, ha
 
 def lower(spec: TensorProductSpec) -> TensorProductIR:
     """Lower ``spec``: fold both normalizations into the CG nonzeros (exactly, rounded once:
-    ``eqdsl.cg.scaled_nonzeros``), lay out operands."""
+    ``eqdsl.cg.scaled_nonzeros``, in the spec's ``cg_convention``), lay out operands.
+
+    Everything downstream (the kernels, and ``eqdsl.reference``, the oracle) reads the
+    coefficients from the IR's nonzeros, so the CG sign convention is decided here once.
+    """
     in1, in2, out = spec.irreps_in1, spec.irreps_in2, spec.irreps_out
     norm = (in1, in2, out, spec.instructions, spec.irrep_normalization, spec.path_normalization)
     alphas, weights = normalized_path_alphas(*norm), normalized_path_weights(*norm)
@@ -42,7 +46,7 @@ def lower(spec: TensorProductSpec) -> TensorProductIR:
         l1, l2, lo = in1[ins.i_in1].ir.l, in2[ins.i_in2].ir.l, out[ins.i_out].ir.l
         nz = tuple(
             sorted(
-                (CGNonzero(i, j, k, c) for i, j, k, c in scaled_nonzeros(l1, l2, lo, alpha)),
+                (CGNonzero(i, j, k, c) for i, j, k, c in scaled_nonzeros(l1, l2, lo, alpha, spec.cg_convention)),
                 key=lambda n: (n.k, n.i, n.j),
             )
         )
@@ -78,4 +82,5 @@ def lower(spec: TensorProductSpec) -> TensorProductIR:
         conv=spec.conv,
         reduce=spec.reduce,
         deterministic=spec.deterministic,
+        cg_convention=spec.cg_convention,
     )

@@ -2,7 +2,9 @@
 
 This is the oracle every backend is compared with (and it is itself compared with
 ``e3nn.o3.TensorProduct`` in the tests). It reads only the IR, so it checks the
-lowering as well as the kernels.
+lowering as well as the kernels. The coefficients are the IR's nonzeros, so the oracle
+follows the spec's ``cg_convention`` (``TensorProductIR.cg_convention``: the signs of
+e3nn >= 0.5's or e3nn 0.4's ``wigner_3j``) exactly as the kernels do.
 """
 
 from __future__ import annotations

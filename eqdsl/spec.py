@@ -12,10 +12,21 @@ key                       type / values                          default
 ========================  =====================================  =====================
 name                      Python identifier, unique in the file  required
 irreps_in1, irreps_in2    e3nn irreps string                     required
-irreps_out                e3nn irreps (a filter for uvu/uvv/uuu) required
+irreps_out                e3nn irreps (for uvu/uvv/uuu: a filter  required
+                          of bare irreps, or the exact output
+                          when any term has a multiplicity)
 mode                      uvw | uvu | uvv | uuu                  one of mode /
 instructions              list of [i1, i2, i_out, mode,          instructions required
                           has_weight, path_weight?]
+output_order              paths | sorted (uvu/uvv/uuu: output    paths
+                          blocks in path order, or as e3nn's
+                          Irreps.sort(), i_out renumbered)
+instruction_order         paths | output (uvu/uvv/uuu: the       paths; required
+                          instructions, hence the weights, in    with sorted
+                          path order (NequIP) or by i_out
+                          (MACE, SevenNet, Nequix))
+cg_convention             e3nn-0.5 | e3nn-0.4 (wigner_3j signs   e3nn-0.5
+                          of e3nn >= 0.5, or of e3nn 0.4.x)
 irrep_normalization       component | norm | none                component
 path_normalization        element | path | none                  element
 shared_weights            bool                                   true (as e3nn)
@@ -68,10 +79,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cg import CG_CONVENTIONS, DEFAULT_CG_CONVENTION, E3NN_04_LMAX
 from .errors import SpecError
 from .instructions import (
+    INSTRUCTION_ORDERS,
     IRREP_NORMALIZATIONS,
     MODES,
+    OUTPUT_ORDERS,
     PATH_NORMALIZATIONS,
     Instruction,
     InstructionError,
@@ -90,7 +104,7 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _KNOWN = {
     "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
     "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
-    "conv", "reduce", "deterministic", "tuning",
+    "conv", "reduce", "deterministic", "tuning", "output_order", "instruction_order", "cg_convention",
 }
 REDUCTIONS = ("sum", "mean")
 
@@ -140,6 +154,12 @@ class TensorProductSpec:
     ``irreps_out`` is the resolved output (for ``uvu``/``uvv``/``uuu`` modes: one block
     per path); ``irreps_out_filter`` is what the file said. ``instructions`` are resolved
     e3nn instructions with the user's path weights.
+
+    ``output_order`` and ``instruction_order`` record how a channelwise mode ordered the
+    output blocks (``"paths"`` | ``"sorted"``) and the instructions, hence the weights
+    (``"paths"`` | ``"output"``); both are ``"given"`` for ``uvw`` and explicit
+    ``instructions``, whose output is ``irreps_out`` as written and whose instructions
+    keep the file's order. ``cg_convention`` is one of ``eqdsl.cg.CG_CONVENTIONS``.
     """
 
     name: str
@@ -158,6 +178,9 @@ class TensorProductSpec:
     reduce: str = "sum"
     deterministic: bool = False
     tuning: tuple[tuple[str, int], ...] = ()  # sorted (key, value) pairs of TUNING_KEYS
+    output_order: str = "paths"  # paths | sorted | given
+    instruction_order: str = "paths"  # paths | output | given
+    cg_convention: str = DEFAULT_CG_CONVENTION
 
     def __str__(self) -> str:
         how = f"mode={self.mode}" if self.mode else f"{len(self.instructions)} instructions"
@@ -276,16 +299,33 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
 
     tuning = _parse_tuning(get("tuning", dict, {}), fail)
 
+    cg_convention = choice("cg_convention", CG_CONVENTIONS, DEFAULT_CG_CONVENTION)
+    output_order = choice("output_order", OUTPUT_ORDERS, "paths")
+    instruction_order = choice("instruction_order", INSTRUCTION_ORDERS, "paths")
+
     has_mode, has_ins = "mode" in t, "instructions" in t
     if has_mode == has_ins:
         fail("mode" if has_mode else None, "give exactly one of 'mode' or 'instructions'")
+    for key in ("output_order", "instruction_order"):
+        if key in t and (has_ins or t.get("mode") == "uvw"):
+            how = "explicit instructions" if has_ins else "mode 'uvw'"
+            fail(key, f"does not apply to {how}: the output is irreps_out as written and the instructions "
+                      "keep their order; it applies to the modes uvu, uvv and uuu")
+    if output_order == "sorted" and "instruction_order" not in t:
+        fail("instruction_order", "output_order = 'sorted' needs it, the weight order: 'output' (instructions "
+                                  "sorted by i_out: MACE, SevenNet >= 0.11, Nequix) or 'paths' (path order: NequIP)")
     err: InstructionError | None = None
     try:
         if has_mode:
             mode = choice("mode", MODES, "")
-            out, instructions = expand_mode(mode, in1, in2, out_filter)
+            out, instructions = expand_mode(mode, in1, in2, out_filter, output_order, instruction_order)
+            if mode != "uvw":
+                _check_channelwise_out(t["irreps_out"], out_filter, out, mode, output_order, in1, in2, fail)
+            else:
+                output_order = instruction_order = "given"
         else:
             mode = None
+            output_order = instruction_order = "given"
             out = out_filter
             instructions = tuple(_parse_instruction(v, j, fail) for j, v in enumerate(get("instructions", list)))
             if not instructions:
@@ -299,12 +339,58 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         err = e
     if err is not None:  # raised outside the handler so the one-line error has no chained context
         fail(err.key, err.reason)
+    if cg_convention == "e3nn-0.4":
+        lmax = max(max(in1[i.i_in1].ir.l, in2[i.i_in2].ir.l, out[i.i_out].ir.l) for i in instructions)
+        if lmax > E3NN_04_LMAX:
+            fail("cg_convention", f"e3nn 0.4 has wigner_3j up to l = {E3NN_04_LMAX} only, a path here has "
+                                  f"l = {lmax}; use 'e3nn-0.5'")
     return TensorProductSpec(
         name=name, irreps_in1=in1, irreps_in2=in2, irreps_out=out, irreps_out_filter=out_filter,
         mode=mode, instructions=instructions, irrep_normalization=irrep_norm,
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
         conv=conv, reduce=reduce, deterministic=deterministic, tuning=tuning,
+        output_order=output_order, instruction_order=instruction_order, cg_convention=cg_convention,
     )
+
+
+_EXPLICIT_MUL_RE = re.compile(r"^\s*\d+\s*x")
+
+
+def _check_channelwise_out(text: str, written: Irreps, out: Irreps, mode: str, output_order: str,
+                           in1: Irreps, in2: Irreps, fail) -> None:
+    """A channelwise mode's output against what ``irreps_out`` says: never silently another order.
+
+    Any term written ``<mul>x<ir>`` makes ``irreps_out`` the exact output: it must equal
+    ``out``. Bare irreps are a filter, unless they could be read as the output itself
+    (multiplicity 1 everywhere, the same irreps) in another order, or list an irrep twice:
+    both are refused as ambiguous.
+    """
+    other_order = "paths" if output_order == "sorted" else "sorted"
+    other, _ = expand_mode(mode, in1, in2, written, other_order, "paths")
+
+    def alternatives(target: Irreps) -> str:
+        if other == target:
+            return f"; output_order = '{other_order}' gives exactly irreps_out: set it"
+        return f"; with output_order = '{other_order}' it is '{other}'"
+
+    if any(_EXPLICIT_MUL_RE.match(term) for term in text.split("+")):
+        if out != written:
+            fail("irreps_out", f"lists multiplicities, so it must be the exact output, but mode '{mode}' with "
+                               f"output_order = '{output_order}' gives '{out}'{alternatives(written)} (eqdsl never merges "
+                               "blocks; bare irreps such as '0e+1o' are a filter)")
+        return
+    as_output = Irreps([(1, mi.ir) for mi in written])
+    if out == as_output:
+        return  # read as a filter or as the output itself, the same
+    irs = [str(mi.ir) for mi in written]
+    if all(mi.mul == 1 for mi in out) and sorted(irs) == sorted(str(mi.ir) for mi in out):
+        fail("irreps_out", f"ambiguous: bare irreps are a filter, and the output, '{out}' (output_order = "
+                           f"'{output_order}'), has the same irreps in another order{alternatives(as_output)}; or "
+                           "write the output with multiplicities to confirm it, or the filter in output order")
+    dup = next((ir for k, ir in enumerate(irs) if ir in irs[:k]), None)
+    if dup is not None:
+        fail("irreps_out", f"'{dup}' appears twice in a filter (bare irreps, each kept once); write every term "
+                           "with its multiplicity to give the exact output")
 
 
 def _parse_tuning(table: dict, fail) -> tuple[tuple[str, int], ...]:

@@ -114,6 +114,7 @@ def test_json_is_complete_and_floats_round_trip():
         assert [n["coeff"] for n in pj["nonzeros"]] == [n.coeff for n in p.nonzeros]
         assert tuple(pj["path_shape"]) == p.path_shape
     assert data["weight_numel"] == ir.weight_numel
+    assert data["cg_convention"] == ir.cg_convention == "e3nn-0.5"
 
 
 # ---------------------------------------------------------------- frozen, one-line str
@@ -241,6 +242,45 @@ def test_nonzeros_are_e3nn_cg_times_e3nn_path_weight():
             got[n.i, n.j, n.k] = n.coeff
         np.testing.assert_allclose(got, c, rtol=0, atol=1e-12)
         assert len(p.nonzeros) == int(np.sum(np.abs(c) > 1e-12))
+
+
+# every path of this one uses a triple whose sign e3nn 0.4 flips ((1,2,2), (2,1,2), (2,2,1)) or not
+CONVENTION = """
+[[tensor_product]]
+name = "conv"
+irreps_in1 = "2x0e+2x1e+2x2e"
+irreps_in2 = "0e+1e+2e"
+irreps_out = "0e+1e+2e"
+mode = "uvu"
+output_order = "sorted"
+instruction_order = "output"
+shared_weights = false
+cg_convention = "{}"
+"""
+E3NN044 = REPO / "tests" / "data" / "e3nn044_wigner_3j.npz"
+
+
+def test_cg_convention_e3nn04_lowers_e3nn_044s_wigner_3j_times_the_path_weight():
+    """The e3nn-0.4 nonzeros are e3nn 0.4.4's own wigner_3j (tests/data) times e3nn's path
+    weight, and differ from the default's only by the sign of the triples 0.4 flips."""
+    new, old = (lower(_one(CONVENTION.format(c))) for c in ("e3nn-0.5", "e3nn-0.4"))
+    assert (new.cg_convention, old.cg_convention) == ("e3nn-0.5", "e3nn-0.4")
+    data = np.load(E3NN044)
+    spec = _one(CONVENTION.format("e3nn-0.4"))
+    flipped = 0
+    for pn, po in zip(new.paths, old.paths):
+        l1, l2, lo = (spec.irreps_in1[po.i_in1].ir.l, spec.irreps_in2[po.i_in2].ir.l, spec.irreps_out[po.i_out].ir.l)
+        c = data[f"{l1},{l2},{lo}"] * po.path_weight
+        got = np.zeros_like(c)
+        for n in po.nonzeros:
+            got[n.i, n.j, n.k] = n.coeff
+        np.testing.assert_allclose(got, c, rtol=0, atol=1e-12)
+        sign = -1 if sorted((l1, l2, lo)) == [1, 2, 2] else 1
+        flipped += sign == -1
+        assert [(n.i, n.j, n.k, sign * n.coeff) for n in po.nonzeros] == [(n.i, n.j, n.k, n.coeff) for n in pn.nonzeros]
+        assert (po.path_weight, po.weight_offset) == (pn.path_weight, pn.weight_offset)
+    assert flipped == 3  # 1e x 2e -> 2e, 2e x 1e -> 2e, 2e x 2e -> 1e
+    assert new.to_json() != old.to_json()
 
 
 def test_zero_path_weight_drops_nonzeros():

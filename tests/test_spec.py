@@ -121,6 +121,7 @@ def test_good_spec_defaults():
         (1, 0, 2, "uvu", True, 1.0),
         (1, 1, 3, "uvu", True, 1.0),
     ]
+    assert (spec.output_order, spec.instruction_order, spec.cg_convention) == ("paths", "paths", "e3nn-0.5")
     assert "\n" not in str(spec)
 
 
@@ -147,6 +148,77 @@ def test_good_spec_explicit_values():
     assert (spec.irrep_normalization, spec.path_normalization) == ("norm", "path")
     assert spec.shared_weights is False and spec.layout == "ir_mul"
     assert spec.dtypes == ("float32", "float64")  # canonical order
+    # explicit instructions: the output and the instruction order are the file's
+    assert (spec.output_order, spec.instruction_order) == ("given", "given")
+
+
+# ---------------------------------------------------------------- output order, CG convention
+
+# GOOD's paths, in path order: 0e x 0e -> 0e (block 0), 0e x 1o -> 1o (1), 1o x 0e -> 1o (2), 1o x 1o -> 0e (3)
+
+
+def _one(**changes):
+    (spec,) = parse_spec(_toml(_spec(**changes)), FILE)
+    return spec
+
+
+def test_sorted_output_renumbers_and_orders_instructions_as_mace():
+    spec = _one(output_order="sorted", instruction_order="output")
+    # e3nn's Irreps.sort(): by irrep, ties in path order (block 0 before 3, 1 before 2); never merged
+    assert str(spec.irreps_out) == "2x0e+2x0e+2x1o+2x1o"
+    # i_out renumbered (0 -> 0, 1 -> 2, 2 -> 3, 3 -> 1), then sorted by i_out (MACE, SevenNet, Nequix)
+    assert [i.as_tuple()[:3] for i in spec.instructions] == [(0, 0, 0), (1, 1, 1), (0, 1, 2), (1, 0, 3)]
+    assert (spec.output_order, spec.instruction_order) == ("sorted", "output")
+
+
+def test_sorted_output_with_instructions_in_path_order_as_nequip():
+    spec = _one(output_order="sorted", instruction_order="paths")
+    assert str(spec.irreps_out) == "2x0e+2x0e+2x1o+2x1o"
+    # NequIP renumbers i_out but keeps the instructions, hence the weights, in path order
+    assert [i.as_tuple()[:3] for i in spec.instructions] == [(0, 0, 0), (0, 1, 2), (1, 0, 3), (1, 1, 1)]
+    assert lower(spec).weight_numel == lower(_one()).weight_numel == 8
+
+
+def test_sorted_puts_odd_before_even_as_e3nn():
+    # e3nn's Irrep is the tuple (l, p), p = -1 for odd: 0o < 0e < 1o < 1e
+    spec = _one(irreps_in1="1x1e+2x0e+3x0o", irreps_in2="0e", irreps_out="0e+0o+1e", output_order="sorted",
+                instruction_order="output")
+    assert str(spec.irreps_out) == "3x0o+2x0e+1x1e"
+    assert [i.as_tuple()[:3] for i in spec.instructions] == [(2, 0, 0), (1, 0, 1), (0, 0, 2)]
+
+
+def test_paths_order_ignores_instruction_order():
+    # in path order i_out already increases along the paths: both instruction orders agree
+    assert _one(instruction_order="output").instructions == _one().instructions
+
+
+@pytest.mark.parametrize("order", ["paths", "sorted"])
+def test_explicit_multiplicities_are_the_exact_output(order):
+    out = {"paths": "2x0e+2x1o+2x1o+2x0e", "sorted": "2x0e+2x0e+2x1o+2x1o"}[order]
+    spec = _one(irreps_out=out, output_order=order, instruction_order="output")
+    assert str(spec.irreps_out) == out
+    # one term with a multiplicity is enough ("1o" then means 1x1o)
+    spec = _one(irreps_in1="1x0e+1x1o", irreps_out="1x0e+1o+1o+0e")
+    assert str(spec.irreps_out) == "1x0e+1x1o+1x1o+1x0e"
+
+
+def test_bare_filter_keeps_its_meaning_with_mul_1_when_it_is_the_output():
+    # multiplicity 1 everywhere and the filter spells the output itself: both readings agree
+    spec = _one(irreps_in1="0e+1o", irreps_in2="1o", irreps_out="1o+0e+1e+2e")
+    assert str(spec.irreps_out) == "1x1o+1x0e+1x1e+1x2e"
+    spec = _one(irreps_in1="0e+1o", irreps_in2="1o", irreps_out="0e+1o+1e+2e", output_order="sorted",
+                instruction_order="output")
+    assert str(spec.irreps_out) == "1x0e+1x1o+1x1e+1x2e"
+    # a filter that does not list the output's irreps one by one is a filter
+    spec = _one(irreps_in1="0e+1o", irreps_in2="0e+1o", irreps_out="1o+0e")
+    assert str(spec.irreps_out) == "1x0e+1x1o+1x1o+1x0e"
+
+
+@pytest.mark.parametrize("convention", ["e3nn-0.5", "e3nn-0.4"])
+def test_cg_convention_is_recorded(convention):
+    assert _one(cg_convention=convention).cg_convention == convention
+    assert _one(cg_convention=convention, mode=None, irreps_out="2x0e",
+                instructions=[[0, 0, 0, "uvu", True]]).cg_convention == convention
 
 
 def test_tuning_table():
@@ -269,6 +341,43 @@ BAD_TABLES = {
     "duplicate instruction": (dict(mode=None, irreps_out="2x0e", instructions=[[0, 0, 0, "uvu", True], [0, 0, 0, "uvu", False]]),
                               "instructions", ["twice"]),
     "no instructions": (dict(mode=None, instructions=[]), "instructions", ["at least one"]),
+    # output order, instruction order, CG convention
+    "bad output_order": (dict(output_order="e3nn"), "output_order", ["'e3nn'", "paths", "sorted"]),
+    "bad instruction_order": (dict(instruction_order="weights"), "instruction_order", ["'weights'", "output"]),
+    "output_order with instructions": (dict(mode=None, output_order="sorted", instructions=[[0, 0, 0, "uvu", True]]),
+                                       "output_order", ["explicit instructions", "as written"]),
+    "instruction_order with instructions": (dict(mode=None, instruction_order="paths",
+                                                 instructions=[[0, 0, 0, "uvu", True]]),
+                                            "instruction_order", ["explicit instructions"]),
+    "output_order with uvw": (dict(mode="uvw", irreps_out="3x0e", output_order="paths"), "output_order",
+                              ["mode 'uvw'", "uvu, uvv and uuu"]),
+    "sorted without instruction_order": (dict(output_order="sorted"), "instruction_order",
+                                          ["'output'", "MACE", "'paths'", "NequIP"]),
+    "multiplicities in another order": (dict(irreps_out="2x0e+2x0e+2x1o+2x1o"), "irreps_out",
+                                        ["exact output", "'2x0e+2x1o+2x1o+2x0e'",
+                                         "output_order = 'sorted' gives exactly irreps_out: set it"]),
+    "multiplicities, sorted, in path order": (dict(irreps_out="2x0e+2x1o+2x1o+2x0e", output_order="sorted",
+                                                   instruction_order="paths"), "irreps_out",
+                                              ["'2x0e+2x0e+2x1o+2x1o'", "output_order = 'paths' gives exactly"]),
+    "multiplicities matching neither order": (dict(irreps_out="2x0e+2x1o"), "irreps_out",
+                                              ["exact output", "output_order = 'paths' gives '2x0e+2x1o+2x1o+2x0e'",
+                                               "with output_order = 'sorted' it is '2x0e+2x0e+2x1o+2x1o'",
+                                               "never merges"]),
+    "merged multiplicities": (dict(irreps_out="4x0e+4x1o", output_order="sorted", instruction_order="output"),
+                              "irreps_out", ["exact output", "never merges"]),
+    "mul 1 filter in another order than the output": (dict(irreps_in1="0e+1o", irreps_in2="1o",
+                                                           irreps_out="0e+1o+1e+2e"), "irreps_out",
+                                                      ["ambiguous", "'1x1o+1x0e+1x1e+1x2e'",
+                                                       "output_order = 'sorted' gives exactly irreps_out"]),
+    "mul 1 filter matching neither order": (dict(irreps_in1="0e+1o", irreps_in2="1o", irreps_out="2e+1e+1o+0e"),
+                                            "irreps_out", ["ambiguous", "with output_order = 'sorted' it is"]),
+    "duplicate in a filter": (dict(irreps_out="0e+1o+0e"), "irreps_out", ["'0e' appears twice", "multiplicity"]),
+    "duplicate in a mul 1 filter": (dict(irreps_in1="0e+1o", irreps_in2="0e+1o", irreps_out="0e+0e+1o"),
+                                    "irreps_out", ["'0e' appears twice"]),
+    "bad cg_convention": (dict(cg_convention="e3nn-0.6"), "cg_convention", ["'e3nn-0.6'", "e3nn-0.5", "e3nn-0.4"]),
+    "cg_convention wrong type": (dict(cg_convention=0.4), "cg_convention", ["expected str"]),
+    "e3nn-0.4 beyond its tables": (dict(irreps_in1="2x12e", irreps_in2="0e", irreps_out="12e",
+                                        cg_convention="e3nn-0.4"), "cg_convention", ["l = 11", "l = 12", "e3nn-0.5"]),
     # the tuning table
     "tuning not a table": (dict(tuning=5), "tuning", ["expected dict"]),
     "tuning unknown key": (dict(tuning={"warps": 4}), "tuning.warps", ["unknown", "num_warps"]),
@@ -391,11 +500,13 @@ _SCALARS = st.one_of(
     st.integers(-3, 8),
     st.floats(allow_nan=True, allow_infinity=True, width=64),
     st.sampled_from(["0e", "1o", "2x1o+1x0e", "3x0e", "uvw", "uvu", "uvv", "uuu", "float32", "mul_ir",
-                     "component", "path", "", "x", "1y", "tp", "class"]),
+                     "component", "path", "", "x", "1y", "tp", "class", "paths", "sorted", "output", "e3nn-0.4",
+                     "0e+0e", "1x0e+2x1o"]),
 )
 _VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=6), max_leaves=12)
 _KEYS = st.sampled_from(sorted(GOOD) + ["instructions", "irrep_normalization", "path_normalization",
-                                        "shared_weights", "layout", "dtypes", "conv", "other"])
+                                        "shared_weights", "layout", "dtypes", "conv", "other", "output_order",
+                                        "instruction_order", "cg_convention"])
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
