@@ -26,14 +26,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import cg
+from .cg import DEFAULT_CG_CONVENTION
 from .instructions import MODES, Instruction, InstructionError, check_instruction, normalized_path_weights
 from .irreps import Irreps
 from .loader import toml_table
 from .spec import parse_spec
 
-__all__ = ["spec_from_e3nn", "spec_from_e3nn_jax", "cg_convention_of"]
+__all__ = ["spec_from_e3nn", "spec_from_e3nn_jax", "cg_convention_of", "DEFAULT_CG_CONVENTION"]
 
-DEFAULT_CG_CONVENTION = "e3nn-0.5"
 # spec keys written from tp itself: an option may not override them
 _FROM_TP = ("name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions", "cg_convention")
 
