@@ -13,4 +13,17 @@ from .irreps import Irrep, Irreps, MulIr
 from .lower import lower
 from .spec import TensorProductSpec, load_spec, parse_spec
 
-__all__ = ["SpecError", "Irrep", "Irreps", "MulIr", "lower", "TensorProductSpec", "load_spec", "parse_spec", "__version__"]
+__all__ = ["SpecError", "Irrep", "Irreps", "MulIr", "lower", "TensorProductSpec", "load_spec", "parse_spec", "__version__",
+           "load", "spec_to_toml", "spec_from_e3nn", "spec_from_e3nn_jax"]
+
+# imported on first use (``eqdsl.load``, ...): ``import eqdsl`` stays light. The framework
+# modules ``eqdsl.torch`` and ``eqdsl.jax`` are imported explicitly (``import eqdsl.torch``).
+_LAZY = {"load": "loader", "spec_to_toml": "loader", "spec_from_e3nn": "from_e3nn", "spec_from_e3nn_jax": "from_e3nn"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

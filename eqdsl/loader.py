@@ -1,10 +1,11 @@
 """``eqdsl.load``: generate a spec's package into a per-user cache and import it.
 
 A spec (TOML text, a file, or ``TensorProductSpec`` objects) is keyed by the SHA-256 of
-its text and of the generator itself (eqdsl's version and the source of its Python
+its canonical text (``spec_to_toml``: every key explicit, no comments, so the same specs
+written differently share one entry) and of the generator itself (eqdsl's version and the source of its Python
 modules and templates, so that a changed generator never serves stale kernels). The
-package lives in ``<cache>/packages/<key>/<name>/``, with the spec beside it as
-``spec.toml``; ``<cache>`` is ``cache_dir``, else ``$EQDSL_CACHE_DIR``, else
+package lives in ``<cache>/packages/<key>/<name>/``, with the canonical spec beside it
+as ``spec.toml``; ``<cache>`` is ``cache_dir``, else ``$EQDSL_CACHE_DIR``, else
 ``~/.cache/eqdsl`` (the directory the Helion launcher caches its modules in, under
 ``helion/``). An empty ``$EQDSL_CACHE_DIR`` turns the disk cache off: packages are then
 generated into a temporary directory of this process, removed at exit.
@@ -87,14 +88,17 @@ def toml_table(table: dict, header: str = "tensor_product") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spec_table(spec: TensorProductSpec) -> dict:
+def _spec_table(spec: TensorProductSpec, bare_filter: bool) -> dict:
     t: dict = {
         "name": spec.name,
         "irreps_in1": str(spec.irreps_in1),
         "irreps_in2": str(spec.irreps_in2),
     }
     if spec.mode is not None:
-        t["irreps_out"] = str(spec.irreps_out_filter)
+        # a channelwise filter is written bare ("0e+1o"); irreps with multiplicities would
+        # be the exact output (``eqdsl.spec``)
+        f = spec.irreps_out_filter
+        t["irreps_out"] = "+".join(str(mi.ir) for mi in f) if bare_filter else str(f)
         t["mode"] = spec.mode
     else:
         t["irreps_out"] = str(spec.irreps_out)
@@ -107,8 +111,8 @@ def _spec_table(spec: TensorProductSpec) -> dict:
         value = getattr(spec, f.name)
         if f.name in ("reduce", "deterministic") and not spec.conv:
             continue  # the parser refuses them without conv
-        if f.name.endswith("_order") and spec.mode is None:
-            continue  # mode shorthands only: explicit instructions keep their order ("given")
+        if f.name.endswith("_order") and value == "given":
+            continue  # uvw and explicit instructions keep their order; the key does not apply
         t[f.name] = list(value) if isinstance(value, tuple) else value
     if spec.tuning:
         tuning: dict = {}
@@ -129,12 +133,23 @@ def spec_to_toml(specs: TensorProductSpec | Sequence[TensorProductSpec]) -> str:
     specs = (specs,) if isinstance(specs, TensorProductSpec) else tuple(specs)
     if not specs or not all(isinstance(s, TensorProductSpec) for s in specs):
         raise TypeError("spec_to_toml: expected a TensorProductSpec or a non-empty sequence of them")
-    text = "\n".join(toml_table(_spec_table(s)) for s in specs)
-    back = parse_spec(text, "<spec_to_toml>")
-    for a, b in zip(specs, back):
-        if a != b:
-            raise ValueError(f"spec_to_toml: {a.name!r} does not read back the same; cannot serialize it")
-    return text
+    return "\n".join(_one_table(s) for s in specs)
+
+
+def _one_table(spec: TensorProductSpec) -> str:
+    # a filter of multiplicity-1 irreps reads back the same bare or (if it is the output
+    # itself) with multiplicities; the first text that reads back equal is the one
+    for bare in (True, False):
+        if bare and any(mi.mul != 1 for mi in spec.irreps_out_filter):
+            continue
+        text = toml_table(_spec_table(spec, bare))
+        try:
+            back = parse_spec(text, "<spec_to_toml>")
+        except SpecError:
+            continue
+        if back == (spec,):
+            return text
+    raise ValueError(f"spec_to_toml: {spec.name!r} does not read back the same; cannot serialize it")
 
 
 # ---------------------------------------------------------------------------- cache
@@ -173,16 +188,18 @@ def generator_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _resolve(spec) -> tuple[str, tuple[TensorProductSpec, ...]]:
-    """Spec text and parsed specs from whatever ``load`` accepts."""
-    if isinstance(spec, TensorProductSpec) or (
-        isinstance(spec, Sequence) and not isinstance(spec, str) and spec
-        and all(isinstance(s, TensorProductSpec) for s in spec)
-    ):
-        text = spec_to_toml(spec)
-        return text, parse_spec(text, "<eqdsl.load>")
+def _resolve(spec) -> tuple[TensorProductSpec, ...]:
+    """Parsed specs from whatever ``load`` accepts."""
+    if isinstance(spec, TensorProductSpec):
+        return (spec,)
+    if isinstance(spec, Sequence) and not isinstance(spec, str) and spec and all(
+            isinstance(s, TensorProductSpec) for s in spec):
+        names = [s.name for s in spec]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eqdsl.load: two specs share a name in {names}")
+        return tuple(spec)
     if isinstance(spec, str) and ("\n" in spec or "[" in spec):
-        return spec, parse_spec(spec, "<eqdsl.load>")
+        return parse_spec(spec, "<eqdsl.load>")
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         try:
@@ -191,7 +208,7 @@ def _resolve(spec) -> tuple[str, tuple[TensorProductSpec, ...]]:
             raise SpecError(str(path), None, None, f"cannot read file: {e.strerror or e}") from None
         except UnicodeDecodeError:
             raise SpecError(str(path), None, None, "file is not UTF-8 text") from None
-        return text, parse_spec(text, str(path))
+        return parse_spec(text, str(path))
     raise TypeError(
         "eqdsl.load: expected spec TOML text, a spec file path, or TensorProductSpec(s); "
         f"got {type(spec).__name__}"
@@ -294,7 +311,10 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
             ops are registered under its name, ``eqdsl_<name>::*``; give it another).
         TypeError: ``spec`` is of no accepted type.
     """
-    text, specs = _resolve(spec)
+    specs = _resolve(spec)
+    # the canonical text (every key explicit, no comments) keys the cache: the same specs
+    # written differently, or given as objects, share one package
+    text = spec_to_toml(specs)
     names = [s.name for s in specs]
     if name is None:
         if len(specs) > 1:
