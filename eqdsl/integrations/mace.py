@@ -1,0 +1,149 @@
+"""MACE (mace-torch, PyTorch): run each interaction's edge tensor product as an eqdsl op.
+
+What MACE computes there (``RealAgnostic*InteractionBlock.forward``, mace-torch 0.3.16,
+``mace/modules/blocks.py``)::
+
+    tp_weights = self.conv_tp_weights(edge_feats)       # radial MLP, per edge
+    if hasattr(self, "conv_fusion"):
+        message = self.conv_tp(node_feats, edge_attrs, tp_weights, edge_index)
+    else:
+        mji = self.conv_tp(node_feats[edge_index[0]], edge_attrs, tp_weights)
+        message = scatter_sum(mji, index=edge_index[1], dim=0, dim_size=node_feats.shape[0])
+
+``conv_tp`` is ``o3.TensorProduct(edge_irreps, sh_irreps, irreps_mid, instructions,
+shared_weights=False, internal_weights=False)`` with e3nn's default normalizations
+(``component`` / ``element``): channelwise (``uvu``) paths whose output irreps are sorted
+(``Irreps.sort()``, not merged) with ``i_out`` renumbered (``tp_out_irreps_with_instructions``).
+``edge_index[0]`` is the sender (``src``), ``edge_index[1]`` the receiver (``dst``).
+
+``accelerate(model)`` uses that ``conv_fusion`` hook: each ``conv_tp`` becomes a
+:class:`MACEConvTP` (an ``eqdsl.torch.Conv`` taking MACE's four arguments) running the
+generated fused convolution ``conv(node_feats, edge_attrs, tp_weights, src, dst,
+num_nodes)``, and ``conv_fusion`` is set on the block, so no per-edge message is written.
+``conv=False`` replaces only the per-edge product (an ``eqdsl.torch.TensorProduct``) and
+leaves MACE's gather and ``scatter_sum`` as they are. The specs come from each block's own
+``conv_tp`` (``eqdsl.spec_from_e3nn``): its irreps and instructions in MACE's order, path
+weights checked against the module's, and the Clebsch-Gordan signs of the e3nn installed
+in this process, so the accelerated model computes what the original computes here
+(e3nn 0.4.x, which mace-torch 0.3.16 pins, has the opposite sign for a few CG blocks:
+the spec then says ``cg_convention = "e3nn-0.4"``).
+
+Eager PyTorch (and ``torch.compile`` / ``make_fx``) only: TorchScript (``torch.jit.script``,
+MACE's LAMMPS export) cannot carry the generated ops. On a CPU, set ``TRITON_INTERPRET=1``
+before the first call (the op says so otherwise).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from eqdsl.torch import Conv, TensorProduct
+
+__all__ = ["accelerate", "MACEConvTP", "packages"]
+
+
+class MACEConvTP(Conv):
+    """``eqdsl.torch.Conv`` with the call signature of MACE's fused ``conv_tp``.
+
+    ``forward(node_feats, edge_attrs, tp_weights, edge_index)`` returns the per-node sum
+    ``out[edge_index[1][e]] += TP(node_feats[edge_index[0][e]], edge_attrs[e],
+    tp_weights[e])``, ``(num_nodes, irreps_out.dim)`` with ``num_nodes =
+    node_feats.shape[0]``, in MACE's (sorted) output order.
+    """
+
+    def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
+                edge_index: torch.Tensor) -> torch.Tensor:
+        return super().forward(node_feats, edge_attrs, tp_weights, edge_index[0], edge_index[1],
+                               node_feats.shape[0])
+
+
+def _has_fusion_hook(block) -> bool:
+    try:
+        return "conv_fusion" in inspect.getsource(type(block).forward)
+    except (OSError, TypeError):  # no source: cannot tell, so refuse
+        return False
+
+
+def _model_dtype(model) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.get_default_dtype()
+
+
+def accelerate(model: torch.nn.Module, *, conv: bool = True, dtype=None, irrep_normalization: str = "component",
+               path_normalization: str = "element", cache_dir=None) -> torch.nn.Module:
+    """Replace every interaction block's ``conv_tp`` by a generated eqdsl op, in place.
+
+    Args:
+        model: a mace-torch model (``MACE``, ``ScaleShiftMACE``, ...) whose interaction
+            blocks hold an ``e3nn.o3.TensorProduct`` ``conv_tp`` (not one converted to
+            cuEquivariance / OpenEquivariance). Modified in place; copy it first
+            (``copy.deepcopy``) to keep the original.
+        conv: ``True``: the fused convolution through MACE's ``conv_fusion`` hook (gather,
+            product and scatter in one op); ``False``: the per-edge product only.
+        dtype: the dtype(s) to generate kernels for (``torch.float32`` / ``"float64"`` or
+            a list); default: the dtype of the model's parameters.
+        irrep_normalization, path_normalization: what the blocks' ``conv_tp`` were built
+            with (MACE: e3nn's defaults); checked against their path weights.
+        cache_dir: where generated packages go (``eqdsl.load``).
+
+    Returns:
+        ``model`` itself. Blocks with identical products share one generated package.
+        ``state_dict`` keys of the replaced ``conv_tp`` (e3nn's ``output_mask`` buffer)
+        are gone: load a saved state dict before accelerating.
+
+    Raises:
+        ValueError: no interaction block with an e3nn ``conv_tp``; a block without the
+            ``conv_fusion`` hook (use ``conv=False``); path weights the normalizations do
+            not reproduce (``eqdsl.spec_from_e3nn``).
+        TypeError: a ``conv_tp`` that is no ``e3nn.o3.TensorProduct``.
+    """
+    from e3nn import o3
+    from mace.modules.blocks import InteractionBlock
+
+    dtypes = _dtypes(model if dtype is None else dtype)
+    blocks = [m for m in model.modules() if isinstance(m, InteractionBlock)]
+    if not blocks:
+        raise ValueError("accelerate: the model has no MACE interaction block")
+    for block in blocks:
+        tp = block.conv_tp
+        if not isinstance(tp, o3.TensorProduct):
+            raise TypeError(f"accelerate: {type(block).__name__}.conv_tp is a {type(tp).__name__}, not an "
+                            "e3nn.o3.TensorProduct (already converted? accelerate the e3nn model)")
+        if conv and not _has_fusion_hook(block):
+            raise ValueError(f"accelerate: {type(block).__name__}.forward has no conv_fusion hook; use conv=False")
+    for block in blocks:
+        cls = MACEConvTP if conv else TensorProduct
+        new = cls.from_e3nn(block.conv_tp, dtypes=dtypes, irrep_normalization=irrep_normalization,
+                            path_normalization=path_normalization, cache_dir=cache_dir)
+        block.conv_tp = new
+        if conv:
+            block.conv_fusion = True  # MACE tests hasattr(self, "conv_fusion")
+    return model
+
+
+def _dtypes(dtype) -> list[str]:
+    if isinstance(dtype, torch.nn.Module):
+        dtype = _model_dtype(dtype)
+    items = dtype if isinstance(dtype, (list, tuple)) else [dtype]
+    names = []
+    for d in items:
+        name = str(d).removeprefix("torch.")
+        if name not in ("float32", "float64"):
+            raise ValueError(f"accelerate: dtype must be float32 or float64, got {d!r}")
+        names.append(name)
+    return [d for d in ("float32", "float64") if d in names]
+
+
+def packages(model: torch.nn.Module) -> list:
+    """The generated package modules an accelerated model calls (one per distinct product),
+    e.g. to precompile their kernels (``Path(pkg.__file__).parent``)."""
+    seen = {}
+    for m in model.modules():
+        if isinstance(m, (Conv, TensorProduct)):
+            pkg = m.package
+            seen.setdefault(pkg.__name__, pkg)
+    return list(seen.values())
