@@ -18,17 +18,19 @@ from eqdsl.spec import load_spec
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DIR = REPO / "examples" / "specs"
 
-# Hard-coded from /work/shared/PROBLEMS.md (checked there against e3nn 0.6.0), an
-# independent source: name -> (mode, irreps_in1, irreps_in2, irreps_out (filter for uvu),
-# shared weights, paths, weight_numel).
+# The standard problems (docs/problems.md), an independent source: name -> (mode, irreps_in1,
+# irreps_in2, irreps_out (filter for uvu), shared weights, paths, weight_numel). The channelwise
+# ones are the models' real edge products (tests/test_model_specs.py checks each against the
+# model's own construction): MACE's filter is 0e+1o+2e+3o, NequIP 0.19 orders its features
+# 0e, 0o, 1e, 1o, ...
 TABLE = {
     "mace_large": ("uvu", "128x0e+128x1o+128x2e", "0e+1o+2e+3o", "0e+1o+2e+3o", False, 17, 2176),
-    "mace_medium": ("uvu", "128x0e+128x1o", "0e+1o+2e+3o", "0e+1o+2e", False, 8, 1024),
-    "nequip_water": ("uvu", "32x0o+32x0e+32x1o+32x1e", "0e+1o", "0o+0e+1o+1e", False, 10, 320),
-    "nequip_aspirin": ("uvu", "64x0o+64x0e+64x1o+64x1e", "0e+1o", "0o+0e+1o+1e", False, 10, 640),
-    "nequip_toluene": ("uvu", "64x0o+64x0e+64x1o+64x1e+64x2o+64x2e", "0e+1o+2e", "0o+0e+1o+1e+2o+2e", False,
+    "mace_medium": ("uvu", "128x0e+128x1o", "0e+1o+2e+3o", "0e+1o+2e+3o", False, 10, 1280),
+    "nequip_water": ("uvu", "32x0e+32x0o+32x1e+32x1o", "0e+1o", "0o+0e+1o+1e", False, 10, 320),
+    "nequip_aspirin": ("uvu", "64x0e+64x0o+64x1e+64x1o", "0e+1o", "0o+0e+1o+1e", False, 10, 640),
+    "nequip_toluene": ("uvu", "64x0e+64x0o+64x1e+64x1o+64x2e+64x2o", "0e+1o+2e", "0o+0e+1o+1e+2o+2e", False,
                        30, 1920),
-    "nequip_benzene": ("uvu", "64x0o+64x0e+64x1o+64x1e+64x2o+64x2e+64x3o+64x3e", "0e+1o+2e+3o",
+    "nequip_benzene": ("uvu", "64x0e+64x0o+64x1e+64x1o+64x2e+64x2o+64x3e+64x3o", "0e+1o+2e+3o",
                        "0o+0e+1o+1e+2o+2e+3o+3e", False, 68, 4352),
     "nequix_main": ("uvu", "128x0e+64x1o+32x2e+32x3o", "0e+1o+2e+3o", "0e+1o+2e+3o", False, 23, 1312),
     "sevennet_l3i5": ("uvu", "128x0e+64x1e+32x2e+32x3e", "0e+1e+2e+3e", "0e+1e+2e+3e", False, 34, 1760),
@@ -92,7 +94,7 @@ def test_example_matches_problem_table_and_e3nn(name):
         ref = _e3nn(o3.FullyConnectedTensorProduct, in1, in2, out, shared_weights=shared, internal_weights=False)
         assert str(ref.irreps_out) == str(spec.irreps_out) == str(Irreps(out))
     else:
-        ref = _mace_style(in1, in2, out, shared)
+        ref = _mace_style(in1, in2, out, shared, sort_instructions=spec.instruction_order == "output")
         assert str(ref.irreps_out) == str(spec.irreps_out)
     assert [_key(t) for t in ref.instructions] == [_key(t) for t in tp.instructions]
     assert len(ref.instructions) == paths
@@ -102,10 +104,12 @@ def test_example_matches_problem_table_and_e3nn(name):
         assert p.path_shape == tuple(t.path_shape)
 
 
-def _mace_style(in1, in2, target, shared) -> o3.TensorProduct:
-    """MACE's / NequIP's channelwise edge tensor product: every (in1, in2, ir_out in the target)
-    is one uvu path writing its own mul x ir_out block, kept in path order (MACE sorts the
-    output afterwards; PROBLEMS.md keeps path order, and counts do not depend on it)."""
+def _mace_style(in1, in2, target, shared, sort_instructions: bool) -> o3.TensorProduct:
+    """MACE's / NequIP's channelwise edge tensor product, built as the models build it
+    (independently of eqdsl's expansion): every (in1, in2, ir_out in the target) is one uvu
+    path writing its own mul x ir_out block; then the output is sorted with e3nn's
+    ``Irreps.sort()`` (never merged) and ``i_out`` renumbered; MACE (``sort_instructions``)
+    also sorts the instructions by ``i_out``, NequIP 0.19 keeps them in path order."""
     in1, in2, target = o3.Irreps(in1), o3.Irreps(in2), o3.Irreps(target)
     out, instructions = [], []
     for i, (mul, ir_in) in enumerate(in1):
@@ -114,7 +118,11 @@ def _mace_style(in1, in2, target, shared) -> o3.TensorProduct:
                 if ir_out in target:
                     instructions.append((i, j, len(out), "uvu", True))
                     out.append((mul, ir_out))
-    return _e3nn(o3.TensorProduct, in1, in2, o3.Irreps(out), instructions, shared_weights=shared,
+    out, perm, _ = o3.Irreps(out).sort()
+    instructions = [(i1, i2, perm[io], mode, w) for i1, i2, io, mode, w in instructions]
+    if sort_instructions:
+        instructions = sorted(instructions, key=lambda x: x[2])
+    return _e3nn(o3.TensorProduct, in1, in2, out, instructions, shared_weights=shared,
                  internal_weights=False)
 
 
