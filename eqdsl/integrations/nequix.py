@@ -48,15 +48,16 @@ __all__ = ["EqdslConv", "EqdslNequixConvolution", "accelerate", "spec_for"]
 
 
 def _check_regrouped(irreps: e3nn.Irreps, what: str) -> None:
-    # e3nn_jax.tensor_product regroups (sorts and merges) its inputs before pairing them;
-    # Nequix builds its instructions and tp_irreps from the irreps as given. The two agree
-    # only when the irreps are already regrouped; otherwise the model's own kernel path
-    # would compute another function than its e3nn-jax path, so refuse rather than pick one.
+    # e3nn_jax.tensor_product regroups (sorts and merges) its inputs before pairing them,
+    # while Nequix builds tp_irreps, the radial weights' order and its kernel seam from the
+    # irreps as given. They describe the same product only for regrouped irreps; for the
+    # others the layer's kernel branch would compute another function than its e3nn-jax
+    # branch, so refuse rather than pick one.
     if e3nn.Irreps(irreps) != e3nn.Irreps(irreps).regroup():
         raise ValueError(
-            f"Nequix layer {what} {irreps} is not sorted and merged ({e3nn.Irreps(irreps).regroup()}); "
-            "e3nn_jax.tensor_product would pair the regrouped irreps, which no fixed instruction list "
-            "over the layer's own irreps reproduces"
+            f"Nequix {what} {irreps} are not sorted and merged ({e3nn.Irreps(irreps).regroup()}): "
+            "e3nn_jax.tensor_product pairs the regrouped irreps, the layer's tp_irreps and weights follow "
+            "the given ones; not supported (build the model with sorted, merged hidden_irreps)"
         )
 
 
@@ -84,7 +85,7 @@ def spec_for(layer: NequixConvolution, input_irreps: e3nn.Irreps, sh_irreps: e3n
     """
     irreps_in1 = e3nn.Irreps(input_irreps)
     sh_irreps = e3nn.Irreps(sh_irreps)
-    _check_regrouped(irreps_in1, "input irreps")
+    _check_regrouped(irreps_in1, "layer input irreps")
     _check_regrouped(sh_irreps, "spherical harmonics irreps")
     if any(mul != 1 for mul, _ in sh_irreps):
         raise ValueError(f"spherical harmonics irreps {sh_irreps} must have multiplicity 1 per irrep")
