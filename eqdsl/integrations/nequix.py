@@ -210,7 +210,8 @@ def accelerate(model: Nequix) -> Nequix:
         if isinstance(layer, EqdslNequixConvolution):
             layers.append(layer)
         elif layer.kernel:
-            raise ValueError(f"Nequix layer {i} already runs a kernel ({layer.tp_conv!r}); build the model with kernel=False")
+            raise ValueError(f"Nequix layer {i} already runs a kernel ({layer.tp_conv!r}); "
+                             "build or load the model with kernel=False")
         else:
             layers.append(EqdslNequixConvolution(layer, EqdslConv(spec_for(layer, input_irreps, sh_irreps))))
         input_irreps = layer.output_irreps
