@@ -321,22 +321,20 @@ def _run(call, interpret: bool, *operands):
     """``call(*operands)``, a ``pallas_call``: its kernel is traced here, with ``fma`` as
     inline PTX unless in interpret mode.
 
-    Interpret mode on operands that vary over manual mesh axes (inside ``jax.shard_map``
-    with ``check_vma=True``) runs the call in a ``jax.pure_callback``, on the device's own
-    rows: Pallas' HLO interpreter evaluates the kernel's jaxpr, traced without mesh axes,
-    on the varying operands, and the first constant in the kernel fails JAX's check
-    ("Primitive mul requires varying manual axes to match", jax 0.10.2; 0.11's interpreter
-    is the same code). The callback computes the same kernels, on the host (interpret
-    mode is for CPU testing); compiled kernels (the GPU) are called directly.
+    Raises ``ValueError`` in interpret mode on operands that vary over manual mesh axes
+    (inside ``jax.shard_map`` with ``check_vma=True``): Pallas' HLO interpreter evaluates
+    the kernel's jaxpr, traced without mesh axes, on the varying operands, and the first
+    constant in the kernel fails JAX's type check ("Primitive mul requires varying manual
+    axes to match", jax 0.10.2; 0.11's interpreter is the same code). Running the
+    interpreted call in a ``jax.pure_callback`` instead deadlocked on forced host devices.
+    Compiled kernels (the GPU) type-check and run under ``check_vma=True``.
     """
     axes = _varying_axes(operands) if interpret else ()
     if axes:
-        outs = jax.eval_shape(call, *operands)
-        structs = jax.tree.map(lambda o: out_struct(o.shape, o.dtype, operands), outs)
-        outs = jax.pure_callback(jax.jit(call), structs, *operands, vmap_method="sequential")
-        # pure_callback types its results unvarying (jax 0.10.2) whatever the structs say;
-        # each device computed its own rows: retype them varying (no data moves).
-        return jax.tree.map(lambda o: jax.lax.pcast(o, tuple(sorted(axes)), to="varying"), outs)
+        raise ValueError(
+            "Pallas interpret mode cannot run inside jax.shard_map with check_vma=True (JAX's Pallas "
+            f"interpreter fails on values varying over mesh axes {sorted(axes)}); on the CPU pass "
+            "check_vma=False to jax.shard_map (compiled GPU kernels work with either)")
     token = _INLINE_FMA.set(not interpret)
     try:
         return call(*operands)
