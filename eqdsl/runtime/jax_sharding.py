@@ -18,8 +18,9 @@ weights, a sum over the rows. ``row_parallel`` tells JAX so, for every kernel la
   shard the batch (operands are resharded to that layout first: their other axes, and
   shared weights, replicated).
 * Inside a user's ``jax.shard_map`` (manual axes): the launch runs on the local rows as
-  is; ``jax_runtime.out_struct`` gives its outputs their varying mesh axes, and
-  ``shard_map``'s own autodiff sums the gradient of unmapped (replicated) weights.
+  is (``custom_partitioning`` lowers its function inline there);
+  ``jax_runtime.out_struct`` types its outputs with their varying mesh axes and
+  ``jax_runtime._sum_over_devices`` sums the gradient of unmapped (replicated) operands.
 
 Every launch pads its own (per-device) rows to a multiple of the batch block and drops
 the padding rows after the kernel, so the batch never has to be padded globally (a pad
@@ -134,7 +135,7 @@ def _rule(launch, layout, block_batch, interpret, mesh, operand_types, result_ty
     """Shardy rule: factor ``r`` is the batch of every row operand and row output; every
     other dimension is its own factor that must stay replicated (the kernels read whole
     rows); ``r`` is a reduction factor when no output has rows (``psum`` in ``partition``)."""
-    names, count = [], iter(range(1 << 30))
+    count = iter(range(1 << 30))
     need = []
 
     def dims(is_row):
@@ -145,7 +146,6 @@ def _rule(launch, layout, block_batch, interpret, mesh, operand_types, result_ty
 
     ops = ", ".join(dims(r) for r in layout.row_args)
     outs = ", ".join(dims(r) for r in layout.row_outs)
-    del names
     extra = {"need_replication_factors": tuple(need)}
     if not any(layout.row_outs):
         extra["reduction_factors"] = ("r",)
