@@ -2,12 +2,11 @@
 
 A spec (TOML text, a file, or ``TensorProductSpec`` objects) is keyed by the SHA-256 of
 its canonical text (``spec_to_toml``: every key explicit, no comments, so the same specs
-written differently share one entry) and of the generator itself (eqdsl's version and the source of its Python
-modules and templates, so that a changed generator never serves stale kernels). The
-package lives in ``<cache>/packages/<key>/<name>/``, with the canonical spec beside it
+written differently share one entry) and of the generator itself (eqdsl's version and
+the source of its Python modules and templates, so that a changed generator never serves
+stale kernels). The package lives in ``<cache>/packages/<key>/<name>/``, with the canonical spec beside it
 as ``spec.toml``; ``<cache>`` is ``cache_dir``, else ``$EQDSL_CACHE_DIR``, else
-``~/.cache/eqdsl`` (the directory the Helion launcher caches its modules in, under
-``helion/``). An empty ``$EQDSL_CACHE_DIR`` turns the disk cache off: packages are then
+``~/.cache/eqdsl`` (where the Helion launcher keeps its modules too, under ``helion/``). An empty ``$EQDSL_CACHE_DIR`` turns the disk cache off: packages are then
 generated into a temporary directory of this process, removed at exit.
 
 Safe with several processes at once (DDP ranks, test workers): a package directory is
@@ -180,11 +179,10 @@ def generator_fingerprint() -> str:
     """SHA-256 over eqdsl's version, its Python sources and its templates (sorted by path)."""
     from .codegen.render import template_dir
 
-    pkg = Path(__file__).resolve().parent
     h = hashlib.sha256(f"eqdsl {__version__}\n".encode())
-    files = sorted(pkg.rglob("*.py")) + sorted(Path(template_dir()).glob("*.j2"))
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for root, pattern in ((Path(__file__).resolve().parent, "**/*.py"), (Path(template_dir()), "*.j2")):
+        for f in sorted(root.glob(pattern)):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
