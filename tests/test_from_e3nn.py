@@ -58,7 +58,8 @@ def _check_round_trip(tp, text, batch=5, seed=0):
 def _cases():
     return {
         # internal, shared weights; every allowed (i1, i2, i_out), uvw
-        "fully_connected": (lambda: o3.FullyConnectedTensorProduct("2x0e+1x1o+2x1e", "1x0e+1x1o", "2x1o+2x0e+1x1e"), {}),
+        "fully_connected": (
+            lambda: o3.FullyConnectedTensorProduct("2x0e+1x1o+2x1e", "1x0e+1x1o", "2x1o+2x0e+1x1e"), {}),
         # uuu without weights; output irreps e3nn builds unsorted
         "elementwise": (lambda: o3.ElementwiseTensorProduct("2x0e+2x1o", "2x1o+2x1e"), {}),
         # mixed modes, an unweighted path, per-row weights, non-default normalizations
@@ -208,12 +209,14 @@ def test_e3nn_jax_functional_tensor_product_round_trip():
         w = jax.random.normal(k3, ((ir.weight_numel,) if shared else (4, ir.weight_numel)), dtype=jax.numpy.float64)
 
         def one(a, b, wi):
-            return tp.left_right(wi, e3nn_jax.IrrepsArray(tp.irreps_in1, a), e3nn_jax.IrrepsArray(tp.irreps_in2, b)).array
+            a, b = e3nn_jax.IrrepsArray(tp.irreps_in1, a), e3nn_jax.IrrepsArray(tp.irreps_in2, b)
+            return tp.left_right(wi, a, b).array
 
         want = jax.vmap(one, in_axes=(0, 0, None if shared else 0))(x1, x2, w)
         assert _rel(tensor_product_reference(ir, x1, x2, w), want) <= 1e-12
 
-    element = FunctionalTensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvw", True)], gradient_normalization="element")
+    element = FunctionalTensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvw", True)],
+                                      gradient_normalization="element")
     with pytest.raises(ValueError, match="gradient_normalization='element'"):
         spec_from_e3nn_jax(element, "g")
     with pytest.raises(TypeError, match="FunctionalTensorProduct"):
