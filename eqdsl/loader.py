@@ -4,10 +4,11 @@ A spec (TOML text, a file, or ``TensorProductSpec`` objects) is keyed by the SHA
 its canonical text (``spec_to_toml``: every key explicit, no comments, so the same specs
 written differently share one entry) and of the generator itself (eqdsl's version and
 the source of its Python modules and templates, so that a changed generator never serves
-stale kernels). The package lives in ``<cache>/packages/<key>/<name>/``, with the canonical spec beside it
-as ``spec.toml``; ``<cache>`` is ``cache_dir``, else ``$EQDSL_CACHE_DIR``, else
-``~/.cache/eqdsl`` (where the Helion launcher keeps its modules too, under ``helion/``).
-An empty ``$EQDSL_CACHE_DIR`` turns the disk cache off: packages are then generated into a temporary directory of this process, removed at exit.
+stale kernels). The package lives in ``<cache>/packages/<key>/<name>/``, with the
+canonical spec beside it as ``spec.toml``; ``<cache>`` is ``cache_dir``, else
+``$EQDSL_CACHE_DIR``, else ``~/.cache/eqdsl`` (where the Helion launcher keeps its
+modules too, under ``helion/``). An empty ``$EQDSL_CACHE_DIR`` turns the disk cache off:
+packages are then generated into a temporary directory of this process, removed at exit.
 
 Safe with several processes at once (DDP ranks, test workers): a package directory is
 generated under a temporary name and renamed into place, so it appears complete or not
