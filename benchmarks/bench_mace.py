@@ -133,14 +133,9 @@ def eqdsl_model(model, device):
 
 def loaded_packages(model) -> list[Path]:
     """Directories of the generated packages the accelerated model calls (for precompile)."""
-    found = set()
-    for m in model.modules():
-        for v in vars(m).values():
-            mod = getattr(v, "__name__", None)
-            f = getattr(v, "__file__", None)
-            if isinstance(mod, str) and f and Path(f).name == "__init__.py" and (Path(f).parent / "torch_ops.py").exists():
-                found.add(Path(f).parent)
-    return sorted(found)
+    from eqdsl.integrations.mace import packages
+
+    return sorted(Path(pkg.__file__).parent for pkg in packages(model))
 
 
 def precompile(packages: list[Path], dtypes: list[str], workers: int, log) -> None:
