@@ -27,12 +27,18 @@ order in place: no conversion pass outside them (each ``mul_ir`` block with seve
 channels and components is loaded as one contiguous tile and split into components on
 chip, DESIGN.md "What layout costs").
 
-Batch. The batch is padded up to a multiple of the batch block (``block_batch``,
-default 8; a copy of the operands unless the batch is a multiple of it);
-padded rows are computed and dropped. Each distinct padded
-batch size compiles once; callers whose batch changes every step (molecular dynamics)
-should pad to a few bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``)
-and mask, so that the kernels are not recompiled for every size.
+Batch. Each kernel launch pads its rows up to a multiple of the batch block
+(``block_batch``, default 8; a copy of the operands unless the batch is a
+multiple of it); padded rows are computed and dropped. Each distinct batch size compiles
+once; callers whose batch changes every step (molecular dynamics) should pad to a few
+bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``) and mask, so that the
+kernels are not recompiled for every size.
+
+Several devices. Under ``jax.jit`` with ``x1``, ``x2`` (and per-row weights) sharded over
+the batch axis, every kernel runs on each device's rows (no gather; the output is sharded
+like the inputs; a shared-weight gradient is summed over devices), and the ops work inside
+``jax.shard_map`` (``eqdsl.runtime.jax_sharding``; docs/multi-gpu-jax.md). On the CPU,
+interpret mode needs ``check_vma=False`` on ``shard_map``.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ BYTES_PER_BATCH = {'float32': 29796, 'float64': 59592}
 # The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
 KERNEL_OPS = rt.make_vjp_ops(
     _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
+    shared_weights=SHARED_WEIGHTS,
 )
 
 
@@ -105,28 +112,23 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
                                interpret=rt.use_interpret(interpret))
 
 
-def _operands(x1, x2, weights, rows):
-    w = rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
-    return rt.pad_rows(x1, rows), rt.pad_rows(x2, rows), w
+def _operands(x1, x2, weights):
+    return x1, x2, rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])
 
 
-# jitted (static block size and mode) so that eager calls do not run the kernels op by op;
-# the row padding around the kernels is plain jnp, differentiated by JAX itself.
+# jitted (static block size and mode) so that eager calls do not run the kernels op by op.
+# No padding here: every kernel launch pads its own rows to a multiple of the batch block
+# (per device when the batch is sharded: eqdsl.runtime.jax_sharding).
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
-    batch = x1.shape[0]
-    rows = rt.round_up(batch, block_batch)
-    y = KERNEL_OPS.fwd(*_operands(x1, x2, weights, rows), block_batch, interpret)
-    return y[:batch]
+    return KERNEL_OPS.fwd(*_operands(x1, x2, weights), block_batch, interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
 def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
-    batch = x1.shape[0]
-    rows = rt.round_up(batch, block_batch)
-    a, b, w = _operands(x1, x2, weights, rows)
-    g = rt.pad_rows(grad_out, rows)
+    a, b, w = _operands(x1, x2, weights)
+    g = grad_out
     ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
     gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
     gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
-    return ga[:batch], gb[:batch], rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, batch)
+    return ga, gb, rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])

@@ -9,6 +9,9 @@ Build the same operation in e3nn with::
                           path_normalization=PATH_NORMALIZATION,
                           shared_weights=SHARED_WEIGHTS, internal_weights=False)
 
+with the e3nn version whose ``wigner_3j`` signs CG_CONVENTION names ("e3nn-0.5": e3nn
+>= 0.5; "e3nn-0.4": e3nn 0.4.x, as mace-torch pins it).
+
 Kernels: ``from .torch_ops import tensor_product`` (PyTorch, Helion) and
 ``from .jax_ops import tensor_product`` (JAX, Pallas); neither is imported here, so
 each framework is needed only by its own module.
@@ -84,3 +87,10 @@ DIM_OUT = 368
 CONV = False
 CONV_REDUCE = 'sum'
 CONV_DETERMINISTIC = False
+# order of the output blocks: "paths" (path order), "sorted" (e3nn's Irreps.sort(), unmerged),
+# "given" (irreps_out as written: mode uvw or explicit instructions)
+OUTPUT_ORDER = 'given'
+# order of INSTRUCTIONS, hence of the weights: "paths", "output" (by i_out), "given" (as written)
+INSTRUCTION_ORDER = 'given'
+# Clebsch-Gordan sign convention: "e3nn-0.5" (e3nn >= 0.5) or "e3nn-0.4" (e3nn 0.4.x)
+CG_CONVENTION = 'e3nn-0.5'

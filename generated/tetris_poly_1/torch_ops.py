@@ -217,9 +217,11 @@ _checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted 
 def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``out = TP(x1, x2, weights)`` (see the module docstring for shapes and layout).
 
-    Differentiable to any order with respect to all three arguments. Raises
-    ``TypeError`` / ``ValueError`` naming the argument, ``RuntimeError`` for a device
-    the kernels cannot run on. In eager code on CUDA it launches without the custom-op
+    Differentiable to any order with respect to all three arguments. Runs on the
+    tensors' device (all three on one; CUDA, or CPU with ``TRITON_INTERPRET=1``),
+    whatever the current CUDA device. Raises ``TypeError`` / ``ValueError`` naming the
+    argument (for arguments on several devices, each one's device), ``RuntimeError``
+    for a device the kernels cannot run on. In eager code on CUDA it launches without the custom-op
     dispatcher (``eqdsl.runtime.torch_runtime.eager_mode``); same results.
     """
     mode = _rt.eager_mode((x1, x2, weights), 3)
