@@ -7,8 +7,8 @@ give the same energy, forces and gradient of a force loss with respect to every
 parameter, to 1e-10 relative. In a two-block model the products' sorted outputs happen
 to be in path order, so the middle block of a three-block model (every path kind, its
 output irreps sorted and its instructions renumbered by NequIP) is checked on its own:
-forward, against NequIP's module, on a random graph (the gradients use the same kernels
-as above; a three-block gradient run costs twice the CPU time of this whole file).
+forward, against NequIP's module, on a random graph (not its gradients: a three-block
+gradient run costs about twice this whole file's CPU time).
 
 ``nequip.utils.global_state.set_global_state`` (required before any NequIP model is
 built) changes process-wide state: the default dtype (float64), RNG seeds, e3nn's
@@ -152,9 +152,9 @@ def test_sorted_middle_block_matches_nequip(nequip_state):
 
     gen = torch.Generator().manual_seed(0)
     n_nodes, n_edges = 5, 14
-    x = torch.randn(n_nodes, old.tp.irreps_in1.dim, generator=gen)
-    edge_attr = torch.randn(n_edges, old.tp.irreps_in2.dim, generator=gen)
-    weight = torch.randn(n_edges, old.tp.weight_numel, generator=gen)
+    x = torch.randn(n_nodes, old.tp.irreps_in1.dim, generator=gen, dtype=torch.float64)
+    edge_attr = torch.randn(n_edges, old.tp.irreps_in2.dim, generator=gen, dtype=torch.float64)
+    weight = torch.randn(n_edges, old.tp.weight_numel, generator=gen, dtype=torch.float64)
     dst, src = torch.randint(0, n_nodes, (2, n_edges), generator=gen)
     want = old(x, edge_attr, weight, dst, src)
     got = new(x, edge_attr, weight, dst, src)
