@@ -19,6 +19,11 @@ its ``wigner_3j(1, 2, 2)`` with eqdsl's exact one: equal is ``"e3nn-0.5"`` (e3nn
 e3nn-jax), the negative is ``"e3nn-0.4"`` (e3nn 0.4.x, whose ``wigner_3j`` has the
 opposite sign for (1,2,2), (1,3,3), (1,4,4) and their permutations). The spec gets a
 ``cg_convention`` key only when it is not the default ``"e3nn-0.5"``.
+
+Without a ``tuning`` option, a spec whose kernels are a standard problem's (e.g. MACE's
+second interaction is ``mace_large``) gets that problem's measured tuning table
+(``eqdsl.tuned``: tile sizes and kernel variants, never the function computed); pass
+``tuning={}`` for eqdsl's defaults.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .instructions import MODES, Instruction, InstructionError, check_instructio
 from .irreps import Irreps
 from .loader import toml_table
 from .spec import parse_spec
+from .tuned import known_tuning, tuning_table
 
 __all__ = ["spec_from_e3nn", "spec_from_e3nn_jax", "cg_convention_of", "DEFAULT_CG_CONVENTION"]
 
@@ -102,7 +108,13 @@ def _spec_text(
     if convention != DEFAULT_CG_CONVENTION:
         table["cg_convention"] = convention
     table.update(options)
-    text = f"# {what}, by eqdsl.spec_from_e3nn\n" + toml_table(table)
+    header = f"# {what}, by eqdsl.spec_from_e3nn\n"
+    if "tuning" not in options:
+        found = known_tuning(in1, in2, out, tuple(ins), layout, shared_weights)
+        if found is not None:
+            table["tuning"] = tuning_table(found[1])
+            header += f"# tuning: the same kernels as {found[0]}, tuned there (eqdsl.tuned)\n"
+    text = header + toml_table(table)
     parse_spec(text, f"<spec_from_e3nn {name}>")  # a SpecError here names the bad option
     return text
 
@@ -133,7 +145,8 @@ def spec_from_e3nn(
             defaults ``"component"`` / ``"element"``); checked against its path weights.
         dtypes: which of ``"float32"``, ``"float64"`` to generate.
         **options: more spec keys, e.g. ``reduce="mean"``, ``deterministic=True``,
-            ``tuning={"block_b": 8}`` (README "Spec format").
+            ``tuning={"block_b": 8}`` (README "Spec format"); without ``tuning``, the tuning
+            of a standard problem with the same kernels, if any (``eqdsl.tuned``).
 
     Returns:
         Spec text: tp's irreps strings as they are, its instructions explicitly (each
