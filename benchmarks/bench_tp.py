@@ -2,7 +2,7 @@
 """Plain tensor-product benchmark: eqdsl (torch + jax) against e3nn, cuEquivariance, e3nn-jax.
 
 One script, one GPU call (benchmarks/README.md has the device commands). For every problem
-of the shared PROBLEMS.md (the spec files in examples/specs/), every dtype and every batch
+of docs/problems.md (the spec files in examples/specs/), every dtype and every batch
 size, it times the forward and the forward+backward (gradients wrt x1, x2 and weights) of:
 
   eqdsl_torch   generated/<name>/torch_ops.tensor_product   (torch custom op, Helion)
@@ -61,7 +61,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Problems in PROBLEMS.md order; spec files in examples/specs/ that are not listed here
+# Problems in docs/problems.md order; spec files in examples/specs/ that are not listed here
 # are appended (sorted).
 PROBLEM_ORDER = [
     "mace_large", "mace_medium", "nequip_water", "nequip_aspirin", "nequip_toluene",

@@ -1,6 +1,6 @@
 """eqdsl: generate fast O(3)-equivariant tensor-product kernels from a TOML spec.
 
-Layers (see DESIGN.md): ``spec`` (TOML -> validated ``TensorProductSpec``),
+Layers (see docs/architecture.md): ``spec`` (TOML -> validated ``TensorProductSpec``),
 ``irreps`` / ``instructions`` (e3nn algebra), ``cg`` (exact Clebsch-Gordan),
 ``lower`` (-> ``TensorProductIR``), ``reference`` (numpy oracle), ``codegen``
 (IR -> files), ``cli``.

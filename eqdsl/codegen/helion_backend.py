@@ -57,7 +57,7 @@ channels. ``mul_ir`` blocks (with ``native``, the plain tensor product) are ``(b
 mul, 2l+1)`` views read and written in place: one masked ``(batch, channels, 2l+1)``
 load split into components on chip (``_native_load``), and outputs joined into one
 store (``_native_store``); per-component access would stride by ``2l+1`` (23% of the
-copy bandwidth against 92%, DESIGN.md). The kernels then take whole rows:
+copy bandwidth against 92%, docs/architecture.md). The kernels then take whole rows:
 ``flat_access`` folds each view access into column arithmetic on the ``(batch, dim)``
 operands (building the views on the host cost more than the kernel, see there); so do
 the convolution's (``helion_conv``), on ``ir_mul`` rows converted at their boundary

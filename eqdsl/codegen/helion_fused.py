@@ -9,7 +9,7 @@ once, each gradient written once). A fused kernel reads every operand once.
 
 Eligible (``fused_bwd_reason`` is None): per-batch weights, every path ``uvu``, weighted,
 with a one-channel ``x2`` block, which is how MACE, NequIP, Nequix and SevenNet build
-their interactions (``PROBLEMS.md``'s channelwise rows). Then for path ``p`` (``x1`` block
+their interactions (the channelwise rows of ``docs/problems.md``). Then for path ``p`` (``x1`` block
 ``a``, ``x2`` block ``s``, output block ``o``, channel ``u``)::
 
     gx1[b, a, u, i] += sum_{j,k} C[i,j,k] W[b, p, u] x2[b, s, j] g[b, o, u, k]

@@ -7,7 +7,7 @@ as ``2l+1`` contiguous rows of ``P = next_pow2(mul)`` channels (``ir_mul`` with 
 channel count padded to a power of two, zeros in the padding), so that every value a
 kernel loads or stores is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile: power
 of two shapes, as the Triton lowering of Pallas wants, and contiguous over channels
-(DESIGN.md "What layout costs"). Weights get the same treatment per path: the channel
+(docs/architecture.md "What layout costs"). Weights get the same treatment per path: the channel
 index the kernel vectorizes over is innermost and padded to ``P``.
 
 Four kernels, one four-linear form. A tensor product is the derivative of

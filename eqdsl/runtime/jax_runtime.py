@@ -186,7 +186,7 @@ def out_struct(shape, dtype, operands) -> jax.ShapeDtypeStruct:
 #   up to a power of two), split into its ``2l+1`` components on chip (reshape + unstack,
 #   which the Triton lowering turns into ``tt.reshape`` / ``tt.split``); the store joins
 #   the components (``tt.join``) and writes the block in one masked store. This is how
-#   the Helion kernels read ``mul_ir`` rows (DESIGN.md "What layout costs"): no layout
+#   the Helion kernels read ``mul_ir`` rows (docs/architecture.md "What layout costs"): no layout
 #   conversion pass outside the kernel and no per-component strided access.
 #
 # Loads clamp their indices into the block (lanes past ``count`` or ``2l+1`` read a real

@@ -27,7 +27,7 @@ itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
 order in place: no conversion pass outside them (each ``mul_ir`` block with several
 channels and components is loaded as one contiguous tile and split into components on
-chip, DESIGN.md "What layout costs").
+chip, docs/architecture.md "What layout costs").
 
 Batch. Each kernel launch pads its rows up to a multiple of the batch block
 (``block_batch``, default 4; a copy of the operands unless the batch is a
