@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--conv", help="bench_conv.json")
     p.add_argument("--latency", nargs="+", help="bench_latency.json files, one table each (default: the latency "
                    "section of --conv, if any)")
-    p.add_argument("--notes", help="a Markdown file inserted as the 'Notes on these runs' section")
+    p.add_argument("--notes", nargs="+", help="Markdown files inserted, in order, as the 'Notes on these runs' section")
     p.add_argument("--mace", nargs="+", help="bench_mace.json files (MACE end to end), rows taken in order")
     p.add_argument("--scaling", help="bench_scaling.json (several GPUs)")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
@@ -418,7 +418,10 @@ def scaling_section(path) -> list[str]:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return [f"{path}: unreadable ({type(e).__name__})", ""]
-    return [str(d.get("markdown", "")).strip() or "(no table in the JSON)", ""]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_scaling import table as scaling_table  # the table bench_scaling.py prints
+
+    return [scaling_table(d), ""]
 
 
 def main(argv=None):
@@ -427,14 +430,18 @@ def main(argv=None):
     tp = measurements(data, "tp")
     conv = measurements(data, "conv")
     md = ["# Benchmarks", "",
-          "Written by `benchmarks/report.py` from the JSON files of `benchmarks/bench_tp.py` and "
-          "`benchmarks/bench_conv.py` (how to run them: `benchmarks/README.md`). Do not edit by hand: "
+          "Written by `benchmarks/report.py` from the JSON files of `benchmarks/bench_tp.py`, "
+          "`benchmarks/bench_conv.py`" + (", `benchmarks/bench_mace.py`" if args.mace else "")
+          + (", `benchmarks/bench_scaling.py`" if args.scaling else "") + " (how to run them: "
+          "`benchmarks/README.md`). Do not edit by hand: "
           "rerun the benchmarks and the report.", ""]
     dates = sorted({str(data[k][1].get("meta", {}).get("date")) for k in data if data[k][1].get("meta", {}).get("date")})
     devs = sorted({str(data[k][1].get("meta", {}).get("device")) for k in data if data[k][1].get("meta", {}).get("device")})
     md += [f"Device: {', '.join(devs) or '?'}; run: {', '.join(dates) or '?'}.", ""]
     if args.notes:
-        md += ["## Notes on these runs", "", Path(args.notes).read_text(encoding="utf-8").strip(), ""]
+        md += ["## Notes on these runs", ""]
+        for notes in args.notes:
+            md += [Path(notes).read_text(encoding="utf-8").strip(), ""]
     md += ["## Environment", ""] + env_section(data)
     md += ["## How to read the tables", "",
            "Times are medians of many calls after warm-up (torch: CUDA events around each call; JAX: wall clock "
