@@ -15,6 +15,8 @@ from eqdsl.irreps import Irreps
 from eqdsl.lower import lower
 from eqdsl.spec import load_spec
 
+from model_tps import channelwise_tp
+
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DIR = REPO / "examples" / "specs"
 
@@ -94,7 +96,8 @@ def test_example_matches_problem_table_and_e3nn(name):
         ref = _e3nn(o3.FullyConnectedTensorProduct, in1, in2, out, shared_weights=shared, internal_weights=False)
         assert str(ref.irreps_out) == str(spec.irreps_out) == str(Irreps(out))
     else:
-        ref = _mace_style(in1, in2, out, shared, sort_instructions=spec.instruction_order == "output")
+        ref = _e3nn(channelwise_tp, in1, in2, out, shared=shared,
+                    sort_instructions=spec.instruction_order == "output")
         assert str(ref.irreps_out) == str(spec.irreps_out)
     assert [_key(t) for t in ref.instructions] == [_key(t) for t in tp.instructions]
     assert len(ref.instructions) == paths
@@ -102,28 +105,6 @@ def test_example_matches_problem_table_and_e3nn(name):
     for p, t in zip(ir.paths, ref.instructions):
         assert p.path_weight == pytest.approx(t.path_weight, rel=1e-15, abs=0.0)
         assert p.path_shape == tuple(t.path_shape)
-
-
-def _mace_style(in1, in2, target, shared, sort_instructions: bool) -> o3.TensorProduct:
-    """MACE's / NequIP's channelwise edge tensor product, built as the models build it
-    (independently of eqdsl's expansion): every (in1, in2, ir_out in the target) is one uvu
-    path writing its own mul x ir_out block; then the output is sorted with e3nn's
-    ``Irreps.sort()`` (never merged) and ``i_out`` renumbered; MACE (``sort_instructions``)
-    also sorts the instructions by ``i_out``, NequIP 0.19 keeps them in path order."""
-    in1, in2, target = o3.Irreps(in1), o3.Irreps(in2), o3.Irreps(target)
-    out, instructions = [], []
-    for i, (mul, ir_in) in enumerate(in1):
-        for j, (_, ir_edge) in enumerate(in2):
-            for ir_out in ir_in * ir_edge:
-                if ir_out in target:
-                    instructions.append((i, j, len(out), "uvu", True))
-                    out.append((mul, ir_out))
-    out, perm, _ = o3.Irreps(out).sort()
-    instructions = [(i1, i2, perm[io], mode, w) for i1, i2, io, mode, w in instructions]
-    if sort_instructions:
-        instructions = sorted(instructions, key=lambda x: x[2])
-    return _e3nn(o3.TensorProduct, in1, in2, out, instructions, shared_weights=shared,
-                 internal_weights=False)
 
 
 def test_inspect_every_example():

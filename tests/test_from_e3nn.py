@@ -18,6 +18,8 @@ from eqdsl import SpecError, cg, lower, parse_spec
 from eqdsl.from_e3nn import cg_convention_of, spec_from_e3nn, spec_from_e3nn_jax
 from eqdsl.reference import tensor_product_reference
 
+from model_tps import channelwise_tp
+
 
 @contextlib.contextmanager
 def float64_default():
@@ -223,21 +225,6 @@ def test_e3nn_jax_functional_tensor_product_round_trip():
         spec_from_e3nn_jax(object(), "x")
 
 
-def _mace_style_tp(in1: str, in2: str, target: str) -> o3.TensorProduct:
-    """The edge product as mace-torch 0.3.16 builds it (irreps_tools.tp_out_irreps_with_instructions)."""
-    in1, in2, target = o3.Irreps(in1), o3.Irreps(in2), o3.Irreps(target)
-    out, instructions = [], []
-    for i, (mul, ir_in) in enumerate(in1):
-        for j, (_, ir_edge) in enumerate(in2):
-            for ir_out in ir_in * ir_edge:
-                if ir_out in target:
-                    instructions.append((i, j, len(out), "uvu", True))
-                    out.append((mul, ir_out))
-    out, perm, _ = o3.Irreps(out).sort()
-    instructions = sorted(((a, b, perm[c], m, w) for a, b, c, m, w in instructions), key=lambda x: x[2])
-    return o3.TensorProduct(in1, in2, out, instructions, shared_weights=False, internal_weights=False)
-
-
 def test_standard_problem_kernels_get_their_measured_tuning():
     """MACE's product on the mace_large irreps is mace_large's kernels: the spec carries the
     example's tuning table (eqdsl.tuned); ``tuning={}`` keeps eqdsl's defaults; a product that
@@ -247,11 +234,11 @@ def test_standard_problem_kernels_get_their_measured_tuning():
     from eqdsl import load_spec
 
     (example,) = load_spec(Path(__file__).resolve().parents[1] / "examples" / "specs" / "mace_large.toml")
-    tp = _mace_style_tp("128x0e+128x1o+128x2e", "0e+1o+2e+3o", "0e+1o+2e+3o")
+    tp = channelwise_tp("128x0e+128x1o+128x2e", "0e+1o+2e+3o", "0e+1o+2e+3o")
     tuned = parse_spec(spec_from_e3nn(tp, "mace_tp", conv=True))[0]
     assert tuned.tuning == example.tuning and tuned.tuning
     plain = parse_spec(spec_from_e3nn(tp, "mace_tp", conv=True, tuning={}))[0]
     assert plain.tuning == ()
     assert lower(tuned).paths == lower(plain).paths
-    other = _mace_style_tp("8x0e+8x1o", "0e+1o", "0e+1o")
+    other = channelwise_tp("8x0e+8x1o", "0e+1o", "0e+1o")
     assert parse_spec(spec_from_e3nn(other, "small"))[0].tuning == ()
