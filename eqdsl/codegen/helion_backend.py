@@ -68,7 +68,6 @@ never recompiles.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -290,7 +289,7 @@ def _native_store(param: str, accs: list[str], dim: int) -> list[str]:
 
 def op_namespace(name: str) -> str:
     """``torch.library`` namespace of the generated ops (the name is a validated identifier)."""
-    return "eqdsl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return "eqdsl_" + "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name)
 
 
 # ------------------------------------------------------------------ path algebra
@@ -345,7 +344,16 @@ def _wrap(parts: list[str]) -> str:
 
 def _natural(name: str) -> tuple:
     """Sort key for generated names (``sb1_10_0`` after ``sb1_2_0``)."""
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+    parts: list[str] = []
+    for c in name:  # runs of digits and of other characters, as re.split(r"(\d+)") with its empty ends
+        if not parts or c.isdigit() != parts[-1][-1].isdigit():
+            parts.append("")
+        parts[-1] += c
+    if parts and parts[0][0].isdigit():
+        parts.insert(0, "")
+    if parts and parts[-1][-1].isdigit():
+        parts.append("")
+    return tuple(int(t) if t.isdigit() else t for t in parts)
 
 
 def _ranges(xs: list[int]) -> str:
