@@ -124,7 +124,7 @@ class HelionLaunch:
     # The fast path's device type, the current-device query, a tensor's device index and the
     # context manager that makes a device current for a launch (tests substitute them).
     fast_device_type = "cuda"
-    current_device = staticmethod(getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device))
+    current_device = staticmethod(torch.cuda.current_device)
     tensor_device = staticmethod(torch.Tensor.get_device)
     device_guard = torch.cuda.device
     # MD changes the edge count every step: the exact-key tables are emptied past this size

@@ -16,10 +16,14 @@ import functools
 import math
 from typing import Callable, NamedTuple
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
+from .versions import check as _check_versions
+
+_check_versions("jax", "jaxlib")
+
+import jax  # noqa: E402  (after the version check: a clear error first)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
 
 __all__ = [
     "check_inputs", "check_grad_out", "check_block_batch", "round_up", "bucket", "pad_rows", "kernel_weights",

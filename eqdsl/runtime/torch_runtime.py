@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import os
 
-import torch
-import torch.autograd.forward_ad as _forward_ad
+from .versions import check as _check_versions
+
+_check_versions("torch", "triton", "helion")
+
+import torch  # noqa: E402  (after the version check: a clear error first)
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
 __all__ = [
     "check_inputs",
@@ -207,7 +211,7 @@ def eager_mode(tensors: tuple, n_diff: int) -> int:
         _C._len_torch_dispatch_stack()
         or _C._is_torch_function_mode_enabled()
         or _C._are_functorch_transforms_active()
-        or _C._get_tracing_state() is not None
+        or torch.jit.is_tracing()
         or _forward_ad._current_level >= 0
     ):
         return CUSTOM_OP
