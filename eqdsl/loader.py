@@ -43,7 +43,7 @@ from types import ModuleType
 
 from . import __version__
 from .errors import SpecError
-from .spec import TensorProductSpec, parse_spec
+from .spec import TensorProductSpec, load_spec, parse_spec
 
 __all__ = ["load", "spec_to_toml", "toml_table", "cache_root"]
 
@@ -200,14 +200,7 @@ def _resolve(spec) -> tuple[TensorProductSpec, ...]:
     if isinstance(spec, str) and ("\n" in spec or "[" in spec):
         return parse_spec(spec, "<eqdsl.load>")
     if isinstance(spec, (str, os.PathLike)):
-        path = Path(spec)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise SpecError(str(path), None, None, f"cannot read file: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise SpecError(str(path), None, None, "file is not UTF-8 text") from None
-        return parse_spec(text, str(path))
+        return load_spec(spec)
     raise TypeError(
         "eqdsl.load: expected spec TOML text, a spec file path, or TensorProductSpec(s); "
         f"got {type(spec).__name__}"
