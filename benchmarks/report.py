@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--notes", nargs="+", help="Markdown files inserted, in order, as the 'Notes on these runs' section")
     p.add_argument("--mace", nargs="+", help="bench_mace.json files (MACE end to end), rows taken in order")
     p.add_argument("--scaling", help="bench_scaling.json (several GPUs)")
+    p.add_argument("--startup", nargs="+", help="bench_startup.json files (start-up times; a later file's row of "
+                   "the same target replaces an earlier one's)")
+    p.add_argument("--small-graph", help="bench_small_graph.json (energy + forces per step, host overhead per call)")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
     return p.parse_args(argv)
@@ -424,6 +427,87 @@ def scaling_section(path) -> list[str]:
     return [scaling_table(d), ""]
 
 
+def _met(r: dict) -> str:
+    return {"met": "met", "missed": "**missed**"}.get(r.get("met") or "", "-")
+
+
+def startup_section(paths) -> list[str]:
+    """Start-up times (benchmarks/bench_startup.py): one row per target, the parts beside it."""
+    rows, metas, notes = {}, [], {}  # notes per step: a later file's step replaces an earlier one's
+    for path in paths:
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return [f"{path}: unreadable ({type(e).__name__})", ""]
+        m = d.get("meta", {})
+        metas.append(m)
+        for r in d.get("rows", []):
+            rows[r.get("key")] = dict(r, _jobs=m.get("jobs", 1), _device=m.get("device"), _date=m.get("date"))
+        for s in d.get("steps", []):
+            notes[s["step"]] = []
+            k = s.get("kernels")
+            if k and k.get("kernels"):
+                notes[s["step"]].append(
+                    f"- `{s['step']}`: {len(k['compiled'])} of {len(k['kernels'])} kernels of the package compiled "
+                    "in the run" + (f" (not: {', '.join(k['missing'])})" if k["missing"] else ""))
+            if s.get("status") not in (None, "ok"):
+                notes[s["step"]].append(f"- `{s['step']}`: {s.get('status')}: {s.get('reason', '')}")
+    m = metas[0] if metas else {}
+    out = [f"Problem {m.get('problem', '?')}, float32. Each step in a fresh process with empty caches (Triton, "
+           "eqdsl, XDG, CUDA, inductor; no JAX persistent cache), wall seconds, each part ended by a device "
+           "synchronization; after them, every result checked against e3nn in float64. Targets: issue 22.", ""]
+    body = []
+    for r in rows.values():
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("parts") or {}).items()) or r.get("reason", "")
+        body.append([r.get("what"), r.get("seconds_str"), "-" if r.get("target_s") is None else f"≤ {r['target_s']:g}",
+                     _met(r), parts, f"{r.get('_device') or '?'}, {r.get('_date')}"
+                     + (f", {r['_jobs']} steps at once" if (r.get("_jobs") or 1) > 1 else "")])
+    out.append(table(["what", "seconds", "target", "", "parts (s)", "device, date"], body,
+                     ["---", "---:", "---:", "---", "---", "---"]))
+    out.append("")
+    notes = [n for ns in notes.values() for n in ns]
+    return out + notes + ([""] if notes else [])
+
+
+def small_graph_section(path) -> list[str]:
+    """Energy + forces per step on a small graph, and host overhead per eager call
+    (benchmarks/bench_small_graph.py)."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return [f"{path}: unreadable ({type(e).__name__})", ""]
+    m = d.get("meta", {})
+    out = [f"{m.get('problem', '?')} conv, {m.get('atoms')} atoms, {m.get('edges')} edges (random graph, fixed "
+           f"seed), {m.get('dtype', 'float32')}; {m.get('device', '?')}, {m.get('date', '?')}. One step: "
+           f"{m.get('step', '?')}. Median wall time per synchronized step over {m.get('steps')} steps; pipelined: "
+           "the same steps back to back, one synchronization, per step. Energy and forces checked against e3nn "
+           "in float64 first.", ""]
+    body, notes = [], []
+    for r in d.get("steps", []):
+        target = "-" if r.get("target_us") is None else f"≤ {r['target_us']:g}"
+        if "median_us" in r:
+            body.append([f"`{r['impl']}`", fmt_us(r["median_us"]), fmt_us(r.get("pipelined_us")), target, _met(r),
+                         "-" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"])
+        else:
+            body.append([f"`{r['impl']}`", r.get("status", "n/a"), "-", target, "-", "-"])
+        if r.get("status") != "ok" or r.get("note"):
+            notes.append(f"- `{r['impl']}`: " + "; ".join(x for x in (r.get("status") if r.get("status") != "ok"
+                                                                         else "", r.get("reason"), r.get("note")) if x))
+    out.append(table(["implementation", "µs per step", "pipelined µs", "target", "", "rel. error"], body,
+                     ["---", "---:", "---:", "---:", "---", "---:"]))
+    out.append("")
+    out += notes + ([""] if notes else [])
+    if d.get("host"):
+        out.append("Host time per eager call: calls back to back with no synchronization inside, host time / calls "
+                   "(minimum over loops); pipelined: until the device is done, per call.\n")
+        body = [[r["impl"], r["case"], fmt_us(r["host_us"]), fmt_us(r["pipelined_us"]),
+                 "-" if r.get("target_us") is None else f"≤ {r['target_us']:g}", _met(r)] for r in d["host"]]
+        out.append(table(["implementation", "call", "host µs", "pipelined µs", "target", ""], body,
+                         ["---", "---", "---:", "---:", "---:", "---"]))
+        out.append("")
+    return out
+
+
 def main(argv=None):
     args = parse_args(argv)
     data = load_inputs(args)
@@ -432,7 +516,9 @@ def main(argv=None):
     md = ["# Benchmarks", "",
           "Written by `benchmarks/report.py` from the JSON files of `benchmarks/bench_tp.py`, "
           "`benchmarks/bench_conv.py`" + (", `benchmarks/bench_mace.py`" if args.mace else "")
-          + (", `benchmarks/bench_scaling.py`" if args.scaling else "") + " (how to run them: "
+          + (", `benchmarks/bench_scaling.py`" if args.scaling else "")
+          + (", `benchmarks/bench_startup.py`" if args.startup else "")
+          + (", `benchmarks/bench_small_graph.py`" if args.small_graph else "") + " (how to run them: "
           "`benchmarks/README.md`). Do not edit by hand: "
           "rerun the benchmarks and the report.", ""]
     dates = sorted({str(data[k][1].get("meta", {}).get("date")) for k in data if data[k][1].get("meta", {}).get("date")})
@@ -481,6 +567,10 @@ def main(argv=None):
         md += ["## MACE end to end", ""] + mace_section(args.mace)
     if args.scaling:
         md += ["## Several GPUs", ""] + scaling_section(args.scaling)
+    if args.startup:
+        md += ["## Start-up", ""] + startup_section(args.startup)
+    if args.small_graph:
+        md += ["## Small graph: energy + forces per step, host overhead", ""] + small_graph_section(args.small_graph)
     Path(args.out).write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     print(f"wrote {args.out} and {args.png} ({desc})")
     return 0

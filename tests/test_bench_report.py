@@ -140,3 +140,51 @@ def test_merge_replaces_rows_and_keeps_one_date_range():
     assert again["meta"]["date"] == "2026-11-23T02:00 to 2026-11-23T08:00"
     assert sorted((r["problem"], r["t"]) for r in again["rows"]) == [("a", 4), ("b", 3)]
     assert again["meta"]["argv"] == ["c1: --x", "c2: --x", "c3: --x"]
+
+
+def test_report_startup_and_small_graph_sections(tmp_path):
+    """``--startup`` (two files: the second's row of a target replaces the first's) and
+    ``--small-graph``: rows, targets met / missed, n/a reasons; bench_startup's own row builder
+    makes the startup rows from step results."""
+    pytest.importorskip("matplotlib")
+    report, bs = _load("report"), _load("bench_startup")
+    meta = {"what": "start-up", "device": "NVIDIA H100", "date": "2026-11-26T16:00:00+00:00", "problem": "mace_large"}
+    steps1 = [{"step": "torch_cubins", "status": "n/a", "reason": "mace_large/cubins/ absent"},
+              {"step": "family", "status": "ok", "first_results_s": 75.5, "parts": {"tp fwd": 20.0, "conv fwd": 55.5},
+               "kernels": {"kernels": ["a", "b"], "compiled": ["a"], "missing": ["b"]}},
+              {"step": "jax", "status": "ok", "tp_s": 9.5, "conv_s": 21.0, "parts": {"tp fwd": 4.0}}]
+    steps2 = [{"step": "torch_cubins", "status": "ok", "first_results_s": 1.25, "parts": {"fwd": 0.5, "bwd": 0.5,
+                                                                                          "dbl": 0.25}}]
+    paths = []
+    for i, steps in enumerate((steps1, steps2)):
+        paths.append(tmp_path / f"startup{i}.json")
+        paths[-1].write_text(json.dumps({"meta": dict(meta, jobs=3 - 2 * i), "steps": steps,
+                                         "rows": bs.target_rows(steps)}))
+    small = {"meta": {"problem": "mace_large", "atoms": 32, "edges": 512, "dtype": "float32", "device": "NVIDIA H100",
+                      "date": "2026-11-26", "steps": 300, "step": "positions -> conv -> energy; forces"},
+             "steps": [{"impl": "torch_graph", "status": "ok", "median_us": 88.0, "pipelined_us": 60.0,
+                        "target_us": 100.0, "met": "met", "rel_err": 2e-7},
+                       {"impl": "jax_jit", "status": "ok", "median_us": 170.0, "pipelined_us": 150.0,
+                        "target_us": 100.0, "met": "missed", "rel_err": 3e-7, "note": "jax_ops.conv"},
+                       {"impl": "torch_compile", "status": "n/a", "target_us": None,
+                        "reason": "BackendCompilerFailed: boom"}],
+             "host": [{"impl": "eqdsl", "case": "conv, no grad, check=False", "host_us": 12.5, "pipelined_us": 40.0,
+                       "target_us": 15.0, "met": "met"}]}
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    out = tmp_path / "B.md"
+    assert report.main(["--startup", *map(str, paths), "--small-graph", str(tmp_path / "small.json"),
+                        "--out", str(out), "--png", str(tmp_path / "r.png")]) == 0
+    md = out.read_text()
+    start = md.split("## Start-up", 1)[1].split("## Small graph", 1)[0]
+    assert "| torch: conv first fwd + bwd + double bwd, built cubins | 1.25 | ≤ 2 | met | fwd 0.50, bwd 0.50, dbl 0.25 |" in start
+    assert "| torch: whole op family JIT, one process | 75.50 | ≤ 60 | **missed** |" in start
+    assert "| jax: tensor_product first fwd + bwd | 9.50 | ≤ 15 | met |" in start
+    assert "| jax: conv first fwd + bwd | 21.00 | ≤ 15 | **missed** |" in start
+    assert "3 steps at once" in start
+    assert start.count("built cubins") == 1 and "cubins/ absent" not in start  # the second file's row replaced it
+    assert "1 of 2 kernels of the package compiled in the run (not: b)" in start
+    small_md = md.split("## Small graph", 1)[1]
+    assert "| `torch_graph` | 88.0 | 60.0 | ≤ 100 | met | 2.0e-07 |" in small_md
+    assert "| `jax_jit` | 170 | 150 | ≤ 100 | **missed** | 3.0e-07 |" in small_md
+    assert "| `torch_compile` | n/a | - | - | - | - |" in small_md and "BackendCompilerFailed: boom" in small_md
+    assert "| eqdsl | conv, no grad, check=False | 12.5 | 40.0 | ≤ 15 | met |" in small_md
