@@ -46,7 +46,7 @@ from pathlib import Path
 from .runtime import cubins as _cb
 
 __all__ = ["BuildError", "BuildResult", "build", "build_package", "package_dirs", "import_package", "exercise",
-           "record_launches", "DEFAULT_ARCHS"]
+           "record_launches", "distinct_variants", "compile_launches", "DEFAULT_ARCHS"]
 
 DEFAULT_ARCHS = ("sm_90",)
 _DTYPES = ("float32", "float64")
@@ -125,7 +125,7 @@ def build(path: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=None, out=None, j
         path, out: as ``package_dirs``.
         archs: GPU archs, e.g. ``("sm_90", "sm_80")``.
         dtypes: dtype names to build (default: every dtype of each package).
-        jobs: compiling threads per package (default: the CPU count).
+        jobs: compiling processes per package (default: the CPU count).
         keep_ir: also keep Triton's intermediate stages (ttir, ttgir, llir, ptx) of each variant.
         log: called with each package's ``BuildResult`` as it finishes (e.g. ``print``).
 
@@ -152,7 +152,7 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
         package_dir: the generated package directory.
         archs: GPU archs (``"sm_90"``, ...).
         dtypes: dtype names (default: the package's ``DTYPES``).
-        jobs: compiling threads (default: the CPU count).
+        jobs: compiling processes (default: the CPU count).
         keep_ir: also keep Triton's intermediate stages (ttir, ttgir, llir, ptx; several
             times the size of the binaries). Without it each variant holds what
             ``TRITON_STORE_BINARY_ONLY=1`` makes Triton store: the cubin, its metadata and
@@ -163,15 +163,23 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
     """
     t0 = time.perf_counter()
     package_dir = Path(package_dir).resolve()
-    caps = sorted({_cb.parse_arch(a) for a in archs}, reverse=True) if archs else None
+    if isinstance(archs, str):
+        archs = archs.split(",")
+    try:
+        caps = sorted({_cb.parse_arch(a) for a in archs if a.strip()}, reverse=True)
+    except ValueError as e:
+        raise BuildError(f"{package_dir.name}: {e}") from None
     if not caps:
-        raise BuildError(f"{package_dir.name}: no --arch given")
+        raise BuildError(f"{package_dir.name}: no GPU arch given (e.g. --arch sm_90)")
     if dtypes is not None:
         bad = [d for d in dtypes if d not in _DTYPES]
         if bad:
             raise BuildError(f"{package_dir.name}: unknown dtype {bad[0]!r}; expected {' or '.join(_DTYPES)}")
     tmp = package_dir / f".{_cb.DIR}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        raise BuildError(f"{package_dir.name}: cannot write the build into the package: {e}") from None
     try:
         job = {"package": str(package_dir), "caps": caps, "dtypes": list(dtypes) if dtypes else None,
                "out": str(tmp), "jobs": jobs or os.cpu_count() or 1, "keep_ir": keep_ir}
@@ -364,77 +372,136 @@ def _stand_in_driver(capability: int):
     return TargetDriver()
 
 
-def _compile(launches, capability: int, cache_dir: Path, jobs: int, keep_ir: bool = False) -> list:
-    """``warmup`` every launch for ``capability`` with Triton's cache at ``cache_dir``;
-    the compiled kernels (``CompiledKernel``), one per variant. ``jobs`` threads compile
-    at once (``triton.AsyncCompileMode``); without ``keep_ir`` Triton stores the binary,
-    its metadata and the kernel's source only (``knobs.compilation.store_binary_only``,
-    which is not part of the cache key)."""
-    from concurrent.futures import ThreadPoolExecutor
+class _TargetScope:
+    """Triton compiles for a CUDA device of ``capability`` with its cache at ``cache_dir``
+    (``keep_ir=False``: only what ``knobs.compilation.store_binary_only`` keeps, which is
+    not part of the cache key); the real driver (or none) again on exit."""
 
-    import triton
-    from triton.runtime import driver
+    def __init__(self, capability: int, cache_dir: Path | None = None, keep_ir: bool = False):
+        self.capability, self.cache_dir, self.keep_ir = capability, cache_dir, keep_ir
 
-    driver.set_active(_stand_in_driver(capability))
-    try:
-        with triton.knobs.cache.scope(), triton.knobs.compilation.scope():
-            triton.knobs.cache.dir = str(cache_dir)
-            triton.knobs.compilation.store_binary_only = not keep_ir
-            with ThreadPoolExecutor(max_workers=jobs) as pool, triton.AsyncCompileMode(pool):
-                pending = [fn.warmup(*args, grid=grid, **options) for fn, grid, args, options in launches]
-            kernels = {}
-            for k in pending:
-                k = k.result() if hasattr(k, "result") else k  # a FutureKernel under AsyncCompileMode
-                kernels[k.hash] = k
-    finally:
+    def __enter__(self):
+        import contextlib
+
+        import triton
+        from triton.runtime import driver
+
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(triton.knobs.cache.scope())
+        self._stack.enter_context(triton.knobs.compilation.scope())
+        if self.cache_dir is not None:
+            triton.knobs.cache.dir = str(self.cache_dir)
+        triton.knobs.compilation.store_binary_only = not self.keep_ir
+        driver.set_active(_stand_in_driver(self.capability))
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime import driver
+
         try:
             driver.reset_active()
         except RuntimeError:  # no GPU driver on this machine: back to "none chosen yet"
             driver.set_active(None)
-    return list(kernels.values())
+        self._stack.close()
+
+
+def distinct_variants(launches, capability: int) -> list[int]:
+    """Indices of the launches that need a compilation of their own for ``capability``:
+    the first launch of each (kernel, Triton specialization and options). Triton decides:
+    each launch goes through ``JITFunction.warmup`` with ``knobs.runtime.jit_cache_hook``
+    set, which Triton calls with its key of the launch right before compiling, and which
+    returns ``True`` (skip the compilation)."""
+    import triton
+
+    seen, picked, current = set(), [], [0]
+
+    def hook(*, key, fn, **_):
+        k = (id(fn.jit_function), str(key))
+        if k not in seen:
+            seen.add(k)
+            picked.append(current[0])
+        return True
+
+    with _TargetScope(capability), triton.knobs.runtime.scope():
+        triton.knobs.runtime.jit_cache_hook = hook
+        for i, (fn, grid, args, options) in enumerate(launches):
+            current[0] = i
+            fn.warmup(*args, grid=grid, **options)
+    return picked
+
+
+def compile_launches(launches, capability: int, cache_dir: Path, keep_ir: bool = False) -> list:
+    """``JITFunction.warmup`` of each launch for ``capability``, Triton's cache at
+    ``cache_dir`` (entries already there are cache hits); the ``CompiledKernel`` of each."""
+    with _TargetScope(capability, cache_dir, keep_ir):
+        return [fn.warmup(*args, grid=grid, **options) for fn, grid, args, options in launches]
+
+
+_POOL: dict = {}  # in a compiling process: the package's launches and the job
+
+
+def _pool_init(job: dict) -> None:
+    package = import_package(job["package"])
+    _POOL["launches"] = record_launches(package, job["dtypes"])
+    _POOL["job"] = job
+
+
+def _pool_compile(task: tuple[int, int]) -> dict:
+    """Compile launch ``index`` for ``capability`` (one task of the pool): its entry."""
+    capability, index = task
+    job, launch = _POOL["job"], _POOL["launches"][index]
+    package_dir = Path(job["package"]).resolve()
+    (k,) = compile_launches([launch], capability, Path(job["out"]) / _cb.arch_name(capability), job["keep_ir"])
+    key_dir = Path(next(iter(k.metadata_group.values()))).parent
+    module = Path(sys.modules[launch[0].module].__file__).resolve().relative_to(package_dir).as_posix()
+    return {"arch": _cb.arch_name(capability), "key": key_dir.name, "hash": k.hash,
+            "metadata": next(n for n in k.metadata_group if n.endswith(".json")), "module": module}
 
 
 def _worker(job: dict) -> None:
-    import torch
     import triton
 
     package_dir, out = Path(job["package"]), Path(job["out"])
     if os.environ.get("TRITON_INTERPRET") or triton.knobs.runtime.interpret:
-        raise SystemExit("eqdsl build: TRITON_INTERPRET must be unset in the build process")
+        raise SystemExit("TRITON_INTERPRET must be unset in the build process")
     package = import_package(package_dir)
     ops_dtypes = [str(d).removeprefix("torch.") for d in
                   importlib.import_module(package.__name__ + ".torch_ops").DTYPES]
-    dtypes = job["dtypes"] or ops_dtypes
+    job["dtypes"] = dtypes = job["dtypes"] or ops_dtypes
     missing = [d for d in dtypes if d not in ops_dtypes]
     if missing:
-        raise SystemExit(f"eqdsl build: {package_dir.name} has no {missing[0]} kernels (DTYPES {ops_dtypes})")
-    torch.manual_seed(0)
-    launches = record_launches(package, dtypes)
-    modules = {}
-    for fn, *_ in launches:  # the package's Triton modules (contract: <package>/triton_kernels/<kernel>_<dtype>.py)
-        modules[fn.module] = Path(sys.modules[fn.module].__file__).resolve().relative_to(package_dir).as_posix()
-    groups, toolchain = {}, {}
-    for cap in job["caps"]:
-        arch = _cb.arch_name(cap)
-        cache_dir = out / arch
-        entries = {}
-        for k in _compile(launches, cap, cache_dir, job["jobs"], job["keep_ir"]):
-            key_dir = Path(next(iter(k.metadata_group.values()))).parent
-            metadata = next(n for n in k.metadata_group if n.endswith(".json"))
-            grp = key_dir / f"__grp__{metadata}"
-            # the group file lists its files by absolute path (this temporary directory):
-            # keep their names only (install() writes the cache's own paths)
-            names = sorted(json.loads(grp.read_text())["child_paths"])
-            grp.write_text(json.dumps({"child_paths": {n: n for n in names}}, sort_keys=True))
-            entries[key_dir.name] = {"hash": k.hash, "metadata": metadata, "module": modules[k.src.fn.module]}
-        # what Triton wrote besides entries (nothing but its temporary dirs, removed): keep entries only
-        for d in cache_dir.iterdir():
-            if d.name not in entries:
-                shutil.rmtree(d) if d.is_dir() else d.unlink()
-        groups[arch] = dict(sorted(entries.items()))
-        toolchain[arch] = _cb.toolchain_fingerprint(cap)
+        raise SystemExit(f"{package_dir.name} has no {missing[0]} kernels (DTYPES {ops_dtypes})")
+    _pool_init(job)
+    launches = _POOL["launches"]
+    modules = {fn.module for fn, *_ in launches}
+    tasks = [(cap, i) for cap in job["caps"] for i in distinct_variants(launches, cap)]
+    workers = min(job["jobs"], len(tasks))
+    if workers <= 1:
+        entries = [_pool_compile(t) for t in tasks]
+    else:  # processes, not threads: much of a compilation is Python (code generation from the AST)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_pool_init, initargs=(job,)) as pool:
+            entries = list(pool.map(_pool_compile, tasks))
+    groups = {_cb.arch_name(cap): {} for cap in job["caps"]}
+    for e in entries:
+        key_dir = out / e["arch"] / e["key"]
+        grp = key_dir / f"__grp__{e['metadata']}"
+        # the group file lists its files by absolute path (this temporary directory):
+        # keep their names only (install() writes the cache's own paths)
+        names = sorted(json.loads(grp.read_text())["child_paths"])
+        grp.write_text(json.dumps({"child_paths": {n: n for n in names}}, sort_keys=True))
+        groups[e["arch"]][e["key"]] = {k: e[k] for k in ("hash", "metadata", "module")}
+    for arch, entries_of_arch in groups.items():
+        if (out / arch).is_dir():  # keep the entries only (Triton removes its temporary dirs itself)
+            for d in (out / arch).iterdir():
+                if d.name not in entries_of_arch:
+                    shutil.rmtree(d) if d.is_dir() else d.unlink()
+        groups[arch] = dict(sorted(entries_of_arch.items()))
     report = {"triton": triton.__version__, "dtypes": dtypes, "kernels": len(modules), "groups": groups,
-              "toolchain": toolchain}
+              "toolchain": {_cb.arch_name(c): _cb.toolchain_fingerprint(c) for c in job["caps"]}}
     (out / "report.json").write_text(json.dumps(report))
 
 

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if args.stand_in:
         launches = build.record_launches(package, manifest["dtypes"])
-        build._compile(launches, capability, Path(cache_dir), jobs=1, keep_ir=False)
+        build.compile_launches(launches, capability, Path(cache_dir))
     else:
         for dtype in manifest["dtypes"]:
             build.exercise(package, dtype, device="cuda")
