@@ -3,7 +3,7 @@
 #   bash benchmarks/run_device.sh STEP[=SECONDS]...
 #   precompile  every generated torch kernel, one process per kernel (precompile.py; EQDSL_PRECOMPILE_ARGS
 #               adds arguments, e.g. --bench --jax as in all)
-#   fastlaunch  GPU test: the direct Triton launch gives Helion's bits (tests/test_helion_launch.py)
+#   gputests    the GPU tests (pytest -m gpu: devices, CUDA graphs, the Triton launch path)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
 #   host        host_overhead.py: host time per call, eager fast path vs custom ops (EQDSL_HOST_ARGS)
@@ -55,7 +55,7 @@ for arg in "${steps[@]}"; do
   case $step in
     precompile) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) --log-dir "$OUT/precompile_jobs"
                      ${EQDSL_PRECOMPILE_ARGS:-}) ;;
-    fastlaunch) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_helion_launch.py) ;;
+    gputests) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
     host) cmd=(python3 benchmarks/host_overhead.py ${EQDSL_HOST_ARGS:-}) ;;

@@ -163,6 +163,9 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
     """
     t0 = time.perf_counter()
     package_dir = Path(package_dir).resolve()
+    if not (package_dir / _cb.KERNELS_DIR / "__init__.py").is_file():
+        raise BuildError(f"{package_dir.name}: no Triton code ({_cb.KERNELS_DIR}/): generated with --no-triton? "
+                         "generate it again without")
     if isinstance(archs, str):
         archs = archs.split(",")
     try:
@@ -183,7 +186,8 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
     try:
         job = {"package": str(package_dir), "caps": caps, "dtypes": list(dtypes) if dtypes else None,
                "out": str(tmp), "jobs": jobs or os.cpu_count() or 1, "keep_ir": keep_ir}
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        # Triton's compiler, not its interpreter; the Triton code, not the Helion kernels
+        env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EQDSL_KERNELS")}
         root = str(Path(__file__).resolve().parents[1])  # eqdsl importable in the child as here
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         r = subprocess.run([sys.executable, "-m", "eqdsl.build", "--worker", json.dumps(job)],
@@ -473,6 +477,8 @@ def _worker(job: dict) -> None:
         raise SystemExit(f"{package_dir.name} has no {missing[0]} kernels (DTYPES {ops_dtypes})")
     _pool_init(job)
     launches = _POOL["launches"]
+    if not launches:
+        raise SystemExit(f"{package_dir.name}: its ops launched no Triton kernel")
     modules = {fn.module for fn, *_ in launches}
     tasks = [(cap, i) for cap in job["caps"] for i in distinct_variants(launches, cap)]
     workers = min(job["jobs"], len(tasks))

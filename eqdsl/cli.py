@@ -1,4 +1,4 @@
-"""Command line: ``eqdsl inspect | generate | check | tune``. Logic lives in the library."""
+"""Command line: ``eqdsl inspect | generate | check | build | tune``. Logic lives in the library."""
 
 from __future__ import annotations
 
@@ -20,9 +20,21 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="write the generated packages of a spec into a directory")
     p.add_argument("spec", type=Path)
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: generated)")
+    p.add_argument("--no-triton", action="store_true",
+                   help="skip the kernels' Triton code (triton_kernels/): the torch runtime then runs them through Helion")
     p = sub.add_parser("check", help="fail if generated packages are stale")
     p.add_argument("specs", type=Path, nargs="*", help=f"spec files (default: {DEFAULT_SPECS}/*.toml)")
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="generated directory (default: generated)")
+    p.add_argument("--full", action="store_true",
+                   help="also lower the Helion kernels to Triton again and compare (seconds per kernel)")
+    p.add_argument("--no-triton", action="store_true", help="the packages were generated with --no-triton")
+    p = sub.add_parser("build", help="compile packages' Triton kernels to cubins for GPU archs (no GPU needed)")
+    p.add_argument("path", type=Path, help="a generated package, a generated directory (every package), or a spec .toml with -o")
+    p.add_argument("-o", "--out", type=Path, default=None, help="with a spec: the directory it was generated into")
+    p.add_argument("--arch", default="sm_90", help="GPU archs, comma-separated (default sm_90; e.g. sm_90,sm_80,sm_100)")
+    p.add_argument("--dtype", default=None, help="dtypes, comma-separated (default: each package's dtypes)")
+    p.add_argument("--jobs", type=int, default=None, help="compiling processes per package (default: CPUs)")
+    p.add_argument("--keep-ir", action="store_true", help="also keep Triton's IR stages (ttir, ttgir, llir, ptx)")
     p = sub.add_parser("tune", help="time Helion and Pallas kernel parameters on a GPU; --write puts the best into the spec")
     p.add_argument("spec", type=Path)
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="regenerate here after --write (default: generated)")
@@ -59,6 +71,17 @@ def _run(args) -> int:
 
         print("\n".join(summarize(s, lower(s)) for s in load_spec(args.spec)), end="")
         return 0
+    if args.command == "build":
+        from .build import BuildError, build
+
+        try:
+            build(args.path, [a for a in args.arch.split(",") if a.strip()],
+                  [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else None, args.out,
+                  jobs=args.jobs, keep_ir=args.keep_ir, log=lambda r: print(r.line(), flush=True))
+        except BuildError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "tune":
         from .tune import TuneError, format_results, parse_grid, tune, tuning_sections
 
@@ -78,7 +101,7 @@ def _run(args) -> int:
 
     if args.command == "generate":
         try:
-            for path in generate(args.spec, args.out):
+            for path in generate(args.spec, args.out, triton=not args.no_triton):
                 print(f"wrote {path}")
         except GenerateError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -88,7 +111,7 @@ def _run(args) -> int:
     if not specs:
         print(f"error: no spec files given and none in {DEFAULT_SPECS}", file=sys.stderr)
         return 2
-    problems = check(specs, args.out)
+    problems = check(specs, args.out, full=args.full, triton=not args.no_triton)
     if problems:
         sys.stdout.write("".join(problems))
         cmds = "; ".join(f"eqdsl generate {s.as_posix()} -o {args.out.as_posix()}" for s in specs)

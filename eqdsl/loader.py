@@ -222,8 +222,9 @@ def _file_lock(path: Path):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...]) -> None:
-    """Write every package of ``specs`` (and ``spec.toml``) to ``pkg_dir``, atomically."""
+def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *, triton: bool = True) -> None:
+    """Write every package of ``specs`` (and ``spec.toml``) to ``pkg_dir``, atomically
+    (``triton``: with the Triton code of the kernels, ``codegen.triton_lowering``)."""
     from .codegen.generate import Header, package_files, write_package
     from .lower import lower
 
@@ -237,7 +238,7 @@ def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...]) ->
                         f"eqdsl generate {spec_file.as_posix()} -o {pkg_dir.as_posix()}").lines()
         files = {}
         for s in specs:
-            for rel, t in package_files(s, lower(s), header).items():
+            for rel, t in package_files(s, lower(s), header, triton=triton).items():
                 files[f"{s.name}/{rel}"] = t
         tmp = Path(tempfile.mkdtemp(prefix=f".{pkg_dir.name}.", suffix=".tmp", dir=parent))
         try:
@@ -314,7 +315,12 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
         name = names[0]
     elif name not in names:
         raise ValueError(f"eqdsl.load: no tensor product named {name!r} in the spec (it has {', '.join(names)})")
-    key = hashlib.sha256(text.encode("utf-8") + b"\0" + generator_fingerprint().encode()).hexdigest()
+    # with EQDSL_KERNELS=helion (eqdsl.runtime.triton_launch) the package is generated
+    # without its Triton code, which would not be used
+    triton = os.environ.get("EQDSL_KERNELS", "triton") != "helion"
+    key = hashlib.sha256(
+        text.encode("utf-8") + b"\0" + generator_fingerprint().encode() + (b"" if triton else b"\0helion")
+    ).hexdigest()
     with _lock:
         if _loaded.get(name, key) != key:
             raise ValueError(
@@ -323,7 +329,7 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
             )
         pkg_dir = cache_root(cache_dir) / "packages" / key[:32]
         if not (pkg_dir / name / "__init__.py").is_file():
-            _generate(pkg_dir, text, specs)
+            _generate(pkg_dir, text, specs, triton=triton)
         module = _import(pkg_dir, name, key)
         _loaded[name] = key
     return module

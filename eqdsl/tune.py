@@ -289,7 +289,7 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
 
     from .codegen.generate import generate_files, write_package
 
-    files = generate_files(spec_file, package_dir)
+    files = generate_files(spec_file, package_dir, triton=False)
     write_package(Path(package_dir), files)
     name = next(iter(files)).split("/")[0]
     sys.path.insert(0, package_dir)

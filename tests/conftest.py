@@ -23,6 +23,12 @@ if not _HAS_CUDA or os.environ.get("EQDSL_TEST_INTERPRET") == "1":
 os.environ.setdefault("HELION_AUTOTUNE_EFFORT", "none")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="eqdsl-inductor-"))
 os.environ.pop("HELION_INTERPRET", None)
+# Without a GPU, packages are generated without their Triton code (lowering costs seconds
+# per kernel on CI's 2 cores) and run the same kernels through Helion;
+# tests/test_triton_launch.py generates and runs the Triton code (the default path) and
+# compares it with Helion's.
+if not _HAS_CUDA:
+    os.environ.setdefault("EQDSL_KERNELS", "helion")
 
 # Hypothesis' "input generation is slow" health check measures the machine, not the code:
 # on a 2-core CI box busy with interpreted kernels a one-second draw stall fails a test

@@ -7,19 +7,21 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from eqdsl.codegen.generate import generate
+from eqdsl.codegen.generate import generate_files, write_package
 
 
-def build_package(root: Path, name: str, spec_text: str) -> ModuleType:
+def build_package(root: Path, name: str, spec_text: str, *, triton: bool = False) -> ModuleType:
     """Write ``spec_text`` to ``root/<name>.toml``, generate into ``root/pkg_<name>``, import it.
 
-    Returns the generated package module; import its ``torch_ops`` / ``jax_ops`` yourself.
+    ``triton``: with the kernels' Triton code (``triton_kernels/``; seconds per kernel to
+    lower); without it the torch ops run the Helion kernels. Returns the generated package
+    module; import its ``torch_ops`` / ``jax_ops`` yourself.
     """
     root.mkdir(parents=True, exist_ok=True)
     spec = root / f"{name}.toml"
     spec.write_text(spec_text)
     out = root / f"pkg_{name}"
-    generate(spec, out)
+    write_package(out, generate_files(spec, out, triton=triton))
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     importlib.invalidate_caches()

@@ -59,7 +59,7 @@ def _reassigned_in_loops(body, outer: frozenset[str] = frozenset()) -> list[tupl
 
 
 def _kernel_sources(spec_path: Path, out: Path) -> dict[str, str]:
-    return {rel: text for rel, text in generate_files(spec_path, out).items()
+    return {rel: text for rel, text in generate_files(spec_path, out, triton=False).items()
             if rel.endswith(("helion_kernels.py", "helion_conv_kernels.py"))}
 
 
@@ -182,7 +182,7 @@ def _whole_row_params(text: str) -> set[str]:
 def test_plain_tp_kernels_take_whole_rows(spec_path, tmp_path):
     """No per-block view is left in the plain tensor product's kernels or launchers, nor
     in the fused convolution's (specs with ``conv = true``)."""
-    files = generate_files(spec_path, tmp_path / "gen")
+    files = generate_files(spec_path, tmp_path / "gen", triton=False)
     for rel, text in files.items():
         if rel.endswith("/helion_kernels.py"):
             params = _whole_row_params(text)
@@ -212,7 +212,7 @@ def test_every_conv_variant_takes_whole_rows(deterministic, shared, tmp_path):
         "conv = true\n"
         f"deterministic = {'true' if deterministic else 'false'}\n"
     )
-    files = generate_files(spec, tmp_path / "gen")
+    files = generate_files(spec, tmp_path / "gen", triton=False)
     conv = {rel: text for rel, text in files.items() if rel.endswith("/helion_conv_kernels.py")}
     _check(conv)
     graph = {"src", "dst"} | ({"order", "ptr"} if deterministic else set())
@@ -243,7 +243,7 @@ def test_segment_tuning_chooses_the_forward_scatter(tuning, segment_fwd, small, 
         "shared_weights = false\n"
         "conv = true\n" + tuning
     )
-    files = generate_files(spec, tmp_path / "gen")
+    files = generate_files(spec, tmp_path / "gen", triton=False)
     kernels = next(t for r, t in files.items() if r.endswith("/helion_conv_kernels.py"))
     ops = next(t for r, t in files.items() if r.endswith("/torch_conv.py"))
     bodies = dict(chunk.split("(", 1) for chunk in kernels.split("\ndef ")[1:])

@@ -2,12 +2,12 @@
 
 On the CPU (CI): tensors on the ``meta`` device next to CPU tensors reach every device
 check (they pass the dtype and shape checks) and must raise a ``ValueError`` naming the
-arguments and their devices before any kernel runs: ``tensor_product`` and ``conv`` in
-both of their paths (custom op, eager fast path), the kernel ops called directly.
+arguments and their devices before any kernel runs: ``tensor_product`` and ``conv``,
+the kernel ops called directly (custom ops and their implementations).
 
 On a machine with two GPUs (marked ``gpu``): operands on ``cuda:1`` while device 0 is
 current give what they give on ``cuda:0`` (forward, gradients, the gradient of forces),
-through the eager fast path, the custom ops and Helion's own launch path, for the tensor
+through the shipped Triton code and through Helion (``EQDSL_KERNELS=helion``), for the tensor
 product and the fused convolution; ``cuda:0`` with ``cuda:1`` operands is refused.
 
 On one GPU (marked ``gpu``): the conv is CUDA-graph safe. Its forward, and the energy
@@ -93,13 +93,10 @@ def _assert_names(info, *parts):
 # ---------------------------------------------------------------- CPU: mixed devices refused
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["custom_op", "eager_fast_path"])
 @pytest.mark.parametrize("odd", [0, 1, 2])
-def test_tensor_product_refuses_mixed_devices(pkg, no_kernels, fast, odd, monkeypatch):
+def test_tensor_product_refuses_mixed_devices(pkg, no_kernels, odd):
     """One of x1, x2, weights on ``meta``, the others on the CPU."""
     ops, _ = pkg
-    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")  # the fast path on CPU tensors
-    monkeypatch.setattr(rt.EAGER, "enabled", fast)
     args = _tp_inputs(ops, 3, "cpu")
     args[odd] = args[odd].to("meta")
     with pytest.raises(ValueError, match="must be on one device") as info:
@@ -112,7 +109,6 @@ def test_kernel_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
     """The kernel-layout ops called directly (custom ops and their implementations), the
     fused backward among them."""
     ops, _ = pkg
-    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")
     x1, x2, w = _tp_inputs(ops, 3, "cpu")
     g = torch.randn(3, ops.DIM_OUT, dtype=torch.float64)
     cases = [
@@ -124,18 +120,15 @@ def test_kernel_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
     ]
     assert hasattr(ops, "bwd_op")  # channelwise, per-edge weights: a fused backward
     for name, args, odd in cases:
-        for call in (getattr(ops, f"{name}_op"), getattr(ops, f"_{name}_eager").impl):
+        for call in (getattr(ops, f"{name}_op"), getattr(ops, f"_{name}")):
             with pytest.raises(ValueError, match="must be on one device") as info:
                 call(*args)
             _assert_names(info, f"::{name}", odd, "x1 on cpu" if name != "bwd_x1" else "x2 on cpu")
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["custom_op", "eager_fast_path"])
 @pytest.mark.parametrize("odd", ["node_features", "edge_attr", "weights", "src", "dst"])
-def test_conv_refuses_mixed_devices(pkg, no_kernels, fast, odd, monkeypatch):
+def test_conv_refuses_mixed_devices(pkg, no_kernels, odd):
     _, conv = pkg
-    monkeypatch.setattr(rt.EAGER, "device_type", "cpu")
-    monkeypatch.setattr(rt.EAGER, "enabled", fast)
     names = ("node_features", "edge_attr", "weights", "src", "dst")
     args = _conv_inputs(conv, 4, 6, "cpu")
     i = names.index(odd)
@@ -147,8 +140,8 @@ def test_conv_refuses_mixed_devices(pkg, no_kernels, fast, odd, monkeypatch):
 
 
 def test_conv_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
-    """The conv's kernel ops called directly: their implementations (the eager path's) and
-    their fake implementations (the custom op dispatches a meta operand to it)."""
+    """The conv's kernel ops called directly: their implementations and their fake
+    implementations (the custom op dispatches a meta operand to it)."""
     _, conv = pkg
     x, y, w, src, dst = _conv_inputs(conv, 4, 6, "cpu")
     graph = conv.graph_tensors(src, dst, 4)
@@ -162,8 +155,7 @@ def test_conv_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
         ("conv_bwd", (x, y, w, meta(g_node)), graph, "g on meta"),
     ]
     for name, operands, gr, odd in cases:
-        eager = getattr(conv, f"_{name}_eager")
-        for call in (getattr(conv, f"{name}_op"), eager.impl):
+        for call in (getattr(conv, f"{name}_op"), getattr(conv, f"_{name}")):
             with pytest.raises(ValueError, match="must be on one device") as info:
                 call(*operands, *gr, 4)
             _assert_names(info, f"::{name}", odd, "src on ")
@@ -203,30 +195,26 @@ def _conv_results(conv, args, nodes):
 
 
 def _paths(mod):
-    """(label, setup) for each path a call can take: eager fast path, custom ops, custom ops
-    with Helion's launch path (the fast launch off)."""
+    """(label, setup) for each way a call can launch: the shipped Triton code, Helion."""
+    from eqdsl.runtime import triton_launch
 
-    def fast():
-        rt.EAGER.enabled = True
+    package, source = mod.__package__, "helion_conv_kernels" if mod.__name__.endswith("torch_conv") else "helion_kernels"
 
-    def custom():
-        rt.EAGER.enabled = False
+    def triton():
+        mod._k = triton_launch.kernels(package, source)
 
     def helion():
-        rt.EAGER.enabled = False
-        for launch in vars(mod._k).values():
-            launch.enabled = False
+        mod._k = triton_launch._helion_kernels(package, source)
 
-    return [("fast", fast), ("custom", custom), ("helion", helion)]
+    return [("triton", triton), ("helion", helion)]
 
 
 @pytest.fixture
 def restore_launch(pkg):
-    saved = rt.EAGER.enabled, [(l, l.enabled) for mod in pkg for l in vars(mod._k).values()]
+    saved = [(mod, mod._k) for mod in pkg]
     yield
-    rt.EAGER.enabled = saved[0]
-    for launch, enabled in saved[1]:
-        launch.enabled = enabled
+    for mod, k in saved:
+        mod._k = k
 
 
 @pytest.mark.gpu

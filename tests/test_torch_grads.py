@@ -351,7 +351,7 @@ def test_examples_all_kernels_on_gpu(spec_path, dtype, op, tmp_path):
     """Each kernel of every example against the oracle on CUDA (one dtype and kernel op per
     test, so the device run can compile them in parallel processes)."""
     out = tmp_path / "gen"
-    files = generate_files(spec_path, out)
+    files = generate_files(spec_path, out, triton=False)
     write_package(out, files)
     sys.path.insert(0, str(out))
     try:
@@ -411,7 +411,7 @@ def test_spec_tuning_table_pins_the_kernels(tmp_path):
 
     assert weight_tiles(source) and all(t.rindex("= weights[") < first_store(t) for t in weight_tiles(source))
     (tmp_path / "plain.toml").write_text(text.replace("hoist_weights = 1\n", ""))
-    plain = generate_files(tmp_path / "plain.toml", tmp_path / "plain")[f"{name}/helion_kernels.py"]
+    plain = generate_files(tmp_path / "plain.toml", tmp_path / "plain", triton=False)[f"{name}/helion_kernels.py"]
     assert any(t.rindex("= weights[") > first_store(t) for t in weight_tiles(plain))
     assert all(c == ("num_warps=2" if k.startswith("tp_bwd_x1") else "num_warps=8") for k, c in configs.items())
     assert "TRITON_OPTIONS = {\n}" in source  # maxnreg_partials = 0 turns the bwd_x2 pin off

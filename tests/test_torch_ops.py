@@ -48,7 +48,7 @@ def build(root: Path, spec_text: str, name: str):
     spec = root / f"{name}.toml"
     spec.write_text(spec_text)
     out = root / "gen"
-    write_package(out, generate_files(spec, out))
+    write_package(out, generate_files(spec, out, triton=False))
     if str(out) not in sys.path:
         sys.path.insert(0, str(out))
     pkg = importlib.import_module(name)
@@ -354,7 +354,7 @@ def test_random_specs_agree_with_e3nn(kw, dtype, tmp_path_factory):
 @pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_examples_on_gpu(spec_path, tmp_path):
     out = tmp_path / "gen"
-    files = generate_files(spec_path, out)
+    files = generate_files(spec_path, out, triton=False)
     write_package(out, files)
     sys.path.insert(0, str(out))
     try:

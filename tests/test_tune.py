@@ -86,7 +86,7 @@ def _fake_worker(calls):
         from eqdsl.codegen.generate import generate_files
 
         calls.append(op)
-        files = generate_files(spec_file, package_dir)
+        files = generate_files(spec_file, package_dir, triton=False)
         src = files["tune_demo/helion_kernels.py"]
         kernel = src[src.index(f"def tp_{op}_0("):]
         config = src[: src.index(f"def tp_{op}_0(")].rsplit("helion.Config(", 1)[1]

@@ -8,6 +8,8 @@ Layout of an output directory ``DIR`` (importable itself)::
     DIR/<name>/torch_ops.py         torch custom ops      }
     DIR/<name>/pallas_kernels.py    Pallas kernels        } from the pallas backend
     DIR/<name>/jax_ops.py           jax functions         }
+    DIR/<name>/triton_kernels/      the Triton code Helion writes for each kernel and dtype
+                                    (``triton_lowering``; what the torch runtime launches)
 
 Every file starts with a header (eqdsl version, spec hash, the command that
 regenerates it). Writing is atomic per package (build in a temporary sibling, then
@@ -30,7 +32,7 @@ from .. import __version__
 from ..ir import TensorProductIR
 from ..lower import lower
 from ..spec import TensorProductSpec, load_spec
-from . import helion_backend
+from . import helion_backend, triton_lowering
 from .render import render
 
 __all__ = ["GenerateError", "generate_files", "write_package", "generate", "check", "MARKER"]
@@ -62,10 +64,13 @@ def _posix(p: str | Path) -> str:
     return PurePosixPath(Path(p).as_posix()).as_posix()
 
 
-def generate_files(spec_path: str | Path, out_dir: str | Path) -> dict[str, str]:
+def generate_files(spec_path: str | Path, out_dir: str | Path, *, triton: bool = True) -> dict[str, str]:
     """All files for every tensor product of ``spec_path``, as ``{relative path: text}``.
 
-    Pure: reads the spec, writes nothing. Raises ``SpecError`` for a bad spec.
+    Writes nothing outside a temporary directory (the Triton lowering's). ``triton=False``
+    leaves out ``triton_kernels/`` (seconds per kernel on a CPU): the torch runtime then
+    launches the Helion kernels through Helion. Raises ``SpecError`` for a bad spec,
+    ``triton_lowering.LoweringError`` when Helion's lowering fails.
     """
     specs = load_spec(spec_path)
     digest = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
@@ -73,13 +78,14 @@ def generate_files(spec_path: str | Path, out_dir: str | Path) -> dict[str, str]
     files: dict[str, str] = {}
     for spec in specs:
         ir = lower(spec)
-        for rel, text in package_files(spec, ir, header).items():
+        for rel, text in package_files(spec, ir, header, triton=triton).items():
             files[f"{spec.name}/{rel}"] = text
     return files
 
 
-def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str) -> dict[str, str]:
-    """Files of one generated package, keyed by name inside the package."""
+def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str, *, triton: bool = True) -> dict[str, str]:
+    """Files of one generated package, keyed by name inside the package (``triton``: as in
+    ``generate_files``)."""
     files = {"__init__.py": render("package_init.py.j2", header=header, **metadata_context(spec, ir))}
     for mod in BACKENDS:
         backend = importlib.import_module(mod)
@@ -88,6 +94,9 @@ def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str) -> 
             if rel in files:
                 raise AssertionError(f"two backends render {rel}")
             files[rel] = text
+    if triton:
+        operands = triton_lowering.Operands(ir.dim_in1, ir.dim_in2, ir.dim_out, ir.weight_numel, ir.shared_weights, ir.dtypes)
+        files.update(triton_lowering.lower_package(files, operands, header))
     return files
 
 
@@ -177,29 +186,61 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def generate(spec_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Generate and write every package of ``spec_path`` into ``out_dir``."""
-    return write_package(out_dir, generate_files(spec_path, out_dir))
+def generate(spec_path: str | Path, out_dir: str | Path, *, triton: bool = True) -> list[Path]:
+    """Generate and write every package of ``spec_path`` into ``out_dir`` (``triton``: as
+    in ``generate_files``)."""
+    return write_package(out_dir, generate_files(spec_path, out_dir, triton=triton))
 
 
-def check(spec_paths: list[Path], out_dir: str | Path) -> list[str]:
-    """Regenerate in memory and compare with ``out_dir``; return unified diffs (empty: fresh)."""
+def check(spec_paths: list[Path], out_dir: str | Path, *, full: bool = False, triton: bool = True) -> list[str]:
+    """Regenerate in memory and compare with ``out_dir``; return unified diffs (empty: fresh).
+
+    The Triton modules (``triton_kernels/``) are lowered again only with ``full=True``
+    (seconds per kernel); otherwise each must exist and start with the header and
+    provenance line (Helion kernel file hash, helion and triton versions) that lowering
+    the current Helion kernels would give it. ``triton=False``: packages generated
+    without them (``generate(..., triton=False)``), which must then have none.
+    """
     problems = []
     out = Path(out_dir)
-    expected_pkgs: set[str] = set()
     for spec_path in spec_paths:
-        files = generate_files(spec_path, out_dir)
-        expected_pkgs |= {PurePosixPath(r).parts[0] for r in files}
+        files = generate_files(spec_path, out_dir, triton=triton and full)
+        if triton and not full:
+            files.update(_triton_stamps(spec_path, out_dir, files))
         for rel, text in sorted(files.items()):
             path = out / rel
             have = path.read_text(encoding="utf-8") if path.exists() else ""
-            if have != text:
+            if isinstance(text, _Stamp):
+                if not have.startswith(text.prefix):
+                    problems.append(f"{path}: stale or missing (expected it to start with {text.prefix.splitlines()[-1]!r}; "
+                                    f"regenerate with eqdsl generate)\n")
+            elif have != text:
                 problems.append(
                     "".join(difflib.unified_diff(have.splitlines(True), text.splitlines(True), str(path), f"{path} (expected)"))
                     or f"{path}: missing\n"
                 )
         for name in {PurePosixPath(r).parts[0] for r in files}:
-            for extra in sorted((out / name).glob("*.py")):
-                if f"{name}/{extra.name}" not in files:
+            for extra in sorted([*(out / name).glob("*.py"), *(out / name / triton_lowering.DIR).glob("*.py")]):
+                if extra.relative_to(out).as_posix() not in files:
                     problems.append(f"{extra}: not produced by the generator any more\n")
     return problems
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """A lowered module's expected first lines (``check`` without lowering again)."""
+
+    prefix: str
+
+
+def _triton_stamps(spec_path, out_dir, files: dict[str, str]) -> dict[str, object]:
+    """Expected ``triton_kernels/`` contents of every package in ``files`` (without lowering)."""
+    expected: dict[str, object] = {}
+    for spec in load_spec(spec_path):
+        pkg = {PurePosixPath(r).relative_to(spec.name).as_posix(): t for r, t in files.items() if r.startswith(spec.name + "/")}
+        header = pkg["__init__.py"][: pkg["__init__.py"].index("\n", pkg["__init__.py"].index("\n") + 1) + 1]
+        dtypes = lower(spec).dtypes
+        for rel, (source, kernel, dtype) in triton_lowering.modules(pkg, dtypes).items():
+            expected[f"{spec.name}/{rel}"] = _Stamp(triton_lowering.stamp(header, pkg[source], source, kernel, dtype))
+        expected[f"{spec.name}/{triton_lowering.DIR}/__init__.py"] = triton_lowering.index(pkg, dtypes, header)
+    return expected

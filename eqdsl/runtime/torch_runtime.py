@@ -2,24 +2,17 @@
 
 Input checks with one clear message per mistake, the device checks (CUDA, or CPU
 through Triton's interpreter; all operands of a call on one device, which the kernels
-run on whatever the current CUDA device: ``helion_launch``), the autograd wiring of the four kernel-layout ops
-(``register_autograd``: every derivative of every op is another of the four, so every
-order of derivative works), and the ``mul_ir`` <-> ``ir_mul`` conversion done outside
-the ops as a differentiable gather.
+run on whatever the current CUDA device: ``triton_launch``), the autograd wiring of the
+four kernel-layout ops (``register_autograd``: every derivative of every op is another of
+the four, so every order of derivative works), and the ``mul_ir`` <-> ``ir_mul``
+conversion done outside the ops as a differentiable gather.
 
-Eager fast path. A ``torch.library.custom_op`` call costs ~10 us of dispatch on the
-host (2-core development CPU, 2026-11-23), more than the launch itself. In plain eager
-code on CUDA (``eager_mode``: not compiling, not tracing, no dispatch or torch-function
-mode, no functorch transform or forward-mode AD, plain tensors) the generated entry
-points call an op's implementation directly (``EagerOp``): with no gradient needed, the
-implementation itself (checks, allocation, launch); with one needed, a
-``torch.autograd.Function`` whose forward is that implementation and whose backward is
-the op's ``register_autograd`` formula, made of the same ``EagerOp`` s, so every order of
-derivative works as through the custom ops. Everywhere else (``torch.compile``,
-``make_fx``, CPU tensors through Triton's interpreter unless a test says otherwise) the
-custom ops run as before. Checks are cached per argument metadata (``CheckCache``,
-``check_operands``): what was accepted once is not checked again; what fails is never
-cached, so every error is raised as before.
+Every entry point calls its ``torch.library.custom_op`` (public API): torch.compile,
+make_fx, dispatch modes, functorch and CUDA graphs all see one op. An earlier eager fast
+path called the implementations directly, which needed private torch state queries to
+know when that was safe; it is gone. Checks are cached per argument metadata
+(``CheckCache``, ``check_operands``): what was accepted once is not checked again; what
+fails is never cached, so every error is raised as before.
 """
 
 from __future__ import annotations
@@ -31,7 +24,6 @@ from .versions import check as _check_versions
 _check_versions("torch", "triton", "helion")
 
 import torch  # noqa: E402  (after the version check: a clear error first)
-import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
 __all__ = [
     "check_inputs",
@@ -42,9 +34,6 @@ __all__ = [
     "LayoutPermutation",
     "permute_columns",
     "DTYPES",
-    "EAGER",
-    "eager_mode",
-    "EagerOp",
     "CheckCache",
     "register_backward",
     "fused_vjp",
@@ -173,60 +162,7 @@ def _check_operands(op, operands, *, weight_numel, shared_weights, dtypes) -> No
             raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
 
 
-# ---------------------------------------------------------------- eager fast path
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
-_C = torch._C
-
-
-class EagerSettings:
-    """Where ``eager_mode`` may skip the custom ops: ``enabled`` (``EQDSL_EAGER_FAST=0``
-    turns it off) and ``device_type``, the tensors' device type (``"cuda"``; tests set
-    ``"cpu"`` to run the fast path through Triton's interpreter)."""
-
-    def __init__(self):
-        self.enabled = os.environ.get("EQDSL_EAGER_FAST", "1") != "0"
-        self.device_type = "cuda"
-
-
-EAGER = EagerSettings()
-
-CUSTOM_OP, DIRECT, DIRECT_GRAD = 0, 1, 2
-
-
-def eager_mode(tensors: tuple, n_diff: int) -> int:
-    """How an entry point runs on ``tensors`` (its tensor arguments, the first ``n_diff``
-    of them differentiable): ``CUSTOM_OP`` (0), ``DIRECT`` (1: the implementation, no
-    gradient needed) or ``DIRECT_GRAD`` (2: the op's ``torch.autograd.Function``).
-
-    ``CUSTOM_OP`` whenever anything may need to see the op as one node: under
-    ``torch.compile`` (tested first: Dynamo folds it, and traces nothing else here),
-    ``torch.jit`` tracing, a dispatch mode (``make_fx``, fake tensors, profilers of ops),
-    a torch-function mode, a functorch transform (``vmap``, ``torch.func.grad``),
-    forward-mode AD, a tensor subclass, or tensors off ``EAGER.device_type``.
-    """
-    if torch.compiler.is_compiling() or not EAGER.enabled:
-        return CUSTOM_OP
-    if (
-        _C._len_torch_dispatch_stack()
-        or _C._is_torch_function_mode_enabled()
-        or _C._are_functorch_transforms_active()
-        or torch.jit.is_tracing()
-        or _forward_ad._current_level >= 0
-    ):
-        return CUSTOM_OP
-    for t in tensors:
-        if type(t) not in _PLAIN:
-            return CUSTOM_OP
-    # (is_cuda costs a tenth of device.type)
-    if not getattr(tensors[0], "is_" + EAGER.device_type, False):
-        return CUSTOM_OP
-    if _C.is_grad_enabled():
-        for i in range(n_diff):
-            if tensors[i].requires_grad:
-                return DIRECT_GRAD
-    return DIRECT
-
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 _NOT_CACHEABLE = object()
 _SCALARS = (int, str)  # not bool: a check may reject it
@@ -269,52 +205,6 @@ class CheckCache:
             self._ok.add(key)
 
 
-class EagerOp:
-    """A kernel-layout custom op and its implementation, called the cheapest valid way.
-
-    ``op`` is the ``torch.library.custom_op``, ``impl`` the Python function it wraps
-    (checks, allocation, launch); the op's first ``n_tensors`` arguments are tensors (the
-    rest ints), the first ``n_diff`` differentiable. ``register_autograd`` gives it its
-    ``torch.autograd.Function`` (``function``). Calling it returns what ``op`` returns.
-    """
-
-    def __init__(self, op, impl, n_tensors: int = 3, n_diff: int = 3):
-        self.op, self.impl, self.n_tensors, self.n_diff = op, impl, n_tensors, n_diff
-        self.function = None
-
-    def __repr__(self) -> str:
-        return f"EagerOp({self.op})"
-
-    def set_autograd(self, backward, setup_context) -> None:
-        """The ``torch.autograd.Function`` of ``DIRECT_GRAD``: forward ``impl``, then the
-        op's own formula (``backward(ctx, grad)``, ``setup_context(ctx, inputs, output)``)."""
-        impl = self.impl
-
-        # forward(ctx, ...), not a separate setup_context: with one, Function.apply binds
-        # the arguments with inspect.signature on every call (~10 us, torch 2.13)
-        def forward(ctx, *args):
-            out = impl(*args)
-            setup_context(ctx, args, out)
-            return out
-
-        self.function = type(
-            f"{getattr(impl, '__name__', 'op')}_function",
-            (torch.autograd.Function,),
-            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
-        )
-
-    def run(self, mode: int, *args):
-        """Run in ``mode`` (``eager_mode``'s answer for these arguments)."""
-        if mode == DIRECT:
-            return self.impl(*args)
-        if mode == DIRECT_GRAD and self.function is not None:
-            return self.function.apply(*args)
-        return self.op(*args)
-
-    def __call__(self, *args):
-        return self.run(eager_mode(args[: self.n_tensors], self.n_diff), *args)
-
-
 def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> None:
     """Wire the derivatives of ``F(x1, x2, W, g) = sum W C x1 x2 g`` to each other.
 
@@ -335,9 +225,7 @@ def register_autograd(fwd, bwd_x1, bwd_x2, bwd_w, linear=None, fused=None) -> No
     gradients whenever two or more are needed: one pass over the cotangent instead of
     one per gradient. Its own derivative is the sum of the three ops' derivatives.
 
-    Each argument is a custom op or an ``EagerOp`` (its custom op gets the formula, and
-    the ``EagerOp`` its ``torch.autograd.Function``); the formulas call the arguments, so
-    with ``EagerOp`` s a backward in eager code launches directly.
+    Each argument is a custom op; the formulas call the arguments.
     """
 
     def setup_context(ctx, inputs, output):
@@ -433,11 +321,7 @@ def fused_vjp(ops, linear, saved, cotangents, needs, extra=()):
 
 
 def register_backward(op, backward, setup_context) -> None:
-    """``op.register_autograd(backward, setup_context=...)`` for a custom op; for an
-    ``EagerOp``, on its custom op and as its ``torch.autograd.Function``."""
-    if isinstance(op, EagerOp):
-        op.set_autograd(backward, setup_context)
-        op = op.op
+    """``op.register_autograd(backward, setup_context=...)`` (a custom op)."""
     op.register_autograd(backward, setup_context=setup_context)
 
 
@@ -446,7 +330,9 @@ def check_device(op: str, device: torch.device) -> None:
     if device.type == "cuda":
         return
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        from . import triton_launch  # under launch_override (eqdsl build) launches are recorded, not run
+
+        if os.environ.get("TRITON_INTERPRET") == "1" or triton_launch._override:
             return
         raise RuntimeError(
             f"{op}: CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 in the environment "
@@ -469,7 +355,6 @@ def _permute_columns(x: torch.Tensor, key: str, to_ir_mul: bool) -> torch.Tensor
 
 
 permute_columns = torch.library.custom_op("eqdsl_runtime::permute_columns", _permute_columns, mutates_args=())
-_PERMUTE = EagerOp(permute_columns, _permute_columns, n_tensors=1, n_diff=1)
 
 
 @permute_columns.register_fake
@@ -483,10 +368,10 @@ def _permute_columns_setup(ctx, inputs, output):
 
 def _permute_columns_backward(ctx, grad):
     # the derivative of a gather by a permutation is the inverse gather (not an index_add)
-    return _PERMUTE(grad, ctx.key, not ctx.to_ir_mul), None, None
+    return permute_columns(grad, ctx.key, not ctx.to_ir_mul), None, None
 
 
-register_backward(_PERMUTE, _permute_columns_backward, _permute_columns_setup)
+register_backward(permute_columns, _permute_columns_backward, _permute_columns_setup)
 
 
 class LayoutPermutation:
@@ -522,18 +407,10 @@ class LayoutPermutation:
             self._cache[(to_ir_mul, device)] = idx
         return idx
 
-    def to_ir_mul(self, x: torch.Tensor, mode: int | None = None) -> torch.Tensor:
-        """``x``'s rows in ``ir_mul``; ``mode``: the calling entry point's ``eager_mode``
-        (saves asking again), or None."""
-        return self._permute(x, True, mode)
+    def to_ir_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``'s rows in ``ir_mul``."""
+        return permute_columns(x, self.key, True)
 
-    def to_mul_ir(self, x: torch.Tensor, mode: int | None = None) -> torch.Tensor:
-        """``x``'s rows in ``mul_ir`` (``mode`` as in ``to_ir_mul``)."""
-        return self._permute(x, False, mode)
-
-    def _permute(self, x, to_ir_mul: bool, mode):
-        if mode is None:
-            return _PERMUTE(x, self.key, to_ir_mul)
-        if mode == DIRECT_GRAD and not x.requires_grad:
-            mode = DIRECT
-        return _PERMUTE.run(mode, x, self.key, to_ir_mul)
+    def to_mul_ir(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``'s rows in ``mul_ir``."""
+        return permute_columns(x, self.key, False)

@@ -1,0 +1,262 @@
+"""The Triton code Helion writes for each generated kernel, shipped with the package.
+
+Helion is the kernels' authoring language and their compiler: for a kernel and its
+pinned config, ``BoundKernel.to_triton_code`` prints a Python module holding one
+``@triton.jit`` function and a *host function* that computes the grid and the launch
+arguments (sizes, strides) and calls ``_launcher(jit_fn, grid, *args, num_warps=,
+num_stages=)``. Doing that in every new process cost 10-22 s per mace_large kernel
+(2026-11-22), so ``eqdsl generate`` does it once, on the CPU, and writes the result as
+``<package>/triton_kernels/<kernel>_<dtype>.py``; the runtime
+(``eqdsl.runtime.triton_launch``) imports those modules and never Helion.
+
+The module is Helion's, changed structurally only (on its ``ast``, never its text):
+Helion's import of its own default launcher is dropped and the host function's
+``_launcher`` becomes a required keyword, so the runtime supplies the launcher and
+importing the module imports torch and triton alone. A ``TRITON_OPTIONS`` dict (extra
+launch options, e.g. ``maxnreg``) is appended. Anything else that would need Helion at
+run time is refused (``LoweringError``), never patched.
+
+Binding needs example tensors: Helion specializes a kernel on each argument's dtype,
+number of dimensions, and each size bucketed to 0, 1 or "2 or more" (sizes are symbolic
+otherwise, strides are arguments), so rows of 64 (16 graph nodes) give the code every
+call of 2 or more rows runs; a call with a single row runs it too, correctly (masks use
+the size argument). Helion's binding on a CPU needs Triton's interpreter, which patches
+``triton.language`` process-wide, so the lowering runs in a subprocess with
+``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+__all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index", "kernel_names"]
+
+# the generated Helion kernel files whose kernels are lowered, in this order
+SOURCES = ("helion_kernels.py", "helion_conv_kernels.py")
+DIR = "triton_kernels"  # package subdirectory of the lowered modules
+_ROWS, _NODES = 64, 16  # example rows (edges) and graph nodes: every size "2 or more"
+_ALLOWED_IMPORTS = {"__future__", "torch", "triton", "triton.language"}
+
+
+class LoweringError(RuntimeError):
+    """Helion's Triton code for a kernel has a shape the runtime cannot launch; one line."""
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Row widths of a package's operands (from the IR), enough to bind every kernel."""
+
+    dim_in1: int
+    dim_in2: int
+    dim_out: int
+    weight_numel: int
+    shared_weights: bool
+    dtypes: tuple[str, ...]
+
+
+def module_name(kernel: str, dtype: str) -> str:
+    """``tp_fwd_0``, ``float32`` -> ``tp_fwd_0_float32`` (the module of one kernel and dtype)."""
+    return f"{kernel}_{dtype}"
+
+
+def lower_package(files: dict[str, str], operands: Operands, header: str) -> dict[str, str]:
+    """The lowered modules of one package, as ``{relative path: text}``.
+
+    Args:
+        files: the package's generated files (``helion_kernels.py`` and, for a conv,
+            ``helion_conv_kernels.py`` are read; others ignored).
+        operands: the package's widths and dtypes.
+        header: the generated-file header (``generate.Header.lines()``).
+
+    Returns:
+        ``triton_kernels/<kernel>_<dtype>.py`` for every kernel and dtype, and
+        ``triton_kernels/__init__.py`` with ``KERNELS``.
+
+    Raises:
+        LoweringError: Helion failed, or its code needs Helion at run time.
+    """
+    sources = {name: files[name] for name in SOURCES if name in files}
+    with tempfile.TemporaryDirectory(prefix="eqdsl_lower_") as tmp:
+        for name, text in sources.items():
+            Path(tmp, name).write_text(text, encoding="utf-8")
+        job = Path(tmp, "job.json")
+        job.write_text(json.dumps({"dir": tmp, "sources": list(sources), "operands": asdict(operands)}))
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        r = subprocess.run([sys.executable, "-m", __name__, str(job)], capture_output=True, text=True, env=env)
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise LoweringError(f"lowering the Helion kernels to Triton failed: {last}")
+        code = {(i["kernel"], i["dtype"]): i["code"] for i in json.loads(Path(tmp, "out.json").read_text())}
+    out = {}
+    for rel, (source, kernel, dtype) in modules(files, operands.dtypes).items():
+        out[rel] = stamp(header, sources[source], source, kernel, dtype) + code[(kernel, dtype)]
+    out[f"{DIR}/__init__.py"] = index(files, operands.dtypes, header)
+    return out
+
+
+def modules(files: dict[str, str], dtypes: tuple[str, ...]) -> dict[str, tuple[str, str, str]]:
+    """``{relative path: (source file, kernel, dtype)}`` of the lowered modules of a package."""
+    return {
+        f"{DIR}/{module_name(kernel, dtype)}.py": (source, kernel, dtype)
+        for source in SOURCES
+        if source in files
+        for kernel in kernel_names(files[source])
+        for dtype in dtypes
+    }
+
+
+def stamp(header: str, source_text: str, source: str, kernel: str, dtype: str) -> str:
+    """The first lines of a lowered module: the generated-file header, then what it was
+    lowered from (``eqdsl check`` compares these without lowering again: a changed Helion
+    kernel file or Helion/Triton version makes the module stale)."""
+    digest = hashlib.sha256(source_text.encode()).hexdigest()[:16]
+    return header + (
+        f"# Triton code of {kernel} ({dtype}) from {source} (sha256 {digest}), "
+        f"written by helion {version('helion')} for triton {version('triton')}.\n"
+    )
+
+
+def index(files: dict[str, str], dtypes: tuple[str, ...], header: str) -> str:
+    """``triton_kernels/__init__.py``: ``KERNELS[(kernel, dtype)]`` -> module name, and
+    ``SOURCES[kernel file stem]`` -> its kernel names."""
+    entries = "".join(
+        f"    ({kernel!r}, {dtype!r}): {module_name(kernel, dtype)!r},\n"
+        for _, kernel, dtype in modules(files, dtypes).values()
+    )
+    sources = "".join(
+        f"    {source.removesuffix('.py')!r}: {tuple(kernel_names(files[source]))!r},\n" for source in SOURCES if source in files
+    )
+    return (
+        header
+        + '"""Triton modules of this package\'s kernels (``eqdsl.codegen.triton_lowering``).\n\n'
+        + "``KERNELS[(kernel, dtype)]`` names the module (in this directory) holding a kernel\'s\n"
+        + "Triton code for that dtype, launched by ``eqdsl.runtime.triton_launch``; ``SOURCES``\n"
+        + 'names the kernels of each Helion kernel file."""\n\n'
+        + "KERNELS = {\n" + entries + "}\n"
+        + "SOURCES = {\n" + sources + "}\n"
+    )
+
+
+def kernel_names(text: str) -> list[str]:
+    """Names of the ``@helion.kernel`` functions of a generated kernel file, in file order."""
+    return [
+        n.name
+        for n in ast.parse(text).body
+        if isinstance(n, ast.FunctionDef)
+        and any(ast.unparse(d.func if isinstance(d, ast.Call) else d) == "helion.kernel" for d in n.decorator_list)
+    ]
+
+
+# ------------------------------------------------------------------ in the subprocess
+
+
+def _example_args(params: list[str], ops: Operands, dtype) -> tuple:
+    """CPU tensors of the right rank and dtype for each parameter of a generated kernel."""
+    import torch
+
+    n, nodes = _ROWS, _NODES
+
+    def f(*shape):
+        return torch.zeros(shape, dtype=dtype)
+
+    w = f(ops.weight_numel) if ops.shared_weights else f(n, ops.weight_numel)
+    pool = {
+        # plain tensor product: one row per batch element
+        "x1": f(n, ops.dim_in1), "x2": f(n, ops.dim_in2), "g": f(n, ops.dim_out), "out": f(n, ops.dim_out),
+        "gx1": f(n, ops.dim_in1), "gx2": f(n, ops.dim_in2), "gx2p": f(n, 2 * ops.dim_in2),
+        "weights": w, "gw": f(n, ops.weight_numel),
+        # convolution: node rows x / g / out / gx, edge rows y / gy / weights, int64 graph
+        "x": f(nodes, ops.dim_in1), "y": f(n, ops.dim_in2), "gx": f(nodes, ops.dim_in1),
+        "gy": f(n, ops.dim_in2), "gyp": f(n, 2 * ops.dim_in2),
+        "src": torch.arange(n) % nodes, "dst": torch.arange(n) % nodes, "order": torch.arange(n),
+        "ptr": torch.arange(nodes + 1) * (n // nodes),
+    }
+    conv = "src" in params
+    if conv:  # node-level rows of the conv's output and its gradient
+        pool["g"], pool["out"] = f(nodes, ops.dim_out), f(nodes, ops.dim_out)
+    missing = [p for p in params if p not in pool]
+    if missing:
+        raise LoweringError(f"no example tensor for kernel parameter(s) {', '.join(missing)}")
+    return tuple(pool[p] for p in params)
+
+
+def _restructure(code: str, kernel: str, options: dict) -> str:
+    """Helion's module for ``kernel`` without its launcher import, the host function's
+    ``_launcher`` required, ``TRITON_OPTIONS`` appended (all through ``ast``)."""
+    tree = ast.parse(code)
+    body, host = [], None
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "helion.runtime":
+            if [a.name for a in node.names] != ["default_launcher"]:
+                raise LoweringError(f"{kernel}: Helion's code imports {ast.unparse(node)!r}")
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if not set(mods) <= _ALLOWED_IMPORTS:
+                raise LoweringError(f"{kernel}: Helion's code imports {ast.unparse(node)!r}")
+        if isinstance(node, ast.FunctionDef) and node.name == kernel:
+            host = node
+        body.append(node)
+    if host is None:
+        raise LoweringError(f"{kernel}: Helion's code has no host function {kernel}")
+    kw = [a.arg for a in host.args.kwonlyargs]
+    if kw != ["_launcher"]:
+        raise LoweringError(f"{kernel}: host function keywords {kw}, expected ['_launcher']")
+    host.args.kw_defaults = [None]  # required: the runtime passes its launcher
+    body.append(ast.Assign(targets=[ast.Name("TRITON_OPTIONS", ast.Store())], value=ast.parse(repr(options), mode="eval").body))
+    module = ast.Module(body=body, type_ignores=[])
+    names = {n.id for n in ast.walk(module) if isinstance(n, ast.Name)}
+    if names & {"helion", "hl", "_default_launcher"}:
+        raise LoweringError(f"{kernel}: Helion's code uses {sorted(names & {'helion', 'hl', '_default_launcher'})} at run time")
+    return ast.unparse(ast.fix_missing_locations(module)) + "\n"
+
+
+def _lower_one(task: tuple) -> dict:
+    directory, source, kernel_name, dtype_name, ops = task
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(f"eqdsl_lowering_{Path(source).stem}", Path(directory, source))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = getattr(module, kernel_name)
+    params = list(inspect.signature(kernel.fn).parameters)
+    args = _example_args(params, ops, getattr(torch, dtype_name))
+    code = kernel.bind(args).to_triton_code(kernel.configs[0], output_origin_lines=False)
+    options = getattr(module, "TRITON_OPTIONS", {}).get(kernel_name, {})
+    return {"source": source, "kernel": kernel_name, "dtype": dtype_name, "code": _restructure(code, kernel_name, options)}
+
+
+def _main(job_path: str) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    job = json.loads(Path(job_path).read_text())
+    ops = Operands(**{**job["operands"], "dtypes": tuple(job["operands"]["dtypes"])})
+    tasks = [
+        (job["dir"], source, kernel, dtype, ops)
+        for source in job["sources"]
+        for kernel in kernel_names(Path(job["dir"], source).read_text(encoding="utf-8"))
+        for dtype in ops.dtypes
+    ]
+    workers = max(1, min(len(tasks), os.cpu_count() or 1))
+    if workers == 1:
+        results = [_lower_one(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_lower_one, tasks))
+    Path(job["dir"], "out.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -1,0 +1,190 @@
+"""Launch a generated package's kernels from its shipped Triton code, through Triton's public API.
+
+``eqdsl generate`` writes, for every Helion kernel and dtype, the Triton module Helion
+produces (``<package>/triton_kernels/<kernel>_<dtype>.py``,
+``eqdsl.codegen.triton_lowering``): a ``@triton.jit`` function and a *host function*
+that computes the grid and launch arguments and calls ``_launcher(jit_fn, grid, *args,
+num_warps=, num_stages=)``. ``kernels(package, source)`` gives one callable per kernel
+that imports that module on first use and runs its host function with ``launch`` as the
+launcher; nothing here imports Helion.
+
+``launch`` on CUDA tensors (public Triton API only):
+
+* the first call with a given *key* goes through ``jit_fn[grid](*args, ...)``
+  (``JITFunction.run``: Triton's own specialization of each argument, its in-memory and
+  on-disk caches, compilation when nothing matches) and keeps the ``CompiledKernel`` it
+  returns;
+* later calls with the same key launch that ``CompiledKernel`` directly
+  (``compiled[grid](*args)``), skipping Triton's argument binding and cache lookup.
+
+The key holds everything Triton's specialization may depend on: each tensor's dtype and
+its data pointer modulo 16 (Triton specializes on 16-byte alignment), and every
+non-tensor argument's exact value (sizes, strides: Triton specializes on ``== 1`` and
+divisibility by 16; exact values are finer than both), the device and the launch options.
+Equal keys therefore mean equal specializations, whatever Triton's rules are in detail.
+MD and variable-size batches change a size every step: a new size is one
+``JITFunction.run`` (no compile once its specialization exists), and the table is
+emptied past ``MAX_ENTRIES``.
+
+Device: Triton launches on the *current* CUDA device, so a call whose tensors live on
+another device makes theirs current for the launch (``torch.cuda.device``).
+
+CPU tensors run through Triton's interpreter (``TRITON_INTERPRET=1`` before the modules
+are imported; tests). ``EQDSL_KERNELS=helion`` (read at import of each generated
+package) calls the Helion kernels instead (debugging, ``eqdsl tune``), which needs
+Helion and generates code in each process; so does a package generated without Triton
+code (``eqdsl.codegen.generate.generate_files(..., triton=False)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import types
+from pathlib import Path
+
+import torch
+
+__all__ = ["kernels", "launch", "launch_override", "MAX_ENTRIES", "use_helion"]
+
+MAX_ENTRIES = 1024
+_INT32_INDEX_LIMIT = 2**31 - 1
+
+_compiled: dict[tuple, object] = {}
+_override: list = []  # the active launch_override callbacks (innermost last)
+_prepared: set[str] = set()  # packages whose before_first_cuda_launch ran
+
+
+def use_helion() -> bool:
+    """Whether ``EQDSL_KERNELS=helion`` asks for the Helion kernels instead of the Triton code."""
+    return os.environ.get("EQDSL_KERNELS", "triton") == "helion"
+
+
+@contextlib.contextmanager
+def launch_override(callback):
+    """Within the block, every launch calls ``callback(jit_fn, grid, args, options)`` instead.
+
+    ``options`` holds ``num_warps``, ``num_stages`` and the kernel's ``TRITON_OPTIONS``.
+    Nothing is launched and outputs are left unwritten; tensors may be CPU tensors with
+    ``TRITON_INTERPRET`` unset (``eqdsl build`` compiles each launch for a GPU this way).
+    """
+    _override.append(callback)
+    try:
+        yield
+    finally:
+        _override.remove(callback)
+
+
+def _key(jit_fn, device: int, args: tuple, options: dict) -> tuple:
+    return (
+        id(jit_fn),
+        device,
+        tuple(options.items()),
+        *[(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else (type(a), a) for a in args],
+    )
+
+
+def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, _options: dict | None = None, **kwargs):
+    """Run ``jit_fn`` (a ``triton.JITFunction``) on ``grid`` with ``args`` (see the module docstring)."""
+    options = {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(_options or {})}
+    if _override:
+        return _override[-1](jit_fn, grid, args, options)
+    first = next(a for a in args if isinstance(a, torch.Tensor))
+    if not first.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1): it ignores the options
+        return jit_fn[grid](*args, **options)
+    device = first.get_device()
+    if device != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch_cuda(jit_fn, grid, args, options, device)
+    return _launch_cuda(jit_fn, grid, args, options, device)
+
+
+def _launch_cuda(jit_fn, grid, args, options, device):
+    key = _key(jit_fn, device, args, options)
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = jit_fn[grid](*args, **options)
+        if len(_compiled) >= MAX_ENTRIES:
+            _compiled.clear()
+        _compiled[key] = compiled
+        return compiled
+    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args)
+    return compiled
+
+
+class _Kernel:
+    """One kernel of a generated package: its Triton host function per dtype, imported on first use."""
+
+    def __init__(self, package: str, name: str, modules: dict[str, str]):
+        self.package, self.name, self.modules = package, name, modules
+        self._hosts: dict[torch.dtype, tuple] = {}
+
+    def __repr__(self) -> str:
+        return f"triton_launch kernel {self.package}.{self.name}"
+
+    def __call__(self, *args):
+        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+        entry = self._hosts.get(dtype)
+        if entry is None:
+            entry = self._load(dtype)
+        host, launcher = entry
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.numel() > _INT32_INDEX_LIMIT:
+                raise ValueError(
+                    f"{self.package}.{self.name}: an operand has {a.numel()} elements, more than the "
+                    f"kernels' 32-bit indexing allows ({_INT32_INDEX_LIMIT}); split the batch, or set "
+                    "EQDSL_KERNELS=helion (Helion generates 64-bit indexing for it)"
+                )
+        if args[0].is_cuda and self.package not in _prepared and not _override:
+            _before_first_cuda_launch(self.package)
+        return host(*args, _launcher=launcher)
+
+    def _load(self, dtype: torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+        module_name = self.modules.get(name)
+        if module_name is None:
+            raise TypeError(f"{self.package}.{self.name}: no Triton code for dtype {dtype}")
+        module = importlib.import_module(f"{self.package}.triton_kernels.{module_name}")
+        options = dict(module.TRITON_OPTIONS)
+        entry = (getattr(module, self.name), functools.partial(launch, _options=options) if options else launch)
+        self._hosts[dtype] = entry
+        return entry
+
+
+def _before_first_cuda_launch(package: str) -> None:
+    """Install the package's prebuilt binaries, if any, into Triton's cache (once)."""
+    _prepared.add(package)
+    from . import cubins
+
+    directory = Path(importlib.import_module(package).__file__).parent
+    cubins.install(directory)
+
+
+def kernels(package: str, source: str) -> types.SimpleNamespace:
+    """The kernels of ``<package>.<source>`` (``helion_kernels`` or ``helion_conv_kernels``).
+
+    Each attribute is callable like the Helion kernel of that name: with the Triton code
+    of ``<package>.triton_kernels`` (launched by ``launch``), or the Helion kernel itself
+    when ``EQDSL_KERNELS=helion`` or the package has no Triton code.
+    """
+    try:
+        index = importlib.import_module(f"{package}.triton_kernels")
+    except ModuleNotFoundError:
+        index = None
+    if index is None or use_helion():
+        return _helion_kernels(package, source)
+    by_kernel: dict[str, dict[str, str]] = {k: {} for k in index.SOURCES[source]}
+    for (kernel, dtype), module in index.KERNELS.items():
+        if kernel in by_kernel:
+            by_kernel[kernel][dtype] = module
+    return types.SimpleNamespace(**{k: _Kernel(package, k, m) for k, m in by_kernel.items()})
+
+
+def _helion_kernels(package: str, source: str) -> types.SimpleNamespace:
+    """The Helion kernels of ``<package>.<source>`` (Helion's own launch path)."""
+    import helion
+
+    module = importlib.import_module(f"{package}.{source}")
+    return types.SimpleNamespace(**{n: k for n, k in vars(module).items() if isinstance(k, helion.Kernel)})
