@@ -17,7 +17,7 @@ make), 2 on usage errors::
         # Triton told a sm_90 device is active (as the build is): checks the install and
         # that Triton finds every entry under its own key, not the GPU's key
 
-On the GPU, ``EQDSL_KERNELS`` must not be ``helion``.
+``EQDSL_KERNELS`` and ``TRITON_INTERPRET`` are ignored (unset here).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     # a fresh, empty Triton cache: only the installed entries can be hits
     os.environ["TRITON_CACHE_DIR"] = cache_dir = tempfile.mkdtemp(prefix="eqdsl-check-cubins-")
     os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.pop("EQDSL_KERNELS", None)  # the Triton code (EQDSL_KERNELS=helion would launch Helion's)
     sys.path.insert(0, str(ROOT))
     import torch
     import triton
