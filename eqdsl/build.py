@@ -46,7 +46,7 @@ from pathlib import Path
 from .runtime import cubins as _cb
 
 __all__ = ["BuildError", "BuildResult", "build", "build_package", "package_dirs", "import_package", "exercise",
-           "record_launches", "distinct_variants", "compile_launches", "DEFAULT_ARCHS"]
+           "record_launches", "distinct_variants", "compile_launches", "build_for_current_gpu", "DEFAULT_ARCHS"]
 
 DEFAULT_ARCHS = ("sm_90",)
 _DTYPES = ("float32", "float64")
@@ -217,6 +217,61 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
         shutil.rmtree(tmp, ignore_errors=True)
     return BuildResult(package_dir, report["kernels"], sum(len(g) for g in report["groups"].values()),
                        tuple(manifest["archs"]), time.perf_counter() - t0)
+
+
+def _built_for(package_dir: Path, arch: str) -> bool:
+    try:
+        manifest = json.loads((package_dir / _cb.DIR / _cb.MANIFEST).read_text(encoding="utf-8"))
+        return arch in manifest.get("archs", ())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def build_for_current_gpu(root: str | os.PathLike) -> list[BuildResult]:
+    """``eqdsl.load``'s build: every package in ``root`` for the current CUDA device's arch, once.
+
+    Does nothing unless torch is already imported (a JAX-only process never imports it
+    for this), CUDA is available and ``EQDSL_BUILD`` is not ``0``; skips packages whose
+    manifest already lists the arch and packages whose build failed before (a
+    ``.cubins-<arch>.failed`` file holds the error). One process builds while the others
+    (e.g. DDP ranks loading the same spec) wait on a file lock, then find the build done.
+    A failed build warns (``CubinNotice``) and never raises: the kernels then compile on
+    first use, as without a build. Progress is logged on the ``eqdsl`` logger (INFO).
+
+    Returns:
+        The builds made by this call (empty when there was nothing to do).
+    """
+    import logging
+    import warnings
+
+    torch = sys.modules.get("torch")
+    if os.environ.get("EQDSL_BUILD", "1") == "0" or torch is None or not torch.cuda.is_available():
+        return []
+    major, minor = torch.cuda.get_device_capability()
+    arch = _cb.arch_name(major * 10 + minor)
+    root = Path(root)
+
+    def todo():
+        return [d for d in sorted(root.iterdir()) if _is_package(d) and (d / _cb.KERNELS_DIR).is_dir()
+                and not _built_for(d, arch) and not (d / f".{_cb.DIR}-{arch}.failed").exists()]
+
+    if not todo():
+        return []
+    from .loader import _file_lock
+
+    log = logging.getLogger("eqdsl")
+    results = []
+    with _file_lock(root / f".build-{arch}.lock"):
+        for d in todo():
+            log.info("eqdsl: building %s for %s (once, into %s)", d.name, arch, d / _cb.DIR)
+            try:
+                results.append(build_package(d, [arch]))
+                log.info("eqdsl: %s", results[-1].line())
+            except BuildError as e:
+                (d / f".{_cb.DIR}-{arch}.failed").write_text(f"{e}\n", encoding="utf-8")
+                warnings.warn(f"eqdsl: building {d.name} for {arch} failed, its kernels compile on first use: {e}",
+                              _cb.CubinNotice, stacklevel=3)
+    return results
 
 
 # --------------------------------------------------------------------------------------

@@ -330,6 +330,10 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
         pkg_dir = cache_root(cache_dir) / "packages" / key[:32]
         if not (pkg_dir / name / "__init__.py").is_file():
             _generate(pkg_dir, text, specs, triton=triton)
+        if triton:  # cubins for this GPU, once (eqdsl.build.build_for_current_gpu; no-op without CUDA)
+            from .build import build_for_current_gpu
+
+            build_for_current_gpu(pkg_dir)
         module = _import(pkg_dir, name, key)
         _loaded[name] = key
     return module

@@ -210,3 +210,29 @@ def test_errors(pkg_dir, tmp_path, capsys):
     assert build.package_dirs(pkg_dir.parent) == [pkg_dir]
     assert main(["build", str(tmp_path), "--arch", "sm_90"]) == 2
     assert "not a generated package" in capsys.readouterr().err
+
+
+def test_load_time_build_once_per_arch(pkg_dir, monkeypatch):
+    """``eqdsl.load``'s build (``build_for_current_gpu``): nothing for an arch the manifest has;
+    a failed build warns once, is remembered, and is not retried."""
+    import torch
+
+    calls = []
+
+    def failing_build(d, archs, *a, **k):
+        calls.append((Path(d).name, tuple(archs)))
+        raise build.BuildError(f"{Path(d).name}: build failed: stand-in failure")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(build, "build_package", failing_build)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert build.build_for_current_gpu(pkg_dir.parent) == [] and calls == []  # built for sm_90 already
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    with pytest.warns(cubins.CubinNotice, match="building bt_build for sm_80 failed, its kernels compile on first use"):
+        assert build.build_for_current_gpu(pkg_dir.parent) == []
+    assert calls == [("bt_build", ("sm_80",))]
+    assert "stand-in failure" in (pkg_dir / ".cubins-sm_80.failed").read_text()
+    assert build.build_for_current_gpu(pkg_dir.parent) == [] and len(calls) == 1  # not retried
+    monkeypatch.setenv("EQDSL_BUILD", "0")
+    (pkg_dir / ".cubins-sm_80.failed").unlink()
+    assert build.build_for_current_gpu(pkg_dir.parent) == [] and len(calls) == 1  # switched off
