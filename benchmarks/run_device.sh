@@ -6,7 +6,8 @@
 #   gputests    the GPU tests (pytest -m gpu: devices, CUDA graphs, the Triton launch path)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
-#   host        host_overhead.py: host time per call, eager fast path vs custom ops (EQDSL_HOST_ARGS)
+#   host        bench_small_graph.py: energy + forces per step on 32 atoms (eager, CUDA graph, compiled, JAX)
+#               and host time per eager call (EQDSL_HOST_ARGS)
 #   fused       gpu_fused.py: the fused backward checked against the three ops, and timed (EQDSL_FUSED_ARGS)
 #   all         the whole benchmark in one call (the default with no STEP): precompile --bench --jax
 #               (every torch kernel and JAX function the benchmarks call, in parallel, into the
@@ -58,7 +59,7 @@ for arg in "${steps[@]}"; do
     gputests) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
-    host) cmd=(python3 benchmarks/host_overhead.py ${EQDSL_HOST_ARGS:-}) ;;
+    host) cmd=(python3 benchmarks/bench_small_graph.py ${EQDSL_HOST_ARGS:-}) ;;
     report) cmd=(python3 benchmarks/report.py --tp "$OUT/bench_tp.json" --conv "$OUT/bench_conv.json"
                  --latency "$OUT/bench_latency.json" --out "$OUT/BENCHMARKS.md" --png "$OUT/roofline.png") ;;
     fused) cmd=(python3 benchmarks/gpu_fused.py --json "$OUT/gpu_fused.json" ${EQDSL_FUSED_ARGS:-}) ;;
