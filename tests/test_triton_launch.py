@@ -191,10 +191,11 @@ def test_launch_override_records_instead_of_launching(pkg):
 def test_refuses_operands_beyond_32_bit_indexing(pkg):
     _, ops, _ = pkg
     k = _triton_kernels(ops.__package__, "helion_kernels").tp_fwd_0
-    big = torch.zeros(1, dtype=torch.float64).expand(2**31)  # numel 2**31, no memory
-    small = torch.zeros(1, ops.DIM_IN2, dtype=torch.float64)
-    with pytest.raises(ValueError, match="32-bit indexing"):
-        k(big, small, small, small)
+    rows = 2**31 // ops.DIM_IN1 + 1
+    big = torch.zeros(1, 1, dtype=torch.float64).expand(rows, ops.DIM_IN1)  # > 2**31 elements, no memory
+    small = [torch.zeros(1, 1, dtype=torch.float64).expand(rows, d) for d in (ops.DIM_IN2, ops.WEIGHT_NUMEL, ops.DIM_OUT)]
+    with pytest.raises(ValueError, match="tp_fwd_0: an operand has .* 32-bit indexing"):
+        k(big, *small)
 
 
 @pytest.mark.parametrize(

@@ -539,7 +539,7 @@ class _BlockKernel:
             "num_stages": t.num_stages,
             "config": _config(t),
             # Helion accepts maxnreg only on persistent kernels, which its CPU interpreter
-            # cannot run: the CUDA launch adds it (eqdsl.runtime.helion_launch)
+            # cannot run: the CUDA launch adds it (the lowered module's TRITON_OPTIONS)
             "triton_options": (
                 f'{{"maxnreg": {t.maxnreg_partials}}}'
                 if t.maxnreg_partials and any(r["has_partials"] for g in groups for r in g["reductions"])

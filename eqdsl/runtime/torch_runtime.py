@@ -21,7 +21,7 @@ import os
 
 from .versions import check as _check_versions
 
-_check_versions("torch", "triton", "helion")
+_check_versions("torch", "triton")  # Helion only where used: triton_launch._helion_kernels
 
 import torch  # noqa: E402  (after the version check: a clear error first)
 

@@ -77,41 +77,57 @@ def launch_override(callback):
         _override.remove(callback)
 
 
-def _key(jit_fn, device: int, args: tuple, options: dict) -> tuple:
+def _key(jit_fn, device: int, args: tuple) -> tuple:
+    # the launch options are literals of the one host function that launches jit_fn
     return (
-        id(jit_fn),
+        jit_fn,
         device,
-        tuple(options.items()),
         *[(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else (type(a), a) for a in args],
     )
 
 
 def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, _options: dict | None = None, **kwargs):
-    """Run ``jit_fn`` (a ``triton.JITFunction``) on ``grid`` with ``args`` (see the module docstring)."""
-    options = {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(_options or {})}
+    """Run ``jit_fn`` (a ``triton.JITFunction``) on ``grid`` with ``args`` (see the module docstring).
+
+    Raises ``ValueError`` for an operand of more than ``2**31 - 1`` elements (the
+    shipped code indexes with 32-bit integers).
+    """
     if _override:
-        return _override[-1](jit_fn, grid, args, options)
-    first = next(a for a in args if isinstance(a, torch.Tensor))
-    if not first.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1): it ignores the options
-        return jit_fn[grid](*args, **options)
+        return _override[-1](jit_fn, grid, args, {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(_options or {})})
+    first = args[0]
+    if not first.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1); it ignores the options
+        _check_index_range(jit_fn, args)
+        return jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs)
     device = first.get_device()
     if device != torch.cuda.current_device():
         with torch.cuda.device(device):
-            return _launch_cuda(jit_fn, grid, args, options, device)
-    return _launch_cuda(jit_fn, grid, args, options, device)
+            return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, _options)
+    return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, _options)
 
 
-def _launch_cuda(jit_fn, grid, args, options, device):
-    key = _key(jit_fn, device, args, options)
+def _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, options):
+    key = _key(jit_fn, device, args)
     compiled = _compiled.get(key)
-    if compiled is None:
-        compiled = jit_fn[grid](*args, **options)
+    if compiled is None:  # a new size, dtype, alignment or device: Triton's own path
+        _check_index_range(jit_fn, args)
+        compiled = jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs, **(options or {}))
         if len(_compiled) >= MAX_ENTRIES:
             _compiled.clear()
         _compiled[key] = compiled
         return compiled
-    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args)
+    compiled[grid + (1,) * (3 - len(grid))](*args)
     return compiled
+
+
+def _check_index_range(jit_fn, args) -> None:
+    """Sizes are in the key, so a launch that passed here once (same key) passes again."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.numel() > _INT32_INDEX_LIMIT:
+            raise ValueError(
+                f"{jit_fn.__name__.removeprefix('_helion_')}: an operand has {a.numel()} elements, more than "
+                f"the kernels' 32-bit indexing allows ({_INT32_INDEX_LIMIT}); split the batch, or set "
+                "EQDSL_KERNELS=helion (Helion generates 64-bit indexing for it)"
+            )
 
 
 class _Kernel:
@@ -130,13 +146,6 @@ class _Kernel:
         if entry is None:
             entry = self._load(dtype)
         host, launcher = entry
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.numel() > _INT32_INDEX_LIMIT:
-                raise ValueError(
-                    f"{self.package}.{self.name}: an operand has {a.numel()} elements, more than the "
-                    f"kernels' 32-bit indexing allows ({_INT32_INDEX_LIMIT}); split the batch, or set "
-                    "EQDSL_KERNELS=helion (Helion generates 64-bit indexing for it)"
-                )
         if args[0].is_cuda and self.package not in _prepared and not _override:
             _before_first_cuda_launch(self.package)
         return host(*args, _launcher=launcher)
@@ -184,6 +193,9 @@ def kernels(package: str, source: str) -> types.SimpleNamespace:
 
 def _helion_kernels(package: str, source: str) -> types.SimpleNamespace:
     """The Helion kernels of ``<package>.<source>`` (Helion's own launch path)."""
+    from .versions import check
+
+    check("helion")
     import helion
 
     module = importlib.import_module(f"{package}.{source}")
