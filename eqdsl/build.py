@@ -154,9 +154,9 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
         dtypes: dtype names (default: the package's ``DTYPES``).
         jobs: compiling processes (default: the CPU count).
         keep_ir: also keep Triton's intermediate stages (ttir, ttgir, llir, ptx; several
-            times the size of the binaries). Without it each variant holds what
-            ``TRITON_STORE_BINARY_ONLY=1`` makes Triton store: the cubin, its metadata and
-            the kernel's source.
+            times the size of the binaries). Without it each variant holds its cubin and
+            the metadata Triton loads it with (``TRITON_STORE_BINARY_ONLY=1``, less the
+            first IR stage that Triton writes anyway and never reads back).
 
     Raises:
         BuildError: a bad arch or dtype, or the build subprocess failed (its last lines).
@@ -505,16 +505,19 @@ def _pool_init(job: dict) -> None:
     _POOL["job"] = job
 
 
-def _pool_compile(task: tuple[int, int]) -> dict:
-    """Compile launch ``index`` for ``capability`` (one task of the pool): its entry."""
-    capability, index = task
+def _pool_compile(task: tuple[int, int, str]) -> dict:
+    """Compile launch ``index`` (of kernel module ``module``) for ``capability`` (one task of
+    the pool): its entry."""
+    capability, index, module = task
     job, launch = _POOL["job"], _POOL["launches"][index]
+    if launch[0].module != module:  # every process records the same launches in the same order
+        raise RuntimeError(f"launch {index} is of {launch[0].module} here, of {module} in the planning process")
     package_dir = Path(job["package"]).resolve()
     (k,) = compile_launches([launch], capability, Path(job["out"]) / _cb.arch_name(capability), job["keep_ir"])
     key_dir = Path(next(iter(k.metadata_group.values()))).parent
-    module = Path(sys.modules[launch[0].module].__file__).resolve().relative_to(package_dir).as_posix()
+    rel = Path(sys.modules[module].__file__).resolve().relative_to(package_dir).as_posix()
     return {"arch": _cb.arch_name(capability), "key": key_dir.name, "hash": k.hash,
-            "metadata": next(n for n in k.metadata_group if n.endswith(".json")), "module": module}
+            "metadata": next(n for n in k.metadata_group if n.endswith(".json")), "module": rel}
 
 
 def _worker(job: dict) -> None:
@@ -535,7 +538,7 @@ def _worker(job: dict) -> None:
     if not launches:
         raise SystemExit(f"{package_dir.name}: its ops launched no Triton kernel")
     modules = {fn.module for fn, *_ in launches}
-    tasks = [(cap, i) for cap in job["caps"] for i in distinct_variants(launches, cap)]
+    tasks = [(cap, i, launches[i][0].module) for cap in job["caps"] for i in distinct_variants(launches, cap)]
     workers = min(job["jobs"], len(tasks))
     if workers <= 1:
         entries = [_pool_compile(t) for t in tasks]
@@ -553,6 +556,10 @@ def _worker(job: dict) -> None:
         # the group file lists its files by absolute path (this temporary directory):
         # keep their names only (install() writes the cache's own paths)
         names = sorted(json.loads(grp.read_text())["child_paths"])
+        if not job["keep_ir"]:  # the kernel's first IR (.source, 5x the cubin's size), which no loader reads
+            for n in [n for n in names if n.endswith(".source")]:
+                (key_dir / n).unlink()
+                names.remove(n)
         grp.write_text(json.dumps({"child_paths": {n: n for n in names}}, sort_keys=True))
         groups[e["arch"]][e["key"]] = {k: e[k] for k in ("hash", "metadata", "module")}
     for arch, entries_of_arch in groups.items():
