@@ -10,11 +10,7 @@ current give what they give on ``cuda:0`` (forward, gradients, the gradient of f
 through the shipped Triton code and through Helion (``EQDSL_KERNELS=helion``), for the tensor
 product and the fused convolution; ``cuda:0`` with ``cuda:1`` operands is refused.
 
-On one GPU (marked ``gpu``): the conv is CUDA-graph safe. Its forward, and the energy
-and forces of a small layer (forward + backward), captured with ``torch.cuda.graph`` and
-replayed on new inputs equal eager calls; ``torch.compile(mode="reduce-overhead",
-fullgraph=True)`` of the forward runs as CUDA graphs (no graph break, no skipped
-graph) with eager's results; out-of-range indices still raise in eager code.
+CUDA graphs and ``torch.compile(mode="reduce-overhead")``: ``tests/test_cuda_graphs.py``.
 """
 
 from __future__ import annotations
@@ -258,103 +254,3 @@ def test_conv_on_the_second_gpu(pkg, restore_launch):
         conv.conv(*args[:4], bad, nodes)
     with pytest.raises(ValueError, match="src on cuda:0"):
         conv.conv(*args[:3], args[3].to("cuda:0"), args[4], nodes)
-
-
-# ---------------------------------------------------------------- one GPU: CUDA graphs, torch.compile
-
-CUDA = torch.cuda.is_available()
-
-
-def _copy_into(static, tensors):
-    for s, t in zip(static, tensors):
-        s.copy_(t)
-
-
-def _warm_up(fn, *args):
-    """Three eager calls on a side stream, as ``torch.cuda.graph`` capture wants (kernels
-    compiled, launch plans and index tensors cached, indices checked)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_conv_forward_in_a_cuda_graph(pkg):
-    _, conv = pkg
-    nodes, edges = 40, 300
-    static = _conv_inputs(conv, nodes, edges, "cuda")
-    _warm_up(conv.conv, *static, nodes)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = conv.conv(*static, nodes)  # check=True (default): skipped while capturing
-    for seed in (1, 2):
-        new = _conv_inputs(conv, nodes, edges, "cuda", seed=seed)
-        _copy_into(static, new)
-        graph.replay()
-        torch.testing.assert_close(out, conv.conv(*new, nodes), rtol=1e-12, atol=1e-12)
-    bad = static[4].clone()
-    bad[7] = -1
-    with pytest.raises(ValueError, match="dst holds node indices outside"):
-        conv.conv(*static[:4], bad, nodes)  # eager again: checked
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_energy_and_forces_in_a_cuda_graph(pkg):
-    """Edge vectors -> e3nn spherical harmonics and a radial basis -> per-edge weights ->
-    conv -> energy; forces by autograd: the forward and the backward kernels in one graph."""
-    from e3nn import o3
-
-    _, conv = pkg
-    nodes, edges = 30, 200
-    x, _, _, src, dst = _conv_inputs(conv, nodes, edges, "cuda")
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    gen = torch.Generator().manual_seed(3)
-    theta = torch.randn(6, conv.WEIGHT_NUMEL, generator=gen, dtype=torch.float64).cuda()
-    freq = torch.arange(1, 7, dtype=torch.float64, device="cuda")
-
-    def energy_forces(pos):
-        pos = pos.detach().requires_grad_(True)
-        vec = pos[dst] - pos[src]
-        sh = o3.spherical_harmonics("0e+1o", vec, normalize=True, normalization="component")
-        r = vec.norm(dim=1, keepdim=True)
-        w = torch.sin(freq * r) / r @ theta
-        energy = (conv.conv(x, sh, w, src, dst, nodes) ** 2).sum()
-        (grad,) = torch.autograd.grad(energy, pos)
-        return energy.detach(), -grad
-
-    positions = [torch.randn(nodes, 3, generator=gen, dtype=torch.float64).mul(2).cuda() for _ in range(3)]
-    static = positions[0].clone()
-    _warm_up(energy_forces, static)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        e, f = energy_forces(static)
-    for pos in positions[1:]:
-        static.copy_(pos)
-        graph.replay()
-        want_e, want_f = energy_forces(pos)
-        torch.testing.assert_close(e, want_e, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f, want_f, rtol=1e-12, atol=1e-12)
-        assert want_f.abs().max() > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_conv_forward_compiled_reduce_overhead(pkg):
-    from torch._dynamo.utils import counters
-
-    _, conv = pkg
-    nodes, edges = 40, 300
-    torch._dynamo.reset()
-    counters.clear()
-    f = torch.compile(lambda x, y, w, s, d: conv.conv(x, y, w, s, d, nodes), mode="reduce-overhead", fullgraph=True)
-    for seed in range(4):  # warm-up, record, replays
-        args = _conv_inputs(conv, nodes, edges, "cuda", seed=seed)
-        got = f(*args).clone()  # the graph's output buffer is reused by the next replay
-        torch.testing.assert_close(got, conv.conv(*args, nodes), rtol=1e-12, atol=1e-12)
-    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
