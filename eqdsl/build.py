@@ -464,21 +464,28 @@ class _TargetScope:
         self._stack.close()
 
 
-def distinct_variants(launches, capability: int) -> list[int]:
-    """Indices of the launches that need a compilation of their own for ``capability``:
-    the first launch of each (kernel, Triton specialization and options). Triton decides:
-    each launch goes through ``JITFunction.warmup`` with ``knobs.runtime.jit_cache_hook``
-    set, which Triton calls with its key of the launch right before compiling, and which
-    returns ``True`` (skip the compilation)."""
+def distinct_variants(launches, capability: int) -> list[tuple[int, dict]]:
+    """The launches that need a compilation of their own for ``capability``: the first
+    launch of each (kernel, Triton specialization and options), with Triton's description
+    of that specialization. Triton decides: each launch goes through ``JITFunction.warmup``
+    with ``knobs.runtime.jit_cache_hook`` set, which Triton calls right before compiling
+    with its key of the launch and its ``specialization_data`` (the JSON
+    ``JITFunction.preload`` reads), and which returns ``True`` (skip the compilation).
+
+    Returns:
+        ``[(index into launches, {"signature", "constant_keys", "constant_vals",
+        "attrs_keys", "attrs_vals"})]``.
+    """
     import triton
 
     seen, picked, current = set(), [], [0]
 
-    def hook(*, key, fn, **_):
+    def hook(*, key, fn, compile, **_):
         k = (id(fn.jit_function), str(key))
         if k not in seen:
             seen.add(k)
-            picked.append(current[0])
+            data = json.loads(compile["specialization_data"])
+            picked.append((current[0], {f: data[f] for f in _SPECIALIZATION}))
         return True
 
     with _TargetScope(capability), triton.knobs.runtime.scope():
@@ -487,6 +494,9 @@ def distinct_variants(launches, capability: int) -> list[int]:
             current[0] = i
             fn.warmup(*args, grid=grid, **options)
     return picked
+
+
+_SPECIALIZATION = ("signature", "constant_keys", "constant_vals", "attrs_keys", "attrs_vals")
 
 
 def compile_launches(launches, capability: int, cache_dir: Path, keep_ir: bool = False) -> list:
@@ -505,19 +515,27 @@ def _pool_init(job: dict) -> None:
     _POOL["job"] = job
 
 
-def _pool_compile(task: tuple[int, int, str]) -> dict:
-    """Compile launch ``index`` (of kernel module ``module``) for ``capability`` (one task of
-    the pool): its entry."""
-    capability, index, module = task
+def _pool_compile(task: tuple) -> dict:
+    """Compile launch ``index`` (of kernel module ``module``, specialization ``spec``) for
+    ``capability`` (one task of the pool): its manifest entry."""
+    capability, index, module, spec = task
     job, launch = _POOL["job"], _POOL["launches"][index]
-    if launch[0].module != module:  # every process records the same launches in the same order
-        raise RuntimeError(f"launch {index} is of {launch[0].module} here, of {module} in the planning process")
+    fn, _, _, options = launch
+    if fn.module != module:  # every process records the same launches in the same order
+        raise RuntimeError(f"launch {index} is of {fn.module} here, of {module} in the planning process")
     package_dir = Path(job["package"]).resolve()
     (k,) = compile_launches([launch], capability, Path(job["out"]) / _cb.arch_name(capability), job["keep_ir"])
     key_dir = Path(next(iter(k.metadata_group.values()))).parent
     rel = Path(sys.modules[module].__file__).resolve().relative_to(package_dir).as_posix()
-    return {"arch": _cb.arch_name(capability), "key": key_dir.name, "hash": k.hash,
-            "metadata": next(n for n in k.metadata_group if n.endswith(".json")), "module": rel}
+    entry = {"hash": k.hash, "metadata": next(n for n in k.metadata_group if n.endswith(".json")), "module": rel,
+             "function": fn.__name__, "options": options, "specialization": spec}
+    # the key install() will compute from this entry, here equal to the one Triton just used
+    # (same process, same Triton): checks the entry describes the variant completely
+    again = _cb.variant_hash(getattr(_cb._kernel_module(package_dir / rel), fn.__name__), entry, capability)
+    if again != k.hash:
+        raise RuntimeError(f"{rel}: the manifest entry gives Triton key {again[:12]}, Triton compiled "
+                           f"{k.hash[:12]} (a Triton cache-invalidating environment variable set?)")
+    return {"arch": _cb.arch_name(capability), "key": key_dir.name, "entry": entry}
 
 
 def _worker(job: dict) -> None:
@@ -538,7 +556,7 @@ def _worker(job: dict) -> None:
     if not launches:
         raise SystemExit(f"{package_dir.name}: its ops launched no Triton kernel")
     modules = {fn.module for fn, *_ in launches}
-    tasks = [(cap, i, launches[i][0].module) for cap in job["caps"] for i in distinct_variants(launches, cap)]
+    tasks = [(cap, i, launches[i][0].module, spec) for cap in job["caps"] for i, spec in distinct_variants(launches, cap)]
     workers = min(job["jobs"], len(tasks))
     if workers <= 1:
         entries = [_pool_compile(t) for t in tasks]
@@ -552,7 +570,7 @@ def _worker(job: dict) -> None:
     groups = {_cb.arch_name(cap): {} for cap in job["caps"]}
     for e in entries:
         key_dir = out / e["arch"] / e["key"]
-        grp = key_dir / f"__grp__{e['metadata']}"
+        grp = key_dir / f"__grp__{e['entry']['metadata']}"
         # the group file lists its files by absolute path (this temporary directory):
         # keep their names only (install() writes the cache's own paths)
         names = sorted(json.loads(grp.read_text())["child_paths"])
@@ -561,7 +579,7 @@ def _worker(job: dict) -> None:
                 (key_dir / n).unlink()
                 names.remove(n)
         grp.write_text(json.dumps({"child_paths": {n: n for n in names}}, sort_keys=True))
-        groups[e["arch"]][e["key"]] = {k: e[k] for k in ("hash", "metadata", "module")}
+        groups[e["arch"]][e["key"]] = e["entry"]
     for arch, entries_of_arch in groups.items():
         if (out / arch).is_dir():  # keep the entries only (Triton removes its temporary dirs itself)
             for d in (out / arch).iterdir():

@@ -70,6 +70,9 @@ def test_every_kernel_module_has_its_cubins(pkg_dir):
     # rows 37 and 64: the batch-size argument is, and is not, divisible by 16
     assert all(modules.count(m) == 2 for m in set(modules))
     for key, entry in groups.items():
+        assert entry["function"].startswith("_helion_") and set(entry["options"]) >= {"num_warps", "num_stages"}
+        assert set(entry["specialization"]) == {"signature", "constant_keys", "constant_vals", "attrs_keys",
+                                                "attrs_vals"}
         d = pkg_dir / "cubins" / "sm_90" / key
         stem = entry["metadata"].removesuffix(".json")
         assert (d / f"{stem}.cubin").read_bytes()[:4] == b"\x7fELF"
@@ -111,34 +114,50 @@ def test_build_again_same_keys_and_binaries(pkg_dir, capsys):
     assert not [p for p in pkg_dir.iterdir() if p.name.startswith(".cubins")]  # no temporary left
 
 
-def test_install_copies_into_triton_cache_once(pkg_dir, tmp_path):
-    groups = _manifest(pkg_dir)["groups"]["sm_90"]
-    from triton.runtime.cache import get_cache_manager
+def _clean_env() -> dict:
+    """Triton's compiler, not its interpreter (conftest sets TRITON_INTERPRET=1 for this process)."""
+    return {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EQDSL_KERNELS")}
 
-    with triton.knobs.cache.scope(), warnings.catch_warnings():
-        warnings.simplefilter("error", cubins.CubinNotice)
-        triton.knobs.cache.dir = str(tmp_path / "triton")
-        assert cubins.install(pkg_dir, 90)
-        stamps = {}
-        for key, entry in groups.items():
-            found = get_cache_manager(entry["hash"]).get_group(entry["metadata"])
-            src = pkg_dir / "cubins" / "sm_90" / key
-            assert set(found) == {p.name for p in src.iterdir()} - {f"__grp__{entry['metadata']}"}
-            for name, path in found.items():
-                assert Path(path).parent == tmp_path / "triton" / key
-                assert Path(path).read_bytes() == (src / name).read_bytes()
-                stamps[path] = os.stat(path).st_mtime_ns
-        assert cubins.install(pkg_dir, 90)  # idempotent: nothing rewritten
-        assert {p: os.stat(p).st_mtime_ns for p in stamps} == stamps
-    assert sorted(p.name for p in (tmp_path / "triton").iterdir()) == sorted(groups)
+
+INSTALL_CHECK = """
+import os, sys, warnings
+from pathlib import Path
+import triton
+from triton.runtime.cache import get_cache_manager
+from eqdsl.runtime import cubins
+
+warnings.simplefilter("error", cubins.CubinNotice)
+pkg, cache, groups = Path(sys.argv[1]), Path(sys.argv[2]), eval(sys.argv[3])
+triton.knobs.cache.dir = str(cache)
+assert cubins.install(pkg, 90)
+stamps = {}
+for key, (h, metadata) in groups.items():
+    found = get_cache_manager(h).get_group(metadata)
+    src = pkg / "cubins" / "sm_90" / key
+    assert set(found) == {p.name for p in src.iterdir()} - {"__grp__" + metadata}, found
+    for name, path in found.items():
+        assert Path(path).parent == cache / key, path  # same Triton here: the build's key
+        assert Path(path).read_bytes() == (src / name).read_bytes()
+        stamps[path] = os.stat(path).st_mtime_ns
+assert cubins.install(pkg, 90)  # idempotent: nothing rewritten
+assert {p: os.stat(p).st_mtime_ns for p in stamps} == stamps
+assert sorted(p.name for p in cache.iterdir()) == sorted(groups), sorted(p.name for p in cache.iterdir())
+print("install ok")
+"""
+
+
+def test_install_copies_into_triton_cache_once(pkg_dir, tmp_path):
+    groups = {k: (e["hash"], e["metadata"]) for k, e in _manifest(pkg_dir)["groups"]["sm_90"].items()}
+    r = subprocess.run([sys.executable, "-c", INSTALL_CHECK, str(pkg_dir), str(tmp_path / "triton"), repr(groups)],
+                       capture_output=True, text=True, env=_clean_env(), timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "install ok", r.stdout + r.stderr
 
 
 def test_installed_cubins_are_found_by_triton(pkg_dir):
     """CPU mode of the GPU check: Triton, told a sm_90 device is active, finds every variant the
     package's ops launch in a fresh cache holding only the installed entries (no compilation)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EQDSL_KERNELS")}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tools" / "check_cubins.py"), str(pkg_dir),
-                        "--stand-in", "sm_90"], capture_output=True, text=True, env=env, timeout=300)
+                        "--stand-in", "sm_90"], capture_output=True, text=True, env=_clean_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bt_build on stand-in sm_90: 10 variants loaded, 0 compiled" in r.stdout
 
@@ -167,6 +186,7 @@ def test_mismatch_warns_once_and_returns_false(pkg_dir, tmp_path):
         "bt_corrupt": ("{not json", r"\(unreadable cubins/manifest.json: "),
         "bt_stale": (stale, r"\(kernel sources changed since the build\)"),
         "bt_triton": (other_triton, r"\(built with triton 3.5.0\)"),
+        "bt_ptxas": (dict(m, toolchain={"sm_90": "0" * 64}), r"\(built with another ptxas\)"),
     }
     with triton.knobs.cache.scope():
         triton.knobs.cache.dir = str(tmp_path / "triton")

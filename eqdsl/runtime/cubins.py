@@ -9,21 +9,30 @@ the Triton version, the kernel source, its specialization, the options and the t
 ``<package>/cubins/manifest.json`` says what they were built with::
 
     {"format": 1, "triton": "3.6.0", "archs": ["sm_90"], "dtypes": ["float32", "float64"],
-     "toolchain": {"sm_90": "<sha256>"},                # Triton's compiler + ptxas, per arch
+     "toolchain": {"sm_90": "<sha256>"},                # Triton's version + ptxas, per arch
      "modules": {"triton_kernels/tp_fwd_0_float32.py": "<sha256>", ...},
      "groups": {"sm_90": {"<key>": {"hash": "<hex>", "metadata": "<kernel>.json",
-                                    "module": "triton_kernels/tp_fwd_0_float32.py"}, ...}}}
+                                    "module": "triton_kernels/tp_fwd_0_float32.py",
+                                    "function": "<jit function>", "options": {launch options},
+                                    "specialization": {Triton's signature, constants, attrs}},
+                          ...}}}
 
 At run time, :func:`install` (called by the launcher once per package, before the
-package's first CUDA launch) copies the entries of the current GPU's arch into Triton's
+package's first CUDA launch) puts the entries of the current GPU's arch into Triton's
 cache through Triton's public cache manager (``triton.runtime.cache.get_cache_manager``,
-the directory ``triton.knobs.cache.dir`` / ``$TRITON_CACHE_DIR``). Triton then finds
-them when ``JITFunction.run`` compiles a variant for the first time: the cache key it
-computes on the GPU is the one the build computed, so the "compile" is a cache hit that
-loads the cubin. Nothing of Triton's is patched. When the cubins cannot match (no build
-for this arch, another Triton or ptxas, kernel sources changed since the build), it
-warns once per package with a :class:`CubinNotice` and the kernels compile on first use
-as without a build.
+the directory ``triton.knobs.cache.dir`` / ``$TRITON_CACHE_DIR``), each under the key
+*this* process's Triton computes for that variant (:func:`variant_hash`: Triton's own
+``get_cache_key`` of the kernel, its specialization and options, as ``JITFunction.run``
+-> ``triton.compile`` compute it). That key also hashes ``libtriton`` and Triton's Python
+files, which differ between the wheels of one Triton release for different Python
+versions (a build on a Python 3.11 CI machine, a GPU on Python 3.12): recomputing it
+here lets one build serve every wheel of the release, while the manifest requires the
+same Triton version and ptxas, which make the binary. Triton then finds each entry when
+``JITFunction.run`` compiles that variant for the first time: a cache hit that loads the
+cubin. Nothing of Triton's is patched. When the cubins cannot apply (no build for this
+arch, another Triton version or ptxas, kernel sources changed since the build), it warns
+once per package with a :class:`CubinNotice` and the kernels compile on first use as
+without a build.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from pathlib import Path
 
 __all__ = [
     "CubinNotice",
+    "variant_hash",
     "FORMAT",
     "DIR",
     "MANIFEST",
@@ -84,22 +94,77 @@ def arch_name(capability: int) -> str:
 
 
 def toolchain_fingerprint(capability: int) -> str:
-    """sha256 of what Triton's cache key takes from the installation for this target.
-
-    Triton's key (``triton.compiler.compiler.compile`` -> ``get_cache_key``) starts with
-    ``triton_key()`` (Triton's version and the hashes of its compiler, language and
-    ``libtriton``) and the backend's hash (the ``ptxas --version`` it will use, and the
-    arch). Equal fingerprints at build and run time are what make the keys equal; a
-    different Triton build or ``TRITON_PTXAS_PATH`` gives another one (the cubins would
-    never be found: the notice says so instead). ``triton_key`` is cached by Triton and
-    computed anyway by the first compilation of the process.
-    """
+    """sha256 of the Triton version and the ptxas (``ptxas --version``, and the arch) that
+    Triton uses for ``capability``: what makes the binary, besides the kernel and its
+    specialization. Another ptxas (``TRITON_PTXAS_PATH``) gives another fingerprint."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    from triton.runtime.cache import triton_key
 
     backend = make_backend(GPUTarget("cuda", capability, 32))
-    return hashlib.sha256(f"{triton_key()}-{backend.hash()}".encode()).hexdigest()
+    return hashlib.sha256(f"{triton.__version__}-{backend.hash()}".encode()).hexdigest()
+
+
+_modules: dict[str, object] = {}
+
+
+def _kernel_module(path: Path):
+    """The Triton module at ``path`` (imports torch and triton only), imported once per process."""
+    import importlib.util
+
+    key = str(path.resolve())
+    module = _modules.get(key)
+    if module is None:
+        name = f"_eqdsl_cubins_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _modules[key] = module
+    return module
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def variant_hash(fn, entry: dict, capability: int) -> str:
+    """Triton's cache key (hex) in this process for one built variant of ``fn``.
+
+    What ``JITFunction.run`` -> ``triton.compile`` compute for a launch of that
+    specialization: ``get_cache_key(ASTSource(fn, signature, constants, attrs), backend,
+    options, env_vars)``, the options parsed from the launch options as ``run`` does
+    (with this process's ``knobs.runtime.debug`` and instrumentation mode), then again as
+    ``compile`` does. ``env_vars`` are taken empty: a process that sets one of Triton's
+    cache-invalidating variables (debugging flags) computes other keys and compiles.
+
+    Args:
+        fn: the ``triton.JITFunction``.
+        entry: the manifest's entry (``specialization`` in Triton's
+            ``serialize_specialization_data`` format, which ``JITFunction.preload`` reads;
+            ``options``: the launch's ``num_warps``, ``num_stages``, ...).
+        capability: the target arch (``90``).
+    """
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, get_cache_key, make_backend
+
+    spec = entry["specialization"]
+    constants = {
+        tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
+        tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+        for k, v in zip(spec["constant_keys"], spec["constant_vals"])
+    }
+    attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
+    signature = {k: _tuples(v) for k, v in spec["signature"].items()}
+    backend = make_backend(GPUTarget("cuda", capability, 32))
+    kwargs = dict(entry["options"])
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
+    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    options = backend.parse_options(kwargs)  # JITFunction.run (_pack_args)
+    options = backend.parse_options(dict(options.__dict__))  # triton.compile
+    key = get_cache_key(ASTSource(fn, signature, constants, attrs), backend, options, env_vars={})
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def module_hashes(package_dir: Path) -> dict[str, str]:
@@ -140,7 +205,7 @@ def _mismatch(manifest: dict, package_dir: Path, capability: int) -> str | None:
     if arch not in manifest.get("archs", ()):
         return f"built for {', '.join(manifest.get('archs', ())) or 'no arch'}"
     if manifest.get("toolchain", {}).get(arch) != toolchain_fingerprint(capability):
-        return "built with another Triton build or ptxas"
+        return "built with another ptxas"
     if manifest.get("modules") != module_hashes(package_dir):
         return "kernel sources changed since the build"
     return None
@@ -161,7 +226,7 @@ def install(package_dir: Path, capability: int | None = None) -> bool:
             ``sm_90``); default: the current CUDA device's (``torch.cuda.get_device_capability``).
 
     Returns:
-        ``True`` when the manifest matches (arch, Triton version and toolchain, kernel
+        ``True`` when the manifest matches (arch, Triton version and ptxas, kernel
         source hashes) and every entry is in Triton's cache; ``False`` otherwise.
     """
     package_dir = Path(package_dir)
@@ -185,7 +250,8 @@ def install(package_dir: Path, capability: int | None = None) -> bool:
     try:
         reason = _mismatch(manifest, package_dir, capability)
         if reason is None:
-            _copy_groups(root / arch_name(capability), manifest["groups"][arch_name(capability)])
+            _copy_groups(package_dir, root / arch_name(capability), manifest["groups"][arch_name(capability)],
+                         capability)
     except Exception as e:  # a corrupt build or an unwritable cache: compile instead, never fail the launch
         reason = f"{type(e).__name__}: {e}"
     if reason is not None:
@@ -194,17 +260,27 @@ def install(package_dir: Path, capability: int | None = None) -> bool:
     return True
 
 
-def _copy_groups(arch_dir: Path, groups: dict) -> None:
-    """Each build entry ``arch_dir/<key>/`` into Triton's cache, unless already there."""
+def _copy_groups(package_dir: Path, arch_dir: Path, groups: dict, capability: int) -> None:
+    """Each build entry ``arch_dir/<key>/`` into Triton's cache under this process's key,
+    unless already there (the metadata's ``hash`` field set to that key, as Triton writes it)."""
     from triton.runtime.cache import get_cache_manager
 
     for key, entry in sorted(groups.items()):
         src = arch_dir / key
+        fn = getattr(_kernel_module(package_dir / entry["module"]), entry["function"])
+        h = variant_hash(fn, entry, capability)
         metadata = entry["metadata"]  # "<kernel>.json": the file name Triton looks the group up by
-        manager = get_cache_manager(entry["hash"])
+        manager = get_cache_manager(h)
         present = manager.get_group(metadata)
         names = json.loads((src / f"__grp__{metadata}").read_text(encoding="utf-8"))["child_paths"]
         if present is not None and set(present) >= set(names):
             continue
-        paths = {name: manager.put((src / name).read_bytes(), name) for name in sorted(names)}
+        paths = {}
+        for name in sorted(names):
+            data = (src / name).read_bytes()
+            if name == metadata and h != entry["hash"]:
+                meta = json.loads(data)
+                meta["hash"] = h
+                data = json.dumps(meta).encode("utf-8")
+            paths[name] = manager.put(data, name)
         manager.put_group(metadata, paths)
