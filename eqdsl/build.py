@@ -18,9 +18,13 @@ either side of ``SEGMENT_MIN_EDGES`` (``exercise``), under
 instead of run. Each recorded launch is then given to ``JITFunction.warmup`` while Triton
 believes a CUDA device of the target arch is active (a stand-in driver set with
 ``triton.runtime.driver.set_active``) and ``triton.knobs.cache.dir`` points at the build
-directory: Triton specializes the arguments itself and writes its cache entry, under the
-key ``JITFunction.run`` computes on the GPU later. A launch with a single row or node (an
-integer equal to 1) is not built: it compiles on first use.
+directory: Triton specializes the arguments itself and writes its cache entry. Launches
+that specialize alike are compiled once (``distinct_variants``), in a pool of processes.
+The manifest records, for each variant, Triton's own description of its specialization,
+from which the run time recomputes Triton's key in its own process
+(``eqdsl.runtime.cubins.variant_hash``; the build checks it reproduces the key Triton
+compiled under). A launch with a single row or node (an integer equal to 1) is not built:
+it compiles on first use.
 
 The work runs in a subprocess per package: the stand-in driver and the package's custom
 ops (registered process-wide under ``eqdsl_<name>::``) stay out of the calling process,
@@ -37,7 +41,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass

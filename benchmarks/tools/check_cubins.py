@@ -2,7 +2,8 @@
 """Does a package's ``eqdsl build`` output load without compiling? Fails loudly if not.
 
 Builds nothing. Starts from an empty Triton cache (a fresh ``$TRITON_CACHE_DIR``), installs
-the package's cubins (``eqdsl.runtime.cubins.install``; exit 1 if they do not apply to
+the package's cubins (``eqdsl.runtime.cubins.install``, as the runtime does: each kernel's
+entries are written right before its first compilation; exit 1 if they do not apply to
 this GPU), then makes the launches ``eqdsl build`` compiled (``eqdsl.build.exercise``:
 every op, every dtype of the manifest, the same sizes) and records every compilation
 Triton does through its public listener ``triton.knobs.compilation.listener``

@@ -18,8 +18,9 @@ the Triton version, the kernel source, its specialization, the options and the t
                           ...}}}
 
 At run time, :func:`install` (called by the launcher once per package, before the
-package's first CUDA launch) puts the entries of the current GPU's arch into Triton's
-cache through Triton's public cache manager (``triton.runtime.cache.get_cache_manager``,
+package's first CUDA launch) checks the manifest; then, before each kernel's first
+compilation in the process, the kernel's entries for the current GPU's arch are put into
+Triton's cache through Triton's public cache manager (``triton.runtime.cache.get_cache_manager``,
 the directory ``triton.knobs.cache.dir`` / ``$TRITON_CACHE_DIR``), each under the key
 *this* process's Triton computes for that variant (:func:`variant_hash`: Triton's own
 ``get_cache_key`` of the kernel, its specialization and options, as ``JITFunction.run``
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -62,7 +64,7 @@ DIR = "cubins"  # package subdirectory of the build output
 MANIFEST = "manifest.json"
 KERNELS_DIR = "triton_kernels"  # the package's Triton modules (contract A of issue 22)
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _noticed: set[str] = set()  # package dirs already warned about in this process
 
 
@@ -211,23 +213,33 @@ def _mismatch(manifest: dict, package_dir: Path, capability: int) -> str | None:
     return None
 
 
-def install(package_dir: Path, capability: int | None = None) -> bool:
-    """Put the package's prebuilt cubins for this GPU into Triton's cache; ``True`` if they apply.
+def install(package_dir: Path, capability: int | None = None, *, eager: bool = False) -> bool:
+    """Make the package's prebuilt cubins for this GPU Triton's cache entries; ``True`` if they apply.
 
-    Idempotent and safe with several processes (Triton's cache manager writes each file
-    to a temporary name and renames it; the group file, which makes an entry visible,
-    last; an entry already present is left as is). Never raises for a missing, corrupt
-    or mismatched build: it warns (:class:`CubinNotice`, once per package and process)
-    and returns ``False``; the kernels then compile on first use.
+    Checks the manifest (arch, Triton version and ptxas, kernel source hashes), then, by
+    default, installs each kernel's variants *lazily*: right before Triton would compile
+    a kernel of the package for the first time (Triton's ``knobs.runtime.jit_cache_hook``,
+    chained to a hook set before), its entries are written into Triton's cache under the
+    keys computed with that very ``JITFunction`` (:func:`variant_hash`), so Triton's
+    compilation is a cache hit and nothing is computed twice: a process pays only for the
+    kernels it launches. ``eager=True`` writes every entry now (tools, tests; it imports
+    each kernel module by file).
+
+    Writing is idempotent and safe with several processes (Triton's cache manager writes
+    each file to a temporary name and renames it; the group file, which makes an entry
+    visible, last; an entry already present is left as is). Never raises for a missing,
+    corrupt or mismatched build: it warns (:class:`CubinNotice`, once per package and
+    process) and returns ``False``; the kernels then compile on first use.
 
     Args:
         package_dir: the generated package directory (``<dir>/<name>``, holding ``cubins/``).
         capability: the GPU's compute capability as Triton numbers it (``90`` for
             ``sm_90``); default: the current CUDA device's (``torch.cuda.get_device_capability``).
+        eager: write every entry now instead of before each kernel's first compilation.
 
     Returns:
-        ``True`` when the manifest matches (arch, Triton version and ptxas, kernel
-        source hashes) and every entry is in Triton's cache; ``False`` otherwise.
+        ``True`` when the manifest matches (and, with ``eager``, every entry is in
+        Triton's cache); ``False`` otherwise.
     """
     package_dir = Path(package_dir)
     if capability is None:
@@ -250,8 +262,19 @@ def install(package_dir: Path, capability: int | None = None) -> bool:
     try:
         reason = _mismatch(manifest, package_dir, capability)
         if reason is None:
-            _copy_groups(package_dir, root / arch_name(capability), manifest["groups"][arch_name(capability)],
-                         capability)
+            arch_dir = root / arch_name(capability)
+            by_kernel: dict[tuple[str, str], list] = {}
+            for key, entry in sorted(manifest["groups"][arch_name(capability)].items()):
+                module = str((package_dir / entry["module"]).resolve())
+                by_kernel.setdefault((module, entry["function"]), []).append((arch_dir / key, entry, capability))
+            if eager:
+                for (module, function), items in by_kernel.items():
+                    _put(getattr(_kernel_module(Path(module)), function), items)
+            else:
+                with _lock:
+                    for k, items in by_kernel.items():
+                        _pending.setdefault(k, []).extend(items)
+                    _chain_hook()
     except Exception as e:  # a corrupt build or an unwritable cache: compile instead, never fail the launch
         reason = f"{type(e).__name__}: {e}"
     if reason is not None:
@@ -260,14 +283,45 @@ def install(package_dir: Path, capability: int | None = None) -> bool:
     return True
 
 
-def _copy_groups(package_dir: Path, arch_dir: Path, groups: dict, capability: int) -> None:
-    """Each build entry ``arch_dir/<key>/`` into Triton's cache under this process's key,
-    unless already there (the metadata's ``hash`` field set to that key, as Triton writes it)."""
+# (kernel module file, jit function name) -> [(build entry dir, manifest entry, capability)]: the
+# entries install() accepted, written before that kernel's first compilation in this process
+_pending: dict[tuple[str, str], list] = {}
+_previous_hook: list = []  # the jit_cache_hook that was set before ours (called after ours)
+
+
+def _chain_hook() -> None:
+    import triton
+
+    current = triton.knobs.runtime.jit_cache_hook
+    if current is not _jit_cache_hook:
+        _previous_hook[:] = [current] if current is not None else []
+        triton.knobs.runtime.jit_cache_hook = _jit_cache_hook
+
+
+def _jit_cache_hook(**kwargs):
+    """Triton calls this right before compiling a kernel variant (``JITFunction._do_compile``);
+    a truthy result would skip the compilation: only the previous hook's result is returned."""
+    jit_fn = kwargs["fn"].jit_function
+    path = getattr(sys.modules.get(jit_fn.module), "__file__", None)
+    if path is not None and _pending:
+        with _lock:
+            items = _pending.pop((str(Path(path).resolve()), jit_fn.__name__), None)
+        if items:
+            try:
+                _put(jit_fn, items)
+            except Exception as e:  # never fail the launch: the variant compiles
+                _notice(items[0][0].parents[2], items[0][2], f"installing {jit_fn.__name__} failed: "
+                                                            f"{type(e).__name__}: {e}")
+    return _previous_hook[0](**kwargs) if _previous_hook else None
+
+
+def _put(fn, items) -> None:
+    """Write the build entries ``items`` of ``fn`` into Triton's cache under this process's
+    keys, unless already there (the metadata's ``hash`` field set to that key, as Triton
+    writes it)."""
     from triton.runtime.cache import get_cache_manager
 
-    for key, entry in sorted(groups.items()):
-        src = arch_dir / key
-        fn = getattr(_kernel_module(package_dir / entry["module"]), entry["function"])
+    for src, entry, capability in items:
         h = variant_hash(fn, entry, capability)
         metadata = entry["metadata"]  # "<kernel>.json": the file name Triton looks the group up by
         manager = get_cache_manager(h)
