@@ -338,3 +338,21 @@ def _put(fn, items) -> None:
                 data = json.dumps(meta).encode("utf-8")
             paths[name] = manager.put(data, name)
         manager.put_group(metadata, paths)
+        _put_launcher(src.parent, entry.get("launcher"))
+
+
+def _put_launcher(arch_dir: Path, launcher: dict | None) -> None:
+    """The variant's Triton launcher (a C extension built by the build for its Python, keyed
+    by a hash of its source and the platform, not of Triton's install) into Triton's cache,
+    if it was built for this Python (``EXT_SUFFIX``) and is not there yet."""
+    import base64
+    import sysconfig
+
+    from triton.runtime.cache import get_cache_manager
+
+    if not launcher or not launcher["file"].endswith(sysconfig.get_config_var("EXT_SUFFIX")):
+        return
+    key = launcher["key"]  # Triton's base32 directory name of the hex key
+    manager = get_cache_manager(base64.b32decode(key + "=" * (-len(key) % 8)).hex())
+    if manager.get_file(launcher["file"]) is None:
+        manager.put((arch_dir / key / launcher["file"]).read_bytes(), launcher["file"])
