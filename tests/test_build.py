@@ -193,14 +193,32 @@ def test_install_copies_into_triton_cache_once(pkg_dir, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "install ok", r.stdout + r.stderr
 
 
-def test_installed_cubins_are_found_by_triton(pkg_dir):
+ANOTHER_WHEEL = """
+import runpy, sys
+import triton.runtime.cache as cache
+
+key = cache.triton_key()
+cache.triton_key = lambda: key + "-another-wheel"  # what another Python version's triton wheel changes
+sys.argv = ["check_cubins.py"] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_installed_cubins_are_found_by_triton(pkg_dir, tmp_path):
     """CPU mode of the GPU check: Triton, told a sm_90 device is active, finds every variant the
     package's ops launch in a fresh cache, each installed (lazily, by Triton's jit_cache_hook)
-    right before Triton would have compiled it: no compilation."""
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tools" / "check_cubins.py"), str(pkg_dir),
-                        "--stand-in", "sm_90"], capture_output=True, text=True, env=_clean_env(), timeout=300)
+    right before Triton would have compiled it: no compilation. Under another ``triton_key``
+    (Triton's hash of its own install, which differs between the wheels of one release for two
+    Python versions), so the keys differ from the build's and install must compute them."""
+    script = ROOT / "benchmarks" / "tools" / "check_cubins.py"
+    r = subprocess.run([sys.executable, "-c", ANOTHER_WHEEL.replace("sys.argv[0]", repr(str(script))), str(pkg_dir),
+                        "--stand-in", "sm_90", "--cache-dir", str(tmp_path / "triton")],
+                       capture_output=True, text=True, env=_clean_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bt_build on stand-in sm_90: 10 variants loaded, 0 compiled" in r.stdout
+    groups = _manifest(pkg_dir)["groups"]["sm_90"]
+    kernels = {p.parent.name for p in (tmp_path / "triton").glob("*/__grp__*")}
+    assert len(kernels) == len(groups) and not kernels & set(groups)  # the keys of this "install"
 
 
 def _fake_package(root: Path, name: str, pkg_dir: Path, manifest: dict | str | None) -> Path:

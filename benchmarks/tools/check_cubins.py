@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("package", type=Path, help="a generated package directory holding cubins/")
     ap.add_argument("--stand-in", metavar="ARCH", help="no GPU: warm up for ARCH with a stand-in driver (CPU check)")
+    ap.add_argument("--cache-dir", type=Path, help="Triton cache directory to use, empty or absent (default: a fresh temporary one)")
     args = ap.parse_args(argv)
     manifest_path = args.package / "cubins" / "manifest.json"
     if not manifest_path.is_file():
@@ -48,7 +49,11 @@ def main(argv=None) -> int:
         return 2
     manifest = json.loads(manifest_path.read_text())
     # a fresh, empty Triton cache: only the installed entries can be hits
-    os.environ["TRITON_CACHE_DIR"] = cache_dir = tempfile.mkdtemp(prefix="eqdsl-check-cubins-")
+    if args.cache_dir is not None and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
+        print(f"error: --cache-dir {args.cache_dir} is not empty", file=sys.stderr)
+        return 2
+    cache_dir = str(args.cache_dir) if args.cache_dir else tempfile.mkdtemp(prefix="eqdsl-check-cubins-")
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.pop("EQDSL_KERNELS", None)  # the Triton code (EQDSL_KERNELS=helion would launch Helion's)
     sys.path.insert(0, str(ROOT))
