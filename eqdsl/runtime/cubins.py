@@ -3,9 +3,11 @@
 ``eqdsl build`` (``eqdsl/build.py``) compiles a package's Triton kernels on a CPU machine
 with Triton's own compiler and cache, so its output *is* a set of Triton cache entries:
 ``<package>/cubins/<arch>/<key>/`` holds what Triton writes for one compiled variant (the
-``.cubin``, its ``.json`` metadata, the IR stages and the ``__grp__<name>.json`` group
-file that lists them), and ``<key>`` is Triton's cache key of that compilation (a hash of
-the Triton version, the kernel source, its specialization, the options and the target).
+``.cubin``, its ``.json`` metadata and the ``__grp__<name>.json`` group file that lists
+them; the IR stages with ``--keep-ir``), and ``<key>`` is Triton's cache key of that
+compilation on the build machine (a hash of the Triton install, the kernel source, its
+specialization, the options and the target). Where the build could make them, Triton's
+launchers (C extensions, one per argument signature) are entries of their own there.
 ``<package>/cubins/manifest.json`` says what they were built with::
 
     {"format": 1, "triton": "3.6.0", "archs": ["sm_90"], "dtypes": ["float32", "float64"],
@@ -14,7 +16,8 @@ the Triton version, the kernel source, its specialization, the options and the t
      "groups": {"sm_90": {"<key>": {"hash": "<hex>", "metadata": "<kernel>.json",
                                     "module": "triton_kernels/tp_fwd_0_float32.py",
                                     "function": "<jit function>", "options": {launch options},
-                                    "specialization": {Triton's signature, constants, attrs}},
+                                    "specialization": {Triton's signature, constants, attrs},
+                                    "launcher": {"key": "<key>", "file": "<extension file>"}},
                           ...}}}
 
 At run time, :func:`install` (called by the launcher once per package, before the
