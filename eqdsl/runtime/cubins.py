@@ -275,8 +275,10 @@ def install(package_dir: Path, capability: int | None = None, *, eager: bool = F
                     _put(getattr(_kernel_module(Path(module)), function), items)
             else:
                 with _lock:
-                    for k, items in by_kernel.items():
-                        _pending.setdefault(k, []).extend(items)
+                    if (str(package_dir.resolve()), capability) not in _registered:  # once per process
+                        _registered.add((str(package_dir.resolve()), capability))
+                        for k, items in by_kernel.items():
+                            _pending.setdefault(k, []).extend(items)
                     _chain_hook()
     except Exception as e:  # a corrupt build or an unwritable cache: compile instead, never fail the launch
         reason = f"{type(e).__name__}: {e}"
@@ -290,6 +292,7 @@ def install(package_dir: Path, capability: int | None = None, *, eager: bool = F
 # entries install() accepted, written before that kernel's first compilation in this process
 _pending: dict[tuple[str, str], list] = {}
 _previous_hook: list = []  # the jit_cache_hook that was set before ours (called after ours)
+_registered: set[tuple[str, int]] = set()  # (package dir, capability) whose entries went into _pending
 
 
 def _chain_hook() -> None:
