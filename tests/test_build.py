@@ -26,19 +26,15 @@ from genutil import build_package
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# channelwise (uvu) paths, so the package has the fused backward kernel too: 5 kernels
+# one channelwise (uvu) path, so the package has the fused backward kernel too: 5 kernels
+# (the smallest package: lowering and compiling cost seconds per kernel here)
 SPEC = """
 [[tensor_product]]
 name = "bt_build"
-irreps_in1 = "2x0e+2x1o"
-irreps_in2 = "1x0e+1x1o"
-irreps_out = "2x0e+2x1o"
-instructions = [
-  [0, 0, 0, "uvu", true],
-  [1, 1, 0, "uvu", true],
-  [0, 1, 1, "uvu", true],
-  [1, 0, 1, "uvu", true],
-]
+irreps_in1 = "2x0e"
+irreps_in2 = "1x0e"
+irreps_out = "2x0e"
+instructions = [[0, 0, 0, "uvu", true]]
 shared_weights = false
 dtypes = ["float64"]
 """
@@ -195,12 +191,19 @@ def test_install_copies_into_triton_cache_once(pkg_dir, tmp_path):
 
 ANOTHER_WHEEL = """
 import runpy, sys
+import triton
 import triton.runtime.cache as cache
 
 key = cache.triton_key()
 cache.triton_key = lambda: key + "-another-wheel"  # what another Python version's triton wheel changes
+calls = []  # a jit_cache_hook set before eqdsl's: still called, before each compilation
+triton.knobs.runtime.jit_cache_hook = lambda **kw: calls.append(kw["fn"].name) and None
 sys.argv = ["check_cubins.py"] + sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    print("previous hook calls:", len(calls))
+    raise
 """
 
 
@@ -216,6 +219,7 @@ def test_installed_cubins_are_found_by_triton(pkg_dir, tmp_path):
                        capture_output=True, text=True, env=_clean_env(), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bt_build on stand-in sm_90: 10 variants loaded, 0 compiled" in r.stdout
+    assert "previous hook calls: 10" in r.stdout
     groups = _manifest(pkg_dir)["groups"]["sm_90"]
     kernels = {p.parent.name for p in (tmp_path / "triton").glob("*/__grp__*")}
     assert len(kernels) == len(groups) and not kernels & set(groups)  # the keys of this "install"
