@@ -846,8 +846,8 @@ def tp_bwd_w_0(
                 gw[tile_b, 4344 + tile_r.index[:, None] * 48 + tile_c.index[None, :]] = (o0[:, :, None] * g3_0[:, None, :])
 
 
-# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
-# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# Triton compile options added to each CUDA launch of a kernel (its lowered module's
+# ``TRITON_OPTIONS``, ``eqdsl.runtime.triton_launch``), per kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
 # cannot run).
 TRITON_OPTIONS = {
     "tp_bwd_x2_0": {"maxnreg": 256},

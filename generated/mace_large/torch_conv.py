@@ -27,12 +27,10 @@ Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G
 import numpy as _np
 import torch
 
-from eqdsl.runtime import helion_launch as _launch
 from eqdsl.runtime import torch_runtime as _rt
+from eqdsl.runtime import triton_launch as _tl
 
-from . import helion_conv_kernels as _kernels
-
-_k = _launch.launchers(_kernels)  # the kernels, launched without Helion's per-call Python after the first call
+_k = _tl.kernels(__package__, "helion_conv_kernels")  # Triton code of helion_conv_kernels.py (triton_kernels/)
 
 __all__ = ["conv", "conv_fwd_op", "conv_bwd_x_op", "conv_bwd_y_op", "conv_bwd_w_op", "DIM_IN1", "DIM_IN2", "DIM_OUT", "WEIGHT_NUMEL"]
 
@@ -211,7 +209,6 @@ def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torc
 
 
 conv_fwd_op = torch.library.custom_op("eqdsl_mace_large::conv_fwd", _conv_fwd, mutates_args=())
-_conv_fwd_eager = _rt.EagerOp(conv_fwd_op, _conv_fwd, n_tensors=3 + _N_GRAPH)
 
 
 @conv_fwd_op.register_fake
@@ -225,7 +222,6 @@ def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: to
 
 
 conv_bwd_x_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x, mutates_args=())
-_conv_bwd_x_eager = _rt.EagerOp(conv_bwd_x_op, _conv_bwd_x, n_tensors=3 + _N_GRAPH)
 
 
 @conv_bwd_x_op.register_fake
@@ -239,7 +235,6 @@ def _conv_bwd_y(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: to
 
 
 conv_bwd_y_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_y", _conv_bwd_y, mutates_args=())
-_conv_bwd_y_eager = _rt.EagerOp(conv_bwd_y_op, _conv_bwd_y, n_tensors=3 + _N_GRAPH)
 
 
 @conv_bwd_y_op.register_fake
@@ -259,7 +254,6 @@ def _conv_bwd_w(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Te
 
 
 conv_bwd_w_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_w", _conv_bwd_w, mutates_args=())
-_conv_bwd_w_eager = _rt.EagerOp(conv_bwd_w_op, _conv_bwd_w, n_tensors=3 + _N_GRAPH)
 
 
 @conv_bwd_w_op.register_fake
@@ -283,7 +277,6 @@ def _conv_bwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.
 
 
 conv_bwd_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd", _conv_bwd, mutates_args=())
-_conv_bwd_eager = _rt.EagerOp(conv_bwd_op, _conv_bwd, n_tensors=4 + _N_GRAPH, n_diff=4)
 
 
 @conv_bwd_op.register_fake
@@ -304,7 +297,7 @@ def _no_grads():
 
 def _wire(fwd, bwd_x, bwd_y, bwd_w, fused=None):
     """VJPs of ``fwd``/``bwd_x``/``bwd_y`` (linear in every operand) as the other ops
-    (``EagerOp`` s: a backward in eager code launches without the dispatcher); ``fused``
+    (custom ops); ``fused``
     (the fused backward, where there is one) gives ``fwd``'s when two or more are needed."""
 
     def fwd_backward(ctx, h):
@@ -345,8 +338,8 @@ def _wire(fwd, bwd_x, bwd_y, bwd_w, fused=None):
     _rt.register_backward(bwd_y, bwd_y_backward, _setup)
 
 
-_wire(_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager, _conv_bwd_eager)
-_LINEAR = (_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager)
+_wire(conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op, conv_bwd_w_op, conv_bwd_op)
+_LINEAR = (conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op)
 
 
 def _bwd_w_backward(ctx, h):
@@ -362,7 +355,7 @@ def _bwd_w_backward(ctx, h):
     ) + _no_grads()
 
 
-_rt.register_backward(_conv_bwd_w_eager, _bwd_w_backward, _setup)
+_rt.register_backward(conv_bwd_w_op, _bwd_w_backward, _setup)
 
 
 def _fused_setup(ctx, inputs, output):
@@ -372,12 +365,12 @@ def _fused_setup(ctx, inputs, output):
 
 def _fused_backward(ctx, k1, k2, kw):
     x, y, w, g, *graph = ctx.saved_tensors
-    ops = (_conv_fwd_eager, _conv_bwd_x_eager, _conv_bwd_y_eager, _conv_bwd_w_eager)
+    ops = (conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op, conv_bwd_w_op)
     return _rt.fused_vjp(ops, _LINEAR, (x, y, w, g), (k1, k2, kw), ctx.needs_input_grad, (*graph, ctx.num_nodes)) + _no_grads()
 
 
-_rt.register_backward(_conv_bwd_eager, _fused_backward, _fused_setup)
-_checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted metadata
+_rt.register_backward(conv_bwd_op, _fused_backward, _fused_setup)
+_checked = _rt.CheckCache(_check)  # _check once per accepted argument metadata
 
 
 def graph_tensors(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, ...]:
@@ -428,21 +421,13 @@ def conv(
 
     Raises ``TypeError`` / ``ValueError`` naming the argument (and, for arguments on
     several devices, each one's device), ``RuntimeError`` for a device the kernels
-    cannot run on. In eager code on CUDA it launches without the custom-op dispatcher
-    (``eqdsl.runtime.torch_runtime.eager_mode``); same results.
+    cannot run on.
     """
-    mode = _rt.eager_mode((node_features, edge_attr, weights, src, dst), 3)
-    if mode:
-        _checked(node_features, edge_attr, weights, src, dst, num_nodes)
-    else:
-        _check(node_features, edge_attr, weights, src, dst, num_nodes)
+    _checked(node_features, edge_attr, weights, src, dst, num_nodes)
     if check:
         _check_range(src, dst, num_nodes)
     graph = graph_tensors(src, dst, num_nodes)
-    node_features = _IN1.to_ir_mul(node_features, mode)
-    if mode:
-        out = _conv_fwd_eager.run(mode, node_features, edge_attr, weights, *graph, num_nodes)
-    else:
-        out = conv_fwd_op(node_features, edge_attr, weights, *graph, num_nodes)
-    out = _OUT.to_mul_ir(out, mode)
+    node_features = _IN1.to_ir_mul(node_features)
+    out = conv_fwd_op(node_features, edge_attr, weights, *graph, num_nodes)
+    out = _OUT.to_mul_ir(out)
     return out

@@ -24,11 +24,9 @@ Each has a fake implementation (``torch.compile(fullgraph=True)`` and
 of the others (``eqdsl.runtime.torch_runtime.register_autograd``), so gradients of
 any order work (forces, then their gradient with respect to the weights).
 
-Eager fast path: in plain eager code on CUDA, ``tensor_product`` and every backward
-formula call the ops' implementations directly (``_fwd_eager``, ...: an
-``eqdsl.runtime.torch_runtime.EagerOp`` per op; a ``torch.autograd.Function`` when a
-gradient is needed), skipping ~10 us of custom-op dispatch per call; under
-``torch.compile``, ``make_fx`` and on CPU the custom ops run.
+Kernels: each op launches the Triton code Helion wrote for its kernels
+(``triton_kernels/``, ``eqdsl.runtime.triton_launch``: Triton's public launch API, no
+Helion import); ``EQDSL_KERNELS=helion`` runs the Helion kernels instead.
 
 Layout: the kernels read and write ``mul_ir`` rows in place (no conversion). A block
 tile is loaded as ``(batch, channels, 2l+1)``, components adjacent in memory, so each
@@ -39,12 +37,11 @@ stride by ``2l+1`` (23% of bandwidth against 92% measured on an H100 for mace_la
 
 import torch
 
-from eqdsl.runtime import helion_launch as _launch
 from eqdsl.runtime import torch_runtime as _rt
+from eqdsl.runtime import triton_launch as _tl
 
-from . import helion_kernels as _kernels
 
-_k = _launch.launchers(_kernels)  # the kernels, launched without Helion's per-call Python after the first call
+_k = _tl.kernels(__package__, "helion_kernels")
 
 __all__ = [
     "tensor_product",
@@ -134,7 +131,6 @@ def _fwd_checked(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> t
 
 
 fwd_op = torch.library.custom_op("eqdsl_mace_medium::fwd", _fwd, mutates_args=())
-_fwd_eager = _rt.EagerOp(fwd_op, _fwd)
 
 
 @fwd_op.register_fake
@@ -159,7 +155,6 @@ def _bwd_x1_checked(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
 
 
 bwd_x1_op = torch.library.custom_op("eqdsl_mace_medium::bwd_x1", _bwd_x1, mutates_args=())
-_bwd_x1_eager = _rt.EagerOp(bwd_x1_op, _bwd_x1)
 
 
 @bwd_x1_op.register_fake
@@ -184,7 +179,6 @@ def _bwd_x2_checked(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) ->
 
 
 bwd_x2_op = torch.library.custom_op("eqdsl_mace_medium::bwd_x2", _bwd_x2, mutates_args=())
-_bwd_x2_eager = _rt.EagerOp(bwd_x2_op, _bwd_x2)
 
 
 @bwd_x2_op.register_fake
@@ -205,7 +199,6 @@ def _bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 bwd_w_op = torch.library.custom_op("eqdsl_mace_medium::bwd_w", _bwd_w, mutates_args=())
-_bwd_w_eager = _rt.EagerOp(bwd_w_op, _bwd_w)
 
 
 @bwd_w_op.register_fake
@@ -229,7 +222,6 @@ def _bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Ten
 
 
 bwd_op = torch.library.custom_op("eqdsl_mace_medium::bwd", _bwd, mutates_args=())
-_bwd_eager = _rt.EagerOp(bwd_op, _bwd, n_tensors=4, n_diff=4)
 
 
 @bwd_op.register_fake
@@ -239,9 +231,8 @@ def _bwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torc
     return x1.new_empty((batch, DIM_IN1)), x1.new_empty((batch, DIM_IN2)), x1.new_empty((batch, WEIGHT_NUMEL))
 
 
-# the formulas call the EagerOps: a backward in eager code launches without the dispatcher
-_rt.register_autograd(_fwd_eager, _bwd_x1_eager, _bwd_x2_eager, _bwd_w_eager, fused=_bwd_eager)
-_checked = _rt.CheckCache(_check)  # the eager path's _check: once per accepted metadata
+_rt.register_autograd(fwd_op, bwd_x1_op, bwd_x2_op, bwd_w_op, fused=bwd_op)
+_checked = _rt.CheckCache(_check)  # _check once per accepted argument metadata
 
 
 def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -251,15 +242,7 @@ def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
     tensors' device (all three on one; CUDA, or CPU with ``TRITON_INTERPRET=1``),
     whatever the current CUDA device. Raises ``TypeError`` / ``ValueError`` naming the
     argument (for arguments on several devices, each one's device), ``RuntimeError``
-    for a device the kernels cannot run on. In eager code on CUDA it launches without the custom-op
-    dispatcher (``eqdsl.runtime.torch_runtime.eager_mode``); same results.
+    for a device the kernels cannot run on.
     """
-    mode = _rt.eager_mode((x1, x2, weights), 3)
-    if mode:
-        # _check's checks imply fwd's operand checks; eager_mode admits only CUDA tensors
-        _checked(x1, x2, weights)
-        if mode == _rt.DIRECT:
-            return _fwd_checked(x1, x2, weights)
-        return _fwd_eager.run(mode, x1, x2, weights)
-    _check(x1, x2, weights)
+    _checked(x1, x2, weights)
     return fwd_op(x1, x2, weights)

@@ -12152,8 +12152,8 @@ def tp_bwd_fused_4(
         gx2p[tile_b, 143 + tile_c.id * 16] = px2_0_3_6.sum(1)
 
 
-# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
-# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# Triton compile options added to each CUDA launch of a kernel (its lowered module's
+# ``TRITON_OPTIONS``, ``eqdsl.runtime.triton_launch``), per kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
 # cannot run).
 TRITON_OPTIONS = {
     "tp_bwd_x2_0": {"maxnreg": 256},

@@ -2276,8 +2276,8 @@ def tp_bwd_w_0(
                 gw[tile_p.id, 632 + tile_r.index[:, None] * 16 + tile_c.index[None, :]] = acc23_0
 
 
-# Triton compile options added to the CUDA launch by ``eqdsl.runtime.helion_launch``, per
-# kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
+# Triton compile options added to each CUDA launch of a kernel (its lowered module's
+# ``TRITON_OPTIONS``, ``eqdsl.runtime.triton_launch``), per kernel (Helion accepts ``maxnreg`` only on persistent kernels, which its CPU interpreter
 # cannot run).
 TRITON_OPTIONS = {
 }
