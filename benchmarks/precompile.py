@@ -1,7 +1,6 @@
 """Compile what a benchmark run will call, in parallel, before anything is timed.
 
-Compiling is single-threaded per kernel (Helion's code generation, then Triton and
-ptxas for a torch kernel; XLA's Triton pipeline for a Pallas kernel): 20 to 60 s per
+Compiling is single-threaded per kernel (Triton and ptxas for a torch kernel; XLA's Triton pipeline for a Pallas kernel): 20 to 60 s per
 kernel on the device machine's host, several minutes per problem, so a benchmark of
 every problem would spend most of a device call compiling one kernel at a time. This
 script runs the compile jobs on a pool of ``--workers`` processes, longest first, and
@@ -9,8 +8,9 @@ leaves their results where the benchmark's processes find them:
 
 * torch (always): one job per generated Helion kernel (``--per-op``: per kernel op). The
   job calls its op once on a small CUDA batch with every other kernel of the op stubbed
-  out, which leaves Helion's generated module in ``$EQDSL_CACHE_DIR``
-  (``eqdsl.runtime.helion_launch``) and the compiled binary in ``$TRITON_CACHE_DIR``.
+  out, which leaves the compiled binary of the kernel's shipped Triton code
+  (``eqdsl.runtime.triton_launch``) in ``$TRITON_CACHE_DIR``. (``eqdsl build`` compiles
+  the same binaries on a CPU instead: ``docs/ahead-of-time.md``.)
   Sizes are multiples of 16 like the benchmarks' (Triton specializes integers on
   divisibility by 16), so the benchmarks only load both.
 * JAX (``--jax``): one job per problem runs ``bench_tp.py --warm-only`` (and, for a conv

@@ -8,16 +8,19 @@ Layers (see docs/architecture.md): ``spec`` (TOML -> validated ``TensorProductSp
 
 __version__ = "0.1.0"
 
+from .errors import SpecError
+from .irreps import Irrep, Irreps, MulIr
+from .lower import lower
+from .spec import TensorProductSpec, load_spec, parse_spec
+
 __all__ = ["SpecError", "Irrep", "Irreps", "MulIr", "lower", "TensorProductSpec", "load_spec", "parse_spec", "__version__",
            "load", "spec_to_toml", "spec_from_e3nn", "spec_from_e3nn_jax"]
 
-# Imported on first use: ``import eqdsl`` stays light, and so does every generated
-# package's runtime (``eqdsl.runtime.*``), which must not pay for sympy (``cg``, 3.7 s of a
-# first call on the H100 machine's host, 2026-11-26). The framework modules ``eqdsl.torch``
-# and ``eqdsl.jax`` are imported explicitly (``import eqdsl.torch``).
-_LAZY = {"SpecError": "errors", "Irrep": "irreps", "Irreps": "irreps", "MulIr": "irreps", "lower": "lower",
-         "TensorProductSpec": "spec", "load_spec": "spec", "parse_spec": "spec",
-         "load": "loader", "spec_to_toml": "loader", "spec_from_e3nn": "from_e3nn", "spec_from_e3nn_jax": "from_e3nn"}
+# imported on first use (``eqdsl.load``, ...): ``import eqdsl`` stays light (and so does the
+# runtime of every generated package, which imports it: ``cg`` imports sympy only when it
+# computes coefficients, 3.7 s of a first call on the H100 machine's host, 2026-11-26). The framework
+# modules ``eqdsl.torch`` and ``eqdsl.jax`` are imported explicitly (``import eqdsl.torch``).
+_LAZY = {"load": "loader", "spec_to_toml": "loader", "spec_from_e3nn": "from_e3nn", "spec_from_e3nn_jax": "from_e3nn"}
 
 
 def __getattr__(name: str):

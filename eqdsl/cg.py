@@ -35,8 +35,9 @@ import functools
 from fractions import Fraction
 
 import numpy as np
-import sympy
-from sympy.physics.wigner import clebsch_gordan
+
+# sympy (exact CG) is imported where it is used: the runtime of a generated package
+# imports eqdsl, and sympy costs seconds to import
 
 __all__ = [
     "CG_CONVENTIONS", "DEFAULT_CG_CONVENTION", "E3NN_04_LMAX", "convention_sign", "wigner_3j", "wigner_3j_exact",
@@ -59,6 +60,7 @@ def _real_to_complex(l: int) -> dict[tuple[int, int], sympy.Expr]:
 
     Rows index the complex basis ``m``, columns the real basis; same matrix as e3nn 0.6.
     """
+    import sympy
     s = 1 / sympy.sqrt(2)
     q: dict[tuple[int, int], sympy.Expr] = {}
     for m in range(-l, 0):
@@ -75,6 +77,8 @@ def _real_to_complex(l: int) -> dict[tuple[int, int], sympy.Expr]:
 @functools.lru_cache(maxsize=None)
 def _wigner_3j_e3nn05(l1: int, l2: int, l3: int) -> tuple[tuple[tuple[int, int, int], sympy.Expr], ...]:
     """Exact nonzero entries ``((i, j, k), value)`` in the ``"e3nn-0.5"`` convention, sorted."""
+    import sympy
+    from sympy.physics.wigner import clebsch_gordan
     if min(l1, l2, l3) < 0 or not _triangle(l1, l2, l3):
         raise ValueError(f"wigner_3j: ({l1}, {l2}, {l3}) violates the triangle rule")
     q1, q2, q3 = _real_to_complex(l1), _real_to_complex(l2), _real_to_complex(l3)
@@ -133,6 +137,7 @@ _E3NN04_BRANCHES = (
 @functools.lru_cache(maxsize=None)
 def _e3nn04_sign(l1: int, l2: int, l3: int) -> int:
     """``wigner_3j`` of e3nn 0.4.x divided by the ``"e3nn-0.5"`` one: +1 or -1, exactly."""
+    import sympy
     ls = (l1, l2, l3)
     # the last branch that matches (e3nn 0.4.4 writes `if`, not `elif`)
     _, axes, odd = [br for br in _E3NN04_BRANCHES if br[0](*ls)][-1]
@@ -196,6 +201,7 @@ def nonzeros(
     l1: int, l2: int, l3: int, convention: str = DEFAULT_CG_CONVENTION
 ) -> tuple[tuple[int, int, int, float], ...]:
     """Nonzero entries ``(i, j, k, value)`` of ``wigner_3j(l1, l2, l3, convention)`` as float64."""
+    import sympy
     return tuple((i, j, k, float(sympy.N(v, 40))) for (i, j, k), v in wigner_3j_exact(l1, l2, l3, convention))
 
 
@@ -211,6 +217,7 @@ def scaled_nonzeros(
     at ``0.9999999999999999``; exactly it is ``1.0``, and a coefficient of 1 costs the
     kernels no multiply. Entries whose product is 0 (``alpha == 0``) are dropped.
     """
+    import sympy
     scale = sympy.sqrt(sympy.Rational(alpha.numerator, alpha.denominator))
     out = []
     for (i, j, k), v in wigner_3j_exact(l1, l2, l3, convention):

@@ -151,11 +151,14 @@ def test_runs_without_importing_helion(pkg):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
-def test_check_sees_the_triton_code_and_its_staleness(pkg):
+def test_check_sees_the_triton_code_and_its_staleness(pkg, tmp_path, monkeypatch):
     root, ops, _ = pkg
     spec, out = root / "tl_small.toml", root / "pkg_tl_small"
     assert check([spec], out) == []
-    assert check([spec], out, full=True) == []  # lowered again: the same bytes
+    monkeypatch.setenv("EQDSL_CACHE_DIR", str(tmp_path / "empty_cache"))  # no lowered code to reuse
+    assert check([spec], out, full=True) == []  # lowered again, in another process: the same bytes
+    assert len(list((tmp_path / "empty_cache" / "lowered").glob("*.py"))) == 10  # 10 kernels, float64
+    monkeypatch.undo()
     module = Path(ops.__file__).parent / "triton_kernels" / "tp_fwd_0_float64.py"
     text = module.read_text()
     lines = text.splitlines(True)

@@ -78,6 +78,9 @@ def lower_package(files: dict[str, str], operands: Operands, header: str) -> dic
         operands: the package's widths and dtypes.
         header: the generated-file header (``generate.Header.lines()``).
 
+    A kernel lowered before with the same inputs (``_cache_key``) is read from
+    ``$EQDSL_CACHE_DIR/lowered`` instead (``EQDSL_CACHE_DIR=`` turns that off).
+
     Returns:
         ``triton_kernels/<kernel>_<dtype>.py`` for every kernel and dtype, and
         ``triton_kernels/__init__.py`` with ``KERNELS``.
@@ -86,22 +89,66 @@ def lower_package(files: dict[str, str], operands: Operands, header: str) -> dic
         LoweringError: Helion failed, or its code needs Helion at run time.
     """
     sources = {name: files[name] for name in SOURCES if name in files}
+    wanted = modules(files, operands.dtypes)
+    cache = _cache_dir()
+    code, keys = {}, {}
+    for source, kernel, dtype in wanted.values():
+        keys[(kernel, dtype)] = key = _cache_key(sources[source], kernel, dtype, operands)
+        if cache is not None and (cache / f"{key}.py").is_file():
+            code[(kernel, dtype)] = (cache / f"{key}.py").read_text(encoding="utf-8")
+    missing = [t for t in wanted.values() if (t[1], t[2]) not in code]
+    if missing:
+        code.update(_lower(sources, missing, operands))
+        if cache is not None:
+            for _, kernel, dtype in missing:
+                _store(cache / f"{keys[(kernel, dtype)]}.py", code[(kernel, dtype)])
+    out = {}
+    for rel, (source, kernel, dtype) in wanted.items():
+        out[rel] = stamp(header, sources[source], source, kernel, dtype) + code[(kernel, dtype)]
+    out[f"{DIR}/__init__.py"] = index(files, operands.dtypes, header)
+    return out
+
+
+def _lower(sources: dict[str, str], tasks: list[tuple[str, str, str]], operands: Operands) -> dict[tuple[str, str], str]:
+    """Lower ``tasks`` ((source file, kernel, dtype), ...) in a subprocess under Triton's interpreter."""
     with tempfile.TemporaryDirectory(prefix="eqdsl_lower_") as tmp:
         for name, text in sources.items():
             Path(tmp, name).write_text(text, encoding="utf-8")
         job = Path(tmp, "job.json")
-        job.write_text(json.dumps({"dir": tmp, "sources": list(sources), "operands": asdict(operands)}))
+        job.write_text(json.dumps({"dir": tmp, "tasks": tasks, "operands": asdict(operands)}))
         env = dict(os.environ, TRITON_INTERPRET="1")
         r = subprocess.run([sys.executable, "-m", __name__, str(job)], capture_output=True, text=True, env=env)
         if r.returncode:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise LoweringError(f"lowering the Helion kernels to Triton failed: {last}")
-        code = {(i["kernel"], i["dtype"]): i["code"] for i in json.loads(Path(tmp, "out.json").read_text())}
-    out = {}
-    for rel, (source, kernel, dtype) in modules(files, operands.dtypes).items():
-        out[rel] = stamp(header, sources[source], source, kernel, dtype) + code[(kernel, dtype)]
-    out[f"{DIR}/__init__.py"] = index(files, operands.dtypes, header)
-    return out
+        return {(i["kernel"], i["dtype"]): i["code"] for i in json.loads(Path(tmp, "out.json").read_text())}
+
+
+def _cache_dir() -> Path | None:
+    """``$EQDSL_CACHE_DIR/lowered`` (default ``~/.cache/eqdsl/lowered``); None when
+    ``EQDSL_CACHE_DIR`` is set empty."""
+    root = os.environ.get("EQDSL_CACHE_DIR", str(Path.home() / ".cache" / "eqdsl"))
+    return Path(root) / "lowered" if root else None
+
+
+def _cache_key(source_text: str, kernel: str, dtype: str, operands: Operands) -> str:
+    """Everything the lowered code depends on: the kernel file, kernel, dtype, operand
+    widths, the versions that write it (helion, triton, torch, Python) and this module."""
+    parts = [source_text, kernel, dtype, json.dumps(asdict(operands), sort_keys=True),
+             *(version(d) for d in ("helion", "triton", "torch")), sys.version, Path(__file__).read_text(encoding="utf-8")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+
+
+def _store(path: Path, text: str) -> None:
+    """Atomic, best effort (an unwritable cache only costs a lowering next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lowered.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def modules(files: dict[str, str], dtypes: tuple[str, ...]) -> dict[str, tuple[str, str, str]]:
@@ -243,12 +290,7 @@ def _main(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     ops = Operands(**{**job["operands"], "dtypes": tuple(job["operands"]["dtypes"])})
-    tasks = [
-        (job["dir"], source, kernel, dtype, ops)
-        for source in job["sources"]
-        for kernel in kernel_names(Path(job["dir"], source).read_text(encoding="utf-8"))
-        for dtype in ops.dtypes
-    ]
+    tasks = [(job["dir"], source, kernel, dtype, ops) for source, kernel, dtype in job["tasks"]]
     workers = max(1, min(len(tasks), os.cpu_count() or 1))
     if workers == 1:
         results = [_lower_one(t) for t in tasks]

@@ -96,7 +96,7 @@ def check_same_device(op: str, names: tuple[str, ...], tensors: tuple) -> None:
     device; the message names each argument and its device.
 
     The kernels run on their tensors' device whatever the current CUDA device
-    (``eqdsl.runtime.helion_launch``), so all operands of one call must be there: x1 on
+    (``eqdsl.runtime.triton_launch``), so all operands of one call must be there: x1 on
     ``cuda:0`` with weights on ``cuda:1``, or CPU tensors with CUDA ones, are refused
     before any launch, as torch's own ops refuse them. ~0.1 us per tensor.
     """

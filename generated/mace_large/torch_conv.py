@@ -423,7 +423,8 @@ def conv(
     several devices, each one's device), ``RuntimeError`` for a device the kernels
     cannot run on.
     """
-    _checked(node_features, edge_attr, weights, src, dst, num_nodes)
+    # the cached check under torch.compile would trace its set lookups: the plain one there
+    (_check if torch.compiler.is_compiling() else _checked)(node_features, edge_attr, weights, src, dst, num_nodes)
     if check:
         _check_range(src, dst, num_nodes)
     graph = graph_tensors(src, dst, num_nodes)

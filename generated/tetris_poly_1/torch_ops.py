@@ -215,5 +215,6 @@ def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
     argument (for arguments on several devices, each one's device), ``RuntimeError``
     for a device the kernels cannot run on.
     """
-    _checked(x1, x2, weights)
+    # the cached check under torch.compile would trace its set lookups: the plain one there
+    (_check if torch.compiler.is_compiling() else _checked)(x1, x2, weights)
     return fwd_op(x1, x2, weights)
