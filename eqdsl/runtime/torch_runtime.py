@@ -332,7 +332,7 @@ def check_device(op: str, device: torch.device) -> None:
     if device.type == "cpu":
         from . import triton_launch  # under launch_override (eqdsl build) launches are recorded, not run
 
-        if os.environ.get("TRITON_INTERPRET") == "1" or triton_launch._override:
+        if os.environ.get("TRITON_INTERPRET") == "1" or triton_launch.overriding():
             return
         raise RuntimeError(
             f"{op}: CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 in the environment "

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "launch", "launch_override", "MAX_ENTRIES", "use_helion"]
+__all__ = ["kernels", "launch", "launch_override", "overriding", "MAX_ENTRIES", "use_helion"]
 
 MAX_ENTRIES = 1024
 _INT32_INDEX_LIMIT = 2**31 - 1
@@ -75,6 +75,11 @@ def launch_override(callback):
         yield
     finally:
         _override.remove(callback)
+
+
+def overriding() -> bool:
+    """Whether a ``launch_override`` is active (launches are recorded, not run)."""
+    return bool(_override)
 
 
 def _key(jit_fn, device: int, args: tuple) -> tuple:
