@@ -122,10 +122,10 @@ def _fwd_checked(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> t
     return result
 
 
-fwd_op = torch.library.custom_op("eqdsl_e3tools_conv::fwd", _fwd, mutates_args=())
+fwd_op = _rt.define_op("eqdsl_e3tools_conv::fwd", _fwd)
 
 
-@fwd_op.register_fake
+@_rt.register_fake(fwd_op)
 def _fwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     _check_operands("fwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None))
     return x1.new_empty((x1.shape[0], DIM_OUT))
@@ -146,10 +146,10 @@ def _bwd_x1_checked(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
     return result
 
 
-bwd_x1_op = torch.library.custom_op("eqdsl_e3tools_conv::bwd_x1", _bwd_x1, mutates_args=())
+bwd_x1_op = _rt.define_op("eqdsl_e3tools_conv::bwd_x1", _bwd_x1)
 
 
-@bwd_x1_op.register_fake
+@_rt.register_fake(bwd_x1_op)
 def _bwd_x1_fake(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     _check_operands("bwd_x1", ("g", g, DIM_OUT), ("x2", x2, DIM_IN2), ("weights", weights, None))
     return g.new_empty((g.shape[0], DIM_IN1))
@@ -170,10 +170,10 @@ def _bwd_x2_checked(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) ->
     return result
 
 
-bwd_x2_op = torch.library.custom_op("eqdsl_e3tools_conv::bwd_x2", _bwd_x2, mutates_args=())
+bwd_x2_op = _rt.define_op("eqdsl_e3tools_conv::bwd_x2", _bwd_x2)
 
 
-@bwd_x2_op.register_fake
+@_rt.register_fake(bwd_x2_op)
 def _bwd_x2_fake(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     _check_operands("bwd_x2", ("x1", x1, DIM_IN1), ("g", g, DIM_OUT), ("weights", weights, None))
     return x1.new_empty((x1.shape[0], DIM_IN2))
@@ -190,10 +190,10 @@ def _bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return gw
 
 
-bwd_w_op = torch.library.custom_op("eqdsl_e3tools_conv::bwd_w", _bwd_w, mutates_args=())
+bwd_w_op = _rt.define_op("eqdsl_e3tools_conv::bwd_w", _bwd_w)
 
 
-@bwd_w_op.register_fake
+@_rt.register_fake(bwd_w_op)
 def _bwd_w_fake(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     _check_operands("bwd_w", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("g", g, DIM_OUT))
     return x1.new_empty((x1.shape[0], WEIGHT_NUMEL))

@@ -208,10 +208,10 @@ def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torc
     return _node_op("fwd", ("x", "y", "weights"), _launch_fwd, x, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_OUT, 2)
 
 
-conv_fwd_op = torch.library.custom_op("eqdsl_mace_large::conv_fwd", _conv_fwd, mutates_args=())
+conv_fwd_op = _rt.define_op("eqdsl_mace_large::conv_fwd", _conv_fwd)
 
 
-@conv_fwd_op.register_fake
+@_rt.register_fake(conv_fwd_op)
 def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
     _check_same_device("fwd", ("x", "y", "weights"), (x, y, weights, src, dst, dst_order, dst_ptr))
     return x.new_empty((num_nodes, DIM_OUT))
@@ -221,10 +221,10 @@ def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: to
     return _node_op("bwd_x", ("g", "y", "weights"), _launch_bwd_x, g, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_IN1, None)
 
 
-conv_bwd_x_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x, mutates_args=())
+conv_bwd_x_op = _rt.define_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x)
 
 
-@conv_bwd_x_op.register_fake
+@_rt.register_fake(conv_bwd_x_op)
 def _conv_bwd_x_fake(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
     _check_same_device("bwd_x", ("g", "y", "weights"), (g, y, weights, src, dst, dst_order, dst_ptr))
     return g.new_empty((num_nodes, DIM_IN1))
@@ -234,10 +234,10 @@ def _conv_bwd_y(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: to
     return _edge_op("bwd_y", ("x", "g", "weights"), _launch_bwd_y, x, g, weights, (src, dst, dst_order, dst_ptr), DIM_IN2)
 
 
-conv_bwd_y_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_y", _conv_bwd_y, mutates_args=())
+conv_bwd_y_op = _rt.define_op("eqdsl_mace_large::conv_bwd_y", _conv_bwd_y)
 
 
-@conv_bwd_y_op.register_fake
+@_rt.register_fake(conv_bwd_y_op)
 def _conv_bwd_y_fake(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
     _check_same_device("bwd_y", ("x", "g", "weights"), (x, g, weights, src, dst, dst_order, dst_ptr))
     return x.new_empty((src.shape[0], DIM_IN2))
@@ -253,10 +253,10 @@ def _conv_bwd_w(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Te
     return gw
 
 
-conv_bwd_w_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd_w", _conv_bwd_w, mutates_args=())
+conv_bwd_w_op = _rt.define_op("eqdsl_mace_large::conv_bwd_w", _conv_bwd_w)
 
 
-@conv_bwd_w_op.register_fake
+@_rt.register_fake(conv_bwd_w_op)
 def _conv_bwd_w_fake(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
     _check_same_device("bwd_w", ("x", "y", "g"), (x, y, g, src, dst, dst_order, dst_ptr))
     return x.new_empty((src.shape[0], WEIGHT_NUMEL))
@@ -276,10 +276,10 @@ def _conv_bwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.
     return gx, gyp.view(edges, 2, DIM_IN2).sum(1), gw
 
 
-conv_bwd_op = torch.library.custom_op("eqdsl_mace_large::conv_bwd", _conv_bwd, mutates_args=())
+conv_bwd_op = _rt.define_op("eqdsl_mace_large::conv_bwd", _conv_bwd)
 
 
-@conv_bwd_op.register_fake
+@_rt.register_fake(conv_bwd_op)
 def _conv_bwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_same_device("bwd", ("x", "y", "weights", "g"), (x, y, weights, g, src, dst, dst_order, dst_ptr))
     edges = src.shape[0]
