@@ -22,7 +22,8 @@ its data pointer modulo 16 (Triton specializes on 16-byte alignment), and every
 non-tensor argument's exact value (sizes, strides: Triton specializes on ``== 1`` and
 divisibility by 16; exact values are finer than both) and the device; the launch options are
 literals of the one host function that launches a given ``jit_fn``.
-Equal keys therefore mean equal specializations, whatever Triton's rules are in detail.
+Equal keys therefore mean equal specializations, as long as Triton specializes a pointer on
+no more than its 16-byte alignment (Triton 3.6: ``tt.divisibility`` 16).
 MD and variable-size batches change a size every step: a new size is one
 ``JITFunction.run`` (no compile once its specialization exists), and the table is
 emptied past ``MAX_ENTRIES``.
