@@ -198,7 +198,8 @@ def check(spec_paths: list[Path], out_dir: str | Path, *, full: bool = False, tr
     The Triton modules (``triton_kernels/``) are lowered again only with ``full=True``
     (seconds per kernel); otherwise each must exist and start with the header and
     provenance line (Helion kernel file hash, helion and triton versions) that lowering
-    the current Helion kernels would give it. ``triton=False``: packages generated
+    the current Helion kernels would give it (without helion and triton installed: up to
+    the kernel file's hash, their versions unknown). ``triton=False``: packages generated
     without them (``generate(..., triton=False)``), which must then have none.
     """
     problems = []
@@ -240,7 +241,9 @@ def _triton_stamps(spec_path, out_dir, files: dict[str, str]) -> dict[str, objec
         pkg = {PurePosixPath(r).relative_to(spec.name).as_posix(): t for r, t in files.items() if r.startswith(spec.name + "/")}
         header = pkg["__init__.py"][: pkg["__init__.py"].index("\n", pkg["__init__.py"].index("\n") + 1) + 1]
         dtypes = lower(spec).dtypes
+        versions = triton_lowering.toolchain_installed()  # else: the kernel file hashes alone
         for rel, (source, kernel, dtype) in triton_lowering.modules(pkg, dtypes).items():
-            expected[f"{spec.name}/{rel}"] = _Stamp(triton_lowering.stamp(header, pkg[source], source, kernel, dtype))
+            expected[f"{spec.name}/{rel}"] = _Stamp(triton_lowering.stamp(header, pkg[source], source, kernel, dtype,
+                                                                           versions=versions))
         expected[f"{spec.name}/{triton_lowering.DIR}/__init__.py"] = triton_lowering.index(pkg, dtypes, header)
     return expected

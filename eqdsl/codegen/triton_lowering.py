@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 __all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index", "kernel_names"]
@@ -162,15 +162,28 @@ def modules(files: dict[str, str], dtypes: tuple[str, ...]) -> dict[str, tuple[s
     }
 
 
-def stamp(header: str, source_text: str, source: str, kernel: str, dtype: str) -> str:
+def stamp(header: str, source_text: str, source: str, kernel: str, dtype: str, *, versions: bool = True) -> str:
     """The first lines of a lowered module: the generated-file header, then what it was
     lowered from (``eqdsl check`` compares these without lowering again: a changed Helion
-    kernel file or Helion/Triton version makes the module stale)."""
+    kernel file or Helion/Triton version makes the module stale).
+
+    ``versions=False`` stops after the kernel file's hash (what ``eqdsl check`` can still
+    compare where helion or triton is not installed, as in a JAX-only environment).
+    """
     digest = hashlib.sha256(source_text.encode()).hexdigest()[:16]
-    return header + (
-        f"# Triton code of {kernel} ({dtype}) from {source} (sha256 {digest}), "
-        f"written by helion {version('helion')} for triton {version('triton')}.\n"
-    )
+    line = f"# Triton code of {kernel} ({dtype}) from {source} (sha256 {digest}), written by helion "
+    if not versions:
+        return header + line
+    return header + line + f"{version('helion')} for triton {version('triton')}.\n"
+
+
+def toolchain_installed() -> bool:
+    """Whether helion and triton are installed (their versions are part of ``stamp``)."""
+    try:
+        version("helion"), version("triton")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def index(files: dict[str, str], dtypes: tuple[str, ...], header: str) -> str:

@@ -341,12 +341,12 @@ def define_op(qualname: str, impl):
     ``torch.library.infer_schema``, kernel registered as ``CompositeExplicitAutograd``):
     public API like ``torch.library.custom_op`` and seen the same way by ``torch.compile``,
     ``make_fx`` and CUDA graphs, without ``custom_op``'s Python wrappers around every call,
-    whose first call in a process imports ``torch._dynamo`` (3.9 s on the development CPU,
+    whose first call in a process imports torch's compiler stack (3.9 s on the development CPU,
     4.0-4.2 s on the H100 machine's host, 2026-11-26). Pair it with ``register_fake`` and
     ``register_backward``.
 
     Returns:
-        The ``torch._ops.OpOverload`` (``torch.ops.<namespace>.<name>.default``).
+        The operator overload ``torch.ops.<namespace>.<name>.default``.
 
     Raises:
         RuntimeError: ``qualname`` is defined already (a package imported twice under two
