@@ -166,3 +166,14 @@ def test_view_names_in_paths_and_names_are_not_code(tmp_path):
         assert "popen-gw0/x1_0/gw0.toml" in src and "out_gw1" in src
         code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("#"))
         assert "gw0[" not in code and "x1_0[" not in code, rel  # every view access was rewritten
+
+
+def test_check_without_helion_or_triton(monkeypatch):
+    """Where helion and triton are not installed (a JAX-only environment), ``eqdsl check``
+    still verifies every Triton module against its Helion kernel file's hash."""
+    from eqdsl.codegen import triton_lowering
+
+    monkeypatch.setattr(triton_lowering, "toolchain_installed", lambda: False)
+    assert _generate_module.check(SPECS, ROOT / "generated") == []
+    stale = triton_lowering.stamp("", "another kernel file", "helion_kernels.py", "tp_fwd_0", "float32", versions=False)
+    assert stale.endswith("written by helion ") and "sha256" in stale
