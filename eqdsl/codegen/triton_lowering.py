@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index", "kernel_names"]
+__all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index",
+           "kernel_names", "code_digest"]
 
 # the generated Helion kernel files whose kernels are lowered, in this order
 SOURCES = ("helion_kernels.py", "helion_conv_kernels.py")
@@ -132,11 +133,30 @@ def _cache_dir() -> Path | None:
 
 
 def _cache_key(source_text: str, kernel: str, dtype: str, operands: Operands) -> str:
-    """Everything the lowered code depends on: the kernel file, kernel, dtype, operand
-    widths, the versions that write it (helion, triton, torch, Python) and this module."""
-    parts = [source_text, kernel, dtype, json.dumps(asdict(operands), sort_keys=True),
-             *(version(d) for d in ("helion", "triton", "torch")), sys.version, Path(__file__).read_text(encoding="utf-8")]
+    """Everything the lowered code depends on: the kernel file's code, kernel, dtype,
+    operand widths, the versions that write it (helion, triton, torch, Python) and this
+    module's code (both as ``code_digest``: a docstring or comment changes no key)."""
+    parts = [code_digest(source_text), kernel, dtype, json.dumps(asdict(operands), sort_keys=True),
+             *(version(d) for d in ("helion", "triton", "torch")), sys.version,
+             code_digest(Path(__file__).read_text(encoding="utf-8"))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
+
+
+def code_digest(text: str) -> str:
+    """sha256 (16 hex digits) of a Python module's code: its ``ast`` without docstrings.
+
+    Helion lowers a kernel from its function's ``ast`` (and the module globals it reads),
+    so comments and docstrings cannot change the Triton code; keying on the code alone
+    lets the generated files' documentation change without lowering every kernel again
+    (minutes per package on a CPU).
+    """
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
 
 
 def _store(path: Path, text: str) -> None:
@@ -167,11 +187,12 @@ def stamp(header: str, source_text: str, source: str, kernel: str, dtype: str, *
     lowered from (``eqdsl check`` compares these without lowering again: a changed Helion
     kernel file or Helion/Triton version makes the module stale).
 
-    ``versions=False`` stops after the kernel file's hash (what ``eqdsl check`` can still
-    compare where helion or triton is not installed, as in a JAX-only environment).
+    The hash is the kernel file's ``code_digest``: its documentation may change without
+    making the lowered modules stale. ``versions=False`` stops after the hash (what
+    ``eqdsl check`` can still compare where helion or triton is not installed, as in a
+    JAX-only environment).
     """
-    digest = hashlib.sha256(source_text.encode()).hexdigest()[:16]
-    line = f"# Triton code of {kernel} ({dtype}) from {source} (sha256 {digest}), written by helion "
+    line = f"# Triton code of {kernel} ({dtype}) from {source} (code sha256 {code_digest(source_text)}), written by helion "
     if not versions:
         return header + line
     return header + line + f"{version('helion')} for triton {version('triton')}.\n"
