@@ -468,7 +468,7 @@ def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:
     tensor product's) or ``conv_bwd`` (the atomic convolution's), each by its own
     ``fuse_bwd`` (the generators read it from the op's sub-table)."""
     from .codegen.helion_backend import tuning_for
-    from .codegen.helion_fused import fused_bwd_reason
+    from .analysis import fused_bwd_reason
     from .lower import lower
 
     if op == "conv_bwd" and not (spec.conv and not spec.deterministic):
