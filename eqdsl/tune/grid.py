@@ -1,0 +1,108 @@
+"""The ops ``eqdsl tune`` times, their parameter grids and each op's candidates.
+
+A spec's tuning table is ``TensorProductSpec.tuning``: sorted ``(key, value)`` pairs, a
+sub-table's keys as ``"<op>.<key>"`` (``spec.TUNING_KEYS``, ``spec.TUNING_OPS``). A candidate
+is the keys one op's sub-table sets (``()``: the op as the spec has it); for the ``pallas``
+op, the top-level ``pallas_*`` keys, which every Pallas kernel of the spec shares.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..spec import TUNING_KEYS
+
+__all__ = [
+    "TuneError", "Pairs", "Candidate", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",
+    "CONV_OPS", "PALLAS_OPS", "ALL_OPS", "parse_grid", "override", "op_grid", "candidates",
+]
+
+# 2- and 4-row tiles with 64 or 128 channels: why they suit mul_ir blocks is in
+# the Helion backend's Tuning (block_b)
+DEFAULT_GRID = {"num_warps": (4, 8), "block_b": (2, 4, 8, 16), "block_c": (32, 64, 128)}
+TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
+FUSED_OPS = ("bwd",)  # a channelwise product's fused backward, where it has one
+FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
+CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+PALLAS_OPS = ("pallas",)  # every Pallas kernel of the spec, timed as the jitted forward + backward
+ALL_OPS = TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS + PALLAS_OPS
+# rows per program from 8 (small graphs: more programs) to 128, and warps per program
+PALLAS_GRID = {"pallas_block_batch": (8, 16, 32, 64, 128), "pallas_num_warps": (2, 4, 8)}
+
+Pairs = tuple[tuple[str, int], ...]  # a spec's tuning table (TensorProductSpec.tuning)
+Candidate = tuple[tuple[str, int], ...]  # the keys one op's sub-table sets; () = the op as the spec has it
+
+
+class TuneError(RuntimeError):
+    """Why ``eqdsl tune`` cannot run (one line)."""
+
+
+def parse_grid(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse and validate ``--grid`` arguments.
+
+    Args:
+        items: ``KEY=V1,V2,...`` strings, e.g. ``["num_warps=4,8", "block_b=16"]``.
+
+    Returns:
+        ``{"num_warps": (4, 8), "block_b": (16,)}``.
+
+    Raises:
+        TuneError: a key not in ``spec.TUNING_KEYS``, a value that is not an integer or that
+            the key does not accept (e.g. ``block_b`` not a power of two).
+    """
+    grid: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or key not in TUNING_KEYS:
+            raise TuneError(f"--grid {item!r}: expected KEY=V1,V2,... with KEY one of {', '.join(TUNING_KEYS)}")
+        test, accepts = TUNING_KEYS[key]
+        try:
+            vals = tuple(int(v) for v in values.split(",") if v.strip())
+        except ValueError:
+            raise TuneError(f"--grid {item!r}: values must be integers") from None
+        bad = [v for v in vals if not test(v)]
+        if not vals or bad:
+            raise TuneError(f"--grid {item!r}: {key} must be {accepts}")
+        grid[key] = vals
+    return grid
+
+
+def override(table: Pairs, op: str, cand: Candidate) -> Pairs:
+    """``table`` with ``cand``'s keys set in ``op``'s sub-table (replacing what it had there);
+    for ``pallas``, the top-level ``pallas_*`` keys. Sorted pairs, as ``TensorProductSpec.tuning``."""
+    new = {k if op in PALLAS_OPS else f"{op}.{k}": v for k, v in cand}
+    return tuple(sorted({**dict(table), **new}.items()))
+
+
+def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple[int, ...]]:
+    """The part of ``grid`` that tunes ``op`` (``pallas_*`` keys for ``pallas``, the others for
+    the Helion ops), or the op's default grid when ``grid`` is ``None`` or names none of them."""
+    pallas = op in PALLAS_OPS
+    mine = {k: v for k, v in (grid or {}).items() if k.startswith("pallas_") == pallas}
+    return mine or dict(PALLAS_GRID if pallas else DEFAULT_GRID)
+
+
+def _kernels_key(table: Pairs, op: str):
+    """What decides ``op``'s kernels under ``table`` (two candidates with equal values are one)."""
+    if op in PALLAS_OPS:
+        return tuple((k, v) for k, v in table if k.startswith("pallas_"))
+    from ..codegen.helion_backend import tuning_for
+
+    return tuning_for(table, op)
+
+
+def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[Candidate]:
+    """``()`` (the op as ``table`` tunes it), then every combination of ``grid`` for ``op``'s
+    sub-table (``pallas``: the top-level ``pallas_*`` keys) that gives the op other kernels
+    than every earlier candidate."""
+    keys = sorted(grid)
+    out: list[Candidate] = [()]
+    seen = {_kernels_key(table, op)}
+    for values in itertools.product(*(grid[k] for k in keys)):
+        cand = tuple(zip(keys, values))
+        t = _kernels_key(override(table, op, cand), op)
+        if t not in seen:
+            seen.add(t)
+            out.append(cand)
+    return out
