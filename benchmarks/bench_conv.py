@@ -16,7 +16,12 @@ node_features, edge_attr and weights). Implementations (names as in bench_tp.py)
                 indices_out=dst, size_out=num_nodes: cuEquivariance's fused gather/scatter
                 (the documented message-passing form), spec layout (mul_ir: its transposes
                 are inside the time)
-  cueq_irmul    the same, fed ir_mul operands (opt-in)
+  cueq_irmul    the same, fed ir_mul operands (cuEquivariance at its best layout)
+  eqdsl_torch_irmul, eqdsl_jax_irmul
+                the ir_mul twin's conv (benchmarks/layout_twins.py, --twins), inputs permuted
+  oeq           OpenEquivariance's TensorProductConv (torch op, CUDA only), rows = dst,
+                cols = src: deterministic (edges sorted by dst, sender_perm = a stable sort
+                by src) first, its atomic variant if that fails
   e3nn_jax      gather + e3nn_jax.legacy.FunctionalTensorProduct (vmapped) +
                 jax.ops.segment_sum, under jax.jit
 
@@ -74,11 +79,12 @@ import bench_tp as bt  # noqa: E402  (the plain-TP harness: helpers reused, not 
 ROOT = bt.ROOT
 CONV_PROBLEMS = ["mace_large", "nequip_toluene"]
 QUICK_CPU_PROBLEMS = ["nequip_water"]  # the interpreter runs mace_large at seconds per call
-ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "cueq", "cueq_irmul", "e3nn_jax"]
-DEFAULT_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "cueq", "e3nn_jax"]
-LATENCY_IMPLS = ["eqdsl_torch", "eqdsl_jax", "cueq", "e3nn", "e3nn_jax"]
+ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "eqdsl_torch_irmul", "eqdsl_jax_irmul", "e3nn", "cueq", "cueq_irmul", "oeq",
+             "e3nn_jax"]
+DEFAULT_IMPLS = list(ALL_IMPLS)
+LATENCY_IMPLS = ["eqdsl_torch", "eqdsl_jax", "cueq", "cueq_irmul", "oeq", "e3nn", "e3nn_jax"]
 SHORT = dict(bt.SHORT)
-JAX_IMPLS = {"eqdsl_jax", "e3nn_jax"}
+JAX_IMPLS = bt.JAX_IMPLS
 GRAPHS = ["rand512x64", "bulk", "rand4096x32"]
 LATTICE = {"Si": 5.43, "C": 3.567, "Ge": 5.658}  # diamond-structure cubic lattice constants (A)
 one_line = bt.one_line
@@ -100,7 +106,8 @@ def parse_args(argv=None):
     p.add_argument("--bulk", default="Si:8", help="bulk graph ELEMENT:REPEAT (diamond cubic cell repeated "
                    "REPEAT^3 times, 8 atoms each; default Si:8 = 4096 atoms; C:5 = 1000 atoms, 86 neighbours)")
     p.add_argument("--cutoff", type=float, default=5.0, help="bulk-graph cutoff in A (default 5)")
-    p.add_argument("--dtypes", default="float32", help="comma-separated, float32 and/or float64 (default float32)")
+    p.add_argument("--dtypes", default="float32,float64",
+                   help="comma-separated, float32 and/or float64 (default both)")
     p.add_argument("--impls", help="comma-separated, from " + ",".join(ALL_IMPLS) + " (default "
                    + ",".join(DEFAULT_IMPLS) + "; on CPU without cueq)")
     p.add_argument("--directions", default="fwd,fwd+bwd")
@@ -115,6 +122,7 @@ def parse_args(argv=None):
     p.add_argument("--latency-calls", type=int, default=None, help="calls per latency measurement (default 200; "
                    "--quick 20, on CPU 5)")
     p.add_argument("--generated", default=str(ROOT / "generated"))
+    p.add_argument("--twins", default=str(ROOT / "generated_twins"), help="ir_mul twin packages (as bench_tp)")
     p.add_argument("--specs", default=str(ROOT / "examples" / "specs"))
     p.add_argument("--json", help="default $OUT/bench_conv.json when OUT is set")
     p.add_argument("--latency-json", help="default $OUT/bench_latency.json when OUT is set")
@@ -453,6 +461,65 @@ class Builders:
 
         fn = self._once(("eqdsl_jax", prob.name), make)
         return jax_conv_impls("eqdsl_jax", fn, prob, graph, f"jax.jit, layout {prob.layout}")
+
+    def b_eqdsl_torch_irmul(self, prob, dtype, graph):
+        fn = self._once(("eqdsl_torch_irmul", prob.name, dtype),
+                        lambda: bt.twin_module(prob, dtype, self.args, "torch_ops").conv)
+        s, d = graph.torch_idx(self.device, "int64")
+        n = graph.num_nodes
+
+        def f(a, b, c):
+            return fn(a, b, c, s, d, n, check=False)
+
+        return [Impl("eqdsl_torch_irmul", "torch", f, bt.torch_fb(f), perms=bt.irmul_perms(prob),
+                     note="layout ir_mul, int64 indices, check=False")]
+
+    def b_eqdsl_jax_irmul(self, prob, dtype, graph):
+        fn = self._once(("eqdsl_jax_irmul", prob.name, dtype),
+                        lambda: bt.twin_module(prob, dtype, self.args, "jax_ops").conv)
+        cands = jax_conv_impls("eqdsl_jax_irmul", fn, prob, graph, "jax.jit, layout ir_mul")
+        for c in cands:
+            c.perms = bt.irmul_perms(prob)
+        return cands
+
+    def b_oeq(self, prob, dtype, graph):
+        torch = bt.import_torch()
+        if self.device.type != "cuda":
+            raise NotAvailable("OpenEquivariance runs on CUDA only")
+        if getattr(prob.ir, "reduce", "sum") != "sum":
+            raise NotAvailable("reduce = mean: OpenEquivariance sums over edges")
+
+        def make():
+            oeq, problem = bt.oeq_problem(prob, dtype)
+            mods = {}
+            for det in (True, False):
+                try:
+                    mods[det] = oeq.TensorProductConv(problem, torch_op=True, deterministic=det)
+                except Exception as e:  # noqa: BLE001
+                    mods[det] = NotAvailable(f"deterministic={det}: {one_line(e)}")
+            if all(isinstance(m, NotAvailable) for m in mods.values()):
+                raise NotAvailable("; ".join(str(m) for m in mods.values()))
+            ok = next(m for m in mods.values() if not isinstance(m, NotAvailable))
+            return mods, bt.oeq_weight_perm(ok, prob, self.device, dtype)
+
+        mods, pw = self._once(("oeq", prob.name, dtype), make)
+        s, d = graph.torch_idx(self.device, "int64")
+        n, cands = graph.num_nodes, []
+        # edges are sorted by dst (rows); sender_perm lists them sorted by src (cols), ties in row order
+        sender_perm = torch.argsort(s, stable=True)
+        for det, mod in mods.items():
+            if isinstance(mod, NotAvailable):
+                continue
+            if det:
+                def f(a, b, c, _m=mod):
+                    return _m(a, b, c, d, s, sender_perm)
+            else:
+                def f(a, b, c, _m=mod):
+                    return _m(a, b, c, d, s)
+            cands.append(Impl("oeq", "torch", f, bt.torch_fb(f), perms={"w": pw},
+                              note=f"openequivariance.TensorProductConv deterministic={det}, rows=dst, cols=src, "
+                                   "int64 indices"))
+        return cands
 
     def b_e3nn(self, prob, dtype, graph):
         torch = bt.import_torch()
@@ -830,7 +897,7 @@ class ConvBench(bt.Bench):
                 raise SystemExit(f"unknown implementation(s) {bad}; known: {ALL_IMPLS}")
             return names
         if device.type != "cuda":
-            return [n for n in DEFAULT_IMPLS if not n.startswith("cueq")]
+            return [n for n in DEFAULT_IMPLS if n not in bt.GPU_ONLY_IMPLS]
         return list(DEFAULT_IMPLS)
 
     def run_conv_config(self, prob, dtype, graph, impls, directions, timer, ref, l2, budget, builders, base):

@@ -11,8 +11,13 @@ size, it times the forward and the forward+backward (gradients wrt x1, x2 and we
   e3nn_compile  torch.compile of the same module (opt-in: compiling is slow)
   cueq          cuequivariance_torch ChannelWiseTensorProduct (uvu) / FullyConnected (uvw),
                 in the spec's layout (mul_ir: cuEquivariance transposes inside the op)
-  cueq_irmul    the same module fed ir_mul operands (its kernels without the transposes;
-                opt-in)
+  cueq_irmul    the same module fed ir_mul operands (its kernels without the transposes:
+                cuEquivariance at its best layout)
+  eqdsl_torch_irmul, eqdsl_jax_irmul
+                the ir_mul twin of a channelwise problem (benchmarks/layout_twins.py,
+                packages <name>_irmul in --twins), on the same inputs permuted to ir_mul
+  oeq           OpenEquivariance (openequivariance.TensorProduct, torch op, mul_ir; CUDA only):
+                e3nn's instructions, its weights reordered from e3nn's
   e3nn_jax      e3nn_jax.legacy.FunctionalTensorProduct (e3nn's TensorProduct ported to
                 JAX: same instructions, same path normalization, no sorting), vmapped
                 over the batch, under jax.jit
@@ -70,11 +75,16 @@ PROBLEM_ORDER = [
 ]
 FLOAT64_PROBLEMS = ("mace_large", "nequip_toluene")
 QUICK_PROBLEMS = ["nequip_water", "mace_medium", "tetris_poly_1"]
-ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "e3nn_compile", "cueq", "cueq_irmul", "e3nn_jax"]
-DEFAULT_IMPLS = ["eqdsl_torch", "eqdsl_jax", "e3nn", "cueq", "e3nn_jax"]
-SHORT = {"eqdsl_torch": "eq_torch", "eqdsl_jax": "eq_jax", "e3nn": "e3nn", "e3nn_compile": "e3nn_cmp",
-         "cueq": "cueq", "cueq_irmul": "cueq_irm", "e3nn_jax": "e3nn_jax"}
-JAX_IMPLS = {"eqdsl_jax", "e3nn_jax"}
+ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "eqdsl_torch_irmul", "eqdsl_jax_irmul", "e3nn", "e3nn_compile", "cueq",
+             "cueq_irmul", "oeq", "e3nn_jax"]
+DEFAULT_IMPLS = ["eqdsl_torch", "eqdsl_jax", "eqdsl_torch_irmul", "eqdsl_jax_irmul", "e3nn", "cueq", "cueq_irmul",
+                 "oeq", "e3nn_jax"]
+GPU_ONLY_IMPLS = {"cueq", "cueq_irmul", "oeq"}  # left out of the CPU default
+SHORT = {"eqdsl_torch": "eq_torch", "eqdsl_jax": "eq_jax", "eqdsl_torch_irmul": "eq_t_irm", "eqdsl_jax_irmul": "eq_j_irm",
+         "e3nn": "e3nn", "e3nn_compile": "e3nn_cmp", "cueq": "cueq", "cueq_irmul": "cueq_irm", "oeq": "oeq",
+         "e3nn_jax": "e3nn_jax"}
+JAX_IMPLS = {"eqdsl_jax", "eqdsl_jax_irmul", "e3nn_jax"}
+TWIN_SUFFIX = "_irmul"  # benchmarks/layout_twins.py
 DIRECTIONS = ("fwd", "fwd+bwd")
 
 
@@ -104,6 +114,9 @@ def parse_args(argv=None):
     p.add_argument("--generated", default=str(ROOT / "generated"),
                    help="directory of generated packages (default: <repo>/generated)")
     p.add_argument("--specs", default=str(ROOT / "examples" / "specs"), help="directory of spec files")
+    p.add_argument("--twins", default=str(ROOT / "generated_twins"),
+                   help="directory of the ir_mul twin packages (benchmarks/layout_twins.py; default "
+                        "<repo>/generated_twins)")
     p.add_argument("--json", help="write all numbers here (default: $OUT/bench_tp.json when OUT is set)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds; measurements not started by then are skipped (default 450 on GPU)")
@@ -402,6 +415,83 @@ def build_eqdsl_jax(prob: Problem, dtype, device, args) -> Impl:
                 note=f"layout {prob.layout}")
 
 
+def twin_module(prob: Problem, dtype: str, args, module: str):
+    """The ir_mul twin's generated ``module`` (``<name>_irmul`` in ``--twins``), checked to be
+    ``prob``'s product in the other layout."""
+    if prob.spec.mode != "uvu" or prob.layout != "mul_ir":
+        raise NotAvailable("an ir_mul twin exists for channelwise mul_ir problems only")
+    name = prob.name + TWIN_SUFFIX
+    meta = read_generated_meta(args.twins, name)
+    if not meta:
+        raise NotAvailable(f"no twin package {name} in {args.twins} (run benchmarks/layout_twins.py)")
+    same = ("IRREPS_IN1", "IRREPS_IN2", "IRREPS_OUT", "INSTRUCTIONS", "PATH_WEIGHTS", "WEIGHT_NUMEL", "SHARED_WEIGHTS",
+            "CG_CONVENTION", "OUTPUT_ORDER", "CONV")
+    diff = [k for k in same if meta.get(k) != prob.generated_meta.get(k)]
+    if diff or meta.get("LAYOUT") != "ir_mul":
+        raise NotAvailable(f"twin {name} is not {prob.name} in ir_mul ({', '.join(diff) or 'LAYOUT'}): regenerate it")
+    if dtype not in meta.get("DTYPES", ()):
+        raise NotAvailable(f"twin {name} is generated without {dtype}")
+    return import_generated(args.twins, name, module)
+
+
+def irmul_perms(prob: Problem) -> dict:
+    """Permutations of every operand from reference (mul_ir) to ir_mul columns."""
+    return {"x1": layout_perm(prob.ir.in1, "ir_mul"), "x2": layout_perm(prob.ir.in2, "ir_mul"),
+            "out": layout_perm(prob.ir.out, "ir_mul")}
+
+
+def build_eqdsl_torch_irmul(prob: Problem, dtype, device, args) -> Impl:
+    fn = twin_module(prob, dtype, args, "torch_ops").tensor_product
+    return Impl("eqdsl_torch_irmul", "torch", fn, torch_fb(fn), perms=irmul_perms(prob), note="layout ir_mul")
+
+
+def build_eqdsl_jax_irmul(prob: Problem, dtype, device, args) -> Impl:
+    jax = import_jax()
+    fn = twin_module(prob, dtype, args, "jax_ops").tensor_product
+    return Impl("eqdsl_jax_irmul", "jax", jax.jit(fn), jax_fb(fn), perms=irmul_perms(prob), note="layout ir_mul")
+
+
+def oeq_problem(prob: Problem, dtype: str):
+    """OpenEquivariance's ``TPProblem`` for ``prob`` (e3nn's arguments; mul_ir)."""
+    import numpy as np
+
+    try:
+        import openequivariance as oeq
+    except Exception as e:  # noqa: BLE001
+        raise NotAvailable(f"import openequivariance: {one_line(e)}") from None
+    np_dtype = {"float32": np.float32, "float64": np.float64}[dtype]
+    return oeq, oeq.TPProblem(
+        oeq.Irreps(str(prob.irreps_in1)), oeq.Irreps(str(prob.irreps_in2)), oeq.Irreps(str(prob.irreps_out)),
+        [tuple(i) for i in prob.instructions], irrep_normalization=prob.spec.irrep_normalization,
+        path_normalization=prob.spec.path_normalization, internal_weights=False, shared_weights=prob.shared,
+        irrep_dtype=np_dtype, weight_dtype=np_dtype)
+
+
+def oeq_weight_perm(module, prob: Problem, device, dtype: str):
+    """``p`` with ``w_oeq = w_e3nn[..., p]``: OpenEquivariance's ``reorder_weights_from_e3nn``
+    applied to the column numbers (it only permutes columns; checked)."""
+    torch = import_torch()
+    n = prob.ir.weight_numel
+    cols = torch.arange(n, dtype=torch.float64, device=device)
+    shape = (n,) if prob.shared else (1, n)
+    got = module.reorder_weights_from_e3nn(cols.to(getattr(torch, dtype)).reshape(shape),
+                                           has_batch_dim=not prob.shared)
+    p = [int(round(float(v))) for v in torch.as_tensor(got).reshape(-1).cpu()]
+    if sorted(p) != list(range(n)):
+        raise NotAvailable("reorder_weights_from_e3nn is not a column permutation here")
+    return None if p == list(range(n)) else p
+
+
+def build_oeq(prob: Problem, dtype, device, args) -> Impl:
+    if device.type != "cuda":
+        raise NotAvailable("OpenEquivariance runs on CUDA only")
+    oeq, problem = oeq_problem(prob, dtype)
+    tp = oeq.TensorProduct(problem, torch_op=True)
+    fn = tp.forward
+    return Impl("oeq", "torch", fn, torch_fb(fn), perms={"w": oeq_weight_perm(tp, prob, device, dtype)},
+                note="openequivariance.TensorProduct, torch_op=True, layout mul_ir")
+
+
 def e3nn_module(prob: Problem, tdtype, device):
     import torch
     from e3nn import o3
@@ -557,6 +647,9 @@ def build_e3nn_jax(prob: Problem, dtype, device, args) -> Impl:
 BUILDERS = {
     "eqdsl_torch": build_eqdsl_torch,
     "eqdsl_jax": build_eqdsl_jax,
+    "eqdsl_torch_irmul": build_eqdsl_torch_irmul,
+    "eqdsl_jax_irmul": build_eqdsl_jax_irmul,
+    "oeq": build_oeq,
     "e3nn": build_e3nn,
     "e3nn_compile": build_e3nn_compile,
     "e3nn_jax": build_e3nn_jax,
@@ -1018,7 +1111,7 @@ class Bench:
                 raise SystemExit(f"unknown implementation(s) {bad}; known: {ALL_IMPLS}")
             return names
         if device.type != "cuda":
-            return [n for n in DEFAULT_IMPLS if not n.startswith("cueq")]
+            return [n for n in DEFAULT_IMPLS if n not in GPU_ONLY_IMPLS]
         return list(DEFAULT_IMPLS)
 
     def run_config(self, prob, dtype, batch, device, impls, directions, timer, ref, l2, budget):

@@ -10,7 +10,8 @@ the Markdown by its relative path).
 
 What the tables show, per problem: the median time of every implementation measured in
 that run, its speedup over each anchor measured in the same run (anchor time / its
-time: e3nn, cuEquivariance, e3nn-jax), achieved bandwidth (the fewest bytes the pass must
+time: e3nn; cuEquivariance at its best layout, the faster of its ``mul_ir`` and ``ir_mul``
+runs; OpenEquivariance; e3nn-jax), achieved bandwidth (the fewest bytes the pass must
 move / time) and the fraction of the memory floor (floor time / time, where floor =
 those bytes / the copy bandwidth measured in the same run). The roofline plots achieved
 FLOP/s (nominal FLOPs from eqdsl.lower / time) against arithmetic intensity (nominal
@@ -30,12 +31,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHORS = [("e3nn", "e3nn"), ("cueq", "cuEq"), ("e3nn_jax", "e3nn-jax")]
-IMPL_ORDER = ["eqdsl_torch", "eqdsl_jax", "e3nn", "e3nn_compile", "cueq", "cueq_irmul", "e3nn_jax"]
-IMPL_LABEL = {"eqdsl_torch": "eqdsl torch", "eqdsl_jax": "eqdsl jax", "e3nn": "e3nn", "e3nn_compile": "e3nn compiled",
-              "cueq": "cuEquivariance", "cueq_irmul": "cuEquivariance (ir_mul)", "e3nn_jax": "e3nn-jax"}
-COLORS = {"eqdsl_torch": "tab:red", "eqdsl_jax": "tab:orange", "e3nn": "tab:blue", "e3nn_compile": "tab:cyan",
-          "cueq": "tab:green", "cueq_irmul": "tab:olive", "e3nn_jax": "tab:purple"}
+# (anchor, column label, the implementations it stands for: the fastest of them in each row)
+ANCHORS = [("e3nn", "e3nn", ("e3nn",)), ("cueq", "cuEq best", ("cueq", "cueq_irmul")), ("oeq", "OEQ", ("oeq",)),
+           ("e3nn_jax", "e3nn-jax", ("e3nn_jax",))]
+IMPL_ORDER = ["eqdsl_torch", "eqdsl_torch_irmul", "eqdsl_jax", "eqdsl_jax_irmul", "e3nn", "e3nn_compile", "cueq",
+              "cueq_irmul", "oeq", "e3nn_jax"]
+IMPL_LABEL = {"eqdsl_torch": "eqdsl torch", "eqdsl_jax": "eqdsl jax", "eqdsl_torch_irmul": "eqdsl torch (ir_mul)",
+              "eqdsl_jax_irmul": "eqdsl jax (ir_mul)", "e3nn": "e3nn", "e3nn_compile": "e3nn compiled",
+              "cueq": "cuEquivariance (mul_ir)", "cueq_irmul": "cuEquivariance (ir_mul)", "oeq": "OpenEquivariance",
+              "e3nn_jax": "e3nn-jax"}
+COLORS = {"eqdsl_torch": "tab:red", "eqdsl_jax": "tab:orange", "eqdsl_torch_irmul": "tab:brown",
+          "eqdsl_jax_irmul": "tab:pink", "e3nn": "tab:blue", "e3nn_compile": "tab:cyan", "cueq": "tab:green",
+          "cueq_irmul": "tab:olive", "oeq": "tab:gray", "e3nn_jax": "tab:purple"}
 META_KEYS = [("device", "device"), ("date", "date (UTC)"), ("copy_bandwidth_Bps", "copy bandwidth"),
              ("matmul_float32_flops", "fp32 matmul (TF32 off)"), ("matmul_float64_flops", "fp64 matmul"),
              ("python", "python"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"), ("jax", "jax"),
@@ -57,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--startup", nargs="+", help="bench_startup.json files (start-up times; a later file's row of "
                    "the same target replaces an earlier one's)")
     p.add_argument("--small-graph", help="bench_small_graph.json (energy + forces per step, host overhead per call)")
+    p.add_argument("--reasons", help="JSON {\"problem/dtype/config/direction/impl\": why eqdsl is slower than an anchor "
+                   "there (measured, e.g. with ncu)}: printed under each table beside the rows eqdsl loses")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
     return p.parse_args(argv)
@@ -198,25 +207,46 @@ def table(header, rows, align=None):
     return "\n".join(lines)
 
 
-def perf_tables(ms, kind, graphs=None):
-    """One table per problem: configuration x implementation rows."""
+def anchor_times(cm: dict) -> dict:
+    """``{anchor: time}`` of one configuration's measurements ``cm`` (``{impl: row}``): each
+    anchor's fastest member that was timed."""
+    out = {}
+    for a, _, members in ANCHORS:
+        times = [cm[m]["time_us"] for m in members if m in cm and cm[m].get("time_us")]
+        if times:
+            out[a] = min(times)
+    return out
+
+
+def perf_tables(ms, kind, graphs=None, reasons=None):
+    """One table per problem: configuration x implementation rows, then the rows where an
+    eqdsl implementation is slower than an anchor, each with its measured reason from
+    ``reasons`` (``{"problem/dtype/config/direction/impl": text}``) or "not measured yet"."""
+    reasons = reasons or {}
     out = []
     problems = list(dict.fromkeys(m["problem"] for m in ms))
     for prob in problems:
         pm = [m for m in ms if m["problem"] == prob]
         out.append(f"### {prob}\n")
         cfgs = list(dict.fromkeys((m["dtype"], m["config"], m["direction"]) for m in pm))
-        rows = []
+        rows, lost = [], []
         for dtype, cfg, direction in cfgs:
             cm = {m["impl"]: m for m in pm if (m["dtype"], m["config"], m["direction"]) == (dtype, cfg, direction)}
-            anchors = {a: cm[a]["time_us"] for a, _ in ANCHORS if a in cm and cm[a]["time_us"]}
+            anchors = anchor_times(cm)
             first = True
             for impl in sorted(cm, key=lambda i: IMPL_ORDER.index(i) if i in IMPL_ORDER else 99):
                 m = cm[impl]
                 if m["status"] != "ok" or not m["time_us"]:
                     continue
                 t = m["time_us"]
-                ratios = [fmt_x(anchors[a] / t) if a in anchors and a != impl else "-" for a, _ in ANCHORS]
+                ratios = [fmt_x(anchors[a] / t) if a in anchors and impl not in members else "-"
+                          for a, _, members in ANCHORS]
+                if impl.startswith("eqdsl"):
+                    slower = [lbl for a, lbl, _ in ANCHORS if a in anchors and anchors[a] < t]
+                    if slower:
+                        key = f"{prob}/{dtype}/{cfg}/{direction}/{impl}"
+                        lost.append(f"- `{key}`: slower than {', '.join(slower)}: "
+                                    + (reasons.get(key) or "reason not measured yet"))
                 gbps = m["floor_bytes"] / (t * 1e-6) / 1e9 if m["floor_bytes"] else None
                 frac = m["floor_us"] / t if m["floor_us"] else None
                 if kind == "conv":
@@ -231,14 +261,17 @@ def perf_tables(ms, kind, graphs=None):
             missing = [f"{IMPL_LABEL.get(i, i)}: {cm[i]['status']}" for i in cm if cm[i]["status"] != "ok"]
             if first:  # nothing timed for this configuration
                 rows.append([dtype, str(cfg), direction, fmt_us(cm[next(iter(cm))]["floor_us"]) if cm else "-",
-                             "(none timed)", "-", "-", "-", "-", "-", "-"])
+                             "(none timed)", "-", *["-"] * len(ANCHORS), "-", "-"])
             if missing:
-                rows.append(["", "", "", "", "<sub>not timed: " + ", ".join(missing) + "</sub>", "", "", "", "", "", ""])
+                rows.append(["", "", "", "", "<sub>not timed: " + ", ".join(missing) + "</sub>", "",
+                             *[""] * len(ANCHORS), "", ""])
         cfg_name = "graph (nodes / edges)" if kind == "conv" else "batch"
         out.append(table(["dtype", cfg_name, "direction", "floor µs", "implementation", "µs",
-                          *[f"vs {lbl}" for _, lbl in ANCHORS], "GB/s", "% of floor"], rows,
-                         ["---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"]))
+                          *[f"vs {lbl}" for _, lbl, _ in ANCHORS], "GB/s", "% of floor"], rows,
+                         ["---", "---", "---", "---:", "---", "---:", *["---:"] * len(ANCHORS), "---:", "---:"]))
         out.append("")
+        if lost:
+            out += ["Where eqdsl is slower than an anchor:", ""] + lost + [""]
     notes = {}
     for m in ms:
         if m["status"] not in ("ok", "-"):
@@ -550,7 +583,8 @@ def main(argv=None):
            "markers: forward; hollow: forward+backward; circles: plain tensor product; squares: fused "
            "convolution.", ""]
     md += ["## Plain tensor product", ""]
-    md += perf_tables(tp, "tp") if tp else ["No tensor-product JSON given.", ""]
+    reasons = json.loads(Path(args.reasons).read_text(encoding="utf-8")) if args.reasons else {}
+    md += perf_tables(tp, "tp", reasons=reasons) if tp else ["No tensor-product JSON given.", ""]
     md += ["## Fused convolution", ""]
     if conv:
         gi = data["conv"][1].get("graphs", {})
@@ -559,7 +593,7 @@ def main(argv=None):
             md += [f"- `{k}`: {v.get('desc')}, {v.get('num_edges')} edges, max in-degree {v.get('max_in_degree')} "
                    f"({v.get('builder')})" for k, v in gi.items()]
             md.append("")
-        md += perf_tables(conv, "conv")
+        md += perf_tables(conv, "conv", reasons=reasons)
     else:
         md += ["No convolution JSON given.", ""]
     md += ["## Small-graph latency", ""] + latency_section(data)

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    """``benchmarks.<name>``, imported on first use (bench_conv imports bench_tp's harness)."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 META = {"device": "NVIDIA H100 80GB HBM3, 132 SMs", "date": "2026-11-22T15:00:00+00:00", "torch": "2.11.0",
@@ -71,8 +60,9 @@ def test_report_writes_markdown_and_roofline(tmp_path):
     for section in ("## Environment", "## Roofline", "## Plain tensor product", "## Fused convolution",
                     "## Small-graph latency"):
         assert section in md
-    assert "| **eqdsl torch** | 400 | 10.00x | 2.00x | 4.00x | 2500 | 83% |" in md  # ratios, GB/s, % of floor
-    assert "BAD **cuEquivariance**: rel err 1e-2" in md
+    # ratios (e3nn, cuEq best, OEQ: not run, e3nn-jax), GB/s, % of floor
+    assert "| **eqdsl torch** | 400 | 10.00x | 2.00x | - | 4.00x | 2500 | 83% |" in md
+    assert "BAD **cuEquivariance (mul_ir)**: rel err 1e-2" in md
     assert "n/a **eqdsl torch** fwd: no conv yet" in md
     assert "5000 GB/s" not in md and "3000 GB/s" in md
 
@@ -188,3 +178,27 @@ def test_report_startup_and_small_graph_sections(tmp_path):
     assert "| `jax_jit` | 170 | 150 | ≤ 100 | **missed** | 3.0e-07 |" in small_md
     assert "| `torch_compile` | n/a | - | - | - | - |" in small_md and "BackendCompilerFailed: boom" in small_md
     assert "| eqdsl | conv, no grad, check=False | 12.5 | 40.0 | ≤ 15 | met |" in small_md
+
+
+def test_report_anchors_at_their_best_and_lost_rows(tmp_path):
+    """cuEquivariance's column is its faster layout; a row eqdsl loses is listed with its reason."""
+    pytest.importorskip("matplotlib")
+    report = _load("report")
+    tp_path = _synthetic(tmp_path)[0]
+    tp = json.loads(tp_path.read_text())
+    extra = {"cueq_irmul": 500.0, "oeq": 300.0}
+    tp["results"] += [dict(tp["results"][0], impl=k, time_us=v, status="ok") for k, v in extra.items()]
+    tp["rows"][0]["times_us"].update(extra)
+    tp["meta"] = dict(tp["meta"], impls=tp["meta"]["impls"] + list(extra))
+    tp_path.write_text(json.dumps(tp))
+    key = "mace_large/float32/20000/fwd/eqdsl_torch"
+    reasons = tmp_path / "reasons.json"
+    reasons.write_text(json.dumps({key: "measured: 40 registers short"}))
+    out = tmp_path / "B.md"
+    assert report.main(["--tp", str(tp_path), "--out", str(out), "--png", str(tmp_path / "r.png"),
+                        "--reasons", str(reasons)]) == 0
+    md = out.read_text()
+    # cuEq best = min(800 mul_ir, 500 ir_mul) = 500 -> 1.25x; OEQ 300 -> 0.75x
+    assert "| **eqdsl torch** | 400 | 10.00x | 1.25x | 0.75x | 4.00x |" in md
+    assert "| cuEquivariance (ir_mul) | 500 | 8.00x | - | 0.60x | 3.20x |" in md
+    assert f"- `{key}`: slower than OEQ: measured: 40 registers short" in md
