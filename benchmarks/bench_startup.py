@@ -27,6 +27,15 @@ Issue 22's start-up targets, each step in a FRESH Python subprocess with empty c
   jax           ``jax_ops.tensor_product`` and ``jax_ops.conv`` of mace_large under
                 ``jax.jit``: first forward, then first backward (``jax.vjp``, all three
                 gradients). Target: forward + backward <= 15 s, for each.
+  oeq           the closest prior art beside ``torch_cubins``: OpenEquivariance's
+                ``TensorProductConv`` for the same product (from the package's metadata;
+                atomic variant, rows = dst, cols = src), its C++ extension already built
+                (``TORCH_EXTENSIONS_DIR`` kept across runs, built before the step, untimed):
+                building the op (its kernels JIT-compiled with NVRTC), then the same three
+                parts. CUDA only (needs ``benchmarks/tools/oeq_env.sh``); not in the default
+                steps.
+  oeq_cold      the same with empty caches: importing openequivariance compiles its C++
+                extension (once per machine in normal use).
 
 A target is compared with the first calls' seconds only; what comes before them in the
 process (importing torch or JAX, starting CUDA or JAX's backend, importing the package)
@@ -70,6 +79,8 @@ from pathlib import Path
 _T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("torch_cubins", "torch_jit", "family", "jax")
+OEQ_STEPS = ("oeq", "oeq_cold")  # opt-in (--steps): OpenEquivariance, the closest prior art
+OEQ_EXT_DIR = Path(tempfile.gettempdir()) / "eqdsl_startup_oeq_ext"  # the "built once" extension
 TARGETS = {  # step -> (what is compared, seconds)
     "torch_cubins": ("conv fwd + bwd + double bwd", 2.0),
     "family": ("whole op family", 60.0),
@@ -83,7 +94,8 @@ RTOL32 = 1e-4
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {','.join(STEPS)}")
+    ap.add_argument("--steps", default=",".join(STEPS),
+                    help=f"comma-separated, of {','.join(STEPS + OEQ_STEPS)} (default {','.join(STEPS)})")
     ap.add_argument("--problem", default=None, help="generated package (default mace_large; --dry-run: nequip_water)")
     ap.add_argument("--generated", default=str(ROOT / "generated"))
     ap.add_argument("--jobs", type=int, default=1, help="steps at once after torch_cubins (default 1)")
@@ -264,6 +276,49 @@ def child_torch(args) -> dict:
     return res
 
 
+def child_oeq(args) -> dict:
+    """oeq / oeq_cold: import, CUDA init, import openequivariance, build the conv op for the
+    package's product, then fwd, bwd, dbl as ``child_torch``."""
+    import numpy as np
+
+    res = {"parts": {}}
+    t0 = time.perf_counter()
+    torch, device, sync = torch_setup(args)
+    res["parts"]["import torch"] = time.perf_counter() - t0
+    clock = Clock(sync)
+    clock.run("cuda init", lambda: torch.zeros(1, device=device))
+    res["device"] = torch.cuda.get_device_name()
+    meta = importlib.import_module(f"{args.pkg}.{args.problem}")
+    oeq = clock.run("import openequivariance", lambda: importlib.import_module("openequivariance"))
+
+    def build():
+        problem = oeq.TPProblem(oeq.Irreps(meta.IRREPS_IN1), oeq.Irreps(meta.IRREPS_IN2), oeq.Irreps(meta.IRREPS_OUT),
+                                [tuple(i) for i in meta.INSTRUCTIONS], irrep_normalization=meta.IRREP_NORMALIZATION,
+                                path_normalization=meta.PATH_NORMALIZATION, internal_weights=False,
+                                shared_weights=meta.SHARED_WEIGHTS, irrep_dtype=np.float32, weight_dtype=np.float32)
+        return oeq.TensorProductConv(problem, torch_op=True, deterministic=False)
+
+    mod = clock.run("build op", build)
+    cols = torch.arange(meta.WEIGHT_NUMEL, dtype=torch.float32, device=device).reshape(1, -1)
+    if not torch.equal(mod.reorder_weights_from_e3nn(cols, has_batch_dim=True).reshape(-1), cols.reshape(-1)):
+        raise SystemExit("OpenEquivariance orders this product's weights unlike e3nn: not wired here")
+    s, d = random_graph(args.nodes, args.in_degree)
+    n = args.nodes
+    src, dst = torch.as_tensor(s, device=device), torch.as_tensor(d, device=device)
+    arrs = numpy_inputs(meta, n, len(s), seed=1)
+    inputs = [torch.as_tensor(a, device=device).requires_grad_(True) for a in arrs]
+    scalars = torch.tensor(scalar_columns(meta.IRREPS_OUT), device=device)
+    sync()
+    res["graph"] = {"nodes": n, "edges": int(len(s))}
+    got = conv_steps(lambda x, y, w, s_, d_, n_: mod(x, y, w, d_, s_), *inputs, src, dst, n, scalars, clock)
+    res["parts"].update(clock.parts)
+    res["first_results_s"] = sum(clock.parts[k] for k in ("build op", "fwd", "bwd", "dbl"))
+    res["process_s"] = time.perf_counter() - _T_START
+    if not args.no_check:
+        res["rel_err"] = check_conv(meta, got, inputs, src, dst, n, scalars, device)
+    return res
+
+
 def child_family(args) -> dict:
     """Every kernel op of the package once, float32, JIT (no cubins in the copy)."""
     res = {"parts": {}}
@@ -421,7 +476,7 @@ def compiled_kernels(pkg_dir: Path, cache: Path, dtype: str = "float32") -> dict
 
 
 def child_main(args) -> int:
-    fn = {"torch": child_torch, "family": child_family, "jax": child_jax}[args.child]
+    fn = {"torch": child_torch, "family": child_family, "jax": child_jax, "oeq": child_oeq}[args.child]
     res = fn(args)
     res.setdefault("versions", versions())
     print(RESULT + json.dumps(res), flush=True)
@@ -473,7 +528,15 @@ def run_step(step: str, args, concurrent: list[str]) -> dict:
     try:
         pkg = copy_package(pkg_src, tmp / "pkgs", with_cubins=step == "torch_cubins")
         env = fresh_env(tmp, args.dry_run)
-        child = {"torch_cubins": "torch", "torch_jit": "torch", "family": "family", "jax": "jax"}[step]
+        if step == "oeq":  # the extension built once, as a user's machine has it after the first import
+            env["TORCH_EXTENSIONS_DIR"] = str(OEQ_EXT_DIR)
+            subprocess.run([sys.executable, "-c", "import openequivariance"], env=env, capture_output=True,
+                           timeout=args.timeout, cwd=str(tmp))
+        elif step == "oeq_cold":
+            (tmp / "torch_extensions").mkdir()
+            env["TORCH_EXTENSIONS_DIR"] = str(tmp / "torch_extensions")
+        child = {"torch_cubins": "torch", "torch_jit": "torch", "family": "family", "jax": "jax", "oeq": "oeq",
+                 "oeq_cold": "oeq"}[step]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", child, "--pkg", pkg, "--problem", args.problem,
                "--nodes", str(args.nodes), "--in-degree", str(args.in_degree), "--batch", str(args.batch)]
         cmd += ["--dry-run"] if args.dry_run else []
@@ -516,6 +579,10 @@ def target_rows(results: list[dict]) -> list[dict]:
                         ("jax_conv", "jax: conv first fwd + bwd", r.get("conv_s"))]
         elif r["step"] == "family":
             measured = [("family", "torch: whole op family JIT, one process", r.get("first_results_s"))]
+        elif r["step"] in OEQ_STEPS:
+            label = "OpenEquivariance: conv op built + first fwd + bwd + double bwd, " + (
+                "extension built before" if r["step"] == "oeq" else "empty caches (extension compiled)")
+            measured = [(r["step"], label, r.get("first_results_s"))]
         else:
             label = "torch: conv first fwd + bwd + double bwd, " + ("built cubins" if r["step"] == "torch_cubins"
                                                                     else "JIT (no cubins)")
@@ -556,9 +623,9 @@ def main(argv=None) -> int:
     if args.child:
         return child_main(args)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    unknown = [s for s in steps if s not in STEPS]
+    unknown = [s for s in steps if s not in STEPS + OEQ_STEPS]
     if unknown:
-        raise SystemExit(f"unknown step(s) {unknown}; known: {', '.join(STEPS)}")
+        raise SystemExit(f"unknown step(s) {unknown}; known: {', '.join(STEPS + OEQ_STEPS)}")
     t0 = time.perf_counter()
     results = []
     first = [s for s in steps if s == "torch_cubins"]

@@ -53,7 +53,8 @@ TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 CONV_PROBLEMS = ("mace_large", "nequip_toluene")  # bench_conv.py's default problems
 LATENCY_PROBLEM = "mace_large"  # bench_conv.py's default latency problem
-JAX_IMPLS = "eqdsl_jax,e3nn_jax"
+JAX_IMPLS = "eqdsl_jax,eqdsl_jax_irmul,e3nn_jax"  # in the timed run's order (ALL_IMPLS)
+LATENCY_JAX_IMPLS = "eqdsl_jax,e3nn_jax"  # bench_conv.LATENCY_IMPLS' JAX ones, in order
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
             # the latency section comes first in the timed run: lowered here, or compiled for its problem
             conv_problems = ("--problems", ",".join(q for q in problems if q in CONV_PROBLEMS)) if subset else ()
             out.append(Job(f"{p}/jax/conv", (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common
-                           + conv_problems + ("--latency-impls", JAX_IMPLS), 30 + 3 * size / 20000))
+                           + conv_problems + ("--latency-impls", LATENCY_JAX_IMPLS), 30 + 3 * size / 20000))
     return out
 
 

@@ -3,6 +3,9 @@
 #   bash benchmarks/run_device.sh STEP[=SECONDS]...
 #   precompile  every generated torch kernel, one process per kernel (precompile.py; EQDSL_PRECOMPILE_ARGS
 #               adds arguments, e.g. --bench --jax as in all)
+#   twins       the torch kernels of the ir_mul twins (generated_twins/, benchmarks/layout_twins.py) the
+#               benchmarks call, compiled as precompile does (their JAX functions: precompile --jax;
+#               EQDSL_TWINS_ARGS adds arguments, e.g. --no-conv)
 #   gputests    the GPU tests (pytest -m gpu: devices, CUDA graphs, the Triton launch path)
 #   tp          bench_tp.py at 20,000 rows (EQDSL_TP_ARGS adds arguments, e.g. --problems)
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
@@ -30,6 +33,8 @@ if [ ! -f /tmp/site/.eqdsl_installed ]; then
   touch /tmp/site/.eqdsl_installed
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
+# OpenEquivariance (the `oeq` implementation) when its bundle is carried: benchmarks/tools/oeq_env.sh
+[ -d .whl_oeq ] && . benchmarks/tools/oeq_env.sh
 # JAX's persistent compilation cache: what precompile.py --jax compiles, the timed run loads
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -56,6 +61,8 @@ for arg in "${steps[@]}"; do
   case $step in
     precompile) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) --log-dir "$OUT/precompile_jobs"
                      ${EQDSL_PRECOMPILE_ARGS:-}) ;;
+    twins) cmd=(python3 benchmarks/precompile.py --workers 15 --deadline $((limit - 10)) --generated generated_twins
+                --bench --log-dir "$OUT/precompile_twins" ${EQDSL_TWINS_ARGS:-}) ;;
     gputests) cmd=(python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/) ;;
     tp) cmd=(python3 benchmarks/bench_tp.py --batch 20000 --time-budget=$((limit - 40)) ${EQDSL_TP_ARGS:-}) ;;
     conv) cmd=(python3 benchmarks/bench_conv.py --time-budget=$((limit - 40)) ${EQDSL_CONV_ARGS:-}) ;;
