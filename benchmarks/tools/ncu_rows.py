@@ -34,15 +34,15 @@ METRICS = ("gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,la
 
 def child(case: str, impl_name: str, conv: str | None, batch: int) -> None:
     """Build, warm, then run the case once inside the profiled range."""
-    sys.path.insert(0, str(BENCH))
-    import bench_tp as bt
+    sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+    import bench_conv as bc
     import torch
+
+    bt = bc.bt  # the bench_tp module bench_conv itself uses (one copy of its classes)
 
     problem, dtype, direction = case.split(":")
     args = bt.parse_args(["--problems", problem])
     if conv:
-        import bench_conv as bc
-
         cargs = bc.parse_args(["--problems", problem, "--graphs", conv])
         graphs = {g.label: g for g in bc.build_graphs(cargs, True)}
         graph = graphs[conv]
