@@ -73,8 +73,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_tp as bt  # noqa: E402  (the plain-TP harness: helpers reused, not copied)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, when run as a script
+from benchmarks import bench_tp as bt  # noqa: E402  (the plain-TP harness: helpers reused, not copied)
 
 ROOT = bt.ROOT
 CONV_PROBLEMS = ["mace_large", "nequip_toluene"]

@@ -66,8 +66,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))  # the repository root: eqdsl, and benchmarks.bench_startup as a script
 
 IMPLS = ("torch_eager", "torch_graph", "torch_compile", "torch_compile_graph", "jax_jit", "torch_conv_fwd_bwd")
 STEP_TARGET_US = {"torch_graph": 100.0, "torch_compile_graph": 100.0, "jax_jit": 100.0}
@@ -115,7 +114,7 @@ class System:
     def __init__(self, meta, atoms: int, edges: int, seed: int = 0):
         import numpy as np
 
-        from bench_startup import scalar_columns
+        from benchmarks.bench_startup import scalar_columns
 
         rng = np.random.default_rng(seed)
         self.meta, self.atoms = meta, atoms
@@ -197,7 +196,7 @@ def jax_energy_forces(system, jax_ops):
 
 def reference(torch, system, device):
     """Energy and forces of every position set in float64 (e3nn TensorProduct conv)."""
-    from bench_startup import e3nn_reference
+    from benchmarks.bench_startup import e3nn_reference
 
     _, conv_ref = e3nn_reference(system.meta, device)
     _, ef = torch_energy(torch, system, conv_ref, device, torch.float64)

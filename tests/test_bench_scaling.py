@@ -7,16 +7,12 @@ end to end on the CPU with ``--quick``, about 2.5 minutes here: too long for CI;
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("ase")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_scaling as bs  # noqa: E402
+from benchmarks import bench_scaling as bs  # noqa: E402
 
 
 def test_supercell_factorizations():

@@ -21,8 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GEN = ROOT / "generated"
 SPECS = ROOT / "examples" / "specs"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import precompile  # noqa: E402
+from benchmarks import precompile  # noqa: E402
 
 PROBLEMS = sorted(d.name for d in GEN.iterdir() if (d / "torch_ops.py").is_file())
 # (problem, ops module, kernels module, conv) for every generated torch module
@@ -224,7 +223,7 @@ def test_bench_tp_warm_target_lowers_before_and_stops_after(monkeypatch):
     """``bench_tp.py --warm-only --warm-target P`` (what a JAX warm-up job runs): the timed run's
     configurations before P are lowered only, P's are called once (compiled), later ones never
     start; nothing is timed and no reference is computed."""
-    import bench_tp
+    from benchmarks import bench_tp
 
     monkeypatch.setattr(bench_tp.Reference, "compute", lambda *a, **k: pytest.fail("reference computed"))
     monkeypatch.setattr(bench_tp.Timer, "jax_time", lambda *a, **k: pytest.fail("timed"))

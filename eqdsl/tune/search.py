@@ -149,8 +149,8 @@ def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:
     """Whether the spec's package has the fused backward ``op`` to tune: ``bwd`` (the plain
     tensor product's) or ``conv_bwd`` (the atomic convolution's), each by its own
     ``fuse_bwd`` (the generators read it from the op's sub-table)."""
-    from ..codegen.helion_backend import tuning_for
-    from ..codegen.helion_fused import fused_bwd_reason
+    from ..analysis import fused_bwd_reason
+    from ..backends.helion.tuning import tuning_for
     from ..lower import lower
 
     if op == "conv_bwd" and not (spec.conv and not spec.deterministic):
