@@ -11,7 +11,7 @@
 #   conv        bench_conv.py: small-graph latency, then the fused convolution
 #   host        bench_small_graph.py: energy + forces per step on 32 atoms (eager, CUDA graph, compiled, JAX)
 #               and host time per eager call (EQDSL_HOST_ARGS)
-#   fused       gpu_fused.py: the fused backward checked against the three ops, and timed (EQDSL_FUSED_ARGS)
+#   fused       tools/gpu_fused.py: the fused backward checked against the three ops, and timed (EQDSL_FUSED_ARGS)
 #   all         the whole benchmark in one call (the default with no STEP): precompile --bench --jax
 #               (every torch kernel and JAX function the benchmarks call, in parallel, into the
 #               caches), then with nothing else running tp, conv (latency first), then report.py
@@ -69,7 +69,7 @@ for arg in "${steps[@]}"; do
     host) cmd=(python3 benchmarks/bench_small_graph.py ${EQDSL_HOST_ARGS:-}) ;;
     report) cmd=(python3 benchmarks/report.py --tp "$OUT/bench_tp.json" --conv "$OUT/bench_conv.json"
                  --latency "$OUT/bench_latency.json" --out "$OUT/BENCHMARKS.md" --png "$OUT/roofline.png") ;;
-    fused) cmd=(python3 benchmarks/gpu_fused.py --json "$OUT/gpu_fused.json" ${EQDSL_FUSED_ARGS:-}) ;;
+    fused) cmd=(python3 benchmarks/tools/gpu_fused.py --json "$OUT/gpu_fused.json" ${EQDSL_FUSED_ARGS:-}) ;;
     tune)
       IFS=, read -ra specs <<< "${EQDSL_TUNE_SPECS:-mace_large}"
       par=${EQDSL_TUNE_PARALLEL:-$(( ${#specs[@]} < 3 ? ${#specs[@]} : 3 ))}
