@@ -57,6 +57,7 @@ _SUBSCRIPTS = {
     "uvv": ("zuv", "zui", "zvj", "zvk"),
     "uuu": ("zu", "zui", "zuj", "zuk"),
 }
+SUBSCRIPTS = _SUBSCRIPTS  # the public name (the code generators read it)
 
 
 def _check(ir: TensorProductIR, x1, x2, weights, out=None):

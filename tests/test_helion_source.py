@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from eqdsl.backends.helion.conv import graph_names
 from eqdsl.codegen.generate import generate_files
+from eqdsl.lower import lower
 from eqdsl.spec import parse_spec
 from eqdsl.tune import with_tuning
 
@@ -98,80 +100,74 @@ def test_every_mode_carries_only_accumulators(shared, layout, tmp_path):
     _check(_kernel_sources(spec, tmp_path / "gen"))
 
 
-# ---------------------------------------------------------------- flat_access (whole-row kernels)
+# ---------------------------------------------------------------- printer (whole-row accesses)
 
-from eqdsl.codegen.flat_access import View, flat_params, flatten_kernels  # noqa: E402
+from eqdsl.backends.helion.kernels import TILE_B, element_access  # noqa: E402
+from eqdsl.backends.helion.printer import (  # noqa: E402
+    Access, Arange, Assign, AtomicAdd, Loop, MaskedLoad, MaskedStore, Read, Row, Store, Tile, TileId, Zeros, print_stmt,
+)
 
-VIEWS = {
-    "x1_2": View("x1_2", "x1", 64, (32, 3), True),     # mul_ir block 32x1o at column 64
-    "x1_0": View("x1_0", "x1", 0, (1, 32), True),      # ir_mul-shaped 32x0e
-    "w3": View("w3", "weights", 96, (4, 8), False),     # shared weights, (u, w)
-    "gw3": View("gw3", "gw", 96, (4, 8), True),
-}
+C, R, S = Tile("tile_c"), Tile("tile_r"), Tile("tile_s")
 
 
-def test_flat_index_folds_literals_and_broadcasts_tiles():
-    src = "a = x1_2[tile_b, 5, 1][:, None]\nb = x1_0[tile_b, 0, tile_c]\nc = w3[tile_r, tile_c][None, :, :]\n"
-    assert flatten_kernels(src, VIEWS) == (
-        "a = x1[tile_b, 80][:, None]\n"
-        "b = x1[tile_b, tile_c.index]\n"
-        "c = weights[96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]][None, :, :]\n"
-    )
+def test_access_folds_literals_and_broadcasts_tiles():
+    """Block element ``(i0, i1)`` of a row-major block at a column offset: literals fold
+    into the constant, each tile keeps its own axis (``None`` in the others)."""
+    x1_2 = lambda *ix: element_access("x1", TILE_B, 64, (32, 3), ix)  # noqa: E731  (mul_ir 32x1o at column 64)
+    assert print_stmt(Assign("a", Read(x1_2(5, 1), "[:, None]"))) == "a = x1[tile_b, 80][:, None]"
+    assert print_stmt(Assign("b", Read(element_access("x1", TILE_B, 0, (1, 32), (0, C))))) == "b = x1[tile_b, tile_c.index]"
+    w3 = element_access("weights", None, 96, (4, 8), (R, C))  # shared weights: no row
+    assert print_stmt(Assign("c", Read(w3, "[None, :, :]"))) == (
+        "c = weights[96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]][None, :, :]")
+    with pytest.raises(ValueError, match="indices for block shape"):
+        element_access("x1", TILE_B, 64, (32, 3), (0,))
 
 
-def test_flat_load_store_size_and_dtype():
-    src = ("n = x1_2.size(0)\nz = hl.zeros([tile_b], dtype=gw3.dtype)\n"
-           "v = hl.load(x1_2, [tile_b, tile_c, hl.arange(4)], extra_mask=m)\n"
-           "hl.store(gw3, [rows, 1, tile_c], v)\n")
-    assert flatten_kernels(src, VIEWS) == (
-        "n = x1.size(0)\nz = hl.zeros([tile_b], dtype=gw.dtype)\n"
-        "v = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=m)\n"
-        "hl.store(gw, [rows, 104 + tile_c.index], v)\n"
-    )
+def test_load_store_atomic_and_zeros():
+    x1_2 = element_access("x1", TILE_B, 64, (32, 3), (C, Arange(4)))
+    assert print_stmt(Assign("v", MaskedLoad(x1_2, "m"))) == (
+        "v = hl.load(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], extra_mask=m)")
+    assert print_stmt(MaskedStore(x1_2, "v", "m")) == (
+        "hl.store(x1, [tile_b, 64 + tile_c.index[:, None] * 3 + hl.arange(4)[None, :]], v, extra_mask=m)")
+    gw3 = element_access("gw", Row("rows"), 96, (4, 8), (1, C))
+    assert print_stmt(Store(gw3, "acc")) == "gw[rows, 104 + tile_c.index] = acc"
+    assert print_stmt(AtomicAdd(element_access("out", Row("d_idx", True), 8, (3, 4), (2, C)), "acc")) == (
+        "hl.atomic_add(out, [d_idx, 16 + tile_c.index], acc)")
+    assert print_stmt(Assign("z", Zeros("[tile_b]", "gw"))) == "z = hl.zeros([tile_b], dtype=gw.dtype)"
 
 
-def test_flat_params_dedupe_in_order_and_unknown_index_is_an_error():
-    assert flat_params(["x1_2", "x1_0", "x2_0", "w3"], VIEWS) == ["x1", "x2_0", "weights"]
-    with pytest.raises(ValueError, match="cannot fold"):
-        flatten_kernels("a = x1_2[tile_b, k, 0]\n", VIEWS)
-    with pytest.raises(ValueError, match="indices for shape"):
-        flatten_kernels("a = x1_2[tile_b, 0]\n", VIEWS)
+def test_rows_that_are_not_tiles_keep_their_index():
+    """The convolution's gathered ``s_idx`` / ``srows``, a segment's ``node``, a partial-sum
+    row ``tile_p.id``: the row index as given, the columns folded as for a tile."""
+    s_idx, node = Row("s_idx", True), Row("node")
+    assert print_stmt(Assign("a", Read(element_access("x", s_idx, 0, (1, 32), (0, C))))) == "a = x[s_idx, tile_c.index]"
+    assert print_stmt(Assign("b", Read(element_access("x", node, 64, (32, 3), (5, 1))))) == "b = x[node, 80]"
+    assert print_stmt(Assign("c", MaskedLoad(element_access("x", Row("srows", True), 0, (1, 32), (0, C)), "okc"))) == (
+        "c = hl.load(x, [srows, tile_c.index], extra_mask=okc)")
+    assert print_stmt(Store(element_access("gw", Row("tile_p.id"), 96, (4, 8), (R, C)), "acc3")) == (
+        "gw[tile_p.id, 96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]] = acc3")
 
 
-def test_flat_gathered_rows_keep_their_index():
-    """Row indices that are not tiles (the convolution's gathered ``s_idx`` / ``eid``, a
-    segment's ``node``, a partial-sum row ``tile_p.id``) stay the row index; the columns
-    fold as for a tile."""
-    gathered = frozenset({"s_idx", "eid", "srows"})
-    views = dict(VIEWS, w5=View("w5", "weights", 10, (2, 4, 3), True))
-    src = ("a = x1_0[s_idx, 0, tile_c]\n"
-           "b = x1_2[node, 5, 1]\n"
-           "hl.atomic_add(x1_0, [s_idx, 0, tile_c], acc)\n"
-           "c = hl.load(x1_0, [srows, 0, tile_c], extra_mask=okc)\n"
-           "gw3[tile_p.id, tile_r, tile_c] = acc3\n")
-    assert flatten_kernels(src, views, gathered) == (
-        "a = x1[s_idx, tile_c.index]\n"
-        "b = x1[node, 80]\n"
-        "hl.atomic_add(x1, [s_idx, tile_c.index], acc)\n"
-        "c = hl.load(x1, [srows, tile_c.index], extra_mask=okc)\n"
-        "gw[tile_p.id, 96 + tile_r.index[:, None] * 8 + tile_c.index[None, :]] = acc3\n"
-    )
-
-
-def test_flat_gathered_row_broadcasts_against_a_multi_axis_column():
+def test_gathered_row_broadcasts_against_a_multi_axis_column():
     """Against a column of two axes Helion broadcasts the tensor indexers together, so a
-    gathered 1-D row gets its own leading dimension; a tile row stays as it was."""
-    views = {"w5": View("w5", "weights", 10, (2, 4, 3), True)}
-    src = "ws0 = w5[eid, tile_s, tile_r, 0]\nwt0 = w5[tile_b, tile_s, tile_r, 0]\nw1 = w5[eid, 1, tile_r, 0]\n"
-    assert flatten_kernels(src, views, frozenset({"eid"})) == (
-        "ws0 = weights[eid[:, None, None], 10 + tile_s.index[None, :, None] * 12 + tile_r.index[None, None, :] * 3]\n"
-        "wt0 = weights[tile_b, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]\n"
-        "w1 = weights[eid, 22 + tile_r.index * 3]\n"
-    )
-    # without naming it gathered, the row is kept as written (the plain tensor product's tiles)
-    assert flatten_kernels("ws0 = w5[eid, tile_s, tile_r, 0]\n", views) == (
-        "ws0 = weights[eid, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]\n"
-    )
+    gathered 1-D row gets its own leading dimension; a tile row stays as it is."""
+    eid = Row("eid", True)
+    w5 = lambda row, *ix: print_stmt(Assign("w", Read(element_access("weights", row, 10, (2, 4, 3), ix))))  # noqa: E731
+    assert w5(eid, S, R, 0) == (
+        "w = weights[eid[:, None, None], 10 + tile_s.index[None, :, None] * 12 + tile_r.index[None, None, :] * 3]")
+    assert w5(TILE_B, S, R, 0) == "w = weights[tile_b, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]"
+    assert w5(eid, 1, R, 0) == "w = weights[eid, 22 + tile_r.index * 3]"
+    # a gathered row is what the convolution passes; the same access with a tile row is the plain TP's
+    assert w5(Row("eid"), S, R, 0) == "w = weights[eid, 10 + tile_s.index[:, None] * 12 + tile_r.index[None, :] * 3]"
+
+
+def test_partial_sum_slot_and_loop():
+    """A program's partial-sum column (``tile_c.id``) keeps its base even when 0; a ``Loop``
+    prints its body indented once."""
+    slot = Access("gx2p", TILE_B, 0, ((TileId("tile_c"), 16),))
+    assert print_stmt(Store(slot, "p.sum(1)")) == "gx2p[tile_b, 0 + tile_c.id * 16] = p.sum(1)"
+    loop = Loop("tile_s in hl.tile(8, block_size=4)", (Assign("a", "b"), Loop("i in x", (Assign("c", "d"),))))
+    assert print_stmt(loop) == "for tile_s in hl.tile(8, block_size=4):\n    a = b\n    for i in x:\n        c = d"
 
 
 def _whole_row_params(text: str) -> set[str]:
@@ -252,8 +248,9 @@ def test_segment_tuning_chooses_the_forward_scatter(tuning, segment_fwd, small, 
     assert all("hl.atomic_add" in b for n, b in bodies.items() if n.startswith("conv_bwd_x1_"))
     assert any(n.endswith("_small") for n in bodies) == small
     assert all("hl.atomic_add" in b for n, b in bodies.items() if n.endswith("_small"))
-    graph = "src, dst, dst_order, dst_ptr = graph" if segment_fwd else "src, dst = graph"
-    assert graph in ops and "src_order" not in ops
+    parsed = parse_spec(spec.read_text(), "conv_seg.toml")[0]
+    graph = ("src", "dst", "dst_order", "dst_ptr") if segment_fwd else ("src", "dst")
+    assert graph_names(lower(parsed), parsed.tuning) == graph and "src_order" not in ops
     assert ("SEGMENT_MIN_EDGES = 8192" in ops) == small
 
 

@@ -232,7 +232,7 @@ def test_tuning_table():
     # per-op sub-tables: "<op>.<key>" pairs, applied over the top-level keys for that op only
     (spec,) = parse_spec(_toml(GOOD) + "[tensor_product.tuning]\nblock_c = 64\n[tensor_product.tuning.fwd]\nblock_c = 32\nnum_warps = 8\n", FILE)
     assert spec.tuning == (("block_c", 64), ("fwd.block_c", 32), ("fwd.num_warps", 8))
-    from eqdsl.codegen.helion_backend import tuning_for
+    from eqdsl.backends.helion.tuning import tuning_for
 
     assert (tuning_for(spec.tuning, "fwd").block_c, tuning_for(spec.tuning, "fwd").num_warps) == (32, 8)
     assert (tuning_for(spec.tuning, "bwd_x1").block_c, tuning_for(spec.tuning, "bwd_x1").num_warps) == (64, 4)

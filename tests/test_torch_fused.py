@@ -22,8 +22,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("helion")
 pytest.importorskip("e3nn.o3")
 
-from eqdsl.codegen.helion_backend import tuning_for  # noqa: E402
-from eqdsl.codegen.helion_fused import fused_bwd_kernels, fused_bwd_reason  # noqa: E402
+from eqdsl.analysis import fused_bwd_reason  # noqa: E402
+from eqdsl.backends.helion.fused import fused_bwd_kernels  # noqa: E402
+from eqdsl.backends.helion.tuning import tuning_for  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import conv_vjp_reference, tensor_product_vjp_reference  # noqa: E402
 from eqdsl.spec import load_spec, parse_spec  # noqa: E402

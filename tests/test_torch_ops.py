@@ -376,7 +376,7 @@ def test_examples_on_gpu(spec_path, tmp_path):
 
 @pytest.mark.parametrize("spec_path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_examples_generate_deterministic_and_compact(spec_path, tmp_path):
-    from eqdsl.codegen.helion_backend import render_files
+    from eqdsl.backends.helion.assemble import render_files
     from eqdsl.lower import lower
     from eqdsl.spec import load_spec
 

@@ -1,0 +1,121 @@
+"""Tuning of the Helion kernels: block sizes and launch parameters, and the spec keys that set them.
+
+A spec's ``[tensor_product.tuning]`` table (``TensorProductSpec.tuning``: sorted ``(key,
+value)`` pairs, a sub-table's keys as ``"<op>.<key>"``) reaches the backends as data;
+``tuning_for`` reads this backend's keys (the ``Tuning`` fields) for one op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for", "tuning_of"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Block sizes and launch parameters (literals in the generated code).
+
+    ``block_c`` is the channel tile: 32 float32 channels make one 128-byte line, so
+    every component load/store of an ``ir_mul`` tile is one coalesced line.
+    ``block_b`` batch rows per program; fewer (down to ``block_b_min``) when a kernel
+    holds 3-D ``(batch, r, c)`` tiles, so that they stay within ``tile_elems``. Few rows
+    and wide channel tiles suit ``mul_ir`` blocks: Triton's coalescing pass orders a
+    ``(rows, channels, 2l+1)`` store's dimensions by contiguity, rows and channels tie,
+    and threads fill rows first, so 8-row tiles store 4 rows x 1 channel per warp
+    instruction and 2-row tiles 2 x 2 (H100, 2026-11-23: mace_large's forward 470 -> 346
+    us with ``block_b`` 2, ``block_c`` 64; the specs' tuned values).
+    ``block_r`` is the reduction tile when another channel is unrolled (``uvw``),
+    ``block_r_pair`` when both inputs share the reduced channel (nothing unrolled).
+    ``max_terms`` bounds the unrolled multiply-adds in one kernel; output blocks beyond
+    it go to another kernel (each kernel re-reads the inputs it needs, never an
+    output). An input operand whose channel-tiled components (padded) number at most
+    ``hoist_components`` is loaded at the top of the channel loop (loads issued
+    together); a larger one is loaded where each tile is first used (fewer tiles live
+    at once). ``hoist_weights`` (1) loads the weight tiles of a block kernel's channel
+    tile at its top too: Triton keeps the program order of loads and stores to tensors it
+    cannot prove distinct, so a weight load written after an output block's store is
+    issued after it, and its latency is exposed once per path. ``wsum_rows``
+    (shared-weight ``bwd_w``): batch rows reduced per program,
+    a power of two in ``[wsum_min_rows, wsum_max_rows]`` chosen so that the partial
+    sums cost little next to the inputs they are computed from. ``maxnreg_partials``
+    (Triton's ``maxnreg``, CUDA only; a launch option in ``TRITON_OPTIONS``, since Helion
+    takes it only on persistent kernels) is set on kernels that accumulate ``(batch, r)``
+    partial sums of one-channel outputs: without it ptxas (CUDA 12.8) gave
+    nequip_toluene's ``bwd_x2`` 32 registers and 9.9 KB of spills per thread (ncu: 2.5 ms,
+    3.6 GB read for 0.77 GB of operands); with it, 255 registers and 3.4 KB.
+
+    ``grid_c`` (1: on, 0: off) makes the channel tiles a second grid axis where that is
+    legal (``kernels.grid_c``): a program then computes ``block_b`` rows x ``block_c`` channels
+    instead of looping over the channel tiles of its rows. A 512-edge mace_large conv
+    otherwise runs 32 programs on the H100's 132 SMs (289 us of device time, GPU-bound,
+    BENCHMARKS.md); with the axis, 128. What the loop shared between channel tiles (the
+    per-row scalars such as ``x2`` / edge-attribute components, the gathered row
+    indices) is then loaded by each program: a few values per row next to the
+    ``block_c``-wide tiles of every component. On by default for the plain tensor product
+    too: its small batches (molecular dynamics) have the same 32-program problem, and at
+    20,000 rows the per-row scalars re-read are under 3% of a mace_large program's bytes
+    while each program holds the same tiles as one iteration of the loop did.
+
+    ``fuse_bwd`` (1: on, 0: off): a channelwise product (``eqdsl.analysis.fused_bwd_reason``)
+    also gets the fused backward kernels (op ``bwd``), which read ``g`` once for all three
+    gradients; off, only the three backward ops exist.
+
+    ``segment`` (1: on, 0: off; read for the conv ops ``conv_fwd`` and ``conv_bwd_x``):
+    that op scatters into nodes by a segment reduction (edges sorted by the scatter
+    index, one program per node and channel tile, ``conv``) even where the spec
+    allows atomics (``deterministic = false``; ``deterministic = true`` makes every node
+    scatter a segment reduction). One edge per loop step (``block_b`` 1, the default of
+    a segment op that does not set it) leaves no cross-warp sum per step: mace_large's
+    forward on a 114,688-edge graph took 1,292 us against the atomic kernel's 1,853 us
+    (H100, 2026-11-23; with 4 edges per step, 4,970 us: 355 ``bar.sync`` per step).
+    ``segment_min_edges``: a graph with fewer edges is not sorted and the op launches
+    atomic kernels instead (not with ``deterministic = true``): the sort costs host time,
+    about 100 us per call on the H100 machine's host (mace_large on 512 edges: 220 against
+    118 us), that the segment kernel wins back only on larger graphs (on 32,768 edges
+    348 against 543 us).
+    """
+
+    block_b: int = 16
+    block_b_min: int = 4
+    tile_elems: int = 2048
+    block_c: int = 32
+    block_r: int = 16
+    block_r_pair: int = 32
+    num_warps: int = 4
+    num_stages: int = 1
+    max_terms: int = 1024
+    hoist_components: int = 32
+    hoist_weights: int = 0
+    wsum_min_rows: int = 64
+    wsum_max_rows: int = 1024
+    maxnreg_partials: int | None = 256
+    grid_c: int = 1
+    fuse_bwd: int = 1
+    segment: int = 0
+    segment_min_edges: int = 8192
+
+
+DEFAULT_TUNING = Tuning()
+
+
+def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
+    """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
+    its top-level keys, then (for ``op``, one of ``spec.TUNING_OPS``) its ``<op>.<key>`` sub-table."""
+    fields = Tuning.__dataclass_fields__  # other backends' keys (pallas_*) are not ours
+    values = {k: v for k, v in pairs if k in fields}
+    if op is not None:
+        values.update({k.partition(".")[2]: v for k, v in pairs if k.partition(".")[0] == op and k.partition(".")[2] in fields})
+    if values.get("maxnreg_partials") == 0:
+        values["maxnreg_partials"] = None
+    if "block_b" in values:  # a smaller block_b than the 3-D floor is a request for it
+        values["block_b_min"] = min(DEFAULT_TUNING.block_b_min, values["block_b"])
+    return replace(DEFAULT_TUNING, **values)
+
+
+TuningTable = Tuning | tuple[tuple[str, int], ...]  # one Tuning for every op, or a spec's pairs
+
+
+def tuning_of(tuning: TuningTable, op: str) -> Tuning:
+    """The ``Tuning`` of one op's kernels (``op`` as in ``spec.TUNING_OPS``)."""
+    return tuning if isinstance(tuning, Tuning) else tuning_for(tuning, op)
