@@ -87,7 +87,7 @@ def _kernels_key(table: Pairs, op: str):
     """What decides ``op``'s kernels under ``table`` (two candidates with equal values are one)."""
     if op in PALLAS_OPS:
         return tuple((k, v) for k, v in table if k.startswith("pallas_"))
-    from ..codegen.helion_backend import tuning_for
+    from ..backends.helion.tuning import tuning_for
 
     return tuning_for(table, op)
 
