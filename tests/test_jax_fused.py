@@ -1,4 +1,4 @@
-"""The fused Pallas backward of channelwise products (``eqdsl.codegen.pallas_fused``; CPU: interpret mode).
+"""The fused Pallas backward of channelwise products (``eqdsl.backends.pallas.fused``; CPU: interpret mode).
 
 ``backward_fused(x1, x2, w, g)`` must equal the float64 oracle
 (``tensor_product_vjp_reference``) as one kernel and split over several (a small
@@ -19,8 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from eqdsl.codegen import pallas_backend  # noqa: E402
-from eqdsl.codegen.pallas_fused import fused_context, fused_reason  # noqa: E402
+from eqdsl.backends.pallas import assemble, plan  # noqa: E402
+from eqdsl.backends.pallas.fused import fused_context, fused_reason  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import tensor_product_vjp_reference  # noqa: E402
 from eqdsl.spec import parse_spec  # noqa: E402
@@ -57,8 +57,8 @@ def pkgs(tmp_path_factory):
                 if factor:  # the q_j form and factored sums (pallas_factor)
                     text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
                 with pytest.MonkeyPatch.context() as mp:
-                    if split:  # read by pallas_backend._split when the package is generated
-                        mp.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
+                    if split:  # read by plan.split when the package is generated
+                        mp.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
                     cache[key] = build(text, root)
         return cache[key]
 
@@ -70,7 +70,7 @@ def _ir(text):
 
 
 def _ctx(ir):
-    return pallas_backend.build_context(ir, "")["fused"]
+    return assemble.build_context(ir, "")["fused"]
 
 
 def test_generator_makes_one_or_several_kernels(monkeypatch):
@@ -78,7 +78,7 @@ def test_generator_makes_one_or_several_kernels(monkeypatch):
     one = _ctx(ir)
     assert len(one["kernels"]) == 1 and one["gw_segments"] is None
     assert one["kernels"][0]["width"] == ir.dim_in1 and one["kernels"][0]["gw_width"] == ir.weight_numel
-    monkeypatch.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
+    monkeypatch.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
     split = _ctx(ir)
     assert len(split["kernels"]) > 1 and split["gw_segments"] is None
     assert sum(k["width"] for k in split["kernels"]) == ir.dim_in1
@@ -94,14 +94,14 @@ def test_generator_makes_one_or_several_kernels(monkeypatch):
 def test_ineligible_specs_get_no_fused_kernel(why, text):
     ir = _ir(text)
     assert why in fused_reason(ir) and fused_context(ir, {}, {}) is None
-    files = pallas_backend.render_files(ir, "")
+    files = assemble.render_files(ir, "")
     assert "backward_fused" not in files["pallas_kernels.py"] and "fused=" not in files["jax_ops.py"]
 
 
 def test_pallas_fuse_bwd_0_keeps_the_three_kernels():
     ir = _ir(_text("s"))
-    on = pallas_backend.render_files(ir, "")
-    off = pallas_backend.render_files(ir, "", (("pallas_fuse_bwd", 0),))
+    on = assemble.render_files(ir, "")
+    off = assemble.render_files(ir, "", (("pallas_fuse_bwd", 0),))
     assert "backward_fused" in on["pallas_kernels.py"] and "fused=" in on["jax_ops.py"]
     assert "backward_fused" not in off["pallas_kernels.py"] and "fused=" not in off["jax_ops.py"]
 
@@ -254,7 +254,7 @@ def test_pallas_factor_2_factors_the_backward_kernels_only():
     """pallas_factor = 2: each forward kernel as with 0 (one term per CG nonzero), each
     backward kernel and the fused backward as with 1 (factored, the q_j form)."""
     ir = _ir(_text("s"))
-    ctx = {m: pallas_backend.build_context(ir, "", (("pallas_factor", m),)) for m in (0, 1, 2)}
+    ctx = {m: assemble.build_context(ir, "", (("pallas_factor", m),)) for m in (0, 1, 2)}
 
     def bodies(c, fwd):
         return [k["groups"] for k in c["kernels"] if k["kind"].startswith("fwd") == fwd]

@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from eqdsl.codegen import pallas_backend  # noqa: E402
+from eqdsl.backends.pallas import assemble, plan  # noqa: E402
 from eqdsl.codegen.generate import generate_files, metadata_context, write_package  # noqa: E402
 from eqdsl.codegen.render import render  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
@@ -58,7 +58,7 @@ def _files(spec_path: Path, out: Path) -> dict[str, str]:
         for spec in load_spec(spec_path):
             ir = lower(spec)
             files[f"{spec.name}/__init__.py"] = render("package_init.py.j2", header=HEADER, **metadata_context(spec, ir))
-            for rel, text in pallas_backend.render_files(ir, HEADER).items():
+            for rel, text in assemble.render_files(ir, HEADER).items():
                 files[f"{spec.name}/{rel}"] = text
         return files
 
@@ -315,12 +315,12 @@ def test_generation_deterministic_and_bounded():
     for path in EXAMPLES:
         for spec in load_spec(path):
             ir = lower(spec)
-            a = pallas_backend.render_files(ir, HEADER)
-            assert a == pallas_backend.render_files(ir, HEADER)
+            a = assemble.render_files(ir, HEADER)
+            assert a == assemble.render_files(ir, HEADER)
             assert a["pallas_kernels.py"].startswith(HEADER)
-            ctx = pallas_backend.build_context(ir, HEADER)
+            ctx = assemble.build_context(ir, HEADER)
             for ks in ctx["kernel_sets"]:  # forward, backwards: each within budget, or split
-                assert all(k["terms"] <= pallas_backend.MAX_TERMS_PER_KERNEL for k in ks["kernels"]) or len(ks["kernels"]) > 1
+                assert all(k["terms"] <= plan.MAX_TERMS_PER_KERNEL for k in ks["kernels"]) or len(ks["kernels"]) > 1
             kinds = {ks["kind"] for ks in ctx["kernel_sets"]}
             mixed = len({p.has_weight for p in ir.paths}) == 2
             assert kinds == {"fwd", "bwd_x1", "bwd_x2", "bwd_w"} | ({"fwd_wo", "bwd_x1_wo", "bwd_x2_wo"} if mixed else set())

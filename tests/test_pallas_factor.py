@@ -1,19 +1,23 @@
-"""eqdsl.codegen.pallas_factor: the factored sums equal the written ones, with fewer
+"""eqdsl.backends.pallas.passes: the factored sums equal the written ones, with fewer
 operations on wide tiles.
 
-Statements are evaluated in numpy: narrow names are ``(rows, 1)`` arrays, wide ones
-``(rows, P)``, wrapped so that every operation whose result is wide is counted.
+Statements are printed by the Pallas printer and run in numpy: narrow names are
+``(rows, 1)`` arrays, wide ones ``(rows, P)``, wrapped so that every operation whose
+result is wide is counted.
 """
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from eqdsl.codegen import pallas_backend as pb
-from eqdsl.codegen.pallas_factor import factor_kernel
+from eqdsl.backends.pallas.passes import factor_kernel, fma_kernel
+from eqdsl.backends.pallas.printer import print_body
+from eqdsl.backends.pallas.stmts import Comment, LaneSum, assign, sum_of
+from eqdsl.kernel_ir import Assign, Sum, Term, Var, term
 
 ROWS, P = 3, 8
 NARROW = [f"x2_{j}" for j in range(5)]
@@ -58,24 +62,17 @@ def _fma(a, b, c):
     return a * b + c
 
 
-def _source(stmts):
-    lines = []
-    for s in stmts:
-        if s["kind"] == "sum":
-            body = " ".join(s["terms"])
-            lines.append(f"{s['target']} = {s['prefix']}({body})" if s["prefix"] else f"{s['target']} = {body}")
-        else:
-            lines.append(s["text"])
-    return "\n".join(lines)
+def _kernel(stmts):
+    return {"groups": [{"body": list(stmts)}], "narrow": NARROW}
 
 
-def _run(stmts, values, fma):
+def _run(stmts, values, fma, target="acc"):
     ops = [0]
     env = {k: _Tile(v, ops) for k, v in values.items()}
     if fma:
-        stmts = pb._with_fma(stmts)
-    exec(_source(stmts).replace("rt.fma", "_fma"), {"_fma": _fma}, env)
-    return env["acc"].a, ops[0]
+        stmts = fma_kernel(_kernel(stmts))["groups"][0]["body"]
+    exec("\n".join(print_body(stmts, "")), {"rt": SimpleNamespace(fma=_fma)}, env)
+    return env[target].a, ops[0]
 
 
 def _random_sum(rng: random.Random):
@@ -87,13 +84,9 @@ def _random_sum(rng: random.Random):
             factors.append(rng.choice(WIDE[4:8]))
         rng.shuffle(factors)
         c = rng.choice([1.0, -1.0, 0.5, -0.25, 0.7071067811865476, -0.408248290463863])
-        terms.append((c, factors))
-    text = []
-    for c, factors in terms:
-        body = " * ".join(([] if abs(c) == 1.0 else [repr(abs(c))]) + factors)
-        text.append(("- " if c < 0 else ("+ " if text else "")) + body)
-    prefix = rng.choice(["", "acc + ", "acc + w * "])
-    return pb._sum("acc", prefix, text)
+        terms.append(term(c, *factors))
+    init, scale = rng.choice([(None, None), ("acc", None), ("acc", "w")])
+    return assign("acc", sum_of(terms, init, scale))
 
 
 @pytest.mark.parametrize("fma", [False, True])
@@ -104,45 +97,59 @@ def test_factored_sums_are_equal_and_cheaper(fma):
         stmt = _random_sum(rng)
         values = {n: nrng.standard_normal((ROWS, 1)) for n in NARROW}
         values |= {n: nrng.standard_normal((ROWS, P)) for n in WIDE + ["acc"]}
-        kernel = {"groups": [{"body": [stmt]}], "narrow": NARROW}
-        got = factor_kernel(kernel)["groups"][0]["body"]
+        got = factor_kernel(_kernel([stmt]))["groups"][0]["body"]
         want, ops_before = _run([stmt], values, fma)
         have, ops_after = _run(got, values, fma)
         np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12)
-        assert ops_after <= ops_before, _source(got)
+        assert ops_after <= ops_before, "\n".join(print_body(got, ""))
         saved += ops_before - ops_after
     assert saved > 0
+
+
+def _values(seed):
+    values = {n: np.random.default_rng(seed).standard_normal((ROWS, 1)) for n in NARROW}
+    values |= {n: np.random.default_rng(seed + 1).standard_normal((ROWS, P)) for n in WIDE}
+    values["acc"] = np.random.default_rng(seed + 2).standard_normal((ROWS, P))
+    return values
 
 
 def test_forward_sum_becomes_one_multiply_add_per_x1_component():
     # acc = acc + w * (c1 x1_0 x2_1 + c2 x1_0 x2_4 + c3 x1_1 x2_0): two wide multiply-adds
     # on x1 (x2 narrow), where the written form has two wide operations per term
-    stmt = pb._sum("acc", "acc + w * ", ["0.5 * x1_0 * x2_1", "- 0.25 * x1_0 * x2_4", "+ 0.5 * x1_1 * x2_0"])
-    body = factor_kernel({"groups": [{"body": [stmt]}], "narrow": NARROW})["groups"][0]["body"]
-    assert [s["target"] for s in body] == ["nf1", "acc"]
-    assert body[0]["terms"] == ["0.5 * x2_1", "- 0.25 * x2_4"]
-    assert body[1]["terms"] == ["nf1 * x1_0", "+ 0.5 * x2_0 * x1_1"]
+    stmt = assign("acc", sum_of([term(0.5, "x1_0", "x2_1"), term(-0.25, "x1_0", "x2_4"), term(0.5, "x1_1", "x2_0")],
+                                "acc", "w"))
+    body = factor_kernel(_kernel([stmt]))["groups"][0]["body"]
+    # the narrow parts of the two x1_0 terms are summed first, a column
+    assert body == [
+        Assign(Var("nf1"), Sum((term(0.5, "x2_1"), term(-0.25, "x2_4")))),
+        Assign(Var("acc"), Sum((term(1.0, "nf1", "x1_0"), term(0.5, "x2_0", "x1_1")), Var("acc"), Var("w"))),
+    ]
+    values = _values(0)
+    want, before = _run([stmt], values, False)
+    have, after = _run(body, values, False)
+    np.testing.assert_allclose(have, want, rtol=1e-12)
+    assert after < before
 
 
 def test_shared_wide_factor_is_taken_out():
-    stmt = pb._sum("r", "", ["0.5 * x1_0 * x2_1 * g_0", "+ 0.5 * x1_1 * x2_2 * g_0", "+ x1_1 * x2_3 * g_1"])
-    body = factor_kernel({"groups": [{"body": [stmt]}], "narrow": NARROW})["groups"][0]["body"]
+    stmt = assign("acc", sum_of([term(0.5, "x1_0", "x2_1", "g_0"), term(0.5, "x1_1", "x2_2", "g_0"),
+                                 term(1.0, "x1_1", "x2_3", "g_1")]))
+    body = factor_kernel(_kernel([stmt]))["groups"][0]["body"]
     # g_0 and x1_1 are both in two terms: the first seen, g_0, is taken out
-    assert [(s["target"], s["terms"]) for s in body] == [
-        ("wf1", ["0.5 * x2_1 * x1_0", "+ 0.5 * x2_2 * x1_1"]),
-        ("r", ["wf1 * g_0", "+ x2_3 * x1_1 * g_1"]),
+    assert body == [
+        Assign(Var("wf1"), Sum((term(0.5, "x2_1", "x1_0"), term(0.5, "x2_2", "x1_1")))),
+        Assign(Var("acc"), Sum((term(1.0, "wf1", "g_0"), term(1.0, "x2_3", "x1_1", "g_1")))),
     ]
-    values = {n: np.random.default_rng(1).standard_normal((ROWS, 1)) for n in NARROW}
-    values |= {n: np.random.default_rng(2).standard_normal((ROWS, P)) for n in WIDE}
-    values["acc"] = np.zeros((ROWS, P))
-    ren = lambda b: [dict(s, target="acc" if s["target"] == "r" else s["target"]) for s in b]  # noqa: E731
-    want, before = _run(ren([stmt]), values, True)
-    have, after = _run(ren(body), values, True)
+    values = _values(1)
+    want, before = _run([stmt], values, True)
+    have, after = _run(body, values, True)
     np.testing.assert_allclose(have, want, rtol=1e-12)
     assert after < before
 
 
 def test_sums_with_other_terms_are_left_alone():
-    stmt = pb._sum("c_0", "", ["jnp.sum(px2_0_128, axis=1, keepdims=True)", "+ x2_0"])
-    kernel = {"groups": [{"body": [stmt, pb._line("x = 1")]}], "narrow": NARROW}
-    assert factor_kernel(kernel)["groups"][0]["body"] == [stmt, pb._line("x = 1")]
+    """A sum with a lane reduction among its factors is neither factored nor chained."""
+    stmt = assign("c_0", Sum((Term(1.0, (LaneSum(Var("px2_0_128")),)), term(1.0, "x2_0"))))
+    body = [stmt, Comment("x")]
+    assert factor_kernel(_kernel(body))["groups"][0]["body"] == body
+    assert fma_kernel(_kernel(body))["groups"][0]["body"] == body

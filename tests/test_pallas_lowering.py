@@ -43,7 +43,7 @@ def _check_lowers(ops, dtype="float32"):
     n = _kernel_calls(_lower(lambda a, b, c: ops.tensor_product(a, b, c, interpret=False), x1, x2, w))
     assert n >= 1, "no Triton kernel in the lowered forward"
     vjp = lambda a, b, c, d: ops.tensor_product_vjp(a, b, c, d, interpret=False)  # noqa: E731
-    # a channelwise product's vjp is its fused backward (eqdsl.codegen.pallas_fused), unless
+    # a channelwise product's vjp is its fused backward (eqdsl.backends.pallas.fused), unless
     # the spec turns it off for the plain product (pallas_fuse_bwd = 0)
     fused = ops._kernels.BWD_FUSED_KERNELS if ops.KERNEL_OPS.bwd is not None else None
     assert _kernel_calls(_lower(vjp, x1, x2, w, g)) >= (len(fused) if fused else 3)
@@ -94,10 +94,10 @@ def test_mixed_spec_kernels_lower_for_cuda(tmp_path_factory, layout, shared):
 def test_fused_backward_kernels_lower_for_cuda(tmp_path_factory, monkeypatch, split):
     """The fused backward of a channelwise product with multiplicities 4, 3 and 2 (padded
     lanes: ``load_vec`` / ``store_vec``), as one kernel and split over several."""
-    from eqdsl.codegen import pallas_backend
+    from eqdsl.backends.pallas import plan
 
     if split:
-        monkeypatch.setattr(pallas_backend, "MAX_TERMS_PER_KERNEL", 100)
+        monkeypatch.setattr(plan, "MAX_TERMS_PER_KERNEL", 100)
     text = spec_text("lower_fused", "4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e", mode="uvu", shared=False)
     ops = build(text, tmp_path_factory.mktemp("lower")).ops
     assert (len(ops._kernels.BWD_FUSED_KERNELS) > 1) == split
@@ -124,15 +124,15 @@ def test_lowering_check_catches_a_non_power_of_two_value():
 def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     """The ``pallas_*`` tuning keys become the generated module constants; a block batch that
     is not a power of two is refused where specs are read."""
-    from eqdsl.codegen import pallas_backend
+    from eqdsl.backends.pallas import assemble, tuning
     from eqdsl.lower import lower
     from eqdsl.spec import load_spec
 
     ir = lower(load_spec(EXAMPLES[0])[0])
-    text = pallas_backend.render_files(ir, "", tuning=(("pallas_block_batch", 16), ("pallas_num_warps", 8)))
+    text = assemble.render_files(ir, "", tuning=(("pallas_block_batch", 16), ("pallas_num_warps", 8)))
     assert "\nBLOCK_BATCH = 16\n" in text["pallas_kernels.py"] and "\nNUM_WARPS = 8\n" in text["pallas_kernels.py"]
-    default = pallas_backend.render_files(ir, "")["pallas_kernels.py"]
-    assert f"\nNUM_WARPS = {pallas_backend.DEFAULT_NUM_WARPS}\n" in default
+    default = assemble.render_files(ir, "")["pallas_kernels.py"]
+    assert f"\nNUM_WARPS = {tuning.DEFAULT_NUM_WARPS}\n" in default
     from eqdsl.errors import SpecError
     from eqdsl.spec import parse_spec
 

@@ -1,12 +1,11 @@
 """Fused Pallas backward of a channelwise tensor product: ``dF/dx1``, ``dF/dx2``, ``dF/dW`` in one pass.
 
-The Pallas counterpart of ``eqdsl.codegen.helion_fused`` (see its docstring for the
-motivation: ``g``, the output cotangent, is by far the largest operand of a channelwise
-product, and the three backward kernels of ``pallas_backend`` read it three times).
-Eligibility is ``helion_fused.fused_bwd_reason`` (per-batch weights, every path ``uvu``
+``g``, the output cotangent, is by far the largest operand of a channelwise product,
+and the three backward kernels of ``kernels`` read it three times.
+Eligibility is ``eqdsl.analysis.fused_bwd_reason`` (per-batch weights, every path ``uvu``
 and weighted, every ``x2`` block of a path one channel) and at least one path. Then
 for path ``p`` (``x1`` block ``a``, ``x2`` block ``s``, output block ``o``, channel
-``u``, the vectorized channel of ``pallas_backend``)::
+``u``, the vectorized channel of ``kernels``)::
 
     gx1[b, a, u, i] += sum_{j,k} C[i,j,k] W[b, p, u] x2[b, s, j] g[b, o, u, k]
     gW[b, p, u]      = sum_{i,j,k} C[i,j,k] x1[b, a, u, i] x2[b, s, j] g[b, o, u, k]
@@ -32,11 +31,11 @@ a ``(block_batch, 1)`` column (``x2``). Kernel body, straight-line, per batch bl
 Padded lanes (``u >= mul``) are zero in every operand, so the lane sums need no mask.
 With ``pallas_factor = 1`` (the body above) the sums are written so that few operations
 fall on ``(block_batch, P)`` tiles: ``q_j`` serves two gradients, and ``x2``, a column,
-multiplies sums rather than terms; each sum is then factored further (``pallas_factor``).
+multiplies sums rather than terms; each sum is then factored further (``passes.factor_kernel``).
 Otherwise each gradient is written one term per CG nonzero (``fused_context``).
 A kernel owns whole ``x1`` blocks (``gx1`` needs every path of its block) and the
 paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
-``pallas_backend._split``) when the body would exceed ``MAX_TERMS_PER_KERNEL`` terms
+``plan.split``) when the body would exceed ``plan.MAX_TERMS_PER_KERNEL`` terms
 (the conv's: ``pallas_conv_max_terms``), counting three per CG nonzero (one per
 gradient). Every kernel then writes the full ``gx2`` row as its own partial sum and the
 launcher adds them up in kernel order (``jax_runtime.launch_fused``: deterministic, no
@@ -53,16 +52,20 @@ segment sum, on node rows). For mace_large the extra messages cost more than the
 registers saved: bulk Si fwd+bwd 5,264 us whole, 5,724 with ``2e`` in two parts, 6,303
 with ``1o`` in two and ``2e`` in three (H100, 2026-11-25); no example spec sets it.
 
-Everything is decided here; the template only loops over the statements.
+Everything is decided here, as statements (``stmts``); ``printer`` writes them.
 """
 
 from __future__ import annotations
 
-from ..ir import PathIR, TensorProductIR
-from . import pallas_backend as pb
-from .helion_fused import fused_bwd_reason
+from ...analysis import fused_bwd_reason
+from ...ir import PathIR, TensorProductIR
+from ...kernel_ir import Term, Var
+from . import plan
+from .kernels import store_block
+from .operands import Operands
+from .stmts import Write, Zeros, assign, cg_terms, lanesum, product, sum_of
 
-__all__ = ["fused_reason", "fused_context"]
+__all__ = ["fused_reason", "fused_context", "FusedBuilder"]
 
 
 def fused_reason(ir: TensorProductIR) -> str | None:
@@ -72,70 +75,71 @@ def fused_reason(ir: TensorProductIR) -> str | None:
     return fused_bwd_reason(ir)
 
 
-class _FusedBuilder(pb._KernelBuilder):
+class FusedBuilder:
     """One fused kernel over a run of units, each an ``x1`` block and the paths out of it
-    that the kernel owns (all of them unless the block is split; reuses the operand reads
-    of ``_KernelBuilder``: ``vec``, ``_info``, ``_wload``, ``_desc``)."""
+    that the kernel owns (all of them unless the block is split); operand reads through
+    ``operands.Operands``."""
 
     def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
                  units: list[tuple[int, list[int]]], prefix: str = "tp", factored: bool = False):
         self.factored = factored
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
-        self.paths = list(ir.paths)
+        self.ops = Operands(ir, blocks, wmap)
         self.number, self.prefix = number, prefix
         self.units = units  # (x1 block, the paths out of it that this kernel owns)
         self.group_ids = [a for a, _ in units]
-        self.loaded: set[str] = set()
-        self.narrow: set[str] = set()
-        self.lanes: set[int] = set()
+        self._gw_col: dict[int, int] = {}
 
     def _path(self, p: PathIR, top: list, accs: list[str], px2: dict) -> None:
-        info = self._info(p)
+        ops = self.ops
+        info = ops.info(p)
         blk = info["blk"]
 
         def operand(op: str, m: int) -> str:
-            return self.vec(op, blk[op], m, top)
+            return ops.vec(op, blk[op], m, top)
 
-        top.append(pb._line(f"# {self._desc(p, info)}"))
+        top.append(ops.desc(p, info))
         nz = p.nonzeros
         w = self.wmap[p.index]
         if not nz:  # no CG term: a zero weight gradient, nothing else
-            zero = f"jnp.zeros((rows, {w['pad']}), dtype)"
-            top.append(pb._write(self._gw_col[p.index], zero, w["count"], w["pad"], w["stride"], ref="gw_ref"))
+            top.append(Write("gw_ref", self._gw_col[p.index], Zeros(w["pad"]), w["count"], w["pad"], w["stride"]))
             return
         # the operands first, so that the sums below only name them
         x1 = {i: operand("x1", i) for i in sorted({n.i for n in nz})}
         x2 = {j: operand("x2", j) for j in sorted({n.j for n in nz})}
         g = {k: operand("g", k) for k in sorted({n.k for n in nz})}
-        top.append(self._wload(p, info, {}))
+        top.append(ops.wload(p, info, {}))
         if self.factored:
             # q_j = sum_{i,k} C x1_i g_k: a wide tile per x2 component, shared by dF/dW and dF/dx2
             for j in x2:
-                top.append(pb._sum(f"q_{j}", "", pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], g[n.k]])))
-            top.append(pb._sum("r", "", pb._plain_terms([f"{x2[j]} * q_{j}" for j in x2])))
-            scale = "w * "  # dF/dx1 and dF/dx2 are sums times the weight row
-            gx1 = {i: pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]]) for i in x1}
-            gx2 = {j: [f"q_{j}"] for j in x2}
+                top.append(assign(f"q_{j}", sum_of(cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], g[n.k]]))))
+            top.append(assign("r", sum_of([product(x2[j], f"q_{j}") for j in x2])))
+            scale = "w"  # dF/dx1 and dF/dx2 are sums times the weight row
+            gx1 = {i: cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]]) for i in x1}
+            gx2 = {j: (product(f"q_{j}"),) for j in x2}
         else:  # one term per CG nonzero and gradient
             for k, name in g.items():
-                top.append(pb._line(f"wg_{k} = w * {name}"))
-            top.append(pb._sum("r", "", pb._terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]])))
-            scale = ""
-            gx1 = {i: pb._terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"]) for i in x1}
-            gx2 = {j: pb._terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"]) for j in x2}
-        top.append(pb._write(self._gw_col[p.index], "r", w["count"], w["pad"], w["stride"], ref="gw_ref"))
+                top.append(assign(f"wg_{k}", product("w", name)))
+            top.append(assign("r", sum_of(cg_terms(nz, lambda n: [x1[n.i], x2[n.j], g[n.k]]))))
+            scale = None
+            gx1 = {i: cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"]) for i in x1}
+            gx2 = {j: cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"]) for j in x2}
+        top.append(Write("gw_ref", self._gw_col[p.index], Var("r"), w["count"], w["pad"], w["stride"]))
         for i, terms in gx1.items():
-            top.append(pb._sum(accs[i], f"{accs[i]} + {scale}", terms))
+            top.append(assign(accs[i], sum_of(terms, accs[i], scale)))
         for j, terms in gx2.items():
             key = (p.i_in2, j, info["cpad"])
             if key in px2:
-                top.append(pb._sum(px2[key], f"{px2[key]} + {scale}", terms))
+                top.append(assign(px2[key], sum_of(terms, px2[key], scale)))
             else:  # the first path into this gx2 lane sets it
                 px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
-                top.append(pb._sum(px2[key], "", [scale + t for t in terms]))
+                head = (Var(scale),) if scale else ()
+                top.append(assign(px2[key], sum_of(Term(t.coeff, head + t.factors) for t in terms)))
 
     def build(self) -> dict:
+        """The kernel context (as ``kernels.KernelBuilder.build``, with ``gw_width``,
+        ``paths`` and ``x1_blocks``)."""
         ir = self.ir
         paths = [ir.paths[i] for _, pis in self.units for i in pis]
         # this kernel's weight columns: its paths' rows, in its path order
@@ -149,11 +153,11 @@ class _FusedBuilder(pb._KernelBuilder):
         for a, pis in self.units:
             blk = self.blocks["x1"][a]
             mine = [ir.paths[i] for i in pis]
-            accs = self._accs(blk)
-            top = [pb._line(f"{acc} = jnp.zeros((rows, {blk['pad']}), dtype)") for acc in accs]
+            accs = self.ops.accs(blk)
+            top: list = [assign(acc, Zeros(blk["pad"])) for acc in accs]
             for p in mine:
                 self._path(p, top, accs, px2)
-            top += _store_block("gx1_ref", blk, col, accs)
+            top += store_block("gx1_ref", blk, col, [Var(a) for a in accs])
             col += blk["dim"] * blk["mul"]
             groups.append({"desc": f"x1 block {a} ({blk['desc']}): {len(mine)} path(s)", "body": top})
         groups.append({"desc": "dF/dx2 of this kernel's paths (the whole row: a partial sum)",
@@ -172,39 +176,29 @@ class _FusedBuilder(pb._KernelBuilder):
             "desc": (f"Fused backward: x1 blocks {', '.join(map(str, self.group_ids))} ({col} gx1 columns), "
                      f"paths {', '.join(str(p.index) for p in paths)} ({wcol} weight columns), the whole gx2 "
                      f"row; {terms} CG terms (three per nonzero)."),
-            "lanes": [{"name": f"lane_{q}", "pad": q} for q in sorted(self.lanes)],
+            "lanes": [{"name": f"lane_{q}", "pad": q} for q in sorted(self.ops.lanes)],
             "groups": groups,
             "terms": terms,
-            "narrow": sorted(self.narrow),
+            "narrow": sorted(self.ops.narrow),
         }
 
-    def _gx2(self, px2: dict) -> list[dict]:
+    def _gx2(self, px2: dict) -> list:
         """Store every ``gx2`` column: the lane sums of its partials, zeros where none."""
-        body: list[dict] = []
+        body: list = []
         for blk in self.blocks["x2"]:
             parts = [[(name, pad) for (s, j, pad), name in px2.items() if (s, j) == (blk["index"], m)]
                      for m in range(blk["dim"])]
             if not any(parts):
-                zero = f"jnp.zeros((rows, {blk['pad']}), dtype)"
-                body += _store_block("gx2_ref", blk, blk["offset"], [zero] * blk["dim"])
+                body += store_block("gx2_ref", blk, blk["offset"], [Zeros(blk["pad"])] * blk["dim"])
                 continue
             # a path's x2 block has one channel: component m is column offset + m
             for m, names in enumerate(parts):
                 if names:
-                    body.append(pb._sum(f"c_{m}", "", pb._plain_terms([pb._lanesum(n, pad) for n, pad in names])))
+                    body.append(assign(f"c_{m}", sum_of(Term(1.0, (lanesum(Var(n), pad),)) for n, pad in names)))
                 else:
-                    body.append(pb._line(f"c_{m} = jnp.zeros((rows, 1), dtype)"))
-                body.append(pb._store(blk["offset"] + m, 1, f"c_{m}", ref="gx2_ref"))
+                    body.append(assign(f"c_{m}", Zeros(1)))
+                body.append(Write("gx2_ref", blk["offset"] + m, Var(f"c_{m}"), 1, 1, 1))
         return body
-
-
-def _store_block(ref: str, blk: dict, col: int, values: list[str]) -> list[dict]:
-    """Write the ``dim`` component tiles ``values`` of block ``blk`` at column ``col`` of ``ref``
-    (as ``_KernelBuilder.build`` writes an output block)."""
-    if blk["tile"]:
-        return [pb._line(f"rt.store_tile({ref}, {col}, [{', '.join(values)}], mul={blk['mul']}, "
-                         f"dim={blk['dim']}, pad={blk['pad']})")]
-    return [pb._write(col + m * blk["mul"], v, blk["mul"], blk["pad"], 1, ref=ref) for m, v in enumerate(values)]
 
 
 def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_blocks: bool) -> list[tuple]:
@@ -215,7 +209,7 @@ def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_block
     for b in blocks["x1"]:
         paths = [p for p in ir.paths if p.i_in1 == b["index"]]
         costs = [3 * len(p.nonzeros) for p in paths]
-        runs = pb._split(costs, max_terms) if split_blocks and len(paths) > 1 else [list(range(len(paths)))]
+        runs = plan.split(costs, max_terms) if split_blocks and len(paths) > 1 else [list(range(len(paths)))]
         for run in runs:
             units.append((b["index"], [paths[i].index for i in run], sum(costs[i] for i in run)))
     return units
@@ -240,7 +234,7 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
         return None
     units = _units(ir, blocks, max_terms, split_blocks)
     if split_blocks:  # greedy: a balanced split would put a block's parts back together
-        budget = pb.MAX_TERMS_PER_KERNEL if max_terms is None else max_terms
+        budget = plan.MAX_TERMS_PER_KERNEL if max_terms is None else max_terms
         runs, total = [], budget + 1
         for i, (_, _, cost) in enumerate(units):
             if total + cost > budget:
@@ -249,7 +243,7 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
             runs[-1].append(i)
             total += cost
     else:
-        runs = pb._split([cost for _, _, cost in units], max_terms)
+        runs = plan.split([cost for _, _, cost in units], max_terms)
     kernels = []
     for n, run in enumerate(runs):
         merged: list[tuple[int, list[int]]] = []
@@ -258,7 +252,7 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
                 merged[-1] = (a, merged[-1][1] + pis)
             else:
                 merged.append((a, pis))
-        kernels.append(_FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored).build())
+        kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored).build())
     ranges: dict[int, list[tuple[int, int]]] = {b["index"]: [] for b in blocks["x1"]}
     col = 0
     for k in kernels:

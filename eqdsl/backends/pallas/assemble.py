@@ -1,0 +1,137 @@
+"""Pallas backend entry point: ``TensorProductIR`` -> ``pallas_kernels.py`` + ``jax_ops.py``.
+
+Every decision is made in Python: ``kernels`` / ``fused`` build each kernel body as
+statements (``stmts``, arithmetic in ``eqdsl.kernel_ir``), ``passes`` rewrite their sums
+(spec keys ``pallas_factor``, ``pallas_fma``), ``printer`` writes them as source lines,
+and the templates only loop and substitute.
+
+Kernel sets. Per kind (``plan.KINDS``: the forward and the three backwards, plus the
+weighted-only ones of a product that mixes weighted and unweighted paths) a list of
+kernels over consecutive output blocks (``kernels``). The conv may split further (spec
+key ``pallas_conv_max_terms``): it then gets kernels of its own (``CONV_*_KERNELS``;
+otherwise those name the plain product's).
+
+Fused backward. A channelwise product (``eqdsl.analysis.fused_bwd_reason`` is None:
+every path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
+``backward_fused(x1, x2, w, g) = (dF/dx1, dF/dx2, dF/dW)``, one pass over ``g``
+(``fused``), which the forward's VJP calls instead of the three.
+"""
+
+from __future__ import annotations
+
+from ...analysis import mixed_weighting
+from ...codegen.render import render
+from ...ir import TensorProductIR
+from .fused import fused_context
+from .kernels import kernels as kernel_set
+from .passes import factor_kernel, fma_kernel
+from .plan import KINDS, blocks as plan_blocks, next_pow2, weight_layout
+from .printer import print_body
+from .tuning import BLOCK_ELEMS, MAX_BLOCK_BATCH, MIN_BLOCK_BATCH, tuning_of
+
+__all__ = ["render_files", "build_context"]
+
+
+def _every_kernel(kernels: dict, fused: dict | None, conv_family: dict | None) -> list[dict]:
+    """Every kernel context of a build: the plain product's sets, its fused backward, and the
+    conv's own sets and fused backward."""
+    out = [k for ks in kernels.values() for k in ks]
+    out += fused["kernels"] if fused else []
+    if conv_family:
+        out += [k for st in conv_family["kernel_sets"] for k in st["kernels"]]
+        out += conv_family["fused"]["kernels"] if conv_family["fused"] else []
+    return out
+
+
+def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
+    """The templates' context: the product's metadata and every kernel context, each group
+    with its ``lines`` of source (``tuning``: a spec's tuning pairs, ``tuning.tuning_of``)."""
+    t = tuning_of(tuning)
+    in1, in2, out = (plan_blocks(b, ir.layout) for b in (ir.in1, ir.in2, ir.out))
+    wmap = weight_layout(ir, in1, in2, out)
+    blocks = {"x1": in1, "x2": in2, "g": out}
+    mixed = mixed_weighting(ir)
+    kinds = [k for k, _, _, _ in KINDS if mixed or not k.endswith("_wo")]
+    kernels = {kind: kernel_set(kind, ir, blocks, wmap) for kind in kinds}
+    factored = t.factor > 0
+    conv_fuse = bool(ir.conv) and t.conv_fuse_bwd
+    # the conv's own kernels (pallas_conv_max_terms), split over more output blocks than the
+    # plain product's. A segment program carries a running sum per output column of its
+    # kernel; the split re-gathers only the inputs its kernels share (x1 rows, from L2).
+    # The plain product keeps one kernel: its split pieces are joined by a concatenation,
+    # a pass over the widest array (mace_large fwd 467 -> 1,053 us, H100, 2026-11-25).
+    # pallas_conv_fused_max_terms: the conv's fused backward split further, down to part of
+    # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
+    # after the segment sum): fewer registers per program for one more message per part
+    plain_fused = fused_context(ir, blocks, wmap, factored=factored) if t.fuse_bwd or conv_fuse else None
+    conv_family = None
+    if ir.conv and (t.conv_max_terms is not None or t.conv_fused_max_terms is not None):
+        terms, fused_terms = t.conv_max_terms, t.conv_fused_max_terms
+        conv_family = {
+            "kernel_sets": [{"kind": kind, "const": "CONV_" + kind.upper() + "_KERNELS",
+                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "conv")} for kind in kinds],
+            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "conv",
+                                   split_blocks=fused_terms is not None, factored=factored) if conv_fuse else None,
+        }
+        same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
+        if same and conv_family["fused"] is not None:
+            same = len(conv_family["fused"]["kernels"]) == len(plain_fused["kernels"])
+        if same:  # the budget splits nothing further: the conv uses the plain product's kernels
+            conv_family = None
+    separate = conv_family is not None
+    fused = plain_fused if t.fuse_bwd or (conv_fuse and not separate) else None
+    for k in _every_kernel(kernels, fused, conv_family):
+        if factored and not (t.factor == 2 and k["kind"].startswith("fwd")):  # fewer operations on channel tiles
+            k.update(factor_kernel(k))
+        if t.fma:
+            k.update(fma_kernel(k))
+        for g in k["groups"]:
+            g["lines"] = print_body(g["body"], "    ")
+    block_batch = t.block_batch
+    if block_batch is None:
+        widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
+        block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
+    tiles = sorted({b["desc"] for b in in1 + in2 + out if b["tile"]})
+
+    return {
+        "header": header,
+        "name": ir.name,
+        "conv": ir.conv,
+        "reduce": ir.reduce,
+        "deterministic": ir.deterministic,
+        "summary": str(ir),
+        "layout": ir.layout,
+        "shared_weights": ir.shared_weights,
+        "dtypes": repr(tuple(ir.dtypes)),
+        "dim_in1": ir.dim_in1,
+        "dim_in2": ir.dim_in2,
+        "dim_out": ir.dim_out,
+        "weight_numel": ir.weight_numel,
+        "kweight_numel": max(ir.weight_numel, 1),
+        "has_weights": ir.weight_numel > 0,
+        "tiles": ", ".join(tiles),
+        "block_batch": block_batch,
+        "num_warps": t.num_warps,
+        "segment_edges": t.segment_edges,
+        "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
+        "kernels": [k for kind in kinds for k in kernels[kind]],
+        "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
+        "fused": fused,
+        "tp_fused": fused is not None and t.fuse_bwd,
+        "conv_fused": conv_fuse and (conv_family["fused"] if separate else fused) is not None,
+        "conv_family": conv_family,
+        "mixed_weighting": mixed,
+        "flops_per_batch": ir.flops_per_batch,
+        "bytes_per_batch": dict(ir.bytes_per_batch),
+        "num_paths": len(ir.paths),
+    }
+
+
+def render_files(ir: TensorProductIR, header: str, tuning=()) -> dict[str, str]:
+    """``pallas_kernels.py`` and ``jax_ops.py``; ``tuning``: a spec's tuning pairs (only the
+    ``pallas_*`` keys are read, ``tuning.tuning_of``)."""
+    ctx = build_context(ir, header, tuning)
+    return {
+        "pallas_kernels.py": render("pallas_kernels.py.j2", **ctx),
+        "jax_ops.py": render("jax_ops.py.j2", **ctx),
+    }

@@ -1,0 +1,110 @@
+"""What the Pallas kernels of a product are: operand layout, kernel kinds, kernel splits.
+
+Internal ("kernel") layout. Each operand block ``mul x l`` is read inside the kernels
+as ``2l+1`` component tiles of ``P = next_pow2(mul)`` channels, zeros in the padding,
+so that every value a kernel loads or stores is a ``(block_batch, P)`` or
+``(block_batch, 1)`` tile: power of two shapes, as the Triton lowering of Pallas wants,
+and contiguous over channels (docs/architecture.md "What layout costs"). Weights get
+the same treatment per path: the channel index the kernel vectorizes over is innermost
+and padded to ``P``.
+"""
+
+from __future__ import annotations
+
+from ...ir import Block, TensorProductIR
+
+__all__ = ["KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "next_pow2", "blocks", "weight_layout",
+           "split"]
+
+# Budget of unrolled CG terms per kernel before the output blocks are split over kernels
+# (read at call time by ``split``: tests lower it to force splits).
+MAX_TERMS_PER_KERNEL = 1200
+
+# Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
+# paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone
+# (``kernels``' module docstring); they exist only when a spec mixes weighted and
+# unweighted paths.
+KINDS = (
+    ("fwd", ("x1", "x2", "w"), "g", False),
+    ("bwd_x1", ("g", "x2", "w"), "x1", False),
+    ("bwd_x2", ("x1", "g", "w"), "x2", False),
+    ("bwd_w", ("x1", "x2", "g"), "w", True),
+    ("fwd_wo", ("x1", "x2", "w"), "g", True),
+    ("bwd_x1_wo", ("g", "x2", "w"), "x1", True),
+    ("bwd_x2_wo", ("x1", "g", "w"), "x2", True),
+)
+# Channel index of each data operand, per mode (e3nn's einsum subscripts).
+CHANNEL = {
+    "uvw": {"x1": "u", "x2": "v", "g": "w"},
+    "uvu": {"x1": "u", "x2": "v", "g": "u"},
+    "uvv": {"x1": "u", "x2": "v", "g": "v"},
+    "uuu": {"x1": "u", "x2": "u", "g": "u"},
+}
+# The channel a kernel vectorizes over: the innermost axis of the path's weight rows.
+VECTOR = {"uvw": "w", "uvu": "u", "uvv": "v", "uuu": "u"}
+DATA = ("x1", "x2", "g")
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two ``>= n`` (1 for ``n <= 1``)."""
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _irrep_str(b: Block) -> str:
+    return f"{b.mul}x{b.l}{'e' if b.parity == 1 else 'o'}"
+
+
+def blocks(bs: tuple[Block, ...], layout: str) -> list[dict]:
+    """Per irreps block: ``index``, spec ``offset``, ``mul``, ``dim``, padded channels ``pad``,
+    access form ``tile`` and ``desc`` (``"32x1o"``).
+
+    ``tile``: a ``mul_ir`` block with ``mul > 1`` and ``2l+1 > 1``, read and written whole
+    (``rt.load_tile`` / ``rt.store_tile``); otherwise component ``m`` is contiguous over
+    the channels (``ir_mul``, or a single channel or component) at ``offset + m * mul``."""
+    return [{"index": b.index, "offset": b.offset, "mul": b.mul, "dim": b.dim, "pad": next_pow2(b.mul),
+             "tile": layout == "mul_ir" and b.mul > 1 and b.dim > 1, "desc": _irrep_str(b)} for b in bs]
+
+
+def weight_layout(ir: TensorProductIR, in1, in2, out) -> dict[int, dict]:
+    """Per weighted path, how the kernels read its weights in place (e3nn's order, per path
+    a row-major block of shape ``(m1, m2, mo)`` / ``(m1, m2)`` / ``(m1,)``): the vector over
+    the vectorized channel has ``count`` lanes (``pad`` padded) ``stride`` columns apart;
+    ``rows`` of them, selected by the loop channels."""
+    res = {}
+    for p in ir.paths:
+        if not p.has_weight:
+            continue
+        m1, m2, mo = in1[p.i_in1]["mul"], in2[p.i_in2]["mul"], out[p.i_out]["mul"]
+        if p.mode == "uvw":  # w innermost: row (u, v) at (u * m2 + v) * mo
+            count, pad, stride = mo, out[p.i_out]["pad"], 1
+        elif p.mode == "uvu":  # vector over u, (u, v) at u * m2 + v: strided unless m2 == 1
+            count, pad, stride = m1, in1[p.i_in1]["pad"], m2
+        elif p.mode == "uvv":  # vector over v, row u at u * m2
+            count, pad, stride = m2, in2[p.i_in2]["pad"], 1
+        else:  # uuu
+            count, pad, stride = m1, in1[p.i_in1]["pad"], 1
+        res[p.index] = {"path": p.index, "offset": p.weight_offset, "count": count, "pad": pad, "stride": stride,
+                        "numel": p.weight_numel, "m2": m2}
+    return res
+
+
+def split(costs: list[int], max_terms: int | None = None) -> list[list[int]]:
+    """Consecutive runs of groups (indices into ``costs``, CG terms per group), balanced,
+    each within ``max_terms`` terms (default ``MAX_TERMS_PER_KERNEL``) if possible."""
+    max_terms = MAX_TERMS_PER_KERNEL if max_terms is None else max_terms
+    total = sum(costs)
+    n = max(1, -(-total // max_terms))
+    target = total / n
+    runs, cur, cur_terms = [], [], 0
+    for i, t in enumerate(costs):
+        if cur and cur_terms + t > target and len(runs) < n - 1:
+            runs.append(cur)
+            cur, cur_terms = [], 0
+        cur.append(i)
+        cur_terms += t
+    if cur:
+        runs.append(cur)
+    return runs

@@ -1,0 +1,115 @@
+"""Tuning of the Pallas kernels: the ``pallas_*`` spec keys, their validation and defaults.
+
+A spec's ``[tensor_product.tuning]`` table reaches the backends as sorted ``(key, value)``
+pairs (``TensorProductSpec.tuning``); ``tuning_of`` reads this backend's keys into a
+``PallasTuning``. The Pallas keys apply to every kernel of a product (no per-op
+sub-tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KEYS", "validate", "PallasTuning", "tuning_of", "BLOCK_ELEMS", "MIN_BLOCK_BATCH", "MAX_BLOCK_BATCH",
+           "DEFAULT_NUM_WARPS", "DEFAULT_SEGMENT_EDGES"]
+
+# Target elements per (block_batch, P) tile: sets the default batch block from the
+# widest channel tile (512 -> 4 rows x 128 channels, the best first Pallas config seen).
+BLOCK_ELEMS = 512
+MIN_BLOCK_BATCH, MAX_BLOCK_BATCH = 4, 64
+# Triton warps per program unless the spec's tuning says otherwise.
+DEFAULT_NUM_WARPS = 4
+# conv segment kernels: edges per loop step (spec key pallas_segment_edges). Forward on
+# bulk Si (114,688 edges; H100, 2026-11-25), 1 / 2 / 4 edges: mace_large 3,572 / 1,824 /
+# 7,811 us, nequip_toluene 6,336 / 1,236 / 2,304 us. Four carry four rows of every running
+# sum (spills); one leaves half of nequip_toluene's 64-channel tiles' threads idle
+DEFAULT_SEGMENT_EDGES = 2
+
+
+def _pow2(lo: int, hi: int):
+    return lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two in [{lo}, {hi}]"
+
+
+# key -> (test, what the test accepts)
+KEYS = {
+    # batch rows per program and Triton warps per program
+    "pallas_block_batch": _pow2(1, 256),
+    "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+    "pallas_segment_edges": _pow2(1, 256),
+    "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
+    "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
+    "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),
+    "pallas_factor": (lambda v: v in (0, 1, 2), "0 (one term per CG nonzero), 1 (the kernels' sums factored) or 2 "
+                      "(the backward kernels' only)"),
+    "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the "
+                        "product is channelwise)"),
+    "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where "
+                             "the product is channelwise)"),
+}
+
+
+def validate(key: str, value) -> None:
+    """Check one ``[tensor_product.tuning]`` entry of this backend.
+
+    Args:
+        key: a key of ``KEYS``.
+        value: the spec's value.
+
+    Raises:
+        KeyError: ``key`` is not a Pallas key.
+        ValueError: ``value`` is not an integer that ``key`` accepts (the message says what is).
+    """
+    test, accepts = KEYS[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not test(value):
+        raise ValueError(f"expected an integer, {accepts}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class PallasTuning:
+    """The Pallas keys of a spec, defaults filled in.
+
+    ``block_batch``: rows per program, None for the size rule of ``assemble`` (``BLOCK_ELEMS``
+    over the widest tile, clamped to ``[MIN_BLOCK_BATCH, MAX_BLOCK_BATCH]``).
+    ``factor``: 0 (one term per CG nonzero), 1 (sums factored, ``passes.factor_kernel``; the
+    fused backward in its ``q_j`` form) or 2 (the backward kernels only). ``fma``: sums as
+    ``rt.fma`` chains. ``fuse_bwd`` / ``conv_fuse_bwd``: the fused backward of a channelwise
+    product for the plain product / the conv. ``conv_max_terms`` / ``conv_fused_max_terms``:
+    None, or the conv's own kernels split within that many CG terms each.
+    """
+
+    block_batch: int | None = None
+    num_warps: int = DEFAULT_NUM_WARPS
+    segment_edges: int = DEFAULT_SEGMENT_EDGES
+    factor: int = 0
+    fma: bool = False
+    fuse_bwd: bool = True
+    conv_fuse_bwd: bool = True
+    conv_max_terms: int | None = None
+    conv_fused_max_terms: int | None = None
+
+
+def tuning_of(pairs=()) -> PallasTuning:
+    """``PallasTuning`` of a spec's tuning pairs (other backends' keys ignored; values were
+    validated when the spec was read)."""
+    v = dict(pairs)
+    return PallasTuning(
+        block_batch=v.get("pallas_block_batch"),
+        num_warps=int(v.get("pallas_num_warps", DEFAULT_NUM_WARPS)),
+        segment_edges=int(v.get("pallas_segment_edges", DEFAULT_SEGMENT_EDGES)),
+        # pallas_factor: measured per problem, so not the default. On the H100 (2026-11-25) it
+        # took mace_large's JAX conv fwd+bwd on bulk Si from 5,131 to 4,642 us and
+        # nequip_benzene's TP fwd+bwd from 4,756 to 3,968, but nequip_toluene's conv fwd+bwd
+        # from 3,447 to 4,196 and most forwards 4-11% slower; pallas_factor = 2 keeps the
+        # forward kernels unfactored
+        factor=int(v.get("pallas_factor", 0)),
+        # pallas_fma: XLA's Triton pipeline fuses no a * b + c
+        fma=bool(v.get("pallas_fma", 0)),
+        # pallas_fuse_bwd = 0: the three backward kernels instead (mace_large's fused Pallas
+        # backward measured slower than them on the H100, 2026-11-23: 2208 against 1808 us
+        # fwd+bwd). The conv's backward gathers G, its widest operand, once per kernel: its
+        # fused form (pallas_conv_fuse_bwd) gathers it once
+        fuse_bwd=bool(v.get("pallas_fuse_bwd", 1)),
+        conv_fuse_bwd=bool(v.get("pallas_conv_fuse_bwd", 1)),
+        conv_max_terms=v.get("pallas_conv_max_terms"),
+        conv_fused_max_terms=v.get("pallas_conv_fused_max_terms"),
+    )
