@@ -63,7 +63,7 @@ product's budget) and ``pallas_conv_fused_max_terms`` (the conv's fused backward
 three per CG nonzero, per kernel, splitting an ``x1`` block's paths over kernels if need be;
 default: whole blocks) and ``pallas_fma`` 0 or 1 (the kernels' sums as fused multiply-add
 chains, inline PTX on the GPU; default 0) and ``pallas_factor`` 0, 1 or 2 (the kernels' sums
-factored for fewer operations on channel tiles, ``eqdsl.codegen.pallas_factor``; 2: the
+factored for fewer operations on channel tiles, ``eqdsl.backends.pallas.passes``; 2: the
 backward kernels' only, the forward's one term per CG nonzero; default 0) (Pallas). A sub-table
 ``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
 ``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,

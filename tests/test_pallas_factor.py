@@ -153,3 +153,38 @@ def test_sums_with_other_terms_are_left_alone():
     body = [stmt, Comment("x")]
     assert factor_kernel(_kernel(body))["groups"][0]["body"] == body
     assert fma_kernel(_kernel(body))["groups"][0]["body"] == body
+
+
+def test_printer_writes_every_statement_as_python():
+    """Each statement kind prints as Python that parses to what it says (a loop's body in its
+    ``def``, a sum's terms with their signs as binary operators)."""
+    import ast
+
+    from eqdsl.backends.pallas.stmts import Flat, LoadTile, Loop, Masked, Offset, Read, StoreTile, Unflatten, Write, \
+        Zeros
+
+    body = (
+        Unflatten("t", "u", "v", 3),
+        Read("w", "w_ref", Offset(5, Flat("u", 3, "v"), 4), 3, 4, 2),
+        assign("acc", sum_of([term(-0.5, "x1_0", "x2_1"), term(1.0, "x1_1")], "acc", "w")),
+    )
+    stmts = [
+        Comment("path 0"),
+        LoadTile(("x1_0_0", "x1_0_1", "x1_0_2"), "x1_ref", 0, 8, 3, 8, "x1 block 0"),
+        Read("x2_0_0", "x2_ref", 0, 1, 1),
+        assign("acc", Zeros(8)),
+        Loop("_path_0", "t", 6, ("acc",), body),
+        assign("acc", Masked("lane_8", "<", 6, Var("acc"))),
+        Write("out_ref", 0, Var("acc"), 6, 8),
+        StoreTile("out_ref", 8, (Var("acc"), Zeros(8), Zeros(8)), 8, 3, 8),
+    ]
+    text = "\n".join(print_body(stmts, ""))
+    tree = ast.parse(text)
+    loop = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    assert loop.name == "_path_0" and [a.arg for a in loop.args.args] == ["t", "carry"]
+    acc = [n for n in ast.walk(loop) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "acc"]
+    # acc + w * (-0.5 * x1_0 * x2_1 + x1_1): the second term's operator is a binary +
+    (update,) = acc
+    assert isinstance(update.value.right.right.op, ast.Add)
+    with pytest.raises(TypeError):
+        print_body([object()], "")

@@ -4,7 +4,7 @@ the four kernels.
 
 No physics here: the generated ``pallas_kernels.py`` holds every CG coefficient. The
 kernels read and write whole rows of the spec's layout (``mul_ir`` or ``ir_mul``) and
-e3nn's weight order in place (see ``eqdsl.codegen.pallas_backend``): nothing here
+e3nn's weight order in place (see ``eqdsl.backends.pallas``): nothing here
 rearranges operands outside a kernel. All functions here run at trace time on static
 shapes.
 """
@@ -441,7 +441,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
 
 def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_batch: int, interpret: bool,
                  num_warps: int | None = None, gx1_segments=None):
-    """Run the fused backward kernels (``eqdsl.codegen.pallas_fused``) of a channelwise product.
+    """Run the fused backward kernels (``eqdsl.backends.pallas.fused``) of a channelwise product.
 
     ``args``: ``(x1, x2, w, g)``, ``(rows, width)`` each (per-row weights), blocked by
     ``block_batch`` rows. ``kernels``: ``(kernel, gx1 width, weight width)`` triples; each
@@ -527,7 +527,7 @@ class TensorProductVJP(NamedTuple):
     again these kernels. Forward mode (``jax.jvp``, ``jax.jacfwd``) is not available: JAX
     refuses it for ``custom_vjp`` functions with a ``TypeError``.
 
-    ``bwd`` (None unless the product is channelwise, ``eqdsl.codegen.pallas_fused``)::
+    ``bwd`` (None unless the product is channelwise, ``eqdsl.backends.pallas.fused``)::
 
         bwd(x1, x2, W, g) = (bwd_x1(g, x2, W), bwd_x2(x1, g, W), bwd_w(x1, x2, g))
             VJP(k1, k2, kW): bwd_x1(g, k2, W) + bwd_x1_w(g, x2, kW),
@@ -1127,7 +1127,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
                         block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None,
                         gx1_segments=None):
     """The conv's three gradients from one gather of each operand per edge (a channelwise
-    product's fused backward kernels, ``eqdsl.codegen.pallas_fused``).
+    product's fused backward kernels, ``eqdsl.backends.pallas.fused``).
 
     ``args``: ``(x, y, W, G)``, node features ``(N, dim_in1)``, edge rows ``(rows, .)``,
     per-edge weights, node cotangents ``(N, dim_out)``; ``graph`` a ``ConvGraph``. One

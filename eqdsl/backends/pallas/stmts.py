@@ -14,6 +14,7 @@ Every tile is ``(rows, P)`` (``P = next_pow2(mul)``, a *wide* tile) or ``(rows, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 from ...kernel_ir import Assign, Sum, Term, Var
 
@@ -212,7 +213,7 @@ class Loop:
     body: tuple
 
 
-Stmt = object  # one of Assign, Read, Write, LoadTile, StoreTile, Comment, Unflatten, Loop
+Stmt = Union[Assign, Read, Write, LoadTile, StoreTile, Comment, Unflatten, Loop]
 
 
 def sum_of(terms, init: str | None = None, scale: str | None = None) -> Sum:
