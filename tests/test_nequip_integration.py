@@ -26,8 +26,9 @@ import random
 import numpy as np
 import pytest
 import torch
+from tolerances import MODEL_FLOAT64
 
-TOL = 1e-10
+TOL = MODEL_FLOAT64  # tests/tolerances.py
 TYPE_NAMES = ["H", "O"]
 R_MAX = 3.0
 

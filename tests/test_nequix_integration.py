@@ -17,11 +17,12 @@ import io
 
 import numpy as np
 import pytest
+from tolerances import MODEL_FLOAT64
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-TOL = 1e-10
+TOL = MODEL_FLOAT64  # tests/tolerances.py
 CUTOFF = 3.0
 
 
