@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU correctness checks in one device call (see benchmarks/README.md):
+# GPU correctness checks in one device call (see benchmarks/tools/README.md):
 #   bash benchmarks/tools/gpu_checks.sh STEP...   with STEP in main, forces, jax_grads,
 #   torch_grads, torch_grads_par, conv, ops; each step has its own time limit (seconds,
 #   STEP=LIMIT). torch_grads_par runs the torch GPU gradient tests as one pytest process per
