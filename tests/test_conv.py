@@ -17,7 +17,7 @@ from eqdsl.lower import lower
 from eqdsl.reference import conv_reference, conv_vjp_reference, to_layout
 from eqdsl.spec import parse_spec
 from genutil import build_package
-from tolerances import KERNEL
+from tolerances import REL_TOL as TOL
 
 SPEC = """
 [[tensor_product]]
@@ -38,7 +38,6 @@ VARIANTS = {
     "conv_mean_det": ("ir_mul", "mean", "true", "false"),
     "conv_sum_det_shared": ("mul_ir", "sum", "true", "true"),
 }
-TOL = KERNEL  # the generated conv against the float64 reference (tests/tolerances.py)
 
 
 def _spec_text(name):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from genutil import build_package
+from tolerances import REL_TOL as TOL
 
 torch = pytest.importorskip("torch")
 o3 = pytest.importorskip("e3nn.o3")
@@ -31,7 +32,6 @@ shared_weights = false
 layout = "{layout}"
 """
 N_ATOMS, N_BASIS = 5, 4
-TOL = {"float64": 1e-9, "float32": 1e-4}
 # Compiled kernels on a GPU (conftest.py leaves TRITON_INTERPRET unset there), else the interpreter on CPU.
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 

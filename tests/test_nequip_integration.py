@@ -26,9 +26,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from tolerances import MODEL_FLOAT64
+from tolerances import REL_TOL
 
-TOL = MODEL_FLOAT64  # tests/tolerances.py
+TOL = REL_TOL["float64"]  # the models in float64 (tests/tolerances.py)
 TYPE_NAMES = ["H", "O"]
 R_MAX = 3.0
 

@@ -17,12 +17,12 @@ import io
 
 import numpy as np
 import pytest
-from tolerances import MODEL_FLOAT64
+from tolerances import REL_TOL
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-TOL = MODEL_FLOAT64  # tests/tolerances.py
+TOL = REL_TOL["float64"]  # the models in float64 (tests/tolerances.py)
 CUTOFF = 3.0
 
 

@@ -47,12 +47,12 @@ from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import tensor_product_reference, tensor_product_vjp_reference, to_layout  # noqa: E402
 from eqdsl.spec import load_spec  # noqa: E402
 from test_torch_ops import build, e3nn_tp, random_specs, spec_text  # noqa: E402
-from tolerances import KERNEL  # noqa: E402
+from tolerances import REL_TOL  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "specs").glob("*.toml"))
-TOL = {getattr(torch, name): tol for name, tol in KERNEL.items()}  # tests/tolerances.py
+TOL = {getattr(torch, name): tol for name, tol in REL_TOL.items()}  # tests/tolerances.py
 _counter = itertools.count()
 
 # Every mode; an unweighted uvu (its dx2 reduces over the channel x1 and g share) and

@@ -32,12 +32,12 @@ from eqdsl.codegen.generate import generate_files, write_package  # noqa: E402
 from eqdsl.irreps import Irreps  # noqa: E402
 from eqdsl.lower import blocks  # noqa: E402
 from eqdsl.reference import to_layout  # noqa: E402
-from tolerances import KERNEL  # noqa: E402
+from tolerances import REL_TOL  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "specs").glob("*.toml"))
-TOL = {getattr(torch, name): tol for name, tol in KERNEL.items()}  # tests/tolerances.py
+TOL = {getattr(torch, name): tol for name, tol in REL_TOL.items()}  # tests/tolerances.py
 _counter = itertools.count()
 
 # ---------------------------------------------------------------- helpers
