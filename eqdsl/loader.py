@@ -104,7 +104,8 @@ def _spec_table(spec: TensorProductSpec, bare_filter: bool) -> dict:
         t["irreps_out"] = str(spec.irreps_out)
         t["instructions"] = [[i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight, float(i.path_weight)]
                              for i in spec.instructions]
-    done = {"name", "irreps_in1", "irreps_in2", "irreps_out", "irreps_out_filter", "mode", "instructions", "tuning"}
+    done = {"name", "irreps_in1", "irreps_in2", "irreps_out", "irreps_out_filter", "mode", "instructions", "tuning",
+            "origin"}
     for f in dataclasses.fields(spec):
         if f.name in done:
             continue

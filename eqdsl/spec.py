@@ -37,37 +37,25 @@ conv                      bool: also generate the fused graph    false
 reduce                    sum | mean (over a node's in-edges)    sum (needs conv)
 deterministic             bool: dst-sorted segment reduction,    false (needs conv)
                           bitwise reproducible; else atomics
-tuning                    table of Helion kernel parameters      defaults of
-                          (``TUNING_KEYS``), e.g. written by      ``helion_backend.Tuning``
-                          ``eqdsl tune``
+tuning                    table of kernel parameters, each       each backend's
+                          backend's keys (e.g. written by        defaults
+                          ``eqdsl tune``)
 ========================  =====================================  =====================
 
 A ``tuning`` table (``[tensor_product.tuning]`` after its ``[[tensor_product]]``) pins
-the generated Helion kernels' tile sizes and launch parameters; every key is optional:
-``block_b``, ``block_c``, ``block_r``, ``block_r_pair`` and ``tile_elems`` are powers of
-two (Triton tiles), ``num_warps`` one of 1, 2, 4, 8, 16, ``num_stages`` 1 to 8,
-``max_terms`` at least 16, ``maxnreg_partials`` 0 (off), 32, 64, 128 or 256, ``grid_c``
-0 or 1 (channel tiles as a second grid axis where legal; default 1), ``hoist_components``
-(input tiles of at most that many components loaded at the top of a channel tile) and
-``hoist_weights`` 0 or 1 (weight tiles too), ``fuse_bwd`` 0 or 1 (a channelwise product's
-three backward ops as one kernel, ``helion_fused``; default 1), ``segment`` 0 or 1 (the
-conv's node scatters as sorted segment reductions even when ``deterministic = false``;
-``conv_fwd`` / ``conv_bwd_x``, default 0) and ``segment_min_edges`` (smaller graphs
-take the atomic kernels, unsorted; default 8192) (Helion);
-``pallas_block_batch`` (a power of two), ``pallas_num_warps``, ``pallas_fuse_bwd`` and
-``pallas_conv_fuse_bwd`` 0 or 1 (the plain product's and the conv's fused backward where
-the product is channelwise; default 1) ``pallas_segment_edges`` (a power of two: edges per loop step of the
-conv's segment kernels, default 2) and ``pallas_conv_max_terms`` (CG terms per conv kernel
-before a kernel set is split over consecutive output blocks; default 1200, the plain
-product's budget) and ``pallas_conv_fused_max_terms`` (the conv's fused backward: terms,
-three per CG nonzero, per kernel, splitting an ``x1`` block's paths over kernels if need be;
-default: whole blocks) and ``pallas_fma`` 0 or 1 (the kernels' sums as fused multiply-add
-chains, inline PTX on the GPU; default 0) and ``pallas_factor`` 0, 1 or 2 (the kernels' sums
-factored for fewer operations on channel tiles, ``eqdsl.backends.pallas.passes``; 2: the
-backward kernels' only, the forward's one term per CG nonzero; default 0) (Pallas). A sub-table
-``[tensor_product.tuning.<op>]`` (``TUNING_OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
-``bwd`` (the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
-``conv_bwd``) overrides keys for that op's kernels only (what ``eqdsl tune`` writes: each op's kernels are timed and chosen apart).
+the generated kernels' tile sizes and launch parameters; every key is optional and an
+integer. The spec layer passes it through as data (``TensorProductSpec.tuning``); the
+backend that reads a key owns and validates it: the Helion keys
+(``eqdsl.backends.helion.tuning.KEYS``, documented on its ``Tuning``: ``block_b``,
+``block_c``, ``num_warps``, ``grid_c``, ``fuse_bwd``, ``segment``, ...) and the Pallas keys
+(``eqdsl.backends.pallas.tuning.KEYS``: ``pallas_block_batch``, ``pallas_num_warps``,
+``pallas_factor``, ...). A sub-table ``[tensor_product.tuning.<op>]`` (an op of
+``eqdsl.backends.helion.tuning.OPS``: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``, ``bwd``
+(the fused backward), ``conv_fwd``, ``conv_bwd_x``, ``conv_bwd_y``, ``conv_bwd_w``,
+``conv_bwd``) overrides Helion keys for that op's kernels only (what ``eqdsl tune`` writes:
+each op's kernels are timed and chosen apart); the Pallas keys apply to every op.
+``eqdsl.backends.check_tuning`` checks a spec's table before anything is generated and
+raises the same one-line ``SpecError`` as the rest of the spec (file, table, key).
 """
 
 from __future__ import annotations
@@ -76,7 +64,7 @@ import keyword
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cg import CG_CONVENTIONS, DEFAULT_CG_CONVENTION, E3NN_04_LMAX
@@ -95,7 +83,7 @@ from .instructions import (
 from .irreps import Irreps, IrrepsError
 
 __all__ = [
-    "TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS", "TUNING_KEYS", "TUNING_OPS",
+    "TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS",
 ]
 
 LAYOUTS = ("mul_ir", "ir_mul")
@@ -107,44 +95,6 @@ _KNOWN = {
     "conv", "reduce", "deterministic", "tuning", "output_order", "instruction_order", "cg_convention",
 }
 REDUCTIONS = ("sum", "mean")
-
-
-def _pow2(lo: int, hi: int):
-    return lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two in [{lo}, {hi}]"
-
-
-# key -> (test, what the test accepts): the Helion backend's Tuning fields a spec may pin
-TUNING_KEYS = {
-    "block_b": _pow2(1, 256),
-    "block_c": _pow2(1, 256),
-    "block_r": _pow2(1, 256),
-    "block_r_pair": _pow2(1, 256),
-    "tile_elems": _pow2(64, 1 << 16),
-    "num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
-    "num_stages": (lambda v: 1 <= v <= 8, "in [1, 8]"),
-    "max_terms": (lambda v: v >= 16, "at least 16"),
-    "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
-    # the Pallas (JAX) kernels: batch rows per program and warps (top level only)
-    "pallas_block_batch": _pow2(1, 256),
-    "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
-    "pallas_segment_edges": _pow2(1, 256),
-    "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
-    "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
-    "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),
-    "pallas_factor": (lambda v: v in (0, 1, 2), "0 (one term per CG nonzero), 1 (the kernels' sums factored) or 2 "
-                      "(the backward kernels' only)"),
-    "pallas_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the fused backward where the product is channelwise)"),
-    "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where the product is channelwise)"),
-    "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
-    "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
-    "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),
-    "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
-    "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd and conv_bwd_x)"),
-    "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
-}
-# ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
-# the tensor product's four kernel ops and the convolution's
-TUNING_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd")
 
 
 @dataclass(frozen=True)
@@ -177,10 +127,14 @@ class TensorProductSpec:
     conv: bool = False
     reduce: str = "sum"
     deterministic: bool = False
-    tuning: tuple[tuple[str, int], ...] = ()  # sorted (key, value) pairs of TUNING_KEYS
+    # sorted (key, value) pairs, an op sub-table's keys as "<op>.<key>": data for the
+    # backends, which own and validate their keys (eqdsl.backends.check_tuning)
+    tuning: tuple[tuple[str, int], ...] = ()
     output_order: str = "paths"  # paths | sorted | given
     instruction_order: str = "paths"  # paths | output | given
     cg_convention: str = DEFAULT_CG_CONVENTION
+    # (file, table) as errors name them: where a backend's check of ``tuning`` points
+    origin: tuple[str, str] = field(default=("<spec>", "tensor_product.0"), compare=False)
 
     def __str__(self) -> str:
         how = f"mode={self.mode}" if self.mode else f"{len(self.instructions)} instructions"
@@ -350,6 +304,7 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
         conv=conv, reduce=reduce, deterministic=deterministic, tuning=tuning,
         output_order=output_order, instruction_order=instruction_order, cg_convention=cg_convention,
+        origin=(filename, where),
     )
 
 
@@ -394,28 +349,17 @@ def _check_channelwise_out(text: str, written: Irreps, out: Irreps, mode: str, o
 
 
 def _parse_tuning(table: dict, fail) -> tuple[tuple[str, int], ...]:
-    """Sorted ``(key, value)`` pairs; a sub-table's keys as ``"<op>.<key>"``."""
+    """Sorted ``(key, value)`` pairs; a sub-table's keys as ``"<op>.<key>"``. Only the shape
+    is checked here (integers, tables of integers): the backends own the keys
+    (``eqdsl.backends.check_tuning``)."""
     pairs = []
     for key, v in table.items():
-        if key in TUNING_OPS:
-            if not isinstance(v, dict):
-                fail(f"tuning.{key}", f"expected a table of {', '.join(TUNING_KEYS)}; got {v!r}")
-            for k, x in v.items():
-                if k.startswith("pallas_"):
-                    fail(f"tuning.{key}.{k}", "the Pallas keys apply to every op: set them in [tensor_product.tuning]")
-                pairs.append((f"{key}.{k}", _tuning_value(f"tuning.{key}.{k}", k, x, fail)))
-        else:
-            pairs.append((key, _tuning_value(f"tuning.{key}", key, v, fail)))
+        items = [(f"{key}.{k}", x) for k, x in v.items()] if isinstance(v, dict) else [(key, v)]
+        for k, x in items:
+            if not isinstance(x, int) or isinstance(x, bool):
+                fail(f"tuning.{k}", f"expected an integer; got {x!r}")
+            pairs.append((k, x))
     return tuple(sorted(pairs))
-
-
-def _tuning_value(where: str, key: str, v, fail) -> int:
-    if key not in TUNING_KEYS:
-        fail(where, f"unknown key; expected one of {', '.join(TUNING_KEYS)}, or a sub-table per op ({', '.join(TUNING_OPS)})")
-    test, accepts = TUNING_KEYS[key]
-    if not isinstance(v, int) or isinstance(v, bool) or not test(v):
-        fail(where, f"expected an integer, {accepts}; got {v!r}")
-    return v
 
 
 def _parse_instruction(v, j: int, fail) -> Instruction:

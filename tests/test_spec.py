@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eqdsl.backends import check_tuning
 from eqdsl.errors import SpecError
 from eqdsl.instructions import Instruction
 from eqdsl.irreps import Irreps
@@ -69,7 +70,8 @@ def _spec(**changes) -> dict:
 
 def _error(text: str, filename: str = FILE) -> SpecError:
     with pytest.raises(SpecError) as info:
-        parse_spec(text, filename)
+        for spec in parse_spec(text, filename):
+            check_tuning(spec)  # the backends own the tuning keys: checked before generating
     return _check_one_error(info.value, filename)
 
 
@@ -567,3 +569,17 @@ def test_cli_inspect_bad_spec(tmp_path, content):
     assert lines[0].startswith("error: ")
     assert str(p) in lines[0]
     assert r.stdout == ""
+
+
+def test_generating_checks_the_backends_tuning_keys(tmp_path):
+    """``parse_spec`` passes a tuning table through as data; generating refuses a key that
+    no backend owns, in the one-line form of every spec error (file, table, key)."""
+    from eqdsl.codegen.generate import generate_files
+
+    path = tmp_path / "t.toml"
+    path.write_text(_toml(_spec(tuning={"warps": 4})))
+    (spec,) = parse_spec(path.read_text(), str(path))
+    assert spec.tuning == (("warps", 4),)
+    with pytest.raises(SpecError) as info:
+        generate_files(path, tmp_path / "out", triton=False)
+    _assert_names(_check_one_error(info.value, str(path)), TABLE, "tuning.warps", "unknown", "num_warps")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .. import __version__
+from ..backends import check_tuning
 from ..ir import TensorProductIR
 from ..lower import lower
 from ..spec import TensorProductSpec, load_spec
@@ -86,6 +87,7 @@ def generate_files(spec_path: str | Path, out_dir: str | Path, *, triton: bool =
 def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str, *, triton: bool = True) -> dict[str, str]:
     """Files of one generated package, keyed by name inside the package (``triton``: as in
     ``generate_files``)."""
+    check_tuning(spec)  # the backends' keys, before anything is generated
     files = {"__init__.py": render("package_init.py.j2", header=header, **metadata_context(spec, ir))}
     for mod in BACKENDS:
         backend = importlib.import_module(mod)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..spec import TUNING_KEYS
+from ..backends import TUNING_KEYS
 
 __all__ = [
     "TuneError", "Pairs", "Candidate", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",

@@ -14,7 +14,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import AoT, InlineTable, Table
 
-from ..spec import TUNING_OPS, TensorProductSpec, load_spec, parse_spec
+from ..backends import TUNING_OPS
+from ..spec import TensorProductSpec, load_spec, parse_spec
 from .grid import Pairs, TuneError
 
 __all__ = ["read_single", "tuning_sections", "with_tuning"]

@@ -2,14 +2,59 @@
 
 A spec's ``[tensor_product.tuning]`` table (``TensorProductSpec.tuning``: sorted ``(key,
 value)`` pairs, a sub-table's keys as ``"<op>.<key>"``) reaches the backends as data;
-``tuning_for`` reads this backend's keys (the ``Tuning`` fields) for one op.
+``KEYS`` are this backend's keys (the ``Tuning`` fields a spec may set), ``validate`` checks
+one, ``tuning_for`` reads them for one op (``OPS``: the ops a sub-table may tune apart).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for", "tuning_of"]
+__all__ = ["KEYS", "OPS", "validate", "Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for", "tuning_of"]
+
+
+def _pow2(lo: int, hi: int):
+    return lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two in [{lo}, {hi}]"
+
+
+# key -> (test, what the test accepts): the ``Tuning`` fields a spec may pin, at the top
+# level of its tuning table (every op) or in a sub-table per op (``OPS``)
+KEYS = {
+    "block_b": _pow2(1, 256),
+    "block_c": _pow2(1, 256),
+    "block_r": _pow2(1, 256),
+    "block_r_pair": _pow2(1, 256),
+    "tile_elems": _pow2(64, 1 << 16),
+    "num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+    "num_stages": (lambda v: 1 <= v <= 8, "in [1, 8]"),
+    "max_terms": (lambda v: v >= 16, "at least 16"),
+    "maxnreg_partials": (lambda v: v in (0, 32, 64, 128, 256), "0 (off), 32, 64, 128 or 256"),
+    "grid_c": (lambda v: v in (0, 1), "0 (a channel loop in each program) or 1 (channel tiles as a grid axis)"),
+    "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
+    "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),
+    "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
+    "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd and conv_bwd_x)"),
+    "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
+}
+# ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
+# the tensor product's four kernel ops, its fused backward, and the convolution's
+OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd")
+
+
+def validate(key: str, value) -> None:
+    """Check one tuning entry of this backend (top level or in an op's sub-table).
+
+    Args:
+        key: a key of ``KEYS``.
+        value: the spec's value.
+
+    Raises:
+        KeyError: ``key`` is not a Helion key.
+        ValueError: ``value`` is not an integer that ``key`` accepts (the message says what is).
+    """
+    test, accepts = KEYS[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not test(value):
+        raise ValueError(f"expected an integer, {accepts}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -101,7 +146,7 @@ DEFAULT_TUNING = Tuning()
 
 def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
     """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
-    its top-level keys, then (for ``op``, one of ``spec.TUNING_OPS``) its ``<op>.<key>`` sub-table."""
+    its top-level keys, then (for ``op``, one of ``OPS``) its ``<op>.<key>`` sub-table."""
     fields = Tuning.__dataclass_fields__  # other backends' keys (pallas_*) are not ours
     values = {k: v for k, v in pairs if k in fields}
     if op is not None:
@@ -117,5 +162,5 @@ TuningTable = Tuning | tuple[tuple[str, int], ...]  # one Tuning for every op, o
 
 
 def tuning_of(tuning: TuningTable, op: str) -> Tuning:
-    """The ``Tuning`` of one op's kernels (``op`` as in ``spec.TUNING_OPS``)."""
+    """The ``Tuning`` of one op's kernels (``op`` as in ``OPS``)."""
     return tuning if isinstance(tuning, Tuning) else tuning_for(tuning, op)
