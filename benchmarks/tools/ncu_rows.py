@@ -34,8 +34,8 @@ METRICS = ("gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,la
 
 def child(case: str, impl_name: str, conv: str | None, batch: int) -> None:
     """Build, warm, then run the case once inside the profiled range."""
-    sys.path[:0] = [str(BENCH.parent), str(BENCH)]
-    import bench_conv as bc
+    sys.path.insert(0, str(BENCH.parent))  # the repository root: the suite is the package benchmarks
+    from benchmarks import bench_conv as bc
     import torch
 
     bt = bc.bt  # the bench_tp module bench_conv itself uses (one copy of its classes)
