@@ -95,6 +95,24 @@ def test_with_tuning_keeps_an_example_spec_as_written():
     assert parse_spec(out)[0].tuning == tuple(sorted(new.items()))
 
 
+
+def test_with_tuning_other_toml_forms():
+    """An inline ``tuning = {...}`` table is rewritten in its own form; any form the rewrite
+    cannot edit is refused with a TuneError, never written wrong (dotted keys: tomlkit cannot
+    delete a dotted sub-table)."""
+    inline = with_tuning(SPEC + "tuning = { block_b = 8, fwd = { num_warps = 4 } }\n", (("block_b", 16), ("fwd.num_warps", 8)))
+    assert inline.endswith("tuning = { block_b = 16, fwd = { num_warps = 8 } }\n")
+    assert parse_spec(inline)[0].tuning == (("block_b", 16), ("fwd.num_warps", 8))
+    dotted = SPEC + "tuning.block_b = 8\ntuning.fwd.num_warps = 4\n"
+    for table in ((("block_b", 16), ("fwd.num_warps", 8)), (("bwd_x1.block_b", 4),), ()):
+        try:
+            out = with_tuning(dotted, table)
+        except TuneError as e:
+            assert "[tensor_product.tuning]" in str(e)
+        else:
+            assert parse_spec(out)[0].tuning == table
+
+
 def _fake_worker(calls):
     """Times from the job's generated kernels of its op: fewer warps and bigger batch tiles are
     'faster' for fwd, the other way round for bwd_x1; fwd with num_warps=8 and block_b=32

@@ -86,12 +86,27 @@ def with_tuning(text: str, table: Pairs) -> str:
     tps = doc.get("tensor_product")
     if not isinstance(tps, AoT) or len(tps) != 1:
         raise TuneError("the spec must have exactly one [[tensor_product]] table to write its tuning")
-    tp = tps[0]
+    try:
+        _edit(tps[0], table)
+    except (TOMLKitError, LookupError) as e:  # tomlkit cannot edit some forms (dotted keys)
+        raise TuneError(f"could not write the tuning table into the spec's text ({type(e).__name__}: {e}); "
+                        + _FORM) from None
+    out = tomlkit.dumps(doc)
+    if parse_spec(out)[0].tuning != tuple(sorted(table)):
+        raise TuneError("could not write the tuning table into the spec's text; " + _FORM)
+    return out
+
+
+_FORM = "write it as [tensor_product.tuning] and [tensor_product.tuning.<op>] sections"
+
+
+def _edit(tp, table: Pairs) -> None:
+    """Set the tuning of ``tp`` (the document's ``[[tensor_product]]`` table) to ``table``, in place."""
     top, subs = _split(table)
     tuning = tp.get("tuning")
     if tuning is None:
         if not table:
-            return text
+            return
         tuning = tomlkit.table(is_super_table=not top)
         tp["tuning"] = tuning
         tuning = tp["tuning"]
@@ -112,8 +127,3 @@ def with_tuning(text: str, table: Pairs) -> str:
         for op in subs:
             sup[op] = tuning[op]
         tp["tuning"] = sup
-    out = tomlkit.dumps(doc)
-    if parse_spec(out)[0].tuning != tuple(sorted(table)):
-        raise TuneError("could not write the tuning table into the spec's text (write it as "
-                        "[tensor_product.tuning] and [tensor_product.tuning.<op>] sections)")
-    return out
