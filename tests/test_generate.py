@@ -151,10 +151,11 @@ def test_tuning_table_reaches_each_backend(tmp_path):
 
 
 def test_view_names_in_paths_and_names_are_not_code(tmp_path):
-    """The kernels' per-block view names (``gw0``, ``x1_0``, ...) may appear in the spec's
-    path and name, which reach the generated headers and docstrings: the whole-row rewrite
-    (``flat_access``) leaves comments and strings alone (pytest-xdist's ``popen-gw0``
-    temporary directories found this)."""
+    """Names that look like the former per-block views (``gw0``, ``x1_0``, ...) may appear in
+    the spec's path and name, which reach the generated headers and docstrings: they stay
+    as written, and no kernel code indexes such a name (the kernels are printed from data,
+    ``eqdsl.backends.helion.printer``; pytest-xdist's ``popen-gw0`` directories once broke
+    a text rewrite of them)."""
     d = tmp_path / "popen-gw0" / "x1_0"
     d.mkdir(parents=True)
     spec = d / "gw0.toml"

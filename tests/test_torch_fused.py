@@ -1,11 +1,11 @@
-"""The fused backward of channelwise products (``eqdsl.codegen.helion_fused``; CPU: Triton's interpreter).
+"""The fused backward of channelwise products (``eqdsl.backends.helion.fused``; CPU: Triton's interpreter).
 
 ``bwd_op(x1, x2, w, g)`` must equal the float64 oracle (``tensor_product_vjp_reference``,
 what ``bwd_x1``, ``bwd_x2`` and ``bwd_w`` are checked against) for every kernel shape the generator makes: one
 kernel with a channel loop per multiplicity (mixed multiplicities), several kernels
 (``max_terms``) whose ``gx2`` partial sums the op adds, channel tiles as a grid axis
 (``grid_c``, one partial-sum row per tile), and both layouts; and the atomic
-convolution's (``helion_conv.fused_conv_kernels``) against ``conv_vjp_reference``. Autograd must take it when
+convolution's (``eqdsl.backends.helion.conv.fused_conv_kernels``) against ``conv_vjp_reference``. Autograd must take it when
 two or more gradients are needed and not otherwise, and its own derivative (forces, then
 their gradient) must pass ``gradgradcheck`` and match e3nn.
 """

@@ -110,7 +110,7 @@ def _conv_kernel(k: dict, family: str, segment: bool) -> dict:
     """A kernel context built with ``conv_operands``, completed for the conv template:
     its name, docstring, grid kind, graph parameters and the row indices it loads."""
     op, scatter = CONV_FAMILIES[family]
-    k = dict(k, name="conv_" + k["name"].removeprefix("tp_"), doc=f"{_DOC[_base(op)]}: {k['detail']}")
+    k = dict(k, doc=f"{_DOC[_base(op)]}: {k['detail']}")
     uses_s = bool({"s_idx", "srows"} & k["rows_used"])
     uses_d = bool({"d_idx", "drows"} & k["rows_used"])
     if segment:
@@ -188,7 +188,7 @@ def _families(ir: TensorProductIR, tuning: TuningTable, seg: tuple[str, ...]) ->
 
     return {
         CONV_FAMILIES[f][0]: [_conv_kernel(k, f, segment(f)) for k in ks]
-        for f, ks in kernel_context(ir, tuning, op_of=tuning_op, operands=operands).items()
+        for f, ks in kernel_context(ir, tuning, op_of=tuning_op, operands=operands, prefix="conv").items()
     }
 
 
@@ -229,7 +229,6 @@ def fused_conv_kernels(ir: TensorProductIR, tuning: TuningTable) -> list[dict]:
         return []
     ops = conv_operands("src", False)
     return [
-        dict(k, name="conv_" + k["name"].removeprefix("tp_"), index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"],
-             params=["src", "dst"] + k["params"])
-        for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW")
+        dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"], params=["src", "dst"] + k["params"])
+        for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW", prefix="conv")
     ]

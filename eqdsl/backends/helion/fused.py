@@ -64,7 +64,7 @@ __all__ = ["fused_bwd_kernels"]
 
 
 def fused_bwd_kernels(ir: TensorProductIR, tuning: Tuning, native: bool, ops: Operands = TP_OPERANDS,
-                      grads: str = "dF/dx1, dF/dx2, dF/dW") -> list[dict]:
+                      grads: str = "dF/dx1, dF/dx2, dF/dW", prefix: str = "tp") -> list[dict]:
     """Kernel contexts (``kind: fused``) of the fused backward, ``x1`` blocks grouped by ``max_terms``.
 
     Each kernel writes ``parts`` rows of ``gx2`` partial sums (one, or one per channel
@@ -72,7 +72,8 @@ def fused_bwd_kernels(ir: TensorProductIR, tuning: Tuning, native: bool, ops: Op
     all they go to the ``(batch, parts * dim_in2)`` buffer ``gx2p`` (the ``Operands``
     role; the convolution's ``gyp``), summed by the op. ``ops``: how operands are
     addressed (``kernels.Operands``: the tensor product's, or the convolution's gathers
-    and ``gx1`` scatter); ``grads``: the docstrings' list of what is computed.
+    and ``gx1`` scatter); ``grads``: the docstrings' list of what is computed; kernels are
+    named ``<prefix>_bwd_fused_<n>``.
     """
     paths_of = {a: [p for p in ir.paths if p.i_in1 == a and p.nonzeros] for a in range(len(ir.in1))}
     # three multiply-adds per nonzero (one per gradient)
@@ -88,7 +89,7 @@ def fused_bwd_kernels(ir: TensorProductIR, tuning: Tuning, native: bool, ops: Op
         parts.append(-(-mul // block_c) if tuning.grid_c and not muls and mul > block_c else 1)
     total = sum(parts)
     return [
-        _Fused(ir, tuning, native, ops, paths_of).kernel(idx, g, parts[idx] > 1,
+        _Fused(ir, tuning, native, ops, paths_of).kernel(f"{prefix}_bwd_fused_{idx}", g, parts[idx] > 1,
                                                          sum(parts[:idx]) if total > 1 else None, grads)
         | {"parts": parts[idx]}
         for idx, g in enumerate(groups)
@@ -106,7 +107,7 @@ class _Fused:
         self.tensors.add(op)
         return tile_load(self.ir, self.ops.tensor(op), self.ops.row(op), op, blk, m, self.native, local, "tile_c")[1]
 
-    def kernel(self, index: int, blocks_in1: list[int], grid_c: bool, part: int | None, grads: str) -> dict:
+    def kernel(self, name: str, blocks_in1: list[int], grid_c: bool, part: int | None, grads: str) -> dict:
         """One kernel; ``part``: its first row of ``gx2`` partial sums in ``gx2p``, or None
         (the only kernel, one part: it writes ``gx2`` itself)."""
         ir, t, ops = self.ir, self.t, self.ops
@@ -159,7 +160,7 @@ class _Fused:
         params = [ops.tensor(r) for r in ("x1", "x2", "g", "w") if r in self.tensors] + [gx1, gx2, ops.tensor("gw")]
         path_ids = sorted(p.index for a in blocks_in1 for p in self.paths_of[a])
         return {
-            "name": f"tp_bwd_fused_{index}",
+            "name": name,
             "kind": "fused",
             "doc": f"Fused backward ({grads}): x1 blocks {ranges(sorted(blocks_in1))}; paths {ranges(path_ids)}.",
             "params": params,

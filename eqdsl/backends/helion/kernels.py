@@ -432,21 +432,6 @@ _DOC = {
 }
 
 
-class _Uses:
-    """The tensors (in order of first use) and row indices a kernel's accesses name."""
-
-    def __init__(self, ops: Operands):
-        self.ops = ops
-        self.tensors: dict[str, None] = {}
-        self.rows: set[str] = set()
-
-    def note(self, a: Access) -> Access:
-        self.tensors.setdefault(a.tensor)
-        if a.row is not None:
-            self.rows.add(a.row.expr)
-        return a
-
-
 @dataclass
 class _BlockKernel:
     """Builder of one kernel that computes blocks of operand ``out_op`` (``g``, ``x1`` or ``x2``)."""
@@ -459,6 +444,7 @@ class _BlockKernel:
     tuning: Tuning
     native: bool = False  # mul_ir operands read and written in place (see native_load)
     ops: Operands = TP_OPERANDS
+    prefix: str = "tp"  # kernel names: <prefix>_<family>_<n>
     params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set(), "w": set()})
     scalars: dict = field(default_factory=dict)  # name -> statement (hoisted per batch tile)
     elems_3d: int = 0
@@ -551,7 +537,7 @@ class _BlockKernel:
         params += ([self.ops.tensor("w")] if self.params["w"] else []) + [out_tensor]
         path_ids = sorted(p.index for o in self.out_blocks for p in self.paths_into(o))
         return {
-            "name": f"tp_{self.family}_{index}",
+            "name": f"{self.prefix}_{self.family}_{index}",
             "kind": "block",
             "family": self.family,
             "detail": f"{self.out_op} blocks {ranges(self.out_blocks)}; paths {ranges(path_ids) or 'none'}.",
@@ -810,14 +796,14 @@ class _BlockKernel:
 
 
 def _block_family(ir: TensorProductIR, family: str, out_op: str, in_ops: tuple[str, str], tuning: Tuning, native: bool,
-                  ops: Operands) -> list[dict]:
+                  ops: Operands, prefix: str) -> list[dict]:
     n_out = len(blocks_of(ir, out_op))
     costs = [
         sum(len(p.nonzeros) * _unroll(ir, p, out_op) for p in _paths_into(ir, family, out_op, o))
         for o in range(n_out)
     ]
     return [
-        _BlockKernel(ir, family, out_op, in_ops, blocks, tuning, native, ops).context(idx)
+        _BlockKernel(ir, family, out_op, in_ops, blocks, tuning, native, ops, prefix).context(idx)
         for idx, blocks in enumerate(split_costs(costs, tuning))
     ]
 
@@ -846,6 +832,7 @@ class _WeightKernel:
     tuning: Tuning
     native: bool = False  # mul_ir operands read in place (see native_load)
     ops: Operands = TP_OPERANDS
+    prefix: str = "tp"  # kernel names: <prefix>_bwd_w_<n>
     params: dict = field(default_factory=lambda: {"x1": set(), "x2": set(), "g": set()})
     scalars: dict = field(default_factory=dict)  # per-batch mode: hoisted per batch tile
     elems_3d: int = 0
@@ -915,7 +902,7 @@ class _WeightKernel:
         detail = f"paths {ranges([p.index for p in self.paths])}" + (
             f"; sums over {rows} batch rows per program." if self.shared else ".")
         return {
-            "name": f"tp_bwd_w_{index}",
+            "name": f"{self.prefix}_bwd_w_{index}",
             "kind": "wsum" if self.shared else "weight",
             "family": "bwd_w",
             "detail": detail,
@@ -1017,12 +1004,12 @@ class _WeightKernel:
             scope["updates"].append(Store(target, expr))
 
 
-def _weight_family(ir: TensorProductIR, tuning: Tuning, native: bool, ops: Operands) -> list[dict]:
+def _weight_family(ir: TensorProductIR, tuning: Tuning, native: bool, ops: Operands, prefix: str) -> list[dict]:
     weighted = [p for p in ir.paths if p.has_weight and p.nonzeros]
     costs = [len(p.nonzeros) * _unroll(ir, p, "w") for p in weighted]
     rows = wsum_rows(ir, tuning)
     return [
-        _WeightKernel(ir, [weighted[i] for i in idx], tuning, native, ops).context(n, rows)
+        _WeightKernel(ir, [weighted[i] for i in idx], tuning, native, ops, prefix).context(n, rows)
         for n, idx in enumerate(split_costs(costs, tuning))
     ]
 
@@ -1033,6 +1020,7 @@ def kernel_context(
     native: bool = False,
     op_of: Callable[[str], str] = lambda family: family.removesuffix("_lin"),
     operands: Callable[[str], Operands] = lambda family: TP_OPERANDS,
+    prefix: str = "tp",
 ) -> dict[str, list[dict]]:
     """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
     and ``*_lin`` when some path is unweighted).
@@ -1041,15 +1029,15 @@ def kernel_context(
     (``native_load`` / ``native_store``); otherwise every operand is ``ir_mul`` rows. A
     family's kernels take ``tuning_of(tuning, op_of(family))`` (the ``*_lin`` kernels
     tune with their op) and address their operands by ``operands(family)`` (the
-    convolution's gather and scatter, ``conv``).
+    convolution's gather and scatter, ``conv``); kernels are named ``<prefix>_<family>_<n>``.
     """
     native = native and ir.layout == "mul_ir"
     out = {}
     for family, out_op, args in FAMILIES + (LINEAR_FAMILIES if has_unweighted(ir) else ()):
         t = tuning_of(tuning, op_of(family))
         if family == "bwd_w":
-            out[family] = _weight_family(ir, t, native, operands(family))
+            out[family] = _weight_family(ir, t, native, operands(family), prefix)
         else:
             out[family] = _block_family(ir, family, out_op, tuple(a for a in args if a != "w"), t, native,
-                                        operands(family))
+                                        operands(family), prefix)
     return out
