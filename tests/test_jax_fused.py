@@ -19,6 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from eqdsl.backends import check_tuning  # noqa: E402
 from eqdsl.backends.pallas import assemble, plan  # noqa: E402
 from eqdsl.backends.pallas.fused import fused_context, fused_reason  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
@@ -264,4 +265,4 @@ def test_pallas_factor_2_factors_the_backward_kernels_only():
     fused = {m: [k["groups"] for k in ctx[m]["fused"]["kernels"]] for m in (0, 1, 2)}
     assert fused[2] == fused[1] != fused[0]
     with pytest.raises(Exception, match="pallas_factor"):
-        parse_spec(_text("s") + "[tensor_product.tuning]\npallas_factor = 3\n", "s.toml")
+        check_tuning(parse_spec(_text("s") + "[tensor_product.tuning]\npallas_factor = 3\n", "s.toml")[0])

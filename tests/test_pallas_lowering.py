@@ -123,7 +123,8 @@ def test_lowering_check_catches_a_non_power_of_two_value():
 
 def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     """The ``pallas_*`` tuning keys become the generated module constants; a block batch that
-    is not a power of two is refused where specs are read."""
+    is not a power of two is refused before anything is generated (``eqdsl.backends.check_tuning``,
+    with this backend's ``tuning.validate``)."""
     from eqdsl.backends.pallas import assemble, tuning
     from eqdsl.lower import lower
     from eqdsl.spec import load_spec
@@ -133,12 +134,16 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     assert "\nBLOCK_BATCH = 16\n" in text["pallas_kernels.py"] and "\nNUM_WARPS = 8\n" in text["pallas_kernels.py"]
     default = assemble.render_files(ir, "")["pallas_kernels.py"]
     assert f"\nNUM_WARPS = {tuning.DEFAULT_NUM_WARPS}\n" in default
+    from eqdsl.backends import check_tuning
     from eqdsl.errors import SpecError
     from eqdsl.spec import parse_spec
 
     bad = EXAMPLES[0].read_text().split("[tensor_product.tuning")[0] + "\n[tensor_product.tuning]\npallas_block_batch = 12\n"
     with pytest.raises(SpecError, match="power of two"):
-        parse_spec(bad, "bad.toml")
+        check_tuning(parse_spec(bad, "bad.toml")[0])
+    with pytest.raises(ValueError, match="power of two"):
+        tuning.validate("pallas_block_batch", 12)
+    tuning.validate("pallas_block_batch", 16)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
