@@ -89,8 +89,8 @@ class PallasTuning:
 
 
 def tuning_of(pairs=()) -> PallasTuning:
-    """``PallasTuning`` of a spec's tuning pairs (other backends' keys ignored; values were
-    validated when the spec was read)."""
+    """``PallasTuning`` of a spec's tuning pairs (other backends' keys ignored; the values are
+    checked by ``validate``, through ``eqdsl.backends.check_tuning``, before generating)."""
     v = dict(pairs)
     return PallasTuning(
         block_batch=v.get("pallas_block_batch"),
