@@ -283,3 +283,37 @@ def test_grid_c_decides_the_channel_grid_axis(grid_c, tmp_path):
             assert two_d == expect, (rel, name)
             loop = re.search(r"for tile_c in hl\.tile\(128, block_size=(32|64)\):", body) is not None
             assert loop == (not expect and "bwd_x2" not in name and not single)
+
+
+def test_the_convolution_is_a_parameter_of_the_kernels():
+    """The same builders with the convolution's ``Operands``: node rows gathered per edge
+    (``x`` at ``s_idx``, ``g`` at ``d_idx``), node outputs scattered atomically or, as a
+    segment, summed per node (edge rows at the sorted ``eid``); the tensor product's
+    operands are rows of the batch tile, stored in place."""
+    from eqdsl.backends.helion.conv import conv_operands
+    from eqdsl.backends.helion.kernels import kernel_context
+
+    text = ('[[tensor_product]]\nname = "c"\nirreps_in1 = "4x0e+4x1o"\nirreps_in2 = "0e+1o"\n'
+            'irreps_out = "0e+1o"\nmode = "uvu"\nshared_weights = false\nlayout = "ir_mul"\n')
+    ir = lower(parse_spec(text)[0])
+
+    def body(ctx: dict, family: str) -> str:
+        g = ctx[family][0]["channel_groups"][0]
+        return "\n".join(ctx[family][0]["scalars"] + g["loads"] + [s for oc in g["outs"] for s in oc["updates"] + oc["stores"]]
+                         + g["deferred_stores"] + [r for red in g["reductions"] for r in red["loads"] + red["updates"]])
+
+    tp = kernel_context(ir)
+    assert "x1[tile_b, " in body(tp, "fwd") and "out[tile_b, tile_c.index] = acc0_0" in body(tp, "fwd")
+    atomic = kernel_context(ir, operands=lambda f: conv_operands({"fwd": "dst", "bwd_x1": "src"}.get(f, "edge"), False),
+                            prefix="conv")
+    fwd = body(atomic, "fwd")
+    assert "x[s_idx, " in fwd and "y[tile_b, " in fwd and "weights[tile_b, " in fwd
+    assert "hl.atomic_add(out, [d_idx, tile_c.index], acc0_0)" in fwd and "x1[" not in fwd
+    assert "hl.atomic_add(gx, [s_idx, " in body(atomic, "bwd_x1") and "g[d_idx, " in body(atomic, "bwd_x1")
+    assert "gy[tile_b, " in body(atomic, "bwd_x2")  # edge rows: stored, not scattered
+    assert atomic["fwd"][0]["name"] == "conv_fwd_0" and {"s_idx", "d_idx"} <= atomic["fwd"][0]["rows_used"]
+    segment = kernel_context(ir, operands=lambda f: conv_operands("dst", f == "fwd"), prefix="conv")
+    fwd = body(segment, "fwd")
+    assert "y[eid, " in fwd and "weights[eid, " in fwd and "tot0_0 = tot0_0 + torch.where(ok, acc0_0, 0).sum(0)" in fwd
+    finals = segment["fwd"][0]["channel_groups"][0]["finals"]
+    assert finals[0] == {"init": "tot0_0 = hl.zeros([tile_c], dtype=out.dtype)", "store": "out[node, tile_c.index] = tot0_0"}

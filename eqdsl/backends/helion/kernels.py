@@ -80,7 +80,7 @@ from .tuning import DEFAULT_TUNING, Tuning, TuningTable, tuning_of
 __all__ = [
     "FAMILIES", "LINEAR_FAMILIES", "ALL_FAMILIES", "Operands", "TP_OPERANDS", "kernel_context", "wsum_rows",
     "pow2", "split_costs", "grid_c", "block_b", "config", "block_label", "path_comment", "blocks_of",
-    "is_native", "tile_load", "native_store", "block_access", "element_access", "TILE_B",
+    "is_native", "tile_load", "native_load", "native_store", "block_access", "element_access", "TILE_B",
 ]
 
 # Kernel families: (name, computed operand, operands in argument order).
