@@ -4,7 +4,7 @@ Each kernel op is tuned on its own: an op's kernels depend only on its tuning, s
 best ``fwd`` kernels and the best ``bwd_x2`` kernels need not share tile sizes (they
 hold different operands in registers). For each op (``TP_OPS``, plus ``CONV_OPS`` when
 asked and the spec has ``conv = true``) the candidates are the spec's current tuning of
-that op, then every combination of a grid over ``spec.TUNING_KEYS`` (default
+that op, then every combination of a grid over ``eqdsl.backends.TUNING_KEYS`` (default
 ``DEFAULT_GRID``: ``num_warps`` 4, 8; ``block_b`` 2, 4, 8, 16; ``block_c`` 32, 64, 128) set in
 the op's sub-table ``[tensor_product.tuning.<op>]``; combinations that give the op the
 same kernels as an earlier one are dropped.

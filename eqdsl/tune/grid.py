@@ -1,7 +1,7 @@
 """The ops ``eqdsl tune`` times, their parameter grids and each op's candidates.
 
 A spec's tuning table is ``TensorProductSpec.tuning``: sorted ``(key, value)`` pairs, a
-sub-table's keys as ``"<op>.<key>"`` (``spec.TUNING_KEYS``, ``spec.TUNING_OPS``). A candidate
+sub-table's keys as ``"<op>.<key>"`` (``eqdsl.backends.TUNING_KEYS``, ``eqdsl.backends.TUNING_OPS``). A candidate
 is the keys one op's sub-table sets (``()``: the op as the spec has it); for the ``pallas``
 op, the top-level ``pallas_*`` keys, which every Pallas kernel of the spec shares.
 """
@@ -47,7 +47,7 @@ def parse_grid(items: list[str]) -> dict[str, tuple[int, ...]]:
         ``{"num_warps": (4, 8), "block_b": (16,)}``.
 
     Raises:
-        TuneError: a key not in ``spec.TUNING_KEYS``, a value that is not an integer or that
+        TuneError: a key not in ``eqdsl.backends.TUNING_KEYS``, a value that is not an integer or that
             the key does not accept (e.g. ``block_b`` not a power of two).
     """
     grid: dict[str, tuple[int, ...]] = {}
