@@ -113,6 +113,8 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "block_batch": block_batch,
         "num_warps": t.num_warps,
         "segment_edges": t.segment_edges,
+        "factor": t.factor,
+        "fma": t.fma,
         "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
         "kernels": [k for kind in kinds for k in kernels[kind]],
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
