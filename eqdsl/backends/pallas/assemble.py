@@ -89,9 +89,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             g["lines"] = print_body(g["body"], "    ")
     block_batch = t.block_batch
     if block_batch is None:
-        widest = max(b["pad"] * (next_pow2(b["dim"]) if b["tile"] else 1) for b in in1 + in2 + out)
+        widest = max(b.pad * (next_pow2(b.dim) if b.tile else 1) for b in in1 + in2 + out)
         block_batch = max(MIN_BLOCK_BATCH, min(MAX_BLOCK_BATCH, BLOCK_ELEMS // widest))
-    tiles = sorted({b["desc"] for b in in1 + in2 + out if b["tile"]})
+    tiles = sorted({b.desc for b in in1 + in2 + out if b.tile})
 
     return {
         "header": header,

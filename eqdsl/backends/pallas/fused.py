@@ -94,7 +94,7 @@ class FusedBuilder:
     def _path(self, p: PathIR, top: list, accs: list[str], px2: dict) -> None:
         ops = self.ops
         info = ops.info(p)
-        blk = info["blk"]
+        blk = info.blk
 
         def operand(op: str, m: int) -> str:
             return ops.vec(op, blk[op], m, top)
@@ -103,7 +103,7 @@ class FusedBuilder:
         nz = p.nonzeros
         w = self.wmap[p.index]
         if not nz:  # no CG term: a zero weight gradient, nothing else
-            top.append(Write("gw_ref", self._gw_col[p.index], Zeros(w["pad"]), w["count"], w["pad"], w["stride"]))
+            top.append(Write("gw_ref", self._gw_col[p.index], Zeros(w.pad), w.count, w.pad, w.stride))
             return
         # the operands first, so that the sums below only name them
         x1 = {i: operand("x1", i) for i in sorted({n.i for n in nz})}
@@ -125,15 +125,15 @@ class FusedBuilder:
             scale = None
             gx1 = {i: cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"wg_{n.k}"]) for i in x1}
             gx2 = {j: cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"wg_{n.k}"]) for j in x2}
-        top.append(Write("gw_ref", self._gw_col[p.index], Var("r"), w["count"], w["pad"], w["stride"]))
+        top.append(Write("gw_ref", self._gw_col[p.index], Var("r"), w.count, w.pad, w.stride))
         for i, terms in gx1.items():
             top.append(assign(accs[i], sum_of(terms, accs[i], scale)))
         for j, terms in gx2.items():
-            key = (p.i_in2, j, info["cpad"])
+            key = (p.i_in2, j, info.cpad)
             if key in px2:
                 top.append(assign(px2[key], sum_of(terms, px2[key], scale)))
             else:  # the first path into this gx2 lane sets it
-                px2[key] = f"px2_{p.i_in2}_{j}_{info['cpad']}"
+                px2[key] = f"px2_{p.i_in2}_{j}_{info.cpad}"
                 head = (Var(scale),) if scale else ()
                 top.append(assign(px2[key], sum_of(Term(t.coeff, head + t.factors) for t in terms)))
 
@@ -146,7 +146,7 @@ class FusedBuilder:
         self._gw_col, wcol = {}, 0
         for p in paths:
             self._gw_col[p.index] = wcol
-            wcol += self.wmap[p.index]["numel"]
+            wcol += self.wmap[p.index].numel
         groups: list[dict] = []
         px2: dict[tuple[int, int, int], str] = {}
         col = 0
@@ -154,12 +154,12 @@ class FusedBuilder:
             blk = self.blocks["x1"][a]
             mine = [ir.paths[i] for i in pis]
             accs = self.ops.accs(blk)
-            top: list = [assign(acc, Zeros(blk["pad"])) for acc in accs]
+            top: list = [assign(acc, Zeros(blk.pad)) for acc in accs]
             for p in mine:
                 self._path(p, top, accs, px2)
             top += store_block("gx1_ref", blk, col, [Var(a) for a in accs])
-            col += blk["dim"] * blk["mul"]
-            groups.append({"desc": f"x1 block {a} ({blk['desc']}): {len(mine)} path(s)", "body": top})
+            col += blk.dim * blk.mul
+            groups.append({"desc": f"x1 block {a} ({blk.desc}): {len(mine)} path(s)", "body": top})
         groups.append({"desc": "dF/dx2 of this kernel's paths (the whole row: a partial sum)",
                        "body": self._gx2(px2)})
         terms = 3 * sum(len(p.nonzeros) for p in paths)
@@ -186,10 +186,10 @@ class FusedBuilder:
         """Store every ``gx2`` column: the lane sums of its partials, zeros where none."""
         body: list = []
         for blk in self.blocks["x2"]:
-            parts = [[(name, pad) for (s, j, pad), name in px2.items() if (s, j) == (blk["index"], m)]
-                     for m in range(blk["dim"])]
+            parts = [[(name, pad) for (s, j, pad), name in px2.items() if (s, j) == (blk.index, m)]
+                     for m in range(blk.dim)]
             if not any(parts):
-                body += store_block("gx2_ref", blk, blk["offset"], [Zeros(blk["pad"])] * blk["dim"])
+                body += store_block("gx2_ref", blk, blk.offset, [Zeros(blk.pad)] * blk.dim)
                 continue
             # a path's x2 block has one channel: component m is column offset + m
             for m, names in enumerate(parts):
@@ -197,7 +197,7 @@ class FusedBuilder:
                     body.append(assign(f"c_{m}", sum_of(Term(1.0, (lanesum(Var(n), pad),)) for n, pad in names)))
                 else:
                     body.append(assign(f"c_{m}", Zeros(1)))
-                body.append(Write("gx2_ref", blk["offset"] + m, Var(f"c_{m}"), 1, 1, 1))
+                body.append(Write("gx2_ref", blk.offset + m, Var(f"c_{m}"), 1, 1, 1))
         return body
 
 
@@ -207,11 +207,11 @@ def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_block
     split into consecutive runs of its paths (each run then writes a partial ``gx1``)."""
     units = []
     for b in blocks["x1"]:
-        paths = [p for p in ir.paths if p.i_in1 == b["index"]]
+        paths = [p for p in ir.paths if p.i_in1 == b.index]
         costs = [3 * len(p.nonzeros) for p in paths]
         runs = plan.split(costs, max_terms) if split_blocks and len(paths) > 1 else [list(range(len(paths)))]
         for run in runs:
-            units.append((b["index"], [paths[i].index for i in run], sum(costs[i] for i in run)))
+            units.append((b.index, [paths[i].index for i in run], sum(costs[i] for i in run)))
     return units
 
 
@@ -253,11 +253,11 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
             else:
                 merged.append((a, pis))
         kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored).build())
-    ranges: dict[int, list[tuple[int, int]]] = {b["index"]: [] for b in blocks["x1"]}
+    ranges: dict[int, list[tuple[int, int]]] = {b.index: [] for b in blocks["x1"]}
     col = 0
     for k in kernels:
         for a in k["x1_blocks"]:
-            width = blocks["x1"][a]["dim"] * blocks["x1"][a]["mul"]
+            width = blocks["x1"][a].dim * blocks["x1"][a].mul
             ranges[a].append((col, width))
             col += width
     plain = all(len(r) == 1 for r in ranges.values()) and [r[0][0] for r in ranges.values()] == sorted(
@@ -265,11 +265,11 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
     order = [pi for k in kernels for pi in k["paths"]]
     start, segments = 0, {}
     for pi in order:
-        segments[pi] = (start, wmap[pi]["numel"])
-        start += wmap[pi]["numel"]
-    in_order = order == sorted(order, key=lambda pi: wmap[pi]["offset"])
+        segments[pi] = (start, wmap[pi].numel)
+        start += wmap[pi].numel
+    in_order = order == sorted(order, key=lambda pi: wmap[pi].offset)
     return {
         "kernels": kernels,
-        "gw_segments": None if in_order else [segments[pi] for pi in sorted(order, key=lambda q: wmap[q]["offset"])],
-        "gx1_segments": None if plain else [ranges[b["index"]] for b in blocks["x1"]],
+        "gw_segments": None if in_order else [segments[pi] for pi in sorted(order, key=lambda q: wmap[q].offset)],
+        "gx1_segments": None if plain else [ranges[b.index] for b in blocks["x1"]],
     }

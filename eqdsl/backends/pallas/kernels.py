@@ -54,20 +54,20 @@ from __future__ import annotations
 
 from ...ir import PathIR, TensorProductIR
 from ...kernel_ir import Var
-from .operands import Operands, component
-from .plan import DATA, KINDS, split
+from .operands import Operands, PathInfo, component
+from .plan import DATA, KINDS, BlockPlan, split
 from .stmts import Add, Loop, Masked, RowSum, StoreTile, Write, Zeros, assign, cg_terms, lanesum, product, \
     sum_of
 
 __all__ = ["KernelBuilder", "kernels", "store_block"]
 
 
-def store_block(ref: str, blk: dict, col: int, values) -> list:
+def store_block(ref: str, blk: BlockPlan, col: int, values) -> list:
     """Statements writing the ``dim`` component tiles ``values`` of block ``blk`` at column
     ``col`` of ``ref``: whole (``rt.store_tile``) for a ``tile`` block, else per component."""
-    if blk["tile"]:
-        return [StoreTile(ref, col, tuple(values), blk["mul"], blk["dim"], blk["pad"])]
-    return [Write(ref, col + m * blk["mul"], v, blk["mul"], blk["pad"], 1) for m, v in enumerate(values)]
+    if blk.tile:
+        return [StoreTile(ref, col, tuple(values), blk.mul, blk.dim, blk.pad)]
+    return [Write(ref, col + m * blk.mul, v, blk.mul, blk.pad, 1) for m, v in enumerate(values)]
 
 
 class KernelBuilder:
@@ -87,14 +87,14 @@ class KernelBuilder:
     def path_into_acc(self, p: PathIR, top: list) -> None:
         """Add path ``p``'s contribution to the accumulators of the target operand's block."""
         info = self.ops.info(p)
-        if info["ch"][self.target] == info["c"]:
+        if info.ch[self.target] == info.c:
             self._vector_target(p, info, top)
         else:
             self._column_target(p, info, top)
 
-    def _vector_target(self, p: PathIR, info: dict, top: list) -> None:
+    def _vector_target(self, p: PathIR, info: PathInfo, top: list) -> None:
         """Target indexed by the vector channel: accumulate in registers (the forward's structure)."""
-        ops, X, blkX = self.ops, self.target, info["blk"][self.target]
+        ops, X, blkX = self.ops, self.target, info.blk[self.target]
         others = [op for op in DATA if op != X]
         loop, env, prelude = ops.flat_loop(info)
         body: list = list(prelude)
@@ -104,7 +104,7 @@ class KernelBuilder:
             body.append(ops.wload(p, info, env))
             scale = "w"
         accs = ops.accs(blkX)
-        for m in range(blkX["dim"]):
+        for m in range(blkX.dim):
             nz = [n for n in p.nonzeros if component(n, X) == m]
             if nz:
                 terms = cg_terms(nz, lambda n: [names[o][component(n, o)] for o in others])
@@ -115,20 +115,20 @@ class KernelBuilder:
         else:
             top.append(Loop(f"_path_{p.index}", loop["var"], loop["count"], tuple(accs), tuple(body)))
 
-    def _column_target(self, p: PathIR, info: dict, top: list) -> None:
+    def _column_target(self, p: PathIR, info: PathInfo, top: list) -> None:
         """Target indexed by a looped channel: reduce over the vector lanes, write lane ``u``/``v``."""
-        ops, X, blkX = self.ops, self.target, info["blk"][self.target]
-        padX = blkX["pad"]
+        ops, X, blkX = self.ops, self.target, info.blk[self.target]
+        padX = blkX.pad
         others = [op for op in DATA if op != X]
-        var = info["ch"][X]
-        cnt = info["count"][var]
+        var = info.ch[X]
+        cnt = info.count[var]
         accs = ops.accs(blkX)
-        vecs = [op for op in others if info["ch"][op] == info["c"]]
+        vecs = [op for op in others if info.ch[op] == info.c]
         top.append(ops.desc(p, info))
         if len(vecs) == 2:  # uvu backward_x2, uvv backward_x1
             names = ops.names(p, info, vecs, {}, top, [])
             hs = {}
-            for m in range(blkX["dim"]):
+            for m in range(blkX.dim):
                 nz = [n for n in p.nonzeros if component(n, X) == m]
                 if nz:
                     hs[m] = f"h{p.index}_{m}"
@@ -137,7 +137,7 @@ class KernelBuilder:
             if p.has_weight:
                 body.append(ops.wload(p, info, {var: var} if cnt > 1 else {}))
             for m, h in hs.items():
-                s = lanesum(product("w", h) if p.has_weight else Var(h), info["cpad"])
+                s = lanesum(product("w", h) if p.has_weight else Var(h), info.cpad)
                 if cnt > 1 and p.has_weight:
                     s = Masked(ops.lane(padX), "==", var, s)
                 elif cnt != padX:
@@ -150,18 +150,18 @@ class KernelBuilder:
             return
         # uvw backward_x1 / backward_x2: outer loop over the target's channel, inner over the other
         other_var = "v" if var == "u" else "u"
-        ocnt = info["count"][other_var]
-        env = {v: v for v in ("u", "v") if info["count"][v] > 1}
+        ocnt = info.count[other_var]
+        env = {v: v for v in ("u", "v") if info.count[v] > 1}
         inner: list = []
         names = ops.names(p, info, others, env, top, inner)
         gop = vecs[0]  # the output gradient, a vector over w
         ks = sorted({component(n, gop) for n in p.nonzeros})
         inner.append(ops.wload(p, info, env))
         for k in ks:
-            inner.append(assign(f"s_{k}", lanesum(product("w", names[gop][k]), info["cpad"])))
+            inner.append(assign(f"s_{k}", lanesum(product("w", names[gop][k]), info.cpad)))
         colop = next(op for op in others if op != gop)
         cols = {}
-        for m in range(blkX["dim"]):
+        for m in range(blkX.dim):
             nz = [n for n in p.nonzeros if component(n, X) == m]
             if nz:
                 cols[m] = f"c_{m}"
@@ -185,8 +185,8 @@ class KernelBuilder:
         ops = self.ops
         info = ops.info(p)
         w = self.wmap[p.index]
-        base = w["offset"] - col0
-        vecs = [op for op in DATA if info["ch"][op] == info["c"]]
+        base = w.offset - col0
+        vecs = [op for op in DATA if info.ch[op] == info.c]
         cols = [op for op in DATA if op not in vecs]
         top.append(ops.desc(p, info))
 
@@ -198,7 +198,7 @@ class KernelBuilder:
             names = ops.names(p, info, vecs, {}, top, [])
             top.append(assign("r", sum_of(cg_terms(p.nonzeros, lambda n: [names[o][component(n, o)] for o in vecs]))))
             reduce(top)
-            top.append(Write("out_ref", base, Var("r"), w["count"], w["pad"], w["stride"]))
+            top.append(Write("out_ref", base, Var("r"), w.count, w.pad, w.stride))
             return
         loop, env, prelude = ops.flat_loop(info)
         body: list = list(prelude)
@@ -207,7 +207,7 @@ class KernelBuilder:
             vnames = ops.names(p, info, vecs, {}, top, [])
             cnames = ops.names(p, info, cols, env, top, body)
             prods = []
-            for m in range(info["blk"][cop]["dim"]):
+            for m in range(info.blk[cop].dim):
                 nz = [n for n in p.nonzeros if component(n, cop) == m]
                 if nz:
                     h = f"h{p.index}_{m}"
@@ -217,7 +217,7 @@ class KernelBuilder:
             (gop,) = vecs
             names = ops.names(p, info, DATA, env, top, body)
             prods = []
-            for k in range(info["blk"][gop]["dim"]):
+            for k in range(info.blk[gop].dim):
                 nz = [n for n in p.nonzeros if component(n, gop) == k]
                 if nz:
                     terms = cg_terms(nz, lambda n: [names[o][component(n, o)] for o in cols])
@@ -225,7 +225,7 @@ class KernelBuilder:
                     prods.append(product(f"q_{k}", names[gop][k]))
         body.append(assign("r", sum_of(prods)))
         reduce(body)
-        body.append(Write("out_ref", ops.wstart(p, info, env, base), Var("r"), w["count"], w["pad"], w["stride"]))
+        body.append(Write("out_ref", ops.wstart(p, info, env, base), Var("r"), w.count, w.pad, w.stride))
         if loop is None:
             top.extend(body)
         else:
@@ -239,9 +239,9 @@ class KernelBuilder:
             for pi in self.group_ids:
                 p = self.ir.paths[pi]
                 top: list = []
-                self.weight_rows(p, top, self.wmap[self.group_ids[0]]["offset"])
-                groups.append({"desc": f"weights of path {pi} ({self.wmap[pi]['numel']} columns)", "body": top})
-                col += self.wmap[pi]["numel"]
+                self.weight_rows(p, top, self.wmap[self.group_ids[0]].offset)
+                groups.append({"desc": f"weights of path {pi} ({self.wmap[pi].numel} columns)", "body": top})
+                col += self.wmap[pi].numel
                 terms += len(p.nonzeros)
             desc = f"Weighted paths {', '.join(map(str, self.group_ids))}"
         else:
@@ -250,14 +250,14 @@ class KernelBuilder:
                 blk = self.blocks[op][b]
                 paths = [p for p in self.paths if {"g": p.i_out, "x1": p.i_in1, "x2": p.i_in2}[op] == b]
                 accs = self.ops.accs(blk)
-                top = [assign(a, Zeros(blk["pad"])) for a in accs]
+                top = [assign(a, Zeros(blk.pad)) for a in accs]
                 for p in paths:
                     self.path_into_acc(p, top)
                 top += store_block("out_ref", blk, col, [Var(a) for a in accs])
-                col += blk["dim"] * blk["mul"]
+                col += blk.dim * blk.mul
                 terms += sum(len(p.nonzeros) for p in paths)
                 name = {"g": "out", "x1": "x1", "x2": "x2"}[op]
-                groups.append({"desc": f"{name} block {b} ({blk['desc']}): {len(paths)} path(s)", "body": top})
+                groups.append({"desc": f"{name} block {b} ({blk.desc}): {len(paths)} path(s)", "body": top})
             what = {"g": "Output", "x1": "x1", "x2": "x2"}[op]
             desc = f"{what} blocks {', '.join(map(str, self.group_ids))}"
         return {
@@ -290,6 +290,6 @@ def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms:
         runs = [[ids[i] for i in run] for run in runs]
     else:
         key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
-        costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b["index"]) for b in blocks[op]]
+        costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b.index) for b in blocks[op]]
         runs = split(costs, max_terms)
     return [KernelBuilder(kind, ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]

@@ -11,10 +11,12 @@ and padded to ``P``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...ir import Block, TensorProductIR
 
-__all__ = ["KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "next_pow2", "blocks", "weight_layout",
-           "split"]
+__all__ = ["KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan", "next_pow2",
+           "blocks", "weight_layout", "split"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels
 # (read at call time by ``split``: tests lower it to force splits).
@@ -53,41 +55,74 @@ def next_pow2(n: int) -> int:
     return p
 
 
+@dataclass(frozen=True)
+class BlockPlan:
+    """How the kernels access one irreps block of an operand.
+
+    ``index``: the block's index; ``offset``: its first column in the spec's rows; ``mul``,
+    ``dim`` (``2l+1``); ``pad``: ``next_pow2(mul)``, the lanes of its tiles; ``tile``: a
+    ``mul_ir`` block with ``mul > 1`` and ``dim > 1``, read and written whole
+    (``rt.load_tile`` / ``rt.store_tile``), otherwise component ``m`` is contiguous over
+    the channels (``ir_mul``, or a single channel or component) at ``offset + m * mul``;
+    ``desc``: ``"32x1o"``.
+    """
+
+    index: int
+    offset: int
+    mul: int
+    dim: int
+    pad: int
+    tile: bool
+    desc: str
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """How the kernels read one weighted path's weights in place (e3nn's order).
+
+    A vector over the vectorized channel has ``count`` lanes (``pad`` padded) ``stride``
+    columns apart, from the path's first column ``offset``; ``numel``: the path's weights;
+    ``m2``: its ``x2`` multiplicity (the row stride of ``uvv``).
+    """
+
+    path: int
+    offset: int
+    count: int
+    pad: int
+    stride: int
+    numel: int
+    m2: int
+
+
 def _irrep_str(b: Block) -> str:
     return f"{b.mul}x{b.l}{'e' if b.parity == 1 else 'o'}"
 
 
-def blocks(bs: tuple[Block, ...], layout: str) -> list[dict]:
-    """Per irreps block: ``index``, spec ``offset``, ``mul``, ``dim``, padded channels ``pad``,
-    access form ``tile`` and ``desc`` (``"32x1o"``).
-
-    ``tile``: a ``mul_ir`` block with ``mul > 1`` and ``2l+1 > 1``, read and written whole
-    (``rt.load_tile`` / ``rt.store_tile``); otherwise component ``m`` is contiguous over
-    the channels (``ir_mul``, or a single channel or component) at ``offset + m * mul``."""
-    return [{"index": b.index, "offset": b.offset, "mul": b.mul, "dim": b.dim, "pad": next_pow2(b.mul),
-             "tile": layout == "mul_ir" and b.mul > 1 and b.dim > 1, "desc": _irrep_str(b)} for b in bs]
+def blocks(bs: tuple[Block, ...], layout: str) -> list[BlockPlan]:
+    """A ``BlockPlan`` per irreps block of an operand in ``layout``."""
+    return [BlockPlan(b.index, b.offset, b.mul, b.dim, next_pow2(b.mul), layout == "mul_ir" and b.mul > 1 and b.dim > 1,
+                      _irrep_str(b)) for b in bs]
 
 
-def weight_layout(ir: TensorProductIR, in1, in2, out) -> dict[int, dict]:
-    """Per weighted path, how the kernels read its weights in place (e3nn's order, per path
-    a row-major block of shape ``(m1, m2, mo)`` / ``(m1, m2)`` / ``(m1,)``): the vector over
-    the vectorized channel has ``count`` lanes (``pad`` padded) ``stride`` columns apart;
-    ``rows`` of them, selected by the loop channels."""
+def weight_layout(ir: TensorProductIR, in1, in2, out) -> dict[int, WeightPlan]:
+    """A ``WeightPlan`` per weighted path (by path index), for the operands' ``blocks``
+    ``in1``, ``in2``, ``out``: per path a row-major block of shape ``(m1, m2, mo)`` /
+    ``(m1, m2)`` / ``(m1,)``, read as vectors over the vectorized channel, one per step of
+    the loop channels."""
     res = {}
     for p in ir.paths:
         if not p.has_weight:
             continue
-        m1, m2, mo = in1[p.i_in1]["mul"], in2[p.i_in2]["mul"], out[p.i_out]["mul"]
+        m1, m2, mo = in1[p.i_in1].mul, in2[p.i_in2].mul, out[p.i_out].mul
         if p.mode == "uvw":  # w innermost: row (u, v) at (u * m2 + v) * mo
-            count, pad, stride = mo, out[p.i_out]["pad"], 1
+            count, pad, stride = mo, out[p.i_out].pad, 1
         elif p.mode == "uvu":  # vector over u, (u, v) at u * m2 + v: strided unless m2 == 1
-            count, pad, stride = m1, in1[p.i_in1]["pad"], m2
+            count, pad, stride = m1, in1[p.i_in1].pad, m2
         elif p.mode == "uvv":  # vector over v, row u at u * m2
-            count, pad, stride = m2, in2[p.i_in2]["pad"], 1
+            count, pad, stride = m2, in2[p.i_in2].pad, 1
         else:  # uuu
-            count, pad, stride = m1, in1[p.i_in1]["pad"], 1
-        res[p.index] = {"path": p.index, "offset": p.weight_offset, "count": count, "pad": pad, "stride": stride,
-                        "numel": p.weight_numel, "m2": m2}
+            count, pad, stride = m1, in1[p.i_in1].pad, 1
+        res[p.index] = WeightPlan(p.index, p.weight_offset, count, pad, stride, p.weight_numel, m2)
     return res
 
 
