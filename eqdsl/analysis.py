@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .ir import TensorProductIR
 
-__all__ = ["fused_bwd_reason", "is_channelwise", "has_unweighted", "mixed_weighting"]
+__all__ = ["fused_bwd_reason", "has_unweighted", "mixed_weighting"]
 
 
 def fused_bwd_reason(ir: TensorProductIR) -> str | None:
@@ -33,12 +33,6 @@ def fused_bwd_reason(ir: TensorProductIR) -> str | None:
         if ir.in2[p.i_in2].mul != 1:
             return f"path {p.index}'s x2 block has {ir.in2[p.i_in2].mul} channels, not 1"
     return None
-
-
-def is_channelwise(ir: TensorProductIR) -> bool:
-    """Whether ``ir`` is a channelwise product in the sense of ``fused_bwd_reason`` (it gets
-    the fused backward)."""
-    return fused_bwd_reason(ir) is None
 
 
 def has_unweighted(ir: TensorProductIR) -> bool:
