@@ -46,8 +46,9 @@ several kernels over consecutive output blocks, each writing its own column rang
 
 A kernel context (``KernelBuilder.build``) is a dict: ``name``, ``refs`` / ``outs``
 (argument names), ``width`` (output columns), ``desc``, ``lanes``, ``groups`` (each a
-``desc`` and a ``body`` of ``stmts`` statements), ``terms`` (CG terms) and ``narrow``
-(names of its ``(rows, 1)`` operands, for ``passes.factor_kernel``).
+``desc`` and a ``body`` of ``stmts`` statements; ``assemble`` adds the printed ``lines``),
+``terms`` (CG terms) and ``narrow`` (names of its ``(rows, 1)`` operands, for
+``passes.factor_kernel``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 ``Operands`` is shared by the kernel builders (``kernels.KernelBuilder``,
 ``fused.FusedBuilder``) by composition: one instance per kernel records what the kernel
-has read (a component is read once per kernel, hoisted to the top of its group), which
+has read (a vector component is read once per kernel, at the top level of the group that
+first needs it, outside any loop; a looped column in the loop body), which
 names are narrow ``(rows, 1)`` columns (for ``passes.factor_kernel``), and which lane
 iotas the kernel needs.
 """
