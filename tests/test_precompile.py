@@ -56,7 +56,7 @@ def test_full_plan_compiles_every_kernel(p, module, kernels_file, conv):
     assert sorted(ops) == sorted(launcher_ops(source, conv))  # no launcher left out, none invented
     covered = set()
     for op in ops:
-        assert re.search(rf"^{op}_op = _rt\.define_op\(", source, re.M)  # what run_job calls
+        assert re.search(rf"^{op}_op = _OPS\.ops\[", source, re.M)  # what run_job calls
         names = precompile.op_kernels(source, op)
         assert names and set(names) <= kernels, op
         covered |= set(names)

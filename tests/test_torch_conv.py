@@ -134,7 +134,7 @@ def test_segment_forward_takes_atomic_kernels_on_small_graphs(pkgs, monkeypatch)
     s, d = torch.tensor([0, 1, 2, 1, 0]), torch.tensor([1, 1, 0, 2, 1])
     # check_forward_and_vjp's graph has 5 edges too: under 6 the atomic path, from 5 the segment one
     for threshold, sorted_ in ((6, False), (5, True)):
-        monkeypatch.setattr(conv, "SEGMENT_MIN_EDGES", threshold)
+        monkeypatch.setattr(conv._OPS, "segment_min_edges", threshold)  # what SEGMENT_MIN_EDGES set
         graph = conv.graph_tensors(s, d, 3)
         assert [g.numel() > 0 for g in graph[2:]] == [sorted_, sorted_]
         check_forward_and_vjp(conv, ir, seed=3)
@@ -142,7 +142,7 @@ def test_segment_forward_takes_atomic_kernels_on_small_graphs(pkgs, monkeypatch)
 
 def test_deterministic_per_edge_uvw_weights(tmp_path):
     """Segment kernels reading per-edge uvw weights of the sorted edges: a gathered row
-    (``eid``) against a two-axis weight column (``flat_access`` broadcasts it); forward
+    (``eid``) against a two-axis weight column (``eqdsl.backends.helion.printer`` broadcasts it); forward
     and VJP against the numpy oracle."""
     text = SPEC.format(name="tc_det_edge", layout="ir_mul", reduce="sum", det="true", shared="false", tuning="")
     pkg = build_package(tmp_path, "tc_det_edge", text)
@@ -344,7 +344,7 @@ def test_check_false_skips_the_range_check(pkgs, monkeypatch):
     def sync(*a):
         raise AssertionError("range check ran")
 
-    monkeypatch.setattr(conv, "_check_range", sync)
+    monkeypatch.setattr(conv._OPS, "check_range", sync)
     with pytest.raises(AssertionError, match="range check"):
         conv.conv(x, y, w, src, dst, n)
     torch.testing.assert_close(conv.conv(x, y, w, src, dst, n, check=False), want)

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("helion")
 
-from eqdsl.runtime import torch_runtime as rt  # noqa: E402
+from eqdsl.runtime.torch import checks as rt  # noqa: E402
 from genutil import build_package  # noqa: E402
 
 # the NequIP/MACE edge product in small: channelwise (uvu) with per-edge weights (so a
@@ -116,7 +116,7 @@ def test_kernel_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
     ]
     assert hasattr(ops, "bwd_op")  # channelwise, per-edge weights: a fused backward
     for name, args, odd in cases:
-        for call in (getattr(ops, f"{name}_op"), getattr(ops, f"_{name}")):
+        for call in (getattr(ops, f"{name}_op"), ops._OPS.impls[name]):
             with pytest.raises(ValueError, match="must be on one device") as info:
                 call(*args)
             _assert_names(info, f"::{name}", odd, "x1 on cpu" if name != "bwd_x1" else "x2 on cpu")
@@ -151,7 +151,7 @@ def test_conv_ops_refuse_mixed_devices(pkg, no_kernels, monkeypatch):
         ("conv_bwd", (x, y, w, meta(g_node)), graph, "g on meta"),
     ]
     for name, operands, gr, odd in cases:
-        for call in (getattr(conv, f"{name}_op"), getattr(conv, f"_{name}")):
+        for call in (getattr(conv, f"{name}_op"), conv._OPS.impls[name.removeprefix("conv_")]):
             with pytest.raises(ValueError, match="must be on one device") as info:
                 call(*operands, *gr, 4)
             _assert_names(info, f"::{name}", odd, "src on ")
