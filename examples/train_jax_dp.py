@@ -109,7 +109,7 @@ def pad_batch(jax_ops, graphs):
     """Pad every graph to the same bucket sizes with ``jax_ops.pad_graph`` and stack them:
     a dict of arrays with a leading graph axis (positions, species, src, dst, forces, node
     and edge masks) and the padded node count (a Python int)."""
-    from eqdsl.runtime.jax_runtime import bucket
+    from eqdsl.runtime.jax.padding import bucket
 
     n_pad = max(bucket(len(g[0]) + 1, 16) for g in graphs)
     e_pad = max(bucket(len(g[2]), 64) for g in graphs)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 
 from eqdsl.reference import _SUBSCRIPTS, dense_cg, tensor_product_reference, tensor_product_vjp_reference  # noqa: E402
-from eqdsl.runtime import jax_runtime as rt  # noqa: E402
+from eqdsl.runtime.jax import launch, padding as rt  # noqa: E402
 from test_jax_ops import EXAMPLES, MIXED, TOL, Built, build, gpu, inputs, random_specs, rel_err, spec_text  # noqa: E402
 
 BB = 4  # batch rows per program in these tests
@@ -342,8 +342,8 @@ def test_shared_weight_reduction_over_several_launches(specs, monkeypatch):
     rows = 16
     (x1, x2, w, g), (a, c, d, e) = _padded(b, BATCH, rows, seed=2)
     whole = np.asarray(k.backward_w(a, c, e, block_batch=BB, interpret=True))
-    monkeypatch.setattr(rt, "REDUCE_MIN_PROGRAMS", 1)
-    monkeypatch.setattr(rt, "REDUCE_PARTIAL_ELEMS", 1)
+    monkeypatch.setattr(launch, "REDUCE_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(launch, "REDUCE_PARTIAL_ELEMS", 1)
     split = np.asarray(k.backward_w(a, c, e, block_batch=BB, interpret=True))
     np.testing.assert_allclose(split, whole, rtol=1e-13, atol=1e-13)
     gw = rt.user_weights(jnp.asarray(split), b.ir.weight_numel, True, BATCH)

@@ -14,7 +14,7 @@ sums over devices within 1e-12):
   the compiled HLO has no ``all-gather``; outputs and row gradients are sharded like the
   inputs, shared weights and their gradient replicated (one all-reduce: the psum).
 * ``jax.shard_map``: ``tensor_product`` and ``conv``, forward and gradients (interpret mode
-  needs ``check_vma=False``, see ``jax_runtime._run``); with the default ``check_vma=True``
+  needs ``check_vma=False``, see ``eqdsl.runtime.jax.launch.run``); with the default ``check_vma=True``
   the compiled-kernel route (``interpret=False``) traces and lowers for CUDA (typed
   outputs and cotangents), and interpret mode raises its one-line error.
 * ``examples/train_jax_dp.py``: one data-parallel step (``shard_map`` + ``pmean``) equals

@@ -22,7 +22,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
-from eqdsl.runtime import jax_runtime as rt  # noqa: E402
+from eqdsl.runtime.jax import launch as rt  # noqa: E402
 from test_jax_ops import EXAMPLES, MIXED, Built, build, spec_text  # noqa: E402
 
 B = 64  # rows (a multiple of every default block)

@@ -2,7 +2,7 @@
 """Edges per step of the Pallas conv's segment kernels, on the GPU: check, then time.
 
 The JAX conv (``generated/<name>/jax_ops.conv``) runs its forward and its node-feature
-gradient as segment kernels (``eqdsl.runtime.jax_runtime.launch_segments``): one program per
+gradient as segment kernels (``eqdsl.runtime.jax.launch.launch_segments``): one program per
 node walks the node's dst-sorted edges ``block_edges`` at a time, carrying one running sum
 per stored ``(block_edges, size)`` tile in registers, and writes the node's row once. More
 edges per step mean more registers (mace_large's forward spilled at 2 edges and 4 warps,
@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     import jax
 
-    from eqdsl.runtime import jax_runtime as rt
+    from eqdsl.runtime.jax import launch as rt
 
     problems = ["nequip_water"] if args.quick else args.problems.split(",")
     blocks = [int(b) for b in args.blocks.split(",")]

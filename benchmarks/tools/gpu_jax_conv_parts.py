@@ -7,12 +7,12 @@ The JAX conv (``generated/<name>/jax_ops.conv``) runs four kernel ops (``CONV_OP
 cotangent ``G`` by ``dst`` in the order the edges come in. ``G`` is the widest operand
 (mace_large: 9,088 columns against 1,152 of ``x``), so whether consecutive edges share a
 ``dst`` decides how often its rows come from cache. For each problem and graph this
-script times, jitted, with the graph's index arrays (``rt.conv_graph``) built once
+script times, jitted, with the graph's index arrays (``rt_graph.conv_graph``) built once
 outside the timed call:
 
 * each kernel op alone, on the edges as the graph lists them, sorted by ``dst`` and
   sorted by ``src`` (the same edges: the conv's result does not depend on their order);
-* ``rt.conv_graph`` itself (two stable argsorts and two searchsorted, inside every
+* ``rt_graph.conv_graph`` itself (two stable argsorts and two searchsorted, inside every
   ``conv`` call);
 * the whole ``conv`` forward and forward + VJP, for each order.
 
@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     import jax
 
-    from eqdsl.runtime import jax_runtime as rt
+    from eqdsl.runtime.jax import graph as rt_graph, padding as rt_padding
 
     problems = ["nequip_water"] if args.quick else args.problems.split(",")
     groups, per_group = (2, 2) if args.quick else (7, 10)
@@ -57,7 +57,7 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for g in graphs(args.graphs.split(","), args.quick):
             n, e = g.num_nodes, g.num_edges
-            rows = max(rt.round_up(e, block[0]), block[0])
+            rows = max(rt_padding.round_up(e, block[0]), block[0])
             x = jax.device_put(rng.standard_normal((n, mod.DIM_IN1)).astype(np.float32))
             y = jax.device_put(rng.standard_normal((rows, k.IDIM_IN2)).astype(np.float32))
             wshape = (1, k.IWEIGHT_NUMEL) if mod.SHARED_WEIGHTS else (rows, k.IWEIGHT_NUMEL)
@@ -66,7 +66,7 @@ def main() -> None:
             orders = {"as listed": np.arange(e), "dst-sorted": np.argsort(g.dst, kind="stable"),
                       "src-sorted": np.argsort(g.src, kind="stable")}
             # jitted once per problem and graph: the orders differ in values only
-            make = jax.jit(lambda s_, d_: rt.conv_graph(s_, d_, n, rows, np.float32))
+            make = jax.jit(lambda s_, d_: rt_graph.conv_graph(s_, d_, n, rows, np.float32))
             ops = mod.CONV_OPS
             parts = {
                 "fwd": jax.jit(lambda a, b, c, gr: ops.fwd(a, b, c, gr, block, interpret)),

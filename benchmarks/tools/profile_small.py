@@ -145,7 +145,7 @@ def _jax_floor(calls: int) -> None:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    from eqdsl.runtime import jax_runtime as rt
+    from eqdsl.runtime.jax import launch as rt
 
     x = jnp.zeros((16, 128), jnp.float32)
 

@@ -38,7 +38,7 @@ paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
 ``plan.split``) when the body would exceed ``plan.MAX_TERMS_PER_KERNEL`` terms
 (the conv's: ``pallas_conv_max_terms``), counting three per CG nonzero (one per
 gradient). Every kernel then writes the full ``gx2`` row as its own partial sum and the
-launcher adds them up in kernel order (``jax_runtime.launch_fused``: deterministic, no
+launcher adds them up in kernel order (``eqdsl.runtime.jax.launch.launch_fused``: deterministic, no
 atomics). Each kernel writes its ``gx1`` blocks' columns and its paths' weight columns;
 the pieces concatenate, and when the paths are not in ``x1`` block order the weight
 columns are put back in e3nn's order by ``gw_segments``.

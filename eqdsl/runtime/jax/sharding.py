@@ -19,13 +19,13 @@ weights, a sum over the rows. ``row_parallel`` tells JAX so, for every kernel la
   shared weights, replicated).
 * Inside a user's ``jax.shard_map`` (manual axes): the launch runs on the local rows as
   is (``custom_partitioning`` lowers its function inline there);
-  ``jax_runtime.out_struct`` types its outputs with their varying mesh axes and
-  ``jax_runtime._sum_over_devices`` sums the gradient of unmapped (replicated) operands.
+  ``launch.out_struct`` types its outputs with their varying mesh axes and
+  ``autodiff``'s VJP rules sum the gradient of unmapped (replicated) operands.
 
 Every launch pads its own (per-device) rows to a multiple of the batch block and drops
 the padding rows after the kernel, so the batch never has to be padded globally (a pad
 of a sharded axis moves rows between devices). Gradients follow, because every kernel of
-the ``jax.custom_vjp`` wiring (``jax_runtime._wire``) is launched this way.
+the ``jax.custom_vjp`` wiring (``autodiff.make_vjp_ops``) is launched this way.
 
 ``jax.vmap`` over a launch (which ``custom_partitioning`` cannot batch) runs the
 unpartitioned launch under ``vmap`` (``jax.custom_batching.custom_vmap``).

@@ -1,0 +1,519 @@
+"""Launches of the generated Pallas kernels: ``pallas_call`` grids, block specs and outputs.
+
+``launch_rows`` / ``launch_weight_sum`` / ``launch_fused`` run the plain product's kernel
+sets on row blocks; ``launch_segments`` / ``launch_edges`` / ``conv_backward_fused`` /
+``segment_sum_rows`` the fused convolution's, over a ``graph.ConvGraph``. Every call is
+traced through ``run`` (inline-PTX ``fma`` on the GPU, ``a * b + c`` in interpret mode).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .fma import inline_fma
+from .tiles import Accumulate, Gather
+
+__all__ = [
+    "use_interpret", "compiler_params", "varying_axes", "out_struct", "run", "launch_rows", "launch_weight_sum",
+    "launch_fused", "launch_segments", "launch_edges", "conv_backward_fused", "segment_sum_rows",
+]
+
+NUM_WARPS = 4
+NUM_STAGES = 1
+
+
+def use_interpret(interpret: bool | None) -> bool:
+    """Explicit choice, else interpret mode exactly when the default backend is the CPU."""
+    if interpret is None:
+        return jax.default_backend() == "cpu"
+    return bool(interpret)
+
+
+def compiler_params(interpret: bool, num_warps: int | None = None):
+    """Triton compiler parameters (``num_warps``, default ``NUM_WARPS``) for a compiled
+    kernel; none in interpret mode. Given also without a GPU: passing them selects the
+    Triton lowering of Pallas (jax 0.10 defaults to Mosaic GPU when none are given), so
+    that ``jit(...).trace(...).lower(lowering_platforms=("cuda",))`` on a CPU machine runs
+    the real Pallas -> Triton lowering (the tests do)."""
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=NUM_WARPS if num_warps is None else num_warps, num_stages=NUM_STAGES)
+
+
+def varying_axes(operands) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map`` with ``check_vma=True``) along which
+    any of ``operands`` varies; empty elsewhere. Raises ``ValueError`` for an operand that
+    is ``unreduced`` or ``reduced`` over an axis (a partial sum pending a collective): the
+    kernels are not linear in all operands at once, so it must be reduced first."""
+    varying = set()
+    for a in operands:
+        mat = getattr(jax.typeof(a), "manual_axis_type", None)
+        if mat is None:
+            continue
+        if mat.unreduced or mat.reduced:
+            raise ValueError("an operand of the tensor product is unreduced/reduced over mesh axes "
+                             f"{sorted(mat.unreduced | mat.reduced)}; reduce it (jax.lax.psum) first")
+        varying |= mat.varying
+    return frozenset(varying)
+
+
+def out_struct(shape, dtype, operands) -> jax.ShapeDtypeStruct:
+    """The ``out_shape`` of a ``pallas_call`` on ``operands``: ``(shape, dtype)``, varying
+    over the mesh axes along which any operand varies.
+
+    Inside ``jax.shard_map`` (default ``check_vma=True``) JAX types every value with the
+    manual mesh axes it varies over (``jax.typeof(x).manual_axis_type``) and requires the
+    ``out_shape`` of a ``pallas_call`` to say it (``manual_axis_type``, jax 0.10 and 0.11):
+    a kernel's output row depends on every operand, so it varies wherever one of them
+    does. Outside ``shard_map`` the field is empty and ignored.
+    """
+    from jax.sharding import ManualAxisType
+
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=ManualAxisType(varying=varying_axes(operands)))
+
+
+def run(call, interpret: bool, *operands):
+    """``call(*operands)``, a ``pallas_call``: its kernel is traced here, with ``fma`` as
+    inline PTX unless in interpret mode.
+
+    Raises ``ValueError`` in interpret mode on operands that vary over manual mesh axes
+    (inside ``jax.shard_map`` with ``check_vma=True``): Pallas' HLO interpreter evaluates
+    the kernel's jaxpr, traced without mesh axes, on the varying operands, and the first
+    constant in the kernel fails JAX's type check ("Primitive mul requires varying manual
+    axes to match", jax 0.10.2; 0.11's interpreter is the same code). Running the
+    interpreted call in a ``jax.pure_callback`` instead deadlocked on forced host devices.
+    Compiled kernels (the GPU) type-check and run under ``check_vma=True``.
+    """
+    axes = varying_axes(operands) if interpret else ()
+    if axes:
+        raise ValueError(
+            "Pallas interpret mode cannot run inside jax.shard_map with check_vma=True (JAX's Pallas "
+            f"interpreter fails on values varying over mesh axes {sorted(axes)}); on the CPU pass "
+            "check_vma=False to jax.shard_map (compiled GPU kernels work with either)")
+    with inline_fma(not interpret):
+        return call(*operands)
+
+
+# ------------------------------------------------------------------ kernel launches
+
+# Shared-weight gradients are reduced over the batch with per-program partial sums
+# (one row per program, then one sum): deterministic, no atomics. The partial sums of
+# one launch hold at most max(REDUCE_MIN_PROGRAMS, REDUCE_PARTIAL_ELEMS // width) rows;
+# a larger batch is covered by several launches over consecutive row blocks.
+REDUCE_PARTIAL_ELEMS = 1 << 25
+REDUCE_MIN_PROGRAMS = 256
+
+
+def _check_rows(rows: int, block_batch: int) -> None:
+    if rows % block_batch:
+        raise ValueError(f"rows={rows} is not a multiple of block_batch={block_batch}")
+
+
+def _concat(pieces):
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+
+
+def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | None, block_batch: int,
+                interpret: bool,
+                num_warps: int | None = None):
+    """Run a kernel set whose output has one row per input row.
+
+    ``args``: ``(rows, width)`` operands, blocked by ``block_batch`` rows, except
+    ``args[shared_arg]`` (shared weights, ``(1, width)``), given whole to every program.
+    ``kernels``: ``(kernel, output width)`` pairs; their outputs are concatenated over
+    columns (``out_width`` in all; no kernels: zeros). Grid: one program per
+    ``block_batch`` rows.
+    """
+    from jax.experimental import pallas as pl
+
+    rows = next(a.shape[0] for i, a in enumerate(args) if i != shared_arg)
+    _check_rows(rows, block_batch)
+    if not kernels:
+        return jnp.zeros((rows, out_width), args[0].dtype)
+    row_block = lambda i: (i, 0)  # noqa: E731
+    in_specs = [
+        pl.BlockSpec((1, a.shape[1]), lambda i: (0, 0)) if k == shared_arg
+        else pl.BlockSpec((block_batch, a.shape[1]), row_block)
+        for k, a in enumerate(args)
+    ]
+    pieces = []
+    for kernel, width in kernels:
+        call = pl.pallas_call(
+            kernel,
+            out_shape=out_struct((rows, width), args[0].dtype, args),
+            grid=(rows // block_batch,),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((block_batch, width), row_block),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + kernel.__name__,
+        )
+        pieces.append(run(call, interpret, *args))
+    return _concat(pieces)
+
+
+def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: int, interpret: bool,
+                num_warps: int | None = None):
+    """Run a ``backward_w`` kernel set with shared weights: every program writes the sum
+    over its ``block_batch`` rows as one partial-sum row; the partial sums are added up
+    (in a fixed order) to one ``(1, out_width)`` row (no kernels: zeros)."""
+    from jax.experimental import pallas as pl
+
+    rows = args[0].shape[0]
+    _check_rows(rows, block_batch)
+    if not kernels:
+        return jnp.zeros((1, out_width), args[0].dtype)
+    blocks = rows // block_batch
+    pieces = []
+    for kernel, width in kernels:
+        chunk = max(REDUCE_MIN_PROGRAMS, REDUCE_PARTIAL_ELEMS // max(width, 1))
+        total = None
+        for start in range(0, blocks, chunk):
+            n = min(chunk, blocks - start)
+            in_specs = [pl.BlockSpec((block_batch, a.shape[1]), lambda i, s=start: (i + s, 0)) for a in args]
+            call = pl.pallas_call(
+                kernel,
+                out_shape=out_struct((n, width), args[0].dtype, args),
+                grid=(n,),
+                in_specs=in_specs,
+                out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
+                interpret=interpret,
+                compiler_params=compiler_params(interpret, num_warps),
+                name=name + kernel.__name__,
+            )
+            part = jnp.sum(run(call, interpret, *args), axis=0, keepdims=True)
+            total = part if total is None else total + part
+        pieces.append(total)
+    return _concat(pieces)
+
+
+def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_batch: int, interpret: bool,
+                 num_warps: int | None = None, gx1_segments=None):
+    """Run the fused backward kernels (``eqdsl.backends.pallas.fused``) of a channelwise product.
+
+    ``args``: ``(x1, x2, w, g)``, ``(rows, width)`` each (per-row weights), blocked by
+    ``block_batch`` rows. ``kernels``: ``(kernel, gx1 width, weight width)`` triples; each
+    kernel writes three outputs: its ``x1`` blocks' gradient columns, a whole
+    ``(rows, dim_in2)`` row of ``gx2`` partial sums and its paths' weight-gradient
+    columns. Returns ``(gx1, gx2, gw)``: the ``gx1`` and ``gw`` pieces concatenated (``gw``
+    reordered by ``gw_segments``, ``(start, width)`` per path in e3nn's order, when not
+    None; ``gx1`` summed per ``x1`` block over its ``gx1_segments`` ranges when not None),
+    the ``gx2`` partials added in kernel order (deterministic, no atomics).
+    """
+    from jax.experimental import pallas as pl
+
+    rows = args[0].shape[0]
+    _check_rows(rows, block_batch)
+    dtype = args[0].dtype
+    row_block = lambda i: (i, 0)  # noqa: E731
+    in_specs = [pl.BlockSpec((block_batch, a.shape[1]), row_block) for a in args]
+    pieces = []
+    for kernel, width1, width_w in kernels:
+        widths = (width1, dim_in2, width_w)
+        call = pl.pallas_call(
+            kernel,
+            out_shape=tuple(out_struct((rows, n), dtype, args) for n in widths),
+            grid=(rows // block_batch,),
+            in_specs=in_specs,
+            out_specs=tuple(pl.BlockSpec((block_batch, n), row_block) for n in widths),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + kernel.__name__,
+        )
+        pieces.append(run(call, interpret, *args))
+    gx1, gx2, gw = _join_fused(pieces, gw_segments)
+    return _sum_segments(gx1, gx1_segments), gx2, gw
+
+
+def _sum_segments(a, segments):
+    """``a`` with its column ranges summed per output block: for each block, the sum of
+    ``a[:, start:start + width]`` over its ``(start, width)`` ranges, in order; ``a`` itself
+    when ``segments`` is None."""
+    if segments is None:
+        return a
+    blocks = []
+    for ranges in segments:
+        total = a[:, ranges[0][0]:ranges[0][0] + ranges[0][1]]
+        for start, width in ranges[1:]:
+            total = total + a[:, start:start + width]
+        blocks.append(total)
+    return _concat(blocks)
+
+
+def _join_fused(pieces, gw_segments):
+    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel, joined: the
+    ``gx1`` and ``gw`` column pieces concatenated (``gw`` put in e3nn's order by
+    ``gw_segments`` when not None), the ``gx2`` partial rows added in kernel order."""
+    gx2 = pieces[0][1]
+    for _, b, _ in pieces[1:]:
+        gx2 = gx2 + b
+    gw = _concat([c for _, _, c in pieces])
+    if gw_segments is not None:
+        gw = _concat([gw[:, s:s + n] for s, n in gw_segments])
+    return _concat([a for a, _, _ in pieces]), gx2, gw
+
+
+class _ShapeOf:
+    """Stand-in for an operand ref in ``_body_stores``'s abstract trace: indexing it gives
+    zeros of the shape indexing the ref would give (rows ``:`` or an index array; columns
+    ``pl.ds`` or an index array)."""
+
+    def __init__(self, ref):
+        self.shape, self.dtype = tuple(ref.shape), ref.dtype
+
+    def __getitem__(self, key):
+        rows, cols = key
+        lead = (self.shape[0],) if isinstance(rows, slice) else tuple(jnp.shape(rows))
+        if hasattr(cols, "size") and not hasattr(cols, "shape"):  # a pl.ds slice
+            shape = lead + (cols.size,)
+        else:
+            shape = jnp.broadcast_shapes(lead, tuple(jnp.shape(cols)))
+        return jnp.zeros(shape, self.dtype)
+
+
+def _body_stores(body, ins, shared_arg: int | None, be: int, out_ref):
+    """The stores of one edge tile of a reducing ``body``: ``(records, shapes)``, the
+    ``_Accumulate`` records (their values abstract) and the stored values' shapes, from
+    one abstract trace on stand-in operands (``jax.eval_shape``: nothing is emitted into
+    the kernel)."""
+    seen = {}
+
+    def run():
+        idx, mask = jnp.zeros((be,), jnp.int32), jnp.ones((be,), jnp.bool_)
+        ops = [_ShapeOf(r) if k == shared_arg else Gather(_ShapeOf(r), idx, mask) for k, r in enumerate(ins)]
+        acc = Accumulate(out_ref)
+        body(*ops, acc)
+        seen["records"] = acc.records
+        return [v for _, _, v in acc.records]
+
+    shapes = jax.eval_shape(run)
+    return seen["records"], shapes
+
+
+def _full_spec(a):
+    from jax.experimental import pallas as pl
+
+    nd = a.ndim
+    return pl.BlockSpec(tuple(a.shape), lambda i: (0,) * nd)
+
+
+def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: int | None, perm, rowptr, gather,
+                    num_nodes: int, out_width: int, block_edges: int, interpret: bool,
+                num_warps: int | None = None):
+    """Reduction kernels (``conv`` forward, ``conv`` backward_x1): one program per node ``n``
+    sums the kernel body over the edges ``perm[rowptr[n]:rowptr[n + 1]]`` (sorted order), in
+    tiles of ``block_edges``. ``args[node_arg]`` (if not None) is a node array gathered by
+    ``gather`` (``(rows,)``, in sorted order; edges whose entry is the sentinel
+    ``num_nodes`` count for nothing); the others are edge arrays gathered by ``perm``,
+    except ``args[shared_arg]`` (shared weights, ``(1, width)``). Returns ``(num_nodes, out_width)``."""
+    from jax.experimental import pallas as pl
+
+    rows = perm.shape[0]
+    if not kernels or not rows or not num_nodes:
+        return jnp.zeros((num_nodes, out_width), args[0].dtype)
+    be = block_edges
+
+    def make(body):
+        def kernel(rowptr_ref, perm_ref, gather_ref, *refs):
+            *ins, out_ref = refs
+            i = pl.program_id(0)
+            start, end = rowptr_ref[i], rowptr_ref[i + 1]
+            # zero the row in power-of-two column chunks (the Triton lowering wants pow2 shapes)
+            col, width = 0, out_ref.shape[1]
+            while col < width:
+                size = 1 << ((width - col).bit_length() - 1)
+                out_ref[:, pl.ds(col, size)] = jnp.zeros((1, size), out_ref.dtype)
+                col += size
+            lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
+
+            def tile(t):
+                e = start + t * be + lanes
+                ec = jnp.minimum(e, rows - 1)
+                eid = perm_ref[ec]
+                nid = gather_ref[ec]
+                mask = (e < end) & (nid < num_nodes)
+                ops = []
+                for k, r in enumerate(ins):
+                    if k == shared_arg:
+                        ops.append(r)
+                    elif k == node_arg:
+                        ops.append(Gather(r, jnp.minimum(nid, num_nodes - 1), mask))
+                    else:
+                        ops.append(Gather(r, eid, mask))
+                acc = Accumulate(out_ref)
+                body(*ops, acc)
+                return acc
+
+            # The loop carries the running sum of each store of the body in registers,
+            # unreduced: no cross-warp sum and no read-modify-write of the node's row per
+            # tile, one of each per node (``_Accumulate.write``).
+            records, shapes = _body_stores(body, ins, shared_arg, be, out_ref)
+            totals = lax.fori_loop(
+                0, (end - start + be - 1) // be,
+                lambda t, carry: tuple(c + v for c, (_, _, v) in zip(carry, tile(t).records)),
+                tuple(jnp.zeros(a.shape, a.dtype) for a in shapes),
+            )
+            out = Accumulate(out_ref)
+            out.records = records
+            out.write(totals)
+
+        kernel.__name__ = body.__name__
+        return kernel
+
+    operands = (rowptr, perm, gather, *args)
+    pieces = []
+    for body, width in kernels:
+        call = pl.pallas_call(
+            make(body),
+            out_shape=out_struct((num_nodes, width), args[0].dtype, operands),
+            grid=(num_nodes,),
+            in_specs=[_full_spec(a) for a in operands],
+            out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + "_conv" + body.__name__,
+        )
+        pieces.append(run(call, interpret, *operands))
+    return _concat(pieces)
+
+
+def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, shared_out: bool,
+                 num_nodes: int, out_width: int, block_edges: int, interpret: bool,
+                num_warps: int | None = None):
+    """Per-edge kernels (``conv`` backward_x2 and backward_w): one program per
+    ``block_edges`` edges (original order). ``gathers``: ``{arg: index (rows,)}`` for the
+    node arrays among ``args`` (gathered rows, zero where the index is the sentinel
+    ``num_nodes``); the other args are ``(rows, width)`` edge arrays, except
+    ``args[shared_arg]``. Returns ``(rows, out_width)``, or with ``shared_out`` the
+    ``(1, out_width)`` sum over edges (per-program partial sums, then one sum in a fixed
+    order: deterministic)."""
+    from jax.experimental import pallas as pl
+
+    gather_args = sorted(gathers)
+    rows = gathers[gather_args[0]].shape[0]
+    _check_rows(rows, block_edges)
+    if not kernels:
+        return jnp.zeros((1 if shared_out else rows, out_width), args[0].dtype)
+    be, blocks = block_edges, rows // block_edges
+    ni = len(gather_args)
+
+    def make(body):
+        def kernel(*refs):
+            idx_refs, ins, out_ref = refs[:ni], refs[ni:-1], refs[-1]
+            ops = []
+            for k, r in enumerate(ins):
+                if k in gathers:
+                    nid = idx_refs[gather_args.index(k)][...]
+                    ops.append(Gather(r, jnp.minimum(nid, num_nodes - 1), nid < num_nodes))
+                else:
+                    ops.append(r)
+            body(*ops, out_ref)
+
+        kernel.__name__ = body.__name__
+        return kernel
+
+    in_specs = [pl.BlockSpec((be,), lambda i: (i,)) for _ in gather_args]
+    for k, a in enumerate(args):
+        if k in gathers or k == shared_arg:
+            in_specs.append(_full_spec(a))
+        else:
+            in_specs.append(pl.BlockSpec((be, a.shape[1]), lambda i: (i, 0)))
+    operands = (*(gathers[k] for k in gather_args), *args)
+    pieces = []
+    for body, width in kernels:
+        call = pl.pallas_call(
+            make(body),
+            out_shape=out_struct((blocks if shared_out else rows, width), args[0].dtype, operands),
+            grid=(blocks,),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((1 if shared_out else be, width), lambda i: (i, 0)),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + "_conv" + body.__name__,
+        )
+        out = run(call, interpret, *operands)
+        pieces.append(jnp.sum(out, axis=0, keepdims=True) if shared_out else out)
+    return _concat(pieces)
+
+
+def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, gw_segments,
+                        block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None,
+                        gx1_segments=None):
+    """The conv's three gradients from one gather of each operand per edge (a channelwise
+    product's fused backward kernels, ``eqdsl.backends.pallas.fused``).
+
+    ``args``: ``(x, y, W, G)``, node features ``(N, dim_in1)``, edge rows ``(rows, .)``,
+    per-edge weights, node cotangents ``(N, dim_out)``; ``graph`` a ``ConvGraph``. One
+    program per ``block_edges`` edges gathers ``x[src]`` and ``G[dst]`` and runs the fused
+    body, which writes ``dF/dy`` and ``dF/dW`` of its edges and each edge's ``dF/dx``
+    message; a segment kernel then sums the messages into their ``src`` nodes
+    (``segment_sum_rows``: a fixed order, no atomics). The three-kernel backward gathers
+    ``G``, the widest operand, once per kernel. Kernels that own part of an ``x1`` block's
+    paths write partial messages: their node sums are added per block after the segment
+    sum (``gx1_segments``, as ``launch_fused``). Returns ``(gx (N, dim_in1), gy, gW)``
+    (``gW`` in the kernel weight layout, as ``backward_w``).
+    """
+    from jax.experimental import pallas as pl
+
+    x, y, w, g = args
+    rows = y.shape[0]
+    _check_rows(rows, block_edges)
+    be, blocks, dtype = block_edges, rows // block_edges, y.dtype
+
+    def make(body):
+        def kernel(src_ref, dst_ref, x_ref, y_ref, w_ref, g_ref, *outs):
+            s, d = src_ref[...], dst_ref[...]
+            xs = Gather(x_ref, jnp.minimum(s, num_nodes - 1), s < num_nodes)
+            gd = Gather(g_ref, jnp.minimum(d, num_nodes - 1), d < num_nodes)
+            body(xs, y_ref, w_ref, gd, *outs)
+
+        kernel.__name__ = body.__name__
+        return kernel
+
+    edge_block = lambda i: (i, 0)  # noqa: E731
+    in_specs = [pl.BlockSpec((be,), lambda i: (i,))] * 2
+    in_specs += [_full_spec(x), pl.BlockSpec((be, y.shape[1]), edge_block), pl.BlockSpec((be, w.shape[1]), edge_block),
+                 _full_spec(g)]
+    pieces = []
+    for kernel, width1, width_w in kernels:
+        widths = (width1, dim_in2, width_w)
+        call = pl.pallas_call(
+            make(kernel),
+            out_shape=tuple(out_struct((rows, n), dtype, (graph.src, graph.dst, x, y, w, g)) for n in widths),
+            grid=(blocks,),
+            in_specs=in_specs,
+            out_specs=tuple(pl.BlockSpec((be, n), edge_block) for n in widths),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=name + "_conv" + kernel.__name__,
+        )
+        pieces.append(run(call, interpret, graph.src, graph.dst, x, y, w, g))
+    msgs, gy, gw = _join_fused(pieces, gw_segments)
+    gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
+                          gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
+                          interpret=interpret, num_warps=num_warps)
+    return _sum_segments(gx, gx1_segments), gy, gw
+
+
+def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, block_edges: int, interpret: bool,
+                     num_warps: int | None = None):
+    """``out[n] = sum of rows_array[perm[rowptr[n]:rowptr[n + 1]]]`` (``launch_segments``
+    with a body that stores its tile: the sum runs in a fixed order). ``(num_nodes, width)``."""
+    from jax.experimental import pallas as pl
+
+    width = rows_array.shape[1]
+
+    def _segment_rows(m_ref, out_ref):
+        col = 0
+        while col < width:  # power-of-two column chunks (the Triton lowering wants pow2 shapes)
+            size = 1 << ((width - col).bit_length() - 1)
+            out_ref[:, pl.ds(col, size)] = m_ref[:, pl.ds(col, size)]
+            col += size
+
+    return launch_segments(name, [(_segment_rows, width)], (rows_array,), node_arg=None, shared_arg=None, perm=perm,
+                           rowptr=rowptr, gather=gather, num_nodes=num_nodes, out_width=width,
+                           block_edges=block_edges, interpret=interpret, num_warps=num_warps)

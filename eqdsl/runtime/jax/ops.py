@@ -1,0 +1,208 @@
+"""``TensorProductFunctions``: the JAX entry points of one generated tensor product, bound to its kernels.
+
+A generated ``jax_ops.py`` hands its metadata and its ``pallas_kernels`` module (the
+generated kernel bodies and kernel sets) to ``TensorProductFunctions``, which wires the
+kernels' derivatives (``autodiff``), checks the arguments (``checks``) and runs the
+kernels under ``jax.jit`` (``tensor_product``, ``tensor_product_vjp``, ``conv``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import jax
+import jax.numpy as jnp
+
+from .autodiff import TensorProductVJP, make_conv_vjp_ops, make_vjp_ops
+from .checks import check_block_batch, check_conv_inputs, check_grad_out, check_inputs
+from .graph import conv_graph
+from . import launch  # its launchers read at call time (tools patch launch.launch_segments)
+from .launch import use_interpret
+from .padding import PaddedGraph, kernel_weights, pad_graph, pad_rows, round_up, user_weights
+
+__all__ = ["TensorProductFunctions", "ConvKernels"]
+
+
+@dataclass(frozen=True)
+class ConvKernels:
+    """The fused convolution's kernel sets of a ``pallas_kernels`` module.
+
+    Attributes:
+        reduce: ``"sum"`` or ``"mean"`` (each node's sum divided by its in-degree).
+        fwd, bwd_x1, bwd_x2, bwd_w: ``(kernel body, output width)`` pairs of each derivative.
+        weighted: ``(fwd, bwd_x1, bwd_x2)`` over the weighted paths only (some paths are
+            unweighted), or None.
+        backward_fused_kernels: ``(kernel, dF/dx width, weight width)`` triples of the fused
+            backward (the three gradients from one gather of ``G`` per edge), or None.
+        gw_segments, gx1_segments: how the fused kernels' weight and ``dF/dx`` columns are
+            put in order (``launch.conv_backward_fused``).
+    """
+
+    reduce: str
+    fwd: tuple
+    bwd_x1: tuple
+    bwd_x2: tuple
+    bwd_w: tuple
+    weighted: tuple | None = None
+    backward_fused_kernels: tuple | None = None
+    gw_segments: tuple | None = None
+    gx1_segments: tuple | None = None
+
+
+class TensorProductFunctions:
+    """``tensor_product``, ``tensor_product_vjp`` and (with ``conv``) ``conv`` of one generated product.
+
+    Args:
+        kernels: the generated ``pallas_kernels`` module (``forward``, ``backward_x1``,
+            ``backward_x2``, ``backward_w``: launchers ``f(a, b, c, *, block_batch,
+            interpret)``; ``NAME``, ``NUM_WARPS``, ``BLOCK_BATCH``, ``SEGMENT_EDGES``,
+            ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
+        dim_in1, dim_in2, dim_out, weight_numel: row widths of ``x1``, ``x2``, the output,
+            the weights (e3nn's order, the spec's layout).
+        shared_weights: weights ``(weight_numel,)`` (True) or one row per batch row.
+        dtypes: the dtype names the kernels were generated for.
+        weighted: the launchers ``(forward, backward_x1, backward_x2)`` over the weighted
+            paths only (some paths are unweighted), or None.
+        fused: the fused backward's launcher ``f(x1, x2, w, g, *, block_batch, interpret) ->
+            (gx1, gx2, gw)`` (a channelwise product), or None.
+        conv: the fused convolution's kernel sets, or None.
+
+    Attributes:
+        kernel_ops: the four kernels as ``autodiff.TensorProductVJP``.
+        conv_ops: the four conv kernels as ``TensorProductVJP`` (None without ``conv``).
+    """
+
+    def __init__(self, kernels: ModuleType, *, dim_in1: int, dim_in2: int, dim_out: int, weight_numel: int,
+                 shared_weights: bool, dtypes: tuple[str, ...], weighted=None, fused=None,
+                 conv: ConvKernels | None = None):
+        self.kernels = kernels
+        self.dim_in1, self.dim_in2, self.dim_out = dim_in1, dim_in2, dim_out
+        self.weight_numel, self.shared_weights, self.dtypes = weight_numel, shared_weights, tuple(dtypes)
+        self.kernel_ops: TensorProductVJP = make_vjp_ops(
+            kernels.forward, kernels.backward_x1, kernels.backward_x2, kernels.backward_w, weighted=weighted,
+            fused=fused, shared_weights=shared_weights)
+        # jitted (static block size and mode) so that eager calls do not run the kernels op by op.
+        # No padding here: every kernel launch pads its own rows to a multiple of the batch block
+        # (per device when the batch is sharded: sharding.row_parallel).
+        self._tensor_product = jax.jit(self._tensor_product_traced, static_argnames=("block_batch", "interpret"))
+        self._tensor_product_vjp = jax.jit(self._vjp_traced, static_argnames=("block_batch", "interpret"))
+        self.conv_kernels = conv
+        self.conv_ops: TensorProductVJP | None = None
+        if conv is not None:
+            if conv.reduce not in ("sum", "mean"):
+                raise ValueError(f"{kernels.NAME}: reduce must be 'sum' or 'mean', got {conv.reduce!r}")
+            fused_conv = self._conv_backward_fused if conv.backward_fused_kernels is not None else None
+            self.conv_ops = make_conv_vjp_ops(
+                *self._conv_launchers(conv.fwd, conv.bwd_x1, conv.bwd_x2), self._conv_backward_w,
+                weighted=None if conv.weighted is None else self._conv_launchers(*conv.weighted), fused=fused_conv)
+            self._conv = jax.jit(self._conv_traced, static_argnames=("num_nodes", "block", "interpret"))
+
+    # ------------------------------------------------------------------ the plain product
+
+    def _check(self, x1, x2, weights):
+        return check_inputs(x1, x2, weights, dim_in1=self.dim_in1, dim_in2=self.dim_in2,
+                            weight_numel=self.weight_numel, shared_weights=self.shared_weights, dtypes=self.dtypes)
+
+    def tensor_product(self, x1, x2, weights, *, interpret: bool | None = None, block_batch: int | None = None):
+        """``out[z] = TP(x1[z], x2[z]; weights)`` (the generated module's ``tensor_product``)."""
+        x1, x2, weights = self._check(x1, x2, weights)
+        if x1.shape[0] == 0:
+            return jnp.zeros((0, self.dim_out), x1.dtype)
+        block_batch = check_block_batch(block_batch, self.kernels.BLOCK_BATCH)
+        return self._tensor_product(x1, x2, weights, block_batch=block_batch, interpret=use_interpret(interpret))
+
+    def tensor_product_vjp(self, x1, x2, weights, grad_out, *, interpret: bool | None = None,
+                           block_batch: int | None = None):
+        """The three gradients of ``sum(grad_out * tensor_product(x1, x2, weights))``, no forward
+        (the generated module's ``tensor_product_vjp``)."""
+        x1, x2, weights = self._check(x1, x2, weights)
+        grad_out = check_grad_out(grad_out, batch=x1.shape[0], dim_out=self.dim_out, dtype=x1.dtype)
+        if x1.shape[0] == 0:
+            return jnp.zeros_like(x1), jnp.zeros_like(x2), jnp.zeros_like(weights)
+        block_batch = check_block_batch(block_batch, self.kernels.BLOCK_BATCH)
+        return self._tensor_product_vjp(x1, x2, weights, grad_out, block_batch=block_batch,
+                                        interpret=use_interpret(interpret))
+
+    def _weights(self, weights, rows: int):
+        return kernel_weights(weights, self.weight_numel, self.shared_weights, rows)
+
+    def _tensor_product_traced(self, x1, x2, weights, *, block_batch: int, interpret: bool):
+        return self.kernel_ops.fwd(x1, x2, self._weights(weights, x1.shape[0]), block_batch, interpret)
+
+    def _vjp_traced(self, x1, x2, weights, g, *, block_batch: int, interpret: bool):
+        ops, w = self.kernel_ops, self._weights(weights, x1.shape[0])
+        if ops.bwd is not None:  # the fused backward: one pass over g
+            ga, gb, gw = ops.bwd(x1, x2, w, g, block_batch, interpret)
+        else:
+            ga = ops.bwd_x1(g, x2, w, block_batch, interpret)
+            gb = ops.bwd_x2(x1, g, w, block_batch, interpret)
+            gw = ops.bwd_w(x1, x2, g, block_batch, interpret)
+        return ga, gb, user_weights(gw, self.weight_numel, self.shared_weights, x1.shape[0])
+
+    # ------------------------------------------------------------------ the fused convolution
+
+    def _conv_launchers(self, kernels_fwd, kernels_bx1, kernels_bx2):
+        k = self.kernels
+        shared = 2 if self.shared_weights else None
+
+        # block_batch: (edges per program of the per-edge kernels, edges per step of the segment kernels)
+        def forward(a, b, c, graph, *, block_batch, interpret):
+            return launch.launch_segments(k.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
+                                   perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
+                                   num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
+                                   interpret=interpret, num_warps=k.NUM_WARPS)
+
+        def backward_x1(g, b, c, graph, *, block_batch, interpret):
+            return launch.launch_segments(k.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
+                                   perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
+                                   num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
+                                   interpret=interpret, num_warps=k.NUM_WARPS)
+
+        def backward_x2(a, g, c, graph, *, block_batch, interpret):
+            return launch.launch_edges(k.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
+                                shared_arg=shared, shared_out=False, num_nodes=a.shape[0], out_width=k.IDIM_IN2,
+                                block_edges=block_batch[0], interpret=interpret, num_warps=k.NUM_WARPS)
+
+        return forward, backward_x1, backward_x2
+
+    def _conv_backward_w(self, a, b, g, graph, *, block_batch, interpret):
+        k = self.kernels
+        return launch.launch_edges(k.NAME, self.conv_kernels.bwd_w, (a, b, g), gathers={0: graph.src, 2: graph.dst},
+                            shared_arg=None, shared_out=self.shared_weights, num_nodes=a.shape[0],
+                            out_width=k.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
+                            num_warps=k.NUM_WARPS)
+
+    def _conv_backward_fused(self, a, b, c, g, graph, *, block_batch, interpret):
+        # the three gradients with one gather of G per edge (launch.conv_backward_fused)
+        k, ck = self.kernels, self.conv_kernels
+        return launch.conv_backward_fused(k.NAME, ck.backward_fused_kernels, (a, b, c, g), graph, num_nodes=a.shape[0],
+                                   dim_in2=k.IDIM_IN2, gw_segments=ck.gw_segments, gx1_segments=ck.gx1_segments,
+                                   block_edges=block_batch[0], segment_edges=block_batch[1], interpret=interpret,
+                                   num_warps=k.NUM_WARPS)
+
+    def conv(self, node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: bool = True,
+             interpret: bool | None = None, block_edges: int | None = None, segment_edges: int | None = None):
+        """The fused graph convolution (the generated module's ``conv``)."""
+        x, y, w, src, dst, num_nodes = check_conv_inputs(
+            node_features, edge_attr, weights, src, dst, num_nodes, dim_in1=self.dim_in1, dim_in2=self.dim_in2,
+            weight_numel=self.weight_numel, shared_weights=self.shared_weights, dtypes=self.dtypes, check=check)
+        if num_nodes == 0:
+            return jnp.zeros((0, self.dim_out), x.dtype)
+        block = (check_block_batch(block_edges, self.kernels.BLOCK_BATCH),
+                 check_block_batch(segment_edges, self.kernels.SEGMENT_EDGES))
+        return self._conv(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=use_interpret(interpret))
+
+    def _conv_traced(self, x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
+        rows = max(round_up(y.shape[0], block[0]), block[0])
+        graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
+        out = self.conv_ops.fwd(x, pad_rows(y, rows), self._weights(w, rows), graph, block, interpret)
+        if self.conv_kernels.reduce == "mean":
+            out = out * graph.inv_degree[:, None]
+        return out
+
+    def pad_graph(self, node_features, edge_attr, weights, src, dst, num_nodes: int, *, min_nodes: int = 16,
+                  min_edges: int = 64) -> PaddedGraph:
+        """``padding.pad_graph`` with this product's weight sharing."""
+        return pad_graph(node_features, edge_attr, weights, src, dst, num_nodes, shared_weights=self.shared_weights,
+                         min_nodes=min_nodes, min_edges=min_edges)
