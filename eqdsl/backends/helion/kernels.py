@@ -17,7 +17,7 @@ Unweighted paths (weight 1) make ``F`` affine in ``W``, not linear: where a weig
 *cotangent* takes the place of ``W`` (the derivatives of ``bwd_w``), they must not
 contribute. Specs with unweighted paths therefore also get ``tp_fwd_lin_*``,
 ``tp_bwd_x1_lin_*`` and ``tp_bwd_x2_lin_*``: the same over the weighted paths only (the
-derivatives of ``F_W``); ``eqdsl.runtime.torch_runtime.register_autograd`` wires them.
+derivatives of ``F_W``); ``eqdsl.runtime.torch.autograd.register_autograd`` wires them.
 
 The operand kernels compute the blocks of one operand; they share one builder
 (``_BlockKernel``): for the computed operand ``o`` and the two others ``a`` and ``b`` of
