@@ -50,33 +50,6 @@ def _launcher(family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
     }
 
 
-_DIM = {"x1": "DIM_IN1", "x2": "DIM_IN2", "g": "DIM_OUT", "w": None}
-_OP_DOC = {
-    "fwd": "``out = dF/dg (x1, x2, weights)``: the tensor product of ``{layout}`` rows.",
-    "bwd_x1": "``dF/dx1 (g, x2, weights)`` (``{layout}`` rows).",
-    "bwd_x2": "``dF/dx2 (x1, g, weights)`` (``{layout}`` rows).",
-    "fwd_lin": "``dF_W/dg (x1, x2, weights)``: the weighted paths of the tensor product only.",
-    "bwd_x1_lin": "``dF_W/dx1 (g, x2, weights)``: weighted paths only.",
-    "bwd_x2_lin": "``dF_W/dx2 (x1, g, weights)``: weighted paths only.",
-}
-
-
-def _block_op(family: str, layout: str) -> dict:
-    """A custom op computing operand blocks (``fwd``, ``bwd_x1``, ``bwd_x2``, ``*_lin``), for ``torch_ops.py``."""
-    out_op, args = {f: (o, a) for f, o, a in ALL_FAMILIES}[family]
-    names = [_IN_TENSOR[a] for a in args]
-    return {
-        "name": family,
-        "doc": _OP_DOC[family].format(layout=layout),
-        "signature": ", ".join(f"{n}: torch.Tensor" for n in names),
-        "args": ", ".join(names),
-        "operands": ", ".join(f'("{n}", {n}, {_DIM[a]})' for n, a in zip(names, args)),
-        "first": names[0],
-        "out_dim": _DIM[out_op],
-        "contiguous": ", ".join(f"{n}.contiguous()" for n in names),
-    }
-
-
 def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
     return any(b.mul > 1 and b.dim > 1 for b in blocks)
 
@@ -147,9 +120,7 @@ def _tp_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[str
         "launchers": {f: _launcher(f, args[f], ks) for f, ks in families.items()},
         "native": native,
         "kernel_layout": kernel_layout,
-        "block_ops": [_block_op(f, kernel_layout) for f in families if f not in ("bwd_w", "bwd")],
         "linear_ops": "fwd_lin" in families,
-        "n_paths": len(ir.paths),
         "conv": ir.conv,
     }
     fused = _fused_context(ir, tuning, native)
@@ -180,8 +151,8 @@ _CONV_RESULT = {"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}
 
 def _conv_launcher(op: str, kernels: list[dict], small: list[dict], names: tuple[str, ...]) -> dict:
     """Kernel calls of one conv op: its tensors are the kernels' parameters (no views);
-    a segment op's ``order`` / ``ptr`` are the graph tensors of its scatter index
-    (``order_arg``: the index of ``order`` among ``names``), ``small_calls`` its atomic
+    a segment op's launcher also takes ``order`` / ``ptr``, the graph tensors of its scatter
+    index (``order_arg``: the index of ``order`` among ``names``), ``small_calls`` its atomic
     kernels for small graphs."""
     base = op.removesuffix("_lin")
     segment = any(k["kind"] == "segment" for k in kernels)
@@ -192,8 +163,6 @@ def _conv_launcher(op: str, kernels: list[dict], small: list[dict], names: tuple
         "small_calls": _calls(small),
         "tensors": list(_CONV_ARGS[base]) + [_CONV_RESULT[base]],
         "segment": segment,
-        "order": order[0] if order else None,
-        "ptr": order[1] if order else None,
         "order_arg": names.index(order[0]) if order else None,
     }
 
@@ -209,7 +178,7 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
         families["bwd"] = fused
         launchers["bwd"] = {"name": "bwd", "calls": _calls(fused),
                             "tensors": ["x", "y", "weights", "g", "gx", "gy" if parts == 1 else "gyp", "gw"],
-                            "small_calls": [], "segment": False, "order": None, "ptr": None, "order_arg": None}
+                            "small_calls": [], "segment": False, "order_arg": None}
     convert = ir.layout == "mul_ir"
     seg = segment_ops(ir, tuning)
     ctx = {
@@ -226,9 +195,6 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
         "deterministic": ir.deterministic,
         "graph_names": names,
         "segment_ops": seg,
-        # the indices sorted for the segment ops, and where the in-degree's row pointers are
-        "sort_keys": [NODE_OPS[op][0].removesuffix("_order") for op in seg],
-        "dst_ptr_arg": names.index("dst_ptr") if "dst_ptr" in names else None,
         "segment_min_edges": segment_min_edges(ir, tuning),
         "fused_bwd": {
             "partials": parts,
