@@ -149,17 +149,22 @@ class TensorProductOps:
         """``fwd``, ``bwd_x1``, ``bwd_x2`` or a ``*_lin`` op: one output row per batch row."""
         names, out = _BLOCK_OPS[name.removesuffix("_lin")]
         width = self.dims[out]
-        launcher = "_launch_" + name
+        launcher, qual = "_launch_" + name, f"{self.namespace}::{name}"
+        (n0, w0), (n1, w1), (n2, w2) = ((n, None if _WIDTH[n] is None else self.dims[_WIDTH[n]]) for n in names)
+        launchers, meta = self._launchers, {"weight_numel": self.weight_numel,
+                                            "shared_weights": self.shared_weights, "dtypes": self.dtypes}
 
+        # the hot path of every call: the operand tuples spelled out, no helper frames
         def impl(a, b, c):
-            self._check_run(name, names, (a, b, c))
+            check_operands(qual, ((n0, a, w0), (n1, b, w1), (n2, c, w2)), **meta)
+            check_device(qual, a.device)
             result = a.new_empty((a.shape[0], width))
             if a.shape[0] > 0:
-                self._launchers[launcher](a.contiguous(), b.contiguous(), c.contiguous(), result)
+                launchers[launcher](a.contiguous(), b.contiguous(), c.contiguous(), result)
             return result
 
         def fake(a, b, c):
-            self._check(name, names, (a, b, c))
+            check_operands(qual, ((n0, a, w0), (n1, b, w1), (n2, c, w2)), **meta)
             return a.new_empty((a.shape[0], width))
 
         return self._define(name, names, "Tensor", impl, fake)
