@@ -113,7 +113,7 @@ def summarize(text: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="+", required=True, help="problem:dtype:direction:impl[,impl...]")
+    ap.add_argument("--cases", nargs="+", help="problem:dtype:direction:impl[,impl...] (required)")
     ap.add_argument("--conv", default=None, help="a bench_conv.py graph (rand512x64, bulk, rand4096x32)")
     ap.add_argument("--batch", type=int, default=20000)
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
@@ -123,6 +123,8 @@ def main(argv=None) -> int:
     if args.child:
         child(args.child[0], args.child[1], args.conv, args.batch)
         return 0
+    if not args.cases:
+        ap.error("--cases is required")
     results = []
     for spec in args.cases:
         *head, impls = spec.split(":")
