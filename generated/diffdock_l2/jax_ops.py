@@ -14,13 +14,17 @@ forces and their gradients, Hessians by ``jacrev(grad(.))``): the tensor product
 the derivative of a four-linear form ``F(x1, x2, W, g)``, and its four partial
 derivatives are four generated Pallas kernels (``pallas_kernels.forward``,
 ``backward_x1``, ``backward_x2``, ``backward_w``), each a ``jax.custom_vjp`` function
-whose VJP is made of the others (``eqdsl.runtime.jax_runtime.TensorProductVJP``;
+whose VJP is made of the others (``eqdsl.runtime.jax.autodiff.TensorProductVJP``;
 with unweighted paths also over the weighted paths only, for the VJP of ``backward_w``).
 ``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the three backward kernels
 directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 ``jax.hessian``, which is ``jacfwd(jacrev)``) is not supported: JAX raises
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
+
+The checks, the ``jax.custom_vjp`` wiring and the jitted launches are
+``eqdsl.runtime.jax.ops.TensorProductFunctions``; this module binds them to its metadata
+and its kernels (``pallas_kernels``).
 
 Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
 order in place: no conversion pass outside them (each ``mul_ir`` block with several
@@ -31,24 +35,19 @@ Batch. Each kernel launch pads its rows up to a multiple of the batch block
 (``block_batch``, default 8; a copy of the operands unless the batch is a
 multiple of it); padded rows are computed and dropped. Each distinct batch size compiles
 once; callers whose batch changes every step (molecular dynamics) should pad to a few
-bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``) and mask, so that the
+bucket sizes themselves (``eqdsl.runtime.jax.padding.bucket``) and mask, so that the
 kernels are not recompiled for every size.
 
 Several devices. Under ``jax.jit`` with ``x1``, ``x2`` (and per-row weights) sharded over
 the batch axis, every kernel runs on each device's rows (no gather; the output is sharded
 like the inputs; a shared-weight gradient is summed over devices), and the ops work inside
-``jax.shard_map`` (``eqdsl.runtime.jax_sharding``; docs/multi-gpu-jax.md). On the CPU,
+``jax.shard_map`` (``eqdsl.runtime.jax.sharding``; docs/multi-gpu-jax.md). On the CPU,
 interpret mode needs ``check_vma=False`` on ``shard_map``.
 """
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
-
-from eqdsl.runtime import jax_runtime as rt
+from eqdsl.runtime.jax.ops import TensorProductFunctions
 
 from . import pallas_kernels as _kernels
 
@@ -65,32 +64,29 @@ DTYPES = ('float32', 'float64')
 FLOPS_PER_BATCH = 23028
 BYTES_PER_BATCH = {'float32': 29796, 'float64': 59592}
 
-
-# The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
-KERNEL_OPS = rt.make_vjp_ops(
-    _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
+_FUNCTIONS = TensorProductFunctions(
+    _kernels,
+    dim_in1=DIM_IN1,
+    dim_in2=DIM_IN2,
+    dim_out=DIM_OUT,
+    weight_numel=WEIGHT_NUMEL,
     shared_weights=SHARED_WEIGHTS,
+    dtypes=DTYPES,
 )
+# The four kernels on spec-layout rows, differentiable to any order in reverse mode.
+KERNEL_OPS = _FUNCTIONS.kernel_ops
 
 
 def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batch: int | None = None):
     """``out[z] = TP(x1[z], x2[z]; weights)`` for every batch row ``z``.
 
     ``x1`` ``(batch, 156)``, ``x2`` ``(batch, 9)``, ``weights``
-``(batch, 7128)`` (per batch row), one dtype of ('float32', 'float64');
+    ``(batch, 7128)`` (per batch element), one dtype of ('float32', 'float64');
     returns ``(batch, 156)`` in the ``mul_ir`` layout.
     ``interpret``: run Pallas in interpret mode; default: when the default backend is
     the CPU. ``block_batch``: batch rows per program (a power of two).
     """
-    x1, x2, weights = rt.check_inputs(
-        x1, x2, weights, dim_in1=DIM_IN1, dim_in2=DIM_IN2, weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS, dtypes=DTYPES,
-    )
-    batch = x1.shape[0]
-    if batch == 0:
-        return jnp.zeros((0, DIM_OUT), x1.dtype)
-    block_batch = rt.check_block_batch(block_batch, _kernels.BLOCK_BATCH)
-    return _tensor_product(x1, x2, weights, block_batch=block_batch, interpret=rt.use_interpret(interpret))
+    return _FUNCTIONS.tensor_product(x1, x2, weights, interpret=interpret, block_batch=block_batch)
 
 
 def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = None,
@@ -100,35 +96,4 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
     like ``x1``, ``x2`` and ``weights`` (``grad_weights`` summed over the batch if the
     weights are shared), in the ``mul_ir`` layout. Differentiable like ``tensor_product``.
     """
-    x1, x2, weights = rt.check_inputs(
-        x1, x2, weights, dim_in1=DIM_IN1, dim_in2=DIM_IN2, weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS, dtypes=DTYPES,
-    )
-    grad_out = rt.check_grad_out(grad_out, batch=x1.shape[0], dim_out=DIM_OUT, dtype=x1.dtype)
-    if x1.shape[0] == 0:
-        return jnp.zeros_like(x1), jnp.zeros_like(x2), jnp.zeros_like(weights)
-    block_batch = rt.check_block_batch(block_batch, _kernels.BLOCK_BATCH)
-    return _tensor_product_vjp(x1, x2, weights, grad_out, block_batch=block_batch,
-                               interpret=rt.use_interpret(interpret))
-
-
-def _operands(x1, x2, weights):
-    return x1, x2, rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])
-
-
-# jitted (static block size and mode) so that eager calls do not run the kernels op by op.
-# No padding here: every kernel launch pads its own rows to a multiple of the batch block
-# (per device when the batch is sharded: eqdsl.runtime.jax_sharding).
-@functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
-def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
-    return KERNEL_OPS.fwd(*_operands(x1, x2, weights), block_batch, interpret)
-
-
-@functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
-def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
-    a, b, w = _operands(x1, x2, weights)
-    g = grad_out
-    ga = KERNEL_OPS.bwd_x1(g, b, w, block_batch, interpret)
-    gb = KERNEL_OPS.bwd_x2(a, g, w, block_batch, interpret)
-    gw = KERNEL_OPS.bwd_w(a, b, g, block_batch, interpret)
-    return ga, gb, rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])
+    return _FUNCTIONS.tensor_product_vjp(x1, x2, weights, grad_out, interpret=interpret, block_batch=block_batch)

@@ -5,7 +5,7 @@
 ``out[dst[e]] += TP(node_features[src[e]], edge_attr[e], weights[e])`` with
 reduce ``sum``.
 Shapes (layout ``mul_ir``, as in the spec): node_features ``(num_nodes, 1152)``,
-edge_attr ``(num_edges, 16)``, weights ``(num_edges, 2176)``,
+edge_attr ``(num_edges, 16)``, weights ``(num_edges, 2176)`` (per edge),
 src / dst int64 ``(num_edges,)``, out ``(num_nodes, 9088)``; dtypes float32, float64.
 
 The gather of node rows and the scatter into nodes happen inside the Helion kernels
@@ -21,18 +21,18 @@ Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G
     conv_bwd_x(G, y, W, graph..., num_nodes) -> dF/dx (num_nodes, DIM_IN1)
     conv_bwd_y(x, G, W, graph..., num_nodes) -> dF/dy (num_edges, DIM_IN2)
     conv_bwd_w(x, y, G, graph..., num_nodes) -> dF/dW
-``graph...`` is ``src, dst, dst_order, dst_ptr`` (built by ``conv``).
+``graph...`` is ``src, dst, dst_order, dst_ptr`` (built by ``conv``: ``graph_tensors``).
+The ops, their fake implementations and autograd formulas, the checks and ``conv`` are
+``eqdsl.runtime.torch.conv.ConvOps``; this module binds them to its metadata and kernels
+(``_launch_<op>``).
 """
 
-import numpy as _np
 import torch
 
-from eqdsl.runtime import torch_runtime as _rt
 from eqdsl.runtime import triton_launch as _tl
+from eqdsl.runtime.torch.conv import ConvFusedBackward, ConvOps
 
-_k = _tl.kernels(__package__, "helion_conv_kernels")  # Triton code of helion_conv_kernels.py (triton_kernels/)
-
-__all__ = ["conv", "conv_fwd_op", "conv_bwd_x_op", "conv_bwd_y_op", "conv_bwd_w_op", "DIM_IN1", "DIM_IN2", "DIM_OUT", "WEIGHT_NUMEL"]
+__all__ = ["conv", "graph_tensors", "conv_fwd_op", "conv_bwd_x_op", "conv_bwd_y_op", "conv_bwd_w_op", "conv_bwd_op", "DIM_IN1", "DIM_IN2", "DIM_OUT", "WEIGHT_NUMEL"]
 
 DIM_IN1 = 1152
 DIM_IN2 = 16
@@ -43,352 +43,59 @@ LAYOUT = "mul_ir"
 DTYPES = (torch.float32, torch.float64)
 REDUCE = "sum"
 DETERMINISTIC = False
-# graphs with fewer edges are not sorted: the segment ops (conv_fwd) launch atomic kernels
+# graphs with fewer edges are not sorted: the segment ops launch atomic kernels (0: always sorted)
 SEGMENT_MIN_EDGES = 8192
-_IN1 = _rt.LayoutPermutation("eqdsl_mace_large.conv_in1", ((128, 1), (128, 3), (128, 5)))
-_OUT = _rt.LayoutPermutation("eqdsl_mace_large.conv_out", ((128, 1), (128, 1), (128, 1), (128, 3), (128, 3), (128, 3), (128, 3), (128, 3), (128, 5), (128, 5), (128, 5), (128, 5), (128, 5), (128, 7), (128, 7), (128, 7), (128, 7)))
+
+_k = _tl.kernels(__package__, "helion_conv_kernels")  # Triton code of helion_conv_kernels.py (triton_kernels/)
+# the kernels of each op (contiguous ir_mul rows, edges > 0), looked up at each call
 
 
-def _interpreter_scalar_bounds() -> None:
-    """Triton's CPU interpreter cannot use a loaded scalar as a loop bound (numpy 2
-    refuses ``int()`` of its one-element array); the segment kernels loop over
-    ``hl.tile(ptr[node], ptr[node + 1])``. Only under ``TRITON_INTERPRET=1``."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.runtime.interpreter as ti
-
-    if getattr(ti._patch_lang_tensor, "_eqdsl_scalar_index", False):
-        return
-    original = ti._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(_np.asarray(self.handle.data).reshape(-1)[0]))
-
-    patched._eqdsl_scalar_index = True
-    ti._patch_lang_tensor = patched
-
-
-_interpreter_scalar_bounds()
-
-
-def _fail(exc, msg):
-    raise exc(f"eqdsl_mace_large.conv: {msg}")
-
-
-def _check(node_features, edge_attr, weights, src, dst, num_nodes) -> None:
-    """One clear ``TypeError`` / ``ValueError`` per mistake, naming the argument (no device sync)."""
-    for name, t in (("node_features", node_features), ("edge_attr", edge_attr), ("weights", weights), ("src", src), ("dst", dst)):
-        if not isinstance(t, torch.Tensor):
-            _fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, torch.SymInt)):
-        _fail(TypeError, f"num_nodes must be an int, got {type(num_nodes).__name__}")
-    allowed = ", ".join(str(d) for d in DTYPES)
-    for name, t in (("node_features", node_features), ("edge_attr", edge_attr), ("weights", weights)):
-        if t.dtype not in DTYPES:
-            _fail(TypeError, f"{name} must have dtype in ({allowed}), got {t.dtype}")
-    if not (node_features.dtype == edge_attr.dtype == weights.dtype):
-        _fail(TypeError, f"node_features, edge_attr and weights must share one dtype, got "
-                         f"{node_features.dtype}, {edge_attr.dtype}, {weights.dtype}")
-    for name, t in (("src", src), ("dst", dst)):
-        if t.dtype not in (torch.int64, torch.int32):
-            _fail(TypeError, f"{name} must hold integer node indices (int64 or int32), got {t.dtype}")
-        if t.dim() != 1:
-            _fail(ValueError, f"{name} must have shape (num_edges,), got {tuple(t.shape)}")
-    if node_features.dim() != 2 or node_features.shape[1] != DIM_IN1:
-        _fail(ValueError, f"node_features must have shape (num_nodes, {DIM_IN1}), got {tuple(node_features.shape)}")
-    if node_features.shape[0] != num_nodes:
-        _fail(ValueError, f"num_nodes={num_nodes} does not match node_features, which has {node_features.shape[0]} rows")
-    edges = src.shape[0]
-    if dst.shape[0] != edges:
-        _fail(ValueError, f"src and dst must have one entry per edge, got {edges} and {dst.shape[0]}")
-    if edge_attr.dim() != 2 or edge_attr.shape[1] != DIM_IN2 or edge_attr.shape[0] != edges:
-        _fail(ValueError, f"edge_attr must have shape ({edges}, {DIM_IN2}) (one row per edge of src/dst), got {tuple(edge_attr.shape)}")
-    if weights.dim() != 2 or weights.shape[1] != WEIGHT_NUMEL or weights.shape[0] != edges:
-        _fail(ValueError, f"weights are per edge: expected shape ({edges}, {WEIGHT_NUMEL}), got {tuple(weights.shape)}")
-    _rt.check_same_device("eqdsl_mace_large.conv", ("node_features", "edge_attr", "weights", "src", "dst"),
-                          (node_features, edge_attr, weights, src, dst))
-
-
-def _check_range(src, dst, num_nodes) -> None:
-    """``0 <= src, dst < num_nodes`` (one device sync), in eager code only.
-
-    Skipped inside ``torch.compile`` (a host read of device data there is a graph break,
-    and under ``mode="reduce-overhead"`` a sync between two CUDA graphs) and while a CUDA
-    graph is being captured (a host read during capture is an error): validate the graph
-    in eager code there (e.g. in the warm-up call that capture needs anyway).
-    """
-    if src.shape[0] == 0 or torch.compiler.is_compiling():
-        return
-    if src.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    # three small kernels and one sync when the indices are valid; which array is wrong, after
-    lo, hi = torch.stack(torch.aminmax(torch.cat((src, dst)))).tolist()
-    if 0 <= lo and hi < num_nodes:
-        return
-    bad = torch.stack([((src < 0) | (src >= num_nodes)).any(), ((dst < 0) | (dst >= num_nodes)).any()]).tolist()
-    for name, t, b in (("src", src, bad[0]), ("dst", dst, bad[1])):
-        if b:
-            _fail(ValueError, f"{name} holds node indices outside [0, num_nodes={num_nodes}): "
-                              f"min {int(t.min())}, max {int(t.max())}")
-
-
-def _launch_fwd(x, y, weights, out, graph) -> None:
-    """Launch the ``conv_fwd`` kernels (contiguous ``ir_mul`` rows)."""
-    src, dst, dst_order, dst_ptr = graph
-    order, ptr = dst_order, dst_ptr
+def _launch_fwd(x, y, weights, out, src, dst, order, ptr) -> None:
     if order.numel() == 0:  # fewer edges than SEGMENT_MIN_EDGES, not sorted: the atomic kernels
         _k.conv_fwd_0_small(src, dst, x, y, weights, out)
         return
     _k.conv_fwd_0(order, ptr, src, x, y, weights, out)
 
 
-def _launch_bwd_x(g, y, weights, gx, graph) -> None:
-    """Launch the ``conv_bwd_x`` kernels (contiguous ``ir_mul`` rows)."""
-    src, dst, dst_order, dst_ptr = graph
+def _launch_bwd_x(g, y, weights, gx, src, dst) -> None:
     _k.conv_bwd_x1_0(src, dst, g, y, weights, gx)
 
 
-def _launch_bwd_y(x, g, weights, gy, graph) -> None:
-    """Launch the ``conv_bwd_y`` kernels (contiguous ``ir_mul`` rows)."""
-    src, dst, dst_order, dst_ptr = graph
+def _launch_bwd_y(x, g, weights, gy, src, dst) -> None:
     _k.conv_bwd_x2_0(src, dst, x, g, weights, gy)
 
 
-def _launch_bwd_w(x, y, g, gw, graph) -> None:
-    """Launch the ``conv_bwd_w`` kernels (contiguous ``ir_mul`` rows)."""
-    src, dst, dst_order, dst_ptr = graph
+def _launch_bwd_w(x, y, g, gw, src, dst) -> None:
     _k.conv_bwd_w_0(src, dst, x, y, g, gw)
 
 
-def _launch_bwd(x, y, weights, g, gx, gyp, gw, graph) -> None:
-    """Launch the ``conv_bwd`` kernels (contiguous ``ir_mul`` rows)."""
-    src, dst, dst_order, dst_ptr = graph
+def _launch_bwd(x, y, weights, g, gx, gyp, gw, src, dst) -> None:
     _k.conv_bwd_fused_0(src, dst, x, y, g, weights, gx, gyp, gw)
 
 
-_N_GRAPH = 4  # graph tensors after the three operands, then num_nodes
-_GRAPH_NAMES = tuple(["src", "dst", "dst_order", "dst_ptr"])
-
-
-def _check_same_device(name, names, tensors) -> None:
-    """An op's tensors (operands ``names``, then the graph) on one device (the kernels run on
-    their tensors' device; ``conv`` checked its arguments, but the ops may be called directly)."""
-    _rt.check_same_device("eqdsl_mace_large::conv_" + name, names + _GRAPH_NAMES, tensors)
-
-
-def _check_op(name, names, tensors) -> None:
-    """``_check_same_device``, then a device the kernels run on."""
-    _check_same_device(name, names, tensors)
-    _rt.check_device("eqdsl_mace_large::conv_" + name, tensors[0].device)
-
-
-def _node_op(name, names, launch, a, b, c, graph, num_nodes, width, order_arg):
-    """A node-scattering op: atomics add into zeros; a segment op whose sort order
-    ``graph[order_arg]`` is not empty (the graph was sorted) writes every row itself."""
-    _check_op(name, names, (a, b, c, *graph))
-    segment = order_arg is not None and graph[order_arg].numel() > 0
-    result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
-    if graph[0].shape[0] > 0 and num_nodes > 0:
-        launch(a.contiguous(), b.contiguous(), c.contiguous(), result, [t.contiguous() for t in graph])
-    return result
-
-
-def _edge_op(name, names, launch, a, b, c, graph, width):
-    _check_op(name, names, (a, b, c, *graph))
-    result = a.new_empty((graph[0].shape[0], width))
-    if graph[0].shape[0] > 0:
-        launch(a.contiguous(), b.contiguous(), c.contiguous(), result, [t.contiguous() for t in graph])
-    return result
-
-
-def _conv_fwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("fwd", ("x", "y", "weights"), _launch_fwd, x, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_OUT, 2)
-
-
-conv_fwd_op = _rt.define_op("eqdsl_mace_large::conv_fwd", _conv_fwd)
-
-
-@_rt.register_fake(conv_fwd_op)
-def _conv_fwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    _check_same_device("fwd", ("x", "y", "weights"), (x, y, weights, src, dst, dst_order, dst_ptr))
-    return x.new_empty((num_nodes, DIM_OUT))
-
-
-def _conv_bwd_x(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _node_op("bwd_x", ("g", "y", "weights"), _launch_bwd_x, g, y, weights, (src, dst, dst_order, dst_ptr), num_nodes, DIM_IN1, None)
-
-
-conv_bwd_x_op = _rt.define_op("eqdsl_mace_large::conv_bwd_x", _conv_bwd_x)
-
-
-@_rt.register_fake(conv_bwd_x_op)
-def _conv_bwd_x_fake(g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    _check_same_device("bwd_x", ("g", "y", "weights"), (g, y, weights, src, dst, dst_order, dst_ptr))
-    return g.new_empty((num_nodes, DIM_IN1))
-
-
-def _conv_bwd_y(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    return _edge_op("bwd_y", ("x", "g", "weights"), _launch_bwd_y, x, g, weights, (src, dst, dst_order, dst_ptr), DIM_IN2)
-
-
-conv_bwd_y_op = _rt.define_op("eqdsl_mace_large::conv_bwd_y", _conv_bwd_y)
-
-
-@_rt.register_fake(conv_bwd_y_op)
-def _conv_bwd_y_fake(x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    _check_same_device("bwd_y", ("x", "g", "weights"), (x, g, weights, src, dst, dst_order, dst_ptr))
-    return x.new_empty((src.shape[0], DIM_IN2))
-
-
-def _conv_bwd_w(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """``dF/dW (x, y, G)``, one row per edge."""
-    _check_op("bwd_w", ("x", "y", "g"), (x, y, g, src, dst, dst_order, dst_ptr))
-    edges = src.shape[0]
-    gw = x.new_empty((edges, WEIGHT_NUMEL))
-    if edges > 0:
-        _launch_bwd_w(x.contiguous(), y.contiguous(), g.contiguous(), gw, [t.contiguous() for t in (src, dst, dst_order, dst_ptr)])
-    return gw
-
-
-conv_bwd_w_op = _rt.define_op("eqdsl_mace_large::conv_bwd_w", _conv_bwd_w)
-
-
-@_rt.register_fake(conv_bwd_w_op)
-def _conv_bwd_w_fake(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    _check_same_device("bwd_w", ("x", "y", "g"), (x, y, g, src, dst, dst_order, dst_ptr))
-    return x.new_empty((src.shape[0], WEIGHT_NUMEL))
-
-
-def _conv_bwd(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dF/dx, dF/dy, dF/dW)`` at ``(x, y, weights, G)``: what ``conv_bwd_x``, ``conv_bwd_y`` and
-    ``conv_bwd_w`` return, from the fused kernels (one gather of ``G`` per edge; eqdsl/codegen/helion_fused.py)."""
-    _check_op("bwd", ("x", "y", "weights", "g"), (x, y, weights, g, src, dst, dst_order, dst_ptr))
-    edges = src.shape[0]
-    gx = x.new_zeros((num_nodes, DIM_IN1))  # scattered into with atomics
-    gw = x.new_empty((edges, WEIGHT_NUMEL))
-    # dF/dy partial sums, one row per kernel or channel tile: summed here, no atomics
-    gyp = x.new_empty((edges, 2 * DIM_IN2))
-    if edges > 0:
-        _launch_bwd(x.contiguous(), y.contiguous(), weights.contiguous(), g.contiguous(), gx, gyp, gw, [t.contiguous() for t in (src, dst, dst_order, dst_ptr)])
-    return gx, gyp.view(edges, 2, DIM_IN2).sum(1), gw
-
-
-conv_bwd_op = _rt.define_op("eqdsl_mace_large::conv_bwd", _conv_bwd)
-
-
-@_rt.register_fake(conv_bwd_op)
-def _conv_bwd_fake(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_order: torch.Tensor, dst_ptr: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_same_device("bwd", ("x", "y", "weights", "g"), (x, y, weights, g, src, dst, dst_order, dst_ptr))
-    edges = src.shape[0]
-    return x.new_empty((num_nodes, DIM_IN1)), x.new_empty((edges, DIM_IN2)), x.new_empty((edges, WEIGHT_NUMEL))
-
-
-def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[: 3 + _N_GRAPH])
-    ctx.num_nodes = inputs[-1]
-
-
-def _no_grads():
-    return (None,) * (_N_GRAPH + 1)
-
-
-def _wire(fwd, bwd_x, bwd_y, bwd_w, fused=None):
-    """VJPs of ``fwd``/``bwd_x``/``bwd_y`` (linear in every operand) as the other ops
-    (custom ops); ``fused``
-    (the fused backward, where there is one) gives ``fwd``'s when two or more are needed."""
-
-    def fwd_backward(ctx, h):
-        x, y, w, *graph = ctx.saved_tensors
-        n1, n2, nw = ctx.needs_input_grad[:3]
-        n = ctx.num_nodes
-        if fused is not None and n1 + n2 + nw >= 2:
-            gx, gy, gw = fused(x, y, w, h, *graph, n)
-            return (gx if n1 else None, gy if n2 else None, gw if nw else None) + _no_grads()
-        return (
-            bwd_x(h, y, w, *graph, n) if n1 else None,
-            bwd_y(x, h, w, *graph, n) if n2 else None,
-            bwd_w(x, y, h, *graph, n) if nw else None,
-        ) + _no_grads()
-
-    def bwd_x_backward(ctx, h):
-        g, y, w, *graph = ctx.saved_tensors
-        ng, n2, nw = ctx.needs_input_grad[:3]
-        n = ctx.num_nodes
-        return (
-            fwd(h, y, w, *graph, n) if ng else None,
-            bwd_y(h, g, w, *graph, n) if n2 else None,
-            bwd_w(h, y, g, *graph, n) if nw else None,
-        ) + _no_grads()
-
-    def bwd_y_backward(ctx, h):
-        x, g, w, *graph = ctx.saved_tensors
-        n1, ng, nw = ctx.needs_input_grad[:3]
-        n = ctx.num_nodes
-        return (
-            bwd_x(g, h, w, *graph, n) if n1 else None,
-            fwd(x, h, w, *graph, n) if ng else None,
-            bwd_w(x, h, g, *graph, n) if nw else None,
-        ) + _no_grads()
-
-    _rt.register_backward(fwd, fwd_backward, _setup)
-    _rt.register_backward(bwd_x, bwd_x_backward, _setup)
-    _rt.register_backward(bwd_y, bwd_y_backward, _setup)
-
-
-_wire(conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op, conv_bwd_w_op, conv_bwd_op)
-_LINEAR = (conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op)
-
-
-def _bwd_w_backward(ctx, h):
-    # F is linear in W: a weight cotangent h takes W's place in the weighted paths only
-    x, y, g, *graph = ctx.saved_tensors
-    n1, n2, ng = ctx.needs_input_grad[:3]
-    n = ctx.num_nodes
-    fwd_w, bwd_x_w, bwd_y_w = _LINEAR
-    return (
-        bwd_x_w(g, y, h, *graph, n) if n1 else None,
-        bwd_y_w(x, g, h, *graph, n) if n2 else None,
-        fwd_w(x, y, h, *graph, n) if ng else None,
-    ) + _no_grads()
-
-
-_rt.register_backward(conv_bwd_w_op, _bwd_w_backward, _setup)
-
-
-def _fused_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[: 4 + _N_GRAPH])
-    ctx.num_nodes = inputs[-1]
-
-
-def _fused_backward(ctx, k1, k2, kw):
-    x, y, w, g, *graph = ctx.saved_tensors
-    ops = (conv_fwd_op, conv_bwd_x_op, conv_bwd_y_op, conv_bwd_w_op)
-    return _rt.fused_vjp(ops, _LINEAR, (x, y, w, g), (k1, k2, kw), ctx.needs_input_grad, (*graph, ctx.num_nodes)) + _no_grads()
-
-
-_rt.register_backward(conv_bwd_op, _fused_backward, _fused_setup)
-_checked = _rt.CheckCache(_check)  # _check once per accepted argument metadata
-
-
-def graph_tensors(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, ...]:
-    """The graph arguments of the ops: ``(src, dst, dst_order, dst_ptr)`` (int64, no sync).
-
-    ``*_order``: edges stably sorted by that index; ``*_ptr``: CSR row pointers
-    (``num_nodes + 1``), so node ``n``'s edges are ``order[ptr[n]:ptr[n + 1]]``.
-    """
-    src, dst = src.long().contiguous(), dst.long().contiguous()
-    if src.shape[0] < SEGMENT_MIN_EDGES:  # the ops launch their atomic kernels: nothing to sort
-        empty = src.new_empty((0,))
-        return (src, dst) + (empty,) * (_N_GRAPH - 2)
-    nodes = torch.arange(num_nodes + 1, device=src.device, dtype=torch.int64)
-    out = [src, dst]
-    for idx in (dst,):
-        key, order = torch.sort(idx, stable=True)
-        out += [order.contiguous(), torch.searchsorted(key, nodes).contiguous()]
-    return tuple(out)
+_OPS = ConvOps(
+    "eqdsl_mace_large",
+    globals(),
+    dim_in1=DIM_IN1,
+    dim_in2=DIM_IN2,
+    dim_out=DIM_OUT,
+    weight_numel=WEIGHT_NUMEL,
+    shared_weights=SHARED_WEIGHTS,
+    dtypes=DTYPES,
+    reduce=REDUCE,
+    graph_names=["src", "dst", "dst_order", "dst_ptr"],
+    segment={"fwd": 2},  # op: position of its sort order in the graph
+    segment_min_edges=SEGMENT_MIN_EDGES,
+    fused=ConvFusedBackward(partials=2, zero_gy=False),
+    in1_blocks=((128, 1), (128, 3), (128, 5)),  # mul_ir -> ir_mul at the boundary: (mul, 2l+1) per block
+    out_blocks=((128, 1), (128, 1), (128, 1), (128, 3), (128, 3), (128, 3), (128, 3), (128, 3), (128, 5), (128, 5), (128, 5), (128, 5), (128, 5), (128, 7), (128, 7), (128, 7), (128, 7)),
+)
+conv_fwd_op = _OPS.ops["fwd"]
+conv_bwd_x_op = _OPS.ops["bwd_x"]
+conv_bwd_y_op = _OPS.ops["bwd_y"]
+conv_bwd_w_op = _OPS.ops["bwd_w"]
+conv_bwd_op = _OPS.ops["bwd"]
+graph_tensors = _OPS.graph_tensors
 
 
 def conv(
@@ -404,31 +111,9 @@ def conv(
     """``out[dst[e]] += TP(node_features[src[e]], edge_attr[e], weights[e])`` (see the module docstring).
 
     Differentiable to any order with respect to ``node_features``, ``edge_attr`` and
-    ``weights``. Runs on the tensors' device (all on one; CUDA, or CPU with
-    ``TRITON_INTERPRET=1``), whatever the current CUDA device.
-
-    Index check. With ``check=True`` (default), eager code checks ``0 <= src, dst <
-    num_nodes`` before any kernel runs: a ``ValueError`` naming the array, never an
-    out-of-bounds access; it costs one device sync per call. It is skipped inside
-    ``torch.compile`` and while a CUDA graph is being captured (``torch.cuda.graph``,
-    ``mode="reduce-overhead"``), where reading device data on the host would break the
-    graph or fail the capture: there the indices are not checked, and an out-of-range
-    index is an out-of-bounds memory access, so check the graph in eager code (the
-    warm-up call before a capture does). ``check=False`` skips it everywhere (hot loops
-    whose indices come from a trusted neighbour list). Nothing else in a call reads
-    device data on the host, so the conv, its gradients of every order, and the
-    ``mean`` reduce can be captured in a CUDA graph.
-
-    Raises ``TypeError`` / ``ValueError`` naming the argument (and, for arguments on
-    several devices, each one's device), ``RuntimeError`` for a device the kernels
-    cannot run on.
+    ``weights``, on the tensors' device. ``check=True`` checks ``0 <= src, dst < num_nodes``
+    in eager code (one device sync; skipped inside ``torch.compile`` and CUDA graph capture);
+    ``check=False`` skips it. Index check, devices and errors:
+    ``eqdsl.runtime.torch.conv.ConvOps.conv``.
     """
-    # the cached check under torch.compile would trace its set lookups: the plain one there
-    (_check if torch.compiler.is_compiling() else _checked)(node_features, edge_attr, weights, src, dst, num_nodes)
-    if check:
-        _check_range(src, dst, num_nodes)
-    graph = graph_tensors(src, dst, num_nodes)
-    node_features = _IN1.to_ir_mul(node_features)
-    out = conv_fwd_op(node_features, edge_attr, weights, *graph, num_nodes)
-    out = _OUT.to_mul_ir(out)
-    return out
+    return _OPS.conv(node_features, edge_attr, weights, src, dst, num_nodes, check=check)

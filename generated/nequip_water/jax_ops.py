@@ -14,15 +14,19 @@ forces and their gradients, Hessians by ``jacrev(grad(.))``): the tensor product
 the derivative of a four-linear form ``F(x1, x2, W, g)``, and its four partial
 derivatives are four generated Pallas kernels (``pallas_kernels.forward``,
 ``backward_x1``, ``backward_x2``, ``backward_w``), each a ``jax.custom_vjp`` function
-whose VJP is made of the others (``eqdsl.runtime.jax_runtime.TensorProductVJP``;
+whose VJP is made of the others (``eqdsl.runtime.jax.autodiff.TensorProductVJP``;
 with unweighted paths also over the weighted paths only, for the VJP of ``backward_w``).
 ``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the fused backward
 (``pallas_kernels.backward_fused``: the three gradients in one pass over ``grad_out``,
-which the forward's VJP also calls; eqdsl/codegen/pallas_fused.py) directly and is
+which the forward's VJP also calls; eqdsl/backends/pallas/fused.py) directly and is
 itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 ``jax.hessian``, which is ``jacfwd(jacrev)``) is not supported: JAX raises
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
+
+The checks, the ``jax.custom_vjp`` wiring and the jitted launches are
+``eqdsl.runtime.jax.ops.TensorProductFunctions``; this module binds them to its metadata
+and its kernels (``pallas_kernels``).
 
 Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
 order in place: no conversion pass outside them (each ``mul_ir`` block with several
@@ -33,13 +37,13 @@ Batch. Each kernel launch pads its rows up to a multiple of the batch block
 (``block_batch``, default 4; a copy of the operands unless the batch is a
 multiple of it); padded rows are computed and dropped. Each distinct batch size compiles
 once; callers whose batch changes every step (molecular dynamics) should pad to a few
-bucket sizes themselves (``eqdsl.runtime.jax_runtime.bucket``) and mask, so that the
+bucket sizes themselves (``eqdsl.runtime.jax.padding.bucket``) and mask, so that the
 kernels are not recompiled for every size.
 
 Several devices. Under ``jax.jit`` with ``x1``, ``x2`` (and per-row weights) sharded over
 the batch axis, every kernel runs on each device's rows (no gather; the output is sharded
 like the inputs; a shared-weight gradient is summed over devices), and the ops work inside
-``jax.shard_map`` (``eqdsl.runtime.jax_sharding``; docs/multi-gpu-jax.md). On the CPU,
+``jax.shard_map`` (``eqdsl.runtime.jax.sharding``; docs/multi-gpu-jax.md). On the CPU,
 interpret mode needs ``check_vma=False`` on ``shard_map``.
 
 Fused graph convolution. ``conv(node_features, edge_attr, weights, src, dst, num_nodes)``
@@ -67,7 +71,7 @@ order (energy -> forces -> their gradients). When all three gradients are wanted
 (the forward's VJP) they come from the fused backward instead: one program per edge block
 gathers ``x[src]`` and ``G[dst]`` once, writes the edges' ``dF/dy`` and ``dF/dW`` and each
 edge's ``dF/dx`` message, and a segment kernel sums the messages into their ``src`` nodes
-in a fixed order (``rt.conv_backward_fused``; spec key ``pallas_conv_fuse_bwd``): ``G``,
+in a fixed order (``eqdsl.runtime.jax.launch.conv_backward_fused``; spec key ``pallas_conv_fuse_bwd``): ``G``,
 the widest operand, is gathered once instead of three times.
 
 Checks: shapes, dtypes and ``num_nodes`` (a Python int that must equal
@@ -91,12 +95,8 @@ distinct (node bucket, edge bucket) pair; 23 s); a longer run stays at that boun
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
-
-from eqdsl.runtime import jax_runtime as rt
+from eqdsl.runtime.jax.ops import ConvKernels, TensorProductFunctions
+from eqdsl.runtime.jax.padding import PaddedGraph
 
 from . import pallas_kernels as _kernels
 
@@ -112,34 +112,45 @@ DTYPES = ('float32', 'float64')
 # Cost per batch element, for roofline estimates.
 FLOPS_PER_BATCH = 4480
 BYTES_PER_BATCH = {'float32': 5136, 'float64': 10272}
+REDUCE = "sum"
+DETERMINISTIC = False
 
-
-# The four kernels on spec-layout rows (padded to the batch block), differentiable to any order in reverse mode.
-KERNEL_OPS = rt.make_vjp_ops(
-    _kernels.forward, _kernels.backward_x1, _kernels.backward_x2, _kernels.backward_w,
-    fused=_kernels.backward_fused,
+_FUNCTIONS = TensorProductFunctions(
+    _kernels,
+    dim_in1=DIM_IN1,
+    dim_in2=DIM_IN2,
+    dim_out=DIM_OUT,
+    weight_numel=WEIGHT_NUMEL,
     shared_weights=SHARED_WEIGHTS,
+    dtypes=DTYPES,
+    fused=_kernels.backward_fused,
+    conv=ConvKernels(
+        reduce=REDUCE,
+        fwd=_kernels.CONV_FWD_KERNELS,
+        bwd_x1=_kernels.CONV_BWD_X1_KERNELS,
+        bwd_x2=_kernels.CONV_BWD_X2_KERNELS,
+        bwd_w=_kernels.CONV_BWD_W_KERNELS,
+        backward_fused_kernels=_kernels.CONV_BWD_FUSED_KERNELS,
+        gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS,
+        gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS,
+    ),
 )
+# The four kernels on spec-layout rows, differentiable to any order in reverse mode.
+KERNEL_OPS = _FUNCTIONS.kernel_ops
+# The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any order in reverse mode.
+CONV_OPS = _FUNCTIONS.conv_ops
 
 
 def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batch: int | None = None):
     """``out[z] = TP(x1[z], x2[z]; weights)`` for every batch row ``z``.
 
     ``x1`` ``(batch, 256)``, ``x2`` ``(batch, 4)``, ``weights``
-``(batch, 320)`` (per batch row), one dtype of ('float32', 'float64');
+    ``(batch, 320)`` (per batch element), one dtype of ('float32', 'float64');
     returns ``(batch, 704)`` in the ``mul_ir`` layout.
     ``interpret``: run Pallas in interpret mode; default: when the default backend is
     the CPU. ``block_batch``: batch rows per program (a power of two).
     """
-    x1, x2, weights = rt.check_inputs(
-        x1, x2, weights, dim_in1=DIM_IN1, dim_in2=DIM_IN2, weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS, dtypes=DTYPES,
-    )
-    batch = x1.shape[0]
-    if batch == 0:
-        return jnp.zeros((0, DIM_OUT), x1.dtype)
-    block_batch = rt.check_block_batch(block_batch, _kernels.BLOCK_BATCH)
-    return _tensor_product(x1, x2, weights, block_batch=block_batch, interpret=rt.use_interpret(interpret))
+    return _FUNCTIONS.tensor_product(x1, x2, weights, interpret=interpret, block_batch=block_batch)
 
 
 def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = None,
@@ -149,94 +160,7 @@ def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = No
     like ``x1``, ``x2`` and ``weights`` (``grad_weights`` summed over the batch if the
     weights are shared), in the ``mul_ir`` layout. Differentiable like ``tensor_product``.
     """
-    x1, x2, weights = rt.check_inputs(
-        x1, x2, weights, dim_in1=DIM_IN1, dim_in2=DIM_IN2, weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS, dtypes=DTYPES,
-    )
-    grad_out = rt.check_grad_out(grad_out, batch=x1.shape[0], dim_out=DIM_OUT, dtype=x1.dtype)
-    if x1.shape[0] == 0:
-        return jnp.zeros_like(x1), jnp.zeros_like(x2), jnp.zeros_like(weights)
-    block_batch = rt.check_block_batch(block_batch, _kernels.BLOCK_BATCH)
-    return _tensor_product_vjp(x1, x2, weights, grad_out, block_batch=block_batch,
-                               interpret=rt.use_interpret(interpret))
-
-
-def _operands(x1, x2, weights):
-    return x1, x2, rt.kernel_weights(weights, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])
-
-
-# jitted (static block size and mode) so that eager calls do not run the kernels op by op.
-# No padding here: every kernel launch pads its own rows to a multiple of the batch block
-# (per device when the batch is sharded: eqdsl.runtime.jax_sharding).
-@functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
-def _tensor_product(x1, x2, weights, *, block_batch: int, interpret: bool):
-    return KERNEL_OPS.fwd(*_operands(x1, x2, weights), block_batch, interpret)
-
-
-@functools.partial(jax.jit, static_argnames=("block_batch", "interpret"))
-def _tensor_product_vjp(x1, x2, weights, grad_out, *, block_batch: int, interpret: bool):
-    a, b, w = _operands(x1, x2, weights)
-    g = grad_out
-    ga, gb, gw = KERNEL_OPS.bwd(a, b, w, g, block_batch, interpret)
-    return ga, gb, rt.user_weights(gw, WEIGHT_NUMEL, SHARED_WEIGHTS, x1.shape[0])
-
-
-# ------------------------------------------------------------------ fused graph convolution
-
-REDUCE = "sum"
-DETERMINISTIC = False
-
-
-def _conv_launchers(kernels_fwd, kernels_bx1, kernels_bx2):
-    shared = 2 if SHARED_WEIGHTS else None
-
-    # block_batch: (edges per program of the per-edge kernels, edges per step of the segment kernels)
-    def forward(a, b, c, graph, *, block_batch, interpret):
-        return rt.launch_segments(_kernels.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
-                                  perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
-                                  num_nodes=a.shape[0], out_width=_kernels.IDIM_OUT, block_edges=block_batch[1],
-                                  interpret=interpret, num_warps=_kernels.NUM_WARPS)
-
-    def backward_x1(g, b, c, graph, *, block_batch, interpret):
-        return rt.launch_segments(_kernels.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
-                                  perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
-                                  num_nodes=g.shape[0], out_width=_kernels.IDIM_IN1, block_edges=block_batch[1],
-                                  interpret=interpret, num_warps=_kernels.NUM_WARPS)
-
-    def backward_x2(a, g, c, graph, *, block_batch, interpret):
-        return rt.launch_edges(_kernels.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
-                               shared_arg=shared, shared_out=False, num_nodes=a.shape[0],
-                               out_width=_kernels.IDIM_IN2, block_edges=block_batch[0], interpret=interpret,
-                               num_warps=_kernels.NUM_WARPS)
-
-    return forward, backward_x1, backward_x2
-
-
-def _conv_backward_w(a, b, g, graph, *, block_batch, interpret):
-    return rt.launch_edges(_kernels.NAME, _kernels.CONV_BWD_W_KERNELS, (a, b, g), gathers={0: graph.src, 2: graph.dst},
-                           shared_arg=None, shared_out=SHARED_WEIGHTS, num_nodes=a.shape[0],
-                           out_width=_kernels.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
-                           num_warps=_kernels.NUM_WARPS)
-
-
-
-
-def _conv_backward_fused(a, b, c, g, graph, *, block_batch, interpret):
-    # the three gradients with one gather of G per edge (rt.conv_backward_fused)
-    return rt.conv_backward_fused(_kernels.NAME, _kernels.CONV_BWD_FUSED_KERNELS, (a, b, c, g), graph,
-                                  num_nodes=a.shape[0], dim_in2=_kernels.IDIM_IN2,
-                                  gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS,
-                                  gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS, block_edges=block_batch[0],
-                                  segment_edges=block_batch[1], interpret=interpret, num_warps=_kernels.NUM_WARPS)
-
-
-# The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any
-# order in reverse mode (``rt.make_conv_vjp_ops``); the forward's VJP runs the fused backward.
-CONV_OPS = rt.make_conv_vjp_ops(
-    *_conv_launchers(_kernels.CONV_FWD_KERNELS, _kernels.CONV_BWD_X1_KERNELS, _kernels.CONV_BWD_X2_KERNELS),
-    _conv_backward_w,
-    fused=_conv_backward_fused,
-)
+    return _FUNCTIONS.tensor_product_vjp(x1, x2, weights, grad_out, interpret=interpret, block_batch=block_batch)
 
 
 def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: bool = True,
@@ -258,31 +182,15 @@ def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: 
     Differentiable in reverse mode to any order. Use ``pad_graph`` to avoid a
     compilation per graph size.
     """
-    x, y, w, src, dst, num_nodes = rt.check_conv_inputs(
-        node_features, edge_attr, weights, src, dst, num_nodes, dim_in1=DIM_IN1, dim_in2=DIM_IN2,
-        weight_numel=WEIGHT_NUMEL, shared_weights=SHARED_WEIGHTS, dtypes=DTYPES, check=check,
-    )
-    if num_nodes == 0:
-        return jnp.zeros((0, DIM_OUT), x.dtype)
-    block = (rt.check_block_batch(block_edges, _kernels.BLOCK_BATCH),
-             rt.check_block_batch(segment_edges, _kernels.SEGMENT_EDGES))
-    return _conv(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=rt.use_interpret(interpret))
+    return _FUNCTIONS.conv(node_features, edge_attr, weights, src, dst, num_nodes, check=check, interpret=interpret,
+                           block_edges=block_edges, segment_edges=segment_edges)
 
 
 def pad_graph(node_features, edge_attr, weights, src, dst, num_nodes: int, *, min_nodes: int = 16,
-              min_edges: int = 64) -> rt.PaddedGraph:
-    """Pad a graph to bucket sizes (``eqdsl.runtime.jax_runtime.pad_graph``): call
+              min_edges: int = 64) -> PaddedGraph:
+    """Pad a graph to bucket sizes (``eqdsl.runtime.jax.padding.pad_graph``): call
     ``conv(p.node_features, p.edge_attr, p.weights, p.src, p.dst, p.num_nodes)`` on the
     result ``p`` and keep the first ``p.num_real_nodes`` rows (or mask by
     ``p.node_mask``). Few distinct shapes, hence few compilations."""
-    return rt.pad_graph(node_features, edge_attr, weights, src, dst, num_nodes, shared_weights=SHARED_WEIGHTS,
-                        min_nodes=min_nodes, min_edges=min_edges)
-
-
-@functools.partial(jax.jit, static_argnames=("num_nodes", "block", "interpret"))
-def _conv(x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
-    rows = max(rt.round_up(y.shape[0], block[0]), block[0])
-    graph = rt.conv_graph(src, dst, num_nodes, rows, x.dtype)
-    c = rt.kernel_weights(w, WEIGHT_NUMEL, SHARED_WEIGHTS, rows)
-    out = CONV_OPS.fwd(x, rt.pad_rows(y, rows), c, graph, block, interpret)
-    return out
+    return _FUNCTIONS.pad_graph(node_features, edge_attr, weights, src, dst, num_nodes, min_nodes=min_nodes,
+                                min_edges=min_edges)

@@ -6,7 +6,7 @@ nequip_water: 32x0e+32x0o+32x1e+32x1o x 1x0e+1x1o -> 32x0o+32x0o+32x0e+32x0e+32x
 
 The tensor product is the derivative of the four-linear form
 ``F(x1, x2, W, g) = sum_z sum_paths W C x1 x2 g``; the four kernel sets here are its
-four partial derivatives (``eqdsl.codegen.pallas_backend`` explains the scheme)::
+four partial derivatives (``eqdsl.backends.pallas.kernels`` explains the scheme)::
 
     forward(x1, x2, w)      = dF/dg    (rows, IDIM_OUT)
     backward_x1(g, x2, w)   = dF/dx1   (rows, IDIM_IN1)
@@ -22,9 +22,9 @@ kernel computes with is a ``(block_batch, P)`` or ``(block_batch, 1)`` tile over
 ``(block_batch, P, next_pow2(2l+1))`` tile and split into components on chip
 (``rt.load_tile``; stores: ``rt.store_tile``); the other components are contiguous.
 Rows past the batch must be zero (``jax_ops.py`` pads), and are zero in every output.
-``jax_ops.py`` wires these functions into ``jax.custom_vjp``. Every CG nonzero is one
-multiply-add with its coefficient as a literal; the accumulators of one output block
-stay in registers and are stored once.
+``jax_ops.py`` wires these functions into ``jax.custom_vjp``.
+Every CG nonzero is one multiply-add with its coefficient as a literal.
+The accumulators of one output block stay in registers and are stored once.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from eqdsl.runtime import jax_runtime as rt
+from eqdsl.runtime import jax as rt
 
 NAME = "nequip_water"
-# Default rows of the batch per program (a power of two) and Triton warps per program;
-# proposed spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps.
+# Default rows of the batch per program (a power of two) and Triton warps per program
+# (spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps).
 BLOCK_BATCH = 4
 NUM_WARPS = 4
 # Edges per loop step of the conv's segment kernels (spec key pallas_segment_edges; the
@@ -563,7 +563,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
 
 # ------------------------------------------------------------------ fused backward
-# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.codegen.pallas_fused): each kernel
+# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.backends.pallas.fused): each kernel
 # owns whole x1 blocks and the paths out of them, and writes the whole gx2 row as a
 # partial sum.
 

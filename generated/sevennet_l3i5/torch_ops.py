@@ -19,10 +19,10 @@ kernels on ``mul_ir`` rows::
     bwd(x1, x2, weights, g) -> (dF/dx1, dF/dx2, dF/dW)  (bwd_op: the three at once, one read of g;
                                                         autograd uses it when it needs two or more)
 
-Each has a fake implementation (``torch.compile(fullgraph=True)`` and
-``make_fx(tracing_mode="symbolic")`` trace through them) and an autograd formula made
-of the others (``eqdsl.runtime.torch_runtime.register_autograd``), so gradients of
-any order work (forces, then their gradient with respect to the weights).
+The ops, their fake implementations (``torch.compile(fullgraph=True)`` and
+``make_fx(tracing_mode="symbolic")`` trace through them) and their autograd formulas, made
+of the others so that gradients of any order work, are ``eqdsl.runtime.torch.ops.TensorProductOps``;
+this module binds them to its metadata and kernels (``_launch_<op>``).
 
 Kernels: each op launches the Triton code Helion wrote for its kernels
 (``triton_kernels/``, ``eqdsl.runtime.triton_launch``: Triton's public launch API, no
@@ -37,24 +37,10 @@ stride by ``2l+1`` (23% of bandwidth against 92% measured on an H100 for mace_la
 
 import torch
 
-from eqdsl.runtime import torch_runtime as _rt
 from eqdsl.runtime import triton_launch as _tl
+from eqdsl.runtime.torch.ops import FusedBackward, TensorProductOps
 
-
-_k = _tl.kernels(__package__, "helion_kernels")
-
-__all__ = [
-    "tensor_product",
-    "fwd_op",
-    "bwd_x1_op",
-    "bwd_x2_op",
-    "bwd_w_op",
-    "bwd_op",
-    "DIM_IN1",
-    "DIM_IN2",
-    "DIM_OUT",
-    "WEIGHT_NUMEL",
-]
+__all__ = ["tensor_product", "fwd_op", "bwd_x1_op", "bwd_x2_op", "bwd_w_op", "bwd_op", "DIM_IN1", "DIM_IN2", "DIM_OUT", "WEIGHT_NUMEL"]
 
 DIM_IN1 = 704
 DIM_IN2 = 16
@@ -65,177 +51,48 @@ LAYOUT = "mul_ir"
 KERNEL_LAYOUT = "mul_ir"  # rows the kernel ops (fwd_op, ...) take and return
 DTYPES = (torch.float32, torch.float64)
 
-
-def _check(x1, x2, weights) -> None:
-    _rt.check_inputs(
-        "eqdsl_sevennet_l3i5.tensor_product",
-        x1,
-        x2,
-        weights,
-        dim_in1=DIM_IN1,
-        dim_in2=DIM_IN2,
-        weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS,
-        dtypes=DTYPES,
-    )
-
-
-def _check_operands(op: str, *operands) -> None:
-    _rt.check_operands(
-        "eqdsl_sevennet_l3i5::" + op,
-        operands,
-        weight_numel=WEIGHT_NUMEL,
-        shared_weights=SHARED_WEIGHTS,
-        dtypes=DTYPES,
-    )
+_k = _tl.kernels(__package__, "helion_kernels")
+# the kernels of each op (contiguous rows, batch > 0), looked up at each call
 
 
 def _launch_fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> None:
-    """Launch the ``fwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_fwd_0(x1, x2, weights, out)
 
 
 def _launch_bwd_x1(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor) -> None:
-    """Launch the ``bwd_x1`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_bwd_x1_0(g, x2, weights, gx1)
 
 
 def _launch_bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2: torch.Tensor) -> None:
-    """Launch the ``bwd_x2`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_bwd_x2_0(x1, g, weights, gx2)
 
 
 def _launch_bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor) -> None:
-    """Launch the ``bwd_w`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_bwd_w_0(x1, x2, g, gw)
 
 
 def _launch_bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor) -> None:
-    """Launch the ``bwd`` kernels (contiguous ``mul_ir`` rows, batch > 0)."""
     _k.tp_bwd_fused_0(x1, x2, g, weights, gx1, gx2p, gw)
     _k.tp_bwd_fused_1(x1, x2, g, weights, gx1, gx2p, gw)
     _k.tp_bwd_fused_2(x1, x2, g, weights, gx1, gx2p, gw)
 
 
-def _fwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``out = dF/dg (x1, x2, weights)``: the tensor product of ``mul_ir`` rows."""
-    _check_operands("fwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None))
-    _rt.check_device("eqdsl_sevennet_l3i5::fwd", x1.device)
-    return _fwd_checked(x1, x2, weights)
-
-
-def _fwd_checked(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``_fwd`` on operands already checked."""
-    result = x1.new_empty((x1.shape[0], DIM_OUT))
-    if x1.shape[0] > 0:
-        _launch_fwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), result)
-    return result
-
-
-fwd_op = _rt.define_op("eqdsl_sevennet_l3i5::fwd", _fwd)
-
-
-@_rt.register_fake(fwd_op)
-def _fwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    _check_operands("fwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None))
-    return x1.new_empty((x1.shape[0], DIM_OUT))
-
-
-def _bwd_x1(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``dF/dx1 (g, x2, weights)`` (``mul_ir`` rows)."""
-    _check_operands("bwd_x1", ("g", g, DIM_OUT), ("x2", x2, DIM_IN2), ("weights", weights, None))
-    _rt.check_device("eqdsl_sevennet_l3i5::bwd_x1", g.device)
-    return _bwd_x1_checked(g, x2, weights)
-
-
-def _bwd_x1_checked(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``_bwd_x1`` on operands already checked."""
-    result = g.new_empty((g.shape[0], DIM_IN1))
-    if g.shape[0] > 0:
-        _launch_bwd_x1(g.contiguous(), x2.contiguous(), weights.contiguous(), result)
-    return result
-
-
-bwd_x1_op = _rt.define_op("eqdsl_sevennet_l3i5::bwd_x1", _bwd_x1)
-
-
-@_rt.register_fake(bwd_x1_op)
-def _bwd_x1_fake(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    _check_operands("bwd_x1", ("g", g, DIM_OUT), ("x2", x2, DIM_IN2), ("weights", weights, None))
-    return g.new_empty((g.shape[0], DIM_IN1))
-
-
-def _bwd_x2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``dF/dx2 (x1, g, weights)`` (``mul_ir`` rows)."""
-    _check_operands("bwd_x2", ("x1", x1, DIM_IN1), ("g", g, DIM_OUT), ("weights", weights, None))
-    _rt.check_device("eqdsl_sevennet_l3i5::bwd_x2", x1.device)
-    return _bwd_x2_checked(x1, g, weights)
-
-
-def _bwd_x2_checked(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``_bwd_x2`` on operands already checked."""
-    result = x1.new_empty((x1.shape[0], DIM_IN2))
-    if x1.shape[0] > 0:
-        _launch_bwd_x2(x1.contiguous(), g.contiguous(), weights.contiguous(), result)
-    return result
-
-
-bwd_x2_op = _rt.define_op("eqdsl_sevennet_l3i5::bwd_x2", _bwd_x2)
-
-
-@_rt.register_fake(bwd_x2_op)
-def _bwd_x2_fake(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    _check_operands("bwd_x2", ("x1", x1, DIM_IN1), ("g", g, DIM_OUT), ("weights", weights, None))
-    return x1.new_empty((x1.shape[0], DIM_IN2))
-
-
-def _bwd_w(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``dF/dW (x1, x2, g)``, one row per batch element."""
-    _check_operands("bwd_w", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("g", g, DIM_OUT))
-    _rt.check_device("eqdsl_sevennet_l3i5::bwd_w", x1.device)
-    batch = x1.shape[0]
-    gw = x1.new_empty((batch, WEIGHT_NUMEL))
-    if batch > 0:
-        _launch_bwd_w(x1.contiguous(), x2.contiguous(), g.contiguous(), gw)
-    return gw
-
-
-bwd_w_op = _rt.define_op("eqdsl_sevennet_l3i5::bwd_w", _bwd_w)
-
-
-@_rt.register_fake(bwd_w_op)
-def _bwd_w_fake(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    _check_operands("bwd_w", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("g", g, DIM_OUT))
-    return x1.new_empty((x1.shape[0], WEIGHT_NUMEL))
-
-
-def _bwd(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dF/dx1, dF/dx2, dF/dW)`` at ``(x1, x2, weights, g)``: what ``bwd_x1``, ``bwd_x2`` and
-    ``bwd_w`` return, from the fused kernels (one read of ``g``; eqdsl/codegen/helion_fused.py)."""
-    _check_operands("bwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None), ("g", g, DIM_OUT))
-    _rt.check_device("eqdsl_sevennet_l3i5::bwd", x1.device)
-    batch = x1.shape[0]
-    gx1 = x1.new_empty((batch, DIM_IN1))
-    gw = x1.new_empty((batch, WEIGHT_NUMEL))
-    # gx2 partial sums, one row per kernel (each owns some x1 blocks) or channel tile: summed here, no atomics
-    gx2p = x1.new_empty((batch, 3 * DIM_IN2))
-    if batch > 0:
-        _launch_bwd(x1.contiguous(), x2.contiguous(), weights.contiguous(), g.contiguous(), gx1, gx2p, gw)
-    return gx1, gx2p.view(batch, 3, DIM_IN2).sum(1), gw
-
-
-bwd_op = _rt.define_op("eqdsl_sevennet_l3i5::bwd", _bwd)
-
-
-@_rt.register_fake(bwd_op)
-def _bwd_fake(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_operands("bwd", ("x1", x1, DIM_IN1), ("x2", x2, DIM_IN2), ("weights", weights, None), ("g", g, DIM_OUT))
-    batch = x1.shape[0]
-    return x1.new_empty((batch, DIM_IN1)), x1.new_empty((batch, DIM_IN2)), x1.new_empty((batch, WEIGHT_NUMEL))
-
-
-_rt.register_autograd(fwd_op, bwd_x1_op, bwd_x2_op, bwd_w_op, fused=bwd_op)
-_checked = _rt.CheckCache(_check)  # _check once per accepted argument metadata
+_OPS = TensorProductOps(
+    "eqdsl_sevennet_l3i5",
+    globals(),
+    dim_in1=DIM_IN1,
+    dim_in2=DIM_IN2,
+    dim_out=DIM_OUT,
+    weight_numel=WEIGHT_NUMEL,
+    shared_weights=SHARED_WEIGHTS,
+    dtypes=DTYPES,
+    fused=FusedBackward(partials=3, zero_gx1=False, zero_gx2=False),
+)
+fwd_op = _OPS.ops["fwd"]
+bwd_x1_op = _OPS.ops["bwd_x1"]
+bwd_x2_op = _OPS.ops["bwd_x2"]
+bwd_w_op = _OPS.ops["bwd_w"]
+bwd_op = _OPS.ops["bwd"]
 
 
 def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -247,6 +104,4 @@ def tensor_product(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) ->
     argument (for arguments on several devices, each one's device), ``RuntimeError``
     for a device the kernels cannot run on.
     """
-    # the cached check under torch.compile would trace its set lookups: the plain one there
-    (_check if torch.compiler.is_compiling() else _checked)(x1, x2, weights)
-    return fwd_op(x1, x2, weights)
+    return _OPS.tensor_product(x1, x2, weights)
