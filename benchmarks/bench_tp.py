@@ -85,6 +85,7 @@ SHORT = {"eqdsl_torch": "eq_torch", "eqdsl_jax": "eq_jax", "eqdsl_torch_irmul": 
          "e3nn_jax": "e3nn_jax"}
 JAX_IMPLS = {"eqdsl_jax", "eqdsl_jax_irmul", "e3nn_jax"}
 TWIN_SUFFIX = "_irmul"  # benchmarks/layout_twins.py
+NO_TWIN = "an ir_mul twin exists for channelwise mul_ir problems only"  # not a failure (--warm-only)
 DIRECTIONS = ("fwd", "fwd+bwd")
 
 
@@ -419,7 +420,7 @@ def twin_module(prob: Problem, dtype: str, args, module: str):
     """The ir_mul twin's generated ``module`` (``<name>_irmul`` in ``--twins``), checked to be
     ``prob``'s product in the other layout."""
     if prob.spec.mode != "uvu" or prob.layout != "mul_ir":
-        raise NotAvailable("an ir_mul twin exists for channelwise mul_ir problems only")
+        raise NotAvailable(NO_TWIN)
     name = prob.name + TWIN_SUFFIX
     meta = read_generated_meta(args.twins, name)
     if not meta:
@@ -1070,7 +1071,7 @@ class Bench:
             if r["status"] in ("warm", "lowered"):
                 key = r["impl"] + (" lowered" if r["status"] == "lowered" else "")
                 total[key] = total.get(key, 0.0) + r["first_call_s"]
-            elif r["status"] != "skip":
+            elif r["status"] != "skip" and r.get("reason") != NO_TWIN:
                 failed.append(f"{r['problem']} {r['dtype']} {r['direction']} {r['impl']}: {r.get('reason', '')[:160]}")
         print("warm: " + ", ".join(f"{k} {v:.1f} s" for k, v in total.items()), flush=True)
         for f in failed:

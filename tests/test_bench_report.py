@@ -201,4 +201,4 @@ def test_report_anchors_at_their_best_and_lost_rows(tmp_path):
     # cuEq best = min(800 mul_ir, 500 ir_mul) = 500 -> 1.25x; OEQ 300 -> 0.75x
     assert "| **eqdsl torch** | 400 | 10.00x | 1.25x | 0.75x | 4.00x |" in md
     assert "| cuEquivariance (ir_mul) | 500 | 8.00x | - | 0.60x | 3.20x |" in md
-    assert f"- `{key}`: slower than OEQ: measured: 40 registers short" in md
+    assert f"- `{key}` (eqdsl torch, 400 µs): slower than OEQ: measured: 40 registers short" in md

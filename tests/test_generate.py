@@ -178,5 +178,18 @@ def test_check_without_helion_or_triton(monkeypatch):
     monkeypatch.chdir(ROOT)  # the headers name the spec and output paths as `eqdsl check` gives them
     specs = [s.relative_to(ROOT) for s in SPECS]
     assert _generate_module.check(specs, Path("generated")) == []
-    stale = triton_lowering.stamp("", "another kernel file", "helion_kernels.py", "tp_fwd_0", "float32", versions=False)
+    stale = triton_lowering.stamp("", "x = 1\n", "helion_kernels.py", "tp_fwd_0", "float32", versions=False)
     assert stale.endswith("written by helion ") and "sha256" in stale
+
+
+def test_triton_stamp_hashes_the_kernel_code_not_its_documentation():
+    """A Triton module's provenance (and its lowering-cache key) follows the Helion kernel
+    file's code: a changed docstring or comment keeps it, a changed statement does not."""
+    from eqdsl.codegen import triton_lowering
+
+    def stamp(text):
+        return triton_lowering.stamp("", text, "helion_kernels.py", "tp_fwd_0", "float32", versions=False)
+
+    base = '"""Kernels."""\ndef f(x):\n    """Doc."""\n    return x + 1\n'
+    assert stamp(base) == stamp('"""Other words."""\n# a comment\ndef f(x):\n    """Changed."""\n    return x + 1\n')
+    assert stamp(base) != stamp('"""Kernels."""\ndef f(x):\n    """Doc."""\n    return x + 2\n')
