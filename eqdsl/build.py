@@ -266,11 +266,11 @@ def build_for_current_gpu(root: str | os.PathLike) -> list[BuildResult]:
 
     if not todo():
         return []
-    from .loader import _file_lock
+    from filelock import FileLock
 
     log = logging.getLogger("eqdsl")
     results = []
-    with _file_lock(root / f".build-{arch}.lock"):
+    with FileLock(root / f".build-{arch}.lock"):
         for d in todo():
             log.info("eqdsl: building %s for %s (once, into %s)", d.name, arch, d / _cb.DIR)
             try:

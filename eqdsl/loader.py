@@ -37,9 +37,10 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+from filelock import FileLock
 
 from . import __version__
 from .errors import SpecError
@@ -179,7 +180,7 @@ def _private_root() -> Path:
 @functools.lru_cache(maxsize=1)
 def generator_fingerprint() -> str:
     """SHA-256 over eqdsl's version, its Python sources and its templates (sorted by path)."""
-    from .codegen.render import template_dir
+    from .backends.render import template_dir
 
     h = hashlib.sha256(f"eqdsl {__version__}\n".encode())
     for root, pattern in ((Path(__file__).resolve().parent, "**/*.py"), (Path(template_dir()), "*.j2")):
@@ -208,21 +209,6 @@ def _resolve(spec) -> tuple[TensorProductSpec, ...]:
     )
 
 
-@contextmanager
-def _file_lock(path: Path):
-    try:
-        import fcntl
-    except ImportError:  # no fcntl (Windows): the atomic rename alone keeps the cache consistent
-        yield
-        return
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *, triton: bool = True) -> None:
     """Write every package of ``specs`` (and ``spec.toml``) to ``pkg_dir``, atomically
     (``triton``: with the Triton code of the kernels, ``codegen.triton_lowering``)."""
@@ -231,7 +217,7 @@ def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *,
 
     parent = pkg_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(parent / f".{pkg_dir.name}.lock"):
+    with FileLock(parent / f".{pkg_dir.name}.lock"):
         if pkg_dir.is_dir():  # another process finished while this one waited
             return
         spec_file = pkg_dir / "spec.toml"

@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from eqdsl.backends.pallas import assemble, plan  # noqa: E402
 from eqdsl.codegen.generate import generate_files, metadata_context, write_package  # noqa: E402
-from eqdsl.codegen.render import render  # noqa: E402
+from eqdsl.backends.render import render  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import tensor_product_reference, to_layout  # noqa: E402
 from eqdsl.spec import load_spec  # noqa: E402

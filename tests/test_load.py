@@ -207,7 +207,7 @@ def test_a_lost_rename_race_takes_the_winners_package(tmp_path, monkeypatch):
         return written
 
     monkeypatch.setattr(gen, "write_package", write_then_lose)
-    monkeypatch.setattr(loader, "_file_lock", lambda path: nullcontext())
+    monkeypatch.setattr(loader, "FileLock", lambda path: nullcontext())
     pkg = load(SPEC.format(tag="lost"), cache_dir=tmp_path)
     assert Path(pkg.__file__).parents[1] == winner["dir"]
     assert [p.name for p in (tmp_path / "packages").iterdir()] == [winner["dir"].name]  # our temp dir is gone

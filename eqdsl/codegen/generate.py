@@ -34,7 +34,7 @@ from ..ir import TensorProductIR
 from ..lower import lower
 from ..spec import TensorProductSpec, load_spec
 from . import triton_lowering
-from .render import render
+from ..backends.render import render
 
 __all__ = ["GenerateError", "generate_files", "write_package", "generate", "check", "MARKER"]
 

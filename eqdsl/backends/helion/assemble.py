@@ -12,7 +12,7 @@ at its boundary (``templates/torch_conv.py.j2``).
 from __future__ import annotations
 
 from ...analysis import fused_bwd_reason
-from ...codegen.render import render
+from ..render import render
 from ...ir import Block, TensorProductIR
 from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, graph_names, segment_min_edges, segment_ops, \
     small_graph_kernels

@@ -20,7 +20,7 @@ every path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
 from __future__ import annotations
 
 from ...analysis import mixed_weighting
-from ...codegen.render import render
+from ..render import render
 from ...ir import TensorProductIR
 from .fused import fused_context
 from .kernels import kernels as kernel_set
