@@ -45,6 +45,23 @@ case $CALL in
     [ $left -gt 40 ] && timeout $left python3 benchmarks/tools/ncu_rows.py --conv rand4096x32 \
         --cases "mace_large:float32:fwd+bwd:eqdsl_jax_irmul,cueq_irmul" --json $OUT_FULL/ncu_conv.json >> $OUT_FULL/ncu.log 2>&1
     ;;
+  ncu2)
+    bash benchmarks/run_device.sh report=5 > /dev/null 2>&1  # installs the wheels
+    export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=/tmp/tcache EQDSL_CACHE_DIR=/tmp/eqcache; . benchmarks/tools/oeq_env.sh
+    cp $HERE/benchmarks/tools/ncu_rows.py benchmarks/tools/ncu_rows.py
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); export NCU
+    i=4
+    for c in "e3tools_conv:float32:fwd+bwd:eqdsl_torch,eqdsl_jax,oeq" "tetris_poly_1:float32:fwd+bwd:eqdsl_torch,oeq" \
+             "sevennet_l3i5:float32:fwd:eqdsl_torch_irmul,eqdsl_jax_irmul,oeq" "mace_large:float32:fwd+bwd:eqdsl_jax_irmul,oeq" \
+             "nequip_toluene:float32:fwd+bwd:eqdsl_jax_irmul,oeq"; do
+      i=$((i + 1)); left=$(( 470 - ($(date +%s) - T0) )); [ $left -lt 30 ] && break
+      timeout $left python3 benchmarks/tools/ncu_rows.py --cases "$c" --json $OUT_FULL/ncu_tp_$i.json >> $OUT_FULL/ncu.log 2>&1
+      echo "case $i rc $? $(( $(date +%s) - T0 )) s" >> $OUT_FULL/run.log
+    done
+    left=$(( 570 - ($(date +%s) - T0) ))
+    [ $left -gt 40 ] && timeout $left python3 benchmarks/tools/ncu_rows.py --conv bulk \
+        --cases "mace_large:float32:fwd+bwd:eqdsl_jax_irmul,cueq_irmul" --json $OUT_FULL/ncu_conv.json >> $OUT_FULL/ncu.log 2>&1
+    ;;
   after)
     # the same-run before/after of issue 25: the committed tree before the restructuring (/tmp/w) and the
     # final tree (the working copy), eqdsl only, on a host-bound, a bandwidth-bound and a uvw problem
