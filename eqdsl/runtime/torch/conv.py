@@ -11,11 +11,9 @@ checks, and ``conv`` itself (layout conversion at the boundary, ``mean`` reduce)
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-import numpy as np
 import torch
 
 from .autograd import register_autograd
@@ -23,7 +21,7 @@ from .checks import CheckCache, check_device, check_same_device
 from .layout import LayoutPermutation
 from .library import define_op, register_fake
 
-__all__ = ["ConvOps", "ConvFusedBackward", "interpreter_scalar_index"]
+__all__ = ["ConvOps", "ConvFusedBackward"]
 
 
 @dataclass(frozen=True)
@@ -46,34 +44,6 @@ _OPS = {
     "bwd_x": (("g", "y", "weights"), "node", "dim_in1"),
     "bwd_y": (("x", "g", "weights"), "edge", "dim_in2"),
 }
-
-
-def interpreter_scalar_index() -> None:
-    """Let Triton's CPU interpreter use a loaded scalar as a loop bound (only under
-    ``TRITON_INTERPRET=1``; idempotent).
-
-    The segment kernels loop over ``hl.tile(ptr[node], ptr[node + 1])``, a loop whose bounds
-    are loaded scalars. Triton 3.6's interpreter converts them with ``int()`` of a
-    one-element array, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted
-    to Python scalars": triton-lang/triton#9171, fixed upstream by #9172 after 3.6). There is
-    no public hook for it: this wraps the interpreter's private ``_patch_lang_tensor`` to
-    install an ``__index__`` that reads the array's one element, the upstream fix. Nothing
-    else in eqdsl touches Triton internals, and compiled kernels (CUDA) never get here.
-    """
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.runtime.interpreter as ti
-
-    if getattr(ti._patch_lang_tensor, "_eqdsl_scalar_index", False):
-        return
-    original = ti._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-    patched._eqdsl_scalar_index = True
-    ti._patch_lang_tensor = patched
 
 
 class ConvOps:
@@ -146,8 +116,6 @@ class ConvOps:
         self._in1, self._in2, self._out = (
             None if blocks is None else LayoutPermutation(f"{namespace}.conv_{key}", blocks)
             for key, blocks in (("in1", in1_blocks), ("in2", in2_blocks), ("out", out_blocks)))
-        if self.segment:
-            interpreter_scalar_index()
 
         names = ["fwd", "bwd_x", "bwd_y"]
         self.ops, self.impls = {}, {}
