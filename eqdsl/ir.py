@@ -116,6 +116,8 @@ class TensorProductIR:
     ``deterministic`` (dst-sorted segment reduction instead of atomics).
     ``cg_convention``: the ``wigner_3j`` sign convention the nonzeros were lowered in
     (``eqdsl.cg.CG_CONVENTIONS``); already in every ``coeff``, recorded for readers.
+    ``radial_features``: ``H`` of ``conv_radial`` (the conv given per-edge hidden features
+    ``(E, H)`` and the radial MLP's last-layer matrix ``(H, weight_numel)``), or None.
     """
 
     name: str
@@ -141,6 +143,7 @@ class TensorProductIR:
     reduce: str = "sum"
     deterministic: bool = False
     cg_convention: str = "e3nn-0.5"
+    radial_features: int | None = None
 
     def paths_into(self, i_out: int) -> tuple[PathIR, ...]:
         return tuple(p for p in self.paths if p.i_out == i_out)

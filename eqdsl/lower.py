@@ -83,4 +83,5 @@ def lower(spec: TensorProductSpec) -> TensorProductIR:
         reduce=spec.reduce,
         deterministic=spec.deterministic,
         cg_convention=spec.cg_convention,
+        radial_features=spec.radial_features,
     )

@@ -37,6 +37,12 @@ conv                      bool: also generate the fused graph    false
 reduce                    sum | mean (over a node's in-edges)    sum (needs conv)
 deterministic             bool: dst-sorted segment reduction,    false (needs conv)
                           bitwise reproducible; else atomics
+radial_features           int H >= 1: also generate              none (needs conv,
+                          ``conv_radial``, the conv given the    per-edge weights,
+                          radial MLP's last layer (per-edge      every path weighted)
+                          hidden features (E, H) and its
+                          (H, weight_numel) matrix); the
+                          per-edge weights form on chip
 tuning                    table of kernel parameters, each       each backend's
                           backend's keys (e.g. written by        defaults
                           ``eqdsl tune``)
@@ -93,6 +99,7 @@ _KNOWN = {
     "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
     "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
     "conv", "reduce", "deterministic", "tuning", "output_order", "instruction_order", "cg_convention",
+    "radial_features",
 }
 REDUCTIONS = ("sum", "mean")
 
@@ -133,6 +140,8 @@ class TensorProductSpec:
     output_order: str = "paths"  # paths | sorted | given
     instruction_order: str = "paths"  # paths | output | given
     cg_convention: str = DEFAULT_CG_CONVENTION
+    # H of conv_radial (the radial MLP's hidden width), or None: no conv_radial
+    radial_features: int | None = None
     # (file, table) as errors name them: where a backend's check of ``tuning`` points
     origin: tuple[str, str] = field(default=("<spec>", "tensor_product.0"), compare=False)
 
@@ -247,9 +256,17 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
     conv = get("conv", bool, False)
     reduce = choice("reduce", REDUCTIONS, "sum")
     deterministic = get("deterministic", bool, False)
-    for key in ("reduce", "deterministic"):
+    for key in ("reduce", "deterministic", "radial_features"):
         if key in t and not conv:
             fail(key, "only applies to the fused convolution: set conv = true")
+    radial_features = None
+    if "radial_features" in t:
+        radial_features = get("radial_features", int, None)
+        if isinstance(radial_features, bool) or radial_features < 1:
+            fail("radial_features", f"must be a positive integer (the radial MLP's hidden width H), "
+                                    f"got {t['radial_features']!r}")
+        if shared:
+            fail("radial_features", "needs per-edge weights: set shared_weights = false")
 
     tuning = _parse_tuning(get("tuning", dict, {}), fail)
 
@@ -293,6 +310,9 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         err = e
     if err is not None:  # raised outside the handler so the one-line error has no chained context
         fail(err.key, err.reason)
+    if radial_features is not None and any(not i.has_weight for i in instructions):
+        fail("radial_features", "needs every path weighted (conv_radial forms each edge's weights as "
+                                "radial_features @ radial_weight; an unweighted path has none)")
     if cg_convention == "e3nn-0.4":
         lmax = max(max(in1[i.i_in1].ir.l, in2[i.i_in2].ir.l, out[i.i_out].ir.l) for i in instructions)
         if lmax > E3NN_04_LMAX:
@@ -304,7 +324,7 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
         conv=conv, reduce=reduce, deterministic=deterministic, tuning=tuning,
         output_order=output_order, instruction_order=instruction_order, cg_convention=cg_convention,
-        origin=(filename, where),
+        radial_features=radial_features, origin=(filename, where),
     )
 
 

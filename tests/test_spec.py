@@ -223,6 +223,13 @@ def test_cg_convention_is_recorded(convention):
                 instructions=[[0, 0, 0, "uvu", True]]).cg_convention == convention
 
 
+def test_radial_features_is_recorded():
+    (spec,) = parse_spec(_toml(_spec(conv=True, shared_weights=False, radial_features=16)), FILE)
+    assert spec.radial_features == 16
+    (spec,) = parse_spec(_toml(_spec(conv=True, shared_weights=False)), FILE)
+    assert spec.radial_features is None
+
+
 def test_tuning_table():
     (spec,) = parse_spec(_toml(GOOD), FILE)
     assert spec.tuning == ()
@@ -292,6 +299,18 @@ BAD_TABLES = {
     "deterministic without conv": (dict(deterministic=True), "deterministic", ["conv = true"]),
     "bad reduce": (dict(conv=True, reduce="max"), "reduce", ["max", "sum", "mean"]),
     "deterministic wrong type": (dict(conv=True, deterministic="yes"), "deterministic", ["expected bool"]),
+    "radial_features without conv": (dict(radial_features=64, shared_weights=False), "radial_features",
+                                     ["conv = true"]),
+    "radial_features shared weights": (dict(conv=True, radial_features=64), "radial_features",
+                                       ["shared_weights = false"]),
+    "radial_features zero": (dict(conv=True, shared_weights=False, radial_features=0), "radial_features",
+                             ["positive integer", "0"]),
+    "radial_features bool": (dict(conv=True, shared_weights=False, radial_features=True), "radial_features",
+                             ["expected int"]),
+    "radial_features unweighted path": (
+        dict(conv=True, shared_weights=False, radial_features=8, mode=None,
+             instructions=[[0, 0, 0, "uvu", True], [1, 1, 0, "uvu", False]], irreps_out="2x0e"),
+        "radial_features", ["every path weighted"]),
     "both mode and instructions": (dict(instructions=[[0, 0, 0, "uvu", True]]), "mode", ["mode", "instructions"]),
     "mode gives no path": (dict(irreps_in1="1o", irreps_in2="1o", irreps_out="0o"), "irreps_out", ["no path"]),
     "uuu mode with no equal multiplicities": (
