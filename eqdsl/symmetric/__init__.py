@@ -1,0 +1,1 @@
+"""Symmetric contraction (MACE product basis): spec, exact U tensors, IR, reference (issue 27)."""
