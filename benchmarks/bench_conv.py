@@ -32,6 +32,20 @@ Graphs (edges sorted by dst, stable; self-loops possible in the random ones):
                 j = dst, as examples/main.py); without ase, an equivalent scipy cKDTree
                 construction (the JSON says which)
   rand4096x32   4,096 nodes, 32 random in-edges each: 131,072 edges
+conv_radial (``--radial``; spec ``radial_features = H``, issue "fused radial weights"): each
+set's weight operand is the radial MLP's hidden features ``rf`` (num_edges, H) and one matrix
+``Wr`` (H, weight_numel); every implementation computes ``conv(x, edge_attr, rf @ Wr)``, and
+forward+backward gives the gradients of x, edge_attr, rf and Wr (Wr's is timed, not compared):
+
+  eqdsl_torch, eqdsl_jax   the generated conv_radial: the weights form on chip
+  eqdsl_torch_unfused, eqdsl_jax_unfused
+                           rf @ Wr (framework matmul, full float32 precision) + eqdsl's conv
+  cueq, cueq_irmul, oeq, e3nn, e3nn_jax
+                           rf @ Wr + that implementation's conv (the matmul inside its time)
+
+The floor then counts rf and Wr in place of the weights; FLOPs add 2 E H weight_numel per
+matmul (three in forward+backward). JSON default $OUT/bench_radial.json.
+
 Latency (a section, run first): mace_large, 32 atoms of Si (2x2x1 cubic cells) at a 4 A
 cutoff = 512 edges: wall time per synchronized call (median), host time per call (N
 calls back to back without synchronizing, divided by N), time per call when pipelined
@@ -59,6 +73,7 @@ $OUT/bench_latency.json). benchmarks/report.py turns them into BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import inspect
 import json
@@ -82,9 +97,13 @@ QUICK_CPU_PROBLEMS = ["nequip_water"]  # the interpreter runs mace_large at seco
 ALL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "eqdsl_torch_irmul", "eqdsl_jax_irmul", "e3nn", "cueq", "cueq_irmul", "oeq",
              "e3nn_jax"]
 DEFAULT_IMPLS = list(ALL_IMPLS)
+# --radial: eqdsl_torch / eqdsl_jax run conv_radial; *_unfused are the matmul + eqdsl's conv
+RADIAL_IMPLS = ["eqdsl_torch", "eqdsl_jax", "eqdsl_torch_unfused", "eqdsl_jax_unfused", "cueq_irmul", "cueq", "oeq",
+                "e3nn", "e3nn_jax"]
+UNFUSED = {"eqdsl_torch_unfused": "eqdsl_torch", "eqdsl_jax_unfused": "eqdsl_jax"}
 LATENCY_IMPLS = ["eqdsl_torch", "eqdsl_jax", "cueq", "cueq_irmul", "oeq", "e3nn", "e3nn_jax"]
-SHORT = dict(bt.SHORT)
-JAX_IMPLS = bt.JAX_IMPLS
+SHORT = dict(bt.SHORT, eqdsl_torch_unfused="eq_t_mm", eqdsl_jax_unfused="eq_j_mm")
+JAX_IMPLS = bt.JAX_IMPLS | {"eqdsl_jax_unfused"}
 GRAPHS = ["rand512x64", "bulk", "rand4096x32"]
 LATTICE = {"Si": 5.43, "C": 3.567, "Ge": 5.658}  # diamond-structure cubic lattice constants (A)
 one_line = bt.one_line
@@ -133,6 +152,9 @@ def parse_args(argv=None):
     p.add_argument("--rtol64", type=float, default=1e-9)
     p.add_argument("--cueq-methods", default=None, help="as bench_tp (default uniform_1d,fused_tp,naive; CPU naive)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--radial", action="store_true",
+                   help="conv_radial rows (module docstring): problems need radial_features in their spec; "
+                   "no latency section; JSON default $OUT/bench_radial.json")
     p.add_argument("--warm-only", action="store_true",
                    help="compile only: call every implementation once per graph and direction (and the latency "
                    "section's), no reference, no timing, no table (precompile.py --jax)")
@@ -271,19 +293,32 @@ def latency_graph() -> Graph:
 # ----------------------------------------------------------------------------- problems, inputs, reference
 
 
-def conv_bytes(prob, dtype: str, g: Graph, direction: str, idx_item: int = 8) -> int:
+def radial_width(prob) -> int:
+    """H of the problem's conv_radial (its spec's ``radial_features``)."""
+    h = getattr(prob.ir, "radial_features", None)
+    if not h:
+        raise SystemExit(f"--radial: {prob.name}'s spec has no radial_features")
+    return h
+
+
+def conv_bytes(prob, dtype: str, g: Graph, direction: str, idx_item: int = 8, radial: bool = False) -> int:
     item = {"float32": 4, "float64": 8}[dtype]
     ir = prob.ir
     e, n = g.num_edges, g.num_nodes
-    ins = item * (n * ir.dim_in1 + e * ir.dim_in2 + (ir.weight_numel if prob.shared else e * ir.weight_numel))
+    if radial:  # the hidden features and the matrix in place of the per-edge weights
+        wbytes = radial_width(prob) * (e + ir.weight_numel)
+    else:
+        wbytes = ir.weight_numel if prob.shared else e * ir.weight_numel
+    ins = item * (n * ir.dim_in1 + e * ir.dim_in2 + wbytes)
     out = item * n * ir.dim_out
     idx = 2 * e * idx_item
     return ins + out + idx if direction == "fwd" else 3 * ins + 2 * out + 2 * idx
 
 
-def conv_flops(prob, g: Graph, direction: str) -> int:
+def conv_flops(prob, g: Graph, direction: str, radial: bool = False) -> int:
     f = prob.ir.flops_per_batch * g.num_edges + g.num_edges * prob.ir.dim_out
-    return f if direction == "fwd" else 4 * f
+    mm = 2 * g.num_edges * radial_width(prob) * prob.ir.weight_numel if radial else 0
+    return f + mm if direction == "fwd" else 4 * f + 3 * mm
 
 
 class ConvSets(bt.InputSets):
@@ -291,7 +326,7 @@ class ConvSets(bt.InputSets):
     space (mul_ir, e3nn's order), stored under bench_tp's names x1, x2, w, g so that its
     native()/to_ref() and Bench.measure apply unchanged."""
 
-    def __init__(self, prob, dtype: str, graph: Graph, device, nsets: int, seed: int):
+    def __init__(self, prob, dtype: str, graph: Graph, device, nsets: int, seed: int, radial: bool = False):
         torch = bt.import_torch()
         self.torch = torch
         self.prob, self.dtype, self.batch, self.device = prob, dtype, graph.num_edges, device
@@ -300,6 +335,12 @@ class ConvSets(bt.InputSets):
         ir = prob.ir
         e, n = graph.num_edges, graph.num_nodes
         wshape = (ir.weight_numel,) if prob.shared else (e, ir.weight_numel)
+        # --radial: "w" holds the hidden features rf, and wr the radial MLP's last matrix (unit-variance weights)
+        self.wr = None
+        if radial:
+            h = radial_width(prob)
+            wshape = (e, h)
+            self.wr = torch.randn(h, ir.weight_numel, generator=gen, device=device, dtype=td) / math.sqrt(h)
         self.sets = []
         for _ in range(nsets):
             self.sets.append({
@@ -340,6 +381,9 @@ class ConvReference:
         m = self.modules[key]
         s = sets.sets[0]
         x, ea, w = (s[k].detach().to(torch.float64) for k in ("x1", "x2", "w"))
+        wr = None if sets.wr is None else sets.wr.to(torch.float64)
+        if wr is not None:  # --radial: the weights rf @ Wr, and rf's gradient from theirs
+            w = w @ wr
         src, dst = graph.torch_idx(dev, "int64")
         n, e = graph.num_nodes, graph.num_edges
         scale = degree_scale(prob, graph, dev, torch.float64)
@@ -374,6 +418,8 @@ class ConvReference:
                     out.index_add_(0, dst[sl], m(x[src[sl]], ea[sl], wc))
         if scale is not None:
             out = out * scale
+        if need_grads and wr is not None:
+            gw = gw @ wr.T
         return out, ((gx, gea, gw) if need_grads else None)
 
 
@@ -461,6 +507,59 @@ class Builders:
 
         fn = self._once(("eqdsl_jax", prob.name), make)
         return jax_conv_impls("eqdsl_jax", fn, prob, graph, f"jax.jit, layout {prob.layout}")
+
+    def b_eqdsl_torch_radial(self, prob, dtype, graph, wr):
+        def make():
+            mod = bt.import_generated(self.args.generated, prob.name, "torch_ops")
+            if not hasattr(mod, "conv_radial"):
+                raise NotAvailable(f"generated/{prob.name}/torch_ops.py has no conv_radial (radial_features)")
+            return mod.conv_radial
+
+        fn = self._once(("eqdsl_torch_radial", prob.name), make)
+        n, cands = graph.num_nodes, []
+        wrn = wr.detach().clone().requires_grad_()
+        for kind in ("int64", "int32"):
+            s, d = graph.torch_idx(self.device, kind)
+
+            def f(a, b, c, _s=s, _d=d):
+                return fn(a, b, c, wrn, _s, _d, n, check=False)
+
+            cands.append(Impl("eqdsl_torch", "torch", f, _radial_torch_fb(f, wrn), perms=_perms(prob),
+                              note=f"conv_radial, layout {prob.layout}, {kind} indices, check=False"))
+        return cands
+
+    def b_eqdsl_jax_radial(self, prob, dtype, graph, wr):
+        jax = bt.import_jax()
+
+        def make():
+            mod = bt.import_generated(self.args.generated, prob.name, "jax_ops")
+            if not hasattr(mod, "conv_radial"):
+                raise NotAvailable(f"generated/{prob.name}/jax_ops.py has no conv_radial (radial_features)")
+            return mod.conv_radial
+
+        fn = self._once(("eqdsl_jax_radial", prob.name), make)
+        wrj = bt.to_jax(wr)
+        n, cands = graph.num_nodes, []
+
+        def conv(a, b, c, r, s, d, nn):
+            return fn(a, b, c, r, s, d, nn)
+
+        jf = jax.jit(conv, static_argnums=(6,))
+
+        def fb(a, b, c, r, g, s, d, nn):
+            out, vjp = jax.vjp(lambda a_, b_, c_, r_: conv(a_, b_, c_, r_, s, d, nn), a, b, c, r)
+            return out, vjp(g)[:3]
+
+        jfb = jax.jit(fb, static_argnums=(7,))
+        for kind in ("int32", "int64"):
+            try:
+                s, d = graph.jax_idx(kind)
+            except NotAvailable:
+                continue
+            cands.append(Impl("eqdsl_jax", "jax", lambda a, b, c, _s=s, _d=d: jf(a, b, c, wrj, _s, _d, n),
+                              lambda a, b, c, g, _s=s, _d=d: jfb(a, b, c, wrj, g, _s, _d, n), perms=_perms(prob),
+                              note=f"conv_radial, jax.jit, layout {prob.layout}, {kind} indices"))
+        return cands
 
     def b_eqdsl_torch_irmul(self, prob, dtype, graph):
         fn = self._once(("eqdsl_torch_irmul", prob.name, dtype),
@@ -591,6 +690,47 @@ class Builders:
 # ----------------------------------------------------------------------------- measuring
 
 
+def _radial_torch_fb(f, wrn):
+    """Forward+backward of ``f(x, y, rf)`` with the gradient of the matrix ``wrn`` computed too
+    (timed; the check compares x, y and rf's)."""
+    import torch
+
+    def fb(a, b, c, g):
+        out = f(a, b, c)
+        return out, torch.autograd.grad(out, (a, b, c, wrn), g)[:3]
+
+    return fb
+
+
+def with_matmul(impl, wr):
+    """``impl`` given the weights ``rf @ Wr``: the matmul (framework default, full float32
+    precision as the harness sets it) inside its time. The weight permutation of ``impl``
+    moves to Wr's columns; rf is unpermuted."""
+    perms = dict(impl.perms)
+    p = perms.pop("w", None)
+    if impl.framework == "torch":
+        import torch
+
+        wn = wr if p is None else wr.index_select(1, torch.as_tensor(p, device=wr.device))
+        wrn = wn.detach().clone().contiguous().requires_grad_()
+
+        def f(a, b, c, _f=impl.fwd):
+            return _f(a, b, c @ wrn)
+
+        return Impl(impl.name, "torch", f, _radial_torch_fb(f, wrn), perms=perms, note=f"rf @ Wr + {impl.note}")
+    jax = bt.import_jax()
+    wn = bt.to_jax(wr if p is None else wr[:, p])
+    fwd = jax.jit(lambda a, b, c, r, _f=impl.fwd: _f(a, b, c @ r))
+
+    def fb(a, b, c, r, g, _f=impl.fwd):
+        out, vjp = jax.vjp(lambda a_, b_, c_, r_: _f(a_, b_, c_ @ r_), a, b, c, r)
+        return out, vjp(g)[:3]
+
+    jfb = jax.jit(fb)
+    return Impl(impl.name, "jax", lambda a, b, c: fwd(a, b, c, wn), lambda a, b, c, g: jfb(a, b, c, wn, g),
+                perms=perms, note=f"rf @ Wr + {impl.note}")
+
+
 def sync_fn(framework, device):
     if framework == "jax":
         jax = bt.import_jax()
@@ -671,7 +811,7 @@ class ConvBench(bt.Bench):
         self.latency_rows = []
         self.graph_info = {}
 
-    def get_conv_builds(self, builders, name, prob, dtype, graph):
+    def get_conv_builds(self, builders, name, prob, dtype, graph, wr=None):
         key = (name, prob.name, dtype, graph.label)
         if key in self.builds:
             return self.builds[key]
@@ -681,7 +821,13 @@ class ConvBench(bt.Bench):
                 jax = bt.import_jax()
                 if self.device.type == "cuda" and jax.default_backend() != "gpu":
                     raise NotAvailable(f"jax backend is {jax.default_backend()!r}, not gpu")
-            res = builders.build(name, prob, dtype, graph)
+            if wr is None:
+                res = builders.build(name, prob, dtype, graph)
+            elif name in ("eqdsl_torch", "eqdsl_jax"):
+                res = getattr(builders, f"b_{name}_radial")(prob, dtype, graph, wr)
+            else:  # the anchor (or eqdsl's unfused conv) given rf @ Wr
+                res = [with_matmul(i, wr) for i in builders.build(UNFUSED.get(name, name), prob, dtype, graph)]
+                res = [dataclasses.replace(i, name=name) for i in res]
             if not res:
                 raise NotAvailable("no candidate")
         except NotAvailable as e:
@@ -834,7 +980,8 @@ class ConvBench(bt.Bench):
             if not p.spec.conv:
                 self.log(f"note: {p.name} has conv = false: eqdsl's conv will be n/a")
         self.meta = self.environment(device, impls, problems)
-        self.meta["what"] = "fused graph convolution"
+        self.meta["what"] = ("conv_radial: fused graph convolution with fused radial weights" if args.radial
+                             else "fused graph convolution")
         if not args.warm_only:
             self.measure_ceilings(device)
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device.type == "cuda" else 32 << 20
@@ -845,6 +992,8 @@ class ConvBench(bt.Bench):
         budget = args.time_budget if args.time_budget is not None else (420.0 if device.type == "cuda" else 1e9)
         builders = Builders(args, device)
         self.init_warm_target()
+        if args.radial:
+            args.latency = args.latency_only = False
         if args.latency or args.latency_only:
             try:
                 self.run_latency(problems, builders, budget)
@@ -876,7 +1025,7 @@ class ConvBench(bt.Bench):
             if dtype == "float64" and any(i in JAX_IMPLS for i in impls):
                 bt.enable_x64()
             self.log(f"{prob.name} {dtype} {graph.label} ({graph.num_nodes} nodes, {graph.num_edges} edges, "
-                     f"{conv_bytes(prob, dtype, graph, 'fwd') / 1e6:.0f} MB fwd floor)")
+                     f"{conv_bytes(prob, dtype, graph, 'fwd', radial=args.radial) / 1e6:.0f} MB fwd floor)")
             try:
                 self.run_conv_config(prob, dtype, graph, impls, directions, timer, ref, l2, budget, builders, base)
             except Exception as e:  # noqa: BLE001
@@ -890,20 +1039,21 @@ class ConvBench(bt.Bench):
         return self.finish_conv(problems, impls, directions, graphs)
 
     def impl_list(self, device):
+        known = RADIAL_IMPLS if self.args.radial else ALL_IMPLS
         if self.args.impls:
             names = [n.strip() for n in self.args.impls.split(",") if n.strip()]
-            bad = [n for n in names if n not in ALL_IMPLS]
+            bad = [n for n in names if n not in known]
             if bad:
-                raise SystemExit(f"unknown implementation(s) {bad}; known: {ALL_IMPLS}")
+                raise SystemExit(f"unknown implementation(s) {bad}; known: {known}")
             return names
         if device.type != "cuda":
-            return [n for n in DEFAULT_IMPLS if n not in bt.GPU_ONLY_IMPLS]
-        return list(DEFAULT_IMPLS)
+            return [n for n in known if n not in bt.GPU_ONLY_IMPLS]
+        return list(known)
 
     def run_conv_config(self, prob, dtype, graph, impls, directions, timer, ref, l2, budget, builders, base):
         torch = bt.import_torch()
         nsets = 1 if self.args.warm_only else ConvSets.count_for(prob, dtype, graph, l2, self.args.quick)
-        sets = ConvSets(prob, dtype, graph, self.device, nsets, self.args.seed)
+        sets = ConvSets(prob, dtype, graph, self.device, nsets, self.args.seed, radial=self.args.radial)
         tol = self.args.rtol32 if dtype == "float32" else self.args.rtol64
         try:
             try:
@@ -916,7 +1066,7 @@ class ConvBench(bt.Bench):
                         self.record(**base, direction=direction, impl=name, status="n/a", reason=reason)
                 return
             for name in impls:
-                cands = self.get_conv_builds(builders, name, prob, dtype, graph)
+                cands = self.get_conv_builds(builders, name, prob, dtype, graph, wr=sets.wr)
                 for direction in directions:
                     if self.elapsed() > budget:
                         self.record(**base, direction=direction, impl=name, status="skip", reason="time budget exhausted")
@@ -976,16 +1126,19 @@ class ConvBench(bt.Bench):
         for k in keys:
             prob, g = probs[k[0]], gmap[k[2]]
             rs = {i: by.get((*k, i)) for i in impls}
-            nbytes = conv_bytes(prob, k[1], g, k[3])
+            radial = self.args.radial
+            nbytes = conv_bytes(prob, k[1], g, k[3], radial=radial)
             floor_us = nbytes / self.copy_bw * 1e6
-            flops = conv_flops(prob, g, k[3])
+            flops = conv_flops(prob, g, k[3], radial=radial)
             row = {"problem": k[0], "dtype": k[1], "graph": k[2], "num_nodes": g.num_nodes, "num_edges": g.num_edges,
                    "direction": k[3], "floor_bytes": nbytes, "floor_us": floor_us, "flops": flops,
                    "times_us": {i: t(rs[i]) for i in impls}, "cells": {i: cell(rs[i]) for i in impls}}
             sp = {}
             for mine in ("eqdsl_torch", "eqdsl_jax"):
                 for other in impls:
-                    if other.startswith("eqdsl") or t(rs.get(mine)) is None or t(rs.get(other)) is None:
+                    # the layout twins are eqdsl too; the unfused rows (--radial) are what conv_radial replaces
+                    own = other.startswith("eqdsl") and not other.endswith("_unfused")
+                    if own or t(rs.get(mine)) is None or t(rs.get(other)) is None:
                         continue
                     sp[f"{mine}/{other}"] = t(rs[other]) / t(rs[mine])
             for i in impls:
@@ -998,7 +1151,8 @@ class ConvBench(bt.Bench):
         out = {"meta": self.meta, "graphs": self.graph_info, "rows": rows, "results": self.results,
                "latency": {"graph": getattr(self, "latency_graph", None), "rows": self.latency_rows},
                "elapsed_s": self.elapsed()}
-        path = self.args.json or (str(Path(os.environ["OUT"]) / "bench_conv.json") if os.environ.get("OUT") else None)
+        default = "bench_radial.json" if self.args.radial else "bench_conv.json"
+        path = self.args.json or (str(Path(os.environ["OUT"]) / default) if os.environ.get("OUT") else None)
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8")
@@ -1011,6 +1165,10 @@ class ConvBench(bt.Bench):
 
         ratio_cols = [("t/e3nn", "eqdsl_torch/e3nn"), ("t/cueq", "eqdsl_torch/cueq"), ("t/e3jax", "eqdsl_torch/e3nn_jax"),
                       ("j/e3nn", "eqdsl_jax/e3nn"), ("j/cueq", "eqdsl_jax/cueq"), ("j/e3jax", "eqdsl_jax/e3nn_jax")]
+        if self.args.radial:
+            ratio_cols = [("t/t_mm", "eqdsl_torch/eqdsl_torch_unfused"), ("t/cuirm", "eqdsl_torch/cueq_irmul"),
+                          ("t/cueq", "eqdsl_torch/cueq"), ("t/oeq", "eqdsl_torch/oeq"),
+                          ("j/j_mm", "eqdsl_jax/eqdsl_jax_unfused"), ("j/cuirm", "eqdsl_jax/cueq_irmul")]
         cols = (["problem", "dt", "graph", "edges", "dir"] + [SHORT.get(i, i) for i in impls] + [c for c, _ in ratio_cols]
                 + ["t GB/s", "t %fl", "j GB/s", "j %fl", "floor"])
         table = []

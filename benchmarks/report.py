@@ -34,14 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # (anchor, column label, the implementations it stands for: the fastest of them in each row)
 ANCHORS = [("e3nn", "e3nn", ("e3nn",)), ("cueq", "cuEq best", ("cueq", "cueq_irmul")), ("oeq", "OEQ", ("oeq",)),
            ("e3nn_jax", "e3nn-jax", ("e3nn_jax",))]
-IMPL_ORDER = ["eqdsl_torch", "eqdsl_torch_irmul", "eqdsl_jax", "eqdsl_jax_irmul", "e3nn", "e3nn_compile", "cueq",
+# conv_radial tables also compare with eqdsl's own unfused path (matmul + conv)
+UNFUSED_ANCHOR = ("eqdsl_unfused", "eqdsl unfused", ("eqdsl_torch_unfused", "eqdsl_jax_unfused"))
+IMPL_ORDER = ["eqdsl_torch", "eqdsl_torch_irmul", "eqdsl_torch_unfused", "eqdsl_jax", "eqdsl_jax_irmul",
+              "eqdsl_jax_unfused", "e3nn", "e3nn_compile", "cueq",
               "cueq_irmul", "oeq", "e3nn_jax"]
 IMPL_LABEL = {"eqdsl_torch": "eqdsl torch", "eqdsl_jax": "eqdsl jax", "eqdsl_torch_irmul": "eqdsl torch (ir_mul)",
-              "eqdsl_jax_irmul": "eqdsl jax (ir_mul)", "e3nn": "e3nn", "e3nn_compile": "e3nn compiled",
+              "eqdsl_jax_irmul": "eqdsl jax (ir_mul)", "eqdsl_torch_unfused": "eqdsl torch conv (unfused)",
+              "eqdsl_jax_unfused": "eqdsl jax conv (unfused)", "e3nn": "e3nn", "e3nn_compile": "e3nn compiled",
               "cueq": "cuEquivariance (mul_ir)", "cueq_irmul": "cuEquivariance (ir_mul)", "oeq": "OpenEquivariance",
               "e3nn_jax": "e3nn-jax"}
 COLORS = {"eqdsl_torch": "tab:red", "eqdsl_jax": "tab:orange", "eqdsl_torch_irmul": "tab:brown",
-          "eqdsl_jax_irmul": "tab:pink", "e3nn": "tab:blue", "e3nn_compile": "tab:cyan", "cueq": "tab:green",
+          "eqdsl_jax_irmul": "tab:pink", "eqdsl_torch_unfused": "salmon", "eqdsl_jax_unfused": "gold", "e3nn": "tab:blue", "e3nn_compile": "tab:cyan", "cueq": "tab:green",
           "cueq_irmul": "tab:olive", "oeq": "tab:gray", "e3nn_jax": "tab:purple"}
 META_KEYS = [("device", "device"), ("date", "date (UTC)"), ("copy_bandwidth_Bps", "copy bandwidth"),
              ("matmul_float32_flops", "fp32 matmul (TF32 off)"), ("matmul_float64_flops", "fp64 matmul"),
@@ -56,6 +60,7 @@ def parse_args(argv=None):
     p.add_argument("files", nargs="*", help="JSON files (kind recognised from the contents)")
     p.add_argument("--tp", help="bench_tp.json")
     p.add_argument("--conv", help="bench_conv.json")
+    p.add_argument("--radial", help="bench_radial.json (bench_conv.py --radial: conv_radial)")
     p.add_argument("--latency", nargs="+", help="bench_latency.json files, one table each (default: the latency "
                    "section of --conv, if any)")
     p.add_argument("--notes", nargs="+", help="Markdown files inserted, in order, as the 'Notes on these runs' section")
@@ -73,6 +78,8 @@ def parse_args(argv=None):
 
 def kind_of(d: dict) -> str:
     what = str(d.get("meta", {}).get("what", ""))
+    if "conv_radial" in what:
+        return "radial"
     if "latency" in what or ("graph" in d and "rows" in d and "results" not in d):
         return "latency"
     if "convolution" in what or "graphs" in d:
@@ -90,7 +97,7 @@ def load_inputs(args):
             print(f"warning: {path}: {type(e).__name__}: {e}; its section will say so", file=sys.stderr)
             return None
 
-    for k in ("tp", "conv"):
+    for k in ("tp", "conv", "radial"):
         if getattr(args, k):
             d = read(getattr(args, k))
             if d is not None:
@@ -164,6 +171,8 @@ def row_flops(row, kind):
     fpb = nominal_flops(row["problem"])
     if fpb is None:
         return None
+    if kind == "radial":  # written with its FLOPs (the matmul's included) since it exists
+        return None
     n = row.get("batch") if kind == "tp" else row.get("num_edges")
     if not isinstance(n, int):
         return None
@@ -218,11 +227,11 @@ def eqdsl_best(cm: dict, impl: str):
     return min(times) if times else None
 
 
-def anchor_times(cm: dict) -> dict:
+def anchor_times(cm: dict, anchors=ANCHORS) -> dict:
     """``{anchor: time}`` of one configuration's measurements ``cm`` (``{impl: row}``): each
     anchor's fastest member that was timed."""
     out = {}
-    for a, _, members in ANCHORS:
+    for a, _, members in anchors:
         times = [cm[m]["time_us"] for m in members if m in cm and cm[m].get("time_us")]
         if times:
             out[a] = min(times)
@@ -236,6 +245,7 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
     text}``) or "not measured yet"."""
     reasons = reasons or {}
     out = []
+    anchor_list = ANCHORS + [UNFUSED_ANCHOR] if kind == "radial" else ANCHORS
     problems = list(dict.fromkeys(m["problem"] for m in ms))
     for prob in problems:
         pm = [m for m in ms if m["problem"] == prob]
@@ -244,7 +254,7 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
         rows, lost = [], []
         for dtype, cfg, direction in cfgs:
             cm = {m["impl"]: m for m in pm if (m["dtype"], m["config"], m["direction"]) == (dtype, cfg, direction)}
-            anchors = anchor_times(cm)
+            anchors = anchor_times(cm, anchor_list)
             first = True
             for impl in sorted(cm, key=lambda i: IMPL_ORDER.index(i) if i in IMPL_ORDER else 99):
                 m = cm[impl]
@@ -252,16 +262,16 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
                     continue
                 t = m["time_us"]
                 ratios = [fmt_x(anchors[a] / t) if a in anchors and impl not in members else "-"
-                          for a, _, members in ANCHORS]
+                          for a, _, members in anchor_list]
                 if impl in EQDSL_BEST and t == eqdsl_best(cm, impl):
-                    slower = [lbl for a, lbl, _ in ANCHORS if a in anchors and anchors[a] < t]
+                    slower = [lbl for a, lbl, _ in anchor_list if a in anchors and anchors[a] < t]
                     if slower:
                         key = f"{prob}/{dtype}/{cfg}/{direction}/{EQDSL_BEST[impl][0]}"
                         lost.append(f"- `{key}` ({IMPL_LABEL[impl]}, {fmt_us(t)} µs): slower than {', '.join(slower)}: "
                                     + (reasons.get(key) or "reason not measured yet"))
                 gbps = m["floor_bytes"] / (t * 1e-6) / 1e9 if m["floor_bytes"] else None
                 frac = m["floor_us"] / t if m["floor_us"] else None
-                if kind == "conv":
+                if kind in ("conv", "radial"):
                     cfg_s = f"{cfg} ({m['num_nodes']} / {m['num_edges']})"
                 else:
                     cfg_s = f"{cfg}"
@@ -273,14 +283,14 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
             missing = [f"{IMPL_LABEL.get(i, i)}: {cm[i]['status']}" for i in cm if cm[i]["status"] != "ok"]
             if first:  # nothing timed for this configuration
                 rows.append([dtype, str(cfg), direction, fmt_us(cm[next(iter(cm))]["floor_us"]) if cm else "-",
-                             "(none timed)", "-", *["-"] * len(ANCHORS), "-", "-"])
+                             "(none timed)", "-", *["-"] * len(anchor_list), "-", "-"])
             if missing:
                 rows.append(["", "", "", "", "<sub>not timed: " + ", ".join(missing) + "</sub>", "",
-                             *[""] * len(ANCHORS), "", ""])
-        cfg_name = "graph (nodes / edges)" if kind == "conv" else "batch"
+                             *[""] * len(anchor_list), "", ""])
+        cfg_name = "graph (nodes / edges)" if kind in ("conv", "radial") else "batch"
         out.append(table(["dtype", cfg_name, "direction", "floor µs", "implementation", "µs",
-                          *[f"vs {lbl}" for _, lbl, _ in ANCHORS], "GB/s", "% of floor"], rows,
-                         ["---", "---", "---", "---:", "---", "---:", *["---:"] * len(ANCHORS), "---:", "---:"]))
+                          *[f"vs {lbl}" for _, lbl, _ in anchor_list], "GB/s", "% of floor"], rows,
+                         ["---", "---", "---", "---:", "---", "---:", *["---:"] * len(anchor_list), "---:", "---:"]))
         out.append("")
         if lost:
             out += ["Where eqdsl is slower than an anchor:", ""] + lost + [""]
@@ -366,7 +376,7 @@ def roofline(data, ms, png: str):
     except Exception as e:  # noqa: BLE001
         return f"matplotlib unavailable ({type(e).__name__}: {e}): no plot"
     meta = {}
-    for k in ("tp", "conv", "latency"):
+    for k in ("tp", "conv", "radial", "latency"):
         if k in data:
             for key in ("copy_bandwidth_Bps", "matmul_float32_flops", "device"):
                 meta.setdefault(key, data[k][1].get("meta", {}).get(key))
@@ -386,7 +396,8 @@ def roofline(data, ms, png: str):
     if bw and peak:
         ax.plot(grid, np.minimum(bw * grid, peak), "k-", lw=2, alpha=0.25)
     markers = {("tp", "fwd"): ("o", True), ("tp", "fwd+bwd"): ("o", False),
-               ("conv", "fwd"): ("s", True), ("conv", "fwd+bwd"): ("s", False)}
+               ("conv", "fwd"): ("s", True), ("conv", "fwd+bwd"): ("s", False),
+               ("radial", "fwd"): ("D", True), ("radial", "fwd+bwd"): ("D", False)}
     for m in pts:
         x = m["flops"] / m["floor_bytes"]
         y = m["flops"] / (m["time_us"] * 1e-6)
@@ -405,6 +416,9 @@ def roofline(data, ms, png: str):
                 Line2D([], [], marker="o", ls="", mfc="none", color="gray", label="tensor product, fwd+bwd"),
                 Line2D([], [], marker="s", ls="", color="gray", label="convolution, fwd"),
                 Line2D([], [], marker="s", ls="", mfc="none", color="gray", label="convolution, fwd+bwd")]
+    if any(m["kind"] == "radial" for m in pts):
+        handles += [Line2D([], [], marker="D", ls="", color="gray", label="conv_radial rows, fwd"),
+                    Line2D([], [], marker="D", ls="", mfc="none", color="gray", label="conv_radial rows, fwd+bwd")]
     h0, _ = ax.get_legend_handles_labels()
     ax.legend(handles=h0 + handles, fontsize=7, loc="lower right")
     ax.grid(True, which="both", alpha=0.2)
@@ -558,6 +572,7 @@ def main(argv=None):
     data = load_inputs(args)
     tp = measurements(data, "tp")
     conv = measurements(data, "conv")
+    radial = measurements(data, "radial")
     md = ["# Benchmarks", "",
           "Written by `benchmarks/report.py` from the JSON files of `benchmarks/bench_tp.py`, "
           "`benchmarks/bench_conv.py`" + (", `benchmarks/bench_mace.py`" if args.mace else "")
@@ -585,7 +600,7 @@ def main(argv=None):
            "over the copy bandwidth measured in the same run; GB/s = those bytes / time; % of floor = floor / "
            "time.", ""]
     png_rel = os.path.relpath(args.png, Path(args.out).resolve().parent)
-    desc = roofline(data, tp + conv, args.png)
+    desc = roofline(data, tp + conv + radial, args.png)
     md += ["## Roofline", "",
            f"![roofline]({png_rel})", "",
            f"[`{png_rel}`]({png_rel}): {desc}. x: nominal FLOPs (eqdsl.lower's `flops_per_batch` x batch or "
@@ -593,7 +608,8 @@ def main(argv=None):
            "the forward) over the minimal bytes of the floor; y: those FLOPs / median time. Lines: the copy "
            "bandwidth and a large float32 matrix product with TF32 off, both measured in the same run. Filled "
            "markers: forward; hollow: forward+backward; circles: plain tensor product; squares: fused "
-           "convolution.", ""]
+           "convolution; diamonds: the conv_radial rows (their own floor: hidden features and matrix in place of "
+           "the weights; FLOPs with the matmul's).", ""]
     md += ["## Plain tensor product", ""]
     reasons = json.loads(Path(args.reasons).read_text(encoding="utf-8")) if args.reasons else {}
     md += perf_tables(tp, "tp", reasons=reasons) if tp else ["No tensor-product JSON given.", ""]
@@ -608,6 +624,17 @@ def main(argv=None):
         md += perf_tables(conv, "conv", reasons=reasons)
     else:
         md += ["No convolution JSON given.", ""]
+    if radial:
+        md += ["## Fused radial weights (`conv_radial`)", "",
+               "`conv_radial(x, edge_attr, radial_features, radial_weight, src, dst, num_nodes)` = "
+               "`conv(x, edge_attr, radial_features @ radial_weight, ...)` with `radial_features` (edges, H) and "
+               "`radial_weight` (H, weight_numel): eqdsl forms each edge's weights on chip (`eqdsl torch` / `eqdsl "
+               "jax` rows); every other row is the matmul (full float32 precision) followed by that "
+               "implementation's convolution, the matmul inside its time (`eqdsl ... conv (unfused)`: eqdsl's own "
+               "conv). Forward+backward computes the gradients of x, edge_attr, radial_features and radial_weight "
+               "(radial_weight's timed, not compared). The floor counts the hidden features and the matrix in place "
+               "of the weights; the weight-forming matmul is compute, not traffic (see the roofline's diamonds).", ""]
+        md += perf_tables(radial, "radial", reasons=reasons)
     md += ["## Small-graph latency", ""] + latency_section(data)
     if args.mace:
         md += ["## MACE end to end", ""] + mace_section(args.mace)
