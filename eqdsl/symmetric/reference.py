@@ -105,7 +105,7 @@ def dense_reference(spec: SymmetricContractionSpec, x, weights, element) -> np.n
         for nu in range(spec.correlation[o], 0, -1):
             u = us[o][nu - 1]  # (m, i_1, ..., i_nu, k)
             k = u.shape[-1]
-            wk = w[:, col:col + k * mul].reshape(-1, k, mul)  # (N, k, c)
+            wk = w[:, col:col + k * mul].reshape(x.shape[0], k, mul)  # (N, k, c)
             col += k * mul
             # T[n, c, m, i_1..i_j, k]: contract the last input axis with x, nu times
             t = np.einsum("nkc,m...k->ncm...k", wk, u)
