@@ -1,1 +1,19 @@
-"""Symmetric contraction (MACE product basis): spec, exact U tensors, IR, reference (issue 27)."""
+"""Symmetric contraction (MACE's product basis, issue 27): spec, exact U tensors, IR, references.
+
+Modules: ``spec`` (``[[symmetric_contraction]]`` tables -> ``SymmetricContractionSpec``),
+``u_tensors`` (exact U tensors, equal to mace-torch's ``U_matrix_real``), ``lower``
+(spec -> ``ir.SymmetricContractionIR``; mace's weights to and from the IR's layout),
+``reference`` (numpy float64 evaluations). ``docs/symmetric_contraction.md`` describes
+the function, the keys and the weight layout.
+"""
+
+from .ir import SymmetricContractionIR, SymmetricTerm
+from .lower import lower, mace_weight_blocks, weights_from_mace, weights_to_mace
+from .reference import dense_reference, symmetric_contraction_reference
+from .spec import SymmetricContractionSpec, load_symmetric_specs, parse_symmetric_specs
+
+__all__ = [
+    "SymmetricContractionIR", "SymmetricTerm", "SymmetricContractionSpec", "load_symmetric_specs",
+    "parse_symmetric_specs", "lower", "weights_from_mace", "weights_to_mace", "mace_weight_blocks",
+    "dense_reference", "symmetric_contraction_reference",
+]

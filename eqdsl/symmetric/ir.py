@@ -43,7 +43,9 @@ class SymmetricTerm:
         k: weight (parameter) index within ``(out, nu)``, ``0..num_params[out][nu-1]-1``.
         monomial: nondecreasing indices of A-basis components (``0..dim_in-1``), length ``nu``.
         coeff: float of the exact value: the sum of U over the monomial's distinct
-            permutations (exact value in ``coeff_exact`` as a sympy ``srepr``-free string).
+            permutations, rounded to float64 once (from 50 significant digits).
+        coeff_exact: the exact value as text ``sympy.sympify`` reads, e.g.
+            ``'1/3*sqrt(3)'`` (a sum of rationals times square roots of squarefree ints).
     """
 
     out: int
@@ -68,12 +70,16 @@ class SymmetricContractionIR:
         out_dims: ``2L+1`` per output block.
         correlation: max ``nu`` per output block.
         num_elements: rows of the weight table.
-        num_params: ``[out][nu-1]``: number of weights ``K`` per ``(out, nu)`` (may be 0).
+        num_params: ``[out][nu-1]``: number of weights ``K`` per ``(out, nu)``, mace's
+            U tensor's last axis; 0 where no path reaches ``out`` at order ``nu`` (mace
+            keeps a one-weight placeholder there, multiplying a zero U).
         weight_numel: per element: sum over out, nu of ``K * mul``.
         weight_offsets: ``[out][nu-1]``: column offset of ``(out, nu)``'s ``(K, mul)`` block.
         layout: ``"mul_ir"`` | ``"ir_mul"`` of x and out (see the module docstring).
         dtypes: e.g. ``("float32", "float64")``.
-        terms: the nonzeros, sorted by ``(out, m, nu, k, monomial)``.
+        terms: the nonzeros, sorted by ``(out, m, nu, k, monomial)``; a weight ``k`` may
+            have no term (an antisymmetric path, e.g. ``1o x 1o -> 1e``, symmetrizes to 0:
+            mace keeps its weight, which then multiplies nothing).
         basis: ``"e3nn"`` (mace's ``U_matrix_real``).
         cg_convention: ``"e3nn-0.4"`` or ``"e3nn-0.5"`` (the wigner_3j signs).
     """
