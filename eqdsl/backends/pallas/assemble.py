@@ -15,6 +15,13 @@ Fused backward. A channelwise product (``eqdsl.analysis.fused_bwd_reason`` is No
 every path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
 ``backward_fused(x1, x2, w, g) = (dF/dx1, dF/dx2, dF/dW)``, one pass over ``g``
 (``fused``), which the forward's VJP calls instead of the three.
+
+Radial kernels. With ``radial_features = H`` (``conv_radial``) the conv's kinds that read
+the weights (``plan.RADIAL_KINDS``, and the conv's fused backward if it has one) also
+get a radial variant (``RADIAL_*_KERNELS``): the same bodies, split like the conv's, whose
+operands ``rf_ref`` ``(rows, H)`` and ``wr_ref`` ``(H, weight_numel)`` replace ``w_ref`` and
+whose weight reads are ``stmts.RadialRead`` statements (each path's weight tile formed
+on chip as ``rf @ wr[:, columns]``, ``eqdsl.runtime.jax.tiles.radial_vec``).
 """
 
 from __future__ import annotations
@@ -25,21 +32,22 @@ from ...ir import TensorProductIR
 from .fused import fused_context
 from .kernels import kernels as kernel_set
 from .passes import factor_kernel, fma_kernel
-from .plan import KINDS, blocks as plan_blocks, next_pow2, weight_layout
+from .plan import KINDS, RADIAL_KINDS, blocks as plan_blocks, next_pow2, weight_layout
 from .printer import print_body
 from .tuning import BLOCK_ELEMS, MAX_BLOCK_BATCH, MIN_BLOCK_BATCH, tuning_of
 
 __all__ = ["render_files", "build_context"]
 
 
-def _every_kernel(kernels: dict, fused: dict | None, conv_family: dict | None) -> list[dict]:
+def _every_kernel(kernels: dict, fused: dict | None, *families: dict | None) -> list[dict]:
     """Every kernel context of a build: the plain product's sets, its fused backward, and the
-    conv's own sets and fused backward."""
+    conv's (and the radial conv's) own sets and fused backward."""
     out = [k for ks in kernels.values() for k in ks]
     out += fused["kernels"] if fused else []
-    if conv_family:
-        out += [k for st in conv_family["kernel_sets"] for k in st["kernels"]]
-        out += conv_family["fused"]["kernels"] if conv_family["fused"] else []
+    for family in families:
+        if family:
+            out += [k for st in family["kernel_sets"] for k in st["kernels"]]
+            out += family["fused"]["kernels"] if family["fused"] else []
     return out
 
 
@@ -80,7 +88,22 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             conv_family = None
     separate = conv_family is not None
     fused = plain_fused if t.fuse_bwd or (conv_fuse and not separate) else None
-    for k in _every_kernel(kernels, fused, conv_family):
+    conv_fused = conv_fuse and (conv_family["fused"] if separate else fused) is not None
+    # conv_radial: the radial variants of the conv's kinds that read the weights, split as the
+    # conv's (same term budgets), and of its fused backward if it has one
+    radial = None
+    if ir.radial_features is not None:
+        terms, fused_terms = t.conv_max_terms, t.conv_fused_max_terms
+        radial = {
+            "features": ir.radial_features,
+            "kernel_sets": [{"kind": kind, "const": "RADIAL_" + kind.upper() + "_KERNELS",
+                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "radial", ir.radial_features)}
+                            for kind in RADIAL_KINDS],
+            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "radial",
+                                   split_blocks=fused_terms is not None, factored=factored,
+                                   radial=ir.radial_features) if conv_fused else None,
+        }
+    for k in _every_kernel(kernels, fused, conv_family, radial):
         if factored and not (t.factor == 2 and k["kind"].startswith("fwd")):  # fewer operations on channel tiles
             k.update(factor_kernel(k))
         if t.fma:
@@ -120,8 +143,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "num_kernels": {kind: len(kernels[kind]) for kind in kinds},
         "fused": fused,
         "tp_fused": fused is not None and t.fuse_bwd,
-        "conv_fused": conv_fuse and (conv_family["fused"] if separate else fused) is not None,
+        "conv_fused": conv_fused,
         "conv_family": conv_family,
+        "radial": radial,
         "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,
         "bytes_per_batch": dict(ir.bytes_per_batch),

@@ -81,11 +81,12 @@ class FusedBuilder:
     ``operands.Operands``."""
 
     def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
-                 units: list[tuple[int, list[int]]], prefix: str = "tp", factored: bool = False):
-        self.factored = factored
+                 units: list[tuple[int, list[int]]], prefix: str = "tp", factored: bool = False,
+                 radial: int | None = None):
+        self.factored, self.radial = factored, radial
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
-        self.ops = Operands(ir, blocks, wmap)
+        self.ops = Operands(ir, blocks, wmap, radial)
         self.number, self.prefix = number, prefix
         self.units = units  # (x1 block, the paths out of it that this kernel owns)
         self.group_ids = [a for a, _ in units]
@@ -109,7 +110,7 @@ class FusedBuilder:
         x1 = {i: operand("x1", i) for i in sorted({n.i for n in nz})}
         x2 = {j: operand("x2", j) for j in sorted({n.j for n in nz})}
         g = {k: operand("g", k) for k in sorted({n.k for n in nz})}
-        top.append(ops.wload(p, info, {}))
+        top.append(ops.wload(p, info, {}, top))
         if self.factored:
             # q_j = sum_{i,k} C x1_i g_k: a wide tile per x2 component, shared by dF/dW and dF/dx2
             for j in x2:
@@ -167,7 +168,7 @@ class FusedBuilder:
             "kind": self.kind,
             "number": self.number,
             "name": f"_{self.prefix}_bwd_fused_kernel_{self.number}",
-            "refs": ["x1_ref", "x2_ref", "w_ref", "g_ref"],
+            "refs": plan.kernel_refs(("x1", "x2", "w", "g"), self.radial),
             "outs": ["gx1_ref", "gx2_ref", "gw_ref"],
             "width": col,
             "gw_width": wcol,
@@ -216,7 +217,8 @@ def _units(ir: TensorProductIR, blocks: dict, max_terms: int | None, split_block
 
 
 def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int | None = None,
-                  prefix: str = "tp", split_blocks: bool = False, factored: bool = False) -> dict | None:
+                  prefix: str = "tp", split_blocks: bool = False, factored: bool = False,
+                  radial: int | None = None) -> dict | None:
     """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
 
     ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
@@ -228,7 +230,9 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
     paths over several kernels, each a partial sum). ``factored`` (spec key
     ``pallas_factor``): the ``q_j`` form of the module docstring, else one term per nonzero
     and gradient (``wg_k = w g_k``; ``r = sum C x1_i x2_j g_k``; ``acc_i += C x2_j wg_k``;
-    ``px2_j += C x1_i wg_k``).
+    ``px2_j += C x1_i wg_k``). ``radial``: None, or ``H`` for the ``conv_radial`` variant
+    (operands ``x1, x2, rf, wr, g``; each path's weight row formed on chip,
+    ``operands.Operands.wload``).
     """
     if fused_reason(ir) is not None:
         return None
@@ -252,7 +256,7 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
                 merged[-1] = (a, merged[-1][1] + pis)
             else:
                 merged.append((a, pis))
-        kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored).build())
+        kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored, radial).build())
     ranges: dict[int, list[tuple[int, int]]] = {b.index: [] for b in blocks["x1"]}
     col = 0
     for k in kernels:

@@ -56,7 +56,7 @@ from __future__ import annotations
 from ...ir import PathIR, TensorProductIR
 from ...kernel_ir import Var
 from .operands import Operands, PathInfo, component
-from .plan import DATA, KINDS, BlockPlan, split
+from .plan import DATA, KINDS, BlockPlan, kernel_refs, split
 from .stmts import Add, Loop, Masked, RowSum, StoreTile, Write, Zeros, assign, cg_terms, lanesum, product, \
     sum_of
 
@@ -73,14 +73,16 @@ def store_block(ref: str, blk: BlockPlan, col: int, values) -> list:
 
 class KernelBuilder:
     """Builds the context of one kernel of one kind (``plan.KINDS``) over a run of output
-    groups (output blocks, or weighted paths for ``bwd_w``)."""
+    groups (output blocks, or weighted paths for ``bwd_w``); ``radial``: None, or ``H`` for
+    the ``conv_radial`` variant, whose weights are formed on chip from the radial features
+    and the radial weight (``operands.Operands.wload``)."""
 
     def __init__(self, kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, number: int, groups: list[int],
-                 prefix: str = "tp"):
-        self.kind, self.prefix = kind, prefix
+                 prefix: str = "tp", radial: int | None = None):
+        self.kind, self.prefix, self.radial = kind, prefix, radial
         self.refs, self.target, weighted_only = next((r, t, wo) for k, r, t, wo in KINDS if k == kind)
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
-        self.ops = Operands(ir, blocks, wmap)
+        self.ops = Operands(ir, blocks, wmap, radial)
         self.paths = [p for p in ir.paths if p.has_weight or not weighted_only]
         self.number = number
         self.group_ids = groups
@@ -102,7 +104,7 @@ class KernelBuilder:
         names = ops.names(p, info, others, env, top, body)
         scale = None
         if p.has_weight:
-            body.append(ops.wload(p, info, env))
+            body.append(ops.wload(p, info, env, top))
             scale = "w"
         accs = ops.accs(blkX)
         for m in range(blkX.dim):
@@ -136,7 +138,7 @@ class KernelBuilder:
                     top.append(assign(hs[m], sum_of(cg_terms(nz, lambda n: [names[o][component(n, o)] for o in vecs]))))
             body: list = []
             if p.has_weight:
-                body.append(ops.wload(p, info, {var: var} if cnt > 1 else {}))
+                body.append(ops.wload(p, info, {var: var} if cnt > 1 else {}, top))
             for m, h in hs.items():
                 s = lanesum(product("w", h) if p.has_weight else Var(h), info.cpad)
                 if cnt > 1 and p.has_weight:
@@ -157,7 +159,7 @@ class KernelBuilder:
         names = ops.names(p, info, others, env, top, inner)
         gop = vecs[0]  # the output gradient, a vector over w
         ks = sorted({component(n, gop) for n in p.nonzeros})
-        inner.append(ops.wload(p, info, env))
+        inner.append(ops.wload(p, info, env, top))
         for k in ks:
             inner.append(assign(f"s_{k}", lanesum(product("w", names[gop][k]), info.cpad)))
         colop = next(op for op in others if op != gop)
@@ -265,7 +267,7 @@ class KernelBuilder:
             "kind": self.kind,
             "number": self.number,
             "name": f"_{self.prefix}_{self.kind}_kernel_{self.number}",
-            "refs": [f"{r}_ref" for r in self.refs],
+            "refs": kernel_refs(self.refs, self.radial),
             "outs": ["out_ref"],
             "width": col,
             "desc": f"{desc} ({col} columns); {terms} CG terms.",
@@ -277,10 +279,10 @@ class KernelBuilder:
 
 
 def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int | None = None,
-            prefix: str = "tp") -> list[dict]:
+            prefix: str = "tp", radial: int | None = None) -> list[dict]:
     """Kernel contexts of ``kind`` (``plan.KINDS``), output groups split over kernels within
     ``max_terms`` CG terms each (``plan.split``); ``[]`` when no path contributes (the
-    launcher returns zeros)."""
+    launcher returns zeros). ``radial``: ``KernelBuilder``'s."""
     _, _, op, weighted_only = next(k for k in KINDS if k[0] == kind)
     paths = [p for p in ir.paths if p.has_weight or not weighted_only]
     if not paths:
@@ -293,4 +295,4 @@ def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms:
         key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
         costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b.index) for b in blocks[op]]
         runs = split(costs, max_terms)
-    return [KernelBuilder(kind, ir, blocks, wmap, n, run, prefix).build() for n, run in enumerate(runs)]
+    return [KernelBuilder(kind, ir, blocks, wmap, n, run, prefix, radial).build() for n, run in enumerate(runs)]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir import PathIR, TensorProductIR
-from .plan import CHANNEL, DATA, VECTOR, BlockPlan
-from .stmts import Comment, Flat, LoadTile, Offset, Read, Scaled, Unflatten
+from .plan import CHANNEL, DATA, VECTOR, BlockPlan, next_pow2
+from .stmts import Comment, Flat, LoadTile, Offset, RadialRead, RadialRows, Read, Scaled, Unflatten
 
 __all__ = ["Operands", "PathInfo", "component"]
 
@@ -49,7 +49,9 @@ def _index(var: str):
 
 class Operands:
     """Reads of one kernel's operands (``blocks``: ``plan.blocks`` per operand, ``wmap``:
-    ``plan.weight_layout``).
+    ``plan.weight_layout``; ``radial``: None, or ``H`` when the kernel is a ``conv_radial``
+    kernel whose weights are formed on chip from ``rf_ref`` ``(rows, H)`` and ``wr_ref``
+    ``(H, weight_numel)``, ``wload``).
 
     Attributes:
         loaded: names of the component tiles read so far.
@@ -57,8 +59,8 @@ class Operands:
         lanes: the ``P`` of every lane iota ``lane_{P}`` the kernel uses.
     """
 
-    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict):
-        self.ir, self.blocks, self.wmap = ir, blocks, wmap
+    def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, radial: int | None = None):
+        self.ir, self.blocks, self.wmap, self.radial = ir, blocks, wmap, radial
         self.loaded: set[str] = set()
         self.narrow: set[str] = set()
         self.lanes: set[int] = set()
@@ -140,10 +142,19 @@ class Operands:
             return Offset(base, _index(env.get("u", "0")), w.m2)
         return Offset(base)
 
-    def wload(self, p: PathIR, info: PathInfo, env: dict) -> Read:
-        """``w = `` the path's weight vector at the loop step ``env``."""
+    def wload(self, p: PathIR, info: PathInfo, env: dict, top: list):
+        """``w = `` the path's weight vector at the loop step ``env``: read from ``w_ref``, or
+        for a radial kernel formed on chip (``RadialRead``: the kernel's radial feature rows,
+        read once per kernel at the top level ``top`` of the group that first needs them,
+        times the path's columns of ``wr_ref``)."""
         w = self.wmap[p.index]
-        return Read("w", "w_ref", self.wstart(p, info, env), w.count, w.pad, w.stride)
+        start = self.wstart(p, info, env)
+        if self.radial is None:
+            return Read("w", "w_ref", start, w.count, w.pad, w.stride)
+        if "rf" not in self.loaded:
+            self.loaded.add("rf")
+            top.append(RadialRows("rf", "rf_ref", self.radial, next_pow2(self.radial)))
+        return RadialRead("w", "rf", "wr_ref", start, w.count, w.pad, w.stride)
 
     def flat_loop(self, info: PathInfo) -> tuple[dict | None, dict, tuple]:
         """One loop over the active loop channels (flattened ``t`` when both): ``(loop,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from ...ir import Block, TensorProductIR
 
-__all__ = ["KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan", "next_pow2",
-           "blocks", "weight_layout", "split"]
+__all__ = ["KINDS", "RADIAL_KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan",
+           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels
 # (read at call time by ``split``: tests lower it to force splits).
@@ -35,6 +35,10 @@ KINDS = (
     ("bwd_x1_wo", ("g", "x2", "w"), "x1", True),
     ("bwd_x2_wo", ("x1", "g", "w"), "x2", True),
 )
+# The kinds with a radial variant (``conv_radial``, spec key ``radial_features``): those
+# that read the weights. ``bwd_w`` does not read them; the radial weight gradients are
+# the conv's ``bwd_w`` followed by two matmuls (``eqdsl.runtime.jax.autodiff``).
+RADIAL_KINDS = ("fwd", "bwd_x1", "bwd_x2")
 # Channel index of each data operand, per mode (e3nn's einsum subscripts).
 CHANNEL = {
     "uvw": {"x1": "u", "x2": "v", "g": "w"},
@@ -92,6 +96,16 @@ class WeightPlan:
     stride: int
     numel: int
     m2: int
+
+
+def kernel_refs(refs, radial: int | None) -> list[str]:
+    """A kernel's operand argument names: ``<ref>_ref`` per operand of ``refs``; with
+    ``radial`` (``H``) the weights ``w`` are two operands, the radial features ``rf_ref``
+    ``(rows, H)`` and the radial weight ``wr_ref`` ``(H, weight_numel)``."""
+    out = []
+    for r in refs:
+        out += ["rf_ref", "wr_ref"] if r == "w" and radial is not None else [f"{r}_ref"]
+    return out
 
 
 def _irrep_str(b: Block) -> str:

@@ -3,13 +3,13 @@
 The one place where a Pallas kernel's code is written as text; the template
 (``templates/pallas_kernels.py.j2``) pastes the lines it returns. The runtime helpers
 named here (``rt.load_vec``, ``rt.store_vec``, ``rt.load_tile``, ``rt.store_tile``,
-``rt.fma``) are ``eqdsl.runtime.jax``'s, imported as ``rt`` by the generated file.
+``rt.fma``, ``rt.radial_rows``, ``rt.radial_vec``) are ``eqdsl.runtime.jax``'s, imported as ``rt`` by the generated file.
 """
 
 from __future__ import annotations
 
 from ...kernel_ir import Assign, Sum
-from .stmts import Comment, LoadTile, Loop, Read, StoreTile, Unflatten, Write
+from .stmts import Comment, LoadTile, Loop, RadialRead, RadialRows, Read, StoreTile, Unflatten, Write
 
 __all__ = ["print_body"]
 
@@ -59,6 +59,11 @@ def print_body(stmts, ind: str) -> list[str]:
         elif isinstance(s, StoreTile):
             out.append(f"{ind}rt.store_tile({s.ref}, {s.start}, [{', '.join(map(str, s.values))}], mul={s.mul}, "
                        f"dim={s.dim}, pad={s.pad})")
+        elif isinstance(s, RadialRows):
+            out.append(f"{ind}{s.name} = rt.radial_rows({s.ref}, count={s.count}, pad={s.pad})")
+        elif isinstance(s, RadialRead):
+            out.append(f"{ind}{s.name} = rt.radial_vec({s.rows}, {s.ref}, {s.start}, "
+                       f"{_vec_args(s.count, s.pad, s.stride)})")
         elif isinstance(s, Comment):
             out.append(f"{ind}# {s.text}")
         elif isinstance(s, Unflatten):

@@ -19,7 +19,7 @@ from typing import Union
 from ...kernel_ir import Assign, Sum, Term, Var
 
 __all__ = ["Offset", "Flat", "Scaled", "Zeros", "LaneSum", "RowSum", "Masked", "Add", "Read", "Write",
-           "LoadTile", "StoreTile", "Comment", "Unflatten", "Loop", "Stmt", "lanesum", "sum_of", "assign", "product",
+           "LoadTile", "StoreTile", "RadialRows", "RadialRead", "Comment", "Unflatten", "Loop", "Stmt", "lanesum", "sum_of", "assign", "product",
            "cg_terms"]
 
 
@@ -184,6 +184,35 @@ class StoreTile:
 
 
 @dataclass(frozen=True)
+class RadialRows:
+    """``name = rt.radial_rows(ref, count=count, pad=pad)``: the kernel's rows of the radial
+    features ``(rows, count)`` (``conv_radial``), read once per kernel; zero past ``count``
+    lanes of ``pad`` (``eqdsl.runtime.jax.tiles.RadialRows``)."""
+
+    name: str
+    ref: str
+    count: int
+    pad: int
+
+
+@dataclass(frozen=True)
+class RadialRead:
+    """``name = `` a weight vector formed on chip (``conv_radial``): lanes ``c < count`` of
+    ``rows @ ref[:, start + c * stride]``, the radial features ``rows`` (a ``RadialRows``)
+    times the columns of the radial weight ``ref`` ``(H, weight_numel)``; the ``(rows, pad)``
+    tile that ``Read("w", "w_ref", start, count, pad, stride)`` reads from materialized
+    weights (``eqdsl.runtime.jax.tiles.radial_vec``)."""
+
+    name: str
+    rows: str
+    ref: str
+    start: object
+    count: int
+    pad: int
+    stride: int = 1
+
+
+@dataclass(frozen=True)
 class Comment:
     """``# text``."""
 
@@ -213,7 +242,7 @@ class Loop:
     body: tuple
 
 
-Stmt = Union[Assign, Read, Write, LoadTile, StoreTile, Comment, Unflatten, Loop]
+Stmt = Union[Assign, Read, Write, LoadTile, StoreTile, RadialRows, RadialRead, Comment, Unflatten, Loop]
 
 
 def sum_of(terms, init: str | None = None, scale: str | None = None) -> Sum:

@@ -24,7 +24,7 @@ _check_versions("jax", "jaxlib")  # before any jax import of this package: a cle
 
 from .fma import fma  # noqa: E402
 from .launch import launch_fused, launch_rows, launch_weight_sum  # noqa: E402
-from .tiles import load_tile, load_vec, store_tile, store_vec  # noqa: E402
+from .tiles import load_tile, load_vec, radial_rows, radial_vec, store_tile, store_vec  # noqa: E402
 
-__all__ = ["fma", "load_vec", "store_vec", "load_tile", "store_tile", "launch_rows", "launch_weight_sum",
-           "launch_fused"]
+__all__ = ["fma", "load_vec", "store_vec", "load_tile", "store_tile", "radial_rows", "radial_vec", "launch_rows",
+           "launch_weight_sum", "launch_fused"]

@@ -7,11 +7,14 @@ import functools
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 
 from .launch import varying_axes
 from .sharding import RowLayout, row_parallel
 
-__all__ = ["TensorProductVJP", "make_vjp_ops", "make_conv_vjp_ops"]
+__all__ = ["TensorProductVJP", "make_vjp_ops", "make_conv_vjp_ops", "RadialVJP", "make_radial_vjp_ops",
+           "radial_cotangents"]
 
 
 class TensorProductVJP(NamedTuple):
@@ -226,6 +229,117 @@ def _wire(launchers, weighted, *, graph: bool, fused=None, shared_weights: bool 
         family(fwd_w, bwd_x1_w, bwd_x2_w)
     bwd_w.defvjp(save(bwd_w), _sum_over_devices(bwd_w_bwd))
     return TensorProductVJP(fwd, bwd_x1, bwd_x2, bwd_w, fwd_w, bwd_x1_w, bwd_x2_w, bwd)
+
+
+class RadialVJP(NamedTuple):
+    """``conv_radial``'s kernels as mutually differentiating ``jax.custom_vjp`` functions:
+    the conv's kernels that read the weights, with ``W = rf @ wr`` formed on chip. Each
+    takes ``(a, b, rf, wr, graph, block, interpret)`` (``fused``: ``(x, y, rf, wr, G, graph,
+    block, interpret)``), ``rf`` ``(rows, H)`` the radial features, ``wr`` ``(H, numel)``.
+
+    With ``conv`` the conv's ``TensorProductVJP`` (its ``bwd_w`` never reads ``W``) and
+    ``R(cw) = (cw @ wr.T, rf.T @ cw)`` (``radial_cotangents``) the cotangents of ``rf`` and
+    ``wr`` given that of ``W``::
+
+        fwd(x, y, rf, wr)    VJP(h): bwd_x1(h, y, .), bwd_x2(x, h, .), R(conv.bwd_w(x, y, h))
+        bwd_x1(G, y, rf, wr) VJP(h): fwd(h, y, .),    bwd_x2(h, G, .), R(conv.bwd_w(h, y, G))
+        bwd_x2(x, G, rf, wr) VJP(h): bwd_x1(G, h, .), fwd(x, h, .),    R(conv.bwd_w(x, h, G))
+        bwd(x, y, rf, wr, G) = (bwd_x1(G, y, .), bwd_x2(x, G, .), conv.bwd_w(x, y, G))
+            VJP(k1, k2, kW): bwd_x1(G, k2, .) + conv.bwd_x1_w(G, y, kW),
+                             bwd_x2(k1, G, .) + conv.bwd_x2_w(x, G, kW),
+                             R(conv.bwd_w(k1, y, G) + conv.bwd_w(x, k2, G)),
+                             fwd(k1, y, .) + fwd(x, k2, .) + conv.fwd_w(x, y, kW)
+
+    (``.`` = ``rf, wr``). ``conv.bwd_w``'s own VJP is the conv's, on the materialized
+    cotangent ``h`` of ``W``; the matmuls are jnp's. So derivatives of every order close over
+    these ops, the conv's ops and matmuls.
+    """
+
+    fwd: Callable
+    bwd_x1: Callable
+    bwd_x2: Callable
+    bwd: Callable | None = None
+
+
+def radial_cotangents(cw, rf, wr):
+    """The cotangents ``(d rf, d wr) = (cw @ wr.T, rf.T @ cw)`` of ``W = rf @ wr`` given ``cw``,
+    that of ``W``; in full precision (``Precision.HIGHEST``: XLA's default for float32 on
+    the GPU is TF32, another function)."""
+    hi = lax.Precision.HIGHEST
+    return jnp.matmul(cw, wr.T, precision=hi), jnp.matmul(rf.T, cw, precision=hi)
+
+
+def make_radial_vjp_ops(conv: TensorProductVJP, forward, backward_x1, backward_x2, fused=None) -> RadialVJP:
+    """Wire ``conv_radial``'s launchers ``f(a, b, rf, wr, graph, *, block_batch, interpret)``
+    (``fused``: ``f(x, y, rf, wr, G, graph, *, ...) -> (gx, gy, gW)``, or None) into a
+    ``RadialVJP`` (see there for the rules); ``conv``: the conv's ops
+    (``make_conv_vjp_ops``)."""
+
+    def wrap(launch):
+        @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+        def op(a, b, rf, wr, gr, block_batch, interpret):
+            return launch(a, b, rf, wr, gr, block_batch=block_batch, interpret=interpret)
+
+        return op
+
+    fwd, bwd_x1, bwd_x2 = (wrap(f) for f in (forward, backward_x1, backward_x2))
+    bwd = None
+    if fused is not None:
+        @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+        def bwd(x, y, rf, wr, g, gr, block_batch, interpret):
+            return fused(x, y, rf, wr, g, gr, block_batch=block_batch, interpret=interpret)
+
+        def bwd_fwd(x, y, rf, wr, g, gr, bb, it):
+            # symbolic_zeros: every primal leaf comes as a CustomVJPPrimal (the graph's too)
+            args = jax.tree.map(lambda a: a.value, (x, y, rf, wr, g, gr),
+                                is_leaf=lambda a: isinstance(a, jax.custom_derivatives.CustomVJPPrimal))
+            return bwd(*args, bb, it), args
+
+        def bwd_bwd(bb, it, res, k):
+            x, y, rf, wr, g, gr = res
+            k1, k2, kw = (None if isinstance(c, jax.custom_derivatives.SymbolicZero) else c for c in k)
+
+            def call(op, *args):
+                return None if any(a is None for a in args) else op(*args, gr, bb, it)
+
+            cw = _add(call(conv.bwd_w, k1, y, g), call(conv.bwd_w, x, k2, g))
+            drf, dwr = (None, None) if cw is None else radial_cotangents(cw, rf, wr)
+            return (_add(call(bwd_x1, g, k2, rf, wr), call(conv.bwd_x1_w, g, y, kw)),
+                    _add(call(bwd_x2, k1, g, rf, wr), call(conv.bwd_x2_w, x, g, kw)),
+                    drf, dwr,
+                    _add(_add(call(fwd, k1, y, rf, wr), call(fwd, x, k2, rf, wr)), call(conv.fwd_w, x, y, kw)),
+                    None)
+
+        bwd.defvjp(bwd_fwd, _sum_over_devices(bwd_bwd), symbolic_zeros=True)
+
+    def save(op):
+        def rule(*args):  # the primal through op itself (see _wire)
+            return op(*args), args[:-2]
+
+        return rule
+
+    def fwd_bwd(bb, it, res, h):
+        x, y, rf, wr, gr = res
+        if bwd is not None:  # one pass over h for all three cotangents
+            gx, gy, cw = bwd(x, y, rf, wr, h, gr, bb, it)
+        else:
+            gx, gy = bwd_x1(h, y, rf, wr, gr, bb, it), bwd_x2(x, h, rf, wr, gr, bb, it)
+            cw = conv.bwd_w(x, y, h, gr, bb, it)
+        return (gx, gy, *radial_cotangents(cw, rf, wr), None)
+
+    def bwd_x1_bwd(bb, it, res, h):
+        g, y, rf, wr, gr = res
+        return (fwd(h, y, rf, wr, gr, bb, it), bwd_x2(h, g, rf, wr, gr, bb, it),
+                *radial_cotangents(conv.bwd_w(h, y, g, gr, bb, it), rf, wr), None)
+
+    def bwd_x2_bwd(bb, it, res, h):
+        x, g, rf, wr, gr = res
+        return (bwd_x1(g, h, rf, wr, gr, bb, it), fwd(x, h, rf, wr, gr, bb, it),
+                *radial_cotangents(conv.bwd_w(x, h, g, gr, bb, it), rf, wr), None)
+
+    for op, rule in ((fwd, fwd_bwd), (bwd_x1, bwd_x1_bwd), (bwd_x2, bwd_x2_bwd)):
+        op.defvjp(save(op), _sum_over_devices(rule))
+    return RadialVJP(fwd, bwd_x1, bwd_x2, bwd)
 
 
 def _sum_over_devices(rule):

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["as_array", "check_inputs", "check_grad_out", "check_block_batch", "check_conv_inputs"]
+__all__ = ["as_array", "check_inputs", "check_grad_out", "check_block_batch", "check_conv_inputs",
+           "check_conv_radial_inputs"]
 
 
 def as_array(x, name: str):
@@ -72,6 +73,41 @@ def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *,
     ``[0, num_nodes)`` (one device-to-host copy of the indices; pass ``check=False`` in
     hot loops). Traced indices cannot be checked: out-of-range edges are dropped.
     """
+    num_nodes, x, y, src, dst = _check_graph(node_features, edge_attr, src, dst, num_nodes, dim_in1, dim_in2)
+    w = as_array(weights, "weights")
+    num_edges = y.shape[0]
+    want = (weight_numel,) if shared_weights else (num_edges, weight_numel)
+    if tuple(w.shape) != want:
+        kind = "shared weights" if shared_weights else "per-edge weights"
+        raise ValueError(f"weights ({kind}) must have shape {want}, got {tuple(w.shape)}")
+    _check_dtypes((("node_features", x), ("edge_attr", y), ("weights", w)), dtypes)
+    _check_indices(src, dst, num_nodes, num_edges, check)
+    return x, y, w, src, dst, num_nodes
+
+
+def check_conv_radial_inputs(node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes, *,
+                             dim_in1: int, dim_in2: int, weight_numel: int, radial: int, dtypes: tuple[str, ...],
+                             check: bool = True):
+    """Check a ``conv_radial`` call: as ``check_conv_inputs``, with ``radial_features``
+    ``(num_edges, radial)`` and ``radial_weight`` ``(radial, weight_numel)`` in place of the
+    weights (``radial`` = H, the spec's ``radial_features``), every array of one float dtype
+    of the spec. ``ValueError`` / ``TypeError`` naming the argument."""
+    num_nodes, x, y, src, dst = _check_graph(node_features, edge_attr, src, dst, num_nodes, dim_in1, dim_in2)
+    rf, wr = as_array(radial_features, "radial_features"), as_array(radial_weight, "radial_weight")
+    num_edges = y.shape[0]
+    if tuple(rf.shape) != (num_edges, radial):
+        raise ValueError(f"radial_features must have shape (num_edges, H) = ({num_edges}, {radial}), "
+                         f"got {tuple(rf.shape)}")
+    if tuple(wr.shape) != (radial, weight_numel):
+        raise ValueError(f"radial_weight must have shape (H, weight_numel) = ({radial}, {weight_numel}), "
+                         f"got {tuple(wr.shape)}")
+    _check_dtypes((("node_features", x), ("edge_attr", y), ("radial_features", rf), ("radial_weight", wr)), dtypes)
+    _check_indices(src, dst, num_nodes, num_edges, check)
+    return x, y, rf, wr, src, dst, num_nodes
+
+
+def _check_graph(node_features, edge_attr, src, dst, num_nodes, dim_in1: int, dim_in2: int):
+    """``num_nodes``, the node and edge rows and the index arrays of a conv call (shapes)."""
     if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
         raise TypeError(f"num_nodes must be a Python int (static), got {type(num_nodes).__name__}")
     num_nodes = int(num_nodes)
@@ -79,7 +115,6 @@ def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *,
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
     x = as_array(node_features, "node_features")
     y = as_array(edge_attr, "edge_attr")
-    w = as_array(weights, "weights")
     src, dst = as_array(src, "src"), as_array(dst, "dst")
     if x.ndim != 2 or x.shape[1] != dim_in1:
         raise ValueError(f"node_features must have shape (num_nodes, {dim_in1}), got {tuple(x.shape)}")
@@ -94,15 +129,21 @@ def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *,
         if tuple(idx.shape) != (num_edges,):
             raise ValueError(f"{name} must have shape (num_edges,) = ({num_edges},) like edge_attr, "
                              f"got {tuple(idx.shape)}")
-    want = (weight_numel,) if shared_weights else (num_edges, weight_numel)
-    if tuple(w.shape) != want:
-        kind = "shared weights" if shared_weights else "per-edge weights"
-        raise ValueError(f"weights ({kind}) must have shape {want}, got {tuple(w.shape)}")
-    for name, a in (("node_features", x), ("edge_attr", y), ("weights", w)):
+    return num_nodes, x, y, src, dst
+
+
+def _check_dtypes(named, dtypes: tuple[str, ...]) -> None:
+    """Every array of ``named`` (``(name, array)`` pairs) of one dtype of ``dtypes``."""
+    for name, a in named:
         if str(a.dtype) not in dtypes:
             raise TypeError(f"{name} has dtype {a.dtype}; this tensor product supports {', '.join(dtypes)}")
-    if not x.dtype == y.dtype == w.dtype:
-        raise TypeError(f"node_features, edge_attr and weights must have one dtype, got {x.dtype}, {y.dtype}, {w.dtype}")
+    if len({a.dtype for _, a in named}) > 1:
+        names = ", ".join(n for n, _ in named[:-1]) + " and " + named[-1][0]
+        raise TypeError(f"{names} must have one dtype, got {', '.join(str(a.dtype) for _, a in named)}")
+
+
+def _check_indices(src, dst, num_nodes: int, num_edges: int, check: bool) -> None:
+    """With ``check``: every concrete index in ``[0, num_nodes)``."""
     if check and num_edges:
         for name, idx in (("src", src), ("dst", dst)):
             if _is_concrete(idx):
@@ -111,4 +152,3 @@ def check_conv_inputs(node_features, edge_attr, weights, src, dst, num_nodes, *,
                 if lo < 0 or hi >= num_nodes:
                     bad = lo if lo < 0 else hi
                     raise ValueError(f"{name} holds index {bad}, out of range for num_nodes={num_nodes}")
-    return x, y, w, src, dst, num_nodes

@@ -447,7 +447,9 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     product's fused backward kernels, ``eqdsl.backends.pallas.fused``).
 
     ``args``: ``(x, y, W, G)``, node features ``(N, dim_in1)``, edge rows ``(rows, .)``,
-    per-edge weights, node cotangents ``(N, dim_out)``; ``graph`` a ``ConvGraph``. One
+    per-edge weights, node cotangents ``(N, dim_out)``, or for ``conv_radial``'s kernels
+    ``(x, y, rf, wr, G)``, the radial features ``(rows, H)`` and the radial weight
+    ``(H, weight_numel)`` (given whole to every program) in place of ``W``; ``graph`` a ``ConvGraph``. One
     program per ``block_edges`` edges gathers ``x[src]`` and ``G[dst]`` and runs the fused
     body, which writes ``dF/dy`` and ``dF/dW`` of its edges and each edge's ``dF/dx``
     message; a segment kernel then sums the messages into their ``src`` nodes
@@ -459,31 +461,35 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     """
     from jax.experimental import pallas as pl
 
-    x, y, w, g = args
+    x, *mid, g = args  # mid: (y, W), or (y, rf, wr) for conv_radial
+    y = mid[0]
     rows = y.shape[0]
     _check_rows(rows, block_edges)
     be, blocks, dtype = block_edges, rows // block_edges, y.dtype
 
     def make(body):
-        def kernel(src_ref, dst_ref, x_ref, y_ref, w_ref, g_ref, *outs):
+        def kernel(src_ref, dst_ref, x_ref, *refs):
+            *mid_refs, g_ref = refs[:len(mid) + 1]
             s, d = src_ref[...], dst_ref[...]
             xs = Gather(x_ref, jnp.minimum(s, num_nodes - 1), s < num_nodes)
             gd = Gather(g_ref, jnp.minimum(d, num_nodes - 1), d < num_nodes)
-            body(xs, y_ref, w_ref, gd, *outs)
+            body(xs, *mid_refs, gd, *refs[len(mid) + 1:])
 
         kernel.__name__ = body.__name__
         return kernel
 
     edge_block = lambda i: (i, 0)  # noqa: E731
-    in_specs = [pl.BlockSpec((be,), lambda i: (i,))] * 2
-    in_specs += [_full_spec(x), pl.BlockSpec((be, y.shape[1]), edge_block), pl.BlockSpec((be, w.shape[1]), edge_block),
-                 _full_spec(g)]
+    in_specs = [pl.BlockSpec((be,), lambda i: (i,))] * 2 + [_full_spec(x)]
+    # edge rows blocked; conv_radial's radial weight (the third of mid) whole
+    in_specs += [pl.BlockSpec((be, a.shape[1]), edge_block) if k < 2 else _full_spec(a) for k, a in enumerate(mid)]
+    in_specs += [_full_spec(g)]
+    operands = (graph.src, graph.dst, x, *mid, g)
     pieces = []
     for kernel, width1, width_w in kernels:
         widths = (width1, dim_in2, width_w)
         call = pl.pallas_call(
             make(kernel),
-            out_shape=tuple(out_struct((rows, n), dtype, (graph.src, graph.dst, x, y, w, g)) for n in widths),
+            out_shape=tuple(out_struct((rows, n), dtype, operands) for n in widths),
             grid=(blocks,),
             in_specs=in_specs,
             out_specs=tuple(pl.BlockSpec((be, n), edge_block) for n in widths),
@@ -491,7 +497,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
             compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + kernel.__name__,
         )
-        pieces.append(run(call, interpret, graph.src, graph.dst, x, y, w, g))
+        pieces.append(run(call, interpret, *operands))
     msgs, gy, gw = _join_fused(pieces, gw_segments)
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,

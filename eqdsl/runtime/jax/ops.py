@@ -3,7 +3,8 @@
 A generated ``jax_ops.py`` hands its metadata and its ``pallas_kernels`` module (the
 generated kernel bodies and kernel sets) to ``TensorProductFunctions``, which wires the
 kernels' derivatives (``autodiff``), checks the arguments (``checks``) and runs the
-kernels under ``jax.jit`` (``tensor_product``, ``tensor_product_vjp``, ``conv``).
+kernels under ``jax.jit`` (``tensor_product``, ``tensor_product_vjp``, ``conv``,
+``conv_radial``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from types import ModuleType
 import jax
 import jax.numpy as jnp
 
-from .autodiff import TensorProductVJP, make_conv_vjp_ops, make_vjp_ops
-from .checks import check_block_batch, check_conv_inputs, check_grad_out, check_inputs
+from .autodiff import RadialVJP, TensorProductVJP, make_conv_vjp_ops, make_radial_vjp_ops, make_vjp_ops
+from .checks import check_block_batch, check_conv_inputs, check_conv_radial_inputs, check_grad_out, check_inputs
 from .graph import conv_graph
 from . import launch  # its launchers read at call time (tools patch launch.launch_segments)
 from .launch import use_interpret
 from .padding import PaddedGraph, kernel_weights, pad_graph, pad_rows, round_up, user_weights
 
-__all__ = ["TensorProductFunctions", "ConvKernels"]
+__all__ = ["TensorProductFunctions", "ConvKernels", "RadialKernels"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,28 @@ class ConvKernels:
     gx1_segments: tuple | None = None
 
 
+@dataclass(frozen=True)
+class RadialKernels:
+    """``conv_radial``'s kernel sets of a ``pallas_kernels`` module (spec key ``radial_features``).
+
+    Attributes:
+        features: ``H``, the radial features per edge.
+        fwd, bwd_x1, bwd_x2: ``(kernel body, output width)`` pairs of the conv's derivatives
+            that read the weights, with operands ``rf`` ``(rows, H)`` and ``wr``
+            ``(H, weight_numel)`` in place of the weights (formed on chip).
+        backward_fused_kernels: the fused backward's ``(kernel, dF/dx width, weight width)``
+            triples in that form, or None; ``gw_segments``, ``gx1_segments`` as ``ConvKernels``'.
+    """
+
+    features: int
+    fwd: tuple
+    bwd_x1: tuple
+    bwd_x2: tuple
+    backward_fused_kernels: tuple | None = None
+    gw_segments: tuple | None = None
+    gx1_segments: tuple | None = None
+
+
 class TensorProductFunctions:
     """``tensor_product``, ``tensor_product_vjp`` and (with ``conv``) ``conv`` of one generated product.
 
@@ -67,15 +90,20 @@ class TensorProductFunctions:
         fused: the fused backward's launcher ``f(x1, x2, w, g, *, block_batch, interpret) ->
             (gx1, gx2, gw)`` (a channelwise product), or None.
         conv: the fused convolution's kernel sets, or None.
+        radial: ``conv_radial``'s kernel sets (needs ``conv``, per-edge weights), or None.
 
     Attributes:
         kernel_ops: the four kernels as ``autodiff.TensorProductVJP``.
         conv_ops: the four conv kernels as ``TensorProductVJP`` (None without ``conv``).
+        radial_ops: ``conv_radial``'s kernels as ``autodiff.RadialVJP`` (None without ``radial``).
+
+    Raises:
+        ValueError: ``radial`` without ``conv``, or with shared weights.
     """
 
     def __init__(self, kernels: ModuleType, *, dim_in1: int, dim_in2: int, dim_out: int, weight_numel: int,
                  shared_weights: bool, dtypes: tuple[str, ...], weighted=None, fused=None,
-                 conv: ConvKernels | None = None):
+                 conv: ConvKernels | None = None, radial: RadialKernels | None = None):
         self.kernels = kernels
         self.dim_in1, self.dim_in2, self.dim_out = dim_in1, dim_in2, dim_out
         self.weight_numel, self.shared_weights, self.dtypes = weight_numel, shared_weights, tuple(dtypes)
@@ -97,6 +125,15 @@ class TensorProductFunctions:
                 *self._conv_launchers(conv.fwd, conv.bwd_x1, conv.bwd_x2), self._conv_backward_w,
                 weighted=None if conv.weighted is None else self._conv_launchers(*conv.weighted), fused=fused_conv)
             self._conv = jax.jit(self._conv_traced, static_argnames=("num_nodes", "block", "interpret"))
+        self.radial_kernels = radial
+        self.radial_ops: RadialVJP | None = None
+        if radial is not None:
+            if conv is None or shared_weights:
+                raise ValueError(f"{kernels.NAME}: conv_radial needs the conv and per-edge weights")
+            self.radial_ops = make_radial_vjp_ops(
+                self.conv_ops, *self._radial_launchers(radial),
+                fused=self._radial_backward_fused if radial.backward_fused_kernels is not None else None)
+            self._conv_radial = jax.jit(self._conv_radial_traced, static_argnames=("num_nodes", "block", "interpret"))
 
     # ------------------------------------------------------------------ the plain product
 
@@ -197,6 +234,65 @@ class TensorProductFunctions:
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
         out = self.conv_ops.fwd(x, pad_rows(y, rows), self._weights(w, rows), graph, block, interpret)
+        if self.conv_kernels.reduce == "mean":
+            out = out * graph.inv_degree[:, None]
+        return out
+
+    # ------------------------------------------------------------------ conv_radial
+
+    def _radial_launchers(self, r: RadialKernels):
+        k = self.kernels
+
+        # operands (a, b, rf, wr): rf edge rows, wr (H, numel) given whole (the shared_arg)
+        def forward(a, b, rf, wr, graph, *, block_batch, interpret):
+            return launch.launch_segments(k.NAME, r.fwd, (a, b, rf, wr), node_arg=0, shared_arg=3,
+                                          perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
+                                          num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
+                                          interpret=interpret, num_warps=k.NUM_WARPS)
+
+        def backward_x1(g, b, rf, wr, graph, *, block_batch, interpret):
+            return launch.launch_segments(k.NAME, r.bwd_x1, (g, b, rf, wr), node_arg=0, shared_arg=3,
+                                          perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
+                                          num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
+                                          interpret=interpret, num_warps=k.NUM_WARPS)
+
+        def backward_x2(a, g, rf, wr, graph, *, block_batch, interpret):
+            return launch.launch_edges(k.NAME, r.bwd_x2, (a, g, rf, wr), gathers={0: graph.src, 1: graph.dst},
+                                       shared_arg=3, shared_out=False, num_nodes=a.shape[0], out_width=k.IDIM_IN2,
+                                       block_edges=block_batch[0], interpret=interpret, num_warps=k.NUM_WARPS)
+
+        return forward, backward_x1, backward_x2
+
+    def _radial_backward_fused(self, a, b, rf, wr, g, graph, *, block_batch, interpret):
+        k, r = self.kernels, self.radial_kernels
+        return launch.conv_backward_fused(k.NAME, r.backward_fused_kernels, (a, b, rf, wr, g), graph,
+                                          num_nodes=a.shape[0], dim_in2=k.IDIM_IN2, gw_segments=r.gw_segments,
+                                          gx1_segments=r.gx1_segments, block_edges=block_batch[0],
+                                          segment_edges=block_batch[1], interpret=interpret, num_warps=k.NUM_WARPS)
+
+    def conv_radial(self, node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes: int, *,
+                    check: bool = True, interpret: bool | None = None, block_edges: int | None = None,
+                    segment_edges: int | None = None):
+        """``conv(node_features, edge_attr, radial_features @ radial_weight, src, dst, num_nodes)``
+        with each edge's weights formed on chip (the generated module's ``conv_radial``)."""
+        if self.radial_kernels is None:
+            raise ValueError(f"{self.kernels.NAME}: no conv_radial; set radial_features = H in the spec (with "
+                             "conv = true and per-edge weights)")
+        x, y, rf, wr, src, dst, num_nodes = check_conv_radial_inputs(
+            node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes, dim_in1=self.dim_in1,
+            dim_in2=self.dim_in2, weight_numel=self.weight_numel, radial=self.radial_kernels.features,
+            dtypes=self.dtypes, check=check)
+        if num_nodes == 0:
+            return jnp.zeros((0, self.dim_out), x.dtype)
+        block = (check_block_batch(block_edges, self.kernels.BLOCK_BATCH),
+                 check_block_batch(segment_edges, self.kernels.SEGMENT_EDGES))
+        return self._conv_radial(x, y, rf, wr, src, dst, num_nodes=num_nodes, block=block,
+                                 interpret=use_interpret(interpret))
+
+    def _conv_radial_traced(self, x, y, rf, wr, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
+        rows = max(round_up(y.shape[0], block[0]), block[0])
+        graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
+        out = self.radial_ops.fwd(x, pad_rows(y, rows), pad_rows(rf, rows), wr, graph, block, interpret)
         if self.conv_kernels.reduce == "mean":
             out = out * graph.inv_degree[:, None]
         return out

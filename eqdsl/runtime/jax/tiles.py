@@ -1,13 +1,15 @@
 """In-kernel column access of the generated Pallas kernels (``load_vec``, ``store_vec``,
-``load_tile``, ``store_tile``) and the gathered / reducing operands the conv kernels hand
-the same kernel bodies (``Gather``, ``Accumulate``)."""
+``load_tile``, ``store_tile``), ``conv_radial``'s weights formed on chip (``radial_rows``,
+``radial_vec``), and the gathered / reducing operands the conv kernels hand the same
+kernel bodies (``Gather``, ``Accumulate``)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["load_vec", "store_vec", "load_tile", "store_tile", "Gather", "Accumulate"]
+__all__ = ["load_vec", "store_vec", "load_tile", "store_tile", "DOT_MIN", "RadialRows", "radial_rows", "radial_vec",
+           "Gather", "Accumulate"]
 
 
 # ------------------------------------------------------------------ in-kernel column access
@@ -128,6 +130,66 @@ def store_tile(ref, start, parts: list, *, mul: int, dim: int, pad: int) -> None
     parts = list(parts) + [parts[0]] * (dpad - dim)  # padded components: masked out
     t = _join_last(parts)
     _scatter(ref, lambda: _tile_cols(start, mul, dim, pad), t.reshape(t.shape[:2] + (dpad,)))
+
+
+# ------------------------------------------------------------------ conv_radial: weights on chip
+#
+# ``conv_radial`` takes each edge's radial features ``rf`` (E, H) and the radial MLP's last
+# layer ``wr`` (H, weight_numel) instead of the per-edge weights ``rf @ wr``. A kernel
+# reads a path's weight tile as ``w = rf_rows @ wr[:, columns]``: a ``jnp.dot`` when the
+# Triton lowering of Pallas accepts one (every dimension >= ``DOT_MIN``: its float64 dot
+# needs M >= 16, N >= 8, K >= 16, jax 0.10.2 ``_dot_general_lowering``; float32 needs >= 16),
+# in full precision (``Precision.HIGHEST``: IEEE float32 inputs, not TF32, which would
+# compute another function); else ``H`` multiply-adds of a feature column by a row of
+# ``wr`` (``fma``: one rounding each on the GPU). The choice depends only on static
+# shapes, so interpret mode on the CPU runs what the GPU runs.
+
+DOT_MIN = 16
+
+
+class RadialRows:
+    """The radial features of a kernel's rows (``radial_rows``): ``ref`` (a ref or
+    ``Gather``, ``(rows, count)``); ``tile`` the ``(rows, pad)`` rows (zero past ``count``)
+    when ``radial_vec`` may form weights with a dot, else None (columns are then read
+    from ``ref`` where they are used, ``column``)."""
+
+    def __init__(self, ref, count: int, pad: int):
+        self.ref, self.count, self.pad = ref, count, pad
+        dot = ref.shape[0] >= DOT_MIN and pad >= DOT_MIN
+        self.tile = load_vec(ref, 0, count=count, pad=pad) if dot else None
+
+    def column(self, h: int):
+        """Feature ``h`` of every row, ``(rows, 1)``."""
+        from jax.experimental import pallas as pl
+
+        return self.ref[:, pl.ds(h, 1)]
+
+
+def radial_rows(ref, *, count: int, pad: int) -> RadialRows:
+    """In a kernel, once at its top: the radial features ``ref`` ``(rows, count)`` of its
+    rows (``count`` = H, ``pad`` = H rounded up to a power of two)."""
+    return RadialRows(ref, count, pad)
+
+
+def radial_vec(rows: RadialRows, wr_ref, start, *, count: int, pad: int, stride: int = 1):
+    """In a kernel: the weight tile ``(rows, pad)`` that ``load_vec(w_ref, start, count=,
+    pad=, stride=)`` reads from materialized weights ``w = rf @ wr``, formed on chip:
+    ``rows`` (``radial_rows``) times the columns ``start + c * stride`` (``c < count``) of
+    ``wr_ref`` ``(H, weight_numel)``; zero in lanes ``c >= count``. ``start`` may be traced."""
+    cols, valid = _vec_cols(start, count, pad, stride)  # (1, pad)
+    h_count, dtype = rows.count, wr_ref.dtype
+    if rows.tile is not None and pad >= DOT_MIN:
+        h = _iota((rows.pad, 1), 0)
+        wt = wr_ref[jnp.minimum(h, h_count - 1), cols]  # (H pad, pad): rows past H and lanes past count zeroed
+        wt = jnp.where((h < h_count) & valid, wt, 0)
+        return jnp.dot(rows.tile, wt, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)
+    from .fma import fma
+
+    acc = None
+    for h in range(h_count):  # a short unrolled multiply-add loop over the features
+        wrow = wr_ref[jnp.full((1, 1), h, jnp.int32), cols]  # (1, pad)
+        acc = rows.column(h) * wrow if acc is None else fma(rows.column(h), wrow, acc)
+    return acc if count == pad else jnp.where(valid, acc, 0)
 
 
 class Gather:
