@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from eqdsl.errors import SpecError
 from eqdsl.irreps import Irrep
-from eqdsl.symmetric.lower import lower, mace_weight_blocks, weights_from_mace, weights_to_mace
+from eqdsl.symmetric.lower import lower, mace_weight_blocks, spec_from_mace, weights_from_mace, weights_to_mace
 from eqdsl.symmetric.reference import dense_reference, from_channels, symmetric_contraction_reference, to_channels
 from eqdsl.symmetric.spec import parse_symmetric_specs
 from eqdsl.symmetric.u_tensors import coupling_irreps, u_tensor_dense
@@ -202,6 +202,8 @@ def _compare_with_mace(spec, seed=0, layouts=("mul_ir",)):
                 p.normal_()
     w = weights_from_mace(ir, mace_weight_blocks(module))
     assert tuple(w.shape) == (ir.num_elements, ir.weight_numel)
+    # the spec read back from the module, its CG convention recognized from its U buffers
+    assert spec_from_mace(module, spec.name) == spec
     rng = np.random.default_rng(seed)
     n, dims = 9, tuple(mi.ir.dim for mi in spec.irreps_in)
     xc = rng.normal(size=(n, sum(dims), ir.mul))  # (node, component, channel)
@@ -229,7 +231,12 @@ def test_equals_mace_symmetric_contraction_e3nn044(float64, e3nn044):
 
 
 def test_equals_mace_at_correlation_4(float64):
-    _compare_with_mace(_spec("2x0e+2x1o", "2x0e+2x1o", 4))
+    module, _, _ = _compare_with_mace(_spec("2x0e+2x1o", "2x0e+2x1o", 4))
+    # U buffers of another basis (here: one path's sign flipped) are refused
+    with torch.no_grad():
+        module.contractions[1].U_matrix_2[..., 0] *= -1
+    with pytest.raises(ValueError, match="neither CG convention.*use_reduced_cg=True"):
+        spec_from_mace(module, "s")
 
 
 def test_equals_mace_where_its_zeroed_weights_belong_to_another_order(float64):

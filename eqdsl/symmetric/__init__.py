@@ -8,12 +8,13 @@ the function, the keys and the weight layout.
 """
 
 from .ir import SymmetricContractionIR, SymmetricTerm
-from .lower import lower, mace_weight_blocks, weights_from_mace, weights_to_mace
+from .lower import lower, mace_weight_blocks, spec_from_mace, weights_from_mace, weights_to_mace
 from .reference import dense_reference, symmetric_contraction_reference
 from .spec import SymmetricContractionSpec, load_symmetric_specs, parse_symmetric_specs
 
 __all__ = [
     "SymmetricContractionIR", "SymmetricTerm", "SymmetricContractionSpec", "load_symmetric_specs",
     "parse_symmetric_specs", "lower", "weights_from_mace", "weights_to_mace", "mace_weight_blocks",
+    "spec_from_mace",
     "dense_reference", "symmetric_contraction_reference",
 ]

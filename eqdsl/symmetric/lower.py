@@ -24,7 +24,7 @@ from .ir import SymmetricContractionIR, SymmetricTerm
 from .spec import SymmetricContractionSpec
 from .u_tensors import exact_to_float, exact_to_str, u_tensor
 
-__all__ = ["lower", "symmetrized_terms", "weights_from_mace", "weights_to_mace", "mace_weight_blocks"]
+__all__ = ["lower", "symmetrized_terms", "weights_from_mace", "weights_to_mace", "mace_weight_blocks", "spec_from_mace"]
 
 
 def symmetrized_terms(spec: SymmetricContractionSpec, out: int, nu: int) -> tuple[int, list[tuple]]:
@@ -165,3 +165,70 @@ def _zeros(like, shape):
         return like.new_zeros(shape)
     import numpy as np
     return np.zeros(shape, dtype=like.dtype)
+
+
+def spec_from_mace(module, name: str, layout: str = "mul_ir", dtypes: tuple[str, ...] = ("float32", "float64")
+                   ) -> SymmetricContractionSpec:
+    """The spec of a mace ``SymmetricContraction`` (mace-torch 0.3.16), checked against its U buffers.
+
+    Irreps, correlations and ``num_elements`` are read from the module; ``cg_convention``
+    is the one whose exact U tensors equal every ``U_matrix_<nu>`` buffer of every
+    contraction (to 1e-12 for float64 buffers, 1e-6 for float32); where both conventions
+    match, the U tensors involve no triple whose sign differs and the default is returned.
+
+    Raises:
+        ValueError: buffers that match neither convention (e.g. a module built with
+            ``use_reduced_cg=True``: cuEquivariance's basis, which eqdsl does not build), or
+            a module this spec kind cannot express (``SpecError``'s reason, one line).
+    """
+    import numpy as np
+    import torch
+
+    from ..cg import CG_CONVENTIONS, DEFAULT_CG_CONVENTION
+    from .spec import parse_symmetric_specs
+    from .u_tensors import u_tensor_dense
+
+    irreps_in, irreps_out = str(module.irreps_in), str(module.irreps_out)
+    corrs = [int(c.correlation) for c in module.contractions]
+    num_elements = int(module.contractions[0].weights_max.shape[0])
+    outs = [str(mi.ir) for mi in module.irreps_out]
+    corr_text = str(corrs[0]) if len(set(corrs)) == 1 else \
+        "{" + ", ".join(f'"{ir}" = {c}' for ir, c in zip(outs, corrs)) + "}"
+
+    dtypes_text = ", ".join(f'"{d}"' for d in dtypes)
+
+    def make(convention: str) -> SymmetricContractionSpec:
+        text = (f'[[symmetric_contraction]]\nname = "{name}"\nirreps_in = "{irreps_in}"\n'
+                f'irreps_out = "{irreps_out}"\ncorrelation = {corr_text}\nnum_elements = {num_elements}\n'
+                f'layout = "{layout}"\ndtypes = [{dtypes_text}]\n'
+                f'cg_convention = "{convention}"\n')
+        try:
+            (spec,) = parse_symmetric_specs(text, "<mace SymmetricContraction>")
+        except SpecError as e:
+            reason = e.reason
+        else:
+            return spec
+        raise ValueError(f"mace SymmetricContraction {irreps_in} -> {irreps_out}: {reason}")
+
+    def matches(spec: SymmetricContractionSpec) -> bool:
+        for o, (mi, c) in enumerate(zip(spec.irreps_out, module.contractions)):
+            for nu in range(1, spec.correlation[o] + 1):
+                theirs = dict(c.named_buffers())[f"U_matrix_{nu}"].detach().cpu()
+                tol = 1e-12 if theirs.dtype == torch.float64 else 1e-6
+                theirs = theirs.double().numpy()
+                ours = u_tensor_dense(spec.coupling_irreps, mi.ir, nu, spec.cg_convention)
+                if ours.shape[-1] == 0:  # no path: mace keeps one parameter's worth of zeros
+                    if theirs.shape[-1] != 1 or np.abs(theirs).max() > tol:
+                        return False
+                    continue
+                if theirs.size != ours.size or np.abs(ours.reshape(theirs.shape) - theirs).max() > tol:
+                    return False
+        return True
+
+    found = [conv for conv in CG_CONVENTIONS if matches(make(conv))]
+    if not found:
+        raise ValueError(
+            f"mace SymmetricContraction {irreps_in} -> {irreps_out}: its U buffers are mace's U_matrix_real in "
+            f"neither CG convention ({', '.join(CG_CONVENTIONS)}); a module built with use_reduced_cg=True has "
+            "cuEquivariance's basis, which eqdsl does not build")
+    return make(DEFAULT_CG_CONVENTION if DEFAULT_CG_CONVENTION in found else found[0])
