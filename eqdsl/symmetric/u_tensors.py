@@ -46,7 +46,10 @@ import numpy as np
 from ..cg import wigner_3j_exact
 from ..irreps import Irrep, Irreps
 
-__all__ = ["ExactReal", "UTensor", "u_tensor", "u_tensor_dense", "coupling_irreps", "mace_filter_ir_mid"]
+__all__ = [
+    "ExactReal", "UTensor", "u_tensor", "u_tensor_dense", "coupling_irreps", "mace_filter_ir_mid", "exact_to_float",
+    "exact_to_str",
+]
 
 # an exact real number sum_r q_r sqrt(r): sorted ((r, q), ...) with r squarefree, q != 0
 ExactReal = tuple[tuple[int, Fraction], ...]
@@ -106,7 +109,7 @@ def _mul_into(acc: dict[int, Fraction], a: dict[int, Fraction], b: dict[int, Fra
 
 
 def exact_to_float(v: ExactReal) -> float:
-    """Round ``sum q sqrt(r)`` to the nearest float64 (evaluated with 50 digits first)."""
+    """``sum q sqrt(r)`` as float64, rounded once from a 50-significant-digit evaluation."""
     with localcontext() as ctx:
         ctx.prec = 50
         s = sum((Decimal(q.numerator) / Decimal(q.denominator)) * Decimal(r).sqrt() for r, q in v)
@@ -126,6 +129,12 @@ def exact_to_str(v: ExactReal) -> str:
     return text + "".join(f" {s} {t}" for s, t in parts[1:])
 
 
+def _from_sympy_int_sqrt(n: int) -> dict[int, Fraction]:
+    """``sqrt(n)`` as ``{r: s}`` (``n = s^2 r``)."""
+    s, r = _squarefree(n)
+    return {r: Fraction(s)}
+
+
 def _freeze(d: dict[int, Fraction]) -> ExactReal:
     return tuple(sorted((r, q) for r, q in d.items() if q != 0))
 
@@ -140,11 +149,6 @@ def _scaled_w3j(l_out: int, l_left: int, l_right: int, convention: str) -> dict[
         _mul_into(acc, _from_sympy(v), scale)
         by_j.setdefault(j, []).append((i, l, {r: q for r, q in acc.items() if q != 0}))
     return by_j
-
-
-def _from_sympy_int_sqrt(n: int) -> dict[int, Fraction]:
-    s, r = _squarefree(n)
-    return {r: Fraction(s)}
 
 
 # ------------------------------------------------------------------ mace's _wigner_nj
