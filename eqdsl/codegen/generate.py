@@ -123,6 +123,7 @@ def metadata_context(spec: TensorProductSpec, ir: TensorProductIR) -> dict:
         "conv": repr(ir.conv),
         "conv_reduce": repr(ir.reduce),
         "conv_deterministic": repr(ir.deterministic),
+        "radial_features": repr(ir.radial_features),
         "output_order": repr(spec.output_order),
         "instruction_order": repr(spec.instruction_order),
         "cg_convention": repr(ir.cg_convention),

@@ -261,6 +261,9 @@ def _example_args(params: list[str], ops: Operands, dtype) -> tuple:
         "gy": f(n, ops.dim_in2), "gyp": f(n, 2 * ops.dim_in2),
         "src": torch.arange(n) % nodes, "dst": torch.arange(n) % nodes, "order": torch.arange(n),
         "ptr": torch.arange(nodes + 1) * (n // nodes),
+        # conv_radial: the kernels take H as a literal (hl.arange), so any width of 2 or more
+        # gives the same code
+        "radial_features": f(n, 2), "radial_weight": f(2, ops.weight_numel),
     }
     conv = "src" in params
     if conv:  # node-level rows of the conv's output and its gradient

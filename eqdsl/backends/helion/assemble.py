@@ -14,8 +14,8 @@ from __future__ import annotations
 from ...analysis import fused_bwd_reason
 from ..render import render
 from ...ir import Block, TensorProductIR
-from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, graph_names, segment_min_edges, segment_ops, \
-    small_graph_kernels
+from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, fused_radial_kernels, graph_names, \
+    radial_kernel_context, segment_min_edges, segment_ops, small_graph_kernels
 from .fused import fused_bwd_kernels
 from .kernels import ALL_FAMILIES, kernel_context, wsum_rows
 from .tuning import DEFAULT_TUNING, TuningTable, tuning_of
@@ -122,6 +122,7 @@ def _tp_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[str
         "kernel_layout": kernel_layout,
         "linear_ops": "fwd_lin" in families,
         "conv": ir.conv,
+        "radial": ir.radial_features is not None,
     }
     fused = _fused_context(ir, tuning, native)
     if fused is not None:
@@ -147,6 +148,28 @@ _CONV_ARGS = {
 }
 # computed tensor of each conv op
 _CONV_RESULT = {"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}
+_RADIAL = ["radial_features", "radial_weight"]  # what conv_radial's ops take in place of the weights
+
+
+def _radial_launchers(ir: TensorProductIR, tuning: TuningTable, names: tuple[str, ...]) -> tuple[dict, list[dict], dict | None]:
+    """``conv_radial``'s launchers (``radial_<op>``: its tensors, the weights replaced by
+    ``_RADIAL``), all its kernels, and its fused backward's outputs (or None)."""
+    launchers, kernels = {}, []
+    for op, ks in radial_kernel_context(ir, tuning).items():
+        base = op.removeprefix("radial_")
+        segment = any(k["kind"] == "segment" for k in ks)
+        launchers[op] = {"name": op, "calls": _calls(ks), "small_calls": [], "segment": segment,
+                         "tensors": list(_CONV_ARGS[base][:2]) + _RADIAL + [_CONV_RESULT[base]],
+                         "order_arg": names.index(NODE_OPS["conv_" + base][0]) if segment else None}
+        kernels += ks
+    fused = fused_radial_kernels(ir, tuning)
+    if not fused:
+        return launchers, kernels, None
+    parts = sum(k["parts"] for k in fused)
+    launchers["radial_bwd"] = {"name": "radial_bwd", "calls": _calls(fused), "small_calls": [], "segment": False,
+                               "order_arg": None,
+                               "tensors": ["x", "y"] + _RADIAL + ["g", "gx", "gy" if parts == 1 else "gyp", "gw"]}
+    return launchers, kernels + fused, {"partials": parts, "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused)}
 
 
 def _conv_launcher(op: str, kernels: list[dict], small: list[dict], names: tuple[str, ...]) -> dict:
@@ -181,6 +204,7 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
                             "small_calls": [], "segment": False, "order_arg": None}
     convert = ir.layout == "mul_ir"
     seg = segment_ops(ir, tuning)
+    radial, radial_kernels, radial_fused = _radial_launchers(ir, tuning, names)
     ctx = {
         **op_context(ir, tuning, bwd_w_op="conv_bwd_w"),
         "in1_blocks": repr(tuple((b.mul, b.dim) for b in ir.in1)),
@@ -200,13 +224,16 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
             "partials": parts,
             "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused),
         } if fused else None,
+        "radial_features": ir.radial_features,
+        "radial_launchers": radial,
+        "radial_fused": radial_fused,
     }
-    kernels = [k for ks in families.values() for k in ks] + [k for ks in small.values() for k in ks]
+    kernels = [k for ks in families.values() for k in ks] + [k for ks in small.values() for k in ks] + radial_kernels
     return {
         "helion_conv_kernels.py": render(
             "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
             deterministic=ir.deterministic, segment_ops=seg, n_kernels={f: len(ks) for f, ks in families.items()},
-            **_summary(ir)
+            radial_kernels=[k["name"] for k in radial_kernels], radial_features=ir.radial_features, **_summary(ir)
         ),
         "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
     }

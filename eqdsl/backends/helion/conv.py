@@ -56,13 +56,14 @@ from dataclasses import replace
 from ...analysis import fused_bwd_reason
 from ...ir import TensorProductIR
 from .fused import fused_bwd_kernels
-from .kernels import TILE_B, Operands, kernel_context
+from .kernels import TILE_B, Operands, Radial, RadialTileShape, kernel_context
 from .printer import Row
 from .tuning import DEFAULT_TUNING, Tuning, TuningTable, tuning_of
 
 __all__ = [
     "CONV_FAMILIES", "conv_operands", "conv_kernel_context", "small_graph_kernels", "fused_conv_kernels", "segment_ops",
-    "segment_min_edges", "graph_names", "NODE_OPS", "SEGMENT_BLOCK_B", "SMALL_GRAPH_BLOCK_B",
+    "segment_min_edges", "graph_names", "NODE_OPS", "SEGMENT_BLOCK_B", "SMALL_GRAPH_BLOCK_B", "RADIAL_FAMILIES",
+    "radial_kernel_context", "fused_radial_kernels", "DOT_SETTINGS",
 ]
 
 # TP family -> (conv op name, how the computed operand is written)
@@ -231,4 +232,68 @@ def fused_conv_kernels(ir: TensorProductIR, tuning: TuningTable) -> list[dict]:
     return [
         dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"], params=["src", "dst"] + k["params"])
         for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW", prefix="conv")
+    ]
+
+
+# ------------------------------------------------------------------ conv_radial
+
+# the TP families whose conv kernels read per-edge weights, and so have radial variants
+# (bwd_w does not read them: conv_radial's weight gradient is conv_bwd_w, then two matmuls)
+RADIAL_FAMILIES = ("fwd", "bwd_x1", "bwd_x2")
+# helion.kernel settings of the radial kernels: their on-chip products in IEEE float32
+# (Helion's default dot precision is TF32, which rounds the operands to 10 mantissa bits:
+# another function than radial_features @ radial_weight)
+DOT_SETTINGS = 'dot_precision="ieee"'
+
+
+def _radial_operands(ir: TensorProductIR, scatter: str, segment: bool) -> Operands:
+    return replace(conv_operands(scatter, segment), radial=Radial(ir.radial_features))
+
+
+def _radial_doc(k: dict) -> dict:
+    return dict(k, doc=f"conv_radial: {k['doc']} Weights formed on chip: radial_features @ radial_weight.",
+                settings=DOT_SETTINGS)
+
+
+def radial_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Kernel contexts of ``conv_radial``'s ops (``radial_fwd``, ``radial_bwd_x``, ``radial_bwd_y``), or ``{}``
+    without ``radial_features``.
+
+    Each is the conv op's kernels with the weights formed on chip (``kernels.Radial``), named
+    ``conv_radial_<family>_<n>`` and tuned as ``conv_radial_<op>`` (defaults: 16 edges per
+    program, so that the product is a ``tl.dot``), not as the conv op: a segment op's one
+    edge per step would leave a dot nothing to work on. The node scatters are segment
+    reductions with ``deterministic = true`` (16 edges a step), else atomics. An op whose
+    kernels read a weight tile of more than one channel axis (``uvw`` / ``uvv`` reductions,
+    ``kernels.RadialTileShape``) has none: the runtime forms its weights with a matmul and
+    calls the conv op.
+    """
+    if ir.radial_features is None:
+        return {}
+    seg = ("conv_radial_fwd", "conv_radial_bwd_x") if ir.deterministic else ()
+    out = {}
+    for family in RADIAL_FAMILIES:
+        op, scatter = CONV_FAMILIES[family]
+        segment = "conv_radial_" + op in seg and scatter != "edge"
+        ops = _radial_operands(ir, scatter, segment)
+        try:
+            ks = kernel_context(ir, tuning, op_of=lambda f: "conv_radial_" + CONV_FAMILIES[f][0],
+                                operands=lambda f: ops, prefix="conv_radial", families=(family,))[family]
+        except RadialTileShape:
+            continue
+        out["radial_" + op] = [_radial_doc(_conv_kernel(k, family, segment)) for k in ks]
+    return out
+
+
+def fused_radial_kernels(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> list[dict]:
+    """``conv_radial``'s fused backward (``fused_conv_kernels`` with the weights formed on chip,
+    tuned as ``conv_radial_bwd``), or ``[]``: it reads each edge's features tile once for
+    ``dF/dx``, ``dF/dy`` and ``dF/dW`` (the last one feeds the two matmuls of the radial gradients)."""
+    t = tuning_of(tuning, "conv_radial_bwd")
+    if ir.radial_features is None or ir.deterministic or not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+        return []
+    ops = _radial_operands(ir, "src", False)
+    return [
+        _radial_doc(dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"], params=["src", "dst"] + k["params"]))
+        for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW", prefix="conv_radial")
     ]

@@ -51,8 +51,8 @@ from __future__ import annotations
 
 from ...ir import PathIR, TensorProductIR
 from .kernels import (
-    TILE_B, TP_OPERANDS, Operands, block_access, block_b, block_label, config, is_native, native_store, path_comment,
-    pow2, split_costs, tile_load,
+    RADIAL_LOCAL, TILE_B, TP_OPERANDS, Operands, block_access, block_b, block_label, config, is_native, native_store,
+    path_comment, pow2, radial_features_load, radial_weight_tile, split_costs, tile_load,
 )
 from .printer import (
     Access, Arange, Assign, AtomicAdd, Comment, Read, Stmt, Store, Tile, TileId, Zeros, plural, print_stmts, ranges,
@@ -157,7 +157,8 @@ class _Fused:
             channel_groups.append({"mul": mul, "block_c": min(pow2(mul), t.block_c),
                                    "lines": print_stmts(lines + stores + sums)})
         used = sorted(self.x2_used)
-        params = [ops.tensor(r) for r in ("x1", "x2", "g", "w") if r in self.tensors] + [gx1, gx2, ops.tensor("gw")]
+        params = [ops.tensor(r) for r in ("x1", "x2", "g") if r in self.tensors]
+        params += (ops.weight_params() if "w" in self.tensors else []) + [gx1, gx2, ops.tensor("gw")]
         path_ids = sorted(p.index for a in blocks_in1 for p in self.paths_of[a])
         return {
             "name": name,
@@ -197,8 +198,11 @@ class _Fused:
         # uvu: W[u, v] with v the one channel of x2
         self.tensors.add("w")
         shape = tuple(p.path_shape)
-        lines.append(Assign(f"wt{p.index}", Read(Access(ops.tensor("w"), ops.row("w"), p.weight_offset,
-                                                        ((Tile("tile_c"), shape[1]),)))))
+        weight = Read(Access(ops.tensor("w"), ops.row("w"), p.weight_offset, ((Tile("tile_c"), shape[1]),)))
+        if ops.radial is not None:  # conv_radial: the (rows, channel tile) weights formed on chip
+            self.scalars[RADIAL_LOCAL] = radial_features_load(ops)
+            weight = radial_weight_tile(ops, weight.access, self.t.block_b, min(pow2(ir.in1[a].mul), self.t.block_c))
+        lines.append(Assign(f"wt{p.index}", weight))
         for k in sorted({n.k for n in p.nonzeros}):
             lines.append(Assign(f"wg{p.index}_{k}", f"wt{p.index} * g{o}_{k}"))
 

@@ -66,14 +66,14 @@ the config is pinned, so nothing is autotuned and a new batch size never recompi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...analysis import has_unweighted
 from ...ir import Block, PathIR, TensorProductIR
 from ...reference import SUBSCRIPTS
 from .printer import (
-    Access, Arange, Assign, AtomicAdd, Comment, Loop, MaskedLoad, MaskedStore, Read, Row, Stmt, Store, Tile, Zeros,
-    natural, plural, print_stmts, ranges, sum_expr, wrap,
+    Access, Arange, Assign, AtomicAdd, Comment, Loop, MaskedLoad, MaskedStore, Matmul, Read, Row, Stmt, Store, Tile,
+    Zeros, natural, plural, print_stmts, ranges, sum_expr, wrap,
 )
 from .tuning import DEFAULT_TUNING, Tuning, TuningTable, tuning_of
 
@@ -81,6 +81,7 @@ __all__ = [
     "FAMILIES", "LINEAR_FAMILIES", "ALL_FAMILIES", "Operands", "TP_OPERANDS", "kernel_context", "wsum_rows",
     "pow2", "split_costs", "grid_c", "block_b", "config", "block_label", "path_comment", "blocks_of",
     "is_native", "tile_load", "native_load", "native_store", "block_access", "element_access", "TILE_B",
+    "Radial", "RadialTileShape", "radial_features_load", "radial_weight_tile", "RADIAL_LOCAL",
 ]
 
 # Kernel families: (name, computed operand, operands in argument order).
@@ -109,6 +110,75 @@ _LOCAL = {"x1": "a", "x2": "b", "g": "g"}
 TILE_B = Row("tile_b")
 
 
+class RadialTileShape(ValueError):
+    """A kernel reads a weight tile that is not ``(rows, one channel tile)`` (the 3-D
+    ``(rows, r, c)`` tiles of ``uvw`` / ``uvv`` reductions): ``conv_radial`` cannot form it
+    with one on-chip product, and that op materializes the weights instead (``conv``)."""
+
+
+@dataclass(frozen=True)
+class Radial:
+    """``conv_radial``'s weight source: each per-edge weight tile formed on chip.
+
+    Where a convolution kernel reads ``weights[rows, cols]`` (a ``(rows, channel tile)``
+    tile of per-edge weights), the radial kernel computes it as ``radial_features[rows, :H]
+    @ radial_weight[:H, cols]`` (``Matmul``): the ``(rows, H)`` features tile is loaded
+    once per row tile (``radial_features_load``), each weight tile reads ``H`` rows of
+    ``radial_weight`` columns, which every program shares in L2. ``H`` is padded to
+    ``padded`` (a power of two of at least 16, the smallest ``K`` of ``tl.dot``), the
+    padding masked to zeros on both sides.
+
+    Attributes:
+        h: the radial MLP's hidden width (``TensorProductIR.radial_features``).
+        features, weight: the kernel parameters (``(num_edges, H)``, ``(H, weight_numel)``).
+    """
+
+    h: int
+    features: str = "radial_features"
+    weight: str = "radial_weight"
+
+    @property
+    def padded(self) -> int:
+        return max(16, pow2(self.h))
+
+    def mask(self, lead: bool) -> str | None:
+        """The padding mask of the ``H`` axis (first or last), or None without padding."""
+        if self.padded == self.h:
+            return None
+        return f"(hl.arange({self.padded}) < {self.h})[{':, None' if lead else 'None, :'}]"
+
+
+# local name of a radial kernel's (rows, H) radial-features tile
+RADIAL_LOCAL = "rfh"
+# tl.dot's smallest M and N (rows and columns of the product) for float32 and float64
+DOT_MIN = 16
+
+
+def radial_features_load(ops: "Operands") -> Assign:
+    """``rfh = radial_features[rows, :H]`` (padded, masked) at the weight row of ``ops``."""
+    r = ops.radial
+    access = Access(r.features, ops.row("w"), 0, ((Arange(r.padded), 1),))
+    mask = r.mask(lead=False)
+    return Assign(RADIAL_LOCAL, Read(access) if mask is None else MaskedLoad(access, mask))
+
+
+def radial_weight_tile(ops: "Operands", columns: Access, rows: int, cols: int) -> Matmul:
+    """The weight tile at ``columns`` (a per-edge weight access, one tiled channel axis)
+    formed on chip: ``rfh @ radial_weight[:H, columns]``, a dot when the tile has at least
+    ``DOT_MIN`` ``rows`` and ``cols``, else multiply-adds.
+
+    Raises:
+        RadialTileShape: ``columns`` has no or several tiled axes.
+    """
+    if len(columns.axes) != 1:
+        raise RadialTileShape(f"a weight tile of {len(columns.axes)} tiled axes")
+    r = ops.radial
+    access = replace(columns, tensor=r.weight, row=Row(f"hl.arange({r.padded})", outer=True))
+    mask = r.mask(lead=True)
+    rhs = Read(access) if mask is None else MaskedLoad(access, mask)
+    return Matmul(RADIAL_LOCAL, rhs, dot=rows >= DOT_MIN and cols >= DOT_MIN)
+
+
 @dataclass(frozen=True)
 class Operands:
     """How a kernel addresses its operands: the one parameter that makes the tensor
@@ -129,6 +199,9 @@ class Operands:
             node written by several edges) or ``segment`` (summed over a node's edge
             range in registers, ``tot`` accumulators, and stored once at ``node``).
         scatter_row: the row index of an ``atomic`` scatter.
+        radial: ``conv_radial``'s weight source (``Radial``): the weights of role ``w``
+            are formed on chip from ``radial_features`` and ``radial_weight``, never read;
+            None: read from the ``w`` tensor.
     """
 
     tensors: tuple[tuple[str, str], ...]
@@ -136,9 +209,14 @@ class Operands:
     sub_rows: tuple[tuple[str, Row], ...] = (("x1", Row("rows")), ("x2", Row("rows")), ("g", Row("rows")))
     scatter: str = "store"
     scatter_row: Row | None = None
+    radial: Radial | None = None
 
     def tensor(self, role: str) -> str:
         return dict(self.tensors)[role]
+
+    def weight_params(self) -> list[str]:
+        """The kernel parameters a weight read needs: the ``w`` tensor, or ``Radial``'s two."""
+        return [self.radial.features, self.radial.weight] if self.radial else [self.tensor("w")]
 
     def row(self, role: str) -> Row:
         return dict(self.rows)[role]
@@ -534,7 +612,7 @@ class _BlockKernel:
             g["finals"] = [{"init": print_stmts([f["init"]])[0], "store": print_stmts([f["store"]])[0]} for f in finals]
             groups.append(g)
         params = [self.ops.tensor(op) for op in self.in_ops if self.params[op]]
-        params += ([self.ops.tensor("w")] if self.params["w"] else []) + [out_tensor]
+        params += (self.ops.weight_params() if self.params["w"] else []) + [out_tensor]
         path_ids = sorted(p.index for o in self.out_blocks for p in self.paths_into(o))
         return {
             "name": f"{self.prefix}_{self.family}_{index}",
@@ -698,12 +776,20 @@ class _BlockKernel:
             return True
         return False
 
-    def _weight(self, p: PathIR, index: dict[str, str], suffix: str) -> Read:
+    def _weight(self, p: PathIR, index: dict[str, str], suffix: str, cols: int | None = None) -> Read | Matmul:
         """Path ``p``'s weight element ``index`` (per-row weights at the weight row;
-        shared ones the vector, with ``suffix``, e.g. ``[None, :]``)."""
+        shared ones the vector, with ``suffix``, e.g. ``[None, :]``). With ``Operands.radial``
+        the ``(rows, cols)`` tile formed on chip (``radial_weight_tile``; ``cols``: the
+        width of its one channel tile, None for a 3-D tile, which raises ``RadialTileShape``)."""
         shared = self.ir.shared_weights
         row = None if shared else self._row("w")
-        return Read(_weight_access(self.ir, self.ops.tensor("w"), row, p, index), suffix if shared else "")
+        access = _weight_access(self.ir, self.ops.tensor("w"), row, p, index)
+        if self.ops.radial is not None:
+            if cols is None:
+                raise RadialTileShape(f"path {p.index}: a 3-D weight tile")
+            self.scalars[RADIAL_LOCAL] = radial_features_load(self.ops)
+            return radial_weight_tile(self.ops, access, self.tuning.block_b, cols)
+        return Read(access, suffix if shared else "")
 
     def _weight_vector(self, p: PathIR, red: dict, letters: tuple[str, str, str], vec: tuple[str, int, int],
                        comps: list[int], block_r: int, o: int) -> dict[int, str]:
@@ -746,7 +832,7 @@ class _BlockKernel:
         if p.has_weight and weighted:
             wname = f"wq{p.index}"
             _once(red.setdefault("loaded", set()), lines, wname,
-                  [Assign(wname, self._weight(p, {lo: "0", lr: "tile_r"}, "[None, :]"))])
+                  [Assign(wname, self._weight(p, {lo: "0", lr: "tile_r"}, "[None, :]", red["block_r"]))])
             term = f"t * {wname}"
         else:
             term = "t"
@@ -770,9 +856,9 @@ class _BlockKernel:
         name = "_".join([f"wt{p.index}"] + [index[x] for x in letters if not index[x].startswith("tile_")])
         if self.tuning.hoist_weights:
             if name not in g["loads"]:
-                g["loads"][name] = [Assign(name, self._weight(p, index, "[None, :]"))]
+                g["loads"][name] = [Assign(name, self._weight(p, index, "[None, :]", g["block_c"]))]
         elif not _assigns(lines, name):
-            lines.append(Assign(name, self._weight(p, index, "[None, :]")))
+            lines.append(Assign(name, self._weight(p, index, "[None, :]", g["block_c"])))
         return name
 
     def _contract(self, p: PathIR, index: dict[str, str], block_r: int, lines: list[Stmt]) -> str:
@@ -1021,6 +1107,7 @@ def kernel_context(
     op_of: Callable[[str], str] = lambda family: family.removesuffix("_lin"),
     operands: Callable[[str], Operands] = lambda family: TP_OPERANDS,
     prefix: str = "tp",
+    families: tuple[str, ...] | None = None,
 ) -> dict[str, list[dict]]:
     """Context of every kernel of ``ir``, per family (``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w``,
     and ``*_lin`` when some path is unweighted).
@@ -1030,10 +1117,13 @@ def kernel_context(
     family's kernels take ``tuning_of(tuning, op_of(family))`` (the ``*_lin`` kernels
     tune with their op) and address their operands by ``operands(family)`` (the
     convolution's gather and scatter, ``conv``); kernels are named ``<prefix>_<family>_<n>``.
+    ``families``: only these (default: all).
     """
     native = native and ir.layout == "mul_ir"
     out = {}
     for family, out_op, args in FAMILIES + (LINEAR_FAMILIES if has_unweighted(ir) else ()):
+        if families is not None and family not in families:
+            continue
         t = tuning_of(tuning, op_of(family))
         if family == "bwd_w":
             out[family] = _weight_family(ir, t, native, operands(family), prefix)

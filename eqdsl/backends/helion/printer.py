@@ -41,7 +41,7 @@ from ...kernel_ir import Sum, term
 
 __all__ = [
     "Tile", "Arange", "TileId", "Row", "Access", "Read", "MaskedLoad", "Zeros", "Assign", "Store", "MaskedStore",
-    "AtomicAdd", "Comment", "Loop", "Stmt", "print_stmt", "print_stmts", "print_access", "sum_expr", "wrap",
+    "AtomicAdd", "Comment", "Loop", "Matmul", "Stmt", "print_stmt", "print_stmts", "print_access", "sum_expr", "wrap",
     "natural", "ranges", "plural",
 ]
 
@@ -75,10 +75,15 @@ Axis = Tile | Arange | TileId
 @dataclass(frozen=True)
 class Row:
     """The row index of an access: ``expr`` (``tile_b``, ``node``, ``tile_p.id``, ``s_idx``);
-    ``gathered``: a 1-D index tensor (broadcast against a column of several axes)."""
+    ``gathered``: a 1-D index tensor (broadcast against a column of several axes);
+    ``outer``: a 1-D index tensor that is always the access's own first dimension, also
+    against a one-axis column (``hl.arange(64)`` over the rows of ``conv_radial``'s
+    ``radial_weight``: ``radial_weight[hl.arange(64)[:, None], tile_c.index[None, :]]``,
+    a ``(64, tile_c)`` tile)."""
 
     expr: str
     gathered: bool = False
+    outer: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,21 @@ class Zeros:
     dtype_of: str
 
 
-Value = str | Read | MaskedLoad | Zeros  # str: arithmetic over the kernel's local names
+@dataclass(frozen=True)
+class Matmul:
+    """The ``(rows, cols)`` product of the local ``(rows, K)`` tile ``lhs`` and the ``(K, cols)``
+    tile ``rhs`` (a load): ``torch.matmul(lhs, rhs)`` when ``dot`` (Helion lowers it to
+    ``tl.dot``, whose tiles need at least 16 rows, columns and ``K``; IEEE float32 with the
+    kernel's ``dot_precision = "ieee"``), else ``(lhs[:, :, None] * rhs[None, :, :]).sum(1)``
+    (multiply-adds on the CUDA cores, any tile size). ``conv_radial``'s per-edge weights
+    formed on chip: ``radial_features`` tile times ``radial_weight`` columns."""
+
+    lhs: str
+    rhs: "Read | MaskedLoad"
+    dot: bool
+
+
+Value = str | Read | MaskedLoad | Zeros | Matmul  # str: arithmetic over the kernel's local names
 
 
 @dataclass(frozen=True)
@@ -174,7 +193,7 @@ Stmt = Assign | Store | MaskedStore | AtomicAdd | Comment | Loop
 
 def _index(a: Access) -> str:
     """The index list of ``a`` (without brackets)."""
-    gathered_row = a.row is not None and a.row.gathered and len(a.axes) > 1
+    gathered_row = a.row is not None and (a.row.outer or (a.row.gathered and len(a.axes) > 1))
     lead = 1 if gathered_row else 0  # the gathered row's own broadcast dimension
     ndim = lead + len(a.axes)
 
@@ -205,6 +224,10 @@ def _value(v: Value) -> str:
         return print_access(v.access) + v.suffix
     if isinstance(v, MaskedLoad):
         return f"hl.load({v.access.tensor}, [{_index(v.access)}], extra_mask={v.mask}){v.suffix}"
+    if isinstance(v, Matmul):
+        if v.dot:
+            return f"torch.matmul({v.lhs}, {_value(v.rhs)})"
+        return f"({v.lhs}[:, :, None] * {_value(v.rhs)}[None, :, :]).sum(1)"
     return f"hl.zeros({v.shape}, dtype={v.dtype_of}.dtype)"
 
 

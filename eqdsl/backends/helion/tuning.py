@@ -37,8 +37,11 @@ KEYS = {
     "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
-# the tensor product's four kernel ops, its fused backward, and the convolution's
-OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd")
+# the tensor product's four kernel ops, its fused backward, the convolution's, and
+# conv_radial's (``segment`` is not read there: its scatters are segment reductions exactly
+# with ``deterministic = true``)
+OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd",
+       "conv_radial_fwd", "conv_radial_bwd_x", "conv_radial_bwd_y", "conv_radial_bwd")
 
 
 def validate(key: str, value) -> None:

@@ -9,7 +9,8 @@ One job per module:
   every op's derivative to the other ops (gradients of any order);
 * ``layout``: the differentiable ``mul_ir`` <-> ``ir_mul`` column permutation;
 * ``ops``: ``TensorProductOps``, the ops of a generated tensor product, bound to its kernels;
-* ``conv``: ``ConvOps``, the ops of a generated fused graph convolution.
+* ``conv``: ``ConvOps``, the ops of a generated fused graph convolution;
+* ``radial``: ``RadialConvOps``, its ``conv_radial`` (the per-edge weights formed on chip).
 
 A generated module binds its metadata and its kernel launchers (``_launch_<op>``, which call
 the generated kernels through ``eqdsl.runtime.triton_launch``) to ``TensorProductOps`` /

@@ -21,7 +21,14 @@ from .checks import CheckCache, check_device, check_same_device
 from .layout import LayoutPermutation
 from .library import define_op, register_fake
 
-__all__ = ["ConvOps", "ConvFusedBackward"]
+__all__ = ["ConvOps", "ConvFusedBackward", "graph_args"]
+
+
+def graph_args(graph, order: int | None) -> list[torch.Tensor]:
+    """The graph arguments of a kernel launcher: ``src``, ``dst``, and for a segment op
+    (``order``: the position of its sort order in ``graph``) its order and row pointers."""
+    picked = graph[:2] if order is None else (*graph[:2], graph[order], graph[order + 1])
+    return [t.contiguous() for t in picked]
 
 
 @dataclass(frozen=True)
@@ -133,50 +140,63 @@ class ConvOps:
 
     # ------------------------------------------------------------------ entry point
 
-    def _fail(self, exc, msg):
-        raise exc(f"{self.namespace}.conv: {msg}")
+    def _fail(self, exc, msg, entry: str = "conv"):
+        raise exc(f"{self.namespace}.{entry}: {msg}")
 
     def check(self, node_features, edge_attr, weights, src, dst, num_nodes) -> None:
         """One clear ``TypeError`` / ``ValueError`` per mistake, naming the argument (no device sync)."""
-        dim_in1, dim_in2, numel = self.dims["dim_in1"], self.dims["dim_in2"], self.weight_numel
-        tensors = (("node_features", node_features), ("edge_attr", edge_attr), ("weights", weights), ("src", src),
-                   ("dst", dst))
-        for name, t in tensors:
-            if not isinstance(t, torch.Tensor):
-                self._fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, torch.SymInt)):
-            self._fail(TypeError, f"num_nodes must be an int, got {type(num_nodes).__name__}")
-        allowed = ", ".join(str(d) for d in self.dtypes)
-        for name, t in tensors[:3]:
-            if t.dtype not in self.dtypes:
-                self._fail(TypeError, f"{name} must have dtype in ({allowed}), got {t.dtype}")
-        if not (node_features.dtype == edge_attr.dtype == weights.dtype):
-            self._fail(TypeError, f"node_features, edge_attr and weights must share one dtype, got "
-                                  f"{node_features.dtype}, {edge_attr.dtype}, {weights.dtype}")
-        for name, t in tensors[3:]:
-            if t.dtype not in (torch.int64, torch.int32):
-                self._fail(TypeError, f"{name} must hold integer node indices (int64 or int32), got {t.dtype}")
-            if t.dim() != 1:
-                self._fail(ValueError, f"{name} must have shape (num_edges,), got {tuple(t.shape)}")
-        if node_features.dim() != 2 or node_features.shape[1] != dim_in1:
-            self._fail(ValueError, f"node_features must have shape (num_nodes, {dim_in1}), "
-                                   f"got {tuple(node_features.shape)}")
-        if node_features.shape[0] != num_nodes:
-            self._fail(ValueError, f"num_nodes={num_nodes} does not match node_features, which has "
-                                   f"{node_features.shape[0]} rows")
-        edges = src.shape[0]
-        if dst.shape[0] != edges:
-            self._fail(ValueError, f"src and dst must have one entry per edge, got {edges} and {dst.shape[0]}")
-        if edge_attr.dim() != 2 or edge_attr.shape[1] != dim_in2 or edge_attr.shape[0] != edges:
-            self._fail(ValueError, f"edge_attr must have shape ({edges}, {dim_in2}) (one row per edge of "
-                                   f"src/dst), got {tuple(edge_attr.shape)}")
+        edges = self.check_arguments("conv", node_features, edge_attr, (("weights", weights),), src, dst, num_nodes)
+        numel = self.weight_numel
         if self.shared_weights:
             if weights.dim() != 1 or weights.shape[0] != numel:
                 self._fail(ValueError, f"weights are shared: expected shape ({numel},), got {tuple(weights.shape)}")
         elif weights.dim() != 2 or weights.shape[1] != numel or weights.shape[0] != edges:
             self._fail(ValueError, f"weights are per edge: expected shape ({edges}, {numel}), "
                                    f"got {tuple(weights.shape)}")
-        check_same_device(self.namespace + ".conv", tuple(n for n, _ in tensors), tuple(t for _, t in tensors))
+
+    def check_arguments(self, entry: str, node_features, edge_attr, weights: tuple, src, dst, num_nodes) -> int:
+        """The checks of an entry point's graph and operands; ``weights``: ``(name, tensor)``
+        pairs of its weight tensors (types, dtypes and devices checked here, shapes by the
+        caller). Returns the number of edges.
+
+        Raises:
+            TypeError, ValueError: one per mistake, ``<namespace>.<entry>: ...`` naming the argument.
+        """
+        dim_in1, dim_in2 = self.dims["dim_in1"], self.dims["dim_in2"]
+        operands = (("node_features", node_features), ("edge_attr", edge_attr), *weights)
+        tensors = (*operands, ("src", src), ("dst", dst))
+        for name, t in tensors:
+            if not isinstance(t, torch.Tensor):
+                self._fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}", entry)
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, torch.SymInt)):
+            self._fail(TypeError, f"num_nodes must be an int, got {type(num_nodes).__name__}", entry)
+        allowed = ", ".join(str(d) for d in self.dtypes)
+        for name, t in operands:
+            if t.dtype not in self.dtypes:
+                self._fail(TypeError, f"{name} must have dtype in ({allowed}), got {t.dtype}", entry)
+        if len({t.dtype for _, t in operands}) > 1:
+            names = ", ".join(n for n, _ in operands[:-1]) + f" and {operands[-1][0]}"
+            self._fail(TypeError, f"{names} must share one dtype, got "
+                                  f"{', '.join(str(t.dtype) for _, t in operands)}", entry)
+        for name, t in tensors[len(operands):]:
+            if t.dtype not in (torch.int64, torch.int32):
+                self._fail(TypeError, f"{name} must hold integer node indices (int64 or int32), got {t.dtype}", entry)
+            if t.dim() != 1:
+                self._fail(ValueError, f"{name} must have shape (num_edges,), got {tuple(t.shape)}", entry)
+        if node_features.dim() != 2 or node_features.shape[1] != dim_in1:
+            self._fail(ValueError, f"node_features must have shape (num_nodes, {dim_in1}), "
+                                   f"got {tuple(node_features.shape)}", entry)
+        if node_features.shape[0] != num_nodes:
+            self._fail(ValueError, f"num_nodes={num_nodes} does not match node_features, which has "
+                                   f"{node_features.shape[0]} rows", entry)
+        edges = src.shape[0]
+        if dst.shape[0] != edges:
+            self._fail(ValueError, f"src and dst must have one entry per edge, got {edges} and {dst.shape[0]}", entry)
+        if edge_attr.dim() != 2 or edge_attr.shape[1] != dim_in2 or edge_attr.shape[0] != edges:
+            self._fail(ValueError, f"edge_attr must have shape ({edges}, {dim_in2}) (one row per edge of "
+                                   f"src/dst), got {tuple(edge_attr.shape)}", entry)
+        check_same_device(f"{self.namespace}.{entry}", tuple(n for n, _ in tensors), tuple(t for _, t in tensors))
+        return edges
 
     def check_range(self, src, dst, num_nodes) -> None:
         """``0 <= src, dst < num_nodes`` (one device sync), in eager code only.
@@ -246,6 +266,13 @@ class ConvOps:
         # the cached check under torch.compile would trace its set lookups: the plain one there
         (self.check if torch.compiler.is_compiling() else self._checked)(
             node_features, edge_attr, weights, src, dst, num_nodes)
+        x, y, graph = self.prepare(node_features, edge_attr, src, dst, num_nodes, check)
+        return self.finish(self._fwd(x, y, weights, *graph, num_nodes), graph, num_nodes)
+
+    def prepare(self, node_features, edge_attr, src, dst, num_nodes: int, check: bool):
+        """What an entry point does after its argument checks and before its forward op: the
+        index check (``check``), the graph tensors, the operands as ``ir_mul`` rows.
+        Returns ``(x, y, graph)``."""
         if check:
             self.check_range(src, dst, num_nodes)
         graph = self.graph_tensors(src, dst, num_nodes)
@@ -253,7 +280,11 @@ class ConvOps:
             node_features = self._in1.to_ir_mul(node_features)
         if self._in2 is not None:
             edge_attr = self._in2.to_ir_mul(edge_attr)
-        out = self._fwd(node_features, edge_attr, weights, *graph, num_nodes)
+        return node_features, edge_attr, graph
+
+    def finish(self, out: torch.Tensor, graph, num_nodes: int) -> torch.Tensor:
+        """An entry point's forward op output, summed per node in ``ir_mul`` rows, as it
+        returns it: divided by the in-degree (``mean``), in the spec's layout."""
         if self.reduce == "mean":
             out = out * (1.0 / self._in_degree(graph, num_nodes).clamp_min(1).to(out.dtype))[:, None]
         if self._out is not None:
@@ -289,11 +320,14 @@ class ConvOps:
         self._check_same_device(name, names, tensors)
         check_device(f"{self.namespace}::conv_{name}", tensors[0].device)
 
+    def check_op(self, name: str, names: tuple[str, ...], tensors, run: bool = True) -> None:
+        """Op ``conv_<name>``'s tensors (operands ``names``, then the graph) on one device and,
+        with ``run``, one its kernels run on (for ops defined beside these, ``conv_radial``'s)."""
+        (self._check_run if run else self._check_same_device)(name, tuple(names), tensors)
+
     def _graph_args(self, name, graph):
         """The graph arguments of ``_launch_<name>``: ``src``, ``dst`` (and a segment op's order and row pointers)."""
-        pos = self.segment.get(name)
-        picked = graph[:2] if pos is None else (*graph[:2], graph[pos], graph[pos + 1])
-        return [t.contiguous() for t in picked]
+        return graph_args(graph, self.segment.get(name))
 
     def _alloc(self, like, zero: bool, shape):
         return like.new_zeros(shape) if zero else like.new_empty(shape)
