@@ -98,8 +98,9 @@ def jnp_conv(ir, x, y, w, src, dst, n):
         b1, b2, bo = ir.in1[p.i_in1], ir.in2[p.i_in2], ir.out[p.i_out]
         sw, s1, s2, so = SUBSCRIPTS[p.mode]
         pw = w[:, p.weight_offset:p.weight_offset + p.weight_numel].reshape(-1, *p.path_shape)
-        blocks[p.i_out] = blocks[p.i_out] + jnp.einsum(f"{sw},ijk,{s1},{s2}->{so}", pw, dense_cg(p, b1.dim, b2.dim, bo.dim),
-                                                       view(xs, b1), view(y, b2), precision=lax.Precision.HIGHEST)
+        c = dense_cg(p, b1.dim, b2.dim, bo.dim)
+        blocks[p.i_out] = blocks[p.i_out] + jnp.einsum(f"{sw},ijk,{s1},{s2}->{so}", pw, c, view(xs, b1), view(y, b2),
+                                                       precision=lax.Precision.HIGHEST)
     msgs = jnp.concatenate([(v if b.stride_comp == 1 else v.transpose(0, 2, 1)).reshape(-1, b.size)
                             for b, v in zip(ir.out, blocks)], axis=1)
     out = jax.ops.segment_sum(msgs, jnp.asarray(dst), n)

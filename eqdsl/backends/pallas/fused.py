@@ -52,6 +52,12 @@ segment sum, on node rows). For mace_large the extra messages cost more than the
 registers saved: bulk Si fwd+bwd 5,264 us whole, 5,724 with ``2e`` in two parts, 6,303
 with ``1o`` in two and ``2e`` in three (H100, 2026-11-25); no example spec sets it.
 
+``conv_radial`` (spec key ``radial_features``) gets the same kernels with operands
+``x1, x2, rf, wr, g``: each path's weight row is formed on chip from the edges' radial
+features and the radial weight (``radial``, ``operands.Operands.wload``); ``gW`` is written as
+here (it never reads the weights), and the radial gradients are matmuls of it
+(``eqdsl.runtime.jax.autodiff.RadialVJP``).
+
 Everything is decided here, as statements (``stmts``); ``printer`` writes them.
 """
 

@@ -3,7 +3,8 @@
 The one place where a Pallas kernel's code is written as text; the template
 (``templates/pallas_kernels.py.j2``) pastes the lines it returns. The runtime helpers
 named here (``rt.load_vec``, ``rt.store_vec``, ``rt.load_tile``, ``rt.store_tile``,
-``rt.fma``, ``rt.radial_rows``, ``rt.radial_vec``) are ``eqdsl.runtime.jax``'s, imported as ``rt`` by the generated file.
+``rt.fma``, ``rt.radial_rows``, ``rt.radial_vec``) are ``eqdsl.runtime.jax``'s, imported as
+``rt`` by the generated file.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from typing import Union
 from ...kernel_ir import Assign, Sum, Term, Var
 
 __all__ = ["Offset", "Flat", "Scaled", "Zeros", "LaneSum", "RowSum", "Masked", "Add", "Read", "Write",
-           "LoadTile", "StoreTile", "RadialRows", "RadialRead", "Comment", "Unflatten", "Loop", "Stmt", "lanesum", "sum_of", "assign", "product",
-           "cg_terms"]
+           "LoadTile", "StoreTile", "RadialRows", "RadialRead", "Comment", "Unflatten", "Loop", "Stmt", "lanesum",
+           "sum_of", "assign", "product", "cg_terms"]
 
 
 # ------------------------------------------------------------------ column addresses
