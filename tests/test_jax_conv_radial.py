@@ -264,11 +264,12 @@ def test_empty_graph_and_no_nodes(pkgs):
     assert b.ops.conv_radial(np.zeros((0, b.ir.dim_in1)), y, rf, wr, z, z, 0).shape == (0, b.ir.dim_out)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_radial_kernels_lower_for_cuda(pkgs, dtype):
-    """Energy and its gradients w.r.t. all four arrays through the Pallas -> Triton lowering
-    (dot tiles; float64's dot needs M, K >= 16, N >= 8)."""
-    b = pkgs["mixed"]
+@pytest.mark.parametrize("kind,dtype", [("mixed", "float32"), ("mixed", "float64"), ("channelwise", "float32")])
+def test_radial_kernels_lower_for_cuda(pkgs, kind, dtype):
+    """Energy and its gradients w.r.t. all four arrays through the Pallas -> Triton lowering:
+    dot tiles (mixed, blocks of 16; float64's dot needs M, K >= 16, N >= 8) and multiply-add
+    tiles with the fused backward (channelwise)."""
+    b, blocks = pkgs[kind], BLOCKS[kind]
     ops = b.ops
     n, e, h = 16, 64, b.ir.radial_features
     S = jax.ShapeDtypeStruct
@@ -276,10 +277,11 @@ def test_radial_kernels_lower_for_cuda(pkgs, dtype):
               S((h, ops.WEIGHT_NUMEL), dtype), S((e,), jnp.int32), S((e,), jnp.int32))
 
     def grads(x, y, rf, wr, s, d):
-        energy = lambda *a: jnp.sum(ops.conv_radial(*a, s, d, n, interpret=False, block_edges=DOT,  # noqa: E731
-                                                    segment_edges=DOT) ** 2)
+        energy = lambda *a: jnp.sum(ops.conv_radial(*a, s, d, n, interpret=False, **blocks) ** 2)  # noqa: E731
         return jax.grad(energy, argnums=(0, 1, 2, 3))(x, y, rf, wr)
 
     text = jax.jit(grads).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    for name in ("_radial_fwd_kernel", "_radial_bwd_x1_kernel", "_radial_bwd_x2_kernel", "bwd_w_kernel"):
+    backward = ["_radial_bwd_fused_kernel"] if kind == "channelwise" else [
+        "_radial_bwd_x1_kernel", "_radial_bwd_x2_kernel", "bwd_w_kernel"]
+    for name in ["_radial_fwd_kernel"] + backward:
         assert name in text, name
