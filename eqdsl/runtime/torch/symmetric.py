@@ -1,0 +1,236 @@
+"""``SymmetricOps``: the custom ops of one generated symmetric contraction, bound to its kernels.
+
+The contraction (``eqdsl.symmetric.ir``) contracted with an output cotangent ``G`` is the form
+``F(x, W, G)``, a polynomial of degree ``N <= 4`` in ``x`` per node and channel, linear in
+``W`` and ``G``. Its ``k``-th directional derivative ``F_k(x, W, G, v_1..v_k) = D^k_x F[v_1..v_k]``
+is linear in ``W``, ``G`` and every ``v_j`` and symmetric in the ``v_j``; one op per partial
+derivative (``eqdsl/symmetric/helion.py`` generates a kernel for each)::
+
+    fwd_d{k}(x, v_1..v_k, weights, elem)      = dF_k/dG   (N, dim_out)           (fwd: k = 0)
+    bwd_w_d{k}(x, v_1..v_k, g, elem)          = dF_k/dW   (num_elements, weight_numel)
+    bwd_x_d{k}(x, v_1..v_k, weights, g, elem) = dF_k/dx   (N, dim_x)
+
+Because ``<h, dF_k/dG> = F_k(x, W, h, ...)``, ``<h, dF_k/dW> = F_k(x, h, G, ...)`` and
+``<u, dF_k/dx> = F_{k+1}(x, W, G, ..., u)``, the derivatives of each op are ops of the same
+three families (``_backward``): ``d/dx`` raises ``k`` by one, ``d/dv_j`` is ``bwd_x`` of the
+other directions. ``F_k = 0`` for ``k > N`` (``bwd_x``: ``k >= N``), where the op is zeros
+without a kernel: gradients of every order work, none is refused.
+
+Rows of ``x``, ``v_j``, ``g``, the results: the spec's layout (the kernels read it in place).
+``elem``: integer ``(N,)`` (int32 or int64), never differentiated.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from .checks import CheckCache, _describe, check_device, check_same_device
+from .library import define_op, register_backward, register_fake
+
+__all__ = ["SymmetricOps"]
+
+KINDS = ("fwd", "bwd_w", "bwd_x")
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def op_name(kind: str, k: int) -> str:
+    """``fwd``, ``fwd_d1``, ``bwd_x_d2``, ... (as ``eqdsl.symmetric.helion.op_name``)."""
+    return kind if k == 0 else f"{kind}_d{k}"
+
+
+class SymmetricOps:
+    """The ops of one symmetric contraction (see the module docstring) and its entry point.
+
+    Args:
+        namespace: the ops' namespace (``torch.ops.<namespace>``, ``eqdsl_sc_<name>``).
+        kernels: ``{op name: callable}``: ``kernel(*operands, result)`` runs the op's kernel on
+            contiguous operands of a non-empty batch (``result`` preallocated; zeroed for
+            ``bwd_w*``). Looked up at each call.
+        dim_in, dim_out: columns of ``x`` and ``out`` (``dim * mul``).
+        num_elements, weight_numel: the weight table's shape.
+        max_order: ``{kind: largest k with a kernel}`` (``N``, ``N``, ``N - 1``).
+        dtypes: the float dtypes the kernels were generated for.
+
+    Attributes:
+        ops: ``{op name: operator}`` (``torch.ops.<namespace>.<op>.default``).
+        impls: ``{op name: implementation}``.
+    """
+
+    def __init__(self, namespace: str, kernels: Mapping[str, Callable], *, dim_in: int, dim_out: int,
+                 num_elements: int, weight_numel: int, max_order: Mapping[str, int],
+                 dtypes: tuple[torch.dtype, ...]):
+        self.namespace = namespace
+        self._kernels = kernels
+        self.dim_in, self.dim_out = dim_in, dim_out
+        self.num_elements, self.weight_numel = num_elements, weight_numel
+        self.max_order = dict(max_order)
+        self.dtypes = tuple(dtypes)
+        self.ops: dict[str, object] = {}
+        self.impls: dict[str, Callable] = {}
+        for kind in KINDS:
+            for k in range(self.max_order[kind] + 1):
+                self._define(kind, k)
+        for kind in KINDS:
+            for k in range(self.max_order[kind] + 1):
+                self._register_autograd(kind, k)
+        self._checked = CheckCache(self.check)
+
+    # ------------------------------------------------------------------ entry point
+
+    def check(self, x, weights, elem) -> None:
+        """``TypeError`` / ``ValueError`` naming the argument of a ``symmetric_contraction`` call
+        (metadata only; the element range is ``check_range``)."""
+        op = self.namespace + ".symmetric_contraction"
+        for name, t in (("x", x), ("weights", weights), ("elem", elem)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
+        allowed = ", ".join(str(d) for d in self.dtypes)
+        for name, t in (("x", x), ("weights", weights)):
+            if t.dtype not in self.dtypes:
+                raise TypeError(f"{op}: {name} must have dtype in ({allowed}), got {t.dtype}")
+        if x.dtype != weights.dtype:
+            raise TypeError(f"{op}: x and weights must share one dtype, got {x.dtype} and {weights.dtype}")
+        if elem.dtype not in _INT_DTYPES:
+            raise TypeError(f"{op}: elem must be an integer tensor (torch.int32 or torch.int64) of element "
+                            f"indices, got {elem.dtype}")
+        if x.dim() != 2 or x.shape[1] != self.dim_in:
+            raise ValueError(f"{op}: x must have shape (num_nodes, {self.dim_in}), got {tuple(x.shape)}")
+        if tuple(weights.shape) != (self.num_elements, self.weight_numel):
+            raise ValueError(f"{op}: weights must have shape ({self.num_elements}, {self.weight_numel}) "
+                             f"(num_elements, weight_numel), got {tuple(weights.shape)}")
+        if tuple(elem.shape) != (x.shape[0],):
+            raise ValueError(f"{op}: elem must have shape ({x.shape[0]},) (one element index per row of x), "
+                             f"got {tuple(elem.shape)}")
+        check_same_device(op, ("x", "weights", "elem"), (x, weights, elem))
+
+    def check_range(self, elem: torch.Tensor) -> None:
+        """``ValueError`` unless ``0 <= elem < num_elements`` (reads ``elem`` on the host: one
+        device sync; an index out of range would be an out-of-bounds access in the kernels)."""
+        if elem.numel():
+            lo, hi = int(elem.min()), int(elem.max())
+            if lo < 0 or hi >= self.num_elements:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"{self.namespace}.symmetric_contraction: elem holds {bad}, outside "
+                                 f"0..{self.num_elements - 1} (num_elements = {self.num_elements})")
+
+    def symmetric_contraction(self, x: torch.Tensor, weights: torch.Tensor, elem: torch.Tensor, *,
+                              check: bool = True) -> torch.Tensor:
+        """The checked ``fwd`` op (the generated module's ``symmetric_contraction`` documents it)."""
+        (self.check if torch.compiler.is_compiling() else self._checked)(x, weights, elem)
+        if check and not torch.compiler.is_compiling() and not _capturing(x):
+            self.check_range(elem)
+        return self.ops["fwd"](x, weights, elem)
+
+    # ------------------------------------------------------------------ the ops
+
+    def _args(self, kind: str, k: int) -> tuple[str, ...]:
+        vs = tuple(f"v{j}" for j in range(1, k + 1))
+        return {"fwd": ("x", *vs, "weights", "elem"), "bwd_w": ("x", *vs, "g", "elem"),
+                "bwd_x": ("x", *vs, "weights", "g", "elem")}[kind]
+
+    def _shape(self, kind: str, x: torch.Tensor) -> tuple[int, int]:
+        return {"fwd": (x.shape[0], self.dim_out), "bwd_w": (self.num_elements, self.weight_numel),
+                "bwd_x": (x.shape[0], self.dim_in)}[kind]
+
+    def _check_operands(self, qual: str, names, tensors) -> None:
+        for name, t in zip(names, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{qual}: {name} must be a torch.Tensor, got {_describe(t)}")
+        x = tensors[0]
+        n = x.shape[0] if x.dim() == 2 else -1
+        widths = {"x": self.dim_in, "g": self.dim_out, "weights": None, "elem": None}
+        for name, t in zip(names, tensors):
+            if name == "elem":
+                if t.dtype not in _INT_DTYPES or tuple(t.shape) != (n,):
+                    raise ValueError(f"{qual}: elem must be int32/int64 of shape ({n},), got {t.dtype} {tuple(t.shape)}")
+                continue
+            if t.dtype not in self.dtypes or t.dtype != x.dtype:
+                raise TypeError(f"{qual}: {name} must have x's dtype ({x.dtype}, one of {self.dtypes}), got {t.dtype}")
+            want = (self.num_elements, self.weight_numel) if name == "weights" else (n, widths.get(name, self.dim_in))
+            if tuple(t.shape) != want:
+                raise ValueError(f"{qual}: {name} must have shape {want}, got {tuple(t.shape)}")
+        check_same_device(qual, tuple(names), tuple(tensors))
+
+    def _define(self, kind: str, k: int) -> None:
+        name = op_name(kind, k)
+        qual = f"{self.namespace}::{name}"
+        names = self._args(kind, k)
+        kernels = self._kernels
+
+        def impl(*tensors):
+            self._check_operands(qual, names, tensors)
+            check_device(qual, tensors[0].device)
+            x = tensors[0]
+            shape = self._shape(kind, x)
+            result = x.new_zeros(shape) if kind == "bwd_w" else x.new_empty(shape)
+            if x.shape[0] > 0:
+                kernels[name](*(t.contiguous() for t in tensors), result)
+            return result
+
+        def fake(*tensors):
+            self._check_operands(qual, names, tensors)
+            return tensors[0].new_empty(self._shape(kind, tensors[0]))
+
+        op = define_op(qual, impl, schema="(" + ", ".join(f"Tensor {a}" for a in names) + ") -> Tensor")
+        register_fake(op, fake)
+        self.ops[name], self.impls[name] = op, impl
+
+    def call(self, kind: str, k: int, x, vs, *rest) -> torch.Tensor:
+        """Op ``kind`` of order ``k`` at ``(x, *vs, *rest)``; zeros where ``F_k`` vanishes
+        (``k`` beyond ``max_order``) or a direction is None (a zero cotangent)."""
+        if k > self.max_order[kind] or any(v is None for v in vs) or any(r is None for r in rest):
+            return x.new_zeros(self._shape(kind, x))
+        return self.ops[op_name(kind, k)](x, *vs, *rest)
+
+    def _register_autograd(self, kind: str, k: int) -> None:
+        call = self.call
+
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        def backward(ctx, h):
+            saved = ctx.saved_tensors
+            needs = ctx.needs_input_grad
+            x, vs = saved[0], list(saved[1:1 + k])
+            rest = saved[1 + k:]
+            grads: list = [None] * len(saved)
+            if kind == "fwd":  # <h, dF_k/dG> = F_k(x, W, h, vs)
+                (w, elem), g = rest, h
+                if needs[0]:
+                    grads[0] = call("bwd_x", k, x, vs, w, g, elem)
+                for j in range(k):
+                    if needs[1 + j]:
+                        grads[1 + j] = call("bwd_x", k - 1, x, vs[:j] + vs[j + 1:], w, g, elem)
+                if needs[1 + k]:
+                    grads[1 + k] = call("bwd_w", k, x, vs, g, elem)
+            elif kind == "bwd_w":  # <h, dF_k/dW> = F_k(x, h, G, vs)
+                (g, elem), w = rest, h
+                if needs[0]:
+                    grads[0] = call("bwd_x", k, x, vs, w, g, elem)
+                for j in range(k):
+                    if needs[1 + j]:
+                        grads[1 + j] = call("bwd_x", k - 1, x, vs[:j] + vs[j + 1:], w, g, elem)
+                if needs[1 + k]:
+                    grads[1 + k] = call("fwd", k, x, vs, w, elem)
+            else:  # <h, dF_k/dx> = F_{k+1}(x, W, G, vs, h)
+                w, g, elem = rest
+                up = vs + [h]
+                if needs[0]:
+                    grads[0] = call("bwd_x", k + 1, x, up, w, g, elem)
+                for j in range(k):
+                    if needs[1 + j]:
+                        grads[1 + j] = call("bwd_x", k, x, vs[:j] + vs[j + 1:] + [h], w, g, elem)
+                if needs[1 + k]:
+                    grads[1 + k] = call("bwd_w", k + 1, x, up, g, elem)
+                if needs[2 + k]:
+                    grads[2 + k] = call("fwd", k + 1, x, up, w, elem)
+            return tuple(grads)
+
+        register_backward(self.ops[op_name(kind, k)], backward, setup_context)
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured (no host reads of device data then)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
