@@ -118,6 +118,12 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
     return out
 
 
+# jitted per (module, op, n, block, mode) and shapes: eager calls (a VJP evaluated outside
+# jax.jit, e.g. by jax.test_util.check_grads) reuse the compiled kernel instead of tracing
+# and compiling the pallas_call again each time
+_launch = jax.jit(launch, static_argnums=(0, 1, 2), static_argnames=("block_nodes", "interpret"))
+
+
 def _replace(hs: tuple, d: int, k) -> tuple:
     return hs[:d] + (k,) + hs[d + 1:]
 
@@ -165,7 +171,7 @@ class _Family:
                     f"(eqdsl.symmetric.pallas.render_files)")
 
             return refuse
-        go = functools.partial(launch, mod, op, n, block_nodes=self.block_nodes, interpret=self.interpret)
+        go = functools.partial(_launch, mod, op, n, block_nodes=self.block_nodes, interpret=self.interpret)
         get = self.get
         if op == "fwd":
             @jax.custom_vjp

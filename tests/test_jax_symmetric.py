@@ -1,0 +1,289 @@
+"""The symmetric contraction's JAX entry point (Pallas kernels, interpret mode on the CPU):
+equal to the IR-term and dense-U numpy references (both layouts, float32 and float64,
+several channel blocks, rows not a multiple of the block), reverse-mode derivatives to
+second order (``jax.test_util.check_grads`` float64, and a force loss's gradients against a
+jnp mirror of the reference that JAX differentiates itself), equivariance, argument errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+from eqdsl.symmetric import dense_reference, lower, parse_symmetric_specs, symmetric_contraction_reference  # noqa: E402
+from eqdsl.symmetric.pallas import generate_symmetric_jax, render_files  # noqa: E402
+from eqdsl.symmetric.reference import from_channels, to_channels  # noqa: E402
+from tolerances import REL_TOL  # noqa: E402
+
+# name -> (irreps_in, irreps_out, correlation, layout, block_channels): "a" runs two channel
+# blocks of 2 lanes per row, "b" one block of 4
+CASES = {
+    "a": ("4x0e+4x1o", "4x0e+4x1o", 3, "mul_ir", 2),
+    "b": ("4x0e+4x1o+4x2e", "4x0e+4x1o", 2, "ir_mul", 32),
+}
+N = 7  # rows: not a multiple of the block (padding)
+
+
+def _spec(name):
+    irreps_in, irreps_out, corr, layout, _ = CASES[name]
+    (spec,) = parse_symmetric_specs(
+        f'[[symmetric_contraction]]\nname = "sc_{name}"\nirreps_in = "{irreps_in}"\nirreps_out = "{irreps_out}"\n'
+        f'correlation = {corr}\nnum_elements = 3\nlayout = "{layout}"\n')
+    return spec
+
+
+@pytest.fixture(scope="module")
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory, x64):
+    root = tmp_path_factory.mktemp("symjax")
+    (root / "symjax_pkgs").mkdir()
+    (root / "symjax_pkgs" / "__init__.py").write_text("")
+    sys.path.insert(0, str(root))
+    out = {}
+    for name in CASES:
+        spec = _spec(name)
+        ir = lower(spec)
+        generate_symmetric_jax(ir, root / "symjax_pkgs" / f"sc_{name}", block_channels=CASES[name][4], block_nodes=4)
+        importlib.invalidate_caches()
+        out[name] = (spec, ir, importlib.import_module(f"symjax_pkgs.sc_{name}.jax_ops"))
+    yield out
+    sys.path.remove(str(root))
+
+
+def _inputs(ir, seed=0, n=N):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, ir.dim_in * ir.mul))
+    w = rng.normal(size=(ir.num_elements, ir.weight_numel))
+    elem = rng.integers(0, ir.num_elements, n)
+    elem[:3] = [0, 1, 2][:n]  # every element used
+    return x, w, elem
+
+
+def _rel(got, want):
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def _jnp_reference(ir):
+    """``symmetric_contraction_reference`` in jnp (JAX differentiates it itself)."""
+    from eqdsl.irreps import Irreps
+
+    in_dims = tuple(mi.ir.dim for mi in Irreps(ir.irreps_in))
+    starts = np.cumsum((0,) + ir.out_dims)
+
+    def channels(a, dims):
+        blocks, s = [], 0
+        for d in dims:
+            b = a[:, s:s + d * ir.mul]
+            blocks.append(b.reshape(-1, ir.mul, d).transpose(0, 2, 1) if ir.layout == "mul_ir"
+                          else b.reshape(-1, d, ir.mul))
+            s += d * ir.mul
+        return jnp.concatenate(blocks, axis=1)
+
+    def f(x, w, elem):
+        xc, we = channels(x, in_dims), w[elem]
+        rows = [[0.0] * d for d in ir.out_dims]
+        for t in ir.terms:
+            off = ir.weight_offsets[t.out][t.nu - 1] + t.k * ir.mul
+            p = t.coeff * we[:, off:off + ir.mul]
+            for i in t.monomial:
+                p = p * xc[:, i, :]
+            rows[t.out][t.m] = rows[t.out][t.m] + p
+        blocks = []
+        for o, d in enumerate(ir.out_dims):
+            b = jnp.stack([jnp.broadcast_to(r, (x.shape[0], ir.mul)) for r in rows[o]], axis=1)  # (n, d, mul)
+            blocks.append((b.transpose(0, 2, 1) if ir.layout == "mul_ir" else b).reshape(x.shape[0], -1))
+        assert starts[-1] == sum(ir.out_dims)
+        return jnp.concatenate(blocks, axis=1)
+
+    return f
+
+
+# ---------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_forward_equals_references(packages, name, dtype):
+    spec, ir, ops = packages[name]
+    x, w, elem = _inputs(ir)
+    want = symmetric_contraction_reference(x, w, elem, ir)
+    np.testing.assert_allclose(dense_reference(spec, x, w, elem), want, rtol=0, atol=1e-12 * np.abs(want).max())
+    got = jax.jit(ops.symmetric_contraction)(jnp.asarray(x, dtype), jnp.asarray(w, dtype), jnp.asarray(elem))
+    assert got.dtype == dtype and got.shape == want.shape
+    assert _rel(got, want) < REL_TOL[dtype]
+    # every output block is really computed (no all-zero block could pass)
+    assert np.abs(want).min(axis=0).max() > 0 and all(np.abs(want[:, c]).max() > 1e-3 for c in range(want.shape[1]))
+
+
+def test_forward_eager_block_sizes(packages):
+    _, ir, ops = packages["a"]
+    x, w, elem = _inputs(ir, seed=3)
+    want = symmetric_contraction_reference(x, w, elem, ir)
+    for bn in (2, 8):
+        assert _rel(ops.symmetric_contraction(jnp.asarray(x), jnp.asarray(w), jnp.asarray(elem), block_nodes=bn),
+                    want) < 1e-12
+
+
+# ---------------------------------------------------------------- derivatives
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_grads_order_2(packages, name):
+    _, ir, ops = packages[name]
+    x, w, elem = _inputs(ir, seed=1)
+    e = jnp.asarray(elem)
+    f = lambda x, w: ops.symmetric_contraction(x, w, e)  # noqa: E731  (eager: each kernel compiles once)
+    check_grads(f, (jnp.asarray(x) * 0.5, jnp.asarray(w)), order=2, modes=["rev"], atol=1e-6, rtol=1e-6)
+
+
+def test_force_loss_gradients_equal_jax_of_reference(packages):
+    """Energy, forces (d energy / d x) and a force loss's gradients w.r.t. W and x (second
+    derivatives: the jvp of fwd, d bwd_w / dx, the Hessian-vector product), float64."""
+    _, ir, ops = packages["a"]
+    x, w, elem = _inputs(ir, seed=2)
+    e = jnp.asarray(elem)
+    ref = _jnp_reference(ir)
+    readout = jnp.asarray(np.random.default_rng(5).normal(size=(ir.mul * sum(ir.out_dims),)))
+    target = jnp.asarray(np.random.default_rng(6).normal(size=x.shape))
+
+    def make(contract):
+        def energy(x, w):
+            return jnp.sum(jnp.tanh(contract(x, w, e)) * readout)
+
+        def loss(x, w):
+            forces = -jax.grad(energy)(x, w)
+            return energy(x, w) ** 2 + jnp.sum((forces - target) ** 2)
+
+        return lambda x, w: (energy(x, w), -jax.grad(energy)(x, w), *jax.grad(loss, argnums=(0, 1))(x, w))
+
+    got = make(ops.symmetric_contraction)(jnp.asarray(x), jnp.asarray(w))
+    want = make(ref)(jnp.asarray(x), jnp.asarray(w))
+    for g, r, what in zip(got, want, ("energy", "forces", "dloss/dx", "dloss/dW")):
+        assert _rel(g, np.asarray(r)) < REL_TOL["float64"], what
+
+
+def test_third_order(packages):
+    """levels = 2 (the default for correlation 3) gives a third derivative in x: a directional
+    third derivative of the energy equals the jnp reference's."""
+    _, ir, ops = packages["a"]
+    x, w, elem = _inputs(ir, seed=4)
+    e, wj = jnp.asarray(elem), jnp.asarray(w)
+    v = jnp.asarray(np.random.default_rng(7).normal(size=x.shape))
+
+    def third(contract):
+        en = lambda x: jnp.sum(contract(x, wj, e) ** 2)  # noqa: E731
+        d1 = lambda x: jnp.vdot(jax.grad(en)(x), v)  # noqa: E731
+        d2 = lambda x: jnp.vdot(jax.grad(d1)(x), v)  # noqa: E731
+        return jax.grad(d2)(jnp.asarray(x))
+
+    assert _rel(third(ops.symmetric_contraction), np.asarray(third(_jnp_reference(ir)))) < REL_TOL["float64"]
+
+
+def test_order_beyond_levels_refused(tmp_path, x64):
+    spec = _spec("a")
+    ir = lower(spec)
+    files = render_files(ir, levels=1)
+    assert "def fwd_2" not in files["pallas_kernels.py"] and "def bwd_x_1" in files["pallas_kernels.py"]
+    pkg = tmp_path / "symjax_l1"
+    generate_symmetric_jax(ir, pkg, levels=1, block_channels=4)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.invalidate_caches()
+        ops = importlib.import_module("symjax_l1.jax_ops")
+        x, w, elem = _inputs(ir)
+        en = lambda x: jnp.sum(ops.symmetric_contraction(x, jnp.asarray(w), jnp.asarray(elem)) ** 3)  # noqa: E731
+        h = jax.grad(lambda x: jnp.sum(jax.grad(en)(x) ** 2))  # second order: fine
+        h(jnp.asarray(x))
+        with pytest.raises(NotImplementedError, match="levels=2"):
+            jax.grad(lambda x: jnp.sum(h(x) ** 2))(jnp.asarray(x))
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+# ---------------------------------------------------------------- equivariance
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equivariant_under_rotation_and_inversion(packages, name, request):
+    torch = pytest.importorskip("torch")
+    o3 = pytest.importorskip("e3nn.o3")
+    spec, ir, ops = packages[name]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # e3nn's wigner_D tables in float64
+    request.addfinalizer(lambda: torch.set_default_dtype(old))
+    x, w, elem = _inputs(ir, seed=8)
+    f = jax.jit(ops.symmetric_contraction)
+    out = np.asarray(f(jnp.asarray(x), jnp.asarray(w), jnp.asarray(elem)))
+    torch.manual_seed(0)
+    r = o3.rand_matrix()
+
+    def d_matrix(irreps, mat):
+        # e3nn's D acts on mul_ir rows; an ir_mul row y is the mul_ir row y @ p
+        dims = tuple(mi.ir.dim for mi in o3.Irreps(irreps))
+        d = o3.Irreps(irreps).D_from_matrix(mat).numpy()
+        if ir.layout == "mul_ir":
+            return d
+        p = from_channels(to_channels(np.eye(d.shape[0]), dims, ir.mul, "ir_mul"), dims, "mul_ir")
+        return p @ d @ p.T
+
+    for mat in (r, -r, -torch.eye(3)):  # rotation, both, inversion
+        a, b = d_matrix(ir.irreps_in, mat), d_matrix(ir.irreps_out, mat)
+        rotated = np.asarray(f(jnp.asarray(x @ a.T), jnp.asarray(w), jnp.asarray(elem)))
+        np.testing.assert_allclose(rotated, out @ b.T, rtol=0, atol=1e-11 * np.abs(out).max())
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_arguments(packages):
+    _, ir, ops = packages["a"]
+    x, w, elem = (jnp.asarray(a) for a in _inputs(ir))
+    sc = ops.symmetric_contraction
+    with pytest.raises(ValueError, match=r"x must have shape \(num_nodes, 16\)"):
+        sc(x[:, :-1], w, elem)
+    with pytest.raises(ValueError, match=r"weights must have shape \(3, "):
+        sc(x, w[:2], elem)
+    with pytest.raises(ValueError, match=r"element must have shape \(7,\)"):
+        sc(x, w, elem[:-1])
+    with pytest.raises(TypeError, match="element must hold integer"):
+        sc(x, w, elem.astype(jnp.float64))
+    with pytest.raises(TypeError, match="one dtype"):
+        sc(x, w.astype(jnp.float32), elem)
+    with pytest.raises(TypeError, match="x has dtype int32"):
+        sc(x.astype(jnp.int32), w, elem)
+    with pytest.raises(ValueError, match=r"element indices must lie in 0..2, got min 0, max 3"):
+        sc(x, w, elem.at[1].set(3))
+    with pytest.raises(ValueError, match=r"element indices must lie in 0..2, got min -1"):
+        sc(x, w, elem.at[1].set(-1))
+    with pytest.raises(ValueError, match="block_nodes must be a power of two"):
+        sc(x, w, elem, block_nodes=3)
+    with pytest.raises(TypeError, match="x must be an array"):
+        sc([[1.0]], w, elem)
+    # under jit an index cannot be checked: that row is NaN, the others exact
+    out = np.asarray(jax.jit(sc)(x, w, elem.at[1].set(3)))
+    assert np.isnan(out[1]).all() and not np.isnan(np.delete(out, 1, axis=0)).any()
+    want = symmetric_contraction_reference(np.asarray(x), np.asarray(w), np.asarray(elem), ir)
+    assert _rel(np.delete(out, 1, axis=0), np.delete(want, 1, axis=0)) < 1e-12
+
+
+def test_generator_arguments():
+    ir = lower(_spec("a"))
+    with pytest.raises(ValueError, match="block_channels must be a power of two"):
+        render_files(ir, block_channels=3)
+    with pytest.raises(ValueError, match="block_nodes must be a power of two"):
+        render_files(ir, block_nodes=6)
+    with pytest.raises(ValueError, match="levels must be >= 1"):
+        render_files(ir, levels=0)
