@@ -6,7 +6,9 @@ directory (or imports ``--package DIR``, a directory holding the generated ``mac
 package with ``RADIAL_FEATURES``), builds a random graph of 4,096 nodes x 32 in-edges, and
 for every block configuration of ``--blocks`` (``default`` = the module's block sizes, or
 ``BE:SE``: ``block_edges`` edges per program of the per-edge kernels, ``segment_edges`` per
-step of the segment kernels; the weights are formed with a dot where a tile has >= 16 rows)
+step of the segment kernels; the weights are formed with a dot where a tile has >= 16 rows,
+else with multiply-adds: mace_large's defaults, 4 and 2 edges, read the radial weight's
+557 KB per 2 to 4 edges, so larger blocks amortize it)
 
 1. checks, in float32 and float64, the output and the gradients of a random linear loss with
    respect to all four arrays against the unfused composition ``conv(x, y, rf @ wr)`` (the
@@ -16,7 +18,7 @@ step of the segment kernels; the weights are formed with a dot where a tile has 
    jitted forward and forward + backward (``jax.grad`` of a sum, all four gradients) of
    ``conv_radial`` and of matmul + ``conv``, in the ``--time-dtypes``.
 
-    python3 benchmarks/tools/radial_jax_check.py [--package DIR] [--blocks default,16:16]
+    python3 benchmarks/tools/radial_jax_check.py [--package DIR] [--blocks 16:16,32:32]
         [--time-dtypes float32] [--nodes 4096 --degree 32] [--quick]
 
 ``--quick``: a CPU smoke run (interpret mode, 64 nodes x 4 in-edges, one timing call).
@@ -101,7 +103,7 @@ def rel(a, b) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default=None, help="directory of the generated mace_large (radial_features set)")
-    ap.add_argument("--blocks", default="default,16:16")
+    ap.add_argument("--blocks", default="16:16,32:32")
     ap.add_argument("--time-dtypes", default="float32")
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--degree", type=int, default=32)

@@ -303,13 +303,16 @@ def _full_spec(a):
 
 def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: int | None, perm, rowptr, gather,
                     num_nodes: int, out_width: int, block_edges: int, interpret: bool,
-                num_warps: int | None = None):
+                num_warps: int | None = None, step_sums: bool = False):
     """Reduction kernels (``conv`` forward, ``conv`` backward_x1): one program per node ``n``
     sums the kernel body over the edges ``perm[rowptr[n]:rowptr[n + 1]]`` (sorted order), in
     tiles of ``block_edges``. ``args[node_arg]`` (if not None) is a node array gathered by
     ``gather`` (``(rows,)``, in sorted order; edges whose entry is the sentinel
     ``num_nodes`` count for nothing); the others are edge arrays gathered by ``perm``,
-    except ``args[shared_arg]`` (shared weights, ``(1, width)``). Returns ``(num_nodes, out_width)``."""
+    except ``args[shared_arg]`` (shared weights, ``(1, width)``, or ``conv_radial``'s radial
+    weight, given whole). ``step_sums``: carry each running sum as one row, the tile's
+    rows summed every step (for tiles of many edges, whose unreduced running sums would not
+    fit in registers), instead of one row per edge of a tile. Returns ``(num_nodes, out_width)``."""
     from jax.experimental import pallas as pl
 
     rows = perm.shape[0]
@@ -350,12 +353,13 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
 
             # The loop carries the running sum of each store of the body in registers,
             # unreduced: no cross-warp sum and no read-modify-write of the node's row per
-            # tile, one of each per node (``_Accumulate.write``).
+            # tile, one of each per node (``_Accumulate.write``); with step_sums one row each.
             records, shapes = _body_stores(body, ins, shared_arg, be, out_ref)
+            step = (lambda v: jnp.sum(v, axis=0, keepdims=True)) if step_sums else (lambda v: v)
             totals = lax.fori_loop(
                 0, (end - start + be - 1) // be,
-                lambda t, carry: tuple(c + v for c, (_, _, v) in zip(carry, tile(t).records)),
-                tuple(jnp.zeros(a.shape, a.dtype) for a in shapes),
+                lambda t, carry: tuple(c + step(v) for c, (_, _, v) in zip(carry, tile(t).records)),
+                tuple(jnp.zeros(((1,) + a.shape[1:]) if step_sums else a.shape, a.dtype) for a in shapes),
             )
             out = Accumulate(out_ref)
             out.records = records
@@ -442,7 +446,7 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
 
 def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, gw_segments,
                         block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None,
-                        gx1_segments=None):
+                        gx1_segments=None, step_sums: bool = False):
     """The conv's three gradients from one gather of each operand per edge (a channelwise
     product's fused backward kernels, ``eqdsl.backends.pallas.fused``).
 
@@ -456,7 +460,8 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     (``segment_sum_rows``: a fixed order, no atomics). The three-kernel backward gathers
     ``G``, the widest operand, once per kernel. Kernels that own part of an ``x1`` block's
     paths write partial messages: their node sums are added per block after the segment
-    sum (``gx1_segments``, as ``launch_fused``). Returns ``(gx (N, dim_in1), gy, gW)``
+    sum (``gx1_segments``, as ``launch_fused``); ``step_sums``: ``launch_segments``' for that
+    segment sum. Returns ``(gx (N, dim_in1), gy, gW)``
     (``gW`` in the kernel weight layout, as ``backward_w``).
     """
     from jax.experimental import pallas as pl
@@ -501,14 +506,15 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     msgs, gy, gw = _join_fused(pieces, gw_segments)
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
-                          interpret=interpret, num_warps=num_warps)
+                          interpret=interpret, num_warps=num_warps, step_sums=step_sums)
     return _sum_segments(gx, gx1_segments), gy, gw
 
 
 def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, block_edges: int, interpret: bool,
-                     num_warps: int | None = None):
+                     num_warps: int | None = None, step_sums: bool = False):
     """``out[n] = sum of rows_array[perm[rowptr[n]:rowptr[n + 1]]]`` (``launch_segments``
-    with a body that stores its tile: the sum runs in a fixed order). ``(num_nodes, width)``."""
+    with a body that stores its tile: the sum runs in a fixed order; ``step_sums`` as there).
+    ``(num_nodes, width)``."""
     from jax.experimental import pallas as pl
 
     width = rows_array.shape[1]
@@ -522,4 +528,4 @@ def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, 
 
     return launch_segments(name, [(_segment_rows, width)], (rows_array,), node_arg=None, shared_arg=None, perm=perm,
                            rowptr=rowptr, gather=gather, num_nodes=num_nodes, out_width=width,
-                           block_edges=block_edges, interpret=interpret, num_warps=num_warps)
+                           block_edges=block_edges, interpret=interpret, num_warps=num_warps, step_sums=step_sums)

@@ -21,6 +21,7 @@ from .graph import conv_graph
 from . import launch  # its launchers read at call time (tools patch launch.launch_segments)
 from .launch import use_interpret
 from .padding import PaddedGraph, kernel_weights, pad_graph, pad_rows, round_up, user_weights
+from .tiles import DOT_MIN
 
 __all__ = ["TensorProductFunctions", "ConvKernels", "RadialKernels"]
 
@@ -243,18 +244,22 @@ class TensorProductFunctions:
     def _radial_launchers(self, r: RadialKernels):
         k = self.kernels
 
-        # operands (a, b, rf, wr): rf edge rows, wr (H, numel) given whole (the shared_arg)
+        # operands (a, b, rf, wr): rf edge rows, wr (H, numel) given whole (the shared_arg). Segment
+        # tiles of DOT_MIN edges or more (weights formed by dots) keep one row per running sum
+        # (step_sums): one per edge of the tile would not fit in registers
         def forward(a, b, rf, wr, graph, *, block_batch, interpret):
             return launch.launch_segments(k.NAME, r.fwd, (a, b, rf, wr), node_arg=0, shared_arg=3,
                                           perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
                                           num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
-                                          interpret=interpret, num_warps=k.NUM_WARPS)
+                                          interpret=interpret, num_warps=k.NUM_WARPS,
+                                          step_sums=block_batch[1] >= DOT_MIN)
 
         def backward_x1(g, b, rf, wr, graph, *, block_batch, interpret):
             return launch.launch_segments(k.NAME, r.bwd_x1, (g, b, rf, wr), node_arg=0, shared_arg=3,
                                           perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
                                           num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
-                                          interpret=interpret, num_warps=k.NUM_WARPS)
+                                          interpret=interpret, num_warps=k.NUM_WARPS,
+                                          step_sums=block_batch[1] >= DOT_MIN)
 
         def backward_x2(a, g, rf, wr, graph, *, block_batch, interpret):
             return launch.launch_edges(k.NAME, r.bwd_x2, (a, g, rf, wr), gathers={0: graph.src, 1: graph.dst},
@@ -268,7 +273,8 @@ class TensorProductFunctions:
         return launch.conv_backward_fused(k.NAME, r.backward_fused_kernels, (a, b, rf, wr, g), graph,
                                           num_nodes=a.shape[0], dim_in2=k.IDIM_IN2, gw_segments=r.gw_segments,
                                           gx1_segments=r.gx1_segments, block_edges=block_batch[0],
-                                          segment_edges=block_batch[1], interpret=interpret, num_warps=k.NUM_WARPS)
+                                          segment_edges=block_batch[1], interpret=interpret, num_warps=k.NUM_WARPS,
+                                          step_sums=block_batch[1] >= DOT_MIN)
 
     def conv_radial(self, node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes: int, *,
                     check: bool = True, interpret: bool | None = None, block_edges: int | None = None,
