@@ -47,6 +47,11 @@ per-edge kernel runs ``for tile_c, tile_b in hl.tile([M, num_edges])``, a segmen
 tile_n.begin``: each program owns one node's columns of one channel tile, which no other
 channel tile touches, and sums its edges in the same fixed order (still bitwise
 reproducible). Each program loads the edge indices and per-edge scalars it needs itself.
+
+``conv_radial`` (spec ``radial_features = H``): the kernels of ``fwd``, ``bwd_x``, ``bwd_y``
+and the fused backward again, with ``Operands.radial`` (``kernels.Radial``): every per-edge
+weight tile formed on chip as ``radial_features[rows, :H] @ radial_weight[:H, cols]``
+(``radial_kernel_context``, ``fused_radial_kernels``; docs/conv_radial.md).
 """
 
 from __future__ import annotations

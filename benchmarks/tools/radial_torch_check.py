@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""PyTorch ``conv_radial`` on the GPU: check it against ``conv(x, y, rf @ wr)``, then time it.
+
+Generates ``examples/specs/mace_large.toml`` with ``radial_features = 64`` into a temporary
+directory, with its Triton code (lowered in parallel on the host's cores; ``--no-triton``: the
+Helion kernels, compiled at first call), or imports ``--package DIR`` (a directory holding the
+generated ``mace_large`` package with ``RADIAL_FEATURES``); builds a random graph of 4,096
+nodes x 32 in-edges (sources uniform, edges sorted by dst), and
+
+1. checks, in float32 and float64, the output and the gradients of a random linear loss with
+   respect to all four tensors (x, y, rf, wr) of ``torch_conv.conv_radial`` against the unfused
+   composition ``conv(x, y, rf @ wr)`` (``torch.matmul`` with TF32 off): relative Frobenius
+   error <= 1e-5 (float32) / 1e-10 (float64), each float32 value also against the float64
+   composition (what TF32 in the on-chip product would miss by ~1e-3). Any failure prints
+   ``FAIL`` lines and exits with status 1 before timing;
+2. prints the median CUDA-event time (float32; ``--reps`` calls after 3 warm-ups) of the
+   forward and forward + backward (``torch.autograd.grad`` of all four tensors) of
+   ``conv_radial``, of ``rf @ wr`` + eqdsl's ``conv``, and, if ``cuequivariance_torch``
+   imports, of ``rf @ wr`` + cuEquivariance's fused ``ChannelWiseTensorProduct``
+   (``indices_1`` / ``indices_out``) at ``ir_mul`` operands, built as
+   ``benchmarks/bench_tp.py: build_cueq_candidates`` builds it (its first method that runs and
+   matches eqdsl's conv; operands permuted to its layout and weight order once, outside the
+   timing; a mismatch prints ``BAD`` and its row is left out).
+
+    python3 benchmarks/tools/radial_torch_check.py [--package DIR] [--no-triton] [--reps 20]
+        [--nodes 4096 --degree 32] [--quick]
+
+``--quick``: a CPU smoke run of the script itself (Triton's interpreter, Helion kernels, 32 nodes
+x 4 in-edges, wall-clock times of one call).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+H = 64
+TOL = {"float32": 1e-5, "float64": 1e-10}
+
+
+def generate(out: Path, triton: bool) -> Path:
+    """mace_large with radial_features = H, generated into ``out / "pkg"``."""
+    from eqdsl.codegen.generate import generate_files, write_package
+
+    text = (ROOT / "examples/specs/mace_large.toml").read_text()
+    if not re.search(r"(?m)^radial_features\s*=", text):
+        text, n = re.subn(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text)
+        if n != 1:
+            raise SystemExit("FAIL: examples/specs/mace_large.toml has no 'conv = true' line to extend")
+    spec_path = out / "mace_large_radial.toml"
+    spec_path.write_text(text)
+    t0 = time.perf_counter()
+    write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=triton))
+    print(f"generated mace_large (radial_features = {H}, Triton code: {triton}) in {time.perf_counter() - t0:.0f} s")
+    return out / "pkg"
+
+
+def import_modules(package: Path):
+    sys.path.insert(0, str(package.parent))
+    importlib.invalidate_caches()
+    pkg = importlib.import_module(f"{package.name}.mace_large")
+    conv = importlib.import_module(f"{package.name}.mace_large.torch_conv")
+    if getattr(conv, "RADIAL_FEATURES", None) is None or not hasattr(conv, "conv_radial"):
+        raise SystemExit(f"FAIL: {conv.__file__} has no conv_radial (RADIAL_FEATURES)")
+    return pkg, conv
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def cuda_us(fn, reps: int) -> float:
+    import torch
+
+    if not torch.cuda.is_available():  # --quick: wall clock of one call
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def build_cueq(conv_mod, s, d, n, device):
+    """``(fwd(x, y, w) -> out, perms)`` of cuEquivariance's fused conv at ir_mul, or ``(None, reason)``."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_tp as bt
+    from eqdsl.lower import lower
+    from eqdsl.spec import load_spec
+
+    spec = load_spec(ROOT / "examples/specs/mace_large.toml")[0]
+    ins = [i.as_tuple() for i in spec.instructions]
+    prob = bt.Problem("mace_large", spec, lower(spec), ins, {i[3] for i in ins}, spec.layout, spec.shared_weights)
+    reasons = []
+    try:
+        for impl, reason in bt.build_cueq_candidates(prob, "float32", device, SimpleNamespace(cueq_methods=None),
+                                                     irmul=True):
+            if impl is None:
+                reasons.append(reason)
+                continue
+            mod = impl.fwd
+
+            def fwd(a, b, w, _m=mod):
+                return _m(a, b, w, indices_1=s, indices_out=d, size_out=n)
+
+            return (fwd, impl.perms, impl.note), None
+    except Exception as e:  # noqa: BLE001 - cuEquivariance is optional here
+        return None, f"{type(e).__name__}: {e}"
+    return None, "; ".join(reasons) or "no method"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--package", default=None, help="directory of the generated mace_large (radial_features set)")
+    ap.add_argument("--no-triton", action="store_true", help="generate without Triton code (Helion kernels)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--nodes", type=int, default=4096)
+    ap.add_argument("--degree", type=int, default=32)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run of this script (slow interpreter)")
+    args = ap.parse_args()
+    if args.quick:
+        os.environ["TRITON_INTERPRET"] = "1"  # before helion / triton are imported
+        os.environ["EQDSL_KERNELS"] = "helion"
+        args.no_triton, args.nodes, args.degree, args.reps = True, 32, 4, 1
+    import torch
+
+    if not torch.cuda.is_available() and not args.quick:
+        raise SystemExit("FAIL: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the reference matmul in full float32 precision
+    device = torch.device("cpu" if args.quick else "cuda")
+    tmp = tempfile.TemporaryDirectory(prefix="radial_torch_")
+    package = Path(args.package) if args.package else generate(Path(tmp.name), triton=not args.no_triton)
+    _, conv = import_modules(package)
+    n, deg = args.nodes, args.degree
+    gen = torch.Generator().manual_seed(0)
+    dst = torch.arange(n).repeat_interleave(deg)
+    src = torch.randint(0, n, (dst.numel(),), generator=gen)
+    e, h = dst.numel(), conv.RADIAL_FEATURES
+    s, d = src.to(device), dst.to(device)
+    host = {"x": torch.randn(n, conv.DIM_IN1, generator=gen, dtype=torch.float64),
+            "y": torch.randn(e, conv.DIM_IN2, generator=gen, dtype=torch.float64),
+            "rf": torch.randn(e, h, generator=gen, dtype=torch.float64),
+            "wr": torch.randn(h, conv.WEIGHT_NUMEL, generator=gen, dtype=torch.float64) / h ** 0.5,
+            "g": torch.randn(n, conv.DIM_OUT, generator=gen, dtype=torch.float64)}
+    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}: mace_large conv_radial, H = {h}, {n} nodes x {deg} in-edges = {e} edges, "
+          f"torch {torch.__version__}; radial ops with kernels of their own: {', '.join(conv._RADIAL.fused_ops)}")
+
+    def radial(x, y, rf, wr):
+        return conv.conv_radial(x, y, rf, wr, s, d, n, check=False)
+
+    def unfused(x, y, rf, wr):
+        return conv.conv(x, y, rf @ wr, s, d, n, check=False)
+
+    def values(fn, dtype):
+        ts = [host[k].to(device, dtype).requires_grad_() for k in ("x", "y", "rf", "wr")]
+        out = fn(*ts)
+        grads = torch.autograd.grad(out, ts, host["g"].to(device, dtype))
+        return [out.detach(), *grads]
+
+    names = ("out", "d x", "d y", "d rf", "d wr")
+    failures = []
+    truth = values(unfused, torch.float64)
+    for dtype in (torch.float32, torch.float64):
+        tol = TOL[str(dtype).removeprefix("torch.")]
+        got, want = values(radial, dtype), values(unfused, dtype)
+        for name, a, b, t in zip(names, got, want, truth):
+            err, err_true, ref_true = rel(a, b), rel(a, t), rel(b, t)
+            ok = err <= tol and err_true <= max(tol, 4 * ref_true)
+            print(f"  check {dtype} {name:5s}: rel. error {err:.2e} vs the composition, {err_true:.2e} vs float64 "
+                  f"(composition: {ref_true:.2e}) {'ok' if ok else 'FAIL'}")
+            if not ok:
+                failures.append(f"{dtype} {name}")
+    if failures:
+        for f in failures:
+            print(f"FAIL: conv_radial != conv(x, y, rf @ wr): {f}")
+        raise SystemExit(1)
+
+    ts = {k: host[k].to(device, torch.float32).requires_grad_() for k in ("x", "y", "rf", "wr")}
+    g32 = host["g"].to(device, torch.float32)
+    rows = [("eqdsl conv_radial", radial, ts), ("rf @ wr + eqdsl conv", unfused, ts)]
+    built, reason = build_cueq(conv, s, d, n, device)
+    if built is None:
+        print(f"  cuEquivariance: n/a ({reason})")
+    else:
+        fwd, perms, note = built
+
+        def perm(t, p):
+            return t if p is None else t[:, torch.as_tensor(p, device=device)]
+
+        cts = {"x": perm(ts["x"].detach(), perms.get("x1")).requires_grad_(),
+               "y": perm(ts["y"].detach(), perms.get("x2")).requires_grad_(),
+               "rf": ts["rf"].detach().clone().requires_grad_(),
+               "wr": perm(ts["wr"].detach(), perms.get("w")).requires_grad_()}
+
+        def cueq(x, y, rf, wr):
+            return fwd(x, y, rf @ wr)
+
+        with torch.no_grad():
+            ref = perm(unfused(*(ts[k] for k in ("x", "y", "rf", "wr"))), perms.get("out"))
+            err = rel(cueq(*cts.values()), ref)
+        if err <= 1e-4:
+            rows.append((f"rf @ wr + cuEquivariance ({note})", cueq, cts))
+        else:
+            print(f"  BAD: cuEquivariance ({note}) differs from eqdsl's conv by {err:.2e}: not timed")
+
+    print(f"\nmedian CUDA-event time, float32, {args.reps} calls (us):")
+    print(f"  {'':60s} {'fwd':>9s} {'fwd+bwd':>9s}")
+    for label, fn, args_ in rows:
+        order = [args_[k] for k in ("x", "y", "rf", "wr")]
+
+        def fwd_only(_fn=fn, _a=order):
+            with torch.no_grad():
+                return _fn(*_a)
+
+        def fwd_bwd(_fn=fn, _a=order):
+            return torch.autograd.grad(_fn(*_a), _a, g32)
+
+        print(f"  {label[:60]:60s} {cuda_us(fwd_only, args.reps):9.1f} {cuda_us(fwd_bwd, args.reps):9.1f}")
+
+
+if __name__ == "__main__":
+    main()
