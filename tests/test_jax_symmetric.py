@@ -305,3 +305,23 @@ def test_generator_arguments():
         render_files(ir, block_nodes=6)
     with pytest.raises(ValueError, match="levels must be >= 1"):
         render_files(ir, levels=0)
+
+
+# ---------------------------------------------------------------- the GPU lowering
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_triton_lowering(packages, dtype):
+    """The kernels of a force loss's gradients go through Pallas's Triton lowering (on the
+    CPU: ``lowering_platforms=("cuda",)``; Triton's own compilation needs a GPU)."""
+    _, ir, ops = packages["a"]
+    s = jax.ShapeDtypeStruct
+    args = (s((32, ir.dim_in * ir.mul), dtype), s((ir.num_elements, ir.weight_numel), dtype), s((32,), jnp.int32))
+
+    def loss(x, w, e):
+        en = lambda x, w: jnp.sum(ops.symmetric_contraction(x, w, e, interpret=False) ** 2)  # noqa: E731
+        return jnp.sum(jax.grad(en)(x, w) ** 2) + en(x, w)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    for name in ("fwd_0", "bwd_x_0", "bwd_w_0", "fwd_1", "bwd_x_1", "bwd_w_1"):
+        assert f"sc_a_{name}" in text, name

@@ -25,18 +25,25 @@ identically zero (``n`` above the degree) is not generated (the runtime returns 
 Kernel body (one program per block of ``block_nodes`` rows and ``BLOCK_CHANNELS``
 channels; every value a ``(rows, BLOCK_CHANNELS)`` tile, channels being independent):
 
-1. read the ``dim_in`` component columns ``x_i`` (and ``h_{d,i}``) of the block's channels;
-   the weight rows ``W[elem[b]]`` are read through a row gather (``rt.Gather``);
-2. the distinct monomials of the terms, each the product of its prefix (one index
-   shorter, shared by every monomial that extends it) and one ``x_i``: a DAG in which
-   each node carries its *jet*, the values ``v[S] = D^{|S|} p [h_S]`` for every subset
-   ``S`` of the directions (``v_p[S] = v_q[S] x_j + sum_{d in S} v_q[S - d] h_{d,j}`` for
-   ``p = q x_j``; zero where ``|S|`` exceeds the degree);
-3. ``fwd``: ``out[o, m] = sum_{nu, k} W_{o,nu,k} * s[o, m, nu, k]`` with
-   ``s = sum_terms coeff * v_mono[all]``; ``bwd_w``: ``sum_m G[o, m] * s[o, m, nu, k]``;
-   ``bwd_x``: reverse mode through the DAG from the seeds ``A_mono = sum_terms coeff *
-   G[o, m] W_{o,nu,k}`` (``adj_q[S] += adj_p[S] x_j + sum_{d not in S} adj_p[S + d] h_{d,j}``,
-   ``dx_j += sum_S adj_p[S] v_q[S]``).
+1. read the component columns ``x_i`` (and ``h_{d,i}``) of the block's channels, the
+   weight columns of the rows' elements ``W[elem[b]]`` through a row gather
+   (``rt.Gather``: the table is never expanded per row in memory), and ``G``'s columns;
+2. stream over the distinct monomials of the terms in lexicographic order. Each
+   monomial's *jet* ``v[S] = D^{|S|} mono [h_S]`` (every subset ``S`` of the directions;
+   zero where ``|S|`` exceeds the degree) comes from its prefix's (one index shorter,
+   shared by the monomials that extend it, adjacent in this order):
+   ``v_p[S] = v_q[S] x_j + sum_{d in S} v_q[S - d] h_{d,j}`` for ``p = q x_j``;
+3. add each monomial's contributions to output accumulators at once:
+   ``fwd``: ``out[o, m] += v[all] * sum_{terms (o, m)} coeff * W_{o,nu,k}``;
+   ``bwd_w``: ``dW[o, nu, k] += v[all] * sum_{terms (o, nu, k)} coeff * G[o, m]``;
+   ``bwd_x``: ``dx_j += A * mult_j * v_{mono - j}[all]`` with ``A = sum_terms coeff *
+   G[o, m] W_{o,nu,k}`` (the derivative of ``D^n mono`` in ``x_j`` is ``D^n`` of the
+   monomial with one ``x_j`` removed, times ``j``'s multiplicity in it).
+
+Registers: what lives at a time is the inputs read (``dim_in`` x columns, the weight
+columns, ``G``'s), the accumulators (``dim_out``, ``weight_numel / mul`` or ``dim_in``
+tiles) and a few partial products, not the monomials (MACE-MP's case: 16 + 86 + 4
+inputs, 410 monomials).
 
 Statements are ``eqdsl.backends.pallas.stmts`` / ``eqdsl.kernel_ir`` data printed by
 ``eqdsl.backends.pallas.printer``; the templates only loop and substitute.
@@ -51,7 +58,7 @@ from ..backends.pallas.printer import print_body
 from ..backends.pallas.stmts import Comment, Offset, Read, Write, Zeros, assign
 from ..backends.render import render
 from ..irreps import Irreps
-from ..kernel_ir import Sum, Term, Var
+from ..kernel_ir import Assign, Sum, Term, Var
 from .ir import SymmetricContractionIR
 
 __all__ = ["SymmetricKernel", "columns", "build_kernels", "channel_blocking", "render_files",
@@ -135,104 +142,101 @@ def _bits(s: int, n: int):
 
 
 class _Builder:
-    """Builds one kernel's statements: names every value, tracks symbolic zeros (None)."""
+    """Builds one kernel's statements in streaming order: the monomials one after the other
+    (lexicographic, so that a prefix's uses are adjacent and its value dies soon), each jet
+    component computed once where first needed, every contribution added to an output
+    accumulator at once. The values live at a time are the inputs read, the output
+    accumulators and a few partial products: what a GPU program can keep in registers."""
 
     def __init__(self, ir: SymmetricContractionIR, n: int, lanes: int, count: int):
         self.ir, self.n, self.lanes, self.count = ir, n, lanes, count
-        self.stmts: list = []
+        self.body: list = []
+        self.used: set[str] = set()  # input tiles the body names (x, h, w, g)
+        self.jets: dict = {}  # (monomial, s) -> name
+        self.acc: set[str] = set()  # accumulators assigned so far
         self.in_cols = columns(_dims(ir.irreps_in), ir.mul, ir.layout)
         self.out_cols = columns(ir.out_dims, ir.mul, ir.layout)
-        monos = sorted({t.monomial for t in ir.terms})
-        nodes = {m[:j] for m in monos for j in range(1, len(m) + 1)}
-        self.nodes = sorted(nodes, key=lambda p: (len(p), p))  # topological: prefixes first
         self.full = (1 << n) - 1
+        by_mono: dict = {}
+        for t in ir.terms:
+            by_mono.setdefault(t.monomial, []).append(t)
+        self.monomials = sorted(by_mono.items())
 
-    # -------------------------------------------------------------- reads
-    def read(self, name: str, ref: str, base: int, stride: int, comment: str = ""):
-        self.stmts.append(Read(name, ref, Offset(base, "c0", stride * self.lanes), self.count, self.lanes, stride,
-                               comment))
+    def var(self, name: str) -> Var:
+        if name[0] in "xhwg":
+            self.used.add(name)
+        return Var(name)
 
-    def read_inputs(self, with_w: bool, with_g: bool, x_needed: set[int]):
-        ir = self.ir
-        for i in sorted(x_needed):
-            base, stride = self.in_cols[i]
-            self.read(f"x{i}", "x_ref", base, stride)
-        for d in range(self.n):
-            for i in sorted(self.h_needed):
-                base, stride = self.in_cols[i]
-                self.read(f"h{d + 1}_{i}", f"h{d + 1}_ref", base, stride)
-        if with_w:
-            for o in range(len(ir.out_dims)):
-                for nu in range(1, ir.correlation[o] + 1):
-                    for k in range(ir.num_params[o][nu - 1]):
-                        if (o, nu, k) in self.w_needed:
-                            self.read(f"w{o}_{nu}_{k}", "w_ref", ir.weight_offsets[o][nu - 1] + k * ir.mul, 1,
-                                      "rows W[elem[b]]")
-        if with_g:
-            start = 0
-            for o, d in enumerate(ir.out_dims):
-                for m in range(d):
-                    if (o, m) in self.g_needed:
-                        base, stride = self.out_cols[start + m]
-                        self.read(f"g{o}_{m}", "g_ref", base, stride)
-                start += d
-
-    # -------------------------------------------------------------- jets
-    def jet_name(self, p: tuple[int, ...], s: int) -> str:
-        if len(p) == 1:
-            bits = _bits(s, self.n)
-            return f"x{p[0]}" if s == 0 else f"h{bits[0] + 1}_{p[0]}"
-        return "v" + "_".join(map(str, p)) + (f"_s{s}" if self.n else "")
-
-    def jet(self, p, s):
-        """Name of ``v_p[s]``, or None where it is zero (``|s|`` above ``p``'s degree)."""
+    def jet(self, p: tuple[int, ...], s: int) -> Var | None:
+        """``v_p[s] = D^{|s|} p [h_s]``, assigned where first needed; None where zero
+        (``|s|`` above ``p``'s degree)."""
         if bin(s).count("1") > len(p):
             return None
-        return self.jet_name(p, s)
-
-    def forward_jets(self, needed: set) -> None:
-        """Assign every needed jet component of the DAG's nodes of degree >= 2."""
-        for p in self.nodes:
-            if len(p) < 2:
-                continue
+        if len(p) == 1:
+            return self.var(f"x{p[0]}" if s == 0 else f"h{_bits(s, self.n)[0] + 1}_{p[0]}")
+        if (p, s) not in self.jets:
             q, j = p[:-1], p[-1]
-            for s in _subsets(self.n):
-                if (p, s) not in needed or self.jet(p, s) is None:
-                    continue
-                terms = []
-                vq = self.jet(q, s)
+            # v_p[s] = v_q[s] x_j + sum_{d in s} v_q[s - d] h_{d,j}
+            terms = []
+            vq = self.jet(q, s)
+            if vq is not None:
+                terms.append(Term(1.0, (vq, self.var(f"x{j}"))))
+            for d in _bits(s, self.n):
+                vq = self.jet(q, s & ~(1 << d))
                 if vq is not None:
-                    terms.append(Term(1.0, (Var(vq), Var(f"x{j}"))))
-                for d in _bits(s, self.n):
-                    vq = self.jet(q, s & ~(1 << d))
-                    if vq is not None:
-                        terms.append(Term(1.0, (Var(vq), Var(f"h{d + 1}_{j}"))))
-                self.stmts.append(assign(self.jet_name(p, s), Sum(tuple(terms))))
+                    terms.append(Term(1.0, (vq, self.var(f"h{d + 1}_{j}"))))
+            name = "v" + "_".join(map(str, p)) + (f"_s{s}" if self.n else "")
+            self.body.append(assign(name, Sum(tuple(terms))))
+            self.jets[(p, s)] = name
+        return Var(self.jets[(p, s)])
 
-    def needed_jets(self, tops: set) -> set:
-        """The jet components ``(node, s)`` that ``tops`` (components of the monomials) need."""
-        need, stack = set(), list(tops)
-        while stack:
-            p, s = stack.pop()
-            if (p, s) in need or self.jet(p, s) is None:
-                continue
-            need.add((p, s))
-            if len(p) >= 2:
-                stack.append((p[:-1], s))
-                stack += [(p[:-1], s & ~(1 << d)) for d in _bits(s, self.n)]
-        return need
+    def add(self, acc: str, terms: tuple, scale: Var | None) -> None:
+        """``acc = acc + scale * (terms)`` (``acc`` assigned without ``acc +`` the first time)."""
+        init = Var(acc) if acc in self.acc else None
+        self.acc.add(acc)
+        self.body.append(Assign(Var(acc), Sum(terms, init, scale)))
 
-    def note_inputs(self, need: set) -> None:
-        self.x_needed = {p[-1] for p, _ in need if len(p) >= 2} | {p[0] for p, s in need if len(p) == 1 and s == 0}
-        self.h_needed = {p[-1] for p, s in need if len(p) >= 2 and s} | {p[0] for p, s in need if len(p) == 1 and s}
+    def value(self, acc: str):
+        """An accumulator's final value, zeros where nothing was added."""
+        return Var(acc) if acc in self.acc else Zeros(self.lanes)
+
+    def read(self, name: str, ref: str, base: int, stride: int, comment: str = "") -> Read:
+        return Read(name, ref, Offset(base, "c0", stride * self.lanes), self.count, self.lanes, stride, comment)
+
+    def reads(self) -> list:
+        """Reads of the inputs the body names, in operand order."""
+        ir, out = self.ir, []
+        for d in range(self.n + 1):
+            for i, (base, stride) in enumerate(self.in_cols):
+                name = f"x{i}" if d == 0 else f"h{d}_{i}"
+                if name in self.used:
+                    out.append(self.read(name, "x_ref" if d == 0 else f"h{d}_ref", base, stride))
+        for o in range(len(ir.out_dims)):
+            for nu in range(1, ir.correlation[o] + 1):
+                for k in range(ir.num_params[o][nu - 1]):
+                    if f"w{o}_{nu}_{k}" in self.used:
+                        out.append(self.read(f"w{o}_{nu}_{k}", "w_ref", ir.weight_offsets[o][nu - 1] + k * ir.mul, 1,
+                                             "rows W[elem[b]]"))
+        start = 0
+        for o, d in enumerate(ir.out_dims):
+            for m in range(d):
+                if f"g{o}_{m}" in self.used:
+                    base, stride = self.out_cols[start + m]
+                    out.append(self.read(f"g{o}_{m}", "g_ref", base, stride))
+            start += d
+        return out
+
+    def kernel(self, op: str, refs: tuple[str, ...], out: str, desc: str, writes: list) -> SymmetricKernel:
+        stmts = self.reads() + [Comment("the monomials in order, each from its prefix")] + self.body + writes
+        return SymmetricKernel(f"{op}_{self.n}", op, self.n, refs, out, desc,
+                               tuple(_prologue(self.lanes, refs, out) + print_body(stmts, "    ")))
 
 
-def _groups(ir: SymmetricContractionIR):
-    """Terms grouped by ``(o, m, nu, k)``, in the IR's order."""
+def _grouped(ts, key):
     out: dict = {}
-    for t in ir.terms:
-        out.setdefault((t.out, t.m, t.nu, t.k), []).append(t)
-    return out
+    for t in ts:
+        out.setdefault(key(t), []).append(t)
+    return out.items()
 
 
 def _prologue(lanes: int, refs: tuple[str, ...], out: str) -> list[str]:
@@ -240,151 +244,84 @@ def _prologue(lanes: int, refs: tuple[str, ...], out: str) -> list[str]:
             f"    c0 = pl.program_id(1)  # this program's channel block ({lanes} lanes)"]
 
 
-def _contract_s(b: _Builder, groups) -> dict:
-    """``s[o, m, nu, k] = sum_terms coeff * v_mono[all]``: assigned, names by key (zero groups left out)."""
-    names = {}
-    for (o, m, nu, k), ts in groups.items():
-        terms = tuple(Term(t.coeff, (Var(b.jet(t.monomial, b.full)),)) for t in ts
-                      if b.jet(t.monomial, b.full) is not None)
-        if terms:
-            names[(o, m, nu, k)] = f"s{o}_{m}_{nu}_{k}"
-            b.stmts.append(assign(names[(o, m, nu, k)], Sum(terms)))
-    return names
+def _h_refs(n: int) -> tuple[str, ...]:
+    return tuple(f"h{d + 1}_ref" for d in range(n))
 
 
 def _build_fwd(ir, n, lanes, count) -> SymmetricKernel | None:
+    """``out[o, m] = sum_mono v_mono[all] * sum_{terms (o, m)} coeff * W_{o,nu,k}``."""
     b = _Builder(ir, n, lanes, count)
-    groups = _groups(ir)
-    tops = {(t.monomial, b.full) for t in ir.terms}
-    need = b.needed_jets(tops)
-    if not need:
+    for mono, ts in b.monomials:
+        v = b.jet(mono, b.full)
+        if v is None:
+            continue
+        for (o, m), group in _grouped(ts, lambda t: (t.out, t.m)):
+            b.add(f"acc{o}_{m}", tuple(Term(t.coeff, (b.var(f"w{o}_{t.nu}_{t.k}"),)) for t in group), v)
+    if not b.acc:
         return None
-    b.note_inputs(need)
-    live = {key for key, ts in groups.items() if any(b.jet(t.monomial, b.full) for t in ts)}
-    b.w_needed = {(o, nu, k) for o, _, nu, k in live}
-    b.read_inputs(True, False, b.x_needed)
-    b.stmts.append(Comment("the monomials' jets, each from its prefix"))
-    b.forward_jets(need)
-    b.stmts.append(Comment("s[o, m, nu, k] = sum_terms coeff * monomial; out[o, m] = sum_{nu, k} W * s"))
-    s = _contract_s(b, groups)
-    start = 0
+    writes, start = [], 0
     for o, d in enumerate(ir.out_dims):
         for m in range(d):
-            keys = [key for key in s if key[0] == o and key[1] == m]
-            value = Sum(tuple(Term(1.0, (Var(f"w{o}_{nu}_{k}"), Var(s[(o, m, nu, k)]))) for _, _, nu, k in keys)) \
-                if keys else Zeros(lanes)
             base, stride = b.out_cols[start + m]
-            b.stmts.append(Write("out_ref", Offset(base, "c0", stride * lanes), value, count, lanes, stride))
+            writes.append(Write("out_ref", Offset(base, "c0", stride * lanes), b.value(f"acc{o}_{m}"), count, lanes,
+                                stride))
         start += d
-    refs = ("x_ref",) + tuple(f"h{d + 1}_ref" for d in range(n)) + ("w_ref",)
+    refs = ("x_ref",) + _h_refs(n) + ("w_ref",)
     what = "out = W . P(x)" if n == 0 else f"D^{n}_x out[h1..h{n}]"
-    return SymmetricKernel(f"fwd_{n}", "fwd", n, refs, "out_ref", f"dF_{n}/dG: {what}, (rows, dim_out * mul).",
-                           tuple(_prologue(lanes, refs, "out_ref") + print_body(b.stmts, "    ")))
+    return b.kernel("fwd", refs, "out_ref", f"dF_{n}/dG: {what}, (rows, dim_out * mul).", writes)
 
 
 def _build_bwd_w(ir, n, lanes, count) -> SymmetricKernel | None:
+    """``dW[o, nu, k] = sum_mono v_mono[all] * sum_{terms (o, nu, k)} coeff * G[o, m]``, per row."""
     b = _Builder(ir, n, lanes, count)
-    groups = _groups(ir)
-    need = b.needed_jets({(t.monomial, b.full) for t in ir.terms})
-    if not need:
+    for mono, ts in b.monomials:
+        v = b.jet(mono, b.full)
+        if v is None:
+            continue
+        for (o, nu, k), group in _grouped(ts, lambda t: (t.out, t.nu, t.k)):
+            b.add(f"gw{o}_{nu}_{k}", tuple(Term(t.coeff, (b.var(f"g{o}_{t.m}"),)) for t in group), v)
+    if not b.acc:
         return None
-    b.note_inputs(need)
-    live = [key for key, ts in groups.items() if any(b.jet(t.monomial, b.full) for t in ts)]
-    b.w_needed = set()
-    b.g_needed = {(o, m) for o, m, _, _ in live}
-    b.read_inputs(False, True, b.x_needed)
-    b.stmts.append(Comment("the monomials' jets, each from its prefix"))
-    b.forward_jets(need)
-    b.stmts.append(Comment("s[o, m, nu, k] = sum_terms coeff * monomial; dW[o, nu, k] = sum_m G[o, m] * s"))
-    s = _contract_s(b, groups)
+    writes = []
     for o in range(len(ir.out_dims)):
         for nu in range(1, ir.correlation[o] + 1):
             for k in range(ir.num_params[o][nu - 1]):
-                keys = [key for key in s if key[0] == o and key[2] == nu and key[3] == k]
-                value = Sum(tuple(Term(1.0, (Var(f"g{o}_{m}"), Var(s[(o, m, nu, k)]))) for _, m, _, _ in keys)) \
-                    if keys else Zeros(lanes)
                 base = ir.weight_offsets[o][nu - 1] + k * ir.mul
-                b.stmts.append(Write("gw_ref", Offset(base, "c0", lanes), value, count, lanes, 1))
-    refs = ("x_ref",) + tuple(f"h{d + 1}_ref" for d in range(n)) + ("g_ref",)
-    return SymmetricKernel(f"bwd_w_{n}", "bwd_w", n, refs, "gw_ref",
-                           f"dF_{n}/dW per node (rows, weight_numel): sum_m G[o, m] * D^{n} P[o, m, nu, k].",
-                           tuple(_prologue(lanes, refs, "gw_ref") + print_body(b.stmts, "    ")))
+                writes.append(Write("gw_ref", Offset(base, "c0", lanes), b.value(f"gw{o}_{nu}_{k}"), count, lanes, 1))
+    refs = ("x_ref",) + _h_refs(n) + ("g_ref",)
+    return b.kernel("bwd_w", refs, "gw_ref",
+                    f"dF_{n}/dW per row (rows, weight_numel): sum_m G[o, m] * D^{n} P[o, m, nu, k].", writes)
 
 
 def _build_bwd_x(ir, n, lanes, count) -> SymmetricKernel | None:
+    """``dx_j = sum_mono A_mono * mult_j * v_{mono - j}[all]`` with ``A_mono = sum_terms coeff *
+    G[o, m] W_{o,nu,k}``: the derivative of ``D^n mono [h]`` in ``x_j`` is ``D^n`` of the
+    monomial with one ``x_j`` removed, times the multiplicity of ``j`` in it."""
     b = _Builder(ir, n, lanes, count)
-    groups = _groups(ir)
-    full = b.full
-    # seeds A_mono (only monomials whose v[all] is nonzero: degree >= n)
-    seeds: dict = {}
-    for (o, m, nu, k), ts in groups.items():
-        for t in ts:
-            if b.jet(t.monomial, full) is not None:
-                seeds.setdefault(t.monomial, []).append(t)
-    # the gradient of v_mono[all] is nonzero only where the monomial has degree >= n + 1
-    # (a monomial of degree n has a constant D^n); dx_j gets terms adj_p[s] * v_q[s]
-    adj: dict = {}  # (node, s) -> list of Terms
-    dx: dict = {}  # j -> list of Terms
-    gw_keys = sorted({(t.out, t.m, t.nu, t.k) for ts in seeds.values() for t in ts})
-    b.stmts.append(Comment("G[o, m] * W[o, nu, k], shared by the monomials' seeds"))
-    for o, m, nu, k in gw_keys:
-        b.stmts.append(assign(f"gw{o}_{m}_{nu}_{k}", Term(1.0, (Var(f"g{o}_{m}"), Var(f"w{o}_{nu}_{k}")))))
-    seed_stmts = []
-    for mono, ts in seeds.items():
-        name = "a" + "_".join(map(str, mono)) + "_seed"
-        seed_stmts.append(assign(name, Sum(tuple(Term(t.coeff, (Var(f"gw{t.out}_{t.m}_{t.nu}_{t.k}"),)) for t in ts))))
-        adj.setdefault((mono, full), []).append(Term(1.0, (Var(name),)))
-    b.stmts += seed_stmts
-    # reverse sweep: nodes by decreasing degree; every child of a node is done before it
-    sweep, jets_needed = [], set()
-    for p in sorted(b.nodes, key=lambda p: (-len(p), p)):
-        for s in _subsets(b.n):
-            if (p, s) not in adj:
+    for idx, (mono, ts) in enumerate(b.monomials):
+        if len(mono) < n + 1:  # D^n of a monomial of degree <= n is constant in x
+            continue
+        a = f"a{idx}"
+        b.body.append(assign(a, Sum(tuple(Term(t.coeff, (b.var(f"g{t.out}_{t.m}"), b.var(f"w{t.out}_{t.nu}_{t.k}")))
+                                          for t in ts))))
+        for j in sorted(set(mono)):
+            r = mono.index(j)
+            sub = mono[:r] + mono[r + 1:]
+            mult = float(mono.count(j))
+            if not sub:  # n == 0, degree 1: d x_j / d x_j = 1
+                b.add(f"dx{j}", (Term(mult, ()),), Var(a))
                 continue
-            a = f"a{'_'.join(map(str, p))}" + (f"_s{s}" if b.n else "")
-            sweep.append(assign(a, Sum(tuple(adj[(p, s)]))))
-            if len(p) == 1:
-                if s == 0:
-                    dx.setdefault(p[0], []).append(Term(1.0, (Var(a),)))
-                continue  # adjoints of h are not wanted
-            q, j = p[:-1], p[-1]
-            # v_p[t] = v_q[t] x_j + sum_{d in t} v_q[t - d] h_{d,j}: p's s-component feeds
-            # v_q[s] (times x_j) and v_q[s - d] (times h_{d,j}); dx_j gets adj_p[s] v_q[s]
-            if b.jet(q, s) is not None:
-                adj.setdefault((q, s), []).append(Term(1.0, (Var(a), Var(f"x{j}"))))
-                vq = b.jet(q, s)
-                dx.setdefault(j, []).append(Term(1.0, (Var(a), Var(vq))))
-                jets_needed.add((q, s))
-            for d in _bits(s, b.n):
-                t = s & ~(1 << d)
-                if b.jet(q, t) is not None and (len(q) > 1 or t == 0):  # no adjoint of h
-                    adj.setdefault((q, t), []).append(Term(1.0, (Var(a), Var(f"h{d + 1}_{j}"))))
-    if not dx:
+            vs = b.jet(sub, b.full)
+            if vs is not None:
+                b.add(f"dx{j}", (Term(mult, (vs,)),), Var(a))
+    if not b.acc:
         return None
-    need = b.needed_jets(jets_needed)
-    b.note_inputs(need | {((j,), 0) for j in dx})
-    # x_j multiplies adjoints, h_{d,j} too: read every component a statement names
-    used = {str(f) for st in sweep for t in st.value.terms for f in t.factors}
-    b.x_needed |= {int(u[1:]) for u in used if u.startswith("x")}
-    b.h_needed |= {int(u.split("_")[1]) for u in used if u.startswith("h")}
-    b.w_needed = {(o, nu, k) for o, m, nu, k in gw_keys}
-    b.g_needed = {(o, m) for o, m, nu, k in gw_keys}
-    body = b.stmts
-    b.stmts = []
-    b.read_inputs(True, True, b.x_needed)
-    b.stmts.append(Comment("the monomials' jets, each from its prefix"))
-    b.forward_jets(need)
-    b.stmts += body
-    b.stmts.append(Comment("reverse sweep over the monomial DAG, longest monomials first"))
-    b.stmts += sweep
-    for i, (base, stride) in enumerate(b.in_cols):
-        value = Sum(tuple(dx[i])) if i in dx else Zeros(lanes)
-        b.stmts.append(Write("gx_ref", Offset(base, "c0", stride * lanes), value, count, lanes, stride))
-    refs = ("x_ref",) + tuple(f"h{d + 1}_ref" for d in range(n)) + ("w_ref", "g_ref")
+    writes = [Write("gx_ref", Offset(base, "c0", stride * lanes), b.value(f"dx{i}"), count, lanes, stride)
+              for i, (base, stride) in enumerate(b.in_cols)]
+    refs = ("x_ref",) + _h_refs(n) + ("w_ref", "g_ref")
     what = "G-contracted gradient of the polynomials" if n == 0 else \
         f"gradient of D^{n}_x F[h1..h{n}]" + (" (the Hessian-vector product)" if n == 1 else "")
-    return SymmetricKernel(f"bwd_x_{n}", "bwd_x", n, refs, "gx_ref", f"dF_{n}/dx: {what}, (rows, dim_in * mul).",
-                           tuple(_prologue(lanes, refs, "gx_ref") + print_body(b.stmts, "    ")))
+    return b.kernel("bwd_x", refs, "gx_ref", f"dF_{n}/dx: {what}, (rows, dim_in * mul).", writes)
 
 
 def build_kernels(ir: SymmetricContractionIR, *, levels: int, block_channels: int) -> list[SymmetricKernel]:
