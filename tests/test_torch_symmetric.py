@@ -68,7 +68,7 @@ def torch_reference(spec, x, w, elem):
     for o, mi in enumerate(spec.irreps_out):
         acc = 0
         for nu in range(spec.correlation[o], 0, -1):
-            u = torch.as_tensor(u_tensor_dense(spec.coupling_irreps, mi.ir, nu, spec.cg_convention))
+            u = torch.tensor(np.array(u_tensor_dense(spec.coupling_irreps, mi.ir, nu, spec.cg_convention)))
             k = u.shape[-1]
             wk = wn[:, col:col + k * mul].reshape(-1, k, mul)
             col += k * mul

@@ -3,7 +3,7 @@
 Problem: MACE-MP's product basis, ``128x0e+128x1o+128x2e+128x3o -> 128x0e+128x1o``,
 correlation 3, 10 elements, 3,072 nodes (6 x 512-atom cells), random inputs and weights.
 
-For each dtype (float32, float64) and eqdsl layout (``mul_ir``: e3nn's and MACE's rows;
+For each dtype (``--dtypes``, default float32; float64 too with ``--dtypes float32,float64``) and eqdsl layout (``mul_ir``: e3nn's and MACE's rows;
 ``ir_mul``: cuEquivariance's):
 
 1. generates the package (``eqdsl.symmetric.codegen.generate_symmetric``) into a temporary
@@ -94,7 +94,7 @@ def dense_contraction(spec, x, w, elem, chunk: int = 32):
     dims_out = tuple(mi.ir.dim for mi in spec.irreps_out)
     cin = column_index(dims_in, mul, spec.layout).to(x.device)
     cout = column_index(dims_out, mul, spec.layout).to(x.device).reshape(-1)
-    us = [[torch.as_tensor(u_tensor_dense(spec.coupling_irreps, mi.ir, nu, spec.cg_convention)).to(x.device)
+    us = [[torch.tensor(np.array(u_tensor_dense(spec.coupling_irreps, mi.ir, nu, spec.cg_convention))).to(x.device)
            for nu in range(1, spec.correlation[o] + 1)] for o, mi in enumerate(spec.irreps_out)]
     pieces = []
     for s in range(0, x.shape[0], chunk):
@@ -286,7 +286,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=3072)
     p.add_argument("--elements", type=int, default=10)
-    p.add_argument("--dtypes", default="float32,float64")
+    p.add_argument("--dtypes", default="float32", help="e.g. float32,float64 (each dtype compiles every kernel again)")
     p.add_argument("--layouts", default="mul_ir,ir_mul")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
