@@ -31,7 +31,10 @@ Last, the memory floors (each array read or written once, 3.35 TB/s, H100 SXM HB
 Run from the repository root on the GPU machine (jax with CUDA):
 
     python benchmarks/tools/symmetric_jax_bench.py [--dtypes float32,float64] [--layouts mul_ir,ir_mul]
-        [--block-channels 32] [--block-nodes 8,16] [--forces] [--nodes 3072 --elements 10]
+        [--block-channels 16,32] [--block-nodes 4,8,16] [--forces] [--nodes 3072 --elements 10]
+
+Each block size compiles its own kernels (Triton, on the first call: printed); for the
+10-minute limit of one device call, sweep one dtype / layout per call.
 
 ``--quick``: a CPU smoke run (interpret mode, ``4x0e+4x1o -> 4x0e+4x1o``, 64 nodes, one
 timing call). Prints one line per measurement and a JSON summary line (``RESULT {...}``).
@@ -225,8 +228,8 @@ def main() -> None:
     p.add_argument("--elements", type=int, default=10)
     p.add_argument("--dtypes", default="float32,float64")
     p.add_argument("--layouts", default="mul_ir,ir_mul")
-    p.add_argument("--block-channels", default="32", help="comma list (each a package: kernels compile per value)")
-    p.add_argument("--block-nodes", default="8,16", help="comma list of rows per program")
+    p.add_argument("--block-channels", default="16", help="comma list (each a package: kernels compile per value)")
+    p.add_argument("--block-nodes", default="8", help="comma list of rows per program")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--forces", action="store_true", help="also time the force loss's gradients")

@@ -70,9 +70,11 @@ __all__ = ["SymmetricKernel", "columns", "build_kernels", "channel_blocking", "r
 
 OPS = ("fwd", "bwd_x", "bwd_w")
 # Channels per program (a power of two dividing mul, else one block of next_pow2(mul)
-# lanes) and rows per program: defaults, not tuned on a GPU yet.
-DEFAULT_BLOCK_CHANNELS = 32
-DEFAULT_BLOCK_NODES = 16
+# lanes) and rows per program: defaults, not tuned on a GPU yet. 16 x 8 = 128 elements per
+# tile, one per thread of a 4-warp program, so that the ~100 tiles live at a time in
+# MACE-MP's kernels (inputs and accumulators) can stay in registers.
+DEFAULT_BLOCK_CHANNELS = 16
+DEFAULT_BLOCK_NODES = 8
 
 
 @dataclass(frozen=True)
