@@ -187,6 +187,21 @@ def test_force_loss_gradients_equal_jax_of_reference(packages):
         assert _rel(g, np.asarray(r)) < REL_TOL["float64"], what
 
 
+def test_first_order_ir_mul(packages):
+    """Case "b" (ir_mul, correlation 2, one channel block): d<out, G>/dx and /dW equal JAX's
+    derivatives of the jnp reference (float64)."""
+    _, ir, ops = packages["b"]
+    x, w, elem = (jnp.asarray(a) for a in _inputs(ir, seed=10))
+    cot = jnp.asarray(np.random.default_rng(11).normal(size=(N, ir.mul * sum(ir.out_dims))))
+
+    def grads(contract):
+        return jax.grad(lambda x, w: jnp.sum(contract(x, w, elem) * cot), argnums=(0, 1))(x, w)
+
+    for g, r, what in zip(grads(ops.symmetric_contraction), grads(_jnp_reference(ir)), ("dx", "dW")):
+        assert _rel(g, np.asarray(r)) < REL_TOL["float64"], what
+        assert np.abs(np.asarray(r)).max() > 0.1, what
+
+
 def test_third_order(packages):
     """The default levels (3 for correlation 3: every order) give a third derivative in x (the
     kernels fwd_2, bwd_x_2, bwd_w_2): a directional third derivative of the energy equals the jnp
