@@ -10,6 +10,10 @@ Every file starts with the regenerate header of ``eqdsl.codegen.generate``; the 
 function of the IR, the block sizes and the header (deterministic); writing is atomic per
 package and refuses a directory eqdsl did not write (``write_package``). No Triton code is
 lowered ahead of time yet: the torch ops launch the Helion kernels through Helion.
+
+Both frameworks in one package: ``write_package(out_dir, symmetric_files(ir, header=h) |
+eqdsl.symmetric.pallas.jax_files(ir, header=h))`` (one header ``h`` for every file);
+``generate_symmetric`` alone replaces the whole package with the torch half.
 """
 
 from __future__ import annotations
