@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-
 from ..backends.pallas.printer import print_body
 from ..backends.pallas.stmts import Comment, Offset, Read, Write, Zeros, assign
 from ..backends.render import render
