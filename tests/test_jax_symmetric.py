@@ -41,9 +41,10 @@ def _spec(name):
 
 @pytest.fixture(scope="module")
 def x64():
+    old = jax.config.jax_enable_x64  # other files of the same process may have set it
     jax.config.update("jax_enable_x64", True)
     yield
-    jax.config.update("jax_enable_x64", False)
+    jax.config.update("jax_enable_x64", old)
 
 
 @pytest.fixture(scope="module")
