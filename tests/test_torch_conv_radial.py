@@ -51,10 +51,10 @@ radial_features = 12
     "rad_det": """
 [[tensor_product]]
 name = "rad_det"
-irreps_in1 = "2x0e+1x1o"
+irreps_in1 = "2x0e"
 irreps_in2 = "2x0e+1x1o"
 irreps_out = "2x0e+1x1o"
-instructions = [[0, 0, 0, "uvv", true], [1, 0, 1, "uvu", true], [0, 1, 1, "uvv", true]]
+instructions = [[0, 0, 0, "uvv", true], [0, 1, 1, "uvv", true]]
 shared_weights = false
 layout = "ir_mul"
 dtypes = ["float64"]
@@ -186,7 +186,7 @@ def test_bad_arguments(pkgs):
     cases = [
         ((x, y, rf[:, :2], wr, s, d, 3), ValueError, r"rad_det\.conv_radial: radial_features must have shape \(5, 3\)"),
         ((x, y, rf[:4], wr, s, d, 3), ValueError, r"radial_features must have shape \(5, 3\)"),
-        ((x, y, rf, wr.T, s, d, 3), ValueError, r"radial_weight must have shape \(3, 8\)"),
+        ((x, y, rf, wr.T, s, d, 3), ValueError, r"radial_weight must have shape \(3, 6\)"),
         ((x, y, rf.float(), wr, s, d, 3), TypeError, r"radial_features must have dtype in \(torch.float64\)"),
         ((x, y, rf, wr.numpy() if DEVICE == "cpu" else 1.0, s, d, 3), TypeError,
          r"radial_weight must be a torch.Tensor"),
@@ -194,7 +194,7 @@ def test_bad_arguments(pkgs):
         ((x, y, rf, wr, s, d[:4], 3), ValueError, r"src and dst must have one entry per edge"),
         ((x, y, rf, wr, s, d + 3, 3), ValueError, r"dst holds node indices outside"),
     ]
-    assert ir.weight_numel == 8
+    assert ir.weight_numel == 6
     for args, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             conv.conv_radial(*args)
