@@ -233,8 +233,9 @@ class _Builder:
 
     def kernel(self, op: str, refs: tuple[str, ...], out: str, desc: str, writes: list) -> SymmetricKernel:
         stmts = self.reads() + [Comment("the monomials in order, each from its prefix")] + self.body + writes
+        lines = print_body(stmts, "    ")
         return SymmetricKernel(f"{op}_{self.n}", op, self.n, refs, out, desc,
-                               tuple(_prologue(self.lanes, refs, out) + print_body(stmts, "    ")))
+                               tuple(_prologue(self.lanes, refs, out, lines) + lines))
 
 
 def _grouped(ts, key):
@@ -244,9 +245,13 @@ def _grouped(ts, key):
     return out.items()
 
 
-def _prologue(lanes: int, refs: tuple[str, ...], out: str) -> list[str]:
-    return [f"    rows = {refs[0]}.shape[0]", f"    dtype = {out}.dtype",
-            f"    c0 = pl.program_id(1)  # this program's channel block ({lanes} lanes)"]
+def _prologue(lanes: int, refs: tuple[str, ...], out: str, body: list[str]) -> list[str]:
+    """The kernel's locals: ``rows`` and ``dtype`` where the body writes zeros (``Zeros``), and
+    ``c0``, the program's channel block."""
+    text = "\n".join(body)
+    zeros = "jnp.zeros((rows, " in text
+    return ([f"    rows = {refs[0]}.shape[0]", f"    dtype = {out}.dtype"] if zeros else []) + \
+        [f"    c0 = pl.program_id(1)  # this program's channel block ({lanes} lanes)"]
 
 
 def _h_refs(n: int) -> tuple[str, ...]:
