@@ -160,7 +160,8 @@ def main() -> None:
             "rf": torch.randn(e, h, generator=gen, dtype=torch.float64),
             "wr": torch.randn(h, conv.WEIGHT_NUMEL, generator=gen, dtype=torch.float64) / h ** 0.5,
             "g": torch.randn(n, conv.DIM_OUT, generator=gen, dtype=torch.float64)}
-    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}: mace_large conv_radial, H = {h}, {n} nodes x {deg} in-edges = {e} edges, "
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{where}: mace_large conv_radial, H = {h}, {n} nodes x {deg} in-edges = {e} edges, "
           f"torch {torch.__version__}; radial ops with kernels of their own: {', '.join(conv._RADIAL.fused_ops)}")
 
     def radial(x, y, rf, wr):

@@ -151,7 +151,8 @@ _CONV_RESULT = {"fwd": "out", "bwd_x": "gx", "bwd_y": "gy", "bwd_w": "gw"}
 _RADIAL = ["radial_features", "radial_weight"]  # what conv_radial's ops take in place of the weights
 
 
-def _radial_launchers(ir: TensorProductIR, tuning: TuningTable, names: tuple[str, ...]) -> tuple[dict, list[dict], dict | None]:
+def _radial_launchers(ir: TensorProductIR, tuning: TuningTable,
+                      names: tuple[str, ...]) -> tuple[dict, list[dict], dict | None]:
     """``conv_radial``'s launchers (``radial_<op>``: its tensors, the weights replaced by
     ``_RADIAL``), all its kernels, and its fused backward's outputs (or None)."""
     launchers, kernels = {}, []
@@ -169,7 +170,8 @@ def _radial_launchers(ir: TensorProductIR, tuning: TuningTable, names: tuple[str
     launchers["radial_bwd"] = {"name": "radial_bwd", "calls": _calls(fused), "small_calls": [], "segment": False,
                                "order_arg": None,
                                "tensors": ["x", "y"] + _RADIAL + ["g", "gx", "gy" if parts == 1 else "gyp", "gw"]}
-    return launchers, kernels + fused, {"partials": parts, "zero_gy": any(len(k["x2_cols"]) < ir.dim_in2 for k in fused)}
+    zero_gy = any(len(k["x2_cols"]) < ir.dim_in2 for k in fused)
+    return launchers, kernels + fused, {"partials": parts, "zero_gy": zero_gy}
 
 
 def _conv_launcher(op: str, kernels: list[dict], small: list[dict], names: tuple[str, ...]) -> dict:

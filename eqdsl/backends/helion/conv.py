@@ -299,6 +299,7 @@ def fused_radial_kernels(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNI
         return []
     ops = _radial_operands(ir, "src", False)
     return [
-        _radial_doc(dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"], params=["src", "dst"] + k["params"]))
+        _radial_doc(dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"],
+                         params=["src", "dst"] + k["params"]))
         for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW", prefix="conv_radial")
     ]
