@@ -185,7 +185,8 @@ def test_plain_tp_kernels_take_whole_rows(spec_path, tmp_path):
             assert params <= {"x1", "x2", "weights", "g", "out", "gx1", "gx2", "gx2p", "gw"}, (rel, params)
         if rel.endswith("/helion_conv_kernels.py"):
             params = _whole_row_params(text)
-            assert params <= {"src", "dst", "order", "ptr", "x", "y", "weights", "g", "out", "gx", "gy", "gyp", "gw"}, (rel, params)
+            assert params <= {"src", "dst", "order", "ptr", "x", "y", "weights", "g", "out", "gx", "gy", "gyp", "gw",
+                              "radial_features", "radial_weight"}, (rel, params)  # conv_radial's whole rows
         if rel.endswith(("/torch_ops.py", "/torch_conv.py")):
             assert "unflatten" not in text, rel
 
