@@ -51,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOAT64_PROBLEMS = ("mace_large", "nequip_toluene")
 TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
+# conv_radial's ops with kernels of their own (a spec with radial_features; each where its launcher exists)
+RADIAL_OPS = ("conv_radial_fwd", "conv_radial_bwd_x", "conv_radial_bwd_y", "conv_radial_bwd")
 CONV_PROBLEMS = ("mace_large", "nequip_toluene")  # bench_conv.py's default problems
 LATENCY_PROBLEM = "mace_large"  # bench_conv.py's default latency problem
 JAX_IMPLS = "eqdsl_jax,eqdsl_jax_irmul,e3nn_jax"  # in the timed run's order (ALL_IMPLS)
@@ -94,12 +96,14 @@ def kernel_lines(source: str) -> dict[str, int]:
 def needed_ops(source: str, conv: bool, bench: bool) -> list[str]:
     """The kernel ops of a generated torch module (``torch_ops.py``, or ``torch_conv.py`` with
     ``conv``) to compile: all of them, or with ``bench`` those the benchmarks' forward and
-    forward+backward call (the fused backward replaces the three backward ops there)."""
+    forward+backward call (the fused backward replaces the three backward ops there; conv_radial's
+    ops only without ``bench``)."""
     ops = list(CONV_OPS if conv else TP_OPS)
+    radial = [op for op in RADIAL_OPS if f"\ndef {launcher_name(op)}(" in source] if conv and not bench else []
     if "\ndef _launch_bwd(" not in source:  # no fused backward (one launcher for the three gradients)
-        return ops
+        return ops + radial
     fused = ("conv_" if conv else "") + "bwd"
-    return [ops[0], fused] if bench else ops + [fused]
+    return [ops[0], fused] if bench else ops + [fused] + radial
 
 
 def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: bool, per_kernel: bool,
@@ -209,12 +213,19 @@ def run_job(problem: str, dtype: str, op: str, generated: Path = ROOT / "generat
             dst = torch.sort(torch.randint(0, nodes, (edges,), device=dev)).values
             ye = torch.randn(edges, ops.DIM_IN2, dtype=dt, device=dev)
             we = w if shared else torch.randn(edges, ops.WEIGHT_NUMEL, dtype=dt, device=dev)
+            h = getattr(ops, "RADIAL_FEATURES", None) or 1  # conv_radial: (edges, H) features, (H, numel) matrix
+            rf = torch.randn(edges, h, dtype=dt, device=dev)
+            wr = torch.randn(h, ops.WEIGHT_NUMEL, dtype=dt, device=dev)
             args = {
                 "conv_fwd": (xn, ye, we),
                 "conv_bwd_x": (gn, ye, we),
                 "conv_bwd_y": (xn, gn, we),
                 "conv_bwd_w": (xn, ye, gn),
                 "conv_bwd": (xn, ye, we, gn),
+                "conv_radial_fwd": (xn, ye, rf, wr),
+                "conv_radial_bwd_x": (gn, ye, rf, wr),
+                "conv_radial_bwd_y": (xn, gn, rf, wr),
+                "conv_radial_bwd": (xn, ye, rf, wr, gn),
             }[op]
             # the graph tensors the spec's ops take (sort orders and row pointers of segment scatters)
             getattr(ops, op + "_op")(*args, *ops.graph_tensors(src, dst, nodes), nodes)

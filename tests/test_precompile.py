@@ -56,7 +56,7 @@ def test_full_plan_compiles_every_kernel(p, module, kernels_file, conv):
     assert sorted(ops) == sorted(launcher_ops(source, conv))  # no launcher left out, none invented
     covered = set()
     for op in ops:
-        assert re.search(rf"^{op}_op = _OPS\.ops\[", source, re.M)  # what run_job calls
+        assert re.search(rf"^{op}_op = _(OPS|RADIAL)\.ops\[", source, re.M)  # what run_job calls
         names = precompile.op_kernels(source, op)
         assert names and set(names) <= kernels, op
         covered |= set(names)
@@ -118,7 +118,9 @@ def test_torch_jobs_filters():
     assert {k[1] for k in only32} == {"float32"} and not any(k[2].startswith("conv_") for k in only32)
     assert {k[2] for k in only32} == {"fwd", "bwd", "bwd_x1", "bwd_x2", "bwd_w"}
     conv_only = _keys(torch_jobs(conv="only", bench=False, per_kernel=False))
-    assert {k[2] for k in conv_only} == {"conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd"}
+    # and conv_radial's ops where a spec has radial_features
+    assert {k[2] for k in conv_only} - set(precompile.RADIAL_OPS) == {
+        "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd"}
 
 
 def test_torch_job_argv_names_real_things():
