@@ -56,7 +56,11 @@ from eqdsl.symmetric.reference import to_channels  # noqa: E402
 from eqdsl.symmetric.spec import parse_symmetric_specs  # noqa: E402
 from eqdsl.symmetric.u_tensors import u_tensor_dense  # noqa: E402
 
-IRREPS_IN, IRREPS_OUT = "128x0e+128x1o+128x2e+128x3o", "128x0e+128x1o"
+DEV = torch.device("cuda")  # --smoke-cpu: the CPU, Triton's interpreter
+
+
+def irreps(mul: int) -> tuple[str, str]:
+    return f"{mul}x0e+{mul}x1o+{mul}x2e+{mul}x3o", f"{mul}x0e+{mul}x1o"
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 HBM_BYTES_PER_S = 3.35e12
 
@@ -67,6 +71,10 @@ def fail(msg: str) -> None:
 
 
 def cuda_median_ms(fn, warmup: int, reps: int) -> float:
+    if DEV.type == "cpu":  # --smoke-cpu: wall time, one call (checks the script, times nothing useful)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -118,6 +126,11 @@ def dense_contraction(spec, x, w, elem, chunk: int = 32):
     return torch.cat(pieces)
 
 
+def sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def rel(got, want) -> float:
     return float((got.double() - want).abs().max() / want.abs().max())
 
@@ -125,7 +138,8 @@ def rel(got, want) -> float:
 def bench_eqdsl(args, layout, dtype, root, results):
     name = f"mp_{layout}_{str(dtype).removeprefix('torch.')}"
     (spec,) = parse_symmetric_specs(
-        f'[[symmetric_contraction]]\nname = "{name}"\nirreps_in = "{IRREPS_IN}"\nirreps_out = "{IRREPS_OUT}"\n'
+        f'[[symmetric_contraction]]\nname = "{name}"\nirreps_in = "{irreps(args.mul)[0]}"\n'
+        f'irreps_out = "{irreps(args.mul)[1]}"\n'
         f'correlation = 3\nnum_elements = {args.elements}\nlayout = "{layout}"\n')
     t = time.time()
     ir = lower(spec)
@@ -136,7 +150,7 @@ def bench_eqdsl(args, layout, dtype, root, results):
     mod = importlib.import_module(f"pkgs.{name}.torch_symmetric")
     print(f"[{name}] lowered and generated in {time.time() - t:.1f} s: {len(ir.terms)} terms, "
           f"weight_numel {ir.weight_numel}", flush=True)
-    dev = torch.device("cuda")
+    dev = DEV
     g = torch.Generator(device=dev).manual_seed(0)
     n = args.nodes
     x = torch.randn(n, ir.dim_in * ir.mul, device=dev, dtype=dtype, generator=g)
@@ -152,7 +166,7 @@ def bench_eqdsl(args, layout, dtype, root, results):
             mod.OPS["bwd_x"](x, w, cot, elem)
         else:
             mod.OPS["bwd_w"](x, cot, elem)
-        torch.cuda.synchronize()
+        sync()
         print(f"[{name}] first {op} call (Helion compile) {time.time() - t:.1f} s", flush=True)
 
     want = dense_contraction(spec, x, w, elem)
@@ -189,7 +203,7 @@ def bench_eqdsl(args, layout, dtype, root, results):
         if label == "forces":  # compiles fwd_d1, bwd_w_d1, bwd_x_d1 first
             t = time.time()
             fn()
-            torch.cuda.synchronize()
+            sync()
             print(f"[{name}] first forces step (compiles its kernels) {time.time() - t:.1f} s", flush=True)
         row[label] = cuda_median_ms(fn, args.warmup, args.reps)
         print(f"[{name}] eqdsl {label}: {row[label] * 1e3:.1f} us", flush=True)
@@ -210,13 +224,13 @@ def bench_mace(args, dtype, results):
         return
     torch.set_default_dtype(dtype)
     try:
-        dev = torch.device("cuda")
-        module = SymmetricContraction(o3.Irreps(IRREPS_IN), o3.Irreps(IRREPS_OUT), correlation=3,
+        dev = DEV
+        module = SymmetricContraction(o3.Irreps(irreps(args.mul)[0]), o3.Irreps(irreps(args.mul)[1]), correlation=3,
                                       num_elements=args.elements).to(dev)
-        x = torch.randn(args.nodes, 128, 16, device=dev, dtype=dtype, requires_grad=True)
+        x = torch.randn(args.nodes, args.mul, 16, device=dev, dtype=dtype, requires_grad=True)
         elem = torch.randint(0, args.elements, (args.nodes,), device=dev)
         y = torch.nn.functional.one_hot(elem, args.elements).to(dtype)
-        cot = torch.randn(args.nodes, 512, device=dev, dtype=dtype)
+        cot = torch.randn(args.nodes, 4 * args.mul, device=dev, dtype=dtype)
         row = {}
 
         def fwd():
@@ -249,14 +263,14 @@ def bench_cueq(args, dtype, results):
         print(f"cuequivariance: not importable ({type(e).__name__}: {e})", flush=True)
         return
     try:
-        dev = torch.device("cuda")
+        dev = DEV
         module = cuet.SymmetricContraction(
-            cue.Irreps("O3", IRREPS_IN), cue.Irreps("O3", IRREPS_OUT), layout_in=cue.ir_mul, layout_out=cue.mul_ir,
+            cue.Irreps("O3", irreps(args.mul)[0]), cue.Irreps("O3", irreps(args.mul)[1]), layout_in=cue.ir_mul, layout_out=cue.mul_ir,
             contraction_degree=3, num_elements=args.elements, original_mace=True, dtype=dtype,
             math_dtype=dtype).to(dev)
-        x = torch.randn(args.nodes, 16 * 128, device=dev, dtype=dtype, requires_grad=True)
+        x = torch.randn(args.nodes, 16 * args.mul, device=dev, dtype=dtype, requires_grad=True)
         idx = torch.randint(0, args.elements, (args.nodes,), device=dev, dtype=torch.int32)
-        cot = torch.randn(args.nodes, 512, device=dev, dtype=dtype)
+        cot = torch.randn(args.nodes, 4 * args.mul, device=dev, dtype=dtype)
         row = {}
 
         def fwd():
@@ -295,12 +309,22 @@ def main() -> None:
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--forces", action="store_true", help="also time the forces row (compiles 3 more kernels)")
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--mul", type=int, default=128)
+    p.add_argument("--smoke-cpu", action="store_true",
+                   help="dry run of the script on the CPU (TRITON_INTERPRET=1, e.g. --mul 4 --nodes 8): checks only")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        fail("no CUDA device (this benchmark runs on a GPU)")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        fail("TRITON_INTERPRET=1 is set: unset it to time compiled kernels")
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    global DEV
+    if args.smoke_cpu:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            fail("--smoke-cpu needs TRITON_INTERPRET=1 in the environment")
+        DEV = torch.device("cpu")
+        print(f"smoke run on the CPU (Triton's interpreter), torch {torch.__version__}", flush=True)
+    else:
+        if not torch.cuda.is_available():
+            fail("no CUDA device (this benchmark runs on a GPU)")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            fail("TRITON_INTERPRET=1 is set: unset it to time compiled kernels")
+        print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="eqdsl-sc-bench-") as tmp:
         root = Path(tmp)

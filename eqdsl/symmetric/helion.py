@@ -228,11 +228,22 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
         body.append(Assign(name, sum_expr(parts)))
         return name
 
+    loaded: set[str] = set()
+
+    def lazy(stmt: Assign) -> str:
+        """Load a weight (or cotangent) tile right before its first use: loading all of them
+        first kept them live through the whole kernel (MACE-MP's bwd_x spilled)."""
+        if stmt.target not in loaded:
+            loaded.add(stmt.target)
+            body.append(stmt)
+        return stmt.target
+
+    # weight-major order: each gathered weight tile is used by consecutive statements, then dead
+    by_weight_order = sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][3], item[0][1]))
     if kind == "fwd":
-        loads.append(Comment("weights of each (output, order, k), gathered by element"))
-        loads += [w_load(o, nu, kk) for (o, nu, kk) in sorted({(o, nu, kk) for (o, _, nu, kk) in groups})]
         written = set()
-        for (o, m, nu, kk), entries in sorted(groups.items()):
+        for (o, m, nu, kk), entries in by_weight_order:
+            lazy(w_load(o, nu, kk))
             y = f"y{o}_{m}"
             e = expr(sorted((fs, c) for (_, fs), c in entries.items()))
             body.append(Assign(y, f"{y} + {w_name(o, nu, kk)} * {e}" if y in written else f"{w_name(o, nu, kk)} * {e}"))
@@ -257,13 +268,14 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
                 e = expr(sorted((fs, c) for (_, fs), c in entries.items()))
                 body.append(Assign(name, f"{name} + {g_name(o, m)} * {e}" if j else f"{g_name(o, m)} * {e}"))
             off = ir.weight_offsets[o][nu - 1] + kk * mul
-            stores.append(AtomicAdd(Access("gw", Row("e_idx", gathered=True), off, ((Tile("tile_c"), 1),)), name))
+            # added as soon as complete: an accumulator is then dead (all of them live to the end spilled)
+            body.append(AtomicAdd(Access("gw", Row("e_idx", gathered=True), off, ((Tile("tile_c"), 1),)), name))
     else:
-        loads.append(Comment("weights of each (output, order, k), gathered by element, and output cotangent components"))
-        loads += [w_load(o, nu, kk) for (o, nu, kk) in sorted({(o, nu, kk) for (o, _, nu, kk) in groups})]
+        loads.append(Comment("output cotangent components (weight tiles are gathered where first used)"))
         loads += [g_load(o, m) for (o, m) in sorted({(o, m) for (o, m, _, _) in groups})]
         written = set()
-        for (o, m, nu, kk), entries in sorted(groups.items()):
+        for (o, m, nu, kk), entries in by_weight_order:
+            lazy(w_load(o, nu, kk))
             body.append(Assign("s", f"{g_name(o, m)} * {w_name(o, nu, kk)}"))
             per_target: dict[int, list] = defaultdict(list)
             for (target, fs), c in entries.items():
