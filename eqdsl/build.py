@@ -330,7 +330,8 @@ def exercise(package, dtype: str, device: str = "cpu", seed: int = 0) -> list[st
 
     The calls: ``fwd``, ``bwd_x1``, ``bwd_x2``, ``bwd_w`` (and ``bwd`` where the package
     has it) at 37 and 64 rows; with a convolution, ``conv_fwd``, ``conv_bwd_x``,
-    ``conv_bwd_y``, ``conv_bwd_w`` (and ``conv_bwd``) on random graphs of 13 and 32 nodes
+    ``conv_bwd_y``, ``conv_bwd_w`` (and ``conv_bwd``, and ``conv_radial``'s ops where the
+    package has them) on random graphs of 13 and 32 nodes
     with an edge count divisible by 16 and one not on each side of the package's
     ``SEGMENT_MIN_EDGES`` (atomic kernels below it, segment kernels at and above).
 
@@ -368,7 +369,7 @@ def exercise(package, dtype: str, device: str = "cpu", seed: int = 0) -> list[st
         return calls
     conv = importlib.import_module(package.__name__ + ".torch_conv")
     s = int(conv.SEGMENT_MIN_EDGES)
-    edge_counts = _sizes(2, s) + (_sizes(s, None) if s > 0 else [])
+    edge_counts = _sizes(2, s or None) + (_sizes(s, None) if s > 0 else [])  # s = 0: no threshold
     for e in edge_counts:
         for n in _sizes(2, None):
             if n == 37:
@@ -378,8 +379,14 @@ def exercise(package, dtype: str, device: str = "cpu", seed: int = 0) -> list[st
             graph = conv.graph_tensors(src, dst, n)
             x, y, g = randn(n, ops.DIM_IN1), randn(e, ops.DIM_IN2), randn(n, ops.DIM_OUT)
             w = randn(ops.WEIGHT_NUMEL) if shared else randn(e, ops.WEIGHT_NUMEL)
-            for op, args in (("conv_fwd", (x, y, w)), ("conv_bwd_x", (g, y, w)), ("conv_bwd_y", (x, g, w)),
-                             ("conv_bwd_w", (x, y, g)), ("conv_bwd", (x, y, w, g))):
+            todo = [("conv_fwd", (x, y, w)), ("conv_bwd_x", (g, y, w)), ("conv_bwd_y", (x, g, w)),
+                    ("conv_bwd_w", (x, y, g)), ("conv_bwd", (x, y, w, g))]
+            h = getattr(conv, "RADIAL_FEATURES", None)
+            if h:  # conv_radial's ops: (edges, H) radial features and the (H, weight_numel) matrix
+                rf, wr = randn(e, h), randn(h, ops.WEIGHT_NUMEL)
+                todo += [("conv_radial_fwd", (x, y, rf, wr)), ("conv_radial_bwd_x", (g, y, rf, wr)),
+                         ("conv_radial_bwd_y", (x, g, rf, wr)), ("conv_radial_bwd", (x, y, rf, wr, g))]
+            for op, args in todo:
                 if hasattr(conv, f"{op}_op"):
                     getattr(conv, f"{op}_op")(*args, *graph, n)
                     calls.append(f"{op} edges={e} nodes={n}")
