@@ -188,19 +188,35 @@ def test_force_loss_gradients_equal_jax_of_reference(packages):
         assert _rel(g, np.asarray(r)) < REL_TOL["float64"], what
 
 
-def test_first_order_ir_mul(packages):
-    """Case "b" (ir_mul, correlation 2, one channel block): d<out, G>/dx and /dW equal JAX's
-    derivatives of the jnp reference (float64)."""
+def test_first_order_ir_mul_weight_chunks(packages, monkeypatch):
+    """Case "b" (ir_mul, correlation 2, a padded lane): d<out, G>/dx and /dW equal JAX's
+    derivatives of the jnp reference (float64). dW is summed on chip over chunks of
+    element-sorted rows, here of 4 rows in tiles of 2 (several tiles per chunk, several chunks
+    per element). Under jit a row with an element index out of range adds nothing to dW and
+    gets a NaN dx."""
+    from eqdsl.runtime.jax import symmetric as runtime
+
+    monkeypatch.setattr(runtime, "CHUNK_ROWS", 4)
     _, ir, ops = packages["b"]
-    x, w, elem = (jnp.asarray(a) for a in _inputs(ir, seed=10))
-    cot = jnp.asarray(np.random.default_rng(11).normal(size=(N, ir.mul * sum(ir.out_dims))))
+    rng = np.random.default_rng(12)
+    n = 11
+    x = jnp.asarray(rng.normal(size=(n, ir.dim_in * ir.mul)))
+    w = jnp.asarray(rng.normal(size=(ir.num_elements, ir.weight_numel)))
+    elem = jnp.asarray([2, 0, 2, 2, 1, 2, 2, 0, 2, 5, 2])  # element 2: 7 rows; row 9 out of range
+    cot = jnp.asarray(rng.normal(size=(n, ir.mul * sum(ir.out_dims))))
 
-    def grads(contract):
-        return jax.grad(lambda x, w: jnp.sum(contract(x, w, elem) * cot), argnums=(0, 1))(x, w)
+    def grads(contract, x, w, e, cot):
+        return jax.grad(lambda x, w: jnp.sum(contract(x, w, e) * cot), argnums=(0, 1))(x, w)
 
-    for g, r, what in zip(grads(ops.symmetric_contraction), grads(_jnp_reference(ir)), ("dx", "dW")):
-        assert _rel(g, np.asarray(r)) < REL_TOL["float64"], what
-        assert np.abs(np.asarray(r)).max() > 0.1, what
+    # elem an argument of the jitted function (traced: a closed-over constant would be checked)
+    sc = lambda x, w, e: ops.symmetric_contraction(x, w, e, block_nodes=2)  # noqa: E731
+    gx, gw = jax.jit(lambda x, w, e: grads(sc, x, w, e, cot))(x, w, elem)
+    keep = np.arange(n) != 9
+    rx, rw = grads(_jnp_reference(ir), x[keep], w, elem[keep], cot[keep])
+    assert _rel(np.asarray(gx)[keep], np.asarray(rx)) < REL_TOL["float64"]
+    assert _rel(gw, np.asarray(rw)) < REL_TOL["float64"]
+    assert np.isnan(np.asarray(gx)[9]).all()
+    assert np.abs(np.asarray(rx)).max() > 0.1 and np.abs(np.asarray(rw)).max() > 0.1
 
 
 def test_third_order(packages):

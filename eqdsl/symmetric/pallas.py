@@ -247,11 +247,12 @@ def _grouped(ts, key):
 
 def _prologue(lanes: int, refs: tuple[str, ...], out: str, body: list[str]) -> list[str]:
     """The kernel's locals: ``rows`` and ``dtype`` where the body writes zeros (``Zeros``), and
-    ``c0``, the program's channel block."""
+    ``c0``, the channel block: grid axis 1, unless the caller passes it (a body run inside a
+    loop of the kernel, where interpret mode has no ``program_id``)."""
     text = "\n".join(body)
     zeros = "jnp.zeros((rows, " in text
     return ([f"    rows = {refs[0]}.shape[0]", f"    dtype = {out}.dtype"] if zeros else []) + \
-        [f"    c0 = pl.program_id(1)  # this program's channel block ({lanes} lanes)"]
+        [f"    c0 = pl.program_id(1) if c0 is None else c0  # the channel block ({lanes} lanes)"]
 
 
 def _h_refs(n: int) -> tuple[str, ...]:

@@ -8,8 +8,8 @@ The generated ``pallas_kernels.py`` (``eqdsl.symmetric.pallas``) holds, for
 
     fwd_n(x, hs, W)      = dF_n/dG     rows like out
     bwd_x_n(x, hs, W, G) = dF_n/dx     rows like x
-    bwd_w_n(x, hs, G)    = dF_n/dW     (num_elements, weight_numel): per-row kernel output
-                                        summed per element (``jax.ops.segment_sum``)
+    bwd_w_n(x, hs, G)    = dF_n/dW     (num_elements, weight_numel): the kernel body summed
+                                        on chip over chunks of element-sorted rows
 
 ``F_n`` is multilinear and symmetric in the directions ``hs``, so the VJPs close over the
 family (``k`` the cotangent, ``hs[d := k]`` ``hs`` with ``h_d`` replaced by ``k``,
@@ -45,7 +45,7 @@ import numpy as np
 
 from .checks import as_array
 from .launch import compiler_params, out_struct, run, use_interpret
-from .tiles import Gather
+from .tiles import Accumulate, Gather
 
 __all__ = ["SymmetricContractionFunctions", "launch"]
 
@@ -63,7 +63,7 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
     and ``g`` rows, ``w`` the weight table ``(num_elements, weight_numel)``, ``elem``
     ``(rows,)`` int32. Rows are padded to a multiple of ``block_nodes`` (zeros, element 0)
     and dropped after. ``bwd_w`` returns the per-element sums ``(num_elements,
-    weight_numel)``; an absent kernel (identically zero) returns zeros."""
+    weight_numel)`` (``_launch_bwd_w``); an absent kernel (identically zero) returns zeros."""
     from jax.experimental import pallas as pl
 
     rows, dtype = x.shape[0], x.dtype
@@ -72,6 +72,8 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
     kernel = mod.KERNELS.get((op, n))
     if kernel is None or rows == 0:
         return jnp.zeros((out_rows, width), dtype)
+    if op == "bwd_w":
+        return _launch_bwd_w(mod, kernel, x, hs, g, elem, block_nodes=block_nodes, interpret=interpret)
     r = block_nodes
     padded = -(-rows // r) * r
     num_el = mod.NUM_ELEMENTS
@@ -110,12 +112,89 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
         compiler_params=compiler_params(interpret),
         name=f"{mod.NAME}_{kernel.__name__}",
     )
-    out = run(call, interpret, *operands)[:rows]
-    if op == "bwd_w":
-        # per-row contributions summed per element (rows with a bad index are dropped:
-        # their forward is NaN already)
-        return jax.ops.segment_sum(out, elem, num_segments=num_el)
-    return out
+    return run(call, interpret, *operands)[:rows]
+
+
+# Rows per program of bwd_w (a multiple of block_nodes): the rows of one element, summed on chip.
+CHUNK_ROWS = 64
+
+
+class _Sums(Accumulate):
+    """The output of a ``bwd_w`` program: the body's stores recorded (``Accumulate``), then
+    each column's total over the program's rows *assigned* (``write``): every weight column
+    is stored once per program, and no other program of the grid writes it."""
+
+    def write(self, totals) -> None:
+        from jax.experimental.pallas import triton as pltriton
+
+        for (key, columns, _), total in zip(self.records, totals):
+            s = jnp.sum(total, axis=0, keepdims=True)
+            if key is not None:
+                self.ref[key] = s
+                continue
+            cols, valid = columns()
+            row = jnp.zeros((1,) + (1,) * (cols.ndim - 1), jnp.int32)
+            pltriton.store(self.ref.at[row, jnp.where(valid, cols, self.ref.shape[1])], s,
+                           mask=jnp.broadcast_to(valid, s.shape))
+
+
+def _launch_bwd_w(mod, kernel, x, hs, g, elem, *, block_nodes: int, interpret: bool):
+    """``bwd_w``: ``dF/dW`` summed per element on chip. The rows are sorted by element (a
+    stable ``argsort``) and cut into chunks of at most ``CHUNK_ROWS`` rows of one element;
+    one program per (chunk, channel block) runs the kernel body on tiles of ``block_nodes``
+    rows gathered through the permutation (``Gather``), carries each stored tile's running
+    sum across its tiles (unreduced, in registers) and writes one row of totals. The chunks'
+    rows are then summed per element (``segment_sum`` over at most ``rows / CHUNK_ROWS +
+    num_elements + 1`` rows instead of one per row). Rows with an element index out of range
+    form chunks of the sentinel element ``num_elements``, dropped by that sum."""
+    from jax.experimental import pallas as pl
+
+    rows, dtype, num_el, r = x.shape[0], x.dtype, mod.NUM_ELEMENTS, block_nodes
+    chunk = max(r, CHUNK_ROWS // r * r)
+    safe = jnp.where((elem >= 0) & (elem < num_el), elem, num_el).astype(jnp.int32)
+    perm = jnp.argsort(safe, stable=True).astype(jnp.int32)
+    es = safe[perm]
+    pos = jnp.arange(rows, dtype=jnp.int32) - jnp.searchsorted(es, es, side="left").astype(jnp.int32)
+    chunk_id = jnp.cumsum((pos % chunk == 0).astype(jnp.int32)) - 1  # (rows,) nondecreasing
+    max_chunks = rows // chunk + num_el + 1  # a run of L rows makes at most L / chunk + 1 chunks
+    rowptr = jnp.searchsorted(chunk_id, jnp.arange(max_chunks + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
+    chunk_elem = jnp.where(rowptr[:-1] < rows, es[jnp.minimum(rowptr[:-1], rows - 1)], num_el)
+    ins = (x, *hs, g)
+
+    def body(rowptr_ref, perm_ref, *refs):
+        srcs, out_ref = refs[:-1], refs[-1]
+        i, c0 = pl.program_id(0), pl.program_id(1)  # outside the loop (interpret mode)
+        start, end = rowptr_ref[i], rowptr_ref[i + 1]
+        lanes = jax.lax.broadcasted_iota(jnp.int32, (r,), 0)
+
+        def tile(t):
+            e = start + t * r + lanes
+            rid = perm_ref[jnp.minimum(e, rows - 1)]
+            acc = _Sums(out_ref)
+            kernel(*(Gather(src, rid, e < end) for src in srcs), acc, c0=c0)
+            return acc
+
+        first = tile(0)  # its records say what the body stores; an empty chunk adds zeros
+        totals = jax.lax.fori_loop(
+            1, (end - start + r - 1) // r,
+            lambda t, carry: tuple(c + v for c, (_, _, v) in zip(carry, tile(t).records)),
+            tuple(v for _, _, v in first.records))
+        first.write(totals)
+
+    body.__name__ = kernel.__name__
+    operands = (rowptr, perm, *ins)
+    call = pl.pallas_call(
+        body,
+        out_shape=out_struct((max_chunks, mod.WEIGHT_NUMEL), dtype, operands),
+        grid=(max_chunks, mod.CHANNEL_BLOCKS),
+        in_specs=[pl.BlockSpec(tuple(a.shape), lambda i, j, nd=a.ndim: (0,) * nd) for a in operands],
+        out_specs=pl.BlockSpec((1, mod.WEIGHT_NUMEL), lambda i, j: (i, 0)),
+        interpret=interpret,
+        compiler_params=compiler_params(interpret),
+        name=f"{mod.NAME}_{kernel.__name__}",
+    )
+    sums = run(call, interpret, *operands)
+    return jax.ops.segment_sum(sums, chunk_elem, num_segments=num_el)
 
 
 # jitted per (module, op, n, block, mode) and shapes: eager calls (a VJP evaluated outside
