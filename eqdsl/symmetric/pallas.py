@@ -15,8 +15,9 @@ and each gets a generated kernel (``levels``: the largest ``n`` generated)::
 
     fwd_n(x, h.., W)      = dF_n/dG    (rows, sum(out_dims) * mul)
     bwd_x_n(x, h.., W, G) = dF_n/dx    (rows, dim_in * mul)
-    bwd_w_n(x, h.., G)    = dF_n/dW    per node, (rows, weight_numel); the runtime sums the
-                                       rows of each element (segment_sum over elem)
+    bwd_w_n(x, h.., G)    = dF_n/dW    per row tile, (rows, weight_numel) stores; the runtime
+                                       runs it over element-sorted rows and sums on chip
+                                       (``eqdsl.runtime.jax.symmetric``)
 
 ``fwd_0`` is the contraction; ``fwd_1`` its jvp in ``x``, ``bwd_x_1`` the Hessian-vector
 product of ``F``, ``bwd_w_1`` the derivative of ``bwd_w_0`` in ``x``. A kernel that is
@@ -283,7 +284,8 @@ def _build_fwd(ir, n, lanes, count) -> SymmetricKernel | None:
 
 
 def _build_bwd_w(ir, n, lanes, count) -> SymmetricKernel | None:
-    """``dW[o, nu, k] = sum_mono v_mono[all] * sum_{terms (o, nu, k)} coeff * G[o, m]``, per row."""
+    """``dW[o, nu, k] = sum_mono v_mono[all] * sum_{terms (o, nu, k)} coeff * G[o, m]``, per row
+    (the runtime sums the stored tiles over rows of one element)."""
     b = _Builder(ir, n, lanes, count)
     for mono, ts in b.monomials:
         v = b.jet(mono, b.full)
