@@ -31,7 +31,8 @@ Last, the memory floors (each array read or written once, 3.35 TB/s, H100 SXM HB
 Run from the repository root on the GPU machine (jax with CUDA):
 
     python benchmarks/tools/symmetric_jax_bench.py [--dtypes float32,float64] [--layouts mul_ir,ir_mul]
-        [--block-channels 16,32] [--block-nodes 4,8,16] [--forces] [--nodes 3072 --elements 10]
+        [--block-channels 16,32] [--block-nodes 4,8,16] [--chunk-rows 64] [--forces]
+        [--nodes 3072 --elements 10]
 
 Each block size compiles its own kernels (Triton, on the first call: printed); for the
 10-minute limit of one device call, sweep one dtype / layout per call.
@@ -230,6 +231,8 @@ def main() -> None:
     p.add_argument("--layouts", default="mul_ir,ir_mul")
     p.add_argument("--block-channels", default="16", help="comma list (each a package: kernels compile per value)")
     p.add_argument("--block-nodes", default="8", help="comma list of rows per program")
+    p.add_argument("--chunk-rows", type=int, default=None,
+                   help="rows per bwd_w program (eqdsl.runtime.jax.symmetric.CHUNK_ROWS, default 64)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--forces", action="store_true", help="also time the force loss's gradients")
@@ -241,6 +244,10 @@ def main() -> None:
     elif jax.default_backend() != "gpu":
         fail(f"JAX's default backend is {jax.default_backend()!r}: this benchmark times GPU kernels "
              "(--quick for a CPU smoke run)")
+    if args.chunk_rows:
+        from eqdsl.runtime.jax import symmetric as runtime
+
+        runtime.CHUNK_ROWS = args.chunk_rows
     print(f"jax {jax.__version__}, device {jax.devices()[0].device_kind}", flush=True)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="eqdsl-sc-jax-bench-") as tmp:
