@@ -24,8 +24,9 @@ The ``k``-th derivative of a monomial ``x_{i_1} ... x_{i_nu}`` sums, over the or
 ``k`` distinct positions ``p_1..p_k``, ``prod_j v_j[i_{p_j}]`` times the product of ``x`` over
 the other positions (``bwd_x_d{k}``: one more chosen position, the component written). Equal
 factor lists are merged at generation time (their counts multiply the coefficient), and every
-product of two or more factors is a named temporary computed once per tile (factors sorted,
-``x`` first, so ``x_a * x_b`` is shared by every higher monomial that starts with it).
+proper prefix of a product is a named temporary computed once per tile (factors sorted, ``x``
+first, so ``x_a * x_b`` is shared by every higher monomial that starts with it); the last
+factor is multiplied in the term itself.
 
 One program per ``(block_b nodes, block_c channels)`` tile: it loads the tile's element
 indices, the ``dim_in`` component tiles of ``x`` (and of each ``v_j``), gathers the weight
@@ -136,6 +137,16 @@ class _Products:
             self.names[factors] = name
         return name
 
+    def factors(self, factors: tuple[str, ...]) -> list[str]:
+        """A term's factors: the named product of all but the last factor, then the last one.
+        Only prefixes are named (they are shared by the longer monomials that extend them); a
+        whole monomial is multiplied out in its term, one multiply more than naming it, so
+        that no product stays live between distant terms (MACE-MP's Hessian-vector product,
+        ``bwd_x_d1``, spilled 1.3 KB a thread with every product named)."""
+        if len(factors) <= 1:
+            return list(factors)
+        return [self.get(factors[:-1]), factors[-1]]
+
 
 def _factor_key(name: str) -> tuple:
     # x components first (shared prefixes), then each direction's components
@@ -221,7 +232,7 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
         if key in sums:
             return sums[key]
         n_terms += len(entries)
-        parts = [(c, [p] if (p := prods.get(fs)) else []) for fs, c in entries]
+        parts = [(c, prods.factors(fs)) for fs, c in entries]
         if len(parts) == 1:
             return str(term(parts[0][0], *parts[0][1]))
         name = sums[key] = f"q{len(sums)}"
@@ -292,7 +303,7 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
     if any(isinstance(s, Store) and s.value == "zero" for s in stores):
         stores.insert(0, Assign("zero", Zeros("[tile_b, tile_c]", "x")))
     grid = f"tile_b, tile_c in hl.tile([x.size(0), {mul}])"
-    loop = Loop(grid, tuple(loads + [Comment("the polynomial's terms (products of two or more factors named once)")]
+    loop = Loop(grid, tuple(loads + [Comment("the polynomial's terms (products of all but the last factor named once)")]
                             + body + [Comment("this tile's result")] + stores))
     what = {
         "fwd": "the contraction" if k == 0 else f"its {_nth(k)} directional derivative in x along v1..v{k}",
