@@ -113,6 +113,8 @@ def _spec_table(spec: TensorProductSpec, bare_filter: bool) -> dict:
         value = getattr(spec, f.name)
         if f.name in ("reduce", "deterministic") and not spec.conv:
             continue  # the parser refuses them without conv
+        if f.name == "radial_features" and value is None:
+            continue  # unset: TOML has no null, and the parser's default is None
         if f.name.endswith("_order") and value == "given":
             continue  # uvw and explicit instructions keep their order; the key does not apply
         t[f.name] = list(value) if isinstance(value, tuple) else value
