@@ -220,3 +220,37 @@ class Conv(_Base):
         """
         w = self._weights(weights, node_features)
         return self.package.torch_ops.conv(node_features, edge_attr, w, src, dst, num_nodes)
+
+    @property
+    def radial_features(self) -> int | None:
+        """H of the package's ``conv_radial`` (spec key ``radial_features``), or ``None``."""
+        return getattr(self.package, "RADIAL_FEATURES", None)
+
+    def conv_radial(self, node_features: torch.Tensor, edge_attr: torch.Tensor, radial_features: torch.Tensor,
+                    radial_weight: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                    num_nodes: int) -> torch.Tensor:
+        """The convolution with per-edge weights ``radial_features @ radial_weight``, formed
+        on chip (the package's ``torch_ops.conv_radial``; no ``(num_edges, weight_numel)``
+        tensor in memory).
+
+        Args:
+            node_features, edge_attr, src, dst, num_nodes: as ``forward``.
+            radial_features: ``(num_edges, H)``, H = ``self.radial_features``: the radial
+                MLP's last hidden features.
+            radial_weight: ``(H, weight_numel)``, the MLP's last (bias-free, linear) layer
+                as a matrix, columns in e3nn's weight order; same dtype as node_features.
+
+        Returns:
+            ``(num_nodes, irreps_out.dim)``, equal to ``forward(node_features, edge_attr,
+            radial_features @ radial_weight, src, dst, num_nodes)``; differentiable to any
+            order with respect to all four tensors.
+
+        Raises:
+            ValueError: the spec has no ``radial_features``; bad tensors (from the
+                generated op, which names the argument).
+        """
+        if self.radial_features is None:
+            raise ValueError(f"{type(self).__name__}.conv_radial: the spec of {self._package_name} has no "
+                             "radial_features")
+        return self.package.torch_ops.conv_radial(node_features, edge_attr, radial_features, radial_weight, src,
+                                                  dst, num_nodes)

@@ -1,6 +1,9 @@
 """eqdsl.integrations.mace.accelerate against the model it modifies (mace-torch 0.3.16, float64,
 interpreted kernels): energy, forces, and the gradient of a force loss with respect to every
-parameter, in training (forces with create_graph) and in inference; conv=False's energy.
+parameter, in training (forces with create_graph) and in inference; conv=False's energy. The
+accelerated model's convs are conv_radial (the radial MLPs end in e3nn FullyConnectedNet's
+bias-free last layer), so these compare conv_radial, with the last layer's matrix formed outside
+the op, against e3nn's unfused product; the fallback to conv is checked on the block it is for.
 
 The model is tiny on purpose (CI time is interpreted-kernel compile time, ~1-2 s a kernel): a
 ScaleShiftMACE with hidden 4x0e+4x1o, max_ell 1, correlation 2, two
@@ -23,7 +26,15 @@ from e3nn import o3  # noqa: E402
 from mace import data, modules  # noqa: E402
 from mace.tools import torch_geometric, utils  # noqa: E402
 
-from eqdsl.integrations.mace import MACEConvTP, accelerate, packages  # noqa: E402
+from eqdsl.integrations.mace import (  # noqa: E402
+    MACEConvTP,
+    MACERadialConvTP,
+    RadialHidden,
+    _radial_hidden_width,
+    accelerate,
+    packages,
+    radial_blocks,
+)
 from eqdsl.torch import TensorProduct  # noqa: E402
 
 REL = 1e-10
@@ -92,8 +103,43 @@ def test_accelerate_replaces_each_conv_tp_through_the_fusion_hook(model, fast, b
     assert second == "4x0e+4x0e+4x1o+4x1o"  # MACE's sorted, unmerged output
     assert len(packages(fast)) == 2
     assert all(pkg.DTYPES == ("float64",) for pkg in packages(fast))
+    # both blocks' radial MLPs ([bessel 4] -> 8 -> weight_numel, e3nn FullyConnectedNet) end in a
+    # bias-free linear layer: both convs take the hidden features and the last layer's matrix
+    assert radial_blocks(fast) == [True, True]
+    for orig, new in zip(model.interactions, fast.interactions):
+        assert type(new.conv_tp) is MACERadialConvTP and isinstance(new.conv_tp_weights, RadialHidden)
+        assert new.conv_tp.radial_features == 8 and new.conv_tp._radial is new.conv_tp_weights
+    assert all(pkg.RADIAL_FEATURES == 8 for pkg in packages(fast))
     # everything else is the same module objects' copies: same parameters, same names
     assert [n for n, _ in fast.named_parameters()] == [n for n, _ in model.named_parameters()]
+
+
+def test_radial_hidden_times_matrix_is_the_mlp(model, fast):
+    """The split the radial conv relies on: hidden features @ the last layer's matrix (its
+    normalization included) is the original MLP's output, and the matrix is a function of the
+    layer's own weight (what the force-loss gradient test then follows into the op)."""
+    orig, new = model.interactions[0].conv_tp_weights, fast.interactions[0].conv_tp_weights
+    x = torch.randn(7, 4, generator=torch.Generator().manual_seed(5))
+    want = orig(x)
+    got = new(x) @ new.matrix()
+    assert new(x).shape == (7, 8) and _rel(got, want) <= 1e-14
+    last = list(new.children())[-1]
+    (g,) = torch.autograd.grad(new.matrix().sum(), last.weight)
+    assert torch.allclose(g, torch.full_like(g, 1 / 8 ** 0.5), rtol=1e-14, atol=0)  # e3nn: 1/sqrt(fan_in)
+
+
+def test_radial_falls_back_to_conv_without_a_bias_free_last_layer(model):
+    """MACE's RadialMLP (RealAgnosticResidualNonLinearInteractionBlock) ends in a
+    torch.nn.Linear with a bias: no conv_radial there. Checked on the block (no compile)."""
+    from mace.modules.radial import RadialMLP
+
+    block = copy.deepcopy(model.interactions[0])
+    assert _radial_hidden_width(block) == 8
+    block.conv_tp_weights = RadialMLP([4, 8, block.conv_tp.weight_numel])
+    assert _radial_hidden_width(block) is None
+    block = copy.deepcopy(model.interactions[0])
+    list(block.conv_tp_weights.children())[-1].act = torch.tanh  # a last layer with an activation
+    assert _radial_hidden_width(block) is None
 
 
 def test_conv_tp_on_directed_edges_is_maces_gather_and_scatter(model, fast):
@@ -105,9 +151,11 @@ def test_conv_tp_on_directed_edges_is_maces_gather_and_scatter(model, fast):
     n, edge_index = 4, torch.tensor([[0, 0, 1, 3, 3], [1, 2, 2, 0, 2]])
     x = torch.randn(n, orig.irreps_in1.dim, generator=g)
     y = torch.randn(edge_index.shape[1], orig.irreps_in2.dim, generator=g)
-    w = torch.randn(edge_index.shape[1], orig.weight_numel, generator=g)
+    h = torch.randn(edge_index.shape[1], 8, generator=g)
+    w = h @ fast.interactions[1].conv_tp_weights.matrix().detach()
     want = torch.zeros(n, orig.irreps_out.dim).index_add(0, edge_index[1], orig(x[edge_index[0]], y, w))
-    assert _rel(new(x, y, w, edge_index), want) <= REL
+    assert _rel(new(x, y, h, edge_index), want) <= REL
+    assert _rel(MACEConvTP.forward(new, x, y, w, edge_index), want) <= REL
 
 
 def test_training_energy_forces_and_force_loss_gradients(model, fast, batch):

@@ -28,6 +28,23 @@ in this process, so the accelerated model computes what the original computes he
 (e3nn 0.4.x, which mace-torch 0.3.16 pins, has the opposite sign for a few CG blocks:
 the spec then says ``cg_convention = "e3nn-0.4"``).
 
+Radial weights fused (``radial=True``, the default with ``conv=True``): where a block's
+``conv_tp_weights`` is e3nn's ``FullyConnectedNet`` (every block of mace-torch 0.3.16 but
+``RealAgnosticResidualNonLinearInteractionBlock``), its last layer is a bias-free linear map
+``x @ (weight / sqrt(h_in * var_in / var_out))`` (e3nn ``nn._fc._Layer`` with ``act=None``).
+``conv_tp_weights`` then becomes a :class:`RadialHidden` that runs the layers but the last
+(the same ``layerK`` children, so parameter names and state dicts do not change) and returns
+the hidden features ``(num_edges, H)``; MACE's ``tp_weights * cutoff`` scales them per edge,
+which commutes with the linear layer. ``conv_tp`` becomes a :class:`MACERadialConvTP` calling
+the generated ``conv_radial`` with those features and the last layer's effective matrix
+``(H, weight_numel)``, formed outside the op by the layer itself (applied to the identity:
+its normalization, whatever the e3nn version, differentiable, so gradients reach the
+layer's ``weight``). The per-edge weights ``(num_edges, weight_numel)`` are never written.
+Blocks whose MLP does not end that way (``RadialMLP``: ``torch.nn.Linear`` with a bias), or
+whose ``forward`` uses ``tp_weights`` otherwise than ``conv_tp_weights(...)``, ``* cutoff``
+and ``conv_tp(...)``, fall back to ``conv`` with materialized weights
+(:func:`radial_blocks` lists which blocks use ``conv_radial``).
+
 Eager PyTorch (and ``torch.compile`` / ``make_fx``) only: TorchScript (``torch.jit.script``,
 MACE's LAMMPS export) cannot carry the generated ops. On a CPU, set ``TRITON_INTERPRET=1``
 before the first call (the op says so otherwise).
@@ -36,12 +53,13 @@ before the first call (the op says so otherwise).
 from __future__ import annotations
 
 import inspect
+import re
 
 import torch
 
 from eqdsl.torch import Conv, TensorProduct
 
-__all__ = ["accelerate", "MACEConvTP", "packages"]
+__all__ = ["accelerate", "MACEConvTP", "MACERadialConvTP", "RadialHidden", "packages", "radial_blocks"]
 
 
 class MACEConvTP(Conv):
@@ -59,6 +77,86 @@ class MACEConvTP(Conv):
                                node_feats.shape[0])
 
 
+class RadialHidden(torch.nn.Sequential):
+    """An e3nn ``FullyConnectedNet``'s layers, run but the last: the hidden features.
+
+    Holds the same layer modules under the same names (``layer0`` ... ``layerK``), so the
+    parameters and state dict are the original net's. ``forward(x)`` ``(num_edges, in)`` ->
+    ``(num_edges, H)``; :meth:`matrix` is the last layer's effective matrix ``(H, out)``,
+    so ``net(x) == forward(x) @ matrix()``.
+    """
+
+    def __init__(self, net: torch.nn.Sequential):
+        super().__init__()
+        for name, layer in net.named_children():
+            self.add_module(name, layer)
+        self._last = list(self._modules)[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name, layer in self._modules.items():
+            if name != self._last:
+                x = layer(x)
+        return x
+
+    def matrix(self) -> torch.Tensor:
+        """``(H, out)``: the last layer applied to the identity, i.e. its weight with the
+        layer's own normalization, differentiable with respect to that weight."""
+        last = self._modules[self._last]
+        eye = torch.eye(last.weight.shape[0], dtype=last.weight.dtype, device=last.weight.device)
+        return last(eye)
+
+
+class MACERadialConvTP(MACEConvTP):
+    """:class:`MACEConvTP` taking the radial MLP's hidden features instead of its output.
+
+    ``forward(node_feats, edge_attrs, hidden, edge_index)``: ``hidden`` ``(num_edges, H)`` is
+    what the block's :class:`RadialHidden` returned (times MACE's cutoff); the op is
+    ``conv_radial(node_feats, edge_attrs, hidden, radial.matrix(), src, dst, num_nodes)``,
+    equal to ``MACEConvTP.forward(node_feats, edge_attrs, hidden @ radial.matrix(),
+    edge_index)``. ``radial`` is the block's ``conv_tp_weights``, referenced, not registered
+    (its parameters stay under ``conv_tp_weights``).
+    """
+
+    def set_radial(self, radial: RadialHidden) -> None:
+        self.__dict__["_radial"] = radial  # a plain attribute: no second registration of its parameters
+
+    def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, hidden: torch.Tensor,
+                edge_index: torch.Tensor) -> torch.Tensor:
+        return self.conv_radial(node_feats, edge_attrs, hidden, self._radial.matrix(), edge_index[0],
+                                edge_index[1], node_feats.shape[0])
+
+
+# the statements of a block's forward that may touch tp_weights for the radial fusion to hold:
+# the MLP's output, MACE's per-edge cutoff factor (commutes with the last linear layer), the conv
+_TP_WEIGHTS_USES = (
+    re.compile(r"^tp_weights = self\.conv_tp_weights\([\w\s,]*\)$"),
+    re.compile(r"^tp_weights = tp_weights \* cutoff$"),
+    re.compile(r"^message = self\.conv_tp\(\w+, edge_attrs, tp_weights, edge_index\)$"),
+    re.compile(r"^[\w\[\]]+, edge_attrs, tp_weights$"),  # the unfused branch's call, split over lines
+)
+
+
+def _radial_hidden_width(block) -> int | None:
+    """H if ``block.conv_tp_weights`` ends in a bias-free linear layer this module can split
+    off and the block's forward only feeds its output to ``conv_tp``; else ``None``."""
+    from e3nn.nn import FullyConnectedNet
+
+    net = block.conv_tp_weights
+    if not isinstance(net, FullyConnectedNet) or len(net) == 0:
+        return None
+    last = list(net.children())[-1]
+    if type(last).__name__ != "_Layer" or last.act is not None or set(dict(last.named_parameters())) != {"weight"}:
+        return None
+    try:
+        lines = [ln.strip() for ln in inspect.getsource(type(block).forward).splitlines()]
+    except (OSError, TypeError):
+        return None
+    uses = [ln for ln in lines if "tp_weights" in ln and not ln.startswith("#")]
+    if not all(any(r.match(ln) for r in _TP_WEIGHTS_USES) for ln in uses):
+        return None
+    return int(last.weight.shape[0])
+
+
 def _has_fusion_hook(block) -> bool:
     try:
         return "conv_fusion" in inspect.getsource(type(block).forward)
@@ -73,8 +171,9 @@ def _model_dtype(model) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def accelerate(model: torch.nn.Module, *, conv: bool = True, dtype=None, irrep_normalization: str = "component",
-               path_normalization: str = "element", cache_dir=None) -> torch.nn.Module:
+def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = True, dtype=None,
+               irrep_normalization: str = "component", path_normalization: str = "element",
+               cache_dir=None) -> torch.nn.Module:
     """Replace every interaction block's ``conv_tp`` by a generated eqdsl op, in place.
 
     Args:
@@ -84,6 +183,9 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, dtype=None, irrep_n
             (``copy.deepcopy``) to keep the original.
         conv: ``True``: the fused convolution through MACE's ``conv_fusion`` hook (gather,
             product and scatter in one op); ``False``: the per-edge product only.
+        radial: with ``conv``, fuse each block's radial MLP's last layer into the conv
+            (``conv_radial``, module docstring) where it is a bias-free linear layer;
+            other blocks get ``conv``. ``False``: ``conv`` everywhere.
         dtype: the dtype(s) to generate kernels for (``torch.float32`` / ``"float64"`` or
             a list); default: the dtype of the model's parameters.
         irrep_normalization, path_normalization: what the blocks' ``conv_tp`` were built
@@ -116,13 +218,28 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, dtype=None, irrep_n
         if conv and not _has_fusion_hook(block):
             raise ValueError(f"accelerate: {type(block).__name__}.forward has no conv_fusion hook; use conv=False")
     for block in blocks:
+        hidden = _radial_hidden_width(block) if conv and radial else None
         cls = MACEConvTP if conv else TensorProduct
+        extra = {}
+        if hidden is not None:
+            cls, extra = MACERadialConvTP, {"radial_features": hidden}
         new = cls.from_e3nn(block.conv_tp, dtypes=dtypes, irrep_normalization=irrep_normalization,
-                            path_normalization=path_normalization, cache_dir=cache_dir)
+                            path_normalization=path_normalization, cache_dir=cache_dir, **extra)
+        if hidden is not None:
+            block.conv_tp_weights = RadialHidden(block.conv_tp_weights)
+            new.set_radial(block.conv_tp_weights)
         block.conv_tp = new
         if conv:
             block.conv_fusion = True  # MACE tests hasattr(self, "conv_fusion")
     return model
+
+
+def radial_blocks(model: torch.nn.Module) -> list[bool]:
+    """For each interaction block of an accelerated model, in ``model.modules()`` order:
+    whether its conv takes the radial MLP's last layer (``conv_radial``)."""
+    from mace.modules.blocks import InteractionBlock
+
+    return [isinstance(m.conv_tp, MACERadialConvTP) for m in model.modules() if isinstance(m, InteractionBlock)]
 
 
 def _dtypes(dtype) -> list[str]:
