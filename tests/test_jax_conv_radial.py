@@ -285,3 +285,35 @@ def test_radial_kernels_lower_for_cuda(pkgs, kind, dtype):
         "_radial_bwd_x1_kernel", "_radial_bwd_x2_kernel", "bwd_w_kernel"]
     for name in ["_radial_fwd_kernel"] + backward:
         assert name in text, name
+
+
+def test_radial_shared_memory_estimate_and_dot_key(pkgs, tmp_path):
+    """Each radial kernel names its dot columns (the shared-memory estimate): a kernel over
+    the budget forms its tiles with multiply-adds instead of asking for more than the device
+    has; ``pallas_radial_dot`` is validated, printed, and on the CPU keeps IEEE float32."""
+    from eqdsl.backends import check_tuning
+    from eqdsl.errors import SpecError
+    from eqdsl.runtime.jax import tiles
+    from eqdsl.spec import load_spec
+
+    text = open(pkgs["mixed"].ops._kernels.__file__).read()
+    assert "rt.radial_rows(rf_ref, count=13, pad=16, cols=" in text and "dot=1" not in text
+    # mace_large's first forward kernel at 16 edges, float32: the request Triton refused on the H100
+    assert tiles.radial_smem_bytes(16, 64, 1152, 4) == 311296 > tiles.SMEM_BUDGET
+    rf = jnp.ones((DOT, 64), jnp.float32)
+    assert tiles.radial_rows(rf, count=64, pad=64, cols=1152).tile is None  # over budget: multiply-adds
+    fits = tiles.radial_rows(rf, count=64, pad=64, cols=512, dot=1)
+    assert fits.tile is not None and fits.precision == lax.Precision.HIGHEST  # CPU: no TF32x3 dot
+    assert tiles.radial_rows(rf.astype(jnp.float64), count=64, pad=64, cols=512).tile is None  # 8-byte: over
+    spec = radial_spec("radial_dot", MIXED, h=13) + "[tensor_product.tuning]\npallas_radial_dot = 1\n"
+    (tmp_path / "ok.toml").write_text(spec)
+    check_tuning(load_spec(tmp_path / "ok.toml")[0])
+    from eqdsl.backends.pallas.assemble import render_files
+    from eqdsl.lower import lower
+
+    s = load_spec(tmp_path / "ok.toml")[0]
+    assert "dot=1)" in render_files(lower(s), "#", s.tuning)["pallas_kernels.py"]
+    (tmp_path / "bad.toml").write_text(spec.replace("pallas_radial_dot = 1", "pallas_radial_dot = 2"))
+    with pytest.raises(SpecError, match="pallas_radial_dot") as e:
+        check_tuning(load_spec(tmp_path / "bad.toml")[0])
+    assert "\n" not in str(e.value)

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """JAX ``conv_radial`` on the GPU: check it against ``conv(x, y, rf @ wr)``, then time both.
 
-Generates ``examples/specs/mace_large.toml`` with ``radial_features = 64`` into a temporary
+Generates ``examples/specs/mace_large.toml`` (its ``radial_features``, or 64 if unset) into a temporary
 directory (or imports ``--package DIR``, a directory holding the generated ``mace_large``
 package with ``RADIAL_FEATURES``), builds a random graph of 4,096 nodes x 32 in-edges, and
-for every block configuration of ``--blocks`` (``default`` = the module's block sizes, or
+for every block configuration of ``--blocks`` (``default``, the default: the module's block sizes, or
 ``BE:SE``: ``block_edges`` edges per program of the per-edge kernels, ``segment_edges`` per
 step of the segment kernels; the weights are formed with a dot where a tile has >= 16 rows,
 else with multiply-adds: mace_large's defaults, 4 and 2 edges, read the radial weight's
-557 KB per 2 to 4 edges, so larger blocks amortize it)
+557 KB per 2 to 4 edges, so larger blocks amortize it; a kernel whose dots would ask for more
+shared memory than the device has forms its tiles with multiply-adds, ``tiles.radial_smem_bytes``)
 
 1. checks, in float32 and float64, the output and the gradients of a random linear loss with
    respect to all four arrays against the unfused composition ``conv(x, y, rf @ wr)`` (the
@@ -18,7 +19,7 @@ else with multiply-adds: mace_large's defaults, 4 and 2 edges, read the radial w
    jitted forward and forward + backward (``jax.grad`` of a sum, all four gradients) of
    ``conv_radial`` and of matmul + ``conv``, in the ``--time-dtypes``.
 
-    python3 benchmarks/tools/radial_jax_check.py [--package DIR] [--blocks 16:16,32:32]
+    python3 benchmarks/tools/radial_jax_check.py [--package DIR] [--blocks default,16:16,32:32]
         [--time-dtypes float32] [--nodes 4096 --degree 32] [--quick]
 
 ``--quick``: a CPU smoke run (interpret mode, 64 nodes x 4 in-edges, one timing call).
@@ -43,7 +44,8 @@ TOL = {"float32": 1e-5, "float64": 1e-10}
 
 
 def generate(out: Path):
-    """mace_large with radial_features = H, generated into ``out`` (the JAX files suffice:
+    """mace_large with the spec's ``radial_features`` (``H`` = 64 added if it has none),
+    generated into ``out`` (the JAX files suffice:
     the metadata and Pallas files alone if the torch backend fails to render)."""
     from eqdsl.backends.pallas import assemble
     from eqdsl.backends.render import render
@@ -52,9 +54,10 @@ def generate(out: Path):
     from eqdsl.spec import load_spec
 
     text = (ROOT / "examples/specs/mace_large.toml").read_text()
-    text, n = re.subn(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text)
-    if n != 1:
-        raise SystemExit("FAIL: examples/specs/mace_large.toml has no 'conv = true' line to extend")
+    if re.search(r"(?m)^radial_features\s*=", text) is None:  # the spec's own H if it sets one
+        text, n = re.subn(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text)
+        if n != 1:
+            raise SystemExit("FAIL: examples/specs/mace_large.toml has no 'conv = true' line to extend")
     spec_path = out / "mace_large_radial.toml"
     spec_path.write_text(text)
     try:
@@ -103,7 +106,8 @@ def rel(a, b) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default=None, help="directory of the generated mace_large (radial_features set)")
-    ap.add_argument("--blocks", default="16:16,32:32")
+    ap.add_argument("--blocks", default="default",
+                    help="comma-separated 'default' (the module's blocks) or BE:SE sweeps, e.g. default,16:16")
     ap.add_argument("--time-dtypes", default="float32")
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--degree", type=int, default=32)

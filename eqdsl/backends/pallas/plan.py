@@ -11,12 +11,13 @@ and padded to ``P``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...ir import Block, TensorProductIR
 
 __all__ = ["KINDS", "RADIAL_KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan",
-           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split"]
+           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split", "annotate_radial"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels
 # (read at call time by ``split``: tests lower it to force splits).
@@ -157,3 +158,40 @@ def split(costs: list[int], max_terms: int | None = None) -> list[list[int]]:
     if cur:
         runs.append(cur)
     return runs
+
+
+def annotate_radial(kernel: dict, dot: int = 0, dot_min: int = 16) -> int:
+    """Record on a radial kernel's ``RadialRows`` statements the spec's ``pallas_radial_dot``
+    (``dot``) and (``cols``) the weight columns it
+    forms with dots: the padded lanes of its ``RadialRead`` statements of at least ``dot_min``
+    lanes (``eqdsl.runtime.jax.tiles.DOT_MIN``; narrower tiles take multiply-adds). The
+    Triton lowering keeps every such ``(H padded, lanes)`` slice of the radial weight in
+    shared memory for the whole kernel (mace_large's first forward kernel, 1,152 columns at
+    ``H = 64``, asked for 311,296 bytes at 16 edges: ``4 * 64 * (1152 + 4 * 16)``), so the
+    runtime sizes its dots by this count (``tiles.radial_smem_bytes``). Returns the count;
+    the kernel's group bodies are edited in place."""
+    from .stmts import RadialRead, RadialRows
+
+    found, rows = [], []
+
+    def walk(x):
+        if isinstance(x, RadialRead):
+            found.append(x)
+        elif isinstance(x, list):
+            for i, y in enumerate(x):
+                if isinstance(y, RadialRows):
+                    rows.append((x, i))
+                walk(y)
+        elif isinstance(x, tuple):
+            for y in x:
+                walk(y)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+
+    for g in kernel["groups"]:
+        walk(g["body"])
+    cols = sum(r.pad for r in found if r.pad >= dot_min)
+    for lst, i in rows:
+        lst[i] = dataclasses.replace(lst[i], cols=cols, dot=dot)
+    return cols

@@ -61,7 +61,8 @@ def print_body(stmts, ind: str) -> list[str]:
             out.append(f"{ind}rt.store_tile({s.ref}, {s.start}, [{', '.join(map(str, s.values))}], mul={s.mul}, "
                        f"dim={s.dim}, pad={s.pad})")
         elif isinstance(s, RadialRows):
-            out.append(f"{ind}{s.name} = rt.radial_rows({s.ref}, count={s.count}, pad={s.pad})")
+            cols = ("" if s.cols is None else f", cols={s.cols}") + (f", dot={s.dot}" if s.dot else "")
+            out.append(f"{ind}{s.name} = rt.radial_rows({s.ref}, count={s.count}, pad={s.pad}{cols})")
         elif isinstance(s, RadialRead):
             out.append(f"{ind}{s.name} = rt.radial_vec({s.rows}, {s.ref}, {s.start}, "
                        f"{_vec_args(s.count, s.pad, s.stride)})")

@@ -187,12 +187,17 @@ class StoreTile:
 class RadialRows:
     """``name = rt.radial_rows(ref, count=count, pad=pad)``: the kernel's rows of the radial
     features ``(rows, count)`` (``conv_radial``), read once per kernel; zero past ``count``
-    lanes of ``pad`` (``eqdsl.runtime.jax.tiles.RadialRows``)."""
+    lanes of ``pad`` (``eqdsl.runtime.jax.tiles.RadialRows``). ``cols``: the weight columns
+    (padded lanes) the kernel forms from them, summed over its ``RadialRead``s; the runtime's
+    shared-memory estimate (``tiles.radial_smem_bytes``), None when not counted. ``dot``:
+    the spec's ``pallas_radial_dot`` (1: the dots in TF32x3 in float32 on the GPU)."""
 
     name: str
     ref: str
     count: int
     pad: int
+    cols: int | None = None
+    dot: int = 0
 
 
 @dataclass(frozen=True)

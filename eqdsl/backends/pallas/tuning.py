@@ -45,6 +45,8 @@ KEYS = {
                         "product is channelwise)"),
     "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where "
                              "the product is channelwise)"),
+    "pallas_radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (TF32x3: "
+                          "three TF32 tensor-core products, about float32 accuracy)"),
 }
 
 
@@ -74,7 +76,10 @@ class PallasTuning:
     fused backward in its ``q_j`` form) or 2 (the backward kernels only). ``fma``: sums as
     ``rt.fma`` chains. ``fuse_bwd`` / ``conv_fuse_bwd``: the fused backward of a channelwise
     product for the plain product / the conv. ``conv_max_terms`` / ``conv_fused_max_terms``:
-    None, or the conv's own kernels split within that many CG terms each.
+    None, or the conv's own kernels split within that many CG terms each. ``radial_dot``:
+    ``conv_radial``'s on-chip products (``rf_rows @ radial_weight[:, cols]``) in IEEE float32
+    (0) or ``DotAlgorithmPreset.TF32_TF32_F32_X3`` (1: Triton ``tf32x3``, faster, about float32
+    accuracy, not bitwise IEEE; float32 on the GPU only, ``eqdsl.runtime.jax.tiles``).
     """
 
     block_batch: int | None = None
@@ -86,6 +91,7 @@ class PallasTuning:
     conv_fuse_bwd: bool = True
     conv_max_terms: int | None = None
     conv_fused_max_terms: int | None = None
+    radial_dot: int = 0
 
 
 def tuning_of(pairs=()) -> PallasTuning:
@@ -112,4 +118,7 @@ def tuning_of(pairs=()) -> PallasTuning:
         conv_fuse_bwd=bool(v.get("pallas_conv_fuse_bwd", 1)),
         conv_max_terms=v.get("pallas_conv_max_terms"),
         conv_fused_max_terms=v.get("pallas_conv_fused_max_terms"),
+        # pallas_radial_dot: an opt-in speed / accuracy trade-off (another rounding of the
+        # product than IEEE float32), so off by default
+        radial_dot=int(v.get("pallas_radial_dot", 0)),
     )

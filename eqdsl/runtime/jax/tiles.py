@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["load_vec", "store_vec", "load_tile", "store_tile", "DOT_MIN", "RadialRows", "radial_rows", "radial_vec",
-           "Gather", "Accumulate"]
+__all__ = ["load_vec", "store_vec", "load_tile", "store_tile", "DOT_MIN", "SMEM_BUDGET", "radial_smem_bytes",
+           "RadialRows", "radial_rows", "radial_vec", "Gather", "Accumulate"]
 
 
 # ------------------------------------------------------------------ in-kernel column access
@@ -145,18 +145,55 @@ def store_tile(ref, start, parts: list, *, mul: int, dim: int, pad: int) -> None
 # shapes, so interpret mode on the CPU runs what the GPU runs.
 
 DOT_MIN = 16
+# Shared memory one program may ask for: the H100's opt-in maximum per block, 227 KiB
+# (232,448 bytes; Triton refuses a kernel that asks for more: "Shared memory size limit
+# exceeded: requested 311296, available: 232448" for mace_large's first radial forward
+# kernel at 16 edges, float32).
+SMEM_BUDGET = 232448
+
+
+def radial_smem_bytes(rows: int, pad: int, cols: int, itemsize: int) -> int:
+    """Static estimate of the shared memory of a radial kernel that forms its weight tiles
+    with dots: the Triton lowering keeps every ``(pad, lanes)`` slice of the radial weight
+    it multiplies (``cols`` lanes in all, ``eqdsl.backends.pallas.plan.count_radial_columns``)
+    in shared memory for the whole kernel, plus the ``(rows, pad)`` features tile staged
+    for the dots (counted four times: the measured request of mace_large's first forward
+    kernel, 1,152 columns, ``H`` 64, 16 rows, float32, is ``4 * 64 * (1152 + 4 * 16)`` =
+    311,296 bytes). ``pad``: ``H`` padded; ``itemsize``: 4 or 8."""
+    return itemsize * pad * (cols + 4 * rows)
+
+
+def _dot_precision(fast: bool, dtype):
+    """The dots' precision: IEEE float32 (``Precision.HIGHEST``, Triton ``ieee``) unless
+    ``fast`` (spec key ``pallas_radial_dot = 1``) asks for ``TF32_TF32_F32_X3`` (Triton
+    ``tf32x3``: three TF32 tensor-core products, about float32 accuracy) in float32 on a
+    GPU. float64 ignores it; XLA's CPU dot has no such algorithm, so interpret mode on the
+    CPU keeps IEEE float32."""
+    import jax
+
+    if fast and jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "gpu":
+        return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    return lax.Precision.HIGHEST
 
 
 class RadialRows:
     """The radial features of a kernel's rows (``radial_rows``): ``ref`` (a ref or
     ``Gather``, ``(rows, count)``); ``tile`` the ``(rows, pad)`` rows (zero past ``count``)
     when ``radial_vec`` may form weights with a dot, else None (columns are then read
-    from ``ref`` where they are used, ``column``)."""
+    from ``ref`` where they are used, ``column``). Dots need ``rows`` and ``pad`` of at
+    least ``DOT_MIN`` and, when the kernel's dot columns ``cols`` are known, a shared-memory
+    estimate (``radial_smem_bytes``) within ``SMEM_BUDGET``: a kernel over it forms every
+    tile with multiply-adds (no shared memory) rather than fail to compile. ``dot``: 1 for
+    ``pallas_radial_dot = 1`` (``_dot_precision``)."""
 
-    def __init__(self, ref, count: int, pad: int):
+    def __init__(self, ref, count: int, pad: int, cols: int | None = None, dot: int = 0):
         self.ref, self.count, self.pad = ref, count, pad
-        dot = ref.shape[0] >= DOT_MIN and pad >= DOT_MIN
-        self.tile = load_vec(ref, 0, count=count, pad=pad) if dot else None
+        rows = ref.shape[0]
+        use = rows >= DOT_MIN and pad >= DOT_MIN
+        if use and cols is not None:
+            use = radial_smem_bytes(rows, pad, cols, jnp.dtype(ref.dtype).itemsize) <= SMEM_BUDGET
+        self.precision = _dot_precision(bool(dot), ref.dtype)
+        self.tile = load_vec(ref, 0, count=count, pad=pad) if use else None
 
     def column(self, h: int):
         """Feature ``h`` of every row, ``(rows, 1)``."""
@@ -165,10 +202,11 @@ class RadialRows:
         return self.ref[:, pl.ds(h, 1)]
 
 
-def radial_rows(ref, *, count: int, pad: int) -> RadialRows:
+def radial_rows(ref, *, count: int, pad: int, cols: int | None = None, dot: int = 0) -> RadialRows:
     """In a kernel, once at its top: the radial features ``ref`` ``(rows, count)`` of its
-    rows (``count`` = H, ``pad`` = H rounded up to a power of two)."""
-    return RadialRows(ref, count, pad)
+    rows (``count`` = H, ``pad`` = H rounded up to a power of two; ``cols``, ``dot``:
+    ``RadialRows``')."""
+    return RadialRows(ref, count, pad, cols, dot)
 
 
 def radial_vec(rows: RadialRows, wr_ref, start, *, count: int, pad: int, stride: int = 1):
@@ -182,7 +220,7 @@ def radial_vec(rows: RadialRows, wr_ref, start, *, count: int, pad: int, stride:
         h = _iota((rows.pad, 1), 0)
         wt = wr_ref[jnp.minimum(h, h_count - 1), cols]  # (H pad, pad): rows past H and lanes past count zeroed
         wt = jnp.where((h < h_count) & valid, wt, 0)
-        return jnp.dot(rows.tile, wt, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)
+        return jnp.dot(rows.tile, wt, precision=rows.precision, preferred_element_type=dtype)
     from .fma import fma
 
     acc = None
