@@ -201,3 +201,23 @@ def test_bad_arguments(pkgs):
     for args, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             conv.conv_radial(*args)
+
+
+def test_radial_dot_key(tmp_path):
+    """``radial_dot = 1`` (top level or an op's sub-table) sets ``dot_precision="tf32x3"`` on
+    that op's radial kernels only; the default stays IEEE; a bad value is one SpecError line."""
+    from eqdsl.backends import check_tuning
+    from eqdsl.backends.helion.conv import fused_radial_kernels, radial_kernel_context
+    from eqdsl.errors import SpecError
+
+    base = SPECS["rad_dot"] + "[tensor_product.tuning.conv_radial_fwd]\nradial_dot = {}\n"
+    spec = parse_spec(base.format(1))[0]
+    check_tuning(spec)
+    ir = lower(spec)
+    ctx = radial_kernel_context(ir, spec.tuning)
+    assert {k["settings"] for k in ctx["radial_fwd"]} == {'dot_precision="tf32x3"'}
+    others = [k for op, ks in ctx.items() if op != "radial_fwd" for k in ks] + fused_radial_kernels(ir, spec.tuning)
+    assert others and {k["settings"] for k in others} == {'dot_precision="ieee"'}
+    with pytest.raises(SpecError, match="radial_dot") as e:
+        check_tuning(parse_spec(base.format(2))[0])
+    assert "\n" not in str(e.value)

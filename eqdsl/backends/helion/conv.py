@@ -249,15 +249,18 @@ RADIAL_FAMILIES = ("fwd", "bwd_x1", "bwd_x2")
 # (Helion's default dot precision is TF32, which rounds the operands to 10 mantissa bits:
 # another function than radial_features @ radial_weight)
 DOT_SETTINGS = 'dot_precision="ieee"'
+# spec key radial_dot = 1: three TF32 tensor-core products (Helion 1.4 Settings.dot_precision
+# "tf32x3", Triton's TF32x3 split of each float32 operand), about float32 accuracy, opt-in
+FAST_DOT_SETTINGS = 'dot_precision="tf32x3"'
 
 
 def _radial_operands(ir: TensorProductIR, scatter: str, segment: bool) -> Operands:
     return replace(conv_operands(scatter, segment), radial=Radial(ir.radial_features))
 
 
-def _radial_doc(k: dict) -> dict:
+def _radial_doc(k: dict, radial_dot: int = 0) -> dict:
     return dict(k, doc=f"conv_radial: {k['doc']} Weights formed on chip: radial_features @ radial_weight.",
-                settings=DOT_SETTINGS)
+                settings=FAST_DOT_SETTINGS if radial_dot else DOT_SETTINGS)
 
 
 def radial_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, list[dict]]:
@@ -286,7 +289,8 @@ def radial_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUN
                                 operands=lambda f: ops, prefix="conv_radial", families=(family,))[family]
         except RadialTileShape:
             continue
-        out["radial_" + op] = [_radial_doc(_conv_kernel(k, family, segment)) for k in ks]
+        dot = tuning_of(tuning, "conv_radial_" + op).radial_dot
+        out["radial_" + op] = [_radial_doc(_conv_kernel(k, family, segment), dot) for k in ks]
     return out
 
 
@@ -300,6 +304,6 @@ def fused_radial_kernels(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNI
     ops = _radial_operands(ir, "src", False)
     return [
         _radial_doc(dict(k, index_lines=["s_idx = src[tile_b]", "d_idx = dst[tile_b]"],
-                         params=["src", "dst"] + k["params"]))
+                         params=["src", "dst"] + k["params"]), t.radial_dot)
         for k in fused_bwd_kernels(ir, t, native=False, ops=ops, grads="dF/dx, dF/dy, dF/dW", prefix="conv_radial")
     ]

@@ -35,6 +35,8 @@ KEYS = {
     "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
     "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd and conv_bwd_x)"),
     "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
+    "radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (tf32x3: three TF32 "
+                   "tensor-core products, about float32 accuracy)"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops, its fused backward, the convolution's, and
@@ -122,6 +124,12 @@ class Tuning:
     about 100 us per call on the H100 machine's host (mace_large on 512 edges: 220 against
     118 us), that the segment kernel wins back only on larger graphs (on 32,768 edges
     348 against 543 us).
+
+    ``radial_dot`` (read by the ``conv_radial_*`` ops): their on-chip products
+    ``rf_tile @ radial_weight[:, cols]`` with Helion's ``dot_precision="ieee"`` (0, the
+    default: IEEE float32, the function asked for) or ``"tf32x3"`` (1: three TF32
+    tensor-core products, faster, about float32 accuracy but not IEEE's rounding; an opt-in
+    trade-off). float64 dots are float64 whatever it says.
     """
 
     block_b: int = 16
@@ -142,6 +150,7 @@ class Tuning:
     fuse_bwd: int = 1
     segment: int = 0
     segment_min_edges: int = 8192
+    radial_dot: int = 0
 
 
 DEFAULT_TUNING = Tuning()
