@@ -10,6 +10,11 @@ output irreps sorted and its instructions renumbered by NequIP) is checked on it
 forward, against NequIP's module, on a random graph (not its gradients: a three-block
 gradient run costs about twice this whole file's CPU time).
 
+The radial MLPs (``ScalarMLPFunction``, ``bias=False``) end in a bias-free linear layer, so
+``accelerate`` fuses it into the conv: these compare ``conv_radial`` (hidden features and the
+last layer's matrix, formed outside the op) against NequIP's unfused product, and
+``radial=False`` (``conv``) on the middle block.
+
 ``nequip.utils.global_state.set_global_state`` (required before any NequIP model is
 built) changes process-wide state: the default dtype (float64), RNG seeds, e3nn's
 optimization defaults, dynamo and TorchScript settings, torch's sharing strategy and
@@ -117,12 +122,13 @@ def _rel(a, b) -> float:
 
 
 def test_energy_forces_and_force_loss_gradient_match_nequip(nequip_state):
-    from eqdsl.integrations.nequip import EqdslTensorProductScatter, accelerate
+    from eqdsl.integrations.nequip import EqdslRadialTensorProductScatter, RadialHiddenMLP, accelerate
 
     model = _build()
     fast = accelerate(copy.deepcopy(model))
-    swapped = [m for m in fast.modules() if isinstance(m, EqdslTensorProductScatter)]
-    assert len(swapped) == 2  # one per interaction block
+    swapped = [m for m in fast.modules() if isinstance(m, EqdslRadialTensorProductScatter)]
+    assert len(swapped) == 2  # one per interaction block, each through conv_radial
+    assert all(isinstance(m._radial, RadialHiddenMLP) and "radial_features = 4" in m.eqdsl_spec for m in swapped)
     assert fast.state_dict().keys() == model.state_dict().keys()
 
     e0, f0, g0 = _run(model)
@@ -141,26 +147,49 @@ def test_energy_forces_and_force_loss_gradient_match_nequip(nequip_state):
 def test_sorted_middle_block_matches_nequip(nequip_state):
     from nequip.nn._tp_scatter_base import TensorProductScatter
 
-    from eqdsl.integrations.nequip import EqdslTensorProductScatter, accelerate
+    from eqdsl.integrations.nequip import EqdslRadialTensorProductScatter, EqdslTensorProductScatter, accelerate
 
     model = _build(num_layers=3)
-    old = model.model.func.layer1_convnet.conv.tp_scatter
+    block = model.model.func.layer1_convnet.conv
+    old, old_mlp = block.tp_scatter, block.edge_mlp
     i_out = [ins[2] for ins in old.instructions]  # NequIP keeps (i_in1, i_in2, i_out, mode, train) tuples
     assert i_out != sorted(i_out)  # renumbered by the sort: not in path order
+    plain = accelerate(copy.deepcopy(model), radial=False).model.func.layer1_convnet.conv.tp_scatter
     accelerate(model)
-    new = model.model.func.layer1_convnet.conv.tp_scatter
-    assert type(old) is TensorProductScatter and isinstance(new, EqdslTensorProductScatter) and new.tp is old.tp
+    new = block.tp_scatter
+    assert type(old) is TensorProductScatter and type(new) is EqdslRadialTensorProductScatter and new.tp is old.tp
+    assert type(plain) is EqdslTensorProductScatter
 
     gen = torch.Generator().manual_seed(0)
     n_nodes, n_edges = 5, 14
     x = torch.randn(n_nodes, old.tp.irreps_in1.dim, generator=gen, dtype=torch.float64)
     edge_attr = torch.randn(n_edges, old.tp.irreps_in2.dim, generator=gen, dtype=torch.float64)
-    weight = torch.randn(n_edges, old.tp.weight_numel, generator=gen, dtype=torch.float64)
+    embedding = torch.randn(n_edges, 4, generator=gen, dtype=torch.float64)  # num_bessels
+    hidden = block.edge_mlp(embedding)
+    weight = old_mlp(embedding)  # the original MLP: hidden @ the last layer's matrix
+    assert hidden.shape == (n_edges, 4) and _rel(hidden @ new._radial.matrix(), weight) <= 1e-14
     dst, src = torch.randint(0, n_nodes, (2, n_edges), generator=gen)
     want = old(x, edge_attr, weight, dst, src)
-    got = new(x, edge_attr, weight, dst, src)
+    got = new(x, edge_attr, hidden, dst, src)
     assert got.dtype == torch.float64 and got.shape == want.shape
     assert _rel(got, want) <= TOL
+    assert _rel(plain(x, edge_attr, weight, dst, src), want) <= TOL
+
+
+def test_radial_falls_back_to_conv_without_a_bias_free_last_layer(nequip_state):
+    """A radial MLP with a bias, or one without nonlinearity (NequIP multiplies its layers into
+    one matrix, DeepLinearMLP): no conv_radial. Checked on the block (no compile)."""
+    from nequip.nn.mlp import ScalarMLPFunction
+
+    from eqdsl.integrations.nequip import _radial_hidden_width
+
+    block = copy.deepcopy(_build().model.func.layer0_convnet.conv)
+    assert _radial_hidden_width(block) == 4
+    numel = block.tp_scatter.tp.weight_numel
+    for kw in (dict(bias=True), dict(nonlinearity=None)):
+        block.edge_mlp = ScalarMLPFunction(input_dim=4, output_dim=numel, hidden_layers_depth=1,
+                                           hidden_layers_width=4, **kw)
+        assert _radial_hidden_width(block) is None, kw
 
 
 def test_modify_handles_enable_eqdsl_and_passes_the_rest_to_nequip(nequip_state):

@@ -25,6 +25,20 @@ modifier name ``"enable_eqdsl"``, for NequIP configs (``_target_``). NequIP's ow
 modifier registry is not used: it lists classmethods of module classes already in the
 model, so registering there would mean patching NequIP's ``TensorProductScatter`` class.
 
+Radial weights fused (``accelerate(model, radial=True)``, the default): ``edge_weight`` is
+``self.edge_mlp(edge_embedding)``, a ``ScalarMLPFunction`` built with ``bias=False``: a
+``torch.nn.Sequential`` of ``ScalarLinearLayer`` s (``x @ (weight * alpha)``, alpha =
+``gain / sqrt(fan_in)``) with SiLU between them, the last layer linear and bias-free. Each
+``InteractionBlock`` whose ``edge_mlp`` is so (and whose ``forward`` feeds it only to
+``tp_scatter``) gets an :class:`EqdslRadialTensorProductScatter`, and its ``edge_mlp``
+becomes a :class:`RadialHiddenMLP` returning the hidden features ``(num_edges, H)`` (the
+same ``mlp`` child: parameter names and state dicts do not change). The scatter calls the
+generated ``conv_radial`` with them and the last layer's matrix ``(H, weight_numel)``,
+formed outside the op by the layer itself (applied to the identity: ``weight * alpha``,
+parametrizations included, differentiable), so the per-edge weights never reach memory.
+Blocks whose MLP does not end that way (a bias, or ``DeepLinearMLP``: no nonlinearity, the
+layers multiplied into one matrix) keep ``conv`` with materialized weights.
+
 Tested in eager mode. TorchScript and AOTInductor packages (``nequip-compile``) cannot
 carry the generated op (a Python ``torch.library`` custom op running Helion kernels).
 On a CPU, set ``TRITON_INTERPRET=1`` before anything imports the generated ops.
@@ -34,6 +48,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
+import re
 from types import ModuleType
 from typing import Any
 
@@ -45,7 +61,8 @@ from nequip.utils.dtype import torch_default_dtype
 from eqdsl.from_e3nn import spec_from_e3nn
 from eqdsl.loader import load
 
-__all__ = ["EqdslTensorProductScatter", "MODIFIER_NAME", "accelerate", "modify", "spec_for"]
+__all__ = ["EqdslRadialTensorProductScatter", "EqdslTensorProductScatter", "MODIFIER_NAME", "RadialHiddenMLP",
+           "accelerate", "modify", "spec_for"]
 
 #: the modifier name that :func:`modify` handles itself (the rest go to NequIP's ``modify``)
 MODIFIER_NAME = "enable_eqdsl"
@@ -53,12 +70,14 @@ MODIFIER_NAME = "enable_eqdsl"
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-def spec_for(tp: torch.nn.Module, dtype: torch.dtype) -> str:
+def spec_for(tp: torch.nn.Module, dtype: torch.dtype, radial_features: int | None = None) -> str:
     """The conv spec (TOML text) of one NequIP edge tensor product.
 
     Args:
         tp: the ``e3nn.o3.TensorProduct`` of a ``TensorProductScatter`` (``module.tp``).
         dtype: ``torch.float32`` or ``torch.float64``: the one dtype generated.
+        radial_features: H of ``conv_radial`` (the radial MLP's last hidden width), or
+            ``None``: no ``conv_radial``.
 
     Returns:
         Spec text with ``conv = true``, irreps and instructions exactly as ``tp`` has them.
@@ -74,6 +93,8 @@ def spec_for(tp: torch.nn.Module, dtype: torch.dtype) -> str:
         raise ValueError(f"NequIP model dtype {dtype} is not supported: eqdsl generates float32 and float64 only")
     kw = dict(conv=True, layout="mul_ir", irrep_normalization="component", path_normalization="element",
               dtypes=(_DTYPE_NAMES[dtype],))
+    if radial_features is not None:
+        kw["radial_features"] = int(radial_features)
     probe = spec_from_e3nn(tp, "nequip_tp", **kw)
     digest = hashlib.sha256(probe.encode()).hexdigest()[:12]
     return spec_from_e3nn(tp, f"nequip_{digest}", **kw)
@@ -113,6 +134,95 @@ class EqdslTensorProductScatter(TensorProductScatter):
         return ops.conv(x.to(dt), edge_attr.to(dt), edge_weight.to(dt), edge_src, edge_dst, x.size(0))
 
 
+class RadialHiddenMLP(torch.nn.Module):
+    """A NequIP ``ScalarMLPFunction`` run but its last (bias-free, linear) layer.
+
+    Holds the original's ``mlp`` (``torch.nn.Sequential``) under the same name, so the
+    parameters and state dict are the original's. ``forward(x)`` ``(num_edges, in)`` ->
+    ``(num_edges, H)``; :meth:`matrix` ``(H, out)``, so ``original(x) == forward(x) @
+    matrix()``.
+    """
+
+    def __init__(self, mlp_function: torch.nn.Module):
+        super().__init__()
+        self.mlp = mlp_function.mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in list(self.mlp)[:-1]:
+            x = layer(x)
+        return x
+
+    def matrix(self) -> torch.Tensor:
+        """``(H, out)``: the last layer applied to the identity (``weight * alpha``, after
+        any parametrization), differentiable with respect to its weight."""
+        last = self.mlp[-1]
+        w = last.weight
+        return last(torch.eye(w.shape[0], dtype=w.dtype, device=w.device))
+
+
+class EqdslRadialTensorProductScatter(EqdslTensorProductScatter):
+    """:class:`EqdslTensorProductScatter` whose ``edge_weight`` argument is the radial MLP's
+    hidden features ``(num_edges, H)`` (what the block's :class:`RadialHiddenMLP` returns):
+    ``forward`` is ``conv_radial(x, edge_attr, edge_weight, radial.matrix(), edge_src,
+    edge_dst, num_nodes)``, equal to the base class's forward given ``edge_weight @
+    radial.matrix()``. ``radial`` is the block's ``edge_mlp``, referenced, not registered.
+    """
+
+    def __init__(self, feature_irreps_in, irreps_edge_attr, irreps_mid, instructions, radial_features: int) -> None:
+        TensorProductScatter.__init__(self, feature_irreps_in, irreps_edge_attr, irreps_mid, instructions)
+        self.eqdsl_spec = spec_for(self.tp, self.model_dtype, radial_features)
+
+    def set_radial(self, radial: RadialHiddenMLP) -> None:
+        self.__dict__["_radial"] = radial  # a plain attribute: no second registration of its parameters
+
+    def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
+        ops = _torch_ops(self.eqdsl_spec)
+        dt = self.model_dtype
+        return ops.conv_radial(x.to(dt), edge_attr.to(dt), edge_weight.to(dt), self._radial.matrix().to(dt),
+                               edge_src, edge_dst, x.size(0))
+
+
+# the only statement of InteractionBlock.forward (nequip 0.19.1) that may use edge_mlp for the
+# radial fusion to hold: its output is tp_scatter's edge_weight argument
+_EDGE_MLP_USE = re.compile(r"^edge_weight=self\.edge_mlp\([\w\[\]\.]*\),$")
+
+
+def _radial_hidden_width(block) -> int | None:
+    """H if ``block.edge_mlp`` ends in a bias-free linear ``ScalarLinearLayer`` after a
+    nonlinearity-separated stack this module can split, and the block's forward passes its
+    output only to ``tp_scatter``; else ``None``."""
+    from nequip.nn.mlp import ScalarLinearLayer, ScalarMLPFunction
+
+    mlp = getattr(block, "edge_mlp", None)
+    if type(mlp) is not ScalarMLPFunction or not isinstance(getattr(mlp, "mlp", None), torch.nn.Sequential):
+        return None  # DeepLinearMLP (no nonlinearity) or something else
+    last = mlp.mlp[-1]
+    if not isinstance(last, ScalarLinearLayer) or last.bias is not None:
+        return None
+    try:
+        lines = [ln.strip() for ln in inspect.getsource(type(block).forward).splitlines()]
+    except (OSError, TypeError):
+        return None
+    uses = [ln for ln in lines if "edge_mlp" in ln and not ln.startswith("#")]
+    if len(uses) != 1 or not _EDGE_MLP_USE.match(uses[0]):
+        return None
+    return int(last.in_features)
+
+
+def _replace_radial(block) -> None:
+    old = block.tp_scatter
+    width = _radial_hidden_width(block)
+    if width is None or isinstance(old, EqdslTensorProductScatter):
+        return
+    with torch_default_dtype(old.model_dtype):
+        new = EqdslRadialTensorProductScatter(old.feature_irreps_in, old.irreps_edge_attr, old.irreps_mid,
+                                              old.instructions, width)
+    new.tp = old.tp  # as _replace: the state dict is unchanged
+    block.edge_mlp = RadialHiddenMLP(block.edge_mlp)
+    new.set_radial(block.edge_mlp)
+    block.tp_scatter = new
+
+
 def _replace(old: TensorProductScatter) -> EqdslTensorProductScatter:
     if isinstance(old, EqdslTensorProductScatter):
         return old
@@ -124,7 +234,7 @@ def _replace(old: TensorProductScatter) -> EqdslTensorProductScatter:
     return new
 
 
-def accelerate(model: torch.nn.Module) -> torch.nn.Module:
+def accelerate(model: torch.nn.Module, *, radial: bool = True) -> torch.nn.Module:
     """Run every NequIP edge tensor product + scatter of ``model`` as an eqdsl fused conv.
 
     Replaces, in place, each ``nequip.nn.TensorProductScatter`` submodule (one per
@@ -135,6 +245,10 @@ def accelerate(model: torch.nn.Module) -> torch.nn.Module:
     Args:
         model: any module containing NequIP interaction blocks (a ``GraphModel`` from a
             NequIP model builder, or a ``ModuleDict`` of them).
+        radial: fuse each block's radial MLP's last layer into the conv (an
+            :class:`EqdslRadialTensorProductScatter` calling ``conv_radial``) where it is
+            bias-free and linear (module docstring); other blocks get ``conv``.
+            ``False``: ``conv`` everywhere.
 
     Returns:
         ``model`` itself, modified.
@@ -147,7 +261,12 @@ def accelerate(model: torch.nn.Module) -> torch.nn.Module:
     found = [m for m in model.modules() if isinstance(m, TensorProductScatter)]
     if not found:
         raise ValueError("accelerate: the model has no nequip TensorProductScatter module (is it a NequIP model?)")
-    return replace_submodules(model, TensorProductScatter, _replace)
+    if radial:
+        from nequip.nn import InteractionBlock
+
+        for block in [m for m in model.modules() if isinstance(m, InteractionBlock)]:
+            _replace_radial(block)
+    return replace_submodules(model, TensorProductScatter, _replace)  # the rest: conv
 
 
 def modify(model: Any, modifiers: list | dict) -> Any:
