@@ -23,7 +23,11 @@ nodes x 32 in-edges (sources uniform, edges sorted by dst), and
    timing; a mismatch prints ``BAD`` and its row is left out).
 
     python3 benchmarks/tools/radial_torch_check.py [--package DIR] [--no-triton] [--reps 20]
-        [--nodes 4096 --degree 32] [--quick]
+        [--nodes 4096 --degree 32] [--radial-dot] [--quick]
+
+``--radial-dot``: also generates the spec with ``radial_dot = 1`` (``mace_large_dot``, tf32x3
+dots) into a second temporary directory, checks it in float32 like the default and times it
+in the same table.
 
 ``--quick``: a CPU smoke run of the script itself (Triton's interpreter, Helion kernels, 32 nodes
 x 4 in-edges, wall-clock times of one call).
@@ -46,11 +50,18 @@ H = 64
 TOL = {"float32": 1e-5, "float64": 1e-10}
 
 
-def generate(out: Path, triton: bool) -> Path:
-    """mace_large with radial_features = H, generated into ``out / "pkg"``."""
+def generate(out: Path, triton: bool, radial_dot: bool = False) -> Path:
+    """mace_large with radial_features = H, generated into ``out / "pkg"``; with ``radial_dot``
+    as ``mace_large_dot`` (its own torch.library namespace) with ``radial_dot = 1`` at the top
+    of its tuning table (every radial op's dots in tf32x3)."""
     from eqdsl.codegen.generate import generate_files, write_package
 
     text = (ROOT / "examples/specs/mace_large.toml").read_text()
+    if radial_dot:
+        text, n1 = re.subn(r'(?m)^name = "mace_large"', 'name = "mace_large_dot"', text)
+        text, n2 = re.subn(r"(?m)^\[tensor_product\.tuning\]$", "[tensor_product.tuning]\nradial_dot = 1", text)
+        if (n1, n2) != (1, 1):
+            raise SystemExit("FAIL: examples/specs/mace_large.toml: no name / [tensor_product.tuning] line to patch")
     if not re.search(r"(?m)^radial_features\s*=", text):
         text, n = re.subn(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text)
         if n != 1:
@@ -63,11 +74,11 @@ def generate(out: Path, triton: bool) -> Path:
     return out / "pkg"
 
 
-def import_modules(package: Path):
+def import_modules(package: Path, name: str = "mace_large"):
     sys.path.insert(0, str(package.parent))
     importlib.invalidate_caches()
-    pkg = importlib.import_module(f"{package.name}.mace_large")
-    conv = importlib.import_module(f"{package.name}.mace_large.torch_conv")
+    pkg = importlib.import_module(f"{package.name}.{name}")
+    conv = importlib.import_module(f"{package.name}.{name}.torch_conv")
     if getattr(conv, "RADIAL_FEATURES", None) is None or not hasattr(conv, "conv_radial"):
         raise SystemExit(f"FAIL: {conv.__file__} has no conv_radial (RADIAL_FEATURES)")
     return pkg, conv
@@ -135,6 +146,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--degree", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run of this script (slow interpreter)")
+    ap.add_argument("--radial-dot", action="store_true",
+                    help="also generate radial_dot = 1 (tf32x3 dots) into a temp dir: check it (float32) and time it")
     args = ap.parse_args()
     if args.quick:
         os.environ["TRITON_INTERPRET"] = "1"  # before helion / triton are imported
@@ -149,6 +162,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="radial_torch_")
     package = Path(args.package) if args.package else generate(Path(tmp.name), triton=not args.no_triton)
     _, conv = import_modules(package)
+    conv_dot = None
+    if args.radial_dot:
+        tmp_dot = tempfile.TemporaryDirectory(prefix="radial_torch_dot_")  # noqa: F841 - kept until exit
+        _, conv_dot = import_modules(generate(Path(tmp_dot.name), triton=not args.no_triton, radial_dot=True),
+                                     "mace_large_dot")
     n, deg = args.nodes, args.degree
     gen = torch.Generator().manual_seed(0)
     dst = torch.arange(n).repeat_interleave(deg)
@@ -176,19 +194,25 @@ def main() -> None:
         grads = torch.autograd.grad(out, ts, host["g"].to(device, dtype))
         return [out.detach(), *grads]
 
+    def radial_dot(x, y, rf, wr):
+        return conv_dot.conv_radial(x, y, rf, wr, s, d, n, check=False)
+
     names = ("out", "d x", "d y", "d rf", "d wr")
     failures = []
     truth = values(unfused, torch.float64)
-    for dtype in (torch.float32, torch.float64):
-        tol = TOL[str(dtype).removeprefix("torch.")]
-        got, want = values(radial, dtype), values(unfused, dtype)
-        for name, a, b, t in zip(names, got, want, truth):
-            err, err_true, ref_true = rel(a, b), rel(a, t), rel(b, t)
-            ok = err <= tol and err_true <= max(tol, 4 * ref_true)
-            print(f"  check {dtype} {name:5s}: rel. error {err:.2e} vs the composition, {err_true:.2e} vs float64 "
-                  f"(composition: {ref_true:.2e}) {'ok' if ok else 'FAIL'}")
-            if not ok:
-                failures.append(f"{dtype} {name}")
+    checks = [("", radial, (torch.float32, torch.float64))]
+    checks += [("radial_dot = 1 ", radial_dot, (torch.float32,))] if conv_dot is not None else []
+    for label, fn, dtypes in checks:
+        for dtype in dtypes:
+            tol = TOL[str(dtype).removeprefix("torch.")]
+            got, want = values(fn, dtype), values(unfused, dtype)
+            for name, a, b, t in zip(names, got, want, truth):
+                err, err_true, ref_true = rel(a, b), rel(a, t), rel(b, t)
+                ok = err <= tol and err_true <= max(tol, 4 * ref_true)
+                print(f"  check {label}{dtype} {name:5s}: rel. error {err:.2e} vs the composition, {err_true:.2e} vs "
+                      f"float64 (composition: {ref_true:.2e}) {'ok' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"{label}{dtype} {name}")
     if failures:
         for f in failures:
             print(f"FAIL: conv_radial != conv(x, y, rf @ wr): {f}")
@@ -196,7 +220,9 @@ def main() -> None:
 
     ts = {k: host[k].to(device, torch.float32).requires_grad_() for k in ("x", "y", "rf", "wr")}
     g32 = host["g"].to(device, torch.float32)
-    rows = [("eqdsl conv_radial", radial, ts), ("rf @ wr + eqdsl conv", unfused, ts)]
+    rows = [("eqdsl conv_radial", radial, ts)]
+    rows += [("eqdsl conv_radial, radial_dot = 1 (tf32x3)", radial_dot, ts)] if conv_dot is not None else []
+    rows += [("rf @ wr + eqdsl conv", unfused, ts)]
     built, reason = build_cueq(conv, s, d, n, device)
     if built is None:
         print(f"  cuEquivariance: n/a ({reason})")
