@@ -317,3 +317,23 @@ def test_radial_shared_memory_estimate_and_dot_key(pkgs, tmp_path):
     with pytest.raises(SpecError, match="pallas_radial_dot") as e:
         check_tuning(load_spec(tmp_path / "bad.toml")[0])
     assert "\n" not in str(e.value)
+
+
+def test_radial_kernels_split_by_columns(tmp_path, monkeypatch):
+    """A radial kernel whose dots would hold more columns of radial_weight than the
+    shared-memory budget allows is split over more kernels (same function)."""
+    from eqdsl.backends.pallas import plan
+    from eqdsl.runtime.jax import tiles
+
+    assert plan.RADIAL_SMEM_BUDGET == tiles.SMEM_BUDGET
+    assert plan.radial_max_cols(64) == 844 and tiles.radial_smem_bytes(16, 64, 844, 4) <= tiles.SMEM_BUDGET
+    # budget for 16 dot columns at H = 13 (16 padded): one 16-lane weight tile per kernel
+    monkeypatch.setattr(plan, "RADIAL_SMEM_BUDGET", 4 * 16 * (16 + 4 * 16))
+    b = build(radial_spec("radial_split", MIXED, h=13), tmp_path)
+    k = b.ops._kernels
+    assert len(k.RADIAL_FWD_KERNELS) > len(k.FWD_KERNELS) and sum(w for _, w in k.RADIAL_FWD_KERNELS) == k.IDIM_OUT
+    rng = np.random.default_rng(3)
+    n, e = 5, 32
+    x, y, rf, wr, src, dst = data(b.ir, rng, n, e)
+    out = b.ops.conv_radial(x, y, rf, wr, src, dst, n, block_edges=DOT, segment_edges=DOT)
+    assert rel_err(out, conv_reference(b.ir, x, y, rf @ wr, src, dst, n)) <= 1e-12

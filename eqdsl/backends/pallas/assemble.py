@@ -32,7 +32,7 @@ from ...ir import TensorProductIR
 from .fused import fused_context
 from .kernels import kernels as kernel_set
 from .passes import factor_kernel, fma_kernel
-from .plan import KINDS, RADIAL_KINDS, blocks as plan_blocks, annotate_radial, next_pow2, weight_layout
+from .plan import KINDS, RADIAL_KINDS, blocks as plan_blocks, annotate_radial, next_pow2, radial_max_cols, weight_layout
 from .printer import print_body
 from .tuning import BLOCK_ELEMS, MAX_BLOCK_BATCH, MIN_BLOCK_BATCH, tuning_of
 
@@ -90,14 +90,18 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     fused = plain_fused if t.fuse_bwd or (conv_fuse and not separate) else None
     conv_fused = conv_fuse and (conv_family["fused"] if separate else fused) is not None
     # conv_radial: the radial variants of the conv's kinds that read the weights, split as the
-    # conv's (same term budgets), and of its fused backward if it has one
+    # conv's (same term budgets) and further where a kernel's dots would hold more columns of
+    # the radial weight in shared memory than fit (plan.radial_max_cols, float32 at 16 rows:
+    # the runtime forms a larger kernel's tiles with multiply-adds), and of its fused
+    # backward if it has one (not split by columns: the runtime's fallback applies)
     radial = None
     if ir.radial_features is not None:
         terms, fused_terms = t.conv_max_terms, t.conv_fused_max_terms
         radial = {
             "features": ir.radial_features,
             "kernel_sets": [{"kind": kind, "const": "RADIAL_" + kind.upper() + "_KERNELS",
-                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "radial", ir.radial_features)}
+                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "radial", ir.radial_features,
+                                                   radial_max_cols(next_pow2(ir.radial_features)))}
                             for kind in RADIAL_KINDS],
             "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "radial",
                                    split_blocks=fused_terms is not None, factored=factored,

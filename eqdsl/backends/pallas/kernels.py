@@ -56,7 +56,7 @@ from __future__ import annotations
 from ...ir import PathIR, TensorProductIR
 from ...kernel_ir import Var
 from .operands import Operands, PathInfo, component
-from .plan import DATA, KINDS, BlockPlan, kernel_refs, split
+from .plan import DATA, KINDS, BlockPlan, annotate_radial, kernel_refs, split
 from .stmts import Add, Loop, Masked, RowSum, StoreTile, Write, Zeros, assign, cg_terms, lanesum, product, \
     sum_of
 
@@ -279,10 +279,13 @@ class KernelBuilder:
 
 
 def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int | None = None,
-            prefix: str = "tp", radial: int | None = None) -> list[dict]:
+            prefix: str = "tp", radial: int | None = None, max_cols: int | None = None) -> list[dict]:
     """Kernel contexts of ``kind`` (``plan.KINDS``), output groups split over kernels within
     ``max_terms`` CG terms each (``plan.split``); ``[]`` when no path contributes (the
-    launcher returns zeros). ``radial``: ``KernelBuilder``'s."""
+    launcher returns zeros). ``radial``: ``KernelBuilder``'s; ``max_cols``: a radial kernel
+    forming more dot columns than this (``plan.annotate_radial``, the shared memory its dots
+    hold, ``plan.radial_max_cols``) is split again, halving its output groups, down to one
+    group per kernel."""
     _, _, op, weighted_only = next(k for k in KINDS if k[0] == kind)
     paths = [p for p in ir.paths if p.has_weight or not weighted_only]
     if not paths:
@@ -295,4 +298,17 @@ def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms:
         key = {"g": "i_out", "x1": "i_in1", "x2": "i_in2"}[op]
         costs = [sum(len(p.nonzeros) for p in paths if getattr(p, key) == b.index) for b in blocks[op]]
         runs = split(costs, max_terms)
+        if radial is not None and max_cols is not None:
+            def fits(run):
+                return annotate_radial(KernelBuilder(kind, ir, blocks, wmap, 0, run, prefix, radial).build()) <= max_cols
+
+            def refine(run):
+                if len(run) <= 1 or fits(run):
+                    return [run]
+                halves = split([costs[i] for i in run], -(-sum(costs[i] for i in run) // 2))
+                if len(halves) < 2:
+                    halves = [list(range(len(run) // 2)), list(range(len(run) // 2, len(run)))]
+                return [r for h in halves for r in refine([run[i] for i in h])]
+
+            runs = [r for run in runs for r in refine(run)]
     return [KernelBuilder(kind, ir, blocks, wmap, n, run, prefix, radial).build() for n, run in enumerate(runs)]

@@ -17,11 +17,16 @@ from dataclasses import dataclass
 from ...ir import Block, TensorProductIR
 
 __all__ = ["KINDS", "RADIAL_KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan",
-           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split", "annotate_radial"]
+           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split", "annotate_radial", "RADIAL_SMEM_BUDGET", "radial_max_cols"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels
 # (read at call time by ``split``: tests lower it to force splits).
 MAX_TERMS_PER_KERNEL = 1200
+
+# Shared memory one radial kernel may ask for: the H100's opt-in maximum per block, 227 KiB.
+# The same number as ``eqdsl.runtime.jax.tiles.SMEM_BUDGET`` (the runtime's check; the
+# generator does not import jax), tests/test_jax_conv_radial.py checks they agree.
+RADIAL_SMEM_BUDGET = 232448
 
 # Kernel kinds: (name, operand refs in argument order, the operand it computes, weighted
 # paths only). The ``_wo`` kinds are derivatives of the weighted part of ``F`` alone
@@ -195,3 +200,11 @@ def annotate_radial(kernel: dict, dot: int = 0, dot_min: int = 16) -> int:
     for lst, i in rows:
         lst[i] = dataclasses.replace(lst[i], cols=cols, dot=dot)
     return cols
+
+
+def radial_max_cols(h_pad: int, itemsize: int = 4, rows: int = 16) -> int:
+    """The most dot columns a radial kernel may form within ``RADIAL_SMEM_BUDGET`` at
+    ``rows`` rows per tile (the estimate of ``eqdsl.runtime.jax.tiles.radial_smem_bytes``:
+    ``itemsize * h_pad * (cols + 4 * rows)``). The generator splits the radial kernels to
+    this count for float32 at the smallest dot (16 rows): mace_large at ``H = 64``, 844."""
+    return RADIAL_SMEM_BUDGET // (itemsize * h_pad) - 4 * rows
