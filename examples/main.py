@@ -9,6 +9,12 @@
    weights; node features (one embedding per element) -> the generated fused
    convolution ``out[dst] += TP(x[src], edge_attr, w)`` -> an invariant energy from the
    scalar channels; forces ``F = -dE/dpositions`` by autograd.
+   Where the spec sets ``radial_features = H`` (the package's ``RADIAL_FEATURES``), the
+   per-edge weights come from a radial MLP as in MACE and NequIP: basis -> SiLU layer ->
+   hidden features ``(edges, H)`` -> a bias-free linear layer ``(H, weight_numel)``. Then
+   the generated ops take the hidden features and that matrix (``conv_radial``: the
+   per-edge weights are formed on chip, never written to memory); the reference
+   multiplies them out and runs e3nn. The table's ``op`` column says which op ran.
 4. The same layer built from e3nn (gather + ``o3.TensorProduct`` + ``index_add``) is
    the reference; the table gives the relative differences of energy and forces in
    PyTorch (Helion) and JAX (Pallas), and the time per energy+forces call.
@@ -104,7 +110,14 @@ class Params:
         species = sorted(set(int(z) for z in atoms_numbers))
         table = {z: rng.standard_normal(meta.DIM_IN1) for z in species}
         self.node_features = np.stack([table[int(z)] for z in atoms_numbers])  # e3nn layout (mul_ir)
-        self.theta = rng.standard_normal((N_BASIS, meta.WEIGHT_NUMEL)) / np.sqrt(N_BASIS)
+        self.radial_features = getattr(meta, "RADIAL_FEATURES", None)
+        if self.radial_features is None:
+            self.theta = rng.standard_normal((N_BASIS, meta.WEIGHT_NUMEL)) / np.sqrt(N_BASIS)
+            self.hidden_layer = None
+        else:  # the radial MLP: basis -> H (SiLU) -> weight_numel (bias-free linear, the matrix conv_radial takes)
+            hdim = self.radial_features
+            self.hidden_layer = rng.standard_normal((N_BASIS, hdim)) / np.sqrt(N_BASIS)
+            self.theta = rng.standard_normal((hdim, meta.WEIGHT_NUMEL)) / np.sqrt(hdim)
         cols = _scalar_columns(meta.IRREPS_OUT, "mul_ir")
         self.readout = rng.standard_normal(len(cols)) / np.sqrt(max(len(cols), 1))
 
@@ -123,8 +136,10 @@ def _radial(r, cutoff, xp):
     return bessel * env[:, None]
 
 
-def torch_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, device):
-    """Energy(pos) of the layer in torch with ``conv(x, edge_attr, w, src, dst, n)``."""
+def torch_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, device, conv_radial=None):
+    """Energy(pos) of the layer in torch with ``conv(x, edge_attr, w, src, dst, n)``, or with
+    ``conv_radial(x, edge_attr, hidden, matrix, src, dst, n)`` where given (``params`` with
+    a radial MLP: ``w = hidden @ matrix`` otherwise)."""
     import torch
     from e3nn import o3
 
@@ -133,6 +148,7 @@ def torch_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, dev
     i2 = torch.as_tensor(_layout_index(meta.IRREPS_IN2, meta.LAYOUT), device=device)
     cols = torch.as_tensor(_scalar_columns(meta.IRREPS_OUT, meta.LAYOUT), device=device)
     h, theta, readout, shift = t(params.node_features)[:, i1], t(params.theta), t(params.readout), t(shifts)
+    hidden_layer = None if params.hidden_layer is None else t(params.hidden_layer)
     src_t, dst_t = torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device)
     n = len(params.node_features)
 
@@ -140,8 +156,15 @@ def torch_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, dev
         vec = pos[dst_t] - pos[src_t] + shift
         r = torch.linalg.norm(vec, dim=1)
         edge_attr = o3.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component")[:, i2]
-        w = _radial(r, cutoff, torch) @ theta
-        out = conv(h, edge_attr, w, src_t, dst_t, n)
+        basis = _radial(r, cutoff, torch)
+        if hidden_layer is None:
+            out = conv(h, edge_attr, basis @ theta, src_t, dst_t, n)
+        else:
+            hidden = torch.nn.functional.silu(basis @ hidden_layer)  # (edges, H)
+            if conv_radial is not None:
+                out = conv_radial(h, edge_attr, hidden, theta, src_t, dst_t, n)
+            else:
+                out = conv(h, edge_attr, hidden @ theta, src_t, dst_t, n)
         return (out[:, cols] @ readout).sum()
 
     return energy
@@ -173,8 +196,10 @@ def e3nn_conv(meta, dtype, device):
     return conv
 
 
-def jax_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype):
+def jax_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype, conv_radial=None):
+    """Energy(pos) of the layer in JAX, as ``torch_layer``."""
     import e3nn_jax
+    import jax
     import jax.numpy as jnp
 
     i1 = _layout_index(meta.IRREPS_IN1, meta.LAYOUT)
@@ -182,14 +207,23 @@ def jax_layer(meta, conv, params: Params, src, dst, shifts, cutoff, dtype):
     cols = _scalar_columns(meta.IRREPS_OUT, meta.LAYOUT)
     h = jnp.asarray(params.node_features[:, i1], dtype)
     theta, readout, shift = (jnp.asarray(a, dtype) for a in (params.theta, params.readout, shifts))
+    hidden_layer = None if params.hidden_layer is None else jnp.asarray(params.hidden_layer, dtype)
     n = len(params.node_features)
 
     def energy(pos):
         vec = pos[dst] - pos[src] + shift
         r = jnp.linalg.norm(vec, axis=1)
         edge_attr = e3nn_jax.spherical_harmonics(meta.IRREPS_IN2, vec, normalize=True, normalization="component").array[:, i2]
-        w = _radial(r, cutoff, jnp) @ theta
-        out = conv(h, edge_attr, w, jnp.asarray(src), jnp.asarray(dst), n)
+        basis = _radial(r, cutoff, jnp)
+        src_j, dst_j = jnp.asarray(src), jnp.asarray(dst)
+        if hidden_layer is None:
+            out = conv(h, edge_attr, basis @ theta, src_j, dst_j, n)
+        else:
+            hidden = jax.nn.silu(basis @ hidden_layer)  # (edges, H)
+            if conv_radial is not None:
+                out = conv_radial(h, edge_attr, hidden, theta, src_j, dst_j, n)
+            else:
+                out = conv(h, edge_attr, hidden @ theta, src_j, dst_j, n)
         return (out[:, cols] @ readout).sum()
 
     return energy
@@ -227,7 +261,7 @@ def main(argv=None) -> int:
 
     device = "cuda" if cuda else "cpu"
     print("kernels:", "compiled (GPU)" if cuda else "interpreted (CPU: TRITON_INTERPRET=1, Pallas interpret=True)")
-    header = ("layer", "structure", "atoms", "edges", "dtype", "torch dE", "torch dF", "jax dE", "jax dF", "ok",
+    header = ("layer", "op", "structure", "atoms", "edges", "dtype", "torch dE", "torch dF", "jax dE", "jax dF", "ok",
               "torch ms", "jax ms")
     rows, failures = [header], 0
     for spec in load_spec(args.spec):
@@ -238,27 +272,31 @@ def main(argv=None) -> int:
         meta = importlib.import_module(pkg)
         torch_ops = importlib.import_module(pkg + ".torch_ops")
         jax_ops = importlib.import_module(pkg + ".jax_ops")
+        radial = getattr(meta, "RADIAL_FEATURES", None) is not None
+        op_name = f"conv_radial (H={meta.RADIAL_FEATURES})" if radial else "conv"
+        torch_radial = torch_ops.conv_radial if radial else None
+        jax_radial = jax_ops.conv_radial if radial else None
         for label, atoms, src, dst, shifts in structures(args.cutoff):
             params = Params(meta, atoms.get_atomic_numbers())
             for dtype_name in meta.DTYPES:
                 tdt = getattr(torch, dtype_name)
                 pos0 = atoms.get_positions()
 
-                def energy_forces_torch(conv, dt):
-                    energy = torch_layer(meta, conv, params, src, dst, shifts, args.cutoff, dt, device)
+                def energy_forces_torch(conv, dt, conv_radial=None):
+                    energy = torch_layer(meta, conv, params, src, dst, shifts, args.cutoff, dt, device, conv_radial)
                     pos = torch.tensor(pos0, dtype=dt, device=device, requires_grad=True)
                     e = energy(pos)
                     (g,) = torch.autograd.grad(e, pos)
                     return e.detach().cpu().numpy(), -g.cpu().numpy()
 
                 e_ref, f_ref = energy_forces_torch(e3nn_conv(meta, torch.float64, device), torch.float64)
-                energy_forces_torch(torch_ops.conv, tdt)  # compile / warm up
+                energy_forces_torch(torch_ops.conv, tdt, torch_radial)  # compile / warm up
                 t0 = time.perf_counter()
-                e_t, f_t = energy_forces_torch(torch_ops.conv, tdt)
+                e_t, f_t = energy_forces_torch(torch_ops.conv, tdt, torch_radial)
                 t_torch = (time.perf_counter() - t0) * 1e3
 
                 jdt = getattr(jax.numpy, dtype_name)
-                energy = jax_layer(meta, jax_ops.conv, params, src, dst, shifts, args.cutoff, jdt)
+                energy = jax_layer(meta, jax_ops.conv, params, src, dst, shifts, args.cutoff, jdt, jax_radial)
                 ef = jax.jit(jax.value_and_grad(energy))
                 pos_j = jax.numpy.asarray(pos0, jdt)
                 jax.block_until_ready(ef(pos_j))
@@ -269,7 +307,7 @@ def main(argv=None) -> int:
                 errs = [_rel(e_t, e_ref), _rel(f_t, f_ref), _rel(e_j, e_ref), _rel(-np.asarray(g_j), f_ref)]
                 ok = max(errs) <= TOLERANCE[dtype_name]
                 failures += not ok
-                rows.append((spec.name, label, str(len(atoms)), str(len(src)), dtype_name, *(f"{x:.1e}" for x in errs),
+                rows.append((spec.name, op_name, label, str(len(atoms)), str(len(src)), dtype_name, *(f"{x:.1e}" for x in errs),
                              "yes" if ok else "NO", f"{t_torch:.1f}", f"{t_jax:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for k, r in enumerate(rows):
