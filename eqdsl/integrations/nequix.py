@@ -26,6 +26,16 @@ order, the ``uvu`` instructions listed in sorted order (so the weights line up w
 ``irrep_normalization``. :func:`accelerate` rebuilds each layer with ``kernel=True`` and
 a ``tp_conv`` that calls the generated ``jax_ops.conv``; the parameters and their
 order are unchanged, so ``eqx.tree_serialise_leaves`` checkpoints load into either.
+
+Not fused here: the radial MLP's last layer (``conv_radial``). Nequix's ``radial_mlp``
+(``nequix.model.MLP``, ``use_bias=False``) does end in a bias-free linear layer (``x @
+weights``, no normalization factor), so the generated ``conv_radial`` would apply. But the
+layer's seam hands ``tp_conv.forward`` only ``jax.vmap(radial_mlp)(radial_basis)``, and
+``tp_conv`` is a static field: the last layer's matrix, a parameter (a traced array under
+``jit`` / ``grad``), can reach the op only by overriding ``NequixConvolution.__call__`` (a
+copy of Nequix's layer code: linears, neighbour normalization, skip, norm, gate) or by
+putting a traced array in a static field (which Equinox warns is a mistake). Neither is a
+small, safe change, so every layer calls ``jax_ops.conv`` with the materialized weights.
 """
 
 from __future__ import annotations
