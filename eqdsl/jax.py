@@ -7,6 +7,7 @@ A framework's module keeps the weights as a parameter and calls these pure funct
     w = eqdsl.jax.init(key, pkg)                 # (weight_numel,), standard normal as e3nn
     out = eqdsl.jax.apply(pkg, w, x1, x2)        # jax_ops.tensor_product, batch dims broadcast
     out = eqdsl.jax.conv(pkg, w_edges, h, sh, src, dst, num_nodes)   # conv = true specs
+    out = eqdsl.jax.conv_radial(pkg, w_last, hidden, h, sh, src, dst, num_nodes)  # radial_features = H
 
 ``pkg`` is a generated package module (hashable, so it can be a static field of an
 equinox module or an attribute of a flax module), or anything ``eqdsl.load`` takes.
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 
 from .loader import load
 
-__all__ = ["init", "apply", "conv", "package"]
+__all__ = ["init", "apply", "conv", "conv_radial", "package"]
 
 
 def package(spec_or_module) -> ModuleType:
@@ -85,3 +86,25 @@ def conv(spec_or_module, weights: jax.Array, node_features: jax.Array, edge_attr
     if not pkg.CONV:
         raise ValueError(f"eqdsl.jax.conv: the spec of {pkg.__name__} has no conv = true")
     return pkg.jax_ops.conv(node_features, edge_attr, weights, src, dst, num_nodes)
+
+
+def conv_radial(spec_or_module, radial_weight: jax.Array, radial_features: jax.Array, node_features: jax.Array,
+                edge_attr: jax.Array, src: jax.Array, dst: jax.Array, num_nodes: int) -> jax.Array:
+    """The fused graph convolution with per-edge weights ``radial_features @ radial_weight``
+    formed on chip (``jax_ops.conv_radial`` of a spec with ``radial_features = H``).
+
+    Equal to ``conv(spec_or_module, radial_features @ radial_weight, node_features,
+    edge_attr, src, dst, num_nodes)``. radial_weight ``(H, weight_numel)``: a radial MLP's
+    last, bias-free linear layer as a matrix (its normalization applied by the caller),
+    columns in e3nn's weight order; radial_features ``(num_edges, H)``: that MLP's hidden
+    features per edge; the rest as :func:`conv`. Differentiable in reverse mode to any
+    order with respect to all four arrays.
+
+    Raises:
+        ValueError: the spec has no ``radial_features``; bad arrays (from the generated
+            function, which names the argument).
+    """
+    pkg = package(spec_or_module)
+    if getattr(pkg, "RADIAL_FEATURES", None) is None:
+        raise ValueError(f"eqdsl.jax.conv_radial: the spec of {pkg.__name__} has no radial_features")
+    return pkg.jax_ops.conv_radial(node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes)

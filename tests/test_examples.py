@@ -155,10 +155,13 @@ def test_main_energy_layer_with_conv_radial_matches_e3nn(tmp_path):
     radial MLP's hidden features and last matrix (conv_radial, torch and JAX; a plain conv
     call would fail the test) and give e3nn's energy and forces (w = hidden @ matrix)."""
     import importlib.util
+    import types
 
     import jax
     import numpy as np
     from genutil import build_package
+
+    import eqdsl.jax
 
     spec = importlib.util.spec_from_file_location("eqdsl_main_example", REPO / "examples" / "main.py")
     main = importlib.util.module_from_spec(spec)
@@ -200,6 +203,19 @@ def test_main_energy_layer_with_conv_radial_matches_e3nn(tmp_path):
         energy = main.jax_layer(pkg, no_conv, params, src, dst, shifts, cutoff, jax.numpy.float64,
                                 jax_ops.conv_radial)
         e_j, g_j = jax.value_and_grad(energy)(jax.numpy.asarray(pos0, jax.numpy.float64))
+        # eqdsl.jax's wrapper: the same op, weights first; it refuses a package without radial_features
+        rng = np.random.default_rng(1)
+        hidden, h = rng.standard_normal((len(src), 6)), rng.standard_normal((len(atoms), pkg.DIM_IN1))
+        sh = rng.standard_normal((len(src), pkg.DIM_IN2))
+        got = eqdsl.jax.conv_radial(pkg, params.theta, hidden, h, sh, src, dst, len(atoms))
+        ref_conv = main.e3nn_conv(pkg, torch.float64, "cpu")
+        t = torch.as_tensor
+        want = ref_conv(t(h), t(sh), t(hidden) @ t(params.theta), t(src), t(dst), len(atoms)).numpy()
+        assert main._rel(got, want) <= tol
+        no_radial = types.ModuleType("no_radial")
+        no_radial.WEIGHT_NUMEL, no_radial.RADIAL_FEATURES = pkg.WEIGHT_NUMEL, None
+        with pytest.raises(ValueError, match="no_radial has no radial_features"):
+            eqdsl.jax.conv_radial(no_radial, params.theta, hidden, h, sh, src, dst, len(atoms))
     finally:
         jax.config.update("jax_enable_x64", x64)
     assert main._rel(e_j, e_ref) <= tol and main._rel(-np.asarray(g_j), f_ref) <= tol
