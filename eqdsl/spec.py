@@ -163,15 +163,23 @@ def load_spec(path: str | Path) -> tuple[TensorProductSpec, ...]:
 
 
 def parse_spec(text: str, filename: str = "<spec>") -> tuple[TensorProductSpec, ...]:
-    """Validate spec text; ``filename`` is used in error messages only."""
+    """Validate spec text's ``[[tensor_product]]`` tables; ``filename`` is used in error messages only.
+
+    A file may also hold ``[[symmetric_contraction]]`` tables (or only those: then the result
+    is empty); ``eqdsl.symmetric.spec.parse_symmetric_specs`` validates them, and ``eqdsl
+    generate`` writes both kinds.
+    """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(filename, None, None, f"invalid TOML: {e}") from None
-    extra = sorted(set(data) - {"tensor_product"})
+    extra = sorted(set(data) - {"tensor_product", "symmetric_contraction"})
     if extra:
-        raise SpecError(filename, None, extra[0], "unknown top-level key; expected [[tensor_product]] tables")
+        raise SpecError(filename, None, extra[0],
+                        "unknown top-level key; expected [[tensor_product]] or [[symmetric_contraction]] tables")
     tables = data.get("tensor_product")
+    if tables is None and "symmetric_contraction" in data:
+        return ()  # a file of symmetric contractions only: eqdsl.symmetric.spec parses those tables
     if tables is None:
         raise SpecError(filename, None, "tensor_product", "missing: the file defines no [[tensor_product]] table")
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):

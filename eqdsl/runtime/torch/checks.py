@@ -17,9 +17,11 @@ import torch
 
 from .. import triton_launch
 
-__all__ = ["check_inputs", "check_operands", "check_device", "check_same_device", "CheckCache"]
+__all__ = ["check_inputs", "check_operands", "check_device", "check_same_device", "CheckCache", "describe"]
 
-def _describe(t) -> str:
+
+def describe(t) -> str:
+    """What ``t`` is, for an error message: a tensor's shape, dtype and device, else its type."""
     if isinstance(t, torch.Tensor):
         return f"tensor of shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
     return f"{type(t).__name__}"
@@ -41,7 +43,7 @@ def check_inputs(
     args = (("x1", x1), ("x2", x2), ("weights", weights))
     for name, t in args:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {describe(t)}")
     allowed = ", ".join(str(d) for d in dtypes)
     for name, t in args:
         if t.dtype not in dtypes:
@@ -120,7 +122,7 @@ def check_operands(
 def _check_operands(op, operands, *, weight_numel, shared_weights, dtypes) -> None:
     for name, t, _ in operands:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {describe(t)}")
     first = operands[0][1]
     for name, t, _ in operands:
         if t.dtype not in dtypes:

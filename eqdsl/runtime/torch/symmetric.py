@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from .checks import CheckCache, _describe, check_device, check_same_device
+from .checks import CheckCache, describe, check_device, check_same_device
 from .library import define_op, register_backward, register_fake
 
 __all__ = ["SymmetricOps"]
@@ -85,7 +85,7 @@ class SymmetricOps:
         op = self.namespace + ".symmetric_contraction"
         for name, t in (("x", x), ("weights", weights), ("elem", elem)):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(t)}")
+                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {describe(t)}")
         allowed = ", ".join(str(d) for d in self.dtypes)
         for name, t in (("x", x), ("weights", weights)):
             if t.dtype not in self.dtypes:
@@ -137,7 +137,7 @@ class SymmetricOps:
     def _check_operands(self, qual: str, names, tensors) -> None:
         for name, t in zip(names, tensors):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{qual}: {name} must be a torch.Tensor, got {_describe(t)}")
+                raise TypeError(f"{qual}: {name} must be a torch.Tensor, got {describe(t)}")
         x = tensors[0]
         n = x.shape[0] if x.dim() == 2 else -1
         widths = {"x": self.dim_in, "g": self.dim_out, "weights": None, "elem": None}
