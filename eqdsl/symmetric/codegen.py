@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..backends.render import render
-from ..codegen.generate import MARKER, write_package
+from ..codegen.package import MARKER, write_package
 from . import helion
 from .ir import SymmetricContractionIR
 

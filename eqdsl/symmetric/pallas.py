@@ -60,7 +60,7 @@ from .. import __version__
 from ..backends.pallas.printer import print_body
 from ..backends.pallas.stmts import Comment, Offset, Read, Write, Zeros, assign
 from ..backends.render import render
-from ..codegen.generate import MARKER, write_package
+from ..codegen.package import MARKER, write_package
 from ..irreps import Irreps
 from ..kernel_ir import Assign, Sum, Term, Var
 from .ir import SymmetricContractionIR
