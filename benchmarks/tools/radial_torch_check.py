@@ -25,6 +25,12 @@ nodes x 32 in-edges (sources uniform, edges sorted by dst), and
     python3 benchmarks/tools/radial_torch_check.py [--package DIR] [--no-triton] [--reps 20]
         [--nodes 4096 --degree 32] [--radial-dot] [--quick]
 
+``--sweep BB:BC:NW,...``: instead, per ``block_b:block_c:num_warps`` setting of the
+``conv_radial_fwd`` and ``conv_radial_bwd`` sub-tables, generates the spec (Helion kernels,
+compiled at first call) into a temporary directory, checks it in float32 and prints a table
+of fwd / fwd+bwd times sorted by fwd+bwd; ``--sweep-budget-s`` (360) stops starting settings.
+With the default 4,096 x 32 graph, 4 settings should take about 4 to 6 minutes on an H100.
+
 ``--radial-dot``: also generates the spec with ``radial_dot = 1`` (``mace_large_dot``, tf32x3
 dots) into a second temporary directory, checks it in float32 like the default and times it
 in the same table.
@@ -72,6 +78,93 @@ def generate(out: Path, triton: bool, radial_dot: bool = False) -> Path:
     write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=triton))
     print(f"generated mace_large (radial_features = {H}, Triton code: {triton}) in {time.perf_counter() - t0:.0f} s")
     return out / "pkg"
+
+
+SWEEP_OPS = ("conv_radial_fwd", "conv_radial_bwd")
+
+
+def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int) -> str:
+    """The spec ``text`` as ``mace_large_<tag>`` (its own torch.library namespace) with the
+    sub-tables of ``SWEEP_OPS`` replaced by ``block_b`` / ``block_c`` / ``num_warps``."""
+    text, n = re.subn(r'(?m)^name = "mace_large"', f'name = "mace_large_{tag}"', text)
+    if n != 1:
+        raise SystemExit('FAIL: examples/specs/mace_large.toml: no name = "mace_large" line')
+    for op in SWEEP_OPS:  # drop the spec's own sub-table (header to the next table)
+        text = re.sub(rf"(?m)^\[tensor_product\.tuning\.{op}\]\n(?:(?!\[).*\n?)*", "", text)
+    if not re.search(r"(?m)^\[tensor_product\.tuning\]$", text):
+        text += "\n[tensor_product.tuning]\n"
+    return text.rstrip("\n") + "\n" + "".join(
+        f"\n[tensor_product.tuning.{op}]\nblock_b = {block_b}\nblock_c = {block_c}\nnum_warps = {num_warps}\n"
+        for op in SWEEP_OPS)
+
+
+def run_sweep(args, torch, device) -> None:
+    """``--sweep``: per ``block_b:block_c:num_warps`` setting of ``SWEEP_OPS``, generate the spec
+    (Helion kernels, compiled at first call) into a temporary directory, check conv_radial
+    (float32, against rf @ wr + conv) and print its median fwd / fwd+bwd times; settings not
+    started within ``--sweep-budget-s`` are listed as skipped (the loop says so, loudly)."""
+    from eqdsl.codegen.generate import generate_files, write_package
+
+    text = (ROOT / "examples/specs/mace_large.toml").read_text()
+    if not re.search(r"(?m)^radial_features\s*=", text):
+        text = re.sub(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text, count=1)
+    settings = [tuple(int(v) for v in c.split(":")) for c in args.sweep.split(",")]
+    n, deg = args.nodes, args.degree
+    gen = torch.Generator().manual_seed(0)
+    dst = torch.arange(n).repeat_interleave(deg)
+    src = torch.randint(0, n, (dst.numel(),), generator=gen)
+    s, d = src.to(device), dst.to(device)
+    t_start, rows, failures = time.perf_counter(), [], []
+    tmp = tempfile.TemporaryDirectory(prefix="radial_sweep_")
+    for i, (bb, bc, nw) in enumerate(settings):
+        label = f"block_b={bb} block_c={bc} num_warps={nw}"
+        if time.perf_counter() - t_start > args.sweep_budget_s:
+            print(f"  SKIPPED (over --sweep-budget-s {args.sweep_budget_s} s): {label}", flush=True)
+            continue
+        t0 = time.perf_counter()
+        out = Path(tmp.name) / f"s{i}"
+        spec_path = out / "spec.toml"
+        out.mkdir(parents=True)
+        spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw))
+        write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=False))
+        _, conv = import_modules(out / "pkg", f"mace_large_s{i}")
+        h = conv.RADIAL_FEATURES
+        g = torch.Generator().manual_seed(1)
+        ts = [torch.randn(n, conv.DIM_IN1, generator=g), torch.randn(dst.numel(), conv.DIM_IN2, generator=g),
+              torch.randn(dst.numel(), h, generator=g), torch.randn(h, conv.WEIGHT_NUMEL, generator=g) / h ** 0.5]
+        ts = [t.to(device).requires_grad_() for t in ts]
+        gout = torch.randn(n, conv.DIM_OUT, generator=g).to(device)
+
+        def radial(*a, _c=conv):
+            return _c.conv_radial(*a, s, d, n, check=False)
+
+        def fwd_bwd(*a, _f=radial):
+            return torch.autograd.grad(_f(*a), a, gout)
+
+        got = [radial(*ts).detach(), *fwd_bwd(*ts)]
+        out_ref = conv.conv(ts[0], ts[1], ts[2] @ ts[3], s, d, n, check=False)
+        want = [out_ref.detach(), *torch.autograd.grad(out_ref, ts, gout)]
+        errs = [rel(a, b) for a, b in zip(got, want)]
+        if max(errs) > TOL["float32"]:
+            failures.append(f"{label}: rel. errors " + " ".join(f"{e:.1e}" for e in errs))
+            print(f"  FAIL {failures[-1]}", flush=True)
+            continue
+
+        def f_only(_a=ts):
+            with torch.no_grad():
+                return radial(*_a)
+
+        t_f, t_fb = cuda_us(f_only, args.reps), cuda_us(lambda: fwd_bwd(*ts), args.reps)
+        rows.append((label, t_f, t_fb))
+        print(f"  {label:40s} fwd {t_f:9.1f} us  fwd+bwd {t_fb:9.1f} us  (max rel. error {max(errs):.1e}; "
+              f"generated + compiled + timed in {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"\nsweep of {', '.join(SWEEP_OPS)} (float32, median CUDA-event us, {n} nodes x {deg} in-edges):")
+    print(f"  {'setting':40s} {'fwd':>9s} {'fwd+bwd':>9s}")
+    for label, t_f, t_fb in sorted(rows, key=lambda r: r[2]):
+        print(f"  {label:40s} {t_f:9.1f} {t_fb:9.1f}")
+    if failures:
+        print("FAIL: settings whose conv_radial differs from rf @ wr + conv:\n  " + "\n  ".join(failures))
+        raise SystemExit(1)
 
 
 def import_modules(package: Path, name: str = "mace_large"):
@@ -146,6 +239,11 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--degree", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run of this script (slow interpreter)")
+    ap.add_argument("--sweep", default=None, metavar="BB:BC:NW,...",
+                    help="only time these block_b:block_c:num_warps settings of conv_radial_fwd and conv_radial_bwd "
+                         "(e.g. 16:32:4,16:64:4,32:32:4,32:64:8); each compiles its Helion kernels (20-60 s)")
+    ap.add_argument("--sweep-budget-s", type=float, default=360.0,
+                    help="start no further sweep setting after this many seconds")
     ap.add_argument("--radial-dot", action="store_true",
                     help="also generate radial_dot = 1 (tf32x3 dots) into a temp dir: check it (float32) and time it")
     args = ap.parse_args()
@@ -159,6 +257,9 @@ def main() -> None:
         raise SystemExit("FAIL: no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference matmul in full float32 precision
     device = torch.device("cpu" if args.quick else "cuda")
+    if args.sweep:
+        run_sweep(args, torch, device)
+        return
     tmp = tempfile.TemporaryDirectory(prefix="radial_torch_")
     package = Path(args.package) if args.package else generate(Path(tmp.name), triton=not args.no_triton)
     _, conv = import_modules(package)
