@@ -110,6 +110,9 @@ def test_accelerate_replaces_each_conv_tp_through_the_fusion_hook(model, fast, b
         assert type(new.conv_tp) is MACERadialConvTP and isinstance(new.conv_tp_weights, RadialHidden)
         assert new.conv_tp.radial_features == 8 and new.conv_tp._radial is new.conv_tp_weights
     assert all(pkg.RADIAL_FEATURES == 8 for pkg in packages(fast))
+    # the conv references the block's MLP without registering it: a copy keeps them one object
+    block = copy.deepcopy(fast).interactions[1]
+    assert block.conv_tp._radial is block.conv_tp_weights
     # everything else is the same module objects' copies: same parameters, same names
     assert [n for n, _ in fast.named_parameters()] == [n for n, _ in model.named_parameters()]
 

@@ -130,6 +130,9 @@ def test_energy_forces_and_force_loss_gradient_match_nequip(nequip_state):
     assert len(swapped) == 2  # one per interaction block, each through conv_radial
     assert all(isinstance(m._radial, RadialHiddenMLP) and "radial_features = 4" in m.eqdsl_spec for m in swapped)
     assert fast.state_dict().keys() == model.state_dict().keys()
+    # the scatter references the block's MLP without registering it: a copy keeps them one object
+    block = copy.deepcopy(fast).model.func.layer0_convnet.conv
+    assert block.tp_scatter._radial is block.edge_mlp
 
     e0, f0, g0 = _run(model)
     e1, f1, g1 = _run(fast)
