@@ -87,6 +87,8 @@ DIM_OUT = 368
 CONV = False
 CONV_REDUCE = 'sum'
 CONV_DETERMINISTIC = False
+# conv_radial (torch_conv / jax_ops): the radial MLP's hidden width H, or None (no conv_radial)
+RADIAL_FEATURES = None
 # order of the output blocks: "paths" (path order), "sorted" (e3nn's Irreps.sort(), unmerged),
 # "given" (irreps_out as written: mode uvw or explicit instructions)
 OUTPUT_ORDER = 'given'
