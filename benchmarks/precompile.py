@@ -243,7 +243,7 @@ def schedule(jobs: list[Job]) -> list[Job]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    p.add_argument("--problems", help="comma-separated (default: every generated/ module)")
+    p.add_argument("--problems", help="comma-separated (default: every generated/ tensor-product package)")
     p.add_argument("--dtypes", help="comma-separated (default: float32, and float64 for " + ", ".join(FLOAT64_PROBLEMS) + ")")
     p.add_argument("--no-conv", action="store_true", help="only the plain tensor product's kernels")
     p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
@@ -264,7 +264,9 @@ def main(argv=None) -> int:
     if args.job:
         run_job(*args.job, generated=args.generated, kernel=args.kernel)
         return 0
-    problems = args.problems.split(",") if args.problems else sorted(d.name for d in args.generated.iterdir() if d.is_dir())
+    # default: the tensor-product packages (a symmetric contraction has no torch_ops.py; its kernels compile on first use)
+    problems = args.problems.split(",") if args.problems else sorted(
+        d.name for d in args.generated.iterdir() if (d / "torch_ops.py").is_file())
     conv = "no" if args.no_conv else "only" if args.conv_only else "with"
     dtypes = args.dtypes.split(",") if args.dtypes else None
     todo = torch_jobs(problems, dtypes, conv, args.bench, not args.per_op, args.generated)

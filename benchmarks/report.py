@@ -266,7 +266,8 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
                 if impl in EQDSL_BEST and t == eqdsl_best(cm, impl):
                     slower = [lbl for a, lbl, _ in anchor_list if a in anchors and anchors[a] < t]
                     if slower:
-                        key = f"{prob}/{dtype}/{cfg}/{direction}/{EQDSL_BEST[impl][0]}"
+                        key = ("radial/" if kind == "radial" else "") + \
+                            f"{prob}/{dtype}/{cfg}/{direction}/{EQDSL_BEST[impl][0]}"
                         lost.append(f"- `{key}` ({IMPL_LABEL[impl]}, {fmt_us(t)} µs): slower than {', '.join(slower)}: "
                                     + (reasons.get(key) or "reason not measured yet"))
                 gbps = m["floor_bytes"] / (t * 1e-6) / 1e9 if m["floor_bytes"] else None

@@ -81,7 +81,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def fast(model, tmp_path_factory):
-    return accelerate(copy.deepcopy(model), cache_dir=tmp_path_factory.mktemp("cache"))
+    return accelerate(copy.deepcopy(model), radial=True, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def _run(m, batch, training):

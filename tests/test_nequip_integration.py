@@ -125,7 +125,7 @@ def test_energy_forces_and_force_loss_gradient_match_nequip(nequip_state):
     from eqdsl.integrations.nequip import EqdslRadialTensorProductScatter, RadialHiddenMLP, accelerate
 
     model = _build()
-    fast = accelerate(copy.deepcopy(model))
+    fast = accelerate(copy.deepcopy(model), radial=True)
     swapped = [m for m in fast.modules() if isinstance(m, EqdslRadialTensorProductScatter)]
     assert len(swapped) == 2  # one per interaction block, each through conv_radial
     assert all(isinstance(m._radial, RadialHiddenMLP) and "radial_features = 4" in m.eqdsl_spec for m in swapped)
@@ -158,7 +158,7 @@ def test_sorted_middle_block_matches_nequip(nequip_state):
     i_out = [ins[2] for ins in old.instructions]  # NequIP keeps (i_in1, i_in2, i_out, mode, train) tuples
     assert i_out != sorted(i_out)  # renumbered by the sort: not in path order
     plain = accelerate(copy.deepcopy(model), radial=False).model.func.layer1_convnet.conv.tp_scatter
-    accelerate(model)
+    accelerate(model, radial=True)
     new = block.tp_scatter
     assert type(old) is TensorProductScatter and type(new) is EqdslRadialTensorProductScatter and new.tp is old.tp
     assert type(plain) is EqdslTensorProductScatter

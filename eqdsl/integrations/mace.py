@@ -28,7 +28,7 @@ in this process, so the accelerated model computes what the original computes he
 (e3nn 0.4.x, which mace-torch 0.3.16 pins, has the opposite sign for a few CG blocks:
 the spec then says ``cg_convention = "e3nn-0.4"``).
 
-Radial weights fused (``radial=True``, the default with ``conv=True``): where a block's
+Radial weights fused (``radial=True`` with ``conv=True``; off by default: on an H100 (2026-11-26, mace_large, 114,688 edges, float32) ``conv_radial``'s kernels took 4,460 us forward and 22,318 us forward+backward against 1,957 and 5,634 us for the matmul + ``conv`` (forming the weights on chip costs 2 E H weight_numel FLOPs on the FP32 units; BENCHMARKS.md, docs/conv_radial.md)): where a block's
 ``conv_tp_weights`` is e3nn's ``FullyConnectedNet`` (every block of mace-torch 0.3.16 but
 ``RealAgnosticResidualNonLinearInteractionBlock``), its last layer is a bias-free linear map
 ``x @ (weight / sqrt(h_in * var_in / var_out))`` (e3nn ``nn._fc._Layer`` with ``act=None``).
@@ -171,7 +171,7 @@ def _model_dtype(model) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = True, dtype=None,
+def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = False, dtype=None,
                irrep_normalization: str = "component", path_normalization: str = "element",
                cache_dir=None) -> torch.nn.Module:
     """Replace every interaction block's ``conv_tp`` by a generated eqdsl op, in place.
@@ -185,7 +185,8 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = True
             product and scatter in one op); ``False``: the per-edge product only.
         radial: with ``conv``, fuse each block's radial MLP's last layer into the conv
             (``conv_radial``, module docstring) where it is a bias-free linear layer;
-            other blocks get ``conv``. ``False``: ``conv`` everywhere.
+            other blocks get ``conv``. ``False`` (default, the faster today: module
+            docstring): ``conv`` everywhere.
         dtype: the dtype(s) to generate kernels for (``torch.float32`` / ``"float64"`` or
             a list); default: the dtype of the model's parameters.
         irrep_normalization, path_normalization: what the blocks' ``conv_tp`` were built

@@ -25,7 +25,7 @@ modifier name ``"enable_eqdsl"``, for NequIP configs (``_target_``). NequIP's ow
 modifier registry is not used: it lists classmethods of module classes already in the
 model, so registering there would mean patching NequIP's ``TensorProductScatter`` class.
 
-Radial weights fused (``accelerate(model, radial=True)``, the default): ``edge_weight`` is
+Radial weights fused (``accelerate(model, radial=True)``; off by default: on an H100 (2026-11-26, mace_large, 114,688 edges, float32) ``conv_radial``'s kernels took 4,460 us forward and 22,318 us forward+backward against 1,957 and 5,634 us for the matmul + ``conv`` (forming the weights on chip costs 2 E H weight_numel FLOPs on the FP32 units; BENCHMARKS.md, docs/conv_radial.md)): ``edge_weight`` is
 ``self.edge_mlp(edge_embedding)``, a ``ScalarMLPFunction`` built with ``bias=False``: a
 ``torch.nn.Sequential`` of ``ScalarLinearLayer`` s (``x @ (weight * alpha)``, alpha =
 ``gain / sqrt(fan_in)``) with SiLU between them, the last layer linear and bias-free. Each
@@ -234,7 +234,7 @@ def _replace(old: TensorProductScatter) -> EqdslTensorProductScatter:
     return new
 
 
-def accelerate(model: torch.nn.Module, *, radial: bool = True) -> torch.nn.Module:
+def accelerate(model: torch.nn.Module, *, radial: bool = False) -> torch.nn.Module:
     """Run every NequIP edge tensor product + scatter of ``model`` as an eqdsl fused conv.
 
     Replaces, in place, each ``nequip.nn.TensorProductScatter`` submodule (one per
@@ -248,7 +248,7 @@ def accelerate(model: torch.nn.Module, *, radial: bool = True) -> torch.nn.Modul
         radial: fuse each block's radial MLP's last layer into the conv (an
             :class:`EqdslRadialTensorProductScatter` calling ``conv_radial``) where it is
             bias-free and linear (module docstring); other blocks get ``conv``.
-            ``False``: ``conv`` everywhere.
+            ``False`` (default, the faster today: module docstring): ``conv`` everywhere.
 
     Returns:
         ``model`` itself, modified.
