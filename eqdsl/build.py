@@ -547,7 +547,7 @@ def _pool_compile(task: tuple) -> dict:
              "function": fn.__name__, "options": options, "specialization": spec}
     # the key install() will compute from this entry, here equal to the one Triton just used
     # (same process, same Triton): checks the entry describes the variant completely
-    again = _cb.variant_hash(getattr(_cb._kernel_module(package_dir / rel), fn.__name__), entry, capability)
+    again = _cb.variant_hash(getattr(_cb.kernel_module(package_dir / rel), fn.__name__), entry, capability)
     if again != k.hash:
         raise RuntimeError(f"{rel}: the manifest entry gives Triton key {again[:12]}, Triton compiled "
                            f"{k.hash[:12]} (a Triton cache-invalidating environment variable set?)")

@@ -31,7 +31,7 @@ the spec then says ``cg_convention = "e3nn-0.4"``).
 Radial weights fused (``radial=True`` with ``conv=True``; off by default: on an H100 (2026-11-26, mace_large, 114,688 edges, float32) ``conv_radial``'s kernels took 4,460 us forward and 22,318 us forward+backward against 1,957 and 5,634 us for the matmul + ``conv`` (forming the weights on chip costs 2 E H weight_numel FLOPs on the FP32 units; BENCHMARKS.md, docs/conv_radial.md)): where a block's
 ``conv_tp_weights`` is e3nn's ``FullyConnectedNet`` (every block of mace-torch 0.3.16 but
 ``RealAgnosticResidualNonLinearInteractionBlock``), its last layer is a bias-free linear map
-``x @ (weight / sqrt(h_in * var_in / var_out))`` (e3nn ``nn._fc._Layer`` with ``act=None``).
+``x @ (weight / sqrt(h_in * var_in / var_out))`` (the last layer of e3nn's ``nn.FullyConnectedNet``, no activation).
 ``conv_tp_weights`` then becomes a :class:`RadialHidden` that runs the layers but the last
 (the same ``layerK`` children, so parameter names and state dicts do not change) and returns
 the hidden features ``(num_edges, H)``; MACE's ``tp_weights * cutoff`` scales them per edge,

@@ -41,6 +41,7 @@ without a build.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -51,6 +52,7 @@ from pathlib import Path
 __all__ = [
     "CubinNotice",
     "variant_hash",
+    "kernel_module",
     "FORMAT",
     "DIR",
     "MANIFEST",
@@ -113,7 +115,7 @@ def toolchain_fingerprint(capability: int) -> str:
 _modules: dict[str, object] = {}
 
 
-def _kernel_module(path: Path):
+def kernel_module(path: Path):
     """The Triton module at ``path`` (imports torch and triton only), imported once per process."""
     import importlib.util
 
@@ -167,7 +169,7 @@ def variant_hash(fn, entry: dict, capability: int) -> str:
     kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
     kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
     options = backend.parse_options(kwargs)  # JITFunction.run (_pack_args)
-    options = backend.parse_options(dict(options.__dict__))  # triton.compile
+    options = backend.parse_options({f.name: getattr(options, f.name) for f in dataclasses.fields(options)})  # triton.compile
     key = get_cache_key(ASTSource(fn, signature, constants, attrs), backend, options, env_vars={})
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -272,7 +274,7 @@ def install(package_dir: Path, capability: int | None = None, *, eager: bool = F
                 by_kernel.setdefault((module, entry["function"]), []).append((arch_dir / key, entry, capability))
             if eager:
                 for (module, function), items in by_kernel.items():
-                    _put(getattr(_kernel_module(Path(module)), function), items)
+                    _put(getattr(kernel_module(Path(module)), function), items)
             else:
                 with _lock:
                     if (str(package_dir.resolve()), capability) not in _registered:  # once per process
@@ -305,7 +307,7 @@ def _chain_hook() -> None:
 
 
 def _jit_cache_hook(**kwargs):
-    """Triton calls this right before compiling a kernel variant (``JITFunction._do_compile``);
+    """Triton calls this right before compiling a kernel variant (``triton.knobs.runtime.jit_cache_hook``);
     a truthy result would skip the compilation: only the previous hook's result is returned."""
     jit_fn = kwargs["fn"].jit_function
     path = getattr(sys.modules.get(jit_fn.module), "__file__", None)

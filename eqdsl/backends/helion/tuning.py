@@ -8,6 +8,7 @@ one, ``tuning_for`` reads them for one op (``OPS``: the ops a sub-table may tune
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 __all__ = ["KEYS", "OPS", "validate", "Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for", "tuning_of"]
@@ -159,7 +160,7 @@ DEFAULT_TUNING = Tuning()
 def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
     """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
     its top-level keys, then (for ``op``, one of ``OPS``) its ``<op>.<key>`` sub-table."""
-    fields = Tuning.__dataclass_fields__  # other backends' keys (pallas_*) are not ours
+    fields = {f.name for f in dataclasses.fields(Tuning)}  # other backends' keys (pallas_*) are not ours
     values = {k: v for k, v in pairs if k in fields}
     if op is not None:
         values.update({k.partition(".")[2]: v for k, v in pairs if k.partition(".")[0] == op and k.partition(".")[2] in fields})
