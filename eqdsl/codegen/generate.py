@@ -31,7 +31,7 @@ from ..ir import TensorProductIR
 from ..lower import lower
 from ..errors import SpecError
 from ..spec import TensorProductSpec, load_spec
-from ..symmetric.codegen import symmetric_files
+from ..symmetric.codegen import common_files, symmetric_files
 from ..symmetric.ir import SymmetricContractionIR
 from ..symmetric.lower import lower as lower_symmetric
 from ..symmetric.pallas import jax_files
@@ -94,12 +94,13 @@ def symmetric_package_files(ir: SymmetricContractionIR, header: str) -> dict[str
     """Files of one symmetric-contraction package (``<name>/...``): the metadata, the Helion
     kernels and torch ops (``eqdsl.symmetric.codegen``), the Pallas kernels and JAX ops
     (``eqdsl.symmetric.pallas``). Its kernels compile on first use (no ``triton_kernels/``)."""
+    common = common_files(ir, header=header)
     torch_files = symmetric_files(ir, header=header)
     jax_side = jax_files(ir, header=header)
-    both = sorted(set(torch_files) & set(jax_side))
+    both = sorted((set(torch_files) & set(jax_side)) | (set(common) & (set(torch_files) | set(jax_side))))
     if both:
         raise AssertionError(f"two backends render {both}")
-    return torch_files | jax_side
+    return common | torch_files | jax_side
 
 
 def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str, *, triton: bool = True) -> dict[str, str]:

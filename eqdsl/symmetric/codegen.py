@@ -26,8 +26,9 @@ from ..backends.render import render
 from ..codegen.package import MARKER, write_package
 from . import helion
 from .ir import SymmetricContractionIR
+from .terms import terms_file
 
-__all__ = ["symmetric_files", "generate_symmetric"]
+__all__ = ["common_files", "symmetric_files", "generate_symmetric"]
 
 _TORCH_DTYPES = {"float32": "torch.float32", "float64": "torch.float64"}
 
@@ -37,6 +38,20 @@ def _header(ir: SymmetricContractionIR, command: str | None) -> str:
     command = command or f"eqdsl.symmetric.codegen.generate_symmetric(<IR {ir.name}>, <out_dir>)"
     return (f"{MARKER} {__version__} from the symmetric contraction IR {ir.name} (sha256 {digest[:16]}). "
             f"Do not edit.\n# Regenerate with: {command}\n")
+
+
+def common_files(ir: SymmetricContractionIR, *, header: str | None = None) -> dict[str, str]:
+    """``{"<name>/__init__.py": ..., "<name>/terms.py": ...}``: the files both halves of a package
+    share, the metadata and the IR's nonzeros (``eqdsl.symmetric.terms``), from which each
+    framework's runtime builds its kernels' tables."""
+    header = header or _header(ir, None)
+    init = render(
+        "symmetric_init.py.j2", header=header, name=ir.name, irreps_in=repr(ir.irreps_in),
+        irreps_out=repr(ir.irreps_out), mul=ir.mul, correlation=repr(ir.correlation),
+        num_elements=ir.num_elements, num_params=repr(ir.num_params), weight_offsets=repr(ir.weight_offsets),
+        weight_numel=ir.weight_numel, layout=repr(ir.layout), dtypes=repr(ir.dtypes), basis=repr(ir.basis),
+        cg_convention=repr(ir.cg_convention))
+    return {f"{ir.name}/__init__.py": init, f"{ir.name}/terms.py": terms_file(ir, header)}
 
 
 def symmetric_files(ir: SymmetricContractionIR, *, header: str | None = None, block_b: int | None = None,
@@ -58,12 +73,6 @@ def symmetric_files(ir: SymmetricContractionIR, *, header: str | None = None, bl
                   layout=ir.layout)
     kernel_ctx = [dict(name=k.name, params=k.params, doc=k.doc, config=k.config, lines=k.lines) for k in kernels]
     files = {
-        "__init__.py": render(
-            "symmetric_init.py.j2", header=header, name=ir.name, irreps_in=repr(ir.irreps_in),
-            irreps_out=repr(ir.irreps_out), mul=ir.mul, correlation=repr(ir.correlation),
-            num_elements=ir.num_elements, num_params=repr(ir.num_params), weight_offsets=repr(ir.weight_offsets),
-            weight_numel=ir.weight_numel, layout=repr(ir.layout), dtypes=repr(ir.dtypes), basis=repr(ir.basis),
-            cg_convention=repr(ir.cg_convention)),
         "helion_symmetric_kernels.py": render(
             "helion_symmetric_kernels.py.j2", kernels=kernel_ctx, kernel_names=[k.name for k in kernels],
             n_terms=len(ir.terms), **common),
@@ -86,5 +95,7 @@ def generate_symmetric(ir: SymmetricContractionIR, out_dir: str | Path, *, heade
     Raises:
         eqdsl.codegen.generate.GenerateError: ``out_dir/<name>`` exists and was not written by eqdsl.
     """
-    (written,) = write_package(out_dir, symmetric_files(ir, header=header, **blocks))
+    header = header or _header(ir, None)
+    files = common_files(ir, header=header) | symmetric_files(ir, header=header, **blocks)
+    (written,) = write_package(out_dir, files)
     return written
