@@ -66,7 +66,7 @@ def symmetric_files(ir: SymmetricContractionIR, *, header: str | None = None, bl
     namespace = f"eqdsl_sc_{ir.name}"
     ops = []
     for k in kernels:
-        sig = ", ".join(k.params[:-1])
+        sig = ", ".join(helion.op_params(k.kind, k.k))
         ops.append(f"{helion.op_name(k.kind, k.k)}({sig}) -> {k.params[-1]}")
     common = dict(header=header, name=ir.name, irreps_in=ir.irreps_in, irreps_out=ir.irreps_out,
                   correlation=list(ir.correlation), num_elements=ir.num_elements, weight_numel=ir.weight_numel,

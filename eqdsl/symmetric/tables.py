@@ -38,7 +38,7 @@ from ..irreps import Irreps
 from .ir import SymmetricContractionIR
 
 __all__ = ["KINDS", "OpTables", "columns", "groups", "table_columns", "op_tables", "num_x_factors", "max_order",
-           "apply_tables_reference"]
+           "apply_tables_reference", "PackageTables"]
 
 KINDS = ("fwd", "bwd_w", "bwd_x")
 
@@ -254,3 +254,35 @@ def apply_tables_reference(tables: OpTables, mul: int, x, hs, weights=None, g=No
         else:
             out[:, base + c * stride] = acc
     return out
+
+
+class PackageTables:
+    """The tables of a generated package's ops, built on first use from its ``__init__`` and
+    ``terms.py`` (``eqdsl.symmetric.terms.ir_from_package``) and kept.
+
+    Args:
+        package: the package's import name (``__package__`` of its generated modules).
+    """
+
+    def __init__(self, package: str):
+        self.package = package
+        self._ir: SymmetricContractionIR | None = None
+        self._tables: dict[tuple[str, int], OpTables] = {}
+
+    @property
+    def ir(self) -> SymmetricContractionIR:
+        if self._ir is None:
+            import importlib
+
+            from .terms import ir_from_package
+
+            self._ir = ir_from_package(importlib.import_module(self.package),
+                                       importlib.import_module(self.package + ".terms"))
+        return self._ir
+
+    def get(self, kind: str, n: int) -> OpTables:
+        """``op_tables(ir, kind, n)``, built once."""
+        key = (kind, n)
+        if key not in self._tables:
+            self._tables[key] = op_tables(self.ir, kind, n)
+        return self._tables[key]

@@ -45,9 +45,12 @@ class SymmetricOps:
 
     Args:
         namespace: the ops' namespace (``torch.ops.<namespace>``, ``eqdsl_sc_<name>``).
-        kernels: ``{op name: callable}``: ``kernel(*operands, result)`` runs the op's kernel on
-            contiguous operands of a non-empty batch (``result`` preallocated; zeroed for
-            ``bwd_w*``). Looked up at each call.
+        kernels: ``{op name: callable}``: ``kernel(*operands, slots, ptr, cols, coeff, result)``
+            runs the op's kernel on contiguous operands of a non-empty batch (``result``
+            preallocated; ``bwd_w*`` take ``perm, elem_ptr``, the rows sorted by element,
+            instead of ``elem``). Looked up at each call.
+        tables: ``tables.get(kind, k)`` gives the op's ``eqdsl.symmetric.tables.OpTables``
+            (``PackageTables``); copied to each (device, dtype) once and kept.
         dim_in, dim_out: columns of ``x`` and ``out`` (``dim * mul``).
         num_elements, weight_numel: the weight table's shape.
         max_order: ``{kind: largest k with a kernel}`` (``N``, ``N``, ``N - 1``).
@@ -58,11 +61,13 @@ class SymmetricOps:
         impls: ``{op name: implementation}``.
     """
 
-    def __init__(self, namespace: str, kernels: Mapping[str, Callable], *, dim_in: int, dim_out: int,
+    def __init__(self, namespace: str, kernels: Mapping[str, Callable], tables, *, dim_in: int, dim_out: int,
                  num_elements: int, weight_numel: int, max_order: Mapping[str, int],
                  dtypes: tuple[torch.dtype, ...]):
         self.namespace = namespace
         self._kernels = kernels
+        self._tables = tables
+        self._device_tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self.dim_in, self.dim_out = dim_in, dim_out
         self.num_elements, self.weight_numel = num_elements, weight_numel
         self.max_order = dict(max_order)
@@ -153,6 +158,20 @@ class SymmetricOps:
                 raise ValueError(f"{qual}: {name} must have shape {want}, got {tuple(t.shape)}")
         check_same_device(qual, tuple(names), tuple(tensors))
 
+    def tables_on(self, kind: str, k: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(slots, ptr, cols, coeff)`` of op ``kind``/``k`` on ``like``'s device (``coeff`` in its
+        dtype, the rest int32), built and copied once."""
+        key = (kind, k, like.device, like.dtype)
+        got = self._device_tables.get(key)
+        if got is None:
+            t = self._tables.get(kind, k)
+            ints = dict(dtype=torch.int32, device=like.device)
+            cols = torch.tensor(t.cols, **ints).reshape(len(t.coeff), len(t.columns))
+            got = (torch.tensor(t.slots, **ints).reshape(len(t.slots), 2), torch.tensor(t.ptr, **ints), cols,
+                   torch.tensor(t.coeff, dtype=like.dtype, device=like.device))
+            self._device_tables[key] = got
+        return got
+
     def _define(self, kind: str, k: int) -> None:
         name = op_name(kind, k)
         qual = f"{self.namespace}::{name}"
@@ -164,9 +183,17 @@ class SymmetricOps:
             check_device(qual, tensors[0].device)
             x = tensors[0]
             shape = self._shape(kind, x)
-            result = x.new_zeros(shape) if kind == "bwd_w" else x.new_empty(shape)
-            if x.shape[0] > 0:
-                kernels[name](*(t.contiguous() for t in tensors), result)
+            if x.shape[0] == 0:
+                return x.new_zeros(shape)
+            result = x.new_empty(shape)
+            operands = [t.contiguous() for t in tensors]
+            if kind == "bwd_w":  # one program per element sums its rows: rows sorted by element
+                elem = operands.pop()
+                perm = torch.argsort(elem, stable=True)
+                bounds = torch.arange(self.num_elements + 1, dtype=elem.dtype, device=elem.device)
+                elem_ptr = torch.searchsorted(elem[perm], bounds)
+                operands += [perm.to(torch.int32), elem_ptr.to(torch.int32)]
+            kernels[name](*operands, *self.tables_on(kind, k, x), result)
             return result
 
         def fake(*tensors):
