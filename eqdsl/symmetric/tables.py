@@ -133,17 +133,20 @@ def _dims(irreps: str) -> tuple[int, ...]:
     return tuple(mi.ir.dim for mi in Irreps(irreps))
 
 
-def op_tables(ir: SymmetricContractionIR, kind: str, n: int) -> OpTables:
-    """The tables of op ``kind`` of order ``n`` (``0 <= n <= max_order(ir, kind)``).
+def op_tables(ir: SymmetricContractionIR, kind: str, n: int, layout: str | None = None) -> OpTables:
+    """The tables of op ``kind`` of order ``n`` (``0 <= n <= max_order(ir, kind)``), addressing
+    rows in ``layout`` (default: the IR's; the torch runtime runs ``mul_ir`` contractions on
+    ``ir_mul`` rows, whose channels are contiguous).
 
     Raises:
         ValueError: an unknown kind or an order outside that range.
     """
     if kind not in KINDS or not 0 <= n <= max_order(ir, kind):
         raise ValueError(f"no {kind!r} derivative of order {n} for {ir.name} (max {max_order(ir, kind)})")
-    in_cols = columns(_dims(ir.irreps_in), ir.mul, ir.layout)
+    layout = layout or ir.layout
+    in_cols = columns(_dims(ir.irreps_in), ir.mul, layout)
     out_dims = _dims(ir.irreps_out)
-    out_cols = columns(out_dims, ir.mul, ir.layout)
+    out_cols = columns(out_dims, ir.mul, layout)
     out_first = [sum(out_dims[:o]) for o in range(len(out_dims))]
     free = 1 if kind == "bwd_x" else 0
     q_max = num_x_factors(ir, kind, n)
@@ -267,7 +270,7 @@ class PackageTables:
     def __init__(self, package: str):
         self.package = package
         self._ir: SymmetricContractionIR | None = None
-        self._tables: dict[tuple[str, int], OpTables] = {}
+        self._tables: dict[tuple, OpTables] = {}
 
     @property
     def ir(self) -> SymmetricContractionIR:
@@ -280,9 +283,9 @@ class PackageTables:
                                        importlib.import_module(self.package + ".terms"))
         return self._ir
 
-    def get(self, kind: str, n: int) -> OpTables:
-        """``op_tables(ir, kind, n)``, built once."""
-        key = (kind, n)
+    def get(self, kind: str, n: int, layout: str | None = None) -> OpTables:
+        """``op_tables(ir, kind, n, layout)``, built once."""
+        key = (kind, n, layout)
         if key not in self._tables:
-            self._tables[key] = op_tables(self.ir, kind, n)
+            self._tables[key] = op_tables(self.ir, kind, n, layout)
         return self._tables[key]
