@@ -207,6 +207,16 @@ def bench_eqdsl(args, layout, dtype, root, results):
             print(f"[{name}] first forces step (compiles its kernels) {time.time() - t:.1f} s", flush=True)
         row[label] = cuda_median_ms(fn, args.warmup, args.reps)
         print(f"[{name}] eqdsl {label}: {row[label] * 1e3:.1f} us", flush=True)
+    if args.per_op:  # each op alone (the ops a force-trained step calls), to see where the time goes
+        v = torch.randn_like(x)
+        calls = {"op fwd": lambda: mod.OPS["fwd"](x, w, elem), "op bwd_x": lambda: mod.OPS["bwd_x"](x, w, cot, elem),
+                 "op bwd_w": lambda: mod.OPS["bwd_w"](x, cot, elem),
+                 "op fwd_d1": lambda: mod.OPS["fwd_d1"](x, v, w, elem),
+                 "op bwd_x_d1": lambda: mod.OPS["bwd_x_d1"](x, v, w, cot, elem),
+                 "op bwd_w_d1": lambda: mod.OPS["bwd_w_d1"](x, v, cot, elem)}
+        for label, fn in calls.items():
+            row[label] = cuda_median_ms(fn, args.warmup, args.reps)
+            print(f"[{name}] eqdsl {label}: {row[label] * 1e3:.1f} us", flush=True)
     floor = (x.numel() + w.numel() + out.numel()) * x.element_size()
     row["floor_bytes"] = floor
     row["floor_us"] = floor / HBM_BYTES_PER_S * 1e6
@@ -309,6 +319,7 @@ def main() -> None:
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--forces", action="store_true", help="also time the forces row (compiles 3 more kernels)")
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--per-op", action="store_true", help="also time each op a force-trained step calls, alone")
     p.add_argument("--mul", type=int, default=128)
     p.add_argument("--smoke-cpu", action="store_true",
                    help="dry run of the script on the CPU (TRITON_INTERPRET=1, e.g. --mul 4 --nodes 8): checks only")
