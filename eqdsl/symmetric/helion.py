@@ -134,12 +134,17 @@ def _group_loops(kind: str, k: int, q_max: int, rows: str, acc: str) -> list[Stm
     return body
 
 
+# bwd_w's step over one element's nodes: each program loops over them serially (one program
+# per (weight row, element, channel tile)), so a step takes many nodes at once, unlike the
+# forward's 2-node tiles (many programs, one per node pair). Not yet swept on a GPU.
+BWD_W_BLOCK_NODES = 16
+
 _WHAT = {"fwd": "dF_{k}/dG: the contraction's output", "bwd_w": "dF_{k}/dW, per element",
          "bwd_x": "dF_{k}/dx"}
 
 
 def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int, block_c: int,
-                 num_warps: int) -> SymmetricKernel:
+                 num_warps: int, block_n: int = BWD_W_BLOCK_NODES) -> SymmetricKernel:
     """The kernel of op ``op_name(kind, k)`` (``kind`` in ``KINDS``, ``0 <= k <= max_order``).
 
     Raises:
@@ -165,7 +170,7 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
                         Loop("tile_n in hl.tile(elem_ptr[e], elem_ptr[e + 1])", tuple(inner)),
                         Assign("gw[e, slots[r, 0] + tile_c.index]", "acc"),
                     ))
-        config = f"block_sizes=[{block_c}, {block_b}], num_warps={num_warps}, num_stages=1"
+        config = f"block_sizes=[{block_c}, {block_n}], num_warps={num_warps}, num_stages=1"
     else:
         loop = Loop(f"tile_r, tile_b, tile_c in hl.tile([slots.size(0), x.size(0), {ir.mul}], "
                     "block_size=[1, None, None])", (
@@ -184,8 +189,8 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
 
 
 def default_blocks(ir: SymmetricContractionIR) -> tuple[int, int, int]:
-    """``(block_b, block_c, num_warps)``: 256 lanes a program, up to 128 channels (``bwd_w``:
-    ``block_b`` nodes of one element a step). Measured on an H100 (2026-11-27, MACE-MP's
+    """``(block_b, block_c, num_warps)``: 256 lanes a program, up to 128 channels (``bwd_w``
+    steps over ``BWD_W_BLOCK_NODES`` nodes of one element instead of ``block_b``). Measured on an H100 (2026-11-27, MACE-MP's
     contraction, 3,072 nodes, float32, ``ir_mul`` rows): 2 x 128 at 4 warps took 1.76 / 8.97 /
     24.3 ms (fwd / fwd+bwd / force-training pass) against 2.68 / 12.4 / 32.1 ms for 4 x 32;
     larger node tiles were slower (32 x 32: 11.2 ms forward)."""
