@@ -8,7 +8,7 @@ linear in ``W``, ``G`` and each ``v_j``. Three kernel families compute its parti
 for every ``k`` where they are not identically zero::
 
     fwd_d{k}   (x, v_1..v_k, weights, elem)    -> dF_k/dG   (N, dim_out)                k = 0..N
-    bwd_w_d{k} (x, v_1..v_k, g, perm, elem_ptr) -> dF_k/dW  (num_elements, weight_numel) k = 0..N
+    bwd_w_d{k} (x, v_1..v_k, g)                -> dF_k/dW   per node: (N, weight_numel)   k = 0..N
     bwd_x_d{k} (x, v_1..v_k, weights, g, elem) -> dF_k/dx   (N, dim_x)                  k = 0..N-1
 
 (``k = 0`` is written without the suffix.) The derivative of each is another of them
@@ -20,9 +20,10 @@ source is a few lines whatever the irreps: one program per ``(result slot, block
 block_c channels)``; per group ``q`` of the slot's terms (``q`` factors of ``x``), a loop over
 the terms, each adding ``coeff * W * G * h_1 .. h_n * x .. x`` (the factors the op has), every
 factor a ``(tile_b, tile_c)`` read of its operand at the column the table gives. ``bwd_w``
-sums over the nodes of one element (rows sorted by element by the runtime: ``perm``,
-``elem_ptr``) on chip and writes each ``(element, weight row)`` once: no atomics, the same
-result every run.
+writes each node's own row of ``dW`` (the weights it would have, were each node its own
+element); the runtime sums those rows per element in node chunks. (A kernel that summed one
+element's nodes on chip, one program per (weight row, element), took 20 ms for MACE-MP's
+float64 ``bwd_w`` on an H100: too few programs, each looping over ~300 nodes.)
 
 The straight-line kernels this replaces (every product a named temporary) were 1,200-5,400
 lines for MACE-MP's contraction; Helion took 77 s to bind one of them and the Pallas backward
@@ -62,7 +63,7 @@ def kernel_params(kind: str, k: int) -> tuple[str, ...]:
     vs = tuple(f"v{j}" for j in range(1, k + 1))
     return {
         "fwd": ("x", *vs, "weights", "elem", *_TABLES, "out"),
-        "bwd_w": ("x", *vs, "g", "perm", "elem_ptr", *_TABLES, "gw"),
+        "bwd_w": ("x", *vs, "g", *_TABLES, "gw_rows"),
         "bwd_x": ("x", *vs, "weights", "g", "elem", *_TABLES, "gx"),
     }[kind]
 
@@ -134,17 +135,12 @@ def _group_loops(kind: str, k: int, q_max: int, rows: str, acc: str) -> list[Stm
     return body
 
 
-# bwd_w's step over one element's nodes: each program loops over them serially (one program
-# per (weight row, element, channel tile)), so a step takes many nodes at once, unlike the
-# forward's 2-node tiles (many programs, one per node pair). Not yet swept on a GPU.
-BWD_W_BLOCK_NODES = 16
-
-_WHAT = {"fwd": "dF_{k}/dG: the contraction's output", "bwd_w": "dF_{k}/dW, per element",
+_WHAT = {"fwd": "dF_{k}/dG: the contraction's output", "bwd_w": "dF_{k}/dW, one row per node",
          "bwd_x": "dF_{k}/dx"}
 
 
 def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int, block_c: int,
-                 num_warps: int, block_n: int = BWD_W_BLOCK_NODES) -> SymmetricKernel:
+                 num_warps: int) -> SymmetricKernel:
     """The kernel of op ``op_name(kind, k)`` (``kind`` in ``KINDS``, ``0 <= k <= max_order``).
 
     Raises:
@@ -154,33 +150,17 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
         raise ValueError(f"no kernel {kind!r} of order {k} for {ir.name} (max {max_order(ir, kind)})")
     q_max = num_x_factors(ir, kind, k)
     result = kernel_params(kind, k)[-1]
-    if kind == "bwd_w":
-        inner: list[Stmt] = [
-            Assign("rows", "perm[tile_n]"),
-            Assign("part", "hl.zeros([tile_n, tile_c], dtype=gw.dtype)"),
-            *_group_loops(kind, k, q_max, "rows", "part"),
-            Assign("acc", "acc + part.sum(0)"),
-        ]
-        loop = Loop(f"tile_r, tile_e, tile_c in hl.tile([slots.size(0), gw.size(0), {ir.mul}], "
-                    "block_size=[1, 1, None])", (
-                        Assign("r", "tile_r.begin"),
-                        Assign("e", "tile_e.begin"),
-                        Assign("acc", "hl.zeros([tile_c], dtype=gw.dtype)"),
-                        Comment("the element's nodes, summed on chip (rows sorted by element)"),
-                        Loop("tile_n in hl.tile(elem_ptr[e], elem_ptr[e + 1])", tuple(inner)),
-                        Assign("gw[e, slots[r, 0] + tile_c.index]", "acc"),
-                    ))
-        config = f"block_sizes=[{block_c}, {block_n}], num_warps={num_warps}, num_stages=1"
-    else:
-        loop = Loop(f"tile_r, tile_b, tile_c in hl.tile([slots.size(0), x.size(0), {ir.mul}], "
-                    "block_size=[1, None, None])", (
-                        Assign("r", "tile_r.begin"),
-                        Assign("e_idx", "elem[tile_b]"),
-                        Assign("acc", f"hl.zeros([tile_b, tile_c], dtype={result}.dtype)"),
-                        *_group_loops(kind, k, q_max, "tile_b", "acc"),
-                        Assign(f"{result}[tile_b, slots[r, 0] + tile_c.index * slots[r, 1]]", "acc"),
-                    ))
-        config = f"block_sizes=[{block_b}, {block_c}], num_warps={num_warps}, num_stages=1"
+    # bwd_w writes each node's own row of dW (gw_rows): the runtime sums them per element
+    head = () if kind == "bwd_w" else (Assign("e_idx", "elem[tile_b]"),)
+    loop = Loop(f"tile_r, tile_b, tile_c in hl.tile([slots.size(0), x.size(0), {ir.mul}], "
+                "block_size=[1, None, None])", (
+                    Assign("r", "tile_r.begin"),
+                    *head,
+                    Assign("acc", f"hl.zeros([tile_b, tile_c], dtype={result}.dtype)"),
+                    *_group_loops(kind, k, q_max, "tile_b", "acc"),
+                    Assign(f"{result}[tile_b, slots[r, 0] + tile_c.index * slots[r, 1]]", "acc"),
+                ))
+    config = f"block_sizes=[{block_b}, {block_c}], num_warps={num_warps}, num_stages=1"
     what = _WHAT[kind].format(k=k)
     doc = (f"{op_name(kind, k)}: {what}; one program per (slot, tile); {q_max + 1} term groups "
            f"(0..{q_max} factors of x) looped over the tables.")
@@ -189,8 +169,7 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
 
 
 def default_blocks(ir: SymmetricContractionIR) -> tuple[int, int, int]:
-    """``(block_b, block_c, num_warps)``: 256 lanes a program, up to 128 channels (``bwd_w``
-    steps over ``BWD_W_BLOCK_NODES`` nodes of one element instead of ``block_b``). Measured on an H100 (2026-11-27, MACE-MP's
+    """``(block_b, block_c, num_warps)``: 256 lanes a program, up to 128 channels. Measured on an H100 (2026-11-27, MACE-MP's
     contraction, 3,072 nodes, float32, ``ir_mul`` rows): 2 x 128 at 4 warps took 1.76 / 8.97 /
     24.3 ms (fwd / fwd+bwd / force-training pass) against 2.68 / 12.4 / 32.1 ms for 4 x 32;
     larger node tiles were slower (32 x 32: 11.2 ms forward)."""
