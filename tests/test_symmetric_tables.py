@@ -66,6 +66,16 @@ def test_tables_structure(layout):
             assert len(t.ptr) == len(t.slots) * t.groups + 1 and t.ptr[0] == 0 and t.ptr[-1] == len(t.coeff)
             assert all(a <= b for a, b in zip(t.ptr, t.ptr[1:]))
             assert all(len(row) == len(t.columns) for row in t.cols)
+            # the monomial index partitions each group's terms into runs of one monomial each
+            assert len(t.mono_ptr) == len(t.ptr) and t.mono_ptr[-1] == len(t.mono_cols)
+            for grp in range(len(t.ptr) - 1):
+                ms = range(t.mono_ptr[grp], t.mono_ptr[grp + 1])
+                assert [t.mono_terms[m] for m in ms] + [t.ptr[grp + 1]] == \
+                    ([t.ptr[grp]] + [t.mono_terms[m + 1] for m in ms] if ms else [t.ptr[grp + 1]])
+                for m in ms:
+                    terms = range(t.mono_terms[m], t.mono_terms[m + 1])
+                    assert terms and all(t.cols[i][t.head_width:] == t.mono_cols[m] for i in terms)
+                assert len({t.mono_cols[m] for m in ms}) == len(ms)  # each monomial once per group
             # the slots cover every column of a result row exactly once
             covered = sorted(b + c * s for b, s in t.slots for c in range(ir.mul))
             width = {"fwd": sum(ir.out_dims), "bwd_w": ir.weight_numel // ir.mul, "bwd_x": ir.dim_in}[kind]

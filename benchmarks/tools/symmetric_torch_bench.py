@@ -144,7 +144,7 @@ def bench_eqdsl(args, layout, dtype, root, results):
     t = time.time()
     ir = lower(spec)
     blocks = {k: v for k, v in (("block_b", args.block_b), ("block_c", args.block_c),
-                                 ("num_warps", args.num_warps)) if v}
+                                 ("num_warps", args.num_warps), ("num_stages", args.num_stages)) if v}
     generate_symmetric(ir, root / "pkgs", **blocks)
     importlib.invalidate_caches()
     mod = importlib.import_module(f"pkgs.{name}.torch_symmetric")
@@ -317,6 +317,7 @@ def main() -> None:
     p.add_argument("--block-b", type=int, default=None)
     p.add_argument("--block-c", type=int, default=None)
     p.add_argument("--num-warps", type=int, default=None)
+    p.add_argument("--num-stages", type=int, default=None)
     p.add_argument("--forces", action="store_true", help="also time the forces row (compiles 3 more kernels)")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--per-op", action="store_true", help="also time each op a force-trained step calls, alone")

@@ -55,14 +55,15 @@ def common_files(ir: SymmetricContractionIR, *, header: str | None = None) -> di
 
 
 def symmetric_files(ir: SymmetricContractionIR, *, header: str | None = None, block_b: int | None = None,
-                    block_c: int | None = None, num_warps: int | None = None) -> dict[str, str]:
+                    block_c: int | None = None, num_warps: int | None = None, num_stages: int = 1) -> dict[str, str]:
     """``{relative path: text}`` of ``ir``'s package (paths start with ``<name>/``).
 
     ``header``: the first lines of every file (default: the IR's hash and this function);
-    ``block_b``, ``block_c``, ``num_warps``: the kernels' tile (``helion.build_kernels``).
+    ``block_b``, ``block_c``, ``num_warps``, ``num_stages``: the kernels' tile and Triton's
+    software pipelining of their loops (``helion.build_kernels``).
     """
     header = header or _header(ir, None)
-    kernels = helion.build_kernels(ir, block_b=block_b, block_c=block_c, num_warps=num_warps)
+    kernels = helion.build_kernels(ir, block_b=block_b, block_c=block_c, num_warps=num_warps, num_stages=num_stages)
     namespace = f"eqdsl_sc_{ir.name}"
     ops = []
     for k in kernels:

@@ -18,8 +18,10 @@ Every kernel is a loop over data, the term tables of ``eqdsl.symmetric.tables`` 
 ``ptr``, ``cols``, ``coeff``; the runtime builds them from the package's ``terms.py``), so its
 source is a few lines whatever the irreps: one program per ``(result slot, block_b nodes,
 block_c channels)``; per group ``q`` of the slot's terms (``q`` factors of ``x``), a loop over
-the terms, each adding ``coeff * W * G * h_1 .. h_n * x .. x`` (the factors the op has), every
-factor a ``(tile_b, tile_c)`` read of its operand at the column the table gives. ``bwd_w``
+the group's distinct monomials (their ``h_1 .. h_n`` and ``x`` factors), and per monomial a
+loop over its terms summing their heads ``coeff * W * G`` (the factors the op has) before
+the monomial multiplies the sum once; every factor a ``(tile_b, tile_c)`` read of its operand
+at the column the table gives. ``bwd_w``
 writes each node's own row of ``dW`` (the weights it would have, were each node its own
 element); the runtime sums those rows per element in node chunks. (A kernel that summed one
 element's nodes on chip, one program per (weight row, element), took 20 ms for MACE-MP's
@@ -48,7 +50,7 @@ def op_name(kind: str, k: int) -> str:
     return kind if k == 0 else f"{kind}_d{k}"
 
 
-_TABLES = ("slots", "ptr", "cols", "coeff")
+_TABLES = ("slots", "mono_ptr", "mono_cols", "mono_terms", "cols", "coeff")
 
 
 def op_params(kind: str, k: int) -> tuple[str, ...]:
@@ -70,19 +72,23 @@ def kernel_params(kind: str, k: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TableRead:
-    """A factor of a term: the ``(rows, tile_c)`` tile of ``tensor`` at the columns the term's table
-    row gives: ``cols[t, column] + tile_c.index * cols[t, column + 1]`` (``strided``), or
-    ``cols[t, column] + tile_c.index`` (a weight row, stride 1). ``rows``: ``tile_b``, the
-    gathered ``e_idx`` (weights) or ``rows`` (``bwd_w``'s element-sorted nodes)."""
+    """A factor: the ``(rows, tile_c)`` tile of ``tensor`` at the columns a table row gives:
+    ``table[i, column] + tile_c.index * table[i, column + 1]`` (``strided``), or
+    ``table[i, column] + tile_c.index`` (a weight row, stride 1), ``table[i]`` being a term's
+    head (``cols[t]``) or a monomial's factors (``mono_cols[m]``). ``rows``: ``tile_b`` or the
+    gathered ``e_idx`` (weights)."""
 
     tensor: str
     rows: str
     column: int
     strided: bool = True
+    table: str = "cols"
+    index: str = "t"
 
     def __str__(self) -> str:
-        step = f"tile_c.index * cols[t, {self.column + 1}]" if self.strided else "tile_c.index"
-        return f"{self.tensor}[{self.rows}, cols[t, {self.column}] + {step}]"
+        at = f"{self.table}[{self.index}, "
+        step = f"tile_c.index * {at}{self.column + 1}]" if self.strided else "tile_c.index"
+        return f"{self.tensor}[{self.rows}, {at}{self.column}] + {step}]"
 
 
 @dataclass(frozen=True)
@@ -108,30 +114,38 @@ class SymmetricKernel:
         return f"SymmetricKernel({self.name}: {self.kind} k={self.k}, {self.groups} groups)"
 
 
-def _factors(kind: str, k: int, q: int, q_max: int, rows: str) -> list[TableRead]:
-    """The factors of a group-``q`` term, in the table's column order (``table_columns``)."""
+def _factors(kind: str, k: int, q: int, q_max: int, rows: str) -> tuple[list[TableRead], list[TableRead]]:
+    """``(head, monomial)``: a group-``q`` term's head factors (``W``, ``G``: read per term from
+    ``cols``) and its monomial's (``h_j``, ``x``: read once per monomial from ``mono_cols``),
+    in the tables' column order (``table_columns``)."""
     names = table_columns(kind, k, q_max)
-    reads = []
+    head_width = sum(1 for n in names if n in ("w", "g", "g_stride"))
+    head, mono = [], []
     for i, name in enumerate(names):
         if name == "w":
-            reads.append(TableRead("weights", "e_idx", i, strided=False))
+            head.append(TableRead("weights", "e_idx", i, strided=False))
         elif name == "g":
-            reads.append(TableRead("g", rows, i))
+            head.append(TableRead("g", rows, i))
         elif name.startswith("h") and not name.endswith("_stride"):
-            reads.append(TableRead(f"v{name[1:]}", rows, i))
+            mono.append(TableRead(f"v{name[1:]}", rows, i - head_width, table="mono_cols", index="m"))
         elif name.startswith("x") and not name.endswith("_stride") and int(name[1:]) <= q:
-            reads.append(TableRead("x", rows, i))
-    return reads
+            mono.append(TableRead("x", rows, i - head_width, table="mono_cols", index="m"))
+    return head, mono
 
 
-def _group_loops(kind: str, k: int, q_max: int, rows: str, acc: str) -> list[Stmt]:
+def _group_loops(kind: str, k: int, q_max: int, rows: str, acc: str, dtype_of: str) -> list[Stmt]:
     groups = q_max + 1
     body: list[Stmt] = []
     for q in range(groups):
-        product = " * ".join(["coeff[t]"] + [str(f) for f in _factors(kind, k, q, q_max, rows)])
-        body.append(Comment(f"terms with {q} factor{'s' if q != 1 else ''} of x"))
-        body.append(Loop(f"t in hl.grid(ptr[r * {groups} + {q}], ptr[r * {groups} + {q + 1}])",
-                         (Assign(acc, f"{acc} + {product}"),)))
+        head, mono = _factors(kind, k, q, q_max, rows)
+        term = " * ".join(["coeff[t]"] + [str(f) for f in head])
+        body.append(Comment(f"monomials with {q} factor{'s' if q != 1 else ''} of x: their terms' heads "
+                            "summed, then one product"))
+        body.append(Loop(f"m in hl.grid(mono_ptr[r * {groups} + {q}], mono_ptr[r * {groups} + {q + 1}])", (
+            Assign("s", f"hl.zeros([{rows}, tile_c], dtype={dtype_of}.dtype)"),
+            Loop("t in hl.grid(mono_terms[m], mono_terms[m + 1])", (Assign("s", f"s + {term}"),)),
+            Assign(acc, f"{acc} + " + " * ".join(["s"] + [str(f) for f in mono])),
+        )))
     return body
 
 
@@ -140,7 +154,7 @@ _WHAT = {"fwd": "dF_{k}/dG: the contraction's output", "bwd_w": "dF_{k}/dW, one 
 
 
 def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int, block_c: int,
-                 num_warps: int) -> SymmetricKernel:
+                 num_warps: int, num_stages: int = 1) -> SymmetricKernel:
     """The kernel of op ``op_name(kind, k)`` (``kind`` in ``KINDS``, ``0 <= k <= max_order``).
 
     Raises:
@@ -157,10 +171,10 @@ def build_kernel(ir: SymmetricContractionIR, kind: str, k: int, *, block_b: int,
                     Assign("r", "tile_r.begin"),
                     *head,
                     Assign("acc", f"hl.zeros([tile_b, tile_c], dtype={result}.dtype)"),
-                    *_group_loops(kind, k, q_max, "tile_b", "acc"),
+                    *_group_loops(kind, k, q_max, "tile_b", "acc", result),
                     Assign(f"{result}[tile_b, slots[r, 0] + tile_c.index * slots[r, 1]]", "acc"),
                 ))
-    config = f"block_sizes=[{block_b}, {block_c}], num_warps={num_warps}, num_stages=1"
+    config = f"block_sizes=[{block_b}, {block_c}], num_warps={num_warps}, num_stages={num_stages}"
     what = _WHAT[kind].format(k=k)
     doc = (f"{op_name(kind, k)}: {what}; one program per (slot, tile); {q_max + 1} term groups "
            f"(0..{q_max} factors of x) looped over the tables.")
@@ -180,7 +194,7 @@ def default_blocks(ir: SymmetricContractionIR) -> tuple[int, int, int]:
 
 
 def build_kernels(ir: SymmetricContractionIR, *, block_b: int | None = None, block_c: int | None = None,
-                  num_warps: int | None = None) -> list[SymmetricKernel]:
+                  num_warps: int | None = None, num_stages: int = 1) -> list[SymmetricKernel]:
     """Every kernel of ``ir``: ``fwd``, ``bwd_w`` for ``k = 0..N``, ``bwd_x`` for ``k = 0..N-1``.
 
     Block sizes default to ``default_blocks(ir)``; each must be a power of two.
@@ -193,5 +207,5 @@ def build_kernels(ir: SymmetricContractionIR, *, block_b: int | None = None, blo
     for name, v in (("block_b", block_b), ("block_c", block_c), ("num_warps", num_warps)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    return [build_kernel(ir, kind, k, block_b=block_b, block_c=block_c, num_warps=num_warps)
+    return [build_kernel(ir, kind, k, block_b=block_b, block_c=block_c, num_warps=num_warps, num_stages=num_stages)
             for kind in KINDS for k in range(max_order(ir, kind) + 1)]

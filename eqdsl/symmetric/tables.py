@@ -113,6 +113,14 @@ class OpTables:
         columns: names of ``cols``' columns (``table_columns``).
         cols: per term, the integer columns.
         coeff: per term, its coefficient (float64; the kernels read it in their dtype).
+        mono_ptr, mono_cols, mono_terms: the same terms by distinct monomial (their ``h`` and
+            ``x`` factors; terms are sorted so that a monomial's terms are adjacent): group
+            ``g``'s monomials are ``mono_ptr[g] : mono_ptr[g + 1]``, monomial ``m``'s factor
+            columns ``mono_cols[m]`` (``columns[head_width:]``) and its terms ``mono_terms[m] :
+            mono_terms[m + 1]``, whose *heads* (``cols[t][:head_width]``: ``w``, ``g``) and
+            coefficients sum before the monomial multiplies them once (MACE-MP's forward: 1,909
+            terms, 410 monomials).
+        head_width: the number of head columns.
     """
 
     kind: str
@@ -123,10 +131,14 @@ class OpTables:
     columns: tuple[str, ...]
     cols: tuple[tuple[int, ...], ...]
     coeff: tuple[float, ...]
+    mono_ptr: tuple[int, ...] = ()
+    mono_cols: tuple[tuple[int, ...], ...] = ()
+    mono_terms: tuple[int, ...] = ()
+    head_width: int = 0
 
     def __str__(self) -> str:
         return (f"OpTables({self.kind} n={self.n}: {len(self.slots)} slots x {self.groups} groups, "
-                f"{len(self.coeff)} terms, {len(self.columns)} columns)")
+                f"{len(self.coeff)} terms, {len(self.mono_cols)} monomials, {len(self.columns)} columns)")
 
 
 def _dims(irreps: str) -> tuple[int, ...]:
@@ -187,25 +199,37 @@ def op_tables(ir: SymmetricContractionIR, kind: str, n: int, layout: str | None 
             merged[key] = merged.get(key, 0.0) + t.coeff
 
     ptr, cols, coeff = [0], [], []
+    mono_ptr, mono_cols, mono_terms = [0], [], [0]
     by_group: dict[tuple[int, int], list] = {}
-    for (slot, q, head, dirs, xs), c in sorted(merged.items()):
+    # within a group, terms sorted by their x-and-h factors (the "monomial"), then the head (W, G)
+    for (slot, q, head, dirs, xs), c in sorted(merged.items(), key=lambda kv: (kv[0][:2], kv[0][3:], kv[0][2])):
         if c == 0.0:
             continue
-        row = list(head)
+        tail = []
         for i in dirs:
-            row += in_cols[i]
+            tail += in_cols[i]
         for i in xs:
-            row += in_cols[i]
-        row += [0, 0] * (q_max - q)
-        by_group.setdefault((slot, q), []).append((tuple(row), c))
+            tail += in_cols[i]
+        tail += [0, 0] * (q_max - q)
+        by_group.setdefault((slot, q), []).append((tuple(head), tuple(tail), c))
     for slot in range(len(slots)):
         for q in range(q_max + 1):
-            for row, c in by_group.get((slot, q), ()):
-                cols.append(row)
+            last = None
+            for head, tail, c in by_group.get((slot, q), ()):
+                if tail != last:
+                    if last is not None:
+                        mono_terms.append(len(coeff))
+                    mono_cols.append(tail)
+                    last = tail
+                cols.append(head + tail)
                 coeff.append(c)
+            if last is not None:
+                mono_terms.append(len(coeff))
             ptr.append(len(coeff))
+            mono_ptr.append(len(mono_cols))
     return OpTables(kind=kind, n=n, slots=tuple(slots), groups=q_max + 1, ptr=tuple(ptr), columns=names,
-                    cols=tuple(cols), coeff=tuple(coeff))
+                    cols=tuple(cols), coeff=tuple(coeff), mono_ptr=tuple(mono_ptr), mono_cols=tuple(mono_cols),
+                    mono_terms=tuple(mono_terms), head_width=len(names) - 2 * (n + q_max))
 
 
 def apply_tables_reference(tables: OpTables, mul: int, x, hs, weights=None, g=None, elem=None, *,

@@ -51,7 +51,7 @@ class SymmetricOps:
 
     Args:
         namespace: the ops' namespace (``torch.ops.<namespace>``, ``eqdsl_sc_<name>``).
-        kernels: ``{op name: callable}``: ``kernel(*operands, slots, ptr, cols, coeff, result)``
+        kernels: ``{op name: callable}``: ``kernel(*operands, *tables, result)`` (``tables_on``)
             runs the op's kernel on contiguous operands of a non-empty batch (``result``
             preallocated; ``bwd_w*`` take no ``elem`` and write one row of ``dW`` per node,
             which ``index_add_`` sums per element, in chunks of ``ROWS_CHUNK_ELEMENTS``
@@ -171,16 +171,20 @@ class SymmetricOps:
         check_same_device(qual, tuple(names), tuple(tensors))
 
     def tables_on(self, kind: str, k: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(slots, ptr, cols, coeff)`` of op ``kind``/``k`` on ``like``'s device (``coeff`` in its
-        dtype, the rest int32), built and copied once."""
+        """``(slots, mono_ptr, mono_cols, mono_terms, cols, coeff)`` of op ``kind``/``k`` on ``like``'s
+        device (``coeff`` in its dtype, the rest int32), built and copied once."""
         key = (kind, k, like.device, like.dtype)
         got = self._device_tables.get(key)
         if got is None:
             t = self._tables.get(kind, k, "ir_mul")
             ints = dict(dtype=torch.int32, device=like.device)
-            cols = torch.tensor(t.cols, **ints).reshape(len(t.coeff), len(t.columns))
-            got = (torch.tensor(t.slots, **ints).reshape(len(t.slots), 2), torch.tensor(t.ptr, **ints), cols,
-                   torch.tensor(t.coeff, dtype=like.dtype, device=like.device))
+
+            def matrix(rows, width):
+                return torch.tensor(rows, **ints).reshape(len(rows), width)
+
+            got = (matrix(t.slots, 2), torch.tensor(t.mono_ptr, **ints),
+                   matrix(t.mono_cols, len(t.columns) - t.head_width), torch.tensor(t.mono_terms, **ints),
+                   matrix(t.cols, len(t.columns)), torch.tensor(t.coeff, dtype=like.dtype, device=like.device))
             self._device_tables[key] = got
         return got
 
