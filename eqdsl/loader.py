@@ -46,7 +46,7 @@ from . import __version__
 from .errors import SpecError
 from .spec import TensorProductSpec, load_spec, parse_spec
 
-__all__ = ["load", "spec_to_toml", "toml_table", "cache_root"]
+__all__ = ["load", "spec_to_toml", "toml_table", "cache_root", "install_package", "import_package"]
 
 # the generated package's framework modules, imported on first attribute access
 _LAZY_SUBMODULES = ("torch_ops", "jax_ops", "torch_conv")
@@ -214,8 +214,25 @@ def _resolve(spec) -> tuple[TensorProductSpec, ...]:
 def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *, triton: bool = True) -> None:
     """Write every package of ``specs`` (and ``spec.toml``) to ``pkg_dir``, atomically
     (``triton``: with the Triton code of the kernels, ``codegen.triton_lowering``)."""
-    from .codegen.generate import Header, package_files, write_package
+    from .codegen.generate import package_files
     from .lower import lower
+
+    def make_files(header: str) -> dict[str, str]:
+        files = {}
+        for s in specs:
+            for rel, t in package_files(s, lower(s), header, triton=triton).items():
+                files[f"{s.name}/{rel}"] = t
+        return files
+
+    install_package(pkg_dir, text, make_files)
+
+
+def install_package(pkg_dir: Path, text: str, make_files) -> None:
+    """Create ``pkg_dir`` (``spec.toml`` holding ``text``, and the files ``make_files(header)``
+    returns, ``{path relative to pkg_dir: text}``, each starting with ``header``) atomically,
+    unless it exists: one process generates under a per-key lock while the others wait, the
+    directory is renamed into place complete, and a lost rename race counts as success."""
+    from .codegen.generate import Header, write_package
 
     parent = pkg_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -225,10 +242,7 @@ def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *,
         spec_file = pkg_dir / "spec.toml"
         header = Header(spec_file.as_posix(), hashlib.sha256(text.encode("utf-8")).hexdigest(),
                         f"eqdsl generate {spec_file.as_posix()} -o {pkg_dir.as_posix()}").lines()
-        files = {}
-        for s in specs:
-            for rel, t in package_files(s, lower(s), header, triton=triton).items():
-                files[f"{s.name}/{rel}"] = t
+        files = make_files(header)
         tmp = Path(tempfile.mkdtemp(prefix=f".{pkg_dir.name}.", suffix=".tmp", dir=parent))
         try:
             (tmp / "spec.toml").write_text(text, encoding="utf-8")
@@ -243,16 +257,18 @@ def _generate(pkg_dir: Path, text: str, specs: tuple[TensorProductSpec, ...], *,
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _lazy_getattr(module: ModuleType):
+def _lazy_getattr(module: ModuleType, lazy: tuple[str, ...] = _LAZY_SUBMODULES):
     def __getattr__(attr: str):
-        if attr in _LAZY_SUBMODULES:
+        if attr in lazy:
             return importlib.import_module(f"{module.__name__}.{attr}")
         raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}")
 
     return __getattr__
 
 
-def _import(pkg_dir: Path, name: str, key: str) -> ModuleType:
+def import_package(pkg_dir: Path, name: str, key: str, lazy: tuple[str, ...] = _LAZY_SUBMODULES) -> ModuleType:
+    """Import ``pkg_dir/<name>`` as ``eqdsl_<key[:16]>_<name>`` (once per process), its
+    submodules ``lazy`` imported on first attribute access, ``SPEC_FILE`` set."""
     modname = f"eqdsl_{key[:16]}_{name}"
     if modname in sys.modules:
         return sys.modules[modname]
@@ -265,7 +281,7 @@ def _import(pkg_dir: Path, name: str, key: str) -> ModuleType:
     except BaseException:
         del sys.modules[modname]
         raise
-    module.__getattr__ = _lazy_getattr(module)
+    module.__getattr__ = _lazy_getattr(module, lazy)
     module.SPEC_FILE = str(pkg_dir / "spec.toml")
     return module
 
@@ -323,6 +339,6 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
             from .build import build_for_current_gpu
 
             build_for_current_gpu(pkg_dir)
-        module = _import(pkg_dir, name, key)
+        module = import_package(pkg_dir, name, key)
         _loaded[name] = key
     return module

@@ -3,11 +3,13 @@
 Modules: ``spec`` (``[[symmetric_contraction]]`` tables -> ``SymmetricContractionSpec``),
 ``u_tensors`` (exact U tensors, equal to mace-torch's ``U_matrix_real``), ``lower``
 (spec -> ``ir.SymmetricContractionIR``; mace's weights to and from the IR's layout),
-``reference`` (numpy float64 evaluations). ``docs/symmetric_contraction.md`` describes
+``reference`` (numpy float64 evaluations), ``loader`` (``load``: generate a package into the
+cache and import it, as ``eqdsl.load`` does for tensor products). ``docs/symmetric_contraction.md`` describes
 the function, the keys and the weight layout.
 """
 
 from .ir import SymmetricContractionIR, SymmetricTerm
+from .loader import load, symmetric_spec_to_toml
 from .lower import lower, mace_weight_blocks, spec_from_mace, weights_from_mace, weights_to_mace
 from .reference import dense_reference, symmetric_contraction_reference
 from .spec import SymmetricContractionSpec, load_symmetric_specs, parse_symmetric_specs
@@ -15,6 +17,6 @@ from .spec import SymmetricContractionSpec, load_symmetric_specs, parse_symmetri
 __all__ = [
     "SymmetricContractionIR", "SymmetricTerm", "SymmetricContractionSpec", "load_symmetric_specs",
     "parse_symmetric_specs", "lower", "weights_from_mace", "weights_to_mace", "mace_weight_blocks",
-    "spec_from_mace",
+    "spec_from_mace", "load", "symmetric_spec_to_toml",
     "dense_reference", "symmetric_contraction_reference",
 ]
