@@ -45,6 +45,35 @@ whose ``forward`` uses ``tp_weights`` otherwise than ``conv_tp_weights(...)``, `
 and ``conv_tp(...)``, fall back to ``conv`` with materialized weights
 (:func:`radial_blocks` lists which blocks use ``conv_radial``).
 
+Product basis (``products=True``, the default): each ``EquivariantProductBasisBlock``'s
+``symmetric_contractions`` (mace's ``SymmetricContraction``, MACE's eq. 10-11) becomes a
+:class:`MACESymmetricContraction` running the generated symmetric contraction
+(``eqdsl.symmetric.load``; ``docs/symmetric_contraction.md``, "MACE integration"). What the
+block calls there (``symmetric_contractions(node_feats, node_attrs)``)::
+
+    node_feats (num_nodes, mul, dim_in)   # reshape_irreps: irrep blocks side by side on the last axis
+    node_attrs (num_nodes, num_elements)  # one-hot element encoding (ones (num_nodes, 1) if agnostic)
+    -> (num_nodes, dim_out * mul)         # mul_ir: each output irrep's (mul, 2l+1) block row-major
+
+mace's ``Contraction`` weights the elements by ``node_attrs`` (``einsum("...,ekc,be->bc...")``);
+the kernel takes one integer element per node. The module takes ``elem =
+node_attrs.argmax(-1)`` and, with ``check_one_hot`` (default), reads on the host whether
+every row of ``node_attrs`` is exactly one-hot (entries 0 or 1, one 1), refusing any other
+``node_attrs`` with a ``ValueError``: there the argmax would compute another function. The
+check costs one device sync per product block and is skipped (like the op's own range check)
+under ``torch.compile`` and CUDA-graph capture. Where ``node_attrs`` requires grad
+(``AtomicDipolesMACE`` sets it; mace's calculator does under ``torch.compile``), its gradient
+is exact too: ``d out[b] / d node_attrs[b, e]`` is the contraction with element ``e``'s
+weights, computed (``num_elements`` forward calls) only when autograd actually needs it.
+The spec is the module's own (``eqdsl.symmetric.spec_from_mace``: irreps, correlations,
+``num_elements``, and the CG signs recognized from its ``U_matrix_<nu>`` buffers; a module
+with cuEquivariance's basis, ``use_reduced_cg=True`` with cuequivariance installed, is
+refused), generated in the ``ir_mul`` layout: ``node_feats.transpose(1, 2)`` flattened is
+exactly its input rows (one copy, where MACE's ``mul_ir`` rows would need two). The weights
+are the module's own parameters, re-flattened at every call (``weights_from_mace``: a
+concatenation, differentiable), and the ``Contraction`` children stay registered under
+``contractions``, so training updates mace's parameters and state dict keys do not change.
+
 Eager PyTorch (and ``torch.compile`` / ``make_fx``) only: TorchScript (``torch.jit.script``,
 MACE's LAMMPS export) cannot carry the generated ops. On a CPU, set ``TRITON_INTERPRET=1``
 before the first call (the op says so otherwise).
@@ -52,14 +81,19 @@ before the first call (the op says so otherwise).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
+import sys
+from dataclasses import replace
+from types import ModuleType, SimpleNamespace
 
 import torch
 
 from eqdsl.torch import Conv, TensorProduct
 
-__all__ = ["accelerate", "MACEConvTP", "MACERadialConvTP", "RadialHidden", "packages", "radial_blocks"]
+__all__ = ["accelerate", "MACEConvTP", "MACERadialConvTP", "MACESymmetricContraction", "RadialHidden", "packages",
+           "radial_blocks"]
 
 
 class MACEConvTP(Conv):
@@ -126,6 +160,139 @@ class MACERadialConvTP(MACEConvTP):
                                 edge_index[1], node_feats.shape[0])
 
 
+class MACESymmetricContraction(torch.nn.Module):
+    """mace's ``SymmetricContraction`` as a generated eqdsl op, with its call signature.
+
+    ``forward(node_feats, node_attrs)``: ``node_feats`` ``(num_nodes, mul, dim_in)`` (what
+    ``EquivariantProductBasisBlock`` passes: ``reshape_irreps``'s output), ``node_attrs``
+    ``(num_nodes, num_elements)`` one-hot, same float dtype; returns ``(num_nodes, dim_out *
+    mul)`` in mace's ``mul_ir`` layout, what the original module returns (module docstring).
+    Differentiable to any order in ``node_feats`` and the weights; in ``node_attrs`` to first
+    order (module docstring).
+
+    Args:
+        module: the mace ``SymmetricContraction`` to replace. Its ``contractions`` (mace
+            ``Contraction`` modules: ``weights_max``, ``weights``, the ``U_matrix_<nu>`` buffers)
+            become this module's children under the same name, so parameter and buffer names
+            are unchanged; only the weights are read (at every call), the buffers identify
+            the spec.
+        dtypes: ``"float32"`` / ``"float64"`` names to generate kernels for.
+        check_one_hot: read ``node_attrs`` on the host to refuse rows that are not exactly
+            one-hot (module docstring); settable later as the attribute of the same name.
+        cache_dir: where the package is generated (``eqdsl.symmetric.load``).
+
+    Raises:
+        ValueError: buffers that are not mace's ``U_matrix_real`` in the e3nn basis (e.g.
+            ``use_reduced_cg=True`` with cuequivariance installed), or irreps the spec kind
+            cannot express (``eqdsl.symmetric.spec_from_mace``).
+    """
+
+    def __init__(self, module, *, dtypes=("float32", "float64"), check_one_hot: bool = True, cache_dir=None):
+        super().__init__()
+        from eqdsl.symmetric import load, spec_from_mace, symmetric_spec_to_toml
+
+        spec = spec_from_mace(module, "mace_products", layout="ir_mul", dtypes=tuple(dtypes))
+        # one package per distinct contraction: the name (the torch ops' namespace) is a hash of the spec
+        digest = hashlib.sha256(symmetric_spec_to_toml(spec).encode()).hexdigest()[:12]
+        spec = replace(spec, name=f"mace_products_{digest}")
+        pkg = load(spec, cache_dir=cache_dir)
+        self.spec_text = symmetric_spec_to_toml(spec)  # to load the package again (deepcopy, torch.load)
+        self._package_name = pkg.__name__
+        self.irreps_in, self.irreps_out = module.irreps_in, module.irreps_out
+        self.contractions = module.contractions
+        self.check_one_hot = bool(check_one_hot)
+        self.mul, self.num_elements = int(pkg.MUL), int(pkg.NUM_ELEMENTS)
+        self.dim_in = spec.irreps_in.dim // self.mul
+        self.out_dims = tuple(mi.ir.dim for mi in spec.irreps_out)
+        # what weights_from_mace reads of the IR (a plain namespace: copies and pickles cheaply)
+        self._layout = SimpleNamespace(out_dims=self.out_dims, correlation=tuple(pkg.CORRELATION),
+                                       num_params=tuple(pkg.NUM_PARAMS), num_elements=self.num_elements,
+                                       mul=self.mul)
+        self.weights()  # the parameters' shapes against the spec, once (ValueError)
+
+    @property
+    def package(self) -> ModuleType:
+        """The generated package (loaded again from ``spec_text`` in a new process)."""
+        pkg = sys.modules.get(self._package_name)
+        if pkg is None:
+            from eqdsl.symmetric import load
+
+            pkg = load(self.spec_text)
+            self._package_name = pkg.__name__
+        return pkg
+
+    def weights(self) -> torch.Tensor:
+        """``(num_elements, weight_numel)``: the contractions' parameters in the op's layout
+        (``weights_from_mace``; differentiable, one concatenation)."""
+        from eqdsl.symmetric import mace_weight_blocks, weights_from_mace
+
+        return weights_from_mace(self._layout, mace_weight_blocks(self))
+
+    def _contract(self, x_rows: torch.Tensor, weights: torch.Tensor, elem: torch.Tensor) -> torch.Tensor:
+        """The op on ``ir_mul`` rows, its result converted to mace's ``mul_ir`` rows."""
+        out = self.package.torch_symmetric.symmetric_contraction(x_rows, weights, elem, check=False)
+        if all(d == 1 for d in self.out_dims):  # scalars only: both layouts are one
+            return out
+        n, mul, pieces, col = out.shape[0], self.mul, [], 0
+        for d in self.out_dims:  # ir_mul block (d, mul) -> mul_ir block (mul, d): one copy
+            block = out[:, col:col + d * mul]
+            col += d * mul
+            pieces.append(block if d == 1 else block.reshape(n, d, mul).transpose(1, 2).reshape(n, mul * d))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+    def forward(self, node_feats: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
+        name = type(self).__name__
+        n = node_feats.shape[0]
+        if node_feats.dim() != 3 or tuple(node_feats.shape[1:]) != (self.mul, self.dim_in):
+            raise ValueError(f"{name}: node_feats must have shape (num_nodes, {self.mul}, {self.dim_in}) "
+                             f"(mace's reshape_irreps), got {tuple(node_feats.shape)}")
+        if node_attrs.dim() != 2 or tuple(node_attrs.shape) != (n, self.num_elements) \
+                or not node_attrs.is_floating_point():
+            raise ValueError(f"{name}: node_attrs must be a float (num_nodes, num_elements) = ({n}, "
+                             f"{self.num_elements}) one-hot encoding, got {node_attrs.dtype} {tuple(node_attrs.shape)}")
+        elem = node_attrs.detach().argmax(dim=1)
+        if self.check_one_hot and not torch.compiler.is_compiling() and not (
+                node_attrs.is_cuda and torch.cuda.is_current_stream_capturing()):
+            a = node_attrs.detach()
+            if not bool((((a == 0) | (a == 1)).all(dim=1) & (a.sum(dim=1) == 1)).all()):
+                raise ValueError(f"{name}: node_attrs has a row that is not exactly one-hot (entries 0 or 1, one 1); "
+                                 "the eqdsl op takes one element per node, mace's einsum any weighting")
+        weights = self.weights()
+        # (N, mul, dim_in) -> (N, dim_in, mul) rows: the spec's ir_mul layout (a copy unless mul or dim_in is 1)
+        x_rows = node_feats.transpose(1, 2).reshape(n, self.dim_in * self.mul)
+        out = self._contract(x_rows, weights, elem)
+        if node_attrs.requires_grad and torch.is_grad_enabled():
+            out = out + _NodeAttrsGrad.apply(node_attrs, x_rows.detach(), weights.detach(), self)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.irreps_in} -> {self.irreps_out} | {self.num_elements} elements, package {self._package_name}"
+
+
+class _NodeAttrsGrad(torch.autograd.Function):
+    """Zeros ``(num_nodes, dim_out)`` whose backward is the gradient of the contraction with
+    respect to ``node_attrs``: ``grad[b, e] = <g[b], contraction(x[b], W[e])>`` (mace's output
+    is linear in ``node_attrs``). Its only differentiable input is ``node_attrs``, so autograd
+    runs the backward (``num_elements`` forward calls) only where that gradient is needed."""
+
+    @staticmethod
+    def forward(ctx, node_attrs, x_rows, weights, module):
+        ctx.save_for_backward(x_rows, weights)
+        ctx.module = module
+        return x_rows.new_zeros(x_rows.shape[0], sum(module.out_dims) * module.mul)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x_rows, weights = ctx.saved_tensors
+        n, num_elements = x_rows.shape[0], ctx.module.num_elements
+        grad = g.new_empty(n, num_elements)
+        for e in range(num_elements):
+            elem = torch.full((n,), e, dtype=torch.int64, device=g.device)
+            grad[:, e] = (g * ctx.module._contract(x_rows, weights, elem)).sum(dim=1)
+        return grad, None, None, None
+
+
 # the statements of a block's forward that may touch tp_weights for the radial fusion to hold:
 # the MLP's output, MACE's per-edge cutoff factor (commutes with the last linear layer), the conv
 _TP_WEIGHTS_USES = (
@@ -171,10 +338,11 @@ def _model_dtype(model) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = False, dtype=None,
-               irrep_normalization: str = "component", path_normalization: str = "element",
-               cache_dir=None) -> torch.nn.Module:
-    """Replace every interaction block's ``conv_tp`` by a generated eqdsl op, in place.
+def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = False, products: bool = True,
+               check_one_hot: bool = True, dtype=None, irrep_normalization: str = "component",
+               path_normalization: str = "element", cache_dir=None) -> torch.nn.Module:
+    """Replace every interaction block's ``conv_tp`` (and every product block's symmetric
+    contraction) by a generated eqdsl op, in place.
 
     Args:
         model: a mace-torch model (``MACE``, ``ScaleShiftMACE``, ...) whose interaction
@@ -187,6 +355,11 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = Fals
             (``conv_radial``, module docstring) where it is a bias-free linear layer;
             other blocks get ``conv``. ``False`` (default, the faster today: module
             docstring): ``conv`` everywhere.
+        products: also replace each ``EquivariantProductBasisBlock.symmetric_contractions``
+            (mace's ``SymmetricContraction``) by a :class:`MACESymmetricContraction`
+            (module docstring; default ``True``); ``False`` leaves them e3nn/mace's.
+        check_one_hot: with ``products``, refuse a ``node_attrs`` that is not exactly one-hot
+            (one host read per product block and call; :class:`MACESymmetricContraction`).
         dtype: the dtype(s) to generate kernels for (``torch.float32`` / ``"float64"`` or
             a list); default: the dtype of the model's parameters.
         irrep_normalization, path_normalization: what the blocks' ``conv_tp`` were built
@@ -196,13 +369,18 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = Fals
     Returns:
         ``model`` itself. Blocks with identical products share one generated package.
         ``state_dict`` keys of the replaced ``conv_tp`` (e3nn's ``output_mask`` buffer)
-        are gone: load a saved state dict before accelerating.
+        are gone: load a saved state dict before accelerating. The product blocks' keys
+        (``...symmetric_contractions.contractions.*``) are unchanged.
 
     Raises:
         ValueError: no interaction block with an e3nn ``conv_tp``; a block without the
             ``conv_fusion`` hook (use ``conv=False``); path weights the normalizations do
-            not reproduce (``eqdsl.spec_from_e3nn``).
-        TypeError: a ``conv_tp`` that is no ``e3nn.o3.TensorProduct``.
+            not reproduce (``eqdsl.spec_from_e3nn``); with ``products``, a symmetric
+            contraction in cuEquivariance's basis (``use_reduced_cg=True`` where
+            cuequivariance is installed: use ``products=False``) or a product block
+            configured for cuEquivariance. Nothing is replaced then.
+        TypeError: a ``conv_tp`` that is no ``e3nn.o3.TensorProduct``; with ``products``, a
+            ``symmetric_contractions`` that is no mace ``SymmetricContraction``.
     """
     from e3nn import o3
     from mace.modules.blocks import InteractionBlock
@@ -218,6 +396,8 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = Fals
                             "e3nn.o3.TensorProduct (already converted? accelerate the e3nn model)")
         if conv and not _has_fusion_hook(block):
             raise ValueError(f"accelerate: {type(block).__name__}.forward has no conv_fusion hook; use conv=False")
+    # every product module is built (specs checked, packages generated) before anything is replaced
+    product_modules = _product_modules(model, dtypes, check_one_hot, cache_dir) if products else []
     for block in blocks:
         hidden = _radial_hidden_width(block) if conv and radial else None
         cls = MACEConvTP if conv else TensorProduct
@@ -232,7 +412,35 @@ def accelerate(model: torch.nn.Module, *, conv: bool = True, radial: bool = Fals
         block.conv_tp = new
         if conv:
             block.conv_fusion = True  # MACE tests hasattr(self, "conv_fusion")
+    for block, new in product_modules:
+        block.symmetric_contractions = new
     return model
+
+
+def _product_modules(model, dtypes, check_one_hot, cache_dir) -> list:
+    """``[(product block, MACESymmetricContraction)]`` for every ``EquivariantProductBasisBlock``;
+    blocks sharing one contraction share one new module."""
+    from mace.modules.blocks import EquivariantProductBasisBlock
+    from mace.modules.symmetric_contraction import SymmetricContraction
+
+    out, made = [], {}
+    for block in (m for m in model.modules() if isinstance(m, EquivariantProductBasisBlock)):
+        sc = block.symmetric_contractions
+        if isinstance(sc, MACESymmetricContraction):
+            raise ValueError("accelerate: the model's product blocks are accelerated already")
+        if not isinstance(sc, SymmetricContraction):
+            raise TypeError(f"accelerate: EquivariantProductBasisBlock.symmetric_contractions is a {type(sc).__name__}, "
+                            "not mace's SymmetricContraction (converted to cuEquivariance? accelerate the e3nn model, "
+                            "or pass products=False)")
+        cfg = getattr(block, "cueq_config", None)
+        if cfg is not None and cfg.enabled and (cfg.optimize_all or cfg.optimize_symmetric):
+            raise ValueError("accelerate: a product block configured for cuEquivariance (cueq_config) calls its "
+                             "symmetric contraction with another layout; pass products=False")
+        if id(sc) not in made:
+            made[id(sc)] = MACESymmetricContraction(sc, dtypes=dtypes, check_one_hot=check_one_hot,
+                                                    cache_dir=cache_dir)
+        out.append((block, made[id(sc)]))
+    return out
 
 
 def radial_blocks(model: torch.nn.Module) -> list[bool]:
@@ -257,11 +465,11 @@ def _dtypes(dtype) -> list[str]:
 
 
 def packages(model: torch.nn.Module) -> list:
-    """The generated package modules an accelerated model calls (one per distinct product),
-    e.g. to precompile their kernels (``Path(pkg.__file__).parent``)."""
+    """The generated package modules an accelerated model calls (one per distinct product or
+    symmetric contraction), e.g. to precompile their kernels (``Path(pkg.__file__).parent``)."""
     seen = {}
     for m in model.modules():
-        if isinstance(m, (Conv, TensorProduct)):
+        if isinstance(m, (Conv, TensorProduct, MACESymmetricContraction)):
             pkg = m.package
             seen.setdefault(pkg.__name__, pkg)
     return list(seen.values())
