@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 5 device calls: bash exp/s5/device.sh CALL (sym | ...). Runs in the copied working tree.
+set -u
+CALL=$1
+T0=$(date +%s)
+L=/tmp/out5/$CALL; mkdir -p $L
+[ -d .whl ] || { mkdir -p .whl && cp .whl_bench/*.whl .whl/; }
+bash benchmarks/run_device.sh report=5 > $L/install.log 2>&1   # installs the carried wheels into /tmp/site
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
+step() {  # step NAME SECONDS command...
+  local name=$1 secs=$2; shift 2
+  local left=$(( 585 - ($(date +%s) - T0) )); [ $left -lt 20 ] && { echo "$name: no time" >> $L/run.log; return; }
+  [ $secs -gt $left ] && secs=$left
+  timeout $secs "$@" > $L/$name.log 2>&1; echo "$name rc $? at $(( $(date +%s) - T0 )) s" >> $L/run.log
+}
+case $CALL in
+  sym)
+    step sym_e10 330 python3 benchmarks/tools/symmetric_torch_bench.py --dtypes float32,float64 --layouts ${LAYOUTS:-mul_ir,ir_mul} --forces --per-op --elements 10 --reps 20
+    step sym_e89 150 python3 benchmarks/tools/symmetric_torch_bench.py --dtypes float32 --layouts mul_ir --forces --elements 89 --reps 20 --no-baselines
+    ;;
+  sweep)
+    for cfg in ${CFGS:-4,32,4 16,32,4 32,32,4 32,32,8 64,32,8 16,64,4 8,128,4}; do
+      IFS=, read bb bc nw ns <<< "$cfg"
+      step sweep_${bb}_${bc}_${nw}_${ns:-1} 90 python3 benchmarks/tools/symmetric_torch_bench.py --dtypes float32 --layouts ${LAYOUTS:-mul_ir,ir_mul} --forces --elements 10 --reps 10 --warmup 2 --no-baselines --block-b $bb --block-c $bc --num-warps $nw --num-stages ${ns:-1} ${SWEEP_ARGS:-}
+    done
+    ;;
+  *) echo "unknown call $CALL"; exit 2;;
+esac
+cd /tmp/out5 && tar -czf $OUT/$CALL.tgz $CALL; cp $CALL/*.json $OUT/ 2>/dev/null
+cat $L/run.log
+if [ $CALL = sweep ]; then grep -h "RESULT\|FAILED\|Error" $L/sweep_*.log | cut -c1-600; else for f in $L/*.log; do echo "== $f"; tail -n 25 $f; done 2>/dev/null | tail -n 150; fi
