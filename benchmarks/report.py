@@ -71,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--small-graph", help="bench_small_graph.json (energy + forces per step, host overhead per call)")
     p.add_argument("--reasons", help="JSON {\"problem/dtype/config/direction/impl\": why eqdsl is slower than an anchor "
                    "there (measured, e.g. with ncu)}: printed under each table beside the rows eqdsl loses")
+    p.add_argument("--symmetric", nargs="+", metavar="ELEMENTS=LOG",
+                   help="logs of benchmarks/tools/symmetric_torch_bench.py (its RESULT line), each with its element "
+                        "count, e.g. 10=sym_e10.log")
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--png", default=str(ROOT / "benchmarks" / "roofline.png"))
     return p.parse_args(argv)
@@ -473,6 +476,48 @@ def mace_section(paths) -> list[str]:
     return out + [table(hdr, body, align), ""]
 
 
+def symmetric_section(items) -> list[str]:
+    """The symmetric contraction's table (benchmarks/tools/symmetric_torch_bench.py logs: the
+    ``device`` line and the ``RESULT {...}`` line), one row per element count, dtype and implementation."""
+    rows, devices, dates = [], set(), set()
+    for item in items:
+        elements, _, path = item.partition("=")
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            return [f"{path}: unreadable ({type(e).__name__})", ""]
+        devices |= {ln.split(",")[0].removeprefix("device ").strip() for ln in lines if ln.startswith("device ")}
+        dates |= {ln.removeprefix("date ").split(" (")[0] for ln in lines if ln.startswith("date ")}
+        results = [json.loads(ln[len("RESULT "):]) for ln in lines if ln.startswith("RESULT ")]
+        if not results:
+            return [f"{path}: no RESULT line", ""]
+        for key, r in sorted(results[-1].items()):
+            impl, _, rest = key.partition("_")
+            dtype = rest.rsplit("_", 1)[-1]
+            rows.append((elements, dtype, impl, rest, r))
+    out = ["MACE-MP's product basis: `128x0e+128x1o+128x2e+128x3o -> 128x0e+128x1o`, correlation 3, 3,072 nodes, "
+           "random inputs, weights and elements (`benchmarks/tools/symmetric_torch_bench.py`; checked against a "
+           "float64 contraction of mace's dense U tensors first). eqdsl: the generated torch ops on `mul_ir` rows "
+           "(MACE's); cuEquivariance: `cuequivariance_torch.SymmetricContraction(original_mace=True)` on `ir_mul` "
+           "rows, same run. `forces`: `E = <out, G>`, `F = dE/dx` with `create_graph`, `|F|^2` backward to x "
+           "and W (a force-trained step's second-order pass). Median CUDA-event times. The floor: x, W and out "
+           "each moved once at 3.35 TB/s. Device: " + (", ".join(sorted(devices)) or "?") + "; run: "
+           + (", ".join(sorted(dates)) or "?") + ".", ""]
+    hdr = ["elements", "dtype", "implementation", "fwd (ms)", "fwd+bwd (ms)", "forces (ms)", "vs cuEq fwd",
+           "vs cuEq fwd+bwd", "vs cuEq forces", "floor (us)"]
+    cueq = {(e, d): r for e, d, impl, _, r in rows if impl == "cueq"}
+    body = []
+    for e, d, impl, name, r in rows:
+        c = cueq.get((e, d))
+        vs = [("-" if c is None or impl == "cueq" or not r.get(k) else f"{c[k] / r[k]:.2f}x")
+              for k in ("fwd", "fwd+bwd", "forces")]
+        f = lambda k: "-" if r.get(k) is None else f"{r[k]:.2f}"  # noqa: E731
+        label = "cuEquivariance" if impl == "cueq" else f"eqdsl ({name.rsplit('_', 1)[0].removeprefix('mp_')})"
+        body.append([e, d, label, f("fwd"), f("fwd+bwd"), f("forces"), *vs,
+                     "-" if r.get("floor_us") is None else f"{r['floor_us']:.1f}"])
+    return out + [table(hdr, body, ["---:", "---", "---"] + ["---:"] * 7), ""]
+
+
 def scaling_section(path) -> list[str]:
     """Training-step throughput on 1 and N GPUs (benchmarks/bench_scaling.py), as its JSON says."""
     if not path:
@@ -637,6 +682,8 @@ def main(argv=None):
                "of the weights; the weight-forming matmul is compute, not traffic (see the roofline's diamonds).", ""]
         md += perf_tables(radial, "radial", reasons=reasons)
     md += ["## Small-graph latency", ""] + latency_section(data)
+    if args.symmetric:
+        md += ["## Symmetric contraction (MACE's product basis)", ""] + symmetric_section(args.symmetric)
     if args.mace:
         md += ["## MACE end to end", ""] + mace_section(args.mace)
     if args.scaling:

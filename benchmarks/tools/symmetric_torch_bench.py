@@ -336,6 +336,7 @@ def main() -> None:
             fail("no CUDA device (this benchmark runs on a GPU)")
         if os.environ.get("TRITON_INTERPRET") == "1":
             fail("TRITON_INTERPRET=1 is set: unset it to time compiled kernels")
+        print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
         print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="eqdsl-sc-bench-") as tmp:
