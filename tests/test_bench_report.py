@@ -202,3 +202,21 @@ def test_report_anchors_at_their_best_and_lost_rows(tmp_path):
     assert "| **eqdsl torch** | 400 | 10.00x | 1.25x | 0.75x | 4.00x |" in md
     assert "| cuEquivariance (ir_mul) | 500 | 8.00x | - | 0.60x | 3.20x |" in md
     assert f"- `{key}` (eqdsl torch, 400 µs): slower than OEQ: measured: 40 registers short" in md
+
+
+def test_report_symmetric_section(tmp_path):
+    """``--symmetric ELEMENTS=LOG``: the bench log's date, device and RESULT lines become rows,
+    eqdsl's ratios against cuEquivariance of the same log and dtype (time of cuEq / time of eqdsl)."""
+    report = _load("report")
+    result = {"cueq_float32": {"fwd": 8.0, "fwd+bwd": 16.0, "forces": 20.0},
+              "eqdsl_mp_mul_ir_float32": {"fwd": 2.0, "fwd+bwd": 8.0, "forces": 25.0, "floor_us": 9.5}}
+    log = tmp_path / "sym.log"
+    log.write_text("date 2026-11-27 01:50 UTC\ndevice NVIDIA H100 80GB HBM3, torch 2.11.0\nnoise\n"
+                   f"RESULT {json.dumps(result)}\n")
+    md = "\n".join(report.symmetric_section([f"10={log}"]))
+    assert "run: 2026-11-27 01:50 UTC" in md and "NVIDIA H100 80GB HBM3" in md
+    row = next(ln for ln in md.splitlines() if "eqdsl (mul_ir)" in ln)
+    assert [c.strip() for c in row.strip("|").split("|")] == \
+        ["10", "float32", "eqdsl (mul_ir)", "2.00", "8.00", "25.00", "4.00x", "2.00x", "0.80x", "9.5"]
+    (tmp_path / "empty.log").write_text("device X\n")
+    assert "no RESULT line" in "\n".join(report.symmetric_section([f"10={tmp_path / 'empty.log'}"]))
