@@ -81,7 +81,8 @@ def batch():
 
 @pytest.fixture(scope="module")
 def fast(model, tmp_path_factory):
-    return accelerate(copy.deepcopy(model), radial=True, cache_dir=tmp_path_factory.mktemp("cache"))
+    # the convs alone (the product blocks' replacement: tests/test_mace_products.py)
+    return accelerate(copy.deepcopy(model), radial=True, products=False, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def _run(m, batch, training):
@@ -189,7 +190,7 @@ def test_inference_energy_and_forces(model, fast, batch):
 
 
 def test_conv_false_replaces_only_the_edge_product(model, batch, tmp_path_factory):
-    per_edge = accelerate(copy.deepcopy(model), conv=False, cache_dir=tmp_path_factory.mktemp("cache_tp"))
+    per_edge = accelerate(copy.deepcopy(model), conv=False, products=False, cache_dir=tmp_path_factory.mktemp("cache_tp"))
     for block in per_edge.interactions:
         assert type(block.conv_tp) is TensorProduct and not hasattr(block, "conv_fusion")
     b0 = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
