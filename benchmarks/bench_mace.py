@@ -129,7 +129,7 @@ def cueq_model(model, device):
 def eqdsl_model(model, device):
     from eqdsl.integrations.mace import accelerate
 
-    return accelerate(copy.deepcopy(model)).to(device)
+    return accelerate(copy.deepcopy(model), products=False).to(device)  # the convs only (products: benchmarks/mace_products_check.py)
 
 
 def build(name: str, base, device, dtype: str, workers: int, on_gpu: bool, log):
