@@ -135,8 +135,9 @@ def test_kernels_equal_table_reference(packages, name):
     """Every kernel (each kind, each order ``n``) on ``ir_mul`` rows equals the numpy reference
     of what its tables define (``apply_tables_reference``, itself checked against autograd of
     the dense U contraction in tests of ``eqdsl.symmetric.tables``), float64: all slots, channel
-    blocks, padded lanes, masked rows (7 rows, blocks of 4) and, for ``bwd_w``, the chunked
-    per-element sums (chunks of 4 rows: several per element)."""
+    blocks, padded lanes, masked rows (7 rows, blocks of 4) and, for ``bwd_w``, the per-element
+    sums (test_first_order_ir_mul_weight_chunks cuts them into several chunks per element).
+    Through ``launch_jit``, as the ops call them: the later tests reuse these compiled kernels."""
     from eqdsl.runtime.jax import symmetric as runtime
 
     _, ir, ops = packages[name]
@@ -146,22 +147,17 @@ def test_kernels_equal_table_reference(packages, name):
     x, w, elem = _inputs(ir, seed=11)
     vs = [rng.normal(size=x.shape) for _ in range(max_order(ir, "fwd"))]
     g = rng.normal(size=(N, dim_g))
-    old = runtime.CHUNK_ROWS
-    runtime.CHUNK_ROWS = 4
-    try:
-        for kind in ("fwd", "bwd_x", "bwd_w"):
-            for n in range(max_order(ir, kind) + 1):
-                got = runtime.launch(mod, kind, n, jnp.asarray(x), tuple(jnp.asarray(v) for v in vs[:n]),
+    for kind in ("fwd", "bwd_x", "bwd_w"):
+        for n in range(max_order(ir, kind) + 1):
+            got = runtime.launch_jit(mod, kind, n, jnp.asarray(x), tuple(jnp.asarray(v) for v in vs[:n]),
                                      jnp.asarray(w), None if kind == "fwd" else jnp.asarray(g),
                                      jnp.asarray(elem, jnp.int32), block_nodes=4, interpret=True)
-                width = {"fwd": dim_g, "bwd_x": dim_x, "bwd_w": ir.weight_numel}[kind]
-                want = apply_tables_reference(op_tables(ir, kind, n, "ir_mul"), ir.mul, x, vs[:n], weights=w,
-                                              g=g, elem=elem, num_elements=ir.num_elements, result_width=width)
-                assert got.shape == want.shape, (kind, n)
-                assert np.abs(want).max() > 0.1, (kind, n)  # no kernel that is all zeros could pass
-                assert _rel(got, want) < 1e-13, (kind, n)
-    finally:
-        runtime.CHUNK_ROWS = old
+            width = {"fwd": dim_g, "bwd_x": dim_x, "bwd_w": ir.weight_numel}[kind]
+            want = apply_tables_reference(op_tables(ir, kind, n, "ir_mul"), ir.mul, x, vs[:n], weights=w,
+                                          g=g, elem=elem, num_elements=ir.num_elements, result_width=width)
+            assert got.shape == want.shape, (kind, n)
+            assert np.abs(want).max() > 0.1, (kind, n)  # no kernel that is all zeros could pass
+            assert _rel(got, want) < 1e-13, (kind, n)
 
 
 def test_kernel_source_independent_of_irreps():

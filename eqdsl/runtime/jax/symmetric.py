@@ -69,7 +69,7 @@ from eqdsl.symmetric.tables import PackageTables
 from .checks import as_array
 from .launch import compiler_params, out_struct, run, use_interpret
 
-__all__ = ["SymmetricContractionFunctions", "KernelTables", "table_arrays", "launch", "to_ir_mul", "from_ir_mul",
+__all__ = ["SymmetricContractionFunctions", "KernelTables", "table_arrays", "launch", "launch_jit", "to_ir_mul", "from_ir_mul",
            "CHUNK_ROWS"]
 
 # Rows per bwd_w program: at most this many rows of one element, summed on chip (a multiple
@@ -321,7 +321,7 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
 # jitted per (module, op, n, block, mode) and shapes: eager calls (a VJP evaluated outside
 # jax.jit, e.g. by jax.test_util.check_grads) reuse the compiled kernel instead of tracing
 # and compiling the pallas_call again each time
-_launch = jax.jit(launch, static_argnums=(0, 1, 2), static_argnames=("block_nodes", "interpret"))
+launch_jit = jax.jit(launch, static_argnums=(0, 1, 2), static_argnames=("block_nodes", "interpret"))
 
 
 def _replace(hs: tuple, d: int, k) -> tuple:
@@ -371,7 +371,7 @@ class _Family:
                     f"(eqdsl.symmetric.pallas.render_files; the default generates every order)")
 
             return refuse
-        go = functools.partial(_launch, mod, op, n, block_nodes=self.block_nodes, interpret=self.interpret)
+        go = functools.partial(launch_jit, mod, op, n, block_nodes=self.block_nodes, interpret=self.interpret)
         get = self.get
         if op == "fwd":
             @jax.custom_vjp
