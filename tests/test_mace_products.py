@@ -184,3 +184,29 @@ def test_refusals(model, fast, cache):
     # products=False leaves them mace's
     kept = accelerate(copy.deepcopy(model), products=False, cache_dir=cache)
     assert all(type(p.symmetric_contractions) is SymmetricContraction for p in kept.products)
+
+
+def test_symmetric_load_caches_by_canonical_text(tmp_path):
+    """eqdsl.symmetric.load (what MACESymmetricContraction loads through): the same spec as an
+    object, text written differently or a file gives one module; the canonical text reads back
+    equal (per-output correlations too); a second spec under a loaded name is refused. No kernel
+    runs here."""
+    from eqdsl.symmetric import load, parse_symmetric_specs, symmetric_spec_to_toml
+
+    text = ('[[symmetric_contraction]]\nname = "load_probe"\nirreps_in = "2x0e+2x1o"\nirreps_out = "2x0e+2x1o"\n'
+            'correlation = { "1o" = 1, "0e" = 2 }  # a comment\nnum_elements = 2\ndtypes = ["float64"]\n')
+    (spec,) = parse_symmetric_specs(text)
+    canonical = symmetric_spec_to_toml(spec)
+    assert parse_symmetric_specs(canonical) == (spec,) and "comment" not in canonical
+    file = tmp_path / "s.toml"
+    file.write_text(text)
+    cache = tmp_path / "cache"
+    pkg = load(spec, cache_dir=cache)
+    assert load(text, cache_dir=cache) is pkg and load(file, cache_dir=cache) is pkg
+    assert pkg.CORRELATION == (2, 1) and pkg.NUM_ELEMENTS == 2
+    assert open(pkg.SPEC_FILE).read() == canonical
+    assert len([d for d in (cache / "packages").iterdir() if not d.name.startswith(".")]) == 1
+    with pytest.raises(ValueError, match="already loaded"):
+        load(text.replace("num_elements = 2", "num_elements = 3"), cache_dir=cache)
+    with pytest.raises(ValueError, match="no \\[\\[symmetric_contraction\\]\\] table"):
+        load('[[tensor_product]]\nname = "x"\n', cache_dir=cache)
