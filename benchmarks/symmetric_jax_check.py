@@ -27,7 +27,7 @@ float64):
 It prints one line per step and a table last. Run from the repository root on the GPU machine:
 
     python benchmarks/symmetric_jax_check.py [--dtypes float32,float64] [--block-nodes 2]
-        [--block-channels 128] [--nodes 3072]
+        [--block-channels 128] [--num-warps 4] [--chunk-rows 64] [--nodes 3072]
 
 ``--tiny``: a CPU run in interpret mode (``4x0e+4x1o+4x2e -> 4x0e+4x1o``, correlation 3, 40
 nodes, two timing calls) that checks the script itself.
@@ -169,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-nodes", default="2", help="rows per program, comma-separated (runtime)")
     ap.add_argument("--block-channels", type=int, default=DEFAULT_BLOCK_CHANNELS, help="lanes (generation)")
     ap.add_argument("--chunk-rows", type=int, default=None, help="bwd_w rows per program (runtime CHUNK_ROWS)")
+    ap.add_argument("--num-warps", type=int, default=None, help="Triton warps per program (default 4)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--package-dir", default=None, help="import <dir>/mace_mp_products instead of generating it")
@@ -184,6 +185,10 @@ def main(argv=None) -> int:
         from eqdsl.runtime.jax import symmetric as runtime
 
         runtime.CHUNK_ROWS = args.chunk_rows
+    if args.num_warps:
+        from eqdsl.runtime.jax import launch
+
+        launch.NUM_WARPS = args.num_warps  # read by launch.compiler_params at each launch
 
     if args.tiny:
         (spec,) = parse_symmetric_specs(TINY)
@@ -251,7 +256,8 @@ def main(argv=None) -> int:
             rows.append((dtype, bn, lo_f + co_f + first_f, lo_l + co_l + first_l, t_fwd, t_fb, t_force, max(errs)))
 
     log("")
-    log(f"{ir.name}, {n} nodes, {jax.devices()[0].device_kind}, lanes {kernels.BLOCK_CHANNELS}:")
+    log(f"{ir.name}, {n} nodes, {jax.devices()[0].device_kind}, lanes {kernels.BLOCK_CHANNELS}, "
+        f"warps {args.num_warps or 4}:")
     log("| dtype | block_nodes | compile fwd (s) | compile dloss/dW (s) | fwd (ms) | fwd+bwd (ms) | "
         "dloss/dW (ms) | max rel err |")
     log("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -108,10 +108,12 @@ class _Refs:
 
 
 def _package_tables(mod) -> PackageTables:
-    package = mod.__package__ or mod.__name__.rpartition(".")[0]
-    got = _PACKAGE_TABLES.get(package)
+    # keyed by the kernels file: two packages of one name in two directories (two imports
+    # under one name, e.g. test runs) never share tables
+    key = getattr(mod, "__file__", None) or mod.__name__
+    got = _PACKAGE_TABLES.get(key)
     if got is None:
-        got = _PACKAGE_TABLES[package] = PackageTables(package)
+        got = _PACKAGE_TABLES[key] = PackageTables(mod.__package__ or mod.__name__.rpartition(".")[0])
     return got
 
 
@@ -126,7 +128,7 @@ def table_arrays(mod, op: str, n: int, dtype) -> KernelTables:
     """
     dtype = jnp.dtype(dtype)
     pt = _package_tables(mod)
-    key = (pt.package, op, n, dtype.name)
+    key = (getattr(mod, "__file__", None) or mod.__name__, op, n, dtype.name)
     got = _ARRAYS.get(key)
     if got is not None:
         return got
