@@ -153,7 +153,12 @@ def test_product_module_alone_with_node_attrs_gradient(model, fast):
     assert g0[1].abs().min() > 0  # every element's gradient entry is nonzero: a real check
 
 
-def test_refusals(model, fast, cache):
+def test_refusals(model, fast, cache, batch):
+    # a whole model fed a node_attrs that is not one-hot (mace would weight the elements' weights)
+    soft = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
+    soft["node_attrs"] = 0.75 * soft["node_attrs"] + 0.25 * (1 - soft["node_attrs"])
+    with torch.no_grad(), pytest.raises(ValueError, match="not exactly one-hot"):
+        fast(soft, training=False, compute_force=False)
     sc = fast.products[0].symmetric_contractions
     x = torch.randn(3, 4, 4)
     with pytest.raises(ValueError, match="not exactly one-hot"):

@@ -429,8 +429,8 @@ def _product_modules(model, dtypes, check_one_hot, cache_dir) -> list:
         if isinstance(sc, MACESymmetricContraction):
             raise ValueError("accelerate: the model's product blocks are accelerated already")
         if not isinstance(sc, SymmetricContraction):
-            raise TypeError(f"accelerate: EquivariantProductBasisBlock.symmetric_contractions is a {type(sc).__name__}, "
-                            "not mace's SymmetricContraction (converted to cuEquivariance? accelerate the e3nn model, "
+            raise TypeError(f"accelerate: EquivariantProductBasisBlock.symmetric_contractions is a "
+                            f"{type(sc).__name__}, not mace's SymmetricContraction (converted to cuEquivariance? accelerate the e3nn model, "
                             "or pass products=False)")
         cfg = getattr(block, "cueq_config", None)
         if cfg is not None and cfg.enabled and (cfg.optimize_all or cfg.optimize_symmetric):
