@@ -9,8 +9,11 @@ functions, r_max 5 A, one element: Si). Implementations:
   e3nn    the model as mace-torch builds it (e3nn ``TensorProduct`` + ``scatter_sum``)
   cueq    mace-torch's own cuEquivariance conversion (``mace.cli.convert_e3nn_cueq.run``:
           ``ir_mul`` layout, every op through cuEquivariance, fused conv on CUDA)
-  eqdsl   ``eqdsl.integrations.mace.accelerate(model)``: each interaction's ``conv_tp``
-          replaced through MACE's ``conv_fusion`` hook by a generated fused convolution
+  eqdsl   ``eqdsl.integrations.mace.accelerate(model, products=False)``: each interaction's
+          ``conv_tp`` replaced through MACE's ``conv_fusion`` hook by a generated fused convolution
+  eqdsl_products
+          ``accelerate(model)``: the convs, and each product block's symmetric contraction
+          replaced by the generated one (``eqdsl.symmetric``)
 
 Inputs (ase, rattled diamond Si, periodic, r_max 5 A):
 
@@ -61,7 +64,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("e3nn", "cueq", "eqdsl")
+IMPLS = ("e3nn", "cueq", "eqdsl", "eqdsl_products")
 
 
 def build_model(dtype: torch.dtype, hidden: str, max_ell: int, correlation: int, radial_mlp, seed: int = 0):
@@ -126,10 +129,12 @@ def cueq_model(model, device):
         torch.set_default_dtype(prev)
 
 
-def eqdsl_model(model, device):
+def eqdsl_model(model, device, products: bool = False):
+    """``eqdsl``: the convs only; ``eqdsl_products``: the convs and the product blocks' symmetric
+    contractions (``accelerate(products=True)``)."""
     from eqdsl.integrations.mace import accelerate
 
-    return accelerate(copy.deepcopy(model), products=False).to(device)  # the convs only (products: benchmarks/mace_products_check.py)
+    return accelerate(copy.deepcopy(model), products=products).to(device)
 
 
 def build(name: str, base, device, dtype: str, workers: int, on_gpu: bool, log):
@@ -138,8 +143,8 @@ def build(name: str, base, device, dtype: str, workers: int, on_gpu: bool, log):
         return copy.deepcopy(base).to(device)
     if name == "cueq":
         return cueq_model(base, device)
-    if name == "eqdsl":
-        m = eqdsl_model(base, device)
+    if name in ("eqdsl", "eqdsl_products"):
+        m = eqdsl_model(base, device, products=name == "eqdsl_products")
         pkgs = loaded_packages(m)
         log(f"eqdsl packages: {[str(x) for x in pkgs]}")
         if on_gpu and pkgs:

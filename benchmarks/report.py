@@ -437,7 +437,8 @@ def roofline(data, ms, png: str):
 
 
 MACE_IMPL = {"e3nn": "e3nn (mace-torch as built)", "cueq": "cuEquivariance (MACE's own conversion)",
-             "eqdsl": "eqdsl (`integrations.mace.accelerate`)"}
+             "eqdsl": "eqdsl (`integrations.mace.accelerate`, convs only)",
+             "eqdsl_products": "eqdsl (`accelerate`: convs and symmetric contractions)"}
 
 
 def mace_section(paths) -> list[str]:
