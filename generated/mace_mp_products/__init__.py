@@ -8,6 +8,7 @@ them; neither is imported here. The function, weight layout and MACE mapping: ``
 """
 
 KIND = "symmetric_contraction"
+NAME = "mace_mp_products"
 IRREPS_IN = '128x0e+128x1o+128x2e+128x3o'
 IRREPS_OUT = '128x0e+128x1o'
 MUL = 128

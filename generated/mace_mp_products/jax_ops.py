@@ -16,14 +16,18 @@ x ``(num_nodes, DIM_IN * MUL)`` and out ``(num_nodes, DIM_OUT * MUL)`` in the la
 ``weights_from_mace`` maps a mace module's parameters), element ``(num_nodes,)`` integers.
 Works under ``jax.jit`` (each distinct row count compiles once); shapes and dtypes are
 checked at trace time, element indices where concrete (under jit a bad index gives a NaN
-row). Rows are padded to a multiple of the row block per launch (a copy unless the row
-count is a multiple of it).
+row). Any row count works (the last row block is masked, no padding copy).
 
 Gradients: reverse mode (``jax.grad``, ``jax.vjp``, ``jax.jacrev``)
 to every order (those above 3, the polynomials' degree, are zero): forces
 (the gradient in x) and their gradients w.r.t. the weights and x, every derivative a
 generated kernel (``pallas_kernels``; wiring: ``eqdsl.runtime.jax.symmetric``). Forward
 mode (``jax.jvp``) is not supported (``jax.custom_vjp``).
+
+The kernels loop over term tables that the runtime builds on first use from ``terms.py`` (the
+IR's nonzeros) and ``__init__.py`` (the metadata), about 0.1 s for MACE-MP's contraction,
+once per process and dtype; they run on ``ir_mul`` rows (``x`` is transposed into
+``ir_mul`` per irrep block, the result back).
 """
 
 from __future__ import annotations

@@ -16,22 +16,25 @@ work)::
     fwd_d1(x, v1, weights, elem) -> out
     fwd_d2(x, v1, v2, weights, elem) -> out
     fwd_d3(x, v1, v2, v3, weights, elem) -> out
-    bwd_w(x, g, elem) -> gw
-    bwd_w_d1(x, v1, g, elem) -> gw
-    bwd_w_d2(x, v1, v2, g, elem) -> gw
-    bwd_w_d3(x, v1, v2, v3, g, elem) -> gw
+    bwd_w(x, g, elem) -> gw_rows
+    bwd_w_d1(x, v1, g, elem) -> gw_rows
+    bwd_w_d2(x, v1, v2, g, elem) -> gw_rows
+    bwd_w_d3(x, v1, v2, v3, g, elem) -> gw_rows
     bwd_x(x, weights, g, elem) -> gx
     bwd_x_d1(x, v1, weights, g, elem) -> gx
     bwd_x_d2(x, v1, v2, weights, g, elem) -> gx
 
 Kernels: the Helion kernels of ``helion_symmetric_kernels.py`` (``sc_<op>``), through
-``eqdsl.runtime.triton_launch.kernels`` (Helion's own launch: this package ships no Triton code).
+``eqdsl.runtime.triton_launch.kernels`` (Helion's own launch: this package ships no Triton code),
+given their term tables (``eqdsl.symmetric.tables``, built from ``terms.py`` on first use and
+copied to each device and dtype once: call each op once before capturing a CUDA graph).
 """
 
 import torch
 
 from eqdsl.runtime import triton_launch as _tl
 from eqdsl.runtime.torch.symmetric import SymmetricOps
+from eqdsl.symmetric.tables import PackageTables
 
 __all__ = ["symmetric_contraction", "DIM_IN", "DIM_OUT", "NUM_ELEMENTS", "WEIGHT_NUMEL", "LAYOUT"]
 
@@ -58,6 +61,7 @@ class _Kernels:
 _OPS = SymmetricOps(
     "eqdsl_sc_mace_mp_products",
     _Kernels(),
+    PackageTables(__package__),
     dim_in=DIM_IN,
     dim_out=DIM_OUT,
     num_elements=NUM_ELEMENTS,
