@@ -69,8 +69,8 @@ from eqdsl.symmetric.tables import PackageTables
 from .checks import as_array
 from .launch import compiler_params, out_struct, run, use_interpret
 
-__all__ = ["SymmetricContractionFunctions", "KernelTables", "table_arrays", "launch", "launch_jit", "to_ir_mul", "from_ir_mul",
-           "CHUNK_ROWS"]
+__all__ = ["SymmetricContractionFunctions", "KernelTables", "table_arrays", "launch", "launch_jit", "to_ir_mul",
+           "from_ir_mul", "CHUNK_ROWS"]
 
 # Rows per bwd_w program: at most this many rows of one element, summed on chip (a multiple
 # of block_nodes). MACE-MP at 3,072 nodes: ~48 chunks + one per element present, x 86 weight
@@ -289,7 +289,8 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
                 part = kernel(slot, rid, None, c, tables, *ins)
                 return acc + jnp.where((p < end)[:, None], part, 0)
 
-            acc = lax.fori_loop(0, lax.div(end - start + (r - 1), jnp.int32(r)), tile, jnp.zeros((r, c.shape[1]), dtype))
+            tiles = lax.div(end - start + (r - 1), jnp.int32(r))
+            acc = lax.fori_loop(0, tiles, tile, jnp.zeros((r, c.shape[1]), dtype))
             total = jnp.sum(acc, axis=0, keepdims=True)
             _store(out_ref, jnp.full((1, 1), i, jnp.int32), cols, total, lane_ok)
         else:
