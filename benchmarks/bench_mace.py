@@ -84,6 +84,9 @@ def build_model(dtype: torch.dtype, hidden: str, max_ell: int, correlation: int,
             avg_num_neighbors=28.0, atomic_numbers=[14], correlation=correlation,
             gate=torch.nn.functional.silu, radial_MLP=list(radial_mlp),
             atomic_inter_scale=1.0, atomic_inter_shift=0.0,
+            # mace's U_matrix_real in the e3nn basis, what eqdsl generates (mace-torch 0.3.16 defaults to
+            # cuEquivariance's reduced basis where cuequivariance imports; the cueq row converts this model)
+            use_reduced_cg=False,
         )
     finally:
         torch.set_default_dtype(prev)
