@@ -24,6 +24,15 @@ case $CALL in
       step sweep_${bb}_${bc}_${nw}_${ns:-1} 90 python3 benchmarks/tools/symmetric_torch_bench.py --dtypes float32 --layouts ${LAYOUTS:-mul_ir,ir_mul} --forces --elements 10 --reps 10 --warmup 2 --no-baselines --block-b $bb --block-c $bc --num-warps $nw --num-stages ${ns:-1} ${SWEEP_ARGS:-}
     done
     ;;
+  mace)
+    [ -n "${CHECK_S:-}" ] && step mace_check ${CHECK_S:-150} python3 benchmarks/mace_products_check.py ${CHECK_ARGS:-}
+    for dt in ${MACE_DTYPES:-float32 float64}; do
+      step bench_mace_$dt ${MACE_S:-270} python3 benchmarks/bench_mace.py --impls $([ $dt = float32 ] && echo ${MACE_IMPLS:-e3nn,cueq,eqdsl_products} || echo ${MACE_IMPLS64:-cueq,eqdsl_products}) --dtypes $dt --json $L/bench_mace_products_$dt.json
+    done
+    ;;
+  jax)
+    [ -f benchmarks/symmetric_jax_check.py ] && step sym_jax ${JAX_S:-300} python3 benchmarks/symmetric_jax_check.py ${JAX_ARGS:-}
+    ;;
   *) echo "unknown call $CALL"; exit 2;;
 esac
 cd /tmp/out5 && tar -czf $OUT/$CALL.tgz $CALL; cp $CALL/*.json $OUT/ 2>/dev/null
