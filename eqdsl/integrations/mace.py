@@ -228,8 +228,9 @@ class MACESymmetricContraction(torch.nn.Module):
 
         return weights_from_mace(self._layout, mace_weight_blocks(self))
 
-    def _contract(self, x_rows: torch.Tensor, weights: torch.Tensor, elem: torch.Tensor) -> torch.Tensor:
-        """The op on ``ir_mul`` rows, its result converted to mace's ``mul_ir`` rows."""
+    def contract(self, x_rows: torch.Tensor, weights: torch.Tensor, elem: torch.Tensor) -> torch.Tensor:
+        """The op on ``ir_mul`` rows ``(num_nodes, dim_in * mul)`` with ``weights`` ``(num_elements,
+        weight_numel)`` and ``elem`` ``(num_nodes,)``, its result converted to mace's ``mul_ir`` rows."""
         out = self.package.torch_symmetric.symmetric_contraction(x_rows, weights, elem, check=False)
         if all(d == 1 for d in self.out_dims):  # scalars only: both layouts are one
             return out
@@ -260,7 +261,7 @@ class MACESymmetricContraction(torch.nn.Module):
         weights = self.weights()
         # (N, mul, dim_in) -> (N, dim_in, mul) rows: the spec's ir_mul layout (a copy unless mul or dim_in is 1)
         x_rows = node_feats.transpose(1, 2).reshape(n, self.dim_in * self.mul)
-        out = self._contract(x_rows, weights, elem)
+        out = self.contract(x_rows, weights, elem)
         if node_attrs.requires_grad and torch.is_grad_enabled():
             out = out + _NodeAttrsGrad.apply(node_attrs, x_rows.detach(), weights.detach(), self)
         return out
@@ -289,7 +290,7 @@ class _NodeAttrsGrad(torch.autograd.Function):
         grad = g.new_empty(n, num_elements)
         for e in range(num_elements):
             elem = torch.full((n,), e, dtype=torch.int64, device=g.device)
-            grad[:, e] = (g * ctx.module._contract(x_rows, weights, elem)).sum(dim=1)
+            grad[:, e] = (g * ctx.module.contract(x_rows, weights, elem)).sum(dim=1)
         return grad, None, None, None
 
 
