@@ -285,3 +285,17 @@ def test_lowering_is_deterministic_and_fast():
     assert a.num_params == ((1, 4, 23), (1, 6, 51))
     assert a.weight_numel == (1 + 4 + 23 + 1 + 6 + 51) * 8
     assert first < 20, f"lowering MACE-MP's contraction took {first:.1f} s"
+
+
+def test_codegen_path_does_not_import_the_runtime_loader():
+    """``eqdsl generate`` / ``eqdsl check`` import ``eqdsl.symmetric``; its run-time loader (file
+    locks, the package cache) loads only on first use of ``load``, so checking works where only
+    the generator's dependencies are installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, eqdsl.symmetric, eqdsl.codegen.generate\n"
+            "assert 'eqdsl.loader' not in sys.modules and 'filelock' not in sys.modules, sorted(sys.modules)\n"
+            "from eqdsl.symmetric import load\n"
+            "assert 'eqdsl.loader' in sys.modules and callable(load)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,6 @@ the function, the keys and the weight layout.
 """
 
 from .ir import SymmetricContractionIR, SymmetricTerm
-from .loader import load, symmetric_spec_to_toml
 from .lower import lower, mace_weight_blocks, spec_from_mace, weights_from_mace, weights_to_mace
 from .reference import dense_reference, symmetric_contraction_reference
 from .spec import SymmetricContractionSpec, load_symmetric_specs, parse_symmetric_specs
@@ -20,3 +19,14 @@ __all__ = [
     "spec_from_mace", "load", "symmetric_spec_to_toml",
     "dense_reference", "symmetric_contraction_reference",
 ]
+
+
+def __getattr__(name: str):
+    # The run-time loader (cache, file locks, imports of generated packages) is imported on
+    # first use: generating and checking packages (``eqdsl generate`` / ``eqdsl check``) import
+    # this package and need none of it.
+    if name in ("load", "symmetric_spec_to_toml"):
+        from . import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
