@@ -55,7 +55,8 @@ from typing import Any
 
 import torch
 from nequip.nn import replace_submodules
-from nequip.nn._tp_scatter_base import TensorProductScatter
+# the interaction block module is where NequIP uses (and imports) it: the class has no public export of its own
+from nequip.nn.interaction_block import TensorProductScatter
 from nequip.utils.dtype import torch_default_dtype
 
 from eqdsl.from_e3nn import spec_from_e3nn

@@ -11,7 +11,7 @@ for path ``p`` (``x1`` block ``a``, ``x2`` block ``s``, output block ``o``, chan
     gW[b, p, u]      = sum_{i,j,k} C[i,j,k] x1[b, a, u, i] x2[b, s, j] g[b, o, u, k]
     gx2[b, s, j]    += sum_{u,i,k} C[i,j,k] W[b, p, u] x1[b, a, u, i] g[b, o, u, k]
 
-(the partial derivatives of ``F = sum W C x1 x2 g``, ``eqdsl.reference._SUBSCRIPTS``
+(the partial derivatives of ``F = sum W C x1 x2 g``, ``eqdsl.reference.SUBSCRIPTS``
 ``uvu`` with ``v`` of one value). With one ``x2`` channel nothing is looped: every
 operand is a ``(block_batch, P)`` vector over ``u`` (``x1``, ``g``, the weight row) or
 a ``(block_batch, 1)`` column (``x2``). Kernel body, straight-line, per batch block::

@@ -1,7 +1,7 @@
 """The Pallas kernel builder: one kernel body per kind and run of output blocks, as statements.
 
 Four kernels, one four-linear form. A tensor product is the derivative of
-``F(x1, x2, W, g) = sum_z sum_paths W C x1 x2 g`` (``eqdsl.reference._SUBSCRIPTS``);
+``F(x1, x2, W, g) = sum_z sum_paths W C x1 x2 g`` (``eqdsl.reference.SUBSCRIPTS``);
 the generated kernels are its four partial derivatives, each from the same IR in the
 same straight-line style (every CG nonzero one multiply-add with its literal
 coefficient, transposed as needed)::
