@@ -38,16 +38,10 @@ from dataclasses import dataclass
 
 from ..backends.helion.printer import Assign, Comment, Loop, Stmt, print_stmts
 from .ir import SymmetricContractionIR
-from .tables import KINDS, max_order, num_x_factors, table_columns
+from .tables import KINDS, max_order, num_x_factors, op_name, table_columns
 
 __all__ = ["KINDS", "SymmetricKernel", "TableRead", "op_name", "max_order", "build_kernels", "kernel_params",
            "op_params", "default_blocks"]
-
-
-def op_name(kind: str, k: int) -> str:
-    """``fwd``, ``fwd_d1``, ``bwd_x_d2``, ...: the op (and kernel suffix) of derivative family
-    ``kind`` with ``k`` directions."""
-    return kind if k == 0 else f"{kind}_d{k}"
 
 
 _TABLES = ("slots", "mono_ptr", "mono_cols", "mono_terms", "cols", "coeff")

@@ -37,10 +37,16 @@ from dataclasses import dataclass
 from ..irreps import Irreps
 from .ir import SymmetricContractionIR
 
-__all__ = ["KINDS", "OpTables", "columns", "groups", "table_columns", "op_tables", "num_x_factors", "max_order",
+__all__ = ["KINDS", "op_name", "OpTables", "columns", "groups", "table_columns", "op_tables", "num_x_factors", "max_order",
            "apply_tables_reference", "PackageTables"]
 
 KINDS = ("fwd", "bwd_w", "bwd_x")
+
+
+def op_name(kind: str, k: int) -> str:
+    """``fwd``, ``fwd_d1``, ``bwd_x_d2``, ...: the op (and kernel suffix) of derivative family
+    ``kind`` with ``k`` directions."""
+    return kind if k == 0 else f"{kind}_d{k}"
 
 
 def columns(dims: tuple[int, ...], mul: int, layout: str) -> tuple[tuple[int, int], ...]:

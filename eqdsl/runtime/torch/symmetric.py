@@ -27,23 +27,17 @@ from typing import Callable, Mapping
 import torch
 
 from eqdsl.irreps import Irreps
-from eqdsl.symmetric.tables import columns
+from eqdsl.symmetric.tables import KINDS, columns, op_name
 
 from .checks import CheckCache, describe, check_device, check_same_device
 from .library import define_op, register_backward, register_fake
 
 __all__ = ["SymmetricOps"]
 
-KINDS = ("fwd", "bwd_w", "bwd_x")
 _INT_DTYPES = (torch.int32, torch.int64)
 # bwd_w's per-node rows of dW are written for this many elements (rows x weight_numel) at a time
 # (MACE-MP: 3,048 nodes a chunk, 134 MB in float32), then summed into their elements' rows.
 ROWS_CHUNK_ELEMENTS = 1 << 25
-
-
-def op_name(kind: str, k: int) -> str:
-    """``fwd``, ``fwd_d1``, ``bwd_x_d2``, ... (as ``eqdsl.symmetric.helion.op_name``)."""
-    return kind if k == 0 else f"{kind}_d{k}"
 
 
 class SymmetricOps:
