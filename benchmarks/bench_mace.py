@@ -285,6 +285,43 @@ def measure(name: str, model, train_batch, md_batch, reps: int, warmup: int, on_
     return row
 
 
+def profile_train(name: str, model, train_batch, top: int, log) -> list[dict]:
+    """The training step's CUDA kernels under ``torch.profiler``: the ``top`` largest by total
+    device time over 3 steps (after one warm-up step), as rows ``{kernel, calls, ms_per_step}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ref_forces = torch.zeros_like(train_batch["positions"])
+
+    def step():
+        out = model(train_batch, training=True, compute_force=True)
+        loss = (out["energy"] ** 2).mean() + ((out["forces"] - ref_forces) ** 2).mean()
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    step()
+    torch.cuda.synchronize()
+    steps = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t = totals.setdefault(ev.name, [0.0, 0])
+        t[0] += ev.time_range.elapsed_us() / 1e3
+        t[1] += 1
+    rows = sorted(({"kernel": k, "calls": c // steps, "ms_per_step": ms / steps} for k, (ms, c) in totals.items()),
+                  key=lambda r: -r["ms_per_step"])
+    total = sum(r["ms_per_step"] for r in rows)
+    log(f"[profile {name}] CUDA kernel time per training step {total:.2f} ms; top {top}:")
+    for r in rows[:top]:
+        log(f"    {r['ms_per_step']:8.3f} ms  {r['calls']:4d}x  {r['kernel'][:110]}")
+    return rows[:top]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtypes", default="float32")
@@ -295,6 +332,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model and graphs")
+    p.add_argument("--profile", type=int, default=0, metavar="TOP",
+                   help="also profile the training step (GPU): the TOP largest CUDA kernels")
     args = p.parse_args()
 
     def log(msg: str):
@@ -358,6 +397,8 @@ def main() -> int:
                     log(f"[{dt}] {name}: energy rel err {row['energy_rel_err']:.2e}, forces {row['forces_rel_err']:.2e}")
                 row.update(measure(name, model, train_batch, md_batch, args.reps, args.warmup, on_gpu))
                 log(f"[{dt}] {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k.endswith("_ms")))
+                if args.profile and on_gpu:
+                    row["profile"] = profile_train(f"{dt} {name}", model, train_batch, args.profile, log)
             except Exception as e:
                 row.update({"impl": name, "error": f"{type(e).__name__}: {e}"})
                 log(f"[{dt}] {name}: failed ({row['error']})")

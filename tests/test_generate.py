@@ -176,7 +176,9 @@ def test_check_without_helion_or_triton(monkeypatch):
 
     monkeypatch.setattr(triton_lowering, "toolchain_installed", lambda: False)
     monkeypatch.chdir(ROOT)  # the headers name the spec and output paths as `eqdsl check` gives them
-    specs = [s.relative_to(ROOT) for s in SPECS]
+    # two small examples, a TP and a TP + conv (test_committed_generated_is_fresh checks them all)
+    specs = [s.relative_to(ROOT) for s in SPECS if s.stem in ("e3tools_conv", "nequip_water")]
+    assert len(specs) == 2
     assert _generate_module.check(specs, Path("generated")) == []
     stale = triton_lowering.stamp("", "x = 1\n", "helion_kernels.py", "tp_fwd_0", "float32", versions=False)
     assert stale.endswith("written by helion ") and "sha256" in stale

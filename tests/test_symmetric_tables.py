@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from eqdsl.symmetric.fold import fold_ir, fold_weights_reference
 from eqdsl.symmetric.lower import lower
 from eqdsl.symmetric.tables import KINDS, apply_tables_reference, max_order, op_tables
 
@@ -33,10 +34,12 @@ def _derivative(spec, kind, n, x, w, g, hs, elem):
     return torch.zeros_like(wrt) if want is None else want
 
 
+@pytest.mark.parametrize("folded", [False, True], ids=["terms", "folded"])
 @pytest.mark.parametrize("layout", list(CASES))
-def test_tables_compute_every_derivative(layout):
+def test_tables_compute_every_derivative(layout, folded):
     spec = _spec(layout, CASES[layout])
     ir = lower(spec)
+    fold = fold_ir(ir)
     gen = torch.Generator().manual_seed(0)
     n_rows, din, dout = 5, ir.dim_in * ir.mul, sum(ir.out_dims) * ir.mul
     x = torch.randn(n_rows, din, dtype=torch.float64, generator=gen).requires_grad_(True)
@@ -44,13 +47,14 @@ def test_tables_compute_every_derivative(layout):
     g = torch.randn(n_rows, dout, dtype=torch.float64, generator=gen)
     hs = [torch.randn(n_rows, din, dtype=torch.float64, generator=gen) for _ in range(4)]
     elem = torch.tensor([0, 2, 1, 2, 0])
-    for kind in KINDS:
+    a = fold_weights_reference(fold, w.detach().numpy())
+    for kind in KINDS if not folded else ("fwd", "bwd_x"):  # bwd_w is never folded
         for n in range(max_order(ir, kind) + 1):
-            t = op_tables(ir, kind, n)
+            t = op_tables(fold.ir if folded else ir, kind, n)
             want = _derivative(spec, kind, n, x, w, g, hs[:n], elem).numpy()
             width = {"fwd": dout, "bwd_w": ir.weight_numel, "bwd_x": din}[kind]
             got = apply_tables_reference(t, ir.mul, x.detach().numpy(), [h.numpy() for h in hs[:n]],
-                                         w.detach().numpy(), g.numpy(), elem.numpy(),
+                                         a if folded else w.detach().numpy(), g.numpy(), elem.numpy(),
                                          num_elements=ir.num_elements, result_width=width)
             assert np.abs(want).max() > 1e-3, (kind, n)
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max(), err_msg=f"{kind} {n}")
@@ -82,3 +86,14 @@ def test_tables_structure(layout):
             assert covered == list(range(width * ir.mul)), (kind, n)
     with pytest.raises(ValueError, match="no .bwd_x. derivative of order"):
         op_tables(ir, "bwd_x", max_order(ir, "bwd_x") + 1)
+
+
+def test_fold_shrinks_the_heads():
+    """Folding leaves one head per (o, m, monomial): the forward's terms become its monomials."""
+    ir = lower(_spec("mul_ir", 3))
+    fold = fold_ir(ir)
+    assert fold == fold_ir(ir)  # deterministic
+    plain, folded = op_tables(ir, "fwd", 0), op_tables(fold.ir, "fwd", 0)
+    assert len(folded.coeff) == len(folded.mono_cols) == len(plain.mono_cols) < len(plain.coeff)
+    assert fold.rows == len(plain.mono_cols) and fold.cols * ir.mul == ir.weight_numel
+    assert sum(v for _, _, v in fold.entries) == pytest.approx(sum(t.coeff for t in ir.terms))

@@ -23,7 +23,14 @@ loop over its terms summing their heads ``coeff * W * G`` (the factors the op ha
 the monomial multiplies the sum once; every factor a ``(tile_b, tile_c)`` read of its operand
 at the column the table gives. ``bwd_w``
 writes each node's own row of ``dW`` (the weights it would have, were each node its own
-element); the runtime sums those rows per element in node chunks. (A kernel that summed one
+element); the runtime sums those rows per element in node chunks.
+
+The kernels serve any tables of this form; the torch runtime gives them those of the folded IR
+(``eqdsl.symmetric.fold``), whose "weights" are each element's weights already contracted with
+the coefficients: one head per monomial. Measured on an H100 (2026-11-27, MACE-MP's
+contraction, 3,072 nodes, float32), folding took the forward from 0.94 to 0.70 ms, ``bwd_x``
+from 2.81 to 1.21, ``bwd_w`` from 2.21 to 1.93, ``bwd_x_d1`` from 4.93 to 2.12 and ``bwd_w_d1``
+from 5.44 to 2.54 ms. (A kernel that summed one
 element's nodes on chip, one program per (weight row, element), took 20 ms for MACE-MP's
 float64 ``bwd_w`` on an H100: too few programs, each looping over ~300 nodes.)
 

@@ -291,7 +291,8 @@ def apply_tables_reference(tables: OpTables, mul: int, x, hs, weights=None, g=No
 
 class PackageTables:
     """The tables of a generated package's ops, built on first use from its ``__init__`` and
-    ``terms.py`` (``eqdsl.symmetric.terms.ir_from_package``) and kept.
+    ``terms.py`` (``eqdsl.symmetric.terms.ir_from_package``) and kept, plain or of the folded IR
+    (``eqdsl.symmetric.fold``).
 
     Args:
         package: the package's import name (``__package__`` of its generated modules).
@@ -300,6 +301,7 @@ class PackageTables:
     def __init__(self, package: str):
         self.package = package
         self._ir: SymmetricContractionIR | None = None
+        self._fold = None
         self._tables: dict[tuple, OpTables] = {}
 
     @property
@@ -313,9 +315,18 @@ class PackageTables:
                                        importlib.import_module(self.package + ".terms"))
         return self._ir
 
-    def get(self, kind: str, n: int, layout: str | None = None) -> OpTables:
-        """``op_tables(ir, kind, n, layout)``, built once."""
-        key = (kind, n, layout)
+    @property
+    def fold(self):
+        """``eqdsl.symmetric.fold.fold_ir(ir)``, built once."""
+        if self._fold is None:
+            from .fold import fold_ir
+
+            self._fold = fold_ir(self.ir)
+        return self._fold
+
+    def get(self, kind: str, n: int, layout: str | None = None, folded: bool = False) -> OpTables:
+        """``op_tables(ir, kind, n, layout)`` (``folded``: of ``fold.ir``), built once."""
+        key = (kind, n, layout, folded)
         if key not in self._tables:
-            self._tables[key] = op_tables(self.ir, kind, n, layout)
+            self._tables[key] = op_tables(self.fold.ir if folded else self.ir, kind, n, layout)
         return self._tables[key]

@@ -11,8 +11,10 @@ The generated ``pallas_kernels.py`` (``eqdsl.symmetric.pallas``) holds, for
     bwd_w_n(x, hs, G)    = dF_n/dW     (num_elements, weight_numel): the body's per-node rows
                                         summed on chip over chunks of element-sorted rows
 
-Tables. ``eqdsl.symmetric.tables.op_tables(ir, op, n, "ir_mul")`` of the IR read back from the
-package's ``__init__`` and ``terms.py`` (``PackageTables``), as int32 arrays of base columns
+Tables. ``eqdsl.symmetric.tables.op_tables(fold.ir, op, n, "ir_mul")`` of the folded IR
+(``eqdsl.symmetric.fold``) of the IR read back from the package's ``__init__`` and ``terms.py``
+(``PackageTables``): ``fwd`` and ``bwd_x`` read the folded weights (``fold_weights``, one
+matmul a launch), ``bwd_w`` writes their gradient, which ``unfold_weights`` turns into ``dW``; as int32 arrays of base columns
 (every stride is 1 on ``ir_mul`` rows) and the coefficients in the operands' dtype; built once
 per package, op and dtype (``table_arrays``) and passed to every launch as constants. The
 kernels run on ``ir_mul`` rows: a ``mul_ir`` contraction's ``x`` is permuted into ``ir_mul``
@@ -79,6 +81,7 @@ CHUNK_ROWS = 64
 
 _PACKAGE_TABLES: dict[str, PackageTables] = {}
 _ARRAYS: dict[tuple, "KernelTables"] = {}
+_FOLD_MATRICES: dict[tuple, np.ndarray] = {}
 
 
 class KernelTables:
@@ -132,7 +135,7 @@ def table_arrays(mod, op: str, n: int, dtype) -> KernelTables:
     got = _ARRAYS.get(key)
     if got is not None:
         return got
-    t = pt.get(op, n, "ir_mul")
+    t = pt.get(op, n, "ir_mul", folded=True)
     if t.groups != mod.GROUPS[(op, n)]:
         raise AssertionError(f"{mod.NAME} {op}_{n}: tables have {t.groups} term groups, the kernel "
                              f"{mod.GROUPS[(op, n)]}: regenerate the package")
@@ -209,6 +212,38 @@ def _width(mod, op: str) -> int:
     return {"fwd": mod.DIM_OUT * mod.MUL, "bwd_x": mod.DIM_IN * mod.MUL, "bwd_w": mod.WEIGHT_NUMEL}[op]
 
 
+def _fold_matrix(mod, dtype) -> np.ndarray:
+    """The ``(P, K)`` fold matrix of ``mod``'s package (``eqdsl.symmetric.fold``) in ``dtype``, once."""
+    key = (getattr(mod, "__file__", None) or mod.__name__, jnp.dtype(dtype).name)
+    got = _FOLD_MATRICES.get(key)
+    if got is None:
+        fold = _package_tables(mod).fold
+        got = np.zeros((fold.rows, fold.cols), np.float64)
+        for p, kk, v in fold.entries:
+            got[p, kk] += v
+        got = _FOLD_MATRICES[key] = got.astype(dtype)
+    return got
+
+
+def fold_weights(mod, w):
+    """The folded weights ``A`` ``(num_elements, P * mul)`` of ``w`` ``(num_elements,
+    weight_numel)``: ``A[e, p] = sum_kk F[p, kk] w[e, kk]`` over rows of ``mul`` channels
+    (``eqdsl.symmetric.fold``; ``Precision.HIGHEST``: never a reduced-precision matmul)."""
+    f = _fold_matrix(mod, w.dtype)
+    e = w.shape[0]
+    a = jnp.einsum("pk,ekc->epc", f, w.reshape(e, f.shape[1], mod.MUL), precision=lax.Precision.HIGHEST)
+    return a.reshape(e, f.shape[0] * mod.MUL)
+
+
+def unfold_weights(mod, ga):
+    """``dW`` ``(num_elements, weight_numel)`` of ``ga``, a gradient with respect to the folded
+    weights ``(num_elements, P * mul)``: ``F^T`` per element."""
+    f = _fold_matrix(mod, ga.dtype)
+    e = ga.shape[0]
+    w = jnp.einsum("pk,epc->ekc", f, ga.reshape(e, f.shape[0], mod.MUL), precision=lax.Precision.HIGHEST)
+    return w.reshape(e, f.shape[1] * mod.MUL)
+
+
 def _lanes(mod, j):
     """Program ``j``'s channels ``(1, lanes)`` (lanes past ``CHANNEL_COUNT`` read the last
     channel again) and which lanes are real."""
@@ -244,6 +279,10 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
         return jnp.zeros((mod.NUM_ELEMENTS if op == "bwd_w" else rows, width), dtype)
     tabs = table_arrays(mod, op, n, dtype)
     num_el, r = mod.NUM_ELEMENTS, block_nodes
+    if op == "bwd_w":  # the kernel writes dA, the folded weights' gradient
+        width = _package_tables(mod).fold.ir.weight_numel
+    else:
+        w = fold_weights(mod, w)
     # an index out of range is the sentinel num_el: its weight row is NaN (fwd, bwd_x), its
     # rows form chunks that the per-element sum drops (bwd_w)
     safe = jnp.where((elem >= 0) & (elem < num_el), elem, num_el).astype(jnp.int32)
@@ -317,7 +356,7 @@ def launch(mod, op: str, n: int, x, hs, w, g, elem, *, block_nodes: int, interpr
     )
     out = run(call, interpret, *args)
     if op == "bwd_w":
-        return jax.ops.segment_sum(out, chunk_elem, num_segments=num_el)
+        return unfold_weights(mod, jax.ops.segment_sum(out, chunk_elem, num_segments=num_el))
     return out
 
 

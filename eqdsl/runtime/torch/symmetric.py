@@ -35,9 +35,10 @@ from .library import define_op, register_backward, register_fake
 __all__ = ["SymmetricOps"]
 
 _INT_DTYPES = (torch.int32, torch.int64)
-# bwd_w's per-node rows of dW are written for this many elements (rows x weight_numel) at a time
-# (MACE-MP: 3,048 nodes a chunk, 134 MB in float32), then summed into their elements' rows.
-ROWS_CHUNK_ELEMENTS = 1 << 25
+# bwd_w's per-node rows of dA (the folded weights' gradient) are written for this many values
+# (rows x folded weight_numel) at a time (MACE-MP: 1,278 nodes a chunk, 268 MB in float32), then
+# summed into their elements' rows.
+ROWS_CHUNK_ELEMENTS = 1 << 26
 
 
 class SymmetricOps:
@@ -47,12 +48,15 @@ class SymmetricOps:
         namespace: the ops' namespace (``torch.ops.<namespace>``, ``eqdsl_sc_<name>``).
         kernels: ``{op name: callable}``: ``kernel(*operands, *tables, result)`` (``tables_on``)
             runs the op's kernel on contiguous operands of a non-empty batch (``result``
-            preallocated; ``bwd_w*`` take no ``elem`` and write one row of ``dW`` per node,
+            preallocated; ``bwd_w*`` take no ``elem`` and write one row of ``dA`` per node,
             which ``index_add_`` sums per element, in chunks of ``ROWS_CHUNK_ELEMENTS``
             values: the summation order varies between runs on CUDA). Looked up at each call.
         tables: ``tables.get(kind, k, layout)`` gives the op's ``eqdsl.symmetric.tables.OpTables``
             and ``tables.ir`` the IR (``PackageTables``); copied to each (device, dtype) once and
-            kept. The kernels always run on ``ir_mul`` rows (channels contiguous: on an H100,
+            kept. Every kernel runs the folded tables (``tables.get(..., folded=True)``,
+            ``eqdsl.symmetric.fold``): ``fwd`` and ``bwd_x`` on the folded weights ``A`` (``fold``:
+            one batched matmul a call), ``bwd_w`` writes rows of ``dA``, whose per-element sums
+            ``unfold`` turns into ``dW``. The kernels always run on ``ir_mul`` rows (channels contiguous: on an H100,
             MACE-MP's forward took 1.7 ms on ``ir_mul`` rows against 2.6 ms on ``mul_ir``
             rows with the best tile of each, 2026-11-27); a ``mul_ir`` contraction's operands
             are permuted into ``ir_mul`` (one column gather each) and its result back.
@@ -73,6 +77,7 @@ class SymmetricOps:
         self._kernels = kernels
         self._tables = tables
         self._device_tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._fold_matrices: dict[torch.device, torch.Tensor] = {}
         self._perms: dict[tuple, torch.Tensor] = {}
         self.dim_in, self.dim_out = dim_in, dim_out
         self.num_elements, self.weight_numel = num_elements, weight_numel
@@ -164,13 +169,43 @@ class SymmetricOps:
                 raise ValueError(f"{qual}: {name} must have shape {want}, got {tuple(t.shape)}")
         check_same_device(qual, tuple(names), tuple(tensors))
 
+    def _fold_matrix(self, like: torch.Tensor) -> torch.Tensor:
+        """The ``(P, K)`` fold matrix (``eqdsl.symmetric.fold``) in float64 on ``like``'s device, once."""
+        fold = self._tables.fold
+        f = self._fold_matrices.get(like.device)
+        if f is None:
+            dense = torch.zeros(fold.rows, fold.cols, dtype=torch.float64)
+            for p, kk, v in fold.entries:
+                dense[p, kk] += v
+            f = self._fold_matrices[like.device] = dense.to(like.device)
+        return f
+
+    def fold(self, weights: torch.Tensor) -> torch.Tensor:
+        """The folded weights ``A`` ``(num_elements, P * mul)`` of ``weights`` (``eqdsl.symmetric.fold``):
+        ``A[e, p] = sum_kk F[p, kk] W[e, kk]`` over rows of ``mul`` channels, one batched matmul in
+        float64 (a few hundred rows: never TF32, whatever ``torch.backends`` allows), then
+        ``weights``' dtype."""
+        fold = self._tables.fold
+        e, mul = weights.shape[0], fold.ir.mul
+        a = torch.matmul(self._fold_matrix(weights), weights.reshape(e, fold.cols, mul).double())
+        return a.to(weights.dtype).reshape(e, fold.rows * mul)
+
+    def unfold(self, ga: torch.Tensor) -> torch.Tensor:
+        """``dW`` ``(num_elements, weight_numel)`` of a gradient ``ga`` with respect to the folded
+        weights, ``(num_elements, P * mul)``: ``F^T`` applied per element (float64, as ``fold``)."""
+        fold = self._tables.fold
+        e, mul = ga.shape[0], fold.ir.mul
+        w = torch.matmul(self._fold_matrix(ga).t(), ga.reshape(e, fold.rows, mul).double())
+        return w.to(ga.dtype).reshape(e, fold.cols * mul)
+
     def tables_on(self, kind: str, k: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(slots, mono_ptr, mono_cols, mono_terms, cols, coeff)`` of op ``kind``/``k`` on ``like``'s
-        device (``coeff`` in its dtype, the rest int32), built and copied once."""
+        device (``coeff`` in its dtype, the rest int32; the folded IR's),
+        built and copied once."""
         key = (kind, k, like.device, like.dtype)
         got = self._device_tables.get(key)
         if got is None:
-            t = self._tables.get(kind, k, "ir_mul")
+            t = self._tables.get(kind, k, "ir_mul", folded=True)
             ints = dict(dtype=torch.int32, device=like.device)
 
             def matrix(rows, width):
@@ -225,20 +260,22 @@ class SymmetricOps:
                 return x.new_zeros(shape)
             result = x.new_empty(shape)
             operands = [self._to_ir_mul(t, "out") if n == "g" else
-                        self._to_ir_mul(t, "in") if n == "x" or n.startswith("v") else t.contiguous()
+                        self._to_ir_mul(t, "in") if n == "x" or n.startswith("v") else
+                        self.fold(t) if n == "weights" else t.contiguous()
                         for n, t in zip(names, tensors)]
             tables = self.tables_on(kind, k, x)
-            if kind == "bwd_w":  # per-node rows of dW, summed per element, a chunk of nodes at a time
+            if kind == "bwd_w":  # per-node rows of dA, summed per element a chunk of nodes at a time, unfolded
                 elem = operands.pop()
-                result.zero_()
-                step = max(1, ROWS_CHUNK_ELEMENTS // self.weight_numel)
-                rows = x.new_empty((min(step, x.shape[0]), self.weight_numel))
+                width = self._tables.fold.ir.weight_numel
+                ga = x.new_zeros((self.num_elements, width))
+                step = max(1, ROWS_CHUNK_ELEMENTS // width)
+                rows = x.new_empty((min(step, x.shape[0]), width))
                 for s in range(0, x.shape[0], step):
                     part = [t[s:s + step] for t in operands]
                     out = rows[:part[0].shape[0]]
                     kernels[name](*part, *tables, out)
-                    result.index_add_(0, elem[s:s + step], out)
-                return result
+                    ga.index_add_(0, elem[s:s + step], out)
+                return self.unfold(ga)
             kernels[name](*operands, *tables, result)
             return self._from_ir_mul(result, {"fwd": "out", "bwd_x": "in"}[kind])
 
