@@ -3,7 +3,9 @@
 Modules: ``spec`` (``[[symmetric_contraction]]`` tables -> ``SymmetricContractionSpec``),
 ``u_tensors`` (exact U tensors, equal to mace-torch's ``U_matrix_real``), ``lower``
 (spec -> ``ir.SymmetricContractionIR``; mace's weights to and from the IR's layout),
-``reference`` (numpy float64 evaluations), ``loader`` (``load``: generate a package into the
+``reference`` (numpy float64 evaluations), ``tables`` (the kernels' term tables), ``fold``
+(each element's weights contracted with the coefficients, the IR the runtimes' tables come
+from), ``loader`` (``load``: generate a package into the
 cache and import it, as ``eqdsl.load`` does for tensor products). ``docs/symmetric_contraction.md`` describes
 the function, the keys and the weight layout.
 """
