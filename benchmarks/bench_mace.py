@@ -244,15 +244,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300))
 
 
-def measure(name: str, model, train_batch, md_batch, reps: int, warmup: int, on_gpu: bool) -> dict:
-    ref_forces = torch.zeros_like(train_batch["positions"])
+def train_step(model, batch) -> None:
+    """One training step: energy, forces with ``create_graph``, a loss on both (reference forces
+    zero), ``loss.backward()``; the parameter gradients are dropped after."""
+    out = model(batch, training=True, compute_force=True)
+    loss = (out["energy"] ** 2).mean() + (out["forces"] ** 2).mean()
+    loss.backward()
+    for p in model.parameters():
+        p.grad = None
 
-    def train_step():
-        out = model(train_batch, training=True, compute_force=True)
-        loss = (out["energy"] ** 2).mean() + ((out["forces"] - ref_forces) ** 2).mean()
-        loss.backward()
-        for p in model.parameters():
-            p.grad = None
+
+def measure(name: str, model, train_batch, md_batch, reps: int, warmup: int, on_gpu: bool) -> dict:
+    def train():
+        train_step(model, train_batch)
 
     def md_step():
         out = model(md_batch, training=False, compute_force=True)
@@ -264,7 +268,7 @@ def measure(name: str, model, train_batch, md_batch, reps: int, warmup: int, on_
 
     timer_fn = _events_median if on_gpu else _wall_median
     row = {"impl": name}
-    row["train_ms"] = timer_fn(train_step, reps, warmup)
+    row["train_ms"] = timer_fn(train, reps, warmup)
     row["md_ms"] = timer_fn(md_step, reps, warmup)
     row["fwd_ms"] = timer_fn(fwd, reps, warmup)
     if on_gpu:
@@ -290,21 +294,12 @@ def profile_train(name: str, model, train_batch, top: int, log) -> list[dict]:
     device time over 3 steps (after one warm-up step), as rows ``{kernel, calls, ms_per_step}``."""
     from torch.profiler import ProfilerActivity, profile
 
-    ref_forces = torch.zeros_like(train_batch["positions"])
-
-    def step():
-        out = model(train_batch, training=True, compute_force=True)
-        loss = (out["energy"] ** 2).mean() + ((out["forces"] - ref_forces) ** 2).mean()
-        loss.backward()
-        for p in model.parameters():
-            p.grad = None
-
-    step()
+    train_step(model, train_batch)
     torch.cuda.synchronize()
     steps = 3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            step()
+            train_step(model, train_batch)
         torch.cuda.synchronize()
     totals: dict[str, list] = {}
     for ev in prof.events():

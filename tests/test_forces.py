@@ -161,11 +161,14 @@ def _hvp(energy, pos, theta, v):
     return hv
 
 
+@pytest.mark.parametrize("pkg", ["ir_mul"], indirect=True)
 def test_torch_hessian_is_symmetric(pkg):
     """``u . H v == v . H u`` for random ``u, v``, and ``H v`` equals e3nn's: the Hessian's
     symmetry and values, from two Hessian-vector products instead of its 3 N rows (each a
     second backward through interpreted kernels on the CPU; any asymmetric ``H`` gives
-    ``u^T (H - H^T) v != 0`` for random ``u, v``)."""
+    ``u^T (H - H^T) v != 0`` for random ``u, v``). One layout: the layout changes only the
+    kernels' column arithmetic, which the second-order checks of ``test_torch_grads`` cover
+    in both (the ``mul_ir`` case took a minute of the CI machine's 2 cores)."""
     torch_ops = importlib.import_module(pkg.__name__ + ".torch_ops")
     energy, pos, theta, _ = torch_model(pkg, torch_ops.tensor_product, torch.float64)
     gen = torch.Generator().manual_seed(3)
