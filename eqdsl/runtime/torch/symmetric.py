@@ -56,7 +56,8 @@ class SymmetricOps:
             kept. Every kernel runs the folded tables (``tables.get(..., folded=True)``,
             ``eqdsl.symmetric.fold``): ``fwd`` and ``bwd_x`` on the folded weights ``A`` (``fold``:
             one batched matmul a call), ``bwd_w`` writes rows of ``dA``, whose per-element sums
-            ``unfold`` turns into ``dW``. The kernels always run on ``ir_mul`` rows (channels contiguous: on an H100,
+            ``unfold`` turns into ``dW``. The kernels always run on ``ir_mul`` rows (channels
+            contiguous: on an H100,
             MACE-MP's forward took 1.7 ms on ``ir_mul`` rows against 2.6 ms on ``mul_ir``
             rows with the best tile of each, 2026-11-27); a ``mul_ir`` contraction's operands
             are permuted into ``ir_mul`` (one column gather each) and its result back.
@@ -200,8 +201,7 @@ class SymmetricOps:
 
     def tables_on(self, kind: str, k: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(slots, mono_ptr, mono_cols, mono_terms, cols, coeff)`` of op ``kind``/``k`` on ``like``'s
-        device (``coeff`` in its dtype, the rest int32; the folded IR's),
-        built and copied once."""
+        device (``coeff`` in its dtype, the rest int32; the folded IR's), built and copied once."""
         key = (kind, k, like.device, like.dtype)
         got = self._device_tables.get(key)
         if got is None:
@@ -258,13 +258,12 @@ class SymmetricOps:
             shape = self._shape(kind, x)
             if x.shape[0] == 0:
                 return x.new_zeros(shape)
-            result = x.new_empty(shape)
             operands = [self._to_ir_mul(t, "out") if n == "g" else
                         self._to_ir_mul(t, "in") if n == "x" or n.startswith("v") else
                         self.fold(t) if n == "weights" else t.contiguous()
                         for n, t in zip(names, tensors)]
             tables = self.tables_on(kind, k, x)
-            if kind == "bwd_w":  # per-node rows of dA, summed per element a chunk of nodes at a time, unfolded
+            if kind == "bwd_w":  # per-node rows of dA summed per element, a chunk of nodes at a time
                 elem = operands.pop()
                 width = self._tables.fold.ir.weight_numel
                 ga = x.new_zeros((self.num_elements, width))
@@ -276,6 +275,7 @@ class SymmetricOps:
                     kernels[name](*part, *tables, out)
                     ga.index_add_(0, elem[s:s + step], out)
                 return self.unfold(ga)
+            result = x.new_empty(shape)
             kernels[name](*operands, *tables, result)
             return self._from_ir_mul(result, {"fwd": "out", "bwd_x": "in"}[kind])
 
