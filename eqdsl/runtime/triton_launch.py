@@ -131,7 +131,7 @@ def _check_index_range(jit_fn, args) -> None:
     for a in args:
         if isinstance(a, torch.Tensor) and a.numel() > _INT32_INDEX_LIMIT:
             raise ValueError(
-                f"{jit_fn.__name__.removeprefix('_helion_')}: an operand has {a.numel()} elements, more than "
+                f"{jit_fn.__name__}: an operand has {a.numel()} elements, more than "
                 f"the kernels' 32-bit indexing allows ({_INT32_INDEX_LIMIT}); split the batch, or set "
                 "EQDSL_KERNELS=helion (Helion generates 64-bit indexing for it)"
             )
