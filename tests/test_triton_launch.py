@@ -201,13 +201,20 @@ def test_refuses_operands_beyond_32_bit_indexing(pkg):
         k(big, *small)
 
 
+_HELION_IMPORT = "from helion.runtime import default_launcher as _default_launcher\n"
+
+
 @pytest.mark.parametrize(
     "snippet, message",
     [
         ("import helion.language as hl\ndef k(x, *, _launcher=None):\n    pass\n", "imports 'import helion.language as hl'"),
         ("from torch._inductor.runtime import triton_helpers\ndef k(x, *, _launcher=None):\n    pass\n", "imports"),
-        ("def other(x, *, _launcher=None):\n    pass\n", "no host function k"),
-        ("def k(x, *, grid=None, _launcher=None):\n    pass\n", "keywords"),
+        (_HELION_IMPORT + "def other(x, *, _launcher=_default_launcher):\n    pass\n", "no host function k"),
+        (_HELION_IMPORT + "def k(x, *, grid=None, _launcher=_default_launcher):\n    pass\n", "keywords"),
+        # a keyword that does not default to Helion's launcher is not taken for it
+        (_HELION_IMPORT + "def k(x, *, _launcher=None):\n    pass\n", "expected one defaulting to Helion's launcher"),
+        (_HELION_IMPORT + "def k(x, *, go=_default_launcher):\n    launcher = 1\n", "already uses the name 'launcher'"),
+        (_HELION_IMPORT + "def k(x, *, go=_default_launcher):\n    go(_default_launcher)\n", "uses \\['_default_launcher'\\]"),
     ],
 )
 def test_restructure_refuses_what_needs_helion(snippet, message):
@@ -215,18 +222,19 @@ def test_restructure_refuses_what_needs_helion(snippet, message):
         triton_lowering._restructure(snippet, "k", {})
 
 
-def test_restructure_is_structural():
+@pytest.mark.parametrize("name", ["_launcher", "launch_fn"])
+def test_restructure_is_structural(name):
+    """Helion's keyword, whatever Helion names it, becomes the required ``launcher``."""
     code = (
-        "from __future__ import annotations\nimport torch\nimport triton\n"
-        "from helion.runtime import default_launcher as _default_launcher\n"
-        "def k(x: torch.Tensor, *, _launcher=_default_launcher):\n    _launcher(k, (1,), x, num_warps=4, num_stages=1)\n"
+        "from __future__ import annotations\nimport torch\nimport triton\n" + _HELION_IMPORT
+        + f"def k(x: torch.Tensor, *, {name}=_default_launcher):\n    {name}(k, (1,), x, num_warps=4, num_stages=1)\n"
     )
     out = triton_lowering._restructure(code, "k", {"maxnreg": 256})
-    assert "helion" not in out
+    assert "helion" not in out and name not in out
     ns: dict = {}
     exec(out, ns)
     calls = []
-    ns["k"](torch.zeros(1), _launcher=lambda *a, **kw: calls.append((a, kw)))
+    ns["k"](torch.zeros(1), **{triton_lowering.LAUNCHER: lambda *a, **kw: calls.append((a, kw))})
     assert calls and calls[0][1] == {"num_warps": 4, "num_stages": 1}
     assert ns["TRITON_OPTIONS"] == {"maxnreg": 256}
     with pytest.raises(TypeError):

@@ -3,15 +3,15 @@
 Helion is the kernels' authoring language and their compiler: for a kernel and its
 pinned config, ``BoundKernel.to_triton_code`` prints a Python module holding one
 ``@triton.jit`` function and a *host function* that computes the grid and the launch
-arguments (sizes, strides) and calls ``_launcher(jit_fn, grid, *args, num_warps=,
-num_stages=)``. Doing that in every new process cost 10-22 s per mace_large kernel
+arguments (sizes, strides) and calls the launcher it is given (``launcher(jit_fn, grid,
+*args, num_warps=, num_stages=)``). Doing that in every new process cost 10-22 s per mace_large kernel
 (2026-11-22), so ``eqdsl generate`` does it once, on the CPU, and writes the result as
 ``<package>/triton_kernels/<kernel>_<dtype>.py``; the runtime
 (``eqdsl.runtime.triton_launch``) imports those modules and never Helion.
 
 The module is Helion's, changed structurally only (on its ``ast``, never its text):
-Helion's import of its own default launcher is dropped and the host function's
-``_launcher`` becomes a required keyword, so the runtime supplies the launcher and
+Helion's import of its own default launcher is dropped and the host function's keyword
+that defaulted to it becomes the required keyword ``launcher``, so the runtime supplies it and
 importing the module imports torch and triton alone. A ``TRITON_OPTIONS`` dict (extra
 launch options, e.g. ``maxnreg``) is appended. Anything else that would need Helion at
 run time is refused (``LoweringError``), never patched.
@@ -40,7 +40,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 __all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index",
-           "kernel_names", "code_digest"]
+           "kernel_names", "code_digest", "LAUNCHER"]
 
 # the generated Helion kernel files whose kernels are lowered, in this order
 SOURCES = ("helion_kernels.py", "helion_conv_kernels.py")
@@ -274,15 +274,24 @@ def _example_args(params: list[str], ops: Operands, dtype) -> tuple:
     return tuple(pool[p] for p in params)
 
 
+LAUNCHER = "launcher"  # the host function's keyword through which the runtime passes its launcher
+
+
 def _restructure(code: str, kernel: str, options: dict) -> str:
-    """Helion's module for ``kernel`` without its launcher import, the host function's
-    ``_launcher`` required, ``TRITON_OPTIONS`` appended (all through ``ast``)."""
+    """Helion's module for ``kernel``: its import of Helion's default launcher dropped, the
+    host function's keyword that defaulted to it renamed ``LAUNCHER`` and made required,
+    ``TRITON_OPTIONS`` appended (all through ``ast``).
+
+    The keyword is found by what it is (the one keyword-only argument whose default is the
+    name Helion imports its launcher as), never by Helion's name for it.
+    """
     tree = ast.parse(code)
-    body, host = [], None
+    body, host, helion_names = [], None, set()
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == "helion.runtime":
             if [a.name for a in node.names] != ["default_launcher"]:
                 raise LoweringError(f"{kernel}: Helion's code imports {ast.unparse(node)!r}")
+            helion_names |= {a.asname or a.name for a in node.names}
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
@@ -293,15 +302,24 @@ def _restructure(code: str, kernel: str, options: dict) -> str:
         body.append(node)
     if host is None:
         raise LoweringError(f"{kernel}: Helion's code has no host function {kernel}")
-    kw = [a.arg for a in host.args.kwonlyargs]
-    if kw != ["_launcher"]:
-        raise LoweringError(f"{kernel}: host function keywords {kw}, expected ['_launcher']")
-    host.args.kw_defaults = [None]  # required: the runtime passes its launcher
+    args = host.args
+    defaults = [ast.unparse(d) if d is not None else None for d in args.kw_defaults]
+    if len(args.kwonlyargs) != 1 or defaults[0] not in helion_names:
+        raise LoweringError(f"{kernel}: host function keywords {[a.arg for a in args.kwonlyargs]} (defaults "
+                            f"{defaults}), expected one defaulting to Helion's launcher")
+    old = args.kwonlyargs[0].arg
+    if any(isinstance(n, ast.Name) and n.id == LAUNCHER for n in ast.walk(host)):
+        raise LoweringError(f"{kernel}: the host function already uses the name {LAUNCHER!r}")
+    args.kwonlyargs[0].arg, args.kw_defaults = LAUNCHER, [None]  # required: the runtime passes its launcher
+    for n in ast.walk(host):
+        if isinstance(n, ast.Name) and n.id == old:
+            n.id = LAUNCHER
     body.append(ast.Assign(targets=[ast.Name("TRITON_OPTIONS", ast.Store())], value=ast.parse(repr(options), mode="eval").body))
     module = ast.Module(body=body, type_ignores=[])
     names = {n.id for n in ast.walk(module) if isinstance(n, ast.Name)}
-    if names & {"helion", "hl", "_default_launcher"}:
-        raise LoweringError(f"{kernel}: Helion's code uses {sorted(names & {'helion', 'hl', '_default_launcher'})} at run time")
+    left = names & ({"helion", "hl"} | helion_names)
+    if left:
+        raise LoweringError(f"{kernel}: Helion's code uses {sorted(left)} at run time")
     return ast.unparse(ast.fix_missing_locations(module)) + "\n"
 
 

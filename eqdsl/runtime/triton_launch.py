@@ -3,8 +3,8 @@
 ``eqdsl generate`` writes, for every Helion kernel and dtype, the Triton module Helion
 produces (``<package>/triton_kernels/<kernel>_<dtype>.py``,
 ``eqdsl.codegen.triton_lowering``): a ``@triton.jit`` function and a *host function*
-that computes the grid and launch arguments and calls ``_launcher(jit_fn, grid, *args,
-num_warps=, num_stages=)``. ``kernels(package, source)`` gives one callable per kernel
+that computes the grid and launch arguments and calls the ``launcher`` it is given
+(``launcher(jit_fn, grid, *args, num_warps=, num_stages=)``). ``kernels(package, source)`` gives one callable per kernel
 that imports that module on first use and runs its host function with ``launch`` as the
 launcher; nothing here imports Helion.
 
@@ -93,14 +93,18 @@ def _key(jit_fn, device: int, args: tuple) -> tuple:
     )
 
 
-def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, _options: dict | None = None, **kwargs):
+def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, triton_options: dict | None = None,
+           **kwargs):
     """Run ``jit_fn`` (a ``triton.JITFunction``) on ``grid`` with ``args`` (see the module docstring).
+
+    ``triton_options`` are the module's ``TRITON_OPTIONS`` (extra compile options, e.g.
+    ``maxnreg``), bound per module by ``kernels``.
 
     Raises ``ValueError`` for an operand of more than ``2**31 - 1`` elements (the
     shipped code indexes with 32-bit integers).
     """
     if _override:
-        return _override[-1](jit_fn, grid, args, {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(_options or {})})
+        return _override[-1](jit_fn, grid, args, {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(triton_options or {})})
     first = args[0]
     if not first.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1); it ignores the options
         _check_index_range(jit_fn, args)
@@ -108,8 +112,8 @@ def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, _options
     device = first.get_device()
     if device != torch.cuda.current_device():
         with torch.cuda.device(device):
-            return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, _options)
-    return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, _options)
+            return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, triton_options)
+    return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, triton_options)
 
 
 def _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, options):
@@ -155,7 +159,7 @@ class _Kernel:
         host, launcher = entry
         if args[0].is_cuda and self.package not in _prepared and not _override:
             _before_first_cuda_launch(self.package)
-        return host(*args, _launcher=launcher)
+        return host(*args, launcher=launcher)
 
     def _load(self, dtype: torch.dtype):
         name = str(dtype).removeprefix("torch.")
@@ -164,7 +168,7 @@ class _Kernel:
             raise TypeError(f"{self.package}.{self.name}: no Triton code for dtype {dtype}")
         module = importlib.import_module(f"{self.package}.triton_kernels.{module_name}")
         options = dict(module.TRITON_OPTIONS)
-        entry = (getattr(module, self.name), functools.partial(launch, _options=options) if options else launch)
+        entry = (getattr(module, self.name), functools.partial(launch, triton_options=options) if options else launch)
         self._hosts[dtype] = entry
         return entry
 

@@ -671,8 +671,8 @@ def _helion_tp_bwd_x1_0(g, x2, weights, gx1, g_size_0, g_stride_0, g_stride_1, g
         v_349 = indices_4 + v_348
         tl.store(gx1 + (indices_0[:, None] * gx1_stride_0 + (indices_4 + 108)[None, :] * gx1_stride_1), acc3_0, mask_0[:, None] & mask_4[None, :])
 
-def tp_bwd_x1_0(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, *, _launcher):
+def tp_bwd_x1_0(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, *, launcher):
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-11."""
     _BLOCK_SIZE_0 = 4
-    _launcher(_helion_tp_bwd_x1_0, ((g.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), g, x2, weights, gx1, g.size(0), g.stride(0), g.stride(1), gx1.stride(0), gx1.stride(1), weights.stride(0), weights.stride(1), x2.stride(0), x2.stride(1), num_warps=8, num_stages=1)
+    launcher(_helion_tp_bwd_x1_0, ((g.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), g, x2, weights, gx1, g.size(0), g.stride(0), g.stride(1), gx1.stride(0), gx1.stride(1), weights.stride(0), weights.stride(1), x2.stride(0), x2.stride(1), num_warps=8, num_stages=1)
 TRITON_OPTIONS = {}

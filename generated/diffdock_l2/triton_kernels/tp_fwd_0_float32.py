@@ -671,8 +671,8 @@ def _helion_tp_fwd_0(x1, x2, weights, out, x1_size_0, out_stride_0, out_stride_1
         v_349 = indices_4 + v_348
         tl.store(out + (indices_0[:, None] * out_stride_0 + (indices_4 + 108)[None, :] * out_stride_1), acc3_0, mask_0[:, None] & mask_4[None, :])
 
-def tp_fwd_0(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def tp_fwd_0(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Forward (dF/dg): g blocks 0-3; paths 0-11."""
     _BLOCK_SIZE_0 = 4
-    _launcher(_helion_tp_fwd_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, weights, out, x1.size(0), out.stride(0), out.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_fwd_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, weights, out, x1.size(0), out.stride(0), out.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

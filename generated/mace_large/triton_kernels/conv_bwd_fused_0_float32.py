@@ -3139,8 +3139,8 @@ def _helion_conv_bwd_fused_0(src, dst, y, x, g, weights, gw, gx, gyp, dst_stride
     add_584 = 15 + 16 * tile_id
     tl.store(gyp + (indices_1 * gyp_stride_0 + add_584 * gyp_stride_1), sum_16, None)
 
-def conv_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, gyp: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def conv_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, gyp: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Fused backward (dF/dx, dF/dy, dF/dW): x1 blocks 0-2; paths 0-16."""
     _BLOCK_SIZE_0 = 64
-    _launcher(_helion_conv_bwd_fused_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * src.size(0),), src, dst, y, x, g, weights, gw, gx, gyp, dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gyp.stride(0), gyp.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
+    launcher(_helion_conv_bwd_fused_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * src.size(0),), src, dst, y, x, g, weights, gw, gx, gyp, dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gyp.stride(0), gyp.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1204,9 +1204,9 @@ def _helion_conv_bwd_w_0(src, dst, y, x, g, gw, src_size_0, dst_stride_0, g_stri
     v_1053 = indices_0 + v_1052
     tl.store(gw + (indices_1[:, None] * gw_stride_0 + (indices_0 + 2048)[None, :] * gw_stride_1), v_1051, mask_1[:, None])
 
-def conv_bwd_w_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def conv_bwd_w_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Gradient with respect to the weights (dF/dW): paths 0-16."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 16
-    _launcher(_helion_conv_bwd_w_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, y, x, g, gw, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_bwd_w_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, y, x, g, gw, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

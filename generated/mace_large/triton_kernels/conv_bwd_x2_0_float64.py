@@ -1324,8 +1324,8 @@ def _helion_conv_bwd_x2_0(src, dst, x, g, weights, gy, src_size_0, dst_stride_0,
         v_1100 = indices_1 + v_1099
         tl.store(gy + (indices_0[:, None] * gy_stride_0 + (indices_1 + 15)[None, :] * gy_stride_1), acc3_6, mask_0[:, None])
 
-def conv_bwd_x2_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gy: torch.Tensor, *, _launcher):
+def conv_bwd_x2_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gy: torch.Tensor, *, launcher):
     """Gradient with respect to the edge attributes (dF/dy), one row per edge: x2 blocks 0-3; paths 0-16."""
     _BLOCK_SIZE_0 = 16
-    _launcher(_helion_conv_bwd_x2_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, x, g, weights, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gy.stride(0), gy.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_bwd_x2_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, x, g, weights, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gy.stride(0), gy.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1797,8 +1797,8 @@ def _helion_conv_fwd_0(out, ptr, order, src, y, x, weights, order_stride_0, out_
     v_1143 = indices_0 + v_1142
     tl.store(out + (offset_1 * out_stride_0 + (indices_0 + 8960) * out_stride_1), tot16_6, None)
 
-def conv_fwd_0(order: torch.Tensor, ptr: torch.Tensor, src: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def conv_fwd_0(order: torch.Tensor, ptr: torch.Tensor, src: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16."""
     _BLOCK_SIZE_0 = 64
-    _launcher(_helion_conv_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * out.size(0),), out, ptr, order, src, y, x, weights, order.stride(0), out.stride(0), out.stride(1), ptr.stride(0), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
+    launcher(_helion_conv_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * out.size(0),), out, ptr, order, src, y, x, weights, order.stride(0), out.stride(0), out.stride(1), ptr.stride(0), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1292,9 +1292,9 @@ def _helion_conv_fwd_0_small(src, dst, y, x, weights, out, src_size_0, dst_strid
     v_1070 = indices_0 + v_1069
     tl.atomic_add(out + (d_idx[:, None] * out_stride_0 + (indices_0 + 8960)[None, :] * out_stride_1), v_1056, mask=mask_1[:, None], sem='relaxed')
 
-def conv_fwd_0_small(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def conv_fwd_0_small(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16."""
     _BLOCK_SIZE_0 = 64
     _BLOCK_SIZE_1 = 4
-    _launcher(_helion_conv_fwd_0_small, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, y, x, weights, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
+    launcher(_helion_conv_fwd_0_small, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, y, x, weights, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
 TRITON_OPTIONS = {}

@@ -3211,10 +3211,10 @@ def _helion_conv_radial_bwd_fused_0(src, dst, radial_features, y, x, g, radial_w
     add_584 = 15 + 16 * tile_id
     tl.store(gyp + (indices_1 * gyp_stride_0 + add_584 * gyp_stride_1), sum_16, mask_1)
 
-def conv_radial_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gx: torch.Tensor, gyp: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def conv_radial_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gx: torch.Tensor, gyp: torch.Tensor, gw: torch.Tensor, *, launcher):
     """conv_radial: Fused backward (dF/dx, dF/dy, dF/dW): x1 blocks 0-2; paths 0-16. Weights formed on chip: radial_features @ radial_weight."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 16
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_conv_radial_bwd_fused_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, x, g, radial_weight, gw, gx, gyp, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gyp.stride(0), gyp.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_radial_bwd_fused_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, x, g, radial_weight, gw, gx, gyp, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gyp.stride(0), gyp.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1362,10 +1362,10 @@ def _helion_conv_radial_fwd_0(src, dst, radial_features, y, x, radial_weight, ou
     v_1070 = indices_0 + v_1069
     tl.atomic_add(out + (d_idx[:, None] * out_stride_0 + (indices_0 + 8960)[None, :] * out_stride_1), v_1056, mask=mask_1[:, None], sem='relaxed')
 
-def conv_radial_fwd_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, out: torch.Tensor, *, _launcher):
+def conv_radial_fwd_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, out: torch.Tensor, *, launcher):
     """conv_radial: Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-16; paths 0-16. Weights formed on chip: radial_features @ radial_weight."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 16
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_conv_radial_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, x, radial_weight, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_radial_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, x, radial_weight, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

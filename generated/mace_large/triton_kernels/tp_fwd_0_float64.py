@@ -1380,10 +1380,10 @@ def _helion_tp_fwd_0(x1, x2, weights, out, x1_size_0, out_stride_0, out_stride_1
     subscript_47 = v_1030[None, None, :]
     tl.store(out + (indices_1[:, None, None] * out_stride_0 + v_1028[None, :, :] * out_stride_1), view_15, mask_1[:, None, None] & subscript_47)
 
-def tp_fwd_0(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def tp_fwd_0(x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Forward (dF/dg): g blocks 0-16; paths 0-16."""
     _BLOCK_SIZE_0 = 64
     _BLOCK_SIZE_1 = 2
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_tp_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, weights, out, x1.size(0), out.stride(0), out.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_fwd_0, ((128 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, weights, out, x1.size(0), out.stride(0), out.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -649,8 +649,8 @@ def _helion_tp_bwd_fused_0(x1, x2, g, weights, gw, gx1, gx2, x1_size_0, g_stride
     tl.store(gx2 + (indices_0 * gx2_stride_0 + 2 * gx2_stride_1), accx2_1_1, mask_0)
     tl.store(gx2 + (indices_0 * gx2_stride_0 + 3 * gx2_stride_1), accx2_1_2, mask_0)
 
-def tp_bwd_fused_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_fused_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0-3; paths 0-9."""
     _BLOCK_SIZE_0 = 2
-    _launcher(_helion_tp_bwd_fused_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, weights, gw, gx1, gx2, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2.stride(0), gx2.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_fused_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, weights, gw, gx1, gx2, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2.stride(0), gx2.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -347,10 +347,10 @@ def _helion_tp_bwd_x1_0(g, x2, weights, gx1, g_size_0, g_stride_0, g_stride_1, g
     subscript_19 = v_203[None, None, :]
     tl.store(gx1 + (indices_1[:, None, None] * gx1_stride_0 + v_201[None, :, :] * gx1_stride_1), view_7, mask_1[:, None, None] & subscript_19)
 
-def tp_bwd_x1_0(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, *, _launcher):
+def tp_bwd_x1_0(g: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, *, launcher):
     """Gradient with respect to x1 (dF/dx1): x1 blocks 0-3; paths 0-9."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 8
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_tp_bwd_x1_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((g.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), g, x2, weights, gx1, g.size(0), g.stride(0), g.stride(1), gx1.stride(0), gx1.stride(1), weights.stride(0), weights.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_x1_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((g.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), g, x2, weights, gx1, g.size(0), g.stride(0), g.stride(1), gx1.stride(0), gx1.stride(1), weights.stride(0), weights.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -2439,7 +2439,7 @@ def _helion_conv_fwd_0(out, ptr, order, src, y, x, weights, order_stride_0, out_
         v_1527 = indices_1 + v_1526
         tl.store(out + (offset_0 * out_stride_0 + (indices_1 + 6464) * out_stride_1), tot29_4, None)
 
-def conv_fwd_0(order: torch.Tensor, ptr: torch.Tensor, src: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def conv_fwd_0(order: torch.Tensor, ptr: torch.Tensor, src: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-29; paths 0-29."""
-    _launcher(_helion_conv_fwd_0, (out.size(0),), out, ptr, order, src, y, x, weights, order.stride(0), out.stride(0), out.stride(1), ptr.stride(0), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
+    launcher(_helion_conv_fwd_0, (out.size(0),), out, ptr, order, src, y, x, weights, order.stride(0), out.stride(0), out.stride(1), ptr.stride(0), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1735,8 +1735,8 @@ def _helion_conv_fwd_0_small(src, dst, y, x, weights, out, src_size_0, dst_strid
         v_1423 = indices_1 + v_1422
         tl.atomic_add(out + (d_idx_copy_0[:, None] * out_stride_0 + (indices_1 + 6464)[None, :] * out_stride_1), v_1413, mask=mask_0[:, None], sem='relaxed')
 
-def conv_fwd_0_small(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, _launcher):
+def conv_fwd_0_small(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, launcher):
     """Fused convolution (dF/dG): gather x by src, scatter into dst: g blocks 0-29; paths 0-29."""
     _BLOCK_SIZE_0 = 4
-    _launcher(_helion_conv_fwd_0_small, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, x, weights, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
+    launcher(_helion_conv_fwd_0_small, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, x, weights, out, src.size(0), dst.stride(0), out.stride(0), out.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=2, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1753,10 +1753,10 @@ def _helion_conv_radial_bwd_x1_0(src, dst, radial_features, y, radial_weight, g,
     v_1423 = indices_0 + v_1422
     tl.atomic_add(gx + (s_idx[:, None] * gx_stride_0 + (indices_0 + 1088)[None, :] * gx_stride_1), v_1413, mask=mask_1[:, None], sem='relaxed')
 
-def conv_radial_bwd_x1_0(src: torch.Tensor, dst: torch.Tensor, g: torch.Tensor, y: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gx: torch.Tensor, *, _launcher):
+def conv_radial_bwd_x1_0(src: torch.Tensor, dst: torch.Tensor, g: torch.Tensor, y: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gx: torch.Tensor, *, launcher):
     """conv_radial: Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-5; paths 0-29. Weights formed on chip: radial_features @ radial_weight."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 16
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_conv_radial_bwd_x1_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, radial_weight, g, gx, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gx.stride(0), gx.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_radial_bwd_x1_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((src.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), src, dst, radial_features, y, radial_weight, g, gx, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gx.stride(0), gx.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -1800,8 +1800,8 @@ def _helion_conv_radial_bwd_x2_0(src, dst, radial_features, x, g, radial_weight,
         v_1439 = indices_1 + v_1438
         tl.store(gy + (indices_0[:, None] * gy_stride_0 + (indices_1 + 8)[None, :] * gy_stride_1), acc2_4, mask_0[:, None])
 
-def conv_radial_bwd_x2_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, g: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gy: torch.Tensor, *, _launcher):
+def conv_radial_bwd_x2_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, g: torch.Tensor, radial_features: torch.Tensor, radial_weight: torch.Tensor, gy: torch.Tensor, *, launcher):
     """conv_radial: Gradient with respect to the edge attributes (dF/dy), one row per edge: x2 blocks 0-2; paths 0-29. Weights formed on chip: radial_features @ radial_weight."""
     _BLOCK_SIZE_0 = 16
-    _launcher(_helion_conv_radial_bwd_x2_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, radial_features, x, g, radial_weight, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gy.stride(0), gy.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_radial_bwd_x2_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, radial_features, x, g, radial_weight, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gy.stride(0), gy.stride(1), radial_features.stride(0), radial_features.stride(1), radial_weight.stride(0), radial_weight.stride(1), src.stride(0), x.stride(0), x.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -4360,10 +4360,10 @@ def _helion_tp_bwd_fused_0(x1, x2, g, weights, gw, gx1, gx2p, x1_size_0, g_strid
     add_696 = 8 + 9 * tile_id
     tl.store(gx2p + (indices_1 * gx2p_stride_0 + add_696 * gx2p_stride_1), sum_9, mask_1)
 
-def tp_bwd_fused_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_fused_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 0-5; paths 0-29."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 8
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_tp_bwd_fused_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, g, weights, gw, gx1, gx2p, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2p.stride(0), gx2p.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_fused_0, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, g, weights, gw, gx1, gx2p, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2p.stride(0), gx2p.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

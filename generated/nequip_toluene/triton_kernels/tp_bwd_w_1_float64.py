@@ -565,10 +565,10 @@ def _helion_tp_bwd_w_1(x1, x2, g, gw, x1_size_0, g_stride_0, g_stride_1, gw_stri
     v_399 = indices_0 + v_398
     tl.store(gw + (indices_1[:, None] * gw_stride_0 + (indices_0 + 1408)[None, :] * gw_stride_1), v_397, mask_1[:, None])
 
-def tp_bwd_w_1(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_w_1(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Gradient with respect to the weights (dF/dW): paths 16-22."""
     _BLOCK_SIZE_0 = 32
     _BLOCK_SIZE_1 = 8
     _RDIM_SIZE_2 = triton.next_power_of_2(_BLOCK_SIZE_0)
-    _launcher(_helion_tp_bwd_w_1, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, g, gw, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_w_1, ((64 + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0 * ((x1.size(0) + _BLOCK_SIZE_1 - 1) // _BLOCK_SIZE_1),), x1, x2, g, gw, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

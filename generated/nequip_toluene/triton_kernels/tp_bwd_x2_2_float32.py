@@ -1084,8 +1084,8 @@ def _helion_tp_bwd_x2_2(x1, g, weights, gx2, x1_size_0, g_stride_0, g_stride_1, 
         v_801 = indices_1 + v_800
         tl.store(gx2 + (indices_0[:, None] * gx2_stride_0 + (indices_1 + 8)[None, :] * gx2_stride_1), acc2_4, mask_0[:, None])
 
-def tp_bwd_x2_2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2: torch.Tensor, *, _launcher):
+def tp_bwd_x2_2(x1: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx2: torch.Tensor, *, launcher):
     """Gradient with respect to x2 (dF/dx2): x2 blocks 2; paths 2, 5, 10, 11, 16, 17, 21-23, 27-29."""
     _BLOCK_SIZE_0 = 8
-    _launcher(_helion_tp_bwd_x2_2, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, g, weights, gx2, x1.size(0), g.stride(0), g.stride(1), gx2.stride(0), gx2.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_x2_2, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, g, weights, gx2, x1.size(0), g.stride(0), g.stride(1), gx2.stride(0), gx2.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {'maxnreg': 256}

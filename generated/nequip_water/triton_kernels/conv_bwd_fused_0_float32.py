@@ -559,8 +559,8 @@ def _helion_conv_bwd_fused_0(src, dst, y, x, g, weights, gw, gx, gy, src_size_0,
     tl.store(gy + (indices_0 * gy_stride_0 + 2 * gy_stride_1), accx2_1_1, mask_0)
     tl.store(gy + (indices_0 * gy_stride_0 + 3 * gy_stride_1), accx2_1_2, mask_0)
 
-def conv_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def conv_bwd_fused_0(src: torch.Tensor, dst: torch.Tensor, x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, gy: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Fused backward (dF/dx, dF/dy, dF/dW): x1 blocks 0-3; paths 0-9."""
     _BLOCK_SIZE_0 = 16
-    _launcher(_helion_conv_bwd_fused_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, x, g, weights, gw, gx, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gy.stride(0), gy.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_bwd_fused_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, x, g, weights, gw, gx, gy, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx.stride(0), gx.stride(1), gy.stride(0), gy.stride(1), src.stride(0), weights.stride(0), weights.stride(1), x.stride(0), x.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -283,8 +283,8 @@ def _helion_conv_bwd_x1_0(src, dst, y, g, weights, gx, src_size_0, dst_stride_0,
         v_195 = indices_1 + v_194
         tl.atomic_add(gx + (s_idx_copy_0[:, None] * gx_stride_0 + (indices_1 + 224)[None, :] * gx_stride_1), v_189, mask=mask_0[:, None], sem='relaxed')
 
-def conv_bwd_x1_0(src: torch.Tensor, dst: torch.Tensor, g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, *, _launcher):
+def conv_bwd_x1_0(src: torch.Tensor, dst: torch.Tensor, g: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, gx: torch.Tensor, *, launcher):
     """Gradient with respect to the node features (dF/dx): gather G by dst, scatter into src: x1 blocks 0-3; paths 0-9."""
     _BLOCK_SIZE_0 = 16
-    _launcher(_helion_conv_bwd_x1_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, g, weights, gx, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gx.stride(0), gx.stride(1), src.stride(0), weights.stride(0), weights.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_conv_bwd_x1_0, ((src.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), src, dst, y, g, weights, gx, src.size(0), dst.stride(0), g.stride(0), g.stride(1), gx.stride(0), gx.stride(1), src.stride(0), weights.stride(0), weights.stride(1), y.stride(0), y.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

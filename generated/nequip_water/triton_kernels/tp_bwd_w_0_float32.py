@@ -339,8 +339,8 @@ def _helion_tp_bwd_w_0(x1, x2, g, gw, x1_size_0, g_stride_0, g_stride_1, gw_stri
         v_193 = indices_1 + v_192
         tl.store(gw + (indices_0[:, None] * gw_stride_0 + (indices_1 + 288)[None, :] * gw_stride_1), v_191, mask_0[:, None])
 
-def tp_bwd_w_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_w_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Gradient with respect to the weights (dF/dW): paths 0-9."""
     _BLOCK_SIZE_0 = 16
-    _launcher(_helion_tp_bwd_w_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, gw, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=8, num_stages=1)
+    launcher(_helion_tp_bwd_w_0, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, gw, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=8, num_stages=1)
 TRITON_OPTIONS = {}

@@ -3864,8 +3864,8 @@ def _helion_tp_bwd_fused_2(x1, x2, g, weights, gw, gx1, gx2p, x1_size_0, g_strid
     tl.store(gx2p + (indices_0 * gx2p_stride_0 + 46 * gx2p_stride_1), accx2_3_5, mask_0)
     tl.store(gx2p + (indices_0 * gx2p_stride_0 + 47 * gx2p_stride_1), accx2_3_6, mask_0)
 
-def tp_bwd_fused_2(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_fused_2(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, weights: torch.Tensor, gx1: torch.Tensor, gx2p: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Fused backward (dF/dx1, dF/dx2, dF/dW): x1 blocks 3; paths 3, 11, 12, 21-23, 30-33."""
     _BLOCK_SIZE_0 = 4
-    _launcher(_helion_tp_bwd_fused_2, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, weights, gw, gx1, gx2p, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2p.stride(0), gx2p.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_fused_2, ((x1.size(0) + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, weights, gw, gx1, gx2p, x1.size(0), g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), gx1.stride(0), gx1.stride(1), gx2p.stride(0), gx2p.stride(1), weights.stride(0), weights.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}

@@ -2323,9 +2323,9 @@ def _helion_tp_bwd_w_0(x1, x2, g, gw, g_stride_0, g_stride_1, gw_stride_0, gw_st
             v_1773 = v_1772 + subscript_219
             tl.store(gw + (tile_id_2 * gw_stride_0 + v_1773 * gw_stride_1), acc23_0, None)
 
-def tp_bwd_w_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, _launcher):
+def tp_bwd_w_0(x1: torch.Tensor, x2: torch.Tensor, g: torch.Tensor, gw: torch.Tensor, *, launcher):
     """Gradient with respect to the weights (dF/dW): paths 0-23; sums over 64 batch rows per program."""
     n = x1.size(0)
     _BLOCK_SIZE_0 = 64
-    _launcher(_helion_tp_bwd_w_0, ((n + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, gw, g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), n, num_warps=4, num_stages=1)
+    launcher(_helion_tp_bwd_w_0, ((n + _BLOCK_SIZE_0 - 1) // _BLOCK_SIZE_0,), x1, x2, g, gw, g.stride(0), g.stride(1), gw.stride(0), gw.stride(1), x1.stride(0), x1.stride(1), x2.stride(0), x2.stride(1), n, num_warps=4, num_stages=1)
 TRITON_OPTIONS = {}
