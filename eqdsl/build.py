@@ -69,8 +69,6 @@ class BuildResult:
         variants: compiled variants (Triton cache entries), summed over ``archs``.
         archs: the archs built, e.g. ``("sm_90",)``.
         seconds: wall time of the build, subprocess included.
-        launchers: Triton launchers built (distinct argument signatures; 0 where the
-            machine has no CUDA driver library: ``_build_launcher``).
     """
 
     package: Path
@@ -78,13 +76,11 @@ class BuildResult:
     variants: int
     archs: tuple[str, ...]
     seconds: float
-    launchers: int = 0
 
     def line(self) -> str:
-        """``mace_large: 22 kernels, 40 variants (sm_90), 12 launchers, 164.7 s``."""
-        launchers = f", {self.launchers} launchers" if self.launchers else ""
+        """``mace_large: 22 kernels, 40 variants (sm_90), 164.7 s``."""
         return (f"{self.package.name}: {self.kernels} kernels, {self.variants} variants "
-                f"({', '.join(self.archs)}){launchers}, {self.seconds:.1f} s")
+                f"({', '.join(self.archs)}), {self.seconds:.1f} s")
 
 
 def _is_package(d: Path) -> bool:
@@ -222,10 +218,8 @@ def build_package(package_dir: str | os.PathLike, archs=DEFAULT_ARCHS, dtypes=No
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    launchers = len({(a, e["launcher"]["key"]) for a, g in report["groups"].items() for e in g.values()
-                     if "launcher" in e})
     return BuildResult(package_dir, report["kernels"], sum(len(g) for g in report["groups"].values()),
-                       tuple(manifest["archs"]), time.perf_counter() - t0, launchers)
+                       tuple(manifest["archs"]), time.perf_counter() - t0)
 
 
 def _built_for(package_dir: Path, arch: str) -> bool:
@@ -551,53 +545,7 @@ def _pool_compile(task: tuple) -> dict:
     if again != k.hash:
         raise RuntimeError(f"{rel}: the manifest entry gives Triton key {again[:12]}, Triton compiled "
                            f"{k.hash[:12]} (a Triton cache-invalidating environment variable set?)")
-    launcher = _build_launcher(k, Path(job["out"]) / _cb.arch_name(capability))
-    if launcher is not None:
-        entry["launcher"] = launcher
     return {"arch": _cb.arch_name(capability), "key": key_dir.name, "entry": entry}
-
-
-def _build_launcher(kernel, arch_dir: Path) -> dict | None:
-    """Triton's host-side launcher of a compiled variant, built into the build: its Triton
-    cache entry ``{"key", "file"}``, or ``None`` where it cannot be built.
-
-    Before its first launch, Triton compiles a small C extension per argument signature
-    with the system's C compiler (``CudaLauncher``, cached in Triton's cache under a hash
-    of its source and the platform; about 0.3-1 s each). Building it needs the CUDA driver
-    library to link against (``libcuda.so.1``, found as Triton finds it) and serves only
-    the Python version that built it (the file name carries ``EXT_SUFFIX``): a build on a
-    machine with the driver and the deployment's Python (a GPU machine, ``eqdsl.load``)
-    ships them, elsewhere they compile on first use. Loading it is not needed (and fails
-    without a GPU driver): the file in the cache is the result.
-    """
-    import triton
-
-    try:
-        from triton.backends.nvidia.driver import CudaLauncher, libcuda_dirs
-
-        libcuda_dirs()
-    except Exception:  # no CUDA driver library on this machine
-        return None
-    tmp = arch_dir / f".launcher.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    try:
-        with triton.knobs.cache.scope():
-            triton.knobs.cache.dir = str(tmp)
-            try:
-                CudaLauncher(kernel.src, kernel.metadata)
-            except Exception:  # built, then not loadable here; or not built: the cache says which
-                pass
-        files = sorted(tmp.glob("*/__triton_launcher*"))
-        if not files:
-            return None
-        key, name = files[0].parent.name, files[0].name
-        if not (arch_dir / key / name).exists():
-            try:
-                os.rename(files[0].parent, arch_dir / key)
-            except OSError:  # another process of the pool moved the same launcher there
-                pass
-        return {"key": key, "file": name}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _worker(job: dict) -> None:
@@ -643,7 +591,7 @@ def _worker(job: dict) -> None:
         grp.write_text(json.dumps({"child_paths": {n: n for n in names}}, sort_keys=True))
         groups[e["arch"]][e["key"]] = e["entry"]
     for arch, entries_of_arch in groups.items():
-        keep = set(entries_of_arch) | {e["launcher"]["key"] for e in entries_of_arch.values() if "launcher" in e}
+        keep = set(entries_of_arch)
         if (out / arch).is_dir():  # keep the entries only (Triton removes its temporary dirs itself)
             for d in (out / arch).iterdir():
                 if d.name not in keep:

@@ -6,8 +6,10 @@ with Triton's own compiler and cache, so its output *is* a set of Triton cache e
 ``.cubin``, its ``.json`` metadata and the ``__grp__<name>.json`` group file that lists
 them; the IR stages with ``--keep-ir``), and ``<key>`` is Triton's cache key of that
 compilation on the build machine (a hash of the Triton install, the kernel source, its
-specialization, the options and the target). Where the build could make them, Triton's
-launchers (C extensions, one per argument signature) are entries of their own there.
+specialization, the options and the target). Triton's launchers (small C extensions, one
+per argument signature, which Triton compiles with the system's C compiler before a
+signature's first launch) are not shipped: building them would take Triton's CUDA backend
+internals, and they are cached by Triton after the first process.
 ``<package>/cubins/manifest.json`` says what they were built with::
 
     {"format": 1, "triton": "3.6.0", "archs": ["sm_90"], "dtypes": ["float32", "float64"],
@@ -16,8 +18,7 @@ launchers (C extensions, one per argument signature) are entries of their own th
      "groups": {"sm_90": {"<key>": {"hash": "<hex>", "metadata": "<kernel>.json",
                                     "module": "triton_kernels/tp_fwd_0_float32.py",
                                     "function": "<jit function>", "options": {launch options},
-                                    "specialization": {Triton's signature, constants, attrs},
-                                    "launcher": {"key": "<key>", "file": "<extension file>"}},
+                                    "specialization": {Triton's signature, constants, attrs}},
                           ...}}}
 
 At run time, :func:`install` (called by the launcher once per package, before the
@@ -346,21 +347,4 @@ def _put(fn, items) -> None:
                 data = json.dumps(meta).encode("utf-8")
             paths[name] = manager.put(data, name)
         manager.put_group(metadata, paths)
-        _put_launcher(src.parent, entry.get("launcher"))
 
-
-def _put_launcher(arch_dir: Path, launcher: dict | None) -> None:
-    """The variant's Triton launcher (a C extension built by the build for its Python, keyed
-    by a hash of its source and the platform, not of Triton's install) into Triton's cache,
-    if it was built for this Python (``EXT_SUFFIX``) and is not there yet."""
-    import base64
-    import sysconfig
-
-    from triton.runtime.cache import get_cache_manager
-
-    if not launcher or not launcher["file"].endswith(sysconfig.get_config_var("EXT_SUFFIX")):
-        return
-    key = launcher["key"]  # Triton's base32 directory name of the hex key
-    manager = get_cache_manager(base64.b32decode(key + "=" * (-len(key) % 8)).hex())
-    if manager.get_file(launcher["file"]) is None:
-        manager.put((arch_dir / key / launcher["file"]).read_bytes(), launcher["file"])
