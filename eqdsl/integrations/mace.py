@@ -124,20 +124,21 @@ class RadialHidden(torch.nn.Sequential):
         super().__init__()
         for name, layer in net.named_children():
             self.add_module(name, layer)
-        self._last = list(self._modules)[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for name, layer in self._modules.items():
-            if name != self._last:
-                x = layer(x)
+        for layer in list(self)[:-1]:  # (slicing a Sequential builds another of its class)
+            x = layer(x)
         return x
 
     def matrix(self) -> torch.Tensor:
         """``(H, out)``: the last layer applied to the identity, i.e. its weight with the
         layer's own normalization, differentiable with respect to that weight."""
-        last = self._modules[self._last]
-        eye = torch.eye(last.weight.shape[0], dtype=last.weight.dtype, device=last.weight.device)
-        return last(eye)
+        return _applied_to_identity(self[-1])
+
+
+def _applied_to_identity(layer: torch.nn.Module) -> torch.Tensor:
+    w = next(layer.parameters())
+    return layer(torch.eye(w.shape[0], dtype=w.dtype, device=w.device))
 
 
 class MACERadialConvTP(MACEConvTP):
@@ -304,6 +305,15 @@ _TP_WEIGHTS_USES = (
 )
 
 
+def _is_linear(layer: torch.nn.Module, width: int) -> bool:
+    """Whether ``layer(x) == x @ layer(I)`` on random ``x`` ``(3, width)``: linear, no bias and
+    no activation (the layer's own normalization factor allowed), checked by what it computes."""
+    w = next(layer.parameters())
+    x = torch.randn(3, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(w)
+    with torch.no_grad():
+        return torch.allclose(layer(x), x @ _applied_to_identity(layer), rtol=1e-4, atol=1e-5)
+
+
 def _radial_hidden_width(block) -> int | None:
     """H if ``block.conv_tp_weights`` ends in a bias-free linear layer this module can split
     off and the block's forward only feeds its output to ``conv_tp``; else ``None``."""
@@ -312,8 +322,9 @@ def _radial_hidden_width(block) -> int | None:
     net = block.conv_tp_weights
     if not isinstance(net, FullyConnectedNet) or len(net) == 0:
         return None
-    last = list(net.children())[-1]
-    if type(last).__name__ != "_Layer" or last.act is not None or set(dict(last.named_parameters())) != {"weight"}:
+    last = net[-1]
+    h = net.hs[-2]
+    if [tuple(p.shape) for p in last.parameters()] != [(h, net.hs[-1])] or not _is_linear(last, h):
         return None
     try:
         lines = [ln.strip() for ln in inspect.getsource(type(block).forward).splitlines()]
@@ -322,7 +333,7 @@ def _radial_hidden_width(block) -> int | None:
     uses = [ln for ln in lines if "tp_weights" in ln and not ln.startswith("#")]
     if not all(any(r.match(ln) for r in _TP_WEIGHTS_USES) for ln in uses):
         return None
-    return int(last.weight.shape[0])
+    return int(h)
 
 
 def _has_fusion_hook(block) -> bool:
