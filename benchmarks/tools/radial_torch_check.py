@@ -59,7 +59,8 @@ TOL = {"float32": 1e-5, "float64": 1e-10}
 def generate(out: Path, triton: bool, radial_dot: bool = False) -> Path:
     """mace_large with radial_features = H, generated into ``out / "pkg"``; with ``radial_dot``
     as ``mace_large_dot`` (its own torch.library namespace) with ``radial_dot = 1`` at the top
-    of its tuning table (every radial op's dots in tf32x3)."""
+    of its tuning table (every radial op's dots in tf32x3), into ``out / "pkg_dot"`` (its own
+    top-level name: both directories go on ``sys.path`` in one process)."""
     from eqdsl.codegen.generate import generate_files, write_package
 
     text = (ROOT / "examples/specs/mace_large.toml").read_text()
@@ -75,9 +76,11 @@ def generate(out: Path, triton: bool, radial_dot: bool = False) -> Path:
     spec_path = out / "mace_large_radial.toml"
     spec_path.write_text(text)
     t0 = time.perf_counter()
-    write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=triton))
-    print(f"generated mace_large (radial_features = {H}, Triton code: {triton}) in {time.perf_counter() - t0:.0f} s")
-    return out / "pkg"
+    pkg = out / ("pkg_dot" if radial_dot else "pkg")
+    write_package(pkg, generate_files(spec_path, pkg, triton=triton))
+    print(f"generated {pkg.name} (radial_features = {H}, radial_dot = {int(radial_dot)}, Triton code: {triton}) "
+          f"in {time.perf_counter() - t0:.0f} s")
+    return pkg
 
 
 SWEEP_OPS = ("conv_radial_fwd", "conv_radial_bwd")
