@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("mace", reason="mace-torch: pip install --no-deps mace-torch==0.3.16 (docs/models.md)")
 
 from e3nn import o3  # noqa: E402
-from mace import data, modules  # noqa: E402
-from mace.tools import torch_geometric, utils  # noqa: E402
 
+from mace_tiny import tiny_batch, tiny_mace  # noqa: E402
 from eqdsl.integrations.mace import (  # noqa: E402
     MACEConvTP,
     MACERadialConvTP,
@@ -50,33 +48,12 @@ def float64_default():
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    m = modules.ScaleShiftMACE(
-        r_max=3.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=1, interaction_cls=block,
-        interaction_cls_first=block, num_interactions=2, num_elements=2, hidden_irreps=o3.Irreps("4x0e+4x1o"),
-        MLP_irreps=o3.Irreps("4x0e"), atomic_energies=np.array([-1.0, -2.0]), avg_num_neighbors=3.0,
-        atomic_numbers=[1, 8], correlation=2, gate=torch.nn.functional.silu, radial_MLP=[8],
-        atomic_inter_scale=1.3, atomic_inter_shift=0.1,
-    )
-    # random weights everywhere: no parameter left at a special value (zeros, identity) that could
-    # hide a wrong path
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return m
+    return tiny_mace()
 
 
 @pytest.fixture(scope="module")
 def batch():
-    from ase import Atoms
-
-    rng = np.random.default_rng(0)
-    atoms = Atoms("OH2OH", positions=rng.normal(size=(5, 3)) * 1.1)
-    z_table = utils.AtomicNumberTable([1, 8])
-    item = data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=z_table, cutoff=3.0)
-    b = next(iter(torch_geometric.dataloader.DataLoader(dataset=[item], batch_size=1, shuffle=False)))
-    return b.to_dict()
+    return tiny_batch()
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,8 @@ import torch
 pytest.importorskip("mace", reason="mace-torch: pip install --no-deps mace-torch==0.3.16 (docs/models.md)")
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from e3nn import o3  # noqa: E402
-from mace import data, modules  # noqa: E402
-from mace.tools import torch_geometric, utils  # noqa: E402
 
+from mace_tiny import tiny_batch, tiny_mace  # noqa: E402
 from eqdsl.integrations.mace import MACEConvTP, MACESymmetricContraction  # noqa: E402
 from eqdsl.symmetric import weights_from_mace  # noqa: E402
 
@@ -43,32 +41,14 @@ def float64():
 
 @pytest.fixture(scope="module")
 def model(float64):
-    torch.manual_seed(0)
-    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    m = modules.ScaleShiftMACE(
-        r_max=3.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=1, interaction_cls=block,
-        interaction_cls_first=block, num_interactions=2, num_elements=2, hidden_irreps=o3.Irreps("4x0e+4x1o"),
-        MLP_irreps=o3.Irreps("4x0e"), atomic_energies=np.array([-1.0, -2.0]), avg_num_neighbors=3.0,
-        atomic_numbers=[1, 8], correlation=2, gate=torch.nn.functional.silu, radial_MLP=[8],
-        atomic_inter_scale=1.3, atomic_inter_shift=0.1,
-    )
-    with torch.no_grad():  # random weights everywhere, no special values
-        for p in m.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return m
+    return tiny_mace()
 
 
 @pytest.fixture(scope="module")
 def operands(model):
     """What one forward feeds each hot op: per interaction ``(node_feats after linear_up,
     edge_attrs, tp_weights, edge_index)``, per product ``(node_feats, node_attrs)``."""
-    from ase import Atoms
-
-    rng = np.random.default_rng(0)
-    atoms = Atoms("OH2OH", positions=rng.normal(size=(5, 3)) * 1.1)
-    item = data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=utils.AtomicNumberTable([1, 8]),
-                                       cutoff=3.0)
-    batch = next(iter(torch_geometric.dataloader.DataLoader(dataset=[item], batch_size=1, shuffle=False))).to_dict()
+    batch = tiny_batch()
     convs, products, handles = [], [], []
     for block in model.interactions:
         seen = {}
