@@ -273,3 +273,43 @@ def test_make_fx_energy_and_forces_then_compile(packages):
     e_c, g_c = torch.compile(gm, fullgraph=True, dynamic=True)(x.clone(), w, elem)
     e_r, g_r = energy_and_grad(x.clone(), w, elem)
     assert _rel(e_c, e_r) < TOL and _rel(g_c, g_r) < TOL and g_r.abs().max() > 1
+
+
+def test_shipped_triton_code_path(tmp_path, monkeypatch):
+    """A package generated with its Triton code (``symmetric_package_files(..., triton=True)``,
+    what ``eqdsl generate`` and ``eqdsl.symmetric.load`` write): the ops launch
+    ``triton_kernels/`` through ``eqdsl.runtime.triton_launch`` (no Helion kernel object), and
+    the forward, a force loss's gradients (second order) and int32 / int64 ``elem`` agree with
+    the dense reference in float64 (Triton's interpreter on the CPU; the other tests run the
+    same kernels through Helion)."""
+    from eqdsl.codegen.generate import symmetric_package_files
+    from eqdsl.codegen.package import write_package
+    from eqdsl.runtime import triton_launch
+
+    (spec,) = parse_symmetric_specs(
+        '[[symmetric_contraction]]\nname = "sc_lowered"\nirreps_in = "3x0e+3x1o"\nirreps_out = "3x0e+3x1o"\n'
+        'correlation = 2\nnum_elements = 2\nlayout = "mul_ir"\ndtypes = ["float64"]\n')
+    ir = lower(spec)
+    files = symmetric_package_files(ir, "# test header\n# regenerate: test_shipped_triton_code_path\n", triton=True)
+    assert {f"sc_lowered/triton_kernels/sc_{k}_float64.py" for k in ("fwd", "bwd_x", "bwd_w")} <= set(files)
+    write_package(tmp_path, files)
+    monkeypatch.setenv("EQDSL_KERNELS", "triton")  # read at the package's first kernel call
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.invalidate_caches()
+        mod = importlib.import_module("sc_lowered.torch_symmetric")
+        assert not triton_launch.use_helion()
+        assert repr(mod._OPS._kernels["fwd"]).startswith("triton_launch kernel")
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(6, ir.dim_in * ir.mul, dtype=torch.float64, generator=g).requires_grad_()
+        w = torch.randn(ir.num_elements, ir.weight_numel, dtype=torch.float64, generator=g).requires_grad_()
+        elem = torch.tensor([0, 1, 1, 0, 1, 0])
+        for e in (elem, elem.to(torch.int32)):
+            want = torch_reference(spec, x, w, e)
+            got = mod.symmetric_contraction(x, w, e)
+            assert _rel(got, want) < TOL and want.abs().max() > 0.1
+        loss = lambda f: (torch.autograd.grad((f ** 2).sum(), x, create_graph=True)[0] ** 2).sum()  # noqa: E731
+        for a, b in zip(torch.autograd.grad(loss(got), (x, w)), torch.autograd.grad(loss(want), (x, w))):
+            assert _rel(a, b) < TOL and b.abs().max() > 0.1
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -86,21 +86,36 @@ def generate_files(spec_path: str | Path, out_dir: str | Path, *, triton: bool =
         if sc.name in {s.name for s in specs}:
             raise SpecError(_posix(spec_path), None, "name", f"{sc.name!r} names both a tensor product and a "
                                                              "symmetric contraction: one package each, so one name each")
-        files.update(symmetric_package_files(lower_symmetric(sc), header))
+        files.update(symmetric_package_files(lower_symmetric(sc), header, triton=triton))
     return files
 
 
-def symmetric_package_files(ir: SymmetricContractionIR, header: str) -> dict[str, str]:
+def symmetric_package_files(ir: SymmetricContractionIR, header: str, *, triton: bool = True) -> dict[str, str]:
     """Files of one symmetric-contraction package (``<name>/...``): the metadata, the Helion
     kernels and torch ops (``eqdsl.symmetric.codegen``), the Pallas kernels and JAX ops
-    (``eqdsl.symmetric.pallas``). Its kernels compile on first use (no ``triton_kernels/``)."""
+    (``eqdsl.symmetric.pallas``) and, with ``triton``, the Triton code of the Helion kernels
+    (``triton_kernels/``, as for a tensor product: ``triton_lowering``)."""
     common = common_files(ir, header=header)
     torch_files = symmetric_files(ir, header=header)
     jax_side = jax_files(ir, header=header)
     both = sorted((set(torch_files) & set(jax_side)) | (set(common) & (set(torch_files) | set(jax_side))))
     if both:
         raise AssertionError(f"two backends render {both}")
-    return common | torch_files | jax_side
+    files = common | torch_files | jax_side
+    if triton:
+        prefix = f"{ir.name}/"
+        inside = {rel.removeprefix(prefix): text for rel, text in files.items()}
+        lowered = triton_lowering.lower_package(inside, symmetric_operands(ir), header)
+        files.update({prefix + rel: text for rel, text in lowered.items()})
+    return files
+
+
+def symmetric_operands(ir: SymmetricContractionIR) -> triton_lowering.Operands:
+    """The lowering's operands of a symmetric contraction: its dtypes, no widths. The kernels
+    loop over term tables, so their code does not depend on the irreps (only on the channel
+    tile and configs, which are in the kernel file's code): without widths in the lowering
+    cache's key, every contraction with the same kernel code shares its lowered modules."""
+    return triton_lowering.Operands(0, 0, 0, 0, False, ir.dtypes)
 
 
 def package_files(spec: TensorProductSpec, ir: TensorProductIR, header: str, *, triton: bool = True) -> dict[str, str]:
@@ -211,4 +226,12 @@ def _triton_stamps(spec_path, out_dir, files: dict[str, str]) -> dict[str, objec
             expected[f"{spec.name}/{rel}"] = _Stamp(triton_lowering.stamp(header, pkg[source], source, kernel, dtype,
                                                                            versions=versions))
         expected[f"{spec.name}/{triton_lowering.DIR}/__init__.py"] = triton_lowering.index(pkg, dtypes, header)
+    for sc in load_symmetric_specs(spec_path):
+        pkg = {PurePosixPath(r).relative_to(sc.name).as_posix(): t for r, t in files.items() if r.startswith(sc.name + "/")}
+        header = pkg["__init__.py"][: pkg["__init__.py"].index("\n", pkg["__init__.py"].index("\n") + 1) + 1]
+        versions = triton_lowering.toolchain_installed()
+        for rel, (source, kernel, dtype) in triton_lowering.modules(pkg, sc.dtypes).items():
+            expected[f"{sc.name}/{rel}"] = _Stamp(triton_lowering.stamp(header, pkg[source], source, kernel, dtype,
+                                                                        versions=versions))
+        expected[f"{sc.name}/{triton_lowering.DIR}/__init__.py"] = triton_lowering.index(pkg, sc.dtypes, header)
     return expected

@@ -43,7 +43,7 @@ __all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_
            "kernel_names", "code_digest", "LAUNCHER"]
 
 # the generated Helion kernel files whose kernels are lowered, in this order
-SOURCES = ("helion_kernels.py", "helion_conv_kernels.py")
+SOURCES = ("helion_kernels.py", "helion_conv_kernels.py", "helion_symmetric_kernels.py")
 DIR = "triton_kernels"  # package subdirectory of the lowered modules
 _ROWS, _NODES = 64, 16  # example rows (edges) and graph nodes: every size "2 or more"
 _ALLOWED_IMPORTS = {"__future__", "torch", "triton", "triton.language"}
@@ -241,9 +241,37 @@ def kernel_names(text: str) -> list[str]:
 # ------------------------------------------------------------------ in the subprocess
 
 
+def _symmetric_example_args(params: list[str], dtype) -> tuple:
+    """CPU tensors for a symmetric-contraction kernel (``eqdsl.symmetric.helion``): node rows
+    ``x``, ``v<i>``, ``g`` and the result, per-element ``weights``, int64 ``elem``, and the term
+    tables (``eqdsl.runtime.torch.symmetric.SymmetricOps.tables_on``: int32, ``coeff`` in the
+    dtype). Every size is "2 or more" (zeros: the table loops are empty, nothing runs at
+    binding), so the code is the one every table and node count runs; the widths do not
+    enter it (the kernels loop over the tables)."""
+    import torch
+
+    n, width = _ROWS, 8
+
+    def f(*shape, dt=dtype):
+        return torch.zeros(shape, dtype=dt)
+
+    i32 = torch.int32
+    pool = {"weights": f(2, width), "elem": torch.zeros(n, dtype=torch.int64),
+            "slots": f(2, 2, dt=i32), "mono_ptr": f(9, dt=i32), "mono_cols": f(2, 8, dt=i32),
+            "mono_terms": f(3, dt=i32), "cols": f(2, 2, dt=i32), "coeff": f(2)}
+    missing = [p for p in params if p not in pool and not (p in ("x", "g", "out", "gw_rows", "gx") or
+                                                           (p[0] == "v" and p[1:].isdigit()))]
+    if missing:
+        raise LoweringError(f"no example tensor for symmetric kernel parameter(s) {', '.join(missing)}")
+    return tuple(pool[p] if p in pool else f(n, width) for p in params)
+
+
 def _example_args(params: list[str], ops: Operands, dtype) -> tuple:
     """CPU tensors of the right rank and dtype for each parameter of a generated kernel."""
     import torch
+
+    if "slots" in params:  # a symmetric contraction's kernel
+        return _symmetric_example_args(params, dtype)
 
     n, nodes = _ROWS, _NODES
 

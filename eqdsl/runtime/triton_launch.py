@@ -174,11 +174,14 @@ class _Kernel:
 
 
 def _before_first_cuda_launch(package: str) -> None:
-    """Install the package's prebuilt binaries, if any, into Triton's cache (once)."""
+    """Install the package's prebuilt binaries, if any, into Triton's cache (once; tensor
+    products and convolutions only, the packages ``eqdsl build`` builds)."""
     _prepared.add(package)
     from . import cubins
 
     directory = Path(importlib.import_module(package).__file__).parent
+    if not (directory / "torch_ops.py").is_file():  # a symmetric contraction: eqdsl build makes no cubins for it
+        return
     cubins.install(directory)
 
 

@@ -12,8 +12,11 @@ directory renamed into place).
 
 The package is what ``eqdsl generate`` writes for the spec (``symmetric_package_files``): the
 metadata ``__init__.py``, ``torch_symmetric.py`` (Helion kernels behind torch custom ops,
-``torch.ops.eqdsl_sc_<name>``) and ``jax_ops.py`` (Pallas kernels); its kernels compile on
-first use (no Triton code ahead of time).
+``torch.ops.eqdsl_sc_<name>``), ``triton_kernels/`` (the Triton code of those kernels, which
+the torch ops launch: no Helion at run time; lowered once per machine, the lowering cache is
+keyed by the kernels' code, which does not depend on the irreps) and ``jax_ops.py`` (Pallas
+kernels). With ``EQDSL_KERNELS=helion`` (``eqdsl.runtime.triton_launch``) it is generated
+without ``triton_kernels/``, under another key, as ``eqdsl.load`` does.
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
     """
     sc = _resolve(spec, name)
     text = symmetric_spec_to_toml(sc)
+    triton = os.environ.get("EQDSL_KERNELS", "triton") != "helion"
     key = hashlib.sha256(b"symmetric_contraction\0" + text.encode("utf-8") + b"\0"
-                         + generator_fingerprint().encode()).hexdigest()
+                         + generator_fingerprint().encode() + (b"" if triton else b"\0helion")).hexdigest()
     with _lock:
         if _loaded.get(sc.name, key) != key:
             raise ValueError(
@@ -117,14 +121,14 @@ def load(spec, *, name: str | None = None, cache_dir: str | os.PathLike | None =
                 f"process (its torch ops are registered as eqdsl_sc_{sc.name}::*); give this one another name")
         pkg_dir = Path(cache_root(cache_dir)) / "packages" / key[:32]
         if not (pkg_dir / sc.name / "__init__.py").is_file():
-            install_package(pkg_dir, text, lambda header: _files(sc, header))
+            install_package(pkg_dir, text, lambda header: _files(sc, header, triton))
         module = import_package(pkg_dir, sc.name, key, lazy=_LAZY_SUBMODULES)
         _loaded[sc.name] = key
     return module
 
 
-def _files(sc: SymmetricContractionSpec, header: str) -> dict[str, str]:
+def _files(sc: SymmetricContractionSpec, header: str, triton: bool) -> dict[str, str]:
     from ..codegen.generate import symmetric_package_files
     from .lower import lower
 
-    return symmetric_package_files(lower(sc), header)
+    return symmetric_package_files(lower(sc), header, triton=triton)

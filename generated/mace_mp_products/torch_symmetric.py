@@ -25,7 +25,8 @@ work)::
     bwd_x_d2(x, v1, v2, weights, g, elem) -> gx
 
 Kernels: the Helion kernels of ``helion_symmetric_kernels.py`` (``sc_<op>``), through
-``eqdsl.runtime.triton_launch.kernels`` (Helion's own launch: this package ships no Triton code),
+``eqdsl.runtime.triton_launch.kernels``: their Triton code (``triton_kernels/``) where the package
+has it, as ``eqdsl generate`` writes it, else through Helion (``EQDSL_KERNELS=helion``),
 given their term tables (``eqdsl.symmetric.tables``, built from ``terms.py`` on first use and
 copied to each device and dtype once: call each op once before capturing a CUDA graph).
 """
@@ -47,7 +48,7 @@ DTYPES = (torch.float32, torch.float64, )
 
 
 class _Kernels:
-    """``{op name: kernel}``, the kernels loaded on first use (Helion imports lazily)."""
+    """``{op name: kernel}``, the kernels loaded on first use (their modules import lazily)."""
 
     def __init__(self):
         self._ns = None

@@ -262,7 +262,8 @@ class SymmetricOps:
                 return x.new_zeros(shape)
             operands = [self._to_ir_mul(t, "out") if n == "g" else
                         self._to_ir_mul(t, "in") if n == "x" or n.startswith("v") else
-                        self.fold(t) if n == "weights" else t.contiguous()
+                        self.fold(t) if n == "weights" else
+                        t.to(torch.int64).contiguous() if n == "elem" else t.contiguous()  # the Triton code's elem: int64
                         for n, t in zip(names, tensors)]
             tables = self.tables_on(kind, k, x)
             if kind == "bwd_w":  # per-node rows of dA summed per element, a chunk of nodes at a time
