@@ -275,16 +275,13 @@ def test_coefficients_are_the_exact_values_rounded_once():
         assert t.coeff == float(sympy.N(exact, 40)), (t, exact)
 
 
-def test_lowering_is_deterministic_and_fast():
+def test_lowering_is_deterministic():
     spec = _one(irreps_in="8x0e+8x1o+8x2e+8x3o", irreps_out="8x0e+8x1o", correlation=3, cg_convention="e3nn-0.4")
-    t0 = time.perf_counter()
     a = lower(spec)
-    first = time.perf_counter() - t0
     assert lower(spec).to_json() == a.to_json()
     # MACE-MP's problem: K per order as mace-torch 0.3.16 builds it (U_matrix_real's last axis)
     assert a.num_params == ((1, 4, 23), (1, 6, 51))
     assert a.weight_numel == (1 + 4 + 23 + 1 + 6 + 51) * 8
-    assert first < 20, f"lowering MACE-MP's contraction took {first:.1f} s"
 
 
 def test_codegen_path_does_not_import_the_runtime_loader():
