@@ -4,7 +4,6 @@ spec naming file, table, key and reason; the IR's invariants."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import sympy
