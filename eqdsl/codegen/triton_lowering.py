@@ -28,6 +28,7 @@ the size argument). Helion's binding on a CPU needs Triton's interpreter, which 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import json
@@ -142,6 +143,7 @@ def _cache_key(source_text: str, kernel: str, dtype: str, operands: Operands) ->
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:40]
 
 
+@functools.lru_cache(maxsize=64)  # one kernel file's digest serves each of its kernels and dtypes
 def code_digest(text: str) -> str:
     """sha256 (16 hex digits) of a Python module's code: its ``ast`` without docstrings.
 
