@@ -511,7 +511,7 @@ _SPECIALIZATION = ("signature", "constant_keys", "constant_vals", "attrs_keys", 
 
 def compile_launches(launches, capability: int, cache_dir: Path, keep_ir: bool = False) -> list:
     """``JITFunction.warmup`` of each launch for ``capability``, Triton's cache at
-    ``cache_dir`` (entries already there are cache hits); the ``CompiledKernel`` of each."""
+    ``cache_dir`` (entries already there are cache hits); what ``warmup`` returns for each."""
     with _TargetScope(capability, cache_dir, keep_ir):
         return [fn.warmup(*args, grid=grid, **options) for fn, grid, args, options in launches]
 

@@ -97,8 +97,8 @@ CUDA = torch.cuda.is_available()
     ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")])],
 )
 def test_triton_code_gives_helions_bits(pkg, device):
-    """On CUDA also twice through the Triton code: the second call launches the kept
-    ``CompiledKernel`` s (same key) and must give the same bits."""
+    """On CUDA also twice through the Triton code: the second call finds the variants in
+    Triton's cache and must give the same bits."""
     if device == "cpu" and CUDA:
         pytest.skip("CPU tensors need TRITON_INTERPRET=1 (this run compiles for the GPU)")
     _, ops, conv = pkg
@@ -111,7 +111,6 @@ def test_triton_code_gives_helions_bits(pkg, device):
         via_triton = _results(ops, conv, device=device)
         runs = [via_triton]
         if device == "cuda":
-            assert triton_launch._compiled  # the kept CompiledKernels
             runs.append(_results(ops, conv, device=device))
         for mod in (ops, conv):
             _use(mod, "helion")

@@ -8,25 +8,12 @@ that computes the grid and launch arguments and calls the ``launcher`` it is giv
 that imports that module on first use and runs its host function with ``launch`` as the
 launcher; nothing here imports Helion.
 
-``launch`` on CUDA tensors (public Triton API only):
-
-* the first call with a given *key* goes through ``jit_fn[grid](*args, ...)``
-  (``JITFunction.run``: Triton's own specialization of each argument, its in-memory and
-  on-disk caches, compilation when nothing matches) and keeps the ``CompiledKernel`` it
-  returns;
-* later calls with the same key launch that ``CompiledKernel`` directly
-  (``compiled[grid](*args)``), skipping Triton's argument binding and cache lookup.
-
-The key holds everything Triton's specialization may depend on: each tensor's dtype and
-its data pointer modulo 16 (Triton specializes on 16-byte alignment), and every
-non-tensor argument's exact value (sizes, strides: Triton specializes on ``== 1`` and
-divisibility by 16; exact values are finer than both) and the device; the launch options are
-literals of the one host function that launches a given ``jit_fn``.
-Equal keys therefore mean equal specializations, as long as Triton specializes a pointer on
-no more than its 16-byte alignment (Triton 3.6: ``tt.divisibility`` 16).
-MD and variable-size batches change a size every step: a new size is one
-``JITFunction.run`` (no compile once its specialization exists), and the table is
-emptied past ``MAX_ENTRIES``.
+``launch`` on CUDA tensors goes through ``jit_fn[grid](*args, num_warps=, num_stages=)``
+(``JITFunction.run``, Triton's public launch): Triton specializes each argument, looks the
+variant up in its in-memory and on-disk caches and compiles it only when nothing matches.
+MD and variable-size batches change a size every step: a new size is a cache lookup, no
+compile once its specialization exists. Nothing of Triton's compiled-kernel objects is
+kept or called here (their launch interface is not Triton's public API).
 
 Device: Triton launches on the *current* CUDA device, so a call whose tensors live on
 another device makes theirs current for the launch (``torch.cuda.device``).
@@ -49,12 +36,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernels", "launch", "launch_override", "overriding", "MAX_ENTRIES", "use_helion"]
+__all__ = ["kernels", "launch", "launch_override", "overriding", "use_helion"]
 
-MAX_ENTRIES = 1024
 _INT32_INDEX_LIMIT = 2**31 - 1
 
-_compiled: dict[tuple, object] = {}
 _override: list = []  # the active launch_override callbacks (innermost last)
 _prepared: set[str] = set()  # packages whose before_first_cuda_launch ran
 
@@ -84,15 +69,6 @@ def overriding() -> bool:
     return bool(_override)
 
 
-def _key(jit_fn, device: int, args: tuple) -> tuple:
-    # the launch options are literals of the one host function that launches jit_fn
-    return (
-        jit_fn,
-        device,
-        *[(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else (type(a), a) for a in args],
-    )
-
-
 def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, triton_options: dict | None = None,
            **kwargs):
     """Run ``jit_fn`` (a ``triton.JITFunction``) on ``grid`` with ``args`` (see the module docstring).
@@ -105,33 +81,20 @@ def launch(jit_fn, grid: tuple, *args, num_warps: int, num_stages: int, triton_o
     """
     if _override:
         return _override[-1](jit_fn, grid, args, {"num_warps": num_warps, "num_stages": num_stages, **kwargs, **(triton_options or {})})
+    _check_index_range(jit_fn, args)
     first = args[0]
+    options = {**kwargs, **(triton_options or {})}
     if not first.is_cuda:  # Triton's interpreter (TRITON_INTERPRET=1); it ignores the options
-        _check_index_range(jit_fn, args)
         return jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs)
     device = first.get_device()
     if device != torch.cuda.current_device():
         with torch.cuda.device(device):
-            return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, triton_options)
-    return _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, triton_options)
-
-
-def _launch_cuda(jit_fn, grid, args, device, num_warps, num_stages, kwargs, options):
-    key = _key(jit_fn, device, args)
-    compiled = _compiled.get(key)
-    if compiled is None:  # a new size, dtype, alignment or device: Triton's own path
-        _check_index_range(jit_fn, args)
-        compiled = jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs, **(options or {}))
-        if len(_compiled) >= MAX_ENTRIES:
-            _compiled.clear()
-        _compiled[key] = compiled
-        return compiled
-    compiled[grid + (1,) * (3 - len(grid))](*args)
-    return compiled
+            return jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
+    return jit_fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
 
 
 def _check_index_range(jit_fn, args) -> None:
-    """Sizes are in the key, so a launch that passed here once (same key) passes again."""
+    """Every operand's element count within 32-bit indexing (a loop over the arguments)."""
     for a in args:
         if isinstance(a, torch.Tensor) and a.numel() > _INT32_INDEX_LIMIT:
             raise ValueError(
