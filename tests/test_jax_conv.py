@@ -95,7 +95,10 @@ def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
     assert rel_err(out, tensor_product_reference(b.ir, x1, x2, w)) <= 1e-12
     for got, want in zip(pull(jnp.asarray(g)), tensor_product_vjp_reference(b.ir, x1, x2, w, g)):
         assert rel_err(got, want) <= 1e-12
-    assert sum(w for _, w in k.CONV_FWD_KERNELS) == k.IDIM_OUT
+    # the kernels' column ranges tile the output row: each writes its own columns of one buffer
+    firsts = [c for _, c, _ in k.CONV_FWD_KERNELS]
+    assert firsts == [sum(w for _, _, w in k.CONV_FWD_KERNELS[:i]) for i in range(len(firsts))]
+    assert sum(w for _, _, w in k.CONV_FWD_KERNELS) == k.IDIM_OUT
     if kind == "channelwise_split":
         # one path per fused kernel: each x1 block's two paths write partial dF/dx1 messages
         assert len(k.CONV_BWD_FUSED_KERNELS) == len(pkgs[kind].ir.paths) == 4

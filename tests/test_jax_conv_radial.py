@@ -117,7 +117,7 @@ def test_generated_radial_kernels(pkgs):
     text = open(k.__file__).read()
     assert "def _radial_fwd_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):" in text
     assert "rt.radial_vec(rf, wr_ref, 0, count=16, pad=16)" in text  # the 16-channel uvu path
-    assert sum(w for _, w in k.RADIAL_FWD_KERNELS) == k.IDIM_OUT
+    assert sum(w for _, _, w in k.RADIAL_FWD_KERNELS) == k.IDIM_OUT
     assert not hasattr(k, "RADIAL_BWD_FUSED_KERNELS") and b.ops.RADIAL_OPS.bwd is None
     c = pkgs["channelwise"].ops
     assert c.RADIAL_OPS.bwd is not None and "def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref," \
@@ -331,7 +331,7 @@ def test_radial_kernels_split_by_columns(tmp_path, monkeypatch):
     monkeypatch.setattr(plan, "RADIAL_SMEM_BUDGET", 4 * 16 * (16 + 4 * 16))
     b = build(radial_spec("radial_split", MIXED, h=13), tmp_path)
     k = b.ops._kernels
-    assert len(k.RADIAL_FWD_KERNELS) > len(k.FWD_KERNELS) and sum(w for _, w in k.RADIAL_FWD_KERNELS) == k.IDIM_OUT
+    assert len(k.RADIAL_FWD_KERNELS) > len(k.FWD_KERNELS) and sum(w for _, _, w in k.RADIAL_FWD_KERNELS) == k.IDIM_OUT
     rng = np.random.default_rng(3)
     n, e = 5, 32
     x, y, rf, wr, src, dst = data(b.ir, rng, n, e)

@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from eqdsl.backends import check_tuning  # noqa: E402
 from eqdsl.backends.pallas import assemble, plan  # noqa: E402
 from eqdsl.backends.pallas.fused import fused_context, fused_reason  # noqa: E402
+from eqdsl.backends.pallas.stmts import Write  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import tensor_product_vjp_reference  # noqa: E402
 from eqdsl.spec import parse_spec  # noqa: E402
@@ -74,17 +75,31 @@ def _ctx(ir):
     return assemble.build_context(ir, "")["fused"]
 
 
+def _gw_starts(ctx) -> list[int]:
+    """The first weight column of every ``gw_ref`` store of the fused kernels, in kernel order."""
+    return [st.start for k in ctx["kernels"] for grp in k["groups"] for st in grp["body"]
+            if isinstance(st, Write) and st.ref == "gw_ref"]
+
+
 def test_generator_makes_one_or_several_kernels(monkeypatch):
     ir = _ir(_text("s"))
     one = _ctx(ir)
-    assert len(one["kernels"]) == 1 and one["gw_segments"] is None
+    assert len(one["kernels"]) == 1 and one["gx1_segments"] is None
     assert one["kernels"][0]["width"] == ir.dim_in1 and one["kernels"][0]["gw_width"] == ir.weight_numel
     monkeypatch.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
     split = _ctx(ir)
-    assert len(split["kernels"]) > 1 and split["gw_segments"] is None
+    assert len(split["kernels"]) > 1 and split["gx1_segments"] is None
     assert sum(k["width"] for k in split["kernels"]) == ir.dim_in1
     assert sum(k["gw_width"] for k in split["kernels"]) == ir.weight_numel
-    assert _ctx(_ir(_text("u", **UNORDERED)))["gw_segments"] == [(3, 2), (0, 3), (5, 2)]
+    # every kernel writes each of its paths' weight gradients at the path's own columns of the
+    # shared row (e3nn's order), so the launcher joins or reorders nothing
+    offsets = sorted(p.weight_offset for p in ir.paths if p.has_weight)
+    assert sorted(_gw_starts(split)) == offsets and sorted(_gw_starts(one)) == offsets
+    unordered = _ir(_text("u", **UNORDERED))
+    ctx = _ctx(unordered)
+    order = [pi for k in ctx["kernels"] for pi in k["paths"]]
+    assert order != sorted(order)  # the kernel runs the paths in x1 block order, not e3nn's
+    assert _gw_starts(ctx) == [unordered.paths[pi].weight_offset for pi in order]
 
 
 @pytest.mark.parametrize("why,text", [

@@ -311,6 +311,23 @@ def test_dtype_not_in_spec(root):
 # ---------------------------------------------------------------- generation
 
 
+def test_kernels_of_another_abi_are_refused(mixed):
+    """A pallas_kernels module written for another launch contract (kernels' column placement)
+    is refused with one line saying to regenerate, never run with the wrong output layout."""
+    import types
+
+    from eqdsl.runtime.jax.ops import TensorProductFunctions
+    from eqdsl.runtime.pallas_abi import KERNEL_ABI
+
+    kernels = mixed[(False, "mul_ir")].ops._kernels
+    assert kernels.KERNEL_ABI == KERNEL_ABI
+    old = types.ModuleType("old_pallas_kernels")
+    old.__dict__.update({k: v for k, v in vars(kernels).items() if not k.startswith("__") and k != "KERNEL_ABI"})
+    with pytest.raises(ImportError, match="regenerate it with eqdsl generate"):
+        TensorProductFunctions(old, dim_in1=1, dim_in2=1, dim_out=1, weight_numel=1, shared_weights=False,
+                               dtypes=("float64",))
+
+
 def test_generation_deterministic_and_bounded():
     for path in EXAMPLES:
         for spec in load_spec(path):

@@ -148,7 +148,6 @@ _FUNCTIONS = TensorProductFunctions(
         bwd_x2=_kernels.CONV_BWD_X2_KERNELS,
         bwd_w=_kernels.CONV_BWD_W_KERNELS,
         backward_fused_kernels=_kernels.CONV_BWD_FUSED_KERNELS,
-        gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS,
         gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS,
     ),
     radial=RadialKernels(
@@ -157,7 +156,6 @@ _FUNCTIONS = TensorProductFunctions(
         bwd_x1=_kernels.RADIAL_BWD_X1_KERNELS,
         bwd_x2=_kernels.RADIAL_BWD_X2_KERNELS,
         backward_fused_kernels=_kernels.RADIAL_BWD_FUSED_KERNELS,
-        gw_segments=_kernels.RADIAL_FUSED_GW_SEGMENTS,
         gx1_segments=_kernels.RADIAL_FUSED_GX1_SEGMENTS,
     ),
 )

@@ -1827,7 +1827,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(384, 128)] = r
     acc_0_0_s = x2_1_0 * g_3_0
     acc_0_0_s = rt.fma(x2_1_1, g_3_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_1_2, g_3_2, acc_0_0_s)
@@ -1853,7 +1853,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(1024, 128)] = r
     acc_0_0_s = x2_2_0 * g_8_0
     acc_0_0_s = rt.fma(x2_2_1, g_8_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_2_2, g_8_2, acc_0_0_s)
@@ -1889,7 +1889,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1664, 128)] = r
     acc_0_0_s = x2_3_0 * g_13_0
     acc_0_0_s = rt.fma(x2_3_1, g_13_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_3_2, g_13_2, acc_0_0_s)
@@ -1921,7 +1921,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(128, 128)] = r
     acc_1_0_s = 0.5773502691896257 * x2_1_0 * g_1_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = 0.5773502691896257 * x2_1_1 * g_1_0
@@ -1941,7 +1941,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     q_0 = rt.fma(x1_1_1, g_4_1, q_0)
     q_0 = rt.fma(x1_1_2, g_4_2, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(512, 128)] = r
     acc_1_0_s = x2_0_0 * g_4_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = x2_0_0 * g_4_1
@@ -1969,7 +1969,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(768, 128)] = r
+    gw_ref[:, pl.ds(640, 128)] = r
     nf1 = -0.31622776601683794 * x2_2_2
     nf1 = rt.fma(-0.5477225575051661, x2_2_4, nf1)
     acc_1_0_s = nf1 * g_5_0
@@ -2015,7 +2015,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(896, 128)] = r
+    gw_ref[:, pl.ds(1152, 128)] = r
     acc_1_0_s = 0.7071067811865476 * x2_1_2 * g_9_0
     acc_1_0_s = rt.fma(0.7071067811865476 * x2_1_1, g_9_1, acc_1_0_s)
     acc_1_0_s = rt.fma(-0.408248290463863 * x2_1_0, g_9_2, acc_1_0_s)
@@ -2069,7 +2069,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(1024, 128)] = r
+    gw_ref[:, pl.ds(1280, 128)] = r
     nf7 = -0.1543033499620919 * x2_3_4
     nf7 = rt.fma(-0.5976143046671968, x2_3_6, nf7)
     nf8 = -0.37796447300922725 * x2_3_3
@@ -2149,7 +2149,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(1152, 128)] = r
+    gw_ref[:, pl.ds(1792, 128)] = r
     nf19 = 0.6324555320336759 * x2_2_2
     nf19 = rt.fma(0.18257418583505536, x2_2_4, nf19)
     acc_1_0_s = 0.7071067811865476 * x2_2_4 * g_14_0
@@ -2208,7 +2208,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(1280, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_2_0_s = 0.4472135954999579 * x2_2_0 * g_2_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = 0.4472135954999579 * x2_2_1 * g_2_0
@@ -2248,7 +2248,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(1408, 128)] = r
+    gw_ref[:, pl.ds(768, 128)] = r
     acc_2_0_s = 0.5477225575051661 * x2_1_2 * g_6_0
     acc_2_0_s = rt.fma(0.5477225575051661 * x2_1_0, g_6_2, acc_2_0_s)
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
@@ -2304,7 +2304,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(1536, 128)] = r
+    gw_ref[:, pl.ds(896, 128)] = r
     nf25 = -0.11952286093343936 * x2_3_4
     nf25 = rt.fma(-0.4629100498862757, x2_3_6, nf25)
     nf26 = 0.4629100498862757 * x2_3_0
@@ -2360,7 +2360,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     q_0 = rt.fma(x1_2_3, g_11_3, q_0)
     q_0 = rt.fma(x1_2_4, g_11_4, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(1664, 128)] = r
+    gw_ref[:, pl.ds(1408, 128)] = r
     acc_2_0_s = x2_0_0 * g_11_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = x2_0_0 * g_11_1
@@ -2410,7 +2410,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(1792, 128)] = r
+    gw_ref[:, pl.ds(1536, 128)] = r
     acc_2_0_s = -0.5345224838248488 * x2_2_2 * g_12_0
     acc_2_0_s = rt.fma(0.4629100498862757 * x2_2_3, g_12_1, acc_2_0_s)
     acc_2_0_s = rt.fma(-0.5345224838248488 * x2_2_0, g_12_2, acc_2_0_s)
@@ -2913,7 +2913,7 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_9_4_s = -0.7071067811865476 * x2_1_0 * x1_1_0
     acc_9_4_s = rt.fma(0.7071067811865476 * x2_1_2, x1_1_2, acc_9_4_s)
     acc_9_4 = rt.fma(w, acc_9_4_s, acc_9_4)
-    rt.store_tile(out_ref, 0, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 2944, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
 
     # out block 10 (128x2e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 128), dtype)
@@ -2962,7 +2962,7 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_4_s = rt.fma(0.4879500364742666 * x2_3_5, x1_1_1, acc_10_4_s)
     acc_10_4_s = rt.fma(nf6, x1_1_2, acc_10_4_s)
     acc_10_4 = rt.fma(w, acc_10_4_s, acc_10_4)
-    rt.store_tile(out_ref, 640, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 3584, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
 
     # out block 11 (128x2e): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 128), dtype)
@@ -2984,7 +2984,7 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_11_3 = rt.fma(w, acc_11_3_s, acc_11_3)
     acc_11_4_s = x2_0_0 * x1_2_4
     acc_11_4 = rt.fma(w, acc_11_4_s, acc_11_4)
-    rt.store_tile(out_ref, 1280, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 4224, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=128, dim=5, pad=128)
 
     # out block 12 (128x2e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 128), dtype)
@@ -3031,7 +3031,7 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_12_4_s = rt.fma(0.4629100498862757 * x2_2_3, x1_2_3, acc_12_4_s)
     acc_12_4_s = rt.fma(-0.5345224838248488 * x2_2_2, x1_2_4, acc_12_4_s)
     acc_12_4 = rt.fma(w, acc_12_4_s, acc_12_4)
-    rt.store_tile(out_ref, 1920, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 4864, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4], mul=128, dim=5, pad=128)
 
     # out block 13 (128x3o): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 128), dtype)
@@ -3058,7 +3058,7 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_13_5 = rt.fma(w, acc_13_5_s, acc_13_5)
     acc_13_6_s = x2_3_6 * x1_0_0
     acc_13_6 = rt.fma(w, acc_13_6_s, acc_13_6)
-    rt.store_tile(out_ref, 2560, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4, acc_13_5, acc_13_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 5504, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4, acc_13_5, acc_13_6], mul=128, dim=7, pad=128)
 
 
 def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
@@ -3112,7 +3112,7 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_14_6_s = -0.7071067811865476 * x2_2_0 * x1_1_0
     acc_14_6_s = rt.fma(0.7071067811865476 * x2_2_4, x1_1_2, acc_14_6_s)
     acc_14_6 = rt.fma(w, acc_14_6_s, acc_14_6)
-    rt.store_tile(out_ref, 0, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 6400, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=128, dim=7, pad=128)
 
     # out block 15 (128x3o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 128), dtype)
@@ -3156,7 +3156,7 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_15_6_s = -0.7071067811865476 * x2_1_0 * x1_2_0
     acc_15_6_s = rt.fma(0.7071067811865476 * x2_1_2, x1_2_4, acc_15_6_s)
     acc_15_6 = rt.fma(w, acc_15_6_s, acc_15_6)
-    rt.store_tile(out_ref, 896, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4, acc_15_5, acc_15_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 7296, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4, acc_15_5, acc_15_6], mul=128, dim=7, pad=128)
 
     # out block 16 (128x3o): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 128), dtype)
@@ -3233,7 +3233,7 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_16_6_s = rt.fma(0.45643546458763845 * x2_3_5, x1_2_3, acc_16_6_s)
     acc_16_6_s = rt.fma(-0.28867513459481287 * x2_3_4, x1_2_4, acc_16_6_s)
     acc_16_6 = rt.fma(w, acc_16_6_s, acc_16_6)
-    rt.store_tile(out_ref, 1792, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 8192, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
 
 
 def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -3435,7 +3435,7 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_1_2_s = rt.fma(0.5773502691896257 * x2_2_3, g_14_5, acc_1_2_s)
     acc_1_2_s = rt.fma(0.7071067811865476 * x2_2_4, g_14_6, acc_1_2_s)
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
-    rt.store_tile(out_ref, 0, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
 
 def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
@@ -3668,7 +3668,7 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_4_s = rt.fma(-0.5773502691896257 * x2_3_3, g_16_5, acc_2_4_s)
     acc_2_4_s = rt.fma(-0.28867513459481287 * x2_3_4, g_16_6, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    rt.store_tile(out_ref, 0, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
 
 def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -3933,11 +3933,11 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + jnp.sum(w * h14_2, axis=1, keepdims=True)
     acc_2_3 = acc_2_3 + jnp.sum(w * h14_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h14_4, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_2_0
-    out_ref[:, pl.ds(1, 1)] = acc_2_1
-    out_ref[:, pl.ds(2, 1)] = acc_2_2
-    out_ref[:, pl.ds(3, 1)] = acc_2_3
-    out_ref[:, pl.ds(4, 1)] = acc_2_4
+    out_ref[:, pl.ds(4, 1)] = acc_2_0
+    out_ref[:, pl.ds(5, 1)] = acc_2_1
+    out_ref[:, pl.ds(6, 1)] = acc_2_2
+    out_ref[:, pl.ds(7, 1)] = acc_2_3
+    out_ref[:, pl.ds(8, 1)] = acc_2_4
 
 
 def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
@@ -4100,13 +4100,13 @@ def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + jnp.sum(w * h16_4, axis=1, keepdims=True)
     acc_3_5 = acc_3_5 + jnp.sum(w * h16_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h16_6, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_3_0
-    out_ref[:, pl.ds(1, 1)] = acc_3_1
-    out_ref[:, pl.ds(2, 1)] = acc_3_2
-    out_ref[:, pl.ds(3, 1)] = acc_3_3
-    out_ref[:, pl.ds(4, 1)] = acc_3_4
-    out_ref[:, pl.ds(5, 1)] = acc_3_5
-    out_ref[:, pl.ds(6, 1)] = acc_3_6
+    out_ref[:, pl.ds(9, 1)] = acc_3_0
+    out_ref[:, pl.ds(10, 1)] = acc_3_1
+    out_ref[:, pl.ds(11, 1)] = acc_3_2
+    out_ref[:, pl.ds(12, 1)] = acc_3_3
+    out_ref[:, pl.ds(13, 1)] = acc_3_4
+    out_ref[:, pl.ds(14, 1)] = acc_3_5
+    out_ref[:, pl.ds(15, 1)] = acc_3_6
 
 
 def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
@@ -4307,7 +4307,7 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     r = x2_1_0 * h9_0
     r = rt.fma(x2_1_1, h9_1, r)
     r = rt.fma(x2_1_2, h9_2, r)
-    out_ref[:, pl.ds(0, 128)] = r
+    out_ref[:, pl.ds(1152, 128)] = r
 
     # weights of path 10 (128 columns)
     # path 10: x1[1] 128x1o (x) x2[3] 1x3o -> out[10] 128x2e, uvu, weights at 1280, 21 nonzeros
@@ -4349,7 +4349,7 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     r = rt.fma(x2_3_4, h10_4, r)
     r = rt.fma(x2_3_5, h10_5, r)
     r = rt.fma(x2_3_6, h10_6, r)
-    out_ref[:, pl.ds(128, 128)] = r
+    out_ref[:, pl.ds(1280, 128)] = r
 
     # weights of path 11 (128 columns)
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
@@ -4362,7 +4362,7 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     h11_0 = rt.fma(x1_2_3, g_11_3, h11_0)
     h11_0 = rt.fma(x1_2_4, g_11_4, h11_0)
     r = x2_0_0 * h11_0
-    out_ref[:, pl.ds(256, 128)] = r
+    out_ref[:, pl.ds(1408, 128)] = r
 
     # weights of path 12 (128 columns)
     # path 12: x1[2] 128x2e (x) x2[2] 1x2e -> out[12] 128x2e, uvu, weights at 1536, 25 nonzeros
@@ -4406,7 +4406,7 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     r = rt.fma(x2_2_2, h12_2, r)
     r = rt.fma(x2_2_3, h12_3, r)
     r = rt.fma(x2_2_4, h12_4, r)
-    out_ref[:, pl.ds(384, 128)] = r
+    out_ref[:, pl.ds(1536, 128)] = r
 
     # weights of path 13 (128 columns)
     # path 13: x1[0] 128x0e (x) x2[3] 1x3o -> out[13] 128x3o, uvu, weights at 1664, 7 nonzeros
@@ -4426,7 +4426,7 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     r = rt.fma(x2_3_4, h13_4, r)
     r = rt.fma(x2_3_5, h13_5, r)
     r = rt.fma(x2_3_6, h13_6, r)
-    out_ref[:, pl.ds(512, 128)] = r
+    out_ref[:, pl.ds(1664, 128)] = r
 
 
 def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
@@ -4475,7 +4475,7 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
     r = rt.fma(x2_2_2, h14_2, r)
     r = rt.fma(x2_2_3, h14_3, r)
     r = rt.fma(x2_2_4, h14_4, r)
-    out_ref[:, pl.ds(0, 128)] = r
+    out_ref[:, pl.ds(1792, 128)] = r
 
     # weights of path 15 (128 columns)
     # path 15: x1[2] 128x2e (x) x2[1] 1x1o -> out[15] 128x3o, uvu, weights at 1920, 21 nonzeros
@@ -4514,7 +4514,7 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
     r = x2_1_0 * h15_0
     r = rt.fma(x2_1_1, h15_1, r)
     r = rt.fma(x2_1_2, h15_2, r)
-    out_ref[:, pl.ds(128, 128)] = r
+    out_ref[:, pl.ds(1920, 128)] = r
 
     # weights of path 16 (128 columns)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
@@ -4584,7 +4584,7 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
     r = rt.fma(x2_3_4, h16_4, r)
     r = rt.fma(x2_3_5, h16_5, r)
     r = rt.fma(x2_3_6, h16_6, r)
-    out_ref[:, pl.ds(256, 128)] = r
+    out_ref[:, pl.ds(2048, 128)] = r
 
 
 def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
@@ -4617,7 +4617,7 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(384, 128)] = r
     acc_0_0_s = x2_1_0 * g_3_0
     acc_0_0_s = rt.fma(x2_1_1, g_3_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_1_2, g_3_2, acc_0_0_s)
@@ -4643,7 +4643,7 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(1024, 128)] = r
     acc_0_0_s = x2_2_0 * g_8_0
     acc_0_0_s = rt.fma(x2_2_1, g_8_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_2_2, g_8_2, acc_0_0_s)
@@ -4679,7 +4679,7 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1664, 128)] = r
     acc_0_0_s = x2_3_0 * g_13_0
     acc_0_0_s = rt.fma(x2_3_1, g_13_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_3_2, g_13_2, acc_0_0_s)
@@ -4754,7 +4754,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(0, 128)] = r
+    gw_ref[:, pl.ds(128, 128)] = r
     acc_1_0_s = 0.5773502691896257 * x2_1_0 * g_1_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = 0.5773502691896257 * x2_1_1 * g_1_0
@@ -4772,7 +4772,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     q_0 = rt.fma(x1_1_1, g_4_1, q_0)
     q_0 = rt.fma(x1_1_2, g_4_2, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(512, 128)] = r
     acc_1_0_s = x2_0_0 * g_4_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = x2_0_0 * g_4_1
@@ -4804,7 +4804,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(640, 128)] = r
     nf1 = -0.31622776601683794 * x2_2_2
     nf1 = rt.fma(-0.5477225575051661, x2_2_4, nf1)
     acc_1_0_s = nf1 * g_5_0
@@ -4845,7 +4845,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1152, 128)] = r
     acc_1_0_s = 0.7071067811865476 * x2_1_2 * g_9_0
     acc_1_0_s = rt.fma(0.7071067811865476 * x2_1_1, g_9_1, acc_1_0_s)
     acc_1_0_s = rt.fma(-0.408248290463863 * x2_1_0, g_9_2, acc_1_0_s)
@@ -4906,7 +4906,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(1280, 128)] = r
     nf7 = -0.1543033499620919 * x2_3_4
     nf7 = rt.fma(-0.5976143046671968, x2_3_6, nf7)
     nf8 = -0.37796447300922725 * x2_3_3
@@ -4979,7 +4979,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(1792, 128)] = r
     nf19 = 0.6324555320336759 * x2_2_2
     nf19 = rt.fma(0.18257418583505536, x2_2_4, nf19)
     acc_1_0_s = 0.7071067811865476 * x2_2_4 * g_14_0
@@ -5016,7 +5016,7 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_2_3_128 = rt.fma(w, px2_2_3_128_s, px2_2_3_128)
     px2_2_4_128_s = q_4
     px2_2_4_128 = rt.fma(w, px2_2_4_128_s, px2_2_4_128)
-    rt.store_tile(gx1_ref, 0, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    rt.store_tile(gx1_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
@@ -5083,7 +5083,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(0, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_2_0_s = 0.4472135954999579 * x2_2_0 * g_2_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = 0.4472135954999579 * x2_2_1 * g_2_0
@@ -5121,7 +5121,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(768, 128)] = r
     acc_2_0_s = 0.5477225575051661 * x2_1_2 * g_6_0
     acc_2_0_s = rt.fma(0.5477225575051661 * x2_1_0, g_6_2, acc_2_0_s)
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
@@ -5181,7 +5181,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(896, 128)] = r
     nf5 = -0.11952286093343936 * x2_3_4
     nf5 = rt.fma(-0.4629100498862757, x2_3_6, nf5)
     nf6 = 0.4629100498862757 * x2_3_0
@@ -5231,7 +5231,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     q_0 = rt.fma(x1_2_3, g_11_3, q_0)
     q_0 = rt.fma(x1_2_4, g_11_4, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1408, 128)] = r
     acc_2_0_s = x2_0_0 * g_11_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = x2_0_0 * g_11_1
@@ -5280,7 +5280,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(1536, 128)] = r
     acc_2_0_s = -0.5345224838248488 * x2_2_2 * g_12_0
     acc_2_0_s = rt.fma(0.4629100498862757 * x2_2_3, g_12_1, acc_2_0_s)
     acc_2_0_s = rt.fma(-0.5345224838248488 * x2_2_0, g_12_2, acc_2_0_s)
@@ -5356,7 +5356,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(1920, 128)] = r
     acc_2_0_s = 0.7071067811865476 * x2_1_2 * g_15_0
     acc_2_0_s = rt.fma(0.5773502691896257 * x2_1_1, g_15_1, acc_2_0_s)
     acc_2_0_s = rt.fma(-0.18257418583505536 * x2_1_2, g_15_2, acc_2_0_s)
@@ -5450,7 +5450,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(768, 128)] = r
+    gw_ref[:, pl.ds(2048, 128)] = r
     nf33 = 0.4472135954999579 * x2_3_4
     nf33 = rt.fma(0.28867513459481287, x2_3_6, nf33)
     nf34 = -0.28867513459481287 * x2_3_0
@@ -5521,7 +5521,7 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_3_5_128 = rt.fma(w, px2_3_5_128_s, px2_3_5_128)
     px2_3_6_128_s = q_6
     px2_3_6_128 = rt.fma(w, px2_3_6_128_s, px2_3_6_128)
-    rt.store_tile(gx1_ref, 0, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    rt.store_tile(gx1_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
@@ -5695,7 +5695,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_6_2_s = rt.fma(0.5477225575051661 * x2_1_1, x1_2_3, acc_6_2_s)
     acc_6_2_s = rt.fma(0.5477225575051661 * x2_1_2, x1_2_4, acc_6_2_s)
     acc_6_2 = rt.fma(w, acc_6_2_s, acc_6_2)
-    rt.store_tile(out_ref, 0, [acc_6_0, acc_6_1, acc_6_2], mul=128, dim=3, pad=128)
+    rt.store_tile(out_ref, 1536, [acc_6_0, acc_6_1, acc_6_2], mul=128, dim=3, pad=128)
 
     # out block 7 (128x1o): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 128), dtype)
@@ -5740,7 +5740,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_7_2_s = rt.fma(nf5, x1_2_3, acc_7_2_s)
     acc_7_2_s = rt.fma(nf6, x1_2_4, acc_7_2_s)
     acc_7_2 = rt.fma(w, acc_7_2_s, acc_7_2)
-    rt.store_tile(out_ref, 384, [acc_7_0, acc_7_1, acc_7_2], mul=128, dim=3, pad=128)
+    rt.store_tile(out_ref, 1920, [acc_7_0, acc_7_1, acc_7_2], mul=128, dim=3, pad=128)
 
     # out block 8 (128x2e): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 128), dtype)
@@ -5766,7 +5766,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_8_3 = rt.fma(w, acc_8_3_s, acc_8_3)
     acc_8_4_s = x2_2_4 * x1_0_0
     acc_8_4 = rt.fma(w, acc_8_4_s, acc_8_4)
-    rt.store_tile(out_ref, 768, [acc_8_0, acc_8_1, acc_8_2, acc_8_3, acc_8_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 2304, [acc_8_0, acc_8_1, acc_8_2, acc_8_3, acc_8_4], mul=128, dim=5, pad=128)
 
 
 def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -5803,7 +5803,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_9_4_s = -0.7071067811865476 * x2_1_0 * x1_1_0
     acc_9_4_s = rt.fma(0.7071067811865476 * x2_1_2, x1_1_2, acc_9_4_s)
     acc_9_4 = rt.fma(w, acc_9_4_s, acc_9_4)
-    rt.store_tile(out_ref, 0, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 2944, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
 
     # out block 10 (128x2e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 128), dtype)
@@ -5852,7 +5852,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_10_4_s = rt.fma(0.4879500364742666 * x2_3_5, x1_1_1, acc_10_4_s)
     acc_10_4_s = rt.fma(nf6, x1_1_2, acc_10_4_s)
     acc_10_4 = rt.fma(w, acc_10_4_s, acc_10_4)
-    rt.store_tile(out_ref, 640, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 3584, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
 
     # out block 11 (128x2e): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 128), dtype)
@@ -5874,7 +5874,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_11_3 = rt.fma(w, acc_11_3_s, acc_11_3)
     acc_11_4_s = x2_0_0 * x1_2_4
     acc_11_4 = rt.fma(w, acc_11_4_s, acc_11_4)
-    rt.store_tile(out_ref, 1280, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 4224, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=128, dim=5, pad=128)
 
     # out block 12 (128x2e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 128), dtype)
@@ -5921,7 +5921,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_12_4_s = rt.fma(0.4629100498862757 * x2_2_3, x1_2_3, acc_12_4_s)
     acc_12_4_s = rt.fma(-0.5345224838248488 * x2_2_2, x1_2_4, acc_12_4_s)
     acc_12_4 = rt.fma(w, acc_12_4_s, acc_12_4)
-    rt.store_tile(out_ref, 1920, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 4864, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4], mul=128, dim=5, pad=128)
 
     # out block 13 (128x3o): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 128), dtype)
@@ -5948,7 +5948,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_13_5 = rt.fma(w, acc_13_5_s, acc_13_5)
     acc_13_6_s = x2_3_6 * x1_0_0
     acc_13_6 = rt.fma(w, acc_13_6_s, acc_13_6)
-    rt.store_tile(out_ref, 2560, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4, acc_13_5, acc_13_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 5504, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4, acc_13_5, acc_13_6], mul=128, dim=7, pad=128)
 
 
 def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -6003,7 +6003,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_14_6_s = -0.7071067811865476 * x2_2_0 * x1_1_0
     acc_14_6_s = rt.fma(0.7071067811865476 * x2_2_4, x1_1_2, acc_14_6_s)
     acc_14_6 = rt.fma(w, acc_14_6_s, acc_14_6)
-    rt.store_tile(out_ref, 0, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 6400, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=128, dim=7, pad=128)
 
     # out block 15 (128x3o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 128), dtype)
@@ -6047,7 +6047,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_15_6_s = -0.7071067811865476 * x2_1_0 * x1_2_0
     acc_15_6_s = rt.fma(0.7071067811865476 * x2_1_2, x1_2_4, acc_15_6_s)
     acc_15_6 = rt.fma(w, acc_15_6_s, acc_15_6)
-    rt.store_tile(out_ref, 896, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4, acc_15_5, acc_15_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 7296, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4, acc_15_5, acc_15_6], mul=128, dim=7, pad=128)
 
     # out block 16 (128x3o): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 128), dtype)
@@ -6124,7 +6124,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_16_6_s = rt.fma(0.45643546458763845 * x2_3_5, x1_2_3, acc_16_6_s)
     acc_16_6_s = rt.fma(-0.28867513459481287 * x2_3_4, x1_2_4, acc_16_6_s)
     acc_16_6 = rt.fma(w, acc_16_6_s, acc_16_6)
-    rt.store_tile(out_ref, 1792, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
+    rt.store_tile(out_ref, 8192, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
 
 
 def _radial_bwd_x1_kernel_0(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -6328,7 +6328,7 @@ def _radial_bwd_x1_kernel_1(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_1_2_s = rt.fma(0.5773502691896257 * x2_2_3, g_14_5, acc_1_2_s)
     acc_1_2_s = rt.fma(0.7071067811865476 * x2_2_4, g_14_6, acc_1_2_s)
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
-    rt.store_tile(out_ref, 0, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
 
 def _radial_bwd_x1_kernel_2(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -6562,7 +6562,7 @@ def _radial_bwd_x1_kernel_2(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_2_4_s = rt.fma(-0.5773502691896257 * x2_3_3, g_16_5, acc_2_4_s)
     acc_2_4_s = rt.fma(-0.28867513459481287 * x2_3_4, g_16_6, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    rt.store_tile(out_ref, 0, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
 
 def _radial_bwd_x2_kernel_0(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
@@ -6702,9 +6702,9 @@ def _radial_bwd_x2_kernel_1(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
     acc_1_0 = acc_1_0 + jnp.sum(w * h15_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h15_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h15_2, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_1_0
-    out_ref[:, pl.ds(1, 1)] = acc_1_1
-    out_ref[:, pl.ds(2, 1)] = acc_1_2
+    out_ref[:, pl.ds(1, 1)] = acc_1_0
+    out_ref[:, pl.ds(2, 1)] = acc_1_1
+    out_ref[:, pl.ds(3, 1)] = acc_1_2
 
 
 def _radial_bwd_x2_kernel_2(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
@@ -6839,11 +6839,11 @@ def _radial_bwd_x2_kernel_2(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
     acc_2_2 = acc_2_2 + jnp.sum(w * h14_2, axis=1, keepdims=True)
     acc_2_3 = acc_2_3 + jnp.sum(w * h14_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h14_4, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_2_0
-    out_ref[:, pl.ds(1, 1)] = acc_2_1
-    out_ref[:, pl.ds(2, 1)] = acc_2_2
-    out_ref[:, pl.ds(3, 1)] = acc_2_3
-    out_ref[:, pl.ds(4, 1)] = acc_2_4
+    out_ref[:, pl.ds(4, 1)] = acc_2_0
+    out_ref[:, pl.ds(5, 1)] = acc_2_1
+    out_ref[:, pl.ds(6, 1)] = acc_2_2
+    out_ref[:, pl.ds(7, 1)] = acc_2_3
+    out_ref[:, pl.ds(8, 1)] = acc_2_4
 
 
 def _radial_bwd_x2_kernel_3(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
@@ -7007,13 +7007,13 @@ def _radial_bwd_x2_kernel_3(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
     acc_3_4 = acc_3_4 + jnp.sum(w * h16_4, axis=1, keepdims=True)
     acc_3_5 = acc_3_5 + jnp.sum(w * h16_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h16_6, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_3_0
-    out_ref[:, pl.ds(1, 1)] = acc_3_1
-    out_ref[:, pl.ds(2, 1)] = acc_3_2
-    out_ref[:, pl.ds(3, 1)] = acc_3_3
-    out_ref[:, pl.ds(4, 1)] = acc_3_4
-    out_ref[:, pl.ds(5, 1)] = acc_3_5
-    out_ref[:, pl.ds(6, 1)] = acc_3_6
+    out_ref[:, pl.ds(9, 1)] = acc_3_0
+    out_ref[:, pl.ds(10, 1)] = acc_3_1
+    out_ref[:, pl.ds(11, 1)] = acc_3_2
+    out_ref[:, pl.ds(12, 1)] = acc_3_3
+    out_ref[:, pl.ds(13, 1)] = acc_3_4
+    out_ref[:, pl.ds(14, 1)] = acc_3_5
+    out_ref[:, pl.ds(15, 1)] = acc_3_6
 
 
 def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
@@ -7047,7 +7047,7 @@ def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(384, 128)] = r
     acc_0_0_s = x2_1_0 * g_3_0
     acc_0_0_s = rt.fma(x2_1_1, g_3_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_1_2, g_3_2, acc_0_0_s)
@@ -7073,7 +7073,7 @@ def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(1024, 128)] = r
     acc_0_0_s = x2_2_0 * g_8_0
     acc_0_0_s = rt.fma(x2_2_1, g_8_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_2_2, g_8_2, acc_0_0_s)
@@ -7109,7 +7109,7 @@ def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1664, 128)] = r
     acc_0_0_s = x2_3_0 * g_13_0
     acc_0_0_s = rt.fma(x2_3_1, g_13_1, acc_0_0_s)
     acc_0_0_s = rt.fma(x2_3_2, g_13_2, acc_0_0_s)
@@ -7185,7 +7185,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(0, 128)] = r
+    gw_ref[:, pl.ds(128, 128)] = r
     acc_1_0_s = 0.5773502691896257 * x2_1_0 * g_1_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = 0.5773502691896257 * x2_1_1 * g_1_0
@@ -7203,7 +7203,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     q_0 = rt.fma(x1_1_1, g_4_1, q_0)
     q_0 = rt.fma(x1_1_2, g_4_2, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(512, 128)] = r
     acc_1_0_s = x2_0_0 * g_4_0
     acc_1_0 = rt.fma(w, acc_1_0_s, acc_1_0)
     acc_1_1_s = x2_0_0 * g_4_1
@@ -7235,7 +7235,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(640, 128)] = r
     nf1 = -0.31622776601683794 * x2_2_2
     nf1 = rt.fma(-0.5477225575051661, x2_2_4, nf1)
     acc_1_0_s = nf1 * g_5_0
@@ -7276,7 +7276,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1152, 128)] = r
     acc_1_0_s = 0.7071067811865476 * x2_1_2 * g_9_0
     acc_1_0_s = rt.fma(0.7071067811865476 * x2_1_1, g_9_1, acc_1_0_s)
     acc_1_0_s = rt.fma(-0.408248290463863 * x2_1_0, g_9_2, acc_1_0_s)
@@ -7337,7 +7337,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(1280, 128)] = r
     nf7 = -0.1543033499620919 * x2_3_4
     nf7 = rt.fma(-0.5976143046671968, x2_3_6, nf7)
     nf8 = -0.37796447300922725 * x2_3_3
@@ -7410,7 +7410,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(1792, 128)] = r
     nf19 = 0.6324555320336759 * x2_2_2
     nf19 = rt.fma(0.18257418583505536, x2_2_4, nf19)
     acc_1_0_s = 0.7071067811865476 * x2_2_4 * g_14_0
@@ -7447,7 +7447,7 @@ def _radial_bwd_fused_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     px2_2_3_128 = rt.fma(w, px2_2_3_128_s, px2_2_3_128)
     px2_2_4_128_s = q_4
     px2_2_4_128 = rt.fma(w, px2_2_4_128_s, px2_2_4_128)
-    rt.store_tile(gx1_ref, 0, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    rt.store_tile(gx1_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
@@ -7515,7 +7515,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(0, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_2_0_s = 0.4472135954999579 * x2_2_0 * g_2_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = 0.4472135954999579 * x2_2_1 * g_2_0
@@ -7553,7 +7553,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(768, 128)] = r
     acc_2_0_s = 0.5477225575051661 * x2_1_2 * g_6_0
     acc_2_0_s = rt.fma(0.5477225575051661 * x2_1_0, g_6_2, acc_2_0_s)
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
@@ -7613,7 +7613,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(896, 128)] = r
     nf5 = -0.11952286093343936 * x2_3_4
     nf5 = rt.fma(-0.4629100498862757, x2_3_6, nf5)
     nf6 = 0.4629100498862757 * x2_3_0
@@ -7663,7 +7663,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     q_0 = rt.fma(x1_2_3, g_11_3, q_0)
     q_0 = rt.fma(x1_2_4, g_11_4, q_0)
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1408, 128)] = r
     acc_2_0_s = x2_0_0 * g_11_0
     acc_2_0 = rt.fma(w, acc_2_0_s, acc_2_0)
     acc_2_1_s = x2_0_0 * g_11_1
@@ -7712,7 +7712,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_2_2, q_2, r)
     r = rt.fma(x2_2_3, q_3, r)
     r = rt.fma(x2_2_4, q_4, r)
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(1536, 128)] = r
     acc_2_0_s = -0.5345224838248488 * x2_2_2 * g_12_0
     acc_2_0_s = rt.fma(0.4629100498862757 * x2_2_3, g_12_1, acc_2_0_s)
     acc_2_0_s = rt.fma(-0.5345224838248488 * x2_2_0, g_12_2, acc_2_0_s)
@@ -7788,7 +7788,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = x2_1_0 * q_0
     r = rt.fma(x2_1_1, q_1, r)
     r = rt.fma(x2_1_2, q_2, r)
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(1920, 128)] = r
     acc_2_0_s = 0.7071067811865476 * x2_1_2 * g_15_0
     acc_2_0_s = rt.fma(0.5773502691896257 * x2_1_1, g_15_1, acc_2_0_s)
     acc_2_0_s = rt.fma(-0.18257418583505536 * x2_1_2, g_15_2, acc_2_0_s)
@@ -7882,7 +7882,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     r = rt.fma(x2_3_4, q_4, r)
     r = rt.fma(x2_3_5, q_5, r)
     r = rt.fma(x2_3_6, q_6, r)
-    gw_ref[:, pl.ds(768, 128)] = r
+    gw_ref[:, pl.ds(2048, 128)] = r
     nf33 = 0.4472135954999579 * x2_3_4
     nf33 = rt.fma(0.28867513459481287, x2_3_6, nf33)
     nf34 = -0.28867513459481287 * x2_3_0
@@ -7953,7 +7953,7 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     px2_3_5_128 = rt.fma(w, px2_3_5_128_s, px2_3_5_128)
     px2_3_6_128_s = q_6
     px2_3_6_128 = rt.fma(w, px2_3_6_128_s, px2_3_6_128)
-    rt.store_tile(gx1_ref, 0, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    rt.store_tile(gx1_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
@@ -7990,58 +7990,60 @@ def _radial_bwd_fused_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     gx2_ref[:, pl.ds(15, 1)] = c_6
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 9088),
+    (_tp_fwd_kernel_0, 0, 9088),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 1152),
+    (_tp_bwd_x1_kernel_0, 0, 1152),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 16),
+    (_tp_bwd_x2_kernel_0, 0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 2176),
+    (_tp_bwd_w_kernel_0, 0, 2176),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 1152, 2176),
 )
-FUSED_GW_SEGMENTS = [(0, 128), (512, 128), (1280, 128), (128, 128), (640, 128), (768, 128), (1408, 128), (1536, 128), (256, 128), (896, 128), (1024, 128), (1664, 128), (1792, 128), (384, 128), (1152, 128), (1920, 128), (2048, 128)]
 FUSED_GX1_SEGMENTS = None
 
 # The conv's kernel sets (jax_ops.conv), split apart from the plain product's.
 CONV_FWD_KERNELS = (
-    (_conv_fwd_kernel_0, 2944),
-    (_conv_fwd_kernel_1, 3456),
-    (_conv_fwd_kernel_2, 2688),
+    (_conv_fwd_kernel_0, 0, 2944),
+    (_conv_fwd_kernel_1, 2944, 3456),
+    (_conv_fwd_kernel_2, 6400, 2688),
 )
 CONV_BWD_X1_KERNELS = (
-    (_conv_bwd_x1_kernel_0, 128),
-    (_conv_bwd_x1_kernel_1, 384),
-    (_conv_bwd_x1_kernel_2, 640),
+    (_conv_bwd_x1_kernel_0, 0, 128),
+    (_conv_bwd_x1_kernel_1, 128, 384),
+    (_conv_bwd_x1_kernel_2, 512, 640),
 )
 CONV_BWD_X2_KERNELS = (
-    (_conv_bwd_x2_kernel_0, 4),
-    (_conv_bwd_x2_kernel_1, 5),
-    (_conv_bwd_x2_kernel_2, 7),
+    (_conv_bwd_x2_kernel_0, 0, 4),
+    (_conv_bwd_x2_kernel_1, 4, 5),
+    (_conv_bwd_x2_kernel_2, 9, 7),
 )
 CONV_BWD_W_KERNELS = (
-    (_conv_bwd_w_kernel_0, 1152),
-    (_conv_bwd_w_kernel_1, 640),
-    (_conv_bwd_w_kernel_2, 384),
+    (_conv_bwd_w_kernel_0, 0, 1152),
+    (_conv_bwd_w_kernel_1, 1152, 640),
+    (_conv_bwd_w_kernel_2, 1792, 384),
 )
 CONV_BWD_FUSED_KERNELS = (
     (_conv_bwd_fused_kernel_0, 128, 512),
     (_conv_bwd_fused_kernel_1, 384, 768),
     (_conv_bwd_fused_kernel_2, 640, 896),
 )
-CONV_FUSED_GW_SEGMENTS = [(0, 128), (512, 128), (1280, 128), (128, 128), (640, 128), (768, 128), (1408, 128), (1536, 128), (256, 128), (896, 128), (1024, 128), (1664, 128), (1792, 128), (384, 128), (1152, 128), (1920, 128), (2048, 128)]
 # None, or per x1 block the (first column, width) ranges of the concatenated dF/dx1 messages
 # that add up to it (a block's paths split over kernels)
 CONV_FUSED_GX1_SEGMENTS = None
@@ -8051,28 +8053,27 @@ CONV_FUSED_GX1_SEGMENTS = None
 # (then two matmuls, eqdsl.runtime.jax.autodiff).
 RADIAL_FEATURES = 64
 RADIAL_FWD_KERNELS = (
-    (_radial_fwd_kernel_0, 1536),
-    (_radial_fwd_kernel_1, 1408),
-    (_radial_fwd_kernel_2, 3456),
-    (_radial_fwd_kernel_3, 2688),
+    (_radial_fwd_kernel_0, 0, 1536),
+    (_radial_fwd_kernel_1, 1536, 1408),
+    (_radial_fwd_kernel_2, 2944, 3456),
+    (_radial_fwd_kernel_3, 6400, 2688),
 )
 RADIAL_BWD_X1_KERNELS = (
-    (_radial_bwd_x1_kernel_0, 128),
-    (_radial_bwd_x1_kernel_1, 384),
-    (_radial_bwd_x1_kernel_2, 640),
+    (_radial_bwd_x1_kernel_0, 0, 128),
+    (_radial_bwd_x1_kernel_1, 128, 384),
+    (_radial_bwd_x1_kernel_2, 512, 640),
 )
 RADIAL_BWD_X2_KERNELS = (
-    (_radial_bwd_x2_kernel_0, 1),
-    (_radial_bwd_x2_kernel_1, 3),
-    (_radial_bwd_x2_kernel_2, 5),
-    (_radial_bwd_x2_kernel_3, 7),
+    (_radial_bwd_x2_kernel_0, 0, 1),
+    (_radial_bwd_x2_kernel_1, 1, 3),
+    (_radial_bwd_x2_kernel_2, 4, 5),
+    (_radial_bwd_x2_kernel_3, 9, 7),
 )
 RADIAL_BWD_FUSED_KERNELS = (
     (_radial_bwd_fused_kernel_0, 128, 512),
     (_radial_bwd_fused_kernel_1, 384, 768),
     (_radial_bwd_fused_kernel_2, 640, 896),
 )
-RADIAL_FUSED_GW_SEGMENTS = [(0, 128), (512, 128), (1280, 128), (128, 128), (640, 128), (768, 128), (1408, 128), (1536, 128), (256, 128), (896, 128), (1024, 128), (1664, 128), (1792, 128), (384, 128), (1152, 128), (1920, 128), (2048, 128)]
 RADIAL_FUSED_GX1_SEGMENTS = None
 
 
@@ -8114,7 +8115,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -1010,7 +1010,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_1_1 * g_2_1
         + x1_0_0 * x2_1_2 * g_2_2
     )
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_1_0 * wg_0
         + x2_1_1 * wg_1
@@ -1039,7 +1039,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_2_3 * g_5_3
         + x1_0_0 * x2_2_4 * g_5_4
     )
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(640, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_2_0 * wg_0
         + x2_2_1 * wg_1
@@ -1078,7 +1078,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_3_5 * g_8_5
         + x1_0_0 * x2_3_6 * g_8_6
     )
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1024, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_3_0 * wg_0
         + x2_3_1 * wg_1
@@ -1111,7 +1111,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.5773502691896257 * x1_1_1 * x2_1_1 * g_1_0
         + 0.5773502691896257 * x1_1_2 * x2_1_2 * g_1_0
     )
-    gw_ref[:, pl.ds(512, 128)] = r
+    gw_ref[:, pl.ds(128, 128)] = r
     acc_1_0 = acc_1_0 + (0.5773502691896257 * x2_1_0 * wg_0)
     acc_1_1 = acc_1_1 + (0.5773502691896257 * x2_1_1 * wg_0)
     acc_1_2 = acc_1_2 + (0.5773502691896257 * x2_1_2 * wg_0)
@@ -1129,7 +1129,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_1_1 * x2_0_0 * g_3_1
         + x1_1_2 * x2_0_0 * g_3_2
     )
-    gw_ref[:, pl.ds(640, 128)] = r
+    gw_ref[:, pl.ds(384, 128)] = r
     acc_1_0 = acc_1_0 + (x2_0_0 * wg_0)
     acc_1_1 = acc_1_1 + (x2_0_0 * wg_1)
     acc_1_2 = acc_1_2 + (x2_0_0 * wg_2)
@@ -1157,7 +1157,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.31622776601683794 * x1_1_2 * x2_2_2 * g_4_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4 * g_4_2
     )
-    gw_ref[:, pl.ds(768, 128)] = r
+    gw_ref[:, pl.ds(512, 128)] = r
     acc_1_0 = acc_1_0 + (
         - 0.31622776601683794 * x2_2_2 * wg_0
         - 0.5477225575051661 * x2_2_4 * wg_0
@@ -1217,7 +1217,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_1_0 * x2_1_0 * g_6_4
         + 0.7071067811865476 * x1_1_2 * x2_1_2 * g_6_4
     )
-    gw_ref[:, pl.ds(896, 128)] = r
+    gw_ref[:, pl.ds(768, 128)] = r
     acc_1_0 = acc_1_0 + (
         0.7071067811865476 * x2_1_2 * wg_0
         + 0.7071067811865476 * x2_1_1 * wg_1
@@ -1283,7 +1283,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.1543033499620919 * x1_1_2 * x2_3_4 * g_7_4
         + 0.5976143046671968 * x1_1_2 * x2_3_6 * g_7_4
     )
-    gw_ref[:, pl.ds(1024, 128)] = r
+    gw_ref[:, pl.ds(896, 128)] = r
     acc_1_0 = acc_1_0 + (
         - 0.1543033499620919 * x2_3_4 * wg_0
         - 0.5976143046671968 * x2_3_6 * wg_0
@@ -1475,29 +1475,32 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(15, 1)] = c_6
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 5120),
+    (_tp_fwd_kernel_0, 0, 5120),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 512),
+    (_tp_bwd_x1_kernel_0, 0, 512),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 16),
+    (_tp_bwd_x2_kernel_0, 0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 1280),
+    (_tp_bwd_w_kernel_0, 0, 1280),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 512, 1280),
 )
-FUSED_GW_SEGMENTS = [(0, 128), (512, 128), (128, 128), (640, 128), (768, 128), (256, 128), (896, 128), (1024, 128), (384, 128), (1152, 128)]
 FUSED_GX1_SEGMENTS = None
 
 
@@ -1539,7 +1542,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -815,29 +815,32 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(3, 1)] = c_2
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 1408),
+    (_tp_fwd_kernel_0, 0, 1408),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 512),
+    (_tp_bwd_x1_kernel_0, 0, 512),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 4),
+    (_tp_bwd_x2_kernel_0, 0, 4),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 640),
+    (_tp_bwd_w_kernel_0, 0, 640),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 512, 640),
 )
-FUSED_GW_SEGMENTS = None
 FUSED_GX1_SEGMENTS = None
 
 
@@ -879,7 +882,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

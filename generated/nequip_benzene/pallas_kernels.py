@@ -1332,7 +1332,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.4225771273642583 * x1_5_3 * x2_3_0
         + 0.3273268353539886 * x1_5_3 * x2_3_2
     )
-    rt.store_tile(out_ref, 0, [acc_44_0, acc_44_1, acc_44_2, acc_44_3, acc_44_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 9728, [acc_44_0, acc_44_1, acc_44_2, acc_44_3, acc_44_4], mul=64, dim=5, pad=64)
 
     # out block 45 (64x2e): 1 path(s)
     acc_45_0 = jnp.zeros((rows, 64), dtype)
@@ -1386,7 +1386,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3273268353539886 * x1_6_4 * x2_2_1
         - 0.4225771273642583 * x1_6_6 * x2_2_1
     )
-    rt.store_tile(out_ref, 320, [acc_45_0, acc_45_1, acc_45_2, acc_45_3, acc_45_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 10048, [acc_45_0, acc_45_1, acc_45_2, acc_45_3, acc_45_4], mul=64, dim=5, pad=64)
 
     # out block 46 (64x2e): 1 path(s)
     acc_46_0 = jnp.zeros((rows, 64), dtype)
@@ -1431,7 +1431,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.4879500364742666 * x1_7_5 * x2_1_1
         + 0.5976143046671968 * x1_7_6 * x2_1_2
     )
-    rt.store_tile(out_ref, 640, [acc_46_0, acc_46_1, acc_46_2, acc_46_3, acc_46_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 10368, [acc_46_0, acc_46_1, acc_46_2, acc_46_3, acc_46_4], mul=64, dim=5, pad=64)
 
     # out block 47 (64x2e): 1 path(s)
     acc_47_0 = jnp.zeros((rows, 64), dtype)
@@ -1492,7 +1492,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.4879500364742666 * x1_7_5 * x2_3_3
         - 0.2439750182371333 * x1_7_6 * x2_3_4
     )
-    rt.store_tile(out_ref, 960, [acc_47_0, acc_47_1, acc_47_2, acc_47_3, acc_47_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 10688, [acc_47_0, acc_47_1, acc_47_2, acc_47_3, acc_47_4], mul=64, dim=5, pad=64)
 
     # out block 48 (64x3o): 1 path(s)
     acc_48_0 = jnp.zeros((rows, 64), dtype)
@@ -1512,7 +1512,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_48_4 = acc_48_4 + w * (x1_0_0 * x2_3_4)
     acc_48_5 = acc_48_5 + w * (x1_0_0 * x2_3_5)
     acc_48_6 = acc_48_6 + w * (x1_0_0 * x2_3_6)
-    rt.store_tile(out_ref, 1280, [acc_48_0, acc_48_1, acc_48_2, acc_48_3, acc_48_4, acc_48_5, acc_48_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 11008, [acc_48_0, acc_48_1, acc_48_2, acc_48_3, acc_48_4, acc_48_5, acc_48_6], mul=64, dim=7, pad=64)
 
     # out block 49 (64x3o): 1 path(s)
     acc_49_0 = jnp.zeros((rows, 64), dtype)
@@ -1565,7 +1565,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.8660254037844386 * x1_2_1 * x2_3_0
         + 0.3535533905932738 * x1_2_2 * x2_3_1
     )
-    rt.store_tile(out_ref, 1728, [acc_49_0, acc_49_1, acc_49_2, acc_49_3, acc_49_4, acc_49_5, acc_49_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 11456, [acc_49_0, acc_49_1, acc_49_2, acc_49_3, acc_49_4, acc_49_5, acc_49_6], mul=64, dim=7, pad=64)
 
     # out block 50 (64x3o): 1 path(s)
     acc_50_0 = jnp.zeros((rows, 64), dtype)
@@ -1613,7 +1613,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_3_0 * x2_2_0
         + 0.7071067811865476 * x1_3_2 * x2_2_4
     )
-    rt.store_tile(out_ref, 2176, [acc_50_0, acc_50_1, acc_50_2, acc_50_3, acc_50_4, acc_50_5, acc_50_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 11904, [acc_50_0, acc_50_1, acc_50_2, acc_50_3, acc_50_4, acc_50_5, acc_50_6], mul=64, dim=7, pad=64)
 
     # out block 51 (64x3o): 1 path(s)
     acc_51_0 = jnp.zeros((rows, 64), dtype)
@@ -1661,7 +1661,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_4_0 * x2_1_0
         + 0.7071067811865476 * x1_4_4 * x2_1_2
     )
-    rt.store_tile(out_ref, 2624, [acc_51_0, acc_51_1, acc_51_2, acc_51_3, acc_51_4, acc_51_5, acc_51_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 12352, [acc_51_0, acc_51_1, acc_51_2, acc_51_3, acc_51_4, acc_51_5, acc_51_6], mul=64, dim=7, pad=64)
 
     # out block 52 (64x3o): 1 path(s)
     acc_52_0 = jnp.zeros((rows, 64), dtype)
@@ -1728,7 +1728,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_4_3 * x2_3_5
         - 0.28867513459481287 * x1_4_4 * x2_3_4
     )
-    rt.store_tile(out_ref, 3072, [acc_52_0, acc_52_1, acc_52_2, acc_52_3, acc_52_4, acc_52_5, acc_52_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 12800, [acc_52_0, acc_52_1, acc_52_2, acc_52_3, acc_52_4, acc_52_5, acc_52_6], mul=64, dim=7, pad=64)
 
     # out block 53 (64x3o): 1 path(s)
     acc_53_0 = jnp.zeros((rows, 64), dtype)
@@ -1782,7 +1782,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.5 * x1_5_3 * x2_2_0
         + 0.5 * x1_5_4 * x2_2_1
     )
-    rt.store_tile(out_ref, 3520, [acc_53_0, acc_53_1, acc_53_2, acc_53_3, acc_53_4, acc_53_5, acc_53_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 13248, [acc_53_0, acc_53_1, acc_53_2, acc_53_3, acc_53_4, acc_53_5, acc_53_6], mul=64, dim=7, pad=64)
 
     # out block 54 (64x3o): 1 path(s)
     acc_54_0 = jnp.zeros((rows, 64), dtype)
@@ -1834,7 +1834,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3535533905932738 * x1_6_1 * x2_1_2
         - 0.3535533905932738 * x1_6_5 * x2_1_0
     )
-    rt.store_tile(out_ref, 3968, [acc_54_0, acc_54_1, acc_54_2, acc_54_3, acc_54_4, acc_54_5, acc_54_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 13696, [acc_54_0, acc_54_1, acc_54_2, acc_54_3, acc_54_4, acc_54_5, acc_54_6], mul=64, dim=7, pad=64)
 
     # out block 55 (64x3o): 1 path(s)
     acc_55_0 = jnp.zeros((rows, 64), dtype)
@@ -1902,7 +1902,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_6_4 * x2_3_1
         + 0.408248290463863 * x1_6_5 * x2_3_2
     )
-    rt.store_tile(out_ref, 4416, [acc_55_0, acc_55_1, acc_55_2, acc_55_3, acc_55_4, acc_55_5, acc_55_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 14144, [acc_55_0, acc_55_1, acc_55_2, acc_55_3, acc_55_4, acc_55_5, acc_55_6], mul=64, dim=7, pad=64)
 
     # out block 56 (64x3o): 1 path(s)
     acc_56_0 = jnp.zeros((rows, 64), dtype)
@@ -1922,7 +1922,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_56_4 = acc_56_4 + w * (x1_7_4 * x2_0_0)
     acc_56_5 = acc_56_5 + w * (x1_7_5 * x2_0_0)
     acc_56_6 = acc_56_6 + w * (x1_7_6 * x2_0_0)
-    rt.store_tile(out_ref, 4864, [acc_56_0, acc_56_1, acc_56_2, acc_56_3, acc_56_4, acc_56_5, acc_56_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 14592, [acc_56_0, acc_56_1, acc_56_2, acc_56_3, acc_56_4, acc_56_5, acc_56_6], mul=64, dim=7, pad=64)
 
     # out block 57 (64x3o): 1 path(s)
     acc_57_0 = jnp.zeros((rows, 64), dtype)
@@ -1989,7 +1989,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_7_5 * x2_2_3
         - 0.6454972243679028 * x1_7_6 * x2_2_2
     )
-    rt.store_tile(out_ref, 5312, [acc_57_0, acc_57_1, acc_57_2, acc_57_3, acc_57_4, acc_57_5, acc_57_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 15040, [acc_57_0, acc_57_1, acc_57_2, acc_57_3, acc_57_4, acc_57_5, acc_57_6], mul=64, dim=7, pad=64)
 
     # out block 58 (64x3e): 1 path(s)
     acc_58_0 = jnp.zeros((rows, 64), dtype)
@@ -2009,7 +2009,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_58_4 = acc_58_4 + w * (x1_1_0 * x2_3_4)
     acc_58_5 = acc_58_5 + w * (x1_1_0 * x2_3_5)
     acc_58_6 = acc_58_6 + w * (x1_1_0 * x2_3_6)
-    rt.store_tile(out_ref, 5760, [acc_58_0, acc_58_1, acc_58_2, acc_58_3, acc_58_4, acc_58_5, acc_58_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 15488, [acc_58_0, acc_58_1, acc_58_2, acc_58_3, acc_58_4, acc_58_5, acc_58_6], mul=64, dim=7, pad=64)
 
     # out block 59 (64x3e): 1 path(s)
     acc_59_0 = jnp.zeros((rows, 64), dtype)
@@ -2056,7 +2056,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_2_0 * x2_2_0
         + 0.7071067811865476 * x1_2_2 * x2_2_4
     )
-    rt.store_tile(out_ref, 6208, [acc_59_0, acc_59_1, acc_59_2, acc_59_3, acc_59_4, acc_59_5, acc_59_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 15936, [acc_59_0, acc_59_1, acc_59_2, acc_59_3, acc_59_4, acc_59_5, acc_59_6], mul=64, dim=7, pad=64)
 
     # out block 60 (64x3e): 1 path(s)
     acc_60_0 = jnp.zeros((rows, 64), dtype)
@@ -2108,7 +2108,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.8660254037844386 * x1_3_1 * x2_3_0
         + 0.3535533905932738 * x1_3_2 * x2_3_1
     )
-    rt.store_tile(out_ref, 6656, [acc_60_0, acc_60_1, acc_60_2, acc_60_3, acc_60_4, acc_60_5, acc_60_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 16384, [acc_60_0, acc_60_1, acc_60_2, acc_60_3, acc_60_4, acc_60_5, acc_60_6], mul=64, dim=7, pad=64)
 
     # out block 61 (64x3e): 1 path(s)
     acc_61_0 = jnp.zeros((rows, 64), dtype)
@@ -2162,7 +2162,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.5 * x1_4_3 * x2_2_0
         + 0.5 * x1_4_4 * x2_2_1
     )
-    rt.store_tile(out_ref, 7104, [acc_61_0, acc_61_1, acc_61_2, acc_61_3, acc_61_4, acc_61_5, acc_61_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 16832, [acc_61_0, acc_61_1, acc_61_2, acc_61_3, acc_61_4, acc_61_5, acc_61_6], mul=64, dim=7, pad=64)
 
     # out block 62 (64x3e): 1 path(s)
     acc_62_0 = jnp.zeros((rows, 64), dtype)
@@ -2209,7 +2209,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.7071067811865476 * x1_5_0 * x2_1_0
         + 0.7071067811865476 * x1_5_4 * x2_1_2
     )
-    rt.store_tile(out_ref, 7552, [acc_62_0, acc_62_1, acc_62_2, acc_62_3, acc_62_4, acc_62_5, acc_62_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 17280, [acc_62_0, acc_62_1, acc_62_2, acc_62_3, acc_62_4, acc_62_5, acc_62_6], mul=64, dim=7, pad=64)
 
     # out block 63 (64x3e): 1 path(s)
     acc_63_0 = jnp.zeros((rows, 64), dtype)
@@ -2276,7 +2276,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_5_3 * x2_3_5
         - 0.28867513459481287 * x1_5_4 * x2_3_4
     )
-    rt.store_tile(out_ref, 8000, [acc_63_0, acc_63_1, acc_63_2, acc_63_3, acc_63_4, acc_63_5, acc_63_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 17728, [acc_63_0, acc_63_1, acc_63_2, acc_63_3, acc_63_4, acc_63_5, acc_63_6], mul=64, dim=7, pad=64)
 
     # out block 64 (64x3e): 1 path(s)
     acc_64_0 = jnp.zeros((rows, 64), dtype)
@@ -2295,7 +2295,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_64_4 = acc_64_4 + w * (x1_6_4 * x2_0_0)
     acc_64_5 = acc_64_5 + w * (x1_6_5 * x2_0_0)
     acc_64_6 = acc_64_6 + w * (x1_6_6 * x2_0_0)
-    rt.store_tile(out_ref, 8448, [acc_64_0, acc_64_1, acc_64_2, acc_64_3, acc_64_4, acc_64_5, acc_64_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 18176, [acc_64_0, acc_64_1, acc_64_2, acc_64_3, acc_64_4, acc_64_5, acc_64_6], mul=64, dim=7, pad=64)
 
     # out block 65 (64x3e): 1 path(s)
     acc_65_0 = jnp.zeros((rows, 64), dtype)
@@ -2362,7 +2362,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         + 0.45643546458763845 * x1_6_5 * x2_2_3
         - 0.6454972243679028 * x1_6_6 * x2_2_2
     )
-    rt.store_tile(out_ref, 8896, [acc_65_0, acc_65_1, acc_65_2, acc_65_3, acc_65_4, acc_65_5, acc_65_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 18624, [acc_65_0, acc_65_1, acc_65_2, acc_65_3, acc_65_4, acc_65_5, acc_65_6], mul=64, dim=7, pad=64)
 
     # out block 66 (64x3e): 1 path(s)
     acc_66_0 = jnp.zeros((rows, 64), dtype)
@@ -2414,7 +2414,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.3535533905932738 * x1_7_1 * x2_1_2
         - 0.3535533905932738 * x1_7_5 * x2_1_0
     )
-    rt.store_tile(out_ref, 9344, [acc_66_0, acc_66_1, acc_66_2, acc_66_3, acc_66_4, acc_66_5, acc_66_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 19072, [acc_66_0, acc_66_1, acc_66_2, acc_66_3, acc_66_4, acc_66_5, acc_66_6], mul=64, dim=7, pad=64)
 
     # out block 67 (64x3e): 1 path(s)
     acc_67_0 = jnp.zeros((rows, 64), dtype)
@@ -2482,7 +2482,7 @@ def _tp_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
         - 0.408248290463863 * x1_7_4 * x2_3_1
         + 0.408248290463863 * x1_7_5 * x2_3_2
     )
-    rt.store_tile(out_ref, 9792, [acc_67_0, acc_67_1, acc_67_2, acc_67_3, acc_67_4, acc_67_5, acc_67_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 19520, [acc_67_0, acc_67_1, acc_67_2, acc_67_3, acc_67_4, acc_67_5, acc_67_6], mul=64, dim=7, pad=64)
 
 
 def _tp_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -3972,7 +3972,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         - 0.5773502691896257 * x2_3_3 * g_63_5
         - 0.28867513459481287 * x2_3_4 * g_63_6
     )
-    rt.store_tile(out_ref, 0, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
     # x1 block 6 (64x3e): 10 path(s)
     acc_6_0 = jnp.zeros((rows, 64), dtype)
@@ -4450,7 +4450,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_3_1 * g_55_4
         - 0.408248290463863 * x2_3_2 * g_55_5
     )
-    rt.store_tile(out_ref, 320, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4, acc_6_5, acc_6_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 1152, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4, acc_6_5, acc_6_6], mul=64, dim=7, pad=64)
 
     # x1 block 7 (64x3o): 10 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -4928,7 +4928,7 @@ def _tp_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
         + 0.408248290463863 * x2_3_1 * g_67_4
         - 0.408248290463863 * x2_3_2 * g_67_5
     )
-    rt.store_tile(out_ref, 768, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
+    rt.store_tile(out_ref, 1600, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
 
 
 def _tp_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -6726,11 +6726,11 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_2 = acc_2_2 + jnp.sum(w * h63_2, axis=1, keepdims=True)
     acc_2_3 = acc_2_3 + jnp.sum(w * h63_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h63_4, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_2_0
-    out_ref[:, pl.ds(1, 1)] = acc_2_1
-    out_ref[:, pl.ds(2, 1)] = acc_2_2
-    out_ref[:, pl.ds(3, 1)] = acc_2_3
-    out_ref[:, pl.ds(4, 1)] = acc_2_4
+    out_ref[:, pl.ds(4, 1)] = acc_2_0
+    out_ref[:, pl.ds(5, 1)] = acc_2_1
+    out_ref[:, pl.ds(6, 1)] = acc_2_2
+    out_ref[:, pl.ds(7, 1)] = acc_2_3
+    out_ref[:, pl.ds(8, 1)] = acc_2_4
 
     # x2 block 3 (1x3o): 20 path(s)
     acc_3_0 = jnp.zeros((rows, 1), dtype)
@@ -7924,13 +7924,13 @@ def _tp_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_3_4 = acc_3_4 + jnp.sum(w * h67_4, axis=1, keepdims=True)
     acc_3_5 = acc_3_5 + jnp.sum(w * h67_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h67_6, axis=1, keepdims=True)
-    out_ref[:, pl.ds(5, 1)] = acc_3_0
-    out_ref[:, pl.ds(6, 1)] = acc_3_1
-    out_ref[:, pl.ds(7, 1)] = acc_3_2
-    out_ref[:, pl.ds(8, 1)] = acc_3_3
-    out_ref[:, pl.ds(9, 1)] = acc_3_4
-    out_ref[:, pl.ds(10, 1)] = acc_3_5
-    out_ref[:, pl.ds(11, 1)] = acc_3_6
+    out_ref[:, pl.ds(9, 1)] = acc_3_0
+    out_ref[:, pl.ds(10, 1)] = acc_3_1
+    out_ref[:, pl.ds(11, 1)] = acc_3_2
+    out_ref[:, pl.ds(12, 1)] = acc_3_3
+    out_ref[:, pl.ds(13, 1)] = acc_3_4
+    out_ref[:, pl.ds(14, 1)] = acc_3_5
+    out_ref[:, pl.ds(15, 1)] = acc_3_6
 
 
 def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
@@ -9674,7 +9674,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h44_3
         + x2_2_4 * h44_4
     )
-    out_ref[:, pl.ds(0, 64)] = r
+    out_ref[:, pl.ds(2816, 64)] = r
 
     # weights of path 45 (64 columns)
     # path 45: x1[5] 64x2o (x) x2[3] 1x3o -> out[23] 64x1e, uvu, weights at 2880, 21 nonzeros
@@ -9736,7 +9736,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h45_5
         + x2_3_6 * h45_6
     )
-    out_ref[:, pl.ds(64, 64)] = r
+    out_ref[:, pl.ds(2880, 64)] = r
 
     # weights of path 46 (64 columns)
     # path 46: x1[5] 64x2o (x) x2[3] 1x3o -> out[44] 64x2e, uvu, weights at 2944, 28 nonzeros
@@ -9804,7 +9804,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h46_5
         + x2_3_6 * h46_6
     )
-    out_ref[:, pl.ds(128, 64)] = r
+    out_ref[:, pl.ds(2944, 64)] = r
 
     # weights of path 47 (64 columns)
     # path 47: x1[5] 64x2o (x) x2[3] 1x3o -> out[63] 64x3e, uvu, weights at 3008, 41 nonzeros
@@ -9903,7 +9903,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h47_5
         + x2_3_6 * h47_6
     )
-    out_ref[:, pl.ds(192, 64)] = r
+    out_ref[:, pl.ds(3008, 64)] = r
 
     # weights of path 48 (64 columns)
     # path 48: x1[6] 64x3e (x) x2[0] 1x0e -> out[64] 64x3e, uvu, weights at 3072, 7 nonzeros
@@ -9920,7 +9920,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x1_6_6 * g_64_6
     )
     r = x2_0_0 * h48_0
-    out_ref[:, pl.ds(256, 64)] = r
+    out_ref[:, pl.ds(3072, 64)] = r
 
     # weights of path 49 (64 columns)
     # path 49: x1[6] 64x3e (x) x2[1] 1x1o -> out[34] 64x2o, uvu, weights at 3136, 21 nonzeros
@@ -9978,7 +9978,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_1_1 * h49_1
         + x2_1_2 * h49_2
     )
-    out_ref[:, pl.ds(320, 64)] = r
+    out_ref[:, pl.ds(3136, 64)] = r
 
     # weights of path 50 (64 columns)
     # path 50: x1[6] 64x3e (x) x2[1] 1x1o -> out[54] 64x3o, uvu, weights at 3200, 26 nonzeros
@@ -10044,7 +10044,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_1_1 * h50_1
         + x2_1_2 * h50_2
     )
-    out_ref[:, pl.ds(384, 64)] = r
+    out_ref[:, pl.ds(3200, 64)] = r
 
     # weights of path 51 (64 columns)
     # path 51: x1[6] 64x3e (x) x2[2] 1x2e -> out[24] 64x1e, uvu, weights at 3264, 21 nonzeros
@@ -10105,7 +10105,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h51_3
         + x2_2_4 * h51_4
     )
-    out_ref[:, pl.ds(448, 64)] = r
+    out_ref[:, pl.ds(3264, 64)] = r
 
     # weights of path 52 (64 columns)
     # path 52: x1[6] 64x3e (x) x2[2] 1x2e -> out[45] 64x2e, uvu, weights at 3328, 28 nonzeros
@@ -10179,7 +10179,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h52_3
         + x2_2_4 * h52_4
     )
-    out_ref[:, pl.ds(512, 64)] = r
+    out_ref[:, pl.ds(3328, 64)] = r
 
     # weights of path 53 (64 columns)
     # path 53: x1[6] 64x3e (x) x2[2] 1x2e -> out[65] 64x3e, uvu, weights at 3392, 41 nonzeros
@@ -10278,7 +10278,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h53_3
         + x2_2_4 * h53_4
     )
-    out_ref[:, pl.ds(576, 64)] = r
+    out_ref[:, pl.ds(3392, 64)] = r
 
     # weights of path 54 (64 columns)
     # path 54: x1[6] 64x3e (x) x2[3] 1x3o -> out[3] 64x0o, uvu, weights at 3456, 7 nonzeros
@@ -10299,7 +10299,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h54_5
         + x2_3_6 * h54_6
     )
-    out_ref[:, pl.ds(640, 64)] = r
+    out_ref[:, pl.ds(3456, 64)] = r
 
     # weights of path 55 (64 columns)
     # path 55: x1[6] 64x3e (x) x2[3] 1x3o -> out[15] 64x1o, uvu, weights at 3520, 26 nonzeros
@@ -10371,7 +10371,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h55_5
         + x2_3_6 * h55_6
     )
-    out_ref[:, pl.ds(704, 64)] = r
+    out_ref[:, pl.ds(3520, 64)] = r
 
     # weights of path 56 (64 columns)
     # path 56: x1[6] 64x3e (x) x2[3] 1x3o -> out[35] 64x2o, uvu, weights at 3584, 41 nonzeros
@@ -10470,7 +10470,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h56_5
         + x2_3_6 * h56_6
     )
-    out_ref[:, pl.ds(768, 64)] = r
+    out_ref[:, pl.ds(3584, 64)] = r
 
     # weights of path 57 (64 columns)
     # path 57: x1[6] 64x3e (x) x2[3] 1x3o -> out[55] 64x3o, uvu, weights at 3648, 42 nonzeros
@@ -10540,7 +10540,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h57_5
         + x2_3_6 * h57_6
     )
-    out_ref[:, pl.ds(832, 64)] = r
+    out_ref[:, pl.ds(3648, 64)] = r
 
     # weights of path 58 (64 columns)
     # path 58: x1[7] 64x3o (x) x2[0] 1x0e -> out[56] 64x3o, uvu, weights at 3712, 7 nonzeros
@@ -10556,7 +10556,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x1_7_6 * g_56_6
     )
     r = x2_0_0 * h58_0
-    out_ref[:, pl.ds(896, 64)] = r
+    out_ref[:, pl.ds(3712, 64)] = r
 
     # weights of path 59 (64 columns)
     # path 59: x1[7] 64x3o (x) x2[1] 1x1o -> out[46] 64x2e, uvu, weights at 3776, 21 nonzeros
@@ -10611,7 +10611,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_1_1 * h59_1
         + x2_1_2 * h59_2
     )
-    out_ref[:, pl.ds(960, 64)] = r
+    out_ref[:, pl.ds(3776, 64)] = r
 
     # weights of path 60 (64 columns)
     # path 60: x1[7] 64x3o (x) x2[1] 1x1o -> out[66] 64x3e, uvu, weights at 3840, 26 nonzeros
@@ -10677,7 +10677,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_1_1 * h60_1
         + x2_1_2 * h60_2
     )
-    out_ref[:, pl.ds(1024, 64)] = r
+    out_ref[:, pl.ds(3840, 64)] = r
 
     # weights of path 61 (64 columns)
     # path 61: x1[7] 64x3o (x) x2[2] 1x2e -> out[16] 64x1o, uvu, weights at 3904, 21 nonzeros
@@ -10738,7 +10738,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h61_3
         + x2_2_4 * h61_4
     )
-    out_ref[:, pl.ds(1088, 64)] = r
+    out_ref[:, pl.ds(3904, 64)] = r
 
     # weights of path 62 (64 columns)
     # path 62: x1[7] 64x3o (x) x2[2] 1x2e -> out[36] 64x2o, uvu, weights at 3968, 28 nonzeros
@@ -10812,7 +10812,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h62_3
         + x2_2_4 * h62_4
     )
-    out_ref[:, pl.ds(1152, 64)] = r
+    out_ref[:, pl.ds(3968, 64)] = r
 
     # weights of path 63 (64 columns)
     # path 63: x1[7] 64x3o (x) x2[2] 1x2e -> out[57] 64x3o, uvu, weights at 4032, 41 nonzeros
@@ -10911,7 +10911,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_2_3 * h63_3
         + x2_2_4 * h63_4
     )
-    out_ref[:, pl.ds(1216, 64)] = r
+    out_ref[:, pl.ds(4032, 64)] = r
 
     # weights of path 64 (64 columns)
     # path 64: x1[7] 64x3o (x) x2[3] 1x3o -> out[7] 64x0e, uvu, weights at 4096, 7 nonzeros
@@ -10932,7 +10932,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h64_5
         + x2_3_6 * h64_6
     )
-    out_ref[:, pl.ds(1280, 64)] = r
+    out_ref[:, pl.ds(4096, 64)] = r
 
     # weights of path 65 (64 columns)
     # path 65: x1[7] 64x3o (x) x2[3] 1x3o -> out[25] 64x1e, uvu, weights at 4160, 26 nonzeros
@@ -11004,7 +11004,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h65_5
         + x2_3_6 * h65_6
     )
-    out_ref[:, pl.ds(1344, 64)] = r
+    out_ref[:, pl.ds(4160, 64)] = r
 
     # weights of path 66 (64 columns)
     # path 66: x1[7] 64x3o (x) x2[3] 1x3o -> out[47] 64x2e, uvu, weights at 4224, 41 nonzeros
@@ -11103,7 +11103,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h66_5
         + x2_3_6 * h66_6
     )
-    out_ref[:, pl.ds(1408, 64)] = r
+    out_ref[:, pl.ds(4224, 64)] = r
 
     # weights of path 67 (64 columns)
     # path 67: x1[7] 64x3o (x) x2[3] 1x3o -> out[67] 64x3e, uvu, weights at 4288, 42 nonzeros
@@ -11173,7 +11173,7 @@ def _tp_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
         + x2_3_5 * h67_5
         + x2_3_6 * h67_6
     )
-    out_ref[:, pl.ds(1472, 64)] = r
+    out_ref[:, pl.ds(4288, 64)] = r
 
 
 # ------------------------------------------------------------------ fused backward
@@ -12646,7 +12646,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_4_4 * g_41_4
     )
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(0, 64)] = r
+    gw_ref[:, pl.ds(1664, 64)] = r
     acc_4_0 = acc_4_0 + w * (x2_0_0 * g_41_0)
     acc_4_1 = acc_4_1 + w * (x2_0_0 * g_41_1)
     acc_4_2 = acc_4_2 + w * (x2_0_0 * g_41_2)
@@ -12687,7 +12687,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(64, 64)] = r
+    gw_ref[:, pl.ds(1728, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         0.5477225575051661 * x2_1_2 * g_12_0
         + 0.5477225575051661 * x2_1_0 * g_12_2
@@ -12754,7 +12754,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(128, 64)] = r
+    gw_ref[:, pl.ds(1792, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         0.408248290463863 * x2_1_0 * g_30_1
         - 0.408248290463863 * x2_1_2 * g_30_3
@@ -12837,7 +12837,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(192, 64)] = r
+    gw_ref[:, pl.ds(1856, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         0.7071067811865476 * x2_1_2 * g_51_0
         + 0.5773502691896257 * x2_1_1 * g_51_1
@@ -12892,7 +12892,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(256, 64)] = r
+    gw_ref[:, pl.ds(1920, 64)] = r
     acc_4_0 = acc_4_0 + w * (0.4472135954999579 * x2_2_0 * g_6_0)
     acc_4_1 = acc_4_1 + w * (0.4472135954999579 * x2_2_1 * g_6_0)
     acc_4_2 = acc_4_2 + w * (0.4472135954999579 * x2_2_2 * g_6_0)
@@ -12945,7 +12945,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(320, 64)] = r
+    gw_ref[:, pl.ds(1984, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         - 0.31622776601683794 * x2_2_1 * g_21_0
         - 0.6324555320336759 * x2_2_4 * g_21_1
@@ -13040,7 +13040,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(384, 64)] = r
+    gw_ref[:, pl.ds(2048, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         - 0.5345224838248488 * x2_2_2 * g_42_0
         + 0.4629100498862757 * x2_2_3 * g_42_1
@@ -13159,7 +13159,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(448, 64)] = r
+    gw_ref[:, pl.ds(2112, 64)] = r
     acc_4_0 = acc_4_0 + w * (
         0.5 * x2_2_1 * g_61_0
         + 0.3872983346207417 * x2_2_1 * g_61_2
@@ -13269,7 +13269,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(512, 64)] = r
+    gw_ref[:, pl.ds(2176, 64)] = r
     nf35 = (
         - 0.11952286093343936 * x2_3_4
         - 0.4629100498862757 * x2_3_6
@@ -13392,7 +13392,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(576, 64)] = r
+    gw_ref[:, pl.ds(2240, 64)] = r
     nf45 = (
         - 0.4225771273642583 * x2_3_0
         - 0.3273268353539886 * x2_3_2
@@ -13559,7 +13559,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(640, 64)] = r
+    gw_ref[:, pl.ds(2304, 64)] = r
     nf63 = (
         0.4472135954999579 * x2_3_4
         + 0.28867513459481287 * x2_3_6
@@ -13648,7 +13648,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     px2_3_4_64 = px2_3_4_64 + w * (q_4)
     px2_3_5_64 = px2_3_5_64 + w * (q_5)
     px2_3_6_64 = px2_3_6_64 + w * (q_6)
-    rt.store_tile(gx1_ref, 0, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
+    rt.store_tile(gx1_ref, 512, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_64, axis=1, keepdims=True)
@@ -13709,7 +13709,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_5_4 * g_32_4
     )
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(0, 64)] = r
+    gw_ref[:, pl.ds(2368, 64)] = r
     acc_5_0 = acc_5_0 + w * (x2_0_0 * g_32_0)
     acc_5_1 = acc_5_1 + w * (x2_0_0 * g_32_1)
     acc_5_2 = acc_5_2 + w * (x2_0_0 * g_32_2)
@@ -13750,7 +13750,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(64, 64)] = r
+    gw_ref[:, pl.ds(2432, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         0.5477225575051661 * x2_1_2 * g_22_0
         + 0.5477225575051661 * x2_1_0 * g_22_2
@@ -13817,7 +13817,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(128, 64)] = r
+    gw_ref[:, pl.ds(2496, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         0.408248290463863 * x2_1_0 * g_43_1
         - 0.408248290463863 * x2_1_2 * g_43_3
@@ -13900,7 +13900,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(192, 64)] = r
+    gw_ref[:, pl.ds(2560, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         0.7071067811865476 * x2_1_2 * g_62_0
         + 0.5773502691896257 * x2_1_1 * g_62_1
@@ -13955,7 +13955,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(256, 64)] = r
+    gw_ref[:, pl.ds(2624, 64)] = r
     acc_5_0 = acc_5_0 + w * (0.4472135954999579 * x2_2_0 * g_2_0)
     acc_5_1 = acc_5_1 + w * (0.4472135954999579 * x2_2_1 * g_2_0)
     acc_5_2 = acc_5_2 + w * (0.4472135954999579 * x2_2_2 * g_2_0)
@@ -14008,7 +14008,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(320, 64)] = r
+    gw_ref[:, pl.ds(2688, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         - 0.31622776601683794 * x2_2_1 * g_14_0
         - 0.6324555320336759 * x2_2_4 * g_14_1
@@ -14103,7 +14103,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(384, 64)] = r
+    gw_ref[:, pl.ds(2752, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         - 0.5345224838248488 * x2_2_2 * g_33_0
         + 0.4629100498862757 * x2_2_3 * g_33_1
@@ -14222,7 +14222,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(448, 64)] = r
+    gw_ref[:, pl.ds(2816, 64)] = r
     acc_5_0 = acc_5_0 + w * (
         0.5 * x2_2_1 * g_53_0
         + 0.3872983346207417 * x2_2_1 * g_53_2
@@ -14332,7 +14332,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(512, 64)] = r
+    gw_ref[:, pl.ds(2880, 64)] = r
     nf35 = (
         - 0.11952286093343936 * x2_3_4
         - 0.4629100498862757 * x2_3_6
@@ -14455,7 +14455,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(576, 64)] = r
+    gw_ref[:, pl.ds(2944, 64)] = r
     nf45 = (
         - 0.4225771273642583 * x2_3_0
         - 0.3273268353539886 * x2_3_2
@@ -14622,7 +14622,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(640, 64)] = r
+    gw_ref[:, pl.ds(3008, 64)] = r
     nf63 = (
         0.4472135954999579 * x2_3_4
         + 0.28867513459481287 * x2_3_6
@@ -14711,7 +14711,7 @@ def _tp_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     px2_3_4_64 = px2_3_4_64 + w * (q_4)
     px2_3_5_64 = px2_3_5_64 + w * (q_5)
     px2_3_6_64 = px2_3_6_64 + w * (q_6)
-    rt.store_tile(gx1_ref, 0, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
+    rt.store_tile(gx1_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_64, axis=1, keepdims=True)
@@ -14776,7 +14776,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_6_6 * g_64_6
     )
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(0, 64)] = r
+    gw_ref[:, pl.ds(3072, 64)] = r
     acc_6_0 = acc_6_0 + w * (x2_0_0 * g_64_0)
     acc_6_1 = acc_6_1 + w * (x2_0_0 * g_64_1)
     acc_6_2 = acc_6_2 + w * (x2_0_0 * g_64_2)
@@ -14841,7 +14841,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(64, 64)] = r
+    gw_ref[:, pl.ds(3136, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         0.5976143046671968 * x2_1_2 * g_34_0
         + 0.5976143046671968 * x2_1_0 * g_34_4
@@ -14944,7 +14944,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(128, 64)] = r
+    gw_ref[:, pl.ds(3200, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         0.3535533905932738 * x2_1_0 * g_54_1
         - 0.3535533905932738 * x2_1_2 * g_54_5
@@ -15052,7 +15052,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(192, 64)] = r
+    gw_ref[:, pl.ds(3264, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         0.4629100498862757 * x2_2_4 * g_24_0
         + 0.4629100498862757 * x2_2_0 * g_24_2
@@ -15171,7 +15171,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(256, 64)] = r
+    gw_ref[:, pl.ds(3328, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         - 0.4225771273642583 * x2_2_1 * g_45_0
         + 0.4225771273642583 * x2_2_0 * g_45_1
@@ -15322,7 +15322,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(320, 64)] = r
+    gw_ref[:, pl.ds(3392, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         - 0.6454972243679028 * x2_2_2 * g_65_0
         + 0.45643546458763845 * x2_2_3 * g_65_1
@@ -15415,7 +15415,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(384, 64)] = r
+    gw_ref[:, pl.ds(3456, 64)] = r
     acc_6_0 = acc_6_0 + w * (0.37796447300922725 * x2_3_0 * g_3_0)
     acc_6_1 = acc_6_1 + w * (0.37796447300922725 * x2_3_1 * g_3_0)
     acc_6_2 = acc_6_2 + w * (0.37796447300922725 * x2_3_2 * g_3_0)
@@ -15500,7 +15500,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(448, 64)] = r
+    gw_ref[:, pl.ds(3520, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         - 0.23145502494313785 * x2_3_1 * g_15_0
         - 0.5669467095138409 * x2_3_6 * g_15_1
@@ -15663,7 +15663,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(512, 64)] = r
+    gw_ref[:, pl.ds(3584, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         - 0.2439750182371333 * x2_3_4 * g_35_0
         + 0.3857583749052298 * x2_3_5 * g_35_1
@@ -15824,7 +15824,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(576, 64)] = r
+    gw_ref[:, pl.ds(3648, 64)] = r
     acc_6_0 = acc_6_0 + w * (
         - 0.408248290463863 * x2_3_2 * g_55_1
         + 0.408248290463863 * x2_3_1 * g_55_2
@@ -15888,7 +15888,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     px2_3_4_64 = px2_3_4_64 + w * (q_4)
     px2_3_5_64 = px2_3_5_64 + w * (q_5)
     px2_3_6_64 = px2_3_6_64 + w * (q_6)
-    rt.store_tile(gx1_ref, 0, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4, acc_6_5, acc_6_6], mul=64, dim=7, pad=64)
+    rt.store_tile(gx1_ref, 1152, [acc_6_0, acc_6_1, acc_6_2, acc_6_3, acc_6_4, acc_6_5, acc_6_6], mul=64, dim=7, pad=64)
 
     # x1 block 7 (64x3o): 10 path(s)
     acc_7_0 = jnp.zeros((rows, 64), dtype)
@@ -15912,7 +15912,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_7_6 * g_56_6
     )
     r = x2_0_0 * q_0
-    gw_ref[:, pl.ds(640, 64)] = r
+    gw_ref[:, pl.ds(3712, 64)] = r
     acc_7_0 = acc_7_0 + w * (x2_0_0 * g_56_0)
     acc_7_1 = acc_7_1 + w * (x2_0_0 * g_56_1)
     acc_7_2 = acc_7_2 + w * (x2_0_0 * g_56_2)
@@ -15974,7 +15974,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(704, 64)] = r
+    gw_ref[:, pl.ds(3776, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         0.5976143046671968 * x2_1_2 * g_46_0
         + 0.5976143046671968 * x2_1_0 * g_46_4
@@ -16077,7 +16077,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_1_1 * q_1
         + x2_1_2 * q_2
     )
-    gw_ref[:, pl.ds(768, 64)] = r
+    gw_ref[:, pl.ds(3840, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         0.3535533905932738 * x2_1_0 * g_66_1
         - 0.3535533905932738 * x2_1_2 * g_66_5
@@ -16180,7 +16180,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(832, 64)] = r
+    gw_ref[:, pl.ds(3904, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         0.4629100498862757 * x2_2_4 * g_16_0
         + 0.4629100498862757 * x2_2_0 * g_16_2
@@ -16299,7 +16299,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(896, 64)] = r
+    gw_ref[:, pl.ds(3968, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         - 0.4225771273642583 * x2_2_1 * g_36_0
         + 0.4225771273642583 * x2_2_0 * g_36_1
@@ -16450,7 +16450,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_2_3 * q_3
         + x2_2_4 * q_4
     )
-    gw_ref[:, pl.ds(960, 64)] = r
+    gw_ref[:, pl.ds(4032, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         - 0.6454972243679028 * x2_2_2 * g_57_0
         + 0.45643546458763845 * x2_2_3 * g_57_1
@@ -16536,7 +16536,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(1024, 64)] = r
+    gw_ref[:, pl.ds(4096, 64)] = r
     acc_7_0 = acc_7_0 + w * (0.37796447300922725 * x2_3_0 * g_7_0)
     acc_7_1 = acc_7_1 + w * (0.37796447300922725 * x2_3_1 * g_7_0)
     acc_7_2 = acc_7_2 + w * (0.37796447300922725 * x2_3_2 * g_7_0)
@@ -16621,7 +16621,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(1088, 64)] = r
+    gw_ref[:, pl.ds(4160, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         - 0.23145502494313785 * x2_3_1 * g_25_0
         - 0.5669467095138409 * x2_3_6 * g_25_1
@@ -16784,7 +16784,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(1152, 64)] = r
+    gw_ref[:, pl.ds(4224, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         - 0.2439750182371333 * x2_3_4 * g_47_0
         + 0.3857583749052298 * x2_3_5 * g_47_1
@@ -16945,7 +16945,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x2_3_5 * q_5
         + x2_3_6 * q_6
     )
-    gw_ref[:, pl.ds(1216, 64)] = r
+    gw_ref[:, pl.ds(4288, 64)] = r
     acc_7_0 = acc_7_0 + w * (
         - 0.408248290463863 * x2_3_2 * g_67_1
         + 0.408248290463863 * x2_3_1 * g_67_2
@@ -17009,7 +17009,7 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     px2_3_4_64 = px2_3_4_64 + w * (q_4)
     px2_3_5_64 = px2_3_5_64 + w * (q_5)
     px2_3_6_64 = px2_3_6_64 + w * (q_6)
-    rt.store_tile(gx1_ref, 448, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
+    rt.store_tile(gx1_ref, 1600, [acc_7_0, acc_7_1, acc_7_2, acc_7_3, acc_7_4, acc_7_5, acc_7_6], mul=64, dim=7, pad=64)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_64, axis=1, keepdims=True)
@@ -17046,36 +17046,39 @@ def _tp_bwd_fused_kernel_3(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(15, 1)] = c_6
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 9728),
-    (_tp_fwd_kernel_1, 10240),
+    (_tp_fwd_kernel_0, 0, 9728),
+    (_tp_fwd_kernel_1, 9728, 10240),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 832),
-    (_tp_bwd_x1_kernel_1, 1216),
+    (_tp_bwd_x1_kernel_0, 0, 832),
+    (_tp_bwd_x1_kernel_1, 832, 1216),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 4),
-    (_tp_bwd_x2_kernel_1, 12),
+    (_tp_bwd_x2_kernel_0, 0, 4),
+    (_tp_bwd_x2_kernel_1, 4, 12),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 2816),
-    (_tp_bwd_w_kernel_1, 1536),
+    (_tp_bwd_w_kernel_0, 0, 2816),
+    (_tp_bwd_w_kernel_1, 2816, 1536),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 512, 1664),
     (_tp_bwd_fused_kernel_1, 320, 704),
     (_tp_bwd_fused_kernel_2, 320, 704),
     (_tp_bwd_fused_kernel_3, 896, 1280),
 )
-FUSED_GW_SEGMENTS = None
 FUSED_GX1_SEGMENTS = None
 
 
@@ -17117,7 +17120,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -3477,7 +3477,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_4_0_s = rt.fma(0.5773502691896257 * x1_3_1, x2_1_1, acc_4_0_s)
     acc_4_0_s = rt.fma(0.5773502691896257 * x1_3_2, x2_1_2, acc_4_0_s)
     acc_4_0 = rt.fma(w, acc_4_0_s, acc_4_0)
-    out_ref[:, pl.ds(0, 64)] = acc_4_0
+    out_ref[:, pl.ds(256, 64)] = acc_4_0
 
     # out block 5 (64x0e): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 64), dtype)
@@ -3495,7 +3495,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_5_0_s = rt.fma(0.4472135954999579 * x1_4_3, x2_2_3, acc_5_0_s)
     acc_5_0_s = rt.fma(0.4472135954999579 * x1_4_4, x2_2_4, acc_5_0_s)
     acc_5_0 = rt.fma(w, acc_5_0_s, acc_5_0)
-    out_ref[:, pl.ds(64, 64)] = acc_5_0
+    out_ref[:, pl.ds(320, 64)] = acc_5_0
 
     # out block 6 (64x1o): 1 path(s)
     acc_6_0 = jnp.zeros((rows, 64), dtype)
@@ -3510,7 +3510,7 @@ def _radial_fwd_kernel_1(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_6_1 = rt.fma(w, acc_6_1_s, acc_6_1)
     acc_6_2_s = x1_0_0 * x2_1_2
     acc_6_2 = rt.fma(w, acc_6_2_s, acc_6_2)
-    rt.store_tile(out_ref, 128, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 384, [acc_6_0, acc_6_1, acc_6_2], mul=64, dim=3, pad=64)
 
 
 def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -3538,7 +3538,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_7_2_s = 0.7071067811865476 * x1_2_0 * x2_1_1
     acc_7_2_s = rt.fma(-0.7071067811865476 * x1_2_1, x2_1_0, acc_7_2_s)
     acc_7_2 = rt.fma(w, acc_7_2_s, acc_7_2)
-    rt.store_tile(out_ref, 0, [acc_7_0, acc_7_1, acc_7_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 576, [acc_7_0, acc_7_1, acc_7_2], mul=64, dim=3, pad=64)
 
     # out block 8 (64x1o): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 64), dtype)
@@ -3554,7 +3554,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_8_1 = rt.fma(w, acc_8_1_s, acc_8_1)
     acc_8_2_s = x1_3_2 * x2_0_0
     acc_8_2 = rt.fma(w, acc_8_2_s, acc_8_2)
-    rt.store_tile(out_ref, 192, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 768, [acc_8_0, acc_8_1, acc_8_2], mul=64, dim=3, pad=64)
 
     # out block 9 (64x1o): 1 path(s)
     acc_9_0 = jnp.zeros((rows, 64), dtype)
@@ -3581,7 +3581,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_9_2_s = rt.fma(-0.31622776601683794 * x1_3_2, x2_2_2, acc_9_2_s)
     acc_9_2_s = rt.fma(0.5477225575051661 * x1_3_2, x2_2_4, acc_9_2_s)
     acc_9_2 = rt.fma(w, acc_9_2_s, acc_9_2)
-    rt.store_tile(out_ref, 384, [acc_9_0, acc_9_1, acc_9_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 960, [acc_9_0, acc_9_1, acc_9_2], mul=64, dim=3, pad=64)
 
     # out block 10 (64x1o): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 64), dtype)
@@ -3604,7 +3604,7 @@ def _radial_fwd_kernel_2(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_10_2_s = rt.fma(0.5477225575051661 * x1_4_3, x2_1_1, acc_10_2_s)
     acc_10_2_s = rt.fma(0.5477225575051661 * x1_4_4, x2_1_2, acc_10_2_s)
     acc_10_2 = rt.fma(w, acc_10_2_s, acc_10_2)
-    rt.store_tile(out_ref, 576, [acc_10_0, acc_10_1, acc_10_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 1152, [acc_10_0, acc_10_1, acc_10_2], mul=64, dim=3, pad=64)
 
 
 def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -3644,7 +3644,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_11_2_s = rt.fma(-0.31622776601683794 * x1_5_3, x2_2_0, acc_11_2_s)
     acc_11_2_s = rt.fma(-0.31622776601683794 * x1_5_4, x2_2_1, acc_11_2_s)
     acc_11_2 = rt.fma(w, acc_11_2_s, acc_11_2)
-    rt.store_tile(out_ref, 0, [acc_11_0, acc_11_1, acc_11_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 1344, [acc_11_0, acc_11_1, acc_11_2], mul=64, dim=3, pad=64)
 
     # out block 12 (64x1e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 64), dtype)
@@ -3662,7 +3662,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_12_1 = rt.fma(w, acc_12_1_s, acc_12_1)
     acc_12_2_s = x1_1_0 * x2_1_2
     acc_12_2 = rt.fma(w, acc_12_2_s, acc_12_2)
-    rt.store_tile(out_ref, 192, [acc_12_0, acc_12_1, acc_12_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 1536, [acc_12_0, acc_12_1, acc_12_2], mul=64, dim=3, pad=64)
 
     # out block 13 (64x1e): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 64), dtype)
@@ -3678,7 +3678,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_13_1 = rt.fma(w, acc_13_1_s, acc_13_1)
     acc_13_2_s = x1_2_2 * x2_0_0
     acc_13_2 = rt.fma(w, acc_13_2_s, acc_13_2)
-    rt.store_tile(out_ref, 384, [acc_13_0, acc_13_1, acc_13_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 1728, [acc_13_0, acc_13_1, acc_13_2], mul=64, dim=3, pad=64)
 
     # out block 14 (64x1e): 1 path(s)
     acc_14_0 = jnp.zeros((rows, 64), dtype)
@@ -3700,7 +3700,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_14_2_s = rt.fma(-0.31622776601683794 * x1_2_2, x2_2_2, acc_14_2_s)
     acc_14_2_s = rt.fma(0.5477225575051661 * x1_2_2, x2_2_4, acc_14_2_s)
     acc_14_2 = rt.fma(w, acc_14_2_s, acc_14_2)
-    rt.store_tile(out_ref, 576, [acc_14_0, acc_14_1, acc_14_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 1920, [acc_14_0, acc_14_1, acc_14_2], mul=64, dim=3, pad=64)
 
     # out block 15 (64x1e): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 64), dtype)
@@ -3718,7 +3718,7 @@ def _radial_fwd_kernel_3(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_15_2_s = 0.7071067811865476 * x1_3_0 * x2_1_1
     acc_15_2_s = rt.fma(-0.7071067811865476 * x1_3_1, x2_1_0, acc_15_2_s)
     acc_15_2 = rt.fma(w, acc_15_2_s, acc_15_2)
-    rt.store_tile(out_ref, 768, [acc_15_0, acc_15_1, acc_15_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 2112, [acc_15_0, acc_15_1, acc_15_2], mul=64, dim=3, pad=64)
 
 
 def _radial_fwd_kernel_4(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -3758,7 +3758,7 @@ def _radial_fwd_kernel_4(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_16_2_s = rt.fma(-0.31622776601683794 * x1_4_3, x2_2_0, acc_16_2_s)
     acc_16_2_s = rt.fma(-0.31622776601683794 * x1_4_4, x2_2_1, acc_16_2_s)
     acc_16_2 = rt.fma(w, acc_16_2_s, acc_16_2)
-    rt.store_tile(out_ref, 0, [acc_16_0, acc_16_1, acc_16_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 2304, [acc_16_0, acc_16_1, acc_16_2], mul=64, dim=3, pad=64)
 
     # out block 17 (64x1e): 1 path(s)
     acc_17_0 = jnp.zeros((rows, 64), dtype)
@@ -3784,7 +3784,7 @@ def _radial_fwd_kernel_4(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_17_2_s = rt.fma(0.5477225575051661 * x1_5_3, x2_1_1, acc_17_2_s)
     acc_17_2_s = rt.fma(0.5477225575051661 * x1_5_4, x2_1_2, acc_17_2_s)
     acc_17_2 = rt.fma(w, acc_17_2_s, acc_17_2)
-    rt.store_tile(out_ref, 192, [acc_17_0, acc_17_1, acc_17_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 2496, [acc_17_0, acc_17_1, acc_17_2], mul=64, dim=3, pad=64)
 
     # out block 18 (64x2o): 1 path(s)
     acc_18_0 = jnp.zeros((rows, 64), dtype)
@@ -3805,7 +3805,7 @@ def _radial_fwd_kernel_4(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_18_3 = rt.fma(w, acc_18_3_s, acc_18_3)
     acc_18_4_s = x1_1_0 * x2_2_4
     acc_18_4 = rt.fma(w, acc_18_4_s, acc_18_4)
-    rt.store_tile(out_ref, 384, [acc_18_0, acc_18_1, acc_18_2, acc_18_3, acc_18_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 2688, [acc_18_0, acc_18_1, acc_18_2, acc_18_3, acc_18_4], mul=64, dim=5, pad=64)
 
     # out block 19 (64x2o): 1 path(s)
     acc_19_0 = jnp.zeros((rows, 64), dtype)
@@ -3832,7 +3832,7 @@ def _radial_fwd_kernel_4(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_19_4_s = -0.7071067811865476 * x1_2_0 * x2_1_0
     acc_19_4_s = rt.fma(0.7071067811865476 * x1_2_2, x2_1_2, acc_19_4_s)
     acc_19_4 = rt.fma(w, acc_19_4_s, acc_19_4)
-    rt.store_tile(out_ref, 704, [acc_19_0, acc_19_1, acc_19_2, acc_19_3, acc_19_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 3008, [acc_19_0, acc_19_1, acc_19_2, acc_19_3, acc_19_4], mul=64, dim=5, pad=64)
 
 
 def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -3876,7 +3876,7 @@ def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_20_4_s = rt.fma(-0.816496580927726 * x1_3_1, x2_2_0, acc_20_4_s)
     acc_20_4_s = rt.fma(0.408248290463863 * x1_3_2, x2_2_1, acc_20_4_s)
     acc_20_4 = rt.fma(w, acc_20_4_s, acc_20_4)
-    rt.store_tile(out_ref, 0, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 3328, [acc_20_0, acc_20_1, acc_20_2, acc_20_3, acc_20_4], mul=64, dim=5, pad=64)
 
     # out block 21 (64x2o): 1 path(s)
     acc_21_0 = jnp.zeros((rows, 64), dtype)
@@ -3911,7 +3911,7 @@ def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_21_4_s = rt.fma(-0.408248290463863 * x1_4_1, x2_1_2, acc_21_4_s)
     acc_21_4_s = rt.fma(-0.408248290463863 * x1_4_3, x2_1_0, acc_21_4_s)
     acc_21_4 = rt.fma(w, acc_21_4_s, acc_21_4)
-    rt.store_tile(out_ref, 320, [acc_21_0, acc_21_1, acc_21_2, acc_21_3, acc_21_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 3648, [acc_21_0, acc_21_1, acc_21_2, acc_21_3, acc_21_4], mul=64, dim=5, pad=64)
 
     # out block 22 (64x2o): 1 path(s)
     acc_22_0 = jnp.zeros((rows, 64), dtype)
@@ -3933,7 +3933,7 @@ def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_22_3 = rt.fma(w, acc_22_3_s, acc_22_3)
     acc_22_4_s = x1_5_4 * x2_0_0
     acc_22_4 = rt.fma(w, acc_22_4_s, acc_22_4)
-    rt.store_tile(out_ref, 640, [acc_22_0, acc_22_1, acc_22_2, acc_22_3, acc_22_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 3968, [acc_22_0, acc_22_1, acc_22_2, acc_22_3, acc_22_4], mul=64, dim=5, pad=64)
 
     # out block 23 (64x2o): 1 path(s)
     acc_23_0 = jnp.zeros((rows, 64), dtype)
@@ -3973,7 +3973,7 @@ def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_23_4_s = rt.fma(0.4629100498862757 * x1_5_3, x2_2_3, acc_23_4_s)
     acc_23_4_s = rt.fma(-0.5345224838248488 * x1_5_4, x2_2_2, acc_23_4_s)
     acc_23_4 = rt.fma(w, acc_23_4_s, acc_23_4)
-    rt.store_tile(out_ref, 960, [acc_23_0, acc_23_1, acc_23_2, acc_23_3, acc_23_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 4288, [acc_23_0, acc_23_1, acc_23_2, acc_23_3, acc_23_4], mul=64, dim=5, pad=64)
 
     # out block 24 (64x2e): 1 path(s)
     acc_24_0 = jnp.zeros((rows, 64), dtype)
@@ -3994,7 +3994,7 @@ def _radial_fwd_kernel_5(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_24_3 = rt.fma(w, acc_24_3_s, acc_24_3)
     acc_24_4_s = x1_0_0 * x2_2_4
     acc_24_4 = rt.fma(w, acc_24_4_s, acc_24_4)
-    rt.store_tile(out_ref, 1280, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 4608, [acc_24_0, acc_24_1, acc_24_2, acc_24_3, acc_24_4], mul=64, dim=5, pad=64)
 
 
 def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -4038,7 +4038,7 @@ def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_25_4_s = rt.fma(-0.816496580927726 * x1_2_1, x2_2_0, acc_25_4_s)
     acc_25_4_s = rt.fma(0.408248290463863 * x1_2_2, x2_2_1, acc_25_4_s)
     acc_25_4 = rt.fma(w, acc_25_4_s, acc_25_4)
-    rt.store_tile(out_ref, 0, [acc_25_0, acc_25_1, acc_25_2, acc_25_3, acc_25_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 4928, [acc_25_0, acc_25_1, acc_25_2, acc_25_3, acc_25_4], mul=64, dim=5, pad=64)
 
     # out block 26 (64x2e): 1 path(s)
     acc_26_0 = jnp.zeros((rows, 64), dtype)
@@ -4068,7 +4068,7 @@ def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_26_4_s = -0.7071067811865476 * x1_3_0 * x2_1_0
     acc_26_4_s = rt.fma(0.7071067811865476 * x1_3_2, x2_1_2, acc_26_4_s)
     acc_26_4 = rt.fma(w, acc_26_4_s, acc_26_4)
-    rt.store_tile(out_ref, 320, [acc_26_0, acc_26_1, acc_26_2, acc_26_3, acc_26_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 5248, [acc_26_0, acc_26_1, acc_26_2, acc_26_3, acc_26_4], mul=64, dim=5, pad=64)
 
     # out block 27 (64x2e): 1 path(s)
     acc_27_0 = jnp.zeros((rows, 64), dtype)
@@ -4090,7 +4090,7 @@ def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_27_3 = rt.fma(w, acc_27_3_s, acc_27_3)
     acc_27_4_s = x1_4_4 * x2_0_0
     acc_27_4 = rt.fma(w, acc_27_4_s, acc_27_4)
-    rt.store_tile(out_ref, 640, [acc_27_0, acc_27_1, acc_27_2, acc_27_3, acc_27_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 5568, [acc_27_0, acc_27_1, acc_27_2, acc_27_3, acc_27_4], mul=64, dim=5, pad=64)
 
     # out block 28 (64x2e): 1 path(s)
     acc_28_0 = jnp.zeros((rows, 64), dtype)
@@ -4130,7 +4130,7 @@ def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_28_4_s = rt.fma(0.4629100498862757 * x1_4_3, x2_2_3, acc_28_4_s)
     acc_28_4_s = rt.fma(-0.5345224838248488 * x1_4_4, x2_2_2, acc_28_4_s)
     acc_28_4 = rt.fma(w, acc_28_4_s, acc_28_4)
-    rt.store_tile(out_ref, 960, [acc_28_0, acc_28_1, acc_28_2, acc_28_3, acc_28_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 5888, [acc_28_0, acc_28_1, acc_28_2, acc_28_3, acc_28_4], mul=64, dim=5, pad=64)
 
     # out block 29 (64x2e): 1 path(s)
     acc_29_0 = jnp.zeros((rows, 64), dtype)
@@ -4162,7 +4162,7 @@ def _radial_fwd_kernel_6(x1_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_29_4_s = rt.fma(-0.408248290463863 * x1_5_1, x2_1_2, acc_29_4_s)
     acc_29_4_s = rt.fma(-0.408248290463863 * x1_5_3, x2_1_0, acc_29_4_s)
     acc_29_4 = rt.fma(w, acc_29_4_s, acc_29_4)
-    rt.store_tile(out_ref, 1280, [acc_29_0, acc_29_1, acc_29_2, acc_29_3, acc_29_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 6208, [acc_29_0, acc_29_1, acc_29_2, acc_29_3, acc_29_4], mul=64, dim=5, pad=64)
 
 
 def _radial_bwd_x1_kernel_0(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -4336,7 +4336,7 @@ def _radial_bwd_x1_kernel_1(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_2_2_s = rt.fma(0.408248290463863 * x2_2_0, g_25_3, acc_2_2_s)
     acc_2_2_s = rt.fma(0.408248290463863 * x2_2_1, g_25_4, acc_2_2_s)
     acc_2_2 = rt.fma(w, acc_2_2_s, acc_2_2)
-    rt.store_tile(out_ref, 0, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 128, [acc_2_0, acc_2_1, acc_2_2], mul=64, dim=3, pad=64)
 
 
 def _radial_bwd_x1_kernel_2(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -4444,7 +4444,7 @@ def _radial_bwd_x1_kernel_2(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_3_2_s = rt.fma(0.408248290463863 * x2_2_0, g_20_3, acc_3_2_s)
     acc_3_2_s = rt.fma(0.408248290463863 * x2_2_1, g_20_4, acc_3_2_s)
     acc_3_2 = rt.fma(w, acc_3_2_s, acc_3_2)
-    rt.store_tile(out_ref, 0, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
+    rt.store_tile(out_ref, 320, [acc_3_0, acc_3_1, acc_3_2], mul=64, dim=3, pad=64)
 
 
 def _radial_bwd_x1_kernel_3(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -4594,7 +4594,7 @@ def _radial_bwd_x1_kernel_3(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_4_4_s = rt.fma(0.4629100498862757 * x2_2_3, g_28_3, acc_4_4_s)
     acc_4_4_s = rt.fma(-0.5345224838248488 * x2_2_2, g_28_4, acc_4_4_s)
     acc_4_4 = rt.fma(w, acc_4_4_s, acc_4_4)
-    rt.store_tile(out_ref, 0, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 512, [acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4], mul=64, dim=5, pad=64)
 
 
 def _radial_bwd_x1_kernel_4(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
@@ -4744,7 +4744,7 @@ def _radial_bwd_x1_kernel_4(g_ref, x2_ref, rf_ref, wr_ref, out_ref):
     acc_5_4_s = rt.fma(0.4629100498862757 * x2_2_3, g_23_3, acc_5_4_s)
     acc_5_4_s = rt.fma(-0.5345224838248488 * x2_2_2, g_23_4, acc_5_4_s)
     acc_5_4 = rt.fma(w, acc_5_4_s, acc_5_4)
-    rt.store_tile(out_ref, 0, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
+    rt.store_tile(out_ref, 832, [acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4], mul=64, dim=5, pad=64)
 
 
 def _radial_bwd_x2_kernel_0(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
@@ -4994,9 +4994,9 @@ def _radial_bwd_x2_kernel_1(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
     acc_1_0 = acc_1_0 + jnp.sum(w * h26_0, axis=1, keepdims=True)
     acc_1_1 = acc_1_1 + jnp.sum(w * h26_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h26_2, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_1_0
-    out_ref[:, pl.ds(1, 1)] = acc_1_1
-    out_ref[:, pl.ds(2, 1)] = acc_1_2
+    out_ref[:, pl.ds(1, 1)] = acc_1_0
+    out_ref[:, pl.ds(2, 1)] = acc_1_1
+    out_ref[:, pl.ds(3, 1)] = acc_1_2
 
 
 def _radial_bwd_x2_kernel_2(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
@@ -5269,11 +5269,11 @@ def _radial_bwd_x2_kernel_2(x1_ref, g_ref, rf_ref, wr_ref, out_ref):
     acc_2_2 = acc_2_2 + jnp.sum(w * h29_2, axis=1, keepdims=True)
     acc_2_3 = acc_2_3 + jnp.sum(w * h29_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h29_4, axis=1, keepdims=True)
-    out_ref[:, pl.ds(0, 1)] = acc_2_0
-    out_ref[:, pl.ds(1, 1)] = acc_2_1
-    out_ref[:, pl.ds(2, 1)] = acc_2_2
-    out_ref[:, pl.ds(3, 1)] = acc_2_3
-    out_ref[:, pl.ds(4, 1)] = acc_2_4
+    out_ref[:, pl.ds(4, 1)] = acc_2_0
+    out_ref[:, pl.ds(5, 1)] = acc_2_1
+    out_ref[:, pl.ds(6, 1)] = acc_2_2
+    out_ref[:, pl.ds(7, 1)] = acc_2_3
+    out_ref[:, pl.ds(8, 1)] = acc_2_4
 
 
 def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
@@ -6398,29 +6398,32 @@ def _radial_bwd_fused_kernel_0(x1_ref, x2_ref, rf_ref, wr_ref, g_ref, gx1_ref, g
     gx2_ref[:, pl.ds(8, 1)] = c_4
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 6528),
+    (_tp_fwd_kernel_0, 0, 6528),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 1152),
+    (_tp_bwd_x1_kernel_0, 0, 1152),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 9),
+    (_tp_bwd_x2_kernel_0, 0, 9),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 1920),
+    (_tp_bwd_w_kernel_0, 0, 1920),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 1152, 1920),
 )
-FUSED_GW_SEGMENTS = None
 FUSED_GX1_SEGMENTS = None
 
 # The conv (jax_ops.conv) runs the plain product's kernels.
@@ -6429,7 +6432,6 @@ CONV_BWD_X1_KERNELS = BWD_X1_KERNELS
 CONV_BWD_X2_KERNELS = BWD_X2_KERNELS
 CONV_BWD_W_KERNELS = BWD_W_KERNELS
 CONV_BWD_FUSED_KERNELS = BWD_FUSED_KERNELS
-CONV_FUSED_GW_SEGMENTS = FUSED_GW_SEGMENTS
 CONV_FUSED_GX1_SEGMENTS = FUSED_GX1_SEGMENTS
 
 # conv_radial's kernel sets (jax_ops.conv_radial): H, the radial features per edge, and
@@ -6437,30 +6439,29 @@ CONV_FUSED_GX1_SEGMENTS = FUSED_GX1_SEGMENTS
 # (then two matmuls, eqdsl.runtime.jax.autodiff).
 RADIAL_FEATURES = 128
 RADIAL_FWD_KERNELS = (
-    (_radial_fwd_kernel_0, 256),
-    (_radial_fwd_kernel_1, 320),
-    (_radial_fwd_kernel_2, 768),
-    (_radial_fwd_kernel_3, 960),
-    (_radial_fwd_kernel_4, 1024),
-    (_radial_fwd_kernel_5, 1600),
-    (_radial_fwd_kernel_6, 1600),
+    (_radial_fwd_kernel_0, 0, 256),
+    (_radial_fwd_kernel_1, 256, 320),
+    (_radial_fwd_kernel_2, 576, 768),
+    (_radial_fwd_kernel_3, 1344, 960),
+    (_radial_fwd_kernel_4, 2304, 1024),
+    (_radial_fwd_kernel_5, 3328, 1600),
+    (_radial_fwd_kernel_6, 4928, 1600),
 )
 RADIAL_BWD_X1_KERNELS = (
-    (_radial_bwd_x1_kernel_0, 128),
-    (_radial_bwd_x1_kernel_1, 192),
-    (_radial_bwd_x1_kernel_2, 192),
-    (_radial_bwd_x1_kernel_3, 320),
-    (_radial_bwd_x1_kernel_4, 320),
+    (_radial_bwd_x1_kernel_0, 0, 128),
+    (_radial_bwd_x1_kernel_1, 128, 192),
+    (_radial_bwd_x1_kernel_2, 320, 192),
+    (_radial_bwd_x1_kernel_3, 512, 320),
+    (_radial_bwd_x1_kernel_4, 832, 320),
 )
 RADIAL_BWD_X2_KERNELS = (
-    (_radial_bwd_x2_kernel_0, 1),
-    (_radial_bwd_x2_kernel_1, 3),
-    (_radial_bwd_x2_kernel_2, 5),
+    (_radial_bwd_x2_kernel_0, 0, 1),
+    (_radial_bwd_x2_kernel_1, 1, 3),
+    (_radial_bwd_x2_kernel_2, 4, 5),
 )
 RADIAL_BWD_FUSED_KERNELS = (
     (_radial_bwd_fused_kernel_0, 1152, 1920),
 )
-RADIAL_FUSED_GW_SEGMENTS = None
 RADIAL_FUSED_GX1_SEGMENTS = None
 
 
@@ -6502,7 +6503,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -131,7 +131,6 @@ _FUNCTIONS = TensorProductFunctions(
         bwd_x2=_kernels.CONV_BWD_X2_KERNELS,
         bwd_w=_kernels.CONV_BWD_W_KERNELS,
         backward_fused_kernels=_kernels.CONV_BWD_FUSED_KERNELS,
-        gw_segments=_kernels.CONV_FUSED_GW_SEGMENTS,
         gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS,
     ),
 )

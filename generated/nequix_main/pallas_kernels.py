@@ -2897,7 +2897,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_1_1 * g_4_1
         + x1_0_0 * x2_1_2 * g_4_2
     )
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_1_0 * wg_0
         + x2_1_1 * wg_1
@@ -2926,7 +2926,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_2_3 * g_10_3
         + x1_0_0 * x2_2_4 * g_10_4
     )
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(608, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_2_0 * wg_0
         + x2_2_1 * wg_1
@@ -2965,7 +2965,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_3_5 * g_17_5
         + x1_0_0 * x2_3_6 * g_17_6
     )
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(992, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_3_0 * wg_0
         + x2_3_1 * wg_1
@@ -2998,7 +2998,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.5773502691896257 * x1_1_1 * x2_1_1 * g_1_0
         + 0.5773502691896257 * x1_1_2 * x2_1_2 * g_1_0
     )
-    gw_ref[:, pl.ds(512, 64)] = r
+    gw_ref[:, pl.ds(128, 64)] = r
     acc_1_0 = acc_1_0 + (0.5773502691896257 * x2_1_0 * wg_0)
     acc_1_1 = acc_1_1 + (0.5773502691896257 * x2_1_1 * wg_0)
     acc_1_2 = acc_1_2 + (0.5773502691896257 * x2_1_2 * wg_0)
@@ -3016,7 +3016,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_1_1 * x2_0_0 * g_5_1
         + x1_1_2 * x2_0_0 * g_5_2
     )
-    gw_ref[:, pl.ds(576, 64)] = r
+    gw_ref[:, pl.ds(384, 64)] = r
     acc_1_0 = acc_1_0 + (x2_0_0 * wg_0)
     acc_1_1 = acc_1_1 + (x2_0_0 * wg_1)
     acc_1_2 = acc_1_2 + (x2_0_0 * wg_2)
@@ -3044,7 +3044,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.31622776601683794 * x1_1_2 * x2_2_2 * g_6_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4 * g_6_2
     )
-    gw_ref[:, pl.ds(640, 64)] = r
+    gw_ref[:, pl.ds(448, 64)] = r
     acc_1_0 = acc_1_0 + (
         - 0.31622776601683794 * x2_2_2 * wg_0
         - 0.5477225575051661 * x2_2_4 * wg_0
@@ -3104,7 +3104,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_1_0 * x2_1_0 * g_11_4
         + 0.7071067811865476 * x1_1_2 * x2_1_2 * g_11_4
     )
-    gw_ref[:, pl.ds(704, 64)] = r
+    gw_ref[:, pl.ds(736, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.7071067811865476 * x2_1_2 * wg_0
         + 0.7071067811865476 * x2_1_1 * wg_1
@@ -3170,7 +3170,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.1543033499620919 * x1_1_2 * x2_3_4 * g_12_4
         + 0.5976143046671968 * x1_1_2 * x2_3_6 * g_12_4
     )
-    gw_ref[:, pl.ds(768, 64)] = r
+    gw_ref[:, pl.ds(800, 64)] = r
     acc_1_0 = acc_1_0 + (
         - 0.1543033499620919 * x2_3_4 * wg_0
         - 0.5976143046671968 * x2_3_6 * wg_0
@@ -3266,7 +3266,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_1_0 * x2_2_0 * g_18_6
         + 0.7071067811865476 * x1_1_2 * x2_2_4 * g_18_6
     )
-    gw_ref[:, pl.ds(832, 64)] = r
+    gw_ref[:, pl.ds(1120, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.7071067811865476 * x2_2_4 * wg_0
         + 0.5773502691896257 * x2_2_3 * wg_1
@@ -3345,7 +3345,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4472135954999579 * x1_2_3 * x2_2_3 * g_2_0
         + 0.4472135954999579 * x1_2_4 * x2_2_4 * g_2_0
     )
-    gw_ref[:, pl.ds(896, 32)] = r
+    gw_ref[:, pl.ds(192, 32)] = r
     acc_2_0 = acc_2_0 + (0.4472135954999579 * x2_2_0 * wg_0)
     acc_2_1 = acc_2_1 + (0.4472135954999579 * x2_2_1 * wg_0)
     acc_2_2 = acc_2_2 + (0.4472135954999579 * x2_2_2 * wg_0)
@@ -3375,7 +3375,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.5477225575051661 * x1_2_3 * x2_1_1 * g_7_2
         + 0.5477225575051661 * x1_2_4 * x2_1_2 * g_7_2
     )
-    gw_ref[:, pl.ds(928, 32)] = r
+    gw_ref[:, pl.ds(512, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.5477225575051661 * x2_1_2 * wg_0
         + 0.5477225575051661 * x2_1_0 * wg_2
@@ -3443,7 +3443,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.11952286093343936 * x1_2_4 * x2_3_4 * g_8_2
         + 0.4629100498862757 * x1_2_4 * x2_3_6 * g_8_2
     )
-    gw_ref[:, pl.ds(960, 32)] = r
+    gw_ref[:, pl.ds(544, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.11952286093343936 * x2_3_4 * wg_0
         - 0.4629100498862757 * x2_3_6 * wg_0
@@ -3525,7 +3525,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_2_3 * x2_0_0 * g_13_3
         + x1_2_4 * x2_0_0 * g_13_4
     )
-    gw_ref[:, pl.ds(992, 32)] = r
+    gw_ref[:, pl.ds(864, 32)] = r
     acc_2_0 = acc_2_0 + (x2_0_0 * wg_0)
     acc_2_1 = acc_2_1 + (x2_0_0 * wg_1)
     acc_2_2 = acc_2_2 + (x2_0_0 * wg_2)
@@ -3573,7 +3573,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4629100498862757 * x1_2_3 * x2_2_3 * g_14_4
         - 0.5345224838248488 * x1_2_4 * x2_2_2 * g_14_4
     )
-    gw_ref[:, pl.ds(1024, 32)] = r
+    gw_ref[:, pl.ds(896, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.5345224838248488 * x2_2_2 * wg_0
         + 0.4629100498862757 * x2_2_3 * wg_1
@@ -3677,7 +3677,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_2_0 * x2_1_0 * g_19_6
         + 0.7071067811865476 * x1_2_4 * x2_1_2 * g_19_6
     )
-    gw_ref[:, pl.ds(1056, 32)] = r
+    gw_ref[:, pl.ds(1184, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.7071067811865476 * x2_1_2 * wg_0
         + 0.5773502691896257 * x2_1_1 * wg_1
@@ -3789,7 +3789,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.45643546458763845 * x1_2_3 * x2_3_5 * g_20_6
         - 0.28867513459481287 * x1_2_4 * x2_3_4 * g_20_6
     )
-    gw_ref[:, pl.ds(1088, 32)] = r
+    gw_ref[:, pl.ds(1216, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.28867513459481287 * x2_3_4 * wg_0
         - 0.5773502691896257 * x2_3_3 * wg_1
@@ -3920,7 +3920,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.37796447300922725 * x1_3_5 * x2_3_5 * g_3_0
         + 0.37796447300922725 * x1_3_6 * x2_3_6 * g_3_0
     )
-    gw_ref[:, pl.ds(1120, 32)] = r
+    gw_ref[:, pl.ds(224, 32)] = r
     acc_3_0 = acc_3_0 + (0.37796447300922725 * x2_3_0 * wg_0)
     acc_3_1 = acc_3_1 + (0.37796447300922725 * x2_3_1 * wg_0)
     acc_3_2 = acc_3_2 + (0.37796447300922725 * x2_3_2 * wg_0)
@@ -3964,7 +3964,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.37796447300922725 * x1_3_5 * x2_2_3 * g_9_2
         + 0.4629100498862757 * x1_3_6 * x2_2_4 * g_9_2
     )
-    gw_ref[:, pl.ds(1152, 32)] = r
+    gw_ref[:, pl.ds(576, 32)] = r
     acc_3_0 = acc_3_0 + (
         0.4629100498862757 * x2_2_4 * wg_0
         + 0.4629100498862757 * x2_2_0 * wg_2
@@ -4062,7 +4062,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4879500364742666 * x1_3_5 * x2_1_1 * g_15_4
         + 0.5976143046671968 * x1_3_6 * x2_1_2 * g_15_4
     )
-    gw_ref[:, pl.ds(1184, 32)] = r
+    gw_ref[:, pl.ds(928, 32)] = r
     acc_3_0 = acc_3_0 + (
         0.5976143046671968 * x2_1_2 * wg_0
         + 0.5976143046671968 * x2_1_0 * wg_4
@@ -4176,7 +4176,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.4879500364742666 * x1_3_5 * x2_3_3 * g_16_4
         - 0.2439750182371333 * x1_3_6 * x2_3_4 * g_16_4
     )
-    gw_ref[:, pl.ds(1216, 32)] = r
+    gw_ref[:, pl.ds(960, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.2439750182371333 * x2_3_4 * wg_0
         + 0.3857583749052298 * x2_3_5 * wg_1
@@ -4584,29 +4584,32 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(15, 1)] = c_6
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 5472),
+    (_tp_fwd_kernel_0, 0, 5472),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 704),
+    (_tp_bwd_x1_kernel_0, 0, 704),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 16),
+    (_tp_bwd_x2_kernel_0, 0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 1312),
+    (_tp_bwd_w_kernel_0, 0, 1312),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 704, 1312),
 )
-FUSED_GW_SEGMENTS = [(0, 128), (512, 64), (896, 32), (1120, 32), (128, 128), (576, 64), (640, 64), (928, 32), (960, 32), (1152, 32), (256, 128), (704, 64), (768, 64), (992, 32), (1024, 32), (1184, 32), (1216, 32), (384, 128), (832, 64), (1056, 32), (1088, 32), (1248, 32), (1280, 32)]
 FUSED_GX1_SEGMENTS = None
 
 
@@ -4648,7 +4651,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -4754,7 +4754,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_1_1 * g_4_1
         + x1_0_0 * x2_1_2 * g_4_2
     )
-    gw_ref[:, pl.ds(128, 128)] = r
+    gw_ref[:, pl.ds(256, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_1_0 * wg_0
         + x2_1_1 * wg_1
@@ -4783,7 +4783,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_2_3 * g_13_3
         + x1_0_0 * x2_2_4 * g_13_4
     )
-    gw_ref[:, pl.ds(256, 128)] = r
+    gw_ref[:, pl.ds(736, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_2_0 * wg_0
         + x2_2_1 * wg_1
@@ -4822,7 +4822,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_0_0 * x2_3_5 * g_24_5
         + x1_0_0 * x2_3_6 * g_24_6
     )
-    gw_ref[:, pl.ds(384, 128)] = r
+    gw_ref[:, pl.ds(1280, 128)] = r
     acc_0_0 = acc_0_0 + (
         x2_3_0 * wg_0
         + x2_3_1 * wg_1
@@ -4855,7 +4855,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.5773502691896257 * x1_1_1 * x2_1_1 * g_1_0
         + 0.5773502691896257 * x1_1_2 * x2_1_2 * g_1_0
     )
-    gw_ref[:, pl.ds(512, 64)] = r
+    gw_ref[:, pl.ds(128, 64)] = r
     acc_1_0 = acc_1_0 + (0.5773502691896257 * x2_1_0 * wg_0)
     acc_1_1 = acc_1_1 + (0.5773502691896257 * x2_1_1 * wg_0)
     acc_1_2 = acc_1_2 + (0.5773502691896257 * x2_1_2 * wg_0)
@@ -4873,7 +4873,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_1_1 * x2_0_0 * g_5_1
         + x1_1_2 * x2_0_0 * g_5_2
     )
-    gw_ref[:, pl.ds(576, 64)] = r
+    gw_ref[:, pl.ds(384, 64)] = r
     acc_1_0 = acc_1_0 + (x2_0_0 * wg_0)
     acc_1_1 = acc_1_1 + (x2_0_0 * wg_1)
     acc_1_2 = acc_1_2 + (x2_0_0 * wg_2)
@@ -4896,7 +4896,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.7071067811865476 * x1_1_0 * x2_1_1 * g_6_2
         - 0.7071067811865476 * x1_1_1 * x2_1_0 * g_6_2
     )
-    gw_ref[:, pl.ds(640, 64)] = r
+    gw_ref[:, pl.ds(448, 64)] = r
     acc_1_0 = acc_1_0 + (
         - 0.7071067811865476 * x2_1_2 * wg_1
         + 0.7071067811865476 * x2_1_1 * wg_2
@@ -4940,7 +4940,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.31622776601683794 * x1_1_2 * x2_2_2 * g_7_2
         + 0.5477225575051661 * x1_1_2 * x2_2_4 * g_7_2
     )
-    gw_ref[:, pl.ds(704, 64)] = r
+    gw_ref[:, pl.ds(512, 64)] = r
     acc_1_0 = acc_1_0 + (
         - 0.31622776601683794 * x2_2_2 * wg_0
         - 0.5477225575051661 * x2_2_4 * wg_0
@@ -5000,7 +5000,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_1_0 * x2_1_0 * g_14_4
         + 0.7071067811865476 * x1_1_2 * x2_1_2 * g_14_4
     )
-    gw_ref[:, pl.ds(768, 64)] = r
+    gw_ref[:, pl.ds(864, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.7071067811865476 * x2_1_2 * wg_0
         + 0.7071067811865476 * x2_1_1 * wg_1
@@ -5061,7 +5061,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.816496580927726 * x1_1_1 * x2_2_0 * g_15_4
         + 0.408248290463863 * x1_1_2 * x2_2_1 * g_15_4
     )
-    gw_ref[:, pl.ds(832, 64)] = r
+    gw_ref[:, pl.ds(928, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.408248290463863 * x2_2_1 * wg_0
         - 0.408248290463863 * x2_2_0 * wg_1
@@ -5141,7 +5141,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.1543033499620919 * x1_1_2 * x2_3_4 * g_16_4
         + 0.5976143046671968 * x1_1_2 * x2_3_6 * g_16_4
     )
-    gw_ref[:, pl.ds(896, 64)] = r
+    gw_ref[:, pl.ds(992, 64)] = r
     acc_1_0 = acc_1_0 + (
         - 0.1543033499620919 * x2_3_4 * wg_0
         - 0.5976143046671968 * x2_3_6 * wg_0
@@ -5237,7 +5237,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_1_0 * x2_2_0 * g_25_6
         + 0.7071067811865476 * x1_1_2 * x2_2_4 * g_25_6
     )
-    gw_ref[:, pl.ds(960, 64)] = r
+    gw_ref[:, pl.ds(1408, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.7071067811865476 * x2_2_4 * wg_0
         + 0.5773502691896257 * x2_2_3 * wg_1
@@ -5334,7 +5334,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.8660254037844386 * x1_1_1 * x2_3_0 * g_26_6
         + 0.3535533905932738 * x1_1_2 * x2_3_1 * g_26_6
     )
-    gw_ref[:, pl.ds(1024, 64)] = r
+    gw_ref[:, pl.ds(1472, 64)] = r
     acc_1_0 = acc_1_0 + (
         0.3535533905932738 * x2_3_1 * wg_0
         - 0.3535533905932738 * x2_3_0 * wg_1
@@ -5520,7 +5520,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4472135954999579 * x1_2_3 * x2_2_3 * g_2_0
         + 0.4472135954999579 * x1_2_4 * x2_2_4 * g_2_0
     )
-    gw_ref[:, pl.ds(0, 32)] = r
+    gw_ref[:, pl.ds(192, 32)] = r
     acc_2_0 = acc_2_0 + (0.4472135954999579 * x2_2_0 * wg_0)
     acc_2_1 = acc_2_1 + (0.4472135954999579 * x2_2_1 * wg_0)
     acc_2_2 = acc_2_2 + (0.4472135954999579 * x2_2_2 * wg_0)
@@ -5553,7 +5553,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.5477225575051661 * x1_2_3 * x2_1_1 * g_8_2
         + 0.5477225575051661 * x1_2_4 * x2_1_2 * g_8_2
     )
-    gw_ref[:, pl.ds(32, 32)] = r
+    gw_ref[:, pl.ds(576, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.5477225575051661 * x2_1_2 * wg_0
         + 0.5477225575051661 * x2_1_0 * wg_2
@@ -5616,7 +5616,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.31622776601683794 * x1_2_3 * x2_2_0 * g_9_2
         - 0.31622776601683794 * x1_2_4 * x2_2_1 * g_9_2
     )
-    gw_ref[:, pl.ds(64, 32)] = r
+    gw_ref[:, pl.ds(608, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.31622776601683794 * x2_2_1 * wg_0
         - 0.6324555320336759 * x2_2_4 * wg_1
@@ -5705,7 +5705,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.11952286093343936 * x1_2_4 * x2_3_4 * g_10_2
         + 0.4629100498862757 * x1_2_4 * x2_3_6 * g_10_2
     )
-    gw_ref[:, pl.ds(96, 32)] = r
+    gw_ref[:, pl.ds(640, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.11952286093343936 * x2_3_4 * wg_0
         - 0.4629100498862757 * x2_3_6 * wg_0
@@ -5788,7 +5788,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_2_3 * x2_0_0 * g_17_3
         + x1_2_4 * x2_0_0 * g_17_4
     )
-    gw_ref[:, pl.ds(128, 32)] = r
+    gw_ref[:, pl.ds(1056, 32)] = r
     acc_2_0 = acc_2_0 + (x2_0_0 * wg_0)
     acc_2_1 = acc_2_1 + (x2_0_0 * wg_1)
     acc_2_2 = acc_2_2 + (x2_0_0 * wg_2)
@@ -5827,7 +5827,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.408248290463863 * x1_2_1 * x2_1_2 * g_18_4
         - 0.408248290463863 * x1_2_3 * x2_1_0 * g_18_4
     )
-    gw_ref[:, pl.ds(160, 32)] = r
+    gw_ref[:, pl.ds(1088, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.408248290463863 * x2_1_0 * wg_1
         - 0.408248290463863 * x2_1_2 * wg_3
@@ -5911,7 +5911,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4629100498862757 * x1_2_3 * x2_2_3 * g_19_4
         - 0.5345224838248488 * x1_2_4 * x2_2_2 * g_19_4
     )
-    gw_ref[:, pl.ds(192, 32)] = r
+    gw_ref[:, pl.ds(1120, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.5345224838248488 * x2_2_2 * wg_0
         + 0.4629100498862757 * x2_2_3 * wg_1
@@ -6020,7 +6020,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.4225771273642583 * x1_2_3 * x2_3_0 * g_20_4
         + 0.3273268353539886 * x1_2_3 * x2_3_2 * g_20_4
     )
-    gw_ref[:, pl.ds(224, 32)] = r
+    gw_ref[:, pl.ds(1152, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.4225771273642583 * x2_3_0 * wg_1
         - 0.3273268353539886 * x2_3_2 * wg_1
@@ -6134,7 +6134,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.7071067811865476 * x1_2_0 * x2_1_0 * g_27_6
         + 0.7071067811865476 * x1_2_4 * x2_1_2 * g_27_6
     )
-    gw_ref[:, pl.ds(256, 32)] = r
+    gw_ref[:, pl.ds(1536, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.7071067811865476 * x2_1_2 * wg_0
         + 0.5773502691896257 * x2_1_1 * wg_1
@@ -6233,7 +6233,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.5 * x1_2_3 * x2_2_0 * g_28_6
         + 0.5 * x1_2_4 * x2_2_1 * g_28_6
     )
-    gw_ref[:, pl.ds(288, 32)] = r
+    gw_ref[:, pl.ds(1568, 32)] = r
     acc_2_0 = acc_2_0 + (
         0.5 * x2_2_1 * wg_0
         + 0.3872983346207417 * x2_2_1 * wg_2
@@ -6363,7 +6363,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.45643546458763845 * x1_2_3 * x2_3_5 * g_29_6
         - 0.28867513459481287 * x1_2_4 * x2_3_4 * g_29_6
     )
-    gw_ref[:, pl.ds(320, 32)] = r
+    gw_ref[:, pl.ds(1600, 32)] = r
     acc_2_0 = acc_2_0 + (
         - 0.28867513459481287 * x2_3_4 * wg_0
         - 0.5773502691896257 * x2_3_3 * wg_1
@@ -6470,7 +6470,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.45643546458763845 * x1_2_3 * wg_5
         - 0.6454972243679028 * x1_2_2 * wg_6
     )
-    rt.store_tile(gx1_ref, 0, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=32, dim=5, pad=32)
+    rt.store_tile(gx1_ref, 320, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=32, dim=5, pad=32)
 
     # x1 block 3 (32x3e): 10 path(s)
     acc_3_0 = jnp.zeros((rows, 32), dtype)
@@ -6494,7 +6494,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.37796447300922725 * x1_3_5 * x2_3_5 * g_3_0
         + 0.37796447300922725 * x1_3_6 * x2_3_6 * g_3_0
     )
-    gw_ref[:, pl.ds(352, 32)] = r
+    gw_ref[:, pl.ds(224, 32)] = r
     acc_3_0 = acc_3_0 + (0.37796447300922725 * x2_3_0 * wg_0)
     acc_3_1 = acc_3_1 + (0.37796447300922725 * x2_3_1 * wg_0)
     acc_3_2 = acc_3_2 + (0.37796447300922725 * x2_3_2 * wg_0)
@@ -6538,7 +6538,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.37796447300922725 * x1_3_5 * x2_2_3 * g_11_2
         + 0.4629100498862757 * x1_3_6 * x2_2_4 * g_11_2
     )
-    gw_ref[:, pl.ds(384, 32)] = r
+    gw_ref[:, pl.ds(672, 32)] = r
     acc_3_0 = acc_3_0 + (
         0.4629100498862757 * x2_2_4 * wg_0
         + 0.4629100498862757 * x2_2_0 * wg_2
@@ -6639,7 +6639,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.2988071523335984 * x1_3_5 * x2_3_2 * g_12_2
         - 0.23145502494313785 * x1_3_6 * x2_3_1 * g_12_2
     )
-    gw_ref[:, pl.ds(416, 32)] = r
+    gw_ref[:, pl.ds(704, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.23145502494313785 * x2_3_1 * wg_0
         - 0.5669467095138409 * x2_3_6 * wg_1
@@ -6751,7 +6751,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.4879500364742666 * x1_3_5 * x2_1_1 * g_21_4
         + 0.5976143046671968 * x1_3_6 * x2_1_2 * g_21_4
     )
-    gw_ref[:, pl.ds(448, 32)] = r
+    gw_ref[:, pl.ds(1184, 32)] = r
     acc_3_0 = acc_3_0 + (
         0.5976143046671968 * x2_1_2 * wg_0
         + 0.5976143046671968 * x2_1_0 * wg_4
@@ -6852,7 +6852,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.3273268353539886 * x1_3_4 * x2_2_1 * g_22_4
         - 0.4225771273642583 * x1_3_6 * x2_2_1 * g_22_4
     )
-    gw_ref[:, pl.ds(480, 32)] = r
+    gw_ref[:, pl.ds(1216, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.4225771273642583 * x2_2_1 * wg_0
         + 0.4225771273642583 * x2_2_0 * wg_1
@@ -6984,7 +6984,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.4879500364742666 * x1_3_5 * x2_3_3 * g_23_4
         - 0.2439750182371333 * x1_3_6 * x2_3_4 * g_23_4
     )
-    gw_ref[:, pl.ds(512, 32)] = r
+    gw_ref[:, pl.ds(1248, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.2439750182371333 * x2_3_4 * wg_0
         + 0.3857583749052298 * x2_3_5 * wg_1
@@ -7114,7 +7114,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + x1_3_5 * x2_0_0 * g_30_5
         + x1_3_6 * x2_0_0 * g_30_6
     )
-    gw_ref[:, pl.ds(544, 32)] = r
+    gw_ref[:, pl.ds(1632, 32)] = r
     acc_3_0 = acc_3_0 + (x2_0_0 * wg_0)
     acc_3_1 = acc_3_1 + (x2_0_0 * wg_1)
     acc_3_2 = acc_3_2 + (x2_0_0 * wg_2)
@@ -7169,7 +7169,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.3535533905932738 * x1_3_1 * x2_1_2 * g_31_6
         - 0.3535533905932738 * x1_3_5 * x2_1_0 * g_31_6
     )
-    gw_ref[:, pl.ds(576, 32)] = r
+    gw_ref[:, pl.ds(1664, 32)] = r
     acc_3_0 = acc_3_0 + (
         0.3535533905932738 * x2_1_0 * wg_1
         - 0.3535533905932738 * x2_1_2 * wg_5
@@ -7295,7 +7295,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         + 0.45643546458763845 * x1_3_5 * x2_2_3 * g_32_6
         - 0.6454972243679028 * x1_3_6 * x2_2_2 * g_32_6
     )
-    gw_ref[:, pl.ds(608, 32)] = r
+    gw_ref[:, pl.ds(1696, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.6454972243679028 * x2_2_2 * wg_0
         + 0.45643546458763845 * x2_2_3 * wg_1
@@ -7456,7 +7456,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.408248290463863 * x1_3_4 * x2_3_1 * g_33_6
         + 0.408248290463863 * x1_3_5 * x2_3_2 * g_33_6
     )
-    gw_ref[:, pl.ds(640, 32)] = r
+    gw_ref[:, pl.ds(1728, 32)] = r
     acc_3_0 = acc_3_0 + (
         - 0.408248290463863 * x2_3_2 * wg_1
         + 0.408248290463863 * x2_3_1 * wg_2
@@ -7569,7 +7569,7 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
         - 0.408248290463863 * x1_3_1 * wg_4
         + 0.408248290463863 * x1_3_2 * wg_5
     )
-    rt.store_tile(gx1_ref, 160, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=32, dim=7, pad=32)
+    rt.store_tile(gx1_ref, 480, [acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6], mul=32, dim=7, pad=32)
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_32, axis=1, keepdims=True)
@@ -7606,30 +7606,33 @@ def _tp_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(15, 1)] = c_6
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 7776),
+    (_tp_fwd_kernel_0, 0, 7776),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 704),
+    (_tp_bwd_x1_kernel_0, 0, 704),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 16),
+    (_tp_bwd_x2_kernel_0, 0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 1760),
+    (_tp_bwd_w_kernel_0, 0, 1760),
 )
 
-# (kernel, gx1 width, weight width): gx1 and weight columns concatenate in kernel order;
-# FUSED_GW_SEGMENTS: None, or per path in e3nn's order (first column, width) in the
-# concatenated weight columns; FUSED_GX1_SEGMENTS: None, or per x1 block the (first column,
-# width) ranges of the concatenated gx1 columns that add up to it.
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
 BWD_FUSED_KERNELS = (
     (_tp_bwd_fused_kernel_0, 320, 1088),
     (_tp_bwd_fused_kernel_1, 384, 672),
 )
-FUSED_GW_SEGMENTS = [(0, 128), (512, 64), (1088, 32), (1440, 32), (128, 128), (576, 64), (640, 64), (704, 64), (1120, 32), (1152, 32), (1184, 32), (1472, 32), (1504, 32), (256, 128), (768, 64), (832, 64), (896, 64), (1216, 32), (1248, 32), (1280, 32), (1312, 32), (1536, 32), (1568, 32), (1600, 32), (384, 128), (960, 64), (1024, 64), (1344, 32), (1376, 32), (1408, 32), (1632, 32), (1664, 32), (1696, 32), (1728, 32)]
 FUSED_GX1_SEGMENTS = None
 
 
@@ -7671,7 +7674,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
     partial rows are added in kernel order (``rt.launch_fused``)."""
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
-                           gw_segments=FUSED_GW_SEGMENTS, gx1_segments=FUSED_GX1_SEGMENTS,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
                            num_warps=NUM_WARPS)
 

@@ -3290,19 +3290,22 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     out_ref[:, pl.ds(632, 16)] = r
 
 
-# (kernel, output width) in output-column order; the pieces of a set concatenate to
-# the full width of what it computes.
+# (kernel, first column, width) in output-column order: each kernel writes its columns
+# [first, first + width) of the set's output row, which every kernel of the set shares
+# (the launcher passes one buffer along; no concatenation pass). A shared-weight
+# BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
+KERNEL_ABI = 2
 FWD_KERNELS = (
-    (_tp_fwd_kernel_0, 368),
+    (_tp_fwd_kernel_0, 0, 368),
 )
 BWD_X1_KERNELS = (
-    (_tp_bwd_x1_kernel_0, 16),
+    (_tp_bwd_x1_kernel_0, 0, 16),
 )
 BWD_X2_KERNELS = (
-    (_tp_bwd_x2_kernel_0, 16),
+    (_tp_bwd_x2_kernel_0, 0, 16),
 )
 BWD_W_KERNELS = (
-    (_tp_bwd_w_kernel_0, 648),
+    (_tp_bwd_w_kernel_0, 0, 648),
 )
 
 

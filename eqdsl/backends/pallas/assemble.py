@@ -29,6 +29,7 @@ from __future__ import annotations
 from ...analysis import mixed_weighting
 from ..render import render
 from ...ir import TensorProductIR
+from ...runtime.pallas_abi import KERNEL_ABI
 from .fused import fused_context
 from .kernels import kernels as kernel_set
 from .passes import factor_kernel, fma_kernel
@@ -66,8 +67,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # the conv's own kernels (pallas_conv_max_terms), split over more output blocks than the
     # plain product's. A segment program carries a running sum per output column of its
     # kernel; the split re-gathers only the inputs its kernels share (x1 rows, from L2).
-    # The plain product keeps one kernel: its split pieces are joined by a concatenation,
-    # a pass over the widest array (mace_large fwd 467 -> 1,053 us, H100, 2026-11-25).
+    # The plain product keeps one kernel: split, it re-reads its inputs once per kernel (and,
+    # before the kernels shared one output buffer, a concatenation joined the pieces: mace_large
+    # fwd 467 -> 1,053 us, H100, 2026-11-25; the split without that pass is not re-measured).
     # pallas_conv_fused_max_terms: the conv's fused backward split further, down to part of
     # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
     # after the segment sum): fewer registers per program for one more message per part
@@ -124,6 +126,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
 
     return {
         "header": header,
+        "kernel_abi": KERNEL_ABI,
         "name": ir.name,
         "conv": ir.conv,
         "reduce": ir.reduce,

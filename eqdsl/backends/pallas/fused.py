@@ -39,9 +39,9 @@ paths out of them; ``x1`` blocks are split over kernels (consecutive runs,
 (the conv's: ``pallas_conv_max_terms``), counting three per CG nonzero (one per
 gradient). Every kernel then writes the full ``gx2`` row as its own partial sum and the
 launcher adds them up in kernel order (``eqdsl.runtime.jax.launch.launch_fused``: deterministic, no
-atomics). Each kernel writes its ``gx1`` blocks' columns and its paths' weight columns;
-the pieces concatenate, and when the paths are not in ``x1`` block order the weight
-columns are put back in e3nn's order by ``gw_segments``.
+atomics). Each kernel writes its ``gx1`` blocks' columns and its paths' weight columns at their
+places in rows all kernels share (e3nn's weight order), so nothing joins or reorders the
+kernels' outputs afterwards.
 
 The conv may also split one ``x1`` block's paths over kernels (``split_blocks``, spec key
 ``pallas_conv_fused_max_terms``): a block too large for one program's registers (ncu,
@@ -88,8 +88,11 @@ class FusedBuilder:
 
     def __init__(self, ir: TensorProductIR, blocks: dict, wmap: dict, number: int,
                  units: list[tuple[int, list[int]]], prefix: str = "tp", factored: bool = False,
-                 radial: int | None = None):
+                 radial: int | None = None, gx1_absolute: bool = True):
         self.factored, self.radial = factored, radial
+        # gx1 columns at the x1 blocks' own columns of the shared row (whole blocks), or from
+        # column 0 of the kernel's piece (a split block: partial rows, summed by the launcher)
+        self.gx1_absolute = gx1_absolute
         self.kind = "bwd_fused"
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.ops = Operands(ir, blocks, wmap, radial)
@@ -149,10 +152,10 @@ class FusedBuilder:
         ``paths`` and ``x1_blocks``)."""
         ir = self.ir
         paths = [ir.paths[i] for _, pis in self.units for i in pis]
-        # this kernel's weight columns: its paths' rows, in its path order
+        # each path's weight gradient at its own columns (e3nn's order) of the row every kernel shares
         self._gw_col, wcol = {}, 0
         for p in paths:
-            self._gw_col[p.index] = wcol
+            self._gw_col[p.index] = self.wmap[p.index].offset
             wcol += self.wmap[p.index].numel
         groups: list[dict] = []
         px2: dict[tuple[int, int, int], str] = {}
@@ -164,7 +167,7 @@ class FusedBuilder:
             top: list = [assign(acc, Zeros(blk.pad)) for acc in accs]
             for p in mine:
                 self._path(p, top, accs, px2)
-            top += store_block("gx1_ref", blk, col, [Var(a) for a in accs])
+            top += store_block("gx1_ref", blk, blk.offset if self.gx1_absolute else col, [Var(a) for a in accs])
             col += blk.dim * blk.mul
             groups.append({"desc": f"x1 block {a} ({blk.desc}): {len(mine)} path(s)", "body": top})
         groups.append({"desc": "dF/dx2 of this kernel's paths (the whole row: a partial sum)",
@@ -227,13 +230,14 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
                   radial: int | None = None) -> dict | None:
     """Template context of the fused backward, or None when ``fused_reason(ir)`` says why not.
 
-    ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns);
-    ``gw_segments``: None when the kernels' weight columns concatenate to e3nn's order,
-    else ``(start, numel)`` per path in e3nn's order, ``start`` its first column in the
-    concatenation; ``gx1_segments``: None when the kernels' ``gx1`` columns concatenate to
-    the ``x1`` blocks in order, else per ``x1`` block the ``(start, width)`` column ranges
-    of the concatenation whose sum is that block's gradient (``split_blocks``: a block's
-    paths over several kernels, each a partial sum). ``factored`` (spec key
+    ``kernels``: kernel contexts (``width``: ``gx1`` columns, ``gw_width``: weight columns).
+    Every kernel writes its paths' weight gradients at their columns of the full
+    ``(rows, weight_numel)`` row (e3nn's order), which all kernels share. ``gx1_segments``:
+    None when every kernel also writes its ``x1`` blocks' gradient at their columns of the
+    shared ``(rows, dim_in1)`` row, else (``split_blocks``: a block's paths over several
+    kernels, each a partial sum) each kernel writes its own piece and, per ``x1`` block, the
+    ``(start, width)`` column ranges of the pieces' concatenation whose sum is that block's
+    gradient. ``factored`` (spec key
     ``pallas_factor``): the ``q_j`` form of the module docstring, else one term per nonzero
     and gradient (``wg_k = w g_k``; ``r = sum C x1_i x2_j g_k``; ``acc_i += C x2_j wg_k``;
     ``px2_j += C x1_i wg_k``). ``radial``: None, or ``H`` for the ``conv_radial`` variant
@@ -262,7 +266,10 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
                 merged[-1] = (a, merged[-1][1] + pis)
             else:
                 merged.append((a, pis))
-        kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored, radial).build())
+        kernels.append(FusedBuilder(ir, blocks, wmap, n, merged, prefix, factored, radial,
+                                    gx1_absolute=not split_blocks).build())
+    if not split_blocks:
+        return {"kernels": kernels, "gx1_segments": None}
     ranges: dict[int, list[tuple[int, int]]] = {b.index: [] for b in blocks["x1"]}
     col = 0
     for k in kernels:
@@ -270,16 +277,4 @@ def fused_context(ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int 
             width = blocks["x1"][a].dim * blocks["x1"][a].mul
             ranges[a].append((col, width))
             col += width
-    plain = all(len(r) == 1 for r in ranges.values()) and [r[0][0] for r in ranges.values()] == sorted(
-        r[0][0] for r in ranges.values())
-    order = [pi for k in kernels for pi in k["paths"]]
-    start, segments = 0, {}
-    for pi in order:
-        segments[pi] = (start, wmap[pi].numel)
-        start += wmap[pi].numel
-    in_order = order == sorted(order, key=lambda pi: wmap[pi].offset)
-    return {
-        "kernels": kernels,
-        "gw_segments": None if in_order else [segments[pi] for pi in sorted(order, key=lambda q: wmap[q].offset)],
-        "gx1_segments": None if plain else [ranges[b.index] for b in blocks["x1"]],
-    }
+    return {"kernels": kernels, "gx1_segments": [ranges[b.index] for b in blocks["x1"]]}

@@ -81,6 +81,10 @@ class KernelBuilder:
                  prefix: str = "tp", radial: int | None = None):
         self.kind, self.prefix, self.radial = kind, prefix, radial
         self.refs, self.target, weighted_only = next((r, t, wo) for k, r, t, wo in KINDS if k == kind)
+        # where the kernel writes: at its columns of the full output row, which every kernel of the
+        # set shares (``absolute_columns``), or from column 0 of its own piece (shared-weight
+        # gradients: one partial-sum row per program and kernel)
+        self.absolute = absolute_columns(kind, ir)
         self.ir, self.blocks, self.wmap = ir, blocks, wmap
         self.ops = Operands(ir, blocks, wmap, radial)
         self.paths = [p for p in ir.paths if p.has_weight or not weighted_only]
@@ -239,10 +243,11 @@ class KernelBuilder:
         groups, col = [], 0
         terms = 0
         if self.target == "w":
+            base = 0 if self.absolute else self.wmap[self.group_ids[0]].offset
             for pi in self.group_ids:
                 p = self.ir.paths[pi]
                 top: list = []
-                self.weight_rows(p, top, self.wmap[self.group_ids[0]].offset)
+                self.weight_rows(p, top, base)
                 groups.append({"desc": f"weights of path {pi} ({self.wmap[pi].numel} columns)", "body": top})
                 col += self.wmap[pi].numel
                 terms += len(p.nonzeros)
@@ -256,19 +261,26 @@ class KernelBuilder:
                 top = [assign(a, Zeros(blk.pad)) for a in accs]
                 for p in paths:
                     self.path_into_acc(p, top)
-                top += store_block("out_ref", blk, col, [Var(a) for a in accs])
+                top += store_block("out_ref", blk, blk.offset if self.absolute else col, [Var(a) for a in accs])
                 col += blk.dim * blk.mul
                 terms += sum(len(p.nonzeros) for p in paths)
                 name = {"g": "out", "x1": "x1", "x2": "x2"}[op]
                 groups.append({"desc": f"{name} block {b} ({blk.desc}): {len(paths)} path(s)", "body": top})
             what = {"g": "Output", "x1": "x1", "x2": "x2"}[op]
             desc = f"{what} blocks {', '.join(map(str, self.group_ids))}"
+        if not self.absolute:
+            col0 = 0
+        elif self.target == "w":
+            col0 = self.wmap[self.group_ids[0]].offset
+        else:
+            col0 = self.blocks[self.target][self.group_ids[0]].offset
         return {
             "kind": self.kind,
             "number": self.number,
             "name": f"_{self.prefix}_{self.kind}_kernel_{self.number}",
             "refs": kernel_refs(self.refs, self.radial),
             "outs": ["out_ref"],
+            "col0": col0,
             "width": col,
             "desc": f"{desc} ({col} columns); {terms} CG terms.",
             "lanes": [{"name": f"lane_{p}", "pad": p} for p in sorted(self.ops.lanes)],
@@ -276,6 +288,16 @@ class KernelBuilder:
             "terms": terms,
             "narrow": sorted(self.ops.narrow),
         }
+
+
+def absolute_columns(kind: str, ir: TensorProductIR) -> bool:
+    """Whether the kernels of ``kind`` write their columns at their place in the full output
+    row: every set but a shared-weight ``bwd_w`` (whose programs each write one partial-sum row
+    of their kernel's columns, ``launch_weight_sum``). The launcher then gives every kernel of
+    the set the same output buffer (``input_output_aliases``), so no concatenation pass joins
+    the kernels' pieces (``eqdsl.runtime.jax.launch``)."""
+    target = next(t for k, _, t, _ in KINDS if k == kind)
+    return not (target == "w" and ir.shared_weights)
 
 
 def kernels(kind: str, ir: TensorProductIR, blocks: dict, wmap: dict, max_terms: int | None = None,

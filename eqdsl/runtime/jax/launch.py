@@ -117,6 +117,41 @@ def _concat(pieces):
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
+def _chain(calls, operands, shared: dict[int, object], interpret: bool):
+    """Run the ``pallas_call`` builders ``calls`` in order on ``operands``, passing the outputs
+    named in ``shared`` (``{output index: BlockSpec}``) from each call to the next, so that
+    every kernel writes its own columns of one buffer per shared output (``pallas_kernels``
+    ABI 2, ``eqdsl.runtime.pallas_abi``) and no concatenation pass joins them.
+
+    ``calls[i](kernel_wrapper, extra_in_specs, input_output_aliases)`` returns the
+    ``pallas_call``; from the second on, the previous call's shared outputs are extra
+    operands (after ``operands``) aliased to the same outputs, and the kernel ignores their
+    refs (``kernel_wrapper``). The first kernel's buffers start uninitialized: the kernels of
+    a set write every column between them. Returns every call's outputs (a tuple each): the
+    last one's shared outputs are the finished buffers.
+    """
+    order = sorted(shared)
+    n_in = len(operands)
+    outs, every = None, []
+    for make in calls:
+        if outs is None:
+            out = run(make(lambda k: k, [], {}), interpret, *operands)
+        else:
+            carried = [outs[i] for i in order]
+            aliases = {n_in + j: i for j, i in enumerate(order)}
+
+            def skip(kernel, n=len(order)):
+                def wrapped(*refs):
+                    kernel(*refs[:n_in], *refs[n_in + n:])
+                wrapped.__name__ = kernel.__name__
+                return wrapped
+
+            out = run(make(skip, [shared[i] for i in order], aliases), interpret, *operands, *carried)
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        every.append(outs)
+    return every
+
+
 def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | None, block_batch: int,
                 interpret: bool,
                 num_warps: int | None = None):
@@ -124,9 +159,9 @@ def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | N
 
     ``args``: ``(rows, width)`` operands, blocked by ``block_batch`` rows, except
     ``args[shared_arg]`` (shared weights, ``(1, width)``), given whole to every program.
-    ``kernels``: ``(kernel, output width)`` pairs; their outputs are concatenated over
-    columns (``out_width`` in all; no kernels: zeros). Grid: one program per
-    ``block_batch`` rows.
+    ``kernels``: ``(kernel, first column, width)`` triples; each kernel writes its columns of
+    one ``(rows, out_width)`` output (no kernels: zeros). Grid: one program per
+    ``block_batch`` rows (per kernel).
     """
     from jax.experimental import pallas as pl
 
@@ -140,20 +175,22 @@ def launch_rows(name: str, kernels, args, *, out_width: int, shared_arg: int | N
         else pl.BlockSpec((block_batch, a.shape[1]), row_block)
         for k, a in enumerate(args)
     ]
-    pieces = []
-    for kernel, width in kernels:
-        call = pl.pallas_call(
-            kernel,
-            out_shape=out_struct((rows, width), args[0].dtype, args),
+    out_spec = pl.BlockSpec((block_batch, out_width), row_block)
+
+    def call(kernel):
+        return lambda wrap, extra, aliases: pl.pallas_call(
+            wrap(kernel),
+            out_shape=out_struct((rows, out_width), args[0].dtype, args),
             grid=(rows // block_batch,),
-            in_specs=in_specs,
-            out_specs=pl.BlockSpec((block_batch, width), row_block),
+            in_specs=in_specs + extra,
+            out_specs=out_spec,
+            input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + kernel.__name__,
         )
-        pieces.append(run(call, interpret, *args))
-    return _concat(pieces)
+
+    return _chain([call(kernel) for kernel, _, _ in kernels], args, {0: out_spec}, interpret)[-1][0]
 
 
 def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: int, interpret: bool,
@@ -169,7 +206,7 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
         return jnp.zeros((1, out_width), args[0].dtype)
     blocks = rows // block_batch
     pieces = []
-    for kernel, width in kernels:
+    for kernel, _, width in kernels:  # each writes its own partial-sum rows from column 0
         chunk = max(REDUCE_MIN_PROGRAMS, REDUCE_PARTIAL_ELEMS // max(width, 1))
         total = None
         for start in range(0, blocks, chunk):
@@ -191,18 +228,18 @@ def launch_weight_sum(name: str, kernels, args, *, out_width: int, block_batch: 
     return _concat(pieces)
 
 
-def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_batch: int, interpret: bool,
+def launch_fused(name: str, kernels, args, *, dim_in2: int, weight_numel: int, block_batch: int, interpret: bool,
                  num_warps: int | None = None, gx1_segments=None):
     """Run the fused backward kernels (``eqdsl.backends.pallas.fused``) of a channelwise product.
 
     ``args``: ``(x1, x2, w, g)``, ``(rows, width)`` each (per-row weights), blocked by
     ``block_batch`` rows. ``kernels``: ``(kernel, gx1 width, weight width)`` triples; each
-    kernel writes three outputs: its ``x1`` blocks' gradient columns, a whole
-    ``(rows, dim_in2)`` row of ``gx2`` partial sums and its paths' weight-gradient
-    columns. Returns ``(gx1, gx2, gw)``: the ``gx1`` and ``gw`` pieces concatenated (``gw``
-    reordered by ``gw_segments``, ``(start, width)`` per path in e3nn's order, when not
-    None; ``gx1`` summed per ``x1`` block over its ``gx1_segments`` ranges when not None),
-    the ``gx2`` partials added in kernel order (deterministic, no atomics).
+    kernel writes three outputs: its paths' weight-gradient columns of the shared
+    ``(rows, weight_numel)`` row (e3nn's order), a whole ``(rows, dim_in2)`` row of ``gx2``
+    partial sums, and its ``x1`` blocks' gradient columns: of the shared ``(rows, dim_in1)``
+    row when ``gx1_segments`` is None, else its own piece, summed per ``x1`` block over the
+    ``gx1_segments`` ranges of the pieces' concatenation. Returns ``(gx1, gx2, gw)``, the
+    ``gx2`` partials added in kernel order (deterministic, no atomics).
     """
     from jax.experimental import pallas as pl
 
@@ -211,22 +248,27 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, gw_segments, block_b
     dtype = args[0].dtype
     row_block = lambda i: (i, 0)  # noqa: E731
     in_specs = [pl.BlockSpec((block_batch, a.shape[1]), row_block) for a in args]
-    pieces = []
-    for kernel, width1, width_w in kernels:
-        widths = (width1, dim_in2, width_w)
-        call = pl.pallas_call(
-            kernel,
+    whole = gx1_segments is None
+    dim_in1 = sum(w1 for _, w1, _ in kernels)
+    specs = {0: pl.BlockSpec((block_batch, dim_in1), row_block), 2: pl.BlockSpec((block_batch, weight_numel), row_block)}
+
+    def call(kernel, width1):
+        widths = (dim_in1 if whole else width1, dim_in2, weight_numel)
+        return lambda wrap, extra, aliases: pl.pallas_call(
+            wrap(kernel),
             out_shape=tuple(out_struct((rows, n), dtype, args) for n in widths),
             grid=(rows // block_batch,),
-            in_specs=in_specs,
+            in_specs=in_specs + extra,
             out_specs=tuple(pl.BlockSpec((block_batch, n), row_block) for n in widths),
+            input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + kernel.__name__,
         )
-        pieces.append(run(call, interpret, *args))
-    gx1, gx2, gw = _join_fused(pieces, gw_segments)
-    return _sum_segments(gx1, gx1_segments), gx2, gw
+
+    shared = specs if whole else {2: specs[2]}
+    outs = _chain([call(kernel, width1) for kernel, width1, _ in kernels], args, shared, interpret)
+    return _join_fused(outs, gx1_segments)
 
 
 def _sum_segments(a, segments):
@@ -244,17 +286,16 @@ def _sum_segments(a, segments):
     return _concat(blocks)
 
 
-def _join_fused(pieces, gw_segments):
-    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel, joined: the
-    ``gx1`` and ``gw`` column pieces concatenated (``gw`` put in e3nn's order by
-    ``gw_segments`` when not None), the ``gx2`` partial rows added in kernel order."""
-    gx2 = pieces[0][1]
-    for _, b, _ in pieces[1:]:
+def _join_fused(outs, gx1_segments):
+    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel (``_chain``),
+    joined: ``gw`` and, with ``gx1_segments`` None, ``gx1`` are the last kernel's (shared)
+    buffers; otherwise the ``gx1`` pieces are concatenated and summed per block; the ``gx2``
+    partial rows added in kernel order."""
+    gx2 = outs[0][1]
+    for _, b, _ in outs[1:]:
         gx2 = gx2 + b
-    gw = _concat([c for _, _, c in pieces])
-    if gw_segments is not None:
-        gw = _concat([gw[:, s:s + n] for s, n in gw_segments])
-    return _concat([a for a, _, _ in pieces]), gx2, gw
+    gx1 = outs[-1][0] if gx1_segments is None else _sum_segments(_concat([a for a, _, _ in outs]), gx1_segments)
+    return gx1, gx2, outs[-1][2]
 
 
 class _ShapeOf:
@@ -310,7 +351,8 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
     ``gather`` (``(rows,)``, in sorted order; edges whose entry is the sentinel
     ``num_nodes`` count for nothing); the others are edge arrays gathered by ``perm``,
     except ``args[shared_arg]`` (shared weights, ``(1, width)``, or ``conv_radial``'s radial
-    weight, given whole). ``step_sums``: carry each running sum as one row, the tile's
+    weight, given whole). ``kernels``: ``(body, first column, width)`` triples, each summing
+    into its columns of one ``(num_nodes, out_width)`` output. ``step_sums``: carry each running sum as one row, the tile's
     rows summed every step (for tiles of many edges, whose unreduced running sums would not
     fit in registers), instead of one row per edge of a tile. Returns ``(num_nodes, out_width)``."""
     from jax.experimental import pallas as pl
@@ -320,15 +362,16 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
         return jnp.zeros((num_nodes, out_width), args[0].dtype)
     be = block_edges
 
-    def make(body):
+    def make(body, col0, width):
         def kernel(rowptr_ref, perm_ref, gather_ref, *refs):
             *ins, out_ref = refs
             i = pl.program_id(0)
             start, end = rowptr_ref[i], rowptr_ref[i + 1]
-            # zero the row in power-of-two column chunks (the Triton lowering wants pow2 shapes)
-            col, width = 0, out_ref.shape[1]
-            while col < width:
-                size = 1 << ((width - col).bit_length() - 1)
+            # zero this kernel's columns of the row in power-of-two chunks (the Triton lowering
+            # wants pow2 shapes); the set's other kernels own the rest of the shared row
+            col, stop = col0, col0 + width
+            while col < stop:
+                size = 1 << ((stop - col).bit_length() - 1)
                 out_ref[:, pl.ds(col, size)] = jnp.zeros((1, size), out_ref.dtype)
                 col += size
             lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
@@ -369,20 +412,22 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
         return kernel
 
     operands = (rowptr, perm, gather, *args)
-    pieces = []
-    for body, width in kernels:
-        call = pl.pallas_call(
-            make(body),
-            out_shape=out_struct((num_nodes, width), args[0].dtype, operands),
+    out_spec = pl.BlockSpec((1, out_width), lambda i: (i, 0))
+
+    def call(body, col0, width):
+        return lambda wrap, extra, aliases: pl.pallas_call(
+            wrap(make(body, col0, width)),
+            out_shape=out_struct((num_nodes, out_width), args[0].dtype, operands),
             grid=(num_nodes,),
-            in_specs=[_full_spec(a) for a in operands],
-            out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
+            in_specs=[_full_spec(a) for a in operands] + extra,
+            out_specs=out_spec,
+            input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + body.__name__,
         )
-        pieces.append(run(call, interpret, *operands))
-    return _concat(pieces)
+
+    return _chain([call(*k) for k in kernels], operands, {0: out_spec}, interpret)[-1][0]
 
 
 def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, shared_out: bool,
@@ -392,9 +437,10 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
     ``block_edges`` edges (original order). ``gathers``: ``{arg: index (rows,)}`` for the
     node arrays among ``args`` (gathered rows, zero where the index is the sentinel
     ``num_nodes``); the other args are ``(rows, width)`` edge arrays, except
-    ``args[shared_arg]``. Returns ``(rows, out_width)``, or with ``shared_out`` the
-    ``(1, out_width)`` sum over edges (per-program partial sums, then one sum in a fixed
-    order: deterministic)."""
+    ``args[shared_arg]``. ``kernels``: ``(body, first column, width)`` triples. Returns
+    ``(rows, out_width)``, each kernel writing its columns of one buffer, or with
+    ``shared_out`` the ``(1, out_width)`` sum over edges (per-program partial sums of each
+    kernel's columns, then one sum in a fixed order: deterministic)."""
     from jax.experimental import pallas as pl
 
     gather_args = sorted(gathers)
@@ -427,24 +473,40 @@ def launch_edges(name, kernels, args, *, gathers: dict, shared_arg: int | None, 
         else:
             in_specs.append(pl.BlockSpec((be, a.shape[1]), lambda i: (i, 0)))
     operands = (*(gathers[k] for k in gather_args), *args)
-    pieces = []
-    for body, width in kernels:
-        call = pl.pallas_call(
-            make(body),
-            out_shape=out_struct((blocks if shared_out else rows, width), args[0].dtype, operands),
+    if shared_out:  # shared-weight gradients: each kernel its own partial-sum rows from column 0
+        pieces = []
+        for body, _, width in kernels:
+            call = pl.pallas_call(
+                make(body),
+                out_shape=out_struct((blocks, width), args[0].dtype, operands),
+                grid=(blocks,),
+                in_specs=in_specs,
+                out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
+                interpret=interpret,
+                compiler_params=compiler_params(interpret, num_warps),
+                name=name + "_conv" + body.__name__,
+            )
+            pieces.append(jnp.sum(run(call, interpret, *operands), axis=0, keepdims=True))
+        return _concat(pieces)
+    out_spec = pl.BlockSpec((be, out_width), lambda i: (i, 0))
+
+    def call(body):
+        return lambda wrap, extra, aliases: pl.pallas_call(
+            wrap(make(body)),
+            out_shape=out_struct((rows, out_width), args[0].dtype, operands),
             grid=(blocks,),
-            in_specs=in_specs,
-            out_specs=pl.BlockSpec((1 if shared_out else be, width), lambda i: (i, 0)),
+            in_specs=in_specs + extra,
+            out_specs=out_spec,
+            input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + body.__name__,
         )
-        out = run(call, interpret, *operands)
-        pieces.append(jnp.sum(out, axis=0, keepdims=True) if shared_out else out)
-    return _concat(pieces)
+
+    return _chain([call(body) for body, _, _ in kernels], operands, {0: out_spec}, interpret)[-1][0]
 
 
-def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, gw_segments,
+def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: int, weight_numel: int,
                         block_edges: int, segment_edges: int, interpret: bool, num_warps: int | None = None,
                         gx1_segments=None, step_sums: bool = False):
     """The conv's three gradients from one gather of each operand per edge (a channelwise
@@ -455,7 +517,8 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     ``(x, y, rf, wr, G)``, the radial features ``(rows, H)`` and the radial weight
     ``(H, weight_numel)`` (given whole to every program) in place of ``W``; ``graph`` a ``ConvGraph``. One
     program per ``block_edges`` edges gathers ``x[src]`` and ``G[dst]`` and runs the fused
-    body, which writes ``dF/dy`` and ``dF/dW`` of its edges and each edge's ``dF/dx``
+    body, which writes ``dF/dy`` and ``dF/dW`` of its edges (``dF/dW`` at its paths' columns of
+    one ``(rows, weight_numel)`` buffer all kernels share) and each edge's ``dF/dx``
     message; a segment kernel then sums the messages into their ``src`` nodes
     (``segment_sum_rows``: a fixed order, no atomics). The three-kernel backward gathers
     ``G``, the widest operand, once per kernel. Kernels that own part of an ``x1`` block's
@@ -489,21 +552,33 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     in_specs += [pl.BlockSpec((be, a.shape[1]), edge_block) if k < 2 else _full_spec(a) for k, a in enumerate(mid)]
     in_specs += [_full_spec(g)]
     operands = (graph.src, graph.dst, x, *mid, g)
-    pieces = []
-    for kernel, width1, width_w in kernels:
-        widths = (width1, dim_in2, width_w)
-        call = pl.pallas_call(
-            make(kernel),
+    whole = gx1_segments is None
+    dim_in1 = sum(w1 for _, w1, _ in kernels)
+    specs = {0: pl.BlockSpec((be, dim_in1), edge_block), 2: pl.BlockSpec((be, weight_numel), edge_block)}
+
+    def call(kernel, width1):
+        widths = (dim_in1 if whole else width1, dim_in2, weight_numel)
+        return lambda wrap, extra, aliases: pl.pallas_call(
+            wrap(make(kernel)),
             out_shape=tuple(out_struct((rows, n), dtype, operands) for n in widths),
             grid=(blocks,),
-            in_specs=in_specs,
+            in_specs=in_specs + extra,
             out_specs=tuple(pl.BlockSpec((be, n), edge_block) for n in widths),
+            input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + "_conv" + kernel.__name__,
         )
-        pieces.append(run(call, interpret, *operands))
-    msgs, gy, gw = _join_fused(pieces, gw_segments)
+
+    outs = _chain([call(kernel, width1) for kernel, width1, _ in kernels], operands,
+                  specs if whole else {2: specs[2]}, interpret)
+    gy = outs[0][1]
+    for _, b, _ in outs[1:]:
+        gy = gy + b
+    gw = outs[-1][2]
+    # each edge's dF/dx message: one shared buffer, or (a split x1 block) the kernels' partial
+    # pieces, summed per block after the segment sum
+    msgs = outs[-1][0] if whole else _concat([a for a, _, _ in outs])
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
                           interpret=interpret, num_warps=num_warps, step_sums=step_sums)
@@ -526,6 +601,6 @@ def segment_sum_rows(name, rows_array, *, perm, rowptr, gather, num_nodes: int, 
             out_ref[:, pl.ds(col, size)] = m_ref[:, pl.ds(col, size)]
             col += size
 
-    return launch_segments(name, [(_segment_rows, width)], (rows_array,), node_arg=None, shared_arg=None, perm=perm,
+    return launch_segments(name, [(_segment_rows, 0, width)], (rows_array,), node_arg=None, shared_arg=None, perm=perm,
                            rowptr=rowptr, gather=gather, num_nodes=num_nodes, out_width=width,
                            block_edges=block_edges, interpret=interpret, num_warps=num_warps, step_sums=step_sums)

@@ -22,6 +22,7 @@ from . import launch  # its launchers read at call time (tools patch launch.laun
 from .launch import use_interpret
 from .padding import PaddedGraph, kernel_weights, pad_graph, pad_rows, round_up, user_weights
 from .tiles import DOT_MIN
+from ..pallas_abi import KERNEL_ABI
 
 __all__ = ["TensorProductFunctions", "ConvKernels", "RadialKernels"]
 
@@ -32,13 +33,14 @@ class ConvKernels:
 
     Attributes:
         reduce: ``"sum"`` or ``"mean"`` (each node's sum divided by its in-degree).
-        fwd, bwd_x1, bwd_x2, bwd_w: ``(kernel body, output width)`` pairs of each derivative.
+        fwd, bwd_x1, bwd_x2, bwd_w: ``(kernel body, first column, width)`` triples of each
+            derivative (``launch.launch_segments`` / ``launch_edges``).
         weighted: ``(fwd, bwd_x1, bwd_x2)`` over the weighted paths only (some paths are
             unweighted), or None.
         backward_fused_kernels: ``(kernel, dF/dx width, weight width)`` triples of the fused
             backward (the three gradients from one gather of ``G`` per edge), or None.
-        gw_segments, gx1_segments: how the fused kernels' weight and ``dF/dx`` columns are
-            put in order (``launch.conv_backward_fused``).
+        gx1_segments: None, or how the fused kernels' partial ``dF/dx`` pieces add up per
+            ``x1`` block (``launch.conv_backward_fused``).
     """
 
     reduce: str
@@ -48,7 +50,6 @@ class ConvKernels:
     bwd_w: tuple
     weighted: tuple | None = None
     backward_fused_kernels: tuple | None = None
-    gw_segments: tuple | None = None
     gx1_segments: tuple | None = None
 
 
@@ -58,11 +59,11 @@ class RadialKernels:
 
     Attributes:
         features: ``H``, the radial features per edge.
-        fwd, bwd_x1, bwd_x2: ``(kernel body, output width)`` pairs of the conv's derivatives
+        fwd, bwd_x1, bwd_x2: ``(kernel body, first column, width)`` triples of the conv's derivatives
             that read the weights, with operands ``rf`` ``(rows, H)`` and ``wr``
             ``(H, weight_numel)`` in place of the weights (formed on chip).
         backward_fused_kernels: the fused backward's ``(kernel, dF/dx width, weight width)``
-            triples in that form, or None; ``gw_segments``, ``gx1_segments`` as ``ConvKernels``'.
+            triples in that form, or None; ``gx1_segments`` as ``ConvKernels``'.
     """
 
     features: int
@@ -70,7 +71,6 @@ class RadialKernels:
     bwd_x1: tuple
     bwd_x2: tuple
     backward_fused_kernels: tuple | None = None
-    gw_segments: tuple | None = None
     gx1_segments: tuple | None = None
 
 
@@ -100,11 +100,18 @@ class TensorProductFunctions:
 
     Raises:
         ValueError: ``radial`` without ``conv``, or with shared weights.
+        ImportError: ``kernels`` was generated for another ``KERNEL_ABI`` than this runtime's
+            (``eqdsl.runtime.pallas_abi``): regenerate the package.
     """
 
     def __init__(self, kernels: ModuleType, *, dim_in1: int, dim_in2: int, dim_out: int, weight_numel: int,
                  shared_weights: bool, dtypes: tuple[str, ...], weighted=None, fused=None,
                  conv: ConvKernels | None = None, radial: RadialKernels | None = None):
+        abi = getattr(kernels, "KERNEL_ABI", 1)
+        if abi != KERNEL_ABI:
+            raise ImportError(
+                f"{kernels.__name__} was generated for Pallas kernel ABI {abi}, this eqdsl runs ABI {KERNEL_ABI} "
+                "(eqdsl.runtime.pallas_abi); regenerate it with eqdsl generate")
         self.kernels = kernels
         self.dim_in1, self.dim_in2, self.dim_out = dim_in1, dim_in2, dim_out
         self.weight_numel, self.shared_weights, self.dtypes = weight_numel, shared_weights, tuple(dtypes)
@@ -215,7 +222,7 @@ class TensorProductFunctions:
         # the three gradients with one gather of G per edge (launch.conv_backward_fused)
         k, ck = self.kernels, self.conv_kernels
         return launch.conv_backward_fused(k.NAME, ck.backward_fused_kernels, (a, b, c, g), graph, num_nodes=a.shape[0],
-                                   dim_in2=k.IDIM_IN2, gw_segments=ck.gw_segments, gx1_segments=ck.gx1_segments,
+                                   dim_in2=k.IDIM_IN2, weight_numel=k.IWEIGHT_NUMEL, gx1_segments=ck.gx1_segments,
                                    block_edges=block_batch[0], segment_edges=block_batch[1], interpret=interpret,
                                    num_warps=k.NUM_WARPS)
 
@@ -271,7 +278,7 @@ class TensorProductFunctions:
     def _radial_backward_fused(self, a, b, rf, wr, g, graph, *, block_batch, interpret):
         k, r = self.kernels, self.radial_kernels
         return launch.conv_backward_fused(k.NAME, r.backward_fused_kernels, (a, b, rf, wr, g), graph,
-                                          num_nodes=a.shape[0], dim_in2=k.IDIM_IN2, gw_segments=r.gw_segments,
+                                          num_nodes=a.shape[0], dim_in2=k.IDIM_IN2, weight_numel=k.IWEIGHT_NUMEL,
                                           gx1_segments=r.gx1_segments, block_edges=block_batch[0],
                                           segment_edges=block_batch[1], interpret=interpret, num_warps=k.NUM_WARPS,
                                           step_sums=block_batch[1] >= DOT_MIN)
