@@ -6,7 +6,7 @@ interpreter (``eqdsl.codegen.triton_lowering``). This binds each kernel of the g
 packages with CUDA tensors instead, lowers it the same way and compares the module
 body with the committed ``triton_kernels/<kernel>_<dtype>.py`` (headers aside)::
 
-    python3 benchmarks/tools/check_lowering.py mace_large nequip_water [--dtypes float32]
+    python3 benchmarks/tools/check_lowering.py mace_large nequip_water mace_mp_products [--dtypes float32]
 
 Prints one line per kernel (same / DIFFERENT, with the first differing line) and exits
 1 if any differs.
@@ -36,8 +36,11 @@ def main() -> int:
     bad = 0
     for name in args.packages:
         meta = importlib.import_module(f"generated.{name}")
-        ops = triton_lowering.Operands(meta.DIM_IN1, meta.DIM_IN2, meta.DIM_OUT, meta.WEIGHT_NUMEL,
-                                       meta.SHARED_WEIGHTS, tuple(meta.DTYPES))
+        if getattr(meta, "KIND", None) == "symmetric_contraction":  # its kernels take no widths
+            ops = triton_lowering.Operands(0, 0, 0, 0, False, tuple(meta.DTYPES))
+        else:
+            ops = triton_lowering.Operands(meta.DIM_IN1, meta.DIM_IN2, meta.DIM_OUT, meta.WEIGHT_NUMEL,
+                                           meta.SHARED_WEIGHTS, tuple(meta.DTYPES))
         for source in triton_lowering.SOURCES:
             path = ROOT / "generated" / name / source
             if not path.is_file():

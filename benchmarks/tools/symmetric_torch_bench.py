@@ -145,7 +145,15 @@ def bench_eqdsl(args, layout, dtype, root, results):
     ir = lower(spec)
     blocks = {k: v for k, v in (("block_b", args.block_b), ("block_c", args.block_c),
                                  ("num_warps", args.num_warps), ("num_stages", args.num_stages)) if v}
-    generate_symmetric(ir, root / "pkgs", **blocks)
+    if args.triton:  # the package as eqdsl generate writes it: Triton code lowered on this host, no Helion at run time
+        if blocks:
+            fail("--triton takes the default tiles (no --block-b/--block-c/--num-warps/--num-stages)")
+        from eqdsl.codegen.generate import symmetric_package_files
+        from eqdsl.codegen.package import write_package
+        from eqdsl.symmetric.codegen import _header
+        write_package(root / "pkgs", symmetric_package_files(ir, _header(ir, None)))
+    else:
+        generate_symmetric(ir, root / "pkgs", **blocks)
     importlib.invalidate_caches()
     mod = importlib.import_module(f"pkgs.{name}.torch_symmetric")
     print(f"[{name}] lowered and generated in {time.time() - t:.1f} s: {len(ir.terms)} terms, "
@@ -167,7 +175,8 @@ def bench_eqdsl(args, layout, dtype, root, results):
         else:
             mod.OPS["bwd_w"](x, cot, elem)
         sync()
-        print(f"[{name}] first {op} call (Helion compile) {time.time() - t:.1f} s", flush=True)
+        print(f"[{name}] first {op} call ({'Triton' if args.triton else 'Helion'} compile) {time.time() - t:.1f} s",
+              flush=True)
 
     want = dense_contraction(spec, x, w, elem)
     err = rel(out, want)
@@ -318,6 +327,9 @@ def main() -> None:
     p.add_argument("--block-c", type=int, default=None)
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--num-stages", type=int, default=None)
+    p.add_argument("--triton", action="store_true",
+                   help="generate with the shipped Triton code (as eqdsl generate; lowered here first) instead of "
+                        "binding the Helion kernels at first call")
     p.add_argument("--forces", action="store_true", help="also time the forces row (compiles 3 more kernels)")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--per-op", action="store_true", help="also time each op a force-trained step calls, alone")
