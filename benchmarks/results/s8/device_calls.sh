@@ -4,7 +4,7 @@ set -u
 CALL=$1
 T0=$(date +%s)
 L=/tmp/out8/$CALL; mkdir -p $L
-bash benchmarks/run_device.sh report=5 > $L/install.log 2>&1   # installs the carried wheels into /tmp/site
+[ $CALL = ncu_rest ] || bash benchmarks/run_device.sh report=5 > $L/install.log 2>&1   # installs the carried wheels into /tmp/site
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
 step() {  # step NAME SECONDS command...
   local name=$1 secs=$2; shift 2
@@ -72,6 +72,28 @@ case $CALL in
         fi
         echo "$kind $prob $dt $tree rc $? at $(( $(date +%s) - T0 )) s" >> $L/run.log
       done
+    done
+    ;;
+  convh100)  # the JAX conv after ABI 2 against cuEquivariance (ir_mul), same run, on an H100
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl_cueq_xz/*.whl > $L/pip.log 2>&1
+    python3 -c "import tarfile; tarfile.open('.whl_cueq_xz/cueq_ops-0.13.0.tar.xz').extractall('/tmp/site', filter='fully_trusted')"
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache XLA_PYTHON_CLIENT_PREALLOCATE=false
+    step conv_h100 ${CONV_S:-230} python3 benchmarks/bench_conv.py --problems mace_large --graphs bulk,rand4096x32 --no-latency \
+      --impls eqdsl_jax_irmul,cueq_irmul --dtypes float32 --time-budget 200 --json $L/conv_h100.json
+    ;;
+  ncu_rest)  # the rows still without a measured reason (after ABI 2), short deadline
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > $L/pip.log 2>&1
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache XLA_PYTHON_CLIENT_PREALLOCATE=false
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); export NCU
+    cases=("bulk:mace_large:float64:fwd+bwd:eqdsl_jax_irmul" "bulk:nequip_toluene:float32:fwd:eqdsl_jax"
+           "rand512x64:nequip_toluene:float64:fwd+bwd:eqdsl_jax_irmul" ":nequip_aspirin:float32:fwd+bwd:eqdsl_torch_irmul"
+           "rand512x64:mace_large:float64:fwd+bwd:eqdsl_jax_irmul" "rand4096x32:nequip_toluene:float32:fwd:eqdsl_jax_irmul")
+    i=0
+    for c in "${cases[@]}"; do
+      i=$((i + 1)); left=$(( ${DEADLINE_S:-175} - ($(date +%s) - T0) )); [ $left -lt 15 ] && { echo "case $i $c: no time" >> $L/run.log; continue; }
+      graph=${c%%:*}; case_=${c#*:}
+      timeout $left python3 benchmarks/tools/ncu_rows.py --cases "$case_" ${graph:+--conv $graph} --json $L/ncu_rest_$i.json >> $L/ncu.log 2>&1
+      echo "case $i $c rc $? at $(( $(date +%s) - T0 )) s" >> $L/run.log
     done
     ;;
   *) echo "unknown call $CALL"; exit 2;;
