@@ -252,7 +252,7 @@ def test_deterministic_is_bitwise_reproducible(pkgs):
     """Many edges into few nodes: forward and all gradients identical every run."""
     conv, ir = pkgs["tc_det_shared"]
     rng = np.random.default_rng(3)
-    n, e = 3, 40
+    n, e = 3, 20  # ~7 edges a node; the segment kernels walk them one by one (interpreter: time ~ e)
     src, dst = graph(rng, n, e)
     s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
     x, y, w = tensors(ir, rng, n, e, grad=True)
