@@ -245,30 +245,44 @@ def launch_fused(name: str, kernels, args, *, dim_in2: int, weight_numel: int, b
 
     rows = args[0].shape[0]
     _check_rows(rows, block_batch)
-    dtype = args[0].dtype
-    row_block = lambda i: (i, 0)  # noqa: E731
-    in_specs = [pl.BlockSpec((block_batch, a.shape[1]), row_block) for a in args]
-    whole = gx1_segments is None
+    in_specs = [pl.BlockSpec((block_batch, a.shape[1]), lambda i: (i, 0)) for a in args]
+    outs = _fused_outputs(name, kernels, args, in_specs, rows=rows, block=block_batch, dim_in2=dim_in2,
+                          weight_numel=weight_numel, whole=gx1_segments is None, interpret=interpret,
+                          num_warps=num_warps)
+    gx1, gx2, gw = _join_fused(outs, gx1_segments is None)
+    return _sum_segments(gx1, gx1_segments), gx2, gw
+
+
+def _fused_outputs(name, kernels, operands, in_specs, *, rows: int, block: int, dim_in2: int, weight_numel: int,
+                   whole: bool, interpret: bool, num_warps: int | None, make=lambda kernel: kernel):
+    """Run the fused backward ``kernels`` (``(kernel, gx1 width, weight width)``; ``make``
+    wraps each for the launch) over ``rows // block`` programs of ``block`` rows: every
+    kernel's ``(gx1, gx2, gw)`` (``_chain``), ``gw`` one shared ``(rows, weight_numel)``
+    buffer, ``gx1`` one shared buffer too when ``whole``, else each kernel's own piece."""
+    from jax.experimental import pallas as pl
+
+    def spec(width):
+        return pl.BlockSpec((block, width), lambda i: (i, 0))
+
     dim_in1 = sum(w1 for _, w1, _ in kernels)
-    specs = {0: pl.BlockSpec((block_batch, dim_in1), row_block), 2: pl.BlockSpec((block_batch, weight_numel), row_block)}
+    dtype = operands[-1].dtype
 
     def call(kernel, width1):
         widths = (dim_in1 if whole else width1, dim_in2, weight_numel)
         return lambda wrap, extra, aliases: pl.pallas_call(
-            wrap(kernel),
-            out_shape=tuple(out_struct((rows, n), dtype, args) for n in widths),
-            grid=(rows // block_batch,),
+            wrap(make(kernel)),
+            out_shape=tuple(out_struct((rows, n), dtype, operands) for n in widths),
+            grid=(rows // block,),
             in_specs=in_specs + extra,
-            out_specs=tuple(pl.BlockSpec((block_batch, n), row_block) for n in widths),
+            out_specs=tuple(spec(n) for n in widths),
             input_output_aliases=aliases,
             interpret=interpret,
             compiler_params=compiler_params(interpret, num_warps),
             name=name + kernel.__name__,
         )
 
-    shared = specs if whole else {2: specs[2]}
-    outs = _chain([call(kernel, width1) for kernel, width1, _ in kernels], args, shared, interpret)
-    return _join_fused(outs, gx1_segments)
+    shared = {0: spec(dim_in1), 2: spec(weight_numel)} if whole else {2: spec(weight_numel)}
+    return _chain([call(kernel, width1) for kernel, width1, _ in kernels], operands, shared, interpret)
 
 
 def _sum_segments(a, segments):
@@ -286,15 +300,15 @@ def _sum_segments(a, segments):
     return _concat(blocks)
 
 
-def _join_fused(outs, gx1_segments):
-    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel (``_chain``),
-    joined: ``gw`` and, with ``gx1_segments`` None, ``gx1`` are the last kernel's (shared)
-    buffers; otherwise the ``gx1`` pieces are concatenated and summed per block; the ``gx2``
-    partial rows added in kernel order."""
+def _join_fused(outs, whole: bool):
+    """The fused kernels' ``(gx1, gx2, gw)`` outputs, one triple per kernel (``_fused_outputs``),
+    joined: ``gw`` and, when ``whole``, ``gx1`` are the last kernel's (shared) buffers;
+    otherwise the ``gx1`` pieces concatenated (to be summed per block: ``_sum_segments``);
+    the ``gx2`` partial rows added in kernel order."""
     gx2 = outs[0][1]
     for _, b, _ in outs[1:]:
         gx2 = gx2 + b
-    gx1 = outs[-1][0] if gx1_segments is None else _sum_segments(_concat([a for a, _, _ in outs]), gx1_segments)
+    gx1 = outs[-1][0] if whole else _concat([a for a, _, _ in outs])
     return gx1, gx2, outs[-1][2]
 
 
@@ -533,7 +547,7 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
     y = mid[0]
     rows = y.shape[0]
     _check_rows(rows, block_edges)
-    be, blocks, dtype = block_edges, rows // block_edges, y.dtype
+    be = block_edges
 
     def make(body):
         def kernel(src_ref, dst_ref, x_ref, *refs):
@@ -546,39 +560,18 @@ def conv_backward_fused(name, kernels, args, graph, *, num_nodes: int, dim_in2: 
         kernel.__name__ = body.__name__
         return kernel
 
-    edge_block = lambda i: (i, 0)  # noqa: E731
     in_specs = [pl.BlockSpec((be,), lambda i: (i,))] * 2 + [_full_spec(x)]
     # edge rows blocked; conv_radial's radial weight (the third of mid) whole
-    in_specs += [pl.BlockSpec((be, a.shape[1]), edge_block) if k < 2 else _full_spec(a) for k, a in enumerate(mid)]
+    in_specs += [pl.BlockSpec((be, a.shape[1]), lambda i: (i, 0)) if k < 2 else _full_spec(a)
+                 for k, a in enumerate(mid)]
     in_specs += [_full_spec(g)]
     operands = (graph.src, graph.dst, x, *mid, g)
-    whole = gx1_segments is None
-    dim_in1 = sum(w1 for _, w1, _ in kernels)
-    specs = {0: pl.BlockSpec((be, dim_in1), edge_block), 2: pl.BlockSpec((be, weight_numel), edge_block)}
-
-    def call(kernel, width1):
-        widths = (dim_in1 if whole else width1, dim_in2, weight_numel)
-        return lambda wrap, extra, aliases: pl.pallas_call(
-            wrap(make(kernel)),
-            out_shape=tuple(out_struct((rows, n), dtype, operands) for n in widths),
-            grid=(blocks,),
-            in_specs=in_specs + extra,
-            out_specs=tuple(pl.BlockSpec((be, n), edge_block) for n in widths),
-            input_output_aliases=aliases,
-            interpret=interpret,
-            compiler_params=compiler_params(interpret, num_warps),
-            name=name + "_conv" + kernel.__name__,
-        )
-
-    outs = _chain([call(kernel, width1) for kernel, width1, _ in kernels], operands,
-                  specs if whole else {2: specs[2]}, interpret)
-    gy = outs[0][1]
-    for _, b, _ in outs[1:]:
-        gy = gy + b
-    gw = outs[-1][2]
+    outs = _fused_outputs(name + "_conv", kernels, operands, in_specs, rows=rows, block=be, dim_in2=dim_in2,
+                          weight_numel=weight_numel, whole=gx1_segments is None, interpret=interpret,
+                          num_warps=num_warps, make=make)
     # each edge's dF/dx message: one shared buffer, or (a split x1 block) the kernels' partial
     # pieces, summed per block after the segment sum
-    msgs = outs[-1][0] if whole else _concat([a for a, _, _ in outs])
+    msgs, gy, gw = _join_fused(outs, gx1_segments is None)
     gx = segment_sum_rows(name, msgs, perm=graph.perm_src, rowptr=graph.rowptr_src,
                           gather=graph.gather_src, num_nodes=num_nodes, block_edges=segment_edges,
                           interpret=interpret, num_warps=num_warps, step_sums=step_sums)
