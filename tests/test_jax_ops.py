@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.extend
 
 jax.config.update("jax_enable_x64", True)
 
@@ -432,3 +433,28 @@ def test_example_specs_gpu(root, path, record_property):
         record_property(f"max_rel_err_{dtype}", err)
         print(f"{path.stem} {dtype}: max relative error {err:.3e}")
         assert err <= TOL[dtype]
+
+
+def _grids(jaxpr) -> list[tuple[int, ...]]:
+    """The grid of every ``pallas_call`` in ``jaxpr`` and the jaxprs it calls."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            out.append(tuple(eqn.params["grid_mapping"].grid))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _grids(sub)
+    return out
+
+
+def test_per_dtype_block_batch(root):
+    """``pallas_block_batch_<dtype>`` sets the rows per program of that dtype's calls only
+    (the module's ``BLOCK_BATCH_BY_DTYPE``), and both dtypes still compute e3nn's product."""
+    text = spec_text("bb_dtype", "4x0e+4x1o", "0e+1o", "0e+1o", mode="uvu")
+    b = build(text + "\n[tensor_product.tuning]\npallas_block_batch = 4\npallas_block_batch_float64 = 1\n", root)
+    assert b.ops._kernels.BLOCK_BATCH_BY_DTYPE == {"float64": 1}
+    x1, x2, w = inputs(b.ir, 16)
+    want = e3nn_torch(b, x1, x2, w)
+    for dtype, grid in (("float32", (4,)), ("float64", (16,))):
+        args = [jnp.asarray(a, dtype) for a in (x1, x2, w)]
+        assert set(_grids(jax.make_jaxpr(b.ops.tensor_product)(*args).jaxpr)) == {grid}
+        assert rel_err(run(b, x1, x2, w, dtype), want) <= TOL[dtype]

@@ -144,6 +144,14 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     with pytest.raises(ValueError, match="power of two"):
         tuning.validate("pallas_block_batch", 12)
     tuning.validate("pallas_block_batch", 16)
+    # per-dtype blocks: the same test, for one dtype's calls; a dtype eqdsl does not generate is an unknown key
+    text = assemble.render_files(ir, "", tuning=(("pallas_block_batch_float64", 2), ("pallas_segment_edges_float64", 1)))
+    assert '\nBLOCK_BATCH_BY_DTYPE = {"float64": 2}\n' in text["pallas_kernels.py"]
+    assert '\nBLOCK_BATCH_BY_DTYPE = {}\n' in default
+    with pytest.raises(SpecError, match="power of two"):
+        check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_block_batch_float64 = 3"), "bad.toml")[0])
+    with pytest.raises(SpecError, match="pallas_block_batch_float16"):
+        check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_block_batch_float16 = 2"), "bad.toml")[0])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

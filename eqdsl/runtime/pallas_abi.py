@@ -12,7 +12,9 @@ Versions:
 2. each kernel writes its columns at their place in the set's full output row, and the
    launcher passes one buffer from kernel to kernel (``input_output_aliases``): no
    concatenation or reordering pass (a shared-weight ``backward_w`` set and the pieces of
-   a split ``x1`` block are the exceptions, as in 1).
+   a split ``x1`` block are the exceptions, as in 1);
+3. as 2, and the module gives per-dtype defaults, ``BLOCK_BATCH_BY_DTYPE`` and (with the
+   conv) ``SEGMENT_EDGES_BY_DTYPE``, over ``BLOCK_BATCH`` / ``SEGMENT_EDGES``.
 """
 
-KERNEL_ABI = 2
+KERNEL_ABI = 3

@@ -40,6 +40,8 @@ NAME = "diffdock_l2"
 # (spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps).
 BLOCK_BATCH = 8
 NUM_WARPS = 4
+# BLOCK_BATCH of one dtype's calls (spec keys pallas_block_batch_<dtype>).
+BLOCK_BATCH_BY_DTYPE = {}
 # Widths of the kernel operands: the spec's rows, and the weights (one zero column when
 # no path is weighted; one row if shared).
 IDIM_IN1 = 156
@@ -1218,7 +1220,7 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 # [first, first + width) of the set's output row, which every kernel of the set shares
 # (the launcher passes one buffer along; no concatenation pass). A shared-weight
 # BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
-KERNEL_ABI = 2
+KERNEL_ABI = 3
 FWD_KERNELS = (
     (_tp_fwd_kernel_0, 0, 156),
 )

@@ -147,7 +147,8 @@ def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batc
     ``(batch, 320)`` (per batch element), one dtype of ('float32', 'float64');
     returns ``(batch, 704)`` in the ``mul_ir`` layout.
     ``interpret``: run Pallas in interpret mode; default: when the default backend is
-    the CPU. ``block_batch``: batch rows per program (a power of two).
+    the CPU. ``block_batch``: batch rows per program (a power of two; default ``BLOCK_BATCH``,
+    or the dtype's in ``BLOCK_BATCH_BY_DTYPE``).
     """
     return _FUNCTIONS.tensor_product(x1, x2, weights, interpret=interpret, block_batch=block_batch)
 
@@ -176,8 +177,9 @@ def conv(node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: 
     concrete (raises ``ValueError`` naming ``src``/``dst``); under ``jax.jit`` with traced
     indices out-of-range edges are dropped. ``interpret``: Pallas interpret mode
     (default: on the CPU). ``block_edges``: edges per program of the per-edge kernels
-    (default ``BLOCK_BATCH``), ``segment_edges``: edges per loop step of the segment
-    kernels (default ``SEGMENT_EDGES``); powers of two.
+    (default ``BLOCK_BATCH``, or the dtype's in ``BLOCK_BATCH_BY_DTYPE``), ``segment_edges``:
+    edges per loop step of the segment kernels (default ``SEGMENT_EDGES``, or the dtype's in
+    ``SEGMENT_EDGES_BY_DTYPE``); powers of two.
     Differentiable in reverse mode to any order. Use ``pad_graph`` to avoid a
     compilation per graph size.
     """

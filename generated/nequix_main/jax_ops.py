@@ -87,7 +87,8 @@ def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batc
     ``(batch, 1312)`` (per batch element), one dtype of ('float32', 'float64');
     returns ``(batch, 5472)`` in the ``mul_ir`` layout.
     ``interpret``: run Pallas in interpret mode; default: when the default backend is
-    the CPU. ``block_batch``: batch rows per program (a power of two).
+    the CPU. ``block_batch``: batch rows per program (a power of two; default ``BLOCK_BATCH``,
+    or the dtype's in ``BLOCK_BATCH_BY_DTYPE``).
     """
     return _FUNCTIONS.tensor_product(x1, x2, weights, interpret=interpret, block_batch=block_batch)
 

@@ -40,6 +40,8 @@ NAME = "nequix_main"
 # (spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps).
 BLOCK_BATCH = 4
 NUM_WARPS = 4
+# BLOCK_BATCH of one dtype's calls (spec keys pallas_block_batch_<dtype>).
+BLOCK_BATCH_BY_DTYPE = {}
 # Widths of the kernel operands: the spec's rows, and the weights (one zero column when
 # no path is weighted; one row if shared).
 IDIM_IN1 = 704
@@ -4588,7 +4590,7 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
 # [first, first + width) of the set's output row, which every kernel of the set shares
 # (the launcher passes one buffer along; no concatenation pass). A shared-weight
 # BWD_W set instead writes per-kernel partial-sum rows from column 0 (first column 0).
-KERNEL_ABI = 2
+KERNEL_ABI = 3
 FWD_KERNELS = (
     (_tp_fwd_kernel_0, 0, 5472),
 )

@@ -145,6 +145,8 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "block_batch": block_batch,
         "num_warps": t.num_warps,
         "segment_edges": t.segment_edges,
+        "block_batch_by_dtype": _dict_literal(t.block_batch_by_dtype),
+        "segment_edges_by_dtype": _dict_literal(t.segment_edges_by_dtype),
         "factor": t.factor,
         "fma": t.fma,
         "kernel_sets": [{"kind": kind, "const": kind.upper() + "_KERNELS", "kernels": kernels[kind]} for kind in kinds],
@@ -170,3 +172,8 @@ def render_files(ir: TensorProductIR, header: str, tuning=()) -> dict[str, str]:
         "pallas_kernels.py": render("pallas_kernels.py.j2", **ctx),
         "jax_ops.py": render("jax_ops.py.j2", **ctx),
     }
+
+
+def _dict_literal(pairs) -> str:
+    """``{"float64": 2}``: a dict display of ``(str, int)`` pairs, in their order."""
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in pairs) + "}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["KEYS", "validate", "PallasTuning", "tuning_of", "BLOCK_ELEMS", "MIN_BLOCK_BATCH", "MAX_BLOCK_BATCH",
-           "DEFAULT_NUM_WARPS", "DEFAULT_SEGMENT_EDGES"]
+           "DEFAULT_NUM_WARPS", "DEFAULT_SEGMENT_EDGES", "DTYPES"]
 
 # Target elements per (block_batch, P) tile: sets the default batch block from the
 # widest channel tile (512 -> 4 rows x 128 channels, the best first Pallas config seen).
@@ -24,6 +24,8 @@ DEFAULT_NUM_WARPS = 4
 # 7,811 us, nequip_toluene 6,336 / 1,236 / 2,304 us. Four carry four rows of every running
 # sum (spills); one leaves half of nequip_toluene's 64-channel tiles' threads idle
 DEFAULT_SEGMENT_EDGES = 2
+# dtypes a per-dtype key may name (``pallas_block_batch_float64``)
+DTYPES = ("float32", "float64")
 
 
 def _pow2(lo: int, hi: int):
@@ -36,6 +38,10 @@ KEYS = {
     "pallas_block_batch": _pow2(1, 256),
     "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
     "pallas_segment_edges": _pow2(1, 256),
+    # the same two for one dtype only, over the keys above (float64 values take twice the
+    # registers: mace_large's fused backward at 4 rows spilled)
+    **{f"{key}_{dtype}": _pow2(1, 256) for key in ("pallas_block_batch", "pallas_segment_edges")
+       for dtype in DTYPES},
     "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),
@@ -80,6 +86,9 @@ class PallasTuning:
     ``conv_radial``'s on-chip products (``rf_rows @ radial_weight[:, cols]``) in IEEE float32
     (0) or ``DotAlgorithmPreset.TF32_TF32_F32_X3`` (1: Triton ``tf32x3``, faster, about float32
     accuracy, not bitwise IEEE; float32 on the GPU only, ``eqdsl.runtime.jax.tiles``).
+    ``block_batch_by_dtype`` / ``segment_edges_by_dtype``: ``(dtype, value)`` pairs of the
+    ``pallas_block_batch_<dtype>`` / ``pallas_segment_edges_<dtype>`` keys, which replace
+    ``block_batch`` / ``segment_edges`` for that dtype's calls.
     """
 
     block_batch: int | None = None
@@ -92,6 +101,8 @@ class PallasTuning:
     conv_max_terms: int | None = None
     conv_fused_max_terms: int | None = None
     radial_dot: int = 0
+    block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
+    segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
 
 
 def tuning_of(pairs=()) -> PallasTuning:
@@ -121,4 +132,14 @@ def tuning_of(pairs=()) -> PallasTuning:
         # pallas_radial_dot: an opt-in speed / accuracy trade-off (another rounding of the
         # product than IEEE float32), so off by default
         radial_dot=int(v.get("pallas_radial_dot", 0)),
+        # per-dtype blocks (H100, 2026-11-27, exp jax_sweep): mace_large's TP fwd+bwd in float64
+        # took 3,363 us at 4 rows (the fused backward spilling) and 2,264 at 2; nequip_toluene's
+        # float64 conv forward 11,602 us at 2 edges per step and 9,198 at 1. Their float32
+        # kernels keep the defaults, so the keys are per dtype
+        block_batch_by_dtype=_by_dtype(v, "pallas_block_batch"),
+        segment_edges_by_dtype=_by_dtype(v, "pallas_segment_edges"),
     )
+
+
+def _by_dtype(v: dict, key: str) -> tuple[tuple[str, int], ...]:
+    return tuple((dtype, int(v[f"{key}_{dtype}"])) for dtype in DTYPES if f"{key}_{dtype}" in v)

@@ -81,7 +81,7 @@ class TensorProductFunctions:
         kernels: the generated ``pallas_kernels`` module (``forward``, ``backward_x1``,
             ``backward_x2``, ``backward_w``: launchers ``f(a, b, c, *, block_batch,
             interpret)``; ``NAME``, ``NUM_WARPS``, ``BLOCK_BATCH``, ``SEGMENT_EDGES``,
-            ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
+            ``BLOCK_BATCH_BY_DTYPE``, ``SEGMENT_EDGES_BY_DTYPE`` (the defaults of one dtype), ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
         dim_in1, dim_in2, dim_out, weight_numel: row widths of ``x1``, ``x2``, the output,
             the weights (e3nn's order, the spec's layout).
         shared_weights: weights ``(weight_numel,)`` (True) or one row per batch row.
@@ -154,7 +154,7 @@ class TensorProductFunctions:
         x1, x2, weights = self._check(x1, x2, weights)
         if x1.shape[0] == 0:
             return jnp.zeros((0, self.dim_out), x1.dtype)
-        block_batch = check_block_batch(block_batch, self.kernels.BLOCK_BATCH)
+        block_batch = check_block_batch(block_batch, self._block_batch(x1.dtype))
         return self._tensor_product(x1, x2, weights, block_batch=block_batch, interpret=use_interpret(interpret))
 
     def tensor_product_vjp(self, x1, x2, weights, grad_out, *, interpret: bool | None = None,
@@ -165,9 +165,17 @@ class TensorProductFunctions:
         grad_out = check_grad_out(grad_out, batch=x1.shape[0], dim_out=self.dim_out, dtype=x1.dtype)
         if x1.shape[0] == 0:
             return jnp.zeros_like(x1), jnp.zeros_like(x2), jnp.zeros_like(weights)
-        block_batch = check_block_batch(block_batch, self.kernels.BLOCK_BATCH)
+        block_batch = check_block_batch(block_batch, self._block_batch(x1.dtype))
         return self._tensor_product_vjp(x1, x2, weights, grad_out, block_batch=block_batch,
                                         interpret=use_interpret(interpret))
+
+    def _block_batch(self, dtype) -> int:
+        """The module's default rows (edges) per program for ``dtype``."""
+        return self.kernels.BLOCK_BATCH_BY_DTYPE.get(jnp.dtype(dtype).name, self.kernels.BLOCK_BATCH)
+
+    def _segment_edges(self, dtype) -> int:
+        """The module's default edges per loop step of the conv's segment kernels for ``dtype``."""
+        return self.kernels.SEGMENT_EDGES_BY_DTYPE.get(jnp.dtype(dtype).name, self.kernels.SEGMENT_EDGES)
 
     def _weights(self, weights, rows: int):
         return kernel_weights(weights, self.weight_numel, self.shared_weights, rows)
@@ -234,8 +242,8 @@ class TensorProductFunctions:
             weight_numel=self.weight_numel, shared_weights=self.shared_weights, dtypes=self.dtypes, check=check)
         if num_nodes == 0:
             return jnp.zeros((0, self.dim_out), x.dtype)
-        block = (check_block_batch(block_edges, self.kernels.BLOCK_BATCH),
-                 check_block_batch(segment_edges, self.kernels.SEGMENT_EDGES))
+        block = (check_block_batch(block_edges, self._block_batch(x.dtype)),
+                 check_block_batch(segment_edges, self._segment_edges(x.dtype)))
         return self._conv(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=use_interpret(interpret))
 
     def _conv_traced(self, x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
@@ -297,8 +305,8 @@ class TensorProductFunctions:
             dtypes=self.dtypes, check=check)
         if num_nodes == 0:
             return jnp.zeros((0, self.dim_out), x.dtype)
-        block = (check_block_batch(block_edges, self.kernels.BLOCK_BATCH),
-                 check_block_batch(segment_edges, self.kernels.SEGMENT_EDGES))
+        block = (check_block_batch(block_edges, self._block_batch(x.dtype)),
+                 check_block_batch(segment_edges, self._segment_edges(x.dtype)))
         return self._conv_radial(x, y, rf, wr, src, dst, num_nodes=num_nodes, block=block,
                                  interpret=use_interpret(interpret))
 
