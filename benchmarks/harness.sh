@@ -37,7 +37,7 @@ tp() {  # $1: comma-separated problems
   twins=$(twins_of "$1")
   OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --no-conv --problems $1" \
     EQDSL_TWINS_ARGS="--no-conv${twins:+ --problems $twins}" EQDSL_TP_ARGS="--problems $1" \
-    bash benchmarks/run_device.sh precompile=240 twins=60 tp=-5 > "$FULL/run.log" 2>&1
+    bash benchmarks/run_device.sh precompile=240 twins=90 tp=-5 > "$FULL/run.log" 2>&1
 }
 twins_of() {  # the ir_mul twin packages of these problems that generated_twins holds
   local out=() p
