@@ -9,8 +9,9 @@
 #   bash benchmarks/harness.sh conv   the fused convolution (float32, float64) and the small-graph latency
 #   bash benchmarks/harness.sh radial conv_radial against the matmul + each convolution
 #
-# Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins (benchmarks/layout_twins.py; with their
-# Triton code the twins compile as fast as generated/). Each call compiles what it times first
+# Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins (benchmarks/layout_twins.py --no-triton: with
+# their Triton code the twins are 14.3 MB, over the device tool's 64 MiB with the rest; without it,
+# their torch kernels compile with Helion in the twins step). Each call compiles what it times first
 # (precompile.py with the timed run's --problems, so the JAX cache keys match), builds
 # OpenEquivariance's extension beside it, then times with nothing else running. Caches live in
 # /tmp while the machine stays warm, so a later call on the same machine compiles little.
