@@ -150,6 +150,10 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     assert '\nBLOCK_BATCH_BY_DTYPE = {}\n' in default
     with pytest.raises(SpecError, match="power of two"):
         check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_block_batch_float64 = 3"), "bad.toml")[0])
+    f32_only = bad.replace('"float32", "float64"', '"float32"').replace("pallas_block_batch = 12", "pallas_block_batch_float64 = 2")
+    assert f32_only != bad.replace("pallas_block_batch = 12", "pallas_block_batch_float64 = 2")
+    with pytest.raises(SpecError, match="does not generate float64"):
+        check_tuning(parse_spec(f32_only, "bad.toml")[0])
     with pytest.raises(SpecError, match="pallas_block_batch_float16"):
         check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_block_batch_float16 = 2"), "bad.toml")[0])
 

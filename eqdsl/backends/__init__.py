@@ -27,8 +27,9 @@ def check_tuning(spec) -> None:
     """Validate ``spec.tuning`` (a ``TensorProductSpec``'s table) against the backends' keys.
 
     A top-level key must be some backend's key, or an op of ``TUNING_OPS`` naming a
-    sub-table, whose keys must be Helion keys (the Pallas keys apply to every op). Each
-    value is checked by the backend that reads it.
+    sub-table, whose keys must be Helion keys (the Pallas keys apply to every op); a
+    per-dtype key must name one of the spec's dtypes. Each value is checked by the backend
+    that reads it.
 
     Raises:
         SpecError: one line naming the spec file, its table and the key
@@ -52,6 +53,8 @@ def check_tuning(spec) -> None:
             fail(where, f"expected a table of {', '.join(TUNING_KEYS)}; got {value!r}")
         elif key not in TUNING_KEYS:
             fail(where, f"unknown key; {expected}")
+        elif key in _pallas.DTYPE_KEYS and _pallas.DTYPE_KEYS[key] not in spec.dtypes:
+            fail(where, f"the spec does not generate {_pallas.DTYPE_KEYS[key]} (dtypes = {list(spec.dtypes)})")
         try:
             (_helion if sub in _helion.KEYS else _pallas).validate(sub, value)
         except ValueError as e:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["KEYS", "validate", "PallasTuning", "tuning_of", "BLOCK_ELEMS", "MIN_BLOCK_BATCH", "MAX_BLOCK_BATCH",
-           "DEFAULT_NUM_WARPS", "DEFAULT_SEGMENT_EDGES", "DTYPES"]
+           "DEFAULT_NUM_WARPS", "DEFAULT_SEGMENT_EDGES", "DTYPES",
+           "DTYPE_KEYS"]
 
 # Target elements per (block_batch, P) tile: sets the default batch block from the
 # widest channel tile (512 -> 4 rows x 128 channels, the best first Pallas config seen).
@@ -24,8 +25,9 @@ DEFAULT_NUM_WARPS = 4
 # 7,811 us, nequip_toluene 6,336 / 1,236 / 2,304 us. Four carry four rows of every running
 # sum (spills); one leaves half of nequip_toluene's 64-channel tiles' threads idle
 DEFAULT_SEGMENT_EDGES = 2
-# dtypes a per-dtype key may name (``pallas_block_batch_float64``)
+# dtypes a per-dtype key may name, and those keys: ``pallas_block_batch_float64`` -> ``float64``
 DTYPES = ("float32", "float64")
+DTYPE_KEYS = {f"{key}_{dtype}": dtype for key in ("pallas_block_batch", "pallas_segment_edges") for dtype in DTYPES}
 
 
 def _pow2(lo: int, hi: int):
@@ -40,8 +42,7 @@ KEYS = {
     "pallas_segment_edges": _pow2(1, 256),
     # the same two for one dtype only, over the keys above (float64 values take twice the
     # registers: mace_large's fused backward at 4 rows spilled)
-    **{f"{key}_{dtype}": _pow2(1, 256) for key in ("pallas_block_batch", "pallas_segment_edges")
-       for dtype in DTYPES},
+    **{key: _pow2(1, 256) for key in DTYPE_KEYS},
     "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),

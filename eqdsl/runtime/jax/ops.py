@@ -81,7 +81,8 @@ class TensorProductFunctions:
         kernels: the generated ``pallas_kernels`` module (``forward``, ``backward_x1``,
             ``backward_x2``, ``backward_w``: launchers ``f(a, b, c, *, block_batch,
             interpret)``; ``NAME``, ``NUM_WARPS``, ``BLOCK_BATCH``, ``SEGMENT_EDGES``,
-            ``BLOCK_BATCH_BY_DTYPE``, ``SEGMENT_EDGES_BY_DTYPE`` (the defaults of one dtype), ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
+            ``BLOCK_BATCH_BY_DTYPE``, ``SEGMENT_EDGES_BY_DTYPE`` (the defaults of one dtype),
+            ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
         dim_in1, dim_in2, dim_out, weight_numel: row widths of ``x1``, ``x2``, the output,
             the weights (e3nn's order, the spec's layout).
         shared_weights: weights ``(weight_numel,)`` (True) or one row per batch row.
