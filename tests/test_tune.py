@@ -8,7 +8,9 @@ import pytest
 
 from eqdsl import cli
 from eqdsl.spec import load_spec, parse_spec
-from eqdsl.tune import DEFAULT_GRID, TuneError, candidates, format_results, override, parse_grid, tune, with_tuning
+from eqdsl.tune import (
+    DEFAULT_GRID, TuneError, candidates, for_dtype, format_results, override, parse_grid, tune, with_tuning,
+)
 
 SPEC = """[[tensor_product]]
 name = "tune_demo"
@@ -241,25 +243,36 @@ def test_pallas_op_tunes_the_top_level_pallas_keys(tmp_path):
         (), (("pallas_block_batch", 16), ("pallas_num_warps", 4)), (("pallas_block_batch", 64), ("pallas_num_warps", 4))]
     assert candidates({"pallas_block_batch": (16, 64)}, table, "pallas") == [(), (("pallas_block_batch", 64),)]
 
-    spec = tmp_path / "tune_demo.toml"
-    spec.write_text(SPEC)
-    times = {16: 50.0, 64: 20.0, 128: 30.0}
+    # one dtype: the shared key; both dtypes: the tuned dtype's own key, the other dtype's blocks untouched
+    for dtypes, dtype, key, const in [
+        ('["float32"]', "float32", "pallas_block_batch", "\nBLOCK_BATCH = 64\n"),
+        ('["float32", "float64"]', "float64", "pallas_block_batch_float64", '\nBLOCK_BATCH_BY_DTYPE = {"float64": 64}\n'),
+    ]:
+        spec = tmp_path / dtype / "tune_demo.toml"
+        spec.parent.mkdir()
+        spec.write_text(SPEC + f"dtypes = {dtypes}\n")
+        times = {16: 50.0, 64: 20.0, 128: 30.0}
 
-    def worker(spec_file, package_dir, op, batch, dtype, timeout):
-        if op != "pallas":
-            return {"us": 10.0}
-        return {"us": times[dict(load_spec(spec_file)[0].tuning).get("pallas_block_batch", 16)]}
+        def worker(spec_file, package_dir, op, batch, dtype, timeout, key=key):
+            if op != "pallas":
+                return {"us": 10.0}
+            return {"us": times[dict(load_spec(spec_file)[0].tuning).get(key, 16)]}
 
-    table, results = tune(spec, grid={"block_b": (8,), "pallas_block_batch": (16, 64, 128)}, ops=("fwd", "pallas"),
-                          workers=2, write=True, out_dir=tmp_path / "gen", run_worker=worker, require_cuda=False,
-                          report=lambda _: None)
-    assert [c for c, _ in results["pallas"]] == [(), *((("pallas_block_batch", b),) for b in (16, 64, 128))]
-    assert dict(table)["pallas_block_batch"] == 64 and "fwd.pallas_block_batch" not in dict(table)
-    text = spec.read_text()
-    top = text[text.index("[tensor_product.tuning]"):]
-    assert top.split("\n[", 1)[0].count("pallas_block_batch = 64") == 1
-    assert load_spec(spec)[0].tuning == table
-    assert "BLOCK_BATCH = 64" in (tmp_path / "gen" / "tune_demo" / "pallas_kernels.py").read_text()
+        table, results = tune(spec, grid={"block_b": (8,), "pallas_block_batch": (16, 64, 128)}, ops=("fwd", "pallas"),
+                              dtype=dtype, workers=2, write=True, out_dir=tmp_path / dtype / "gen", run_worker=worker,
+                              require_cuda=False, report=lambda _: None)
+        assert [c for c, _ in results["pallas"]] == [(), *(((key, b),) for b in (16, 64, 128))]
+        assert dict(table)[key] == 64 and f"fwd.{key}" not in dict(table)
+        assert "pallas_block_batch" not in dict(table) or key == "pallas_block_batch"
+        text = spec.read_text()
+        top = text[text.index("[tensor_product.tuning]"):]
+        assert top.split("\n[", 1)[0].count(f"{key} = 64") == 1
+        assert load_spec(spec)[0].tuning == table
+        pallas = (tmp_path / dtype / "gen" / "tune_demo" / "pallas_kernels.py").read_text()
+        assert const in pallas
+    assert for_dtype({"pallas_num_warps": (4,), "block_b": (8,)}, "pallas", "float64", ("float32", "float64")) == {
+        "pallas_num_warps": (4,), "block_b": (8,)}
+    assert for_dtype({"pallas_block_batch": (8,)}, "fwd", "float64", ("float32", "float64")) == {"pallas_block_batch": (8,)}
 
 
 def test_pallas_measure_runs_the_jitted_forward_and_backward(tmp_path):

@@ -28,7 +28,10 @@ time is that of the jitted forward and backward together (``jax.vjp`` of
 a graph); its segment kernels' ``pallas_segment_edges`` is not tuned here
 (``benchmarks/tools/gpu_jax_conv_blocks.py`` times it on graphs). The grid's ``pallas_*``
 keys apply to the ``pallas`` op only, the others to the Helion ops only; an op none of whose
-keys the grid names gets its default grid.
+keys the grid names gets its default grid. A tune times one dtype (``dtype``): for a spec of
+both dtypes, the ``pallas`` candidates set that dtype's own block keys
+(``pallas_block_batch_<dtype>``, ``grid.for_dtype``), so the other dtype's kernels keep
+theirs (``pallas_num_warps`` has no per-dtype key and is shared).
 
 With ``write``, the winners replace the values of the spec's tuning sections in place
 (each Helion op's sub-table, the ``pallas_*`` keys of the top-level section; its other keys
@@ -54,7 +57,7 @@ from __future__ import annotations
 
 from .grid import (
     CONV_OPS, DEFAULT_GRID, FUSED_CONV_OPS, FUSED_OPS, PALLAS_GRID, PALLAS_OPS, TP_OPS, TuneError, candidates,
-    op_grid, override, parse_grid,
+    for_dtype, op_grid, override, parse_grid,
 )
 from .report import format_results
 from .search import tune
@@ -63,6 +66,6 @@ from .timing import LOCK, cuda_median_us, jax_median_us, measure
 
 __all__ = [
     "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS", "CONV_OPS", "PALLAS_OPS",
-    "parse_grid", "op_grid", "candidates", "override", "tuning_sections", "with_tuning", "tune", "format_results",
+    "parse_grid", "op_grid", "for_dtype", "candidates", "override", "tuning_sections", "with_tuning", "tune", "format_results",
     "measure", "cuda_median_us", "jax_median_us", "LOCK",
 ]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 
 from ..backends import TUNING_KEYS
+from ..backends.pallas.tuning import DTYPE_KEYS
 
 __all__ = [
     "TuneError", "Pairs", "Candidate", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",
-    "CONV_OPS", "PALLAS_OPS", "ALL_OPS", "parse_grid", "override", "op_grid", "candidates",
+    "CONV_OPS", "PALLAS_OPS", "ALL_OPS", "parse_grid", "override", "op_grid", "for_dtype", "candidates",
 ]
 
 # 2- and 4-row tiles with 64 or 128 channels: why they suit mul_ir blocks is in
@@ -26,8 +27,9 @@ FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 PALLAS_OPS = ("pallas",)  # every Pallas kernel of the spec, timed as the jitted forward + backward
 ALL_OPS = TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS + PALLAS_OPS
-# rows per program from 8 (small graphs: more programs) to 128, and warps per program
-PALLAS_GRID = {"pallas_block_batch": (8, 16, 32, 64, 128), "pallas_num_warps": (2, 4, 8)}
+# rows per program, and warps per program. The fastest measured were 4 rows (mace_large, float32) and 2
+# (its float64 backward, which spills at 4); more rows make more programs' worth of work per program
+PALLAS_GRID = {"pallas_block_batch": (1, 2, 4, 8, 16, 32, 64), "pallas_num_warps": (2, 4, 8)}
 
 Pairs = tuple[tuple[str, int], ...]  # a spec's tuning table (TensorProductSpec.tuning)
 Candidate = tuple[tuple[str, int], ...]  # the keys one op's sub-table sets; () = the op as the spec has it
@@ -81,6 +83,17 @@ def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple
     pallas = op in PALLAS_OPS
     mine = {k: v for k, v in (grid or {}).items() if k.startswith("pallas_") == pallas}
     return mine or dict(PALLAS_GRID if pallas else DEFAULT_GRID)
+
+
+def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tuple[str, ...]) -> dict:
+    """``grid`` of the ``pallas`` op with its block keys made ``dtype``'s own
+    (``pallas_block_batch`` -> ``pallas_block_batch_<dtype>``) when the spec generates more
+    than one dtype: a tune times one dtype, so the other dtype's kernels keep their blocks
+    (float64's best rows per program are not float32's). Other ops, other keys and
+    one-dtype specs: ``grid`` as it is."""
+    if op not in PALLAS_OPS or len(dtypes) < 2:
+        return grid
+    return {(f"{k}_{dtype}" if f"{k}_{dtype}" in DTYPE_KEYS else k): v for k, v in grid.items()}
 
 
 def _kernels_key(table: Pairs, op: str):

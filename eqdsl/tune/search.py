@@ -11,7 +11,7 @@ from pathlib import Path
 from ..spec import TensorProductSpec, parse_spec
 from .choose import label, winner
 from .grid import (
-    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError, candidates,
+    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError, candidates, for_dtype,
     op_grid, override,
 )
 from .report import Progress
@@ -81,7 +81,8 @@ def tune(
                         f", {', '.join(PALLAS_OPS)} (the JAX kernels)")
     if require_cuda:
         _require_gpus(ops)
-    jobs = [(op, cand) for op in ops for cand in candidates(op_grid(grid, op), spec.tuning, op)]
+    jobs = [(op, cand) for op in ops
+            for cand in candidates(for_dtype(op_grid(grid, op), op, dtype, spec.dtypes), spec.tuning, op)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
     with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch, Progress(len(jobs), report) as progress:
