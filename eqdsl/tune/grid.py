@@ -27,8 +27,8 @@ FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 PALLAS_OPS = ("pallas",)  # every Pallas kernel of the spec, timed as the jitted forward + backward
 ALL_OPS = TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS + PALLAS_OPS
-# rows per program, and warps per program. The fastest measured were 4 rows (mace_large, float32) and 2
-# (its float64 backward, which spills at 4); more rows make more programs' worth of work per program
+# rows per program, and warps per program: mace_large ran fastest at 4 rows in float32 and at 2 in
+# float64, whose fused backward spills at 4 (H100, 2026-11-27); an 8-to-128 grid missed both
 PALLAS_GRID = {"pallas_block_batch": (1, 2, 4, 8, 16, 32, 64), "pallas_num_warps": (2, 4, 8)}
 
 Pairs = tuple[tuple[str, int], ...]  # a spec's tuning table (TensorProductSpec.tuning)
@@ -85,15 +85,19 @@ def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple
     return mine or dict(PALLAS_GRID if pallas else DEFAULT_GRID)
 
 
-def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tuple[str, ...]) -> dict:
+def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tuple[str, ...],
+              table: Pairs = ()) -> dict:
     """``grid`` of the ``pallas`` op with its block keys made ``dtype``'s own
     (``pallas_block_batch`` -> ``pallas_block_batch_<dtype>``) when the spec generates more
-    than one dtype: a tune times one dtype, so the other dtype's kernels keep their blocks
-    (float64's best rows per program are not float32's). Other ops, other keys and
-    one-dtype specs: ``grid`` as it is."""
-    if op not in PALLAS_OPS or len(dtypes) < 2:
+    than one dtype (a tune times one dtype, so the other dtype's kernels keep their blocks:
+    float64's best rows per program are not float32's) or its ``table`` already sets that
+    dtype's key (which would override every candidate of the shared one). Other ops, other
+    keys, and one-dtype specs without the dtype's key: ``grid`` as it is."""
+    if op not in PALLAS_OPS:
         return grid
-    return {(f"{k}_{dtype}" if f"{k}_{dtype}" in DTYPE_KEYS else k): v for k, v in grid.items()}
+    own = {k: f"{k}_{dtype}" for k in grid if f"{k}_{dtype}" in DTYPE_KEYS}
+    set_in_table = {k for k, _ in table}
+    return {(own[k] if k in own and (len(dtypes) > 1 or own[k] in set_in_table) else k): v for k, v in grid.items()}
 
 
 def _kernels_key(table: Pairs, op: str):

@@ -11,8 +11,8 @@ from pathlib import Path
 from ..spec import TensorProductSpec, parse_spec
 from .choose import label, winner
 from .grid import (
-    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError, candidates, for_dtype,
-    op_grid, override,
+    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError, candidates,
+    for_dtype, op_grid, override,
 )
 from .report import Progress
 from .spec_text import read_single, with_tuning
@@ -82,7 +82,8 @@ def tune(
     if require_cuda:
         _require_gpus(ops)
     jobs = [(op, cand) for op in ops
-            for cand in candidates(for_dtype(op_grid(grid, op), op, dtype, spec.dtypes), spec.tuning, op)]
+            for cand in candidates(for_dtype(op_grid(grid, op), op, dtype, spec.dtypes, spec.tuning),
+                                   spec.tuning, op)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
     with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch, Progress(len(jobs), report) as progress:
