@@ -2,8 +2,9 @@
 radial MLP's last layer, ``conv(x, y, radial_features @ radial_weight, ...)`` with each edge's
 weights formed on chip.
 
-Two packages: channelwise with 16 channels (the on-chip product is a ``tl.dot``; the fused
-radial backward; ``mul_ir``, atomics, sum) and a deterministic ``mean`` one with 2 channels and
+Three packages: channelwise with 16 channels (the on-chip product is a ``tl.dot``; the fused
+radial backward; ``mul_ir``, atomics, sum), the same with the radial node scatters tuned to
+segment reductions (``segment = 1``), and a deterministic ``mean`` one with 2 channels and
 ``uvv`` paths (segment reductions, the product as multiply-adds, ``ir_mul``; its ``bwd_x``
 reads 3-D weight tiles, so that op materializes the weights). CPU runs use Triton's
 interpreter, whose cost is Helion compiling each kernel once per dtype and size bucket (0, 1,
@@ -44,6 +45,35 @@ layout = "mul_ir"
 dtypes = ["float32", "float64"]
 conv = true
 radial_features = 12
+""",
+    # rad_dot with segment reductions for speed (deterministic = false): the node scatters of
+    # conv_radial_fwd / conv_radial_bwd_x on graphs of at least 10 edges (sorted), below that
+    # their atomic kernels (*_small); the conv's own ops stay atomic. Its fused backward is the
+    # conv's at W = rf @ Wr (materialize = 1)
+    "rad_seg": """
+[[tensor_product]]
+name = "rad_seg"
+irreps_in1 = "16x0e"
+irreps_in2 = "0e+1o"
+irreps_out = "0e+1o"
+mode = "uvu"
+shared_weights = false
+layout = "mul_ir"
+dtypes = ["float64"]
+conv = true
+radial_features = 12
+
+[tensor_product.tuning]
+segment_min_edges = 10
+
+[tensor_product.tuning.conv_radial_fwd]
+segment = 1
+
+[tensor_product.tuning.conv_radial_bwd_x]
+segment = 1
+
+[tensor_product.tuning.conv_radial_bwd]
+materialize = 1
 """,
     # deterministic mean, ir_mul, 2 channels: segment reductions of 16 edges a step, 2-column
     # weight tiles (multiply-adds); uvv paths: dF/dx reduces over their (u, v) weight tiles, so
@@ -97,7 +127,8 @@ def test_generated_kernels(pkgs):
     """The radial kernels exist where the weight tiles allow one product (and read no
     ``weights``); IEEE float32 products; metadata; a dot exactly where the tiles have 16 rows
     and columns."""
-    kinds = {"rad_dot": ("fwd", "bwd_x", "bwd_y", "bwd"), "rad_det": ("fwd", "bwd_y")}
+    kinds = {"rad_dot": ("fwd", "bwd_x", "bwd_y", "bwd"), "rad_seg": ("fwd", "bwd_x", "bwd_y"),
+             "rad_det": ("fwd", "bwd_y")}
     for name, (conv, ir, pkg) in pkgs.items():
         assert pkg.RADIAL_FEATURES == conv.RADIAL_FEATURES == ir.radial_features
         assert conv._RADIAL.fused_ops == kinds[name], name
@@ -125,6 +156,38 @@ def test_matches_unfused_composition(pkgs, n, e, seed):
     close(got, want, 1e-12)
     g = torch.randn_like(want)
     for a, b in zip(torch.autograd.grad(got, (x, y, rf, wr), g), torch.autograd.grad(want, (x, y, rf, wr), g)):
+        close(a, b, 1e-12)
+
+
+@pytest.mark.parametrize("e", [6, 17])
+def test_segment_key(pkgs, e):
+    """``segment = 1`` in the radial ops' sub-tables (``rad_seg``): their kernels are segment
+    reductions over the sorted graph (17 edges), and their atomic ``*_small`` copies below
+    ``segment_min_edges`` (6 edges, not sorted); values and all four gradients equal
+    ``conv(x, y, rf @ Wr)``'s either way, and ``bwd_x``'s own op (not only the fused backward)."""
+    conv, ir, pkg = pkgs["rad_seg"]
+    assert conv._OPS.graph_names == ("src", "dst", "dst_order", "dst_ptr", "src_order", "src_ptr")
+    assert conv._RADIAL.segment == {"fwd": 2, "bwd_x": 4} and conv._OPS.segment == {}
+    assert "conv_radial_bwd_fused" not in (Path(pkg.__file__).parent / "helion_conv_kernels.py").read_text()
+    assert conv._RADIAL.ops["bwd"] is conv.conv_radial_bwd_op  # materialize = 1: the conv's fused backward
+    source = (Path(pkg.__file__).parent / "helion_conv_kernels.py").read_text()
+    for op in ("fwd", "bwd_x1"):
+        assert re.search(rf"\ndef conv_radial_{op}_0\(\s*order: torch.Tensor,\s*ptr: torch.Tensor,", source)
+        assert re.search(rf"\ndef conv_radial_{op}_0_small\(\s*src: torch.Tensor,\s*dst: torch.Tensor,", source)
+    n = 4
+    x, y, rf, wr, s, d = operands(ir, np.random.default_rng(e), n, e)
+    assert (conv.graph_tensors(s, d, n)[2].numel() > 0) == (e >= 10)
+    got = conv.conv_radial(x, y, rf, wr, s, d, n)
+    want = conv.conv(x, y, rf @ wr, s, d, n)
+    close(got, want, 1e-12)
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, (x, y, rf, wr), g), torch.autograd.grad(want, (x, y, rf, wr), g)):
+        close(a, b, 1e-12)
+    graph = conv.graph_tensors(s, d, n)
+    h = torch.randn_like(y)
+    close(conv.conv_radial_bwd_x_op(g, y, rf, wr, *graph, n), conv.conv_bwd_x_op(g, y, rf @ wr, *graph, n), 1e-12)
+    close(conv.conv_radial_fwd_op(x, h, rf, wr, *graph, n), conv.conv_fwd_op(x, h, rf @ wr, *graph, n), 1e-12)
+    for a, b in zip(conv.conv_radial_bwd_op(x, y, rf, wr, g, *graph, n), conv.conv_bwd_op(x, y, rf @ wr, g, *graph, n)):
         close(a, b, 1e-12)
 
 
@@ -165,12 +228,13 @@ def test_float32(pkgs):
         close(a, b, 1e-5)
 
 
-@pytest.mark.parametrize("name", ["rad_dot", "rad_det"])
+@pytest.mark.parametrize("name", ["rad_dot", "rad_seg", "rad_det"])
 def test_gradients_of_every_order(pkgs, name):
     """gradcheck (float64) with respect to all four tensors, through the radial ops,
-    ``conv_bwd_w`` and the matmuls (``rad_dot``: the fused radial backward; ``rad_det``: the
-    segment kernels and an op that materializes the weights); gradgradcheck for ``rad_dot``
-    (the same formulas; the interpreter runs ``rad_det``'s segment kernels ~5x slower)."""
+    ``conv_bwd_w`` and the matmuls (``rad_dot``: the fused radial backward; ``rad_seg``: the
+    conv's fused backward at ``W = rf @ Wr``; ``rad_det``: the segment kernels and an op that
+    materializes the weights); gradgradcheck for ``rad_dot`` and ``rad_seg`` (the same
+    formulas; the interpreter runs ``rad_det``'s segment kernels ~5x slower)."""
     conv, ir, _ = pkgs[name]
     x, y, rf, wr, s, d = operands(ir, np.random.default_rng(3), 3, 5)
 
@@ -178,7 +242,7 @@ def test_gradients_of_every_order(pkgs, name):
         return conv.conv_radial(x, y, rf, wr, s, d, 3)
 
     assert torch.autograd.gradcheck(f, (x, y, rf, wr), fast_mode=True)
-    if name == "rad_dot":
+    if name != "rad_det":
         assert torch.autograd.gradgradcheck(f, (x, y, rf, wr), fast_mode=True)
 
 

@@ -14,7 +14,8 @@ Sizes and strides are those of 64 contiguous rows (the batch size is a runtime a
 strides equal to 1 are specialized as Triton does at launch), float32. The plain tensor
 product's kernels (``generated/<spec>/helion_kernels.py``) and, for a ``conv_*`` kernel
 name, the convolution's (``helion_conv_kernels.py``: 64 edges over 16 nodes, int64
-indices). ``--generated DIR`` reads another generated folder (a variant under study).
+indices; ``conv_radial_*`` kernels also get ``radial_features`` and ``radial_weight``).
+``--generated DIR`` reads another generated folder (a variant under study).
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def triton_source(spec: str, kernel: str, generated: Path = ROOT / "generated") 
             "g": torch.randn(nodes, ops.DIM_OUT), "out": torch.empty(nodes, ops.DIM_OUT),
             "out_flat": torch.empty(nodes * ops.DIM_OUT), "gx": torch.empty(nodes, ops.DIM_IN1),
             "gy": torch.empty(n, ops.DIM_IN2), "gw": torch.empty(n, ops.WEIGHT_NUMEL),
+            "gyp": torch.empty(n, 2 * ops.DIM_IN2),  # the fused backward's dF/dy partial sums (the width: a guess)
         }
+        h = getattr(importlib.import_module(spec), "RADIAL_FEATURES", None)
+        if h:  # conv_radial's kernels
+            pool |= {"radial_features": torch.randn(n, h), "radial_weight": torch.randn(h, ops.WEIGHT_NUMEL)}
     else:
         k = getattr(importlib.import_module(f"{spec}.helion_kernels"), kernel)
         pool = {

@@ -25,8 +25,11 @@ nodes x 32 in-edges (sources uniform, edges sorted by dst), and
     python3 benchmarks/tools/radial_torch_check.py [--package DIR] [--no-triton] [--reps 20]
         [--nodes 4096 --degree 32] [--radial-dot] [--quick]
 
-``--sweep BB:BC:NW,...``: instead, per ``block_b:block_c:num_warps`` setting of the
-``conv_radial_fwd`` and ``conv_radial_bwd`` sub-tables, generates the spec (Helion kernels,
+``--sweep BB:BC:NW[:FLAGS],...``: instead, per ``block_b:block_c:num_warps`` setting of the
+``conv_radial_fwd`` and ``conv_radial_bwd`` sub-tables (``FLAGS``: ``s`` adds ``segment = 1`` to
+the forward's, the node scatter as a segment reduction of ``block_b`` edges per step; ``d``
+adds ``radial_dot = 1`` to both; ``b`` adds ``materialize = 1`` to the backward's: the conv's
+fused backward at ``W = rf @ wr``; a trailing ``m<N>`` sets ``max_terms = N`` in both), generates the spec (Helion kernels,
 compiled at first call) into a temporary directory, checks it in float32 and prints a table
 of fwd / fwd+bwd times sorted by fwd+bwd; ``--sweep-budget-s`` (360) stops starting settings.
 With the default 4,096 x 32 graph, 4 settings should take about 4 to 6 minutes on an H100.
@@ -86,9 +89,27 @@ def generate(out: Path, triton: bool, radial_dot: bool = False) -> Path:
 SWEEP_OPS = ("conv_radial_fwd", "conv_radial_bwd")
 
 
-def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int) -> str:
+# --sweep flags: letter -> (the sub-tables it goes into, the key line)
+SWEEP_FLAGS = {"s": (("conv_radial_fwd",), "segment = 1"), "d": (SWEEP_OPS, "radial_dot = 1"),
+               "b": (("conv_radial_bwd",), "materialize = 1")}
+
+
+def parse_setting(text: str) -> tuple[int, int, int, str]:
+    """``BB:BC:NW[:FLAGS]`` -> ``(block_b, block_c, num_warps, flags)``; ``FLAGS`` letters of
+    ``SWEEP_FLAGS``, then optionally ``m<N>`` (``max_terms = N`` in every sub-table: fewer
+    accumulators per kernel, more kernels)."""
+    m = re.fullmatch(rf"(\d+):(\d+):(\d+)(?::([{''.join(SWEEP_FLAGS)}]*(?:m\d+)?))?", text)
+    if not m:
+        raise SystemExit(f"FAIL: --sweep setting {text!r}: expected BB:BC:NW[:FLAGS], FLAGS of "
+                         f"{''.join(SWEEP_FLAGS)} then optionally m<max_terms>")
+    return int(m[1]), int(m[2]), int(m[3]), m[4] or ""
+
+
+def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int, flags: str = "") -> str:
     """The spec ``text`` as ``mace_large_<tag>`` (its own torch.library namespace) with the
-    sub-tables of ``SWEEP_OPS`` replaced by ``block_b`` / ``block_c`` / ``num_warps``."""
+    sub-tables of ``SWEEP_OPS`` replaced by ``block_b`` / ``block_c`` / ``num_warps`` and the
+    keys of ``flags`` (``SWEEP_FLAGS``: ``s`` the forward's node scatter as a segment
+    reduction, ``d`` tf32x3 dots)."""
     text, n = re.subn(r'(?m)^name = "mace_large"', f'name = "mace_large_{tag}"', text)
     if n != 1:
         raise SystemExit('FAIL: examples/specs/mace_large.toml: no name = "mace_large" line')
@@ -98,6 +119,8 @@ def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int) 
         text += "\n[tensor_product.tuning]\n"
     return text.rstrip("\n") + "\n" + "".join(
         f"\n[tensor_product.tuning.{op}]\nblock_b = {block_b}\nblock_c = {block_c}\nnum_warps = {num_warps}\n"
+        + "".join(SWEEP_FLAGS[f][1] + "\n" for f in flags.partition("m")[0] if op in SWEEP_FLAGS[f][0])
+        + (f"max_terms = {flags.partition('m')[2]}\n" if "m" in flags else "")
         for op in SWEEP_OPS)
 
 
@@ -111,7 +134,7 @@ def run_sweep(args, torch, device) -> None:
     text = (ROOT / "examples/specs/mace_large.toml").read_text()
     if not re.search(r"(?m)^radial_features\s*=", text):
         text = re.sub(r"(?m)^conv = true.*$", f"conv = true\nradial_features = {H}", text, count=1)
-    settings = [tuple(int(v) for v in c.split(":")) for c in args.sweep.split(",")]
+    settings = [parse_setting(c) for c in args.sweep.split(",")]
     n, deg = args.nodes, args.degree
     gen = torch.Generator().manual_seed(0)
     dst = torch.arange(n).repeat_interleave(deg)
@@ -119,8 +142,10 @@ def run_sweep(args, torch, device) -> None:
     s, d = src.to(device), dst.to(device)
     t_start, rows, failures = time.perf_counter(), [], []
     tmp = tempfile.TemporaryDirectory(prefix="radial_sweep_")
-    for i, (bb, bc, nw) in enumerate(settings):
-        label = f"block_b={bb} block_c={bc} num_warps={nw}"
+    for i, (bb, bc, nw, flags) in enumerate(settings):
+        label = f"block_b={bb} block_c={bc} num_warps={nw}" + "".join(
+            f" {SWEEP_FLAGS[f][1].replace(' ', '')}" for f in flags.partition("m")[0]) + (
+            f" max_terms={flags.partition('m')[2]}" if "m" in flags else "")
         if time.perf_counter() - t_start > args.sweep_budget_s:
             print(f"  SKIPPED (over --sweep-budget-s {args.sweep_budget_s} s): {label}", flush=True)
             continue
@@ -128,7 +153,7 @@ def run_sweep(args, torch, device) -> None:
         out = Path(tmp.name) / f"s{i}"
         spec_path = out / "spec.toml"
         out.mkdir(parents=True)
-        spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw))
+        spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw, flags))
         write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=False))
         _, conv = import_modules(out / "pkg", f"mace_large_s{i}")
         h = conv.RADIAL_FEATURES
@@ -159,12 +184,12 @@ def run_sweep(args, torch, device) -> None:
 
         t_f, t_fb = cuda_us(f_only, args.reps), cuda_us(lambda: fwd_bwd(*ts), args.reps)
         rows.append((label, t_f, t_fb))
-        print(f"  {label:40s} fwd {t_f:9.1f} us  fwd+bwd {t_fb:9.1f} us  (max rel. error {max(errs):.1e}; "
+        print(f"  {label:60s} fwd {t_f:9.1f} us  fwd+bwd {t_fb:9.1f} us  (max rel. error {max(errs):.1e}; "
               f"generated + compiled + timed in {time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\nsweep of {', '.join(SWEEP_OPS)} (float32, median CUDA-event us, {n} nodes x {deg} in-edges):")
-    print(f"  {'setting':40s} {'fwd':>9s} {'fwd+bwd':>9s}")
+    print(f"  {'setting':60s} {'fwd':>9s} {'fwd+bwd':>9s}")
     for label, t_f, t_fb in sorted(rows, key=lambda r: r[2]):
-        print(f"  {label:40s} {t_f:9.1f} {t_fb:9.1f}")
+        print(f"  {label:60s} {t_f:9.1f} {t_fb:9.1f}")
     if failures:
         print("FAIL: settings whose conv_radial differs from rf @ wr + conv:\n  " + "\n  ".join(failures))
         raise SystemExit(1)
@@ -242,7 +267,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--degree", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run of this script (slow interpreter)")
-    ap.add_argument("--sweep", default=None, metavar="BB:BC:NW,...",
+    ap.add_argument("--sweep", default=None, metavar="BB:BC:NW[:FLAGS],...",
                     help="only time these block_b:block_c:num_warps settings of conv_radial_fwd and conv_radial_bwd "
                          "(e.g. 16:32:4,16:64:4,32:32:4,32:64:8); each compiles its Helion kernels (20-60 s)")
     ap.add_argument("--sweep-budget-s", type=float, default=360.0,

@@ -15,7 +15,8 @@ from ...analysis import fused_bwd_reason
 from ..render import render
 from ...ir import Block, TensorProductIR
 from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, fused_radial_kernels, graph_names, \
-    radial_kernel_context, segment_min_edges, segment_ops, small_graph_kernels
+    radial_kernel_context, radial_materialized_bwd, segment_min_edges, segment_ops, small_graph_kernels, \
+    small_radial_kernels
 from .fused import fused_bwd_kernels
 from .kernels import ALL_FAMILIES, kernel_context, wsum_rows
 from .tuning import DEFAULT_TUNING, TuningTable, tuning_of
@@ -156,13 +157,14 @@ def _radial_launchers(ir: TensorProductIR, tuning: TuningTable,
     """``conv_radial``'s launchers (``radial_<op>``: its tensors, the weights replaced by
     ``_RADIAL``), all its kernels, and its fused backward's outputs (or None)."""
     launchers, kernels = {}, []
+    small = small_radial_kernels(ir, tuning)
     for op, ks in radial_kernel_context(ir, tuning).items():
         base = op.removeprefix("radial_")
         segment = any(k["kind"] == "segment" for k in ks)
-        launchers[op] = {"name": op, "calls": _calls(ks), "small_calls": [], "segment": segment,
+        launchers[op] = {"name": op, "calls": _calls(ks), "small_calls": _calls(small.get(op, [])), "segment": segment,
                          "tensors": list(_CONV_ARGS[base][:2]) + _RADIAL + [_CONV_RESULT[base]],
                          "order_arg": names.index(NODE_OPS["conv_" + base][0]) if segment else None}
-        kernels += ks
+        kernels += ks + small.get(op, [])
     fused = fused_radial_kernels(ir, tuning)
     if not fused:
         return launchers, kernels, None
@@ -229,6 +231,7 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
         "radial_features": ir.radial_features,
         "radial_launchers": radial,
         "radial_fused": radial_fused,
+        "radial_materialized_bwd": radial_materialized_bwd(ir, tuning),
     }
     kernels = [k for ks in families.values() for k in ks] + [k for ks in small.values() for k in ks] + radial_kernels
     return {

@@ -68,7 +68,8 @@ from .tuning import DEFAULT_TUNING, Tuning, TuningTable, tuning_of
 __all__ = [
     "CONV_FAMILIES", "conv_operands", "conv_kernel_context", "small_graph_kernels", "fused_conv_kernels", "segment_ops",
     "segment_min_edges", "graph_names", "NODE_OPS", "SEGMENT_BLOCK_B", "SMALL_GRAPH_BLOCK_B", "RADIAL_FAMILIES",
-    "radial_kernel_context", "fused_radial_kernels", "DOT_SETTINGS",
+    "radial_kernel_context", "fused_radial_kernels", "DOT_SETTINGS", "RADIAL_NODE_OPS", "radial_segment_ops",
+    "sorted_scatters", "small_radial_kernels", "radial_materialized_bwd",
 ]
 
 # TP family -> (conv op name, how the computed operand is written)
@@ -138,6 +139,8 @@ def _conv_kernel(k: dict, family: str, segment: bool) -> dict:
 
 # the conv ops that scatter into nodes, and the graph tensors a segment reduction of each reads
 NODE_OPS = {"conv_fwd": ("dst_order", "dst_ptr"), "conv_bwd_x": ("src_order", "src_ptr")}
+# the radial ops that scatter into nodes, and the conv op whose scatter (and sort) each shares
+RADIAL_NODE_OPS = {"conv_radial_fwd": "conv_fwd", "conv_radial_bwd_x": "conv_bwd_x"}
 # edges per loop step of a segment op whose sub-table sets no block_b: more than one
 # makes every output component a cross-warp sum per step (Tuning.segment)
 SEGMENT_BLOCK_B = 1
@@ -154,10 +157,25 @@ def segment_ops(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> tu
     return tuple(op for op in NODE_OPS if ir.deterministic or tuning_of(tuning, op).segment)
 
 
+def radial_segment_ops(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> tuple[str, ...]:
+    """The radial ops (of ``conv_radial_fwd``, ``conv_radial_bwd_x``) whose node scatter is a
+    segment reduction: both with ``deterministic = true``, else those tuned ``segment = 1``."""
+    if not ir.conv or ir.radial_features is None:
+        return ()
+    return tuple(op for op in RADIAL_NODE_OPS if ir.deterministic or tuning_of(tuning, op).segment)
+
+
+def sorted_scatters(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> tuple[str, ...]:
+    """The node scatters (``NODE_OPS`` keys) whose index the graph is sorted by: those of the
+    segment conv ops and of the segment radial ops (a conv op and its radial op share one sort)."""
+    seg = set(segment_ops(ir, tuning)) | {RADIAL_NODE_OPS[op] for op in radial_segment_ops(ir, tuning)}
+    return tuple(op for op in NODE_OPS if op in seg)
+
+
 def graph_names(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> tuple[str, ...]:
     """The graph tensors every conv op takes after its three operands: ``src``, ``dst``,
-    then the sort order and CSR row pointers of each segment-reduced scatter."""
-    return ("src", "dst") + tuple(name for op in segment_ops(ir, tuning) for name in NODE_OPS[op])
+    then the sort order and CSR row pointers of each sorted scatter (``sorted_scatters``)."""
+    return ("src", "dst") + tuple(name for op in sorted_scatters(ir, tuning) for name in NODE_OPS[op])
 
 
 def _segment_steps(tuning: TuningTable, ops: tuple[str, ...]) -> TuningTable:
@@ -172,8 +190,9 @@ def segment_min_edges(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING)
     """Edges from which a segment op sorts the graph; below, a non-deterministic one
     launches its atomic kernels (``small_graph_kernels``). One value for the module (the
     graph is sorted once for every op): ``conv_fwd``'s, or ``conv_bwd_x``'s when only that
-    op is a segment op. 0 with ``deterministic = true`` or without segment ops."""
-    seg = segment_ops(ir, tuning)
+    op is a segment op, else the first segment radial op's. 0 with ``deterministic = true``
+    or without segment ops."""
+    seg = segment_ops(ir, tuning) + radial_segment_ops(ir, tuning)
     if ir.deterministic or not seg:
         return 0
     return tuning_of(tuning, seg[0]).segment_min_edges
@@ -222,6 +241,11 @@ def conv_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNIN
     return _families(ir, _segment_steps(tuning, seg), seg)
 
 
+def _has_fused_bwd(ir: TensorProductIR, t: Tuning) -> bool:
+    """An atomic convolution's fused backward exists (channelwise, ``fuse_bwd``, not deterministic)."""
+    return not ir.deterministic and bool(t.fuse_bwd) and fused_bwd_reason(ir) is None
+
+
 def fused_conv_kernels(ir: TensorProductIR, tuning: TuningTable) -> list[dict]:
     """The fused backward (``fused``) of an atomic convolution, or ``[]``.
 
@@ -231,7 +255,7 @@ def fused_conv_kernels(ir: TensorProductIR, tuning: TuningTable) -> list[dict]:
     true``, whose node gradients are segment reductions in a fixed order). Tuned as ``conv_bwd``.
     """
     t = tuning_of(tuning, "conv_bwd")
-    if ir.deterministic or not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+    if not _has_fused_bwd(ir, t):
         return []
     ops = conv_operands("src", False)
     return [
@@ -263,6 +287,13 @@ def _radial_doc(k: dict, radial_dot: int = 0) -> dict:
                 settings=FAST_DOT_SETTINGS if radial_dot else DOT_SETTINGS)
 
 
+def radial_materialized_bwd(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> bool:
+    """Whether ``conv_radial``'s fused backward is the conv's fused backward at ``W = rf @ Wr``
+    (``materialize = 1`` in ``conv_radial_bwd``'s sub-table, where the conv has a fused backward)."""
+    return (ir.radial_features is not None and bool(tuning_of(tuning, "conv_radial_bwd").materialize)
+            and _has_fused_bwd(ir, tuning_of(tuning, "conv_bwd")))
+
+
 def radial_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, list[dict]]:
     """Kernel contexts of ``conv_radial``'s ops (``radial_fwd``, ``radial_bwd_x``, ``radial_bwd_y``), or ``{}``
     without ``radial_features``.
@@ -271,17 +302,36 @@ def radial_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUN
     ``conv_radial_<family>_<n>`` and tuned as ``conv_radial_<op>`` (defaults: 16 edges per
     program, so that the product is a ``tl.dot``), not as the conv op: a segment op's one
     edge per step would leave a dot nothing to work on. The node scatters are segment
-    reductions with ``deterministic = true`` (16 edges a step), else atomics. An op whose
-    kernels read a weight tile of more than one channel axis (``uvw`` / ``uvv`` reductions,
-    ``kernels.RadialTileShape``) has none: the runtime forms its weights with a matmul and
-    calls the conv op.
+    reductions (``block_b`` edges a step, 16 by default) with ``deterministic = true`` or
+    where the op's sub-table sets ``segment = 1`` (``radial_segment_ops``), else atomics. An
+    op whose kernels read a weight tile of more than one channel axis (``uvw`` / ``uvv``
+    reductions, ``kernels.RadialTileShape``), or tuned ``materialize = 1``, has none: the
+    runtime forms its weights with a matmul and calls the conv op.
     """
+    return _radial_families(ir, tuning, radial_segment_ops(ir, tuning))
+
+
+def small_radial_kernels(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, list[dict]]:
+    """Per non-deterministic segment radial op (``radial_fwd``, ``radial_bwd_x``), its atomic
+    kernels (named ``<kernel>_small``) for graphs of fewer than ``segment_min_edges`` edges,
+    which are not sorted (as ``small_graph_kernels``). ``{}`` when there is none."""
+    seg = radial_segment_ops(ir, tuning) if segment_min_edges(ir, tuning) else ()
+    if not seg:
+        return {}
+    ops = {"radial_" + RADIAL_NODE_OPS[op].removeprefix("conv_") for op in seg}
+    return {op: [dict(k, name=k["name"] + "_small") for k in ks]
+            for op, ks in _radial_families(ir, tuning, ()).items() if op in ops}
+
+
+def _radial_families(ir: TensorProductIR, tuning: TuningTable, seg: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Radial op -> kernel contexts; ``seg``: the radial tuning ops whose node scatter is a segment reduction."""
     if ir.radial_features is None:
         return {}
-    seg = ("conv_radial_fwd", "conv_radial_bwd_x") if ir.deterministic else ()
     out = {}
     for family in RADIAL_FAMILIES:
         op, scatter = CONV_FAMILIES[family]
+        if tuning_of(tuning, "conv_radial_" + op).materialize:  # the runtime's matmul + conv op
+            continue
         segment = "conv_radial_" + op in seg and scatter != "edge"
         ops = _radial_operands(ir, scatter, segment)
         try:
@@ -299,7 +349,8 @@ def fused_radial_kernels(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNI
     tuned as ``conv_radial_bwd``), or ``[]``: it reads each edge's features tile once for
     ``dF/dx``, ``dF/dy`` and ``dF/dW`` (the last one feeds the two matmuls of the radial gradients)."""
     t = tuning_of(tuning, "conv_radial_bwd")
-    if ir.radial_features is None or ir.deterministic or not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+    if ir.radial_features is None or ir.deterministic or not t.fuse_bwd or t.materialize \
+            or fused_bwd_reason(ir) is not None:
         return []
     ops = _radial_operands(ir, "src", False)
     return [

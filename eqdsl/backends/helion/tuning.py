@@ -34,15 +34,17 @@ KEYS = {
     "hoist_components": (lambda v: 0 <= v <= 4096, "in [0, 4096]"),
     "hoist_weights": (lambda v: v in (0, 1), "0 (each weight tile loaded where first used) or 1 (at the top of the tile)"),
     "fuse_bwd": (lambda v: v in (0, 1), "0 (three backward ops) or 1 (one fused backward kernel where the product is channelwise)"),
-    "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd and conv_bwd_x)"),
+    "segment": (lambda v: v in (0, 1), "0 (hl.atomic_add scatter) or 1 (a sorted segment reduction; conv_fwd, conv_bwd_x, "
+                "conv_radial_fwd and conv_radial_bwd_x)"),
     "segment_min_edges": (lambda v: 0 <= v <= 1 << 31, "in [0, 2**31] (graphs with fewer edges use the atomic kernels)"),
+    "materialize": (lambda v: v in (0, 1), "0 (conv_radial's weights formed on chip) or 1 (formed with a matmul, then the "
+                    "conv op's kernels)"),
     "radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (tf32x3: three TF32 "
                    "tensor-core products, about float32 accuracy)"),
 }
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops, its fused backward, the convolution's, and
-# conv_radial's (``segment`` is not read there: its scatters are segment reductions exactly
-# with ``deterministic = true``)
+# conv_radial's
 OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w", "bwd", "conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w", "conv_bwd",
        "conv_radial_fwd", "conv_radial_bwd_x", "conv_radial_bwd_y", "conv_radial_bwd")
 
@@ -112,7 +114,8 @@ class Tuning:
     also gets the fused backward kernels (op ``bwd``), which read ``g`` once for all three
     gradients; off, only the three backward ops exist.
 
-    ``segment`` (1: on, 0: off; read for the conv ops ``conv_fwd`` and ``conv_bwd_x``):
+    ``segment`` (1: on, 0: off; read for the conv ops ``conv_fwd`` and ``conv_bwd_x`` and
+    their radial ops ``conv_radial_fwd`` and ``conv_radial_bwd_x``):
     that op scatters into nodes by a segment reduction (edges sorted by the scatter
     index, one program per node and channel tile, ``conv``) even where the spec
     allows atomics (``deterministic = false``; ``deterministic = true`` makes every node
@@ -124,7 +127,18 @@ class Tuning:
     atomic kernels instead (not with ``deterministic = true``): the sort costs host time,
     about 100 us per call on the H100 machine's host (mace_large on 512 edges: 220 against
     118 us), that the segment kernel wins back only on larger graphs (on 32,768 edges
-    348 against 543 us).
+    348 against 543 us). A radial op (``conv_radial_fwd``, ``conv_radial_bwd_x``) with
+    ``segment = 1`` steps ``block_b`` edges at a time (16 by default: its on-chip product
+    needs 16 rows for a dot) and sums each step's rows into one running row per output
+    component; the atomic alternative adds every edge's whole output row into memory
+    (mace_large's forward: ``num_edges x 9,088`` atomic adds, four times the per-edge
+    weights it saves reading).
+
+    ``materialize`` (read by the ``conv_radial_*`` ops; 0 by default): 1 gives that op no
+    radial kernels: it forms ``W = radial_features @ radial_weight`` with a matmul and runs
+    the conv op's kernels (for ``conv_radial_bwd``, the conv's fused backward), the same
+    function with the conv's memory traffic. For an op whose on-chip products cost more than
+    the weights' round trip through memory (measured per spec: ``radial_torch_check.py``).
 
     ``radial_dot`` (read by the ``conv_radial_*`` ops): their on-chip products
     ``rf_tile @ radial_weight[:, cols]`` with Helion's ``dot_precision="ieee"`` (0, the
@@ -151,6 +165,7 @@ class Tuning:
     fuse_bwd: int = 1
     segment: int = 0
     segment_min_edges: int = 8192
+    materialize: int = 0
     radial_dot: int = 0
 
 

@@ -56,8 +56,12 @@ class RadialConvOps:
             ``eqdsl.backends.helion.conv.radial_kernel_context``).
         radial_features: H, the width of ``radial_features``.
         segment: ``{op: position of its sort order in the graph}`` of the radial ops whose
-            node scatter is a segment reduction (``deterministic = true``).
+            node scatter is a segment reduction (``deterministic = true``, or tuned ``segment
+            = 1``: on a graph of fewer than ``segment_min_edges`` edges, which is not sorted,
+            their launchers run atomic kernels).
         fused: the fused radial backward's outputs, or None.
+        materialize_bwd: without ``fused``, the ``bwd`` op is the conv's fused backward at
+            ``W = rf @ Wr`` (spec ``materialize = 1`` in ``conv_radial_bwd``'s sub-table).
 
     Attributes:
         ops: ``{op name: operator}`` (``"fwd"`` is ``torch.ops.<namespace>.conv_radial_fwd.default``).
@@ -66,7 +70,8 @@ class RadialConvOps:
     """
 
     def __init__(self, conv: ConvOps, launchers: Mapping[str, Callable], *, radial_features: int,
-                 segment: Mapping[str, int] | None = None, fused: ConvFusedBackward | None = None):
+                 segment: Mapping[str, int] | None = None, fused: ConvFusedBackward | None = None,
+                 materialize_bwd: bool = False):
         self.conv = conv
         self.namespace = conv.namespace
         self.h = radial_features
@@ -77,9 +82,12 @@ class RadialConvOps:
         self.ops, self.impls = {}, {}
         for name in _OPS:
             self.ops[name] = self._define_operand_op(name)
-        if fused is not None:
+        if materialize_bwd and (fused is not None or "bwd" not in conv.impls):
+            raise ValueError(f"{self.namespace}: materialize_bwd needs the conv's fused backward and no radial one")
+        if fused is not None or materialize_bwd:
+            impl = self._bwd if fused is not None else self._bwd_materialized
             self.ops["bwd"] = self._define("bwd", ("x", "y", *_RADIAL, "g"), "(Tensor, Tensor, Tensor)",
-                                           self._bwd, self._bwd_fake)
+                                           impl, self._bwd_fake)
         register_radial_autograd(self.ops, conv.ops, graph=len(conv.graph_names))
         self._checked = CheckCache(self.check)
 
@@ -140,14 +148,17 @@ class RadialConvOps:
                 return conv_impl(a, b, rf @ wr, *graph, num_nodes)
             self.conv.check_op("radial_" + name, names, (a, b, rf, wr, *graph))
             edges = graph[0].shape[0]
+            # atomics add into zeros; a segment op on a sorted graph writes every node row itself
+            # (a graph of fewer than segment_min_edges edges is not sorted: its atomic kernels)
+            segment = order is not None and graph[order].numel() > 0
             if kind == "edge":
                 result = a.new_empty((edges, width))
-            else:  # atomics add into zeros; a segment op writes every node row itself
-                result = a.new_empty((num_nodes, width)) if order is not None else a.new_zeros((num_nodes, width))
+            else:
+                result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
             if edges > 0 and (kind == "edge" or num_nodes > 0):
                 launch(a.contiguous(), b.contiguous(), rf.contiguous(), wr.contiguous(), result,
                        *graph_args(graph, order))
-            elif kind == "node" and order is not None:
+            elif kind == "node" and segment:
                 result.zero_()
             return result
 
@@ -174,6 +185,12 @@ class RadialConvOps:
         if f.partials > 1:
             gy = gy.view(edges, f.partials, dim_in2).sum(1)
         return gx, gy, gw
+
+    def _bwd_materialized(self, x, y, rf, wr, g, *rest):
+        """``(dF/dx, dF/dy, dF/dW)`` at ``W = rf @ wr``: the matmul, then the conv's fused backward."""
+        *graph, num_nodes = rest
+        self.conv.check_op("radial_bwd", ("x", "y", *_RADIAL, "g"), (x, y, rf, wr, g, *graph), run=False)
+        return self.conv.impls["bwd"](x, y, rf @ wr, g, *graph, num_nodes)
 
     def _bwd_fake(self, x, y, rf, wr, g, *rest):
         *graph, num_nodes = rest
