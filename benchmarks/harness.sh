@@ -9,9 +9,10 @@
 #   bash benchmarks/harness.sh conv   the fused convolution (float32, float64) and the small-graph latency
 #   bash benchmarks/harness.sh radial conv_radial against the matmul + each convolution
 #
-# Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins (benchmarks/layout_twins.py --no-triton: with
-# their Triton code the twins are 14.3 MB, over the device tool's 64 MiB with the rest; without it,
-# their torch kernels compile with Helion in the twins step). Each call compiles what it times first
+# Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins.tar.xz (benchmarks/layout_twins.py with their
+# Triton code, packed: 0.7 MB; unpacked here into generated_twins/. Twins without Triton code run
+# Helion's code generation in every process that calls them, the timed one included: 113 s for
+# nequip_benzene's forward on 2026-11-27). Each call compiles what it times first
 # (precompile.py with the timed run's --problems, so the JAX cache keys match), builds
 # OpenEquivariance's extension beside it, then times with nothing else running. Caches live in
 # /tmp while the machine stays warm, so a later call on the same machine compiles little.
@@ -25,6 +26,7 @@ DEADLINE=${EQDSL_DEADLINE:-575}
 G1=mace_large,mace_medium,nequip_water,nequip_aspirin,nequip_toluene
 G2=nequip_benzene,nequix_main,sevennet_l3i5,diffdock_l2,tetris_poly_1,e3tools_conv
 T0=$(date +%s)
+if [ -f generated_twins.tar.xz ]; then rm -rf generated_twins && tar -xJf generated_twins.tar.xz; fi
 FULL=/tmp/harness/$CALL
 mkdir -p "$FULL"
 # OpenEquivariance's C++ extension (once per machine, ~30-60 s) beside the compile step; the

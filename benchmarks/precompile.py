@@ -54,6 +54,7 @@ CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 # conv_radial's ops with kernels of their own (a spec with radial_features; each where its launcher exists)
 RADIAL_OPS = ("conv_radial_fwd", "conv_radial_bwd_x", "conv_radial_bwd_y", "conv_radial_bwd")
 CONV_PROBLEMS = ("mace_large", "nequip_toluene")  # bench_conv.py's default problems
+TWIN_SUFFIX = "_irmul"  # the ir_mul twins' package names (benchmarks/layout_twins.py)
 LATENCY_PROBLEM = "mace_large"  # bench_conv.py's default latency problem
 JAX_IMPLS = "eqdsl_jax,eqdsl_jax_irmul,e3nn_jax"  # in the timed run's order (ALL_IMPLS)
 LATENCY_JAX_IMPLS = "eqdsl_jax,e3nn_jax"  # bench_conv.LATENCY_IMPLS' JAX ones, in order
@@ -112,15 +113,16 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
     out = []
     for p in problems:
         gen = generated / p
+        name = p.removesuffix(TWIN_SUFFIX)  # an ir_mul twin is benchmarked where its problem is
         modules = []
         if conv != "only" and (gen / "torch_ops.py").is_file():
             modules.append(("torch_ops.py", "helion_kernels.py", False))
-        if conv != "no" and (gen / "torch_conv.py").is_file() and (not bench or p in CONV_PROBLEMS):
+        if conv != "no" and (gen / "torch_conv.py").is_file() and (not bench or name in CONV_PROBLEMS):
             modules.append(("torch_conv.py", "helion_conv_kernels.py", True))
         for module, kernels_file, is_conv in modules:
             source = (gen / module).read_text(encoding="utf-8")
             lines = kernel_lines((gen / kernels_file).read_text(encoding="utf-8"))
-            for dt in dtypes or (["float32", "float64"] if p in FLOAT64_PROBLEMS else ["float32"]):
+            for dt in dtypes or (["float32", "float64"] if name in FLOAT64_PROBLEMS else ["float32"]):
                 if is_conv and dt != "float32" and bench:
                     continue  # bench_conv times float32 unless told otherwise
                 def cost(kernels, scale=1.5 if dt == "float64" else 1.0):

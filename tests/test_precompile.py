@@ -236,3 +236,16 @@ def test_bench_tp_warm_target_lowers_before_and_stops_after(monkeypatch):
     seen = {(r["problem"], r["direction"]): r["status"] for r in bench.results}
     assert seen == {("nequip_water", "fwd"): "lowered", ("nequip_water", "fwd+bwd"): "lowered",
                     ("tetris_poly_1", "fwd"): "warm", ("tetris_poly_1", "fwd+bwd"): "warm"}
+
+
+def test_bench_plan_of_twins(tmp_path):
+    """An ``ir_mul`` twin (``<problem>_irmul``, benchmarks/layout_twins.py) is planned as its problem:
+    ``--bench --conv-only`` compiles mace_large's twin conv (float32 only, as bench_conv times it),
+    and its plain product in float64 too (bench_tp's float64 rows)."""
+    import shutil
+    shutil.copytree(GEN / "mace_large", tmp_path / "mace_large_irmul")
+    conv = precompile.torch_jobs(["mace_large_irmul"], None, "only", True, False, tmp_path)
+    assert conv and {j.label.split("/")[1] for j in conv} == {"float32"}
+    assert all(j.label.startswith("mace_large_irmul/float32/conv_") for j in conv)
+    plain = precompile.torch_jobs(["mace_large_irmul"], None, "no", True, False, tmp_path)
+    assert {j.label.split("/")[1] for j in plain} == {"float32", "float64"}

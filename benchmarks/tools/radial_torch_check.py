@@ -31,7 +31,8 @@ the forward's, the node scatter as a segment reduction of ``block_b`` edges per 
 adds ``radial_dot = 1`` to both; ``b`` adds ``materialize = 1`` to the backward's: the conv's
 fused backward at ``W = rf @ wr``; a trailing ``m<N>`` sets ``max_terms = N`` in both), generates the spec (Helion kernels,
 compiled at first call) into a temporary directory, checks it in float32 and prints a table
-of fwd / fwd+bwd times sorted by fwd+bwd; ``--sweep-budget-s`` (360) stops starting settings.
+of fwd / fwd+bwd times sorted by fwd+bwd, with the composition ``rf @ wr`` + ``conv`` (the first
+setting's package, timed once) among them; ``--sweep-budget-s`` (360) stops starting settings.
 With the default 4,096 x 32 graph, 4 settings should take about 4 to 6 minutes on an H100.
 
 ``--radial-dot``: also generates the spec with ``radial_dot = 1`` (``mace_large_dot``, tf32x3
@@ -124,6 +125,9 @@ def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int, 
         for op in SWEEP_OPS)
 
 
+BASELINE = "rf @ wr + eqdsl conv (the first setting's package)"
+
+
 def run_sweep(args, torch, device) -> None:
     """``--sweep``: per ``block_b:block_c:num_warps`` setting of ``SWEEP_OPS``, generate the spec
     (Helion kernels, compiled at first call) into a temporary directory, check conv_radial
@@ -154,8 +158,10 @@ def run_sweep(args, torch, device) -> None:
         spec_path = out / "spec.toml"
         out.mkdir(parents=True)
         spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw, flags))
-        write_package(out / "pkg", generate_files(spec_path, out / "pkg", triton=False))
-        _, conv = import_modules(out / "pkg", f"mace_large_s{i}")
+        # a top-level name per setting: a second "pkg" would resolve to the first one's module
+        pkg_dir = out / f"pkg_s{i}"
+        write_package(pkg_dir, generate_files(spec_path, pkg_dir, triton=False))
+        _, conv = import_modules(pkg_dir, f"mace_large_s{i}")
         h = conv.RADIAL_FEATURES
         g = torch.Generator().manual_seed(1)
         ts = [torch.randn(n, conv.DIM_IN1, generator=g), torch.randn(dst.numel(), conv.DIM_IN2, generator=g),
@@ -184,6 +190,17 @@ def run_sweep(args, torch, device) -> None:
 
         t_f, t_fb = cuda_us(f_only, args.reps), cuda_us(lambda: fwd_bwd(*ts), args.reps)
         rows.append((label, t_f, t_fb))
+        if not any(r[0] == BASELINE for r in rows):  # the composition once, in the same run (this package's conv)
+            def unfused(*a, _c=conv):
+                return _c.conv(a[0], a[1], a[2] @ a[3], s, d, n, check=False)
+
+            def unfused_f(_a=ts):
+                with torch.no_grad():
+                    return unfused(*_a)
+
+            rows.append((BASELINE, cuda_us(unfused_f, args.reps),
+                         cuda_us(lambda: torch.autograd.grad(unfused(*ts), ts, gout), args.reps)))
+            print(f"  {BASELINE:60s} fwd {rows[-1][1]:9.1f} us  fwd+bwd {rows[-1][2]:9.1f} us", flush=True)
         print(f"  {label:60s} fwd {t_f:9.1f} us  fwd+bwd {t_fb:9.1f} us  (max rel. error {max(errs):.1e}; "
               f"generated + compiled + timed in {time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\nsweep of {', '.join(SWEEP_OPS)} (float32, median CUDA-event us, {n} nodes x {deg} in-edges):")
