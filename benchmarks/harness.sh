@@ -19,7 +19,9 @@
 # Results: $OUT/<call>.tar.xz (logs) and the call's JSON as $OUT/<call>_bench_*.json; merge the TP parts with
 #   python benchmarks/merge_json.py bench_tp.json tp1_bench_tp.json tp2_bench_tp.json
 # Measured 2026-11-27 (H100): one call for all TP problems ran out of its 600 s (ir_mul twins compiled
-# by Helion inside the timed process, OpenEquivariance's 56 s build, 178 s of JAX warm-up).
+# by Helion inside the timed process, OpenEquivariance's 56 s build, 178 s of JAX warm-up). The first run
+# of these four calls (results/s10) still lost most of tp2 and the float64 rows to twins carried without
+# Triton code; conv's JAX warm-up needed more than 190 s (two jobs killed), hence 240 s now.
 set -u
 CALL=${1:?usage: bash benchmarks/harness.sh tp1|tp2|conv|radial}
 DEADLINE=${EQDSL_DEADLINE:-575}
@@ -53,7 +55,7 @@ case $CALL in
   tp2) tp "$G2" ;;
   conv)
     OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only" EQDSL_TWINS_ARGS="--conv-only" \
-      bash benchmarks/run_device.sh precompile=200 twins=60 conv=-5 \
+      bash benchmarks/run_device.sh precompile=240 twins=60 conv=-5 \
       > "$FULL/run.log" 2>&1 ;;
   radial)
     OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --problems mace_large,nequip_toluene" \
