@@ -95,22 +95,22 @@ SWEEP_FLAGS = {"s": (("conv_radial_fwd",), "segment = 1"), "d": (SWEEP_OPS, "rad
                "b": (("conv_radial_bwd",), "materialize = 1")}
 
 
-def parse_setting(text: str) -> tuple[int, int, int, str]:
-    """``BB:BC:NW[:FLAGS]`` -> ``(block_b, block_c, num_warps, flags)``; ``FLAGS`` letters of
-    ``SWEEP_FLAGS``, then optionally ``m<N>`` (``max_terms = N`` in every sub-table: fewer
-    accumulators per kernel, more kernels)."""
-    m = re.fullmatch(rf"(\d+):(\d+):(\d+)(?::([{''.join(SWEEP_FLAGS)}]*(?:m\d+)?))?", text)
+def parse_setting(text: str) -> tuple[int, int, int, str, int | None]:
+    """``BB:BC:NW[:FLAGS]`` -> ``(block_b, block_c, num_warps, letters, max_terms)``; ``FLAGS``:
+    letters of ``SWEEP_FLAGS``, then optionally ``m<N>`` (``max_terms = N`` in every sub-table:
+    fewer accumulators per kernel, more kernels; None without it)."""
+    m = re.fullmatch(rf"(\d+):(\d+):(\d+)(?::([{''.join(SWEEP_FLAGS)}]*)(?:m(\d+))?)?", text)
     if not m:
         raise SystemExit(f"FAIL: --sweep setting {text!r}: expected BB:BC:NW[:FLAGS], FLAGS of "
                          f"{''.join(SWEEP_FLAGS)} then optionally m<max_terms>")
-    return int(m[1]), int(m[2]), int(m[3]), m[4] or ""
+    return int(m[1]), int(m[2]), int(m[3]), m[4] or "", int(m[5]) if m[5] else None
 
 
-def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int, flags: str = "") -> str:
+def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int, letters: str = "",
+               max_terms: int | None = None) -> str:
     """The spec ``text`` as ``mace_large_<tag>`` (its own torch.library namespace) with the
-    sub-tables of ``SWEEP_OPS`` replaced by ``block_b`` / ``block_c`` / ``num_warps`` and the
-    keys of ``flags`` (``SWEEP_FLAGS``: ``s`` the forward's node scatter as a segment
-    reduction, ``d`` tf32x3 dots)."""
+    sub-tables of ``SWEEP_OPS`` replaced by ``block_b`` / ``block_c`` / ``num_warps``, the keys
+    of ``letters`` (``SWEEP_FLAGS``) and ``max_terms``."""
     text, n = re.subn(r'(?m)^name = "mace_large"', f'name = "mace_large_{tag}"', text)
     if n != 1:
         raise SystemExit('FAIL: examples/specs/mace_large.toml: no name = "mace_large" line')
@@ -120,8 +120,8 @@ def sweep_spec(text: str, tag: str, block_b: int, block_c: int, num_warps: int, 
         text += "\n[tensor_product.tuning]\n"
     return text.rstrip("\n") + "\n" + "".join(
         f"\n[tensor_product.tuning.{op}]\nblock_b = {block_b}\nblock_c = {block_c}\nnum_warps = {num_warps}\n"
-        + "".join(SWEEP_FLAGS[f][1] + "\n" for f in flags.partition("m")[0] if op in SWEEP_FLAGS[f][0])
-        + (f"max_terms = {flags.partition('m')[2]}\n" if "m" in flags else "")
+        + "".join(SWEEP_FLAGS[f][1] + "\n" for f in letters if op in SWEEP_FLAGS[f][0])
+        + (f"max_terms = {max_terms}\n" if max_terms else "")
         for op in SWEEP_OPS)
 
 
@@ -146,10 +146,10 @@ def run_sweep(args, torch, device) -> None:
     s, d = src.to(device), dst.to(device)
     t_start, rows, failures = time.perf_counter(), [], []
     tmp = tempfile.TemporaryDirectory(prefix="radial_sweep_")
-    for i, (bb, bc, nw, flags) in enumerate(settings):
-        label = f"block_b={bb} block_c={bc} num_warps={nw}" + "".join(
-            f" {SWEEP_FLAGS[f][1].replace(' ', '')}" for f in flags.partition("m")[0]) + (
-            f" max_terms={flags.partition('m')[2]}" if "m" in flags else "")
+    for i, (bb, bc, nw, letters, max_terms) in enumerate(settings):
+        label = " ".join([f"block_b={bb} block_c={bc} num_warps={nw}"]
+                         + [SWEEP_FLAGS[f][1].replace(" ", "") for f in letters]
+                         + ([f"max_terms={max_terms}"] if max_terms else []))
         if time.perf_counter() - t_start > args.sweep_budget_s:
             print(f"  SKIPPED (over --sweep-budget-s {args.sweep_budget_s} s): {label}", flush=True)
             continue
@@ -157,7 +157,7 @@ def run_sweep(args, torch, device) -> None:
         out = Path(tmp.name) / f"s{i}"
         spec_path = out / "spec.toml"
         out.mkdir(parents=True)
-        spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw, flags))
+        spec_path.write_text(sweep_spec(text, f"s{i}", bb, bc, nw, letters, max_terms))
         # a top-level name per setting: a second "pkg" would resolve to the first one's module
         pkg_dir = out / f"pkg_s{i}"
         write_package(pkg_dir, generate_files(spec_path, pkg_dir, triton=False))
