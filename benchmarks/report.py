@@ -222,14 +222,8 @@ def table(header, rows, align=None):
 
 
 # eqdsl in each framework at its best layout: (the row's key, the layouts' implementations)
-EQDSL_BEST = {i: (fw, members) for fw, members in (("eqdsl_torch", ("eqdsl_torch", "eqdsl_torch_irmul")),
-                                                    ("eqdsl_jax", ("eqdsl_jax", "eqdsl_jax_irmul"))) for i in members}
-
-
-def eqdsl_best(cm: dict, impl: str):
-    """The fastest time among ``impl``'s framework's layouts in one configuration."""
-    times = [cm[m]["time_us"] for m in EQDSL_BEST[impl][1] if m in cm and cm[m].get("time_us")]
-    return min(times) if times else None
+# eqdsl's rows per framework, each at its faster layout
+EQDSL_FRAMEWORKS = (("eqdsl_torch", ("eqdsl_torch", "eqdsl_torch_irmul")), ("eqdsl_jax", ("eqdsl_jax", "eqdsl_jax_irmul")))
 
 
 def anchor_times(cm: dict, anchors=ANCHORS) -> dict:
@@ -240,6 +234,36 @@ def anchor_times(cm: dict, anchors=ANCHORS) -> dict:
         times = [cm[m]["time_us"] for m in members if m in cm and cm[m].get("time_us")]
         if times:
             out[a] = min(times)
+    return out
+
+
+def slower_rows(ms, kind) -> list[dict]:
+    """The rows where eqdsl in a framework, at its faster layout, is slower than an anchor at its
+    best: ``{"key", "problem", "dtype", "config", "direction", "impl", "time_us", "anchors"}``
+    with ``key`` = ``[radial/]problem/dtype/config/direction/eqdsl_torch|eqdsl_jax`` (the key of
+    ``reasons.json``) and ``anchors`` = ``[(anchor, label, fastest member impl, its time)]`` of
+    every anchor faster than it, in ``ANCHORS`` order."""
+    anchor_list = ANCHORS + [UNFUSED_ANCHOR] if kind == "radial" else ANCHORS
+    out = []
+    groups: dict[tuple, dict] = {}
+    for m in ms:
+        groups.setdefault((m["problem"], m["dtype"], m["config"], m["direction"]), {})[m["impl"]] = m
+    for (prob, dtype, cfg, direction), cm in groups.items():
+        timed = {i: m["time_us"] for i, m in cm.items() if m["status"] == "ok" and m["time_us"]}
+        for fw, members in EQDSL_FRAMEWORKS:
+            mine = [(timed[i], i) for i in members if i in timed]
+            if not mine:
+                continue
+            t, impl = min(mine)
+            beat = []
+            for a, lbl, amembers in anchor_list:
+                at = [(timed[i], i) for i in amembers if i in timed]
+                if at and min(at)[0] < t:
+                    beat.append((a, lbl, min(at)[1], min(at)[0]))
+            if beat:
+                key = ("radial/" if kind == "radial" else "") + f"{prob}/{dtype}/{cfg}/{direction}/{fw}"
+                out.append({"key": key, "problem": prob, "dtype": dtype, "config": cfg, "direction": direction,
+                            "impl": impl, "time_us": t, "anchors": beat})
     return out
 
 
@@ -256,7 +280,10 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
         pm = [m for m in ms if m["problem"] == prob]
         out.append(f"### {prob}\n")
         cfgs = list(dict.fromkeys((m["dtype"], m["config"], m["direction"]) for m in pm))
-        rows, lost = [], []
+        rows = []
+        lost = [f"- `{r['key']}` ({IMPL_LABEL[r['impl']]}, {fmt_us(r['time_us'])} µs): slower than "
+                f"{', '.join(lbl for _, lbl, _, _ in r['anchors'])}: "
+                + (reasons.get(r["key"]) or "reason not measured yet") for r in slower_rows(pm, kind)]
         for dtype, cfg, direction in cfgs:
             cm = {m["impl"]: m for m in pm if (m["dtype"], m["config"], m["direction"]) == (dtype, cfg, direction)}
             anchors = anchor_times(cm, anchor_list)
@@ -268,13 +295,6 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
                 t = m["time_us"]
                 ratios = [fmt_x(anchors[a] / t) if a in anchors and impl not in members else "-"
                           for a, _, members in anchor_list]
-                if impl in EQDSL_BEST and t == eqdsl_best(cm, impl):
-                    slower = [lbl for a, lbl, _ in anchor_list if a in anchors and anchors[a] < t]
-                    if slower:
-                        key = ("radial/" if kind == "radial" else "") + \
-                            f"{prob}/{dtype}/{cfg}/{direction}/{EQDSL_BEST[impl][0]}"
-                        lost.append(f"- `{key}` ({IMPL_LABEL[impl]}, {fmt_us(t)} µs): slower than {', '.join(slower)}: "
-                                    + (reasons.get(key) or "reason not measured yet"))
                 gbps = m["floor_bytes"] / (t * 1e-6) / 1e9 if m["floor_bytes"] else None
                 frac = m["floor_us"] / t if m["floor_us"] else None
                 if kind in ("conv", "radial"):

@@ -204,6 +204,34 @@ def test_report_anchors_at_their_best_and_lost_rows(tmp_path):
     assert f"- `{key}` (eqdsl torch, 400 µs): slower than OEQ: measured: 40 registers short" in md
 
 
+
+def test_ncu_cases_of_unexplained_rows(tmp_path):
+    """``tools/ncu_missing.py`` lists a case for each lost row with no reason: the losing eqdsl
+    framework's faster layout and the fastest member of each anchor that beat it; explained rows
+    and rows eqdsl wins are left out, and conv cases carry their graph."""
+    ncu_missing = _load("tools.ncu_missing")
+    report = _load("report")
+    tp_path, conv_path = _synthetic(tmp_path)[:2]
+    tp = json.loads(tp_path.read_text())
+    extra = {"eqdsl_torch_irmul": 350.0, "cueq_irmul": 500.0, "oeq": 300.0, "eqdsl_jax_irmul": 250.0}
+    tp["results"] += [dict(tp["results"][0], impl=k, time_us=v, status="ok") for k, v in extra.items()]
+    tp["rows"][0]["times_us"].update(extra)
+    tp["meta"] = dict(tp["meta"], impls=tp["meta"]["impls"] + list(extra))
+    tp_path.write_text(json.dumps(tp))
+    args = report.parse_args(["--tp", str(tp_path), "--conv", str(conv_path)])
+    data = report.load_inputs(args)
+    # torch at its faster layout (ir_mul, 350) loses to OEQ (300); jax (ir_mul, 250) wins;
+    # conv: eqdsl torch 400 loses to nothing timed but e3nn (4000): no case
+    assert ncu_missing.ncu_cases(data, {}) == [":mace_large:float32:fwd:eqdsl_torch_irmul,oeq"]
+    assert ncu_missing.ncu_cases(data, {"mace_large/float32/20000/fwd/eqdsl_torch": "measured"}) == []
+    conv = json.loads(conv_path.read_text())
+    conv["rows"][0]["times_us"]["cueq_irmul"] = 100.0
+    conv["results"].append(dict(conv["results"][0], impl="cueq_irmul", time_us=100.0, status="ok"))
+    conv["meta"] = dict(conv["meta"], impls=conv["meta"]["impls"] + ["cueq_irmul"])
+    conv_path.write_text(json.dumps(conv))
+    cases = ncu_missing.ncu_cases(report.load_inputs(args), {"mace_large/float32/20000/fwd/eqdsl_torch": "x"})
+    assert cases == ["rand512x64:mace_large:float32:fwd+bwd:eqdsl_torch,cueq_irmul"]
+
 def test_report_symmetric_section(tmp_path):
     """``--symmetric ELEMENTS=LOG``: the bench log's date, device and RESULT lines become rows,
     eqdsl's ratios against cuEquivariance of the same log and dtype (time of cuEq / time of eqdsl)."""
