@@ -63,6 +63,9 @@ def pkgs(tmp_path_factory):
     return {
         "channelwise": build(radial_spec("radial_cw", CHANNELWISE, h=3), root),
         "mixed": build(radial_spec("radial_mixed", MIXED, h=13, reduce="mean", layout="ir_mul"), root),
+        # pallas_radial_materialize: no radial kernels, conv_radial = matmul + the conv's kernels
+        "materialize": build(radial_spec("radial_mat", CHANNELWISE, h=3, reduce="mean")
+                             + "[tensor_product.tuning]\npallas_radial_materialize = 1\n", root),
     }
 
 
@@ -124,10 +127,35 @@ def test_generated_radial_kernels(pkgs):
         in open(c._kernels.__file__).read()
 
 
-BLOCKS = {"channelwise": dict(block_edges=4, segment_edges=2), "mixed": dict(block_edges=DOT, segment_edges=DOT)}
+BLOCKS = {"channelwise": dict(block_edges=4, segment_edges=2), "mixed": dict(block_edges=DOT, segment_edges=DOT),
+          "materialize": dict(block_edges=4, segment_edges=2)}
 
 
-@pytest.mark.parametrize("kind", ["channelwise", "mixed"])
+def test_materialized_package_has_no_radial_kernels(pkgs, tmp_path):
+    """``pallas_radial_materialize = 1``: no radial kernels are generated, RADIAL_OPS is None,
+    and ``conv_radial`` still takes (and checks) the radial features and matrix; another value
+    is refused with one line."""
+    from eqdsl.backends import check_tuning
+    from eqdsl.errors import SpecError
+    from eqdsl.spec import load_spec
+
+    (tmp_path / "bad.toml").write_text(radial_spec("radial_bad", CHANNELWISE, h=3)
+                                       + "[tensor_product.tuning]\npallas_radial_materialize = 2\n")
+    with pytest.raises(SpecError, match="pallas_radial_materialize") as e:
+        check_tuning(load_spec(tmp_path / "bad.toml")[0])
+    assert "\n" not in str(e.value)
+    b = pkgs["materialize"]
+    k = b.ops._kernels
+    text = open(k.__file__).read()
+    assert "def _radial_" not in text and not hasattr(k, "RADIAL_FWD_KERNELS")
+    assert k.RADIAL_FEATURES == b.ops.RADIAL_FEATURES == 3 and b.ops.RADIAL_OPS is None
+    rng = np.random.default_rng(6)
+    x, y, rf, wr, src, dst = data(b.ir, rng, 4, 9)
+    with pytest.raises(ValueError, match="radial_weight"):
+        b.ops.conv_radial(x, y, rf, wr[:, :-1], src, dst, 4)
+
+
+@pytest.mark.parametrize("kind", ["channelwise", "mixed", "materialize"])
 def test_forward_and_vjp_match_composition_and_reference(pkgs, kind):
     b, blocks = pkgs[kind], BLOCKS[kind]
     rng = np.random.default_rng(1)
@@ -152,11 +180,12 @@ def test_forward_and_vjp_match_composition_and_reference(pkgs, kind):
     assert rel_err(out32, conv_reference(b.ir, x, y, w, src, dst, n)) <= TOL["float32"]
 
 
-def test_check_grads_order2_all_four_inputs(pkgs):
+@pytest.mark.parametrize("kind", ["channelwise", "materialize"])
+def test_check_grads_order2_all_four_inputs(pkgs, kind):
     """Reverse mode to second order w.r.t. node features, edge attributes, radial features
     and radial weight (float64): the radial kernels, the fused backward and its VJP, the
-    conv's bwd_w and its VJP."""
-    b, blocks = pkgs["channelwise"], BLOCKS["channelwise"]
+    conv's bwd_w and its VJP (materialize: the conv's VJP through the matmul)."""
+    b, blocks = pkgs[kind], BLOCKS[kind]
     rng = np.random.default_rng(0)
     n, e = 5, 11
     x, y, rf, wr, src, dst = data(b.ir, rng, n, e)

@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
-# Nsight Compute on the rows of this machine's harness run that an anchor wins with no measured
-# reason yet (issue 28's done-when): run it as the device call right after `harness.sh conv` (and
-# `radial`) on the same warm machine, with the same carry. It merges /tmp/harness/{tp1,tp2}'s
-# bench_tp.json, lists the cases (ncu_missing.py against benchmarks/results/reasons.json) and runs
-# ncu_rows.py on each, in table order, until its deadline (EQDSL_DEADLINE, default 570 s).
-# Results: $OUT/ncu.tar.xz (ncu_<i>.json, ncu.log, cases.txt, run.log); the log's tail is printed.
+# Nsight Compute on the rows of a harness run that an anchor wins with no measured reason yet
+# (issue 28's done-when): the device call after `harness.sh conv` / `radial`, with the same carry.
+# Its JSON: this machine's /tmp/harness/{tp1,tp2,conv} if the machine is still the harness's, else
+# the copies carried in $NCU_JSON_DIR (default benchmarks/results/s11: tp1_bench_tp.json,
+# tp2_bench_tp.json, conv_bench_conv.json, as harness.sh names them), since a machine goes back after
+# 30 minutes held and the four harness calls take about that long. It merges the TP parts, lists the
+# cases (ncu_missing.py against benchmarks/results/reasons.json) and runs ncu_rows.py on each, in table
+# order, until its deadline (EQDSL_DEADLINE, default 570 s). On a fresh machine it installs the carried
+# wheels and builds OpenEquivariance's extension first (kernels compile inside each profiled process,
+# outside the profiled range). Results: $OUT/ncu.tar.xz (ncu_<i>.json, ncu.log, cases.txt, run.log).
 set -u
 T0=$(date +%s)
 DEADLINE=${EQDSL_DEADLINE:-570}
 L=/tmp/harness/ncu; mkdir -p "$L"
 RESULTS=${OUT:-/tmp/out}; mkdir -p "$RESULTS"
 if [ -f generated_twins.tar.xz ] && [ ! -d generated_twins ]; then tar -xJf generated_twins.tar.xz; fi
+[ -f /tmp/site/.eqdsl_installed ] || OUT=$L bash benchmarks/run_device.sh report=5 > "$L/install.log" 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EQDSL_CACHE_DIR=/tmp/eqcache TRITON_CACHE_DIR=/tmp/tcache
-[ -d .whl_oeq ] && . benchmarks/tools/oeq_env.sh > "$L/oeq_env.log" 2>&1
+if [ -d .whl_oeq ]; then
+  . benchmarks/tools/oeq_env.sh > "$L/oeq_env.log" 2>&1
+  python3 -c "import openequivariance, torch; print('oeq ready', torch.ops.libtorch_tp_jit)" >> "$L/oeq_env.log" 2>&1
+fi
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); export NCU
-if [ ! -f /tmp/site/.eqdsl_installed ]; then
-  echo "no harness run on this machine (/tmp/site empty): run harness.sh first, on the same warm machine" | tee "$L/run.log"
-  exit 1
-fi
-tps=(); for c in tp1 tp2; do [ -f /tmp/harness/$c/bench_tp.json ] && tps+=(/tmp/harness/$c/bench_tp.json); done
+D=${NCU_JSON_DIR:-benchmarks/results/s11}
+pick() {  # $1: this machine's file, $2: the carried copy
+  if [ -f "$1" ]; then echo "$1"; elif [ -f "$2" ]; then echo "$2"; fi
+}
+tps=()
+for c in tp1 tp2; do f=$(pick /tmp/harness/$c/bench_tp.json "$D/${c}_bench_tp.json"); [ -n "$f" ] && tps+=("$f"); done
 args=()
 if [ ${#tps[@]} -gt 0 ]; then
-  python3 benchmarks/merge_json.py "$L/bench_tp.json" "${tps[@]}" && args+=(--tp "$L/bench_tp.json")
+  python3 benchmarks/merge_json.py "$L/bench_tp.json" "${tps[@]}" > /dev/null && args+=(--tp "$L/bench_tp.json")
 fi
-[ -f /tmp/harness/conv/bench_conv.json ] && args+=(--conv /tmp/harness/conv/bench_conv.json)
+f=$(pick /tmp/harness/conv/bench_conv.json "$D/conv_bench_conv.json"); [ -n "$f" ] && args+=(--conv "$f")
 python3 benchmarks/tools/ncu_missing.py "${args[@]}" --reasons benchmarks/results/reasons.json > "$L/cases.txt"
-echo "$(wc -l < "$L/cases.txt") cases from ${args[*]}" >> "$L/run.log"
+echo "setup $(( $(date +%s) - T0 )) s; $(wc -l < "$L/cases.txt") cases from ${tps[*]} ${args[*]}" >> "$L/run.log"
 i=0
 while IFS= read -r c; do
   i=$((i + 1)); left=$(( DEADLINE - ($(date +%s) - T0) ))
@@ -37,5 +46,5 @@ while IFS= read -r c; do
   echo "case $i $c rc $? at $(( $(date +%s) - T0 )) s" >> "$L/run.log"
 done < "$L/cases.txt"
 tar -C /tmp/harness -cJf "$RESULTS/ncu.tar.xz" ncu
-cp "$L/run.log" "$L/ncu.log" "$RESULTS/" 2>/dev/null
+cp "$L/run.log" "$L/ncu.log" "$L/cases.txt" "$RESULTS/" 2>/dev/null
 tail -n 40 "$L/ncu.log"; cat "$L/run.log"

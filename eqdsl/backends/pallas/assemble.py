@@ -21,7 +21,9 @@ the weights (``plan.RADIAL_KINDS``, and the conv's fused backward if it has one)
 get a radial variant (``RADIAL_*_KERNELS``): the same bodies, split like the conv's, whose
 operands ``rf_ref`` ``(rows, H)`` and ``wr_ref`` ``(H, weight_numel)`` replace ``w_ref`` and
 whose weight reads are ``stmts.RadialRead`` statements (each path's weight tile formed
-on chip as ``rf @ wr[:, columns]``, ``eqdsl.runtime.jax.tiles.radial_vec``).
+on chip as ``rf @ wr[:, columns]``, ``eqdsl.runtime.jax.tiles.radial_vec``). With
+``pallas_radial_materialize = 1`` there are none: the runtime's ``conv_radial`` forms the
+weights with a matmul and calls the conv's kernels.
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # the runtime forms a larger kernel's tiles with multiply-adds), and of its fused
     # backward if it has one (not split by columns: the runtime's fallback applies)
     radial = None
-    if ir.radial_features is not None:
+    if ir.radial_features is not None and t.radial_materialize:  # conv(x, y, rf @ wr): no kernels of its own
+        radial = {"features": ir.radial_features, "kernel_sets": [], "fused": None, "materialize": True}
+    elif ir.radial_features is not None:
         terms, fused_terms = t.conv_max_terms, t.conv_fused_max_terms
         radial = {
             "features": ir.radial_features,
@@ -108,6 +112,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "radial",
                                    split_blocks=fused_terms is not None, factored=factored,
                                    radial=ir.radial_features) if conv_fused else None,
+            "materialize": False,
         }
     for k in _every_kernel(kernels, fused, conv_family, radial):
         if factored and not (t.factor == 2 and k["kind"].startswith("fwd")):  # fewer operations on channel tiles

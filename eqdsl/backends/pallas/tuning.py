@@ -54,6 +54,8 @@ KEYS = {
                              "the product is channelwise)"),
     "pallas_radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (TF32x3: "
                           "three TF32 tensor-core products, about float32 accuracy)"),
+    "pallas_radial_materialize": (lambda v: v in (0, 1), "0 (conv_radial's weights formed on chip) or 1 (formed "
+                                  "with a matmul, then the conv's kernels)"),
 }
 
 
@@ -87,6 +89,8 @@ class PallasTuning:
     ``conv_radial``'s on-chip products (``rf_rows @ radial_weight[:, cols]``) in IEEE float32
     (0) or ``DotAlgorithmPreset.TF32_TF32_F32_X3`` (1: Triton ``tf32x3``, faster, about float32
     accuracy, not bitwise IEEE; float32 on the GPU only, ``eqdsl.runtime.jax.tiles``).
+    ``radial_materialize``: ``conv_radial`` generates no radial kernels and runs
+    ``conv(x, y, rf @ wr)`` (a full-precision matmul, then the conv's kernels).
     ``block_batch_by_dtype`` / ``segment_edges_by_dtype``: ``(dtype, value)`` pairs of the
     ``pallas_block_batch_<dtype>`` / ``pallas_segment_edges_<dtype>`` keys, which replace
     ``block_batch`` / ``segment_edges`` for that dtype's calls.
@@ -102,6 +106,7 @@ class PallasTuning:
     conv_max_terms: int | None = None
     conv_fused_max_terms: int | None = None
     radial_dot: int = 0
+    radial_materialize: bool = False
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
     segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
 
@@ -133,6 +138,10 @@ def tuning_of(pairs=()) -> PallasTuning:
         # pallas_radial_dot: an opt-in speed / accuracy trade-off (another rounding of the
         # product than IEEE float32), so off by default
         radial_dot=int(v.get("pallas_radial_dot", 0)),
+        # pallas_radial_materialize: measured per problem. On bulk Si (H100, 2026-11-26) the
+        # on-chip JAX conv_radial took 11,936 / 24,136 us (mace_large fwd / fwd+bwd) against
+        # 2,554 / 7,543 for the matmul + conv, so a spec may choose the latter
+        radial_materialize=bool(v.get("pallas_radial_materialize", 0)),
         # per-dtype blocks (H100, 2026-11-27, exp jax_sweep): mace_large's TP fwd+bwd in float64
         # took 3,363 us at 4 rows (the fused backward spilling) and 2,264 at 2; nequip_toluene's
         # float64 conv forward 11,602 us at 2 edges per step and 9,198 at 1. Their float32

@@ -64,14 +64,22 @@ class RadialKernels:
             ``(H, weight_numel)`` in place of the weights (formed on chip).
         backward_fused_kernels: the fused backward's ``(kernel, dF/dx width, weight width)``
             triples in that form, or None; ``gx1_segments`` as ``ConvKernels``'.
+        materialize: no kernels of its own (``fwd`` ... None; spec key
+            ``pallas_radial_materialize``): ``conv_radial`` runs the conv at
+            ``radial_features @ radial_weight``.
     """
 
     features: int
-    fwd: tuple
-    bwd_x1: tuple
-    bwd_x2: tuple
+    fwd: tuple | None = None
+    bwd_x1: tuple | None = None
+    bwd_x2: tuple | None = None
     backward_fused_kernels: tuple | None = None
     gx1_segments: tuple | None = None
+    materialize: bool = False
+
+    def __post_init__(self):
+        if self.materialize != (self.fwd is None or self.bwd_x1 is None or self.bwd_x2 is None):
+            raise ValueError("RadialKernels: give fwd, bwd_x1 and bwd_x2, or materialize=True and none of them")
 
 
 class TensorProductFunctions:
@@ -97,7 +105,8 @@ class TensorProductFunctions:
     Attributes:
         kernel_ops: the four kernels as ``autodiff.TensorProductVJP``.
         conv_ops: the four conv kernels as ``TensorProductVJP`` (None without ``conv``).
-        radial_ops: ``conv_radial``'s kernels as ``autodiff.RadialVJP`` (None without ``radial``).
+        radial_ops: ``conv_radial``'s kernels as ``autodiff.RadialVJP`` (None without ``radial``,
+            or where it materializes the weights).
 
     Raises:
         ValueError: ``radial`` without ``conv``, or with shared weights.
@@ -139,9 +148,10 @@ class TensorProductFunctions:
         if radial is not None:
             if conv is None or shared_weights:
                 raise ValueError(f"{kernels.NAME}: conv_radial needs the conv and per-edge weights")
-            self.radial_ops = make_radial_vjp_ops(
-                self.conv_ops, *self._radial_launchers(radial),
-                fused=self._radial_backward_fused if radial.backward_fused_kernels is not None else None)
+            if not radial.materialize:
+                self.radial_ops = make_radial_vjp_ops(
+                    self.conv_ops, *self._radial_launchers(radial),
+                    fused=self._radial_backward_fused if radial.backward_fused_kernels is not None else None)
             self._conv_radial = jax.jit(self._conv_radial_traced, static_argnames=("num_nodes", "block", "interpret"))
 
     # ------------------------------------------------------------------ the plain product
@@ -296,7 +306,8 @@ class TensorProductFunctions:
                     check: bool = True, interpret: bool | None = None, block_edges: int | None = None,
                     segment_edges: int | None = None):
         """``conv(node_features, edge_attr, radial_features @ radial_weight, src, dst, num_nodes)``
-        with each edge's weights formed on chip (the generated module's ``conv_radial``)."""
+        with each edge's weights formed on chip, or by a matmul where ``radial.materialize``
+        (the generated module's ``conv_radial``)."""
         if self.radial_kernels is None:
             raise ValueError(f"{self.kernels.NAME}: no conv_radial; set radial_features = H in the spec (with "
                              "conv = true and per-edge weights)")
@@ -312,6 +323,9 @@ class TensorProductFunctions:
                                  interpret=use_interpret(interpret))
 
     def _conv_radial_traced(self, x, y, rf, wr, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
+        if self.radial_ops is None:  # materialized: the matmul at full precision (as the unfused reference)
+            w = jnp.matmul(rf, wr, precision=jax.lax.Precision.HIGHEST)
+            return self._conv_traced(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=interpret)
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
         out = self.radial_ops.fwd(x, pad_rows(y, rows), pad_rows(rf, rows), wr, graph, block, interpret)
