@@ -6,7 +6,8 @@
 #                                     nequip_aspirin, nequip_toluene (float32; float64 for mace_large
 #                                     and nequip_toluene)
 #   bash benchmarks/harness.sh tp2    the tensor product: the other problems (float32)
-#   bash benchmarks/harness.sh conv   the fused convolution (float32, float64) and the small-graph latency
+#   bash benchmarks/harness.sh conv   the fused convolution in float32, and the small-graph latency
+#   bash benchmarks/harness.sh conv64 the fused convolution in float64 (mace_large, nequip_toluene)
 #   bash benchmarks/harness.sh radial conv_radial against the matmul + each convolution
 #
 # Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins.tar.xz (benchmarks/layout_twins.py with their
@@ -23,7 +24,7 @@
 # of these four calls (results/s10) still lost most of tp2 and the float64 rows to twins carried without
 # Triton code; conv's JAX warm-up needed more than 190 s (two jobs killed), hence 240 s now.
 set -u
-CALL=${1:?usage: bash benchmarks/harness.sh tp1|tp2|conv|radial}
+CALL=${1:?usage: bash benchmarks/harness.sh tp1|tp2|conv|conv64|radial}
 DEADLINE=${EQDSL_DEADLINE:-575}
 G1=mace_large,mace_medium,nequip_water,nequip_aspirin,nequip_toluene
 G2=nequip_benzene,nequix_main,sevennet_l3i5,diffdock_l2,tetris_poly_1,e3tools_conv
@@ -53,8 +54,12 @@ twins_of() {  # the ir_mul twin packages of these problems that generated_twins 
 case $CALL in
   tp1) tp "$G1" ;;
   tp2) tp "$G2" ;;
-  conv)
-    OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only" EQDSL_TWINS_ARGS="--conv-only" \
+  conv|conv64)  # one dtype per call: both did not fit one (2026-11-27: 230 s of compiling on a fresh
+    # machine, then the float32 rows and 2 of the 12 float64 ones). The precompile, the twins' and the
+    # timed run get the same --dtypes, so that the JAX warm-ups lower what the timed run lowers
+    dt=float32; [ "$CALL" = conv64 ] && dt=float64
+    OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --dtypes $dt" \
+      EQDSL_TWINS_ARGS="--conv-only --dtypes $dt" EQDSL_CONV_ARGS="--dtypes $dt" \
       bash benchmarks/run_device.sh precompile=240 twins=60 conv=-5 \
       > "$FULL/run.log" 2>&1 ;;
   radial)

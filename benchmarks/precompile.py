@@ -123,8 +123,8 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
             source = (gen / module).read_text(encoding="utf-8")
             lines = kernel_lines((gen / kernels_file).read_text(encoding="utf-8"))
             for dt in dtypes or (["float32", "float64"] if name in FLOAT64_PROBLEMS else ["float32"]):
-                if is_conv and dt != "float32" and bench:
-                    continue  # bench_conv times float32 unless told otherwise
+                if is_conv and dt != "float32" and bench and not dtypes:
+                    continue  # bench_conv times float32 unless told otherwise (harness.sh conv64)
                 def cost(kernels, scale=1.5 if dt == "float64" else 1.0):
                     return scale * (10 + sum(lines.get(k, 200) for k in kernels) / 25)
 
@@ -139,7 +139,8 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
     return out
 
 
-def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subset: bool = False) -> list[Job]:
+def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subset: bool = False,
+             dtypes: list[str] | None = None) -> list[Job]:
     """Warm-up runs of the benchmarks' JAX implementations, one process per problem and benchmark.
 
     Each compiles its problem (``--warm-target``) after lowering, in the timed run's order, what
@@ -147,7 +148,7 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
     its persistent-cache key, came out different after other lowerings in the same process (the
     same text, other bytes), so a job that compiled its problem alone missed the cache for
     every fused backward but the timed run's first. ``subset``: pass ``problems`` on (the timed
-    run was given the same ``--problems``)."""
+    run was given the same ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise)."""
     out = []
     for p in problems:
         gen = generated / p
@@ -155,7 +156,7 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
             continue
         size = (gen / "pallas_kernels.py").stat().st_size if (gen / "pallas_kernels.py").is_file() else 0
         common = ("--generated", str(generated), "--specs", str(specs), "--impls", JAX_IMPLS, "--warm-only",
-                  "--warm-target", p)
+                  "--warm-target", p) + (("--dtypes", ",".join(dtypes)) if dtypes else ())
         if conv != "only":
             dts = 2 if p in FLOAT64_PROBLEMS else 1
             out.append(Job(f"{p}/jax/tp", (sys.executable, str(ROOT / "benchmarks" / "bench_tp.py"), "--batch", "20000")
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
     dtypes = args.dtypes.split(",") if args.dtypes else None
     todo = torch_jobs(problems, dtypes, conv, args.bench, not args.per_op, args.generated)
     if args.jax:
-        todo += jax_jobs(problems, conv, args.generated, args.specs, subset=bool(args.problems))
+        todo += jax_jobs(problems, conv, args.generated, args.specs, subset=bool(args.problems), dtypes=dtypes)
     todo = schedule(todo)
     if args.list:
         for j in todo:

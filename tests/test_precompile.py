@@ -117,6 +117,9 @@ def test_torch_jobs_filters():
     only32 = _keys(torch_jobs(("float32",), "no", bench=True, per_kernel=False))
     assert {k[1] for k in only32} == {"float32"} and not any(k[2].startswith("conv_") for k in only32)
     assert {k[2] for k in only32} == {"fwd", "bwd", "bwd_x1", "bwd_x2", "bwd_w"}
+    # bench_conv times float32 unless told otherwise: float64 conv kernels only when asked for
+    asked = _keys(torch_jobs(("float64",), "only", bench=True, per_kernel=False))
+    assert asked and {k[1] for k in asked} == {"float64"} and {k[0] for k in asked} == {"mace_large", "nequip_toluene"}
     conv_only = _keys(torch_jobs(conv="only", bench=False, per_kernel=False))
     # and conv_radial's ops where a spec has radial_features
     assert {k[2] for k in conv_only} - set(precompile.RADIAL_OPS) == {
@@ -166,6 +169,10 @@ def test_jax_jobs():
     for j in sub:
         want = "mace_large" if j.label.endswith("/jax/conv") else "nequip_water,mace_large"
         assert j.argv[j.argv.index("--problems") + 1] == want
+    # dtypes are passed on too (harness.sh conv64 times float64 alone)
+    for j in precompile.jax_jobs(["mace_large"], "only", GEN, SPECS, subset=True, dtypes=["float64"]):
+        assert j.argv[j.argv.index("--dtypes") + 1] == "float64"
+    assert all("--dtypes" not in j.argv for j in jobs)
     assert all(j.label.endswith("/jax/tp") for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
     assert all(j.label.endswith("/jax/conv") for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
 
