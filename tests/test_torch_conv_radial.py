@@ -75,6 +75,34 @@ segment = 1
 [tensor_product.tuning.conv_radial_bwd]
 materialize = 1
 """,
+    # rad_dot with materialize = 1 in every radial op: no radial kernels; conv_radial is the
+    # composition conv(x, y, rf @ Wr) (autograd keeps W, as the unfused path)
+    "rad_mat": """
+[[tensor_product]]
+name = "rad_mat"
+irreps_in1 = "16x0e"
+irreps_in2 = "0e+1o"
+irreps_out = "0e+1o"
+mode = "uvu"
+shared_weights = false
+layout = "mul_ir"
+dtypes = ["float64"]
+conv = true
+reduce = "mean"
+radial_features = 12
+
+[tensor_product.tuning.conv_radial_fwd]
+materialize = 1
+
+[tensor_product.tuning.conv_radial_bwd_x]
+materialize = 1
+
+[tensor_product.tuning.conv_radial_bwd_y]
+materialize = 1
+
+[tensor_product.tuning.conv_radial_bwd]
+materialize = 1
+""",
     # deterministic mean, ir_mul, 2 channels: segment reductions of 16 edges a step, 2-column
     # weight tiles (multiply-adds); uvv paths: dF/dx reduces over their (u, v) weight tiles, so
     # conv_radial_bwd_x forms W with a matmul and runs conv_bwd_x (the others: on chip)
@@ -128,7 +156,7 @@ def test_generated_kernels(pkgs):
     ``weights``); IEEE float32 products; metadata; a dot exactly where the tiles have 16 rows
     and columns."""
     kinds = {"rad_dot": ("fwd", "bwd_x", "bwd_y", "bwd"), "rad_seg": ("fwd", "bwd_x", "bwd_y"),
-             "rad_det": ("fwd", "bwd_y")}
+             "rad_det": ("fwd", "bwd_y"), "rad_mat": ()}
     for name, (conv, ir, pkg) in pkgs.items():
         assert pkg.RADIAL_FEATURES == conv.RADIAL_FEATURES == ir.radial_features
         assert conv._RADIAL.fused_ops == kinds[name], name
@@ -136,7 +164,8 @@ def test_generated_kernels(pkgs):
         for kernel in re.findall(r"\ndef (conv_radial_\w+)\((.*?)\) -> None:", source, re.S):
             params = kernel[1]
             assert "radial_features" in params and "radial_weight" in params and "weights" not in params
-        assert source.count('dot_precision="ieee"') == len(re.findall(r"\ndef conv_radial_", source)) > 0
+        assert source.count('dot_precision="ieee"') == len(re.findall(r"\ndef conv_radial_", source))
+        assert (len(re.findall(r"\ndef conv_radial_", source)) > 0) == bool(kinds[name]), name
     dot = (Path(pkgs["rad_dot"][2].__file__).parent / "helion_conv_kernels.py").read_text()
     assert "torch.matmul(rfh, hl.load(radial_weight, [hl.arange(16)[:, None], " in dot
     det = (Path(pkgs["rad_det"][2].__file__).parent / "helion_conv_kernels.py").read_text()
@@ -228,7 +257,32 @@ def test_float32(pkgs):
         close(a, b, 1e-5)
 
 
-@pytest.mark.parametrize("name", ["rad_dot", "rad_seg", "rad_det"])
+def test_materialized_everywhere_is_the_composition(pkgs):
+    """``materialize = 1`` in every radial op (``rad_mat``): the package has no radial kernels
+    and ``conv_radial`` runs ``conv(x, y, rf @ Wr)`` (the same autograd graph: the conv's ops
+    and a matmul), after checking the radial arguments."""
+    conv, ir, pkg = pkgs["rad_mat"]
+    assert conv._RADIAL.composed and not conv._RADIAL.fused_ops
+    assert "\ndef conv_radial_" not in (Path(pkg.__file__).parent / "helion_conv_kernels.py").read_text()
+    x, y, rf, wr, s, d = operands(ir, np.random.default_rng(7), 4, 9)
+    out = conv.conv_radial(x, y, rf, wr, s, d, 4)
+    close(out, conv.conv(x, y, rf @ wr, s, d, 4), 0.0)
+
+    def nodes(fn, seen):
+        if fn is not None and fn not in seen:
+            seen.add(fn)
+            for nxt, _ in fn.next_functions:
+                nodes(nxt, seen)
+        return {type(f).__name__ for f in seen}
+
+    # the matmul is in the autograd graph (its output W saved for the backward), not inside an op
+    assert "MmBackward0" in nodes(out.grad_fn, set())
+    assert "MmBackward0" not in nodes(pkgs["rad_seg"][0].conv_radial(x, y, rf, wr, s, d, 4).grad_fn, set())
+    with pytest.raises(ValueError, match=r"rad_mat\.conv_radial: radial_weight must have shape \(12, 32\)"):
+        conv.conv_radial(x, y, rf, wr[:, :-1], s, d, 4)
+
+
+@pytest.mark.parametrize("name", ["rad_dot", "rad_seg", "rad_det", "rad_mat"])
 def test_gradients_of_every_order(pkgs, name):
     """gradcheck (float64) with respect to all four tensors, through the radial ops,
     ``conv_bwd_w`` and the matmuls (``rad_dot``: the fused radial backward; ``rad_seg``: the
