@@ -697,8 +697,10 @@ def main(argv=None):
         md += ["## Fused radial weights (`conv_radial`)", "",
                "`conv_radial(x, edge_attr, radial_features, radial_weight, src, dst, num_nodes)` = "
                "`conv(x, edge_attr, radial_features @ radial_weight, ...)` with `radial_features` (edges, H) and "
-               "`radial_weight` (H, weight_numel): eqdsl forms each edge's weights on chip (`eqdsl torch` / `eqdsl "
-               "jax` rows); every other row is the matmul (full float32 precision) followed by that "
+               "`radial_weight` (H, weight_numel). The `eqdsl torch` / `eqdsl jax` rows are `conv_radial` as each "
+               "package's spec generates it: the weights formed on chip, or by a matmul where the spec sets "
+               "`materialize = 1` / `pallas_radial_materialize = 1` (mace_large's and nequip_toluene's since "
+               "2026-11-27, measured faster: `docs/conv_radial.md`); every other row is the matmul (full float32 precision) followed by that "
                "implementation's convolution, the matmul inside its time (`eqdsl ... conv (unfused)`: eqdsl's own "
                "conv). Forward+backward computes the gradients of x, edge_attr, radial_features and radial_weight "
                "(radial_weight's timed, not compared). The floor counts the hidden features and the matrix in place "
