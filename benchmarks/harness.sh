@@ -8,7 +8,7 @@
 #   bash benchmarks/harness.sh tp2    the tensor product: the other problems (float32)
 #   bash benchmarks/harness.sh conv   the fused convolution in float32, and the small-graph latency
 #   bash benchmarks/harness.sh conv64 the fused convolution in float64 (mace_large, nequip_toluene)
-#   bash benchmarks/harness.sh radial conv_radial against the matmul + each convolution
+#   bash benchmarks/harness.sh radial conv_radial against the matmul + each convolution (float32)
 #
 # Carry .whl, .whl_cueq_xz, .whl_oeq and generated_twins.tar.xz (benchmarks/layout_twins.py with their
 # Triton code, packed: 0.7 MB; unpacked here into generated_twins/. Twins without Triton code run
@@ -62,9 +62,11 @@ case $CALL in
       EQDSL_TWINS_ARGS="--conv-only --dtypes $dt" EQDSL_CONV_ARGS="--dtypes $dt" \
       bash benchmarks/run_device.sh precompile=240 twins=60 conv=-5 \
       > "$FULL/run.log" 2>&1 ;;
-  radial)
-    OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --problems mace_large,nequip_toluene" \
-      EQDSL_CONV_ARGS="--radial" bash benchmarks/run_device.sh precompile=150 conv=-5 \
+  radial)  # float32 (2026-11-27: with both dtypes it timed one float64 graph; the JAX warm-ups, not yet
+    # replaying --radial, were killed at 140 s and the timed run compiled)
+    OUT=$FULL EQDSL_DEADLINE=$DEADLINE \
+      EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --radial --dtypes float32 --problems mace_large,nequip_toluene" \
+      EQDSL_CONV_ARGS="--radial --dtypes float32" bash benchmarks/run_device.sh precompile=200 conv=-5 \
       > "$FULL/run.log" 2>&1 ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac

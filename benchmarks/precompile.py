@@ -57,6 +57,7 @@ CONV_PROBLEMS = ("mace_large", "nequip_toluene")  # bench_conv.py's default prob
 TWIN_SUFFIX = "_irmul"  # the ir_mul twins' package names (benchmarks/layout_twins.py)
 LATENCY_PROBLEM = "mace_large"  # bench_conv.py's default latency problem
 JAX_IMPLS = "eqdsl_jax,eqdsl_jax_irmul,e3nn_jax"  # in the timed run's order (ALL_IMPLS)
+RADIAL_JAX_IMPLS = "eqdsl_jax,eqdsl_jax_unfused,e3nn_jax"  # bench_conv --radial's, in order (RADIAL_IMPLS)
 LATENCY_JAX_IMPLS = "eqdsl_jax,e3nn_jax"  # bench_conv.LATENCY_IMPLS' JAX ones, in order
 
 
@@ -140,7 +141,7 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
 
 
 def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subset: bool = False,
-             dtypes: list[str] | None = None) -> list[Job]:
+             dtypes: list[str] | None = None, radial: bool = False) -> list[Job]:
     """Warm-up runs of the benchmarks' JAX implementations, one process per problem and benchmark.
 
     Each compiles its problem (``--warm-target``) after lowering, in the timed run's order, what
@@ -148,24 +149,27 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
     its persistent-cache key, came out different after other lowerings in the same process (the
     same text, other bytes), so a job that compiled its problem alone missed the cache for
     every fused backward but the timed run's first. ``subset``: pass ``problems`` on (the timed
-    run was given the same ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise)."""
+    run was given the same ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise); ``radial``:
+    the conv jobs replay ``bench_conv.py --radial`` (its JAX implementations) instead."""
     out = []
     for p in problems:
         gen = generated / p
         if not (gen / "jax_ops.py").is_file():
             continue
         size = (gen / "pallas_kernels.py").stat().st_size if (gen / "pallas_kernels.py").is_file() else 0
-        common = ("--generated", str(generated), "--specs", str(specs), "--impls", JAX_IMPLS, "--warm-only",
-                  "--warm-target", p) + (("--dtypes", ",".join(dtypes)) if dtypes else ())
+        common = ("--generated", str(generated), "--specs", str(specs), "--warm-only", "--warm-target", p) \
+            + (("--dtypes", ",".join(dtypes)) if dtypes else ())
         if conv != "only":
             dts = 2 if p in FLOAT64_PROBLEMS else 1
             out.append(Job(f"{p}/jax/tp", (sys.executable, str(ROOT / "benchmarks" / "bench_tp.py"), "--batch", "20000")
-                           + common + (("--problems", ",".join(problems)) if subset else ()), dts * (15 + size / 20000)))
+                           + common + ("--impls", JAX_IMPLS) + (("--problems", ",".join(problems)) if subset else ()),
+                           dts * (15 + size / 20000)))
         if conv != "no" and p in CONV_PROBLEMS and "def conv(" in (gen / "jax_ops.py").read_text(encoding="utf-8"):
             # the latency section comes first in the timed run: lowered here, or compiled for its problem
             conv_problems = ("--problems", ",".join(q for q in problems if q in CONV_PROBLEMS)) if subset else ()
+            kind = ("--radial", "--impls", RADIAL_JAX_IMPLS) if radial else ("--impls", JAX_IMPLS)
             out.append(Job(f"{p}/jax/conv", (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common
-                           + conv_problems + ("--latency-impls", LATENCY_JAX_IMPLS), 30 + 3 * size / 20000))
+                           + kind + conv_problems + ("--latency-impls", LATENCY_JAX_IMPLS), 30 + 3 * size / 20000))
     return out
 
 
@@ -250,6 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", help="comma-separated (default: float32, and float64 for " + ", ".join(FLOAT64_PROBLEMS) + ")")
     p.add_argument("--no-conv", action="store_true", help="only the plain tensor product's kernels")
     p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
+    p.add_argument("--radial", action="store_true", help="the JAX conv warm-ups replay bench_conv.py --radial "
+                   "(harness.sh radial)")
     p.add_argument("--bench", action="store_true", help="only the torch kernels the benchmarks call")
     p.add_argument("--jax", action="store_true", help="also warm JAX's persistent compilation cache (bench_tp / "
                    "bench_conv --warm-only with " + JAX_IMPLS + ")")
@@ -274,7 +280,8 @@ def main(argv=None) -> int:
     dtypes = args.dtypes.split(",") if args.dtypes else None
     todo = torch_jobs(problems, dtypes, conv, args.bench, not args.per_op, args.generated)
     if args.jax:
-        todo += jax_jobs(problems, conv, args.generated, args.specs, subset=bool(args.problems), dtypes=dtypes)
+        todo += jax_jobs(problems, conv, args.generated, args.specs, subset=bool(args.problems), dtypes=dtypes,
+                         radial=args.radial)
     todo = schedule(todo)
     if args.list:
         for j in todo:

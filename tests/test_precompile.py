@@ -173,6 +173,12 @@ def test_jax_jobs():
     for j in precompile.jax_jobs(["mace_large"], "only", GEN, SPECS, subset=True, dtypes=["float64"]):
         assert j.argv[j.argv.index("--dtypes") + 1] == "float64"
     assert all("--dtypes" not in j.argv for j in jobs)
+    # harness.sh radial: the conv warm-ups replay bench_conv --radial with its JAX implementations
+    from benchmarks import bench_conv
+    rad = precompile.jax_jobs(["mace_large"], "only", GEN, SPECS, subset=True, radial=True)
+    assert rad and all("--radial" in j.argv for j in rad) and all("--radial" not in j.argv for j in jobs)
+    impls = rad[0].argv[rad[0].argv.index("--impls") + 1].split(",")
+    assert impls == [i for i in bench_conv.RADIAL_IMPLS if i in bench_conv.JAX_IMPLS]
     assert all(j.label.endswith("/jax/tp") for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
     assert all(j.label.endswith("/jax/conv") for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
 
