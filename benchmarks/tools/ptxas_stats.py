@@ -67,6 +67,7 @@ def triton_source(spec: str, kernel: str, generated: Path = ROOT / "generated") 
             "x1": torch.randn(n, ops.DIM_IN1), "x2": torch.randn(n, ops.DIM_IN2), "g": torch.randn(n, ops.DIM_OUT),
             "weights": w, "out": torch.empty(n, ops.DIM_OUT), "gx1": torch.empty(n, ops.DIM_IN1),
             "gx2": torch.empty(n, ops.DIM_IN2),
+            "gx2p": torch.empty(n, 2 * ops.DIM_IN2),  # the fused backward's dF/dx2 partial sums (as triton_lowering)
             "gw": torch.empty(n, ops.WEIGHT_NUMEL),  # per-row partials with shared weights too
         }
     args = {p: pool[p] for p in inspect.signature(k.fn).parameters}
