@@ -68,10 +68,11 @@ class RadialConvOps:
         impls: ``{op name: implementation}``.
         fused_ops: the names of the ops with kernels of their own (the others materialize ``W``).
         composed: no op has kernels of its own (``materialize = 1`` in every radial op's
-            sub-table): ``conv_radial`` is ``conv(x, y, rf @ Wr)`` itself, so that autograd
-            keeps ``W`` for the backward as the unfused path does instead of forming it again
-            (one matmul: mace_large's forward + backward on bulk Si took 6,710 us through the
-            radial ops against 5,641 for the composition, H100, 2026-11-27).
+            sub-table, or weight tiles no on-chip product forms): ``conv_radial`` is
+            ``conv(x, y, rf @ Wr)`` itself, so that autograd keeps ``W`` for the backward as the
+            unfused path does instead of forming it again (one matmul: mace_large's forward +
+            backward on bulk Si took 6,710 µs through the radial ops against 5,641 for the
+            composition, H100, 2026-11-27).
     """
 
     def __init__(self, conv: ConvOps, launchers: Mapping[str, Callable], *, radial_features: int,
