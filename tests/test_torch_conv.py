@@ -208,6 +208,63 @@ def test_channel_grid_axis_matches_reference(det, shared, layout, reduce, tmp_pa
     check_forward_and_vjp(conv, ir, seed=11)
 
 
+# A MACE-like channelwise conv in mul_ir with multi-channel l > 0 blocks (whose two layouts
+# differ): each op converts its operands to the kernels' ir_mul rows and its result back inside
+# its implementation, in the forward's atomic and segment kernels and in the fused backward
+MUL_IR_SPEC = """
+[[tensor_product]]
+name = "tc_mul_ir"
+irreps_in1 = "2x0e+2x1o"
+irreps_in2 = "0e+1o"
+irreps_out = "0e+1o"
+output_order = "sorted"
+instruction_order = "output"
+cg_convention = "e3nn-0.5"
+mode = "uvu"
+shared_weights = false
+layout = "mul_ir"
+dtypes = ["float64"]
+conv = true
+reduce = "sum"
+
+[tensor_product.tuning.conv_fwd]
+segment = 1
+segment_min_edges = 6
+"""
+
+
+def test_mul_ir_conv_converts_inside_its_ops(tmp_path):
+    """Forward and VJP (the fused backward) of a ``mul_ir`` channelwise conv against the
+    oracle, on a 5-edge graph (under ``segment_min_edges``: the atomic forward) and a 9-edge
+    one (sorted: the segment forward), all three gradients together (the fused backward) and
+    one at a time; then second order: gradcheck of the forces ``dE/dy`` with respect to the
+    edge attributes and weights."""
+    pkg = build_package(tmp_path, "tc_mul_ir", MUL_IR_SPEC)
+    conv, ir = importlib.import_module(pkg.__name__ + ".torch_conv"), lower(parse_spec(MUL_IR_SPEC)[0])
+    assert conv._OPS.fused is not None and conv._OPS.segment_min_edges == 6
+    for seed, (n, e) in ((5, (3, 5)), (6, (4, 9))):
+        rng = np.random.default_rng(seed)
+        src, dst = graph(rng, n, e)
+        s, d = torch.as_tensor(src, device=DEVICE), torch.as_tensor(dst, device=DEVICE)
+        x, y, w = tensors(ir, rng, n, e, grad=True)
+        out = conv.conv(x, y, w, s, d, n)
+        arrs = [t.detach().cpu().numpy() for t in (x, y, w)]
+        want = conv_reference(ir, *arrs, src, dst, n)
+        assert np.abs(out.detach().cpu().numpy() - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
+        g = rng.standard_normal((n, ir.dim_out))
+        got = torch.autograd.grad(out, (x, y, w), torch.tensor(g, device=DEVICE))
+        for a, b in zip(got, conv_vjp_reference(ir, *arrs, src, dst, n, g)):
+            assert np.abs(a.cpu().numpy() - b).max() <= 1e-10 * max(1.0, np.abs(b).max())
+        # one gradient at a time: the unfused ops (bwd_x, bwd_y, bwd_w), which convert too
+        for i, want in enumerate(conv_vjp_reference(ir, *arrs, src, dst, n, g)):
+            (one,) = torch.autograd.grad(conv.conv(x, y, w, s, d, n), (x, y, w)[i], torch.tensor(g, device=DEVICE))
+            assert np.abs(one.cpu().numpy() - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
+    # second order through every op's derivative: forces (dE/dy), then their gradient wrt the weights
+    forces = lambda y_, w_: torch.autograd.grad((conv.conv(x, y_, w_, s, d, n) ** 2).sum(), y_,  # noqa: E731
+                                                create_graph=True)[0]
+    assert torch.autograd.gradcheck(forces, (y, w), fast_mode=True)
+
+
 def test_forces_then_weight_gradient(pkgs):
     """The pattern of an interatomic potential: forces = -dE/d(edge_attr), then d(forces)/dW."""
     conv, ir = pkgs["tc_atomic"]

@@ -14,7 +14,7 @@ conv_fwd: a segment reduction over edges stably sorted by the scatter index
 (CSR row pointers, one program per node; the faster kernel there: tuning key ``segment``) (the summation order, so the last bits, may vary between runs).
 
 Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G[dst[e]]``
-(``ir_mul`` rows), each differentiable with the others, so gradients of any order work
+(rows in the spec's layout; the kernels run on ``ir_mul`` rows, which each op converts to and from), each differentiable with the others, so gradients of any order work
 (forces through ``edge_attr``, then their gradient with respect to the weights)::
 
     conv_fwd(x, y, W, graph..., num_nodes)   -> out  (num_nodes, DIM_OUT)
@@ -95,7 +95,7 @@ _OPS = ConvOps(
     segment={"fwd": 2},  # op: position of its sort order in the graph
     segment_min_edges=SEGMENT_MIN_EDGES,
     fused=ConvFusedBackward(partials=2, zero_gy=False),
-    in1_blocks=((64, 1), (64, 1), (64, 3), (64, 3), (64, 5), (64, 5)),  # mul_ir -> ir_mul at the boundary: (mul, 2l+1) per block
+    in1_blocks=((64, 1), (64, 1), (64, 3), (64, 3), (64, 5), (64, 5)),  # (mul, 2l+1) per block: each op converts mul_ir <-> ir_mul for the kernels
     out_blocks=((64, 1), (64, 1), (64, 1), (64, 1), (64, 1), (64, 1), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 3), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5), (64, 5)),
 )
 conv_fwd_op = _OPS.ops["fwd"]

@@ -12,7 +12,7 @@ The gather of node rows and the scatter into nodes happen inside the Helion kern
 (``helion_conv_kernels.py``); no per-edge message is written to memory. The scatter is ``hl.atomic_add`` into a zeroed output (the summation order, so the last bits, may vary between runs).
 
 Four custom ops, the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G[dst[e]]``
-(``ir_mul`` rows), each differentiable with the others, so gradients of any order work
+(rows in the spec's layout; the kernels run on ``ir_mul`` rows, which each op converts to and from), each differentiable with the others, so gradients of any order work
 (forces through ``edge_attr``, then their gradient with respect to the weights)::
 
     conv_fwd(x, y, W, graph..., num_nodes)   -> out  (num_nodes, DIM_OUT)
@@ -80,7 +80,7 @@ _OPS = ConvOps(
     reduce=REDUCE,
     graph_names=["src", "dst"],
     fused=ConvFusedBackward(partials=1, zero_gy=False),
-    in1_blocks=((32, 1), (32, 1), (32, 3), (32, 3)),  # mul_ir -> ir_mul at the boundary: (mul, 2l+1) per block
+    in1_blocks=((32, 1), (32, 1), (32, 3), (32, 3)),  # (mul, 2l+1) per block: each op converts mul_ir <-> ir_mul for the kernels
     out_blocks=((32, 1), (32, 1), (32, 1), (32, 1), (32, 3), (32, 3), (32, 3), (32, 3), (32, 3), (32, 3)),
 )
 conv_fwd_op = _OPS.ops["fwd"]

@@ -5,8 +5,8 @@ The kernel builders (``kernels``, ``fused``, ``conv``) return template contexts 
 statements are already printed (``printer``); here they are grouped per family and op,
 the launchers and op contexts of the glue templates are built, and the templates render
 (they only loop and substitute). The plain tensor product reads and writes ``mul_ir``
-rows in place (``native``); the convolution's kernels run on ``ir_mul`` rows converted
-at its boundary (``templates/torch_conv.py.j2``).
+rows in place (``native``); the convolution's kernels run on ``ir_mul`` rows, which each
+of its ops converts to and from (``eqdsl.runtime.torch.conv.ColumnPermutation``).
 """
 
 from __future__ import annotations

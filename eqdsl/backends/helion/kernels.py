@@ -58,8 +58,8 @@ and written in place, column ``offset + u * (2l+1) + k``: one masked ``(batch, c
 one store (``native_store``); per-component access would stride by ``2l+1`` (23% of the
 copy bandwidth against 92%, docs/architecture.md). The convolution's kernels are these
 builders with another ``Operands`` (``conv``): node rows gathered per edge, node
-outputs scattered, on ``ir_mul`` rows converted at the op's boundary
-(``templates/torch_conv.py.j2``). Block sizes are literals in the generated code and
+outputs scattered, on ``ir_mul`` rows, which each op of a ``mul_ir`` conv converts to and
+from (``eqdsl.runtime.torch.conv.ColumnPermutation``; read in place they measured slower). Block sizes are literals in the generated code and
 the config is pinned, so nothing is autotuned and a new batch size never recompiles.
 """
 

@@ -5,8 +5,9 @@
 launchers (``_launch_fwd(x, y, weights, out, src, dst[, order, ptr])``, ...: each calls the
 generated conv kernels of one op) and hands its metadata to ``ConvOps``, which defines the
 four ops (the derivatives of ``F(x, y, W, G) = sum_e W C x[src[e]] y[e] G[dst[e]]`` on
-``ir_mul`` rows), their fake implementations and autograd formulas, the graph tensors, the
-checks, and ``conv`` itself (layout conversion at the boundary, ``mean`` reduce).
+rows in the spec's layout; the kernels run on ``ir_mul`` rows, which each op converts to and
+from inside its implementation: ``ColumnPermutation``), their fake implementations and
+autograd formulas, the graph tensors, the checks, and ``conv`` itself (``mean`` reduce).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import torch
 
 from .autograd import register_autograd
 from .checks import CheckCache, check_device, check_same_device
-from .layout import LayoutPermutation
 from .library import define_op, register_fake
 
-__all__ = ["ConvOps", "ConvFusedBackward", "graph_args"]
+__all__ = ["ConvOps", "ConvFusedBackward", "ColumnPermutation", "graph_args"]
 
 
 def graph_args(graph, order: int | None) -> list[torch.Tensor]:
@@ -29,6 +29,52 @@ def graph_args(graph, order: int | None) -> list[torch.Tensor]:
     (``order``: the position of its sort order in ``graph``) its order and row pointers."""
     picked = graph[:2] if order is None else (*graph[:2], graph[order], graph[order + 1])
     return [t.contiguous() for t in picked]
+
+
+class ColumnPermutation:
+    """The columns of one operand's ``mul_ir`` rows in ``ir_mul`` order and back: one gather each.
+
+    The conv kernels run on ``ir_mul`` rows (each component contiguous over the channels).
+    Reading ``mul_ir`` rows in place measured slower (H100, 2026-11-28, bulk Si: mace_large's
+    fused backward 5,297 against 2,689 us, the float64 forward 1,916 against 1,477; the
+    float32 forward 797 against 882), so each op of a ``mul_ir`` conv converts its operands
+    and its output inside its implementation: no operator or autograd node of their own
+    (before 2026-11-28 ``conv`` converted at its boundary through a custom op each, whose
+    dispatch and autograd nodes cost the eager forward 255 against 130 us of host time on 512
+    edges). Index tensors are built once per device, in eager code (a CUDA graph capture
+    reuses those of the warm-up calls).
+
+    Args:
+        blocks: ``((mul, 2l+1), ...)`` of the operand's irreps.
+    """
+
+    def __init__(self, blocks: tuple[tuple[int, int], ...]):
+        to_ir_mul = []  # ir_mul position -> mul_ir position
+        off = 0
+        for mul, dim in blocks:
+            to_ir_mul += [off + u * dim + m for m in range(dim) for u in range(mul)]
+            off += mul * dim
+        to_mul_ir = [0] * len(to_ir_mul)
+        for dst, src in enumerate(to_ir_mul):
+            to_mul_ir[src] = dst
+        self.blocks = tuple(blocks)
+        self._lists = {True: to_ir_mul, False: to_mul_ir}
+        self._cache: dict[tuple[bool, torch.device], torch.Tensor] = {}
+
+    def _gather(self, rows: torch.Tensor, to_ir_mul: bool) -> torch.Tensor:
+        key = (to_ir_mul, rows.device)
+        idx = self._cache.get(key)
+        if idx is None:
+            idx = self._cache[key] = torch.tensor(self._lists[to_ir_mul], dtype=torch.long, device=rows.device)
+        return torch.index_select(rows, 1, idx)
+
+    def to_ir_mul(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (``(n, dim)``, ``mul_ir`` columns) in ``ir_mul`` order."""
+        return self._gather(rows, True)
+
+    def to_mul_ir(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (``(n, dim)``, ``ir_mul`` columns) in ``mul_ir`` order."""
+        return self._gather(rows, False)
 
 
 @dataclass(frozen=True)
@@ -86,8 +132,8 @@ class ConvOps:
         wsum_rows: with shared weights, edges per partial-sum row of ``conv_bwd_w``.
         zero_fill_w: some weight columns are written by no kernel: zero-filled first.
         in1_blocks, in2_blocks, out_blocks: ``((mul, 2l+1), ...)`` of an operand whose
-            ``mul_ir`` rows ``conv`` converts to ``ir_mul`` for the kernels (and the output
-            back), or None.
+            ``mul_ir`` rows the ops convert to ``ir_mul`` for the kernels (and their results
+            back: ``ColumnPermutation``), or None.
 
     Attributes:
         impls: ``{op name: implementation}``, what each operator runs (tests call them directly).
@@ -120,9 +166,12 @@ class ConvOps:
         # the indices sorted for the segment ops (graph order), and where the in-degree's row pointers are
         self._sort_keys = tuple(n.removesuffix("_order") for n in self.graph_names[2::2])
         self._dst_ptr = self.graph_names.index("dst_ptr") if "dst_ptr" in self.graph_names else None
-        self._in1, self._in2, self._out = (
-            None if blocks is None else LayoutPermutation(f"{namespace}.conv_{key}", blocks)
-            for key, blocks in (("in1", in1_blocks), ("in2", in2_blocks), ("out", out_blocks)))
+        # operand name or output width -> its permutation (operands and outputs in the spec's layout)
+        perms = {key: ColumnPermutation(blocks) for key, blocks in (("in1", in1_blocks), ("in2", in2_blocks),
+                                                                    ("out", out_blocks)) if blocks is not None}
+        self._perms = {name: perms[key] for name, key in (("x", "in1"), ("y", "in2"), ("g", "out"),
+                                                          ("dim_in1", "in1"), ("dim_in2", "in2"),
+                                                          ("dim_out", "out")) if key in perms}
 
         names = ["fwd", "bwd_x", "bwd_y"]
         self.ops, self.impls = {}, {}
@@ -271,24 +320,16 @@ class ConvOps:
 
     def prepare(self, node_features, edge_attr, src, dst, num_nodes: int, check: bool):
         """What an entry point does after its argument checks and before its forward op: the
-        index check (``check``), the graph tensors, the operands as ``ir_mul`` rows.
-        Returns ``(x, y, graph)``."""
+        index check (``check``) and the graph tensors. Returns ``(x, y, graph)``."""
         if check:
             self.check_range(src, dst, num_nodes)
-        graph = self.graph_tensors(src, dst, num_nodes)
-        if self._in1 is not None:
-            node_features = self._in1.to_ir_mul(node_features)
-        if self._in2 is not None:
-            edge_attr = self._in2.to_ir_mul(edge_attr)
-        return node_features, edge_attr, graph
+        return node_features, edge_attr, self.graph_tensors(src, dst, num_nodes)
 
     def finish(self, out: torch.Tensor, graph, num_nodes: int) -> torch.Tensor:
-        """An entry point's forward op output, summed per node in ``ir_mul`` rows, as it
-        returns it: divided by the in-degree (``mean``), in the spec's layout."""
+        """An entry point's forward op output, summed per node, as it returns it: divided by
+        the in-degree (``mean``)."""
         if self.reduce == "mean":
             out = out * (1.0 / self._in_degree(graph, num_nodes).clamp_min(1).to(out.dtype))[:, None]
-        if self._out is not None:
-            out = self._out.to_mul_ir(out)
         return out
 
     def _in_degree(self, graph, num_nodes: int) -> torch.Tensor:
@@ -335,6 +376,7 @@ class ConvOps:
     def _define_operand_op(self, name: str):
         """``fwd``, ``bwd_x``, ``bwd_y`` or a ``*_lin`` op."""
         names, kind, out = _OPS[name.removesuffix("_lin")]
+        n0, n1 = names[:2]  # the two operands in a layout (the third is the weights)
         width = self.dims[out]
         launcher = "_launch_" + name
         order = self.segment.get(name)
@@ -352,14 +394,16 @@ class ConvOps:
             if kind == "edge":
                 result = a.new_empty((edges, width))
                 if edges > 0:
-                    launch(a.contiguous(), b.contiguous(), c.contiguous(), result, *self._graph_args(name, graph))
-                return result
+                    launch(self.to_kernel(n0, a).contiguous(), self.to_kernel(n1, b).contiguous(), c.contiguous(),
+                           result, *self._graph_args(name, graph))
+                return self.from_kernel(out, result)
             # atomics add into zeros; a segment op on a sorted graph writes every row itself
             segment = order is not None and graph[order].numel() > 0
             result = self._alloc(a, not segment, (num_nodes, width))
             if edges > 0 and num_nodes > 0:
-                launch(a.contiguous(), b.contiguous(), c.contiguous(), result, *self._graph_args(name, graph))
-            return result
+                launch(self.to_kernel(n0, a).contiguous(), self.to_kernel(n1, b).contiguous(), c.contiguous(),
+                       result, *self._graph_args(name, graph))
+            return self.from_kernel(out, result)
 
         def fake(a, b, c, *rest):
             *graph, num_nodes = rest
@@ -367,6 +411,16 @@ class ConvOps:
             return a.new_empty((rows(a, graph, num_nodes), width))
 
         return self._define(name, names, "Tensor", impl, fake)
+
+    def to_kernel(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """Operand ``name`` (``x``, ``y`` or ``g``; other names pass) as the kernels' ``ir_mul`` rows."""
+        perm = self._perms.get(name)
+        return rows if perm is None else perm.to_ir_mul(rows)
+
+    def from_kernel(self, width: str, rows: torch.Tensor) -> torch.Tensor:
+        """An output of the kernels (``width``: ``dim_out``, ``dim_in1`` or ``dim_in2``) in the spec's layout."""
+        perm = self._perms.get(width)
+        return rows if perm is None else perm.to_mul_ir(rows)
 
     def _gw_shape(self, edges):
         return (self.weight_numel,) if self.shared_weights else (edges, self.weight_numel)
@@ -380,12 +434,13 @@ class ConvOps:
         launch = self._launchers.get("_launch_bwd_w")
         if launch is None or edges == 0:  # no weight has a nonzero coefficient, or no edges
             return x.new_zeros(self._gw_shape(edges))
+        operands = [self.to_kernel(n, t).contiguous() for n, t in (("x", x), ("y", y), ("g", g))]
         if self.shared_weights:
             gw = self._alloc(x, self.zero_fill_w, ((edges + self.wsum_rows - 1) // self.wsum_rows, self.weight_numel))
-            launch(x.contiguous(), y.contiguous(), g.contiguous(), gw, *self._graph_args("bwd_w", graph))
+            launch(*operands, gw, *self._graph_args("bwd_w", graph))
             return gw.sum(0)
         gw = self._alloc(x, self.zero_fill_w, (edges, self.weight_numel))
-        launch(x.contiguous(), y.contiguous(), g.contiguous(), gw, *self._graph_args("bwd_w", graph))
+        launch(*operands, gw, *self._graph_args("bwd_w", graph))
         return gw
 
     def _bwd_w_fake(self, x, y, g, *rest):
@@ -404,11 +459,12 @@ class ConvOps:
         # with partials: dF/dy partial sums, one row per kernel or channel tile, summed here (no atomics)
         gy = self._alloc(x, f.zero_gy, (edges, f.partials * dim_in2))
         if edges > 0:
-            self._launchers["_launch_bwd"](x.contiguous(), y.contiguous(), weights.contiguous(), g.contiguous(),
+            self._launchers["_launch_bwd"](self.to_kernel("x", x).contiguous(), self.to_kernel("y", y).contiguous(),
+                                           weights.contiguous(), self.to_kernel("g", g).contiguous(),
                                            gx, gy, gw, *self._graph_args("bwd", graph))
         if f.partials > 1:
             gy = gy.view(edges, f.partials, dim_in2).sum(1)
-        return gx, gy, gw
+        return self.from_kernel("dim_in1", gx), self.from_kernel("dim_in2", gy), gw
 
     def _bwd_fake(self, x, y, weights, g, *rest):
         *graph, num_nodes = rest

@@ -47,10 +47,11 @@ class RadialConvOps:
     """The ``conv_radial`` ops of one generated convolution and ``conv_radial`` itself.
 
     Args:
-        conv: the convolution's ``ConvOps`` (its ops, graph tensors, checks and layouts).
+        conv: the convolution's ``ConvOps`` (its ops, graph tensors and checks).
         launchers: where ``_launch_radial_<op>`` is looked up at every call (the generated
             module's ``globals()``): ``(*operands, radial_features, radial_weight, *outputs,
-            src, dst[, order, ptr])`` on contiguous ``ir_mul`` rows. An op without one forms
+            src, dst[, order, ptr])`` on contiguous ``ir_mul`` rows (each op converts a ``mul_ir``
+            spec's operands and results: ``ConvOps.to_kernel`` / ``from_kernel``). An op without one forms
             ``W = rf @ Wr`` with a matmul and runs the conv op (its kernels read weight tiles
             of several channel axes, which one on-chip product cannot form:
             ``eqdsl.backends.helion.conv.radial_kernel_context``).
@@ -166,11 +167,11 @@ class RadialConvOps:
             else:
                 result = a.new_empty((num_nodes, width)) if segment else a.new_zeros((num_nodes, width))
             if edges > 0 and (kind == "edge" or num_nodes > 0):
-                launch(a.contiguous(), b.contiguous(), rf.contiguous(), wr.contiguous(), result,
-                       *graph_args(graph, order))
+                launch(self.conv.to_kernel(first[0], a).contiguous(), self.conv.to_kernel(first[1], b).contiguous(),
+                       rf.contiguous(), wr.contiguous(), result, *graph_args(graph, order))
             elif kind == "node" and segment:
                 result.zero_()
-            return result
+            return self.conv.from_kernel(out, result)
 
         def fake(a, b, rf, wr, *rest):
             *graph, num_nodes = rest
@@ -190,11 +191,13 @@ class RadialConvOps:
             x.new_empty((edges, self.conv.weight_numel))
         gy = x.new_zeros((edges, f.partials * dim_in2)) if f.zero_gy else x.new_empty((edges, f.partials * dim_in2))
         if edges > 0:
-            self._launchers["_launch_radial_bwd"](x.contiguous(), y.contiguous(), rf.contiguous(), wr.contiguous(),
-                                                  g.contiguous(), gx, gy, gw, *graph_args(graph, None))
+            self._launchers["_launch_radial_bwd"](self.conv.to_kernel("x", x).contiguous(),
+                                                  self.conv.to_kernel("y", y).contiguous(), rf.contiguous(),
+                                                  wr.contiguous(), self.conv.to_kernel("g", g).contiguous(), gx, gy, gw,
+                                                  *graph_args(graph, None))
         if f.partials > 1:
             gy = gy.view(edges, f.partials, dim_in2).sum(1)
-        return gx, gy, gw
+        return self.conv.from_kernel("dim_in1", gx), self.conv.from_kernel("dim_in2", gy), gw
 
     def _bwd_materialized(self, x, y, rf, wr, g, *rest):
         """``(dF/dx, dF/dy, dF/dW)`` at ``W = rf @ wr``: the matmul, then the conv's fused backward."""
