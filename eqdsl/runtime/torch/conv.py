@@ -36,11 +36,11 @@ class ColumnPermutation:
 
     The conv kernels run on ``ir_mul`` rows (each component contiguous over the channels).
     Reading ``mul_ir`` rows in place measured slower (H100, 2026-11-28, bulk Si: mace_large's
-    fused backward 5,297 against 2,689 us, the float64 forward 1,916 against 1,477; the
+    fused backward 5,297 against 2,689 µs, the float64 forward 1,916 against 1,477; the
     float32 forward 797 against 882), so each op of a ``mul_ir`` conv converts its operands
     and its output inside its implementation: no operator or autograd node of their own
     (before 2026-11-28 ``conv`` converted at its boundary through a custom op each, whose
-    dispatch and autograd nodes cost the eager forward 255 against 130 us of host time on 512
+    dispatch and autograd nodes cost the eager forward 255 against 130 µs of host time on 512
     edges). Index tensors are built once per device, in eager code (a CUDA graph capture
     reuses those of the warm-up calls).
 
