@@ -59,8 +59,9 @@ one store (``native_store``); per-component access would stride by ``2l+1`` (23%
 copy bandwidth against 92%, docs/architecture.md). The convolution's kernels are these
 builders with another ``Operands`` (``conv``): node rows gathered per edge, node
 outputs scattered, on ``ir_mul`` rows, which each op of a ``mul_ir`` conv converts to and
-from (``eqdsl.runtime.torch.conv.ColumnPermutation``; read in place they measured slower). Block sizes are literals in the generated code and
-the config is pinned, so nothing is autotuned and a new batch size never recompiles.
+from (``eqdsl.runtime.torch.conv.ColumnPermutation``; read in place they measured slower).
+Block sizes are literals in the generated code and the config is pinned, so nothing is
+autotuned and a new batch size never recompiles.
 """
 
 from __future__ import annotations

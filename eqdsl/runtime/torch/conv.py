@@ -315,15 +315,15 @@ class ConvOps:
         # the cached check under torch.compile would trace its set lookups: the plain one there
         (self.check if torch.compiler.is_compiling() else self._checked)(
             node_features, edge_attr, weights, src, dst, num_nodes)
-        x, y, graph = self.prepare(node_features, edge_attr, src, dst, num_nodes, check)
-        return self.finish(self._fwd(x, y, weights, *graph, num_nodes), graph, num_nodes)
+        graph = self.prepare(src, dst, num_nodes, check)
+        return self.finish(self._fwd(node_features, edge_attr, weights, *graph, num_nodes), graph, num_nodes)
 
-    def prepare(self, node_features, edge_attr, src, dst, num_nodes: int, check: bool):
+    def prepare(self, src, dst, num_nodes: int, check: bool) -> tuple[torch.Tensor, ...]:
         """What an entry point does after its argument checks and before its forward op: the
-        index check (``check``) and the graph tensors. Returns ``(x, y, graph)``."""
+        index check (``check``), then the graph tensors (returned)."""
         if check:
             self.check_range(src, dst, num_nodes)
-        return node_features, edge_attr, self.graph_tensors(src, dst, num_nodes)
+        return self.graph_tensors(src, dst, num_nodes)
 
     def finish(self, out: torch.Tensor, graph, num_nodes: int) -> torch.Tensor:
         """An entry point's forward op output, summed per node, as it returns it: divided by

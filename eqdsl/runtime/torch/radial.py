@@ -47,7 +47,7 @@ class RadialConvOps:
     """The ``conv_radial`` ops of one generated convolution and ``conv_radial`` itself.
 
     Args:
-        conv: the convolution's ``ConvOps`` (its ops, graph tensors and checks).
+        conv: the convolution's ``ConvOps`` (its ops, graph tensors, checks and layouts).
         launchers: where ``_launch_radial_<op>`` is looked up at every call (the generated
             module's ``globals()``): ``(*operands, radial_features, radial_weight, *outputs,
             src, dst[, order, ptr])`` on contiguous ``ir_mul`` rows (each op converts a ``mul_ir``
@@ -130,8 +130,8 @@ class RadialConvOps:
         if self.composed:
             return self.conv.conv(node_features, edge_attr, radial_features @ radial_weight, src, dst, num_nodes,
                                   check=check)
-        x, y, graph = self.conv.prepare(node_features, edge_attr, src, dst, num_nodes, check)
-        out = self.ops["fwd"](x, y, radial_features, radial_weight, *graph, num_nodes)
+        graph = self.conv.prepare(src, dst, num_nodes, check)
+        out = self.ops["fwd"](node_features, edge_attr, radial_features, radial_weight, *graph, num_nodes)
         return self.conv.finish(out, graph, num_nodes)
 
     # ------------------------------------------------------------------ the ops
