@@ -140,7 +140,7 @@ def _fake_worker(calls):
 
 def test_tune_picks_the_fastest_per_op_and_writes_it_back(tmp_path):
     spec = tmp_path / "tune_demo.toml"
-    spec.write_text(SPEC)
+    spec.write_text(SPEC + 'dtypes = ["float32"]\n')  # one dtype: the shared keys (two: test below)
     calls, lines = [], []
     table, results = tune(spec, tmp_path / "gen", batch=64, grid={"num_warps": (4, 8), "block_b": (8, 32)},
                           ops=("fwd", "bwd_x1"), workers=2, write=True, run_worker=_fake_worker(calls),
@@ -289,3 +289,28 @@ def test_pallas_measure_runs_the_jitted_forward_and_backward(tmp_path):
     spec.write_text(SPEC.replace("tune_demo", "tune_pallas_cpu"))
     us = measure(str(spec), str(tmp_path / "pkg"), "pallas", 4, "float32", str(tmp_path / "lock"))
     assert us > 0
+
+
+def test_helion_ops_tune_a_dtype_apart_where_the_spec_has_several(tmp_path):
+    """A float64 tune of a two-dtype spec writes ``block_b_float64`` / ``num_warps_float64``
+    into the op's sub-table (the float32 kernels keep their blocks); keys without a
+    per-dtype form stay shared, and one-dtype specs tune the shared keys."""
+    both = ("float32", "float64")
+    assert for_dtype({"block_b": (2, 4), "num_warps": (2,), "block_c": (32,)}, "bwd", "float64", both) == {
+        "block_b_float64": (2, 4), "num_warps_float64": (2,), "block_c": (32,)}
+    assert for_dtype({"block_b": (2,)}, "bwd", "float32", ("float32",)) == {"block_b": (2,)}
+    assert for_dtype({"block_b": (2,)}, "bwd", "float32", ("float32",), (("bwd.block_b_float32", 8),)) == {
+        "block_b_float32": (2,)}
+    # candidates that differ in one dtype's blocks only are distinct
+    assert candidates({"block_b_float64": (8, 16)}, (), "fwd") == [(), (("block_b_float64", 8),)]
+    spec = tmp_path / "tune_demo.toml"
+    spec.write_text(SPEC + 'dtypes = ["float32", "float64"]\n')
+
+    def worker(spec_file, package_dir, op, batch, dtype, timeout):
+        kernels = {k: v for k, v in load_spec(spec_file)[0].tuning}
+        return {"us": {2: 5.0, 4: 7.0}.get(kernels.get("fwd.block_b_float64"), 9.0)}
+
+    table, _ = tune(spec, grid={"block_b": (2, 4)}, ops=("fwd",), dtype="float64", workers=2, write=True,
+                    run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert table == (("fwd.block_b_float64", 2),)
+    assert load_spec(spec)[0].tuning == table and "block_b_float64 = 2" in spec.read_text()

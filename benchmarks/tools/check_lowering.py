@@ -46,17 +46,19 @@ def main() -> int:
             if not path.is_file():
                 continue
             module = importlib.import_module(f"generated.{name}.{path.stem}")
-            for kernel_name in triton_lowering.kernel_names(path.read_text()):
-                kernel = getattr(module, kernel_name)
-                params = list(inspect.signature(kernel.fn).parameters)
+            text = path.read_text()
+            for kernel_name in triton_lowering.kernel_names(text):
                 for dtype in args.dtypes.split(","):
                     if dtype not in ops.dtypes:
                         continue
+                    helion_name = triton_lowering.helion_kernel(text, kernel_name, dtype)  # a dtype's own tuning
+                    kernel = getattr(module, helion_name)
+                    params = list(inspect.signature(kernel.fn).parameters)
                     cpu = triton_lowering._example_args(params, ops, getattr(torch, dtype))
                     cuda = tuple(a.cuda() for a in cpu)
                     code = kernel.bind(cuda).to_triton_code(kernel.configs[0], output_origin_lines=False)
-                    options = getattr(module, "TRITON_OPTIONS", {}).get(kernel_name, {})
-                    on_gpu = triton_lowering._restructure(code, kernel_name, options).splitlines()
+                    options = getattr(module, "TRITON_OPTIONS", {}).get(helion_name, {})
+                    on_gpu = triton_lowering._restructure(code, helion_name, options, kernel_name).splitlines()
                     shipped = (ROOT / "generated" / name / triton_lowering.DIR /
                                f"{triton_lowering.module_name(kernel_name, dtype)}.py").read_text().splitlines()[3:]
                     if on_gpu == shipped:

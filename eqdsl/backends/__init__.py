@@ -28,7 +28,8 @@ def check_tuning(spec) -> None:
 
     A top-level key must be some backend's key, or an op of ``TUNING_OPS`` naming a
     sub-table, whose keys must be Helion keys (the Pallas keys apply to every op); a
-    per-dtype key must name one of the spec's dtypes. Each value is checked by the backend
+    per-dtype key must name one of the spec's dtypes, and a Helion one (``block_b_float64``)
+    stands in an op's sub-table. Each value is checked by the backend
     that reads it.
 
     Raises:
@@ -49,10 +50,15 @@ def check_tuning(spec) -> None:
                 fail(where, "the Pallas keys apply to every op: set them in [tensor_product.tuning]")
             if sub not in _helion.KEYS:
                 fail(where, f"unknown key; {expected}")
+            if sub in _helion.DTYPE_KEYS and _helion.DTYPE_KEYS[sub][1] not in spec.dtypes:
+                fail(where, f"the spec does not generate {_helion.DTYPE_KEYS[sub][1]} (dtypes = {list(spec.dtypes)})")
         elif key in TUNING_OPS:
             fail(where, f"expected a table of {', '.join(TUNING_KEYS)}; got {value!r}")
         elif key not in TUNING_KEYS:
             fail(where, f"unknown key; {expected}")
+        elif key in _helion.DTYPE_KEYS:
+            fail(where, f"a per-dtype key belongs in an op's sub-table ([tensor_product.tuning.<op>], "
+                        f"one of {', '.join(TUNING_OPS)})")
         elif key in _pallas.DTYPE_KEYS and _pallas.DTYPE_KEYS[key] not in spec.dtypes:
             fail(where, f"the spec does not generate {_pallas.DTYPE_KEYS[key]} (dtypes = {list(spec.dtypes)})")
         try:

@@ -40,8 +40,10 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..backends.helion.tuning import DTYPES, TWIN
+
 __all__ = ["LoweringError", "Operands", "SOURCES", "DIR", "module_name", "lower_package", "modules", "stamp", "index",
-           "kernel_names", "code_digest", "LAUNCHER"]
+           "kernel_names", "helion_kernel", "code_digest", "LAUNCHER"]
 
 # the generated Helion kernel files whose kernels are lowered, in this order
 SOURCES = ("helion_kernels.py", "helion_conv_kernels.py", "helion_symmetric_kernels.py")
@@ -117,7 +119,8 @@ def _lower(sources: dict[str, str], tasks: list[tuple[str, str, str]], operands:
         for name, text in sources.items():
             Path(tmp, name).write_text(text, encoding="utf-8")
         job = Path(tmp, "job.json")
-        job.write_text(json.dumps({"dir": tmp, "tasks": tasks, "operands": asdict(operands)}))
+        jobs = [(source, kernel, dtype, helion_kernel(sources[source], kernel, dtype)) for source, kernel, dtype in tasks]
+        job.write_text(json.dumps({"dir": tmp, "tasks": jobs, "operands": asdict(operands)}))
         env = dict(os.environ, TRITON_INTERPRET="1")
         r = subprocess.run([sys.executable, "-m", __name__, str(job)], capture_output=True, text=True, env=env)
         if r.returncode:
@@ -230,7 +233,7 @@ def index(files: dict[str, str], dtypes: tuple[str, ...], header: str) -> str:
     )
 
 
-def kernel_names(text: str) -> list[str]:
+def _helion_names(text: str) -> list[str]:
     """Names of the ``@helion.kernel`` functions of a generated kernel file, in file order."""
     return [
         n.name
@@ -238,6 +241,22 @@ def kernel_names(text: str) -> list[str]:
         if isinstance(n, ast.FunctionDef)
         and any(ast.unparse(d.func if isinstance(d, ast.Call) else d) == "helion.kernel" for d in n.decorator_list)
     ]
+
+
+def kernel_names(text: str) -> list[str]:
+    """The kernels of a generated kernel file, in file order: its ``@helion.kernel`` functions
+    but those tuned for one dtype (``<kernel>__<dtype>``, ``helion_kernel``)."""
+    names = _helion_names(text)
+    twins = {f"{k}{TWIN}{d}" for k in names for d in DTYPES}
+    return [n for n in names if n not in twins]
+
+
+def helion_kernel(text: str, kernel: str, dtype: str) -> str:
+    """The Helion kernel of a generated kernel file whose code ``kernel`` runs in ``dtype``:
+    ``<kernel>__<dtype>`` where the spec tunes that dtype apart (``block_b_float64``, ...:
+    ``eqdsl.backends.helion.assemble``), else ``kernel``."""
+    twin = f"{kernel}{TWIN}{dtype}"
+    return twin if twin in _helion_names(text) else kernel
 
 
 # ------------------------------------------------------------------ in the subprocess
@@ -307,10 +326,11 @@ def _example_args(params: list[str], ops: Operands, dtype) -> tuple:
 LAUNCHER = "launcher"  # the host function's keyword through which the runtime passes its launcher
 
 
-def _restructure(code: str, kernel: str, options: dict) -> str:
+def _restructure(code: str, kernel: str, options: dict, name: str | None = None) -> str:
     """Helion's module for ``kernel``: its import of Helion's default launcher dropped, the
     host function's keyword that defaulted to it renamed ``LAUNCHER`` and made required,
-    ``TRITON_OPTIONS`` appended (all through ``ast``).
+    the host function named ``name`` (default ``kernel``: a dtype's twin ``<name>__<dtype>``
+    runs as ``name``), ``TRITON_OPTIONS`` appended (all through ``ast``).
 
     The keyword is found by what it is (the one keyword-only argument whose default is the
     name Helion imports its launcher as), never by Helion's name for it.
@@ -341,6 +361,7 @@ def _restructure(code: str, kernel: str, options: dict) -> str:
     if any(isinstance(n, ast.Name) and n.id == LAUNCHER for n in ast.walk(host)):
         raise LoweringError(f"{kernel}: the host function already uses the name {LAUNCHER!r}")
     args.kwonlyargs[0].arg, args.kw_defaults = LAUNCHER, [None]  # required: the runtime passes its launcher
+    host.name = name or kernel
     for n in ast.walk(host):
         if isinstance(n, ast.Name) and n.id == old:
             n.id = LAUNCHER
@@ -354,7 +375,7 @@ def _restructure(code: str, kernel: str, options: dict) -> str:
 
 
 def _lower_one(task: tuple) -> dict:
-    directory, source, kernel_name, dtype_name, ops = task
+    directory, source, kernel_name, dtype_name, helion_name, ops = task
     import importlib.util
 
     import torch
@@ -362,12 +383,13 @@ def _lower_one(task: tuple) -> dict:
     spec = importlib.util.spec_from_file_location(f"eqdsl_lowering_{Path(source).stem}", Path(directory, source))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    kernel = getattr(module, kernel_name)
+    kernel = getattr(module, helion_name)
     params = list(inspect.signature(kernel.fn).parameters)
     args = _example_args(params, ops, getattr(torch, dtype_name))
     code = kernel.bind(args).to_triton_code(kernel.configs[0], output_origin_lines=False)
-    options = getattr(module, "TRITON_OPTIONS", {}).get(kernel_name, {})
-    return {"source": source, "kernel": kernel_name, "dtype": dtype_name, "code": _restructure(code, kernel_name, options)}
+    options = getattr(module, "TRITON_OPTIONS", {}).get(helion_name, {})
+    return {"source": source, "kernel": kernel_name, "dtype": dtype_name,
+            "code": _restructure(code, helion_name, options, kernel_name)}
 
 
 def _main(job_path: str) -> None:
@@ -375,7 +397,7 @@ def _main(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     ops = Operands(**{**job["operands"], "dtypes": tuple(job["operands"]["dtypes"])})
-    tasks = [(job["dir"], source, kernel, dtype, ops) for source, kernel, dtype in job["tasks"]]
+    tasks = [(job["dir"], source, kernel, dtype, helion, ops) for source, kernel, dtype, helion in job["tasks"]]
     workers = max(1, min(len(tasks), os.cpu_count() or 1))
     if workers == 1:
         results = [_lower_one(t) for t in tasks]

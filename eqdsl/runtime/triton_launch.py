@@ -176,4 +176,25 @@ def _helion_kernels(package: str, source: str) -> types.SimpleNamespace:
     import helion
 
     module = importlib.import_module(f"{package}.{source}")
-    return types.SimpleNamespace(**{n: k for n, k in vars(module).items() if isinstance(k, helion.Kernel)})
+    found = {n: k for n, k in vars(module).items() if isinstance(k, helion.Kernel)}
+    twins: dict[str, dict[torch.dtype, object]] = {}  # <kernel>__<dtype>: that dtype's tuning of <kernel>
+    for n, k in found.items():
+        base, sep, dtype = n.rpartition("__")
+        if sep and base in found and hasattr(torch, dtype):
+            twins.setdefault(base, {})[getattr(torch, dtype)] = k
+    out = dict(found)
+    for base, by_dtype in twins.items():
+        out[base] = _ByDtype(found[base], by_dtype)
+    return types.SimpleNamespace(**out)
+
+
+class _ByDtype:
+    """A Helion kernel and its copies tuned for some dtypes (``<kernel>__<dtype>``): each
+    call runs the copy of its floating arguments' dtype, else the kernel."""
+
+    def __init__(self, kernel, by_dtype: dict):
+        self.kernel, self.by_dtype = kernel, by_dtype
+
+    def __call__(self, *args):
+        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+        return self.by_dtype.get(dtype, self.kernel)(*args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from ..backends import TUNING_KEYS
+from ..backends.helion.tuning import DTYPE_KEYS as HELION_DTYPE_KEYS
 from ..backends.pallas.tuning import DTYPE_KEYS
 
 __all__ = [
@@ -87,16 +88,21 @@ def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple
 
 def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tuple[str, ...],
               table: Pairs = ()) -> dict:
-    """``grid`` of the ``pallas`` op with its block keys made ``dtype``'s own
-    (``pallas_block_batch`` -> ``pallas_block_batch_<dtype>``) when the spec generates more
-    than one dtype (a tune times one dtype, so the other dtype's kernels keep their blocks:
-    float64's best rows per program are not float32's) or its ``table`` already sets that
-    dtype's key (which would override every candidate of the shared one). Other ops, other
-    keys, and one-dtype specs without the dtype's key: ``grid`` as it is."""
-    if op not in PALLAS_OPS:
-        return grid
-    own = {k: f"{k}_{dtype}" for k in grid if f"{k}_{dtype}" in DTYPE_KEYS}
-    set_in_table = {k for k, _ in table}
+    """``grid`` with its keys that have a per-dtype form made ``dtype``'s own when the spec
+    generates more than one dtype (a tune times one dtype, so the other dtype's kernels keep
+    their blocks: float64's best rows per program are not float32's) or its ``table`` already
+    sets that dtype's key (which would override every candidate of the shared one).
+
+    The ``pallas`` op: ``pallas_block_batch`` -> ``pallas_block_batch_<dtype>`` (and
+    ``pallas_segment_edges``). A Helion op: ``block_b``, ``num_warps`` and ``num_stages`` ->
+    ``<key>_<dtype>`` in the op's sub-table; its other keys (``block_c``, ...) change the
+    op for every dtype. One-dtype specs without the dtype's key: ``grid`` as it is."""
+    if op in PALLAS_OPS:
+        own = {k: f"{k}_{dtype}" for k in grid if f"{k}_{dtype}" in DTYPE_KEYS}
+        set_in_table = {k for k, _ in table}
+    else:
+        own = {k: f"{k}_{dtype}" for k in grid if f"{k}_{dtype}" in HELION_DTYPE_KEYS}
+        set_in_table = {k.partition(".")[2] for k, _ in table if k.partition(".")[0] == op}
     return {(own[k] if k in own and (len(dtypes) > 1 or own[k] in set_in_table) else k): v for k, v in grid.items()}
 
 
@@ -104,9 +110,9 @@ def _kernels_key(table: Pairs, op: str):
     """What decides ``op``'s kernels under ``table`` (two candidates with equal values are one)."""
     if op in PALLAS_OPS:
         return tuple((k, v) for k, v in table if k.startswith("pallas_"))
-    from ..backends.helion.tuning import tuning_for
+    from ..backends.helion.tuning import dtype_tuning, tuning_for
 
-    return tuning_for(table, op)
+    return tuple(tuning_for(dtype_tuning(table, d), op) for d in ("float32", "float64"))
 
 
 def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[Candidate]:

@@ -19,7 +19,7 @@ from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, fused_radia
     small_radial_kernels
 from .fused import fused_bwd_kernels
 from .kernels import ALL_FAMILIES, kernel_context, wsum_rows
-from .tuning import DEFAULT_TUNING, TuningTable, tuning_of
+from .tuning import DEFAULT_TUNING, TWIN, TuningTable, dtype_tuning, tuned_dtypes, tuning_of
 
 __all__ = ["render_files", "op_namespace", "op_context"]
 
@@ -111,7 +111,7 @@ def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool) -> di
     }
 
 
-def _tp_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[str, str]:
+def _tp_files(ir: TensorProductIR, header: str, tuning: TuningTable, twins=None) -> dict[str, str]:
     native = ir.layout == "mul_ir"
     kernel_layout = ir.layout
     families = kernel_context(ir, tuning, native)
@@ -131,9 +131,14 @@ def _tp_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[str
         ops["launchers"]["bwd"] = fused.pop("launcher")
     ops["fused_bwd"] = fused
     all_kernels = [k for ks in families.values() for k in ks]
+    if twins is not None:
+        twins["helion_kernels.py"] = all_kernels
+        return {"torch_ops.py": render("torch_ops.py.j2", header=header, **ops)}
+    twins = _twins(ir, header, tuning, "helion_kernels.py", _tp_files)
     return {
         "helion_kernels.py": render(
-            "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels, layout=ir.layout,
+            "helion_kernels.py.j2", header=header, name=ir.name, kernels=all_kernels + twins, layout=ir.layout,
+            twins=[k["name"] for k in twins],
             n_kernels={f: len(ks) for f, ks in families.items()}, **_summary(ir)
         ),
         "torch_ops.py": render("torch_ops.py.j2", header=header, **ops),
@@ -194,7 +199,7 @@ def _conv_launcher(op: str, kernels: list[dict], small: list[dict], names: tuple
     }
 
 
-def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[str, str]:
+def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable, twins=None) -> dict[str, str]:
     families = conv_kernel_context(ir, tuning)
     small = small_graph_kernels(ir, tuning)
     names = graph_names(ir, tuning)
@@ -234,14 +239,48 @@ def _conv_files(ir: TensorProductIR, header: str, tuning: TuningTable) -> dict[s
         "radial_materialized_bwd": radial_materialized_bwd(ir, tuning),
     }
     kernels = [k for ks in families.values() for k in ks] + [k for ks in small.values() for k in ks] + radial_kernels
+    if twins is not None:
+        twins["helion_conv_kernels.py"] = kernels
+        return {"torch_conv.py": render("torch_conv.py.j2", header=header, **ctx)}
+    twins = _twins(ir, header, tuning, "helion_conv_kernels.py", _conv_files)
     return {
         "helion_conv_kernels.py": render(
-            "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels,
+            "helion_conv_kernels.py.j2", header=header, name=ir.name, kernels=kernels + twins,
+            twins=[k["name"] for k in twins],
             deterministic=ir.deterministic, segment_ops=seg, n_kernels={f: len(ks) for f, ks in families.items()},
             radial_kernels=[k["name"] for k in radial_kernels], radial_features=ir.radial_features, **_summary(ir)
         ),
         "torch_conv.py": render("torch_conv.py.j2", header=header, **ctx),
     }
+
+
+def _twins(ir: TensorProductIR, header: str, tuning: TuningTable, source: str, files) -> list[dict]:
+    """The kernels of ``source`` that a dtype's own tuning (``block_b_float64``, ...) makes
+    differ from the shared ones, renamed ``<kernel>__<dtype>``.
+
+    ``files(ir, header, tuning, twins)`` is ``_tp_files`` or ``_conv_files``: given a dict
+    ``twins`` it stores its kernel contexts there and returns its glue file alone, which a
+    dtype's tuning may not change (its keys touch block sizes and warps only): the ops,
+    launchers and outputs are every dtype's.
+
+    Raises:
+        ValueError: a dtype's tuning changes the glue (a kernel split, partial sums).
+    """
+    pairs = tuning if isinstance(tuning, tuple) else ()
+    out: list[dict] = []
+    base: dict = {}
+    base_glue = files(ir, header, tuning, base)
+    shared = {k["name"]: k for k in base[source]}
+    for dtype in (d for d in tuned_dtypes(pairs) if d in ir.dtypes):
+        mine: dict = {}
+        if files(ir, header, dtype_tuning(pairs, dtype), mine) != base_glue:
+            raise ValueError(f"{ir.name}: the {dtype} tuning keys change the ops' kernels or outputs, not only their blocks")
+        names = [k["name"] for k in mine[source]]
+        if names != list(shared):
+            raise ValueError(f"{ir.name}: the {dtype} tuning keys change the kernels of {source}: {names} "
+                             f"against {list(shared)}")
+        out += [dict(k, name=k["name"] + TWIN + dtype) for k in mine[source] if k != shared[k["name"]]]
+    return out
 
 
 def render_files(ir: TensorProductIR, header: str, tuning: TuningTable = DEFAULT_TUNING) -> dict[str, str]:

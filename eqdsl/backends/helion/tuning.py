@@ -3,7 +3,9 @@
 A spec's ``[tensor_product.tuning]`` table (``TensorProductSpec.tuning``: sorted ``(key,
 value)`` pairs, a sub-table's keys as ``"<op>.<key>"``) reaches the backends as data;
 ``KEYS`` are this backend's keys (the ``Tuning`` fields a spec may set), ``validate`` checks
-one, ``tuning_for`` reads them for one op (``OPS``: the ops a sub-table may tune apart).
+one, ``tuning_for`` reads them for one op (``OPS``: the ops a sub-table may tune apart);
+``dtype_tuning`` makes one dtype's table from a sub-table's per-dtype keys (``DTYPE_KEYS``:
+``block_b_float64``, ...), whose kernels ``assemble`` writes as ``<kernel>__<dtype>`` copies.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
-__all__ = ["KEYS", "OPS", "validate", "Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for", "tuning_of"]
+__all__ = ["KEYS", "OPS", "DTYPES", "DTYPE_KEYS", "TWIN", "validate", "Tuning", "DEFAULT_TUNING", "TuningTable", "tuning_for",
+           "tuning_of", "dtype_tuning", "tuned_dtypes"]
 
 
 def _pow2(lo: int, hi: int):
@@ -42,6 +45,18 @@ KEYS = {
     "radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (tf32x3: three TF32 "
                    "tensor-core products, about float32 accuracy)"),
 }
+# The dtypes a per-dtype key may name, and those keys: ``block_b_float64`` -> ``("block_b", "float64")``,
+# set in an op's sub-table only. They give that dtype's kernels of the op other blocks and warps than
+# the op's other dtypes (float64 values take twice the registers: nequip_toluene's fused backward at
+# float32's 8 rows and 4 warps spills in float64; at 2 rows and 2 warps its fwd+bwd took 1,380 against
+# 1,595 us, H200, 2026-11-28, one call, benchmarks/results/s13). Only keys that change no more than the
+# kernels' code: the ops' outputs and launchers stay the dtypes' common ones.
+DTYPES = ("float32", "float64")
+# the name of a kernel's copy tuned for one dtype: ``<kernel>__<dtype>`` (``assemble``; its Triton code
+# for that dtype is lowered from it: ``eqdsl.codegen.triton_lowering.helion_kernel``)
+TWIN = "__"
+DTYPE_KEYS = {f"{key}_{dtype}": (key, dtype) for key in ("block_b", "num_warps", "num_stages") for dtype in DTYPES}
+KEYS.update({key: KEYS[base] for key, (base, _) in DTYPE_KEYS.items()})
 # ops whose kernels a sub-table ([tensor_product.tuning.<op>]) may tune apart from the rest:
 # the tensor product's four kernel ops, its fused backward, the convolution's, and
 # conv_radial's
@@ -174,7 +189,8 @@ DEFAULT_TUNING = Tuning()
 
 def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tuning:
     """``DEFAULT_TUNING`` with a spec's ``tuning`` table (``TensorProductSpec.tuning``, validated):
-    its top-level keys, then (for ``op``, one of ``OPS``) its ``<op>.<key>`` sub-table."""
+    its top-level keys, then (for ``op``, one of ``OPS``) its ``<op>.<key>`` sub-table. Per-dtype
+    keys (``DTYPE_KEYS``) are not read here: ``dtype_tuning`` makes a dtype's table."""
     fields = {f.name for f in dataclasses.fields(Tuning)}  # other backends' keys (pallas_*) are not ours
     values = {k: v for k, v in pairs if k in fields}
     if op is not None:
@@ -184,6 +200,23 @@ def tuning_for(pairs: tuple[tuple[str, int], ...], op: str | None = None) -> Tun
     if "block_b" in values:  # a smaller block_b than the 3-D floor is a request for it
         values["block_b_min"] = min(DEFAULT_TUNING.block_b_min, values["block_b"])
     return replace(DEFAULT_TUNING, **values)
+
+
+def tuned_dtypes(pairs: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """The dtypes some per-dtype key of ``pairs`` names (``DTYPES`` order)."""
+    named = {DTYPE_KEYS[k.partition(".")[2]][1] for k, _ in pairs if k.partition(".")[2] in DTYPE_KEYS}
+    return tuple(d for d in DTYPES if d in named)
+
+
+def dtype_tuning(pairs: tuple[tuple[str, int], ...], dtype: str) -> tuple[tuple[str, int], ...]:
+    """The tuning table of ``dtype``'s kernels: ``pairs`` with each ``<op>.<key>_<dtype>`` as
+    ``<op>.<key>`` (over the shared value) and every per-dtype key dropped (sorted pairs)."""
+    values = {k: v for k, v in pairs if k.partition(".")[2] not in DTYPE_KEYS}
+    for k, v in pairs:
+        op, _, sub = k.partition(".")
+        if sub in DTYPE_KEYS and DTYPE_KEYS[sub][1] == dtype:
+            values[f"{op}.{DTYPE_KEYS[sub][0]}"] = v
+    return tuple(sorted(values.items()))
 
 
 TuningTable = Tuning | tuple[tuple[str, int], ...]  # one Tuning for every op, or a spec's pairs
