@@ -110,9 +110,9 @@ def _kernels_key(table: Pairs, op: str):
     """What decides ``op``'s kernels under ``table`` (two candidates with equal values are one)."""
     if op in PALLAS_OPS:
         return tuple((k, v) for k, v in table if k.startswith("pallas_"))
-    from ..backends.helion.tuning import dtype_tuning, tuning_for
+    from ..backends.helion.tuning import DTYPES, dtype_tuning, tuning_for
 
-    return tuple(tuning_for(dtype_tuning(table, d), op) for d in ("float32", "float64"))
+    return tuple(tuning_for(dtype_tuning(table, d), op) for d in DTYPES)
 
 
 def candidates(grid: dict[str, tuple[int, ...]], table: Pairs, op: str) -> list[Candidate]:

@@ -267,11 +267,14 @@ def _twins(ir: TensorProductIR, header: str, tuning: TuningTable, source: str, f
         ValueError: a dtype's tuning changes the glue (a kernel split, partial sums).
     """
     pairs = tuning if isinstance(tuning, tuple) else ()
+    dtypes = [d for d in tuned_dtypes(pairs) if d in ir.dtypes]
+    if not dtypes:
+        return []
     out: list[dict] = []
     base: dict = {}
     base_glue = files(ir, header, tuning, base)
     shared = {k["name"]: k for k in base[source]}
-    for dtype in (d for d in tuned_dtypes(pairs) if d in ir.dtypes):
+    for dtype in dtypes:
         mine: dict = {}
         if files(ir, header, dtype_tuning(pairs, dtype), mine) != base_glue:
             raise ValueError(f"{ir.name}: the {dtype} tuning keys change the ops' kernels or outputs, not only their blocks")
