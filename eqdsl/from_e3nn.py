@@ -36,7 +36,7 @@ from .instructions import MODES, Instruction, InstructionError, check_instructio
 from .irreps import Irreps
 from .loader import toml_table
 from .spec import parse_spec
-from .tuned import known_tuning, tuning_table
+from .tuned import for_dtypes, known_tuning, tuning_table
 
 __all__ = ["spec_from_e3nn", "spec_from_e3nn_jax", "cg_convention_of", "DEFAULT_CG_CONVENTION"]
 
@@ -112,7 +112,7 @@ def _spec_text(
     if "tuning" not in options:
         found = known_tuning(in1, in2, out, tuple(ins), layout, shared_weights)
         if found is not None:
-            table["tuning"] = tuning_table(found[1])
+            table["tuning"] = tuning_table(for_dtypes(found[1], dtypes))
             header += f"# tuning: the same kernels as {found[0]}, tuned there (eqdsl.tuned)\n"
     text = header + toml_table(table)
     parse_spec(text, f"<spec_from_e3nn {name}>")  # a SpecError here names the bad option

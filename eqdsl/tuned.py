@@ -24,12 +24,14 @@ import functools
 import os
 from pathlib import Path
 
+from .backends.helion.tuning import DTYPE_KEYS as HELION
+from .backends.pallas.tuning import DTYPE_KEYS as PALLAS
 from .errors import SpecError
 from .instructions import Instruction
 from .irreps import Irreps
 from .spec import load_spec
 
-__all__ = ["kernel_key", "known_tuning", "tuning_table"]
+__all__ = ["kernel_key", "known_tuning", "tuning_table", "for_dtypes"]
 
 _DEFAULT_DIR = Path(__file__).resolve().parents[1] / "examples" / "specs"
 
@@ -78,3 +80,14 @@ def tuning_table(pairs: tuple[tuple[str, int], ...]) -> dict:
         op, _, k = key.rpartition(".")
         (table.setdefault(op, {}) if op else table)[k] = value
     return table
+
+
+def for_dtypes(pairs: tuple[tuple[str, int], ...], dtypes) -> tuple[tuple[str, int], ...]:
+    """``pairs`` without the per-dtype keys of dtypes outside ``dtypes`` (``block_b_float64``
+    in an op's sub-table, ``pallas_block_batch_float64``): a tuning offered to a spec of fewer
+    dtypes than the one it was measured for, which would refuse them."""
+    def named(key: str):
+        sub = key.rpartition(".")[2]
+        return HELION[sub][1] if sub in HELION else PALLAS.get(sub)
+
+    return tuple((k, v) for k, v in pairs if named(k) is None or named(k) in dtypes)

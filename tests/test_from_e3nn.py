@@ -107,6 +107,25 @@ def test_options_conv_layout_and_dtypes_reach_the_spec():
     assert "cg_convention" not in table  # the installed e3nn 0.6 has the default convention
 
 
+def test_a_known_tuning_keeps_only_the_dtypes_the_spec_generates(tmp_path, monkeypatch):
+    """A tuned spec of both dtypes offers its tuning to a float32-only spec of the same kernels
+    (``eqdsl.tuned``): the float64 keys are dropped, where they would be refused."""
+    from eqdsl.backends import check_tuning
+
+    with float64_default():
+        tp = o3.TensorProduct("2x0e+2x1o", "0e+1o", "2x1o+2x0e", [(1, 1, 1, "uvu", True), (0, 1, 0, "uvu", True)],
+                              shared_weights=False, internal_weights=False)
+    monkeypatch.setenv("EQDSL_TUNED_SPECS", str(tmp_path))
+    (tmp_path / "tuned.toml").write_text(
+        spec_from_e3nn(tp, "tuned", tuning={"pallas_block_batch_float64": 2,
+                                            "fwd": {"block_b": 8, "block_b_float64": 2}}))
+    spec, = parse_spec(spec_from_e3nn(tp, "derived", dtypes=("float32",)))
+    assert dict(spec.tuning) == {"fwd.block_b": 8}
+    check_tuning(spec)
+    both, = parse_spec(spec_from_e3nn(tp, "derived", dtypes=("float32", "float64")))
+    assert dict(both.tuning) == {"fwd.block_b": 8, "fwd.block_b_float64": 2, "pallas_block_batch_float64": 2}
+
+
 def test_wrong_normalization_is_refused_naming_the_instruction():
     with float64_default():
         tp = o3.TensorProduct("2x0e+2x1o", "0e+1o", "2x1o+2x0e", [(1, 1, 1, "uvu", True), (0, 1, 0, "uvu", True)],
