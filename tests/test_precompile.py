@@ -38,9 +38,12 @@ def _read(p, name):
 
 @functools.cache
 def helion_kernels(p, name):
-    """Functions of a kernels module decorated with a call to ``helion.kernel``."""
-    return {n.name for n in ast.parse(_read(p, name)).body if isinstance(n, ast.FunctionDef)
-            and any(isinstance(d, ast.Call) and ast.unparse(d.func) == "helion.kernel" for d in n.decorator_list)}
+    """Functions of a kernels module decorated with a call to ``helion.kernel``, but the copies
+    tuned for one dtype (``<kernel>__<dtype>``: that dtype's code of ``<kernel>``, launched
+    under its name)."""
+    names = {n.name for n in ast.parse(_read(p, name)).body if isinstance(n, ast.FunctionDef)
+             and any(isinstance(d, ast.Call) and ast.unparse(d.func) == "helion.kernel" for d in n.decorator_list)}
+    return {n for n in names if n.rpartition("__")[0] not in names}
 
 
 def launcher_ops(source, conv):
