@@ -13,14 +13,21 @@ from .ir import TensorProductIR
 __all__ = ["fused_bwd_reason", "has_unweighted", "mixed_weighting"]
 
 
-def fused_bwd_reason(ir: TensorProductIR) -> str | None:
+def fused_bwd_reason(ir: TensorProductIR, modes: frozenset[str] = frozenset({"uvu"})) -> str | None:
     """Why ``ir`` gets no fused backward kernel (one pass over ``g`` computing ``dF/dx1``,
     ``dF/dx2`` and ``dF/dW``), or None when it does.
 
     Eligible: per-batch weights (a shared weight gradient is a sum over the batch), every
-    path ``uvu`` and weighted, and every path's ``x2`` block of one channel (e.g. spherical
-    harmonics): the channelwise products of MACE, NequIP and Nequix (``docs/problems.md``).
-    Then ``g``, by far the largest operand, is read once instead of three times.
+    path weighted, of one of the backend's fused ``modes`` (``uvu``: the channelwise
+    products of MACE, NequIP and Nequix, ``docs/problems.md``; the Helion backend also
+    ``uvw``, the fully connected edge products of DiffDock and e3tools), and every path's
+    ``x2`` block of one channel (e.g. spherical harmonics). Then ``g`` (channelwise) or the
+    per-row weights (``uvw``), the largest operand, is read once instead of two or three
+    times.
+
+    Args:
+        ir: the lowered product.
+        modes: the path modes the backend's fused kernel implements.
 
     Returns:
         A one-line reason, or None.
@@ -28,8 +35,8 @@ def fused_bwd_reason(ir: TensorProductIR) -> str | None:
     if ir.shared_weights:
         return "shared weights (the weight gradient is a sum over the batch)"
     for p in ir.paths:
-        if p.mode != "uvu" or not p.has_weight:
-            return f"path {p.index} is not a weighted uvu path"
+        if p.mode not in modes or not p.has_weight:
+            return f"path {p.index} is not a weighted {' or '.join(sorted(modes))} path"
         if ir.in2[p.i_in2].mul != 1:
             return f"path {p.index}'s x2 block has {ir.in2[p.i_in2].mul} channels, not 1"
     return None

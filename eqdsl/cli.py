@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                         "block_c=32,64,128 for the Helion ops, pallas_block_batch=1,2,4,8,16,32,64 pallas_num_warps=2,4,8 "
                         "for pallas; pallas_* keys tune the pallas op only, the others the Helion ops only)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
-                   help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product is channelwise; "
+                   help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product has a fused backward (per-row weights, uvu or uvw paths, one-channel x2 blocks); "
                         "and pallas (the JAX kernels, forward + backward) where jax sees a GPU; "
                         "conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")

@@ -23,7 +23,7 @@ pytest.importorskip("helion")
 pytest.importorskip("e3nn.o3")
 
 from eqdsl.analysis import fused_bwd_reason  # noqa: E402
-from eqdsl.backends.helion.fused import fused_bwd_kernels  # noqa: E402
+from eqdsl.backends.helion.fused import FUSED_MODES, fused_bwd_kernels  # noqa: E402
 from eqdsl.backends.helion.tuning import tuning_for  # noqa: E402
 from eqdsl.lower import lower  # noqa: E402
 from eqdsl.reference import conv_vjp_reference, tensor_product_vjp_reference  # noqa: E402
@@ -42,6 +42,14 @@ TUNINGS = {
     # the same tiles as a loop in each program, partial sums carried across it
     "split_loop": "max_terms = 16\nblock_c = 2\ngrid_c = 0\n",
 }
+# uvw (DiffDock, e3tools): each path's (rows, u, w) weight tiles in a loop over the output
+# channel w; 3 and 2 output channels in tiles of 2 (a masked last tile)
+UVW_OUT = "3x0e+2x1o+3x2e"
+UVW_TUNINGS = {
+    "uvw_one_kernel": "",
+    "uvw_split_grid_c": "max_terms = 16\nblock_c = 2\nblock_r = 2\n",
+    "uvw_split_loop": "max_terms = 16\nblock_c = 2\nblock_r = 2\ngrid_c = 0\n",
+}
 BATCH = 19  # not a multiple of any block_b
 _built: dict = {}
 
@@ -50,9 +58,12 @@ def package(key: str, root, layout: str = "mul_ir"):
     k = (key, layout)
     if k not in _built:
         name = f"tf_{key}_{layout}"
-        text = spec_text(name, IN1, IN2, OUT, mode="uvu", shared=False, layout=layout, dtypes=("float64",))
-        if TUNINGS[key]:
-            text += "\n[tensor_product.tuning.bwd]\n" + TUNINGS[key]
+        uvw = key in UVW_TUNINGS
+        text = spec_text(name, IN1, IN2, UVW_OUT if uvw else OUT, mode="uvw" if uvw else "uvu", shared=False,
+                         layout=layout, dtypes=("float64",))
+        tuning = {**TUNINGS, **UVW_TUNINGS}[key]
+        if tuning:
+            text += "\n[tensor_product.tuning.bwd]\n" + tuning
         pkg, ops = build(root / name, text, name)
         ir = lower(load_spec(root / name / f"{name}.toml")[0])
         _built[k] = (pkg, ops, ir)
@@ -78,7 +89,8 @@ def test_generator_makes_each_shape():
     assert len(shapes["split_loop"]) > 1 and all(not g for g, _, _ in shapes["split_loop"])
 
 
-@pytest.mark.parametrize("key,layout", [(k, "mul_ir") for k in TUNINGS] + [("split_grid_c", "ir_mul")])
+@pytest.mark.parametrize("key,layout", [(k, "mul_ir") for k in {**TUNINGS, **UVW_TUNINGS}]
+                         + [("split_grid_c", "ir_mul"), ("uvw_split_grid_c", "ir_mul")])
 def test_fused_matches_the_oracle(root, key, layout):
     pkg, ops, ir = package(key, root, layout)
     x1, x2, w, g = torch_inputs(ir, BATCH, seed=1)
@@ -114,10 +126,11 @@ def test_batch_zero_and_bad_operands(root):
         ops.bwd_op(x1, x2, w, g[:, 1:])
 
 
-def test_second_order_through_the_fused_op(root):
+@pytest.mark.parametrize("key", ["one_kernel", "uvw_one_kernel"])
+def test_second_order_through_the_fused_op(root, key):
     """Gradients of all three first derivatives (each term of the fused op's own
     derivative: the three ops' formulas summed), against e3nn."""
-    pkg, ops, ir = package("one_kernel", root)
+    pkg, ops, ir = package(key, root)
     x1, x2, w, c = torch_inputs(ir, 3, seed=3)
     gen = torch.Generator().manual_seed(4)
     d1, d2, dw = (torch.randn(t.shape, dtype=torch.float64, generator=gen).to(DEVICE) for t in (x1, x2, w))
@@ -140,7 +153,8 @@ def test_opcheck(root):
 
 def test_stores_follow_every_load_of_a_tile(root):
     """Triton keeps the program order of loads and stores to tensors it cannot prove
-    distinct: a load after a store in a channel tile would wait for it."""
+    distinct: a load after a store in a channel tile would wait for it. (``uvw`` paths
+    store each weight tile's gradient inside their output-channel loop, by design.)"""
     for key in TUNINGS:
         pkg, ops, ir = package(key, root)
         src = (root / f"tf_{key}_mul_ir" / "gen" / f"tf_{key}_mul_ir" / "helion_kernels.py").read_text()
@@ -166,18 +180,26 @@ def test_not_eligible(change, reason):
     ir = lower(parse_spec(spec_text("s", IN1, "2x0e+1o", OUT, mode="uvu", shared=False), "s.toml")[0])
     assert "not 1" in fused_bwd_reason(ir)
     assert fused_bwd_reason(lower(parse_spec(spec_text("s", IN1, IN2, OUT, mode="uvu", shared=False), "s.toml")[0])) is None
+    # the Helion backend's fused kernel also takes uvw paths (the Pallas one does not)
+    uvw = lower(parse_spec(spec_text("s", IN1, IN2, UVW_OUT, mode="uvw", shared=False), "s.toml")[0])
+    assert "not a weighted uvu path" in fused_bwd_reason(uvw)
+    assert fused_bwd_reason(uvw, FUSED_MODES) is None
 
 
-def test_conv_fused_backward(root, monkeypatch):
+@pytest.mark.parametrize("mode", ["uvu", "uvw"])
+def test_conv_fused_backward(root, monkeypatch, mode):
     """The atomic convolution's fused backward (``x`` gathered by src, ``G`` by dst, ``gx``
-    scattered with atomics): against the oracle, taken by autograd, second order."""
-    name = "tf_conv"
-    text = spec_text(name, IN1, IN2, OUT, mode="uvu", shared=False, layout="ir_mul", dtypes=("float64",))
+    scattered with atomics): against the oracle, taken by autograd, second order (``uvu``;
+    the op's derivative is the same formula for ``uvw``)."""
+    name = f"tf_conv_{mode}"
+    out = UVW_OUT if mode == "uvw" else OUT
+    text = spec_text(name, IN1, IN2, out, mode=mode, shared=False, layout="ir_mul", dtypes=("float64",))
     text += 'conv = true\nreduce = "sum"\ndeterministic = false\n'
-    text += "\n[tensor_product.tuning.conv_bwd]\n" + TUNINGS["split_grid_c"]  # several kernels, grid partials
+    text += "\n[tensor_product.tuning.conv_bwd]\n" + {"uvu": TUNINGS, "uvw": UVW_TUNINGS}[mode][
+        f"{'uvw_' if mode == 'uvw' else ''}split_grid_c"]  # several kernels, grid partials
     pkg = build_package(root, name, text)
     conv = importlib.import_module(pkg.__name__ + ".torch_conv")
-    ir = lower(parse_spec(text, "tf_conv.toml")[0])
+    ir = lower(parse_spec(text, f"{name}.toml")[0])
     rng = np.random.default_rng(0)
     n, e = 3, 7
     src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
@@ -197,6 +219,8 @@ def test_conv_fused_backward(root, monkeypatch):
     assert called
     for got, ref in zip(grads, want):
         assert rel_err(got.cpu().numpy(), ref) <= 1e-10
+    if mode == "uvw":
+        return
     # second order in edge_attr and weights (force training), through the fused op's formula
     f = lambda y, w: conv.conv(x, y, w, s, d, n)  # noqa: E731
     assert torch.autograd.gradgradcheck(f, (args[1].detach().requires_grad_(), args[2].detach().requires_grad_()),

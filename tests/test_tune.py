@@ -212,7 +212,7 @@ def test_fused_ops_are_tuned_where_the_package_has_them(tmp_path):
     seen.clear()
     tune(other, grid={"block_b": (8,)}, run_worker=worker, require_cuda=False, report=lambda _: None)
     assert "bwd" not in seen
-    with pytest.raises(TuneError, match="only a channelwise product"):
+    with pytest.raises(TuneError, match="this product has no fused backward"):
         tune(other, ops=("bwd",), run_worker=worker, require_cuda=False)
     # each fused op by its own fuse_bwd: the conv's fused backward off, the plain one on
     conv = tmp_path / "cv.toml"

@@ -100,6 +100,8 @@ def main(argv=None) -> int:
             "bwd_x2_op": (lambda: ops.bwd_x2_op(x1, g, w), ("x1", "g", "w", "x2")),
             "bwd_w_op": (lambda: ops.bwd_w_op(x1, x2, g), ("x1", "x2", "g", "w")),
         }
+        if hasattr(ops, "bwd_op"):  # the fused backward: reads x1, x2, W, g once, writes the three gradients
+            cases["bwd_op"] = (lambda: ops.bwd_op(x1, x2, w, g), ("x1", "x2", "w", "g", "x1", "x2", "w"))
         for op, (fn, operands) in cases.items():
             t0 = time.perf_counter()
             fn()

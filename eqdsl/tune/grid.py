@@ -23,7 +23,7 @@ __all__ = [
 # the Helion backend's Tuning (block_b)
 DEFAULT_GRID = {"num_warps": (4, 8), "block_b": (2, 4, 8, 16), "block_c": (32, 64, 128)}
 TP_OPS = ("fwd", "bwd_x1", "bwd_x2", "bwd_w")
-FUSED_OPS = ("bwd",)  # a channelwise product's fused backward, where it has one
+FUSED_OPS = ("bwd",)  # the fused backward, where the product has one (analysis.fused_bwd_reason)
 FUSED_CONV_OPS = ("conv_bwd",)  # and its atomic convolution's
 CONV_OPS = ("conv_fwd", "conv_bwd_x", "conv_bwd_y", "conv_bwd_w")
 PALLAS_OPS = ("pallas",)  # every Pallas kernel of the spec, timed as the jitted forward + backward

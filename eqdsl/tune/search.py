@@ -76,7 +76,7 @@ def tune(
            or (op in FUSED_CONV_OPS and not _has_fused_bwd(spec, op))]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
-                        f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: only a channelwise product has the fused backward)'}"
+                        f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: this product has no fused backward)'}"
                         f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}"
                         f", {', '.join(PALLAS_OPS)} (the JAX kernels)")
     if require_cuda:
@@ -152,9 +152,10 @@ def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:
     tensor product's) or ``conv_bwd`` (the atomic convolution's), each by its own
     ``fuse_bwd`` (the generators read it from the op's sub-table)."""
     from ..analysis import fused_bwd_reason
+    from ..backends.helion.fused import FUSED_MODES
     from ..backends.helion.tuning import tuning_for
     from ..lower import lower
 
     if op == "conv_bwd" and not (spec.conv and not spec.deterministic):
         return False
-    return bool(tuning_for(spec.tuning, op).fuse_bwd) and fused_bwd_reason(lower(spec)) is None
+    return bool(tuning_for(spec.tuning, op).fuse_bwd) and fused_bwd_reason(lower(spec), FUSED_MODES) is None

@@ -17,7 +17,7 @@ from ...ir import Block, TensorProductIR
 from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, fused_radial_kernels, graph_names, \
     radial_kernel_context, radial_materialized_bwd, segment_min_edges, segment_ops, small_graph_kernels, \
     small_radial_kernels
-from .fused import fused_bwd_kernels
+from .fused import FUSED_MODES, fused_bwd_kernels
 from .kernels import ALL_FAMILIES, kernel_context, wsum_rows
 from .tuning import DEFAULT_TUNING, TWIN, TuningTable, dtype_tuning, tuned_dtypes, tuning_of
 
@@ -90,7 +90,7 @@ def _fused_context(ir: TensorProductIR, tuning: TuningTable, native: bool) -> di
     outputs need (``gx2`` partials to sum, columns no kernel writes to zero), or None
     when the product is not channelwise or ``fuse_bwd`` is 0."""
     t = tuning_of(tuning, "bwd")
-    if not t.fuse_bwd or fused_bwd_reason(ir) is not None:
+    if not t.fuse_bwd or fused_bwd_reason(ir, FUSED_MODES) is not None:
         return None
     kernels = fused_bwd_kernels(ir, t, native)
     if not kernels:

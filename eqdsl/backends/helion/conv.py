@@ -60,7 +60,7 @@ from dataclasses import replace
 
 from ...analysis import fused_bwd_reason
 from ...ir import TensorProductIR
-from .fused import fused_bwd_kernels
+from .fused import FUSED_MODES, fused_bwd_kernels
 from .kernels import TILE_B, Operands, Radial, RadialTileShape, kernel_context
 from .printer import Row
 from .tuning import DEFAULT_TUNING, Tuning, TuningTable, tuning_of
@@ -243,7 +243,7 @@ def conv_kernel_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNIN
 
 def _has_fused_bwd(ir: TensorProductIR, t: Tuning) -> bool:
     """An atomic convolution's fused backward exists (channelwise, ``fuse_bwd``, not deterministic)."""
-    return not ir.deterministic and bool(t.fuse_bwd) and fused_bwd_reason(ir) is None
+    return not ir.deterministic and bool(t.fuse_bwd) and fused_bwd_reason(ir, FUSED_MODES) is None
 
 
 def fused_conv_kernels(ir: TensorProductIR, tuning: TuningTable) -> list[dict]:
