@@ -19,8 +19,8 @@ contracted with ``g`` for the ``x1`` and ``x2`` gradients, and its gradient (an 
 product of the ``x1 x2`` products and ``g``) written in the same step. On the H200
 (2026-11-28, 20,000 rows, float32) that took e3tools_conv's backward from 3 kernels and
 790 us to 351 us, diffdock_l2's from 951 to 627 (one kernel per ``x1`` block: one for
-all spilled). Then for a ``uvu`` path ``p`` (``x1`` block ``a``, ``x2`` block ``s``, output block ``o``, channel
-``u``)::
+all spilled). Then for a ``uvu`` path ``p`` (``x1`` block ``a``, ``x2`` block ``s``,
+output block ``o``, channel ``u``)::
 
     gx1[b, a, u, i] += sum_{j,k} C[i,j,k] W[b, p, u] x2[b, s, j] g[b, o, u, k]
     gW[b, p, u]      = sum_{i,j,k} C[i,j,k] x1[b, a, u, i] x2[b, s, j] g[b, o, u, k]
@@ -281,9 +281,9 @@ class _Fused:
 
             pk_k[b, u]    = sum_{i,j} C[i,j,k] a_i[b, u] x2_j[b]           (before the loop)
             for tile_r in hl.tile(W):                                     (w)
-                h_k[b, u]    += sum_w W[b, u, w] g_k[b, w]
+                acch_k[b, u] += sum_w W[b, u, w] g_k[b, w]
                 gW[b, u, w]   = sum_k pk_k[b, u] g_k[b, w]                 (stored in the loop)
-            then the gx1 / gx2 updates of ``_input_updates`` from h_k.
+            then the gx1 / gx2 updates of ``_input_updates`` from acch_k.
 
         ``gW`` is stored inside the loop (each weight tile's gradient is final there), so
         unlike ``uvu``'s it does not wait for the channel tile's last load.
