@@ -64,8 +64,8 @@ from .kernels import (
     native_store, path_comment, pow2, radial_features_load, radial_weight_tile, split_costs, tile_load,
 )
 from .printer import (
-    Access, Arange, Assign, AtomicAdd, Comment, Loop, Read, Stmt, Store, Tile, TileId, Zeros, plural, print_stmts, ranges,
-    sum_expr,
+    Access, Arange, Assign, AtomicAdd, Comment, Loop, Read, Stmt, Store, Tile, TileId, Zeros, plural, print_stmts,
+    ranges, sum_expr,
 )
 from .tuning import Tuning
 
@@ -299,11 +299,10 @@ class _Fused:
             lines.append(Assign(f"acch{p.index}_{k}", Zeros("[tile_b, tile_c]", ops.tensor("gx1"))))
         self.tensors.update(("w", "g"))
         g_local = f"r{p.index}g{o}"
-        if is_native(self.native, ir.out[o]):
-            body: list[Stmt] = list(tile_load(ir, ops.tensor("g"), ops.row("g"), "g", o, 0, True, g_local, "tile_r")[1])
-        else:
-            body = [st for k in ks
-                    for st in tile_load(ir, ops.tensor("g"), ops.row("g"), "g", o, k, self.native, g_local, "tile_r")[1]]
+        native_g = is_native(self.native, ir.out[o])  # one load of all components, split on chip
+        body: list[Stmt] = [st for k in ([0] if native_g else ks)
+                            for st in tile_load(ir, ops.tensor("g"), ops.row("g"), "g", o, k, self.native, g_local,
+                                                "tile_r")[1]]
         index = {"u": Tile("tile_c"), "v": 0, "w": Tile("tile_r")}
         weights = element_access(ops.tensor("w"), ops.row("w"), p.weight_offset, tuple(p.path_shape),
                                  tuple(index[x] for x in "uvw"))
