@@ -195,8 +195,8 @@ def test_conv_fused_backward(root, monkeypatch, mode):
     out = UVW_OUT if mode == "uvw" else OUT
     text = spec_text(name, IN1, IN2, out, mode=mode, shared=False, layout="ir_mul", dtypes=("float64",))
     text += 'conv = true\nreduce = "sum"\ndeterministic = false\n'
-    text += "\n[tensor_product.tuning.conv_bwd]\n" + {"uvu": TUNINGS, "uvw": UVW_TUNINGS}[mode][
-        f"{'uvw_' if mode == 'uvw' else ''}split_grid_c"]  # several kernels, grid partials
+    split = UVW_TUNINGS["uvw_split_grid_c"] if mode == "uvw" else TUNINGS["split_grid_c"]
+    text += "\n[tensor_product.tuning.conv_bwd]\n" + split  # several kernels, grid partials
     pkg = build_package(root, name, text)
     conv = importlib.import_module(pkg.__name__ + ".torch_conv")
     ir = lower(parse_spec(text, f"{name}.toml")[0])
