@@ -39,6 +39,9 @@ CHANNELWISE = dict(
     in1="2x0e+2x1o", in2="1x0e+1x1o", out="2x0e+2x1o+2x1o+2x0e",
     instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True), (1, 1, 3, "uvu", True)],
 )
+# Fully connected (every path uvw and weighted, one-channel x2 blocks): the fused backward too,
+# a loop over each x1 block's channels (3 output channels: masked lanes).
+FULLY_CONNECTED = dict(in1="2x0e+2x1o", in2="1x0e+1x1o", out="3x0e+2x1o", mode="uvw")
 # pallas_conv_max_terms = 1: the conv's own kernels, one per output group; with
 # pallas_conv_fused_max_terms = 1 one fused backward kernel per path; pallas_fma = 1: the
 # sums as rt.fma chains (interpret mode: a * b + c; the chains' terms and signs are tested);
@@ -77,6 +80,8 @@ def pkgs(root):
         "channelwise": build(conv_spec("conv_channelwise_mean", reduce="mean", **CHANNELWISE), root),
         "mixed_split": build(conv_spec("conv_mixed_split", layout="ir_mul") + SPLIT, root),
         "channelwise_split": build(conv_spec("conv_channelwise_split", **CHANNELWISE) + SPLIT, root),
+        "uvw": build(conv_spec("conv_uvw", layout="ir_mul", **FULLY_CONNECTED), root),
+        "uvw_split": build(conv_spec("conv_uvw_split", **FULLY_CONNECTED) + SPLIT, root),
     }
 
 
@@ -169,12 +174,16 @@ def test_conv_vjp_matches_reference_mixed(pkgs, kind):
         assert rel_err(got, want) <= 1e-12
 
 
-@pytest.mark.parametrize("kind,segment_edges", [("channelwise", 1), ("channelwise", 2), ("channelwise_split", 2)])
+@pytest.mark.parametrize("kind,segment_edges", [("channelwise", 1), ("channelwise", 2), ("channelwise_split", 2),
+                                                ("uvw", 2), ("uvw_split", 1)])
 def test_conv_fused_backward_matches_reference(pkgs, kind, segment_edges):
-    """The channelwise conv's VJP is the fused backward (per-edge dF/dx messages summed into
-    their src nodes) and equals the reference, isolated nodes and a self-loop included."""
+    """The channelwise (and fully connected) conv's VJP is the fused backward (per-edge dF/dx
+    messages summed into their src nodes) and equals the reference, isolated nodes and a
+    self-loop included; split, one path per kernel (partial dF/dx messages)."""
     b = pkgs[kind]
     assert b.ops.CONV_OPS.bwd is not None
+    if kind.endswith("split"):
+        assert len(b.ops._kernels.CONV_BWD_FUSED_KERNELS) == len(b.ir.paths)
     rng = np.random.default_rng(3)
     n, e = 9, 29
     src, dst = graph(rng, n, e)

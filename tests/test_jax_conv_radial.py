@@ -34,6 +34,11 @@ from test_jax_ops import TOL, build, rel_err, spec_text  # noqa: E402
 CHANNELWISE = dict(in1="3x0e+2x1o", in2="1x0e+1x1o", out="3x0e+3x1o+2x1o+2x0e",
                    instructions=[(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True),
                                  (1, 1, 3, "uvu", True)])
+# Fully connected (every path uvw, one-channel x2 blocks): the fused backward too, each weight
+# row formed on chip in the loop over the x1 channel.
+FULLY_CONNECTED = dict(in1="3x0e+2x1o", in2="1x0e+1x1o", out="3x0e+2x1o",
+                       instructions=[(0, 0, 0, "uvw", True), (0, 1, 1, "uvw", True), (1, 0, 1, "uvw", True),
+                                     (1, 1, 0, "uvw", True)])
 # uvu (one and 16 x2 channels: strided weight vectors), uvw and uvv, no fused backward;
 # every weight tile 16 lanes, so with H = 13 (16 padded) and blocks of 16 edges each one is
 # a dot (rows of H and lanes past count zeroed).
@@ -62,6 +67,7 @@ def pkgs(tmp_path_factory):
     root = tmp_path_factory.mktemp("jaxradial")
     return {
         "channelwise": build(radial_spec("radial_cw", CHANNELWISE, h=3), root),
+        "uvw": build(radial_spec("radial_uvw", FULLY_CONNECTED, h=3, layout="ir_mul"), root),
         "mixed": build(radial_spec("radial_mixed", MIXED, h=13, reduce="mean", layout="ir_mul"), root),
         # pallas_radial_materialize: no radial kernels, conv_radial = matmul + the conv's kernels
         "materialize": build(radial_spec("radial_mat", CHANNELWISE, h=3, reduce="mean")
@@ -127,7 +133,7 @@ def test_generated_radial_kernels(pkgs):
         in open(c._kernels.__file__).read()
 
 
-BLOCKS = {"channelwise": dict(block_edges=4, segment_edges=2), "mixed": dict(block_edges=DOT, segment_edges=DOT),
+BLOCKS = {"channelwise": dict(block_edges=4, segment_edges=2), "uvw": dict(block_edges=4, segment_edges=2), "mixed": dict(block_edges=DOT, segment_edges=DOT),
           "materialize": dict(block_edges=4, segment_edges=2)}
 
 
@@ -155,9 +161,10 @@ def test_materialized_package_has_no_radial_kernels(pkgs, tmp_path):
         b.ops.conv_radial(x, y, rf, wr[:, :-1], src, dst, 4)
 
 
-@pytest.mark.parametrize("kind", ["channelwise", "mixed", "materialize"])
+@pytest.mark.parametrize("kind", ["channelwise", "uvw", "mixed", "materialize"])
 def test_forward_and_vjp_match_composition_and_reference(pkgs, kind):
     b, blocks = pkgs[kind], BLOCKS[kind]
+    assert (b.ops.RADIAL_OPS is not None and b.ops.RADIAL_OPS.bwd is not None) == (kind in ("channelwise", "uvw"))
     rng = np.random.default_rng(1)
     n, e = 7, 37
     x, y, rf, wr, src, dst = data(b.ir, rng, n, e)
@@ -171,7 +178,7 @@ def test_forward_and_vjp_match_composition_and_reference(pkgs, kind):
     for name, got, want in (("x", gx, rx), ("y", gy, ry), ("rf", grf, rw @ wr.T), ("wr", gwr, rf.T @ rw)):
         assert rel_err(got, want) <= 1e-12, name
     assert not np.any(np.asarray(out)[n - 1])  # no in-edges
-    if kind == "channelwise":
+    if kind in ("channelwise", "uvw"):
         return
     # float32: the weights formed by dots in full float32 precision (no TF32), same function
     args32 = [a.astype(np.float32) for a in (x, y, rf, wr)]
@@ -293,11 +300,12 @@ def test_empty_graph_and_no_nodes(pkgs):
     assert b.ops.conv_radial(np.zeros((0, b.ir.dim_in1)), y, rf, wr, z, z, 0).shape == (0, b.ir.dim_out)
 
 
-@pytest.mark.parametrize("kind,dtype", [("mixed", "float32"), ("mixed", "float64"), ("channelwise", "float32")])
+@pytest.mark.parametrize("kind,dtype", [("mixed", "float32"), ("mixed", "float64"), ("channelwise", "float32"),
+                                        ("uvw", "float32")])
 def test_radial_kernels_lower_for_cuda(pkgs, kind, dtype):
     """Energy and its gradients w.r.t. all four arrays through the Pallas -> Triton lowering:
     dot tiles (mixed, blocks of 16; float64's dot needs M, K >= 16, N >= 8) and multiply-add
-    tiles with the fused backward (channelwise)."""
+    tiles with the fused backward (channelwise, fully connected)."""
     b, blocks = pkgs[kind], BLOCKS[kind]
     ops = b.ops
     n, e, h = 16, 64, b.ir.radial_features
@@ -310,7 +318,7 @@ def test_radial_kernels_lower_for_cuda(pkgs, kind, dtype):
         return jax.grad(energy, argnums=(0, 1, 2, 3))(x, y, rf, wr)
 
     text = jax.jit(grads).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    backward = ["_radial_bwd_fused_kernel"] if kind == "channelwise" else [
+    backward = ["_radial_bwd_fused_kernel"] if kind in ("channelwise", "uvw") else [
         "_radial_bwd_x1_kernel", "_radial_bwd_x2_kernel", "bwd_w_kernel"]
     for name in ["_radial_fwd_kernel"] + backward:
         assert name in text, name

@@ -34,13 +34,15 @@ IN1, IN2, OUT = "4x0e+4x1o+2x2e", "0e+1o+2e", "0e+1o+2e"
 # paths out of x1 block order (x1 blocks 1, 0, 1): the fused kernel writes them by x1 block
 UNORDERED = dict(in1="3x0e+2x1o", in2="0e+1o", out="2x1o+3x1o+2x0e",
                  instructions=[(1, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 1, 2, "uvu", True)])
+# fully connected (uvw): 3 and 2 output channels in tiles of 4 and 2 (masked lanes)
+UVW_OUT = "3x0e+2x1o+3x2e"
 SPLIT_BUDGET = 100  # terms per kernel: the 249 terms of IN1 x IN2 -> OUT over several kernels
 BB = 4  # batch rows per program: BATCH has padded rows and several programs
 BATCH = 13
 
 
-def _text(name, layout="mul_ir", **kw):
-    kw = kw or dict(in1=IN1, in2=IN2, out=OUT, mode="uvu")
+def _text(name, layout="mul_ir", mode="uvu", **kw):
+    kw = kw or dict(in1=IN1, in2=IN2, out=UVW_OUT if mode == "uvw" else OUT, mode=mode)
     return spec_text(name, **kw, shared=False, layout=layout, dtypes=("float64",))
 
 
@@ -54,8 +56,9 @@ def pkgs(tmp_path_factory):
             if key == "unordered":
                 cache[key] = build(_text("fu_unordered", **UNORDERED), root)
             else:
-                split, layout, *factor = key
-                text = _text(f"fu_{int(split)}_{layout}{'_f' if factor else ''}", layout)
+                split, layout, *extra = key
+                factor, mode = "factor" in extra, "uvw" if "uvw" in extra else "uvu"
+                text = _text(f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}", layout, mode)
                 if factor:  # the q_j form and factored sums (pallas_factor)
                     text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
                 with pytest.MonkeyPatch.context() as mp:
@@ -104,8 +107,13 @@ def test_generator_makes_one_or_several_kernels(monkeypatch):
 
 @pytest.mark.parametrize("why,text", [
     ("shared weights", spec_text("s", IN1, IN2, OUT, mode="uvu", shared=True)),
-    ("not a weighted uvu path", spec_text("s", IN1, IN2, OUT, mode="uvw")),
+    ("not a weighted uvu or uvw path", spec_text("s", "2x0e", "2x0e", "2x0e", mode="uvv")),
+    ("not a weighted uvu or uvw path", spec_text("s", "2x0e", "0e", "2x0e+2x0e",
+                                                  instructions=[(0, 0, 0, "uvw", True), (0, 0, 1, "uvu", False)])),
+    ("both modes", spec_text("s", "2x0e", "0e", "2x0e+3x0e",
+                             instructions=[(0, 0, 0, "uvu", True), (0, 0, 1, "uvw", True)])),
     ("not 1", spec_text("s", IN1, "2x0e+2x1o", OUT, mode="uvu")),
+    ("not 1", spec_text("s", IN1, "2x0e+2x1o", OUT, mode="uvw")),
 ])
 def test_ineligible_specs_get_no_fused_kernel(why, text):
     ir = _ir(text)
@@ -129,14 +137,18 @@ def _operands(ir, batch, seed):
 
 
 @pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir"), (True, "ir_mul"), "unordered",
-                                 (True, "mul_ir", "factor")],
-                         ids=["one_kernel", "split", "split_ir_mul", "unordered", "split_factored"])
+                                 (True, "mul_ir", "factor"), (False, "mul_ir", "uvw"), (True, "ir_mul", "uvw")],
+                         ids=["one_kernel", "split", "split_ir_mul", "unordered", "split_factored", "uvw_one_kernel",
+                              "uvw_split_ir_mul"])
 def test_fused_matches_the_oracle(pkgs, key):
     b = pkgs(key)
     n = len(b.ops._kernels.BWD_FUSED_KERNELS)
     assert n > 1 if key != "unordered" and key[0] else n == 1
+    source = open(b.ops._kernels.__file__).read()
     if key == (True, "mul_ir", "factor"):
-        assert "q_0 = " in open(b.ops._kernels.__file__).read()
+        assert "q_0 = " in source
+    if "uvw" in key:  # one loop over the x1 channel per x1 block, its weight rows read in it
+        assert "def _block_0(u, carry):" in source and {p.mode for p in b.ir.paths} == {"uvw"}
     x1, x2, w, g = _operands(b.ir, BATCH, seed=1)
     want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
     got = b.ops.tensor_product_vjp(*(jnp.asarray(a) for a in (x1, x2, w, g)), block_batch=BB)
@@ -164,10 +176,11 @@ def _pallas_names(jaxpr) -> list[str]:
     return names
 
 
-def test_grad_runs_the_fused_kernel(pkgs):
+@pytest.mark.parametrize("key", [(True, "mul_ir"), (True, "ir_mul", "uvw")], ids=["uvu", "uvw"])
+def test_grad_runs_the_fused_kernel(pkgs, key):
     """``jax.grad`` of the tensor product takes its three gradients from one fused
     launch per kernel (no backward_x1/x2/w kernel), and they match the oracle."""
-    b = pkgs((True, "mul_ir"))
+    b = pkgs(key)
     x1, x2, w, c = (jnp.asarray(a) for a in _operands(b.ir, BATCH, seed=2))
 
     def loss(a, d, e):
@@ -198,7 +211,8 @@ def _e3nn_jax_tp(b):
     return jax.vmap(one)
 
 
-@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir")], ids=["one_kernel", "split"])
+@pytest.mark.parametrize("key", [(False, "mul_ir"), (True, "mul_ir"), (False, "mul_ir", "uvw")],
+                         ids=["one_kernel", "split", "uvw"])
 def test_force_training_second_order(pkgs, key):
     """grad over (W, x1) of <d, grad_x1 E>, E = <c, TP**2> (a force loss: the forward's VJP
     is the fused op, its VJP the sum of the three ops' rules) against e3nn-jax and dense

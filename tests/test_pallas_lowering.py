@@ -90,15 +90,20 @@ def test_mixed_spec_kernels_lower_for_cuda(tmp_path_factory, layout, shared):
     _check_lowers(ops, "float64")
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_fused_backward_kernels_lower_for_cuda(tmp_path_factory, monkeypatch, split):
+@pytest.mark.parametrize("split,mode", [(False, "uvu"), (True, "uvu"), (True, "uvw")])
+def test_fused_backward_kernels_lower_for_cuda(tmp_path_factory, monkeypatch, split, mode):
     """The fused backward of a channelwise product with multiplicities 4, 3 and 2 (padded
-    lanes: ``load_vec`` / ``store_vec``), as one kernel and split over several."""
+    lanes: ``load_vec`` / ``store_vec``), as one kernel and split over several; of a fully
+    connected one (``uvw``: a loop over the x1 channel, one-column ``dF/dx1`` stores at a
+    traced column) as a conv too."""
     from eqdsl.backends.pallas import plan
 
     if split:
         monkeypatch.setattr(plan, "MAX_TERMS_PER_KERNEL", 100)
-    text = spec_text("lower_fused", "4x0e+3x1o+2x2e", "0e+1o+2e", "0e+1o+2e", mode="uvu", shared=False)
+    out = "0e+1o+2e" if mode == "uvu" else "3x0e+2x1o+3x2e"
+    text = spec_text("lower_fused", "4x0e+3x1o+2x2e", "0e+1o+2e", out, mode=mode, shared=False)
+    if mode == "uvw":
+        text += "conv = true\n"
     ops = build(text, tmp_path_factory.mktemp("lower")).ops
     assert (len(ops._kernels.BWD_FUSED_KERNELS) > 1) == split
     _check_lowers(ops, "float64")

@@ -1216,6 +1216,470 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     lax.fori_loop(0, 48, _path_11, None)
 
 
+# ------------------------------------------------------------------ fused backward
+# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.backends.pallas.fused): each kernel
+# owns whole x1 blocks and the paths out of them, and writes the whole gx2 row as a
+# partial sum.
+
+
+def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
+    """Fused backward: x1 blocks 0, 1, 2, 3 (156 gx1 columns), paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (7128 weight columns), the whole gx2 row; 162 CG terms (three per nonzero)."""
+    rows = x1_ref.shape[0]
+    dtype = gx1_ref.dtype
+
+    # x1 block 0 (10x1o): 4 path(s)
+    g_0_0, g_0_1, g_0_2 = rt.load_tile(g_ref, 0, mul=10, dim=3, pad=16)  # g block 0 (10x1o)
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    px2_0_0 = jnp.zeros((rows, 1), dtype)
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 30, mul=10, dim=3, pad=16)  # g block 1 (10x1e)
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    px2_1_0 = jnp.zeros((rows, 1), dtype)
+    px2_1_1 = jnp.zeros((rows, 1), dtype)
+    px2_1_2 = jnp.zeros((rows, 1), dtype)
+    g_2_0 = rt.load_vec(g_ref, 60, count=48, pad=64)  # g block 2 (48x0e), m=0
+    x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
+    x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
+    x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
+    x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
+    x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
+    px2_2_0 = jnp.zeros((rows, 1), dtype)
+    px2_2_1 = jnp.zeros((rows, 1), dtype)
+    px2_2_2 = jnp.zeros((rows, 1), dtype)
+    px2_2_3 = jnp.zeros((rows, 1), dtype)
+    px2_2_4 = jnp.zeros((rows, 1), dtype)
+
+    def _block_0(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4) = carry
+        x1c_0 = x1_ref[:, pl.ds(0 + u * 3, 1)]  # x1 block 0, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(1 + u * 3, 1)]  # x1 block 0, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(2 + u * 3, 1)]  # x1 block 0, m=2, channel u
+        # path 0: x1[0] 10x1o (x) x2[0] 1x0e -> out[0] 10x1o, uvw, weights at 0, 3 nonzeros
+        w = rt.load_vec(w_ref, 0 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
+        s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
+        q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
+        s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
+        q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
+        r = (
+            q_0 * g_0_0
+            + q_1 * g_0_1
+            + q_2 * g_0_2
+        )
+        rt.store_vec(gw_ref, 0 + u * 10, r, count=10, pad=16)
+        cx1_0 = 0.11322770341445958 * x2_0_0 * s_0
+        cx1_1 = 0.11322770341445958 * x2_0_0 * s_1
+        cx1_2 = 0.11322770341445958 * x2_0_0 * s_2
+        px2_0_0 = px2_0_0 + (
+            0.11322770341445958 * x1c_0 * s_0
+            + 0.11322770341445958 * x1c_1 * s_1
+            + 0.11322770341445958 * x1c_2 * s_2
+        )
+        # path 1: x1[0] 10x1o (x) x2[1] 1x1o -> out[1] 10x1e, uvw, weights at 100, 6 nonzeros
+        w = rt.load_vec(w_ref, 100 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = (
+            0.08006407690254357 * x1c_1 * x2_1_2
+            - 0.08006407690254357 * x1c_2 * x2_1_1
+        )
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = (
+            - 0.08006407690254357 * x1c_0 * x2_1_2
+            + 0.08006407690254357 * x1c_2 * x2_1_0
+        )
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = (
+            0.08006407690254357 * x1c_0 * x2_1_1
+            - 0.08006407690254357 * x1c_1 * x2_1_0
+        )
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        rt.store_vec(gw_ref, 100 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            - 0.08006407690254357 * x2_1_2 * s_1
+            + 0.08006407690254357 * x2_1_1 * s_2
+        )
+        cx1_1 = cx1_1 + (
+            0.08006407690254357 * x2_1_2 * s_0
+            - 0.08006407690254357 * x2_1_0 * s_2
+        )
+        cx1_2 = cx1_2 + (
+            - 0.08006407690254357 * x2_1_1 * s_0
+            + 0.08006407690254357 * x2_1_0 * s_1
+        )
+        px2_1_0 = px2_1_0 + (
+            0.08006407690254357 * x1c_2 * s_1
+            - 0.08006407690254357 * x1c_1 * s_2
+        )
+        px2_1_1 = px2_1_1 + (
+            - 0.08006407690254357 * x1c_2 * s_0
+            + 0.08006407690254357 * x1c_0 * s_2
+        )
+        px2_1_2 = px2_1_2 + (
+            0.08006407690254357 * x1c_1 * s_0
+            - 0.08006407690254357 * x1c_0 * s_1
+        )
+        # path 2: x1[0] 10x1o (x) x2[1] 1x1o -> out[2] 48x0e, uvw, weights at 200, 3 nonzeros
+        w = rt.load_vec(w_ref, 200 + u * 48, count=48, pad=64)
+        s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
+        q_0 = (
+            0.07580980435789034 * x1c_0 * x2_1_0
+            + 0.07580980435789034 * x1c_1 * x2_1_1
+            + 0.07580980435789034 * x1c_2 * x2_1_2
+        )
+        r = q_0 * g_2_0
+        rt.store_vec(gw_ref, 200 + u * 48, r, count=48, pad=64)
+        cx1_0 = cx1_0 + (0.07580980435789034 * x2_1_0 * s_0)
+        cx1_1 = cx1_1 + (0.07580980435789034 * x2_1_1 * s_0)
+        cx1_2 = cx1_2 + (0.07580980435789034 * x2_1_2 * s_0)
+        px2_1_0 = px2_1_0 + (0.07580980435789034 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.07580980435789034 * x1c_1 * s_0)
+        px2_1_2 = px2_1_2 + (0.07580980435789034 * x1c_2 * s_0)
+        # path 3: x1[0] 10x1o (x) x2[2] 1x2e -> out[0] 10x1o, uvw, weights at 680, 11 nonzeros
+        w = rt.load_vec(w_ref, 680 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = (
+            - 0.03580574370197164 * x1c_0 * x2_2_2
+            - 0.06201736729460423 * x1c_0 * x2_2_4
+            + 0.06201736729460423 * x1c_1 * x2_2_1
+            + 0.06201736729460423 * x1c_2 * x2_2_0
+        )
+        s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
+        q_1 = (
+            0.06201736729460423 * x1c_0 * x2_2_1
+            + 0.07161148740394328 * x1c_1 * x2_2_2
+            + 0.06201736729460423 * x1c_2 * x2_2_3
+        )
+        s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
+        q_2 = (
+            0.06201736729460423 * x1c_0 * x2_2_0
+            + 0.06201736729460423 * x1c_1 * x2_2_3
+            - 0.03580574370197164 * x1c_2 * x2_2_2
+            + 0.06201736729460423 * x1c_2 * x2_2_4
+        )
+        r = (
+            q_0 * g_0_0
+            + q_1 * g_0_1
+            + q_2 * g_0_2
+        )
+        rt.store_vec(gw_ref, 680 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            - 0.03580574370197164 * x2_2_2 * s_0
+            - 0.06201736729460423 * x2_2_4 * s_0
+            + 0.06201736729460423 * x2_2_1 * s_1
+            + 0.06201736729460423 * x2_2_0 * s_2
+        )
+        cx1_1 = cx1_1 + (
+            0.06201736729460423 * x2_2_1 * s_0
+            + 0.07161148740394328 * x2_2_2 * s_1
+            + 0.06201736729460423 * x2_2_3 * s_2
+        )
+        cx1_2 = cx1_2 + (
+            0.06201736729460423 * x2_2_0 * s_0
+            + 0.06201736729460423 * x2_2_3 * s_1
+            - 0.03580574370197164 * x2_2_2 * s_2
+            + 0.06201736729460423 * x2_2_4 * s_2
+        )
+        px2_2_0 = px2_2_0 + (
+            0.06201736729460423 * x1c_2 * s_0
+            + 0.06201736729460423 * x1c_0 * s_2
+        )
+        px2_2_1 = px2_2_1 + (
+            0.06201736729460423 * x1c_1 * s_0
+            + 0.06201736729460423 * x1c_0 * s_1
+        )
+        px2_2_2 = px2_2_2 + (
+            - 0.03580574370197164 * x1c_0 * s_0
+            + 0.07161148740394328 * x1c_1 * s_1
+            - 0.03580574370197164 * x1c_2 * s_2
+        )
+        px2_2_3 = px2_2_3 + (
+            0.06201736729460423 * x1c_2 * s_1
+            + 0.06201736729460423 * x1c_1 * s_2
+        )
+        px2_2_4 = px2_2_4 + (
+            - 0.06201736729460423 * x1c_0 * s_0
+            + 0.06201736729460423 * x1c_2 * s_2
+        )
+        gx1_ref[:, pl.ds(0 + u * 3, 1)] = cx1_0
+        gx1_ref[:, pl.ds(1 + u * 3, 1)] = cx1_1
+        gx1_ref[:, pl.ds(2 + u * 3, 1)] = cx1_2
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4) = lax.fori_loop(0, 10, _block_0, (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4))
+
+    # x1 block 1 (10x1e): 4 path(s)
+    g_3_0 = rt.load_vec(g_ref, 108, count=48, pad=64)  # g block 3 (48x0o), m=0
+
+    def _block_1(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4) = carry
+        x1c_0 = x1_ref[:, pl.ds(30 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(31 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(32 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        # path 4: x1[1] 10x1e (x) x2[0] 1x0e -> out[1] 10x1e, uvw, weights at 780, 3 nonzeros
+        w = rt.load_vec(w_ref, 780 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = 0.11322770341445958 * x1c_0 * x2_0_0
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = 0.11322770341445958 * x1c_1 * x2_0_0
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = 0.11322770341445958 * x1c_2 * x2_0_0
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        rt.store_vec(gw_ref, 780 + u * 10, r, count=10, pad=16)
+        cx1_0 = 0.11322770341445958 * x2_0_0 * s_0
+        cx1_1 = 0.11322770341445958 * x2_0_0 * s_1
+        cx1_2 = 0.11322770341445958 * x2_0_0 * s_2
+        px2_0_0 = px2_0_0 + (
+            0.11322770341445958 * x1c_0 * s_0
+            + 0.11322770341445958 * x1c_1 * s_1
+            + 0.11322770341445958 * x1c_2 * s_2
+        )
+        # path 5: x1[1] 10x1e (x) x2[1] 1x1o -> out[0] 10x1o, uvw, weights at 880, 6 nonzeros
+        w = rt.load_vec(w_ref, 880 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = (
+            0.08006407690254357 * x1c_1 * x2_1_2
+            - 0.08006407690254357 * x1c_2 * x2_1_1
+        )
+        s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
+        q_1 = (
+            - 0.08006407690254357 * x1c_0 * x2_1_2
+            + 0.08006407690254357 * x1c_2 * x2_1_0
+        )
+        s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
+        q_2 = (
+            0.08006407690254357 * x1c_0 * x2_1_1
+            - 0.08006407690254357 * x1c_1 * x2_1_0
+        )
+        r = (
+            q_0 * g_0_0
+            + q_1 * g_0_1
+            + q_2 * g_0_2
+        )
+        rt.store_vec(gw_ref, 880 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            - 0.08006407690254357 * x2_1_2 * s_1
+            + 0.08006407690254357 * x2_1_1 * s_2
+        )
+        cx1_1 = cx1_1 + (
+            0.08006407690254357 * x2_1_2 * s_0
+            - 0.08006407690254357 * x2_1_0 * s_2
+        )
+        cx1_2 = cx1_2 + (
+            - 0.08006407690254357 * x2_1_1 * s_0
+            + 0.08006407690254357 * x2_1_0 * s_1
+        )
+        px2_1_0 = px2_1_0 + (
+            0.08006407690254357 * x1c_2 * s_1
+            - 0.08006407690254357 * x1c_1 * s_2
+        )
+        px2_1_1 = px2_1_1 + (
+            - 0.08006407690254357 * x1c_2 * s_0
+            + 0.08006407690254357 * x1c_0 * s_2
+        )
+        px2_1_2 = px2_1_2 + (
+            0.08006407690254357 * x1c_1 * s_0
+            - 0.08006407690254357 * x1c_0 * s_1
+        )
+        # path 6: x1[1] 10x1e (x) x2[1] 1x1o -> out[3] 48x0o, uvw, weights at 980, 3 nonzeros
+        w = rt.load_vec(w_ref, 980 + u * 48, count=48, pad=64)
+        s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
+        q_0 = (
+            0.07580980435789034 * x1c_0 * x2_1_0
+            + 0.07580980435789034 * x1c_1 * x2_1_1
+            + 0.07580980435789034 * x1c_2 * x2_1_2
+        )
+        r = q_0 * g_3_0
+        rt.store_vec(gw_ref, 980 + u * 48, r, count=48, pad=64)
+        cx1_0 = cx1_0 + (0.07580980435789034 * x2_1_0 * s_0)
+        cx1_1 = cx1_1 + (0.07580980435789034 * x2_1_1 * s_0)
+        cx1_2 = cx1_2 + (0.07580980435789034 * x2_1_2 * s_0)
+        px2_1_0 = px2_1_0 + (0.07580980435789034 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.07580980435789034 * x1c_1 * s_0)
+        px2_1_2 = px2_1_2 + (0.07580980435789034 * x1c_2 * s_0)
+        # path 7: x1[1] 10x1e (x) x2[2] 1x2e -> out[1] 10x1e, uvw, weights at 1460, 11 nonzeros
+        w = rt.load_vec(w_ref, 1460 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = (
+            - 0.03580574370197164 * x1c_0 * x2_2_2
+            - 0.06201736729460423 * x1c_0 * x2_2_4
+            + 0.06201736729460423 * x1c_1 * x2_2_1
+            + 0.06201736729460423 * x1c_2 * x2_2_0
+        )
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = (
+            0.06201736729460423 * x1c_0 * x2_2_1
+            + 0.07161148740394328 * x1c_1 * x2_2_2
+            + 0.06201736729460423 * x1c_2 * x2_2_3
+        )
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = (
+            0.06201736729460423 * x1c_0 * x2_2_0
+            + 0.06201736729460423 * x1c_1 * x2_2_3
+            - 0.03580574370197164 * x1c_2 * x2_2_2
+            + 0.06201736729460423 * x1c_2 * x2_2_4
+        )
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        rt.store_vec(gw_ref, 1460 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            - 0.03580574370197164 * x2_2_2 * s_0
+            - 0.06201736729460423 * x2_2_4 * s_0
+            + 0.06201736729460423 * x2_2_1 * s_1
+            + 0.06201736729460423 * x2_2_0 * s_2
+        )
+        cx1_1 = cx1_1 + (
+            0.06201736729460423 * x2_2_1 * s_0
+            + 0.07161148740394328 * x2_2_2 * s_1
+            + 0.06201736729460423 * x2_2_3 * s_2
+        )
+        cx1_2 = cx1_2 + (
+            0.06201736729460423 * x2_2_0 * s_0
+            + 0.06201736729460423 * x2_2_3 * s_1
+            - 0.03580574370197164 * x2_2_2 * s_2
+            + 0.06201736729460423 * x2_2_4 * s_2
+        )
+        px2_2_0 = px2_2_0 + (
+            0.06201736729460423 * x1c_2 * s_0
+            + 0.06201736729460423 * x1c_0 * s_2
+        )
+        px2_2_1 = px2_2_1 + (
+            0.06201736729460423 * x1c_1 * s_0
+            + 0.06201736729460423 * x1c_0 * s_1
+        )
+        px2_2_2 = px2_2_2 + (
+            - 0.03580574370197164 * x1c_0 * s_0
+            + 0.07161148740394328 * x1c_1 * s_1
+            - 0.03580574370197164 * x1c_2 * s_2
+        )
+        px2_2_3 = px2_2_3 + (
+            0.06201736729460423 * x1c_2 * s_1
+            + 0.06201736729460423 * x1c_1 * s_2
+        )
+        px2_2_4 = px2_2_4 + (
+            - 0.06201736729460423 * x1c_0 * s_0
+            + 0.06201736729460423 * x1c_2 * s_2
+        )
+        gx1_ref[:, pl.ds(30 + u * 3, 1)] = cx1_0
+        gx1_ref[:, pl.ds(31 + u * 3, 1)] = cx1_1
+        gx1_ref[:, pl.ds(32 + u * 3, 1)] = cx1_2
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4) = lax.fori_loop(0, 10, _block_1, (px2_0_0, px2_1_0, px2_1_1, px2_1_2, px2_2_0, px2_2_1, px2_2_2, px2_2_3, px2_2_4))
+
+    # x1 block 2 (48x0e): 2 path(s)
+
+    def _block_2(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = carry
+        x1c_0 = x1_ref[:, pl.ds(60 + u, 1)]  # x1 block 2, m=0, channel u
+        # path 8: x1[2] 48x0e (x) x2[0] 1x0e -> out[2] 48x0e, uvw, weights at 1560, 1 nonzeros
+        w = rt.load_vec(w_ref, 1560 + u * 48, count=48, pad=64)
+        s_0 = jnp.sum(w * g_2_0, axis=1, keepdims=True)
+        q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
+        r = q_0 * g_2_0
+        rt.store_vec(gw_ref, 1560 + u * 48, r, count=48, pad=64)
+        cx1_0 = 0.13130643285972254 * x2_0_0 * s_0
+        px2_0_0 = px2_0_0 + (0.13130643285972254 * x1c_0 * s_0)
+        # path 9: x1[2] 48x0e (x) x2[1] 1x1o -> out[0] 10x1o, uvw, weights at 3864, 3 nonzeros
+        w = rt.load_vec(w_ref, 3864 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
+        s_1 = jnp.sum(w * g_0_1, axis=1, keepdims=True)
+        q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
+        s_2 = jnp.sum(w * g_0_2, axis=1, keepdims=True)
+        q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
+        r = (
+            q_0 * g_0_0
+            + q_1 * g_0_1
+            + q_2 * g_0_2
+        )
+        rt.store_vec(gw_ref, 3864 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            0.11322770341445958 * x2_1_0 * s_0
+            + 0.11322770341445958 * x2_1_1 * s_1
+            + 0.11322770341445958 * x2_1_2 * s_2
+        )
+        px2_1_0 = px2_1_0 + (0.11322770341445958 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.11322770341445958 * x1c_0 * s_1)
+        px2_1_2 = px2_1_2 + (0.11322770341445958 * x1c_0 * s_2)
+        gx1_ref[:, pl.ds(60 + u, 1)] = cx1_0
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = lax.fori_loop(0, 48, _block_2, (px2_0_0, px2_1_0, px2_1_1, px2_1_2))
+
+    # x1 block 3 (48x0o): 2 path(s)
+
+    def _block_3(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = carry
+        x1c_0 = x1_ref[:, pl.ds(108 + u, 1)]  # x1 block 3, m=0, channel u
+        # path 10: x1[3] 48x0o (x) x2[0] 1x0e -> out[3] 48x0o, uvw, weights at 4344, 1 nonzeros
+        w = rt.load_vec(w_ref, 4344 + u * 48, count=48, pad=64)
+        s_0 = jnp.sum(w * g_3_0, axis=1, keepdims=True)
+        q_0 = 0.13130643285972254 * x1c_0 * x2_0_0
+        r = q_0 * g_3_0
+        rt.store_vec(gw_ref, 4344 + u * 48, r, count=48, pad=64)
+        cx1_0 = 0.13130643285972254 * x2_0_0 * s_0
+        px2_0_0 = px2_0_0 + (0.13130643285972254 * x1c_0 * s_0)
+        # path 11: x1[3] 48x0o (x) x2[1] 1x1o -> out[1] 10x1e, uvw, weights at 6648, 3 nonzeros
+        w = rt.load_vec(w_ref, 6648 + u * 10, count=10, pad=16)
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = 0.11322770341445958 * x1c_0 * x2_1_0
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = 0.11322770341445958 * x1c_0 * x2_1_1
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = 0.11322770341445958 * x1c_0 * x2_1_2
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        rt.store_vec(gw_ref, 6648 + u * 10, r, count=10, pad=16)
+        cx1_0 = cx1_0 + (
+            0.11322770341445958 * x2_1_0 * s_0
+            + 0.11322770341445958 * x2_1_1 * s_1
+            + 0.11322770341445958 * x2_1_2 * s_2
+        )
+        px2_1_0 = px2_1_0 + (0.11322770341445958 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.11322770341445958 * x1c_0 * s_1)
+        px2_1_2 = px2_1_2 + (0.11322770341445958 * x1c_0 * s_2)
+        gx1_ref[:, pl.ds(108 + u, 1)] = cx1_0
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = lax.fori_loop(0, 48, _block_3, (px2_0_0, px2_1_0, px2_1_1, px2_1_2))
+
+    # dF/dx2 of this kernel's paths (the whole row: a partial sum)
+    c_0 = px2_0_0
+    gx2_ref[:, pl.ds(0, 1)] = c_0
+    c_0 = px2_1_0
+    gx2_ref[:, pl.ds(1, 1)] = c_0
+    c_1 = px2_1_1
+    gx2_ref[:, pl.ds(2, 1)] = c_1
+    c_2 = px2_1_2
+    gx2_ref[:, pl.ds(3, 1)] = c_2
+    c_0 = px2_2_0
+    gx2_ref[:, pl.ds(4, 1)] = c_0
+    c_1 = px2_2_1
+    gx2_ref[:, pl.ds(5, 1)] = c_1
+    c_2 = px2_2_2
+    gx2_ref[:, pl.ds(6, 1)] = c_2
+    c_3 = px2_2_3
+    gx2_ref[:, pl.ds(7, 1)] = c_3
+    c_4 = px2_2_4
+    gx2_ref[:, pl.ds(8, 1)] = c_4
+
+
 # (kernel, first column, width) in output-column order: each kernel writes its columns
 # [first, first + width) of the set's output row, which every kernel of the set shares
 # (the launcher passes one buffer along; no concatenation pass). A shared-weight
@@ -1233,6 +1697,16 @@ BWD_X2_KERNELS = (
 BWD_W_KERNELS = (
     (_tp_bwd_w_kernel_0, 0, 7128),
 )
+
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
+BWD_FUSED_KERNELS = (
+    (_tp_bwd_fused_kernel_0, 156, 7128),
+)
+FUSED_GX1_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -1264,6 +1738,18 @@ def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
                                     block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
                           block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+
+
+def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
+    """``(dF/dx1, dF/dx2, dF/dW)`` in one pass over ``g``: what ``backward_x1(g, x2, w)``,
+    ``backward_x2(x1, g, w)`` and ``backward_w(x1, x2, g)`` return, shaped ``(rows,
+    IDIM_IN1)``, ``(rows, IDIM_IN2)``, ``(rows, IWEIGHT_NUMEL)``; operands as there, one
+    dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
+    partial rows are added in kernel order (``rt.launch_fused``)."""
+    return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
+                           block_batch=block_batch, interpret=interpret,
+                           num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.

@@ -16,8 +16,10 @@ derivatives are four generated Pallas kernels (``pallas_kernels.forward``,
 ``backward_x1``, ``backward_x2``, ``backward_w``), each a ``jax.custom_vjp`` function
 whose VJP is made of the others (``eqdsl.runtime.jax.autodiff.TensorProductVJP``;
 with unweighted paths also over the weighted paths only, for the VJP of ``backward_w``).
-``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the three backward kernels
-directly and is itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
+``tensor_product_vjp(x1, x2, weights, grad_out)`` runs the fused backward
+(``pallas_kernels.backward_fused``: the three gradients in one pass over ``grad_out``,
+which the forward's VJP also calls; eqdsl/backends/pallas/fused.py) directly and is
+itself differentiable. Forward mode (``jax.jvp``, ``jax.jacfwd``,
 ``jax.hessian``, which is ``jacfwd(jacrev)``) is not supported: JAX raises
 ``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function``; use
 ``jax.jacrev(jax.jacrev(f))`` for Hessians.
@@ -72,6 +74,7 @@ _FUNCTIONS = TensorProductFunctions(
     weight_numel=WEIGHT_NUMEL,
     shared_weights=SHARED_WEIGHTS,
     dtypes=DTYPES,
+    fused=_kernels.backward_fused,
 )
 # The four kernels on spec-layout rows, differentiable to any order in reverse mode.
 KERNEL_OPS = _FUNCTIONS.kernel_ops
@@ -92,8 +95,8 @@ def tensor_product(x1, x2, weights, *, interpret: bool | None = None, block_batc
 
 def tensor_product_vjp(x1, x2, weights, grad_out, *, interpret: bool | None = None,
                        block_batch: int | None = None):
-    """Gradients of ``sum(grad_out * tensor_product(x1, x2, weights))``: the three backward
-    kernels, run directly (no forward). Returns ``(grad_x1, grad_x2, grad_weights)`` shaped
+    """Gradients of ``sum(grad_out * tensor_product(x1, x2, weights))``: the fused backward
+    kernel (one pass over grad_out), run directly (no forward). Returns ``(grad_x1, grad_x2, grad_weights)`` shaped
     like ``x1``, ``x2`` and ``weights`` (``grad_weights`` summed over the batch if the
     weights are shared), in the ``mul_ir`` layout. Differentiable like ``tensor_product``.
     """

@@ -391,6 +391,130 @@ def _tp_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
     lax.fori_loop(0, 16, _path_3, None)
 
 
+# ------------------------------------------------------------------ fused backward
+# dF/dx1, dF/dx2 and dF/dW in one pass over g (eqdsl.backends.pallas.fused): each kernel
+# owns whole x1 blocks and the paths out of them, and writes the whole gx2 row as a
+# partial sum.
+
+
+def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
+    """Fused backward: x1 blocks 0, 1 (112 gx1 columns), paths 0, 1, 2, 3 (7680 weight columns), the whole gx2 row; 30 CG terms (three per nonzero)."""
+    rows = x1_ref.shape[0]
+    dtype = gx1_ref.dtype
+
+    # x1 block 0 (64x0e): 2 path(s)
+    g_0_0 = rt.load_vec(g_ref, 0, count=80, pad=128)  # g block 0 (80x0e), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    px2_0_0 = jnp.zeros((rows, 1), dtype)
+    g_1_0, g_1_1, g_1_2 = rt.load_tile(g_ref, 80, mul=16, dim=3, pad=16)  # g block 1 (16x1o)
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    px2_1_0 = jnp.zeros((rows, 1), dtype)
+    px2_1_1 = jnp.zeros((rows, 1), dtype)
+    px2_1_2 = jnp.zeros((rows, 1), dtype)
+
+    def _block_0(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = carry
+        x1c_0 = x1_ref[:, pl.ds(0 + u, 1)]  # x1 block 0, m=0, channel u
+        # path 0: x1[0] 64x0e (x) x2[0] 1x0e -> out[0] 80x0e, uvw, weights at 0, 1 nonzeros
+        w = rt.load_vec(w_ref, 0 + u * 80, count=80, pad=128)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
+        r = q_0 * g_0_0
+        rt.store_vec(gw_ref, 0 + u * 80, r, count=80, pad=128)
+        cx1_0 = 0.11180339887498948 * x2_0_0 * s_0
+        px2_0_0 = px2_0_0 + (0.11180339887498948 * x1c_0 * s_0)
+        # path 1: x1[0] 64x0e (x) x2[1] 1x1o -> out[1] 16x1o, uvw, weights at 5120, 3 nonzeros
+        w = w_ref[:, pl.ds(5120 + u * 16, 16)]
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = 0.11180339887498948 * x1c_0 * x2_1_0
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = 0.11180339887498948 * x1c_0 * x2_1_1
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = 0.11180339887498948 * x1c_0 * x2_1_2
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        gw_ref[:, pl.ds(5120 + u * 16, 16)] = r
+        cx1_0 = cx1_0 + (
+            0.11180339887498948 * x2_1_0 * s_0
+            + 0.11180339887498948 * x2_1_1 * s_1
+            + 0.11180339887498948 * x2_1_2 * s_2
+        )
+        px2_1_0 = px2_1_0 + (0.11180339887498948 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.11180339887498948 * x1c_0 * s_1)
+        px2_1_2 = px2_1_2 + (0.11180339887498948 * x1c_0 * s_2)
+        gx1_ref[:, pl.ds(0 + u, 1)] = cx1_0
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = lax.fori_loop(0, 64, _block_0, (px2_0_0, px2_1_0, px2_1_1, px2_1_2))
+
+    # x1 block 1 (16x1o): 2 path(s)
+
+    def _block_1(u, carry):
+        (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = carry
+        x1c_0 = x1_ref[:, pl.ds(64 + u * 3, 1)]  # x1 block 1, m=0, channel u
+        x1c_1 = x1_ref[:, pl.ds(65 + u * 3, 1)]  # x1 block 1, m=1, channel u
+        x1c_2 = x1_ref[:, pl.ds(66 + u * 3, 1)]  # x1 block 1, m=2, channel u
+        # path 2: x1[1] 16x1o (x) x2[0] 1x0e -> out[1] 16x1o, uvw, weights at 6144, 3 nonzeros
+        w = w_ref[:, pl.ds(6144 + u * 16, 16)]
+        s_0 = jnp.sum(w * g_1_0, axis=1, keepdims=True)
+        q_0 = 0.11180339887498948 * x1c_0 * x2_0_0
+        s_1 = jnp.sum(w * g_1_1, axis=1, keepdims=True)
+        q_1 = 0.11180339887498948 * x1c_1 * x2_0_0
+        s_2 = jnp.sum(w * g_1_2, axis=1, keepdims=True)
+        q_2 = 0.11180339887498948 * x1c_2 * x2_0_0
+        r = (
+            q_0 * g_1_0
+            + q_1 * g_1_1
+            + q_2 * g_1_2
+        )
+        gw_ref[:, pl.ds(6144 + u * 16, 16)] = r
+        cx1_0 = 0.11180339887498948 * x2_0_0 * s_0
+        cx1_1 = 0.11180339887498948 * x2_0_0 * s_1
+        cx1_2 = 0.11180339887498948 * x2_0_0 * s_2
+        px2_0_0 = px2_0_0 + (
+            0.11180339887498948 * x1c_0 * s_0
+            + 0.11180339887498948 * x1c_1 * s_1
+            + 0.11180339887498948 * x1c_2 * s_2
+        )
+        # path 3: x1[1] 16x1o (x) x2[1] 1x1o -> out[0] 80x0e, uvw, weights at 6400, 3 nonzeros
+        w = rt.load_vec(w_ref, 6400 + u * 80, count=80, pad=128)
+        s_0 = jnp.sum(w * g_0_0, axis=1, keepdims=True)
+        q_0 = (
+            0.06454972243679029 * x1c_0 * x2_1_0
+            + 0.06454972243679029 * x1c_1 * x2_1_1
+            + 0.06454972243679029 * x1c_2 * x2_1_2
+        )
+        r = q_0 * g_0_0
+        rt.store_vec(gw_ref, 6400 + u * 80, r, count=80, pad=128)
+        cx1_0 = cx1_0 + (0.06454972243679029 * x2_1_0 * s_0)
+        cx1_1 = cx1_1 + (0.06454972243679029 * x2_1_1 * s_0)
+        cx1_2 = cx1_2 + (0.06454972243679029 * x2_1_2 * s_0)
+        px2_1_0 = px2_1_0 + (0.06454972243679029 * x1c_0 * s_0)
+        px2_1_1 = px2_1_1 + (0.06454972243679029 * x1c_1 * s_0)
+        px2_1_2 = px2_1_2 + (0.06454972243679029 * x1c_2 * s_0)
+        gx1_ref[:, pl.ds(64 + u * 3, 1)] = cx1_0
+        gx1_ref[:, pl.ds(65 + u * 3, 1)] = cx1_1
+        gx1_ref[:, pl.ds(66 + u * 3, 1)] = cx1_2
+        return (px2_0_0, px2_1_0, px2_1_1, px2_1_2)
+
+    (px2_0_0, px2_1_0, px2_1_1, px2_1_2) = lax.fori_loop(0, 16, _block_1, (px2_0_0, px2_1_0, px2_1_1, px2_1_2))
+
+    # dF/dx2 of this kernel's paths (the whole row: a partial sum)
+    c_0 = px2_0_0
+    gx2_ref[:, pl.ds(0, 1)] = c_0
+    c_0 = px2_1_0
+    gx2_ref[:, pl.ds(1, 1)] = c_0
+    c_1 = px2_1_1
+    gx2_ref[:, pl.ds(2, 1)] = c_1
+    c_2 = px2_1_2
+    gx2_ref[:, pl.ds(3, 1)] = c_2
+
+
 # (kernel, first column, width) in output-column order: each kernel writes its columns
 # [first, first + width) of the set's output row, which every kernel of the set shares
 # (the launcher passes one buffer along; no concatenation pass). A shared-weight
@@ -408,6 +532,16 @@ BWD_X2_KERNELS = (
 BWD_W_KERNELS = (
     (_tp_bwd_w_kernel_0, 0, 7680),
 )
+
+# (kernel, gx1 width, weight width): every kernel writes its paths' weight gradients at their
+# columns (e3nn's order) of one shared row, and with FUSED_GX1_SEGMENTS None its x1 blocks'
+# gradients likewise; else (a block's paths split over kernels) its own gx1 piece, and
+# FUSED_GX1_SEGMENTS gives per x1 block the (first column, width) ranges of the pieces'
+# concatenation that add up to it.
+BWD_FUSED_KERNELS = (
+    (_tp_bwd_fused_kernel_0, 112, 7680),
+)
+FUSED_GX1_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -439,6 +573,18 @@ def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
                                     block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
                           block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+
+
+def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
+    """``(dF/dx1, dF/dx2, dF/dW)`` in one pass over ``g``: what ``backward_x1(g, x2, w)``,
+    ``backward_x2(x1, g, w)`` and ``backward_w(x1, x2, g)`` return, shaped ``(rows,
+    IDIM_IN1)``, ``(rows, IDIM_IN2)``, ``(rows, IWEIGHT_NUMEL)``; operands as there, one
+    dtype. Grid: one program per ``block_batch`` rows per kernel; the kernels' ``gx2``
+    partial rows are added in kernel order (``rt.launch_fused``)."""
+    return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
+                           weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
+                           block_batch=block_batch, interpret=interpret,
+                           num_warps=NUM_WARPS)
 
 
 # Every path is weighted: the weighted part of F is all of it.

@@ -69,16 +69,29 @@ from ...kernel_ir import Term, Var
 from . import plan
 from .kernels import store_block
 from .operands import Operands
-from .stmts import Write, Zeros, assign, cg_terms, lanesum, product, sum_of
+from .plan import BlockPlan
+from .stmts import Loop, Offset, Write, Zeros, assign, cg_terms, lanesum, product, sum_of
 
-__all__ = ["fused_reason", "fused_context", "FusedBuilder"]
+__all__ = ["FUSED_MODES", "fused_reason", "fused_context", "FusedBuilder"]
+
+
+# The path modes the fused kernel implements (``eqdsl.analysis.fused_bwd_reason``'s ``modes``).
+FUSED_MODES = frozenset({"uvu", "uvw"})
 
 
 def fused_reason(ir: TensorProductIR) -> str | None:
-    """Why ``ir`` gets no fused Pallas backward, or None when it does."""
+    """Why ``ir`` gets no fused Pallas backward, or None when it does.
+
+    ``eqdsl.analysis.fused_bwd_reason`` with ``FUSED_MODES``, at least one path, and one mode
+    for every path: a ``uvu`` block keeps its ``dF/dx1`` as ``(rows, P)`` accumulators, a
+    ``uvw`` block writes it one channel column per loop step, and one ``x1`` block cannot do
+    both."""
     if not ir.paths:
         return "no paths"
-    return fused_bwd_reason(ir)
+    why = fused_bwd_reason(ir, FUSED_MODES)
+    if why is None and len({p.mode for p in ir.paths}) > 1:
+        return "paths of both modes uvu and uvw (the fused kernel takes one)"
+    return why
 
 
 class FusedBuilder:
@@ -147,6 +160,69 @@ class FusedBuilder:
                 head = (Var(scale),) if scale else ()
                 top.append(assign(px2[key], sum_of(Term(t.coeff, head + t.factors) for t in terms)))
 
+    def _block_uvw(self, blk: BlockPlan, paths: list[PathIR], top: list, px2: dict, base: int) -> None:
+        """``x1`` block ``blk`` and its ``uvw`` paths: one loop over the block's channel ``u``.
+
+        Per step the ``x1`` columns of channel ``u`` are read once for all the paths, and per
+        path its weight row ``W[u, :]`` (a vector over ``w``) once::
+
+            s_k    = sum_w W[u, w] g_k[w]              # (rows, 1), shared by dF/dx1 and dF/dx2
+            gW[u]  = sum_k (sum_{i,j} C x1_i x2_j) g_k  # one weight row, stored in the step
+            c_i   += sum_{j,k} C x2_j s_k               # dF/dx1 of channel u, summed over paths
+            px2_j += sum_{i,k} C x1_i s_k               # dF/dx2, carried through the loop
+
+        and the ``c_i`` columns are stored at channel ``u`` of the block (``base``: its first
+        ``gx1`` column). Every value but ``g``, the weight rows and their gradients is a
+        ``(rows, 1)`` column (``x2`` has one channel)."""
+        ops = self.ops
+        count = blk.mul
+        env = {"u": "u"} if count > 1 else {}
+        body: list = []
+        x1 = [ops.col("x1", blk, m, "u", count, top, body) for m in range(blk.dim)]
+        cx1: dict[int, str] = {}  # the dF/dx1 columns of this step, set by the first path into each
+        carry: list[str] = []
+        for p in paths:
+            info = ops.info(p)
+            w = self.wmap[p.index]
+            body.append(ops.desc(p, info))
+            body.append(ops.wload(p, info, env, top))
+            start = ops.wstart(p, info, env)
+            nz = p.nonzeros
+            if not nz:  # no CG term: a zero weight gradient, nothing else
+                body.append(Write("gw_ref", start, Zeros(w.pad), w.count, w.pad, w.stride))
+                continue
+            g = {k: ops.vec("g", info.blk["g"], k, top) for k in sorted({n.k for n in nz})}
+            x2 = {j: ops.vec("x2", info.blk["x2"], j, top) for j in sorted({n.j for n in nz})}
+            for k, name in g.items():
+                body.append(assign(f"s_{k}", lanesum(product("w", name), info.cpad)))
+                body.append(assign(f"q_{k}", sum_of(cg_terms([n for n in nz if n.k == k], lambda n: [x1[n.i], x2[n.j]]))))
+                ops.narrow.update((f"s_{k}", f"q_{k}"))
+            body.append(assign("r", sum_of([product(f"q_{k}", name) for k, name in g.items()])))
+            body.append(Write("gw_ref", start, Var("r"), w.count, w.pad, w.stride))
+            for i in sorted({n.i for n in nz}):
+                terms = cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"s_{n.k}"])
+                body.append(assign(f"cx1_{i}", sum_of(terms, cx1.get(i))))
+                cx1[i] = f"cx1_{i}"
+                ops.narrow.add(cx1[i])
+            for j in x2:
+                key = (p.i_in2, j, 1)
+                if key not in px2:  # set before the first loop that adds to it
+                    px2[key] = f"px2_{p.i_in2}_{j}"
+                    top.append(assign(px2[key], Zeros(1)))
+                    ops.narrow.add(px2[key])
+                if px2[key] not in carry:
+                    carry.append(px2[key])
+                terms = cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"s_{n.k}"])
+                body.append(assign(px2[key], sum_of(terms, px2[key])))
+        for m in range(blk.dim):
+            start = (Offset(base + m, "u", blk.dim) if blk.tile else Offset(base + m * blk.mul, "u", 1)) \
+                if count > 1 else Offset(base + m * blk.mul)
+            body.append(Write("gx1_ref", start, Var(cx1[m]) if m in cx1 else Zeros(1), 1, 1, 1))
+        if count > 1:
+            top.append(Loop(f"_block_{blk.index}", "u", count, tuple(carry), tuple(body)))
+        else:
+            top.extend(body)
+
     def build(self) -> dict:
         """The kernel context (as ``kernels.KernelBuilder.build``, with ``gw_width``,
         ``paths`` and ``x1_blocks``)."""
@@ -163,11 +239,16 @@ class FusedBuilder:
         for a, pis in self.units:
             blk = self.blocks["x1"][a]
             mine = [ir.paths[i] for i in pis]
-            accs = self.ops.accs(blk)
-            top: list = [assign(acc, Zeros(blk.pad)) for acc in accs]
-            for p in mine:
-                self._path(p, top, accs, px2)
-            top += store_block("gx1_ref", blk, blk.offset if self.gx1_absolute else col, [Var(a) for a in accs])
+            base = blk.offset if self.gx1_absolute else col
+            if mine and mine[0].mode == "uvw":
+                top: list = []
+                self._block_uvw(blk, mine, top, px2, base)
+            else:
+                accs = self.ops.accs(blk)
+                top = [assign(acc, Zeros(blk.pad)) for acc in accs]
+                for p in mine:
+                    self._path(p, top, accs, px2)
+                top += store_block("gx1_ref", blk, base, [Var(a) for a in accs])
             col += blk.dim * blk.mul
             groups.append({"desc": f"x1 block {a} ({blk.desc}): {len(mine)} path(s)", "body": top})
         groups.append({"desc": "dF/dx2 of this kernel's paths (the whole row: a partial sum)",
