@@ -42,6 +42,10 @@ BATCH = 13
 
 
 def _text(name, layout="mul_ir", mode="uvu", **kw):
+    """A float64 spec: ``IN1 x IN2 -> OUT`` (``uvu``) or ``-> UVW_OUT`` (``uvw``), or ``kw``'s
+    irreps and instructions."""
+    if kw and "instructions" not in kw:
+        kw = {"mode": mode, **kw}
     kw = kw or dict(in1=IN1, in2=IN2, out=UVW_OUT if mode == "uvw" else OUT, mode=mode)
     return spec_text(name, **kw, shared=False, layout=layout, dtypes=("float64",))
 
@@ -58,9 +62,15 @@ def pkgs(tmp_path_factory):
             else:
                 split, layout, *extra = key
                 factor, mode = "factor" in extra, "uvw" if "uvw" in extra else "uvu"
-                text = _text(f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}", layout, mode)
+                name = f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}{'_u' if 'unroll' in extra else ''}"
+                if "unroll" in extra:  # x1 channel loops of 3 (one step left over), 4 and 2
+                    text = _text(name, layout, "uvw", in1="3x0e+4x1o+2x2e", in2=IN2, out=UVW_OUT)
+                else:
+                    text = _text(name, layout, mode)
                 if factor:  # the q_j form and factored sums (pallas_factor)
                     text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
+                if "unroll" in extra:  # two channel steps per loop iteration (4: 2 x 2; 3: 2 + a step after)
+                    text += "\n[tensor_product.tuning]\npallas_unroll = 2\n"
                 with pytest.MonkeyPatch.context() as mp:
                     if split:  # read by plan.split when the package is generated
                         mp.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
@@ -155,6 +165,31 @@ def test_fused_matches_the_oracle(pkgs, key):
     for name, a, c in zip(("grad_x1", "grad_x2", "grad_weights"), got, want):
         assert a.shape == c.shape, name
         assert rel_err(a, c) <= 1e-10, f"{name}: {rel_err(a, c):.3e}"
+
+
+def test_unrolled_channel_loops_match_the_oracle(pkgs):
+    """``pallas_unroll = 2``: every uvw kernel's channel loops take two steps per iteration
+    (their reads first; a tail step after the loop for an odd multiplicity); the forward,
+    the three backward kernels and the fused one still equal the float64 oracle."""
+    from eqdsl.reference import tensor_product_reference
+
+    b = pkgs((False, "mul_ir", "uvw", "unroll"))
+    source = open(b.ops._kernels.__file__).read()
+    assert "u__1 = 1 + ut * 2" in source and "u__0 = 2\n" in source  # the loop of 4 steps; the tail of 3
+    x1, x2, w, g = _operands(b.ir, BATCH, seed=4)
+    k = b.ops._kernels
+    args = [jnp.asarray(a) for a in (x1, x2, w, g)]
+    assert rel_err(b.ops.tensor_product(*args[:3], block_batch=BB), tensor_product_reference(b.ir, x1, x2, w)) <= 1e-10
+    want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
+    got = b.ops.tensor_product_vjp(*args, block_batch=BB)
+    pad = -(-BATCH // BB) * BB - BATCH  # the kernel functions take whole blocks of rows
+    a1, a2, aw, ag = (jnp.pad(a, ((0, pad), (0, 0))) for a in args)
+    three = (k.backward_x1(ag, a2, aw, block_batch=BB, interpret=True),
+             k.backward_x2(a1, ag, aw, block_batch=BB, interpret=True),
+             k.backward_w(a1, a2, ag, block_batch=BB, interpret=True))
+    for name, a, c, t in zip(("grad_x1", "grad_x2", "grad_weights"), got, want, three):
+        assert rel_err(a, c) <= 1e-10, name
+        assert rel_err(t[:BATCH], c) <= 1e-10, name
 
 
 def _pallas_names(jaxpr) -> list[str]:

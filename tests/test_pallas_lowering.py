@@ -95,15 +95,15 @@ def test_fused_backward_kernels_lower_for_cuda(tmp_path_factory, monkeypatch, sp
     """The fused backward of a channelwise product with multiplicities 4, 3 and 2 (padded
     lanes: ``load_vec`` / ``store_vec``), as one kernel and split over several; of a fully
     connected one (``uvw``: a loop over the x1 channel, one-column ``dF/dx1`` stores at a
-    traced column) as a conv too."""
+    traced column) as a conv too, its loops unrolled (``pallas_unroll``)."""
     from eqdsl.backends.pallas import plan
 
     if split:
         monkeypatch.setattr(plan, "MAX_TERMS_PER_KERNEL", 100)
     out = "0e+1o+2e" if mode == "uvu" else "3x0e+2x1o+3x2e"
     text = spec_text("lower_fused", "4x0e+3x1o+2x2e", "0e+1o+2e", out, mode=mode, shared=False)
-    if mode == "uvw":
-        text += "conv = true\n"
+    if mode == "uvw":  # and its channel loops two steps per iteration
+        text += "conv = true\n[tensor_product.tuning]\npallas_unroll = 2\n"
     ops = build(text, tmp_path_factory.mktemp("lower")).ops
     assert (len(ops._kernels.BWD_FUSED_KERNELS) > 1) == split
     _check_lowers(ops, "float64")

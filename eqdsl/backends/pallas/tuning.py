@@ -52,6 +52,8 @@ KEYS = {
                         "product is channelwise)"),
     "pallas_conv_fuse_bwd": (lambda v: v in (0, 1), "0 (three backward kernels) or 1 (the conv's fused backward where "
                              "the product is channelwise)"),
+    "pallas_unroll": (lambda v: v in (1, 2, 4, 8), "one of 1, 2, 4, 8 (channel-loop steps per iteration, their reads "
+                      "first)"),
     "pallas_radial_dot": (lambda v: v in (0, 1), "0 (conv_radial's on-chip products in IEEE float32) or 1 (TF32x3: "
                           "three TF32 tensor-core products, about float32 accuracy)"),
     "pallas_radial_materialize": (lambda v: v in (0, 1), "0 (conv_radial's weights formed on chip) or 1 (formed "
@@ -83,7 +85,8 @@ class PallasTuning:
     over the widest tile, clamped to ``[MIN_BLOCK_BATCH, MAX_BLOCK_BATCH]``).
     ``factor``: 0 (one term per CG nonzero), 1 (sums factored, ``passes.factor_kernel``; the
     fused backward in its ``q_j`` form) or 2 (the backward kernels only). ``fma``: sums as
-    ``rt.fma`` chains. ``fuse_bwd`` / ``conv_fuse_bwd``: the fused backward of a channelwise
+    ``rt.fma`` chains. ``unroll``: channel-loop steps per loop iteration, their reads first
+    (``passes.unroll_kernel``; 1: none). ``fuse_bwd`` / ``conv_fuse_bwd``: the fused backward of a channelwise
     product for the plain product / the conv. ``conv_max_terms`` / ``conv_fused_max_terms``:
     None, or the conv's own kernels split within that many CG terms each. ``radial_dot``:
     ``conv_radial``'s on-chip products (``rf_rows @ radial_weight[:, cols]``) in IEEE float32
@@ -105,6 +108,7 @@ class PallasTuning:
     conv_fuse_bwd: bool = True
     conv_max_terms: int | None = None
     conv_fused_max_terms: int | None = None
+    unroll: int = 1
     radial_dot: int = 0
     radial_materialize: bool = False
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
@@ -135,6 +139,8 @@ def tuning_of(pairs=()) -> PallasTuning:
         conv_fuse_bwd=bool(v.get("pallas_conv_fuse_bwd", 1)),
         conv_max_terms=v.get("pallas_conv_max_terms"),
         conv_fused_max_terms=v.get("pallas_conv_fused_max_terms"),
+        # pallas_unroll: channel-loop steps per iteration, their reads first (passes.unroll_kernel)
+        unroll=int(v.get("pallas_unroll", 1)),
         # pallas_radial_dot: an opt-in speed / accuracy trade-off (another rounding of the
         # product than IEEE float32), so off by default
         radial_dot=int(v.get("pallas_radial_dot", 0)),
