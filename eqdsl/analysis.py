@@ -19,8 +19,8 @@ def fused_bwd_reason(ir: TensorProductIR, modes: frozenset[str] = frozenset({"uv
 
     Eligible: per-batch weights (a shared weight gradient is a sum over the batch), every
     path weighted, of one of the backend's fused ``modes`` (``uvu``: the channelwise
-    products of MACE, NequIP and Nequix, ``docs/problems.md``; the Helion backend also
-    ``uvw``, the fully connected edge products of DiffDock and e3tools), and every path's
+    products of MACE, NequIP and Nequix, ``docs/problems.md``; the Helion and Pallas
+    backends also ``uvw``, the fully connected edge products of DiffDock and e3tools), and every path's
     ``x2`` block of one channel (e.g. spherical harmonics). Then ``g`` (channelwise) or the
     per-row weights (``uvw``), the largest operand, is read once instead of two or three
     times.

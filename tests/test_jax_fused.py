@@ -1,10 +1,12 @@
-"""The fused Pallas backward of channelwise products (``eqdsl.backends.pallas.fused``; CPU: interpret mode).
+"""The fused Pallas backward of channelwise (``uvu``) and fully connected (``uvw``) products
+(``eqdsl.backends.pallas.fused``; CPU: interpret mode).
 
 ``backward_fused(x1, x2, w, g)`` must equal the float64 oracle
 (``tensor_product_vjp_reference``) as one kernel and split over several (a small
 ``MAX_TERMS_PER_KERNEL``: per-kernel ``gx2`` partial sums added by the launcher), in
 both layouts and with paths out of ``x1`` block order (weight columns put back in
-e3nn's order). ``jax.grad`` of the tensor product must run it (and not the three
+e3nn's order); a ``uvw`` one's channel loops also unrolled (``pallas_unroll``, every kernel
+of the product against the oracle). ``jax.grad`` of the tensor product must run it (and not the three
 backward kernels), and derivatives through it (forces, then their gradient with
 respect to the weights) must match e3nn-jax and dense einsums differentiated by JAX.
 """
@@ -157,8 +159,10 @@ def test_fused_matches_the_oracle(pkgs, key):
     source = open(b.ops._kernels.__file__).read()
     if key == (True, "mul_ir", "factor"):
         assert "q_0 = " in source
-    if "uvw" in key:  # one loop over the x1 channel per x1 block, its weight rows read in it
+    if "uvw" in key:  # one loop over the x1 channel per x1 block, its weight rows read in it; paths
+        # reducing per output component (0e -> 0e) and per x1 component (0e x 1o -> 1o: G_i, T_i)
         assert "def _block_0(u, carry):" in source and {p.mode for p in b.ir.paths} == {"uvw"}
+        assert "s_0 = jnp.sum(w * g_" in source and "t_0 = jnp.sum(w * G" in source
     x1, x2, w, g = _operands(b.ir, BATCH, seed=1)
     want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
     got = b.ops.tensor_product_vjp(*(jnp.asarray(a) for a in (x1, x2, w, g)), block_batch=BB)

@@ -2,7 +2,8 @@
 
 Every decision is made in Python: ``kernels`` / ``fused`` build each kernel body as
 statements (``stmts``, arithmetic in ``eqdsl.kernel_ir``), ``passes`` rewrite their sums
-(spec keys ``pallas_factor``, ``pallas_fma``), ``printer`` writes them as source lines,
+and unroll their channel loops (spec keys ``pallas_factor``, ``pallas_fma``,
+``pallas_unroll``), ``printer`` writes them as source lines,
 and the templates only loop and substitute.
 
 Kernel sets. Per kind (``plan.KINDS``: the forward and the three backwards, plus the
@@ -11,8 +12,8 @@ kernels over consecutive output blocks (``kernels``). The conv may split further
 key ``pallas_conv_max_terms``): it then gets kernels of its own (``CONV_*_KERNELS``;
 otherwise those name the plain product's).
 
-Fused backward. A channelwise product (``eqdsl.analysis.fused_bwd_reason`` is None:
-every path ``uvu``, weighted, one-channel ``x2``, per-batch weights) also gets
+Fused backward. A channelwise or fully connected product (``fused.fused_reason`` is None:
+every path ``uvu`` or every path ``uvw``, weighted, one-channel ``x2``, per-batch weights) also gets
 ``backward_fused(x1, x2, w, g) = (dF/dx1, dF/dx2, dF/dW)``, one pass over ``g``
 (``fused``), which the forward's VJP calls instead of the three.
 

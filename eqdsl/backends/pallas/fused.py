@@ -1,9 +1,15 @@
 """Fused Pallas backward of a channelwise tensor product: ``dF/dx1``, ``dF/dx2``, ``dF/dW`` in one pass.
 
 ``g``, the output cotangent, is by far the largest operand of a channelwise product,
-and the three backward kernels of ``kernels`` read it three times.
-Eligibility is ``eqdsl.analysis.fused_bwd_reason`` (per-batch weights, every path ``uvu``
-and weighted, every ``x2`` block of a path one channel) and at least one path. Then
+and the three backward kernels of ``kernels`` read it three times; the per-row weights are
+the largest of a fully connected (``uvw``) one, and two of them read those.
+Eligibility is ``fused_reason`` (``eqdsl.analysis.fused_bwd_reason`` with ``FUSED_MODES``:
+per-batch weights, every path ``uvu`` or every path ``uvw``, weighted, every ``x2`` block
+of a path one channel) and at least one path. A ``uvw`` product's kernel loops over each
+``x1`` block's channel ``u``, reading each weight row ``W[u, :]`` once and storing its
+gradient in the same step (``FusedBuilder._block_uvw``; measured, H200, 2026-11-28, float32,
+20,000 rows, with ``pallas_unroll``: e3tools_conv's 919 µs against 1,339 for the three
+kernels, diffdock_l2's 852 against 1,526). The rest of this docstring is the ``uvu`` kernel:
 for path ``p`` (``x1`` block ``a``, ``x2`` block ``s``, output block ``o``, channel
 ``u``, the vectorized channel of ``kernels``)::
 
@@ -164,20 +170,19 @@ class FusedBuilder:
         """``x1`` block ``blk`` and its ``uvw`` paths: one loop over the block's channel ``u``.
 
         Per step the ``x1`` columns of channel ``u`` are read once for all the paths, and per
-        path its weight row ``W[u, :]`` (a vector over ``w``) once::
-
-            s_k    = sum_w W[u, w] g_k[w]              # (rows, 1), shared by dF/dx1 and dF/dx2
-            gW[u]  = sum_k (sum_{i,j} C x1_i x2_j) g_k  # one weight row, stored in the step
-            c_i   += sum_{j,k} C x2_j s_k               # dF/dx1 of channel u, summed over paths
-            px2_j += sum_{i,k} C x1_i s_k               # dF/dx2, carried through the loop
-
-        and the ``c_i`` columns are stored at channel ``u`` of the block (``base``: its first
-        ``gx1`` column). Every value but ``g``, the weight rows and their gradients is a
-        ``(rows, 1)`` column (``x2`` has one channel)."""
+        path its weight row ``W[u, :]`` (a vector over ``w``) once. A path reduces the weight row
+        over ``w`` (a lane sum, the costly operation: Triton's reductions and the layout
+        conversions of their ``(rows, 1)`` results) once per output component ``k``
+        (``g_side``) or, when it has fewer ``x1`` components ``i`` than ``k``, once per ``i``
+        (``x1_side``). Every value but ``g``, the weight rows, their gradients and ``x1_side``'s
+        ``G_i``, ``T_i`` is a ``(rows, 1)`` column (``x2`` has one channel). The ``c_i`` columns
+        (``dF/dx1`` of channel ``u``, summed over the block's paths) are stored in the step at
+        channel ``u`` of the block (``base``: its first ``gx1`` column)."""
         ops = self.ops
         count = blk.mul
         env = {"u": "u"} if count > 1 else {}
         body: list = []
+        after: list = []  # statements after the loop: x1_side's dF/dx2
         x1 = [ops.col("x1", blk, m, "u", count, top, body) for m in range(blk.dim)]
         cx1: dict[int, str] = {}  # the dF/dx1 columns of this step, set by the first path into each
         carry: list[str] = []
@@ -193,27 +198,22 @@ class FusedBuilder:
                 continue
             g = {k: ops.vec("g", info.blk["g"], k, top) for k in sorted({n.k for n in nz})}
             x2 = {j: ops.vec("x2", info.blk["x2"], j, top) for j in sorted({n.j for n in nz})}
-            for k, name in g.items():
-                body.append(assign(f"s_{k}", lanesum(product("w", name), info.cpad)))
-                body.append(assign(f"q_{k}", sum_of(cg_terms([n for n in nz if n.k == k], lambda n: [x1[n.i], x2[n.j]]))))
-                ops.narrow.update((f"s_{k}", f"q_{k}"))
-            body.append(assign("r", sum_of([product(f"q_{k}", name) for k, name in g.items()])))
-            body.append(Write("gw_ref", start, Var("r"), w.count, w.pad, w.stride))
-            for i in sorted({n.i for n in nz}):
-                terms = cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"s_{n.k}"])
-                body.append(assign(f"cx1_{i}", sum_of(terms, cx1.get(i))))
-                cx1[i] = f"cx1_{i}"
-                ops.narrow.add(cx1[i])
-            for j in x2:
-                key = (p.i_in2, j, 1)
-                if key not in px2:  # set before the first loop that adds to it
-                    px2[key] = f"px2_{p.i_in2}_{j}"
+            keys = {j: (p.i_in2, j, 1) for j in x2}
+            for key in keys.values():
+                if key not in px2:  # set before the first loop or statement that adds to it
+                    px2[key] = f"px2_{key[0]}_{key[1]}"
                     top.append(assign(px2[key], Zeros(1)))
                     ops.narrow.add(px2[key])
-                if px2[key] not in carry:
-                    carry.append(px2[key])
-                terms = cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"s_{n.k}"])
-                body.append(assign(px2[key], sum_of(terms, px2[key])))
+            ins = sorted({n.i for n in nz})
+            if len(ins) < len(g):
+                terms = self._x1_side(p, info, nz, x1, x2, g, top, body, after, carry, keys, px2)
+            else:
+                terms = self._g_side(p, info, nz, x1, x2, g, body, carry, keys, px2)
+            body.append(Write("gw_ref", start, Var("r"), w.count, w.pad, w.stride))
+            for i in ins:
+                body.append(assign(f"cx1_{i}", sum_of(terms[i], cx1.get(i))))
+                cx1[i] = f"cx1_{i}"
+                ops.narrow.add(cx1[i])
         for m in range(blk.dim):
             start = (Offset(base + m, "u", blk.dim) if blk.tile else Offset(base + m * blk.mul, "u", 1)) \
                 if count > 1 else Offset(base + m * blk.mul)
@@ -222,6 +222,62 @@ class FusedBuilder:
             top.append(Loop(f"_block_{blk.index}", "u", count, tuple(carry), tuple(body)))
         else:
             top.extend(body)
+        top.extend(after)
+
+    def _g_side(self, p, info, nz, x1, x2, g, body, carry, keys, px2) -> dict:
+        """One lane sum per output component ``k``, shared by ``dF/dx1`` and ``dF/dx2``::
+
+            s_k    = sum_w W[u, w] g_k[w]
+            gW[u]  = r = sum_k (sum_{i,j} C x1_i x2_j) g_k
+            c_i   += sum_{j,k} C x2_j s_k
+            px2_j += sum_{i,k} C x1_i s_k               # carried through the loop
+
+        Returns the ``c_i`` terms per ``i``."""
+        for k, name in g.items():
+            body.append(assign(f"s_{k}", lanesum(product("w", name), info.cpad)))
+            body.append(assign(f"q_{k}", sum_of(cg_terms([n for n in nz if n.k == k], lambda n: [x1[n.i], x2[n.j]]))))
+            self.ops.narrow.update((f"s_{k}", f"q_{k}"))
+        body.append(assign("r", sum_of([product(f"q_{k}", name) for k, name in g.items()])))
+        for j, key in keys.items():
+            if px2[key] not in carry:
+                carry.append(px2[key])
+            body.append(assign(px2[key], sum_of(cg_terms([n for n in nz if n.j == j], lambda n: [x1[n.i], f"s_{n.k}"]),
+                                                px2[key])))
+        return {i: cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], f"s_{n.k}"]) for i in {n.i for n in nz}}
+
+    def _x1_side(self, p, info, nz, x1, x2, g, top, body, after, carry, keys, px2) -> dict:
+        """One lane sum per ``x1`` component ``i``, with ``G_i = sum_{j,k} C x2_j g_k`` (a vector
+        over ``w``, formed once before the loop)::
+
+            gW[u]  = r = sum_i x1_i G_i
+            c_i   += sum_w W[u, w] G_i[w]
+            T_i   += x1_i W[u]                           # a vector over w, carried
+            after the loop: px2_j += sum_{i,k} C sum_w T_i[w] g_k[w]
+
+        Returns the ``c_i`` terms per ``i``."""
+        ops, pi = self.ops, p.index
+        ins = sorted({n.i for n in nz})
+        gi = {i: f"G{pi}_{i}" for i in ins}
+        ti = {i: f"T{pi}_{i}" for i in ins}
+        for i in ins:
+            top.append(assign(gi[i], sum_of(cg_terms([n for n in nz if n.i == i], lambda n: [x2[n.j], g[n.k]]))))
+            top.append(assign(ti[i], Zeros(info.cpad)))
+            carry.append(ti[i])
+        body.append(assign("r", sum_of([product(x1[i], gi[i]) for i in ins])))
+        terms = {}
+        for i in ins:
+            body.append(assign(f"t_{i}", lanesum(product("w", gi[i]), info.cpad)))
+            ops.narrow.add(f"t_{i}")
+            terms[i] = (product(f"t_{i}"),)
+            body.append(assign(ti[i], sum_of([product(x1[i], "w")], ti[i])))
+        pairs = sorted({(n.i, n.k) for n in nz})
+        for i, k in pairs:
+            after.append(assign(f"h{pi}_{i}_{k}", lanesum(product(ti[i], g[k]), info.cpad)))
+            ops.narrow.add(f"h{pi}_{i}_{k}")
+        for j, key in keys.items():
+            after.append(assign(px2[key], sum_of(cg_terms([n for n in nz if n.j == j], lambda n: [f"h{pi}_{n.i}_{n.k}"]),
+                                                 px2[key])))
+        return terms
 
     def build(self) -> dict:
         """The kernel context (as ``kernels.KernelBuilder.build``, with ``gw_width``,
