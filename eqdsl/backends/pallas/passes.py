@@ -134,8 +134,8 @@ def _single_assignment(body: tuple, carry: tuple) -> list:
 def _steps(loop: Loop, index, first: int, count: int, n: int) -> list:
     """Steps ``first .. first + n - 1`` of ``loop``'s body (channel ``first + j`` or
     ``j + index * count``): every step's channel index, then every step's reads, then every
-    step's other statements, step ``j``'s names suffixed ``_j`` (the carry's are not: the
-    steps update it in order)."""
+    step's other statements, step ``j``'s names suffixed ``__j`` (the carry's are not: the
+    steps update it in order; generated names hold no ``__`` otherwise)."""
     body = _single_assignment(loop.body, loop.carry)
     local = [st.target.name if isinstance(st, Assign) else st.name for st in body if isinstance(st, (Assign, Read))]
     local = [name for name in dict.fromkeys(local) if name not in loop.carry]
@@ -149,6 +149,8 @@ def _steps(loop: Loop, index, first: int, count: int, n: int) -> list:
 
 
 def _unroll(stmts, u: int) -> list:
+    """``stmts`` with each innermost ``Loop`` of at least ``u`` steps as ``count // u``
+    iterations of ``u`` steps, then the ``count % u`` left over, straight-line."""
     out = []
     for st in stmts:
         if not isinstance(st, Loop):
