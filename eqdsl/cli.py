@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
                    help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 "
                         "block_c=32,64,128 for the Helion ops, pallas_block_batch=1,2,4,8,16,32,64 pallas_num_warps=2,4,8 "
-                        "for pallas; pallas_* keys tune the pallas op only, the others the Helion ops only)")
+                        "for pallas, and pallas_unroll=1,2,4 where its kernels loop over a channel (uvw products); pallas_* keys tune the pallas op only, the others the Helion ops only)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product has a fused backward (per-row weights, uvu or uvw paths, one-channel x2 blocks); "
                         "and pallas (the JAX kernels, forward + backward) where jax sees a GPU; "

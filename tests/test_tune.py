@@ -3,6 +3,7 @@ the GPU worker that reads each candidate's generated kernels (the GPU timing its
 the device machine only)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -232,12 +233,24 @@ def test_fused_ops_are_tuned_where_the_package_has_them(tmp_path):
 def test_pallas_op_tunes_the_top_level_pallas_keys(tmp_path):
     """``pallas``: candidates over the ``pallas_*`` keys only (the Helion keys of the grid
     tune the Helion ops), written to the top-level section; the Helion sub-tables stay."""
-    from eqdsl.tune import PALLAS_GRID, op_grid
+    from eqdsl.tune import PALLAS_GRID, PALLAS_UNROLL, op_grid
 
     grid = {"block_b": (8, 16), "pallas_block_batch": (16, 64)}
     assert op_grid(grid, "pallas") == {"pallas_block_batch": (16, 64)}
     assert op_grid(grid, "fwd") == {"block_b": (8, 16)}
     assert op_grid(None, "pallas") == PALLAS_GRID and op_grid({"block_b": (8,)}, "pallas") == PALLAS_GRID
+    # kernels that loop over a channel (uvw): the default grid also tries pallas_unroll; a grid naming pallas keys wins
+    assert op_grid(None, "pallas", loops=True) == {**PALLAS_GRID, "pallas_unroll": PALLAS_UNROLL}
+    assert op_grid(grid, "pallas", loops=True) == {"pallas_block_batch": (16, 64)}
+    assert op_grid(None, "fwd", loops=True) == DEFAULT_GRID
+    from eqdsl.backends.pallas.plan import has_channel_loops
+    from eqdsl.lower import lower
+    from eqdsl.spec import load_spec
+
+    specs = Path(__file__).resolve().parents[1] / "examples" / "specs"
+    loops = {n: has_channel_loops(lower(load_spec(specs / f"{n}.toml")[0]))
+             for n in ("e3tools_conv", "diffdock_l2", "mace_large", "nequip_toluene")}
+    assert loops["e3tools_conv"] and loops["diffdock_l2"] and not loops["mace_large"] and not loops["nequip_toluene"]
     table = (("fwd.block_b", 16), ("pallas_block_batch", 16))
     assert candidates({"pallas_block_batch": (16, 64), "pallas_num_warps": (4,)}, table, "pallas") == [
         (), (("pallas_block_batch", 16), ("pallas_num_warps", 4)), (("pallas_block_batch", 64), ("pallas_num_warps", 4))]

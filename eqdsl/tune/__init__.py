@@ -20,7 +20,8 @@ conv ops, on a random graph with ``batch // 64`` nodes) after warm-up calls.
 The Pallas (JAX) kernels are tuned as one more op, ``pallas`` (``PALLAS_OPS``; in the
 default ops when jax sees a GPU): all of a spec's Pallas kernels share the top-level
 keys ``pallas_block_batch`` and ``pallas_num_warps`` (and ``pallas_fuse_bwd``, when
-asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``), and its
+asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``, and
+``pallas_unroll`` over ``PALLAS_UNROLL`` where the kernels loop over a channel), and its
 time is that of the jitted forward and backward together (``jax.vjp`` of
 ``tensor_product``, what training runs): the median over groups of calls ended by
 ``block_until_ready``, wall clock. The JAX conv's per-edge kernels take the same
@@ -56,7 +57,7 @@ Modules, one job each:
 from __future__ import annotations
 
 from .grid import (
-    CONV_OPS, DEFAULT_GRID, FUSED_CONV_OPS, FUSED_OPS, PALLAS_GRID, PALLAS_OPS, TP_OPS, TuneError, candidates,
+    CONV_OPS, DEFAULT_GRID, FUSED_CONV_OPS, FUSED_OPS, PALLAS_GRID, PALLAS_OPS, PALLAS_UNROLL, TP_OPS, TuneError, candidates,
     for_dtype, op_grid, override, parse_grid,
 )
 from .report import format_results
@@ -65,7 +66,7 @@ from .spec_text import tuning_sections, with_tuning
 from .timing import LOCK, cuda_median_us, jax_median_us, measure
 
 __all__ = [
-    "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS", "CONV_OPS", "PALLAS_OPS",
+    "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "PALLAS_UNROLL", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS", "CONV_OPS", "PALLAS_OPS",
     "parse_grid", "op_grid", "for_dtype", "candidates", "override", "tuning_sections", "with_tuning", "tune", "format_results",
     "measure", "cuda_median_us", "jax_median_us", "LOCK",
 ]

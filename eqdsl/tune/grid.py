@@ -15,7 +15,7 @@ from ..backends.helion.tuning import DTYPE_KEYS as HELION_DTYPE_KEYS
 from ..backends.pallas.tuning import DTYPE_KEYS
 
 __all__ = [
-    "TuneError", "Pairs", "Candidate", "DEFAULT_GRID", "PALLAS_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",
+    "TuneError", "Pairs", "Candidate", "DEFAULT_GRID", "PALLAS_GRID", "PALLAS_UNROLL", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",
     "CONV_OPS", "PALLAS_OPS", "ALL_OPS", "parse_grid", "override", "op_grid", "for_dtype", "candidates",
 ]
 
@@ -31,6 +31,10 @@ ALL_OPS = TP_OPS + FUSED_OPS + CONV_OPS + FUSED_CONV_OPS + PALLAS_OPS
 # rows per program, and warps per program: mace_large ran fastest at 4 rows in float32 and at 2 in
 # float64, whose fused backward spills at 4 (H100, 2026-11-27); an 8-to-128 grid missed both
 PALLAS_GRID = {"pallas_block_batch": (1, 2, 4, 8, 16, 32, 64), "pallas_num_warps": (2, 4, 8)}
+# added to the default pallas grid where the kernels loop over a channel
+# (eqdsl.backends.pallas.plan.has_channel_loops; uvw products): 8 steps compiled for over 100 s
+# for diffdock_l2 (H200 host, 2026-11-28), so not tried by default
+PALLAS_UNROLL = (1, 2, 4)
 
 Pairs = tuple[tuple[str, int], ...]  # a spec's tuning table (TensorProductSpec.tuning)
 Candidate = tuple[tuple[str, int], ...]  # the keys one op's sub-table sets; () = the op as the spec has it
@@ -78,12 +82,18 @@ def override(table: Pairs, op: str, cand: Candidate) -> Pairs:
     return tuple(sorted({**dict(table), **new}.items()))
 
 
-def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str) -> dict[str, tuple[int, ...]]:
+def op_grid(grid: dict[str, tuple[int, ...]] | None, op: str, loops: bool = False) -> dict[str, tuple[int, ...]]:
     """The part of ``grid`` that tunes ``op`` (``pallas_*`` keys for ``pallas``, the others for
-    the Helion ops), or the op's default grid when ``grid`` is ``None`` or names none of them."""
+    the Helion ops), or the op's default grid when ``grid`` is ``None`` or names none of them
+    (``pallas``: ``PALLAS_GRID``, with ``pallas_unroll`` over ``PALLAS_UNROLL`` when ``loops``,
+    the product's kernels looping over a channel)."""
     pallas = op in PALLAS_OPS
     mine = {k: v for k, v in (grid or {}).items() if k.startswith("pallas_") == pallas}
-    return mine or dict(PALLAS_GRID if pallas else DEFAULT_GRID)
+    if mine:
+        return mine
+    if pallas:
+        return {**PALLAS_GRID, **({"pallas_unroll": PALLAS_UNROLL} if loops else {})}
+    return dict(DEFAULT_GRID)
 
 
 def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tuple[str, ...],

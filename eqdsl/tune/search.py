@@ -81,8 +81,9 @@ def tune(
                         f", {', '.join(PALLAS_OPS)} (the JAX kernels)")
     if require_cuda:
         _require_gpus(ops)
+    loops = PALLAS_OPS[0] in ops and _has_channel_loops(spec)
     jobs = [(op, cand) for op in ops
-            for cand in candidates(for_dtype(op_grid(grid, op), op, dtype, spec.dtypes, spec.tuning),
+            for cand in candidates(for_dtype(op_grid(grid, op, loops), op, dtype, spec.dtypes, spec.tuning),
                                    spec.tuning, op)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
@@ -145,6 +146,15 @@ def _require_gpus(ops: tuple[str, ...]) -> None:
     if any(op in PALLAS_OPS for op in ops) and not _jax_gpu():
         raise TuneError("eqdsl tune --ops pallas needs jax with a CUDA GPU (it times the Pallas kernels); "
                         + ("jax is not installed" if not _jax_importable() else "jax sees none"))
+
+
+def _has_channel_loops(spec: TensorProductSpec) -> bool:
+    """Whether the spec's Pallas kernels loop over a channel (then the default ``pallas`` grid
+    tries ``pallas_unroll``)."""
+    from ..backends.pallas.plan import has_channel_loops
+    from ..lower import lower
+
+    return has_channel_loops(lower(spec))
 
 
 def _has_fused_bwd(spec: TensorProductSpec, op: str = "bwd") -> bool:

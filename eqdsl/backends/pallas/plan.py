@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ...ir import Block, TensorProductIR
 
 __all__ = ["KINDS", "RADIAL_KINDS", "CHANNEL", "VECTOR", "DATA", "MAX_TERMS_PER_KERNEL", "BlockPlan", "WeightPlan",
-           "next_pow2", "kernel_refs", "blocks", "weight_layout", "split", "annotate_radial", "RADIAL_SMEM_BUDGET", "radial_max_cols"]
+           "has_channel_loops", "next_pow2", "kernel_refs", "blocks", "weight_layout", "split", "annotate_radial", "RADIAL_SMEM_BUDGET", "radial_max_cols"]
 
 # Budget of unrolled CG terms per kernel before the output blocks are split over kernels
 # (read at call time by ``split``: tests lower it to force splits).
@@ -55,6 +55,18 @@ CHANNEL = {
 # The channel a kernel vectorizes over: the innermost axis of the path's weight rows.
 VECTOR = {"uvw": "w", "uvu": "u", "uvv": "v", "uuu": "u"}
 DATA = ("x1", "x2", "g")
+
+
+def has_channel_loops(ir: TensorProductIR) -> bool:
+    """Whether some Pallas kernel of ``ir`` loops over a channel: a path whose channel other
+    than the vectorized one (``VECTOR``) has more than one value (every ``uvw`` path with
+    ``x1`` of several channels; ``uvu`` with several ``x2`` channels; ``uvv`` with several
+    ``x1`` channels). Then the spec key ``pallas_unroll`` changes its kernels."""
+    for p in ir.paths:
+        m1, m2 = ir.in1[p.i_in1].mul, ir.in2[p.i_in2].mul
+        if (p.mode == "uvw" and max(m1, m2) > 1) or (p.mode == "uvu" and m2 > 1) or (p.mode == "uvv" and m1 > 1):
+            return True
+    return False
 
 
 def next_pow2(n: int) -> int:
