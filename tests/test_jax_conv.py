@@ -48,6 +48,8 @@ FULLY_CONNECTED = dict(in1="2x0e+2x1o", in2="1x0e+1x1o", out="3x0e+2x1o", mode="
 # pallas_factor = 1: the sums factored first (pallas_factor), the fused backward in its q_j form
 SPLIT = ("\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\npallas_fma = 1\n"
          "pallas_factor = 1\n")
+# pallas_conv_max_terms_float64 = 1: a conv kernel family for float64 operands only
+DTYPE_SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms_float64 = 1\n"
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -82,6 +84,8 @@ def pkgs(root):
         "channelwise_split": build(conv_spec("conv_channelwise_split", **CHANNELWISE) + SPLIT, root),
         "uvw": build(conv_spec("conv_uvw", layout="ir_mul", **FULLY_CONNECTED), root),
         "uvw_split": build(conv_spec("conv_uvw_split", **FULLY_CONNECTED) + SPLIT, root),
+        # float64 conv calls split one output group per kernel, float32 ones run the plain product's
+        "dtype_split": build(conv_spec("conv_dtype_split", **CHANNELWISE) + DTYPE_SPLIT, root),
     }
 
 
@@ -108,6 +112,39 @@ def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
         # one path per fused kernel: each x1 block's two paths write partial dF/dx1 messages
         assert len(k.CONV_BWD_FUSED_KERNELS) == len(pkgs[kind].ir.paths) == 4
         assert [len(r) for r in k.CONV_FUSED_GX1_SEGMENTS] == [2, 2] and k.FUSED_GX1_SEGMENTS is None
+
+
+def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
+    """pallas_conv_max_terms_float64: float64 calls launch the float64 family (one kernel per
+    output group, its fused backward one per x1 block), float32 calls the plain product's
+    kernels; both dtypes agree with the oracle, forward and the three gradients."""
+    from eqdsl.runtime.jax import launch
+
+    b = pkgs["dtype_split"]
+    k = b.ops._kernels
+    assert len(k.CONV_FWD_KERNELS) == 1 and len(k.CONV_FLOAT64_FWD_KERNELS) == len(b.ir.out)
+    assert len(k.CONV_FLOAT64_BWD_FUSED_KERNELS) == len(b.ir.in1) > len(k.CONV_BWD_FUSED_KERNELS)
+    launched = []
+    for fn in ("launch_segments", "conv_backward_fused"):
+        real = getattr(launch, fn)
+        monkeypatch.setattr(launch, fn, lambda name, kernels, *a, _real=real, **kw: (
+            launched.append({kk[0].__name__ for kk in kernels}), _real(name, kernels, *a, **kw))[1])
+    rng = np.random.default_rng(11)
+    n, e = 6, 19
+    src, dst = graph(rng, n, e)
+    s, d = jnp.asarray(src), jnp.asarray(dst)
+    for dtype, tol, prefix in ((np.float64, 1e-12, "_conv_float64_"), (np.float32, 1e-5, "_tp_")):
+        x, y, w = data(b.ir, rng, n, e, dtype)
+        g = rng.standard_normal((n, b.ir.dim_out)).astype(dtype)
+        launched.clear()
+        out, pull = jax.vjp(lambda a, c, ww: b.ops.conv(a, c, ww, s, d, n, block_edges=BE, segment_edges=SE), x, y, w)
+        got = pull(jnp.asarray(g))
+        names = set().union(*launched)
+        assert names and all(nm.startswith(prefix) for nm in names - {"_segment_rows"}), (dtype, names)
+        x, y, w, g = (np.asarray(a, np.float64) for a in (x, y, w, g))
+        assert rel_err(out, conv_reference(b.ir, x, y, w, src, dst, n)) <= tol
+        for name, gv, want in zip(("x", "y", "w"), got, conv_vjp_reference(b.ir, x, y, w, src, dst, n, g)):
+            assert rel_err(gv, want) <= tol, (dtype, name)
 
 
 def graph(rng, n, e):

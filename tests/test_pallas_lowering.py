@@ -174,3 +174,19 @@ def test_fma_chains_lower_for_cuda(tmp_path_factory, dtype):
     source = open(ops._kernels.__file__).read()
     assert "rt.fma(" in source and "nf1 = " in source
     _check_lowers(ops, dtype)
+
+
+def test_conv_kernel_families_per_dtype_lower_for_cuda(tmp_path_factory):
+    """``pallas_conv_max_terms_float64`` (a conv family of float64's own, one output group per
+    kernel) lowers in float64: a float64 conv launches its kernels, a float32 one the conv's."""
+    text = spec_text("lower_dtype_conv", **MIXED) + 'conv = true\n[tensor_product.tuning]\npallas_conv_max_terms_float64 = 1\n'
+    ops = build(text, tmp_path_factory.mktemp("lower")).ops
+    assert len(ops._kernels.CONV_FLOAT64_FWD_KERNELS) > 1 == len(ops._kernels.CONV_FWD_KERNELS)
+    _check_lowers(ops, "float64")
+    nodes, edges = 16, B
+    idx = S((edges,), jnp.int32)
+    for dtype, family in (("float64", True), ("float32", False)):
+        x, y = S((nodes, ops.DIM_IN1), dtype), S((edges, ops.DIM_IN2), dtype)
+        text = _lower(lambda a, b, c, s, d: ops.conv(a, b, c, s, d, nodes, interpret=False), x, y,
+                      S((edges, ops.WEIGHT_NUMEL), dtype), idx, idx)
+        assert ("_conv_float64_fwd_kernel_" in text) == family, dtype

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute on one problem's conv kernels, torch then jax, in one device call:
-#   [FRAMEWORKS="torch jax"] bash benchmarks/tools/ncu_conv.sh PROBLEM [EDGES]
+#   [FRAMEWORKS="torch jax"] [DTYPE=float64] bash benchmarks/tools/ncu_conv.sh PROBLEM [EDGES]
 # Time, DRAM bytes, registers, achieved occupancy and local-memory (spill) instructions of
 # every conv kernel launch of benchmarks/tools/profile_conv.py. Logs go to $OUT (ncu_conv_*.csv).
 set -u
@@ -16,7 +16,7 @@ for fw in ${FRAMEWORKS:-torch jax}; do
   # jax: <name>_conv_tp_* (the plain product's kernels), <name>_conv_conv_* (the conv's own), segment_rows
   regex='conv_'; [ $fw = jax ] && regex='conv_(tp|conv)_|segment_rows'
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${NCU_TIMEOUT:-240} "$NCU" -k "regex:$regex" --metrics "$METRICS" --csv --page raw \
-    python3 benchmarks/tools/profile_conv.py "$PROBLEM" $fw --edges "$EDGES" > "$OUT/ncu_conv_$fw.csv" 2> "$OUT/ncu_conv_$fw.err"
+    python3 benchmarks/tools/profile_conv.py "$PROBLEM" $fw --edges "$EDGES" --dtype "${DTYPE:-float32}" > "$OUT/ncu_conv_$fw.csv" 2> "$OUT/ncu_conv_$fw.err"
   echo "$fw: ncu rc=$?"
   python3 - "$OUT/ncu_conv_$fw.csv" <<'PY'
 import csv, sys

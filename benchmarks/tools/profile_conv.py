@@ -5,7 +5,7 @@
     ncu -k regex:conv_tp --metrics ... python3 benchmarks/tools/profile_conv.py mace_large jax
 
 On a random graph of ``--edges`` edges (default 114,688, bulk Si's count) and
-``edges // 64`` nodes, float32: ``torch`` calls ``conv_fwd`` twice, then the backward the
+``edges // 64`` nodes, in ``--dtype`` (default float32): ``torch`` calls ``conv_fwd`` twice, then the backward the
 spec's autograd runs (``conv_bwd`` where fused) twice; ``jax`` calls the jitted forward +
 VJP twice (forward, then the backward kernels). Prints nothing but the kernels' names as
 launched; ``benchmarks/tools/ncu_conv.sh`` runs both under ncu and summarizes.
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("framework", choices=("torch", "jax"))
     ap.add_argument("--edges", type=int, default=114688)
     ap.add_argument("--generated", default=str(ROOT / "generated"))
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     args = ap.parse_args()
     from benchmarks import bench_tp as bt
 
@@ -40,11 +41,11 @@ def main() -> None:
         import torch
 
         conv = bt.import_generated(args.generated, args.problem, "torch_conv")
-        dev = torch.device("cuda")
-        x = torch.randn(n, conv.DIM_IN1, device=dev)
-        y = torch.randn(e, conv.DIM_IN2, device=dev)
-        w = torch.randn(e, conv.WEIGHT_NUMEL, device=dev)
-        g = torch.randn(n, conv.DIM_OUT, device=dev)
+        dev, dt = torch.device("cuda"), getattr(torch, args.dtype)
+        x = torch.randn(n, conv.DIM_IN1, device=dev, dtype=dt)
+        y = torch.randn(e, conv.DIM_IN2, device=dev, dtype=dt)
+        w = torch.randn(e, conv.WEIGHT_NUMEL, device=dev, dtype=dt)
+        g = torch.randn(n, conv.DIM_OUT, device=dev, dtype=dt)
         s, d = torch.as_tensor(src, device=dev), torch.as_tensor(dst, device=dev)
         graph = conv.graph_tensors(s, d, n)
         for _ in range(2):
@@ -61,11 +62,12 @@ def main() -> None:
     else:
         import jax
 
+        jax.config.update("jax_enable_x64", args.dtype == "float64")
         mod = bt.import_generated(args.generated, args.problem, "jax_ops")
-        x = jax.device_put(rng.standard_normal((n, mod.DIM_IN1)).astype(np.float32))
-        y = jax.device_put(rng.standard_normal((e, mod.DIM_IN2)).astype(np.float32))
-        w = jax.device_put(rng.standard_normal((e, mod.WEIGHT_NUMEL)).astype(np.float32))
-        g = jax.device_put(rng.standard_normal((n, mod.DIM_OUT)).astype(np.float32))
+        x = jax.device_put(rng.standard_normal((n, mod.DIM_IN1)).astype(args.dtype))
+        y = jax.device_put(rng.standard_normal((e, mod.DIM_IN2)).astype(args.dtype))
+        w = jax.device_put(rng.standard_normal((e, mod.WEIGHT_NUMEL)).astype(args.dtype))
+        g = jax.device_put(rng.standard_normal((n, mod.DIM_OUT)).astype(args.dtype))
         s, d = jax.device_put(src.astype(np.int32)), jax.device_put(dst.astype(np.int32))
 
         @jax.jit

@@ -77,20 +77,32 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # an x1 block's paths per kernel (each part writes a partial dF/dx1 message, added up
     # after the segment sum): fewer registers per program for one more message per part
     plain_fused = fused_context(ir, blocks, wmap, factored=factored) if t.fuse_bwd or conv_fuse else None
+
+    def conv_kernels(terms, prefix: str, const: str) -> dict:
+        fused_terms = t.conv_fused_max_terms
+        return {
+            "kernel_sets": [{"kind": kind, "const": const + kind.upper() + "_KERNELS",
+                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, prefix)} for kind in kinds],
+            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, prefix,
+                                   split_blocks=fused_terms is not None, factored=factored) if conv_fuse else None,
+            "fused_const": const + "BWD_FUSED_KERNELS",
+            "segments_const": const + "FUSED_GX1_SEGMENTS",
+        }
+
     conv_family = None
     if ir.conv and (t.conv_max_terms is not None or t.conv_fused_max_terms is not None):
-        terms, fused_terms = t.conv_max_terms, t.conv_fused_max_terms
-        conv_family = {
-            "kernel_sets": [{"kind": kind, "const": "CONV_" + kind.upper() + "_KERNELS",
-                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "conv")} for kind in kinds],
-            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "conv",
-                                   split_blocks=fused_terms is not None, factored=factored) if conv_fuse else None,
-        }
+        conv_family = conv_kernels(t.conv_max_terms, "conv", "CONV_")
         same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:
             same = len(conv_family["fused"]["kernels"]) == len(plain_fused["kernels"])
         if same:  # the budget splits nothing further: the conv uses the plain product's kernels
             conv_family = None
+    # pallas_conv_max_terms_<dtype>: that dtype's conv calls run a family of their own
+    # (CONV_<DTYPE>_*), split within its budget (float64's running sums take twice the registers)
+    conv_dtype_families = [
+        {"dtype": dtype, **conv_kernels(terms, f"conv_{dtype}", f"CONV_{dtype.upper()}_")}
+        for dtype, terms in t.conv_max_terms_by_dtype if ir.conv and dtype in ir.dtypes
+    ]
     separate = conv_family is not None
     fused = plain_fused if t.fuse_bwd or (conv_fuse and not separate) else None
     conv_fused = conv_fuse and (conv_family["fused"] if separate else fused) is not None
@@ -115,7 +127,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
                                    radial=ir.radial_features) if conv_fused else None,
             "materialize": False,
         }
-    for k in _every_kernel(kernels, fused, conv_family, radial):
+    for k in _every_kernel(kernels, fused, conv_family, *conv_dtype_families, radial):
         if factored and not (t.factor == 2 and k["kind"].startswith("fwd")):  # fewer operations on channel tiles
             k.update(factor_kernel(k))
         if t.fma:
@@ -164,6 +176,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "tp_fused": fused is not None and t.fuse_bwd,
         "conv_fused": conv_fused,
         "conv_family": conv_family,
+        "conv_dtype_families": conv_dtype_families,
         "radial": radial,
         "mixed_weighting": mixed,
         "flops_per_batch": ir.flops_per_batch,

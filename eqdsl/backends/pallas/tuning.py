@@ -27,7 +27,8 @@ DEFAULT_NUM_WARPS = 4
 DEFAULT_SEGMENT_EDGES = 2
 # dtypes a per-dtype key may name, and those keys: ``pallas_block_batch_float64`` -> ``float64``
 DTYPES = ("float32", "float64")
-DTYPE_KEYS = {f"{key}_{dtype}": dtype for key in ("pallas_block_batch", "pallas_segment_edges") for dtype in DTYPES}
+DTYPE_KEYS = {f"{key}_{dtype}": dtype for key in ("pallas_block_batch", "pallas_segment_edges", "pallas_conv_max_terms")
+              for dtype in DTYPES}
 
 
 def _pow2(lo: int, hi: int):
@@ -40,9 +41,6 @@ KEYS = {
     "pallas_block_batch": _pow2(1, 256),
     "pallas_num_warps": (lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
     "pallas_segment_edges": _pow2(1, 256),
-    # the same two for one dtype only, over the keys above (float64 values take twice the
-    # registers: mace_large's fused backward at 4 rows spilled)
-    **{key: _pow2(1, 256) for key in DTYPE_KEYS},
     "pallas_conv_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_conv_fused_max_terms": (lambda v: v >= 1, "at least 1"),
     "pallas_fma": (lambda v: v in (0, 1), "0 (a * b + c) or 1 (the kernels' sums as fused multiply-add chains)"),
@@ -59,6 +57,9 @@ KEYS = {
     "pallas_radial_materialize": (lambda v: v in (0, 1), "0 (conv_radial's weights formed on chip) or 1 (formed "
                                   "with a matmul, then the conv's kernels)"),
 }
+# the per-dtype keys (DTYPE_KEYS) accept what their key does, for one dtype only (float64
+# values take twice the registers: mace_large's fused backward at 4 rows spilled)
+KEYS.update({key: KEYS[key.rsplit("_", 1)[0]] for key in DTYPE_KEYS})
 
 
 def validate(key: str, value) -> None:
@@ -96,7 +97,9 @@ class PallasTuning:
     ``conv(x, y, rf @ wr)`` (a full-precision matmul, then the conv's kernels).
     ``block_batch_by_dtype`` / ``segment_edges_by_dtype``: ``(dtype, value)`` pairs of the
     ``pallas_block_batch_<dtype>`` / ``pallas_segment_edges_<dtype>`` keys, which replace
-    ``block_batch`` / ``segment_edges`` for that dtype's calls.
+    ``block_batch`` / ``segment_edges`` for that dtype's calls. ``conv_max_terms_by_dtype``:
+    the ``pallas_conv_max_terms_<dtype>`` keys, each a conv kernel family of that dtype's own
+    (split within that many CG terms per kernel) in place of the conv's for that dtype.
     """
 
     block_batch: int | None = None
@@ -113,6 +116,7 @@ class PallasTuning:
     radial_materialize: bool = False
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
     segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
+    conv_max_terms_by_dtype: tuple[tuple[str, int], ...] = ()
 
 
 def tuning_of(pairs=()) -> PallasTuning:
@@ -154,6 +158,11 @@ def tuning_of(pairs=()) -> PallasTuning:
         # kernels keep the defaults, so the keys are per dtype
         block_batch_by_dtype=_by_dtype(v, "pallas_block_batch"),
         segment_edges_by_dtype=_by_dtype(v, "pallas_segment_edges"),
+        # per-dtype conv splits (H200, 2026-11-28, nequip_toluene, bulk Si): float64's running
+        # sums spill unless split finely (conv fwd 7,584 us in one kernel, 4,791 within 48
+        # terms per kernel), float32's are fastest split in two (1,201 / 984 at 140 terms /
+        # 1,117 at 48)
+        conv_max_terms_by_dtype=_by_dtype(v, "pallas_conv_max_terms"),
     )
 
 

@@ -100,6 +100,8 @@ class TensorProductFunctions:
         fused: the fused backward's launcher ``f(x1, x2, w, g, *, block_batch, interpret) ->
             (gx1, gx2, gw)`` (a channelwise product), or None.
         conv: the fused convolution's kernel sets, or None.
+        conv_by_dtype: ``{dtype name: ConvKernels}``, the conv's kernel sets for that dtype's
+            operands in place of ``conv``'s (spec key ``pallas_conv_max_terms_<dtype>``), or None.
         radial: ``conv_radial``'s kernel sets (needs ``conv``, per-edge weights), or None.
 
     Attributes:
@@ -116,7 +118,8 @@ class TensorProductFunctions:
 
     def __init__(self, kernels: ModuleType, *, dim_in1: int, dim_in2: int, dim_out: int, weight_numel: int,
                  shared_weights: bool, dtypes: tuple[str, ...], weighted=None, fused=None,
-                 conv: ConvKernels | None = None, radial: RadialKernels | None = None):
+                 conv: ConvKernels | None = None, radial: RadialKernels | None = None,
+                 conv_by_dtype: dict[str, ConvKernels] | None = None):
         abi = getattr(kernels, "KERNEL_ABI", 1)
         if abi != KERNEL_ABI:
             raise ImportError(
@@ -134,14 +137,20 @@ class TensorProductFunctions:
         self._tensor_product = jax.jit(self._tensor_product_traced, static_argnames=("block_batch", "interpret"))
         self._tensor_product_vjp = jax.jit(self._vjp_traced, static_argnames=("block_batch", "interpret"))
         self.conv_kernels = conv
+        self.conv_by_dtype = dict(conv_by_dtype or {})
+        for dtype, family in self.conv_by_dtype.items():
+            if conv is None or (family.weighted is None) != (conv.weighted is None) or \
+                    (family.backward_fused_kernels is None) != (conv.backward_fused_kernels is None):
+                raise ValueError(f"{kernels.NAME}: conv_by_dtype[{dtype!r}] has other kernel kinds than conv")
         self.conv_ops: TensorProductVJP | None = None
         if conv is not None:
             if conv.reduce not in ("sum", "mean"):
                 raise ValueError(f"{kernels.NAME}: reduce must be 'sum' or 'mean', got {conv.reduce!r}")
             fused_conv = self._conv_backward_fused if conv.backward_fused_kernels is not None else None
             self.conv_ops = make_conv_vjp_ops(
-                *self._conv_launchers(conv.fwd, conv.bwd_x1, conv.bwd_x2), self._conv_backward_w,
-                weighted=None if conv.weighted is None else self._conv_launchers(*conv.weighted), fused=fused_conv)
+                *self._conv_launchers(lambda ck: (ck.fwd, ck.bwd_x1, ck.bwd_x2)), self._conv_backward_w,
+                weighted=None if conv.weighted is None else self._conv_launchers(lambda ck: ck.weighted),
+                fused=fused_conv)
             self._conv = jax.jit(self._conv_traced, static_argnames=("num_nodes", "block", "interpret"))
         self.radial_kernels = radial
         self.radial_ops: RadialVJP | None = None
@@ -206,25 +215,34 @@ class TensorProductFunctions:
 
     # ------------------------------------------------------------------ the fused convolution
 
-    def _conv_launchers(self, kernels_fwd, kernels_bx1, kernels_bx2):
+    def _conv_for(self, dtype) -> ConvKernels:
+        """The conv's kernel sets for operands of ``dtype``."""
+        return self.conv_by_dtype.get(jnp.dtype(dtype).name, self.conv_kernels)
+
+    def _conv_launchers(self, sets):
+        """``(forward, backward_x1, backward_x2)`` launchers of the kernel sets ``sets(ConvKernels)``
+        of the operands' dtype (``_conv_for``)."""
         k = self.kernels
         shared = 2 if self.shared_weights else None
 
         # block_batch: (edges per program of the per-edge kernels, edges per step of the segment kernels)
         def forward(a, b, c, graph, *, block_batch, interpret):
-            return launch.launch_segments(k.NAME, kernels_fwd, (a, b, c), node_arg=0, shared_arg=shared,
+            return launch.launch_segments(k.NAME, sets(self._conv_for(a.dtype))[0], (a, b, c), node_arg=0,
+                                   shared_arg=shared,
                                    perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
                                    num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
                                    interpret=interpret, num_warps=k.NUM_WARPS)
 
         def backward_x1(g, b, c, graph, *, block_batch, interpret):
-            return launch.launch_segments(k.NAME, kernels_bx1, (g, b, c), node_arg=0, shared_arg=shared,
+            return launch.launch_segments(k.NAME, sets(self._conv_for(g.dtype))[1], (g, b, c), node_arg=0,
+                                   shared_arg=shared,
                                    perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
                                    num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
                                    interpret=interpret, num_warps=k.NUM_WARPS)
 
         def backward_x2(a, g, c, graph, *, block_batch, interpret):
-            return launch.launch_edges(k.NAME, kernels_bx2, (a, g, c), gathers={0: graph.src, 1: graph.dst},
+            return launch.launch_edges(k.NAME, sets(self._conv_for(a.dtype))[2], (a, g, c),
+                                gathers={0: graph.src, 1: graph.dst},
                                 shared_arg=shared, shared_out=False, num_nodes=a.shape[0], out_width=k.IDIM_IN2,
                                 block_edges=block_batch[0], interpret=interpret, num_warps=k.NUM_WARPS)
 
@@ -232,14 +250,15 @@ class TensorProductFunctions:
 
     def _conv_backward_w(self, a, b, g, graph, *, block_batch, interpret):
         k = self.kernels
-        return launch.launch_edges(k.NAME, self.conv_kernels.bwd_w, (a, b, g), gathers={0: graph.src, 2: graph.dst},
+        return launch.launch_edges(k.NAME, self._conv_for(a.dtype).bwd_w, (a, b, g),
+                            gathers={0: graph.src, 2: graph.dst},
                             shared_arg=None, shared_out=self.shared_weights, num_nodes=a.shape[0],
                             out_width=k.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
                             num_warps=k.NUM_WARPS)
 
     def _conv_backward_fused(self, a, b, c, g, graph, *, block_batch, interpret):
         # the three gradients with one gather of G per edge (launch.conv_backward_fused)
-        k, ck = self.kernels, self.conv_kernels
+        k, ck = self.kernels, self._conv_for(a.dtype)
         return launch.conv_backward_fused(k.NAME, ck.backward_fused_kernels, (a, b, c, g), graph, num_nodes=a.shape[0],
                                    dim_in2=k.IDIM_IN2, weight_numel=k.IWEIGHT_NUMEL, gx1_segments=ck.gx1_segments,
                                    block_edges=block_batch[0], segment_edges=block_batch[1], interpret=interpret,
