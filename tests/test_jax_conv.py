@@ -147,6 +147,29 @@ def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
             assert rel_err(gv, want) <= tol, (dtype, name)
 
 
+@pytest.mark.parametrize("kind", ["mixed_split", "channelwise_split"])
+def test_conv_kernel_set_as_one_launch_equals_the_series(pkgs, kind):
+    """A conv kernel set of several kernels runs as one launch over a (node, kernel) grid
+    (launch.SEGMENT_PARTS): the same sums in the same order as one launch per kernel, bitwise."""
+    from eqdsl.runtime.jax import launch
+    from eqdsl.runtime.jax.graph import conv_graph
+
+    b = pkgs[kind]
+    k = b.ops._kernels
+    assert len(k.CONV_FWD_KERNELS) > 1
+    rng = np.random.default_rng(12)
+    n, e = 7, 25
+    src, dst = graph(rng, n, e)
+    x, y, w = data(b.ir, rng, n, e)
+    cg = conv_graph(jnp.asarray(src), jnp.asarray(dst), n, e, x.dtype)
+    runs = [launch.launch_segments(k.NAME, k.CONV_FWD_KERNELS, (jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)),
+                                   node_arg=0, shared_arg=None, perm=cg.perm_dst, rowptr=cg.rowptr_dst,
+                                   gather=cg.gather_dst, num_nodes=n, out_width=k.IDIM_OUT, block_edges=SE,
+                                   interpret=True, parts=parts) for parts in (True, False)]
+    np.testing.assert_array_equal(np.asarray(runs[0]), np.asarray(runs[1]))
+    assert rel_err(runs[0], conv_reference(b.ir, x, y, w, src, dst, n)) <= 1e-12
+
+
 def graph(rng, n, e):
     return rng.integers(0, n, e), rng.integers(0, n, e)
 

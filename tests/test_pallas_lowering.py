@@ -159,6 +159,10 @@ def test_pallas_tuning_pairs_pin_block_batch_and_num_warps():
     assert f32_only != bad.replace("pallas_block_batch = 12", "pallas_block_batch_float64 = 2")
     with pytest.raises(SpecError, match="does not generate float64"):
         check_tuning(parse_spec(f32_only, "bad.toml")[0])
+    # a per-dtype conv split accepts what pallas_conv_max_terms does (not a power of two)
+    check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_conv_max_terms_float64 = 48"), "ok.toml")[0])
+    with pytest.raises(SpecError, match="at least 1"):
+        check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_conv_max_terms_float64 = 0"), "bad.toml")[0])
     with pytest.raises(SpecError, match="pallas_block_batch_float16"):
         check_tuning(parse_spec(bad.replace("pallas_block_batch = 12", "pallas_block_batch_float16 = 2"), "bad.toml")[0])
 
@@ -178,7 +182,8 @@ def test_fma_chains_lower_for_cuda(tmp_path_factory, dtype):
 
 def test_conv_kernel_families_per_dtype_lower_for_cuda(tmp_path_factory):
     """``pallas_conv_max_terms_float64`` (a conv family of float64's own, one output group per
-    kernel) lowers in float64: a float64 conv launches its kernels, a float32 one the conv's."""
+    kernel) lowers in float64: a float64 conv launches its kernels, as one launch over a
+    (node, kernel) grid (``launch.SEGMENT_PARTS``), a float32 one the conv's, one kernel."""
     text = spec_text("lower_dtype_conv", **MIXED) + 'conv = true\n[tensor_product.tuning]\npallas_conv_max_terms_float64 = 1\n'
     ops = build(text, tmp_path_factory.mktemp("lower")).ops
     assert len(ops._kernels.CONV_FLOAT64_FWD_KERNELS) > 1 == len(ops._kernels.CONV_FWD_KERNELS)
@@ -190,3 +195,4 @@ def test_conv_kernel_families_per_dtype_lower_for_cuda(tmp_path_factory):
         text = _lower(lambda a, b, c, s, d: ops.conv(a, b, c, s, d, nodes, interpret=False), x, y,
                       S((edges, ops.WEIGHT_NUMEL), dtype), idx, idx)
         assert ("_conv_float64_fwd_kernel_" in text) == family, dtype
+        assert ("_parts" in text) == family, dtype

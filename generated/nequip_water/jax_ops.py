@@ -56,7 +56,9 @@ segments (a stable ``argsort`` of ``dst`` and row pointers, the prefix sums of t
 in-degrees, computed in jnp inside the jitted call): one program per node sums its edges, ``segment_edges``
 per loop step (default ``SEGMENT_EDGES`` = 2), keeping each output tile's running
 sum in registers, in a fixed order, and writes its row once: deterministic, bitwise
-reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A
+reproducible and atomic-free, for ``deterministic = true`` and ``false`` alike. A kernel
+set split over several kernels (spec key ``pallas_conv_max_terms``, per dtype
+``pallas_conv_max_terms_<dtype>``) runs as one launch over a (node, kernel) grid. A
 Pallas atomic-add variant is not provided: on the CPU, interpret mode loses duplicate
 indices in ``atomic_add`` (jax#24117), so it could not be tested there, and Mosaic GPU
 has no per-element atomic add to global memory.

@@ -8,6 +8,8 @@ traced through ``run`` (inline-PTX ``fma`` on the GPU, ``a * b + c`` in interpre
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -22,6 +24,8 @@ __all__ = [
 
 NUM_WARPS = 4
 NUM_STAGES = 1
+# launch_segments: a conv kernel set of several kernels as one launch over a (node, kernel) grid
+SEGMENT_PARTS = True
 
 
 def use_interpret(interpret: bool | None) -> bool:
@@ -353,12 +357,12 @@ def _full_spec(a):
     from jax.experimental import pallas as pl
 
     nd = a.ndim
-    return pl.BlockSpec(tuple(a.shape), lambda i: (0,) * nd)
+    return pl.BlockSpec(tuple(a.shape), lambda *_: (0,) * nd)
 
 
 def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: int | None, perm, rowptr, gather,
                     num_nodes: int, out_width: int, block_edges: int, interpret: bool,
-                num_warps: int | None = None, step_sums: bool = False):
+                    num_warps: int | None = None, step_sums: bool = False, parts: bool | None = None):
     """Reduction kernels (``conv`` forward, ``conv`` backward_x1): one program per node ``n``
     sums the kernel body over the edges ``perm[rowptr[n]:rowptr[n + 1]]`` (sorted order), in
     tiles of ``block_edges``. ``args[node_arg]`` (if not None) is a node array gathered by
@@ -368,7 +372,14 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
     weight, given whole). ``kernels``: ``(body, first column, width)`` triples, each summing
     into its columns of one ``(num_nodes, out_width)`` output. ``step_sums``: carry each running sum as one row, the tile's
     rows summed every step (for tiles of many edges, whose unreduced running sums would not
-    fit in registers), instead of one row per edge of a tile. Returns ``(num_nodes, out_width)``."""
+    fit in registers), instead of one row per edge of a tile.
+
+    ``parts`` (default ``SEGMENT_PARTS``): a set of several kernels runs as one launch whose
+    grid is ``(num_nodes, len(kernels))``, program ``(n, p)`` running kernel ``p`` on node
+    ``n`` (``lax.switch``: each branch keeps only its own running sums live), instead of one
+    launch per kernel in series. A segment program's loop over its edges waits on each
+    edge's gathers in turn; the parts of a node then wait side by side instead of one after
+    another. Returns ``(num_nodes, out_width)``."""
     from jax.experimental import pallas as pl
 
     rows = perm.shape[0]
@@ -376,56 +387,80 @@ def launch_segments(name, kernels, args, *, node_arg: int | None, shared_arg: in
         return jnp.zeros((num_nodes, out_width), args[0].dtype)
     be = block_edges
 
+    # i: the node, read at the kernel's top level (Pallas' interpreter substitutes program
+    # ids there only, not inside a lax.switch branch)
+    def segment(body, col0, width, i, rowptr_ref, perm_ref, gather_ref, ins, out_ref):
+        start, end = rowptr_ref[i], rowptr_ref[i + 1]
+        # zero this kernel's columns of the row in power-of-two chunks (the Triton lowering
+        # wants pow2 shapes); the set's other kernels own the rest of the shared row
+        col, stop = col0, col0 + width
+        while col < stop:
+            size = 1 << ((stop - col).bit_length() - 1)
+            out_ref[:, pl.ds(col, size)] = jnp.zeros((1, size), out_ref.dtype)
+            col += size
+        lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
+
+        def tile(t):
+            e = start + t * be + lanes
+            ec = jnp.minimum(e, rows - 1)
+            eid = perm_ref[ec]
+            nid = gather_ref[ec]
+            mask = (e < end) & (nid < num_nodes)
+            ops = []
+            for k, r in enumerate(ins):
+                if k == shared_arg:
+                    ops.append(r)
+                elif k == node_arg:
+                    ops.append(Gather(r, jnp.minimum(nid, num_nodes - 1), mask))
+                else:
+                    ops.append(Gather(r, eid, mask))
+            acc = Accumulate(out_ref)
+            body(*ops, acc)
+            return acc
+
+        # The loop carries the running sum of each store of the body in registers,
+        # unreduced: no cross-warp sum and no read-modify-write of the node's row per
+        # tile, one of each per node (``_Accumulate.write``); with step_sums one row each.
+        records, shapes = _body_stores(body, ins, shared_arg, be, out_ref)
+        step = (lambda v: jnp.sum(v, axis=0, keepdims=True)) if step_sums else (lambda v: v)
+        totals = lax.fori_loop(
+            0, (end - start + be - 1) // be,
+            lambda t, carry: tuple(c + step(v) for c, (_, _, v) in zip(carry, tile(t).records)),
+            tuple(jnp.zeros(((1,) + a.shape[1:]) if step_sums else a.shape, a.dtype) for a in shapes),
+        )
+        out = Accumulate(out_ref)
+        out.records = records
+        out.write(totals)
+
     def make(body, col0, width):
         def kernel(rowptr_ref, perm_ref, gather_ref, *refs):
             *ins, out_ref = refs
-            i = pl.program_id(0)
-            start, end = rowptr_ref[i], rowptr_ref[i + 1]
-            # zero this kernel's columns of the row in power-of-two chunks (the Triton lowering
-            # wants pow2 shapes); the set's other kernels own the rest of the shared row
-            col, stop = col0, col0 + width
-            while col < stop:
-                size = 1 << ((stop - col).bit_length() - 1)
-                out_ref[:, pl.ds(col, size)] = jnp.zeros((1, size), out_ref.dtype)
-                col += size
-            lanes = lax.broadcasted_iota(jnp.int32, (be,), 0)
-
-            def tile(t):
-                e = start + t * be + lanes
-                ec = jnp.minimum(e, rows - 1)
-                eid = perm_ref[ec]
-                nid = gather_ref[ec]
-                mask = (e < end) & (nid < num_nodes)
-                ops = []
-                for k, r in enumerate(ins):
-                    if k == shared_arg:
-                        ops.append(r)
-                    elif k == node_arg:
-                        ops.append(Gather(r, jnp.minimum(nid, num_nodes - 1), mask))
-                    else:
-                        ops.append(Gather(r, eid, mask))
-                acc = Accumulate(out_ref)
-                body(*ops, acc)
-                return acc
-
-            # The loop carries the running sum of each store of the body in registers,
-            # unreduced: no cross-warp sum and no read-modify-write of the node's row per
-            # tile, one of each per node (``_Accumulate.write``); with step_sums one row each.
-            records, shapes = _body_stores(body, ins, shared_arg, be, out_ref)
-            step = (lambda v: jnp.sum(v, axis=0, keepdims=True)) if step_sums else (lambda v: v)
-            totals = lax.fori_loop(
-                0, (end - start + be - 1) // be,
-                lambda t, carry: tuple(c + step(v) for c, (_, _, v) in zip(carry, tile(t).records)),
-                tuple(jnp.zeros(((1,) + a.shape[1:]) if step_sums else a.shape, a.dtype) for a in shapes),
-            )
-            out = Accumulate(out_ref)
-            out.records = records
-            out.write(totals)
+            segment(body, col0, width, pl.program_id(0), rowptr_ref, perm_ref, gather_ref, ins, out_ref)
 
         kernel.__name__ = body.__name__
         return kernel
 
     operands = (rowptr, perm, gather, *args)
+    if (SEGMENT_PARTS if parts is None else parts) and len(kernels) > 1:
+        def kernel(rowptr_ref, perm_ref, gather_ref, *refs):
+            *ins, out_ref = refs
+            i = pl.program_id(0)
+            branches = [functools.partial(segment, body, col0, width, i, rowptr_ref, perm_ref, gather_ref, ins,
+                                          out_ref) for body, col0, width in kernels]
+            lax.switch(pl.program_id(1), branches)
+
+        call = pl.pallas_call(
+            kernel,
+            out_shape=out_struct((num_nodes, out_width), args[0].dtype, operands),
+            grid=(num_nodes, len(kernels)),
+            in_specs=[_full_spec(a) for a in operands],
+            out_specs=pl.BlockSpec((1, out_width), lambda i, p: (i, 0)),
+            interpret=interpret,
+            compiler_params=compiler_params(interpret, num_warps),
+            name=f"{name}_conv{kernels[0][0].__name__}_parts{len(kernels)}",
+        )
+        return run(call, interpret, *operands)
+
     out_spec = pl.BlockSpec((1, out_width), lambda i: (i, 0))
 
     def call(body, col0, width):
