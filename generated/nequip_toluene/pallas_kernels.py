@@ -10797,6 +10797,8 @@ CONV_FLOAT64_BWD_FUSED_KERNELS = (
     (_conv_float64_bwd_fused_kernel_4, 320, 384),
     (_conv_float64_bwd_fused_kernel_5, 320, 384),
 )
+# None, or per x1 block the (first column, width) ranges of the concatenated dF/dx1 messages
+# that add up to it (a block's paths split over kernels)
 CONV_FLOAT64_FUSED_GX1_SEGMENTS = None
 
 # conv_radial (jax_ops.conv_radial) has no kernels of its own (pallas_radial_materialize = 1):
