@@ -42,14 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="the dtype to time (default float32); on a spec of both dtypes the candidates set that "
                         "dtype's own keys (block_b_float64, num_warps_float64, num_stages_float64, "
-                        "pallas_block_batch_float64), so the other dtype's kernels keep theirs")
+                        "pallas_block_batch_float64, pallas_segment_edges_float64, pallas_conv_max_terms_float64), "
+                        "so the other dtype's kernels keep theirs")
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
                    help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 "
                         "block_c=32,64,128 for the Helion ops, pallas_block_batch=1,2,4,8,16,32,64 pallas_num_warps=2,4,8 "
-                        "for pallas, and pallas_unroll=1,2,4 where its kernels loop over a channel (uvw products); pallas_* keys tune the pallas op only, the others the Helion ops only)")
+                        "for pallas, and pallas_unroll=1,2,4 where its kernels loop over a channel (uvw products); "
+                        "pallas_segment_edges=1,2,4,8 pallas_conv_max_terms=48,72,140,1200 for pallas_conv; "
+                        "pallas_segment_edges, pallas_conv_max_terms, pallas_conv_fused_max_terms and pallas_conv_fuse_bwd "
+                        "tune pallas_conv only, the other pallas_* keys pallas only, the rest the Helion ops only)")
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="kernel ops to tune (default fwd,bwd_x1,bwd_x2,bwd_w, and bwd where the product has a fused backward (per-row weights, uvu or uvw paths, one-channel x2 blocks); "
-                        "and pallas (the JAX kernels, forward + backward) where jax sees a GPU; "
+                        "and pallas (the JAX kernels, forward + backward) where jax sees a GPU, with pallas_conv (the JAX "
+                        "conv, forward + backward on a graph of BATCH edges) for a conv spec; "
                         "conv specs also conv_fwd,conv_bwd_x,conv_bwd_y,conv_bwd_w)")
     p.add_argument("--workers", type=int, default=None, help="compiling processes (default: CPUs - 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one job (generate, compile, time) may take (default 900)")

@@ -2,6 +2,7 @@
 the GPU worker that reads each candidate's generated kernels (the GPU timing itself runs on
 the device machine only)."""
 
+import itertools
 import re
 from pathlib import Path
 
@@ -327,3 +328,68 @@ def test_helion_ops_tune_a_dtype_apart_where_the_spec_has_several(tmp_path):
                     run_worker=worker, require_cuda=False, report=lambda _: None)
     assert table == (("fwd.block_b_float64", 2),)
     assert load_spec(spec)[0].tuning == table and "block_b_float64 = 2" in spec.read_text()
+
+
+def test_pallas_conv_op_tunes_the_conv_keys_per_dtype(tmp_path):
+    """``pallas_conv`` (conv specs): candidates over the keys that shape only the JAX conv's
+    kernels, edges per segment step jointly with CG terms per conv kernel; the ``pallas`` op
+    keeps the other ``pallas_*`` keys. Candidates whose generated Pallas source is the same
+    (a term budget that splits nothing further) are timed once; a float64 tune of a
+    two-dtype spec writes the float64 keys only."""
+    from eqdsl.backends.pallas.assemble import render_files
+    from eqdsl.lower import lower
+    from eqdsl.tune import PALLAS_CONV_GRID, PALLAS_GRID, op_grid
+
+    grid = {"pallas_block_batch": (4,), "pallas_segment_edges_float64": (2, 4), "pallas_conv_max_terms": (8,),
+            "block_b": (8,)}
+    assert op_grid(grid, "pallas") == {"pallas_block_batch": (4,)}
+    assert op_grid(grid, "pallas_conv") == {"pallas_segment_edges_float64": (2, 4), "pallas_conv_max_terms": (8,)}
+    assert op_grid(grid, "fwd") == {"block_b": (8,)}
+    assert op_grid(None, "pallas_conv") == PALLAS_CONV_GRID and op_grid({"pallas_block_batch": (4,)}, "pallas_conv") == \
+        PALLAS_CONV_GRID and op_grid({"pallas_segment_edges": (4,)}, "pallas") == PALLAS_GRID
+    spec = tmp_path / "tune_conv.toml"
+    spec.write_text(SPEC.replace("tune_demo", "tune_conv") + 'dtypes = ["float32", "float64"]\nconv = true\n')
+    sp = load_spec(spec)[0]
+    ir = lower(sp)
+    g = for_dtype({"pallas_segment_edges": (1, 4), "pallas_conv_max_terms": (4, 8, 600, 1200)}, "pallas_conv",
+                  "float64", sp.dtypes, sp.tuning)
+    assert g == {"pallas_segment_edges_float64": (1, 4), "pallas_conv_max_terms_float64": (4, 8, 600, 1200)}
+    cands = candidates(g, sp.tuning, "pallas_conv", ir)
+    sources = [tuple(sorted(render_files(ir, "", tuning=override(sp.tuning, "pallas_conv", c)).items())) for c in cands]
+    assert len(set(sources)) == len(sources)  # each candidate other kernels ...
+    every = [override(sp.tuning, "pallas_conv", tuple(zip(sorted(g), v))) for v in itertools.product(*(g[k] for k in sorted(g)))]
+    assert {tuple(sorted(render_files(ir, "", tuning=t).items())) for t in every} <= set(sources)  # ... and none lost
+    assert len(cands) < 1 + len(every)  # 600 and 1200 terms split this small product alike
+
+    def worker(spec_file, package_dir, op, batch, dtype, timeout):
+        t = dict(load_spec(spec_file)[0].tuning)
+        assert op == "pallas_conv" and dtype == "float64" and not any(k.endswith("float32") for k in t)
+        return {"us": 100.0 / t.get("pallas_segment_edges_float64", 1) + t.get("pallas_conv_max_terms_float64", 0) / 100}
+
+    table, results = tune(spec, grid={"pallas_segment_edges": (1, 4), "pallas_conv_max_terms": (4, 1200)},
+                          ops=("pallas_conv",), dtype="float64", workers=2, write=True, out_dir=tmp_path / "gen",
+                          run_worker=worker, require_cuda=False, report=lambda _: None)
+    assert dict(table) == {"pallas_segment_edges_float64": 4, "pallas_conv_max_terms_float64": 4}
+    assert load_spec(spec)[0].tuning == table
+    pallas = (tmp_path / "gen" / "tune_conv" / "pallas_kernels.py").read_text()
+    assert 'SEGMENT_EDGES_BY_DTYPE = {"float64": 4}' in pallas and "CONV_FLOAT64_FWD_KERNELS" in pallas
+    with pytest.raises(TuneError, match="conv ops need conv = true"):
+        tune(_plain(tmp_path), ops=("pallas_conv",), run_worker=worker, require_cuda=False)
+
+
+def _plain(tmp_path):
+    p = tmp_path / "plain.toml"
+    p.write_text(SPEC)
+    return p
+
+
+def test_pallas_conv_measure_runs_the_jitted_conv(tmp_path):
+    """The ``pallas_conv`` worker's timing path on the CPU (Pallas interpret mode, a graph of
+    128 edges on 2 nodes): generates the candidate's package, jits the conv's forward + VJP,
+    returns a positive median."""
+    pytest.importorskip("jax")
+    from eqdsl.tune import measure
+
+    spec = tmp_path / "tune_conv_cpu.toml"
+    spec.write_text(SPEC.replace("tune_demo", "tune_conv_cpu") + "conv = true\n")
+    assert measure(str(spec), str(tmp_path / "pkg"), "pallas_conv", 128, "float32", str(tmp_path / "lock")) > 0

@@ -25,13 +25,17 @@ asked for in ``grid``), so a candidate sets those (default grid ``PALLAS_GRID``,
 time is that of the jitted forward and backward together (``jax.vjp`` of
 ``tensor_product``, what training runs): the median over groups of calls ended by
 ``block_until_ready``, wall clock. The JAX conv's per-edge kernels take the same
-``pallas_block_batch``, so they follow the choice made on the plain product (not timed on
-a graph); its segment kernels' ``pallas_segment_edges`` is not tuned here
-(``benchmarks/tools/gpu_jax_conv_blocks.py`` times it on graphs). The grid's ``pallas_*``
-keys apply to the ``pallas`` op only, the others to the Helion ops only; an op none of whose
-keys the grid names gets its default grid. A tune times one dtype (``dtype``): for a spec of
-both dtypes, the ``pallas`` candidates set that dtype's own block keys
-(``pallas_block_batch_<dtype>``, ``grid.for_dtype``), so the other dtype's kernels keep
+``pallas_block_batch``, so they follow the choice made on the plain product. A conv spec
+adds the op ``pallas_conv`` (``PALLAS_CONV_OPS``): the keys that shape only the JAX conv's
+kernels (``grid.PALLAS_CONV_KEYS``), by default edges per step of its segment kernels
+(``pallas_segment_edges``) jointly with CG terms per conv kernel (``pallas_conv_max_terms``;
+``PALLAS_CONV_GRID``: the best of one moves with the other), timed as the jitted ``conv``
+forward and backward (``jax.vjp``) on a random graph of ``batch`` edges and ``batch // 64``
+nodes. The grid's ``PALLAS_CONV_KEYS`` apply to ``pallas_conv`` only, its other ``pallas_*``
+keys to ``pallas`` only, the rest to the Helion ops only; an op none of whose keys the grid
+names gets its default grid. A tune times one dtype (``dtype``): for a spec of
+both dtypes, the Pallas candidates set that dtype's own keys (``pallas_block_batch_<dtype>``,
+``pallas_segment_edges_<dtype>``, ``pallas_conv_max_terms_<dtype>``; ``grid.for_dtype``), so the other dtype's kernels keep
 theirs (``pallas_num_warps`` has no per-dtype key and is shared).
 
 With ``write``, the winners replace the values of the spec's tuning sections in place
@@ -57,7 +61,8 @@ Modules, one job each:
 from __future__ import annotations
 
 from .grid import (
-    CONV_OPS, DEFAULT_GRID, FUSED_CONV_OPS, FUSED_OPS, PALLAS_GRID, PALLAS_OPS, PALLAS_UNROLL, TP_OPS, TuneError, candidates,
+    CONV_OPS, DEFAULT_GRID, FUSED_CONV_OPS, FUSED_OPS, PALLAS_CONV_GRID, PALLAS_CONV_OPS, PALLAS_GRID, PALLAS_OPS,
+    PALLAS_UNROLL, TP_OPS, TuneError, candidates,
     for_dtype, op_grid, override, parse_grid,
 )
 from .report import format_results
@@ -66,7 +71,8 @@ from .spec_text import tuning_sections, with_tuning
 from .timing import LOCK, cuda_median_us, jax_median_us, measure
 
 __all__ = [
-    "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "PALLAS_UNROLL", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS", "CONV_OPS", "PALLAS_OPS",
+    "TuneError", "DEFAULT_GRID", "PALLAS_GRID", "PALLAS_UNROLL", "PALLAS_CONV_GRID", "TP_OPS", "FUSED_OPS", "FUSED_CONV_OPS",
+    "CONV_OPS", "PALLAS_OPS", "PALLAS_CONV_OPS",
     "parse_grid", "op_grid", "for_dtype", "candidates", "override", "tuning_sections", "with_tuning", "tune", "format_results",
     "measure", "cuda_median_us", "jax_median_us", "LOCK",
 ]

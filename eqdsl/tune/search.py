@@ -11,7 +11,8 @@ from pathlib import Path
 from ..spec import TensorProductSpec, parse_spec
 from .choose import label, winner
 from .grid import (
-    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError, candidates,
+    ALL_OPS, CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_CONV_OPS, PALLAS_OPS, TP_OPS, Candidate, Pairs, TuneError,
+    candidates,
     for_dtype, op_grid, override,
 )
 from .report import Progress
@@ -45,7 +46,7 @@ def tune(
         dtype: one of the spec's ``dtypes``.
         grid: parameter values to try (``grid.parse_grid``); ``None``: each op's default grid.
         ops: the ops to tune; ``None``: ``TP_OPS``, ``bwd`` where the product has the fused
-            backward, and ``pallas`` where jax sees a GPU.
+            backward, and where jax sees a GPU ``pallas`` and, for a conv spec, ``pallas_conv``.
         workers: jobs run at once (default: CPU cores - 1).
         write: put the result into the spec file (``spec_text.with_tuning``) and regenerate.
         timeout: seconds per job.
@@ -70,21 +71,23 @@ def tune(
         raise TuneError(f"{spec_path}: dtype {dtype} is not in the spec's dtypes {list(spec.dtypes)}")
     fused = _has_fused_bwd(spec)
     if ops is None:
-        ops = TP_OPS + (FUSED_OPS if fused else ()) + (PALLAS_OPS if require_cuda and _jax_gpu() else ())
+        jax_ops = PALLAS_OPS if spec.conv else tuple(op for op in PALLAS_OPS if op not in PALLAS_CONV_OPS)
+        ops = TP_OPS + (FUSED_OPS if fused else ()) + (jax_ops if require_cuda and _jax_gpu() else ())
     bad = [op for op in ops if op not in ALL_OPS
-           or (op in CONV_OPS and not spec.conv) or (op in FUSED_OPS and not fused)
+           or (op in CONV_OPS + PALLAS_CONV_OPS and not spec.conv) or (op in FUSED_OPS and not fused)
            or (op in FUSED_CONV_OPS and not _has_fused_bwd(spec, op))]
     if bad or not ops:
         raise TuneError(f"ops {', '.join(bad) or '(none)'}: expected some of {', '.join(TP_OPS)}"
                         f"{', ' + ', '.join(FUSED_OPS) if fused else ' (bwd: this product has no fused backward)'}"
-                        f"{', ' + ', '.join(CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}"
-                        f", {', '.join(PALLAS_OPS)} (the JAX kernels)")
+                        f"{', ' + ', '.join(CONV_OPS + PALLAS_CONV_OPS) if spec.conv else ' (conv ops need conv = true)'}"
+                        f", {PALLAS_OPS[0]} (the JAX kernels)")
     if require_cuda:
         _require_gpus(ops)
     loops = PALLAS_OPS[0] in ops and _has_channel_loops(spec)
+    ir = _lowered(spec) if any(op in PALLAS_CONV_OPS for op in ops) else None
     jobs = [(op, cand) for op in ops
             for cand in candidates(for_dtype(op_grid(grid, op, loops), op, dtype, spec.dtypes, spec.tuning),
-                                   spec.tuning, op)]
+                                   spec.tuning, op, ir)]
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     results: dict[str, list[tuple[Candidate, dict]]] = {op: [] for op in ops}
     with tempfile.TemporaryDirectory(prefix="eqdsl_tune_") as scratch, Progress(len(jobs), report) as progress:
@@ -116,6 +119,12 @@ def tune(
     return table, results
 
 
+def _lowered(spec: TensorProductSpec):
+    from ..lower import lower
+
+    return lower(spec)
+
+
 def _jax_importable() -> bool:
     import importlib.util
 
@@ -144,7 +153,7 @@ def _require_gpus(ops: tuple[str, ...]) -> None:
         if not torch.cuda.is_available():
             raise TuneError("eqdsl tune needs a CUDA GPU (it times the compiled kernels); none is visible")
     if any(op in PALLAS_OPS for op in ops) and not _jax_gpu():
-        raise TuneError("eqdsl tune --ops pallas needs jax with a CUDA GPU (it times the Pallas kernels); "
+        raise TuneError("eqdsl tune --ops pallas / pallas_conv needs jax with a CUDA GPU (it times the Pallas kernels); "
                         + ("jax is not installed" if not _jax_importable() else "jax sees none"))
 
 

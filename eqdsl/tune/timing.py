@@ -2,8 +2,9 @@
 
 ``measure`` compiles first, outside the machine-wide GPU lock (``LOCK``), and times while
 holding it, so that the workers compile side by side while exactly one job uses the GPU.
-Torch ops are timed with CUDA events; the ``pallas`` op (jitted forward + backward of the
-JAX function) by wall clock around ``block_until_ready`` (JAX has no CUDA events).
+Torch ops are timed with CUDA events; the Pallas ops (jitted forward + backward of the JAX
+``tensor_product``, or of ``conv`` for ``pallas_conv``) by wall clock around
+``block_until_ready`` (JAX has no CUDA events).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .grid import CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_OPS, TP_OPS
+from .grid import CONV_OPS, FUSED_CONV_OPS, FUSED_OPS, PALLAS_CONV_OPS, PALLAS_OPS, TP_OPS
 
 __all__ = ["LOCK", "WARMUP_CALLS", "TIMED_CALLS", "measure", "cuda_median_us", "jax_median_us"]
 
@@ -76,6 +77,34 @@ def _jax_call(jax_ops, batch: int, dtype: str):
     return lambda: fwd_bwd(x1, x2, w, g)
 
 
+def _jax_conv_call(jax_ops, batch: int, dtype: str):
+    """A no-argument call of the jitted forward + backward (``jax.vjp`` of ``conv`` with respect
+    to the node features, edge attributes and weights) on a random graph of ``batch`` edges
+    and ``batch // 64`` nodes (as the Helion conv ops), returning the output and the gradients."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)
+    dt = jnp.dtype(dtype)
+    nodes = max(1, batch // 64)
+
+    def rand(key, *shape):
+        return jax.random.normal(key, shape, dt)
+
+    x, y = rand(keys[0], nodes, jax_ops.DIM_IN1), rand(keys[1], batch, jax_ops.DIM_IN2)
+    w = rand(keys[2], jax_ops.WEIGHT_NUMEL) if jax_ops.SHARED_WEIGHTS else rand(keys[2], batch, jax_ops.WEIGHT_NUMEL)
+    g = rand(keys[3], nodes, jax_ops.DIM_OUT)
+    src = jax.random.randint(keys[4], (batch,), 0, nodes)
+    dst = jax.random.randint(keys[5], (batch,), 0, nodes)
+
+    @jax.jit
+    def fwd_bwd(x, y, w, g, src, dst):
+        out, vjp = jax.vjp(lambda a, b, c: jax_ops.conv(a, b, c, src, dst, nodes, check=False), x, y, w)
+        return out, vjp(g)
+
+    return lambda: fwd_bwd(x, y, w, g, src, dst)
+
+
 def jax_median_us(call, warmup: int, groups: int, per_group: int) -> float:
     """Median microseconds per call of ``call()`` over ``groups`` groups of ``per_group`` calls,
     each group ended by ``block_until_ready`` (wall clock: JAX has no CUDA events)."""
@@ -121,9 +150,10 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
     Args:
         spec_file: the candidate's spec (one ``[[tensor_product]]``).
         package_dir: an empty directory for the generated package.
-        op: one of ``grid.ALL_OPS``; the Helion ops run on CUDA torch tensors, ``pallas`` on jax's
-            default device.
-        batch: rows (edges for the conv ops, on a random graph of ``batch // 64`` nodes).
+        op: one of ``grid.ALL_OPS``; the Helion ops run on CUDA torch tensors, the Pallas ops on
+            jax's default device.
+        batch: rows (edges for the conv ops and ``pallas_conv``, on a random graph of
+            ``batch // 64`` nodes).
         dtype: ``"float32"`` or ``"float64"``.
         lock: the GPU lock's path (``LOCK`` in ``eqdsl tune``).
 
@@ -140,7 +170,8 @@ def measure(spec_file: str, package_dir: str, op: str, batch: int, dtype: str, l
     name = next(iter(files)).split("/")[0]
     sys.path.insert(0, package_dir)
     if op in PALLAS_OPS:
-        call = _jax_call(importlib.import_module(f"{name}.jax_ops"), batch, dtype)
+        make = _jax_conv_call if op in PALLAS_CONV_OPS else _jax_call
+        call = make(importlib.import_module(f"{name}.jax_ops"), batch, dtype)
         call()  # compiles
 
         def timed() -> float:
