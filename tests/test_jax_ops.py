@@ -156,6 +156,17 @@ MIXED = dict(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_interpret_compiles():
+    """On the CPU, XLA compiling the interpret-mode kernels dominates the time: most XLA
+    optimizations off while this module runs (as in test_jax_grads; the same ops, unfused).
+    A GPU keeps them (its tests time and check the compiled kernels)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", not _on_gpu())
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("jaxgen")
