@@ -43,6 +43,16 @@ def _spec(name):
     return spec
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_interpret_compiles():
+    """XLA compiling the interpret-mode kernels dominates the time: most XLA optimizations off
+    while this module runs (as in test_jax_grads; the same ops, unfused)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture(scope="module")
 def x64():
     old = jax.config.jax_enable_x64  # other files of the same process may have set it
