@@ -38,6 +38,22 @@ N_ATOMS, N_BASIS = 4, 4
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_interpret_compiles():
+    """The JAX tests: on the CPU, XLA compiling the interpret-mode kernels dominates their time;
+    most XLA optimizations off while this module runs (as in test_jax_grads; the same ops,
+    unfused). A GPU keeps them."""
+    try:
+        import jax
+    except ImportError:  # a torch-only environment
+        yield
+        return
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", jax.default_backend() == "cpu")
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture(scope="module", params=["mul_ir", "ir_mul"])
 def pkg(request, tmp_path_factory):
     name = f"forces_{request.param}"
