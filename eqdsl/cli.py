@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="the dtype to time (default float32); on a spec of both dtypes the candidates set that "
                         "dtype's own keys (block_b_float64, num_warps_float64, num_stages_float64, "
-                        "pallas_block_batch_float64, pallas_segment_edges_float64, pallas_conv_max_terms_float64), "
+                        "pallas_block_batch_float64, pallas_num_warps_float64, pallas_segment_edges_float64, "
+                        "pallas_conv_max_terms_float64), "
                         "so the other dtype's kernels keep theirs")
     p.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2",
                    help="a tuning key and its values to try (repeatable; default num_warps=4,8 block_b=2,4,8,16 "

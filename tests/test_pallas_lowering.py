@@ -15,6 +15,8 @@ which only a GPU run shows.
 
 from __future__ import annotations
 
+import re
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -196,3 +198,28 @@ def test_conv_kernel_families_per_dtype_lower_for_cuda(tmp_path_factory):
                       S((edges, ops.WEIGHT_NUMEL), dtype), idx, idx)
         assert ("_conv_float64_fwd_kernel_" in text) == family, dtype
         assert ("_parts" in text) == family, dtype
+
+
+def test_num_warps_per_dtype_lower_for_cuda(tmp_path_factory):
+    """``pallas_num_warps_float64 = 2``: every kernel a float64 call launches (plain product and
+    conv, forward and backward) is compiled with 2 warps, every float32 one with
+    ``pallas_num_warps`` (8 here)."""
+    text = spec_text("lower_dtype_warps", **MIXED) + ('conv = true\n[tensor_product.tuning]\npallas_num_warps = 8\n'
+                                                       'pallas_num_warps_float64 = 2\n')
+    ops = build(text, tmp_path_factory.mktemp("lower")).ops
+    nodes, edges = 16, B
+    idx = S((edges,), jnp.int32)
+    for dtype, warps in (("float64", 2), ("float32", 8)):
+        x1, x2, w, g = (S((B, ops.DIM_IN1), dtype), S((B, ops.DIM_IN2), dtype), S((B, ops.WEIGHT_NUMEL), dtype),
+                        S((B, ops.DIM_OUT), dtype))
+        x = S((nodes, ops.DIM_IN1), dtype)
+
+        def everything(a, b, c, d, xn, s, t):
+            tp = jax.vjp(lambda a, b, c: ops.tensor_product(a, b, c, interpret=False), a, b, c)[1](d)
+            e = lambda xn, b, c: jnp.sum(ops.conv(xn, b, c, s, t, nodes, interpret=False) ** 2)  # noqa: E731
+            return tp, jax.grad(e, argnums=(0, 1, 2))(xn, b, c)
+
+        lowered = _lower(everything, x1, x2, w, g, x, idx, idx)
+        found = re.findall(r"num_warps = (\d+) : i32", lowered)
+        assert len(found) == _kernel_calls(lowered) >= 4, dtype
+        assert set(found) == {str(warps)}, (dtype, set(found))

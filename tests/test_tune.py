@@ -285,7 +285,7 @@ def test_pallas_op_tunes_the_top_level_pallas_keys(tmp_path):
         pallas = (tmp_path / dtype / "gen" / "tune_demo" / "pallas_kernels.py").read_text()
         assert const in pallas
     assert for_dtype({"pallas_num_warps": (4,), "block_b": (8,)}, "pallas", "float64", ("float32", "float64")) == {
-        "pallas_num_warps": (4,), "block_b": (8,)}
+        "pallas_num_warps_float64": (4,), "block_b": (8,)}
     assert for_dtype({"pallas_block_batch": (8,)}, "fwd", "float64", ("float32", "float64")) == {"pallas_block_batch": (8,)}
     # one dtype: the shared key, unless the spec already sets the dtype's own (it would win over every candidate)
     assert for_dtype({"pallas_block_batch": (8,)}, "pallas", "float32", ("float32",)) == {"pallas_block_batch": (8,)}

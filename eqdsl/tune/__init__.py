@@ -35,8 +35,8 @@ nodes. The grid's ``PALLAS_CONV_KEYS`` apply to ``pallas_conv`` only, its other 
 keys to ``pallas`` only, the rest to the Helion ops only; an op none of whose keys the grid
 names gets its default grid. A tune times one dtype (``dtype``): for a spec of
 both dtypes, the Pallas candidates set that dtype's own keys (``pallas_block_batch_<dtype>``,
-``pallas_segment_edges_<dtype>``, ``pallas_conv_max_terms_<dtype>``; ``grid.for_dtype``), so the other dtype's kernels keep
-theirs (``pallas_num_warps`` has no per-dtype key and is shared).
+``pallas_segment_edges_<dtype>``, ``pallas_conv_max_terms_<dtype>``, ``pallas_num_warps_<dtype>``;
+``grid.for_dtype``), so the other dtype's kernels keep theirs.
 
 With ``write``, the winners replace the values of the spec's tuning sections in place
 (each Helion op's sub-table, the ``pallas_*`` keys of the top-level section; its other keys

@@ -40,8 +40,10 @@ NAME = "e3tools_conv"
 # (spec keys: [tensor_product.tuning] pallas_block_batch, pallas_num_warps).
 BLOCK_BATCH = 8
 NUM_WARPS = 4
-# BLOCK_BATCH of one dtype's calls (spec keys pallas_block_batch_<dtype>).
+# BLOCK_BATCH / NUM_WARPS of one dtype's calls (spec keys pallas_block_batch_<dtype>,
+# pallas_num_warps_<dtype>).
 BLOCK_BATCH_BY_DTYPE = {"float64": 4}
+NUM_WARPS_BY_DTYPE = {}
 # Widths of the kernel operands: the spec's rows, and the weights (one zero column when
 # no path is weighted; one row if shared).
 IDIM_IN1 = 112
@@ -1218,9 +1220,9 @@ def backward_w(x1, x2, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = F
     sums, then one sum: deterministic, no atomics). Zeros if no path is weighted."""
     if SHARED_WEIGHTS:
         return rt.launch_weight_sum(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL,
-                                    block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+                                    block_batch=block_batch, interpret=interpret, num_warps=num_warps(x1.dtype))
     return rt.launch_rows(NAME, BWD_W_KERNELS, (x1, x2, g), out_width=IWEIGHT_NUMEL, shared_arg=None,
-                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+                          block_batch=block_batch, interpret=interpret, num_warps=num_warps(x1.dtype))
 
 
 def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):
@@ -1232,7 +1234,7 @@ def backward_fused(x1, x2, w, g, *, block_batch: int = BLOCK_BATCH, interpret: b
     return rt.launch_fused(NAME, BWD_FUSED_KERNELS, (x1, x2, w, g), dim_in2=IDIM_IN2,
                            weight_numel=IWEIGHT_NUMEL, gx1_segments=FUSED_GX1_SEGMENTS,
                            block_batch=block_batch, interpret=interpret,
-                           num_warps=NUM_WARPS)
+                           num_warps=num_warps(x1.dtype))
 
 
 # Every path is weighted: the weighted part of F is all of it.
@@ -1243,4 +1245,9 @@ backward_x2_weighted = backward_x2
 
 def _rows(kernels, width, args, block_batch, interpret):
     return rt.launch_rows(NAME, kernels, args, out_width=width, shared_arg=2 if SHARED_WEIGHTS else None,
-                          block_batch=block_batch, interpret=interpret, num_warps=NUM_WARPS)
+                          block_batch=block_batch, interpret=interpret, num_warps=num_warps(args[0].dtype))
+
+
+def num_warps(dtype) -> int:
+    """Triton warps per program of the kernels launched on operands of ``dtype``."""
+    return NUM_WARPS_BY_DTYPE.get(jnp.dtype(dtype).name, NUM_WARPS)

@@ -164,6 +164,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "tiles": ", ".join(tiles),
         "block_batch": block_batch,
         "num_warps": t.num_warps,
+        "num_warps_by_dtype": _dict_literal(t.num_warps_by_dtype),
         "segment_edges": t.segment_edges,
         "block_batch_by_dtype": _dict_literal(t.block_batch_by_dtype),
         "segment_edges_by_dtype": _dict_literal(t.segment_edges_by_dtype),

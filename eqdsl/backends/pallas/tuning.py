@@ -27,7 +27,8 @@ DEFAULT_NUM_WARPS = 4
 DEFAULT_SEGMENT_EDGES = 2
 # dtypes a per-dtype key may name, and those keys: ``pallas_block_batch_float64`` -> ``float64``
 DTYPES = ("float32", "float64")
-DTYPE_KEYS = {f"{key}_{dtype}": dtype for key in ("pallas_block_batch", "pallas_segment_edges", "pallas_conv_max_terms")
+DTYPE_KEYS = {f"{key}_{dtype}": dtype
+              for key in ("pallas_block_batch", "pallas_segment_edges", "pallas_conv_max_terms", "pallas_num_warps")
               for dtype in DTYPES}
 
 
@@ -100,6 +101,8 @@ class PallasTuning:
     ``block_batch`` / ``segment_edges`` for that dtype's calls. ``conv_max_terms_by_dtype``:
     the ``pallas_conv_max_terms_<dtype>`` keys, each a conv kernel family of that dtype's own
     (split within that many CG terms per kernel) in place of the conv's for that dtype.
+    ``num_warps_by_dtype``: the ``pallas_num_warps_<dtype>`` keys, Triton warps per program of
+    every kernel that dtype's calls launch, in place of ``num_warps``.
     """
 
     block_batch: int | None = None
@@ -117,6 +120,7 @@ class PallasTuning:
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
     segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
     conv_max_terms_by_dtype: tuple[tuple[str, int], ...] = ()
+    num_warps_by_dtype: tuple[tuple[str, int], ...] = ()
 
 
 def tuning_of(pairs=()) -> PallasTuning:
@@ -163,6 +167,10 @@ def tuning_of(pairs=()) -> PallasTuning:
         # terms per kernel), float32's are fastest split in two (1,201 / 984 at 140 terms /
         # 1,117 at 48)
         conv_max_terms_by_dtype=_by_dtype(v, "pallas_conv_max_terms"),
+        # per-dtype warps (H200, 2026-11-28, nequip_toluene's JAX conv, bulk Si, fwd / fwd+bwd):
+        # float64 at 2 edges per step ran 2,796 / 6,515 us with 4 warps, 1,974 / 5,877 with 2;
+        # float32 1,185 / 3,066 with 2 against 970 / 2,901 with 4
+        num_warps_by_dtype=_by_dtype(v, "pallas_num_warps"),
     )
 
 

@@ -89,7 +89,8 @@ class TensorProductFunctions:
         kernels: the generated ``pallas_kernels`` module (``forward``, ``backward_x1``,
             ``backward_x2``, ``backward_w``: launchers ``f(a, b, c, *, block_batch,
             interpret)``; ``NAME``, ``NUM_WARPS``, ``BLOCK_BATCH``, ``SEGMENT_EDGES``,
-            ``BLOCK_BATCH_BY_DTYPE``, ``SEGMENT_EDGES_BY_DTYPE`` (the defaults of one dtype),
+            ``BLOCK_BATCH_BY_DTYPE``, ``SEGMENT_EDGES_BY_DTYPE``, ``NUM_WARPS_BY_DTYPE`` (the defaults
+            of one dtype),
             ``IDIM_IN1``, ``IDIM_IN2``, ``IDIM_OUT``, ``IWEIGHT_NUMEL``).
         dim_in1, dim_in2, dim_out, weight_numel: row widths of ``x1``, ``x2``, the output,
             the weights (e3nn's order, the spec's layout).
@@ -193,6 +194,12 @@ class TensorProductFunctions:
         """The module's default rows (edges) per program for ``dtype``."""
         return self.kernels.BLOCK_BATCH_BY_DTYPE.get(jnp.dtype(dtype).name, self.kernels.BLOCK_BATCH)
 
+    def _num_warps(self, dtype) -> int:
+        """The module's Triton warps per program for ``dtype``'s calls (``NUM_WARPS_BY_DTYPE``,
+        absent from modules generated before it: they have ``NUM_WARPS`` only)."""
+        k = self.kernels
+        return getattr(k, "NUM_WARPS_BY_DTYPE", {}).get(jnp.dtype(dtype).name, k.NUM_WARPS)
+
     def _segment_edges(self, dtype) -> int:
         """The module's default edges per loop step of the conv's segment kernels for ``dtype``."""
         return self.kernels.SEGMENT_EDGES_BY_DTYPE.get(jnp.dtype(dtype).name, self.kernels.SEGMENT_EDGES)
@@ -231,20 +238,20 @@ class TensorProductFunctions:
                                    shared_arg=shared,
                                    perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
                                    num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
-                                   interpret=interpret, num_warps=k.NUM_WARPS)
+                                   interpret=interpret, num_warps=self._num_warps(a.dtype))
 
         def backward_x1(g, b, c, graph, *, block_batch, interpret):
             return launch.launch_segments(k.NAME, sets(self._conv_for(g.dtype))[1], (g, b, c), node_arg=0,
                                    shared_arg=shared,
                                    perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
                                    num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
-                                   interpret=interpret, num_warps=k.NUM_WARPS)
+                                   interpret=interpret, num_warps=self._num_warps(g.dtype))
 
         def backward_x2(a, g, c, graph, *, block_batch, interpret):
             return launch.launch_edges(k.NAME, sets(self._conv_for(a.dtype))[2], (a, g, c),
                                 gathers={0: graph.src, 1: graph.dst},
                                 shared_arg=shared, shared_out=False, num_nodes=a.shape[0], out_width=k.IDIM_IN2,
-                                block_edges=block_batch[0], interpret=interpret, num_warps=k.NUM_WARPS)
+                                block_edges=block_batch[0], interpret=interpret, num_warps=self._num_warps(a.dtype))
 
         return forward, backward_x1, backward_x2
 
@@ -254,7 +261,7 @@ class TensorProductFunctions:
                             gathers={0: graph.src, 2: graph.dst},
                             shared_arg=None, shared_out=self.shared_weights, num_nodes=a.shape[0],
                             out_width=k.IWEIGHT_NUMEL, block_edges=block_batch[0], interpret=interpret,
-                            num_warps=k.NUM_WARPS)
+                            num_warps=self._num_warps(a.dtype))
 
     def _conv_backward_fused(self, a, b, c, g, graph, *, block_batch, interpret):
         # the three gradients with one gather of G per edge (launch.conv_backward_fused)
@@ -262,7 +269,7 @@ class TensorProductFunctions:
         return launch.conv_backward_fused(k.NAME, ck.backward_fused_kernels, (a, b, c, g), graph, num_nodes=a.shape[0],
                                    dim_in2=k.IDIM_IN2, weight_numel=k.IWEIGHT_NUMEL, gx1_segments=ck.gx1_segments,
                                    block_edges=block_batch[0], segment_edges=block_batch[1], interpret=interpret,
-                                   num_warps=k.NUM_WARPS)
+                                   num_warps=self._num_warps(a.dtype))
 
     def conv(self, node_features, edge_attr, weights, src, dst, num_nodes: int, *, check: bool = True,
              interpret: bool | None = None, block_edges: int | None = None, segment_edges: int | None = None):
@@ -296,20 +303,20 @@ class TensorProductFunctions:
             return launch.launch_segments(k.NAME, r.fwd, (a, b, rf, wr), node_arg=0, shared_arg=3,
                                           perm=graph.perm_dst, rowptr=graph.rowptr_dst, gather=graph.gather_dst,
                                           num_nodes=a.shape[0], out_width=k.IDIM_OUT, block_edges=block_batch[1],
-                                          interpret=interpret, num_warps=k.NUM_WARPS,
+                                          interpret=interpret, num_warps=self._num_warps(a.dtype),
                                           step_sums=block_batch[1] >= DOT_MIN)
 
         def backward_x1(g, b, rf, wr, graph, *, block_batch, interpret):
             return launch.launch_segments(k.NAME, r.bwd_x1, (g, b, rf, wr), node_arg=0, shared_arg=3,
                                           perm=graph.perm_src, rowptr=graph.rowptr_src, gather=graph.gather_src,
                                           num_nodes=g.shape[0], out_width=k.IDIM_IN1, block_edges=block_batch[1],
-                                          interpret=interpret, num_warps=k.NUM_WARPS,
+                                          interpret=interpret, num_warps=self._num_warps(g.dtype),
                                           step_sums=block_batch[1] >= DOT_MIN)
 
         def backward_x2(a, g, rf, wr, graph, *, block_batch, interpret):
             return launch.launch_edges(k.NAME, r.bwd_x2, (a, g, rf, wr), gathers={0: graph.src, 1: graph.dst},
                                        shared_arg=3, shared_out=False, num_nodes=a.shape[0], out_width=k.IDIM_IN2,
-                                       block_edges=block_batch[0], interpret=interpret, num_warps=k.NUM_WARPS)
+                                       block_edges=block_batch[0], interpret=interpret, num_warps=self._num_warps(a.dtype))
 
         return forward, backward_x1, backward_x2
 
@@ -318,7 +325,7 @@ class TensorProductFunctions:
         return launch.conv_backward_fused(k.NAME, r.backward_fused_kernels, (a, b, rf, wr, g), graph,
                                           num_nodes=a.shape[0], dim_in2=k.IDIM_IN2, weight_numel=k.IWEIGHT_NUMEL,
                                           gx1_segments=r.gx1_segments, block_edges=block_batch[0],
-                                          segment_edges=block_batch[1], interpret=interpret, num_warps=k.NUM_WARPS,
+                                          segment_edges=block_batch[1], interpret=interpret, num_warps=self._num_warps(a.dtype),
                                           step_sums=block_batch[1] >= DOT_MIN)
 
     def conv_radial(self, node_features, edge_attr, radial_features, radial_weight, src, dst, num_nodes: int, *,
