@@ -45,6 +45,22 @@ def _spec_text(name):
     return SPEC.format(name=name, layout=layout, reduce=reduce, deterministic=det, shared=shared)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_interpret_compiles():
+    """The JAX cases: on the CPU, XLA compiling the interpret-mode kernels dominates their
+    time; most XLA optimizations off while this module runs (as in test_jax_grads; the same
+    ops, unfused). A GPU keeps them."""
+    try:
+        import jax
+    except ImportError:  # a torch-only environment
+        yield
+        return
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", jax.default_backend() == "cpu")
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
     root = tmp_path_factory.mktemp("conv")
