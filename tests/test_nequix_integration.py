@@ -26,6 +26,17 @@ TOL = REL_TOL["float64"]  # the models in float64 (tests/tolerances.py)
 CUTOFF = 3.0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_interpret_compiles():
+    """On the CPU, XLA compiling the interpret-mode kernels (and the two models' gradients)
+    dominates the time: most XLA optimizations off while this module runs (as in
+    test_jax_grads; the same ops, unfused, for both models). A GPU keeps them."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", jax.default_backend() == "cpu")
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture(scope="module")
 def x64():
     old = (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
