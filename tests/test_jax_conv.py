@@ -116,8 +116,9 @@ def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
 
 def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
     """pallas_conv_max_terms_float64: float64 calls launch the float64 family (one kernel per
-    output group, its fused backward one per x1 block), float32 calls the plain product's
-    kernels; both dtypes agree with the oracle, forward and the three gradients."""
+    output group, its fused backward one per x1 block), float32 calls the conv's unsplit
+    family (its own: a mul_ir conv's kernels run on ir_mul rows); both dtypes agree with the
+    oracle, forward and the three gradients."""
     from eqdsl.runtime.jax import launch
 
     b = pkgs["dtype_split"]
@@ -133,14 +134,16 @@ def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
     n, e = 6, 19
     src, dst = graph(rng, n, e)
     s, d = jnp.asarray(src), jnp.asarray(dst)
-    for dtype, tol, prefix in ((np.float64, 1e-12, "_conv_float64_"), (np.float32, 1e-5, "_tp_")):
+    for dtype, tol, prefix in ((np.float64, 1e-12, "_conv_float64_"), (np.float32, 1e-5, "_conv_")):
         x, y, w = data(b.ir, rng, n, e, dtype)
         g = rng.standard_normal((n, b.ir.dim_out)).astype(dtype)
         launched.clear()
         out, pull = jax.vjp(lambda a, c, ww: b.ops.conv(a, c, ww, s, d, n, block_edges=BE, segment_edges=SE), x, y, w)
         got = pull(jnp.asarray(g))
         names = set().union(*launched)
-        assert names and all(nm.startswith(prefix) for nm in names - {"_segment_rows"}), (dtype, names)
+        names -= {"_segment_rows"}
+        assert names and all(nm.startswith(prefix) for nm in names), (dtype, names)
+        assert dtype == np.float64 or not any(nm.startswith("_conv_float64_") for nm in names), names
         x, y, w, g = (np.asarray(a, np.float64) for a in (x, y, w, g))
         assert rel_err(out, conv_reference(b.ir, x, y, w, src, dst, n)) <= tol
         for name, gv, want in zip(("x", "y", "w"), got, conv_vjp_reference(b.ir, x, y, w, src, dst, n, g)):
@@ -150,8 +153,10 @@ def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
 @pytest.mark.parametrize("kind", ["mixed_split", "channelwise_split"])
 def test_conv_kernel_set_as_one_launch_equals_the_series(pkgs, kind):
     """A conv kernel set of several kernels runs as one launch over a (node, kernel) grid
-    (launch.SEGMENT_PARTS): the same sums in the same order as one launch per kernel, bitwise."""
+    (launch.SEGMENT_PARTS): the same sums in the same order as one launch per kernel, bitwise.
+    The kernels of these mul_ir specs run on ir_mul rows (columns.ConvColumns)."""
     from eqdsl.runtime.jax import launch
+    from eqdsl.runtime.jax.columns import ConvColumns
     from eqdsl.runtime.jax.graph import conv_graph
 
     b = pkgs[kind]
@@ -162,12 +167,17 @@ def test_conv_kernel_set_as_one_launch_equals_the_series(pkgs, kind):
     src, dst = graph(rng, n, e)
     x, y, w = data(b.ir, rng, n, e)
     cg = conv_graph(jnp.asarray(src), jnp.asarray(dst), n, e, x.dtype)
-    runs = [launch.launch_segments(k.NAME, k.CONV_FWD_KERNELS, (jnp.asarray(x), jnp.asarray(y), jnp.asarray(w)),
+    cols = ConvColumns(None, None, None)  # ir_mul rows already
+    if b.ir.layout == "mul_ir":
+        cols = ConvColumns.of(*([(blk.mul, blk.dim) for blk in bs] for bs in (b.ir.in1, b.ir.in2, b.ir.out)))
+        assert cols.in1 is not None and cols.out is not None
+    xk, yk = cols.to_kernels(jnp.asarray(x), jnp.asarray(y))
+    runs = [launch.launch_segments(k.NAME, k.CONV_FWD_KERNELS, (xk, yk, jnp.asarray(w)),
                                    node_arg=0, shared_arg=None, perm=cg.perm_dst, rowptr=cg.rowptr_dst,
                                    gather=cg.gather_dst, num_nodes=n, out_width=k.IDIM_OUT, block_edges=SE,
                                    interpret=True, parts=parts) for parts in (True, False)]
     np.testing.assert_array_equal(np.asarray(runs[0]), np.asarray(runs[1]))
-    assert rel_err(runs[0], conv_reference(b.ir, x, y, w, src, dst, n)) <= 1e-12
+    assert rel_err(cols.from_kernels(runs[0]), conv_reference(b.ir, x, y, w, src, dst, n)) <= 1e-12
 
 
 def graph(rng, n, e):

@@ -6,5 +6,6 @@ imports ``eqdsl.codegen`` or ``eqdsl.backends``).
   ``TensorProductFunctions``);
 * ``triton_launch``: launching the shipped Triton code of the Helion kernels;
 * ``cubins``: installing prebuilt binaries into Triton's cache (``eqdsl build``);
-* ``versions``: the supported version ranges of torch, triton, helion, jax.
+* ``versions``: the supported version ranges of torch, triton, helion, jax;
+* ``layout``: ``mul_ir`` <-> ``ir_mul`` column orders (the convolutions' kernels run on ``ir_mul`` rows).
 """

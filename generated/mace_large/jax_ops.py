@@ -31,7 +31,10 @@ and its kernels (``pallas_kernels``).
 Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
 order in place: no conversion pass outside them (each ``mul_ir`` block with several
 channels and components is loaded as one contiguous tile and split into components on
-chip, docs/architecture.md "What layout costs").
+chip, docs/architecture.md "What layout costs"). The conv's kernels are the
+exception: they run on ``ir_mul`` rows, and ``conv`` / ``conv_radial`` permute the node
+features and their output (one gather of node rows each, differentiable), since a segment
+program would split each tile again at every loop step (eqdsl.runtime.jax.columns).
 
 Batch. Each kernel launch pads its rows up to a multiple of the batch block
 (``block_batch``, default 4; a copy of the operands unless the batch is a
@@ -148,13 +151,20 @@ _FUNCTIONS = TensorProductFunctions(
         backward_fused_kernels=_kernels.CONV_BWD_FUSED_KERNELS,
         gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS,
     ),
+    # (mul, 2l+1) per block of x1, x2, out: the conv's kernels run on ir_mul rows, conv and
+    # conv_radial permute the columns (eqdsl.runtime.jax.columns)
+    conv_blocks=(
+        ((128, 1), (128, 3), (128, 5)),  # x1
+        ((1, 1), (1, 3), (1, 5), (1, 7)),  # x2
+        ((128, 1), (128, 1), (128, 1), (128, 3), (128, 3), (128, 3), (128, 3), (128, 3), (128, 5), (128, 5), (128, 5), (128, 5), (128, 5), (128, 7), (128, 7), (128, 7), (128, 7)),  # out
+    ),
     radial=RadialKernels(features=RADIAL_FEATURES, materialize=True),
 )
 # The four kernels on spec-layout rows, differentiable to any order in reverse mode.
 KERNEL_OPS = _FUNCTIONS.kernel_ops
-# The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any order in reverse mode.
+# The four conv kernels on ir_mul rows and a ``ConvGraph``, differentiable to any order in reverse mode.
 CONV_OPS = _FUNCTIONS.conv_ops
-# conv_radial's kernels on spec-layout rows, radial features and weight, and a ``ConvGraph``
+# conv_radial's kernels on ir_mul rows, radial features and weight, and a ``ConvGraph``
 # (None where the package forms the weights with a matmul: pallas_radial_materialize).
 RADIAL_OPS = _FUNCTIONS.radial_ops
 

@@ -2716,7 +2716,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     # out block 1 (128x0e): 1 path(s)
     acc_1_0 = jnp.zeros((rows, 128), dtype)
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -2730,7 +2732,11 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
 
     # out block 2 (128x0e): 1 path(s)
     acc_2_0 = jnp.zeros((rows, 128), dtype)
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -2758,7 +2764,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_3_1 = rt.fma(w, acc_3_1_s, acc_3_1)
     acc_3_2_s = x2_1_2 * x1_0_0
     acc_3_2 = rt.fma(w, acc_3_2_s, acc_3_2)
-    rt.store_tile(out_ref, 384, [acc_3_0, acc_3_1, acc_3_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(384, 128)] = acc_3_0
+    out_ref[:, pl.ds(512, 128)] = acc_3_1
+    out_ref[:, pl.ds(640, 128)] = acc_3_2
 
     # out block 4 (128x1o): 1 path(s)
     acc_4_0 = jnp.zeros((rows, 128), dtype)
@@ -2772,7 +2780,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_4_1 = rt.fma(w, acc_4_1_s, acc_4_1)
     acc_4_2_s = x2_0_0 * x1_1_2
     acc_4_2 = rt.fma(w, acc_4_2_s, acc_4_2)
-    rt.store_tile(out_ref, 768, [acc_4_0, acc_4_1, acc_4_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(768, 128)] = acc_4_0
+    out_ref[:, pl.ds(896, 128)] = acc_4_1
+    out_ref[:, pl.ds(1024, 128)] = acc_4_2
 
     # out block 5 (128x1o): 1 path(s)
     acc_5_0 = jnp.zeros((rows, 128), dtype)
@@ -2796,7 +2806,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_5_2_s = rt.fma(0.5477225575051661 * x2_2_3, x1_1_1, acc_5_2_s)
     acc_5_2_s = rt.fma(nf2, x1_1_2, acc_5_2_s)
     acc_5_2 = rt.fma(w, acc_5_2_s, acc_5_2)
-    rt.store_tile(out_ref, 1152, [acc_5_0, acc_5_1, acc_5_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(1152, 128)] = acc_5_0
+    out_ref[:, pl.ds(1280, 128)] = acc_5_1
+    out_ref[:, pl.ds(1408, 128)] = acc_5_2
 
     # out block 6 (128x1o): 1 path(s)
     acc_6_0 = jnp.zeros((rows, 128), dtype)
@@ -2818,7 +2830,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_6_2_s = rt.fma(0.5477225575051661 * x2_1_1, x1_2_3, acc_6_2_s)
     acc_6_2_s = rt.fma(0.5477225575051661 * x2_1_2, x1_2_4, acc_6_2_s)
     acc_6_2 = rt.fma(w, acc_6_2_s, acc_6_2)
-    rt.store_tile(out_ref, 1536, [acc_6_0, acc_6_1, acc_6_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(1536, 128)] = acc_6_0
+    out_ref[:, pl.ds(1664, 128)] = acc_6_1
+    out_ref[:, pl.ds(1792, 128)] = acc_6_2
 
     # out block 7 (128x1o): 1 path(s)
     acc_7_0 = jnp.zeros((rows, 128), dtype)
@@ -2863,7 +2877,9 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_7_2_s = rt.fma(nf7, x1_2_3, acc_7_2_s)
     acc_7_2_s = rt.fma(nf8, x1_2_4, acc_7_2_s)
     acc_7_2 = rt.fma(w, acc_7_2_s, acc_7_2)
-    rt.store_tile(out_ref, 1920, [acc_7_0, acc_7_1, acc_7_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(1920, 128)] = acc_7_0
+    out_ref[:, pl.ds(2048, 128)] = acc_7_1
+    out_ref[:, pl.ds(2176, 128)] = acc_7_2
 
     # out block 8 (128x2e): 1 path(s)
     acc_8_0 = jnp.zeros((rows, 128), dtype)
@@ -2883,7 +2899,11 @@ def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
     acc_8_3 = rt.fma(w, acc_8_3_s, acc_8_3)
     acc_8_4_s = x2_2_4 * x1_0_0
     acc_8_4 = rt.fma(w, acc_8_4_s, acc_8_4)
-    rt.store_tile(out_ref, 2304, [acc_8_0, acc_8_1, acc_8_2, acc_8_3, acc_8_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(2304, 128)] = acc_8_0
+    out_ref[:, pl.ds(2432, 128)] = acc_8_1
+    out_ref[:, pl.ds(2560, 128)] = acc_8_2
+    out_ref[:, pl.ds(2688, 128)] = acc_8_3
+    out_ref[:, pl.ds(2816, 128)] = acc_8_4
 
 
 def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
@@ -2897,7 +2917,9 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_9_2 = jnp.zeros((rows, 128), dtype)
     acc_9_3 = jnp.zeros((rows, 128), dtype)
     acc_9_4 = jnp.zeros((rows, 128), dtype)
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -2919,7 +2941,11 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_9_4_s = -0.7071067811865476 * x2_1_0 * x1_1_0
     acc_9_4_s = rt.fma(0.7071067811865476 * x2_1_2, x1_1_2, acc_9_4_s)
     acc_9_4 = rt.fma(w, acc_9_4_s, acc_9_4)
-    rt.store_tile(out_ref, 2944, [acc_9_0, acc_9_1, acc_9_2, acc_9_3, acc_9_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(2944, 128)] = acc_9_0
+    out_ref[:, pl.ds(3072, 128)] = acc_9_1
+    out_ref[:, pl.ds(3200, 128)] = acc_9_2
+    out_ref[:, pl.ds(3328, 128)] = acc_9_3
+    out_ref[:, pl.ds(3456, 128)] = acc_9_4
 
     # out block 10 (128x2e): 1 path(s)
     acc_10_0 = jnp.zeros((rows, 128), dtype)
@@ -2968,7 +2994,11 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_10_4_s = rt.fma(0.4879500364742666 * x2_3_5, x1_1_1, acc_10_4_s)
     acc_10_4_s = rt.fma(nf6, x1_1_2, acc_10_4_s)
     acc_10_4 = rt.fma(w, acc_10_4_s, acc_10_4)
-    rt.store_tile(out_ref, 3584, [acc_10_0, acc_10_1, acc_10_2, acc_10_3, acc_10_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(3584, 128)] = acc_10_0
+    out_ref[:, pl.ds(3712, 128)] = acc_10_1
+    out_ref[:, pl.ds(3840, 128)] = acc_10_2
+    out_ref[:, pl.ds(3968, 128)] = acc_10_3
+    out_ref[:, pl.ds(4096, 128)] = acc_10_4
 
     # out block 11 (128x2e): 1 path(s)
     acc_11_0 = jnp.zeros((rows, 128), dtype)
@@ -2976,7 +3006,11 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_11_2 = jnp.zeros((rows, 128), dtype)
     acc_11_3 = jnp.zeros((rows, 128), dtype)
     acc_11_4 = jnp.zeros((rows, 128), dtype)
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
     w = w_ref[:, pl.ds(1408, 128)]
@@ -2990,7 +3024,11 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_11_3 = rt.fma(w, acc_11_3_s, acc_11_3)
     acc_11_4_s = x2_0_0 * x1_2_4
     acc_11_4 = rt.fma(w, acc_11_4_s, acc_11_4)
-    rt.store_tile(out_ref, 4224, [acc_11_0, acc_11_1, acc_11_2, acc_11_3, acc_11_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(4224, 128)] = acc_11_0
+    out_ref[:, pl.ds(4352, 128)] = acc_11_1
+    out_ref[:, pl.ds(4480, 128)] = acc_11_2
+    out_ref[:, pl.ds(4608, 128)] = acc_11_3
+    out_ref[:, pl.ds(4736, 128)] = acc_11_4
 
     # out block 12 (128x2e): 1 path(s)
     acc_12_0 = jnp.zeros((rows, 128), dtype)
@@ -3037,7 +3075,11 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_12_4_s = rt.fma(0.4629100498862757 * x2_2_3, x1_2_3, acc_12_4_s)
     acc_12_4_s = rt.fma(-0.5345224838248488 * x2_2_2, x1_2_4, acc_12_4_s)
     acc_12_4 = rt.fma(w, acc_12_4_s, acc_12_4)
-    rt.store_tile(out_ref, 4864, [acc_12_0, acc_12_1, acc_12_2, acc_12_3, acc_12_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(4864, 128)] = acc_12_0
+    out_ref[:, pl.ds(4992, 128)] = acc_12_1
+    out_ref[:, pl.ds(5120, 128)] = acc_12_2
+    out_ref[:, pl.ds(5248, 128)] = acc_12_3
+    out_ref[:, pl.ds(5376, 128)] = acc_12_4
 
     # out block 13 (128x3o): 1 path(s)
     acc_13_0 = jnp.zeros((rows, 128), dtype)
@@ -3064,7 +3106,13 @@ def _conv_fwd_kernel_1(x1_ref, x2_ref, w_ref, out_ref):
     acc_13_5 = rt.fma(w, acc_13_5_s, acc_13_5)
     acc_13_6_s = x2_3_6 * x1_0_0
     acc_13_6 = rt.fma(w, acc_13_6_s, acc_13_6)
-    rt.store_tile(out_ref, 5504, [acc_13_0, acc_13_1, acc_13_2, acc_13_3, acc_13_4, acc_13_5, acc_13_6], mul=128, dim=7, pad=128)
+    out_ref[:, pl.ds(5504, 128)] = acc_13_0
+    out_ref[:, pl.ds(5632, 128)] = acc_13_1
+    out_ref[:, pl.ds(5760, 128)] = acc_13_2
+    out_ref[:, pl.ds(5888, 128)] = acc_13_3
+    out_ref[:, pl.ds(6016, 128)] = acc_13_4
+    out_ref[:, pl.ds(6144, 128)] = acc_13_5
+    out_ref[:, pl.ds(6272, 128)] = acc_13_6
 
 
 def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
@@ -3080,7 +3128,9 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_14_4 = jnp.zeros((rows, 128), dtype)
     acc_14_5 = jnp.zeros((rows, 128), dtype)
     acc_14_6 = jnp.zeros((rows, 128), dtype)
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -3118,7 +3168,13 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_14_6_s = -0.7071067811865476 * x2_2_0 * x1_1_0
     acc_14_6_s = rt.fma(0.7071067811865476 * x2_2_4, x1_1_2, acc_14_6_s)
     acc_14_6 = rt.fma(w, acc_14_6_s, acc_14_6)
-    rt.store_tile(out_ref, 6400, [acc_14_0, acc_14_1, acc_14_2, acc_14_3, acc_14_4, acc_14_5, acc_14_6], mul=128, dim=7, pad=128)
+    out_ref[:, pl.ds(6400, 128)] = acc_14_0
+    out_ref[:, pl.ds(6528, 128)] = acc_14_1
+    out_ref[:, pl.ds(6656, 128)] = acc_14_2
+    out_ref[:, pl.ds(6784, 128)] = acc_14_3
+    out_ref[:, pl.ds(6912, 128)] = acc_14_4
+    out_ref[:, pl.ds(7040, 128)] = acc_14_5
+    out_ref[:, pl.ds(7168, 128)] = acc_14_6
 
     # out block 15 (128x3o): 1 path(s)
     acc_15_0 = jnp.zeros((rows, 128), dtype)
@@ -3128,7 +3184,11 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_15_4 = jnp.zeros((rows, 128), dtype)
     acc_15_5 = jnp.zeros((rows, 128), dtype)
     acc_15_6 = jnp.zeros((rows, 128), dtype)
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -3162,7 +3222,13 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_15_6_s = -0.7071067811865476 * x2_1_0 * x1_2_0
     acc_15_6_s = rt.fma(0.7071067811865476 * x2_1_2, x1_2_4, acc_15_6_s)
     acc_15_6 = rt.fma(w, acc_15_6_s, acc_15_6)
-    rt.store_tile(out_ref, 7296, [acc_15_0, acc_15_1, acc_15_2, acc_15_3, acc_15_4, acc_15_5, acc_15_6], mul=128, dim=7, pad=128)
+    out_ref[:, pl.ds(7296, 128)] = acc_15_0
+    out_ref[:, pl.ds(7424, 128)] = acc_15_1
+    out_ref[:, pl.ds(7552, 128)] = acc_15_2
+    out_ref[:, pl.ds(7680, 128)] = acc_15_3
+    out_ref[:, pl.ds(7808, 128)] = acc_15_4
+    out_ref[:, pl.ds(7936, 128)] = acc_15_5
+    out_ref[:, pl.ds(8064, 128)] = acc_15_6
 
     # out block 16 (128x3o): 1 path(s)
     acc_16_0 = jnp.zeros((rows, 128), dtype)
@@ -3239,7 +3305,13 @@ def _conv_fwd_kernel_2(x1_ref, x2_ref, w_ref, out_ref):
     acc_16_6_s = rt.fma(0.45643546458763845 * x2_3_5, x1_2_3, acc_16_6_s)
     acc_16_6_s = rt.fma(-0.28867513459481287 * x2_3_4, x1_2_4, acc_16_6_s)
     acc_16_6 = rt.fma(w, acc_16_6_s, acc_16_6)
-    rt.store_tile(out_ref, 8192, [acc_16_0, acc_16_1, acc_16_2, acc_16_3, acc_16_4, acc_16_5, acc_16_6], mul=128, dim=7, pad=128)
+    out_ref[:, pl.ds(8192, 128)] = acc_16_0
+    out_ref[:, pl.ds(8320, 128)] = acc_16_1
+    out_ref[:, pl.ds(8448, 128)] = acc_16_2
+    out_ref[:, pl.ds(8576, 128)] = acc_16_3
+    out_ref[:, pl.ds(8704, 128)] = acc_16_4
+    out_ref[:, pl.ds(8832, 128)] = acc_16_5
+    out_ref[:, pl.ds(8960, 128)] = acc_16_6
 
 
 def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
@@ -3258,7 +3330,9 @@ def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 384, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
+    g_3_0 = g_ref[:, pl.ds(384, 128)]  # g block 3 (128x1o), m=0
+    g_3_1 = g_ref[:, pl.ds(512, 128)]  # g block 3 (128x1o), m=1
+    g_3_2 = g_ref[:, pl.ds(640, 128)]  # g block 3 (128x1o), m=2
     # path 3: x1[0] 128x0e (x) x2[1] 1x1o -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
     w = w_ref[:, pl.ds(384, 128)]
     acc_0_0_s = x2_1_0 * g_3_0
@@ -3270,7 +3344,11 @@ def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4 = rt.load_tile(g_ref, 2304, mul=128, dim=5, pad=128)  # g block 8 (128x2e)
+    g_8_0 = g_ref[:, pl.ds(2304, 128)]  # g block 8 (128x2e), m=0
+    g_8_1 = g_ref[:, pl.ds(2432, 128)]  # g block 8 (128x2e), m=1
+    g_8_2 = g_ref[:, pl.ds(2560, 128)]  # g block 8 (128x2e), m=2
+    g_8_3 = g_ref[:, pl.ds(2688, 128)]  # g block 8 (128x2e), m=3
+    g_8_4 = g_ref[:, pl.ds(2816, 128)]  # g block 8 (128x2e), m=4
     # path 8: x1[0] 128x0e (x) x2[2] 1x2e -> out[8] 128x2e, uvu, weights at 1024, 5 nonzeros
     w = w_ref[:, pl.ds(1024, 128)]
     acc_0_0_s = x2_2_0 * g_8_0
@@ -3286,7 +3364,13 @@ def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4, g_13_5, g_13_6 = rt.load_tile(g_ref, 5504, mul=128, dim=7, pad=128)  # g block 13 (128x3o)
+    g_13_0 = g_ref[:, pl.ds(5504, 128)]  # g block 13 (128x3o), m=0
+    g_13_1 = g_ref[:, pl.ds(5632, 128)]  # g block 13 (128x3o), m=1
+    g_13_2 = g_ref[:, pl.ds(5760, 128)]  # g block 13 (128x3o), m=2
+    g_13_3 = g_ref[:, pl.ds(5888, 128)]  # g block 13 (128x3o), m=3
+    g_13_4 = g_ref[:, pl.ds(6016, 128)]  # g block 13 (128x3o), m=4
+    g_13_5 = g_ref[:, pl.ds(6144, 128)]  # g block 13 (128x3o), m=5
+    g_13_6 = g_ref[:, pl.ds(6272, 128)]  # g block 13 (128x3o), m=6
     # path 13: x1[0] 128x0e (x) x2[3] 1x3o -> out[13] 128x3o, uvu, weights at 1664, 7 nonzeros
     w = w_ref[:, pl.ds(1664, 128)]
     acc_0_0_s = x2_3_0 * g_13_0
@@ -3322,7 +3406,9 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_1_2_s = 0.5773502691896257 * x2_1_2 * g_1_0
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 768, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
+    g_4_0 = g_ref[:, pl.ds(768, 128)]  # g block 4 (128x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(896, 128)]  # g block 4 (128x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(1024, 128)]  # g block 4 (128x1o), m=2
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
     w = w_ref[:, pl.ds(512, 128)]
     acc_1_0_s = x2_0_0 * g_4_0
@@ -3336,7 +3422,9 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 5 (128x1o)
+    g_5_0 = g_ref[:, pl.ds(1152, 128)]  # g block 5 (128x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(1280, 128)]  # g block 5 (128x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(1408, 128)]  # g block 5 (128x1o), m=2
     # path 5: x1[1] 128x1o (x) x2[2] 1x2e -> out[5] 128x1o, uvu, weights at 640, 11 nonzeros
     w = w_ref[:, pl.ds(640, 128)]
     nf1 = -0.31622776601683794 * x2_2_2
@@ -3355,7 +3443,11 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_1_2_s = rt.fma(0.5477225575051661 * x2_2_3, g_5_1, acc_1_2_s)
     acc_1_2_s = rt.fma(nf2, g_5_2, acc_1_2_s)
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
-    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 2944, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
+    g_9_0 = g_ref[:, pl.ds(2944, 128)]  # g block 9 (128x2e), m=0
+    g_9_1 = g_ref[:, pl.ds(3072, 128)]  # g block 9 (128x2e), m=1
+    g_9_2 = g_ref[:, pl.ds(3200, 128)]  # g block 9 (128x2e), m=2
+    g_9_3 = g_ref[:, pl.ds(3328, 128)]  # g block 9 (128x2e), m=3
+    g_9_4 = g_ref[:, pl.ds(3456, 128)]  # g block 9 (128x2e), m=4
     # path 9: x1[1] 128x1o (x) x2[1] 1x1o -> out[9] 128x2e, uvu, weights at 1152, 11 nonzeros
     w = w_ref[:, pl.ds(1152, 128)]
     acc_1_0_s = 0.7071067811865476 * x2_1_2 * g_9_0
@@ -3379,7 +3471,11 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
+    g_10_0 = g_ref[:, pl.ds(3584, 128)]  # g block 10 (128x2e), m=0
+    g_10_1 = g_ref[:, pl.ds(3712, 128)]  # g block 10 (128x2e), m=1
+    g_10_2 = g_ref[:, pl.ds(3840, 128)]  # g block 10 (128x2e), m=2
+    g_10_3 = g_ref[:, pl.ds(3968, 128)]  # g block 10 (128x2e), m=3
+    g_10_4 = g_ref[:, pl.ds(4096, 128)]  # g block 10 (128x2e), m=4
     # path 10: x1[1] 128x1o (x) x2[3] 1x3o -> out[10] 128x2e, uvu, weights at 1280, 21 nonzeros
     w = w_ref[:, pl.ds(1280, 128)]
     nf3 = -0.1543033499620919 * x2_3_4
@@ -3412,7 +3508,13 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_1_2_s = rt.fma(nf7, g_10_3, acc_1_2_s)
     acc_1_2_s = rt.fma(nf8, g_10_4, acc_1_2_s)
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
-    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 6400, mul=128, dim=7, pad=128)  # g block 14 (128x3o)
+    g_14_0 = g_ref[:, pl.ds(6400, 128)]  # g block 14 (128x3o), m=0
+    g_14_1 = g_ref[:, pl.ds(6528, 128)]  # g block 14 (128x3o), m=1
+    g_14_2 = g_ref[:, pl.ds(6656, 128)]  # g block 14 (128x3o), m=2
+    g_14_3 = g_ref[:, pl.ds(6784, 128)]  # g block 14 (128x3o), m=3
+    g_14_4 = g_ref[:, pl.ds(6912, 128)]  # g block 14 (128x3o), m=4
+    g_14_5 = g_ref[:, pl.ds(7040, 128)]  # g block 14 (128x3o), m=5
+    g_14_6 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x3o), m=6
     # path 14: x1[1] 128x1o (x) x2[2] 1x2e -> out[14] 128x3o, uvu, weights at 1792, 21 nonzeros
     w = w_ref[:, pl.ds(1792, 128)]
     nf9 = 0.6324555320336759 * x2_2_2
@@ -3441,7 +3543,9 @@ def _conv_bwd_x1_kernel_1(g_ref, x2_ref, w_ref, out_ref):
     acc_1_2_s = rt.fma(0.5773502691896257 * x2_2_3, g_14_5, acc_1_2_s)
     acc_1_2_s = rt.fma(0.7071067811865476 * x2_2_4, g_14_6, acc_1_2_s)
     acc_1_2 = rt.fma(w, acc_1_2_s, acc_1_2)
-    rt.store_tile(out_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    out_ref[:, pl.ds(128, 128)] = acc_1_0
+    out_ref[:, pl.ds(256, 128)] = acc_1_1
+    out_ref[:, pl.ds(384, 128)] = acc_1_2
 
 
 def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
@@ -3476,7 +3580,9 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1536, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
+    g_6_0 = g_ref[:, pl.ds(1536, 128)]  # g block 6 (128x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(1664, 128)]  # g block 6 (128x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(1792, 128)]  # g block 6 (128x1o), m=2
     # path 6: x1[2] 128x2e (x) x2[1] 1x1o -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
     w = w_ref[:, pl.ds(768, 128)]
     acc_2_0_s = 0.5477225575051661 * x2_1_2 * g_6_0
@@ -3502,7 +3608,9 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 1920, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
+    g_7_0 = g_ref[:, pl.ds(1920, 128)]  # g block 7 (128x1o), m=0
+    g_7_1 = g_ref[:, pl.ds(2048, 128)]  # g block 7 (128x1o), m=1
+    g_7_2 = g_ref[:, pl.ds(2176, 128)]  # g block 7 (128x1o), m=2
     # path 7: x1[2] 128x2e (x) x2[3] 1x3o -> out[7] 128x1o, uvu, weights at 896, 21 nonzeros
     w = w_ref[:, pl.ds(896, 128)]
     nf1 = -0.11952286093343936 * x2_3_4
@@ -3538,7 +3646,11 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_4_s = rt.fma(nf6, g_7_2, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 4224, mul=128, dim=5, pad=128)  # g block 11 (128x2e)
+    g_11_0 = g_ref[:, pl.ds(4224, 128)]  # g block 11 (128x2e), m=0
+    g_11_1 = g_ref[:, pl.ds(4352, 128)]  # g block 11 (128x2e), m=1
+    g_11_2 = g_ref[:, pl.ds(4480, 128)]  # g block 11 (128x2e), m=2
+    g_11_3 = g_ref[:, pl.ds(4608, 128)]  # g block 11 (128x2e), m=3
+    g_11_4 = g_ref[:, pl.ds(4736, 128)]  # g block 11 (128x2e), m=4
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
     w = w_ref[:, pl.ds(1408, 128)]
     acc_2_0_s = x2_0_0 * g_11_0
@@ -3551,7 +3663,11 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_3 = rt.fma(w, acc_2_3_s, acc_2_3)
     acc_2_4_s = x2_0_0 * g_11_4
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4 = rt.load_tile(g_ref, 4864, mul=128, dim=5, pad=128)  # g block 12 (128x2e)
+    g_12_0 = g_ref[:, pl.ds(4864, 128)]  # g block 12 (128x2e), m=0
+    g_12_1 = g_ref[:, pl.ds(4992, 128)]  # g block 12 (128x2e), m=1
+    g_12_2 = g_ref[:, pl.ds(5120, 128)]  # g block 12 (128x2e), m=2
+    g_12_3 = g_ref[:, pl.ds(5248, 128)]  # g block 12 (128x2e), m=3
+    g_12_4 = g_ref[:, pl.ds(5376, 128)]  # g block 12 (128x2e), m=4
     # path 12: x1[2] 128x2e (x) x2[2] 1x2e -> out[12] 128x2e, uvu, weights at 1536, 25 nonzeros
     w = w_ref[:, pl.ds(1536, 128)]
     acc_2_0_s = -0.5345224838248488 * x2_2_2 * g_12_0
@@ -3586,7 +3702,13 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_4_s = rt.fma(0.4629100498862757 * x2_2_3, g_12_3, acc_2_4_s)
     acc_2_4_s = rt.fma(-0.5345224838248488 * x2_2_2, g_12_4, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4, g_15_5, g_15_6 = rt.load_tile(g_ref, 7296, mul=128, dim=7, pad=128)  # g block 15 (128x3o)
+    g_15_0 = g_ref[:, pl.ds(7296, 128)]  # g block 15 (128x3o), m=0
+    g_15_1 = g_ref[:, pl.ds(7424, 128)]  # g block 15 (128x3o), m=1
+    g_15_2 = g_ref[:, pl.ds(7552, 128)]  # g block 15 (128x3o), m=2
+    g_15_3 = g_ref[:, pl.ds(7680, 128)]  # g block 15 (128x3o), m=3
+    g_15_4 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x3o), m=4
+    g_15_5 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x3o), m=5
+    g_15_6 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x3o), m=6
     # path 15: x1[2] 128x2e (x) x2[1] 1x1o -> out[15] 128x3o, uvu, weights at 1920, 21 nonzeros
     w = w_ref[:, pl.ds(1920, 128)]
     acc_2_0_s = 0.7071067811865476 * x2_1_2 * g_15_0
@@ -3615,7 +3737,13 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_4_s = rt.fma(0.5773502691896257 * x2_1_1, g_15_5, acc_2_4_s)
     acc_2_4_s = rt.fma(0.7071067811865476 * x2_1_2, g_15_6, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
+    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
+    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
+    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
+    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
+    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
+    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
+    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
     w = w_ref[:, pl.ds(2048, 128)]
     nf9 = 0.4472135954999579 * x2_3_4
@@ -3674,7 +3802,11 @@ def _conv_bwd_x1_kernel_2(g_ref, x2_ref, w_ref, out_ref):
     acc_2_4_s = rt.fma(-0.5773502691896257 * x2_3_3, g_16_5, acc_2_4_s)
     acc_2_4_s = rt.fma(-0.28867513459481287 * x2_3_4, g_16_6, acc_2_4_s)
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
-    rt.store_tile(out_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    out_ref[:, pl.ds(512, 128)] = acc_2_0
+    out_ref[:, pl.ds(640, 128)] = acc_2_1
+    out_ref[:, pl.ds(768, 128)] = acc_2_2
+    out_ref[:, pl.ds(896, 128)] = acc_2_3
+    out_ref[:, pl.ds(1024, 128)] = acc_2_4
 
 
 def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
@@ -3691,16 +3823,28 @@ def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     w = w_ref[:, pl.ds(0, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
-    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 768, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    g_4_0 = g_ref[:, pl.ds(768, 128)]  # g block 4 (128x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(896, 128)]  # g block 4 (128x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(1024, 128)]  # g block 4 (128x1o), m=2
     h4_0 = x1_1_0 * g_4_0
     h4_0 = rt.fma(x1_1_1, g_4_1, h4_0)
     h4_0 = rt.fma(x1_1_2, g_4_2, h4_0)
     w = w_ref[:, pl.ds(512, 128)]
     acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
-    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 4224, mul=128, dim=5, pad=128)  # g block 11 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
+    g_11_0 = g_ref[:, pl.ds(4224, 128)]  # g block 11 (128x2e), m=0
+    g_11_1 = g_ref[:, pl.ds(4352, 128)]  # g block 11 (128x2e), m=1
+    g_11_2 = g_ref[:, pl.ds(4480, 128)]  # g block 11 (128x2e), m=2
+    g_11_3 = g_ref[:, pl.ds(4608, 128)]  # g block 11 (128x2e), m=3
+    g_11_4 = g_ref[:, pl.ds(4736, 128)]  # g block 11 (128x2e), m=4
     h11_0 = x1_2_0 * g_11_0
     h11_0 = rt.fma(x1_2_1, g_11_1, h11_0)
     h11_0 = rt.fma(x1_2_2, g_11_2, h11_0)
@@ -3724,7 +3868,9 @@ def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
     # path 3: x1[0] 128x0e (x) x2[1] 1x1o -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
-    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 384, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
+    g_3_0 = g_ref[:, pl.ds(384, 128)]  # g block 3 (128x1o), m=0
+    g_3_1 = g_ref[:, pl.ds(512, 128)]  # g block 3 (128x1o), m=1
+    g_3_2 = g_ref[:, pl.ds(640, 128)]  # g block 3 (128x1o), m=2
     h3_0 = x1_0_0 * g_3_0
     h3_1 = x1_0_0 * g_3_1
     h3_2 = x1_0_0 * g_3_2
@@ -3733,7 +3879,9 @@ def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h3_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h3_2, axis=1, keepdims=True)
     # path 6: x1[2] 128x2e (x) x2[1] 1x1o -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
-    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1536, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
+    g_6_0 = g_ref[:, pl.ds(1536, 128)]  # g block 6 (128x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(1664, 128)]  # g block 6 (128x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(1792, 128)]  # g block 6 (128x1o), m=2
     wf1 = -0.31622776601683794 * x1_2_2
     wf1 = rt.fma(-0.5477225575051661, x1_2_4, wf1)
     h6_0 = wf1 * g_6_0
@@ -3752,7 +3900,11 @@ def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h6_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
     # path 9: x1[1] 128x1o (x) x2[1] 1x1o -> out[9] 128x2e, uvu, weights at 1152, 11 nonzeros
-    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 2944, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
+    g_9_0 = g_ref[:, pl.ds(2944, 128)]  # g block 9 (128x2e), m=0
+    g_9_1 = g_ref[:, pl.ds(3072, 128)]  # g block 9 (128x2e), m=1
+    g_9_2 = g_ref[:, pl.ds(3200, 128)]  # g block 9 (128x2e), m=2
+    g_9_3 = g_ref[:, pl.ds(3328, 128)]  # g block 9 (128x2e), m=3
+    g_9_4 = g_ref[:, pl.ds(3456, 128)]  # g block 9 (128x2e), m=4
     wf3 = -0.408248290463863 * g_9_2
     wf3 = rt.fma(-0.7071067811865476, g_9_4, wf3)
     h9_0 = 0.7071067811865476 * x1_1_2 * g_9_0
@@ -3771,7 +3923,13 @@ def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
     acc_1_1 = acc_1_1 + jnp.sum(w * h9_1, axis=1, keepdims=True)
     acc_1_2 = acc_1_2 + jnp.sum(w * h9_2, axis=1, keepdims=True)
     # path 15: x1[2] 128x2e (x) x2[1] 1x1o -> out[15] 128x3o, uvu, weights at 1920, 21 nonzeros
-    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4, g_15_5, g_15_6 = rt.load_tile(g_ref, 7296, mul=128, dim=7, pad=128)  # g block 15 (128x3o)
+    g_15_0 = g_ref[:, pl.ds(7296, 128)]  # g block 15 (128x3o), m=0
+    g_15_1 = g_ref[:, pl.ds(7424, 128)]  # g block 15 (128x3o), m=1
+    g_15_2 = g_ref[:, pl.ds(7552, 128)]  # g block 15 (128x3o), m=2
+    g_15_3 = g_ref[:, pl.ds(7680, 128)]  # g block 15 (128x3o), m=3
+    g_15_4 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x3o), m=4
+    g_15_5 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x3o), m=5
+    g_15_6 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x3o), m=6
     wf5 = 0.7071067811865476 * g_15_0
     wf5 = rt.fma(0.18257418583505536, g_15_2, wf5)
     wf6 = -0.4472135954999579 * g_15_3
@@ -3820,7 +3978,11 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = jnp.zeros((rows, 1), dtype)
     acc_2_4 = jnp.zeros((rows, 1), dtype)
     # path 2: x1[2] 128x2e (x) x2[2] 1x2e -> out[2] 128x0e, uvu, weights at 256, 5 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     g_2_0 = g_ref[:, pl.ds(256, 128)]  # g block 2 (128x0e), m=0
     h2_0 = 0.4472135954999579 * x1_2_0 * g_2_0
     h2_1 = 0.4472135954999579 * x1_2_1 * g_2_0
@@ -3834,8 +3996,12 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h2_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h2_4, axis=1, keepdims=True)
     # path 5: x1[1] 128x1o (x) x2[2] 1x2e -> out[5] 128x1o, uvu, weights at 640, 11 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
-    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 5 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    g_5_0 = g_ref[:, pl.ds(1152, 128)]  # g block 5 (128x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(1280, 128)]  # g block 5 (128x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(1408, 128)]  # g block 5 (128x1o), m=2
     h5_0 = 0.5477225575051661 * x1_1_2 * g_5_0
     h5_0 = rt.fma(0.5477225575051661 * x1_1_0, g_5_2, h5_0)
     h5_1 = 0.5477225575051661 * x1_1_1 * g_5_0
@@ -3855,7 +4021,11 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_4 = acc_2_4 + jnp.sum(w * h5_4, axis=1, keepdims=True)
     # path 8: x1[0] 128x0e (x) x2[2] 1x2e -> out[8] 128x2e, uvu, weights at 1024, 5 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
-    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4 = rt.load_tile(g_ref, 2304, mul=128, dim=5, pad=128)  # g block 8 (128x2e)
+    g_8_0 = g_ref[:, pl.ds(2304, 128)]  # g block 8 (128x2e), m=0
+    g_8_1 = g_ref[:, pl.ds(2432, 128)]  # g block 8 (128x2e), m=1
+    g_8_2 = g_ref[:, pl.ds(2560, 128)]  # g block 8 (128x2e), m=2
+    g_8_3 = g_ref[:, pl.ds(2688, 128)]  # g block 8 (128x2e), m=3
+    g_8_4 = g_ref[:, pl.ds(2816, 128)]  # g block 8 (128x2e), m=4
     h8_0 = x1_0_0 * g_8_0
     h8_1 = x1_0_0 * g_8_1
     h8_2 = x1_0_0 * g_8_2
@@ -3868,7 +4038,11 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h8_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h8_4, axis=1, keepdims=True)
     # path 12: x1[2] 128x2e (x) x2[2] 1x2e -> out[12] 128x2e, uvu, weights at 1536, 25 nonzeros
-    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4 = rt.load_tile(g_ref, 4864, mul=128, dim=5, pad=128)  # g block 12 (128x2e)
+    g_12_0 = g_ref[:, pl.ds(4864, 128)]  # g block 12 (128x2e), m=0
+    g_12_1 = g_ref[:, pl.ds(4992, 128)]  # g block 12 (128x2e), m=1
+    g_12_2 = g_ref[:, pl.ds(5120, 128)]  # g block 12 (128x2e), m=2
+    g_12_3 = g_ref[:, pl.ds(5248, 128)]  # g block 12 (128x2e), m=3
+    g_12_4 = g_ref[:, pl.ds(5376, 128)]  # g block 12 (128x2e), m=4
     h12_0 = -0.5345224838248488 * x1_2_2 * g_12_0
     h12_0 = rt.fma(0.4629100498862757 * x1_2_3, g_12_1, h12_0)
     h12_0 = rt.fma(-0.5345224838248488 * x1_2_0, g_12_2, h12_0)
@@ -3905,7 +4079,13 @@ def _conv_bwd_x2_kernel_1(x1_ref, g_ref, w_ref, out_ref):
     acc_2_3 = acc_2_3 + jnp.sum(w * h12_3, axis=1, keepdims=True)
     acc_2_4 = acc_2_4 + jnp.sum(w * h12_4, axis=1, keepdims=True)
     # path 14: x1[1] 128x1o (x) x2[2] 1x2e -> out[14] 128x3o, uvu, weights at 1792, 21 nonzeros
-    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 6400, mul=128, dim=7, pad=128)  # g block 14 (128x3o)
+    g_14_0 = g_ref[:, pl.ds(6400, 128)]  # g block 14 (128x3o), m=0
+    g_14_1 = g_ref[:, pl.ds(6528, 128)]  # g block 14 (128x3o), m=1
+    g_14_2 = g_ref[:, pl.ds(6656, 128)]  # g block 14 (128x3o), m=2
+    g_14_3 = g_ref[:, pl.ds(6784, 128)]  # g block 14 (128x3o), m=3
+    g_14_4 = g_ref[:, pl.ds(6912, 128)]  # g block 14 (128x3o), m=4
+    g_14_5 = g_ref[:, pl.ds(7040, 128)]  # g block 14 (128x3o), m=5
+    g_14_6 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x3o), m=6
     wf5 = 0.7071067811865476 * g_14_0
     wf5 = rt.fma(-0.18257418583505536, g_14_2, wf5)
     wf6 = -0.18257418583505536 * g_14_4
@@ -3960,8 +4140,14 @@ def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = jnp.zeros((rows, 1), dtype)
     acc_3_6 = jnp.zeros((rows, 1), dtype)
     # path 7: x1[2] 128x2e (x) x2[3] 1x3o -> out[7] 128x1o, uvu, weights at 896, 21 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
-    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 1920, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
+    g_7_0 = g_ref[:, pl.ds(1920, 128)]  # g block 7 (128x1o), m=0
+    g_7_1 = g_ref[:, pl.ds(2048, 128)]  # g block 7 (128x1o), m=1
+    g_7_2 = g_ref[:, pl.ds(2176, 128)]  # g block 7 (128x1o), m=2
     h7_0 = 0.4629100498862757 * x1_2_4 * g_7_0
     h7_0 = rt.fma(0.4629100498862757 * x1_2_0, g_7_2, h7_0)
     h7_1 = 0.37796447300922725 * x1_2_3 * g_7_0
@@ -3994,8 +4180,14 @@ def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h7_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h7_6, axis=1, keepdims=True)
     # path 10: x1[1] 128x1o (x) x2[3] 1x3o -> out[10] 128x2e, uvu, weights at 1280, 21 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
-    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    g_10_0 = g_ref[:, pl.ds(3584, 128)]  # g block 10 (128x2e), m=0
+    g_10_1 = g_ref[:, pl.ds(3712, 128)]  # g block 10 (128x2e), m=1
+    g_10_2 = g_ref[:, pl.ds(3840, 128)]  # g block 10 (128x2e), m=2
+    g_10_3 = g_ref[:, pl.ds(3968, 128)]  # g block 10 (128x2e), m=3
+    g_10_4 = g_ref[:, pl.ds(4096, 128)]  # g block 10 (128x2e), m=4
     h10_0 = 0.5976143046671968 * x1_1_2 * g_10_0
     h10_0 = rt.fma(0.5976143046671968 * x1_1_0, g_10_4, h10_0)
     h10_1 = 0.4879500364742666 * x1_1_1 * g_10_0
@@ -4029,7 +4221,13 @@ def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
     acc_3_6 = acc_3_6 + jnp.sum(w * h10_6, axis=1, keepdims=True)
     # path 13: x1[0] 128x0e (x) x2[3] 1x3o -> out[13] 128x3o, uvu, weights at 1664, 7 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
-    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4, g_13_5, g_13_6 = rt.load_tile(g_ref, 5504, mul=128, dim=7, pad=128)  # g block 13 (128x3o)
+    g_13_0 = g_ref[:, pl.ds(5504, 128)]  # g block 13 (128x3o), m=0
+    g_13_1 = g_ref[:, pl.ds(5632, 128)]  # g block 13 (128x3o), m=1
+    g_13_2 = g_ref[:, pl.ds(5760, 128)]  # g block 13 (128x3o), m=2
+    g_13_3 = g_ref[:, pl.ds(5888, 128)]  # g block 13 (128x3o), m=3
+    g_13_4 = g_ref[:, pl.ds(6016, 128)]  # g block 13 (128x3o), m=4
+    g_13_5 = g_ref[:, pl.ds(6144, 128)]  # g block 13 (128x3o), m=5
+    g_13_6 = g_ref[:, pl.ds(6272, 128)]  # g block 13 (128x3o), m=6
     h13_0 = x1_0_0 * g_13_0
     h13_1 = x1_0_0 * g_13_1
     h13_2 = x1_0_0 * g_13_2
@@ -4046,7 +4244,13 @@ def _conv_bwd_x2_kernel_2(x1_ref, g_ref, w_ref, out_ref):
     acc_3_5 = acc_3_5 + jnp.sum(w * h13_5, axis=1, keepdims=True)
     acc_3_6 = acc_3_6 + jnp.sum(w * h13_6, axis=1, keepdims=True)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
-    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
+    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
+    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
+    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
+    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
+    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
+    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
+    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
     h16_0 = -0.6454972243679028 * x1_2_2 * g_16_0
     h16_0 = rt.fma(0.45643546458763845 * x1_2_3, g_16_1, h16_0)
     h16_0 = rt.fma(-0.28867513459481287 * x1_2_4, g_16_2, h16_0)
@@ -4131,7 +4335,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 1 (128 columns)
     # path 1: x1[1] 128x1o (x) x2[1] 1x1o -> out[1] 128x0e, uvu, weights at 128, 3 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     g_1_0 = g_ref[:, pl.ds(128, 128)]  # g block 1 (128x0e), m=0
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
@@ -4146,7 +4352,11 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 2 (128 columns)
     # path 2: x1[2] 128x2e (x) x2[2] 1x2e -> out[2] 128x0e, uvu, weights at 256, 5 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     g_2_0 = g_ref[:, pl.ds(256, 128)]  # g block 2 (128x0e), m=0
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
@@ -4167,7 +4377,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 3 (128 columns)
     # path 3: x1[0] 128x0e (x) x2[1] 1x1o -> out[3] 128x1o, uvu, weights at 384, 3 nonzeros
-    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 384, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
+    g_3_0 = g_ref[:, pl.ds(384, 128)]  # g block 3 (128x1o), m=0
+    g_3_1 = g_ref[:, pl.ds(512, 128)]  # g block 3 (128x1o), m=1
+    g_3_2 = g_ref[:, pl.ds(640, 128)]  # g block 3 (128x1o), m=2
     h3_0 = x1_0_0 * g_3_0
     h3_1 = x1_0_0 * g_3_1
     h3_2 = x1_0_0 * g_3_2
@@ -4178,7 +4390,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 4 (128 columns)
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
-    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 768, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
+    g_4_0 = g_ref[:, pl.ds(768, 128)]  # g block 4 (128x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(896, 128)]  # g block 4 (128x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(1024, 128)]  # g block 4 (128x1o), m=2
     h4_0 = x1_1_0 * g_4_0
     h4_0 = rt.fma(x1_1_1, g_4_1, h4_0)
     h4_0 = rt.fma(x1_1_2, g_4_2, h4_0)
@@ -4187,7 +4401,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 5 (128 columns)
     # path 5: x1[1] 128x1o (x) x2[2] 1x2e -> out[5] 128x1o, uvu, weights at 640, 11 nonzeros
-    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 5 (128x1o)
+    g_5_0 = g_ref[:, pl.ds(1152, 128)]  # g block 5 (128x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(1280, 128)]  # g block 5 (128x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(1408, 128)]  # g block 5 (128x1o), m=2
     h5_0 = 0.5477225575051661 * x1_1_2 * g_5_0
     h5_0 = rt.fma(0.5477225575051661 * x1_1_0, g_5_2, h5_0)
     h5_1 = 0.5477225575051661 * x1_1_1 * g_5_0
@@ -4208,7 +4424,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 6 (128 columns)
     # path 6: x1[2] 128x2e (x) x2[1] 1x1o -> out[6] 128x1o, uvu, weights at 768, 11 nonzeros
-    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1536, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
+    g_6_0 = g_ref[:, pl.ds(1536, 128)]  # g block 6 (128x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(1664, 128)]  # g block 6 (128x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(1792, 128)]  # g block 6 (128x1o), m=2
     wf1 = -0.31622776601683794 * x1_2_2
     wf1 = rt.fma(-0.5477225575051661, x1_2_4, wf1)
     h6_0 = wf1 * g_6_0
@@ -4229,7 +4447,9 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 7 (128 columns)
     # path 7: x1[2] 128x2e (x) x2[3] 1x3o -> out[7] 128x1o, uvu, weights at 896, 21 nonzeros
-    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 1920, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
+    g_7_0 = g_ref[:, pl.ds(1920, 128)]  # g block 7 (128x1o), m=0
+    g_7_1 = g_ref[:, pl.ds(2048, 128)]  # g block 7 (128x1o), m=1
+    g_7_2 = g_ref[:, pl.ds(2176, 128)]  # g block 7 (128x1o), m=2
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -4271,7 +4491,11 @@ def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 8 (128 columns)
     # path 8: x1[0] 128x0e (x) x2[2] 1x2e -> out[8] 128x2e, uvu, weights at 1024, 5 nonzeros
-    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4 = rt.load_tile(g_ref, 2304, mul=128, dim=5, pad=128)  # g block 8 (128x2e)
+    g_8_0 = g_ref[:, pl.ds(2304, 128)]  # g block 8 (128x2e), m=0
+    g_8_1 = g_ref[:, pl.ds(2432, 128)]  # g block 8 (128x2e), m=1
+    g_8_2 = g_ref[:, pl.ds(2560, 128)]  # g block 8 (128x2e), m=2
+    g_8_3 = g_ref[:, pl.ds(2688, 128)]  # g block 8 (128x2e), m=3
+    g_8_4 = g_ref[:, pl.ds(2816, 128)]  # g block 8 (128x2e), m=4
     h8_0 = x1_0_0 * g_8_0
     h8_1 = x1_0_0 * g_8_1
     h8_2 = x1_0_0 * g_8_2
@@ -4292,8 +4516,14 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 9 (128 columns)
     # path 9: x1[1] 128x1o (x) x2[1] 1x1o -> out[9] 128x2e, uvu, weights at 1152, 11 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
-    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 2944, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    g_9_0 = g_ref[:, pl.ds(2944, 128)]  # g block 9 (128x2e), m=0
+    g_9_1 = g_ref[:, pl.ds(3072, 128)]  # g block 9 (128x2e), m=1
+    g_9_2 = g_ref[:, pl.ds(3200, 128)]  # g block 9 (128x2e), m=2
+    g_9_3 = g_ref[:, pl.ds(3328, 128)]  # g block 9 (128x2e), m=3
+    g_9_4 = g_ref[:, pl.ds(3456, 128)]  # g block 9 (128x2e), m=4
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -4317,7 +4547,11 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 10 (128 columns)
     # path 10: x1[1] 128x1o (x) x2[3] 1x3o -> out[10] 128x2e, uvu, weights at 1280, 21 nonzeros
-    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
+    g_10_0 = g_ref[:, pl.ds(3584, 128)]  # g block 10 (128x2e), m=0
+    g_10_1 = g_ref[:, pl.ds(3712, 128)]  # g block 10 (128x2e), m=1
+    g_10_2 = g_ref[:, pl.ds(3840, 128)]  # g block 10 (128x2e), m=2
+    g_10_3 = g_ref[:, pl.ds(3968, 128)]  # g block 10 (128x2e), m=3
+    g_10_4 = g_ref[:, pl.ds(4096, 128)]  # g block 10 (128x2e), m=4
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -4359,8 +4593,16 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 11 (128 columns)
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
-    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 4224, mul=128, dim=5, pad=128)  # g block 11 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
+    g_11_0 = g_ref[:, pl.ds(4224, 128)]  # g block 11 (128x2e), m=0
+    g_11_1 = g_ref[:, pl.ds(4352, 128)]  # g block 11 (128x2e), m=1
+    g_11_2 = g_ref[:, pl.ds(4480, 128)]  # g block 11 (128x2e), m=2
+    g_11_3 = g_ref[:, pl.ds(4608, 128)]  # g block 11 (128x2e), m=3
+    g_11_4 = g_ref[:, pl.ds(4736, 128)]  # g block 11 (128x2e), m=4
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
     h11_0 = x1_2_0 * g_11_0
     h11_0 = rt.fma(x1_2_1, g_11_1, h11_0)
@@ -4372,7 +4614,11 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 12 (128 columns)
     # path 12: x1[2] 128x2e (x) x2[2] 1x2e -> out[12] 128x2e, uvu, weights at 1536, 25 nonzeros
-    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4 = rt.load_tile(g_ref, 4864, mul=128, dim=5, pad=128)  # g block 12 (128x2e)
+    g_12_0 = g_ref[:, pl.ds(4864, 128)]  # g block 12 (128x2e), m=0
+    g_12_1 = g_ref[:, pl.ds(4992, 128)]  # g block 12 (128x2e), m=1
+    g_12_2 = g_ref[:, pl.ds(5120, 128)]  # g block 12 (128x2e), m=2
+    g_12_3 = g_ref[:, pl.ds(5248, 128)]  # g block 12 (128x2e), m=3
+    g_12_4 = g_ref[:, pl.ds(5376, 128)]  # g block 12 (128x2e), m=4
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -4417,7 +4663,13 @@ def _conv_bwd_w_kernel_1(x1_ref, x2_ref, g_ref, out_ref):
     # weights of path 13 (128 columns)
     # path 13: x1[0] 128x0e (x) x2[3] 1x3o -> out[13] 128x3o, uvu, weights at 1664, 7 nonzeros
     x1_0_0 = x1_ref[:, pl.ds(0, 128)]  # x1 block 0 (128x0e), m=0
-    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4, g_13_5, g_13_6 = rt.load_tile(g_ref, 5504, mul=128, dim=7, pad=128)  # g block 13 (128x3o)
+    g_13_0 = g_ref[:, pl.ds(5504, 128)]  # g block 13 (128x3o), m=0
+    g_13_1 = g_ref[:, pl.ds(5632, 128)]  # g block 13 (128x3o), m=1
+    g_13_2 = g_ref[:, pl.ds(5760, 128)]  # g block 13 (128x3o), m=2
+    g_13_3 = g_ref[:, pl.ds(5888, 128)]  # g block 13 (128x3o), m=3
+    g_13_4 = g_ref[:, pl.ds(6016, 128)]  # g block 13 (128x3o), m=4
+    g_13_5 = g_ref[:, pl.ds(6144, 128)]  # g block 13 (128x3o), m=5
+    g_13_6 = g_ref[:, pl.ds(6272, 128)]  # g block 13 (128x3o), m=6
     h13_0 = x1_0_0 * g_13_0
     h13_1 = x1_0_0 * g_13_1
     h13_2 = x1_0_0 * g_13_2
@@ -4442,8 +4694,16 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 14 (128 columns)
     # path 14: x1[1] 128x1o (x) x2[2] 1x2e -> out[14] 128x3o, uvu, weights at 1792, 21 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
-    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 6400, mul=128, dim=7, pad=128)  # g block 14 (128x3o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
+    g_14_0 = g_ref[:, pl.ds(6400, 128)]  # g block 14 (128x3o), m=0
+    g_14_1 = g_ref[:, pl.ds(6528, 128)]  # g block 14 (128x3o), m=1
+    g_14_2 = g_ref[:, pl.ds(6656, 128)]  # g block 14 (128x3o), m=2
+    g_14_3 = g_ref[:, pl.ds(6784, 128)]  # g block 14 (128x3o), m=3
+    g_14_4 = g_ref[:, pl.ds(6912, 128)]  # g block 14 (128x3o), m=4
+    g_14_5 = g_ref[:, pl.ds(7040, 128)]  # g block 14 (128x3o), m=5
+    g_14_6 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x3o), m=6
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -4485,8 +4745,18 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 15 (128 columns)
     # path 15: x1[2] 128x2e (x) x2[1] 1x1o -> out[15] 128x3o, uvu, weights at 1920, 21 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
-    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4, g_15_5, g_15_6 = rt.load_tile(g_ref, 7296, mul=128, dim=7, pad=128)  # g block 15 (128x3o)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
+    g_15_0 = g_ref[:, pl.ds(7296, 128)]  # g block 15 (128x3o), m=0
+    g_15_1 = g_ref[:, pl.ds(7424, 128)]  # g block 15 (128x3o), m=1
+    g_15_2 = g_ref[:, pl.ds(7552, 128)]  # g block 15 (128x3o), m=2
+    g_15_3 = g_ref[:, pl.ds(7680, 128)]  # g block 15 (128x3o), m=3
+    g_15_4 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x3o), m=4
+    g_15_5 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x3o), m=5
+    g_15_6 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x3o), m=6
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -4524,7 +4794,13 @@ def _conv_bwd_w_kernel_2(x1_ref, x2_ref, g_ref, out_ref):
 
     # weights of path 16 (128 columns)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
-    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
+    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
+    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
+    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
+    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
+    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
+    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
+    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
     x2_3_0 = x2_ref[:, pl.ds(9, 1)]  # x2 block 3 (1x3o), m=0
     x2_3_1 = x2_ref[:, pl.ds(10, 1)]  # x2 block 3 (1x3o), m=1
     x2_3_2 = x2_ref[:, pl.ds(11, 1)]  # x2 block 3 (1x3o), m=2
@@ -4615,7 +4891,9 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_3_0, g_3_1, g_3_2 = rt.load_tile(g_ref, 384, mul=128, dim=3, pad=128)  # g block 3 (128x1o)
+    g_3_0 = g_ref[:, pl.ds(384, 128)]  # g block 3 (128x1o), m=0
+    g_3_1 = g_ref[:, pl.ds(512, 128)]  # g block 3 (128x1o), m=1
+    g_3_2 = g_ref[:, pl.ds(640, 128)]  # g block 3 (128x1o), m=2
     w = w_ref[:, pl.ds(384, 128)]
     q_0 = x1_0_0 * g_3_0
     q_1 = x1_0_0 * g_3_1
@@ -4637,7 +4915,11 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_8_0, g_8_1, g_8_2, g_8_3, g_8_4 = rt.load_tile(g_ref, 2304, mul=128, dim=5, pad=128)  # g block 8 (128x2e)
+    g_8_0 = g_ref[:, pl.ds(2304, 128)]  # g block 8 (128x2e), m=0
+    g_8_1 = g_ref[:, pl.ds(2432, 128)]  # g block 8 (128x2e), m=1
+    g_8_2 = g_ref[:, pl.ds(2560, 128)]  # g block 8 (128x2e), m=2
+    g_8_3 = g_ref[:, pl.ds(2688, 128)]  # g block 8 (128x2e), m=3
+    g_8_4 = g_ref[:, pl.ds(2816, 128)]  # g block 8 (128x2e), m=4
     w = w_ref[:, pl.ds(1024, 128)]
     q_0 = x1_0_0 * g_8_0
     q_1 = x1_0_0 * g_8_1
@@ -4669,7 +4951,13 @@ def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_13_0, g_13_1, g_13_2, g_13_3, g_13_4, g_13_5, g_13_6 = rt.load_tile(g_ref, 5504, mul=128, dim=7, pad=128)  # g block 13 (128x3o)
+    g_13_0 = g_ref[:, pl.ds(5504, 128)]  # g block 13 (128x3o), m=0
+    g_13_1 = g_ref[:, pl.ds(5632, 128)]  # g block 13 (128x3o), m=1
+    g_13_2 = g_ref[:, pl.ds(5760, 128)]  # g block 13 (128x3o), m=2
+    g_13_3 = g_ref[:, pl.ds(5888, 128)]  # g block 13 (128x3o), m=3
+    g_13_4 = g_ref[:, pl.ds(6016, 128)]  # g block 13 (128x3o), m=4
+    g_13_5 = g_ref[:, pl.ds(6144, 128)]  # g block 13 (128x3o), m=5
+    g_13_6 = g_ref[:, pl.ds(6272, 128)]  # g block 13 (128x3o), m=6
     w = w_ref[:, pl.ds(1664, 128)]
     q_0 = x1_0_0 * g_13_0
     q_1 = x1_0_0 * g_13_1
@@ -4748,7 +5036,9 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     acc_1_1 = jnp.zeros((rows, 128), dtype)
     acc_1_2 = jnp.zeros((rows, 128), dtype)
     # path 1: x1[1] 128x1o (x) x2[1] 1x1o -> out[1] 128x0e, uvu, weights at 128, 3 nonzeros
-    x1_1_0, x1_1_1, x1_1_2 = rt.load_tile(x1_ref, 128, mul=128, dim=3, pad=128)  # x1 block 1 (128x1o)
+    x1_1_0 = x1_ref[:, pl.ds(128, 128)]  # x1 block 1 (128x1o), m=0
+    x1_1_1 = x1_ref[:, pl.ds(256, 128)]  # x1 block 1 (128x1o), m=1
+    x1_1_2 = x1_ref[:, pl.ds(384, 128)]  # x1 block 1 (128x1o), m=2
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
@@ -4772,7 +5062,9 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_1_2_128 = w * q_2
     # path 4: x1[1] 128x1o (x) x2[0] 1x0e -> out[4] 128x1o, uvu, weights at 512, 3 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_4_0, g_4_1, g_4_2 = rt.load_tile(g_ref, 768, mul=128, dim=3, pad=128)  # g block 4 (128x1o)
+    g_4_0 = g_ref[:, pl.ds(768, 128)]  # g block 4 (128x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(896, 128)]  # g block 4 (128x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(1024, 128)]  # g block 4 (128x1o), m=2
     w = w_ref[:, pl.ds(512, 128)]
     q_0 = x1_1_0 * g_4_0
     q_0 = rt.fma(x1_1_1, g_4_1, q_0)
@@ -4792,7 +5084,9 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
     x2_2_3 = x2_ref[:, pl.ds(7, 1)]  # x2 block 2 (1x2e), m=3
     x2_2_4 = x2_ref[:, pl.ds(8, 1)]  # x2 block 2 (1x2e), m=4
-    g_5_0, g_5_1, g_5_2 = rt.load_tile(g_ref, 1152, mul=128, dim=3, pad=128)  # g block 5 (128x1o)
+    g_5_0 = g_ref[:, pl.ds(1152, 128)]  # g block 5 (128x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(1280, 128)]  # g block 5 (128x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(1408, 128)]  # g block 5 (128x1o), m=2
     w = w_ref[:, pl.ds(640, 128)]
     q_0 = 0.5477225575051661 * x1_1_2 * g_5_0
     q_0 = rt.fma(0.5477225575051661 * x1_1_0, g_5_2, q_0)
@@ -4833,7 +5127,11 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_2_3_128 = w * q_3
     px2_2_4_128 = w * q_4
     # path 9: x1[1] 128x1o (x) x2[1] 1x1o -> out[9] 128x2e, uvu, weights at 1152, 11 nonzeros
-    g_9_0, g_9_1, g_9_2, g_9_3, g_9_4 = rt.load_tile(g_ref, 2944, mul=128, dim=5, pad=128)  # g block 9 (128x2e)
+    g_9_0 = g_ref[:, pl.ds(2944, 128)]  # g block 9 (128x2e), m=0
+    g_9_1 = g_ref[:, pl.ds(3072, 128)]  # g block 9 (128x2e), m=1
+    g_9_2 = g_ref[:, pl.ds(3200, 128)]  # g block 9 (128x2e), m=2
+    g_9_3 = g_ref[:, pl.ds(3328, 128)]  # g block 9 (128x2e), m=3
+    g_9_4 = g_ref[:, pl.ds(3456, 128)]  # g block 9 (128x2e), m=4
     w = w_ref[:, pl.ds(1152, 128)]
     wf3 = -0.408248290463863 * g_9_2
     wf3 = rt.fma(-0.7071067811865476, g_9_4, wf3)
@@ -4880,7 +5178,11 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_10_0, g_10_1, g_10_2, g_10_3, g_10_4 = rt.load_tile(g_ref, 3584, mul=128, dim=5, pad=128)  # g block 10 (128x2e)
+    g_10_0 = g_ref[:, pl.ds(3584, 128)]  # g block 10 (128x2e), m=0
+    g_10_1 = g_ref[:, pl.ds(3712, 128)]  # g block 10 (128x2e), m=1
+    g_10_2 = g_ref[:, pl.ds(3840, 128)]  # g block 10 (128x2e), m=2
+    g_10_3 = g_ref[:, pl.ds(3968, 128)]  # g block 10 (128x2e), m=3
+    g_10_4 = g_ref[:, pl.ds(4096, 128)]  # g block 10 (128x2e), m=4
     w = w_ref[:, pl.ds(1280, 128)]
     q_0 = 0.5976143046671968 * x1_1_2 * g_10_0
     q_0 = rt.fma(0.5976143046671968 * x1_1_0, g_10_4, q_0)
@@ -4951,7 +5253,13 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_3_5_128 = w * q_5
     px2_3_6_128 = w * q_6
     # path 14: x1[1] 128x1o (x) x2[2] 1x2e -> out[14] 128x3o, uvu, weights at 1792, 21 nonzeros
-    g_14_0, g_14_1, g_14_2, g_14_3, g_14_4, g_14_5, g_14_6 = rt.load_tile(g_ref, 6400, mul=128, dim=7, pad=128)  # g block 14 (128x3o)
+    g_14_0 = g_ref[:, pl.ds(6400, 128)]  # g block 14 (128x3o), m=0
+    g_14_1 = g_ref[:, pl.ds(6528, 128)]  # g block 14 (128x3o), m=1
+    g_14_2 = g_ref[:, pl.ds(6656, 128)]  # g block 14 (128x3o), m=2
+    g_14_3 = g_ref[:, pl.ds(6784, 128)]  # g block 14 (128x3o), m=3
+    g_14_4 = g_ref[:, pl.ds(6912, 128)]  # g block 14 (128x3o), m=4
+    g_14_5 = g_ref[:, pl.ds(7040, 128)]  # g block 14 (128x3o), m=5
+    g_14_6 = g_ref[:, pl.ds(7168, 128)]  # g block 14 (128x3o), m=6
     w = w_ref[:, pl.ds(1792, 128)]
     wf13 = 0.7071067811865476 * g_14_0
     wf13 = rt.fma(-0.18257418583505536, g_14_2, wf13)
@@ -5022,7 +5330,9 @@ def _conv_bwd_fused_kernel_1(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_2_3_128 = rt.fma(w, px2_2_3_128_s, px2_2_3_128)
     px2_2_4_128_s = q_4
     px2_2_4_128 = rt.fma(w, px2_2_4_128_s, px2_2_4_128)
-    rt.store_tile(gx1_ref, 128, [acc_1_0, acc_1_1, acc_1_2], mul=128, dim=3, pad=128)
+    gx1_ref[:, pl.ds(128, 128)] = acc_1_0
+    gx1_ref[:, pl.ds(256, 128)] = acc_1_1
+    gx1_ref[:, pl.ds(384, 128)] = acc_1_2
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)
@@ -5071,7 +5381,11 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     acc_2_3 = jnp.zeros((rows, 128), dtype)
     acc_2_4 = jnp.zeros((rows, 128), dtype)
     # path 2: x1[2] 128x2e (x) x2[2] 1x2e -> out[2] 128x0e, uvu, weights at 256, 5 nonzeros
-    x1_2_0, x1_2_1, x1_2_2, x1_2_3, x1_2_4 = rt.load_tile(x1_ref, 512, mul=128, dim=5, pad=128)  # x1 block 2 (128x2e)
+    x1_2_0 = x1_ref[:, pl.ds(512, 128)]  # x1 block 2 (128x2e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(640, 128)]  # x1 block 2 (128x2e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(768, 128)]  # x1 block 2 (128x2e), m=2
+    x1_2_3 = x1_ref[:, pl.ds(896, 128)]  # x1 block 2 (128x2e), m=3
+    x1_2_4 = x1_ref[:, pl.ds(1024, 128)]  # x1 block 2 (128x2e), m=4
     x2_2_0 = x2_ref[:, pl.ds(4, 1)]  # x2 block 2 (1x2e), m=0
     x2_2_1 = x2_ref[:, pl.ds(5, 1)]  # x2 block 2 (1x2e), m=1
     x2_2_2 = x2_ref[:, pl.ds(6, 1)]  # x2 block 2 (1x2e), m=2
@@ -5109,7 +5423,9 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
     x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
     x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
-    g_6_0, g_6_1, g_6_2 = rt.load_tile(g_ref, 1536, mul=128, dim=3, pad=128)  # g block 6 (128x1o)
+    g_6_0 = g_ref[:, pl.ds(1536, 128)]  # g block 6 (128x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(1664, 128)]  # g block 6 (128x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(1792, 128)]  # g block 6 (128x1o), m=2
     w = w_ref[:, pl.ds(768, 128)]
     wf1 = -0.31622776601683794 * x1_2_2
     wf1 = rt.fma(-0.5477225575051661, x1_2_4, wf1)
@@ -5155,7 +5471,9 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     x2_3_4 = x2_ref[:, pl.ds(13, 1)]  # x2 block 3 (1x3o), m=4
     x2_3_5 = x2_ref[:, pl.ds(14, 1)]  # x2 block 3 (1x3o), m=5
     x2_3_6 = x2_ref[:, pl.ds(15, 1)]  # x2 block 3 (1x3o), m=6
-    g_7_0, g_7_1, g_7_2 = rt.load_tile(g_ref, 1920, mul=128, dim=3, pad=128)  # g block 7 (128x1o)
+    g_7_0 = g_ref[:, pl.ds(1920, 128)]  # g block 7 (128x1o), m=0
+    g_7_1 = g_ref[:, pl.ds(2048, 128)]  # g block 7 (128x1o), m=1
+    g_7_2 = g_ref[:, pl.ds(2176, 128)]  # g block 7 (128x1o), m=2
     w = w_ref[:, pl.ds(896, 128)]
     q_0 = 0.4629100498862757 * x1_2_4 * g_7_0
     q_0 = rt.fma(0.4629100498862757 * x1_2_0, g_7_2, q_0)
@@ -5229,7 +5547,11 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_3_6_128 = w * q_6
     # path 11: x1[2] 128x2e (x) x2[0] 1x0e -> out[11] 128x2e, uvu, weights at 1408, 5 nonzeros
     x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
-    g_11_0, g_11_1, g_11_2, g_11_3, g_11_4 = rt.load_tile(g_ref, 4224, mul=128, dim=5, pad=128)  # g block 11 (128x2e)
+    g_11_0 = g_ref[:, pl.ds(4224, 128)]  # g block 11 (128x2e), m=0
+    g_11_1 = g_ref[:, pl.ds(4352, 128)]  # g block 11 (128x2e), m=1
+    g_11_2 = g_ref[:, pl.ds(4480, 128)]  # g block 11 (128x2e), m=2
+    g_11_3 = g_ref[:, pl.ds(4608, 128)]  # g block 11 (128x2e), m=3
+    g_11_4 = g_ref[:, pl.ds(4736, 128)]  # g block 11 (128x2e), m=4
     w = w_ref[:, pl.ds(1408, 128)]
     q_0 = x1_2_0 * g_11_0
     q_0 = rt.fma(x1_2_1, g_11_1, q_0)
@@ -5250,7 +5572,11 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     acc_2_4 = rt.fma(w, acc_2_4_s, acc_2_4)
     px2_0_0_128 = w * q_0
     # path 12: x1[2] 128x2e (x) x2[2] 1x2e -> out[12] 128x2e, uvu, weights at 1536, 25 nonzeros
-    g_12_0, g_12_1, g_12_2, g_12_3, g_12_4 = rt.load_tile(g_ref, 4864, mul=128, dim=5, pad=128)  # g block 12 (128x2e)
+    g_12_0 = g_ref[:, pl.ds(4864, 128)]  # g block 12 (128x2e), m=0
+    g_12_1 = g_ref[:, pl.ds(4992, 128)]  # g block 12 (128x2e), m=1
+    g_12_2 = g_ref[:, pl.ds(5120, 128)]  # g block 12 (128x2e), m=2
+    g_12_3 = g_ref[:, pl.ds(5248, 128)]  # g block 12 (128x2e), m=3
+    g_12_4 = g_ref[:, pl.ds(5376, 128)]  # g block 12 (128x2e), m=4
     w = w_ref[:, pl.ds(1536, 128)]
     q_0 = -0.5345224838248488 * x1_2_2 * g_12_0
     q_0 = rt.fma(0.4629100498862757 * x1_2_3, g_12_1, q_0)
@@ -5330,7 +5656,13 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_2_4_128_s = q_4
     px2_2_4_128 = rt.fma(w, px2_2_4_128_s, px2_2_4_128)
     # path 15: x1[2] 128x2e (x) x2[1] 1x1o -> out[15] 128x3o, uvu, weights at 1920, 21 nonzeros
-    g_15_0, g_15_1, g_15_2, g_15_3, g_15_4, g_15_5, g_15_6 = rt.load_tile(g_ref, 7296, mul=128, dim=7, pad=128)  # g block 15 (128x3o)
+    g_15_0 = g_ref[:, pl.ds(7296, 128)]  # g block 15 (128x3o), m=0
+    g_15_1 = g_ref[:, pl.ds(7424, 128)]  # g block 15 (128x3o), m=1
+    g_15_2 = g_ref[:, pl.ds(7552, 128)]  # g block 15 (128x3o), m=2
+    g_15_3 = g_ref[:, pl.ds(7680, 128)]  # g block 15 (128x3o), m=3
+    g_15_4 = g_ref[:, pl.ds(7808, 128)]  # g block 15 (128x3o), m=4
+    g_15_5 = g_ref[:, pl.ds(7936, 128)]  # g block 15 (128x3o), m=5
+    g_15_6 = g_ref[:, pl.ds(8064, 128)]  # g block 15 (128x3o), m=6
     w = w_ref[:, pl.ds(1920, 128)]
     wf17 = 0.7071067811865476 * g_15_0
     wf17 = rt.fma(0.18257418583505536, g_15_2, wf17)
@@ -5396,7 +5728,13 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_1_2_128_s = q_2
     px2_1_2_128 = rt.fma(w, px2_1_2_128_s, px2_1_2_128)
     # path 16: x1[2] 128x2e (x) x2[3] 1x3o -> out[16] 128x3o, uvu, weights at 2048, 41 nonzeros
-    g_16_0, g_16_1, g_16_2, g_16_3, g_16_4, g_16_5, g_16_6 = rt.load_tile(g_ref, 8192, mul=128, dim=7, pad=128)  # g block 16 (128x3o)
+    g_16_0 = g_ref[:, pl.ds(8192, 128)]  # g block 16 (128x3o), m=0
+    g_16_1 = g_ref[:, pl.ds(8320, 128)]  # g block 16 (128x3o), m=1
+    g_16_2 = g_ref[:, pl.ds(8448, 128)]  # g block 16 (128x3o), m=2
+    g_16_3 = g_ref[:, pl.ds(8576, 128)]  # g block 16 (128x3o), m=3
+    g_16_4 = g_ref[:, pl.ds(8704, 128)]  # g block 16 (128x3o), m=4
+    g_16_5 = g_ref[:, pl.ds(8832, 128)]  # g block 16 (128x3o), m=5
+    g_16_6 = g_ref[:, pl.ds(8960, 128)]  # g block 16 (128x3o), m=6
     w = w_ref[:, pl.ds(2048, 128)]
     q_0 = -0.6454972243679028 * x1_2_2 * g_16_0
     q_0 = rt.fma(0.45643546458763845 * x1_2_3, g_16_1, q_0)
@@ -5527,7 +5865,11 @@ def _conv_bwd_fused_kernel_2(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_
     px2_3_5_128 = rt.fma(w, px2_3_5_128_s, px2_3_5_128)
     px2_3_6_128_s = q_6
     px2_3_6_128 = rt.fma(w, px2_3_6_128_s, px2_3_6_128)
-    rt.store_tile(gx1_ref, 512, [acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4], mul=128, dim=5, pad=128)
+    gx1_ref[:, pl.ds(512, 128)] = acc_2_0
+    gx1_ref[:, pl.ds(640, 128)] = acc_2_1
+    gx1_ref[:, pl.ds(768, 128)] = acc_2_2
+    gx1_ref[:, pl.ds(896, 128)] = acc_2_3
+    gx1_ref[:, pl.ds(1024, 128)] = acc_2_4
 
     # dF/dx2 of this kernel's paths (the whole row: a partial sum)
     c_0 = jnp.sum(px2_0_0_128, axis=1, keepdims=True)

@@ -31,7 +31,10 @@ and its kernels (``pallas_kernels``).
 Layout. The kernels read and write the spec's rows (``mul_ir``) and e3nn's weight
 order in place: no conversion pass outside them (each ``mul_ir`` block with several
 channels and components is loaded as one contiguous tile and split into components on
-chip, docs/architecture.md "What layout costs").
+chip, docs/architecture.md "What layout costs"). The conv's kernels are the
+exception: they run on ``ir_mul`` rows, and ``conv`` / ``conv_radial`` permute the node
+features and their output (one gather of node rows each, differentiable), since a segment
+program would split each tile again at every loop step (eqdsl.runtime.jax.columns).
 
 Batch. Each kernel launch pads its rows up to a multiple of the batch block
 (``block_batch``, default 4; a copy of the operands unless the batch is a
@@ -135,10 +138,17 @@ _FUNCTIONS = TensorProductFunctions(
         backward_fused_kernels=_kernels.CONV_BWD_FUSED_KERNELS,
         gx1_segments=_kernels.CONV_FUSED_GX1_SEGMENTS,
     ),
+    # (mul, 2l+1) per block of x1, x2, out: the conv's kernels run on ir_mul rows, conv and
+    # conv_radial permute the columns (eqdsl.runtime.jax.columns)
+    conv_blocks=(
+        ((32, 1), (32, 1), (32, 3), (32, 3)),  # x1
+        ((1, 1), (1, 3)),  # x2
+        ((32, 1), (32, 1), (32, 1), (32, 1), (32, 3), (32, 3), (32, 3), (32, 3), (32, 3), (32, 3)),  # out
+    ),
 )
 # The four kernels on spec-layout rows, differentiable to any order in reverse mode.
 KERNEL_OPS = _FUNCTIONS.kernel_ops
-# The four conv kernels on spec-layout rows and a ``ConvGraph``, differentiable to any order in reverse mode.
+# The four conv kernels on ir_mul rows and a ``ConvGraph``, differentiable to any order in reverse mode.
 CONV_OPS = _FUNCTIONS.conv_ops
 
 

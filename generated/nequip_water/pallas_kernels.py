@@ -824,6 +824,855 @@ def _tp_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_re
     gx2_ref[:, pl.ds(3, 1)] = c_2
 
 
+# ------------------------------------------------------------------ the conv's kernels
+# The same derivatives split over more kernels (spec key pallas_conv_max_terms): fewer
+# running sums per segment program.
+
+
+def _conv_fwd_kernel_0(x1_ref, x2_ref, w_ref, out_ref):
+    """Output blocks 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 (704 columns); 32 CG terms."""
+    rows = x1_ref.shape[0]
+    dtype = out_ref.dtype
+
+    # out block 0 (32x0o): 1 path(s)
+    acc_0_0 = jnp.zeros((rows, 32), dtype)
+    x1_1_0 = x1_ref[:, pl.ds(32, 32)]  # x1 block 1 (32x0o), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    # path 2: x1[1] 32x0o (x) x2[0] 1x0e -> out[0] 32x0o, uvu, weights at 64, 1 nonzeros
+    w = w_ref[:, pl.ds(64, 32)]
+    acc_0_0 = acc_0_0 + w * (x1_1_0 * x2_0_0)
+    out_ref[:, pl.ds(0, 32)] = acc_0_0
+
+    # out block 1 (32x0o): 1 path(s)
+    acc_1_0 = jnp.zeros((rows, 32), dtype)
+    x1_2_0 = x1_ref[:, pl.ds(64, 32)]  # x1 block 2 (32x1e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(96, 32)]  # x1 block 2 (32x1e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(128, 32)]  # x1 block 2 (32x1e), m=2
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    # path 5: x1[2] 32x1e (x) x2[1] 1x1o -> out[1] 32x0o, uvu, weights at 160, 3 nonzeros
+    w = w_ref[:, pl.ds(160, 32)]
+    acc_1_0 = acc_1_0 + w * (
+        0.5773502691896257 * x1_2_0 * x2_1_0
+        + 0.5773502691896257 * x1_2_1 * x2_1_1
+        + 0.5773502691896257 * x1_2_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(32, 32)] = acc_1_0
+
+    # out block 2 (32x0e): 1 path(s)
+    acc_2_0 = jnp.zeros((rows, 32), dtype)
+    x1_0_0 = x1_ref[:, pl.ds(0, 32)]  # x1 block 0 (32x0e), m=0
+    # path 0: x1[0] 32x0e (x) x2[0] 1x0e -> out[2] 32x0e, uvu, weights at 0, 1 nonzeros
+    w = w_ref[:, pl.ds(0, 32)]
+    acc_2_0 = acc_2_0 + w * (x1_0_0 * x2_0_0)
+    out_ref[:, pl.ds(64, 32)] = acc_2_0
+
+    # out block 3 (32x0e): 1 path(s)
+    acc_3_0 = jnp.zeros((rows, 32), dtype)
+    x1_3_0 = x1_ref[:, pl.ds(160, 32)]  # x1 block 3 (32x1o), m=0
+    x1_3_1 = x1_ref[:, pl.ds(192, 32)]  # x1 block 3 (32x1o), m=1
+    x1_3_2 = x1_ref[:, pl.ds(224, 32)]  # x1 block 3 (32x1o), m=2
+    # path 8: x1[3] 32x1o (x) x2[1] 1x1o -> out[3] 32x0e, uvu, weights at 256, 3 nonzeros
+    w = w_ref[:, pl.ds(256, 32)]
+    acc_3_0 = acc_3_0 + w * (
+        0.5773502691896257 * x1_3_0 * x2_1_0
+        + 0.5773502691896257 * x1_3_1 * x2_1_1
+        + 0.5773502691896257 * x1_3_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(96, 32)] = acc_3_0
+
+    # out block 4 (32x1o): 1 path(s)
+    acc_4_0 = jnp.zeros((rows, 32), dtype)
+    acc_4_1 = jnp.zeros((rows, 32), dtype)
+    acc_4_2 = jnp.zeros((rows, 32), dtype)
+    # path 1: x1[0] 32x0e (x) x2[1] 1x1o -> out[4] 32x1o, uvu, weights at 32, 3 nonzeros
+    w = w_ref[:, pl.ds(32, 32)]
+    acc_4_0 = acc_4_0 + w * (x1_0_0 * x2_1_0)
+    acc_4_1 = acc_4_1 + w * (x1_0_0 * x2_1_1)
+    acc_4_2 = acc_4_2 + w * (x1_0_0 * x2_1_2)
+    out_ref[:, pl.ds(128, 32)] = acc_4_0
+    out_ref[:, pl.ds(160, 32)] = acc_4_1
+    out_ref[:, pl.ds(192, 32)] = acc_4_2
+
+    # out block 5 (32x1o): 1 path(s)
+    acc_5_0 = jnp.zeros((rows, 32), dtype)
+    acc_5_1 = jnp.zeros((rows, 32), dtype)
+    acc_5_2 = jnp.zeros((rows, 32), dtype)
+    # path 6: x1[2] 32x1e (x) x2[1] 1x1o -> out[5] 32x1o, uvu, weights at 192, 6 nonzeros
+    w = w_ref[:, pl.ds(192, 32)]
+    acc_5_0 = acc_5_0 + w * (
+        0.7071067811865476 * x1_2_1 * x2_1_2
+        - 0.7071067811865476 * x1_2_2 * x2_1_1
+    )
+    acc_5_1 = acc_5_1 + w * (
+        - 0.7071067811865476 * x1_2_0 * x2_1_2
+        + 0.7071067811865476 * x1_2_2 * x2_1_0
+    )
+    acc_5_2 = acc_5_2 + w * (
+        0.7071067811865476 * x1_2_0 * x2_1_1
+        - 0.7071067811865476 * x1_2_1 * x2_1_0
+    )
+    out_ref[:, pl.ds(224, 32)] = acc_5_0
+    out_ref[:, pl.ds(256, 32)] = acc_5_1
+    out_ref[:, pl.ds(288, 32)] = acc_5_2
+
+    # out block 6 (32x1o): 1 path(s)
+    acc_6_0 = jnp.zeros((rows, 32), dtype)
+    acc_6_1 = jnp.zeros((rows, 32), dtype)
+    acc_6_2 = jnp.zeros((rows, 32), dtype)
+    # path 7: x1[3] 32x1o (x) x2[0] 1x0e -> out[6] 32x1o, uvu, weights at 224, 3 nonzeros
+    w = w_ref[:, pl.ds(224, 32)]
+    acc_6_0 = acc_6_0 + w * (x1_3_0 * x2_0_0)
+    acc_6_1 = acc_6_1 + w * (x1_3_1 * x2_0_0)
+    acc_6_2 = acc_6_2 + w * (x1_3_2 * x2_0_0)
+    out_ref[:, pl.ds(320, 32)] = acc_6_0
+    out_ref[:, pl.ds(352, 32)] = acc_6_1
+    out_ref[:, pl.ds(384, 32)] = acc_6_2
+
+    # out block 7 (32x1e): 1 path(s)
+    acc_7_0 = jnp.zeros((rows, 32), dtype)
+    acc_7_1 = jnp.zeros((rows, 32), dtype)
+    acc_7_2 = jnp.zeros((rows, 32), dtype)
+    # path 3: x1[1] 32x0o (x) x2[1] 1x1o -> out[7] 32x1e, uvu, weights at 96, 3 nonzeros
+    w = w_ref[:, pl.ds(96, 32)]
+    acc_7_0 = acc_7_0 + w * (x1_1_0 * x2_1_0)
+    acc_7_1 = acc_7_1 + w * (x1_1_0 * x2_1_1)
+    acc_7_2 = acc_7_2 + w * (x1_1_0 * x2_1_2)
+    out_ref[:, pl.ds(416, 32)] = acc_7_0
+    out_ref[:, pl.ds(448, 32)] = acc_7_1
+    out_ref[:, pl.ds(480, 32)] = acc_7_2
+
+    # out block 8 (32x1e): 1 path(s)
+    acc_8_0 = jnp.zeros((rows, 32), dtype)
+    acc_8_1 = jnp.zeros((rows, 32), dtype)
+    acc_8_2 = jnp.zeros((rows, 32), dtype)
+    # path 4: x1[2] 32x1e (x) x2[0] 1x0e -> out[8] 32x1e, uvu, weights at 128, 3 nonzeros
+    w = w_ref[:, pl.ds(128, 32)]
+    acc_8_0 = acc_8_0 + w * (x1_2_0 * x2_0_0)
+    acc_8_1 = acc_8_1 + w * (x1_2_1 * x2_0_0)
+    acc_8_2 = acc_8_2 + w * (x1_2_2 * x2_0_0)
+    out_ref[:, pl.ds(512, 32)] = acc_8_0
+    out_ref[:, pl.ds(544, 32)] = acc_8_1
+    out_ref[:, pl.ds(576, 32)] = acc_8_2
+
+    # out block 9 (32x1e): 1 path(s)
+    acc_9_0 = jnp.zeros((rows, 32), dtype)
+    acc_9_1 = jnp.zeros((rows, 32), dtype)
+    acc_9_2 = jnp.zeros((rows, 32), dtype)
+    # path 9: x1[3] 32x1o (x) x2[1] 1x1o -> out[9] 32x1e, uvu, weights at 288, 6 nonzeros
+    w = w_ref[:, pl.ds(288, 32)]
+    acc_9_0 = acc_9_0 + w * (
+        0.7071067811865476 * x1_3_1 * x2_1_2
+        - 0.7071067811865476 * x1_3_2 * x2_1_1
+    )
+    acc_9_1 = acc_9_1 + w * (
+        - 0.7071067811865476 * x1_3_0 * x2_1_2
+        + 0.7071067811865476 * x1_3_2 * x2_1_0
+    )
+    acc_9_2 = acc_9_2 + w * (
+        0.7071067811865476 * x1_3_0 * x2_1_1
+        - 0.7071067811865476 * x1_3_1 * x2_1_0
+    )
+    out_ref[:, pl.ds(608, 32)] = acc_9_0
+    out_ref[:, pl.ds(640, 32)] = acc_9_1
+    out_ref[:, pl.ds(672, 32)] = acc_9_2
+
+
+def _conv_bwd_x1_kernel_0(g_ref, x2_ref, w_ref, out_ref):
+    """x1 blocks 0, 1, 2, 3 (256 columns); 32 CG terms."""
+    rows = g_ref.shape[0]
+    dtype = out_ref.dtype
+
+    # x1 block 0 (32x0e): 2 path(s)
+    acc_0_0 = jnp.zeros((rows, 32), dtype)
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    g_2_0 = g_ref[:, pl.ds(64, 32)]  # g block 2 (32x0e), m=0
+    # path 0: x1[0] 32x0e (x) x2[0] 1x0e -> out[2] 32x0e, uvu, weights at 0, 1 nonzeros
+    w = w_ref[:, pl.ds(0, 32)]
+    acc_0_0 = acc_0_0 + w * (x2_0_0 * g_2_0)
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    g_4_0 = g_ref[:, pl.ds(128, 32)]  # g block 4 (32x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(160, 32)]  # g block 4 (32x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(192, 32)]  # g block 4 (32x1o), m=2
+    # path 1: x1[0] 32x0e (x) x2[1] 1x1o -> out[4] 32x1o, uvu, weights at 32, 3 nonzeros
+    w = w_ref[:, pl.ds(32, 32)]
+    acc_0_0 = acc_0_0 + w * (
+        x2_1_0 * g_4_0
+        + x2_1_1 * g_4_1
+        + x2_1_2 * g_4_2
+    )
+    out_ref[:, pl.ds(0, 32)] = acc_0_0
+
+    # x1 block 1 (32x0o): 2 path(s)
+    acc_1_0 = jnp.zeros((rows, 32), dtype)
+    g_0_0 = g_ref[:, pl.ds(0, 32)]  # g block 0 (32x0o), m=0
+    # path 2: x1[1] 32x0o (x) x2[0] 1x0e -> out[0] 32x0o, uvu, weights at 64, 1 nonzeros
+    w = w_ref[:, pl.ds(64, 32)]
+    acc_1_0 = acc_1_0 + w * (x2_0_0 * g_0_0)
+    g_7_0 = g_ref[:, pl.ds(416, 32)]  # g block 7 (32x1e), m=0
+    g_7_1 = g_ref[:, pl.ds(448, 32)]  # g block 7 (32x1e), m=1
+    g_7_2 = g_ref[:, pl.ds(480, 32)]  # g block 7 (32x1e), m=2
+    # path 3: x1[1] 32x0o (x) x2[1] 1x1o -> out[7] 32x1e, uvu, weights at 96, 3 nonzeros
+    w = w_ref[:, pl.ds(96, 32)]
+    acc_1_0 = acc_1_0 + w * (
+        x2_1_0 * g_7_0
+        + x2_1_1 * g_7_1
+        + x2_1_2 * g_7_2
+    )
+    out_ref[:, pl.ds(32, 32)] = acc_1_0
+
+    # x1 block 2 (32x1e): 3 path(s)
+    acc_2_0 = jnp.zeros((rows, 32), dtype)
+    acc_2_1 = jnp.zeros((rows, 32), dtype)
+    acc_2_2 = jnp.zeros((rows, 32), dtype)
+    g_8_0 = g_ref[:, pl.ds(512, 32)]  # g block 8 (32x1e), m=0
+    g_8_1 = g_ref[:, pl.ds(544, 32)]  # g block 8 (32x1e), m=1
+    g_8_2 = g_ref[:, pl.ds(576, 32)]  # g block 8 (32x1e), m=2
+    # path 4: x1[2] 32x1e (x) x2[0] 1x0e -> out[8] 32x1e, uvu, weights at 128, 3 nonzeros
+    w = w_ref[:, pl.ds(128, 32)]
+    acc_2_0 = acc_2_0 + w * (x2_0_0 * g_8_0)
+    acc_2_1 = acc_2_1 + w * (x2_0_0 * g_8_1)
+    acc_2_2 = acc_2_2 + w * (x2_0_0 * g_8_2)
+    g_1_0 = g_ref[:, pl.ds(32, 32)]  # g block 1 (32x0o), m=0
+    # path 5: x1[2] 32x1e (x) x2[1] 1x1o -> out[1] 32x0o, uvu, weights at 160, 3 nonzeros
+    w = w_ref[:, pl.ds(160, 32)]
+    acc_2_0 = acc_2_0 + w * (0.5773502691896257 * x2_1_0 * g_1_0)
+    acc_2_1 = acc_2_1 + w * (0.5773502691896257 * x2_1_1 * g_1_0)
+    acc_2_2 = acc_2_2 + w * (0.5773502691896257 * x2_1_2 * g_1_0)
+    g_5_0 = g_ref[:, pl.ds(224, 32)]  # g block 5 (32x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(256, 32)]  # g block 5 (32x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(288, 32)]  # g block 5 (32x1o), m=2
+    # path 6: x1[2] 32x1e (x) x2[1] 1x1o -> out[5] 32x1o, uvu, weights at 192, 6 nonzeros
+    w = w_ref[:, pl.ds(192, 32)]
+    acc_2_0 = acc_2_0 + w * (
+        - 0.7071067811865476 * x2_1_2 * g_5_1
+        + 0.7071067811865476 * x2_1_1 * g_5_2
+    )
+    acc_2_1 = acc_2_1 + w * (
+        0.7071067811865476 * x2_1_2 * g_5_0
+        - 0.7071067811865476 * x2_1_0 * g_5_2
+    )
+    acc_2_2 = acc_2_2 + w * (
+        - 0.7071067811865476 * x2_1_1 * g_5_0
+        + 0.7071067811865476 * x2_1_0 * g_5_1
+    )
+    out_ref[:, pl.ds(64, 32)] = acc_2_0
+    out_ref[:, pl.ds(96, 32)] = acc_2_1
+    out_ref[:, pl.ds(128, 32)] = acc_2_2
+
+    # x1 block 3 (32x1o): 3 path(s)
+    acc_3_0 = jnp.zeros((rows, 32), dtype)
+    acc_3_1 = jnp.zeros((rows, 32), dtype)
+    acc_3_2 = jnp.zeros((rows, 32), dtype)
+    g_6_0 = g_ref[:, pl.ds(320, 32)]  # g block 6 (32x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(352, 32)]  # g block 6 (32x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(384, 32)]  # g block 6 (32x1o), m=2
+    # path 7: x1[3] 32x1o (x) x2[0] 1x0e -> out[6] 32x1o, uvu, weights at 224, 3 nonzeros
+    w = w_ref[:, pl.ds(224, 32)]
+    acc_3_0 = acc_3_0 + w * (x2_0_0 * g_6_0)
+    acc_3_1 = acc_3_1 + w * (x2_0_0 * g_6_1)
+    acc_3_2 = acc_3_2 + w * (x2_0_0 * g_6_2)
+    g_3_0 = g_ref[:, pl.ds(96, 32)]  # g block 3 (32x0e), m=0
+    # path 8: x1[3] 32x1o (x) x2[1] 1x1o -> out[3] 32x0e, uvu, weights at 256, 3 nonzeros
+    w = w_ref[:, pl.ds(256, 32)]
+    acc_3_0 = acc_3_0 + w * (0.5773502691896257 * x2_1_0 * g_3_0)
+    acc_3_1 = acc_3_1 + w * (0.5773502691896257 * x2_1_1 * g_3_0)
+    acc_3_2 = acc_3_2 + w * (0.5773502691896257 * x2_1_2 * g_3_0)
+    g_9_0 = g_ref[:, pl.ds(608, 32)]  # g block 9 (32x1e), m=0
+    g_9_1 = g_ref[:, pl.ds(640, 32)]  # g block 9 (32x1e), m=1
+    g_9_2 = g_ref[:, pl.ds(672, 32)]  # g block 9 (32x1e), m=2
+    # path 9: x1[3] 32x1o (x) x2[1] 1x1o -> out[9] 32x1e, uvu, weights at 288, 6 nonzeros
+    w = w_ref[:, pl.ds(288, 32)]
+    acc_3_0 = acc_3_0 + w * (
+        - 0.7071067811865476 * x2_1_2 * g_9_1
+        + 0.7071067811865476 * x2_1_1 * g_9_2
+    )
+    acc_3_1 = acc_3_1 + w * (
+        0.7071067811865476 * x2_1_2 * g_9_0
+        - 0.7071067811865476 * x2_1_0 * g_9_2
+    )
+    acc_3_2 = acc_3_2 + w * (
+        - 0.7071067811865476 * x2_1_1 * g_9_0
+        + 0.7071067811865476 * x2_1_0 * g_9_1
+    )
+    out_ref[:, pl.ds(160, 32)] = acc_3_0
+    out_ref[:, pl.ds(192, 32)] = acc_3_1
+    out_ref[:, pl.ds(224, 32)] = acc_3_2
+
+
+def _conv_bwd_x2_kernel_0(x1_ref, g_ref, w_ref, out_ref):
+    """x2 blocks 0, 1 (4 columns); 32 CG terms."""
+    rows = x1_ref.shape[0]
+    dtype = out_ref.dtype
+
+    # x2 block 0 (1x0e): 4 path(s)
+    acc_0_0 = jnp.zeros((rows, 1), dtype)
+    # path 0: x1[0] 32x0e (x) x2[0] 1x0e -> out[2] 32x0e, uvu, weights at 0, 1 nonzeros
+    x1_0_0 = x1_ref[:, pl.ds(0, 32)]  # x1 block 0 (32x0e), m=0
+    g_2_0 = g_ref[:, pl.ds(64, 32)]  # g block 2 (32x0e), m=0
+    h0_0 = x1_0_0 * g_2_0
+    w = w_ref[:, pl.ds(0, 32)]
+    acc_0_0 = acc_0_0 + jnp.sum(w * h0_0, axis=1, keepdims=True)
+    # path 2: x1[1] 32x0o (x) x2[0] 1x0e -> out[0] 32x0o, uvu, weights at 64, 1 nonzeros
+    x1_1_0 = x1_ref[:, pl.ds(32, 32)]  # x1 block 1 (32x0o), m=0
+    g_0_0 = g_ref[:, pl.ds(0, 32)]  # g block 0 (32x0o), m=0
+    h2_0 = x1_1_0 * g_0_0
+    w = w_ref[:, pl.ds(64, 32)]
+    acc_0_0 = acc_0_0 + jnp.sum(w * h2_0, axis=1, keepdims=True)
+    # path 4: x1[2] 32x1e (x) x2[0] 1x0e -> out[8] 32x1e, uvu, weights at 128, 3 nonzeros
+    x1_2_0 = x1_ref[:, pl.ds(64, 32)]  # x1 block 2 (32x1e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(96, 32)]  # x1 block 2 (32x1e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(128, 32)]  # x1 block 2 (32x1e), m=2
+    g_8_0 = g_ref[:, pl.ds(512, 32)]  # g block 8 (32x1e), m=0
+    g_8_1 = g_ref[:, pl.ds(544, 32)]  # g block 8 (32x1e), m=1
+    g_8_2 = g_ref[:, pl.ds(576, 32)]  # g block 8 (32x1e), m=2
+    h4_0 = (
+        x1_2_0 * g_8_0
+        + x1_2_1 * g_8_1
+        + x1_2_2 * g_8_2
+    )
+    w = w_ref[:, pl.ds(128, 32)]
+    acc_0_0 = acc_0_0 + jnp.sum(w * h4_0, axis=1, keepdims=True)
+    # path 7: x1[3] 32x1o (x) x2[0] 1x0e -> out[6] 32x1o, uvu, weights at 224, 3 nonzeros
+    x1_3_0 = x1_ref[:, pl.ds(160, 32)]  # x1 block 3 (32x1o), m=0
+    x1_3_1 = x1_ref[:, pl.ds(192, 32)]  # x1 block 3 (32x1o), m=1
+    x1_3_2 = x1_ref[:, pl.ds(224, 32)]  # x1 block 3 (32x1o), m=2
+    g_6_0 = g_ref[:, pl.ds(320, 32)]  # g block 6 (32x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(352, 32)]  # g block 6 (32x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(384, 32)]  # g block 6 (32x1o), m=2
+    h7_0 = (
+        x1_3_0 * g_6_0
+        + x1_3_1 * g_6_1
+        + x1_3_2 * g_6_2
+    )
+    w = w_ref[:, pl.ds(224, 32)]
+    acc_0_0 = acc_0_0 + jnp.sum(w * h7_0, axis=1, keepdims=True)
+    out_ref[:, pl.ds(0, 1)] = acc_0_0
+
+    # x2 block 1 (1x1o): 6 path(s)
+    acc_1_0 = jnp.zeros((rows, 1), dtype)
+    acc_1_1 = jnp.zeros((rows, 1), dtype)
+    acc_1_2 = jnp.zeros((rows, 1), dtype)
+    # path 1: x1[0] 32x0e (x) x2[1] 1x1o -> out[4] 32x1o, uvu, weights at 32, 3 nonzeros
+    g_4_0 = g_ref[:, pl.ds(128, 32)]  # g block 4 (32x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(160, 32)]  # g block 4 (32x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(192, 32)]  # g block 4 (32x1o), m=2
+    h1_0 = x1_0_0 * g_4_0
+    h1_1 = x1_0_0 * g_4_1
+    h1_2 = x1_0_0 * g_4_2
+    w = w_ref[:, pl.ds(32, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h1_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h1_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h1_2, axis=1, keepdims=True)
+    # path 3: x1[1] 32x0o (x) x2[1] 1x1o -> out[7] 32x1e, uvu, weights at 96, 3 nonzeros
+    g_7_0 = g_ref[:, pl.ds(416, 32)]  # g block 7 (32x1e), m=0
+    g_7_1 = g_ref[:, pl.ds(448, 32)]  # g block 7 (32x1e), m=1
+    g_7_2 = g_ref[:, pl.ds(480, 32)]  # g block 7 (32x1e), m=2
+    h3_0 = x1_1_0 * g_7_0
+    h3_1 = x1_1_0 * g_7_1
+    h3_2 = x1_1_0 * g_7_2
+    w = w_ref[:, pl.ds(96, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h3_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h3_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h3_2, axis=1, keepdims=True)
+    # path 5: x1[2] 32x1e (x) x2[1] 1x1o -> out[1] 32x0o, uvu, weights at 160, 3 nonzeros
+    g_1_0 = g_ref[:, pl.ds(32, 32)]  # g block 1 (32x0o), m=0
+    h5_0 = 0.5773502691896257 * x1_2_0 * g_1_0
+    h5_1 = 0.5773502691896257 * x1_2_1 * g_1_0
+    h5_2 = 0.5773502691896257 * x1_2_2 * g_1_0
+    w = w_ref[:, pl.ds(160, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h5_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h5_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h5_2, axis=1, keepdims=True)
+    # path 6: x1[2] 32x1e (x) x2[1] 1x1o -> out[5] 32x1o, uvu, weights at 192, 6 nonzeros
+    g_5_0 = g_ref[:, pl.ds(224, 32)]  # g block 5 (32x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(256, 32)]  # g block 5 (32x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(288, 32)]  # g block 5 (32x1o), m=2
+    h6_0 = (
+        0.7071067811865476 * x1_2_2 * g_5_1
+        - 0.7071067811865476 * x1_2_1 * g_5_2
+    )
+    h6_1 = (
+        - 0.7071067811865476 * x1_2_2 * g_5_0
+        + 0.7071067811865476 * x1_2_0 * g_5_2
+    )
+    h6_2 = (
+        0.7071067811865476 * x1_2_1 * g_5_0
+        - 0.7071067811865476 * x1_2_0 * g_5_1
+    )
+    w = w_ref[:, pl.ds(192, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h6_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h6_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h6_2, axis=1, keepdims=True)
+    # path 8: x1[3] 32x1o (x) x2[1] 1x1o -> out[3] 32x0e, uvu, weights at 256, 3 nonzeros
+    g_3_0 = g_ref[:, pl.ds(96, 32)]  # g block 3 (32x0e), m=0
+    h8_0 = 0.5773502691896257 * x1_3_0 * g_3_0
+    h8_1 = 0.5773502691896257 * x1_3_1 * g_3_0
+    h8_2 = 0.5773502691896257 * x1_3_2 * g_3_0
+    w = w_ref[:, pl.ds(256, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h8_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h8_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h8_2, axis=1, keepdims=True)
+    # path 9: x1[3] 32x1o (x) x2[1] 1x1o -> out[9] 32x1e, uvu, weights at 288, 6 nonzeros
+    g_9_0 = g_ref[:, pl.ds(608, 32)]  # g block 9 (32x1e), m=0
+    g_9_1 = g_ref[:, pl.ds(640, 32)]  # g block 9 (32x1e), m=1
+    g_9_2 = g_ref[:, pl.ds(672, 32)]  # g block 9 (32x1e), m=2
+    h9_0 = (
+        0.7071067811865476 * x1_3_2 * g_9_1
+        - 0.7071067811865476 * x1_3_1 * g_9_2
+    )
+    h9_1 = (
+        - 0.7071067811865476 * x1_3_2 * g_9_0
+        + 0.7071067811865476 * x1_3_0 * g_9_2
+    )
+    h9_2 = (
+        0.7071067811865476 * x1_3_1 * g_9_0
+        - 0.7071067811865476 * x1_3_0 * g_9_1
+    )
+    w = w_ref[:, pl.ds(288, 32)]
+    acc_1_0 = acc_1_0 + jnp.sum(w * h9_0, axis=1, keepdims=True)
+    acc_1_1 = acc_1_1 + jnp.sum(w * h9_1, axis=1, keepdims=True)
+    acc_1_2 = acc_1_2 + jnp.sum(w * h9_2, axis=1, keepdims=True)
+    out_ref[:, pl.ds(1, 1)] = acc_1_0
+    out_ref[:, pl.ds(2, 1)] = acc_1_1
+    out_ref[:, pl.ds(3, 1)] = acc_1_2
+
+
+def _conv_bwd_w_kernel_0(x1_ref, x2_ref, g_ref, out_ref):
+    """Weighted paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 (320 columns); 32 CG terms."""
+    rows = x1_ref.shape[0]
+    dtype = out_ref.dtype
+
+    # weights of path 0 (32 columns)
+    # path 0: x1[0] 32x0e (x) x2[0] 1x0e -> out[2] 32x0e, uvu, weights at 0, 1 nonzeros
+    x1_0_0 = x1_ref[:, pl.ds(0, 32)]  # x1 block 0 (32x0e), m=0
+    g_2_0 = g_ref[:, pl.ds(64, 32)]  # g block 2 (32x0e), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    h0_0 = x1_0_0 * g_2_0
+    r = h0_0 * x2_0_0
+    out_ref[:, pl.ds(0, 32)] = r
+
+    # weights of path 1 (32 columns)
+    # path 1: x1[0] 32x0e (x) x2[1] 1x1o -> out[4] 32x1o, uvu, weights at 32, 3 nonzeros
+    g_4_0 = g_ref[:, pl.ds(128, 32)]  # g block 4 (32x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(160, 32)]  # g block 4 (32x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(192, 32)]  # g block 4 (32x1o), m=2
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    h1_0 = x1_0_0 * g_4_0
+    h1_1 = x1_0_0 * g_4_1
+    h1_2 = x1_0_0 * g_4_2
+    r = (
+        h1_0 * x2_1_0
+        + h1_1 * x2_1_1
+        + h1_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(32, 32)] = r
+
+    # weights of path 2 (32 columns)
+    # path 2: x1[1] 32x0o (x) x2[0] 1x0e -> out[0] 32x0o, uvu, weights at 64, 1 nonzeros
+    x1_1_0 = x1_ref[:, pl.ds(32, 32)]  # x1 block 1 (32x0o), m=0
+    g_0_0 = g_ref[:, pl.ds(0, 32)]  # g block 0 (32x0o), m=0
+    h2_0 = x1_1_0 * g_0_0
+    r = h2_0 * x2_0_0
+    out_ref[:, pl.ds(64, 32)] = r
+
+    # weights of path 3 (32 columns)
+    # path 3: x1[1] 32x0o (x) x2[1] 1x1o -> out[7] 32x1e, uvu, weights at 96, 3 nonzeros
+    g_7_0 = g_ref[:, pl.ds(416, 32)]  # g block 7 (32x1e), m=0
+    g_7_1 = g_ref[:, pl.ds(448, 32)]  # g block 7 (32x1e), m=1
+    g_7_2 = g_ref[:, pl.ds(480, 32)]  # g block 7 (32x1e), m=2
+    h3_0 = x1_1_0 * g_7_0
+    h3_1 = x1_1_0 * g_7_1
+    h3_2 = x1_1_0 * g_7_2
+    r = (
+        h3_0 * x2_1_0
+        + h3_1 * x2_1_1
+        + h3_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(96, 32)] = r
+
+    # weights of path 4 (32 columns)
+    # path 4: x1[2] 32x1e (x) x2[0] 1x0e -> out[8] 32x1e, uvu, weights at 128, 3 nonzeros
+    x1_2_0 = x1_ref[:, pl.ds(64, 32)]  # x1 block 2 (32x1e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(96, 32)]  # x1 block 2 (32x1e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(128, 32)]  # x1 block 2 (32x1e), m=2
+    g_8_0 = g_ref[:, pl.ds(512, 32)]  # g block 8 (32x1e), m=0
+    g_8_1 = g_ref[:, pl.ds(544, 32)]  # g block 8 (32x1e), m=1
+    g_8_2 = g_ref[:, pl.ds(576, 32)]  # g block 8 (32x1e), m=2
+    h4_0 = (
+        x1_2_0 * g_8_0
+        + x1_2_1 * g_8_1
+        + x1_2_2 * g_8_2
+    )
+    r = h4_0 * x2_0_0
+    out_ref[:, pl.ds(128, 32)] = r
+
+    # weights of path 5 (32 columns)
+    # path 5: x1[2] 32x1e (x) x2[1] 1x1o -> out[1] 32x0o, uvu, weights at 160, 3 nonzeros
+    g_1_0 = g_ref[:, pl.ds(32, 32)]  # g block 1 (32x0o), m=0
+    h5_0 = 0.5773502691896257 * x1_2_0 * g_1_0
+    h5_1 = 0.5773502691896257 * x1_2_1 * g_1_0
+    h5_2 = 0.5773502691896257 * x1_2_2 * g_1_0
+    r = (
+        h5_0 * x2_1_0
+        + h5_1 * x2_1_1
+        + h5_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(160, 32)] = r
+
+    # weights of path 6 (32 columns)
+    # path 6: x1[2] 32x1e (x) x2[1] 1x1o -> out[5] 32x1o, uvu, weights at 192, 6 nonzeros
+    g_5_0 = g_ref[:, pl.ds(224, 32)]  # g block 5 (32x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(256, 32)]  # g block 5 (32x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(288, 32)]  # g block 5 (32x1o), m=2
+    h6_0 = (
+        0.7071067811865476 * x1_2_2 * g_5_1
+        - 0.7071067811865476 * x1_2_1 * g_5_2
+    )
+    h6_1 = (
+        - 0.7071067811865476 * x1_2_2 * g_5_0
+        + 0.7071067811865476 * x1_2_0 * g_5_2
+    )
+    h6_2 = (
+        0.7071067811865476 * x1_2_1 * g_5_0
+        - 0.7071067811865476 * x1_2_0 * g_5_1
+    )
+    r = (
+        h6_0 * x2_1_0
+        + h6_1 * x2_1_1
+        + h6_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(192, 32)] = r
+
+    # weights of path 7 (32 columns)
+    # path 7: x1[3] 32x1o (x) x2[0] 1x0e -> out[6] 32x1o, uvu, weights at 224, 3 nonzeros
+    x1_3_0 = x1_ref[:, pl.ds(160, 32)]  # x1 block 3 (32x1o), m=0
+    x1_3_1 = x1_ref[:, pl.ds(192, 32)]  # x1 block 3 (32x1o), m=1
+    x1_3_2 = x1_ref[:, pl.ds(224, 32)]  # x1 block 3 (32x1o), m=2
+    g_6_0 = g_ref[:, pl.ds(320, 32)]  # g block 6 (32x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(352, 32)]  # g block 6 (32x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(384, 32)]  # g block 6 (32x1o), m=2
+    h7_0 = (
+        x1_3_0 * g_6_0
+        + x1_3_1 * g_6_1
+        + x1_3_2 * g_6_2
+    )
+    r = h7_0 * x2_0_0
+    out_ref[:, pl.ds(224, 32)] = r
+
+    # weights of path 8 (32 columns)
+    # path 8: x1[3] 32x1o (x) x2[1] 1x1o -> out[3] 32x0e, uvu, weights at 256, 3 nonzeros
+    g_3_0 = g_ref[:, pl.ds(96, 32)]  # g block 3 (32x0e), m=0
+    h8_0 = 0.5773502691896257 * x1_3_0 * g_3_0
+    h8_1 = 0.5773502691896257 * x1_3_1 * g_3_0
+    h8_2 = 0.5773502691896257 * x1_3_2 * g_3_0
+    r = (
+        h8_0 * x2_1_0
+        + h8_1 * x2_1_1
+        + h8_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(256, 32)] = r
+
+    # weights of path 9 (32 columns)
+    # path 9: x1[3] 32x1o (x) x2[1] 1x1o -> out[9] 32x1e, uvu, weights at 288, 6 nonzeros
+    g_9_0 = g_ref[:, pl.ds(608, 32)]  # g block 9 (32x1e), m=0
+    g_9_1 = g_ref[:, pl.ds(640, 32)]  # g block 9 (32x1e), m=1
+    g_9_2 = g_ref[:, pl.ds(672, 32)]  # g block 9 (32x1e), m=2
+    h9_0 = (
+        0.7071067811865476 * x1_3_2 * g_9_1
+        - 0.7071067811865476 * x1_3_1 * g_9_2
+    )
+    h9_1 = (
+        - 0.7071067811865476 * x1_3_2 * g_9_0
+        + 0.7071067811865476 * x1_3_0 * g_9_2
+    )
+    h9_2 = (
+        0.7071067811865476 * x1_3_1 * g_9_0
+        - 0.7071067811865476 * x1_3_0 * g_9_1
+    )
+    r = (
+        h9_0 * x2_1_0
+        + h9_1 * x2_1_1
+        + h9_2 * x2_1_2
+    )
+    out_ref[:, pl.ds(288, 32)] = r
+
+
+def _conv_bwd_fused_kernel_0(x1_ref, x2_ref, w_ref, g_ref, gx1_ref, gx2_ref, gw_ref):
+    """Fused backward: x1 blocks 0, 1, 2, 3 (256 gx1 columns), paths 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 (320 weight columns), the whole gx2 row; 96 CG terms (three per nonzero)."""
+    rows = x1_ref.shape[0]
+    dtype = gx1_ref.dtype
+
+    # x1 block 0 (32x0e): 2 path(s)
+    acc_0_0 = jnp.zeros((rows, 32), dtype)
+    # path 0: x1[0] 32x0e (x) x2[0] 1x0e -> out[2] 32x0e, uvu, weights at 0, 1 nonzeros
+    x1_0_0 = x1_ref[:, pl.ds(0, 32)]  # x1 block 0 (32x0e), m=0
+    x2_0_0 = x2_ref[:, pl.ds(0, 1)]  # x2 block 0 (1x0e), m=0
+    g_2_0 = g_ref[:, pl.ds(64, 32)]  # g block 2 (32x0e), m=0
+    w = w_ref[:, pl.ds(0, 32)]
+    wg_0 = w * g_2_0
+    r = x1_0_0 * x2_0_0 * g_2_0
+    gw_ref[:, pl.ds(0, 32)] = r
+    acc_0_0 = acc_0_0 + (x2_0_0 * wg_0)
+    px2_0_0_32 = x1_0_0 * wg_0
+    # path 1: x1[0] 32x0e (x) x2[1] 1x1o -> out[4] 32x1o, uvu, weights at 32, 3 nonzeros
+    x2_1_0 = x2_ref[:, pl.ds(1, 1)]  # x2 block 1 (1x1o), m=0
+    x2_1_1 = x2_ref[:, pl.ds(2, 1)]  # x2 block 1 (1x1o), m=1
+    x2_1_2 = x2_ref[:, pl.ds(3, 1)]  # x2 block 1 (1x1o), m=2
+    g_4_0 = g_ref[:, pl.ds(128, 32)]  # g block 4 (32x1o), m=0
+    g_4_1 = g_ref[:, pl.ds(160, 32)]  # g block 4 (32x1o), m=1
+    g_4_2 = g_ref[:, pl.ds(192, 32)]  # g block 4 (32x1o), m=2
+    w = w_ref[:, pl.ds(32, 32)]
+    wg_0 = w * g_4_0
+    wg_1 = w * g_4_1
+    wg_2 = w * g_4_2
+    r = (
+        x1_0_0 * x2_1_0 * g_4_0
+        + x1_0_0 * x2_1_1 * g_4_1
+        + x1_0_0 * x2_1_2 * g_4_2
+    )
+    gw_ref[:, pl.ds(32, 32)] = r
+    acc_0_0 = acc_0_0 + (
+        x2_1_0 * wg_0
+        + x2_1_1 * wg_1
+        + x2_1_2 * wg_2
+    )
+    px2_1_0_32 = x1_0_0 * wg_0
+    px2_1_1_32 = x1_0_0 * wg_1
+    px2_1_2_32 = x1_0_0 * wg_2
+    gx1_ref[:, pl.ds(0, 32)] = acc_0_0
+
+    # x1 block 1 (32x0o): 2 path(s)
+    acc_1_0 = jnp.zeros((rows, 32), dtype)
+    # path 2: x1[1] 32x0o (x) x2[0] 1x0e -> out[0] 32x0o, uvu, weights at 64, 1 nonzeros
+    x1_1_0 = x1_ref[:, pl.ds(32, 32)]  # x1 block 1 (32x0o), m=0
+    g_0_0 = g_ref[:, pl.ds(0, 32)]  # g block 0 (32x0o), m=0
+    w = w_ref[:, pl.ds(64, 32)]
+    wg_0 = w * g_0_0
+    r = x1_1_0 * x2_0_0 * g_0_0
+    gw_ref[:, pl.ds(64, 32)] = r
+    acc_1_0 = acc_1_0 + (x2_0_0 * wg_0)
+    px2_0_0_32 = px2_0_0_32 + (x1_1_0 * wg_0)
+    # path 3: x1[1] 32x0o (x) x2[1] 1x1o -> out[7] 32x1e, uvu, weights at 96, 3 nonzeros
+    g_7_0 = g_ref[:, pl.ds(416, 32)]  # g block 7 (32x1e), m=0
+    g_7_1 = g_ref[:, pl.ds(448, 32)]  # g block 7 (32x1e), m=1
+    g_7_2 = g_ref[:, pl.ds(480, 32)]  # g block 7 (32x1e), m=2
+    w = w_ref[:, pl.ds(96, 32)]
+    wg_0 = w * g_7_0
+    wg_1 = w * g_7_1
+    wg_2 = w * g_7_2
+    r = (
+        x1_1_0 * x2_1_0 * g_7_0
+        + x1_1_0 * x2_1_1 * g_7_1
+        + x1_1_0 * x2_1_2 * g_7_2
+    )
+    gw_ref[:, pl.ds(96, 32)] = r
+    acc_1_0 = acc_1_0 + (
+        x2_1_0 * wg_0
+        + x2_1_1 * wg_1
+        + x2_1_2 * wg_2
+    )
+    px2_1_0_32 = px2_1_0_32 + (x1_1_0 * wg_0)
+    px2_1_1_32 = px2_1_1_32 + (x1_1_0 * wg_1)
+    px2_1_2_32 = px2_1_2_32 + (x1_1_0 * wg_2)
+    gx1_ref[:, pl.ds(32, 32)] = acc_1_0
+
+    # x1 block 2 (32x1e): 3 path(s)
+    acc_2_0 = jnp.zeros((rows, 32), dtype)
+    acc_2_1 = jnp.zeros((rows, 32), dtype)
+    acc_2_2 = jnp.zeros((rows, 32), dtype)
+    # path 4: x1[2] 32x1e (x) x2[0] 1x0e -> out[8] 32x1e, uvu, weights at 128, 3 nonzeros
+    x1_2_0 = x1_ref[:, pl.ds(64, 32)]  # x1 block 2 (32x1e), m=0
+    x1_2_1 = x1_ref[:, pl.ds(96, 32)]  # x1 block 2 (32x1e), m=1
+    x1_2_2 = x1_ref[:, pl.ds(128, 32)]  # x1 block 2 (32x1e), m=2
+    g_8_0 = g_ref[:, pl.ds(512, 32)]  # g block 8 (32x1e), m=0
+    g_8_1 = g_ref[:, pl.ds(544, 32)]  # g block 8 (32x1e), m=1
+    g_8_2 = g_ref[:, pl.ds(576, 32)]  # g block 8 (32x1e), m=2
+    w = w_ref[:, pl.ds(128, 32)]
+    wg_0 = w * g_8_0
+    wg_1 = w * g_8_1
+    wg_2 = w * g_8_2
+    r = (
+        x1_2_0 * x2_0_0 * g_8_0
+        + x1_2_1 * x2_0_0 * g_8_1
+        + x1_2_2 * x2_0_0 * g_8_2
+    )
+    gw_ref[:, pl.ds(128, 32)] = r
+    acc_2_0 = acc_2_0 + (x2_0_0 * wg_0)
+    acc_2_1 = acc_2_1 + (x2_0_0 * wg_1)
+    acc_2_2 = acc_2_2 + (x2_0_0 * wg_2)
+    px2_0_0_32 = px2_0_0_32 + (
+        x1_2_0 * wg_0
+        + x1_2_1 * wg_1
+        + x1_2_2 * wg_2
+    )
+    # path 5: x1[2] 32x1e (x) x2[1] 1x1o -> out[1] 32x0o, uvu, weights at 160, 3 nonzeros
+    g_1_0 = g_ref[:, pl.ds(32, 32)]  # g block 1 (32x0o), m=0
+    w = w_ref[:, pl.ds(160, 32)]
+    wg_0 = w * g_1_0
+    r = (
+        0.5773502691896257 * x1_2_0 * x2_1_0 * g_1_0
+        + 0.5773502691896257 * x1_2_1 * x2_1_1 * g_1_0
+        + 0.5773502691896257 * x1_2_2 * x2_1_2 * g_1_0
+    )
+    gw_ref[:, pl.ds(160, 32)] = r
+    acc_2_0 = acc_2_0 + (0.5773502691896257 * x2_1_0 * wg_0)
+    acc_2_1 = acc_2_1 + (0.5773502691896257 * x2_1_1 * wg_0)
+    acc_2_2 = acc_2_2 + (0.5773502691896257 * x2_1_2 * wg_0)
+    px2_1_0_32 = px2_1_0_32 + (0.5773502691896257 * x1_2_0 * wg_0)
+    px2_1_1_32 = px2_1_1_32 + (0.5773502691896257 * x1_2_1 * wg_0)
+    px2_1_2_32 = px2_1_2_32 + (0.5773502691896257 * x1_2_2 * wg_0)
+    # path 6: x1[2] 32x1e (x) x2[1] 1x1o -> out[5] 32x1o, uvu, weights at 192, 6 nonzeros
+    g_5_0 = g_ref[:, pl.ds(224, 32)]  # g block 5 (32x1o), m=0
+    g_5_1 = g_ref[:, pl.ds(256, 32)]  # g block 5 (32x1o), m=1
+    g_5_2 = g_ref[:, pl.ds(288, 32)]  # g block 5 (32x1o), m=2
+    w = w_ref[:, pl.ds(192, 32)]
+    wg_0 = w * g_5_0
+    wg_1 = w * g_5_1
+    wg_2 = w * g_5_2
+    r = (
+        0.7071067811865476 * x1_2_1 * x2_1_2 * g_5_0
+        - 0.7071067811865476 * x1_2_2 * x2_1_1 * g_5_0
+        - 0.7071067811865476 * x1_2_0 * x2_1_2 * g_5_1
+        + 0.7071067811865476 * x1_2_2 * x2_1_0 * g_5_1
+        + 0.7071067811865476 * x1_2_0 * x2_1_1 * g_5_2
+        - 0.7071067811865476 * x1_2_1 * x2_1_0 * g_5_2
+    )
+    gw_ref[:, pl.ds(192, 32)] = r
+    acc_2_0 = acc_2_0 + (
+        - 0.7071067811865476 * x2_1_2 * wg_1
+        + 0.7071067811865476 * x2_1_1 * wg_2
+    )
+    acc_2_1 = acc_2_1 + (
+        0.7071067811865476 * x2_1_2 * wg_0
+        - 0.7071067811865476 * x2_1_0 * wg_2
+    )
+    acc_2_2 = acc_2_2 + (
+        - 0.7071067811865476 * x2_1_1 * wg_0
+        + 0.7071067811865476 * x2_1_0 * wg_1
+    )
+    px2_1_0_32 = px2_1_0_32 + (
+        0.7071067811865476 * x1_2_2 * wg_1
+        - 0.7071067811865476 * x1_2_1 * wg_2
+    )
+    px2_1_1_32 = px2_1_1_32 + (
+        - 0.7071067811865476 * x1_2_2 * wg_0
+        + 0.7071067811865476 * x1_2_0 * wg_2
+    )
+    px2_1_2_32 = px2_1_2_32 + (
+        0.7071067811865476 * x1_2_1 * wg_0
+        - 0.7071067811865476 * x1_2_0 * wg_1
+    )
+    gx1_ref[:, pl.ds(64, 32)] = acc_2_0
+    gx1_ref[:, pl.ds(96, 32)] = acc_2_1
+    gx1_ref[:, pl.ds(128, 32)] = acc_2_2
+
+    # x1 block 3 (32x1o): 3 path(s)
+    acc_3_0 = jnp.zeros((rows, 32), dtype)
+    acc_3_1 = jnp.zeros((rows, 32), dtype)
+    acc_3_2 = jnp.zeros((rows, 32), dtype)
+    # path 7: x1[3] 32x1o (x) x2[0] 1x0e -> out[6] 32x1o, uvu, weights at 224, 3 nonzeros
+    x1_3_0 = x1_ref[:, pl.ds(160, 32)]  # x1 block 3 (32x1o), m=0
+    x1_3_1 = x1_ref[:, pl.ds(192, 32)]  # x1 block 3 (32x1o), m=1
+    x1_3_2 = x1_ref[:, pl.ds(224, 32)]  # x1 block 3 (32x1o), m=2
+    g_6_0 = g_ref[:, pl.ds(320, 32)]  # g block 6 (32x1o), m=0
+    g_6_1 = g_ref[:, pl.ds(352, 32)]  # g block 6 (32x1o), m=1
+    g_6_2 = g_ref[:, pl.ds(384, 32)]  # g block 6 (32x1o), m=2
+    w = w_ref[:, pl.ds(224, 32)]
+    wg_0 = w * g_6_0
+    wg_1 = w * g_6_1
+    wg_2 = w * g_6_2
+    r = (
+        x1_3_0 * x2_0_0 * g_6_0
+        + x1_3_1 * x2_0_0 * g_6_1
+        + x1_3_2 * x2_0_0 * g_6_2
+    )
+    gw_ref[:, pl.ds(224, 32)] = r
+    acc_3_0 = acc_3_0 + (x2_0_0 * wg_0)
+    acc_3_1 = acc_3_1 + (x2_0_0 * wg_1)
+    acc_3_2 = acc_3_2 + (x2_0_0 * wg_2)
+    px2_0_0_32 = px2_0_0_32 + (
+        x1_3_0 * wg_0
+        + x1_3_1 * wg_1
+        + x1_3_2 * wg_2
+    )
+    # path 8: x1[3] 32x1o (x) x2[1] 1x1o -> out[3] 32x0e, uvu, weights at 256, 3 nonzeros
+    g_3_0 = g_ref[:, pl.ds(96, 32)]  # g block 3 (32x0e), m=0
+    w = w_ref[:, pl.ds(256, 32)]
+    wg_0 = w * g_3_0
+    r = (
+        0.5773502691896257 * x1_3_0 * x2_1_0 * g_3_0
+        + 0.5773502691896257 * x1_3_1 * x2_1_1 * g_3_0
+        + 0.5773502691896257 * x1_3_2 * x2_1_2 * g_3_0
+    )
+    gw_ref[:, pl.ds(256, 32)] = r
+    acc_3_0 = acc_3_0 + (0.5773502691896257 * x2_1_0 * wg_0)
+    acc_3_1 = acc_3_1 + (0.5773502691896257 * x2_1_1 * wg_0)
+    acc_3_2 = acc_3_2 + (0.5773502691896257 * x2_1_2 * wg_0)
+    px2_1_0_32 = px2_1_0_32 + (0.5773502691896257 * x1_3_0 * wg_0)
+    px2_1_1_32 = px2_1_1_32 + (0.5773502691896257 * x1_3_1 * wg_0)
+    px2_1_2_32 = px2_1_2_32 + (0.5773502691896257 * x1_3_2 * wg_0)
+    # path 9: x1[3] 32x1o (x) x2[1] 1x1o -> out[9] 32x1e, uvu, weights at 288, 6 nonzeros
+    g_9_0 = g_ref[:, pl.ds(608, 32)]  # g block 9 (32x1e), m=0
+    g_9_1 = g_ref[:, pl.ds(640, 32)]  # g block 9 (32x1e), m=1
+    g_9_2 = g_ref[:, pl.ds(672, 32)]  # g block 9 (32x1e), m=2
+    w = w_ref[:, pl.ds(288, 32)]
+    wg_0 = w * g_9_0
+    wg_1 = w * g_9_1
+    wg_2 = w * g_9_2
+    r = (
+        0.7071067811865476 * x1_3_1 * x2_1_2 * g_9_0
+        - 0.7071067811865476 * x1_3_2 * x2_1_1 * g_9_0
+        - 0.7071067811865476 * x1_3_0 * x2_1_2 * g_9_1
+        + 0.7071067811865476 * x1_3_2 * x2_1_0 * g_9_1
+        + 0.7071067811865476 * x1_3_0 * x2_1_1 * g_9_2
+        - 0.7071067811865476 * x1_3_1 * x2_1_0 * g_9_2
+    )
+    gw_ref[:, pl.ds(288, 32)] = r
+    acc_3_0 = acc_3_0 + (
+        - 0.7071067811865476 * x2_1_2 * wg_1
+        + 0.7071067811865476 * x2_1_1 * wg_2
+    )
+    acc_3_1 = acc_3_1 + (
+        0.7071067811865476 * x2_1_2 * wg_0
+        - 0.7071067811865476 * x2_1_0 * wg_2
+    )
+    acc_3_2 = acc_3_2 + (
+        - 0.7071067811865476 * x2_1_1 * wg_0
+        + 0.7071067811865476 * x2_1_0 * wg_1
+    )
+    px2_1_0_32 = px2_1_0_32 + (
+        0.7071067811865476 * x1_3_2 * wg_1
+        - 0.7071067811865476 * x1_3_1 * wg_2
+    )
+    px2_1_1_32 = px2_1_1_32 + (
+        - 0.7071067811865476 * x1_3_2 * wg_0
+        + 0.7071067811865476 * x1_3_0 * wg_2
+    )
+    px2_1_2_32 = px2_1_2_32 + (
+        0.7071067811865476 * x1_3_1 * wg_0
+        - 0.7071067811865476 * x1_3_0 * wg_1
+    )
+    gx1_ref[:, pl.ds(160, 32)] = acc_3_0
+    gx1_ref[:, pl.ds(192, 32)] = acc_3_1
+    gx1_ref[:, pl.ds(224, 32)] = acc_3_2
+
+    # dF/dx2 of this kernel's paths (the whole row: a partial sum)
+    c_0 = jnp.sum(px2_0_0_32, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(0, 1)] = c_0
+    c_0 = jnp.sum(px2_1_0_32, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(1, 1)] = c_0
+    c_1 = jnp.sum(px2_1_1_32, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(2, 1)] = c_1
+    c_2 = jnp.sum(px2_1_2_32, axis=1, keepdims=True)
+    gx2_ref[:, pl.ds(3, 1)] = c_2
+
+
 # (kernel, first column, width) in output-column order: each kernel writes its columns
 # [first, first + width) of the set's output row, which every kernel of the set shares
 # (the launcher passes one buffer along; no concatenation pass). A shared-weight
@@ -852,13 +1701,25 @@ BWD_FUSED_KERNELS = (
 )
 FUSED_GX1_SEGMENTS = None
 
-# The conv (jax_ops.conv) runs the plain product's kernels.
-CONV_FWD_KERNELS = FWD_KERNELS
-CONV_BWD_X1_KERNELS = BWD_X1_KERNELS
-CONV_BWD_X2_KERNELS = BWD_X2_KERNELS
-CONV_BWD_W_KERNELS = BWD_W_KERNELS
-CONV_BWD_FUSED_KERNELS = BWD_FUSED_KERNELS
-CONV_FUSED_GX1_SEGMENTS = FUSED_GX1_SEGMENTS
+# The conv's kernel sets (jax_ops.conv), split apart from the plain product's.
+CONV_FWD_KERNELS = (
+    (_conv_fwd_kernel_0, 0, 704),
+)
+CONV_BWD_X1_KERNELS = (
+    (_conv_bwd_x1_kernel_0, 0, 256),
+)
+CONV_BWD_X2_KERNELS = (
+    (_conv_bwd_x2_kernel_0, 0, 4),
+)
+CONV_BWD_W_KERNELS = (
+    (_conv_bwd_w_kernel_0, 0, 320),
+)
+CONV_BWD_FUSED_KERNELS = (
+    (_conv_bwd_fused_kernel_0, 256, 320),
+)
+# None, or per x1 block the (first column, width) ranges of the concatenated dF/dx1 messages
+# that add up to it (a block's paths split over kernels)
+CONV_FUSED_GX1_SEGMENTS = None
 
 
 def forward(x1, x2, w, *, block_batch: int = BLOCK_BATCH, interpret: bool = False):

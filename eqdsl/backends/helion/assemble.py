@@ -12,6 +12,7 @@ of its ops converts to and from (``eqdsl.runtime.torch.conv.ColumnPermutation``)
 from __future__ import annotations
 
 from ...analysis import fused_bwd_reason
+from ...runtime.layout import layouts_differ
 from ..render import render
 from ...ir import Block, TensorProductIR
 from .conv import NODE_OPS, fused_conv_kernels, conv_kernel_context, fused_radial_kernels, graph_names, \
@@ -52,7 +53,7 @@ def _launcher(family: str, args: tuple[str, ...], kernels: list[dict]) -> dict:
 
 
 def _layouts_differ(blocks: tuple[Block, ...]) -> bool:
-    return any(b.mul > 1 and b.dim > 1 for b in blocks)
+    return layouts_differ([(b.mul, b.dim) for b in blocks])
 
 
 def op_context(ir: TensorProductIR, tuning: TuningTable = DEFAULT_TUNING, bwd_w_op: str = "bwd_w") -> dict:

@@ -65,6 +65,17 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     mixed = mixed_weighting(ir)
     kinds = [k for k, _, _, _ in KINDS if mixed or not k.endswith("_wo")]
     kernels = {kind: kernel_set(kind, ir, blocks, wmap) for kind in kinds}
+    # The conv's kernels (and conv_radial's) run on ir_mul rows whatever the spec's layout; a
+    # mul_ir conv permutes its operands and output (eqdsl.runtime.jax.columns): a segment
+    # program splitting mul_ir tiles on chip converts each component's layout through shared
+    # memory every loop step. H200, 2026-11-29, one call, jax_ops.conv with the permutations
+    # against the mul_ir kernels, µs fwd / fwd+bwd on bulk Si: nequip_toluene float64 2,258 / 5,971
+    # -> 1,533 / 4,357 (2 edges per step), float32 970 / 2,914 -> 896 / 2,394; mace_large float64
+    # 2,310 / 7,695 -> 1,993 / 6,269, float32 1,043 / 3,488 -> 986 / 2,828; on 512 edges (float32)
+    # 53 / 91 -> 62 / 108, within that graph's run-to-run spread (58 / 105 in the next call)
+    conv_layout = "ir_mul" if ir.conv else ir.layout
+    cblocks = blocks if conv_layout == ir.layout else {
+        "x1": plan_blocks(ir.in1, conv_layout), "x2": plan_blocks(ir.in2, conv_layout), "g": plan_blocks(ir.out, conv_layout)}
     factored = t.factor > 0
     conv_fuse = bool(ir.conv) and t.conv_fuse_bwd
     # the conv's own kernels (pallas_conv_max_terms), split over more output blocks than the
@@ -82,17 +93,18 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         fused_terms = t.conv_fused_max_terms
         return {
             "kernel_sets": [{"kind": kind, "const": const + kind.upper() + "_KERNELS",
-                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, prefix)} for kind in kinds],
-            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, prefix,
+                             "kernels": kernel_set(kind, ir, cblocks, wmap, terms, prefix)} for kind in kinds],
+            "fused": fused_context(ir, cblocks, wmap, terms if fused_terms is None else fused_terms, prefix,
                                    split_blocks=fused_terms is not None, factored=factored) if conv_fuse else None,
             "fused_const": const + "BWD_FUSED_KERNELS",
             "segments_const": const + "FUSED_GX1_SEGMENTS",
         }
 
     conv_family = None
-    if ir.conv and (t.conv_max_terms is not None or t.conv_fused_max_terms is not None):
+    if ir.conv and (t.conv_max_terms is not None or t.conv_fused_max_terms is not None or cblocks is not blocks):
         conv_family = conv_kernels(t.conv_max_terms, "conv", "CONV_")
-        same = [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
+        same = cblocks is blocks and \
+            [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:
             same = len(conv_family["fused"]["kernels"]) == len(plain_fused["kernels"])
         if same:  # the budget splits nothing further: the conv uses the plain product's kernels
@@ -119,10 +131,10 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         radial = {
             "features": ir.radial_features,
             "kernel_sets": [{"kind": kind, "const": "RADIAL_" + kind.upper() + "_KERNELS",
-                             "kernels": kernel_set(kind, ir, blocks, wmap, terms, "radial", ir.radial_features,
+                             "kernels": kernel_set(kind, ir, cblocks, wmap, terms, "radial", ir.radial_features,
                                                    radial_max_cols(next_pow2(ir.radial_features)))}
                             for kind in RADIAL_KINDS],
-            "fused": fused_context(ir, blocks, wmap, terms if fused_terms is None else fused_terms, "radial",
+            "fused": fused_context(ir, cblocks, wmap, terms if fused_terms is None else fused_terms, "radial",
                                    split_blocks=fused_terms is not None, factored=factored,
                                    radial=ir.radial_features) if conv_fused else None,
             "materialize": False,
@@ -177,6 +189,9 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
         "tp_fused": fused is not None and t.fuse_bwd,
         "conv_fused": conv_fused,
         "conv_family": conv_family,
+        # the conv's kernels on ir_mul rows of a mul_ir product: (mul, 2l+1) of x1's, x2's, out's blocks
+        "conv_blocks": None if cblocks is blocks else
+        [(repr(tuple((b.mul, b.dim) for b in bs)), name) for bs, name in ((ir.in1, "x1"), (ir.in2, "x2"), (ir.out, "out"))],
         "conv_dtype_families": conv_dtype_families,
         "radial": radial,
         "mixed_weighting": mixed,

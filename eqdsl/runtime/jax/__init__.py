@@ -11,6 +11,7 @@ One job per module:
 * ``sharding``: batch-parallel launches on several devices;
 * ``autodiff``: the ``jax.custom_vjp`` wiring, derivatives of every order as kernels;
 * ``graph``: the conv's sorted graph (``ConvGraph``);
+* ``columns``: the conv's ``mul_ir`` <-> ``ir_mul`` column permutations (its kernels run on ``ir_mul`` rows);
 * ``ops``: ``TensorProductFunctions``, a generated product's entry points bound to its kernels.
 
 The generated ``pallas_kernels.py`` imports this package as ``rt`` and calls the names

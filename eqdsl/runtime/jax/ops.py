@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .autodiff import RadialVJP, TensorProductVJP, make_conv_vjp_ops, make_radial_vjp_ops, make_vjp_ops
+from .columns import ConvColumns
 from .checks import check_block_batch, check_conv_inputs, check_conv_radial_inputs, check_grad_out, check_inputs
 from .graph import conv_graph
 from . import launch  # its launchers read at call time (tools patch launch.launch_segments)
@@ -104,10 +105,15 @@ class TensorProductFunctions:
         conv_by_dtype: ``{dtype name: ConvKernels}``, the conv's kernel sets for that dtype's
             operands in place of ``conv``'s (spec key ``pallas_conv_max_terms_<dtype>``), or None.
         radial: ``conv_radial``'s kernel sets (needs ``conv``, per-edge weights), or None.
+        conv_blocks: ``(x1, x2, output)`` blocks, ``((mul, 2l+1), ...)`` each, of a ``mul_ir``
+            product whose conv kernels (and ``radial``'s) run on ``ir_mul`` rows: ``conv`` and
+            ``conv_radial`` permute their operands' and output's columns
+            (``columns.ConvColumns``); None: the conv's kernels read the spec's rows.
 
     Attributes:
         kernel_ops: the four kernels as ``autodiff.TensorProductVJP``.
-        conv_ops: the four conv kernels as ``TensorProductVJP`` (None without ``conv``).
+        conv_ops: the four conv kernels as ``TensorProductVJP`` on the kernels' rows (``ir_mul``
+            with ``conv_blocks``; None without ``conv``).
         radial_ops: ``conv_radial``'s kernels as ``autodiff.RadialVJP`` (None without ``radial``,
             or where it materializes the weights).
 
@@ -120,7 +126,7 @@ class TensorProductFunctions:
     def __init__(self, kernels: ModuleType, *, dim_in1: int, dim_in2: int, dim_out: int, weight_numel: int,
                  shared_weights: bool, dtypes: tuple[str, ...], weighted=None, fused=None,
                  conv: ConvKernels | None = None, radial: RadialKernels | None = None,
-                 conv_by_dtype: dict[str, ConvKernels] | None = None):
+                 conv_by_dtype: dict[str, ConvKernels] | None = None, conv_blocks=None):
         abi = getattr(kernels, "KERNEL_ABI", 1)
         if abi != KERNEL_ABI:
             raise ImportError(
@@ -138,6 +144,7 @@ class TensorProductFunctions:
         self._tensor_product = jax.jit(self._tensor_product_traced, static_argnames=("block_batch", "interpret"))
         self._tensor_product_vjp = jax.jit(self._vjp_traced, static_argnames=("block_batch", "interpret"))
         self.conv_kernels = conv
+        self._conv_columns = None if conv_blocks is None else ConvColumns.of(*conv_blocks)
         self.conv_by_dtype = dict(conv_by_dtype or {})
         for dtype, family in self.conv_by_dtype.items():
             if conv is None or (family.weighted is None) != (conv.weighted is None) or \
@@ -286,10 +293,13 @@ class TensorProductFunctions:
     def _conv_traced(self, x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
+        cols = self._conv_columns
+        if cols is not None:
+            x, y = cols.to_kernels(x, y)
         out = self.conv_ops.fwd(x, pad_rows(y, rows), self._weights(w, rows), graph, block, interpret)
         if self.conv_kernels.reduce == "mean":
             out = out * graph.inv_degree[:, None]
-        return out
+        return out if cols is None else cols.from_kernels(out)
 
     # ------------------------------------------------------------------ conv_radial
 
@@ -354,10 +364,13 @@ class TensorProductFunctions:
             return self._conv_traced(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=interpret)
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
+        cols = self._conv_columns
+        if cols is not None:
+            x, y = cols.to_kernels(x, y)
         out = self.radial_ops.fwd(x, pad_rows(y, rows), pad_rows(rf, rows), wr, graph, block, interpret)
         if self.conv_kernels.reduce == "mean":
             out = out * graph.inv_degree[:, None]
-        return out
+        return out if cols is None else cols.from_kernels(out)
 
     def pad_graph(self, node_features, edge_attr, weights, src, dst, num_nodes: int, *, min_nodes: int = 16,
                   min_edges: int = 64) -> PaddedGraph:

@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..layout import inverse_order, ir_mul_order
 from .autograd import register_autograd
 from .checks import CheckCache, check_device, check_same_device
 from .library import define_op, register_fake
@@ -49,14 +50,8 @@ class ColumnPermutation:
     """
 
     def __init__(self, blocks: tuple[tuple[int, int], ...]):
-        to_ir_mul = []  # ir_mul position -> mul_ir position
-        off = 0
-        for mul, dim in blocks:
-            to_ir_mul += [off + u * dim + m for m in range(dim) for u in range(mul)]
-            off += mul * dim
-        to_mul_ir = [0] * len(to_ir_mul)
-        for dst, src in enumerate(to_ir_mul):
-            to_mul_ir[src] = dst
+        to_ir_mul = ir_mul_order(blocks)  # ir_mul position -> mul_ir position
+        to_mul_ir = inverse_order(to_ir_mul)
         self.blocks = tuple(blocks)
         self._lists = {True: to_ir_mul, False: to_mul_ir}
         self._cache: dict[tuple[bool, torch.device], torch.Tensor] = {}
