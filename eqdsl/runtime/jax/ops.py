@@ -293,10 +293,17 @@ class TensorProductFunctions:
     def _conv_traced(self, x, y, w, src, dst, *, num_nodes: int, block: tuple[int, int], interpret: bool):
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
+        w = self._weights(w, rows)
+        return self._on_kernel_rows(lambda a, b: self.conv_ops.fwd(a, pad_rows(b, rows), w, graph, block, interpret),
+                                    x, y, graph)
+
+    def _on_kernel_rows(self, run, x, y, graph):
+        """``run(x, y)`` (a conv forward) on the kernels' rows (``ir_mul`` with ``conv_blocks``),
+        then the ``mean`` reduce's scaling; the result in the spec's rows."""
         cols = self._conv_columns
         if cols is not None:
             x, y = cols.to_kernels(x, y)
-        out = self.conv_ops.fwd(x, pad_rows(y, rows), self._weights(w, rows), graph, block, interpret)
+        out = run(x, y)
         if self.conv_kernels.reduce == "mean":
             out = out * graph.inv_degree[:, None]
         return out if cols is None else cols.from_kernels(out)
@@ -364,13 +371,9 @@ class TensorProductFunctions:
             return self._conv_traced(x, y, w, src, dst, num_nodes=num_nodes, block=block, interpret=interpret)
         rows = max(round_up(y.shape[0], block[0]), block[0])
         graph = conv_graph(src, dst, num_nodes, rows, x.dtype)
-        cols = self._conv_columns
-        if cols is not None:
-            x, y = cols.to_kernels(x, y)
-        out = self.radial_ops.fwd(x, pad_rows(y, rows), pad_rows(rf, rows), wr, graph, block, interpret)
-        if self.conv_kernels.reduce == "mean":
-            out = out * graph.inv_degree[:, None]
-        return out if cols is None else cols.from_kernels(out)
+        rf = pad_rows(rf, rows)
+        return self._on_kernel_rows(
+            lambda a, b: self.radial_ops.fwd(a, pad_rows(b, rows), rf, wr, graph, block, interpret), x, y, graph)
 
     def pad_graph(self, node_features, edge_attr, weights, src, dst, num_nodes: int, *, min_nodes: int = 16,
                   min_edges: int = 64) -> PaddedGraph:
