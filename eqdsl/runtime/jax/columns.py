@@ -77,8 +77,12 @@ class ConvColumns:
 
     def from_kernels(self, out):
         """The kernels' ``ir_mul`` output ``(nodes, dim_out)`` in ``mul_ir`` columns."""
-        return _apply(out, None if self.out is None else inverse_order(self.out))
+        return _apply(out, self.out, inverse=True)
 
 
-def _apply(rows, order):
-    return rows if order is None else permute_columns(rows, order, inverse_order(order))
+def _apply(rows, order, inverse: bool = False):
+    """``rows`` permuted by ``order`` (by its inverse with ``inverse``); as they are for None."""
+    if order is None:
+        return rows
+    inv = inverse_order(order)
+    return permute_columns(rows, inv, order) if inverse else permute_columns(rows, order, inv)
