@@ -24,6 +24,19 @@ shared_weights = false
 """
 
 
+@pytest.fixture(autouse=True)
+def _regenerate_without_triton_code(monkeypatch):
+    """``tune(write=True, out_dir=...)`` regenerates the package as ``eqdsl generate`` does,
+    Triton code included (Helion's code generation: seconds per kernel and dtype on the CPU,
+    50 s of this file's minute). These tests read only the regenerated Pallas and Helion
+    sources; the Triton lowering has tests of its own (test_triton_launch, test_dtype_tuning)."""
+    import functools
+
+    import eqdsl.codegen.generate as generate_module
+
+    monkeypatch.setattr(generate_module, "generate", functools.partial(generate_module.generate, triton=False))
+
+
 def test_parse_grid():
     assert parse_grid(["num_warps=4,8", "block_b=16"]) == {"num_warps": (4, 8), "block_b": (16,)}
     for bad, words in [
