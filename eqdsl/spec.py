@@ -66,10 +66,8 @@ raises the same one-line ``SpecError`` as the rest of the spec (file, table, key
 
 from __future__ import annotations
 
-import keyword
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +84,8 @@ from .instructions import (
     check_instruction,
     expand_mode,
 )
-from .irreps import Irreps, IrrepsError
+from .irreps import Irreps
+from .spec_reader import TableReader, parse_document, parse_tables, read_spec_text
 
 __all__ = [
     "TensorProductSpec", "load_spec", "parse_spec", "LAYOUTS", "DTYPES", "REDUCTIONS",
@@ -94,7 +93,6 @@ __all__ = [
 
 LAYOUTS = ("mul_ir", "ir_mul")
 DTYPES = ("float32", "float64")
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _KNOWN = {
     "name", "irreps_in1", "irreps_in2", "irreps_out", "mode", "instructions",
     "irrep_normalization", "path_normalization", "shared_weights", "layout", "dtypes",
@@ -152,14 +150,7 @@ class TensorProductSpec:
 
 def load_spec(path: str | Path) -> tuple[TensorProductSpec, ...]:
     """Read and validate a spec file. Raises ``SpecError`` (also for unreadable files)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SpecError(str(path), None, None, f"cannot read file: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SpecError(str(path), None, None, "file is not UTF-8 text") from None
-    return parse_spec(text, str(path))
+    return parse_spec(read_spec_text(path), str(path))
 
 
 def parse_spec(text: str, filename: str = "<spec>") -> tuple[TensorProductSpec, ...]:
@@ -169,97 +160,29 @@ def parse_spec(text: str, filename: str = "<spec>") -> tuple[TensorProductSpec, 
     is empty); ``eqdsl.symmetric.spec.parse_symmetric_specs`` validates them, and ``eqdsl
     generate`` writes both kinds.
     """
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(filename, None, None, f"invalid TOML: {e}") from None
-    extra = sorted(set(data) - {"tensor_product", "symmetric_contraction"})
-    if extra:
-        raise SpecError(filename, None, extra[0],
-                        "unknown top-level key; expected [[tensor_product]] or [[symmetric_contraction]] tables")
+    data = parse_document(text, filename)
     tables = data.get("tensor_product")
     if tables is None and "symmetric_contraction" in data:
         return ()  # a file of symmetric contractions only: eqdsl.symmetric.spec parses those tables
     if tables is None:
         raise SpecError(filename, None, "tensor_product", "missing: the file defines no [[tensor_product]] table")
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise SpecError(filename, None, "tensor_product", "must be an array of tables ([[tensor_product]])")
-    specs: list[TensorProductSpec] = []
-    seen: set[str] = set()
-    for idx, table in enumerate(tables):
-        spec = _parse_table(table, filename, idx)
-        if spec.name in seen:
-            raise SpecError(filename, f"tensor_product.{idx}", "name", f"duplicate name {spec.name!r}")
-        seen.add(spec.name)
-        specs.append(spec)
+    specs = parse_tables(tables, filename, "tensor_product", _parse_table)
     if not specs:
         raise SpecError(filename, None, "tensor_product", "the file defines no tensor product")
-    return tuple(specs)
+    return specs
 
 
 def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
-    where = f"tensor_product.{idx}"
-
-    def fail(key: str | None, reason: str):
-        raise SpecError(filename, where, key, reason)
-
-    def get(key: str, typ, default=None, required: bool = False):
-        if key not in t:
-            if required:
-                fail(key, "missing required key")
-            return default
-        v = t[key]
-        if typ is bool:
-            ok = isinstance(v, bool)
-        elif typ is int:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-        else:
-            ok = isinstance(v, typ)
-        if not ok:
-            fail(key, f"expected {typ.__name__}, got {type(v).__name__} {v!r}")
-        return v
-
-    for key in t:
-        if key not in _KNOWN:
-            fail(key, f"unknown key; expected one of {', '.join(sorted(_KNOWN))}")
-
-    name = get("name", str, required=True)
-    if not _NAME_RE.fullmatch(name) or keyword.iskeyword(name):
-        fail("name", f"{name!r} is not a valid Python identifier (letters, digits, '_', starting with a letter)")
-    where = f"tensor_product.{idx} ({name})"
-
-    def irreps(key: str) -> Irreps:
-        text = get(key, str, required=True)
-        try:
-            ir = Irreps(text)
-        except IrrepsError as e:
-            bad = str(e)
-        else:
-            bad = None
-        if bad is not None:  # raised outside the handler so the one-line error has no chained context
-            fail(key, bad)
-        if not ir:
-            fail(key, "irreps must not be empty")
-        if any(mi.mul == 0 for mi in ir):
-            fail(key, "multiplicities must be positive")
-        return ir
-
+    r = TableReader(t, filename, "tensor_product", idx, _KNOWN)
+    fail, get, choice, irreps = r.fail, r.get, r.choice, r.irreps
+    name = r.name()
     in1, in2, out_filter = irreps("irreps_in1"), irreps("irreps_in2"), irreps("irreps_out")
-
-    def choice(key: str, options: tuple[str, ...], default: str) -> str:
-        v = get(key, str, default)
-        if v not in options:
-            fail(key, f"{v!r} is not one of {', '.join(options)}")
-        return v
 
     irrep_norm = choice("irrep_normalization", IRREP_NORMALIZATIONS, "component")
     path_norm = choice("path_normalization", PATH_NORMALIZATIONS, "element")
     layout = choice("layout", LAYOUTS, "mul_ir")
     shared = get("shared_weights", bool, True)
-    dtypes = get("dtypes", list, list(DTYPES))
-    if not dtypes or any(d not in DTYPES for d in dtypes) or len(set(dtypes)) != len(dtypes):
-        fail("dtypes", f"expected a non-empty list of distinct values from {', '.join(DTYPES)}, got {dtypes!r}")
-    dtypes = tuple(d for d in DTYPES if d in dtypes)
+    dtypes = r.dtypes(DTYPES)
 
     conv = get("conv", bool, False)
     reduce = choice("reduce", REDUCTIONS, "sum")
@@ -332,7 +255,7 @@ def _parse_table(t: dict, filename: str, idx: int) -> TensorProductSpec:
         path_normalization=path_norm, shared_weights=shared, layout=layout, dtypes=dtypes,
         conv=conv, reduce=reduce, deterministic=deterministic, tuning=tuning,
         output_order=output_order, instruction_order=instruction_order, cg_convention=cg_convention,
-        radial_features=radial_features, origin=(filename, where),
+        radial_features=radial_features, origin=(filename, r.where),
     )
 
 

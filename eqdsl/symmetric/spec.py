@@ -29,15 +29,12 @@ cg_convention   e3nn-0.5 | e3nn-0.4 (wigner_3j signs; mace-    e3nn-0.5
 
 from __future__ import annotations
 
-import keyword
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cg import CG_CONVENTIONS, DEFAULT_CG_CONVENTION, E3NN_04_LMAX
-from ..errors import SpecError
-from ..irreps import Irrep, Irreps, IrrepsError
+from ..irreps import Irrep, Irreps
+from ..spec_reader import TableReader, parse_document, parse_tables, read_spec_text
 
 __all__ = [
     "SymmetricContractionSpec", "load_symmetric_specs", "parse_symmetric_specs", "BASES", "MAX_CORRELATION",
@@ -48,8 +45,6 @@ DTYPES = ("float32", "float64")
 BASES = ("e3nn",)
 MAX_CORRELATION = 4
 TABLE = "symmetric_contraction"
-_TOP_LEVEL = ("tensor_product", TABLE)
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _KNOWN = {
     "name", "irreps_in", "irreps_out", "correlation", "num_elements", "layout", "dtypes", "basis",
     "cg_convention",
@@ -94,85 +89,18 @@ def load_symmetric_specs(path: str | Path) -> tuple[SymmetricContractionSpec, ..
     Raises:
         SpecError: unreadable file, invalid TOML, an unknown top-level key, or a bad table.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SpecError(str(path), None, None, f"cannot read file: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SpecError(str(path), None, None, "file is not UTF-8 text") from None
-    return parse_symmetric_specs(text, str(path))
+    return parse_symmetric_specs(read_spec_text(path), str(path))
 
 
 def parse_symmetric_specs(text: str, filename: str = "<spec>") -> tuple[SymmetricContractionSpec, ...]:
     """Validate spec text (``filename`` is for error messages only); see ``load_symmetric_specs``."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(filename, None, None, f"invalid TOML: {e}") from None
-    extra = sorted(set(data) - set(_TOP_LEVEL))
-    if extra:
-        raise SpecError(filename, None, extra[0],
-                        "unknown top-level key; expected [[tensor_product]] or [[symmetric_contraction]] tables")
-    tables = data.get(TABLE, [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise SpecError(filename, None, TABLE, f"must be an array of tables ([[{TABLE}]])")
-    specs: list[SymmetricContractionSpec] = []
-    seen: set[str] = set()
-    for idx, table in enumerate(tables):
-        spec = _parse_table(table, filename, idx)
-        if spec.name in seen:
-            raise SpecError(filename, f"{TABLE}.{idx}", "name", f"duplicate name {spec.name!r}")
-        seen.add(spec.name)
-        specs.append(spec)
-    return tuple(specs)
+    return parse_tables(parse_document(text, filename).get(TABLE, []), filename, TABLE, _parse_table)
 
 
 def _parse_table(t: dict, filename: str, idx: int) -> SymmetricContractionSpec:
-    where = f"{TABLE}.{idx}"
-
-    def fail(key: str | None, reason: str):
-        raise SpecError(filename, where, key, reason)
-
-    def get(key: str, typ, default=None, required: bool = False):
-        if key not in t:
-            if required:
-                fail(key, "missing required key")
-            return default
-        v = t[key]
-        if typ is int:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-        else:
-            ok = isinstance(v, typ)
-        if not ok:
-            fail(key, f"expected {typ.__name__}, got {type(v).__name__} {v!r}")
-        return v
-
-    for key in t:
-        if key not in _KNOWN:
-            fail(key, f"unknown key; expected one of {', '.join(sorted(_KNOWN))}")
-
-    name = get("name", str, required=True)
-    if not _NAME_RE.fullmatch(name) or keyword.iskeyword(name):
-        fail("name", f"{name!r} is not a valid Python identifier (letters, digits, '_', starting with a letter)")
-    where = f"{TABLE}.{idx} ({name})"
-
-    def irreps(key: str) -> Irreps:
-        text = get(key, str, required=True)
-        try:
-            ir = Irreps(text)
-        except IrrepsError as e:
-            bad = str(e)
-        else:
-            bad = None
-        if bad is not None:  # raised outside the handler so the one-line error has no chained context
-            fail(key, bad)
-        if not ir:
-            fail(key, "irreps must not be empty")
-        if any(mi.mul == 0 for mi in ir):
-            fail(key, "multiplicities must be positive")
-        return ir
-
+    r = TableReader(t, filename, TABLE, idx, _KNOWN)
+    fail, get, choice, irreps = r.fail, r.get, r.choice, r.irreps
+    name = r.name()
     irreps_in, irreps_out = irreps("irreps_in"), irreps("irreps_out")
     muls = sorted({mi.mul for mi in irreps_in})
     if len(muls) != 1:
@@ -219,17 +147,8 @@ def _parse_table(t: dict, filename: str, idx: int) -> SymmetricContractionSpec:
     if num_elements < 1:
         fail("num_elements", f"must be >= 1, got {num_elements}")
 
-    def choice(key: str, options: tuple[str, ...], default: str) -> str:
-        v = get(key, str, default)
-        if v not in options:
-            fail(key, f"{v!r} is not one of {', '.join(options)}")
-        return v
-
     layout = choice("layout", LAYOUTS, "mul_ir")
-    dtypes = get("dtypes", list, list(DTYPES))
-    if not dtypes or any(d not in DTYPES for d in dtypes) or len(set(dtypes)) != len(dtypes):
-        fail("dtypes", f"expected a non-empty list of distinct values from {', '.join(DTYPES)}, got {dtypes!r}")
-    dtypes = tuple(d for d in DTYPES if d in dtypes)
+    dtypes = r.dtypes(DTYPES)
     if t.get("basis") == "cuequivariance":
         fail("basis", "'cuequivariance' (mace's use_reduced_cg=True: cuequivariance's "
                       "reduced_symmetric_tensor_product_basis) is not implemented; use 'e3nn' (mace's default)")
@@ -246,5 +165,5 @@ def _parse_table(t: dict, filename: str, idx: int) -> SymmetricContractionSpec:
     return SymmetricContractionSpec(
         name=name, irreps_in=irreps_in, irreps_out=irreps_out, mul=mul, correlation=correlation,
         num_elements=num_elements, layout=layout, dtypes=dtypes, basis=basis, cg_convention=cg_convention,
-        origin=(filename, where),
+        origin=(filename, r.where),
     )
