@@ -64,7 +64,8 @@ def pkgs(tmp_path_factory):
             else:
                 split, layout, *extra = key
                 factor, mode = "factor" in extra, "uvw" if "uvw" in extra else "uvu"
-                name = f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}{'_u' if 'unroll' in extra else ''}"
+                name = (f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}{'_u' if 'unroll' in extra else ''}"
+                        f"{'_g' if 'gather' in extra else ''}")
                 if "unroll" in extra:  # x1 channel loops of 3 (one step left over), 4 and 2
                     text = _text(name, layout, "uvw", in1="3x0e+4x1o+2x2e", in2=IN2, out=UVW_OUT)
                 else:
@@ -73,6 +74,8 @@ def pkgs(tmp_path_factory):
                     text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
                 if "unroll" in extra:  # two channel steps per loop iteration (4: 2 x 2; 3: 2 + a step after)
                     text += "\n[tensor_product.tuning]\npallas_unroll = 2\n"
+                if "gather" in extra:  # channel-tile slices read and written as index gathers
+                    text += "\n[tensor_product.tuning]\npallas_gather_slices = 1\n"
                 with pytest.MonkeyPatch.context() as mp:
                     if split:  # read by plan.split when the package is generated
                         mp.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
@@ -187,6 +190,44 @@ def test_unrolled_channel_loops_match_the_oracle(pkgs):
     want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
     got = b.ops.tensor_product_vjp(*args, block_batch=BB)
     pad = -(-BATCH // BB) * BB - BATCH  # the kernel functions take whole blocks of rows
+    a1, a2, aw, ag = (jnp.pad(a, ((0, pad), (0, 0))) for a in args)
+    three = (k.backward_x1(ag, a2, aw, block_batch=BB, interpret=True),
+             k.backward_x2(a1, ag, aw, block_batch=BB, interpret=True),
+             k.backward_w(a1, a2, ag, block_batch=BB, interpret=True))
+    for name, a, c, t in zip(("grad_x1", "grad_x2", "grad_weights"), got, want, three):
+        assert rel_err(a, c) <= 1e-10, name
+        assert rel_err(t[:BATCH], c) <= 1e-10, name
+
+
+def test_gathered_slices_match_the_oracle(pkgs):
+    """``pallas_gather_slices = 1``: in kernels with ``mul_ir`` tiles every channel-tile slice
+    (x1's scalar blocks, weight rows, the output's) is read and written through the index
+    gather (``rt.load_vec`` / ``rt.store_vec``, one Triton layout for every tile); the
+    forward, the three backward kernels and the fused one still equal the float64 oracle.
+    Without tiles (``ir_mul``) the key changes no kernel."""
+    from eqdsl.backends.pallas.stmts import Read
+    from eqdsl.reference import tensor_product_reference
+
+    gathered = (("pallas_gather_slices", 1),)
+    ctx = {}
+    for layout, changes in (("mul_ir", True), ("ir_mul", False)):
+        ir = _ir(_text("s", layout))
+        plain, ctx[layout] = assemble.build_context(ir, ""), assemble.build_context(ir, "", gathered)
+        lines = [[g["lines"] for k in c["kernels"] + c["fused"]["kernels"] for g in k["groups"]]
+                 for c in (plain, ctx[layout])]
+        assert (lines[0] != lines[1]) == changes, layout
+    reads = [st for k in ctx["mul_ir"]["kernels"] for g in k["groups"] for st in g["body"] if isinstance(st, Read)]
+    assert reads and not any(r.is_slice() for r in reads if r.pad > 1)  # (mul_ir): no slice of a channel tile left
+    b = pkgs((False, "mul_ir", "gather"))
+    source = open(b.ops._kernels.__file__).read()
+    assert "= rt.load_vec(w_ref, " in source and "rt.store_vec(out_ref, " in source
+    x1, x2, w, g = _operands(b.ir, BATCH, seed=5)
+    k = b.ops._kernels
+    args = [jnp.asarray(a) for a in (x1, x2, w, g)]
+    assert rel_err(b.ops.tensor_product(*args[:3], block_batch=BB), tensor_product_reference(b.ir, x1, x2, w)) <= 1e-10
+    want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
+    got = b.ops.tensor_product_vjp(*args, block_batch=BB)
+    pad = -(-BATCH // BB) * BB - BATCH
     a1, a2, aw, ag = (jnp.pad(a, ((0, pad), (0, 0))) for a in args)
     three = (k.backward_x1(ag, a2, aw, block_batch=BB, interpret=True),
              k.backward_x2(a1, ag, aw, block_batch=BB, interpret=True),
