@@ -1,22 +1,34 @@
-"""Dump the stablehlo (with Triton IR) of a generated package's JAX tensor_product forward (CUDA lowering on a CPU)."""
-import sys, pathlib
-import jax; jax.config.update("jax_enable_x64", True)
-import jax.numpy as jnp
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+"""The StableHLO text (Triton IR inside) of a package's JAX tensor product, lowered for CUDA on a CPU.
+
+    python lower_any.py PKG DTYPE fwd|bwd OUT.mlir
+
+PKG: a package of the repository's ``generated/`` (``nequip_toluene``) or a module path on
+``PYTHONPATH`` (``gen.ntg``); ``fwd``: ``tensor_product``, ``bwd``: its VJP too. Then
+``../s18/ttir.py OUT.mlir PREFIX`` writes each kernel's Triton IR and ``../s18/sass.py`` compiles it.
+"""
 import importlib
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import percomp  # noqa: F401
-import clamp  # noqa: F401
-pkg, dt, which = sys.argv[1], sys.argv[2], sys.argv[3]
-ops = importlib.import_module(pkg + ".jax_ops" if "." in pkg else (f"twins.{pkg}.jax_ops" if pkg.endswith("_irmul") else f"generated.{pkg}.jax_ops"))
+import pathlib
+import sys
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+pkg, dt, which, out = sys.argv[1:5]
+ops = importlib.import_module(pkg + ".jax_ops" if "." in pkg else f"generated.{pkg}.jax_ops")
 b = 256
 S = jax.ShapeDtypeStruct
 args = (S((b, ops.DIM_IN1), dt), S((b, ops.DIM_IN2), dt), S((b, ops.WEIGHT_NUMEL), dt))
-if which == "fwd":
-    f = lambda x, y, w: ops.tensor_product(x, y, w, interpret=False)
-else:
-    def f(x, y, w):
-        out, vjp = jax.vjp(lambda a, c, d: ops.tensor_product(a, c, d, interpret=False), x, y, w)
-        return vjp(out)
-txt = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-pathlib.Path(sys.argv[4]).write_text(txt)
+
+
+def fwd(x, y, w):
+    return ops.tensor_product(x, y, w, interpret=False)
+
+
+def fwd_bwd(x, y, w):
+    out, vjp = jax.vjp(fwd, x, y, w)
+    return vjp(out)
+
+
+f = fwd if which == "fwd" else fwd_bwd
+pathlib.Path(out).write_text(jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text())
