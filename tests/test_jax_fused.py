@@ -178,12 +178,18 @@ def test_unrolled_channel_loops_match_the_oracle(pkgs):
     """``pallas_unroll = 2``: every uvw kernel's channel loops take two steps per iteration
     (their reads first; a tail step after the loop for an odd multiplicity); the forward,
     the three backward kernels and the fused one still equal the float64 oracle."""
-    from eqdsl.reference import tensor_product_reference
-
     b = pkgs((False, "mul_ir", "uvw", "unroll"))
     source = open(b.ops._kernels.__file__).read()
     assert "u__1 = 1 + ut * 2" in source and "u__0 = 2\n" in source  # the loop of 4 steps; the tail of 3
-    x1, x2, w, g = _operands(b.ir, BATCH, seed=4)
+    _check_every_kernel(b, seed=4)
+
+
+def _check_every_kernel(b, seed: int):
+    """The forward, the fused backward and the three backward kernels of package ``b``
+    against the float64 oracle, on ``BATCH`` rows in blocks of ``BB``."""
+    from eqdsl.reference import tensor_product_reference
+
+    x1, x2, w, g = _operands(b.ir, BATCH, seed=seed)
     k = b.ops._kernels
     args = [jnp.asarray(a) for a in (x1, x2, w, g)]
     assert rel_err(b.ops.tensor_product(*args[:3], block_batch=BB), tensor_product_reference(b.ir, x1, x2, w)) <= 1e-10
@@ -206,7 +212,6 @@ def test_gathered_slices_match_the_oracle(pkgs):
     forward, the three backward kernels and the fused one still equal the float64 oracle.
     Without tiles (``ir_mul``) the key changes no kernel."""
     from eqdsl.backends.pallas.stmts import Read
-    from eqdsl.reference import tensor_product_reference
 
     gathered = (("pallas_gather_slices", 1),)
     ctx = {}
@@ -221,20 +226,7 @@ def test_gathered_slices_match_the_oracle(pkgs):
     b = pkgs((False, "mul_ir", "gather"))
     source = open(b.ops._kernels.__file__).read()
     assert "= rt.load_vec(w_ref, " in source and "rt.store_vec(out_ref, " in source
-    x1, x2, w, g = _operands(b.ir, BATCH, seed=5)
-    k = b.ops._kernels
-    args = [jnp.asarray(a) for a in (x1, x2, w, g)]
-    assert rel_err(b.ops.tensor_product(*args[:3], block_batch=BB), tensor_product_reference(b.ir, x1, x2, w)) <= 1e-10
-    want = tensor_product_vjp_reference(b.ir, x1, x2, w, g)
-    got = b.ops.tensor_product_vjp(*args, block_batch=BB)
-    pad = -(-BATCH // BB) * BB - BATCH
-    a1, a2, aw, ag = (jnp.pad(a, ((0, pad), (0, 0))) for a in args)
-    three = (k.backward_x1(ag, a2, aw, block_batch=BB, interpret=True),
-             k.backward_x2(a1, ag, aw, block_batch=BB, interpret=True),
-             k.backward_w(a1, a2, ag, block_batch=BB, interpret=True))
-    for name, a, c, t in zip(("grad_x1", "grad_x2", "grad_weights"), got, want, three):
-        assert rel_err(a, c) <= 1e-10, name
-        assert rel_err(t[:BATCH], c) <= 1e-10, name
+    _check_every_kernel(b, seed=5)
 
 
 def _pallas_names(jaxpr) -> list[str]:
