@@ -95,9 +95,6 @@ class TableReader:
             if key not in known:
                 self.fail(key, f"unknown key; expected one of {', '.join(sorted(known))}")
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.table
-
     def fail(self, key: str | None, reason: str) -> NoReturn:
         raise SpecError(self.filename, self.where, key, reason)
 
