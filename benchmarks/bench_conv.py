@@ -160,6 +160,8 @@ def parse_args(argv=None):
                    "section's), no reference, no timing, no table (precompile.py --jax)")
     p.add_argument("--warm-target", help="with --warm-only: compile only these problems; the others, up to the "
                    "targets' last configuration, are lowered only (as bench_tp.py --warm-target)")
+    p.add_argument("--warm-impl", help="with --warm-target: compile only these implementations (as bench_tp.py "
+                   "--warm-impl)")
     return p.parse_args(argv)
 
 
@@ -603,7 +605,7 @@ class Builders:
 
         mods, pw = self._once(("oeq", prob.name, dtype), make)
         s, d = graph.torch_idx(self.device, "int64")
-        n, cands = graph.num_nodes, []
+        cands = []
         # edges are sorted by dst (rows); sender_perm lists them sorted by src (cols), ties in row order
         sender_perm = torch.argsort(s, stable=True)
         for det, mod in mods.items():
@@ -878,7 +880,7 @@ class ConvBench(bt.Bench):
                 elif isinstance(cands, str):
                     row.update(status="n/a", reason=cands)
                 else:
-                    row.update(self._latency_one(cands, direction, sets, ref_out, ref_grads, tol, ncalls))
+                    row.update(self._latency_one(name, cands, direction, sets, ref_out, ref_grads, tol, ncalls))
                 self.latency_rows.append(row)
                 if row["status"] == "ok":
                     what = (f"wall {row['wall_sync_us']:.0f} us, host {row['host_us']:.0f} us, pipelined "
@@ -894,7 +896,7 @@ class ConvBench(bt.Bench):
         if not args.warm_only:
             self.print_latency()
 
-    def _latency_one(self, cands, direction, sets, ref_out, ref_grads, tol, ncalls):
+    def _latency_one(self, name, cands, direction, sets, ref_out, ref_grads, tol, ncalls):
         fails, bad = [], []
         for impl in cands:
             if direction == "fwd+bwd" and impl.fb is None:
@@ -904,11 +906,12 @@ class ConvBench(bt.Bench):
                 call = make_call(impl, direction, sets.native(impl))
                 if self.args.warm_only:
                     t0 = time.perf_counter()
-                    if not self.lower_only:
+                    lowers = self.only_lowers(name)
+                    if not lowers:
                         sync_fn(impl.framework, self.device)(call(0))
                     elif impl.framework == "jax":
                         bt.lower_jax(impl, direction, sets.native(impl)[0])
-                    return dict(status="lowered" if self.lower_only else "warm", first_call_s=time.perf_counter() - t0,
+                    return dict(status="lowered" if lowers else "warm", first_call_s=time.perf_counter() - t0,
                                 note=impl.note)
                 t0 = time.perf_counter()
                 errs = check_call(call, direction, impl, sets, ref_out, ref_grads)

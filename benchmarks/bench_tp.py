@@ -140,6 +140,9 @@ def parse_args(argv=None):
                    "configurations before their last one are lowered, not compiled, in the timed run's order, so "
                    "that the JAX lowerings (whose Triton IR bytes depend on what the process lowered before, seen "
                    "with jax 0.11.2) and hence the persistent-cache keys are the timed run's")
+    p.add_argument("--warm-impl", help="with --warm-target: compile only these implementations (comma-separated) "
+                   "of the targets, lowering the others in order, so that one process per implementation "
+                   "compiles them side by side (precompile.py --jax)")
     return p.parse_args(argv)
 
 
@@ -930,6 +933,7 @@ class Bench:
         self.builds = {}   # (impl, problem, dtype) -> list[Impl] | NotAvailable reason str
         self.cueq_build_failures = set()
         self.warm_target, self.lower_only = None, False  # --warm-only --warm-target (warm_passes)
+        self.warm_impl = None  # --warm-only --warm-impl (only_lowers)
 
     def log(self, msg: str):
         print(f"[{time.perf_counter() - self.t_start:7.1f}s] {msg}", flush=True)
@@ -1044,7 +1048,14 @@ class Bench:
         """--warm-only --warm-target: the problems to compile (None: all of them)."""
         target = self.args.warm_target
         self.warm_target = None if not (self.args.warm_only and target) else {t.strip() for t in target.split(",")}
+        impl = getattr(self.args, "warm_impl", None)
+        self.warm_impl = None if not (self.warm_target and impl) else {i.strip() for i in impl.split(",")}
         self.lower_only = False
+
+    def only_lowers(self, name: str) -> bool:
+        """--warm-only: whether implementation ``name`` is lowered, not compiled, in this pass
+        (a problem outside --warm-target, or an implementation outside --warm-impl)."""
+        return self.lower_only or (self.warm_impl is not None and name not in self.warm_impl)
 
     def warm_passes(self, passes: list, problem_of) -> list:
         """--warm-target: the passes up to the targets' last one (the others only lowered)."""
@@ -1245,7 +1256,7 @@ class Bench:
         --warm-target, only lower a JAX function (see --warm-target). False if it raised."""
         t0 = time.perf_counter()
         try:
-            if self.lower_only:
+            if self.only_lowers(name):
                 if impl.framework != "jax":
                     return True
                 lower_jax(impl, direction, inputs)
@@ -1258,7 +1269,7 @@ class Bench:
         except Exception as e:  # noqa: BLE001
             fails.append(one_line(e))
             return False
-        self.record(**base, direction=direction, impl=name, status="lowered" if self.lower_only else "warm",
+        self.record(**base, direction=direction, impl=name, status="lowered" if self.only_lowers(name) else "warm",
                     first_call_s=time.perf_counter() - t0, note=impl.note)
         return True
 

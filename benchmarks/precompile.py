@@ -142,15 +142,19 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
 
 def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subset: bool = False,
              dtypes: list[str] | None = None, radial: bool = False) -> list[Job]:
-    """Warm-up runs of the benchmarks' JAX implementations, one process per problem and benchmark.
+    """Warm-up runs of the benchmarks' JAX implementations, one process per problem, benchmark
+    and implementation (label ``<problem>/jax/<tp|conv>/<impl>``).
 
-    Each compiles its problem (``--warm-target``) after lowering, in the timed run's order, what
-    the timed run lowers before it: with jax 0.11.2 a Pallas kernel's serialized Triton IR, hence
-    its persistent-cache key, came out different after other lowerings in the same process (the
-    same text, other bytes), so a job that compiled its problem alone missed the cache for
-    every fused backward but the timed run's first. ``subset``: pass ``problems`` on (the timed
-    run was given the same ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise); ``radial``:
-    the conv jobs replay ``bench_conv.py --radial`` (its JAX implementations) instead."""
+    Each compiles its implementation of its problem (``--warm-target``, ``--warm-impl``) after
+    lowering, in the timed run's order, what the timed run lowers before it: with jax 0.11.2 a
+    Pallas kernel's serialized Triton IR, hence its persistent-cache key, came out different after
+    other lowerings in the same process (the same text, other bytes), so a job that compiled its
+    problem alone missed the cache for every fused backward but the timed run's first. Lowering
+    is a few seconds where compiling is tens, so the implementations of one problem compile side
+    by side (2026-11-27, H100: one job for the three took 206 s for nequip_toluene's float64 conv,
+    its slowest member 75 s). ``subset``: pass ``problems`` on (the timed run was given the same
+    ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise); ``radial``: the conv jobs replay
+    ``bench_conv.py --radial`` (its JAX implementations) instead."""
     out = []
     for p in problems:
         gen = generated / p
@@ -161,15 +165,19 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
             + (("--dtypes", ",".join(dtypes)) if dtypes else ())
         if conv != "only":
             dts = 2 if p in FLOAT64_PROBLEMS else 1
-            out.append(Job(f"{p}/jax/tp", (sys.executable, str(ROOT / "benchmarks" / "bench_tp.py"), "--batch", "20000")
-                           + common + ("--impls", JAX_IMPLS) + (("--problems", ",".join(problems)) if subset else ()),
-                           dts * (15 + size / 20000)))
+            argv = (sys.executable, str(ROOT / "benchmarks" / "bench_tp.py"), "--batch", "20000") + common \
+                + ("--impls", JAX_IMPLS) + (("--problems", ",".join(problems)) if subset else ())
+            out += [Job(f"{p}/jax/tp/{impl}", argv + ("--warm-impl", impl), dts * (5 + size / 60000))
+                    for impl in JAX_IMPLS.split(",")]
         if conv != "no" and p in CONV_PROBLEMS and "def conv(" in (gen / "jax_ops.py").read_text(encoding="utf-8"):
             # the latency section comes first in the timed run: lowered here, or compiled for its problem
             conv_problems = ("--problems", ",".join(q for q in problems if q in CONV_PROBLEMS)) if subset else ()
-            kind = ("--radial", "--impls", RADIAL_JAX_IMPLS) if radial else ("--impls", JAX_IMPLS)
-            out.append(Job(f"{p}/jax/conv", (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common
-                           + kind + conv_problems + ("--latency-impls", LATENCY_JAX_IMPLS), 30 + 3 * size / 20000))
+            impls = RADIAL_JAX_IMPLS if radial else JAX_IMPLS
+            argv = (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common \
+                + (("--radial",) if radial else ()) + ("--impls", impls) + conv_problems \
+                + ("--latency-impls", LATENCY_JAX_IMPLS)
+            out += [Job(f"{p}/jax/conv/{impl}", argv + ("--warm-impl", impl), 10 + size / 20000)
+                    for impl in impls.split(",")]
     return out
 
 

@@ -152,25 +152,30 @@ def _flags(script):
 def test_jax_jobs():
     jobs = precompile.jax_jobs(PROBLEMS, "with", GEN, SPECS)
     with_jax = {p for p in PROBLEMS if (GEN / p / "jax_ops.py").is_file()}
-    assert {j.label for j in jobs if j.label.endswith("/jax/tp")} == {f"{p}/jax/tp" for p in with_jax}
+    impls = precompile.JAX_IMPLS.split(",")
+    assert {j.label for j in jobs if "/jax/tp/" in j.label} == {f"{p}/jax/tp/{i}" for p in with_jax for i in impls}
     conv = {p for p in with_jax if p in precompile.CONV_PROBLEMS and "def conv(" in _read(p, "jax_ops.py")}
     assert conv == {"mace_large", "nequip_toluene"}
-    assert {j.label for j in jobs if j.label.endswith("/jax/conv")} == {f"{p}/jax/conv" for p in conv}
-    assert len(jobs) == len(with_jax) + len(conv)
+    assert {j.label for j in jobs if "/jax/conv/" in j.label} == {f"{p}/jax/conv/{i}" for p in conv for i in impls}
+    assert len(jobs) == len(impls) * (len(with_jax) + len(conv))
     for j in jobs:
-        p, script = j.label.split("/")[0], Path(j.argv[1])
-        assert script.is_file() and script.name == ("bench_conv.py" if j.label.endswith("conv") else "bench_tp.py")
-        # the timed run's problems and order (no --problems), compiling only this one
+        p, _, kind, impl = j.label.split("/")
+        script = Path(j.argv[1])
+        assert script.is_file() and script.name == ("bench_conv.py" if kind == "conv" else "bench_tp.py")
+        # the timed run's problems, order and implementations (no --problems), compiling only this
+        # problem's implementation
         assert "--warm-only" in j.argv and j.argv[j.argv.index("--warm-target") + 1] == p
+        assert j.argv[j.argv.index("--impls") + 1] == precompile.JAX_IMPLS
+        assert j.argv[j.argv.index("--warm-impl") + 1] == impl
         assert "--problems" not in j.argv
         assert {a for a in j.argv if a.startswith("--")} <= _flags(script.name)
         # the timed conv run starts with the latency section: every conv job replays it
-        assert ("--latency-impls" in j.argv) == j.label.endswith("/jax/conv")
+        assert ("--latency-impls" in j.argv) == (kind == "conv")
         assert "--no-latency" not in j.argv
     # a subset is passed on, as the timed run is given it (the conv's restricted to its problems)
     sub = precompile.jax_jobs(["nequip_water", "mace_large"], "with", GEN, SPECS, subset=True)
     for j in sub:
-        want = "mace_large" if j.label.endswith("/jax/conv") else "nequip_water,mace_large"
+        want = "mace_large" if "/jax/conv/" in j.label else "nequip_water,mace_large"
         assert j.argv[j.argv.index("--problems") + 1] == want
     # dtypes are passed on too (harness.sh conv64 times float64 alone)
     for j in precompile.jax_jobs(["mace_large"], "only", GEN, SPECS, subset=True, dtypes=["float64"]):
@@ -182,8 +187,9 @@ def test_jax_jobs():
     assert rad and all("--radial" in j.argv for j in rad) and all("--radial" not in j.argv for j in jobs)
     impls = rad[0].argv[rad[0].argv.index("--impls") + 1].split(",")
     assert impls == [i for i in bench_conv.RADIAL_IMPLS if i in bench_conv.JAX_IMPLS]
-    assert all(j.label.endswith("/jax/tp") for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
-    assert all(j.label.endswith("/jax/conv") for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
+    assert [j.argv[j.argv.index("--warm-impl") + 1] for j in rad] == impls
+    assert all("/jax/tp/" in j.label for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
+    assert all("/jax/conv/" in j.label for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
 
 
 def test_schedule():

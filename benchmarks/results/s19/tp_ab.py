@@ -6,11 +6,13 @@ Per problem (``AB_PROBLEMS``, comma-separated example specs; default the mul_ir 
 the issue-24 table) and dtype of its spec: generates the key-1 twin of ``examples/specs/<p>.toml``
 (Pallas and Helion sources only: the JAX side needs no Triton code) into ``$AB_GEN``
 (default /tmp/s19gen), checks that both compute the same (forward and VJP, relative error),
-then times each jitted ``tensor_product`` forward and forward + VJP (wall clock to
+then times each jitted ``tensor_product`` forward and forward + VJP (compiled ahead of time, side by side
+in ``AB_THREADS`` threads, default 12) (wall clock to
 ``block_until_ready``, median of 3 groups) at ``AB_BATCH`` rows (default 20,000, as
 bench_tp). Prints one JSON line a case and a table last. On the CPU (interpret mode) it runs too, at
 ``AB_BATCH=8``: what the local check of this script did.
 """
+import concurrent.futures
 import importlib
 import json
 import os
@@ -78,9 +80,9 @@ def functions(ops):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
-def main():
-    sys.path.insert(0, str(GEN))
-    rows = []
+def cases():
+    """(problem, dtype, key, ops, args) for every mul_ir problem, dtype of its spec and key."""
+    out = []
     for problem in PROBLEMS:
         spec = load_spec(ROOT / "examples" / "specs" / f"{problem}.toml")[0]
         if spec.layout != "mul_ir":
@@ -94,23 +96,41 @@ def main():
             w_shape = (ops0.WEIGHT_NUMEL,) if spec.shared_weights else (BATCH, ops0.WEIGHT_NUMEL)
             args = [jax.random.normal(next(keys), s, dt)
                     for s in ((BATCH, ops0.DIM_IN1), (BATCH, ops0.DIM_IN2), w_shape, (BATCH, ops0.DIM_OUT))]
-            results = {}
-            for key, ops in variants.items():
-                row = {"problem": problem, "dtype": dtype, "gather_slices": key}
-                try:
-                    jax.clear_caches()
-                    f, fb = functions(ops)
-                    t = time.perf_counter()
-                    out, grads = jax.block_until_ready(fb(*args))
-                    row["first_call_s"] = round(time.perf_counter() - t, 2)
-                    results[key] = [np.asarray(out)] + [np.asarray(a) for a in grads]
-                    row["err"] = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
-                                     for a, b in zip(results[key], results[0]))
-                    row["fwd_us"], row["fwd_bwd_us"] = timeit(f, args[:3]), timeit(fb, args)
-                except Exception as e:  # noqa: BLE001 - one failed case must not end the call
-                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            out += [(problem, dtype, key, ops, args) for key, ops in variants.items()]
+    return out
+
+
+def compile_case(case):
+    """Lower and compile the forward and forward + VJP of one case ahead of time (no call)."""
+    _, _, _, ops, args = case
+    t = time.perf_counter()
+    f, fb = functions(ops)
+    compiled = f.lower(*args[:3]).compile(), fb.lower(*args).compile()
+    return compiled, time.perf_counter() - t
+
+
+def main():
+    sys.path.insert(0, str(GEN))
+    all_cases = cases()
+    # XLA compiles outside the GIL: the cases compile side by side, then are timed one at a time
+    with concurrent.futures.ThreadPoolExecutor(int(os.environ.get("AB_THREADS", "12"))) as pool:
+        futures = [pool.submit(compile_case, c) for c in all_cases]
+    rows, reference = [], {}
+    for (problem, dtype, key, _, args), fut in zip(all_cases, futures):
+        row = {"problem": problem, "dtype": dtype, "gather_slices": key}
+        try:
+            (f, fb), row["compile_s"] = fut.result()
+            row["compile_s"] = round(row["compile_s"], 1)
+            out, grads = jax.block_until_ready(fb(*args))
+            result = [np.asarray(out)] + [np.asarray(a) for a in grads]
+            base = reference.setdefault((problem, dtype), result)
+            row["err"] = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+                             for a, b in zip(result, base))
+            row["fwd_us"], row["fwd_bwd_us"] = timeit(f, args[:3]), timeit(fb, args)
+        except Exception as e:  # noqa: BLE001 - one failed case must not end the call
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     pathlib.Path(os.environ.get("OUT", "/tmp"), "tp_ab.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{jax.devices()[0].device_kind}, batch {BATCH}, us fwd / fwd+bwd, gather_slices 0 -> 1")
     by = {(r["problem"], r["dtype"], r["gather_slices"]): r for r in rows}
