@@ -13,9 +13,9 @@ leaves their results where the benchmark's processes find them:
   the same binaries on a CPU instead: ``docs/ahead-of-time.md``.)
   Sizes are multiples of 16 like the benchmarks' (Triton specializes integers on
   divisibility by 16), so the benchmarks only load both.
-* JAX (``--jax``): one job per problem runs ``bench_tp.py --warm-only`` (and, for a conv
-  problem, ``bench_conv.py --warm-only``) with the JAX implementations (eqdsl's Pallas
-  ops and e3nn-jax): the same jitted functions on the same shapes as the timed run,
+* JAX (``--jax``): one job per problem and JAX implementation (eqdsl's Pallas ops, their
+  ``ir_mul`` twins, e3nn-jax) runs ``bench_tp.py --warm-only`` (and, for a conv problem,
+  ``bench_conv.py --warm-only``) compiling that implementation alone: the same jitted functions on the same shapes as the timed run,
   each called once and not timed. With JAX's persistent compilation cache on
   (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``, as
   ``run_device.sh`` sets them) the timed run then loads the executables instead of

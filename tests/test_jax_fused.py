@@ -64,8 +64,7 @@ def pkgs(tmp_path_factory):
             else:
                 split, layout, *extra = key
                 factor, mode = "factor" in extra, "uvw" if "uvw" in extra else "uvu"
-                name = (f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}{'_u' if 'unroll' in extra else ''}"
-                        f"{'_g' if 'gather' in extra else ''}")
+                name = f"fu_{int(split)}_{layout}{'_f' if factor else ''}_{mode}{'_u' if 'unroll' in extra else ''}"
                 if "unroll" in extra:  # x1 channel loops of 3 (one step left over), 4 and 2
                     text = _text(name, layout, "uvw", in1="3x0e+4x1o+2x2e", in2=IN2, out=UVW_OUT)
                 else:
@@ -74,8 +73,6 @@ def pkgs(tmp_path_factory):
                     text += "\n[tensor_product.tuning]\npallas_factor = 1\n"
                 if "unroll" in extra:  # two channel steps per loop iteration (4: 2 x 2; 3: 2 + a step after)
                     text += "\n[tensor_product.tuning]\npallas_unroll = 2\n"
-                if "gather" in extra:  # channel-tile slices read and written as index gathers
-                    text += "\n[tensor_product.tuning]\npallas_gather_slices = 1\n"
                 with pytest.MonkeyPatch.context() as mp:
                     if split:  # read by plan.split when the package is generated
                         mp.setattr(plan, "MAX_TERMS_PER_KERNEL", SPLIT_BUDGET)
@@ -203,30 +200,6 @@ def _check_every_kernel(b, seed: int):
     for name, a, c, t in zip(("grad_x1", "grad_x2", "grad_weights"), got, want, three):
         assert rel_err(a, c) <= 1e-10, name
         assert rel_err(t[:BATCH], c) <= 1e-10, name
-
-
-def test_gathered_slices_match_the_oracle(pkgs):
-    """``pallas_gather_slices = 1``: in kernels with ``mul_ir`` tiles every channel-tile slice
-    (x1's scalar blocks, weight rows, the output's) is read and written through the index
-    gather (``rt.load_vec`` / ``rt.store_vec``, one Triton layout for every tile); the
-    forward, the three backward kernels and the fused one still equal the float64 oracle.
-    Without tiles (``ir_mul``) the key changes no kernel."""
-    from eqdsl.backends.pallas.stmts import Read
-
-    gathered = (("pallas_gather_slices", 1),)
-    ctx = {}
-    for layout, changes in (("mul_ir", True), ("ir_mul", False)):
-        ir = _ir(_text("s", layout))
-        plain, ctx[layout] = assemble.build_context(ir, ""), assemble.build_context(ir, "", gathered)
-        lines = [[g["lines"] for k in c["kernels"] + c["fused"]["kernels"] for g in k["groups"]]
-                 for c in (plain, ctx[layout])]
-        assert (lines[0] != lines[1]) == changes, layout
-    reads = [st for k in ctx["mul_ir"]["kernels"] for g in k["groups"] for st in g["body"] if isinstance(st, Read)]
-    assert reads and not any(r.is_slice() for r in reads if r.pad > 1)  # (mul_ir): no slice of a channel tile left
-    b = pkgs((False, "mul_ir", "gather"))
-    source = open(b.ops._kernels.__file__).read()
-    assert "= rt.load_vec(w_ref, " in source and "rt.store_vec(out_ref, " in source
-    _check_every_kernel(b, seed=5)
 
 
 def _pallas_names(jaxpr) -> list[str]:

@@ -35,7 +35,7 @@ from ...ir import TensorProductIR
 from ...runtime.pallas_abi import KERNEL_ABI
 from .fused import fused_context
 from .kernels import kernels as kernel_set
-from .passes import factor_kernel, fma_kernel, gather_kernel, unroll_kernel
+from .passes import factor_kernel, fma_kernel, unroll_kernel
 from .plan import KINDS, RADIAL_KINDS, blocks as plan_blocks, annotate_radial, next_pow2, radial_max_cols, weight_layout
 from .printer import print_body
 from .tuning import BLOCK_ELEMS, MAX_BLOCK_BATCH, MIN_BLOCK_BATCH, tuning_of
@@ -144,8 +144,6 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
             k.update(factor_kernel(k))
         if t.fma:
             k.update(fma_kernel(k))
-        if t.gather_slices:
-            k.update(gather_kernel(k))
         if t.unroll > 1:  # last: it renames the temporaries of the loops' steps
             k.update(unroll_kernel(k, t.unroll))
         if radial is not None:  # radial kernels: dot columns (the runtime's shared-memory estimate), precision

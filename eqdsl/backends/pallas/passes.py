@@ -28,18 +28,6 @@ and the kernels never read a ref they write, so this changes no value; it puts `
 loads in flight where a step had one (the ``uvw`` kernels loop over a channel, one
 weight row per step, and wait on each: ncu, e3tools_conv's forward, H200, 2026-11-28:
 18 cycles per issued instruction at 30% occupancy). Runs last.
-
-``gather_kernel`` (spec key ``pallas_gather_slices``): in a kernel that reads or writes
-``mul_ir`` tiles (``LoadTile`` / ``StoreTile``), every channel-tile slice read or write
-(``Read`` / ``Write`` of ``pad > 1`` contiguous columns) goes through the index gather of
-``rt.load_vec`` / ``rt.store_vec`` instead. Triton gives a slice a vectorized layout and
-the gathered tiles another one, and converts between the two through shared memory at
-each product of a weight slice with a sum of tile components: 108 ``ttg.convert_layout``
-in nequip_toluene's float64 forward (311 barriers in its SASS). With every tile gathered
-they share one layout: no shared memory, no barrier, 194 -> 162 registers and 3,584 ->
-2,536 static instructions (float32: 128 -> 80 registers, 3,072 -> 2,384; the CUDA lowering
-compiled for sm_90 on a CPU by Triton 3.6, ``benchmarks/results/s19/``, 2026-12-07). The
-loads lose their vector width; not timed on a GPU yet, hence not the default.
 """
 
 from __future__ import annotations
@@ -49,9 +37,9 @@ import itertools
 import dataclasses
 
 from ...kernel_ir import Assign, Sum, Var, factor_sum, fma_chain, is_plain
-from .stmts import Comment, LoadTile, Loop, Offset, Read, StoreTile, Unflatten, Write
+from .stmts import Comment, Loop, Offset, Read, Unflatten
 
-__all__ = ["factor_kernel", "fma_kernel", "gather_kernel", "unroll_kernel"]
+__all__ = ["factor_kernel", "fma_kernel", "unroll_kernel"]
 
 
 def _sums(stmts, rewrite) -> list:
@@ -186,29 +174,3 @@ def unroll_kernel(kernel: dict, u: int) -> dict:
     if u <= 1:
         return kernel
     return {**kernel, "groups": [{**g, "body": _unroll(g["body"], u)} for g in kernel["groups"]]}
-
-
-def _walk(stmts):
-    for st in stmts:
-        yield st
-        if isinstance(st, Loop):
-            yield from _walk(st.body)
-
-
-def _gathered(stmts) -> list:
-    out = []
-    for st in stmts:
-        if isinstance(st, (Read, Write)) and st.pad > 1 and st.is_slice():
-            st = dataclasses.replace(st, gather=True)
-        elif isinstance(st, Loop):
-            st = dataclasses.replace(st, body=tuple(_gathered(st.body)))
-        out.append(st)
-    return out
-
-
-def gather_kernel(kernel: dict) -> dict:
-    """``kernel`` with its channel-tile slices read and written as index gathers where it
-    has ``mul_ir`` tiles (module docstring); unchanged otherwise."""
-    if not any(isinstance(st, (LoadTile, StoreTile)) for g in kernel["groups"] for st in _walk(g["body"])):
-        return kernel
-    return {**kernel, "groups": [{**g, "body": _gathered(g["body"])} for g in kernel["groups"]]}

@@ -44,13 +44,13 @@ def print_body(stmts, ind: str) -> list[str]:
         elif isinstance(s, Assign):
             out.append(f"{ind}{s.target} = {s.value}")
         elif isinstance(s, Read):
-            if s.is_slice():
+            if s.stride == 1 and s.count == s.pad:
                 src = f"{s.ref}[:, pl.ds({s.start}, {s.pad})]"
             else:
                 src = f"rt.load_vec({s.ref}, {s.start}, {_vec_args(s.count, s.pad, s.stride)})"
             out.append(f"{ind}{s.name} = {src}{_comment(s.comment)}")
         elif isinstance(s, Write):
-            if s.is_slice():
+            if s.stride == 1 and s.count == s.pad:
                 out.append(f"{ind}{s.ref}[:, pl.ds({s.start}, {s.pad})] = {s.value}")
             else:
                 out.append(f"{ind}rt.store_vec({s.ref}, {s.start}, {s.value}, {_vec_args(s.count, s.pad, s.stride)})")

@@ -134,8 +134,8 @@ class Add:
 @dataclass(frozen=True)
 class Read:
     """``name = `` lanes ``c < count`` of ``ref``'s columns ``start + c * stride``, a
-    ``(rows, pad)`` tile zero past ``count``: a slice of the ref when that is what it is
-    and ``gather`` is off, else ``rt.load_vec`` (``passes.gather_kernel``)."""
+    ``(rows, pad)`` tile zero past ``count``: a slice of the ref when that is what it is,
+    else ``rt.load_vec``."""
 
     name: str
     ref: str
@@ -144,16 +144,11 @@ class Read:
     pad: int
     stride: int = 1
     comment: str = ""
-    gather: bool = False
-
-    def is_slice(self) -> bool:
-        return self.stride == 1 and self.count == self.pad and not self.gather
 
 
 @dataclass(frozen=True)
 class Write:
-    """Lanes ``c < count`` of ``value`` to columns ``start + c * stride`` of ``ref``: a slice
-    assignment when that is what it is and ``gather`` is off, else ``rt.store_vec``."""
+    """Lanes ``c < count`` of ``value`` to columns ``start + c * stride`` of ``ref``."""
 
     ref: str
     start: object
@@ -161,10 +156,6 @@ class Write:
     count: int
     pad: int
     stride: int = 1
-    gather: bool = False
-
-    def is_slice(self) -> bool:
-        return self.stride == 1 and self.count == self.pad and not self.gather
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,6 @@ KEYS = {
                           "three TF32 tensor-core products, about float32 accuracy)"),
     "pallas_radial_materialize": (lambda v: v in (0, 1), "0 (conv_radial's weights formed on chip) or 1 (formed "
                                   "with a matmul, then the conv's kernels)"),
-    "pallas_gather_slices": (lambda v: v in (0, 1), "0 (channel tiles read as slices) or 1 (as index gathers in "
-                             "kernels with mul_ir tiles: one Triton layout for every tile)"),
 }
 # the per-dtype keys (DTYPE_KEYS) accept what their key does, for one dtype only (float64
 # values take twice the registers: mace_large's fused backward at 4 rows spilled)
@@ -98,8 +96,6 @@ class PallasTuning:
     accuracy, not bitwise IEEE; float32 on the GPU only, ``eqdsl.runtime.jax.tiles``).
     ``radial_materialize``: ``conv_radial`` generates no radial kernels and runs
     ``conv(x, y, rf @ wr)`` (a full-precision matmul, then the conv's kernels).
-    ``gather_slices``: kernels that read or write ``mul_ir`` tiles read and write their
-    channel-tile slices as index gathers too (``passes.gather_kernel``).
     ``block_batch_by_dtype`` / ``segment_edges_by_dtype``: ``(dtype, value)`` pairs of the
     ``pallas_block_batch_<dtype>`` / ``pallas_segment_edges_<dtype>`` keys, which replace
     ``block_batch`` / ``segment_edges`` for that dtype's calls. ``conv_max_terms_by_dtype``:
@@ -121,7 +117,6 @@ class PallasTuning:
     unroll: int = 1
     radial_dot: int = 0
     radial_materialize: bool = False
-    gather_slices: bool = False
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
     segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
     conv_max_terms_by_dtype: tuple[tuple[str, int], ...] = ()
@@ -161,9 +156,6 @@ def tuning_of(pairs=()) -> PallasTuning:
         # on-chip JAX conv_radial took 11,936 / 24,136 us (mace_large fwd / fwd+bwd) against
         # 2,554 / 7,543 for the matmul + conv, so a spec may choose the latter
         radial_materialize=bool(v.get("pallas_radial_materialize", 0)),
-        # pallas_gather_slices: fewer instructions and registers, no shared memory in the
-        # compiled kernels (passes.py), but unvectorized loads: off until timed on a GPU
-        gather_slices=bool(v.get("pallas_gather_slices", 0)),
         # per-dtype blocks (H100, 2026-11-27, exp jax_sweep): mace_large's TP fwd+bwd in float64
         # took 3,363 us at 4 rows (the fused backward spilling) and 2,264 at 2; nequip_toluene's
         # float64 conv forward 11,602 us at 2 edges per step and 9,198 at 1. Their float32
