@@ -57,9 +57,10 @@ case $CALL in
   conv|conv64)  # one dtype per call: both did not fit one (2026-11-27: 230 s of compiling on a fresh
     # machine, then the float32 rows and 2 of the 12 float64 ones). The precompile, the twins' and the
     # timed run get the same --dtypes, so that the JAX warm-ups lower what the timed run lowers
-    dt=float32; [ "$CALL" = conv64 ] && dt=float64
-    OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --dtypes $dt" \
-      EQDSL_TWINS_ARGS="--conv-only --dtypes $dt" EQDSL_CONV_ARGS="--dtypes $dt" \
+    # The latency section (float32 only) runs in conv; conv64 skips it, and so do its JAX warm-ups
+    dt=float32 lat=; [ "$CALL" = conv64 ] && dt=float64 lat=--no-latency
+    OUT=$FULL EQDSL_DEADLINE=$DEADLINE EQDSL_PRECOMPILE_ARGS="--bench --jax --conv-only --dtypes $dt $lat" \
+      EQDSL_TWINS_ARGS="--conv-only --dtypes $dt" EQDSL_CONV_ARGS="--dtypes $dt $lat" \
       bash benchmarks/run_device.sh precompile=240 twins=60 conv=-5 \
       > "$FULL/run.log" 2>&1 ;;
   radial)  # float32 (2026-11-27: with both dtypes it timed one float64 graph; the JAX warm-ups, not yet

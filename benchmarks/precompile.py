@@ -141,7 +141,7 @@ def torch_jobs(problems: list[str], dtypes: list[str] | None, conv: str, bench: 
 
 
 def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subset: bool = False,
-             dtypes: list[str] | None = None, radial: bool = False) -> list[Job]:
+             dtypes: list[str] | None = None, radial: bool = False, latency: bool = True) -> list[Job]:
     """Warm-up runs of the benchmarks' JAX implementations, one process per problem, benchmark
     and implementation (label ``<problem>/jax/<tp|conv>/<impl>``).
 
@@ -154,7 +154,8 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
     by side (2026-11-27, H100: one job for the three took 206 s for nequip_toluene's float64 conv,
     its slowest member 75 s). ``subset``: pass ``problems`` on (the timed run was given the same
     ``--problems``); ``dtypes``: pass ``--dtypes`` on (likewise); ``radial``: the conv jobs replay
-    ``bench_conv.py --radial`` (its JAX implementations) instead."""
+    ``bench_conv.py --radial`` (its JAX implementations) instead; ``latency`` False: the conv jobs
+    skip the latency section (``--no-latency``, as the timed run is told)."""
     out = []
     for p in problems:
         gen = generated / p
@@ -171,11 +172,12 @@ def jax_jobs(problems: list[str], conv: str, generated: Path, specs: Path, subse
                     for impl in JAX_IMPLS.split(",")]
         if conv != "no" and p in CONV_PROBLEMS and "def conv(" in (gen / "jax_ops.py").read_text(encoding="utf-8"):
             # the latency section comes first in the timed run: lowered here, or compiled for its problem
+            section = ("--latency-impls", LATENCY_JAX_IMPLS) if latency else ("--no-latency",)
             conv_problems = ("--problems", ",".join(q for q in problems if q in CONV_PROBLEMS)) if subset else ()
             impls = RADIAL_JAX_IMPLS if radial else JAX_IMPLS
             argv = (sys.executable, str(ROOT / "benchmarks" / "bench_conv.py")) + common \
                 + (("--radial",) if radial else ()) + ("--impls", impls) + conv_problems \
-                + ("--latency-impls", LATENCY_JAX_IMPLS)
+                + section
             out += [Job(f"{p}/jax/conv/{impl}", argv + ("--warm-impl", impl), 10 + size / 20000)
                     for impl in impls.split(",")]
     return out
@@ -264,6 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--conv-only", action="store_true", help="only the fused convolution's kernels")
     p.add_argument("--radial", action="store_true", help="the JAX conv warm-ups replay bench_conv.py --radial "
                    "(harness.sh radial)")
+    p.add_argument("--no-latency", dest="latency", action="store_false", help="the JAX conv warm-ups skip "
+                   "bench_conv.py's latency section (the timed run is given --no-latency: harness.sh conv64)")
     p.add_argument("--bench", action="store_true", help="only the torch kernels the benchmarks call")
     p.add_argument("--jax", action="store_true", help="also warm JAX's persistent compilation cache (bench_tp / "
                    "bench_conv --warm-only with " + JAX_IMPLS + ")")
@@ -289,7 +293,7 @@ def main(argv=None) -> int:
     todo = torch_jobs(problems, dtypes, conv, args.bench, not args.per_op, args.generated)
     if args.jax:
         todo += jax_jobs(problems, conv, args.generated, args.specs, subset=bool(args.problems), dtypes=dtypes,
-                         radial=args.radial)
+                         radial=args.radial, latency=args.latency)
     todo = schedule(todo)
     if args.list:
         for j in todo:

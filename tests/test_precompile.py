@@ -188,6 +188,9 @@ def test_jax_jobs():
     impls = rad[0].argv[rad[0].argv.index("--impls") + 1].split(",")
     assert impls == [i for i in bench_conv.RADIAL_IMPLS if i in bench_conv.JAX_IMPLS]
     assert [j.argv[j.argv.index("--warm-impl") + 1] for j in rad] == impls
+    # harness.sh conv64: no latency section in the timed run, none in its warm-ups
+    quiet = precompile.jax_jobs(["mace_large"], "only", GEN, SPECS, subset=True, latency=False)
+    assert quiet and all("--no-latency" in j.argv and "--latency-impls" not in j.argv for j in quiet)
     assert all("/jax/tp/" in j.label for j in precompile.jax_jobs(PROBLEMS, "no", GEN, SPECS))
     assert all("/jax/conv/" in j.label for j in precompile.jax_jobs(PROBLEMS, "only", GEN, SPECS))
 
