@@ -224,6 +224,9 @@ def test_ncu_cases_of_unexplained_rows(tmp_path):
     # conv: eqdsl torch 400 loses to nothing timed but e3nn (4000): no case
     assert ncu_missing.ncu_cases(data, {}) == [":mace_large:float32:fwd:eqdsl_torch_irmul,oeq"]
     assert ncu_missing.ncu_cases(data, {"mace_large/float32/20000/fwd/eqdsl_torch": "measured"}) == []
+    # --all: explained rows are profiled again (measured on earlier kernels)
+    assert ncu_missing.ncu_cases(data, {"mace_large/float32/20000/fwd/eqdsl_torch": "measured"}, every=True) \
+        == [":mace_large:float32:fwd:eqdsl_torch_irmul,oeq"]
     conv = json.loads(conv_path.read_text())
     conv["rows"][0]["times_us"]["cueq_irmul"] = 100.0
     conv["results"].append(dict(conv["results"][0], impl="cueq_irmul", time_us=100.0, status="ok"))
@@ -231,6 +234,10 @@ def test_ncu_cases_of_unexplained_rows(tmp_path):
     conv_path.write_text(json.dumps(conv))
     cases = ncu_missing.ncu_cases(report.load_inputs(args), {"mace_large/float32/20000/fwd/eqdsl_torch": "x"})
     assert cases == ["rand512x64:mace_large:float32:fwd+bwd:eqdsl_torch,cueq_irmul"]
+    # the unexplained rows come first
+    cases = ncu_missing.ncu_cases(report.load_inputs(args), {"mace_large/float32/20000/fwd/eqdsl_torch": "x"}, True)
+    assert cases == ["rand512x64:mace_large:float32:fwd+bwd:eqdsl_torch,cueq_irmul",
+                     ":mace_large:float32:fwd:eqdsl_torch_irmul,oeq"]
 
 def test_report_symmetric_section(tmp_path):
     """``--symmetric ELEMENTS=LOG``: the bench log's date, device and RESULT lines become rows,

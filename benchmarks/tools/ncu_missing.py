@@ -23,20 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks import report  # noqa: E402
 
 
-def ncu_cases(data: dict, reasons: dict) -> list[str]:
+def ncu_cases(data: dict, reasons: dict, every: bool = False) -> list[str]:
     """``GRAPH:problem:dtype:direction:impls`` for every row of ``data`` (``report.load_inputs``'s
     ``{kind: (path, json)}``, kinds ``tp`` and ``conv``) that ``report.slower_rows`` lists and
-    ``reasons`` has no entry for; one case per configuration, implementations in first-seen order."""
+    ``reasons`` has no entry for; one case per configuration, implementations in first-seen order.
+    ``every``: the explained rows too, after the unexplained ones (their reasons measured on
+    earlier kernels, profiled again)."""
     cases: dict[tuple, list[str]] = {}
-    for kind in ("tp", "conv"):
-        for r in report.slower_rows(report.measurements(data, kind), kind):
-            if reasons.get(r["key"]):
-                continue
-            graph = r["config"] if kind == "conv" else ""
-            impls = cases.setdefault((graph, r["problem"], r["dtype"], r["direction"]), [])
-            for impl in [r["impl"]] + [member for _, _, member, _ in r["anchors"]]:
-                if impl not in impls:
-                    impls.append(impl)
+    lost = [(kind, r) for kind in ("tp", "conv") for r in report.slower_rows(report.measurements(data, kind), kind)]
+    unexplained = [(kind, r) for kind, r in lost if not reasons.get(r["key"])]
+    for kind, r in unexplained + ([x for x in lost if x not in unexplained] if every else []):
+        graph = r["config"] if kind == "conv" else ""
+        impls = cases.setdefault((graph, r["problem"], r["dtype"], r["direction"]), [])
+        for impl in [r["impl"]] + [member for _, _, member, _ in r["anchors"]]:
+            if impl not in impls:
+                impls.append(impl)
     return [":".join(k) + ":" + ",".join(v) for k, v in cases.items()]
 
 
@@ -45,10 +46,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", default=None, help="bench_tp.py JSON (merged: merge_json.py)")
     ap.add_argument("--conv", default=None, help="bench_conv.py JSON")
     ap.add_argument("--reasons", default=None, help="reasons.json: rows already explained")
+    ap.add_argument("--all", action="store_true", help="the explained rows too, after the unexplained ones")
     args = ap.parse_args(argv)
     data = report.load_inputs(argparse.Namespace(tp=args.tp, conv=args.conv, radial=None, latency=None, files=[]))
     reasons = json.loads(Path(args.reasons).read_text(encoding="utf-8")) if args.reasons else {}
-    for case in ncu_cases(data, reasons):
+    for case in ncu_cases(data, reasons, every=args.all):
         print(case)
     return 0
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Nsight Compute on the rows of a harness run that an anchor wins with no measured reason yet
 # (issue 28's done-when): the device call after `harness.sh conv` / `radial`, with the same carry.
-# Its JSON: this machine's /tmp/harness/{tp1,tp2,conv} if the machine is still the harness's, else
-# the copies carried in $NCU_JSON_DIR (default benchmarks/results/s11: tp1_bench_tp.json,
-# tp2_bench_tp.json, conv_bench_conv.json, as harness.sh names them), since a machine goes back after
-# 30 minutes held and the four harness calls take about that long. It merges the TP parts, lists the
-# cases (ncu_missing.py against benchmarks/results/reasons.json) and runs ncu_rows.py on each, in table
-# order, until its deadline (EQDSL_DEADLINE, default 570 s). On a fresh machine it installs the carried
+# Its JSON: this machine's /tmp/harness/{tp1,tp2,conv,conv64} if the machine is still the harness's,
+# else the copies carried in $NCU_JSON_DIR (default benchmarks/results/s20: tp1_bench_tp.json,
+# tp2_bench_tp.json, conv_bench_conv.json, conv64_bench_conv.json, as harness.sh names them), since a
+# machine goes back after 30 minutes held and the four harness calls take about that long. It merges
+# the TP parts and the conv parts, lists the cases (ncu_missing.py against benchmarks/results/reasons.json;
+# NCU_ALL=1: the explained rows too, after the others, to measure their reasons on the current kernels)
+# and runs ncu_rows.py on each, in that order, until its deadline (EQDSL_DEADLINE, default 570 s). On a fresh machine it installs the carried
 # wheels and builds OpenEquivariance's extension first (kernels compile inside each profiled process,
 # outside the profiled range). Results: $OUT/ncu.tar.xz (ncu_<i>.json, ncu.log, cases.txt, run.log).
 set -u
@@ -24,7 +25,7 @@ fi
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); export NCU
-D=${NCU_JSON_DIR:-benchmarks/results/s11}
+D=${NCU_JSON_DIR:-benchmarks/results/s20}
 pick() {  # $1: this machine's file, $2: the carried copy
   if [ -f "$1" ]; then echo "$1"; elif [ -f "$2" ]; then echo "$2"; fi
 }
@@ -34,9 +35,14 @@ args=()
 if [ ${#tps[@]} -gt 0 ]; then
   python3 benchmarks/merge_json.py "$L/bench_tp.json" "${tps[@]}" > /dev/null && args+=(--tp "$L/bench_tp.json")
 fi
-f=$(pick /tmp/harness/conv/bench_conv.json "$D/conv_bench_conv.json"); [ -n "$f" ] && args+=(--conv "$f")
-python3 benchmarks/tools/ncu_missing.py "${args[@]}" --reasons benchmarks/results/reasons.json > "$L/cases.txt"
-echo "setup $(( $(date +%s) - T0 )) s; $(wc -l < "$L/cases.txt") cases from ${tps[*]} ${args[*]}" >> "$L/run.log"
+convs=()
+for c in conv conv64; do f=$(pick /tmp/harness/$c/bench_conv.json "$D/${c}_bench_conv.json"); [ -n "$f" ] && convs+=("$f"); done
+if [ ${#convs[@]} -gt 0 ]; then
+  python3 benchmarks/merge_json.py "$L/bench_conv.json" "${convs[@]}" > /dev/null && args+=(--conv "$L/bench_conv.json")
+fi
+python3 benchmarks/tools/ncu_missing.py "${args[@]}" --reasons benchmarks/results/reasons.json \
+  ${NCU_ALL:+--all} > "$L/cases.txt"
+echo "setup $(( $(date +%s) - T0 )) s; $(wc -l < "$L/cases.txt") cases from ${tps[*]} ${convs[*]} ${args[*]}" >> "$L/run.log"
 i=0
 while IFS= read -r c; do
   i=$((i + 1)); left=$(( DEADLINE - ($(date +%s) - T0) ))
