@@ -48,8 +48,9 @@ FULLY_CONNECTED = dict(in1="2x0e+2x1o", in2="1x0e+1x1o", out="3x0e+2x1o", mode="
 # pallas_factor = 1: the sums factored first (pallas_factor), the fused backward in its q_j form
 SPLIT = ("\n[tensor_product.tuning]\npallas_conv_max_terms = 1\npallas_conv_fused_max_terms = 1\npallas_fma = 1\n"
          "pallas_factor = 1\n")
-# pallas_conv_max_terms_float64 = 1: a conv kernel family for float64 operands only
-DTYPE_SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms_float64 = 1\n"
+# pallas_conv_max_terms_float64 = 1: a conv kernel family for float64 operands only, its fused
+# backward split per path (pallas_conv_fused_max_terms_float64 = 1)
+DTYPE_SPLIT = "\n[tensor_product.tuning]\npallas_conv_max_terms_float64 = 1\npallas_conv_fused_max_terms_float64 = 1\n"
 BE = 4  # edges per program of the per-edge kernels in the CPU tests
 SE = 2  # edges per loop step of the segment kernels where set: partly masked last steps
 
@@ -115,8 +116,9 @@ def test_conv_max_terms_gives_the_conv_kernels_of_its_own(pkgs, kind):
 
 
 def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
-    """pallas_conv_max_terms_float64: float64 calls launch the float64 family (one kernel per
-    output group, its fused backward one per x1 block), float32 calls the conv's unsplit
+    """pallas_conv_max_terms_float64 and pallas_conv_fused_max_terms_float64: float64 calls
+    launch the float64 family (one kernel per output group, its fused backward one per path,
+    each x1 block's paths writing partial dF/dx1 messages), float32 calls the conv's unsplit
     family (its own: a mul_ir conv's kernels run on ir_mul rows); both dtypes agree with the
     oracle, forward and the three gradients."""
     from eqdsl.runtime.jax import launch
@@ -124,7 +126,8 @@ def test_conv_kernel_family_per_dtype(pkgs, monkeypatch):
     b = pkgs["dtype_split"]
     k = b.ops._kernels
     assert len(k.CONV_FWD_KERNELS) == 1 and len(k.CONV_FLOAT64_FWD_KERNELS) == len(b.ir.out)
-    assert len(k.CONV_FLOAT64_BWD_FUSED_KERNELS) == len(b.ir.in1) > len(k.CONV_BWD_FUSED_KERNELS)
+    assert len(k.CONV_FLOAT64_BWD_FUSED_KERNELS) == len(b.ir.paths) > len(b.ir.in1) > len(k.CONV_BWD_FUSED_KERNELS)
+    assert [len(r) for r in k.CONV_FLOAT64_FUSED_GX1_SEGMENTS] == [2, 2] and k.CONV_FUSED_GX1_SEGMENTS is None
     launched = []
     for fn in ("launch_segments", "conv_backward_fused"):
         real = getattr(launch, fn)

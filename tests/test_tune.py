@@ -367,6 +367,8 @@ def test_pallas_conv_op_tunes_the_conv_keys_per_dtype(tmp_path):
     g = for_dtype({"pallas_segment_edges": (1, 4), "pallas_conv_max_terms": (4, 8, 600, 1200)}, "pallas_conv",
                   "float64", sp.dtypes, sp.tuning)
     assert g == {"pallas_segment_edges_float64": (1, 4), "pallas_conv_max_terms_float64": (4, 8, 600, 1200)}
+    assert for_dtype({"pallas_conv_fused_max_terms": (1, 8)}, "pallas_conv", "float64", sp.dtypes, sp.tuning) == \
+        {"pallas_conv_fused_max_terms_float64": (1, 8)}
     cands = candidates(g, sp.tuning, "pallas_conv", ir)
     sources = [tuple(sorted(render_files(ir, "", tuning=override(sp.tuning, "pallas_conv", c)).items())) for c in cands]
     assert len(set(sources)) == len(sources)  # each candidate other kernels ...

@@ -133,7 +133,8 @@ def for_dtype(grid: dict[str, tuple[int, ...]], op: str, dtype: str, dtypes: tup
     sets that dtype's key (which would override every candidate of the shared one).
 
     The Pallas ops: ``pallas_block_batch`` -> ``pallas_block_batch_<dtype>`` (and
-    ``pallas_num_warps``, ``pallas_segment_edges``, ``pallas_conv_max_terms``). A Helion op: ``block_b``, ``num_warps`` and ``num_stages`` ->
+    ``pallas_num_warps``, ``pallas_segment_edges``, ``pallas_conv_max_terms``,
+    ``pallas_conv_fused_max_terms``). A Helion op: ``block_b``, ``num_warps`` and ``num_stages`` ->
     ``<key>_<dtype>`` in the op's sub-table; its other keys (``block_c``, ...) change the
     op for every dtype. One-dtype specs without the dtype's key: ``grid`` as it is."""
     if op in PALLAS_OPS:

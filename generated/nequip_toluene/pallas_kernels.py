@@ -11734,7 +11734,8 @@ CONV_BWD_FUSED_KERNELS = (
 # that add up to it (a block's paths split over kernels)
 CONV_FUSED_GX1_SEGMENTS = None
 
-# The conv's kernel sets for float64 operands (pallas_conv_max_terms_float64).
+# The conv's kernel sets for float64 operands (pallas_conv_max_terms_float64 or
+# pallas_conv_fused_max_terms_float64).
 CONV_FLOAT64_FWD_KERNELS = (
     (_conv_float64_fwd_kernel_0, 0, 1152),
     (_conv_float64_fwd_kernel_1, 1152, 960),

@@ -89,8 +89,7 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
     # after the segment sum): fewer registers per program for one more message per part
     plain_fused = fused_context(ir, blocks, wmap, factored=factored) if t.fuse_bwd or conv_fuse else None
 
-    def conv_kernels(terms, prefix: str, const: str) -> dict:
-        fused_terms = t.conv_fused_max_terms
+    def conv_kernels(terms, fused_terms, prefix: str, const: str) -> dict:
         return {
             "kernel_sets": [{"kind": kind, "const": const + kind.upper() + "_KERNELS",
                              "kernels": kernel_set(kind, ir, cblocks, wmap, terms, prefix)} for kind in kinds],
@@ -102,18 +101,22 @@ def build_context(ir: TensorProductIR, header: str, tuning=()) -> dict:
 
     conv_family = None
     if ir.conv and (t.conv_max_terms is not None or t.conv_fused_max_terms is not None or cblocks is not blocks):
-        conv_family = conv_kernels(t.conv_max_terms, "conv", "CONV_")
+        conv_family = conv_kernels(t.conv_max_terms, t.conv_fused_max_terms, "conv", "CONV_")
         same = cblocks is blocks and \
             [len(s["kernels"]) for s in conv_family["kernel_sets"]] == [len(kernels[k]) for k in kinds]
         if same and conv_family["fused"] is not None:
             same = len(conv_family["fused"]["kernels"]) == len(plain_fused["kernels"])
         if same:  # the budget splits nothing further: the conv uses the plain product's kernels
             conv_family = None
-    # pallas_conv_max_terms_<dtype>: that dtype's conv calls run a family of their own
-    # (CONV_<DTYPE>_*), split within its budget (float64's running sums take twice the registers)
+    # pallas_conv_max_terms_<dtype> / pallas_conv_fused_max_terms_<dtype>: that dtype's conv calls
+    # run a family of their own (CONV_<DTYPE>_*), split within its budgets (float64's running sums
+    # take twice the registers); a budget the dtype does not set is the conv's
+    own_terms, own_fused = dict(t.conv_max_terms_by_dtype), dict(t.conv_fused_max_terms_by_dtype)
     conv_dtype_families = [
-        {"dtype": dtype, **conv_kernels(terms, f"conv_{dtype}", f"CONV_{dtype.upper()}_")}
-        for dtype, terms in t.conv_max_terms_by_dtype if ir.conv and dtype in ir.dtypes
+        {"dtype": dtype, **conv_kernels(own_terms.get(dtype, t.conv_max_terms),
+                                        own_fused.get(dtype, t.conv_fused_max_terms),
+                                        f"conv_{dtype}", f"CONV_{dtype.upper()}_")}
+        for dtype in ir.dtypes if ir.conv and (dtype in own_terms or dtype in own_fused)
     ]
     separate = conv_family is not None
     fused = plain_fused if t.fuse_bwd or (conv_fuse and not separate) else None

@@ -28,7 +28,8 @@ DEFAULT_SEGMENT_EDGES = 2
 # dtypes a per-dtype key may name, and those keys: ``pallas_block_batch_float64`` -> ``float64``
 DTYPES = ("float32", "float64")
 DTYPE_KEYS = {f"{key}_{dtype}": dtype
-              for key in ("pallas_block_batch", "pallas_segment_edges", "pallas_conv_max_terms", "pallas_num_warps")
+              for key in ("pallas_block_batch", "pallas_segment_edges", "pallas_conv_max_terms",
+                          "pallas_conv_fused_max_terms", "pallas_num_warps")
               for dtype in DTYPES}
 
 
@@ -101,6 +102,9 @@ class PallasTuning:
     ``block_batch`` / ``segment_edges`` for that dtype's calls. ``conv_max_terms_by_dtype``:
     the ``pallas_conv_max_terms_<dtype>`` keys, each a conv kernel family of that dtype's own
     (split within that many CG terms per kernel) in place of the conv's for that dtype.
+    ``conv_fused_max_terms_by_dtype``: the ``pallas_conv_fused_max_terms_<dtype>`` keys, that
+    dtype's family with its fused backward split within that many terms (down to part of an
+    x1 block's paths), its other kernels as ``conv_max_terms_by_dtype`` or the conv's.
     ``num_warps_by_dtype``: the ``pallas_num_warps_<dtype>`` keys, Triton warps per program of
     every kernel that dtype's calls launch, in place of ``num_warps``.
     """
@@ -120,6 +124,7 @@ class PallasTuning:
     block_batch_by_dtype: tuple[tuple[str, int], ...] = ()
     segment_edges_by_dtype: tuple[tuple[str, int], ...] = ()
     conv_max_terms_by_dtype: tuple[tuple[str, int], ...] = ()
+    conv_fused_max_terms_by_dtype: tuple[tuple[str, int], ...] = ()
     num_warps_by_dtype: tuple[tuple[str, int], ...] = ()
 
 
@@ -167,6 +172,9 @@ def tuning_of(pairs=()) -> PallasTuning:
         # terms per kernel), float32's are fastest split in two (1,201 / 984 at 140 terms /
         # 1,117 at 48)
         conv_max_terms_by_dtype=_by_dtype(v, "pallas_conv_max_terms"),
+        # and of its fused backward, which float64 leaves at 255 registers and spilling when it
+        # is one kernel per x1 block (mace_large, compiled for sm_90: benchmarks/results/RUN_s20.md)
+        conv_fused_max_terms_by_dtype=_by_dtype(v, "pallas_conv_fused_max_terms"),
         # per-dtype warps (H200, 2026-11-28, nequip_toluene's JAX conv, bulk Si, fwd / fwd+bwd):
         # float64 at 2 edges per step ran 2,796 / 6,515 us with 4 warps, 1,974 / 5,877 with 2;
         # float32 1,185 / 3,066 with 2 against 970 / 2,901 with 4
