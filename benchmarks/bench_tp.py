@@ -1048,7 +1048,7 @@ class Bench:
         """--warm-only --warm-target: the problems to compile (None: all of them)."""
         target = self.args.warm_target
         self.warm_target = None if not (self.args.warm_only and target) else {t.strip() for t in target.split(",")}
-        impl = getattr(self.args, "warm_impl", None)
+        impl = self.args.warm_impl
         self.warm_impl = None if not (self.warm_target and impl) else {i.strip() for i in impl.split(",")}
         self.lower_only = False
 

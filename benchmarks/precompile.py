@@ -15,8 +15,8 @@ leaves their results where the benchmark's processes find them:
   divisibility by 16), so the benchmarks only load both.
 * JAX (``--jax``): one job per problem and JAX implementation (eqdsl's Pallas ops, their
   ``ir_mul`` twins, e3nn-jax) runs ``bench_tp.py --warm-only`` (and, for a conv problem,
-  ``bench_conv.py --warm-only``) compiling that implementation alone: the same jitted functions on the same shapes as the timed run,
-  each called once and not timed. With JAX's persistent compilation cache on
+  ``bench_conv.py --warm-only``) compiling that implementation alone: the same jitted
+  functions on the same shapes as the timed run, each called once and not timed. With JAX's persistent compilation cache on
   (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``, as
   ``run_device.sh`` sets them) the timed run then loads the executables instead of
   compiling them. The warm jobs take the benchmark defaults (20,000 rows; the conv's

@@ -263,6 +263,24 @@ def test_bench_tp_warm_target_lowers_before_and_stops_after(monkeypatch):
                     ("tetris_poly_1", "fwd"): "warm", ("tetris_poly_1", "fwd+bwd"): "warm"}
 
 
+def test_bench_tp_warm_impl_compiles_one_implementation(monkeypatch):
+    """``--warm-impl I`` (one warm-up job per implementation): of the target problem only I is
+    called (compiled); its other implementations are lowered, in the timed run's order, as
+    the problems before it are."""
+    from benchmarks import bench_tp
+
+    monkeypatch.setattr(bench_tp.Timer, "jax_time", lambda *a, **k: pytest.fail("timed"))
+    args = bench_tp.parse_args(["--quick", "--warm-only", "--impls", "eqdsl_jax,e3nn_jax", "--problems",
+                                "nequip_water,tetris_poly_1", "--warm-target", "tetris_poly_1",
+                                "--warm-impl", "e3nn_jax"])
+    bench = bench_tp.Bench(args)
+    bench.run()
+    seen = {(r["problem"], r["impl"], r["direction"]): r["status"] for r in bench.results}
+    assert seen == {(p, i, d): "warm" if (p, i) == ("tetris_poly_1", "e3nn_jax") else "lowered"
+                    for p in ("nequip_water", "tetris_poly_1") for i in ("eqdsl_jax", "e3nn_jax")
+                    for d in ("fwd", "fwd+bwd")}
+
+
 def test_bench_plan_of_twins(tmp_path):
     """An ``ir_mul`` twin (``<problem>_irmul``, benchmarks/layout_twins.py) is planned as its problem:
     ``--bench --conv-only`` compiles mace_large's twin conv (float32 only, as bench_conv times it),

@@ -32,7 +32,8 @@ def ncu_cases(data: dict, reasons: dict, every: bool = False) -> list[str]:
     cases: dict[tuple, list[str]] = {}
     lost = [(kind, r) for kind in ("tp", "conv") for r in report.slower_rows(report.measurements(data, kind), kind)]
     unexplained = [(kind, r) for kind, r in lost if not reasons.get(r["key"])]
-    for kind, r in unexplained + ([x for x in lost if x not in unexplained] if every else []):
+    explained = [(kind, r) for kind, r in lost if reasons.get(r["key"])]
+    for kind, r in unexplained + (explained if every else []):
         graph = r["config"] if kind == "conv" else ""
         impls = cases.setdefault((graph, r["problem"], r["dtype"], r["direction"]), [])
         for impl in [r["impl"]] + [member for _, _, member, _ in r["anchors"]]:
