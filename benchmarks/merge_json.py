@@ -8,7 +8,10 @@ result of that key in the earlier ones: each row keeps the anchors measured in t
 call as eqdsl, and its own floor (computed from that call's measured copy bandwidth). The
 meta of the first file is kept, with ``argv`` listing every call's arguments and
 ``copy_bandwidth_Bps`` the first call's (the rows' ``floor_us`` are per call); a conv
-file's ``graphs`` are joined and its ``latency`` section is the last one present.
+file's ``graphs`` are joined and its ``latency`` section is the last one present. Each row and
+result carries its call's ``device`` (from that file's meta, unless it has one already); when the
+calls ran on different cards the meta's ``device`` names them all, so that a table never says
+one card for rows timed on another.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ def merge(files: list[dict], labels: list[str]) -> dict:
         merged_before = d["meta"].get("merged") or (bool(a) and all(isinstance(x, str) and x.startswith("call") for x in a))
         argv += a if merged_before else [f"{label}: {' '.join(map(str, a))}"]
         keys = {key(r) for r in d["rows"]}
-        out["rows"] = [r for r in out["rows"] if key(r) not in keys] + d["rows"]
-        out["results"] = [r for r in out["results"] if key(r) not in keys] + d["results"]
+        dev = d["meta"].get("device")
+        rows, results = ([r if "device" in r or dev is None else dict(r, device=dev) for r in d[k]]
+                         for k in ("rows", "results"))
+        out["rows"] = [r for r in out["rows"] if key(r) not in keys] + rows
+        out["results"] = [r for r in out["results"] if key(r) not in keys] + results
         out["elapsed_s"] += d.get("elapsed_s", 0.0)
         if "graphs" in d:
             out["graphs"] = _join(out.get("graphs"), d["graphs"])
@@ -42,6 +48,9 @@ def merge(files: list[dict], labels: list[str]) -> dict:
     dates = sorted({end for d in files if d["meta"].get("date") for end in str(d["meta"]["date"]).split(" to ")})
     if len(dates) > 1:  # the first call's date alone would misdate the later rows
         out["meta"]["date"] = f"{dates[0]} to {dates[-1]}"
+    devices = sorted({r["device"] for r in out["rows"] if r.get("device")})
+    if len(devices) > 1:
+        out["meta"]["device"] = ", ".join(devices)
     out["meta"]["argv"] = argv
     out["meta"]["merged"] = True
     return out

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +207,8 @@ def measurements(data, kind):
                  "floor_bytes": row.get("floor_bytes"), "flops": flops,
                  "status": r["status"] if r else ("ok" if t is not None else "-"),
                  "reason": (r or {}).get("reason", ""), "note": (r or {}).get("note", ""),
-                 "num_nodes": row.get("num_nodes"), "num_edges": row.get("num_edges")}
+                 "num_nodes": row.get("num_nodes"), "num_edges": row.get("num_edges"),
+                 "device": row.get("device")}
             out.append(m)
     return out
 
@@ -276,6 +278,9 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
     out = []
     anchor_list = ANCHORS + [UNFUSED_ANCHOR] if kind == "radial" else ANCHORS
     problems = list(dict.fromkeys(m["problem"] for m in ms))
+    # a merged file's rows from another card than most rows name their card (merge_json stamps them)
+    cards = Counter(m["device"] for m in ms if m.get("device"))
+    usual = cards.most_common(1)[0][0] if cards else None
     for prob in problems:
         pm = [m for m in ms if m["problem"] == prob]
         out.append(f"### {prob}\n")
@@ -301,6 +306,8 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
                     cfg_s = f"{cfg} ({m['num_nodes']} / {m['num_edges']})"
                 else:
                     cfg_s = f"{cfg}"
+                if m.get("device") and m["device"] != usual:
+                    cfg_s += f", {m['device']}"
                 lead = [dtype, cfg_s, direction, fmt_us(m["floor_us"])] if first else ["", "", "", ""]
                 name = f"**{IMPL_LABEL.get(impl, impl)}**" if impl.startswith("eqdsl") else IMPL_LABEL.get(impl, impl)
                 rows.append(lead + [name, fmt_us(t), *ratios, "-" if gbps is None else f"{gbps:.0f}",

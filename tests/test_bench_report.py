@@ -132,6 +132,23 @@ def test_merge_replaces_rows_and_keeps_one_date_range():
     assert again["meta"]["argv"] == ["c1: --x", "c2: --x", "c3: --x"]
 
 
+def test_merge_names_every_card_and_stamps_each_row_with_its_own():
+    """Rows of calls on different cards keep their card; the meta names both (one card: unchanged)."""
+    mj = _load("merge_json")
+
+    def bench(device, rows):
+        return {"meta": {"date": "2026-12-07T17:00", "device": device, "argv": []}, "rows": rows,
+                "results": [dict(r, impl="x") for r in rows], "elapsed_s": 1.0}
+
+    row = lambda g: {"problem": "p", "dtype": "float64", "graph": g}  # noqa: E731
+    one = mj.merge([bench("H100", [row("bulk")]), bench("H100", [row("rand")])], ["c1", "c2"])
+    assert one["meta"]["device"] == "H100"
+    two = mj.merge([one, bench("H200", [row("rand"), row("small")])], ["merged", "c3"])
+    assert two["meta"]["device"] == "H100, H200"
+    assert {(r["graph"], r["device"]) for r in two["rows"]} == {("bulk", "H100"), ("rand", "H200"), ("small", "H200")}
+    assert {(r["graph"], r["device"]) for r in two["results"]} == {("bulk", "H100"), ("rand", "H200"), ("small", "H200")}
+
+
 def test_report_startup_and_small_graph_sections(tmp_path):
     """``--startup`` (two files: the second's row of a target replaces the first's) and
     ``--small-graph``: rows, targets met / missed, n/a reasons; bench_startup's own row builder
