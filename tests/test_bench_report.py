@@ -255,6 +255,11 @@ def test_ncu_cases_of_unexplained_rows(tmp_path):
     cases = ncu_missing.ncu_cases(report.load_inputs(args), {"mace_large/float32/20000/fwd/eqdsl_torch": "x"}, True)
     assert cases == ["rand512x64:mace_large:float32:fwd+bwd:eqdsl_torch,cueq_irmul",
                      ":mace_large:float32:fwd:eqdsl_torch_irmul,oeq"]
+    # a reason measured on the table's kernels (--current) is not profiled again; an older one is
+    fresh = {"mace_large/float32/20000/fwd/eqdsl_torch": "ncu (s21, H100): x"}
+    assert ncu_missing.ncu_cases(report.load_inputs(args), fresh, True, current="ncu (s21,") \
+        == ["rand512x64:mace_large:float32:fwd+bwd:eqdsl_torch,cueq_irmul"]
+    assert ncu_missing.ncu_cases(report.load_inputs(args), fresh, True, current="ncu (s22,") == cases
 
 def test_report_symmetric_section(tmp_path):
     """``--symmetric ELEMENTS=LOG``: the bench log's date, device and RESULT lines become rows,

@@ -9,7 +9,9 @@ plain tensor product), the form ``ncu_missing.sh`` hands to ``ncu_rows.py`` (``-
 --cases problem:...``). A case lists the losing eqdsl implementations (each framework at its faster
 layout, as ``report.py`` compares them) and the fastest member of every anchor that beat one of
 them, so the profile sets each against what won. Rows whose key ``reasons.json`` already holds
-are left out. Pure: reads JSON, runs nothing.
+are left out; ``--all`` lists them too, after the others, except those whose reason begins with
+``--current`` (e.g. ``"ncu (s21,"``: measured on the kernels of the table already). Pure: reads
+JSON, runs nothing.
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks import report  # noqa: E402
 
 
-def ncu_cases(data: dict, reasons: dict, every: bool = False) -> list[str]:
+def ncu_cases(data: dict, reasons: dict, every: bool = False, current: str | None = None) -> list[str]:
     """``GRAPH:problem:dtype:direction:impls`` for every row of ``data`` (``report.load_inputs``'s
     ``{kind: (path, json)}``, kinds ``tp`` and ``conv``) that ``report.slower_rows`` lists and
     ``reasons`` has no entry for; one case per configuration, implementations in first-seen order.
     ``every``: the explained rows too, after the unexplained ones (their reasons measured on
-    earlier kernels, profiled again)."""
+    earlier kernels, profiled again), but not those whose reason begins with ``current``."""
     cases: dict[tuple, list[str]] = {}
     lost = [(kind, r) for kind in ("tp", "conv") for r in report.slower_rows(report.measurements(data, kind), kind)]
     unexplained = [(kind, r) for kind, r in lost if not reasons.get(r["key"])]
-    explained = [(kind, r) for kind, r in lost if reasons.get(r["key"])]
+    explained = [(kind, r) for kind, r in lost
+                 if reasons.get(r["key"]) and not (current and reasons[r["key"]].startswith(current))]
     for kind, r in unexplained + (explained if every else []):
         graph = r["config"] if kind == "conv" else ""
         impls = cases.setdefault((graph, r["problem"], r["dtype"], r["direction"]), [])
@@ -48,10 +51,11 @@ def main(argv=None) -> int:
     ap.add_argument("--conv", default=None, help="bench_conv.py JSON")
     ap.add_argument("--reasons", default=None, help="reasons.json: rows already explained")
     ap.add_argument("--all", action="store_true", help="the explained rows too, after the unexplained ones")
+    ap.add_argument("--current", default=None, help="with --all: leave out rows whose reason begins with this")
     args = ap.parse_args(argv)
     data = report.load_inputs(argparse.Namespace(tp=args.tp, conv=args.conv, radial=None, latency=None, files=[]))
     reasons = json.loads(Path(args.reasons).read_text(encoding="utf-8")) if args.reasons else {}
-    for case in ncu_cases(data, reasons, every=args.all):
+    for case in ncu_cases(data, reasons, every=args.all, current=args.current):
         print(case)
     return 0
 

@@ -6,7 +6,8 @@
 # tp2_bench_tp.json, conv_bench_conv.json, conv64_bench_conv.json, as harness.sh names them), since a
 # machine goes back after 30 minutes held and the four harness calls take about that long. It merges
 # the TP parts and the conv parts, lists the cases (ncu_missing.py against benchmarks/results/reasons.json;
-# NCU_ALL=1: the explained rows too, after the others, to measure their reasons on the current kernels)
+# NCU_ALL=1: the explained rows too, after the others, to measure their reasons on the current kernels,
+# but not those whose reason begins with $NCU_CURRENT, e.g. NCU_CURRENT="ncu (s21,")
 # and runs ncu_rows.py on each, in that order, until its deadline (EQDSL_DEADLINE, default 570 s). On a fresh machine it installs the carried
 # wheels and builds OpenEquivariance's extension first (kernels compile inside each profiled process,
 # outside the profiled range). Results: $OUT/ncu.tar.xz (ncu_<i>.json, ncu.log, cases.txt, run.log).
@@ -25,23 +26,25 @@ fi
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); export NCU
-D=${NCU_JSON_DIR:-benchmarks/results/s20}
-pick() {  # $1: this machine's file, $2: the carried copy
-  if [ -f "$1" ]; then echo "$1"; elif [ -f "$2" ]; then echo "$2"; fi
+read -ra DIRS <<< "${NCU_JSON_DIR:-benchmarks/results/s21 benchmarks/results/s20}"
+pick() {  # $1: this machine's file, $2: the carried copy's name in one of DIRS
+  local d
+  if [ -f "$1" ]; then echo "$1"; return; fi
+  for d in "${DIRS[@]}"; do [ -f "$d/$2" ] && { echo "$d/$2"; return; }; done
 }
 tps=()
-for c in tp1 tp2; do f=$(pick /tmp/harness/$c/bench_tp.json "$D/${c}_bench_tp.json"); [ -n "$f" ] && tps+=("$f"); done
+for c in tp1 tp2; do f=$(pick /tmp/harness/$c/bench_tp.json "${c}_bench_tp.json"); [ -n "$f" ] && tps+=("$f"); done
 args=()
 if [ ${#tps[@]} -gt 0 ]; then
   python3 benchmarks/merge_json.py "$L/bench_tp.json" "${tps[@]}" > /dev/null && args+=(--tp "$L/bench_tp.json")
 fi
 convs=()
-for c in conv conv64; do f=$(pick /tmp/harness/$c/bench_conv.json "$D/${c}_bench_conv.json"); [ -n "$f" ] && convs+=("$f"); done
+for c in conv conv64; do f=$(pick /tmp/harness/$c/bench_conv.json "${c}_bench_conv.json"); [ -n "$f" ] && convs+=("$f"); done
 if [ ${#convs[@]} -gt 0 ]; then
   python3 benchmarks/merge_json.py "$L/bench_conv.json" "${convs[@]}" > /dev/null && args+=(--conv "$L/bench_conv.json")
 fi
 python3 benchmarks/tools/ncu_missing.py "${args[@]}" --reasons benchmarks/results/reasons.json \
-  ${NCU_ALL:+--all} > "$L/cases.txt"
+  ${NCU_ALL:+--all} ${NCU_CURRENT:+--current "$NCU_CURRENT"} > "$L/cases.txt"
 echo "setup $(( $(date +%s) - T0 )) s; $(wc -l < "$L/cases.txt") cases from ${tps[*]} ${convs[*]} ${args[*]}" >> "$L/run.log"
 i=0
 while IFS= read -r c; do
