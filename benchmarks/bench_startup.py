@@ -209,8 +209,6 @@ def conv_steps(conv_fn, x, y, w, src, dst, n, scalars, clock=None):
 
 def check_conv(meta, got, inputs, src, dst, n, scalars, device) -> dict:
     """Relative errors of ``conv_steps``' four results against e3nn float64."""
-    import torch
-
     _, ref = e3nn_reference(meta, device)
     x, y, w = (t.detach().double().requires_grad_(True) for t in inputs)
     want = conv_steps(ref, x, y, w, src, dst, n, scalars)
