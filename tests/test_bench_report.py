@@ -149,6 +149,25 @@ def test_merge_names_every_card_and_stamps_each_row_with_its_own():
     assert {(r["graph"], r["device"]) for r in two["results"]} == {("bulk", "H100"), ("rand", "H200"), ("small", "H200")}
 
 
+def test_report_names_the_card_of_rows_from_another_card(tmp_path):
+    """A conv table merged from calls on two cards: the rows of the rarer card name it, the others don't."""
+    report, mj = _load("report"), _load("merge_json")
+    _, conv_path = _synthetic(tmp_path)
+    h100 = json.loads(conv_path.read_text())
+    other = json.loads(json.dumps(h100))
+    other["meta"]["device"] = "NVIDIA H200"
+    other["graphs"] = {"bulk": dict(h100["graphs"]["rand512x64"], desc="bulk")}
+    for r in other["rows"] + other["results"]:
+        r["graph"] = r["batch"] = "bulk"
+    for k in ("rows", "results"):  # a second H100 configuration: H100 is the usual card
+        h100[k] += [dict(r, dtype="float64") for r in h100[k]]
+    merged = mj.merge([h100, other], ["c1", "c2"])
+    ms = report.measurements({"conv": (None, merged)}, "conv")
+    text = "\n".join(report.perf_tables(ms, "conv"))
+    assert "bulk (512 / 32768), NVIDIA H200" in text
+    assert "rand512x64 (512 / 32768) |" in text and "rand512x64 (512 / 32768), NVIDIA" not in text
+
+
 def test_report_startup_and_small_graph_sections(tmp_path):
     """``--startup`` (two files: the second's row of a target replaces the first's) and
     ``--small-graph``: rows, targets met / missed, n/a reasons; bench_startup's own row builder
