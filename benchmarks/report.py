@@ -269,6 +269,14 @@ def slower_rows(ms, kind) -> list[dict]:
     return out
 
 
+def lost_lines(rows, reasons: dict, unit: str = "") -> list[str]:
+    """One Markdown line per lost row (``slower_rows``' dicts): key, time, the anchors that won, and
+    its measured reason from ``reasons`` or "reason not measured yet"."""
+    return [f"- `{r['key']}` ({IMPL_LABEL[r['impl']]}, {fmt_us(r['time_us'])} µs{unit}): slower than "
+            f"{', '.join(lbl for _, lbl, _, _ in r['anchors'])}: " + (reasons.get(r["key"]) or "reason not measured yet")
+            for r in rows]
+
+
 def perf_tables(ms, kind, graphs=None, reasons=None):
     """One table per problem: configuration x implementation rows, then the rows where eqdsl
     in a framework, at its faster layout, is slower than an anchor at its best, each with its
@@ -286,9 +294,7 @@ def perf_tables(ms, kind, graphs=None, reasons=None):
         out.append(f"### {prob}\n")
         cfgs = list(dict.fromkeys((m["dtype"], m["config"], m["direction"]) for m in pm))
         rows = []
-        lost = [f"- `{r['key']}` ({IMPL_LABEL[r['impl']]}, {fmt_us(r['time_us'])} µs): slower than "
-                f"{', '.join(lbl for _, lbl, _, _ in r['anchors'])}: "
-                + (reasons.get(r["key"]) or "reason not measured yet") for r in slower_rows(pm, kind)]
+        lost = lost_lines(slower_rows(pm, kind), reasons)
         for dtype, cfg, direction in cfgs:
             cm = {m["impl"]: m for m in pm if (m["dtype"], m["config"], m["direction"]) == (dtype, cfg, direction)}
             anchors = anchor_times(cm, anchor_list)
@@ -360,17 +366,40 @@ def env_section(data):
     return [table(header, rows, ["---", *["---"] * len(srcs)]), ""]
 
 
-def latency_section(data):
+def latency_section(data, reasons=None):
     if "latency" not in data:
         return ["No latency JSON given.\n"]
-    out = latency_table(data["latency"][1])
+    out = latency_table(data["latency"][1], reasons)
     for d in data["latency"][2] if len(data["latency"]) > 2 else []:
-        out += latency_table(d)
+        out += latency_table(d, reasons)
     return out
 
 
-def latency_table(d: dict) -> list[str]:
-    """One bench_latency.json as a Markdown table (one problem)."""
+def latency_slower_rows(d: dict) -> list[dict]:
+    """The latency rows where eqdsl in a framework (at its faster layout) takes more wall time per
+    synchronized call than an anchor at its best, as ``slower_rows`` gives them, with ``key`` =
+    ``latency/problem/direction/eqdsl_torch|eqdsl_jax`` (the key of ``reasons.json``)."""
+    out = []
+    ok = [r for r in d.get("rows", []) if r.get("status") == "ok" and r.get("wall_sync_us")]
+    for prob, direction in dict.fromkeys((r["problem"], r["direction"]) for r in ok):
+        cm = {r["impl"]: {"time_us": r["wall_sync_us"]} for r in ok if (r["problem"], r["direction"]) == (prob, direction)}
+        anchors = anchor_times(cm)
+        for fw, members in EQDSL_FRAMEWORKS:
+            mine = [(cm[i]["time_us"], i) for i in members if i in cm]
+            if not mine:
+                continue
+            t, impl = min(mine)
+            beat = [(a, lbl, min((cm[i]["time_us"], i) for i in am if i in cm)[1], anchors[a])
+                    for a, lbl, am in ANCHORS if a in anchors and anchors[a] < t]
+            if beat:
+                out.append({"key": f"latency/{prob}/{direction}/{fw}", "problem": prob, "direction": direction,
+                            "impl": impl, "time_us": t, "anchors": beat})
+    return out
+
+
+def latency_table(d: dict, reasons=None) -> list[str]:
+    """One bench_latency.json as a Markdown table (one problem), then the rows eqdsl loses with
+    their reasons from ``reasons`` (keys ``latency/problem/direction/eqdsl_torch|eqdsl_jax``)."""
     g = d.get("graph") or {}
     out = [f"{g.get('desc', '?')}, {g.get('num_edges', '?')} edges; problem "
            f"{(d.get('rows') or [{}])[0].get('problem', '?')}, float32. Microseconds per call (medians).\n"]
@@ -392,6 +421,9 @@ def latency_table(d: dict) -> list[str]:
                "time / N (what the Python side costs); pipelined: the same N calls and one synchronize / N; CUDA "
                "events: device time of one synchronized call (torch only).\n")
     out += notes + ([""] if notes else [])
+    lost = lost_lines(latency_slower_rows(d), reasons or {}, " wall")
+    if lost:
+        out += ["Where eqdsl is slower than an anchor (wall per synchronized call):", ""] + lost + [""]
     return out
 
 
@@ -713,7 +745,7 @@ def main(argv=None):
                "(radial_weight's timed, not compared). The floor counts the hidden features and the matrix in place "
                "of the weights; the weight-forming matmul is compute, not traffic (see the roofline's diamonds).", ""]
         md += perf_tables(radial, "radial", reasons=reasons)
-    md += ["## Small-graph latency", ""] + latency_section(data)
+    md += ["## Small-graph latency", ""] + latency_section(data, reasons)
     if args.symmetric:
         md += ["## Symmetric contraction (MACE's product basis)", ""] + symmetric_section(args.symmetric)
     if args.mace:

@@ -85,6 +85,30 @@ def test_report_has_one_latency_table_per_file(tmp_path):
     assert "| e3nn-jax | fwd | 172 | 20.0 | 150 |" in md and "| e3nn-jax | fwd | 172 | 7.5 | 150 |" in md
 
 
+def test_latency_rows_eqdsl_loses_are_listed_with_their_reasons():
+    """A latency row where eqdsl (at its faster layout) takes more wall time than an anchor at its
+    best is listed under the table with its reason; rows it wins are not."""
+    report = _load("report")
+
+    def row(impl, direction, wall):
+        return {"problem": "mace_large", "impl": impl, "direction": direction, "status": "ok",
+                "wall_sync_us": wall, "host_us": wall / 2, "pipelined_us": wall, "rel_err": 1e-7}
+
+    d = {"graph": {"desc": "Si 32 atoms", "num_edges": 512},
+         "rows": [row("eqdsl_torch", "fwd", 300.0), row("eqdsl_jax", "fwd", 120.0), row("e3nn_jax", "fwd", 250.0),
+                  row("eqdsl_torch", "fwd+bwd", 900.0), row("cueq", "fwd+bwd", 950.0), row("cueq_irmul", "fwd+bwd", 800.0),
+                  row("eqdsl_jax", "fwd+bwd", 200.0)]}
+    lost = {r["key"]: r for r in report.latency_slower_rows(d)}
+    assert set(lost) == {"latency/mace_large/fwd/eqdsl_torch", "latency/mace_large/fwd+bwd/eqdsl_torch"}
+    assert [(a, member) for a, _, member, _ in lost["latency/mace_large/fwd+bwd/eqdsl_torch"]["anchors"]] \
+        == [("cueq", "cueq_irmul")]
+    text = "\n".join(report.latency_table(d, {"latency/mace_large/fwd/eqdsl_torch": "host-bound: measured"}))
+    assert "- `latency/mace_large/fwd/eqdsl_torch` (eqdsl torch, 300 µs wall): slower than e3nn-jax: host-bound" in text
+    assert "`latency/mace_large/fwd+bwd/eqdsl_torch` (eqdsl torch, 900 µs wall): slower than cuEq best: reason " \
+           "not measured yet" in text
+    assert "eqdsl_jax`" not in text
+
+
 def test_report_survives_missing_inputs(tmp_path):
     pytest.importorskip("matplotlib")
     report = _load("report")
