@@ -72,8 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--startup", nargs="+", help="bench_startup.json files (start-up times; a later file's row of "
                    "the same target replaces an earlier one's)")
     p.add_argument("--small-graph", help="bench_small_graph.json (energy + forces per step, host overhead per call)")
-    p.add_argument("--reasons", help="JSON {\"problem/dtype/config/direction/impl\": why eqdsl is slower than an anchor "
-                   "there (measured, e.g. with ncu)}: printed under each table beside the rows eqdsl loses")
+    p.add_argument("--reasons", help="JSON {\"[radial/]problem/dtype/config/direction/eqdsl_torch|eqdsl_jax\" or "
+                   "\"latency/problem/direction/eqdsl_torch|eqdsl_jax\": why eqdsl is slower than an anchor there "
+                   "(measured, e.g. with ncu)}: printed under each table beside the rows eqdsl loses")
     p.add_argument("--symmetric", nargs="+", metavar="ELEMENTS=LOG",
                    help="logs of benchmarks/tools/symmetric_torch_bench.py (its RESULT line), each with its element "
                         "count, e.g. 10=sym_e10.log")
