@@ -34,9 +34,7 @@ def merge(files: list[dict], labels: list[str]) -> dict:
         merged_before = d["meta"].get("merged") or (bool(a) and all(isinstance(x, str) and x.startswith("call") for x in a))
         argv += a if merged_before else [f"{label}: {' '.join(map(str, a))}"]
         keys = {key(r) for r in d["rows"]}
-        dev = d["meta"].get("device")
-        rows, results = ([r if "device" in r or dev is None else dict(r, device=dev) for r in d[k]]
-                         for k in ("rows", "results"))
+        rows, results = (_stamped(d[k], d["meta"].get("device")) for k in ("rows", "results"))
         out["rows"] = [r for r in out["rows"] if key(r) not in keys] + rows
         out["results"] = [r for r in out["results"] if key(r) not in keys] + results
         out["elapsed_s"] += d.get("elapsed_s", 0.0)
@@ -54,6 +52,11 @@ def merge(files: list[dict], labels: list[str]) -> dict:
     out["meta"]["argv"] = argv
     out["meta"]["merged"] = True
     return out
+
+
+def _stamped(rows: list[dict], device) -> list[dict]:
+    """``rows``, each with its call's ``device`` unless it names one already (a merged file's rows)."""
+    return [r if "device" in r or device is None else dict(r, device=device) for r in rows]
 
 
 def _join(a, b):
